@@ -1,0 +1,175 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from workbench.hardware.detect import (
+    count_cpu_list,
+    detect_local_cpu,
+    parse_cache_size,
+    parse_cpuinfo,
+    parse_meminfo,
+)
+from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
+
+AVX512_COMMON = "fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 avx2 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl"
+
+# (cpuinfo, caches as (level, type, size, shared_cpu_list), max clock in kHz or None)
+MACHINES = {
+    "sapphire-rapids": (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        f"cpu MHz\t\t: 2000.000\nflags\t\t: {AVX512_COMMON} avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8\n\n"
+        "processor\t: 1\nvendor_id\t: GenuineIntel\n",
+        [("1", "Data", "48K", "0,56"), ("1", "Instruction", "32K", "0,56"), ("2", "Unified", "2048K", "0,56"),
+         ("3", "Unified", "107520K", "0-111")],
+        3800000,
+    ),
+    "cascade-lake": (
+        "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6248\ncpu MHz\t\t: 2500.000\n"
+        f"flags\t\t: {AVX512_COMMON} avx512_vnni\n",
+        [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0")],
+        None,
+    ),
+    "skylake-sp": (
+        f"vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8180\nflags\t\t: {AVX512_COMMON}\n",
+        [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0")],
+        2500000,
+    ),
+    "zen4": (
+        "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\ncpu MHz\t\t: 2400.000\n"
+        f"flags\t\t: {AVX512_COMMON} avx512_bf16 avx512_vnni avx512_vbmi2 gfni\n",
+        [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0")],
+        None,
+    ),
+    "haswell": (
+        "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Core(TM) i7-4770 CPU @ 3.40GHz\ncpu MHz\t\t: 3400.000\n"
+        "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 avx2 bmi2\n",
+        [("1", "Data", "32K", "0-1"), ("2", "Unified", "256K", "0-1")],
+        None,
+    ),
+    "neoverse-n1": (
+        "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics\n"
+        "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\n",
+        [("1", "Data", "64K", "0"), ("1", "Instruction", "64K", "0"), ("2", "Unified", "1024K", "0")],
+        3000000,
+    ),
+    "unknown-arm": (
+        "Features\t: fp asimd\nCPU implementer\t: 0x41\nCPU part\t: 0xabc\n",
+        [("1", "Data", "32K", "0"), ("2", "Unified", "2M", "0-3")],
+        None,
+    ),
+}
+
+# name: (fp32 lanes, LLVM mcpu, L1 bytes, L2 bytes per core, GHz, vendor); caches shared only by
+# SMT siblings (the CPUs sharing the L1d) stay whole, a cluster L2 is split over its cores.
+EXPECTED = {
+    "sapphire-rapids": (16, "sapphirerapids", 48 * 1024, 2048 * 1024, 3.8, "intel"),
+    "cascade-lake": (16, "cascadelake", 32 * 1024, 1024 * 1024, 2.5, "intel"),
+    "skylake-sp": (16, "skylake-avx512", 32 * 1024, 1024 * 1024, 2.5, "intel"),
+    "zen4": (16, "znver4", 32 * 1024, 1024 * 1024, 2.4, "amd"),
+    "haswell": (8, "haswell", 32 * 1024, 256 * 1024, 3.4, "intel"),
+    "neoverse-n1": (4, "neoverse-n1", 64 * 1024, 1024 * 1024, 3.0, "arm"),
+    "unknown-arm": (4, "generic", 32 * 1024, 512 * 1024, 2.0, "arm"),
+}
+
+
+def fake_machine(root: Path, cpuinfo: str, caches, max_khz) -> tuple[str, str]:
+    proc, cpu0 = root / "proc", root / "sys" / "devices" / "system" / "cpu" / "cpu0"
+    proc.mkdir(parents=True)
+    (proc / "cpuinfo").write_text(cpuinfo)
+    (proc / "meminfo").write_text("MemTotal:       16384000 kB\nMemFree:         1000 kB\n")
+    for i, (level, kind, size, shared) in enumerate(caches):
+        index = cpu0 / "cache" / f"index{i}"
+        index.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (index / name).write_text(value + "\n")
+    if max_khz:
+        (cpu0 / "cpufreq").mkdir(parents=True)
+        (cpu0 / "cpufreq" / "cpuinfo_max_freq").write_text(f"{max_khz}\n")
+    return str(root / "sys"), str(proc)
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_detection_on_fake_trees(tmp_path, machine):
+    sysfs, proc = fake_machine(tmp_path, *MACHINES[machine])
+    lanes, mcpu, l1, l2, ghz, vendor = EXPECTED[machine]
+    spec = detect_local_cpu(sysfs_root=sysfs, proc_root=proc, cores=4)
+    registers = 16 if lanes == 8 else 32
+    assert (spec.name, spec.kind, spec.vendor, spec.calibrated) == ("local-cpu", "cpu", vendor, False)
+    assert (spec.warp_size, spec.compute_units, spec.registers_per_unit) == (lanes, 4, registers)
+    assert spec.target_dict() == {"kind": "llvm", "mcpu": mcpu, "num-cores": 4}
+    assert [layer.name for layer in spec.layers] == ["registers", "L1", "L2", "DRAM"]
+    assert spec.layer("registers").capacity_bytes == (registers - 4) * lanes * 4
+    assert (spec.layer("L1").capacity_bytes, spec.layer("L2").capacity_bytes) == (l1, l2)
+    assert spec.layer("DRAM").capacity_bytes == 16384000 * 1024
+    # Peak estimate: cores x GHz x lanes x 2 (FMA) x 2 FMA units.
+    assert spec.peak("float32") == pytest.approx(4 * ghz * lanes * 4, rel=1e-3)
+    assert spec_from_toml_text(spec_to_toml(spec)) == spec
+
+
+def test_smt_siblings_count_as_one_core(tmp_path, monkeypatch):
+    # The fake Sapphire Rapids pairs CPU 0 with its SMT sibling 56 (a shared L1d).
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    sysfs, proc = fake_machine(tmp_path, *MACHINES["sapphire-rapids"])
+    spec = detect_local_cpu(sysfs_root=sysfs, proc_root=proc)
+    assert (spec.compute_units, spec.target_dict()["num-cores"]) == (4, 4)
+    assert spec.layer("L1").capacity_bytes == 48 * 1024
+
+
+def test_detected_mcpu_names_are_known_to_llvm():
+    codegen = pytest.importorskip("tvm.target.codegen")
+    for machine, (_, mcpu, *_rest) in EXPECTED.items():
+        triple = "aarch64-linux-gnu" if "arm" in machine or "neoverse" in machine else "x86_64-linux-gnu"
+        assert codegen.llvm_is_valid_cpu(mcpu, triple), mcpu
+
+
+def test_missing_files_fall_back_to_labelled_assumptions(tmp_path):
+    spec = detect_local_cpu(sysfs_root=str(tmp_path / "sys"), proc_root=str(tmp_path / "proc"), cores=2)
+    assert (spec.warp_size, dict(spec.target)["mcpu"]) == (4, "generic")
+    assert (spec.layer("L1").capacity_bytes, spec.layer("L2").capacity_bytes) == (32 * 1024, 1024 * 1024)
+    assert "assumed" in spec.layer("L2").source and "assumed" in spec.layer("DRAM").source
+    assert "2 GHz assumed" in dict(spec.sources)["peak_gflops"]
+    assert spec_from_toml_text(spec_to_toml(spec)) == spec
+
+
+def test_detection_on_this_machine():
+    spec = detect_local_cpu()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert spec.name == "local-cpu" and 1 <= spec.compute_units <= cpus
+    assert spec.warp_size in (4, 8, 16)
+    assert dict(spec.target)["mcpu"] not in ("", "native")
+    flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags if Path("/proc/cpuinfo").exists() else set()
+    if "avx512f" in flags:
+        assert spec.warp_size == 16
+    assert spec_from_toml_text(spec_to_toml(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("48K", 48 * 1024), ("1024K\n", 1024 * 1024), ("32M", 32 * 1024**2), ("512", 512), ("1G", 1024**3)],
+)
+def test_parse_cache_size(text, size):
+    assert parse_cache_size(text) == size
+
+
+def test_parse_cache_size_refuses_junk():
+    with pytest.raises(ValueError):
+        parse_cache_size("lots")
+
+
+@pytest.mark.parametrize("text, count", [("0", 1), ("0-3", 4), ("0-3,8,10-11\n", 7), ("0,56", 2), ("", 1)])
+def test_count_cpu_list(text, count):
+    assert count_cpu_list(text) == count
+
+
+def test_parse_cpuinfo_keeps_the_first_processor():
+    info = parse_cpuinfo(MACHINES["sapphire-rapids"][0])
+    assert (info.isa, info.vendor, info.mhz) == ("x86_64", "intel", 2000.0)
+    assert info.model_name == "Intel(R) Xeon(R) Platinum 8480+" and "amx_tile" in info.flags
+    arm = parse_cpuinfo(MACHINES["neoverse-n1"][0])
+    assert (arm.isa, arm.vendor, arm.part, arm.mhz) == ("aarch64", "arm", "0xd0c", None)
+
+
+def test_parse_meminfo():
+    assert parse_meminfo("MemTotal:   2048 kB\n") == 2048 * 1024
+    assert parse_meminfo("nothing here") is None

@@ -1,0 +1,209 @@
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.errors import UserError
+from workbench.hardware.loader import (
+    SPECS_DIR,
+    list_presets,
+    load_spec,
+    spec_from_toml_text,
+    spec_summary,
+    spec_to_toml,
+)
+
+PRESETS = ("a100", "h100", "h200", "k80", "mi50", "orin-nano", "rtx4090", "v100", "xeon-avx512")
+DEVICE_NUMBERS = (
+    "compute_units",
+    "warp_size",
+    "teu_per_unit",
+    "max_threads_per_block",
+    "max_threads_per_unit",
+    "registers_per_thread_cap",
+    "registers_per_unit",
+    "peak_gflops",
+    "target",
+)
+
+
+def test_presets_are_the_documented_devices():
+    assert list_presets() == PRESETS
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_loads_and_round_trips(name):
+    spec = load_spec(name)
+    assert spec.name == name
+    again = spec_from_toml_text(spec_to_toml(spec))
+    assert again == spec
+    assert again.sources == spec.sources
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_number_of_a_preset_has_a_source(name):
+    spec = load_spec(name)
+    sourced = dict(spec.sources)
+    wanted = DEVICE_NUMBERS + (("tensor_core_gflops", "tensor_core") if spec.tensor_core_gflops else ())
+    assert [key for key in wanted if not sourced.get(key, "").strip()] == []
+    assert spec.source.strip()
+    assert all(layer.source.strip() for layer in spec.layers)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_register_layer_holds_the_register_cap(name):
+    spec = load_spec(name)
+    top = spec.layers[0]
+    bytes_per_register = 4 if spec.kind == "gpu" else spec.warp_size * 4
+    assert (top.name, top.scope) == ("registers", "thread")
+    assert top.capacity_bytes == spec.registers_per_thread_cap * bytes_per_register
+    assert spec.layers[-1].scope == "device"
+
+
+def test_preset_targets_are_accepted_by_tvm():
+    tvm = pytest.importorskip("tvm")
+    for name in PRESETS:
+        spec = load_spec(name)
+        assert tvm.target.Target(spec.target_dict()).kind.name == dict(spec.target)["kind"]
+
+
+def test_v100_uses_the_roller_artifact_numbers():
+    spec = load_spec("v100")
+    shared, dram = spec.layer("shared"), spec.layer("global")
+    assert (spec.compute_units, spec.teu_per_unit, spec.warp_size) == (80, 4, 32)
+    assert (spec.max_threads_per_block, spec.max_threads_per_unit, spec.registers_per_thread_cap) == (512, 2048, 96)
+    assert (spec.peak("float32"), spec.peak("float16", tensor_core=True)) == (12480.0, 125000.0)
+    assert (shared.capacity_bytes, shared.bandwidth_gbps, shared.banks, shared.bank_width_bytes) == (49152, 12080.0, 32, 4)
+    assert (dram.bandwidth_gbps, dram.transaction_bytes) == (750.0, 32)
+    assert spec.tensor_core_fragment == (16, 16, 16)
+
+
+def test_k80_and_mi50_use_the_roller_settings():
+    k80, mi50 = load_spec("k80"), load_spec("mi50")
+    assert (k80.compute_units, k80.layer("shared").bank_width_bytes) == (13, 8)
+    assert (mi50.warp_size, mi50.layer("global").transaction_bytes, mi50.registers_per_thread_cap) == (64, 64, 70)
+    assert k80.tensor_core_gflops == () and mi50.tensor_core_gflops == ()
+
+
+def test_cpu_preset_is_an_llvm_avx512_target():
+    spec = load_spec("xeon-avx512")
+    assert [layer.name for layer in spec.layers] == ["registers", "L1", "L2", "DRAM"]
+    assert spec.target_dict() == {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 28}
+    assert (spec.warp_size, spec.registers_per_unit, spec.layers[spec.unit_layer_index].name) == (16, 32, "L2")
+
+
+def test_summary_is_json():
+    summary = json.loads(json.dumps(spec_summary(load_spec("v100"))))
+    assert summary["name"] == "v100" and summary["kind"] == "gpu"
+    assert [layer["name"] for layer in summary["layers"]] == ["registers", "shared", "global"]
+    assert summary["target"]["host"] == {"kind": "llvm"}
+    assert summary["peak_gflops"]["float32"] == 12480.0
+
+
+V100_TEXT = spec_to_toml(load_spec("v100"))
+
+BROKEN = [
+    ("compute_units = 80\n", "", "device.compute_units is missing"),
+    ("compute_units = 80\n", "compute_units = true\n", "device.compute_units must be a positive integer, got True"),
+    ("\nwarp_size = 32", '\nwarp_size = "32"', "device.warp_size must be a positive integer, got '32'"),
+    ("teu_per_unit = 4", "teu_per_unit = 4.0", "device.teu_per_unit must be a positive integer, got 4.0"),
+    ('kind = "gpu"', 'kind = "tpu"', "device.kind must be one of gpu, cpu, got 'tpu'"),
+    ("\nwarp_size = 32", "\nwrap_size = 32", "unknown field device.wrap_size"),
+    ("bandwidth_gbps = 12080.0", "bandwidth_gbps = 'fast'", "layer[1].bandwidth_gbps must be a positive number, got 'fast'"),
+    ("bandwidth_gbps = 750.0", "bandwidth_gbps = nan", "layer[2].bandwidth_gbps must be a positive number"),
+    ("capacity_bytes = 384", "capacity_bytes = -384", "layer[0].capacity_bytes must be a positive integer, got -384"),
+    ("latency_ns = 2.6", "latency_ns = -1.0", "layer[0].latency_ns must be a number >= 0"),
+    ('scope = "unit"', 'scope = "block"', "layer[1].scope must be one of thread, unit, device, got 'block'"),
+    ('scope = "unit"', 'scope = "thread"', "no layer has scope 'unit'"),
+    ('scope = "device"', 'scope = "unit"', "layer[2].scope must be 'device'"),
+    ("capacity_bytes = 49152", "capacity_bytes = 100", "layer[1].capacity_bytes (100) must be larger than layer[0]'s"),
+    ('name = "shared"', 'name = "registers"', "layer[1].name 'registers' is used by another layer"),
+    ("banks = 32", "banks = 0", "layer[1].banks and layer[1].bank_width_bytes"),
+    ('source = "capacity: 48 KB', 'sauce = "capacity: 48 KB', "unknown field layer[1].sauce"),
+    ("float32 = 12480.0", "bfloat16 = 12480.0", "peak_gflops.float32 is missing"),
+    ("float32 = 12480.0", "float32 = -1.0", "peak_gflops.float32 must be a positive number, got -1.0"),
+    ("float32 = 12480.0", "fp32 = 12480.0", "peak_gflops.fp32 is not a dtype name"),
+    ("fragment = [16, 16, 16]", "fragment = [16, 16]", "tensor_core.fragment must be [m, n, k]"),
+    ('kind = "cuda"', 'kind = "llvm"', "target.kind 'llvm' does not fit device.kind 'gpu'"),
+    ('arch = "sm_70"', 'arch = ["sm_70"]', "target.arch must be a string, number or boolean"),
+    ("max_threads_per_block = 512", "max_threads_per_block = 4096", "device.max_threads_per_block (4096) must not exceed"),
+    ("\nwarp_size = 32", "\nwarp_size = = 32", "TOML syntax error"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", BROKEN, ids=[case[2][:40] for case in BROKEN])
+def test_broken_spec_names_the_field(old, new, message):
+    assert V100_TEXT.count(old) == 1, old
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(V100_TEXT.replace(old, new), label="spec v100.toml")
+    text = str(info.value)
+    assert text.startswith("spec v100.toml: ") and message in text
+    assert "\n" not in text
+
+
+def test_spec_without_layers_is_refused():
+    text = V100_TEXT[: V100_TEXT.index("[[layer]]")]
+    with pytest.raises(UserError, match="layer is missing"):
+        spec_from_toml_text(text)
+
+
+def test_error_names_the_file(tmp_path):
+    path = tmp_path / "v100.toml"
+    path.write_text(V100_TEXT.replace("bandwidth_gbps = 12080.0", "bandwidth_gbps = 'fast'"))
+    with pytest.raises(UserError) as info:
+        load_spec(path)
+    assert str(info.value) == "spec v100.toml: layer[1].bandwidth_gbps must be a positive number, got 'fast'"
+
+
+@pytest.mark.parametrize("make", [lambda d: d / "absent.toml", lambda d: d, lambda d: _latin1(d)])
+def test_unreadable_spec_file(tmp_path, make):
+    path = make(tmp_path)
+    with pytest.raises(UserError, match="cannot read file"):
+        load_spec(path)
+
+
+def _latin1(directory):
+    path = directory / "latin1.toml"
+    path.write_bytes(b'[device]\nname = "caf\xe9"\n')
+    return path
+
+
+def test_unknown_device_lists_the_choices():
+    with pytest.raises(UserError, match=r"unknown device 'v1000'.*v100.*local-cpu"):
+        load_spec("v1000")
+
+
+def test_presets_load_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_spec("a100").compute_units == 108
+    assert load_spec(SPECS_DIR / "k80.toml").name == "k80"
+    assert load_spec(str(SPECS_DIR / "mi50.toml")).name == "mi50"
+
+
+def test_local_cpu_is_detected():
+    spec = load_spec("local-cpu")
+    assert (spec.name, spec.kind, spec.calibrated) == ("local-cpu", "cpu", False)
+
+
+printable = st.text(min_size=1).filter(str.strip)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    vendor=printable,
+    source=printable,
+    bandwidth=st.floats(min_value=1e-300, max_value=1e300, allow_nan=False),
+    registers=st.integers(min_value=1, max_value=49151),
+    host=st.dictionaries(st.text(min_size=1), st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), printable), max_size=3),
+)
+def test_round_trip_is_exact(vendor, source, bandwidth, registers, host):
+    v100 = load_spec("v100")
+    top = dataclasses.replace(v100.layers[0], capacity_bytes=registers, bandwidth_gbps=bandwidth, source=source)
+    target = tuple(sorted(dict(v100.target, host=tuple(sorted({"kind": "llvm", **host}.items()))).items()))
+    spec = dataclasses.replace(
+        v100, vendor=vendor, layers=(top,) + v100.layers[1:], target=target, sources=(("target", source),)
+    )
+    again = spec_from_toml_text(spec_to_toml(spec))
+    assert again == spec and again.sources == spec.sources

@@ -1,0 +1,318 @@
+"""The spec of this machine's CPU: the only place in the workbench that reads the OS.
+
+`detect_local_cpu` reads `/proc/cpuinfo`, `/proc/meminfo` and the cache and frequency files under
+`/sys`; everything else here is a pure function of file contents, so tests run on fake trees.
+Bandwidths and peak compute of an uncalibrated CPU are estimates from the core count, clock and
+SIMD width (each source string says which assumption it makes); calibration replaces them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.hardware.spec import DeviceSpec, MemoryLayer
+
+LOCAL_CPU_NAME = "local-cpu"
+
+# LLVM CPU names for x86, most specific first: (mcpu, vendor or None for any, flags it needs).
+# TVM refuses mcpu="native", so the name has to be chosen here.
+_X86_MCPU = (
+    ("sapphirerapids", "intel", {"avx512f", "amx_tile", "avx512_bf16"}),
+    ("icelake-server", "intel", {"avx512f", "avx512_vbmi2", "avx512_vnni", "gfni"}),
+    ("cascadelake", "intel", {"avx512f", "avx512_vnni"}),
+    ("znver5", "amd", {"avx512f", "avx512_vp2intersect", "avx512_bf16"}),
+    ("znver4", "amd", {"avx512f", "avx512_bf16", "avx512_vnni"}),
+    ("skylake-avx512", None, {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
+    ("haswell", None, {"avx2", "fma", "bmi2"}),
+    ("sandybridge", None, {"avx"}),
+    ("x86-64-v2", None, {"sse4_2", "popcnt"}),
+)
+# ARM "CPU part" numbers (MIDR) of cores LLVM has a tuned name for.
+_ARM_PARTS = {
+    "0xd08": "cortex-a72",
+    "0xd0c": "neoverse-n1",
+    "0xd40": "neoverse-v1",
+    "0xd41": "cortex-a78",
+    "0xd42": "cortex-a78ae",
+    "0xd49": "neoverse-n2",
+    "0xd4f": "neoverse-v2",
+}
+_ARM_IMPLEMENTERS = {"0x41": "arm", "0x48": "hisilicon", "0x4e": "nvidia", "0x61": "apple", "0xc0": "ampere"}
+_X86_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+
+# Fallbacks when a file is missing (containers, odd kernels); the sources say when they are used.
+_DEFAULT_MHZ = 2000.0
+_DEFAULT_CACHES = {"L1": 32 * 1024, "L2": 1024 * 1024}
+_DEFAULT_MEMORY = 8 * 1024**3
+
+# Per-core estimates for an uncalibrated CPU (cycles and bytes per cycle of recent x86 / ARM
+# server cores): two vector FMA pipes, two vector loads per cycle from L1, 32 B/cycle from L2,
+# about 10 GB/s of DRAM streaming per core; latencies of 4 (FMA), 5 (L1) and 14 (L2) cycles and
+# about 90 ns for DRAM.
+_FMA_UNITS = 2
+_L1_LOADS_PER_CYCLE = 2
+_L2_BYTES_PER_CYCLE = 32
+_DRAM_GBPS_PER_CORE = 10.0
+_CYCLES = {"registers": 4, "L1": 5, "L2": 14}
+_DRAM_LATENCY_NS = 90.0
+_CACHE_LINE = 64
+# Vector registers kept free for broadcasts and input loads, so not used by the register tile.
+_SPARE_VECTOR_REGISTERS = 4
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What /proc/cpuinfo says about the first processor."""
+
+    model_name: str
+    vendor: str  # "intel", "amd", "arm", ... or "unknown"
+    isa: str  # "x86_64", "aarch64" or "unknown"
+    flags: frozenset[str]
+    mhz: float | None  # the clock cpuinfo reports (x86 only)
+    part: str = ""  # ARM "CPU part", e.g. "0xd0c"
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """Parse /proc/cpuinfo; the first value of each key wins (that is the first processor)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    if "flags" in fields:
+        isa, flags = "x86_64", fields["flags"]
+        vendor = _X86_VENDORS.get(fields.get("vendor_id", ""), "unknown")
+    elif "Features" in fields:
+        isa, flags = "aarch64", fields["Features"]
+        vendor = _ARM_IMPLEMENTERS.get(fields.get("CPU implementer", "").lower(), "unknown")
+    else:
+        isa, flags, vendor = "unknown", "", "unknown"
+    part = fields.get("CPU part", "").lower()
+    model = fields.get("model name") or fields.get("Hardware") or f"{vendor} {isa} CPU {part}".strip()
+    mhz = float(fields["cpu MHz"]) if _is_number(fields.get("cpu MHz", "")) else None
+    return CpuInfo(model, vendor, isa, frozenset(flags.split()), mhz, part)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def simd_lanes(info: CpuInfo) -> int:
+    """32-bit lanes of one vector register: AVX-512 16, AVX/AVX2 8, SSE and NEON 4."""
+    if "avx512f" in info.flags:
+        return 16
+    if "avx" in info.flags:
+        return 8
+    return 4
+
+
+def vector_registers(info: CpuInfo) -> int:
+    """Architectural vector registers: 32 zmm with AVX-512 and 32 v-registers on aarch64, else 16."""
+    return 32 if "avx512f" in info.flags or info.isa == "aarch64" else 16
+
+
+def llvm_mcpu(info: CpuInfo) -> str:
+    """The LLVM CPU name for TVM's `mcpu` (TVM refuses "native")."""
+    if info.isa == "aarch64":
+        return _ARM_PARTS.get(info.part, "generic")
+    if info.isa != "x86_64":
+        return "generic"
+    for mcpu, vendor, needs in _X86_MCPU:
+        if vendor in (None, info.vendor) and needs <= info.flags:
+            return mcpu
+    return "x86-64"
+
+
+def parse_cache_size(text: str) -> int:
+    """A sysfs cache size ("48K", "1024K", "32M", "512") in bytes."""
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+    digits = text[:-1] if scale > 1 else text
+    if not digits.isdigit():
+        raise ValueError(f"not a cache size: {text!r}")
+    return int(digits) * scale
+
+
+def count_cpu_list(text: str) -> int:
+    """Number of CPUs in a sysfs CPU list such as "0-3,8,10-11"."""
+    count = 0
+    for part in text.strip().split(","):
+        if "-" in part:
+            first, last = part.split("-")
+            count += int(last) - int(first) + 1
+        elif part:
+            count += 1
+    return max(count, 1)
+
+
+def smt_threads(entries: list[tuple[str, str, str, str]]) -> int:
+    """Hardware threads per core: the CPUs sharing the L1 data cache (SMT siblings), else 1."""
+    for level, kind, _size, shared in entries:
+        if level.strip() == "1" and kind.strip() == "Data" and shared.strip():
+            return count_cpu_list(shared)
+    return 1
+
+
+def parse_caches(entries: list[tuple[str, str, str, str]]) -> dict[str, int]:
+    """Per-core data-cache bytes by level ("L1", "L2") from sysfs (level, type, size, shared list).
+
+    A cache shared by several cores counts with one core's share, since one core's tile must fit;
+    SMT siblings of one core do not split it (the spec's unit is a core, not a hardware thread).
+    """
+    smt = smt_threads(entries)
+    caches: dict[str, int] = {}
+    for level, kind, size, shared in entries:
+        if size.strip() and kind.strip() in ("Data", "Unified") and level.strip() in ("1", "2"):
+            cores_sharing = max(1, count_cpu_list(shared or "0") // smt)
+            caches[f"L{level.strip()}"] = parse_cache_size(size) // cores_sharing
+    return caches
+
+
+def parse_meminfo(text: str) -> int | None:
+    """MemTotal from /proc/meminfo, in bytes."""
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def build_local_spec(
+    info: CpuInfo,
+    cores: int,
+    caches: dict[str, int],
+    memory_bytes: int | None,
+    max_mhz: float | None,
+) -> DeviceSpec:
+    """The `local-cpu` spec from parsed facts (pure); unmeasured numbers are labelled estimates."""
+    if max_mhz:
+        mhz, clock = max_mhz, "max clock from sysfs cpufreq"
+    elif info.mhz:
+        mhz, clock = info.mhz, "clock from /proc/cpuinfo"
+    else:
+        mhz, clock = _DEFAULT_MHZ, "clock unknown, 2 GHz assumed"
+    ghz = mhz / 1000
+    lanes = simd_lanes(info)
+    registers = vector_registers(info)
+    per_cycle = f"{cores} cores x {ghz:.3g} GHz ({clock})"
+    peak = cores * ghz * lanes * 2 * _FMA_UNITS
+    mcpu = llvm_mcpu(info)
+    return DeviceSpec(
+        name=LOCAL_CPU_NAME,
+        kind="cpu",
+        vendor=info.vendor,
+        layers=_estimated_layers(cores, ghz, lanes, registers, caches, memory_bytes, per_cycle),
+        compute_units=cores,
+        warp_size=lanes,
+        teu_per_unit=1,
+        max_threads_per_block=1,
+        max_threads_per_unit=1,
+        registers_per_thread_cap=registers - _SPARE_VECTOR_REGISTERS,
+        registers_per_unit=registers,
+        peak_gflops=(("float32", round(peak, 1)), ("float64", round(peak / 2, 1))),
+        target=(("kind", "llvm"), ("mcpu", mcpu), ("num-cores", cores)),
+        source=f"detected on this machine: {info.model_name} ({info.isa}); "
+        "bandwidths and peak are uncalibrated estimates",
+        calibrated=False,
+        sources=_device_sources(info, registers, per_cycle, mcpu),
+    )
+
+
+def _estimated_layers(cores, ghz, lanes, registers, caches, memory_bytes, per_cycle):
+    vector = lanes * 4
+    usable = registers - _SPARE_VECTOR_REGISTERS
+    l1, l2 = (caches.get(level, _DEFAULT_CACHES[level]) for level in ("L1", "L2"))
+    found = {level: "from sysfs" if level in caches else "not in sysfs, assumed" for level in ("L1", "L2")}
+    memory_from = "MemTotal of /proc/meminfo" if memory_bytes else "not in /proc/meminfo, 8 GiB assumed"
+    estimate = f"uncalibrated estimate: {per_cycle}"
+    return (
+        MemoryLayer(
+            name="registers", scope="thread", capacity_bytes=usable * vector,
+            bandwidth_gbps=round(cores * ghz * _FMA_UNITS * 3 * vector, 1),
+            transaction_bytes=vector, latency_ns=round(_CYCLES["registers"] / ghz, 2),
+            source=f"{usable} of {registers} vector registers x {vector} B ({_SPARE_VECTOR_REGISTERS} "
+            f"kept free); {estimate} x {_FMA_UNITS} FMA units x 3 operands x {vector} B; "
+            "4-cycle FMA latency",
+        ),
+        MemoryLayer(
+            name="L1", scope="unit", capacity_bytes=l1,
+            bandwidth_gbps=round(cores * ghz * _L1_LOADS_PER_CYCLE * vector, 1),
+            transaction_bytes=_CACHE_LINE, latency_ns=round(_CYCLES["L1"] / ghz, 2),
+            source=f"L1d per core {found['L1']}; {estimate} x {_L1_LOADS_PER_CYCLE} loads x "
+            f"{vector} B per cycle; ~5 cycles latency; 64 B lines",
+        ),
+        MemoryLayer(
+            name="L2", scope="unit", capacity_bytes=l2,
+            bandwidth_gbps=round(cores * ghz * _L2_BYTES_PER_CYCLE, 1),
+            transaction_bytes=_CACHE_LINE, latency_ns=round(_CYCLES["L2"] / ghz, 2),
+            source=f"L2 per core (a shared L2 split over its cores) {found['L2']}; {estimate} x "
+            f"{_L2_BYTES_PER_CYCLE} B per cycle; ~14 cycles latency; 64 B lines",
+        ),
+        MemoryLayer(
+            name="DRAM", scope="device", capacity_bytes=memory_bytes or _DEFAULT_MEMORY,
+            bandwidth_gbps=round(cores * _DRAM_GBPS_PER_CORE, 1),
+            transaction_bytes=_CACHE_LINE, latency_ns=_DRAM_LATENCY_NS,
+            source=f"capacity: {memory_from}; uncalibrated estimate: {cores} cores x "
+            f"{_DRAM_GBPS_PER_CORE} GB/s per core; ~90 ns latency; 64 B lines",
+        ),
+    )
+
+
+def _device_sources(info: CpuInfo, registers: int, per_cycle: str, mcpu: str):
+    simd = next((f for f in ("avx512f", "avx", "asimd") if f in info.flags), "no wide SIMD flag")
+    one_per_core = "1 on CPUs: a core runs one work item at a time"
+    return (
+        ("compute_units", "physical cores among the CPUs this process may run on (sched_getaffinity; "
+         "SMT siblings sharing an L1d counted once)"),
+        ("max_threads_per_block", one_per_core),
+        ("max_threads_per_unit", one_per_core),
+        ("peak_gflops", f"uncalibrated estimate: {per_cycle} x fp32 lanes x 2 (FMA) x "
+         f"{_FMA_UNITS} FMA units assumed; float64 has half the lanes"),
+        ("registers_per_thread_cap", f"{registers} vector registers less {_SPARE_VECTOR_REGISTERS} "
+         "kept free for broadcasts and input loads"),
+        ("registers_per_unit", f"architectural vector registers of {info.isa} ({simd})"),
+        ("target", f"mcpu {mcpu!r} chosen from the /proc/cpuinfo vendor and flags (TVM refuses "
+         "'native'); num-cores = compute_units"),
+        ("teu_per_unit", one_per_core),
+        ("warp_size", f"fp32 lanes of one vector register ({simd} in /proc/cpuinfo)"),
+    )
+
+
+def detect_local_cpu(sysfs_root: str = "/sys", proc_root: str = "/proc", cores: int | None = None) -> DeviceSpec:
+    """The spec of this machine's CPU, named `local-cpu` (uncalibrated: `calibrated=False`).
+
+    `cores` defaults to the physical cores this process may run on (its CPU affinity, SMT
+    siblings counted once). The roots exist so tests can point detection at fake trees.
+    """
+    proc, cpu0 = Path(proc_root), Path(sysfs_root) / "devices" / "system" / "cpu" / "cpu0"
+    info = parse_cpuinfo(_read(proc / "cpuinfo"))
+    entries = [
+        tuple(_read(index / name) for name in ("level", "type", "size", "shared_cpu_list"))
+        for index in sorted((cpu0 / "cache").glob("index*"))
+    ]
+    khz = _read(cpu0 / "cpufreq" / "cpuinfo_max_freq").strip()
+    return build_local_spec(
+        info,
+        cores or max(1, _usable_cpus() // smt_threads(entries)),
+        parse_caches(entries),
+        parse_meminfo(_read(proc / "meminfo")),
+        int(khz) / 1000 if khz.isdigit() else None,
+    )
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -1,0 +1,389 @@
+"""Device specs as TOML files: load and validate them (naming the bad field), list the presets in
+`specs/devices/`, and write a `DeviceSpec` back as TOML. The schema is in
+`specs/devices/README.md`."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+from workbench.errors import UserError
+from workbench.hardware.detect import LOCAL_CPU_NAME, detect_local_cpu
+from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+# The package lives at <root>/workbench/hardware, the presets at <root>/specs/devices.
+SPECS_DIR = Path(__file__).resolve().parents[2] / "specs" / "devices"
+LOCAL_CPU = LOCAL_CPU_NAME
+
+_DEVICE_INTS = (
+    "compute_units",
+    "warp_size",
+    "teu_per_unit",
+    "max_threads_per_block",
+    "max_threads_per_unit",
+    "registers_per_thread_cap",
+    "registers_per_unit",
+)
+_DEVICE_KEYS = ("name", "kind", "vendor", "source", "calibrated") + _DEVICE_INTS
+_LAYER_KEYS = (
+    "name",
+    "scope",
+    "capacity_bytes",
+    "bandwidth_gbps",
+    "transaction_bytes",
+    "latency_ns",
+    "banks",
+    "bank_width_bytes",
+    "source",
+)
+_SOURCE_KEYS = _DEVICE_INTS + ("peak_gflops", "tensor_core_gflops", "tensor_core", "target")
+_TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "layer")
+_DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_MISSING = object()
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+
+def list_presets() -> tuple[str, ...]:
+    """Names of the spec files in `specs/devices/` (without `local-cpu`, which is detected)."""
+    return tuple(sorted(p.stem for p in SPECS_DIR.glob("*.toml")))
+
+
+def load_spec(path_or_name: str | Path) -> DeviceSpec:
+    """A preset name from `specs/devices/`, `local-cpu` (this machine, detected), or a spec path."""
+    text = str(path_or_name)
+    if isinstance(path_or_name, Path) or text.endswith(".toml") or "/" in text:
+        return _load_file(Path(text))
+    if text == LOCAL_CPU:
+        return detect_local_cpu()
+    if text in list_presets():
+        return _load_file(SPECS_DIR / f"{text}.toml")
+    choices = ", ".join(list_presets() + (LOCAL_CPU,))
+    raise UserError(f"unknown device {text!r}: choose one of {choices}, or give a .toml spec path")
+
+
+def spec_from_toml_text(text: str, label: str = "spec") -> DeviceSpec:
+    """Parse and validate a spec; every problem raises `UserError` as `"<label>: <field> ..."`."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"{label}: TOML syntax error: {err}") from None
+    try:
+        return _spec_from_doc(doc)
+    except UserError as err:
+        raise UserError(f"{label}: {err}") from None
+
+
+def _load_file(path: Path) -> DeviceSpec:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UserError(f"spec {path}: cannot read file ({reason})") from None
+    return spec_from_toml_text(text, label=f"spec {path.name}")
+
+
+def _spec_from_doc(doc: dict) -> DeviceSpec:
+    _check_keys(doc, _TABLES, "")
+    device = _table(doc, "device")
+    _check_keys(device, _DEVICE_KEYS, "device.")
+    ints = {key: _int(device.get(key, _MISSING), f"device.{key}") for key in _DEVICE_INTS}
+    peak = _gflops(doc, "peak_gflops", required=True)
+    tensor_core = _gflops(doc, "tensor_core_gflops", required=False)
+    spec = DeviceSpec(
+        name=_text(device.get("name", _MISSING), "device.name"),
+        kind=_choice(device.get("kind", _MISSING), DEVICE_KINDS, "device.kind"),
+        vendor=_text(device.get("vendor", _MISSING), "device.vendor"),
+        layers=_layers(doc.get("layer", _MISSING)),
+        peak_gflops=peak,
+        tensor_core_gflops=tensor_core,
+        tensor_core_fragment=_fragment(doc, bool(tensor_core)),
+        target=_target(doc),
+        source=_text(device.get("source", _MISSING), "device.source"),
+        calibrated=_bool(device.get("calibrated", False), "device.calibrated"),
+        sources=_sources(doc),
+        **ints,
+    )
+    _check_consistency(spec)
+    return spec
+
+
+def _check_consistency(spec: DeviceSpec) -> None:
+    if spec.max_threads_per_block > spec.max_threads_per_unit:
+        raise UserError(
+            f"device.max_threads_per_block ({spec.max_threads_per_block}) must not exceed "
+            f"device.max_threads_per_unit ({spec.max_threads_per_unit})"
+        )
+    if spec.registers_per_thread_cap > spec.registers_per_unit:
+        raise UserError("device.registers_per_thread_cap must not exceed device.registers_per_unit")
+    target_kind = dict(spec.target)["kind"]
+    if (spec.kind == "cpu") != (target_kind == "llvm"):
+        raise UserError(f"target.kind {target_kind!r} does not fit device.kind {spec.kind!r}")
+
+
+def _layers(raw: object) -> tuple[MemoryLayer, ...]:
+    if raw is _MISSING:
+        raise UserError("layer is missing: give [[layer]] tables from registers down to DRAM")
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise UserError("layer must be at least two [[layer]] tables (a 'unit' and a 'device' one)")
+    layers = tuple(_layer(item, i) for i, item in enumerate(raw))
+    _check_hierarchy(layers)
+    return layers
+
+
+def _layer(raw: object, i: int) -> MemoryLayer:
+    where = f"layer[{i}]"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} must be a table")
+    _check_keys(raw, _LAYER_KEYS, f"{where}.")
+    banks = _int(raw.get("banks", 0), f"{where}.banks", minimum=0)
+    bank_width = _int(raw.get("bank_width_bytes", 0), f"{where}.bank_width_bytes", minimum=0)
+    if (banks == 0) != (bank_width == 0):
+        raise UserError(f"{where}.banks and {where}.bank_width_bytes must both be 0 or both positive")
+    return MemoryLayer(
+        name=_text(raw.get("name", _MISSING), f"{where}.name"),
+        scope=_choice(raw.get("scope", _MISSING), LAYER_SCOPES, f"{where}.scope"),
+        capacity_bytes=_int(raw.get("capacity_bytes", _MISSING), f"{where}.capacity_bytes"),
+        bandwidth_gbps=_number(raw.get("bandwidth_gbps", _MISSING), f"{where}.bandwidth_gbps"),
+        transaction_bytes=_int(raw.get("transaction_bytes", _MISSING), f"{where}.transaction_bytes"),
+        latency_ns=_number(raw.get("latency_ns", _MISSING), f"{where}.latency_ns", positive=False),
+        banks=banks,
+        bank_width_bytes=bank_width,
+        source=_text(raw.get("source", _MISSING), f"{where}.source"),
+    )
+
+
+def _check_hierarchy(layers: tuple[MemoryLayer, ...]) -> None:
+    """Top (smallest, per thread) to bottom (the device's memory), as Roller's MemLayer(0..L)."""
+    names = [layer.name for layer in layers]
+    for i, (upper, lower) in enumerate(zip(layers, layers[1:]), start=1):
+        if lower.name in names[:i]:
+            raise UserError(f"layer[{i}].name {lower.name!r} is used by another layer")
+        if lower.capacity_bytes <= upper.capacity_bytes:
+            raise UserError(
+                f"layer[{i}].capacity_bytes ({lower.capacity_bytes}) must be larger than "
+                f"layer[{i - 1}]'s ({upper.capacity_bytes}): layers go top (smallest) to bottom"
+            )
+        if LAYER_SCOPES.index(lower.scope) < LAYER_SCOPES.index(upper.scope):
+            raise UserError(
+                f"layer[{i}].scope {lower.scope!r} cannot sit below a {upper.scope!r} layer: "
+                "scopes go thread, unit, device from top to bottom"
+            )
+    bottom = len(layers) - 1
+    if layers[bottom].scope != "device":
+        raise UserError(f"layer[{bottom}].scope must be 'device' (the bottom layer), got {layers[bottom].scope!r}")
+    if sum(layer.scope == "device" for layer in layers) > 1:
+        raise UserError("only the bottom layer may have scope 'device'")
+    if not any(layer.scope == "unit" for layer in layers):
+        raise UserError("no layer has scope 'unit' (shared memory on GPUs, a per-core cache on CPUs)")
+
+
+def _gflops(doc: dict, key: str, required: bool) -> tuple[tuple[str, float], ...]:
+    table = doc.get(key, _MISSING)
+    if table is _MISSING and not required:
+        return ()
+    table = _table(doc, key)
+    for dtype in table:
+        if not _DTYPE.fullmatch(dtype):
+            raise UserError(f"{key}.{dtype} is not a dtype name (float32, float16, int8, ...)")
+    if required and "float32" not in table:
+        raise UserError(f"{key}.float32 is missing")
+    return tuple(sorted((dtype, _number(v, f"{key}.{dtype}")) for dtype, v in table.items()))
+
+
+def _fragment(doc: dict, has_tensor_cores: bool) -> tuple[int, ...]:
+    table = doc.get("tensor_core", _MISSING)
+    if table is _MISSING and not has_tensor_cores:
+        return ()
+    if not has_tensor_cores:
+        raise UserError("tensor_core is given but tensor_core_gflops is not")
+    table = _table(doc, "tensor_core")
+    _check_keys(table, ("fragment",), "tensor_core.")
+    raw = table.get("fragment", _MISSING)
+    if raw is _MISSING:
+        raise UserError("tensor_core.fragment is missing")
+    if not isinstance(raw, list) or len(raw) != 3:
+        raise UserError(f"tensor_core.fragment must be [m, n, k], got {raw!r}")
+    return tuple(_int(v, f"tensor_core.fragment[{i}]") for i, v in enumerate(raw))
+
+
+def _target(doc: dict) -> tuple[tuple[str, object], ...]:
+    table = _table(doc, "target")
+    _text(table.get("kind", _MISSING), "target.kind")
+    items = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            for sub_key, sub_value in value.items():
+                _scalar(sub_value, f"target.{key}.{sub_key}")
+            value = tuple(sorted(value.items()))
+        else:
+            _scalar(value, f"target.{key}")
+        items.append((key, value))
+    return tuple(sorted(items))
+
+
+def _sources(doc: dict) -> tuple[tuple[str, str], ...]:
+    table = doc.get("sources", _MISSING)
+    if table is _MISSING:
+        return ()
+    table = _table(doc, "sources")
+    _check_keys(table, _SOURCE_KEYS, "sources.")
+    return tuple(sorted((key, _text(value, f"sources.{key}")) for key, value in table.items()))
+
+
+# ---- field checks: each raises UserError naming the field -----------------------------------
+
+
+def _table(doc: dict, key: str) -> dict:
+    value = doc.get(key, _MISSING)
+    if value is _MISSING:
+        raise UserError(f"{key} is missing")
+    if not isinstance(value, dict):
+        raise UserError(f"{key} must be a table, got {value!r}")
+    return value
+
+
+def _check_keys(table: dict, allowed: tuple[str, ...], prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise UserError(f"unknown field {prefix}{key} (known: {', '.join(allowed)})")
+
+
+def _missing(value: object, field: str) -> None:
+    if value is _MISSING:
+        raise UserError(f"{field} is missing")
+
+
+def _int(value: object, field: str, minimum: int = 1) -> int:
+    _missing(value, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise UserError(f"{field} must be {wanted}, got {value!r}")
+    return value
+
+
+def _number(value: object, field: str, positive: bool = True) -> float:
+    _missing(value, field)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        wanted = "a positive number" if positive else "a number >= 0"
+        raise UserError(f"{field} must be {wanted}, got {value!r}")
+    return float(value)
+
+
+def _text(value: object, field: str) -> str:
+    _missing(value, field)
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{field} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(value: object, choices: tuple[str, ...], field: str) -> str:
+    _missing(value, field)
+    if value not in choices:
+        raise UserError(f"{field} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _bool(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{field} must be true or false, got {value!r}")
+    return value
+
+
+def _scalar(value: object, field: str) -> None:
+    if not isinstance(value, (str, int, float, bool)):
+        raise UserError(f"{field} must be a string, number or boolean, got {value!r}")
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+
+def spec_to_toml(spec: DeviceSpec) -> str:
+    """The spec as TOML text that `spec_from_toml_text` reads back to an equal spec."""
+    device = [("name", spec.name), ("kind", spec.kind), ("vendor", spec.vendor), ("source", spec.source)]
+    device += [(key, getattr(spec, key)) for key in _DEVICE_INTS] + [("calibrated", spec.calibrated)]
+    parts = [_section("[device]", device)]
+    if spec.sources:
+        parts.append(_section("[sources]", spec.sources))
+    parts.append(_section("[peak_gflops]", spec.peak_gflops))
+    if spec.tensor_core_gflops:
+        parts.append(_section("[tensor_core_gflops]", spec.tensor_core_gflops))
+        parts.append(_section("[tensor_core]", [("fragment", spec.tensor_core_fragment)]))
+    scalars = [(k, v) for k, v in spec.target if not isinstance(v, tuple)]
+    parts.append(_section("[target]", scalars))
+    parts += [_section(f"[target.{_key(k)}]", v) for k, v in spec.target if isinstance(v, tuple)]
+    for layer in spec.layers:
+        parts.append(_section("[[layer]]", [(key, getattr(layer, key)) for key in _LAYER_KEYS]))
+    return "\n".join(parts)
+
+
+def _section(header: str, items) -> str:
+    lines = [header] + [f"{_key(key)} = {_value(value)}" for key, value in items]
+    return "\n".join(lines) + "\n"
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else _string(key)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        # repr() of a finite float is a valid TOML float and reads back to the same float.
+        return repr(value)
+    if isinstance(value, str):
+        return _string(value)
+    return "[" + ", ".join(_value(item) for item in value) + "]"
+
+
+def _string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+# ---- summary ---------------------------------------------------------------------------------
+
+
+def spec_summary(spec: DeviceSpec) -> dict:
+    """A JSON-friendly overview of a spec, for `workbench devices --json` and the UI."""
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "vendor": spec.vendor,
+        "compute_units": spec.compute_units,
+        "warp_size": spec.warp_size,
+        "calibrated": spec.calibrated,
+        "layers": [
+            {
+                "name": layer.name,
+                "scope": layer.scope,
+                "capacity_bytes": layer.capacity_bytes,
+                "bandwidth_gbps": layer.bandwidth_gbps,
+                "transaction_bytes": layer.transaction_bytes,
+                "latency_ns": layer.latency_ns,
+            }
+            for layer in spec.layers
+        ],
+        "peak_gflops": dict(spec.peak_gflops),
+        "tensor_core_gflops": dict(spec.tensor_core_gflops),
+        "target": spec.target_dict(),
+        "source": spec.source,
+    }
