@@ -1,0 +1,114 @@
+import json
+
+import pytest
+
+from workbench.errors import UserError
+from workbench.ops import catalog
+from workbench.ops.tensor_expr import REDUCE, SPATIAL
+
+CONV = dict(N=1, C=3, H=9, W=8, F=4, KH=3, KW=3, stride=2, pad=1)
+DW = dict(N=1, C=3, H=9, W=8, KH=3, KW=3, stride=1, pad=1)
+POOL = dict(N=1, C=2, H=7, W=7, K=3, stride=2, pad=1)
+
+# (op, params, output shape, main block, number of reduce axes)
+SMALL = [
+    ("matmul", dict(M=3, N=4, K=5), (3, 4), "C", 1),
+    ("matmul", dict(M=3, N=4, K=5, B=2, trans_a=True, trans_b=True), (2, 3, 4), "C", 1),
+    ("gemv", dict(M=6, K=5), (6,), "y", 1),
+    ("conv2d", CONV, (1, 4, 5, 4), "O", 3),
+    ("conv2d", dict(CONV, pad=0, stride=1, dilation=2), (1, 4, 5, 4), "O", 3),
+    ("depthwise_conv2d", DW, (1, 3, 9, 8), "O", 2),
+    ("depthwise_conv2d", dict(DW, multiplier=2), (1, 3, 2, 9, 8), "O", 2),
+    ("relu", dict(shape=(3, 4)), (3, 4), "Y", 0),
+    ("add", dict(shape=(5,)), (5,), "C", 0),
+    ("gelu", dict(shape=(2, 3, 4)), (2, 3, 4), "Y", 0),
+    ("avgpool", POOL, (1, 2, 4, 4), "S", 2),
+    ("maxpool", POOL, (1, 2, 4, 4), "O", 2),
+    ("reduce_sum", dict(shape=(3, 4, 5), axes=(0, 2)), (4,), "Y", 2),
+    ("reduce_mean", dict(shape=(7, 9), axes=[1]), (7,), "S", 1),
+]
+
+
+def test_list_ops_is_the_suite_readme_catalog():
+    names = [info.name for info in catalog.list_ops()]
+    assert names == [
+        "matmul", "gemv", "conv2d", "depthwise_conv2d", "relu", "add", "gelu",
+        "avgpool", "maxpool", "reduce_sum", "reduce_mean",
+    ]  # fmt: skip
+    for info in catalog.list_ops():
+        assert all(p.kind in ("int", "ints", "bool") for p in info.params)
+
+
+def test_op_info_dict_is_json():
+    doc = json.loads(json.dumps([catalog.op_info_dict(i) for i in catalog.list_ops()]))
+    matmul = doc[0]
+    assert set(matmul) == {"name", "params", "description"}
+    assert matmul["params"][0] == {"name": "M", "kind": "int", "default": None, "doc": "rows of C"}
+    assert {p["name"]: p["default"] for p in matmul["params"]}["trans_b"] is False
+
+
+@pytest.mark.parametrize("op, params, out_shape, main, n_reduce", SMALL)
+def test_every_op_builds(op, params, out_shape, main, n_reduce):
+    inputs, output = catalog.build_te(op, params)
+    assert tuple(int(d) for d in output.shape) == out_shape
+    expr = catalog.build(op, params)
+    assert expr.op == op and expr.main_block == main
+    assert [a.kind for a in expr.axes].count(REDUCE) == n_reduce
+    assert [t.role for t in expr.tensors] == ["input"] * len(inputs) + ["output"]
+
+
+def test_matmul_layouts_and_defaults():
+    inputs, _ = catalog.build_te("matmul", dict(M=3, N=4, K=5, B=2, trans_a=True))
+    assert [tuple(int(d) for d in t.shape) for t in inputs] == [(2, 5, 3), (2, 5, 4)]
+    expr = catalog.build("matmul", dict(M=3, N=4, K=5))
+    assert dict(expr.params) == dict(M=3, N=4, K=5, B=0, trans_a=False, trans_b=False)
+    assert [(a.name, a.kind) for a in expr.axes] == [("i", SPATIAL), ("j", SPATIAL), ("k", REDUCE)]
+    assert expr.flops == 2 * 3 * 4 * 5
+
+
+def test_padding_is_a_separate_block_only_when_padded():
+    _, padded = catalog.build_te("conv2d", CONV)
+    _, unpadded = catalog.build_te("conv2d", dict(CONV, pad=0))
+    assert [t.name for t in padded.op.input_tensors] == ["pad", "kernel"]
+    assert [t.name for t in unpadded.op.input_tensors] == ["data", "kernel"]
+
+
+def test_depthwise_kernel_layout():
+    inputs, _ = catalog.build_te("depthwise_conv2d", dict(DW, multiplier=2))
+    assert [tuple(int(d) for d in t.shape) for t in inputs] == [(1, 3, 9, 8), (6, 1, 3, 3)]
+
+
+@pytest.mark.parametrize(
+    "op, params, message",
+    [
+        ("conv3d", {}, "unknown operator 'conv3d'; known: matmul, gemv"),
+        ("matmul", dict(M=3, N=4), "missing parameter K"),
+        ("matmul", dict(M=0, N=4, K=5), "M must be a positive integer, got 0"),
+        ("matmul", dict(M=3, N=-4, K=5), "N must be a positive integer, got -4"),
+        ("matmul", dict(M=3, N=4, K=2.5), "K must be a positive integer, got 2.5"),
+        ("matmul", dict(M=3, N=4, K="5"), "K must be a positive integer"),
+        ("matmul", dict(M=True, N=4, K=5), "M must be a positive integer, got True"),
+        ("matmul", dict(M=3, N=4, K=5, Q=1), "unknown parameter 'Q'"),
+        ("matmul", dict(M=3, N=4, K=5, trans_a=1), "trans_a must be true or false"),
+        ("matmul", dict(M=65536, N=4, K=65536), "tensor A has shape 65536x65536"),
+        ("conv2d", dict(CONV, pad=-1), "pad must be an integer >= 0"),
+        ("conv2d", dict(CONV, stride=0), "stride must be a positive integer"),
+        ("conv2d", dict(CONV, KH=12), "window of 12 is larger than the padded input height of 11"),
+        ("conv2d", dict(CONV, KW=3, dilation=5), "window of 11 is larger than the padded input width of 10"),
+        ("maxpool", dict(POOL, K=10), "window of 10 is larger"),
+        ("relu", dict(shape=()), "shape must be a list of integers"),
+        ("relu", dict(shape=(3, 0)), "every entry of shape must be a positive integer"),
+        ("reduce_sum", dict(shape=(3, 4), axes=2), "axes [2] must be distinct dimensions of a rank-2 shape"),
+        ("reduce_sum", dict(shape=(3, 4), axes=(1, 1)), "must be distinct"),
+        ("reduce_mean", dict(shape=(3, 4), axes=-1), "every entry of axes must be an integer >= 0"),
+    ],
+)
+def test_bad_params_name_the_problem(op, params, message):
+    with pytest.raises(UserError) as err:
+        catalog.build_te(op, params)
+    assert message in str(err.value)
+
+
+def test_bad_dtype():
+    with pytest.raises(UserError, match="unsupported dtype 'int4'"):
+        catalog.build("relu", dict(shape=(3,)), dtype="int4")

@@ -1,0 +1,135 @@
+import numpy as np
+import pytest
+import tvm
+
+from workbench.errors import UserError
+from workbench.ops import catalog, reference
+from workbench.ops.expr_lang import build_expr, parse
+from workbench.ops.reference import evaluate, input_shapes, random_inputs
+
+CONV = dict(N=2, C=3, H=7, W=6, F=4, KH=3, KW=2, stride=2, pad=1, dilation=2)
+
+# Every catalog op at tiny sizes, with padding, strides, transposes and multipliers exercised.
+CASES = [
+    ("matmul", dict(M=3, N=4, K=5)),
+    ("matmul", dict(M=3, N=4, K=5, B=2, trans_a=True, trans_b=True)),
+    ("gemv", dict(M=3, K=4)),
+    ("conv2d", CONV),
+    ("depthwise_conv2d", dict(N=1, C=2, H=5, W=5, KH=3, KW=3, stride=2, pad=1, multiplier=2)),
+    ("depthwise_conv2d", dict(N=1, C=2, H=5, W=5, KH=3, KW=3, stride=1, pad=1)),
+    ("relu", dict(shape=(3, 4))),
+    ("add", dict(shape=(3,))),
+    ("gelu", dict(shape=(2, 3))),
+    ("avgpool", dict(N=1, C=2, H=5, W=6, K=3, stride=2, pad=1)),
+    # pad 2 with K 2, stride 2: the first window row lies wholly in the padding
+    ("maxpool", dict(N=1, C=2, H=5, W=5, K=2, stride=2, pad=2)),
+    ("reduce_sum", dict(shape=(3, 4, 5), axes=(0, 2))),
+    ("reduce_mean", dict(shape=(3, 4), axes=1)),
+    ("reduce_sum", dict(shape=(3, 4), axes=(0, 1))),
+]
+
+
+@pytest.mark.parametrize("op, params", CASES)
+def test_reference_matches_the_tvm_kernel(op, params):
+    expr = catalog.build(op, params)
+    inputs = random_inputs(expr, seed=7)
+    want = reference.reference(expr, inputs)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(want.shape, expr.dtype), dev)
+    tvm.compile(tvm.IRModule({"main": expr.func}), target="llvm")["main"](
+        *[tvm.runtime.tensor(a, dev) for a in inputs], out
+    )
+    assert want.dtype == np.float32
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def _ref(op, params, inputs):
+    return reference.reference(catalog.build(op, params), inputs)
+
+
+def test_matmul_transposes_and_batch():
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(8.0).reshape(4, 2)
+    got = _ref("matmul", dict(M=3, N=4, K=2, trans_a=True, trans_b=True), [a, b])
+    np.testing.assert_allclose(got, a.T @ b.T)
+    a3, b3 = np.ones((2, 3, 5)), np.ones((2, 5, 4))
+    assert _ref("matmul", dict(M=3, N=4, K=5, B=2), [a3, b3]).shape == (2, 3, 4)
+
+
+def test_conv2d_by_definition():
+    rng = np.random.default_rng(0)
+    data, kernel = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, 3, 2))
+    padded = np.pad(data, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    got = _ref("conv2d", CONV, [data, kernel])
+    oh, ow = (9 - 5) // 2 + 1, (8 - 3) // 2 + 1
+    assert got.shape == (2, 4, oh, ow)
+    n, f, h, w = 1, 2, 1, 2
+    window = padded[n, :, h * 2 : h * 2 + 5 : 2, w * 2 : w * 2 + 3 : 2]
+    assert got[n, f, h, w] == pytest.approx(float(np.sum(window * kernel[f])), rel=1e-5)
+
+
+def test_depthwise_output_channel_is_c_times_multiplier_plus_j():
+    data = np.zeros((1, 2, 3, 3))
+    data[0, 1] = 1.0
+    kernel = np.arange(4.0).reshape(4, 1, 1, 1)  # output channel c*2 + j has weight c*2 + j
+    got = _ref("depthwise_conv2d", dict(N=1, C=2, H=3, W=3, KH=1, KW=1, stride=1, pad=0, multiplier=2), [data, kernel])
+    assert got.shape == (1, 2, 2, 3, 3)
+    np.testing.assert_array_equal(got[0, 1, :, 0, 0], [2.0, 3.0])
+    np.testing.assert_array_equal(got[0, 0], 0.0)
+
+
+def test_pool_padding_semantics():
+    ones = np.ones((1, 1, 4, 4))
+    avg = _ref("avgpool", dict(N=1, C=1, H=4, W=4, K=3, stride=1, pad=1), [ones])
+    assert avg[0, 0, 0, 0] == pytest.approx(4 / 9)  # padding counts: 4 real cells / 9
+    assert avg[0, 0, 1, 1] == pytest.approx(1.0)
+    low = np.full((1, 1, 4, 4), -5.0)
+    mx = _ref("maxpool", dict(N=1, C=1, H=4, W=4, K=3, stride=1, pad=1), [low])
+    np.testing.assert_array_equal(mx, -5.0)  # the padding value never wins
+
+
+def test_elementwise_and_reductions():
+    x = np.array([[-2.0, 0.0, 3.0], [1.0, -1.0, 10.0]])
+    np.testing.assert_array_equal(_ref("relu", dict(shape=(2, 3)), [x]), np.maximum(x, 0))
+    gelu = _ref("gelu", dict(shape=(2, 3)), [x])
+    assert gelu[0, 1] == 0.0 and gelu[1, 2] == pytest.approx(10.0) and gelu[0, 0] == pytest.approx(-0.0454, abs=1e-3)
+    np.testing.assert_allclose(_ref("reduce_mean", dict(shape=(2, 3), axes=1), [x]), x.mean(axis=1), rtol=1e-6)
+    assert _ref("reduce_sum", dict(shape=(2, 3), axes=(0, 1)), [x]).shape == ()
+
+
+def test_random_inputs_use_call_shapes():
+    expr = catalog.build("conv2d", CONV)
+    a, b = random_inputs(expr, seed=5)
+    assert a.shape == (2, 3, 7, 6) and b.shape == (4, 3, 3, 2)  # data unpadded, unlike expr.tensors[0]
+    assert a.dtype == np.float32 and -1 <= a.min() and a.max() <= 1
+    np.testing.assert_array_equal(a, random_inputs(expr, seed=5)[0])
+    assert input_shapes(build_expr("C[i] = A[2*i+1]", dict(i=3))) == ((6,),)  # 2*2 + 1 + 1
+
+
+EXPRESSIONS = [
+    ("O[n,f,h,w] += I[n,c,h*2+r,w*2+s] * W[f,c,r,s]", dict(n=2, f=3, h=4, w=5, c=3, r=2, s=3)),
+    ("B[i,k] max= A[i,j] - A2[k,j]", dict(i=5, j=9, k=4)),
+    ("P[i] *= A[i,j] + 2", dict(i=6, j=7)),
+    ("C[b,i,j] += A[b,i,k] * B[b,k,j]", dict(b=2, i=5, j=6, k=7)),
+]
+
+
+@pytest.mark.parametrize("text, extents", EXPRESSIONS)
+def test_chunked_evaluation_equals_whole(monkeypatch, text, extents):
+    rng = np.random.default_rng(2)
+    expr = build_expr(text, extents)
+    arrays = [rng.uniform(-1, 1, shape) for shape in input_shapes(expr)]
+    whole = evaluate(parse(text), extents, arrays)
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 7)  # forces splits of spatial and reduce axes
+    np.testing.assert_allclose(evaluate(parse(text), extents, arrays), whole, rtol=1e-12)
+
+
+def test_einsum_path_equals_matmul():
+    a, b = np.arange(12.0).reshape(3, 4), np.arange(20.0).reshape(4, 5)
+    np.testing.assert_allclose(evaluate(parse("C[i,j] += A[i,k] * B[k,j]"), dict(i=3, j=5, k=4), [a, b]), a @ b)
+
+
+def test_inputs_are_checked():
+    with pytest.raises(UserError, match=r"input 0 has shape \(4,\), the operator needs \(3,\)"):
+        evaluate(parse("C[i] = A[i]"), dict(i=3), [np.zeros(4)])
+    with pytest.raises(UserError, match="the operator takes 2 inputs, got 1"):
+        reference.reference(catalog.build("gemv", dict(M=3, K=4)), [np.zeros((3, 4))])

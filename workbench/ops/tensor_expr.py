@@ -1,0 +1,213 @@
+"""TensorExpr: an operator as axes plus affine index maps, read off the TVM IR.
+
+Roller (§3.1) needs, for any tile shape, the data tile of every input and output. We never keep a
+per-operator table for that: the operator is built as a TVM PrimFunc, and the main block's
+read/write regions give, per tensor dimension, an affine map of the block's iteration variables
+(`tvm.sym.detect_linear_equation`). A conv window `h*stride + r` then yields a data-tile extent of
+`(t_h - 1) * stride + t_r` without anyone writing that formula down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import Mapping, Sequence
+
+from workbench.errors import UserError
+
+SPATIAL, REDUCE = "spatial", "reduce"
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int32": 4}
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    extent: int
+    kind: str  # SPATIAL | REDUCE
+    fused_from: tuple[str, ...] = ()  # original axes, outermost first, after axis fusion
+
+
+@dataclass(frozen=True)
+class TensorAccess:
+    """One tensor of the expression: `index[d] = (coeffs, const)`, one coefficient per axis."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str  # "input" | "output"
+    index: tuple[tuple[tuple[int, ...], int], ...]
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def axes_of_dim(self, dim: int) -> tuple[int, ...]:
+        """Axes (by position) that index dimension `dim`."""
+        return tuple(a for a, c in enumerate(self.index[dim][0]) if c != 0)
+
+    def uses_axis(self, axis: int) -> bool:
+        return any(coeffs[axis] != 0 for coeffs, _ in self.index)
+
+
+@dataclass(frozen=True)
+class TensorExpr:
+    """An operator: axes (spatial first in loop order, then reduce) and its tensors.
+
+    `tensors` holds the inputs in call order followed by the output. `func` is the TVM PrimFunc
+    the expression was read from; it is excluded from equality so TensorExprs compare by value.
+    """
+
+    op: str
+    params: tuple[tuple[str, object], ...]
+    axes: tuple[Axis, ...]
+    tensors: tuple[TensorAccess, ...]
+    dtype: str
+    flops: int
+    main_block: str = ""
+    func: object = field(default=None, compare=False, repr=False, hash=False)
+
+    @property
+    def inputs(self) -> tuple[TensorAccess, ...]:
+        return tuple(t for t in self.tensors if t.role == "input")
+
+    @property
+    def output(self) -> TensorAccess:
+        return self.tensors[-1]
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        return tuple(a.extent for a in self.axes)
+
+    @property
+    def spatial(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.axes) if a.kind == SPATIAL)
+
+    @property
+    def reduce(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.axes) if a.kind == REDUCE)
+
+    def axis_index(self, name: str) -> int:
+        for i, axis in enumerate(self.axes):
+            if axis.name == name:
+                return i
+        raise KeyError(name)
+
+    def data_tile_shape(self, tensor: int, tile: Sequence[int]) -> tuple[int, ...]:
+        """Bounding box of the elements of `tensors[tensor]` touched by one tile.
+
+        Per dimension: for an affine index `sum(c_a * a) + const`, a tile of `t_a` consecutive
+        values of each axis spans `sum(|c_a| * (t_a - 1)) + 1` elements, clipped to the extent.
+        """
+        access = self.tensors[tensor]
+        out = []
+        for (coeffs, _), extent in zip(access.index, access.shape):
+            span = 1 + sum(abs(c) * (t - 1) for c, t in zip(coeffs, tile) if c)
+            out.append(min(span, extent))
+        return tuple(out)
+
+    def workload_dict(self) -> dict:
+        return {"op": self.op, "dtype": self.dtype, **{k: _jsonable(v) for k, v in self.params}}
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def from_te(op: str, params: Mapping[str, object], inputs: Sequence, output, dtype: str) -> TensorExpr:
+    """Build a TensorExpr from TE tensors: create the PrimFunc and read its main block."""
+    from tvm import te
+
+    func = te.create_prim_func(list(inputs) + [output])
+    return from_prim_func(func, op, params, dtype, n_inputs=len(inputs))
+
+
+def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_inputs: int) -> TensorExpr:
+    """Read axes and affine index maps off the main block of `func`.
+
+    The main block is the one with reduction iterators (the largest such), or, for injective
+    operators, the block writing the function's output. Blocks before it that only copy or pad a
+    parameter (e.g. conv padding) are looked through: the main block reads `pad`, and the tensor
+    is reported under the padded shape it actually reads, named after the parameter it pads.
+    """
+    import tvm
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    main = _main_block(blocks)
+    param_names = [_buffer_name(func, p) for p in func.params]
+    axes = tuple(
+        Axis(str(iv.var.name).removeprefix("v_"), int(iv.dom.extent), REDUCE if int(iv.iter_type) == 2 else SPATIAL)
+        for iv in main.iter_vars
+    )
+    variables = [iv.var for iv in main.iter_vars]
+    producers = {_region_name(w): b for b in blocks if b is not main for w in b.writes}
+    tensors = []
+    for region in main.reads:
+        name = _region_name(region)
+        shown = _source_param(name, producers, param_names)
+        tensors.append(_access(shown, region, variables, dtype, "input"))
+    inputs = _order_inputs(tensors, param_names[:n_inputs])
+    out = _access(param_names[-1], main.writes[0], variables, dtype, "output")
+    flops = int(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
+    return TensorExpr(
+        op=op,
+        params=tuple(sorted((k, _freeze(v)) for k, v in params.items())),
+        axes=axes,
+        tensors=tuple(inputs) + (out,),
+        dtype=dtype,
+        flops=max(flops, 1),
+        main_block=str(main.name_hint),
+        func=func,
+    )
+
+
+def _main_block(blocks):
+    reducing = [b for b in blocks if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
+    if reducing:
+        return max(reducing, key=lambda b: prod(int(iv.dom.extent) for iv in b.iter_vars))
+    return blocks[-1]
+
+
+def _access(name, region, variables, dtype, role) -> TensorAccess:
+    from tvm.sym import detect_linear_equation
+
+    index, shape = [], []
+    for rng in region.region:
+        coeffs = detect_linear_equation(rng.min, variables)
+        if len(coeffs) == 0:
+            raise UserError(f"tensor {name}: index {rng.min} is not affine in the loop axes")
+        *cs, const = (int(c) for c in coeffs)
+        index.append((tuple(cs), const))
+    shape = tuple(int(s) for s in region.source.shape)
+    return TensorAccess(name=name, shape=shape, dtype=dtype, role=role, index=tuple(index))
+
+
+def _region_name(region) -> str:
+    return str(region.source.name)
+
+
+def _buffer_name(func, param) -> str:
+    """Name of the buffer bound to a PrimFunc parameter (buffer_map is not exposed in 0.27)."""
+    return str(func.params_buffer(param).name) if hasattr(func, "params_buffer") else str(param.name)
+
+
+def _source_param(name, producers, param_names):
+    """Follow copy/pad producer blocks back to the function parameter they read."""
+    seen = set()
+    while name not in param_names and name in producers and name not in seen:
+        seen.add(name)
+        reads = producers[name].reads
+        if len(reads) != 1:
+            break
+        name = _region_name(reads[0])
+    return name
+
+
+def _order_inputs(tensors, input_names):
+    order = {n: i for i, n in enumerate(input_names)}
+    return sorted(tensors, key=lambda t: order.get(t.name, len(order)))
+
+
+def _freeze(value):
+    return tuple(value) if isinstance(value, list) else value
