@@ -1,0 +1,209 @@
+"""Roller's alignment rules (§3.1), one small rule each, composed in `next_aligned_sizes`.
+
+A tile size is *aligned* at a layer when every rule accepts it. Candidate sizes at a layer are the
+multiples of the tile one layer up (each layer's tile is a multiple of the one above, Figure 7),
+so `next_aligned_sizes` scans those multiples upwards and returns, per axis, the first size that
+every rule accepts. New hardware features are new rules here, nowhere else.
+
+Rules see an `AlignContext` (expression, device, layer, the tile one layer up, eps) and answer
+`axis_ok(ctx, axis, size)` for per-axis rules and `tile_ok(ctx, tile)` for rules over the whole
+tile (the thread count of a GPU block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, prod
+from typing import Protocol
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+
+Tile = tuple[int, ...]
+
+# GPU register-level steps: Roller's artifact multiplies a thread's tile by {1, 2, 4, 8, 16, 32}.
+REGISTER_STEPS = (1, 2, 4, 8, 16, 32)
+# Scan bound for `next_aligned_sizes`: enough multiples to find a transaction- or warp-aligned
+# size from any start (the strictest granularity is 64 B / 1 B = 64 steps).
+MAX_SCAN = 128
+
+
+@dataclass(frozen=True)
+class AlignContext:
+    expr: TensorExpr
+    device: DeviceSpec
+    layer: int  # index into device.layers, 0 = top (registers)
+    upper: Tile  # the tile one layer up (all ones at the top layer)
+    eps: float
+
+    @property
+    def scope(self) -> str:
+        return self.device.layers[self.layer].scope
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device.kind == "gpu"
+
+
+class Rule(Protocol):
+    name: str
+
+    def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool: ...
+
+    def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool: ...
+
+
+class _PerAxis:
+    def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool:
+        return True
+
+
+class TensorShapeRule(_PerAxis):
+    """Tensor shape: a size S on an axis of extent N wastes (S - N % S) / N when padded; allowed
+    only if that fraction is <= eps (Roller raises eps up to 1.0 when too few programs exist)."""
+
+    name = "tensor-shape"
+
+    def axis_ok(self, ctx, axis, size):
+        extent = ctx.expr.axes[axis].extent
+        return (ceil(extent / size) * size - extent) / extent <= ctx.eps + 1e-12
+
+
+class TransactionRule(_PerAxis):
+    """Memory transaction: the contiguous (leading) dimension of every input data tile is a whole
+    number of transactions of the layer it is loaded from (32 B from NVIDIA global memory, a
+    64 B line on CPUs). Applies where one axis alone indexes that dimension; a window such as
+    `w*stride + s` cannot be aligned by choosing one axis and is left to the other rules. Not
+    applied at the top layer: registers are filled by vector / word loads (the execution-unit
+    rule's business)."""
+
+    name = "memory-transaction"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.layer == 0:
+            return True
+        source = ctx.device.layers[ctx.layer + 1]
+        extent = ctx.expr.axes[axis].extent
+        for tensor in ctx.expr.inputs:
+            if leading_axis(tensor) == axis and size < extent:
+                if (size * tensor.itemsize) % source.transaction_bytes:
+                    return False
+        return True
+
+
+class ExecutionUnitRule:
+    """Execution unit: work handed to a parallel unit is a multiple of its width.
+
+    GPU: a block's thread count (unit tile / register tile over spatial axes) is a multiple of
+    the warp size, unless the block already covers every spatial axis; a thread's tile uses
+    Roller's register steps. CPU: the register tile along the vectorised axis (the output's
+    contiguous axis) is a multiple of the SIMD lanes, or the whole axis when it is shorter.
+    """
+
+    name = "execution-unit"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.layer != 0:
+            return True
+        extent = ctx.expr.axes[axis].extent
+        if ctx.is_gpu:
+            return size in REGISTER_STEPS or size == extent
+        if axis == vector_axis(ctx.expr):
+            lanes = ctx.device.warp_size
+            return size % lanes == 0 or size == extent
+        return True
+
+    def tile_ok(self, ctx, tile):
+        if not (ctx.is_gpu and ctx.layer == ctx.device.unit_layer_index):
+            return True
+        threads = thread_count(ctx.expr, tile, ctx.upper)
+        covers = all(tile[a] >= ctx.expr.axes[a].extent for a in ctx.expr.spatial)
+        return threads % ctx.device.warp_size == 0 or covers
+
+
+RULES: tuple[Rule, ...] = (TensorShapeRule(), TransactionRule(), ExecutionUnitRule())
+
+
+def leading_axis(tensor) -> int | None:
+    """The axis that alone (coefficient 1) indexes a tensor's contiguous dimension, if any."""
+    coeffs, _ = tensor.index[-1]
+    used = [a for a, c in enumerate(coeffs) if c]
+    return used[0] if len(used) == 1 and coeffs[used[0]] == 1 else None
+
+
+def vector_axis(expr: TensorExpr) -> int | None:
+    """The axis a CPU kernel vectorises: the one indexing the output's contiguous dimension."""
+    return leading_axis(expr.output)
+
+
+def thread_count(expr: TensorExpr, tile: Tile, upper: Tile) -> int:
+    """Threads of a GPU block: unit tile over register tile, spatial axes only."""
+    return prod(ceil(tile[a] / upper[a]) for a in expr.spatial)
+
+
+def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
+    return all(r.axis_ok(ctx, a, s) for r in rules for a, s in enumerate(tile)) and all(
+        r.tile_ok(ctx, tile) for r in rules
+    )
+
+
+def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True) -> int | None:
+    base = ctx.upper[axis]
+    extent = ctx.expr.axes[axis].extent
+    multiple = tile[axis] // base
+    limit = ceil(extent / base)  # one tile covering the whole axis
+    for _ in range(MAX_SCAN):
+        multiple += direction
+        if multiple < 1 or multiple > limit:
+            return None
+        size = multiple * base
+        if not all(r.axis_ok(ctx, axis, size) for r in rules):
+            continue
+        grown = tile[:axis] + (size,) + tile[axis + 1 :]
+        if not whole_tile or all(r.tile_ok(ctx, grown) for r in rules):
+            return size
+    return None
+
+
+def next_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES) -> tuple[int | None, ...]:
+    """Per axis, the next larger aligned size (None when the axis cannot grow)."""
+    return tuple(_scan(ctx, tile, a, +1, rules) for a in range(len(tile)))
+
+
+def prev_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES) -> tuple[int | None, ...]:
+    """Per axis, the next smaller aligned size (None when the axis cannot shrink)."""
+    return tuple(_scan(ctx, tile, a, -1, rules) for a in range(len(tile)))
+
+
+def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
+    """Smallest aligned tile at a layer that is a multiple of the tile one layer up.
+
+    Starts from the upper tile; on a GPU block layer first fills one warp of threads along the
+    spatial axes, innermost first; then lifts each axis that breaks a per-axis rule to its next
+    aligned size. None when no aligned tile exists (e.g. eps too small for the shape).
+    """
+    tile = list(ctx.upper)
+    if ctx.is_gpu and ctx.layer == ctx.device.unit_layer_index:
+        need = ctx.device.warp_size
+        for a in reversed(ctx.expr.spatial):
+            room = ceil(ctx.expr.axes[a].extent / ctx.upper[a])
+            take = _largest_pow2_at_most(min(need, room))
+            tile[a] = ctx.upper[a] * take
+            need //= take
+            if need <= 1:
+                break
+    for a in range(len(tile)):
+        if not all(r.axis_ok(ctx, a, tile[a]) for r in rules):
+            size = _scan(ctx, tuple(tile), a, +1, rules, whole_tile=False)
+            if size is None:
+                return None
+            tile[a] = size
+    result = tuple(tile)
+    return result if is_aligned(ctx, result, rules) else None
+
+
+def _largest_pow2_at_most(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p

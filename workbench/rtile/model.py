@@ -1,0 +1,147 @@
+"""Micro-performance model (Roller §3.3): an `Estimate` computed only from (rProgram, device).
+
+An rProgram is a pipeline (Figure 6): at each layer its tile is loaded from the layer below, and
+the register tile is computed. The stages overlap, so the program runs at the speed of its
+slowest stage (the bottleneck):
+
+- load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf)
+- compute time           = flops on the padded iteration space / peak compute     (MaxComputePerf)
+
+with every bandwidth and the peak scaled by the fraction of units the grid keeps busy (a shared
+layer's bandwidth is split evenly over the units using it, §3.3). Scale-out (ALGORITHMS.md §1):
+tiles are dealt round-robin over the units, so the busiest unit gets `ceil(grid / units)` tiles
+while the balanced share is `grid / units`; the time is the balanced time times that ratio. The
+resident tiles of a unit share its throughput, so blocks per unit raise compute efficiency
+(enough warps per scheduler) rather than multiplying speed. `waves = ceil(grid / (units *
+blocks per unit))` is reported as the number of rounds of resident blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, prod
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.rtile.alignment import thread_count, vector_axis
+from workbench.rtile.rprogram import RProgram, footprint_at, waves
+from workbench.rtile.traffic import TileCalculus
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Estimate:
+    flops: int  # useful flops of the operator
+    padded_flops: int  # flops actually executed, tiles padded to whole tiles
+    bytes_per_layer: tuple[tuple[str, int], ...]  # bytes read from each source layer
+    load_seconds: tuple[tuple[str, float], ...]  # per source layer
+    compute_seconds: float
+    threads: int  # per block (GPU); 1 on CPUs
+    blocks_per_unit: int
+    waves: int
+    occupancy: float  # resident threads / max resident threads (GPU); 1 on CPUs
+    bottleneck: str  # "compute" or the name of the layer whose loads are slowest
+    predicted_seconds: float
+
+    def to_dict(self) -> dict:
+        return {
+            "flops": self.flops,
+            "padded_flops": self.padded_flops,
+            "bytes_per_layer": dict(self.bytes_per_layer),
+            "load_seconds": dict(self.load_seconds),
+            "compute_seconds": self.compute_seconds,
+            "threads": self.threads,
+            "blocks_per_unit": self.blocks_per_unit,
+            "waves": self.waves,
+            "occupancy": self.occupancy,
+            "bottleneck": self.bottleneck,
+            "predicted_seconds": self.predicted_seconds,
+        }
+
+
+def source_layer(program: RProgram, layer: int, n_layers: int) -> int:
+    """The layer a tile is loaded from: the next cached layer below, or the bottom."""
+    for below in range(layer + 1, len(program.tiles)):
+        if program.cached[below]:
+            return below
+    return n_layers - 1
+
+
+def blocks_per_unit(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> tuple[int, int]:
+    """(threads per block, blocks resident per unit). GPUs: limited by threads, registers and
+    shared memory (the per-block capacity is used as the per-SM budget: conservative); CPUs run
+    one work item per core at a time."""
+    if device.kind != "gpu":
+        return 1, 1
+    threads = thread_count(calc.expr, program.unit_tile, program.register_tile)
+    regs = max(1, footprint_at(calc, device, program, 0) // 4)
+    smem = max(1, footprint_at(calc, device, program, device.unit_layer_index))
+    unit_layer = device.layers[device.unit_layer_index]
+    by_threads = device.max_threads_per_unit // threads
+    by_regs = device.registers_per_unit // (threads * regs)
+    by_smem = unit_layer.capacity_bytes // smem
+    return threads, max(1, min(by_threads, by_regs, by_smem))
+
+
+def compute_efficiency(calc: TileCalculus, device: DeviceSpec, program: RProgram, threads: int, bpu: int) -> float:
+    """Fraction of peak the register tile can reach. GPU: each warp scheduler needs a warp
+    (TEU group). CPU: lanes wasted when the vectorised axis is not a multiple of the SIMD width."""
+    if device.kind == "gpu":
+        warps = ceil(threads / device.warp_size) * bpu
+        return min(1.0, warps / device.teu_per_unit)
+    axis = vector_axis(calc.expr)
+    if axis is None:
+        return 1.0 / device.warp_size  # scalar code
+    size = program.register_tile[axis]
+    lanes = device.warp_size
+    return size / (ceil(size / lanes) * lanes)
+
+
+def estimate(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> Estimate:
+    """Predicted time and its parts for `program` on `device`."""
+    expr = calc.expr
+    threads, bpu = blocks_per_unit(calc, device, program)
+    units = device.compute_units
+    busy = min(1.0, program.grid / units)
+    n_waves = waves(program.grid, units * bpu)
+    quantization = ceil(program.grid / units) * units / program.grid if program.grid >= units else 1.0
+
+    volume = prod(calc.extents)
+    padded = calc.padded_volume(program.unit_tile)
+    padded_flops = int(expr.flops * padded / volume)
+    eff = compute_efficiency(calc, device, program, threads, bpu)
+    compute = padded_flops / (device.peak(expr.dtype) * GB * busy * eff)
+
+    loads: dict[str, float] = {}
+    moved: dict[str, int] = {}
+    for layer, tile in enumerate(program.tiles):
+        if not program.cached[layer]:
+            continue
+        src = device.layers[source_layer(program, layer, len(device.layers))]
+        q = calc.traffic_bytes(tile)
+        moved[src.name] = moved.get(src.name, 0) + q
+        loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
+    stages = {"compute": compute, **loads}
+    bottleneck = max(stages, key=stages.get)
+    occupancy = 1.0 if device.kind != "gpu" else min(1.0, threads * bpu / device.max_threads_per_unit)
+    return Estimate(
+        flops=expr.flops,
+        padded_flops=padded_flops,
+        bytes_per_layer=tuple(moved.items()),
+        load_seconds=tuple(loads.items()),
+        compute_seconds=compute,
+        threads=threads,
+        blocks_per_unit=bpu,
+        waves=n_waves,
+        occupancy=occupancy,
+        bottleneck=bottleneck,
+        predicted_seconds=stages[bottleneck] * quantization,
+    )
+
+
+def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, source: int) -> bool:
+    """Roller's stop test MemPerf(T) > MaxComputePerf: with all units busy, loading the operator
+    in tiles T from `source` takes no longer than computing it."""
+    load = calc.traffic_bytes(tile) / (device.layers[source].bandwidth_gbps * GB)
+    compute = calc.expr.flops / (device.peak(calc.expr.dtype) * GB)
+    return load <= compute

@@ -1,0 +1,115 @@
+"""rProgram: one rTile per memory layer plus the scale-out grid (Roller §3.2, Figure 6).
+
+Layers are listed top (registers) first; each tile is a multiple of the one before it; the last
+tile is the unit tile (one SM's thread block / one core's work item) and `grid` counts unit tiles
+over the spatial axes. `cached[l]` is False where the program does not stage data in layer l
+(Roller: operators without reuse build the top tile only and load straight from the bottom).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+from typing import Sequence
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.traffic import TileCalculus, bank_padding
+
+Tile = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RProgram:
+    axes: tuple[str, ...]
+    layers: tuple[str, ...]
+    tiles: tuple[Tile, ...]
+    padding: tuple[tuple[int, ...], ...]  # per layer, per tensor: storage padding (elements)
+    cached: tuple[bool, ...]
+    grid: int
+    eps: float
+
+    @property
+    def unit_tile(self) -> Tile:
+        return self.tiles[-1]
+
+    @property
+    def register_tile(self) -> Tile:
+        return self.tiles[0]
+
+    def tile_dict(self, layer: int) -> dict[str, int]:
+        return dict(zip(self.axes, self.tiles[layer]))
+
+    def to_dict(self) -> dict:
+        return {
+            "axes": list(self.axes),
+            "layers": [
+                {"name": n, "tile": dict(zip(self.axes, t)), "padding": list(p), "cached": c}
+                for n, t, p, c in zip(self.layers, self.tiles, self.padding, self.cached)
+            ],
+            "grid": self.grid,
+            "eps": self.eps,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RProgram":
+        axes = tuple(data["axes"])
+        layers = data["layers"]
+        return cls(
+            axes=axes,
+            layers=tuple(l["name"] for l in layers),
+            tiles=tuple(tuple(int(l["tile"][a]) for a in axes) for l in layers),
+            padding=tuple(tuple(int(p) for p in l["padding"]) for l in layers),
+            cached=tuple(bool(l["cached"]) for l in layers),
+            grid=int(data["grid"]),
+            eps=float(data["eps"]),
+        )
+
+
+def storage_padding(
+    calc: TileCalculus, device: DeviceSpec, layer: int, tile: Tile, upper: Tile
+) -> tuple[int, ...]:
+    """Bank-conflict padding of every input data tile stored at `layer` (0 where no banks)."""
+    spec = device.layers[layer]
+    if spec.banks <= 0 or layer == 0:
+        return tuple(0 for _ in calc.expr.tensors)
+    big, small = calc.data_tiles(tile), calc.data_tiles(upper)
+    out = []
+    for t, tensor in enumerate(calc.expr.tensors):
+        if tensor.role != "input":
+            out.append(0)
+            continue
+        width = max(1, spec.bank_width_bytes // tensor.itemsize)
+        out.append(bank_padding(big[t][-1], small[t][-1], spec.banks, width))
+    return tuple(out)
+
+
+def make_program(
+    calc: TileCalculus, device: DeviceSpec, tiles: Sequence[Tile], cached: Sequence[bool], eps: float
+) -> RProgram:
+    """Assemble an rProgram from per-layer tiles (top first): padding and grid follow."""
+    tiles = tuple(tuple(t) for t in tiles)
+    ones = tuple(1 for _ in calc.extents)
+    padding = tuple(
+        storage_padding(calc, device, l, tiles[l], tiles[l - 1] if l else ones) for l in range(len(tiles))
+    )
+    return RProgram(
+        axes=tuple(a.name for a in calc.expr.axes),
+        layers=tuple(device.layers[l].name for l in range(len(tiles))),
+        tiles=tiles,
+        padding=padding,
+        cached=tuple(cached),
+        grid=calc.spatial_tiles(tiles[-1]),
+        eps=eps,
+    )
+
+
+def footprint_at(calc: TileCalculus, device: DeviceSpec, program: RProgram, layer: int) -> int:
+    """Bytes the layer's tile occupies. A GPU block's shared memory holds the input tiles only
+    (partial sums accumulate in registers); every other layer holds inputs and output."""
+    with_output = not (device.kind == "gpu" and device.layers[layer].scope == "unit")
+    return calc.footprint_bytes(program.tiles[layer], program.padding[layer], with_output)
+
+
+def waves(grid: int, slots: int) -> int:
+    return ceil(grid / max(slots, 1))

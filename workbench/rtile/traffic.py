@@ -1,0 +1,98 @@
+"""Memory traffic Q and footprint F of an rTile (Roller §3.1, §3.3), exact from the expression.
+
+Running the whole operator in tiles of shape T (one size per axis):
+- every input tensor is loaded once per tile of the full iteration space (spatial and reduce);
+  a tensor that does not depend on an axis is loaded again for each tile along it, which is
+  exactly the reuse that growing that axis buys;
+- the output is stored once per spatial tile (partial sums stay in the faster layer).
+Tiles that overhang an axis are padded: a padded tile moves a whole data tile (Roller pads in the
+upper layers), so padding waste shows up in Q.
+
+`TileCalculus` memoises per tile: construction asks for the same tiles many times.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+from typing import Sequence
+
+from workbench.ops.tensor_expr import TensorExpr
+
+Tile = tuple[int, ...]
+
+
+def bank_padding(n_big: int, n_small: int, banks: int, bank_width: int) -> int:
+    """Roller §3.1 memory-bank rule: padding (elements) of a stored leading dimension.
+
+    A data tile with leading dimension N, read by an upper-layer tile with leading dimension n,
+    is stored as N + pad with pad = (B*L - N % (B*L) + L*ceil(n/L)) % (B*L), B banks of L
+    elements each, so that consecutive rows start in different banks.
+    """
+    if banks <= 0 or bank_width <= 0:
+        return 0
+    row = banks * bank_width
+    return (row - n_big % row + bank_width * ceil(n_small / bank_width)) % row
+
+
+class TileCalculus:
+    """Q, F and data tiles of one TensorExpr, memoised per tile shape."""
+
+    def __init__(self, expr: TensorExpr):
+        self.expr = expr
+        self.extents = expr.extents
+        self._spatial = expr.spatial
+        self._shapes: dict[Tile, tuple[tuple[int, ...], ...]] = {}
+        self._traffic: dict[Tile, int] = {}
+
+    def data_tiles(self, tile: Tile) -> tuple[tuple[int, ...], ...]:
+        """Data-tile shape of every tensor (inputs then output) for one tile."""
+        shapes = self._shapes.get(tile)
+        if shapes is None:
+            shapes = tuple(self.expr.data_tile_shape(t, tile) for t in range(len(self.expr.tensors)))
+            self._shapes[tile] = shapes
+        return shapes
+
+    def num_tiles(self, tile: Tile) -> int:
+        return prod(ceil(e / t) for e, t in zip(self.extents, tile))
+
+    def spatial_tiles(self, tile: Tile) -> int:
+        """Number of tiles over the spatial axes: the scale-out grid of a unit tile."""
+        return prod(ceil(self.extents[a] / tile[a]) for a in self._spatial)
+
+    def traffic_bytes(self, tile: Tile) -> int:
+        """Q(T): bytes moved between a layer and the one below when the op runs in tiles T."""
+        q = self._traffic.get(tile)
+        if q is None:
+            shapes = self.data_tiles(tile)
+            tensors = self.expr.tensors
+            loads = self.num_tiles(tile) * sum(
+                prod(s) * t.itemsize for s, t in zip(shapes[:-1], tensors[:-1])
+            )
+            stores = self.spatial_tiles(tile) * prod(shapes[-1]) * tensors[-1].itemsize
+            q = loads + stores
+            self._traffic[tile] = q
+        return q
+
+    def footprint_bytes(self, tile: Tile, padding: Sequence[int] = (), with_output: bool = True) -> int:
+        """F(T): bytes one tile occupies; `padding[t]` extra elements on tensor t's leading dim."""
+        shapes = self.data_tiles(tile)
+        count = len(shapes) if with_output else len(shapes) - 1
+        total = 0
+        for t in range(count):
+            shape = shapes[t]
+            pad = padding[t] if t < len(padding) else 0
+            elems = prod(shape[:-1]) * (shape[-1] + pad) if shape else 1
+            total += elems * self.expr.tensors[t].itemsize
+        return total
+
+    def padded_volume(self, tile: Tile) -> int:
+        """Iteration points actually computed when every axis is padded up to whole tiles."""
+        return prod(ceil(e / t) * t for e, t in zip(self.extents, tile))
+
+    def reuse_score(self, tile: Tile, grown: Tile, padding=(), grown_padding=(), with_output=True) -> float:
+        """Roller's data-reuse score S = (Q(T) - Q(T')) / (F(T') - F(T)); larger is better."""
+        dq = self.traffic_bytes(tile) - self.traffic_bytes(grown)
+        df = self.footprint_bytes(grown, grown_padding, with_output) - self.footprint_bytes(tile, padding, with_output)
+        if df <= 0:
+            return float("inf") if dq > 0 else 0.0
+        return dq / df
