@@ -1,0 +1,186 @@
+"""The construction space: states, actions and the one pure function that applies an action.
+
+A `State` is an rTile being enlarged at one memory layer, plus the tiles already recorded for the
+layers above it, plus the actions that made it (any state is `initial + actions` replayed). An
+`Action` is a small frozen value; Roller steps, Markov steps, UI buttons and export manifests all
+speak this vocabulary. `Space` binds an expression to a device and answers the questions both
+policies ask: is a tile aligned, does it fit, is it compute-bound, what are its scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from workbench.errors import UserError
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, thread_count
+from workbench.rtile.model import is_compute_bound
+from workbench.rtile.rprogram import RProgram, make_program, storage_padding
+from workbench.rtile.traffic import TileCalculus
+
+Tile = tuple[int, ...]
+
+# Action kinds. Roller: start, grow, layer_full, compute_saturated, descend, emit, shrink,
+# widen_eps, fuse_axes, prune_visited. Gensor (Markov) adds inv_tile and set_vthread; its
+# "cache" action is our "descend".
+KINDS = (
+    "start", "fuse_axes", "grow", "layer_full", "compute_saturated", "descend", "emit",
+    "shrink", "widen_eps", "prune_visited", "inv_tile", "set_vthread",
+)
+
+
+class IllegalAction(ValueError):
+    """An action that cannot be applied to a state (names the rule it breaks)."""
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    kind: str
+    layer: int = -1
+    axis: int = -1
+    amount: int = 0  # the new size for grow / shrink / inv_tile; V for set_vthread
+
+    def describe(self, axes: tuple[str, ...], layers: tuple[str, ...]) -> str:
+        where = f" at {layers[self.layer]}" if 0 <= self.layer < len(layers) else ""
+        if self.kind in ("grow", "shrink", "inv_tile"):
+            return f"{self.kind} {axes[self.axis]} to {self.amount}{where}"
+        if self.kind == "set_vthread":
+            return f"set_vthread {axes[self.axis]} x{self.amount}{where}"
+        return f"{self.kind}{where}"
+
+
+@dataclass(frozen=True)
+class State:
+    layer: int
+    tile: Tile
+    recorded: tuple[Tile, ...]  # tiles fixed for layers 0 .. layer-1
+    eps: float
+    vthreads: tuple[int, ...] = ()  # per axis (Markov's setVthread); empty = none
+    actions: tuple[Action, ...] = ()
+
+    @property
+    def key(self) -> tuple:
+        return (self.layer, self.tile, self.recorded, self.vthreads)
+
+
+@dataclass(frozen=True)
+class Options:
+    topk: int = 10
+    eps: float = 0.05  # initial tensor-shape waste bound (raised in EPS_STEPS when too few programs)
+    max_steps: int = 4000  # hard bound on construction steps per run
+    seed: int = 0
+
+
+# Roller raises eps "up to 1.0 in steps" when fewer than K programs come out.
+EPS_STEPS = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
+
+
+class Space:
+    """An expression on a device: alignment contexts, capacity and the pure `apply`."""
+
+    def __init__(self, expr: TensorExpr, device: DeviceSpec):
+        self.expr = expr
+        self.device = device
+        self.calc = TileCalculus(expr)
+        self.n_tile_layers = len(device.layers) - 1  # every layer but the bottom holds a tile
+        self.axes = tuple(a.name for a in expr.axes)
+        self.layer_names = tuple(l.name for l in device.layers)
+        self._aligned: dict[tuple, bool] = {}
+
+    def ones(self) -> Tile:
+        return tuple(1 for _ in self.expr.axes)
+
+    def context(self, layer: int, upper: Tile, eps: float) -> AlignContext:
+        return AlignContext(self.expr, self.device, layer, upper, eps)
+
+    def upper_of(self, state: State) -> Tile:
+        return state.recorded[-1] if state.recorded else self.ones()
+
+    def initial_state(self, eps: float) -> State | None:
+        tile = initial_tile(self.context(0, self.ones(), eps))
+        if tile is None:
+            return None
+        return State(0, tile, (), eps, actions=(Action("start", 0),))
+
+    def footprint(self, layer: int, tile: Tile, upper: Tile) -> int:
+        pad = storage_padding(self.calc, self.device, layer, tile, upper)
+        with_output = not (self.device.kind == "gpu" and self.device.layers[layer].scope == "unit")
+        return self.calc.footprint_bytes(tile, pad, with_output)
+
+    def capacity(self, layer: int) -> int:
+        return self.device.layers[layer].capacity_bytes
+
+    def over_capacity(self, layer: int, tile: Tile, upper: Tile) -> bool:
+        """Footprint over the layer's capacity, or (GPU block) threads / registers over limits."""
+        if self.footprint(layer, tile, upper) > self.capacity(layer):
+            return True
+        if self.device.kind == "gpu" and layer == self.device.unit_layer_index:
+            threads = thread_count(self.expr, tile, upper)
+            regs = max(1, self.footprint(0, upper, self.ones()) // 4) if upper else 1
+            return threads > self.device.max_threads_per_block or threads * regs > self.device.registers_per_unit
+        return False
+
+    def fits_below(self, layer: int, tile: Tile, eps: float) -> bool:
+        """Whether the smallest aligned tile containing `tile` at the next tile layer fits there."""
+        below = layer + 1
+        if below >= self.n_tile_layers:
+            return True
+        nxt = initial_tile(self.context(below, tile, eps))
+        return nxt is not None and not self.over_capacity(below, nxt, tile)
+
+    def compute_bound(self, layer: int, tile: Tile) -> bool:
+        return is_compute_bound(self.calc, self.device, layer, tile, layer + 1)
+
+    def reuse(self, layer: int, tile: Tile, grown: Tile, upper: Tile) -> float:
+        pad = storage_padding(self.calc, self.device, layer, tile, upper)
+        gpad = storage_padding(self.calc, self.device, layer, grown, upper)
+        with_output = not (self.device.kind == "gpu" and self.device.layers[layer].scope == "unit")
+        return self.calc.reuse_score(tile, grown, pad, gpad, with_output)
+
+    def program(self, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...] | None = None) -> RProgram:
+        cached = cached or tuple(True for _ in tiles)
+        return make_program(self.calc, self.device, tiles, cached, eps)
+
+    def aligned(self, layer: int, tile: Tile, upper: Tile, eps: float) -> bool:
+        key = (layer, tile, upper, eps)
+        ok = self._aligned.get(key)
+        if ok is None:
+            ok = self._aligned[key] = is_aligned(self.context(layer, upper, eps), tile)
+        return ok
+
+
+def with_axis(tile: Tile, axis: int, size: int) -> Tile:
+    return tile[:axis] + (size,) + tile[axis + 1 :]
+
+
+def apply(space: Space, state: State, action: Action) -> State:
+    """The one pure transition function: the state `action` leads to, or IllegalAction."""
+    acts = state.actions + (action,)
+    kind = action.kind
+    if kind in ("grow", "shrink", "inv_tile"):
+        if action.layer != state.layer or not 0 <= action.axis < len(state.tile):
+            raise IllegalAction(f"{kind}: layer/axis do not match the state")
+        tile = with_axis(state.tile, action.axis, action.amount)
+        if not space.aligned(state.layer, tile, space.upper_of(state), state.eps):
+            raise IllegalAction(f"{kind}: size {action.amount} of axis {space.axes[action.axis]} is not aligned")
+        return replace(state, tile=tile, actions=acts)
+    if kind == "descend":
+        if state.layer + 1 > space.n_tile_layers:
+            raise IllegalAction("descend: already at the lowest layer")
+        recorded = state.recorded + (state.tile,)
+        if state.layer + 1 == space.n_tile_layers:
+            return replace(state, layer=state.layer + 1, recorded=recorded, actions=acts)
+        tile = initial_tile(space.context(state.layer + 1, state.tile, state.eps))
+        if tile is None:
+            raise IllegalAction(f"descend: no aligned tile at {space.layer_names[state.layer + 1]}")
+        return replace(state, layer=state.layer + 1, tile=tile, recorded=recorded, actions=acts)
+    if kind == "set_vthread":
+        v = list(state.vthreads or (1,) * len(state.tile))
+        v[action.axis] = action.amount
+        return replace(state, vthreads=tuple(v), actions=acts)
+    if kind == "widen_eps":
+        return replace(state, eps=action.amount / 1000, actions=acts)
+    if kind in KINDS:
+        return replace(state, actions=acts)  # markers: no change to the tile
+    raise UserError(f"unknown action kind '{kind}'")

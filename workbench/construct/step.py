@@ -1,0 +1,77 @@
+"""Steps and candidates: what a policy produces, one frozen value at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.construct.graph import Edge, Node, node_key
+from workbench.construct.space import Action, Space, State
+from workbench.rtile.model import Estimate
+from workbench.rtile.rprogram import RProgram
+
+Tile = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One option a step chose among: its action, resulting tile and score or probability."""
+
+    action: Action
+    tile: Tile
+    score: float | None
+    probability: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    program: RProgram
+    estimate: Estimate
+    rank: int = 0
+
+    @property
+    def predicted_seconds(self) -> float:
+        return self.estimate.predicted_seconds
+
+
+@dataclass(frozen=True)
+class Step:
+    action: Action
+    state: State
+    node: Node | None
+    edge: Edge | None
+    alternatives: tuple[Alternative, ...] = ()
+    note: str = ""
+    candidate: Candidate | None = None
+    temperature: float | None = None  # Markov walks only
+
+
+def make_node(space: Space, state: State, status: str, tile: Tile | None = None, score=None, predicted=None) -> Node:
+    """The graph node for `tile` (default: the state's tile) at the state's layer."""
+    tile = state.tile if tile is None else tile
+    layer = state.layer
+    if layer >= space.n_tile_layers:  # the bottom layer: the node is the whole program
+        layer, tile, recorded = space.n_tile_layers, state.recorded[-1], state.recorded[:-1]
+        footprint, capacity = 0, space.capacity(layer)
+    else:
+        recorded = state.recorded
+        footprint = space.footprint(layer, tile, space.upper_of(state))
+        capacity = space.capacity(layer)
+    return Node(
+        key=node_key(layer, tile, recorded),
+        layer=layer,
+        layer_name=space.layer_names[layer],
+        tile=tuple(tile),
+        footprint_bytes=footprint,
+        capacity_bytes=capacity,
+        traffic_bytes=space.calc.traffic_bytes(tuple(tile)),
+        score=score,
+        status=status,
+        predicted_seconds=predicted,
+    )
+
+
+def state_key(space: Space, state: State) -> str:
+    if state.layer >= space.n_tile_layers:
+        return node_key(space.n_tile_layers, state.recorded[-1], state.recorded[:-1])
+    return node_key(state.layer, state.tile, state.recorded)
