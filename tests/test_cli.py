@@ -1,0 +1,97 @@
+"""The `workbench` command: the JSON contract of CLI.md and one-line errors with exit code 2."""
+
+import json
+
+import pytest
+
+from workbench.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ops_lists_the_catalog(capsys):
+    code, out, _ = run(capsys, "ops", "--json")
+    assert code == 0
+    names = {o["name"] for o in json.loads(out)}
+    assert {"matmul", "gemv", "conv2d", "depthwise_conv2d", "relu", "avgpool", "maxpool", "reduce_sum", "reduce_mean"} <= names
+
+
+def test_devices_lists_presets_and_local_cpu(capsys):
+    code, out, _ = run(capsys, "devices", "--json")
+    assert code == 0
+    devices = {d["name"]: d for d in json.loads(out)}
+    assert {"v100", "h100", "a100", "k80", "mi50", "local-cpu"} <= set(devices)
+    assert devices["v100"]["kind"] == "gpu" and devices["local-cpu"]["kind"] == "cpu"
+
+
+def test_construct_json_contract(capsys, tmp_path):
+    graph = tmp_path / "g.json"
+    code, out, _ = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", "v100", "--topk", "5", "--graph", str(graph), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["device"] == "v100" and doc["policy"] == "roller"
+    assert doc["construct_seconds"] > 0
+    assert 1 <= len(doc["candidates"]) <= 5
+    ranks = [c["rank"] for c in doc["candidates"]]
+    assert ranks == sorted(ranks) and ranks[0] == 1
+    times = [c["predicted_seconds"] for c in doc["candidates"]]
+    assert times == sorted(times)
+    for cand in doc["candidates"]:
+        assert isinstance(cand["bottleneck"], str) and cand["grid"] >= 1
+        for layer in cand["layers"]:
+            assert set(layer["tile"]) == {"i", "j", "k"}
+            assert 0 < layer["footprint_bytes"] <= layer["capacity_bytes"]
+    saved = json.loads(graph.read_text())
+    assert len(saved["nodes"]) == doc["graph"]["nodes"] and len(saved["edges"]) == doc["graph"]["edges"]
+
+
+def test_construct_expression(capsys):
+    code, out, _ = run(capsys, "construct", "--expr", "C[i,j] += A[i,k] * B[k,j]", "--shape", "i=64,j=64,k=64", "--device", "v100", "--json")
+    assert code == 0
+    assert json.loads(out)["candidates"]
+
+
+def test_bench_construct(capsys):
+    code, out, _ = run(capsys, "bench", "construct", "--suite", "cpu-core", "--device", "v100", "--topk", "1", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert len(doc["results"]) == 13
+    assert all(r["candidates"] >= 1 for r in doc["results"])
+    assert doc["max_seconds"] >= doc["median_seconds"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["construct", "--op", "matmul", "--shape", "M=0,N=4,K=4"], "M"),
+        (["construct", "--op", "matmul", "--shape", "M=-3,N=4,K=4"], "M"),
+        (["construct", "--op", "matmul", "--shape", "M=4,N=4"], "K"),
+        (["construct", "--op", "nosuchop", "--shape", "M=4"], "nosuchop"),
+        (["construct", "--workload", "cpu-core:mm-512", "--device", "nosuchdevice"], "nosuchdevice"),
+        (["construct", "--workload", "cpu-core:nope"], "nope"),
+        (["construct", "--workload", "nosuite:x"], "nosuite"),
+        (["construct", "--expr", "C[i] = __import__('os').system('echo hi')", "--shape", "i=4"], "expression"),
+        (["construct", "--expr", "C[i,j] += A[i,k] * Z[k*j]", "--shape", "i=4,j=4,k=4"], "affine"),
+        (["construct"], "workload"),
+        (["construct", "--workload", "cpu-core:mm-512", "--topk", "0"], "topk"),
+        (["nosuchcommand"], "nosuchcommand"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle.lower() in lines[0].lower()
+    assert "Traceback" not in err
+
+
+def test_malformed_spec_file_names_the_field(capsys, tmp_path):
+    spec = tmp_path / "bad.toml"
+    spec.write_text((__import__("pathlib").Path(__file__).parent.parent / "specs/devices/v100.toml").read_text().replace("compute_units = 80", "compute_units = -80"))
+    code, _, err = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", str(spec))
+    assert code == 2 and "compute_units" in err

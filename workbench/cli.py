@@ -1,0 +1,218 @@
+"""The `workbench` command (contract: shared/design/CLI.md). A thin face over the core.
+
+User errors print one line on stderr and exit with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from workbench.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints usage + message; the contract wants one line
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--op", help="catalog operator (see `workbench ops`)")
+    p.add_argument("--shape", help="parameters K=V,K=V (lists as AxBxC) or expression extents")
+    p.add_argument("--expr", help='expression, e.g. "C[i,j] += A[i,k] * B[k,j]"')
+    p.add_argument("--workload", help="SUITE:ID or PATH.toml:ID")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="local-cpu", help="preset name or spec file (default: local-cpu)")
+
+
+def _policy_args(p: argparse.ArgumentParser, topk: int = 10) -> None:
+    p.add_argument("--policy", default="roller", help="construction policy: roller")
+    p.add_argument("--topk", type=int, default=topk)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="workbench", description="Construct, inspect and export tensor kernels.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("ops", help="list catalog operators")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("devices", help="list device specs")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("device", help="this machine's device spec")
+    dsub = p.add_subparsers(dest="device_command", required=True, parser_class=_Parser)
+    d = dsub.add_parser("detect", help="detect the local CPU")
+    d.add_argument("--out", help="write the spec TOML here")
+    d.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("construct", help="construct top-K rPrograms for a workload")
+    _workload_args(p)
+    _policy_args(p)
+    p.add_argument("--graph", help="write the construction graph as JSON to PATH")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bsub = p.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
+    b = bsub.add_parser("construct", help="construction time over a suite")
+    b.add_argument("--suite", required=True)
+    b.add_argument("--device", default="local-cpu")
+    _policy_args(b)
+    b.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except UserError as err:
+        print(f"workbench: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+def _emit(args, data, text: str) -> int:
+    print(json.dumps(data, indent=2) if args.json else text)
+    return 0
+
+
+def cmd_ops(args) -> int:
+    from workbench.ops.catalog import list_ops, op_info_dict
+
+    infos = list_ops()
+    lines = [f"{i.name:18s} {', '.join(p.name for p in i.params):40s} {i.description}" for i in infos]
+    return _emit(args, [op_info_dict(i) for i in infos], "\n".join(lines))
+
+
+def cmd_devices(args) -> int:
+    from workbench.hardware.loader import list_presets, load_spec, spec_summary
+
+    summaries = [spec_summary(load_spec(name)) for name in list_presets() + ("local-cpu",)]
+    lines = [
+        f"{s['name']:12s} {s['kind']:4s} {s['compute_units']:4d} units  "
+        + "  ".join(f"{l['name']} {l['capacity_bytes']}B" for l in s["layers"])
+        for s in summaries
+    ]
+    return _emit(args, summaries, "\n".join(lines))
+
+
+def cmd_device(args) -> int:
+    from pathlib import Path
+
+    from workbench.hardware.detect import detect_local_cpu
+    from workbench.hardware.loader import spec_summary, spec_to_toml
+
+    spec = detect_local_cpu()
+    text = spec_to_toml(spec)
+    if args.out:
+        try:
+            Path(args.out).write_text(text)
+        except OSError as err:
+            raise UserError(f"--out {args.out}: {err.strerror}") from None
+    return _emit(args, spec_summary(spec), text)
+
+
+def _construct(args, workload):
+    from workbench.construct.space import Options
+    from workbench.construct.stepper import construct
+    from workbench.hardware.loader import load_spec
+
+    if args.topk < 1:
+        raise UserError(f"--topk must be >= 1, got {args.topk}")
+    device = load_spec(args.device)
+    return construct(workload.build(), device, args.policy, Options(topk=args.topk, seed=args.seed))
+
+
+def construction_dict(c, workload) -> dict:
+    """The JSON document of `workbench construct` (CLI.md)."""
+    from workbench.rtile.traffic import TileCalculus
+
+    calc = TileCalculus(c.expr)
+    return {
+        "workload": {"label": workload.describe(), **c.expr.workload_dict()},
+        "device": c.device.name,
+        "policy": c.policy,
+        "construct_seconds": c.seconds,
+        "candidates": [candidate_dict(calc, c.device, cand) for cand in c.candidates],
+        "graph": c.graph.counts(),
+    }
+
+
+def candidate_dict(calc, device, cand) -> dict:
+    from workbench.rtile.rprogram import footprint_at
+
+    program = cand.program
+    return {
+        "rank": cand.rank,
+        "predicted_seconds": cand.predicted_seconds,
+        "bottleneck": cand.estimate.bottleneck,
+        "grid": program.grid,
+        "waves": cand.estimate.waves,
+        "layers": [
+            {
+                "name": name,
+                "tile": program.tile_dict(l),
+                "footprint_bytes": footprint_at(calc, device, program, l),
+                "capacity_bytes": device.layers[l].capacity_bytes,
+            }
+            for l, name in enumerate(program.layers)
+        ],
+        "rprogram": program.to_dict(),
+        "estimate": cand.estimate.to_dict(),
+    }
+
+
+def cmd_construct(args) -> int:
+    from workbench.workload import workload_from_args
+
+    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    c = _construct(args, workload)
+    if args.graph:
+        try:
+            c.graph.save(args.graph)
+        except OSError as err:
+            raise UserError(f"--graph {args.graph}: {err.strerror}") from None
+    lines = [f"{workload.describe()} on {c.device.name} ({c.policy}): {len(c.candidates)} candidates in {c.seconds * 1e3:.1f} ms"]
+    for cand in c.candidates:
+        tiles = "  ".join(f"{n}={'x'.join(map(str, t))}" for n, t in zip(cand.program.layers, cand.program.tiles))
+        lines.append(f"#{cand.rank:<3d} {cand.predicted_seconds * 1e6:10.2f} us  {cand.estimate.bottleneck:9s} grid {cand.program.grid:<6d} {tiles}")
+    return _emit(args, construction_dict(c, workload), "\n".join(lines))
+
+
+def cmd_bench(args) -> int:
+    from workbench.workload import load_suite
+
+    _, workloads = load_suite(args.suite)
+    results = []
+    for w in workloads:
+        c = _construct(args, w)
+        results.append({"id": w.label.split(":", 1)[1], "construct_seconds": c.seconds, "candidates": len(c.candidates)})
+    times = [r["construct_seconds"] for r in results]
+    data = {
+        "suite": args.suite,
+        "device": args.device,
+        "policy": args.policy,
+        "topk": args.topk,
+        "results": results,
+        "median_seconds": statistics.median(times),
+        "max_seconds": max(times),
+    }
+    lines = [f"{r['id']:14s} {r['construct_seconds'] * 1e3:8.2f} ms  {r['candidates']} candidates" for r in results]
+    lines.append(f"median {data['median_seconds'] * 1e3:.2f} ms, max {data['max_seconds'] * 1e3:.2f} ms")
+    return _emit(args, data, "\n".join(lines))
+
+
+COMMANDS = {
+    "ops": cmd_ops,
+    "devices": cmd_devices,
+    "device": cmd_device,
+    "construct": cmd_construct,
+    "bench": cmd_bench,
+}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Workload selection shared by every face: a catalog op, an expression, or a suite entry.
+
+A `Workload` is the user's choice as plain values (what the CLI flags, a dashboard form or a
+notebook cell hold); `Workload.build()` turns it into a TensorExpr.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.errors import UserError
+from workbench.ops.tensor_expr import TensorExpr
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "specs" / "suites"
+_SUITE_KEYS = {"id", "op", "dtype"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    op: str | None = None  # a catalog operator
+    params: tuple[tuple[str, object], ...] = ()  # its parameters, or the expression's extents
+    expr: str | None = None  # the expression language, instead of `op`
+    dtype: str = "float32"
+    label: str = ""  # e.g. "cpu-core:mm-512"
+
+    def build(self) -> TensorExpr:
+        from workbench.ops import catalog, expr_lang
+
+        if self.expr is not None:
+            return expr_lang.build_expr(self.expr, dict(self.params), self.dtype)
+        if self.op is None:
+            raise UserError("no workload: give --op, --expr or --workload")
+        return catalog.build(self.op, dict(self.params), self.dtype)
+
+    def describe(self) -> str:
+        if self.label:
+            return self.label
+        body = self.expr if self.expr is not None else self.op
+        return f"{body} " + ",".join(f"{k}={_fmt(v)}" for k, v in self.params)
+
+
+def _fmt(value) -> str:
+    return "x".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _freeze(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def suite_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix == ".toml":
+        return path
+    return SUITES_DIR / f"{name}.toml"
+
+
+def list_suites() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in SUITES_DIR.glob("*.toml")))
+
+
+def load_suite(name: str) -> tuple[str, tuple[Workload, ...]]:
+    """(suite name, workloads) of `specs/suites/NAME.toml` or a TOML path."""
+    path = suite_path(name)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"suite '{name}' not found (known: {', '.join(list_suites())})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"suite '{name}': cannot read {path}: {err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"suite '{name}': invalid TOML: {err}") from None
+    entries = doc.get("workload")
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"suite '{name}': no [[workload]] entries")
+    suite = str(doc.get("suite", {}).get("name", path.stem))
+    workloads = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "id" not in entry or "op" not in entry:
+            raise UserError(f"suite '{name}': workload[{i}] needs 'id' and 'op'")
+        params = tuple(sorted((k, _freeze(v)) for k, v in entry.items() if k not in _SUITE_KEYS))
+        workloads.append(
+            Workload(op=entry["op"], params=params, dtype=entry.get("dtype", "float32"), label=f"{suite}:{entry['id']}")
+        )
+    return suite, tuple(workloads)
+
+
+def suite_workload(ref: str) -> Workload:
+    """`SUITE:ID` or `PATH.toml:ID`."""
+    suite, sep, wid = ref.rpartition(":")
+    if not sep or not suite or not wid:
+        raise UserError(f"--workload '{ref}': expected SUITE:ID (e.g. cpu-core:mm-512)")
+    name, workloads = load_suite(suite)
+    for w in workloads:
+        if w.label == f"{name}:{wid}":
+            return w
+    known = ", ".join(w.label.split(":", 1)[1] for w in workloads)
+    raise UserError(f"--workload '{ref}': no workload '{wid}' in suite '{name}' (known: {known})")
+
+
+def workload_from_args(op: str | None, shape: str | None, expr: str | None, workload: str | None, dtype: str) -> Workload:
+    """The CLI's workload selection (CLI.md): exactly one of --op, --expr, --workload."""
+    from workbench.ops.shapes import parse_kv
+
+    chosen = [x for x in (op, expr, workload) if x]
+    if len(chosen) != 1:
+        raise UserError("choose one workload: --op NAME --shape ..., --expr TEXT --shape ..., or --workload SUITE:ID")
+    if workload:
+        w = suite_workload(workload)
+        return w if dtype == "float32" else Workload(w.op, w.params, w.expr, dtype, w.label)
+    params = tuple(sorted(parse_kv(shape or "").items()))
+    if expr:
+        return Workload(expr=expr, params=params, dtype=dtype)
+    return Workload(op=op, params=params, dtype=dtype)
