@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"workbench: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
+        sys.stderr.close()
+        return 0
 
 
 def _emit(args, data, text: str) -> int:

@@ -126,6 +126,8 @@ RULES: tuple[Rule, ...] = (TensorShapeRule(), TransactionRule(), ExecutionUnitRu
 
 def leading_axis(tensor) -> int | None:
     """The axis that alone (coefficient 1) indexes a tensor's contiguous dimension, if any."""
+    if not tensor.index:  # a scalar (a reduction over every axis)
+        return None
     coeffs, _ = tensor.index[-1]
     used = [a for a, c in enumerate(coeffs) if c]
     return used[0] if len(used) == 1 and coeffs[used[0]] == 1 else None
