@@ -1,0 +1,226 @@
+"""The CPU template, build and verify: constructed programs become kernels that match numpy.
+
+Every kernel here runs on this machine, so the device is `local-cpu` (detected): a kernel built
+for another CPU model could use instructions this one lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import device, expr, suite_workloads, workload_expr
+from workbench.codegen.build import Kernel, build_kernel, kernel_args, pick_template
+from workbench.codegen.common import chain_factors, contiguous_axis
+from workbench.codegen.cpu import CpuTemplate
+from workbench.codegen.template import ScheduleError
+from workbench.codegen.verify import compare, tolerances, verify
+from workbench.construct.space import Options
+from workbench.construct.stepper import construct
+from workbench.ops.expr_lang import build_expr
+from workbench.ops.fusion import fuse_axes
+from workbench.rtile.rprogram import RProgram
+
+CPU = "local-cpu"
+CORE = {w["id"]: w for w in suite_workloads("cpu-core")}
+
+
+@lru_cache(maxsize=None)
+def _construction(e):
+    return construct(e, device(CPU), options=Options(topk=5))
+
+
+def _kernel(e, rank: int = 1):
+    """Build the program of `rank` (the last one when there are fewer) of `e`'s construction."""
+    c = _construction(e)
+    assert c.candidates, "the construction produced no program"
+    program = c.candidates[min(rank, len(c.candidates)) - 1].program
+    return c.expr, program, build_kernel(c.expr, program, device(CPU))
+
+
+def _assert_correct(e, rank: int = 1):
+    fused, _, kernel = _kernel(e, rank)
+    assert kernel.ok, kernel.error
+    check = verify(kernel, fused)
+    assert check.correct, check.error
+    return kernel
+
+
+@pytest.mark.parametrize("rank", (1, 5))
+@pytest.mark.parametrize("workload", sorted(CORE))
+def test_cpu_core_kernels_match_numpy(workload, rank):
+    _assert_correct(workload_expr(CORE[workload]), rank)
+
+
+IRREGULAR = {
+    "matmul-prime": ("matmul", dict(M=257, N=127, K=509)),
+    "matmul-odd": ("matmul", dict(M=33, N=65, K=17)),
+    "matmul-tiny": ("matmul", dict(M=3, N=5, K=7)),
+    "bmm-3-ta": ("matmul", dict(B=3, M=17, N=31, K=13, trans_a=True)),
+    "bmm-3-tb": ("matmul", dict(B=3, M=20, N=12, K=9, trans_b=True)),
+    "gemv-odd": ("gemv", dict(M=101, K=77)),
+    "conv-s2-p2-d2": ("conv2d", dict(N=2, C=3, H=11, W=10, F=5, KH=3, KW=3, stride=2, pad=2, dilation=2)),
+    "conv-s3-p1": ("conv2d", dict(N=1, C=7, H=13, W=13, F=9, KH=5, KW=3, stride=3, pad=1)),
+    "depthwise-x3": ("depthwise_conv2d", dict(N=1, C=5, H=9, W=11, KH=3, KW=3, stride=2, pad=1, multiplier=3)),
+    "avgpool-pad": ("avgpool", dict(N=2, C=3, H=10, W=9, K=3, stride=2, pad=1)),
+    "maxpool-pad": ("maxpool", dict(N=1, C=4, H=9, W=9, K=2, stride=2, pad=1)),
+    "reduce-outer-inner": ("reduce_sum", dict(shape=(6, 7, 10), axes=(0, 2))),
+    "reduce-mean-2": ("reduce_mean", dict(shape=(5, 12, 11), axes=(1, 2))),
+    "relu-fused": ("relu", dict(shape=(17, 11, 3))),
+    "gelu-odd": ("gelu", dict(shape=(1001,))),
+    "add-odd": ("add", dict(shape=(64, 33))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IRREGULAR))
+def test_irregular_shapes_match_numpy(case):
+    op, params = IRREGULAR[case]
+    _assert_correct(expr(op, **params))
+
+
+@pytest.mark.parametrize(
+    "text, extents",
+    [
+        ("C[i,j] += A[k,i] * B[j,k]", dict(i=37, j=29, k=23)),
+        ("O[i] += X[i + k] * w[k]", dict(i=50, k=7)),
+        ("P[i] *= A[i, 2*j + 1] + 1.5", dict(i=9, j=6)),
+        ("Y[i,j] = -A[i,j] / 2 + sigmoid(B[j]) * exp(A[i,j]) - tanh(abs(A[i,j]))", dict(i=13, j=40)),
+        ("M[b,i] max= X[b,j,i]", dict(b=3, i=48, j=5)),
+    ],
+)
+def test_expression_kernels_match_numpy(text, extents):
+    _assert_correct(build_expr(text, extents))
+
+
+def _program(e, chains: dict) -> RProgram:
+    """A (registers, L1, L2) program with the given tile chain per axis (top first)."""
+    tiles = tuple(tuple(chains[a.name][layer] for a in e.axes) for layer in range(3))
+    zeros = tuple(0 for _ in e.tensors)
+    return RProgram(tuple(a.name for a in e.axes), ("registers", "L1", "L2"), tiles, (zeros,) * 3, (True,) * 3, 1, 0.0)
+
+
+_CHAIN = st.tuples(st.integers(1, 6), st.integers(1, 3), st.integers(1, 4)).map(
+    lambda m: (m[0], m[0] * m[1], m[0] * m[1] * m[2])
+)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from(("matmul", "conv")), st.lists(_CHAIN, min_size=7, max_size=7))
+def test_any_tile_chain_gives_a_correct_kernel(which, chains):
+    """Guards for every non-dividing tile: any chain of multiples is realised correctly."""
+    if which == "matmul":
+        e = expr("matmul", M=13, N=20, K=9)
+    else:
+        e = expr("conv2d", N=1, C=3, H=7, W=8, F=5, KH=3, KW=2, stride=2, pad=1)
+    e = fuse_axes(e)
+    kernel = build_kernel(e, _program(e, {a.name: c for a, c in zip(e.axes, chains)}), device(CPU))
+    assert kernel.ok, kernel.error
+    check = verify(kernel, e, seed=3)
+    assert check.correct, check.error
+
+
+def test_reduction_over_every_axis_gives_a_scalar():
+    e = fuse_axes(expr("reduce_sum", shape=(6, 10), axes=(0, 1)))
+    kernel = build_kernel(e, _program(e, {"r0r1": (4, 8, 16)}), device(CPU))
+    assert kernel.ok, kernel.error
+    assert verify(kernel, e).correct
+
+
+def test_matmul_schedule_is_parallel_vectorised_and_accumulates_locally():
+    kernel = _assert_correct(workload_expr(CORE["mm-512"]))
+    assert "T.parallel" in kernel.tvmscript and "T.vectorized" in kernel.tvmscript
+    assert 'scope="local"' in kernel.tvmscript and "C_init" in kernel.tvmscript
+    assert kernel.template == "cpu" and kernel.source_suffix == "ll"
+    assert f"@{kernel.entry}" in kernel.source or f'"{kernel.entry}"' in kernel.source
+    assert dict(kernel.sources)["s"].strip()  # the assembly is there too
+    assert "sch.parallel" in kernel.trace_python and "sch.reorder" in kernel.trace_python
+
+
+def test_epilogue_and_padding_are_folded_into_the_kernel():
+    _, _, kernel = _kernel(expr("avgpool", N=1, C=2, H=9, W=9, K=3, stride=2, pad=1))
+    assert kernel.ok, kernel.error
+    assert 'T.sblock("pad")' not in kernel.tvmscript  # producer inlined
+    assert 'T.sblock("O")' not in kernel.tvmscript  # division folded into the write-back
+    assert "/ T.float32(9.0)" in kernel.tvmscript or "* T.float32(0.111" in kernel.tvmscript
+
+
+def test_arguments_are_in_call_order_with_unpadded_shapes():
+    args = kernel_args(expr("conv2d", N=1, C=3, H=8, W=8, F=4, KH=3, KW=3, stride=1, pad=1))
+    assert [(a.name, a.shape, a.role) for a in args] == [
+        ("data", (1, 3, 8, 8), "input"),
+        ("kernel", (4, 3, 3, 3), "input"),
+        ("O", (1, 4, 8, 8), "output"),
+    ]
+
+
+def test_broken_programs_are_recorded_not_raised():
+    fused, program, _ = _kernel(expr("matmul", M=64, N=64, K=64))
+    not_multiple = replace(program, tiles=((3, 16, 1), (4, 16, 8), (8, 32, 8)))
+    kernel = build_kernel(fused, not_multiple, device(CPU))
+    assert not kernel.ok and "multiple" in kernel.error and kernel.executable is None
+    wrong_axes = replace(program, axes=("x", "y", "z"))
+    assert "axes" in build_kernel(fused, wrong_axes, device(CPU)).error
+    one_layer = replace(program, tiles=program.tiles[:1], layers=program.layers[:1])
+    assert not build_kernel(fused, one_layer, device(CPU)).ok
+    assert not verify(kernel, fused).correct and "not built" in verify(kernel, fused).error
+
+
+def test_template_is_chosen_by_device_kind():
+    assert CpuTemplate().applies(device(CPU)) and not CpuTemplate().applies(device("v100"))
+    assert pick_template(device(CPU)).name == "cpu"
+    assert pick_template(device("v100")).name == "cuda"
+    with pytest.raises(ScheduleError):
+        pick_template(device(CPU), templates=())
+
+
+def test_a_crashing_run_is_recorded():
+    _, _, small = _kernel(expr("matmul", M=8, N=8, K=8))
+    check = verify(small, expr("matmul", M=16, N=16, K=16))  # arguments of the wrong shape
+    assert not check.correct and check.error.startswith("run:")
+
+
+def test_compare_flags_wrong_values_and_accepts_matching_nans():
+    ref = np.array([1.0, -2.0, np.nan, np.inf], dtype=np.float32)
+    assert compare(ref.copy(), ref, 1e-6, 1e-5).correct
+    wrong = ref.copy()
+    wrong[1] += 1e-3
+    result = compare(wrong, ref, 1e-6, 1e-5)
+    assert not result.correct and result.max_abs_err == pytest.approx(1e-3, rel=1e-2)
+    assert not compare(np.zeros(3, np.float32), np.zeros(4, np.float32), 1, 1).correct
+
+
+def test_tolerances_grow_with_the_reduction_length():
+    small, big = tolerances(expr("gemv", M=4, K=16)), tolerances(expr("gemv", M=4, K=4096))
+    assert big[0] > small[0] and big[1] > small[1]
+    atol, rtol = tolerances(expr("relu", shape=(8,)))
+    assert atol == pytest.approx(16 * np.finfo(np.float32).eps) and rtol < 1e-5
+    assert tolerances(expr("relu", "float16", shape=(8,)))[0] > atol
+
+
+def test_helpers_split_chains_and_find_the_contiguous_axis():
+    assert chain_factors(100, (2, 8, 32)) == [None, 4, 4, 2]
+    assert contiguous_axis(expr("matmul", M=4, N=5, K=6)) == 1  # j indexes C's last dimension
+    assert contiguous_axis(fuse_axes(expr("reduce_sum", shape=(3, 4), axes=(0, 1)))) is None
+
+
+def test_failed_kernel_is_a_kernel():
+    kernel = Kernel(ok=False, error="compile: boom")
+    assert kernel.source == "" and not verify(kernel, expr("relu", shape=(4,))).correct
+    with pytest.raises(RuntimeError):
+        kernel.runtime()
+
+
+@pytest.mark.parametrize(
+    "dtype, op, params",
+    [
+        ("float16", "matmul", dict(M=64, N=48, K=100)),
+        ("float64", "conv2d", dict(N=1, C=3, H=9, W=9, F=4, KH=3, KW=3, stride=1, pad=1)),
+    ],
+)
+def test_other_dtypes_match_numpy(dtype, op, params):
+    _assert_correct(expr(op, dtype, **params))

@@ -1,0 +1,160 @@
+"""Build one rProgram into a kernel: template -> schedule -> `tvm.compile` -> `Kernel`.
+
+A kernel that cannot be scheduled or compiled is still a `Kernel`, with `ok=False` and a
+one-line `error`: a candidate's failure is data for the comparison, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from workbench.codegen.common import first_line
+from workbench.codegen.template import ScheduleError, Template
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.rprogram import RProgram
+
+ENTRY = "main"  # the PrimFunc's global symbol: the function name inside the built library
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str  # "input" | "output"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A built (or failed) kernel.
+
+    `sources` holds `(file suffix, text)` pairs, the main one first: LLVM IR (`ll`) then assembly
+    (`s`) on CPUs, CUDA C (`cu`) on GPUs. `executable` is the `tvm.runtime.Executable`
+    (None when the build failed); `runtime()` gives its runtime module.
+    """
+
+    ok: bool
+    error: str = ""
+    template: str = ""
+    target: str = ""  # the TVM target dict as JSON
+    entry: str = ENTRY
+    args: tuple[KernelArg, ...] = ()
+    tvmscript: str = ""
+    trace_python: str = ""
+    sources: tuple[tuple[str, str], ...] = ()
+    build_seconds: float = 0.0
+    executable: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def source(self) -> str:
+        return self.sources[0][1] if self.sources else ""
+
+    @property
+    def source_suffix(self) -> str:
+        return self.sources[0][0] if self.sources else ""
+
+    @property
+    def target_kind(self) -> str:
+        return json.loads(self.target)["kind"] if self.target else ""
+
+    def runtime(self):
+        """The runtime module holding `entry` (compiled in process; cached by TVM)."""
+        if self.executable is None:
+            raise RuntimeError(f"kernel was not built: {self.error}")
+        return self.executable.jit()
+
+
+def default_templates() -> tuple[Template, ...]:
+    """The templates tried in order when none is given: the first that applies is used."""
+    from workbench.codegen.cpu import CpuTemplate
+    from workbench.codegen.cuda import CudaTemplate
+
+    return (CpuTemplate(), CudaTemplate())
+
+
+def pick_template(device: DeviceSpec, templates: Sequence[Template] | None = None) -> Template:
+    """The first template that applies to `device`; ScheduleError when none does."""
+    for template in templates if templates is not None else default_templates():
+        if template.applies(device):
+            return template
+    raise ScheduleError(f"no schedule template for a {device.kind} device ({device.name})")
+
+
+def build_kernel(expr: TensorExpr, program: RProgram, device: DeviceSpec, template: Template | None = None) -> Kernel:
+    """Schedule `program` with `template` (default: the one for `device.kind`), compile it for
+    `device.target_dict()`, and return the `Kernel`; failures come back as `ok=False`."""
+    start = time.perf_counter()
+    target = target_dict(device)
+    stage = "schedule"
+    try:
+        args = kernel_args(expr)
+        chosen = template if template is not None else pick_template(device)
+        sch = chosen.schedule(expr, program, device)
+        stage = "compile"
+        executable = _compile(sch.mod, target)
+        sources = _sources(executable, target)
+    except Exception as err:  # TVM raises many error types; every one is this candidate's failure
+        return Kernel(ok=False, error=f"{stage}: {first_line(err)}", target=json.dumps(target, sort_keys=True),
+                      build_seconds=time.perf_counter() - start)
+    return Kernel(
+        ok=True,
+        template=chosen.name,
+        target=json.dumps(target, sort_keys=True),
+        args=args,
+        tvmscript=sch.mod.script(),
+        trace_python="\n".join(sch.trace.as_python()),
+        sources=sources,
+        build_seconds=time.perf_counter() - start,
+        executable=executable,
+    )
+
+
+def target_dict(device: DeviceSpec) -> dict:
+    """The TVM target of `device`; a CPU spec without one gets plain LLVM on its cores."""
+    if device.kind == "cpu":
+        return {"kind": "llvm", "num-cores": device.compute_units} | device.target_dict()
+    return device.target_dict()
+
+
+def _compile(mod, target: dict):
+    import tvm
+
+    return tvm.compile(mod, target=tvm.target.Target(target))
+
+
+def _sources(executable, target: dict) -> tuple[tuple[str, str], ...]:
+    """LLVM IR and assembly of a CPU module; the device code (CUDA C) of a GPU module."""
+    mod = executable.mod
+    if target["kind"] == "llvm":
+        return (("ll", mod.inspect_source("ll")), ("s", mod.inspect_source("asm")))
+    device_mods = [m for m in mod.imports if m.kind == target["kind"]]
+    if not device_mods:
+        raise ScheduleError(f"the compiled module has no {target['kind']} device code")
+    return (("cu" if target["kind"] == "cuda" else target["kind"], device_mods[0].inspect_source()),)
+
+
+def kernel_args(expr: TensorExpr) -> tuple[KernelArg, ...]:
+    """The PrimFunc's parameters in call order (inputs, then the output), with buffer shapes."""
+    import tvm
+    from tvm import s_tir
+
+    func = expr.func
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    buffers = {}
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        node = sch.get(block)
+        for region in list(node.reads) + list(node.writes):
+            buffers.setdefault(str(region.source.name), region.source)
+    args = []
+    for i, param in enumerate(func.params):
+        buf = buffers[str(param.name)]
+        role = "output" if i == len(func.params) - 1 else "input"
+        args.append(KernelArg(str(param.name), tuple(int(s) for s in buf.shape), str(buf.dtype), role))
+    return tuple(args)

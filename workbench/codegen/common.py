@@ -1,0 +1,155 @@
+"""Schedule helpers shared by the templates (target independent).
+
+All of them work on a `tvm.s_tir.Schedule` over `expr.func` (the unfused PrimFunc of a possibly
+axis-fused `TensorExpr`) and raise `ScheduleError` with a one-line reason when a program cannot
+be realised. Loops are `LoopRV`s, blocks `SBlockRV`s, listed outermost first.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from workbench.codegen.template import ScheduleError
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.rprogram import RProgram
+
+
+def new_schedule(expr: TensorExpr):
+    """A traced schedule over `expr.func` (module function name `main`)."""
+    import tvm
+    from tvm import s_tir
+
+    if expr.func is None:
+        raise ScheduleError(f"{expr.op}: the expression carries no PrimFunc")
+    return s_tir.Schedule(tvm.IRModule({"main": expr.func}))
+
+
+def check_program(expr: TensorExpr, program: RProgram) -> None:
+    """Raise ScheduleError unless `program` is a well-formed tile chain for `expr`.
+
+    Checks: same axis names; every tile positive; every layer's tile a multiple of the tile of
+    the layer above it (top first) along every axis.
+    """
+    names = tuple(a.name for a in expr.axes)
+    if tuple(program.axes) != names:
+        raise ScheduleError(f"program axes {list(program.axes)} do not match the expression's {list(names)}")
+    for layer, tile in enumerate(program.tiles):
+        if len(tile) != len(names) or any(int(t) < 1 for t in tile):
+            raise ScheduleError(f"layer {program.layers[layer]}: tile {list(tile)} is not one positive size per axis")
+    for layer in range(1, len(program.tiles)):
+        for name, small, big in zip(names, program.tiles[layer - 1], program.tiles[layer]):
+            if big % small:
+                raise ScheduleError(
+                    f"axis {name}: the {program.layers[layer]} tile {big} is not a multiple of "
+                    f"the {program.layers[layer - 1]} tile {small}"
+                )
+
+
+def axis_chain(program: RProgram, axis: int) -> tuple[int, ...]:
+    """Tile sizes of one axis over the layers, top (registers) first."""
+    return tuple(int(tile[axis]) for tile in program.tiles)
+
+
+def block_names(sch) -> tuple[str, ...]:
+    """Names of the root's child blocks in program order."""
+    return tuple(sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def producer_names(sch, expr: TensorExpr) -> tuple[str, ...]:
+    """Blocks before the main block (e.g. conv's `pad`): candidates for `compute_inline`."""
+    names = block_names(sch)
+    return names[: names.index(expr.main_block)]
+
+
+def epilogue_names(sch, expr: TensorExpr) -> tuple[str, ...]:
+    """Blocks after the main block (e.g. avgpool's division), in program order."""
+    names = block_names(sch)
+    return names[names.index(expr.main_block) + 1 :]
+
+
+def inline_producers(sch, expr: TensorExpr) -> None:
+    """`compute_inline` every block before the main block, last first (so chains collapse)."""
+    for name in reversed(producer_names(sch, expr)):
+        primitive(f"inline producer {name}", sch.compute_inline, sch.get_sblock(name))
+
+
+def inline_epilogues(sch, names: Sequence[str]) -> None:
+    """`reverse_compute_inline` the blocks `names` (from `epilogue_names`, taken BEFORE any
+    `cache_write`) into their producer, in order. Call it after `cache_write` of the main block:
+    the producer is then the write-back block, a plain copy that can absorb the epilogue."""
+    for name in names:
+        primitive(f"inline epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
+
+
+def axis_loops(sch, block, expr: TensorExpr) -> list:
+    """One loop per axis of `expr` (in `expr.axes` order), fusing each axis's `fused_from` loops.
+
+    `block` must still have its original loop nest (one loop per block iterator, as
+    `te.create_prim_func` makes it); axis names are the iterator names without `v_`.
+    """
+    loops = sch.get_loops(block)
+    iter_vars = sch.get(block).iter_vars
+    if len(loops) != len(iter_vars):
+        raise ScheduleError(f"block {sch.get(block).name_hint}: loop nest does not match its iterators")
+    by_name = {str(iv.var.name).removeprefix("v_"): loop for iv, loop in zip(iter_vars, loops)}
+    out = []
+    for axis in expr.axes:
+        parts = axis.fused_from or (axis.name,)
+        missing = [p for p in parts if p not in by_name]
+        if missing:
+            raise ScheduleError(f"axis {axis.name}: no loop named {missing[0]} in block {expr.main_block}")
+        out.append(by_name[parts[0]] if len(parts) == 1 else sch.fuse(*(by_name[p] for p in parts)))
+    return out
+
+
+def chain_factors(extent: int, chain: Sequence[int]) -> list:
+    """Split factors realising a tile chain (top first): `[None, t_n / t_(n-1), ..., t_1 / t_0, t_0]`.
+
+    The outermost factor is None (TVM infers `ceil(extent / t_n)`); a last tile that does not
+    divide the extent makes TVM guard the tail with a block predicate.
+    """
+    inner = [int(chain[i]) // int(chain[i - 1]) for i in range(len(chain) - 1, 0, -1)]
+    return [None] + inner + [int(chain[0])]
+
+
+def split_by_chain(sch, loop, extent: int, chain: Sequence[int]) -> list:
+    """Split `loop` (of `extent`) into `len(chain) + 1` loops: outermost counts the last tiles,
+    then one loop per layer down to the top tile. Unit loops are kept so that every axis has the
+    same number of levels (templates index them by level)."""
+    return list(sch.split(loop, factors=chain_factors(extent, chain), preserve_unit_iters=True))
+
+
+def needs_guard(extent: int, chain: Sequence[int]) -> bool:
+    """True when the chain's last tile does not divide `extent` (the split adds a predicate)."""
+    return extent % int(chain[-1]) != 0
+
+
+def contiguous_axis(expr: TensorExpr) -> int | None:
+    """The axis (by position) indexing the output's innermost dimension with coefficient 1, if any."""
+    if not expr.output.index:  # a scalar output (a reduction over every axis)
+        return None
+    coeffs, _ = expr.output.index[-1]
+    users = [a for a, c in enumerate(coeffs) if c]
+    if len(users) == 1 and coeffs[users[0]] == 1:
+        return users[0]
+    return None
+
+
+def primitive(what: str, fn, *args):
+    """Run a schedule primitive, turning TVM's error into a one-line ScheduleError."""
+    try:
+        return fn(*args)
+    except Exception as err:  # TVM raises its own error classes (tvm.error.*, TVMError)
+        raise ScheduleError(f"{what}: {first_line(err)}") from err
+
+
+def first_line(err: BaseException) -> str:
+    """A one-line summary of a (possibly multi-page) TVM error: its first line, plus the
+    `Error message:` line a ScheduleError carries after the rendered IR."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
+    useful = [l for l in lines if not l.startswith(("File ", "#", "Traceback", "^", "~"))]
+    text = (useful or lines or [type(err).__name__])[0]
+    detail = next((l for l in lines if l.startswith("Error message:")), "")
+    if detail and detail != text:
+        text = f"{text} {detail}"
+    return text[:400]
