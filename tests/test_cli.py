@@ -95,3 +95,36 @@ def test_malformed_spec_file_names_the_field(capsys, tmp_path):
     spec.write_text((__import__("pathlib").Path(__file__).parent.parent / "specs/devices/v100.toml").read_text().replace("compute_units = 80", "compute_units = -80"))
     code, _, err = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", str(spec))
     assert code == 2 and "compute_units" in err
+
+
+def test_export_cpu_bundle_loads_and_computes(capsys, tmp_path):
+    import numpy as np
+    import tvm
+
+    out = tmp_path / "bundle"
+    code, stdout, _ = run(capsys, "export", "--op", "matmul", "--shape", "M=64,N=48,K=32", "--rank", "2", "--out", str(out), "--json")
+    assert code == 0 and json.loads(stdout)["verified"] is True
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["rank"] == 2 and [a["role"] for a in manifest["args"]] == ["input", "input", "output"]
+    lib = tvm.runtime.load_module(str(out / manifest["files"]["library"]))
+    rng = np.random.default_rng(0)
+    a, b = rng.random((64, 32), dtype=np.float32), rng.random((32, 48), dtype=np.float32)
+    c = tvm.runtime.tensor(np.zeros((64, 48), np.float32), tvm.cpu())
+    lib[manifest["entry"]](tvm.runtime.tensor(a, tvm.cpu()), tvm.runtime.tensor(b, tvm.cpu()), c)
+    np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-5)
+
+
+def test_export_gpu_bundle_has_cuda_source(capsys, tmp_path):
+    code, _, _ = run(capsys, "export", "--op", "relu", "--shape", "shape=17x11x3", "--device", "h100", "--out", str(tmp_path / "g"))
+    assert code == 0
+    assert "__global__" in (tmp_path / "g" / "kernel.cu").read_text()
+
+
+def test_export_refuses_bad_rank_and_existing_directory(capsys, tmp_path):
+    code, _, err = run(capsys, "export", "--workload", "cpu-core:relu", "--rank", "99", "--out", str(tmp_path / "x"))
+    assert code == 2 and "rank" in err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    code, _, err = run(capsys, "export", "--op", "relu", "--shape", "shape=8x8", "--out", str(tmp_path / "full"))
+    assert code == 2 and "not empty" in err
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"

@@ -55,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph", help="write the construction graph as JSON to PATH")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("export", help="build, verify and export one candidate as a file bundle")
+    _workload_args(p)
+    _policy_args(p)
+    p.add_argument("--rank", type=int, default=1, help="which candidate (1 = best predicted)")
+    p.add_argument("--out", required=True, help="bundle directory (or .zip with --zip)")
+    p.add_argument("--zip", action="store_true")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     b = bsub.add_parser("construct", help="construction time over a suite")
@@ -185,6 +193,33 @@ def cmd_construct(args) -> int:
     return _emit(args, construction_dict(c, workload), "\n".join(lines))
 
 
+def cmd_export(args) -> int:
+    from workbench.codegen.build import build_kernel
+    from workbench.codegen.export import export_bundle
+    from workbench.codegen.verify import verify
+    from workbench.workload import workload_from_args
+
+    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    c = _construct(args, workload)
+    if not 1 <= args.rank <= len(c.candidates):
+        raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates")
+    cand = c.candidates[args.rank - 1]
+    kernel = build_kernel(c.expr, cand.program, c.device)
+    # A kernel is checked against numpy where it can run (CPU devices); a GPU kernel built on a
+    # machine without that GPU is exported unverified, and the manifest says so.
+    checked = verify(kernel, c.expr) if kernel.ok and c.device.kind == "cpu" else None
+    if not kernel.ok or (checked is not None and not checked.correct):
+        reason = kernel.error if not kernel.ok else checked.error or "wrong result"
+        print(f"workbench: candidate {args.rank} failed, nothing exported: {reason}", file=sys.stderr)
+        return 1
+    path = export_bundle(
+        kernel, c.expr, cand.program, c.device, args.out,
+        policy=c.policy, rank=cand.rank, predicted_seconds=cand.predicted_seconds, zip=args.zip,
+    )
+    data = {"path": str(path), "rank": cand.rank, "verified": checked is not None, "predicted_seconds": cand.predicted_seconds}
+    return _emit(args, data, f"exported candidate {cand.rank} to {path}" + ("" if checked else " (not run: no such device here)"))
+
+
 def cmd_bench(args) -> int:
     from workbench.workload import load_suite
 
@@ -213,6 +248,7 @@ COMMANDS = {
     "devices": cmd_devices,
     "device": cmd_device,
     "construct": cmd_construct,
+    "export": cmd_export,
     "bench": cmd_bench,
 }
 
