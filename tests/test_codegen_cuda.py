@@ -1,0 +1,196 @@
+"""The CUDA template: every catalog operator's rank-1 program on v100 and h100 becomes CUDA source
+with the block/thread structure the program asks for, within the target's limits, and nvcc
+compiles it to PTX (one nvcc call per device for all kernels)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from functools import lru_cache
+
+import pytest
+
+from tests.helpers import device, expr
+from workbench.codegen.build import build_kernel
+from workbench.codegen.cuda import (
+    CudaTemplate,
+    block_threads,
+    compile_ptx,
+    compile_ptx_many,
+    gpu_resources,
+    nvcc_path,
+    ptx_arch,
+)
+from workbench.codegen.template import ScheduleError
+from workbench.construct.stepper import construct
+
+GPUS = ("v100", "h100")
+CASES = {
+    "matmul": ("matmul", dict(M=64, N=64, K=64)),
+    "matmul-batch": ("matmul", dict(M=32, N=48, K=40, B=2)),
+    "matmul-ta": ("matmul", dict(M=64, N=32, K=48, trans_a=True)),
+    "matmul-tb": ("matmul", dict(M=64, N=32, K=48, trans_b=True)),
+    "matmul-prime": ("matmul", dict(M=257, N=127, K=509)),
+    "matmul-fp16": ("matmul", dict(M=64, N=64, K=32, dtype="float16")),
+    "gemv": ("gemv", dict(M=128, K=256)),
+    "conv2d-s2p1": ("conv2d", dict(N=1, C=8, H=14, W=14, F=16, KH=3, KW=3, stride=2, pad=1)),
+    "conv2d-p0": ("conv2d", dict(N=2, C=4, H=9, W=9, F=8, KH=3, KW=3, stride=1, pad=0)),
+    "depthwise-x2": ("depthwise_conv2d", dict(N=1, C=8, H=14, W=14, KH=3, KW=3, stride=1, pad=1, multiplier=2)),
+    "relu": ("relu", dict(shape=(17, 11, 3))),
+    "add": ("add", dict(shape=(64, 33))),
+    "gelu": ("gelu", dict(shape=(1000,))),
+    "avgpool": ("avgpool", dict(N=1, C=8, H=14, W=14, K=3, stride=2, pad=1)),
+    "maxpool": ("maxpool", dict(N=2, C=4, H=15, W=15, K=2, stride=2, pad=0)),
+    "reduce_sum-mid": ("reduce_sum", dict(shape=(8, 16, 32), axes=(1,))),
+    "reduce_sum-outer-inner": ("reduce_sum", dict(shape=(8, 16, 32), axes=(0, 2))),
+    "reduce_sum-all": ("reduce_sum", dict(shape=(60,), axes=(0,))),
+    "reduce_mean": ("reduce_mean", dict(shape=(8, 16, 32), axes=(1, 2))),
+}
+
+
+@lru_cache(maxsize=None)
+def candidate(gpu: str, case: str):
+    """(fused expression, rank-1 program) of a case."""
+    op, params = CASES[case]
+    params = dict(params)
+    built = construct(expr(op, params.pop("dtype", "float32"), **params), device(gpu))
+    return built.expr, built.candidates[0].program
+
+
+@lru_cache(maxsize=None)
+def kernel(gpu: str, case: str):
+    fused, program = candidate(gpu, case)
+    return build_kernel(fused, program, device(gpu), template=CudaTemplate())
+
+
+def staged(gpu: str, case: str) -> bool:
+    fused, program = candidate(gpu, case)
+    return program.cached[1] and bool(fused.reduce)
+
+
+def test_applies_to_gpus_only():
+    assert CudaTemplate().applies(device("v100"))
+    assert not CudaTemplate().applies(device("tiny-cpu"))
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("case", CASES)
+def test_source_has_the_programs_block_and_thread_structure(gpu, case):
+    fused, program = candidate(gpu, case)
+    built = kernel(gpu, case)
+    assert built.ok, built.error
+    source = built.source
+    assert "__global__" in source
+    threads = block_threads(fused, program)
+    assert f"__launch_bounds__({threads})" in source or threads == 1  # TVM drops a unit thread loop
+    assert ("__shared__" in source) == staged(gpu, case)
+    assert ("__syncthreads" in source) == staged(gpu, case)
+    if fused.reduce:  # partial sums live in an unrolled register array
+        assert re.search(r"(float|half) \w+_local_ptr\[\d+\];", source)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("case", CASES)
+def test_threads_and_shared_memory_within_the_target_limits(gpu, case):
+    fused, program = candidate(gpu, case)
+    spec = device(gpu)
+    used = gpu_resources(CudaTemplate().schedule(fused, program, spec), spec)
+    target = spec.target_dict()
+    assert used.threads == block_threads(fused, program) <= target["max_threads_per_block"]
+    assert used.shared_bytes <= target["max_shared_memory_per_block"]
+    assert (used.shared_bytes > 0) == staged(gpu, case)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_nvcc_compiles_every_kernel_to_ptx(gpu):
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    arch = device(gpu).target_dict()["arch"]
+    results = compile_ptx_many([kernel(gpu, case).source for case in CASES], arch)
+    for case, result in zip(CASES, results):
+        assert result.ok, f"{case}: {result.error}"
+        assert ".entry main_kernel" in result.ptx
+        assert result.ptxas_report is not None and 0 < result.ptxas_report.registers <= 255
+        assert result.ptxas_report.shared_bytes > 0 or not staged(gpu, case)
+
+
+def pinned(case: str, tiles, padding):
+    """A case's expression on v100 with a fixed program, independent of the construction policy."""
+    fused, program = candidate("v100", case)
+    return fused, replace(program, tiles=tiles, padding=padding)
+
+
+def pinned_source(fused, program) -> str:
+    built = build_kernel(fused, program, device("v100"), template=CudaTemplate())
+    assert built.ok, built.error
+    return built.source
+
+
+MATMUL_64 = (((4, 8, 1), (32, 32, 64)), ((0, 0, 0), (1, 8, 0)))  # V100's bank padding for this tile
+MATMUL_PRIME = (((4, 8, 1), (8, 128, 48)), ((0, 0, 0), (17, 9, 0)))
+
+
+def test_prime_matmul_is_guarded_at_every_tail():
+    source = pinned_source(*pinned("matmul-prime", *MATMUL_PRIME))
+    for extent in (257, 127, 509):  # 8 does not divide 257, 128 overhangs 127, 48 does not divide 509
+        assert f"< {extent})" in source
+
+
+def test_shared_rows_are_padded_as_the_program_says():
+    source = pinned_source(*pinned("matmul", *MATMUL_64))
+    assert "A_shared_ptr[2080]" in source  # 32 rows of 64 + 1
+    assert "B_shared_ptr[2560]" in source  # 64 rows of 32 + 8
+
+
+def test_copies_are_vectorized_only_where_aligned():
+    source = pinned_source(*pinned("matmul", *MATMUL_64))
+    assert "*(float4*)(B_shared_ptr" in source  # rows of 32 + 8 floats keep 16-byte alignment
+    assert "*(float4*)(A_shared_ptr" not in source  # rows of 64 + 1 floats do not
+    assert "float4" not in pinned_source(*pinned("matmul-prime", *MATMUL_PRIME))  # rows of 509, 127
+
+
+@pytest.mark.parametrize("case, store", [("reduce_mean", "Y_ptr"), ("avgpool", "O_ptr")])
+def test_epilogue_is_folded_into_the_register_write_back(case, store):
+    source = kernel("v100", case).source
+    assert "S_ptr" not in source  # the window / axis sum never goes through global memory
+    assert re.search(store + r"\[[^\n]*\] = \(S_local_ptr\[\d+\] / ", source)
+
+
+def test_vthreads_stride_the_register_tile_without_changing_threads():
+    fused, program = pinned("matmul", *MATMUL_64)
+    spec = device("v100")
+    sch = CudaTemplate(vthreads=(("j", 2),)).schedule(fused, program, spec)
+    used = gpu_resources(sch, spec)
+    assert (used.threads, used.vthreads) == (block_threads(fused, program), 2)
+    with pytest.raises(ScheduleError, match="not a spatial axis"):
+        CudaTemplate(vthreads=(("k", 2),)).schedule(fused, program, spec)
+    with pytest.raises(ScheduleError, match="do not divide"):
+        CudaTemplate(vthreads=(("j", 3),)).schedule(fused, program, spec)
+
+
+def test_programs_beyond_the_target_limits_are_refused():
+    fused, program = pinned("matmul", *MATMUL_64)
+    spec = device("v100")
+    many_threads = replace(program, tiles=((1, 1, 1), (64, 64, 64)))  # 4096 threads
+    with pytest.raises(ScheduleError, match="threads per block"):
+        CudaTemplate().schedule(fused, many_threads, spec)
+    big = construct(expr("matmul", M=256, N=256, K=256), spec)
+    huge = replace(program, tiles=((8, 8, 1), (128, 128, 256)))  # (128 + 128) x 256 floats = 256 KB
+    with pytest.raises(ScheduleError, match="shared memory"):
+        CudaTemplate().schedule(big.expr, huge, spec)
+
+
+def test_compile_ptx_reports_missing_nvcc(monkeypatch):
+    monkeypatch.setattr("workbench.codegen.cuda.shutil.which", lambda name: None)
+    result = compile_ptx('extern "C" __global__ void k() {}', "sm_90")
+    assert not result.ok and result.error == "nvcc not found on PATH"
+
+
+def test_compile_ptx_names_the_error_and_falls_back_from_dropped_archs():
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    broken = compile_ptx('extern "C" __global__ void k(float* x) { x[0] = undefined_name; }', "sm_90a")
+    assert not broken.ok and "undefined_name" in broken.error
+    fine = compile_ptx('extern "C" __global__ void k(float* x) { x[0] = 1.0f; }', "sm_70")
+    assert fine.ok and fine.arch == ptx_arch("sm_70")
+    assert fine.ptxas_report.spill_store_bytes == 0

@@ -1,0 +1,417 @@
+"""The CUDA schedule template: an rProgram on (registers, shared) as a TensorIR schedule.
+
+Roller's GPU mapping (§3.2, §4): the shared-memory tile is one thread block, the register tile
+one thread, so every spatial axis is split into (grid, [vthread,] threads, register tile) and
+every reduce axis into (shared-memory steps, register steps, register tile). The grid loops are
+fused and bound to `blockIdx.x`, the thread loops to `threadIdx.x`. Inputs are staged in shared
+memory at the innermost shared-step loop by all threads of the block together (cooperative
+fetch), partial sums accumulate in registers (`cache_write` to `local`), and the register tile
+is fully unrolled so nvcc keeps it in registers. Programs with `cached[1]` False (no reuse:
+elementwise, most reductions) read their inputs straight from global memory.
+
+Tiles that do not divide an extent are realised by predicated splits: the tail block computes
+under a guard, so prime shapes still give correct code. `compile_ptx` checks generated source
+with nvcc and reports ptxas's registers and spills.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from math import prod
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from workbench.codegen.common import (
+    axis_chain,
+    axis_loops,
+    check_program,
+    epilogue_names,
+    first_line,
+    inline_epilogues,
+    new_schedule,
+    producer_names,
+    split_by_chain,
+)
+from workbench.codegen.template import ScheduleError
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.rprogram import RProgram
+
+REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
+VECTOR_WIDTHS = (4, 2)  # lanes of a cooperative copy; 16 B (float4) is the widest CUDA access
+_TOOL_SECONDS = 300  # nvcc on a large unrolled kernel takes seconds; a hang should not block forever
+
+
+@dataclass(frozen=True)
+class _Nest:
+    """The loops of the main block after tiling, by role (outermost first)."""
+
+    thread: object  # threadIdx.x
+    reduce_steps: tuple  # one shared-memory step loop per reduce axis
+    register: tuple  # register-tile loops: reduce register steps, then spatial tile
+
+
+@dataclass(frozen=True)
+class CudaTemplate:
+    """Roller's GPU template. `vthreads` pairs a spatial axis name with a virtual-thread count
+    that strides that axis's register tile over the block (TVM `vthread`); none by default."""
+
+    name: str = "cuda"
+    vthreads: tuple[tuple[str, int], ...] = ()
+
+    def applies(self, device: DeviceSpec) -> bool:
+        return device.kind == "gpu"
+
+    def schedule(self, expr: TensorExpr, program: RProgram, device: DeviceSpec):
+        """A `tvm.s_tir.Schedule` realising `program` on `device`; ScheduleError when it cannot."""
+        check_program(expr, program)
+        if len(program.tiles) != 2:
+            raise ScheduleError(f"a GPU program has two layers (registers, shared), got {len(program.tiles)}")
+        threads, limit = block_threads(expr, program), _limit(device, "max_threads_per_block")
+        if threads > limit:
+            raise ScheduleError(f"{threads} threads per block exceed the target's {limit}")
+        try:
+            sch = _schedule(expr, program, device, dict(self.vthreads))
+        except ScheduleError:
+            raise
+        except Exception as err:  # a TVM primitive refused the program
+            raise ScheduleError(first_line(err)) from err
+        shared, limit = gpu_resources(sch, device).shared_bytes, _limit(device, "max_shared_memory_per_block")
+        if shared > limit:
+            raise ScheduleError(f"{shared} B of shared memory per block exceed the target's {limit} B")
+        return sch
+
+
+@dataclass(frozen=True)
+class GpuResources:
+    """What one thread block of a scheduled kernel uses, read off the lowered TIR."""
+
+    threads: int  # product of the threadIdx extents
+    vthreads: int
+    shared_bytes: int
+    local_bytes: int  # per thread
+
+
+def gpu_resources(sch, device: DeviceSpec) -> GpuResources:
+    """Thread extents from the schedule's bound loops; buffer sizes after buffer compaction (the
+    first passes of TVM's lowering). TVM's `verify_gpu_code` is not used for threads: it keys
+    them by variable name, which TensorIR's loop-named thread variables never match."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    extents: dict[str, int] = {}
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        for loop in sch.get_loops(block):
+            binding = sch.get(loop).thread_binding
+            if binding is not None:
+                tag = str(binding.thread_tag)
+                extents[tag] = max(extents.get(tag, 1), int(sch.get(loop).extent))
+    passes = [
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(),
+    ]
+    with tvm.target.Target(device.target_dict()):
+        lowered = tvm.ir.transform.Sequential(passes)(sch.mod)
+    sizes = s_tir.analysis.calculate_allocated_bytes(lowered)["main"]
+    return GpuResources(
+        threads=prod(n for tag, n in extents.items() if tag.startswith("threadIdx")),
+        vthreads=prod(n for tag, n in extents.items() if tag.startswith("vthread")),
+        shared_bytes=int(sizes.get("shared", 0)),
+        local_bytes=int(sizes.get("local", 0)),
+    )
+
+
+def _limit(device: DeviceSpec, key: str) -> int:
+    """A per-block hardware limit from the TVM target, else the spec's own number."""
+    fallback = {"max_threads_per_block": device.max_threads_per_block}
+    fallback["max_shared_memory_per_block"] = device.layers[SHARED].capacity_bytes
+    return int(device.target_dict().get(key, fallback[key]))
+
+
+def block_threads(expr: TensorExpr, program: RProgram) -> int:
+    """Threads of one block: prod over spatial axes of shared tile / register tile."""
+    return prod(program.tiles[SHARED][a] // program.tiles[REGISTERS][a] for a in expr.spatial)
+
+
+def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads: Mapping[str, int]):
+    sch = new_schedule(expr)
+    main = sch.get_sblock(expr.main_block)
+    producers, epilogues = producer_names(sch, expr), epilogue_names(sch, expr)
+    reads = tuple(str(r.source.name) for r in sch.get(main).reads)
+    nest = _tile(sch, main, expr, program, vthreads)
+    if expr.reduce:  # partial sums stay in registers; the write-back absorbs the epilogues
+        local = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(local, nest.thread)
+    inline_epilogues(sch, epilogues)
+    if program.cached[SHARED] and expr.reduce:  # without reduce axes there is no reuse to stage
+        for buffer in reads:
+            tensor = _tensor_of(sch, expr, buffer, producers)
+            _stage_in_shared(sch, main, buffer, tensor, expr, program, device, nest)
+    for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the main block
+        sch.compute_inline(sch.get_sblock(name))
+    for loop in nest.register:
+        sch.unroll(loop)
+    if expr.reduce:
+        init = sch.decompose_reduction(main, nest.reduce_steps[0])
+        for block in (init, local):
+            _unroll_below(sch, block, nest.thread)
+    return sch
+
+
+def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads: Mapping[str, int]) -> _Nest:
+    """Split every axis by its tile chain, order the levels Roller's way, bind block and threads."""
+    unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
+    if unknown:
+        raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
+    levels = []
+    for a, (axis, loop) in enumerate(zip(expr.axes, axis_loops(sch, main, expr))):
+        chain = axis_chain(program, a)
+        count = vthreads.get(axis.name, 1)
+        if count > 1:
+            levels.append(_split_virtual(sch, loop, chain, count, axis.name))
+        else:
+            levels.append(split_by_chain(sch, loop, axis.extent, chain))
+    grid, virtual, threads, spatial_regs = [], [], [], []
+    for a in expr.spatial:
+        grid.append(levels[a][0])
+        virtual.extend(levels[a][1:-2])
+        threads.append(levels[a][-2])
+        spatial_regs.append(levels[a][-1])
+    steps = [levels[k][0] for k in expr.reduce]
+    inner = [levels[k][1] for k in expr.reduce] + [levels[k][2] for k in expr.reduce]
+    order = [*grid, *virtual, *threads, *steps, *inner, *spatial_regs]
+    sch.reorder(*order)
+    if not grid:  # a reduction to a scalar: one block of one thread
+        grid, threads = [sch.add_unit_loop(order[0])], [sch.add_unit_loop(order[0])]
+    sch.bind(sch.fuse(*grid), "blockIdx.x")
+    if virtual:
+        sch.bind(sch.fuse(*virtual), "vthread.x")
+    thread = sch.fuse(*threads)
+    sch.bind(thread, "threadIdx.x")
+    register = [levels[k][2] for k in expr.reduce] + spatial_regs
+    return _Nest(thread, tuple(steps), tuple(register))
+
+
+def _split_virtual(sch, loop, chain, count: int, axis: str) -> list:
+    """Split a spatial axis as (grid, vthreads, threads, register tile / vthreads): the same
+    threads and registers as the plain split, but a thread's tile is strided over the block in
+    `count` pieces (TVM lowers the `vthread` loop by replicating the body)."""
+    register, block = int(chain[0]), int(chain[1])
+    if register % count:
+        raise ScheduleError(f"axis {axis}: {count} virtual threads do not divide its register tile {register}")
+    return list(sch.split(loop, factors=[None, count, block // register, register // count]))
+
+
+def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device, nest: _Nest) -> None:
+    """Copy one input's block tile into shared memory at the innermost shared-step loop, all
+    threads of the block together, rows padded against bank conflicts (Roller §3.1)."""
+    threads = block_threads(expr, program)
+    anchor = nest.reduce_steps[-1]
+    cache = sch.cache_read(main, buffer, "shared")
+    sch.compute_at(cache, anchor)
+    copy = sch.get_loops(cache)[_depth(sch, main, anchor) :]
+    source = tuple(int(s) for s in sch.get(cache).reads[0].source.shape)
+    align = _bank_alignment(expr, program, device, tensor, source)
+    if align is not None:
+        sch.storage_align(cache, 0, len(source) - 2, *align)
+    plain = buffer == expr.tensors[tensor].name  # not a padded copy made by a producer block
+    width = _vector_width(expr, program, tensor, source, int(sch.get(copy[-1]).extent), align) if plain else 1
+    fused = sch.fuse(*copy)
+    if width > 1:
+        _, thread, lanes = sch.split(fused, factors=[None, threads, width])
+        sch.vectorize(lanes)
+    else:
+        _, thread = sch.split(fused, factors=[None, threads])
+    sch.bind(thread, "threadIdx.x")
+
+
+def _bank_alignment(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor: int, source: tuple):
+    """`storage_align` (factor, offset) making the stored row `N + padding[1][t]` elements long
+    modulo one bank row, as `rtile.rprogram.storage_padding` computed it; None when unpadded.
+
+    Skipped for tensors whose dimensions axis fusion merged: their data-tile rows are not the
+    buffer's rows."""
+    access = expr.tensors[tensor]
+    pad = program.padding[SHARED][tensor]
+    if not pad or len(source) < 2 or tuple(access.shape) != source:
+        return None
+    layer = device.layers[SHARED]
+    factor = layer.banks * max(1, layer.bank_width_bytes // access.itemsize)
+    row = expr.data_tile_shape(tensor, program.tiles[SHARED])[-1]
+    return factor, (row + pad) % factor
+
+
+def _vector_width(expr: TensorExpr, program: RProgram, tensor: int, source: tuple, copy_row: int, align) -> int:
+    """Widest vector (<= 16 B) whose loads and stores stay aligned: the global row length, every
+    block tile's start along the row, the copied row and the shared row stride all divide by it."""
+    access = expr.tensors[tensor]
+    if tuple(access.shape) != source:
+        return 1
+    coeffs, const = access.index[-1]
+    tile = program.tiles[SHARED]
+    for width in VECTOR_WIDTHS:
+        starts = const % width == 0 and all(c * t % width == 0 for c, t in zip(coeffs, tile) if c)
+        stride = align is None or (align[0] % width == 0 and align[1] % width == 0)
+        rows = source[-1] % width == 0 and copy_row % width == 0
+        if starts and stride and rows and width * access.itemsize <= 16:
+            return width
+    return 1
+
+
+def _tensor_of(sch, expr: TensorExpr, buffer: str, producers) -> int:
+    """Index in `expr.tensors` of the input a main-block read comes from (through `pad`-like
+    producer blocks, as `ops.tensor_expr` names them)."""
+    blocks = [sch.get(sch.get_sblock(name)) for name in producers]
+    written = {str(w.source.name): block for block in blocks for w in block.writes}
+    name = buffer
+    while name in written and len(written[name].reads) == 1:
+        name = str(written[name].reads[0].source.name)
+    for t, access in enumerate(expr.tensors):
+        if access.role == "input" and access.name == name:
+            return t
+    raise ScheduleError(f"block {expr.main_block} reads {buffer}, which is no input of the expression")
+
+
+def _depth(sch, block, loop) -> int:
+    """Number of loops around `block` down to and including `loop`."""
+    target = sch.get_sref(loop)
+    for depth, candidate in enumerate(sch.get_loops(block), start=1):
+        if sch.get_sref(candidate).same_as(target):
+            return depth
+    raise ScheduleError("internal: loop is not around the block")
+
+
+def _unroll_below(sch, block, loop) -> None:
+    """Unroll every loop between `loop` and `block`: local arrays indexed only by unrolled loops
+    have constant indices, which nvcc keeps in registers."""
+    for inner in sch.get_loops(block)[_depth(sch, block, loop) :]:
+        sch.unroll(inner)
+
+
+# ---- nvcc: does the generated CUDA source compile, and what does ptxas make of it ------------
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """`ptxas -v` on one kernel: registers per thread and local-memory spills."""
+
+    registers: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    stack_bytes: int
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class PtxResult:
+    """nvcc's verdict on one kernel: the PTX and ptxas's report, or the first error lines."""
+
+    ok: bool
+    ptx: str = ""
+    ptxas_report: PtxasReport | None = None
+    error: str = ""
+    arch: str = ""  # the architecture compiled for (see `ptx_arch`)
+
+
+def nvcc_path() -> str | None:
+    return shutil.which("nvcc")
+
+
+@lru_cache(maxsize=None)
+def nvcc_archs() -> tuple[str, ...]:
+    """The `sm_XX` codes this nvcc can compile for (nvcc 13 dropped Volta, sm_70)."""
+    if nvcc_path() is None:
+        return ()
+    done = subprocess.run([nvcc_path(), "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    return tuple(line.strip() for line in done.stdout.split() if line.strip().startswith("sm_"))
+
+
+def ptx_arch(arch: str) -> str:
+    """`arch` when nvcc supports it (an `a`/`f` suffix counts as its base), else the oldest
+    newer architecture it supports: PTX for a dropped architecture still checks the source."""
+    known = nvcc_archs()
+    base = re.sub(r"[af]$", "", arch)
+    if base in known or not known:
+        return arch
+    newer = [a for a in known if _sm(a) >= _sm(base)]
+    return min(newer, key=_sm) if newer else arch
+
+
+def compile_ptx(source: str, arch: str) -> PtxResult:
+    """Compile CUDA source to PTX with `nvcc --ptx -arch=<arch>`, then `ptxas -v` for registers
+    and spills. Returns a failed result naming the problem when nvcc is missing or refuses."""
+    return compile_ptx_many((source,), arch)[0]
+
+
+def compile_ptx_many(sources: Sequence[str], arch: str) -> tuple[PtxResult, ...]:
+    """`compile_ptx` for several kernels in one nvcc call (nvcc's start-up dominates small
+    kernels); a failing batch is retried kernel by kernel so each error lands on its kernel."""
+    if nvcc_path() is None:
+        return tuple(PtxResult(False, error="nvcc not found on PATH") for _ in sources)
+    if not sources:
+        return ()
+    arch = ptx_arch(arch)
+    with tempfile.TemporaryDirectory(prefix="workbench-nvcc-") as tmp:
+        names = [f"k{i}" for i in range(len(sources))]
+        for name, source in zip(names, sources):
+            Path(tmp, f"{name}.cu").write_text(source)
+        failed = _nvcc(tmp, names, arch)
+        if failed and len(names) > 1:
+            return tuple(compile_ptx(source, arch) for source in sources)
+        if failed:
+            return (PtxResult(False, error=failed, arch=arch),)
+        return tuple(_ptxas(Path(tmp, f"{name}.ptx"), arch) for name in names)
+
+
+def _nvcc(folder: str, names: Sequence[str], arch: str) -> str:
+    """Run nvcc on `<name>.cu` files in `folder`; the error text, or "" on success."""
+    # TVM's common-subexpression pass leaves unused temporaries: warning 177 is noise.
+    command = [nvcc_path(), "--ptx", f"-arch={arch}", "-diag-suppress", "177", *(f"{n}.cu" for n in names)]
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=_TOOL_SECONDS)
+    return "" if done.returncode == 0 else _errors(done)
+
+
+def _errors(done: subprocess.CompletedProcess) -> str:
+    """The first error lines of a failed tool run, on one line."""
+    lines = [l.strip() for l in (done.stderr + done.stdout).splitlines() if l.strip()]
+    errors = [l for l in lines if "error" in l.lower()] or lines or [f"exit status {done.returncode}"]
+    return "; ".join(errors[:3])
+
+
+def _ptxas(ptx_file: Path, arch: str) -> PtxResult:
+    ptx = ptx_file.read_text()
+    ptxas = shutil.which("ptxas") or str(Path(nvcc_path()).with_name("ptxas"))
+    if not Path(ptxas).exists():
+        return PtxResult(True, ptx, None, "ptxas not found: no register report", arch)
+    command = [ptxas, "-v", f"-arch={arch}", str(ptx_file), "-o", str(ptx_file.with_suffix(".cubin"))]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=_TOOL_SECONDS)
+    if done.returncode != 0:
+        return PtxResult(False, ptx, None, f"ptxas: {_errors(done)}", arch)
+    return PtxResult(True, ptx, _parse_ptxas(done.stderr + done.stdout), "", arch)
+
+
+def _parse_ptxas(text: str) -> PtxasReport:
+    def number(pattern: str) -> int:
+        found = re.search(pattern, text)
+        return int(found.group(1)) if found else 0
+
+    return PtxasReport(
+        registers=number(r"Used (\d+) registers"),
+        spill_store_bytes=number(r"(\d+) bytes spill stores"),
+        spill_load_bytes=number(r"(\d+) bytes spill loads"),
+        stack_bytes=number(r"(\d+) bytes stack frame"),
+        shared_bytes=number(r"(\d+) bytes smem"),
+    )
+
+
+def _sm(arch: str) -> int:
+    return int(re.sub(r"\D", "", arch) or 0)
