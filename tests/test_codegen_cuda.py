@@ -12,15 +12,8 @@ import pytest
 
 from tests.helpers import device, expr
 from workbench.codegen.build import build_kernel
-from workbench.codegen.cuda import (
-    CudaTemplate,
-    block_threads,
-    compile_ptx,
-    compile_ptx_many,
-    gpu_resources,
-    nvcc_path,
-    ptx_arch,
-)
+from workbench.codegen.cuda import CudaTemplate, block_threads, gpu_resources
+from workbench.codegen.nvcc import compile_ptx, compile_ptx_many, nvcc_path, ptx_arch
 from workbench.codegen.template import ScheduleError
 from workbench.construct.stepper import construct
 
@@ -181,7 +174,7 @@ def test_programs_beyond_the_target_limits_are_refused():
 
 
 def test_compile_ptx_reports_missing_nvcc(monkeypatch):
-    monkeypatch.setattr("workbench.codegen.cuda.shutil.which", lambda name: None)
+    monkeypatch.setattr("workbench.codegen.nvcc.shutil.which", lambda name: None)
     result = compile_ptx('extern "C" __global__ void k() {}', "sm_90")
     assert not result.ok and result.error == "nvcc not found on PATH"
 
