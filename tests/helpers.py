@@ -1,0 +1,90 @@
+"""Shared test helpers: catalog expressions and device specs, built once per test session."""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from pathlib import Path
+
+from workbench.hardware.loader import load_spec
+from workbench.hardware.spec import DeviceSpec, MemoryLayer
+from workbench.ops import catalog
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ROOT / "specs" / "suites"
+CONSTRUCT_DEVICES = ("v100", "h100", "a100", "k80", "mi50", "local-cpu")
+
+# A 2-core CPU in the shape of the development machine, fixed here so that tests do not depend on
+# the machine they run on (`local-cpu` is detected). Numbers as in specs/devices/xeon-avx512.toml
+# scaled to two cores.
+TINY_CPU = DeviceSpec(
+    name="tiny-cpu",
+    kind="cpu",
+    vendor="intel",
+    layers=(
+        MemoryLayer("registers", "thread", 1792, 2000.0, 64, 0.3),
+        MemoryLayer("L1", "unit", 32768, 400.0, 64, 1.5),
+        MemoryLayer("L2", "unit", 1048576, 200.0, 64, 5.0),
+        MemoryLayer("DRAM", "device", 16 * 2**30, 20.0, 64, 80.0),
+    ),
+    compute_units=2,
+    warp_size=16,
+    teu_per_unit=1,
+    max_threads_per_block=1,
+    max_threads_per_unit=1,
+    registers_per_thread_cap=28,
+    registers_per_unit=32,
+    peak_gflops=(("float32", 200.0),),
+)
+
+
+@cache
+def device(name: str) -> DeviceSpec:
+    """A preset (or `local-cpu`) by name; `tiny-cpu` is the fixed CPU above."""
+    return TINY_CPU if name == TINY_CPU.name else load_spec(name)
+
+
+def _freeze(params: dict) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+
+
+@cache
+def _build(op: str, frozen: tuple, dtype: str):
+    return catalog.build(op, dict(frozen), dtype)
+
+
+def expr(op: str, dtype: str = "float32", **params):
+    """The catalog operator `op` as a TensorExpr (cached: building a PrimFunc costs milliseconds)."""
+    return _build(op, _freeze(params), dtype)
+
+
+def matmul(m: int, n: int, k: int):
+    return expr("matmul", M=m, N=n, K=k)
+
+
+def suite_workloads(name: str) -> list[dict]:
+    """The `[[workload]]` tables of specs/suites/<name>.toml."""
+    with open(SUITES / f"{name}.toml", "rb") as f:
+        return tomllib.load(f)["workload"]
+
+
+def workload_expr(workload: dict):
+    params = {k: v for k, v in workload.items() if k not in ("id", "op", "dtype")}
+    return expr(workload["op"], workload.get("dtype", "float32"), **params)
+
+
+def unique_workloads(*suites: str) -> list[tuple[str, dict]]:
+    """(suite:id, workload) for every distinct (op, dtype, params) of the suites, first id kept."""
+    seen, out = set(), []
+    for suite in suites:
+        for w in suite_workloads(suite):
+            key = _freeze({k: v for k, v in w.items() if k != "id"})
+            if key not in seen:
+                seen.add(key)
+                out.append((f"{suite}:{w['id']}", w))
+    return out

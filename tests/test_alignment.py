@@ -1,0 +1,202 @@
+"""Roller's alignment rules (§3.1), restated here from the paper and checked against the code.
+
+`violations` below is an independent statement of the four rules over whole tiles; the tests
+check that `is_aligned` agrees with it, that `next_aligned_sizes` / `prev_aligned_sizes` return
+the nearest sizes it accepts, and the bank padding formula on worked examples and by brute force.
+"""
+
+from math import ceil, gcd, prod
+
+import pytest
+from helpers import device, expr, matmul
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from workbench.ops.fusion import fuse_axes
+from workbench.rtile.alignment import (
+    REGISTER_STEPS,
+    AlignContext,
+    initial_tile,
+    is_aligned,
+    next_aligned_sizes,
+    prev_aligned_sizes,
+)
+from workbench.rtile.traffic import bank_padding
+
+DEVICES = ("v100", "mi50", "k80", "tiny-cpu")
+EXPRS = {
+    "mm-prime": lambda: matmul(257, 127, 509),
+    "mm-1024": lambda: matmul(1024, 1024, 1024),
+    "mm-M1": lambda: matmul(128, 1000, 4032),
+    "gemv": lambda: expr("gemv", M=4096, K=1000),
+    "conv-s2": lambda: expr("conv2d", N=8, C=64, H=30, W=30, F=96, KH=3, KW=3, stride=2, pad=1),
+    "dwconv-m4": lambda: expr("depthwise_conv2d", N=4, C=84, H=21, W=21, KH=1, KW=1, stride=1, pad=0, multiplier=4),
+    "avgpool": lambda: expr("avgpool", N=16, C=48, H=48, W=48, K=3, stride=2, pad=1),
+    "reduce": lambda: expr("reduce_mean", shape=(128, 512, 1000), axes=(2,)),
+    "relu": lambda: expr("relu", shape=(17, 11, 3)),
+}
+
+
+def violations(e, dev, layer, upper, tile, eps) -> list[str]:
+    """Every rule a tile breaks at `layer` under the upper-layer tile `upper` (empty: aligned)."""
+    out = []
+    for a, (size, axis) in enumerate(zip(tile, e.axes)):
+        if size % upper[a]:
+            out.append(f"{axis.name}: not a multiple of the tile above")
+        if (ceil(axis.extent / size) * size - axis.extent) / axis.extent > eps + 1e-9:
+            out.append(f"{axis.name}: tensor shape (waste over eps)")
+    if layer > 0:  # memory transaction, for data loaded from the layer below
+        tx = dev.layers[layer + 1].transaction_bytes
+        for t, tensor in enumerate(e.inputs):
+            coeffs, _ = tensor.index[-1]
+            used = [a for a, c in enumerate(coeffs) if c]
+            whole = len(used) == 1 and coeffs[used[0]] == 1 and tile[used[0]] >= e.axes[used[0]].extent
+            if len(used) == 1 and coeffs[used[0]] == 1 and not whole and e.data_tile_shape(t, tile)[-1] * tensor.itemsize % tx:
+                out.append(f"{tensor.name}: leading dim not whole transactions")
+    if dev.kind == "gpu" and layer == 0:
+        out += [f"{a.name}: register step" for s, a in zip(tile, e.axes) if s not in REGISTER_STEPS and s != a.extent]
+    if dev.kind == "gpu" and layer == dev.unit_layer_index:
+        threads = prod(tile[a] // upper[a] for a in e.spatial)
+        covers = all(tile[a] >= e.axes[a].extent for a in e.spatial)
+        if threads % dev.warp_size and not covers:
+            out.append("threads not a multiple of the warp")
+    if dev.kind == "cpu" and layer == 0:
+        coeffs, _ = e.output.index[-1]
+        v = next(a for a, c in enumerate(coeffs) if c)
+        if tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
+            out.append("vector axis not a multiple of the SIMD lanes")
+    return out
+
+
+@st.composite
+def aligned_state(draw):
+    """(expr, device, layer, upper tile, aligned tile, eps): grown from the smallest aligned tile
+    by a random walk of next-aligned steps, layer by layer."""
+    e = fuse_axes(EXPRS[draw(st.sampled_from(sorted(EXPRS)))]())
+    dev = device(draw(st.sampled_from(DEVICES)))
+    eps = draw(st.sampled_from([0.05, 0.1, 0.2, 0.4, 0.7, 1.0]) | st.floats(0.0, 1.0))
+    last = draw(st.integers(0, len(dev.layers) - 2))
+    upper = tuple(1 for _ in e.axes)
+    for layer in range(last + 1):
+        ctx = AlignContext(e, dev, layer, upper, eps)
+        tile = initial_tile(ctx)
+        assume(tile is not None)
+        for _ in range(draw(st.integers(0, 6))):
+            sizes = next_aligned_sizes(ctx, tile)
+            axes = [a for a, s in enumerate(sizes) if s is not None]
+            if not axes:
+                break
+            a = draw(st.sampled_from(axes))
+            tile = tile[:a] + (sizes[a],) + tile[a + 1 :]
+        if layer < last:
+            upper = tile
+    return e, dev, last, upper, tile, eps
+
+
+@settings(max_examples=150, deadline=None)
+@given(aligned_state())
+def test_walk_stays_aligned_and_neighbours_are_the_nearest_aligned_sizes(case):
+    e, dev, layer, upper, tile, eps = case
+    ctx = AlignContext(e, dev, layer, upper, eps)
+    assert violations(e, dev, layer, upper, tile, eps) == []
+    assert is_aligned(ctx, tile)
+    for sizes, step in ((next_aligned_sizes(ctx, tile), +1), (prev_aligned_sizes(ctx, tile), -1)):
+        for a, size in enumerate(sizes):
+            if size is None:
+                continue
+            assert (size - tile[a]) * step > 0 and size % upper[a] == 0
+            assert size <= ceil(e.axes[a].extent / upper[a]) * upper[a]
+            moved = tile[:a] + (size,) + tile[a + 1 :]
+            assert violations(e, dev, layer, upper, moved, eps) == [], (a, size)
+            for between in range(tile[a] + step * upper[a], size, step * upper[a]):
+                skipped = tile[:a] + (between,) + tile[a + 1 :]
+                assert violations(e, dev, layer, upper, skipped, eps), (a, between)
+
+
+@settings(max_examples=150, deadline=None)
+@given(aligned_state(), st.data())
+def test_is_aligned_agrees_with_the_rules_on_any_tile(case, data):
+    e, dev, layer, upper, _, eps = case
+    tile = tuple(upper[a] * data.draw(st.integers(1, ceil(x.extent / upper[a]))) for a, x in enumerate(e.axes))
+    ctx = AlignContext(e, dev, layer, upper, eps)
+    assert is_aligned(ctx, tile) == (violations(e, dev, layer, upper, tile, eps) == [])
+
+
+def test_gpu_block_starts_with_one_warp_of_threads():
+    for name in ("v100", "mi50"):
+        dev = device(name)
+        e = matmul(1024, 1024, 1024)
+        reg = (4, 4, 1)
+        tile = initial_tile(AlignContext(e, dev, dev.unit_layer_index, reg, 0.05))
+        assert prod(tile[a] // reg[a] for a in e.spatial) == dev.warp_size
+        # shared memory: k is A's leading dim; 32 B (V100) / 64 B (MI50) transactions of 4 B floats
+        assert tile[2] == dev.layers[-1].transaction_bytes // 4
+
+
+def test_tensor_shape_rule_bounds_padding_waste():
+    e = matmul(257, 127, 509)
+    ctx = AlignContext(e, device("tiny-cpu"), 1, (1, 1, 1), 0.05)
+    sizes = next_aligned_sizes(ctx, (1, 1, 1))
+    # i: 257 is prime; 2 wastes 1/257, and so on; 16 -> 272 wastes 15/257 > 5 %
+    for a, size in enumerate(sizes):
+        extent = e.axes[a].extent
+        assert (ceil(extent / size) * size - extent) / extent <= 0.05
+    wide = AlignContext(e, device("tiny-cpu"), 1, (1, 1, 1), 1.0)
+    assert all(s is not None for s in next_aligned_sizes(wide, (1, 1, 1)))
+
+
+def test_cpu_register_tile_vectorises_the_output_axis():
+    dev = device("tiny-cpu")
+    e = matmul(512, 512, 512)
+    tile = initial_tile(AlignContext(e, dev, 0, (1, 1, 1), 0.05))
+    assert tile[1] % dev.warp_size == 0  # j indexes C's contiguous dimension
+    short = matmul(512, 10, 512)
+    assert initial_tile(AlignContext(short, dev, 0, (1, 1, 1), 0.05))[1] == 10  # the whole axis
+
+
+# -- memory bank padding -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n_big, n_small, banks, width, expected",
+    [
+        (32, 4, 32, 1, 4),  # V100: 32 banks x 4 B, fp32 -> one element per bank
+        (4, 1, 4, 1, 1),  # Roller Figure 5(b): a [3,4] tile over 4 banks read as [3,1]
+        (64, 1, 32, 1, 1),
+        (33, 1, 32, 1, 0),  # already one bank apart
+        (8, 1, 32, 1, 25),  # short rows: the row stride becomes 33 = 1 (mod 32)
+        (64, 4, 32, 2, 4),  # K80: 8 B banks hold 2 floats; n=4 spans 2 banks
+    ],
+)
+def test_bank_padding_worked_examples(n_big, n_small, banks, width, expected):
+    assert bank_padding(n_big, n_small, banks, width) == expected
+
+
+def test_v100_preset_banks_give_padding_4_for_32_by_4():
+    shared = device("v100").layer("shared")
+    assert (shared.banks, shared.bank_width_bytes) == (32, 4)
+    assert bank_padding(32, 4, shared.banks, shared.bank_width_bytes // 4) == 4
+    assert bank_padding(100, 4, 0, 0) == 0  # no banks (CPU caches, registers): no padding
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 64), st.sampled_from([(32, 1), (32, 2), (16, 1), (4, 1)]))
+def test_bank_padding_puts_the_rows_of_a_column_in_distinct_banks(n_big, n_small, bank_shape):
+    banks, width = bank_shape  # width: elements per bank word
+    n_small = min(n_small, n_big, banks * width)  # the upper tile reads within one row of banks
+    pad = bank_padding(n_big, n_small, banks, width)
+    row = n_big + pad
+    assert 0 <= pad < banks * width
+    words = ceil(n_small / width)  # bank words one lane reads along a row
+    assert row % (banks * width) == (width * words) % (banks * width)
+
+    def bank(r, c):
+        return (r * row + c) // width % banks
+
+    if gcd(words, banks) == 1:  # the formula's promise: `banks` lanes, one row each, same column
+        for c in range(0, n_big, max(1, n_big // 7)):
+            assert len({bank(r, c) for r in range(banks)}) == banks
+    # lanes that each read `n_small` consecutive elements of consecutive rows never collide
+    lanes = max(1, banks // words)
+    hit = [bank(r, q * width) for r in range(lanes) for q in range(words)]
+    assert len(set(hit)) == len(hit)

@@ -1,0 +1,177 @@
+"""The micro-performance model (Roller §3.3) and rPrograms: Estimate fields agree with each
+other and with the traffic they are computed from, and more bandwidth never slows a program."""
+
+import json
+from dataclasses import replace
+from functools import cache
+from math import ceil
+
+import pytest
+from helpers import device, expr, matmul
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.construct.stepper import construct
+from workbench.rtile.alignment import thread_count
+from workbench.rtile.model import (
+    blocks_per_unit,
+    estimate,
+    is_compute_bound,
+    source_layer,
+)
+from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
+from workbench.rtile.traffic import TileCalculus
+
+DEVICES = ("v100", "mi50", "k80", "tiny-cpu")
+WORKLOADS = {
+    "mm-1024": lambda: matmul(1024, 1024, 1024),
+    "mm-M1": lambda: matmul(128, 1000, 4032),
+    "conv": lambda: expr("conv2d", N=8, C=64, H=30, W=30, F=96, KH=3, KW=3, stride=2, pad=1),
+    "relu": lambda: expr("relu", shape=(128, 256, 14, 14)),
+    "reduce": lambda: expr("reduce_mean", shape=(256, 4096), axes=(1,)),
+}
+
+
+@cache
+def constructed(dev: str, name: str):
+    return construct(WORKLOADS[name](), device(dev))
+
+
+def _stages(est):
+    return {"compute": est.compute_seconds, **dict(est.load_seconds)}
+
+
+def check_consistent(calc, dev, program, est):
+    """Every relation between the fields of an Estimate that the model promises."""
+    stages = _stages(est)
+    assert est.bottleneck == max(stages, key=stages.get)
+    assert all(est.predicted_seconds >= s * (1 - 1e-12) for s in stages.values())
+    units, grid = dev.compute_units, program.grid
+    assert est.waves == ceil(grid / (units * est.blocks_per_unit)) == waves(grid, units * est.blocks_per_unit)
+    # tiles dealt round-robin: the busiest unit runs ceil(grid / units) of them, the balanced
+    # share is grid / units (a grid smaller than the units only leaves units idle)
+    imbalance = ceil(grid / units) * units / grid if grid >= units else 1.0
+    assert est.predicted_seconds == pytest.approx(stages[est.bottleneck] * imbalance)
+    assert est.flops == calc.expr.flops <= est.padded_flops
+    moved = {}
+    for layer, tile in enumerate(program.tiles):
+        if program.cached[layer]:
+            src = dev.layers[source_layer(program, layer, len(dev.layers))].name
+            moved[src] = moved.get(src, 0) + calc.traffic_bytes(tile)
+    assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
+    assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
+    if dev.kind == "gpu":
+        assert est.threads == thread_count(calc.expr, program.unit_tile, program.register_tile)
+        smem = footprint_at(calc, dev, program, dev.unit_layer_index)
+        if est.blocks_per_unit > 1:
+            assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
+            assert smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
+    else:
+        assert (est.threads, est.blocks_per_unit, est.occupancy) == (1, 1, 1.0)
+
+
+def _faster(dev, layer_name=None, factor=2.0):
+    """`dev` with one layer's bandwidth (or, for None, the peak compute) multiplied by `factor`."""
+    if layer_name is None:
+        return replace(dev, peak_gflops=tuple((d, g * factor) for d, g in dev.peak_gflops))
+    layers = tuple(replace(l, bandwidth_gbps=l.bandwidth_gbps * factor) if l.name == layer_name else l for l in dev.layers)
+    return replace(dev, layers=layers)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_candidate_estimates_are_consistent_and_reproducible(dev, name):
+    c = constructed(dev, name)
+    calc = TileCalculus(c.expr)
+    assert c.candidates
+    for cand in c.candidates:
+        est = estimate(calc, c.device, cand.program)
+        assert est == cand.estimate  # a pure function of (program, device)
+        check_consistent(calc, c.device, cand.program, est)
+        json.dumps(est.to_dict())
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_doubling_the_bottleneck_bandwidth_never_slows_a_program(dev, name):
+    c = constructed(dev, name)
+    calc = TileCalculus(c.expr)
+    for cand in c.candidates:
+        old = cand.estimate
+        neck = None if old.bottleneck == "compute" else old.bottleneck
+        new = estimate(calc, _faster(c.device, neck), cand.program)
+        assert new.predicted_seconds <= old.predicted_seconds
+        if neck is not None:
+            assert dict(new.load_seconds)[neck] == pytest.approx(dict(old.load_seconds)[neck] / 2)
+        else:
+            assert new.compute_seconds == pytest.approx(old.compute_seconds / 2)
+        # and slowing any layer never speeds it up
+        for layer in dict(old.load_seconds):
+            assert estimate(calc, _faster(c.device, layer, 0.5), cand.program).predicted_seconds >= old.predicted_seconds
+
+
+@st.composite
+def matmul_program(draw):
+    """A random three-level matmul program: each tile a multiple of the one above."""
+    dev = device(draw(st.sampled_from(DEVICES)))
+    m, n, k = (draw(st.sampled_from([64, 127, 256, 1000, 4096])) for _ in range(3))
+    e = matmul(m, n, k)
+    calc = TileCalculus(e)
+    tiles, tile = [], (1, 1, 1)
+    for _ in range(len(dev.layers) - 1):
+        tile = tuple(min(t * draw(st.sampled_from([1, 2, 4, 8])), ceil(x / t) * t) for t, x in zip(tile, e.extents))
+        tiles.append(tile)
+    cached = (True,) + tuple(draw(st.booleans()) for _ in tiles[1:])
+    return calc, dev, make_program(calc, dev, tiles, cached, 0.05)
+
+
+@settings(max_examples=120, deadline=None)
+@given(matmul_program())
+def test_random_programs_have_consistent_monotone_estimates(case):
+    calc, dev, program = case
+    est = estimate(calc, dev, program)
+    check_consistent(calc, dev, program, est)
+    for layer in [None, *dict(est.load_seconds)]:
+        assert estimate(calc, _faster(dev, layer), program).predicted_seconds <= est.predicted_seconds
+
+
+def test_waves_count_partial_waves_as_whole():
+    assert [waves(g, 80) for g in (1, 79, 80, 81, 160, 161)] == [1, 1, 1, 2, 2, 3]
+    assert waves(5, 0) == 5
+
+
+def test_blocks_per_unit_limited_by_threads_registers_and_shared_memory():
+    dev = device("v100")
+    calc = TileCalculus(matmul(4096, 4096, 4096))
+    # 8x8 register tile (64 + 16 floats: 80 registers) in a 128x128x8 block: 256 threads
+    program = make_program(calc, dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
+    threads, bpu = blocks_per_unit(calc, dev, program)
+    assert threads == 256
+    regs = footprint_at(calc, dev, program, 0) // 4
+    smem = footprint_at(calc, dev, program, 1)
+    assert bpu == min(2048 // 256, 65536 // (256 * regs), 49152 // smem)
+
+
+def test_compute_bound_test_compares_load_time_with_compute_time():
+    dev = device("v100")
+    calc = TileCalculus(matmul(4096, 4096, 4096))
+    small, large = (1, 1, 1), (128, 128, 8)
+    assert not is_compute_bound(calc, dev, 1, small, 2)
+    assert is_compute_bound(calc, dev, 1, large, 2)
+    load = calc.traffic_bytes(large) / (dev.layers[2].bandwidth_gbps * 1e9)
+    assert load <= calc.expr.flops / (dev.peak("float32") * 1e9)
+
+
+def test_rprogram_round_trips_and_pads_shared_inputs_only():
+    dev = device("v100")
+    calc = TileCalculus(matmul(512, 512, 512))
+    program = make_program(calc, dev, [(4, 4, 1), (64, 64, 32)], (True, True), 0.1)
+    assert RProgram.from_dict(json.loads(json.dumps(program.to_dict()))) == program
+    assert program.grid == (512 // 64) ** 2
+    assert program.unit_tile == (64, 64, 32) and program.register_tile == (4, 4, 1)
+    assert program.tile_dict(1) == {"i": 64, "j": 64, "k": 32}
+    assert program.padding[0] == (0, 0, 0)
+    # A [64, 32] read by [4, 1]: (32 - 32 % 32 + 1) % 32 = 1; B [32, 64] read by [1, 4]: 4; C: none
+    assert program.padding[1] == (1, 4, 0)
+    assert footprint_at(calc, dev, program, 1) == (64 * 33 + 32 * 68) * 4  # no output in shared
+    assert footprint_at(calc, dev, program, 0) == (4 + 4 + 16) * 4

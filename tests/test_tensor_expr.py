@@ -1,0 +1,211 @@
+"""Data tiles against a brute-force enumeration of the elements a tile touches.
+
+The index of every tensor is written out by hand below from the operator's definition (padded
+coordinates for conv / pool inputs, since the expression reports the tensor it actually reads),
+so these tests check both what `from_prim_func` reads off the TVM IR and the span formula of
+`data_tile_shape`. Where a dimension's stride exceeds its window (e.g. stride 2 with a window
+tile of 1) the touched indices have gaps: fewer distinct elements than the bounding box, and the
+bounding box is what a layer stages.
+"""
+
+from math import prod
+
+import numpy as np
+import pytest
+from helpers import expr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.ops.catalog import build
+from workbench.ops.tensor_expr import REDUCE, SPATIAL
+
+
+def _matmul(p):
+    return (lambda v: (v["i"], v["k"]), lambda v: (v["k"], v["j"]), lambda v: (v["i"], v["j"]))
+
+
+def _conv2d(p):
+    s, d = p["stride"], p["dilation"]
+    return (
+        lambda v: (v["n"], v["c"], v["h"] * s + v["r"] * d, v["w"] * s + v["s"] * d),
+        lambda v: (v["f"], v["c"], v["r"], v["s"]),
+        lambda v: (v["n"], v["f"], v["h"], v["w"]),
+    )
+
+
+def _depthwise(p):
+    s, m = p["stride"], p["multiplier"]
+    j = (lambda v: v["j"]) if m > 1 else (lambda v: 0 * v["n"])
+    out = (lambda v: (v["n"], v["c"], v["j"], v["h"], v["w"])) if m > 1 else (lambda v: (v["n"], v["c"], v["h"], v["w"]))
+    return (
+        lambda v: (v["n"], v["c"], v["h"] * s + v["r"], v["w"] * s + v["s"]),
+        lambda v: (v["c"] * m + j(v), 0 * v["n"], v["r"], v["s"]),
+        out,
+    )
+
+
+def _pool(p):
+    s = p["stride"]
+    return (
+        lambda v: (v["n"], v["c"], v["h"] * s + v["r"], v["w"] * s + v["s"]),
+        lambda v: (v["n"], v["c"], v["h"], v["w"]),
+    )
+
+
+def _reduce(p):
+    shape, axes = p["shape"], sorted(p["axes"])
+    kept = [d for d in range(len(shape)) if d not in axes]
+    name = {d: f"i{n}" for n, d in enumerate(kept)} | {d: f"r{n}" for n, d in enumerate(axes)}
+    return (
+        lambda v: tuple(v[name[d]] for d in range(len(shape))),
+        lambda v: tuple(v[f"i{n}"] for n in range(len(kept))),
+    )
+
+
+HAND = {"matmul": _matmul, "conv2d": _conv2d, "depthwise_conv2d": _depthwise, "avgpool": _pool, "maxpool": _pool, "reduce_sum": _reduce, "reduce_mean": _reduce}
+
+conv_params = st.fixed_dictionaries(
+    dict(N=st.integers(1, 2), C=st.integers(1, 3), H=st.integers(5, 10), W=st.integers(5, 10), F=st.integers(1, 3),
+         KH=st.integers(1, 3), KW=st.integers(1, 3), stride=st.integers(1, 3), pad=st.integers(0, 2), dilation=st.integers(1, 2))
+)  # fmt: skip
+dw_params = st.fixed_dictionaries(
+    dict(N=st.integers(1, 2), C=st.integers(1, 3), H=st.integers(5, 10), W=st.integers(5, 10), KH=st.integers(1, 3),
+         KW=st.integers(1, 3), stride=st.integers(1, 3), pad=st.integers(0, 2), multiplier=st.integers(1, 3))
+)  # fmt: skip
+pool_params = st.fixed_dictionaries(
+    dict(N=st.integers(1, 2), C=st.integers(1, 3), H=st.integers(5, 10), W=st.integers(5, 10), K=st.integers(1, 3),
+         stride=st.integers(1, 3), pad=st.integers(0, 1))
+)  # fmt: skip
+reduce_params = st.lists(st.integers(1, 6), min_size=1, max_size=4).flatmap(
+    lambda shape: st.fixed_dictionaries(
+        dict(shape=st.just(shape), axes=st.sets(st.integers(0, len(shape) - 1), min_size=1).map(sorted))
+    )
+)
+matmul_params = st.fixed_dictionaries(dict(M=st.integers(1, 20), N=st.integers(1, 20), K=st.integers(1, 20)))
+
+OPERATORS = st.one_of(
+    st.tuples(st.just("matmul"), matmul_params),
+    st.tuples(st.just("conv2d"), conv_params),
+    st.tuples(st.just("depthwise_conv2d"), dw_params),
+    st.tuples(st.sampled_from(["avgpool", "maxpool"]), pool_params),
+    st.tuples(st.sampled_from(["reduce_sum", "reduce_mean"]), reduce_params),
+)
+
+
+def _hand_index(op, params):
+    full = dict(params)
+    full.setdefault("dilation", 1)
+    full.setdefault("multiplier", 1)
+    return HAND[op](full)
+
+
+def gapless(coeffs, tile) -> bool:
+    """Whether `sum(c_a * x_a)` over x_a in [0, t_a) takes every value of its range: adding the
+    terms by increasing |c|, each step must not exceed the length already covered."""
+    covered = 1
+    for c, t in sorted((abs(c), t) for c, t in zip(coeffs, tile) if c and t > 1):
+        if c > covered:
+            return False
+        covered += c * (t - 1)
+    return True
+
+
+def _touched(e, index, tile, origin):
+    """Index arrays (one per tensor dim) of every point of the tile, clipped to the extents."""
+    ranges = [np.arange(o, min(o + t, a.extent)) for o, t, a in zip(origin, tile, e.axes)]
+    grids = np.meshgrid(*ranges, indexing="ij")
+    values = {a.name: g.ravel() for a, g in zip(e.axes, grids)}
+    return np.stack([np.broadcast_to(ix, values[e.axes[0].name].shape) for ix in index(values)])
+
+
+@st.composite
+def op_tile_origin(draw):
+    op, params = draw(OPERATORS)
+    e = expr(op, **params)  # sizes chosen so that every window fits its (padded) input
+    tile = tuple(draw(st.integers(1, a.extent)) for a in e.axes)
+    inside = draw(st.booleans())  # a tile wholly inside the iteration space, or one that may overhang
+    origin = tuple(draw(st.integers(0, a.extent - (t if inside else 1))) for t, a in zip(tile, e.axes))
+    return op, params, e, tile, origin
+
+
+@settings(max_examples=120, deadline=None)
+@given(op_tile_origin())
+def test_data_tiles_match_brute_force(case):
+    op, params, e, tile, origin = case
+    hand = _hand_index(op, params)
+    assert len(hand) == len(e.tensors)
+    clipped = any(o + t > a.extent for o, t, a in zip(origin, tile, e.axes))
+    for t, (tensor, index) in enumerate(zip(e.tensors, hand)):
+        if not tensor.shape:  # a full reduction's scalar output
+            assert e.data_tile_shape(t, tile) == ()
+            continue
+        pts = _touched(e, index, tile, origin)
+        assert pts.min() >= 0 and all(pts[d].max() < n for d, n in enumerate(tensor.shape)), "index outside the tensor"
+        bbox = tuple(int(pts[d].max() - pts[d].min() + 1) for d in range(len(tensor.shape)))
+        shape = e.data_tile_shape(t, tile)
+        if clipped:
+            assert all(b <= s for b, s in zip(bbox, shape))
+            continue
+        assert bbox == shape, (tensor.name, tile, origin)
+        distinct = len(np.unique(pts, axis=1).T)
+        if all(gapless(coeffs, tile) for coeffs, _ in tensor.index):
+            assert distinct == prod(shape)
+        else:  # a stride larger than the window: holes inside the staged bounding box
+            assert distinct < prod(shape)
+
+
+@settings(max_examples=60, deadline=None)
+@given(op_tile_origin(), st.randoms(use_true_random=False))
+def test_affine_index_maps_equal_the_operator_definition(case, rnd):
+    op, params, e, _, _ = case
+    hand = _hand_index(op, params)
+    for _ in range(5):
+        point = [rnd.randrange(a.extent) for a in e.axes]
+        values = {a.name: np.array([x]) for a, x in zip(e.axes, point)}
+        for tensor, index in zip(e.tensors, hand):
+            read = tuple(sum(c * x for c, x in zip(coeffs, point)) + const for coeffs, const in tensor.index)
+            assert read == tuple(int(np.asarray(v).ravel()[0]) for v in index(values))
+
+
+def test_conv_data_tile_is_the_strided_dilated_window():
+    e = expr("conv2d", N=1, C=4, H=20, W=20, F=8, KH=3, KW=3, stride=2, pad=1, dilation=2)
+    names = [a.name for a in e.axes]
+    assert names == ["n", "f", "h", "w", "c", "r", "s"]
+    tile = (1, 2, 3, 4, 2, 3, 2)
+    # rows: (th - 1) * stride + (tr - 1) * dilation + 1, columns likewise
+    assert e.data_tile_shape(0, tile) == (1, 2, (3 - 1) * 2 + (3 - 1) * 2 + 1, (4 - 1) * 2 + (2 - 1) * 2 + 1)
+    assert e.data_tile_shape(1, tile) == (2, 2, 3, 2)
+    assert e.data_tile_shape(2, tile) == (1, 2, 3, 4)
+    assert e.tensors[0].shape == (1, 4, 22, 22)  # the padded input the main block reads
+
+
+def test_data_tile_is_clipped_to_the_tensor():
+    e = expr("matmul", M=8, N=8, K=8)
+    assert e.data_tile_shape(0, (16, 16, 16)) == (8, 8)
+
+
+def test_axes_kinds_and_tensor_roles():
+    e = expr("conv2d", N=1, C=2, H=6, W=6, F=3, KH=3, KW=3, stride=1, pad=0)
+    assert [a.kind for a in e.axes] == [SPATIAL] * 4 + [REDUCE] * 3
+    assert e.spatial == (0, 1, 2, 3) and e.reduce == (4, 5, 6)
+    assert [t.role for t in e.tensors] == ["input", "input", "output"]
+    assert e.inputs == e.tensors[:2] and e.output is e.tensors[2]
+    assert e.axis_index("r") == 5
+    with pytest.raises(KeyError):
+        e.axis_index("zz")
+    assert e.flops == 2 * 1 * 3 * 4 * 4 * 2 * 3 * 3
+
+
+def test_batched_transposed_matmul_reads_the_transposed_layout():
+    e = expr("matmul", M=5, N=6, K=7, B=2, trans_a=True, trans_b=True)
+    assert [a.name for a in e.axes] == ["b", "i", "j", "k"]
+    tile = (1, 2, 3, 4)
+    assert e.data_tile_shape(0, tile) == (1, 4, 2)  # A is [B, K, M]
+    assert e.data_tile_shape(1, tile) == (1, 3, 4)  # B is [B, N, K]
+    assert e.data_tile_shape(2, tile) == (1, 2, 3)
+
+
+def test_expressions_compare_by_value():
+    a = expr("matmul", M=4, N=4, K=4)
+    b = build("matmul", dict(M=4, N=4, K=4))
+    assert a == b and hash(a) == hash(b) and a.func is not b.func

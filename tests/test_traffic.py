@@ -1,0 +1,117 @@
+"""Traffic Q and footprint F against closed forms derived by hand (Roller §3.1, §3.3)."""
+
+from math import ceil, prod
+
+from helpers import expr, matmul
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.rtile.traffic import TileCalculus
+
+F32 = 4
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+@st.composite
+def matmul_tile(draw):
+    m, n, k = (draw(st.integers(1, 300)) for _ in range(3))
+    tile = (draw(st.integers(1, m)), draw(st.integers(1, n)), draw(st.integers(1, k)))
+    return (m, n, k), tile
+
+
+@settings(max_examples=200, deadline=None)
+@given(matmul_tile())
+def test_matmul_traffic_and_footprint_are_the_closed_form(case):
+    (m, n, k), (ti, tj, tk) = case
+    calc = TileCalculus(matmul(m, n, k))
+    grid = ceil(m / ti) * ceil(n / tj)
+    q = grid * ceil(k / tk) * (ti * tk + tk * tj) * F32 + grid * ti * tj * F32
+    assert calc.traffic_bytes((ti, tj, tk)) == q
+    assert calc.footprint_bytes((ti, tj, tk)) == (ti * tk + tk * tj + ti * tj) * F32
+    assert calc.footprint_bytes((ti, tj, tk), with_output=False) == (ti * tk + tk * tj) * F32
+    assert calc.spatial_tiles((ti, tj, tk)) == grid
+    assert calc.num_tiles((ti, tj, tk)) == grid * ceil(k / tk)
+    assert calc.padded_volume((ti, tj, tk)) == ceil(m / ti) * ti * ceil(n / tj) * tj * ceil(k / tk) * tk
+
+
+def test_matmul_whole_operator_tile_moves_every_byte_once():
+    calc = TileCalculus(matmul(64, 32, 16))
+    assert calc.traffic_bytes((64, 32, 16)) == (64 * 16 + 16 * 32 + 64 * 32) * F32
+
+
+@st.composite
+def conv_tile(draw):
+    p = dict(
+        N=draw(st.integers(1, 3)), C=draw(st.integers(1, 8)), H=draw(st.integers(6, 20)), W=draw(st.integers(6, 20)),
+        F=draw(st.integers(1, 8)), KH=draw(st.integers(1, 3)), KW=draw(st.integers(1, 3)),
+        stride=draw(st.integers(1, 3)), pad=draw(st.integers(0, 2)), dilation=draw(st.integers(1, 2)),
+    )  # fmt: skip
+    e = expr("conv2d", **p)
+    tile = tuple(draw(st.integers(1, a.extent)) for a in e.axes)
+    return p, e, tile
+
+
+@settings(max_examples=150, deadline=None)
+@given(conv_tile())
+def test_conv_traffic_and_footprint_are_the_closed_form(case):
+    p, e, (tn, tf, th, tw, tc, tr, ts) = case
+    s, d, pad = p["stride"], p["dilation"], p["pad"]
+    oh = (p["H"] + 2 * pad - d * (p["KH"] - 1) - 1) // s + 1
+    ow = (p["W"] + 2 * pad - d * (p["KW"] - 1) - 1) // s + 1
+    assert e.extents == (p["N"], p["F"], oh, ow, p["C"], p["KH"], p["KW"])
+    # input rows read by th output rows and tr kernel rows: (th - 1) * s + (tr - 1) * d + 1,
+    # never more than the padded input has
+    rows = min((th - 1) * s + (tr - 1) * d + 1, p["H"] + 2 * pad)
+    cols = min((tw - 1) * s + (ts - 1) * d + 1, p["W"] + 2 * pad)
+    data = tn * tc * rows * cols
+    kernel = tf * tc * tr * ts
+    out = tn * tf * th * tw
+    grid = _cdiv(p["N"], tn) * _cdiv(p["F"], tf) * _cdiv(oh, th) * _cdiv(ow, tw)
+    steps = _cdiv(p["C"], tc) * _cdiv(p["KH"], tr) * _cdiv(p["KW"], ts)
+    calc = TileCalculus(e)
+    tile = (tn, tf, th, tw, tc, tr, ts)
+    assert calc.traffic_bytes(tile) == grid * steps * (data + kernel) * F32 + grid * out * F32
+    assert calc.footprint_bytes(tile) == (data + kernel + out) * F32
+
+
+def test_footprint_padding_widens_the_leading_dimension_only():
+    calc = TileCalculus(matmul(128, 128, 128))
+    tile = (16, 32, 8)
+    plain = calc.footprint_bytes(tile)
+    # A is [16, 8] -> [16, 8 + 3]; B is [8, 32] -> [8, 32 + 5]; the output's entry 0 pads nothing
+    assert calc.footprint_bytes(tile, (3, 5, 0)) == plain + (16 * 3 + 8 * 5) * F32
+    assert calc.footprint_bytes(tile, (3,)) == plain + 16 * 3 * F32
+
+
+@settings(max_examples=100, deadline=None)
+@given(matmul_tile(), st.integers(0, 2))
+def test_reuse_score_is_traffic_saved_per_byte_of_footprint(case, axis):
+    (m, n, k), tile = case
+    calc = TileCalculus(matmul(m, n, k))
+    grown = tile[:axis] + (tile[axis] * 2,) + tile[axis + 1 :]
+    dq = calc.traffic_bytes(tile) - calc.traffic_bytes(grown)
+    df = calc.footprint_bytes(grown) - calc.footprint_bytes(tile)
+    score = calc.reuse_score(tile, grown)
+    if df > 0:
+        assert score == dq / df
+    else:  # the axis is already whole: growing it costs no footprint
+        assert score == (float("inf") if dq > 0 else 0.0)
+
+
+def test_elementwise_has_no_reuse():
+    calc = TileCalculus(expr("relu", shape=(4096,)))
+    for t in (1, 2, 32, 256):
+        assert calc.traffic_bytes((t,)) == 2 * 4096 * F32
+        assert calc.reuse_score((t,), (2 * t,)) == 0.0
+
+
+def test_data_tiles_are_memoised_and_ordered_inputs_then_output():
+    e = matmul(32, 16, 8)
+    calc = TileCalculus(e)
+    shapes = calc.data_tiles((4, 2, 8))
+    assert shapes == ((4, 8), (8, 2), (4, 2))
+    assert calc.data_tiles((4, 2, 8)) is shapes
+    assert prod(shapes[-1]) * F32 * calc.spatial_tiles((4, 2, 8)) == 32 * 16 * F32
