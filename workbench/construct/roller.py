@@ -186,14 +186,30 @@ class RollerPolicy:
         ranked = []
         for axis in space.expr.spatial:
             for size in _smaller_sizes(unit[axis], tiles[-2][axis] if len(tiles) > 1 else 1):
-                new = tuple(with_axis(t, axis, gcd(t[axis], size)) for t in tiles[:-1]) + (with_axis(unit, axis, size),)
-                if self._all_aligned(new, eps):
+                new = self._shrunk_stack(tiles, axis, size, eps)
+                if new is not None:
                     ranked.append((space.reuse(len(tiles) - 1, new[-1], unit, new[-2] if len(new) > 1 else space.ones()), axis, new))
                     break
         if not ranked:
             return None
         _, axis, new = min(ranked, key=lambda r: (r[0], r[1]))
         return axis, new
+
+    def _shrunk_stack(self, tiles, axis, size, eps):
+        """The tiles with the unit tile's `axis` at `size`, or None when no aligned stack exists.
+        The tiles above are clamped to divide it (gcd); when that breaks a rule, the top
+        (register) tile shrinks along the axis as well, largest divisor first: a GPU block keeps
+        whole warps of threads only if its threads' tiles shrink with it (Roller shrinks the
+        rTiles, §3.2)."""
+        above = [with_axis(t, axis, gcd(t[axis], size)) for t in tiles[:-1]]
+        unit = with_axis(tiles[-1], axis, size)
+        top = above[0][axis]
+        for r in (d for d in range(top, 0, -1) if top % d == 0):
+            above[0] = with_axis(above[0], axis, r)
+            new = tuple(above) + (unit,)
+            if self._all_aligned(new, eps) and not self.space.over_thread_limits(len(above), unit, above[-1]):
+                return new
+        return None
 
     def _all_aligned(self, tiles, eps) -> bool:
         upper = self.space.ones()

@@ -113,13 +113,15 @@ class Space:
 
     def over_capacity(self, layer: int, tile: Tile, upper: Tile) -> bool:
         """Footprint over the layer's capacity, or (GPU block) threads / registers over limits."""
-        if self.footprint(layer, tile, upper) > self.capacity(layer):
-            return True
-        if self.device.kind == "gpu" and layer == self.device.unit_layer_index:
-            threads = thread_count(self.expr, tile, upper)
-            regs = max(1, self.footprint(0, upper, self.ones()) // 4) if upper else 1
-            return threads > self.device.max_threads_per_block or threads * regs > self.device.registers_per_unit
-        return False
+        return self.footprint(layer, tile, upper) > self.capacity(layer) or self.over_thread_limits(layer, tile, upper)
+
+    def over_thread_limits(self, layer: int, tile: Tile, upper: Tile) -> bool:
+        """A GPU block tile with more threads, or threads x registers, than a block may have."""
+        if self.device.kind != "gpu" or layer != self.device.unit_layer_index:
+            return False
+        threads = thread_count(self.expr, tile, upper)
+        regs = max(1, self.footprint(0, upper, self.ones()) // 4) if upper else 1
+        return threads > self.device.max_threads_per_block or threads * regs > self.device.registers_per_unit
 
     def fits_below(self, layer: int, tile: Tile, eps: float) -> bool:
         """Whether the smallest aligned tile containing `tile` at the next tile layer fits there."""

@@ -1,0 +1,203 @@
+"""Roller construction (§3.2, Figure 8) on the papers' workloads and the presets.
+
+"Large enough" below: the operators with data reuse, i.e. the matmul class (matmul, gemv) and the
+conv class (conv2d, depthwise_conv2d); every such workload of the three suites must give at least
+5 candidates on every device. Elementwise, pooling and reduction operators have little or no
+reuse (Roller builds their top tile only) and must give at least one.
+"""
+
+from functools import cache
+from math import ceil
+
+import pytest
+from helpers import (
+    CONSTRUCT_DEVICES,
+    device,
+    expr,
+    matmul,
+    unique_workloads,
+    workload_expr,
+)
+
+from workbench.construct.space import Options
+from workbench.construct.stepper import Stepper
+from workbench.rtile.alignment import (
+    AlignContext,
+    is_aligned,
+    next_aligned_sizes,
+    thread_count,
+)
+from workbench.rtile.rprogram import footprint_at
+from workbench.rtile.traffic import TileCalculus
+
+WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))
+REUSE_OPS = ("matmul", "gemv", "conv2d", "depthwise_conv2d")
+PLAIN_MATMULS = [wid for wid, w in WORKLOADS.items() if w["op"] == "matmul" and not w.get("B")]
+
+
+@cache
+def stepped(wid: str, dev: str) -> Stepper:
+    stepper = Stepper(workload_expr(WORKLOADS[wid]), device(dev))
+    stepper.run_to_end()
+    return stepper
+
+
+def check_program(space, dev, program):
+    """A candidate fits every layer it stages data in, the register cap and the thread limits,
+    and every tile is aligned at its layer and a multiple of the tile above."""
+    calc, e = space.calc, space.expr
+    assert len(program.tiles) == len(dev.layers) - 1 and program.cached[0]
+    upper = tuple(1 for _ in e.axes)
+    for layer, tile in enumerate(program.tiles):
+        assert all(t % u == 0 for t, u in zip(tile, upper)), (layer, tile, upper)
+        assert is_aligned(AlignContext(e, dev, layer, upper, program.eps), tile), (layer, tile)
+        if program.cached[layer]:
+            assert footprint_at(calc, dev, program, layer) <= dev.layers[layer].capacity_bytes, (layer, tile)
+        upper = tile
+    regs = footprint_at(calc, dev, program, 0)
+    assert program.grid == calc.spatial_tiles(program.unit_tile)
+    if dev.kind == "gpu":
+        assert regs <= dev.registers_per_thread_cap * 4
+        threads = thread_count(e, program.unit_tile, program.register_tile)
+        assert threads <= dev.max_threads_per_block
+        assert threads * max(1, regs // 4) <= dev.registers_per_unit
+
+
+@pytest.mark.parametrize("dev", CONSTRUCT_DEVICES)
+@pytest.mark.parametrize("wid", sorted(WORKLOADS))
+def test_every_suite_workload_constructs_within_the_limits(wid, dev):
+    stepper = stepped(wid, dev)
+    candidates = stepper.candidates()
+    assert len(candidates) >= (5 if WORKLOADS[wid]["op"] in REUSE_OPS else 1)
+    assert [c.rank for c in candidates] == list(range(1, len(candidates) + 1))
+    times = [c.predicted_seconds for c in candidates]
+    assert times == sorted(times)
+    assert len({c.program.tiles for c in candidates}) == len(candidates)
+    for cand in candidates:
+        check_program(stepper.space, stepper.space.device, cand.program)
+
+
+# -- the grow steps follow the best data-reuse score ---------------------------------------------
+
+
+def closed_form_score(e, dev, layer, upper, tile, grown) -> float:
+    """Roller's reuse score for a matmul tile from the closed forms of Q and F: a GPU block's
+    shared memory holds A and B with bank padding, a CPU cache holds A, B and C."""
+    (m, n, k), (_, rj, rk) = e.extents, upper
+    spec = dev.layers[layer]
+    width = spec.bank_width_bytes // 4 if spec.banks else 0
+
+    def pad(big, small):
+        if not width:
+            return 0
+        row = spec.banks * width
+        return (row - big % row + width * ceil(small / width)) % row
+
+    def q(t):
+        ti, tj, tk = (min(s, x) for s, x in zip(t, (m, n, k)))
+        grid = ceil(m / t[0]) * ceil(n / t[1])
+        return grid * ceil(k / t[2]) * (ti * tk + tk * tj) * 4 + grid * ti * tj * 4
+
+    def f(t):
+        ti, tj, tk = (min(s, x) for s, x in zip(t, (m, n, k)))
+        if dev.kind == "gpu":
+            return (ti * (tk + pad(tk, rk)) + tk * (tj + pad(tj, rj))) * 4
+        return (ti * tk + tk * tj + ti * tj) * 4
+
+    dq, df = q(tile) - q(grown), f(grown) - f(tile)
+    if df <= 0:
+        return float("inf") if dq > 0 else 0.0
+    return dq / df
+
+
+@pytest.mark.parametrize("dev", CONSTRUCT_DEVICES)
+@pytest.mark.parametrize("wid", PLAIN_MATMULS)
+def test_matmul_grows_along_the_axis_of_highest_reuse(wid, dev):
+    """Every option tried from a shared / L1 tile (a grow, or a layer_full / prune_visited that
+    ends it) is scored like the closed form says; they are tried best first (Figure 8)."""
+    stepper = stepped(wid, dev)
+    spec, e = stepper.space.device, stepper.space.expr
+    # every eps round replays from the start: a state is its actions at its eps
+    states = {(s.state.eps, s.state.actions): s.state for s in stepper.steps if s.state is not None}
+    tried: dict = {}
+    for step in stepper.steps:
+        act = step.action
+        if act.kind not in ("grow", "layer_full", "prune_visited") or act.layer != 1 or act.axis < 0:
+            continue
+        parent = states[step.state.eps, step.state.actions[:-1]] if act.kind == "grow" else step.state
+        upper = parent.recorded[-1]
+        sizes = next_aligned_sizes(AlignContext(e, spec, 1, upper, parent.eps), parent.tile)
+        brute = {
+            a: closed_form_score(e, spec, 1, upper, parent.tile, parent.tile[:a] + (s,) + parent.tile[a + 1 :])
+            for a, s in enumerate(sizes)
+            if s is not None
+        }
+        assert sizes[act.axis] == act.amount
+        assert {alt.action.axis for alt in step.alternatives} == set(brute)
+        for alt in step.alternatives:
+            assert alt.score == pytest.approx(brute[alt.action.axis], rel=1e-9)
+        tried.setdefault((parent.eps, parent.key), []).append(brute[act.axis])
+        if len(tried[parent.eps, parent.key]) == 1:  # the first option tried from a tile has the best score
+            assert brute[act.axis] == pytest.approx(max(brute.values()), rel=1e-9)
+    assert any(s.action.kind == "grow" and s.action.layer == 1 for s in stepper.steps)
+    for scores in tried.values():  # later options (after backtracking) in score order
+        assert scores == sorted(scores, reverse=True)
+
+
+# -- small operators, irregular shapes -------------------------------------------------------------
+
+
+def test_small_matmul_is_shrunk_until_it_fills_the_v100():
+    stepper = Stepper(matmul(128, 1000, 4032), device("v100"))  # Roller Table 1, M1
+    stepper.run_to_end()
+    candidates = stepper.candidates()
+    assert len(candidates) >= 5
+    assert all(c.program.grid >= 80 for c in candidates), [c.program.grid for c in candidates]
+    shrinks = [s for s in stepper.steps if s.action.kind == "shrink"]
+    assert shrinks and all(s.action.layer == 1 for s in shrinks)
+    for cand in candidates:
+        check_program(stepper.space, stepper.space.device, cand.program)
+
+
+def test_prime_matmul_gets_candidates_by_widening_eps():
+    e = matmul(257, 127, 509)
+    default = Stepper(e, device("v100"))
+    default.run_to_end()
+    # the default eps (5 % padding waste) already admits sizes such as 2, 4, 12, 24 for 257
+    assert len(default.candidates()) >= 5
+    strict = Stepper(e, device("v100"), options=Options(eps=0.0))
+    strict.run_to_end()
+    # with no waste allowed only 1 and the whole axis align: no block of a warp of threads exists
+    widened = [s for s in strict.steps if s.action.kind == "widen_eps"]
+    assert widened and widened[0].action.amount > 0
+    candidates = strict.candidates()
+    assert len(candidates) >= 5 and all(c.program.eps > 0.0 for c in candidates)
+    for cand in candidates:
+        check_program(strict.space, strict.space.device, cand.program)
+
+
+def test_irregular_elementwise_shape_is_fused_first():
+    stepper = Stepper(expr("relu", shape=(17, 11, 3)), device("v100"))
+    first = stepper.next()
+    assert first.action.kind == "fuse_axes" and "561" in first.note
+    stepper.run_to_end()
+    assert stepper.space.expr.extents == (561,)
+    candidates = stepper.candidates()
+    assert candidates and all(len(c.program.unit_tile) == 1 for c in candidates)
+    assert all(not c.program.cached[1] for c in candidates)  # no reuse: straight from global
+
+
+def test_elementwise_programs_cover_the_operator():
+    stepper = Stepper(expr("relu", shape=(1000, 1000)), device("tiny-cpu"))
+    stepper.run_to_end()
+    calc = TileCalculus(stepper.space.expr)
+    for cand in stepper.candidates():
+        assert cand.program.grid * cand.program.unit_tile[0] >= 10**6
+        assert calc.padded_volume(cand.program.unit_tile) <= 10**6 * (1 + cand.program.eps)
+
+
+def test_construction_stops_at_top_k():
+    stepper = Stepper(matmul(1024, 1024, 1024), device("v100"), options=Options(topk=3))
+    stepper.run_to_end()
+    assert len(stepper.candidates()) == 3
+    assert sum(1 for s in stepper.steps if s.candidate is not None) == 3

@@ -1,0 +1,126 @@
+"""The stepper: stepping forward and back is replay, and what it reports matches what it built."""
+
+import json
+from functools import cache
+
+import pytest
+from helpers import device, expr, matmul
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.construct.graph import ConstructionGraph, node_key
+from workbench.construct.space import Options
+from workbench.construct.stepper import Stepper, construct
+from workbench.errors import UserError
+
+CASES = {
+    "mm-v100": lambda: Stepper(matmul(512, 512, 512), device("v100")),
+    "mm-prime-cpu": lambda: Stepper(matmul(257, 127, 509), device("tiny-cpu")),
+    "conv-mi50": lambda: Stepper(expr("conv2d", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=1, pad=1), device("mi50")),
+    "relu-k80": lambda: Stepper(expr("relu", shape=(17, 11, 3)), device("k80")),
+}
+
+
+@cache
+def finished(name: str) -> Stepper:
+    stepper = CASES[name]()
+    stepper.run_to_end()
+    return stepper
+
+
+def _signature(steps):
+    return [(s.action, s.state, s.note) for s in steps]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_next_until_done_equals_run_to_end(name):
+    stepper = CASES[name]()
+    taken = []
+    while (step := stepper.next()) is not None:
+        taken.append(step)
+    assert stepper.done and stepper.next() is None
+    reference = finished(name)
+    assert _signature(taken) == _signature(reference.steps)
+    assert stepper.candidates() == reference.candidates()
+    assert stepper.graph() == reference.graph()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_back_then_next_returns_the_same_step(name):
+    stepper = CASES[name]()
+    stepper.seek(25)
+    here = stepper.current
+    assert stepper.position == 25 and here is stepper.steps[24]
+    before = stepper.back()
+    assert before is stepper.steps[23] and stepper.position == 24
+    assert stepper.next() is here and stepper.current.state == here.state
+    stepper.reset()
+    assert stepper.current is None and stepper.back() is None and stepper.position == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(CASES)), st.lists(st.tuples(st.sampled_from(["next", "back", "seek"]), st.integers(0, 400)), max_size=30))
+def test_any_walk_lands_on_the_reference_steps(name, moves):
+    reference = finished(name).steps
+    stepper = CASES[name]()
+    for move, n in moves:
+        if move == "next":
+            stepper.next()
+        elif move == "back":
+            stepper.back()
+        else:
+            stepper.seek(n)
+        assert 0 <= stepper.position <= len(reference)
+        expected = reference[stepper.position - 1] if stepper.position else None
+        current = stepper.current
+        assert (current is None) == (expected is None)
+        if current is not None:
+            assert (current.action, current.state, current.note) == (expected.action, expected.state, expected.note)
+        assert len(stepper.graph().edges) == sum(1 for s in reference[: stepper.position] if s.edge is not None)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_emitted_nodes_are_exactly_the_candidates(name):
+    stepper = finished(name)
+    graph = stepper.graph()
+    n = stepper.space.n_tile_layers
+    emitted = {node.key: node for node in graph.emitted()}
+    programs = {node_key(n, c.program.tiles[-1], c.program.tiles[:-1]): c for c in stepper.candidates()}
+    assert set(emitted) == set(programs)
+    for key, cand in programs.items():
+        assert emitted[key].predicted_seconds == cand.predicted_seconds
+        assert emitted[key].tile == cand.program.unit_tile
+    made = [s.candidate for s in stepper.steps if s.candidate is not None]
+    assert len(made) == len(stepper.candidates()) <= stepper.options.topk
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_graph_round_trips(name, tmp_path):
+    graph = finished(name).graph()
+    assert ConstructionGraph.from_dict(json.loads(json.dumps(graph.to_dict()))) == graph
+    graph.save(tmp_path / "graph.json")
+    assert ConstructionGraph.load(tmp_path / "graph.json") == graph
+
+
+def test_partial_graph_holds_the_steps_taken_so_far():
+    stepper = CASES["mm-v100"]()
+    stepper.seek(5)
+    assert sum(stepper.graph().visits.values()) == sum(1 for s in stepper.steps[:5] if s.node is not None)
+    assert stepper.candidates() == []
+
+
+def test_construct_reports_the_fused_expression_and_its_steps():
+    c = construct(expr("relu", shape=(17, 11, 3)), device("v100"), options=Options(topk=4))
+    assert c.expr.extents == (561,) and c.policy == "roller"
+    assert 1 <= len(c.candidates) <= 4 and c.steps > 0 and c.seconds > 0
+    assert c.graph.counts()["nodes"] > 0
+
+
+def test_unknown_policy_is_a_user_error():
+    with pytest.raises(UserError, match="unknown policy"):
+        Stepper(matmul(8, 8, 8), device("v100"), policy="nope")
+
+
+def test_construction_is_deterministic():
+    a, b = CASES["conv-mi50"](), CASES["conv-mi50"]()
+    assert _signature(a.run_to_end()) == _signature(b.run_to_end())
