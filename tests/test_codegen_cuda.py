@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import device, expr
 from workbench.codegen.build import build_kernel
-from workbench.codegen.cuda import CudaTemplate, block_threads, gpu_resources
+from workbench.codegen.cuda import CudaTemplate, block_threads, gpu_resources, lane_program
 from workbench.codegen.nvcc import compile_ptx, compile_ptx_many, nvcc_path, ptx_arch
 from workbench.codegen.template import ScheduleError
 from workbench.construct.stepper import construct
@@ -74,7 +74,7 @@ def test_source_has_the_programs_block_and_thread_structure(gpu, case):
     assert built.ok, built.error
     source = built.source
     assert "__global__" in source
-    threads = block_threads(fused, program)
+    threads = block_threads(fused, lane_program(fused, program, device(gpu)))
     assert f"__launch_bounds__({threads})" in source or threads == 1  # TVM drops a unit thread loop
     assert ("__shared__" in source) == staged(gpu, case)
     assert ("__syncthreads" in source) == staged(gpu, case)
@@ -89,7 +89,7 @@ def test_threads_and_shared_memory_within_the_target_limits(gpu, case):
     spec = device(gpu)
     used = gpu_resources(CudaTemplate().schedule(fused, program, spec), spec)
     target = spec.target_dict()
-    assert used.threads == block_threads(fused, program) <= target["max_threads_per_block"]
+    assert used.threads == block_threads(fused, lane_program(fused, program, spec)) <= target["max_threads_per_block"]
     assert used.shared_bytes <= target["max_shared_memory_per_block"]
     assert (used.shared_bytes > 0) == staged(gpu, case)
 
@@ -187,3 +187,15 @@ def test_compile_ptx_names_the_error_and_falls_back_from_dropped_archs():
     fine = compile_ptx('extern "C" __global__ void k(float* x) { x[0] = 1.0f; }', "sm_70")
     assert fine.ok and fine.arch == ptx_arch("sm_70")
     assert fine.ptxas_report.spill_store_bytes == 0
+
+
+def test_tensor_core_program_runs_a_warp_per_fragment_tile():
+    """float16 matmul on a tensor-core GPU: the top tile is a 16x16x16-aligned warp tile, and the
+    kernel spreads it over the warp's 32 lanes (threads = warps x 32)."""
+    fused, program = candidate("h100", "matmul-fp16")
+    warp = program.tiles[0]
+    assert all(size % 16 == 0 for size in warp)
+    warps = block_threads(fused, program)
+    lanes = lane_program(fused, program, device("h100"))
+    assert block_threads(fused, lanes) == warps * 32
+    assert f"__launch_bounds__({warps * 32})" in kernel("h100", "matmul-fp16").source

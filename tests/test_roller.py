@@ -201,3 +201,27 @@ def test_construction_stops_at_top_k():
     stepper.run_to_end()
     assert len(stepper.candidates()) == 3
     assert sum(1 for s in stepper.steps if s.candidate is not None) == 3
+
+
+@pytest.mark.parametrize("dev", ["v100", "h100", "a100"])
+def test_tensor_core_alignment_for_half_precision_matmul(dev):
+    """float16 matmul on a GPU with MMA units: every candidate's top tile is a warp fragment
+    tile, a multiple of the device's (16, 16, 16) fragment, and its per-lane share fits the
+    register cap."""
+    from workbench.construct.stepper import construct
+
+    spec = device(dev)
+    built = construct(expr("matmul", "float16", M=1024, N=1024, K=1024), spec)
+    assert built.candidates
+    calc = TileCalculus(built.expr)
+    for cand in built.candidates:
+        assert all(s % f == 0 for s, f in zip(cand.program.tiles[0], spec.tensor_core_fragment))
+        assert footprint_at(calc, spec, cand.program, 0) <= spec.layers[0].capacity_bytes
+
+
+def test_no_tensor_cores_without_mma_units_or_for_float32():
+    from workbench.construct.stepper import construct
+
+    for dev, dtype in (("k80", "float16"), ("h100", "float32")):
+        built = construct(expr("matmul", dtype, M=512, N=512, K=512), device(dev))
+        assert any(s % 16 for c in built.candidates for s in c.program.tiles[0])

@@ -16,7 +16,7 @@ generated source with nvcc and reports ptxas's registers and spills.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Mapping
 
@@ -34,6 +34,7 @@ from workbench.codegen.common import (
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.alignment import mma_axes
 from workbench.rtile.rprogram import RProgram
 
 REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
@@ -65,6 +66,7 @@ class CudaTemplate:
         check_program(expr, program)
         if len(program.tiles) != 2:
             raise ScheduleError(f"a GPU program has two layers (registers, shared), got {len(program.tiles)}")
+        program = lane_program(expr, program, device)
         threads, limit = block_threads(expr, program), _limit(device, "max_threads_per_block")
         if threads > limit:
             raise ScheduleError(f"{threads} threads per block exceed the target's {limit}")
@@ -128,6 +130,25 @@ def _limit(device: DeviceSpec, key: str) -> int:
     fallback = {"max_threads_per_block": device.max_threads_per_block}
     fallback["max_shared_memory_per_block"] = device.layers[SHARED].capacity_bytes
     return int(device.target_dict().get(key, fallback[key]))
+
+
+def lane_program(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> RProgram:
+    """A tensor-core program's top tile is one warp's fragment tile (rtile.alignment.mma_axes).
+    There is no wmma/mma path yet, so it is realised on the CUDA cores: the warp tile is split
+    over the warp's lanes along (i, j), which keeps the program's threads per block and its
+    shared-memory tiles. Other programs are returned unchanged."""
+    mma = mma_axes(expr, device)
+    if mma is None:
+        return program
+    i, j, _ = mma
+    warp_tile = program.tiles[REGISTERS]
+    lanes_j = next(l for l in (8, 4, 2, 1) if warp_tile[j] % l == 0)
+    lanes_i = device.warp_size // lanes_j
+    if warp_tile[i] % lanes_i:
+        raise ScheduleError(f"warp tile {warp_tile} does not split over {device.warp_size} lanes")
+    lane = list(warp_tile)
+    lane[i], lane[j] = warp_tile[i] // lanes_i, warp_tile[j] // lanes_j
+    return replace(program, tiles=(tuple(lane),) + program.tiles[1:])
 
 
 def block_threads(expr: TensorExpr, program: RProgram) -> int:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, thread_count
+from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, thread_count, tile_lanes
 from workbench.rtile.model import is_compute_bound
-from workbench.rtile.rprogram import RProgram, make_program, storage_padding
+from workbench.rtile.rprogram import RProgram, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import TileCalculus
 
 Tile = tuple[int, ...]
@@ -105,8 +105,7 @@ class Space:
 
     def footprint(self, layer: int, tile: Tile, upper: Tile) -> int:
         pad = storage_padding(self.calc, self.device, layer, tile, upper)
-        with_output = not (self.device.kind == "gpu" and self.device.layers[layer].scope == "unit")
-        return self.calc.footprint_bytes(tile, pad, with_output)
+        return layer_footprint(self.calc, self.device, layer, tile, pad)
 
     def capacity(self, layer: int) -> int:
         return self.device.layers[layer].capacity_bytes
@@ -119,7 +118,7 @@ class Space:
         """A GPU block tile with more threads, or threads x registers, than a block may have."""
         if self.device.kind != "gpu" or layer != self.device.unit_layer_index:
             return False
-        threads = thread_count(self.expr, tile, upper)
+        threads = thread_count(self.expr, tile, upper, tile_lanes(self.expr, self.device))
         regs = max(1, self.footprint(0, upper, self.ones()) // 4) if upper else 1
         return threads > self.device.max_threads_per_block or threads * regs > self.device.registers_per_unit
 

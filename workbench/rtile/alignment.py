@@ -107,6 +107,9 @@ class ExecutionUnitRule:
             return True
         extent = ctx.expr.axes[axis].extent
         if ctx.is_gpu:
+            mma = mma_axes(ctx.expr, ctx.device)
+            if mma is not None and axis in mma:
+                return True  # a warp's fragment tile: the tensor-core rule governs it
             return size in REGISTER_STEPS or size == extent
         if axis == vector_axis(ctx.expr):
             lanes = ctx.device.warp_size
@@ -116,21 +119,61 @@ class ExecutionUnitRule:
     def tile_ok(self, ctx, tile):
         if not (ctx.is_gpu and ctx.layer == ctx.device.unit_layer_index):
             return True
-        threads = thread_count(ctx.expr, tile, ctx.upper)
+        threads = thread_count(ctx.expr, tile, ctx.upper, tile_lanes(ctx.expr, ctx.device))
         covers = all(tile[a] >= ctx.expr.axes[a].extent for a in ctx.expr.spatial)
         return threads % ctx.device.warp_size == 0 or covers
 
 
-RULES: tuple[Rule, ...] = (TensorShapeRule(), TransactionRule(), ExecutionUnitRule())
+class TensorCoreRule(_PerAxis):
+    """Tensor cores: where the device has MMA units for the dtype and the operator contracts a
+    reduce axis into a 2-D output (matmul-like), the top-layer tile is one warp's fragment tile
+    and its (i, j, k) sizes are multiples of the MMA fragment (16 x 16 x 16 on NVIDIA)."""
+
+    name = "tensor-core"
+
+    def axis_ok(self, ctx, axis, size):
+        mma = mma_axes(ctx.expr, ctx.device) if ctx.layer == 0 else None
+        if mma is None or axis not in mma:
+            return True
+        return size % ctx.device.tensor_core_fragment[mma.index(axis)] == 0
+
+
+RULES: tuple[Rule, ...] = (TensorShapeRule(), TransactionRule(), ExecutionUnitRule(), TensorCoreRule())
 
 
 def leading_axis(tensor) -> int | None:
     """The axis that alone (coefficient 1) indexes a tensor's contiguous dimension, if any."""
     if not tensor.index:  # a scalar (a reduction over every axis)
         return None
-    coeffs, _ = tensor.index[-1]
+    return _dim_axis(tensor, len(tensor.index) - 1)
+
+
+def _dim_axis(tensor, dim: int) -> int | None:
+    """The axis that alone (coefficient 1) indexes dimension `dim` of a tensor, if any."""
+    coeffs, _ = tensor.index[dim]
     used = [a for a, c in enumerate(coeffs) if c]
     return used[0] if len(used) == 1 and coeffs[used[0]] == 1 else None
+
+
+def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | None:
+    """(i, j, k) covered by an MMA fragment, or None where tensor cores do not apply: the device
+    has no MMA unit for the dtype, or the operator is not a contraction into a 2-D output tile
+    (i, j = the output's last two dims; k = a reduce axis contiguous in an input)."""
+    if device.kind != "gpu" or not device.tensor_core_fragment or expr.dtype not in dict(device.tensor_core_gflops):
+        return None
+    out = expr.output
+    if len(out.index) < 2:
+        return None
+    i, j = _dim_axis(out, len(out.index) - 2), _dim_axis(out, len(out.index) - 1)
+    ks = [leading_axis(t) for t in expr.inputs if leading_axis(t) in expr.reduce]
+    if i is None or j is None or i == j or not ks:
+        return None
+    return i, j, ks[0]
+
+
+def tile_lanes(expr: TensorExpr, device: DeviceSpec) -> int:
+    """Threads sharing one top-layer tile: a warp for an MMA fragment tile, else one."""
+    return device.warp_size if mma_axes(expr, device) else 1
 
 
 def vector_axis(expr: TensorExpr) -> int | None:
@@ -138,9 +181,10 @@ def vector_axis(expr: TensorExpr) -> int | None:
     return leading_axis(expr.output)
 
 
-def thread_count(expr: TensorExpr, tile: Tile, upper: Tile) -> int:
-    """Threads of a GPU block: unit tile over register tile, spatial axes only."""
-    return prod(ceil(tile[a] / upper[a]) for a in expr.spatial)
+def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1) -> int:
+    """Threads of a GPU block: unit tile over register tile, spatial axes only, times the
+    threads that share one register tile (a warp for tensor-core fragments)."""
+    return prod(ceil(tile[a] / upper[a]) for a in expr.spatial) * lanes
 
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
@@ -186,7 +230,7 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
     """
     tile = list(ctx.upper)
     if ctx.is_gpu and ctx.layer == ctx.device.unit_layer_index:
-        need = ctx.device.warp_size
+        need = ctx.device.warp_size // tile_lanes(ctx.expr, ctx.device)  # threads still to add
         for a in reversed(ctx.expr.spatial):
             room = ceil(ctx.expr.axes[a].extent / ctx.upper[a])
             take = _largest_pow2_at_most(min(need, room))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.alignment import thread_count, vector_axis
+from workbench.rtile.alignment import mma_axes, thread_count, tile_lanes, vector_axis
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
 from workbench.rtile.traffic import TileCalculus
 
@@ -73,7 +73,7 @@ def blocks_per_unit(calc: TileCalculus, device: DeviceSpec, program: RProgram) -
     one work item per core at a time."""
     if device.kind != "gpu":
         return 1, 1
-    threads = thread_count(calc.expr, program.unit_tile, program.register_tile)
+    threads = thread_count(calc.expr, program.unit_tile, program.register_tile, tile_lanes(calc.expr, device))
     regs = max(1, footprint_at(calc, device, program, 0) // 4)
     smem = max(1, footprint_at(calc, device, program, device.unit_layer_index))
     unit_layer = device.layers[device.unit_layer_index]
@@ -97,6 +97,11 @@ def compute_efficiency(calc: TileCalculus, device: DeviceSpec, program: RProgram
     return size / (ceil(size / lanes) * lanes)
 
 
+def peak_gflops(calc: TileCalculus, device: DeviceSpec) -> float:
+    """MaxComputePerf: the MMA units' peak for tensor-core programs, else the ALUs'."""
+    return device.peak(calc.expr.dtype, tensor_core=mma_axes(calc.expr, device) is not None)
+
+
 def estimate(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> Estimate:
     """Predicted time and its parts for `program` on `device`."""
     expr = calc.expr
@@ -110,7 +115,7 @@ def estimate(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> Estim
     padded = calc.padded_volume(program.unit_tile)
     padded_flops = int(expr.flops * padded / volume)
     eff = compute_efficiency(calc, device, program, threads, bpu)
-    compute = padded_flops / (device.peak(expr.dtype) * GB * busy * eff)
+    compute = padded_flops / (peak_gflops(calc, device) * GB * busy * eff)
 
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
@@ -143,5 +148,5 @@ def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, s
     """Roller's stop test MemPerf(T) > MaxComputePerf: with all units busy, loading the operator
     in tiles T from `source` takes no longer than computing it."""
     load = calc.traffic_bytes(tile) / (device.layers[source].bandwidth_gbps * GB)
-    compute = calc.expr.flops / (device.peak(calc.expr.dtype) * GB)
+    compute = calc.expr.flops / (peak_gflops(calc, device) * GB)
     return load <= compute

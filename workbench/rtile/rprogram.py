@@ -13,7 +13,7 @@ from math import ceil
 from typing import Sequence
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.alignment import tile_lanes
 from workbench.rtile.traffic import TileCalculus, bank_padding
 
 Tile = tuple[int, ...]
@@ -104,11 +104,21 @@ def make_program(
     )
 
 
-def footprint_at(calc: TileCalculus, device: DeviceSpec, program: RProgram, layer: int) -> int:
-    """Bytes the layer's tile occupies. A GPU block's shared memory holds the input tiles only
-    (partial sums accumulate in registers); every other layer holds inputs and output."""
+def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Tile, padding=()) -> int:
+    """Bytes one tile occupies at `layer`, in that layer's unit of capacity.
+
+    A GPU block's shared memory holds the input tiles only (partial sums accumulate in
+    registers); every other layer holds inputs and output. A tensor-core fragment tile at the
+    top layer is spread over the lanes of a warp, so its per-thread share is what counts.
+    """
     with_output = not (device.kind == "gpu" and device.layers[layer].scope == "unit")
-    return calc.footprint_bytes(program.tiles[layer], program.padding[layer], with_output)
+    total = calc.footprint_bytes(tile, padding, with_output)
+    return ceil(total / tile_lanes(calc.expr, device)) if layer == 0 else total
+
+
+def footprint_at(calc: TileCalculus, device: DeviceSpec, program: RProgram, layer: int) -> int:
+    """Footprint of a program's tile at `layer` (see `layer_footprint`)."""
+    return layer_footprint(calc, device, layer, program.tiles[layer], program.padding[layer])
 
 
 def waves(grid: int, slots: int) -> int:
