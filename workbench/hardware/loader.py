@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from workbench.errors import UserError
+from workbench.hardware.calibrate import calibrated_spec_path
 from workbench.hardware.detect import LOCAL_CPU_NAME, detect_local_cpu
 from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer
 
@@ -59,16 +60,29 @@ def list_presets() -> tuple[str, ...]:
 
 
 def load_spec(path_or_name: str | Path) -> DeviceSpec:
-    """A preset name from `specs/devices/`, `local-cpu` (this machine, detected), or a spec path."""
+    """A preset name from `specs/devices/`, `local-cpu` (this machine: calibrated if
+    `calibrated_spec_path()` holds a spec of it, else detected), or a spec path."""
     text = str(path_or_name)
     if isinstance(path_or_name, Path) or text.endswith(".toml") or "/" in text:
         return _load_file(Path(text))
     if text == LOCAL_CPU:
-        return detect_local_cpu()
+        return _local_cpu()
     if text in list_presets():
         return _load_file(SPECS_DIR / f"{text}.toml")
     choices = ", ".join(list_presets() + (LOCAL_CPU,))
     raise UserError(f"unknown device {text!r}: choose one of {choices}, or give a .toml spec path")
+
+
+def _local_cpu() -> DeviceSpec:
+    detected = detect_local_cpu()
+    path = calibrated_spec_path()
+    if not path.is_file():
+        return detected
+    calibrated = _load_file(path)
+    # A home directory may be shared by several machines: use the file only if it describes this one.
+    same = (calibrated.name, calibrated.compute_units, calibrated.target) == (
+        detected.name, detected.compute_units, detected.target)
+    return calibrated if same else detected
 
 
 def spec_from_toml_text(text: str, label: str = "spec") -> DeviceSpec:
