@@ -128,3 +128,12 @@ def test_export_refuses_bad_rank_and_existing_directory(capsys, tmp_path):
     code, _, err = run(capsys, "export", "--op", "relu", "--shape", "shape=8x8", "--out", str(tmp_path / "full"))
     assert code == 2 and "not empty" in err
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_device_detect_writes_a_loadable_spec(capsys, tmp_path):
+    from workbench.hardware.loader import load_spec
+
+    out = tmp_path / "me.toml"
+    code, _, _ = run(capsys, "device", "detect", "--out", str(out))
+    assert code == 0
+    assert load_spec(str(out)).kind == "cpu"

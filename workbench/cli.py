@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("device", help="this machine's device spec")
     dsub = p.add_subparsers(dest="device_command", required=True, parser_class=_Parser)
     d = dsub.add_parser("detect", help="detect the local CPU")
-    d.add_argument("--out", help="write the spec TOML here")
+    d.add_argument("--calibrate", action="store_true", help="measure bandwidths and peak compute (about 10 s)")
+    d.add_argument("--out", help="write the spec TOML here (default with --calibrate: the data directory, used by local-cpu)")
     d.add_argument("--json", action="store_true")
 
     p = sub.add_parser("construct", help="construct top-K rPrograms for a workload")
@@ -113,17 +114,24 @@ def cmd_devices(args) -> int:
 def cmd_device(args) -> int:
     from pathlib import Path
 
+    from workbench.hardware.calibrate import calibrate, calibrated_spec_path
     from workbench.hardware.detect import detect_local_cpu
     from workbench.hardware.loader import spec_summary, spec_to_toml
 
     spec = detect_local_cpu()
+    out = args.out
+    if args.calibrate:
+        # Calibrate the fresh detection, never a calibrated spec: sources would nest otherwise.
+        spec = calibrate(spec, progress=None if args.json else lambda line: print(line, file=sys.stderr))
+        out = out or str(calibrated_spec_path())
     text = spec_to_toml(spec)
-    if args.out:
+    if out:
         try:
-            Path(args.out).write_text(text)
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(text)
         except OSError as err:
-            raise UserError(f"--out {args.out}: {err.strerror}") from None
-    return _emit(args, spec_summary(spec), text)
+            raise UserError(f"--out {out}: {err.strerror}") from None
+    return _emit(args, spec_summary(spec), text if not out else f"wrote {out}")
 
 
 def _construct(args, workload):
