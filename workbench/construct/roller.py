@@ -16,7 +16,6 @@ aligned top tile on the growth chain is a program, so K candidates exist for the
 
 from __future__ import annotations
 
-from math import gcd
 from typing import Iterator
 
 from workbench.construct.graph import Edge
@@ -37,7 +36,6 @@ class RollerPolicy:
         self._visited: set = set()
         self._descended: set = set()
         self._count = 0
-        self._shrunk: dict = {}
         self.no_reuse = False
 
     # -- driver ------------------------------------------------------------------------------
@@ -50,7 +48,7 @@ class RollerPolicy:
             if state is None:
                 continue
             self._visited, self._descended = set(), set()
-            self.no_reuse = self._has_no_reuse(state)
+            self.no_reuse = self.space.no_reuse(state)
             yield Step(state.actions[-1], state, make_node(self.space, state, "start"), None, note=self._start_note(state))
             yield from self._enlarge(state)
             if self._done():
@@ -58,11 +56,6 @@ class RollerPolicy:
 
     def _done(self) -> bool:
         return len(self.candidates) >= self.options.topk or self._count >= self.options.max_steps
-
-    def _has_no_reuse(self, state: State) -> bool:
-        sizes = next_aligned_sizes(self.space.context(0, self.space.ones(), state.eps), state.tile)
-        scores = [self.space.reuse(0, state.tile, with_axis(state.tile, a, s), self.space.ones()) for a, s in enumerate(sizes) if s]
-        return all(s <= 1e-12 for s in scores)
 
     # -- EnlargeTile -------------------------------------------------------------------------
     def _options(self, state: State):
@@ -154,7 +147,7 @@ class RollerPolicy:
         cached = tuple(l == 0 or not self.no_reuse for l in range(len(tiles)))
         program = self.space.program(tiles, state.eps, cached)
         while program.grid < self.space.device.compute_units:
-            shrunk = self._shrink(program.tiles, state.eps)
+            shrunk = self.space.shrink_unit(program.tiles, state.eps)
             if shrunk is None:
                 break
             axis, tiles = shrunk
@@ -172,52 +165,6 @@ class RollerPolicy:
         node = make_node(self.space, done, "emitted", predicted=est.predicted_seconds)
         edge = Edge(state_key(self.space, state), node.key, "emit") if state.actions[-1].kind == "shrink" else None
         yield self._counted(Step(action, done, node, edge, note=f"emit rProgram #{len(self.candidates)}: grid {program.grid}, {est.predicted_seconds * 1e6:.1f} us predicted, bound by {est.bottleneck}", candidate=cand))
-
-    def _shrink(self, tiles, eps):
-        """Shrink the unit tile one aligned step along the spatial axis of smallest reuse score,
-        clamping the tiles above it (gcd keeps every tile a multiple of the one above)."""
-        key = (tiles, eps)
-        if key not in self._shrunk:
-            self._shrunk[key] = self._shrink_once(tiles, eps)
-        return self._shrunk[key]
-
-    def _shrink_once(self, tiles, eps):
-        space, unit = self.space, tiles[-1]
-        ranked = []
-        for axis in space.expr.spatial:
-            for size in _smaller_sizes(unit[axis], tiles[-2][axis] if len(tiles) > 1 else 1):
-                new = self._shrunk_stack(tiles, axis, size, eps)
-                if new is not None:
-                    ranked.append((space.reuse(len(tiles) - 1, new[-1], unit, new[-2] if len(new) > 1 else space.ones()), axis, new))
-                    break
-        if not ranked:
-            return None
-        _, axis, new = min(ranked, key=lambda r: (r[0], r[1]))
-        return axis, new
-
-    def _shrunk_stack(self, tiles, axis, size, eps):
-        """The tiles with the unit tile's `axis` at `size`, or None when no aligned stack exists.
-        The tiles above are clamped to divide it (gcd); when that breaks a rule, the top
-        (register) tile shrinks along the axis as well, largest divisor first: a GPU block keeps
-        whole warps of threads only if its threads' tiles shrink with it (Roller shrinks the
-        rTiles, §3.2)."""
-        above = [with_axis(t, axis, gcd(t[axis], size)) for t in tiles[:-1]]
-        unit = with_axis(tiles[-1], axis, size)
-        top = above[0][axis]
-        for r in (d for d in range(top, 0, -1) if top % d == 0):
-            above[0] = with_axis(above[0], axis, r)
-            new = tuple(above) + (unit,)
-            if self._all_aligned(new, eps) and not self.space.over_thread_limits(len(above), unit, above[-1]):
-                return new
-        return None
-
-    def _all_aligned(self, tiles, eps) -> bool:
-        upper = self.space.ones()
-        for layer, tile in enumerate(tiles):
-            if not self.space.aligned(layer, tile, upper, eps):
-                return False
-            upper = tile
-        return True
 
     # -- step records ------------------------------------------------------------------------
     def _step(self, state, action, status, tile, score, alternatives, note, nxt=None) -> Step:
@@ -248,11 +195,3 @@ class RollerPolicy:
         mode = " (no data reuse: top layer only, loads straight from the bottom)" if self.no_reuse else ""
         return f"start: smallest aligned tile {dict(zip(self.space.axes, state.tile))} at {self.space.layer_names[0]}, eps {state.eps}{mode}"
 
-
-def _smaller_sizes(size: int, base: int):
-    """Candidate smaller sizes for shrinking: multiples of the tile above, then halvings."""
-    seen = set()
-    for s in list(range(size - base, 0, -base))[:64] + [size // 2**k for k in range(1, 12)]:
-        if 0 < s < size and s not in seen:
-            seen.add(s)
-            yield s

@@ -10,11 +10,12 @@ policies ask: is a tile aligned, does it fit, is it compute-bound, what are its 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import gcd
 
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, thread_count, tile_lanes
+from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, next_aligned_sizes, thread_count, tile_lanes
 from workbench.rtile.model import is_compute_bound
 from workbench.rtile.rprogram import RProgram, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import TileCalculus
@@ -87,6 +88,7 @@ class Space:
         self.axes = tuple(a.name for a in expr.axes)
         self.layer_names = tuple(l.name for l in device.layers)
         self._aligned: dict[tuple, bool] = {}
+        self._shrunk: dict[tuple, tuple | None] = {}
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
@@ -130,6 +132,14 @@ class Space:
         nxt = initial_tile(self.context(below, tile, eps))
         return nxt is not None and not self.over_capacity(below, nxt, tile)
 
+    def no_reuse(self, start: State) -> bool:
+        """Whether growing the initial top tile along any axis buys no reuse (elementwise, most
+        reductions): such operators stage data in the top layer only (Roller §3.2)."""
+        ones = self.ones()
+        sizes = next_aligned_sizes(self.context(0, ones, start.eps), start.tile)
+        scores = [self.reuse(0, start.tile, with_axis(start.tile, a, s), ones) for a, s in enumerate(sizes) if s]
+        return all(s <= 1e-12 for s in scores)
+
     def compute_bound(self, layer: int, tile: Tile) -> bool:
         return is_compute_bound(self.calc, self.device, layer, tile, layer + 1)
 
@@ -150,6 +160,63 @@ class Space:
             ok = self._aligned[key] = is_aligned(self.context(layer, upper, eps), tile)
         return ok
 
+    def shrink_unit(self, tiles: tuple[Tile, ...], eps: float) -> tuple[int, tuple[Tile, ...]] | None:
+        """Roller-S scale-out (§3.2, small operators): (axis, tiles) with the unit tile shrunk one
+        aligned step along the spatial axis of smallest reuse score, or None when none can shrink.
+        Shared by every policy that emits programs; memoised."""
+        key = (tiles, eps)
+        if key not in self._shrunk:
+            self._shrunk[key] = _shrink_once(self, tiles, eps)
+        return self._shrunk[key]
+
+
+def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float):
+    unit, ranked = tiles[-1], []
+    for axis in space.expr.spatial:
+        for size in _smaller_sizes(unit[axis], tiles[-2][axis] if len(tiles) > 1 else 1):
+            new = _shrunk_stack(space, tiles, axis, size, eps)
+            if new is not None:
+                ranked.append((space.reuse(len(tiles) - 1, new[-1], unit, new[-2] if len(new) > 1 else space.ones()), axis, new))
+                break
+    if not ranked:
+        return None
+    _, axis, new = min(ranked, key=lambda r: (r[0], r[1]))
+    return axis, new
+
+
+def _shrunk_stack(space: Space, tiles, axis: int, size: int, eps: float):
+    """The tiles with the unit tile's `axis` at `size`, or None when no aligned stack exists.
+    The tiles above are clamped to divide it (gcd); when that breaks a rule, the top (register)
+    tile shrinks along the axis as well, largest divisor first: a GPU block keeps whole warps of
+    threads only if its threads' tiles shrink with it (Roller shrinks the rTiles, §3.2)."""
+    above = [with_axis(t, axis, gcd(t[axis], size)) for t in tiles[:-1]]
+    unit = with_axis(tiles[-1], axis, size)
+    top = above[0][axis]
+    for r in (d for d in range(top, 0, -1) if top % d == 0):
+        above[0] = with_axis(above[0], axis, r)
+        new = tuple(above) + (unit,)
+        if _all_aligned(space, new, eps) and not space.over_thread_limits(len(above), unit, above[-1]):
+            return new
+    return None
+
+
+def _all_aligned(space: Space, tiles, eps: float) -> bool:
+    upper = space.ones()
+    for layer, tile in enumerate(tiles):
+        if not space.aligned(layer, tile, upper, eps):
+            return False
+        upper = tile
+    return True
+
+
+def _smaller_sizes(size: int, base: int):
+    """Candidate smaller sizes for shrinking: multiples of the tile above, then halvings."""
+    seen = set()
+    for s in list(range(size - base, 0, -base))[:64] + [size // 2**k for k in range(1, 12)]:
+        if 0 < s < size and s not in seen:
+            seen.add(s)
+            yield s
+
 
 def with_axis(tile: Tile, axis: int, size: int) -> Tile:
     return tile[:axis] + (size,) + tile[axis + 1 :]
@@ -162,9 +229,13 @@ def apply(space: Space, state: State, action: Action) -> State:
     if kind in ("grow", "shrink", "inv_tile"):
         if action.layer != state.layer or not 0 <= action.axis < len(state.tile):
             raise IllegalAction(f"{kind}: layer/axis do not match the state")
+        if kind == "inv_tile" and action.amount >= state.tile[action.axis]:
+            raise IllegalAction(f"inv_tile: {action.amount} does not shrink axis {space.axes[action.axis]}")
         tile = with_axis(state.tile, action.axis, action.amount)
         if not space.aligned(state.layer, tile, space.upper_of(state), state.eps):
             raise IllegalAction(f"{kind}: size {action.amount} of axis {space.axes[action.axis]} is not aligned")
+        if state.layer == 0 and state.vthreads and action.amount % state.vthreads[action.axis]:
+            raise IllegalAction(f"{kind}: {state.vthreads[action.axis]} virtual threads do not divide {action.amount}")
         return replace(state, tile=tile, actions=acts)
     if kind == "descend":
         if state.layer + 1 > space.n_tile_layers:
@@ -177,6 +248,7 @@ def apply(space: Space, state: State, action: Action) -> State:
             raise IllegalAction(f"descend: no aligned tile at {space.layer_names[state.layer + 1]}")
         return replace(state, layer=state.layer + 1, tile=tile, recorded=recorded, actions=acts)
     if kind == "set_vthread":
+        _check_vthread(space, state, action)
         v = list(state.vthreads or (1,) * len(state.tile))
         v[action.axis] = action.amount
         return replace(state, vthreads=tuple(v), actions=acts)
@@ -185,3 +257,14 @@ def apply(space: Space, state: State, action: Action) -> State:
     if kind in KINDS:
         return replace(state, actions=acts)  # markers: no change to the tile
     raise UserError(f"unknown action kind '{kind}'")
+
+
+def _check_vthread(space: Space, state: State, action: Action) -> None:
+    """Virtual threads split a GPU thread's register tile along a spatial axis (Gensor's
+    setVthread): only at the register layer, and V must divide the thread's tile."""
+    if space.device.kind != "gpu" or state.layer != 0 or action.layer != 0:
+        raise IllegalAction("set_vthread: only for a GPU thread's tile, at the register layer")
+    if action.axis not in space.expr.spatial:
+        raise IllegalAction("set_vthread: virtual threads split a spatial axis")
+    if action.amount < 1 or state.tile[action.axis] % action.amount:
+        raise IllegalAction(f"set_vthread: {action.amount} does not divide the thread's tile {state.tile[action.axis]}")

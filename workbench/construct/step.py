@@ -28,6 +28,7 @@ class Candidate:
     program: RProgram
     estimate: Estimate
     rank: int = 0
+    vthreads: tuple[tuple[str, int], ...] = ()  # (spatial axis, V) of a GPU thread's tile (Markov)
 
     @property
     def predicted_seconds(self) -> float:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from workbench.construct.graph import ConstructionGraph
+from workbench.construct.markov import MarkovPolicy
 from workbench.construct.roller import RollerPolicy
 from workbench.construct.space import Action, Options, Space, State
 from workbench.construct.step import Candidate, Step
@@ -20,7 +21,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import TensorExpr
 
-POLICIES = {"roller": RollerPolicy}
+POLICIES = {"roller": RollerPolicy, "markov": MarkovPolicy}
 
 
 def register_policy(name: str, policy) -> None:

@@ -1,0 +1,254 @@
+"""Gensor's Markov construction: reproducible walks, probabilities, irreducibility within a layer,
+candidates within every limit, and the same stepper / CLI faces as Roller."""
+
+import json
+from collections import deque
+from functools import cache
+from itertools import product
+from math import fsum
+
+import pytest
+from helpers import device, expr, matmul, suite_workloads, workload_expr
+from test_roller import check_program
+
+from workbench.cli import main
+from workbench.construct.markov import MarkovPolicy
+from workbench.construct.space import Action, IllegalAction, Options, Space, apply
+from workbench.construct.stepper import Stepper, construct
+from workbench.rtile.alignment import AlignContext, is_aligned
+
+CASES = {
+    "mm-v100": (lambda: matmul(512, 512, 512), "v100"),
+    "mm-prime-cpu": (lambda: matmul(257, 127, 509), "tiny-cpu"),
+    "conv-mi50": (lambda: expr("conv2d", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=1, pad=1), "mi50"),
+    "gemv-k80": (lambda: expr("gemv", M=4096, K=4096), "k80"),
+    "relu-h100": (lambda: expr("relu", shape=(17, 11, 3)), "h100"),
+    "mm-fp16-a100": (lambda: expr("matmul", "float16", M=1024, N=1024, K=1024), "a100"),
+}
+
+
+def stepper(name: str, seed: int = 0) -> Stepper:
+    build, dev = CASES[name]
+    return Stepper(build(), device(dev), "markov", Options(seed=seed))
+
+
+@cache
+def finished(name: str, seed: int = 0) -> Stepper:
+    s = stepper(name, seed)
+    s.run_to_end()
+    return s
+
+
+def signature(s: Stepper):
+    return [(st.action, st.state, st.note, st.temperature) for st in s.steps]
+
+
+# -- reproducibility ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_same_seed_same_walk_and_candidates(name):
+    again = stepper(name)
+    taken = []
+    while (step := again.next()) is not None:
+        taken.append(step)
+    reference = finished(name)
+    assert [(s.action, s.state, s.note, s.temperature) for s in taken] == signature(reference)
+    assert again.candidates() == reference.candidates() and again.graph() == reference.graph()
+
+
+def test_different_seeds_walk_differently():
+    walks = {seed: signature(finished("mm-v100", seed)) for seed in range(3)}
+    assert len({repr(w) for w in walks.values()}) > 1
+
+
+def test_stepping_back_replays_the_walk():
+    s = stepper("mm-v100")
+    s.seek(60)
+    here = s.current
+    s.back()
+    assert s.next() is here and s.position == 60
+    assert s.steps[:60] == finished("mm-v100").steps[:60]
+
+
+# -- probabilities -------------------------------------------------------------------------------
+
+
+def walk_states(s: Stepper):
+    """Distinct states the walk stood on below the bottom layer."""
+    seen = {}
+    for step in s.steps:
+        st = step.state
+        if st is not None and st.tile and st.layer < s.space.n_tile_layers:
+            seen.setdefault((st.key, st.eps), st)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_probabilities_sum_to_one_and_illegal_moves_get_none(name):
+    s = finished(name)
+    space, policy = s.space, s.policy
+    for state in walk_states(s)[:40]:
+        upper = space.upper_of(state)
+        for temperature in (1.0, 1 / 64):
+            alts = policy.transitions(state, temperature)
+            total = fsum(a.probability for a in alts)
+            # a start with no legal move at all is a dead end (the walk is abandoned, eps widens)
+            assert total == pytest.approx(1.0) or (total == 0 and state.actions[-1].kind == "start")
+            for alt in alts:
+                if alt.action.kind in ("grow", "inv_tile"):
+                    axis = alt.action.axis
+                    illegal = (
+                        space.over_capacity(state.layer, alt.tile, upper)
+                        or not space.fits_below(state.layer, alt.tile, state.eps)
+                        or (state.layer == 0 and state.vthreads and alt.tile[axis] % state.vthreads[axis])
+                    )
+                    assert space.aligned(state.layer, alt.tile, upper, state.eps)
+                    assert (alt.probability == 0) == bool(illegal), (alt, state)
+        for axis, size in enumerate(state.tile):
+            bigger = state.tile[:axis] + (size + 1,) + state.tile[axis + 1 :]
+            if not space.aligned(state.layer, bigger, upper, state.eps):
+                assert policy.probability(state, Action("grow", state.layer, axis, size + 1)) == 0
+        assert policy.probability(state, Action("grow", state.layer + 1, 0, 10**6)) == 0
+
+
+def test_cooling_makes_the_cache_action_likelier():
+    s = finished("mm-v100")
+    state = walk_states(s)[0]
+    hot, cold = (s.policy.probability(state, Action("descend", state.layer), t) for t in (1.0, 2.0**-20))
+    assert 0 < hot < cold
+
+
+def test_irreducible_within_the_register_layer():
+    """Every aligned register tile within capacity is reachable from the initial tile by grow and
+    inv_tile moves of positive probability, and leads back to it."""
+    space = Space(matmul(64, 64, 64), device("tiny-cpu"))
+    policy = MarkovPolicy(space, Options())
+    start = space.initial_state(0.05)
+    ones = space.ones()
+    ctx = AlignContext(space.expr, space.device, 0, ones, 0.05)
+    legal = {
+        t for t in product(range(1, 65), repeat=3)
+        if is_aligned(ctx, t) and not space.over_capacity(0, t, ones) and space.fits_below(0, t, 0.05)
+    }
+    assert start.tile in legal and len(legal) > 50
+
+    graph = {}
+    for tile in legal:
+        state = start.__class__(0, tile, (), 0.05)
+        graph[tile] = {a.tile for a in policy.transitions(state) if a.probability and a.action.kind in ("grow", "inv_tile")}
+    assert all(targets <= legal for targets in graph.values())
+    reverse = {t: set() for t in legal}
+    for src, targets in graph.items():
+        for dst in targets:
+            reverse[dst].add(src)
+    assert reachable(graph, start.tile) == legal
+    assert reachable(reverse, start.tile) == legal
+
+
+def reachable(graph, source):
+    seen, queue = {source}, deque([source])
+    while queue:
+        for nxt in graph[queue.popleft()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return seen
+
+
+# -- the walk, its steps and its graph ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_steps_carry_temperature_probabilities_and_a_stationary_distribution(name):
+    s = finished(name)
+    assert all(step.temperature is not None for step in s.steps if step.action.kind != "fuse_axes")
+    temps = [st.temperature for st in s.steps if st.action.kind in ("grow", "inv_tile")]
+    assert temps and min(temps) < 0.5 <= max(temps)
+    edges = [st.edge for st in s.steps if st.edge is not None and st.edge.action != "emit"]
+    assert edges and all(0 < e.probability <= 1 for e in edges)
+    graph = s.graph()
+    pi = s.policy.stationary()
+    assert fsum(pi.values()) == pytest.approx(1.0) and set(pi) == set(graph.visits)
+    total = sum(graph.visits.values())
+    assert all(pi[k] == pytest.approx(v / total) for k, v in graph.visits.items())
+    assert max(graph.visits.values()) > 1  # walks return to states (restarts, rejected moves)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_candidates_are_within_every_limit(name):
+    s = finished(name)
+    candidates = s.candidates()
+    assert 1 <= len(candidates) <= s.options.topk
+    times = [c.predicted_seconds for c in candidates]
+    assert times == sorted(times) and len({c.program.tiles for c in candidates}) == len(candidates)
+    for cand in candidates:
+        check_program(s.space, s.space.device, cand.program)
+        axes = [s.space.axes[a] for a in s.space.expr.spatial]
+        for axis, v in cand.vthreads:
+            assert axis in axes and v in (2, 4, 8)
+            assert cand.program.register_tile[s.space.axes.index(axis)] % v == 0
+
+
+def test_the_gensor_suite_constructs_within_the_limits_on_the_v100():
+    dev = device("v100")
+    for w in suite_workloads("gensor-table4"):
+        built = Stepper(workload_expr(w), dev, "markov")
+        built.run_to_end()
+        candidates = built.candidates()
+        assert len(candidates) == 10, w["id"]
+        for cand in candidates:
+            check_program(built.space, dev, cand.program)
+
+
+def test_virtual_threads_are_chosen_on_gpus_and_never_on_cpus():
+    gpu, cpu = finished("mm-v100"), finished("mm-prime-cpu")
+    assert any(st.action.kind == "set_vthread" for st in gpu.steps)
+    assert not any(a.action.kind == "set_vthread" for st in cpu.steps for a in st.alternatives)
+    fp16 = finished("mm-fp16-a100")  # tensor-core fragments are laid out by the MMA, not by threads
+    assert not any(a.action.kind == "set_vthread" for st in fp16.steps for a in st.alternatives)
+
+
+def test_new_actions_check_their_rules():
+    space = Space(matmul(512, 512, 512), device("v100"))
+    state = apply(space, space.initial_state(0.05), Action("grow", 0, 1, 2))
+    with pytest.raises(IllegalAction, match="does not shrink"):
+        apply(space, state, Action("inv_tile", 0, 1, 2))
+    assert apply(space, state, Action("inv_tile", 0, 1, 1)).tile == (1, 1, 1)
+    with pytest.raises(IllegalAction, match="divide"):
+        apply(space, state, Action("set_vthread", 0, 1, 4))
+    with pytest.raises(IllegalAction, match="spatial"):
+        apply(space, state, Action("set_vthread", 0, 2, 1))
+    split = apply(space, state, Action("set_vthread", 0, 1, 2))
+    assert split.vthreads == (1, 2, 1)
+    with pytest.raises(IllegalAction, match="virtual threads"):
+        apply(space, split, Action("inv_tile", 0, 1, 1))
+    cpu = Space(matmul(64, 64, 64), device("tiny-cpu"))
+    with pytest.raises(IllegalAction, match="GPU"):
+        apply(cpu, cpu.initial_state(0.05), Action("set_vthread", 0, 0, 1))
+
+
+# -- faces ------------------------------------------------------------------------------------------
+
+
+def test_construct_reports_the_policy():
+    c = construct(matmul(256, 256, 256), device("v100"), "markov", Options(topk=4, seed=3))
+    assert c.policy == "markov" and 1 <= len(c.candidates) <= 4 and c.graph.counts()["edges"] > 0
+
+
+def test_cli_construct_with_the_markov_policy(capsys, tmp_path):
+    graph = tmp_path / "g.json"
+    argv = ["construct", "--workload", "cpu-core:mm-512", "--device", "v100", "--policy", "markov", "--seed", "1", "--graph", str(graph), "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["policy"] == "markov" and doc["construct_seconds"] > 0
+    assert [c["rank"] for c in doc["candidates"]] == list(range(1, len(doc["candidates"]) + 1))
+    times = [c["predicted_seconds"] for c in doc["candidates"]]
+    assert len(times) == 10 and times == sorted(times)
+    for cand in doc["candidates"]:
+        for layer in cand["layers"]:
+            assert 0 < layer["footprint_bytes"] <= layer["capacity_bytes"]
+    saved = json.loads(graph.read_text())
+    assert len(saved["nodes"]) == doc["graph"]["nodes"]
+    assert any(e["probability"] for e in saved["edges"])
+    assert main(argv) == 0 and json.loads(capsys.readouterr().out)["candidates"] == doc["candidates"]
