@@ -137,3 +137,13 @@ def test_device_detect_writes_a_loadable_spec(capsys, tmp_path):
     code, _, _ = run(capsys, "device", "detect", "--out", str(out))
     assert code == 0
     assert load_spec(str(out)).kind == "cpu"
+
+
+def test_markov_export_realises_virtual_threads(capsys, tmp_path):
+    code, out, _ = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--policy", "markov", "--device", "v100", "--json")
+    assert code == 0
+    ranks = [c["rank"] for c in json.loads(out)["candidates"] if c["vthreads"]]
+    assert ranks, "the Markov walk on v100 sets virtual threads for some candidate"
+    code, _, _ = run(capsys, "export", "--workload", "cpu-core:mm-512", "--policy", "markov", "--device", "v100", "--rank", str(ranks[0]), "--out", str(tmp_path / "b"))
+    assert code == 0
+    assert "vthread" in (tmp_path / "b" / "kernel_tvmscript.py").read_text()

@@ -30,7 +30,7 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def _policy_args(p: argparse.ArgumentParser, topk: int = 10) -> None:
-    p.add_argument("--policy", default="roller", help="construction policy: roller")
+    p.add_argument("--policy", default="roller", help="construction policy: roller or markov")
     p.add_argument("--topk", type=int, default=topk)
     p.add_argument("--seed", type=int, default=0)
 
@@ -180,6 +180,7 @@ def candidate_dict(calc, device, cand) -> dict:
             for l, name in enumerate(program.layers)
         ],
         "rprogram": program.to_dict(),
+        "vthreads": dict(cand.vthreads),
         "estimate": cand.estimate.to_dict(),
     }
 
@@ -201,6 +202,14 @@ def cmd_construct(args) -> int:
     return _emit(args, construction_dict(c, workload), "\n".join(lines))
 
 
+def template_for(device, cand):
+    """The codegen template for a candidate: the default, except that a Markov candidate's
+    virtual threads go to the CUDA template."""
+    from workbench.codegen.cuda import CudaTemplate
+
+    return CudaTemplate(vthreads=cand.vthreads) if device.kind == "gpu" and cand.vthreads else None
+
+
 def cmd_export(args) -> int:
     from workbench.codegen.build import build_kernel
     from workbench.codegen.export import export_bundle
@@ -212,7 +221,7 @@ def cmd_export(args) -> int:
     if not 1 <= args.rank <= len(c.candidates):
         raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates")
     cand = c.candidates[args.rank - 1]
-    kernel = build_kernel(c.expr, cand.program, c.device)
+    kernel = build_kernel(c.expr, cand.program, c.device, template_for(c.device, cand))
     # A kernel is checked against numpy where it can run (CPU devices); a GPU kernel built on a
     # machine without that GPU is exported unverified, and the manifest says so.
     checked = verify(kernel, c.expr) if kernel.ok and c.device.kind == "cpu" else None
