@@ -1,0 +1,116 @@
+"""Baselines: parsing, numpy and MetaSchedule on small real workloads, the skips and refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from workbench.errors import UserError
+from workbench.hardware.loader import load_spec
+from workbench.ops import catalog
+from workbench.profile import baselines
+from workbench.profile.baselines import Baseline, BaselineResult, best_seconds, parse_baselines
+from workbench.profile.runner import Timing
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return load_spec("local-cpu")
+
+
+def _matmul(n=64, **flags):
+    return catalog.build("matmul", {"M": n, "N": n, "K": n, **flags}, "float32")
+
+
+def test_parse_baselines_reads_a_list():
+    parsed = parse_baselines(" numpy, torch,metaschedule:64,dlight ")
+    assert [b.name for b in parsed] == ["numpy", "torch", "metaschedule:64", "dlight"]
+    assert (parsed[2].kind, parsed[2].trials, parsed[0].trials) == ("metaschedule", 64, 0)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("numpy,tvm", "unknown baseline 'tvm'"),
+        ("metaschedule", "trial budget"),
+        ("metaschedule:0", "trial budget"),
+        ("metaschedule:many", "trial budget"),
+        ("numpy:3", "only metaschedule takes"),
+        (" , ", "empty"),
+        ("numpy,numpy", "'numpy' is given twice"),
+    ],
+)
+def test_parse_baselines_names_the_bad_entry(text, message):
+    with pytest.raises(UserError, match=message):
+        parse_baselines(text)
+
+
+@pytest.mark.parametrize(
+    "expr", [_matmul(), _matmul(trans_a=True, trans_b=True), catalog.build("gemv", {"M": 96, "K": 80})]
+)
+def test_numpy_times_matmul_and_gemv(cpu, expr):
+    result = Baseline("numpy").measure(expr, cpu)
+    assert result.error == "" and result.seconds > 0 and result.tuning_seconds is None
+    assert "threads" in result.note
+
+
+def test_numpy_refuses_other_operators(cpu):
+    relu = catalog.build("relu", {"shape": (8, 8)})
+    result = Baseline("numpy").measure(relu, cpu)
+    assert result.seconds is None and "matmul and gemv only" in result.error
+
+
+def test_a_wrong_result_gets_no_time():
+    expr = _matmul(8)
+    inputs = baselines._inputs(expr)
+    result = baselines._checked_time("numpy", expr, inputs, lambda: np.zeros((8, 8), "float32"), "")
+    assert result.seconds is None and result.error.startswith("wrong result")
+
+
+def test_torch_skips_cleanly_without_torch(cpu, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(baselines.importlib.util, "find_spec", lambda name: None if name == "torch" else real(name))
+    assert Baseline("torch").measure(_matmul(), cpu) == BaselineResult("torch", error="torch not installed")
+
+
+def test_torch_runs_a_convolution_when_installed(cpu):
+    pytest.importorskip("torch")
+    conv = catalog.build("conv2d", {"N": 1, "C": 8, "H": 14, "W": 14, "F": 16, "KH": 3, "KW": 3, "stride": 2, "pad": 1})
+    result = Baseline("torch").measure(conv, cpu)
+    assert result.error == "" and result.seconds > 0
+
+
+def test_gpu_baselines_need_a_gpu(cpu):
+    assert "GPU kernels" in Baseline("dlight").measure(_matmul(), cpu).error
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is present")
+    v100 = load_spec("v100")
+    for name in ("dlight", "metaschedule:4"):
+        assert Baseline(name).measure(_matmul(), v100) == BaselineResult(name, error="no GPU")
+
+
+def test_best_seconds_repeats_until_a_repeat_is_long_enough(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(baselines.time, "perf_counter", lambda: clock[0])
+
+    def run():  # every call takes 1 ms of the fake clock
+        clock[0] += 0.001
+
+    calls_before = clock[0]
+    seconds = best_seconds(run, Timing(repeat=3, number=1, min_repeat_ms=5))
+    assert seconds == pytest.approx(0.001)
+    # 1 call (too short) -> 6 calls per repeat; then 2 more repeats of 6
+    assert round((clock[0] - calls_before) / 0.001) == 1 + 6 + 6 + 6
+
+
+@pytest.mark.slow
+def test_metaschedule_tunes_checks_and_times_a_small_matmul(cpu):
+    # About 15 s on 2 cores: 10 s of it is the worker importing TVM's tensor intrinsics.
+    result = Baseline("metaschedule:4").measure(_matmul(), cpu)
+    assert result.error == "", result.error
+    assert result.seconds > 0 and result.tuning_seconds > 0
+    assert "cost model" in result.note

@@ -1,0 +1,58 @@
+"""The local runner on real kernels: a correct kernel is timed (caches flushed) with the device's
+thread count, a wrong one is flagged and never timed, and a CUDA kernel is timed where a GPU
+exists."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+import pytest
+
+from tests.helpers import TINY_CPU, device, expr, matmul
+from workbench.construct.space import Options
+from workbench.construct.stepper import construct
+from workbench.profile.local import LocalRunner, thread_env
+from workbench.profile.runner import Timing, best_measured
+from workbench.profile.session import build_library, profile_candidates
+
+FAST = Timing(repeat=3, min_repeat_ms=1, timeout_s=60)
+
+
+@lru_cache(maxsize=None)
+def construction(e, dev=TINY_CPU, topk: int = 2):
+    return construct(e, dev, options=Options(topk=topk))
+
+
+def test_threads_follow_the_device_capped_by_this_machine():
+    assert thread_env(TINY_CPU) in ({"TVM_NUM_THREADS": "2"}, {"TVM_NUM_THREADS": "1"})
+    assert thread_env(device("v100")) == {}
+
+
+def test_a_wrong_kernel_is_flagged_and_never_best(tmp_path):
+    right = construction(matmul(64, 64, 64))
+    # B transposed has the same shapes at 64x64x64 but computes A @ B.T: a wrong kernel for A @ B.
+    wrong = construction(expr("matmul", M=64, N=64, K=64, trans_b=True))
+    built = [
+        build_library(wrong.expr, wrong.candidates[0].program, TINY_CPU, 1, 1e-6, str(tmp_path / "wrong.so")),
+        build_library(right.expr, right.candidates[0].program, TINY_CPU, 2, 2e-6, str(tmp_path / "right.so")),
+    ]
+    assert all(b.ok for b in built)
+    got = []
+    LocalRunner(TINY_CPU).measure(right.expr, built, replace(FAST, flush_cache=True), got.append)
+    bad, good = sorted(got, key=lambda m: m.rank)
+    assert bad.correct is False and bad.error.startswith("wrong result: max abs error") and bad.seconds == ()
+    assert good.correct is True and good.error == "" and len(good.seconds) == 3 and good.best_seconds > 0
+    assert dict(good.versions)["threads"] == thread_env(TINY_CPU)["TVM_NUM_THREADS"]
+    assert best_measured(got) == good
+
+
+@pytest.mark.gpu
+def test_a_cuda_kernel_is_timed_on_the_local_gpu():
+    tvm = pytest.importorskip("tvm")
+    if not tvm.cuda(0).exist:
+        pytest.skip("no CUDA GPU here")
+    c = construction(matmul(256, 256, 256), device("h100"), topk=2)
+    result = profile_candidates(c.expr, device("h100"), c.candidates, runner="local", timing=FAST)
+    assert [m.correct for m in result.measurements] == [True, True], [m.error for m in result.measurements]
+    assert all(m.best_seconds > 0 for m in result.measurements)

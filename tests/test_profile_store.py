@@ -1,0 +1,202 @@
+"""The runs store: round trips, the queries of the Runs page, consistency after a killed run,
+concurrent writers from two processes, and clear refusals of files that are not a runs store."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TINY_CPU, matmul
+from workbench.construct.space import Options
+from workbench.construct.stepper import construct
+from workbench.errors import UserError
+from workbench.profile.runner import Measurement
+from workbench.profile.store import APPLICATION_ID, SCHEMA_VERSION, RunStore, default_path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = {"label": "t:mm-64", "op": "matmul", "dtype": "float32", "M": 64, "N": 64, "K": 64}
+
+
+@lru_cache(maxsize=None)
+def candidates():
+    return construct(matmul(64, 64, 64), TINY_CPU, options=Options(topk=3)).candidates
+
+
+def start(store: RunStore, policy: str = "roller", label: str = "t:mm-64") -> int:
+    return store.start_run(workload=WORKLOAD | {"label": label}, device=TINY_CPU, policy=policy,
+                           runner="local", candidates=candidates(), versions={"tvm": "x"})
+
+
+def measured(rank: int, best: float, correct: bool | None = True, error: str = "") -> Measurement:
+    seconds = (best * 1.1, best, best * 1.2)
+    return Measurement(rank, "local", seconds, correct, error, 0.25, versions=(("threads", "2"),))
+
+
+def test_a_run_round_trips(tmp_path):
+    second = measured(2, 3e-6)
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        run_id = start(store)
+        store.add_measurement(run_id, second)
+        store.add_measurement(run_id, measured(1, 5e-6))
+        store.finish_run(run_id)
+        (run,) = store.runs()
+        rows = store.measurements_of(run_id)
+    assert run.id == run_id and run.workload == "t:mm-64" and run.device == "tiny-cpu" and run.topk == 3
+    assert dict(run.params) == {"M": 64, "N": 64, "K": 64} and run.finished_at >= run.started_at
+    assert [r.rank for r in rows] == [1, 2]
+    assert rows[1].measurement == second
+    assert rows[1].measurement.best_seconds == 3e-6 and rows[1].measurement.correct is True
+    assert rows[1].predicted_seconds == candidates()[1].predicted_seconds
+    assert dict(rows[0].measurement.versions) == {"threads": "2"}
+
+
+def test_runs_filter_and_best_so_far_ignores_incorrect(tmp_path):
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        first = start(store)
+        store.add_measurement(first, measured(1, 5e-6))
+        second = start(store)
+        store.add_measurement(second, measured(1, 1e-6, correct=False, error="wrong result: x"))
+        store.add_measurement(second, measured(2, 4e-6))
+        third = start(store)
+        store.add_measurement(third, measured(1, 6e-6))
+        other = start(store, policy="markov", label="t:other")
+        assert [r.id for r in store.runs(policy="markov")] == [other]
+        assert [r.id for r in store.runs(workload="t:mm-64", device="tiny-cpu")] == [first, second, third]
+        assert store.runs(device="v100") == ()
+        curve = store.best_so_far("t:mm-64", "tiny-cpu")
+    assert [p.run_id for p in curve] == [first, second, third]
+    assert [p.run_best_seconds for p in curve] == [5e-6, 4e-6, 6e-6]  # the incorrect 1e-6 never counts
+    assert [p.best_so_far for p in curve] == [5e-6, 4e-6, 4e-6]
+
+
+def test_a_killed_run_leaves_a_consistent_store(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    store = RunStore(path)
+    run_id = start(store)
+    store.add_measurement(run_id, measured(1, 5e-6))
+    with pytest.raises(UserError, match="no candidate of rank 9"):
+        store.add_measurement(run_id, measured(9, 1e-6))  # rolled back: nothing half-written
+    del store  # no finish_run, no close: as if the process was killed
+    with RunStore(path) as again:
+        (run,) = again.runs()
+        assert run.finished_at is None
+        assert [m.rank for m in again.measurements_of(run_id)] == [1]
+
+
+def test_new_files_carry_our_identity_and_schema(tmp_path):
+    path = tmp_path / "deep" / "er" / "runs.sqlite3"
+    RunStore(path).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"devices", "workloads", "runs", "candidates", "measurements"} <= tables
+
+
+def test_default_path_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert default_path() == tmp_path / "tile-workbench" / "runs.sqlite3"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert default_path() == Path.home() / ".local" / "share" / "tile-workbench" / "runs.sqlite3"
+
+
+def test_an_empty_file_becomes_a_store(tmp_path):
+    path = tmp_path / "empty.sqlite3"
+    path.write_bytes(b"")
+    with RunStore(path) as store:
+        assert store.runs() == ()
+
+
+def test_a_text_file_is_refused(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("these are my notes, not a database\n" * 100)
+    refusal = r"^--db .*notes.txt: not a tile-workbench runs store \(file is not a database\)$"
+    with pytest.raises(UserError, match=refusal):
+        RunStore(path)
+    assert path.read_text().startswith("these are my notes")
+
+
+def test_another_applications_database_is_refused(tmp_path):
+    path = tmp_path / "other.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(UserError, match=r"not a tile-workbench runs store \(tables: users\)"):
+        RunStore(path)
+
+
+def test_a_corrupt_store_is_refused(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    with RunStore(path) as store:
+        start(store)
+    data = bytearray(path.read_bytes())
+    data[100:4096] = b"\xa5" * (4096 - 100)  # page 1 after the header: the schema table
+    path.write_bytes(bytes(data))
+    Path(str(path) + "-wal").unlink(missing_ok=True)
+    with pytest.raises(UserError, match="not a tile-workbench runs store"):
+        with RunStore(path) as store:
+            store.runs()
+
+
+def test_a_store_of_a_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    RunStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(UserError, match="newer tile-workbench"):
+        RunStore(path)
+
+
+def test_a_directory_is_refused(tmp_path):
+    with pytest.raises(UserError, match=r"^--db "):
+        RunStore(tmp_path)
+
+
+_WRITER = """
+import sys, time
+from pathlib import Path
+from tests.test_profile_store import measured, start
+from workbench.profile.store import RunStore
+
+path, name, rows = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+with RunStore(path) as store:
+    run_id = start(store)
+    # Both writers get ready (imports, construction, the run row), then write at the same time.
+    (path.parent / name).touch()
+    deadline = time.time() + 60
+    while len(list(path.parent.glob("ready-*"))) < 2 and time.time() < deadline:
+        time.sleep(0.001)
+    for i in range(rows):
+        store.add_measurement(run_id, measured(1 + i % 3, 1e-6 * (i + 1)))
+        time.sleep(0.001)  # as a runner reports: spread out, so that the two writers interleave
+    store.finish_run(run_id)
+"""
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), f"ready-{i}", "200"], cwd=ROOT)
+        for i in range(2)
+    ]
+    for w in writers:
+        assert w.wait(timeout=120) == 0
+    with RunStore(path) as store:
+        runs = store.runs()
+        counts = [len(store.measurements_of(r.id)) for r in runs]
+    assert len(runs) == 2 and counts == [200, 200]
+    assert all(r.finished_at is not None for r in runs)
+    # The writers did write at the same time: their rows interleave.
+    conn = sqlite3.connect(path)
+    sql = "SELECT MIN(m.id), MAX(m.id) FROM measurements m JOIN candidates c ON c.id = m.candidate WHERE c.run = ?"
+    first, second = (conn.execute(sql, (r.id,)).fetchone() for r in runs)
+    conn.close()
+    assert first[0] < second[1] and second[0] < first[1]

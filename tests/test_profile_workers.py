@@ -1,0 +1,66 @@
+"""Worker processes: a call's result comes back, a crash and a timeout are reported with their
+reason and cost only that worker, which the next call replaces; `fan_out` keeps item order and
+calls back in the calling thread."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from workbench.profile.workers import Worker, fan_out
+
+
+def environment(name: str) -> str:
+    return os.environ.get(name, "")
+
+
+def crash() -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def fail() -> None:
+    raise ValueError("bad candidate\nsecond line")
+
+
+def test_a_worker_survives_errors_and_is_replaced_after_crashes_and_timeouts():
+    worker = Worker({"TVM_NUM_THREADS": "3"})
+    try:
+        assert worker.call(environment, ("TVM_NUM_THREADS",), 30).value == "3"
+        assert worker.call(fail, (), 30).error == "ValueError: bad candidate"
+        assert worker.call(crash, (), 30).error == "worker crashed (signal SIGSEGV)"
+        start = time.perf_counter()
+        assert worker.call(time.sleep, (30,), 0.5).error == "timed out after 0.5 s"
+        assert time.perf_counter() - start < 10
+        assert worker.call(environment, ("TVM_NUM_THREADS",), 30).value == "3"  # a fresh process, same env
+    finally:
+        worker.close()
+
+
+def test_fan_out_keeps_order_and_calls_back_in_the_calling_thread():
+    seen = []
+    caller = threading.get_ident()
+
+    def on_done(i, result):
+        seen.append((i, result, threading.get_ident() == caller))
+
+    results = fan_out([3, 1, 2, 5], ["a", "b"], lambda ctx, x: (ctx, x * 10), on_done)
+    assert [r[1] for r in results] == [30, 10, 20, 50]
+    assert {r[0] for r in results} <= {"a", "b"}
+    assert sorted(i for i, _, _ in seen) == [0, 1, 2, 3] and all(same for _, _, same in seen)
+
+
+def test_fan_out_reraises_a_failure_after_the_others_finish():
+    finished = []
+
+    def work(_ctx, x):
+        if x == 2:
+            raise RuntimeError("boom")
+        return x
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fan_out([1, 2, 3], [None, None], work, lambda i, r: finished.append(r))
+    assert sorted(finished) == [1, 3]

@@ -1,0 +1,419 @@
+"""Baselines for `workbench bench kernels`: the same workload run by a library or another
+compiler, measured in the same run as the workbench's kernels so the comparison is a ratio.
+
+- `numpy` (matmul, gemv): `A @ B` through numpy's BLAS. Its threads are set to the device's cores
+  with `threadpoolctl` when that is installed; without it BLAS keeps the thread count it chose
+  when numpy was imported (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, read only at that moment, are
+  the way to change it), and the result's note says so.
+- `torch` (matmul, gemv, conv2d, depthwise_conv2d, pooling, relu/add/gelu, reductions): PyTorch on
+  the CPU with `torch.set_num_threads(cores)`; "torch not installed" when it cannot be imported.
+- `metaschedule:N`: TVM MetaSchedule tuning `expr.func` with N trials for the device's target,
+  then the best schedule compiled, checked and timed like a workbench kernel. It runs in a spawned
+  worker whose TVM thread pool has the device's cores (as the local runner's), builds and times
+  the candidates inside that worker (the stock builder and runner need `cloudpickle` and `psutil`,
+  which the project does not install), and uses the `xgb` cost model when `xgboost` is
+  installed, else `random` (the note says which). A worker's first tuning spends about 10 s
+  importing TVM's tensor intrinsics; the worker is kept for the next workload.
+- `dlight`: TVM's rule-based default GPU schedules (no tuning); GPU devices only.
+
+Every baseline's output is checked against the numpy reference first (`verify.compare`); a wrong
+one gets no time. A time is the best of `TIMING.repeat` repeats after a warm-up, each repeat
+running the kernel often enough to last `TIMING.min_repeat_ms` (the local runner's defaults).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import partial
+
+from workbench.codegen.common import first_line
+from workbench.errors import UserError
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.profile.runner import Timing
+
+BASELINES = ("numpy", "torch", "metaschedule", "dlight")
+TIMING = Timing()
+# MetaSchedule's measurements of its candidates only rank them: shorter than TIMING.
+TUNE_NUMBER, TUNE_MIN_REPEAT_MS = 3, 20
+# Worker time limit: startup and the tensor-intrinsic import, then about 1-2 s per trial (2 cores).
+TUNE_TIMEOUT_BASE_S, TUNE_TIMEOUT_PER_TRIAL_S = 120.0, 5.0
+BUILD_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """One baseline's measurement of one workload; `seconds` is None when there is none (`error`
+    says why). `note` records how it was measured (threads, cost model)."""
+
+    name: str
+    seconds: float | None = None
+    tuning_seconds: float | None = None
+    error: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline by name: `numpy`, `torch`, `metaschedule:N` (N trials) or `dlight`."""
+
+    name: str
+
+    def __post_init__(self):
+        kind, sep, trials = self.name.partition(":")
+        if kind not in BASELINES:
+            raise UserError(f"unknown baseline {self.name!r}: choose from numpy, torch, metaschedule:N, dlight")
+        if kind == "metaschedule" and not (trials.isdigit() and int(trials) > 0):
+            raise UserError(f"baseline {self.name!r}: give MetaSchedule's trial budget, e.g. metaschedule:64")
+        if kind != "metaschedule" and sep:
+            raise UserError(f"baseline {self.name!r}: only metaschedule takes a ':N' budget")
+
+    @property
+    def kind(self) -> str:
+        return self.name.partition(":")[0]
+
+    @property
+    def trials(self) -> int:
+        return int(self.name.partition(":")[2] or 0)
+
+    def measure(self, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
+        """Run and time `expr` on this machine for `device`; failures come back as `error`."""
+        try:
+            return _MEASURE[self.kind](self, expr, device)
+        except Exception as err:  # a library failing on one workload is that baseline's result
+            return BaselineResult(self.name, error=f"{type(err).__name__}: {first_line(err)}")
+
+
+def parse_baselines(text: str) -> tuple[Baseline, ...]:
+    """`"numpy,torch,metaschedule:64"` -> Baselines (UserError naming a bad or repeated entry)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise UserError("--baselines is empty: give e.g. numpy,torch,metaschedule:64")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserError(f"baseline {repeated[0]!r} is given twice")
+    return tuple(Baseline(name) for name in names)
+
+
+def cores(device: DeviceSpec) -> int:
+    """Threads a baseline may use: the device's cores, capped by this machine's CPUs."""
+    return max(1, min(device.compute_units, os.cpu_count() or 1))
+
+
+def best_seconds(run: Callable[[], object], timing: Timing = TIMING) -> float:
+    """Best mean seconds per call over `timing.repeat` repeats, each at least `min_repeat_ms`
+    long (as TVM's `time_evaluator` does it); the caller has warmed `run` up."""
+    number = timing.number
+    while True:
+        elapsed = _time_calls(run, number)
+        if elapsed * 1000 >= timing.min_repeat_ms:
+            break
+        number = max(2 * number, int(number * timing.min_repeat_ms / max(elapsed * 1000, 1e-3)) + 1)
+    best = elapsed / number
+    for _ in range(timing.repeat - 1):
+        best = min(best, _time_calls(run, number) / number)
+    return best
+
+
+def _time_calls(run: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        run()
+    return time.perf_counter() - start
+
+
+# ---- numpy and torch: in this process --------------------------------------------------------
+
+
+def _numpy(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
+    if device.kind != "cpu":
+        return BaselineResult(baseline.name, error=f"numpy runs on the CPU, the device is a {device.kind}")
+    if expr.op not in ("matmul", "gemv"):
+        return BaselineResult(baseline.name, error=f"numpy covers matmul and gemv only, not {expr.op}")
+    import numpy as np
+
+    inputs = _inputs(expr)
+    p, (a, b) = _params(expr), inputs
+    a = np.swapaxes(a, -1, -2) if p.get("trans_a") else a
+    b = np.swapaxes(b, -1, -2) if p.get("trans_b") else b
+    with _blas_threads(cores(device)) as note:
+        return _checked_time(baseline.name, expr, inputs, partial(np.matmul, a, b), note)
+
+
+@contextmanager
+def _blas_threads(threads: int):
+    if importlib.util.find_spec("threadpoolctl") is None:
+        yield "threadpoolctl not installed: BLAS kept the threads it chose when numpy was imported"
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield f"BLAS limited to {threads} threads by threadpoolctl"
+
+
+def _torch(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
+    if device.kind != "cpu":
+        return BaselineResult(baseline.name, error=f"the torch baseline runs on the CPU, the device is a {device.kind}")
+    if importlib.util.find_spec("torch") is None:
+        return BaselineResult(baseline.name, error="torch not installed")
+    if expr.op not in _TORCH_OPS:
+        return BaselineResult(baseline.name, error=f"no torch formulation of {expr.op}")
+    import torch
+
+    inputs = _inputs(expr)
+    run = partial(_TORCH_OPS[expr.op], _params(expr), *(torch.from_numpy(a) for a in inputs))
+    threads, previous = cores(device), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            return _checked_time(baseline.name, expr, inputs, run, f"torch {torch.__version__} on {threads} threads")
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _torch_matmul(p, a, b):
+    a = a.transpose(-1, -2) if p["trans_a"] else a
+    return a @ (b.transpose(-1, -2) if p["trans_b"] else b)
+
+
+def _torch_conv(p, data, kernel, groups=1):
+    import torch.nn.functional as F
+
+    return F.conv2d(data, kernel, stride=p["stride"], padding=p["pad"], dilation=p.get("dilation", 1), groups=groups)
+
+
+def _torch_pool(p, data, kind):
+    import torch.nn.functional as F
+
+    if kind == "maxpool":
+        return F.max_pool2d(data, p["K"], p["stride"], p["pad"])
+    # count_include_pad: the catalog divides every window by K*K, padding included.
+    return F.avg_pool2d(data, p["K"], p["stride"], p["pad"], count_include_pad=True)
+
+
+def _torch_gelu(p, x):
+    import torch.nn.functional as F
+
+    return F.gelu(x, approximate="tanh")  # the catalog's gelu is the tanh form
+
+
+_TORCH_OPS: dict[str, Callable] = {
+    "matmul": _torch_matmul,
+    "gemv": lambda p, a, x: a @ x,
+    "conv2d": _torch_conv,
+    # The catalog's [N,C,multiplier,OH,OW] output has the layout of torch's [N,C*multiplier,OH,OW].
+    "depthwise_conv2d": lambda p, data, kernel: _torch_conv(p, data, kernel, groups=p["C"]),
+    "avgpool": lambda p, data: _torch_pool(p, data, "avgpool"),
+    "maxpool": lambda p, data: _torch_pool(p, data, "maxpool"),
+    "relu": lambda p, x: x.relu(),
+    "add": lambda p, a, b: a + b,
+    "gelu": _torch_gelu,
+    "reduce_sum": lambda p, x: x.sum(dim=tuple(p["axes"])),
+    "reduce_mean": lambda p, x: x.mean(dim=tuple(p["axes"])),
+}
+
+
+def _params(expr: TensorExpr) -> dict:
+    from workbench.ops.catalog import normalize_params
+
+    return normalize_params(expr.op, dict(expr.params))
+
+
+def _inputs(expr: TensorExpr):
+    from workbench.ops.reference import random_inputs
+
+    return random_inputs(expr, TIMING.seed)
+
+
+def _checked_time(name: str, expr: TensorExpr, inputs, run: Callable, note: str) -> BaselineResult:
+    """Check `run()` (on `inputs`) against the reference, then time it (the check is the warm-up)."""
+    import numpy as np
+
+    from workbench.codegen.verify import compare, tolerances
+    from workbench.ops.reference import reference
+
+    ref = reference(expr, inputs)
+    check = compare(np.asarray(run()).reshape(ref.shape), ref, *tolerances(expr))
+    if not check.correct:
+        return BaselineResult(name, error=f"wrong result: {check.error}", note=note)
+    return BaselineResult(name, seconds=best_seconds(run), note=note)
+
+
+# ---- metaschedule and dlight: TVM, in a worker whose thread pool has the device's cores ------
+
+
+def _metaschedule(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
+    if _gpu_missing(device):
+        return BaselineResult(baseline.name, error="no GPU")
+    timeout = TUNE_TIMEOUT_BASE_S + TUNE_TIMEOUT_PER_TRIAL_S * baseline.trials
+    args = (baseline.name, expr, _target(device), baseline.trials, cores(device))
+    return _in_worker(baseline.name, device, tune_and_time, args, timeout)
+
+
+def _dlight(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
+    if device.kind != "gpu":
+        return BaselineResult(baseline.name, error=f"dlight schedules GPU kernels, the device is a {device.kind}")
+    if _gpu_missing(device):
+        return BaselineResult(baseline.name, error="no GPU")
+    args = (baseline.name, expr, _target(device))
+    return _in_worker(baseline.name, device, dlight_and_time, args, BUILD_TIMEOUT_S)
+
+
+def _gpu_missing(device: DeviceSpec) -> bool:
+    import tvm
+
+    return device.kind == "gpu" and not tvm.device(_target(device)["kind"], 0).exist
+
+
+def _target(device: DeviceSpec) -> dict:
+    from workbench.codegen.build import target_dict
+
+    return target_dict(device)
+
+
+_WORKERS: dict = {}
+
+
+def _in_worker(name: str, device: DeviceSpec, fn: Callable, args: tuple, timeout_s: float) -> BaselineResult:
+    """`fn(*args)` in a worker kept for later calls with the same thread count."""
+    from workbench.profile.local import thread_env
+    from workbench.profile.workers import Worker
+
+    env = thread_env(device)
+    key = tuple(sorted(env.items()))
+    if key not in _WORKERS:
+        _WORKERS[key] = Worker(env)
+    outcome = _WORKERS[key].call(fn, args, timeout_s)
+    return BaselineResult(name, error=outcome.error) if outcome.error else outcome.value
+
+
+@atexit.register
+def _close_workers() -> None:
+    for worker in _WORKERS.values():
+        worker.close()
+    _WORKERS.clear()
+
+
+def tune_and_time(name: str, expr: TensorExpr, target: dict, trials: int, threads: int) -> BaselineResult:
+    """(In the worker.) Tune `expr.func` with MetaSchedule for `trials` trials, then check and time
+    the best schedule found."""
+    import logging
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.ERROR)  # its INFO goes to stdout
+    cost_model = "xgb" if importlib.util.find_spec("xgboost") else "random"
+    tvm_target, mod = tvm.target.Target(target), tvm.IRModule({"main": expr.func})
+    builder, runner = _in_process_builder_and_runner()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work_dir:
+        database = ms.tune_tir(
+            mod=mod,
+            target=tvm_target,
+            work_dir=work_dir,
+            max_trials_global=trials,
+            num_trials_per_iter=min(trials, 64),
+            builder=builder,
+            runner=runner,
+            cost_model=cost_model,
+            # the default callbacks also delete build directories, which the in-process builder has none of
+            measure_callbacks=[ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel()],
+            num_tuning_cores=threads,  # an int: "physical" would need psutil
+        )
+        sch = ms.tir_integration.compile_tir(database, mod, tvm_target)
+    tuning = time.perf_counter() - start
+    note = f"cost model {cost_model}" + ("" if cost_model == "xgb" else " (xgboost not installed)")
+    if sch is None:
+        return BaselineResult(name, tuning_seconds=tuning, error=f"no valid schedule in {trials} trials", note=note)
+    return _check_and_time_module(name, expr, target, tvm.compile(sch.mod, target=tvm_target), tuning, note)
+
+
+def dlight_and_time(name: str, expr: TensorExpr, target: dict) -> BaselineResult:
+    """(In the worker.) Schedule `expr.func` with dlight's default GPU rules, then check and time it."""
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    tvm_target = tvm.target.Target(target)
+    rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    with tvm_target:
+        mod = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": expr.func}))
+    return _check_and_time_module(name, expr, target, tvm.compile(mod, target=tvm_target), None, "dlight default rules")
+
+
+def _check_and_time_module(name, expr, target, executable, tuning, note) -> BaselineResult:
+    """The same check and timing as the local runner's for a workbench kernel."""
+    import tvm
+
+    from workbench.codegen.build import kernel_args
+    from workbench.profile.runner import BuiltCandidate, check_and_time
+
+    built = BuiltCandidate(rank=0, predicted_seconds=0.0, ok=True, target=json.dumps(target), args=kernel_args(expr))
+    dev = tvm.cpu() if target["kind"] == "llvm" else tvm.device(target["kind"], 0)
+    check, seconds = check_and_time(executable.jit(), built, dev, expr, TIMING)
+    if not check.correct:
+        return BaselineResult(name, tuning_seconds=tuning, error=f"wrong result: {check.error}", note=note)
+    return BaselineResult(name, seconds=min(seconds), tuning_seconds=tuning, note=note)
+
+
+def _in_process_builder_and_runner():
+    """A MetaSchedule builder that compiles in this process and a runner that times the result
+    here, handing the executable over in memory (the artifact path is only its key)."""
+    import numpy as np
+    import tvm
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.runner import PyRunner
+    from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
+
+    built: dict[str, object] = {}
+
+    @derived_object
+    class InProcessBuilder(PyBuilder):
+        def build(self, build_inputs):
+            results = []
+            for item in build_inputs:
+                try:
+                    executable = tvm.compile(item.mod, target=item.target)
+                except Exception as err:  # a candidate that does not compile is a failed trial
+                    results.append(BuilderResult(None, first_line(err)))
+                    continue
+                key = f"in-process:{len(built)}"
+                built[key] = executable
+                results.append(BuilderResult(key, None))
+            return results
+
+    @derived_object
+    class InProcessRunner(PyRunner):
+        def run(self, runner_inputs):
+            futures = []
+            rng = np.random.default_rng(TIMING.seed)
+            for item in runner_inputs:
+                try:
+                    module = built.pop(str(item.artifact_path)).jit()
+                    dev = tvm.device(str(item.device_type), 0)
+                    shapes = [([int(d) for d in arg.shape], str(arg.dtype)) for arg in item.args_info]
+                    args = [tvm.runtime.tensor(rng.uniform(-1, 1, s).astype(t), dev) for s, t in shapes]
+                    evaluator = module.time_evaluator(
+                        "main", dev, number=TUNE_NUMBER, repeat=1, min_repeat_ms=TUNE_MIN_REPEAT_MS
+                    )
+                    futures.append(LocalRunnerFuture(res=[float(s) for s in evaluator(*args).results]))
+                except Exception as err:  # a candidate that crashes or fails is a failed trial
+                    futures.append(LocalRunnerFuture(error_message=first_line(err)))
+            return futures
+
+    return InProcessBuilder(), InProcessRunner()
+
+
+_MEASURE = {"numpy": _numpy, "torch": _torch, "metaschedule": _metaschedule, "dlight": _dlight}

@@ -1,0 +1,67 @@
+"""The local runner: time kernels on this machine's CPU (or its CUDA GPU) in a worker process.
+
+Timing runs in a spawned worker so that the TVM runtime's thread pool can be sized before it
+starts: TVM reads TVM_NUM_THREADS once, and without it uses half the logical cores on x86 (it
+assumes hyper-threading). Candidates are timed one after another, never in parallel with each
+other or with builds, so they do not disturb each other's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.profile.runner import (
+    BuiltCandidate,
+    Measurement,
+    Report,
+    Timing,
+    check_and_time,
+    measurement_from_check,
+    runtime_versions,
+)
+from workbench.profile.workers import Worker
+
+
+def thread_env(device: DeviceSpec) -> dict[str, str]:
+    """TVM_NUM_THREADS for `device`: its cores, capped by this machine's (a spec of a bigger CPU
+    must not oversubscribe this one); nothing for GPUs, whose kernels do not use the pool."""
+    if device.kind != "cpu":
+        return {}
+    return {"TVM_NUM_THREADS": str(max(1, min(device.compute_units, os.cpu_count() or 1)))}
+
+
+def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str) -> Measurement:
+    """Load `built.library`, check it against numpy and time it (runs in the worker)."""
+    import tvm
+
+    kind = built.target_kind
+    dev = tvm.cpu() if kind == "llvm" else tvm.device(kind, 0)
+    if not dev.exist:
+        return Measurement(built.rank, runner, error=f"no {kind} device on this machine")
+    module = tvm.runtime.load_module(built.library)
+    check, seconds = check_and_time(module, built, dev, expr, timing)
+    return measurement_from_check(built.rank, runner, check, seconds, runtime_versions())
+
+
+class LocalRunner:
+    """Times kernels on this machine, one at a time, in one worker process."""
+
+    name = "local"
+    needs_library = True
+
+    def __init__(self, device: DeviceSpec):
+        self.env = thread_env(device)
+
+    def measure(self, expr, built: Sequence[BuiltCandidate], timing: Timing, report: Report) -> None:
+        worker = Worker(self.env)
+        try:
+            for candidate in built:
+                outcome = worker.call(measure_library, (candidate, expr, timing, self.name), timing.timeout_s)
+                if outcome.error:
+                    report(Measurement(candidate.rank, self.name, error=f"run: {outcome.error}"))
+                else:
+                    report(outcome.value)
+        finally:
+            worker.close()

@@ -1,0 +1,172 @@
+"""The runner interface and its values: a built candidate goes in, a `Measurement` comes out.
+
+A runner gets the candidates that built (each a library file) and reports one `Measurement` per
+candidate through a callback as soon as it has it, so a long run can be shown and stored as it
+goes. Every kernel is run once on `random_inputs` and compared with the numpy reference before it
+is timed: an incorrect kernel is never timed, and `best_measured` never picks it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from workbench.codegen.build import ENTRY, KernelArg
+from workbench.errors import UserError
+
+Report = Callable[["Measurement"], None]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a kernel is timed: TVM's `time_evaluator` runs it `number` times per repeat (more while
+    a repeat is shorter than `min_repeat_ms`) and reports the mean of each of `repeat` repeats.
+    `flush_cache` flushes the CPU caches before each repeat (TVM's `cache_flush_cpu_non_first_arg`,
+    which leaves the first argument warm). `timeout_s` bounds one candidate's check and timing.
+    """
+
+    repeat: int = 5
+    number: int = 1
+    min_repeat_ms: int = 50
+    flush_cache: bool = False
+    timeout_s: float = 60.0
+    seed: int = 0  # seed of the verification inputs (`random_inputs`)
+
+    def __post_init__(self):
+        for name in ("repeat", "number"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_repeat_ms < 0 or self.timeout_s <= 0:
+            raise UserError(f"timing needs min_repeat_ms >= 0 and timeout_s > 0, "
+                            f"got {self.min_repeat_ms} and {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class BuiltCandidate:
+    """A candidate after the build: a library file (`tvm.runtime.load_module`-able) or an error."""
+
+    rank: int
+    predicted_seconds: float
+    ok: bool
+    error: str = ""
+    library: str = ""  # path of the exported shared library
+    target: str = ""  # the TVM target dict as JSON
+    entry: str = ENTRY
+    args: tuple[KernelArg, ...] = ()
+    build_seconds: float = 0.0
+
+    @property
+    def target_kind(self) -> str:
+        return json.loads(self.target)["kind"] if self.target else ""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate's result on one runner.
+
+    `seconds` holds one value per repeat (each the mean over that repeat's runs); `correct` is
+    None when the kernel was not checked (build failure, no such device here, timeout before the
+    check). `error` says why there is no time. `versions` names what produced the numbers:
+    package versions and the runtime's thread count.
+    """
+
+    rank: int
+    runner: str
+    seconds: tuple[float, ...] = ()
+    correct: bool | None = None
+    error: str = ""
+    build_seconds: float = 0.0
+    created_at: float = field(default_factory=time.time)
+    versions: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True for a verified kernel with a time: the only kind that may be ranked."""
+        return self.correct is True and not self.error and bool(self.seconds)
+
+    @property
+    def best_seconds(self) -> float | None:
+        return min(self.seconds) if self.seconds else None
+
+    @property
+    def median_seconds(self) -> float | None:
+        return statistics.median(self.seconds) if self.seconds else None
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "runner": self.runner,
+            "seconds": list(self.seconds),
+            "best_seconds": self.best_seconds,
+            "median_seconds": self.median_seconds,
+            "correct": self.correct,
+            "error": self.error,
+            "build_seconds": self.build_seconds,
+            "created_at": self.created_at,
+            "versions": dict(self.versions),
+        }
+
+
+class Runner(Protocol):
+    """Times built candidates. `needs_library` False means the runner never opens the library
+    (the fake runner), so the session skips building."""
+
+    name: str
+    needs_library: bool
+
+    def measure(self, expr, built: Sequence[BuiltCandidate], timing: Timing, report: Report) -> None:
+        """Call `report` once per candidate of `built` (any order), in the caller's thread."""
+
+
+def best_measured(measurements: Sequence[Measurement]) -> Measurement | None:
+    """The fastest measurement that is correct and has a time (None if there is none)."""
+    usable = [m for m in measurements if m.ok]
+    return min(usable, key=lambda m: (m.best_seconds, m.rank)) if usable else None
+
+
+def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
+    """Run `built`'s entry of `module` on `dev` (local or remote) against the numpy reference,
+    then time it.
+
+    Returns `(Verification, seconds)`; `seconds` is empty when the result is wrong. The checking
+    run doubles as the warm-up before timing.
+    """
+    import numpy as np
+    import tvm
+
+    from workbench.codegen.verify import compare, tolerances
+    from workbench.ops.reference import random_inputs, reference
+
+    entry, out_arg = built.entry, built.args[-1]
+    inputs = random_inputs(expr, timing.seed)
+    arrays = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
+    module[entry](*arrays, out)
+    dev.sync()
+    check = compare(out.numpy(), reference(expr, inputs), *tolerances(expr))
+    if not check.correct:
+        return check, ()
+    flush = timing.flush_cache and built.target_kind == "llvm"
+    evaluator = module.time_evaluator(
+        entry, dev, number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms,
+        f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
+    )
+    return check, tuple(float(s) for s in evaluator(*arrays, out).results)
+
+
+def measurement_from_check(rank: int, runner: str, check, seconds, versions) -> Measurement:
+    """The Measurement of a `check_and_time` result."""
+    error = "" if check.correct else f"wrong result: {check.error}"
+    return Measurement(rank, runner, tuple(seconds), correct=check.correct, error=error, versions=versions)
+
+
+def runtime_versions() -> tuple[tuple[str, str], ...]:
+    """Package versions and the TVM runtime's thread count of this process."""
+    import tvm
+
+    from workbench.codegen.export import versions
+
+    return tuple(sorted(versions().items())) + (("threads", str(tvm.runtime.num_threads())),)

@@ -1,0 +1,253 @@
+"""One profile session: build the candidates in parallel worker processes, check and time them
+with a runner, store everything, and compare predicted with measured.
+
+This is the function every face calls (CLI `workbench profile`, dashboard, widgets); long runs
+report through a `progress` callback, always called in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from workbench.construct.step import Candidate
+from workbench.errors import UserError
+from workbench.hardware.spec import DeviceSpec
+from workbench.profile.compare import Comparison, compare
+from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
+from workbench.profile.store import RunStore
+from workbench.profile.workers import Worker, fan_out
+
+RUNNERS = ("local", "rpc", "fake")
+# A build (schedule + LLVM/NVCC compile + link) takes well under a second for the catalog's
+# workloads; a minute means the compiler is stuck.
+BUILD_TIMEOUT_S = 60.0
+# Each build worker holds its own TVM (a few hundred MB): more than this buys little.
+MAX_BUILD_JOBS = 8
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """`phase` "build" or "measure": `done` of `total` candidates finished, the last being `rank`."""
+
+    phase: str
+    done: int
+    total: int
+    rank: int
+    message: str
+
+
+Progress = Callable[[ProgressEvent], None]
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """What a profile session found: one measurement per candidate and the comparison."""
+
+    workload: str
+    device: str
+    policy: str
+    runner: str
+    candidates: tuple[Candidate, ...]
+    measurements: tuple[Measurement, ...]  # one per candidate, in rank order
+    comparison: Comparison
+    run_id: int | None  # the run's id in the store (None when not stored)
+    seconds: float  # wall time of the whole session
+
+    @property
+    def best(self) -> Measurement | None:
+        return best_measured(self.measurements)
+
+    def to_dict(self) -> dict:
+        """The JSON document of `workbench profile --json`."""
+        best = self.best
+        return {
+            "workload": self.workload,
+            "device": self.device,
+            "policy": self.policy,
+            "runner": self.runner,
+            "run_id": self.run_id,
+            "profile_seconds": self.seconds,
+            "candidates": [_candidate_dict(c, m) for c, m in zip(self.candidates, self.measurements)],
+            "best_seconds": best.best_seconds if best else None,
+            **self.comparison.to_dict(),
+        }
+
+
+def _candidate_dict(candidate: Candidate, m: Measurement) -> dict:
+    return {
+        "rank": candidate.rank,
+        "predicted_seconds": candidate.predicted_seconds,
+        "bottleneck": candidate.estimate.bottleneck,
+        "measured_seconds": m.best_seconds,
+        "median_seconds": m.median_seconds,
+        "seconds": list(m.seconds),
+        "correct": m.correct,
+        "error": m.error,
+        "build_seconds": m.build_seconds,
+    }
+
+
+def make_runner(runner: str | Runner, device: DeviceSpec, tracker: str | None = None, key: str | None = None) -> Runner:
+    """The runner named `runner` ("local", "rpc", "fake"), or `runner` itself if it is one.
+    "rpc" checks the tracker now (UserError when it does not answer or has no server for `key`)."""
+    if not isinstance(runner, str):
+        return runner
+    if runner == "local":
+        from workbench.profile.local import LocalRunner
+
+        return LocalRunner(device)
+    if runner == "rpc":
+        from workbench.profile.rpc import connect_rpc
+
+        if not tracker:
+            raise UserError("--runner rpc needs --tracker HOST:PORT and --key KEY")
+        return connect_rpc(tracker, key or "")
+    if runner == "fake":
+        from workbench.profile.fake import FakeRunner
+
+        return FakeRunner()
+    raise UserError(f"unknown runner '{runner}' (known: {', '.join(RUNNERS)})")
+
+
+def profile_candidates(
+    expr,
+    device: DeviceSpec,
+    candidates: Sequence[Candidate],
+    *,
+    runner: str | Runner = "local",
+    tracker: str | None = None,
+    key: str | None = None,
+    store: RunStore | None = None,
+    workload_label: str = "",
+    policy: str = "roller",
+    timing: Timing = Timing(),
+    jobs: int | None = None,
+    build_timeout_s: float = BUILD_TIMEOUT_S,
+    progress: Progress | None = None,
+) -> ProfileResult:
+    """Build, verify and time `candidates` (of the constructed, i.e. axis-fused, `expr`) and
+    record the run in `store` (if given). Failures of single candidates (build error, timeout,
+    crash, wrong result) are measurements with an `error`, never exceptions; bad input (unknown
+    runner, unreachable tracker, empty candidate list) raises UserError before anything runs."""
+    start = time.perf_counter()
+    chosen = make_runner(runner, device, tracker, key)
+    candidates = tuple(sorted(candidates, key=lambda c: c.rank))
+    if not candidates:
+        raise UserError("nothing to profile: the construction found no candidates")
+    label = workload_label or _label(expr)
+    run_id = None
+    if store is not None:
+        run_id = store.start_run(workload={"label": label, **expr.workload_dict()}, device=device, policy=policy,
+                                 runner=chosen.name, candidates=candidates, versions=_versions())
+    recorder = _Recorder(store, run_id, len(candidates), progress)
+    with tempfile.TemporaryDirectory(prefix="workbench-profile-") as folder:
+        if chosen.needs_library:
+            built = build_candidates(expr, device, candidates, folder, jobs=jobs, timeout_s=build_timeout_s,
+                                     progress=recorder.notify)
+        else:
+            built = tuple(BuiltCandidate(c.rank, c.predicted_seconds, ok=True) for c in candidates)
+        recorder.build_seconds = {b.rank: b.build_seconds for b in built}
+        for b in built:
+            if not b.ok:
+                recorder(Measurement(b.rank, chosen.name, error=f"build: {b.error}"))
+        chosen.measure(expr, [b for b in built if b.ok], timing, recorder)
+    if store is not None:
+        store.finish_run(run_id)
+    measurements = tuple(recorder.measured[c.rank] for c in candidates)
+    comparison = compare(
+        [c.rank for c in candidates],
+        [c.predicted_seconds for c in candidates],
+        [m.best_seconds if m.ok else None for m in measurements],
+    )
+    return ProfileResult(label, device.name, policy, chosen.name, candidates, measurements, comparison, run_id,
+                         time.perf_counter() - start)
+
+
+class _Recorder:
+    """The runners' report callback: attaches build times, stores, and reports progress."""
+
+    def __init__(self, store: RunStore | None, run_id: int | None, total: int, progress: Progress | None):
+        self.store, self.run_id, self.total = store, run_id, total
+        self.notify = progress or (lambda event: None)
+        self.build_seconds: dict[int, float] = {}
+        self.measured: dict[int, Measurement] = {}
+
+    def __call__(self, m: Measurement) -> None:
+        m = replace(m, build_seconds=self.build_seconds.get(m.rank, 0.0))
+        self.measured[m.rank] = m
+        if self.store is not None:
+            self.store.add_measurement(self.run_id, m)
+        outcome = f"{m.best_seconds * 1e6:.2f} us" if m.ok else m.error or "not checked"
+        self.notify(ProgressEvent("measure", len(self.measured), self.total, m.rank, outcome))
+
+
+def build_candidates(
+    expr,
+    device: DeviceSpec,
+    candidates: Sequence[Candidate],
+    folder: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    timeout_s: float = BUILD_TIMEOUT_S,
+    progress: Progress | None = None,
+) -> tuple[BuiltCandidate, ...]:
+    """Build every candidate into a library in `folder`, `jobs` at a time in spawned worker
+    processes; a build that fails, crashes or overruns `timeout_s` is a BuiltCandidate with
+    `ok=False` and the reason."""
+    tasks = [
+        (expr, c.program, device, c.rank, c.predicted_seconds, str(Path(folder) / f"candidate-{c.rank:03d}.so"))
+        for c in candidates
+    ]
+    jobs = jobs or min(os.cpu_count() or 1, MAX_BUILD_JOBS)
+    workers = [Worker() for _ in range(max(1, min(jobs, len(tasks))))]
+    notify = progress or (lambda event: None)
+    done = []
+
+    def work(worker: Worker, task: tuple) -> BuiltCandidate:
+        outcome = worker.call(build_library, task, timeout_s)
+        return outcome.value if not outcome.error else BuiltCandidate(task[3], task[4], ok=False, error=outcome.error)
+
+    def on_built(_i: int, b: BuiltCandidate) -> None:
+        done.append(b)
+        notify(ProgressEvent("build", len(done), len(tasks), b.rank, "built" if b.ok else f"build failed: {b.error}"))
+
+    try:
+        return tuple(fan_out(tasks, workers, work, on_built))
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float, path: str) -> BuiltCandidate:
+    """Build one candidate and export its library to `path` (runs in a build worker)."""
+    from workbench.codegen.build import build_kernel
+    from workbench.codegen.common import first_line
+
+    kernel = build_kernel(expr, program, device)
+    if not kernel.ok:
+        return BuiltCandidate(rank, predicted, ok=False, error=kernel.error, build_seconds=kernel.build_seconds)
+    start = time.perf_counter()
+    try:
+        kernel.executable.export_library(path)
+    except Exception as err:  # linking needs a host compiler; TVM reports its failure variously
+        return BuiltCandidate(rank, predicted, ok=False, error=f"export: {first_line(err)}",
+                              build_seconds=kernel.build_seconds)
+    return BuiltCandidate(rank, predicted, ok=True, library=path, target=kernel.target, entry=kernel.entry,
+                          args=kernel.args, build_seconds=kernel.build_seconds + time.perf_counter() - start)
+
+
+def _label(expr) -> str:
+    """A workload label from the expression's parameters, as `Workload.describe` writes them."""
+    params = ",".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in expr.params)
+    return f"{expr.op} {params}".strip()
+
+
+def _versions() -> dict:
+    from workbench.codegen.export import versions
+
+    return versions()

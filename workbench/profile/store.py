@@ -1,0 +1,335 @@
+"""The runs store: every profile run, its candidates and their measurements, in one SQLite file.
+
+Write-ahead logging lets readers (the dashboard) read while a run writes, and `busy_timeout`
+makes concurrent writers wait their turn instead of failing. A run and its candidates go in one
+transaction and each measurement in its own, so a killed run leaves a consistent store: the run
+shows as unfinished (`finished_at` NULL) with the measurements it got. The file carries our
+`application_id` and its schema version in `user_version`; migrations bring an older file up to
+date, and anything else (a corrupt file, another application's database) is refused with a
+UserError rather than written to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from workbench.errors import UserError
+from workbench.hardware.spec import DeviceSpec
+from workbench.profile.runner import Measurement
+
+APPLICATION_ID = 0x54574B42  # "TWKB": marks a file as a tile-workbench runs store
+BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another process's transaction
+
+# MIGRATIONS[i] brings schema version i to i + 1 (statements run in one transaction).
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE devices (id INTEGER PRIMARY KEY, name TEXT NOT NULL, kind TEXT NOT NULL,
+           spec TEXT NOT NULL, UNIQUE (name, spec))""",
+        """CREATE TABLE workloads (id INTEGER PRIMARY KEY, label TEXT NOT NULL, op TEXT NOT NULL,
+           params TEXT NOT NULL, dtype TEXT NOT NULL, UNIQUE (label, op, params, dtype))""",
+        """CREATE TABLE runs (id INTEGER PRIMARY KEY, started_at REAL NOT NULL, finished_at REAL,
+           workload INTEGER NOT NULL REFERENCES workloads(id), device INTEGER NOT NULL REFERENCES devices(id),
+           policy TEXT NOT NULL, topk INTEGER NOT NULL, runner TEXT NOT NULL, versions TEXT NOT NULL)""",
+        """CREATE TABLE candidates (id INTEGER PRIMARY KEY, run INTEGER NOT NULL REFERENCES runs(id),
+           rank INTEGER NOT NULL, rprogram TEXT NOT NULL, predicted_seconds REAL NOT NULL,
+           estimate TEXT NOT NULL, UNIQUE (run, rank))""",
+        """CREATE TABLE measurements (id INTEGER PRIMARY KEY, candidate INTEGER NOT NULL REFERENCES candidates(id),
+           runner TEXT NOT NULL, seconds TEXT NOT NULL, best_seconds REAL, median_seconds REAL,
+           correct INTEGER, error TEXT NOT NULL, build_seconds REAL NOT NULL, created_at REAL NOT NULL,
+           versions TEXT NOT NULL)""",
+        "CREATE INDEX runs_by_workload ON runs (workload, device, started_at)",
+        "CREATE INDEX measurements_by_candidate ON measurements (candidate)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def default_path() -> Path:
+    """`$XDG_DATA_HOME/tile-workbench/runs.sqlite3` (XDG default `~/.local/share`)."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "tile-workbench" / "runs.sqlite3"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    started_at: float
+    finished_at: float | None
+    workload: str  # the workload's label
+    op: str
+    params: tuple[tuple[str, object], ...]
+    dtype: str
+    device: str
+    policy: str
+    topk: int
+    runner: str
+    versions: tuple[tuple[str, str], ...]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"params": dict(self.params), "versions": dict(self.versions)}
+
+
+@dataclass(frozen=True)
+class StoredMeasurement:
+    """A measurement with the candidate it belongs to."""
+
+    run_id: int
+    rank: int
+    predicted_seconds: float
+    measurement: Measurement
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "predicted_seconds": self.predicted_seconds, **self.measurement.to_dict()}
+
+
+@dataclass(frozen=True)
+class BestPoint:
+    """One run on the best-so-far curve of a (workload, device)."""
+
+    run_id: int
+    started_at: float
+    run_best_seconds: float | None  # the run's fastest correct kernel (None: none was correct)
+    best_so_far: float | None  # the fastest up to and including this run
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class RunStore:
+    """A runs store at `path` (default: `default_path()`), created or migrated on open."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else default_path()
+        self._lock = threading.Lock()
+        self._conn = self._connect()
+        try:
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def __enter__(self) -> "RunStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        *,
+        workload: Mapping,
+        device: DeviceSpec,
+        policy: str,
+        runner: str,
+        candidates: Sequence,
+        topk: int | None = None,
+        versions: Mapping[str, str] | None = None,
+    ) -> int:
+        """Record a run and its candidates (`Candidate`s: rank, program, estimate); returns its id.
+
+        `workload` holds `label`, `op`, `dtype` and the operator's parameters (the rest)."""
+        with self._write() as db:
+            workload_id = self._workload_id(db, workload)
+            device_id = self._device_id(db, device)
+            run_id = db.execute(
+                """INSERT INTO runs (started_at, workload, device, policy, topk, runner, versions)
+                   VALUES (?, ?, ?, ?, ?, ?, ?)""",
+                (time.time(), workload_id, device_id, policy, topk if topk is not None else len(candidates),
+                 runner, _dumps(dict(versions or {}))),
+            ).lastrowid
+            db.executemany(
+                "INSERT INTO candidates (run, rank, rprogram, predicted_seconds, estimate) VALUES (?, ?, ?, ?, ?)",
+                [(run_id, c.rank, _dumps(c.program.to_dict()), c.estimate.predicted_seconds,
+                  _dumps(c.estimate.to_dict())) for c in candidates],
+            )
+        return run_id
+
+    def add_measurement(self, run_id: int, m: Measurement) -> None:
+        """Record the measurement of candidate `m.rank` of run `run_id`."""
+        with self._write() as db:
+            row = db.execute("SELECT id FROM candidates WHERE run = ? AND rank = ?", (run_id, m.rank)).fetchone()
+            if row is None:
+                raise UserError(f"run {run_id} has no candidate of rank {m.rank}")
+            db.execute(
+                """INSERT INTO measurements (candidate, runner, seconds, best_seconds, median_seconds, correct,
+                   error, build_seconds, created_at, versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (row[0], m.runner, _dumps(list(m.seconds)), m.best_seconds, m.median_seconds,
+                 None if m.correct is None else int(m.correct), m.error, m.build_seconds, m.created_at,
+                 _dumps(dict(m.versions))),
+            )
+
+    def finish_run(self, run_id: int) -> None:
+        with self._write() as db:
+            db.execute("UPDATE runs SET finished_at = ? WHERE id = ?", (time.time(), run_id))
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def runs(
+        self, workload: str | None = None, device: str | None = None, policy: str | None = None
+    ) -> tuple[RunRecord, ...]:
+        """Runs, oldest first, filtered by workload label, device name and policy where given."""
+        where, args = [], []
+        for column, value in (("w.label", workload), ("d.name", device), ("r.policy", policy)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        sql = f"""SELECT r.id, r.started_at, r.finished_at, w.label, w.op, w.params, w.dtype, d.name, r.policy,
+                  r.topk, r.runner, r.versions FROM runs r JOIN workloads w ON w.id = r.workload
+                  JOIN devices d ON d.id = r.device {'WHERE ' + ' AND '.join(where) if where else ''}
+                  ORDER BY r.started_at, r.id"""
+        rows = self._read(sql, args)
+        return tuple(
+            RunRecord(row[0], row[1], row[2], row[3], row[4], tuple(sorted(json.loads(row[5]).items())), row[6],
+                      row[7], row[8], row[9], row[10], tuple(sorted(json.loads(row[11]).items())))
+            for row in rows
+        )
+
+    def measurements_of(self, run_id: int) -> tuple[StoredMeasurement, ...]:
+        """The measurements of run `run_id`, by candidate rank."""
+        rows = self._read(
+            """SELECT c.rank, c.predicted_seconds, m.runner, m.seconds, m.correct, m.error, m.build_seconds,
+               m.created_at, m.versions FROM measurements m JOIN candidates c ON c.id = m.candidate
+               WHERE c.run = ? ORDER BY c.rank, m.id""",
+            (run_id,),
+        )
+        return tuple(
+            StoredMeasurement(run_id, rank, predicted, Measurement(
+                rank, runner, tuple(json.loads(seconds)), None if correct is None else bool(correct), error,
+                build_seconds, created_at, tuple(sorted(json.loads(versions).items())),
+            ))
+            for rank, predicted, runner, seconds, correct, error, build_seconds, created_at, versions in rows
+        )
+
+    def best_so_far(self, workload: str, device: str) -> tuple[BestPoint, ...]:
+        """Per run of (workload label, device name), oldest first: its best correct time and the
+        best over all runs up to it."""
+        rows = self._read(
+            """SELECT r.id, r.started_at, MIN(CASE WHEN m.correct = 1 AND m.error = '' THEN m.best_seconds END)
+               FROM runs r JOIN workloads w ON w.id = r.workload JOIN devices d ON d.id = r.device
+               LEFT JOIN candidates c ON c.run = r.id LEFT JOIN measurements m ON m.candidate = c.id
+               WHERE w.label = ? AND d.name = ? GROUP BY r.id ORDER BY r.started_at, r.id""",
+            (workload, device),
+        )
+        points, best = [], None
+        for run_id, started_at, run_best in rows:
+            if run_best is not None:
+                best = run_best if best is None else min(best, run_best)
+            points.append(BestPoint(run_id, started_at, run_best, best))
+        return tuple(points)
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"--db {self.path}: cannot create its folder ({err.strerror})") from None
+        with self._guard():
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                                   check_same_thread=False)
+        try:
+            with self._guard():
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                self._check_identity(conn)
+                conn.execute("PRAGMA journal_mode = WAL")
+                # In WAL mode NORMAL loses no committed transaction when a process is killed (only
+                # on power loss), and spares an fsync per commit.
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA foreign_keys = ON")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _check_identity(self, conn: sqlite3.Connection) -> None:
+        # One read transaction: another process may be creating the store right now, and a view
+        # of its id from before that commit with its tables from after would look foreign.
+        conn.execute("BEGIN")
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        finally:
+            conn.execute("COMMIT")
+        if app_id == 0 and not tables:
+            return  # a new, empty file: ours to initialise
+        if app_id != APPLICATION_ID:
+            what = f"tables: {', '.join(tables[:5])}" if tables else f"application id {app_id:#x}"
+            raise UserError(f"--db {self.path}: not a tile-workbench runs store ({what})")
+        if version > SCHEMA_VERSION:
+            raise UserError(f"--db {self.path}: written by a newer tile-workbench "
+                            f"(schema {version}, this one reads up to {SCHEMA_VERSION})")
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            # Read inside the write transaction: another process may have migrated meanwhile.
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for statements in MIGRATIONS[version:]:
+                for statement in statements:
+                    db.execute(statement)
+            if version < SCHEMA_VERSION:
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @contextmanager
+    def _write(self):
+        """One IMMEDIATE transaction (the write lock is taken up front, so two writers never
+        deadlock upgrading read locks); rolled back on any error."""
+        with self._lock, self._guard():
+            db = self._conn
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:  # SQLite itself rolls back on some errors (disk full)
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _read(self, sql: str, args: Sequence) -> list[tuple]:
+        with self._lock, self._guard():
+            return self._conn.execute(sql, tuple(args)).fetchall()
+
+    @contextmanager
+    def _guard(self):
+        """SQLite errors as one-line UserErrors naming the file."""
+        try:
+            yield
+        except sqlite3.OperationalError as err:  # locked past busy_timeout, unwritable, disk full
+            raise UserError(f"--db {self.path}: {err}") from None
+        except sqlite3.DatabaseError as err:  # not a database, or a corrupt one
+            raise UserError(f"--db {self.path}: not a tile-workbench runs store ({err})") from None
+
+    @staticmethod
+    def _workload_id(db: sqlite3.Connection, workload: Mapping) -> int:
+        fixed = {"label", "op", "dtype"}
+        key = (str(workload["label"]), str(workload["op"]),
+               _dumps({k: v for k, v in workload.items() if k not in fixed}), str(workload.get("dtype", "float32")))
+        db.execute("INSERT OR IGNORE INTO workloads (label, op, params, dtype) VALUES (?, ?, ?, ?)", key)
+        found = db.execute("SELECT id FROM workloads WHERE label = ? AND op = ? AND params = ? AND dtype = ?", key)
+        return found.fetchone()[0]
+
+    @staticmethod
+    def _device_id(db: sqlite3.Connection, device: DeviceSpec) -> int:
+        key = (device.name, device.kind, _dumps(dataclasses.asdict(device)))
+        db.execute("INSERT OR IGNORE INTO devices (name, kind, spec) VALUES (?, ?, ?)", key)
+        return db.execute("SELECT id FROM devices WHERE name = ? AND kind = ? AND spec = ?", key).fetchone()[0]
+
+
+def _dumps(value) -> str:
+    """Canonical JSON (sorted keys), so equal values are equal strings for the UNIQUE columns."""
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,169 @@
+"""Worker processes that can be killed one at a time, and a thread fan-out around them.
+
+`concurrent.futures.ProcessPoolExecutor` cannot stop one hung task (a future's timeout leaves the
+worker running, and shutdown waits for it), and one crashed worker breaks every pending future. A
+`Worker` here is one spawned process (TVM and fork do not mix) serving calls over a pipe: a call
+that overruns its timeout kills that process only, a crash is reported with its exit status, and
+the next call starts a fresh process. `fan_out` drives several of them from threads and hands the
+results to the calling thread, so callbacks (progress bars, the store) never run elsewhere.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence, TypeVar
+
+from workbench.codegen.common import first_line
+
+# Starting a worker imports TVM (about a second, more on a loaded machine); this bounds it.
+START_TIMEOUT_S = 120.0
+# How long a worker may take to exit after it was asked to.
+STOP_TIMEOUT_S = 5.0
+
+C = TypeVar("C")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call returned, or why it did not (`error` non-empty)."""
+
+    value: object = None
+    error: str = ""
+
+
+def _serve(conn, env: Mapping[str, str]) -> None:
+    # Runs in the child. The environment must be set before TVM starts its thread pool, which
+    # reads TVM_NUM_THREADS once; importing TVM here keeps that cost out of the first call.
+    os.environ.update(env)
+    import tvm  # noqa: F401
+
+    conn.send("ready")
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        fn, args = message
+        try:
+            conn.send(Outcome(fn(*args)))
+        except Exception as err:  # the caller records the failure; the worker keeps serving
+            conn.send(Outcome(error=f"{type(err).__name__}: {first_line(err)}"))
+
+
+class Worker:
+    """One spawned process running module-level functions one call at a time."""
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        self._env = dict(env or {})
+        self._proc = None
+        self._conn = None
+
+    def call(self, fn: Callable, args: tuple, timeout_s: float) -> Outcome:
+        """`fn(*args)` in the worker; a timeout or a crash comes back as `Outcome.error`."""
+        if self._proc is None:
+            error = self._start()
+            if error:
+                return Outcome(error=error)
+        self._conn.send((fn, args))
+        if not self._answered(timeout_s):
+            self._kill()
+            return Outcome(error=f"timed out after {timeout_s:g} s")
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            return Outcome(error=f"worker crashed ({self._kill()})")
+
+    def _answered(self, timeout_s: float) -> bool:
+        """Wait for an answer or the end of the process, whichever comes first."""
+        return bool(multiprocessing.connection.wait([self._conn, self._proc.sentinel], timeout_s))
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
+        self._proc.join(STOP_TIMEOUT_S)
+        self._kill()
+
+    def _start(self) -> str:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, self._env), daemon=True)
+        self._proc.start()
+        child.close()
+        try:
+            if self._answered(START_TIMEOUT_S) and self._conn.recv() == "ready":
+                return ""
+        except (EOFError, OSError):
+            pass
+        return f"worker did not start ({self._kill()})"
+
+    def _kill(self) -> str:
+        """Stop the process (if alive) and forget it; returns how it ended."""
+        proc, self._proc = self._proc, None
+        if proc.is_alive():
+            proc.kill()
+        proc.join(STOP_TIMEOUT_S)
+        self._conn.close()
+        code = proc.exitcode
+        if code is not None and code < 0:
+            return f"signal {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+
+def fan_out(
+    items: Sequence[T],
+    contexts: Sequence[C],
+    work: Callable[[C, T], R],
+    on_done: Callable[[int, R], None],
+) -> list[R]:
+    """`work(context, item)` for every item, one thread per context taking the next free item;
+    `on_done(index, result)` runs in the calling thread as results arrive. Returns the results in
+    item order; an exception in `work` is re-raised once the other threads are done."""
+    if items and not contexts:
+        raise ValueError("fan_out needs at least one context")
+    todo: queue.Queue = queue.Queue()
+    for i in range(len(items)):
+        todo.put(i)
+    done: queue.Queue = queue.Queue()
+
+    def drive(context):
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((i, work(context, items[i]), None))
+            except BaseException as err:  # handed to the caller; never lost in a thread
+                done.put((i, None, err))
+
+    threads = [threading.Thread(target=drive, args=(c,), daemon=True) for c in contexts[: len(items)]]
+    for thread in threads:
+        thread.start()
+    return _collect(len(items), done, threads, on_done)
+
+
+def _collect(n: int, done: queue.Queue, threads, on_done) -> list:
+    results: list = [None] * n
+    failure = None
+    for _ in range(n):
+        i, result, err = done.get()
+        failure = failure or err
+        if err is None:
+            results[i] = result
+            on_done(i, result)
+    for thread in threads:
+        thread.join()
+    if failure is not None:
+        raise failure
+    return results
