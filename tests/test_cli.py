@@ -147,3 +147,36 @@ def test_markov_export_realises_virtual_threads(capsys, tmp_path):
     code, _, _ = run(capsys, "export", "--workload", "cpu-core:mm-512", "--policy", "markov", "--device", "v100", "--rank", str(ranks[0]), "--out", str(tmp_path / "b"))
     assert code == 0
     assert "vthread" in (tmp_path / "b" / "kernel_tvmscript.py").read_text()
+
+
+def test_profile_times_verifies_and_stores(capsys, tmp_path):
+    import sqlite3
+
+    db = tmp_path / "runs.sqlite3"
+    code, out, _ = run(capsys, "profile", "--op", "matmul", "--shape", "M=64,N=64,K=64", "--topk", "3", "--repeat", "2", "--db", str(db), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert len(doc["candidates"]) == 3
+    assert all(c["correct"] is True and c["measured_seconds"] > 0 for c in doc["candidates"])
+    assert "spearman" in doc and "kendall" in doc
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 3
+
+
+def test_profile_refuses_a_foreign_db(capsys, tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a database")
+    code, _, err = run(capsys, "profile", "--op", "relu", "--shape", "shape=64", "--db", str(bad))
+    assert code == 2 and "--db" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_kernels_measures_baselines_in_the_same_run(capsys, tmp_path):
+    suite = tmp_path / "tiny.toml"
+    suite.write_text('[suite]\nname = "tiny"\n[[workload]]\nid = "mm"\nop = "matmul"\nM = 64\nN = 64\nK = 64\n')
+    code, out, _ = run(capsys, "bench", "kernels", "--suite", str(suite), "--topk", "2", "--baselines", "numpy", "--db", str(tmp_path / "r.db"), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    (row,) = doc["results"]
+    assert row["id"] == "mm" and row["best_seconds"] > 0 and row["best_rank"] in (1, 2)
+    assert row["baselines"]["numpy"] > 0
+    assert doc["speed_ratio_geomean"]["numpy"] > 0

@@ -64,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zip", action="store_true")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("profile", help="build, verify and time the top-K; store every run")
+    _workload_args(p)
+    _policy_args(p)
+    _profile_args(p)
+    p.add_argument("--runner", default="local", help="local | rpc")
+    p.add_argument("--tracker", help="RPC tracker HOST:PORT (with --runner rpc)")
+    p.add_argument("--key", help="RPC device key (with --runner rpc)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     b = bsub.add_parser("construct", help="construction time over a suite")
@@ -71,7 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="local-cpu")
     _policy_args(b)
     b.add_argument("--json", action="store_true")
+    b = bsub.add_parser("kernels", help="measured best-of-top-K against baselines, same run")
+    b.add_argument("--suite", required=True)
+    b.add_argument("--device", default="local-cpu")
+    _policy_args(b, topk=5)
+    _profile_args(b)
+    b.add_argument("--baselines", default="numpy", help="e.g. numpy,torch,metaschedule:64")
+    b.add_argument("--json", action="store_true")
     return parser
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", help="runs store (SQLite); default: the user's data directory")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +258,7 @@ def cmd_export(args) -> int:
     return _emit(args, data, f"exported candidate {cand.rank} to {path}" + ("" if checked else " (not run: no such device here)"))
 
 
-def cmd_bench(args) -> int:
+def cmd_bench_construct(args) -> int:
     from workbench.workload import load_suite
 
     _, workloads = load_suite(args.suite)
@@ -260,13 +281,78 @@ def cmd_bench(args) -> int:
     return _emit(args, data, "\n".join(lines))
 
 
+def _progress(args):
+    """A one-line progress display on a terminal; nothing for --json or when piped."""
+    if args.json or not sys.stderr.isatty():
+        return None
+
+    def show(event):
+        text = event if isinstance(event, str) else f"{event.phase} {event.done}/{event.total}"
+        print(f"\r{text[:78]:78s}", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_profile(args) -> int:
+    from workbench.profile.runner import Timing
+    from workbench.profile.session import profile_candidates
+    from workbench.profile.store import RunStore
+    from workbench.workload import workload_from_args
+
+    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    if args.repeat < 1:
+        raise UserError(f"--repeat must be >= 1, got {args.repeat}")
+    with RunStore(args.db) as store:  # a bad --db fails before anything is built
+        c = _construct(args, workload)
+        result = profile_candidates(
+            c.expr, c.device, c.candidates, runner=args.runner, tracker=args.tracker, key=args.key,
+            store=store, workload_label=workload.describe(), policy=c.policy,
+            timing=Timing(repeat=args.repeat), progress=_progress(args),
+        )
+    doc = result.to_dict()
+    lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
+    for cand in doc["candidates"]:
+        measured = f"{cand['measured_seconds'] * 1e6:10.2f} us" if cand["measured_seconds"] else f"{'-':>13s}"
+        lines.append(f"#{cand['rank']:<3d} predicted {cand['predicted_seconds'] * 1e6:10.2f} us  measured {measured}  {cand['error'] or ('ok' if cand['correct'] else '')}")
+    lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, measured best at predicted rank {doc['best_predicted_rank']}")
+    return _emit(args, doc, "\n".join(lines))
+
+
+def cmd_bench_kernels(args) -> int:
+    from workbench.benchmarks import bench_suite
+    from workbench.hardware.loader import load_spec
+    from workbench.profile.baselines import parse_baselines
+    from workbench.profile.store import RunStore
+    from workbench.workload import load_suite
+
+    baselines = parse_baselines(args.baselines) if args.baselines else ()
+    _, workloads = load_suite(args.suite)
+    device = load_spec(args.device)
+    with RunStore(args.db) as store:
+        data = bench_suite(workloads, device, policy=args.policy, topk=args.topk, baselines=baselines, store=store, progress=_progress(args))
+    data["suite"] = args.suite
+    names = [b.name for b in baselines]
+    lines = [f"{'id':14s} {'best us':>10s} rank " + " ".join(f"{n:>16s}" for n in names)]
+    for r in data["results"]:
+        best = f"{r['best_seconds'] * 1e6:10.2f}" if r["best_seconds"] else f"{'failed':>10s}"
+        cells = [f"{r['baselines'][n] * 1e6:13.2f} us" if r["baselines"][n] else f"{'-':>16s}" for n in names]
+        lines.append(f"{r['id']:14s} {best} {r['best_rank'] or '-':>4} " + " ".join(cells))
+    lines.append("speed vs baselines (geomean of baseline/workbench): " + ", ".join(f"{n} {v:.2f}x" if v else f"{n} -" for n, v in data["speed_ratio_geomean"].items()))
+    return _emit(args, data, "\n".join(lines))
+
+
+def cmd_bench_dispatch(args) -> int:
+    return cmd_bench_kernels(args) if args.bench_command == "kernels" else cmd_bench_construct(args)
+
+
 COMMANDS = {
     "ops": cmd_ops,
     "devices": cmd_devices,
     "device": cmd_device,
     "construct": cmd_construct,
     "export": cmd_export,
-    "bench": cmd_bench,
+    "profile": cmd_profile,
+    "bench": cmd_bench_dispatch,
 }
 
 
