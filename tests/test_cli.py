@@ -180,3 +180,23 @@ def test_bench_kernels_measures_baselines_in_the_same_run(capsys, tmp_path):
     assert row["id"] == "mm" and row["best_seconds"] > 0 and row["best_rank"] in (1, 2)
     assert row["baselines"]["numpy"] > 0
     assert doc["speed_ratio_geomean"]["numpy"] > 0
+
+
+def test_model_reports_operators_and_waves(capsys):
+    from pathlib import Path
+
+    mlp = Path(__file__).resolve().parent.parent / "sample_models" / "mlp.onnx"
+    code, out, _ = run(capsys, "model", str(mlp), "--device", "h100", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["operators"] and all(op["candidates"] >= 1 for op in doc["operators"] if op["supported"])
+    assert doc["schedule"]["waves"]
+    assert doc["predicted_seconds"]["coscheduled"] <= doc["predicted_seconds"]["sum"] * (1 + 1e-9)
+
+
+def test_model_bad_file_is_one_line_exit_2(capsys, tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\x01garbage")
+    for path in (str(junk), str(tmp_path / "missing.onnx")):
+        code, _, err = run(capsys, "model", path)
+        assert code == 2 and len(err.strip().splitlines()) == 1

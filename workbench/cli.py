@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("model", help="construct every operator of an ONNX model and co-schedule them")
+    p.add_argument("path", help="an .onnx file (see sample_models/)")
+    p.add_argument("--device", default="local-cpu")
+    _policy_args(p)
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     b = bsub.add_parser("construct", help="construction time over a suite")
@@ -341,6 +347,16 @@ def cmd_bench_kernels(args) -> int:
     return _emit(args, data, "\n".join(lines))
 
 
+def cmd_model(args) -> int:
+    from workbench.construct.space import Options
+    from workbench.models.model import model_report, report_text
+
+    if args.topk < 1:
+        raise UserError(f"--topk must be >= 1, got {args.topk}")
+    doc = model_report(args.path, args.device, args.policy, Options(topk=args.topk, seed=args.seed))
+    return _emit(args, doc, report_text(doc))
+
+
 def cmd_bench_dispatch(args) -> int:
     return cmd_bench_kernels(args) if args.bench_command == "kernels" else cmd_bench_construct(args)
 
@@ -352,6 +368,7 @@ COMMANDS = {
     "construct": cmd_construct,
     "export": cmd_export,
     "profile": cmd_profile,
+    "model": cmd_model,
     "bench": cmd_bench_dispatch,
 }
 

@@ -1,0 +1,172 @@
+"""Write the sample ONNX models of `workbench model` (run: python sample_models/make_models.py [DIR]).
+
+Four small networks in the shape of the ones the construction papers evaluate on (Roller,
+Rammer): an MLP, a BERT-style encoder layer, a ResNet-style block and a MobileNet-style inverted
+residual block. Widths are kept small (hidden 128-256) so that all four together stay under 2 MB
+and a whole model constructs and runs in seconds.
+
+The files are reproducible byte for byte: weights come from a seeded `numpy.random.RandomState`
+(whose stream numpy keeps stable across releases), and the IR version, opset, producer and every
+name are fixed here rather than taken from the installed onnx package.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17  # LayerNormalization is in the default domain from opset 17
+IR_VERSION = 8  # the IR version that opset 17 shipped with
+PRODUCER = "tile-workbench sample_models/make_models.py"
+PRODUCER_VERSION = "1"
+
+
+class Graph:
+    """Accumulates nodes and initializers under deterministic names."""
+
+    def __init__(self, name: str, seed: int):
+        self.name = name
+        self.rng = np.random.RandomState(seed)
+        self.nodes: list = []
+        self.inits: list = []
+        self.count = 0
+
+    def weight(self, shape: tuple[int, ...], fan_in: int) -> str:
+        """A random weight scaled by 1/sqrt(fan_in), so activations keep unit size."""
+        return self.const(self.rng.standard_normal(shape) / np.sqrt(fan_in))
+
+    def const(self, value) -> str:
+        name = f"w{len(self.inits)}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+        return name
+
+    def ints(self, values) -> str:
+        name = f"w{len(self.inits)}"
+        self.inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+        return name
+
+    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+        self.count += 1
+        out = f"t{self.count}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=f"{op_type.lower()}_{self.count}", **attrs))
+        return out
+
+    def model(self, x: str, x_shape: tuple[int, ...], y: str, y_shape: tuple[int, ...]) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes,
+            self.name,
+            [helper.make_tensor_value_info(x, TensorProto.FLOAT, list(x_shape))],
+            [helper.make_tensor_value_info(y, TensorProto.FLOAT, list(y_shape))],
+            self.inits,
+        )
+        model = helper.make_model(
+            graph,
+            ir_version=IR_VERSION,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            producer_name=PRODUCER,
+            producer_version=PRODUCER_VERSION,
+        )
+        onnx.checker.check_model(model)
+        return model
+
+
+def linear(g: Graph, x: str, n_in: int, n_out: int) -> str:
+    return g.op("Add", g.op("MatMul", x, g.weight((n_in, n_out), n_in)), g.const(0.1 * g.rng.standard_normal(n_out)))
+
+
+def mlp() -> onnx.ModelProto:
+    """x[8,256] -> Gemm+Relu 256 -> Gemm+Relu 128 -> Gemm 10."""
+    g = Graph("mlp", seed=1)
+    h = "x"
+    for n_in, n_out in ((256, 256), (256, 128)):
+        h = g.op("Relu", g.op("Gemm", h, g.weight((n_in, n_out), n_in), g.const(0.1 * g.rng.standard_normal(n_out))))
+    y = g.op("Gemm", h, g.weight((10, 128), 128), g.const(0.1 * g.rng.standard_normal(10)), transB=1)
+    return g.model("x", (8, 256), y, (8, 10))
+
+
+def layer_norm(g: Graph, x: str, width: int) -> str:
+    scale = g.const(1.0 + 0.1 * g.rng.standard_normal(width))
+    return g.op("LayerNormalization", x, scale, g.const(0.1 * g.rng.standard_normal(width)), axis=-1, epsilon=1e-5)
+
+
+def gelu(g: Graph, x: str) -> str:
+    """0.5 x (1 + erf(x / sqrt 2)): opset 17 has no Gelu operator."""
+    erf = g.op("Erf", g.op("Div", x, g.const(np.sqrt(2.0))))
+    return g.op("Mul", g.op("Mul", x, g.const(0.5)), g.op("Add", erf, g.const(1.0)))
+
+
+def bert_layer(seq: int = 32, hidden: int = 128, heads: int = 2, ffn: int = 512) -> onnx.ModelProto:
+    """One post-LN encoder layer: multi-head self-attention, add & norm, GELU FFN, add & norm."""
+    g = Graph("bert_layer", seed=2)
+    dh = hidden // heads
+    split = g.ints((1, seq, heads, dh))
+    q, k, v = (g.op("Reshape", linear(g, "x", hidden, hidden), split) for _ in range(3))
+    q = g.op("Transpose", q, perm=(0, 2, 1, 3))
+    k = g.op("Transpose", k, perm=(0, 2, 3, 1))
+    v = g.op("Transpose", v, perm=(0, 2, 1, 3))
+    scores = g.op("Mul", g.op("MatMul", q, k), g.const(1.0 / np.sqrt(dh)))
+    ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+    ctx = g.op("Reshape", g.op("Transpose", ctx, perm=(0, 2, 1, 3)), g.ints((1, seq, hidden)))
+    h1 = layer_norm(g, g.op("Add", "x", linear(g, ctx, hidden, hidden)), hidden)
+    ff = linear(g, gelu(g, linear(g, h1, hidden, ffn)), ffn, hidden)
+    y = layer_norm(g, g.op("Add", h1, ff), hidden)
+    return g.model("x", (1, seq, hidden), y, (1, seq, hidden))
+
+
+def batch_norm(g: Graph, x: str, channels: int) -> str:
+    """Inference batch norm, left unfolded (so the importer sees BatchNormalization)."""
+    scale = g.const(1.0 + 0.1 * g.rng.standard_normal(channels))
+    bias = g.const(0.1 * g.rng.standard_normal(channels))
+    mean = g.const(0.1 * g.rng.standard_normal(channels))
+    var = g.const(1.0 + 0.1 * g.rng.uniform(size=channels))
+    return g.op("BatchNormalization", x, scale, bias, mean, var, epsilon=1e-5)
+
+
+def resnet_block(c: int = 64, hw: int = 16) -> onnx.ModelProto:
+    """Basic block: conv3x3+bias, BN, relu, conv3x3, BN, + identity, relu, maxpool 2x2."""
+    g = Graph("resnet_block", seed=3)
+    w1, b1 = g.weight((c, c, 3, 3), 9 * c), g.const(0.1 * g.rng.standard_normal(c))
+    h = g.op("Relu", batch_norm(g, g.op("Conv", "x", w1, b1, pads=(1, 1, 1, 1)), c))
+    h = batch_norm(g, g.op("Conv", h, g.weight((c, c, 3, 3), 9 * c), pads=(1, 1, 1, 1)), c)
+    h = g.op("Relu", g.op("Add", h, "x"))
+    y = g.op("MaxPool", h, kernel_shape=(2, 2), strides=(2, 2))
+    return g.model("x", (1, c, hw, hw), y, (1, c, hw // 2, hw // 2))
+
+
+def mobilenet_block(c: int = 32, expand: int = 3, hw: int = 16) -> onnx.ModelProto:
+    """Inverted residual (MobileNetV2): 1x1 expand, ReLU6, 3x3 depthwise, ReLU6, 1x1 project,
+    + identity, then global average pooling."""
+    g = Graph("mobilenet_block", seed=4)
+    e = c * expand
+    lo, hi = g.const(0.0), g.const(6.0)
+    h = g.op("Conv", "x", g.weight((e, c, 1, 1), c), g.const(0.1 * g.rng.standard_normal(e)))
+    h = g.op("Clip", h, lo, hi)
+    h = g.op("Conv", h, g.weight((e, 1, 3, 3), 9), g.const(0.1 * g.rng.standard_normal(e)), group=e, pads=(1, 1, 1, 1))
+    h = g.op("Clip", h, lo, hi)
+    h = g.op("Conv", h, g.weight((c, e, 1, 1), e), g.const(0.1 * g.rng.standard_normal(c)))
+    y = g.op("GlobalAveragePool", g.op("Add", h, "x"))
+    return g.model("x", (1, c, hw, hw), y, (1, c, 1, 1))
+
+
+MODELS = {"mlp": mlp, "bert_layer": bert_layer, "resnet_block": resnet_block, "mobilenet_block": mobilenet_block}
+
+
+def write_all(out_dir: Path) -> tuple[Path, ...]:
+    """Write every sample model as `out_dir/NAME.onnx`; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, make in MODELS.items():
+        path = out_dir / f"{name}.onnx"
+        path.write_bytes(make().SerializeToString(deterministic=True))
+        paths.append(path)
+    return tuple(paths)
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
+    for written in write_all(target):
+        print(f"wrote {written} ({written.stat().st_size} bytes)")

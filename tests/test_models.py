@@ -1,0 +1,324 @@
+"""Whole-model construction: ONNX import through Relax fusion, the TensorExpr of fused operators,
+candidates for every operator, the report of `workbench model`, running the models' kernels
+against onnxruntime / numpy, and bad model files."""
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import device, expr
+from onnx import TensorProto, helper, numpy_helper
+
+from workbench.construct.stepper import construct
+from workbench.errors import UserError
+from workbench.models.execute import build_model_kernels, run_model
+from workbench.models.model import OperatorResult, construct_model, model_report, report_dict, report_text, roperators
+from workbench.models.onnx_import import MAX_MODEL_BYTES, Operator, import_model
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
+NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block")
+
+
+@cache
+def imported(name):
+    return import_model(SAMPLES / f"{name}.onnx")
+
+
+@cache
+def constructed(name, dev):
+    return construct_model(imported(name), device(dev))
+
+
+@cache
+def kernels_of(name):
+    return build_model_kernels(constructed(name, "local-cpu"))
+
+
+def operator(model, name):
+    return next(op for op in imported(model).operators if op.name == name)
+
+
+@pytest.mark.parametrize("dev", ["h100", "local-cpu"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_operator_of_the_samples_gets_candidates(name, dev):
+    mc = constructed(name, dev)
+    assert len(mc.results) == len(imported(name).operators) >= 3
+    for r in mc.results:
+        assert r.supported, f"{r.operator.name}: {r.reason}"
+        assert [c.rank for c in r.candidates] == list(range(1, len(r.candidates) + 1))
+    assert mc.plan.veus == device(dev).compute_units
+
+
+def test_dataflow_graph_of_the_mlp():
+    model = imported("mlp")
+    assert model.inputs == (("x", (8, 256), "float32"),)
+    assert [op.preds for op in model.operators] == [(), (0,), (1,)]
+    assert model.outputs == ((2, 0),)
+    assert [op.outputs for op in model.operators] == [(((8, 256), "float32"),), (((8, 128), "float32"),), (((8, 10), "float32"),)]
+    # Gemm(transB=1)'s transpose of a constant weight is folded away, not a kernel.
+    assert all(op.kind == "reduction" for op in model.operators)
+    assert model.constants[model.operators[2].args[1].ref].shape == (128, 10)
+
+
+def test_fused_conv_bias_relu6_maps_to_its_convolution():
+    op = operator("mobilenet_block", "fused_conv2d_add_maximum_minimum")
+    e = op.expr
+    assert e.main_block == "conv2d_nchw"
+    assert [(a.name, a.extent, a.kind) for a in e.axes] == [
+        ("nn", 1, "spatial"), ("ff", 96, "spatial"), ("yy", 16, "spatial"), ("xx", 16, "spatial"),
+        ("rc", 32, "reduce"), ("ry", 1, "reduce"), ("rx", 1, "reduce"),
+    ]
+    assert [t.name for t in e.tensors] == ["x", "param_0", "T_minimum_intermediate"]
+    tile = (1, 8, 4, 4, 16, 1, 1)
+    assert [e.data_tile_shape(t, tile) for t in range(3)] == [(1, 16, 4, 4), (8, 16, 1, 1), (1, 8, 4, 4)]
+
+
+def test_padded_3x3_conv_reads_a_halo_and_depthwise_reads_its_own_channel():
+    conv = operator("resnet_block", "fused_conv2d_add").expr
+    assert conv.tensors[0].shape == (1, 64, 18, 18)  # the padded data, read through the pad block
+    assert conv.data_tile_shape(0, (1, 8, 4, 4, 8, 3, 3)) == (1, 8, 6, 6)
+    dw = operator("mobilenet_block", "fused_conv2d1_add_maximum_minimum").expr
+    assert dw.main_block == "group_conv2d_nchw"
+    assert dw.data_tile_shape(0, (1, 8, 4, 4, 1, 3, 3)) == (1, 8, 6, 6)  # channel ff + rc, rc < 1
+
+
+def test_layout_and_row_operators_of_the_encoder_layer():
+    kinds = {op.name: op.kind for op in imported("bert_layer").operators}
+    assert kinds["softmax"] == kinds["layer_norm"] == "multi-reduction"
+    assert kinds["fused_reshape_transpose"] == "layout"
+    # transpose then reshape: only the reverse-inlined form (iterating over the input) is affine
+    merge = operator("bert_layer", "fused_transpose2_reshape1").expr
+    assert merge.output.index[-1][0] == (0, 0, 64, 1)
+    # the GELU epilogue chain is inlined into one block after the matmul
+    gelu = operator("bert_layer", "fused_matmul3_add2_divide_erf_multiply1_add3_multiply2")
+    assert gelu.expr.main_block == "matmul" and len(_blocks(gelu.func)) == 2
+
+
+def _blocks(func):
+    import tvm
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def test_batch_norm_reads_every_parameter_per_channel():
+    op = operator("resnet_block", "fused_batch_norm_relu")
+    assert op.kind == "elementwise" and len(_blocks(op.func)) == 1
+    e = op.expr
+    per_channel = [t for t in e.inputs if t.shape == (64,)]
+    assert len(per_channel) == 4 and all(t.index == (((0, 1, 0, 0), 0),) for t in per_channel)
+
+
+def test_a_primfunc_called_twice_is_constructed_once():
+    mc = constructed("bert_layer", "h100")
+    by_name = {r.operator.name: r for r in mc.results}
+    assert by_name["fused_matmul_add#3"].construction is by_name["fused_matmul_add"].construction
+
+
+def test_model_report_reads_the_file_and_names_the_device():
+    report = model_report(str(SAMPLES / "mlp.onnx"), "h100")
+    assert [op["name"] for op in report["operators"]] == [r.operator.name for r in constructed("mlp", "h100").results]
+    assert report["inputs"] == [{"name": "x", "shape": [8, 256], "dtype": "float32"}]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_report_follows_the_cli_contract(name):
+    report = report_dict(constructed(name, "h100"))
+    json.dumps(report)
+    assert (report["model"], report["device"], report["policy"]) == (name, "h100", "roller")
+    for op in report["operators"]:
+        assert {"name", "kind", "shapes", "candidates", "predicted_seconds", "supported", "reason"} <= set(op)
+        assert op["predicted_seconds"] == op["candidates"][0]["predicted_seconds"] > 0
+    total = report["predicted_seconds"]
+    assert total["sum"] == pytest.approx(sum(op["predicted_seconds"] for op in report["operators"]))
+    assert 0 < total["coscheduled"] <= total["sum"] * (1 + 1e-9)
+    schedule = report["schedule"]
+    assert schedule["veus"] == 132 and schedule["predicted_seconds"] == total["coscheduled"]
+    scheduled = [o["name"] for w in schedule["waves"] for o in w["operators"]]
+    assert sorted(scheduled) == sorted(op["name"] for op in report["operators"])
+    assert all(0 <= t["veu"] < 132 for w in schedule["waves"] for t in w["tasks"])
+
+
+def test_independent_projections_share_a_wave():
+    waves = report_dict(constructed("bert_layer", "h100"))["schedule"]["waves"]
+    assert [o["name"] for o in waves[0]["operators"]] == ["fused_matmul_add", "fused_matmul_add#2", "fused_matmul_add#3"]
+
+
+def test_mlp_kernels_match_numpy():
+    mc = constructed("mlp", "local-cpu")
+    kernels = kernels_of("mlp")
+    assert all(k.scheduled and k.rank == 1 for k in kernels)
+    x = np.random.default_rng(1).uniform(-1, 1, (8, 256)).astype(np.float32)
+    (out,) = run_model(mc, kernels, {"x": x})
+    w = [mc.model.constants[a.ref] for op in mc.model.operators for a in op.args if a.source == "constant"]
+    h = np.maximum(x @ w[0] + w[1], 0)
+    h = np.maximum(h @ w[2] + w[3], 0)
+    np.testing.assert_allclose(out, h @ w[4] + w[5], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_kernels_match_onnxruntime(name):
+    ort = pytest.importorskip("onnxruntime")
+    mc = constructed(name, "local-cpu")
+    kernels = kernels_of(name)
+    unscheduled = {k.name for k in kernels if not k.scheduled}
+    # only the row operators with several reductions fall back to TVM's default lowering
+    assert unscheduled <= {"softmax", "layer_norm", "layer_norm#2"}
+    assert all(k.error for k in kernels if not k.scheduled)
+    (name_in, shape, _), = mc.model.inputs
+    x = np.random.default_rng(2).uniform(-1, 1, shape).astype(np.float32)
+    (out,) = run_model(mc, kernels, {name_in: x})
+    (expected,) = ort.InferenceSession(str(SAMPLES / f"{name}.onnx")).run(None, {name_in: x})
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_running_refuses_wrong_inputs_and_gpu_devices():
+    mc = constructed("mlp", "local-cpu")
+    kernels = kernels_of("mlp")
+    with pytest.raises(UserError, match="missing input 'x'"):
+        run_model(mc, kernels, {})
+    with pytest.raises(UserError, match=r"shape \(2, 2\)"):
+        run_model(mc, kernels, {"x": np.zeros((2, 2))})
+    with pytest.raises(UserError, match="CPU device"):
+        build_model_kernels(constructed("mlp", "h100"))
+
+
+# --- bad model files -----------------------------------------------------------------------
+
+
+def _save(path, nodes, inputs, outputs, inits=(), opsets=(("", 17),)):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _tensor(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_missing_directory_empty_and_corrupt_files(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        import_model(tmp_path / "absent.onnx")
+    with pytest.raises(UserError, match="not a file"):
+        import_model(tmp_path)
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    (tmp_path / "text.onnx").write_text("this is not a model\n")
+    (tmp_path / "noise.onnx").write_bytes(np.random.default_rng(0).bytes(4096))
+    for name in ("empty.onnx", "text.onnx", "noise.onnx"):
+        with pytest.raises(UserError, match="not an ONNX model"):
+            import_model(tmp_path / name)
+
+
+def test_oversized_file_is_refused_before_reading(tmp_path):
+    big = tmp_path / "big.onnx"
+    with open(big, "wb") as f:
+        f.truncate(MAX_MODEL_BYTES + 1)  # sparse: no disk or time spent
+    with pytest.raises(UserError, match="over the 64 MB limit"):
+        import_model(big)
+
+
+def test_invalid_graph_and_operators_tvm_cannot_import(tmp_path):
+    dangling = _save(tmp_path / "dangling.onnx", [helper.make_node("Relu", ["nowhere"], ["y"])], [_tensor("x", [4])], [_tensor("y", [4])])
+    with pytest.raises(UserError, match="invalid ONNX model"):
+        import_model(dangling)
+    custom = _save(
+        tmp_path / "custom.onnx",
+        [helper.make_node("Foo", ["x"], ["y"], domain="com.example")],
+        [_tensor("x", [4])], [_tensor("y", [4])], opsets=(("", 17), ("com.example", 1)),
+    )
+    with pytest.raises(UserError, match="not supported.*Foo"):
+        import_model(custom)
+
+
+def test_symbolic_input_shapes_are_refused(tmp_path):
+    path = _save(tmp_path / "dyn.onnx", [helper.make_node("Relu", ["x"], ["y"])], [_tensor("x", ["N", 4])], [_tensor("y", ["N", 4])])
+    with pytest.raises(UserError, match="symbolic"):
+        import_model(path)
+
+
+def test_an_unmappable_operator_is_listed_and_the_rest_constructed(tmp_path):
+    inits = [
+        numpy_helper.from_array(np.array([3, 1, 0], dtype=np.int64), "idx"),
+        numpy_helper.from_array(np.ones((16, 8), dtype=np.float32), "w"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["x", "idx"], ["g"], axis=0),
+        helper.make_node("MatMul", ["g", "w"], ["m"]),
+        helper.make_node("Relu", ["m"], ["y"]),
+    ]
+    path = _save(tmp_path / "gather.onnx", nodes, [_tensor("x", [4, 16])], [_tensor("y", [3, 8])], inits)
+    report = model_report(path, "h100")
+    gather, matmul = report["operators"]
+    assert not gather["supported"] and "not affine" in gather["reason"] and gather["candidates"] == []
+    assert gather["predicted_seconds"] is None
+    assert matmul["supported"] and matmul["inputs"] == [gather["name"], "constant"]
+    assert report["predicted_seconds"]["sum"] == matmul["predicted_seconds"]
+    assert [o["name"] for w in report["schedule"]["waves"] for o in w["operators"]] == [matmul["name"]]
+    text = report_text(report)
+    assert "unsupported: tensor x: index" in text and "1 constructed" in text and "co-scheduled" in text
+
+
+def test_a_multi_output_operator_is_listed_and_still_runs(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Split", ["r"], ["a", "y"], axis=1, num_outputs=2),
+        helper.make_node("Exp", ["a"], ["e"]),
+    ]
+    outputs = [_tensor("y", [4, 8]), _tensor("e", [4, 8])]
+    path = _save(tmp_path / "split.onnx", nodes, [_tensor("x", [4, 16])], outputs, opsets=(("", 18),))
+    mc = construct_model(import_model(path), device("local-cpu"))
+    split, exp = mc.results
+    assert split.operator.kind == "multi-output" and not split.supported and "2 tensors" in split.reason
+    assert exp.supported and exp.operator.kind == "elementwise" and exp.operator.preds == (0,)
+    assert mc.model.outputs == ((0, 1), (1, 0))
+    assert report_dict(mc)["operators"][1]["inputs"] == ["fused_relu_split[0]"]
+    x = np.random.default_rng(3).uniform(-1, 1, (4, 16)).astype(np.float32)
+    y, e = run_model(mc, build_model_kernels(mc), {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0)[:, 8:])
+    np.testing.assert_allclose(e, np.exp(np.maximum(x, 0)[:, :8]), rtol=1e-6)
+
+
+def test_an_unknown_policy_is_refused_once():
+    with pytest.raises(UserError, match="unknown policy 'gensor'"):
+        construct_model(imported("mlp"), device("h100"), "gensor")
+
+
+def test_an_operator_the_construction_refuses_is_listed(monkeypatch):
+    import workbench.models.model as model_module
+
+    def refuse_wide(expr, dev, policy, options):
+        if expr.axes[1].extent == 256:
+            raise UserError("too wide")
+        return construct(expr, dev, policy, options)
+
+    monkeypatch.setattr(model_module, "construct", refuse_wide)
+    mc = construct_model(imported("mlp"), device("h100"))
+    assert [r.supported for r in mc.results] == [False, True, True]
+    assert mc.results[0].reason == "too wide"
+    assert [w.ops for w in mc.plan.waves] == [(0,), (1,)]
+
+
+def test_dependencies_pass_through_unsupported_operators():
+    relu = expr("relu", shape=(64, 64))
+    c = construct(relu, device("h100"))
+
+    def result(index, preds, supported):
+        args = tuple(_arg(p) for p in preds)
+        outputs = (((64, 64), "float32"),)
+        op = Operator(index, f"op{index}", f"f{index}", "elementwise", args, outputs, relu if supported else None, "" if supported else "why")
+        return OperatorResult(op, c if supported else None)
+
+    results = [result(0, (), True), result(1, (0,), False), result(2, (1,), False), result(3, (2, 0), True)]
+    a, b = roperators(results, 132)
+    assert (a.name, a.preds) == ("op0", ()) and (b.name, b.preds) == ("op3", (0,))
+
+
+def _arg(producer):
+    from workbench.models.onnx_import import Arg
+
+    return Arg("operator", producer, (64, 64), "float32")

@@ -1,0 +1,71 @@
+"""The sample models: the generator reproduces the committed files byte for byte, they are valid
+ONNX, small, and compute what their names say (checked with onnxruntime where installed)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_models"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_models", SAMPLES / "make_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_regenerating_gives_the_committed_bytes(tmp_path):
+    written = _generator().write_all(tmp_path)
+    assert [p.name for p in written] == ["mlp.onnx", "bert_layer.onnx", "resnet_block.onnx", "mobilenet_block.onnx"]
+    for path in written:
+        assert path.read_bytes() == (SAMPLES / path.name).read_bytes(), path.name
+
+
+def test_models_are_small_checked_onnx_with_fixed_header():
+    gen = _generator()
+    paths = sorted(SAMPLES.glob("*.onnx"))
+    assert len(paths) == 4
+    assert sum(p.stat().st_size for p in paths) < 4 * 2**20
+    for path in paths:
+        model = onnx.load(path)
+        onnx.checker.check_model(model)
+        assert (model.ir_version, model.opset_import[0].version) == (gen.IR_VERSION, gen.OPSET)
+        assert model.producer_name == gen.PRODUCER
+
+
+@pytest.mark.parametrize(
+    "name, ops",
+    [
+        ("mlp", {"Gemm", "Relu"}),
+        ("bert_layer", {"MatMul", "Softmax", "LayerNormalization", "Erf", "Transpose", "Reshape"}),
+        ("resnet_block", {"Conv", "BatchNormalization", "Relu", "MaxPool", "Add"}),
+        ("mobilenet_block", {"Conv", "Clip", "GlobalAveragePool", "Add"}),
+    ],
+)
+def test_models_hold_the_operators_of_their_kind(name, ops):
+    model = onnx.load(SAMPLES / f"{name}.onnx")
+    assert ops <= {n.op_type for n in model.graph.node}
+
+
+def test_depthwise_conv_is_grouped_per_channel():
+    model = onnx.load(SAMPLES / "mobilenet_block.onnx")
+    groups = [a.i for n in model.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "group"]
+    assert groups == [96]
+
+
+def test_mlp_matches_a_numpy_evaluation_under_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    model = onnx.load(SAMPLES / "mlp.onnx")
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    x = np.random.default_rng(0).uniform(-1, 1, (8, 256)).astype(np.float32)
+    h = np.maximum(x @ w["w0"] + w["w1"], 0)
+    h = np.maximum(h @ w["w2"] + w["w3"], 0)
+    expected = h @ w["w4"].T + w["w5"]
+    session = ort.InferenceSession(str(SAMPLES / "mlp.onnx"))
+    (out,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

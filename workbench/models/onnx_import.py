@@ -1,0 +1,341 @@
+"""ONNX model -> fused TIR operators and their dataflow graph, through TVM Relax.
+
+`from_onnx` gives a Relax module; `LegalizeOps` lowers every Relax operator to a TIR PrimFunc,
+`FoldConstant` evaluates what depends on weights only (a Gemm's `transB` transpose of a constant
+weight would otherwise be a kernel of its own), `AnnotateTIROpPattern` + `FuseOps` + `FuseTIR`
+fuse each reduction with its elementwise neighbours (conv + bias + relu) into one PrimFunc. Each
+`call_tir` of the fused `main` is one operator of the model, in dataflow order.
+
+Each fused PrimFunc becomes a `TensorExpr` with `from_prim_func`:
+- a fused reduction (conv, matmul, pooling) is its reduction block; the epilogue (bias,
+  activation, residual add) is inlined into one block after it and stays in the PrimFunc for the
+  codegen to fold into the write-back. Epilogue tensors (a bias, a residual) are read once per
+  output element and are not in the tile model's traffic;
+- a function with several reductions (softmax: max then sum; layer norm: mean then variance) is
+  modelled by its largest reduction, the first pass over each row, which is what
+  `from_prim_func` picks; the later passes over the same row and the row-sized output write are
+  not in the traffic either;
+- a function without a reduction is first collapsed into one block (producers inlined into the
+  output block, or, when that leaves a non-affine index as a reshape after a transpose does, the
+  consumers reverse-inlined into the first block), so every tensor it reads is a parameter.
+A PrimFunc that still cannot be read as one affine block (a gather, several outputs) is kept as
+an unsupported operator with the reason; the rest of the model is constructed as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.errors import UserError
+from workbench.ops.tensor_expr import TensorExpr
+
+# Refuse models above this size before parsing them: protobuf parses the whole file in memory
+# (several times its size), and weights beyond this are far outside what a workbench session
+# constructs in seconds. The sample models are under 1 MB each.
+MAX_MODEL_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of an operator call: a model input, another operator's output, or a weight."""
+
+    source: str  # "input" | "operator" | "constant"
+    ref: object  # input name | operator index | constant index
+    shape: tuple[int, ...]
+    dtype: str
+    item: int = 0  # which output of a multi-output operator
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One fused kernel of the model: `expr` is None when it could not be mapped (`reason` says why)."""
+
+    index: int
+    name: str  # the fused PrimFunc's name, with "#n" for its n-th call when it is called again
+    func_name: str
+    kind: str  # "reduction" | "multi-reduction" | "elementwise" | "layout" | "multi-output"
+    args: tuple[Arg, ...]
+    outputs: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each output
+    expr: TensorExpr | None
+    reason: str = ""
+    func: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def supported(self) -> bool:
+        return self.expr is not None
+
+    @property
+    def preds(self) -> tuple[int, ...]:
+        """Indices of the operators whose outputs this one reads."""
+        return tuple(sorted({a.ref for a in self.args if a.source == "operator"}))
+
+
+@dataclass(frozen=True)
+class ImportedModel:
+    name: str
+    inputs: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype) in call order
+    operators: tuple[Operator, ...]  # dataflow (topological) order
+    outputs: tuple[tuple[int, int], ...]  # (operator, output item) of each model output
+    constants: tuple = field(default=(), compare=False, repr=False)  # numpy arrays, by Arg.ref
+
+
+def import_model(path: str | Path) -> ImportedModel:
+    """Read, check, import and fuse an ONNX model; every problem with the file is a UserError."""
+    path = Path(path)
+    proto = read_onnx(path)
+    mod = fused_module(proto, path.name)
+    return _walk(mod, path.stem)
+
+
+def read_onnx(path: Path):
+    """The parsed, checked `onnx.ModelProto` of `path`."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not path.is_file():
+        raise UserError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    size = path.stat().st_size
+    if size > MAX_MODEL_BYTES:
+        raise UserError(f"{path}: {size / 2**20:.0f} MB is over the {MAX_MODEL_BYTES // 2**20} MB limit for models")
+    try:
+        proto = onnx.load_model_from_string(path.read_bytes())
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise UserError(f"{path}: not an ONNX model ({_first_line(err)})") from None
+    if proto.ir_version <= 0 or not proto.graph.node:
+        raise UserError(f"{path}: not an ONNX model (no IR version or no graph nodes)")
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as err:
+        raise UserError(f"{path}: invalid ONNX model: {_first_line(err)}") from None
+    return proto
+
+
+def fused_module(proto, label: str):
+    """The Relax module of `proto` after legalisation, constant folding and operator fusion."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        mod = from_onnx(proto, keep_params_in_input=False)
+    except tvm.error.OpNotImplemented as err:
+        raise UserError(f"{label}: {_first_line(err)}") from None
+    except Exception as err:  # the importer raises many error types for models it cannot read
+        raise UserError(f"{label}: TVM cannot import the model: {_first_line(err)}") from None
+    _check_static(mod["main"], label)
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.FoldConstant(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    try:
+        return tvm.transform.Sequential(passes)(mod)
+    except Exception as err:  # a Relax operator without a TIR lowering, or a pass refusing the module
+        raise UserError(f"{label}: TVM cannot lower the model to kernels: {_first_line(err)}") from None
+
+
+def _check_static(main, label: str) -> None:
+    for param in main.params:
+        values = getattr(getattr(param.ty, "shape", None), "values", None)
+        if values is None or any(not hasattr(v, "value") for v in values):
+            raise UserError(f"{label}: input {param.name} has a symbolic or unknown shape; export the model with fixed shapes")
+
+
+def _walk(mod, name: str) -> ImportedModel:
+    """Operators of the fused `main` in binding order, with their argument sources.
+
+    `producer` maps a Relax variable to `("input", name, 0)`, `("operator", index, item)` or
+    `("tuple", entries)` (a tuple of such entries, as bound before a model's several outputs).
+    """
+    import tvm
+    from tvm import relax
+
+    main = mod["main"]
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    inputs = tuple((p.name, _shape(p.ty), _dtype(p.ty)) for p in main.params)
+    producer: dict = {p: ("input", p.name, 0) for p in main.params}
+    constants: list = []
+    operators: list[Operator] = []
+    calls: dict[str, int] = {}
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if not (isinstance(value, relax.Call) and value.op.same_as(call_tir)):
+                producer[binding.var] = _entry(value, producer, name)
+                continue
+            func_name = value.args[0].name_hint
+            calls[func_name] = calls.get(func_name, 0) + 1
+            label = func_name if calls[func_name] == 1 else f"{func_name}#{calls[func_name]}"
+            args = tuple(_arg(a, producer, constants, name) for a in value.args[1].fields)
+            operators.append(_operator(len(operators), label, func_name, mod[func_name], args, binding.var.ty))
+            producer[binding.var] = ("operator", len(operators) - 1, 0)
+    outputs = _outputs(_entry(main.body.body, producer, name), name)
+    return ImportedModel(name, inputs, tuple(operators), outputs, tuple(constants))
+
+
+def _entry(value, producer: dict, name: str):
+    """The producer entry of a binding that is not a kernel call: alias, tuple item or tuple."""
+    from tvm import relax
+
+    if isinstance(value, relax.Var) and value in producer:
+        return producer[value]
+    if isinstance(value, relax.TupleGetItem):
+        whole = _entry(value.tuple_value, producer, name)
+        if whole[0] == "tuple":
+            return whole[1][int(value.index)]
+        return whole[0], whole[1], int(value.index)
+    if isinstance(value, relax.Tuple):
+        return ("tuple", tuple(_entry(f, producer, name) for f in value.fields))
+    raise UserError(f"{name}: unsupported Relax expression after lowering: {_first_line(value)}")
+
+
+def _arg(expr, producer: dict, constants: list, name: str) -> Arg:
+    import tvm
+
+    sinfo = expr.ty
+    if isinstance(expr, tvm.ir.expr.Constant):
+        constants.append(expr.value.numpy())
+        return Arg("constant", len(constants) - 1, _shape(sinfo), _dtype(sinfo))
+    source, ref, item = _entry(expr, producer, name)
+    return Arg(source, ref, _shape(sinfo), _dtype(sinfo), item)
+
+
+def _outputs(entry, name: str) -> tuple[tuple[int, int], ...]:
+    entries = entry[1] if entry[0] == "tuple" else (entry,)
+    if any(e[0] != "operator" for e in entries):
+        raise UserError(f"{name}: a model output is not computed by any operator")
+    return tuple((e[1], e[2]) for e in entries)
+
+
+def _shape(sinfo) -> tuple[int, ...]:
+    return tuple(int(v) for v in sinfo.shape.values)
+
+
+def _dtype(sinfo) -> str:
+    return str(sinfo.dtype)
+
+
+def _operator(index, label, func_name, func, args, out_ty) -> Operator:
+    from tvm import relax
+
+    types = out_ty.fields if isinstance(out_ty, relax.TupleType) else (out_ty,)
+    outputs = tuple((_shape(t), _dtype(t)) for t in types)
+    # Fused functions are private to the Relax module; a kernel of its own needs an exported name.
+    func = func.with_attr("global_symbol", "main")
+    if len(outputs) > 1:
+        reason = f"{func_name}: returns {len(outputs)} tensors; the tile model has one output per kernel"
+        return Operator(index, label, func_name, "multi-output", args, outputs, None, reason, func)
+    func, kind, expr, reason = prepare(func, func_name, outputs[0][1], len(args))
+    return Operator(index, label, func_name, kind, args, outputs, expr, reason, func)
+
+
+def prepare(func, name: str, dtype: str, n_inputs: int):
+    """`(func, kind, expr, reason)` for a fused PrimFunc: the function as mapped (collapsed into
+    one block when it has no reduction), its kind, its TensorExpr or None and the reason."""
+    reductions = _reduction_blocks(func)
+    if reductions > 1:
+        return (func, "multi-reduction", *_mapped(func, name, dtype, n_inputs))
+    if reductions == 1:
+        func = _inline_epilogue_chain(func)
+        return (func, "reduction", *_mapped(func, name, dtype, n_inputs))
+    kind = "layout" if _only_copies(func) else "elementwise"
+    reasons = []
+    for collapse in (_inline_into_last, _reverse_inline_into_first):
+        collapsed = collapse(func)
+        if collapsed is not None:
+            expr, reason = _mapped(collapsed, name, dtype, n_inputs)
+            if expr is not None:
+                return collapsed, kind, expr, ""
+            reasons.append(reason)
+    expr, reason = _mapped(func, name, dtype, n_inputs)
+    # the first collapse's reason names the index a user would look for (the output's view)
+    return func, kind, expr, reasons[0] if expr is None and reasons else reason
+
+
+def _mapped(func, name: str, dtype: str, n_inputs: int):
+    """(TensorExpr, "") or (None, the reason it cannot be read off the PrimFunc)."""
+    from workbench.ops.tensor_expr import from_prim_func
+
+    try:
+        return from_prim_func(func, name, {}, dtype, n_inputs=n_inputs), ""
+    except UserError as err:
+        return None, str(err)
+    except Exception as err:  # TVM analyses raise their own error classes
+        return None, f"{name}: {_first_line(err)}"
+
+
+def _schedule(func):
+    import tvm
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    return sch, list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _reduction_blocks(func) -> int:
+    sch, blocks = _schedule(func)
+    return sum(any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars) for b in blocks)
+
+
+def _only_copies(func) -> bool:
+    """True when every block stores a plain load: reshape, transpose, slicing (no arithmetic)."""
+    import tvm
+
+    sch, blocks = _schedule(func)
+    return all(isinstance(getattr(sch.get(b).body, "value", None), tvm.ir.expr.TensorLoad) for b in blocks)
+
+
+def _inline_epilogue_chain(func):
+    """The blocks between the reduction and the output block inlined into the output block, so
+    the epilogue is one block (GELU's `x * 0.5 * (1 + erf(x / sqrt 2))` reads the reduction
+    twice, which the codegen's `reverse_compute_inline` refuses over a chain of blocks)."""
+    sch, blocks = _schedule(func)
+    reducing = [i for i, b in enumerate(blocks) if any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)]
+    try:
+        for block in reversed(blocks[reducing[0] + 1 : -1]):
+            sch.compute_inline(block)
+    except Exception:  # leave the function as fused when TVM cannot inline a block
+        return func
+    return sch.mod["main"]
+
+
+def _inline_into_last(func):
+    """Every block inlined into the output block (iterating over the output), or None."""
+    sch, blocks = _schedule(func)
+    try:
+        for block in reversed(blocks[:-1]):
+            sch.compute_inline(block)
+        return _relayout(sch, blocks[-1])
+    except Exception:  # a block TVM cannot inline (several consumers, opaque access)
+        return None
+
+
+def _reverse_inline_into_first(func):
+    """Every block reverse-inlined into the first one (iterating over its input), or None."""
+    sch, blocks = _schedule(func)
+    names = [sch.get(b).name_hint for b in blocks]
+    try:
+        for block_name in names[1:]:
+            sch.reverse_compute_inline(sch.get_sblock(block_name))
+        return _relayout(sch, sch.get_sblock(names[0]))
+    except Exception:  # the consumer's index is not an invertible map of the producer's
+        return None
+
+
+def _relayout(sch, block):
+    """The function after an identity `transform_block_layout` of its one block: TVM rewrites
+    the indices under the iterators' bounds, so a reshape's `(h * 64 + w) // 128 % 32` inlined
+    into a transpose becomes plain `h`, which `detect_linear_equation` can read."""
+    from tvm.tirx import IndexMap
+
+    rank = len(sch.get(block).iter_vars)
+    sch.transform_block_layout(block, IndexMap.from_func(lambda *axes: list(axes), ndim=rank))
+    return sch.mod["main"]
+
+
+def _first_line(obj) -> str:
+    lines = [l.strip() for l in str(obj).splitlines() if l.strip()]
+    return (lines[0] if lines else type(obj).__name__)[:300]
