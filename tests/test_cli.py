@@ -189,7 +189,7 @@ def test_model_reports_operators_and_waves(capsys):
     code, out, _ = run(capsys, "model", str(mlp), "--device", "h100", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["operators"] and all(op["candidates"] >= 1 for op in doc["operators"] if op["supported"])
+    assert doc["operators"] and all(len(op["candidates"]) >= 1 for op in doc["operators"] if op["supported"])
     assert doc["schedule"]["waves"]
     assert doc["predicted_seconds"]["coscheduled"] <= doc["predicted_seconds"]["sum"] * (1 + 1e-9)
 
