@@ -1,13 +1,21 @@
-"""Page registry: multipage navigation over the pages of `workbench/app/`."""
+"""Page registry: multipage navigation over the pages of `workbench/app/` (`app.py` calls `run`)."""
+
+from pathlib import Path
 
 import streamlit as st
+
+HERE = Path(__file__).resolve().parent
+PAGES = (
+    ("page_workload.py", "Workload", "workload"),
+    ("page_construction.py", "Construction", "construction"),
+    ("page_candidates.py", "Candidates", "candidates"),
+    ("page_kernel.py", "Kernel", "kernel"),
+    ("page_export.py", "Export", "export"),
+    ("page_runs.py", "Runs", "runs"),
+)
 
 
 def run() -> None:
     st.set_page_config(page_title="tile-workbench", layout="wide")
-    pages = [
-        st.Page("workbench/app/page_workload.py", title="Workload", default=True),
-        st.Page("workbench/app/page_construction.py", title="Construction"),
-        st.Page("workbench/app/page_candidates.py", title="Candidates"),
-    ]
+    pages = [st.Page(HERE / file, title=title, url_path=path, default=i == 0) for i, (file, title, path) in enumerate(PAGES)]
     st.navigation(pages).run()

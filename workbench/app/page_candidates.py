@@ -1,10 +1,96 @@
-"""Candidates page: the top-K rPrograms of the finished construction and their estimates."""
+"""Candidates page: the top-K rPrograms, the device's roofline with them on it, profiling, and
+predicted vs measured. Selecting points (or the multiselect) picks candidates for the Kernel and
+Export pages."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from workbench.app.state import selection, stepper
+from workbench.app.profile_controls import profile_controls
+from workbench.app.state import (
+    finished_candidates,
+    picked,
+    profile,
+    selection,
+    set_picked,
+    stepper,
+)
+from workbench.rtile.model import peak_gflops
+from workbench.viz.compare import (
+    ComparedPoint,
+    predicted_vs_measured_figure,
+    ranks_from_selection,
+)
+from workbench.viz.fmt import shape_text
+from workbench.viz.roofline import roofline_figure, roofline_points
+
+CHART_KEYS = ("roofline_chart", "compare_chart")
+
+
+def _on_chart_select(key: str) -> None:
+    ranks = ranks_from_selection(st.session_state[key].selection.points)
+    if ranks:
+        set_picked(ranks)
+        st.session_state.picked_ranks = list(picked())
+
+
+def _selectable(fig, key: str) -> None:
+    """A chart whose selected points (click, box or lasso; dragging selects) pick candidates."""
+    fig.update_layout(dragmode="select")
+    st.plotly_chart(fig, key=key, on_select=lambda: _on_chart_select(key), selection_mode=("points", "box", "lasso"))
+
+
+def _on_multiselect() -> None:
+    set_picked(st.session_state.picked_ranks)
+
+
+def _measured(result) -> dict[int, float]:
+    """rank -> best measured seconds of the correct kernels of a profile result."""
+    if result is None:
+        return {}
+    return {m.rank: m.best_seconds for m in result.measurements if m.ok}
+
+
+def _table(s, cands, result) -> None:
+    measured = _measured(result)
+    errors = {m.rank: m.error for m in result.measurements} if result else {}
+    rows = []
+    for c in cands:
+        row = {"rank": c.rank, "predicted us": c.predicted_seconds * 1e6}
+        if result is not None:
+            row["measured us"] = measured[c.rank] * 1e6 if c.rank in measured else None
+            row["error"] = errors.get(c.rank, "")
+        row |= {"bottleneck": c.estimate.bottleneck, "grid": c.program.grid, "waves": c.estimate.waves}
+        row |= {name: shape_text(t) for name, t in zip(c.program.layers, c.program.tiles)}
+        if c.vthreads:
+            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.vthreads)
+        rows.append(row)
+    st.caption("tiles per layer as " + " x ".join(s.space.axes) + "; selected points pick candidates")
+    micro = st.column_config.NumberColumn(format="%.2f")
+    st.dataframe(rows, hide_index=True, width="stretch", column_config={"predicted us": micro, "measured us": micro})
+
+
+def _roofline(s, cands, result) -> None:
+    device = s.space.device
+    points = roofline_points(cands, device.layers[-1].name, _measured(result))
+    layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
+    _selectable(roofline_figure(layers, peak_gflops(s.space.calc, device), points), CHART_KEYS[0])
+
+
+def _comparison(result) -> None:
+    points = [ComparedPoint(c.rank, c.predicted_seconds, m.best_seconds if m.ok else None)
+              for c, m in zip(result.candidates, result.measurements)]
+    _selectable(predicted_vs_measured_figure(points), CHART_KEYS[1])
+    c = result.comparison
+    best = f"measured best at predicted rank {c.best_predicted_rank}" if c.best_predicted_rank else "no correct kernel"
+    st.caption(f"run {result.run_id} ({result.runner} runner, {result.seconds:.1f} s): {best}; "
+               f"measured / predicted geomean {c.error_ratio:.3g}")
+
+
+def _picker(cands) -> None:
+    ranks = [c.rank for c in cands]
+    st.session_state.picked_ranks = [r for r in picked() if r in ranks] or ranks[:1]
+    st.multiselect("Picked candidates (for the Kernel and Export pages)", ranks, key="picked_ranks", on_change=_on_multiselect)
 
 
 def page() -> None:
@@ -12,16 +98,24 @@ def page() -> None:
     s = stepper()
     if s is None:
         return
-    if not s.done:
-        with st.spinner("constructing..."):
-            s.run_to_end()
-    rows = []
-    for c in s.candidates():
-        row = {"rank": c.rank, "predicted us": round(c.predicted_seconds * 1e6, 3), "bottleneck": c.estimate.bottleneck, "grid": c.program.grid, "waves": c.estimate.waves}
-        row.update({name: "x".join(map(str, t)) for name, t in zip(c.program.layers, c.program.tiles)})
-        rows.append(row)
-    st.caption(f"{selection().workload.describe()} on {s.space.device.name}")
-    st.dataframe(rows, hide_index=True)
+    sel = selection()
+    st.caption(sel.describe())
+    cands = finished_candidates(s)
+    if not cands:
+        st.warning("The construction found no candidates: raise eps or top-K on the Workload page.")
+        return
+    profile_controls(s, sel, cands)
+    result = profile()
+    _table(s, cands, result)
+    _picker(cands)
+    left, right = st.columns(2)
+    with left:
+        _roofline(s, cands, result)
+    with right:
+        if result is not None:
+            _comparison(result)
+        else:
+            st.info("Profile the candidates to compare predicted with measured times.")
 
 
 page()

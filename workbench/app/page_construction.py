@@ -1,40 +1,121 @@
-"""Construction page: step through the policy, see each step's alternatives and the graph size."""
+"""Construction page: step through the policy and watch the construction graph grow.
+
+Controls move the core stepper (Reset, Back, Next, Play to end, a step slider); the page shows the
+step's action and every alternative it chose among, the graph, the rTiles against the tensors
+and each layer's footprint against its capacity; for Markov also the temperature and visits.
+"""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from workbench.app.state import stepper
+from workbench.app import views
+from workbench.app.state import run_with_progress, selection, stepper
+from workbench.construct.stepper import Stepper
+from workbench.viz.fmt import tile_text
+from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
+
+VISITS_SHOWN = 15  # most-visited states listed for a Markov walk
 
 
-def _controls(s) -> None:
-    cols = st.columns(4)
-    if cols[0].button("Reset"):
-        s.reset()
-    if cols[1].button("Back"):
-        s.back()
-    if cols[2].button("Next"):
-        s.next()
-    if cols[3].button("Play to end"):
-        with st.spinner("constructing..."):
-            s.run_to_end()
-            s.seek(len(s.steps))
+def _sync_slider(s: Stepper) -> None:
+    st.session_state.step_slider = s.position
 
 
-def _alternatives(s, step) -> None:
-    if not step.alternatives:
+def _on_reset() -> None:
+    st.session_state.stepper.reset()
+    _sync_slider(st.session_state.stepper)
+
+
+def _on_back() -> None:
+    st.session_state.stepper.back()
+    _sync_slider(st.session_state.stepper)
+
+
+def _on_next() -> None:
+    st.session_state.stepper.next()
+    _sync_slider(st.session_state.stepper)
+
+
+def _on_slide() -> None:
+    st.session_state.stepper.seek(st.session_state.step_slider)
+
+
+def _controls(s: Stepper) -> None:
+    cols = st.columns([1, 1, 1, 1.4, 6])
+    cols[0].button("Reset", on_click=_on_reset, disabled=s.position == 0)
+    cols[1].button("Back", on_click=_on_back, disabled=s.position == 0)
+    cols[2].button("Next", on_click=_on_next, disabled=s.done)
+    if cols[3].button("Play to end", disabled=s.done):
+        run_with_progress(s)  # replays recorded steps, generates the rest under a progress bar
+    if s.steps:
+        _sync_slider(s)
+        cols[4].slider("step", 0, len(s.steps), key="step_slider", on_change=_on_slide, label_visibility="collapsed")
+
+
+def _step_text(s: Stepper) -> None:
+    step = s.current
+    st.markdown(f"**Step {s.position}** of {len(s.steps)}{' (finished)' if s.done else ''}")
+    if step is None:
+        st.markdown("At the start: press **Next** to take the first step.")
+        return
+    what = step.action.describe(s.space.axes, s.space.layer_names)
+    temperature = f" (temperature {step.temperature:.3g})" if step.temperature is not None and s.policy_name == "markov" else ""
+    st.markdown(f"`{what}`{temperature}: {step.note}")
+
+
+def _alternatives(s: Stepper) -> None:
+    step = s.current
+    if step is None or not step.alternatives:
+        st.caption("This step chose among no alternatives.")
         return
     rows = [
         {
             "action": a.action.describe(s.space.axes, s.space.layer_names),
-            "tile": "x".join(map(str, a.tile)),
+            "tile": tile_text(s.space.axes, a.tile),
             "score": a.score,
             "probability": a.probability,
-            "": a.note,
+            "note": a.note,
         }
         for a in step.alternatives
     ]
-    st.dataframe(rows, hide_index=True)
+    empty = [k for k in rows[0] if all(r[k] is None for r in rows)]  # Roller has no probabilities
+    st.dataframe([{k: v for k, v in r.items() if k not in empty} for r in rows], hide_index=True, width="stretch")
+
+
+def _tiles(s: Stepper) -> tuple | None:
+    """Footprint against capacity per layer (right column) and the rTiles against the tensors
+    (full width below)."""
+    step = s.current
+    tiles = state_tiles(step.state if step else None, s.space.n_tile_layers)
+    if not tiles:
+        st.caption("This step holds no tile (a marker between walks or eps rounds).")
+        return None
+    ones = s.space.ones()
+    footprints = [s.space.footprint(l, t, tiles[l - 1] if l else ones) for l, t in enumerate(tiles)]
+    capacities = [s.space.capacity(l) for l in range(len(tiles))]
+    st.plotly_chart(footprint_figure(s.space.layer_names[: len(tiles)], footprints, capacities), key="footprint_chart")
+    return tiles
+
+
+def _tensors(s: Stepper, tiles) -> None:
+    st.markdown("**The step's rTiles on the tensors** (the region one tile of each layer touches; last two dimensions)")
+    zoom = st.checkbox("zoom to the tiles", value=True)
+    st.plotly_chart(rtile_figure(s.space.expr, tiles, s.space.layer_names, zoom=zoom), key="rtile_chart")
+
+
+def _visits(s: Stepper, graph) -> None:
+    total = sum(graph.visits.values())
+    if not total:
+        return
+    top = sorted(graph.visits.items(), key=lambda kv: -kv[1])[:VISITS_SHOWN]
+    rows = [
+        {"state": key, "layer": graph.nodes[key].layer_name, "tile": tile_text(graph.axes, graph.nodes[key].tile),
+         "visits": n, "share": n / total}
+        for key, n in top if key in graph.nodes
+    ]
+    st.markdown(f"**Visits** ({total} in all; the share is the walk's empirical stationary distribution so far)")
+    st.dataframe(rows, hide_index=True, width="stretch")
 
 
 def page() -> None:
@@ -42,16 +123,20 @@ def page() -> None:
     s = stepper()
     if s is None:
         return
+    st.caption(selection().describe())
     _controls(s)
-    step = s.current
-    st.markdown(f"**Step {s.position}** of {len(s.steps)}{' (finished)' if s.done else ''}")
-    if step is None:
-        st.info("At the start. Press Next to take the first step.")
-    else:
-        st.markdown(f"`{step.action.describe(s.space.axes, s.space.layer_names)}`: {step.note}")
-        _alternatives(s, step)
-    counts = s.graph().counts()
-    st.caption(f"graph: {counts['nodes']} nodes, {counts['edges']} edges; candidates so far: {len(s.candidates())}")
+    _step_text(s)
+    graph, figure = views.graph_view(selection(), s.position, s)
+    st.plotly_chart(figure, key="graph_chart")
+    left, right = st.columns([3, 2])
+    with right:
+        tiles = _tiles(s)
+    with left:
+        _alternatives(s)
+        if s.policy_name == "markov":
+            _visits(s, graph)
+    if tiles:
+        _tensors(s, tiles)
 
 
 page()

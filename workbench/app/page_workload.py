@@ -1,88 +1,149 @@
-"""Workload page: what to construct, on which device, with which policy."""
+"""Workload page: what to construct (catalog operator, expression or suite entry), on which
+device, with which policy and options. Inputs are checked as they change; Apply replaces the
+session's selection only with a workload that builds, so bad input never loses the current one."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from workbench.app.state import selection, Selection
+from workbench.app.device_controls import device_controls
+from workbench.app.state import (
+    Selection,
+    built,
+    finished_candidates,
+    run_with_progress,
+    selection,
+    set_selection,
+    stepper,
+)
 from workbench.construct.space import Options
-from workbench.construct.stepper import POLICIES
+from workbench.construct.stepper import POLICIES, Stepper
 from workbench.errors import UserError
-from workbench.hardware.loader import list_presets
 from workbench.ops.catalog import list_ops
+from workbench.ops.shapes import DTYPES, parse_kv
 from workbench.workload import Workload, list_suites, load_suite
 
 SOURCES = ("Suite entry", "Catalog operator", "Expression")
+DEFAULT_EXPR = ("C[i,j] += A[i,k] * B[k,j]", "i=256,j=256,k=256")
 
 
-def _suite_controls() -> Workload:
-    suite = st.selectbox("Suite", list_suites(), index=list_suites().index("cpu-core"))
+def _source_index(w: Workload) -> int:
+    return 0 if w.label else (2 if w.expr is not None else 1)
+
+
+def _suite_controls(current: Workload) -> Workload:
+    suites = list_suites()
+    now = current.label.split(":", 1)[0] if current.label else "cpu-core"
+    suite = st.selectbox("Suite", suites, index=suites.index(now) if now in suites else 0)
     _, workloads = load_suite(suite)
     labels = [w.label for w in workloads]
-    return workloads[st.selectbox("Workload", range(len(labels)), format_func=labels.__getitem__)]
+    chosen = st.selectbox("Workload", labels, index=labels.index(current.label) if current.label in labels else 0)
+    return workloads[labels.index(chosen)]
 
 
-def _catalog_controls(dtype: str) -> Workload:
+def _catalog_controls(current: Workload) -> Workload:
     infos = {i.name: i for i in list_ops()}
-    info = infos[st.selectbox("Operator", list(infos))]
-    params = {}
-    for p in info.params:
-        if p.kind == "int":
-            params[p.name] = int(st.number_input(p.name, value=int(p.default or 64), step=1, help=p.doc))
-        elif p.kind == "bool":
-            params[p.name] = st.checkbox(p.name, value=bool(p.default), help=p.doc)
-        else:
-            text = st.text_input(f"{p.name} (AxBxC)", value="x".join(map(str, p.default or (64, 64))), help=p.doc)
-            params[p.name] = tuple(int(v) for v in text.split("x") if v.strip().lstrip("-").isdigit())
-    return Workload(op=info.name, params=tuple(sorted(params.items())), dtype=dtype)
+    names = list(infos)
+    info = infos[st.selectbox("Operator", names, index=names.index(current.op) if current.op in names and not current.label else 0)]
+    st.caption(info.description)
+    now = dict(current.params) if current.op == info.name else {}
+    params, cols = {}, st.columns(3)
+    for i, p in enumerate(info.params):
+        value = now.get(p.name, p.default)
+        with cols[i % 3]:
+            if p.kind == "int":
+                # No min_value: the catalog says what is wrong with 0, in words (shown below).
+                params[p.name] = int(st.number_input(p.name, value=int(value if value is not None else 64), step=1, help=p.doc))
+            elif p.kind == "bool":
+                params[p.name] = st.checkbox(p.name, value=bool(value), help=p.doc)
+            else:
+                text = st.text_input(f"{p.name} (AxBxC)", value="x".join(map(str, value or (64, 64))), help=p.doc)
+                params[p.name] = _ints(p.name, text)
+    return Workload(op=info.name, params=tuple(sorted(params.items())))
 
 
-def _expression_controls(dtype: str) -> Workload:
-    from workbench.ops.shapes import parse_kv
+def _ints(name: str, text: str) -> tuple[int, ...]:
+    value = parse_kv(f"{name}={text.strip()}")[name]
+    if isinstance(value, bool):
+        raise UserError(f"{name}: expected integers such as 17x11x3, got {text!r}")
+    return value if isinstance(value, tuple) else (value,)
 
-    text = st.text_input("Expression", value="C[i,j] += A[i,k] * B[k,j]")
-    extents = st.text_input("Extents", value="i=256,j=256,k=256")
-    return Workload(expr=text, params=tuple(sorted(parse_kv(extents).items())), dtype=dtype)
+
+def _expression_controls(current: Workload) -> Workload:
+    expr, extents = (current.expr, ",".join(f"{k}={v}" for k, v in current.params)) if current.expr else DEFAULT_EXPR
+    text = st.text_input("Expression", value=expr, help="e.g. C[i,j] += A[i,k] * B[k,j]; reductions +=, *=, max=, min=")
+    sizes = st.text_input("Extents", value=extents, help="one NAME=SIZE per axis, comma-separated")
+    return Workload(expr=text, params=tuple(sorted(parse_kv(sizes).items())))
 
 
-def _device_controls(current: str) -> str:
-    names = ("local-cpu",) + list_presets()
-    return st.selectbox("Device", names, index=names.index(current) if current in names else 0)
+def _workload_controls(current: Workload) -> Workload | None:
+    """The workload the inputs describe, built now so errors show as the user types; None (and
+    the error) when it does not build."""
+    source = st.radio("Source", SOURCES, index=_source_index(current), horizontal=True)
+    dtype = st.selectbox("dtype", DTYPES, index=DTYPES.index(current.dtype) if current.dtype in DTYPES else 1)
+    try:
+        controls = (_suite_controls, _catalog_controls, _expression_controls)[SOURCES.index(source)]
+        w = controls(current)
+        w = Workload(w.op, w.params, w.expr, dtype, w.label)
+        expr = built(w)
+    except UserError as err:
+        st.error(str(err))
+        return None
+    axes = ", ".join(f"{a.name}={a.extent}{'' if a.kind == 'spatial' else ' (reduce)'}" for a in expr.axes)
+    tensors = ", ".join(f"{t.name}[{'x'.join(map(str, t.shape))}]" for t in expr.tensors)
+    st.success(f"{expr.op}: axes {axes}; tensors {tensors}; {expr.flops:,} flops")
+    return w
+
+
+def _policy_controls(current: Selection) -> tuple[str, Options]:
+    names = sorted(POLICIES)
+    policy = st.selectbox("Policy", names, index=names.index(current.policy) if current.policy in names else 0)
+    o = current.options
+    cols = st.columns(4)
+    topk = int(cols[0].number_input("top-K", min_value=1, max_value=100, value=o.topk))
+    eps = float(cols[1].number_input("eps (tensor-shape waste)", min_value=0.0, max_value=1.0, value=o.eps, step=0.05))
+    seed = int(cols[2].number_input("seed", min_value=0, value=o.seed, step=1))
+    steps = int(cols[3].number_input("max steps", min_value=10, max_value=100_000, value=o.max_steps, step=500))
+    return policy, Options(topk=topk, eps=eps, max_steps=steps, seed=seed)
+
+
+def _apply(new: Selection) -> None:
+    """Make `new` the session's selection once its construction has run; a construction that
+    fails leaves the current selection and its results alone."""
+    try:
+        s = Stepper(built(new.workload), new.device, new.policy, new.options)
+        run_with_progress(s)
+    except UserError as err:
+        st.error(str(err))
+        return
+    set_selection(new)
+    st.session_state.stepper, st.session_state.stepper_for = s, new
+    st.success(f"Selected {new.describe()}: {len(s.candidates())} candidates in {len(s.steps)} steps.")
 
 
 def page() -> None:
     st.title("Workload")
+    now = st.empty()  # filled last: Apply may change the selection below
     sel = selection()
-    st.caption(f"Now: **{sel.workload.describe()}** on **{sel.device}**, policy {sel.policy}, top-{sel.options.topk}")
-    source = st.radio("Source", SOURCES, horizontal=True)  # outside the form: it changes the form
-    with st.form("workload"):
-        dtype = st.selectbox("dtype", ("float32", "float16"))
-        try:
-            if source == SOURCES[0]:
-                workload = _suite_controls()
-            elif source == SOURCES[1]:
-                workload = _catalog_controls(dtype)
-            else:
-                workload = _expression_controls(dtype)
-        except UserError as err:
-            workload = None
-            st.error(str(err))
-        device = _device_controls(sel.device)
-        policy = st.selectbox("Policy", sorted(POLICIES))
-        topk = int(st.number_input("top-K", min_value=1, max_value=50, value=sel.options.topk))
-        eps = float(st.number_input("eps (initial tensor-shape waste bound)", min_value=0.0, max_value=1.0, value=sel.options.eps))
-        if st.form_submit_button("Apply") and workload is not None:
-            _apply(Selection(workload, device, policy, Options(topk=topk, eps=eps)))
-
-
-def _apply(new: Selection) -> None:
-    try:
-        new.workload.build()  # validate before replacing the session's selection
-    except UserError as err:
-        st.error(str(err))
-        return
-    st.session_state.selection = new
-    st.success(f"Selected {new.workload.describe()} on {new.device}.")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Operator")
+        workload = _workload_controls(sel.workload)
+    with right:
+        st.subheader("Device")
+        device = device_controls(sel.device)
+        st.subheader("Construction")
+        policy, options = _policy_controls(sel)
+    if st.button("Apply", type="primary", disabled=workload is None or device is None):
+        new = Selection(workload, device, policy, options)
+        if new == sel:
+            st.info("Nothing changed: the current construction stays.")
+        else:
+            _apply(new)
+    # Constructing here means the dashboard opens on a finished construction (`make app`).
+    s = stepper()
+    done = f": {len(finished_candidates(s))} candidates in {len(s.steps)} steps" if s is not None else ""
+    now.caption(f"Now: **{selection().describe()}**{done}")
 
 
 page()

@@ -1,4 +1,9 @@
-"""Session state holds core values: the workload, device name, policy options and the stepper."""
+"""Session state holds core values only: the selection (workload, device spec, policy, options),
+its stepper, the last profile result and the candidates picked for the Kernel and Export pages.
+
+Every browser session has its own `st.session_state`; what is shared between sessions is cached
+by value (`st.cache_resource` keyed by frozen core values), so sharing is never visible.
+"""
 
 from __future__ import annotations
 
@@ -7,43 +12,114 @@ from dataclasses import dataclass
 import streamlit as st
 
 from workbench.construct.space import Options
+from workbench.construct.step import Candidate
 from workbench.construct.stepper import Stepper
 from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
 from workbench.workload import Workload, suite_workload
 
 DEFAULT_WORKLOAD = "cpu-core:mm-512"  # the sample workload `make app` opens on
 DEFAULT_DEVICE = "local-cpu"
+PROGRESS_EVERY = 100  # steps between progress-bar updates (a step takes well under a millisecond)
 
 
 @dataclass(frozen=True)
 class Selection:
     workload: Workload
-    device: str
+    device: DeviceSpec
     policy: str
     options: Options
+
+    def describe(self) -> str:
+        dtype = "" if self.workload.dtype == "float32" else f" {self.workload.dtype}"
+        return f"{self.workload.describe()}{dtype} on {self.device.name} ({self.policy}, top-{self.options.topk})"
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def built(workload: Workload) -> TensorExpr:
+    """`workload.build()`, shared by sessions (a TensorExpr is immutable); UserError for bad input
+    (exceptions are not cached, so a fixed input is built afresh)."""
+    return workload.build()
+
+
+@st.cache_resource(show_spinner=False)
+def preset(name: str) -> DeviceSpec:
+    return load_spec(name)
 
 
 def selection() -> Selection:
     if "selection" not in st.session_state:
-        st.session_state.selection = Selection(suite_workload(DEFAULT_WORKLOAD), DEFAULT_DEVICE, "roller", Options())
+        st.session_state.selection = Selection(suite_workload(DEFAULT_WORKLOAD), preset(DEFAULT_DEVICE), "roller", Options())
     return st.session_state.selection
 
 
-@st.cache_resource(show_spinner=False)
-def _device(name: str):
-    return load_spec(name)
+def set_selection(new: Selection) -> None:
+    """Replace the selection; the stepper, profile and picks of the old one go with it."""
+    st.session_state.selection = new
+    for key in ("stepper", "stepper_for", "profile", "picked", "bundle"):
+        st.session_state.pop(key, None)
 
 
 def stepper() -> Stepper | None:
-    """The stepper of the current selection (rebuilt when the selection changes); None plus an
-    error message in the page when the selection is bad input."""
+    """The stepper of the current selection, built and run to the end on first use (so every page
+    opens on a finished construction); None plus an error message when the selection is bad."""
     sel = selection()
     if st.session_state.get("stepper_for") != sel:
         try:
-            st.session_state.stepper = Stepper(sel.workload.build(), _device(sel.device), sel.policy, sel.options)
+            s = Stepper(built(sel.workload), sel.device, sel.policy, sel.options)
+            run_with_progress(s)
         except UserError as err:
             st.error(str(err))
             return None
-        st.session_state.stepper_for = sel
+        st.session_state.stepper, st.session_state.stepper_for = s, sel
     return st.session_state.stepper
+
+
+def run_with_progress(s: Stepper) -> None:
+    """Generate the rest of the construction (the position moves to the end) under a progress bar
+    that counts steps against the options' step bound."""
+    s.seek(len(s.steps))  # replaying recorded steps is instant; only new ones are worth a bar
+    if s.done:
+        return
+    bar = st.progress(0.0, text="constructing...")
+    bound = max(1, s.options.max_steps)
+    while s.next() is not None:
+        if len(s.steps) % PROGRESS_EVERY == 0:
+            bar.progress(min(1.0, len(s.steps) / bound), text=f"constructing: {len(s.steps)} steps")
+    bar.empty()
+
+
+def finished_candidates(s: Stepper) -> list[Candidate]:
+    """The top-K of the whole construction, leaving the stepper's position where it was."""
+    here = s.position
+    run_with_progress(s)
+    found = s.candidates()
+    s.seek(here)
+    return found
+
+
+def candidate(s: Stepper, rank: int) -> Candidate | None:
+    return next((c for c in finished_candidates(s) if c.rank == rank), None)
+
+
+def profile():
+    """The last profile result of the current selection (a core `ProfileResult`), or None."""
+    return st.session_state.get("profile")
+
+
+def picked() -> tuple[int, ...]:
+    """Candidate ranks picked on the Candidates page (default: the best predicted)."""
+    return st.session_state.get("picked", (1,))
+
+
+def ordered_ranks(cands) -> list[int]:
+    """All candidate ranks, the picked ones first."""
+    ranks = [c.rank for c in cands]
+    first = [r for r in picked() if r in ranks]
+    return first + [r for r in ranks if r not in first]
+
+
+def set_picked(ranks) -> None:
+    st.session_state.picked = tuple(sorted({int(r) for r in ranks})) or (1,)

@@ -1,0 +1,141 @@
+"""Real-browser smoke test: `streamlit run app.py` in a subprocess, driven by Debian's headless
+chromium through Playwright. Every page renders its main sections with no exception box, a Next
+click re-renders the construction, and a screenshot of each page lands in tests/artifacts/.
+
+`make test` installs /usr/bin/chromium where it is missing (CI runs as root), so the skip below
+only happens on a machine where that install was not possible.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+START_TIMEOUT_S = 90
+RENDER_TIMEOUT_MS = 90_000
+# (url path, title, plotly charts on the default workload, a main section that must be drawn)
+PAGES = (
+    ("", "Workload", 0, "text=matmul: axes"),
+    ("construction", "Construction", 3, "[data-testid='stSlider']"),
+    ("candidates", "Candidates", 1, "[data-testid='stDataFrame']"),
+    ("kernel", "Kernel", 0, "[data-testid='stCode']"),
+    ("export", "Export", 0, "button:has-text('Build the bundle')"),
+    ("runs", "Runs", 0, "text=No runs store"),
+)
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (`make test` installs it: apt-get install -y chromium)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    """The dashboard on a free port; the server and anything it started are killed afterwards."""
+    port = free_port()
+    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+               "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    with open(tmp_path / "streamlit.log", "w") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            _wait_healthy(proc, port, tmp_path / "streamlit.log")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its children only
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail(f"streamlit did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def _rendered(page, title: str, charts: int, section: str = "") -> None:
+    """Wait until the page's title, its main section and its charts are drawn and the script has
+    finished."""
+    page.wait_for_selector(f"h1:has-text('{title}')", timeout=RENDER_TIMEOUT_MS)
+    if section:
+        page.wait_for_selector(section, timeout=RENDER_TIMEOUT_MS)
+    if charts:
+        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {charts}", timeout=RENDER_TIMEOUT_MS)
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=RENDER_TIMEOUT_MS)
+
+
+def test_every_page_renders_in_chromium(server):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2200})
+            for path, title, charts, section in PAGES:
+                page.goto(f"{server}/{path}")
+                _rendered(page, title, charts, section)
+                page.screenshot(path=str(ARTIFACTS / f"{title.lower()}.png"), full_page=True)
+                assert page.locator("[data-testid='stException']").count() == 0, f"{title}: exception box shown"
+                assert page.locator("[data-testid='stAlertContentError']").count() == 0, f"{title}: error shown"
+            _next_click(page, server)
+            _select_on_the_roofline(page, server)
+        finally:
+            browser.close()
+
+
+def _next_click(page, server: str) -> None:
+    """Reset, then Next: the step text follows and the graph is redrawn with the current step."""
+    page.goto(f"{server}/construction")
+    _rendered(page, "Construction", 3)
+    page.get_by_role("button", name="Reset", exact=True).click()
+    page.wait_for_selector("text=Step 0", timeout=RENDER_TIMEOUT_MS)
+    page.get_by_role("button", name="Next", exact=True).click()
+    page.wait_for_selector("text=Step 1", timeout=RENDER_TIMEOUT_MS)
+    _rendered(page, "Construction", 3)
+    assert page.locator(".js-plotly-plot .legendtext:has-text('current step')").count() == 1
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.screenshot(path=str(ARTIFACTS / "construction-step-1.png"), full_page=True)
+
+
+def _select_on_the_roofline(page, server: str) -> None:
+    """Box-select every point of the roofline: all candidates become picked (the multiselect)."""
+    page.goto(f"{server}/candidates")
+    _rendered(page, "Candidates", 1, "[data-testid='stMultiSelect']")
+    area = page.locator(".js-plotly-plot .nsewdrag").first.bounding_box()
+    page.mouse.move(area["x"] + 2, area["y"] + 2)
+    page.mouse.down()
+    page.mouse.move(area["x"] + area["width"] / 2, area["y"] + area["height"] / 2, steps=5)
+    page.mouse.move(area["x"] + area["width"] - 2, area["y"] + area["height"] - 2, steps=5)
+    page.mouse.up()
+    picker = page.locator("[data-testid='stMultiSelect']")
+    page.wait_for_function("document.querySelector('[data-testid=\"stMultiSelect\"]').innerText.includes('10')", timeout=RENDER_TIMEOUT_MS)
+    assert "10" in picker.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "candidates-selected.png"), full_page=True)

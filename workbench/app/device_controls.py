@@ -1,0 +1,110 @@
+"""Device controls of the Workload page: a preset, this machine (detected, or calibrated in this
+session), or an uploaded spec TOML validated by the same loader as `specs/devices/*.toml`."""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from workbench.app.state import preset
+from workbench.codegen.common import first_line
+from workbench.errors import UserError
+from workbench.hardware.loader import (
+    LOCAL_CPU,
+    list_presets,
+    spec_from_toml_text,
+    spec_summary,
+)
+from workbench.hardware.spec import DeviceSpec
+
+SOURCES = ("Preset", "This machine (local-cpu)", "Upload a spec TOML")
+
+
+def _source_of(current: DeviceSpec) -> int:
+    if any(current == preset(name) for name in list_presets()):
+        return 0
+    if current.kind == "cpu" and current.name == preset(LOCAL_CPU).name:
+        return 1
+    return 2
+
+
+def device_controls(current: DeviceSpec) -> DeviceSpec | None:
+    """The device the user chose (None, with the reason shown, when there is none yet)."""
+    source = st.radio("Device", SOURCES, index=_source_of(current), horizontal=True)
+    if source == SOURCES[0]:
+        names = list_presets()
+        index = names.index(current.name) if current.name in names else 0
+        spec = preset(st.selectbox("Preset", names, index=index))
+    elif source == SOURCES[1]:
+        spec = _local_controls()
+    else:
+        spec = _upload_controls()
+    if spec is not None:
+        _summary(spec)
+    return spec
+
+
+def _local_controls() -> DeviceSpec | None:
+    spec = st.session_state.get("calibrated") or preset(LOCAL_CPU)
+    st.caption(f"{spec.name}: {spec.compute_units} cores, " + ("calibrated" if spec.calibrated else "detected (not calibrated)"))
+    cols = st.columns([1, 2])
+    quick = cols[1].checkbox("quick (about 2 s, smaller DRAM working set)", value=True)
+    if cols[0].button("Calibrate"):
+        measured = _calibrate(quick)
+        if measured is not None:
+            st.session_state.calibrated = spec = measured
+            st.success("Calibrated: bandwidths and peak compute measured on this machine (used by this session).")
+    return spec
+
+
+def _calibrate(quick: bool) -> DeviceSpec | None:
+    from workbench.hardware.calibrate import calibrate, probes
+    from workbench.hardware.detect import detect_local_cpu
+
+    detected = detect_local_cpu()  # calibrate the fresh detection: sources would nest otherwise
+    threads = max(1, min(detected.compute_units, os.cpu_count() or 1))
+    total = len(probes(detected, threads, quick))
+    bar = st.progress(0.0, text="calibrating: starting the benchmark process...")
+    done = []
+
+    def report(line: str) -> None:
+        done.append(line)
+        bar.progress(min(1.0, len(done) / total), text=f"calibrating: {line}")
+
+    try:
+        with st.spinner("calibrating..."):
+            return calibrate(detected, quick=quick, progress=report)
+    except UserError as err:
+        st.error(str(err))
+    except Exception as err:  # the benchmark process can die in many ways; the session must not
+        st.error(f"calibration failed: {first_line(err)}")
+    finally:
+        bar.empty()
+    return None
+
+
+def _upload_controls() -> DeviceSpec | None:
+    upload = st.file_uploader("Device spec (TOML, as in specs/devices/)", type=["toml"])
+    if upload is None:
+        st.info("Upload a spec file; it is validated as the presets are.")
+        return None
+    try:
+        text = upload.getvalue().decode("utf-8")
+    except UnicodeDecodeError:
+        st.error(f"{upload.name}: not UTF-8 text")
+        return None
+    try:
+        return spec_from_toml_text(text, label=upload.name)
+    except UserError as err:
+        st.error(str(err))
+        return None
+
+
+def _summary(spec: DeviceSpec) -> None:
+    summary = spec_summary(spec)
+    st.caption(f"**{spec.name}** ({spec.kind}, {spec.compute_units} units), peak "
+               + ", ".join(f"{d} {g:,.0f} GFLOP/s" for d, g in summary["peak_gflops"].items()))
+    rows = [{"layer": l["name"], "scope": l["scope"], "capacity": l["capacity_bytes"], "GB/s": l["bandwidth_gbps"],
+             "latency ns": l["latency_ns"]} for l in summary["layers"]]
+    st.dataframe(rows, hide_index=True, width="stretch")

@@ -1,0 +1,106 @@
+"""Kernel page: what codegen made of a candidate. Generated source (CUDA C, or LLVM IR and
+assembly on CPUs), the scheduled TVMScript and the schedule trace, a side-by-side diff of two
+candidates, and on GPU devices the ptxas register / spill report where nvcc is installed."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench.app import views
+from workbench.app.state import finished_candidates, ordered_ranks, selection, stepper
+from workbench.codegen.nvcc import compile_ptx, nvcc_path
+from workbench.viz.diff import changed_lines, side_by_side_diff
+from workbench.viz.fmt import micros
+
+# st.code languages (Prism names) per source suffix of `Kernel.sources`.
+LANGUAGES = {"cu": "cpp", "ll": "llvm", "s": "nasm"}
+SOURCE_NAMES = {"cu": "CUDA C", "ll": "LLVM IR", "s": "assembly"}
+CODE_HEIGHT = 520  # px: long kernels scroll inside the block
+ARTIFACTS = ("scheduled TVMScript", "schedule trace", "main source")
+
+
+def built_kernel(s, cand):
+    with st.spinner(f"building candidate {cand.rank}..."):
+        return views.kernel(selection(), cand.rank, s, cand)
+
+
+def _artifact(kernel, which: str) -> str:
+    return {ARTIFACTS[0]: kernel.tvmscript, ARTIFACTS[1]: kernel.trace_python}.get(which, kernel.source)
+
+
+def _sources(kernel) -> None:
+    names = [SOURCE_NAMES.get(suffix, suffix) for suffix, _ in kernel.sources]
+    names += ["scheduled TVMScript", "schedule trace"]
+    tabs = st.tabs(names)
+    for tab, (suffix, text) in zip(tabs, kernel.sources):
+        tab.code(text, language=LANGUAGES.get(suffix, "text"), line_numbers=True, height=CODE_HEIGHT)
+    tabs[-2].code(kernel.tvmscript, language="python", height=CODE_HEIGHT)
+    tabs[-1].code(kernel.trace_python, language="python", height=CODE_HEIGHT)
+
+
+def _diff(s, by_rank: dict, ranks: list[int]) -> None:
+    st.subheader("Diff of two candidates")
+    if len(ranks) < 2:
+        st.caption("Only one candidate: nothing to compare.")
+        return
+    cols = st.columns(3)
+    a = cols[0].selectbox("left", ranks, index=0, format_func=lambda r: f"#{r}")
+    b = cols[1].selectbox("right", ranks, index=1, format_func=lambda r: f"#{r}")
+    which = cols[2].selectbox("compare", ARTIFACTS)
+    ka, kb = built_kernel(s, by_rank[a]), built_kernel(s, by_rank[b])
+    if not (ka.ok and kb.ok):
+        st.error("; ".join(f"#{r}: {k.error}" for r, k in ((a, ka), (b, kb)) if not k.ok))
+        return
+    left, right = _artifact(ka, which), _artifact(kb, which)
+    st.caption(f"{changed_lines(left, right)} lines differ")
+    st.html(side_by_side_diff(left, right, f"#{a} {which}", f"#{b} {which}"))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _ptxas(source: str, arch: str):
+    return compile_ptx(source, arch)
+
+
+def _ptxas_report(kernel, device) -> None:
+    if device.kind != "gpu":
+        return
+    st.subheader("ptxas report")
+    if nvcc_path() is None:
+        st.info("nvcc is not on PATH here: no register / spill report.")
+        return
+    arch = str(device.target_dict().get("arch", "sm_80"))
+    with st.spinner("nvcc --ptx, ptxas -v..."):
+        result = _ptxas(kernel.source, arch)
+    if not result.ok or result.ptxas_report is None:
+        st.error(result.error or "ptxas gave no report")
+        return
+    r = result.ptxas_report
+    st.dataframe([{"arch": result.arch, "registers / thread": r.registers, "spill stores B": r.spill_store_bytes,
+                   "spill loads B": r.spill_load_bytes, "stack B": r.stack_bytes, "shared B": r.shared_bytes}], hide_index=True)
+
+
+def page() -> None:
+    st.title("Kernel")
+    s = stepper()
+    if s is None:
+        return
+    sel = selection()
+    st.caption(sel.describe())
+    cands = finished_candidates(s)
+    if not cands:
+        st.warning("The construction found no candidates.")
+        return
+    ranks = ordered_ranks(cands)
+    by_rank = {c.rank: c for c in cands}
+    rank = st.selectbox("Candidate", ranks, format_func=lambda r: f"#{r}: predicted {micros(by_rank[r].predicted_seconds)}")
+    kernel = built_kernel(s, by_rank[rank])
+    if not kernel.ok:
+        st.error(f"candidate {rank} did not build: {kernel.error}")
+    else:
+        st.caption(f"template {kernel.template}, target {kernel.target}, built in {kernel.build_seconds:.2f} s")
+        _sources(kernel)
+        _ptxas_report(kernel, sel.device)
+    _diff(s, by_rank, ranks)
+
+
+page()

@@ -1,0 +1,83 @@
+"""Runs page: the history in the SQLite runs store, filtered by workload, device and policy; the
+best time so far of each (workload, device) over time, and predicted vs measured across runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import streamlit as st
+
+from workbench.app.profile_controls import store_path, store_path_input
+from workbench.errors import UserError
+from workbench.profile.store import RunStore
+from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
+from workbench.viz.runs import best_so_far_figure
+
+ALL = "(all)"
+SERIES_SHOWN = 8  # (workload, device) lines on the best-so-far chart
+RUNS_COMPARED = 20  # most recent runs on the predicted-vs-measured chart
+
+
+def _filters(runs) -> tuple[str | None, str | None, str | None]:
+    cols = st.columns(3)
+    chosen = []
+    for col, label, values in zip(cols, ("workload", "device", "policy"),
+                                  ([r.workload for r in runs], [r.device for r in runs], [r.policy for r in runs])):
+        choice = col.selectbox(label, (ALL,) + tuple(sorted(set(values))))
+        chosen.append(None if choice == ALL else choice)
+    return tuple(chosen)
+
+
+def _best_us(measurements) -> float | None:
+    """The run's fastest correct kernel, in microseconds (None when none was correct)."""
+    times = [m.measurement.best_seconds for m in measurements if m.measurement.ok]
+    return min(times) * 1e6 if times else None
+
+
+def _table(runs, measured: dict) -> None:
+    rows = [
+        {"run": r.id, "started": datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M:%S"),
+         "workload": r.workload, "device": r.device, "policy": r.policy, "runner": r.runner, "top-K": r.topk,
+         "finished": r.finished_at is not None,
+         "best us": _best_us(measured[r.id])}
+        for r in reversed(runs)
+    ]
+    st.dataframe(rows, hide_index=True, width="stretch", column_config={"best us": st.column_config.NumberColumn(format="%.2f")})
+
+
+def _charts(store: RunStore, runs, measured: dict) -> None:
+    pairs = list(dict.fromkeys((r.workload, r.device) for r in reversed(runs)))[:SERIES_SHOWN]
+    series = {f"{w} on {d}": store.best_so_far(w, d) for w, d in pairs}
+    points = [
+        ComparedPoint(m.rank, m.predicted_seconds, m.measurement.best_seconds if m.measurement.ok else None, f"run {r.id}")
+        for r in runs[-RUNS_COMPARED:] for m in measured[r.id]
+    ]
+    left, right = st.columns(2)
+    left.plotly_chart(best_so_far_figure(series), key="best_chart")
+    right.plotly_chart(predicted_vs_measured_figure(points), key="runs_compare_chart")
+
+
+def page() -> None:
+    st.title("Runs")
+    store_path_input()
+    path = Path(store_path()).expanduser()
+    if not path.is_file():
+        st.info(f"No runs store at {path} yet: profile candidates on the Candidates page (or give another path).")
+        return
+    try:
+        with RunStore(path) as store:
+            workload, device, policy = _filters(store.runs())
+            runs = store.runs(workload, device, policy)
+            if not runs:
+                st.info("No runs match.")
+                return
+            measured = {r.id: store.measurements_of(r.id) for r in runs}
+            st.caption(f"{len(runs)} runs in {path}")
+            _table(runs, measured)
+            _charts(store, runs, measured)
+    except UserError as err:
+        st.error(str(err))
+
+
+page()

@@ -1,0 +1,74 @@
+"""Profile controls of the Candidates page: runner (this machine, or a TVM RPC tracker), the runs
+store, and a progress bar fed by the session's ProgressEvents. A failed session (bad tracker,
+unwritable store) shows an error and keeps the previous result."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench.app.state import Selection
+from workbench.errors import UserError
+from workbench.profile.runner import Timing
+from workbench.profile.session import ProgressEvent, profile_candidates
+from workbench.profile.store import RunStore, default_path
+
+RUNNERS = {"This machine (local)": "local", "RPC tracker": "rpc"}
+BUILD_SHARE = 0.5  # of the progress bar: building comes first, then measuring
+
+
+def store_path() -> str:
+    """The runs store path the Candidates and Runs pages share (default: the user's data dir)."""
+    return st.session_state.get("store_path") or str(default_path())
+
+
+def _on_store_path() -> None:
+    st.session_state.store_path = st.session_state.store_path_input.strip()
+
+
+def store_path_input() -> None:
+    st.session_state.store_path_input = store_path()
+    st.text_input("Runs store (SQLite)", key="store_path_input", on_change=_on_store_path)
+
+
+def _fraction(event: ProgressEvent) -> float:
+    share = event.done / max(1, event.total)
+    return BUILD_SHARE * share if event.phase == "build" else BUILD_SHARE + (1 - BUILD_SHARE) * share
+
+
+def profile_controls(s, sel: Selection, cands) -> None:
+    """The profile form; a finished run is kept as the session's `profile`."""
+    with st.expander("Profile", expanded=st.session_state.get("profile") is None):
+        cols = st.columns([2, 1, 3])
+        runner = RUNNERS[cols[0].radio("Runner", list(RUNNERS), horizontal=True)]
+        repeat = int(cols[1].number_input("repeats per candidate", min_value=1, max_value=100, value=5))
+        with cols[2]:
+            store_path_input()
+        tracker = key = None
+        if runner == "rpc":
+            cols = st.columns(2)
+            tracker = cols[0].text_input("Tracker HOST:PORT", value="127.0.0.1:9190")
+            key = cols[1].text_input("Device key", value="")
+        if st.button("Profile", type="primary"):
+            _run(s, sel, cands, runner, tracker, key, repeat)
+
+
+def _run(s, sel: Selection, cands, runner: str, tracker, key, repeat: int) -> None:
+    bar = st.progress(0.0, text="profiling: starting the build workers...")
+
+    def report(event: ProgressEvent) -> None:
+        bar.progress(_fraction(event), text=f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:200])
+
+    try:
+        with RunStore(store_path()) as store:
+            result = profile_candidates(
+                s.space.expr, sel.device, cands, runner=runner, tracker=tracker, key=key, store=store,
+                workload_label=sel.workload.describe(), policy=sel.policy, timing=Timing(repeat=repeat), progress=report,
+            )
+    except UserError as err:
+        st.error(str(err))
+        return
+    finally:
+        bar.empty()
+    st.session_state.profile = result
+    ok = sum(1 for m in result.measurements if m.ok)
+    st.success(f"Profiled {len(result.measurements)} candidates ({ok} correct and timed) in {result.seconds:.1f} s; run {result.run_id}.")

@@ -1,0 +1,79 @@
+"""Predicted vs measured: a log-log scatter with the y = x line and the rank correlations.
+
+One trace per group (one profile run, or one run of many in the runs history); a candidate
+without a correct measurement has no point. `customdata` of a point is the candidate's rank, so a
+selection of points picks candidates (`ranks_from_selection`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from workbench.profile.compare import compare
+
+
+@dataclass(frozen=True)
+class ComparedPoint:
+    rank: int
+    predicted_seconds: float
+    measured_seconds: float | None  # None: no correct measurement
+    group: str = ""
+
+
+def _correlation_text(points: Sequence[ComparedPoint]) -> str:
+    c = compare([p.rank for p in points], [p.predicted_seconds for p in points], [p.measured_seconds for p in points])
+    if c.n < 2:
+        return f"{c.n} measured"
+    if math.isnan(c.spearman):  # constant predictions or measurements: ranks say nothing
+        return f"rank correlation undefined (ties) over {c.n} measured"
+    return f"Spearman {c.spearman:.2f}, Kendall {c.kendall:.2f} over {c.n} measured"
+
+
+def predicted_vs_measured_figure(points: Sequence[ComparedPoint], title: str = "") -> go.Figure:
+    """Measured against predicted seconds (both in microseconds, log-log), a trace per group,
+    the y = x line over the range of the points, and the rank correlation per group."""
+    groups: dict[str, list[ComparedPoint]] = {}
+    for p in points:
+        groups.setdefault(p.group, []).append(p)
+    traces = []
+    for group, members in groups.items():
+        shown = [p for p in members if p.measured_seconds]
+        name = f"{group} ({_correlation_text(members)})" if group else "candidates"
+        traces.append(go.Scatter(
+            x=[p.predicted_seconds * 1e6 for p in shown], y=[p.measured_seconds * 1e6 for p in shown],
+            mode="markers+text" if len(groups) == 1 else "markers", name=name,
+            text=[f"#{p.rank}" for p in shown], textposition="top center", customdata=[p.rank for p in shown],
+            marker={"size": 10}, hovertemplate="#%{customdata}: predicted %{x:.3g} us, measured %{y:.3g} us<extra>"
+            + (group or "candidate") + "</extra>",
+        ))
+    values = [v * 1e6 for p in points for v in (p.predicted_seconds, p.measured_seconds) if v]
+    lo, hi = (min(values) / 1.5, max(values) * 1.5) if values else (1.0, 10.0)
+    traces.append(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", hoverinfo="skip",
+                             line={"dash": "dash", "color": "black"}))
+    heading = title or (_correlation_text(points) if len(groups) <= 1 else f"{len(groups)} runs")
+    fig = go.Figure(traces)
+    fig.update_layout(
+        height=460, margin={"l": 10, "r": 10, "t": 40, "b": 40}, title={"text": heading, "font": {"size": 13}},
+        legend={"orientation": "h", "y": -0.25},
+        xaxis={"type": "log", "title": "predicted (us)"}, yaxis={"type": "log", "title": "measured (us)"},
+    )
+    return fig
+
+
+def ranks_from_selection(points: Iterable[Mapping]) -> tuple[int, ...]:
+    """Candidate ranks of selected plotly points (their `customdata`), sorted, without repeats;
+    points of traces without ranks (lines, ceilings) are ignored."""
+    ranks = set()
+    for point in points:
+        value = point.get("customdata")
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            ranks.add(value)
+        elif isinstance(value, float) and value.is_integer():
+            ranks.add(int(value))
+    return tuple(sorted(ranks))

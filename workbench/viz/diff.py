@@ -1,0 +1,42 @@
+"""Side-by-side diff of two texts (kernel sources, TVMScript, schedule traces) as an HTML table."""
+
+from __future__ import annotations
+
+import difflib
+
+CONTEXT_LINES = 3  # unchanged lines shown around each change
+WRAP_COLUMNS = 72  # each side of the table gets half the page
+
+
+def side_by_side_diff(a: str, b: str, a_name: str, b_name: str) -> str:
+    """An HTML table with `a` left and `b` right, changed lines highlighted, unchanged stretches
+    folded to `CONTEXT_LINES` around each change; a note instead when the texts are equal."""
+    if a == b:
+        return f"<p>{_escape(a_name)} and {_escape(b_name)} are identical.</p>"
+    table = difflib.HtmlDiff(tabsize=4, wrapcolumn=WRAP_COLUMNS).make_table(
+        a.splitlines(), b.splitlines(), _escape(a_name), _escape(b_name), context=True, numlines=CONTEXT_LINES
+    )
+    return f'{_STYLE}<div style="overflow-x: auto">{table}</div>'
+
+
+def changed_lines(a: str, b: str) -> int:
+    """Lines added or removed between `a` and `b`."""
+    diff = difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm="", n=0)
+    return sum(1 for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---")))
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# difflib's own legend CSS classes; monospace and compact so long kernels stay readable.
+_STYLE = """<style>
+table.diff {font-family: monospace; font-size: 12px; border-collapse: collapse}
+table.diff td {padding: 0 4px; vertical-align: top; white-space: pre-wrap}
+.diff_header {background-color: #e0e0e0; text-align: right}
+.diff_next {background-color: #c0c0c0}
+.diff_add {background-color: #aaffaa}
+.diff_chg {background-color: #ffff77}
+.diff_sub {background-color: #ffaaaa}
+</style>
+"""
