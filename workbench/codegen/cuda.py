@@ -12,6 +12,8 @@ elementwise, most reductions) read their inputs straight from global memory.
 Tiles that do not divide an extent are realised by predicated splits: the tail block computes
 under a guard, so prime shapes still give correct code. `workbench.codegen.nvcc` checks the
 generated source with nvcc and reports ptxas's registers and spills.
+
+Tensor-core programs (float16 matmuls on GPUs with MMA units) take `cuda_mma`'s WMMA schedule.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from workbench.codegen.common import (
     producer_names,
     split_by_chain,
 )
+from workbench.codegen.cuda_mma import schedule_wmma, unsupported
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -66,12 +69,23 @@ class CudaTemplate:
         check_program(expr, program)
         if len(program.tiles) != 2:
             raise ScheduleError(f"a GPU program has two layers (registers, shared), got {len(program.tiles)}")
-        program = lane_program(expr, program, device)
-        threads, limit = block_threads(expr, program), _limit(device, "max_threads_per_block")
+        wmma = unsupported(expr, program, device) is None
+        if wmma and self.vthreads:
+            raise ScheduleError("vthreads stride CUDA-core register tiles; a tensor-core program has none")
+        if not wmma:
+            # Tensor-core programs the WMMA path cannot take (`cuda_mma.unsupported` names why:
+            # bfloat16 and other dtypes without TVM WMMA intrinsics, contractions that are not a
+            # (batched) matmul, warp tiles off the fragment grid) run on the CUDA cores instead.
+            program = lane_program(expr, program, device)
+        threads = block_threads(expr, program) * (device.warp_size if wmma else 1)
+        limit = _limit(device, "max_threads_per_block")
         if threads > limit:
             raise ScheduleError(f"{threads} threads per block exceed the target's {limit}")
         try:
-            sch = _schedule(expr, program, device, dict(self.vthreads))
+            if wmma:
+                sch = schedule_wmma(expr, program, device)
+            else:
+                sch = _schedule(expr, program, device, dict(self.vthreads))
         except ScheduleError:
             raise
         except Exception as err:  # a TVM primitive refused the program
@@ -111,6 +125,7 @@ def gpu_resources(sch, device: DeviceSpec) -> GpuResources:
         s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
         s_tir.transform.ConvertBlocksToOpaque(),
         s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerMatchBuffer(),  # tensorized (WMMA) blocks bind their operands this way
         s_tir.transform.LowerOpaqueBlock(),
         tirx.transform.FlattenBuffer(),
     ]
@@ -134,9 +149,9 @@ def _limit(device: DeviceSpec, key: str) -> int:
 
 def lane_program(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> RProgram:
     """A tensor-core program's top tile is one warp's fragment tile (rtile.alignment.mma_axes).
-    There is no wmma/mma path yet, so it is realised on the CUDA cores: the warp tile is split
-    over the warp's lanes along (i, j), which keeps the program's threads per block and its
-    shared-memory tiles. Other programs are returned unchanged."""
+    Where the WMMA path (`cuda_mma`) cannot take it, it is realised on the CUDA cores: the warp
+    tile is split over the warp's lanes along (i, j), which keeps the program's threads per block
+    and its shared-memory tiles. Other programs are returned unchanged."""
     mma = mma_axes(expr, device)
     if mma is None:
         return program
