@@ -225,3 +225,13 @@ def test_no_tensor_cores_without_mma_units_or_for_float32():
     for dev, dtype in (("k80", "float16"), ("h100", "float32")):
         built = construct(expr("matmul", dtype, M=512, N=512, K=512), device(dev))
         assert any(s % 16 for c in built.candidates for s in c.program.tiles[0])
+
+
+def test_half_precision_conv_is_not_a_tensor_core_contraction():
+    """A conv window (h*stride + r) is no MMA contraction: fp16 conv constructs on CUDA cores."""
+    from workbench.construct.stepper import construct
+    from workbench.rtile.alignment import mma_axes
+
+    conv = expr("conv2d", "float16", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=1, pad=1)
+    assert mma_axes(conv, device("h100")) is None
+    assert construct(conv, device("h100")).candidates

@@ -157,18 +157,24 @@ def _dim_axis(tensor, dim: int) -> int | None:
 
 def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | None:
     """(i, j, k) covered by an MMA fragment, or None where tensor cores do not apply: the device
-    has no MMA unit for the dtype, or the operator is not a contraction into a 2-D output tile
-    (i, j = the output's last two dims; k = a reduce axis contiguous in an input)."""
+    has no MMA unit for the dtype, or the operator is not a contraction C[.., i, j] += A[.., i, k]
+    * B[.., k, j] (i, j the output's last two dims; each of i, j, k indexing a dimension alone;
+    A without j, B without i). A conv's window `h*stride + r` is not such a contraction."""
     if device.kind != "gpu" or not device.tensor_core_fragment or expr.dtype not in dict(device.tensor_core_gflops):
         return None
     out = expr.output
-    if len(out.index) < 2:
+    if len(out.index) < 2 or len(expr.inputs) != 2:
         return None
     i, j = _dim_axis(out, len(out.index) - 2), _dim_axis(out, len(out.index) - 1)
-    ks = [leading_axis(t) for t in expr.inputs if leading_axis(t) in expr.reduce]
-    if i is None or j is None or i == j or not ks:
+    if i is None or j is None or i == j:
         return None
-    return i, j, ks[0]
+    sole = [{_dim_axis(t, d) for d in range(len(t.index))} - {None} for t in expr.inputs]
+    for a, b in ((0, 1), (1, 0)):
+        if i in sole[a] and j in sole[b] and not expr.inputs[a].uses_axis(j) and not expr.inputs[b].uses_axis(i):
+            ks = [k for k in expr.reduce if k in sole[a] and k in sole[b]]
+            if ks:
+                return i, j, ks[-1]
+    return None
 
 
 def tile_lanes(expr: TensorExpr, device: DeviceSpec) -> int:
