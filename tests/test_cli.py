@@ -173,13 +173,15 @@ def test_profile_refuses_a_foreign_db(capsys, tmp_path):
 def test_bench_kernels_measures_baselines_in_the_same_run(capsys, tmp_path):
     suite = tmp_path / "tiny.toml"
     suite.write_text('[suite]\nname = "tiny"\n[[workload]]\nid = "mm"\nop = "matmul"\nM = 64\nN = 64\nK = 64\n')
-    code, out, _ = run(capsys, "bench", "kernels", "--suite", str(suite), "--topk", "2", "--baselines", "numpy", "--db", str(tmp_path / "r.db"), "--json")
+    code, out, _ = run(capsys, "bench", "kernels", "--suite", str(suite), "--topk", "2", "--policy", "roller,markov", "--baselines", "numpy", "--db", str(tmp_path / "r.db"), "--json")
     assert code == 0
     doc = json.loads(out)
     (row,) = doc["results"]
     assert row["id"] == "mm" and row["best_seconds"] > 0 and row["best_rank"] in (1, 2)
     assert row["baselines"]["numpy"] > 0
     assert doc["speed_ratio_geomean"]["numpy"] > 0
+    assert row["policies"]["markov"]["best_seconds"] > 0
+    assert doc["policy_speed_ratio_geomean"]["markov/roller"] > 0
 
 
 def test_model_reports_operators_and_waves(capsys):

@@ -21,9 +21,11 @@ from workbench.workload import Workload
 
 @dataclass(frozen=True)
 class KernelBench:
-    """One workload's row: the workbench's best-of-top-K and each baseline, same run."""
+    """One workload's row: the workbench's best-of-top-K per policy and each baseline, same run.
+    The first policy is the row's main result; the others are measured right after it."""
 
     id: str
+    policy: str
     construct_seconds: float
     profile_seconds: float
     best_seconds: float | None
@@ -31,10 +33,12 @@ class KernelBench:
     spearman: float | None
     baselines: tuple[tuple[str, dict], ...]
     comparison: object
+    others: tuple[tuple[str, dict], ...] = ()  # (policy, its best_seconds / best_rank / ...)
 
     def to_dict(self) -> dict:
         return {
             "id": self.id,
+            "policy": self.policy,
             "construct_seconds": self.construct_seconds,
             "profile_seconds": self.profile_seconds,
             "best_seconds": self.best_seconds,
@@ -42,28 +46,41 @@ class KernelBench:
             "spearman": self.spearman,
             "baselines": {name: r["seconds"] for name, r in self.baselines},
             "baseline_details": dict(self.baselines),
+            "policies": dict(self.others),
         }
+
+
+def _profile_policy(workload, device, policy, topk, store, timing, seed):
+    built = construct(workload.build(), device, policy, Options(topk=topk, seed=seed))
+    result = profile_candidates(
+        built.expr, device, built.candidates, store=store, workload_label=workload.describe(), policy=policy, timing=timing
+    )
+    return built, result
 
 
 def bench_workload(
     workload: Workload,
     device: DeviceSpec,
     *,
-    policy: str,
+    policies: Sequence[str],
     topk: int,
     baselines: Sequence[Baseline],
     store: RunStore | None,
     timing: Timing = Timing(),
     seed: int = 0,
 ) -> KernelBench:
-    built = construct(workload.build(), device, policy, Options(topk=topk, seed=seed))
-    result = profile_candidates(
-        built.expr, device, built.candidates, store=store, workload_label=workload.describe(), policy=policy, timing=timing
-    )
+    runs = [(p, *_profile_policy(workload, device, p, topk, store, timing, seed)) for p in policies]
+    policy, built, result = runs[0]
     best = result.best
     measured = tuple((b.name, b.measure(built.expr, device).to_dict()) for b in baselines)
+    others = tuple(
+        (p, {"best_seconds": r.best.best_seconds if r.best else None, "best_rank": r.best.rank if r.best else None,
+             "construct_seconds": c.seconds, "spearman": r.comparison.to_dict()["spearman"]})
+        for p, c, r in runs
+    )
     return KernelBench(
         id=workload.label.split(":", 1)[-1],
+        policy=policy,
         construct_seconds=built.seconds,
         profile_seconds=result.seconds,
         best_seconds=best.best_seconds if best else None,
@@ -71,39 +88,48 @@ def bench_workload(
         spearman=result.comparison.to_dict()["spearman"],
         baselines=measured,
         comparison=result.comparison,
+        others=others,
     )
+
+
+def _geomean_speedup(pairs) -> float | None:
+    """Geometric mean of reference_time / workbench_time over pairs where both exist."""
+    pairs = [(ref, ours) for ref, ours in pairs if ref and ours]
+    return geometric_mean([ref / ours for ref, ours in pairs]) if pairs else None
 
 
 def bench_suite(
     workloads: Sequence[Workload],
     device: DeviceSpec,
     *,
-    policy: str,
+    policies: Sequence[str],
     topk: int,
     baselines: Sequence[Baseline],
     store: RunStore | None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Every workload, then the suite's aggregates: speed ratios to each baseline (geometric
-    mean of baseline_time / workbench_time, > 1 means the workbench is faster) and the model's
-    rank correlation."""
+    """Every workload, then the suite's aggregates: speed ratios of the first policy to each
+    baseline (geometric mean of baseline_time / workbench_time, > 1 means the workbench is
+    faster), of every other policy to the first, and the model's rank correlation."""
     start = time.perf_counter()
     rows = []
     for i, w in enumerate(workloads):
         if progress:
             progress(f"[{i + 1}/{len(workloads)}] {w.describe()}")
-        rows.append(bench_workload(w, device, policy=policy, topk=topk, baselines=baselines, store=store))
-    ratios = {}
-    for b in baselines:
-        pairs = [(dict(r.baselines)[b.name]["seconds"], r.best_seconds) for r in rows]
-        pairs = [(base, ours) for base, ours in pairs if base and ours]
-        ratios[b.name] = geometric_mean([base / ours for base, ours in pairs]) if pairs else None
+        rows.append(bench_workload(w, device, policies=policies, topk=topk, baselines=baselines, store=store))
+    ratios = {b.name: _geomean_speedup((dict(r.baselines)[b.name]["seconds"], r.best_seconds) for r in rows) for b in baselines}
+    versus = {
+        f"{p}/{policies[0]}": _geomean_speedup((r.best_seconds, dict(r.others)[p]["best_seconds"]) for r in rows)
+        for p in policies[1:]
+    }
     return {
         "device": device.name,
-        "policy": policy,
+        "policy": policies[0],
+        "policies": list(policies),
         "topk": topk,
         "results": [r.to_dict() for r in rows],
         "speed_ratio_geomean": ratios,
+        "policy_speed_ratio_geomean": versus,
         "model": aggregate([r.comparison for r in rows]).to_dict(),
         "bench_seconds": time.perf_counter() - start,
     }

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="local-cpu")
     _policy_args(b)
     b.add_argument("--json", action="store_true")
-    b = bsub.add_parser("kernels", help="measured best-of-top-K against baselines, same run")
+    b = bsub.add_parser("kernels", help="measured best-of-top-K against baselines, same run (--policy roller,markov compares both)")
     b.add_argument("--suite", required=True)
     b.add_argument("--device", default="local-cpu")
     _policy_args(b, topk=5)
@@ -335,7 +335,8 @@ def cmd_bench_kernels(args) -> int:
     _, workloads = load_suite(args.suite)
     device = load_spec(args.device)
     with RunStore(args.db) as store:
-        data = bench_suite(workloads, device, policy=args.policy, topk=args.topk, baselines=baselines, store=store, progress=_progress(args))
+        policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+        data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store, progress=_progress(args))
     data["suite"] = args.suite
     names = [b.name for b in baselines]
     lines = [f"{'id':14s} {'best us':>10s} rank " + " ".join(f"{n:>16s}" for n in names)]
@@ -344,6 +345,8 @@ def cmd_bench_kernels(args) -> int:
         cells = [f"{r['baselines'][n] * 1e6:13.2f} us" if r["baselines"][n] else f"{'-':>16s}" for n in names]
         lines.append(f"{r['id']:14s} {best} {r['best_rank'] or '-':>4} " + " ".join(cells))
     lines.append("speed vs baselines (geomean of baseline/workbench): " + ", ".join(f"{n} {v:.2f}x" if v else f"{n} -" for n, v in data["speed_ratio_geomean"].items()))
+    for pair, v in data["policy_speed_ratio_geomean"].items():
+        lines.append(f"speed {pair} (geomean): {v:.2f}x" if v else f"speed {pair}: -")
     return _emit(args, data, "\n".join(lines))
 
 
