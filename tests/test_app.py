@@ -21,7 +21,7 @@ from workbench.workload import Workload, suite_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"Construction": "page_construction.py", "Candidates": "page_candidates.py", "Kernel": "page_kernel.py",
-         "Export": "page_export.py", "Runs": "page_runs.py"}
+         "Export": "page_export.py", "Runs": "page_runs.py", "Models": "page_models.py"}
 SMALL = Workload(op="matmul", params=(("K", 64), ("M", 64), ("N", 64)))  # profiles in seconds
 
 
@@ -268,3 +268,27 @@ def test_export_for_another_cpu_checks_the_kernel_in_a_worker(tmp_path, monkeypa
     assert not at.exception
     # AVX-512 runs here (checked and written) or not (refused, and the dashboard lives on).
     assert (tmp_path / "bundle" / "manifest.json").is_file() or any("cannot run on this machine" in e for e in errors(at))
+
+
+def test_models_page_constructs_a_sample_model_and_opens_an_operator():
+    at = goto(app(small()), "Models")
+    assert not at.error
+    specs = charts(at)
+    assert len(specs) == 2  # the operator graph and the Gantt chart of the co-schedule
+    graph, gantt = specs
+    assert len(values(graph["data"][1]["customdata"])) == len(at.dataframe[0].value)
+    assert any(trace["type"] == "bar" for trace in gantt["data"])
+    button(at, "Open in Construction").click().run()
+    assert not at.exception
+    assert at.title[0].value == "Construction"
+    sel = at.session_state["selection"]
+    assert sel.workload.model is not None and sel.workload.operator >= 0
+
+
+def test_models_page_rejects_a_corrupt_upload():
+    at = goto(app(small()), "Models")
+    at.radio[0].set_value("Upload").run()
+    assert at.info and not at.exception  # asks for a file
+    at.file_uploader[0].set_value(("broken.onnx", b"\x08\x07not a model", "application/octet-stream")).run()
+    assert not at.exception
+    assert any("broken.onnx" in e or "ONNX" in e for e in errors(at))

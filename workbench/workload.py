@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from workbench.errors import UserError
@@ -29,10 +30,14 @@ class Workload:
     expr: str | None = None  # the expression language, instead of `op`
     dtype: str = "float32"
     label: str = ""  # e.g. "cpu-core:mm-512"
+    model: str | None = None  # an ONNX file, with `operator` the index of one of its operators
+    operator: int = -1
 
     def build(self) -> TensorExpr:
         from workbench.ops import catalog, expr_lang
 
+        if self.model is not None:
+            return model_operator_expr(self.model, self.operator)
         if self.expr is not None:
             return expr_lang.build_expr(self.expr, dict(self.params), self.dtype)
         if self.op is None:
@@ -42,8 +47,32 @@ class Workload:
     def describe(self) -> str:
         if self.label:
             return self.label
+        if self.model is not None:
+            return f"{Path(self.model).name}#{self.operator}"
         body = self.expr if self.expr is not None else self.op
         return f"{body} " + ",".join(f"{k}={_fmt(v)}" for k, v in self.params)
+
+
+@lru_cache(maxsize=8)
+def _imported(path: str, mtime_ns: int):
+    from workbench.models.onnx_import import import_model
+
+    return import_model(path)
+
+
+def model_operator_expr(path: str, index: int) -> TensorExpr:
+    """The TensorExpr of operator `index` of an ONNX model (imported once per file version)."""
+    try:
+        mtime = Path(path).stat().st_mtime_ns
+    except OSError as err:
+        raise UserError(f"model {path}: {err.strerror}") from None
+    operators = _imported(path, mtime).operators
+    if not 0 <= index < len(operators):
+        raise UserError(f"model {path}: no operator {index} (it has {len(operators)})")
+    op = operators[index]
+    if op.expr is None:
+        raise UserError(f"model {path}: operator {index} ({op.name}) is unsupported: {op.reason}")
+    return op.expr
 
 
 def _fmt(value) -> str:

@@ -12,6 +12,7 @@ PAGES = (
     ("page_kernel.py", "Kernel", "kernel"),
     ("page_export.py", "Export", "export"),
     ("page_runs.py", "Runs", "runs"),
+    ("page_models.py", "Models", "models"),
 )
 
 

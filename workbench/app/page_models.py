@@ -1,0 +1,96 @@
+"""Models page: every operator of an ONNX model constructed, its operator graph coloured by
+predicted time, the Rammer co-schedule as a Gantt chart; an operator opens in Construction."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+from workbench.app.state import Selection, selection, set_selection
+from workbench.errors import UserError
+from workbench.models.model import construct_model
+from workbench.models.onnx_import import MAX_MODEL_BYTES, import_model
+from workbench.viz.dataflow import dataflow_figure
+from workbench.viz.gantt import gantt_figure
+from workbench.workload import Workload
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_models"
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _constructed(path: str, digest: str, device, policy: str, options):
+    """A model's construction, shared by sessions; keyed by the file's content digest."""
+    return construct_model(import_model(path), device, policy, options)
+
+
+def _uploaded(upload) -> str:
+    data = upload.getvalue()
+    if len(data) > MAX_MODEL_BYTES:
+        raise UserError(f"{upload.name}: {len(data)} bytes is over the {MAX_MODEL_BYTES}-byte limit")
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"workbench-upload-{digest}.onnx"
+    path.write_bytes(data)
+    return str(path)
+
+
+def _model_path() -> str | None:
+    samples = sorted(p.name for p in SAMPLES.glob("*.onnx"))
+    choice = st.radio("Model", ["Sample model", "Upload"], horizontal=True)
+    if choice == "Sample model":
+        return str(SAMPLES / st.selectbox("Sample", samples))
+    upload = st.file_uploader("ONNX model", type=["onnx"])
+    return _uploaded(upload) if upload is not None else None
+
+
+def _open_operator(sel: Selection, path: str, index: int) -> None:
+    workload = Workload(model=path, operator=index)
+    workload.build()  # refuse an unsupported operator before the selection changes
+    set_selection(Selection(workload, sel.device, sel.policy, sel.options))
+
+
+def page() -> None:
+    st.title("Models")
+    sel = selection()
+    st.caption(f"device {sel.device.name}, policy {sel.policy}, top-{sel.options.topk} (change them on the Workload page)")
+    try:
+        path = _model_path()
+        if path is None:
+            st.info("Choose a sample model or upload an .onnx file.")
+            return
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with st.spinner("importing and constructing every operator..."):
+            mc = _constructed(path, digest, sel.device, sel.policy, sel.options)
+    except UserError as err:
+        st.error(str(err))
+        return
+    names = [r.operator.name for r in mc.results]
+    seconds = [r.predicted_seconds for r in mc.results]
+    cols = st.columns(3)
+    cols[0].metric("operators", len(names))
+    cols[1].metric("predicted, one by one", f"{mc.sum_seconds * 1e6:.3g} us")
+    cols[2].metric("predicted, co-scheduled", f"{mc.plan.seconds * 1e6:.3g} us")
+    event = st.plotly_chart(dataflow_figure(names, [r.operator.preds for r in mc.results], seconds),
+                            on_select="rerun", key="model-graph")
+    picked = [p["customdata"] for p in event.selection.points] if event and event.selection.points else []
+    rows = [{"#": i, "operator": n, "kind": r.operator.kind, "candidates": len(r.candidates),
+             "predicted us": None if s is None else round(s * 1e6, 3), "unsupported": r.reason}
+            for i, (n, r, s) in enumerate(zip(names, mc.results, seconds))]
+    st.dataframe(rows, hide_index=True)
+    supported = [i for i, r in enumerate(mc.results) if r.supported]
+    if supported:
+        default = supported.index(picked[0]) if picked and picked[0] in supported else 0
+        index = st.selectbox("Operator", supported, index=default, format_func=lambda i: f"{i}: {names[i]}")
+        if st.button("Open in Construction"):
+            try:
+                _open_operator(sel, path, index)
+                st.switch_page("workbench/app/page_construction.py")  # relative to app.py
+            except UserError as err:
+                st.error(str(err))
+    st.subheader("Co-schedule (Rammer wavefront)")
+    st.plotly_chart(gantt_figure(mc.plan, names), key="model-gantt")
+
+
+page()
