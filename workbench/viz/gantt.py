@@ -14,8 +14,10 @@ import plotly.graph_objects as go
 from workbench.models.rammer import Placement, Plan
 from workbench.viz.fmt import micros
 
+# Twenty distinct colours (the tab10 palette, then its light halves): a model has up to ~20 kernels.
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+           "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+           "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
 ROW_PX = 14  # height of one vEU's row
 MAX_HEIGHT_PX = 900  # beyond this the rows shrink (a GPU has 80-132 vEUs)
 
@@ -49,7 +51,7 @@ def gantt_figure(plan: Plan, names: Sequence[str]) -> go.Figure:
     fig.update_layout(
         barmode="overlay", bargap=0.15, height=min(MAX_HEIGHT_PX, 120 + ROW_PX * plan.veus),
         margin={"l": 10, "r": 10, "t": 40, "b": 40}, title={"text": title, "font": {"size": 13}},
-        legend={"orientation": "h", "y": -0.15}, xaxis={"title": "time (us)", "rangemode": "tozero"},
+        legend={"title": {"text": "operator"}}, xaxis={"title": "time (us)", "rangemode": "tozero"},
         yaxis={"title": "vEU", "autorange": "reversed", "dtick": max(1, plan.veus // 16)},
     )
     return fig

@@ -1,0 +1,17 @@
+"""Jupyter widgets (ipywidgets 8) over the core: each mirrors core state in traitlets, calls core
+functions, and draws with the plotly builders of `workbench.viz`; none computes a model quantity.
+
+    from workbench.widgets import ConstructionStepper
+    ConstructionStepper("cpu-core:mm-512", "local-cpu")
+"""
+
+from workbench.widgets.candidates import CandidateTable, PredictedVsMeasured
+from workbench.widgets.export import ExportButton
+from workbench.widgets.model import ModelView
+from workbench.widgets.plot import PlotView
+from workbench.widgets.stepper import ConstructionStepper
+from workbench.widgets.tiles import TileView
+
+__all__ = [
+    "CandidateTable", "ConstructionStepper", "ExportButton", "ModelView", "PlotView", "PredictedVsMeasured", "TileView",
+]

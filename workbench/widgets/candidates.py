@@ -1,0 +1,161 @@
+"""CandidateTable (the top-K rPrograms and the roofline) and PredictedVsMeasured (profile them on
+this machine with a progress bar, then measured against predicted).
+
+Both take a core `Construction` (`workbench.construct.stepper.construct`). Link the measured times
+of a profile into the table with `traitlets.dlink((profiler, "measured"), (table, "measured"))`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ipywidgets as widgets
+import traitlets
+
+from workbench.construct.step import Candidate
+from workbench.construct.stepper import Construction
+from workbench.errors import UserError
+from workbench.profile.runner import Timing
+from workbench.profile.session import (
+    ProfileResult,
+    ProgressEvent,
+    make_runner,
+    profile_candidates,
+)
+from workbench.profile.store import RunStore
+from workbench.rtile.model import peak_gflops
+from workbench.rtile.traffic import TileCalculus
+from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
+from workbench.viz.fmt import micros, shape_text
+from workbench.viz.roofline import roofline_figure, roofline_points
+from workbench.widgets.plot import PlotView
+from workbench.widgets.tables import html_table, message
+
+QUICK = Timing(repeat=3, min_repeat_ms=20)  # a lesson's timing: a few repeats, short ones
+
+
+def candidates_of(construction: Construction) -> tuple[Candidate, ...]:
+    """The construction's candidates; UserError when there are none."""
+    if not construction.candidates:
+        raise UserError("the construction found no candidates: raise eps or top-K")
+    return tuple(construction.candidates)
+
+
+def rank_options(candidates) -> list[tuple[str, int]]:
+    """Dropdown options: `#rank: predicted time` -> rank."""
+    return [(f"#{c.rank}: predicted {micros(c.predicted_seconds)}", c.rank) for c in candidates]
+
+
+class CandidateTable(widgets.VBox):
+    """The candidates as a table (tiles per layer, predicted and measured time, bottleneck,
+    grid, waves), a picker for one of them (`rank`), and the device's roofline with them on it."""
+
+    rank = traitlets.Int(1)
+    measured = traitlets.Dict()  # rank -> best measured seconds
+
+    def __init__(self, construction: Construction, measured: dict[int, float] | None = None):
+        self.construction = construction
+        self.by_rank = {c.rank: c for c in candidates_of(construction)}
+        self.picker = widgets.Dropdown(options=rank_options(self.by_rank.values()), description="candidate")
+        self.table = widgets.HTML()
+        self.roofline_view = PlotView()
+        super().__init__(children=[self.picker, self.table, self.roofline_view])
+        traitlets.link((self, "rank"), (self.picker, "value"))
+        self.measured = dict(measured or {})
+        self.observe(lambda _: self._render(), names=["rank", "measured"])
+        self._render()
+
+    @property
+    def candidate(self) -> Candidate:
+        """The picked candidate."""
+        return self.by_rank[self.rank]
+
+    def _render(self) -> None:
+        c = self.construction
+        rows = []
+        for cand in self.by_rank.values():
+            row = {"rank": cand.rank, "predicted us": cand.predicted_seconds * 1e6}
+            row["measured us"] = self.measured[cand.rank] * 1e6 if cand.rank in self.measured else None
+            row |= {"bottleneck": cand.estimate.bottleneck, "grid": cand.program.grid, "waves": cand.estimate.waves}
+            row |= {name: shape_text(t) for name, t in zip(cand.program.layers, cand.program.tiles)}
+            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in cand.vthreads) or None
+            rows.append(row)
+        note = f"<p>tiles per layer as {' x '.join(a.name for a in c.expr.axes)}; picked row highlighted</p>"
+        self.table.value = note + html_table(rows, marked=[r == self.rank for r in self.by_rank])
+        device = c.device
+        points = roofline_points(list(self.by_rank.values()), device.layers[-1].name, self.measured)
+        layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
+        self.roofline_view.show(roofline_figure(layers, peak_gflops(TileCalculus(c.expr), device), points))
+
+
+class PredictedVsMeasured(widgets.VBox):
+    """Profile: build, check against numpy and time every candidate with `profile_candidates`
+    (runner "local" by default: this machine), an IntProgress fed by its progress events, then
+    measured against predicted with the rank correlations.
+
+    `measured` (rank -> best seconds of the correct kernels) and `result` (the `ProfileResult`)
+    are set when a profile finishes; `store_path` records the run in a runs store (SQLite)."""
+
+    measured = traitlets.Dict()
+    result = traitlets.Instance(ProfileResult, allow_none=True)
+
+    def __init__(self, construction: Construction, runner: str = "local", timing: Timing = QUICK,
+                 store_path: str | None = None, workload_label: str = ""):
+        self.construction = construction
+        self.candidates = candidates_of(construction)
+        self.runner, self.timing, self.store_path, self.workload_label = runner, timing, store_path, workload_label
+        self.button = widgets.Button(description="Profile", icon="play", button_style="primary")
+        self.progress = widgets.IntProgress(min=0, max=1, value=0, description="profile")
+        self.progress_text = widgets.HTML()
+        self.status = widgets.HTML(message(f"Press Profile to build, check and time {len(self.candidates)} candidates "
+                                           f"({runner} runner)."))
+        self.scatter_view = PlotView()
+        super().__init__(children=[widgets.HBox([self.button, self.progress, self.progress_text]), self.status,
+                                   self.scatter_view])
+        self.button.on_click(lambda _: self.profile())
+
+    def profile(self) -> ProfileResult | None:
+        """Run the profile session (what the button does); None, with the reason shown, when
+        the session could not start (bad runner or store)."""
+        self.button.disabled = True
+        try:
+            result = self._session()
+        except UserError as err:
+            self.status.value = message(str(err), "error")
+            return None
+        finally:
+            self.button.disabled = False
+        self.result = result
+        self.measured = {m.rank: m.best_seconds for m in result.measurements if m.ok}
+        self._show(result)
+        return result
+
+    def _session(self) -> ProfileResult:
+        c, n = self.construction, len(self.candidates)
+        runner = make_runner(self.runner, c.device)
+        phases = 2 if runner.needs_library else 1  # building first, then measuring
+        self.progress.max, self.progress.value = phases * n, 0
+
+        def report(event: ProgressEvent) -> None:
+            self.progress.value = event.done + (n if phases == 2 and event.phase == "measure" else 0)
+            self.progress_text.value = f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:120]
+
+        kwargs = {"runner": runner, "workload_label": self.workload_label, "policy": c.policy, "timing": self.timing,
+                  "progress": report}
+        if self.store_path is None:
+            return profile_candidates(c.expr, c.device, self.candidates, **kwargs)
+        with RunStore(self.store_path) as store:
+            return profile_candidates(c.expr, c.device, self.candidates, store=store, **kwargs)
+
+    def _show(self, result: ProfileResult) -> None:
+        points = [ComparedPoint(c.rank, c.predicted_seconds, m.best_seconds if m.ok else None)
+                  for c, m in zip(result.candidates, result.measurements)]
+        self.scatter_view.show(predicted_vs_measured_figure(points))
+        cmp = result.comparison
+        best = (f"the fastest measured is predicted rank {cmp.best_predicted_rank}" if cmp.best_predicted_rank
+                else "no correct kernel")
+        ratio = "" if math.isnan(cmp.error_ratio) else f"; measured / predicted geomean {cmp.error_ratio:.3g}"
+        lines = [message(f"{len(points)} candidates, {cmp.n} correct and timed in {result.seconds:.1f} s "
+                         f"({result.runner} runner): {best}{ratio}", "ok" if cmp.n else "error")]
+        failed = [{"rank": m.rank, "error": m.error} for m in result.measurements if not m.ok]
+        self.status.value = "".join(lines) + (html_table(failed) if failed else "")

@@ -1,0 +1,70 @@
+"""ModelView: every operator of an ONNX model constructed on one device, with its predicted time,
+and the Rammer co-schedule of the whole model as a Gantt chart of vEUs."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+import ipywidgets as widgets
+import traitlets
+
+from workbench.construct.space import Options
+from workbench.construct.stepper import POLICIES
+from workbench.hardware.spec import DeviceSpec
+from workbench.models.model import ModelConstruction, construct_model, report_dict
+from workbench.models.onnx_import import ImportedModel, import_model
+from workbench.viz.fmt import micros
+from workbench.viz.gantt import gantt_figure
+from workbench.viz.model import operator_times_figure
+from workbench.widgets.inputs import as_device
+from workbench.widgets.plot import PlotView
+from workbench.widgets.tables import html_table
+
+MODEL_OPTIONS = Options(topk=3)  # the co-schedule picks among a few rKernels per operator
+
+
+class ModelView(widgets.VBox):
+    """A model (an .onnx path or an `ImportedModel`) on `device`: switching `policy` constructs
+    again; `result` is the core `ModelConstruction` shown."""
+
+    policy = traitlets.Unicode("roller")
+    result = traitlets.Instance(ModelConstruction, allow_none=True)
+
+    def __init__(self, model: ImportedModel | str | Path, device: DeviceSpec | str, policy: str = "roller",
+                 options: Options = MODEL_OPTIONS):
+        self.model = model if isinstance(model, ImportedModel) else import_model(model)
+        self.device, self.options = as_device(device), options
+        self.policy_buttons = widgets.ToggleButtons(options=sorted(POLICIES), value=policy, description="policy")
+        self.summary, self.operators = widgets.HTML(), widgets.HTML()
+        self.times_view, self.gantt_view = PlotView(), PlotView()
+        super().__init__(children=[self.policy_buttons, self.summary, self.operators, self.times_view, self.gantt_view])
+        self.policy = policy
+        traitlets.link((self, "policy"), (self.policy_buttons, "value"))
+        self.observe(lambda _: self._construct(), names="policy")
+        self._construct()
+
+    def _construct(self) -> None:
+        self.result = construct_model(self.model, self.device, self.policy, self.options)
+        doc = report_dict(self.result)
+        ops = doc["operators"]
+        rows = [
+            {"#": i, "operator": op["name"], "kind": op["kind"], "candidates": len(op["candidates"]),
+             "predicted us": op["predicted_seconds"] * 1e6 if op["supported"] else None,
+             "grid": op["candidates"][0]["grid"] if op["supported"] else None, "unsupported": op["reason"] or None}
+            for i, op in enumerate(ops)
+        ]
+        self.operators.value = html_table(rows, marked=[not op["supported"] for op in ops])
+        plan = self.result.plan
+        built = sum(op["supported"] for op in ops)
+        self.summary.value = (
+            f"<p><b>{escape(doc['model'])}</b> on <b>{escape(doc['device'])}</b> ({escape(self.policy)}): {len(ops)} "
+            f"operators, {built} constructed in {doc['construct_seconds']:.2f} s. Predicted "
+            f"{micros(self.result.sum_seconds)} one kernel at a time, {micros(plan.seconds)} co-scheduled in "
+            f"{len(plan.waves)} waves on {plan.veus} vEUs.</p>"
+        )
+        self.times_view.show(operator_times_figure(
+            [op["name"] for op in ops], [op["kind"] for op in ops], [op["predicted_seconds"] for op in ops],
+            [op["reason"] for op in ops],
+        ))
+        self.gantt_view.show(gantt_figure(plan, [op["name"] for op in ops if op["supported"]]))
