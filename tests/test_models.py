@@ -7,7 +7,6 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from helpers import device, expr
 from onnx import TensorProto, helper, numpy_helper

@@ -229,16 +229,8 @@ def cmd_construct(args) -> int:
     return _emit(args, construction_dict(c, workload), "\n".join(lines))
 
 
-def template_for(device, cand):
-    """The codegen template for a candidate: the default, except that a Markov candidate's
-    virtual threads go to the CUDA template."""
-    from workbench.codegen.cuda import CudaTemplate
-
-    return CudaTemplate(vthreads=cand.vthreads) if device.kind == "gpu" and cand.vthreads else None
-
-
 def cmd_export(args) -> int:
-    from workbench.codegen.build import build_kernel
+    from workbench.codegen.build import build_candidate
     from workbench.codegen.export import export_bundle
     from workbench.codegen.verify import verify
     from workbench.workload import workload_from_args
@@ -248,7 +240,7 @@ def cmd_export(args) -> int:
     if not 1 <= args.rank <= len(c.candidates):
         raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates")
     cand = c.candidates[args.rank - 1]
-    kernel = build_kernel(c.expr, cand.program, c.device, template_for(c.device, cand))
+    kernel = build_candidate(c.expr, cand, c.device)
     # A kernel is checked against numpy where it can run (CPU devices); a GPU kernel built on a
     # machine without that GPU is exported unverified, and the manifest says so.
     checked = verify(kernel, c.expr) if kernel.ok and c.device.kind == "cpu" else None

@@ -34,7 +34,6 @@ def graph_view(sel: Selection, position: int, _s: Stepper) -> tuple[Construction
 @st.cache_resource(show_spinner=False, max_entries=KERNELS_KEPT)
 def kernel(sel: Selection, rank: int, _s: Stepper, _candidate):
     """The built kernel (`codegen.build.Kernel`, ok or failed) of candidate `rank`."""
-    from workbench.cli import template_for
-    from workbench.codegen.build import build_kernel
+    from workbench.codegen.build import build_candidate
 
-    return build_kernel(_s.space.expr, _candidate.program, sel.device, template_for(sel.device, _candidate))
+    return build_candidate(_s.space.expr, _candidate, sel.device)

@@ -1,5 +1,5 @@
 """ExportButton: build one candidate, check it against numpy on a CPU, and write its bundle,
-the way `workbench export` does (build_kernel, verify, export_bundle)."""
+the way `workbench export` does (build_candidate, verify, export_bundle)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 import ipywidgets as widgets
 import traitlets
 
-from workbench.cli import template_for
-from workbench.codegen.build import Kernel, build_kernel
+from workbench.codegen.build import Kernel, build_candidate
 from workbench.codegen.export import export_bundle
 from workbench.codegen.verify import Verification, verify
 from workbench.construct.step import Candidate
@@ -74,7 +73,7 @@ class ExportButton(widgets.VBox):
 
     def _export(self, cand: Candidate) -> tuple[Path, Verification | None]:
         c = self.construction
-        self.kernel = build_kernel(c.expr, cand.program, c.device, template_for(c.device, cand))
+        self.kernel = build_candidate(c.expr, cand, c.device)
         if not self.kernel.ok:
             raise UserError(f"candidate {cand.rank} did not build, nothing exported: {self.kernel.error}")
         checked = verify(self.kernel, c.expr) if c.device.kind == "cpu" else None
