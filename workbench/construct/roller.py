@@ -119,6 +119,8 @@ class RollerPolicy:
         thread tile whose warp of threads, bank padding included, overflows shared memory would
         otherwise be recorded and leave only an over-capacity block tile (gemv)."""
         space, layer = self.space, state.layer
+        if space.over_thread_limits(layer, grown, upper):
+            return f"needs more threads or registers than a block of {space.layer_names[layer]} may have"
         if space.over_capacity(layer, grown, upper):
             return f"does not fit {space.layer_names[layer]}"
         if not self.no_reuse and not space.fits_below(layer, grown, state.eps):
@@ -151,9 +153,10 @@ class RollerPolicy:
             if shrunk is None:
                 break
             axis, tiles = shrunk
+            before = program.grid
             program = self.space.program(tiles, state.eps, cached)
             state = State(state.layer, (), tiles, state.eps, actions=state.actions + (Action("shrink", len(tiles) - 1, axis, tiles[-1][axis]),))
-            yield self._marker(state, state.actions[-1], f"grid {program.grid}: too few tiles for {self.space.device.compute_units} units, shrink {self._name(axis)} (smallest reuse)")
+            yield self._marker(state, state.actions[-1], f"grid {before}: too few tiles for {self.space.device.compute_units} units, shrink {self._name(axis)} (smallest reuse) to {tiles[-1][axis]}: grid {program.grid}")
         if program.tiles in self._emitted:
             return
         self._emitted.add(program.tiles)
