@@ -7,14 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.app.profile_controls import profile_controls
-from workbench.app.state import (
-    finished_candidates,
-    picked,
-    profile,
-    selection,
-    set_picked,
-    stepper,
-)
+from workbench.app.state import candidates_page, picked, profile, set_picked
 from workbench.rtile.model import peak_gflops
 from workbench.viz.compare import (
     ComparedPoint,
@@ -94,16 +87,10 @@ def _picker(cands) -> None:
 
 
 def page() -> None:
-    st.title("Candidates")
-    s = stepper()
-    if s is None:
+    head = candidates_page("Candidates", "The construction found no candidates: raise eps or top-K on the Workload page.")
+    if head is None:
         return
-    sel = selection()
-    st.caption(sel.describe())
-    cands = finished_candidates(s)
-    if not cands:
-        st.warning("The construction found no candidates: raise eps or top-K on the Workload page.")
-        return
+    s, sel, cands = head
     profile_controls(s, sel, cands)
     result = profile()
     _table(s, cands, result)

@@ -11,15 +11,7 @@ from pathlib import Path
 import streamlit as st
 
 from workbench.app import views
-from workbench.app.state import (
-    Selection,
-    finished_candidates,
-    ordered_ranks,
-    preset,
-    profile,
-    selection,
-    stepper,
-)
+from workbench.app.state import Selection, candidates_page, ordered_ranks, preset, profile
 from workbench.codegen.export import export_bundle
 from workbench.codegen.verify import Verification, verify
 from workbench.errors import UserError
@@ -119,16 +111,10 @@ def _write(sel: Selection, s, cand) -> None:
 
 
 def page() -> None:
-    st.title("Export")
-    s = stepper()
-    if s is None:
+    head = candidates_page("Export")
+    if head is None:
         return
-    sel = selection()
-    st.caption(sel.describe())
-    cands = finished_candidates(s)
-    if not cands:
-        st.warning("The construction found no candidates.")
-        return
+    s, sel, cands = head
     by_rank = {c.rank: c for c in cands}
     rank = st.selectbox("Candidate", ordered_ranks(cands), format_func=lambda r: f"#{r}: predicted {micros(by_rank[r].predicted_seconds)}")
     left, right = st.columns(2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.app import views
-from workbench.app.state import finished_candidates, ordered_ranks, selection, stepper
+from workbench.app.state import candidates_page, ordered_ranks, selection
 from workbench.codegen.nvcc import compile_ptx, nvcc_path
 from workbench.viz.diff import changed_lines, side_by_side_diff
 from workbench.viz.fmt import micros
@@ -80,16 +80,10 @@ def _ptxas_report(kernel, device) -> None:
 
 
 def page() -> None:
-    st.title("Kernel")
-    s = stepper()
-    if s is None:
+    head = candidates_page("Kernel")
+    if head is None:
         return
-    sel = selection()
-    st.caption(sel.describe())
-    cands = finished_candidates(s)
-    if not cands:
-        st.warning("The construction found no candidates.")
-        return
+    s, sel, cands = head
     ranks = ordered_ranks(cands)
     by_rank = {c.rank: c for c in cands}
     rank = st.selectbox("Candidate", ranks, format_func=lambda r: f"#{r}: predicted {micros(by_rank[r].predicted_seconds)}")

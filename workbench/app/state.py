@@ -100,6 +100,22 @@ def finished_candidates(s: Stepper) -> list[Candidate]:
     return found
 
 
+def candidates_page(title: str, empty: str = "The construction found no candidates."):
+    """The common head of the pages that work on candidates: title, the selection's stepper and
+    its finished top-K; None (with the page's message shown) when there is nothing to show."""
+    st.title(title)
+    s = stepper()
+    if s is None:
+        return None
+    sel = selection()
+    st.caption(sel.describe())
+    cands = finished_candidates(s)
+    if not cands:
+        st.warning(empty)
+        return None
+    return s, sel, cands
+
+
 def candidate(s: Stepper, rank: int) -> Candidate | None:
     return next((c for c in finished_candidates(s) if c.rank == rank), None)
 
