@@ -34,6 +34,7 @@ PAGES = (
     ("kernel", "Kernel", 0, "[data-testid='stCode']"),
     ("export", "Export", 0, "button:has-text('Build the bundle')"),
     ("runs", "Runs", 0, "text=No runs store"),
+    ("models", "Models", 2, "[data-testid='stDataFrame']"),
 )
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (`make test` installs it: apt-get install -y chromium)")
@@ -113,6 +114,8 @@ def test_every_page_renders_in_chromium(server):
 
 def _next_click(page, server: str) -> None:
     """Reset, then Next: the step text follows and the graph is redrawn with the current step."""
+    from playwright.sync_api import expect
+
     page.goto(f"{server}/construction")
     _rendered(page, "Construction", 3)
     page.get_by_role("button", name="Reset", exact=True).click()
@@ -120,7 +123,9 @@ def _next_click(page, server: str) -> None:
     page.get_by_role("button", name="Next", exact=True).click()
     page.wait_for_selector("text=Step 1", timeout=RENDER_TIMEOUT_MS)
     _rendered(page, "Construction", 3)
-    assert page.locator(".js-plotly-plot .legendtext:has-text('current step')").count() == 1
+    # While Streamlit replaces the figure, the old and the new chart can both be in the page for
+    # a moment: wait for the page to settle on one "current step" marker.
+    expect(page.locator(".js-plotly-plot .legendtext:has-text('current step')")).to_have_count(1, timeout=RENDER_TIMEOUT_MS)
     assert page.locator("[data-testid='stException']").count() == 0
     page.screenshot(path=str(ARTIFACTS / "construction-step-1.png"), full_page=True)
 
