@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import device, expr, suite_workloads, workload_expr
 from workbench.codegen.build import Kernel, build_kernel, kernel_args, pick_template
-from workbench.codegen.common import chain_factors, contiguous_axis
+from workbench.codegen.common import chain_factors
+from workbench.rtile.alignment import vector_axis
 from workbench.codegen.cpu import CpuTemplate
 from workbench.codegen.template import ScheduleError
 from workbench.codegen.verify import compare, tolerances, verify
@@ -204,8 +205,8 @@ def test_tolerances_grow_with_the_reduction_length():
 
 def test_helpers_split_chains_and_find_the_contiguous_axis():
     assert chain_factors(100, (2, 8, 32)) == [None, 4, 4, 2]
-    assert contiguous_axis(expr("matmul", M=4, N=5, K=6)) == 1  # j indexes C's last dimension
-    assert contiguous_axis(fuse_axes(expr("reduce_sum", shape=(3, 4), axes=(0, 1)))) is None
+    assert vector_axis(expr("matmul", M=4, N=5, K=6)) == 1  # j indexes C's last dimension
+    assert vector_axis(fuse_axes(expr("reduce_sum", shape=(3, 4), axes=(0, 1)))) is None
 
 
 def test_failed_kernel_is_a_kernel():

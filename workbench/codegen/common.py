@@ -124,17 +124,6 @@ def needs_guard(extent: int, chain: Sequence[int]) -> bool:
     return extent % int(chain[-1]) != 0
 
 
-def contiguous_axis(expr: TensorExpr) -> int | None:
-    """The axis (by position) indexing the output's innermost dimension with coefficient 1, if any."""
-    if not expr.output.index:  # a scalar output (a reduction over every axis)
-        return None
-    coeffs, _ = expr.output.index[-1]
-    users = [a for a, c in enumerate(coeffs) if c]
-    if len(users) == 1 and coeffs[users[0]] == 1:
-        return users[0]
-    return None
-
-
 def primitive(what: str, fn, *args):
     """Run a schedule primitive, turning TVM's error into a one-line ScheduleError."""
     try:

@@ -21,6 +21,7 @@ from workbench.codegen import common
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.alignment import vector_axis
 from workbench.rtile.rprogram import RProgram
 
 # Most iterations of the non-vectorised register loops unrolled into straight-line code (the
@@ -90,7 +91,7 @@ def _vector_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int
     would turn each vector load into a gather, which measured slower than scalar code on gemv),
     and when the axis needs no guarded tail (a predicate inside the vector loop scalarises it).
     """
-    axis = common.contiguous_axis(expr)
+    axis = vector_axis(expr)
     if axis is None or expr.axes[axis].kind != "spatial":
         return None
     tile = program.register_tile[axis]
