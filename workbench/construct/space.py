@@ -17,7 +17,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, next_aligned_sizes, thread_count, tile_lanes
 from workbench.rtile.model import is_compute_bound
-from workbench.rtile.rprogram import RProgram, layer_footprint, make_program, storage_padding
+from workbench.rtile.rprogram import RProgram, holds_output, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import TileCalculus
 
 Tile = tuple[int, ...]
@@ -146,8 +146,7 @@ class Space:
     def reuse(self, layer: int, tile: Tile, grown: Tile, upper: Tile) -> float:
         pad = storage_padding(self.calc, self.device, layer, tile, upper)
         gpad = storage_padding(self.calc, self.device, layer, grown, upper)
-        with_output = not (self.device.kind == "gpu" and self.device.layers[layer].scope == "unit")
-        return self.calc.reuse_score(tile, grown, pad, gpad, with_output)
+        return self.calc.reuse_score(tile, grown, pad, gpad, holds_output(self.device, layer))
 
     def program(self, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...] | None = None) -> RProgram:
         cached = cached or tuple(True for _ in tiles)

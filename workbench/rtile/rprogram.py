@@ -104,15 +104,18 @@ def make_program(
     )
 
 
-def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Tile, padding=()) -> int:
-    """Bytes one tile occupies at `layer`, in that layer's unit of capacity.
+def holds_output(device: DeviceSpec, layer: int) -> bool:
+    """Whether a layer's tile holds the output tile: not a GPU block's shared memory (partial
+    sums accumulate in registers); every other layer does."""
+    return not (device.kind == "gpu" and device.layers[layer].scope == "unit")
 
-    A GPU block's shared memory holds the input tiles only (partial sums accumulate in
-    registers); every other layer holds inputs and output. A tensor-core fragment tile at the
-    top layer is spread over the lanes of a warp, so its per-thread share is what counts.
+
+def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Tile, padding=()) -> int:
+    """Bytes one tile occupies at `layer`, in that layer's unit of capacity (`holds_output`
+    says whether the output tile counts). A tensor-core fragment tile at the top layer is spread
+    over the lanes of a warp, so its per-thread share is what counts.
     """
-    with_output = not (device.kind == "gpu" and device.layers[layer].scope == "unit")
-    total = calc.footprint_bytes(tile, padding, with_output)
+    total = calc.footprint_bytes(tile, padding, holds_output(device, layer))
     return ceil(total / tile_lanes(calc.expr, device)) if layer == 0 else total
 
 
