@@ -121,7 +121,7 @@ class Space:
         if self.device.kind != "gpu" or layer != self.device.unit_layer_index:
             return False
         threads = thread_count(self.expr, tile, upper, tile_lanes(self.expr, self.device))
-        regs = max(1, self.footprint(0, upper, self.ones()) // 4) if upper else 1
+        regs = max(1, self.footprint(0, upper, self.ones()) // 4)  # 32-bit registers per thread
         return threads > self.device.max_threads_per_block or threads * regs > self.device.registers_per_unit
 
     def fits_below(self, layer: int, tile: Tile, eps: float) -> bool:
