@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence, TypeVar
 
@@ -42,12 +43,20 @@ class Outcome:
 def _serve(conn, env: Mapping[str, str]) -> None:
     # Runs in the child. The environment must be set before TVM starts its thread pool, which
     # reads TVM_NUM_THREADS once; importing TVM here keeps that cost out of the first call.
+    # Ctrl-C reaches the whole process group: the parent decides (and kills this worker), so
+    # the worker ignores it rather than die with a traceback of its own. It was blocked since the
+    # fork (`_quiet_start`); a Ctrl-C pending from then is dropped with the unblocking.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ.update(env)
     import tvm  # noqa: F401
 
     conn.send("ready")
     while True:
-        message = conn.recv()
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            return
         if message is None:
             return
         fn, args = message
@@ -66,19 +75,26 @@ class Worker:
         self._conn = None
 
     def call(self, fn: Callable, args: tuple, timeout_s: float) -> Outcome:
-        """`fn(*args)` in the worker; a timeout or a crash comes back as `Outcome.error`."""
-        if self._proc is None:
-            error = self._start()
-            if error:
-                return Outcome(error=error)
-        self._conn.send((fn, args))
-        if not self._answered(timeout_s):
-            self._kill()
-            return Outcome(error=f"timed out after {timeout_s:g} s")
+        """`fn(*args)` in the worker; a timeout or a crash comes back as `Outcome.error`. An
+        exception in the caller while it waits (Ctrl-C, a signal turned into one) kills the
+        worker, which is mid-call, and propagates."""
         try:
-            return self._conn.recv()
-        except (EOFError, OSError):
-            return Outcome(error=f"worker crashed ({self._kill()})")
+            if self._proc is None:
+                error = self._start()
+                if error:
+                    return Outcome(error=error)
+            self._conn.send((fn, args))
+            if not self._answered(timeout_s):
+                self._kill()
+                return Outcome(error=f"timed out after {timeout_s:g} s")
+            try:
+                return self._conn.recv()
+            except (EOFError, OSError):
+                return Outcome(error=f"worker crashed ({self._kill()})")
+        except BaseException:
+            if self._proc is not None:
+                self._kill()
+            raise
 
     def _answered(self, timeout_s: float) -> bool:
         """Wait for an answer or the end of the process, whichever comes first."""
@@ -98,7 +114,8 @@ class Worker:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, self._env), daemon=True)
-        self._proc.start()
+        with _quiet_start():
+            self._proc.start()
         child.close()
         try:
             if self._answered(START_TIMEOUT_S) and self._conn.recv() == "ready":
@@ -110,14 +127,41 @@ class Worker:
     def _kill(self) -> str:
         """Stop the process (if alive) and forget it; returns how it ended."""
         proc, self._proc = self._proc, None
+        self._conn.close()
+        if proc.pid is None:  # never started
+            return "not started"
         if proc.is_alive():
             proc.kill()
         proc.join(STOP_TIMEOUT_S)
-        self._conn.close()
         code = proc.exitcode
         if code is not None and code < 0:
             return f"signal {signal.Signals(-code).name}"
         return f"exit status {code}"
+
+
+@contextmanager
+def _quiet_start():
+    """Hold SIGINT and SIGTERM while a worker process starts. A start interrupted halfway leaves
+    a child that never gets its pipe's first message and dies with a traceback of its own; so in
+    the main thread (the only one Python delivers signals to) a signal is recorded and delivered
+    once the start is done. SIGINT is also blocked across the fork: the child inherits the block
+    and keeps a Ctrl-C typed at the terminal (sent to the whole process group) pending until
+    `_serve` ignores it, instead of dying of it while it imports."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def fan_out(
