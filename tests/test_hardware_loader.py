@@ -1,12 +1,17 @@
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.errors import UserError
+from workbench.hardware import loader
 from workbench.hardware.loader import (
+    MAX_SPEC_BYTES,
     SPECS_DIR,
     list_presets,
     load_spec,
@@ -157,11 +162,44 @@ def test_error_names_the_file(tmp_path):
     assert str(info.value) == "spec v100.toml: layer[1].bandwidth_gbps must be a positive number, got 'fast'"
 
 
-@pytest.mark.parametrize("make", [lambda d: d / "absent.toml", lambda d: d, lambda d: _latin1(d)])
-def test_unreadable_spec_file(tmp_path, make):
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "absent.toml", "no such file"),
+        (lambda d: d, r"not a regular file \(a directory\)"),
+        (lambda d: _latin1(d), "not UTF-8 text"),
+        (lambda d: _sparse(d / "huge.toml", MAX_SPEC_BYTES + 1), f"{MAX_SPEC_BYTES + 1:,} bytes is over the {MAX_SPEC_BYTES:,}-byte limit"),
+    ],
+)
+def test_unreadable_spec_file(tmp_path, make, message):
     path = make(tmp_path)
-    with pytest.raises(UserError, match="cannot read file"):
+    with pytest.raises(UserError, match=f"^spec {path}: {message}"):
         load_spec(path)
+
+
+def _sparse(path, size):
+    with open(path, "wb") as f:
+        f.truncate(size)  # no disk or time spent
+    return path
+
+
+def _refusal_in_subprocess(path) -> str:
+    """`load_spec(path)`'s error, run in a child process with a time limit: should a regression
+    block on a FIFO or read /dev/zero without end, the test fails instead of hanging."""
+    code = (
+        "import sys\nfrom workbench.errors import UserError\nfrom workbench.hardware.loader import load_spec\n"
+        "try:\n    load_spec(sys.argv[1])\nexcept UserError as err:\n    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.strip()
+
+
+def test_fifo_and_device_files_are_refused_without_reading(tmp_path):
+    fifo = tmp_path / "spec.toml"
+    os.mkfifo(fifo)  # no writer: opening it for reading would block forever
+    assert _refusal_in_subprocess(fifo) == f"spec {fifo}: not a regular file (a FIFO)"
+    assert _refusal_in_subprocess("/dev/zero") == "spec /dev/zero: not a regular file (a character device)"
 
 
 def _latin1(directory):
@@ -205,5 +243,63 @@ def test_round_trip_is_exact(vendor, source, bandwidth, registers, host):
     spec = dataclasses.replace(
         v100, vendor=vendor, layers=(top,) + v100.layers[1:], target=target, sources=(("target", source),)
     )
-    again = spec_from_toml_text(spec_to_toml(spec))
+    # This is about TOML quoting of any text: TVM (which refuses unknown target options such as
+    # these random host keys) is left out; the target checks have tests of their own below.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loader, "_target_problem", lambda target: "")
+        again = spec_from_toml_text(spec_to_toml(spec))
     assert again == spec and again.sources == spec.sources
+
+
+XEON_TEXT = spec_to_toml(load_spec("xeon-avx512"))
+ORIN_TEXT = spec_to_toml(load_spec("orin-nano"))
+MI50_TEXT = spec_to_toml(load_spec("mi50"))
+
+# (spec text, old, new, what the one-line error must say). Each target here passes
+# `tvm.target.Target` or names what TVM refuses; the garbage triple segfaulted export before.
+BAD_TARGETS = [
+    (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mtriple = "garbage"', "target.mtriple 'garbage' names no architecture this LLVM compiles for"),
+    (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mtriple = "foo-linux-gnu"', "target.mtriple 'foo-linux-gnu'"),
+    (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mcpu = "garbage"', "target.mcpu 'garbage' is not a CPU this LLVM knows"),
+    (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mcpu = "native"', "target.mcpu 'native' is not a CPU"),
+    (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mcpu = "skylake-avx512"\nmtriple = "aarch64-linux-gnu"', "target.mcpu 'skylake-avx512' is not a CPU this LLVM knows for aarch64-linux-gnu"),
+    (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mattr = "+garbage"', "target: TVM refuses it: Option 'mattr'"),
+    (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mcpu = "skylake-avx512"\nfoo = 1', "target: TVM refuses it: Unknown config option 'foo'"),
+    (XEON_TEXT, "num-cores = 28", "num-cores = 0", "target.num-cores must be a positive integer, got 0"),
+    (XEON_TEXT, "num-cores = 28", 'num-cores = "many"', "target: TVM refuses it: Option 'num-cores'"),
+    (V100_TEXT, 'arch = "sm_70"', 'arch = "sm_garbage"', "target.arch 'sm_garbage' is not a cuda architecture"),
+    (V100_TEXT, 'arch = "sm_70"', 'arch = "garbage"', "TVM refuses it: Check failed: (StartsWith(archStr, \"sm_\")) is false"),
+    (MI50_TEXT, 'mcpu = "gfx906"', 'mcpu = "gfx9999"', "target.mcpu 'gfx9999' is not a rocm architecture"),
+    (ORIN_TEXT, 'mcpu = "cortex-a78ae"', 'mcpu = "skylake"', "target.host.mcpu 'skylake' is not a CPU this LLVM knows for aarch64-linux-gnu"),
+    (ORIN_TEXT, 'mtriple = "aarch64-linux-gnu"', 'mtriple = "garbage"', "target.host.mtriple 'garbage'"),
+    (V100_TEXT, '[target.host]\nkind = "llvm"', '[target.host]\nkind = "garbage"', 'TVM refuses it: Target kind "garbage" is not defined'),
+]
+
+
+@pytest.mark.parametrize("text, old, new, message", BAD_TARGETS, ids=[case[2] for case in BAD_TARGETS])
+def test_a_target_tvm_or_llvm_refuses_is_one_line_at_load(capfd, text, old, new, message):
+    assert text.count(old) == 1, old
+    loader._target_problem.cache_clear()  # so TVM and LLVM are asked here, with fd 2 captured
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(text.replace(old, new), label="spec bad.toml")
+    assert str(info.value).startswith("spec bad.toml: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+    # LLVM and TVM log an unknown triple or CPU on file descriptor 2: the loader keeps them quiet.
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "text, old, new, wanted",
+    [
+        (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mcpu = "cortex-a78ae"\nmtriple = "aarch64-linux-gnu"',
+         {"mcpu": "cortex-a78ae", "mtriple": "aarch64-linux-gnu"}),
+        (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mcpu = "znver3"\nmtriple = "x86_64-linux-gnu"',
+         {"mcpu": "znver3", "mtriple": "x86_64-linux-gnu"}),
+        (XEON_TEXT, 'mcpu = "skylake-avx512"', 'mtriple = "riscv64-unknown-linux-gnu"', {"mtriple": "riscv64-unknown-linux-gnu"}),
+        (V100_TEXT, 'arch = "sm_70"', 'arch = "sm_90a"', {"arch": "sm_90a"}),
+    ],
+)
+def test_targets_of_other_machines_are_accepted(text, old, new, wanted):
+    """LLVM knows every architecture it was built with, whatever CPU runs the loader."""
+    target = spec_from_toml_text(text.replace(old, new)).target_dict()
+    assert {key: target.get(key) for key in wanted} == wanted

@@ -10,8 +10,10 @@ import streamlit as st
 from workbench.app.state import preset
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
+from workbench.files import check_size
 from workbench.hardware.loader import (
     LOCAL_CPU,
+    MAX_SPEC_BYTES,
     list_presets,
     spec_from_toml_text,
     spec_summary,
@@ -89,12 +91,19 @@ def _upload_controls() -> DeviceSpec | None:
     if upload is None:
         st.info("Upload a spec file; it is validated as the presets are.")
         return None
+    data = upload.getvalue()
     try:
-        text = upload.getvalue().decode("utf-8")
+        check_size(len(data), f"spec {upload.name}", MAX_SPEC_BYTES)
+        text = data.decode("utf-8")
+    except UserError as err:
+        st.error(str(err))
+        return None
     except UnicodeDecodeError:
         st.error(f"{upload.name}: not UTF-8 text")
         return None
     try:
+        # Checks the target with TVM and LLVM too: a triple LLVM cannot compile for would
+        # otherwise crash the server when the Kernel page builds a candidate.
         return spec_from_toml_text(text, label=upload.name)
     except UserError as err:
         st.error(str(err))

@@ -4,12 +4,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 from workbench.errors import UserError
+from workbench.files import read_user_text
 from workbench.hardware.calibrate import calibrated_spec_path
 from workbench.hardware.detect import LOCAL_CPU_NAME, detect_local_cpu
 from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer
@@ -49,6 +54,12 @@ _TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_cor
 _DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MISSING = object()
+# A spec is a few kilobytes (the presets are under 6 KB); a bigger file is not a spec.
+MAX_SPEC_BYTES = 2**20
+# GPU architectures are CPU names of the LLVM backends TVM compiles device code with: CUDA's `arch`
+# (sm_80) is an NVPTX one, ROCm's `mcpu` (gfx906) an AMDGPU one. kind: (field, triple, example).
+_GPU_ARCHS = {"cuda": ("arch", "nvptx64-nvidia-cuda", "sm_80"), "rocm": ("mcpu", "amdgcn-amd-amdhsa", "gfx906")}
+_STDERR_LOCK = threading.Lock()
 
 
 # ---- reading --------------------------------------------------------------------------------
@@ -98,11 +109,7 @@ def spec_from_toml_text(text: str, label: str = "spec") -> DeviceSpec:
 
 
 def _load_file(path: Path) -> DeviceSpec:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise UserError(f"spec {path}: cannot read file ({reason})") from None
+    text = read_user_text(path, "spec", MAX_SPEC_BYTES)
     return spec_from_toml_text(text, label=f"spec {path.name}")
 
 
@@ -128,6 +135,9 @@ def _spec_from_doc(doc: dict) -> DeviceSpec:
         **ints,
     )
     _check_consistency(spec)
+    problem = _target_problem(spec.target)
+    if problem:
+        raise UserError(problem)
     return spec
 
 
@@ -142,6 +152,85 @@ def _check_consistency(spec: DeviceSpec) -> None:
     target_kind = dict(spec.target)["kind"]
     if (spec.kind == "cpu") != (target_kind == "llvm"):
         raise UserError(f"target.kind {target_kind!r} does not fit device.kind {spec.kind!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def _target_problem(target: tuple) -> str:
+    """Why TVM or LLVM refuses the target of a spec ("" when nothing does), asked once per target.
+
+    Parsing is not enough: `tvm.target.Target` takes any `mtriple` string, and a triple LLVM has
+    no backend for then crashes the whole process (a segfault inside TVM's lowering passes) when
+    a kernel is built. So LLVM is asked too: does it know the triple, and the CPU for it. TVM is
+    imported here and in `_llvm_problem`, not at the top: the rest of the loader needs none.
+    """
+    import tvm
+
+    from workbench.codegen.common import first_line
+
+    as_dict = {key: dict(value) if isinstance(value, tuple) else value for key, value in target}
+    with _quiet_stderr():
+        try:
+            tvm.target.Target(as_dict)
+        except Exception as err:  # TVM raises ValueError, TypeError or its own errors, with the reason
+            # TVM appends the whole target dict after the reason; the spec file already shows it.
+            reason = first_line(err).split(" Target creation from config dict failed")[0]
+            return f"target: TVM refuses it: {reason}"
+        host = as_dict.get("host")
+        parts = [("target", as_dict)] + ([("target.host", host)] if isinstance(host, dict) else [])
+        for where, part in parts:
+            problem = _llvm_problem(where, part)
+            if problem:
+                return problem
+    return ""
+
+
+def _llvm_problem(where: str, target: dict) -> str:
+    """What LLVM refuses in one target dict (TVM has parsed it): triple, CPU, GPU architecture."""
+    import tvm
+    from tvm.target import codegen
+
+    cores = target.get("num-cores")
+    if cores is not None and (isinstance(cores, bool) or cores < 1):  # TVM takes any int here
+        return f"{where}.num-cores must be a positive integer, got {cores!r}"
+    kind = target.get("kind")
+    if kind in _GPU_ARCHS:
+        key, triple, example = _GPU_ARCHS[kind]
+        name = target.get(key)
+        if name is not None and not codegen.llvm_is_valid_cpu(name, triple):
+            return f"{where}.{key} {name!r} is not a {kind} architecture this LLVM knows (such as {example!r})"
+        return ""
+    if kind != "llvm":
+        return ""
+    given = target.get("mtriple")
+    triple = given or codegen.llvm_get_system_triple()
+    try:
+        # Builds LLVM's target for the triple, which fails cleanly for a triple it cannot compile for.
+        codegen.llvm_get_vector_width(tvm.target.Target({"kind": "llvm", "mtriple": triple}))
+    except Exception:
+        known = ", ".join(codegen.llvm_get_targets())
+        return f"{where}.mtriple {triple!r} names no architecture this LLVM compiles for (known: {known})"
+    cpu = target.get("mcpu")
+    if cpu is not None and not codegen.llvm_is_valid_cpu(cpu, triple):
+        default = "" if given else f" (the default; give {where}.mtriple for another architecture)"
+        return f"{where}.mcpu {cpu!r} is not a CPU this LLVM knows for {triple}{default}"
+    return ""
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 sent to /dev/null: LLVM and TVM's C++ logging write there directly (an
+    unknown triple logs an 'Error:' line before Python sees the exception), and a refused spec
+    must print its one line only."""
+    with _STDERR_LOCK:
+        sys.stderr.flush()
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(null)
 
 
 def _layers(raw: object) -> tuple[MemoryLayer, ...]:

@@ -1,0 +1,92 @@
+"""Reading user files: regular files only, within a size cap, one-line errors naming the path."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from workbench.errors import UserError
+from workbench.files import check_size, read_user_file, read_user_text
+
+
+def test_a_regular_file_is_read_whole(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_bytes(b"[device]\nname = 'x'\n")
+    assert read_user_file(path, "spec", 100) == b"[device]\nname = 'x'\n"
+    assert read_user_text(path, "spec", 100) == "[device]\nname = 'x'\n"
+
+
+def test_a_file_at_the_cap_is_read_and_one_byte_more_is_refused(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"x" * 64)
+    assert len(read_user_file(path, "model", 64)) == 64
+    with pytest.raises(UserError, match=f"^model {path}: 64 bytes is over the 63-byte limit$"):
+        read_user_file(path, "model", 63)
+
+
+def test_a_huge_sparse_file_is_refused_before_reading(tmp_path):
+    path = tmp_path / "big.toml"
+    with open(path, "wb") as f:
+        f.truncate(2**40)  # a terabyte that takes no disk: reading it would take hours
+    with pytest.raises(UserError, match="1,099,511,627,776 bytes is over the 1,024-byte limit"):
+        read_user_file(path, "suite", 1024)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "absent.toml", "no such file"),
+        (lambda d: d, "not a regular file (a directory)"),
+        (lambda d: _dangling(d), "no such file"),
+    ],
+)
+def test_missing_files_and_directories_are_one_line(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(UserError) as info:
+        read_user_file(path, "spec", 1024)
+    assert str(info.value) == f"spec {path}: {message}"
+
+
+def _dangling(directory):
+    link = directory / "link.toml"
+    link.symlink_to(directory / "gone.toml")
+    return link
+
+
+def test_text_that_is_not_utf8_names_the_byte(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(UserError, match=f"^spec {path}: not UTF-8 text \\(byte 11\\)$"):
+        read_user_text(path, "spec", 1024)
+
+
+def test_check_size_of_an_upload():
+    check_size(10, "model a.onnx", 10)
+    with pytest.raises(UserError, match="^model a.onnx: 11 bytes is over the 10-byte limit$"):
+        check_size(11, "model a.onnx", 10)
+
+
+def _in_subprocess(path) -> str:
+    """`read_user_file(path)`'s error from a child process with a time limit: should a regression
+    wait on a FIFO or read /dev/zero without end, the test fails instead of hanging."""
+    code = (
+        "import sys\nfrom workbench.errors import UserError\nfrom workbench.files import read_user_file\n"
+        "try:\n    read_user_file(sys.argv[1], 'spec', 2**20)\nexcept UserError as err:\n    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.strip()
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "spec.toml"
+    os.mkfifo(fifo)
+    assert _in_subprocess(fifo) == f"spec {fifo}: not a regular file (a FIFO)"
+    link = tmp_path / "link.toml"
+    link.symlink_to(fifo)  # the link is followed: what counts is what it points to
+    assert _in_subprocess(link) == f"spec {link}: not a regular file (a FIFO)"
+
+
+def test_a_device_that_never_ends_is_refused():
+    assert _in_subprocess("/dev/zero") == "spec /dev/zero: not a regular file (a character device)"
