@@ -290,7 +290,7 @@ def detect_local_cpu(sysfs_root: str = "/sys", proc_root: str = "/proc", cores: 
     siblings counted once). The roots exist so tests can point detection at fake trees.
     """
     proc, cpu0 = Path(proc_root), Path(sysfs_root) / "devices" / "system" / "cpu" / "cpu0"
-    info = parse_cpuinfo(_read(proc / "cpuinfo"))
+    info = local_cpu_info(proc_root)
     entries = [
         tuple(_read(index / name) for name in ("level", "type", "size", "shared_cpu_list"))
         for index in sorted((cpu0 / "cache").glob("index*"))
@@ -303,6 +303,11 @@ def detect_local_cpu(sysfs_root: str = "/sys", proc_root: str = "/proc", cores: 
         parse_meminfo(_read(proc / "meminfo")),
         int(khz) / 1000 if khz.isdigit() else None,
     )
+
+
+def local_cpu_info(proc_root: str = "/proc") -> CpuInfo:
+    """What /proc/cpuinfo says about this machine's CPU (isa "unknown" where there is none)."""
+    return parse_cpuinfo(_read(Path(proc_root) / "cpuinfo"))
 
 
 def _read(path: Path) -> str:
