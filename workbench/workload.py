@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from workbench.errors import UserError
+from workbench.files import read_user_text
 from workbench.ops.tensor_expr import TensorExpr
 
 if sys.version_info >= (3, 11):
@@ -21,6 +22,8 @@ else:  # pragma: no cover - Python 3.10
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "specs" / "suites"
 _SUITE_KEYS = {"id", "op", "dtype"}
+# The suites are a few kilobytes; a bigger file is not a suite.
+MAX_SUITE_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -97,27 +100,59 @@ def list_suites() -> tuple[str, ...]:
 def load_suite(name: str) -> tuple[str, tuple[Workload, ...]]:
     """(suite name, workloads) of `specs/suites/NAME.toml` or a TOML path."""
     path = suite_path(name)
+    if not path.exists():
+        raise UserError(f"suite '{name}' not found (known: {', '.join(list_suites())})")
+    text = read_user_text(path, "suite", MAX_SUITE_BYTES)
     try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"suite '{name}' not found (known: {', '.join(list_suites())})") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"suite '{name}': cannot read {path}: {err}") from None
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"suite '{name}': invalid TOML: {err}") from None
-    entries = doc.get("workload")
-    if not isinstance(entries, list) or not entries:
-        raise UserError(f"suite '{name}': no [[workload]] entries")
-    suite = str(doc.get("suite", {}).get("name", path.stem))
+    try:
+        suite, entries = _suite_doc(doc, path.stem)
+    except UserError as err:
+        raise UserError(f"suite '{name}': {err}") from None
     workloads = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "id" not in entry or "op" not in entry:
-            raise UserError(f"suite '{name}': workload[{i}] needs 'id' and 'op'")
+    for entry in entries:
         params = tuple(sorted((k, _freeze(v)) for k, v in entry.items() if k not in _SUITE_KEYS))
         workloads.append(
             Workload(op=entry["op"], params=params, dtype=entry.get("dtype", "float32"), label=f"{suite}:{entry['id']}")
         )
     return suite, tuple(workloads)
+
+
+def _suite_doc(doc: dict, default_name: str) -> tuple[str, list[dict]]:
+    """The suite's name and its checked [[workload]] tables; UserError names what is malformed."""
+    head = doc.get("suite", {})
+    if not isinstance(head, dict):
+        raise UserError(f"'suite' must be a table ([suite] with name and source), got {head!r:.60}")
+    suite = head.get("name", default_name)
+    if not isinstance(suite, str) or not suite.strip() or ":" in suite:
+        raise UserError(f"suite.name must be a non-empty string without ':', got {suite!r:.60}")
+    entries = doc.get("workload")
+    if not isinstance(entries, list) or not entries:
+        raise UserError("no [[workload]] entries")
+    seen = set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "id" not in entry or "op" not in entry:
+            raise UserError(f"workload[{i}] needs 'id' and 'op'")
+        for key in sorted(_SUITE_KEYS & set(entry)):
+            value = entry[key]
+            if not isinstance(value, str) or not value.strip() or (key == "id" and ":" in value):
+                raise UserError(f"workload[{i}].{key} must be a non-empty string{' without :' if key == 'id' else ''}, "
+                                f"got {value!r:.60}")
+        if entry["id"] in seen:
+            raise UserError(f"workload[{i}].id {entry['id']!r} is used by an earlier workload")
+        seen.add(entry["id"])
+        for key, value in entry.items():
+            if key not in _SUITE_KEYS and not _plain(value):
+                raise UserError(f"workload[{i}].{key} must be a number, boolean or list of numbers, got {value!r:.60}")
+    return suite, entries
+
+
+def _plain(value) -> bool:
+    """A parameter value the catalog can check: a scalar, or a flat list of scalars."""
+    scalar = (int, float, bool, str)
+    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value))
 
 
 def suite_workload(ref: str) -> Workload:

@@ -1,0 +1,80 @@
+"""Suites as workloads: the shipped suites load, and a malformed or unreadable suite file is a
+one-line UserError naming the problem (never a traceback, never a wait)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from workbench.errors import UserError
+from workbench.workload import MAX_SUITE_BYTES, list_suites, load_suite, suite_workload
+
+GOOD = '[suite]\nname = "tiny"\n[[workload]]\nid = "mm"\nop = "matmul"\nM = 4\nN = 4\nK = 4\n'
+
+
+@pytest.mark.parametrize("name", ["cpu-core", "gensor-table4", "roller-table1"])
+def test_shipped_suites_load(name):
+    assert name in list_suites()
+    suite, workloads = load_suite(name)
+    assert suite == name and workloads
+    assert len({w.label for w in workloads}) == len(workloads)
+
+
+def test_a_suite_file_loads_and_its_entry_builds(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(GOOD)
+    workload = suite_workload(f"{path}:mm")
+    assert workload.label == "tiny:mm" and dict(workload.params) == {"M": 4, "N": 4, "K": 4}
+    assert [a.extent for a in workload.build().axes] == [4, 4, 4]
+
+
+MALFORMED = [
+    ('suite = "x"\n' + GOOD.split("\n", 2)[2], "'suite' must be a table ([suite] with name and source), got 'x'"),
+    ("suite = [1, 2]\n" + GOOD.split("\n", 2)[2], "'suite' must be a table"),
+    (GOOD.replace('name = "tiny"', "name = 5"), "suite.name must be a non-empty string without ':', got 5"),
+    (GOOD.replace('name = "tiny"', 'name = "a:b"'), "suite.name must be a non-empty string without ':'"),
+    (GOOD.replace('op = "matmul"', 'op = ["matmul"]'), "workload[0].op must be a non-empty string, got ['matmul']"),
+    (GOOD.replace('id = "mm"', "id = 3"), "workload[0].id must be a non-empty string without :, got 3"),
+    (GOOD.replace('id = "mm"', 'id = "a:b"'), "workload[0].id must be a non-empty string without :"),
+    (GOOD.replace('op = "matmul"', 'op = "matmul"\ndtype = 32'), "workload[0].dtype must be a non-empty string, got 32"),
+    (GOOD + GOOD.split("\n", 2)[2], "workload[1].id 'mm' is used by an earlier workload"),
+    (GOOD.replace("M = 4", "M = [[4]]"), "workload[0].M must be a number, boolean or list of numbers, got [[4]]"),
+    (GOOD.replace("M = 4", "M = {a = 1}"), "workload[0].M must be a number, boolean or list of numbers, got {'a': 1}"),
+    (GOOD.replace("[[workload]]", "[workload]"), "no [[workload]] entries"),
+    ('workload = [1]\n[suite]\nname = "tiny"\n', "workload[0] needs 'id' and 'op'"),
+    ("[suite\n", "invalid TOML"),
+]
+
+
+@pytest.mark.parametrize("text, message", MALFORMED, ids=[case[1][:40] for case in MALFORMED])
+def test_a_malformed_suite_is_one_line(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(UserError) as info:
+        load_suite(str(path))
+    assert str(info.value).startswith(f"suite '{path}': ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_or_oversized_suite_is_refused(tmp_path):
+    with pytest.raises(UserError, match="suite 'nosuite' not found \\(known: cpu-core"):
+        load_suite("nosuite")
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as f:
+        f.truncate(MAX_SUITE_BYTES + 1)
+    with pytest.raises(UserError, match=f"^suite {big}: {MAX_SUITE_BYTES + 1:,} bytes is over the"):
+        load_suite(str(big))
+
+
+def test_a_fifo_suite_is_refused_without_waiting(tmp_path):
+    fifo = tmp_path / "suite.toml"
+    os.mkfifo(fifo)  # no writer: reading it would block forever
+    code = (
+        "import sys\nfrom workbench.errors import UserError\nfrom workbench.workload import load_suite\n"
+        "try:\n    load_suite(sys.argv[1])\nexcept UserError as err:\n    print(err)\n"
+    )
+    # In a child process with a time limit, so a regression fails instead of hanging the tests.
+    done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.strip() == f"suite {fifo}: not a regular file (a FIFO)"
