@@ -112,3 +112,22 @@ def test_bad_params_name_the_problem(op, params, message):
 def test_bad_dtype():
     with pytest.raises(UserError, match="unsupported dtype 'int4'"):
         catalog.build("relu", dict(shape=(3,)), dtype="int4")
+
+
+@pytest.mark.parametrize(
+    "op, params, message",
+    [
+        # 2^63 as a dilation or stride reached TVM as a BigInt index coefficient (a TypeError)
+        ("conv2d", dict(N=1, C=1, H=8, W=8, F=1, KH=1, KW=1, stride=1, pad=0, dilation=2**63), "dilation must be at most 2147483647"),
+        ("maxpool", dict(N=1, C=1, H=8, W=8, K=1, stride=2**32, pad=0), "stride must be at most 2147483647"),
+        ("relu", dict(shape=(4, 2**31)), "shape must be at most 2147483647"),
+    ],
+)
+def test_params_beyond_the_int32_index_range_are_refused(op, params, message):
+    with pytest.raises(UserError, match=f"^{op}: {message} \\(the int32 index range\\)"):
+        catalog.build(op, params)
+
+
+def test_a_stride_at_the_int32_limit_builds():
+    expr = catalog.build("maxpool", dict(N=1, C=1, H=8, W=8, K=1, stride=2**31 - 1, pad=0))
+    assert [a.extent for a in expr.axes if a.kind == SPATIAL] == [1, 1, 1, 1]

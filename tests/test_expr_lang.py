@@ -82,9 +82,70 @@ def test_negative_index_is_refused():
         build_te_from_expr("C[i] = A[i-1]", dict(i=4))
 
 
-def test_bad_dtype():
-    with pytest.raises(UserError, match="unsupported dtype"):
-        build_te_from_expr("C[i] = A[i]", dict(i=4), dtype="int8")
+# Each parsed, and TVM refused it with a traceback (or, for the inf/NaN ones, built a kernel whose
+# every output is inf or NaN): now a one-line error naming the problem and its column.
+VALUE_ERRORS = [
+    ("C[i] = A[i] / 0", "float32", "division by zero at column 13: the divisor 0 folds to 0"),
+    ("C[i] = A[i] / (A[i] - A[i])", "float32", "division by zero at column 13: the divisor (A[i]-A[i]) folds to 0"),
+    ("C[i] = A[i] / (2*A[i] - A[i] - A[i])", "float32", "division by zero at column 13"),
+    ("C[i] = A[i] / (0 * A[i])", "float32", "division by zero at column 13"),
+    ("C[i] = A[i] / (max(A[i], B[i]) - max(B[i], A[i]))", "float32", "division by zero at column 13"),
+    ("C[i] = A[i] / (A[i]*B[i] - B[i]*A[i])", "float32", "division by zero at column 13"),
+    ("C[i] = A[i] / (exp(0) - 1)", "float32", "division by zero at column 13"),
+    ("C[i] = A[i] / -0.0", "float64", "division by zero at column 13"),
+    ("C[i] = A[i] / (1e-30 * 1e-30)", "float32", "the divisor (1e-30*1e-30) folds to 0"),  # TVM rounds it to 0 too
+    ("C[i] += A[i,k] / (A[i,k] - A[i,k])", "float32", "division by zero at column 16"),
+    ("C[i] = A[i] * 1e39", "float32", "literal 1e+39 at column 15 is beyond the range of float32"),
+    ("C[i] = A[i] * 1e5", "float16", "literal 100000 at column 15 is beyond the range of float16 (largest 65504)"),
+    ("C[i] = A[i] - 70000", "float16", "literal 70000 at column 15 is beyond the range of float16"),
+    ("C[i] = A[i] + 1e-50", "float32", "literal 1e-50 at column 15 rounds to 0 in float32"),
+    ("C[i] = A[i] + 1e-8", "float16", "literal 1e-08 at column 15 rounds to 0 in float16"),
+    ("C[i] = A[i] * (300 * 300)", "float16", "the constant (300*300) at column 20 folds to 90000, which is not a finite float16"),
+    ("C[i] = A[i] + (A[i] - A[i] + 3e38) * 10", "float32", "folds to 3e+39"),
+    ("C[i] = A[i] + sqrt(-1)", "float32", "the constant sqrt(-1) at column 15 folds to nan"),
+    ("C[i] = A[i] + log(0)", "float64", "the constant log(0) at column 15 folds to -inf"),
+    ("C[i] = A[i] * exp(100)", "float32", "the constant exp(100) at column 15 folds to 2.68812e+43"),
+]
+
+
+@pytest.mark.parametrize("text, dtype, message", VALUE_ERRORS)
+def test_values_tvm_refuses_are_one_line_errors(text, dtype, message):
+    with pytest.raises(UserError) as err:
+        build_expr(text, dict(i=4, k=3), dtype)
+    assert str(err.value).startswith("expression: ") and message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text, dtype",
+    [
+        ("C[i] = A[i] / A[i]", "float32"),  # not a constant divisor
+        ("C[i] = (A[i] + 3e38) + 3e38", "float32"),  # not folded by TVM: a value, not a constant
+        ("C[i] = A[i] * 65504 + 6e-8", "float16"),  # the largest and the smallest float16
+        ("C[i] = A[i] * 1e300 + exp(700)", "float64"),
+        ("C[i] = A[i] / (A[i] - B[i])", "float32"),
+    ],
+)
+def test_values_at_the_edge_of_the_range_build(text, dtype):
+    assert build_expr(text, dict(i=4), dtype).dtype == dtype
+
+
+def test_whatever_tvm_still_refuses_is_a_user_error(monkeypatch):
+    """A net behind `check_values`: TVM's own refusal of user text is one line too."""
+    from workbench.ops import tensor_expr
+
+    def refuse(*args):
+        raise tvm.error.InternalError("Check failed: something TVM's simplifier found\nmore lines")
+
+    monkeypatch.setattr(tensor_expr, "from_te", refuse)
+    with pytest.raises(UserError, match="^expression: TVM refuses it: Check failed: something TVM's simplifier found$"):
+        build_expr("C[i] = A[i] + 1", dict(i=4))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "bfloat16"])
+def test_bad_dtype(dtype):
+    # Integer dtypes are refused before any literal is checked against their range.
+    with pytest.raises(UserError, match=f"unsupported dtype '{dtype}'"):
+        build_te_from_expr("C[i] = A[i] * 100000", dict(i=4), dtype=dtype)
 
 
 def test_build_expr_records_text_and_extents():

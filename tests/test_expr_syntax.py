@@ -106,3 +106,26 @@ def test_any_text_parses_or_is_a_user_error(text):
         parse_statement(text)
     except UserError as err:
         assert str(err).startswith("expression: ") and "\n" not in str(err)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # 2^63: TVM raised a TypeError on a BigInt; 2^31 it took as a non-affine int64 index
+        ("B[i] += A[i, 9223372036854775808*k]", "index coefficient of k at column 14 is 9223372036854775808, beyond the int32"),
+        ("B[i] += A[i, 2147483648*k]", "index coefficient of k at column 14 is 2147483648"),
+        ("B[i] += A[i, -2147483648*k + 2147483648]", "index coefficient of k at column 14 is -2147483648"),
+        ("B[i] = A[i + 4294967296]", "index constant at column 10 is 4294967296"),
+        ("B[i] = A[i] * 1e400", "number 1e400 at column 15 is beyond the range of every float type"),
+        ("B[i] = A[i] + " + "9" * 400, "is beyond the range of every float type"),
+    ],
+)
+def test_numbers_beyond_what_tvm_takes_are_refused(text, message):
+    with pytest.raises(UserError) as err:
+        parse_statement(text)
+    assert message in str(err.value)
+
+
+def test_index_terms_that_cancel_or_fit_are_kept():
+    _, _, value = parse_statement("B[i] = A[2147483647*i + 4294967296*j - 4294967296*j, 2147483647]")
+    assert [(dict(index.terms), index.const) for index in value.indices] == [({"i": 2147483647}, 0), ({}, 2147483647)]

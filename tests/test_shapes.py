@@ -61,3 +61,16 @@ def test_check_dtype():
     check_dtype("float16")
     with pytest.raises(UserError, match="unsupported dtype 'int7'"):
         check_dtype("int7")
+
+
+@pytest.mark.parametrize("digits", ["9" * 11, "9" * 5000, "1" + "0" * 4400])
+def test_parse_kv_refuses_numbers_too_long_to_convert(digits):
+    # Python refuses int() of more than 4300 digits with a ValueError: a traceback before this check.
+    with pytest.raises(UserError, match=f"--shape: .*: i is too large \\(at most {MAX_ELEMENTS}\\)"):
+        parse_kv(f"i={digits}")
+    with pytest.raises(UserError, match="shape is too large"):
+        parse_kv(f"shape=4x{digits}")
+
+
+def test_parse_kv_reads_leading_zeros():
+    assert parse_kv("i=" + "0" * 5000 + "7") == {"i": 7}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from math import pi, prod, sqrt
 
 from workbench.errors import UserError
-from workbench.ops.shapes import check_dtype, check_elements
+from workbench.ops.shapes import MAX_ELEMENTS, check_dtype, check_elements
 
 
 @dataclass(frozen=True)
@@ -142,13 +142,23 @@ def _check_value(op: str, p: ParamInfo, value: object) -> object:
     if p.kind == "int":
         if not _is_int(value) or value < p.minimum:
             raise UserError(f"{op}: {p.name} must be {bound}, got {value!r}")
+        _check_index_range(op, p.name, value)
         return value
     values = (value,) if _is_int(value) else value
     if not isinstance(values, (list, tuple)) or not values:
         raise UserError(f"{op}: {p.name} must be a list of integers such as 17x11x3, got {value!r}")
     if not all(_is_int(v) and v >= p.minimum for v in values):
         raise UserError(f"{op}: every entry of {p.name} must be {bound}, got {value!r}")
+    for v in values:
+        _check_index_range(op, p.name, v)
     return tuple(values)
+
+
+def _check_index_range(op: str, name: str, value: int) -> None:
+    # A stride or dilation becomes an index coefficient, int32 in TVM's index arithmetic (one
+    # past it makes TVM raise); every extent is bounded by the int32 element count anyway.
+    if value > MAX_ELEMENTS:
+        raise UserError(f"{op}: {name} must be at most {MAX_ELEMENTS} (the int32 index range), got {value}")
 
 
 def _is_int(value: object) -> bool:

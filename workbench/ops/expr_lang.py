@@ -5,6 +5,10 @@
 it. Output axes (the plain, distinct names on the left) are spatial; axes that appear only on the
 right are reduce axes, allowed only with a reducing assignment (+=, *=, max=, min=). Input shapes
 are inferred, per dimension, as the largest index value + 1.
+
+Before TVM sees a statement, `check_values` folds its constants the way TVM's simplifier would
+(and a little further): a literal or constant outside the dtype's range, or a divisor that folds
+to 0 (`A[i] / (A[i] - A[i])`), is a UserError naming its column instead of a TVM traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import functools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from workbench.ops.expr_syntax import Binary, Call, Expr, Index, Negate, Number, Ref, fail, parse_statement
 from workbench.ops.shapes import MAX_ELEMENTS, check_dtype, check_elements
@@ -147,6 +153,7 @@ def build_te_from_expr(text: str, extents: Mapping[str, int], dtype: str = "floa
 
     check_dtype(dtype)
     st = parse(text)
+    check_values(st, dtype)
     shapes, ext = tensor_shapes(st, extents), check_extents(st, extents)
     tensors = {name: te.placeholder(shapes[name], dtype=dtype, name=name) for name in st.inputs}
     reduce = {a: te.reduce_axis((0, ext[a]), name=a) for a in st.reduce_axes}
@@ -163,10 +170,133 @@ def build_te_from_expr(text: str, extents: Mapping[str, int], dtype: str = "floa
 
 def build_expr(text: str, extents: Mapping[str, int], dtype: str = "float32"):
     """Build the statement `text` with axis extents `extents` as a TensorExpr with op "expr"."""
+    from workbench.codegen.common import first_line
     from workbench.ops.tensor_expr import from_te
 
     inputs, output = build_te_from_expr(text, extents, dtype)
-    return from_te("expr", {"expr": text, **extents}, inputs, output, dtype)
+    try:
+        return from_te("expr", {"expr": text, **extents}, inputs, output, dtype)
+    except RuntimeError as err:  # TVM's failed checks (tvm.error.InternalError and kin)
+        # `check_values` refuses what is known to fail here; should TVM's simplifier still find
+        # something to refuse in user text, it is the user's input, said in one line.
+        raise fail(f"TVM refuses it: {first_line(err)}") from None
+
+
+# ---- constants: folded before TVM sees them -------------------------------------------------
+
+# A value as `const + sum(coeff * term)`, `terms` a dict from a structural key of something not
+# folded further (a tensor read, a call of non-constants, a product or quotient of non-constants)
+# to its coefficient. So `x - x`, `2*x - x - x` and `0 * x` are the constant 0, as TVM folds them.
+_Form = tuple[dict, float]
+
+_CONSTANT_CALLS = {
+    "max": max,
+    "min": min,
+    "exp": np.exp,
+    "sqrt": np.sqrt,
+    "tanh": np.tanh,
+    "abs": abs,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "log": np.log,
+}
+
+
+def check_values(st: Statement, dtype: str) -> None:
+    """Refuse, naming the column, a literal beyond `dtype`'s range or so small it rounds to 0, a
+    constant subexpression (which TVM folds into one literal) that is not a finite number in
+    `dtype`, and a division by something that folds to 0. TVM raises on the first and the
+    last (`1e39` in float32, `1e5` in float16, `A[i] / (A[i] - A[i])`); the others would make
+    every output inf or NaN."""
+    with np.errstate(all="ignore"):
+        _fold(st.value, np.finfo(dtype), dtype)
+
+
+def _fold(node: Expr, info, dtype: str) -> _Form:
+    if isinstance(node, Number):
+        value = node.value
+        if not abs(value) <= info.max:
+            raise fail(f"literal {value:g} at column {node.column} is beyond the range of {dtype} (largest {info.max:g})")
+        if value != 0 and _rounds_to_zero(value, dtype):
+            raise fail(f"literal {value:g} at column {node.column} rounds to 0 in {dtype} (smallest {info.smallest_subnormal:g})")
+        return {}, value
+    if isinstance(node, Ref):
+        return {("ref", node.tensor): 1.0}, 0.0  # `_check` made every read of a tensor the same
+    if isinstance(node, Negate):
+        return _scale(_fold(node.operand, info, dtype), -1.0)
+    if isinstance(node, Binary):
+        form = _fold_binary(node, _fold(node.left, info, dtype), _fold(node.right, info, dtype), dtype)
+    else:
+        form = _fold_call(node, [_fold(arg, info, dtype) for arg in node.args])
+    terms, const = form
+    if not terms and not abs(const) <= info.max:
+        raise fail(f"the constant {_text(node)} at column {node.column} folds to {const:g}, "
+                   f"which is not a finite {dtype} (largest {info.max:g})")
+    return form
+
+
+def _fold_binary(node: Binary, left: _Form, right: _Form, dtype: str) -> _Form:
+    if node.op in "+-":
+        sign = 1.0 if node.op == "+" else -1.0
+        terms = dict(left[0])
+        for key, coeff in right[0].items():
+            terms[key] = terms.get(key, 0.0) + sign * coeff
+        return {k: c for k, c in terms.items() if c != 0}, left[1] + sign * right[1]
+    if node.op == "*":
+        if not left[0]:
+            return _scale(right, left[1])
+        if not right[0]:
+            return _scale(left, right[1])
+        return {("*",) + tuple(sorted((_key(left), _key(right)), key=repr)): 1.0}, 0.0
+    if not right[0]:
+        if right[1] == 0 or _rounds_to_zero(right[1], dtype):
+            raise fail(f"division by zero at column {node.column}: the divisor {_text(node.right)} folds to 0")
+        return _scale(left, 1.0 / right[1])
+    return {("/", _key(left), _key(right)): 1.0}, 0.0
+
+
+def _fold_call(node: Call, args: list[_Form]) -> _Form:
+    if all(not terms for terms, _ in args):
+        return {}, float(_CONSTANT_CALLS[node.func](*(const for _, const in args)))
+    keys = [_key(arg) for arg in args]
+    if node.func in ("max", "min"):
+        if keys[0] == keys[1]:
+            return args[0]  # max(x, x) is x
+        keys.sort(key=repr)  # max(x, y) is max(y, x)
+    return {("call", node.func, tuple(keys)): 1.0}, 0.0
+
+
+def _scale(form: _Form, factor: float) -> _Form:
+    terms, const = form
+    if factor == 0:
+        return {}, 0.0
+    return {key: coeff * factor for key, coeff in terms.items()}, const * factor
+
+
+def _key(form: _Form) -> tuple:
+    terms, const = form
+    return tuple(sorted(terms.items(), key=repr)), const
+
+
+def _rounds_to_zero(value: float, dtype: str) -> bool:
+    return float(np.asarray(value, dtype=dtype)) == 0
+
+
+def _text(node: Expr, limit: int = 60) -> str:
+    """A subexpression written back as text for a message, cut to about `limit` characters."""
+    text = _written(node)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _written(node: Expr) -> str:
+    if isinstance(node, Number):
+        return f"{node.value:g}"
+    if isinstance(node, Ref):
+        return f"{node.tensor}[{','.join(str(index) for index in node.indices)}]"
+    if isinstance(node, Negate):
+        return f"-{_written(node.operand)}"
+    if isinstance(node, Binary):
+        return f"({_written(node.left)}{node.op}{_written(node.right)})"
+    return f"{node.func}({', '.join(_written(arg) for arg in node.args)})"
 
 
 _BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}

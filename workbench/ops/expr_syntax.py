@@ -13,10 +13,12 @@ Nothing here hands text to Python's eval/exec/ast; the tokens are matched by reg
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 from workbench.errors import UserError
+from workbench.ops.shapes import MAX_ELEMENTS
 
 FUNCTIONS = {"max": 2, "min": 2, "exp": 1, "sqrt": 1, "tanh": 1, "abs": 1, "sigmoid": 1, "log": 1}
 REDUCING = ("+=", "*=", "max=", "min=")
@@ -27,6 +29,9 @@ RESERVED = frozenset(FUNCTIONS) | {"expr"}
 MAX_LENGTH = 4000  # characters
 MAX_DEPTH = 100  # nesting of parentheses and unary minus
 MAX_OPERATIONS = 256  # binary operators, negations and calls
+# Index coefficients and constants become int32 arithmetic on TVM's loop variables (the extents
+# are int32, see shapes.MAX_ELEMENTS); a larger one would overflow or be refused by TVM.
+MAX_INDEX_TERM = MAX_ELEMENTS
 
 _TOKEN = re.compile(
     r"(?P<space>\s+)"
@@ -184,7 +189,10 @@ class _Parser:
             self.depth -= 1
             return node
         if token.kind == "number":
-            return Number(float(token.text), token.column)
+            value = float(token.text)
+            if not math.isfinite(value):
+                raise fail(f"number {token.text} at column {token.column} is beyond the range of every float type")
+            return Number(value, token.column)
         if token.text == "(" and token.kind == "op":
             node = self.expr()
             self.expect(")", f"to close the '(' of column {token.column}")
@@ -225,6 +233,10 @@ class _Parser:
     def index(self) -> Index:
         column = self.peek.column
         terms, const = _Affine(self).sum()
+        for what, value in [(f"coefficient of {a}", c) for a, c in terms.items()] + [("constant", const)]:
+            if abs(value) > MAX_INDEX_TERM:
+                raise fail(f"index {what} at column {column} is {value}, beyond the int32 index range "
+                           f"(at most {MAX_INDEX_TERM} in size)")
         return Index(tuple((a, c) for a, c in terms.items() if c), const, column)
 
 

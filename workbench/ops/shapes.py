@@ -59,9 +59,18 @@ def _parse_value(item: str, key: str, value: str) -> int | tuple[int, ...] | boo
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
     if _INT.fullmatch(value):
-        return int(value)
+        return _int(item, key, value)
     if _INTS.fullmatch(value):
-        return tuple(int(v) for v in value.split("x"))
+        return tuple(_int(item, key, v) for v in value.split("x"))
     if re.fullmatch(r"-[0-9]+", value):
         raise UserError(f"--shape: {item!r}: {key} must be a positive integer")
     raise UserError(f"--shape: {item!r}: {key} must be an integer, a list AxBxC or true/false")
+
+
+def _int(item: str, key: str, digits: str) -> int:
+    # Python refuses to convert more than 4300 digits; far fewer already exceed every limit here.
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_ELEMENTS)):
+        shown = item if len(item) <= 40 else item[:37] + "..."
+        raise UserError(f"--shape: {shown!r}: {key} is too large (at most {MAX_ELEMENTS})")
+    return int(digits)
