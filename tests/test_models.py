@@ -3,6 +3,9 @@ candidates for every operator, the report of `workbench model`, running the mode
 against onnxruntime / numpy, and bad model files."""
 
 import json
+import os
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -15,7 +18,8 @@ from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.models.execute import build_model_kernels, run_model
 from workbench.models.model import OperatorResult, construct_model, model_report, report_dict, report_text, roperators
-from workbench.models.onnx_import import MAX_MODEL_BYTES, Operator, import_model
+from workbench.models.onnx_import import MAX_MODEL_BYTES, MAX_MODEL_ELEMENTS, Operator, import_model
+from workbench.ops.shapes import MAX_ELEMENTS
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block")
@@ -203,7 +207,7 @@ def _tensor(name, shape):
 def test_missing_directory_empty_and_corrupt_files(tmp_path):
     with pytest.raises(UserError, match="no such file"):
         import_model(tmp_path / "absent.onnx")
-    with pytest.raises(UserError, match="not a file"):
+    with pytest.raises(UserError, match="not a regular file \\(a directory\\)"):
         import_model(tmp_path)
     (tmp_path / "empty.onnx").write_bytes(b"")
     (tmp_path / "text.onnx").write_text("this is not a model\n")
@@ -217,7 +221,7 @@ def test_oversized_file_is_refused_before_reading(tmp_path):
     big = tmp_path / "big.onnx"
     with open(big, "wb") as f:
         f.truncate(MAX_MODEL_BYTES + 1)  # sparse: no disk or time spent
-    with pytest.raises(UserError, match="over the 64 MB limit"):
+    with pytest.raises(UserError, match=f"over the {MAX_MODEL_BYTES:,}-byte limit"):
         import_model(big)
 
 
@@ -232,6 +236,68 @@ def test_invalid_graph_and_operators_tvm_cannot_import(tmp_path):
     )
     with pytest.raises(UserError, match="not supported.*Foo"):
         import_model(custom)
+
+
+def _report_in_subprocess(path) -> str:
+    """`workbench model`'s document or error for `path`, from a child process with a time limit:
+    should a regression let a huge tensor through, construction would run for hours, and the
+    test fails instead of hanging."""
+    code = (
+        "import sys\nfrom workbench.errors import UserError\nfrom workbench.models.model import model_report\n"
+        "try:\n    model_report(sys.argv[1], 'xeon-avx512')\nexcept UserError as err:\n    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_tiny_file_declaring_a_huge_tensor_is_refused_before_import(tmp_path):
+    shape = [100000, 100000, 100000]
+    path = _save(tmp_path / "huge.onnx", [helper.make_node("Relu", ["X"], ["Y"])], [_tensor("X", shape)], [_tensor("Y", shape)])
+    assert path.stat().st_size < 120  # the issue's reproducer was 89 bytes
+    assert _report_in_subprocess(path) == (
+        "huge.onnx: tensor X has shape 100000x100000x100000 = 1000000000000000 elements, "
+        "over the limit of 2147483647 (int32 indexing)"
+    )
+
+
+def test_a_huge_tensor_the_file_does_not_declare_is_refused_after_import(tmp_path):
+    """An Expand to a constant shape: the graph declares the output's dimensions by name only."""
+    target = numpy_helper.from_array(np.array([100000, 100000, 100000], dtype=np.int64), "target")
+    path = _save(
+        tmp_path / "expand.onnx",
+        [helper.make_node("Expand", ["X", "target"], ["E"]), helper.make_node("Relu", ["E"], ["Y"])],
+        [_tensor("X", [1])], [_tensor("Y", ["a", "b", "c"])], inits=[target],
+    )
+    message = _report_in_subprocess(path)
+    assert message.startswith("expand.onnx: tensor ") and "(computed by the model) has shape 100000x100000x100000" in message
+
+
+def test_all_tensors_of_a_model_together_are_capped(tmp_path):
+    """Five tensors just under the per-tensor cap: each is fine, all together are not."""
+    shape, names = [MAX_ELEMENTS], ["X", "A", "B", "C", "Y"]
+    nodes = [helper.make_node("Relu", [a], [b]) for a, b in zip(names, names[1:])]
+    graph = helper.make_graph(nodes, "g", [_tensor("X", shape)], [_tensor("Y", shape)], value_info=[_tensor(n, shape) for n in names[1:-1]])
+    path = tmp_path / "chain.onnx"
+    path.write_bytes(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(UserError, match=f"chain.onnx: its tensors hold {5 * MAX_ELEMENTS:,} elements in all, over the limit of {MAX_MODEL_ELEMENTS:,}"):
+        import_model(path)
+
+
+def test_weights_stored_outside_the_file_are_refused(tmp_path):
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "weights.bin"), ("length", "16")):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    path = _save(tmp_path / "ext.onnx", [helper.make_node("Add", ["x", "W"], ["y"])], [_tensor("x", [4])], [_tensor("y", [4])], inits=[weight])
+    with pytest.raises(UserError, match="ext.onnx: weight W is stored outside the file"):
+        import_model(path)
+
+
+def test_a_fifo_model_is_refused_without_waiting(tmp_path):
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)  # no writer: reading it would block forever
+    assert _report_in_subprocess(fifo) == f"model {fifo}: not a regular file (a FIFO)"
 
 
 def test_symbolic_input_shapes_are_refused(tmp_path):

@@ -11,6 +11,7 @@ import streamlit as st
 
 from workbench.app.state import Selection, selection, set_selection
 from workbench.errors import UserError
+from workbench.files import check_size, read_user_file
 from workbench.models.model import construct_model
 from workbench.models.onnx_import import MAX_MODEL_BYTES, import_model
 from workbench.viz.dataflow import dataflow_figure
@@ -28,8 +29,7 @@ def _constructed(path: str, digest: str, device, policy: str, options):
 
 def _uploaded(upload) -> str:
     data = upload.getvalue()
-    if len(data) > MAX_MODEL_BYTES:
-        raise UserError(f"{upload.name}: {len(data)} bytes is over the {MAX_MODEL_BYTES}-byte limit")
+    check_size(len(data), f"model {upload.name}", MAX_MODEL_BYTES)
     digest = hashlib.sha256(data).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / f"workbench-upload-{digest}.onnx"
     path.write_bytes(data)
@@ -60,7 +60,7 @@ def page() -> None:
         if path is None:
             st.info("Choose a sample model or upload an .onnx file.")
             return
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        digest = hashlib.sha256(read_user_file(path, "model", MAX_MODEL_BYTES)).hexdigest()
         with st.spinner("importing and constructing every operator..."):
             mc = _constructed(path, digest, sel.device, sel.policy, sel.options)
     except UserError as err:

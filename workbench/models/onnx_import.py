@@ -25,15 +25,22 @@ an unsupported operator with the reason; the rest of the model is constructed as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 from pathlib import Path
 
 from workbench.errors import UserError
+from workbench.files import read_user_file
+from workbench.ops.shapes import check_elements
 from workbench.ops.tensor_expr import TensorExpr
 
 # Refuse models above this size before parsing them: protobuf parses the whole file in memory
 # (several times its size), and weights beyond this are far outside what a workbench session
 # constructs in seconds. The sample models are under 1 MB each.
 MAX_MODEL_BYTES = 64 * 2**20
+# Every tensor of a model within shapes.MAX_ELEMENTS (the int32 indexing of the kernels), and all
+# of them together within 2^33 elements: running a model (models/execute.py) holds every
+# operator's output at once, 32 GiB in float32, and the co-schedule has a task per tile of each.
+MAX_MODEL_ELEMENTS = 2**33
 
 
 @dataclass(frozen=True)
@@ -89,26 +96,59 @@ def import_model(path: str | Path) -> ImportedModel:
 
 
 def read_onnx(path: Path):
-    """The parsed, checked `onnx.ModelProto` of `path`."""
+    """The parsed, checked `onnx.ModelProto` of `path`, its declared tensors within the caps."""
     import onnx
     from google.protobuf.message import DecodeError
 
-    if not path.is_file():
-        raise UserError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    size = path.stat().st_size
-    if size > MAX_MODEL_BYTES:
-        raise UserError(f"{path}: {size / 2**20:.0f} MB is over the {MAX_MODEL_BYTES // 2**20} MB limit for models")
+    data = read_user_file(path, "model", MAX_MODEL_BYTES)
     try:
-        proto = onnx.load_model_from_string(path.read_bytes())
+        proto = onnx.load_model_from_string(data)
     except (DecodeError, ValueError, RuntimeError) as err:
         raise UserError(f"{path}: not an ONNX model ({_first_line(err)})") from None
     if proto.ir_version <= 0 or not proto.graph.node:
         raise UserError(f"{path}: not an ONNX model (no IR version or no graph nodes)")
+    # Before the checker and TVM's importer: a few bytes can declare a tensor that takes hours
+    # to construct and schedule, and external data would be read from paths the model names.
+    _check_declared(proto.graph, path.name)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
         raise UserError(f"{path}: invalid ONNX model: {_first_line(err)}") from None
     return proto
+
+
+def _check_declared(graph, label: str) -> None:
+    """Refuse external weights and declared shapes over the element caps (inputs, outputs,
+    annotated intermediates and weights of the main graph; dimensions given by name are checked
+    after import, in `_check_inferred`)."""
+    from onnx import TensorProto
+
+    shapes = []
+    for tensor in graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            raise UserError(f"{label}: weight {tensor.name} is stored outside the file; save the model with its weights inside")
+        shapes.append((tensor.name, tuple(tensor.dims)))
+    for info in list(graph.input) + list(graph.output) + list(graph.value_info):
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+        shapes.append((info.name, tuple(d.dim_value for d in dims if d.HasField("dim_value"))))
+    for name, shape in shapes:
+        if any(d < 0 for d in shape):
+            raise UserError(f"{label}: tensor {name} declares a negative dimension: {list(shape)}")
+    _check_elements(shapes, label)
+
+
+def _check_elements(shapes, label: str) -> None:
+    """Each tensor within `MAX_ELEMENTS`, all of them together within `MAX_MODEL_ELEMENTS`."""
+    total = 0
+    for name, shape in shapes:
+        try:
+            check_elements(name, shape)
+        except UserError as err:
+            raise UserError(f"{label}: {err}") from None
+        total += prod(shape)
+    if total > MAX_MODEL_ELEMENTS:
+        raise UserError(f"{label}: its tensors hold {total:,} elements in all, over the limit of "
+                        f"{MAX_MODEL_ELEMENTS:,} for a model")
 
 
 def fused_module(proto, label: str):
@@ -124,6 +164,7 @@ def fused_module(proto, label: str):
     except Exception as err:  # the importer raises many error types for models it cannot read
         raise UserError(f"{label}: TVM cannot import the model: {_first_line(err)}") from None
     _check_static(mod["main"], label)
+    _check_inferred(mod["main"], label)
     passes = [
         relax.transform.LegalizeOps(),
         relax.transform.FoldConstant(),
@@ -142,6 +183,23 @@ def _check_static(main, label: str) -> None:
         values = getattr(getattr(param.ty, "shape", None), "values", None)
         if values is None or any(not hasattr(v, "value") for v in values):
             raise UserError(f"{label}: input {param.name} has a symbolic or unknown shape; export the model with fixed shapes")
+
+
+def _check_inferred(main, label: str) -> None:
+    """The element caps on every tensor the imported model computes, before any pass runs: an
+    `Expand` or `ConstantOfShape` can make a huge tensor that the file never declares, which
+    constant folding would then try to allocate."""
+    from tvm import relax
+
+    shapes = [(p.name, _shape(p.ty)) for p in main.params]
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            types = binding.var.ty.fields if isinstance(binding.var.ty, relax.TupleType) else (binding.var.ty,)
+            for ty in types:
+                values = getattr(getattr(ty, "shape", None), "values", None)
+                if values is not None and all(hasattr(v, "value") for v in values):
+                    shapes.append((f"{binding.var.name} (computed by the model)", tuple(int(v) for v in values)))
+    _check_elements(shapes, label)
 
 
 def _walk(mod, name: str) -> ImportedModel:
