@@ -103,9 +103,12 @@ def test_export_cpu_bundle_loads_and_computes(capsys, tmp_path):
 
     out = tmp_path / "bundle"
     code, stdout, _ = run(capsys, "export", "--op", "matmul", "--shape", "M=64,N=48,K=32", "--rank", "2", "--out", str(out), "--json")
-    assert code == 0 and json.loads(stdout)["verified"] is True
+    doc = json.loads(stdout)
+    assert code == 0 and doc["verified"] is True and doc["verification"]["ran"] is True
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["rank"] == 2 and [a["role"] for a in manifest["args"]] == ["input", "input", "output"]
+    assert manifest["verified"] is True and manifest["verification"] == doc["verification"]
+    assert manifest["verification"]["correct"] is True and manifest["verification"]["atol"] > 0
     lib = tvm.runtime.load_module(str(out / manifest["files"]["library"]))
     rng = np.random.default_rng(0)
     a, b = rng.random((64, 32), dtype=np.float32), rng.random((32, 48), dtype=np.float32)
@@ -114,10 +117,17 @@ def test_export_cpu_bundle_loads_and_computes(capsys, tmp_path):
     np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-5)
 
 
-def test_export_gpu_bundle_has_cuda_source(capsys, tmp_path):
-    code, _, _ = run(capsys, "export", "--op", "relu", "--shape", "shape=17x11x3", "--device", "h100", "--out", str(tmp_path / "g"))
+def test_export_gpu_bundle_has_cuda_source_and_says_it_was_not_run(capsys, tmp_path):
+    import tvm
+
+    code, out, _ = run(capsys, "export", "--op", "relu", "--shape", "shape=17x11x3", "--device", "h100", "--out", str(tmp_path / "g"))
     assert code == 0
     assert "__global__" in (tmp_path / "g" / "kernel.cu").read_text()
+    manifest = json.loads((tmp_path / "g" / "manifest.json").read_text())
+    here = tvm.cuda(0).exist and tvm.cuda(0).compute_version == "9.0"  # an H100 on this machine
+    assert manifest["verified"] is here and manifest["verification"]["ran"] is here
+    if not here:
+        assert "not run here" in out and manifest["verification"]["reason"] in out
 
 
 def test_export_refuses_bad_rank_and_existing_directory(capsys, tmp_path):
@@ -128,6 +138,73 @@ def test_export_refuses_bad_rank_and_existing_directory(capsys, tmp_path):
     code, _, err = run(capsys, "export", "--op", "relu", "--shape", "shape=8x8", "--out", str(tmp_path / "full"))
     assert code == 2 and "not empty" in err
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def _one_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["under a file", "name too long", "dangling symlink", "unwritable directory"])
+def test_export_refuses_a_bad_out_before_building(case, capsys, tmp_path):
+    import os
+
+    (tmp_path / "file").write_text("mine")
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    out, message = {
+        "under a file": (tmp_path / "file" / "x", "file is not a directory"),
+        "name too long": (tmp_path / ("n" * 256), "256 bytes"),
+        "dangling symlink": (tmp_path / "dangling", "broken symbolic link"),
+        # Permission bits do not stop root, who runs CI: sysfs refuses new entries to anyone.
+        "unwritable directory": ("/sys/workbench-bundle", "cannot write in /sys"),
+    }[case]
+    code, _, err = run(capsys, "export", "--op", "matmul", "--shape", "M=64,N=48,K=32", "--out", str(out))
+    assert code == 2 and message in _one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "file"]
+
+
+def test_export_for_another_cpu_never_runs_its_kernel_here(capsys, tmp_path):
+    from workbench.hardware.detect import local_cpu_info
+
+    # xeon-avx512 needs AVX-512 (skylake-avx512): run and checked on a CPU that has it, else
+    # exported unverified with the reason, its schedule checked as built for this CPU. This
+    # process (the CLI's) survives either way: before, it died of SIGILL on AVX2 machines.
+    has_avx512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= local_cpu_info().flags
+    code, out, _ = run(capsys, "export", "--device", "xeon-avx512", "--op", "matmul", "--shape", "M=64,N=48,K=32",
+                       "--out", str(tmp_path / "b"), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["verified"] is has_avx512
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["verified"] is has_avx512 and manifest["target"]["mcpu"] == "skylake-avx512"
+    if not has_avx512:
+        assert "avx512f" in manifest["verification"]["reason"]
+        assert manifest["verification"]["host_check"]["correct"] is True
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupted_export_exits_cleanly_and_leaves_nothing(sig, code, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "bundles" / "b"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", "export", "--op", "matmul", "--shape", "M=64,N=48,K=32", "--out", str(out)],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    # The staging directory (.b.xxxxxxxx) appears once the construction is done, before the build.
+    deadline = time.monotonic() + 120
+    while not (out.parent.is_dir() and any(p.name.startswith(".") for p in out.parent.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code and stdout == "", (stdout, stderr)
+    assert _one_line(stderr) == f"workbench: interrupted ({sig})"
+    assert os.listdir(tmp_path) == []  # no staging directory, and not the parent made for it
 
 
 def test_device_detect_writes_a_loadable_spec(capsys, tmp_path):

@@ -1,25 +1,43 @@
-"""Export bundles: the manifest of the CLI contract, a loadable library that computes what the
-in-process kernel computes, a schedule script that replays to the same TVMScript, atomic writes
-and refusals."""
+"""Export bundles (`export_candidate`, the one path of the CLI, dashboard and widgets): the manifest
+of the CLI contract with `verified` and how, a loadable library that computes what the in-process
+kernel computes, a schedule script that replays to the same TVMScript, output paths refused before
+anything is built, atomic writes that leave nothing behind after a failure or an interrupt, and
+kernels for a machine other than this one never run here."""
 
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import zipfile
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
 import pytest
 import tvm
+from tvm.target import codegen
 
 from tests.helpers import device, expr
+from workbench.codegen import export as export_module
 from workbench.codegen.build import Kernel, build_kernel
-from workbench.codegen.export import export_bundle, schedule_script
-from workbench.codegen.verify import run_kernel
+from workbench.codegen.export import (
+    Check,
+    KernelRejected,
+    accept,
+    check_here,
+    check_out,
+    export_candidate,
+    schedule_script,
+)
+from workbench.codegen.host import ISA_FLAGS, cpu_mismatch
+from workbench.codegen.verify import Verification, run_kernel
+from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
+from workbench.hardware.detect import CpuInfo, local_cpu_info
 from workbench.ops.reference import random_inputs
+from workbench.profile.workers import Outcome
 
 CPU = "local-cpu"
 CASES = {
@@ -31,28 +49,50 @@ CASES = {
 
 
 @lru_cache(maxsize=None)
-def _built(case: str):
+def _constructed(case: str, dev: str = CPU):
     op, params = CASES[case]
-    c = construct(expr(op, **params), device(CPU))
-    candidate = c.candidates[0]
-    kernel = build_kernel(c.expr, candidate.program, device(CPU))
+    c = construct(expr(op, **params), device(dev), options=Options(topk=2))
+    return c.expr, c.candidates[0]
+
+
+@lru_cache(maxsize=None)
+def _built(case: str):
+    """The kernel built in this process (what the bundle's library must compute)."""
+    fused, candidate = _constructed(case)
+    kernel = build_kernel(fused, candidate.program, device(CPU))
     assert kernel.ok, kernel.error
-    return c.expr, candidate, kernel
+    return fused, candidate, kernel
 
 
-def _export(case: str, out, **kw):
-    fused, candidate, kernel = _built(case)
-    return export_bundle(
-        kernel, fused, candidate.program, device(CPU), out, policy="roller", rank=1,
-        predicted_seconds=candidate.estimate.predicted_seconds, **kw,
-    )
+def _export(case: str, out, dev=CPU, **kw):
+    fused, candidate = _constructed(case, dev) if isinstance(dev, str) else _constructed(case)
+    spec = device(dev) if isinstance(dev, str) else dev
+    return export_candidate(fused, candidate, spec, out, policy="roller", **kw)
 
 
-def test_manifest_follows_the_cli_contract(tmp_path):
-    out = _export("conv", tmp_path / "conv", measured_seconds=1.5e-5)
-    manifest = json.loads((out / "manifest.json").read_text())
+def _manifest(path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _foreign_cpu():
+    """This machine's spec with an LLVM CPU that has an extension this CPU lacks: XOP/FMA4
+    (AMD Bulldozer) and AMX/AVX512-FP16 (Intel Sapphire Rapids) are never on one CPU."""
+    host = local_cpu_info()
+    for mcpu in ("bdver2", "sapphirerapids"):
+        target = {"kind": "llvm", "mcpu": mcpu}
+        missing = cpu_mismatch(target, codegen.llvm_get_cpu_features(tvm.target.Target(target)), host)
+        if missing:
+            items = tuple(sorted({**dict(device(CPU).target), "mcpu": mcpu}.items()))
+            return replace(device(CPU), name=f"foreign-{mcpu}", target=items), missing
+    raise AssertionError("some x86 CPU lacks either XOP or AMX")
+
+
+def test_manifest_follows_the_cli_contract_and_says_how_it_was_verified(tmp_path):
+    result = _export("conv", tmp_path / "conv", measured_seconds=1.5e-5)
+    out = result.path
+    manifest = _manifest(out)
     assert {"workload", "device", "policy", "rank", "rprogram", "predicted_seconds", "measured_seconds",
-            "entry", "args", "files", "versions"} <= set(manifest)
+            "entry", "args", "files", "versions", "verified", "verification"} <= set(manifest)
     assert manifest["workload"]["op"] == "conv2d" and manifest["workload"]["stride"] == 2
     assert manifest["device"] == device(CPU).name and manifest["policy"] == "roller" and manifest["rank"] == 1
     assert manifest["measured_seconds"] == 1.5e-5 and manifest["predicted_seconds"] > 0
@@ -61,13 +101,53 @@ def test_manifest_follows_the_cli_contract(tmp_path):
         ("kernel", [4, 3, 3, 3], "input"),
         ("O", [1, 4, 5, 5], "output"),
     ]
-    assert manifest["rprogram"] == _built("conv")[1].program.to_dict()
+    assert manifest["rprogram"] == _constructed("conv")[1].program.to_dict()
     assert set(manifest["versions"]) >= {"workbench", "tvm", "tvm_ffi", "numpy"}
     files = manifest["files"]
     assert files["kernel_source"] == "kernel.ll" and files["library"] == "kernel.so"
     for name in (files["kernel_source"], files["library"], files["schedule"], files["tvmscript"], files["assembly"]):
         assert (out / name).stat().st_size > 0
+    # local-cpu runs here: the bundle's own library was run against numpy, within tolerance.
+    v = manifest["verification"]
+    assert manifest["verified"] is True and result.verified and v["ran"] is True and v["correct"] is True
+    assert v["seed"] == 0 and v["error"] == "" and v["atol"] > 0 and v["rtol"] > 0 and v["max_abs_err"] >= 0
+    assert "max abs error" in result.summary()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conv"]  # no staging directory left
+
+
+def test_gpu_bundle_is_unverified_unless_that_gpu_is_here(tmp_path):
+    result = _export("relu", tmp_path / "g", dev="h100")
+    manifest = _manifest(result.path)
+    dev = tvm.cuda(0)
+    here = dev.exist and dev.compute_version == "9.0"  # an H100 (sm_90) on this machine
+    assert manifest["verified"] is here is result.verified
+    if not here:
+        assert manifest["verification"] == {"ran": False, "reason": manifest["verification"]["reason"]}
+        assert "cuda" in manifest["verification"]["reason"] or "sm_90" in manifest["verification"]["reason"]
+    assert "__global__" in (result.path / "kernel.cu").read_text()
+
+
+def test_kernel_for_a_cpu_this_one_is_not_never_runs_here(tmp_path):
+    foreign, missing = _foreign_cpu()
+    result = _export("relu", tmp_path / "f", dev=foreign)  # in this (the test's) process: it lives on
+    manifest = _manifest(result.path)
+    assert manifest["verified"] is False and not result.verified
+    v = manifest["verification"]
+    assert v["ran"] is False and v["reason"] == missing
+    # The same schedule, compiled for this CPU, was checked instead.
+    host = v["host_check"]
+    assert host["correct"] is True and host["target"]["mcpu"] == device(CPU).target_dict()["mcpu"]
+    assert manifest["target"]["mcpu"] == foreign.target_dict()["mcpu"]
+
+
+def test_loaded_library_matches_the_in_process_kernel(tmp_path):
+    out = _export("avgpool", tmp_path / "pool").path
+    fused, _, kernel = _built("avgpool")
+    inputs = random_inputs(fused, seed=5)
+    library = tvm.runtime.load_module(str(out / "kernel.so"))
+    result = tvm.runtime.tensor(np.zeros(kernel.args[-1].shape, kernel.args[-1].dtype))
+    library[kernel.entry](*(tvm.runtime.tensor(a) for a in inputs), result)
+    np.testing.assert_array_equal(result.numpy(), run_kernel(kernel, inputs))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -79,25 +159,120 @@ def test_schedule_script_replays_to_the_kernels_tvmscript(case, tmp_path):
     assert replayed.mod.script() == kernel.tvmscript
 
 
-def test_loaded_library_matches_the_in_process_kernel(tmp_path):
-    out = _export("avgpool", tmp_path / "pool")
-    fused, _, kernel = _built("avgpool")
-    inputs = random_inputs(fused, seed=5)
-    library = tvm.runtime.load_module(str(out / "kernel.so"))
-    result = tvm.runtime.tensor(np.zeros(kernel.args[-1].shape, kernel.args[-1].dtype))
-    library[kernel.entry](*(tvm.runtime.tensor(a) for a in inputs), result)
-    np.testing.assert_array_equal(result.numpy(), run_kernel(kernel, inputs))
+def test_kernel_that_does_not_build_is_refused_and_nothing_is_left(tmp_path):
+    fused, _ = _constructed("relu")
+    _, conv = _constructed("conv")  # a conv rProgram cannot schedule relu
+    with pytest.raises(KernelRejected, match="did not build, nothing exported"):
+        export_candidate(fused, conv, device(CPU), tmp_path / "a" / "b" / "x", policy="roller")
+    assert list(tmp_path.iterdir()) == []  # neither the staging directory nor the parents made for it
 
 
-def test_failed_kernel_is_refused(tmp_path):
-    fused, candidate, _ = _built("relu")
-    with pytest.raises(UserError, match="failed"):
-        export_bundle(Kernel(ok=False, error="schedule: no"), fused, candidate.program, device(CPU),
-                      tmp_path / "x", policy="roller", rank=1, predicted_seconds=1.0)
-    assert not (tmp_path / "x").exists()
+def test_wrong_kernel_is_refused(tmp_path):
+    # A relu library checked as gelu (same arguments) is a kernel that computes the wrong thing.
+    relu, candidate, kernel = _built("relu")
+    gelu = construct(expr("gelu", shape=(17, 11, 3)), device(CPU)).expr  # fused as relu is
+    assert [a.shape for a in gelu.tensors] == [a.shape for a in relu.tensors]
+    kernel.executable.export_library(str(tmp_path / "relu.so"))
+    check = check_here(replace(kernel, executable=None), str(tmp_path / "relu.so"), gelu, candidate, device(CPU), 0)
+    assert check.verification is not None and not check.verification.correct
+    with pytest.raises(KernelRejected, match="gives wrong results, nothing exported"):
+        accept(1, Outcome(check))
+    right = check_here(replace(kernel, executable=None), str(tmp_path / "relu.so"), relu, candidate, device(CPU), 0)
+    assert accept(1, Outcome(right)) is right and right.verification.correct
 
 
-def test_existing_non_empty_directory_is_refused_and_left_alone(tmp_path):
+@pytest.mark.parametrize("outcome, message", [
+    (Outcome(error="worker crashed (signal SIGILL)"), "failed when run on this machine.*SIGILL"),
+    (Outcome(error="timed out after 60 s"), "failed when run on this machine.*timed out"),
+    (Outcome(Check(None, "no cuda device", Verification(False, error="max abs error 0.3"), "{}")), "schedule fails its check"),
+])
+def test_a_crash_a_timeout_or_a_wrong_schedule_refuses_the_export(outcome, message):
+    with pytest.raises(KernelRejected, match=message):
+        accept(3, outcome)
+
+
+def _features(target: dict) -> set[str]:
+    return set(codegen.llvm_get_cpu_features(tvm.target.Target(target)))
+
+
+def _host(mcpu: str) -> CpuInfo:
+    """A generated x86 host: the /proc/cpuinfo flags of the extensions LLVM gives `mcpu`."""
+    table = ISA_FLAGS["x86_64"]
+    flags = frozenset(table[f] for f in _features({"kind": "llvm", "mcpu": mcpu}) if f in table)
+    return CpuInfo(f"a {mcpu} CPU", "intel", "x86_64", flags, None)
+
+
+@pytest.mark.parametrize("host, target, reason", [
+    ("haswell", {"kind": "llvm"}, ""),
+    ("haswell", {"kind": "llvm", "mcpu": "haswell"}, ""),
+    ("skylake-avx512", {"kind": "llvm", "mcpu": "haswell"}, ""),
+    ("skylake-avx512", {"kind": "llvm", "mcpu": "skylake-avx512"}, ""),
+    ("haswell", {"kind": "llvm", "mcpu": "skylake-avx512"},
+     "the target needs adx, aes, avx512bw, avx512cd, avx512dq, avx512f, avx512vl, which this CPU (a haswell CPU) lacks"),
+    ("skylake-avx512", {"kind": "llvm", "mcpu": "skylake-avx512", "mattr": ["+avx512vnni"]},
+     "the target needs avx512vnni, which this CPU (a skylake-avx512 CPU) lacks"),
+    ("haswell", {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
+     "built for aarch64 (mtriple aarch64-linux-gnu), this machine is x86_64"),
+])
+def test_cpu_mismatch_names_missing_instruction_extensions_only(host, target, reason):
+    # LLVM's lists also hold tuning features (prefer-256-bit, slow-3ops-lea) that differ between
+    # CPUs which run the same code: those never count as missing.
+    assert cpu_mismatch(target, _features(target), _host(host)) == reason
+
+
+def test_cpu_mismatch_on_an_unknown_host_lets_the_worker_tell():
+    host = CpuInfo("?", "unknown", "unknown", frozenset(), None)
+    assert cpu_mismatch({"kind": "llvm", "mcpu": "skylake-avx512"}, {"avx512f"}, host) == ""
+
+
+# -- output paths: refused before anything is built -----------------------------------------------
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    """Any build (a worker started) fails the test: refusals must come first."""
+
+    class Refused:
+        def __init__(self, *_):
+            raise AssertionError("a worker was started for a refused output path")
+
+    monkeypatch.setattr(export_module, "Worker", Refused)
+
+
+def _bad_paths(tmp_path) -> dict:
+    (tmp_path / "file").write_text("mine")
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    return {
+        "under a regular file": (tmp_path / "file" / "x", "is not a directory"),
+        "too long a name": (tmp_path / ("n" * 300) / "x", "300 bytes"),
+        "too long a bundle name": (tmp_path / ("n" * 256), "256 bytes"),
+        "dangling symlink": (tmp_path / "dangling", "broken symbolic link"),
+        "under a dangling symlink": (tmp_path / "dangling" / "x", "broken symbolic link"),
+        "a symlink": (tmp_path / "link", "symbolic link"),
+        "an existing file": (tmp_path / "file", "exists"),
+        # sysfs takes no new entries, root included (permission bits would not stop root).
+        "a directory nobody may write": ("/sys/workbench-bundle", "cannot write in /sys"),
+        "empty": ("  ", "give an output path"),
+    }
+
+
+@pytest.mark.parametrize("case", ["under a regular file", "too long a name", "too long a bundle name", "dangling symlink",
+                                  "under a dangling symlink", "a symlink", "an existing file",
+                                  "a directory nobody may write", "empty"])
+def test_bad_output_path_is_refused_before_building(case, tmp_path, no_build):
+    out, message = _bad_paths(tmp_path)[case]
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(UserError, match=message) as err:
+        _export("relu", out)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match=message):
+        check_out(out)
+    assert sorted(os.listdir(tmp_path)) == before and not os.path.exists("/sys/workbench-bundle")
+
+
+def test_existing_non_empty_directory_is_refused_and_left_alone(tmp_path, no_build):
     out = tmp_path / "taken"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
@@ -110,17 +285,56 @@ def test_existing_non_empty_directory_is_refused_and_left_alone(tmp_path):
 def test_empty_directory_is_filled(tmp_path):
     out = tmp_path / "empty"
     out.mkdir()
-    assert (_export("relu", out) / "manifest.json").is_file()
+    assert (_export("relu", out).path / "manifest.json").is_file()
+
+
+def test_missing_parents_are_made(tmp_path):
+    assert _export("relu", tmp_path / "a" / "b" / "c").path == tmp_path / "a" / "b" / "c"
+    assert sorted(os.listdir(tmp_path / "a" / "b")) == ["c"]
 
 
 def test_zip_bundle(tmp_path):
-    out = _export("relu", tmp_path / "relu", zip=True)
+    out = _export("relu", tmp_path / "relu", zip=True).path
     assert out == tmp_path / "relu.zip" and not (tmp_path / "relu").exists()
     with zipfile.ZipFile(out) as archive:
         names = set(archive.namelist())
         manifest = json.loads(archive.read("manifest.json"))
     assert {"manifest.json", "kernel.so", "kernel.ll", "schedule.py", "kernel_tvmscript.py"} <= names
-    assert manifest["workload"]["op"] == "relu"
-    assert _export("relu", tmp_path / "named.zip", zip=True) == tmp_path / "named.zip"
-    with pytest.raises(UserError):
+    assert manifest["workload"]["op"] == "relu" and manifest["verified"] is True
+    assert _export("relu", tmp_path / "named.zip", zip=True).path == tmp_path / "named.zip"
+    with pytest.raises(UserError, match="exists"):
         _export("relu", tmp_path / "relu", zip=True)  # relu.zip exists now
+    assert sorted(os.listdir(tmp_path)) == ["named.zip", "relu.zip"]
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_interrupt_mid_export_leaves_nothing(interrupt, tmp_path, monkeypatch):
+    # In-process stand-in for Ctrl-C while the kernel is checked (tests/test_cli.py sends real
+    # signals to a real `workbench export`).
+    real_call = export_module.Worker.call
+
+    def interrupted(self, fn, args, timeout_s):
+        if fn is check_here:
+            raise interrupt()
+        return real_call(self, fn, args, timeout_s)
+
+    monkeypatch.setattr(export_module.Worker, "call", interrupted)
+    with pytest.raises(interrupt):
+        _export("relu", tmp_path / "new" / "bundle")
+    assert os.listdir(tmp_path) == []
+
+
+def test_bundle_name_is_one_safe_file_name():
+    name = export_module.bundle_name("matmul M=1,N=2 ../..", "h100", "roller", "rank1")
+    assert "/" not in name and " " not in name and not name.startswith(".")
+    assert len(export_module.bundle_name("x" * 500)) <= export_module.BUNDLE_NAME_CHARS
+    assert export_module.bundle_name("..") == "bundle"
+
+
+def test_build_apart_returns_a_failure_instead_of_raising():
+    fused, _ = _constructed("relu")
+    _, conv = _constructed("conv")
+    failed = export_module.build_apart(fused, conv, device(CPU))
+    assert not failed.ok and failed.error and failed.executable is None
+    built = export_module.build_apart(*_constructed("relu"), device(CPU))
+    assert built.ok and built.source and isinstance(built, Kernel)

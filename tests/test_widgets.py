@@ -205,6 +205,37 @@ def test_export_button_zips(tmp_path):
     assert path.suffix == ".zip" and path.exists() and export.verified
 
 
+def test_export_button_takes_the_cli_path_refusals_included(tmp_path):
+    # The widget calls export_candidate: the manifest says how the kernel was checked, and a bad
+    # folder is refused in one line before anything is built, leaving nothing behind.
+    c = construct(matmul(32, 32, 32), device("tiny-cpu"), "roller", Options(topk=1))
+    export = ExportButton(c, folder=tmp_path / "a")
+    path = export.export()
+    verification = json.loads((path / "manifest.json").read_text())["verification"]
+    assert verification["ran"] is True and "max abs error" in export.status.value
+    assert export.kernel.ok and export.kernel.executable is None  # built in a worker process
+    (tmp_path / "file").write_text("mine")
+    export.folder.value = str(tmp_path / "file")
+    assert export.export() is None and export.path == "" and not export.verified
+    assert "is not a directory" in export.status.value and export.status.value.count("<p") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "file"]
+
+
+def test_export_button_for_another_cpu_says_it_was_not_run(tmp_path):
+    from dataclasses import replace
+
+    from workbench.hardware.detect import local_cpu_info
+
+    xeon = device("xeon-avx512")
+    # tiny-cpu's tiles, built for Skylake-SP: run here only on a CPU with AVX-512.
+    c = construct(matmul(32, 32, 32), replace(device("tiny-cpu"), target=xeon.target), "roller", Options(topk=1))
+    export = ExportButton(c, folder=tmp_path)
+    path = export.export()
+    has_avx512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"} <= local_cpu_info().flags
+    assert path is not None and export.verified is has_avx512
+    assert ("checked against numpy" if has_avx512 else "not run here") in export.status.value
+
+
 # -- ModelView and its figures ----------------------------------------------------------------------
 
 

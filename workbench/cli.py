@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
+import threading
 
 from workbench.errors import UserError
 
 EXIT_USER_ERROR = 2
+EXIT_KERNEL_FAILED = 1  # the kernel failed to build or verify: nothing exported
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,7 +104,21 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", help="runs store (SQLite); default: the user's data directory")
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised wherever the program is (as Ctrl-C raises KeyboardInterrupt), so that
+    cleanups run (an export's staging directory, worker processes). A BaseException, so that no
+    `except Exception` mistakes it for a failed kernel."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status: 0, 2 for bad input, 128 + the signal's number when
+    interrupted (Ctrl-C 130, SIGTERM 143), with one line on stderr."""
+    own_signals = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if own_signals else None
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
@@ -111,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly, as Unix tools do
         sys.stderr.close()
         return 0
+    except (KeyboardInterrupt, Terminated) as err:
+        sig = signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM
+        print(f"workbench: interrupted ({sig.name})", file=sys.stderr)
+        return 128 + sig
+    finally:
+        if own_signals and previous is not None:  # None: a handler installed outside Python
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _emit(args, data, text: str) -> int:
@@ -230,30 +254,23 @@ def cmd_construct(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from workbench.codegen.build import build_candidate
-    from workbench.codegen.export import export_bundle
-    from workbench.codegen.verify import verify
+    from workbench.codegen.export import KernelRejected, check_out, export_candidate
     from workbench.workload import workload_from_args
 
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    check_out(args.out, args.zip)  # a bad --out fails before anything is constructed or built
     c = _construct(args, workload)
     if not 1 <= args.rank <= len(c.candidates):
         raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates")
     cand = c.candidates[args.rank - 1]
-    kernel = build_candidate(c.expr, cand, c.device)
-    # A kernel is checked against numpy where it can run (CPU devices); a GPU kernel built on a
-    # machine without that GPU is exported unverified, and the manifest says so.
-    checked = verify(kernel, c.expr) if kernel.ok and c.device.kind == "cpu" else None
-    if not kernel.ok or (checked is not None and not checked.correct):
-        reason = kernel.error if not kernel.ok else checked.error or "wrong result"
-        print(f"workbench: candidate {args.rank} failed, nothing exported: {reason}", file=sys.stderr)
-        return 1
-    path = export_bundle(
-        kernel, c.expr, cand.program, c.device, args.out,
-        policy=c.policy, rank=cand.rank, predicted_seconds=cand.predicted_seconds, zip=args.zip,
-    )
-    data = {"path": str(path), "rank": cand.rank, "verified": checked is not None, "predicted_seconds": cand.predicted_seconds}
-    return _emit(args, data, f"exported candidate {cand.rank} to {path}" + ("" if checked else " (not run: no such device here)"))
+    try:
+        result = export_candidate(c.expr, cand, c.device, args.out, policy=c.policy, zip=args.zip)
+    except KernelRejected as err:
+        print(f"workbench: {err}", file=sys.stderr)
+        return EXIT_KERNEL_FAILED
+    data = {"path": str(result.path), "rank": cand.rank, "verified": result.verified,
+            "verification": result.verification, "predicted_seconds": cand.predicted_seconds}
+    return _emit(args, data, f"exported candidate {cand.rank} to {result.path}: {result.summary()}")
 
 
 def cmd_bench_construct(args) -> int:

@@ -1,6 +1,7 @@
 """Kernel page: what codegen made of a candidate. Generated source (CUDA C, or LLVM IR and
 assembly on CPUs), the scheduled TVMScript and the schedule trace, a side-by-side diff of two
-candidates, and on GPU devices the ptxas register / spill report where nvcc is installed."""
+candidates, and on GPU devices the ptxas register / spill report where nvcc is installed.
+Kernels are built in a worker process (`views.kernel`) and never run here."""
 
 from __future__ import annotations
 

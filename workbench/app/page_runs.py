@@ -61,7 +61,10 @@ def _charts(store: RunStore, runs, measured: dict) -> None:
 def page() -> None:
     st.title("Runs")
     store_path_input()
-    path = Path(store_path()).expanduser()
+    try:
+        path = Path(store_path())
+    except UserError:  # the workspace cannot be made: store_path_input said so
+        return
     if not path.is_file():
         st.info(f"No runs store at {path} yet: profile candidates on the Candidates page (or give another path).")
         return

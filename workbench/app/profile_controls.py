@@ -1,12 +1,12 @@
 """Profile controls of the Candidates page: runner (this machine, or a TVM RPC tracker), the runs
-store, and a progress bar fed by the session's ProgressEvents. A failed session (bad tracker,
-unwritable store) shows an error and keeps the previous result."""
+store (a path inside the workspace), and a progress bar fed by the session's ProgressEvents. A
+failed session (bad tracker, unwritable store) shows an error and keeps the previous result."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from workbench.app.state import Selection
+from workbench.app.state import Selection, in_workspace, workspace
 from workbench.errors import UserError
 from workbench.profile.runner import Timing
 from workbench.profile.session import ProgressEvent, profile_candidates
@@ -17,17 +17,32 @@ BUILD_SHARE = 0.5  # of the progress bar: building comes first, then measuring
 
 
 def store_path() -> str:
-    """The runs store path the Candidates and Runs pages share (default: the user's data dir)."""
-    return st.session_state.get("store_path") or str(default_path())
+    """The runs store path the Candidates and Runs pages share, always inside the workspace
+    (default: the workspace's runs.sqlite3, the CLI's store unless $WORKBENCH_WORKSPACE moved it).
+    UserError when the workspace cannot be made."""
+    return st.session_state.get("store_path") or str(workspace() / default_path().name)
 
 
 def _on_store_path() -> None:
-    st.session_state.store_path = st.session_state.store_path_input.strip()
+    """Take a typed store path if it is inside the workspace; else keep the last one, with why."""
+    try:
+        st.session_state.store_path = str(in_workspace(st.session_state.store_path_input))
+        st.session_state.pop("store_path_error", None)
+    except UserError as err:
+        st.session_state.store_path_error = str(err)
 
 
 def store_path_input() -> None:
-    st.session_state.store_path_input = store_path()
-    st.text_input("Runs store (SQLite)", key="store_path_input", on_change=_on_store_path)
+    """The runs store box (relative paths are in the workspace); an error for a refused path."""
+    try:
+        st.session_state.store_path_input = store_path()
+    except UserError as err:  # the workspace itself cannot be made
+        st.error(str(err))
+        return
+    st.text_input("Runs store (SQLite)", key="store_path_input", on_change=_on_store_path,
+                  help="a path inside the workspace (relative paths are taken from there)")
+    if "store_path_error" in st.session_state:
+        st.error(st.session_state.pop("store_path_error"))
 
 
 def _fraction(event: ProgressEvent) -> float:

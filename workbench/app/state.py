@@ -3,11 +3,16 @@ its stepper, the last profile result and the candidates picked for the Kernel an
 
 Every browser session has its own `st.session_state`; what is shared between sessions is cached
 by value (`st.cache_resource` keyed by frozen core values), so sharing is never visible.
+
+Files the dashboard writes (bundles, runs stores) stay inside one workspace directory: whoever
+can reach the page can type a path, and the server must not write wherever its account can.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import streamlit as st
 
@@ -18,11 +23,42 @@ from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.profile.store import default_path
 from workbench.workload import Workload, suite_workload
 
 DEFAULT_WORKLOAD = "cpu-core:mm-512"  # the sample workload `make app` opens on
 DEFAULT_DEVICE = "local-cpu"
 PROGRESS_EVERY = 100  # steps between progress-bar updates (a step takes well under a millisecond)
+WORKSPACE_ENV = "WORKBENCH_WORKSPACE"
+
+
+def workspace() -> Path:
+    """The directory the dashboard writes in: $WORKBENCH_WORKSPACE, else the user's data
+    directory of tile-workbench (which holds the runs store the CLI uses). Made on first use;
+    UserError when it cannot be."""
+    folder = Path(os.environ.get(WORKSPACE_ENV) or default_path().parent).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder.resolve(strict=True)
+    except OSError as err:
+        raise UserError(f"workspace {folder} (${WORKSPACE_ENV}): {err.strerror or err}") from None
+
+
+def in_workspace(text: str) -> Path:
+    """The path typed as `text`, relative to the workspace or absolute inside it, resolved
+    (symbolic links followed, `..` applied); UserError for a path that leads out of it."""
+    text = text.strip()
+    if not text or "\0" in text:
+        raise UserError("give a path inside the workspace")
+    root = workspace()
+    try:
+        path = (root / Path(text).expanduser()).resolve()
+    except (OSError, RuntimeError) as err:  # a symbolic link loop
+        raise UserError(f"{text}: {getattr(err, 'strerror', None) or err}") from None
+    if not path.is_relative_to(root):
+        raise UserError(f"{text} is outside the workspace {root}: the dashboard writes only there "
+                        f"(start it with {WORKSPACE_ENV}=DIR to choose another)")
+    return path
 
 
 @dataclass(frozen=True)

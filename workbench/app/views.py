@@ -33,7 +33,9 @@ def graph_view(sel: Selection, position: int, _s: Stepper) -> tuple[Construction
 
 @st.cache_resource(show_spinner=False, max_entries=KERNELS_KEPT)
 def kernel(sel: Selection, rank: int, _s: Stepper, _candidate):
-    """The built kernel (`codegen.build.Kernel`, ok or failed) of candidate `rank`."""
-    from workbench.codegen.build import build_candidate
+    """The built kernel (`codegen.build.Kernel`, ok or failed, without its executable) of
+    candidate `rank`, built in a worker process: a compiler crash fails this kernel, not the
+    server. Nothing here runs a kernel."""
+    from workbench.codegen.export import build_apart
 
-    return build_candidate(_s.space.expr, _candidate, sel.device)
+    return build_apart(_s.space.expr, _candidate, sel.device)

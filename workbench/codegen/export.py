@@ -1,31 +1,66 @@
-"""Export a built kernel as a bundle: manifest, source, library, schedule replay, scheduled IR.
+"""Export one candidate as a bundle: the one path `workbench export`, the dashboard's Export page
+and the notebook ExportButton take (`export_candidate`).
 
-The bundle is assembled in a temporary directory beside the target and renamed into place, so
-a reader never sees half a bundle, and an existing non-empty target is refused, never merged.
-The manifest follows `shared/design/CLI.md` (`workbench export`).
+1. The output path is checked before anything is built (`check_out`): a missing parent that
+   cannot be made, a parent that is a file, a name too long for the file system, a symbolic link,
+   an unwritable directory or an existing bundle is a UserError naming it.
+2. The bundle is assembled in a hidden staging directory (`.NAME.xxxxxxxx`) beside the target:
+   building there is the final proof that the target's directory takes files, and renaming it
+   into place means a reader never sees half a bundle. Any failure, Ctrl-C or SIGTERM included,
+   removes the staging directory and the parents made for it; an existing bundle is never
+   overwritten or merged.
+3. The kernel is built, its files written, and it is run against the numpy reference in a worker
+   process (`workbench.profile.workers`): a compiler crash or an illegal instruction is this
+   kernel's failure, never the caller's death. A kernel is run only on a machine that can run it
+   (`workbench.codegen.host`); one for another CPU or a GPU not here is exported unverified, the
+   manifest saying why (`"verified": false`). For another CPU the same schedule is built for this
+   CPU and checked instead, so a wrong schedule is refused wherever it was meant to run.
+4. A kernel that fails to build, crashes or gives wrong results is refused (`KernelRejected`) and
+   nothing is exported.
+
+The manifest follows `shared/design/CLI.md` (`workbench export`), plus `verified` and
+`verification` (README, "Export").
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
 import zipfile
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from workbench.codegen.build import Kernel
+from workbench.codegen.build import Kernel, build_candidate
 from workbench.codegen.common import first_line
+from workbench.codegen.verify import Verification, verify
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.rprogram import RProgram
+from workbench.profile.local import thread_env
+from workbench.profile.runner import Timing
+from workbench.profile.session import BUILD_TIMEOUT_S
+from workbench.profile.workers import Outcome, Worker
 
 MANIFEST = "manifest.json"
 LIBRARY = "kernel.so"
 SCHEDULE = "schedule.py"
 TVMSCRIPT = "kernel_tvmscript.py"
+# Bytes in one file name on Linux file systems (ext4, xfs, btrfs, tmpfs) where pathconf cannot tell.
+NAME_MAX = 255
+# Characters of the bundle's name kept in its staging directory's name (`.NAME.xxxxxxxx`): short
+# enough that the staging name fits wherever the bundle's name does.
+STAGING_STEM = 64
+# Characters of a bundle name made by `bundle_name`.
+BUNDLE_NAME_CHARS = 120
+# How the kernel is checked (the manifest's `verification.method`).
+METHOD = ("workbench.codegen.verify.verify: one run on random_inputs(expr, seed) against the numpy "
+          "reference, |out - ref| <= atol + rtol * |ref| elementwise")
+CHECK_TIMEOUT_S = Timing().timeout_s  # one kernel run, as the local runner allows
 
 _SCHEDULE_SCRIPT = '''"""Replay of the workbench schedule of {workload}.
 
@@ -51,65 +86,309 @@ if __name__ == "__main__":
 '''
 
 
-def export_bundle(
-    kernel: Kernel,
+class KernelRejected(UserError):
+    """The candidate failed to build, crashed or gave wrong results: nothing was exported. (Not
+    bad input: the CLI exits with status 1 for it, as for any failed kernel.)"""
+
+
+@dataclass(frozen=True)
+class Check:
+    """What running the kernel here found. `verification` is None when it was not run here
+    (`reason` says why); for a kernel of another CPU, `host` is the same schedule built for this
+    CPU (`host_target`) and checked instead."""
+
+    verification: Verification | None
+    reason: str = ""
+    host: Verification | None = None
+    host_target: str = ""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    rank: int
+    verified: bool  # the exported kernel itself ran here and matched the reference
+    verification: dict  # the manifest's "verification"
+    kernel: Kernel  # as built in the worker (no executable)
+
+    def summary(self) -> str:
+        """One line on how the kernel was checked."""
+        v = self.verification
+        if self.verified:
+            return f"checked against numpy on this machine (max abs error {v['max_abs_err']:.3g})"
+        host = " (its schedule, built for this CPU, matches numpy)" if "host_check" in v else ""
+        return f"not run here: {v['reason']}{host}"
+
+
+def export_candidate(
     expr: TensorExpr,
-    program: RProgram,
+    candidate,
     device: DeviceSpec,
-    out_dir,
+    out,
     *,
     policy: str,
-    rank: int,
-    predicted_seconds: float,
     measured_seconds: float | None = None,
     zip: bool = False,
-) -> Path:
-    """Write the bundle of `kernel` to `out_dir` (or the zip `out_dir`.zip) and return its path.
+    seed: int = 0,
+) -> ExportResult:
+    """Build `candidate` (of the constructed `expr`) for `device`, check it, and write its bundle
+    to `out` (a new or empty directory; with `zip`, the file `out`.zip).
 
-    Raises UserError for a kernel that failed (`ok == False`) and for a target that exists and is
-    not an empty directory.
-    """
-    if not kernel.ok:
-        raise UserError(f"cannot export a kernel that failed: {kernel.error}")
-    target = _target_path(Path(out_dir), zip)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    UserError for a bad `out` (before anything is built); KernelRejected, with nothing written,
+    for a kernel that does not build, crashes or gives wrong results."""
+    target = check_out(out, zip)
+    with _Staging(target) as staging:
+        worker = Worker(thread_env(device))
+        try:
+            kernel, files = _build(worker, expr, candidate, device, staging.folder)
+            check = _check(worker, kernel, expr, candidate, device, staging.folder / LIBRARY, seed)
+        finally:
+            worker.close()
+        verification = _verification_dict(check, seed)
+        manifest = _manifest(kernel, expr, candidate.program, device, files, policy, candidate.rank,
+                             candidate.predicted_seconds, measured_seconds)
+        manifest |= {"verified": check.verification is not None, "verification": verification}
+        try:
+            (staging.folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        except OSError as err:
+            raise UserError(f"cannot write the bundle {target}: {err.strerror or err}") from None
+        staging.commit(zip)
+    return ExportResult(target, candidate.rank, check.verification is not None, verification, kernel)
+
+
+def build_apart(expr: TensorExpr, candidate, device: DeviceSpec) -> Kernel:
+    """`build_candidate` in a worker process, for callers that must survive a compiler crash (the
+    dashboard); the Kernel comes back without its executable, a crash as `ok=False`."""
+    worker = Worker()
     try:
-        files = _write_files(kernel, expr, staging)
-        manifest = _manifest(kernel, expr, program, device, files, policy, rank, predicted_seconds, measured_seconds)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if zip:
-            _zip_into_place(staging, target)
-        else:
-            _move_into_place(staging, target)
+        outcome = worker.call(_built, (expr, candidate, device), BUILD_TIMEOUT_S)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+        worker.close()
+    return outcome.value if not outcome.error else Kernel(ok=False, error=f"build: {outcome.error}")
 
 
-def _target_path(out: Path, zip: bool) -> Path:
-    """The bundle's path; refuses anything that exists, except an empty directory (no zip)."""
-    if zip and out.suffix != ".zip":
-        out = out.with_name(out.name + ".zip")
-    if out.exists() and (zip or not out.is_dir() or any(out.iterdir())):
-        what = "is not empty" if out.is_dir() and not zip else "exists"
-        raise UserError(f"{out} {what}; choose a new output path")
-    return out
+def bundle_name(*parts) -> str:
+    """A file-system-safe bundle name from `parts` (workload, device, policy, rank, ...)."""
+    raw = "-".join(str(p) for p in parts)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.")[:BUNDLE_NAME_CHARS] or "bundle"
 
 
-def _move_into_place(staging: Path, target: Path) -> None:
-    if target.is_dir():
-        target.rmdir()  # empty (checked above): an empty directory may be reused
-    os.rename(staging, target)
+# -- the output path -------------------------------------------------------------------------------
 
 
-def _zip_into_place(staging: Path, target: Path) -> None:
-    partial = staging / ".bundle.zip"
-    with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(staging.iterdir()):
-            if path != partial:
-                archive.write(path, arcname=path.name)
-    os.rename(partial, target)
+def check_out(out, zip: bool = False) -> Path:
+    """The bundle's path for `out` (`.zip` appended with `zip`); UserError naming the problem
+    when a bundle cannot be written there. Leaves nothing behind: whether the nearest existing
+    directory takes files is tried with an empty directory made and removed at once (permission
+    bits do not tell: root ignores them, and sysfs or a read-only mount refuses even root)."""
+    text = os.fspath(out)
+    if not str(text).strip():
+        raise UserError("give an output path for the bundle")
+    if "\0" in str(text):
+        raise UserError("the output path contains a NUL character")
+    path = Path(os.path.abspath(text))
+    if zip and path.suffix != ".zip":
+        path = path.with_name(path.name + ".zip")
+    if path == path.parent:
+        raise UserError(f"{text}: a bundle needs a name of its own, not the root directory")
+    ancestor = _existing_ancestor(path.parent)
+    name_max = _name_max(ancestor)
+    for part in path.relative_to(ancestor).parts:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            raise UserError(f"the output path has a name of {size} bytes ('{part[:24]}...'); "
+                            f"this file system allows {name_max}")
+    if os.path.lexists(path):
+        _check_existing(path, zip)
+    _try_writing(ancestor)
+    return path
+
+
+def _try_writing(folder: Path) -> None:
+    try:
+        probe = tempfile.mkdtemp(prefix=".workbench-probe.", dir=folder)
+    except OSError as err:
+        raise UserError(f"cannot write in {folder}: {err.strerror or err}") from None
+    os.rmdir(probe)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """The nearest directory at or above `path` that exists; UserError for a file or a broken
+    symbolic link in the way."""
+    while not os.path.lexists(path):
+        path = path.parent
+    if not path.exists():
+        raise UserError(f"{path} is a broken symbolic link")
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory")
+    return path
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def _check_existing(path: Path, zip: bool) -> None:
+    """An existing target may only be an empty directory (and not for a zip)."""
+    if path.is_symlink():
+        broken = "" if path.exists() else "broken "
+        raise UserError(f"{path} is a {broken}symbolic link; choose a new output path")
+    if zip or not path.is_dir():
+        raise UserError(f"{path} exists; choose a new output path")
+    try:
+        empty = not any(path.iterdir())
+    except OSError as err:
+        raise UserError(f"{path}: {err.strerror}") from None
+    if not empty:
+        raise UserError(f"{path} is not empty; choose a new output path")
+
+
+class _Staging:
+    """The hidden staging directory beside `target` (and any missing parents, made first). On
+    leaving, it is removed; after a failure (any exception, KeyboardInterrupt included) the
+    parents made for it go too, so nothing is left behind."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.folder: Path | None = None
+        self.made: list[Path] = []
+
+    def __enter__(self) -> _Staging:
+        try:
+            missing = []
+            parent = self.target.parent
+            while not os.path.lexists(parent):
+                missing.append(parent)
+                parent = parent.parent
+            for folder in reversed(missing):
+                folder.mkdir()
+                self.made.append(folder)
+            self.folder = Path(tempfile.mkdtemp(prefix=f".{self.target.name[:STAGING_STEM]}.", dir=self.target.parent))
+        except BaseException as err:
+            self._remove(failed=True)
+            if isinstance(err, OSError):
+                raise UserError(f"cannot write the bundle {self.target}: {err.strerror or err}") from None
+            raise
+        return self
+
+    def __exit__(self, kind, err, trace) -> None:
+        self._remove(failed=kind is not None)
+
+    def commit(self, zip: bool) -> None:
+        """Move the bundle into place: rename the directory, or link the zip (which, unlike a
+        rename, never replaces a file that appeared meanwhile)."""
+        try:
+            if zip:
+                partial = self.folder / ".bundle.zip"
+                with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+                    for path in sorted(self.folder.iterdir()):
+                        if path != partial:
+                            archive.write(path, arcname=path.name)
+                os.link(partial, self.target)
+            else:
+                os.rename(self.folder, self.target)  # replaces an empty directory only
+                self.folder = None
+        except OSError as err:
+            if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise UserError(f"{self.target} exists and is not empty; choose a new output path") from None
+            raise UserError(f"cannot write the bundle {self.target}: {err.strerror or err}") from None
+
+    def _remove(self, failed: bool) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+        if failed:
+            for folder in reversed(self.made):
+                try:
+                    folder.rmdir()
+                except OSError:  # something else was put there meanwhile: not ours to remove
+                    pass
+
+
+# -- build and check, in the worker ----------------------------------------------------------------
+
+
+def _build(worker: Worker, expr, candidate, device, folder: Path) -> tuple[Kernel, dict]:
+    outcome = worker.call(_build_files, (expr, candidate, device, str(folder)), BUILD_TIMEOUT_S)
+    if outcome.error:
+        raise KernelRejected(f"candidate {candidate.rank} could not be built, nothing exported: {outcome.error}")
+    kernel, files = outcome.value
+    if not kernel.ok:
+        raise KernelRejected(f"candidate {candidate.rank} did not build, nothing exported: {kernel.error}")
+    return kernel, files
+
+
+def _check(worker: Worker, kernel: Kernel, expr, candidate, device, library: Path, seed: int) -> Check:
+    outcome = worker.call(check_here, (kernel, str(library), expr, candidate, device, seed),
+                          BUILD_TIMEOUT_S + CHECK_TIMEOUT_S)
+    return accept(candidate.rank, outcome)
+
+
+def accept(rank: int, outcome: Outcome) -> Check:
+    """The Check of a worker's `check_here` outcome, or KernelRejected: a crash, a timeout, a wrong
+    result, or (for another CPU) a schedule that is wrong on this CPU."""
+    if outcome.error:
+        raise KernelRejected(f"candidate {rank} failed when run on this machine, nothing exported: {outcome.error}")
+    check = outcome.value
+    if check.verification is not None and not check.verification.correct:
+        raise KernelRejected(f"candidate {rank} gives wrong results, nothing exported: {check.verification.error}")
+    if check.host is not None and not check.host.correct:
+        raise KernelRejected(f"candidate {rank}'s schedule fails its check when built for this CPU "
+                             f"({check.host_target}), nothing exported: {check.host.error}")
+    return check
+
+
+def _built(expr, candidate, device) -> Kernel:
+    """Runs in a worker: the kernel without its executable (which cannot leave the process)."""
+    return replace(build_candidate(expr, candidate, device), executable=None)
+
+
+def _build_files(expr, candidate, device, folder: str) -> tuple[Kernel, dict]:
+    """Runs in the worker: build `candidate` and write its files (not the manifest) to `folder`."""
+    kernel = build_candidate(expr, candidate, device)
+    files = _write_files(kernel, expr, Path(folder)) if kernel.ok else {}
+    return replace(kernel, executable=None), files
+
+
+def check_here(kernel: Kernel, library: str, expr, candidate, device: DeviceSpec, seed: int) -> Check:
+    """Runs in the worker: the exported `library` against the reference if this machine can run
+    it; else the reason, and for another CPU the same schedule built for this CPU, checked."""
+    import tvm
+
+    from workbench.codegen.host import cannot_run_here, host_target
+
+    reason = cannot_run_here(json.loads(kernel.target))
+    if not reason:
+        module = tvm.runtime.load_module(library)
+        return Check(verify(replace(kernel, executable=tvm.runtime.Executable(module)), expr, seed))
+    if device.kind != "cpu":
+        return Check(None, reason)
+    here = host_target(device.target_dict())
+    hosted = replace(device, target=tuple(sorted(here.items())))
+    return Check(None, reason, verify(build_candidate(expr, candidate, hosted), expr, seed), json.dumps(here, sort_keys=True))
+
+
+def _verification_dict(check: Check, seed: int) -> dict:
+    """The manifest's `verification`: how the kernel was checked, or why it was not run."""
+    if check.verification is not None:
+        return {"ran": True, "method": METHOD, "seed": seed, **_numbers(check.verification)}
+    doc = {"ran": False, "reason": check.reason}
+    if check.host is not None:
+        doc["host_check"] = {"target": json.loads(check.host_target), "method": METHOD, "seed": seed,
+                             **_numbers(check.host)}
+    return doc
+
+
+def _numbers(v: Verification) -> dict:
+    """A Verification's fields, JSON-safe (a NaN error, of a check with no outputs, is null)."""
+    fields = asdict(v)
+    return {k: None if isinstance(x, float) and not math.isfinite(x) else x for k, x in fields.items()}
+
+
+# -- the bundle's files ----------------------------------------------------------------------------
 
 
 def _write_files(kernel: Kernel, expr: TensorExpr, folder: Path) -> dict:

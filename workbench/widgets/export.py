@@ -1,35 +1,32 @@
-"""ExportButton: build one candidate, check it against numpy on a CPU, and write its bundle,
-the way `workbench export` does (build_candidate, verify, export_bundle)."""
+"""ExportButton: build one candidate, check it, and write its bundle with `export_candidate`, the
+function `workbench export` and the dashboard call (built and checked in a worker process)."""
 
 from __future__ import annotations
 
-import re
 from html import escape
 from pathlib import Path
 
 import ipywidgets as widgets
 import traitlets
 
-from workbench.codegen.build import Kernel, build_candidate
-from workbench.codegen.export import export_bundle
-from workbench.codegen.verify import Verification, verify
-from workbench.construct.step import Candidate
+from workbench.codegen.build import Kernel
+from workbench.codegen.export import ExportResult, bundle_name, export_candidate
 from workbench.construct.stepper import Construction
 from workbench.errors import UserError
 from workbench.widgets.candidates import candidates_of, rank_options
 from workbench.widgets.tables import message
 
 
-def bundle_name(construction: Construction, rank: int) -> str:
+def construction_bundle_name(construction: Construction, rank: int) -> str:
     """A file-system-safe bundle name: operator, device, policy, rank."""
-    raw = f"{construction.expr.op}-{construction.device.name}-{construction.policy}-rank{rank}"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.")
+    return bundle_name(construction.expr.op, construction.device.name, construction.policy, f"rank{rank}")
 
 
 class ExportButton(widgets.VBox):
     """Pick a candidate (`rank`), press Export: the bundle lands in `folder`/<bundle name> (a
-    zip with `zip`); `path` is where it went, `verified` whether it was run against numpy (a GPU
-    kernel is exported unverified). `measured` (rank -> seconds) goes into the manifest."""
+    zip with `zip`); `path` is where it went, `verified` whether the kernel itself ran here and
+    matched numpy (a kernel for a GPU or CPU not here is exported unverified, and its manifest
+    says why). `measured` (rank -> seconds) goes into the manifest."""
 
     rank = traitlets.Int(1)
     path = traitlets.Unicode("")
@@ -39,7 +36,7 @@ class ExportButton(widgets.VBox):
     def __init__(self, construction: Construction, rank: int = 1, folder: str | Path = "bundles", zip: bool = False):
         self.construction = construction
         self.by_rank = {c.rank: c for c in candidates_of(construction)}
-        self.kernel: Kernel | None = None
+        self.kernel: Kernel | None = None  # the last exported kernel, as built (no executable)
         self.picker = widgets.Dropdown(options=rank_options(self.by_rank.values()), description="candidate")
         self.folder = widgets.Text(value=str(folder), description="folder")
         self.zip_box = widgets.Checkbox(value=zip, description="zip", indent=False)
@@ -51,45 +48,30 @@ class ExportButton(widgets.VBox):
         self.button.on_click(lambda _: self.export())
 
     def export(self) -> Path | None:
-        """Build, verify (CPU) and export the picked candidate (what the button does); the
-        bundle's path, or None with the reason shown."""
+        """Build, check and export the picked candidate (what the button does); the bundle's
+        path, or None with the reason shown."""
+        c = self.construction
         cand = self.by_rank[self.rank]
         self.button.disabled = True
         self.path, self.verified = "", False
         try:
-            self.status.value = message(f"building candidate {cand.rank}...")
-            path, checked = self._export(cand)
-        except UserError as err:
+            self.status.value = message(f"building and checking candidate {cand.rank}...")
+            out = Path(self.folder.value.strip() or ".").expanduser() / construction_bundle_name(c, cand.rank)
+            result = export_candidate(c.expr, cand, c.device, out, policy=c.policy,
+                                      measured_seconds=self.measured.get(cand.rank), zip=self.zip_box.value)
+        except UserError as err:  # a refused path, or a kernel refused (KernelRejected)
             self.status.value = message(str(err), "error")
-            return None
-        except OSError as err:
-            self.status.value = message(f"cannot write the bundle: {err.strerror or err}", "error")
             return None
         finally:
             self.button.disabled = False
-        self.path, self.verified = str(path), checked is not None
-        self.status.value = self._written(path, checked)
-        return path
-
-    def _export(self, cand: Candidate) -> tuple[Path, Verification | None]:
-        c = self.construction
-        self.kernel = build_candidate(c.expr, cand, c.device)
-        if not self.kernel.ok:
-            raise UserError(f"candidate {cand.rank} did not build, nothing exported: {self.kernel.error}")
-        checked = verify(self.kernel, c.expr) if c.device.kind == "cpu" else None
-        if checked is not None and not checked.correct:
-            raise UserError(f"candidate {cand.rank} gives wrong results, nothing exported: {checked.error}")
-        out = Path(self.folder.value.strip() or ".").expanduser() / bundle_name(c, cand.rank)
-        path = export_bundle(self.kernel, c.expr, cand.program, c.device, out, policy=c.policy, rank=cand.rank,
-                             predicted_seconds=cand.predicted_seconds, measured_seconds=self.measured.get(cand.rank),
-                             zip=self.zip_box.value)
-        return path, checked
+        self.kernel = result.kernel
+        self.path, self.verified = str(result.path), result.verified
+        self.status.value = self._written(result)
+        return result.path
 
     @staticmethod
-    def _written(path: Path, checked: Verification | None) -> str:
-        how = (f"checked against numpy (max abs error {checked.max_abs_err:.3g})" if checked is not None
-               else "not run: no such device here")
-        text = message(f"Wrote {path} ({how})", "ok")
-        if path.is_dir():
-            text += f"<p><small>{escape(', '.join(sorted(p.name for p in path.iterdir())))}</small></p>"
+    def _written(result: ExportResult) -> str:
+        text = message(f"Wrote {result.path} ({result.summary()})", "ok")
+        if result.path.is_dir():
+            text += f"<p><small>{escape(', '.join(sorted(p.name for p in result.path.iterdir())))}</small></p>"
         return text
