@@ -317,6 +317,23 @@ def test_kernel_and_export_pages_never_run_a_kernel_for_another_cpu(tmp_path, mo
     assert ("checked against numpy" if has_avx512 else "not run here") in at.success[0].value
 
 
+def test_a_build_that_crashes_the_compiler_fails_that_kernel_not_the_server(tmp_path, monkeypatch):
+    # A garbage mtriple segfaults LLVM. The loader refuses one in a spec file; built directly here,
+    # it reaches the Kernel and Export pages, whose builds run in worker processes.
+    from dataclasses import replace
+
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    cpu = load_spec("local-cpu")
+    broken = replace(cpu, name="broken", target=tuple(sorted({**dict(cpu.target), "mtriple": "garbage-x"}.items())))
+    at = goto(app(Selection(SMALL, broken, "roller", Options(topk=2))), "Kernel")
+    assert any("did not build" in e and "crashed" in e for e in errors(at)) and not at.exception
+    goto(at, "Export")
+    at.text_input[0].set_value("bundle")
+    button(at, "Write the bundle").click().run()
+    assert any("nothing exported" in e for e in errors(at)) and not at.exception
+    assert list(tmp_path.iterdir()) == [] and at.session_state["selection"].device == broken
+
+
 def test_models_page_constructs_a_sample_model_and_opens_an_operator():
     at = goto(app(small()), "Models")
     assert not at.error
