@@ -51,19 +51,22 @@ def _serve(conn, env: Mapping[str, str]) -> None:
     os.environ.update(env)
     import tvm  # noqa: F401
 
-    conn.send("ready")
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if message is None:
-            return
-        fn, args = message
-        try:
-            conn.send(Outcome(fn(*args)))
-        except Exception as err:  # the caller records the failure; the worker keeps serving
-            conn.send(Outcome(error=f"{type(err).__name__}: {first_line(err)}"))
+    try:
+        conn.send("ready")
+        while (message := conn.recv()) is not None:
+            fn, args = message
+            try:
+                outcome = Outcome(fn(*args))
+            except Exception as err:  # the caller records the failure; the worker keeps serving
+                outcome = Outcome(error=f"{type(err).__name__}: {first_line(err)}")
+            try:
+                conn.send(outcome)
+            except (EOFError, OSError):
+                raise
+            except Exception as err:  # a result that cannot be pickled
+                conn.send(Outcome(error=f"{type(err).__name__}: {first_line(err)}"))
+    except (EOFError, OSError):  # the parent is gone (interrupted): nobody to answer
+        return
 
 
 class Worker:
@@ -73,11 +76,13 @@ class Worker:
         self._env = dict(env or {})
         self._proc = None
         self._conn = None
+        self._busy = False  # inside `call`
 
     def call(self, fn: Callable, args: tuple, timeout_s: float) -> Outcome:
         """`fn(*args)` in the worker; a timeout or a crash comes back as `Outcome.error`. An
         exception in the caller while it waits (Ctrl-C, a signal turned into one) kills the
         worker, which is mid-call, and propagates."""
+        self._busy = True
         try:
             if self._proc is None:
                 error = self._start()
@@ -92,22 +97,27 @@ class Worker:
             except (EOFError, OSError):
                 return Outcome(error=f"worker crashed ({self._kill()})")
         except BaseException:
-            if self._proc is not None:
-                self._kill()
+            self._kill()
             raise
+        finally:
+            self._busy = False
 
     def _answered(self, timeout_s: float) -> bool:
         """Wait for an answer or the end of the process, whichever comes first."""
         return bool(multiprocessing.connection.wait([self._conn, self._proc.sentinel], timeout_s))
 
     def close(self) -> None:
-        if self._proc is None:
+        """Stop the worker: asked to finish when idle; killed when a call is under way (in
+        another thread, whose caller was interrupted), since it would not listen."""
+        proc = self._proc
+        if proc is None:
             return
-        try:
-            self._conn.send(None)
-        except OSError:
-            pass
-        self._proc.join(STOP_TIMEOUT_S)
+        if not self._busy:
+            try:
+                self._conn.send(None)
+                proc.join(STOP_TIMEOUT_S)
+            except (OSError, ValueError):  # the pipe or the process is already gone
+                pass
         self._kill()
 
     def _start(self) -> str:
@@ -127,6 +137,8 @@ class Worker:
     def _kill(self) -> str:
         """Stop the process (if alive) and forget it; returns how it ended."""
         proc, self._proc = self._proc, None
+        if proc is None:  # stopped already (by `close` from another thread)
+            return "stopped"
         self._conn.close()
         if proc.pid is None:  # never started
             return "not started"
@@ -144,15 +156,14 @@ def _quiet_start():
     """Hold SIGINT and SIGTERM while a worker process starts. A start interrupted halfway leaves
     a child that never gets its pipe's first message and dies with a traceback of its own; so in
     the main thread (the only one Python delivers signals to) a signal is recorded and delivered
-    once the start is done. SIGINT is also blocked across the fork: the child inherits the block
-    and keeps a Ctrl-C typed at the terminal (sent to the whole process group) pending until
-    `_serve` ignores it, instead of dying of it while it imports."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    once the start is done. SIGINT is also blocked in the starting thread across the fork: the
+    child inherits that thread's mask and keeps a Ctrl-C typed at the terminal (sent to the whole
+    process group) pending until `_serve` ignores it, instead of dying of it while it imports."""
     caught: list[int] = []
     held = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
@@ -179,9 +190,10 @@ def fan_out(
     for i in range(len(items)):
         todo.put(i)
     done: queue.Queue = queue.Queue()
+    stop = threading.Event()
 
     def drive(context):
-        while True:
+        while not stop.is_set():
             try:
                 i = todo.get_nowait()
             except queue.Empty:
@@ -194,7 +206,10 @@ def fan_out(
     threads = [threading.Thread(target=drive, args=(c,), daemon=True) for c in contexts[: len(items)]]
     for thread in threads:
         thread.start()
-    return _collect(len(items), done, threads, on_done)
+    try:
+        return _collect(len(items), done, threads, on_done)
+    finally:
+        stop.set()  # after an interrupt in the caller, the threads take no further item
 
 
 def _collect(n: int, done: queue.Queue, threads, on_done) -> list:
