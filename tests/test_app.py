@@ -356,3 +356,51 @@ def test_models_page_rejects_a_corrupt_upload():
     at.file_uploader[0].set_value(("broken.onnx", b"\x08\x07not a model", "application/octet-stream")).run()
     assert not at.exception
     assert any("broken.onnx" in e or "ONNX" in e for e in errors(at))
+
+
+def test_a_spec_whose_target_llvm_refuses_shows_an_error_and_keeps_the_device():
+    """A garbage triple used to pass the upload and then crash the server from the Kernel page."""
+    at = app()
+    at.radio[1].set_value("Upload a spec TOML").run()
+    xeon = (ROOT / "specs" / "devices" / "xeon-avx512.toml").read_text()
+    for text, message in [
+        (xeon.replace('mcpu = "skylake-avx512"', 'mtriple = "garbage"'), "target.mtriple 'garbage' names no architecture"),
+        (xeon.replace('mcpu = "skylake-avx512"', 'mcpu = "garbage"'), "target.mcpu 'garbage' is not a CPU"),
+        ("#" * (2**20 + 1), "over the 1,048,576-byte limit"),
+    ]:
+        at.file_uploader[0].set_value(("bad.toml", text.encode(), "application/toml")).run()
+        assert any(message in e for e in errors(at)) and not at.exception
+        assert button(at, "Apply").disabled
+    assert "on local-cpu" in at.caption[0].value
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("C[i,j] = A[i,j] / (A[i,j] - A[i,j])", "division by zero at column 17"),
+        ("C[i,j] = A[i,j] * 1e39", "literal 1e+39 at column 19 is beyond the range of float32"),
+        ("C[i,j] += A[i, 9223372036854775808*j]", "index coefficient of j"),
+    ],
+)
+def test_expressions_tvm_refuses_show_errors_and_keep_the_selection(text, message):
+    at = app()
+    at.radio[0].set_value("Expression").run()
+    at.text_input[0].set_value(text).run()
+    assert any(message in e for e in errors(at)) and not at.exception
+    assert button(at, "Apply").disabled
+    assert "cpu-core:mm-512" in at.caption[0].value
+
+
+def test_models_page_refuses_a_tiny_model_declaring_a_huge_tensor():
+    from onnx import TensorProto, helper
+
+    shape = [100000, 100000, 100000]
+    graph = helper.make_graph([helper.make_node("Relu", ["X"], ["Y"])], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)])
+    data = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    at = goto(app(small()), "Models")
+    at.radio[0].set_value("Upload").run()
+    at.file_uploader[0].set_value(("huge.onnx", data, "application/octet-stream")).run()
+    assert not at.exception
+    assert any("tensor X has shape 100000x100000x100000" in e for e in errors(at))
+    assert at.session_state["selection"].workload == SMALL

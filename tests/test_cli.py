@@ -1,6 +1,9 @@
 """The `workbench` command: the JSON contract of CLI.md and one-line errors with exit code 2."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -279,3 +282,73 @@ def test_model_bad_file_is_one_line_exit_2(capsys, tmp_path):
     for path in (str(junk), str(tmp_path / "missing.onnx")):
         code, _, err = run(capsys, "model", path)
         assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--expr", "C[i] = A[i] / (A[i] - A[i])", "--shape", "i=8"], "division by zero at column 13"),
+        (["--expr", "C[i] = A[i] / 0", "--shape", "i=8"], "division by zero"),
+        (["--expr", "C[i] = A[i] * 1e39", "--shape", "i=8"], "literal 1e+39 at column 15 is beyond the range of float32"),
+        (["--expr", "C[i] = A[i] * 1e5", "--shape", "i=8", "--dtype", "float16"], "beyond the range of float16"),
+        (["--expr", "C[i] += A[i, 9223372036854775808*k]", "--shape", "i=4,k=1"], "index coefficient of k"),
+        (["--expr", "C[i] = A[i]", "--shape", "i=" + "9" * 5000], "i is too large"),
+        (["--op", "maxpool", "--shape", "N=1,C=1,H=8,W=8,K=1,stride=4294967296,pad=0"], "stride must be at most 2147483647"),
+    ],
+)
+def test_input_tvm_refuses_is_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, "construct", "--device", "xeon-avx512", *argv)
+    assert (code, out) == (2, "")
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_suite_whose_suite_key_is_not_a_table_is_one_line_exit_2(capsys, tmp_path):
+    suite = tmp_path / "bad.toml"
+    suite.write_text('suite = "x"\n[[workload]]\nid = "mm"\nop = "matmul"\nM = 4\nN = 4\nK = 4\n')
+    for argv in (["construct", "--workload", f"{suite}:mm"], ["bench", "construct", "--suite", str(suite)]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err.strip().splitlines() == [f"workbench: error: suite '{suite}': 'suite' must be a table ([suite] with name and source), got 'x'"]
+
+
+def _cli_in_subprocess(*argv):
+    """The CLI in a child process with a time limit: what these inputs did before was hang
+    (a FIFO, /dev/zero, a huge model) or segfault (a garbage triple), which must fail the test,
+    not stop the test run."""
+    code = "import sys\nfrom workbench.cli import main\nraise SystemExit(main(sys.argv[1:]))\n"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_special_files_huge_models_and_garbage_targets_are_one_line_exit_2(tmp_path):
+    from pathlib import Path
+
+    from onnx import TensorProto, helper
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    shape = [100000, 100000, 100000]
+    graph = helper.make_graph([helper.make_node("Relu", ["X"], ["Y"])], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)])
+    huge = tmp_path / "huge.onnx"
+    huge.write_bytes(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    xeon = (Path(__file__).resolve().parent.parent / "specs" / "devices" / "xeon-avx512.toml").read_text()
+    garbage = tmp_path / "garbage.toml"
+    garbage.write_text(xeon.replace('mcpu = "skylake-avx512"', 'mtriple = "garbage"'))
+    matmul = ["--op", "matmul", "--shape", "M=16,N=16,K=16"]
+    cases = [
+        (["construct", "--device", "/dev/zero", *matmul], "spec /dev/zero: not a regular file (a character device)"),
+        (["construct", "--device", str(fifo), *matmul], f"spec {fifo}: not a regular file (a FIFO)"),
+        (["construct", "--workload", f"{fifo}:mm"], f"suite {fifo}: not a regular file (a FIFO)"),
+        (["bench", "construct", "--suite", str(fifo)], f"suite {fifo}: not a regular file (a FIFO)"),
+        (["model", str(huge), "--device", "xeon-avx512"], "huge.onnx: tensor X has shape 100000x100000x100000"),
+        (["model", str(fifo), "--device", "xeon-avx512"], f"model {fifo}: not a regular file (a FIFO)"),
+        (["export", "--device", str(garbage), *matmul, "--out", str(tmp_path / "bundle")],
+         "spec garbage.toml: target.mtriple 'garbage' names no architecture this LLVM compiles for"),
+    ]
+    for argv, needle in cases:
+        done = _cli_in_subprocess(*argv)
+        assert (done.returncode, done.stdout) == (2, ""), (argv, done.returncode, done.stderr[-2000:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (argv, done.stderr[-2000:])
+    assert not (tmp_path / "bundle").exists()
