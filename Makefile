@@ -4,10 +4,20 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test app bench chromium
+.PHONY: test test-fast fixtures app bench chromium
 
 test: $(STAMP) chromium
 	$(PYTHON) -m pytest -q
+
+# The pure core (construction, rTile model, specs) without TVM, in well under a minute; the
+# catalog expressions it needs come from tests/fixtures/tensor_exprs.json (see tests/conftest.py).
+test-fast: $(STAMP)
+	WORKBENCH_TEST_LANE=fast $(PYTHON) -m pytest -q -p no:cacheprovider
+
+# Rewrite tests/fixtures/tensor_exprs.json from real TVM builds (after adding a core test that
+# needs a new catalog expression); `make test` checks the file against fresh builds.
+fixtures: $(STAMP)
+	WORKBENCH_TEST_LANE=record $(PYTHON) -m pytest -q -p no:cacheprovider
 
 app: $(STAMP)
 	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port 8501 \

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec, MemoryLayer
 from workbench.ops import catalog
+from workbench.ops.tensor_expr import TensorExpr
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -17,6 +20,12 @@ else:
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "specs" / "suites"
+# The fast lane (`make test-fast`, WORKBENCH_TEST_LANE=fast) runs the pure core without TVM: its
+# catalog expressions come from this file, which `make fixtures` writes from real TVM builds and
+# which tests/test_tensor_expr.py checks against fresh builds in every full run.
+EXPR_FIXTURES = ROOT / "tests" / "fixtures" / "tensor_exprs.json"
+FAST_LANE = os.environ.get("WORKBENCH_TEST_LANE") == "fast"
+RECORDED: dict[str, dict] = {}  # expressions built in this session (written by `make fixtures`)
 CONSTRUCT_DEVICES = ("v100", "h100", "a100", "k80", "mi50", "local-cpu")
 
 # A 2-core CPU in the shape of the development machine, fixed here so that tests do not depend on
@@ -46,16 +55,33 @@ TINY_CPU = DeviceSpec(
 @cache
 def device(name: str) -> DeviceSpec:
     """A preset (or `local-cpu`) by name; `tiny-cpu` is the fixed CPU above."""
-    return TINY_CPU if name == TINY_CPU.name else load_spec(name)
+    # The fast lane has no TVM to ask about targets; the full lane checks every preset's target.
+    return TINY_CPU if name == TINY_CPU.name else load_spec(name, check_target=not FAST_LANE)
 
 
 def _freeze(params: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
 
 
+def fixture_key(op: str, frozen: tuple, dtype: str) -> str:
+    return json.dumps([op, dtype, [[k, list(v) if isinstance(v, tuple) else v] for k, v in frozen]])
+
+
+@cache
+def expr_fixtures() -> dict[str, dict]:
+    return json.loads(EXPR_FIXTURES.read_text()) if EXPR_FIXTURES.exists() else {}
+
+
 @cache
 def _build(op: str, frozen: tuple, dtype: str):
-    return catalog.build(op, dict(frozen), dtype)
+    key = fixture_key(op, frozen, dtype)
+    if FAST_LANE:
+        if key not in expr_fixtures():
+            raise LookupError(f"{key} is not in {EXPR_FIXTURES.name}: run `make fixtures`")
+        return TensorExpr.from_dict(expr_fixtures()[key])
+    built = catalog.build(op, dict(frozen), dtype)
+    RECORDED[key] = built.to_dict()
+    return built
 
 
 def expr(op: str, dtype: str = "float32", **params):

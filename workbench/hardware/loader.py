@@ -70,50 +70,54 @@ def list_presets() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in SPECS_DIR.glob("*.toml")))
 
 
-def load_spec(path_or_name: str | Path) -> DeviceSpec:
+def load_spec(path_or_name: str | Path, *, check_target: bool = True) -> DeviceSpec:
     """A preset name from `specs/devices/`, `local-cpu` (this machine: calibrated if
-    `calibrated_spec_path()` holds a spec of it, else detected), or a spec path."""
+    `calibrated_spec_path()` holds a spec of it, else detected), or a spec path.
+
+    `check_target=False` skips asking TVM and LLVM about the target (`_target_problem`): only
+    for callers that never build a kernel, such as the pure-core tests that run without TVM.
+    """
     text = str(path_or_name)
     if isinstance(path_or_name, Path) or text.endswith(".toml") or "/" in text:
-        return _load_file(Path(text))
+        return _load_file(Path(text), check_target)
     if text == LOCAL_CPU:
-        return _local_cpu()
+        return _local_cpu(check_target)
     if text in list_presets():
-        return _load_file(SPECS_DIR / f"{text}.toml")
+        return _load_file(SPECS_DIR / f"{text}.toml", check_target)
     choices = ", ".join(list_presets() + (LOCAL_CPU,))
     raise UserError(f"unknown device {text!r}: choose one of {choices}, or give a .toml spec path")
 
 
-def _local_cpu() -> DeviceSpec:
+def _local_cpu(check_target: bool) -> DeviceSpec:
     detected = detect_local_cpu()
     path = calibrated_spec_path()
     if not path.is_file():
         return detected
-    calibrated = _load_file(path)
+    calibrated = _load_file(path, check_target)
     # A home directory may be shared by several machines: use the file only if it describes this one.
     same = (calibrated.name, calibrated.compute_units, calibrated.target) == (
         detected.name, detected.compute_units, detected.target)
     return calibrated if same else detected
 
 
-def spec_from_toml_text(text: str, label: str = "spec") -> DeviceSpec:
+def spec_from_toml_text(text: str, label: str = "spec", *, check_target: bool = True) -> DeviceSpec:
     """Parse and validate a spec; every problem raises `UserError` as `"<label>: <field> ..."`."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"{label}: TOML syntax error: {err}") from None
     try:
-        return _spec_from_doc(doc)
+        return _spec_from_doc(doc, check_target)
     except UserError as err:
         raise UserError(f"{label}: {err}") from None
 
 
-def _load_file(path: Path) -> DeviceSpec:
+def _load_file(path: Path, check_target: bool = True) -> DeviceSpec:
     text = read_user_text(path, "spec", MAX_SPEC_BYTES)
-    return spec_from_toml_text(text, label=f"spec {path.name}")
+    return spec_from_toml_text(text, label=f"spec {path.name}", check_target=check_target)
 
 
-def _spec_from_doc(doc: dict) -> DeviceSpec:
+def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     _check_keys(doc, _TABLES, "")
     device = _table(doc, "device")
     _check_keys(device, _DEVICE_KEYS, "device.")
@@ -135,7 +139,7 @@ def _spec_from_doc(doc: dict) -> DeviceSpec:
         **ints,
     )
     _check_consistency(spec)
-    problem = _target_problem(spec.target)
+    problem = _target_problem(spec.target) if check_target else ""
     if problem:
         raise UserError(problem)
     return spec
