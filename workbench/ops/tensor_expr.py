@@ -108,6 +108,41 @@ class TensorExpr:
     def workload_dict(self) -> dict:
         return {"op": self.op, "dtype": self.dtype, **{k: _jsonable(v) for k, v in self.params}}
 
+    def to_dict(self) -> dict:
+        """Everything but `func`, as JSON: enough for construction and the model, not codegen."""
+        return {
+            "op": self.op,
+            "params": [[k, _jsonable(v)] for k, v in self.params],
+            "axes": [{"name": a.name, "extent": a.extent, "kind": a.kind, "fused_from": list(a.fused_from)} for a in self.axes],
+            "tensors": [
+                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "role": t.role,
+                 "index": [[list(coeffs), const] for coeffs, const in t.index]}
+                for t in self.tensors
+            ],
+            "dtype": self.dtype,
+            "flops": self.flops,
+            "main_block": self.main_block,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TensorExpr":
+        """The inverse of `to_dict` (with no PrimFunc: such an expression cannot be built)."""
+        return cls(
+            op=data["op"],
+            params=tuple((k, _freeze(v)) for k, v in data["params"]),
+            axes=tuple(Axis(a["name"], int(a["extent"]), a["kind"], tuple(a["fused_from"])) for a in data["axes"]),
+            tensors=tuple(
+                TensorAccess(
+                    name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"], role=t["role"],
+                    index=tuple((tuple(coeffs), int(const)) for coeffs, const in t["index"]),
+                )
+                for t in data["tensors"]
+            ),
+            dtype=data["dtype"],
+            flops=int(data["flops"]),
+            main_block=data["main_block"],
+        )
+
 
 def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
