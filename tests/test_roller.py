@@ -18,15 +18,11 @@ from helpers import (
     unique_workloads,
     workload_expr,
 )
+from test_invariants import assert_within_limits
 
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
-from workbench.rtile.alignment import (
-    AlignContext,
-    is_aligned,
-    next_aligned_sizes,
-    thread_count,
-)
+from workbench.rtile.alignment import AlignContext, next_aligned_sizes
 from workbench.rtile.rprogram import footprint_at
 from workbench.rtile.traffic import TileCalculus
 
@@ -42,27 +38,6 @@ def stepped(wid: str, dev: str) -> Stepper:
     return stepper
 
 
-def check_program(space, dev, program):
-    """A candidate fits every layer it stages data in, the register cap and the thread limits,
-    and every tile is aligned at its layer and a multiple of the tile above."""
-    calc, e = space.calc, space.expr
-    assert len(program.tiles) == len(dev.layers) - 1 and program.cached[0]
-    upper = tuple(1 for _ in e.axes)
-    for layer, tile in enumerate(program.tiles):
-        assert all(t % u == 0 for t, u in zip(tile, upper)), (layer, tile, upper)
-        assert is_aligned(AlignContext(e, dev, layer, upper, program.eps), tile), (layer, tile)
-        if program.cached[layer]:
-            assert footprint_at(calc, dev, program, layer) <= dev.layers[layer].capacity_bytes, (layer, tile)
-        upper = tile
-    regs = footprint_at(calc, dev, program, 0)
-    assert program.grid == calc.spatial_tiles(program.unit_tile)
-    if dev.kind == "gpu":
-        assert regs <= dev.registers_per_thread_cap * 4
-        threads = thread_count(e, program.unit_tile, program.register_tile)
-        assert threads <= dev.max_threads_per_block
-        assert threads * max(1, regs // 4) <= dev.registers_per_unit
-
-
 @pytest.mark.parametrize("dev", CONSTRUCT_DEVICES)
 @pytest.mark.parametrize("wid", sorted(WORKLOADS))
 def test_every_suite_workload_constructs_within_the_limits(wid, dev):
@@ -74,7 +49,7 @@ def test_every_suite_workload_constructs_within_the_limits(wid, dev):
     assert times == sorted(times)
     assert len({c.program.tiles for c in candidates}) == len(candidates)
     for cand in candidates:
-        check_program(stepper.space, stepper.space.device, cand.program)
+        assert_within_limits(stepper.space, cand.program)
 
 
 # -- the grow steps follow the best data-reuse score ---------------------------------------------
@@ -156,7 +131,7 @@ def test_small_matmul_is_shrunk_until_it_fills_the_v100():
     shrinks = [s for s in stepper.steps if s.action.kind == "shrink"]
     assert shrinks and all(s.action.layer == 1 for s in shrinks)
     for cand in candidates:
-        check_program(stepper.space, stepper.space.device, cand.program)
+        assert_within_limits(stepper.space, cand.program)
 
 
 def test_prime_matmul_gets_candidates_by_widening_eps():
@@ -173,7 +148,7 @@ def test_prime_matmul_gets_candidates_by_widening_eps():
     candidates = strict.candidates()
     assert len(candidates) >= 5 and all(c.program.eps > 0.0 for c in candidates)
     for cand in candidates:
-        check_program(strict.space, strict.space.device, cand.program)
+        assert_within_limits(strict.space, cand.program)
 
 
 def test_irregular_elementwise_shape_is_fused_first():

@@ -17,7 +17,8 @@ The paper's formulas were lost in extraction. Reconstruction (ours, ALGORITHMS.m
   (S infinite) counts FREE_WEIGHT * s0.
 - inv_tile: the inverse of the ratio S_rev of the grow it undoes, INV_WEIGHT * s0 / (1 + S_rev / s0):
   positive, at most INV_WEIGHT * s0 (so less likely than a typical grow), and largest where the
-  shrink gives up the least reuse, the axis Roller-S would shrink.
+  shrink gives up the least reuse, the axis Roller-S would shrink (S_rev < 0, a shrink that saves
+  padded traffic, counts as 0).
 - descend: t_below / t_here, t = latency + bytes / bandwidth of the layer for the F(T) bytes the
   tile reads: how much faster the staged copy feeds it than the layer below (ALGORITHMS.md's
   t_l / t_{l+1} in Gensor's outermost-first numbering; our layers are numbered top first).
@@ -117,7 +118,7 @@ class MarkovPolicy:
                 note = f"too few programs ({len(self.candidates)} < {self.options.topk}): raise eps to {eps}"
                 yield self._marker(None, Action("widen_eps", amount=round(eps * 1000)), note)
             start = self.space.initial_state(eps)
-            if start is None or self.space.over_capacity(0, start.tile, self.space.ones()):
+            if start is None:
                 continue
             for _ in range(WALKS_PER_TOPK * self.options.topk):
                 if self._count >= self.options.max_steps:
@@ -206,7 +207,8 @@ class MarkovPolicy:
                     ratio = space.reuse(layer, state.tile, tile, upper)
                     benefit = FREE_WEIGHT * scale if ratio == inf else max(ratio, FLOOR_WEIGHT * scale)
                 else:
-                    ratio = space.reuse(layer, tile, state.tile, upper)
+                    # a shrink that moves less (less padding past the axis' end) gives up no reuse
+                    ratio = max(0.0, space.reuse(layer, tile, state.tile, upper))
                     benefit = max(INV_WEIGHT * scale / (1 + ratio / scale), FLOOR_WEIGHT * scale)
                 why = self._illegal(state, tile, axis)
                 yield Alternative(Action(kind, layer, axis, size), tile, benefit, note=why), not why
@@ -215,7 +217,7 @@ class MarkovPolicy:
         space, layer = self.space, state.layer
         if space.over_capacity(layer, tile, space.upper_of(state)):
             return f"over capacity: does not fit {space.layer_names[layer]} (or the block's thread limits)"
-        if not space.fits_below(layer, tile, state.eps):
+        if not space.fits_below(layer, tile, state.eps, self.stages_below(state.eps)):
             return f"over capacity: leaves no aligned tile that fits {space.layer_names[layer + 1]}"
         if layer == 0 and state.vthreads and tile[axis] % state.vthreads[axis]:
             return f"misaligned: {state.vthreads[axis]} virtual threads do not divide {tile[axis]}"
@@ -227,7 +229,7 @@ class MarkovPolicy:
             nxt = apply(self.space, state, action)
         except IllegalAction as err:
             return Alternative(action, state.tile, 0.0, note=str(err)), False
-        if nxt.layer < self.n and self.space.over_capacity(nxt.layer, nxt.tile, state.tile):
+        if nxt.layer < self.n and self.space.over_capacity(nxt.layer, nxt.tile, state.tile, self.stages_below(state.eps)):
             return Alternative(action, nxt.tile, 0.0, note=f"over capacity: the smallest tile at {self.space.layer_names[nxt.layer]} does not fit"), False
         here, below = self.space.device.layers[state.layer], self.space.device.layers[state.layer + 1]
         data = self.space.footprint(state.layer, state.tile, self.space.upper_of(state))
@@ -285,20 +287,26 @@ class MarkovPolicy:
             tiles.append(nxt)
         return tuple(tiles)
 
-    def _cached(self, tiles, eps: float) -> tuple[bool, ...]:
-        """Layers that stage data: all, or only the top one for an operator without reuse, which
-        loads straight from the bottom (Roller §3.2, decided as Roller does at the initial tile)."""
+    def stages_below(self, eps: float) -> bool:
+        """Whether programs at `eps` stage data below the top layer: not for an operator without
+        reuse, which loads straight from the bottom (Roller §3.2, decided as Roller does at the
+        initial tile); then a lower layer's capacity does not bound what the top layer holds."""
         if eps not in self._no_reuse:
             start = self.space.initial_state(eps)
             self._no_reuse[eps] = start is not None and self.space.no_reuse(start)
-        return tuple(l == 0 or not self._no_reuse[eps] for l in range(len(tiles)))
+        return not self._no_reuse[eps]
+
+    def _cached(self, tiles, eps: float) -> tuple[bool, ...]:
+        """Layers that stage data: all, or only the top one (`stages_below`)."""
+        below = self.stages_below(eps)
+        return tuple(l == 0 or below for l in range(len(tiles)))
 
     def _scaled_out(self, tiles, eps: float, cached) -> tuple:
         """(program, shrinks): Roller-S, the unit tile shrunk while the grid has fewer tiles than
         the device has units; `shrinks` lists (axis, tiles) after each shrink."""
         program, shrinks = self.space.program(tiles, eps, cached), []
         while program.grid < self.space.device.compute_units:
-            shrunk = self.space.shrink_unit(program.tiles, eps)
+            shrunk = self.space.shrink_unit(program.tiles, eps, cached)
             if shrunk is None:
                 break
             shrinks.append(shrunk)

@@ -46,6 +46,7 @@ class RollerPolicy:
                 yield self._marker(None, Action("widen_eps", amount=round(eps * 1000)), f"too few programs ({len(self.candidates)} < {self.options.topk}): raise eps to {eps}")
             state = self.space.initial_state(eps)
             if state is None:
+                yield self._marker(None, Action("prune_visited", 0), f"no aligned tile fits {self.space.layer_names[0]} at eps {eps}")
                 continue
             self._visited, self._descended = set(), set()
             self.no_reuse = self.space.no_reuse(state)
@@ -60,12 +61,12 @@ class RollerPolicy:
     # -- EnlargeTile -------------------------------------------------------------------------
     def _options(self, state: State):
         space, upper = self.space, self.space.upper_of(state)
-        start = state.tile
+        starts = None
         if self.no_reuse and state.layer > 0:
             # Nothing to gain per step without reuse: double (next aligned size >= 2x) so a
             # lower layer fills in log steps rather than one transaction at a time.
-            start = tuple(max(t, 2 * t - u) for t, u in zip(state.tile, upper))
-        sizes = next_aligned_sizes(space.context(state.layer, upper, state.eps), start)
+            starts = tuple(max(t, 2 * t - u) for t, u in zip(state.tile, upper))
+        sizes = next_aligned_sizes(space.context(state.layer, upper, state.eps), state.tile, starts=starts)
         options = []
         for axis, size in enumerate(sizes):
             if size is not None:
@@ -137,8 +138,8 @@ class RollerPolicy:
         except IllegalAction as err:
             yield self._marker(state, Action("prune_visited", state.layer), str(err))
             return
-        if not self.no_reuse and nxt.layer < self.space.n_tile_layers and self.space.over_capacity(nxt.layer, nxt.tile, state.tile):
-            yield self._marker(state, Action("prune_visited", state.layer), f"descend: the smallest aligned tile at {self._layer_label(nxt.layer)} does not fit it")
+        if nxt.layer < self.space.n_tile_layers and self.space.over_capacity(nxt.layer, nxt.tile, state.tile, not self.no_reuse):
+            yield self._marker(state, Action("prune_visited", state.layer), f"descend: the smallest aligned tile at {self._layer_label(nxt.layer)} does not fit it (or the block's thread limits)")
             return
         yield self._step(state, nxt.actions[-1], "explored", None, None, (), f"descend to {self._layer_label(nxt.layer)}", nxt)
         yield from self._enlarge(nxt)
@@ -149,7 +150,7 @@ class RollerPolicy:
         cached = tuple(l == 0 or not self.no_reuse for l in range(len(tiles)))
         program = self.space.program(tiles, state.eps, cached)
         while program.grid < self.space.device.compute_units:
-            shrunk = self.space.shrink_unit(program.tiles, state.eps)
+            shrunk = self.space.shrink_unit(program.tiles, state.eps, cached)
             if shrunk is None:
                 break
             axis, tiles = shrunk

@@ -10,14 +10,14 @@ policies ask: is a tile aligned, does it fit, is it compute-bound, what are its 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import gcd
+from math import ceil, gcd
 
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, next_aligned_sizes, thread_count, tile_lanes
 from workbench.rtile.model import is_compute_bound
-from workbench.rtile.rprogram import RProgram, holds_output, layer_footprint, make_program, storage_padding
+from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import TileCalculus
 
 Tile = tuple[int, ...]
@@ -100,8 +100,13 @@ class Space:
         return state.recorded[-1] if state.recorded else self.ones()
 
     def initial_state(self, eps: float) -> State | None:
-        tile = initial_tile(self.context(0, self.ones(), eps))
-        if tile is None:
+        """The smallest aligned top-layer tile at `eps`, or None when there is none or it does
+        not fit the top layer. Every aligned tile at that layer is at least as large on every
+        axis, so then none fits: on a CPU, a short vectorised axis whose extent the SIMD lanes
+        do not divide may only be taken whole until eps admits padding it to whole vectors."""
+        ones = self.ones()
+        tile = initial_tile(self.context(0, ones, eps))
+        if tile is None or self.over_capacity(0, tile, ones):
             return None
         return State(0, tile, (), eps, actions=(Action("start", 0),))
 
@@ -110,27 +115,32 @@ class Space:
         return layer_footprint(self.calc, self.device, layer, tile, pad)
 
     def capacity(self, layer: int) -> int:
-        return self.device.layers[layer].capacity_bytes
+        return layer_capacity(self.device, layer)
 
-    def over_capacity(self, layer: int, tile: Tile, upper: Tile) -> bool:
-        """Footprint over the layer's capacity, or (GPU block) threads / registers over limits."""
-        return self.footprint(layer, tile, upper) > self.capacity(layer) or self.over_thread_limits(layer, tile, upper)
+    def over_capacity(self, layer: int, tile: Tile, upper: Tile, staged: bool = True) -> bool:
+        """Footprint over the layer's capacity (where the program stages data there: `staged`),
+        or (GPU block) threads / registers over limits (always: a block runs its threads
+        whether or not it stages data in shared memory)."""
+        if staged and self.footprint(layer, tile, upper) > self.capacity(layer):
+            return True
+        return self.over_thread_limits(layer, tile, upper)
 
     def over_thread_limits(self, layer: int, tile: Tile, upper: Tile) -> bool:
         """A GPU block tile with more threads, or threads x registers, than a block may have."""
         if self.device.kind != "gpu" or layer != self.device.unit_layer_index:
             return False
         threads = thread_count(self.expr, tile, upper, tile_lanes(self.expr, self.device))
-        regs = max(1, self.footprint(0, upper, self.ones()) // 4)  # 32-bit registers per thread
+        regs = max(1, ceil(self.footprint(0, upper, self.ones()) / 4))  # 32-bit registers per thread
         return threads > self.device.max_threads_per_block or threads * regs > self.device.registers_per_unit
 
-    def fits_below(self, layer: int, tile: Tile, eps: float) -> bool:
-        """Whether the smallest aligned tile containing `tile` at the next tile layer fits there."""
+    def fits_below(self, layer: int, tile: Tile, eps: float, staged: bool = True) -> bool:
+        """Whether the smallest aligned tile containing `tile` at the next tile layer exists and
+        fits there (its capacity counts where the program stages data there: `staged`)."""
         below = layer + 1
         if below >= self.n_tile_layers:
             return True
         nxt = initial_tile(self.context(below, tile, eps))
-        return nxt is not None and not self.over_capacity(below, nxt, tile)
+        return nxt is not None and not self.over_capacity(below, nxt, tile, staged)
 
     def no_reuse(self, start: State) -> bool:
         """Whether growing the initial top tile along any axis buys no reuse (elementwise, most
@@ -159,21 +169,21 @@ class Space:
             ok = self._aligned[key] = is_aligned(self.context(layer, upper, eps), tile)
         return ok
 
-    def shrink_unit(self, tiles: tuple[Tile, ...], eps: float) -> tuple[int, tuple[Tile, ...]] | None:
+    def shrink_unit(self, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]) -> tuple[int, tuple[Tile, ...]] | None:
         """Roller-S scale-out (§3.2, small operators): (axis, tiles) with the unit tile shrunk one
         aligned step along the spatial axis of smallest reuse score, or None when none can shrink.
         Shared by every policy that emits programs; memoised."""
-        key = (tiles, eps)
+        key = (tiles, eps, cached)
         if key not in self._shrunk:
-            self._shrunk[key] = _shrink_once(self, tiles, eps)
+            self._shrunk[key] = _shrink_once(self, tiles, eps, cached)
         return self._shrunk[key]
 
 
-def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float):
+def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]):
     unit, ranked = tiles[-1], []
     for axis in space.expr.spatial:
         for size in _smaller_sizes(unit[axis], tiles[-2][axis] if len(tiles) > 1 else 1):
-            new = _shrunk_stack(space, tiles, axis, size, eps)
+            new = _shrunk_stack(space, tiles, axis, size, eps, cached)
             if new is not None:
                 ranked.append((space.reuse(len(tiles) - 1, new[-1], unit, new[-2] if len(new) > 1 else space.ones()), axis, new))
                 break
@@ -183,26 +193,29 @@ def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float):
     return axis, new
 
 
-def _shrunk_stack(space: Space, tiles, axis: int, size: int, eps: float):
-    """The tiles with the unit tile's `axis` at `size`, or None when no aligned stack exists.
-    The tiles above are clamped to divide it (gcd); when that breaks a rule, the top (register)
-    tile shrinks along the axis as well, largest divisor first: a GPU block keeps whole warps of
-    threads only if its threads' tiles shrink with it (Roller shrinks the rTiles, §3.2)."""
+def _shrunk_stack(space: Space, tiles, axis: int, size: int, eps: float, cached):
+    """The tiles with the unit tile's `axis` at `size`, or None when no aligned stack within
+    the limits exists. The tiles above are clamped to divide it (gcd); when that breaks a rule,
+    the top (register) tile shrinks along the axis as well, largest divisor first: a GPU block
+    keeps whole warps of threads only if its threads' tiles shrink with it (Roller shrinks the
+    rTiles, §3.2). Smaller tiles need not have smaller footprints (bank padding depends on the
+    tile above), so every layer is checked again."""
     above = [with_axis(t, axis, gcd(t[axis], size)) for t in tiles[:-1]]
     unit = with_axis(tiles[-1], axis, size)
     top = above[0][axis]
     for r in (d for d in range(top, 0, -1) if top % d == 0):
         above[0] = with_axis(above[0], axis, r)
         new = tuple(above) + (unit,)
-        if _all_aligned(space, new, eps) and not space.over_thread_limits(len(above), unit, above[-1]):
+        if _all_within(space, new, eps, cached):
             return new
     return None
 
 
-def _all_aligned(space: Space, tiles, eps: float) -> bool:
+def _all_within(space: Space, tiles, eps: float, cached) -> bool:
+    """Every tile aligned at its layer and within that layer's limits (`over_capacity`)."""
     upper = space.ones()
     for layer, tile in enumerate(tiles):
-        if not space.aligned(layer, tile, upper, eps):
+        if not space.aligned(layer, tile, upper, eps) or space.over_capacity(layer, tile, upper, cached[layer]):
             return False
         upper = tile
     return True

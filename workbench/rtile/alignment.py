@@ -159,7 +159,9 @@ def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | Non
     """(i, j, k) covered by an MMA fragment, or None where tensor cores do not apply: the device
     has no MMA unit for the dtype, or the operator is not a contraction C[.., i, j] += A[.., i, k]
     * B[.., k, j] (i, j the output's last two dims; each of i, j, k indexing a dimension alone;
-    A without j, B without i). A conv's window `h*stride + r` is not such a contraction."""
+    A without j, B without i), or one of i, j, k is shorter than the fragment (no tile may
+    exceed its axis, so no fragment tile would exist). A conv's window `h*stride + r` is not
+    such a contraction."""
     if device.kind != "gpu" or not device.tensor_core_fragment or expr.dtype not in dict(device.tensor_core_gflops):
         return None
     out = expr.output
@@ -173,7 +175,9 @@ def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | Non
         if i in sole[a] and j in sole[b] and not expr.inputs[a].uses_axis(j) and not expr.inputs[b].uses_axis(i):
             ks = [k for k in expr.reduce if k in sole[a] and k in sole[b]]
             if ks:
-                return i, j, ks[-1]
+                found = (i, j, ks[-1])
+                fits = all(expr.axes[x].extent >= f for x, f in zip(found, device.tensor_core_fragment))
+                return found if fits else None
     return None
 
 
@@ -217,9 +221,14 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
     return None
 
 
-def next_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES) -> tuple[int | None, ...]:
-    """Per axis, the next larger aligned size (None when the axis cannot grow)."""
-    return tuple(_scan(ctx, tile, a, +1, rules) for a in range(len(tile)))
+def next_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES, starts=None) -> tuple[int | None, ...]:
+    """Per axis, the next larger aligned size (None when the axis cannot grow), scanning up from
+    `starts[a]` where given instead of `tile[a]`; the rest of the tile is `tile` either way, so
+    the whole-tile rules judge the tile that growing one axis makes."""
+    return tuple(
+        _scan(ctx, tile if starts is None else tile[:a] + (starts[a],) + tile[a + 1 :], a, +1, rules)
+        for a in range(len(tile))
+    )
 
 
 def prev_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES) -> tuple[int | None, ...]:

@@ -119,6 +119,22 @@ def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Ti
     return ceil(total / tile_lanes(calc.expr, device)) if layer == 0 else total
 
 
+def register_bytes(device: DeviceSpec) -> int:
+    """Bytes of one register a thread's tile lives in: a 32-bit register on GPUs, a vector
+    register of `warp_size` fp32 lanes on CPUs."""
+    return 4 if device.kind == "gpu" else 4 * device.warp_size
+
+
+def layer_capacity(device: DeviceSpec, layer: int) -> int:
+    """Bytes one tile may occupy at `layer`: the layer's capacity, and at the top (per-thread)
+    layer no more than `registers_per_thread_cap` registers either, whichever is smaller (the
+    presets and detected CPUs state the two consistently; a hand-written spec may not)."""
+    capacity = device.layers[layer].capacity_bytes
+    if layer == 0 and device.layers[0].scope == "thread":
+        return min(capacity, device.registers_per_thread_cap * register_bytes(device))
+    return capacity
+
+
 def footprint_at(calc: TileCalculus, device: DeviceSpec, program: RProgram, layer: int) -> int:
     """Footprint of a program's tile at `layer` (see `layer_footprint`)."""
     return layer_footprint(calc, device, layer, program.tiles[layer], program.padding[layer])
