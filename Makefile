@@ -12,7 +12,7 @@ test: $(STAMP) chromium
 # The pure core (construction, rTile model, specs) without TVM, in well under a minute; the
 # catalog expressions it needs come from tests/fixtures/tensor_exprs.json (see tests/conftest.py).
 test-fast: $(STAMP)
-	WORKBENCH_TEST_LANE=fast $(PYTHON) -m pytest -q -p no:cacheprovider
+	WORKBENCH_TEST_LANE=fast $(PYTHON) -m pytest -q -p no:cacheprovider -n $(shell nproc)
 
 # Rewrite tests/fixtures/tensor_exprs.json from real TVM builds (after adding a core test that
 # needs a new catalog expression); `make test` checks the file against fresh builds.

@@ -90,7 +90,28 @@ def expr(op: str, dtype: str = "float32", **params):
 
 
 def matmul(m: int, n: int, k: int):
-    return expr("matmul", M=m, N=n, K=k)
+    # The fast lane takes any size (hypothesis draws them) from the plain-value twin below.
+    return plain_matmul(m, n, k) if FAST_LANE else expr("matmul", M=m, N=n, K=k)
+
+
+def plain_matmul(m: int, n: int, k: int) -> TensorExpr:
+    """The catalog's float32 matmul `C[i,j] += A[i,k] * B[k,j]` written out as plain values (no
+    TVM); tests/test_tensor_expr.py checks it equals what the catalog builds."""
+    def access(name, shape, role, *dims):
+        return {"name": name, "shape": list(shape), "dtype": "float32", "role": role,
+                "index": [[[int(a == d) for a in "ijk"], 0] for d in dims]}
+
+    return TensorExpr.from_dict({
+        "op": "matmul",
+        "params": [["B", 0], ["K", k], ["M", m], ["N", n], ["trans_a", False], ["trans_b", False]],
+        "axes": [{"name": a, "extent": x, "kind": kind, "fused_from": []}
+                 for a, x, kind in (("i", m, "spatial"), ("j", n, "spatial"), ("k", k, "reduce"))],
+        "tensors": [access("A", (m, k), "input", "i", "k"), access("B", (k, n), "input", "k", "j"),
+                    access("C", (m, n), "output", "i", "j")],
+        "dtype": "float32",
+        "flops": 2 * m * n * k,
+        "main_block": "C",
+    })
 
 
 def suite_workloads(name: str) -> list[dict]:

@@ -101,6 +101,7 @@ def fake_machine(root: Path, cpuinfo: str, caches, max_khz) -> tuple[str, str]:
     return str(root / "sys"), str(proc)
 
 
+@pytest.mark.tvm  # reads a spec back through the loader, which asks TVM about its target
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 def test_detection_on_fake_trees(tmp_path, machine):
     sysfs, proc = fake_machine(tmp_path, *MACHINES[machine])
@@ -129,6 +130,7 @@ def test_smt_siblings_count_as_one_core(tmp_path, monkeypatch):
     assert spec.layer("L1").capacity_bytes == 48 * 1024
 
 
+@pytest.mark.tvm  # reads a spec back through the loader, which asks TVM about its target
 def test_detected_mcpu_names_are_known_to_llvm():
     codegen = pytest.importorskip("tvm.target.codegen")
     for machine, (_, mcpu, *_rest) in EXPECTED.items():
@@ -136,6 +138,7 @@ def test_detected_mcpu_names_are_known_to_llvm():
         assert codegen.llvm_is_valid_cpu(mcpu, triple), mcpu
 
 
+@pytest.mark.tvm  # reads a spec back through the loader, which asks TVM about its target
 def test_missing_files_fall_back_to_labelled_assumptions(tmp_path):
     spec = detect_local_cpu(sysfs_root=str(tmp_path / "sys"), proc_root=str(tmp_path / "proc"), cores=2)
     assert (spec.warp_size, dict(spec.target)["mcpu"]) == (4, "generic")
@@ -145,6 +148,7 @@ def test_missing_files_fall_back_to_labelled_assumptions(tmp_path):
     assert spec_from_toml_text(spec_to_toml(spec)) == spec
 
 
+@pytest.mark.tvm  # reads a spec back through the loader, which asks TVM about its target
 def test_detection_on_this_machine():
     spec = detect_local_cpu()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -243,6 +243,7 @@ def test_markov_keeps_every_invariant_on_any_detected_cpu(dev, workload):
     assert stepper.candidates() or wid == "generated"
 
 
+@pytest.mark.tvm  # reads a spec back through the loader, which asks TVM about its target
 @SETTINGS
 @given(written_cpus(), workloads(), st.sampled_from(["roller", "markov"]))
 def test_every_policy_keeps_every_invariant_on_a_written_cpu_spec(dev, workload, policy):
@@ -290,6 +291,7 @@ def test_presets_keep_every_invariant(preset, policy):
         assert stepper.candidates(), e.op
 
 
+@pytest.mark.tvm  # reads a spec back through the loader, which asks TVM about its target
 def test_a_written_register_layer_larger_than_the_register_cap_is_capped():
     """A spec whose register layer holds more than `registers_per_thread_cap` vector registers:
     the register tile stays within the cap."""

@@ -236,6 +236,7 @@ def test_construct_reports_the_policy():
     assert c.policy == "markov" and 1 <= len(c.candidates) <= 4 and c.graph.counts()["edges"] > 0
 
 
+@pytest.mark.tvm  # the CLI loads its spec through the target check
 def test_cli_construct_with_the_markov_policy(capsys, tmp_path):
     graph = tmp_path / "g.json"
     argv = ["construct", "--workload", "cpu-core:mm-512", "--device", "v100", "--policy", "markov", "--seed", "1", "--graph", str(graph), "--json"]

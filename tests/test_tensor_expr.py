@@ -8,16 +8,17 @@ tile of 1) the touched indices have gaps: fewer distinct elements than the bound
 bounding box is what a layer stages.
 """
 
+import json
 from math import prod
 
 import numpy as np
 import pytest
-from helpers import expr
+from helpers import EXPR_FIXTURES, expr, expr_fixtures, plain_matmul
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.ops.catalog import build
-from workbench.ops.tensor_expr import REDUCE, SPATIAL
+from workbench.ops.tensor_expr import REDUCE, SPATIAL, TensorExpr
 
 
 def _matmul(p):
@@ -209,3 +210,25 @@ def test_expressions_compare_by_value():
     a = expr("matmul", M=4, N=4, K=4)
     b = build("matmul", dict(M=4, N=4, K=4))
     assert a == b and hash(a) == hash(b) and a.func is not b.func
+
+
+def test_to_dict_round_trips_every_field_but_the_prim_func():
+    e = expr("conv2d", N=1, C=3, H=9, W=9, F=4, KH=3, KW=3, stride=2, pad=1)
+    back = TensorExpr.from_dict(json.loads(json.dumps(e.to_dict())))
+    assert back == e and back.func is None
+
+
+def test_the_fast_lane_fixtures_equal_fresh_tvm_builds():
+    """tests/fixtures/tensor_exprs.json stands in for TVM in `make test-fast`; a fixture that no
+    longer matches what the catalog builds would make the fast lane test a stale operator."""
+    fixtures = expr_fixtures()
+    assert fixtures, f"{EXPR_FIXTURES} is missing: run `make fixtures`"
+    for key, stored in fixtures.items():
+        op, dtype, params = json.loads(key)
+        built = build(op, {k: v for k, v in params}, dtype)
+        assert built.to_dict() == stored, f"{key}: the fixture is stale, run `make fixtures`"
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (64, 48, 32), (257, 127, 509)])
+def test_the_plain_matmul_of_the_fast_lane_is_the_catalogs(m, n, k):
+    assert plain_matmul(m, n, k) == build("matmul", {"M": m, "N": n, "K": k}, "float32")

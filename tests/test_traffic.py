@@ -2,6 +2,7 @@
 
 from math import ceil, prod
 
+import pytest
 from helpers import expr, matmul
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,6 +55,7 @@ def conv_tile(draw):
     return p, e, tile
 
 
+@pytest.mark.tvm  # the catalog builds each drawn conv with TVM
 @settings(max_examples=150, deadline=None)
 @given(conv_tile())
 def test_conv_traffic_and_footprint_are_the_closed_form(case):
