@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -135,3 +136,17 @@ def unique_workloads(*suites: str) -> list[tuple[str, dict]]:
                 seen.add(key)
                 out.append((f"{suite}:{w['id']}", w))
     return out
+
+
+def user_error_in_child(module: str, call: str, path, timeout: int = 120) -> str:
+    """The UserError message of `module.call(path)` run in a child process with a time limit
+    (empty when it raises none): should a regression block on a FIFO, read /dev/zero without end
+    or construct a huge tensor for hours, the test fails instead of hanging."""
+    name = call.split("(")[0]
+    code = (
+        f"import sys\nfrom workbench.errors import UserError\nfrom {module} import {name}\n"
+        f"try:\n    {call.replace('PATH', 'sys.argv[1]')}\nexcept UserError as err:\n    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.strip()

@@ -1,10 +1,10 @@
 """Reading user files: regular files only, within a size cap, one-line errors naming the path."""
 
 import os
-import subprocess
 import sys
 
 import pytest
+from helpers import user_error_in_child
 
 from workbench.errors import UserError
 from workbench.files import check_size, read_user_file, read_user_text
@@ -67,26 +67,18 @@ def test_check_size_of_an_upload():
         check_size(11, "model a.onnx", 10)
 
 
-def _in_subprocess(path) -> str:
-    """`read_user_file(path)`'s error from a child process with a time limit: should a regression
-    wait on a FIFO or read /dev/zero without end, the test fails instead of hanging."""
-    code = (
-        "import sys\nfrom workbench.errors import UserError\nfrom workbench.files import read_user_file\n"
-        "try:\n    read_user_file(sys.argv[1], 'spec', 2**20)\nexcept UserError as err:\n    print(err)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    return done.stdout.strip()
+def _child_error(path) -> str:
+    return user_error_in_child("workbench.files", 'read_user_file(PATH, "spec", 2**20)', path)
 
 
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
     fifo = tmp_path / "spec.toml"
     os.mkfifo(fifo)
-    assert _in_subprocess(fifo) == f"spec {fifo}: not a regular file (a FIFO)"
+    assert _child_error(fifo) == f"spec {fifo}: not a regular file (a FIFO)"
     link = tmp_path / "link.toml"
     link.symlink_to(fifo)  # the link is followed: what counts is what it points to
-    assert _in_subprocess(link) == f"spec {link}: not a regular file (a FIFO)"
+    assert _child_error(link) == f"spec {link}: not a regular file (a FIFO)"
 
 
 def test_a_device_that_never_ends_is_refused():
-    assert _in_subprocess("/dev/zero") == "spec /dev/zero: not a regular file (a character device)"
+    assert _child_error("/dev/zero") == "spec /dev/zero: not a regular file (a character device)"

@@ -1,10 +1,10 @@
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from helpers import user_error_in_child
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,23 +183,15 @@ def _sparse(path, size):
     return path
 
 
-def _refusal_in_subprocess(path) -> str:
-    """`load_spec(path)`'s error, run in a child process with a time limit: should a regression
-    block on a FIFO or read /dev/zero without end, the test fails instead of hanging."""
-    code = (
-        "import sys\nfrom workbench.errors import UserError\nfrom workbench.hardware.loader import load_spec\n"
-        "try:\n    load_spec(sys.argv[1])\nexcept UserError as err:\n    print(err)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    return done.stdout.strip()
+def _child_error(path) -> str:
+    return user_error_in_child("workbench.hardware.loader", 'load_spec(PATH)', path)
 
 
 def test_fifo_and_device_files_are_refused_without_reading(tmp_path):
     fifo = tmp_path / "spec.toml"
     os.mkfifo(fifo)  # no writer: opening it for reading would block forever
-    assert _refusal_in_subprocess(fifo) == f"spec {fifo}: not a regular file (a FIFO)"
-    assert _refusal_in_subprocess("/dev/zero") == "spec /dev/zero: not a regular file (a character device)"
+    assert _child_error(fifo) == f"spec {fifo}: not a regular file (a FIFO)"
+    assert _child_error("/dev/zero") == "spec /dev/zero: not a regular file (a character device)"
 
 
 def _latin1(directory):

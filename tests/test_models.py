@@ -4,14 +4,13 @@ against onnxruntime / numpy, and bad model files."""
 
 import json
 import os
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import device, expr
+from helpers import device, expr, user_error_in_child
 from onnx import TensorProto, helper, numpy_helper
 
 from workbench.construct.stepper import construct
@@ -238,24 +237,15 @@ def test_invalid_graph_and_operators_tvm_cannot_import(tmp_path):
         import_model(custom)
 
 
-def _report_in_subprocess(path) -> str:
-    """`workbench model`'s document or error for `path`, from a child process with a time limit:
-    should a regression let a huge tensor through, construction would run for hours, and the
-    test fails instead of hanging."""
-    code = (
-        "import sys\nfrom workbench.errors import UserError\nfrom workbench.models.model import model_report\n"
-        "try:\n    model_report(sys.argv[1], 'xeon-avx512')\nexcept UserError as err:\n    print(err)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+def _child_error(path) -> str:
+    return user_error_in_child("workbench.models.model", 'model_report(PATH, "xeon-avx512")', path)
 
 
 def test_a_tiny_file_declaring_a_huge_tensor_is_refused_before_import(tmp_path):
     shape = [100000, 100000, 100000]
     path = _save(tmp_path / "huge.onnx", [helper.make_node("Relu", ["X"], ["Y"])], [_tensor("X", shape)], [_tensor("Y", shape)])
     assert path.stat().st_size < 120  # the issue's reproducer was 89 bytes
-    assert _report_in_subprocess(path) == (
+    assert _child_error(path) == (
         "huge.onnx: tensor X has shape 100000x100000x100000 = 1000000000000000 elements, "
         "over the limit of 2147483647 (int32 indexing)"
     )
@@ -269,7 +259,7 @@ def test_a_huge_tensor_the_file_does_not_declare_is_refused_after_import(tmp_pat
         [helper.make_node("Expand", ["X", "target"], ["E"]), helper.make_node("Relu", ["E"], ["Y"])],
         [_tensor("X", [1])], [_tensor("Y", ["a", "b", "c"])], inits=[target],
     )
-    message = _report_in_subprocess(path)
+    message = _child_error(path)
     assert message.startswith("expand.onnx: tensor ") and "(computed by the model) has shape 100000x100000x100000" in message
 
 
@@ -297,7 +287,7 @@ def test_weights_stored_outside_the_file_are_refused(tmp_path):
 def test_a_fifo_model_is_refused_without_waiting(tmp_path):
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo)  # no writer: reading it would block forever
-    assert _report_in_subprocess(fifo) == f"model {fifo}: not a regular file (a FIFO)"
+    assert _child_error(fifo) == f"model {fifo}: not a regular file (a FIFO)"
 
 
 def test_symbolic_input_shapes_are_refused(tmp_path):
