@@ -1,7 +1,6 @@
 """Reading user files: regular files only, within a size cap, one-line errors naming the path."""
 
 import os
-import sys
 
 import pytest
 from helpers import user_error_in_child

@@ -1,7 +1,6 @@
 import dataclasses
 import json
 import os
-import sys
 
 import pytest
 from helpers import user_error_in_child

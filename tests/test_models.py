@@ -4,7 +4,6 @@ against onnxruntime / numpy, and bad model files."""
 
 import json
 import os
-import sys
 from functools import cache
 from pathlib import Path
 
