@@ -82,24 +82,92 @@ def inline_epilogues(sch, names: Sequence[str]) -> None:
 
 
 def axis_loops(sch, block, expr: TensorExpr) -> list:
-    """One loop per axis of `expr` (in `expr.axes` order), fusing each axis's `fused_from` loops.
+    """One loop per axis of `expr` (in `expr.axes` order).
 
     `block` must still have its original loop nest (one loop per block iterator, as
-    `te.create_prim_func` makes it); axis names are the iterator names without `v_`.
+    `te.create_prim_func` makes it); axis names are the iterator names without `v_`. When axis
+    fusion merged axes, the block is first rewritten to iterate over the fused axes
+    (`transform_block_layout`: one iterator `i * J + j` instead of `i, j`), not merely given a
+    fused loop: TVM relaxes the region a loop touches per block iterator, so with separate
+    iterators a tile of a fused axis (elements 160..319 of `M[i, j]`, j = 35) would count as the
+    box of whole rows 4..9, and a write-back attached under that tile would overwrite the
+    neighbouring tiles' outputs. Over one fused iterator the region is the exact interval.
     """
     loops = sch.get_loops(block)
     iter_vars = sch.get(block).iter_vars
     if len(loops) != len(iter_vars):
         raise ScheduleError(f"block {sch.get(block).name_hint}: loop nest does not match its iterators")
-    by_name = {str(iv.var.name).removeprefix("v_"): loop for iv, loop in zip(iter_vars, loops)}
-    out = []
-    for axis in expr.axes:
-        parts = axis.fused_from or (axis.name,)
-        missing = [p for p in parts if p not in by_name]
-        if missing:
-            raise ScheduleError(f"axis {axis.name}: no loop named {missing[0]} in block {expr.main_block}")
-        out.append(by_name[parts[0]] if len(parts) == 1 else sch.fuse(*(by_name[p] for p in parts)))
-    return out
+    names = [str(iv.var.name).removeprefix("v_") for iv in iter_vars]
+    parts = [axis.fused_from or (axis.name,) for axis in expr.axes]
+    missing = [p for group in parts for p in group if p not in names]
+    if missing:
+        raise ScheduleError(f"axis {missing[0]}: no loop of that name in block {expr.main_block}")
+    if all(len(group) == 1 for group in parts):
+        by_name = dict(zip(names, loops))
+        return [by_name[group[0]] for group in parts]
+    extents = {name: int(iv.dom.extent) for name, iv in zip(names, iter_vars)}
+
+    def fused(*index):
+        value = dict(zip(names, index))
+        out = []
+        for group in parts:
+            flat = value[group[0]]
+            for name in group[1:]:
+                flat = flat * extents[name] + value[name]
+            out.append(flat)
+        return tuple(out)
+
+    primitive("iterate over the fused axes", sch.transform_block_layout, block, _index_map(sch, block, fused, len(names)))
+    return list(sch.get_loops(block))
+
+
+def flatten_fused_output(sch, block, writeback, expr: TensorExpr) -> None:
+    """Lay the accumulator that `block` writes (a `cache_write` buffer, read by `writeback`) out
+    along the fused axes, and let `writeback` iterate over the same fused index.
+
+    Call it after `cache_write` and before `reverse_compute_at(writeback, ...)`, on a block
+    whose iterators `axis_loops` fused: for the reason given there, a tile of a fused axis is a
+    box only in the fused layout, so the write-back of one tile copies exactly that tile's
+    outputs. A no-op when no output dimension is fused.
+    """
+    shape = tuple(int(s) for s in sch.get(block).writes[0].source.shape)
+    groups = _fused_groups(expr)
+    if all(n == 1 for n in groups):
+        return
+    if sum(groups) != len(shape):
+        raise ScheduleError(f"output dims {list(shape)} do not match the fused output {list(expr.output.shape)}")
+
+    def linear(*index):
+        out, d = [], 0
+        for n in groups:
+            flat = index[d]
+            for m in range(d + 1, d + n):
+                flat = flat * shape[m] + index[m]
+            out.append(flat)
+            d += n
+        return tuple(out)
+
+    index_map = _index_map(sch, block, linear, len(shape))
+    primitive("lay out the accumulator along the fused axes", sch.transform_layout, block, ("write", 0), index_map)
+    primitive("iterate the write-back over the fused axes", sch.transform_block_layout, writeback, index_map)
+
+
+def _index_map(sch, block, fn, ndim: int):
+    """`fn` (of `ndim` indices) as a TVM IndexMap in the index dtype of `block`'s iterators."""
+    from tvm.tirx import IndexMap
+
+    return IndexMap.from_func(fn, ndim=ndim, index_dtype=str(sch.get(block).iter_vars[0].var.ty))
+
+
+def _fused_groups(expr: TensorExpr) -> tuple[int, ...]:
+    """Per dimension of the (fused) output: how many dimensions of the original buffer it merges
+    (`len(fused_from)` of the axis indexing it alone, as `ops.fusion` fuses; 1 otherwise)."""
+    groups = []
+    for coeffs, const in expr.output.index:
+        used = [a for a, c in enumerate(coeffs) if c]
+        sole = len(used) == 1 and coeffs[used[0]] == 1 and const == 0
+        groups.append(max(1, len(expr.axes[used[0]].fused_from)) if sole else 1)
+    return tuple(groups)
 
 
 def chain_factors(extent: int, chain: Sequence[int]) -> list:

@@ -8,8 +8,9 @@ tiles per L1 tile, register tile]` (level 0 outermost), and the loops are ordere
 so one core owns an L2 tile and walks the reduction in the L2 tile's K-steps, the L1 tiles
 inside one K-step reuse what that step brought into L2, and the register micro-kernel is
 unrolled. A reduction accumulates into a local buffer of one L2 output tile (`cache_write`,
-written back once per grid iteration by `reverse_compute_at`); an epilogue (avgpool /
-reduce_mean division) is folded into that write-back and producers (conv padding) are inlined.
+laid out along fused axes, written back once per grid iteration by `reverse_compute_at`); an
+epilogue (avgpool / reduce_mean division) is folded into that write-back and producers (conv
+padding) are inlined.
 CPU caches are managed by the hardware, so `cached` and storage padding emit nothing: the tiling
 alone realises the program's footprints. Tiles that do not divide an extent leave a guarded
 tail (TVM adds a block predicate), so prime extents stay correct.
@@ -148,6 +149,7 @@ def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels) -> Non
     common.inline_epilogues(sch, epilogues)
     if at_loop is not None:
         writeback = sch.get_consumers(block)[0]
+        common.flatten_fused_output(sch, block, writeback, expr)
         common.primitive("reverse_compute_at", sch.reverse_compute_at, writeback, at_loop, True)
     first_reduce = levels[expr.reduce[0]][0]
     common.primitive("decompose_reduction", sch.decompose_reduction, block, first_reduce)

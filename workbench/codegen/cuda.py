@@ -28,6 +28,7 @@ from workbench.codegen.common import (
     check_program,
     epilogue_names,
     first_line,
+    flatten_fused_output,
     inline_epilogues,
     new_schedule,
     producer_names,
@@ -179,6 +180,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
     nest = _tile(sch, main, expr, program, vthreads)
     if expr.reduce:  # partial sums stay in registers; the write-back absorbs the epilogues
         local = sch.cache_write(main, 0, "local")
+        flatten_fused_output(sch, main, local, expr)
         sch.reverse_compute_at(local, nest.thread)
     inline_epilogues(sch, epilogues)
     if program.cached[SHARED] and expr.reduce:  # without reduce axes there is no reuse to stage
@@ -248,6 +250,8 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     cache = sch.cache_read(main, buffer, "shared")
     sch.compute_at(cache, anchor)
     copy = sch.get_loops(cache)[_depth(sch, main, anchor) :]
+    if not copy:  # a one-element tile (C[q], q of extent 1): compute_at left no loop to split
+        copy = [sch.add_unit_loop(cache)]
     source = tuple(int(s) for s in sch.get(cache).reads[0].source.shape)
     align = _bank_alignment(expr, program, device, tensor, source)
     if align is not None:
