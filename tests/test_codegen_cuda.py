@@ -5,17 +5,24 @@ compiles it to PTX (one nvcc call per device for all kernels)."""
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
 
+import numpy as np
 import pytest
 
 from tests.helpers import device, expr
-from workbench.codegen.build import build_kernel
+from workbench.codegen.build import build_kernel, kernel_args
 from workbench.codegen.cuda import CudaTemplate, block_threads, gpu_resources, lane_program
 from workbench.codegen.nvcc import compile_ptx, compile_ptx_many, nvcc_path, ptx_arch
 from workbench.codegen.template import ScheduleError
+from workbench.codegen.verify import check_output
 from workbench.construct.stepper import construct
+from workbench.ops.expr_lang import build_expr
+from workbench.ops.fusion import fuse_axes
+from workbench.ops.reference import random_inputs
+from workbench.rtile.rprogram import RProgram
 
 GPUS = ("v100", "h100")
 CASES = {
@@ -200,3 +207,67 @@ def test_tensor_core_program_runs_a_warp_per_fragment_tile():
     source = kernel("h100", "matmul-fp16").source
     assert "nvcuda::wmma::mma_sync" in source
     assert f"__launch_bounds__({warps * 32})" in source
+
+
+@contextmanager
+def unbound_threads():
+    """`Schedule.bind` as a no-op: the CUDA template's schedule with every block, thread and
+    virtual-thread loop left serial, which LLVM compiles for this CPU (there is no GPU here).
+    Each "thread" then runs in turn and does each cooperative copy whole; the tiling, guards,
+    staging and write-back are the template's own."""
+    from tvm import s_tir
+
+    bind = s_tir.Schedule.bind
+    s_tir.Schedule.bind = lambda self, loop, thread_axis: None
+    try:
+        yield
+    finally:
+        s_tir.Schedule.bind = bind
+
+
+def run_serially(fused, program, spec, inputs) -> np.ndarray:
+    """The CUDA template's kernel for `program`, run on the CPU with its thread loops serial."""
+    import tvm
+
+    with unbound_threads():
+        sch = CudaTemplate().schedule(fused, program, spec)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(kernel_args(fused)[-1].shape, fused.dtype), dev)
+    tvm.compile(sch.mod, target="llvm")["main"](*[tvm.runtime.tensor(a, dev) for a in inputs], out)
+    return out.numpy()
+
+
+def _gpu_program(e, chains: dict, staged: bool) -> RProgram:
+    tiles = tuple(tuple(chains[a.name][layer] for a in e.axes) for layer in range(2))
+    zeros = tuple(0 for _ in e.tensors)
+    return RProgram(tuple(a.name for a in e.axes), ("registers", "shared"), tiles, (zeros,) * 2, (True, staged), 1, 0.0)
+
+
+@pytest.mark.parametrize("staged", (False, True))
+@pytest.mark.parametrize("op", ("+=", "*=", "min=", "max="))
+def test_fused_ragged_reduction_writes_back_exactly_its_tile(op, staged):
+    """Issue 12: with i, j fused (315 outputs) a thread tile of 3 crosses rows of 35, and the
+    write-back of a tile was the box of whole rows: wrong outputs, or a loop of non-constant
+    extent that could not be unrolled. Now the accumulator is laid out along the fused axis:
+    3 registers per thread, and the kernel (threads run serially on this CPU) matches numpy."""
+    e = fuse_axes(build_expr(f"M[i,j] {op} A[k,i,j]", dict(i=9, j=35, k=301)))
+    program = _gpu_program(e, {"ij": (3, 96), "k": (1, 16)}, staged)
+    built = build_kernel(e, program, device("v100"), template=CudaTemplate())
+    assert built.ok, built.error
+    assert "float M_local_ptr[3];" in built.source
+    inputs = random_inputs(e, seed=0)
+    check = check_output(e, inputs, run_serially(e, program, device("v100"), inputs))
+    assert check.correct, check.error
+
+
+def test_a_one_element_shared_tile_is_copied():
+    """A staged input whose block tile is one element (C[q], q of extent 1) left compute_at no
+    copy loop to spread over the threads; the copy gets a unit loop."""
+    e = fuse_axes(build_expr("Y[i,j] max= C[q] + A[i,j,p]", dict(i=12, j=23, p=2, q=1)))
+    program = _gpu_program(e, {"ij": (1, 64), "p": (1, 2), "q": (1, 1)}, True)
+    built = build_kernel(e, program, device("v100"), template=CudaTemplate())
+    assert built.ok, built.error
+    assert "__shared__" in built.source
+    inputs = random_inputs(e, seed=0)
+    check = check_output(e, inputs, run_serially(e, program, device("v100"), inputs))
+    assert check.correct, check.error

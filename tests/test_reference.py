@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import tvm
 
+from workbench.codegen.verify import TOLERANCE, check_output, degenerate
 from workbench.errors import UserError
 from workbench.ops import catalog, reference
 from workbench.ops.expr_lang import build_expr, parse
@@ -39,8 +40,10 @@ def test_reference_matches_the_tvm_kernel(op, params):
     tvm.compile(tvm.IRModule({"main": expr.func}), target="llvm")["main"](
         *[tvm.runtime.tensor(a, dev) for a in inputs], out
     )
-    assert want.dtype == np.float32
+    assert want.dtype == np.float64
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+    check = check_output(expr, inputs, out.numpy())  # within verify's tolerance too
+    assert check.correct, check.error
 
 
 def _ref(op, params, inputs):
@@ -110,6 +113,8 @@ EXPRESSIONS = [
     ("B[i,k] max= A[i,j] - A2[k,j]", dict(i=5, j=9, k=4)),
     ("P[i] *= A[i,j] + 2", dict(i=6, j=7)),
     ("C[b,i,j] += A[b,i,k] * B[b,k,j]", dict(b=2, i=5, j=6, k=7)),
+    ("S[i] += exp(A[i,j]) - B[j,i]", dict(i=6, j=6)),
+    ("M[i] min= A[i,j] * B[j,i]", dict(i=4, j=9)),
 ]
 
 
@@ -118,9 +123,11 @@ def test_chunked_evaluation_equals_whole(monkeypatch, text, extents):
     rng = np.random.default_rng(2)
     expr = build_expr(text, extents)
     arrays = [rng.uniform(-1, 1, shape) for shape in input_shapes(expr)]
-    whole = evaluate(parse(text), extents, arrays)
+    whole = reference.reference_with_scale(expr, arrays)
     monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 7)  # forces splits of spatial and reduce axes
-    np.testing.assert_allclose(evaluate(parse(text), extents, arrays), whole, rtol=1e-12)
+    chunked = reference.reference_with_scale(expr, arrays)
+    np.testing.assert_allclose(chunked.value, whole.value, rtol=1e-12)
+    np.testing.assert_allclose(chunked.scale, whole.scale, rtol=1e-9)  # the statistics combine exactly
 
 
 def test_einsum_path_equals_matmul():
@@ -133,3 +140,111 @@ def test_inputs_are_checked():
         evaluate(parse("C[i] = A[i]"), dict(i=3), [np.zeros(4)])
     with pytest.raises(UserError, match="the operator takes 2 inputs, got 1"):
         reference.reference(catalog.build("gemv", dict(M=3, K=4)), [np.zeros((3, 4))])
+
+
+def _loops(text, extents, arrays, combine, start):
+    """An expression's output by explicit Python loops over every axis (an independent oracle)."""
+    st = parse(text)
+    spatial, red = st.spatial_axes, st.reduce_axes
+    tensors = {name: np.asarray(a, dtype=np.float64) for name, a in zip(st.inputs, arrays)}
+    out = np.full([extents[a] for a in spatial], start, dtype=np.float64)
+    for where in np.ndindex(*out.shape):
+        for inner in np.ndindex(*[extents[a] for a in red]):
+            env = dict(zip(spatial, where)) | dict(zip(red, inner))
+            out[where] = combine(out[where], _value(st.value, env, tensors))
+    return out
+
+
+def _value(node, env, tensors):
+    from workbench.ops.expr_syntax import Binary, Ref
+
+    if isinstance(node, Ref):
+        return tensors[node.tensor][tuple(sum(c * env[a] for a, c in i.terms) + i.const for i in node.indices)]
+    assert isinstance(node, Binary) and node.op == "*"
+    return _value(node.left, env, tensors) * _value(node.right, env, tensors)
+
+
+def test_broadcast_reduction_reference():
+    """Issue 12: `C[i,j] += A[i,k] * B[k]` (j read by no input) made np.einsum refuse the output
+    subscript, so correct kernels were recorded as failed."""
+    text, extents = "C[i,j] += A[i,k] * B[k]", dict(i=3, j=4, k=5)
+    expr = build_expr(text, extents)
+    inputs = random_inputs(expr, seed=1)
+    got = reference.reference_with_scale(expr, inputs)
+    want = _loops(text, extents, inputs, lambda acc, t: acc + t, 0.0)
+    np.testing.assert_allclose(got.value, want, rtol=1e-12)
+    assert np.all(got.value == got.value[:, :1])  # equal along the broadcast j
+    assert np.all(got.scale > 0)
+    lib = tvm.compile(tvm.IRModule({"main": expr.func}), target="llvm")
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros((3, 4), "float32"), dev)
+    lib["main"](*[tvm.runtime.tensor(a, dev) for a in inputs], out)
+    assert check_output(expr, inputs, out.numpy()).correct
+
+
+def test_product_inputs_stay_near_one_so_301_terms_neither_under_nor_overflow():
+    """Issue 12: uniform [-1, 1] inputs made a 301-term product underflow to 0 in float32, which
+    any kernel "matched"; per-combiner inputs keep |product| near 1 with both signs."""
+    expr = build_expr("M[i,j] *= A[k,i,j]", dict(i=9, j=35, k=301))
+    (a,) = random_inputs(expr, seed=0)
+    assert (a > 0).any() and (a < 0).any()
+    ref = reference.reference_with_scale(expr, [a])
+    logs = np.log(np.abs(ref.value))
+    assert -8 < logs.min() and logs.max() < 8 and 0.3 < logs.std() < 3  # std(log|P|) ~ 1 by design
+    assert (ref.value > 0).any() and (ref.value < 0).any()
+    assert degenerate(ref, "float32") == ""
+    uniform = np.random.default_rng(0).uniform(-1, 1, a.shape).astype(np.float32)
+    assert "writing zeros would pass" in degenerate(reference.reference_with_scale(expr, [uniform]), "float32")
+
+
+@pytest.mark.parametrize(
+    "text, positive, away",
+    [
+        ("Y[i] = log(A[i]) + B[i]", True, True),
+        ("Y[i] += sqrt(A[i,k])", True, True),
+        ("Y[i] = A[i] / B[i]", False, True),
+        ("Y[i] = A[i] / 2", False, False),
+        ("Y[i] max= A[i,k] - B[k]", False, False),
+    ],
+)
+def test_inputs_stay_in_the_domain(text, positive, away):
+    st = parse(text)
+    extents = {a: 50 for a in st.spatial_axes + st.reduce_axes}
+    for x in random_inputs(build_expr(text, extents), seed=3):
+        assert (x.min() > 0) == positive
+        assert (np.abs(x).min() >= 0.5) == away
+        assert np.abs(x).max() <= 1.5
+
+
+def test_error_scale_follows_the_reduction_length():
+    """Zero-mean sums: the scale grows like K (the accumulation's random walk over partial sums
+    of size sqrt(K)); same-sign sums like K^1.5. Max and min of plain reads are exact."""
+    def scale(text, k, low):
+        expr = build_expr(text, dict(i=64, k=k))
+        x = np.random.default_rng(0).uniform(low, 1.0, input_shapes(expr)[0])
+        return float(np.median(reference.reference_with_scale(expr, [x]).scale))
+
+    for low, power in ((-1.0, 1.0), (0.0, 1.5)):
+        ratio = scale("S[i] += A[i,k]", 4096, low) / scale("S[i] += A[i,k]", 256, low)
+        assert 16**power / 2 < ratio < 16**power * 2
+    assert scale("S[i] max= A[i,k]", 300, -1.0) == 0.0
+    assert scale("S[i] max= exp(A[i,k])", 300, -1.0) > 0.0
+
+
+def test_equal_terms_round_alike():
+    """`max(A[i], B[i,k] - 3)` is A[i] for every k: adding one value K times in a row rounds the
+    same way each time, an error K times one rounding, not sqrt(K) times. The error scale counts
+    the equal terms; without that, this correct (unscheduled, sequential) kernel would fail."""
+    k = 4096
+    expr = build_expr("S[i] += max(A[i], B[i,k] - 3.0)", dict(i=64, k=k))
+    inputs = random_inputs(expr, seed=0)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(64, "float32"), dev)
+    tvm.compile(tvm.IRModule({"main": expr.func}), target="llvm")["main"](
+        *[tvm.runtime.tensor(a, dev) for a in inputs], out
+    )
+    assert check_output(expr, inputs, out.numpy()).correct
+    ref = reference.reference_with_scale(expr, inputs)
+    error = np.abs(out.numpy() - ref.value)
+    independent = TOLERANCE * np.finfo(np.float32).eps * (ref.scale / np.sqrt(k) + np.abs(ref.value))
+    assert np.any(error > independent)

@@ -240,11 +240,11 @@ def _checked_time(name: str, expr: TensorExpr, inputs, run: Callable, note: str)
     """Check `run()` (on `inputs`) against the reference, then time it (the check is the warm-up)."""
     import numpy as np
 
-    from workbench.codegen.verify import compare, tolerances
-    from workbench.ops.reference import reference
+    from workbench.codegen.verify import compare
+    from workbench.ops.reference import reference_with_scale
 
-    ref = reference(expr, inputs)
-    check = compare(np.asarray(run()).reshape(ref.shape), ref, *tolerances(expr))
+    ref = reference_with_scale(expr, inputs)
+    check = compare(np.asarray(run()).reshape(ref.value.shape), ref, expr.dtype)
     if not check.correct:
         return BaselineResult(name, error=f"wrong result: {check.error}", note=note)
     return BaselineResult(name, seconds=best_seconds(run), note=note)

@@ -137,8 +137,8 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
     import numpy as np
     import tvm
 
-    from workbench.codegen.verify import compare, tolerances
-    from workbench.ops.reference import random_inputs, reference
+    from workbench.codegen.verify import check_output
+    from workbench.ops.reference import random_inputs
 
     entry, out_arg = built.entry, built.args[-1]
     inputs = random_inputs(expr, timing.seed)
@@ -146,7 +146,7 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
     out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
     module[entry](*arrays, out)
     dev.sync()
-    check = compare(out.numpy(), reference(expr, inputs), *tolerances(expr))
+    check = check_output(expr, inputs, out.numpy())
     if not check.correct:
         return check, ()
     flush = timing.flush_cache and built.target_kind == "llvm"
