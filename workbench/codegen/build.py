@@ -87,9 +87,14 @@ def pick_template(device: DeviceSpec, templates: Sequence[Template] | None = Non
     raise ScheduleError(f"no schedule template for a {device.kind} device ({device.name})")
 
 
-def build_kernel(expr: TensorExpr, program: RProgram, device: DeviceSpec, template: Template | None = None) -> Kernel:
+def build_kernel(
+    expr: TensorExpr, program: RProgram, device: DeviceSpec, template: Template | None = None, sources: bool = True
+) -> Kernel:
     """Schedule `program` with `template` (default: the one for `device.kind`), compile it for
-    `device.target_dict()`, and return the `Kernel`; failures come back as `ok=False`."""
+    `device.target_dict()`, and return the `Kernel`; failures come back as `ok=False`.
+
+    `sources=False` leaves `Kernel.sources` empty: rendering LLVM IR and assembly costs about as
+    much as compiling a small kernel, wasted where the kernel is only run (profile builds)."""
     start = time.perf_counter()
     target = target_dict(device)
     stage = "schedule"
@@ -99,7 +104,7 @@ def build_kernel(expr: TensorExpr, program: RProgram, device: DeviceSpec, templa
         sch = chosen.schedule(expr, program, device)
         stage = "compile"
         executable = _compile(sch.mod, target)
-        sources = _sources(executable, target)
+        texts = _sources(executable, target) if sources else ()
     except Exception as err:  # TVM raises many error types; every one is this candidate's failure
         return Kernel(ok=False, error=f"{stage}: {first_line(err)}", target=json.dumps(target, sort_keys=True),
                       build_seconds=time.perf_counter() - start)
@@ -110,7 +115,7 @@ def build_kernel(expr: TensorExpr, program: RProgram, device: DeviceSpec, templa
         args=args,
         tvmscript=sch.mod.script(),
         trace_python="\n".join(sch.trace.as_python()),
-        sources=sources,
+        sources=texts,
         build_seconds=time.perf_counter() - start,
         executable=executable,
     )

@@ -228,7 +228,7 @@ def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float
     from workbench.codegen.build import build_kernel
     from workbench.codegen.common import first_line
 
-    kernel = build_kernel(expr, program, device)
+    kernel = build_kernel(expr, program, device, sources=False)  # only the library is kept
     if not kernel.ok:
         return BuiltCandidate(rank, predicted, ok=False, error=kernel.error, build_seconds=kernel.build_seconds)
     start = time.perf_counter()
