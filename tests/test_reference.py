@@ -248,3 +248,20 @@ def test_equal_terms_round_alike():
     error = np.abs(out.numpy() - ref.value)
     independent = TOLERANCE * np.finfo(np.float32).eps * (ref.scale / np.sqrt(k) + np.abs(ref.value))
     assert np.any(error > independent)
+
+
+def test_interleaved_equal_terms_keep_the_tolerance_tight():
+    """Only runs of equal terms round alike: where A[i] is near 0, `max(A[i], B[i,k])` equals A[i]
+    for about half the k, at random places, so the variance grows by about the mean run length
+    (~3), not by the group size (~K/2), and a lost term is still far outside the tolerance."""
+    k = 4096
+    expr = build_expr("S[i] += max(A[i], B[i,k])", dict(i=64, k=k))
+    inputs = random_inputs(expr, seed=0)
+    ref = reference.reference_with_scale(expr, inputs)
+    a, b = (x.astype(np.float64) for x in inputs)
+    terms = np.maximum(a[:, None], b)
+    distinct = np.sqrt(k / 6 * np.square(terms).sum(1) + k / 3 * np.square(terms.sum(1)))
+    middle = np.abs(a) < 0.2
+    assert middle.sum() > 5 and np.all(ref.scale[middle] < 2 * distinct[middle])
+    lost = ref.value - terms.max(axis=1)
+    assert not check_output(expr, inputs, lost.astype(np.float32)).correct

@@ -19,9 +19,11 @@ gives the whole argument. In short:
   sums, whose squares add up, in a random order of the terms, to about
   K/6 * sum t^2 + K/3 * (sum t)^2. That grows like K for zero-mean terms, so an O(1) mistake (a
   lost or doubled term) stays far above it, and like K^1.5 when the terms share a sign, where
-  no float kernel does better. Equal terms are the exception: adding one value r times in a row
-  rounds the same way each time, so groups of r_g equal terms multiply the variance by
-  sum_g r_g^2 / K (counted from the terms themselves, e.g. `min(C[p], ...)` that always picks C).
+  no float kernel does better. Runs of equal terms are the exception: adding one value r times
+  in a row rounds the same way each time, so runs of r_g equal terms along a reduce axis
+  multiply the variance by sum_g r_g^2 / K (counted from the terms themselves, e.g.
+  `max(A[i], B[i,k] - 3)` that is always A[i]; the axis with the longest runs counts, as the
+  kernel's tiling decides which one it walks innermost).
 - `*=`: each term's error times the product of the other terms (equal factors counted as
   above), and the K roundings of the running product, each relative and so carried into the
   result as a relative error whatever the partial products' sizes:
@@ -218,9 +220,9 @@ def _check_inputs(shapes: Sequence[tuple[int, ...]], arrays: Sequence[np.ndarray
 def _sum_scale(total, squares, error_squares, terms: int, repeats=None):
     """Scale of a sum of `terms` terms from the sum, the sum of squares of the terms and of their
     error scales: independent roundings, so variances add (module docstring). `repeats` is
-    sum_g r_g^2 over groups of r_g equal terms (`terms` when all differ): adding one value r
-    times in a row rounds the same way each time, r times one rounding, which raises the
-    variance by repeats / terms."""
+    sum_g r_g^2 over runs of r_g consecutive equal terms (`terms` when none repeat): adding one
+    value r times in a row rounds the same way each time, r times one rounding, which raises
+    the variance by repeats / terms."""
     spread = 1.0 if repeats is None else repeats / terms
     return np.sqrt(spread * (terms * squares / 6.0 + terms * np.square(total) / 3.0 + error_squares))
 
@@ -396,35 +398,49 @@ def _einsum(st: Statement, tensors: Mapping[str, np.ndarray], ext: Mapping[str, 
     return value, _sum_scale(value, squares, (len(refs) - 1) ** 2 * squares, terms)
 
 
-def _reduce_terms(op: str, value: np.ndarray, error: np.ndarray) -> tuple:
-    """Statistics of the terms along the last axis, from which `_finish` makes value and scale.
+def _reduce_terms(op: str, value: np.ndarray, error: np.ndarray, n_reduce: int) -> tuple:
+    """Statistics of the terms over the last `n_reduce` axes, from which `_finish` makes value
+    and scale.
 
     `+=`: (sum, sum of squares, sum of squared term errors, `_repeats`). `*=`: (product, sum
     over terms of the squared term error times the product of the other terms' magnitudes,
     `_repeats`: equal factors carry equal errors). `max=` / `min=`: (extreme, largest term
     error).
     """
+    repeats = _repeats(value, n_reduce) if op in ("+=", "*=") else None
+    value = value.reshape(value.shape[: value.ndim - n_reduce] + (-1,))
+    error = error.reshape(value.shape)
     if op == "+=":
-        return value.sum(-1), np.square(value).sum(-1), np.square(error).sum(-1), _repeats(value)
+        return value.sum(-1), np.square(value).sum(-1), np.square(error).sum(-1), repeats
     if op == "*=":
         size = np.abs(value)
         ones = np.ones_like(size[..., :1])
         before = np.cumprod(np.concatenate([ones, size[..., :-1]], axis=-1), axis=-1)
         after = np.flip(np.cumprod(np.concatenate([ones, np.flip(size[..., 1:], -1)], axis=-1), axis=-1), -1)
-        return value.prod(-1), np.square(error * before * after).sum(-1), _repeats(value)
+        return value.prod(-1), np.square(error * before * after).sum(-1), repeats
     extreme = value.max(-1) if op == "max=" else value.min(-1)
     return extreme, error.max(-1)
 
 
-def _repeats(value: np.ndarray) -> np.ndarray:
-    """sum_g r_g^2 along the last axis, r_g the sizes of the groups of equal values: the length
-    plus twice the number of equal pairs, counted in sorted order as each element's position in
-    its run of equal values."""
-    ordered = np.sort(value, axis=-1)
-    position = np.arange(ordered.shape[-1])
-    starts = np.concatenate([np.ones_like(ordered[..., :1], dtype=bool), ordered[..., 1:] != ordered[..., :-1]], -1)
-    run_start = np.maximum.accumulate(np.where(starts, position, 0), axis=-1)
-    return ordered.shape[-1] + 2.0 * (position - run_start).sum(-1)
+def _repeats(value: np.ndarray, n_reduce: int) -> np.ndarray:
+    """Per reduce axis (the last dimension of the result): sum_g r_g^2 over the runs of r_g
+    equal terms along that axis, summed over the other reduce axes.
+
+    Only consecutive equal terms round alike (a different term in between moves the partial sum
+    off the pattern), and which reduce axis a kernel walks innermost depends on its tiling, so
+    `_finish` takes the axis with the longest runs.
+    """
+    first = value.ndim - n_reduce
+    terms = prod(value.shape[first:])
+    per_axis = []
+    for axis in range(first, value.ndim):
+        along = np.moveaxis(value, axis, -1)
+        position = np.arange(along.shape[-1])
+        starts = np.concatenate([np.ones_like(along[..., :1], dtype=bool), along[..., 1:] != along[..., :-1]], -1)
+        run_start = np.maximum.accumulate(np.where(starts, position, 0), axis=-1)
+        pairs = (position - run_start).sum(-1)  # each term counts the equal ones just before it
+        per_axis.append(terms + 2.0 * pairs.reshape(pairs.shape[:first] + (-1,)).sum(-1))
+    return np.stack(per_axis, axis=-1)
 
 
 def _combine(op: str, a: tuple, b: tuple) -> tuple:
@@ -441,10 +457,10 @@ def _finish(op: str, stats: tuple, terms: int):
     """(value, scale) from a reduction's statistics over `terms` terms (or an elementwise pair)."""
     if op == "+=":
         total, squares, errors, repeats = stats
-        return total, _sum_scale(total, squares, errors, terms, repeats)
+        return total, _sum_scale(total, squares, errors, terms, repeats.max(-1))
     if op == "*=":
         product, propagated, repeats = stats
-        return product, np.sqrt(propagated * repeats / terms + terms * np.square(product))
+        return product, np.sqrt(propagated * repeats.max(-1) / terms + terms * np.square(product))
     return stats
 
 
@@ -454,8 +470,8 @@ def _evaluate_box(st: Statement, order: tuple[str, ...], box: tuple, tensors: Ma
 
     A box too big to broadcast at once is halved along its longest spatial axis, the halves
     concatenated; once it holds one output, along its longest reduce axis, the halves combined
-    with `_combine` (which misses equal terms across the halves: beyond CHUNK_ELEMENTS terms per
-    output, repeated terms are counted per chunk).
+    with `_combine` (which cuts the runs of equal terms at the border of the halves, beyond
+    CHUNK_ELEMENTS terms per output).
     """
     sizes = [hi - lo for lo, hi in box]
     n_spatial = len(st.spatial_axes)
@@ -477,8 +493,7 @@ def _evaluate_box(st: Statement, order: tuple[str, ...], box: tuple, tensors: Ma
     value, error = (np.broadcast_to(x, sizes) for x in _node(st.value, grids, tensors))
     if st.op == "=":
         return (np.array(value), np.array(error)), 1
-    flat = sizes[:n_spatial] + [-1]
-    return _reduce_terms(st.op, value.reshape(flat), error.reshape(flat)), prod(sizes[n_spatial:])
+    return _reduce_terms(st.op, value, error, len(sizes) - n_spatial), prod(sizes[n_spatial:])
 
 
 def _through(error, slope):
