@@ -102,7 +102,7 @@ def _program(e, chains: dict) -> RProgram:
     """A (registers, L1, L2) program with the given tile chain per axis (top first)."""
     tiles = tuple(tuple(chains[a.name][layer] for a in e.axes) for layer in range(3))
     zeros = tuple(0 for _ in e.tensors)
-    return RProgram(tuple(a.name for a in e.axes), ("registers", "L1", "L2"), tiles, (zeros,) * 3, (True,) * 3, 1, 0.0)
+    return RProgram(tuple(a.name for a in e.axes), ("registers", "L1", "L2"), tiles, (zeros,) * 3, (True,) * 3, 1, 0.0, e)
 
 
 _CHAIN = st.tuples(st.integers(1, 6), st.integers(1, 3), st.integers(1, 4)).map(

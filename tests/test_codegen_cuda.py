@@ -160,13 +160,13 @@ def test_epilogue_is_folded_into_the_register_write_back(case, store):
 def test_vthreads_stride_the_register_tile_without_changing_threads():
     fused, program = pinned("matmul", *MATMUL_64)
     spec = device("v100")
-    sch = CudaTemplate(vthreads=(("j", 2),)).schedule(fused, program, spec)
+    sch = CudaTemplate().schedule(fused, replace(program, vthreads=(("j", 2),)), spec)
     used = gpu_resources(sch, spec)
     assert (used.threads, used.vthreads) == (block_threads(fused, program), 2)
     with pytest.raises(ScheduleError, match="not a spatial axis"):
-        CudaTemplate(vthreads=(("k", 2),)).schedule(fused, program, spec)
+        CudaTemplate().schedule(fused, replace(program, vthreads=(("k", 2),)), spec)
     with pytest.raises(ScheduleError, match="do not divide"):
-        CudaTemplate(vthreads=(("j", 3),)).schedule(fused, program, spec)
+        CudaTemplate().schedule(fused, replace(program, vthreads=(("j", 3),)), spec)
 
 
 def test_programs_beyond_the_target_limits_are_refused():
@@ -240,7 +240,7 @@ def run_serially(fused, program, spec, inputs) -> np.ndarray:
 def _gpu_program(e, chains: dict, staged: bool) -> RProgram:
     tiles = tuple(tuple(chains[a.name][layer] for a in e.axes) for layer in range(2))
     zeros = tuple(0 for _ in e.tensors)
-    return RProgram(tuple(a.name for a in e.axes), ("registers", "shared"), tiles, (zeros,) * 2, (True, staged), 1, 0.0)
+    return RProgram(tuple(a.name for a in e.axes), ("registers", "shared"), tiles, (zeros,) * 2, (True, staged), 1, 0.0, e)
 
 
 @pytest.mark.parametrize("staged", (False, True))

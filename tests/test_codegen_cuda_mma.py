@@ -172,4 +172,5 @@ def test_programs_off_the_wmma_path_say_why():
 
 def test_vthreads_are_refused_on_the_wmma_path():
     with pytest.raises(ScheduleError, match="vthreads"):
-        CudaTemplate(vthreads=(("j", 2),)).schedule(*candidate("h100", "square"), device("h100"))
+        fused, program = candidate("h100", "square")
+        CudaTemplate().schedule(fused, replace(program, vthreads=(("j", 2),)), device("h100"))

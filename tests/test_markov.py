@@ -100,9 +100,10 @@ def test_probabilities_sum_to_one_and_illegal_moves_get_none(name):
                     axis = alt.action.axis
                     illegal = (
                         space.over_capacity(state.layer, alt.tile, upper)
-                        or not space.fits_below(state.layer, alt.tile, state.eps, policy.stages_below(state.eps))
-                        or (state.layer == 0 and state.vthreads and alt.tile[axis] % state.vthreads[axis])
+                        or not space.fits_below(state.layer, alt.tile, state.eps, space.stages_below(state.eps))
                     )
+                    # sizes the virtual threads do not divide are not legal actions: never offered
+                    assert not (state.layer == 0 and state.vthreads and alt.tile[axis] % state.vthreads[axis])
                     assert space.aligned(state.layer, alt.tile, upper, state.eps)
                     assert (alt.probability == 0) == bool(illegal), (alt, state)
         for axis, size in enumerate(state.tile):
@@ -185,7 +186,7 @@ def test_candidates_are_within_every_limit(name):
     for cand in candidates:
         assert_within_limits(s.space, cand.program)
         axes = [s.space.axes[a] for a in s.space.expr.spatial]
-        for axis, v in cand.vthreads:
+        for axis, v in cand.program.vthreads:
             assert axis in axes and v in (2, 4, 8)
             assert cand.program.register_tile[s.space.axes.index(axis)] % v == 0
 
@@ -216,16 +217,16 @@ def test_new_actions_check_their_rules():
         apply(space, state, Action("inv_tile", 0, 1, 2))
     assert apply(space, state, Action("inv_tile", 0, 1, 1)).tile == (1, 1, 1)
     with pytest.raises(IllegalAction, match="divide"):
-        apply(space, state, Action("set_vthread", 0, 1, 4))
+        apply(space, state, Action("set_vthread", 0, 1, count=4))
     with pytest.raises(IllegalAction, match="spatial"):
-        apply(space, state, Action("set_vthread", 0, 2, 1))
-    split = apply(space, state, Action("set_vthread", 0, 1, 2))
+        apply(space, state, Action("set_vthread", 0, 2, count=1))
+    split = apply(space, state, Action("set_vthread", 0, 1, count=2))
     assert split.vthreads == (1, 2, 1)
     with pytest.raises(IllegalAction, match="virtual threads"):
         apply(space, split, Action("inv_tile", 0, 1, 1))
     cpu = Space(matmul(64, 64, 64), device("tiny-cpu"))
     with pytest.raises(IllegalAction, match="GPU"):
-        apply(cpu, cpu.initial_state(0.05), Action("set_vthread", 0, 0, 1))
+        apply(cpu, cpu.initial_state(0.05), Action("set_vthread", 0, 0, count=1))
 
 
 # -- faces ------------------------------------------------------------------------------------------

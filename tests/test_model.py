@@ -60,9 +60,10 @@ def check_consistent(calc, dev, program, est):
             moved[src] = moved.get(src, 0) + calc.traffic_bytes(tile)
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
+    assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
     if dev.kind == "gpu":
         assert est.threads == thread_count(calc.expr, program.unit_tile, program.register_tile)
-        smem = footprint_at(calc, dev, program, dev.unit_layer_index)
+        smem = est.footprints[dev.unit_layer_index]
         if est.blocks_per_unit > 1:
             assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
             assert smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
@@ -85,7 +86,7 @@ def test_candidate_estimates_are_consistent_and_reproducible(dev, name):
     calc = TileCalculus(c.expr)
     assert c.candidates
     for cand in c.candidates:
-        est = estimate(calc, c.device, cand.program)
+        est = estimate(cand.program, c.device)
         assert est == cand.estimate  # a pure function of (program, device)
         check_consistent(calc, c.device, cand.program, est)
         json.dumps(est.to_dict())
@@ -95,11 +96,10 @@ def test_candidate_estimates_are_consistent_and_reproducible(dev, name):
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_doubling_the_bottleneck_bandwidth_never_slows_a_program(dev, name):
     c = constructed(dev, name)
-    calc = TileCalculus(c.expr)
     for cand in c.candidates:
         old = cand.estimate
         neck = None if old.bottleneck == "compute" else old.bottleneck
-        new = estimate(calc, _faster(c.device, neck), cand.program)
+        new = estimate(cand.program, _faster(c.device, neck))
         assert new.predicted_seconds <= old.predicted_seconds
         if neck is not None:
             assert dict(new.load_seconds)[neck] == pytest.approx(dict(old.load_seconds)[neck] / 2)
@@ -107,7 +107,7 @@ def test_doubling_the_bottleneck_bandwidth_never_slows_a_program(dev, name):
             assert new.compute_seconds == pytest.approx(old.compute_seconds / 2)
         # and slowing any layer never speeds it up
         for layer in dict(old.load_seconds):
-            assert estimate(calc, _faster(c.device, layer, 0.5), cand.program).predicted_seconds >= old.predicted_seconds
+            assert estimate(cand.program, _faster(c.device, layer, 0.5)).predicted_seconds >= old.predicted_seconds
 
 
 @st.composite
@@ -129,10 +129,10 @@ def matmul_program(draw):
 @given(matmul_program())
 def test_random_programs_have_consistent_monotone_estimates(case):
     calc, dev, program = case
-    est = estimate(calc, dev, program)
+    est = estimate(program, dev)
     check_consistent(calc, dev, program, est)
     for layer in [None, *dict(est.load_seconds)]:
-        assert estimate(calc, _faster(dev, layer), program).predicted_seconds <= est.predicted_seconds
+        assert estimate(program, _faster(dev, layer)).predicted_seconds <= est.predicted_seconds
 
 
 def test_waves_count_partial_waves_as_whole():
@@ -145,10 +145,10 @@ def test_blocks_per_unit_limited_by_threads_registers_and_shared_memory():
     calc = TileCalculus(matmul(4096, 4096, 4096))
     # 8x8 register tile (64 + 16 floats: 80 registers) in a 128x128x8 block: 256 threads
     program = make_program(calc, dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
-    threads, bpu = blocks_per_unit(calc, dev, program)
+    threads, bpu = blocks_per_unit(program, dev)
     assert threads == 256
-    regs = footprint_at(calc, dev, program, 0) // 4
-    smem = footprint_at(calc, dev, program, 1)
+    regs = footprint_at(dev, program, 0) // 4
+    smem = footprint_at(dev, program, 1)
     assert bpu == min(2048 // 256, 65536 // (256 * regs), 49152 // smem)
 
 
@@ -166,12 +166,25 @@ def test_rprogram_round_trips_and_pads_shared_inputs_only():
     dev = device("v100")
     calc = TileCalculus(matmul(512, 512, 512))
     program = make_program(calc, dev, [(4, 4, 1), (64, 64, 32)], (True, True), 0.1)
-    assert RProgram.from_dict(json.loads(json.dumps(program.to_dict()))) == program
+    assert RProgram.from_dict(json.loads(json.dumps(program.to_dict())), program.expr) == program
     assert program.grid == (512 // 64) ** 2
     assert program.unit_tile == (64, 64, 32) and program.register_tile == (4, 4, 1)
     assert program.tile_dict(1) == {"i": 64, "j": 64, "k": 32}
     assert program.padding[0] == (0, 0, 0)
     # A [64, 32] read by [4, 1]: (32 - 32 % 32 + 1) % 32 = 1; B [32, 64] read by [1, 4]: 4; C: none
     assert program.padding[1] == (1, 4, 0)
-    assert footprint_at(calc, dev, program, 1) == (64 * 33 + 32 * 68) * 4  # no output in shared
-    assert footprint_at(calc, dev, program, 0) == (4 + 4 + 16) * 4
+    assert footprint_at(dev, program, 1) == (64 * 33 + 32 * 68) * 4  # no output in shared
+    assert footprint_at(dev, program, 0) == (4 + 4 + 16) * 4
+
+
+def test_rprogram_carries_its_virtual_threads_through_json():
+    dev = device("v100")
+    calc = TileCalculus(matmul(512, 512, 512))
+    program = make_program(calc, dev, [(4, 8, 1), (64, 64, 32)], (True, True), 0.1, (("j", 2),))
+    data = json.loads(json.dumps(program.to_dict()))
+    assert data["vthreads"] == {"j": 2}
+    back = RProgram.from_dict(data, program.expr)
+    assert back == program and back.vthreads == (("j", 2),)
+    assert RProgram.from_dict(data | {"vthreads": {}}, program.expr) != program  # vthreads are part of the value
+    # the model needs nothing beside the program and the device: the program carries its expression
+    assert back.expr == calc.expr and estimate(back, dev) == estimate(program, dev)

@@ -5,17 +5,20 @@ input are reported, not raised."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import lru_cache
 
 import pytest
 
-from tests.helpers import TINY_CPU, matmul
+from tests.helpers import TINY_CPU, device, matmul
+from workbench.codegen.build import build_kernel
+from workbench.codegen.export import export_candidate
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.profile.fake import FakeRunner
 from workbench.profile.runner import Timing
-from workbench.profile.session import profile_candidates
+from workbench.profile.session import build_candidates, profile_candidates
 from workbench.profile.store import RunStore
 
 FAST = Timing(repeat=3, min_repeat_ms=1)
@@ -74,3 +77,23 @@ def test_bad_input_is_a_user_error():
         profile_candidates(c.expr, TINY_CPU, c.candidates, runner="rpc")
     with pytest.raises(UserError, match="no candidates"):
         profile_candidates(c.expr, TINY_CPU, (), runner="fake")
+
+
+def test_a_markov_gpu_candidate_is_profiled_and_exported_with_the_same_virtual_threads(tmp_path):
+    """The library a profile session builds (build_candidates, in a worker) embeds the CUDA source
+    of the candidate's program, virtual threads included, and that is the source the export
+    bundle ships; without its virtual threads the program is a different kernel."""
+    c = construct(matmul(512, 512, 512), device("v100"), "markov", Options(topk=4))
+    cand = next(x for x in c.candidates if x.program.vthreads)
+    (tmp_path / "libs").mkdir()
+    (built,) = build_candidates(c.expr, c.device, [cand], tmp_path / "libs", jobs=1)
+    assert built.ok, built.error
+    exported = export_candidate(c.expr, cand, c.device, tmp_path / "bundle", policy="markov")
+    source = (tmp_path / "bundle" / "kernel.cu").read_text()
+    assert source == exported.kernel.source
+    library = (tmp_path / "libs" / f"candidate-{cand.rank:03d}.so").read_bytes()
+    assert source.encode() in library  # the CUDA module keeps its source beside its code
+    plain = build_kernel(c.expr, replace(cand.program, vthreads=()), c.device).source
+    assert plain != source and plain.encode() not in library
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert manifest["rprogram"]["vthreads"] == dict(cand.program.vthreads)

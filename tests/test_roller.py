@@ -23,7 +23,6 @@ from test_invariants import assert_within_limits
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import AlignContext, next_aligned_sizes
-from workbench.rtile.rprogram import footprint_at
 from workbench.rtile.traffic import TileCalculus
 
 WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))
@@ -107,7 +106,7 @@ def test_matmul_grows_along_the_axis_of_highest_reuse(wid, dev):
             for a, s in enumerate(sizes)
             if s is not None
         }
-        assert sizes[act.axis] == act.amount
+        assert sizes[act.axis] == act.size
         assert {alt.action.axis for alt in step.alternatives} == set(brute)
         for alt in step.alternatives:
             assert alt.score == pytest.approx(brute[alt.action.axis], rel=1e-9)
@@ -144,7 +143,7 @@ def test_prime_matmul_gets_candidates_by_widening_eps():
     strict.run_to_end()
     # with no waste allowed only 1 and the whole axis align: no block of a warp of threads exists
     widened = [s for s in strict.steps if s.action.kind == "widen_eps"]
-    assert widened and widened[0].action.amount > 0
+    assert widened and widened[0].action.eps > 0
     candidates = strict.candidates()
     assert len(candidates) >= 5 and all(c.program.eps > 0.0 for c in candidates)
     for cand in candidates:
@@ -188,10 +187,9 @@ def test_tensor_core_alignment_for_half_precision_matmul(dev):
     spec = device(dev)
     built = construct(expr("matmul", "float16", M=1024, N=1024, K=1024), spec)
     assert built.candidates
-    calc = TileCalculus(built.expr)
     for cand in built.candidates:
         assert all(s % f == 0 for s, f in zip(cand.program.tiles[0], spec.tensor_core_fragment))
-        assert footprint_at(calc, spec, cand.program, 0) <= spec.layers[0].capacity_bytes
+        assert cand.estimate.footprints[0] <= spec.layers[0].capacity_bytes
 
 
 def test_no_tensor_cores_without_mma_units_or_for_float32():

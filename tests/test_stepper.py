@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.construct.graph import ConstructionGraph, node_key
-from workbench.construct.space import Options
+from workbench.construct.space import Options, Space, replay
 from workbench.construct.stepper import Stepper, construct
 from workbench.errors import UserError
 
@@ -92,6 +92,38 @@ def test_emitted_nodes_are_exactly_the_candidates(name):
         assert emitted[key].tile == cand.program.unit_tile
     made = [s.candidate for s in stepper.steps if s.candidate is not None]
     assert len(made) == len(stepper.candidates()) <= stepper.options.topk
+
+
+@pytest.mark.parametrize("policy", ["roller", "markov"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_candidate_replays_to_its_program(name, policy):
+    stepper = finished(name) if policy == "roller" else _markov(name)
+    candidates = stepper.candidates()
+    assert candidates
+    for cand in candidates:
+        assert cand.device == stepper.space.device and cand.expr == stepper.space.expr
+        assert cand.actions[0].kind == "start" and cand.actions[-1].kind == "emit"
+        assert replay(stepper.space, cand.actions) == cand.program
+        assert replay(Space(cand.expr, cand.device), cand.actions) == cand.program  # from the candidate alone
+    if name == "mm-v100" and policy == "markov":  # virtual threads replay too
+        assert any(c.program.vthreads for c in candidates)
+
+
+def test_replay_refuses_actions_that_do_not_build_a_program():
+    stepper = finished("mm-v100")
+    actions = stepper.candidates()[0].actions
+    with pytest.raises(UserError, match="start action"):
+        replay(stepper.space, actions[1:])
+    with pytest.raises(UserError, match="not the bottom layer"):
+        replay(stepper.space, actions[:1])
+
+
+@cache
+def _markov(name: str) -> Stepper:
+    base = CASES[name]()
+    stepper = Stepper(base.original, base.space.device, "markov", Options(topk=4))
+    stepper.run_to_end()
+    return stepper
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -16,8 +16,6 @@ from helpers import ROOT, device, matmul
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.models.rammer import ROperator, rkernel, schedule
-from workbench.rtile.rprogram import footprint_at
-from workbench.rtile.traffic import TileCalculus
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
 from workbench.viz.tiles import state_tiles
@@ -117,9 +115,7 @@ def test_tile_view_footprints_are_the_core_footprints():
     c = construction()
     best = c.candidates[0]
     view = TileView.from_candidate(c.expr, c.device, best)
-    calc = TileCalculus(c.expr)
-    expected = tuple((footprint_at(calc, c.device, best.program, l), c.device.layers[l].capacity_bytes)
-                     for l in range(len(best.program.tiles)))
+    expected = tuple((f, c.device.layers[l].capacity_bytes) for l, f in enumerate(best.estimate.footprints))
     assert view.footprints() == expected
     bars = plotted(view.footprint_view)["data"][0]
     assert bars["y"] == [c.device.layers[l].name for l in range(len(expected))]

@@ -198,23 +198,18 @@ def _construct(args, workload):
 
 def construction_dict(c, workload) -> dict:
     """The JSON document of `workbench construct` (CLI.md)."""
-    from workbench.rtile.traffic import TileCalculus
-
-    calc = TileCalculus(c.expr)
     return {
         "workload": {"label": workload.describe(), **c.expr.workload_dict()},
         "device": c.device.name,
         "policy": c.policy,
         "construct_seconds": c.seconds,
-        "candidates": [candidate_dict(calc, c.device, cand) for cand in c.candidates],
+        "candidates": [candidate_dict(cand) for cand in c.candidates],
         "graph": c.graph.counts(),
     }
 
 
-def candidate_dict(calc, device, cand) -> dict:
-    from workbench.rtile.rprogram import footprint_at
-
-    program = cand.program
+def candidate_dict(cand) -> dict:
+    program, device = cand.program, cand.device
     return {
         "rank": cand.rank,
         "predicted_seconds": cand.predicted_seconds,
@@ -225,13 +220,13 @@ def candidate_dict(calc, device, cand) -> dict:
             {
                 "name": name,
                 "tile": program.tile_dict(l),
-                "footprint_bytes": footprint_at(calc, device, program, l),
+                "footprint_bytes": cand.estimate.footprints[l],
                 "capacity_bytes": device.layers[l].capacity_bytes,
             }
             for l, name in enumerate(program.layers)
         ],
         "rprogram": program.to_dict(),
-        "vthreads": dict(cand.vthreads),
+        "vthreads": dict(program.vthreads),
         "estimate": cand.estimate.to_dict(),
     }
 

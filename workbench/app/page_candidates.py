@@ -55,8 +55,8 @@ def _table(s, cands, result) -> None:
             row["error"] = errors.get(c.rank, "")
         row |= {"bottleneck": c.estimate.bottleneck, "grid": c.program.grid, "waves": c.estimate.waves}
         row |= {name: shape_text(t) for name, t in zip(c.program.layers, c.program.tiles)}
-        if c.vthreads:
-            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.vthreads)
+        if c.program.vthreads:
+            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.program.vthreads)
         rows.append(row)
     st.caption("tiles per layer as " + " x ".join(s.space.axes) + "; selected points pick candidates")
     micro = st.column_config.NumberColumn(format="%.2f")
@@ -67,7 +67,7 @@ def _roofline(s, cands, result) -> None:
     device = s.space.device
     points = roofline_points(cands, device.layers[-1].name, _measured(result))
     layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
-    _selectable(roofline_figure(layers, peak_gflops(s.space.calc, device), points), CHART_KEYS[0])
+    _selectable(roofline_figure(layers, peak_gflops(s.space.expr, device), points), CHART_KEYS[0])
 
 
 def _comparison(result) -> None:

@@ -121,17 +121,6 @@ def build_kernel(
     )
 
 
-def build_candidate(expr: TensorExpr, candidate, device: DeviceSpec) -> Kernel:
-    """`build_kernel` for a constructed candidate: a Markov candidate's virtual threads go to
-    the CUDA template (the default template otherwise)."""
-    template = None
-    if device.kind == "gpu" and candidate.vthreads:
-        from workbench.codegen.cuda import CudaTemplate
-
-        template = CudaTemplate(vthreads=candidate.vthreads)
-    return build_kernel(expr, candidate.program, device, template)
-
-
 def target_dict(device: DeviceSpec) -> dict:
     """The TVM target of `device`; a CPU spec without one gets plain LLVM on its cores."""
     if device.kind == "cpu":

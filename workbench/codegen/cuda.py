@@ -56,11 +56,10 @@ class _Nest:
 
 @dataclass(frozen=True)
 class CudaTemplate:
-    """Roller's GPU template. `vthreads` pairs a spatial axis name with a virtual-thread count
-    that strides that axis's register tile over the block (TVM `vthread`); none by default."""
+    """Roller's GPU template. A program's `vthreads` pair a spatial axis name with a
+    virtual-thread count that strides that axis's register tile over the block (TVM `vthread`)."""
 
     name: str = "cuda"
-    vthreads: tuple[tuple[str, int], ...] = ()
 
     def applies(self, device: DeviceSpec) -> bool:
         return device.kind == "gpu"
@@ -71,7 +70,7 @@ class CudaTemplate:
         if len(program.tiles) != 2:
             raise ScheduleError(f"a GPU program has two layers (registers, shared), got {len(program.tiles)}")
         wmma = unsupported(expr, program, device) is None
-        if wmma and self.vthreads:
+        if wmma and program.vthreads:
             raise ScheduleError("vthreads stride CUDA-core register tiles; a tensor-core program has none")
         if not wmma:
             # Tensor-core programs the WMMA path cannot take (`cuda_mma.unsupported` names why:
@@ -86,7 +85,7 @@ class CudaTemplate:
             if wmma:
                 sch = schedule_wmma(expr, program, device)
             else:
-                sch = _schedule(expr, program, device, dict(self.vthreads))
+                sch = _schedule(expr, program, device, dict(program.vthreads))
         except ScheduleError:
             raise
         except Exception as err:  # a TVM primitive refused the program

@@ -35,7 +35,7 @@ import zipfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from workbench.codegen.build import Kernel, build_candidate
+from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.common import first_line
 from workbench.codegen.verify import Verification, verify
 from workbench.errors import UserError
@@ -157,8 +157,9 @@ def export_candidate(
 
 
 def build_apart(expr: TensorExpr, candidate, device: DeviceSpec) -> Kernel:
-    """`build_candidate` in a worker process, for callers that must survive a compiler crash (the
-    dashboard); the Kernel comes back without its executable, a crash as `ok=False`."""
+    """`build_kernel` of a candidate in a worker process, for callers that must survive a
+    compiler crash (the dashboard); the Kernel comes back without its executable, a crash as
+    `ok=False`."""
     worker = Worker()
     try:
         outcome = worker.call(_built, (expr, candidate, device), BUILD_TIMEOUT_S)
@@ -343,12 +344,12 @@ def accept(rank: int, outcome: Outcome) -> Check:
 
 def _built(expr, candidate, device) -> Kernel:
     """Runs in a worker: the kernel without its executable (which cannot leave the process)."""
-    return replace(build_candidate(expr, candidate, device), executable=None)
+    return replace(build_kernel(expr, candidate.program, device), executable=None)
 
 
 def _build_files(expr, candidate, device, folder: str) -> tuple[Kernel, dict]:
     """Runs in the worker: build `candidate` and write its files (not the manifest) to `folder`."""
-    kernel = build_candidate(expr, candidate, device)
+    kernel = build_kernel(expr, candidate.program, device)
     files = _write_files(kernel, expr, Path(folder)) if kernel.ok else {}
     return replace(kernel, executable=None), files
 
@@ -368,7 +369,7 @@ def check_here(kernel: Kernel, library: str, expr, candidate, device: DeviceSpec
         return Check(None, reason)
     here = host_target(device.target_dict())
     hosted = replace(device, target=tuple(sorted(here.items())))
-    return Check(None, reason, verify(build_candidate(expr, candidate, hosted), expr, seed), json.dumps(here, sort_keys=True))
+    return Check(None, reason, verify(build_kernel(expr, candidate.program, hosted), expr, seed), json.dumps(here, sort_keys=True))
 
 
 def _verification_dict(check: Check, seed: int) -> dict:

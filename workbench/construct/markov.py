@@ -7,8 +7,8 @@ stepper's vocabulary: `grow` (Gensor's tile: next aligned size of one axis), `in
 aligned size), `descend` (Gensor's cache: record the tile, go to the next layer) and
 `set_vthread`. Every legal action gets a benefit, benefits become probabilities, and a walk
 picks actions by roulette wheel under simulated annealing. A walk that reaches the bottom layer
-emits an rProgram (scaled out over the units, shrunk like Roller-S while the grid is smaller
-than the units) and the next walk starts again from the initial state.
+emits an rProgram (`Policy.emit`: scaled out over the units, shrunk like Roller-S while the grid
+is smaller than the units) and the next walk starts again from the initial state.
 
 The paper's formulas were lost in extraction. Reconstruction (ours, ALGORITHMS.md §2):
 - grow: Roller's reuse ratio S = (Q(T) - Q(T')) / (F(T') - F(T)). A legal move that buys no
@@ -28,8 +28,9 @@ The paper's formulas were lost in extraction. Reconstruction (ours, ALGORITHMS.m
 - P(a) = B_a / sum of positive B, with the weights of descend and set_vthread multiplied by T0 / T
   (ours for set_vthread: its benefit is a speed ratio like descend's, many orders of magnitude
   below the reuse ratios, so unscaled a thread's tile would never be split); 0 for a move over a
-  capacity or a thread limit, one leaving no aligned tile that fits the next layer, or one whose
-  virtual threads no longer divide the tile (misaligned sizes are never offered).
+  capacity or a thread limit or one leaving no aligned tile that fits the next layer. Only legal
+  actions are offered (`space.legal_actions`): never a misaligned size, nor one the virtual
+  threads do not divide.
 - Annealing: T starts at T0 and halves every iteration; a move to a state whose program is
   predicted slower by the fraction delta is accepted with probability exp(-delta / T). Ours: T
   restarts at T0 after each descend, else every layer below the first would be entered cold and
@@ -40,16 +41,16 @@ The paper's formulas were lost in extraction. Reconstruction (ours, ALGORITHMS.m
 from __future__ import annotations
 
 import random
-from collections import Counter
 from dataclasses import replace
 from math import exp, inf
 from typing import Iterator
 
 from workbench.construct.banks import ThreadBinding, stored_tile, wavefronts
-from workbench.construct.graph import Edge, Node
-from workbench.construct.space import EPS_STEPS, Action, IllegalAction, Options, Space, State, apply, with_axis
-from workbench.construct.step import Alternative, Candidate, Step, make_node, state_key
-from workbench.rtile.alignment import initial_tile, mma_axes, next_aligned_sizes, prev_aligned_sizes
+from workbench.construct.graph import Edge
+from workbench.construct.policy import Policy
+from workbench.construct.space import Action, IllegalAction, Kind, State, apply, legal_actions, with_axis
+from workbench.construct.step import Alternative, Step
+from workbench.rtile.alignment import initial_tile, mma_axes
 from workbench.rtile.model import estimate
 from workbench.rtile.rprogram import storage_padding
 
@@ -59,25 +60,32 @@ WALKS_PER_TOPK = 2  # walks per eps round, per program asked for: walks repeat p
 INV_WEIGHT = 1 / 16
 FLOOR_WEIGHT = 1 / 256
 FREE_WEIGHT = 16.0
-VTHREAD_COUNTS = (1, 2, 4, 8)  # Gensor's setVthread sizes; 1 undoes a split
-ANNEALED = ("descend", "set_vthread")  # weights multiplied by T0 / T
+ANNEALED = (Kind.DESCEND, Kind.SET_VTHREAD)  # weights multiplied by T0 / T
 
 
-class MarkovPolicy:
+class MarkovPolicy(Policy):
     name = "markov"
+    NOTES = {
+        **Policy.NOTES,
+        "emit": Policy.NOTES["emit"] + "; restart",
+        "repeated": "this rProgram was emitted before: restart",
+        "walk": "walk from the smallest aligned tile {tile}, eps {eps}",
+        "stuck": "no legal action: walk abandoned",
+        "rejected": "{what}: rejected, predicted {delta:+.1f}% (accepted with probability {p:.3g} at T={t:.3g})",
+        "accepted": "{what}: benefit {score:.4g}, probability {p:.3g}, predicted {delta:+.1f}%",
+        "over": "over capacity: does not fit {layer} (or the block's thread limits)",
+        "over_below": "over capacity: leaves no aligned tile that fits {layer}",
+        "no_fit_below": "over capacity: the smallest tile at {layer} does not fit",
+        "waves": "{base} -> {waves} shared-memory wavefronts per warp",
+    }
+    marker_temperature = T0
 
-    def __init__(self, space: Space, options: Options):
-        self.space = space
-        self.options = options
+    def __init__(self, space, options):
+        super().__init__(space, options)
         self.rng = random.Random(options.seed)
-        self.candidates: list[Candidate] = []
-        self._emitted: set = set()
-        self._visits: Counter = Counter()
-        self._count = 0
         self._moves: dict = {}
         self._times: dict = {}
         self._waves: dict = {}
-        self._no_reuse: dict = {}
         self.n = space.n_tile_layers
 
     # -- public questions ----------------------------------------------------------------------
@@ -106,53 +114,51 @@ class MarkovPolicy:
         key = (state.layer, state.tile, state.recorded, state.eps)
         if key not in self._times:
             tiles = self._completion(state)
-            program = self._scaled_out(tiles, state.eps, self._cached(tiles, state.eps))[0] if tiles else None
-            self._times[key] = estimate(self.space.calc, self.space.device, program).predicted_seconds if program else inf
+            program = self.space.scaled_out(tiles, state.eps) if tiles else None
+            self._times[key] = estimate(program, self.space.device).predicted_seconds if program else inf
         return self._times[key]
 
     # -- driver --------------------------------------------------------------------------------
-    def steps(self) -> Iterator[Step]:
-        schedule = [self.options.eps] + [e for e in EPS_STEPS if e > self.options.eps]
-        for i, eps in enumerate(schedule):
-            if i:
-                note = f"too few programs ({len(self.candidates)} < {self.options.topk}): raise eps to {eps}"
-                yield self._marker(None, Action("widen_eps", amount=round(eps * 1000)), note)
-            start = self.space.initial_state(eps)
-            if start is None:
-                continue
-            for _ in range(WALKS_PER_TOPK * self.options.topk):
-                if self._count >= self.options.max_steps:
-                    return
-                emitted = yield from self._walk(start)
-                if not emitted and not self._moves_of_legal(start):
-                    break  # a dead start: no walk can leave it at this eps
-            if len(self.candidates) >= self.options.topk:
-                return
+    def round(self, eps: float) -> Iterator[Step]:
+        """Annealed walks from the initial state at `eps` (WALKS_PER_TOPK per program asked for)."""
+        start = self.space.initial_state(eps)
+        if start is None:
+            return False
+        for _ in range(WALKS_PER_TOPK * self.options.topk):
+            if self.out_of_steps:
+                return True
+            emitted = yield from self._walk(start)
+            if not emitted and not any(ok for _, ok in self._moves_of(start)):
+                break  # a dead start: no walk can leave it at this eps
+        return self.enough
 
     def _walk(self, state: State) -> Iterator[Step]:
         """One annealed walk from `state` down to the bottom layer; True when it emitted."""
-        note = f"walk from the smallest aligned tile {dict(zip(self.space.axes, state.tile))}, eps {state.eps}"
-        yield self._record(Step(state.actions[-1], state, self._node(state, "start"), None, note=note, temperature=T0))
+        note = self.describe("walk", tile=dict(zip(self.space.axes, state.tile)), eps=state.eps)
+        yield self.record(Step(state.actions[-1], state, self.node(state, "start"), None, note=note, temperature=T0))
         temperature, spent, budget = T0, 0, -(-ITERATIONS_PER_WALK // self.n)
         while state.layer < self.n:
-            if self._count >= self.options.max_steps:
+            if self.out_of_steps:
                 return False
             alts = self.transitions(state, temperature)
             if spent >= budget:
-                alts = tuple(replace(a, probability=1.0 if a.action.kind == "descend" and a.probability else 0.0) for a in alts)
+                alts = tuple(replace(a, probability=1.0 if a.action.kind == Kind.DESCEND and a.probability else 0.0) for a in alts)
             chosen = self._roulette(alts)
             if chosen is None:
-                yield self._marker(state, Action("prune_visited", state.layer), "no legal action: walk abandoned", temperature)
+                yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), self.describe("stuck"), temperature)
                 return False
             step, accepted = self._move(state, chosen, alts, temperature)
-            yield self._record(step)
-            if accepted and chosen.action.kind == "descend":
+            yield self.record(step)
+            if accepted and chosen.action.kind == Kind.DESCEND:
                 temperature, spent = T0, 0
             else:
                 temperature, spent = temperature / 2, spent + 1
             state = step.state
-        yield from self._emit(state)
+        yield from self.emit(state)
         return True
+
+    def repeated(self, state: State) -> Iterator[Step]:
+        yield self.marker(state, Action(Kind.PRUNE_VISITED, self.n), self.describe("repeated"))
 
     def _move(self, state: State, chosen: Alternative, alts, temperature: float) -> tuple[Step, bool]:
         nxt = apply(self.space, state, chosen.action)
@@ -160,14 +166,13 @@ class MarkovPolicy:
         what = chosen.action.describe(self.space.axes, self.space.layer_names)
         before, after = self.predicted_seconds(state), self.predicted_seconds(nxt)
         delta = (after - before) / before if before not in (0, inf) else 0.0
-        accept = chosen.action.kind == "descend" or delta <= 0 or self.rng.random() < exp(-delta / temperature)
-        change = f"predicted {delta * 100:+.1f}%"
+        accept = chosen.action.kind == Kind.DESCEND or delta <= 0 or self.rng.random() < exp(-delta / temperature)
         if not accept:
-            note = f"{what}: rejected, {change} (accepted with probability {exp(-delta / temperature):.3g} at T={temperature:.3g})"
-            return Step(chosen.action, state, self._node(state, "explored"), None, alts, note, temperature=temperature), False
-        node = self._node(nxt, "explored", chosen.score)
-        edge = Edge(self._key(state), node.key, what, chosen.score, chosen.probability)
-        note = f"{what}: benefit {chosen.score:.4g}, probability {chosen.probability:.3g}, {change}"
+            note = self.describe("rejected", what=what, delta=delta * 100, p=exp(-delta / temperature), t=temperature)
+            return Step(chosen.action, state, self.node(state, "explored"), None, alts, note, temperature=temperature), False
+        node = self.node(nxt, "explored", score=chosen.score)
+        edge = Edge(self.key(state), node.key, what, chosen.score, chosen.probability)
+        note = self.describe("accepted", what=what, score=chosen.score, p=chosen.probability, delta=delta * 100)
         return Step(chosen.action, nxt, node, edge, alts, note, temperature=temperature), True
 
     def _roulette(self, alts) -> Alternative | None:
@@ -183,60 +188,56 @@ class MarkovPolicy:
 
     # -- benefits ------------------------------------------------------------------------------
     def _moves_of(self, state: State) -> tuple[tuple[Alternative, bool], ...]:
+        """(alternative, within the limits) for every legal action at `state` (`legal_actions`)."""
         key = (state.layer, state.tile, state.recorded, state.vthreads, state.eps)
         if key not in self._moves:
+            legal = legal_actions(self.space, state)
             if state.layer >= self.n:
                 self._moves[key] = ()
             else:
-                self._moves[key] = (*self._tile_moves(state), self._descend_move(state), *self._vthread_moves(state))
+                self._moves[key] = (*self._tile_moves(state, legal), self._descend_move(state), *self._vthread_moves(state, legal))
         return self._moves[key]
 
-    def _moves_of_legal(self, state: State) -> bool:
-        return any(ok for _, ok in self._moves_of(state))
-
-    def _tile_moves(self, state: State):
+    def _tile_moves(self, state: State, legal):
         space, layer, upper = self.space, state.layer, self.space.upper_of(state)
-        ctx = space.context(layer, upper, state.eps)
         scale = space.calc.traffic_bytes(state.tile) / max(1, space.footprint(layer, state.tile, upper))
-        for kind, sizes in (("grow", next_aligned_sizes(ctx, state.tile)), ("inv_tile", prev_aligned_sizes(ctx, state.tile))):
-            for axis, size in enumerate(sizes):
-                if size is None:
-                    continue
-                tile = with_axis(state.tile, axis, size)
-                if kind == "grow":
-                    ratio = space.reuse(layer, state.tile, tile, upper)
-                    benefit = FREE_WEIGHT * scale if ratio == inf else max(ratio, FLOOR_WEIGHT * scale)
-                else:
-                    # a shrink that moves less (less padding past the axis' end) gives up no reuse
-                    ratio = max(0.0, space.reuse(layer, tile, state.tile, upper))
-                    benefit = max(INV_WEIGHT * scale / (1 + ratio / scale), FLOOR_WEIGHT * scale)
-                why = self._illegal(state, tile, axis)
-                yield Alternative(Action(kind, layer, axis, size), tile, benefit, note=why), not why
+        for action in legal:
+            if action.kind not in (Kind.GROW, Kind.INV_TILE):
+                continue
+            tile = with_axis(state.tile, action.axis, action.size)
+            if action.kind == Kind.GROW:
+                ratio = space.reuse(layer, state.tile, tile, upper)
+                benefit = FREE_WEIGHT * scale if ratio == inf else max(ratio, FLOOR_WEIGHT * scale)
+            else:
+                # a shrink that moves less (less padding past the axis' end) gives up no reuse
+                ratio = max(0.0, space.reuse(layer, tile, state.tile, upper))
+                benefit = max(INV_WEIGHT * scale / (1 + ratio / scale), FLOOR_WEIGHT * scale)
+            why = self._over(state, tile)
+            yield Alternative(action, tile, benefit, note=why), not why
 
-    def _illegal(self, state: State, tile, axis: int) -> str:
+    def _over(self, state: State, tile) -> str:
+        """Why `tile` is over a limit at the state's layer ('' when within every limit)."""
         space, layer = self.space, state.layer
         if space.over_capacity(layer, tile, space.upper_of(state)):
-            return f"over capacity: does not fit {space.layer_names[layer]} (or the block's thread limits)"
-        if not space.fits_below(layer, tile, state.eps, self.stages_below(state.eps)):
-            return f"over capacity: leaves no aligned tile that fits {space.layer_names[layer + 1]}"
-        if layer == 0 and state.vthreads and tile[axis] % state.vthreads[axis]:
-            return f"misaligned: {state.vthreads[axis]} virtual threads do not divide {tile[axis]}"
+            return self.describe("over", layer=space.layer_names[layer])
+        if not space.fits_below(layer, tile, state.eps, space.stages_below(state.eps)):
+            return self.describe("over_below", layer=space.layer_names[layer + 1])
         return ""
 
     def _descend_move(self, state: State) -> tuple[Alternative, bool]:
-        action = Action("descend", state.layer)
+        action = Action(Kind.DESCEND, state.layer)
         try:
             nxt = apply(self.space, state, action)
         except IllegalAction as err:
             return Alternative(action, state.tile, 0.0, note=str(err)), False
-        if nxt.layer < self.n and self.space.over_capacity(nxt.layer, nxt.tile, state.tile, self.stages_below(state.eps)):
-            return Alternative(action, nxt.tile, 0.0, note=f"over capacity: the smallest tile at {self.space.layer_names[nxt.layer]} does not fit"), False
+        if nxt.layer < self.n and self.space.over_capacity(nxt.layer, nxt.tile, state.tile, self.space.stages_below(state.eps)):
+            return Alternative(action, nxt.tile, 0.0, note=self.describe("no_fit_below", layer=self.space.layer_names[nxt.layer])), False
         here, below = self.space.device.layers[state.layer], self.space.device.layers[state.layer + 1]
         data = self.space.footprint(state.layer, state.tile, self.space.upper_of(state))
         benefit = (below.latency_ns + data / below.bandwidth_gbps) / (here.latency_ns + data / here.bandwidth_gbps)
         return Alternative(action, nxt.tile if nxt.layer < self.n else state.tile, benefit), True
 
-    def _vthread_moves(self, state: State):
+    def _vthread_moves(self, state: State, legal):
         """Virtual threads of a GPU thread's tile, where its inputs are staged in banked shared
         memory: the CUDA template stages them only for operators with reduce axes and reuse, and
         tensor-core fragments are laid out by the MMA unit, not by threads."""
@@ -246,18 +247,14 @@ class MarkovPolicy:
             return
         block = initial_tile(space.context(1, reg, state.eps)) if self.n > 1 else None
         current = state.vthreads or tuple(1 for _ in reg)
-        if block is None or not self._cached((reg, block), state.eps)[1]:
+        if block is None or not space.stages_below(state.eps):
             return
         base = self._wavefronts(reg, block, current)
-        for axis in space.expr.spatial:
-            if block[axis] == reg[axis]:
+        for action in legal:
+            if action.kind != Kind.SET_VTHREAD or block[action.axis] == reg[action.axis]:
                 continue  # one thread along the axis: striding it moves no lane
-            for v in VTHREAD_COUNTS:
-                if v == current[axis] or reg[axis] % v:
-                    continue
-                new = with_axis(current, axis, v)
-                waves = self._wavefronts(reg, block, new)
-                yield Alternative(Action("set_vthread", 0, axis, v), reg, base / waves, note=f"{base} -> {waves} shared-memory wavefronts per warp"), True
+            waves = self._wavefronts(reg, block, with_axis(current, action.axis, action.count))
+            yield Alternative(action, reg, base / waves, note=self.describe("waves", base=base, waves=waves)), True
 
     def _wavefronts(self, reg, block, vthreads) -> int:
         """Wavefronts the first warp of `block` needs to read its inputs' register tiles from
@@ -286,73 +283,3 @@ class MarkovPolicy:
                 return ()
             tiles.append(nxt)
         return tuple(tiles)
-
-    def stages_below(self, eps: float) -> bool:
-        """Whether programs at `eps` stage data below the top layer: not for an operator without
-        reuse, which loads straight from the bottom (Roller §3.2, decided as Roller does at the
-        initial tile); then a lower layer's capacity does not bound what the top layer holds."""
-        if eps not in self._no_reuse:
-            start = self.space.initial_state(eps)
-            self._no_reuse[eps] = start is not None and self.space.no_reuse(start)
-        return not self._no_reuse[eps]
-
-    def _cached(self, tiles, eps: float) -> tuple[bool, ...]:
-        """Layers that stage data: all, or only the top one (`stages_below`)."""
-        below = self.stages_below(eps)
-        return tuple(l == 0 or below for l in range(len(tiles)))
-
-    def _scaled_out(self, tiles, eps: float, cached) -> tuple:
-        """(program, shrinks): Roller-S, the unit tile shrunk while the grid has fewer tiles than
-        the device has units; `shrinks` lists (axis, tiles) after each shrink."""
-        program, shrinks = self.space.program(tiles, eps, cached), []
-        while program.grid < self.space.device.compute_units:
-            shrunk = self.space.shrink_unit(program.tiles, eps, cached)
-            if shrunk is None:
-                break
-            shrinks.append(shrunk)
-            program = self.space.program(shrunk[1], eps, cached)
-        return program, shrinks
-
-    def _emit(self, state: State) -> Iterator[Step]:
-        eps = state.eps
-        program, shrinks = self._scaled_out(state.recorded, eps, self._cached(state.recorded, eps))
-        for axis, tiles in shrinks:
-            vthreads = tuple(v if t % v == 0 else 1 for v, t in zip(state.vthreads, tiles[0]))
-            shrink = Action("shrink", len(tiles) - 1, axis, tiles[-1][axis])
-            state = State(state.layer, (), tiles, eps, vthreads, state.actions + (shrink,))
-            grid, units = self.space.calc.spatial_tiles(tiles[-1]), self.space.device.compute_units
-            yield self._marker(state, shrink, f"grid {grid}: too few tiles for {units} units, shrink {self.space.axes[axis]} (smallest reuse)")
-        tiles = program.tiles
-        if program.tiles in self._emitted:
-            yield self._marker(state, Action("prune_visited", self.n), "this rProgram was emitted before: restart")
-            return
-        self._emitted.add(program.tiles)
-        est = estimate(self.space.calc, self.space.device, program)
-        pairs = tuple((self.space.axes[a], v) for a, v in enumerate(state.vthreads) if v > 1)
-        cand = Candidate(program, est, vthreads=pairs)
-        self.candidates.append(cand)
-        action = Action("emit", self.n)
-        done = State(state.layer, (), tiles, eps, state.vthreads, state.actions + (action,))
-        node = self._node(done, "emitted", predicted=est.predicted_seconds)
-        edge = Edge(self._key(state), node.key, "emit") if node.key != self._key(state) else None
-        note = f"emit rProgram #{len(self.candidates)}: grid {program.grid}, {est.predicted_seconds * 1e6:.1f} us predicted, bound by {est.bottleneck}; restart"
-        yield self._record(Step(action, done, node, edge, note=note, candidate=cand, temperature=T0))
-
-    # -- step records --------------------------------------------------------------------------
-    def _key(self, state: State) -> str:
-        """The graph key: the Roller key of the tiles, plus the virtual threads where set."""
-        key = state_key(self.space, state)
-        return key + "+v" + "x".join(map(str, state.vthreads)) if any(v > 1 for v in state.vthreads) else key
-
-    def _node(self, state: State, status: str, score=None, predicted=None) -> Node:
-        node = make_node(self.space, state, status, score=score, predicted=predicted)
-        return replace(node, key=self._key(state))
-
-    def _marker(self, state, action, note, temperature=T0) -> Step:
-        return self._record(Step(action, state, None, None, (), note, temperature=temperature))
-
-    def _record(self, step: Step) -> Step:
-        self._count += 1
-        if step.node is not None:
-            self._visits[step.node.key] += 1
-        return step

@@ -10,25 +10,44 @@ policies ask: is a tile aligned, does it fit, is it compute-bound, what are its 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 from math import ceil, gcd
 
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import AlignContext, initial_tile, is_aligned, next_aligned_sizes, thread_count, tile_lanes
+from workbench.rtile.alignment import (
+    AlignContext, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, thread_count, tile_lanes,
+)
 from workbench.rtile.model import is_compute_bound
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
-from workbench.rtile.traffic import TileCalculus
+from workbench.rtile.traffic import calculus
 
 Tile = tuple[int, ...]
 
-# Action kinds. Roller: start, grow, layer_full, compute_saturated, descend, emit, shrink,
-# widen_eps, fuse_axes, prune_visited. Gensor (Markov) adds inv_tile and set_vthread; its
-# "cache" action is our "descend".
-KINDS = (
-    "start", "fuse_axes", "grow", "layer_full", "compute_saturated", "descend", "emit",
-    "shrink", "widen_eps", "prune_visited", "inv_tile", "set_vthread",
-)
+class Kind(str, Enum):
+    """What an action does. Roller's: start, grow, layer_full, compute_saturated, descend, emit,
+    shrink, widen_eps, fuse_axes, prune_visited. Gensor (Markov) adds inv_tile and set_vthread;
+    its "cache" action is our "descend". A `str` so that faces and JSON read the plain name."""
+
+    START = "start"
+    FUSE_AXES = "fuse_axes"
+    GROW = "grow"
+    LAYER_FULL = "layer_full"
+    COMPUTE_SATURATED = "compute_saturated"
+    DESCEND = "descend"
+    EMIT = "emit"
+    SHRINK = "shrink"
+    WIDEN_EPS = "widen_eps"
+    PRUNE_VISITED = "prune_visited"
+    INV_TILE = "inv_tile"
+    SET_VTHREAD = "set_vthread"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RESIZES = (Kind.GROW, Kind.SHRINK, Kind.INV_TILE)  # actions that set one axis of a tile to `size`
 
 
 class IllegalAction(ValueError):
@@ -37,17 +56,29 @@ class IllegalAction(ValueError):
 
 @dataclass(frozen=True, order=True)
 class Action:
-    kind: str
+    """One move. `size`: the new size of `axis` (grow, shrink, inv_tile; the size a Roller
+    branch tried for layer_full / prune_visited); `count`: V of set_vthread; `eps`: the padding
+    bound a round starts at (start) or is raised to (widen_eps)."""
+
+    kind: Kind
     layer: int = -1
     axis: int = -1
-    amount: int = 0  # the new size for grow / shrink / inv_tile; V for set_vthread
+    size: int = 0
+    count: int = 0
+    eps: float = 0.0
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "kind", Kind(self.kind))
+        except ValueError:
+            raise UserError(f"unknown action kind '{self.kind}' (known: {', '.join(k.value for k in Kind)})") from None
 
     def describe(self, axes: tuple[str, ...], layers: tuple[str, ...]) -> str:
         where = f" at {layers[self.layer]}" if 0 <= self.layer < len(layers) else ""
-        if self.kind in ("grow", "shrink", "inv_tile"):
-            return f"{self.kind} {axes[self.axis]} to {self.amount}{where}"
-        if self.kind == "set_vthread":
-            return f"set_vthread {axes[self.axis]} x{self.amount}{where}"
+        if self.kind in RESIZES:
+            return f"{self.kind} {axes[self.axis]} to {self.size}{where}"
+        if self.kind == Kind.SET_VTHREAD:
+            return f"set_vthread {axes[self.axis]} x{self.count}{where}"
         return f"{self.kind}{where}"
 
 
@@ -75,6 +106,7 @@ class Options:
 
 # Roller raises eps "up to 1.0 in steps" when fewer than K programs come out.
 EPS_STEPS = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
+VTHREAD_COUNTS = (1, 2, 4, 8)  # Gensor's setVthread sizes; 1 undoes a split
 
 
 class Space:
@@ -83,12 +115,13 @@ class Space:
     def __init__(self, expr: TensorExpr, device: DeviceSpec):
         self.expr = expr
         self.device = device
-        self.calc = TileCalculus(expr)
+        self.calc = calculus(expr)
         self.n_tile_layers = len(device.layers) - 1  # every layer but the bottom holds a tile
         self.axes = tuple(a.name for a in expr.axes)
         self.layer_names = tuple(l.name for l in device.layers)
         self._aligned: dict[tuple, bool] = {}
         self._shrunk: dict[tuple, tuple | None] = {}
+        self._no_reuse: dict[float, bool] = {}
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
@@ -108,7 +141,7 @@ class Space:
         tile = initial_tile(self.context(0, ones, eps))
         if tile is None or self.over_capacity(0, tile, ones):
             return None
-        return State(0, tile, (), eps, actions=(Action("start", 0),))
+        return State(0, tile, (), eps, actions=(Action(Kind.START, 0, eps=eps),))
 
     def footprint(self, layer: int, tile: Tile, upper: Tile) -> int:
         pad = storage_padding(self.calc, self.device, layer, tile, upper)
@@ -150,6 +183,21 @@ class Space:
         scores = [self.reuse(0, start.tile, with_axis(start.tile, a, s), ones) for a, s in enumerate(sizes) if s]
         return all(s <= 1e-12 for s in scores)
 
+    def stages_below(self, eps: float) -> bool:
+        """Whether programs at `eps` stage data below the top layer: not for an operator without
+        reuse (`no_reuse` at the initial tile), which loads straight from the bottom (Roller
+        §3.2); then a lower layer's capacity does not bound what the top layer holds."""
+        if eps not in self._no_reuse:
+            start = self.initial_state(eps)
+            self._no_reuse[eps] = start is not None and self.no_reuse(start)
+        return not self._no_reuse[eps]
+
+    def cached(self, n_tiles: int, eps: float) -> tuple[bool, ...]:
+        """Layers a program of `n_tiles` tiles at `eps` stages data in: all, or only the top one
+        (`stages_below`)."""
+        below = self.stages_below(eps)
+        return tuple(l == 0 or below for l in range(n_tiles))
+
     def compute_bound(self, layer: int, tile: Tile) -> bool:
         return is_compute_bound(self.calc, self.device, layer, tile, layer + 1)
 
@@ -158,9 +206,15 @@ class Space:
         gpad = storage_padding(self.calc, self.device, layer, grown, upper)
         return self.calc.reuse_score(tile, grown, pad, gpad, holds_output(self.device, layer))
 
-    def program(self, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...] | None = None) -> RProgram:
-        cached = cached or tuple(True for _ in tiles)
-        return make_program(self.calc, self.device, tiles, cached, eps)
+    def program(self, tiles: tuple[Tile, ...], eps: float, vthreads: tuple[int, ...] = ()) -> RProgram:
+        """The rProgram of `tiles` at `eps` (staging as `cached` says) with per-axis virtual
+        threads `vthreads` (empty or 1: none)."""
+        pairs = tuple((self.axes[a], v) for a, v in enumerate(vthreads) if v > 1)
+        return make_program(self.calc, self.device, tiles, self.cached(len(tiles), eps), eps, pairs)
+
+    def program_of(self, state: State) -> RProgram:
+        """The rProgram a state at the bottom layer stands for."""
+        return self.program(state.recorded, state.eps, state.vthreads)
 
     def aligned(self, layer: int, tile: Tile, upper: Tile, eps: float) -> bool:
         key = (layer, tile, upper, eps)
@@ -169,14 +223,27 @@ class Space:
             ok = self._aligned[key] = is_aligned(self.context(layer, upper, eps), tile)
         return ok
 
-    def shrink_unit(self, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]) -> tuple[int, tuple[Tile, ...]] | None:
+    def shrink_unit(self, tiles: tuple[Tile, ...], eps: float) -> tuple[int, tuple[Tile, ...]] | None:
         """Roller-S scale-out (§3.2, small operators): (axis, tiles) with the unit tile shrunk one
         aligned step along the spatial axis of smallest reuse score, or None when none can shrink.
         Shared by every policy that emits programs; memoised."""
-        key = (tiles, eps, cached)
+        key = (tiles, eps)
         if key not in self._shrunk:
-            self._shrunk[key] = _shrink_once(self, tiles, eps, cached)
+            self._shrunk[key] = _shrink_once(self, tiles, eps, self.cached(len(tiles), eps))
         return self._shrunk[key]
+
+    def scaled_out(self, tiles: tuple[Tile, ...], eps: float, vthreads: tuple[int, ...] = ()) -> RProgram:
+        """The program of `tiles` after Roller-S: its unit tile shrunk (`shrink_unit`) while the
+        grid has fewer tiles than the device has units."""
+        program = self.program(tiles, eps, vthreads)
+        while program.grid < self.device.compute_units:
+            shrunk = self.shrink_unit(program.tiles, eps)
+            if shrunk is None:
+                break
+            tiles = shrunk[1]
+            vthreads = tuple(v if t % v == 0 else 1 for v, t in zip(vthreads, tiles[0]))
+            program = self.program(tiles, eps, vthreads)
+        return program
 
 
 def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]):
@@ -238,18 +305,20 @@ def apply(space: Space, state: State, action: Action) -> State:
     """The one pure transition function: the state `action` leads to, or IllegalAction."""
     acts = state.actions + (action,)
     kind = action.kind
-    if kind in ("grow", "shrink", "inv_tile"):
+    if kind == Kind.SHRINK and state.layer == space.n_tile_layers:
+        return _shrink_program(space, state, action)
+    if kind in RESIZES:
         if action.layer != state.layer or not 0 <= action.axis < len(state.tile):
             raise IllegalAction(f"{kind}: layer/axis do not match the state")
-        if kind == "inv_tile" and action.amount >= state.tile[action.axis]:
-            raise IllegalAction(f"inv_tile: {action.amount} does not shrink axis {space.axes[action.axis]}")
-        tile = with_axis(state.tile, action.axis, action.amount)
+        if kind == Kind.INV_TILE and action.size >= state.tile[action.axis]:
+            raise IllegalAction(f"inv_tile: {action.size} does not shrink axis {space.axes[action.axis]}")
+        tile = with_axis(state.tile, action.axis, action.size)
         if not space.aligned(state.layer, tile, space.upper_of(state), state.eps):
-            raise IllegalAction(f"{kind}: size {action.amount} of axis {space.axes[action.axis]} is not aligned")
-        if state.layer == 0 and state.vthreads and action.amount % state.vthreads[action.axis]:
-            raise IllegalAction(f"{kind}: {state.vthreads[action.axis]} virtual threads do not divide {action.amount}")
+            raise IllegalAction(f"{kind}: size {action.size} of axis {space.axes[action.axis]} is not aligned")
+        if state.layer == 0 and state.vthreads and action.size % state.vthreads[action.axis]:
+            raise IllegalAction(f"{kind}: {state.vthreads[action.axis]} virtual threads do not divide {action.size}")
         return replace(state, tile=tile, actions=acts)
-    if kind == "descend":
+    if kind == Kind.DESCEND:
         if state.layer + 1 > space.n_tile_layers:
             raise IllegalAction("descend: already at the lowest layer")
         recorded = state.recorded + (state.tile,)
@@ -259,16 +328,65 @@ def apply(space: Space, state: State, action: Action) -> State:
         if tile is None:
             raise IllegalAction(f"descend: no aligned tile at {space.layer_names[state.layer + 1]}")
         return replace(state, layer=state.layer + 1, tile=tile, recorded=recorded, actions=acts)
-    if kind == "set_vthread":
+    if kind == Kind.SET_VTHREAD:
         _check_vthread(space, state, action)
         v = list(state.vthreads or (1,) * len(state.tile))
-        v[action.axis] = action.amount
+        v[action.axis] = action.count
         return replace(state, vthreads=tuple(v), actions=acts)
-    if kind == "widen_eps":
-        return replace(state, eps=action.amount / 1000, actions=acts)
-    if kind in KINDS:
-        return replace(state, actions=acts)  # markers: no change to the tile
-    raise UserError(f"unknown action kind '{kind}'")
+    if kind == Kind.WIDEN_EPS:
+        return replace(state, eps=action.eps, actions=acts)
+    return replace(state, actions=acts)  # markers: no change to the tile
+
+
+def _shrink_program(space: Space, state: State, action: Action) -> State:
+    """Roller-S at the bottom layer: the program's unit tile shrunk to `size` along `axis` (the
+    tiles above clamped as `_shrunk_stack` says); virtual threads that no longer divide the
+    register tile are dropped."""
+    tiles = state.recorded
+    if not 0 <= action.axis < len(space.axes) or not 0 < action.size < tiles[-1][action.axis]:
+        raise IllegalAction(f"shrink: {action.size} does not shrink the unit tile's axis {action.axis}")
+    new = _shrunk_stack(space, tiles, action.axis, action.size, state.eps, space.cached(len(tiles), state.eps))
+    if new is None:
+        raise IllegalAction(f"shrink: no aligned program within the limits has {space.axes[action.axis]}={action.size}")
+    vthreads = tuple(v if t % v == 0 else 1 for v, t in zip(state.vthreads, new[0]))
+    return replace(state, tile=(), recorded=new, vthreads=vthreads, actions=state.actions + (action,))
+
+
+def legal_actions(space: Space, state: State) -> tuple[Action, ...]:
+    """Every tile move `apply` accepts at `state`, found by trying it (as tinygrad's
+    `get_kernel_actions` does): grow / inv_tile to the next / previous aligned size of each
+    axis, descend, set_vthread to each of VTHREAD_COUNTS. Capacity is the policies' question."""
+    if state.layer >= space.n_tile_layers:
+        return ()
+    ctx = space.context(state.layer, space.upper_of(state), state.eps)
+    tried = [Action(Kind.GROW, state.layer, a, s) for a, s in enumerate(next_aligned_sizes(ctx, state.tile)) if s]
+    tried += [Action(Kind.INV_TILE, state.layer, a, s) for a, s in enumerate(prev_aligned_sizes(ctx, state.tile)) if s]
+    tried.append(Action(Kind.DESCEND, state.layer))
+    current = state.vthreads or space.ones()
+    tried += [Action(Kind.SET_VTHREAD, state.layer, a, count=v) for a in space.expr.spatial for v in VTHREAD_COUNTS if v != current[a]]
+    legal = []
+    for action in tried:
+        try:
+            apply(space, state, action)
+        except IllegalAction:
+            continue
+        legal.append(action)
+    return tuple(legal)
+
+
+def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
+    """The program a candidate's actions build: from the initial state at the start action's
+    eps, every action applied in turn (a candidate's actions end at the bottom layer)."""
+    if not actions or actions[0].kind != Kind.START:
+        raise UserError("replay: actions must begin with a start action")
+    state = space.initial_state(actions[0].eps)
+    if state is None:
+        raise UserError(f"replay: no aligned tile fits {space.layer_names[0]} at eps {actions[0].eps}")
+    for action in actions[1:]:
+        state = apply(space, state, action)
+    if state.layer < space.n_tile_layers:
+        raise UserError(f"replay: the actions end at {space.layer_names[state.layer]}, not the bottom layer")
+    return space.program_of(state)
 
 
 def _check_vthread(space: Space, state: State, action: Action) -> None:
@@ -278,5 +396,5 @@ def _check_vthread(space: Space, state: State, action: Action) -> None:
         raise IllegalAction("set_vthread: only for a GPU thread's tile, at the register layer")
     if action.axis not in space.expr.spatial:
         raise IllegalAction("set_vthread: virtual threads split a spatial axis")
-    if action.amount < 1 or state.tile[action.axis] % action.amount:
-        raise IllegalAction(f"set_vthread: {action.amount} does not divide the thread's tile {state.tile[action.axis]}")
+    if action.count < 1 or state.tile[action.axis] % action.count:
+        raise IllegalAction(f"set_vthread: {action.count} does not divide the thread's tile {state.tile[action.axis]}")

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from workbench.construct.graph import Edge, Node, node_key
 from workbench.construct.space import Action, Space, State
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.model import Estimate
 from workbench.rtile.rprogram import RProgram
 
@@ -25,10 +27,19 @@ class Alternative:
 
 @dataclass(frozen=True)
 class Candidate:
+    """An emitted program, complete: its expression (`program.expr`), the device it was built
+    for, its estimate there, and the actions that built it (`replay(space, actions)` gives the
+    same program)."""
+
     program: RProgram
     estimate: Estimate
+    device: DeviceSpec
+    actions: tuple[Action, ...]
     rank: int = 0
-    vthreads: tuple[tuple[str, int], ...] = ()  # (spatial axis, V) of a GPU thread's tile (Markov)
+
+    @property
+    def expr(self) -> TensorExpr:
+        return self.program.expr
 
     @property
     def predicted_seconds(self) -> float:

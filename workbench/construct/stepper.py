@@ -12,32 +12,25 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from workbench.construct.graph import ConstructionGraph
-from workbench.construct.markov import MarkovPolicy
-from workbench.construct.roller import RollerPolicy
-from workbench.construct.space import Action, Options, Space, State
+from workbench.construct.policies import POLICIES, policy_class
+from workbench.construct.space import Action, Kind, Options, Space, State
 from workbench.construct.step import Candidate, Step
-from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import TensorExpr
 
-POLICIES = {"roller": RollerPolicy, "markov": MarkovPolicy}
-
-
-def register_policy(name: str, policy) -> None:
-    POLICIES[name] = policy
+__all__ = ["POLICIES", "Construction", "Stepper", "construct"]
 
 
 class Stepper:
     """Construction of one workload on one device by one policy, steppable both ways."""
 
     def __init__(self, expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options()):
-        if policy not in POLICIES:
-            raise UserError(f"unknown policy '{policy}' (known: {', '.join(sorted(POLICIES))})")
+        cls = policy_class(policy)
         self.original = expr
         self.space = Space(fuse_axes(expr), device)
         self.options = options
-        self.policy = POLICIES[policy](self.space, options)
+        self.policy = cls(self.space, options)
         self.policy_name = policy
         self.steps: list[Step] = []
         self.position = 0
@@ -48,8 +41,9 @@ class Stepper:
         if self.space.expr.axes != self.original.axes:
             before = "x".join(str(a.extent) for a in self.original.axes)
             after = "x".join(str(a.extent) for a in self.space.expr.axes)
-            state = State(0, (), (), self.options.eps, actions=(Action("fuse_axes"),))
-            yield Step(Action("fuse_axes"), state, None, None, note=f"fuse axes: [{before}] -> [{after}] (Roller §3.2 axis fusion)")
+            action = Action(Kind.FUSE_AXES)
+            state = State(0, (), (), self.options.eps, actions=(action,))
+            yield Step(action, state, None, None, note=f"fuse axes: [{before}] -> [{after}] (Roller §3.2 axis fusion)")
         yield from self.policy.steps()
 
     @property

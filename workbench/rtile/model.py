@@ -1,4 +1,5 @@
-"""Micro-performance model (Roller §3.3): an `Estimate` computed only from (rProgram, device).
+"""Micro-performance model (Roller §3.3): an `Estimate` computed only from (rProgram, device);
+the program carries its expression.
 
 An rProgram is a pipeline (Figure 6): at each layer its tile is loaded from the layer below, and
 the register tile is computed. The stages overlap, so the program runs at the speed of its
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import mma_axes, thread_count, tile_lanes, vector_axis
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
-from workbench.rtile.traffic import TileCalculus
+from workbench.rtile.traffic import TileCalculus, calculus
 
 GB = 1e9
 
@@ -42,6 +44,7 @@ class Estimate:
     occupancy: float  # resident threads / max resident threads (GPU); 1 on CPUs
     bottleneck: str  # "compute" or the name of the layer whose loads are slowest
     predicted_seconds: float
+    footprints: tuple[int, ...] = ()  # per program layer: bytes its tile occupies (`footprint_at`)
 
     def to_dict(self) -> dict:
         return {
@@ -56,6 +59,7 @@ class Estimate:
             "occupancy": self.occupancy,
             "bottleneck": self.bottleneck,
             "predicted_seconds": self.predicted_seconds,
+            "footprint_bytes": list(self.footprints),
         }
 
 
@@ -67,15 +71,15 @@ def source_layer(program: RProgram, layer: int, n_layers: int) -> int:
     return n_layers - 1
 
 
-def blocks_per_unit(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> tuple[int, int]:
+def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
     """(threads per block, blocks resident per unit). GPUs: limited by threads, registers and
     shared memory (the per-block capacity is used as the per-SM budget: conservative); CPUs run
     one work item per core at a time."""
     if device.kind != "gpu":
         return 1, 1
-    threads = thread_count(calc.expr, program.unit_tile, program.register_tile, tile_lanes(calc.expr, device))
-    regs = max(1, footprint_at(calc, device, program, 0) // 4)
-    smem = max(1, footprint_at(calc, device, program, device.unit_layer_index))
+    threads = thread_count(program.expr, program.unit_tile, program.register_tile, tile_lanes(program.expr, device))
+    regs = max(1, footprint_at(device, program, 0) // 4)
+    smem = max(1, footprint_at(device, program, device.unit_layer_index))
     unit_layer = device.layers[device.unit_layer_index]
     by_threads = device.max_threads_per_unit // threads
     by_regs = device.registers_per_unit // (threads * regs)
@@ -83,13 +87,13 @@ def blocks_per_unit(calc: TileCalculus, device: DeviceSpec, program: RProgram) -
     return threads, max(1, min(by_threads, by_regs, by_smem))
 
 
-def compute_efficiency(calc: TileCalculus, device: DeviceSpec, program: RProgram, threads: int, bpu: int) -> float:
+def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu: int) -> float:
     """Fraction of peak the register tile can reach. GPU: each warp scheduler needs a warp
     (TEU group). CPU: lanes wasted when the vectorised axis is not a multiple of the SIMD width."""
     if device.kind == "gpu":
         warps = ceil(threads / device.warp_size) * bpu
         return min(1.0, warps / device.teu_per_unit)
-    axis = vector_axis(calc.expr)
+    axis = vector_axis(program.expr)
     if axis is None:
         return 1.0 / device.warp_size  # scalar code
     size = program.register_tile[axis]
@@ -97,15 +101,17 @@ def compute_efficiency(calc: TileCalculus, device: DeviceSpec, program: RProgram
     return size / (ceil(size / lanes) * lanes)
 
 
-def peak_gflops(calc: TileCalculus, device: DeviceSpec) -> float:
+def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
     """MaxComputePerf: the MMA units' peak for tensor-core programs, else the ALUs'."""
-    return device.peak(calc.expr.dtype, tensor_core=mma_axes(calc.expr, device) is not None)
+    return device.peak(expr.dtype, tensor_core=mma_axes(expr, device) is not None)
 
 
-def estimate(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> Estimate:
+def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     """Predicted time and its parts for `program` on `device`."""
-    expr = calc.expr
-    threads, bpu = blocks_per_unit(calc, device, program)
+    expr = program.expr
+    calc = calculus(expr)
+    footprints = tuple(footprint_at(device, program, l) for l in range(len(program.tiles)))
+    threads, bpu = blocks_per_unit(program, device)
     units = device.compute_units
     busy = min(1.0, program.grid / units)
     n_waves = waves(program.grid, units * bpu)
@@ -114,8 +120,8 @@ def estimate(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> Estim
     volume = prod(calc.extents)
     padded = calc.padded_volume(program.unit_tile)
     padded_flops = int(expr.flops * padded / volume)
-    eff = compute_efficiency(calc, device, program, threads, bpu)
-    compute = padded_flops / (peak_gflops(calc, device) * GB * busy * eff)
+    eff = compute_efficiency(program, device, threads, bpu)
+    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff)
 
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
@@ -141,6 +147,7 @@ def estimate(calc: TileCalculus, device: DeviceSpec, program: RProgram) -> Estim
         occupancy=occupancy,
         bottleneck=bottleneck,
         predicted_seconds=stages[bottleneck] * quantization,
+        footprints=footprints,
     )
 
 
@@ -148,5 +155,5 @@ def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, s
     """Roller's stop test MemPerf(T) > MaxComputePerf: with all units busy, loading the operator
     in tiles T from `source` takes no longer than computing it."""
     load = calc.traffic_bytes(tile) / (device.layers[source].bandwidth_gbps * GB)
-    compute = calc.expr.flops / (peak_gflops(calc, device) * GB)
+    compute = calc.expr.flops / (peak_gflops(calc.expr, device) * GB)
     return load <= compute

@@ -4,17 +4,21 @@ Layers are listed top (registers) first; each tile is a multiple of the one befo
 tile is the unit tile (one SM's thread block / one core's work item) and `grid` counts unit tiles
 over the spatial axes. `cached[l]` is False where the program does not stage data in layer l
 (Roller: operators without reuse build the top tile only and load straight from the bottom).
+`vthreads` pairs a spatial axis with the virtual threads a GPU thread's tile is split into
+(Gensor's setVthread). A program carries its expression, so the model and codegen need nothing
+beside it and the device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import ceil
 from typing import Sequence
 
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import tile_lanes
-from workbench.rtile.traffic import TileCalculus, bank_padding
+from workbench.rtile.traffic import TileCalculus, bank_padding, calculus
 
 Tile = tuple[int, ...]
 
@@ -28,6 +32,8 @@ class RProgram:
     cached: tuple[bool, ...]
     grid: int
     eps: float
+    expr: TensorExpr = field(repr=False)  # as constructed (after axis fusion)
+    vthreads: tuple[tuple[str, int], ...] = ()  # (spatial axis, V > 1) of a GPU thread's tile
 
     @property
     def unit_tile(self) -> Tile:
@@ -49,10 +55,12 @@ class RProgram:
             ],
             "grid": self.grid,
             "eps": self.eps,
+            "vthreads": dict(self.vthreads),
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RProgram":
+    def from_dict(cls, data: dict, expr: TensorExpr) -> "RProgram":
+        """The program `to_dict` wrote, for `expr` (written beside it: `TensorExpr.to_dict`)."""
         axes = tuple(data["axes"])
         layers = data["layers"]
         return cls(
@@ -63,6 +71,8 @@ class RProgram:
             cached=tuple(bool(l["cached"]) for l in layers),
             grid=int(data["grid"]),
             eps=float(data["eps"]),
+            expr=expr,
+            vthreads=tuple((str(a), int(v)) for a, v in data.get("vthreads", {}).items()),
         )
 
 
@@ -85,7 +95,8 @@ def storage_padding(
 
 
 def make_program(
-    calc: TileCalculus, device: DeviceSpec, tiles: Sequence[Tile], cached: Sequence[bool], eps: float
+    calc: TileCalculus, device: DeviceSpec, tiles: Sequence[Tile], cached: Sequence[bool], eps: float,
+    vthreads: tuple[tuple[str, int], ...] = (),
 ) -> RProgram:
     """Assemble an rProgram from per-layer tiles (top first): padding and grid follow."""
     tiles = tuple(tuple(t) for t in tiles)
@@ -101,6 +112,8 @@ def make_program(
         cached=tuple(cached),
         grid=calc.spatial_tiles(tiles[-1]),
         eps=eps,
+        expr=calc.expr,
+        vthreads=tuple(vthreads),
     )
 
 
@@ -135,9 +148,9 @@ def layer_capacity(device: DeviceSpec, layer: int) -> int:
     return capacity
 
 
-def footprint_at(calc: TileCalculus, device: DeviceSpec, program: RProgram, layer: int) -> int:
+def footprint_at(device: DeviceSpec, program: RProgram, layer: int) -> int:
     """Footprint of a program's tile at `layer` (see `layer_footprint`)."""
-    return layer_footprint(calc, device, layer, program.tiles[layer], program.padding[layer])
+    return layer_footprint(calculus(program.expr), device, layer, program.tiles[layer], program.padding[layer])
 
 
 def waves(grid: int, slots: int) -> int:

@@ -13,6 +13,7 @@ upper layers), so padding waste shows up in Q.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import ceil, prod
 from typing import Sequence
 
@@ -96,3 +97,10 @@ class TileCalculus:
         if df <= 0:
             return float("inf") if dq > 0 else 0.0
         return dq / df
+
+
+@lru_cache(maxsize=16)
+def calculus(expr: TensorExpr) -> TileCalculus:
+    """The one TileCalculus of `expr`, so that everything asking about the same expression
+    (construction, the model, faces) shares its memo."""
+    return TileCalculus(expr)

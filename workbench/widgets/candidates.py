@@ -24,7 +24,6 @@ from workbench.profile.session import (
 )
 from workbench.profile.store import RunStore
 from workbench.rtile.model import peak_gflops
-from workbench.rtile.traffic import TileCalculus
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
 from workbench.viz.fmt import micros, shape_text
 from workbench.viz.roofline import roofline_figure, roofline_points
@@ -78,14 +77,14 @@ class CandidateTable(widgets.VBox):
             row["measured us"] = self.measured[cand.rank] * 1e6 if cand.rank in self.measured else None
             row |= {"bottleneck": cand.estimate.bottleneck, "grid": cand.program.grid, "waves": cand.estimate.waves}
             row |= {name: shape_text(t) for name, t in zip(cand.program.layers, cand.program.tiles)}
-            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in cand.vthreads) or None
+            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in cand.program.vthreads) or None
             rows.append(row)
         note = f"<p>tiles per layer as {' x '.join(a.name for a in c.expr.axes)}; picked row highlighted</p>"
         self.table.value = note + html_table(rows, marked=[r == self.rank for r in self.by_rank])
         device = c.device
         points = roofline_points(list(self.by_rank.values()), device.layers[-1].name, self.measured)
         layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
-        self.roofline_view.show(roofline_figure(layers, peak_gflops(TileCalculus(c.expr), device), points))
+        self.roofline_view.show(roofline_figure(layers, peak_gflops(c.expr, device), points))
 
 
 class PredictedVsMeasured(widgets.VBox):

@@ -1,0 +1,169 @@
+"""The policy base: the registry, the eps schedule, shared emission (scale-out, Roller-S, the
+candidate and its replayable actions), step bookkeeping, typed actions and `legal_actions`."""
+
+import re
+
+import pytest
+from helpers import device, expr, matmul
+
+from workbench.construct.policies import POLICIES, policy_class
+from workbench.construct.policy import Policy
+from workbench.construct.stepper import Stepper
+from workbench.construct.space import (
+    EPS_STEPS, Action, IllegalAction, Kind, Options, Space, apply, legal_actions, replay,
+)
+from workbench.errors import UserError
+
+
+class Descent(Policy):
+    """A policy in a dozen lines: the initial tile at every layer, straight down, then emit."""
+
+    name = "descent"
+
+    def round(self, eps):
+        state = self.space.initial_state(eps)
+        if state is None:
+            return False
+        while state.layer < self.space.n_tile_layers:
+            state = apply(self.space, state, Action(Kind.DESCEND, state.layer))
+        yield from self.emit(state)
+        return self.enough
+
+
+class Nothing(Policy):
+    """Never emits: every round ends unfinished."""
+
+    name = "nothing"
+
+    def round(self, eps):
+        return False
+        yield
+
+
+def test_the_registry_holds_every_policy_under_its_name():
+    assert set(POLICIES) == {"roller", "markov"}
+    for name, cls in POLICIES.items():
+        assert issubclass(cls, Policy) and cls.name == name and policy_class(name) is cls
+    with pytest.raises(UserError, match="unknown policy 'vortex' \\(known: markov, roller\\)"):
+        policy_class("vortex")
+
+
+def test_eps_is_raised_through_the_schedule_while_too_few_programs_come_out():
+    policy = Nothing(Space(matmul(64, 64, 64), device("tiny-cpu")), Options(eps=0.1, topk=3))
+    steps = list(policy.steps())
+    assert [s.action.kind for s in steps] == [Kind.WIDEN_EPS] * 4
+    assert [s.action.eps for s in steps] == [e for e in EPS_STEPS if e > 0.1]
+    assert steps[0].note == "too few programs (0 < 3): raise eps to 0.2"
+    assert policy._count == 4 and not policy.out_of_steps
+
+
+def test_shared_emission_emits_a_complete_replayable_candidate():
+    space = Space(matmul(256, 256, 256), device("v100"))
+    policy = Descent(space, Options(topk=1))
+    steps = list(policy.steps())
+    (cand,) = policy.candidates
+    assert steps[-1].candidate is cand and steps[-1].action.kind == Kind.EMIT
+    assert cand.actions == steps[-1].state.actions and cand.actions[0].kind == Kind.START
+    assert cand.device == space.device and cand.expr == space.expr
+    assert replay(space, cand.actions) == cand.program
+    assert cand.estimate.footprints == tuple(space.footprint(l, t, cand.program.tiles[l - 1] if l else space.ones())
+                                             for l, t in enumerate(cand.program.tiles))
+    assert steps[-1].note.startswith(f"emit rProgram #1: grid {cand.program.grid}, ")
+
+
+def test_roller_s_shrinks_grow_the_grid_while_it_is_smaller_than_the_units():
+    stepper = Stepper(matmul(512, 512, 512), device("v100"), "markov")
+    stepper.run_to_end()
+    units = stepper.space.device.compute_units
+    runs, run = [], []
+    for step in stepper.steps:
+        if step.action.kind == Kind.SHRINK:
+            run.append(step)
+        elif run:
+            runs.append((run, step))
+            run = []
+    assert runs, "a 512^3 matmul on 80 SMs is shrunk (Roller-S)"
+    for shrinks, after in runs:
+        grids = [tuple(int(x) for x in re.findall(r"grid (\d+)", s.note)) for s in shrinks]
+        # one aligned step need not add a row of tiles (512 / 192 and 512 / 176 both round up to 3)
+        assert all(before < units and before <= now for before, now in grids)
+        assert all(a[1] == b[0] for a, b in zip(grids, grids[1:]))  # each shrink starts where the last ended
+        assert shrinks[-1].state.recorded == after.state.recorded  # emitted (or repeated) as shrunk
+
+
+def test_a_program_emitted_twice_is_a_candidate_once():
+    space = Space(matmul(64, 64, 64), device("tiny-cpu"))
+    policy = Descent(space, Options(topk=2))
+    list(policy.steps())  # every eps round emits the same program when eps changes nothing
+    assert len(policy.candidates) == 1 and policy._count >= 2
+
+
+def test_steps_are_counted_against_max_steps():
+    policy = Nothing(Space(matmul(64, 64, 64), device("tiny-cpu")), Options(max_steps=2))
+    for _ in policy.steps():
+        pass
+    assert policy._count == len(EPS_STEPS) - 1 and policy.out_of_steps
+
+
+def test_notes_come_from_the_policy_templates():
+    policy = Descent(Space(matmul(64, 64, 64), device("tiny-cpu")), Options())
+    note = policy.describe("shrink", before=2, units=8, axis="i", size=32, after=4)
+    assert note == "grid 2: too few tiles for 8 units, shrink i (smallest reuse) to 32: grid 4"
+    with pytest.raises(KeyError):
+        policy.describe("no such event")
+
+
+def test_actions_are_typed():
+    grow = Action("grow", 0, 1, 8)
+    assert grow.kind is Kind.GROW and grow == Action(Kind.GROW, 0, 1, size=8) and grow.kind == "grow"
+    assert grow.describe(("i", "j", "k"), ("registers", "shared")) == "grow j to 8 at registers"
+    assert Action(Kind.SET_VTHREAD, 0, 1, count=2).describe(("i", "j", "k"), ("registers",)) == "set_vthread j x2 at registers"
+    assert f"{Kind.WIDEN_EPS}" == "widen_eps"
+    with pytest.raises(UserError, match="unknown action kind 'enlarge'"):
+        Action("enlarge")
+    space = Space(matmul(64, 64, 64), device("tiny-cpu"))
+    state = space.initial_state(0.05)
+    assert apply(space, state, Action(Kind.WIDEN_EPS, eps=0.4)).eps == 0.4
+
+
+@pytest.mark.parametrize("dev, workload", [
+    ("v100", lambda: matmul(512, 512, 512)),
+    ("tiny-cpu", lambda: matmul(257, 127, 509)),
+    ("mi50", lambda: expr("conv2d", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=1, pad=1)),
+])
+def test_legal_actions_are_exactly_the_tried_moves_apply_accepts(dev, workload):
+    space = Space(workload(), device(dev))
+    state = space.initial_state(0.05)
+    for _ in range(space.n_tile_layers):
+        legal = legal_actions(space, state)
+        assert legal and all(a.layer == state.layer for a in legal)
+        for action in legal:
+            apply(space, state, action)  # never raises
+        kinds = {a.kind for a in legal}
+        assert Kind.GROW in kinds
+        if Kind.SET_VTHREAD in kinds:  # a GPU thread's tile only
+            assert space.device.kind == "gpu" and state.layer == 0
+        for axis in range(len(state.tile)):  # a grow to a size in between is refused by apply
+            size = next((a.size for a in legal if a.kind == Kind.GROW and a.axis == axis), None)
+            if size is not None and size - 1 > state.tile[axis]:
+                in_between = Action(Kind.GROW, state.layer, axis, size - 1)
+                assert in_between not in legal
+        if Kind.DESCEND not in kinds:  # no aligned tile below the smallest one here
+            with pytest.raises(IllegalAction):
+                apply(space, state, Action(Kind.DESCEND, state.layer))
+            return
+        state = apply(space, state, Action(Kind.DESCEND, state.layer))
+    assert legal_actions(space, state) == ()
+
+
+def test_virtual_threads_that_do_not_divide_a_tile_are_not_legal():
+    space = Space(matmul(512, 512, 512), device("v100"))
+    state = apply(space, space.initial_state(0.05), Action(Kind.GROW, 0, 1, 4))
+    vthreads = {(a.axis, a.count) for a in legal_actions(space, state) if a.kind == Kind.SET_VTHREAD}
+    assert vthreads == {(1, 2), (1, 4)}  # V divides the thread's tile (1, 4, 1), spatial axes only
+    split = apply(space, state, Action(Kind.SET_VTHREAD, 0, 1, count=4))
+    legal = legal_actions(space, split)
+    assert all(a.size % 4 == 0 for a in legal if a.kind in (Kind.GROW, Kind.INV_TILE) and a.axis == 1)
+    assert Action(Kind.SET_VTHREAD, 0, 1, count=4) not in legal  # already set: not a move
+    with pytest.raises(IllegalAction):
+        apply(space, split, Action(Kind.SET_VTHREAD, 0, 1, count=8))

@@ -1,0 +1,139 @@
+"""The policy base: what a construction policy is, and what every policy shares.
+
+A policy is a class with
+
+- `name`: its key in the registry (construct/policies.py);
+- `__init__(space, options)`: a `Space` (expression on a device) and the run's `Options`;
+- `round(eps)`: a generator of the steps one eps round takes, returning True when construction
+  is finished (enough programs or out of steps) and False to go on to the next eps;
+- `NOTES`: the templates its step notes are written from (`describe`).
+
+`Policy` supplies the rest, the same for every policy: the eps schedule (`steps`: Roller raises eps
+in EPS_STEPS while fewer than K programs came out), emission (`emit`: scale-out over the units,
+Roller-S shrinking while the grid is smaller than the units, the estimate, the `Candidate`) and the
+step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a
+step that changes no tile, `node` / `key` name graph nodes, virtual threads included).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Iterator
+
+from workbench.construct.graph import Edge, Node
+from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, State, apply
+from workbench.construct.step import Candidate, Step, make_node, state_key
+from workbench.rtile.model import estimate
+
+
+class Policy:
+    """Base of every construction policy (see the module docstring for the protocol)."""
+
+    name = ""
+    NOTES = {
+        "widen_eps": "too few programs ({found} < {topk}): raise eps to {eps}",
+        "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
+        "emit": "emit rProgram #{number}: grid {grid}, {us:.1f} us predicted, bound by {bottleneck}",
+    }
+    marker_temperature: float | None = None  # the temperature recorded with markers (annealing policies)
+
+    def __init__(self, space: Space, options: Options):
+        self.space = space
+        self.options = options
+        self.candidates: list[Candidate] = []
+        self._emitted: set = set()
+        self._count = 0
+        self._visits: Counter = Counter()
+
+    def round(self, eps: float) -> Iterator[Step]:
+        raise NotImplementedError
+
+    # -- eps schedule --------------------------------------------------------------------------
+    def steps(self) -> Iterator[Step]:
+        """Every step of the construction: a round at the initial eps, then one per larger eps
+        of EPS_STEPS while a round ends without finishing."""
+        schedule = [self.options.eps] + [e for e in EPS_STEPS if e > self.options.eps]
+        for i, eps in enumerate(schedule):
+            if i:
+                note = self.describe("widen_eps", found=len(self.candidates), topk=self.options.topk, eps=eps)
+                yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
+            finished = yield from self.round(eps)
+            if finished:
+                return
+
+    @property
+    def enough(self) -> bool:
+        return len(self.candidates) >= self.options.topk
+
+    @property
+    def out_of_steps(self) -> bool:
+        return self._count >= self.options.max_steps
+
+    # -- emission ------------------------------------------------------------------------------
+    def emit(self, state: State) -> Iterator[Step]:
+        """Emit the program of `state` (at the bottom layer): scaled out over the units, its unit
+        tile shrunk along the axis of smallest reuse while the grid has fewer tiles than the
+        device has units (Roller-S, §3.2), each shrink a step. A program emitted before is not
+        emitted again (`repeated`)."""
+        space, arrived = self.space, state
+        units = space.device.compute_units
+        program = space.program_of(state)
+        while program.grid < units:
+            shrunk = space.shrink_unit(program.tiles, state.eps)
+            if shrunk is None:
+                break
+            axis, tiles = shrunk
+            before = program.grid
+            state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
+            program = space.program_of(state)
+            note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=program.grid)
+            yield self.marker(state, state.actions[-1], note)
+        if program.tiles in self._emitted:
+            yield from self.repeated(state)
+            return
+        self._emitted.add(program.tiles)
+        est = estimate(program, space.device)
+        done = replace(state, tile=(), actions=state.actions + (Action(Kind.EMIT, space.n_tile_layers),))
+        cand = Candidate(program, est, space.device, done.actions)
+        self.candidates.append(cand)
+        node = self.node(done, "emitted", predicted=est.predicted_seconds)
+        edge = Edge(self.key(arrived), node.key, "emit") if node.key != self.key(arrived) else None
+        note = self.describe("emit", number=len(self.candidates), grid=program.grid, us=est.predicted_seconds * 1e6, bottleneck=est.bottleneck)
+        yield self.record(Step(done.actions[-1], done, node, edge, note=note, candidate=cand, temperature=self.marker_temperature))
+
+    def repeated(self, state: State) -> Iterator[Step]:
+        """Steps taken when `emit` meets a program emitted before: none by default."""
+        return iter(())
+
+    # -- step records --------------------------------------------------------------------------
+    def describe(self, event: str, **facts) -> str:
+        """The note of a step: the policy's template for `event`, filled in with `facts`."""
+        return self.NOTES[event].format(**facts)
+
+    def record(self, step: Step) -> Step:
+        """Count a step (against `max_steps`) and the visit of its node."""
+        self._count += 1
+        if step.node is not None:
+            self._visits[step.node.key] += 1
+        return step
+
+    def marker(self, state: State | None, action: Action, note: str, temperature: float | None = None) -> Step:
+        """A step that changes no tile (a compute-saturated tile is still drawn as a node)."""
+        node = self.node(state, "compute_bound") if action.kind == Kind.COMPUTE_SATURATED else None
+        temperature = self.marker_temperature if temperature is None else temperature
+        return self.record(Step(action, state, node, None, (), note, temperature=temperature))
+
+    def key(self, state: State) -> str:
+        """The graph key of a state: its tiles, plus its virtual threads where any are set."""
+        return state_key(self.space, state) + _vthread_suffix(state)
+
+    def node(self, state: State, status: str, tile=None, score=None, predicted=None) -> Node:
+        """The graph node of `state` (of `tile` at its layer, where given)."""
+        node = make_node(self.space, state, status, tile, score, predicted)
+        suffix = _vthread_suffix(state)
+        return replace(node, key=node.key + suffix) if suffix else node
+
+
+def _vthread_suffix(state: State) -> str:
+    return "+v" + "x".join(map(str, state.vthreads)) if any(v > 1 for v in state.vthreads) else ""
