@@ -77,18 +77,13 @@ class Policy:
         device has units (Roller-S, §3.2), each shrink a step. A program emitted before is not
         emitted again (`repeated`)."""
         space, arrived = self.space, state
-        units = space.device.compute_units
-        program = space.program_of(state)
-        while program.grid < units:
-            shrunk = space.shrink_unit(program.tiles, state.eps)
-            if shrunk is None:
-                break
-            axis, tiles = shrunk
-            before = program.grid
+        units, grid = space.device.compute_units, space.calc.spatial_tiles
+        for axis, tiles in space.shrinks(state.recorded, state.eps):
+            before = grid(state.recorded[-1])
             state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
-            program = space.program_of(state)
-            note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=program.grid)
+            note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
             yield self.marker(state, state.actions[-1], note)
+        program = space.program_of(state)
         if program.tiles in self._emitted:
             yield from self.repeated(state)
             return

@@ -232,18 +232,22 @@ class Space:
             self._shrunk[key] = _shrink_once(self, tiles, eps, self.cached(len(tiles), eps))
         return self._shrunk[key]
 
-    def scaled_out(self, tiles: tuple[Tile, ...], eps: float, vthreads: tuple[int, ...] = ()) -> RProgram:
-        """The program of `tiles` after Roller-S: its unit tile shrunk (`shrink_unit`) while the
-        grid has fewer tiles than the device has units."""
-        program = self.program(tiles, eps, vthreads)
-        while program.grid < self.device.compute_units:
-            shrunk = self.shrink_unit(program.tiles, eps)
+    def shrinks(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...]], ...]:
+        """Roller-S: the shrinks (axis, tiles after it) of the unit tile (`shrink_unit`) while
+        the grid has fewer tiles than the device has units; empty when it has enough."""
+        out = []
+        while self.calc.spatial_tiles(tiles[-1]) < self.device.compute_units:
+            shrunk = self.shrink_unit(tiles, eps)
             if shrunk is None:
                 break
+            out.append(shrunk)
             tiles = shrunk[1]
-            vthreads = tuple(v if t % v == 0 else 1 for v, t in zip(vthreads, tiles[0]))
-            program = self.program(tiles, eps, vthreads)
-        return program
+        return tuple(out)
+
+    def scaled_out(self, tiles: tuple[Tile, ...], eps: float) -> RProgram:
+        """The program of `tiles` after Roller-S (`shrinks`)."""
+        shrinks = self.shrinks(tiles, eps)
+        return self.program(shrinks[-1][1] if shrinks else tiles, eps)
 
 
 def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]):
