@@ -2,15 +2,18 @@
 candidate and its replayable actions), step bookkeeping, typed actions and `legal_actions`."""
 
 import re
+from dataclasses import replace
 
 import pytest
 from helpers import device, expr, matmul
 
+from workbench.construct.markov import MarkovPolicy
 from workbench.construct.policies import POLICIES, policy_class
 from workbench.construct.policy import Policy
 from workbench.construct.stepper import Stepper
 from workbench.construct.space import (
-    EPS_STEPS, Action, IllegalAction, Kind, Options, Space, apply, legal_actions, replay,
+    EPS_STEPS, Action, IllegalAction, Kind, Options, OverCapacity, Space, apply, descend_within_limits,
+    legal_actions, replay,
 )
 from workbench.errors import UserError
 
@@ -167,3 +170,22 @@ def test_virtual_threads_that_do_not_divide_a_tile_are_not_legal():
     assert Action(Kind.SET_VTHREAD, 0, 1, count=4) not in legal  # already set: not a move
     with pytest.raises(IllegalAction):
         apply(space, split, Action(Kind.SET_VTHREAD, 0, 1, count=8))
+
+
+def test_every_policy_descends_through_one_capacity_check():
+    stepper = Stepper(matmul(512, 512, 512), device("v100"), "markov", Options(topk=2))
+    stepper.run_to_end()
+    space = stepper.space
+    states = {s.state for s in stepper.steps if s.state is not None and s.state.layer < space.n_tile_layers}
+    for state in states:  # within the limits: the plain transition
+        assert descend_within_limits(space, state) == apply(space, state, Action(Kind.DESCEND, state.layer))
+    # a V100 with 512 bytes of shared memory: no block of a warp of threads fits it
+    v100 = device("v100")
+    small = replace(v100, layers=(v100.layers[0], replace(v100.layers[1], capacity_bytes=512), *v100.layers[2:]))
+    space = Space(matmul(512, 512, 512), small)
+    start = space.initial_state(0.05)
+    with pytest.raises(OverCapacity, match="smallest aligned tile at shared does not fit") as over:
+        descend_within_limits(space, start)
+    assert over.value.state == apply(space, start, Action(Kind.DESCEND, 0))
+    (alt,) = [a for a in MarkovPolicy(space, Options()).transitions(start) if a.action.kind == Kind.DESCEND]
+    assert alt.probability == 0 and alt.note == "over capacity: the smallest tile at shared does not fit"

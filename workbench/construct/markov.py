@@ -48,7 +48,9 @@ from typing import Iterator
 from workbench.construct.banks import ThreadBinding, stored_tile, wavefronts
 from workbench.construct.graph import Edge
 from workbench.construct.policy import Policy
-from workbench.construct.space import Action, IllegalAction, Kind, State, apply, legal_actions, with_axis
+from workbench.construct.space import (
+    Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, legal_actions, with_axis,
+)
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import initial_tile, mma_axes
 from workbench.rtile.model import estimate
@@ -227,11 +229,12 @@ class MarkovPolicy(Policy):
     def _descend_move(self, state: State) -> tuple[Alternative, bool]:
         action = Action(Kind.DESCEND, state.layer)
         try:
-            nxt = apply(self.space, state, action)
+            nxt = descend_within_limits(self.space, state)
+        except OverCapacity as over:
+            below = over.state
+            return Alternative(action, below.tile, 0.0, note=self.describe("no_fit_below", layer=self.space.layer_names[below.layer])), False
         except IllegalAction as err:
             return Alternative(action, state.tile, 0.0, note=str(err)), False
-        if nxt.layer < self.n and self.space.over_capacity(nxt.layer, nxt.tile, state.tile, self.space.stages_below(state.eps)):
-            return Alternative(action, nxt.tile, 0.0, note=self.describe("no_fit_below", layer=self.space.layer_names[nxt.layer])), False
         here, below = self.space.device.layers[state.layer], self.space.device.layers[state.layer + 1]
         data = self.space.footprint(state.layer, state.tile, self.space.upper_of(state))
         benefit = (below.latency_ns + data / below.bandwidth_gbps) / (here.latency_ns + data / here.bandwidth_gbps)

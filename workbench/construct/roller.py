@@ -20,7 +20,9 @@ from typing import Iterator
 
 from workbench.construct.graph import Edge
 from workbench.construct.policy import Policy
-from workbench.construct.space import Action, IllegalAction, Kind, State, apply, with_axis
+from workbench.construct.space import (
+    Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, with_axis,
+)
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes
 
@@ -152,12 +154,13 @@ class RollerPolicy(Policy):
             return
         self._descended.add(key)
         try:
-            nxt = apply(self.space, state, Action(Kind.DESCEND, state.layer))
+            nxt = descend_within_limits(self.space, state)
+        except OverCapacity:
+            note = self.describe("no_fit_below", layer=self._layer_label(state.layer + 1))
+            yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), note)
+            return
         except IllegalAction as err:
             yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), str(err))
-            return
-        if nxt.layer < self.space.n_tile_layers and self.space.over_capacity(nxt.layer, nxt.tile, state.tile, not self.no_reuse):
-            yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), self.describe("no_fit_below", layer=self._layer_label(nxt.layer)))
             return
         yield self._step(state, nxt.actions[-1], "explored", None, None, (), self.describe("descend", layer=self._layer_label(nxt.layer)), nxt)
         yield from self._enlarge(nxt)

@@ -54,6 +54,15 @@ class IllegalAction(ValueError):
     """An action that cannot be applied to a state (names the rule it breaks)."""
 
 
+class OverCapacity(IllegalAction):
+    """A move `apply` accepts whose result (`state`) does not fit a layer (or a GPU block's
+    limits)."""
+
+    def __init__(self, message: str, state: "State"):
+        super().__init__(message)
+        self.state = state
+
+
 @dataclass(frozen=True, order=True)
 class Action:
     """One move. `size`: the new size of `axis` (grow, shrink, inv_tile; the size a Roller
@@ -340,6 +349,16 @@ def apply(space: Space, state: State, action: Action) -> State:
     if kind == Kind.WIDEN_EPS:
         return replace(state, eps=action.eps, actions=acts)
     return replace(state, actions=acts)  # markers: no change to the tile
+
+
+def descend_within_limits(space: Space, state: State) -> State:
+    """`apply` of descend, refused (OverCapacity) where the smallest aligned tile at the next
+    layer does not fit it or the block's thread limits (its capacity counts where programs at the
+    state's eps stage data there: `stages_below`). Every policy descends through this check."""
+    nxt = apply(space, state, Action(Kind.DESCEND, state.layer))
+    if nxt.layer < space.n_tile_layers and space.over_capacity(nxt.layer, nxt.tile, state.tile, space.stages_below(state.eps)):
+        raise OverCapacity(f"descend: the smallest aligned tile at {space.layer_names[nxt.layer]} does not fit", nxt)
+    return nxt
 
 
 def _shrink_program(space: Space, state: State, action: Action) -> State:
