@@ -35,6 +35,7 @@ import zipfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from workbench.codegen import targets
 from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.common import first_line
 from workbench.codegen.verify import Verification, verify
@@ -58,8 +59,10 @@ STAGING_STEM = 64
 # Characters of a bundle name made by `bundle_name`.
 BUNDLE_NAME_CHARS = 120
 # How the kernel is checked (the manifest's `verification.method`).
-METHOD = ("workbench.codegen.verify.verify: one run on random_inputs(expr, seed) against the numpy "
-          "reference, |out - ref| <= atol + rtol * |ref| elementwise")
+METHOD = ("workbench.codegen.verify.verify: one run on random_inputs(expr, seed) (drawn per combiner) "
+          "against the float64 numpy reference, |out - ref| <= atol_i + rtol * |ref| per output, atol_i "
+          "from that output's error scale (the reported atol is the largest); a degenerate reference "
+          "verifies nothing and is refused (docs/verification.md)")
 CHECK_TIMEOUT_S = Timing().timeout_s  # one kernel run, as the local runner allows
 
 _SCHEDULE_SCRIPT = '''"""Replay of the workbench schedule of {workload}.
@@ -406,7 +409,7 @@ def _write_files(kernel: Kernel, expr: TensorExpr, folder: Path) -> dict:
     (folder / SCHEDULE).write_text(schedule_script(kernel, expr))
     (folder / TVMSCRIPT).write_text(kernel.tvmscript)
     files = {"kernel_source": names[0] if names else None, "library": LIBRARY, "schedule": SCHEDULE, "tvmscript": TVMSCRIPT}
-    if kernel.target_kind == "llvm" and len(names) > 1:
+    if targets.target(kernel.target_kind).on_host and len(names) > 1:
         files["assembly"] = names[1]
     return files
 
