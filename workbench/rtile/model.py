@@ -44,7 +44,7 @@ class Estimate:
     occupancy: float  # resident threads / max resident threads (GPU); 1 on CPUs
     bottleneck: str  # "compute" or the name of the layer whose loads are slowest
     predicted_seconds: float
-    footprints: tuple[int, ...] = ()  # per program layer: bytes its tile occupies (`footprint_at`)
+    footprints: tuple[int, ...]  # per program layer: bytes its tile occupies (`footprint_at`)
 
     def to_dict(self) -> dict:
         return {
