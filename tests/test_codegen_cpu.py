@@ -15,11 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import device, expr, suite_workloads, workload_expr
-from workbench.codegen.build import Kernel, build_kernel, kernel_args, pick_template
+from workbench.codegen.build import Kernel, build_kernel, kernel_args
 from workbench.codegen.common import chain_factors
 from workbench.rtile.alignment import vector_axis
-from workbench.codegen.cpu import CpuTemplate
-from workbench.codegen.template import ScheduleError
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
@@ -199,14 +197,6 @@ def test_broken_programs_are_recorded_not_raised():
     one_layer = replace(program, tiles=program.tiles[:1], layers=program.layers[:1])
     assert not build_kernel(fused, one_layer, device(CPU)).ok
     assert not verify(kernel, fused).correct and "not built" in verify(kernel, fused).error
-
-
-def test_template_is_chosen_by_device_kind():
-    assert CpuTemplate().applies(device(CPU)) and not CpuTemplate().applies(device("v100"))
-    assert pick_template(device(CPU)).name == "cpu"
-    assert pick_template(device("v100")).name == "cuda"
-    with pytest.raises(ScheduleError):
-        pick_template(device(CPU), templates=())
 
 
 def test_a_crashing_run_is_recorded():

@@ -14,8 +14,9 @@ import pytest
 
 from tests.helpers import device, expr
 from workbench.codegen.build import build_kernel, kernel_args
-from workbench.codegen.cuda import CudaTemplate, block_threads, gpu_resources, lane_program
+from workbench.codegen.cuda import block_threads, gpu_resources, lane_program
 from workbench.codegen.nvcc import compile_ptx, compile_ptx_many, nvcc_path, ptx_arch
+from workbench.codegen.rules import apply_rules
 from workbench.codegen.template import ScheduleError
 from workbench.codegen.verify import check_output
 from workbench.construct.stepper import construct
@@ -60,17 +61,12 @@ def candidate(gpu: str, case: str):
 @lru_cache(maxsize=None)
 def kernel(gpu: str, case: str):
     fused, program = candidate(gpu, case)
-    return build_kernel(fused, program, device(gpu), template=CudaTemplate())
+    return build_kernel(fused, program, device(gpu))
 
 
 def staged(gpu: str, case: str) -> bool:
     fused, program = candidate(gpu, case)
     return program.cached[1] and bool(fused.reduce)
-
-
-def test_applies_to_gpus_only():
-    assert CudaTemplate().applies(device("v100"))
-    assert not CudaTemplate().applies(device("tiny-cpu"))
 
 
 @pytest.mark.parametrize("gpu", GPUS)
@@ -95,7 +91,7 @@ def test_source_has_the_programs_block_and_thread_structure(gpu, case):
 def test_threads_and_shared_memory_within_the_target_limits(gpu, case):
     fused, program = candidate(gpu, case)
     spec = device(gpu)
-    used = gpu_resources(CudaTemplate().schedule(fused, program, spec), spec)
+    used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
     target = spec.target_dict()
     assert used.threads == block_threads(fused, lane_program(fused, program, spec)) <= target["max_threads_per_block"]
     assert used.shared_bytes <= target["max_shared_memory_per_block"]
@@ -122,7 +118,7 @@ def pinned(case: str, tiles, padding):
 
 
 def pinned_source(fused, program) -> str:
-    built = build_kernel(fused, program, device("v100"), template=CudaTemplate())
+    built = build_kernel(fused, program, device("v100"))
     assert built.ok, built.error
     return built.source
 
@@ -160,13 +156,13 @@ def test_epilogue_is_folded_into_the_register_write_back(case, store):
 def test_vthreads_stride_the_register_tile_without_changing_threads():
     fused, program = pinned("matmul", *MATMUL_64)
     spec = device("v100")
-    sch = CudaTemplate().schedule(fused, replace(program, vthreads=(("j", 2),)), spec)
+    sch = apply_rules(fused, replace(program, vthreads=(("j", 2),)), spec)[1]
     used = gpu_resources(sch, spec)
     assert (used.threads, used.vthreads) == (block_threads(fused, program), 2)
     with pytest.raises(ScheduleError, match="not a spatial axis"):
-        CudaTemplate().schedule(fused, replace(program, vthreads=(("k", 2),)), spec)
+        apply_rules(fused, replace(program, vthreads=(("k", 2),)), spec)
     with pytest.raises(ScheduleError, match="do not divide"):
-        CudaTemplate().schedule(fused, replace(program, vthreads=(("j", 3),)), spec)
+        apply_rules(fused, replace(program, vthreads=(("j", 3),)), spec)
 
 
 def test_programs_beyond_the_target_limits_are_refused():
@@ -174,11 +170,11 @@ def test_programs_beyond_the_target_limits_are_refused():
     spec = device("v100")
     many_threads = replace(program, tiles=((1, 1, 1), (64, 64, 64)))  # 4096 threads
     with pytest.raises(ScheduleError, match="threads per block"):
-        CudaTemplate().schedule(fused, many_threads, spec)
+        apply_rules(fused, many_threads, spec)
     big = construct(expr("matmul", M=256, N=256, K=256), spec)
     huge = replace(program, tiles=((8, 8, 1), (128, 128, 256)))  # (128 + 128) x 256 floats = 256 KB
     with pytest.raises(ScheduleError, match="shared memory"):
-        CudaTemplate().schedule(big.expr, huge, spec)
+        apply_rules(big.expr, huge, spec)
 
 
 def test_compile_ptx_reports_missing_nvcc(monkeypatch):
@@ -230,7 +226,7 @@ def run_serially(fused, program, spec, inputs) -> np.ndarray:
     import tvm
 
     with unbound_threads():
-        sch = CudaTemplate().schedule(fused, program, spec)
+        sch = apply_rules(fused, program, spec)[1]
     dev = tvm.cpu()
     out = tvm.runtime.tensor(np.zeros(kernel_args(fused)[-1].shape, fused.dtype), dev)
     tvm.compile(sch.mod, target="llvm")["main"](*[tvm.runtime.tensor(a, dev) for a in inputs], out)
@@ -252,7 +248,7 @@ def test_fused_ragged_reduction_writes_back_exactly_its_tile(op, staged):
     3 registers per thread, and the kernel (threads run serially on this CPU) matches numpy."""
     e = fuse_axes(build_expr(f"M[i,j] {op} A[k,i,j]", dict(i=9, j=35, k=301)))
     program = _gpu_program(e, {"ij": (3, 96), "k": (1, 16)}, staged)
-    built = build_kernel(e, program, device("v100"), template=CudaTemplate())
+    built = build_kernel(e, program, device("v100"))
     assert built.ok, built.error
     assert "float M_local_ptr[3];" in built.source
     inputs = random_inputs(e, seed=0)
@@ -265,7 +261,7 @@ def test_a_one_element_shared_tile_is_copied():
     copy loop to spread over the threads; the copy gets a unit loop."""
     e = fuse_axes(build_expr("Y[i,j] max= C[q] + A[i,j,p]", dict(i=12, j=23, p=2, q=1)))
     program = _gpu_program(e, {"ij": (1, 64), "p": (1, 2), "q": (1, 1)}, True)
-    built = build_kernel(e, program, device("v100"), template=CudaTemplate())
+    built = build_kernel(e, program, device("v100"))
     assert built.ok, built.error
     assert "__shared__" in built.source
     inputs = random_inputs(e, seed=0)

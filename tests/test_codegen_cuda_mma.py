@@ -13,9 +13,10 @@ import pytest
 
 from tests.helpers import device, expr
 from workbench.codegen.build import build_kernel
-from workbench.codegen.cuda import CudaTemplate, block_threads, gpu_resources, lane_program
+from workbench.codegen.cuda import block_threads, gpu_resources, lane_program
 from workbench.codegen.cuda_mma import matmul_layout, schedule_wmma, unsupported, warp_count
 from workbench.codegen.nvcc import compile_ptx_many, nvcc_path
+from workbench.codegen.rules import apply_rules
 from workbench.codegen.template import ScheduleError
 from workbench.construct.stepper import construct
 from workbench.ops.expr_lang import build_expr
@@ -39,7 +40,7 @@ def candidate(gpu: str, case: str):
 
 @lru_cache(maxsize=None)
 def kernel(gpu: str, case: str):
-    return build_kernel(*candidate(gpu, case), device(gpu), template=CudaTemplate())
+    return build_kernel(*candidate(gpu, case), device(gpu))
 
 
 def pinned(case: str, tiles):
@@ -49,7 +50,7 @@ def pinned(case: str, tiles):
 
 
 def pinned_kernel(fused, program):
-    built = build_kernel(fused, program, device("h100"), template=CudaTemplate())
+    built = build_kernel(fused, program, device("h100"))
     assert built.ok, built.error
     return built
 
@@ -66,7 +67,7 @@ def test_matmul_runs_a_warp_per_fragment_tile_on_wmma(gpu, case):
     assert "_local_ptr" not in built.source  # no CUDA-core register tile
     threads = warp_count(fused, program) * spec.warp_size
     assert f"__launch_bounds__({threads})" in built.source
-    used = gpu_resources(CudaTemplate().schedule(fused, program, spec), spec)
+    used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
     assert used.threads == threads
     assert 0 < used.shared_bytes <= spec.target_dict()["max_shared_memory_per_block"]
 
@@ -95,7 +96,7 @@ def test_warps_split_the_block_tile_and_rows_are_padded_for_fragment_loads():
     assert "*(uint4*)(A_shared_ptr" in source and "*(uint4*)(B_shared_ptr" in source  # 16-byte copies
     assert re.search(r"load_matrix_sync\(A_shared\w+\[\w+\], .*, 40\);", source)
     assert "store_matrix_sync((&(C_ptr" in source  # divisible: fragments go straight to the output
-    used = gpu_resources(CudaTemplate().schedule(fused, program, device("h100")), device("h100"))
+    used = gpu_resources(apply_rules(fused, program, device("h100"))[1], device("h100"))
     assert (used.threads, used.shared_bytes) == (128, (2560 + 2304) * 2)
 
 
@@ -150,7 +151,7 @@ def test_other_contractions_fall_back_to_the_cuda_cores(text, extents, reason):
     fused, program = _text_case(text, **extents)
     spec = device("h100")
     assert reason in unsupported(fused, program, spec)
-    built = build_kernel(fused, program, spec, template=CudaTemplate())
+    built = build_kernel(fused, program, spec)
     assert built.ok, built.error
     assert "wmma" not in built.source
     assert f"__launch_bounds__({block_threads(fused, lane_program(fused, program, spec))})" in built.source
@@ -173,4 +174,4 @@ def test_programs_off_the_wmma_path_say_why():
 def test_vthreads_are_refused_on_the_wmma_path():
     with pytest.raises(ScheduleError, match="vthreads"):
         fused, program = candidate("h100", "square")
-        CudaTemplate().schedule(fused, replace(program, vthreads=(("j", 2),)), device("h100"))
+        apply_rules(fused, replace(program, vthreads=(("j", 2),)), device("h100"))

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from tests.helpers import TINY_CPU, device
 from tests.test_codegen_cuda import run_serially
 from workbench.codegen.build import build_kernel
-from workbench.codegen.cuda import CudaTemplate
+from workbench.codegen.rules import apply_rules
 from workbench.codegen.verify import check_output, degenerate, run_kernel, tolerance
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
@@ -320,5 +320,5 @@ def test_generated_kernels_match_numpy(g, cpu, later, gpu):
     on_gpu = construct(e, device(gpu), options=Options(topk=1)) if gpu else None
     if on_gpu and on_gpu.candidates:
         program, spec = on_gpu.candidates[0].program, device(gpu)
-        CudaTemplate().schedule(on_gpu.expr, program, spec)  # the real schedule, threads bound
+        apply_rules(on_gpu.expr, program, spec)  # the real schedule, threads bound
         _check(g, on_gpu.expr, run_serially(on_gpu.expr, program, spec, inputs), inputs, f"{gpu} (threads serial)")

@@ -26,7 +26,7 @@ SOURCES = ("Preset", "This machine (local-cpu)", "Upload a spec TOML")
 def _source_of(current: DeviceSpec) -> int:
     if any(current == preset(name) for name in list_presets()):
         return 0
-    if current.kind == "cpu" and current.name == preset(LOCAL_CPU).name:
+    if current.runs_on_cpu and current.name == preset(LOCAL_CPU).name:
         return 1
     return 2
 

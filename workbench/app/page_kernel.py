@@ -9,13 +9,11 @@ import streamlit as st
 
 from workbench.app import views
 from workbench.app.state import candidates_page, ordered_ranks, selection
+from workbench.codegen import targets
 from workbench.codegen.nvcc import compile_ptx, nvcc_path
 from workbench.viz.diff import changed_lines, side_by_side_diff
 from workbench.viz.fmt import micros
 
-# st.code languages (Prism names) per source suffix of `Kernel.sources`.
-LANGUAGES = {"cu": "cpp", "ll": "llvm", "s": "nasm"}
-SOURCE_NAMES = {"cu": "CUDA C", "ll": "LLVM IR", "s": "assembly"}
 CODE_HEIGHT = 520  # px: long kernels scroll inside the block
 ARTIFACTS = ("scheduled TVMScript", "schedule trace", "main source")
 
@@ -30,11 +28,11 @@ def _artifact(kernel, which: str) -> str:
 
 
 def _sources(kernel) -> None:
-    names = [SOURCE_NAMES.get(suffix, suffix) for suffix, _ in kernel.sources]
+    names = [targets.source_name(suffix) for suffix, _ in kernel.sources]
     names += ["scheduled TVMScript", "schedule trace"]
     tabs = st.tabs(names)
     for tab, (suffix, text) in zip(tabs, kernel.sources):
-        tab.code(text, language=LANGUAGES.get(suffix, "text"), line_numbers=True, height=CODE_HEIGHT)
+        tab.code(text, language=targets.language(suffix), line_numbers=True, height=CODE_HEIGHT)
     tabs[-2].code(kernel.tvmscript, language="python", height=CODE_HEIGHT)
     tabs[-1].code(kernel.trace_python, language="python", height=CODE_HEIGHT)
 
@@ -63,7 +61,7 @@ def _ptxas(source: str, arch: str):
 
 
 def _ptxas_report(kernel, device) -> None:
-    if device.kind != "gpu":
+    if not device.launches_thread_blocks:
         return
     st.subheader("ptxas report")
     if nvcc_path() is None:

@@ -1,4 +1,4 @@
-"""Build one rProgram into a kernel: template -> schedule -> `tvm.compile` -> `Kernel`.
+"""Build one rProgram into a kernel: rule -> schedule -> `tvm.compile` -> `Kernel`.
 
 A kernel that cannot be scheduled or compiled is still a `Kernel`, with `ok=False` and a
 one-line `error`: a candidate's failure is data for the comparison, never a crash.
@@ -11,8 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from workbench.codegen import targets
 from workbench.codegen.common import first_line
-from workbench.codegen.template import ScheduleError, Template
+from workbench.codegen.rules import RULES, apply_rules
+from workbench.codegen.template import Rule, ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
@@ -71,27 +73,11 @@ class Kernel:
         return self.executable.jit()
 
 
-def default_templates() -> tuple[Template, ...]:
-    """The templates tried in order when none is given: the first that applies is used."""
-    from workbench.codegen.cpu import CpuTemplate
-    from workbench.codegen.cuda import CudaTemplate
-
-    return (CpuTemplate(), CudaTemplate())
-
-
-def pick_template(device: DeviceSpec, templates: Sequence[Template] | None = None) -> Template:
-    """The first template that applies to `device`; ScheduleError when none does."""
-    for template in templates if templates is not None else default_templates():
-        if template.applies(device):
-            return template
-    raise ScheduleError(f"no schedule template for a {device.kind} device ({device.name})")
-
-
 def build_kernel(
-    expr: TensorExpr, program: RProgram, device: DeviceSpec, template: Template | None = None, sources: bool = True
+    expr: TensorExpr, program: RProgram, device: DeviceSpec, rules: Sequence[Rule] = RULES, sources: bool = True
 ) -> Kernel:
-    """Schedule `program` with `template` (default: the one for `device.kind`), compile it for
-    `device.target_dict()`, and return the `Kernel`; failures come back as `ok=False`.
+    """Schedule `program` with the first of `rules` that applies (`codegen.rules.RULES`),
+    compile it for `device.target_dict()`, and return the `Kernel`; failures come back as `ok=False`.
 
     `sources=False` leaves `Kernel.sources` empty: rendering LLVM IR and assembly costs about as
     much as compiling a small kernel, wasted where the kernel is only run (profile builds)."""
@@ -100,8 +86,7 @@ def build_kernel(
     stage = "schedule"
     try:
         args = kernel_args(expr)
-        chosen = template if template is not None else pick_template(device)
-        sch = chosen.schedule(expr, program, device)
+        chosen, sch = apply_rules(expr, program, device, rules)
         stage = "compile"
         executable = _compile(sch.mod, target)
         texts = _sources(executable, target) if sources else ()
@@ -123,7 +108,7 @@ def build_kernel(
 
 def target_dict(device: DeviceSpec) -> dict:
     """The TVM target of `device`; a CPU spec without one gets plain LLVM on its cores."""
-    if device.kind == "cpu":
+    if device.runs_on_cpu:
         return {"kind": "llvm", "num-cores": device.compute_units} | device.target_dict()
     return device.target_dict()
 
@@ -135,14 +120,16 @@ def _compile(mod, target: dict):
 
 
 def _sources(executable, target: dict) -> tuple[tuple[str, str], ...]:
-    """LLVM IR and assembly of a CPU module; the device code (CUDA C) of a GPU module."""
+    """The texts `targets.TARGETS` names for the kind: LLVM IR and assembly of a CPU module, the
+    device code (CUDA C) of a GPU module."""
     mod = executable.mod
-    if target["kind"] == "llvm":
-        return (("ll", mod.inspect_source("ll")), ("s", mod.inspect_source("asm")))
-    device_mods = [m for m in mod.imports if m.kind == target["kind"]]
-    if not device_mods:
-        raise ScheduleError(f"the compiled module has no {target['kind']} device code")
-    return (("cu" if target["kind"] == "cuda" else target["kind"], device_mods[0].inspect_source()),)
+    entry = targets.target(target["kind"])
+    if not entry.on_host:
+        device_mods = [m for m in mod.imports if m.kind == target["kind"]]
+        if not device_mods:
+            raise ScheduleError(f"the compiled module has no {target['kind']} device code")
+        mod = device_mods[0]
+    return tuple((suffix, mod.inspect_source(fmt)) for suffix, fmt in entry.sources)
 
 
 def kernel_args(expr: TensorExpr) -> tuple[KernelArg, ...]:

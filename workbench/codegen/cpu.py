@@ -31,25 +31,18 @@ from workbench.rtile.rprogram import RProgram
 MAX_UNROLL = 256
 
 
-class CpuTemplate:
-    """Schedules any TensorExpr for an LLVM CPU target (see the module docstring)."""
-
-    name = "cpu"
-
-    def applies(self, device: DeviceSpec) -> bool:
-        return device.kind == "cpu"
-
-    def schedule(self, expr: TensorExpr, program: RProgram, device: DeviceSpec):
-        """A `tvm.s_tir.Schedule` realising `program`; ScheduleError (one line) when it cannot."""
-        common.check_program(expr, program)
-        if len(program.tiles) < 2:
-            raise ScheduleError(f"a CPU program needs register and cache tiles, got {len(program.tiles)} layer(s)")
-        try:
-            return _schedule(expr, program, device)
-        except ScheduleError:
-            raise
-        except Exception as err:  # a TVM primitive refused the program
-            raise ScheduleError(common.first_line(err)) from err
+def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec):
+    """A `tvm.s_tir.Schedule` realising `program` on an LLVM CPU target (see the module
+    docstring); ScheduleError (one line) when it cannot."""
+    common.check_program(expr, program)
+    if len(program.tiles) < 2:
+        raise ScheduleError(f"a CPU program needs register and cache tiles, got {len(program.tiles)} layer(s)")
+    try:
+        return _schedule(expr, program, device)
+    except ScheduleError:
+        raise
+    except Exception as err:  # a TVM primitive refused the program
+        raise ScheduleError(common.first_line(err)) from err
 
 
 def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):

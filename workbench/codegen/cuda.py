@@ -13,14 +13,16 @@ Tiles that do not divide an extent are realised by predicated splits: the tail b
 under a guard, so prime shapes still give correct code. `workbench.codegen.nvcc` checks the
 generated source with nvcc and reports ptxas's registers and spills.
 
-Tensor-core programs (float16 matmuls on GPUs with MMA units) take `cuda_mma`'s WMMA schedule.
+Tensor-core programs (float16 matmuls on GPUs with MMA units) take `cuda_mma`'s WMMA schedule
+(the rule `codegen.rules.tensor_core`, tried before this one's `codegen.rules.gpu`); both share
+the checks below (`check_gpu_program`, `within_block_limits`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import prod
-from typing import Mapping
+from typing import Callable, Mapping
 
 from workbench.codegen.common import (
     axis_chain,
@@ -34,7 +36,6 @@ from workbench.codegen.common import (
     producer_names,
     split_by_chain,
 )
-from workbench.codegen.cuda_mma import schedule_wmma, unsupported
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -54,46 +55,40 @@ class _Nest:
     register: tuple  # register-tile loops: reduce register steps, then spatial tile
 
 
-@dataclass(frozen=True)
-class CudaTemplate:
-    """Roller's GPU template. A program's `vthreads` pair a spatial axis name with a
-    virtual-thread count that strides that axis's register tile over the block (TVM `vthread`)."""
+def schedule_cuda_cores(expr: TensorExpr, program: RProgram, device: DeviceSpec):
+    """A `tvm.s_tir.Schedule` realising `program` on the CUDA cores; ScheduleError when it cannot.
+    A program's `vthreads` pair a spatial axis name with a virtual-thread count that strides that
+    axis's register tile over the block (TVM `vthread`). A tensor-core program (warp tiles) is
+    first split over the lanes (`lane_program`)."""
+    check_gpu_program(expr, program)
+    program = lane_program(expr, program, device)
+    return within_block_limits(
+        block_threads(expr, program), lambda: _schedule(expr, program, device, dict(program.vthreads)), device
+    )
 
-    name: str = "cuda"
 
-    def applies(self, device: DeviceSpec) -> bool:
-        return device.kind == "gpu"
+def check_gpu_program(expr: TensorExpr, program: RProgram) -> None:
+    check_program(expr, program)
+    if len(program.tiles) != 2:
+        raise ScheduleError(f"a GPU program has two layers (registers, shared), got {len(program.tiles)}")
 
-    def schedule(self, expr: TensorExpr, program: RProgram, device: DeviceSpec):
-        """A `tvm.s_tir.Schedule` realising `program` on `device`; ScheduleError when it cannot."""
-        check_program(expr, program)
-        if len(program.tiles) != 2:
-            raise ScheduleError(f"a GPU program has two layers (registers, shared), got {len(program.tiles)}")
-        wmma = unsupported(expr, program, device) is None
-        if wmma and program.vthreads:
-            raise ScheduleError("vthreads stride CUDA-core register tiles; a tensor-core program has none")
-        if not wmma:
-            # Tensor-core programs the WMMA path cannot take (`cuda_mma.unsupported` names why:
-            # bfloat16 and other dtypes without TVM WMMA intrinsics, contractions that are not a
-            # (batched) matmul, warp tiles off the fragment grid) run on the CUDA cores instead.
-            program = lane_program(expr, program, device)
-        threads = block_threads(expr, program) * (device.warp_size if wmma else 1)
-        limit = _limit(device, "max_threads_per_block")
-        if threads > limit:
-            raise ScheduleError(f"{threads} threads per block exceed the target's {limit}")
-        try:
-            if wmma:
-                sch = schedule_wmma(expr, program, device)
-            else:
-                sch = _schedule(expr, program, device, dict(program.vthreads))
-        except ScheduleError:
-            raise
-        except Exception as err:  # a TVM primitive refused the program
-            raise ScheduleError(first_line(err)) from err
-        shared, limit = gpu_resources(sch, device).shared_bytes, _limit(device, "max_shared_memory_per_block")
-        if shared > limit:
-            raise ScheduleError(f"{shared} B of shared memory per block exceed the target's {limit} B")
-        return sch
+
+def within_block_limits(threads: int, schedule: Callable[[], object], device: DeviceSpec):
+    """`schedule()` when a block of `threads` threads and the schedule's shared memory fit the
+    target's per-block limits; ScheduleError (one line) otherwise or when TVM refuses it."""
+    limit = _limit(device, "max_threads_per_block")
+    if threads > limit:
+        raise ScheduleError(f"{threads} threads per block exceed the target's {limit}")
+    try:
+        sch = schedule()
+    except ScheduleError:
+        raise
+    except Exception as err:  # a TVM primitive refused the program
+        raise ScheduleError(first_line(err)) from err
+    shared, limit = gpu_resources(sch, device).shared_bytes, _limit(device, "max_shared_memory_per_block")
+    if shared > limit:
+        raise ScheduleError(f"{shared} B of shared memory per block exceed the target's {limit} B")
+    return sch
 
 
 @dataclass(frozen=True)

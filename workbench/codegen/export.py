@@ -368,7 +368,7 @@ def check_here(kernel: Kernel, library: str, expr, candidate, device: DeviceSpec
     if not reason:
         module = tvm.runtime.load_module(library)
         return Check(verify(replace(kernel, executable=tvm.runtime.Executable(module)), expr, seed))
-    if device.kind != "cpu":
+    if not device.runs_on_cpu:
         return Check(None, reason)
     here = host_target(device.target_dict())
     hosted = replace(device, target=tuple(sorted(here.items())))

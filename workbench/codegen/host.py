@@ -12,6 +12,7 @@ target `local-cpu` detection picks for this machine runs here by definition (pro
 
 from __future__ import annotations
 
+from workbench.codegen import targets
 from workbench.hardware.detect import CpuInfo, llvm_mcpu, local_cpu_info
 
 # LLVM feature name -> /proc/cpuinfo flag, per host ISA (Linux x86 `flags`, aarch64 `Features`).
@@ -70,13 +71,13 @@ def cannot_run_here(target: dict) -> str:
     from tvm.target import codegen
 
     kind = target["kind"]
-    if kind == "llvm":
+    if targets.target(kind).on_host:
         host = local_cpu_info()
         if _is_local(target, host):  # what `local-cpu` detection picked: profile runs it too
             return ""
         features = codegen.llvm_get_cpu_features(tvm.target.Target(target))
         return cpu_mismatch(target, set(features), host)
-    dev = tvm.device(kind, 0)
+    dev = targets.runtime_device(kind)
     if not dev.exist:
         return f"no {kind} device on this machine"
     arch = str(target.get("arch", ""))

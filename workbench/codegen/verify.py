@@ -33,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from workbench.codegen import targets
 from workbench.codegen.build import Kernel
 from workbench.codegen.common import first_line
 from workbench.ops.reference import Reference, random_inputs, reference_with_scale
@@ -124,7 +125,7 @@ def run_kernel(kernel: Kernel, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """Run `kernel` on `inputs` (call order) on its target's device; returns the output array."""
     import tvm
 
-    dev = tvm.cpu() if kernel.target_kind == "llvm" else tvm.device(kernel.target_kind, 0)
+    dev = targets.runtime_device(kernel.target_kind)
     out_arg = kernel.args[-1]
     arrays = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
     out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)

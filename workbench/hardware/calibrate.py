@@ -90,7 +90,7 @@ def calibrate(
     be `local-cpu`. Takes about `budget_seconds` (`quick=True`: about 2 s and a smaller DRAM
     working set, for tests). `progress` gets one line per measurement. GPU specs raise UserError.
     """
-    if spec.kind != "cpu":
+    if not spec.runs_on_cpu:
         _refuse_gpu(spec)
     budget = QUICK_BUDGET_S if quick else budget_seconds
     if budget <= 0:

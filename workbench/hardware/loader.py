@@ -154,7 +154,7 @@ def _check_consistency(spec: DeviceSpec) -> None:
     if spec.registers_per_thread_cap > spec.registers_per_unit:
         raise UserError("device.registers_per_thread_cap must not exceed device.registers_per_unit")
     target_kind = dict(spec.target)["kind"]
-    if (spec.kind == "cpu") != (target_kind == "llvm"):
+    if spec.runs_on_cpu != (target_kind == "llvm"):
         raise UserError(f"target.kind {target_kind!r} does not fit device.kind {spec.kind!r}")
 
 

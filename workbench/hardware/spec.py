@@ -63,6 +63,16 @@ class DeviceSpec:
         raise KeyError(name)
 
     @property
+    def runs_on_cpu(self) -> bool:
+        """Kernels run on CPU cores (an LLVM target, TVM's thread pool), not on an accelerator."""
+        return self.kind == "cpu"
+
+    @property
+    def launches_thread_blocks(self) -> bool:
+        """Kernels launch as a grid of thread blocks (a GPU target: CUDA, ROCm)."""
+        return self.kind == "gpu"
+
+    @property
     def unit_layer_index(self) -> int:
         """Index of the last per-unit layer: its tile is one SM's / core's work item (the grid tile)."""
         return max(i for i, layer in enumerate(self.layers) if layer.scope == "unit")

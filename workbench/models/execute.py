@@ -33,7 +33,7 @@ class OperatorKernel:
 
 def build_model_kernels(mc: ModelConstruction, rank: int = 1) -> tuple[OperatorKernel, ...]:
     """One runnable kernel per operator (a PrimFunc called twice is built once)."""
-    if mc.device.kind != "cpu":
+    if not mc.device.runs_on_cpu:
         raise UserError(f"running a model needs a CPU device, got {mc.device.name} ({mc.device.kind})")
     if rank < 1:
         raise UserError(f"rank must be >= 1, got {rank}")

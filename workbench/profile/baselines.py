@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 
+from workbench.codegen import targets
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
@@ -137,7 +138,7 @@ def _time_calls(run: Callable[[], object], number: int) -> float:
 
 
 def _numpy(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
-    if device.kind != "cpu":
+    if not device.runs_on_cpu:
         return BaselineResult(baseline.name, error=f"numpy runs on the CPU, the device is a {device.kind}")
     if expr.op not in ("matmul", "gemv"):
         return BaselineResult(baseline.name, error=f"numpy covers matmul and gemv only, not {expr.op}")
@@ -163,7 +164,7 @@ def _blas_threads(threads: int):
 
 
 def _torch(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
-    if device.kind != "cpu":
+    if not device.runs_on_cpu:
         return BaselineResult(baseline.name, error=f"the torch baseline runs on the CPU, the device is a {device.kind}")
     if importlib.util.find_spec("torch") is None:
         return BaselineResult(baseline.name, error="torch not installed")
@@ -262,7 +263,7 @@ def _metaschedule(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> B
 
 
 def _dlight(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
-    if device.kind != "gpu":
+    if not device.launches_thread_blocks:
         return BaselineResult(baseline.name, error=f"dlight schedules GPU kernels, the device is a {device.kind}")
     if _gpu_missing(device):
         return BaselineResult(baseline.name, error="no GPU")
@@ -271,9 +272,7 @@ def _dlight(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> Baselin
 
 
 def _gpu_missing(device: DeviceSpec) -> bool:
-    import tvm
-
-    return device.kind == "gpu" and not tvm.device(_target(device)["kind"], 0).exist
+    return device.launches_thread_blocks and not targets.runtime_device(_target(device)["kind"]).exist
 
 
 def _target(device: DeviceSpec) -> dict:
@@ -354,13 +353,11 @@ def dlight_and_time(name: str, expr: TensorExpr, target: dict) -> BaselineResult
 
 def _check_and_time_module(name, expr, target, executable, tuning, note) -> BaselineResult:
     """The same check and timing as the local runner's for a workbench kernel."""
-    import tvm
-
     from workbench.codegen.build import kernel_args
     from workbench.profile.runner import BuiltCandidate, check_and_time
 
     built = BuiltCandidate(rank=0, predicted_seconds=0.0, ok=True, target=json.dumps(target), args=kernel_args(expr))
-    dev = tvm.cpu() if target["kind"] == "llvm" else tvm.device(target["kind"], 0)
+    dev = targets.runtime_device(target["kind"])
     check, seconds = check_and_time(executable.jit(), built, dev, expr, TIMING)
     if not check.correct:
         return BaselineResult(name, tuning_seconds=tuning, error=f"wrong result: {check.error}", note=note)

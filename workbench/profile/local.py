@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from workbench.codegen import targets
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.runner import (
     BuiltCandidate,
@@ -27,7 +28,7 @@ from workbench.profile.workers import Worker
 def thread_env(device: DeviceSpec) -> dict[str, str]:
     """TVM_NUM_THREADS for `device`: its cores, capped by this machine's (a spec of a bigger CPU
     must not oversubscribe this one); nothing for GPUs, whose kernels do not use the pool."""
-    if device.kind != "cpu":
+    if not device.runs_on_cpu:
         return {}
     return {"TVM_NUM_THREADS": str(max(1, min(device.compute_units, os.cpu_count() or 1)))}
 
@@ -37,7 +38,7 @@ def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str) ->
     import tvm
 
     kind = built.target_kind
-    dev = tvm.cpu() if kind == "llvm" else tvm.device(kind, 0)
+    dev = targets.runtime_device(kind)
     if not dev.exist:
         return Measurement(built.rank, runner, error=f"no {kind} device on this machine")
     module = tvm.runtime.load_module(built.library)

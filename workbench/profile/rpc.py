@@ -19,6 +19,7 @@ import struct
 from pathlib import Path
 from typing import Sequence
 
+from workbench.codegen import targets
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.profile.runner import BuiltCandidate, Measurement, Report, Timing, check_and_time, measurement_from_check
@@ -122,7 +123,7 @@ class RpcRunner:
             remote.upload(bytearray(Path(built.library).read_bytes()), target=name)
             module = remote.load_module(name)
             kind = built.target_kind
-            dev = remote.cpu() if kind == "llvm" else remote.device(kind, 0)
+            dev = remote.device(targets.target(kind).runtime_device, 0)
             if not dev.exist:
                 return Measurement(built.rank, self.name, error=f"rpc: the server has no {kind} device")
             check, seconds = check_and_time(module, built, dev, expr, timing)

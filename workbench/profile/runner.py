@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from workbench.codegen import targets
 from workbench.codegen.build import ENTRY, KernelArg
 from workbench.errors import UserError
 
@@ -149,7 +150,7 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
     check = check_output(expr, inputs, out.numpy())
     if not check.correct:
         return check, ()
-    flush = timing.flush_cache and built.target_kind == "llvm"
+    flush = timing.flush_cache and targets.target(built.target_kind).on_host
     evaluator = module.time_evaluator(
         entry, dev, number=timing.number, repeat=timing.repeat, min_repeat_ms=timing.min_repeat_ms,
         f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
