@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

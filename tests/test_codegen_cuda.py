@@ -248,12 +248,7 @@ def test_fused_ragged_reduction_writes_back_exactly_its_tile(op, staged):
     3 registers per thread, and the kernel (threads run serially on this CPU) matches numpy."""
     e = fuse_axes(build_expr(f"M[i,j] {op} A[k,i,j]", dict(i=9, j=35, k=301)))
     program = _gpu_program(e, {"ij": (3, 96), "k": (1, 16)}, staged)
-    built = build_kernel(e, program, device("v100"))
-    assert built.ok, built.error
-    assert "float M_local_ptr[3];" in built.source
-    inputs = random_inputs(e, seed=0)
-    check = check_output(e, inputs, run_serially(e, program, device("v100"), inputs))
-    assert check.correct, check.error
+    assert "float M_local_ptr[3];" in _built_and_checked(e, program)
 
 
 def test_a_one_element_shared_tile_is_copied():
@@ -261,9 +256,15 @@ def test_a_one_element_shared_tile_is_copied():
     copy loop to spread over the threads; the copy gets a unit loop."""
     e = fuse_axes(build_expr("Y[i,j] max= C[q] + A[i,j,p]", dict(i=12, j=23, p=2, q=1)))
     program = _gpu_program(e, {"ij": (1, 64), "p": (1, 2), "q": (1, 1)}, True)
+    assert "__shared__" in _built_and_checked(e, program)
+
+
+def _built_and_checked(e, program) -> str:
+    """Build `program` for the v100, run it with its threads serial on this CPU, check the
+    output against the reference; returns the CUDA source."""
     built = build_kernel(e, program, device("v100"))
     assert built.ok, built.error
-    assert "__shared__" in built.source
     inputs = random_inputs(e, seed=0)
     check = check_output(e, inputs, run_serially(e, program, device("v100"), inputs))
     assert check.correct, check.error
+    return built.source
