@@ -21,11 +21,15 @@ CASES = {
 }
 
 
+def _to_end(stepper: Stepper) -> Stepper:
+    stepper.finish()
+    stepper.seek(len(stepper.steps))
+    return stepper
+
+
 @cache
 def finished(name: str) -> Stepper:
-    stepper = CASES[name]()
-    stepper.run_to_end()
-    return stepper
+    return _to_end(CASES[name]())
 
 
 def _signature(steps):
@@ -33,7 +37,7 @@ def _signature(steps):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_next_until_done_equals_run_to_end(name):
+def test_next_until_done_equals_finish(name):
     stepper = CASES[name]()
     taken = []
     while (step := stepper.next()) is not None:
@@ -121,9 +125,7 @@ def test_replay_refuses_actions_that_do_not_build_a_program():
 @cache
 def _markov(name: str) -> Stepper:
     base = CASES[name]()
-    stepper = Stepper(base.original, base.space.device, "markov", Options(topk=4))
-    stepper.run_to_end()
-    return stepper
+    return _to_end(Stepper(base.original, base.space.device, "markov", Options(topk=4)))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -155,4 +157,29 @@ def test_unknown_policy_is_a_user_error():
 
 def test_construction_is_deterministic():
     a, b = CASES["conv-mi50"](), CASES["conv-mi50"]()
-    assert _signature(a.run_to_end()) == _signature(b.run_to_end())
+    a.finish(), b.finish()
+    assert _signature(a.steps) == _signature(b.steps)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_finish_leaves_the_cursor_where_it_is(name):
+    """The cursor and the finished result are two things: finishing mid-way moves nothing."""
+    stepper = CASES[name]()
+    stepper.seek(7)
+    here = stepper.current
+    done = stepper.finish()
+    assert stepper.position == 7 and stepper.current is here and stepper.done is False
+    reference = finished(name)
+    assert list(done.candidates) == reference.candidates() and done.graph == reference.graph()
+    assert done.steps == len(reference.steps) and done.expr == stepper.space.expr and done.options == stepper.options
+    emitted = sum(1 for s in stepper.steps[:7] if s.candidate is not None)  # the cursor's view: steps 1-7 only
+    assert len(stepper.candidates()) == min(emitted, stepper.options.topk)
+    assert len(stepper.graph().edges) == sum(1 for s in stepper.steps[:7] if s.edge is not None)
+
+
+def test_construction_candidate_by_rank():
+    c = finished("mm-v100").finish()
+    assert c.candidate(1) is c.candidates[0] and c.candidate(len(c.candidates)).rank == len(c.candidates)
+    for bad in (0, len(c.candidates) + 1):
+        with pytest.raises(UserError, match=f"rank {bad}: the construction has {len(c.candidates)} candidates"):
+            c.candidate(bad)

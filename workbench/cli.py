@@ -185,15 +185,18 @@ def cmd_device(args) -> int:
     return _emit(args, spec_summary(spec), text if not out else f"wrote {out}")
 
 
-def _construct(args, workload):
-    from workbench.construct.space import Options
-    from workbench.construct.stepper import construct
-    from workbench.hardware.loader import load_spec
+def _request(args, workload):
+    from workbench import pipeline
 
     if args.topk < 1:
         raise UserError(f"--topk must be >= 1, got {args.topk}")
-    device = load_spec(args.device)
-    return construct(workload.build(), device, args.policy, Options(topk=args.topk, seed=args.seed))
+    return pipeline.request(workload, args.device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
+
+
+def _construct(args, workload):
+    from workbench import pipeline
+
+    return pipeline.construct(_request(args, workload))
 
 
 def construction_dict(c, workload) -> dict:
@@ -203,31 +206,8 @@ def construction_dict(c, workload) -> dict:
         "device": c.device.name,
         "policy": c.policy,
         "construct_seconds": c.seconds,
-        "candidates": [candidate_dict(cand) for cand in c.candidates],
+        "candidates": [cand.to_dict() for cand in c.candidates],
         "graph": c.graph.counts(),
-    }
-
-
-def candidate_dict(cand) -> dict:
-    program, device = cand.program, cand.device
-    return {
-        "rank": cand.rank,
-        "predicted_seconds": cand.predicted_seconds,
-        "bottleneck": cand.estimate.bottleneck,
-        "grid": program.grid,
-        "waves": cand.estimate.waves,
-        "layers": [
-            {
-                "name": name,
-                "tile": program.tile_dict(l),
-                "footprint_bytes": cand.estimate.footprints[l],
-                "capacity_bytes": device.layers[l].capacity_bytes,
-            }
-            for l, name in enumerate(program.layers)
-        ],
-        "rprogram": program.to_dict(),
-        "vthreads": dict(program.vthreads),
-        "estimate": cand.estimate.to_dict(),
     }
 
 
@@ -249,20 +229,21 @@ def cmd_construct(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from workbench.codegen.export import KernelRejected, check_out, export_candidate
+    from workbench import pipeline
+    from workbench.codegen.export import KernelRejected
     from workbench.workload import workload_from_args
 
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
-    check_out(args.out, args.zip)  # a bad --out fails before anything is constructed or built
+    pipeline.check_export_path(args.out, args.zip)  # a bad --out fails before anything is constructed or built
     c = _construct(args, workload)
     if not 1 <= args.rank <= len(c.candidates):
         raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates")
-    cand = c.candidates[args.rank - 1]
     try:
-        result = export_candidate(c.expr, cand, c.device, args.out, policy=c.policy, zip=args.zip)
+        result = pipeline.export(c, args.rank, args.out, zip=args.zip)
     except KernelRejected as err:
         print(f"workbench: {err}", file=sys.stderr)
         return EXIT_KERNEL_FAILED
+    cand = c.candidate(args.rank)
     data = {"path": str(result.path), "rank": cand.rank, "verified": result.verified,
             "verification": result.verification, "predicted_seconds": cand.predicted_seconds}
     return _emit(args, data, f"exported candidate {cand.rank} to {result.path}: {result.summary()}")
@@ -304,8 +285,7 @@ def _progress(args):
 
 
 def cmd_profile(args) -> int:
-    from workbench.profile.runner import Timing
-    from workbench.profile.session import profile_candidates
+    from workbench import pipeline
     from workbench.profile.store import RunStore
     from workbench.workload import workload_from_args
 
@@ -314,11 +294,8 @@ def cmd_profile(args) -> int:
         raise UserError(f"--repeat must be >= 1, got {args.repeat}")
     with RunStore(args.db) as store:  # a bad --db fails before anything is built
         c = _construct(args, workload)
-        result = profile_candidates(
-            c.expr, c.device, c.candidates, runner=args.runner, tracker=args.tracker, key=args.key,
-            store=store, workload_label=workload.describe(), policy=c.policy,
-            timing=Timing(repeat=args.repeat), progress=_progress(args),
-        )
+        result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
+                                  key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args))
     doc = result.to_dict()
     lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
     for cand in doc["candidates"]:

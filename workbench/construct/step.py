@@ -45,6 +45,36 @@ class Candidate:
     def predicted_seconds(self) -> float:
         return self.estimate.predicted_seconds
 
+    def to_dict(self, measurement=None) -> dict:
+        """The one JSON form of a candidate (shared/design/CLI.md: `workbench construct`, and with
+        its `measurement`, a `profile.runner.Measurement`, `workbench profile`): rank, prediction,
+        grid, each layer's tile against its capacity, the whole rProgram and its estimate."""
+        program, device = self.program, self.device
+        data = {
+            "rank": self.rank,
+            "predicted_seconds": self.predicted_seconds,
+            "bottleneck": self.estimate.bottleneck,
+            "grid": program.grid,
+            "waves": self.estimate.waves,
+            "layers": [
+                {
+                    "name": name,
+                    "tile": program.tile_dict(l),
+                    "footprint_bytes": self.estimate.footprints[l],
+                    "capacity_bytes": device.layers[l].capacity_bytes,
+                }
+                for l, name in enumerate(program.layers)
+            ],
+            "rprogram": program.to_dict(),
+            "vthreads": dict(program.vthreads),
+            "estimate": self.estimate.to_dict(),
+        }
+        if measurement is not None:
+            m = measurement
+            data |= {"measured_seconds": m.best_seconds, "median_seconds": m.median_seconds, "seconds": list(m.seconds),
+                     "correct": m.correct, "error": m.error, "build_seconds": m.build_seconds}
+        return data
+
 
 @dataclass(frozen=True)
 class Step:

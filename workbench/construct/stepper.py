@@ -1,8 +1,12 @@
-"""The stepper: one construction, run to the end for the CLI or one step at a time for a face.
+"""The stepper: one construction, stepped through by a cursor or finished as a whole.
 
 Steps come from a policy's generator and are recorded; `back()` moves the cursor back over the
 record and `next()` replays forward before asking the policy for a new step, so stepping is cheap
 and every position is reproducible from (workload, device, options).
+
+The cursor and the result are two things: `candidates()` and `graph()` are what the steps up to
+the cursor found (a lesson's view), `finish()` is the finished `Construction` (its top-K over all
+steps), generated to the end without moving the cursor.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from workbench.construct.graph import ConstructionGraph
 from workbench.construct.policies import POLICIES, policy_class
 from workbench.construct.space import Action, Kind, Options, Space, State
 from workbench.construct.step import Candidate, Step
+from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import TensorExpr
@@ -36,6 +41,7 @@ class Stepper:
         self.position = 0
         self._source: Iterator[Step] = self._generate()
         self._exhausted = False
+        self._seconds = 0.0  # time spent generating steps: the construction's own time
 
     def _generate(self) -> Iterator[Step]:
         if self.space.expr.axes != self.original.axes:
@@ -54,16 +60,23 @@ class Stepper:
     def current(self) -> Step | None:
         return self.steps[self.position - 1] if self.position else None
 
+    def _pull(self) -> Step | None:
+        """Generate and record one new step (the cursor stays); None once the policy is done."""
+        if self._exhausted:
+            return None
+        start = time.perf_counter()
+        step = next(self._source, None)
+        self._seconds += time.perf_counter() - start
+        if step is None:
+            self._exhausted = True
+            return None
+        self.steps.append(step)
+        return step
+
     def next(self) -> Step | None:
         """Advance one step; None when the construction is finished."""
-        if self.position == len(self.steps):
-            if self._exhausted:
-                return None
-            step = next(self._source, None)
-            if step is None:
-                self._exhausted = True
-                return None
-            self.steps.append(step)
+        if self.position == len(self.steps) and self._pull() is None:
+            return None
         self.position += 1
         return self.steps[self.position - 1]
 
@@ -84,41 +97,63 @@ class Stepper:
     def reset(self) -> None:
         self.position = 0
 
-    def run_to_end(self) -> list[Step]:
-        while self.next() is not None:
+    def generate(self) -> Iterator[Step]:
+        """Generate the rest of the construction, yielding each new step (for a progress
+        display); the cursor stays where it is."""
+        while (step := self._pull()) is not None:
+            yield step
+
+    def finish(self) -> "Construction":
+        """The finished construction (top-K over every step), generated to the end if need be;
+        the cursor stays where it is."""
+        for _ in self.generate():
             pass
-        return self.steps
+        return Construction(self.space.expr, self.space.device, self.policy_name, self.options,
+                            tuple(_ranked(self.steps, self.options.topk)), _graph(self.space, self.steps),
+                            len(self.steps), self._seconds)
 
     def graph(self) -> ConstructionGraph:
-        """The construction graph of the steps taken so far."""
-        graph = ConstructionGraph(self.space.axes, self.space.layer_names)
-        for step in self.steps[: self.position]:
-            graph.add(step.node, step.edge)
-        return graph
+        """The construction graph of the steps up to the cursor."""
+        return _graph(self.space, self.steps[: self.position])
 
     def candidates(self) -> list[Candidate]:
-        """Programs emitted so far, ranked by predicted time (rank 1 = fastest), top-K."""
-        found = [s.candidate for s in self.steps[: self.position] if s.candidate is not None]
-        found.sort(key=lambda c: c.predicted_seconds)
-        return [replace(c, rank=i + 1) for i, c in enumerate(found[: self.options.topk])]
+        """Programs emitted up to the cursor, ranked by predicted time (rank 1 = fastest), top-K."""
+        return _ranked(self.steps[: self.position], self.options.topk)
+
+
+def _graph(space: Space, steps: list[Step]) -> ConstructionGraph:
+    graph = ConstructionGraph(space.axes, space.layer_names)
+    for step in steps:
+        graph.add(step.node, step.edge)
+    return graph
+
+
+def _ranked(steps: list[Step], topk: int) -> list[Candidate]:
+    found = sorted((s.candidate for s in steps if s.candidate is not None), key=lambda c: c.predicted_seconds)
+    return [replace(c, rank=i + 1) for i, c in enumerate(found[:topk])]
 
 
 @dataclass(frozen=True)
 class Construction:
+    """A finished construction: the top-K candidates of `expr` on `device` by `policy`, the whole
+    construction graph, its step count and the time the construction took."""
+
     expr: TensorExpr  # the expression as constructed (after axis fusion)
     device: DeviceSpec
     policy: str
+    options: Options
     candidates: tuple[Candidate, ...]
     graph: ConstructionGraph
     steps: int
-    seconds: float
+    seconds: float  # generating the steps, nothing else
+
+    def candidate(self, rank: int) -> Candidate:
+        """Candidate `rank` (1 = best predicted); UserError naming the ranks there are."""
+        if not 1 <= rank <= len(self.candidates):
+            raise UserError(f"rank {rank}: the construction has {len(self.candidates)} candidates")
+        return self.candidates[rank - 1]
 
 
 def construct(expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options()) -> Construction:
     """Run a policy to the end; `seconds` is measured around the construction alone."""
-    start = time.perf_counter()
-    stepper = Stepper(expr, device, policy, options)
-    stepper.run_to_end()
-    candidates = tuple(stepper.candidates())
-    seconds = time.perf_counter() - start
-    return Construction(stepper.space.expr, device, policy, candidates, stepper.graph(), len(stepper.steps), seconds)
+    return Stepper(expr, device, policy, options).finish()

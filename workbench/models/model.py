@@ -141,7 +141,7 @@ def _operator_dict(r: OperatorResult, ops: dict[int, Operator]) -> dict:
         "main_block": op.expr.main_block if op.expr is not None else "",
         "inputs": [_arg_label(a, ops) for a in op.args],
         "shapes": {"inputs": [list(a.shape) for a in op.args], "outputs": [list(shape) for shape, _ in op.outputs]},
-        "candidates": [candidate_summary(c) for c in r.candidates],
+        "candidates": [c.to_dict() for c in r.candidates],
         "predicted_seconds": r.predicted_seconds,
         "supported": r.supported,
         "reason": r.reason,
@@ -155,18 +155,6 @@ def _arg_label(arg, ops: dict[int, Operator]) -> str:
         producer = ops[arg.ref]
         return producer.name if len(producer.outputs) == 1 else f"{producer.name}[{arg.item}]"
     return f"input:{arg.ref}" if arg.source == "input" else "constant"
-
-
-def candidate_summary(c: Candidate) -> dict:
-    """A candidate in a few fields: rank, prediction, bottleneck, grid and the tile per layer."""
-    program = c.program
-    return {
-        "rank": c.rank,
-        "predicted_seconds": c.predicted_seconds,
-        "bottleneck": c.estimate.bottleneck,
-        "grid": program.grid,
-        "tiles": {name: program.tile_dict(l) for l, name in enumerate(program.layers)},
-    }
 
 
 def plan_dict(plan: Plan, names: list[str]) -> dict:

@@ -72,24 +72,10 @@ class ProfileResult:
             "runner": self.runner,
             "run_id": self.run_id,
             "profile_seconds": self.seconds,
-            "candidates": [_candidate_dict(c, m) for c, m in zip(self.candidates, self.measurements)],
+            "candidates": [c.to_dict(m) for c, m in zip(self.candidates, self.measurements)],
             "best_seconds": best.best_seconds if best else None,
             **self.comparison.to_dict(),
         }
-
-
-def _candidate_dict(candidate: Candidate, m: Measurement) -> dict:
-    return {
-        "rank": candidate.rank,
-        "predicted_seconds": candidate.predicted_seconds,
-        "bottleneck": candidate.estimate.bottleneck,
-        "measured_seconds": m.best_seconds,
-        "median_seconds": m.median_seconds,
-        "seconds": list(m.seconds),
-        "correct": m.correct,
-        "error": m.error,
-        "build_seconds": m.build_seconds,
-    }
 
 
 def make_runner(runner: str | Runner, device: DeviceSpec, tracker: str | None = None, key: str | None = None) -> Runner:

@@ -1,0 +1,169 @@
+"""The front door: what the CLI, the dashboard pages and the widgets call, so that none of them
+assembles the pipeline itself.
+
+    request(workload, device, policy, options)     what to construct
+      -> stepper(request)                            a cursor over the steps (lessons, the Construction page)
+      -> construct(request) -> Construction          the finished top-K (or `Stepper.finish()`)
+           -> profile(construction, ...)             build, verify, time, store: a ProfileResult
+           -> export(construction, rank, out)        build, verify, write one bundle: the only export
+           -> build(construction, rank)              one kernel's sources and schedule, to read
+    Candidate.to_dict(measurement) / candidate_rows  a candidate as JSON / as a table row
+
+Each stage takes the value the stage before made and nothing else: a `Candidate` carries its
+program (with its expression and virtual threads), its device, its estimate and the actions that
+built it (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.construct.space import Options
+from workbench.construct.step import Candidate
+from workbench.construct.stepper import Construction, Stepper
+from workbench.errors import UserError
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.profile.runner import Measurement, Runner, Timing
+from workbench.profile.session import Progress, ProfileResult, profile_candidates
+from workbench.workload import Workload, suite_workload
+
+__all__ = [
+    "Candidate", "Construction", "Options", "ProfileResult", "Request", "Stepper", "Timing",
+    "build", "candidate_rows", "check_export_path", "construct", "export", "profile", "request", "stepper",
+]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One construction to make: a workload (a `Workload`, or an already built TensorExpr such
+    as a model's operator), a device, a policy and its options."""
+
+    workload: Workload | TensorExpr
+    device: DeviceSpec
+    policy: str = "roller"
+    options: Options = Options()
+
+    def expr(self) -> TensorExpr:
+        """The workload's expression (built by TVM for a `Workload`); UserError for bad input."""
+        return self.workload if isinstance(self.workload, TensorExpr) else self.workload.build()
+
+    @property
+    def label(self) -> str:
+        """The workload as the user named it (`cpu-core:mm-512`, `matmul M=64,...`)."""
+        if isinstance(self.workload, Workload):
+            return self.workload.describe()
+        params = ",".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in self.workload.params)
+        return f"{self.workload.op} {params}".strip()
+
+    def describe(self) -> str:
+        dtype = "" if self.workload.dtype == "float32" else f" {self.workload.dtype}"
+        return f"{self.label}{dtype} on {self.device.name} ({self.policy}, top-{self.options.topk})"
+
+
+def request(workload: Workload | TensorExpr | str, device: DeviceSpec | str | Path, policy: str = "roller",
+            options: Options = Options()) -> Request:
+    """A Request from what a user types: a workload `SUITE:ID` or a `Workload` or TensorExpr, a
+    device preset name or spec file (`local-cpu`: this machine) or a DeviceSpec. UserError for an
+    unknown suite entry, device or policy, or top-K below 1."""
+    from workbench.construct.policies import policy_class
+    from workbench.hardware.loader import load_spec
+
+    if isinstance(workload, str):
+        workload = suite_workload(workload)
+    elif not isinstance(workload, (Workload, TensorExpr)):
+        raise UserError(f"expected a Workload, a TensorExpr or 'SUITE:ID', got {type(workload).__name__}")
+    if isinstance(device, (str, Path)):
+        device = load_spec(device)
+    elif not isinstance(device, DeviceSpec):
+        raise UserError(f"expected a DeviceSpec or a preset name, got {type(device).__name__}")
+    policy_class(policy)
+    if options.topk < 1:
+        raise UserError(f"top-K must be >= 1, got {options.topk}")
+    return Request(workload, device, policy, options)
+
+
+def stepper(req: Request) -> Stepper:
+    """A cursor over the construction of `req`, at its start."""
+    return Stepper(req.expr(), req.device, req.policy, req.options)
+
+
+def construct(req: Request) -> Construction:
+    """The finished construction of `req`: its top-K, graph, step count and time."""
+    return stepper(req).finish()
+
+
+def profile(
+    construction: Construction,
+    runner: str | Runner = "local",
+    *,
+    label: str = "",
+    store=None,
+    timing: Timing = Timing(),
+    progress: Progress | None = None,
+    tracker: str | None = None,
+    key: str | None = None,
+    ranks: Sequence[int] | None = None,
+) -> ProfileResult:
+    """Build, verify and time the construction's candidates (those of `ranks`, default all) with
+    `runner` ("local", "rpc" with `tracker` and `key`, "fake", or a Runner), recording the run
+    in `store` (a `profile.store.RunStore`) under `label`."""
+    chosen = construction.candidates if ranks is None else tuple(construction.candidate(r) for r in ranks)
+    return profile_candidates(construction.expr, construction.device, chosen, runner=runner, tracker=tracker,
+                              key=key, store=store, workload_label=label, policy=construction.policy,
+                              timing=timing, progress=progress)
+
+
+def export(construction: Construction, rank: int, out, *, zip: bool = False, measured_seconds: float | None = None):
+    """Build candidate `rank`, verify it and write its bundle to `out` (`codegen.export`): an
+    `ExportResult`. UserError for a bad `out` or rank (before anything is built);
+    `KernelRejected` (a UserError) with nothing written for a kernel that fails."""
+    from workbench.codegen.export import export_candidate
+
+    cand = construction.candidate(rank)
+    return export_candidate(construction.expr, cand, construction.device, out, policy=construction.policy,
+                            measured_seconds=measured_seconds, zip=zip)
+
+
+def build(construction: Construction, rank: int):
+    """Candidate `rank` built for reading (a `codegen.build.Kernel`: sources, TVMScript, schedule
+    trace; ok or failed, never run), in a worker process so that a compiler crash fails this
+    kernel, not the caller."""
+    from workbench.codegen.export import build_apart
+
+    return build_apart(construction.expr, construction.candidate(rank), construction.device)
+
+
+def check_export_path(out, zip: bool = False) -> Path:
+    """The bundle path `out` checked as `export` checks it (`codegen.export.check_out`), for a
+    face that must refuse a bad path before it constructs anything."""
+    from workbench.codegen.export import check_out
+
+    return check_out(out, zip)
+
+
+def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measurement] | None = None,
+                   measured: Mapping[int, float] | None = None) -> list[dict]:
+    """The candidate table every face shows, one row per candidate: rank, predicted time, the
+    measured time (from `measurements`, a profile's, or `measured`, rank -> seconds) and its
+    error, bottleneck, grid, waves, the tile per memory layer and the virtual threads. Times in
+    microseconds; columns with nothing in any row are left out."""
+    from workbench.viz.fmt import shape_text
+
+    by_rank = {m.rank: m for m in measurements or ()}
+    times = dict(measured or {}) | {m.rank: m.best_seconds for m in by_rank.values() if m.ok}
+    shown = measurements is not None or measured is not None
+    rows = []
+    for c in candidates:
+        row = {"rank": c.rank, "predicted us": c.predicted_seconds * 1e6}
+        if shown:
+            row["measured us"] = times[c.rank] * 1e6 if c.rank in times else None
+        if by_rank:
+            row["error"] = by_rank[c.rank].error if c.rank in by_rank else ""
+        row |= {"bottleneck": c.estimate.bottleneck, "grid": c.program.grid, "waves": c.estimate.waves}
+        row |= {name: shape_text(t) for name, t in zip(c.program.layers, c.program.tiles)}
+        row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.program.vthreads) or None
+        rows.append(row)
+    return [{k: v for k, v in row.items() if k != "vthreads" or any(r["vthreads"] for r in rows)} for row in rows]
