@@ -8,13 +8,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from workbench.construct.space import Options
-from workbench.construct.stepper import construct
+from workbench import pipeline
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.baselines import Baseline
 from workbench.profile.compare import aggregate, geometric_mean
 from workbench.profile.runner import Timing
-from workbench.profile.session import profile_candidates
 from workbench.profile.store import RunStore
 from workbench.workload import Workload
 
@@ -51,11 +49,8 @@ class KernelBench:
 
 
 def _profile_policy(workload, device, policy, topk, store, timing, seed):
-    built = construct(workload.build(), device, policy, Options(topk=topk, seed=seed))
-    result = profile_candidates(
-        built.expr, device, built.candidates, store=store, workload_label=workload.describe(), policy=policy, timing=timing
-    )
-    return built, result
+    built = pipeline.construct(pipeline.request(workload, device, policy, pipeline.Options(topk=topk, seed=seed)))
+    return built, pipeline.profile(built, label=workload.describe(), store=store, timing=timing)
 
 
 def bench_workload(

@@ -1,0 +1,131 @@
+"""The front door: a request in, a finished construction out, and profile, export and the
+candidate's JSON and table forms taking that construction and nothing else."""
+
+import json
+
+import pytest
+from helpers import TINY_CPU, device, expr, matmul
+
+from workbench import pipeline
+from workbench.construct.stepper import Stepper
+from workbench.errors import UserError
+from workbench.profile.fake import FakeRunner
+from workbench.workload import Workload, suite_workload
+
+# The keys shared/design/CLI.md promises for a candidate of `workbench construct` and, with a
+# measurement, of `workbench profile`.
+CONSTRUCT_KEYS = {"rank", "predicted_seconds", "bottleneck", "grid"}
+PROFILE_KEYS = CONSTRUCT_KEYS | {"measured_seconds", "correct"}
+
+
+def _request(**kw):
+    return pipeline.request(Workload(op="matmul", params=(("K", 64), ("M", 48), ("N", 80))), TINY_CPU,
+                            options=pipeline.Options(topk=4), **kw)
+
+
+def test_request_takes_what_a_user_types():
+    req = pipeline.request("cpu-core:mm-512", "v100", "markov", pipeline.Options(topk=3))
+    assert req.workload == suite_workload("cpu-core:mm-512") and req.device == device("v100")
+    assert req.label == "cpu-core:mm-512"
+    assert req.describe() == "cpu-core:mm-512 on v100 (markov, top-3)"
+    built = pipeline.request(expr("relu", shape=(17, 11, 3)), TINY_CPU)
+    assert built.label == "relu shape=17x11x3" and built.expr() is built.workload
+
+
+@pytest.mark.parametrize("args, message", [
+    (("cpu-core:mm-512", "v100", "nope"), "unknown policy 'nope'"),
+    (("cpu-core:nope", "v100"), "nope"),
+    (("cpu-core:mm-512", "no-such-device"), "no-such-device"),
+    ((42, "v100"), "expected a Workload, a TensorExpr or 'SUITE:ID', got int"),
+    (("cpu-core:mm-512", 3.5), "expected a DeviceSpec or a preset name, got float"),
+])
+def test_a_bad_request_is_one_user_error(args, message):
+    with pytest.raises(UserError, match=message):
+        pipeline.request(*args)
+
+
+def test_top_k_below_one_is_refused():
+    with pytest.raises(UserError, match="top-K must be >= 1, got 0"):
+        pipeline.request("cpu-core:mm-512", "v100", options=pipeline.Options(topk=0))
+
+
+def test_construct_is_the_stepper_finished():
+    req = _request()
+    c = pipeline.construct(req)
+    s = pipeline.stepper(req)
+    assert s.position == 0
+    again = s.finish()
+    assert c.candidates == again.candidates and c.graph == again.graph and c.steps == again.steps
+    assert [cand.rank for cand in c.candidates] == list(range(1, len(c.candidates) + 1)) and len(c.candidates) == 4
+    assert all(cand.device == TINY_CPU and cand.expr == c.expr for cand in c.candidates)
+
+
+def test_profile_takes_the_construction_and_stores_under_its_label(tmp_path):
+    from workbench.profile.store import RunStore
+
+    c = pipeline.construct(_request())
+    with RunStore(tmp_path / "runs.db") as store:
+        result = pipeline.profile(c, FakeRunner(), label="my matmul", store=store)
+        (run,) = store.runs()
+    assert result.candidates == c.candidates and result.policy == c.policy and result.device == TINY_CPU.name
+    assert run.workload == "my matmul" and run.id == result.run_id
+    doc = result.to_dict()
+    for cand, m, data in zip(c.candidates, result.measurements, doc["candidates"]):
+        assert PROFILE_KEYS <= set(data)
+        assert data == json.loads(json.dumps(cand.to_dict(m)))  # the one candidate form
+        assert data["measured_seconds"] == m.best_seconds
+
+
+def test_profile_picks_ranks_and_refuses_a_missing_one():
+    c = pipeline.construct(_request())
+    result = pipeline.profile(c, FakeRunner(), ranks=[2, 4])
+    assert [cand.rank for cand in result.candidates] == [2, 4]
+    with pytest.raises(UserError, match="rank 9: the construction has 4 candidates"):
+        pipeline.profile(c, FakeRunner(), ranks=[9])
+
+
+def test_export_refuses_a_bad_rank_or_path_before_building(tmp_path):
+    c = pipeline.construct(_request())
+    with pytest.raises(UserError, match="rank 5: the construction has 4 candidates"):
+        pipeline.export(c, 5, tmp_path / "bundle")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="file"):
+        pipeline.check_export_path(tmp_path / "file" / "bundle")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_candidate_json_has_the_contract_keys_and_each_layer():
+    c = pipeline.construct(_request())
+    for cand in c.candidates:
+        data = cand.to_dict()
+        assert CONSTRUCT_KEYS <= set(data) and "measured_seconds" not in data
+        assert [l["name"] for l in data["layers"]] == list(cand.program.layers)
+        assert all(l["footprint_bytes"] <= l["capacity_bytes"] for l in data["layers"])
+        assert data["rprogram"] == cand.program.to_dict() and json.loads(json.dumps(data)) == data
+
+
+def test_candidate_rows_show_measured_times_of_correct_kernels_only():
+    c = pipeline.construct(_request())
+    result = pipeline.profile(c, FakeRunner(incorrect=frozenset({2})))
+    rows = pipeline.candidate_rows(c.candidates, result.measurements)
+    layers = list(c.candidates[0].program.layers)
+    assert list(rows[0]) == ["rank", "predicted us", "measured us", "error", "bottleneck", "grid", "waves", *layers]
+    by_rank = {m.rank: m for m in result.measurements}
+    for cand, row in zip(c.candidates, rows):
+        assert row["rank"] == cand.rank and row["predicted us"] == pytest.approx(cand.predicted_seconds * 1e6)
+        m = by_rank[cand.rank]
+        assert row["measured us"] == (pytest.approx(m.best_seconds * 1e6) if m.ok else None)
+        assert row["error"] == m.error
+    assert rows[1]["measured us"] is None and "wrong result" in rows[1]["error"]
+
+
+def test_candidate_rows_before_profiling_and_with_virtual_threads():
+    plain = pipeline.candidate_rows(pipeline.construct(_request()).candidates)
+    assert "measured us" not in plain[0] and "error" not in plain[0] and "vthreads" not in plain[0]
+    s = Stepper(matmul(512, 512, 512), device("v100"), "markov", pipeline.Options(topk=10))
+    cands = s.finish().candidates
+    rows = pipeline.candidate_rows(cands, measured={1: 2e-6})
+    assert rows[0]["measured us"] == pytest.approx(2.0) and all(r["measured us"] is None for r in rows[1:])
+    assert any(c.program.vthreads for c in cands)  # Markov on a GPU sets virtual threads
+    for cand, row in zip(cands, rows):
+        assert row["vthreads"] == (", ".join(f"{a}x{v}" for a, v in cand.program.vthreads) or None)
