@@ -230,7 +230,6 @@ def cmd_construct(args) -> int:
 
 def cmd_export(args) -> int:
     from workbench import pipeline
-    from workbench.codegen.export import KernelRejected
     from workbench.workload import workload_from_args
 
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
@@ -240,7 +239,7 @@ def cmd_export(args) -> int:
         raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates")
     try:
         result = pipeline.export(c, args.rank, args.out, zip=args.zip)
-    except KernelRejected as err:
+    except pipeline.KernelRejected as err:
         print(f"workbench: {err}", file=sys.stderr)
         return EXIT_KERNEL_FAILED
     cand = c.candidate(args.rank)

@@ -20,18 +20,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench.codegen.build import Kernel
+from workbench.codegen.export import ExportResult, KernelRejected, build_apart, check_out, export_candidate
+from workbench.construct.policies import policy_class
 from workbench.construct.space import Options
 from workbench.construct.step import Candidate
 from workbench.construct.stepper import Construction, Stepper
 from workbench.errors import UserError
+from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.session import Progress, ProfileResult, profile_candidates
+from workbench.viz.fmt import shape_text
 from workbench.workload import Workload, suite_workload
 
 __all__ = [
-    "Candidate", "Construction", "Options", "ProfileResult", "Request", "Stepper", "Timing",
+    "Candidate", "Construction", "ExportResult", "Kernel", "KernelRejected", "Options", "ProfileResult", "Request",
+    "Stepper", "Timing",
     "build", "candidate_rows", "check_export_path", "construct", "export", "profile", "request", "stepper",
 ]
 
@@ -68,9 +74,6 @@ def request(workload: Workload | TensorExpr | str, device: DeviceSpec | str | Pa
     """A Request from what a user types: a workload `SUITE:ID` or a `Workload` or TensorExpr, a
     device preset name or spec file (`local-cpu`: this machine) or a DeviceSpec. UserError for an
     unknown suite entry, device or policy, or top-K below 1."""
-    from workbench.construct.policies import policy_class
-    from workbench.hardware.loader import load_spec
-
     if isinstance(workload, str):
         workload = suite_workload(workload)
     elif not isinstance(workload, (Workload, TensorExpr)):
@@ -116,31 +119,26 @@ def profile(
                               timing=timing, progress=progress)
 
 
-def export(construction: Construction, rank: int, out, *, zip: bool = False, measured_seconds: float | None = None):
+def export(construction: Construction, rank: int, out, *, zip: bool = False,
+           measured_seconds: float | None = None) -> ExportResult:
     """Build candidate `rank`, verify it and write its bundle to `out` (`codegen.export`): an
     `ExportResult`. UserError for a bad `out` or rank (before anything is built);
     `KernelRejected` (a UserError) with nothing written for a kernel that fails."""
-    from workbench.codegen.export import export_candidate
-
     cand = construction.candidate(rank)
     return export_candidate(construction.expr, cand, construction.device, out, policy=construction.policy,
                             measured_seconds=measured_seconds, zip=zip)
 
 
-def build(construction: Construction, rank: int):
+def build(construction: Construction, rank: int) -> Kernel:
     """Candidate `rank` built for reading (a `codegen.build.Kernel`: sources, TVMScript, schedule
     trace; ok or failed, never run), in a worker process so that a compiler crash fails this
     kernel, not the caller."""
-    from workbench.codegen.export import build_apart
-
     return build_apart(construction.expr, construction.candidate(rank), construction.device)
 
 
 def check_export_path(out, zip: bool = False) -> Path:
     """The bundle path `out` checked as `export` checks it (`codegen.export.check_out`), for a
     face that must refuse a bad path before it constructs anything."""
-    from workbench.codegen.export import check_out
-
     return check_out(out, zip)
 
 
@@ -150,8 +148,6 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
     measured time (from `measurements`, a profile's, or `measured`, rank -> seconds) and its
     error, bottleneck, grid, waves, the tile per memory layer and the virtual threads. Times in
     microseconds; columns with nothing in any row are left out."""
-    from workbench.viz.fmt import shape_text
-
     by_rank = {m.rank: m for m in measurements or ()}
     times = dict(measured or {}) | {m.rank: m.best_seconds for m in by_rank.values() if m.ok}
     shown = measurements is not None or measured is not None
