@@ -331,12 +331,12 @@ def cmd_bench_kernels(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from workbench.construct.space import Options
+    from workbench import pipeline
     from workbench.models.model import model_report, report_text
 
     if args.topk < 1:
         raise UserError(f"--topk must be >= 1, got {args.topk}")
-    doc = model_report(args.path, args.device, args.policy, Options(topk=args.topk, seed=args.seed))
+    doc = model_report(args.path, args.device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
     return _emit(args, doc, report_text(doc))
 
 
