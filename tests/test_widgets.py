@@ -5,6 +5,7 @@ state they mirror and the figures they show. Also the two figure builders only t
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from html import escape
 from pathlib import Path
@@ -13,11 +14,11 @@ import numpy as np
 import pytest
 from helpers import ROOT, device, matmul
 
-from workbench.construct.space import Options
-from workbench.construct.stepper import construct
+from workbench import pipeline
 from workbench.models.rammer import ROperator, rkernel, schedule
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
+from workbench.pipeline import Options
 from workbench.viz.tiles import state_tiles
 from workbench.widgets import (
     CandidateTable,
@@ -28,8 +29,13 @@ from workbench.widgets import (
     PredictedVsMeasured,
     TileView,
 )
+from workbench.widgets.tables import cell_text
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def construct(expr, spec, policy: str = "roller", options: Options = Options()):
+    return pipeline.construct(pipeline.request(expr, spec, policy, options))
 
 
 @cache
@@ -108,6 +114,18 @@ def test_stepper_accepts_a_suite_reference_and_a_preset_name():
     assert w.tile_view.tiles == () and w.tile_view.footprint_view.outputs == ()
 
 
+def test_stepper_candidates_are_the_finished_construction_wherever_the_cursor_is():
+    options = Options(topk=4)
+    w = ConstructionStepper(matmul(256, 256, 256), device("tiny-cpu"), "markov", options, position=5)
+    finished = pipeline.construct(pipeline.request(matmul(256, 256, 256), device("tiny-cpu"), "markov", options))
+    assert w.stepper.position == 5 and w.total == finished.steps == w.construction.steps
+    assert len(w.stepper.candidates()) < len(w.candidates) == options.topk  # five steps emit nothing yet
+    assert [(c.rank, c.program.tiles, c.predicted_seconds) for c in w.candidates] == [
+        (c.rank, c.program.tiles, c.predicted_seconds) for c in finished.candidates]
+    assert w.stepper.position == 5  # reading them moved nothing
+    assert f"{w.total} steps, {len(finished.candidates)} candidates" in w.heading.value
+
+
 # -- TileView -------------------------------------------------------------------------------
 
 
@@ -145,6 +163,34 @@ def test_candidate_table_picks_a_rank_and_draws_measured_points():
     table.measured = {1: 1e-3, 3: 2e-3}
     measured = next(t for t in table.roofline_view.figure.data if t.name == "measured")
     assert sorted(measured.customdata) == [1, 3] and "measured us" in table.table.value
+
+
+def table_cells(html: str) -> tuple[list[str], list[list[str]]]:
+    """The header and the body cells of the one table in `html`, unescaped."""
+    from html import unescape
+
+    head = [unescape(h) for h in re.findall(r"<th\b[^>]*>(.*?)</th>", html)]
+    rows = re.findall(r"<tr\b[^>]*>(.*?)</tr>", html)[1:]  # the first is the header
+    body = [[unescape(d) for d in re.findall(r"<td\b[^>]*>(.*?)</td>", row)] for row in rows]
+    return head, body
+
+
+@pytest.mark.parametrize("policy", ["roller", "markov"])
+def test_candidate_table_rows_are_the_pipeline_candidate_rows(policy):
+    # The dashboard shows `pipeline.candidate_rows` too: same columns, same cells, so the two
+    # tables cannot drift apart. On a GPU, Markov candidates carry virtual threads (a column).
+    c = construct(matmul(256, 256, 256), device("v100" if policy == "markov" else "tiny-cpu"), policy, Options(topk=4))
+    table = CandidateTable(c)
+    for measured in ({}, {2: 3e-4}):
+        table.measured = measured
+        rows = pipeline.candidate_rows(c.candidates, measured=measured)
+        assert table.rows == rows
+        columns = [k for k in rows[0] if any(r[k] is not None for r in rows)]
+        head, body = table_cells(table.table.value)
+        assert head == columns and ("measured us" in head) == bool(measured)
+        assert body == [[cell_text(r[k]) for k in columns] for r in rows]
+        assert ("vthreads" in head) == any(cand.program.vthreads for cand in c.candidates) == (policy == "markov")
+        assert {*c.candidates[0].program.layers, "rank", "predicted us", "bottleneck", "grid", "waves"} <= set(head)
 
 
 def test_profile_button_runs_the_session_and_feeds_bar_scatter_and_table():

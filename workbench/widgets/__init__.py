@@ -1,5 +1,6 @@
-"""Jupyter widgets (ipywidgets 8) over the core: each mirrors core state in traitlets, calls core
-functions, and draws with the plotly builders of `workbench.viz`; none computes a model quantity.
+"""Jupyter widgets (ipywidgets 8) over the core: each mirrors core state in traitlets, calls the
+front door (`workbench.pipeline`: request, stepper, construct, profile, export, candidate rows),
+and draws with the plotly builders of `workbench.viz`; none computes a model quantity.
 
     from workbench.widgets import ConstructionStepper
     ConstructionStepper("cpu-core:mm-512", "local-cpu")

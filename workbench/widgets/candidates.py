@@ -1,34 +1,32 @@
 """CandidateTable (the top-K rPrograms and the roofline) and PredictedVsMeasured (profile them on
 this machine with a progress bar, then measured against predicted).
 
-Both take a core `Construction` (`workbench.construct.stepper.construct`). Link the measured times
-of a profile into the table with `traitlets.dlink((profiler, "measured"), (table, "measured"))`.
+Both take a finished `Construction` (`pipeline.construct`, or `ConstructionStepper.construction`).
+Link the measured times of a profile into the table with
+`traitlets.dlink((profiler, "measured"), (table, "measured"))`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import traitlets
 
-from workbench.construct.step import Candidate
-from workbench.construct.stepper import Construction
+from workbench import pipeline
 from workbench.errors import UserError
-from workbench.profile.runner import Timing
-from workbench.profile.session import (
-    ProfileResult,
-    ProgressEvent,
-    make_runner,
-    profile_candidates,
-)
+from workbench.pipeline import Candidate, Construction, ProfileResult, Timing
 from workbench.profile.store import RunStore
 from workbench.rtile.model import peak_gflops
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
-from workbench.viz.fmt import micros, shape_text
+from workbench.viz.fmt import micros
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.profile.session import ProgressEvent
 
 QUICK = Timing(repeat=3, min_repeat_ms=20)  # a lesson's timing: a few repeats, short ones
 
@@ -69,18 +67,15 @@ class CandidateTable(widgets.VBox):
         """The picked candidate."""
         return self.by_rank[self.rank]
 
+    @property
+    def rows(self) -> list[dict]:
+        """The table's rows: `pipeline.candidate_rows`, the dashboard's candidate table."""
+        return pipeline.candidate_rows(list(self.by_rank.values()), measured=self.measured)
+
     def _render(self) -> None:
         c = self.construction
-        rows = []
-        for cand in self.by_rank.values():
-            row = {"rank": cand.rank, "predicted us": cand.predicted_seconds * 1e6}
-            row["measured us"] = self.measured[cand.rank] * 1e6 if cand.rank in self.measured else None
-            row |= {"bottleneck": cand.estimate.bottleneck, "grid": cand.program.grid, "waves": cand.estimate.waves}
-            row |= {name: shape_text(t) for name, t in zip(cand.program.layers, cand.program.tiles)}
-            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in cand.program.vthreads) or None
-            rows.append(row)
         note = f"<p>tiles per layer as {' x '.join(a.name for a in c.expr.axes)}; picked row highlighted</p>"
-        self.table.value = note + html_table(rows, marked=[r == self.rank for r in self.by_rank])
+        self.table.value = note + html_table(self.rows, marked=[r == self.rank for r in self.by_rank])
         device = c.device
         points = roofline_points(list(self.by_rank.values()), device.layers[-1].name, self.measured)
         layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
@@ -88,7 +83,7 @@ class CandidateTable(widgets.VBox):
 
 
 class PredictedVsMeasured(widgets.VBox):
-    """Profile: build, check against numpy and time every candidate with `profile_candidates`
+    """Profile: build, check against numpy and time every candidate with `pipeline.profile`
     (runner "local" by default: this machine), an IntProgress fed by its progress events, then
     measured against predicted with the rank correlations.
 
@@ -130,21 +125,24 @@ class PredictedVsMeasured(widgets.VBox):
         return result
 
     def _session(self) -> ProfileResult:
-        c, n = self.construction, len(self.candidates)
-        runner = make_runner(self.runner, c.device)
-        phases = 2 if runner.needs_library else 1  # building first, then measuring
-        self.progress.max, self.progress.value = phases * n, 0
+        n = len(self.candidates)
+        # Every candidate is measured (a failed build too, as a failure); a runner that opens the
+        # libraries builds them all first, and its first "build" event doubles the bar.
+        self.progress.max, self.progress.value = n, 0
+        built = False
 
         def report(event: ProgressEvent) -> None:
-            self.progress.value = event.done + (n if phases == 2 and event.phase == "measure" else 0)
+            nonlocal built
+            if event.phase == "build" and not built:
+                built, self.progress.max = True, 2 * n
+            self.progress.value = event.done + (n if built and event.phase == "measure" else 0)
             self.progress_text.value = f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:120]
 
-        kwargs = {"runner": runner, "workload_label": self.workload_label, "policy": c.policy, "timing": self.timing,
-                  "progress": report}
+        kwargs = {"label": self.workload_label, "timing": self.timing, "progress": report}
         if self.store_path is None:
-            return profile_candidates(c.expr, c.device, self.candidates, **kwargs)
+            return pipeline.profile(self.construction, self.runner, **kwargs)
         with RunStore(self.store_path) as store:
-            return profile_candidates(c.expr, c.device, self.candidates, store=store, **kwargs)
+            return pipeline.profile(self.construction, self.runner, store=store, **kwargs)
 
     def _show(self, result: ProfileResult) -> None:
         points = [ComparedPoint(c.rank, c.predicted_seconds, m.best_seconds if m.ok else None)

@@ -1,20 +1,24 @@
-"""ExportButton: build one candidate, check it, and write its bundle with `export_candidate`, the
-function `workbench export` and the dashboard call (built and checked in a worker process)."""
+"""ExportButton: build one candidate, check it, and write its bundle with `pipeline.export`, the
+export `workbench export` and the dashboard call (built and checked in a worker process)."""
 
 from __future__ import annotations
 
 from html import escape
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import traitlets
 
-from workbench.codegen.build import Kernel
-from workbench.codegen.export import ExportResult, bundle_name, export_candidate
-from workbench.construct.stepper import Construction
+from workbench import pipeline
+from workbench.codegen.export import ExportResult, bundle_name
 from workbench.errors import UserError
+from workbench.pipeline import Construction
 from workbench.widgets.candidates import candidates_of, rank_options
 from workbench.widgets.tables import message
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.codegen.build import Kernel
 
 
 def construction_bundle_name(construction: Construction, rank: int) -> str:
@@ -57,8 +61,8 @@ class ExportButton(widgets.VBox):
         try:
             self.status.value = message(f"building and checking candidate {cand.rank}...")
             out = Path(self.folder.value.strip() or ".").expanduser() / construction_bundle_name(c, cand.rank)
-            result = export_candidate(c.expr, cand, c.device, out, policy=c.policy,
-                                      measured_seconds=self.measured.get(cand.rank), zip=self.zip_box.value)
+            result = pipeline.export(c, cand.rank, out, zip=self.zip_box.value,
+                                     measured_seconds=self.measured.get(cand.rank))
         except UserError as err:  # a refused path, or a kernel refused (KernelRejected)
             self.status.value = message(str(err), "error")
             return None

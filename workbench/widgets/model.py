@@ -5,21 +5,24 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import traitlets
 
-from workbench.construct.space import Options
-from workbench.construct.stepper import POLICIES
-from workbench.hardware.spec import DeviceSpec
+from workbench.construct.policies import POLICIES
 from workbench.models.model import ModelConstruction, construct_model, report_dict
 from workbench.models.onnx_import import ImportedModel, import_model
+from workbench.pipeline import Options
 from workbench.viz.fmt import micros
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
 from workbench.widgets.inputs import as_device
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.hardware.spec import DeviceSpec
 
 MODEL_OPTIONS = Options(topk=3)  # the co-schedule picks among a few rKernels per operator
 

@@ -1,32 +1,35 @@
 """ConstructionStepper: step a construction policy forwards and back and watch the graph grow.
 
-The widget mirrors the core `Stepper` in one trait, `position` (steps taken from the start): the
-buttons, the slider and the Play control all set it, and every change seeks the core stepper and
-redraws from it. The construction is generated to its end first (milliseconds for the sizes of a
-lesson), so the slider spans every step; replaying a recorded step is free and deterministic (the
-Markov walk is seeded), so stepping back and forth shows exactly what the policy did.
+The widget mirrors the core `Stepper` (`pipeline.stepper`) in one trait, `position` (steps taken
+from the start): the buttons, the slider and the Play control all set it, and every change seeks
+the core stepper and redraws from it. The construction is finished first (`Stepper.finish()`,
+milliseconds for the sizes of a lesson; the cursor stays at the start), so the slider spans every
+step; replaying a recorded step is free and deterministic (the Markov walk is seeded), so stepping
+back and forth shows exactly what the policy did.
 """
 
 from __future__ import annotations
 
 from html import escape
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import traitlets
 
-from workbench.construct.space import Options
-from workbench.construct.step import Candidate, Step
-from workbench.construct.stepper import Stepper
-from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
+from workbench import pipeline
+from workbench.pipeline import Candidate, Construction, Options
 from workbench.viz.fmt import tile_text
 from workbench.viz.graph import first_steps, graph_figure
 from workbench.viz.tiles import state_tiles
-from workbench.widgets.inputs import as_device, as_expr
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 from workbench.widgets.tiles import TileView
-from workbench.workload import Workload
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.construct.step import Step
+    from workbench.hardware.spec import DeviceSpec
+    from workbench.ops.tensor_expr import TensorExpr
+    from workbench.workload import Workload
 
 PLAY_INTERVAL_MS = 700  # one step per interval while playing: time to read the step's note
 DEFAULT_OPTIONS = Options()
@@ -37,7 +40,9 @@ def _button(description: str, icon: str) -> widgets.Button:
 
 
 class ConstructionStepper(widgets.VBox):
-    """Back / Next / Play / Reset over one construction (`policy` "roller" or "markov").
+    """Back / Next / Play / Reset over one construction (`policy` "roller" or "markov") of a
+    workload on a device, given as `pipeline.request` takes them (a TensorExpr, a Workload or
+    `SUITE:ID`; a DeviceSpec, a preset name or a spec file). `construction` is the finished one.
 
     Shows the construction graph up to the current step, the step's action and note, every
     alternative it chose among with its reuse score (Roller) or benefit and probability (Markov),
@@ -50,10 +55,10 @@ class ConstructionStepper(widgets.VBox):
 
     def __init__(self, expr_or_workload: TensorExpr | Workload | str, device: DeviceSpec | str, policy: str = "roller",
                  options: Options = DEFAULT_OPTIONS, position: int = 0):
-        spec = as_device(device)
-        self.stepper = Stepper(as_expr(expr_or_workload), spec, policy, options)
-        self.stepper.run_to_end()
-        self.set_trait("total", len(self.stepper.steps))
+        req = pipeline.request(expr_or_workload, device, policy, options)
+        self.stepper = pipeline.stepper(req)
+        self.construction: Construction = self.stepper.finish()  # the cursor stays at the start
+        self.set_trait("total", self.construction.steps)
         self.reset_button, self.back_button = _button("Reset", "fast-backward"), _button("Back", "step-backward")
         self.next_button, self.end_button = _button("Next", "step-forward"), _button("End", "fast-forward")
         self.play = widgets.Play(min=0, max=self.total, interval=PLAY_INTERVAL_MS, description="Play")
@@ -61,7 +66,7 @@ class ConstructionStepper(widgets.VBox):
                                         layout=widgets.Layout(width="420px"))
         self.heading, self.step_html, self.alternatives = widgets.HTML(self._heading()), widgets.HTML(), widgets.HTML()
         self.graph_view = PlotView()
-        self.tile_view = TileView(self.stepper.space.expr, spec)
+        self.tile_view = TileView(self.stepper.space.expr, req.device)
         controls = [self.reset_button, self.back_button, self.play, self.next_button, self.end_button, self.slider]
         super().__init__(children=[self.heading, widgets.HBox(controls), self.step_html, self.graph_view,
                                    self.alternatives, self.tile_view])
@@ -85,13 +90,9 @@ class ConstructionStepper(widgets.VBox):
         return self.stepper.current
 
     @property
-    def candidates(self) -> list[Candidate]:
-        """The top-K of the whole construction, wherever the position is."""
-        here = self.stepper.position
-        self.stepper.seek(self.total)
-        found = self.stepper.candidates()
-        self.stepper.seek(here)
-        return found
+    def candidates(self) -> tuple[Candidate, ...]:
+        """The top-K of the whole construction (`construction.candidates`), wherever the position is."""
+        return self.construction.candidates
 
     def _go(self, position: int) -> None:
         self.position = position

@@ -4,19 +4,22 @@ layer's footprint against its capacity."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import traitlets
 
 from workbench.construct.space import Space
-from workbench.construct.step import Candidate
-from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
 from workbench.viz.fmt import human_bytes, tile_text
 from workbench.viz.tiles import footprint_figure, rtile_figure
 from workbench.widgets.inputs import as_device
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.hardware.spec import DeviceSpec
+    from workbench.ops.tensor_expr import TensorExpr
+    from workbench.pipeline import Candidate
 
 
 class TileView(widgets.VBox):
