@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from workbench.app.state import Selection
-from workbench.construct.space import Options
-from workbench.construct.stepper import Stepper
+from workbench import pipeline
 from workbench.hardware.loader import load_spec
-from workbench.workload import Workload, suite_workload
+from workbench.pipeline import Options, Request
+from workbench.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"Construction": "page_construction.py", "Candidates": "page_candidates.py", "Kernel": "page_kernel.py",
@@ -25,15 +24,15 @@ PAGES = {"Construction": "page_construction.py", "Candidates": "page_candidates.
 SMALL = Workload(op="matmul", params=(("K", 64), ("M", 64), ("N", 64)))  # profiles in seconds
 
 
-def app(selection: Selection | None = None) -> AppTest:
+def app(selection: Request | None = None) -> AppTest:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     if selection is not None:
         at.session_state["selection"] = selection
     return at.run()
 
 
-def small(policy: str = "roller", topk: int = 3) -> Selection:
-    return Selection(SMALL, load_spec("local-cpu"), policy, Options(topk=topk))
+def small(policy: str = "roller", topk: int = 3) -> Request:
+    return Request(SMALL, load_spec("local-cpu"), policy, Options(topk=topk))
 
 
 def goto(at: AppTest, title: str) -> AppTest:
@@ -83,7 +82,7 @@ def test_every_page_renders_on_the_default_workload():
 
 def test_next_and_back_show_the_core_stepper_steps():
     at = goto(app(), "Construction")
-    core = Stepper(suite_workload("cpu-core:mm-512").build(), load_spec("local-cpu"))
+    core = pipeline.stepper(pipeline.request("cpu-core:mm-512", "local-cpu"))
     button(at, "Reset").click().run()
     for _ in range(3):
         button(at, "Next").click().run()
@@ -170,12 +169,33 @@ def test_profile_fills_the_scatter_and_the_runs_history():
     assert len(at.dataframe[0].value) == 1 and len(at.get("plotly_chart")) == 2
 
 
-def test_unreachable_tracker_shows_an_error_and_keeps_the_last_result():
-    from workbench.profile.session import profile_candidates
+def table_rows(frame) -> list[dict]:
+    """A st.dataframe's rows as dicts, a missing value (NaN in a number column) as None."""
+    return [{k: None if isinstance(v, float) and np.isnan(v) else v for k, v in row.items()} for row in frame.to_dict("records")]
 
+
+def test_candidates_table_is_the_pipeline_table_before_and_after_profiling():
+    from workbench.profile.fake import FakeRunner
+
+    at = goto(app(small(topk=4)), "Candidates")
+    construction = pipeline.construct(small(topk=4))  # made apart from the page: the same candidates
+    expected = pipeline.candidate_rows(construction.candidates)
+    assert len(expected) == 4 and "measured us" not in expected[0]
+    assert list(at.dataframe[0].value.columns) == list(expected[0])
+    assert table_rows(at.dataframe[0].value) == expected
+    # Rank 2 reported wrong: its measured time is missing and its error shown.
+    result = pipeline.profile(at.session_state["construction"], FakeRunner(incorrect=frozenset({2})))
+    at.session_state["profile"] = result
+    at.run()
+    expected = pipeline.candidate_rows(construction.candidates, result.measurements)
+    assert expected[1]["measured us"] is None and expected[1]["error"] == "wrong result: fake"
+    assert list(at.dataframe[0].value.columns) == list(expected[0])
+    assert table_rows(at.dataframe[0].value) == expected
+
+
+def test_unreachable_tracker_shows_an_error_and_keeps_the_last_result():
     at = goto(app(small()), "Candidates")
-    s = at.session_state["stepper"]
-    at.session_state["profile"] = previous = profile_candidates(s.space.expr, s.space.device, s.candidates(), runner="fake")
+    at.session_state["profile"] = previous = pipeline.profile(at.session_state["construction"], runner="fake")
     at.radio[0].set_value("RPC tracker").run()
     at.text_input[1].set_value("127.0.0.1:1")  # nothing listens on port 1
     at.text_input[2].set_value("cpu")
@@ -304,7 +324,7 @@ def test_kernel_and_export_pages_never_run_a_kernel_for_another_cpu(tmp_path, mo
 
     monkeypatch.setattr(verify, "run_kernel", in_process)  # the workers spawned are fresh processes
     monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
-    at = goto(app(Selection(SMALL, load_spec("xeon-avx512"), "roller", Options(topk=2))), "Kernel")
+    at = goto(app(Request(SMALL, load_spec("xeon-avx512"), "roller", Options(topk=2))), "Kernel")
     assert not errors(at) and any("skylake-avx512" in c.value for c in at.caption)
     goto(at, "Export")
     at.text_input[0].set_value("bundle")
@@ -325,7 +345,7 @@ def test_a_build_that_crashes_the_compiler_fails_that_kernel_not_the_server(tmp_
     monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
     cpu = load_spec("local-cpu")
     broken = replace(cpu, name="broken", target=tuple(sorted({**dict(cpu.target), "mtriple": "garbage-x"}.items())))
-    at = goto(app(Selection(SMALL, broken, "roller", Options(topk=2))), "Kernel")
+    at = goto(app(Request(SMALL, broken, "roller", Options(topk=2))), "Kernel")
     assert any("did not build" in e and "crashed" in e for e in errors(at)) and not at.exception
     goto(at, "Export")
     at.text_input[0].set_value("bundle")

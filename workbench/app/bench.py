@@ -25,14 +25,11 @@ def next_click_seconds(workload: str, device: str, policy: str = "roller", topk:
     """Timings (seconds) of `clicks` Next clicks near the end of the construction, and its size."""
     from streamlit.testing.v1 import AppTest
 
-    from workbench.app.state import Selection
-    from workbench.construct.space import Options
-    from workbench.hardware.loader import load_spec
-    from workbench.workload import suite_workload
+    from workbench import pipeline
 
     at = AppTest.from_file(str(PAGE), default_timeout=600)
-    at.session_state["selection"] = Selection(suite_workload(workload), load_spec(device), policy,
-                                              Options(topk=topk, max_steps=max_steps))
+    at.session_state["selection"] = pipeline.request(workload, device, policy,
+                                                     pipeline.Options(topk=topk, max_steps=max_steps))
     at.run()
     stepper = at.session_state["stepper"]
     at.slider[0].set_value(max(0, len(stepper.steps) - clicks - 1)).run()

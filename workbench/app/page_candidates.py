@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from workbench import pipeline
 from workbench.app.profile_controls import profile_controls
 from workbench.app.state import candidates_page, picked, profile, set_picked
 from workbench.rtile.model import peak_gflops
@@ -14,7 +15,6 @@ from workbench.viz.compare import (
     predicted_vs_measured_figure,
     ranks_from_selection,
 )
-from workbench.viz.fmt import shape_text
 from workbench.viz.roofline import roofline_figure, roofline_points
 
 CHART_KEYS = ("roofline_chart", "compare_chart")
@@ -44,30 +44,19 @@ def _measured(result) -> dict[int, float]:
     return {m.rank: m.best_seconds for m in result.measurements if m.ok}
 
 
-def _table(s, cands, result) -> None:
-    measured = _measured(result)
-    errors = {m.rank: m.error for m in result.measurements} if result else {}
-    rows = []
-    for c in cands:
-        row = {"rank": c.rank, "predicted us": c.predicted_seconds * 1e6}
-        if result is not None:
-            row["measured us"] = measured[c.rank] * 1e6 if c.rank in measured else None
-            row["error"] = errors.get(c.rank, "")
-        row |= {"bottleneck": c.estimate.bottleneck, "grid": c.program.grid, "waves": c.estimate.waves}
-        row |= {name: shape_text(t) for name, t in zip(c.program.layers, c.program.tiles)}
-        if c.program.vthreads:
-            row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.program.vthreads)
-        rows.append(row)
-    st.caption("tiles per layer as " + " x ".join(s.space.axes) + "; selected points pick candidates")
+def _table(construction, result) -> None:
+    rows = pipeline.candidate_rows(construction.candidates, result.measurements if result is not None else None)
+    axes = [a.name for a in construction.expr.axes]
+    st.caption("tiles per layer as " + " x ".join(axes) + "; selected points pick candidates")
     micro = st.column_config.NumberColumn(format="%.2f")
     st.dataframe(rows, hide_index=True, width="stretch", column_config={"predicted us": micro, "measured us": micro})
 
 
-def _roofline(s, cands, result) -> None:
-    device = s.space.device
-    points = roofline_points(cands, device.layers[-1].name, _measured(result))
+def _roofline(construction, result) -> None:
+    device = construction.device
+    points = roofline_points(construction.candidates, device.layers[-1].name, _measured(result))
     layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
-    _selectable(roofline_figure(layers, peak_gflops(s.space.expr, device), points), CHART_KEYS[0])
+    _selectable(roofline_figure(layers, peak_gflops(construction.expr, device), points), CHART_KEYS[0])
 
 
 def _comparison(result) -> None:
@@ -90,14 +79,14 @@ def page() -> None:
     head = candidates_page("Candidates", "The construction found no candidates: raise eps or top-K on the Workload page.")
     if head is None:
         return
-    s, sel, cands = head
-    profile_controls(s, sel, cands)
+    sel, construction = head
+    profile_controls(sel, construction)
     result = profile()
-    _table(s, cands, result)
-    _picker(cands)
+    _table(construction, result)
+    _picker(construction.candidates)
     left, right = st.columns(2)
     with left:
-        _roofline(s, cands, result)
+        _roofline(construction, result)
     with right:
         if result is not None:
             _comparison(result)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.app import views
-from workbench.app.state import run_with_progress, selection, stepper
-from workbench.construct.stepper import Stepper
+from workbench.app.state import finish_with_progress, selection, stepper
+from workbench.pipeline import Stepper
 from workbench.viz.fmt import tile_text
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
 
@@ -47,7 +47,8 @@ def _controls(s: Stepper) -> None:
     cols[1].button("Back", on_click=_on_back, disabled=s.position == 0)
     cols[2].button("Next", on_click=_on_next, disabled=s.done)
     if cols[3].button("Play to end", disabled=s.done):
-        run_with_progress(s)  # replays recorded steps, generates the rest under a progress bar
+        finish_with_progress(s)  # generates what is left (normally nothing) under a progress bar
+        s.seek(len(s.steps))  # replaying recorded steps is instant
     if s.steps:
         _sync_slider(s)
         cols[4].slider("step", 0, len(s.steps), key="step_slider", on_change=_on_slide, label_visibility="collapsed")

@@ -1,7 +1,7 @@
 """Kernel page: what codegen made of a candidate. Generated source (CUDA C, or LLVM IR and
 assembly on CPUs), the scheduled TVMScript and the schedule trace, a side-by-side diff of two
 candidates, and on GPU devices the ptxas register / spill report where nvcc is installed.
-Kernels are built in a worker process (`views.kernel`) and never run here."""
+Kernels are built in a worker process (`views.kernel`, `pipeline.build`) and never run here."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ CODE_HEIGHT = 520  # px: long kernels scroll inside the block
 ARTIFACTS = ("scheduled TVMScript", "schedule trace", "main source")
 
 
-def built_kernel(s, cand):
-    with st.spinner(f"building candidate {cand.rank}..."):
-        return views.kernel(selection(), cand.rank, s, cand)
+def built_kernel(construction, rank: int):
+    with st.spinner(f"building candidate {rank}..."):
+        return views.kernel(selection(), rank, construction)
 
 
 def _artifact(kernel, which: str) -> str:
@@ -37,7 +37,7 @@ def _sources(kernel) -> None:
     tabs[-1].code(kernel.trace_python, language="python", height=CODE_HEIGHT)
 
 
-def _diff(s, by_rank: dict, ranks: list[int]) -> None:
+def _diff(construction, ranks: list[int]) -> None:
     st.subheader("Diff of two candidates")
     if len(ranks) < 2:
         st.caption("Only one candidate: nothing to compare.")
@@ -46,7 +46,7 @@ def _diff(s, by_rank: dict, ranks: list[int]) -> None:
     a = cols[0].selectbox("left", ranks, index=0, format_func=lambda r: f"#{r}")
     b = cols[1].selectbox("right", ranks, index=1, format_func=lambda r: f"#{r}")
     which = cols[2].selectbox("compare", ARTIFACTS)
-    ka, kb = built_kernel(s, by_rank[a]), built_kernel(s, by_rank[b])
+    ka, kb = built_kernel(construction, a), built_kernel(construction, b)
     if not (ka.ok and kb.ok):
         st.error("; ".join(f"#{r}: {k.error}" for r, k in ((a, ka), (b, kb)) if not k.ok))
         return
@@ -82,18 +82,17 @@ def page() -> None:
     head = candidates_page("Kernel")
     if head is None:
         return
-    s, sel, cands = head
-    ranks = ordered_ranks(cands)
-    by_rank = {c.rank: c for c in cands}
-    rank = st.selectbox("Candidate", ranks, format_func=lambda r: f"#{r}: predicted {micros(by_rank[r].predicted_seconds)}")
-    kernel = built_kernel(s, by_rank[rank])
+    sel, construction = head
+    ranks = ordered_ranks(construction.candidates)
+    rank = st.selectbox("Candidate", ranks, format_func=lambda r: f"#{r}: predicted {micros(construction.candidate(r).predicted_seconds)}")
+    kernel = built_kernel(construction, rank)
     if not kernel.ok:
         st.error(f"candidate {rank} did not build: {kernel.error}")
     else:
         st.caption(f"template {kernel.template}, target {kernel.target}, built in {kernel.build_seconds:.2f} s")
         _sources(kernel)
         _ptxas_report(kernel, sel.device)
-    _diff(s, by_rank, ranks)
+    _diff(construction, ranks)
 
 
 page()

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from workbench.app.state import Selection, selection, set_selection
+from workbench.app.state import selection, set_selection
 from workbench.errors import UserError
 from workbench.files import check_size, read_user_file
 from workbench.models.model import construct_model
 from workbench.models.onnx_import import MAX_MODEL_BYTES, import_model
+from workbench.pipeline import Request
 from workbench.viz.dataflow import dataflow_figure
 from workbench.viz.gantt import gantt_figure
 from workbench.workload import Workload
@@ -45,10 +46,10 @@ def _model_path() -> str | None:
     return _uploaded(upload) if upload is not None else None
 
 
-def _open_operator(sel: Selection, path: str, index: int) -> None:
-    workload = Workload(model=path, operator=index)
-    workload.build()  # refuse an unsupported operator before the selection changes
-    set_selection(Selection(workload, sel.device, sel.policy, sel.options))
+def _open_operator(sel: Request, path: str, index: int) -> None:
+    new = Request(Workload(model=path, operator=index), sel.device, sel.policy, sel.options)
+    new.expr()  # refuse an unsupported operator before the selection changes
+    set_selection(new)
 
 
 def page() -> None:

@@ -7,20 +7,12 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.app.device_controls import device_controls
-from workbench.app.state import (
-    Selection,
-    built,
-    finished_candidates,
-    run_with_progress,
-    selection,
-    set_selection,
-    stepper,
-)
-from workbench.construct.space import Options
-from workbench.construct.stepper import POLICIES, Stepper
+from workbench.app.state import built, construction, constructed, keep, selection
+from workbench.construct.policies import POLICIES
 from workbench.errors import UserError
 from workbench.ops.catalog import list_ops
 from workbench.ops.shapes import DTYPES, parse_kv
+from workbench.pipeline import Options, Request
 from workbench.workload import Workload, list_suites, load_suite
 
 SOURCES = ("Suite entry", "Catalog operator", "Expression")
@@ -95,7 +87,7 @@ def _workload_controls(current: Workload) -> Workload | None:
     return w
 
 
-def _policy_controls(current: Selection) -> tuple[str, Options]:
+def _policy_controls(current: Request) -> tuple[str, Options]:
     names = sorted(POLICIES)
     policy = st.selectbox("Policy", names, index=names.index(current.policy) if current.policy in names else 0)
     o = current.options
@@ -107,18 +99,16 @@ def _policy_controls(current: Selection) -> tuple[str, Options]:
     return policy, Options(topk=topk, eps=eps, max_steps=steps, seed=seed)
 
 
-def _apply(new: Selection) -> None:
+def _apply(new: Request) -> None:
     """Make `new` the session's selection once its construction has run; a construction that
     fails leaves the current selection and its results alone."""
     try:
-        s = Stepper(built(new.workload), new.device, new.policy, new.options)
-        run_with_progress(s)
+        s, c = constructed(new)
     except UserError as err:
         st.error(str(err))
         return
-    set_selection(new)
-    st.session_state.stepper, st.session_state.stepper_for = s, new
-    st.success(f"Selected {new.describe()}: {len(s.candidates())} candidates in {len(s.steps)} steps.")
+    keep(new, s, c)
+    st.success(f"Selected {new.describe()}: {len(c.candidates)} candidates in {c.steps} steps.")
 
 
 def page() -> None:
@@ -135,14 +125,14 @@ def page() -> None:
         st.subheader("Construction")
         policy, options = _policy_controls(sel)
     if st.button("Apply", type="primary", disabled=workload is None or device is None):
-        new = Selection(workload, device, policy, options)
+        new = Request(workload, device, policy, options)
         if new == sel:
             st.info("Nothing changed: the current construction stays.")
         else:
             _apply(new)
     # Constructing here means the dashboard opens on a finished construction (`make app`).
-    s = stepper()
-    done = f": {len(finished_candidates(s))} candidates in {len(s.steps)} steps" if s is not None else ""
+    c = construction()
+    done = f": {len(c.candidates)} candidates in {c.steps} steps" if c is not None else ""
     now.caption(f"Now: **{selection().describe()}**{done}")
 
 

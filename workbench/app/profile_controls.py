@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench.app.state import Selection, in_workspace, workspace
+from workbench import pipeline
+from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
-from workbench.profile.runner import Timing
-from workbench.profile.session import ProgressEvent, profile_candidates
+from workbench.pipeline import Construction, Request, Timing
 from workbench.profile.store import RunStore, default_path
 
 RUNNERS = {"This machine (local)": "local", "RPC tracker": "rpc"}
@@ -45,12 +45,13 @@ def store_path_input() -> None:
         st.error(st.session_state.pop("store_path_error"))
 
 
-def _fraction(event: ProgressEvent) -> float:
+def _fraction(event) -> float:
+    """The bar's fill for a session's `ProgressEvent`."""
     share = event.done / max(1, event.total)
     return BUILD_SHARE * share if event.phase == "build" else BUILD_SHARE + (1 - BUILD_SHARE) * share
 
 
-def profile_controls(s, sel: Selection, cands) -> None:
+def profile_controls(sel: Request, construction: Construction) -> None:
     """The profile form; a finished run is kept as the session's `profile`."""
     with st.expander("Profile", expanded=st.session_state.get("profile") is None):
         cols = st.columns([2, 1, 3])
@@ -64,21 +65,19 @@ def profile_controls(s, sel: Selection, cands) -> None:
             tracker = cols[0].text_input("Tracker HOST:PORT", value="127.0.0.1:9190")
             key = cols[1].text_input("Device key", value="")
         if st.button("Profile", type="primary"):
-            _run(s, sel, cands, runner, tracker, key, repeat)
+            _run(sel, construction, runner, tracker, key, repeat)
 
 
-def _run(s, sel: Selection, cands, runner: str, tracker, key, repeat: int) -> None:
+def _run(sel: Request, construction: Construction, runner: str, tracker, key, repeat: int) -> None:
     bar = st.progress(0.0, text="profiling: starting the build workers...")
 
-    def report(event: ProgressEvent) -> None:
+    def report(event) -> None:
         bar.progress(_fraction(event), text=f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:200])
 
     try:
         with RunStore(store_path()) as store:
-            result = profile_candidates(
-                s.space.expr, sel.device, cands, runner=runner, tracker=tracker, key=key, store=store,
-                workload_label=sel.workload.describe(), policy=sel.policy, timing=Timing(repeat=repeat), progress=report,
-            )
+            result = pipeline.profile(construction, runner, label=sel.label, store=store, timing=Timing(repeat=repeat),
+                                      progress=report, tracker=tracker, key=key)
     except UserError as err:
         st.error(str(err))
         return

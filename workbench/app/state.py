@@ -1,5 +1,6 @@
-"""Session state holds core values only: the selection (workload, device spec, policy, options),
-its stepper, the last profile result and the candidates picked for the Kernel and Export pages.
+"""Session state holds core values only: the selection (a `pipeline.Request`: workload, device
+spec, policy, options), its stepper and finished construction, the last profile result and the
+candidates picked for the Kernel and Export pages.
 
 Every browser session has its own `st.session_state`; what is shared between sessions is cached
 by value (`st.cache_resource` keyed by frozen core values), so sharing is never visible.
@@ -11,20 +12,16 @@ can reach the page can type a path, and the server must not write wherever its a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
 
-from workbench.construct.space import Options
-from workbench.construct.step import Candidate
-from workbench.construct.stepper import Stepper
+from workbench import pipeline
 from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
-from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
+from workbench.pipeline import Construction, Request, Stepper
 from workbench.profile.store import default_path
-from workbench.workload import Workload, suite_workload
+from workbench.workload import Workload
 
 DEFAULT_WORKLOAD = "cpu-core:mm-512"  # the sample workload `make app` opens on
 DEFAULT_DEVICE = "local-cpu"
@@ -61,99 +58,98 @@ def in_workspace(text: str) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class Selection:
-    workload: Workload
-    device: DeviceSpec
-    policy: str
-    options: Options
-
-    def describe(self) -> str:
-        dtype = "" if self.workload.dtype == "float32" else f" {self.workload.dtype}"
-        return f"{self.workload.describe()}{dtype} on {self.device.name} ({self.policy}, top-{self.options.topk})"
-
-
 @st.cache_resource(show_spinner=False, max_entries=64)
-def built(workload: Workload) -> TensorExpr:
-    """`workload.build()`, shared by sessions (a TensorExpr is immutable); UserError for bad input
-    (exceptions are not cached, so a fixed input is built afresh)."""
+def built(workload: Workload):
+    """`workload.build()` (a TensorExpr), shared by sessions (it is immutable); UserError for bad
+    input (exceptions are not cached, so a fixed input is built afresh)."""
     return workload.build()
 
 
 @st.cache_resource(show_spinner=False)
-def preset(name: str) -> DeviceSpec:
+def preset(name: str):
+    """The DeviceSpec of preset `name` (`local-cpu`: this machine, detected once)."""
     return load_spec(name)
 
 
-def selection() -> Selection:
+def selection() -> Request:
     if "selection" not in st.session_state:
-        st.session_state.selection = Selection(suite_workload(DEFAULT_WORKLOAD), preset(DEFAULT_DEVICE), "roller", Options())
+        st.session_state.selection = pipeline.request(DEFAULT_WORKLOAD, preset(DEFAULT_DEVICE))
     return st.session_state.selection
 
 
-def set_selection(new: Selection) -> None:
-    """Replace the selection; the stepper, profile and picks of the old one go with it."""
+def set_selection(new: Request) -> None:
+    """Replace the selection; the stepper, construction, profile and picks of the old one go with it."""
     st.session_state.selection = new
-    for key in ("stepper", "stepper_for", "profile", "picked", "bundle"):
+    for key in ("stepper", "construction", "stepper_for", "profile", "picked", "bundle"):
         st.session_state.pop(key, None)
 
 
+def constructed(req: Request) -> tuple[Stepper, Construction]:
+    """A stepper of `req` and its finished construction (under a progress bar), the cursor at the
+    end so the Construction page opens on the finished graph; UserError for bad input."""
+    s = pipeline.stepper(req)
+    construction = finish_with_progress(s)
+    s.seek(len(s.steps))  # replaying recorded steps is instant
+    return s, construction
+
+
+def keep(req: Request, s: Stepper, construction: Construction) -> None:
+    """Make `req` the session's selection, with its stepper and construction."""
+    set_selection(req)
+    _hold(req, s, construction)
+
+
+def _hold(req: Request, s: Stepper, construction: Construction) -> None:
+    st.session_state.stepper, st.session_state.construction, st.session_state.stepper_for = s, construction, req
+
+
 def stepper() -> Stepper | None:
-    """The stepper of the current selection, built and run to the end on first use (so every page
-    opens on a finished construction); None plus an error message when the selection is bad."""
+    """The stepper of the current selection, made and finished on first use (so every page opens
+    on a finished construction); None plus an error message when the selection is bad."""
     sel = selection()
     if st.session_state.get("stepper_for") != sel:
         try:
-            s = Stepper(built(sel.workload), sel.device, sel.policy, sel.options)
-            run_with_progress(s)
+            _hold(sel, *constructed(sel))
         except UserError as err:
             st.error(str(err))
             return None
-        st.session_state.stepper, st.session_state.stepper_for = s, sel
     return st.session_state.stepper
 
 
-def run_with_progress(s: Stepper) -> None:
-    """Generate the rest of the construction (the position moves to the end) under a progress bar
-    that counts steps against the options' step bound."""
-    s.seek(len(s.steps))  # replaying recorded steps is instant; only new ones are worth a bar
-    if s.done:
-        return
-    bar = st.progress(0.0, text="constructing...")
+def construction() -> Construction | None:
+    """The finished construction of the current selection (None, with the error shown, when the
+    selection is bad)."""
+    return st.session_state.construction if stepper() is not None else None
+
+
+def finish_with_progress(s: Stepper) -> Construction:
+    """`s.finish()`, with a progress bar that counts newly generated steps against the options'
+    step bound (none when every step is generated already); the cursor stays where it is."""
+    bar = None
     bound = max(1, s.options.max_steps)
-    while s.next() is not None:
+    for _ in s.generate():
+        if bar is None:
+            bar = st.progress(0.0, text="constructing...")
         if len(s.steps) % PROGRESS_EVERY == 0:
             bar.progress(min(1.0, len(s.steps) / bound), text=f"constructing: {len(s.steps)} steps")
-    bar.empty()
-
-
-def finished_candidates(s: Stepper) -> list[Candidate]:
-    """The top-K of the whole construction, leaving the stepper's position where it was."""
-    here = s.position
-    run_with_progress(s)
-    found = s.candidates()
-    s.seek(here)
-    return found
+    if bar is not None:
+        bar.empty()
+    return s.finish()
 
 
 def candidates_page(title: str, empty: str = "The construction found no candidates."):
-    """The common head of the pages that work on candidates: title, the selection's stepper and
-    its finished top-K; None (with the page's message shown) when there is nothing to show."""
+    """The common head of the pages that work on candidates: title, the selection and its finished
+    construction; None (with the page's message shown) when there is nothing to show."""
     st.title(title)
-    s = stepper()
-    if s is None:
+    c = construction()
+    if c is None:
         return None
     sel = selection()
     st.caption(sel.describe())
-    cands = finished_candidates(s)
-    if not cands:
+    if not c.candidates:
         st.warning(empty)
         return None
-    return s, sel, cands
-
-
-def candidate(s: Stepper, rank: int) -> Candidate | None:
-    return next((c for c in finished_candidates(s) if c.rank == rank), None)
+    return sel, c
 
 
 def profile():
