@@ -112,6 +112,8 @@ def plain_matmul(m: int, n: int, k: int) -> TensorExpr:
         "dtype": "float32",
         "flops": 2 * m * n * k,
         "main_block": "C",
+        "args": [{"name": name, "shape": list(shape), "dtype": "float32", "role": role}
+                 for name, shape, role in (("A", (m, k), "input"), ("B", (k, n), "input"), ("C", (m, n), "output"))],
     })
 
 

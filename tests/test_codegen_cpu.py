@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import device, expr, suite_workloads, workload_expr
-from workbench.codegen.build import Kernel, build_kernel, kernel_args
+from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.common import chain_factors
 from workbench.rtile.alignment import vector_axis
 from workbench.codegen.verify import verify
@@ -175,15 +175,6 @@ def test_epilogue_and_padding_are_folded_into_the_kernel():
     assert 'T.sblock("pad")' not in kernel.tvmscript  # producer inlined
     assert 'T.sblock("O")' not in kernel.tvmscript  # division folded into the write-back
     assert "/ T.float32(9.0)" in kernel.tvmscript or "* T.float32(0.111" in kernel.tvmscript
-
-
-def test_arguments_are_in_call_order_with_unpadded_shapes():
-    args = kernel_args(expr("conv2d", N=1, C=3, H=8, W=8, F=4, KH=3, KW=3, stride=1, pad=1))
-    assert [(a.name, a.shape, a.role) for a in args] == [
-        ("data", (1, 3, 8, 8), "input"),
-        ("kernel", (4, 3, 3, 3), "input"),
-        ("O", (1, 4, 8, 8), "output"),
-    ]
 
 
 def test_broken_programs_are_recorded_not_raised():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import device, expr
-from workbench.codegen.build import build_kernel, kernel_args
+from workbench.codegen.build import build_kernel
 from workbench.codegen.cuda import block_threads, gpu_resources, lane_program
 from workbench.codegen.nvcc import compile_ptx, compile_ptx_many, nvcc_path, ptx_arch
 from workbench.codegen.rules import apply_rules
@@ -228,7 +228,7 @@ def run_serially(fused, program, spec, inputs) -> np.ndarray:
     with unbound_threads():
         sch = apply_rules(fused, program, spec)[1]
     dev = tvm.cpu()
-    out = tvm.runtime.tensor(np.zeros(kernel_args(fused)[-1].shape, fused.dtype), dev)
+    out = tvm.runtime.tensor(np.zeros(fused.args[-1].shape, fused.dtype), dev)
     tvm.compile(sch.mod, target="llvm")["main"](*[tvm.runtime.tensor(a, dev) for a in inputs], out)
     return out.numpy()
 

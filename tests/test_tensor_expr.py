@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.ops.catalog import build
-from workbench.ops.tensor_expr import REDUCE, SPATIAL, TensorExpr
+from workbench.ops.expr_lang import build_expr
+from workbench.ops.fusion import fuse_axes
+from workbench.ops.tensor_expr import REDUCE, SPATIAL, KernelArg, TensorExpr
 
 
 def _matmul(p):
@@ -216,6 +218,42 @@ def test_to_dict_round_trips_every_field_but_the_prim_func():
     e = expr("conv2d", N=1, C=3, H=9, W=9, F=4, KH=3, KW=3, stride=2, pad=1)
     back = TensorExpr.from_dict(json.loads(json.dumps(e.to_dict())))
     assert back == e and back.func is None
+    assert back.args == e.args and back.args[0].shape == (1, 3, 9, 9)
+
+
+def _args(e):
+    return [(a.name, a.shape, a.dtype, a.role) for a in e.args]
+
+
+def test_arguments_of_a_padded_conv_are_unpadded_in_call_order():
+    e = expr("conv2d", N=1, C=3, H=8, W=8, F=4, KH=3, KW=3, stride=1, pad=1)
+    assert _args(e) == [
+        ("data", (1, 3, 8, 8), "float32", "input"),
+        ("kernel", (4, 3, 3, 3), "float32", "input"),
+        ("O", (1, 4, 8, 8), "float32", "output"),
+    ]
+    assert e.tensors[0].shape == (1, 3, 10, 10)  # what the main block reads: the padded input
+
+
+def test_arguments_of_an_expression_follow_first_appearance():
+    e = build_expr("Y[i, j] = B[j] * A[i, j + 2]", dict(i=3, j=4), "float16")
+    assert _args(e) == [("B", (4,), "float16", "input"), ("A", (3, 6), "float16", "input"), ("Y", (3, 4), "float16", "output")]
+
+
+def test_arguments_of_a_transposed_catalog_matmul():
+    e = expr("matmul", M=5, N=6, K=7, trans_a=True)
+    assert e.args == (
+        KernelArg("A", (7, 5), "float32", "input"), KernelArg("B", (7, 6), "float32", "input"), KernelArg("C", (5, 6), "float32", "output"),
+    )
+
+
+def test_arguments_survive_axis_fusion_and_the_dict_form():
+    e = expr("relu", shape=(17, 11, 3))
+    fused = fuse_axes(e)
+    assert fused.extents == (561,) and fused.tensors[0].shape == (561,)  # fusion reshaped the accesses
+    assert _args(fused) == [("X", (17, 11, 3), "float32", "input"), ("Y", (17, 11, 3), "float32", "output")]
+    back = TensorExpr.from_dict(json.loads(json.dumps(fused.to_dict())))
+    assert back == fused and back.args == e.args
 
 
 def test_the_fast_lane_fixtures_equal_fresh_tvm_builds():

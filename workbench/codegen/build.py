@@ -16,21 +16,10 @@ from workbench.codegen.common import first_line
 from workbench.codegen.rules import RULES, apply_rules
 from workbench.codegen.template import Rule, ScheduleError
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.tensor_expr import KernelArg, TensorExpr
 from workbench.rtile.rprogram import RProgram
 
 ENTRY = "main"  # the PrimFunc's global symbol: the function name inside the built library
-
-
-@dataclass(frozen=True)
-class KernelArg:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    role: str  # "input" | "output"
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
 
 
 @dataclass(frozen=True)
@@ -85,7 +74,6 @@ def build_kernel(
     target = target_dict(device)
     stage = "schedule"
     try:
-        args = kernel_args(expr)
         chosen, sch = apply_rules(expr, program, device, rules)
         stage = "compile"
         executable = _compile(sch.mod, target)
@@ -97,7 +85,7 @@ def build_kernel(
         ok=True,
         template=chosen.name,
         target=json.dumps(target, sort_keys=True),
-        args=args,
+        args=expr.args,
         tvmscript=sch.mod.script(),
         trace_python="\n".join(sch.trace.as_python()),
         sources=texts,
@@ -130,23 +118,3 @@ def _sources(executable, target: dict) -> tuple[tuple[str, str], ...]:
             raise ScheduleError(f"the compiled module has no {target['kind']} device code")
         mod = device_mods[0]
     return tuple((suffix, mod.inspect_source(fmt)) for suffix, fmt in entry.sources)
-
-
-def kernel_args(expr: TensorExpr) -> tuple[KernelArg, ...]:
-    """The PrimFunc's parameters in call order (inputs, then the output), with buffer shapes."""
-    import tvm
-    from tvm import s_tir
-
-    func = expr.func
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    buffers = {}
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        node = sch.get(block)
-        for region in list(node.reads) + list(node.writes):
-            buffers.setdefault(str(region.source.name), region.source)
-    args = []
-    for i, param in enumerate(func.params):
-        buf = buffers[str(param.name)]
-        role = "output" if i == len(func.params) - 1 else "input"
-        args.append(KernelArg(str(param.name), tuple(int(s) for s in buf.shape), str(buf.dtype), role))
-    return tuple(args)

@@ -50,11 +50,27 @@ class TensorAccess:
 
 
 @dataclass(frozen=True)
+class KernelArg:
+    """One parameter of the kernel as a caller passes it: the PrimFunc's buffer, unpadded."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str  # "input" | "output"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
+
+
+@dataclass(frozen=True)
 class TensorExpr:
     """An operator: axes (spatial first in loop order, then reduce) and its tensors.
 
-    `tensors` holds the inputs in call order followed by the output. `func` is the TVM PrimFunc
-    the expression was read from; it is excluded from equality so TensorExprs compare by value.
+    `tensors` holds the inputs in call order followed by the output, as the main block reads
+    them (a padded input under its padded shape). `args` are the kernel's parameters in call
+    order (inputs, then the output) with the shapes a caller allocates, read once off the
+    PrimFunc. `func` is the TVM PrimFunc the expression was read from; it is excluded from
+    equality so TensorExprs compare by value.
     """
 
     op: str
@@ -64,6 +80,7 @@ class TensorExpr:
     dtype: str
     flops: int
     main_block: str = ""
+    args: tuple[KernelArg, ...] = ()
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     @property
@@ -122,6 +139,7 @@ class TensorExpr:
             "dtype": self.dtype,
             "flops": self.flops,
             "main_block": self.main_block,
+            "args": [a.to_dict() for a in self.args],
         }
 
     @classmethod
@@ -141,6 +159,7 @@ class TensorExpr:
             dtype=data["dtype"],
             flops=int(data["flops"]),
             main_block=data["main_block"],
+            args=tuple(KernelArg(a["name"], tuple(a["shape"]), a["dtype"], a["role"]) for a in data["args"]),
         )
 
 
@@ -193,7 +212,22 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         dtype=dtype,
         flops=max(flops, 1),
         main_block=str(main.name_hint),
+        args=_kernel_args(blocks, param_names),
         func=func,
+    )
+
+
+def _kernel_args(blocks, param_names) -> tuple[KernelArg, ...]:
+    """The parameters in call order (inputs, then the output) with their buffers' shapes, found
+    among the buffers the blocks read and write (0.27 does not expose the PrimFunc's buffer map)."""
+    buffers = {}
+    for block in blocks:
+        for region in list(block.reads) + list(block.writes):
+            buffers.setdefault(_region_name(region), region.source)
+    last = len(param_names) - 1
+    return tuple(
+        KernelArg(name, tuple(int(s) for s in buffers[name].shape), str(buffers[name].dtype), "output" if i == last else "input")
+        for i, name in enumerate(param_names)
     )
 
 

@@ -353,10 +353,9 @@ def dlight_and_time(name: str, expr: TensorExpr, target: dict) -> BaselineResult
 
 def _check_and_time_module(name, expr, target, executable, tuning, note) -> BaselineResult:
     """The same check and timing as the local runner's for a workbench kernel."""
-    from workbench.codegen.build import kernel_args
     from workbench.profile.runner import BuiltCandidate, check_and_time
 
-    built = BuiltCandidate(rank=0, predicted_seconds=0.0, ok=True, target=json.dumps(target), args=kernel_args(expr))
+    built = BuiltCandidate(rank=0, predicted_seconds=0.0, ok=True, target=json.dumps(target), args=expr.args)
     dev = targets.runtime_device(target["kind"])
     check, seconds = check_and_time(executable.jit(), built, dev, expr, TIMING)
     if not check.correct:
