@@ -18,16 +18,18 @@ import pytest
 import tvm
 from tvm.target import codegen
 
-from tests.helpers import device, expr
+from tests.helpers import device, expr, matmul
 from workbench.codegen import export as export_module
 from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.export import (
     Check,
     KernelRejected,
     accept,
+    bundle_program,
     check_here,
     check_out,
     export_candidate,
+    rebuild,
     schedule_script,
 )
 from workbench.codegen.host import ISA_FLAGS, cpu_mismatch
@@ -36,6 +38,7 @@ from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.hardware.detect import CpuInfo, local_cpu_info
+from workbench.hardware.loader import spec_from_toml_text
 from workbench.ops.reference import random_inputs
 from workbench.profile.workers import Outcome
 
@@ -338,3 +341,109 @@ def test_build_apart_returns_a_failure_instead_of_raising():
     assert not failed.ok and failed.error and failed.executable is None
     built = export_module.build_apart(*_constructed("relu"), device(CPU))
     assert built.ok and built.source and isinstance(built, Kernel)
+
+
+# -- rebuilding from the manifest ------------------------------------------------------------------
+
+
+def _bundle_sources(path) -> list[tuple[str, bytes]]:
+    """The kernel's text files of a bundle as the manifest lists them: (file name, bytes)."""
+    files = _manifest(path)["files"]
+    names = [files["kernel_source"]] + ([files["assembly"]] if "assembly" in files else [])
+    return [(name, (path / name).read_bytes()) for name in names]
+
+
+def _rebuilt_sources(path) -> list[tuple[str, bytes]]:
+    kernel = rebuild(path)
+    assert kernel.ok, kernel.error
+    assert json.loads(kernel.target) == _manifest(path)["target"]
+    return [(f"kernel.{suffix}", text.encode()) for suffix, text in kernel.sources]
+
+
+@pytest.mark.parametrize("case, foreign", [("conv", False), ("relu", False), ("relu", True)])
+def test_a_cpu_bundle_rebuilds_from_its_manifest_byte_for_byte(case, foreign, tmp_path):
+    """conv: a padded input; relu: axes fused ([17, 11, 3] -> [561]), which the manifest's
+    rProgram names and the rebuild must redo; foreign: a spec that is no preset and not this
+    machine's, which only the manifest's device_spec can give back."""
+    spec = _foreign_cpu()[0] if foreign else device(CPU)
+    path = _export(case, tmp_path / "b", dev=spec if foreign else CPU).path
+    assert spec_from_toml_text(_manifest(path)["device_spec"]) == spec
+    program, rebuilt_on = bundle_program(path)
+    assert program == _constructed(case)[1].program and rebuilt_on == spec
+    sources = _bundle_sources(path)
+    assert [name for name, _ in sources] == ["kernel.ll", "kernel.s"]
+    assert _rebuilt_sources(path) == sources
+
+
+@lru_cache(maxsize=None)
+def _markov_gpu():
+    """A Markov candidate for a V100 with virtual threads (as in tests/test_profile_session.py)."""
+    c = construct(matmul(512, 512, 512), device("v100"), "markov", Options(topk=4))
+    return c, next(x for x in c.candidates if x.program.vthreads)
+
+
+def test_a_markov_gpu_bundle_rebuilds_with_its_virtual_threads(tmp_path):
+    c, cand = _markov_gpu()
+    path = export_candidate(c.expr, cand, c.device, tmp_path / "gpu", policy="markov").path
+    program, spec = bundle_program(path)
+    assert program.vthreads == cand.program.vthreads and program == cand.program and spec == c.device
+    sources = _bundle_sources(path)
+    assert [name for name, _ in sources] == ["kernel.cu"]
+    assert _rebuilt_sources(path) == sources
+
+
+def _tampered(path, out, change) -> None:
+    out.mkdir()
+    manifest = _manifest(path)
+    change(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_tampered_manifest_rebuilds_a_different_kernel(tmp_path):
+    """The comparison above can fail: another candidate's tiles, or the same program without its
+    virtual threads, give another CUDA source than the bundle's."""
+    c, cand = _markov_gpu()
+    path = export_candidate(c.expr, cand, c.device, tmp_path / "gpu", policy="markov").path
+    other = next(x for x in c.candidates if x.program.tiles != cand.program.tiles)
+    _tampered(path, tmp_path / "tiles", lambda m: m.update(rprogram=other.program.to_dict()))
+    _tampered(path, tmp_path / "plain", lambda m: m["rprogram"].update(vthreads={}))
+    bundled = (path / "kernel.cu").read_text()
+    for name in ("tiles", "plain"):
+        kernel = rebuild(tmp_path / name)
+        assert kernel.ok, kernel.error
+        assert kernel.source and kernel.source != bundled, name
+
+
+@pytest.fixture(scope="module")
+def relu_bundle(tmp_path_factory):
+    return _export("relu", tmp_path_factory.mktemp("relu") / "b").path
+
+
+def _drop(key):
+    return lambda m: m.pop(key)
+
+
+@pytest.mark.parametrize("change, message", [
+    (_drop("device_spec"), "no device_spec"),
+    (_drop("rprogram"), "no rprogram"),
+    (lambda m: m["workload"].update(op="nonesuch"), "unknown operator 'nonesuch'"),
+    (lambda m: m["workload"].update(op="expr"), "workload.expr must be the expression's text"),
+    (lambda m: m.update(device_spec="[device]\nname = 1\n"), "device_spec"),
+    (lambda m: m["rprogram"].pop("layers"), "rprogram is malformed"),
+])
+def test_a_bad_manifest_is_a_user_error_naming_it(change, message, relu_bundle, tmp_path):
+    _tampered(relu_bundle, tmp_path / "bad", change)
+    with pytest.raises(UserError, match=message) as err:
+        rebuild(tmp_path / "bad")
+    assert "manifest" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_missing_or_unreadable_manifest_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        rebuild(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(UserError, match="not JSON"):
+        rebuild(tmp_path)
+    (tmp_path / "manifest.json").write_text("[]")
+    with pytest.raises(UserError, match="not a JSON object"):
+        rebuild(tmp_path)

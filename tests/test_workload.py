@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from workbench.errors import UserError
-from workbench.workload import MAX_SUITE_BYTES, list_suites, load_suite, suite_workload
+from workbench.ops.catalog import build
+from workbench.ops.expr_lang import build_expr
+from workbench.workload import MAX_SUITE_BYTES, Workload, list_suites, load_suite, suite_workload
 
 GOOD = '[suite]\nname = "tiny"\n[[workload]]\nid = "mm"\nop = "matmul"\nM = 4\nN = 4\nK = 4\n'
 
@@ -78,3 +80,24 @@ def test_a_fifo_suite_is_refused_without_waiting(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.strip() == f"suite {fifo}: not a regular file (a FIFO)"
+
+
+@pytest.mark.parametrize("made", [
+    lambda: build("conv2d", dict(N=1, C=3, H=9, W=9, F=4, KH=3, KW=3, stride=2, pad=1), "float16"),
+    lambda: build("relu", dict(shape=(17, 11, 3))),
+    lambda: build_expr("Y[i, j] = B[j] * A[i, j + 2]", dict(i=3, j=4)),
+])
+def test_the_workload_dict_of_an_expression_builds_it_again(made):
+    e = made()
+    assert Workload.from_dict(e.workload_dict()).build() == e
+
+
+@pytest.mark.parametrize("data, message", [
+    ([], "workload must be a table"),
+    ({"dtype": "float32"}, "workload.op must be a non-empty string"),
+    ({"op": "relu", "dtype": "float32", "shape": {"a": 1}}, "workload.shape must be a number"),
+    ({"op": "expr", "dtype": "float32", "i": 3}, "workload.expr must be the expression's text"),
+])
+def test_a_malformed_workload_dict_is_one_line(data, message):
+    with pytest.raises(UserError, match=message):
+        Workload.from_dict(data)

@@ -47,6 +47,27 @@ class Workload:
             raise UserError("no workload: give --op, --expr or --workload")
         return catalog.build(self.op, dict(self.params), self.dtype)
 
+    @classmethod
+    def from_dict(cls, data: object) -> "Workload":
+        """The workload `TensorExpr.workload_dict()` describes (op, dtype and the parameters; an
+        expression is op "expr" with its text in the parameter `expr`); UserError names what is
+        malformed. A model's operator cannot come back this way: its dict has no model."""
+        if not isinstance(data, dict):
+            raise UserError(f"workload must be a table of op, dtype and parameters, got {data!r:.60}")
+        for key in ("op", "dtype"):
+            if not isinstance(data.get(key), str) or not data[key]:
+                raise UserError(f"workload.{key} must be a non-empty string, got {data.get(key)!r:.60}")
+        params = {k: v for k, v in data.items() if k not in ("op", "dtype")}
+        for key, value in params.items():
+            if not _plain(value):
+                raise UserError(f"workload.{key} must be a number, boolean, string or list of them, got {value!r:.60}")
+        if data["op"] != "expr":
+            return cls(op=data["op"], params=_frozen(params), dtype=data["dtype"])
+        text = params.pop("expr", None)
+        if not isinstance(text, str):
+            raise UserError(f"workload.expr must be the expression's text, got {text!r:.60}")
+        return cls(expr=text, params=_frozen(params), dtype=data["dtype"])
+
     def describe(self) -> str:
         if self.label:
             return self.label
@@ -84,6 +105,10 @@ def _fmt(value) -> str:
 
 def _freeze(value):
     return tuple(value) if isinstance(value, list) else value
+
+
+def _frozen(params: dict) -> tuple[tuple[str, object], ...]:
+    return tuple(sorted((k, _freeze(v)) for k, v in params.items()))
 
 
 def suite_path(name: str) -> Path:

@@ -7,6 +7,7 @@ one-line `error`: a candidate's failure is data for the comparison, never a cras
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -20,6 +21,11 @@ from workbench.ops.tensor_expr import KernelArg, TensorExpr
 from workbench.rtile.rprogram import RProgram
 
 ENTRY = "main"  # the PrimFunc's global symbol: the function name inside the built library
+# TVM names each buffer's TBAA type node in the LLVM IR after the address of a buffer object in
+# the compiling process (`!{!"0x55d1c0a2b3c0", !53, i64 0}`), so two builds of one program differ
+# there and nowhere else. `_stable_ir` renames them in order of appearance, one name per address
+# (the alias sets stay as they were), so a rebuild gives the same IR text, byte for byte.
+_TBAA_ADDRESS = re.compile(r'!"(0x[0-9a-f]+)"')
 
 
 @dataclass(frozen=True)
@@ -117,4 +123,11 @@ def _sources(executable, target: dict) -> tuple[tuple[str, str], ...]:
         if not device_mods:
             raise ScheduleError(f"the compiled module has no {target['kind']} device code")
         mod = device_mods[0]
-    return tuple((suffix, mod.inspect_source(fmt)) for suffix, fmt in entry.sources)
+    return tuple((suffix, _stable_ir(mod.inspect_source(fmt)) if fmt == "ll" else mod.inspect_source(fmt))
+                 for suffix, fmt in entry.sources)
+
+
+def _stable_ir(text: str) -> str:
+    """LLVM IR with TVM's per-process TBAA node names replaced by stable ones (`_TBAA_ADDRESS`)."""
+    names: dict[str, str] = {}
+    return _TBAA_ADDRESS.sub(lambda m: '!"' + names.setdefault(m.group(1), f"tvm-tbaa-buffer-{len(names)}") + '"', text)

@@ -18,8 +18,10 @@ and the notebook ExportButton take (`export_candidate`).
 4. A kernel that fails to build, crashes or gives wrong results is refused (`KernelRejected`) and
    nothing is exported.
 
-The manifest follows `shared/design/CLI.md` (`workbench export`), plus `verified` and
-`verification` (README, "Export").
+The manifest follows `shared/design/CLI.md` (`workbench export`), plus `verified`,
+`verification` and `device_spec` (README, "Export"). It is enough to build the same kernel again:
+`rebuild(bundle)` reads the workload, the device spec (the whole spec as TOML, since a name like
+`local-cpu` means another spec on every machine) and the rProgram back and calls `build_kernel`.
 """
 
 from __future__ import annotations
@@ -40,14 +42,22 @@ from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.common import first_line
 from workbench.codegen.verify import Verification, verify
 from workbench.errors import UserError
+from workbench.files import read_user_text
+from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.local import thread_env
 from workbench.profile.runner import Timing
 from workbench.profile.session import BUILD_TIMEOUT_S
 from workbench.profile.workers import Outcome, Worker
+from workbench.rtile.rprogram import RProgram
+from workbench.workload import Workload
 
 MANIFEST = "manifest.json"
+# A manifest is a few kilobytes (the device spec, the rProgram, the verification); a bigger file
+# is not one.
+MAX_MANIFEST_BYTES = 2**20
 LIBRARY = "kernel.so"
 SCHEDULE = "schedule.py"
 TVMSCRIPT = "kernel_tvmscript.py"
@@ -452,6 +462,7 @@ def _manifest(kernel, expr, program, device, files, policy, rank, predicted, mea
     return {
         "workload": expr.workload_dict(),
         "device": device.name,
+        "device_spec": spec_to_toml(device),
         "policy": policy,
         "rank": int(rank),
         "rprogram": program.to_dict(),
@@ -464,3 +475,40 @@ def _manifest(kernel, expr, program, device, files, policy, rank, predicted, mea
         "template": kernel.template,
         "versions": versions(),
     }
+
+
+# -- rebuilding from the manifest ------------------------------------------------------------------
+
+
+def rebuild(bundle) -> Kernel:
+    """The kernel of the bundle directory `bundle`, built again from its manifest alone
+    (`bundle_program`); its sources equal the bundle's."""
+    program, device = bundle_program(bundle)
+    return build_kernel(program.expr, program, device)
+
+
+def bundle_program(bundle) -> tuple[RProgram, DeviceSpec]:
+    """The rProgram (virtual threads included, carrying the workload's expression with its axes
+    fused as construction fuses them) and the device spec that the manifest of the bundle
+    directory `bundle` records. UserError names a missing or malformed manifest or field."""
+    path = Path(bundle) / MANIFEST
+    label = f"manifest {path}"
+    try:
+        manifest = json.loads(read_user_text(path, "manifest", MAX_MANIFEST_BYTES))
+    except json.JSONDecodeError as err:
+        raise UserError(f"{label}: not JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{label}: not a JSON object")
+    for key, kind in (("workload", dict), ("device_spec", str), ("rprogram", dict)):
+        if not isinstance(manifest.get(key), kind):
+            raise UserError(f"{label}: no {key} ({'a JSON object' if kind is dict else 'the spec as TOML text'})")
+    try:
+        expr = fuse_axes(Workload.from_dict(manifest["workload"]).build())
+    except UserError as err:
+        raise UserError(f"{label}: {err}") from None
+    device = spec_from_toml_text(manifest["device_spec"], label=f"{label}: device_spec")
+    try:
+        program = RProgram.from_dict(manifest["rprogram"], expr)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise UserError(f"{label}: rprogram is malformed ({type(err).__name__}: {err})") from None
+    return program, device
