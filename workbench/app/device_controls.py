@@ -4,6 +4,7 @@ session), or an uploaded spec TOML validated by the same loader as `specs/device
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -18,7 +19,9 @@ from workbench.hardware.loader import (
     spec_from_toml_text,
     spec_summary,
 )
-from workbench.hardware.spec import DeviceSpec
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.hardware.spec import DeviceSpec
 
 SOURCES = ("Preset", "This machine (local-cpu)", "Upload a spec TOML")
 

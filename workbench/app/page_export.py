@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -16,14 +17,17 @@ from workbench.errors import UserError
 from workbench.pipeline import Construction, Request
 from workbench.viz.fmt import micros
 
+if TYPE_CHECKING:  # annotations only
+    from workbench.codegen.export import ExportResult
+
 
 def selection_bundle_name(sel: Request, rank: int) -> str:
     return bundle_name(sel.label, sel.device.name, sel.policy, f"rank{rank}")
 
 
-def export(construction: Construction, rank: int, out: Path, zip: bool):
-    """Build, check and export candidate `rank` to `out` (an `ExportResult`), with its measured
-    time if the session's profile has one; UserError (KernelRejected included) when the path or
+def export(construction: Construction, rank: int, out: Path, zip: bool) -> ExportResult:
+    """Build, check and export candidate `rank` to `out`, with its measured time if the session's
+    profile has one; UserError (KernelRejected included) when the path or
     the kernel is refused."""
     measured = {m.rank: m.best_seconds for m in profile().measurements if m.ok} if profile() else {}
     return pipeline.export(construction, rank, out, zip=zip, measured_seconds=measured.get(rank))

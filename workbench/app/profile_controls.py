@@ -4,6 +4,8 @@ failed session (bad tracker, unwritable store) shows an error and keeps the prev
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from workbench import pipeline
@@ -11,6 +13,9 @@ from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request, Timing
 from workbench.profile.store import RunStore, default_path
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.profile.session import ProgressEvent
 
 RUNNERS = {"This machine (local)": "local", "RPC tracker": "rpc"}
 BUILD_SHARE = 0.5  # of the progress bar: building comes first, then measuring
@@ -45,8 +50,7 @@ def store_path_input() -> None:
         st.error(st.session_state.pop("store_path_error"))
 
 
-def _fraction(event) -> float:
-    """The bar's fill for a session's `ProgressEvent`."""
+def _fraction(event: ProgressEvent) -> float:
     share = event.done / max(1, event.total)
     return BUILD_SHARE * share if event.phase == "build" else BUILD_SHARE + (1 - BUILD_SHARE) * share
 
@@ -71,7 +75,7 @@ def profile_controls(sel: Request, construction: Construction) -> None:
 def _run(sel: Request, construction: Construction, runner: str, tracker, key, repeat: int) -> None:
     bar = st.progress(0.0, text="profiling: starting the build workers...")
 
-    def report(event) -> None:
+    def report(event: ProgressEvent) -> None:
         bar.progress(_fraction(event), text=f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:200])
 
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -22,6 +23,10 @@ from workbench.hardware.loader import load_spec
 from workbench.pipeline import Construction, Request, Stepper
 from workbench.profile.store import default_path
 from workbench.workload import Workload
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.hardware.spec import DeviceSpec
+    from workbench.ops.tensor_expr import TensorExpr
 
 DEFAULT_WORKLOAD = "cpu-core:mm-512"  # the sample workload `make app` opens on
 DEFAULT_DEVICE = "local-cpu"
@@ -59,15 +64,14 @@ def in_workspace(text: str) -> Path:
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def built(workload: Workload):
-    """`workload.build()` (a TensorExpr), shared by sessions (it is immutable); UserError for bad
-    input (exceptions are not cached, so a fixed input is built afresh)."""
+def built(workload: Workload) -> TensorExpr:
+    """`workload.build()`, shared by sessions (a TensorExpr is immutable); UserError for bad input
+    (exceptions are not cached, so a fixed input is built afresh)."""
     return workload.build()
 
 
 @st.cache_resource(show_spinner=False)
-def preset(name: str):
-    """The DeviceSpec of preset `name` (`local-cpu`: this machine, detected once)."""
+def preset(name: str) -> DeviceSpec:
     return load_spec(name)
 
 

@@ -10,20 +10,26 @@ construction themselves are passed unhashed (`_s`, `_construction`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from workbench import pipeline
 from workbench.pipeline import Construction, Request, Stepper
 from workbench.viz.graph import first_steps, graph_figure
 
+if TYPE_CHECKING:  # annotations only
+    import plotly.graph_objects as go
+
+    from workbench.construct.graph import ConstructionGraph
+
 FIGURES_KEPT = 64  # graph figures kept over all sessions (up to a few MB each for thousands of nodes)
 KERNELS_KEPT = 32
 
 
 @st.cache_resource(show_spinner=False, max_entries=FIGURES_KEPT)
-def graph_view(req: Request, position: int, _s: Stepper) -> tuple:
-    """The construction graph (`Stepper.graph()`) at `position`, the stepper's current position,
-    and its figure."""
+def graph_view(req: Request, position: int, _s: Stepper) -> tuple[ConstructionGraph, go.Figure]:
+    """The construction graph at `position` (the stepper's current position) and its figure."""
     graph = _s.graph()
     step = _s.current
     current = step.node.key if step is not None and step.node is not None else None
