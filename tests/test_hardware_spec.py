@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from tests.helpers import TINY_CPU, device
+from tests.helpers import TINY_CPU, device, plain_matmul
 from workbench.hardware.loader import list_presets
+from workbench.hardware.spec import DeviceSpec, MemoryLayer
+from workbench.rtile.rprogram import layer_capacity, layer_footprint
+from workbench.rtile.traffic import calculus
 
 
 @pytest.mark.parametrize("name", (*list_presets(), TINY_CPU.name))
@@ -14,3 +19,78 @@ def test_a_device_either_runs_on_cpu_cores_or_launches_thread_blocks(name):
     assert spec.runs_on_cpu != spec.launches_thread_blocks
     # a CPU core is one "thread" per block (spec.py); a GPU block holds many
     assert spec.launches_thread_blocks == (spec.max_threads_per_block > 1)
+
+
+# A small GPU in the shape of the NVIDIA presets (registers, block-shared memory, global memory;
+# float16 tensor cores), built here so that the tests below hold whatever machine runs them.
+TINY_GPU = DeviceSpec(
+    name="tiny-gpu",
+    kind="gpu",
+    vendor="nvidia",
+    layers=(
+        MemoryLayer("registers", "thread", 96 * 4, 20000.0, 4, 2.6),
+        MemoryLayer("shared", "unit", 48 * 1024, 12000.0, 4, 12.0, banks=32, bank_width_bytes=4),
+        MemoryLayer("global", "device", 2**32, 750.0, 32, 400.0),
+    ),
+    compute_units=8,
+    warp_size=32,
+    teu_per_unit=4,
+    max_threads_per_block=512,
+    max_threads_per_unit=2048,
+    registers_per_thread_cap=96,
+    registers_per_unit=65536,
+    peak_gflops=(("float32", 1000.0),),
+    tensor_core_gflops=(("float16", 8000.0),),
+    tensor_core_fragment=(16, 16, 16),
+)
+
+
+def test_gpu_lanes_are_threads_cpu_lanes_are_simd_lanes():
+    assert TINY_GPU.lanes_are_threads
+    assert not TINY_CPU.lanes_are_threads
+
+
+def test_a_register_is_32_bits_per_gpu_thread_and_a_vector_register_on_a_cpu():
+    assert TINY_GPU.register_bytes == 4
+    assert TINY_CPU.register_bytes == 4 * TINY_CPU.warp_size == 64
+    # the register cap bounds the top layer in registers of that size (28 x 64 B = 1792 B)
+    assert layer_capacity(TINY_CPU, 0) == TINY_CPU.registers_per_thread_cap * TINY_CPU.register_bytes == 1792
+    smaller_cap = replace(TINY_CPU, registers_per_thread_cap=10)
+    assert layer_capacity(smaller_cap, 0) == 10 * 64
+    assert layer_capacity(replace(TINY_GPU, registers_per_thread_cap=64), 0) == 64 * 4
+
+
+def test_only_the_gpu_unit_layer_tiles_a_thread_block():
+    assert [TINY_GPU.is_thread_block_layer(i) for i in range(3)] == [False, True, False]
+    # a CPU core's work item (its L2 tile, the last per-unit layer) runs on one thread
+    assert TINY_CPU.unit_layer_index == 2
+    assert not any(TINY_CPU.is_thread_block_layer(i) for i in range(len(TINY_CPU.layers)))
+
+
+def test_block_shared_memory_stages_inputs_only_cpu_caches_hold_the_output_too():
+    assert [TINY_GPU.is_block_shared(i) for i in range(3)] == [False, True, False]
+    assert not any(TINY_CPU.is_block_shared(i) for i in range(len(TINY_CPU.layers)))
+    calc = calculus(plain_matmul(256, 256, 256))
+    tile = (32, 32, 8)  # A 32x8, B 8x32, C 32x32 float32
+    inputs, output = 2 * 32 * 8 * 4, 32 * 32 * 4
+    assert layer_footprint(calc, TINY_GPU, 1, tile) == inputs
+    assert layer_footprint(calc, TINY_CPU, 1, tile) == layer_footprint(calc, TINY_CPU, 2, tile) == inputs + output
+
+
+def test_occupancy_limits_apply_to_thread_blocks_not_to_cpu_cores():
+    assert TINY_GPU.has_occupancy_limits
+    assert not TINY_CPU.has_occupancy_limits
+
+
+def test_virtual_threads_exist_only_where_thread_blocks_do():
+    assert TINY_GPU.has_virtual_threads
+    assert not TINY_CPU.has_virtual_threads
+
+
+def test_tensor_cores_need_a_gpu_a_fragment_and_a_peak_for_the_dtype():
+    assert TINY_GPU.has_tensor_cores("float16")
+    assert not TINY_GPU.has_tensor_cores("float32")  # no MMA peak for float32: the plain ALUs
+    assert not replace(TINY_GPU, tensor_core_fragment=()).has_tensor_cores("float16")
+    # a CPU spec stating MMA numbers still has none the code generators use
+    mma_cpu = replace(TINY_CPU, tensor_core_gflops=(("float16", 1000.0),), tensor_core_fragment=(16, 16, 16))
+    assert not mma_cpu.has_tensor_cores("float16")

@@ -77,6 +77,63 @@ class DeviceSpec:
         """Index of the last per-unit layer: its tile is one SM's / core's work item (the grid tile)."""
         return max(i for i, layer in enumerate(self.layers) if layer.scope == "unit")
 
+    # -- the questions construction and the rTile model ask about the device ----------------------
+    # Each is a fact of the hardware (or of how the workbench's code generators drive it); the
+    # answers follow from `kind` today, but callers ask the question, not the kind.
+
+    @property
+    def lanes_are_threads(self) -> bool:
+        """The `warp_size` lanes are threads (SIMT: a warp of 32 on NVIDIA, a wavefront of 64 on
+        AMD), each with its own 32-bit registers and its own register tile, scheduled a warp at a
+        time on the unit's `teu_per_unit` warp schedulers; not SIMD lanes of one vector register
+        that a single core thread fills along the vectorised axis (CPU). Roller's execution-unit
+        rule (§3.1) aligns to the parallel width the tile runs on: the warp, or the SIMD width."""
+        return self.kind == "gpu"
+
+    @property
+    def register_bytes(self) -> int:
+        """Bytes of one register a thread's tile lives in: a 32-bit register per SIMT lane
+        (`registers_per_unit` counts them), or a vector register of `warp_size` 32-bit lanes on
+        a CPU core; `registers_per_thread_cap` counts registers of this size."""
+        return 4 if self.lanes_are_threads else 4 * self.warp_size
+
+    def is_thread_block_layer(self, layer: int) -> bool:
+        """Whether a tile at `layer` is one thread block's work: the last per-unit layer of a
+        device that launches thread blocks. The block's threads (unit tile over register tile on
+        the spatial axes) come in whole warps (Roller's execution-unit rule) and are bounded by
+        `max_threads_per_block` and the unit's `registers_per_unit`; a CPU core's work item runs
+        on one thread, so no such bound exists there."""
+        return self.launches_thread_blocks and layer == self.unit_layer_index
+
+    def is_block_shared(self, layer: int) -> bool:
+        """Whether `layer` is a scratchpad shared by a block's threads (CUDA shared memory, AMD
+        LDS): the program fills it explicitly with the inputs it stages, and the output's partial
+        sums stay in the threads' registers, so the output tile takes no room there. A CPU's
+        per-core caches (also scope "unit") hold whatever the core touches, the output included."""
+        return self.launches_thread_blocks and self.layers[layer].scope == "unit"
+
+    @property
+    def has_occupancy_limits(self) -> bool:
+        """Several thread blocks reside on one unit at once, as many as its resident threads
+        (`max_threads_per_unit`), registers and block-shared memory allow (occupancy); the warps
+        of all of them feed the unit's warp schedulers and one block's loads hide behind another's
+        compute. A CPU core runs one work item (one task of TVM's thread pool) at a time."""
+        return self.launches_thread_blocks
+
+    @property
+    def has_virtual_threads(self) -> bool:
+        """A thread's register tile may be split into virtual threads (Gensor's setVthread, TVM's
+        `vthread`): its work strided across the block so that one warp's reads of block-shared
+        memory spread over the banks. That needs many threads reading a banked scratchpad: a
+        thread block. A CPU core's single thread vectorises its tile instead."""
+        return self.launches_thread_blocks
+
+    def has_tensor_cores(self, dtype: str) -> bool:
+        """Whether MMA units (NVIDIA tensor cores, AMD matrix cores) multiply `dtype`: the spec
+        gives a fragment shape and a peak for the dtype. A warp issues the MMA, so only on a
+        device that launches thread blocks (the CPU code generator emits no AMX / VNNI)."""
+        return self.launches_thread_blocks and bool(self.tensor_core_fragment) and dtype in dict(self.tensor_core_gflops)
+
     def peak(self, dtype: str, tensor_core: bool = False) -> float:
         """Peak compute in GFLOP/s for `dtype`; falls back to float32 on the plain ALUs."""
         table = dict(self.tensor_core_gflops if tensor_core else self.peak_gflops)
