@@ -246,7 +246,7 @@ class MarkovPolicy(Policy):
         tensor-core fragments are laid out by the MMA unit, not by threads."""
         space, reg = self.space, state.tile
         dev = space.device
-        if dev.kind != "gpu" or state.layer != 0 or mma_axes(space.expr, dev) or not space.expr.reduce or dev.layers[1].banks <= 0:
+        if not dev.has_virtual_threads or state.layer != 0 or mma_axes(space.expr, dev) or not space.expr.reduce or dev.layers[1].banks <= 0:
             return
         block = initial_tile(space.context(1, reg, state.eps)) if self.n > 1 else None
         current = state.vthreads or tuple(1 for _ in reg)

@@ -169,7 +169,7 @@ class Space:
 
     def over_thread_limits(self, layer: int, tile: Tile, upper: Tile) -> bool:
         """A GPU block tile with more threads, or threads x registers, than a block may have."""
-        if self.device.kind != "gpu" or layer != self.device.unit_layer_index:
+        if not self.device.is_thread_block_layer(layer):
             return False
         threads = thread_count(self.expr, tile, upper, tile_lanes(self.expr, self.device))
         regs = max(1, ceil(self.footprint(0, upper, self.ones()) / 4))  # 32-bit registers per thread
@@ -415,7 +415,7 @@ def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
 def _check_vthread(space: Space, state: State, action: Action) -> None:
     """Virtual threads split a GPU thread's register tile along a spatial axis (Gensor's
     setVthread): only at the register layer, and V must divide the thread's tile."""
-    if space.device.kind != "gpu" or state.layer != 0 or action.layer != 0:
+    if not space.device.has_virtual_threads or state.layer != 0 or action.layer != 0:
         raise IllegalAction("set_vthread: only for a GPU thread's tile, at the register layer")
     if action.axis not in space.expr.spatial:
         raise IllegalAction("set_vthread: virtual threads split a spatial axis")

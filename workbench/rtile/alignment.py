@@ -40,10 +40,6 @@ class AlignContext:
     def scope(self) -> str:
         return self.device.layers[self.layer].scope
 
-    @property
-    def is_gpu(self) -> bool:
-        return self.device.kind == "gpu"
-
 
 class Rule(Protocol):
     name: str
@@ -106,7 +102,7 @@ class ExecutionUnitRule:
         if ctx.layer != 0:
             return True
         extent = ctx.expr.axes[axis].extent
-        if ctx.is_gpu:
+        if ctx.device.lanes_are_threads:
             mma = mma_axes(ctx.expr, ctx.device)
             if mma is not None and axis in mma:
                 return True  # a warp's fragment tile: the tensor-core rule governs it
@@ -117,7 +113,7 @@ class ExecutionUnitRule:
         return True
 
     def tile_ok(self, ctx, tile):
-        if not (ctx.is_gpu and ctx.layer == ctx.device.unit_layer_index):
+        if not ctx.device.is_thread_block_layer(ctx.layer):
             return True
         threads = thread_count(ctx.expr, tile, ctx.upper, tile_lanes(ctx.expr, ctx.device))
         covers = all(tile[a] >= ctx.expr.axes[a].extent for a in ctx.expr.spatial)
@@ -162,7 +158,7 @@ def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | Non
     A without j, B without i), or one of i, j, k is shorter than the fragment (no tile may
     exceed its axis, so no fragment tile would exist). A conv's window `h*stride + r` is not
     such a contraction."""
-    if device.kind != "gpu" or not device.tensor_core_fragment or expr.dtype not in dict(device.tensor_core_gflops):
+    if not device.has_tensor_cores(expr.dtype):
         return None
     out = expr.output
     if len(out.index) < 2 or len(expr.inputs) != 2:
@@ -244,7 +240,7 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
     aligned size. None when no aligned tile exists (e.g. eps too small for the shape).
     """
     tile = list(ctx.upper)
-    if ctx.is_gpu and ctx.layer == ctx.device.unit_layer_index:
+    if ctx.device.is_thread_block_layer(ctx.layer):
         need = ctx.device.warp_size // tile_lanes(ctx.expr, ctx.device)  # threads still to add
         for a in reversed(ctx.expr.spatial):
             room = ceil(ctx.expr.axes[a].extent / ctx.upper[a])

@@ -75,7 +75,7 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
     """(threads per block, blocks resident per unit). GPUs: limited by threads, registers and
     shared memory (the per-block capacity is used as the per-SM budget: conservative); CPUs run
     one work item per core at a time."""
-    if device.kind != "gpu":
+    if not device.has_occupancy_limits:
         return 1, 1
     threads = thread_count(program.expr, program.unit_tile, program.register_tile, tile_lanes(program.expr, device))
     regs = max(1, footprint_at(device, program, 0) // 4)
@@ -90,7 +90,7 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
 def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu: int) -> float:
     """Fraction of peak the register tile can reach. GPU: each warp scheduler needs a warp
     (TEU group). CPU: lanes wasted when the vectorised axis is not a multiple of the SIMD width."""
-    if device.kind == "gpu":
+    if device.lanes_are_threads:
         warps = ceil(threads / device.warp_size) * bpu
         return min(1.0, warps / device.teu_per_unit)
     axis = vector_axis(program.expr)
@@ -134,7 +134,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
-    occupancy = 1.0 if device.kind != "gpu" else min(1.0, threads * bpu / device.max_threads_per_unit)
+    occupancy = 1.0 if not device.has_occupancy_limits else min(1.0, threads * bpu / device.max_threads_per_unit)
     return Estimate(
         flops=expr.flops,
         padded_flops=padded_flops,

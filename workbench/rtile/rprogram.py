@@ -118,9 +118,9 @@ def make_program(
 
 
 def holds_output(device: DeviceSpec, layer: int) -> bool:
-    """Whether a layer's tile holds the output tile: not a GPU block's shared memory (partial
-    sums accumulate in registers); every other layer does."""
-    return not (device.kind == "gpu" and device.layers[layer].scope == "unit")
+    """Whether a layer's tile holds the output tile: not a block-shared scratchpad
+    (`DeviceSpec.is_block_shared`: partial sums accumulate in registers); every other layer does."""
+    return not device.is_block_shared(layer)
 
 
 def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Tile, padding=()) -> int:
@@ -132,19 +132,13 @@ def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Ti
     return ceil(total / tile_lanes(calc.expr, device)) if layer == 0 else total
 
 
-def register_bytes(device: DeviceSpec) -> int:
-    """Bytes of one register a thread's tile lives in: a 32-bit register on GPUs, a vector
-    register of `warp_size` fp32 lanes on CPUs."""
-    return 4 if device.kind == "gpu" else 4 * device.warp_size
-
-
 def layer_capacity(device: DeviceSpec, layer: int) -> int:
     """Bytes one tile may occupy at `layer`: the layer's capacity, and at the top (per-thread)
     layer no more than `registers_per_thread_cap` registers either, whichever is smaller (the
     presets and detected CPUs state the two consistently; a hand-written spec may not)."""
     capacity = device.layers[layer].capacity_bytes
     if layer == 0 and device.layers[0].scope == "thread":
-        return min(capacity, device.registers_per_thread_cap * register_bytes(device))
+        return min(capacity, device.registers_per_thread_cap * device.register_bytes)
     return capacity
 
 
