@@ -129,3 +129,23 @@ def test_candidate_rows_before_profiling_and_with_virtual_threads():
     assert any(c.program.vthreads for c in cands)  # Markov on a GPU sets virtual threads
     for cand, row in zip(cands, rows):
         assert row["vthreads"] == (", ".join(f"{a}x{v}" for a, v in cand.program.vthreads) or None)
+
+
+def test_construct_model_takes_a_path_or_an_imported_model():
+    from helpers import ROOT
+
+    from workbench.models.onnx_import import import_model
+
+    path = next(iter(sorted((ROOT / "sample_models").glob("*.onnx"))))
+    by_path = pipeline.construct_model(path, TINY_CPU, options=pipeline.Options(topk=2))
+    by_model = pipeline.construct_model(import_model(path), TINY_CPU, options=pipeline.Options(topk=2))
+    assert [r.operator.name for r in by_path.results] == [r.operator.name for r in by_model.results]
+    assert [r.candidates for r in by_path.results] == [r.candidates for r in by_model.results]
+    assert any(r.supported for r in by_path.results)
+
+
+def test_bundle_name_and_peak_come_with_the_construction():
+    c = pipeline.construct(_request())
+    name = pipeline.bundle_name_for(c, 2, "cpu-core:mm 512")
+    assert "tiny-cpu" in name and "roller" in name and name.endswith("rank2") and "/" not in name and " " not in name
+    assert c.peak_gflops > 0

@@ -8,6 +8,7 @@ assembles the pipeline itself.
            -> export(construction, rank, out)        build, verify, write one bundle: the only export
            -> build(construction, rank)              one kernel's sources and schedule, to read
     Candidate.to_dict(measurement) / candidate_rows  a candidate as JSON / as a table row
+    construct_model(model, device, policy, options)   every operator of an ONNX model, co-scheduled
 
 Each stage takes the value the stage before made and nothing else: a `Candidate` carries its
 program (with its expression and virtual threads), its device, its estimate and the actions that
@@ -21,14 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.codegen.build import Kernel
-from workbench.codegen.export import ExportResult, KernelRejected, build_apart, check_out, export_candidate
-from workbench.construct.policies import policy_class
+from workbench.codegen.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
+from workbench.construct.policies import POLICIES, policy_class
 from workbench.construct.space import Options
 from workbench.construct.step import Candidate
 from workbench.construct.stepper import Construction, Stepper
 from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
+from workbench.models import model as models
+from workbench.models.model import ModelConstruction
+from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.session import Progress, ProfileResult, profile_candidates
@@ -36,8 +40,9 @@ from workbench.viz.fmt import shape_text
 from workbench.workload import Workload, suite_workload
 
 __all__ = [
-    "Candidate", "Construction", "ExportResult", "Kernel", "KernelRejected", "Options", "ProfileResult", "Request",
-    "Stepper", "Timing",
+    "MAX_MODEL_BYTES", "POLICIES", "Candidate", "Construction", "DeviceSpec", "ExportResult", "Kernel",
+    "KernelRejected", "ModelConstruction", "Options", "ProfileResult", "Request", "Stepper", "Timing",
+    "bundle_name_for", "construct_model",
     "build", "candidate_rows", "check_export_path", "construct", "export", "profile", "request", "stepper",
 ]
 
@@ -134,6 +139,20 @@ def build(construction: Construction, rank: int) -> Kernel:
     trace; ok or failed, never run), in a worker process so that a compiler crash fails this
     kernel, not the caller."""
     return build_apart(construction.expr, construction.candidate(rank), construction.device)
+
+
+def bundle_name_for(construction: Construction, rank: int, label: str) -> str:
+    """The default bundle name of candidate `rank`: workload `label`, device, policy, rank (file-
+    system safe), the same in every face."""
+    return bundle_name(label, construction.device.name, construction.policy, f"rank{rank}")
+
+
+def construct_model(model: ImportedModel | str | Path, device: DeviceSpec, policy: str = "roller",
+                    options: Options = Options()) -> ModelConstruction:
+    """Every operator of an ONNX model (a path, read within MAX_MODEL_BYTES, or an imported
+    model) constructed on `device`, and their Rammer co-schedule (`models.model`)."""
+    imported = model if isinstance(model, ImportedModel) else import_model(model)
+    return models.construct_model(imported, device, policy, options)
 
 
 def check_export_path(out, zip: bool = False) -> Path:

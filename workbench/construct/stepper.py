@@ -23,6 +23,7 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.model import peak_gflops
 
 __all__ = ["POLICIES", "Construction", "Stepper", "construct"]
 
@@ -146,6 +147,11 @@ class Construction:
     graph: ConstructionGraph
     steps: int
     seconds: float  # generating the steps, nothing else
+
+    @property
+    def peak_gflops(self) -> float:
+        """The device's peak for this expression (the roofline's ceiling): `rtile.model.peak_gflops`."""
+        return peak_gflops(self.expr, self.device)
 
     def candidate(self, rank: int) -> Candidate:
         """Candidate `rank` (1 = best predicted); UserError naming the ranks there are."""
