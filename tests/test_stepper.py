@@ -22,8 +22,7 @@ CASES = {
 
 
 def _to_end(stepper: Stepper) -> Stepper:
-    stepper.finish()
-    stepper.seek(len(stepper.steps))
+    stepper.run_to_end()
     return stepper
 
 
@@ -157,8 +156,7 @@ def test_unknown_policy_is_a_user_error():
 
 def test_construction_is_deterministic():
     a, b = CASES["conv-mi50"](), CASES["conv-mi50"]()
-    a.finish(), b.finish()
-    assert _signature(a.steps) == _signature(b.steps)
+    assert _signature(a.run_to_end()) == _signature(b.run_to_end())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -175,6 +173,14 @@ def test_finish_leaves_the_cursor_where_it_is(name):
     emitted = sum(1 for s in stepper.steps[:7] if s.candidate is not None)  # the cursor's view: steps 1-7 only
     assert len(stepper.candidates()) == min(emitted, stepper.options.topk)
     assert len(stepper.graph().edges) == sum(1 for s in stepper.steps[:7] if s.edge is not None)
+
+
+def test_run_to_end_moves_the_cursor_to_the_last_step():
+    stepper = CASES["relu-k80"]()
+    stepper.seek(3)
+    steps = stepper.run_to_end()
+    assert stepper.done and stepper.position == len(steps) and stepper.current is steps[-1]
+    assert stepper.candidates() == list(stepper.finish().candidates)
 
 
 def test_construction_candidate_by_rank():

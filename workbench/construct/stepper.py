@@ -104,6 +104,13 @@ class Stepper:
         while (step := self._pull()) is not None:
             yield step
 
+    def run_to_end(self) -> list[Step]:
+        """Move the cursor to the last step, generating the rest (a lesson's End button)."""
+        for _ in self.generate():
+            pass
+        self.position = len(self.steps)
+        return self.steps
+
     def finish(self) -> "Construction":
         """The finished construction (top-K over every step), generated to the end if need be;
         the cursor stays where it is."""
