@@ -287,8 +287,11 @@ def test_model_view_lists_operators_and_draws_every_rtask():
     assert view.operators.value.count("<tr") == len(view.result.results) + 1
     bars = [t for t in view.gantt_view.figure.data if t.type == "bar"]
     assert sum(len(t.x) for t in bars) == sum(len(w.placements) for w in plan.waves)
+    imported = view.model  # the path, imported by the first construction
+    assert imported is view.result.model and imported.name == "mlp"
     view.policy_buttons.value = "markov"
     assert view.policy == view.result.policy == "markov"
+    assert view.result.model is imported  # a policy switch constructs again, it does not import again
 
 
 def test_gantt_places_each_rtask_on_its_veu_with_its_times():

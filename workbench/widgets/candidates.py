@@ -18,7 +18,6 @@ from workbench import pipeline
 from workbench.errors import UserError
 from workbench.pipeline import Candidate, Construction, ProfileResult, Timing
 from workbench.profile.store import RunStore
-from workbench.rtile.model import peak_gflops
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
 from workbench.viz.fmt import micros
 from workbench.viz.roofline import roofline_figure, roofline_points
@@ -79,7 +78,7 @@ class CandidateTable(widgets.VBox):
         device = c.device
         points = roofline_points(list(self.by_rank.values()), device.layers[-1].name, self.measured)
         layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
-        self.roofline_view.show(roofline_figure(layers, peak_gflops(c.expr, device), points))
+        self.roofline_view.show(roofline_figure(layers, c.peak_gflops, points))
 
 
 class PredictedVsMeasured(widgets.VBox):

@@ -5,30 +5,20 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 import traitlets
 
 from workbench import pipeline
-from workbench.codegen.export import ExportResult, bundle_name
 from workbench.errors import UserError
-from workbench.pipeline import Construction
+from workbench.pipeline import Construction, ExportResult, Kernel
 from workbench.widgets.candidates import candidates_of, rank_options
 from workbench.widgets.tables import message
 
-if TYPE_CHECKING:  # annotations only
-    from workbench.codegen.build import Kernel
-
-
-def construction_bundle_name(construction: Construction, rank: int) -> str:
-    """A file-system-safe bundle name: operator, device, policy, rank."""
-    return bundle_name(construction.expr.op, construction.device.name, construction.policy, f"rank{rank}")
-
 
 class ExportButton(widgets.VBox):
-    """Pick a candidate (`rank`), press Export: the bundle lands in `folder`/<bundle name> (a
-    zip with `zip`); `path` is where it went, `verified` whether the kernel itself ran here and
+    """Pick a candidate (`rank`), press Export: the bundle lands in `folder`/<bundle name> (the
+    operator, device, policy and rank: `pipeline.bundle_name_for`; a zip with `zip`); `path` is where it went, `verified` whether the kernel itself ran here and
     matched numpy (a kernel for a GPU or CPU not here is exported unverified, and its manifest
     says why). `measured` (rank -> seconds) goes into the manifest."""
 
@@ -60,7 +50,8 @@ class ExportButton(widgets.VBox):
         self.path, self.verified = "", False
         try:
             self.status.value = message(f"building and checking candidate {cand.rank}...")
-            out = Path(self.folder.value.strip() or ".").expanduser() / construction_bundle_name(c, cand.rank)
+            name = pipeline.bundle_name_for(c, cand.rank, c.expr.op)
+            out = Path(self.folder.value.strip() or ".").expanduser() / name
             result = pipeline.export(c, cand.rank, out, zip=self.zip_box.value,
                                      measured_seconds=self.measured.get(cand.rank))
         except UserError as err:  # a refused path, or a kernel refused (KernelRejected)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
-from workbench.hardware.spec import DeviceSpec
+from workbench.pipeline import DeviceSpec
 
 
 def as_device(value: DeviceSpec | str | Path) -> DeviceSpec:

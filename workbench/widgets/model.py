@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING
 import ipywidgets as widgets
 import traitlets
 
-from workbench.construct.policies import POLICIES
-from workbench.models.model import ModelConstruction, construct_model, report_dict
-from workbench.models.onnx_import import ImportedModel, import_model
-from workbench.pipeline import Options
+from workbench import pipeline
+from workbench.models.model import report_dict
+from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
 from workbench.viz.fmt import micros
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
@@ -22,7 +21,7 @@ from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.hardware.spec import DeviceSpec
+    from workbench.models.onnx_import import ImportedModel
 
 MODEL_OPTIONS = Options(topk=3)  # the co-schedule picks among a few rKernels per operator
 
@@ -36,7 +35,7 @@ class ModelView(widgets.VBox):
 
     def __init__(self, model: ImportedModel | str | Path, device: DeviceSpec | str, policy: str = "roller",
                  options: Options = MODEL_OPTIONS):
-        self.model = model if isinstance(model, ImportedModel) else import_model(model)
+        self.model = model  # an .onnx path until the first construction imports it
         self.device, self.options = as_device(device), options
         self.policy_buttons = widgets.ToggleButtons(options=sorted(POLICIES), value=policy, description="policy")
         self.summary, self.operators = widgets.HTML(), widgets.HTML()
@@ -48,7 +47,8 @@ class ModelView(widgets.VBox):
         self._construct()
 
     def _construct(self) -> None:
-        self.result = construct_model(self.model, self.device, self.policy, self.options)
+        self.result = pipeline.construct_model(self.model, self.device, self.policy, self.options)
+        self.model = self.result.model  # imported once: a policy switch constructs again, nothing more
         doc = report_dict(self.result)
         ops = doc["operators"]
         rows = [

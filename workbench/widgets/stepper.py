@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench import pipeline
-from workbench.pipeline import Candidate, Construction, Options
+from workbench.pipeline import Candidate, Construction, DeviceSpec, Options
 from workbench.viz.fmt import tile_text
 from workbench.viz.graph import first_steps, graph_figure
 from workbench.viz.tiles import state_tiles
@@ -27,7 +27,6 @@ from workbench.widgets.tiles import TileView
 
 if TYPE_CHECKING:  # annotations only
     from workbench.construct.step import Step
-    from workbench.hardware.spec import DeviceSpec
     from workbench.ops.tensor_expr import TensorExpr
     from workbench.workload import Workload
 

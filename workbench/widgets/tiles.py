@@ -17,9 +17,8 @@ from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.hardware.spec import DeviceSpec
     from workbench.ops.tensor_expr import TensorExpr
-    from workbench.pipeline import Candidate
+    from workbench.pipeline import Candidate, DeviceSpec
 
 
 class TileView(widgets.VBox):
