@@ -12,10 +12,11 @@ import pytest
 from helpers import device, expr, user_error_in_child
 from onnx import TensorProto, helper, numpy_helper
 
+from workbench import pipeline
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.models.execute import build_model_kernels, run_model
-from workbench.models.model import OperatorResult, construct_model, model_report, report_dict, report_text, roperators
+from workbench.models.model import OperatorResult, construct_model, report_dict, report_text, roperators
 from workbench.models.onnx_import import MAX_MODEL_BYTES, MAX_MODEL_ELEMENTS, Operator, import_model
 from workbench.ops.shapes import MAX_ELEMENTS
 
@@ -120,8 +121,8 @@ def test_a_primfunc_called_twice_is_constructed_once():
     assert by_name["fused_matmul_add#3"].construction is by_name["fused_matmul_add"].construction
 
 
-def test_model_report_reads_the_file_and_names_the_device():
-    report = model_report(str(SAMPLES / "mlp.onnx"), "h100")
+def test_the_front_door_reads_the_model_file_and_names_the_device():
+    report = report_dict(pipeline.construct_model(str(SAMPLES / "mlp.onnx"), "h100"))
     assert [op["name"] for op in report["operators"]] == [r.operator.name for r in constructed("mlp", "h100").results]
     assert report["inputs"] == [{"name": "x", "shape": [8, 256], "dtype": "float32"}]
 
@@ -237,7 +238,7 @@ def test_invalid_graph_and_operators_tvm_cannot_import(tmp_path):
 
 
 def _child_error(path) -> str:
-    return user_error_in_child("workbench.models.model", 'model_report(PATH, "xeon-avx512")', path)
+    return user_error_in_child("workbench.pipeline", 'construct_model(PATH, "xeon-avx512")', path)
 
 
 def test_a_tiny_file_declaring_a_huge_tensor_is_refused_before_import(tmp_path):
@@ -306,7 +307,7 @@ def test_an_unmappable_operator_is_listed_and_the_rest_constructed(tmp_path):
         helper.make_node("Relu", ["m"], ["y"]),
     ]
     path = _save(tmp_path / "gather.onnx", nodes, [_tensor("x", [4, 16])], [_tensor("y", [3, 8])], inits)
-    report = model_report(path, "h100")
+    report = report_dict(pipeline.construct_model(path, "h100"))
     gather, matmul = report["operators"]
     assert not gather["supported"] and "not affine" in gather["reason"] and gather["candidates"] == []
     assert gather["predicted_seconds"] is None

@@ -149,3 +149,50 @@ def test_bundle_name_and_peak_come_with_the_construction():
     name = pipeline.bundle_name_for(c, 2, "cpu-core:mm 512")
     assert "tiny-cpu" in name and "roller" in name and name.endswith("rank2") and "/" not in name and " " not in name
     assert c.peak_gflops > 0
+
+
+# The stages of the pipeline: a face reaches them through the front door only.
+STAGES = ("workbench.construct.stepper", "workbench.construct.policies", "workbench.construct.policy",
+          "workbench.rtile", "workbench.codegen.build", "workbench.codegen.export", "workbench.codegen.rules",
+          "workbench.profile.session", "workbench.profile.runner", "workbench.profile.local",
+          "workbench.profile.workers", "workbench.models.model", "workbench.models.onnx_import")
+# Core modules (workbench.* outside the face and outside workbench.viz, the shared figures) a face
+# may import at run time. Beyond the front door and the plain inputs (errors, workload, files,
+# the runs store), the dashboard has the device controls (detection, calibration, presets) and
+# the Kernel page's compiler views (target table, nvcc), the CLI its device and bench commands.
+FACES = {
+    "cli": (["workbench/cli.py"], 10),
+    "app": (["app.py", "workbench/app/*.py"], 13),
+    "widgets": (["workbench/widgets/*.py"], 8),
+}
+
+
+def _runtime_imports(path) -> set[str]:
+    """workbench.* modules `path` imports when it runs (not those under `if TYPE_CHECKING:`)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workbench"):
+            found |= {f"workbench.{a.name}" for a in node.names} if node.module == "workbench" else {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("workbench")}
+    return found
+
+
+@pytest.mark.parametrize("face", sorted(FACES))
+def test_faces_call_the_front_door(face):
+    from helpers import ROOT
+
+    patterns, limit = FACES[face]
+    own = "workbench.cli" if face == "cli" else f"workbench.{face}"
+    modules = set().union(*(_runtime_imports(p) for pattern in patterns for p in ROOT.glob(pattern)))
+    core = sorted(m for m in modules if not m.startswith((own, "workbench.viz")))
+    assert "workbench.pipeline" in core
+    assert not [m for m in core if m.startswith(STAGES)], core
+    assert len(core) <= limit, core

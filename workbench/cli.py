@@ -332,12 +332,12 @@ def cmd_bench_kernels(args) -> int:
 
 def cmd_model(args) -> int:
     from workbench import pipeline
-    from workbench.models.model import model_report, report_text
 
     if args.topk < 1:
         raise UserError(f"--topk must be >= 1, got {args.topk}")
-    doc = model_report(args.path, args.device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
-    return _emit(args, doc, report_text(doc))
+    mc = pipeline.construct_model(args.path, args.device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
+    doc = pipeline.report_dict(mc)
+    return _emit(args, doc, pipeline.report_text(doc))
 
 
 def cmd_bench_dispatch(args) -> int:

@@ -31,7 +31,7 @@ from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import model as models
-from workbench.models.model import ModelConstruction
+from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Measurement, Runner, Timing
@@ -42,7 +42,7 @@ from workbench.workload import Workload, suite_workload
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "Candidate", "Construction", "DeviceSpec", "ExportResult", "Kernel",
     "KernelRejected", "ModelConstruction", "Options", "ProfileResult", "Request", "Stepper", "Timing",
-    "bundle_name_for", "construct_model",
+    "bundle_name_for", "construct_model", "load_device", "report_dict", "report_text",
     "build", "candidate_rows", "check_export_path", "construct", "export", "profile", "request", "stepper",
 ]
 
@@ -83,14 +83,21 @@ def request(workload: Workload | TensorExpr | str, device: DeviceSpec | str | Pa
         workload = suite_workload(workload)
     elif not isinstance(workload, (Workload, TensorExpr)):
         raise UserError(f"expected a Workload, a TensorExpr or 'SUITE:ID', got {type(workload).__name__}")
-    if isinstance(device, (str, Path)):
-        device = load_spec(device)
-    elif not isinstance(device, DeviceSpec):
-        raise UserError(f"expected a DeviceSpec or a preset name, got {type(device).__name__}")
+    device = load_device(device)
     policy_class(policy)
     if options.topk < 1:
         raise UserError(f"top-K must be >= 1, got {options.topk}")
     return Request(workload, device, policy, options)
+
+
+def load_device(device: DeviceSpec | str | Path) -> DeviceSpec:
+    """A DeviceSpec as is, or a preset name / spec file loaded (`local-cpu`: this machine);
+    UserError for an unknown or bad one."""
+    if isinstance(device, (str, Path)):
+        return load_spec(device)
+    if not isinstance(device, DeviceSpec):
+        raise UserError(f"expected a DeviceSpec or a preset name, got {type(device).__name__}")
+    return device
 
 
 def stepper(req: Request) -> Stepper:
@@ -147,12 +154,13 @@ def bundle_name_for(construction: Construction, rank: int, label: str) -> str:
     return bundle_name(label, construction.device.name, construction.policy, f"rank{rank}")
 
 
-def construct_model(model: ImportedModel | str | Path, device: DeviceSpec, policy: str = "roller",
+def construct_model(model: ImportedModel | str | Path, device: DeviceSpec | str | Path, policy: str = "roller",
                     options: Options = Options()) -> ModelConstruction:
     """Every operator of an ONNX model (a path, read within MAX_MODEL_BYTES, or an imported
-    model) constructed on `device`, and their Rammer co-schedule (`models.model`)."""
+    model) constructed on `device` (a spec, preset name or spec file), and their Rammer
+    co-schedule (`models.model`); `report_dict` / `report_text` give its JSON and text forms."""
     imported = model if isinstance(model, ImportedModel) else import_model(model)
-    return models.construct_model(imported, device, policy, options)
+    return models.construct_model(imported, load_device(device), policy, options)
 
 
 def check_export_path(out, zip: bool = False) -> Path:

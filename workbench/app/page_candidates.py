@@ -9,7 +9,6 @@ import streamlit as st
 from workbench import pipeline
 from workbench.app.profile_controls import profile_controls
 from workbench.app.state import candidates_page, picked, profile, set_picked
-from workbench.rtile.model import peak_gflops
 from workbench.viz.compare import (
     ComparedPoint,
     predicted_vs_measured_figure,
@@ -56,7 +55,7 @@ def _roofline(construction, result) -> None:
     device = construction.device
     points = roofline_points(construction.candidates, device.layers[-1].name, _measured(result))
     layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
-    _selectable(roofline_figure(layers, peak_gflops(construction.expr, device), points), CHART_KEYS[0])
+    _selectable(roofline_figure(layers, construction.peak_gflops, points), CHART_KEYS[0])
 
 
 def _comparison(result) -> None:

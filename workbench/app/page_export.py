@@ -12,17 +12,12 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.app.state import candidates_page, in_workspace, ordered_ranks, profile, workspace
-from workbench.codegen.export import bundle_name
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request
 from workbench.viz.fmt import micros
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.codegen.export import ExportResult
-
-
-def selection_bundle_name(sel: Request, rank: int) -> str:
-    return bundle_name(sel.label, sel.device.name, sel.policy, f"rank{rank}")
+    from workbench.pipeline import ExportResult
 
 
 def export(construction: Construction, rank: int, out: Path, zip: bool) -> ExportResult:
@@ -36,7 +31,7 @@ def export(construction: Construction, rank: int, out: Path, zip: bool) -> Expor
 def _zip_bytes(sel: Request, construction: Construction, rank: int) -> tuple[str, bytes]:
     """The zipped bundle, made in a temporary directory of the server's (nothing typed)."""
     with tempfile.TemporaryDirectory(prefix="workbench-bundle-") as folder:
-        result = export(construction, rank, Path(folder) / selection_bundle_name(sel, rank), zip=True)
+        result = export(construction, rank, Path(folder) / pipeline.bundle_name_for(construction, rank, sel.label), zip=True)
         return result.path.name, result.path.read_bytes()
 
 
@@ -64,7 +59,7 @@ def _write(sel: Request, construction: Construction, rank: int) -> None:
         st.error(str(err))
         return
     st.caption(f"inside the workspace {root}")
-    out = st.text_input("Bundle directory (new, or empty)", value=f"bundles/{selection_bundle_name(sel, rank)}")
+    out = st.text_input("Bundle directory (new, or empty)", value=f"bundles/{pipeline.bundle_name_for(construction, rank, sel.label)}")
     if st.button("Write the bundle"):
         try:
             path = in_workspace(out)

@@ -12,9 +12,8 @@ import streamlit as st
 from workbench.app.state import selection, set_selection
 from workbench.errors import UserError
 from workbench.files import check_size, read_user_file
-from workbench.models.model import construct_model
-from workbench.models.onnx_import import MAX_MODEL_BYTES, import_model
-from workbench.pipeline import Request
+from workbench import pipeline
+from workbench.pipeline import MAX_MODEL_BYTES, Request
 from workbench.viz.dataflow import dataflow_figure
 from workbench.viz.gantt import gantt_figure
 from workbench.workload import Workload
@@ -25,7 +24,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_models"
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _constructed(path: str, digest: str, device, policy: str, options):
     """A model's construction, shared by sessions; keyed by the file's content digest."""
-    return construct_model(import_model(path), device, policy, options)
+    return pipeline.construct_model(path, device, policy, options)
 
 
 def _uploaded(upload) -> str:

@@ -8,11 +8,10 @@ import streamlit as st
 
 from workbench.app.device_controls import device_controls
 from workbench.app.state import built, construction, constructed, keep, selection
-from workbench.construct.policies import POLICIES
 from workbench.errors import UserError
 from workbench.ops.catalog import list_ops
 from workbench.ops.shapes import DTYPES, parse_kv
-from workbench.pipeline import Options, Request
+from workbench.pipeline import POLICIES, Options, Request
 from workbench.workload import Workload, list_suites, load_suite
 
 SOURCES = ("Suite entry", "Catalog operator", "Expression")

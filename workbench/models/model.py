@@ -4,21 +4,20 @@ its predicted time one kernel at a time, and the Rammer co-schedule of the whole
 An operator that could not be mapped to a TensorExpr (or got no candidate) is listed with its
 reason and left out of the predicted times: the co-schedule passes its dependencies through
 (a consumer waits for the operators the unsupported one waited for), so the rest still forms a
-valid plan. `model_report` is the JSON document of `workbench model` (shared/design/CLI.md).
+valid plan. `report_dict` is the JSON document of `workbench model` (shared/design/CLI.md).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from workbench.construct.space import Options
 from workbench.construct.step import Candidate
 from workbench.construct.stepper import POLICIES, Construction, construct
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
-from workbench.models.onnx_import import ImportedModel, Operator, import_model
+from workbench.models.onnx_import import ImportedModel, Operator
 from workbench.models.rammer import Plan, ROperator, rkernel, schedule
 
 
@@ -110,16 +109,8 @@ def roperators(results, units: int) -> tuple[ROperator, ...]:
     return tuple(out)
 
 
-def model_report(path: str | Path, device: DeviceSpec | str, policy: str = "roller", options: Options = Options()) -> dict:
-    """The JSON document of `workbench model PATH.onnx`; `device` is a spec or a spec name/path."""
-    from workbench.hardware.loader import load_spec
-
-    spec = load_spec(device) if isinstance(device, (str, Path)) else device
-    return report_dict(construct_model(import_model(path), spec, policy, options))
-
-
 def report_dict(mc: ModelConstruction) -> dict:
-    """JSON form of a whole-model construction (see `model_report`)."""
+    """The JSON document of `workbench model PATH.onnx` (shared/design/CLI.md)."""
     ops = {r.operator.index: r.operator for r in mc.results}
     return {
         "model": mc.model.name,
@@ -181,7 +172,7 @@ def plan_dict(plan: Plan, names: list[str]) -> dict:
 
 
 def report_text(doc: dict) -> str:
-    """The human-readable form of a `model_report` document (the CLI without --json)."""
+    """The human-readable form of a `report_dict` document (the CLI without --json)."""
     ops = doc["operators"]
     built = sum(op["supported"] for op in ops)
     lines = [f"{doc['model']} on {doc['device']} ({doc['policy']}): {len(ops)} operators, {built} constructed "

@@ -11,12 +11,10 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench import pipeline
-from workbench.models.model import report_dict
 from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
 from workbench.viz.fmt import micros
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
-from workbench.widgets.inputs import as_device
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 
@@ -36,7 +34,7 @@ class ModelView(widgets.VBox):
     def __init__(self, model: ImportedModel | str | Path, device: DeviceSpec | str, policy: str = "roller",
                  options: Options = MODEL_OPTIONS):
         self.model = model  # an .onnx path until the first construction imports it
-        self.device, self.options = as_device(device), options
+        self.device, self.options = pipeline.load_device(device), options
         self.policy_buttons = widgets.ToggleButtons(options=sorted(POLICIES), value=policy, description="policy")
         self.summary, self.operators = widgets.HTML(), widgets.HTML()
         self.times_view, self.gantt_view = PlotView(), PlotView()
@@ -49,7 +47,7 @@ class ModelView(widgets.VBox):
     def _construct(self) -> None:
         self.result = pipeline.construct_model(self.model, self.device, self.policy, self.options)
         self.model = self.result.model  # imported once: a policy switch constructs again, nothing more
-        doc = report_dict(self.result)
+        doc = pipeline.report_dict(self.result)
         ops = doc["operators"]
         rows = [
             {"#": i, "operator": op["name"], "kind": op["kind"], "candidates": len(op["candidates"]),

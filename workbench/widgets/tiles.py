@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import ipywidgets as widgets
 import traitlets
 
+from workbench import pipeline
 from workbench.construct.space import Space
 from workbench.viz.fmt import human_bytes, tile_text
 from workbench.viz.tiles import footprint_figure, rtile_figure
-from workbench.widgets.inputs import as_device
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
 
@@ -32,7 +32,7 @@ class TileView(widgets.VBox):
     zoom = traitlets.Bool(True)
 
     def __init__(self, expr: TensorExpr, device: DeviceSpec | str, tiles: Sequence[Sequence[int]] = (), zoom: bool = True):
-        self.space = Space(expr, as_device(device))
+        self.space = Space(expr, pipeline.load_device(device))
         self.zoom_box = widgets.Checkbox(value=zoom, description="zoom to the tiles", indent=False)
         self.caption = widgets.HTML()
         self.footprint_view = PlotView()
