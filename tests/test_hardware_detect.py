@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 
 from workbench.hardware.detect import (
+    DEFAULT_FMA,
     count_cpu_list,
     detect_local_cpu,
+    fma_facts,
     parse_cache_size,
     parse_cpuinfo,
     parse_meminfo,
@@ -19,7 +21,7 @@ AVX512_COMMON = "fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 avx2 
 # (cpuinfo, caches as (level, type, size, shared_cpu_list), max clock in kHz or None)
 MACHINES = {
     "sapphire-rapids": (
-        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
         f"cpu MHz\t\t: 2000.000\nflags\t\t: {AVX512_COMMON} avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8\n\n"
         "processor\t: 1\nvendor_id\t: GenuineIntel\n",
         [("1", "Data", "48K", "0,56"), ("1", "Instruction", "32K", "0,56"), ("2", "Unified", "2048K", "0,56"),
@@ -27,24 +29,24 @@ MACHINES = {
         3800000,
     ),
     "cascade-lake": (
-        "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6248\ncpu MHz\t\t: 2500.000\n"
+        "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\nmodel name\t: Intel(R) Xeon(R) Gold 6248\ncpu MHz\t\t: 2500.000\n"
         f"flags\t\t: {AVX512_COMMON} avx512_vnni\n",
         [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0")],
         None,
     ),
     "skylake-sp": (
-        f"vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8180\nflags\t\t: {AVX512_COMMON}\n",
+        f"vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\nmodel name\t: Intel(R) Xeon(R) Platinum 8180\nflags\t\t: {AVX512_COMMON}\n",
         [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0")],
         2500000,
     ),
     "zen4": (
-        "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\ncpu MHz\t\t: 2400.000\n"
+        "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC 9654 96-Core Processor\ncpu MHz\t\t: 2400.000\n"
         f"flags\t\t: {AVX512_COMMON} avx512_bf16 avx512_vnni avx512_vbmi2 gfni\n",
         [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0")],
         None,
     ),
     "haswell": (
-        "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Core(TM) i7-4770 CPU @ 3.40GHz\ncpu MHz\t\t: 3400.000\n"
+        "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 60\nmodel name\t: Intel(R) Core(TM) i7-4770 CPU @ 3.40GHz\ncpu MHz\t\t: 3400.000\n"
         "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 avx2 bmi2\n",
         [("1", "Data", "32K", "0-1"), ("2", "Unified", "256K", "0-1")],
         None,
@@ -72,6 +74,13 @@ EXPECTED = {
     "haswell": (8, "haswell", 32 * 1024, 256 * 1024, 3.4, "intel"),
     "neoverse-n1": (4, "neoverse-n1", 64 * 1024, 1024 * 1024, 3.0, "arm"),
     "unknown-arm": (4, "generic", 32 * 1024, 512 * 1024, 2.0, "arm"),
+}
+# name: (FMA latency in cycles, full-width vector FMAs per cycle), from the vendors' optimization
+# manuals: Golden Cove, Skylake-SP and Cascade Lake 4 x 2 (two 512-bit units), Zen 4 4 x 1 (a
+# zmm FMA on two 256-bit pipes), Haswell 5 x 2, Neoverse N1 4 x 2; an unknown core the default.
+EXPECTED_FMA = {
+    "sapphire-rapids": (4, 2), "cascade-lake": (4, 2), "skylake-sp": (4, 2), "zen4": (4, 1),
+    "haswell": (5, 2), "neoverse-n1": (4, 2), "unknown-arm": (DEFAULT_FMA.latency_cycles, DEFAULT_FMA.pipes),
 }
 
 
@@ -112,11 +121,16 @@ def test_detection_on_fake_trees(tmp_path, machine):
     assert (spec.warp_size, spec.compute_units, spec.registers_per_unit) == (lanes, 4, registers)
     assert spec.target_dict() == {"kind": "llvm", "mcpu": mcpu, "num-cores": 4}
     assert [layer.name for layer in spec.layers] == ["registers", "L1", "L2", "DRAM"]
-    assert spec.layer("registers").capacity_bytes == (registers - 4) * lanes * 4
+    # Every vector register is the micro-kernel's: its loads and broadcast count in its footprint.
+    assert spec.registers_per_thread_cap == registers
+    assert spec.layer("registers").capacity_bytes == registers * lanes * 4
     assert (spec.layer("L1").capacity_bytes, spec.layer("L2").capacity_bytes) == (l1, l2)
     assert spec.layer("DRAM").capacity_bytes == 16384000 * 1024
-    # Peak estimate: cores x GHz x lanes x 2 (FMA) x 2 FMA units.
-    assert spec.peak("float32") == pytest.approx(4 * ghz * lanes * 4, rel=1e-3)
+    latency, pipes = EXPECTED_FMA[machine]
+    assert (spec.fma_latency_cycles, spec.fma_pipes, spec.fma_accumulators) == (latency, pipes, latency * pipes)
+    assert {"fma_latency_cycles", "fma_pipes"} <= set(dict(spec.sources))
+    # Peak estimate: cores x GHz x lanes x 2 (FMA) x FMA pipes.
+    assert spec.peak("float32") == pytest.approx(4 * ghz * lanes * 2 * pipes, rel=1e-3)
     written, read = reloaded(spec, parse_cpuinfo(MACHINES[machine][0]).isa)
     assert read == written
 
@@ -187,6 +201,27 @@ def test_parse_cpuinfo_keeps_the_first_processor():
     assert info.model_name == "Intel(R) Xeon(R) Platinum 8480+" and "amx_tile" in info.flags
     arm = parse_cpuinfo(MACHINES["neoverse-n1"][0])
     assert (arm.isa, arm.vendor, arm.part, arm.mhz) == ("aarch64", "arm", "0xd0c", None)
+
+
+@pytest.mark.parametrize(
+    "vendor, family, model, facts",
+    [
+        ("AuthenticAMD", 23, 1, (5, 1)),  # Zen (EPYC 7001): ymm FMAs split over 128-bit pipes
+        ("AuthenticAMD", 23, 49, (5, 2)),  # Zen 2 (EPYC 7002, model 31h)
+        ("AuthenticAMD", 25, 1, (4, 2)),  # Zen 3 (EPYC 7003, model 01h)
+        ("AuthenticAMD", 25, 17, (4, 1)),  # Zen 4 (EPYC 9004, model 11h)
+        ("GenuineIntel", 6, 85, (4, 2)),  # Skylake-SP / Cascade Lake
+        ("GenuineIntel", 6, 126, (4, 1)),  # Ice Lake client (7Eh): one 512-bit FMA
+        ("GenuineIntel", 6, 63, (5, 2)),  # Haswell-EP
+        ("GenuineIntel", 6, 1, (5, 2)),  # a model not in the table: the default
+        ("AuthenticAMD", 99, 1, (5, 2)),  # a family not in the table: the default
+    ],
+)
+def test_fma_facts_from_vendor_family_and_model(vendor, family, model, facts):
+    info = parse_cpuinfo(f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: avx2 fma\n")
+    assert (info.family, info.model) == (family, model)
+    found = fma_facts(info)
+    assert (found.latency_cycles, found.pipes) == facts and found.source
 
 
 def test_parse_meminfo():

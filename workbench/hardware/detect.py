@@ -48,18 +48,68 @@ _DEFAULT_CACHES = {"L1": 32 * 1024, "L2": 1024 * 1024}
 _DEFAULT_MEMORY = 8 * 1024**3
 
 # Per-core estimates for an uncalibrated CPU (cycles and bytes per cycle of recent x86 / ARM
-# server cores): two vector FMA pipes, two vector loads per cycle from L1, 32 B/cycle from L2,
-# about 10 GB/s of DRAM streaming per core; latencies of 4 (FMA), 5 (L1) and 14 (L2) cycles and
-# about 90 ns for DRAM.
-_FMA_UNITS = 2
+# server cores): two vector loads per cycle from L1, 32 B/cycle from L2, about 10 GB/s of DRAM
+# streaming per core; latencies of 5 (L1) and 14 (L2) cycles and about 90 ns for DRAM.
 _L1_LOADS_PER_CYCLE = 2
 _L2_BYTES_PER_CYCLE = 32
 _DRAM_GBPS_PER_CORE = 10.0
-_CYCLES = {"registers": 4, "L1": 5, "L2": 14}
+_CYCLES = {"L1": 5, "L2": 14}
 _DRAM_LATENCY_NS = 90.0
 _CACHE_LINE = 64
-# Vector registers kept free for broadcasts and input loads, so not used by the register tile.
-_SPARE_VECTOR_REGISTERS = 4
+
+
+@dataclass(frozen=True)
+class FmaFacts:
+    """A core's vector FMA: latency (cycles until a dependent FMA may use the result) and pipes
+    (FMAs of the full detected vector width issued per cycle), with where the numbers come from."""
+
+    latency_cycles: int
+    pipes: int
+    source: str
+
+
+_INTEL_MANUAL = "Intel 64 and IA-32 Architectures Optimization Reference Manual"
+_AGNER = "Agner Fog, Instruction tables"
+# Intel cores by (cpu family, models) as /proc/cpuinfo gives them.
+_INTEL_FMA = (
+    (6, (0x3C, 0x3F, 0x45, 0x46, 0x3D, 0x47, 0x4F, 0x56),
+     FmaFacts(5, 2, f"Haswell / Broadwell: 5-cycle FMA on ports 0 and 1 ({_INTEL_MANUAL}; {_AGNER})")),
+    (6, (0x4E, 0x5E, 0x8E, 0x9E, 0xA5, 0xA6),
+     FmaFacts(4, 2, f"Skylake to Comet Lake client: 4-cycle FMA on ports 0 and 1 ({_INTEL_MANUAL}; {_AGNER})")),
+    (6, (0x55,),
+     FmaFacts(4, 2, f"Skylake-SP / Cascade Lake: 4-cycle FMA, two 512-bit FMA units on Gold 6xxx and "
+              f"Platinum (one on Silver and Bronze, which cpuinfo does not tell apart) ({_INTEL_MANUAL})")),
+    (6, (0x6A, 0x6C, 0x8F, 0xCF, 0xAD, 0xAE),
+     FmaFacts(4, 2, f"Ice Lake-SP / Sapphire, Emerald, Granite Rapids: 4-cycle FMA, two 512-bit FMA units ({_INTEL_MANUAL})")),
+    (6, (0x7D, 0x7E, 0x8C, 0x8D),
+     FmaFacts(4, 1, f"Ice Lake / Tiger Lake client: 4-cycle FMA, one 512-bit FMA (ports 0+1 fused) ({_INTEL_MANUAL}; {_AGNER})")),
+    (6, (0x97, 0x9A, 0xB7, 0xBA, 0xBF),
+     FmaFacts(4, 2, f"Alder Lake / Raptor Lake P-cores: 4-cycle FMA on ports 0 and 1 ({_INTEL_MANUAL})")),
+)
+# AMD cores by (cpu family, model ranges): AMD Software Optimization Guides for family 17h
+# (Zen, Zen 2), 19h (Zen 3, Zen 4) and 1Ah (Zen 5).
+_AMD_FMA = (
+    (0x17, ((0x00, 0x2F),), FmaFacts(5, 1, "Zen / Zen+ (family 17h): 5-cycle FMA; 256-bit FMAs split over the two "
+                                          f"128-bit pipes, one ymm FMA per cycle (AMD family 17h optimization guide; {_AGNER})")),
+    (0x17, ((0x30, 0xFF),), FmaFacts(5, 2, "Zen 2 (family 17h): 5-cycle FMA, two 256-bit FMA pipes "
+                                          f"(AMD family 17h models 30h+ optimization guide; {_AGNER})")),
+    (0x19, ((0x00, 0x0F), (0x20, 0x5F)), FmaFacts(4, 2, "Zen 3 (family 19h): 4-cycle FMA, two 256-bit FMA pipes "
+                                                       f"(AMD family 19h optimization guide; {_AGNER})")),
+    (0x19, ((0x10, 0x1F), (0x60, 0xAF)), FmaFacts(4, 1, "Zen 4 (family 19h): 4-cycle FMA; 512-bit FMAs on two 256-bit "
+                                                       "pipes, one zmm FMA per cycle (AMD family 19h optimization guide)")),
+    (0x1A, ((0x00, 0xFF),), FmaFacts(4, 2, "Zen 5 (family 1Ah): 4-cycle FMA, two 512-bit FMA pipes "
+                                          "(AMD family 1Ah optimization guide)")),
+)
+# ARM cores by "CPU part": Arm Neoverse software optimization guides (FMLA, ASIMD).
+_ARM_FMA = {
+    "0xd0c": FmaFacts(4, 2, "Neoverse N1: 4-cycle FMLA, two 128-bit pipes (Arm Neoverse N1 software optimization guide)"),
+    "0xd49": FmaFacts(4, 2, "Neoverse N2: 4-cycle FMLA, two 128-bit pipes (Arm Neoverse N2 software optimization guide)"),
+    "0xd40": FmaFacts(4, 4, "Neoverse V1: 4-cycle FMLA, four 128-bit pipes (Arm Neoverse V1 software optimization guide)"),
+    "0xd4f": FmaFacts(4, 4, "Neoverse V2: 4-cycle FMLA, four 128-bit pipes (Arm Neoverse V2 software optimization guide)"),
+}
+# Unknown cores: 5 cycles x 2 pipes, the most accumulators any core above needs with two pipes
+# (Haswell, Zen 2). More accumulators than a core needs cost registers, never FMA throughput.
+DEFAULT_FMA = FmaFacts(5, 2, "core not in the workbench's table: 5-cycle FMA x 2 pipes assumed (Haswell, Zen 2)")
 
 
 @dataclass(frozen=True)
@@ -72,6 +122,8 @@ class CpuInfo:
     flags: frozenset[str]
     mhz: float | None  # the clock cpuinfo reports (x86 only)
     part: str = ""  # ARM "CPU part", e.g. "0xd0c"
+    family: int | None = None  # x86 "cpu family"
+    model: int | None = None  # x86 "model"
 
 
 def parse_cpuinfo(text: str) -> CpuInfo:
@@ -92,7 +144,8 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     part = fields.get("CPU part", "").lower()
     model = fields.get("model name") or fields.get("Hardware") or f"{vendor} {isa} CPU {part}".strip()
     mhz = float(fields["cpu MHz"]) if _is_number(fields.get("cpu MHz", "")) else None
-    return CpuInfo(model, vendor, isa, frozenset(flags.split()), mhz, part)
+    family, number = (int(fields[k]) if fields.get(k, "").isdigit() else None for k in ("cpu family", "model"))
+    return CpuInfo(model, vendor, isa, frozenset(flags.split()), mhz, part, family, number)
 
 
 def _is_number(text: str) -> bool:
@@ -115,6 +168,22 @@ def simd_lanes(info: CpuInfo) -> int:
 def vector_registers(info: CpuInfo) -> int:
     """Architectural vector registers: 32 zmm with AVX-512 and 32 v-registers on aarch64, else 16."""
     return 32 if "avx512f" in info.flags or info.isa == "aarch64" else 16
+
+
+def fma_facts(info: CpuInfo) -> FmaFacts:
+    """FMA latency and pipes of the core /proc/cpuinfo names (vendor, family and model on x86,
+    the CPU part on ARM), or `DEFAULT_FMA` for a core not in the table."""
+    if info.isa == "aarch64":
+        return _ARM_FMA.get(info.part, DEFAULT_FMA)
+    if info.vendor == "intel":
+        for family, models, facts in _INTEL_FMA:
+            if info.family == family and info.model in models:
+                return facts
+    if info.vendor == "amd" and info.model is not None:
+        for family, ranges, facts in _AMD_FMA:
+            if info.family == family and any(lo <= info.model <= hi for lo, hi in ranges):
+                return facts
+    return DEFAULT_FMA
 
 
 def llvm_mcpu(info: CpuInfo) -> str:
@@ -199,45 +268,47 @@ def build_local_spec(
     ghz = mhz / 1000
     lanes = simd_lanes(info)
     registers = vector_registers(info)
+    fma = fma_facts(info)
     per_cycle = f"{cores} cores x {ghz:.3g} GHz ({clock})"
-    peak = cores * ghz * lanes * 2 * _FMA_UNITS
+    peak = cores * ghz * lanes * 2 * fma.pipes
     mcpu = llvm_mcpu(info)
     return DeviceSpec(
         name=LOCAL_CPU_NAME,
         kind="cpu",
         vendor=info.vendor,
-        layers=_estimated_layers(cores, ghz, lanes, registers, caches, memory_bytes, per_cycle),
+        layers=_estimated_layers(cores, ghz, lanes, registers, fma, caches, memory_bytes, per_cycle),
         compute_units=cores,
         warp_size=lanes,
         teu_per_unit=1,
         max_threads_per_block=1,
         max_threads_per_unit=1,
-        registers_per_thread_cap=registers - _SPARE_VECTOR_REGISTERS,
+        registers_per_thread_cap=registers,
         registers_per_unit=registers,
         peak_gflops=(("float32", round(peak, 1)), ("float64", round(peak / 2, 1))),
         target=(("kind", "llvm"), ("mcpu", mcpu), ("num-cores", cores)),
         source=f"detected on this machine: {info.model_name} ({info.isa}); "
         "bandwidths and peak are uncalibrated estimates",
         calibrated=False,
-        sources=_device_sources(info, registers, per_cycle, mcpu),
+        fma_latency_cycles=fma.latency_cycles,
+        fma_pipes=fma.pipes,
+        sources=_device_sources(info, registers, fma, per_cycle, mcpu),
     )
 
 
-def _estimated_layers(cores, ghz, lanes, registers, caches, memory_bytes, per_cycle):
+def _estimated_layers(cores, ghz, lanes, registers, fma, caches, memory_bytes, per_cycle):
     vector = lanes * 4
-    usable = registers - _SPARE_VECTOR_REGISTERS
     l1, l2 = (caches.get(level, _DEFAULT_CACHES[level]) for level in ("L1", "L2"))
     found = {level: "from sysfs" if level in caches else "not in sysfs, assumed" for level in ("L1", "L2")}
     memory_from = "MemTotal of /proc/meminfo" if memory_bytes else "not in /proc/meminfo, 8 GiB assumed"
     estimate = f"uncalibrated estimate: {per_cycle}"
     return (
         MemoryLayer(
-            name="registers", scope="thread", capacity_bytes=usable * vector,
-            bandwidth_gbps=round(cores * ghz * _FMA_UNITS * 3 * vector, 1),
-            transaction_bytes=vector, latency_ns=round(_CYCLES["registers"] / ghz, 2),
-            source=f"{usable} of {registers} vector registers x {vector} B ({_SPARE_VECTOR_REGISTERS} "
-            f"kept free); {estimate} x {_FMA_UNITS} FMA units x 3 operands x {vector} B; "
-            "4-cycle FMA latency",
+            name="registers", scope="thread", capacity_bytes=registers * vector,
+            bandwidth_gbps=round(cores * ghz * fma.pipes * 3 * vector, 1),
+            transaction_bytes=vector, latency_ns=round(fma.latency_cycles / ghz, 2),
+            source=f"{registers} vector registers x {vector} B (a micro-kernel's loads and broadcast "
+            f"counted in its footprint); {estimate} x {fma.pipes} FMA pipes x 3 operands x {vector} B; "
+            f"{fma.latency_cycles}-cycle FMA latency",
         ),
         MemoryLayer(
             name="L1", scope="unit", capacity_bytes=l1,
@@ -263,18 +334,20 @@ def _estimated_layers(cores, ghz, lanes, registers, caches, memory_bytes, per_cy
     )
 
 
-def _device_sources(info: CpuInfo, registers: int, per_cycle: str, mcpu: str):
+def _device_sources(info: CpuInfo, registers: int, fma: FmaFacts, per_cycle: str, mcpu: str):
     simd = next((f for f in ("avx512f", "avx", "asimd") if f in info.flags), "no wide SIMD flag")
     one_per_core = "1 on CPUs: a core runs one work item at a time"
     return (
         ("compute_units", "physical cores among the CPUs this process may run on (sched_getaffinity; "
          "SMT siblings sharing an L1d counted once)"),
+        ("fma_latency_cycles", fma.source),
+        ("fma_pipes", fma.source),
         ("max_threads_per_block", one_per_core),
         ("max_threads_per_unit", one_per_core),
         ("peak_gflops", f"uncalibrated estimate: {per_cycle} x fp32 lanes x 2 (FMA) x "
-         f"{_FMA_UNITS} FMA units assumed; float64 has half the lanes"),
-        ("registers_per_thread_cap", f"{registers} vector registers less {_SPARE_VECTOR_REGISTERS} "
-         "kept free for broadcasts and input loads"),
+         f"{fma.pipes} FMA pipes; float64 has half the lanes"),
+        ("registers_per_thread_cap", f"all {registers} vector registers: a register micro-kernel's "
+         "input loads and broadcast are counted in its footprint"),
         ("registers_per_unit", f"architectural vector registers of {info.isa} ({simd})"),
         ("target", f"mcpu {mcpu!r} chosen from the /proc/cpuinfo vendor and flags (TVM refuses "
          "'native'); num-cores = compute_units"),

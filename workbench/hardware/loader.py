@@ -16,7 +16,7 @@ from pathlib import Path
 from workbench.errors import UserError
 from workbench.files import read_user_text
 from workbench.hardware.calibrate import calibrated_spec_path
-from workbench.hardware.detect import LOCAL_CPU_NAME, detect_local_cpu
+from workbench.hardware.detect import DEFAULT_FMA, LOCAL_CPU_NAME, detect_local_cpu
 from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer
 
 if sys.version_info >= (3, 11):
@@ -37,7 +37,10 @@ _DEVICE_INTS = (
     "registers_per_thread_cap",
     "registers_per_unit",
 )
-_DEVICE_KEYS = ("name", "kind", "vendor", "source", "calibrated") + _DEVICE_INTS
+# FMA facts of a CPU core (0 on GPUs). A CPU spec without them gets DEFAULT_FMA (5 cycles x 2
+# pipes): more accumulators than a core needs cost registers, never FMA throughput.
+_DEVICE_FMA = ("fma_latency_cycles", "fma_pipes")
+_DEVICE_KEYS = ("name", "kind", "vendor", "source", "calibrated") + _DEVICE_INTS + _DEVICE_FMA
 _LAYER_KEYS = (
     "name",
     "scope",
@@ -49,7 +52,7 @@ _LAYER_KEYS = (
     "bank_width_bytes",
     "source",
 )
-_SOURCE_KEYS = _DEVICE_INTS + ("peak_gflops", "tensor_core_gflops", "tensor_core", "target")
+_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + ("peak_gflops", "tensor_core_gflops", "tensor_core", "target")
 _TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "layer")
 _DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -122,6 +125,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     device = _table(doc, "device")
     _check_keys(device, _DEVICE_KEYS, "device.")
     ints = {key: _int(device.get(key, _MISSING), f"device.{key}") for key in _DEVICE_INTS}
+    ints.update(_fma(device))
     peak = _gflops(doc, "peak_gflops", required=True)
     tensor_core = _gflops(doc, "tensor_core_gflops", required=False)
     spec = DeviceSpec(
@@ -143,6 +147,22 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     if problem:
         raise UserError(problem)
     return spec
+
+
+def _fma(device: dict) -> dict[str, int]:
+    """fma_latency_cycles and fma_pipes: both positive on a CPU (DEFAULT_FMA where neither is
+    given), both 0 or absent on a GPU (warps hide its latency, not a thread's accumulators)."""
+    cpu = device.get("kind") == "cpu"
+    given = [key for key in _DEVICE_FMA if key in device]
+    if not given:
+        return {"fma_latency_cycles": DEFAULT_FMA.latency_cycles if cpu else 0, "fma_pipes": DEFAULT_FMA.pipes if cpu else 0}
+    if len(given) == 1:
+        missing = next(key for key in _DEVICE_FMA if key not in device)
+        raise UserError(f"device.{missing} is missing (give both fma_latency_cycles and fma_pipes, or neither)")
+    values = {key: _int(device[key], f"device.{key}", minimum=1 if cpu else 0) for key in _DEVICE_FMA}
+    if not cpu and any(values.values()):
+        raise UserError("device.fma_latency_cycles and device.fma_pipes describe CPU cores: 0 (or absent) on a GPU")
+    return values
 
 
 def _check_consistency(spec: DeviceSpec) -> None:
@@ -418,7 +438,7 @@ def _scalar(value: object, field: str) -> None:
 def spec_to_toml(spec: DeviceSpec) -> str:
     """The spec as TOML text that `spec_from_toml_text` reads back to an equal spec."""
     device = [("name", spec.name), ("kind", spec.kind), ("vendor", spec.vendor), ("source", spec.source)]
-    device += [(key, getattr(spec, key)) for key in _DEVICE_INTS] + [("calibrated", spec.calibrated)]
+    device += [(key, getattr(spec, key)) for key in _DEVICE_INTS + _DEVICE_FMA] + [("calibrated", spec.calibrated)]
     parts = [_section("[device]", device)]
     if spec.sources:
         parts.append(_section("[sources]", spec.sources))
@@ -477,6 +497,8 @@ def spec_summary(spec: DeviceSpec) -> dict:
         "vendor": spec.vendor,
         "compute_units": spec.compute_units,
         "warp_size": spec.warp_size,
+        "fma_latency_cycles": spec.fma_latency_cycles,
+        "fma_pipes": spec.fma_pipes,
         "calibrated": spec.calibrated,
         "layers": [
             {

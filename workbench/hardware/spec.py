@@ -46,14 +46,23 @@ class DeviceSpec:
     teu_per_unit: int  # warp schedulers per SM (GPU); 1 on CPUs
     max_threads_per_block: int  # the construction policy's cap (Roller: 512); 1 on CPUs
     max_threads_per_unit: int  # resident threads per SM; 1 on CPUs
-    registers_per_thread_cap: int  # Roller's conservative cap (96 on NVIDIA, 70 on MI50)
-    registers_per_unit: int  # 32-bit registers per SM (GPU); vector registers per core (CPU)
+    # Roller's conservative cap (96 of 255 on NVIDIA, 70 on MI50); on CPUs the vector registers a
+    # register micro-kernel may use, its input loads and broadcast included (all of them: 16 ymm
+    # on AVX2, 32 zmm on AVX-512, unless a spec keeps some back)
+    registers_per_thread_cap: int
+    registers_per_unit: int  # 32-bit registers per SM (GPU); architectural vector registers per core (CPU)
     peak_gflops: tuple[tuple[str, float], ...]  # (dtype, GFLOP/s) on the plain ALUs
     tensor_core_gflops: tuple[tuple[str, float], ...] = ()  # (dtype, GFLOP/s) on MMA units
     tensor_core_fragment: tuple[int, int, int] = ()  # (m, n, k), e.g. (16, 16, 16)
     target: tuple[tuple[str, object], ...] = ()  # the TVM target dict, as sorted items
     source: str = ""
     calibrated: bool = False  # True when the numbers were measured on this machine
+    # CPU cores: cycles from an FMA's issue to its result being usable by the next dependent FMA,
+    # and vector FMAs of `register_bytes` width a core issues per cycle (Intel optimization
+    # manual, AMD software optimization guides, Agner Fog's instruction tables). 0 where unknown
+    # or not a CPU: GPUs hide latency with warps, not with a thread's independent accumulators.
+    fma_latency_cycles: int = 0
+    fma_pipes: int = 0
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def layer(self, name: str) -> MemoryLayer:
@@ -96,6 +105,15 @@ class DeviceSpec:
         (`registers_per_unit` counts them), or a vector register of `warp_size` 32-bit lanes on
         a CPU core; `registers_per_thread_cap` counts registers of this size."""
         return 4 if self.lanes_are_threads else 4 * self.warp_size
+
+    @property
+    def fma_accumulators(self) -> int:
+        """Independent vector accumulators a CPU core's register micro-kernel needs to keep
+        every FMA pipe busy: a reduction's FMA into one accumulator waits for the previous one
+        to finish (`fma_latency_cycles`), so `fma_pipes` FMAs per cycle need latency x pipes
+        chains in flight (Little's law; why BLAS's AVX2 kernel is 6 x 16 fp32 = 12 ymm
+        accumulators). 0 where the spec states no FMA facts (GPUs; a hand-built spec)."""
+        return self.fma_latency_cycles * self.fma_pipes if self.runs_on_cpu else 0
 
     def is_thread_block_layer(self, layer: int) -> bool:
         """Whether a tile at `layer` is one thread block's work: the last per-unit layer of a

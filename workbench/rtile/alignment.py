@@ -7,17 +7,25 @@ every rule accepts. New hardware features are new rules here, nowhere else.
 
 Rules see an `AlignContext` (expression, device, layer, the tile one layer up, eps) and answer
 `axis_ok(ctx, axis, size)` for per-axis rules and `tile_ok(ctx, tile)` for rules over the whole
-tile (the thread count of a GPU block).
+tile (the thread count of a GPU block, the FMA accumulators of a CPU register tile).
+
+A CPU core's register tile is a register micro-kernel (the BLIS / oneDNN idea): the output tile
+stays in vector registers as accumulators, one vector per output row along the vectorised axis,
+and every reduction step loads one row of vectors of each input that the vectorised axis indexes
+and broadcasts the elements of the others into one register. `micro_kernel_registers` counts
+those vector registers; they are the register layer's footprint (`rprogram.layer_footprint`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil, prod
 from typing import Protocol
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.traffic import calculus
 
 Tile = tuple[int, ...]
 
@@ -93,7 +101,10 @@ class ExecutionUnitRule:
     GPU: a block's thread count (unit tile / register tile over spatial axes) is a multiple of
     the warp size, unless the block already covers every spatial axis; a thread's tile uses
     Roller's register steps. CPU: the register tile along the vectorised axis (the output's
-    contiguous axis) is a multiple of the SIMD lanes, or the whole axis when it is shorter.
+    contiguous axis) is a multiple of the SIMD lanes, or the whole axis when it is shorter; and
+    a reduction's register tile holds at least `required_accumulators` vector accumulators, so
+    that the core's FMA pipes never wait on an FMA latency (ALGORITHMS.md §7: the execution
+    unit of a CPU core is its FMA pipes x their latency, not one vector).
     """
 
     name = "execution-unit"
@@ -113,6 +124,9 @@ class ExecutionUnitRule:
         return True
 
     def tile_ok(self, ctx, tile):
+        need = required_accumulators(ctx)
+        if need and accumulators(ctx.expr, ctx.device, tile) < need:
+            return False
         if not ctx.device.is_thread_block_layer(ctx.layer):
             return True
         threads = thread_count(ctx.expr, tile, ctx.upper, tile_lanes(ctx.expr, ctx.device))
@@ -187,6 +201,106 @@ def vector_axis(expr: TensorExpr) -> int | None:
     return leading_axis(expr.output)
 
 
+def is_micro_kernel_layer(device: DeviceSpec, layer: int) -> bool:
+    """Whether a tile at `layer` is a CPU core's register micro-kernel: the top, per-thread layer
+    of a device whose lanes are SIMD lanes of vector registers."""
+    return layer == 0 and not device.lanes_are_threads and device.layers[0].scope == "thread"
+
+
+def simd_vectors(elements: int, itemsize: int, device: DeviceSpec) -> int:
+    """Vector registers that `elements` consecutive values of `itemsize` bytes fill (a partly
+    filled vector takes a whole register)."""
+    return ceil(elements * itemsize / device.register_bytes)
+
+
+def accumulators(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """Vector registers a CPU register tile's output occupies, its accumulators: one vector per
+    output row along the vectorised axis (`vector_axis`). Without a vectorised axis the code is
+    scalar and every output element takes a register of its own."""
+    shape = calculus(expr).data_tiles(tuple(tile))[-1]
+    if not shape:  # a scalar output
+        return 1
+    if vector_axis(expr) is None:
+        return prod(shape)
+    return prod(shape[:-1]) * simd_vectors(shape[-1], expr.output.itemsize, device)
+
+
+def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """Vector registers a CPU register micro-kernel of `tile` needs: its `accumulators`, one row
+    of vectors along the vectorised axis for every input the axis indexes (loaded once per
+    reduction step, the tile's reduce extent is unrolled over the same registers), and one
+    register into which the elements of the other inputs are broadcast (BLAS's AVX2 6 x 16 fp32
+    kernel: 12 accumulators + 2 vectors of B + 1 broadcast of A = 15 of the 16 ymm)."""
+    v = vector_axis(expr)
+    rows, broadcast = 0, 0
+    for tensor in expr.inputs:
+        if v is not None and tensor.uses_axis(v):
+            rows += simd_vectors(tile[v], tensor.itemsize, device)
+        else:
+            broadcast = 1
+    return accumulators(expr, device, tile) + rows + broadcast
+
+
+def register_budget(device: DeviceSpec) -> int:
+    """Vector registers a CPU micro-kernel may use: `registers_per_thread_cap`, and no more
+    than the register layer holds (`rprogram.layer_capacity` in registers)."""
+    return min(device.registers_per_thread_cap, device.layers[0].capacity_bytes // device.register_bytes)
+
+
+def required_accumulators(ctx: AlignContext) -> int:
+    """Vector accumulators a register tile at `ctx` must hold (0: no such requirement).
+
+    Only a CPU micro-kernel of an operator with a reduce axis and a vectorised output axis has
+    one: its FMAs into one accumulator form a dependency chain across the reduction, so the
+    core's `fma_pipes` stay busy only with `DeviceSpec.fma_accumulators` (latency x pipes)
+    chains in flight. Elementwise operators carry no chain (out-of-order execution overlaps
+    their independent vectors), and scalar code (no vectorised axis) is bound by its lanes.
+
+    Our fallback where that many cannot exist (tiny extents, an operator with few output rows,
+    a small register budget, eps too small to pad): the most accumulators that
+    `_accumulator_fill` reaches within the register budget, so construction still finds the
+    programs it found before, with as many accumulators as they can have."""
+    device, expr = ctx.device, ctx.expr
+    if not is_micro_kernel_layer(device, ctx.layer) or not device.fma_accumulators:
+        return 0
+    if not expr.reduce or vector_axis(expr) is None:
+        return 0
+    filled = _accumulator_fill(expr, device, ctx.eps)
+    if filled is None:
+        return 0
+    return min(device.fma_accumulators, accumulators(expr, device, filled))
+
+
+@lru_cache(maxsize=256)
+def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile | None:
+    """The smallest register tile with enough accumulators, as `initial_tile` starts a CPU
+    micro-kernel (None when no tile meets the per-axis rules at `eps`).
+
+    From the per-axis aligned tile, grow one spatial axis at a time to its next aligned size,
+    within the register budget, until the tile holds `fma_accumulators` accumulators or no
+    growth fits. Our choice of step, in the spirit of the BLAS micro-kernel shapes: the growth
+    with the fewest registers per accumulator (accumulators are the point, loads and broadcasts
+    the overhead), then the fewest registers, then the outermost axis. On AVX2 with 10 needed
+    this reaches 5 x 16 (10 accumulators + 2 + 1 registers) on the way to BLAS's 6 x 16."""
+    ctx = AlignContext(expr, device, 0, tuple(1 for _ in expr.axes), eps)
+    tile = _per_axis_start(ctx, RULES)
+    budget, need = register_budget(device), device.fma_accumulators
+    while tile is not None and accumulators(expr, device, tile) < need:
+        options = []
+        for a in expr.spatial:
+            size = _scan(ctx, tile, a, +1, RULES, whole_tile=False)
+            if size is None:
+                continue
+            grown = tile[:a] + (size,) + tile[a + 1 :]
+            regs = micro_kernel_registers(expr, device, grown)
+            if regs <= budget:
+                options.append((regs / accumulators(expr, device, grown), regs, a, grown))
+        if not options:
+            break
+        tile = min(options)[3]
+    return tile
+
+
 def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1) -> int:
     """Threads of a GPU block: unit tile over register tile, spatial axes only, times the
     threads that share one register tile (a warp for tensor-core fragments)."""
@@ -237,8 +351,19 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
 
     Starts from the upper tile; on a GPU block layer first fills one warp of threads along the
     spatial axes, innermost first; then lifts each axis that breaks a per-axis rule to its next
-    aligned size. None when no aligned tile exists (e.g. eps too small for the shape).
+    aligned size. A CPU micro-kernel then grows to its required accumulators
+    (`_accumulator_fill`). None when no aligned tile exists (e.g. eps too small for the shape).
     """
+    if required_accumulators(ctx) and rules is RULES:
+        result = _accumulator_fill(ctx.expr, ctx.device, ctx.eps)
+        return result if result is not None and is_aligned(ctx, result, rules) else None
+    result = _per_axis_start(ctx, rules)
+    return result if result is not None and is_aligned(ctx, result, rules) else None
+
+
+def _per_axis_start(ctx: AlignContext, rules) -> Tile | None:
+    """The upper tile (a GPU block layer: filled with one warp of threads) with every axis that
+    breaks a per-axis rule lifted to its next aligned size; None when an axis has none."""
     tile = list(ctx.upper)
     if ctx.device.is_thread_block_layer(ctx.layer):
         need = ctx.device.warp_size // tile_lanes(ctx.expr, ctx.device)  # threads still to add
@@ -255,8 +380,7 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
             if size is None:
                 return None
             tile[a] = size
-    result = tuple(tile)
-    return result if is_aligned(ctx, result, rules) else None
+    return tuple(tile)
 
 
 def _largest_pow2_at_most(n: int) -> int:

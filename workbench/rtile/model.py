@@ -7,6 +7,9 @@ slowest stage (the bottleneck):
 
 - load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf)
 - compute time           = flops on the padded iteration space / peak compute     (MaxComputePerf)
+                           / the fraction of peak the register tile can reach (`compute_efficiency`:
+                           warps per scheduler on a GPU; on a CPU the SIMD lanes its vectors fill
+                           times the FMA latency its accumulators cover)
 
 with every bandwidth and the peak scaled by the fraction of units the grid keeps busy (a shared
 layer's bandwidth is split evenly over the units using it, §3.3). Scale-out (ALGORITHMS.md §1):
@@ -24,7 +27,7 @@ from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import mma_axes, thread_count, tile_lanes, vector_axis
+from workbench.rtile.alignment import accumulators, mma_axes, simd_vectors, thread_count, tile_lanes, vector_axis
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
 from workbench.rtile.traffic import TileCalculus, calculus
 
@@ -89,16 +92,40 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
 
 def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu: int) -> float:
     """Fraction of peak the register tile can reach. GPU: each warp scheduler needs a warp
-    (TEU group). CPU: lanes wasted when the vectorised axis is not a multiple of the SIMD width."""
+    (TEU group). CPU: `simd_utilisation` x `latency_coverage` of the register micro-kernel."""
     if device.lanes_are_threads:
         warps = ceil(threads / device.warp_size) * bpu
         return min(1.0, warps / device.teu_per_unit)
-    axis = vector_axis(program.expr)
+    return simd_utilisation(program.expr, device, program.register_tile) * latency_coverage(
+        program.expr, device, program.register_tile
+    )
+
+
+def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
+    """Fraction of the vector lanes a CPU register tile fills. The peak counts every lane of
+    every FMA; a tile of `size` values along the vectorised axis issues `simd_vectors` whole
+    vectors for them, so it fills `size / (vectors x lanes)` of the lanes (a 12-wide fp32 row on
+    8-lane AVX2: 12 / 16). An operator with no vectorised axis runs scalar code: one lane of
+    `register_bytes / itemsize`."""
+    lanes = max(1, device.register_bytes // expr.output.itemsize)
+    axis = vector_axis(expr)
     if axis is None:
-        return 1.0 / device.warp_size  # scalar code
-    size = program.register_tile[axis]
-    lanes = device.warp_size
-    return size / (ceil(size / lanes) * lanes)
+        return 1.0 / lanes
+    size = tile[axis]
+    return size / (simd_vectors(size, expr.output.itemsize, device) * lanes)
+
+
+def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
+    """Fraction of the FMA pipes a CPU reduction's register tile keeps busy:
+    min(1, accumulators / (latency x pipes)). Each accumulator is a dependency chain that issues
+    one FMA per `fma_latency_cycles`, so `a` accumulators issue a / latency FMAs per cycle out of
+    the `fma_pipes` the peak assumes (Little's law; ALGORITHMS.md §7): 2 accumulators on Zen 2
+    (5 cycles x 2 pipes) reach 2 / 10 of peak. Operators without a reduce axis carry no chain
+    (out-of-order execution overlaps independent vectors): 1. A spec without FMA facts: 1."""
+    need = device.fma_accumulators
+    if not need or not expr.reduce:
+        return 1.0
+    return min(1.0, accumulators(expr, device, tile) / need)
 
 
 def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:

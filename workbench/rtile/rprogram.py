@@ -17,7 +17,7 @@ from typing import Sequence
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import tile_lanes
+from workbench.rtile.alignment import is_micro_kernel_layer, micro_kernel_registers, tile_lanes
 from workbench.rtile.traffic import TileCalculus, bank_padding, calculus
 
 Tile = tuple[int, ...]
@@ -126,8 +126,13 @@ def holds_output(device: DeviceSpec, layer: int) -> bool:
 def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Tile, padding=()) -> int:
     """Bytes one tile occupies at `layer`, in that layer's unit of capacity (`holds_output`
     says whether the output tile counts). A tensor-core fragment tile at the top layer is spread
-    over the lanes of a warp, so its per-thread share is what counts.
+    over the lanes of a warp, so its per-thread share is what counts. A CPU core's register tile
+    is counted in whole vector registers, the micro-kernel's loads and broadcast included
+    (`alignment.micro_kernel_registers`): a 6 x 16 fp32 AVX2 tile takes 15 ymm = 480 B, not the
+    scalar bytes of its data tiles.
     """
+    if is_micro_kernel_layer(device, layer):
+        return micro_kernel_registers(calc.expr, device, tile) * device.register_bytes
     total = calc.footprint_bytes(tile, padding, holds_output(device, layer))
     return ceil(total / tile_lanes(calc.expr, device)) if layer == 0 else total
 
@@ -135,7 +140,9 @@ def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Ti
 def layer_capacity(device: DeviceSpec, layer: int) -> int:
     """Bytes one tile may occupy at `layer`: the layer's capacity, and at the top (per-thread)
     layer no more than `registers_per_thread_cap` registers either, whichever is smaller (the
-    presets and detected CPUs state the two consistently; a hand-written spec may not)."""
+    presets and detected CPUs state the two consistently; a hand-written spec may not). On a
+    CPU that is `alignment.register_budget` vector registers, up to a partial register of a
+    register layer whose bytes are not a whole number of vectors (which no tile can use)."""
     capacity = device.layers[layer].capacity_bytes
     if layer == 0 and device.layers[0].scope == "thread":
         return min(capacity, device.registers_per_thread_cap * device.register_bytes)
