@@ -46,17 +46,18 @@ def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec):
 
 
 def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
+    lanes = _lane_axis(expr, program, device)
+    if lanes is not None:
+        sch = _schedule_lanes(expr, program, lanes)
+        if sch is not None:
+            return sch
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
     common.inline_producers(sch, expr)
     panels = _panel_inputs(expr, program)
     padded = _pad_tails(sch, expr, program, panels, epilogues)
     block = sch.get_sblock(expr.main_block)
-    loops = common.axis_loops(sch, block, expr)
-    levels = [
-        common.split_by_chain(sch, loop, axis.extent, common.axis_chain(program, a))
-        for a, (axis, loop) in enumerate(zip(expr.axes, loops))
-    ]
+    levels = _split(sch, expr, program, block)
     vector_axis = _vector_axis(expr, program, device, padded)
     order = _loop_order(expr, levels, vector_axis)
     sch.reorder(*order)
@@ -71,6 +72,69 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
             _pack_panels(sch, expr, program, block, levels, panels, vector_axis)
     elif epilogues:
         common.inline_epilogues(sch, epilogues)
+    return sch
+
+
+def _split(sch, expr: TensorExpr, program: RProgram, block) -> list:
+    """Every axis's loop split by its tile chain: `levels[axis][level]`, level 0 outermost."""
+    loops = common.axis_loops(sch, block, expr)
+    return [
+        common.split_by_chain(sch, loop, axis.extent, common.axis_chain(program, a))
+        for a, (axis, loop) in enumerate(zip(expr.axes, loops))
+    ]
+
+
+def _lane_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int | None:
+    """The reduction axis a reduction without a vectorisable output axis (gemv, row sums)
+    vectorises instead, or None.
+
+    It is the innermost reduction axis, when no spatial axis can be vectorised (`_vector_axis`),
+    every input reading it streams along it (`_streams`) and at least one does, it is not a
+    fused axis, and its register tile is a whole number of vectors that divides its extent.
+    """
+    if not expr.reduce or _vector_axis(expr, program, device) is not None:
+        return None
+    axis = expr.reduce[-1]
+    tile = program.register_tile[axis]
+    lanes = simd_lanes(device, expr.output.itemsize)
+    if tile % lanes or len(expr.axes[axis].fused_from) > 1:
+        return None
+    if common.needs_guard(expr.axes[axis].extent, common.axis_chain(program, axis)):
+        return None
+    if not any(t.uses_axis(axis) for t in expr.inputs) or not all(_streams(t, axis) for t in expr.inputs):
+        return None
+    return axis
+
+
+def _schedule_lanes(expr: TensorExpr, program: RProgram, axis: int):
+    """A reduction vectorised along its reduction `axis`: the register tile's K-slice becomes
+    vector lanes, each lane its own partial sum (`rfactor`: a local buffer of register-tile
+    K x unit-tile outputs), and each grid iteration ends with the horizontal sum over the lanes
+    and the epilogues. A register tile of r rows and K = 2 vectors keeps 2r independent vector
+    accumulators, where the plain template keeps r scalar ones. None when TVM's `rfactor` does
+    not recognise the combiner (it knows sum, product, min and max)."""
+    sch = common.new_schedule(expr)
+    epilogues = common.epilogue_names(sch, expr)
+    common.inline_producers(sch, expr)
+    block = sch.get_sblock(expr.main_block)
+    levels = _split(sch, expr, program, block)
+    order = _loop_order(expr, levels, None)
+    sch.reorder(*order)
+    grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
+    try:
+        # the lanes as the partial sums' last dimension: one vector per output, contiguous
+        partial = sch.rfactor(levels[axis][-1], len(sch.get(block).writes[0].source.shape))
+    except Exception:  # TVM refuses a combiner it cannot factor (tvm.error.* / TVMError)
+        return None
+    common.primitive("accumulate lanes locally", sch.set_scope, partial, 0, "local")
+    # the loop handles now name the lane-sum's loops; the partial sums own the tiled nest
+    loops = sch.get_loops(partial)
+    _micro_kernel(sch, loops[-len(levels):], loops[-1])
+    if grid is not None:
+        for final in (block, *(sch.get_sblock(name) for name in epilogues)):
+            common.primitive("sum the lanes per tile", sch.reverse_compute_at, final, loops[0], True)
+    first_reduce = loops[order.index(levels[expr.reduce[0]][0]) - len(order) + len(loops)]
+    common.primitive("decompose_reduction", sch.decompose_reduction, partial, first_reduce)
     return sch
 
 
