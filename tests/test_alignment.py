@@ -5,10 +5,11 @@ check that `is_aligned` agrees with it, that `next_aligned_sizes` / `prev_aligne
 the nearest sizes it accepts, and the bank padding formula on worked examples and by brute force.
 """
 
+from dataclasses import replace
 from math import ceil, gcd, prod
 
 import pytest
-from helpers import device, expr, matmul
+from helpers import TINY_CPU, device, expr, matmul
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -16,12 +17,16 @@ from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
     REGISTER_STEPS,
     AlignContext,
+    accumulators,
     initial_tile,
     is_aligned,
+    micro_kernel_registers,
     next_aligned_sizes,
     prev_aligned_sizes,
+    required_accumulators,
 )
-from workbench.rtile.traffic import bank_padding
+from workbench.rtile.rprogram import layer_capacity, layer_footprint
+from workbench.rtile.traffic import bank_padding, calculus
 
 DEVICES = ("v100", "mi50", "k80", "tiny-cpu")
 EXPRS = {
@@ -152,6 +157,128 @@ def test_cpu_register_tile_vectorises_the_output_axis():
     assert tile[1] % dev.warp_size == 0  # j indexes C's contiguous dimension
     short = matmul(512, 10, 512)
     assert initial_tile(AlignContext(short, dev, 0, (1, 1, 1), 0.05))[1] == 10  # the whole axis
+
+
+# -- CPU register micro-kernels (issue 14) ----------------------------------------------------
+
+
+def generated_cpu(name: str, lanes: int, registers: int, latency: int, pipes: int, cap: int | None = None):
+    """A CPU spec of `lanes` fp32 lanes, `registers` vector registers (all usable unless `cap`)
+    and an FMA of `latency` cycles on `pipes` pipes, caches as TINY_CPU's: never this machine."""
+    vector = 4 * lanes
+    top = replace(TINY_CPU.layers[0], capacity_bytes=registers * vector, transaction_bytes=vector)
+    return replace(
+        TINY_CPU, name=name, warp_size=lanes, registers_per_unit=registers, registers_per_thread_cap=cap or registers,
+        layers=(top,) + TINY_CPU.layers[1:], fma_latency_cycles=latency, fma_pipes=pipes,
+    )
+
+
+AVX2 = generated_cpu("avx2-like", 8, 16, 5, 2)  # Zen 2: 5-cycle FMA x 2 pipes, 16 ymm
+AVX512 = generated_cpu("avx512-like", 16, 32, 4, 2)  # Skylake-SP: 4-cycle FMA x 2 pipes, 32 zmm
+
+
+@pytest.mark.parametrize(
+    "dev, tile, acc, regs",
+    [
+        (AVX2, (6, 16, 1), 12, 15),  # BLAS's AVX2 kernel: 12 accumulators + 2 vectors of B + 1 broadcast of A
+        (AVX2, (6, 16, 8), 12, 15),  # the reduce extent is unrolled over the same registers
+        (AVX2, (4, 24, 1), 12, 16),
+        (AVX2, (2, 8, 1), 2, 4),  # round 1's top-1 tile
+        (AVX2, (8, 16, 1), 16, 19),  # over the 16 ymm
+        (AVX512, (14, 32, 1), 28, 31),  # BLAS's AVX-512 kernels
+        (AVX512, (6, 64, 1), 24, 29),
+    ],
+)
+def test_micro_kernel_registers_count_vectors_not_scalar_bytes(dev, tile, acc, regs):
+    """accumulators = rows x vectors per row; registers = accumulators + one row of B + one
+    broadcast of A; the register layer's footprint is that many whole vector registers."""
+    e = matmul(512, 512, 512)
+    assert (accumulators(e, dev, tile), micro_kernel_registers(e, dev, tile)) == (acc, regs)
+    footprint = layer_footprint(calculus(e), dev, 0, tile)
+    assert footprint == regs * 4 * dev.warp_size
+    assert (footprint <= layer_capacity(dev, 0)) == (regs <= dev.registers_per_unit)
+
+
+def test_micro_kernel_registers_of_other_operators():
+    """gemv y[i] = A[i, k] x[k]: i vectorised, A a row of vectors, x broadcast. relu: one row of
+    its input, no broadcast. A 12-wide fp32 row takes 2 ymm (12 of 16 lanes)."""
+    gemv, relu = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3))
+    assert (accumulators(gemv, AVX2, (24, 4)), micro_kernel_registers(gemv, AVX2, (24, 4))) == (3, 3 + 3 + 1)
+    assert micro_kernel_registers(gemv, AVX2, (12, 1)) == 2 + 2 + 1
+    assert (accumulators(relu, AVX2, (2, 3, 3)), micro_kernel_registers(relu, AVX2, (2, 3, 3))) == (6, 6 + 1)
+
+
+def test_the_standard_avx2_micro_kernel_is_aligned_and_fits():
+    """Issue 14: 6 x 16 fp32 (12 accumulators, 15 ymm) is aligned and fits 16 ymm; round 1's
+    2 x 8 (2 accumulators) is not aligned where 5 cycles x 2 pipes need 10."""
+    e = matmul(512, 512, 512)
+    ctx = AlignContext(e, AVX2, 0, (1, 1, 1), 0.05)
+    assert required_accumulators(ctx) == 10
+    assert is_aligned(ctx, (6, 16, 1)) and is_aligned(ctx, (10, 8, 1)) and is_aligned(ctx, (5, 16, 4))
+    assert not is_aligned(ctx, (2, 8, 1)) and not is_aligned(ctx, (4, 16, 1))  # 2 and 8 accumulators
+    assert layer_footprint(calculus(e), AVX2, 0, (6, 16, 1)) <= layer_capacity(AVX2, 0)
+    wide = AlignContext(e, AVX512, 0, (1, 1, 1), 0.05)
+    assert required_accumulators(wide) == 8 and is_aligned(wide, (14, 32, 1)) and not is_aligned(wide, (6, 16, 1))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_initial_cpu_register_tile_covers_the_fma_latency(dev):
+    """The smallest aligned register tile holds latency x pipes accumulators within the
+    registers; growing or shrinking keeps it so (the rule is part of alignment)."""
+    e = matmul(512, 512, 512)
+    ctx = AlignContext(e, dev, 0, (1, 1, 1), 0.05)
+    tile = initial_tile(ctx)
+    need = dev.fma_latency_cycles * dev.fma_pipes
+    assert accumulators(e, dev, tile) >= need
+    assert micro_kernel_registers(e, dev, tile) <= dev.registers_per_unit
+    for a, size in enumerate(prev_aligned_sizes(ctx, tile)):
+        if size is not None:
+            assert accumulators(e, dev, tile[:a] + (size,) + tile[a + 1 :]) >= need
+
+
+def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float) -> int:
+    """The closed form of the fallback for C[i, j] += A[i, k] B[k, j]: the most accumulators
+    r x c over row counts r and row widths (c vectors) that the tensor-shape and SIMD-lane rules
+    accept, with r c + c + 1 <= budget (accumulators, a row of B, a broadcast of A)."""
+    def waste_ok(size, extent):
+        return (ceil(extent / size) * size - extent) / extent <= eps + 1e-12
+
+    rows = [r for r in range(1, m + 1) if waste_ok(r, m)]
+    widths = [ceil(w / lanes) for w in range(1, n + 1) if waste_ok(w, n) and (w % lanes == 0 or w == n)]
+    fits = [r * c for r in rows for c in widths if r * c + c + 1 <= budget]
+    return max(fits, default=0)
+
+
+@pytest.mark.parametrize("base", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("m, n", [(512, 512), (3, 512), (512, 8), (17, 40), (7, 20)])
+@pytest.mark.parametrize("eps", [0.05, 0.2, 1.0])
+def test_required_accumulators_fall_back_to_the_most_the_registers_hold(base, m, n, eps):
+    """Where latency x pipes accumulators cannot exist (few rows, a narrow output, a small
+    register cap, eps too small to pad) the rule asks for the most that can; a tile meeting it
+    exists whenever any tile fits (else nothing is required: the capacity check refuses all)."""
+    e = matmul(m, n, 64)
+    for cap in (4, 6, 8, 11, 12, base.registers_per_unit):
+        dev = replace(base, registers_per_thread_cap=cap)
+        ctx = AlignContext(e, dev, 0, (1, 1, 1), eps)
+        most = most_matmul_accumulators(m, n, dev.warp_size, cap, eps)
+        assert required_accumulators(ctx) == min(dev.fma_latency_cycles * dev.fma_pipes, most), cap
+        tile = initial_tile(ctx)
+        if most:
+            assert accumulators(e, dev, tile) >= required_accumulators(ctx)
+            assert micro_kernel_registers(e, dev, tile) <= cap
+
+
+def test_no_accumulator_rule_without_a_reduction_or_fma_facts():
+    """Elementwise operators carry no dependency chain; gemv's rows of A and its broadcast of x
+    leave room for 7 accumulators in 16 ymm (2c + 1 <= 16), 15 in 32 zmm (8 needed); a spec
+    without FMA facts (TINY_CPU, a GPU) asks for none."""
+    relu, gemv, mm = expr("relu", shape=(17, 11, 3)), expr("gemv", M=4096, K=1000), matmul(512, 512, 512)
+    assert required_accumulators(AlignContext(relu, AVX2, 0, (1, 1, 1), 0.05)) == 0
+    assert required_accumulators(AlignContext(gemv, AVX2, 0, (1, 1), 0.05)) == 7
+    assert required_accumulators(AlignContext(gemv, AVX512, 0, (1, 1), 0.05)) == 8
+    assert required_accumulators(AlignContext(mm, TINY_CPU, 0, (1, 1, 1), 0.05)) == 0
+    assert required_accumulators(AlignContext(mm, device("v100"), 0, (1, 1, 1), 0.05)) == 0
+    assert required_accumulators(AlignContext(mm, AVX2, 1, (6, 16, 1), 0.05)) == 0  # registers only
 
 
 # -- memory bank padding -----------------------------------------------------------------------

@@ -31,6 +31,7 @@ DEVICE_NUMBERS = (
     "peak_gflops",
     "target",
 )
+CPU_NUMBERS = ("fma_latency_cycles", "fma_pipes")
 
 
 def test_presets_are_the_documented_devices():
@@ -51,6 +52,7 @@ def test_every_number_of_a_preset_has_a_source(name):
     spec = load_spec(name)
     sourced = dict(spec.sources)
     wanted = DEVICE_NUMBERS + (("tensor_core_gflops", "tensor_core") if spec.tensor_core_gflops else ())
+    wanted += CPU_NUMBERS if spec.kind == "cpu" else ()
     assert [key for key in wanted if not sourced.get(key, "").strip()] == []
     assert spec.source.strip()
     assert all(layer.source.strip() for layer in spec.layers)
@@ -96,6 +98,43 @@ def test_cpu_preset_is_an_llvm_avx512_target():
     assert [layer.name for layer in spec.layers] == ["registers", "L1", "L2", "DRAM"]
     assert spec.target_dict() == {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 28}
     assert (spec.warp_size, spec.registers_per_unit, spec.layers[spec.unit_layer_index].name) == (16, 32, "L2")
+    # Skylake-SP: 4-cycle FMA on two 512-bit units; every zmm register is the micro-kernel's
+    assert (spec.fma_latency_cycles, spec.fma_pipes, spec.fma_accumulators) == (4, 2, 8)
+    assert spec.registers_per_thread_cap == spec.registers_per_unit == 32
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_fma_facts_belong_to_cpus(name):
+    spec = load_spec(name)
+    if spec.kind == "cpu":
+        assert spec.fma_latency_cycles >= 1 and spec.fma_pipes >= 1
+    else:
+        assert (spec.fma_latency_cycles, spec.fma_pipes, spec.fma_accumulators) == (0, 0, 0)
+
+
+def test_a_cpu_spec_without_fma_facts_gets_the_conservative_default():
+    """5 cycles x 2 pipes (Haswell, Zen 2): the most accumulators a two-pipe core needs."""
+    text = "\n".join(line for line in XEON_TEXT.splitlines() if not line.startswith("fma_"))
+    spec = spec_from_toml_text(text, check_target=False)
+    assert (spec.fma_latency_cycles, spec.fma_pipes) == (5, 2)
+    assert "fma_latency_cycles = 5" in spec_to_toml(spec)  # written back, so a reload keeps them
+
+
+@pytest.mark.parametrize(
+    "text, old, new, message",
+    [
+        ("xeon", "fma_pipes = 2\n", "", "device.fma_pipes is missing (give both"),
+        ("xeon", "fma_pipes = 2", "fma_pipes = 0", "device.fma_pipes must be a positive integer, got 0"),
+        ("xeon", "fma_latency_cycles = 4", "fma_latency_cycles = 4.5", "device.fma_latency_cycles must be a positive integer"),
+        ("v100", "fma_latency_cycles = 0", "fma_latency_cycles = 4", "describe CPU cores: 0 (or absent) on a GPU"),
+    ],
+)
+def test_broken_fma_facts_name_the_field(text, old, new, message):
+    source = {"xeon": XEON_TEXT, "v100": V100_TEXT}[text]
+    assert source.count(old) == 1, old
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(source.replace(old, new), check_target=False)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_summary_is_json():

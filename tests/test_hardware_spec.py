@@ -60,6 +60,23 @@ def test_a_register_is_32_bits_per_gpu_thread_and_a_vector_register_on_a_cpu():
     assert layer_capacity(replace(TINY_GPU, registers_per_thread_cap=64), 0) == 64 * 4
 
 
+def test_fma_accumulators_are_latency_times_pipes_on_cpus_only():
+    """Little's law: latency x pipes FMAs in flight, one per independent accumulator."""
+    zen2 = replace(TINY_CPU, fma_latency_cycles=5, fma_pipes=2)
+    assert (zen2.fma_accumulators, replace(zen2, fma_latency_cycles=4).fma_accumulators) == (10, 8)
+    assert TINY_CPU.fma_accumulators == 0  # a spec stating no FMA facts asks for no accumulators
+    assert replace(TINY_GPU, fma_latency_cycles=4, fma_pipes=2).fma_accumulators == 0
+
+
+def test_a_cpu_register_tile_takes_whole_vector_registers():
+    """C[i, j] += A[i, k] B[k, j] in a 6 x 16 fp32 tile on 16 lanes: 6 accumulators, one vector
+    of B, one broadcast of A: 8 registers of 64 B (not the 6 + 16 + 96 scalars' 472 B)."""
+    e = plain_matmul(64, 64, 64)
+    assert layer_footprint(calculus(e), TINY_CPU, 0, (6, 16, 1)) == 8 * 64
+    assert layer_footprint(calculus(e), TINY_CPU, 0, (6, 16, 4)) == 8 * 64  # the reduce step reuses them
+    assert layer_footprint(calculus(e), TINY_GPU, 0, (6, 16, 1)) == (6 + 16 + 96) * 4  # scalar registers
+
+
 def test_only_the_gpu_unit_layer_tiles_a_thread_block():
     assert [TINY_GPU.is_thread_block_layer(i) for i in range(3)] == [False, True, False]
     # a CPU core's work item (its L2 tile, the last per-unit layer) runs on one thread

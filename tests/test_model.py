@@ -4,17 +4,20 @@ other and with the traffic they are computed from, and more bandwidth never slow
 import json
 from dataclasses import replace
 from functools import cache
-from math import ceil
+from math import ceil, prod
 
 import pytest
-from helpers import device, expr, matmul
+from helpers import TINY_CPU, device, expr, matmul
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_alignment import AVX2, AVX512
+from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
 from workbench.rtile.alignment import thread_count
 from workbench.rtile.model import (
     blocks_per_unit,
+    compute_efficiency,
     estimate,
     is_compute_bound,
     source_layer,
@@ -188,3 +191,57 @@ def test_rprogram_carries_its_virtual_threads_through_json():
     assert RProgram.from_dict(data | {"vthreads": {}}, program.expr) != program  # vthreads are part of the value
     # the model needs nothing beside the program and the device: the program carries its expression
     assert back.expr == calc.expr and estimate(back, dev) == estimate(program, dev)
+
+
+# -- the CPU compute term (issue 14): a register tile reaches peak only with enough accumulators
+# to cover the FMA latency and with every SIMD lane used; checked on generated CPUs.
+
+
+def cpu_program(dev, e, register_tile):
+    """A CPU program of `e` whose register tile is `register_tile` and whose L1 and L2 tiles are
+    the whole operator on one core (the compute term does not depend on them)."""
+    whole = tuple(ceil(x / t) * t for x, t in zip(e.extents, register_tile))
+    return make_program(TileCalculus(e), dev, [register_tile, whole, whole], (True, True, True), 1.0)
+
+
+def closed_compute_seconds(dev, e, program, efficiency):
+    padded = prod(ceil(x / t) * t for x, t in zip(e.extents, program.unit_tile))
+    padded_flops = int(e.flops * padded / prod(e.extents))
+    busy = min(1.0, program.grid / dev.compute_units)
+    return padded_flops / (dev.peak(e.dtype) * 1e9 * busy * efficiency)
+
+
+@pytest.mark.parametrize(
+    "dev, tile, efficiency",
+    [
+        (AVX2, (2, 8, 1), 2 / 10),  # 2 accumulators of the 10 that 5 cycles x 2 pipes need
+        (AVX2, (4, 16, 1), 8 / 10),
+        (AVX2, (6, 16, 1), 1.0),  # 12 >= 10
+        (AVX2, (5, 12, 1), 12 / 16),  # 10 accumulators, but a 12-wide row fills 12 of 16 lanes
+        (AVX2, (8, 4, 1), 8 / 10 * 4 / 8),  # half a vector per row, 8 accumulators
+        (AVX512, (2, 16, 1), 2 / 8),  # 4 cycles x 2 pipes
+        (AVX512, (8, 16, 1), 1.0),
+        (AVX512, (14, 32, 1), 1.0),
+    ],
+)
+def test_cpu_compute_efficiency_is_lanes_used_times_latency_covered(dev, tile, efficiency):
+    """compute = padded flops / (peak x busy units x min(1, accumulators / (latency x pipes)) x
+    lanes filled / lanes issued)."""
+    e = matmul(64, 64, 64)
+    program = cpu_program(dev, e, tile)
+    assert compute_efficiency(program, dev, 1, 1) == pytest.approx(efficiency)
+    assert estimate(program, dev).compute_seconds == pytest.approx(closed_compute_seconds(dev, e, program, efficiency))
+
+
+def test_cpu_compute_efficiency_without_a_chain_or_a_vector_axis():
+    """relu has no reduction: only the lanes count (a 3-wide row of fp32 fills 3 of 8 lanes).
+    A sum into a scalar has no vectorised axis: scalar code, one lane of 8, one accumulator of 10.
+    A spec without FMA facts (TINY_CPU): lanes only. float64 has 4 lanes in a ymm register."""
+    relu = expr("relu", shape=(17, 11, 3))
+    assert compute_efficiency(cpu_program(AVX2, relu, (1, 1, 3)), AVX2, 1, 1) == pytest.approx(3 / 8)
+    total = plain_expr({"i": (64, "reduce")}, [("A", [{"i": 1}]), ("out", [])])
+    assert compute_efficiency(cpu_program(AVX2, total, (8,)), AVX2, 1, 1) == pytest.approx(1 / 8 * 1 / 10)
+    assert compute_efficiency(cpu_program(TINY_CPU, matmul(64, 64, 64), (2, 16, 1)), TINY_CPU, 1, 1) == 1.0
+    wide = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
+    assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2, 1, 1) == pytest.approx(10 / 10 * 1.0)
+    assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2, 1, 1) == pytest.approx(2 / 10 * 6 / 8)

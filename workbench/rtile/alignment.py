@@ -257,33 +257,37 @@ def required_accumulators(ctx: AlignContext) -> int:
     their independent vectors), and scalar code (no vectorised axis) is bound by its lanes.
 
     Our fallback where that many cannot exist (tiny extents, an operator with few output rows,
-    a small register budget, eps too small to pad): the most accumulators that
-    `_accumulator_fill` reaches within the register budget, so construction still finds the
-    programs it found before, with as many accumulators as they can have."""
+    a small register budget, eps too small to pad): the most accumulators any register tile
+    that meets the per-axis rules at this eps can hold within the register budget
+    (`_accumulator_fill`), so construction still finds programs, with as many accumulators as
+    they can have."""
     device, expr = ctx.device, ctx.expr
     if not is_micro_kernel_layer(device, ctx.layer) or not device.fma_accumulators:
         return 0
     if not expr.reduce or vector_axis(expr) is None:
         return 0
     filled = _accumulator_fill(expr, device, ctx.eps)
-    if filled is None:
-        return 0
+    if filled is None or micro_kernel_registers(expr, device, filled) > register_budget(device):
+        return 0  # no tile fits the registers at this eps: the capacity check refuses them all
     return min(device.fma_accumulators, accumulators(expr, device, filled))
 
 
 @lru_cache(maxsize=256)
 def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile | None:
-    """The smallest register tile with enough accumulators, as `initial_tile` starts a CPU
-    micro-kernel (None when no tile meets the per-axis rules at `eps`).
+    """The register tile a CPU micro-kernel starts from (`initial_tile`): the per-axis aligned
+    tile grown to `fma_accumulators` accumulators within the register budget, or to as many as
+    any tile can hold there (None when no tile meets the per-axis rules at `eps`).
 
-    From the per-axis aligned tile, grow one spatial axis at a time to its next aligned size,
-    within the register budget, until the tile holds `fma_accumulators` accumulators or no
-    growth fits. Our choice of step, in the spirit of the BLAS micro-kernel shapes: the growth
-    with the fewest registers per accumulator (accumulators are the point, loads and broadcasts
-    the overhead), then the fewest registers, then the outermost axis. On AVX2 with 10 needed
-    this reaches 5 x 16 (10 accumulators + 2 + 1 registers) on the way to BLAS's 6 x 16."""
+    Our choice of path, in the spirit of the BLAS micro-kernel shapes: grow one spatial axis at
+    a time to its next aligned size, taking the growth with the fewest registers per
+    accumulator (accumulators are the point, loads and broadcasts the overhead), then the
+    fewest registers, then the outermost axis. On AVX2 with 10 needed this reaches 5 x 16 (10
+    accumulators + 2 vectors of B + 1 broadcast) on the way to BLAS's 6 x 16. Where that path
+    stops short of the need (its next steps overflow the budget), the tile with the most
+    accumulators up to the need, then the fewest registers, among all tiles within the budget
+    (`_tiles_within_budget`)."""
     ctx = AlignContext(expr, device, 0, tuple(1 for _ in expr.axes), eps)
-    tile = _per_axis_start(ctx, RULES)
+    start = tile = _per_axis_start(ctx, RULES)
     budget, need = register_budget(device), device.fma_accumulators
     while tile is not None and accumulators(expr, device, tile) < need:
         options = []
@@ -298,7 +302,35 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
         if not options:
             break
         tile = min(options)[3]
-    return tile
+    if tile is None or accumulators(expr, device, tile) >= need:
+        return tile
+    within = _tiles_within_budget(ctx, start, budget)
+    if not within:
+        return tile
+    return min(within, key=lambda t: (-min(need, accumulators(expr, device, t)), micro_kernel_registers(expr, device, t), t))
+
+
+def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Tile]:
+    """Every register tile that grows `start` along spatial axes to sizes the per-axis rules
+    accept and needs at most `budget` vector registers. Registers never fall as an axis grows,
+    so each axis is scanned only while the tile fits: a few hundred tiles at most."""
+    expr, device = ctx.expr, ctx.device
+    found: list[Tile] = []
+
+    def visit(tile: Tile, axes: tuple[int, ...]) -> None:
+        if micro_kernel_registers(expr, device, tile) > budget:
+            return
+        if not axes:
+            found.append(tile)
+            return
+        a, rest = axes[0], axes[1:]
+        while tile is not None and micro_kernel_registers(expr, device, tile) <= budget:
+            visit(tile, rest)
+            size = _scan(ctx, tile, a, +1, RULES, whole_tile=False)
+            tile = None if size is None else tile[:a] + (size,) + tile[a + 1 :]
+
+    visit(start, tuple(expr.spatial))
+    return found
 
 
 def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1) -> int:
