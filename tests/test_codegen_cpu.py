@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import device, expr, suite_workloads, workload_expr
+from tests.helpers import TINY_CPU, device, expr, suite_workloads, workload_expr
 from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.common import chain_factors
+from workbench.codegen.cpu import schedule_cpu
 from workbench.rtile.alignment import vector_axis
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
@@ -217,3 +218,101 @@ def test_failed_kernel_is_a_kernel():
 )
 def test_other_dtypes_match_numpy(dtype, op, params):
     _assert_correct(expr(op, dtype, **params))
+
+
+# Generated specs for schedule-only checks: TINY_CPU has 16 fp32 lanes (AVX-512-like), this one 8.
+AVX2_LIKE = replace(TINY_CPU, name="tiny-avx2", warp_size=8, registers_per_thread_cap=12, registers_per_unit=16)
+
+
+def _block(script: str, name: str) -> str:
+    """The TVMScript text of block `name`, up to the next block."""
+    start = script.index(f'T.sblock("{name}")')
+    end = script.find("T.sblock(", start + 1)
+    return script[start:] if end < 0 else script[start:end]
+
+
+def _local_kernel(e, chains: dict):
+    kernel = build_kernel(e, _program(e, chains), device(CPU))
+    assert kernel.ok, kernel.error
+    check = verify(kernel, e)
+    assert check.correct, check.error
+    return kernel
+
+
+def test_cached_matmul_tiles_become_packed_panels_and_an_unguarded_micro_kernel():
+    """M = 100 leaves a ragged L2 tile of 6-row register tiles: the padded A panel takes the
+    tail, so the micro-kernel has no predicate and only the pack and the write-back are guarded."""
+    e = expr("matmul", M=100, N=64, K=128)
+    kernel = _local_kernel(e, dict(i=(6, 12, 48), j=(16, 32, 64), k=(1, 32, 64)))
+    script = kernel.tvmscript
+    # A's L2 tile in 6-row strips, each K-step's 6 values consecutive; B in 16-column strips
+    assert "A_pad[v0 // 6, v1, v0 % 6] = T.if_then_else(v0 < 100" in script
+    assert "B_global[v1 // 16, v0, v1 % 16] = B[v0, v1]" in script
+    # one panel per core and K-step: the packs run inside the parallel grid, under the K loop
+    assert script.index("T.parallel") < script.index("for k_0") < script.index('T.sblock("A_pad")')
+    update = _block(script, "C_update")
+    assert "T.where" not in update and "A_pad[v_i // 6, v_k, v_i % 6]" in update
+    assert "T.unroll(6)" in script and "T.vectorized(16)" in script
+    assert "T.where" in _block(script, "C_pad")  # the write-back skips the padding rows
+
+
+PACKED = {
+    "trans-a-b": (build_expr("C[i,j] += A[k,i] * B[j,k]", dict(i=13, j=40, k=16)),
+                  dict(i=(4, 4, 8), j=(16, 16, 32), k=(1, 8, 16))),
+    "batched": (expr("matmul", B=3, M=20, N=32, K=24), dict(b=(1, 1, 1), i=(4, 8, 16), j=(16, 16, 32), k=(1, 8, 24))),
+    "max-plus": (build_expr("C[i,j] max= A[i,k] + B[k,j]", dict(i=13, j=32, k=16)),
+                 dict(i=(6, 6, 12), j=(16, 16, 32), k=(1, 8, 16))),
+    "product": (build_expr("C[i,j] *= A[i,k] + B[k,j]", dict(i=7, j=48, k=5)),
+                dict(i=(2, 4, 8), j=(16, 16, 48), k=(1, 5, 5))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PACKED))
+def test_packed_matmul_class_kernels_match_numpy(case):
+    """Transposed inputs become strips like any other (the pack transposes them), and padding
+    rows never reach a max, product or batched output."""
+    e, chains = PACKED[case]
+    kernel = _local_kernel(e, chains)
+    assert "T.vectorized(16)" in kernel.tvmscript and "sch.transform_layout" in kernel.trace_python
+    assert "T.where" not in _block(kernel.tvmscript, "C_update")
+
+
+def test_panels_are_made_only_for_a_vectorised_micro_kernel():
+    """An 8-column register tile fills a vector on an 8-lane CPU, which packs, not on a 16-lane
+    one, which keeps the plain loop nest (checked on the schedules, nothing runs)."""
+    e = expr("matmul", M=64, N=64, K=64)
+    chains = dict(i=(4, 16, 32), j=(8, 32, 64), k=(1, 16, 64))
+    avx2 = schedule_cpu(e, _program(e, chains), AVX2_LIKE).mod.script()
+    avx512 = schedule_cpu(e, _program(e, chains), TINY_CPU).mod.script()
+    assert "B_global[v1 // 8, v0, v1 % 8]" in avx2 and "T.vectorized(8)" in avx2
+    assert "B_global" not in avx512 and "T.vectorized" not in avx512
+    wide = schedule_cpu(e, _program(e, dict(chains, j=(16, 32, 64))), TINY_CPU).mod.script()
+    assert "B_global[v1 // 16, v0, v1 % 16]" in wide and "T.vectorized(16)" in wide
+
+
+LANES = {
+    "gemv": (expr("gemv", M=37, K=256), {"spatial": (2, 4, 8), "reduce": (16, 64, 256)}),
+    "mean-rows-fused": (expr("reduce_mean", shape=(5, 12, 64), axes=(2,)), {"spatial": (2, 4, 12), "reduce": (16, 32, 64)}),
+    "max": (build_expr("M[b,i] max= X[b,i,j]", dict(b=3, i=5, j=64)), {"spatial": (1, 1, 5), "reduce": (16, 32, 64)}),
+    "min": (build_expr("M[i] min= A[i,j]", dict(i=7, j=48)), {"spatial": (2, 2, 4), "reduce": (16, 16, 48)}),
+    "product": (build_expr("P[i] *= A[i,j] + 1.5", dict(i=7, j=32)), {"spatial": (2, 2, 4), "reduce": (16, 16, 32)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LANES))
+def test_reductions_along_contiguous_k_vectorise_in_lanes(case):
+    """No output axis to vectorise: the register tile's 16 K-values become lanes with partial
+    results of their own (rfactor), combined per tile, epilogue (the mean's division) after."""
+    e, by_kind = LANES[case]
+    e = fuse_axes(e)
+    kernel = _local_kernel(e, {a.name: by_kind[a.kind] for a in e.axes})
+    assert "sch.rfactor" in kernel.trace_python and "T.vectorized(16)" in kernel.tvmscript
+    assert "_rf_local" in kernel.tvmscript
+
+
+def test_lanes_need_a_whole_vector_of_k():
+    """8 K-values fill an 8-lane vector but half a 16-lane one: only the 8-lane CPU splits lanes."""
+    e = expr("gemv", M=64, K=256)
+    program = _program(e, dict(i=(4, 8, 32), k=(8, 64, 256)))
+    assert "y_rf_local" in schedule_cpu(e, program, AVX2_LIKE).mod.script()
+    assert "y_rf" not in schedule_cpu(e, program, TINY_CPU).mod.script()

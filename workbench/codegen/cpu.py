@@ -11,11 +11,18 @@ unrolled. A reduction accumulates into a local buffer of one L2 output tile (`ca
 laid out along fused axes, written back once per grid iteration by `reverse_compute_at`); an
 epilogue (avgpool / reduce_mean division) is folded into that write-back and producers (conv
 padding) are inlined.
-CPU caches are managed by the hardware, so `cached` and storage padding emit nothing: the tiling
-alone realises the program's footprints. Tiles that do not divide an extent leave a guarded
-tail (TVM adds a block predicate), so prime extents stay correct.
-"""
 
+Cached layers become buffers where the micro-kernel gains from them: a reduction whose inputs
+are plain projections (matmul, batched, transposed) packs each input's tile of the outermost
+cached layer into a per-core panel once per K-step, laid out in register-tile strips so the
+micro-kernel streams it (`_pack_panels`, the BLIS/oneDNN idea), and pads ragged spatial axes
+to whole tiles so the micro-kernel needs no guard (`_pad_tails`). A reduction with no
+vectorisable output axis (gemv, row sums) vectorises its innermost reduction axis instead:
+per-lane partial sums, summed once per tile (`_schedule_lanes`). Elsewhere (convolutions,
+pooling, elementwise) the hardware-managed caches need no buffer: the tiling alone realises
+the program's footprints, and storage padding emits nothing. Other tiles that do not divide an
+extent leave a guarded tail (TVM adds a block predicate), so prime extents stay correct.
+"""
 from __future__ import annotations
 
 from workbench.codegen import common
@@ -48,9 +55,7 @@ def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec):
 def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     lanes = _lane_axis(expr, program, device)
     if lanes is not None:
-        sch = _schedule_lanes(expr, program, lanes)
-        if sch is not None:
-            return sch
+        return _schedule_lanes(expr, program, lanes)
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
     common.inline_producers(sch, expr)
@@ -58,7 +63,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     padded = _pad_tails(sch, expr, program, panels, epilogues)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
-    vector_axis = _vector_axis(expr, program, device, padded)
+    vector_axis = _vector_axis(expr, program, device, bool(panels), padded)
     order = _loop_order(expr, levels, vector_axis)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
@@ -88,11 +93,14 @@ def _lane_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int |
     """The reduction axis a reduction without a vectorisable output axis (gemv, row sums)
     vectorises instead, or None.
 
-    It is the innermost reduction axis, when no spatial axis can be vectorised (`_vector_axis`),
-    every input reading it streams along it (`_streams`) and at least one does, it is not a
-    fused axis, and its register tile is a whole number of vectors that divides its extent.
+    It is the innermost reduction axis, when no spatial axis can be vectorised (`_vector_axis`,
+    with panels where `_panel_inputs` would pack: a transposed matmul vectorises its output
+    rows after packing rather than its K), every input reading it streams along it
+    (`_streams`) and at least one does, it is not a fused axis, and its register tile is a
+    whole number of vectors that divides its extent.
     """
-    if not expr.reduce or _vector_axis(expr, program, device) is not None:
+    packed = bool(_panel_inputs(expr, program))
+    if not expr.reduce or _vector_axis(expr, program, device, packed, packed) is not None:
         return None
     axis = expr.reduce[-1]
     tile = program.register_tile[axis]
@@ -111,8 +119,8 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, axis: int):
     vector lanes, each lane its own partial sum (`rfactor`: a local buffer of register-tile
     K x unit-tile outputs), and each grid iteration ends with the horizontal sum over the lanes
     and the epilogues. A register tile of r rows and K = 2 vectors keeps 2r independent vector
-    accumulators, where the plain template keeps r scalar ones. None when TVM's `rfactor` does
-    not recognise the combiner (it knows sum, product, min and max)."""
+    accumulators, where the plain template keeps r scalar ones. (`rfactor` knows the combiners
+    of the expression language: sum, product, min and max.)"""
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
     common.inline_producers(sch, expr)
@@ -121,11 +129,9 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, axis: int):
     order = _loop_order(expr, levels, None)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
-    try:
-        # the lanes as the partial sums' last dimension: one vector per output, contiguous
-        partial = sch.rfactor(levels[axis][-1], len(sch.get(block).writes[0].source.shape))
-    except Exception:  # TVM refuses a combiner it cannot factor (tvm.error.* / TVMError)
-        return None
+    # the lanes as the partial sums' last dimension: one vector per output, contiguous
+    factor_dim = len(sch.get(block).writes[0].source.shape)
+    partial = common.primitive("split the lanes off", sch.rfactor, levels[axis][-1], factor_dim)
     common.primitive("accumulate lanes locally", sch.set_scope, partial, 0, "local")
     # the loop handles now name the lane-sum's loops; the partial sums own the tiled nest
     loops = sch.get_loops(partial)
@@ -133,7 +139,8 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, axis: int):
     if grid is not None:
         for final in (block, *(sch.get_sblock(name) for name in epilogues)):
             common.primitive("sum the lanes per tile", sch.reverse_compute_at, final, loops[0], True)
-    first_reduce = loops[order.index(levels[expr.reduce[0]][0]) - len(order) + len(loops)]
+    # counted from the innermost loop: fusing the grid shortened the nest at its outer end
+    first_reduce = loops[len(loops) - len(order) + order.index(levels[expr.reduce[0]][0])]
     common.primitive("decompose_reduction", sch.decompose_reduction, partial, first_reduce)
     return sch
 
@@ -143,16 +150,19 @@ def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
     return max(1, device.warp_size * 4 // dtype_bytes)
 
 
-def _vector_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec, padded: bool = False) -> int | None:
+def _vector_axis(
+    expr: TensorExpr, program: RProgram, device: DeviceSpec, packed: bool = False, padded: bool = False
+) -> int | None:
     """The spatial axis vectorised in the register tile, or None.
 
     It is the output's contiguous axis, when its register tile holds at least one vector and a
     whole number of 4-lane pieces (LLVM splits a 56-wide vector into 3.5 AVX-512 registers,
     which measured 2-3x faster than leaving the unrolled tile to LLVM's SLP vectoriser on a 3x3
     conv), when every input streams along it or ignores it (a strided or transposed access
-    would turn each vector load into a gather, which measured slower than scalar code on gemv),
-    and when the axis needs no guarded tail (a predicate inside the vector loop scalarises it;
-    `padded`: `_pad_tails` removed the tails).
+    would turn each vector load into a gather, which measured slower than scalar code on gemv;
+    `packed`: `_pack_panels` lays every input out so that the axis is innermost), and when the
+    axis needs no guarded tail (a predicate inside the vector loop scalarises it; `padded`:
+    `_pad_tails` removed the tails).
     """
     axis = vector_axis(expr)
     if axis is None or expr.axes[axis].kind != "spatial":
@@ -160,7 +170,7 @@ def _vector_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec, padded
     tile = program.register_tile[axis]
     if tile < simd_lanes(device, expr.output.itemsize) or tile % 4:
         return None
-    if not all(_streams(t, axis) for t in expr.inputs):
+    if not packed and not all(_streams(t, axis) for t in expr.inputs):
         return None
     if not padded and common.needs_guard(expr.axes[axis].extent, common.axis_chain(program, axis)):
         return None
