@@ -12,6 +12,7 @@ from workbench.hardware.calibrate import (
     apply_measurements,
     calibrate,
     calibrated_spec_path,
+    impossible,
     probes,
 )
 from workbench.hardware.detect import detect_local_cpu
@@ -54,9 +55,51 @@ def test_calibrated_spec_round_trips_through_toml(calibrated):
     assert spec_from_toml_text(spec_to_toml(spec)) == spec
 
 
-def _results(spec):
-    values = {"L1": 500.0, "L2": 200.0, "DRAM": 40.0, "float32": 300.0, "float64": 150.0}
+def _results(spec, **changed):
+    values = {"L1": 500.0, "L2": 200.0, "DRAM": 40.0, "float32": 300.0, "float64": 150.0} | changed
     return tuple(ProbeResult(p, values[p.label], runs=5, threads=2) for p in probes(spec, threads=2))
+
+
+def test_plausible_results_pass_the_sanity_check():
+    spec = load_spec("xeon-avx512")
+    assert impossible(_results(spec)) == []
+    assert impossible(_results(spec, L2=570.0)) == []  # within the slack of L1's 500 GB/s: noise
+
+
+@pytest.mark.parametrize("changed, message", [
+    ({"float32": 9.0, "float64": 31.0}, "float32 peak 9.0 GFLOP/s below float64 31.0 GFLOP/s"),
+    ({"L2": 600.0}, "L2 read at 600.0 GB/s, faster than L1 above it at 500.0 GB/s"),
+    ({"DRAM": 250.0}, "DRAM read at 250.0 GB/s, faster than L2 above it at 200.0 GB/s"),
+])
+def test_impossible_results_are_named(changed, message):
+    assert impossible(_results(load_spec("xeon-avx512"), **changed)) == [message]
+
+
+def test_calibration_measures_again_then_refuses_impossible_results(monkeypatch):
+    import workbench.hardware.calibrate as calibration
+
+    spec = load_spec("xeon-avx512")
+    calls = []
+
+    def busy(spec, todo, threads, budget, progress=None):
+        calls.append(todo)
+        return _results(spec, float32=9.0, float64=31.0)
+
+    monkeypatch.setattr(calibration, "measure", busy)
+    lines = []
+    with pytest.raises(UserError, match="calibration refused, nothing stored: float32 peak 9.0 GFLOP/s below float64"):
+        calibrate(spec, progress=lines.append)
+    assert len(calls) == 2 and calls[0] == calls[1]
+    assert lines == ["impossible results (float32 peak 9.0 GFLOP/s below float64 31.0 GFLOP/s): measuring again"]
+
+
+def test_calibration_keeps_a_plausible_second_measurement(monkeypatch):
+    import workbench.hardware.calibrate as calibration
+
+    spec = load_spec("xeon-avx512")
+    answers = [_results(spec, float32=9.0, float64=31.0), _results(spec)]
+    monkeypatch.setattr(calibration, "measure", lambda *args, **kw: answers.pop(0))
+    assert dict(calibrate(spec).peak_gflops) == {"float32": 300.0, "float64": 150.0} and answers == []
 
 
 def test_apply_measurements_replaces_bandwidths_and_peaks():

@@ -53,6 +53,10 @@ QUICK_DRAM_WORKING_SET = 64 * 1024**2
 # (4 x 2 = 8) with margin, few enough to stay in the 16 registers of AVX2 with spares for loads.
 ACCUMULATORS = 16
 MIN_RUNS = 3
+# A lower memory layer may measure at most this much faster than the layer above it before the
+# results count as impossible: repeated best-of-N streaming reads of one layer agree within a few
+# per cent on an idle machine, and cache layers of one core differ by 1.5-2x (L1 vs L2).
+BANDWIDTH_SLACK = 1.15
 RUNS_PER_SLOT = 8  # each timed call lasts about 1/8 of a measurement's time slot
 FLOAT_DTYPES = ("float32", "float64")
 
@@ -96,8 +100,38 @@ def calibrate(
     if budget <= 0:
         raise UserError(f"calibration budget must be positive, got {budget} s")
     threads = max(1, min(spec.compute_units, os.cpu_count() or 1))  # a core each, never oversubscribed
-    results = measure(spec, probes(spec, threads, quick), threads, budget, progress)
+    todo = probes(spec, threads, quick)
+    results = measure(spec, todo, threads, budget, progress)
+    if impossible(results):  # a busy machine: measure once more before giving up
+        if progress is not None:
+            progress(f"impossible results ({impossible(results)[0]}): measuring again")
+        results = measure(spec, todo, threads, budget, progress)
+    problems = impossible(results)
+    if problems:
+        raise UserError(f"calibration refused, nothing stored: {'; '.join(problems)} "
+                        f"(is another program using the CPU? run it again on a quiet machine)")
     return apply_measurements(spec, results, date.today().isoformat())
+
+
+def impossible(results: tuple[ProbeResult, ...]) -> list[str]:
+    """What no healthy CPU measures, one line each; empty when the results are plausible.
+
+    - float32 FMA slower than float64: a vector register holds twice as many float32 lanes and
+      every x86 and Arm core issues FMAs of either width at the same rate, so float32 is about 2x
+      float64, never below it; a float32 run below float64 was slowed by something else.
+    - a memory layer read faster than the layer above it (DRAM faster than L2, L2 than L1): each
+      layer's streaming read is bounded by the layer above it, within BANDWIDTH_SLACK for noise.
+    """
+    problems = []
+    fma = {r.probe.label: r.value for r in results if r.probe.kind == "fma"}
+    if "float32" in fma and "float64" in fma and fma["float32"] < fma["float64"]:
+        problems.append(f"float32 peak {fma['float32']:.1f} GFLOP/s below float64 {fma['float64']:.1f} GFLOP/s")
+    stream = [r for r in results if r.probe.kind == "stream"]  # ordered top (L1) to bottom (DRAM)
+    for upper, lower in zip(stream, stream[1:]):
+        if lower.value > upper.value * BANDWIDTH_SLACK:
+            problems.append(f"{lower.probe.label} read at {lower.value:.1f} GB/s, faster than "
+                            f"{upper.probe.label} above it at {upper.value:.1f} GB/s")
+    return problems
 
 
 def calibrated_spec_path() -> Path:
