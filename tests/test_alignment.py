@@ -12,6 +12,7 @@ import pytest
 from helpers import TINY_CPU, device, expr, matmul
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from test_invariants import simd_lane_axis
 
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
@@ -20,6 +21,7 @@ from workbench.rtile.alignment import (
     accumulators,
     initial_tile,
     is_aligned,
+    lane_axis,
     micro_kernel_registers,
     next_aligned_sizes,
     prev_aligned_sizes,
@@ -66,10 +68,9 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
         if threads % dev.warp_size and not covers:
             out.append("threads not a multiple of the warp")
     if dev.kind == "cpu" and layer == 0:
-        coeffs, _ = e.output.index[-1]
-        v = next(a for a, c in enumerate(coeffs) if c)
-        if tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
-            out.append("vector axis not a multiple of the SIMD lanes")
+        v = simd_lane_axis(e, dev)
+        if v is not None and tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
+            out.append("lane axis not a multiple of the SIMD lanes")
     return out
 
 
@@ -200,12 +201,19 @@ def test_micro_kernel_registers_count_vectors_not_scalar_bytes(dev, tile, acc, r
 
 
 def test_micro_kernel_registers_of_other_operators():
-    """gemv y[i] = A[i, k] x[k]: i vectorised, A a row of vectors, x broadcast. relu: one row of
-    its input, no broadcast. A 12-wide fp32 row takes 2 ymm (12 of 16 lanes)."""
-    gemv, relu = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3))
-    assert (accumulators(gemv, AVX2, (24, 4)), micro_kernel_registers(gemv, AVX2, (24, 4))) == (3, 3 + 3 + 1)
-    assert micro_kernel_registers(gemv, AVX2, (12, 1)) == 2 + 2 + 1
+    """gemv y[i] = A[i, k] x[k]: A's rows are strided along i (a gather), so its lanes run along
+    k, each output a vector of partial sums: r rows x c vectors of k accumulators, a row of c
+    vectors of A and of x. relu: one row of its input, no broadcast. A stride-2 conv's output
+    row gathers every other input and its window (3) is shorter than a vector: scalar code, a
+    register per output. A 12-wide fp32 row takes 2 ymm (12 of 16 lanes)."""
+    gemv, relu, conv = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3)), EXPRS["conv-s2"]()
+    assert [lane_axis(e, AVX2) for e in (gemv, relu, conv)] == [1, 2, None]
+    assert (accumulators(gemv, AVX2, (4, 16)), micro_kernel_registers(gemv, AVX2, (4, 16))) == (8, 8 + 2 + 2)
+    assert (accumulators(gemv, AVX2, (6, 12)), micro_kernel_registers(gemv, AVX2, (6, 12))) == (12, 12 + 2 + 2)
     assert (accumulators(relu, AVX2, (2, 3, 3)), micro_kernel_registers(relu, AVX2, (2, 3, 3))) == (6, 6 + 1)
+    outputs = prod(conv.data_tile_shape(len(conv.tensors) - 1, (1, 2, 1, 4) + (1, 1, 1)))
+    assert outputs == 8 and accumulators(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8
+    assert micro_kernel_registers(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8 + 1  # both inputs scalar: one register
 
 
 def test_the_standard_avx2_micro_kernel_is_aligned_and_fits():
@@ -268,14 +276,18 @@ def test_required_accumulators_fall_back_to_the_most_the_registers_hold(base, m,
             assert micro_kernel_registers(e, dev, tile) <= cap
 
 
-def test_no_accumulator_rule_without_a_reduction_or_fma_facts():
-    """Elementwise operators carry no dependency chain; gemv's rows of A and its broadcast of x
-    leave room for 7 accumulators in 16 ymm (2c + 1 <= 16), 15 in 32 zmm (8 needed); a spec
-    without FMA facts (TINY_CPU, a GPU) asks for none."""
+def test_no_accumulator_rule_without_a_reduction_a_lane_axis_or_fma_facts():
+    """Elementwise operators carry no dependency chain, scalar code (a stride-2 conv) is bound by
+    its lanes; gemv's partial sums along k meet the need (r c + 2c <= 16 holds 10 with c = 1);
+    a spec without FMA facts (TINY_CPU, a GPU) asks for none."""
     relu, gemv, mm = expr("relu", shape=(17, 11, 3)), expr("gemv", M=4096, K=1000), matmul(512, 512, 512)
+    conv = EXPRS["conv-s2"]()
     assert required_accumulators(AlignContext(relu, AVX2, 0, (1, 1, 1), 0.05)) == 0
-    assert required_accumulators(AlignContext(gemv, AVX2, 0, (1, 1), 0.05)) == 7
+    assert required_accumulators(AlignContext(conv, AVX2, 0, (1,) * 7, 0.05)) == 0
+    assert required_accumulators(AlignContext(gemv, AVX2, 0, (1, 1), 0.05)) == 10
     assert required_accumulators(AlignContext(gemv, AVX512, 0, (1, 1), 0.05)) == 8
+    tile = initial_tile(AlignContext(gemv, AVX2, 0, (1, 1), 0.05))
+    assert tile[1] % 8 == 0 and accumulators(gemv, AVX2, tile) >= 10 and micro_kernel_registers(gemv, AVX2, tile) <= 16
     assert required_accumulators(AlignContext(mm, TINY_CPU, 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(mm, device("v100"), 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(mm, AVX2, 1, (6, 16, 1), 0.05)) == 0  # registers only

@@ -233,14 +233,20 @@ def test_cpu_compute_efficiency_is_lanes_used_times_latency_covered(dev, tile, e
     assert estimate(program, dev).compute_seconds == pytest.approx(closed_compute_seconds(dev, e, program, efficiency))
 
 
-def test_cpu_compute_efficiency_without_a_chain_or_a_vector_axis():
+def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     """relu has no reduction: only the lanes count (a 3-wide row of fp32 fills 3 of 8 lanes).
-    A sum into a scalar has no vectorised axis: scalar code, one lane of 8, one accumulator of 10.
-    A spec without FMA facts (TINY_CPU): lanes only. float64 has 4 lanes in a ymm register."""
+    A sum into a scalar runs its lanes along the reduction: 1 vector of partial sums covers 1
+    of 10 FMA chains, 10 vectors all. out[i] = sum_k A[2i + k] (k < 3) has no lane axis (its row
+    gathers every other input, its window is shorter than a vector): scalar code, one lane of
+    8, 8 outputs = 8 of 10 chains. A spec without FMA facts (TINY_CPU): lanes only. float64 has
+    4 lanes in a ymm register."""
     relu = expr("relu", shape=(17, 11, 3))
     assert compute_efficiency(cpu_program(AVX2, relu, (1, 1, 3)), AVX2, 1, 1) == pytest.approx(3 / 8)
-    total = plain_expr({"i": (64, "reduce")}, [("A", [{"i": 1}]), ("out", [])])
-    assert compute_efficiency(cpu_program(AVX2, total, (8,)), AVX2, 1, 1) == pytest.approx(1 / 8 * 1 / 10)
+    total = plain_expr({"i": (640, "reduce")}, [("A", [{"i": 1}]), ("out", [])])
+    assert compute_efficiency(cpu_program(AVX2, total, (8,)), AVX2, 1, 1) == pytest.approx(1 / 10)
+    assert compute_efficiency(cpu_program(AVX2, total, (80,)), AVX2, 1, 1) == pytest.approx(1.0)
+    strided = plain_expr({"i": (64, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 2, "k": 1}]), ("out", [{"i": 1}])])
+    assert compute_efficiency(cpu_program(AVX2, strided, (8, 3)), AVX2, 1, 1) == pytest.approx(1 / 8 * 8 / 10)
     assert compute_efficiency(cpu_program(TINY_CPU, matmul(64, 64, 64), (2, 16, 1)), TINY_CPU, 1, 1) == 1.0
     wide = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
     assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2, 1, 1) == pytest.approx(10 / 10 * 1.0)

@@ -100,8 +100,8 @@ class ExecutionUnitRule:
 
     GPU: a block's thread count (unit tile / register tile over spatial axes) is a multiple of
     the warp size, unless the block already covers every spatial axis; a thread's tile uses
-    Roller's register steps. CPU: the register tile along the vectorised axis (the output's
-    contiguous axis) is a multiple of the SIMD lanes, or the whole axis when it is shorter; and
+    Roller's register steps. CPU: the register tile along the axis the SIMD lanes run along
+    (`lane_axis`) is a multiple of the lanes, or the whole axis when it is shorter; and
     a reduction's register tile holds at least `required_accumulators` vector accumulators, so
     that the core's FMA pipes never wait on an FMA latency (ALGORITHMS.md §7: the execution
     unit of a CPU core is its FMA pipes x their latency, not one vector).
@@ -118,7 +118,7 @@ class ExecutionUnitRule:
             if mma is not None and axis in mma:
                 return True  # a warp's fragment tile: the tensor-core rule governs it
             return size in REGISTER_STEPS or size == extent
-        if axis == vector_axis(ctx.expr):
+        if axis == lane_axis(ctx.expr, ctx.device):
             lanes = ctx.device.warp_size
             return size % lanes == 0 or size == extent
         return True
@@ -197,8 +197,41 @@ def tile_lanes(expr: TensorExpr, device: DeviceSpec) -> int:
 
 
 def vector_axis(expr: TensorExpr) -> int | None:
-    """The axis a CPU kernel vectorises: the one indexing the output's contiguous dimension."""
+    """The axis indexing the output's contiguous dimension: the one a CPU kernel vectorises
+    where its inputs allow (`lane_axis`)."""
     return leading_axis(expr.output)
+
+
+def streams(tensor, axis: int) -> bool:
+    """Whether `axis` indexes `tensor` only through its contiguous dimension with stride 1, or not
+    at all: consecutive values along the axis are one vector load (or one broadcast), not a
+    gather (the CPU template's `_streams` decides vectorisation by the same test)."""
+    dims = [d for d, (coeffs, _) in enumerate(tensor.index) if coeffs[axis]]
+    if not dims:
+        return True
+    last = len(tensor.index) - 1
+    return dims == [last] and tensor.index[last][0][axis] == 1
+
+
+def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The axis a CPU register micro-kernel fills its SIMD lanes along, or None (scalar code).
+
+    The output's contiguous axis (`vector_axis`) when every input streams along it or ignores
+    it (a strided or transposed access turns a vector load into a gather); else, for a
+    reduction, its innermost reduce axis when an input reads it, every input streams along it
+    or ignores it, and it has at least a vector of lanes: each output then keeps a vector of
+    per-lane partial sums, summed across lanes once per tile (gemv, row sums: the CPU
+    template's rfactor path). Else none: a stride-2 conv's output row is a gather of its input.
+    """
+    v = vector_axis(expr)
+    if v is not None and expr.axes[v].kind == "spatial" and all(streams(t, v) for t in expr.inputs):
+        return v
+    if not expr.reduce:
+        return None
+    k = expr.reduce[-1]
+    if expr.axes[k].extent < device.warp_size or not any(t.uses_axis(k) for t in expr.inputs):
+        return None
+    return k if all(streams(t, k) for t in expr.inputs) else None
 
 
 def is_micro_kernel_layer(device: DeviceSpec, layer: int) -> bool:
@@ -215,23 +248,26 @@ def simd_vectors(elements: int, itemsize: int, device: DeviceSpec) -> int:
 
 def accumulators(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     """Vector registers a CPU register tile's output occupies, its accumulators: one vector per
-    output row along the vectorised axis (`vector_axis`). Without a vectorised axis the code is
-    scalar and every output element takes a register of its own."""
+    output row along a spatial `lane_axis`; a vector of per-lane partial sums per output
+    element along a reduce one; without a lane axis the code is scalar and every output element
+    takes a register of its own."""
     shape = calculus(expr).data_tiles(tuple(tile))[-1]
-    if not shape:  # a scalar output
-        return 1
-    if vector_axis(expr) is None:
-        return prod(shape)
+    elements = prod(shape) if shape else 1
+    axis = lane_axis(expr, device)
+    if axis is None:
+        return elements
+    if expr.axes[axis].kind == "reduce":
+        return elements * simd_vectors(tile[axis], expr.output.itemsize, device)
     return prod(shape[:-1]) * simd_vectors(shape[-1], expr.output.itemsize, device)
 
 
 def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     """Vector registers a CPU register micro-kernel of `tile` needs: its `accumulators`, one row
-    of vectors along the vectorised axis for every input the axis indexes (loaded once per
+    of vectors along the `lane_axis` for every input the axis indexes (loaded once per
     reduction step, the tile's reduce extent is unrolled over the same registers), and one
     register into which the elements of the other inputs are broadcast (BLAS's AVX2 6 x 16 fp32
     kernel: 12 accumulators + 2 vectors of B + 1 broadcast of A = 15 of the 16 ymm)."""
-    v = vector_axis(expr)
+    v = lane_axis(expr, device)
     rows, broadcast = 0, 0
     for tensor in expr.inputs:
         if v is not None and tensor.uses_axis(v):
@@ -250,11 +286,11 @@ def register_budget(device: DeviceSpec) -> int:
 def required_accumulators(ctx: AlignContext) -> int:
     """Vector accumulators a register tile at `ctx` must hold (0: no such requirement).
 
-    Only a CPU micro-kernel of an operator with a reduce axis and a vectorised output axis has
-    one: its FMAs into one accumulator form a dependency chain across the reduction, so the
-    core's `fma_pipes` stay busy only with `DeviceSpec.fma_accumulators` (latency x pipes)
-    chains in flight. Elementwise operators carry no chain (out-of-order execution overlaps
-    their independent vectors), and scalar code (no vectorised axis) is bound by its lanes.
+    Only a CPU micro-kernel of an operator with a reduce axis and a `lane_axis` has one: its
+    FMAs into one accumulator form a dependency chain across the reduction, so the core's
+    `fma_pipes` stay busy only with `DeviceSpec.fma_accumulators` (latency x pipes) chains in
+    flight. Elementwise operators carry no chain (out-of-order execution overlaps their
+    independent vectors), and scalar code (no lane axis) is bound by its lanes.
 
     Our fallback where that many cannot exist (tiny extents, an operator with few output rows,
     a small register budget, eps too small to pad): the most accumulators any register tile
@@ -264,7 +300,7 @@ def required_accumulators(ctx: AlignContext) -> int:
     device, expr = ctx.device, ctx.expr
     if not is_micro_kernel_layer(device, ctx.layer) or not device.fma_accumulators:
         return 0
-    if not expr.reduce or vector_axis(expr) is None:
+    if not expr.reduce or lane_axis(expr, device) is None:
         return 0
     filled = _accumulator_fill(expr, device, ctx.eps)
     if filled is None or micro_kernel_registers(expr, device, filled) > register_budget(device):
@@ -278,8 +314,8 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
     tile grown to `fma_accumulators` accumulators within the register budget, or to as many as
     any tile can hold there (None when no tile meets the per-axis rules at `eps`).
 
-    Our choice of path, in the spirit of the BLAS micro-kernel shapes: grow one spatial axis at
-    a time to its next aligned size, taking the growth with the fewest registers per
+    Our choice of path, in the spirit of the BLAS micro-kernel shapes: grow one axis that adds
+    accumulators (`_accumulator_axes`) at a time to its next aligned size, taking the growth with the fewest registers per
     accumulator (accumulators are the point, loads and broadcasts the overhead), then the
     fewest registers, then the outermost axis. On AVX2 with 10 needed this reaches 5 x 16 (10
     accumulators + 2 vectors of B + 1 broadcast) on the way to BLAS's 6 x 16. Where that path
@@ -291,7 +327,7 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
     budget, need = register_budget(device), device.fma_accumulators
     while tile is not None and accumulators(expr, device, tile) < need:
         options = []
-        for a in expr.spatial:
+        for a in _accumulator_axes(expr, device):
             size = _scan(ctx, tile, a, +1, RULES, whole_tile=False)
             if size is None:
                 continue
@@ -311,8 +347,8 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
 
 
 def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Tile]:
-    """Every register tile that grows `start` along spatial axes to sizes the per-axis rules
-    accept and needs at most `budget` vector registers. Registers never fall as an axis grows,
+    """Every register tile that grows `start` along `_accumulator_axes` to sizes the per-axis
+    rules accept and needs at most `budget` vector registers. Registers never fall as an axis grows,
     so each axis is scanned only while the tile fits: a few hundred tiles at most."""
     expr, device = ctx.expr, ctx.device
     found: list[Tile] = []
@@ -329,8 +365,14 @@ def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Ti
             size = _scan(ctx, tile, a, +1, RULES, whole_tile=False)
             tile = None if size is None else tile[:a] + (size,) + tile[a + 1 :]
 
-    visit(start, tuple(expr.spatial))
+    visit(start, _accumulator_axes(expr, device))
     return found
+
+
+def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
+    """The axes whose growth adds accumulators: the spatial ones, and a reduce `lane_axis`."""
+    lane = lane_axis(expr, device)
+    return tuple(expr.spatial) + ((lane,) if lane is not None and lane not in expr.spatial else ())
 
 
 def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1) -> int:

@@ -27,7 +27,7 @@ from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import accumulators, mma_axes, simd_vectors, thread_count, tile_lanes, vector_axis
+from workbench.rtile.alignment import accumulators, lane_axis, mma_axes, simd_vectors, thread_count, tile_lanes
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
 from workbench.rtile.traffic import TileCalculus, calculus
 
@@ -103,12 +103,12 @@ def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu:
 
 def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     """Fraction of the vector lanes a CPU register tile fills. The peak counts every lane of
-    every FMA; a tile of `size` values along the vectorised axis issues `simd_vectors` whole
+    every FMA; a tile of `size` values along the `lane_axis` issues `simd_vectors` whole
     vectors for them, so it fills `size / (vectors x lanes)` of the lanes (a 12-wide fp32 row on
-    8-lane AVX2: 12 / 16). An operator with no vectorised axis runs scalar code: one lane of
-    `register_bytes / itemsize`."""
+    8-lane AVX2: 12 / 16). An operator with no lane axis (its output row a gather, a stride-2
+    conv) runs scalar code: one lane of `register_bytes / itemsize`."""
     lanes = max(1, device.register_bytes // expr.output.itemsize)
-    axis = vector_axis(expr)
+    axis = lane_axis(expr, device)
     if axis is None:
         return 1.0 / lanes
     size = tile[axis]
