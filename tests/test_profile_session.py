@@ -62,6 +62,23 @@ def test_a_local_session_times_a_real_kernel_and_stores_it(tmp_path):
     assert sorted(e.phase for e in events) == ["build", "build", "measure", "measure"]
 
 
+def test_sessions_share_a_warm_pool(tmp_path):
+    import os
+
+    from workbench.profile.workers import WorkerPool
+
+    c = mm64()
+    with WorkerPool() as pool:
+        first = profile_candidates(c.expr, TINY_CPU, c.candidates[:2], runner="local", timing=FAST, pool=pool, jobs=1)
+        (builder,) = pool.workers(1)
+        (runner,) = pool.workers(1, {"TVM_NUM_THREADS": str(min(TINY_CPU.compute_units, os.cpu_count() or 1))})
+        pids = (builder.call(os.getpid, (), 60).value, runner.call(os.getpid, (), 60).value)
+        second = profile_candidates(c.expr, TINY_CPU, c.candidates[2:], runner="local", timing=FAST, pool=pool, jobs=1)
+        assert (builder.call(os.getpid, (), 60).value, runner.call(os.getpid, (), 60).value) == pids
+    for result in (first, second):
+        assert [m.correct for m in result.measurements] == [True, True], [m.error for m in result.measurements]
+
+
 def test_a_build_past_its_timeout_is_recorded(tmp_path):
     c = mm64()
     result = profile_candidates(c.expr, TINY_CPU, c.candidates[:1], runner="local", build_timeout_s=1e-4, jobs=1)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from workbench.profile.workers import Worker, fan_out
+from workbench.profile.workers import Worker, WorkerPool, fan_out
 
 
 def environment(name: str) -> str:
@@ -64,3 +64,19 @@ def test_fan_out_reraises_a_failure_after_the_others_finish():
     with pytest.raises(RuntimeError, match="boom"):
         fan_out([1, 2, 3], [None, None], work, lambda i, r: finished.append(r))
     assert sorted(finished) == [1, 3]
+
+
+def test_a_pool_keeps_its_workers_warm_per_environment():
+    with WorkerPool() as pool:
+        first = pool.workers(2)
+        pids = [w.call(os.getpid, (), 60).value for w in first]
+        assert pool.workers(2) == first and pool.workers(1) == first[:1]
+        assert [w.call(os.getpid, (), 60).value for w in pool.workers(2)] == pids  # the same processes
+        (other,) = pool.workers(1, {"TVM_NUM_THREADS": "1"})
+        assert other not in first and other.call(environment, ("TVM_NUM_THREADS",), 60).value == "1"
+        assert first[0].call(crash, (), 60).error == "worker crashed (signal SIGSEGV)"
+        restarted = pool.workers(1)[0].call(os.getpid, (), 60).value
+        assert restarted not in pids  # restarted on its next call
+    for pid in (restarted, pids[1]):  # closing the pool stopped its processes
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

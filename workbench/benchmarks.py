@@ -14,6 +14,7 @@ from workbench.profile.baselines import Baseline
 from workbench.profile.compare import aggregate, geometric_mean
 from workbench.profile.runner import Timing
 from workbench.profile.store import RunStore
+from workbench.profile.workers import WorkerPool
 from workbench.workload import Workload
 
 
@@ -48,9 +49,9 @@ class KernelBench:
         }
 
 
-def _profile_policy(workload, device, policy, topk, store, timing, seed):
+def _profile_policy(workload, device, policy, topk, store, timing, seed, pool):
     built = pipeline.construct(pipeline.request(workload, device, policy, pipeline.Options(topk=topk, seed=seed)))
-    return built, pipeline.profile(built, label=workload.describe(), store=store, timing=timing)
+    return built, pipeline.profile(built, label=workload.describe(), store=store, timing=timing, pool=pool)
 
 
 def bench_workload(
@@ -63,8 +64,10 @@ def bench_workload(
     store: RunStore | None,
     timing: Timing = Timing(),
     seed: int = 0,
+    pool: WorkerPool | None = None,
 ) -> KernelBench:
-    runs = [(p, *_profile_policy(workload, device, p, topk, store, timing, seed)) for p in policies]
+    """One workload's row; builds and runs in `pool`'s warm workers when given."""
+    runs = [(p, *_profile_policy(workload, device, p, topk, store, timing, seed, pool)) for p in policies]
     policy, built, result = runs[0]
     best = result.best
     measured = tuple((b.name, b.measure(built.expr, device).to_dict()) for b in baselines)
@@ -108,10 +111,12 @@ def bench_suite(
     faster), of every other policy to the first, and the model's rank correlation."""
     start = time.perf_counter()
     rows = []
-    for i, w in enumerate(workloads):
-        if progress:
-            progress(f"[{i + 1}/{len(workloads)}] {w.describe()}")
-        rows.append(bench_workload(w, device, policies=policies, topk=topk, baselines=baselines, store=store))
+    with WorkerPool() as pool:  # TVM imported once per worker for the whole suite, not per workload
+        for i, w in enumerate(workloads):
+            if progress:
+                progress(f"[{i + 1}/{len(workloads)}] {w.describe()}")
+            rows.append(bench_workload(w, device, policies=policies, topk=topk, baselines=baselines, store=store,
+                                       pool=pool))
     ratios = {b.name: _geomean_speedup((dict(r.baselines)[b.name]["seconds"], r.best_seconds) for r in rows) for b in baselines}
     versus = {
         f"{p}/{policies[0]}": _geomean_speedup((r.best_seconds, dict(r.others)[p]["best_seconds"]) for r in rows)

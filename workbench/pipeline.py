@@ -36,12 +36,13 @@ from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.session import Progress, ProfileResult, profile_candidates
+from workbench.profile.workers import WorkerPool
 from workbench.viz.fmt import shape_text
 from workbench.workload import Workload, suite_workload
 
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "Candidate", "Construction", "DeviceSpec", "ExportResult", "Kernel",
-    "KernelRejected", "ModelConstruction", "Options", "ProfileResult", "Request", "Stepper", "Timing",
+    "KernelRejected", "ModelConstruction", "Options", "ProfileResult", "Request", "Stepper", "Timing", "WorkerPool",
     "bundle_name_for", "construct_model", "load_device", "report_dict", "report_text",
     "build", "candidate_rows", "check_export_path", "construct", "export", "profile", "request", "stepper",
 ]
@@ -121,14 +122,16 @@ def profile(
     tracker: str | None = None,
     key: str | None = None,
     ranks: Sequence[int] | None = None,
+    pool: WorkerPool | None = None,
 ) -> ProfileResult:
     """Build, verify and time the construction's candidates (those of `ranks`, default all) with
     `runner` ("local", "rpc" with `tracker` and `key`, "fake", or a Runner), recording the run
-    in `store` (a `profile.store.RunStore`) under `label`."""
+    in `store` (a `profile.store.RunStore`) under `label`; builds and local runs use the warm
+    workers of `pool` (a `WorkerPool`, for many profiles in a row) when given."""
     chosen = construction.candidates if ranks is None else tuple(construction.candidate(r) for r in ranks)
     return profile_candidates(construction.expr, construction.device, chosen, runner=runner, tracker=tracker,
                               key=key, store=store, workload_label=label, policy=construction.policy,
-                              timing=timing, progress=progress)
+                              timing=timing, progress=progress, pool=pool)
 
 
 def export(construction: Construction, rank: int, out, *, zip: bool = False,

@@ -22,7 +22,7 @@ from workbench.profile.runner import (
     measurement_from_check,
     runtime_versions,
 )
-from workbench.profile.workers import Worker
+from workbench.profile.workers import Worker, WorkerPool
 
 
 def thread_env(device: DeviceSpec) -> dict[str, str]:
@@ -52,11 +52,12 @@ class LocalRunner:
     name = "local"
     needs_library = True
 
-    def __init__(self, device: DeviceSpec):
+    def __init__(self, device: DeviceSpec, pool: WorkerPool | None = None):
         self.env = thread_env(device)
+        self.pool = pool  # a warm worker from it, else a worker of this session's own
 
     def measure(self, expr, built: Sequence[BuiltCandidate], timing: Timing, report: Report) -> None:
-        worker = Worker(self.env)
+        worker = self.pool.workers(1, self.env)[0] if self.pool is not None else Worker(self.env)
         try:
             for candidate in built:
                 outcome = worker.call(measure_library, (candidate, expr, timing, self.name), timing.timeout_s)
@@ -65,4 +66,5 @@ class LocalRunner:
                 else:
                     report(outcome.value)
         finally:
-            worker.close()
+            if self.pool is None:
+                worker.close()

@@ -20,7 +20,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
-from workbench.profile.workers import Worker, fan_out
+from workbench.profile.workers import Worker, WorkerPool, fan_out
 
 RUNNERS = ("local", "rpc", "fake")
 # A build (schedule + LLVM/NVCC compile + link) takes well under a second for the catalog's
@@ -78,15 +78,17 @@ class ProfileResult:
         }
 
 
-def make_runner(runner: str | Runner, device: DeviceSpec, tracker: str | None = None, key: str | None = None) -> Runner:
+def make_runner(runner: str | Runner, device: DeviceSpec, tracker: str | None = None, key: str | None = None,
+                pool: WorkerPool | None = None) -> Runner:
     """The runner named `runner` ("local", "rpc", "fake"), or `runner` itself if it is one.
-    "rpc" checks the tracker now (UserError when it does not answer or has no server for `key`)."""
+    "rpc" checks the tracker now (UserError when it does not answer or has no server for `key`).
+    The local runner measures in a warm worker of `pool` when one is given."""
     if not isinstance(runner, str):
         return runner
     if runner == "local":
         from workbench.profile.local import LocalRunner
 
-        return LocalRunner(device)
+        return LocalRunner(device, pool)
     if runner == "rpc":
         from workbench.profile.rpc import connect_rpc
 
@@ -115,6 +117,7 @@ def profile_candidates(
     jobs: int | None = None,
     build_timeout_s: float = BUILD_TIMEOUT_S,
     progress: Progress | None = None,
+    pool: WorkerPool | None = None,
 ) -> ProfileResult:
     """Build, verify and time `candidates` (of the constructed, i.e. axis-fused, `expr`) and
     record the run in `store` (if given). Failures of single candidates (build error, timeout,
@@ -134,7 +137,7 @@ def profile_candidates(
     with tempfile.TemporaryDirectory(prefix="workbench-profile-") as folder:
         if chosen.needs_library:
             built = build_candidates(expr, device, candidates, folder, jobs=jobs, timeout_s=build_timeout_s,
-                                     progress=recorder.notify)
+                                     progress=recorder.notify, pool=pool)
         else:
             built = tuple(BuiltCandidate(c.rank, c.predicted_seconds, ok=True) for c in candidates)
         recorder.build_seconds = {b.rank: b.build_seconds for b in built}
@@ -181,16 +184,18 @@ def build_candidates(
     jobs: int | None = None,
     timeout_s: float = BUILD_TIMEOUT_S,
     progress: Progress | None = None,
+    pool: WorkerPool | None = None,
 ) -> tuple[BuiltCandidate, ...]:
     """Build every candidate into a library in `folder`, `jobs` at a time in spawned worker
-    processes; a build that fails, crashes or overruns `timeout_s` is a BuiltCandidate with
-    `ok=False` and the reason."""
+    processes (warm ones of `pool` when given); a build that fails, crashes or overruns
+    `timeout_s` is a BuiltCandidate with `ok=False` and the reason."""
     tasks = [
         (expr, c.program, device, c.rank, c.predicted_seconds, str(Path(folder) / f"candidate-{c.rank:03d}.so"))
         for c in candidates
     ]
     jobs = jobs or min(os.cpu_count() or 1, MAX_BUILD_JOBS)
-    workers = [Worker() for _ in range(max(1, min(jobs, len(tasks))))]
+    n = max(1, min(jobs, len(tasks)))
+    workers = pool.workers(n) if pool is not None else [Worker() for _ in range(n)]
     notify = progress or (lambda event: None)
     done = []
 
@@ -205,8 +210,9 @@ def build_candidates(
     try:
         return tuple(fan_out(tasks, workers, work, on_built))
     finally:
-        for worker in workers:
-            worker.close()
+        if pool is None:
+            for worker in workers:
+                worker.close()
 
 
 def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float, path: str) -> BuiltCandidate:

@@ -151,6 +151,34 @@ class Worker:
         return f"exit status {code}"
 
 
+class WorkerPool:
+    """Workers kept warm across profile sessions (a benchmark over a suite): each pays its TVM
+    import once instead of once per session. A worker that hung or crashed is restarted by its
+    next call, as any `Worker` is. Use it as a context manager, or `close()` it."""
+
+    def __init__(self):
+        self._workers: dict[tuple, list[Worker]] = {}
+
+    def workers(self, n: int, env: Mapping[str, str] | None = None) -> list[Worker]:
+        """`n` workers with environment `env` (started on their first call)."""
+        have = self._workers.setdefault(tuple(sorted((env or {}).items())), [])
+        while len(have) < n:
+            have.append(Worker(env))
+        return have[:n]
+
+    def close(self) -> None:
+        for workers in self._workers.values():
+            for worker in workers:
+                worker.close()
+        self._workers.clear()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @contextmanager
 def _quiet_start():
     """Hold SIGINT and SIGTERM while a worker process starts. A start interrupted halfway leaves
