@@ -10,10 +10,12 @@ Rules see an `AlignContext` (expression, device, layer, the tile one layer up, e
 tile (the thread count of a GPU block, the FMA accumulators of a CPU register tile).
 
 A CPU core's register tile is a register micro-kernel (the BLIS / oneDNN idea): the output tile
-stays in vector registers as accumulators, one vector per output row along the vectorised axis,
-and every reduction step loads one row of vectors of each input that the vectorised axis indexes
-and broadcasts the elements of the others into one register. `micro_kernel_registers` counts
-those vector registers; they are the register layer's footprint (`rprogram.layer_footprint`).
+stays in vector registers as accumulators, one vector per output row along the axis the SIMD
+lanes run along (`lane_axis`), and every reduction step loads one row of vectors of each input
+that axis indexes and broadcasts the elements of the others into one register.
+`micro_kernel_registers` counts those vector registers; they are the register layer's footprint
+(`rprogram.layer_footprint`). Memory transactions at the cache layers are 64 B lines (each CPU
+layer's `transaction_bytes`, `TransactionRule`).
 """
 
 from __future__ import annotations
