@@ -48,7 +48,8 @@ def free_port() -> int:
 
 @pytest.fixture
 def server(tmp_path):
-    """The dashboard on a free port; the server and anything it started are killed afterwards."""
+    """The dashboard on a free port (its URL and process id), started in the repository root as
+    `make app` starts it; the server and anything it started are killed afterwards."""
     port = free_port()
     command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
@@ -57,7 +58,7 @@ def server(tmp_path):
                                 start_new_session=True)
         try:
             _wait_healthy(proc, port, tmp_path / "streamlit.log")
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", proc.pid
         finally:
             os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its children only
             try:
@@ -95,6 +96,7 @@ def _rendered(page, title: str, charts: int, section: str = "") -> None:
 def test_every_page_renders_in_chromium(server):
     from playwright.sync_api import sync_playwright
 
+    server, _ = server  # the URL
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
