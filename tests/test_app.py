@@ -143,6 +143,17 @@ def test_an_uploaded_spec_becomes_the_device():
     assert at.session_state["selection"].device == load_spec("v100") and "on v100" in at.caption[0].value
 
 
+def test_a_catalog_operator_starts_from_a_real_layer():
+    at = app()
+    at.radio[0].set_value("Catalog operator").run()
+    next(s for s in at.selectbox if s.label == "Operator").set_value("conv2d").run()
+    values = {name: number(at, name).value for name in ("N", "C", "H", "W", "F", "KH", "KW", "stride", "pad")}
+    assert values == {"N": 1, "C": 64, "H": 56, "W": 56, "F": 64, "KH": 3, "KW": 3, "stride": 1, "pad": 1}
+    assert any("ResNet-50 conv2_x" in c.value for c in at.caption) and not errors(at) and not at.exception
+    button(at, "Apply").click().run()
+    assert at.session_state["selection"].expr().extents[-2:] == (3, 3)  # a 3x3 kernel, as in ResNet
+
+
 def test_apply_replaces_the_selection_and_its_construction():
     at = app()
     at.radio[0].set_value("Catalog operator").run()

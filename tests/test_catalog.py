@@ -42,9 +42,17 @@ def test_list_ops_is_the_suite_readme_catalog():
 def test_op_info_dict_is_json():
     doc = json.loads(json.dumps([catalog.op_info_dict(i) for i in catalog.list_ops()]))
     matmul = doc[0]
-    assert set(matmul) == {"name", "params", "description"}
+    assert set(matmul) == {"name", "params", "description", "example", "example_source"}
     assert matmul["params"][0] == {"name": "M", "kind": "int", "default": None, "doc": "rows of C"}
     assert {p["name"]: p["default"] for p in matmul["params"]}["trans_b"] is False
+
+
+@pytest.mark.parametrize("info", catalog.list_ops(), ids=lambda i: i.name)
+def test_every_example_is_a_whole_real_layer_that_builds(info):
+    assert sorted(k for k, _ in info.example) == sorted(p.name for p in info.params)
+    assert info.example_source
+    built = catalog.build(info.name, dict(info.example), "float32")
+    assert built.flops > 0
 
 
 @pytest.mark.parametrize("op, params, out_shape, main, n_reduce", SMALL)

@@ -36,19 +36,20 @@ def _catalog_controls(current: Workload) -> Workload:
     infos = {i.name: i for i in list_ops()}
     names = list(infos)
     info = infos[st.selectbox("Operator", names, index=names.index(current.op) if current.op in names and not current.label else 0)]
-    st.caption(info.description)
-    now = dict(current.params) if current.op == info.name else {}
+    # The current operator's values, else a layer of a real network (the catalog's example).
+    now = dict(current.params) if current.op == info.name else dict(info.example)
+    st.caption(info.description + ("" if current.op == info.name else f"; starts from {info.example_source}"))
     params, cols = {}, st.columns(3)
     for i, p in enumerate(info.params):
         value = now.get(p.name, p.default)
         with cols[i % 3]:
             if p.kind == "int":
                 # No min_value: the catalog says what is wrong with 0, in words (shown below).
-                params[p.name] = int(st.number_input(p.name, value=int(value if value is not None else 64), step=1, help=p.doc))
+                params[p.name] = int(st.number_input(p.name, value=int(value), step=1, help=p.doc))
             elif p.kind == "bool":
                 params[p.name] = st.checkbox(p.name, value=bool(value), help=p.doc)
             else:
-                text = st.text_input(f"{p.name} (AxBxC)", value="x".join(map(str, value or (64, 64))), help=p.doc)
+                text = st.text_input(f"{p.name} (AxBxC)", value="x".join(map(str, value)), help=p.doc)
                 params[p.name] = _ints(p.name, text)
     return Workload(op=info.name, params=tuple(sorted(params.items())))
 

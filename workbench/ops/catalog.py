@@ -37,6 +37,8 @@ class OpInfo:
     name: str
     params: tuple[ParamInfo, ...]
     description: str
+    example: tuple[tuple[str, object], ...] = ()  # every parameter, from a layer of a real network
+    example_source: str = ""
 
 
 def _p(name: str, doc: str, kind: str = "int", default: object = None, minimum: int = 1) -> ParamInfo:
@@ -60,8 +62,11 @@ _INFOS = (
             _p("trans_b", "B is stored transposed, [N,K]", kind="bool", default=False),
         ),
         "C[M,N] = A[M,K] B[K,N], batched ([B,M,K] x [B,K,N]) when B > 0",
+        (("B", 0), ("K", 768), ("M", 128), ("N", 3072), ("trans_a", False), ("trans_b", False)),
+        "BERT-base feed-forward up-projection, 128 tokens (hidden 768, intermediate 3072)",
     ),
-    OpInfo("gemv", (_p("M", "rows of A"), _p("K", "reduction length")), "y[M] = A[M,K] x[K]"),
+    OpInfo("gemv", (_p("M", "rows of A"), _p("K", "reduction length")), "y[M] = A[M,K] x[K]",
+           (("K", 4096), ("M", 4096)), "one token through a 4096 x 4096 projection (LLaMA-7B attention)"),
     OpInfo(
         "conv2d",
         _CONV_INPUT
@@ -69,6 +74,9 @@ _INFOS = (
         + _WINDOW
         + (_p("dilation", "kernel dilation", default=1),),
         "2-D convolution, NCHW data [N,C,H,W], kernel [F,C,KH,KW], output [N,F,OH,OW]",
+        (("C", 64), ("F", 64), ("H", 56), ("KH", 3), ("KW", 3), ("N", 1), ("W", 56), ("dilation", 1), ("pad", 1),
+         ("stride", 1)),
+        "ResNet-50 conv2_x 3x3 convolution (64 channels at 56 x 56)",
     ),
     OpInfo(
         "depthwise_conv2d",
@@ -79,22 +87,33 @@ _INFOS = (
         "depthwise convolution, kernel [C*multiplier,1,KH,KW]; output [N,C,OH,OW], or "
         "[N,C,multiplier,OH,OW] when multiplier > 1 (the layout of [N,C*multiplier,OH,OW], "
         "channel c*multiplier + j, kept 5-D so every index is affine)",
+        (("C", 32), ("H", 112), ("KH", 3), ("KW", 3), ("N", 1), ("W", 112), ("multiplier", 1), ("pad", 1),
+         ("stride", 1)),
+        "MobileNet v1 first depthwise 3x3 convolution (32 channels at 112 x 112)",
     ),
-    OpInfo("relu", (_SHAPE,), "Y = max(X, 0)"),
-    OpInfo("add", (_SHAPE,), "C = A + B, same shapes"),
-    OpInfo("gelu", (_SHAPE,), "Y = 0.5 X (1 + tanh(sqrt(2/pi) (X + 0.044715 X^3))), the tanh form"),
+    OpInfo("relu", (_SHAPE,), "Y = max(X, 0)", (("shape", (1, 64, 56, 56)),), "a ResNet-50 conv2_x activation"),
+    OpInfo("add", (_SHAPE,), "C = A + B, same shapes", (("shape", (1, 256, 56, 56)),),
+           "a ResNet-50 conv2_x residual addition"),
+    OpInfo("gelu", (_SHAPE,), "Y = 0.5 X (1 + tanh(sqrt(2/pi) (X + 0.044715 X^3))), the tanh form",
+           (("shape", (128, 3072)),), "BERT-base feed-forward activation, 128 tokens"),
     OpInfo(
         "avgpool",
         _CONV_INPUT + (_p("K", "window size (K x K)"),) + _WINDOW,
         "average pooling over K x K windows; padding counts as zeros and the sum is divided by K*K",
+        (("C", 128), ("H", 56), ("K", 2), ("N", 1), ("W", 56), ("pad", 0), ("stride", 2)),
+        "DenseNet-121 transition-layer 2x2 average pooling (128 channels at 56 x 56)",
     ),
     OpInfo(
         "maxpool",
         _CONV_INPUT + (_p("K", "window size (K x K)"),) + _WINDOW,
         "max pooling over K x K windows; padding holds the dtype's lowest value",
+        (("C", 64), ("H", 112), ("K", 3), ("N", 1), ("W", 112), ("pad", 1), ("stride", 2)),
+        "ResNet-50 stem 3x3 max pooling, stride 2 (64 channels at 112 x 112)",
     ),
-    OpInfo("reduce_sum", _REDUCE, "sum over the given axes (they are dropped from the output)"),
-    OpInfo("reduce_mean", _REDUCE, "mean over the given axes (they are dropped from the output)"),
+    OpInfo("reduce_sum", _REDUCE, "sum over the given axes (they are dropped from the output)",
+           (("axes", (1,)), ("shape", (128, 768))), "BERT-base layer-norm row sums, 128 tokens"),
+    OpInfo("reduce_mean", _REDUCE, "mean over the given axes (they are dropped from the output)",
+           (("axes", (2, 3)), ("shape", (1, 2048, 7, 7))), "ResNet-50 global average pooling"),
 )
 _BY_NAME = {info.name: info for info in _INFOS}
 
@@ -107,7 +126,9 @@ def list_ops() -> tuple[OpInfo, ...]:
 def op_info_dict(info: OpInfo) -> dict:
     """JSON form of an operator for `workbench ops --json`."""
     params = [{"name": p.name, "kind": p.kind, "default": p.default, "doc": p.doc} for p in info.params]
-    return {"name": info.name, "params": params, "description": info.description}
+    example = {k: list(v) if isinstance(v, tuple) else v for k, v in info.example}
+    return {"name": info.name, "params": params, "description": info.description, "example": example,
+            "example_source": info.example_source}
 
 
 def normalize_params(op: str, params: Mapping[str, object]) -> dict[str, object]:
