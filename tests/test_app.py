@@ -154,6 +154,18 @@ def test_a_catalog_operator_starts_from_a_real_layer():
     assert at.session_state["selection"].expr().extents[-2:] == (3, 3)  # a 3x3 kernel, as in ResNet
 
 
+def test_profiling_a_device_this_machine_cannot_run_is_disabled_with_the_reason():
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a CUDA GPU: a V100 preset's kernels may run here")
+    at = goto(app(Request(SMALL, load_spec("v100"), "roller", Options(topk=3))), "Candidates")
+    assert any("cannot run v100 kernels: no cuda device" in w.value for w in at.warning)
+    assert button(at, "Profile").disabled and not errors(at)
+    at.radio[0].set_value("RPC tracker").run()  # another machine may run them
+    assert not button(at, "Profile").disabled
+
+
 def test_apply_replaces_the_selection_and_its_construction():
     at = app()
     at.radio[0].set_value("Catalog operator").run()

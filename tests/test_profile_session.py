@@ -70,13 +70,33 @@ def test_sessions_share_a_warm_pool(tmp_path):
     c = mm64()
     with WorkerPool() as pool:
         first = profile_candidates(c.expr, TINY_CPU, c.candidates[:2], runner="local", timing=FAST, pool=pool, jobs=1)
+        assert len(pool) == 2  # one build worker, one measuring worker (with its thread count)
         (builder,) = pool.workers(1)
         (runner,) = pool.workers(1, {"TVM_NUM_THREADS": str(min(TINY_CPU.compute_units, os.cpu_count() or 1))})
         pids = (builder.call(os.getpid, (), 60).value, runner.call(os.getpid, (), 60).value)
         second = profile_candidates(c.expr, TINY_CPU, c.candidates[2:], runner="local", timing=FAST, pool=pool, jobs=1)
         assert (builder.call(os.getpid, (), 60).value, runner.call(os.getpid, (), 60).value) == pids
+        assert len(pool) == 2
     for result in (first, second):
         assert [m.correct for m in result.measurements] == [True, True], [m.error for m in result.measurements]
+
+
+def test_the_local_runner_refuses_kernels_this_machine_cannot_run(tmp_path):
+    """A GPU preset on a machine without that GPU, and a CPU of another ISA: refused before
+    anything is built or stored."""
+    import tvm
+
+    gpu = construct(matmul(64, 64, 64), device("v100"), options=Options(topk=2))
+    foreign = replace(TINY_CPU, name="far-cpu", target=(("kind", "llvm"), ("mtriple", "aarch64-linux-gnu"),
+                                                        ("num-cores", 2)))
+    cpu = construct(matmul(64, 64, 64), foreign, options=Options(topk=2))
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        if not tvm.cuda(0).exist:
+            with pytest.raises(UserError, match="cannot profile v100 kernels on this machine: no cuda device"):
+                profile_candidates(gpu.expr, gpu.device, gpu.candidates, runner="local", store=store)
+        with pytest.raises(UserError, match="cannot profile far-cpu kernels on this machine: built for aarch64"):
+            profile_candidates(cpu.expr, foreign, cpu.candidates, runner="local", store=store)
+        assert store.runs() == ()  # nothing stored
 
 
 def test_a_build_past_its_timeout_is_recorded(tmp_path):

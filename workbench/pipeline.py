@@ -35,7 +35,7 @@ from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Measurement, Runner, Timing
-from workbench.profile.session import Progress, ProfileResult, profile_candidates
+from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, profile_candidates
 from workbench.profile.workers import WorkerPool
 from workbench.viz.fmt import shape_text
 from workbench.workload import Workload, suite_workload
@@ -43,7 +43,7 @@ from workbench.workload import Workload, suite_workload
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "Candidate", "Construction", "DeviceSpec", "ExportResult", "Kernel",
     "KernelRejected", "ModelConstruction", "Options", "ProfileResult", "Request", "Stepper", "Timing", "WorkerPool",
-    "bundle_name_for", "construct_model", "load_device", "report_dict", "report_text",
+    "bundle_name_for", "cannot_profile_here", "construct_model", "load_device", "report_dict", "report_text",
     "build", "candidate_rows", "check_export_path", "construct", "export", "profile", "request", "stepper",
 ]
 
@@ -132,6 +132,12 @@ def profile(
     return profile_candidates(construction.expr, construction.device, chosen, runner=runner, tracker=tracker,
                               key=key, store=store, workload_label=label, policy=construction.policy,
                               timing=timing, progress=progress, pool=pool)
+
+
+def cannot_profile_here(device: DeviceSpec) -> str:
+    """Why the local runner cannot run kernels for `device` ("" when it can): no such GPU here,
+    or a CPU whose instructions this one lacks. Takes a worker process's start (about a second)."""
+    return cannot_run_locally(device)
 
 
 def export(construction: Construction, rank: int, out, *, zip: bool = False,

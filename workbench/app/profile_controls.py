@@ -50,6 +50,13 @@ def store_path_input() -> None:
         st.error(st.session_state.pop("store_path_error"))
 
 
+@st.cache_resource(show_spinner=False, max_entries=32)
+def _cannot_profile_here(device) -> str:
+    """`pipeline.cannot_profile_here`, once per device for the server's life (it asks a worker
+    process: about a second); the machine does not change while the server runs."""
+    return pipeline.cannot_profile_here(device)
+
+
 def _fraction(event: ProgressEvent) -> float:
     share = event.done / max(1, event.total)
     return BUILD_SHARE * share if event.phase == "build" else BUILD_SHARE + (1 - BUILD_SHARE) * share
@@ -68,7 +75,11 @@ def profile_controls(sel: Request, construction: Construction) -> None:
             cols = st.columns(2)
             tracker = cols[0].text_input("Tracker HOST:PORT", value="127.0.0.1:9190")
             key = cols[1].text_input("Device key", value="")
-        if st.button("Profile", type="primary"):
+        refused = _cannot_profile_here(construction.device) if runner == "local" else ""
+        if refused:
+            st.warning(f"This machine cannot run {construction.device.name} kernels: {refused}. "
+                       "Profile them with the RPC runner on a machine that can.")
+        if st.button("Profile", type="primary", disabled=bool(refused)):
             _run(sel, construction, runner, tracker, key, repeat)
 
 

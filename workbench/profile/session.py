@@ -122,12 +122,17 @@ def profile_candidates(
     """Build, verify and time `candidates` (of the constructed, i.e. axis-fused, `expr`) and
     record the run in `store` (if given). Failures of single candidates (build error, timeout,
     crash, wrong result) are measurements with an `error`, never exceptions; bad input (unknown
-    runner, unreachable tracker, empty candidate list) raises UserError before anything runs."""
+    runner, unreachable tracker, empty candidate list, a local runner for kernels this machine
+    cannot run) raises UserError before anything runs. With a `pool`, builds and local
+    measurements run in its warm workers (TVM imported once for many sessions)."""
     start = time.perf_counter()
-    chosen = make_runner(runner, device, tracker, key)
+    chosen = make_runner(runner, device, tracker, key, pool)
     candidates = tuple(sorted(candidates, key=lambda c: c.rank))
     if not candidates:
         raise UserError("nothing to profile: the construction found no candidates")
+    if chosen.name == "local" and (reason := cannot_run_locally(device, pool)):
+        raise UserError(f"cannot profile {device.name} kernels on this machine: {reason} (use the RPC runner "
+                        f"with a machine that has one)")
     label = workload_label or _label(expr)
     run_id = None
     if store is not None:
@@ -155,6 +160,22 @@ def profile_candidates(
     )
     return ProfileResult(label, device.name, policy, chosen.name, candidates, measurements, comparison, run_id,
                          time.perf_counter() - start)
+
+
+def cannot_run_locally(device: DeviceSpec, pool: WorkerPool | None = None) -> str:
+    """Why kernels for `device` cannot run on this machine ("" when they can): a GPU that is not
+    here, or a CPU whose instructions this one lacks (`codegen.host`). Asked in a worker process,
+    as LLVM may crash on a malformed target; a worker that cannot tell answers "" (the kernels'
+    own runs in a worker then tell)."""
+    from workbench.codegen.host import cannot_run_here
+
+    worker = pool.workers(1)[0] if pool is not None else Worker()
+    try:
+        outcome = worker.call(cannot_run_here, (device.target_dict(),), BUILD_TIMEOUT_S)
+    finally:
+        if pool is None:
+            worker.close()
+    return "" if outcome.error else outcome.value
 
 
 class _Recorder:

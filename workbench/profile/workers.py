@@ -166,6 +166,10 @@ class WorkerPool:
             have.append(Worker(env))
         return have[:n]
 
+    def __len__(self) -> int:
+        """Workers in the pool, all environments."""
+        return sum(len(workers) for workers in self._workers.values())
+
     def close(self) -> None:
         for workers in self._workers.values():
             for worker in workers:
