@@ -109,12 +109,16 @@ def test_candidate_rows_show_measured_times_of_correct_kernels_only():
     result = pipeline.profile(c, FakeRunner(incorrect=frozenset({2})))
     rows = pipeline.candidate_rows(c.candidates, result.measurements)
     layers = list(c.candidates[0].program.layers)
-    assert list(rows[0]) == ["rank", "predicted us", "measured us", "error", "bottleneck", "grid", "waves", *layers]
+    assert list(rows[0]) == ["rank", "predicted us", "measured us", "median us", "spread %", "error", "bottleneck",
+                             "grid", "waves", *layers]
     by_rank = {m.rank: m for m in result.measurements}
     for cand, row in zip(c.candidates, rows):
         assert row["rank"] == cand.rank and row["predicted us"] == pytest.approx(cand.predicted_seconds * 1e6)
         m = by_rank[cand.rank]
         assert row["measured us"] == (pytest.approx(m.best_seconds * 1e6) if m.ok else None)
+        assert row["median us"] == (pytest.approx(m.median_seconds * 1e6) if m.ok else None)
+        if m.ok:  # 5 repeats: the interval is [min, max], as a share of the median
+            assert row["spread %"] == pytest.approx((max(m.seconds) - min(m.seconds)) / m.median_seconds * 100)
         assert row["error"] == m.error
     assert rows[1]["measured us"] is None and "wrong result" in rows[1]["error"]
 
@@ -196,3 +200,16 @@ def test_faces_call_the_front_door(face):
     assert "workbench.pipeline" in core
     assert not [m for m in core if m.startswith(STAGES)], core
     assert len(core) <= limit, core
+
+
+def test_noise_that_hides_the_order_of_the_fastest_is_said():
+    c = pipeline.construct(_request())
+    loud = pipeline.profile(c, FakeRunner(spread=0.0, noise=0.5, seed=1))  # repeats vary far more than candidates
+    tied = loud.indistinguishable
+    assert tied and f"cannot be told apart from {', '.join(f'#{r}' for r in tied)}" in loud.noise_note()
+    assert loud.to_dict()["indistinguishable_from_best"] == list(tied)
+    quiet = pipeline.profile(c, FakeRunner(spread=0.3, noise=0.0))  # identical repeats: every median exact
+    medians = {m.rank: m.median_seconds for m in quiet.measurements}
+    fastest = min(medians, key=lambda r: (medians[r], r))
+    assert quiet.indistinguishable == tuple(r for r in sorted(medians) if r != fastest and medians[r] == medians[fastest])
+    assert (quiet.noise_note() == "") == (quiet.indistinguishable == ())

@@ -181,9 +181,10 @@ def check_export_path(out, zip: bool = False) -> Path:
 def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measurement] | None = None,
                    measured: Mapping[int, float] | None = None) -> list[dict]:
     """The candidate table every face shows, one row per candidate: rank, predicted time, the
-    measured time (from `measurements`, a profile's, or `measured`, rank -> seconds) and its
-    error, bottleneck, grid, waves, the tile per memory layer and the virtual threads. Times in
-    microseconds; columns with nothing in any row are left out."""
+    measured time (the best repeat, from `measurements`, a profile's, or `measured`, rank ->
+    seconds), with `measurements` also the median and the spread of the median's interval
+    (`profile.noise`, as a share of the median) and the error, then bottleneck, grid, waves, the
+    tile per memory layer and the virtual threads. Times in microseconds."""
     by_rank = {m.rank: m for m in measurements or ()}
     times = dict(measured or {}) | {m.rank: m.best_seconds for m in by_rank.values() if m.ok}
     shown = measurements is not None or measured is not None
@@ -192,6 +193,11 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
         row = {"rank": c.rank, "predicted us": c.predicted_seconds * 1e6}
         if shown:
             row["measured us"] = times[c.rank] * 1e6 if c.rank in times else None
+        if by_rank:
+            m = by_rank.get(c.rank)
+            interval = m.interval if m is not None and m.ok else None
+            row["median us"] = m.median_seconds * 1e6 if interval is not None else None
+            row["spread %"] = (interval.high - interval.low) / m.median_seconds * 100 if interval is not None else None
         if by_rank:
             row["error"] = by_rank[c.rank].error if c.rank in by_rank else ""
         row |= {"bottleneck": c.estimate.bottleneck, "grid": c.program.grid, "waves": c.estimate.waves}

@@ -66,6 +66,8 @@ def _comparison(result) -> None:
     best = f"measured best at predicted rank {c.best_predicted_rank}" if c.best_predicted_rank else "no correct kernel"
     st.caption(f"run {result.run_id} ({result.runner} runner, {result.seconds:.1f} s): {best}; "
                f"measured / predicted geomean {c.error_ratio:.3g}")
+    if result.noise_note():
+        st.warning(result.noise_note())
 
 
 def _picker(cands) -> None:

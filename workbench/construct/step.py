@@ -71,7 +71,10 @@ class Candidate:
         }
         if measurement is not None:
             m = measurement
+            interval = m.interval
             data |= {"measured_seconds": m.best_seconds, "median_seconds": m.median_seconds, "seconds": list(m.seconds),
+                     "median_interval": None if interval is None else
+                     {"low": interval.low, "high": interval.high, "level": interval.level},
                      "correct": m.correct, "error": m.error, "build_seconds": m.build_seconds}
         return data
 

@@ -17,6 +17,7 @@ from typing import Callable, Protocol, Sequence
 from workbench.codegen import targets
 from workbench.codegen.build import ENTRY, KernelArg
 from workbench.errors import UserError
+from workbench.profile.noise import MedianInterval, median_interval
 
 Report = Callable[["Measurement"], None]
 
@@ -95,6 +96,11 @@ class Measurement:
     @property
     def median_seconds(self) -> float | None:
         return statistics.median(self.seconds) if self.seconds else None
+
+    @property
+    def interval(self) -> MedianInterval | None:
+        """Where the true median lies (`profile.noise`); None without repeats."""
+        return median_interval(self.seconds)
 
     def to_dict(self) -> dict:
         return {

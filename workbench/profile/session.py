@@ -18,6 +18,7 @@ from workbench.construct.step import Candidate
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
+from workbench.profile.noise import indistinguishable
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
 from workbench.profile.workers import Worker, WorkerPool, fan_out
@@ -62,6 +63,24 @@ class ProfileResult:
     def best(self) -> Measurement | None:
         return best_measured(self.measurements)
 
+    @property
+    def indistinguishable(self) -> tuple[int, ...]:
+        """Ranks of correct kernels the repeats cannot tell apart from the fastest by median
+        (`profile.noise`): their order is noise, not measurement."""
+        return indistinguishable({m.rank: m.seconds for m in self.measurements if m.ok})
+
+    def noise_note(self) -> str:
+        """A sentence when noise hides the order of the fastest kernels ("" when it does not)."""
+        tied = self.indistinguishable
+        if not tied:
+            return ""
+        fastest = min((m for m in self.measurements if m.ok), key=lambda m: (m.median_seconds, m.rank))
+        level = min(m.interval.level for m in self.measurements if m.ok and m.rank in tied + (fastest.rank,))
+        others = ", ".join(f"#{r}" for r in tied)
+        return (f"noise: the fastest by median, #{fastest.rank}, cannot be told apart from {others} (their "
+                f"{level:.0%} intervals for the median overlap); take more repeats or a quieter machine "
+                f"before trusting their order")
+
     def to_dict(self) -> dict:
         """The JSON document of `workbench profile --json`."""
         best = self.best
@@ -74,6 +93,7 @@ class ProfileResult:
             "profile_seconds": self.seconds,
             "candidates": [c.to_dict(m) for c, m in zip(self.candidates, self.measurements)],
             "best_seconds": best.best_seconds if best else None,
+            "indistinguishable_from_best": list(self.indistinguishable),
             **self.comparison.to_dict(),
         }
 

@@ -153,5 +153,7 @@ class PredictedVsMeasured(widgets.VBox):
         ratio = "" if math.isnan(cmp.error_ratio) else f"; measured / predicted geomean {cmp.error_ratio:.3g}"
         lines = [message(f"{len(points)} candidates, {cmp.n} correct and timed in {result.seconds:.1f} s "
                          f"({result.runner} runner): {best}{ratio}", "ok" if cmp.n else "error")]
+        if result.noise_note():
+            lines.append(message(result.noise_note(), "error"))
         failed = [{"rank": m.rank, "error": m.error} for m in result.measurements if not m.ok]
         self.status.value = "".join(lines) + (html_table(failed) if failed else "")
