@@ -177,6 +177,57 @@ def test_apply_replaces_the_selection_and_its_construction():
     assert at.session_state["stepper"].space.expr.extents == (32, 48, 16)
 
 
+def url_app(**query) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def test_the_url_carries_the_selection_and_restores_it():
+    at = url_app(workload="cpu-core:gemv-4096", device="v100", policy="markov", topk="4", seed="3")
+    sel = at.session_state["selection"]
+    assert sel.workload.label == "cpu-core:gemv-4096" and sel.device == load_spec("v100")
+    assert (sel.policy, sel.options.topk, sel.options.seed) == ("markov", 4, 3) and not errors(at)
+    at.radio[0].set_value("Catalog operator").run()
+    next(s for s in at.selectbox if s.label == "Operator").set_value("relu").run()
+    button(at, "Apply").click().run()
+    shared = {k: at.query_params[k] for k in at.query_params}  # what a reload or a shared link sends
+    assert shared["op"] == "relu" and shared["shape"] == "shape=1x64x56x56" and shared["device"] == "v100"
+    again = url_app(**shared)
+    assert again.session_state["selection"] == at.session_state["selection"] and not errors(again)
+
+
+@pytest.mark.parametrize("query, message", [
+    ({"device": "/etc/passwd", "workload": "cpu-core:mm-512"}, "unknown device '/etc/passwd'"),
+    ({"workload": "cpu-core:mm-512", "max_steps": "100000000"}, "max_steps must be within 10..100000"),
+    ({"workload": "cpu-core:nope"}, "no workload 'nope'"),
+    ({"workload": "cpu-core:mm-512", "colour": "red"}, "unknown parameter 'colour'"),
+])
+def test_a_bad_link_says_why_and_opens_the_sample(query, message):
+    at = url_app(**query)
+    assert any(message in e for e in errors(at)), errors(at)
+    assert at.session_state["selection"].workload.label == "cpu-core:mm-512" and not at.exception
+
+
+def test_apply_asks_before_replacing_a_profiled_selection():
+    at = app(small())
+    construction = pipeline.construct(small())
+    from workbench.profile.fake import FakeRunner
+
+    at.session_state["profile"] = pipeline.profile(construction, FakeRunner())
+    at.run()
+    at.radio[0].set_value("Suite entry").run()
+    button(at, "Apply").click().run()
+    assert at.session_state["selection"] == small()  # not replaced yet
+    assert any("its profile results" in w.value for w in at.warning)
+    button(at, "Keep the current selection").click().run()
+    assert at.session_state["selection"] == small() and at.session_state["profile"] is not None
+    button(at, "Apply").click().run()
+    button(at, "Replace it").click().run()
+    assert at.session_state["selection"].workload.label == "cpu-core:mm-512" and "profile" not in at.session_state
+
+
 def test_profile_fills_the_scatter_and_the_runs_history():
     at = goto(app(small()), "Candidates")
     number(at, "repeats per candidate").set_value(1)

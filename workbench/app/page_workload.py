@@ -7,7 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.app.device_controls import device_controls
-from workbench.app.state import built, construction, constructed, keep, selection
+from workbench.app.state import OPTION_BOUNDS, built, construction, constructed, keep, selection
 from workbench.errors import UserError
 from workbench.ops.catalog import list_ops
 from workbench.ops.shapes import DTYPES, parse_kv
@@ -92,10 +92,13 @@ def _policy_controls(current: Request) -> tuple[str, Options]:
     policy = st.selectbox("Policy", names, index=names.index(current.policy) if current.policy in names else 0)
     o = current.options
     cols = st.columns(4)
-    topk = int(cols[0].number_input("top-K", min_value=1, max_value=100, value=o.topk))
-    eps = float(cols[1].number_input("eps (tensor-shape waste)", min_value=0.0, max_value=1.0, value=o.eps, step=0.05))
-    seed = int(cols[2].number_input("seed", min_value=0, value=o.seed, step=1))
-    steps = int(cols[3].number_input("max steps", min_value=10, max_value=100_000, value=o.max_steps, step=500))
+    b = OPTION_BOUNDS
+    topk = int(cols[0].number_input("top-K", min_value=b["topk"][0], max_value=b["topk"][1], value=o.topk))
+    eps = float(cols[1].number_input("eps (tensor-shape waste)", min_value=b["eps"][0], max_value=b["eps"][1],
+                                     value=o.eps, step=0.05))
+    seed = int(cols[2].number_input("seed", min_value=b["seed"][0], max_value=b["seed"][1], value=o.seed, step=1))
+    steps = int(cols[3].number_input("max steps", min_value=b["max_steps"][0], max_value=b["max_steps"][1],
+                                     value=o.max_steps, step=500))
     return policy, Options(topk=topk, eps=eps, max_steps=steps, seed=seed)
 
 
@@ -109,6 +112,32 @@ def _apply(new: Request) -> None:
         return
     keep(new, s, c)
     st.success(f"Selected {new.describe()}: {len(c.candidates)} candidates in {c.steps} steps.")
+
+
+def _at_stake(sel: Request) -> str:
+    """What replacing `sel` would lose that Apply cannot bring back: a profile of it, or a model's
+    operator (the form cannot select one); "" when nothing."""
+    lost = []
+    if isinstance(sel.workload, Workload) and sel.workload.model is not None:
+        lost.append("a model's operator opened from the Models page")
+    if st.session_state.get("profile") is not None:
+        lost.append("its profile results on this page (the runs store keeps them)")
+    return " and ".join(lost)
+
+
+def _confirm(sel: Request) -> None:
+    """Ask before a pending Apply replaces a selection with something at stake."""
+    pending = st.session_state.get("pending")
+    if pending is None:
+        return
+    st.warning(f"Apply replaces {sel.describe()}: {_at_stake(sel)}. Replace it with {pending.describe()}?")
+    yes, no = st.columns(2)
+    if yes.button("Replace it"):
+        st.session_state.pop("pending")
+        _apply(pending)
+    elif no.button("Keep the current selection"):
+        st.session_state.pop("pending")
+        st.info("The current selection stays.")
 
 
 def page() -> None:
@@ -128,8 +157,11 @@ def page() -> None:
         new = Request(workload, device, policy, options)
         if new == sel:
             st.info("Nothing changed: the current construction stays.")
+        elif _at_stake(sel):
+            st.session_state.pending = new  # asked below: replacing it loses something
         else:
             _apply(new)
+    _confirm(sel)
     # Constructing here means the dashboard opens on a finished construction (`make app`).
     c = construction()
     done = f": {len(c.candidates)} candidates in {c.steps} steps" if c is not None else ""

@@ -19,7 +19,7 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.errors import UserError
-from workbench.hardware.loader import load_spec
+from workbench.hardware.loader import list_presets, load_spec
 from workbench.pipeline import Construction, Request, Stepper
 from workbench.profile.store import default_path
 from workbench.workload import Workload
@@ -76,16 +76,100 @@ def preset(name: str) -> DeviceSpec:
 
 
 def selection() -> Request:
+    """The session's selection: on a new session the one the URL names (a shared link, a
+    reload), else the sample workload on this machine; a URL that names nothing valid shows
+    why and opens the sample."""
     if "selection" not in st.session_state:
-        st.session_state.selection = pipeline.request(DEFAULT_WORKLOAD, preset(DEFAULT_DEVICE))
+        sel = pipeline.request(DEFAULT_WORKLOAD, preset(DEFAULT_DEVICE))
+        if st.query_params:
+            try:
+                sel = request_from_query(st.query_params.to_dict())
+            except UserError as err:
+                st.error(f"the link's selection: {err}")
+        st.session_state.selection = sel
+        _to_url(sel)
     return st.session_state.selection
 
 
 def set_selection(new: Request) -> None:
     """Replace the selection; the stepper, construction, profile and picks of the old one go with it."""
     st.session_state.selection = new
-    for key in ("stepper", "construction", "stepper_for", "profile", "picked", "bundle"):
+    _to_url(new)
+    for key in ("stepper", "construction", "stepper_for", "profile", "picked", "bundle", "pending"):
         st.session_state.pop(key, None)
+
+
+# Options written to the URL only where they differ from these (short links for the usual case).
+_DEFAULT_OPTIONS = pipeline.Options()
+# What the Workload page's inputs allow, and so what a URL may ask for (a link must not start a
+# construction of a million steps on the server).
+OPTION_BOUNDS = {"topk": (1, 100), "eps": (0.0, 1.0), "seed": (0, 2**31 - 1), "max_steps": (10, 100_000)}
+_OPTION_KEYS = tuple(OPTION_BOUNDS)
+
+
+def request_query(req: Request) -> dict[str, str]:
+    """The selection as URL query parameters, in the CLI's words (`workload` or `op`/`expr` with
+    `shape`, `dtype`, `device`, `policy`, options). A model's operator and an uploaded or
+    calibrated device spec have no name a URL could carry: they are left out (the link then
+    opens the sample workload, or the workload on this machine)."""
+    w = req.workload
+    if not isinstance(w, Workload) or w.model is not None:
+        return {}
+    if w.label:
+        query = {"workload": w.label}
+    else:
+        shape = ",".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in w.params)
+        query = {"expr": w.expr} if w.expr is not None else {"op": w.op}
+        query["shape"] = shape
+    if w.dtype != "float32":
+        query["dtype"] = w.dtype
+    if req.device == _named_device(req.device.name):
+        query["device"] = req.device.name
+    query["policy"] = req.policy
+    for key in _OPTION_KEYS:
+        if getattr(req.options, key) != getattr(_DEFAULT_OPTIONS, key):
+            query[key] = str(getattr(req.options, key))
+    return query
+
+
+def request_from_query(query: dict[str, str]) -> Request:
+    """The selection a URL's query parameters name (`request_query`); UserError naming what is wrong."""
+    from workbench.workload import workload_from_args
+
+    unknown = sorted(set(query) - {"workload", "op", "expr", "shape", "dtype", "device", "policy", *_OPTION_KEYS})
+    if unknown:
+        raise UserError(f"unknown parameter {unknown[0]!r}")
+    workload = workload_from_args(query.get("op"), query.get("shape"), query.get("expr"), query.get("workload"),
+                                  query.get("dtype", "float32"))
+    options = {}
+    for key in _OPTION_KEYS:
+        if key in query:
+            kind = float if key == "eps" else int
+            low, high = OPTION_BOUNDS[key]
+            try:
+                options[key] = kind(query[key])
+            except ValueError:
+                raise UserError(f"{key} must be a number, got {query[key]!r:.40}") from None
+            if not low <= options[key] <= high:
+                raise UserError(f"{key} must be within {low}..{high}, got {query[key]!r:.40}")
+    name = query.get("device", DEFAULT_DEVICE)
+    if name not in _device_names():  # a URL names presets only: never a file on the server
+        raise UserError(f"unknown device {name!r:.40} (known: {', '.join(_device_names())})")
+    return pipeline.request(workload, preset(name), query.get("policy", "roller"), pipeline.Options(**options))
+
+
+def _device_names() -> tuple[str, ...]:
+    return list_presets() + (DEFAULT_DEVICE,)
+
+
+def _named_device(name: str):
+    return preset(name) if name in _device_names() else None
+
+
+def _to_url(req: Request) -> None:
+    query = request_query(req)
+    if dict(st.query_params) != query:
+        st.query_params.from_dict(query)
 
 
 def constructed(req: Request) -> tuple[Stepper, Construction]:
