@@ -326,9 +326,11 @@ def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int)
     """The index map (a function of the tensor's indices) of `tensor`'s panel, or None when the
     plain layout is one already (no dimension split by a register tile).
 
-    Dimensions whose axis has a register tile r > 1 split into (x // r, x % r); the outer parts
-    keep the loop order of the tiles (spatial axes, then reductions, the vector axis last) and
-    the inner parts go innermost in the micro-kernel's order (reductions, rows, vector axis).
+    Dimensions whose axis has a register tile r > 1 split into (x // r, x % r). The outer parts
+    go first, spatial axes (the vector axis after the others) before reductions, so one
+    register tile's strip holds its whole K-run; the inner parts go innermost in the
+    micro-kernel's order (reductions, rows, the vector axis last). Matmul's B[k, j] becomes
+    [j // 16, k, j % 16] and A[i, k] becomes [i // 6, k, i % 6].
     """
     axes = [next(a for a, c in enumerate(coeffs) if c) for coeffs, _ in tensor.index]
     regs = [int(program.register_tile[a]) for a in axes]
