@@ -237,6 +237,10 @@ def test_profile_fills_the_scatter_and_the_runs_history():
     scatter = charts(at)[1]
     assert len(values(scatter["data"][0]["x"])) == at.session_state["profile"].comparison.n
     assert any(t["name"] == "y = x" for t in scatter["data"])
+    result = at.session_state["profile"]
+    diagnosis = at.dataframe[-1].value  # one row per correct kernel: what it achieved, what binds, why
+    assert list(diagnosis["rank"]) == sorted(m.rank for m in result.measurements if m.ok)
+    assert all(" of peak compute" in why for why in diagnosis["why"])
     at.multiselect[0].set_value([2, 3]).run()
     assert at.session_state["picked"] == (2, 3)
     goto(at, "Runs")

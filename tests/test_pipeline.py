@@ -213,3 +213,17 @@ def test_noise_that_hides_the_order_of_the_fastest_is_said():
     fastest = min(medians, key=lambda r: (medians[r], r))
     assert quiet.indistinguishable == tuple(r for r in sorted(medians) if r != fastest and medians[r] == medians[fastest])
     assert (quiet.noise_note() == "") == (quiet.indistinguishable == ())
+
+
+def test_diagnosis_rows_explain_each_correct_kernel():
+    c = pipeline.construct(_request())
+    result = pipeline.profile(c, FakeRunner(incorrect=frozenset({2})))
+    rows = pipeline.diagnosis_rows(result)
+    assert [r["rank"] for r in rows] == [m.rank for m in result.measurements if m.ok]
+    for row in rows:
+        cand, m = c.candidate(row["rank"]), next(m for m in result.measurements if m.rank == row["rank"])
+        assert row["achieved GFLOP/s"] == pytest.approx(cand.estimate.flops / m.best_seconds / 1e9)
+        assert row["% of peak"] == pytest.approx(row["achieved GFLOP/s"] / c.peak_gflops * 100)
+        assert row["why"] == result.diagnoses[row["rank"]].sentence
+    doc = result.to_dict()["candidates"]
+    assert doc[1]["diagnosis"] is None and doc[0]["diagnosis"]["binding"] == rows[0]["binds"]

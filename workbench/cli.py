@@ -303,6 +303,8 @@ def cmd_profile(args) -> int:
     lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, measured best at predicted rank {doc['best_predicted_rank']}")
     if result.noise_note():
         lines.append(result.noise_note())
+    if result.best is not None:
+        lines.append(f"#{result.best.rank}: {result.diagnoses[result.best.rank].sentence}")
     return _emit(args, doc, "\n".join(lines))
 
 

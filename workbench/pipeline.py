@@ -41,10 +41,11 @@ from workbench.viz.fmt import shape_text
 from workbench.workload import Workload, suite_workload
 
 __all__ = [
-    "MAX_MODEL_BYTES", "POLICIES", "Candidate", "Construction", "DeviceSpec", "ExportResult", "Kernel",
-    "KernelRejected", "ModelConstruction", "Options", "ProfileResult", "Request", "Stepper", "Timing", "WorkerPool",
-    "bundle_name_for", "cannot_profile_here", "construct_model", "load_device", "report_dict", "report_text",
-    "build", "candidate_rows", "check_export_path", "construct", "export", "profile", "request", "stepper",
+    "MAX_MODEL_BYTES", "POLICIES", "build", "bundle_name_for", "Candidate", "candidate_rows",
+    "cannot_profile_here", "check_export_path", "construct", "construct_model", "Construction", "DeviceSpec",
+    "diagnosis_rows", "export", "ExportResult", "Kernel", "KernelRejected", "load_device",
+    "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
+    "request", "stepper", "Stepper", "Timing", "WorkerPool",
 ]
 
 
@@ -176,6 +177,13 @@ def check_export_path(out, zip: bool = False) -> Path:
     """The bundle path `out` checked as `export` checks it (`codegen.export.check_out`), for a
     face that must refuse a bad path before it constructs anything."""
     return check_out(out, zip)
+
+
+def diagnosis_rows(result: ProfileResult) -> list[dict]:
+    """One row per correct, timed kernel of a profile: achieved GFLOP/s, the share of the
+    compute roof, the limit that binds (`profile.diagnose`) and the sentence saying why."""
+    return [{"rank": rank, "achieved GFLOP/s": d.gflops, "% of peak": dict(d.shares)["compute"] * 100,
+             "binds": d.binding, "why": d.sentence} for rank, d in sorted(result.diagnoses.items())]
 
 
 def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measurement] | None = None,

@@ -70,6 +70,19 @@ def _comparison(result) -> None:
         st.warning(result.noise_note())
 
 
+def _diagnosis(result) -> None:
+    """Each correct kernel against the roofs: what it achieved, what binds, why (profile.diagnose)."""
+    rows = pipeline.diagnosis_rows(result)
+    if not rows:
+        return
+    st.subheader("Diagnosis")
+    st.caption("achieved rates of the best repeat against the device's roofs; a roof binds from "
+               "60% of it on, below that the time goes to latency and overhead")
+    st.dataframe(rows, hide_index=True, width="stretch",
+                 column_config={"achieved GFLOP/s": st.column_config.NumberColumn(format="%.1f"),
+                                "% of peak": st.column_config.NumberColumn(format="%.1f")})
+
+
 def _picker(cands) -> None:
     ranks = [c.rank for c in cands]
     st.session_state.picked_ranks = [r for r in picked() if r in ranks] or ranks[:1]
@@ -93,6 +106,8 @@ def page() -> None:
             _comparison(result)
         else:
             st.info("Profile the candidates to compare predicted with measured times.")
+    if result is not None:
+        _diagnosis(result)
 
 
 page()

@@ -18,6 +18,7 @@ from workbench.construct.step import Candidate
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
+from workbench.profile.diagnose import Diagnosis, diagnose
 from workbench.profile.noise import indistinguishable
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
@@ -64,6 +65,14 @@ class ProfileResult:
         return best_measured(self.measurements)
 
     @property
+    def diagnoses(self) -> dict[int, Diagnosis]:
+        """rank -> the diagnosis of each correct, timed kernel (its best repeat against the roofs)."""
+        from workbench.rtile.model import peak_gflops
+
+        return {c.rank: diagnose(c.estimate, c.device, peak_gflops(c.expr, c.device), m.best_seconds)
+                for c, m in zip(self.candidates, self.measurements) if m.ok}
+
+    @property
     def indistinguishable(self) -> tuple[int, ...]:
         """Ranks of correct kernels the repeats cannot tell apart from the fastest by median
         (`profile.noise`): their order is noise, not measurement."""
@@ -83,7 +92,7 @@ class ProfileResult:
 
     def to_dict(self) -> dict:
         """The JSON document of `workbench profile --json`."""
-        best = self.best
+        best, diagnoses = self.best, self.diagnoses
         return {
             "workload": self.workload,
             "device": self.device,
@@ -91,7 +100,8 @@ class ProfileResult:
             "runner": self.runner,
             "run_id": self.run_id,
             "profile_seconds": self.seconds,
-            "candidates": [c.to_dict(m) for c, m in zip(self.candidates, self.measurements)],
+            "candidates": [c.to_dict(m) | {"diagnosis": d.to_dict() if (d := diagnoses.get(c.rank)) else None}
+                           for c, m in zip(self.candidates, self.measurements)],
             "best_seconds": best.best_seconds if best else None,
             "indistinguishable_from_best": list(self.indistinguishable),
             **self.comparison.to_dict(),

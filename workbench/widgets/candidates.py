@@ -156,4 +156,6 @@ class PredictedVsMeasured(widgets.VBox):
         if result.noise_note():
             lines.append(message(result.noise_note(), "error"))
         failed = [{"rank": m.rank, "error": m.error} for m in result.measurements if not m.ok]
-        self.status.value = "".join(lines) + (html_table(failed) if failed else "")
+        diagnoses = pipeline.diagnosis_rows(result)
+        self.status.value = ("".join(lines) + (html_table(diagnoses) if diagnoses else "")
+                             + (html_table(failed) if failed else ""))

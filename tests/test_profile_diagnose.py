@@ -1,0 +1,43 @@
+"""The diagnosis against the roofs, on a hand-made estimate and a fixed CPU: which roof binds at
+which measured time, and what the sentence says."""
+
+import pytest
+from helpers import TINY_CPU
+
+from workbench.profile.diagnose import LATENCY, diagnose
+from workbench.rtile.model import Estimate
+
+PEAK = 200.0  # GFLOP/s: TINY_CPU's float32 peak
+DRAM = TINY_CPU.layer("DRAM").bandwidth_gbps  # 20 GB/s
+
+
+def estimate(flops=2 * 10**9, dram_bytes=10**9, bottleneck="DRAM") -> Estimate:
+    compute, load = flops / (PEAK * 1e9), dram_bytes / (DRAM * 1e9)
+    return Estimate(flops=flops, padded_flops=flops, bytes_per_layer=(("DRAM", dram_bytes),),
+                    load_seconds=(("DRAM", load),), compute_seconds=compute, threads=1, blocks_per_unit=1, waves=1,
+                    occupancy=1.0, bottleneck=bottleneck, predicted_seconds=max(compute, load), footprints=(0, 0, 0))
+
+
+def test_rates_and_shares_are_work_over_time_over_the_roof():
+    d = diagnose(estimate(), TINY_CPU, PEAK, seconds=0.1)
+    assert d.gflops == pytest.approx(20.0)  # 2 GFLOP in 0.1 s
+    assert dict(d.shares) == {"compute": pytest.approx(0.1), "DRAM": pytest.approx(0.5)}  # 10 GB/s of 20
+    assert d.ratio == pytest.approx(0.1 / 0.05) and d.binding == LATENCY  # no share reaches 60 %
+    assert dict(d.stages) == {"compute": pytest.approx(0.01), "DRAM": pytest.approx(0.05)}
+
+
+def test_the_roof_pressed_against_binds():
+    memory = diagnose(estimate(), TINY_CPU, PEAK, seconds=0.06)  # 1 GB in 0.06 s: 83 % of DRAM
+    assert memory.binding == "DRAM" and "DRAM bandwidth binds, as the model predicted" in memory.sentence
+    assert memory.sentence.startswith("as predicted")  # 0.06 against 0.05 predicted
+    compute = diagnose(estimate(flops=2 * 10**10, bottleneck="DRAM"), TINY_CPU, PEAK, seconds=0.125)
+    assert dict(compute.shares)["compute"] == pytest.approx(0.8)
+    assert compute.binding == "compute" and "compute binds where the model predicted DRAM bandwidth" in compute.sentence
+
+
+def test_a_slow_kernel_is_blamed_on_latency_and_overhead():
+    d = diagnose(estimate(), TINY_CPU, PEAK, seconds=1.0)  # 20x the prediction, 5 % of DRAM
+    assert d.sentence.startswith("20x slower than predicted") and "no roof binds" in d.sentence
+    assert d.to_dict()["binding"] == LATENCY and d.to_dict()["sentence"] == d.sentence
+    with pytest.raises(ValueError, match="positive"):
+        diagnose(estimate(), TINY_CPU, PEAK, seconds=0.0)

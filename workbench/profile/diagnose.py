@@ -1,0 +1,84 @@
+"""Why a kernel took the time it did: its measured rates against the device's roofs, stage by
+stage, as Nsight Compute's speed-of-light section reports them.
+
+For a measured time t the kernel achieved `flops / t` (the operator's useful FLOPs) and moved
+`bytes_per_layer[l] / t` from each layer the model says it reads. Each is a share of that roof
+(the peak for the expression, the layer's bandwidth). The highest share is the limit that binds
+(if any is near its roof); when every share is low, no roof binds and time goes to latency and
+overhead: loop control, unvectorised or spilled code, too few independent accumulators, launch
+and synchronisation. The model's own stages (compute, loads per layer, from the `Estimate`) are
+put beside the measurement, so a face can say which stage the model got wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.rtile.model import Estimate
+
+GB = 1e9
+# A roof counts as binding from this share of it on: measured streaming reads and FMA loops reach
+# 70-90 % of the spec's peaks (docs/benchmarks.md, calibration), so 60 % is within reach of one.
+BINDING_SHARE = 0.6
+# Measured within this factor of the prediction counts as "as predicted" (timing noise on a
+# shared machine alone spreads repeats by 10-50 %, profile/noise.py).
+AS_PREDICTED = 1.5
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One measured candidate against the roofs: `shares[name]` is the achieved fraction of
+    that roof ("compute" and each layer read), `binding` the roof it presses against (or
+    "latency/overhead"), `ratio` measured / predicted, `stages` the model's seconds per stage."""
+
+    gflops: float
+    shares: tuple[tuple[str, float], ...]
+    binding: str
+    ratio: float
+    predicted_bottleneck: str
+    stages: tuple[tuple[str, float], ...]
+
+    @property
+    def sentence(self) -> str:
+        shares = dict(self.shares)
+        parts = ", ".join(f"{share:.0%} of {'peak compute' if name == 'compute' else name + ' bandwidth'}"
+                          for name, share in sorted(shares.items(), key=lambda kv: -kv[1]))
+        speed = ("as predicted" if 1 / AS_PREDICTED <= self.ratio <= AS_PREDICTED
+                 else f"{self.ratio:.3g}x {'slower' if self.ratio > 1 else 'faster'} than predicted")
+        if self.binding == LATENCY:
+            why = ("no roof binds: the time goes to latency and overhead (loop control, unvectorised or spilled "
+                   "code, too few independent accumulators, launches), which the model does not price")
+        elif self.binding == self.predicted_bottleneck:
+            why = f"{_roof(self.binding)} binds, as the model predicted"
+        else:
+            why = f"{_roof(self.binding)} binds where the model predicted {_roof(self.predicted_bottleneck)}"
+        return f"{speed}; it reaches {parts}: {why}"
+
+    def to_dict(self) -> dict:
+        return {"achieved_gflops": self.gflops, "roof_shares": dict(self.shares), "binding": self.binding,
+                "measured_over_predicted": self.ratio, "predicted_bottleneck": self.predicted_bottleneck,
+                "predicted_stages_seconds": dict(self.stages), "sentence": self.sentence}
+
+
+LATENCY = "latency/overhead"
+
+
+def _roof(name: str) -> str:
+    return "compute" if name == "compute" else f"{name} bandwidth"
+
+
+def diagnose(estimate: Estimate, device: DeviceSpec, peak_gflops: float, seconds: float) -> Diagnosis:
+    """The diagnosis of a kernel predicted by `estimate` and measured at `seconds` on `device`,
+    whose compute roof for the expression is `peak_gflops`."""
+    if seconds <= 0:
+        raise ValueError(f"a measured time must be positive, got {seconds}")
+    gflops = estimate.flops / seconds / GB
+    shares = {"compute": gflops / peak_gflops}
+    for name, moved in estimate.bytes_per_layer:
+        shares[name] = moved / seconds / GB / device.layer(name).bandwidth_gbps
+    top = max(shares, key=shares.get)
+    binding = top if shares[top] >= BINDING_SHARE else LATENCY
+    stages = (("compute", estimate.compute_seconds),) + tuple(estimate.load_seconds)
+    return Diagnosis(gflops, tuple(shares.items()), binding, seconds / estimate.predicted_seconds,
+                     estimate.bottleneck, stages)
