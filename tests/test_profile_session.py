@@ -99,6 +99,23 @@ def test_the_local_runner_refuses_kernels_this_machine_cannot_run(tmp_path):
         assert store.runs() == ()  # nothing stored
 
 
+def test_an_interrupted_session_closes_its_run_as_cancelled(tmp_path):
+    """Ctrl-C (or a dashboard rerun) part-way: the measurements so far stay, the run says cancelled."""
+
+    class Interrupted(FakeRunner):
+        def measure(self, expr, built, timing, report):
+            report(self.measurement(built[0], timing))
+            raise KeyboardInterrupt
+
+    c = mm64()
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        with pytest.raises(KeyboardInterrupt):
+            profile_candidates(c.expr, TINY_CPU, c.candidates, runner=Interrupted(), store=store)
+        (run,) = store.runs()
+        assert run.cancelled and run.finished_at is not None and run.status == "cancelled"
+        assert [m.rank for m in store.measurements_of(run.id)] == [1]
+
+
 def test_a_build_past_its_timeout_is_recorded(tmp_path):
     c = mm64()
     result = profile_candidates(c.expr, TINY_CPU, c.candidates[:1], runner="local", build_timeout_s=1e-4, jobs=1)

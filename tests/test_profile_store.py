@@ -84,8 +84,30 @@ def test_a_killed_run_leaves_a_consistent_store(tmp_path):
     del store  # no finish_run, no close: as if the process was killed
     with RunStore(path) as again:
         (run,) = again.runs()
-        assert run.finished_at is None
+        assert run.finished_at is None and not run.cancelled and run.status.startswith("unfinished")
         assert [m.rank for m in again.measurements_of(run_id)] == [1]
+
+
+def test_a_store_of_the_first_schema_is_migrated_in_place(tmp_path):
+    """Runs written before runs could be cancelled read as not cancelled, and new ones can be."""
+    from workbench.profile.store import MIGRATIONS
+
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO devices VALUES (1, 'v100', 'gpu', '{}')")
+    conn.execute("INSERT INTO workloads VALUES (1, 'old:mm', 'matmul', '{}', 'float32')")
+    conn.execute("INSERT INTO runs VALUES (1, 1.0, 2.0, 1, 1, 'roller', 3, 'local', '{}')")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with RunStore(path) as store:
+        stopped = start(store)
+        store.finish_run(stopped, cancelled=True)
+        assert [(r.id, r.status) for r in store.runs()] == [(1, "finished"), (stopped, "cancelled")]
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
 def test_new_files_carry_our_identity_and_schema(tmp_path):

@@ -39,7 +39,7 @@ def _table(runs, measured: dict) -> None:
     rows = [
         {"run": r.id, "started": datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M:%S"),
          "workload": r.workload, "device": r.device, "policy": r.policy, "runner": r.runner, "top-K": r.topk,
-         "finished": r.finished_at is not None,
+         "status": r.status,
          "best us": _best_us(measured[r.id])}
         for r in reversed(runs)
     ]

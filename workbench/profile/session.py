@@ -7,6 +7,7 @@ report through a `progress` callback, always called in the caller's thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -169,6 +170,26 @@ def profile_candidates(
         run_id = store.start_run(workload={"label": label, **expr.workload_dict()}, device=device, policy=policy,
                                  runner=chosen.name, candidates=candidates, versions=_versions())
     recorder = _Recorder(store, run_id, len(candidates), progress)
+    try:
+        _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool)
+    except BaseException:  # Ctrl-C, SIGTERM, a dashboard rerun: the run is closed as cancelled
+        if store is not None:
+            with contextlib.suppress(Exception):  # the store's own failure must not hide this one
+                store.finish_run(run_id, cancelled=True)
+        raise
+    if store is not None:
+        store.finish_run(run_id)
+    measurements = tuple(recorder.measured[c.rank] for c in candidates)
+    comparison = compare(
+        [c.rank for c in candidates],
+        [c.predicted_seconds for c in candidates],
+        [m.best_seconds if m.ok else None for m in measurements],
+    )
+    return ProfileResult(label, device.name, policy, chosen.name, candidates, measurements, comparison, run_id,
+                         time.perf_counter() - start)
+
+
+def _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool) -> None:
     with tempfile.TemporaryDirectory(prefix="workbench-profile-") as folder:
         if chosen.needs_library:
             built = build_candidates(expr, device, candidates, folder, jobs=jobs, timeout_s=build_timeout_s,
@@ -180,16 +201,6 @@ def profile_candidates(
             if not b.ok:
                 recorder(Measurement(b.rank, chosen.name, error=f"build: {b.error}"))
         chosen.measure(expr, [b for b in built if b.ok], timing, recorder)
-    if store is not None:
-        store.finish_run(run_id)
-    measurements = tuple(recorder.measured[c.rank] for c in candidates)
-    comparison = compare(
-        [c.rank for c in candidates],
-        [c.predicted_seconds for c in candidates],
-        [m.best_seconds if m.ok else None for m in measurements],
-    )
-    return ProfileResult(label, device.name, policy, chosen.name, candidates, measurements, comparison, run_id,
-                         time.perf_counter() - start)
 
 
 def cannot_run_locally(device: DeviceSpec, pool: WorkerPool | None = None) -> str:

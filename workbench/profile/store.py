@@ -49,6 +49,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX runs_by_workload ON runs (workload, device, started_at)",
         "CREATE INDEX measurements_by_candidate ON measurements (candidate)",
     ),
+    # A run stopped part-way (Ctrl-C, SIGTERM, the dashboard's user leaving the page) is closed
+    # as cancelled; one with no finished_at was killed outright or is still running.
+    ("ALTER TABLE runs ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -73,9 +76,17 @@ class RunRecord:
     topk: int
     runner: str
     versions: tuple[tuple[str, str], ...]
+    cancelled: bool = False  # stopped part-way; its measurements are those taken before
+
+    @property
+    def status(self) -> str:
+        if self.cancelled:
+            return "cancelled"
+        return "finished" if self.finished_at is not None else "unfinished (killed, or still running)"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"params": dict(self.params), "versions": dict(self.versions)}
+        return dataclasses.asdict(self) | {"params": dict(self.params), "versions": dict(self.versions),
+                                           "status": self.status}
 
 
 @dataclass(frozen=True)
@@ -172,9 +183,10 @@ class RunStore:
                  _dumps(dict(m.versions))),
             )
 
-    def finish_run(self, run_id: int) -> None:
+    def finish_run(self, run_id: int, cancelled: bool = False) -> None:
+        """Close a run: done, or `cancelled` part-way (its measurements so far are kept)."""
         with self._write() as db:
-            db.execute("UPDATE runs SET finished_at = ? WHERE id = ?", (time.time(), run_id))
+            db.execute("UPDATE runs SET finished_at = ?, cancelled = ? WHERE id = ?", (time.time(), int(cancelled), run_id))
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -188,13 +200,13 @@ class RunStore:
                 where.append(f"{column} = ?")
                 args.append(value)
         sql = f"""SELECT r.id, r.started_at, r.finished_at, w.label, w.op, w.params, w.dtype, d.name, r.policy,
-                  r.topk, r.runner, r.versions FROM runs r JOIN workloads w ON w.id = r.workload
+                  r.topk, r.runner, r.versions, r.cancelled FROM runs r JOIN workloads w ON w.id = r.workload
                   JOIN devices d ON d.id = r.device {'WHERE ' + ' AND '.join(where) if where else ''}
                   ORDER BY r.started_at, r.id"""
         rows = self._read(sql, args)
         return tuple(
             RunRecord(row[0], row[1], row[2], row[3], row[4], tuple(sorted(json.loads(row[5]).items())), row[6],
-                      row[7], row[8], row[9], row[10], tuple(sorted(json.loads(row[11]).items())))
+                      row[7], row[8], row[9], row[10], tuple(sorted(json.loads(row[11]).items())), bool(row[12]))
             for row in rows
         )
 
