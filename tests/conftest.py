@@ -29,6 +29,7 @@ CORE_TESTS = frozenset({
     "test_model.py",
     "test_profile_compare.py",
     "test_profile_diagnose.py",
+    "test_profile_importance.py",
     "test_profile_noise.py",
     "test_profile_runner.py",
     "test_rammer.py",
