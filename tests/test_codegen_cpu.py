@@ -245,13 +245,13 @@ def test_cached_matmul_tiles_become_packed_panels_and_an_unguarded_micro_kernel(
     e = expr("matmul", M=100, N=64, K=128)
     kernel = _local_kernel(e, dict(i=(6, 12, 48), j=(16, 32, 64), k=(1, 32, 64)))
     script = kernel.tvmscript
-    # A's L2 tile in 6-row strips, each K-step's 6 values consecutive; B in 16-column strips
-    assert "A_pad[v0 // 6, v1, v0 % 6] = T.if_then_else(v0 < 100" in script
+    # A's L2 tile copied row by row (zero past row 100); B in 16-column strips, K-steps in turn
+    assert "A_pad[v0, v1] = T.if_then_else(v0 < 100" in script
     assert "B_global[v1 // 16, v0, v1 % 16] = B[v0, v1]" in script
     # one panel per core and K-step: the packs run inside the parallel grid, under the K loop
     assert script.index("T.parallel") < script.index("for k_0") < script.index('T.sblock("A_pad")')
     update = _block(script, "C_update")
-    assert "T.where" not in update and "A_pad[v_i // 6, v_k, v_i % 6]" in update
+    assert "T.where" not in update and "A_pad[v_i, v_k]" in update
     assert "T.unroll(6)" in script and "T.vectorized(16)" in script
     assert "T.where" in _block(script, "C_pad")  # the write-back skips the padding rows
 

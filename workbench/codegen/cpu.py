@@ -252,10 +252,15 @@ def _panel_inputs(expr: TensorExpr, program: RProgram) -> tuple[str, ...]:
     """The inputs `_pack_panels` copies into panels: all of them, when the program caches a layer
     below the registers, the expression reduces, and every input is a plain projection (each
     dimension one whole unfused axis, as in matmul, batched or transposed) whose reduction axes
-    the tiles divide; () otherwise (convolutions, strided or offset reads, ragged K)."""
+    the tiles divide and which the unit tile reuses (it spans more than one index of a spatial
+    axis the input ignores); () otherwise (convolutions, strided or offset reads, ragged K, and
+    gemv, whose matrix is read once: a copy only doubled its traffic, 4.1 -> 13.5 ms on
+    gemv-4096)."""
     if not expr.reduce or not any(program.cached[1:]):
         return ()
     for tensor in expr.inputs:
+        if not any(not tensor.uses_axis(a) and program.unit_tile[a] > 1 for a in expr.spatial):
+            return ()
         for coeffs, const in tensor.index:
             used = [a for a, c in enumerate(coeffs) if c]
             if const or len(used) != 1 or coeffs[used[0]] != 1 or len(expr.axes[used[0]].fused_from) > 1:
@@ -298,11 +303,10 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, block, levels, panels
 
     The copy sits under that layer's innermost reduction loop (`_pack_level`), so its buffer
     holds exactly one tile's slice and, allocated inside the parallel grid loop, belongs to
-    one core. Its layout (`_panel_layout`) splits each dimension of a register-tiled axis into
-    (which register tile, position inside it) and puts the positions innermost in the
-    micro-kernel's loop order (K, then rows, the vector axis last): a 6x16 matmul reads A as
-    6 consecutive scalars and B as 16 consecutive lanes per K-step, both advancing linearly.
-    Measured on mm-1024 (1 core, AVX2): packing both A and B per L2 K-step 65-68 GFLOP/s,
+    one core. An input read along the vector axis is laid out in register-tile strips
+    (`_panel_layout`): matmul's B becomes 16-column strips whose K-steps follow each other, so
+    the micro-kernel's two vector loads per K-step advance linearly through one strip. Measured
+    on mm-1024 (1 core, AVX2, 4x16 register tile): packing A and B per L2 K-step 65-68 GFLOP/s,
     A per L1 tile instead (repacked for each L1 column) 41-57, unpacked 25-49.
     """
     from tvm.tirx import IndexMap
@@ -323,20 +327,23 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, block, levels, panels
 
 
 def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int):
-    """The index map (a function of the tensor's indices) of `tensor`'s panel, or None when the
-    plain layout is one already (no dimension split by a register tile).
+    """The index map (a function of the tensor's indices) of `tensor`'s panel, or None to keep
+    the tile's own row-major layout.
 
-    Dimensions whose axis has a register tile r > 1 split into (x // r, x % r). The outer parts
-    go first, spatial axes (the vector axis after the others) before reductions, so one
-    register tile's strip holds its whole K-run; the inner parts go innermost in the
-    micro-kernel's order (reductions, rows, the vector axis last). Matmul's B[k, j] becomes
-    [j // 16, k, j % 16] and A[i, k] becomes [i // 6, k, i % 6].
+    Only an input read along the vector axis is re-laid out. Dimensions whose axis has a
+    register tile r > 1 split into (x // r, x % r); the outer parts go first, spatial axes
+    (the vector axis after the others) before reductions, so one register tile's strip holds
+    its whole K-run; the inner parts go innermost in the micro-kernel's order (reductions,
+    rows, the vector axis last): matmul's B[k, j] becomes [j // 16, k, j % 16]. The broadcast
+    operand (A) keeps rows: its copy is then a plain vectorised one, while 6-row strips
+    ([i // 6, k, i % 6]) need a scalar transposing copy, which measured as fast or slower
+    (mm-1024 and bmm-attn, 1 core: row-major A faster in 9 of 10 paired runs).
     """
+    if not tensor.uses_axis(vector_axis):
+        return None
     axes = [next(a for a, c in enumerate(coeffs) if c) for coeffs, _ in tensor.index]
     regs = [int(program.register_tile[a]) for a in axes]
     split = [d for d, r in enumerate(regs) if r > 1]
-    if not split:
-        return None
     reduce = set(expr.reduce)
     outer = sorted(range(len(axes)), key=lambda d: (axes[d] in reduce, axes[d] == vector_axis, d))
     inner = sorted(split, key=lambda d: (axes[d] not in reduce, axes[d] == vector_axis, d))
