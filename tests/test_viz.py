@@ -21,7 +21,8 @@ from workbench.viz.compare import (
     ranks_from_selection,
 )
 from workbench.viz.diff import changed_lines, side_by_side_diff
-from workbench.viz.fmt import human_bytes, tile_text
+from workbench.viz.axes import MAX_TICKS, labelled, log_ticks
+from workbench.viz.fmt import duration, gbps, gflops, human_bytes, rate, significant, table_time_unit, tile_text
 from workbench.viz.graph import first_steps, graph_figure, node_positions
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.viz.runs import best_so_far_figure
@@ -196,7 +197,7 @@ def test_predicted_vs_measured_has_the_identity_line_and_the_correlation():
     fig = predicted_vs_measured_figure(pts)
     line = trace(fig, "y = x")
     assert list(line.x) == list(line.y)
-    assert line.x[0] <= 10 and line.x[-1] >= 50  # spans every point (microseconds)
+    assert line.x[0] <= 1e-5 and line.x[-1] >= 5e-5  # spans every point (seconds)
     assert list(fig.data[0].customdata) == [1, 2, 3]  # the unmeasured candidate has no point
     assert "Spearman 1.00" in fig.layout.title.text
 
@@ -220,12 +221,14 @@ def test_ranks_from_selection_accepts_float_ranks():
 # -- runs, diff, formats ---------------------------------------------------------------------------
 
 
-def test_best_so_far_has_two_traces_per_series_in_microseconds():
+def test_best_so_far_has_two_traces_and_one_legend_entry_per_series():
     series = {"mm on cpu": (BestPoint(1, 1e9, 3e-5, 3e-5), BestPoint(2, 1e9 + 60, None, 3e-5), BestPoint(3, 1e9 + 120, 1e-5, 1e-5))}
     fig = best_so_far_figure(series)
     assert len(fig.data) == 2
-    assert list(fig.data[0].y) == pytest.approx([30.0, 30.0, 10.0])
+    assert list(fig.data[0].y) == pytest.approx([3e-5, 3e-5, 1e-5])  # seconds, ticks say the unit
     assert fig.data[1].y[1] is None
+    assert [t.showlegend is not False for t in fig.data] == [True, False]
+    assert "30 us" in fig.data[0].hovertext[0] and "10 us" in fig.layout.yaxis.ticktext
 
 
 def test_side_by_side_diff_marks_changes():
@@ -239,7 +242,59 @@ def test_side_by_side_diff_marks_changes():
 def test_human_bytes():
     assert human_bytes(512) == "512 B"
     assert human_bytes(1536) == "1.5 KiB"
-    assert human_bytes(3 * 2**30) == "3.0 GiB"
+    assert human_bytes(2048) == "2 KiB"
+    assert human_bytes(3 * 2**30) == "3 GiB"
+    assert human_bytes(1000 * 2**20) == "1000 MiB"  # under 1 GiB: stays in MiB
+    assert human_bytes(None) == human_bytes(float("nan")) == "-"
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (1.87e-3, "1.87 ms"), (107427.73e-6, "107 ms"), (1.97e-3, "1.97 ms"), (2.5e-8, "25 ns"), (1e-6, "1 us"),
+    (999.6e-6, "1 ms"), (12.345, "12.3 s"), (4000.0, "4000 s"), (0.0, "0 ns"), (None, "-"), (float("nan"), "-"),
+])
+def test_duration_chooses_the_unit_by_magnitude_with_three_figures(seconds, text):
+    assert duration(seconds) == text
+
+
+@pytest.mark.parametrize("value, text", [(1234.5, "1230"), (0.012345, "0.0123"), (2.0, "2"), (9.996, "10"), (-1.5, "-1.5")])
+def test_significant_has_no_exponent_and_no_trailing_zeros(value, text):
+    assert significant(value) == text
+
+
+def test_rates_take_a_decimal_prefix():
+    assert gflops(31.2) == "31.2 GFLOP/s" and gflops(1500) == "1.5 TFLOP/s" and gflops(0.5) == "500 MFLOP/s"
+    assert gbps(25.6) == "25.6 GB/s" and gbps(2039) == "2.04 TB/s"
+    assert rate(None, "B/s") == "-"
+
+
+def test_a_table_takes_the_unit_of_its_median_time():
+    assert table_time_unit([2e-6, 3e-3, 5e-3, None]) == ("ms", 1e-3)
+    assert table_time_unit([None]) == ("us", 1e-6)
+
+
+def test_log_ticks_are_1_2_5_per_decade_with_unit_text():
+    values, texts = log_ticks(1e-6, 1e-4, duration)
+    assert values == pytest.approx([1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4])
+    assert texts == ["1 us", "2 us", "5 us", "10 us", "20 us", "50 us", "100 us"]
+    wide, _ = log_ticks(1e-9, 10.0, duration)  # ten decades: one tick per decade
+    assert len(wide) <= MAX_TICKS and wide == pytest.approx([10.0**e for e in range(-9, 2, 2)])
+    narrow, text = log_ticks(1.2e-3, 1.8e-3, duration)  # inside one step: the ends
+    assert text == ["1.2 ms", "1.8 ms"]
+
+
+def test_labels_are_kept_only_where_they_do_not_overlap():
+    assert labelled([1.0, 1.001, 100.0], [1.0, 1.001, 100.0]) == [True, False, True]
+    assert labelled([1.0, 100.0], [1.0, 1.0]) == [True, True]  # same height, far apart
+    assert labelled([], []) == []
+
+
+def test_crowded_candidates_keep_their_rank_on_hover_only():
+    pts = [ComparedPoint(r, 1e-5 * (1 + r / 1000), 2e-5) for r in range(1, 11)] + [ComparedPoint(11, 1e-3, 3e-3)]
+    fig = predicted_vs_measured_figure(pts)
+    texts = fig.data[0].text
+    assert texts[0] == "#1" and texts[10] == "#11" and not any(texts[1:10])  # 2..10 sit on #1
+    assert all(f"#{r}:" in h for r, h in zip(range(1, 12), fig.data[0].hovertext))
+    assert any(t.endswith(" ms") for t in fig.layout.xaxis.ticktext)
 
 
 def test_large_graphs_are_drawn_with_webgl():
@@ -253,3 +308,18 @@ def test_large_graphs_are_drawn_with_webgl():
 def test_correlation_of_tied_predictions_is_called_undefined():
     pts = [ComparedPoint(r, 1e-5, m) for r, m in ((1, 2e-5), (2, 3e-5))]
     assert "undefined" in predicted_vs_measured_figure(pts).layout.title.text
+
+
+def test_rtile_figure_shows_every_dimension_of_a_conv():
+    e = expr("conv2d", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=1, pad=1)  # recorded for the fast lane
+    axes = [a.name for a in e.axes]
+    tile = tuple(4 if a.kind == "reduce" else 2 for a in e.axes)  # channels tiled by 4
+    fig = rtile_figure(e, (tile,), ("registers",))
+    bars = [t for t in fig.data if t.type == "bar"]
+    deep = [i for i, t in enumerate(e.tensors) if len(t.shape) > 2]
+    assert len(bars) == len(deep) > 0 and axes  # one bar trace per deep tensor and layer
+    for i, bar in zip(deep, bars):
+        shape, data = e.tensors[i].shape, e.data_tile_shape(i, tile)
+        assert len(bar.y) == len(shape)  # every dimension, the leading ones included
+        assert list(bar.x) == pytest.approx([100 * d / n for d, n in zip(data, shape)])
+        assert all(f"{d} of {n}" in h for d, n, h in zip(data, shape, bar.hovertext))

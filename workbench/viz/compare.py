@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from workbench.profile.compare import compare
+from workbench.viz.axes import LEGEND_BELOW, labelled, legend_height, log_axis
+from workbench.viz.fmt import duration
+
+PLOT_PX = 420  # the plotting area; the legend below adds its rows
 
 
 @dataclass(frozen=True)
@@ -34,32 +38,35 @@ def _correlation_text(points: Sequence[ComparedPoint]) -> str:
 
 
 def predicted_vs_measured_figure(points: Sequence[ComparedPoint], title: str = "") -> go.Figure:
-    """Measured against predicted seconds (both in microseconds, log-log), a trace per group,
-    the y = x line over the range of the points, and the rank correlation per group."""
+    """Measured against predicted seconds (log-log, ticks in s / ms / us), a trace per group, the
+    y = x line over the range of the points, and the rank correlation per group. With one group
+    the points carry their rank where the label overlaps no other; every point has it on hover."""
     groups: dict[str, list[ComparedPoint]] = {}
     for p in points:
         groups.setdefault(p.group, []).append(p)
     traces = []
     for group, members in groups.items():
-        shown = [p for p in members if p.measured_seconds]
+        shown = sorted((p for p in members if p.measured_seconds), key=lambda p: p.rank)
         name = f"{group} ({_correlation_text(members)})" if group else "candidates"
+        xs, ys = [p.predicted_seconds for p in shown], [p.measured_seconds for p in shown]
+        labels = labelled(xs, ys) if len(groups) == 1 else [False] * len(shown)
         traces.append(go.Scatter(
-            x=[p.predicted_seconds * 1e6 for p in shown], y=[p.measured_seconds * 1e6 for p in shown],
-            mode="markers+text" if len(groups) == 1 else "markers", name=name,
-            text=[f"#{p.rank}" for p in shown], textposition="top center", customdata=[p.rank for p in shown],
-            marker={"size": 10}, hovertemplate="#%{customdata}: predicted %{x:.3g} us, measured %{y:.3g} us<extra>"
-            + (group or "candidate") + "</extra>",
+            x=xs, y=ys, mode="markers+text" if any(labels) else "markers", name=name,
+            text=[f"#{p.rank}" if show else "" for p, show in zip(shown, labels)], textposition="top center",
+            customdata=[p.rank for p in shown], marker={"size": 10}, hoverinfo="text",
+            hovertext=[f"#{p.rank}: predicted {duration(p.predicted_seconds)}, measured {duration(p.measured_seconds)}"
+                       + (f" ({group})" if group else "") for p in shown],
         ))
-    values = [v * 1e6 for p in points for v in (p.predicted_seconds, p.measured_seconds) if v]
-    lo, hi = (min(values) / 1.5, max(values) * 1.5) if values else (1.0, 10.0)
-    traces.append(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", hoverinfo="skip",
-                             line={"dash": "dash", "color": "black"}))
+    values = [v for p in points for v in (p.predicted_seconds, p.measured_seconds) if v]
+    lo, hi = (min(values), max(values)) if values else (1e-6, 1e-5)
+    traces.append(go.Scatter(x=[lo / 1.5, hi * 1.5], y=[lo / 1.5, hi * 1.5], mode="lines", name="y = x",
+                             hoverinfo="skip", line={"dash": "dash", "color": "black"}))
     heading = title or (_correlation_text(points) if len(groups) <= 1 else f"{len(groups)} runs")
     fig = go.Figure(traces)
     fig.update_layout(
-        height=460, margin={"l": 10, "r": 10, "t": 40, "b": 40}, title={"text": heading, "font": {"size": 13}},
-        legend={"orientation": "h", "y": -0.25},
-        xaxis={"type": "log", "title": "predicted (us)"}, yaxis={"type": "log", "title": "measured (us)"},
+        height=legend_height(PLOT_PX, len(traces)), margin={"l": 10, "r": 10, "t": 40, "b": 40},
+        title={"text": heading, "font": {"size": 13}}, legend=LEGEND_BELOW,
+        xaxis=log_axis(lo, hi, duration, "predicted"), yaxis=log_axis(lo, hi, duration, "measured"),
     )
     return fig
 

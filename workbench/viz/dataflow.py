@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from workbench.viz.fmt import duration, time_unit
+
 
 def depths(preds: Sequence[Sequence[int]]) -> list[int]:
     """Longest-path depth of each operator (operators are in dataflow order)."""
@@ -18,7 +20,8 @@ def depths(preds: Sequence[Sequence[int]]) -> list[int]:
 
 
 def dataflow_figure(names: Sequence[str], preds: Sequence[Sequence[int]], seconds: Sequence[float | None]) -> go.Figure:
-    """Operators as markers (grey when unsupported), edges as lines, colour = predicted us."""
+    """Operators as markers (grey when unsupported), edges as lines, colour = predicted time (in
+    the unit of the slowest)."""
     x = depths(preds)
     row: dict[int, int] = {}
     y = []
@@ -30,8 +33,9 @@ def dataflow_figure(names: Sequence[str], preds: Sequence[Sequence[int]], second
         for p in ps:
             ex += [x[p], x[i], None]
             ey += [y[p], y[i], None]
-    micros = [s * 1e6 if s is not None else None for s in seconds]
-    known = [m for m in micros if m is not None]
+    unit, scale = time_unit(max((s for s in seconds if s is not None), default=1e-6))
+    values = [s / scale if s is not None else None for s in seconds]
+    known = [v for v in values if v is not None]
     fig = go.Figure([
         go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#aaa", "width": 1}, hoverinfo="skip", showlegend=False),
         go.Scatter(
@@ -39,13 +43,13 @@ def dataflow_figure(names: Sequence[str], preds: Sequence[Sequence[int]], second
             customdata=list(range(len(names))), showlegend=False,
             marker={
                 "size": 18,
-                "color": [m if m is not None else 0.0 for m in micros],
+                "color": [v if v is not None else 0.0 for v in values],
                 "colorscale": "Viridis", "cmin": 0.0, "cmax": max(known, default=1.0),
-                "colorbar": {"title": "us"},
-                "line": {"color": ["#000" if m is not None else "#bbb" for m in micros], "width": 1},
+                "colorbar": {"title": unit},
+                "line": {"color": ["#000" if v is not None else "#bbb" for v in values], "width": 1},
             },
-            hovertext=[f"{i}: {n}<br>" + (f"{m:.3g} us predicted" if m is not None else "unsupported")
-                       for i, (n, m) in enumerate(zip(names, micros))],
+            hovertext=[f"{i}: {n}<br>" + (f"{duration(s)} predicted" if s is not None else "unsupported")
+                       for i, (n, s) in enumerate(zip(names, seconds))],
             hoverinfo="text",
         ),
     ])

@@ -1,23 +1,96 @@
-"""Number formats shared by the figures and the pages: bytes, seconds, tiles."""
+"""Number formats shared by the figures, the pages and the widgets: times, sizes, rates, tiles.
+
+Every quantity is shown with its unit chosen by magnitude and three significant figures (a kernel
+engineer compares times across six orders of magnitude: `107 ms` and `1.87 us`, never `107427.73`
+in a column headed "us" or `1.97e+03 us`). Missing or non-finite values are shown as "-".
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+FIGURES = 3  # significant figures of every shown quantity
+MISSING = "-"
+# (unit, seconds per unit), largest first: a time takes the largest unit it is at least 1 of.
+TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+# Decimal prefixes for rates, as the specs and datasheets give them (GB/s, GFLOP/s).
+_RATE_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
 
 
-def human_bytes(n: float) -> str:
-    """`1536` -> `1.5 KiB` (binary prefixes: capacities in the specs are powers of two)."""
+def _known(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def significant(value: float, figures: int = FIGURES) -> str:
+    """`value` to `figures` significant figures, never in exponent form, without trailing zeros
+    (1234.5 -> `1230`, 0.012345 -> `0.0123`, 2.0 -> `2`)."""
+    if value == 0:
+        return "0"
+    digits = figures - 1 - math.floor(math.log10(abs(value)))
+    rounded = round(value, digits)
+    if rounded and math.floor(math.log10(abs(rounded))) != math.floor(math.log10(abs(value))):
+        digits -= 1  # 9.996 rounds up to 10.0: one decimal fewer
+    text = f"{rounded:.{max(0, digits)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def time_unit(seconds: float) -> tuple[str, float]:
+    """(unit, seconds per unit) that shows `seconds` as 1 to 999 (ns for anything smaller)."""
+    for unit, scale in TIME_UNITS:
+        if abs(seconds) >= scale:
+            return unit, scale
+    return TIME_UNITS[-1]
+
+
+def duration(seconds: float | None) -> str:
+    """`0.00187` -> `1.87 ms`, `0.10742773` -> `107 ms`, `2.5e-8` -> `25 ns`; "-" when unknown."""
+    if not _known(seconds):
+        return MISSING
+    unit, scale = time_unit(seconds)
+    if abs(float(significant(seconds / scale))) >= 1000 and scale < TIME_UNITS[0][1]:
+        unit, scale = time_unit(seconds * 1.001)  # 999.6 us rounds to 1000 us: show 1 ms
+    return f"{significant(seconds / scale)} {unit}"
+
+
+def table_time_unit(seconds: Iterable[float | None]) -> tuple[str, float]:
+    """One unit for a column (or table) of times: the unit of their median, so most values read
+    1 to 999 and the others stay plain numbers (`%.3g` without exponents in the dashboard)."""
+    known = sorted(abs(s) for s in seconds if _known(s) and s)
+    return time_unit(known[len(known) // 2]) if known else ("us", 1e-6)
+
+
+def human_bytes(n: float | None) -> str:
+    """`2048` -> `2 KiB`, `1536` -> `1.5 KiB`, `100` -> `100 B` (binary prefixes: capacities in
+    the specs are powers of two)."""
+    if not _known(n):
+        return MISSING
     value, unit = float(n), 0
-    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
+    while abs(value) >= 1024 and unit < len(_BYTE_UNITS) - 1:
         value, unit = value / 1024, unit + 1
-    return f"{int(value)} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
+    return f"{int(value)} B" if unit == 0 else f"{significant(value)} {_BYTE_UNITS[unit]}"
 
 
-def micros(seconds: float | None) -> str:
-    """Seconds as microseconds with three significant figures; '-' for None."""
-    return "-" if seconds is None else f"{seconds * 1e6:.3g} us"
+def rate(per_second: float | None, unit: str) -> str:
+    """A rate with a decimal prefix: `rate(1.23e12, "FLOP/s")` -> `1.23 TFLOP/s`,
+    `rate(2.5e10, "B/s")` -> `25 GB/s`."""
+    if not _known(per_second):
+        return MISSING
+    for prefix, scale in _RATE_PREFIXES:
+        if abs(per_second) >= scale:
+            return f"{significant(per_second / scale)} {prefix}{unit}"
+    return f"{significant(per_second)} {unit}"
+
+
+def gflops(value: float | None) -> str:
+    """GFLOP/s given as GFLOP/s (the roofline's unit): `31.2` -> `31.2 GFLOP/s`, `1500` -> `1.5 TFLOP/s`."""
+    return rate(None if value is None else value * 1e9, "FLOP/s")
+
+
+def gbps(value: float | None) -> str:
+    """GB/s given as GB/s: `25.6` -> `25.6 GB/s`, `2039` -> `2.04 TB/s`."""
+    return rate(None if value is None else value * 1e9, "B/s")
 
 
 def tile_text(axes: Sequence[str], tile: Sequence[int]) -> str:

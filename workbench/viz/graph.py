@@ -3,8 +3,9 @@
 Each node sits at the step that first reached it (so the figure of step n is the figure of step
 n - 1 plus what step n added, and a node never moves while stepping). Within a layer's band a
 node is placed lower the larger its tile (log of the tile's volume), so growth reads as a
-descent inside the band and `descend` as a jump to the next band. Colour is the node's status;
-for a Markov walk the marker size grows with the node's visit count.
+descent inside the band and `descend` as a jump to the next band. Each band is shaded and its
+layer's name sits at the band's middle. Colour is the node's status; for a Markov walk the marker
+size grows with the node's visit count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.construct.graph import STATUSES, ConstructionGraph, Node
-from workbench.viz.fmt import human_bytes, micros, tile_text
+from workbench.viz.fmt import duration, human_bytes, tile_text
 
 STATUS_COLOURS = {
     "start": "#6a3d9a",
@@ -27,6 +28,9 @@ STATUS_COLOURS = {
     "emitted": "#2ca02c",
     "pruned_visited": "#9e9e9e",
 }
+LAYOUT_NOTE = ("x: the step that first reached a state; y: its memory layer, larger tiles lower within the "
+               "layer's shaded band; colour: status; lines: actions")
+BAND_SHADE = "rgba(31,119,180,0.06)"
 BAND = 0.7  # share of the gap between two layers a band of nodes may fill
 MARGIN = 0.3  # of a layer gap, above the top band and below the bottom one
 MAX_MARKER = 28
@@ -79,7 +83,7 @@ def _hover(axes: tuple[str, ...], node: Node, probability: float | None, visits:
     elif node.score is not None:
         lines.append(f"reuse score {node.score:.4g}")
     if node.predicted_seconds is not None:
-        lines.append(f"predicted {micros(node.predicted_seconds)}")
+        lines.append(f"predicted {duration(node.predicted_seconds)}")
     if visits > 1:
         lines.append(f"visits {visits}")
     return "<br>".join(lines)
@@ -139,12 +143,15 @@ def graph_figure(
         traces.append({"type": "scatter", "x": [x], "y": [y], "mode": "markers", "name": "current step", "hoverinfo": "skip",
                        "marker": {"size": 18, "symbol": "circle-open", "color": "black", "line": {"width": 2}}})
     fig = go.Figure(traces)
+    # A band per layer, [layer, layer + BAND], shaded behind the nodes, named at its middle.
+    bands = [{"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "y0": l - MARGIN / 3, "y1": l + BAND + MARGIN / 3,
+              "fillcolor": BAND_SHADE, "line": {"width": 0}, "layer": "below"} for l in range(len(graph.layers))]
     fig.update_layout(
         height=420, margin={"l": 10, "r": 10, "t": 30, "b": 40}, legend={"orientation": "h", "y": -0.15},
-        xaxis={"title": "construction step", "zeroline": False},
+        xaxis={"title": "construction step", "zeroline": False}, shapes=bands,
         # Every layer's band stays in view while stepping: the figure does not jump as it grows.
-        yaxis={"tickvals": list(range(len(graph.layers))), "ticktext": list(graph.layers),
-               "range": [len(graph.layers) - 1 + BAND + MARGIN, -MARGIN], "zeroline": False},
+        yaxis={"tickvals": [l + BAND / 2 for l in range(len(graph.layers))], "ticktext": list(graph.layers),
+               "range": [len(graph.layers) - 1 + BAND + MARGIN, -MARGIN], "zeroline": False, "showgrid": False},
         title={"text": f"{len(graph.nodes)} states, {len(graph.edges)} actions", "font": {"size": 13}},
         uirevision="construction",  # a zoom into the graph survives stepping
     )

@@ -15,10 +15,12 @@ from math import log10
 
 import plotly.graph_objects as go
 
+from workbench.viz.axes import labelled, log_ticks
+from workbench.viz.fmt import gbps, gflops, significant
+
 LAYER_DASHES = ("dot", "dashdot", "dash", "solid")
 RANGE_MARGIN = 4.0  # the x range extends this factor beyond the points and ridge points
 Y_DECADES = 1.5  # the y range reaches this many decades below the slowest point (or the peak)
-LABELLED = 5  # points per kind labelled with their rank (more would overlap)
 
 
 @dataclass(frozen=True)
@@ -60,29 +62,35 @@ def roofline_figure(layers: Sequence[tuple[str, float]], peak_gflops: float, poi
         ridge = peak_gflops / bw
         xs = sorted({lo, hi, min(max(ridge, lo), hi)})
         traces.append(go.Scatter(
-            x=xs, y=[min(bw * x, peak_gflops) for x in xs], mode="lines", name=f"{name} {bw:,.0f} GB/s",
+            x=xs, y=[min(bw * x, peak_gflops) for x in xs], mode="lines", name=f"{name} {gbps(bw)}",
             line={"dash": LAYER_DASHES[min(i, len(LAYER_DASHES) - 1)], "color": "#777"}, hoverinfo="name",
         ))
-    traces.append(go.Scatter(x=[lo, hi], y=[peak_gflops, peak_gflops], mode="lines", name=f"peak {peak_gflops:,.0f} GFLOP/s",
+    traces.append(go.Scatter(x=[lo, hi], y=[peak_gflops, peak_gflops], mode="lines", name=f"peak {gflops(peak_gflops)}",
                              line={"color": "black", "width": 2}, hoverinfo="name"))
     for kind, symbol in (("predicted", "circle"), ("measured", "diamond")):
         chosen = [p for p in points if p.kind == kind]
         if chosen:
+            # Ranks as labels where they overlap no other label (best ranks first); all on hover.
+            chosen = sorted(chosen, key=lambda p: p.rank)
+            labels = labelled([p.intensity for p in chosen], [p.gflops for p in chosen])
             traces.append(go.Scatter(
                 x=[p.intensity for p in chosen], y=[p.gflops for p in chosen], name=kind,
-                mode="markers+text" if len(chosen) <= LABELLED else "markers",
-                text=[f"#{p.rank}" for p in chosen], textposition="top center", customdata=[p.rank for p in chosen],
-                marker={"symbol": symbol, "size": 10},
-                hovertemplate="#%{customdata}: %{x:.3g} flop/B, %{y:,.1f} GFLOP/s<extra>" + kind + "</extra>",
+                mode="markers+text" if any(labels) else "markers",
+                text=[f"#{p.rank}" if show else "" for p, show in zip(chosen, labels)], textposition="top center",
+                customdata=[p.rank for p in chosen], marker={"symbol": symbol, "size": 10}, hoverinfo="text",
+                hovertext=[f"#{p.rank} {kind}: {significant(p.intensity)} flop/B, {gflops(p.gflops)}" for p in chosen],
             ))
     slowest = min([p.gflops for p in points] + [peak_gflops])
+    y_lo, y_hi = slowest / 10**Y_DECADES, peak_gflops * 2
+    x_ticks, x_text = log_ticks(lo, hi, lambda v: f"{significant(v)} flop/B")
+    y_ticks, y_text = log_ticks(y_lo, y_hi, gflops)
     fig = go.Figure(traces)
     fig.update_layout(
         height=420, margin={"l": 10, "r": 10, "t": 30, "b": 40},
-        xaxis={"type": "log", "title": "arithmetic intensity (flop / byte from the bottom layer)",
-               "range": [log10(lo), log10(hi)], "dtick": 1},
-        yaxis={"type": "log", "title": "GFLOP/s", "range": [log10(slowest) - Y_DECADES, log10(peak_gflops) + 0.3],
-               "dtick": 1},
+        xaxis={"type": "log", "title": "arithmetic intensity (flop per byte from the bottom layer)",
+               "range": [log10(lo), log10(hi)], "tickvals": x_ticks, "ticktext": x_text},
+        yaxis={"type": "log", "title": "speed", "range": [log10(y_lo), log10(y_hi)],
+               "tickvals": y_ticks, "ticktext": y_text},
         title={"text": "roofline", "font": {"size": 13}},
     )
     return fig

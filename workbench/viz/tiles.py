@@ -2,7 +2,10 @@
 
 `rtile_figure` shows, for each input and the output, the region one tile of every layer touches
 (its data tile, `TensorExpr.data_tile_shape`), over the tensor's last two dimensions, anchored at
-the tensor's first element: the register tile nested in the L1 tile nested in the L2 tile...
+the tensor's first element: the register tile nested in the L1 tile nested in the L2 tile... A
+tensor of more dimensions (a conv's NCHW input, its OIHW weights) also gets a row of bars below:
+per dimension, the share of its extent each layer's data tile covers, so tiling along channels or
+the batch shows too.
 """
 
 from __future__ import annotations
@@ -39,11 +42,32 @@ def _rectangle(rows: int, cols: int) -> tuple[list, list]:
     return [0, cols, cols, 0, 0], [0, 0, rows, rows, 0]
 
 
+def _dimension_bars(fig, expr: TensorExpr, col: int, tiles, layer_names) -> None:
+    """Per dimension of tensor `col - 1`, one bar per layer: the share of the dimension's extent
+    its data tile covers (100% = the whole dimension), largest tile first so smaller ones draw on top."""
+    tensor = expr.tensors[col - 1]
+    dims = [f"dim {d} ({n})" for d, n in enumerate(tensor.shape)]
+    for layer in reversed(range(len(tiles))):
+        data = expr.data_tile_shape(col - 1, tuple(tiles[layer]))
+        colour = LAYER_COLOURS[layer % len(LAYER_COLOURS)]
+        fig.add_trace(go.Bar(
+            orientation="h", y=dims, x=[100.0 * d / n for d, n in zip(data, tensor.shape)], name=layer_names[layer],
+            legendgroup=layer_names[layer], showlegend=False, marker={"color": colour}, opacity=0.6,
+            hoverinfo="text", hovertext=[f"{layer_names[layer]}: {d} of {n}" for d, n in zip(data, tensor.shape)],
+        ), row=2, col=col)
+    fig.update_xaxes(range=[0, 100], ticksuffix="%", row=2, col=col)
+    fig.update_yaxes(autorange="reversed", row=2, col=col)
+
+
 def rtile_figure(expr: TensorExpr, tiles: Sequence[Sequence[int]], layer_names: Sequence[str], zoom: bool = False) -> go.Figure:
     """One panel per tensor (inputs, then the output): its outline and one filled rectangle per
-    layer's data tile. `zoom` fits each panel to its largest data tile instead of the tensor."""
+    layer's data tile over the last two dimensions; where a tensor has more than two dimensions a
+    second row of panels shows every dimension's covered share (`_dimension_bars`). `zoom` fits
+    each rectangle panel to its largest data tile instead of the tensor."""
     titles = [f"{t.name} [{shape_text(t.shape)}]" + (" out" if t.role == "output" else "") for t in expr.tensors]
-    fig = make_subplots(rows=1, cols=len(expr.tensors), subplot_titles=titles, horizontal_spacing=0.06)
+    deep = any(len(t.shape) > 2 for t in expr.tensors)
+    fig = make_subplots(rows=2 if deep else 1, cols=len(expr.tensors), subplot_titles=titles, horizontal_spacing=0.06,
+                        vertical_spacing=0.12, row_heights=[0.62, 0.38] if deep else None)
     for col, tensor in enumerate(expr.tensors, start=1):
         rows, cols = _last_two(tensor.shape)
         x, y = _rectangle(rows, cols)
@@ -66,8 +90,11 @@ def rtile_figure(expr: TensorExpr, tiles: Sequence[Sequence[int]], layer_names: 
             rows, cols = min(rows, biggest[0] * ZOOM_MARGIN), min(cols, biggest[1] * ZOOM_MARGIN)
         fig.update_xaxes(range=[0, cols], row=1, col=col)
         fig.update_yaxes(range=[rows, 0], row=1, col=col)
+        if len(tensor.shape) > 2:
+            _dimension_bars(fig, expr, col, tiles, layer_names)
     fig.update_annotations(font_size=12)  # the panel titles
-    fig.update_layout(height=340, margin={"l": 10, "r": 10, "t": 40, "b": 10}, legend={"orientation": "h", "y": -0.08})
+    fig.update_layout(height=520 if deep else 340, margin={"l": 10, "r": 10, "t": 40, "b": 10}, barmode="overlay",
+                      legend={"orientation": "h", "y": -0.08})
     return fig
 
 
