@@ -14,7 +14,7 @@ from workbench import pipeline
 from workbench.app.state import candidates_page, in_workspace, ordered_ranks, profile, workspace
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request
-from workbench.viz.fmt import micros
+from workbench.viz.fmt import duration
 
 if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import ExportResult
@@ -76,7 +76,7 @@ def page() -> None:
     if head is None:
         return
     sel, construction = head
-    rank = st.selectbox("Candidate", ordered_ranks(construction.candidates), format_func=lambda r: f"#{r}: predicted {micros(construction.candidate(r).predicted_seconds)}")
+    rank = st.selectbox("Candidate", ordered_ranks(construction.candidates), format_func=lambda r: f"#{r}: predicted {duration(construction.candidate(r).predicted_seconds)}")
     left, right = st.columns(2)
     with left:
         _download(sel, construction, rank)

@@ -12,7 +12,7 @@ from workbench.app.state import candidates_page, ordered_ranks, selection
 from workbench.codegen import targets
 from workbench.codegen.nvcc import compile_ptx, nvcc_path
 from workbench.viz.diff import changed_lines, side_by_side_diff
-from workbench.viz.fmt import micros
+from workbench.viz.fmt import duration
 
 CODE_HEIGHT = 520  # px: long kernels scroll inside the block
 ARTIFACTS = ("scheduled TVMScript", "schedule trace", "main source")
@@ -84,7 +84,7 @@ def page() -> None:
         return
     sel, construction = head
     ranks = ordered_ranks(construction.candidates)
-    rank = st.selectbox("Candidate", ranks, format_func=lambda r: f"#{r}: predicted {micros(construction.candidate(r).predicted_seconds)}")
+    rank = st.selectbox("Candidate", ranks, format_func=lambda r: f"#{r}: predicted {duration(construction.candidate(r).predicted_seconds)}")
     kernel = built_kernel(construction, rank)
     if not kernel.ok:
         st.error(f"candidate {rank} did not build: {kernel.error}")

@@ -19,7 +19,7 @@ from workbench.errors import UserError
 from workbench.pipeline import Candidate, Construction, ProfileResult, Timing
 from workbench.profile.store import RunStore
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
-from workbench.viz.fmt import micros
+from workbench.viz.fmt import duration
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
@@ -39,7 +39,7 @@ def candidates_of(construction: Construction) -> tuple[Candidate, ...]:
 
 def rank_options(candidates) -> list[tuple[str, int]]:
     """Dropdown options: `#rank: predicted time` -> rank."""
-    return [(f"#{c.rank}: predicted {micros(c.predicted_seconds)}", c.rank) for c in candidates]
+    return [(f"#{c.rank}: predicted {duration(c.predicted_seconds)}", c.rank) for c in candidates]
 
 
 class CandidateTable(widgets.VBox):

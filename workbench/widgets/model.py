@@ -12,7 +12,7 @@ import traitlets
 
 from workbench import pipeline
 from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
-from workbench.viz.fmt import micros
+from workbench.viz.fmt import duration
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
 from workbench.widgets.plot import PlotView
@@ -61,7 +61,7 @@ class ModelView(widgets.VBox):
         self.summary.value = (
             f"<p><b>{escape(doc['model'])}</b> on <b>{escape(doc['device'])}</b> ({escape(self.policy)}): {len(ops)} "
             f"operators, {built} constructed in {doc['construct_seconds']:.2f} s. Predicted "
-            f"{micros(self.result.sum_seconds)} one kernel at a time, {micros(plan.seconds)} co-scheduled in "
+            f"{duration(self.result.sum_seconds)} one kernel at a time, {duration(plan.seconds)} co-scheduled in "
             f"{len(plan.waves)} waves on {plan.veus} vEUs.</p>"
         )
         self.times_view.show(operator_times_figure(
