@@ -22,7 +22,17 @@ from workbench.viz.compare import (
 )
 from workbench.viz.diff import changed_lines, side_by_side_diff
 from workbench.viz.axes import MAX_TICKS, labelled, log_ticks
-from workbench.viz.fmt import duration, gbps, gflops, human_bytes, rate, significant, table_time_unit, tile_text
+from workbench.viz.fmt import (
+    duration,
+    gbps,
+    gflops,
+    human_bytes,
+    rate,
+    significant,
+    table_time_unit,
+    tile_text,
+    time_columns,
+)
 from workbench.viz.graph import first_steps, graph_figure, node_positions
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.viz.runs import best_so_far_figure
@@ -323,3 +333,12 @@ def test_rtile_figure_shows_every_dimension_of_a_conv():
         assert len(bar.y) == len(shape)  # every dimension, the leading ones included
         assert list(bar.x) == pytest.approx([100 * d / n for d, n in zip(data, shape)])
         assert all(f"{d} of {n}" in h for d, n, h in zip(data, shape, bar.hovertext))
+
+
+def test_time_columns_share_one_unit_chosen_from_the_data():
+    rows = [{"rank": 1, "predicted us": 107427.73, "measured us": None}, {"rank": 2, "predicted us": 250000.0, "measured us": 1970.0}]
+    out, columns = time_columns(rows)
+    assert columns == ("predicted (ms)", "measured (ms)")
+    assert out[0] == {"rank": 1, "predicted (ms)": pytest.approx(107.42773), "measured (ms)": None}
+    assert out[1]["measured (ms)"] == pytest.approx(1.97)
+    assert time_columns([{"rank": 1}]) == ([{"rank": 1}], ())

@@ -4,9 +4,12 @@ Export pages."""
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from workbench import pipeline
+from workbench.app import views
 from workbench.app.profile_controls import profile_controls
 from workbench.app.state import candidates_page, picked, profile, set_picked
 from workbench.viz.compare import (
@@ -14,6 +17,7 @@ from workbench.viz.compare import (
     predicted_vs_measured_figure,
     ranks_from_selection,
 )
+from workbench.viz.fmt import duration, significant
 from workbench.viz.roofline import roofline_figure, roofline_points
 
 CHART_KEYS = ("roofline_chart", "compare_chart")
@@ -47,8 +51,7 @@ def _table(construction, result) -> None:
     rows = pipeline.candidate_rows(construction.candidates, result.measurements if result is not None else None)
     axes = [a.name for a in construction.expr.axes]
     st.caption("tiles per layer as " + " x ".join(axes) + "; selected points pick candidates")
-    micro = st.column_config.NumberColumn(format="%.2f")
-    st.dataframe(rows, hide_index=True, width="stretch", column_config={"predicted us": micro, "measured us": micro})
+    views.time_table(rows, **{"spread %": st.column_config.NumberColumn(format=views.FIGURES)})
 
 
 def _roofline(construction, result) -> None:
@@ -64,8 +67,8 @@ def _comparison(result) -> None:
     _selectable(predicted_vs_measured_figure(points), CHART_KEYS[1])
     c = result.comparison
     best = f"measured best at predicted rank {c.best_predicted_rank}" if c.best_predicted_rank else "no correct kernel"
-    st.caption(f"run {result.run_id} ({result.runner} runner, {result.seconds:.1f} s): {best}; "
-               f"measured / predicted geomean {c.error_ratio:.3g}")
+    ratio = f"; measured / predicted geomean {significant(c.error_ratio)}" if math.isfinite(c.error_ratio) else ""
+    st.caption(f"run {result.run_id} ({result.runner} runner, {duration(result.seconds)}): {best}{ratio}")
     if result.noise_note():
         st.warning(result.noise_note())
 
@@ -79,8 +82,8 @@ def _diagnosis(result) -> None:
     st.caption("achieved rates of the best repeat against the device's roofs; a roof binds from "
                "60% of it on, below that the time goes to latency and overhead")
     st.dataframe(rows, hide_index=True, width="stretch",
-                 column_config={"achieved GFLOP/s": st.column_config.NumberColumn(format="%.1f"),
-                                "% of peak": st.column_config.NumberColumn(format="%.1f")})
+                 column_config={"achieved GFLOP/s": st.column_config.NumberColumn(format=views.FIGURES),
+                                "% of peak": st.column_config.NumberColumn(format=views.FIGURES)})
 
 
 def _picker(cands) -> None:

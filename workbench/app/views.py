@@ -16,6 +16,7 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.pipeline import Construction, Request, Stepper
+from workbench.viz.fmt import time_columns
 from workbench.viz.graph import first_steps, graph_figure
 
 if TYPE_CHECKING:  # annotations only
@@ -25,6 +26,16 @@ if TYPE_CHECKING:  # annotations only
 
 FIGURES_KEPT = 64  # graph figures kept over all sessions (up to a few MB each for thousands of nodes)
 KERNELS_KEPT = 32
+# Three significant figures, never an exponent (sprintf's %g in the browser: 107427 -> 107000).
+FIGURES = "%.3g"
+
+
+def time_table(rows: list[dict], **column_config) -> None:
+    """A table whose `<what> us` columns (microseconds) are shown in one unit chosen from the data
+    (`fmt.time_columns`: `predicted (ms)` 107, not `predicted us` 107427.73), three figures each."""
+    shown, timed = time_columns(rows)
+    config = {name: st.column_config.NumberColumn(format=FIGURES) for name in timed} | column_config
+    st.dataframe(shown, hide_index=True, width="stretch", column_config=config)
 
 
 @st.cache_resource(show_spinner=False, max_entries=FIGURES_KEPT)

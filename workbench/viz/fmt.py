@@ -100,3 +100,14 @@ def tile_text(axes: Sequence[str], tile: Sequence[int]) -> str:
 
 def shape_text(shape: Sequence[int]) -> str:
     return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def time_columns(rows: Sequence[dict], suffix: str = " us") -> tuple[list[dict], tuple[str, ...]]:
+    """`rows` with every column named `<what> us` (microseconds, as `pipeline.candidate_rows`
+    gives them) rescaled to one unit for the whole table, the unit of the columns' median time
+    (`table_time_unit`), and renamed `<what> (<unit>)`; and the renamed columns, in order."""
+    timed = [k for k in dict.fromkeys(k for r in rows for k in r) if k.endswith(suffix)]
+    unit, scale = table_time_unit(r[k] * 1e-6 for r in rows for k in timed if r.get(k) is not None)
+    names = {k: f"{k[: -len(suffix)]} ({unit})" for k in timed}
+    out = [{names.get(k, k): (v * 1e-6 / scale if k in names and v is not None else v) for k, v in r.items()} for r in rows]
+    return out, tuple(names.values())
