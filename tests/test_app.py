@@ -245,7 +245,38 @@ def test_profile_fills_the_scatter_and_the_runs_history():
     at.multiselect[0].set_value([2, 3]).run()
     assert at.session_state["picked"] == (2, 3)
     goto(at, "Runs")
-    assert len(at.dataframe[0].value) == 1 and len(at.get("plotly_chart")) == 2
+    # best so far, predicted vs measured; and over the (>= 2) correct kernels: importance, slice, parallel
+    assert len(at.dataframe[0].value) == 1 and len(at.get("plotly_chart")) == 5
+
+
+def test_runs_page_shows_parameter_importance_and_slices(tmp_path, monkeypatch):
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.importance import importance, stored_trials
+    from workbench.profile.store import RunStore
+
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    construction = pipeline.construct(small(topk=6))
+    with RunStore(tmp_path / "runs.sqlite3") as store:  # the page's store: the workspace's runs.sqlite3
+        for seed in (0, 1):
+            pipeline.profile(construction, FakeRunner(seed=seed, incorrect=frozenset({2})), label="mm-64", store=store)
+        trials = stored_trials(store, store.runs())
+    found = importance(trials)
+    assert len(trials) == 2 * 5 and found  # rank 2 is wrong in both runs: never a trial
+    at = goto(app(small()), "Runs")
+    assert not errors(at)
+    shown = {c["layout"]["title"]["text"]: c for c in charts(at)}
+    bars = shown["parameter importance (marginal, epsilon squared of log time)"]["data"][0]
+    assert list(bars["y"]) == [f.parameter for f in reversed(found)]  # the most important on top
+    assert values(bars["x"]) == pytest.approx([f.adjusted or 0.0 for f in reversed(found)])
+    picked = at.selectbox(key="slice_parameter")
+    assert picked.value == found[0].parameter
+    picked.set_value(found[-1].parameter).run()
+    points = {c["layout"]["title"]["text"]: c for c in charts(at)}[f"slice: time against {found[-1].parameter}"]
+    measured = points["data"][0]
+    assert sorted(zip(values(measured["x"]), values(measured["y"]))) == \
+        sorted((t.value(found[-1].parameter), t.seconds) for t in trials)
+    assert points["layout"]["yaxis"]["type"] == "log"
+    assert any(t.startswith("the space: 10 measurements") for t in (c["layout"]["title"]["text"] for c in charts(at)))
 
 
 def table_rows(frame) -> list[dict]:
@@ -284,6 +315,44 @@ def test_unreachable_tracker_shows_an_error_and_keeps_the_last_result():
     button(at, "Profile").click().run()
     assert any("rpc tracker 127.0.0.1:1" in e for e in errors(at)) and not at.exception
     assert at.session_state["profile"] is previous and len(at.get("plotly_chart")) == 2
+
+
+def test_measurements_show_as_they_arrive_and_stay_when_the_run_fails(tmp_path, monkeypatch):
+    from workbench.errors import UserError
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.store import RunStore
+    from workbench.viz.fmt import duration
+
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    real, seen = pipeline.profile, []
+
+    def fails_after_two(construction, runner, *, progress, **kwargs):
+        def relay(event):
+            progress(event)  # the page's callback first: what it drew stays drawn
+            if event.phase == "measure":
+                seen.append(event)
+                if len(seen) == 2:
+                    raise UserError("the device went away")
+        return real(construction, FakeRunner(incorrect=frozenset({1})), progress=relay, **kwargs)
+
+    monkeypatch.setattr(pipeline, "profile", fails_after_two)
+    at = goto(app(small()), "Candidates")
+    construction = at.session_state["construction"]
+    button(at, "Profile").click().run()
+    assert not at.exception and "profile" not in at.session_state
+    assert any(e.startswith("the device went away (the 2 measured before are above") for e in errors(at)), errors(at)
+    (live,) = [d.value for d in at.dataframe if list(d.value.columns) == ["rank", "predicted", "measured"]]
+    assert live.to_dict("records") == [
+        {"rank": e.rank, "predicted": duration(construction.candidate(e.rank).predicted_seconds), "measured": e.message}
+        for e in seen]
+    assert seen[0].message == "wrong result: fake" and seen[1].message.endswith(" us")
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        (run,) = store.runs()
+        assert run.status == "cancelled" and len(store.measurements_of(run.id)) == 2
+    monkeypatch.setattr(pipeline, "profile", lambda construction, runner, **kwargs: real(construction, "fake", **kwargs))
+    button(at, "Profile").click().run()  # a run that finishes: the candidate table takes its measurements
+    assert at.session_state["profile"].run_id == run.id + 1 and not errors(at)
+    assert not [d for d in at.dataframe if list(d.value.columns) == ["rank", "predicted", "measured"]]
 
 
 def test_export_downloads_a_loadable_bundle(tmp_path):

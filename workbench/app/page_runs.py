@@ -1,5 +1,8 @@
 """Runs page: the history in the SQLite runs store, filtered by workload, device and policy; the
-best time so far of each (workload, device) over time, and predicted vs measured across runs."""
+best time so far of each (workload, device) over time, and predicted vs measured across runs; and,
+for one (workload, device), the space its measured candidates cover (Optuna-dashboard style): the
+importance of each tile dimension, the grid and virtual threads, a slice of the time against one of
+them, and parallel coordinates of all."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ import streamlit as st
 
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
+from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.store import RunStore
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
+from workbench.viz.importance import importance_figure, parallel_figure, slice_figure
 from workbench.viz.runs import best_so_far_figure
 
 ALL = "(all)"
@@ -58,6 +63,32 @@ def _charts(store: RunStore, runs, measured: dict) -> None:
     right.plotly_chart(predicted_vs_measured_figure(points), key="runs_compare_chart")
 
 
+def _space(store: RunStore, runs) -> None:
+    """Importance, slice and parallel coordinates over the correct measurements of the shown runs
+    of one (workload, device): one when the filters name one, else the one chosen here."""
+    st.subheader("Which parameters matter")
+    pairs = list(dict.fromkeys((r.workload, r.device) for r in reversed(runs)))  # most recent first
+    pair = pairs[0] if len(pairs) == 1 else st.selectbox(
+        "workload on device", pairs, format_func=lambda p: f"{p[0]} on {p[1]}", key="space_pair")
+    trials = stored_trials(store, [r for r in runs if (r.workload, r.device) == pair])
+    found = importance(trials)
+    if not found:
+        st.info(f"{len(trials)} correct measurements of {pair[0]} on {pair[1]}: parameter importance needs two or "
+                "more with different times.")
+        return
+    st.caption(
+        f"Over {len(trials)} correct measurements (each candidate of each shown run, its best repeat). Importance: "
+        "the share of the variance of log time that a parameter's values account for, adjusted for how many values "
+        "it takes (epsilon squared). It is marginal: each parameter alone, so parameters that matter only together "
+        "look weaker, and tiles that always change together share the credit.")
+    left, right = st.columns(2)
+    left.plotly_chart(importance_figure(found), key="importance_chart")
+    with right:
+        parameter = st.selectbox("slice: time against", [f.parameter for f in found], key="slice_parameter")
+        st.plotly_chart(slice_figure(slice_points(trials, parameter), parameter), key="slice_chart")
+    st.plotly_chart(parallel_figure(trials, [f.parameter for f in found]), key="parallel_chart")
+
+
 def page() -> None:
     st.title("Runs")
     store_path_input()
@@ -79,6 +110,7 @@ def page() -> None:
             st.caption(f"{len(runs)} runs in {path}")
             _table(runs, measured)
             _charts(store, runs, measured)
+            _space(store, runs)
     except UserError as err:
         st.error(str(err))
 

@@ -1,6 +1,7 @@
 """Profile controls of the Candidates page: runner (this machine, or a TVM RPC tracker), the runs
-store (a path inside the workspace), and a progress bar fed by the session's ProgressEvents. A
-failed session (bad tracker, unwritable store) shows an error and keeps the previous result."""
+store (a path inside the workspace), a progress bar fed by the session's ProgressEvents and, below
+it, each measurement as it arrives. A failed session (bad tracker, unwritable store) shows an error
+below what it measured before failing and keeps the previous result."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request, Timing
 from workbench.profile.store import RunStore, default_path
+from workbench.viz.fmt import duration
 
 if TYPE_CHECKING:  # annotations only
     from workbench.profile.session import ProgressEvent
@@ -85,19 +87,28 @@ def profile_controls(sel: Request, construction: Construction) -> None:
 
 def _run(sel: Request, construction: Construction, runner: str, tracker, key, repeat: int) -> None:
     bar = st.progress(0.0, text="profiling: starting the build workers...")
+    live = st.empty()  # redrawn on each measurement: the candidates measured so far
+    arrived: list[dict] = []
 
     def report(event: ProgressEvent) -> None:
         bar.progress(_fraction(event), text=f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:200])
+        if event.phase == "measure":
+            # The event carries the outcome as text (the time, or why there is none), not the
+            # Measurement: the table shows it as given beside the prediction.
+            arrived.append({"rank": event.rank, "predicted": duration(construction.candidate(event.rank).predicted_seconds),
+                            "measured": event.message})
+            live.dataframe(arrived, hide_index=True, width="stretch")
 
     try:
         with RunStore(store_path()) as store:
             result = pipeline.profile(construction, runner, label=sel.label, store=store, timing=Timing(repeat=repeat),
                                       progress=report, tracker=tracker, key=key)
     except UserError as err:
-        st.error(str(err))
+        st.error(str(err) + (f" (the {len(arrived)} measured before are above, stored as a cancelled run)" if arrived else ""))
         return
     finally:
         bar.empty()
+    live.empty()  # the candidate table now holds every measurement
     st.session_state.profile = result
     ok = sum(1 for m in result.measurements if m.ok)
     st.success(f"Profiled {len(result.measurements)} candidates ({ok} correct and timed) in {result.seconds:.1f} s; run {result.run_id}.")
