@@ -3,6 +3,7 @@ concurrent writers from two processes, and clear refusals of files that are not 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -222,3 +223,10 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     first, second = (conn.execute(sql, (r.id,)).fetchone() for r in runs)
     conn.close()
     assert first[0] < second[1] and second[0] < first[1]
+
+
+def test_programs_of_gives_each_candidates_stored_rprogram(tmp_path):
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        run_id = start(store)
+        assert store.programs_of(run_id) == {c.rank: json.loads(json.dumps(c.program.to_dict())) for c in candidates()}
+        assert store.programs_of(run_id + 1) == {}  # no such run

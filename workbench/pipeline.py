@@ -35,6 +35,7 @@ from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Measurement, Runner, Timing
+from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, profile_candidates
 from workbench.profile.workers import WorkerPool
 from workbench.viz.fmt import shape_text
@@ -43,7 +44,7 @@ from workbench.workload import Workload, suite_workload
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "build", "bundle_name_for", "Candidate", "candidate_rows",
     "cannot_profile_here", "check_export_path", "construct", "construct_model", "Construction", "DeviceSpec",
-    "diagnosis_rows", "export", "ExportResult", "Kernel", "KernelRejected", "load_device",
+    "diagnosis_rows", "export", "importance", "slice_points", "stored_trials", "ExportResult", "Kernel", "KernelRejected", "load_device",
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
     "request", "stepper", "Stepper", "Timing", "WorkerPool",
 ]

@@ -13,7 +13,7 @@ import streamlit as st
 
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
-from workbench.profile.importance import importance, slice_points, stored_trials
+from workbench.pipeline import importance, slice_points, stored_trials
 from workbench.profile.store import RunStore
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
 from workbench.viz.importance import importance_figure, parallel_figure, slice_figure

@@ -16,7 +16,6 @@ accounts for, not what would happen if it were changed alone.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -130,16 +129,8 @@ def stored_trials(store: RunStore, runs: Iterable[RunRecord]) -> tuple[Trial, ..
     correct, timed measurement with its candidate's parameters, by run then rank."""
     trials = []
     for run in runs:
-        programs = _programs_of(store, run.id)
+        programs = store.programs_of(run.id)
         for m in store.measurements_of(run.id):
             if m.measurement.ok and m.rank in programs:
                 trials.append(Trial(run.id, m.rank, parameters(programs[m.rank]), m.measurement.best_seconds))
     return tuple(trials)
-
-
-def _programs_of(store: RunStore, run_id: int) -> dict[int, dict]:
-    """rank -> the stored rProgram (its `to_dict`) of run `run_id`'s candidates. The store has no
-    public query for them (`measurements_of` gives ranks and times only), so this reads the one
-    column through the store's own read path (its lock, and SQLite errors as UserErrors)."""
-    rows = store._read("SELECT rank, rprogram FROM candidates WHERE run = ?", (run_id,))
-    return {rank: json.loads(text) for rank, text in rows}

@@ -226,6 +226,11 @@ class RunStore:
             for rank, predicted, runner, seconds, correct, error, build_seconds, created_at, versions in rows
         )
 
+    def programs_of(self, run_id: int) -> dict[int, dict]:
+        """rank -> the stored rProgram (`RProgram.to_dict`) of each candidate of run `run_id`."""
+        rows = self._read("SELECT rank, rprogram FROM candidates WHERE run = ? ORDER BY rank", (run_id,))
+        return {rank: json.loads(text) for rank, text in rows}
+
     def best_so_far(self, workload: str, device: str) -> tuple[BestPoint, ...]:
         """Per run of (workload label, device name), oldest first: its best correct time and the
         best over all runs up to it."""
