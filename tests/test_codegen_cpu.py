@@ -316,3 +316,12 @@ def test_lanes_need_a_whole_vector_of_k():
     program = _program(e, dict(i=(4, 8, 32), k=(8, 64, 256)))
     assert "y_rf_local" in schedule_cpu(e, program, AVX2_LIKE).mod.script()
     assert "y_rf" not in schedule_cpu(e, program, TINY_CPU).mod.script()
+
+
+def test_no_padding_without_a_vectorised_micro_kernel():
+    """A ragged matmul whose 8-column register tile is half a 16-lane vector keeps its guarded
+    tail: padding copies every input, worth it only for the unguarded vector micro-kernel."""
+    e = expr("matmul", M=100, N=64, K=64)
+    chains = dict(i=(6, 12, 48), j=(8, 32, 64), k=(1, 16, 64))
+    assert "A_pad" in schedule_cpu(e, _program(e, chains), AVX2_LIKE).mod.script()
+    assert "A_pad" not in schedule_cpu(e, _program(e, chains), TINY_CPU).mod.script()

@@ -59,7 +59,8 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
     common.inline_producers(sch, expr)
-    panels = _panel_inputs(expr, program)
+    # panels (and the padding that serves them) only for a micro-kernel with a vector axis
+    panels = _panel_inputs(expr, program) if _vector_axis(expr, program, device, True, True) is not None else ()
     padded = _pad_tails(sch, expr, program, panels, epilogues)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
