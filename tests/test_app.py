@@ -575,3 +575,25 @@ def test_models_page_refuses_a_tiny_model_declaring_a_huge_tensor():
     assert not at.exception
     assert any("tensor X has shape 100000x100000x100000" in e for e in errors(at))
     assert at.session_state["selection"].workload == SMALL
+
+
+def test_construction_names_an_emitted_program_by_its_rank():
+    at = goto(app(small(topk=3)), "Construction")
+    stepper, finished = at.session_state["stepper"], at.session_state["construction"]
+    ranks = {c.program: c.rank for c in finished.candidates}
+    emitted = [(i, s) for i, s in enumerate(stepper.steps, start=1) if s.candidate is not None]
+    # The last program emitted is the latest in the top-K: its emission number and rank differ.
+    position, step = next((i, s) for i, s in reversed(emitted) if s.candidate.program in ranks)
+    at.slider[0].set_value(position).run()
+    assert f"candidate #{ranks[step.candidate.program]} of the top-3" in at.markdown[1].value
+    assert "rProgram #" not in at.markdown[1].value  # the emission count is not shown as a number
+
+
+def test_kernel_page_opens_at_the_computation_with_the_whole_source_below():
+    at = goto(app(small(topk=2)), "Kernel")
+    assert not errors(at)
+    first = at.code[0].value
+    assert first.startswith("define") and "_compute_(" in first.splitlines()[0]
+    assert any(e.label.startswith("the whole LLVM IR") for e in at.expander)
+    assert not any("{" in c.value for c in at.caption)  # the target in words, not as JSON
+    assert all(" us" not in o or "e+" not in o for o in at.selectbox[0].options)  # no 1.97e+03 us

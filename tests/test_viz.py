@@ -30,12 +30,14 @@ from workbench.viz.fmt import (
     rate,
     significant,
     table_time_unit,
+    target_text,
     tile_text,
     time_columns,
 )
-from workbench.viz.graph import first_steps, graph_figure, node_positions
-from workbench.viz.roofline import roofline_figure, roofline_points
+from workbench.viz.graph import BAND, first_steps, graph_figure, node_positions
+from workbench.viz.roofline import RooflinePoint, roofline_figure, roofline_points
 from workbench.viz.runs import best_so_far_figure
+from workbench.viz.source import entry_line
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
 
 
@@ -342,3 +344,53 @@ def test_time_columns_share_one_unit_chosen_from_the_data():
     assert out[0] == {"rank": 1, "predicted (ms)": pytest.approx(107.42773), "measured (ms)": None}
     assert out[1]["measured (ms)"] == pytest.approx(1.97)
     assert time_columns([{"rank": 1}]) == ([{"rank": 1}], ())
+
+
+def test_target_text_has_no_dictionary_text():
+    assert target_text('{"kind": "llvm", "mcpu": "haswell", "num-cores": 2}') == "llvm, mcpu haswell, num-cores 2"
+    assert target_text('{"kind": "cuda", "keys": ["cuda", "gpu"]}') == "cuda, keys cuda gpu"
+    assert target_text("not json") == "not json"
+
+
+def test_side_by_side_diff_fits_each_side_in_half_the_width():
+    html = side_by_side_diff("x = " + "1" * 300 + "\n", "x = 2\n", "#1", "#2")
+    assert html.count("<col style") == 6 and "table-layout: fixed" in html
+    assert "nowrap" not in html.split("</style>", 1)[1]  # long lines wrap inside their column
+
+
+def test_entry_line_opens_llvm_and_assembly_at_the_computation():
+    ll = '@.str = private constant [4 x i8] c"abc\\00"\ndefine i32 @__tvm_ffi_main(ptr %a) {\n}\ndefine internal fastcc i32 @main_compute_(ptr %A) {\n}'
+    assert entry_line(ll, "ll", "main") == 3
+    assert entry_line(".text\n.globl x\n__tvm_ffi_main:\n ret\nmain_compute_:\n ret", "s", "main") == 4
+    assert entry_line("#include <cuda.h>\n\nextern \"C\" __global__ void main_kernel() {}", "cu", "main") == 2
+    assert entry_line("define i32 @other() {\n}", "ll", "main") == 0  # the first function
+    assert entry_line("no function here", "txt", "main") == 0
+
+
+def test_gantt_rows_are_readable_and_its_legend_sits_below():
+    from workbench.models.rammer import ROperator, rkernel, schedule
+    from workbench.viz.gantt import MIN_PLOT_PX, ROW_PX, gantt_figure
+
+    ops = tuple(ROperator(f"op{i}", (), (rkernel(1, 2, 1e-3, 2),)) for i in range(12))
+    two, many = gantt_figure(schedule(ops, 2), [o.name for o in ops]), gantt_figure(schedule(ops, 16), [o.name for o in ops])
+    assert two.layout.height >= MIN_PLOT_PX + 80 and many.layout.height >= ROW_PX * 16  # grows with its rows
+    assert two.layout.legend.orientation == "h" and two.layout.legend.y < 0
+    assert two.layout.xaxis.title.text == "time (ms)"  # the plan's unit, not microseconds of milliseconds
+
+
+def test_graph_layer_names_sit_at_the_middle_of_their_bands():
+    s = finished()
+    fig = figure_at(s, len(s.steps))
+    layers = len(s.graph().layers)
+    assert len(fig.layout.shapes) == layers
+    for layer, (tick, band) in enumerate(zip(fig.layout.yaxis.tickvals, fig.layout.shapes)):
+        assert tick == pytest.approx((band.y0 + band.y1) / 2) and band.y0 < layer + BAND / 2 < band.y1
+    ys = [y for t in fig.data if t.mode == "markers" and t.name != "current step" for y in t.y]
+    assert all(any(b.y0 <= y <= b.y1 for b in fig.layout.shapes) for y in ys)  # every node inside a band
+
+
+def test_roofline_ticks_read_as_rates_and_intensities():
+    fig = roofline_figure((("DRAM", 20.0),), 200.0, (RooflinePoint(1, 2.0, 30.0),))
+    assert all(t.endswith("FLOP/s") for t in fig.layout.yaxis.ticktext)
+    assert all(t.endswith("flop/B") for t in fig.layout.xaxis.ticktext)
+    assert fig.data[0].name == "DRAM 20 GB/s" and fig.data[1].name == "peak 200 GFLOP/s"

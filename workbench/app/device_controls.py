@@ -19,6 +19,7 @@ from workbench.hardware.loader import (
     spec_from_toml_text,
     spec_summary,
 )
+from workbench.viz.fmt import duration, gbps, gflops, human_bytes
 
 if TYPE_CHECKING:  # annotations only
     from workbench.hardware.spec import DeviceSpec
@@ -116,7 +117,8 @@ def _upload_controls() -> DeviceSpec | None:
 def _summary(spec: DeviceSpec) -> None:
     summary = spec_summary(spec)
     st.caption(f"**{spec.name}** ({spec.kind}, {spec.compute_units} units), peak "
-               + ", ".join(f"{d} {g:,.0f} GFLOP/s" for d, g in summary["peak_gflops"].items()))
-    rows = [{"layer": l["name"], "scope": l["scope"], "capacity": l["capacity_bytes"], "GB/s": l["bandwidth_gbps"],
-             "latency ns": l["latency_ns"]} for l in summary["layers"]]
+               + ", ".join(f"{d} {gflops(g)}" for d, g in summary["peak_gflops"].items()))
+    rows = [{"layer": l["name"], "scope": l["scope"], "capacity": human_bytes(l["capacity_bytes"]),
+             "bandwidth": gbps(l["bandwidth_gbps"]), "latency": duration(l["latency_ns"] * 1e-9)}
+            for l in summary["layers"]]
     st.dataframe(rows, hide_index=True, width="stretch")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.app import views
-from workbench.app.state import finish_with_progress, selection, stepper
+from workbench.app.state import construction, finish_with_progress, selection, stepper
 from workbench.pipeline import Stepper
-from workbench.viz.fmt import tile_text
+from workbench.viz.fmt import duration, tile_text
+from workbench.viz.graph import LAYOUT_NOTE
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
 
 VISITS_SHOWN = 15  # most-visited states listed for a Markov walk
@@ -62,7 +63,19 @@ def _step_text(s: Stepper) -> None:
         return
     what = step.action.describe(s.space.axes, s.space.layer_names)
     temperature = f" (temperature {step.temperature:.3g})" if step.temperature is not None and s.policy_name == "markov" else ""
-    st.markdown(f"`{what}`{temperature}: {step.note}")
+    note = _emitted(step.candidate) if step.candidate is not None else step.note
+    st.markdown(f"`{what}`{temperature}: {note}")
+
+
+def _emitted(candidate) -> str:
+    """An emitted program named by its rank in the finished top-K, the number every other page
+    and the CLI give it (the policy's note counts emissions, which is another order)."""
+    top = construction().candidates
+    rank = next((c.rank for c in top if c.program == candidate.program), None)
+    named = f"candidate #{rank} of the top-{len(top)}" if rank else f"a program outside the top-{len(top)}"
+    est = candidate.estimate
+    return (f"emits {named}: grid {candidate.program.grid}, {duration(candidate.predicted_seconds)} predicted, "
+            f"bound by {est.bottleneck}")
 
 
 def _alternatives(s: Stepper) -> None:
@@ -100,7 +113,8 @@ def _tiles(s: Stepper) -> tuple | None:
 
 
 def _tensors(s: Stepper, tiles) -> None:
-    st.markdown("**The step's rTiles on the tensors** (the region one tile of each layer touches; last two dimensions)")
+    st.markdown("**The step's rTiles on the tensors**: the region one tile of each layer touches, over the last two "
+                "dimensions; for tensors of more dimensions, the bars below give every dimension's covered share")
     zoom = st.checkbox("zoom to the tiles", value=True)
     st.plotly_chart(rtile_figure(s.space.expr, tiles, s.space.layer_names, zoom=zoom), key="rtile_chart")
 
@@ -129,6 +143,7 @@ def page() -> None:
     _step_text(s)
     graph, figure = views.graph_view(selection(), s.position, s)
     st.plotly_chart(figure, key="graph_chart")
+    st.caption(LAYOUT_NOTE)
     left, right = st.columns([3, 2])
     with right:
         tiles = _tiles(s)

@@ -14,7 +14,7 @@ from workbench import pipeline
 from workbench.app.state import candidates_page, in_workspace, ordered_ranks, profile, workspace
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request
-from workbench.viz.fmt import duration
+from workbench.viz.fmt import duration, human_bytes
 
 if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import ExportResult
@@ -48,7 +48,7 @@ def _download(sel: Request, construction: Construction, rank: int) -> None:
     bundle = st.session_state.get("bundle")
     if bundle is not None and bundle[:2] == (sel, rank):
         name, data = bundle[2:]
-        st.download_button(f"Download {name} ({len(data) / 1024:.0f} KiB)", data=data, file_name=name, mime="application/zip")
+        st.download_button(f"Download {name} ({human_bytes(len(data))})", data=data, file_name=name, mime="application/zip")
 
 
 def _write(sel: Request, construction: Construction, rank: int) -> None:

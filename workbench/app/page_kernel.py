@@ -12,7 +12,8 @@ from workbench.app.state import candidates_page, ordered_ranks, selection
 from workbench.codegen import targets
 from workbench.codegen.nvcc import compile_ptx, nvcc_path
 from workbench.viz.diff import changed_lines, side_by_side_diff
-from workbench.viz.fmt import duration
+from workbench.viz.fmt import duration, human_bytes, target_text
+from workbench.viz.source import entry_line
 
 CODE_HEIGHT = 520  # px: long kernels scroll inside the block
 ARTIFACTS = ("scheduled TVMScript", "schedule trace", "main source")
@@ -32,9 +33,25 @@ def _sources(kernel) -> None:
     names += ["scheduled TVMScript", "schedule trace"]
     tabs = st.tabs(names)
     for tab, (suffix, text) in zip(tabs, kernel.sources):
-        tab.code(text, language=targets.language(suffix), line_numbers=True, height=CODE_HEIGHT)
+        with tab:
+            _source(kernel, suffix, text)
     tabs[-2].code(kernel.tvmscript, language="python", height=CODE_HEIGHT)
     tabs[-1].code(kernel.trace_python, language="python", height=CODE_HEIGHT)
+
+
+def _source(kernel, suffix: str, text: str) -> None:
+    """A source opened at the kernel's computation (`viz.source.entry_line`), the whole text in an
+    expander and as a download."""
+    start = entry_line(text, suffix, kernel.entry)
+    lines = text.splitlines()
+    if start:
+        st.caption(f"from line {start + 1} of {len(lines)}, where the computation is defined; the whole file below")
+    st.code("\n".join(lines[start:]), language=targets.language(suffix), line_numbers=True, height=CODE_HEIGHT)
+    if start:
+        with st.expander(f"the whole {targets.source_name(suffix)} ({len(lines)} lines)"):
+            st.code(text, language=targets.language(suffix), line_numbers=True, height=CODE_HEIGHT)
+    st.download_button(f"Download {kernel.entry}.{suffix}", text, file_name=f"{kernel.entry}.{suffix}",
+                       key=f"download_{suffix}")
 
 
 def _diff(construction, ranks: list[int]) -> None:
@@ -74,8 +91,9 @@ def _ptxas_report(kernel, device) -> None:
         st.error(result.error or "ptxas gave no report")
         return
     r = result.ptxas_report
-    st.dataframe([{"arch": result.arch, "registers / thread": r.registers, "spill stores B": r.spill_store_bytes,
-                   "spill loads B": r.spill_load_bytes, "stack B": r.stack_bytes, "shared B": r.shared_bytes}], hide_index=True)
+    st.dataframe([{"arch": result.arch, "registers / thread": r.registers, "spill stores": human_bytes(r.spill_store_bytes),
+                   "spill loads": human_bytes(r.spill_load_bytes), "stack": human_bytes(r.stack_bytes),
+                   "shared": human_bytes(r.shared_bytes)}], hide_index=True)
 
 
 def page() -> None:
@@ -89,7 +107,7 @@ def page() -> None:
     if not kernel.ok:
         st.error(f"candidate {rank} did not build: {kernel.error}")
     else:
-        st.caption(f"template {kernel.template}, target {kernel.target}, built in {kernel.build_seconds:.2f} s")
+        st.caption(f"template {kernel.template}, target {target_text(kernel.target)}, built in {duration(kernel.build_seconds)}")
         _sources(kernel)
         _ptxas_report(kernel, sel.device)
     _diff(construction, ranks)

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import streamlit as st
 
+from workbench.app import views
 from workbench.app.state import selection, set_selection
 from workbench.errors import UserError
 from workbench.files import check_size, read_user_file
 from workbench import pipeline
 from workbench.pipeline import MAX_MODEL_BYTES, Request
 from workbench.viz.dataflow import dataflow_figure
+from workbench.viz.fmt import duration
 from workbench.viz.gantt import gantt_figure
 from workbench.workload import Workload
 
@@ -70,15 +72,15 @@ def page() -> None:
     seconds = [r.predicted_seconds for r in mc.results]
     cols = st.columns(3)
     cols[0].metric("operators", len(names))
-    cols[1].metric("predicted, one by one", f"{mc.sum_seconds * 1e6:.3g} us")
-    cols[2].metric("predicted, co-scheduled", f"{mc.plan.seconds * 1e6:.3g} us")
+    cols[1].metric("predicted, one by one", duration(mc.sum_seconds))
+    cols[2].metric("predicted, co-scheduled", duration(mc.plan.seconds))
     event = st.plotly_chart(dataflow_figure(names, [r.operator.preds for r in mc.results], seconds),
                             on_select="rerun", key="model-graph")
     picked = [p["customdata"] for p in event.selection.points] if event and event.selection.points else []
     rows = [{"#": i, "operator": n, "kind": r.operator.kind, "candidates": len(r.candidates),
-             "predicted us": None if s is None else round(s * 1e6, 3), "unsupported": r.reason}
+             "predicted us": None if s is None else s * 1e6, "unsupported": r.reason}
             for i, (n, r, s) in enumerate(zip(names, mc.results, seconds))]
-    st.dataframe(rows, hide_index=True)
+    views.time_table(rows)
     supported = [i for i, r in enumerate(mc.results) if r.supported]
     if supported:
         default = supported.index(picked[0]) if picked and picked[0] in supported else 0

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import re
 
 CONTEXT_LINES = 3  # unchanged lines shown around each change
-WRAP_COLUMNS = 72  # each side of the table gets half the page
+WRAP_COLUMNS = 60  # each side of the table gets half the page (less the line numbers)
+# Column widths (navigation link, line number, text; per side): a fixed layout, so a long line
+# wraps inside its half instead of pushing the right pane off the page.
+_COLUMNS = ('<col style="width: 1.5em"><col style="width: 3.5em"><col style="width: calc(50% - 5em)">' * 2)
 
 
 def side_by_side_diff(a: str, b: str, a_name: str, b_name: str) -> str:
@@ -16,7 +20,8 @@ def side_by_side_diff(a: str, b: str, a_name: str, b_name: str) -> str:
     table = difflib.HtmlDiff(tabsize=4, wrapcolumn=WRAP_COLUMNS).make_table(
         a.splitlines(), b.splitlines(), _escape(a_name), _escape(b_name), context=True, numlines=CONTEXT_LINES
     )
-    return f'{_STYLE}<div style="overflow-x: auto">{table}</div>'
+    table = re.sub(r"(\s*<colgroup></colgroup>){6}", _COLUMNS, table, count=1).replace(' nowrap="nowrap"', "")
+    return f"{_STYLE}{table}"
 
 
 def changed_lines(a: str, b: str) -> int:
@@ -31,8 +36,9 @@ def _escape(text: str) -> str:
 
 # difflib's own legend CSS classes; monospace and compact so long kernels stay readable.
 _STYLE = """<style>
-table.diff {font-family: monospace; font-size: 12px; border-collapse: collapse}
-table.diff td {padding: 0 4px; vertical-align: top; white-space: pre-wrap}
+table.diff {font-family: monospace; font-size: 12px; border-collapse: collapse; width: 100%; table-layout: fixed}
+table.diff td {padding: 0 4px; vertical-align: top; white-space: pre-wrap; overflow-wrap: anywhere}
+table.diff th {overflow: hidden; text-overflow: ellipsis; white-space: nowrap}
 .diff_header {background-color: #e0e0e0; text-align: right}
 .diff_next {background-color: #c0c0c0}
 .diff_add {background-color: #aaffaa}

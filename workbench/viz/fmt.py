@@ -7,6 +7,7 @@ in a column headed "us" or `1.97e+03 us`). Missing or non-finite values are show
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 
@@ -111,3 +112,17 @@ def time_columns(rows: Sequence[dict], suffix: str = " us") -> tuple[list[dict],
     names = {k: f"{k[: -len(suffix)]} ({unit})" for k in timed}
     out = [{names.get(k, k): (v * 1e-6 / scale if k in names and v is not None else v) for k, v in r.items()} for r in rows]
     return out, tuple(names.values())
+
+
+def target_text(target: str) -> str:
+    """A TVM target given as JSON (`Kernel.target`) in words: `{"kind": "llvm", "mcpu": "haswell"}`
+    -> `llvm, mcpu haswell` (no dictionary text in the pages)."""
+    try:
+        fields = json.loads(target)
+    except ValueError:
+        return target
+    if not isinstance(fields, dict):
+        return str(fields)
+    kind = fields.pop("kind", "")
+    words = [f"{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in fields.items()]
+    return ", ".join([str(kind)] * bool(kind) + words)
