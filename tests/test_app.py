@@ -597,3 +597,18 @@ def test_kernel_page_opens_at_the_computation_with_the_whole_source_below():
     assert any(e.label.startswith("the whole LLVM IR") for e in at.expander)
     assert not any("{" in c.value for c in at.caption)  # the target in words, not as JSON
     assert all(" us" not in o or "e+" not in o for o in at.selectbox[0].options)  # no 1.97e+03 us
+
+
+def test_form_errors_name_the_dashboards_inputs_not_cli_flags():
+    from workbench.app.messages import message
+    from workbench.errors import UserError
+
+    at = app()
+    at.radio[0].set_value("Expression").run()
+    at.text_input[1].set_value("i=4,j").run()  # the Extents box: the core says "--shape: ..."
+    shown = errors(at)
+    assert shown and all("--" not in e for e in shown) and any(e.startswith("Extents:") for e in shown), shown
+    assert message(UserError("--runner rpc needs --tracker HOST:PORT and --key KEY")) == \
+        "the RPC runner needs a tracker HOST:PORT and a device key"
+    assert message(UserError("--db /x: not a tile-workbench runs store")).startswith("runs store /x")
+    assert "--" not in message(UserError("--anything-new 3 is wrong"))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from workbench.app.state import preset
+from workbench.app.messages import message
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.files import check_size
@@ -82,7 +83,7 @@ def _calibrate(quick: bool) -> DeviceSpec | None:
         with st.spinner("calibrating..."):
             return calibrate(detected, quick=quick, progress=report)
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
     except Exception as err:  # the benchmark process can die in many ways; the session must not
         st.error(f"calibration failed: {first_line(err)}")
     finally:
@@ -100,7 +101,7 @@ def _upload_controls() -> DeviceSpec | None:
         check_size(len(data), f"spec {upload.name}", MAX_SPEC_BYTES)
         text = data.decode("utf-8")
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
         return None
     except UnicodeDecodeError:
         st.error(f"{upload.name}: not UTF-8 text")
@@ -110,7 +111,7 @@ def _upload_controls() -> DeviceSpec | None:
         # otherwise crash the server when the Kernel page builds a candidate.
         return spec_from_toml_text(text, label=upload.name)
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
         return None
 
 

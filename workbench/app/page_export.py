@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from workbench import pipeline
+from workbench.app.messages import message
 from workbench.app.state import candidates_page, in_workspace, ordered_ranks, profile, workspace
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request
@@ -42,7 +43,7 @@ def _download(sel: Request, construction: Construction, rank: int) -> None:
             with st.spinner(f"building and checking candidate {rank}..."):
                 st.session_state.bundle = (sel, rank) + _zip_bytes(sel, construction, rank)
         except UserError as err:
-            st.error(str(err))
+            st.error(message(err))
         except OSError as err:  # reading the zip back
             st.error(f"cannot read the bundle: {err.strerror or err}")
     bundle = st.session_state.get("bundle")
@@ -56,7 +57,7 @@ def _write(sel: Request, construction: Construction, rank: int) -> None:
     try:
         root = workspace()
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
         return
     st.caption(f"inside the workspace {root}")
     out = st.text_input("Bundle directory (new, or empty)", value=f"bundles/{pipeline.bundle_name_for(construction, rank, sel.label)}")
@@ -66,7 +67,7 @@ def _write(sel: Request, construction: Construction, rank: int) -> None:
             with st.spinner(f"building and checking candidate {rank}..."):
                 result = export(construction, rank, path, zip=False)
         except UserError as err:
-            st.error(str(err))
+            st.error(message(err))
             return
         st.success(f"Wrote {result.path}: {result.summary()}")
 

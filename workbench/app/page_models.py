@@ -10,6 +10,7 @@ from pathlib import Path
 import streamlit as st
 
 from workbench.app import views
+from workbench.app.messages import message
 from workbench.app.state import selection, set_selection
 from workbench.errors import UserError
 from workbench.files import check_size, read_user_file
@@ -66,7 +67,7 @@ def page() -> None:
         with st.spinner("importing and constructing every operator..."):
             mc = _constructed(path, digest, sel.device, sel.policy, sel.options)
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
         return
     names = [r.operator.name for r in mc.results]
     seconds = [r.predicted_seconds for r in mc.results]
@@ -90,7 +91,7 @@ def page() -> None:
                 _open_operator(sel, path, index)
                 st.switch_page("workbench/app/page_construction.py")  # relative to app.py
             except UserError as err:
-                st.error(str(err))
+                st.error(message(err))
     st.subheader("Co-schedule (Rammer wavefront)")
     st.plotly_chart(gantt_figure(mc.plan, names), key="model-gantt")
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from workbench.app import views
+from workbench.app.messages import message
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
 from workbench.pipeline import importance, slice_points, stored_trials
@@ -48,7 +50,7 @@ def _table(runs, measured: dict) -> None:
          "best us": _best_us(measured[r.id])}
         for r in reversed(runs)
     ]
-    st.dataframe(rows, hide_index=True, width="stretch", column_config={"best us": st.column_config.NumberColumn(format="%.2f")})
+    views.time_table(rows)  # "best (ms)": one unit for the column, chosen from its times
 
 
 def _charts(store: RunStore, runs, measured: dict) -> None:
@@ -112,7 +114,7 @@ def page() -> None:
             _charts(store, runs, measured)
             _space(store, runs)
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
 
 
 page()

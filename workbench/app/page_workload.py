@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.app.device_controls import device_controls
+from workbench.app.messages import message
 from workbench.app.state import OPTION_BOUNDS, built, construction, constructed, keep, selection
 from workbench.errors import UserError
 from workbench.ops.catalog import list_ops
@@ -79,7 +80,7 @@ def _workload_controls(current: Workload) -> Workload | None:
         w = Workload(w.op, w.params, w.expr, dtype, w.label)
         expr = built(w)
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err, {"--shape": "Extents" if source == SOURCES[2] else "shape"}))
         return None
     axes = ", ".join(f"{a.name}={a.extent}{'' if a.kind == 'spatial' else ' (reduce)'}" for a in expr.axes)
     tensors = ", ".join(f"{t.name}[{'x'.join(map(str, t.shape))}]" for t in expr.tensors)
@@ -108,7 +109,7 @@ def _apply(new: Request) -> None:
     try:
         s, c = constructed(new)
     except UserError as err:
-        st.error(str(err))
+        st.error(message(err))
         return
     keep(new, s, c)
     st.success(f"Selected {new.describe()}: {len(c.candidates)} candidates in {c.steps} steps.")

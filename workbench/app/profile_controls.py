@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from workbench import pipeline
+from workbench.app.messages import message
 from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request, Timing
@@ -36,7 +37,7 @@ def _on_store_path() -> None:
         st.session_state.store_path = str(in_workspace(st.session_state.store_path_input))
         st.session_state.pop("store_path_error", None)
     except UserError as err:
-        st.session_state.store_path_error = str(err)
+        st.session_state.store_path_error = message(err)
 
 
 def store_path_input() -> None:
@@ -44,7 +45,7 @@ def store_path_input() -> None:
     try:
         st.session_state.store_path_input = store_path()
     except UserError as err:  # the workspace itself cannot be made
-        st.error(str(err))
+        st.error(message(err))
         return
     st.text_input("Runs store (SQLite)", key="store_path_input", on_change=_on_store_path,
                   help="a path inside the workspace (relative paths are taken from there)")
@@ -104,7 +105,7 @@ def _run(sel: Request, construction: Construction, runner: str, tracker, key, re
             result = pipeline.profile(construction, runner, label=sel.label, store=store, timing=Timing(repeat=repeat),
                                       progress=report, tracker=tracker, key=key)
     except UserError as err:
-        st.error(str(err) + (f" (the {len(arrived)} measured before are above, stored as a cancelled run)" if arrived else ""))
+        st.error(message(err) + (f" (the {len(arrived)} measured before are above, stored as a cancelled run)" if arrived else ""))
         return
     finally:
         bar.empty()

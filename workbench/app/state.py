@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from workbench import pipeline
+from workbench.app.messages import message
 from workbench.errors import UserError
 from workbench.hardware.loader import list_presets, load_spec
 from workbench.pipeline import Construction, Request, Stepper
@@ -85,7 +86,7 @@ def selection() -> Request:
             try:
                 sel = request_from_query(st.query_params.to_dict())
             except UserError as err:
-                st.error(f"the link's selection: {err}")
+                st.error(f"the link's selection: {message(err)}")
         st.session_state.selection = sel
         _to_url(sel)
     return st.session_state.selection
@@ -199,7 +200,7 @@ def stepper() -> Stepper | None:
         try:
             _hold(sel, *constructed(sel))
         except UserError as err:
-            st.error(str(err))
+            st.error(message(err))
             return None
     return st.session_state.stepper
 
