@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
+
+from workbench.viz.fmt import significant
 
 _STYLE = ("border-collapse: collapse; font-size: 12px; font-family: var(--jp-code-font-family, monospace)")
 _CELL = "padding: 1px 8px; border-bottom: 1px solid #ddd; text-align: left"
@@ -11,11 +14,12 @@ _MARKED = "background-color: #fff3bf"
 
 
 def cell_text(value: object) -> str:
-    """A cell's text: floats with four significant figures, None as empty."""
-    if value is None:
+    """A cell's text: floats with four significant figures and no exponent (107427.73 -> 107400,
+    not 1.074e+05), None and NaN as empty."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return significant(value, 4)
     return str(value)
 
 
