@@ -27,6 +27,7 @@ from workbench.viz.fmt import (
     gbps,
     gflops,
     human_bytes,
+    plain_note,
     rate,
     significant,
     table_time_unit,
@@ -394,3 +395,9 @@ def test_roofline_ticks_read_as_rates_and_intensities():
     assert all(t.endswith("FLOP/s") for t in fig.layout.yaxis.ticktext)
     assert all(t.endswith("flop/B") for t in fig.layout.xaxis.ticktext)
     assert fig.data[0].name == "DRAM 20 GB/s" and fig.data[1].name == "peak 200 GFLOP/s"
+
+
+def test_plain_note_writes_tiles_as_the_pages_do():
+    assert plain_note("start: smallest aligned tile {'i': 4, 'j': 16, 'k': 1} at registers") == \
+        "start: smallest aligned tile i=4, j=16, k=1 at registers"
+    assert plain_note("no tile here {x}") == "no tile here {x}"
