@@ -229,6 +229,17 @@ def test_apply_asks_before_replacing_a_profiled_selection():
     assert at.session_state["selection"].workload.label == "cpu-core:mm-512" and "profile" not in at.session_state
 
 
+def test_noise_that_hides_the_order_is_shown_after_profiling():
+    from workbench.profile.fake import FakeRunner
+
+    at = app(small())
+    loud = pipeline.profile(pipeline.construct(small()), FakeRunner(spread=0.0, noise=0.5, seed=1))
+    assert loud.indistinguishable  # the repeats vary far more than the candidates
+    at.session_state["profile"] = loud
+    goto(at, "Candidates")
+    assert any("cannot be told apart" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
 def test_profile_fills_the_scatter_and_the_runs_history():
     at = goto(app(small()), "Candidates")
     number(at, "repeats per candidate").set_value(1)

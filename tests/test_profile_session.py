@@ -151,3 +151,20 @@ def test_a_markov_gpu_candidate_is_profiled_and_exported_with_the_same_virtual_t
     assert plain != source and plain.encode() not in library
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["rprogram"]["vthreads"] == dict(cand.program.vthreads)
+
+
+def test_a_busy_machine_is_said(monkeypatch):
+    import os
+
+    import workbench.profile.session as session
+
+    c = mm64()
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(session.os, "getloadavg", lambda: (cores * 0.9, 0.0, 0.0))
+    busy = profile_candidates(c.expr, TINY_CPU, c.candidates[:1], runner="local", timing=FAST)
+    assert busy.load == cores * 0.9 and f"load average {cores * 0.9:.1f} on {cores} cores" in busy.load_note()
+    assert busy.to_dict()["load_average_at_start"] == cores * 0.9
+    fake = profile_candidates(c.expr, TINY_CPU, c.candidates[:1], runner=FakeRunner())
+    assert fake.load == cores * 0.9 and fake.load_note() == ""  # nothing was timed on this machine
+    monkeypatch.setattr(session.os, "getloadavg", lambda: (cores * 0.1, 0.0, 0.0))
+    assert profile_candidates(c.expr, TINY_CPU, c.candidates[:1], runner="local", timing=FAST).load_note() == ""

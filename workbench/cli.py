@@ -301,8 +301,9 @@ def cmd_profile(args) -> int:
         measured = f"{cand['measured_seconds'] * 1e6:10.2f} us" if cand["measured_seconds"] else f"{'-':>13s}"
         lines.append(f"#{cand['rank']:<3d} predicted {cand['predicted_seconds'] * 1e6:10.2f} us  measured {measured}  {cand['error'] or ('ok' if cand['correct'] else '')}")
     lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, measured best at predicted rank {doc['best_predicted_rank']}")
-    if result.noise_note():
-        lines.append(result.noise_note())
+    for note in (result.load_note(), result.noise_note()):
+        if note:
+            lines.append(note)
     if result.best is not None:
         lines.append(f"#{result.best.rank}: {result.diagnoses[result.best.rank].sentence}")
     return _emit(args, doc, "\n".join(lines))

@@ -69,8 +69,9 @@ def _comparison(result) -> None:
     best = f"measured best at predicted rank {c.best_predicted_rank}" if c.best_predicted_rank else "no correct kernel"
     ratio = f"; measured / predicted geomean {significant(c.error_ratio)}" if math.isfinite(c.error_ratio) else ""
     st.caption(f"run {result.run_id} ({result.runner} runner, {duration(result.seconds)}): {best}{ratio}")
-    if result.noise_note():
-        st.warning(result.noise_note())
+    for note in (result.load_note(), result.noise_note()):
+        if note:
+            st.warning(note)
 
 
 def _diagnosis(result) -> None:

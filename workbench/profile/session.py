@@ -29,6 +29,9 @@ RUNNERS = ("local", "rpc", "fake")
 # A build (schedule + LLVM/NVCC compile + link) takes well under a second for the catalog's
 # workloads; a minute means the compiler is stuck.
 BUILD_TIMEOUT_S = 60.0
+# A 1-minute load average of this share of the logical CPUs, before a local session starts, means
+# other work competes for the cores the kernels are timed on (TVM's pool uses them all).
+BUSY_LOAD = 0.5
 # Each build worker holds its own TVM (a few hundred MB): more than this buys little.
 MAX_BUILD_JOBS = 8
 
@@ -60,10 +63,20 @@ class ProfileResult:
     comparison: Comparison
     run_id: int | None  # the run's id in the store (None when not stored)
     seconds: float  # wall time of the whole session
+    load: float | None = None  # this machine's 1-minute load average when the session started
+    cores: int = 1  # this machine's logical CPUs
 
     @property
     def best(self) -> Measurement | None:
         return best_measured(self.measurements)
+
+    def load_note(self) -> str:
+        """A sentence when other work was keeping this machine's cores busy as the session started
+        (local runs only: its times are then slowed by an unknown amount); "" otherwise."""
+        if self.runner != "local" or self.load is None or self.load < BUSY_LOAD * self.cores:
+            return ""
+        return (f"the machine was busy: load average {self.load:.1f} on {self.cores} cores when profiling started, "
+                f"so these times may be inflated; profile again on a quiet machine before trusting them")
 
     @property
     def diagnoses(self) -> dict[int, Diagnosis]:
@@ -104,6 +117,8 @@ class ProfileResult:
             "candidates": [c.to_dict(m) | {"diagnosis": d.to_dict() if (d := diagnoses.get(c.rank)) else None}
                            for c, m in zip(self.candidates, self.measurements)],
             "best_seconds": best.best_seconds if best else None,
+            "load_average_at_start": self.load,
+            "cores": self.cores,
             "indistinguishable_from_best": list(self.indistinguishable),
             **self.comparison.to_dict(),
         }
@@ -157,6 +172,7 @@ def profile_candidates(
     cannot run) raises UserError before anything runs. With a `pool`, builds and local
     measurements run in its warm workers (TVM imported once for many sessions)."""
     start = time.perf_counter()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before this session adds its own
     chosen = make_runner(runner, device, tracker, key, pool)
     candidates = tuple(sorted(candidates, key=lambda c: c.rank))
     if not candidates:
@@ -186,7 +202,7 @@ def profile_candidates(
         [m.best_seconds if m.ok else None for m in measurements],
     )
     return ProfileResult(label, device.name, policy, chosen.name, candidates, measurements, comparison, run_id,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, load, os.cpu_count() or 1)
 
 
 def _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool) -> None:

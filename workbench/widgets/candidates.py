@@ -153,8 +153,9 @@ class PredictedVsMeasured(widgets.VBox):
         ratio = "" if math.isnan(cmp.error_ratio) else f"; measured / predicted geomean {cmp.error_ratio:.3g}"
         lines = [message(f"{len(points)} candidates, {cmp.n} correct and timed in {result.seconds:.1f} s "
                          f"({result.runner} runner): {best}{ratio}", "ok" if cmp.n else "error")]
-        if result.noise_note():
-            lines.append(message(result.noise_note(), "error"))
+        for note in (result.load_note(), result.noise_note()):
+            if note:
+                lines.append(message(note, "error"))
         failed = [{"rank": m.rank, "error": m.error} for m in result.measurements if not m.ok]
         diagnoses = pipeline.diagnosis_rows(result)
         self.status.value = ("".join(lines) + (html_table(diagnoses) if diagnoses else "")
