@@ -1,6 +1,8 @@
 """Real-browser smoke test: `streamlit run app.py` in a subprocess, driven by Debian's headless
 chromium through Playwright. Every page renders its main sections with no exception box, a Next
-click re-renders the construction, and a screenshot of each page lands in tests/artifacts/.
+click re-renders the construction, and a screenshot of each page lands in tests/artifacts/. The text a
+page shows (captions, tables' accessible text, chart labels; not kernel sources, which are code)
+holds no "nan", no "Traceback" and no Python dictionary text.
 
 `make test` installs /usr/bin/chromium where it is missing (CI runs as root), so the skip below
 only happens on a machine where that install was not possible.
@@ -9,6 +11,7 @@ only happens on a machine where that install was not possible.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,6 +39,17 @@ PAGES = (
     ("runs", "Runs", 0, "text=No runs store"),
     ("models", "Models", 2, "[data-testid='stDataFrame']"),
 )
+
+# What a page must never show: a missing number printed as such, a Python error, a dict's repr.
+FORBIDDEN = (re.compile(r"\bnan\b", re.IGNORECASE), re.compile(r"Traceback"), re.compile(r"\{'"))
+# The page's text without code blocks (kernel sources and TVMScript are code, not the page's words)
+# and without style sheets; chart labels (SVG text) included.
+SHOWN_TEXT = """() => {
+  const main = document.querySelector("[data-testid='stMain']") || document.body;
+  const copy = main.cloneNode(true);
+  copy.querySelectorAll("[data-testid='stCode'], style, script").forEach(e => e.remove());
+  return copy.textContent;
+}"""
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (`make test` installs it: apt-get install -y chromium)")
 
@@ -108,10 +122,19 @@ def test_every_page_renders_in_chromium(server):
                 page.screenshot(path=str(ARTIFACTS / f"{title.lower()}.png"), full_page=True)
                 assert page.locator("[data-testid='stException']").count() == 0, f"{title}: exception box shown"
                 assert page.locator("[data-testid='stAlertContentError']").count() == 0, f"{title}: error shown"
+                _shows_no_raw_values(page, title)
             _next_click(page, server)
             _select_on_the_roofline(page, server)
         finally:
             browser.close()
+
+
+def _shows_no_raw_values(page, title: str) -> None:
+    text = page.evaluate(SHOWN_TEXT)
+    assert title.split()[0] in text  # the text was read at all (the page title is in it)
+    for pattern in FORBIDDEN:
+        found = pattern.search(text)
+        assert found is None, f"{title} shows {found.group()!r}: ...{text[max(0, found.start() - 80): found.end() + 80]}..."
 
 
 def _next_click(page, server: str) -> None:
@@ -130,6 +153,7 @@ def _next_click(page, server: str) -> None:
     expect(page.locator(".js-plotly-plot .legendtext:has-text('current step')")).to_have_count(1, timeout=RENDER_TIMEOUT_MS)
     assert page.locator("[data-testid='stException']").count() == 0
     page.screenshot(path=str(ARTIFACTS / "construction-step-1.png"), full_page=True)
+    _shows_no_raw_values(page, "Construction at step 1")
 
 
 def _select_on_the_roofline(page, server: str) -> None:
@@ -146,3 +170,4 @@ def _select_on_the_roofline(page, server: str) -> None:
     page.wait_for_function("document.querySelector('[data-testid=\"stMultiSelect\"]').innerText.includes('10')", timeout=RENDER_TIMEOUT_MS)
     assert "10" in picker.inner_text()
     page.screenshot(path=str(ARTIFACTS / "candidates-selected.png"), full_page=True)
+    _shows_no_raw_values(page, "Candidates with a selection")

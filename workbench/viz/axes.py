@@ -46,16 +46,18 @@ def log_axis(lo: float, hi: float, text: Callable[[float], str], title: str, pad
             "tickvals": values, "ticktext": texts}
 
 
-def labelled(xs: Sequence[float], ys: Sequence[float], x_log: bool = True, y_log: bool = True) -> list[bool]:
-    """Which points get a permanent label: greedily, in the order given (the most important
-    first), each point whose label would not overlap one already placed; the others keep their
-    hover text. Distances are shares of the points' spread on each axis (log axes in decades)."""
-    def scaled(values: Sequence[float], log: bool) -> list[float]:
-        vals = [math.log10(v) if log else v for v in values]
-        span = (max(vals) - min(vals)) if vals else 0.0
-        return [(v - min(vals)) / span if span else 0.0 for v in vals]
+def labelled(xs: Sequence[float], ys: Sequence[float], x_range: tuple[float, float] | None = None,
+             y_range: tuple[float, float] | None = None) -> list[bool]:
+    """Which points of a log-log chart get a permanent label: greedily, in the order given (the
+    most important first), each point whose label would not overlap one already placed; the
+    others keep their hover text. Distances are shares of the axis ranges (`x_range`, `y_range`
+    in data units; default: the points' own spread), in decades."""
+    def scaled(values: Sequence[float], span: tuple[float, float] | None) -> list[float]:
+        logs = [math.log10(v) for v in values]
+        lo, hi = (math.log10(span[0]), math.log10(span[1])) if span else (min(logs, default=0), max(logs, default=0))
+        return [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in logs]
 
-    px, py = scaled(xs, x_log), scaled(ys, y_log)
+    px, py = scaled(xs, x_range), scaled(ys, y_range)
     placed: list[int] = []
     out = []
     for i in range(len(px)):
@@ -66,12 +68,26 @@ def labelled(xs: Sequence[float], ys: Sequence[float], x_log: bool = True, y_log
     return out
 
 
-# A legend below the plot, in rows: never taller than the plot beside a chart, never over it.
-LEGEND_BELOW = {"orientation": "h", "yanchor": "top", "y": -0.12, "xanchor": "left", "x": 0}
+# A legend below the plot, in rows: never taller than the plot beside a chart, never over it. It
+# sits at the bottom of the figure (container coordinates), under a bottom margin that holds the
+# x axis's tick labels and title and then the legend's rows.
+AXIS_PX = 60  # x tick labels and the axis title
 LEGEND_ROW_PX = 22
 LEGEND_PER_ROW = 2  # entries per legend row at half the page's width (names are long)
 
 
+def legend_rows(entries: int, per_row: int = LEGEND_PER_ROW) -> int:
+    return math.ceil(entries / per_row)
+
+
+def legend_below(entries: int, per_row: int = LEGEND_PER_ROW) -> tuple[dict, int]:
+    """(the legend's layout, the bottom margin in pixels) for `entries` legend entries in rows
+    of `per_row` under the x axis."""
+    legend = {"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0.0, "xanchor": "left", "x": 0}
+    return legend, AXIS_PX + LEGEND_ROW_PX * legend_rows(entries, per_row)
+
+
 def legend_height(plot_px: int, entries: int, per_row: int = LEGEND_PER_ROW) -> int:
-    """The figure height that keeps `plot_px` for the plot when a legend of `entries` sits below."""
-    return plot_px + LEGEND_ROW_PX * math.ceil(entries / per_row)
+    """The figure height that keeps `plot_px` for the plot and its top margin when a legend of
+    `entries` sits below (`legend_below`)."""
+    return plot_px + legend_below(entries, per_row)[1]

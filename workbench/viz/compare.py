@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from workbench.profile.compare import compare
-from workbench.viz.axes import LEGEND_BELOW, labelled, legend_height, log_axis
+from workbench.viz.axes import labelled, legend_below, legend_height, log_axis
 from workbench.viz.fmt import duration
 
-PLOT_PX = 420  # the plotting area; the legend below adds its rows
+PAD = 1.5  # the axes reach this factor beyond the points
+PLOT_PX = 380  # the plotting area and the title; the axis and the legend below add theirs
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,15 @@ def predicted_vs_measured_figure(points: Sequence[ComparedPoint], title: str = "
     groups: dict[str, list[ComparedPoint]] = {}
     for p in points:
         groups.setdefault(p.group, []).append(p)
+    values = [v for p in points for v in (p.predicted_seconds, p.measured_seconds) if v]
+    lo, hi = (min(values), max(values)) if values else (1e-6, 1e-5)
+    span = (lo / PAD, hi * PAD)  # both axes: the y = x line is the diagonal
     traces = []
     for group, members in groups.items():
         shown = sorted((p for p in members if p.measured_seconds), key=lambda p: p.rank)
         name = f"{group} ({_correlation_text(members)})" if group else "candidates"
         xs, ys = [p.predicted_seconds for p in shown], [p.measured_seconds for p in shown]
-        labels = labelled(xs, ys) if len(groups) == 1 else [False] * len(shown)
+        labels = labelled(xs, ys, span, span) if len(groups) == 1 else [False] * len(shown)
         traces.append(go.Scatter(
             x=xs, y=ys, mode="markers+text" if any(labels) else "markers", name=name,
             text=[f"#{p.rank}" if show else "" for p, show in zip(shown, labels)], textposition="top center",
@@ -57,16 +61,15 @@ def predicted_vs_measured_figure(points: Sequence[ComparedPoint], title: str = "
             hovertext=[f"#{p.rank}: predicted {duration(p.predicted_seconds)}, measured {duration(p.measured_seconds)}"
                        + (f" ({group})" if group else "") for p in shown],
         ))
-    values = [v for p in points for v in (p.predicted_seconds, p.measured_seconds) if v]
-    lo, hi = (min(values), max(values)) if values else (1e-6, 1e-5)
-    traces.append(go.Scatter(x=[lo / 1.5, hi * 1.5], y=[lo / 1.5, hi * 1.5], mode="lines", name="y = x",
+    traces.append(go.Scatter(x=list(span), y=list(span), mode="lines", name="y = x",
                              hoverinfo="skip", line={"dash": "dash", "color": "black"}))
     heading = title or (_correlation_text(points) if len(groups) <= 1 else f"{len(groups)} runs")
     fig = go.Figure(traces)
+    legend, bottom = legend_below(len(traces))
     fig.update_layout(
-        height=legend_height(PLOT_PX, len(traces)), margin={"l": 10, "r": 10, "t": 40, "b": 40},
-        title={"text": heading, "font": {"size": 13}}, legend=LEGEND_BELOW,
-        xaxis=log_axis(lo, hi, duration, "predicted"), yaxis=log_axis(lo, hi, duration, "measured"),
+        height=legend_height(PLOT_PX, len(traces)), margin={"l": 10, "r": 10, "t": 40, "b": bottom},
+        title={"text": heading, "font": {"size": 13}}, legend=legend,
+        xaxis=log_axis(lo, hi, duration, "predicted", PAD), yaxis=log_axis(lo, hi, duration, "measured", PAD),
     )
     return fig
 

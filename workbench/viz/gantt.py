@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from workbench.models.rammer import Placement, Plan
-from workbench.viz.axes import LEGEND_BELOW, legend_height
+from workbench.viz.axes import legend_below, legend_height
 from workbench.viz.fmt import duration, time_unit
 
 # Twenty distinct colours (the tab10 palette, then its light halves): a model has up to ~20 kernels.
@@ -53,10 +53,11 @@ def gantt_figure(plan: Plan, names: Sequence[str]) -> go.Figure:
     title = (f"co-scheduled {duration(plan.seconds)} on {plan.veus} vEUs in {len(plan.waves)} waves "
              f"(one kernel at a time: {duration(plan.sequential_seconds)})")
     plot_px = min(MAX_PLOT_PX, max(MIN_PLOT_PX, ROW_PX * plan.veus))
+    legend, bottom = legend_below(len(traces), LEGEND_PER_ROW)
     fig.update_layout(
-        barmode="overlay", bargap=0.15, height=legend_height(plot_px + 80, len(traces), LEGEND_PER_ROW),
-        margin={"l": 10, "r": 10, "t": 40, "b": 40}, title={"text": title, "font": {"size": 13}},
-        legend=LEGEND_BELOW | {"y": -0.15}, xaxis={"title": f"time ({unit})", "rangemode": "tozero"},
+        barmode="overlay", bargap=0.15, height=legend_height(plot_px + 40, len(traces), LEGEND_PER_ROW),
+        margin={"l": 10, "r": 10, "t": 40, "b": bottom}, title={"text": title, "font": {"size": 13}},
+        legend=legend, xaxis={"title": f"time ({unit})", "rangemode": "tozero"},
         yaxis={"title": "vEU", "autorange": "reversed", "dtick": max(1, plan.veus // 16)},
     )
     return fig

@@ -15,11 +15,13 @@ from math import log10
 
 import plotly.graph_objects as go
 
-from workbench.viz.axes import labelled, log_ticks
+from workbench.viz.axes import labelled, legend_below, legend_height, log_ticks
 from workbench.viz.fmt import gbps, gflops, significant
 
 LAYER_DASHES = ("dot", "dashdot", "dash", "solid")
 RANGE_MARGIN = 4.0  # the x range extends this factor beyond the points and ridge points
+PLOT_PX = 360  # the plotting area and the title; the axis and the legend below add theirs
+LEGEND_PER_ROW = 3  # ceilings and point kinds have short names
 Y_DECADES = 1.5  # the y range reaches this many decades below the slowest point (or the peak)
 
 
@@ -57,6 +59,8 @@ def roofline_figure(layers: Sequence[tuple[str, float]], peak_gflops: float, poi
     """Log-log roofline: a ceiling per (layer name, bandwidth GB/s), the compute peak, and the
     predicted (and measured) candidates; `customdata` of a point is its rank."""
     lo, hi = _x_range(layers, peak_gflops, points)
+    slowest = min([p.gflops for p in points] + [peak_gflops])
+    y_lo, y_hi = slowest / 10**Y_DECADES, peak_gflops * 2
     traces = []
     for i, (name, bw) in enumerate(layers):
         ridge = peak_gflops / bw
@@ -72,7 +76,7 @@ def roofline_figure(layers: Sequence[tuple[str, float]], peak_gflops: float, poi
         if chosen:
             # Ranks as labels where they overlap no other label (best ranks first); all on hover.
             chosen = sorted(chosen, key=lambda p: p.rank)
-            labels = labelled([p.intensity for p in chosen], [p.gflops for p in chosen])
+            labels = labelled([p.intensity for p in chosen], [p.gflops for p in chosen], (lo, hi), (y_lo, y_hi))
             traces.append(go.Scatter(
                 x=[p.intensity for p in chosen], y=[p.gflops for p in chosen], name=kind,
                 mode="markers+text" if any(labels) else "markers",
@@ -80,14 +84,14 @@ def roofline_figure(layers: Sequence[tuple[str, float]], peak_gflops: float, poi
                 customdata=[p.rank for p in chosen], marker={"symbol": symbol, "size": 10}, hoverinfo="text",
                 hovertext=[f"#{p.rank} {kind}: {significant(p.intensity)} flop/B, {gflops(p.gflops)}" for p in chosen],
             ))
-    slowest = min([p.gflops for p in points] + [peak_gflops])
-    y_lo, y_hi = slowest / 10**Y_DECADES, peak_gflops * 2
-    x_ticks, x_text = log_ticks(lo, hi, lambda v: f"{significant(v)} flop/B")
+    x_ticks, x_text = log_ticks(lo, hi, significant)  # the unit is in the axis title
     y_ticks, y_text = log_ticks(y_lo, y_hi, gflops)
     fig = go.Figure(traces)
+    legend, bottom = legend_below(len(traces), LEGEND_PER_ROW)
     fig.update_layout(
-        height=420, margin={"l": 10, "r": 10, "t": 30, "b": 40},
-        xaxis={"type": "log", "title": "arithmetic intensity (flop per byte from the bottom layer)",
+        height=legend_height(PLOT_PX, len(traces), LEGEND_PER_ROW), margin={"l": 10, "r": 10, "t": 30, "b": bottom},
+        legend=legend,
+        xaxis={"type": "log", "title": "arithmetic intensity (flop/B read from the bottom layer)",
                "range": [log10(lo), log10(hi)], "tickvals": x_ticks, "ticktext": x_text},
         yaxis={"type": "log", "title": "speed", "range": [log10(y_lo), log10(y_hi)],
                "tickvals": y_ticks, "ticktext": y_text},

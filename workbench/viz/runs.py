@@ -8,11 +8,11 @@ from datetime import datetime
 import plotly.graph_objects as go
 
 from workbench.profile.store import BestPoint
-from workbench.viz.axes import LEGEND_BELOW, legend_height, log_axis
+from workbench.viz.axes import legend_below, legend_height, log_axis
 from workbench.viz.fmt import duration
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
-PLOT_PX = 420  # the plotting area; the legend below adds its rows
+PLOT_PX = 380  # the plotting area and the title; the axis and the legend below add theirs
 
 
 def best_so_far_figure(series: Mapping[str, Sequence[BestPoint]]) -> go.Figure:
@@ -37,9 +37,10 @@ def best_so_far_figure(series: Mapping[str, Sequence[BestPoint]]) -> go.Figure:
     times = [t for points in series.values() for p in points for t in (p.best_so_far, p.run_best_seconds) if t]
     lo, hi = (min(times), max(times)) if times else (1e-6, 1e-5)
     fig = go.Figure(traces)
+    legend, bottom = legend_below(len(series))
     fig.update_layout(
-        height=legend_height(PLOT_PX, len(series)), margin={"l": 10, "r": 10, "t": 40, "b": 40},
+        height=legend_height(PLOT_PX, len(series)), margin={"l": 10, "r": 10, "t": 40, "b": bottom},
         title={"text": "best so far (line) and each run's best (open circles)", "font": {"size": 13}},
-        legend=LEGEND_BELOW, xaxis={"title": "run started"}, yaxis=log_axis(lo, hi, duration, "best measured"),
+        legend=legend, xaxis={"title": "run started"}, yaxis=log_axis(lo, hi, duration, "best measured"),
     )
     return fig
