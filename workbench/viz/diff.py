@@ -6,9 +6,9 @@ import difflib
 import re
 
 CONTEXT_LINES = 3  # unchanged lines shown around each change
-WRAP_COLUMNS = 60  # each side of the table gets half the page (less the line numbers)
 # Column widths (navigation link, line number, text; per side): a fixed layout, so a long line
-# wraps inside its half instead of pushing the right pane off the page.
+# wraps (in the browser, at the pane's width) inside its half instead of pushing the right pane
+# off the page.
 _COLUMNS = ('<col style="width: 1.5em"><col style="width: 3.5em"><col style="width: calc(50% - 5em)">' * 2)
 
 
@@ -17,7 +17,7 @@ def side_by_side_diff(a: str, b: str, a_name: str, b_name: str) -> str:
     folded to `CONTEXT_LINES` around each change; a note instead when the texts are equal."""
     if a == b:
         return f"<p>{_escape(a_name)} and {_escape(b_name)} are identical.</p>"
-    table = difflib.HtmlDiff(tabsize=4, wrapcolumn=WRAP_COLUMNS).make_table(
+    table = difflib.HtmlDiff(tabsize=4).make_table(
         a.splitlines(), b.splitlines(), _escape(a_name), _escape(b_name), context=True, numlines=CONTEXT_LINES
     )
     table = re.sub(r"(\s*<colgroup></colgroup>){6}", _COLUMNS, table, count=1).replace(' nowrap="nowrap"', "")
