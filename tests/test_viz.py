@@ -28,7 +28,7 @@ from workbench.viz.fmt import (
     gflops,
     human_bytes,
     plain_note,
-    rate,
+    prefixed,
     significant,
     table_time_unit,
     target_text,
@@ -277,7 +277,7 @@ def test_significant_has_no_exponent_and_no_trailing_zeros(value, text):
 def test_rates_take_a_decimal_prefix():
     assert gflops(31.2) == "31.2 GFLOP/s" and gflops(1500) == "1.5 TFLOP/s" and gflops(0.5) == "500 MFLOP/s"
     assert gbps(25.6) == "25.6 GB/s" and gbps(2039) == "2.04 TB/s"
-    assert rate(None, "B/s") == "-"
+    assert prefixed(None, "B/s") == "-" and prefixed(2**28, "FLOP") == "268 MFLOP"
 
 
 def test_a_table_takes_the_unit_of_its_median_time():

@@ -94,7 +94,9 @@ def _alternatives(s: Stepper) -> None:
         for a in step.alternatives
     ]
     empty = [k for k in rows[0] if all(r[k] is None for r in rows)]  # Roller has no probabilities
-    st.dataframe([{k: v for k, v in r.items() if k not in empty} for r in rows], hide_index=True, width="stretch")
+    figures = st.column_config.NumberColumn(format=views.FIGURES)
+    st.dataframe([{k: v for k, v in r.items() if k not in empty} for r in rows], hide_index=True, width="stretch",
+                 column_config={"score": figures, "probability": figures})
 
 
 def _tiles(s: Stepper) -> tuple | None:
@@ -130,7 +132,8 @@ def _visits(s: Stepper, graph) -> None:
         for key, n in top if key in graph.nodes
     ]
     st.markdown(f"**Visits** ({total} in all; the share is the walk's empirical stationary distribution so far)")
-    st.dataframe(rows, hide_index=True, width="stretch")
+    st.dataframe(rows, hide_index=True, width="stretch",
+                 column_config={"share": st.column_config.NumberColumn(format="percent")})
 
 
 def page() -> None:

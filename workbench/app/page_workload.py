@@ -13,6 +13,7 @@ from workbench.errors import UserError
 from workbench.ops.catalog import list_ops
 from workbench.ops.shapes import DTYPES, parse_kv
 from workbench.pipeline import POLICIES, Options, Request
+from workbench.viz.fmt import prefixed
 from workbench.workload import Workload, list_suites, load_suite
 
 SOURCES = ("Suite entry", "Catalog operator", "Expression")
@@ -84,7 +85,7 @@ def _workload_controls(current: Workload) -> Workload | None:
         return None
     axes = ", ".join(f"{a.name}={a.extent}{'' if a.kind == 'spatial' else ' (reduce)'}" for a in expr.axes)
     tensors = ", ".join(f"{t.name}[{'x'.join(map(str, t.shape))}]" for t in expr.tensors)
-    st.success(f"{expr.op}: axes {axes}; tensors {tensors}; {expr.flops:,} flops")
+    st.success(f"{expr.op}: axes {axes}; tensors {tensors}; {prefixed(expr.flops, 'FLOP')}")
     return w
 
 

@@ -17,8 +17,8 @@ MISSING = "-"
 # (unit, seconds per unit), largest first: a time takes the largest unit it is at least 1 of.
 TIME_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-# Decimal prefixes for rates, as the specs and datasheets give them (GB/s, GFLOP/s).
-_RATE_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
+# Decimal prefixes for counts and rates, as the specs and datasheets give them (GB/s, GFLOP/s).
+_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
 
 
 def _known(value: float | None) -> bool:
@@ -74,25 +74,25 @@ def human_bytes(n: float | None) -> str:
     return f"{int(value)} B" if unit == 0 else f"{significant(value)} {_BYTE_UNITS[unit]}"
 
 
-def rate(per_second: float | None, unit: str) -> str:
-    """A rate with a decimal prefix: `rate(1.23e12, "FLOP/s")` -> `1.23 TFLOP/s`,
-    `rate(2.5e10, "B/s")` -> `25 GB/s`."""
-    if not _known(per_second):
+def prefixed(value: float | None, unit: str) -> str:
+    """A count or rate with a decimal prefix: `prefixed(1.23e12, "FLOP/s")` -> `1.23 TFLOP/s`,
+    `prefixed(2.5e10, "B/s")` -> `25 GB/s`, `prefixed(268435456, "FLOP")` -> `268 MFLOP`."""
+    if not _known(value):
         return MISSING
-    for prefix, scale in _RATE_PREFIXES:
-        if abs(per_second) >= scale:
-            return f"{significant(per_second / scale)} {prefix}{unit}"
-    return f"{significant(per_second)} {unit}"
+    for prefix, scale in _PREFIXES:
+        if abs(value) >= scale:
+            return f"{significant(value / scale)} {prefix}{unit}"
+    return f"{significant(value)} {unit}"
 
 
 def gflops(value: float | None) -> str:
     """GFLOP/s given as GFLOP/s (the roofline's unit): `31.2` -> `31.2 GFLOP/s`, `1500` -> `1.5 TFLOP/s`."""
-    return rate(None if value is None else value * 1e9, "FLOP/s")
+    return prefixed(None if value is None else value * 1e9, "FLOP/s")
 
 
 def gbps(value: float | None) -> str:
     """GB/s given as GB/s: `25.6` -> `25.6 GB/s`, `2039` -> `2.04 TB/s`."""
-    return rate(None if value is None else value * 1e9, "B/s")
+    return prefixed(None if value is None else value * 1e9, "B/s")
 
 
 def tile_text(axes: Sequence[str], tile: Sequence[int]) -> str:
