@@ -405,3 +405,8 @@ def test_plain_note_writes_tiles_as_the_pages_do():
     assert plain_note("start: smallest aligned tile {'i': 4, 'j': 16, 'k': 1} at registers") == \
         "start: smallest aligned tile i=4, j=16, k=1 at registers"
     assert plain_note("no tile here {x}") == "no tile here {x}"
+
+
+def test_a_narrow_log_range_gets_a_tick_per_digit():
+    values, texts = log_ticks(1.6e-3, 4.78e-3, duration)  # no 1-2-5 tick but 2 ms inside
+    assert texts == ["2 ms", "3 ms", "4 ms"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-MANTISSAS = ((1,), (1, 3), (1, 2, 5))  # ticks per decade, fewest first
+MANTISSAS = ((1,), (1, 3), (1, 2, 5), tuple(range(1, 10)))  # ticks per decade, fewest first
 MAX_TICKS = 9  # more ticks than this on one axis crowd its labels
 # A label is about this share of the plot's width and height: two labelled points closer than
 # this on both axes would draw their labels over each other.
@@ -19,8 +19,9 @@ LABEL_HEIGHT = 0.06
 
 
 def log_ticks(lo: float, hi: float, text: Callable[[float], str]) -> tuple[list[float], list[str]]:
-    """Tick values within [lo, hi] (lo > 0) at 1-2-5 (or 1-3, or 1) of each decade, the densest
-    that gives at most `MAX_TICKS` ticks and at least two, and their texts `text(value)`."""
+    """Tick values within [lo, hi] (lo > 0) at every digit, 1-2-5, 1-3 or 1 of each decade, the
+    densest that gives at most `MAX_TICKS` ticks (at least two: else the ends), and their texts
+    `text(value)`."""
     if not (lo > 0 and hi > 0):
         return [], []
     lo, hi = min(lo, hi), max(lo, hi)
