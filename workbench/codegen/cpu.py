@@ -36,6 +36,11 @@ from workbench.rtile.rprogram import RProgram
 # vectorised loop counts once): enough for a 6-row tile over 16 K-steps or a 3x3 window row of 56
 # pixels; beyond it compile time grows while the register tile no longer fits the registers anyway.
 MAX_UNROLL = 256
+# Most reduction iterations unrolled into one chain: every one updates the same accumulators, so
+# unrolling gains no parallelism, and TVM's simplifier rewrites an unrolled min/max chain into
+# nested min/max expressions whose simplification grows exponentially with the depth (a chain of
+# 32 compiled for many minutes; 8 compiles in well under a second).
+MAX_CHAIN = 8
 
 
 def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec):
@@ -71,7 +76,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
     # refuses to vectorise a loop over a block that is neither complete nor a reduction
     vector_loop = levels[vector_axis][-1] if vector_axis is not None else None
-    _micro_kernel(sch, order[-len(levels):], vector_loop)
+    _micro_kernel(sch, order[-len(levels):], vector_loop, _reduce_positions(expr, levels, order))
     if expr.reduce:
         _accumulate(sch, expr, block, grid, epilogues, levels, padded)
         if vector_loop is not None and panels:
@@ -136,7 +141,7 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, axis: int):
     common.primitive("accumulate lanes locally", sch.set_scope, partial, 0, "local")
     # the loop handles now name the lane-sum's loops; the partial sums own the tiled nest
     loops = sch.get_loops(partial)
-    _micro_kernel(sch, loops[-len(levels):], loops[-1])
+    _micro_kernel(sch, loops[-len(levels):], loops[-1], _reduce_positions(expr, levels, order))
     if grid is not None:
         for final in (block, *(sch.get_sblock(name) for name in epilogues)):
             common.primitive("sum the lanes per tile", sch.reverse_compute_at, final, loops[0], True)
@@ -234,18 +239,31 @@ def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded
     common.primitive("decompose_reduction", sch.decompose_reduction, block, first_reduce)
 
 
-def _micro_kernel(sch, register: list, vector_loop) -> None:
+def _reduce_positions(expr: TensorExpr, levels: list, order: list) -> frozenset[int]:
+    """Positions, among the register-tile loops at the end of `order`, of the reduction axes'."""
+    register = order[-len(levels):]
+    reduce_loops = [levels[a][-1] for a in expr.reduce]
+    return frozenset(k for k, loop in enumerate(register) if any(loop is r for r in reduce_loops))
+
+
+def _micro_kernel(sch, register: list, vector_loop, reduce_positions: frozenset[int] = frozenset()) -> None:
     """Vectorise `vector_loop` (if any) and unroll the other register-tile loops, innermost
-    first, while the unrolled body stays within MAX_UNROLL iterations."""
+    first, while the unrolled body stays within MAX_UNROLL iterations and the unrolled
+    reduction loops (those at `reduce_positions` of `register`) within MAX_CHAIN."""
     if vector_loop is not None:
         sch.vectorize(vector_loop)
-    unrolled = 1
-    for loop in reversed([l for l in register if l is not vector_loop]):
+    unrolled = chain = 1
+    for k in reversed(range(len(register))):
+        loop = register[k]
+        if loop is vector_loop:
+            continue
         extent = int(sch.get(loop).extent)
-        if unrolled * extent > MAX_UNROLL:
+        is_reduce = k in reduce_positions
+        if unrolled * extent > MAX_UNROLL or (is_reduce and chain * extent > MAX_CHAIN):
             break
         if extent > 1:
             unrolled *= extent
+            chain *= extent if is_reduce else 1
             sch.unroll(loop)
 
 
