@@ -72,7 +72,9 @@ def test_profile_takes_the_construction_and_stores_under_its_label(tmp_path):
     doc = result.to_dict()
     for cand, m, data in zip(c.candidates, result.measurements, doc["candidates"]):
         assert PROFILE_KEYS <= set(data)
-        assert data == json.loads(json.dumps(cand.to_dict(m)))  # the one candidate form
+        diagnosis = data.pop("diagnosis")  # the profile document adds the diagnosis to the one candidate form
+        assert data == json.loads(json.dumps(cand.to_dict(m)))
+        assert diagnosis == json.loads(json.dumps(result.diagnoses[cand.rank].to_dict()))
         assert data["measured_seconds"] == m.best_seconds
 
 
