@@ -36,7 +36,7 @@ from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
-from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, profile_candidates
+from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
 from workbench.profile.workers import WorkerPool
 from workbench.viz.fmt import shape_text
 from workbench.workload import Workload, suite_workload
@@ -69,8 +69,7 @@ class Request:
         """The workload as the user named it (`cpu-core:mm-512`, `matmul M=64,...`)."""
         if isinstance(self.workload, Workload):
             return self.workload.describe()
-        params = ",".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in self.workload.params)
-        return f"{self.workload.op} {params}".strip()
+        return expr_label(self.workload)
 
     def describe(self) -> str:
         dtype = "" if self.workload.dtype == "float32" else f" {self.workload.dtype}"

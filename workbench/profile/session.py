@@ -180,7 +180,7 @@ def profile_candidates(
     if chosen.name == "local" and (reason := cannot_run_locally(device, pool)):
         raise UserError(f"cannot profile {device.name} kernels on this machine: {reason} (use the RPC runner "
                         f"with a machine that has one)")
-    label = workload_label or _label(expr)
+    label = workload_label or expr_label(expr)
     run_id = None
     if store is not None:
         run_id = store.start_run(workload={"label": label, **expr.workload_dict()}, device=device, policy=policy,
@@ -311,7 +311,7 @@ def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float
                           args=kernel.args, build_seconds=kernel.build_seconds + time.perf_counter() - start)
 
 
-def _label(expr) -> str:
+def expr_label(expr) -> str:
     """A workload label from the expression's parameters, as `Workload.describe` writes them."""
     params = ",".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in expr.params)
     return f"{expr.op} {params}".strip()
