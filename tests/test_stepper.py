@@ -1,6 +1,7 @@
 """The stepper: stepping forward and back is replay, and what it reports matches what it built."""
 
 import json
+import re
 from functools import cache
 
 import pytest
@@ -125,6 +126,23 @@ def test_replay_refuses_actions_that_do_not_build_a_program():
 def _markov(name: str) -> Stepper:
     base = CASES[name]()
     return _to_end(Stepper(base.original, base.space.device, "markov", Options(topk=4)))
+
+
+# Python's text of a dict, a quoted string, a tuple or a list of numbers: `{'i': 4}`, `(4, 16, 1)`, `[4, 16]`.
+PYTHON_TEXT = re.compile(r"[{}']|[(\[]-?\d+(\.\d+)?, -?\d")
+
+
+@pytest.mark.parametrize("policy", ["roller", "markov"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_step_notes_are_sentences_without_python_text(name, policy):
+    """Every face shows a step's note as the policy wrote it (dashboard, widgets, CLI), so the
+    note itself reads as a sentence: a tile as 4x16x1 with its axes named, no dict or tuple text."""
+    stepper = finished(name) if policy == "roller" else _markov(name)
+    notes = [n for s in stepper.steps for n in (s.note, *(a.note for a in s.alternatives)) if n]
+    assert notes and not [n for n in notes if PYTHON_TEXT.search(n)]
+    axes = " x ".join(stepper.space.axes)
+    starts = [s for s in stepper.steps if s.action.kind == "start"]
+    assert starts and all(f"tile {'x'.join(map(str, s.state.tile))} ({axes})" in s.note for s in starts)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -27,7 +27,6 @@ from workbench.viz.fmt import (
     gbps,
     gflops,
     human_bytes,
-    plain_note,
     prefixed,
     significant,
     table_time_unit,
@@ -399,12 +398,6 @@ def test_roofline_ticks_read_as_rates_and_intensities():
     assert all(t.endswith("FLOP/s") for t in fig.layout.yaxis.ticktext)
     assert "flop/B" in fig.layout.xaxis.title.text and "1" in fig.layout.xaxis.ticktext  # 1 flop/B, not "10^0"
     assert fig.data[0].name == "DRAM 20 GB/s" and fig.data[1].name == "peak 200 GFLOP/s"
-
-
-def test_plain_note_writes_tiles_as_the_pages_do():
-    assert plain_note("start: smallest aligned tile {'i': 4, 'j': 16, 'k': 1} at registers") == \
-        "start: smallest aligned tile i=4, j=16, k=1 at registers"
-    assert plain_note("no tile here {x}") == "no tile here {x}"
 
 
 def test_a_narrow_log_range_gets_a_tick_per_digit():

@@ -12,7 +12,7 @@ import streamlit as st
 from workbench.app import views
 from workbench.app.state import construction, finish_with_progress, selection, stepper
 from workbench.pipeline import Stepper
-from workbench.viz.fmt import duration, plain_note, tile_text
+from workbench.viz.fmt import duration, tile_text
 from workbench.viz.graph import LAYOUT_NOTE
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
 
@@ -63,7 +63,7 @@ def _step_text(s: Stepper) -> None:
         return
     what = step.action.describe(s.space.axes, s.space.layer_names)
     temperature = f" (temperature {step.temperature:.3g})" if step.temperature is not None and s.policy_name == "markov" else ""
-    note = _emitted(step.candidate) if step.candidate is not None else plain_note(step.note)
+    note = _emitted(step.candidate) if step.candidate is not None else step.note
     st.markdown(f"`{what}`{temperature}: {note}")
 
 
@@ -89,7 +89,7 @@ def _alternatives(s: Stepper) -> None:
             "tile": tile_text(s.space.axes, a.tile),
             "score": a.score,
             "probability": a.probability,
-            "note": plain_note(a.note),
+            "note": a.note,
         }
         for a in step.alternatives
     ]

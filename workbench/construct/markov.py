@@ -71,11 +71,11 @@ class MarkovPolicy(Policy):
         **Policy.NOTES,
         "emit": Policy.NOTES["emit"] + "; restart",
         "repeated": "this rProgram was emitted before: restart",
-        "walk": "walk from the smallest aligned tile {tile}, eps {eps}",
+        "walk": "walk from the smallest aligned tile {tile} ({axes}), eps {eps}",
         "stuck": "no legal action: walk abandoned",
         "rejected": "{what}: rejected, predicted {delta:+.1f}% (accepted with probability {p:.3g} at T={t:.3g})",
         "accepted": "{what}: benefit {score:.4g}, probability {p:.3g}, predicted {delta:+.1f}%",
-        "over": "over capacity: does not fit {layer} (or the block's thread limits)",
+        "over": "over capacity: does not fit {layer} or exceeds the thread limits of a block",
         "over_below": "over capacity: leaves no aligned tile that fits {layer}",
         "no_fit_below": "over capacity: the smallest tile at {layer} does not fit",
         "waves": "{base} -> {waves} shared-memory wavefronts per warp",
@@ -136,7 +136,7 @@ class MarkovPolicy(Policy):
 
     def _walk(self, state: State) -> Iterator[Step]:
         """One annealed walk from `state` down to the bottom layer; True when it emitted."""
-        note = self.describe("walk", tile=dict(zip(self.space.axes, state.tile)), eps=state.eps)
+        note = self.describe("walk", tile="x".join(map(str, state.tile)), axes=" x ".join(self.space.axes), eps=state.eps)
         yield self.record(Step(state.actions[-1], state, self.node(state, "start"), None, note=note, temperature=T0))
         temperature, spent, budget = T0, 0, -(-ITERATIONS_PER_WALK // self.n)
         while state.layer < self.n:

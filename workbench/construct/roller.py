@@ -32,7 +32,7 @@ class RollerPolicy(Policy):
     NOTES = {
         **Policy.NOTES,
         "no_start": "no aligned tile fits {layer} at eps {eps}",
-        "start": "start: smallest aligned tile {tile} at {layer}, eps {eps}{mode}",
+        "start": "start: smallest aligned tile {tile} ({axes}) at {layer}, eps {eps}{mode}",
         "no_reuse": " (no data reuse: top layer only, loads straight from the bottom)",
         "no_growth": "no axis can grow further",
         "visited": "tile visited before: branch ends (Figure 8, line 11)",
@@ -43,7 +43,7 @@ class RollerPolicy(Policy):
         "grow": "grow {axis} to {size}: reuse score {score:.4g}",
         "saturated": "loads now outrun compute (MemPerf > MaxComputePerf): record, go down a layer, and keep growing here",
         "descend": "descend to {layer}",
-        "no_fit_below": "descend: the smallest aligned tile at {layer} does not fit it (or the block's thread limits)",
+        "no_fit_below": "descend: the smallest aligned tile at {layer} does not fit it or exceeds the thread limits of a block",
     }
 
     def __init__(self, space, options):
@@ -62,7 +62,8 @@ class RollerPolicy(Policy):
         self._visited, self._descended = set(), set()
         self.no_reuse = not self.space.stages_below(eps)
         mode = self.describe("no_reuse") if self.no_reuse else ""
-        note = self.describe("start", tile=dict(zip(self.space.axes, state.tile)), layer=self.space.layer_names[0], eps=eps, mode=mode)
+        note = self.describe("start", tile="x".join(map(str, state.tile)), axes=" x ".join(self.space.axes), layer=self.space.layer_names[0],
+                             eps=eps, mode=mode)
         yield self.record(Step(state.actions[-1], state, self.node(state, "start"), None, note=note))
         yield from self._enlarge(state)
         return self._done()

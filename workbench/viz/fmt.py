@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Sequence
 
 FIGURES = 3  # significant figures of every shown quantity
@@ -127,12 +126,3 @@ def target_text(target: str) -> str:
     kind = fields.pop("kind", "")
     words = [f"{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in fields.items()]
     return ", ".join([str(kind)] * bool(kind) + words)
-
-
-_TILE_DICT = re.compile(r"\{((?:'[^']+': -?\d+(?:, )?)+)\}")
-
-
-def plain_note(note: str) -> str:
-    """A step note with any tile written as a Python dict (`{'i': 4, 'j': 16}`, as the policies'
-    notes give a tile) written as the pages write tiles (`i=4, j=16`)."""
-    return _TILE_DICT.sub(lambda m: re.sub(r"'([^']+)': ", r"\1=", m.group(1)), note)

@@ -18,7 +18,7 @@ import traitlets
 
 from workbench import pipeline
 from workbench.pipeline import Candidate, Construction, DeviceSpec, Options
-from workbench.viz.fmt import plain_note, tile_text
+from workbench.viz.fmt import tile_text
 from workbench.viz.graph import first_steps, graph_figure
 from workbench.viz.tiles import state_tiles
 from workbench.widgets.plot import PlotView
@@ -127,7 +127,7 @@ class ConstructionStepper(widgets.VBox):
             return f"<p>{where}: at the start. Press <b>Next</b> (or Play) to take the first step.</p>"
         what = escape(step.action.describe(s.space.axes, s.space.layer_names))
         temperature = f" (temperature {step.temperature:.3g})" if step.temperature is not None else ""
-        return f"<p>{where}: <code>{what}</code>{temperature}: {escape(plain_note(step.note))}</p>"
+        return f"<p>{where}: <code>{what}</code>{temperature}: {escape(step.note)}</p>"
 
     def _alternatives_table(self, step: Step | None) -> str:
         if step is None or not step.alternatives:
@@ -136,7 +136,7 @@ class ConstructionStepper(widgets.VBox):
         score = "benefit" if s.policy_name == "markov" else "reuse score"
         rows = [
             {"action": a.action.describe(s.space.axes, s.space.layer_names), "tile": tile_text(s.space.axes, a.tile),
-             score: a.score, "probability": a.probability, "note": plain_note(a.note) or None}
+             score: a.score, "probability": a.probability, "note": a.note or None}
             for a in step.alternatives
         ]
         caption = "<p><b>Alternatives</b> (the chosen one highlighted)</p>"
