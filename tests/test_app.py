@@ -238,6 +238,10 @@ def test_noise_that_hides_the_order_is_shown_after_profiling():
     at.session_state["profile"] = loud
     goto(at, "Candidates")
     assert any("cannot be told apart" in w.value for w in at.warning), [w.value for w in at.warning]
+    # the measured best is said with the ranks the repeats cannot tell apart from it
+    tied = loud.within_noise_of_best
+    assert len(tied) > 1 and f"(ranks {', '.join(map(str, tied))} within noise of it)" in loud.best_note()
+    assert any(loud.best_note() in c.value for c in at.caption), [c.value for c in at.caption]
 
 
 def test_profile_fills_the_scatter_and_the_runs_history():

@@ -4,7 +4,7 @@ the repeats cannot tell from the fastest."""
 import numpy as np
 import pytest
 
-from workbench.profile.noise import MedianInterval, coverage, indistinguishable, median_interval
+from workbench.profile.noise import MedianInterval, coverage, indistinguishable, median_interval, within_noise
 
 
 @pytest.mark.parametrize("n, k, expected", [
@@ -47,3 +47,16 @@ def test_candidates_whose_intervals_overlap_the_fastest_are_indistinguishable():
     assert indistinguishable(seconds) == (2,)
     assert indistinguishable({1: [1.0, 1.1], 3: [2.0, 2.1]}) == ()
     assert indistinguishable({1: [1.0]}) == ()
+
+
+def test_within_noise_of_a_rank_are_the_ranks_whose_intervals_overlap_its_own():
+    seconds = {
+        1: [3.0, 3.1, 3.2, 3.3, 3.4],  # slower by median, but its fastest repeats reach rank 3's slowest
+        2: [5.0, 5.1, 5.2, 5.3, 5.4],  # clearly slower
+        3: [1.0, 1.05, 1.5, 2.0, 3.05],  # the fastest repeat, and a wide spread
+        4: [1.1, 1.2, 2.5, 2.6, 2.7],
+        5: [],  # failed: no repeats
+    }
+    assert within_noise(seconds, 3) == (1, 3, 4)
+    assert within_noise(seconds, 2) == (2,)
+    assert within_noise(seconds, 5) == () and within_noise(seconds, 9) == ()

@@ -5,7 +5,7 @@ input are reported, not raised."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import pytest
@@ -17,7 +17,8 @@ from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.profile.fake import FakeRunner
-from workbench.profile.runner import Timing
+from workbench.profile.runner import Measurement, Timing
+from workbench.profile.compare import compare
 from workbench.profile.session import build_candidates, profile_candidates
 from workbench.profile.store import RunStore
 
@@ -168,3 +169,34 @@ def test_a_busy_machine_is_said(monkeypatch):
     assert fake.load == cores * 0.9 and fake.load_note() == ""  # nothing was timed on this machine
     monkeypatch.setattr(session.os, "getloadavg", lambda: (cores * 0.1, 0.0, 0.0))
     assert profile_candidates(c.expr, TINY_CPU, c.candidates[:1], runner="local", timing=FAST).load_note() == ""
+
+
+@dataclass(frozen=True)
+class GivenTimes:
+    """A runner that reports the repeats it is given (rank -> seconds; an empty tuple: a wrong result)."""
+
+    seconds: dict
+    name: str = "given"
+    needs_library: bool = False
+
+    def measure(self, expr, built, timing, report) -> None:
+        for b in built:
+            times = self.seconds[b.rank]
+            report(Measurement(b.rank, self.name, times, correct=bool(times), error="" if times else "wrong result"))
+
+
+def test_the_best_is_said_with_the_ranks_within_noise_of_it():
+    c = mm64()
+    loud = {1: (3.0, 3.1, 3.2, 3.3, 3.4), 2: (5.0, 5.1, 5.2, 5.3, 5.4), 3: (1.0, 1.05, 1.5, 2.0, 3.05), 4: ()}
+    result = profile_candidates(c.expr, TINY_CPU, c.candidates, runner=GivenTimes(loud))
+    # the statistics stay the plain values: the best repeat decides the best, noise or not
+    plain = compare([1, 2, 3, 4], [x.predicted_seconds for x in c.candidates], [3.0, 5.0, 1.0, None])
+    assert result.comparison == plain and result.comparison.best_predicted_rank == 3
+    assert result.within_noise_of_best == (1, 3)  # rank 1's fastest repeat reaches rank 3's slowest
+    assert result.best_note() == "measured best at predicted rank 3 (ranks 1, 3 within noise of it)"
+    assert result.to_dict()["within_noise_of_best"] == [1, 3]
+    quiet = {1: (3.0, 3.1, 3.2), 2: (5.0, 5.1, 5.2), 3: (1.0, 1.1, 1.2), 4: (2.0, 2.1, 2.2)}
+    clear = profile_candidates(c.expr, TINY_CPU, c.candidates, runner=GivenTimes(quiet))
+    assert clear.within_noise_of_best == (3,) and clear.best_note() == "measured best at predicted rank 3"
+    none = profile_candidates(c.expr, TINY_CPU, c.candidates, runner=GivenTimes({r: () for r in range(1, 5)}))
+    assert none.within_noise_of_best == () and none.best_note() == "no correct kernel"

@@ -208,6 +208,7 @@ def test_profile_button_runs_the_session_and_feeds_bar_scatter_and_table():
     points = next(t for t in profiler.scatter_view.figure.data if t.name != "y = x")
     assert sorted(points.customdata) == [cand.rank for cand in c.candidates]
     assert "correct and timed" in profiler.status.value and not profiler.button.disabled
+    assert escape(result.best_note()) in profiler.status.value  # the best, with the ranks within noise of it
 
 
 def test_profile_with_a_bad_runner_shows_the_error_and_keeps_no_result():

@@ -300,7 +300,7 @@ def cmd_profile(args) -> int:
     for cand in doc["candidates"]:
         measured = f"{cand['measured_seconds'] * 1e6:10.2f} us" if cand["measured_seconds"] else f"{'-':>13s}"
         lines.append(f"#{cand['rank']:<3d} predicted {cand['predicted_seconds'] * 1e6:10.2f} us  measured {measured}  {cand['error'] or ('ok' if cand['correct'] else '')}")
-    lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, measured best at predicted rank {doc['best_predicted_rank']}")
+    lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, {result.best_note()}")
     for note in (result.load_note(), result.noise_note()):
         if note:
             lines.append(note)

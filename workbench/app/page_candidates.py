@@ -66,9 +66,8 @@ def _comparison(result) -> None:
               for c, m in zip(result.candidates, result.measurements)]
     _selectable(predicted_vs_measured_figure(points), CHART_KEYS[1])
     c = result.comparison
-    best = f"measured best at predicted rank {c.best_predicted_rank}" if c.best_predicted_rank else "no correct kernel"
     ratio = f"; measured / predicted geomean {significant(c.error_ratio)}" if math.isfinite(c.error_ratio) else ""
-    st.caption(f"run {result.run_id} ({result.runner} runner, {duration(result.seconds)}): {best}{ratio}")
+    st.caption(f"run {result.run_id} ({result.runner} runner, {duration(result.seconds)}): {result.best_note()}{ratio}")
     for note in (result.load_note(), result.noise_note()):
         if note:
             st.warning(note)

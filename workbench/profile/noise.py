@@ -48,12 +48,20 @@ def median_interval(seconds: Sequence[float], level: float = LEVEL) -> MedianInt
     return MedianInterval(x[k - 1], x[n - k], coverage(n, k) if n > 1 else 0.0)
 
 
+def within_noise(seconds_by_rank: dict[int, Sequence[float]], rank: int, level: float = LEVEL) -> tuple[int, ...]:
+    """Ranks whose median interval overlaps that of `rank`, `rank` itself included, sorted: the
+    candidates the measurements cannot tell apart from it; () when `rank` has no repeats."""
+    intervals = {r: median_interval(s, level) for r, s in seconds_by_rank.items() if s}
+    if rank not in intervals:
+        return ()
+    return tuple(sorted(r for r, iv in intervals.items() if iv.overlaps(intervals[rank])))
+
+
 def indistinguishable(seconds_by_rank: dict[int, Sequence[float]], level: float = LEVEL) -> tuple[int, ...]:
     """Ranks whose median interval overlaps the fastest candidate's (by median), the fastest
     excluded: the measurements cannot tell them from the best."""
-    intervals = {r: median_interval(s, level) for r, s in seconds_by_rank.items() if s}
-    if len(intervals) < 2:
-        return ()
     medians = {r: sorted(s)[(len(s) - 1) // 2] for r, s in seconds_by_rank.items() if s}
+    if not medians:
+        return ()
     best = min(medians, key=lambda r: (medians[r], r))
-    return tuple(sorted(r for r, iv in intervals.items() if r != best and iv.overlaps(intervals[best])))
+    return tuple(r for r in within_noise(seconds_by_rank, best, level) if r != best)

@@ -20,7 +20,7 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
-from workbench.profile.noise import indistinguishable
+from workbench.profile.noise import indistinguishable, within_noise
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
 from workbench.profile.workers import Worker, WorkerPool, fan_out
@@ -92,6 +92,24 @@ class ProfileResult:
         (`profile.noise`): their order is noise, not measurement."""
         return indistinguishable({m.rank: m.seconds for m in self.measurements if m.ok})
 
+    @property
+    def within_noise_of_best(self) -> tuple[int, ...]:
+        """Ranks of correct kernels the repeats cannot tell apart from the measured best (the
+        fastest best repeat, `comparison.best_predicted_rank`), the best included; () without one.
+        The comparison's statistics stay the plain values: this says which of them noise decides."""
+        best = self.comparison.best_predicted_rank
+        return within_noise({m.rank: m.seconds for m in self.measurements if m.ok}, best) if best else ()
+
+    def best_note(self) -> str:
+        """Where the measured best was predicted, with the ranks within noise of it where there are
+        others: `measured best at predicted rank 3 (ranks 3, 7 within noise of it)`."""
+        best = self.comparison.best_predicted_rank
+        if best is None:
+            return "no correct kernel"
+        tied = self.within_noise_of_best
+        noise = f" (ranks {', '.join(map(str, tied))} within noise of it)" if len(tied) > 1 else ""
+        return f"measured best at predicted rank {best}{noise}"
+
     def noise_note(self) -> str:
         """A sentence when noise hides the order of the fastest kernels ("" when it does not)."""
         tied = self.indistinguishable
@@ -120,6 +138,7 @@ class ProfileResult:
             "load_average_at_start": self.load,
             "cores": self.cores,
             "indistinguishable_from_best": list(self.indistinguishable),
+            "within_noise_of_best": list(self.within_noise_of_best),
             **self.comparison.to_dict(),
         }
 

@@ -148,11 +148,9 @@ class PredictedVsMeasured(widgets.VBox):
                   for c, m in zip(result.candidates, result.measurements)]
         self.scatter_view.show(predicted_vs_measured_figure(points))
         cmp = result.comparison
-        best = (f"the fastest measured is predicted rank {cmp.best_predicted_rank}" if cmp.best_predicted_rank
-                else "no correct kernel")
         ratio = "" if math.isnan(cmp.error_ratio) else f"; measured / predicted geomean {cmp.error_ratio:.3g}"
         lines = [message(f"{len(points)} candidates, {cmp.n} correct and timed in {result.seconds:.1f} s "
-                         f"({result.runner} runner): {best}{ratio}", "ok" if cmp.n else "error")]
+                         f"({result.runner} runner): {result.best_note()}{ratio}", "ok" if cmp.n else "error")]
         for note in (result.load_note(), result.noise_note()):
             if note:
                 lines.append(message(note, "error"))
