@@ -55,6 +55,10 @@ def charts(at: AppTest) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
 
 
+def title(chart: dict) -> str:
+    return chart["layout"].get("title", {}).get("text", "")
+
+
 def values(array) -> list:
     """A plotly JSON array: a list, or numpy data as {"dtype", "bdata" (base64)}."""
     if isinstance(array, dict):
@@ -336,7 +340,6 @@ def test_measurements_show_as_they_arrive_and_stay_when_the_run_fails(tmp_path, 
     from workbench.errors import UserError
     from workbench.profile.fake import FakeRunner
     from workbench.profile.store import RunStore
-    from workbench.viz.fmt import duration
 
     monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
     real, seen = pipeline.profile, []
@@ -356,18 +359,21 @@ def test_measurements_show_as_they_arrive_and_stay_when_the_run_fails(tmp_path, 
     button(at, "Profile").click().run()
     assert not at.exception and "profile" not in at.session_state
     assert any(e.startswith("the device went away (the 2 measured before are above") for e in errors(at)), errors(at)
-    (live,) = [d.value for d in at.dataframe if list(d.value.columns) == ["rank", "predicted", "measured"]]
-    assert live.to_dict("records") == [
-        {"rank": e.rank, "predicted": duration(construction.candidate(e.rank).predicted_seconds), "measured": e.message}
-        for e in seen]
-    assert seen[0].message == "wrong result: fake" and seen[1].message.endswith(" us")
+    # predicted vs measured, filled in as each measurement arrived: the wrong result has no point
+    (live,) = [c for c in charts(at) if title(c).startswith("2 of 3 so far")]
+    timed = seen[1].measurement
+    assert seen[0].measurement.error == "wrong result: fake" and timed.ok
+    assert values(live["data"][0]["customdata"]) == [timed.rank]
+    assert values(live["data"][0]["x"]) == [construction.candidate(timed.rank).predicted_seconds]
+    assert values(live["data"][0]["y"]) == [timed.best_seconds]
+    assert any(c.value == "no time: #1 wrong result: fake" for c in at.caption), [c.value for c in at.caption]
     with RunStore(tmp_path / "runs.sqlite3") as store:
         (run,) = store.runs()
         assert run.status == "cancelled" and len(store.measurements_of(run.id)) == 2
     monkeypatch.setattr(pipeline, "profile", lambda construction, runner, **kwargs: real(construction, "fake", **kwargs))
     button(at, "Profile").click().run()  # a run that finishes: the candidate table takes its measurements
     assert at.session_state["profile"].run_id == run.id + 1 and not errors(at)
-    assert not [d for d in at.dataframe if list(d.value.columns) == ["rank", "predicted", "measured"]]
+    assert not [c for c in charts(at) if "so far" in title(c)]  # the result's own scatter instead
 
 
 def test_export_downloads_a_loadable_bundle(tmp_path):

@@ -42,6 +42,7 @@ def test_the_fake_runner_drives_a_whole_session(tmp_path):
     assert result.measurements[0].correct is False and result.best.rank != 1
     assert result.comparison.n == 3 and result.comparison.best_predicted_rank == result.best.rank
     assert [e.phase for e in events] == ["measure"] * 4 and events[-1].done == events[-1].total == 4
+    assert [e.measurement for e in events] == list(result.measurements)  # each drawn as it arrives
     assert [s.measurement for s in stored] == list(result.measurements)
     assert run.id == result.run_id and run.runner == "fake" and run.finished_at is not None
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))

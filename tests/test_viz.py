@@ -14,9 +14,13 @@ from hypothesis import strategies as st
 from workbench.construct.graph import ConstructionGraph, Edge, Node
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
+from workbench.profile.runner import Measurement
+from workbench.profile.session import ProgressEvent
 from workbench.profile.store import BestPoint
 from workbench.viz.compare import (
     ComparedPoint,
+    compared_points,
+    live_figure,
     predicted_vs_measured_figure,
     ranks_from_selection,
 )
@@ -28,6 +32,7 @@ from workbench.viz.fmt import (
     gflops,
     human_bytes,
     prefixed,
+    progress_text,
     significant,
     table_time_unit,
     target_text,
@@ -212,6 +217,27 @@ def test_predicted_vs_measured_has_the_identity_line_and_the_correlation():
     assert line.x[0] <= 1e-5 and line.x[-1] >= 5e-5  # spans every point (seconds)
     assert list(fig.data[0].customdata) == [1, 2, 3]  # the unmeasured candidate has no point
     assert "Spearman 1.00" in fig.layout.title.text
+
+
+def test_the_live_scatter_fills_in_as_measurements_arrive():
+    cands = finished().candidates()[:4]
+    arrived = [Measurement(2, "fake", (3e-4, 4e-4), correct=True), Measurement(1, "fake", correct=False, error="wrong result"),
+               Measurement(4, "fake", (1e-3,), correct=True)]
+    predicted = {c.rank: c.predicted_seconds for c in cands}
+    assert compared_points(cands, arrived) == [ComparedPoint(2, predicted[2], 3e-4), ComparedPoint(1, predicted[1], None),
+                                               ComparedPoint(4, predicted[4], 1e-3)]
+    for k in range(1, len(arrived) + 1):
+        fig = live_figure(cands, arrived[:k])
+        shown = [m.rank for m in arrived[:k] if m.ok]  # the wrong result has no point
+        assert sorted(fig.data[0].customdata) == shown and fig.layout.title.text.startswith(f"{k} of 4 so far: ")
+
+
+def test_progress_text_gives_a_measured_time_in_its_unit():
+    timed = Measurement(3, "local", (0.10742773, 0.2), correct=True)
+    assert progress_text(ProgressEvent("measure", 2, 10, 3, "107427.73 us", timed)) == "measure 2/10: #3 107 ms"
+    wrong = Measurement(4, "local", correct=False, error="wrong result")
+    assert progress_text(ProgressEvent("measure", 3, 10, 4, "wrong result", wrong)) == "measure 3/10: #4 wrong result"
+    assert progress_text(ProgressEvent("build", 1, 10, 5, "built")) == "build 1/10: #5 built"
 
 
 def test_predicted_vs_measured_groups_runs():

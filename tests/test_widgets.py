@@ -200,8 +200,14 @@ def test_profile_button_runs_the_session_and_feeds_bar_scatter_and_table():
     table = CandidateTable(c)
     profiler = PredictedVsMeasured(c, runner="fake")
     traitlets.dlink((profiler, "measured"), (table, "measured"))
+    drawn = []  # every figure the scatter shows: one as each measurement arrives, then the result's
+    show = profiler.scatter_view.show
+    profiler.scatter_view.show = lambda fig: (drawn.append(fig), show(fig))
     profiler.button.click()
     result = profiler.result
+    n = len(c.candidates)
+    assert [len(f.data[0].customdata) for f in drawn[:n]] == list(range(1, n + 1)) and len(drawn) == n + 1
+    assert drawn[n - 1].layout.title.text.startswith(f"{n} of {n} so far")
     assert result is not None and result.runner == "fake" and len(result.measurements) == len(c.candidates)
     assert profiler.progress.value == profiler.progress.max == len(c.candidates)  # the fake runner builds nothing
     assert profiler.measured == {m.rank: m.best_seconds for m in result.measurements} == table.measured

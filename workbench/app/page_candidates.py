@@ -12,11 +12,7 @@ from workbench import pipeline
 from workbench.app import views
 from workbench.app.profile_controls import profile_controls
 from workbench.app.state import candidates_page, picked, profile, set_picked
-from workbench.viz.compare import (
-    ComparedPoint,
-    predicted_vs_measured_figure,
-    ranks_from_selection,
-)
+from workbench.viz.compare import compared_points, predicted_vs_measured_figure, ranks_from_selection
 from workbench.viz.fmt import duration, significant
 from workbench.viz.roofline import roofline_figure, roofline_points
 
@@ -62,9 +58,7 @@ def _roofline(construction, result) -> None:
 
 
 def _comparison(result) -> None:
-    points = [ComparedPoint(c.rank, c.predicted_seconds, m.best_seconds if m.ok else None)
-              for c, m in zip(result.candidates, result.measurements)]
-    _selectable(predicted_vs_measured_figure(points), CHART_KEYS[1])
+    _selectable(predicted_vs_measured_figure(compared_points(result.candidates, result.measurements)), CHART_KEYS[1])
     c = result.comparison
     ratio = f"; measured / predicted geomean {significant(c.error_ratio)}" if math.isfinite(c.error_ratio) else ""
     st.caption(f"run {result.run_id} ({result.runner} runner, {duration(result.seconds)}): {result.best_note()}{ratio}")

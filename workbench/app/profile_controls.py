@@ -1,6 +1,6 @@
 """Profile controls of the Candidates page: runner (this machine, or a TVM RPC tracker), the runs
 store (a path inside the workspace), a progress bar fed by the session's ProgressEvents and, below
-it, each measurement as it arrives. A failed session (bad tracker, unwritable store) shows an error
+it, predicted against measured filling in as each measurement arrives. A failed session (bad tracker, unwritable store) shows an error
 below what it measured before failing and keeps the previous result."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
 from workbench.pipeline import Construction, Request, Timing
 from workbench.profile.store import RunStore, default_path
-from workbench.viz.fmt import duration
+from workbench.viz.compare import live_figure
+from workbench.viz.fmt import progress_text
 
 if TYPE_CHECKING:  # annotations only
+    from workbench.profile.runner import Measurement
     from workbench.profile.session import ProgressEvent
 
 RUNNERS = {"This machine (local)": "local", "RPC tracker": "rpc"}
@@ -88,17 +90,18 @@ def profile_controls(sel: Request, construction: Construction) -> None:
 
 def _run(sel: Request, construction: Construction, runner: str, tracker, key, repeat: int) -> None:
     bar = st.progress(0.0, text="profiling: starting the build workers...")
-    live = st.empty()  # redrawn on each measurement: the candidates measured so far
-    arrived: list[dict] = []
+    live = st.empty()  # redrawn on each measurement: predicted vs measured of those measured so far
+    arrived: list[Measurement] = []
 
     def report(event: ProgressEvent) -> None:
-        bar.progress(_fraction(event), text=f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:200])
-        if event.phase == "measure":
-            # The event carries the outcome as text (the time, or why there is none), not the
-            # Measurement: the table shows it as given beside the prediction.
-            arrived.append({"rank": event.rank, "predicted": duration(construction.candidate(event.rank).predicted_seconds),
-                            "measured": event.message})
-            live.dataframe(arrived, hide_index=True, width="stretch")
+        bar.progress(_fraction(event), text=progress_text(event)[:200])
+        if event.measurement is not None:
+            arrived.append(event.measurement)
+            with live.container():
+                st.plotly_chart(live_figure(construction.candidates, arrived), key=f"live_compare_{len(arrived)}")
+                failed = [f"#{m.rank} {m.error or 'not checked'}" for m in arrived if not m.ok]
+                if failed:
+                    st.caption("no time: " + "; ".join(failed))
 
     try:
         with RunStore(store_path()) as store:

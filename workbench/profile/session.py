@@ -38,13 +38,15 @@ MAX_BUILD_JOBS = 8
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """`phase` "build" or "measure": `done` of `total` candidates finished, the last being `rank`."""
+    """`phase` "build" or "measure": `done` of `total` candidates finished, the last being `rank`;
+    a "measure" event carries that candidate's `measurement` (a face can draw it as it arrives)."""
 
     phase: str
     done: int
     total: int
     rank: int
     message: str
+    measurement: Measurement | None = None
 
 
 Progress = Callable[[ProgressEvent], None]
@@ -269,7 +271,7 @@ class _Recorder:
         if self.store is not None:
             self.store.add_measurement(self.run_id, m)
         outcome = f"{m.best_seconds * 1e6:.2f} us" if m.ok else m.error or "not checked"
-        self.notify(ProgressEvent("measure", len(self.measured), self.total, m.rank, outcome))
+        self.notify(ProgressEvent("measure", len(self.measured), self.total, m.rank, outcome, m))
 
 
 def build_candidates(

@@ -29,6 +29,13 @@ class ComparedPoint:
     group: str = ""
 
 
+def compared_points(candidates: Iterable, measurements: Iterable) -> list[ComparedPoint]:
+    """One point per measurement (a profile's, or those that have arrived so far) of the
+    candidate of its rank: predicted against the best repeat of a correct kernel."""
+    predicted = {c.rank: c.predicted_seconds for c in candidates}
+    return [ComparedPoint(m.rank, predicted[m.rank], m.best_seconds if m.ok else None) for m in measurements]
+
+
 def _correlation_text(points: Sequence[ComparedPoint]) -> str:
     c = compare([p.rank for p in points], [p.predicted_seconds for p in points], [p.measured_seconds for p in points])
     if c.n < 2:
@@ -72,6 +79,13 @@ def predicted_vs_measured_figure(points: Sequence[ComparedPoint], title: str = "
         xaxis=log_axis(lo, hi, duration, "predicted", PAD), yaxis=log_axis(lo, hi, duration, "measured", PAD),
     )
     return fig
+
+
+def live_figure(candidates: Sequence, measurements: Sequence) -> go.Figure:
+    """Predicted vs measured while a profile runs: the measurements arrived so far, redrawn as
+    each arrives; the title says how many of the candidates are in."""
+    points = compared_points(candidates, measurements)
+    return predicted_vs_measured_figure(points, f"{len(measurements)} of {len(candidates)} so far: {_correlation_text(points)}")
 
 
 def ranks_from_selection(points: Iterable[Mapping]) -> tuple[int, ...]:

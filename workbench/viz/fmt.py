@@ -114,6 +114,14 @@ def time_columns(rows: Sequence[dict], suffix: str = " us") -> tuple[list[dict],
     return out, tuple(names.values())
 
 
+def progress_text(event) -> str:
+    """A profile session's `ProgressEvent` in a line: `measure 3/10: #4 107 ms` (the measured time
+    in its unit), or the event's own message (`built`, `wrong result: ...`)."""
+    m = event.measurement
+    outcome = duration(m.best_seconds) if m is not None and m.ok else event.message
+    return f"{event.phase} {event.done}/{event.total}: #{event.rank} {outcome}"
+
+
 def target_text(target: str) -> str:
     """A TVM target given as JSON (`Kernel.target`) in words: `{"kind": "llvm", "mcpu": "haswell"}`
     -> `llvm, mcpu haswell` (no dictionary text in the pages)."""

@@ -9,6 +9,7 @@ Link the measured times of a profile into the table with
 from __future__ import annotations
 
 import math
+from html import escape
 from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
@@ -18,8 +19,8 @@ from workbench import pipeline
 from workbench.errors import UserError
 from workbench.pipeline import Candidate, Construction, ProfileResult, Timing
 from workbench.profile.store import RunStore
-from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
-from workbench.viz.fmt import duration
+from workbench.viz.compare import compared_points, live_figure, predicted_vs_measured_figure
+from workbench.viz.fmt import duration, progress_text
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
@@ -128,14 +129,17 @@ class PredictedVsMeasured(widgets.VBox):
         # Every candidate is measured (a failed build too, as a failure); a runner that opens the
         # libraries builds them all first, and its first "build" event doubles the bar.
         self.progress.max, self.progress.value = n, 0
-        built = False
+        built, arrived = False, []
 
         def report(event: ProgressEvent) -> None:
             nonlocal built
             if event.phase == "build" and not built:
                 built, self.progress.max = True, 2 * n
             self.progress.value = event.done + (n if built and event.phase == "measure" else 0)
-            self.progress_text.value = f"{event.phase} {event.done}/{event.total}: #{event.rank} {event.message}"[:120]
+            self.progress_text.value = escape(progress_text(event)[:120])
+            if event.measurement is not None:  # the scatter fills in as the measurements arrive
+                arrived.append(event.measurement)
+                self.scatter_view.show(live_figure(self.candidates, arrived))
 
         kwargs = {"label": self.workload_label, "timing": self.timing, "progress": report}
         if self.store_path is None:
@@ -144,8 +148,7 @@ class PredictedVsMeasured(widgets.VBox):
             return pipeline.profile(self.construction, self.runner, store=store, **kwargs)
 
     def _show(self, result: ProfileResult) -> None:
-        points = [ComparedPoint(c.rank, c.predicted_seconds, m.best_seconds if m.ok else None)
-                  for c, m in zip(result.candidates, result.measurements)]
+        points = compared_points(result.candidates, result.measurements)
         self.scatter_view.show(predicted_vs_measured_figure(points))
         cmp = result.comparison
         ratio = "" if math.isnan(cmp.error_ratio) else f"; measured / predicted geomean {cmp.error_ratio:.3g}"
