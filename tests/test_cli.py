@@ -2,12 +2,14 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from workbench.cli import main
+from workbench.viz.fmt import duration
 
 
 def run(capsys, *argv):
@@ -50,6 +52,18 @@ def test_construct_json_contract(capsys, tmp_path):
             assert 0 < layer["footprint_bytes"] <= layer["capacity_bytes"]
     saved = json.loads(graph.read_text())
     assert len(saved["nodes"]) == doc["graph"]["nodes"] and len(saved["edges"]) == doc["graph"]["edges"]
+
+
+def test_construct_text_gives_each_time_in_its_unit(capsys):
+    argv = ("construct", "--op", "matmul", "--shape", "M=4096,N=4096,K=4096", "--device", "v100", "--topk", "3")
+    code, text, _ = run(capsys, *argv)
+    _, out, _ = run(capsys, *argv, "--json")
+    lines = [line for line in text.splitlines() if line.startswith("#")]
+    cands = json.loads(out)["candidates"]
+    assert code == 0 and len(lines) == len(cands) == 3
+    for line, cand in zip(lines, cands):
+        assert line.split()[1:3] == duration(cand["predicted_seconds"]).split()  # e.g. 12.3 ms
+    assert cands[0]["predicted_seconds"] > 1e-3 and not re.search(r"\d{4}(\.\d+)? us", text)  # not 12345.67 us
 
 
 def test_construct_expression(capsys):

@@ -10,6 +10,7 @@ from workbench import pipeline
 from workbench.construct.stepper import Stepper
 from workbench.errors import UserError
 from workbench.profile.fake import FakeRunner
+from workbench.viz.fmt import table_time_unit
 from workbench.workload import Workload, suite_workload
 
 # The keys shared/design/CLI.md promises for a candidate of `workbench construct` and, with a
@@ -111,27 +112,33 @@ def test_candidate_rows_show_measured_times_of_correct_kernels_only():
     result = pipeline.profile(c, FakeRunner(incorrect=frozenset({2})))
     rows = pipeline.candidate_rows(c.candidates, result.measurements)
     layers = list(c.candidates[0].program.layers)
-    assert list(rows[0]) == ["rank", "predicted us", "measured us", "median us", "spread %", "error", "bottleneck",
-                             "grid", "waves", *layers]
     by_rank = {m.rank: m for m in result.measurements}
+    # one unit for the table's times, the unit of their median: no "us" column holding 107427.73
+    times = [t for cand in c.candidates for t in (cand.predicted_seconds, by_rank[cand.rank].best_seconds,
+                                                   by_rank[cand.rank].median_seconds) if t is not None]
+    unit, scale = table_time_unit(times)
+    assert list(rows[0]) == ["rank", f"predicted ({unit})", f"measured ({unit})", f"median ({unit})", "spread %", "error",
+                             "bottleneck", "grid", "waves", *layers]
     for cand, row in zip(c.candidates, rows):
-        assert row["rank"] == cand.rank and row["predicted us"] == pytest.approx(cand.predicted_seconds * 1e6)
+        assert row["rank"] == cand.rank and row[f"predicted ({unit})"] == pytest.approx(cand.predicted_seconds / scale)
         m = by_rank[cand.rank]
-        assert row["measured us"] == (pytest.approx(m.best_seconds * 1e6) if m.ok else None)
-        assert row["median us"] == (pytest.approx(m.median_seconds * 1e6) if m.ok else None)
+        assert row[f"measured ({unit})"] == (pytest.approx(m.best_seconds / scale) if m.ok else None)
+        assert row[f"median ({unit})"] == (pytest.approx(m.median_seconds / scale) if m.ok else None)
         if m.ok:  # 5 repeats: the interval is [min, max], as a share of the median
             assert row["spread %"] == pytest.approx((max(m.seconds) - min(m.seconds)) / m.median_seconds * 100)
         assert row["error"] == m.error
-    assert rows[1]["measured us"] is None and "wrong result" in rows[1]["error"]
+    assert rows[1][f"measured ({unit})"] is None and "wrong result" in rows[1]["error"]
 
 
 def test_candidate_rows_before_profiling_and_with_virtual_threads():
     plain = pipeline.candidate_rows(pipeline.construct(_request()).candidates)
-    assert "measured us" not in plain[0] and "error" not in plain[0] and "vthreads" not in plain[0]
+    assert not [k for k in plain[0] if k.startswith("measured")] and "error" not in plain[0] and "vthreads" not in plain[0]
     s = Stepper(matmul(512, 512, 512), device("v100"), "markov", pipeline.Options(topk=10))
     cands = s.finish().candidates
     rows = pipeline.candidate_rows(cands, measured={1: 2e-6})
-    assert rows[0]["measured us"] == pytest.approx(2.0) and all(r["measured us"] is None for r in rows[1:])
+    unit, scale = table_time_unit([c.predicted_seconds for c in cands] + [2e-6])
+    assert rows[0][f"measured ({unit})"] == pytest.approx(2e-6 / scale)
+    assert all(r[f"measured ({unit})"] is None for r in rows[1:])
     assert any(c.program.vthreads for c in cands)  # Markov on a GPU sets virtual threads
     for cand, row in zip(cands, rows):
         assert row["vthreads"] == (", ".join(f"{a}x{v}" for a, v in cand.program.vthreads) or None)

@@ -162,7 +162,9 @@ def test_candidate_table_picks_a_rank_and_draws_measured_points():
     assert "predicted" in kinds and "measured" not in kinds
     table.measured = {1: 1e-3, 3: 2e-3}
     measured = next(t for t in table.roofline_view.figure.data if t.name == "measured")
-    assert sorted(measured.customdata) == [1, 3] and "measured us" in table.table.value
+    head, _ = table_cells(table.table.value)
+    unit = re.fullmatch(r"predicted \((s|ms|us|ns)\)", head[1]).group(1)
+    assert sorted(measured.customdata) == [1, 3] and f"measured ({unit})" in head  # in one unit with the predictions
 
 
 def table_cells(html: str) -> tuple[list[str], list[list[str]]]:
@@ -187,10 +189,11 @@ def test_candidate_table_rows_are_the_pipeline_candidate_rows(policy):
         assert table.rows == rows
         columns = [k for k in rows[0] if any(r[k] is not None for r in rows)]
         head, body = table_cells(table.table.value)
-        assert head == columns and ("measured us" in head) == bool(measured)
+        unit = re.fullmatch(r"predicted \((s|ms|us|ns)\)", head[1]).group(1)  # one unit, chosen from the times
+        assert head == columns and (f"measured ({unit})" in head) == bool(measured)
         assert body == [[cell_text(r[k]) for k in columns] for r in rows]
         assert ("vthreads" in head) == any(cand.program.vthreads for cand in c.candidates) == (policy == "markov")
-        assert {*c.candidates[0].program.layers, "rank", "predicted us", "bottleneck", "grid", "waves"} <= set(head)
+        assert {*c.candidates[0].program.layers, "rank", "bottleneck", "grid", "waves"} <= set(head)
 
 
 def test_profile_button_runs_the_session_and_feeds_bar_scatter_and_table():
@@ -292,6 +295,8 @@ def test_model_view_lists_operators_and_draws_every_rtask():
     view = ModelView(ROOT / "sample_models" / "mlp.onnx", "v100")
     plan = view.result.plan
     assert view.operators.value.count("<tr") == len(view.result.results) + 1
+    head, _ = table_cells(view.operators.value)
+    assert any(re.fullmatch(r"predicted \((s|ms|us|ns)\)", h) for h in head) and "predicted us" not in head
     bars = [t for t in view.gantt_view.figure.data if t.type == "bar"]
     assert sum(len(t.x) for t in bars) == sum(len(w.placements) for w in plan.waves)
     imported = view.model  # the path, imported by the first construction

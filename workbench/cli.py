@@ -212,6 +212,7 @@ def construction_dict(c, workload) -> dict:
 
 
 def cmd_construct(args) -> int:
+    from workbench.viz.fmt import duration
     from workbench.workload import workload_from_args
 
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
@@ -224,7 +225,7 @@ def cmd_construct(args) -> int:
     lines = [f"{workload.describe()} on {c.device.name} ({c.policy}): {len(c.candidates)} candidates in {c.seconds * 1e3:.1f} ms"]
     for cand in c.candidates:
         tiles = "  ".join(f"{n}={'x'.join(map(str, t))}" for n, t in zip(cand.program.layers, cand.program.tiles))
-        lines.append(f"#{cand.rank:<3d} {cand.predicted_seconds * 1e6:10.2f} us  {cand.estimate.bottleneck:9s} grid {cand.program.grid:<6d} {tiles}")
+        lines.append(f"#{cand.rank:<3d} {duration(cand.predicted_seconds):>9s}  {cand.estimate.bottleneck:9s} grid {cand.program.grid:<6d} {tiles}")
     return _emit(args, construction_dict(c, workload), "\n".join(lines))
 
 
@@ -286,6 +287,7 @@ def _progress(args):
 def cmd_profile(args) -> int:
     from workbench import pipeline
     from workbench.profile.store import RunStore
+    from workbench.viz.fmt import duration
     from workbench.workload import workload_from_args
 
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
@@ -298,8 +300,8 @@ def cmd_profile(args) -> int:
     doc = result.to_dict()
     lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
     for cand in doc["candidates"]:
-        measured = f"{cand['measured_seconds'] * 1e6:10.2f} us" if cand["measured_seconds"] else f"{'-':>13s}"
-        lines.append(f"#{cand['rank']:<3d} predicted {cand['predicted_seconds'] * 1e6:10.2f} us  measured {measured}  {cand['error'] or ('ok' if cand['correct'] else '')}")
+        measured = duration(cand["measured_seconds"])  # "-" without a correct time
+        lines.append(f"#{cand['rank']:<3d} predicted {duration(cand['predicted_seconds']):>9s}  measured {measured:>9s}  {cand['error'] or ('ok' if cand['correct'] else '')}")
     lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, {result.best_note()}")
     for note in (result.load_note(), result.noise_note()):
         if note:

@@ -38,7 +38,7 @@ from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
 from workbench.profile.workers import WorkerPool
-from workbench.viz.fmt import shape_text
+from workbench.viz.fmt import shape_text, time_columns
 from workbench.workload import Workload, suite_workload
 
 __all__ = [
@@ -192,7 +192,8 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
     measured time (the best repeat, from `measurements`, a profile's, or `measured`, rank ->
     seconds), with `measurements` also the median and the spread of the median's interval
     (`profile.noise`, as a share of the median) and the error, then bottleneck, grid, waves, the
-    tile per memory layer and the virtual threads. Times in microseconds."""
+    tile per memory layer and the virtual threads. Times in one unit for the whole table, chosen
+    from their median (`fmt.time_columns`): `predicted (ms)` 107, never `predicted us` 107427.73."""
     by_rank = {m.rank: m for m in measurements or ()}
     times = dict(measured or {}) | {m.rank: m.best_seconds for m in by_rank.values() if m.ok}
     shown = measurements is not None or measured is not None
@@ -212,4 +213,5 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
         row |= {name: shape_text(t) for name, t in zip(c.program.layers, c.program.tiles)}
         row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.program.vthreads) or None
         rows.append(row)
-    return [{k: v for k, v in row.items() if k != "vthreads" or any(r["vthreads"] for r in rows)} for row in rows]
+    rows = [{k: v for k, v in row.items() if k != "vthreads" or any(r["vthreads"] for r in rows)} for row in rows]
+    return time_columns(rows)[0]

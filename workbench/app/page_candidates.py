@@ -47,7 +47,7 @@ def _table(construction, result) -> None:
     rows = pipeline.candidate_rows(construction.candidates, result.measurements if result is not None else None)
     axes = [a.name for a in construction.expr.axes]
     st.caption("tiles per layer as " + " x ".join(axes) + "; selected points pick candidates")
-    views.time_table(rows, **{"spread %": st.column_config.NumberColumn(format=views.FIGURES)})
+    views.time_table(rows)
 
 
 def _roofline(construction, result) -> None:

@@ -30,11 +30,13 @@ KERNELS_KEPT = 32
 FIGURES = "%.3g"
 
 
-def time_table(rows: list[dict], **column_config) -> None:
+def time_table(rows: list[dict]) -> None:
     """A table whose `<what> us` columns (microseconds) are shown in one unit chosen from the data
-    (`fmt.time_columns`: `predicted (ms)` 107, not `predicted us` 107427.73), three figures each."""
-    shown, timed = time_columns(rows)
-    config = {name: st.column_config.NumberColumn(format=FIGURES) for name in timed} | column_config
+    (`fmt.time_columns`: `predicted (ms)` 107, not `predicted us` 107427.73; the candidate table
+    comes in its unit already), every fractional number with three figures."""
+    shown, _ = time_columns(rows)
+    numbers = {k for row in shown for k, v in row.items() if isinstance(v, float)}
+    config = {name: st.column_config.NumberColumn(format=FIGURES) for name in numbers}
     st.dataframe(shown, hide_index=True, width="stretch", column_config=config)
 
 

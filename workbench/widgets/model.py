@@ -12,7 +12,7 @@ import traitlets
 
 from workbench import pipeline
 from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
-from workbench.viz.fmt import duration
+from workbench.viz.fmt import duration, time_columns
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
 from workbench.widgets.plot import PlotView
@@ -55,7 +55,8 @@ class ModelView(widgets.VBox):
              "grid": op["candidates"][0]["grid"] if op["supported"] else None, "unsupported": op["reason"] or None}
             for i, op in enumerate(ops)
         ]
-        self.operators.value = html_table(rows, marked=[not op["supported"] for op in ops])
+        shown, _ = time_columns(rows)  # `predicted (us)` in one unit chosen from the times, as the dashboard's table
+        self.operators.value = html_table(shown, marked=[not op["supported"] for op in ops])
         plan = self.result.plan
         built = sum(op["supported"] for op in ops)
         self.summary.value = (
