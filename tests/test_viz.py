@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from workbench.construct.graph import ConstructionGraph, Edge, Node
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
+from workbench.profile.importance import Trial
 from workbench.profile.runner import Measurement
 from workbench.profile.session import ProgressEvent
 from workbench.profile.store import BestPoint
@@ -38,8 +39,10 @@ from workbench.viz.fmt import (
     target_text,
     tile_text,
     time_columns,
+    whole,
 )
 from workbench.viz.graph import BAND, first_steps, graph_figure, node_positions
+from workbench.viz.importance import PARALLEL_TICKS, parallel_figure
 from workbench.viz.roofline import RooflinePoint, roofline_figure, roofline_points
 from workbench.viz.runs import best_so_far_figure
 from workbench.viz.source import entry_line
@@ -238,6 +241,31 @@ def test_progress_text_gives_a_measured_time_in_its_unit():
     wrong = Measurement(4, "local", correct=False, error="wrong result")
     assert progress_text(ProgressEvent("measure", 3, 10, 4, "wrong result", wrong)) == "measure 3/10: #4 wrong result"
     assert progress_text(ProgressEvent("build", 1, 10, 5, "built")) == "build 1/10: #5 built"
+
+
+def test_parallel_axes_have_a_few_readable_ticks_at_values_taken():
+    # 24 tile sizes from 1 to 2048 (powers of two and a few between), grids up to 1.3 million, a
+    # fixed vthreads, and times over four decades: a tick per distinct value would crowd every axis.
+    sizes = sorted({2**e for e in range(12)} | {3 * 2**e for e in range(10)} | {5, 7})
+    trials = [Trial(1, r + 1, (("L1.i", sizes[r % len(sizes)]), ("grid", 5 * 4**(r % 10)), ("vthreads.j", 2), ("L2.k", r % 3)),
+                    1e-6 * 10 ** (4 * r / 59)) for r in range(60)]
+    fig = parallel_figure(trials, ["L1.i", "grid", "vthreads.j", "L2.k"])
+    (parcoords,) = fig.data
+    axes = {d.label: d for d in parcoords.dimensions}
+    assert list(axes) == ["L1.i", "grid", "vthreads.j", "L2.k", "best measured"]
+    for name, values in (("L1.i", sizes), ("grid", [5 * 4**e for e in range(10)]), ("vthreads.j", [2]), ("L2.k", [0, 1, 2])):
+        d = axes[name]
+        assert 1 <= len(d.tickvals) <= PARALLEL_TICKS and len(d.ticktext) == len(d.tickvals)
+        texts = list(d.ticktext)
+        assert texts[0] == whole(min(values)) and texts[-1] == whole(max(values))  # the ends are labelled
+        assert set(texts) <= {whole(v) for v in values}  # every tick at a value the trials take
+    # powers of two spanning decades sit evenly on a log axis: 1, 2, 4 do not pile up at its foot
+    assert list(axes["L1.i"].tickvals) == pytest.approx([math.log2(int(t)) for t in axes["L1.i"].ticktext])
+    assert list(axes["L2.k"].tickvals) == [0, 1, 2]  # 0 to 2: a linear axis, every value
+    assert axes["grid"].ticktext[-1] == "1.31 M" and "5" in axes["grid"].ticktext
+    time = axes["best measured"]
+    assert 2 <= len(time.tickvals) <= PARALLEL_TICKS and all(t.endswith("s") for t in time.ticktext)
+    assert parcoords.labelangle != 0  # a dozen labels side by side overlap when level
 
 
 def test_predicted_vs_measured_groups_runs():

@@ -18,9 +18,9 @@ LABEL_WIDTH = 0.07
 LABEL_HEIGHT = 0.06
 
 
-def log_ticks(lo: float, hi: float, text: Callable[[float], str]) -> tuple[list[float], list[str]]:
+def log_ticks(lo: float, hi: float, text: Callable[[float], str], most: int = MAX_TICKS) -> tuple[list[float], list[str]]:
     """Tick values within [lo, hi] (lo > 0) at every digit, 1-2-5, 1-3 or 1 of each decade, the
-    densest that gives at most `MAX_TICKS` ticks (at least two: else the ends), and their texts
+    densest that gives at most `most` ticks (at least two: else the ends), and their texts
     `text(value)`."""
     if not (lo > 0 and hi > 0):
         return [], []
@@ -30,10 +30,10 @@ def log_ticks(lo: float, hi: float, text: Callable[[float], str]) -> tuple[list[
         values = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
                   for m in mantissas]
         chosen = [v for v in values if lo <= v <= hi]
-        if len(chosen) <= MAX_TICKS:
+        if len(chosen) <= most:
             break
     else:  # more decades than ticks: every few decades
-        chosen = chosen[:: math.ceil(len(chosen) / MAX_TICKS)]
+        chosen = chosen[:: math.ceil(len(chosen) / most)]
     if len(chosen) < 2:  # a range within one step: its ends
         chosen = [lo, hi] if hi > lo else [lo]
     return chosen, [text(v) for v in chosen]

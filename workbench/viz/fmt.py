@@ -62,6 +62,12 @@ def table_time_unit(seconds: Iterable[float | None]) -> tuple[str, float]:
     return time_unit(known[len(known) // 2]) if known else ("us", 1e-6)
 
 
+def whole(n: int) -> str:
+    """A count as it is (`2048`, `12544`: tile sizes and grids are exact) up to five digits, with
+    a decimal prefix beyond (`1.25 M`)."""
+    return str(n) if abs(n) < 100_000 else prefixed(n, "")
+
+
 def human_bytes(n: float | None) -> str:
     """`2048` -> `2 KiB`, `1536` -> `1.5 KiB`, `100` -> `100 B` (binary prefixes: capacities in
     the specs are powers of two)."""

@@ -10,10 +10,14 @@ import plotly.graph_objects as go
 
 from workbench.profile.importance import Importance, SlicePoint, Trial
 from workbench.viz.axes import log_axis, log_ticks
-from workbench.viz.fmt import duration, significant
+from workbench.viz.fmt import duration, significant, whole
 
 BAR_HEIGHT = 26  # pixels per parameter on the importance chart
 MARGIN = {"l": 10, "r": 10, "t": 40, "b": 40}
+# Ticks per parallel axis: an axis is about 300 px tall and a dozen axes stand side by side, so a
+# tick per distinct tile size (often 10-20 of them) prints labels over each other.
+PARALLEL_TICKS = 6
+LABEL_ANGLE = -25  # degrees: a dozen labels like `registers.i` side by side overlap when level
 
 
 def importance_figure(found: Sequence[Importance]) -> go.Figure:
@@ -72,21 +76,40 @@ def slice_figure(points: Sequence[SlicePoint], parameter: str) -> go.Figure:
     return fig
 
 
+def _spread(distinct: Sequence[int], at, most: int) -> list[int]:
+    """At most `most` of the sorted `distinct` values: the smallest, the largest, and between them
+    those nearest to evenly spaced positions `at(value)` on the axis."""
+    if len(distinct) <= most:
+        return list(distinct)
+    lo, hi = at(distinct[0]), at(distinct[-1])
+    targets = [lo + (hi - lo) * i / (most - 1) for i in range(most)]
+    return sorted({min(distinct, key=lambda v: abs(at(v) - target)) for target in targets})
+
+
+def _parallel_axis(name: str, values: Sequence[int]) -> dict:
+    """A parallel axis of one parameter: on a log scale where its values span more than a factor
+    of 4 (tile sizes and grids are mostly powers of two: evenly spaced, not crowded at the foot),
+    with at most `PARALLEL_TICKS` ticks at values it takes."""
+    distinct = sorted(set(values))
+    at = math.log2 if distinct[0] > 0 and distinct[-1] >= 4 * distinct[0] else float
+    ticks = _spread(distinct, at, PARALLEL_TICKS)
+    return {"label": name, "values": [at(v) for v in values], "tickvals": [at(v) for v in ticks],
+            "ticktext": [whole(v) for v in ticks]}
+
+
 def parallel_figure(trials: Sequence[Trial], parameters: Sequence[str]) -> go.Figure:
     """Parallel coordinates: an axis per parameter (in the order given) and a last one of the
-    time (log scale), one line per measurement coloured by its time (dark: fast)."""
+    time (log scale), one line per measurement coloured by its time (dark: fast); a few ticks per
+    axis and slanted axis labels, so that neither overlaps its neighbours."""
     logs = [math.log10(t.seconds) for t in trials]
-    dimensions = []
-    for name in parameters:
-        values = [t.value(name) for t in trials]
-        distinct = sorted(set(values))
-        dimensions.append({"label": name, "values": values, "tickvals": distinct, "ticktext": [str(v) for v in distinct]})
+    dimensions = [_parallel_axis(name, [t.value(name) for t in trials]) for name in parameters] if trials else []
     times = [t.seconds for t in trials]
-    ticks, texts = log_ticks(min(times), max(times), duration) if times else ([], [])
+    ticks, texts = log_ticks(min(times), max(times), duration, PARALLEL_TICKS) if times else ([], [])
     dimensions.append({"label": "best measured", "values": logs, "tickvals": [math.log10(v) for v in ticks],
                        "ticktext": texts})
     fig = go.Figure(go.Parcoords(
         dimensions=dimensions, line={"color": logs, "colorscale": "Viridis", "showscale": False},
+        labelangle=LABEL_ANGLE, labelside="top", labelfont={"size": 11}, tickfont={"size": 10},
     ))
     # The axis labels sit above the axes, where a title at the usual height would cover them.
     fig.update_layout(height=440, margin={"l": 60, "r": 60, "t": 100, "b": 30},
