@@ -230,3 +230,38 @@ def test_programs_of_gives_each_candidates_stored_rprogram(tmp_path):
         run_id = start(store)
         assert store.programs_of(run_id) == {c.rank: json.loads(json.dumps(c.program.to_dict())) for c in candidates()}
         assert store.programs_of(run_id + 1) == {}  # no such run
+
+
+def test_estimates_of_gives_each_candidates_stored_estimate(tmp_path):
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        run_id = start(store)
+        assert store.estimates_of(run_id) == {c.rank: json.loads(json.dumps(c.estimate.to_dict())) for c in candidates()}
+        assert store.estimates_of(run_id + 1) == {}  # no such run
+
+
+def test_a_store_of_schema_2_is_migrated_and_keeps_a_correction(tmp_path):
+    """The corrections table arrives with schema 3; the runs written before stay as they were."""
+    from workbench.profile.correction import Correction, StageFit
+    from workbench.profile.store import MIGRATIONS
+
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    for statements in MIGRATIONS[:2]:
+        for statement in statements:
+            conn.execute(statement)
+    conn.execute("INSERT INTO devices VALUES (1, 'tiny-cpu', 'cpu', '{}')")
+    conn.execute("INSERT INTO workloads VALUES (1, 'old:mm', 'matmul', '{}', 'float32')")
+    conn.execute("INSERT INTO runs VALUES (1, 1.0, 2.0, 1, 1, 'roller', 3, 'local', '{}', 1)")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    correction = Correction("tiny-cpu", StageFit(2.0, (("L1", 0.5), ("DRAM", 3.0)), 1e-6, 40, 4))
+    with RunStore(path) as store:
+        assert [(r.id, r.status) for r in store.runs()] == [(1, "cancelled")]
+        assert store.correction("tiny-cpu") is None
+        store.save_correction(correction, {"claim": False})
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    with RunStore(path) as store:
+        stored = store.correction("tiny-cpu")
+    assert stored.correction == correction and stored.measurements == 40 and stored.evaluation == {"claim": False}

@@ -1,4 +1,5 @@
-"""The runs store: every profile run, its candidates and their measurements, in one SQLite file.
+"""The runs store: every profile run, its candidates and their measurements, and each device's
+correction of the model fitted on them (`profile/correction.py`), in one SQLite file.
 
 Write-ahead logging lets readers (the dashboard) read while a run writes, and `busy_timeout`
 makes concurrent writers wait their turn instead of failing. A run and its candidates go in one
@@ -24,6 +25,7 @@ from typing import Mapping, Sequence
 
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
+from workbench.profile.correction import Correction
 from workbench.profile.runner import Measurement
 
 APPLICATION_ID = 0x54574B42  # "TWKB": marks a file as a tile-workbench runs store
@@ -52,6 +54,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # A run stopped part-way (Ctrl-C, SIGTERM, the dashboard's user leaving the page) is closed
     # as cancelled; one with no finished_at was killed outright or is still running.
     ("ALTER TABLE runs ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0",),
+    # The model's correction per device name (`profile/correction.py`), fitted on the device's
+    # stored measurements; a refit replaces it. `evaluation` is its cross-validated before/after.
+    (
+        """CREATE TABLE corrections (device TEXT PRIMARY KEY, fitted_at REAL NOT NULL,
+           measurements INTEGER NOT NULL, correction TEXT NOT NULL, evaluation TEXT NOT NULL)""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -113,6 +121,21 @@ class BestPoint:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class StoredCorrection:
+    """A device's stored correction, when it was fitted and its before/after (`Evaluation.to_dict`)."""
+
+    device: str
+    fitted_at: float
+    measurements: int
+    correction: Correction
+    evaluation: dict
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "fitted_at": self.fitted_at, "measurements": self.measurements,
+                "correction": self.correction.to_dict(), "evaluation": self.evaluation}
 
 
 class RunStore:
@@ -188,6 +211,17 @@ class RunStore:
         with self._write() as db:
             db.execute("UPDATE runs SET finished_at = ?, cancelled = ? WHERE id = ?", (time.time(), int(cancelled), run_id))
 
+    def save_correction(self, correction: Correction, evaluation: Mapping) -> None:
+        """Store `correction` as its device's, replacing an earlier one."""
+        with self._write() as db:
+            db.execute(
+                """INSERT OR REPLACE INTO corrections (device, fitted_at, measurements, correction, evaluation)
+                   VALUES (?, ?, ?, ?, ?)""",
+                # Plain JSON, not `_dumps`: the layers keep their order (registers to DRAM).
+                (correction.device, time.time(), correction.measurements, json.dumps(correction.to_dict()),
+                 json.dumps(dict(evaluation))),
+            )
+
     # -- reading ---------------------------------------------------------------------------------
 
     def runs(
@@ -230,6 +264,21 @@ class RunStore:
         """rank -> the stored rProgram (`RProgram.to_dict`) of each candidate of run `run_id`."""
         rows = self._read("SELECT rank, rprogram FROM candidates WHERE run = ? ORDER BY rank", (run_id,))
         return {rank: json.loads(text) for rank, text in rows}
+
+    def estimates_of(self, run_id: int) -> dict[int, dict]:
+        """rank -> the stored estimate (`Estimate.to_dict`) of each candidate of run `run_id`."""
+        rows = self._read("SELECT rank, estimate FROM candidates WHERE run = ? ORDER BY rank", (run_id,))
+        return {rank: json.loads(text) for rank, text in rows}
+
+    def correction(self, device: str) -> StoredCorrection | None:
+        """The stored correction of device `device` (its name), or None."""
+        rows = self._read("""SELECT fitted_at, measurements, correction, evaluation FROM corrections
+                             WHERE device = ?""", (device,))
+        if not rows:
+            return None
+        fitted_at, measurements, correction, evaluation = rows[0]
+        return StoredCorrection(device, fitted_at, measurements, Correction.from_dict(json.loads(correction)),
+                                json.loads(evaluation))
 
     def best_so_far(self, workload: str, device: str) -> tuple[BestPoint, ...]:
         """Per run of (workload label, device name), oldest first: its best correct time and the
