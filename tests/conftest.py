@@ -28,6 +28,7 @@ CORE_TESTS = frozenset({
     "test_markov.py",
     "test_model.py",
     "test_profile_compare.py",
+    "test_profile_correction.py",
     "test_profile_diagnose.py",
     "test_profile_importance.py",
     "test_profile_noise.py",

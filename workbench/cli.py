@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(b)
     b.add_argument("--baselines", default="numpy", help="e.g. numpy,torch,metaschedule:64")
     b.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("runs", help="the runs store")
+    rsub = p.add_subparsers(dest="runs_command", required=True, parser_class=_Parser)
+    r = rsub.add_parser("fit", help="fit the model's correction for a device on its stored measurements; show before/after")
+    r.add_argument("--device", default="local-cpu", help="device name as the runs store has it (default: local-cpu)")
+    _profile_args(r)
+    r.add_argument("--json", action="store_true")
     return parser
 
 
@@ -347,6 +354,27 @@ def cmd_model(args) -> int:
     return _emit(args, doc, pipeline.report_text(doc))
 
 
+def cmd_runs(args) -> int:
+    from workbench.profile.correction import refit
+    from workbench.profile.store import RunStore
+
+    with RunStore(args.db) as store:
+        correction, evaluation = refit(store, args.device)
+        stored = store.correction(args.device)
+    fit = correction.overall
+    lines = [f"fitted {args.device} on {correction.measurements} measurements of {fit.workloads} workloads "
+             f"(the fit weighs {fit.weight:.2f}, the model {1 - fit.weight:.2f}); stored in {store.path}",
+             "measured ~ " + " + ".join([f"{fit.compute:.3g} compute"] + [f"{a:.3g} {layer}" for layer, a in fit.loads]
+                                        + [f"{fit.constant:.3g} s"]),
+             evaluation.summary(),
+             f"{'held-out workload':24s} {'n':>3s} {'|log err| before':>16s} {'after':>6s} {'spearman before':>15s} {'after':>6s}"]
+    for w in evaluation.workloads:
+        rho = [f"{v:+.2f}" if v == v else "-" for v in (w.before_spearman, w.after_spearman)]  # NaN: undefined
+        lines.append(f"{w.workload:24s} {w.measurements:3d} {w.before_error:16.3f} {w.after_error:6.3f} "
+                     f"{rho[0]:>15s} {rho[1]:>6s}")
+    return _emit(args, stored.to_dict(), "\n".join(lines))
+
+
 def cmd_bench_dispatch(args) -> int:
     return cmd_bench_kernels(args) if args.bench_command == "kernels" else cmd_bench_construct(args)
 
@@ -360,6 +388,7 @@ COMMANDS = {
     "profile": cmd_profile,
     "model": cmd_model,
     "bench": cmd_bench_dispatch,
+    "runs": cmd_runs,
 }
 
 
