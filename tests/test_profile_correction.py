@@ -92,6 +92,13 @@ def test_nnls_clamps_a_coefficient_the_data_wants_negative():
     assert x[1] == 0.0 and x[0] == pytest.approx(b.sum() / 3.0, rel=1e-12)
 
 
+def test_nnls_on_degenerate_columns():
+    a = np.array([[1.0, 1.0, 0.0], [2.0, 2.0, 0.0], [0.5, 0.5, 0.0]])  # a repeated column and an empty one
+    x = nnls(a, np.array([1.0, 2.0, 0.5]))
+    assert (x >= 0).all() and x[2] == 0.0 and x[0] + x[1] == pytest.approx(1.0)
+    assert (nnls(a, -np.ones(3)) == 0.0).all()  # every column points away from b: nothing helps
+
+
 def test_the_fit_recovers_known_coefficients():
     rows = synthetic(linear(compute=2.0, l2=0.5, dram=3.0, constant=1e-6))
     got = fit_stages(rows, LAYERS)

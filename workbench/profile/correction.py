@@ -222,7 +222,8 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                 x = z
                 break
             blocked = passive & (z <= tol)
-            alpha = float(np.min(x[blocked] / (x[blocked] - z[blocked])))
+            gap = x[blocked] - z[blocked]  # > 0 but for a just-added variable that stayed at 0
+            alpha = float(np.min(np.divide(x[blocked], gap, out=np.zeros_like(gap), where=gap > 0)))
             x = x + alpha * (z - x)
             passive &= x > tol
             x[~passive] = 0.0
@@ -400,8 +401,10 @@ def stored_rows(store: RunStore, device: str) -> tuple[Row, ...]:
         for m in store.measurements_of(run.id):
             if m.measurement.ok and m.rank in estimates:
                 fastest[m.rank] = min(fastest.get(m.rank, math.inf), m.measurement.best_seconds)
-        rows += [Row(run.workload, run.op, run.id, rank, stages_of(estimates[rank]), seconds)
-                 for rank, seconds in sorted(fastest.items())]
+        for rank, seconds in sorted(fastest.items()):
+            stages = stages_of(estimates[rank])
+            if seconds > 0 and stages.predicted_seconds > 0:  # a time of 0 has no relative error
+                rows.append(Row(run.workload, run.op, run.id, rank, stages, seconds))
     return tuple(rows)
 
 
