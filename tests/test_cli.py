@@ -366,3 +366,12 @@ def test_special_files_huge_models_and_garbage_targets_are_one_line_exit_2(tmp_p
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (argv, done.stderr[-2000:])
     assert not (tmp_path / "bundle").exists()
+
+
+def test_runs_fit_refuses_a_foreign_db_and_a_store_without_measurements(capsys, tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a database")
+    code, _, err = run(capsys, "runs", "fit", "--db", str(bad))
+    assert code == 2 and "--db" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(capsys, "runs", "fit", "--device", "local-cpu", "--db", str(tmp_path / "new.sqlite3"), "--json")
+    assert code == 2 and out == "" and "no correct measurements" in err and len(err.strip().splitlines()) == 1
