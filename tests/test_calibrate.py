@@ -1,22 +1,33 @@
 """Calibration: one quick real run on this machine (shared by the tests that need one), the pure
-parts on hand-made results, and `load_spec("local-cpu")` picking up a calibrated file."""
+parts on hand-made results and generated specs, and `load_spec("local-cpu")` picking up a
+calibrated file."""
 
 from __future__ import annotations
 
 import pytest
+from helpers import matmul
+from test_alignment import AVX2, AVX512
 
 from workbench.errors import UserError
 from workbench.hardware.calibrate import (
+    CACHE_FILL,
+    MICRO_KERNEL_SHARE,
+    STARTUP_S,
     Probe,
     ProbeResult,
     apply_measurements,
     calibrate,
     calibrated_spec_path,
     impossible,
+    micro_kernel_probes,
+    micro_kernel_shapes,
     probes,
+    slot_seconds,
 )
 from workbench.hardware.detect import detect_local_cpu
 from workbench.hardware.loader import load_spec, spec_from_toml_text, spec_to_toml
+from workbench.hardware.spec import MicroKernel
+from workbench.rtile.alignment import micro_kernel_registers, register_budget
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +45,29 @@ def test_quick_calibration_measures_positive_ordered_numbers(calibrated):
     assert bandwidth["L1"] > 2 * bandwidth["DRAM"]
     assert dict(spec.peak_gflops)["float32"] > 0
     assert dict(spec.peak_gflops)["float64"] > 0
-    assert [line.split(":")[0] for line in lines] == ["L1", "L2", "DRAM", "float32", "float64"]
+    micro = [p.label for p in micro_kernel_probes(detect_local_cpu(), quick=True)]
+    assert [line.split(":")[0] for line in lines] == ["L1", "L2", "DRAM", "float32", "float64"] + micro
+
+
+def test_quick_calibration_measures_plausible_micro_kernels(calibrated):
+    """Bounds every x86 core with FMA obeys (AVX2 or AVX-512), no speeds: one accumulator is a
+    chain of dependent FMAs, one per FMA latency (4-5 cycles on every x86 core), where the peak
+    probe's 12 chains issue at least one per cycle, so the 1-row, 1-vector kernel reaches at most
+    about a quarter of peak (asserted: half). The widest 2-vector kernel (6 x 16 on AVX2, 14 x 32
+    on AVX-512) keeps 12 or more chains in flight: several times the single chain (asserted:
+    1.5x). And none is above the FMA peak x 1.1, or calibration would have refused it."""
+    spec, _ = calibrated
+    lanes = spec.warp_size
+    shapes = [(rows, vectors * lanes) for rows, vectors in micro_kernel_shapes(detect_local_cpu(), quick=True)]
+    kernels = {(k.rows, k.cols): k.gflops for k in spec.micro_kernels}
+    assert {k.dtype for k in spec.micro_kernels} == {"float32"} and sorted(kernels) == sorted(shapes)
+    peak = spec.peak("float32")
+    assert all(0 < gflops <= peak * 1.1 for gflops in kernels.values())
+    single, widest = kernels[1, lanes], kernels[shapes[-1]]
+    assert shapes[-1][0] * 2 >= 12
+    assert single < 0.5 * peak
+    assert widest > 1.5 * single
+    assert "micro-kernels" in dict(spec.sources)["micro_kernels"] and "micro-kernels" in spec.source
 
 
 def test_calibrated_spec_says_what_was_measured(calibrated):
@@ -55,21 +88,28 @@ def test_calibrated_spec_round_trips_through_toml(calibrated):
     assert spec_from_toml_text(spec_to_toml(spec)) == spec
 
 
-def _results(spec, **changed):
+def _results(spec, quick=False, **changed):
+    """Results of every probe of `spec`, `changed` by label; micro-kernels at 0.3 x their FMA peak."""
     values = {"L1": 500.0, "L2": 200.0, "DRAM": 40.0, "float32": 300.0, "float64": 150.0} | changed
-    return tuple(ProbeResult(p, values[p.label], runs=5, threads=2) for p in probes(spec, threads=2))
+    return tuple(
+        ProbeResult(p, values.get(p.label, values.get(p.dtype, 0.0) * 0.3), runs=5, threads=2)
+        for p in probes(spec, 2, quick)
+    )
 
 
 def test_plausible_results_pass_the_sanity_check():
     spec = load_spec("xeon-avx512")
     assert impossible(_results(spec)) == []
     assert impossible(_results(spec, L2=570.0)) == []  # within the slack of L1's 500 GB/s: noise
+    assert impossible(_results(spec, **{"float32 14x32": 330.0})) == []  # FMA peak 300 x 1.1: noise
 
 
 @pytest.mark.parametrize("changed, message", [
     ({"float32": 9.0, "float64": 31.0}, "float32 peak 9.0 GFLOP/s below float64 31.0 GFLOP/s"),
     ({"L2": 600.0}, "L2 read at 600.0 GB/s, faster than L1 above it at 500.0 GB/s"),
     ({"DRAM": 250.0}, "DRAM read at 250.0 GB/s, faster than L2 above it at 200.0 GB/s"),
+    ({"float32 1x16": 330.1}, "float32 1x16 micro-kernel at 330.1 GFLOP/s, faster than the float32 FMA peak 300.0 GFLOP/s x 1.1"),
+    ({"float64 6x32": 200.0}, "float64 6x32 micro-kernel at 200.0 GFLOP/s, faster than the float64 FMA peak 150.0 GFLOP/s x 1.1"),
 ])
 def test_impossible_results_are_named(changed, message):
     assert impossible(_results(load_spec("xeon-avx512"), **changed)) == [message]
@@ -102,6 +142,26 @@ def test_calibration_keeps_a_plausible_second_measurement(monkeypatch):
     assert dict(calibrate(spec).peak_gflops) == {"float32": 300.0, "float64": 150.0} and answers == []
 
 
+def test_an_impossible_micro_kernel_is_measured_again_then_refused(monkeypatch):
+    """A micro-kernel faster than its FMA peak x 1.1 (injected): measured once more; kept if
+    the second measurement is plausible, refused (nothing stored) if it is not."""
+    import workbench.hardware.calibrate as calibration
+
+    spec = load_spec("xeon-avx512")
+    fast = _results(spec, quick=True, **{"float32 14x32": 420.0})
+    answers = [fast, _results(spec, quick=True, **{"float32 14x32": 280.0})]
+    monkeypatch.setattr(calibration, "measure", lambda *args, **kw: answers.pop(0))
+    kernel = calibrate(spec, quick=True).micro_kernel("float32", 14, 32)
+    assert kernel == MicroKernel("float32", 14, 32, 280.0) and answers == []
+
+    monkeypatch.setattr(calibration, "measure", lambda *args, **kw: fast)
+    lines = []
+    with pytest.raises(UserError, match="calibration refused, nothing stored: float32 14x32 micro-kernel at 420.0 GFLOP/s"):
+        calibrate(spec, quick=True, progress=lines.append)
+    assert lines == ["impossible results (float32 14x32 micro-kernel at 420.0 GFLOP/s, faster than the float32 "
+                     "FMA peak 300.0 GFLOP/s x 1.1): measuring again"]
+
+
 def test_apply_measurements_replaces_bandwidths_and_peaks():
     spec = load_spec("xeon-avx512")
     out = apply_measurements(spec, _results(spec), "2026-01-02")
@@ -112,6 +172,19 @@ def test_apply_measurements_replaces_bandwidths_and_peaks():
     assert (out.name, out.target, out.calibrated) == (spec.name, spec.target, True)
 
 
+def test_apply_measurements_stores_the_micro_kernels_sorted_and_sourced():
+    spec = load_spec("xeon-avx512")
+    results = _results(spec, quick=True, **{"float32 1x16": 30.04, "float32 2x32": 120.06, "float32 14x32": 290.0})
+    out = apply_measurements(spec, results, "2026-01-02")
+    assert out.micro_kernels == (
+        MicroKernel("float32", 1, 16, 30.0), MicroKernel("float32", 2, 32, 120.1), MicroKernel("float32", 14, 32, 290.0)
+    )
+    source = dict(out.sources)["micro_kernels"]
+    assert "on 2026-01-02" in source and "on 2 threads" in source and "best of at least 5 runs" in source
+    assert out.source.startswith("bandwidths, peak compute and register micro-kernels measured")
+    assert spec_from_toml_text(spec_to_toml(out), check_target=False) == out
+
+
 def test_probes_size_working_sets_from_the_layers():
     spec = load_spec("xeon-avx512")
     by_label = {p.label: p for p in probes(spec, threads=28)}
@@ -119,11 +192,55 @@ def test_probes_size_working_sets_from_the_layers():
     assert by_label["L2"].bytes_per_core == 512 * 1024
     assert by_label["DRAM"].bytes_per_core == 256 * 1024**2 // 28  # 256 MiB over all cores
     assert probes(spec, threads=28, quick=True)[2].bytes_per_core < by_label["DRAM"].bytes_per_core
-    assert [(p.kind, p.label) for p in probes(spec, threads=28)][2:] == [
+    assert [(p.kind, p.label) for p in probes(spec, threads=28)][2:6] == [
         ("stream", "DRAM"),
         ("fma", "float32"),
         ("fma", "float64"),
+        ("micro", "float32 1x16"),
     ]
+    assert probes(spec, threads=28)[5:] == micro_kernel_probes(spec)
+
+
+@pytest.mark.parametrize("dev, count, widest", [(AVX2, 26, {1: 14, 2: 6, 3: 4, 4: 2}), (AVX512, 59, {1: 30, 2: 14, 3: 9, 4: 6})])
+def test_micro_kernel_shapes_are_the_register_tiles_the_alignment_allows(dev, count, widest):
+    """Every matmul register tile of 1-4 vectors that fits the alignment's register budget (16
+    ymm, 32 zmm), and no tile one row taller: the alignment's own register count decides."""
+    shapes = micro_kernel_shapes(dev)
+    assert len(shapes) == count == len(set(shapes))
+    e, lanes = matmul(64, 128, 64), dev.warp_size
+    for rows, vectors in shapes:
+        assert micro_kernel_registers(e, dev, (rows, vectors * lanes, 1)) <= register_budget(dev)
+    for vectors, rows in widest.items():
+        assert (rows, vectors) in shapes and (rows + 1, vectors) not in shapes
+        assert micro_kernel_registers(e, dev, (rows + 1, vectors * lanes, 1)) > register_budget(dev)
+    assert micro_kernel_shapes(dev, quick=True) == ((1, 1), (2, 2), (widest[2], 2))
+
+
+def test_micro_kernel_panels_fit_half_of_l1():
+    """Each probe's panels (A: rows x depth, B: depth x columns) fit CACHE_FILL of L1, with the
+    depth a multiple of 8 up to 256; float64 columns are half as many lanes per vector."""
+    by_label = {p.label: p for p in micro_kernel_probes(AVX2)}
+    assert len(by_label) == 2 * 26
+    l1 = AVX2.layer("L1").capacity_bytes
+    for p in by_label.values():
+        itemsize = 8 if p.dtype == "float64" else 4
+        assert p.depth % 8 == 0 and 8 <= p.depth <= 256
+        row = (p.rows + p.cols) * itemsize  # bytes of both panels per reduction step
+        assert p.depth * row <= l1 * CACHE_FILL and (p.depth == 256 or (p.depth + 8) * row > l1 * CACHE_FILL)
+    assert (by_label["float32 6x16"].depth, by_label["float64 6x8"].depth) == (184, 144)  # 16 KiB / 88 B, / 112 B
+    assert [p.label for p in micro_kernel_probes(AVX2, quick=True)] == ["float32 1x8", "float32 2x16", "float32 6x16"]
+
+
+def test_micro_kernels_share_two_thirds_of_the_budget():
+    todo = probes(AVX2, threads=2)
+    slots = slot_seconds(todo, 31.0)
+    micro = [s for p, s in zip(todo, slots) if p.kind == "micro"]
+    plain = [s for p, s in zip(todo, slots) if p.kind != "micro"]
+    assert sum(micro) == pytest.approx((31.0 - STARTUP_S) * MICRO_KERNEL_SHARE)
+    assert plain == [pytest.approx((31.0 - STARTUP_S) * (1 - MICRO_KERNEL_SHARE) / 5)] * 5
+    alone = micro_kernel_probes(AVX2)
+    assert sum(slot_seconds(alone, 11.0)) == pytest.approx(11.0 - STARTUP_S)
+    assert min(slot_seconds(todo, 1.0)) == 0.05  # a budget smaller than the startup: the minimum
 
 
 def test_gpu_specs_are_refused_without_a_gpu():

@@ -331,3 +331,54 @@ def test_targets_of_other_machines_are_accepted(text, old, new, wanted):
     """LLVM knows every architecture it was built with, whatever CPU runs the loader."""
     target = spec_from_toml_text(text.replace(old, new)).target_dict()
     assert {key: target.get(key) for key in wanted} == wanted
+
+
+# -- measured register micro-kernels (issue 14): [micro_kernels.<dtype>] "<rows>x<cols>" = GFLOP/s
+
+
+def _with_micro_kernels():
+    from workbench.hardware.spec import MicroKernel
+
+    kernels = (MicroKernel("float32", 1, 16, 60.5), MicroKernel("float32", 14, 32, 1800.0), MicroKernel("float64", 6, 32, 950.25))
+    spec = load_spec("xeon-avx512")
+    return dataclasses.replace(spec, micro_kernels=kernels, sources=tuple(sorted(spec.sources + (("micro_kernels", "measured"),))))
+
+
+def test_micro_kernels_round_trip_through_toml():
+    spec = _with_micro_kernels()
+    text = spec_to_toml(spec)
+    assert "[micro_kernels.float32]\n1x16 = 60.5\n14x32 = 1800.0\n" in text
+    assert "[micro_kernels.float64]\n6x32 = 950.25\n" in text
+    again = spec_from_toml_text(text)
+    assert again == spec and again.sources == spec.sources
+    assert again.micro_kernel("float32", 14, 32).gflops == 1800.0 and again.micro_kernel("float32", 14, 16) is None
+    assert json.loads(json.dumps(spec_summary(again)))["micro_kernels"] == {
+        "float32": {"1x16": 60.5, "14x32": 1800.0}, "float64": {"6x32": 950.25}
+    }
+
+
+MICRO_TEXT = spec_to_toml(_with_micro_kernels())
+BROKEN_MICRO = [
+    ("1x16 = 60.5", "1x16 = 'fast'", "micro_kernels.float32.1x16 must be a positive number, got 'fast'"),
+    ("1x16 = 60.5", "1x16 = 0", "micro_kernels.float32.1x16 must be a positive number, got 0"),
+    ("1x16 = 60.5", "1by16 = 60.5", "micro_kernels.float32.1by16 is not a register tile <rows>x<columns> (such as 6x16)"),
+    ("1x16 = 60.5", "0x16 = 60.5", "micro_kernels.float32.0x16 is not a register tile"),
+    ("[micro_kernels.float64]", "[micro_kernels.fp64]", "micro_kernels.fp64 is not a dtype name"),
+    ("1x16 = 60.5", "1x16 = 3400.0", "micro_kernels.float32.1x16 (3400 GFLOP/s) is faster than the float32 peak (3046.4 GFLOP/s) x 1.1"),
+    ("[micro_kernels.float64]\n6x32 = 950.25", "[micro_kernels]\nfloat64 = 5", "micro_kernels.float64 must be a table"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", BROKEN_MICRO, ids=[case[2][:50] for case in BROKEN_MICRO])
+def test_broken_micro_kernels_name_the_key(old, new, message):
+    assert MICRO_TEXT.count(old) == 1, old
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(MICRO_TEXT.replace(old, new), label="spec x.toml", check_target=False)
+    assert str(info.value).startswith("spec x.toml: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_micro_kernels_belong_to_cpus():
+    text = V100_TEXT + "\n[micro_kernels.float32]\n1x16 = 60.5\n"
+    with pytest.raises(UserError, match="micro_kernels are CPU register micro-kernels: not on a GPU spec"):
+        spec_from_toml_text(text, check_target=False)

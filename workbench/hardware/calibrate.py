@@ -10,14 +10,23 @@ TVM-built kernels, run on all `compute_units` cores at once through TVM's parall
   per-core cache, measures DRAM. The spec knows no L3, so that size is fixed here: a last-level
   cache of more than a few tens of MiB would inflate DRAM. Quick mode reads only 64 MiB, which a
   32 MiB L3 already inflates (55-67 instead of 36-43 GB/s on the development machine).
-- register-resident FMA: every core updates 16 vector accumulators with `a = a * c + d` (LLVM
+- register-resident FMA: every core updates 12 vector accumulators with `a = a * c + d` (LLVM
   contracts it to one FMA), no memory traffic at all. This is the ALU roof that Roller's model
   divides FLOPs by, rather than a BLAS sgemm, which also measures the library's blocking and the
   caches (on the development machine both reached the same ~270 GFLOP/s).
+- register micro-kernels (Vortex's level 0, measured once per device by its hybrid analyzer;
+  the levels above stay analytical): every core runs C[r, n] += A[r, k] * B[k, n] with the r x n
+  output in vector accumulators, vectorised along n, rows and vectors unrolled, over packed
+  panels of A and B that fit half of L1 (the shape of the CPU template's micro-kernel), repeated
+  inside the kernel. One per register tile the CPU alignment can produce on the spec's ISA:
+  1 to 4 vectors wide, every row count whose registers fit the micro-kernel's register budget
+  (`micro_kernel_shapes`), in float32 and float64. The rTile model divides a program's compute
+  by the measured rate of the micro-kernel its register tile runs, where there is one.
 
 The register layer's bandwidth is derived, not measured: each FMA reads 3 operands, so it is the
 measured float32 FMA rate x 3 x 4 B. Capacities and latencies are not measured and keep their
 values and sources. Each measurement keeps the best of several runs (noise only slows a run).
+Results no healthy CPU produces are measured once more and then refused (`impossible`).
 
 The kernels run in a spawned process: TVM sizes its thread pool once per process from
 TVM_NUM_THREADS (and otherwise assumes hyper-threading and uses half the logical CPUs), so the
@@ -38,20 +47,44 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from workbench.errors import UserError
-from workbench.hardware.spec import DeviceSpec, MemoryLayer
+from workbench.hardware.spec import DeviceSpec, MemoryLayer, MicroKernel
+from workbench.rtile.alignment import register_budget
 
-DEFAULT_BUDGET_S = 10.0
-QUICK_BUDGET_S = 1.5
+# About 10 s for the bandwidths and peaks, 20 s for the micro-kernels (MICRO_KERNEL_SHARE).
+DEFAULT_BUDGET_S = 30.0
+# Quick: 0.1 s for each bandwidth and peak probe, 0.33 s for each of the three micro-kernels.
+QUICK_BUDGET_S = 2.5
 # Spawning the child, importing TVM and compiling both kernels: about a second (2-core machine).
 STARTUP_S = 1.0
+# The share of the budget left after STARTUP_S that the micro-kernels get together, when there
+# are any: 26 float32 and 26 float64 shapes on AVX2 then measure for about 0.37 s each.
+MICRO_KERNEL_SHARE = 2 / 3
+MIN_SLOT_S = 0.05
+# A micro-kernel is the FMA probe's work plus loads and broadcasts on the same cores, so it can at
+# most match the measured FMA peak; more than 10 % above it is noise no best-of-N run shows
+# (repeated FMA probes agree within a few per cent). The spec loader refuses the same.
+MICRO_KERNEL_SLACK = 1.1
+# Widest micro-kernel measured, in vector registers: BLAS kernels are 2-4 vectors wide (AVX2's
+# 6 x 16 fp32 is 2, AVX-512's 6 x 64 is 4); wider tiles leave too few rows for the FMA latency.
+MICRO_VECTORS = 4
+# Most reduction steps of one pass over the panels, and the step the depth is a multiple of; the
+# panels of A (rows x depth) and B (depth x columns) together fill CACHE_FILL of L1 at most.
+MICRO_DEPTH = 256
+MICRO_DEPTH_STEP = 8
 # A working set fills this fraction of a cache layer's per-core capacity (room for the stack,
 # page tables and the other data the core touches).
 CACHE_FILL = 0.5
 DRAM_WORKING_SET = 256 * 1024**2
 QUICK_DRAM_WORKING_SET = 64 * 1024**2
-# Vector accumulators: enough independent chains to hide 4-cycle FMA/add latency on two pipes
-# (4 x 2 = 8) with margin, few enough to stay in the 16 registers of AVX2 with spares for loads.
+# Vector accumulators of the streaming read: enough independent chains to hide 4-cycle add
+# latency on two pipes (4 x 2 = 8) with margin; its loads fold into the adds, so all 16 of AVX2's
+# registers may hold sums.
 ACCUMULATORS = 16
+# Vector accumulators of the FMA probe: 12 chains cover latency x pipes of x86 cores (4-5 cycles x
+# 2 pipes = 8-10), and with the multiplier and the addend they take 14 of AVX2's 16 ymm. 16 of
+# them spilled to the stack on AVX2 and measured 86 GFLOP/s where the 6 x 16 micro-kernel ran
+# at 205 (2-core EPYC).
+FMA_ACCUMULATORS = 12
 MIN_RUNS = 3
 # A lower memory layer may measure at most this much faster than the layer above it before the
 # results count as impossible: repeated best-of-N streaming reads of one layer agree within a few
@@ -66,17 +99,23 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class Probe:
     """One micro-benchmark: a streaming read of `bytes_per_core` per core for layer `label`
-    (kind "stream"), or the FMA kernel in dtype `label` (kind "fma")."""
+    (kind "stream"), the FMA kernel in dtype `label` (kind "fma"), or the register micro-kernel
+    of `rows` x `cols` accumulators of `dtype` over panels of `depth` reduction steps (kind
+    "micro", label "float32 6x16")."""
 
-    kind: str  # "stream" | "fma"
-    label: str  # layer name (stream) or dtype (fma)
+    kind: str  # "stream" | "fma" | "micro"
+    label: str  # layer name (stream), dtype (fma) or "<dtype> <rows>x<cols>" (micro)
     bytes_per_core: int = 0
+    dtype: str = ""  # micro only, as are the three below
+    rows: int = 0
+    cols: int = 0
+    depth: int = 0
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     probe: Probe
-    value: float  # GB/s (stream) or GFLOP/s (fma), the best run
+    value: float  # GB/s (stream) or GFLOP/s (fma, micro; the whole device), the best run
     runs: int
     threads: int
 
@@ -88,11 +127,13 @@ def calibrate(
     quick: bool = False,
     progress: Progress | None = None,
 ) -> DeviceSpec:
-    """`spec` with the bandwidths and peak compute measured on this machine (`calibrated=True`).
+    """`spec` with the bandwidths, peak compute and register micro-kernels measured on this
+    machine (`calibrated=True`).
 
     Measures this machine's CPU with `spec`'s cores, SIMD width and TVM target, so `spec` should
-    be `local-cpu`. Takes about `budget_seconds` (`quick=True`: about 2 s and a smaller DRAM
-    working set, for tests). `progress` gets one line per measurement. GPU specs raise UserError.
+    be `local-cpu`. Takes about `budget_seconds`, plus compiling the micro-kernels (`quick=True`:
+    about 3 s, a smaller DRAM working set and three float32 micro-kernels, for tests).
+    `progress` gets one line per measurement. GPU specs raise UserError.
     """
     if not spec.runs_on_cpu:
         _refuse_gpu(spec)
@@ -121,11 +162,19 @@ def impossible(results: tuple[ProbeResult, ...]) -> list[str]:
       float64, never below it; a float32 run below float64 was slowed by something else.
     - a memory layer read faster than the layer above it (DRAM faster than L2, L2 than L1): each
       layer's streaming read is bounded by the layer above it, within BANDWIDTH_SLACK for noise.
+    - a micro-kernel faster than the FMA peak of its dtype x MICRO_KERNEL_SLACK: it issues the
+      same FMAs plus loads on the same cores. Compared as stored (to 0.1 GFLOP/s), so that the
+      loader, which refuses the same, reads back every spec calibration writes.
     """
     problems = []
     fma = {r.probe.label: r.value for r in results if r.probe.kind == "fma"}
     if "float32" in fma and "float64" in fma and fma["float32"] < fma["float64"]:
         problems.append(f"float32 peak {fma['float32']:.1f} GFLOP/s below float64 {fma['float64']:.1f} GFLOP/s")
+    for r in results:
+        peak = fma.get(r.probe.dtype)
+        if r.probe.kind == "micro" and peak is not None and round(r.value, 1) > round(peak, 1) * MICRO_KERNEL_SLACK:
+            problems.append(f"{r.probe.label} micro-kernel at {r.value:.1f} GFLOP/s, faster than the "
+                            f"{r.probe.dtype} FMA peak {peak:.1f} GFLOP/s x {MICRO_KERNEL_SLACK:g}")
     stream = [r for r in results if r.probe.kind == "stream"]  # ordered top (L1) to bottom (DRAM)
     for upper, lower in zip(stream, stream[1:]):
         if lower.value > upper.value * BANDWIDTH_SLACK:
@@ -145,7 +194,7 @@ def calibrated_spec_path() -> Path:
 
 def probes(spec: DeviceSpec, threads: int, quick: bool = False) -> tuple[Probe, ...]:
     """The measurements for `spec` on `threads` cores: a streaming read per cache layer and DRAM,
-    the FMA kernel per dtype."""
+    the FMA kernel per dtype, then the register micro-kernels (`micro_kernel_probes`)."""
     stream = []
     for layer in spec.layers:
         if layer.scope == "unit":
@@ -154,7 +203,52 @@ def probes(spec: DeviceSpec, threads: int, quick: bool = False) -> tuple[Probe, 
             total = QUICK_DRAM_WORKING_SET if quick else DRAM_WORKING_SET
             total = min(total, layer.capacity_bytes // 4)
             stream.append(Probe("stream", layer.name, total // threads))
-    return tuple(stream) + tuple(Probe("fma", dtype) for dtype in FLOAT_DTYPES)
+    fma = tuple(Probe("fma", dtype) for dtype in FLOAT_DTYPES)
+    return tuple(stream) + fma + micro_kernel_probes(spec, quick)
+
+
+def micro_kernel_shapes(spec: DeviceSpec, quick: bool = False) -> tuple[tuple[int, int], ...]:
+    """(rows, vectors) of the register micro-kernels measured on `spec`: every tile of 1 to
+    MICRO_VECTORS vectors whose registers fit the CPU alignment's budget
+    (`alignment.register_budget`): rows x vectors accumulators, one row of `vectors` of B and one
+    broadcast of A (`alignment.micro_kernel_registers` of a matmul tile). 26 on AVX2's 16 ymm
+    (up to 14 x 1, 6 x 2, 4 x 3, 2 x 4 vectors), 59 on AVX-512's 32 zmm. Quick: three of them,
+    1 x 1, 2 x 2 and the most rows 2 vectors allow (BLAS's 6 x 16 on AVX2)."""
+    budget = register_budget(spec)
+    most = {v: (budget - v - 1) // v for v in range(1, MICRO_VECTORS + 1)}
+    if quick:
+        return tuple(dict.fromkeys(s for s in ((1, 1), (2, 2), (most[2], 2)) if 1 <= s[0] <= most[s[1]]))
+    return tuple((rows, v) for v in range(1, MICRO_VECTORS + 1) for rows in range(1, most[v] + 1))
+
+
+def micro_kernel_probes(spec: DeviceSpec, quick: bool = False) -> tuple[Probe, ...]:
+    """A probe per `micro_kernel_shapes` and dtype (float32 only when quick), each with the most
+    reduction steps (a multiple of MICRO_DEPTH_STEP, at most MICRO_DEPTH) whose panels of A and
+    B fit CACHE_FILL of the first cache layer, so the loads hit L1."""
+    l1 = next(layer for layer in spec.layers if layer.scope == "unit").capacity_bytes
+    out = []
+    for dtype in FLOAT_DTYPES[:1] if quick else FLOAT_DTYPES:
+        itemsize = 8 if dtype == "float64" else 4
+        lanes = spec.register_bytes // itemsize
+        for rows, vectors in micro_kernel_shapes(spec, quick):
+            cols = vectors * lanes
+            fit = int(l1 * CACHE_FILL) // ((rows + cols) * itemsize)
+            depth = max(MICRO_DEPTH_STEP, min(MICRO_DEPTH, fit) // MICRO_DEPTH_STEP * MICRO_DEPTH_STEP)
+            out.append(Probe("micro", f"{dtype} {rows}x{cols}", dtype=dtype, rows=rows, cols=cols, depth=depth))
+    return tuple(out)
+
+
+def slot_seconds(todo: tuple[Probe, ...], budget_s: float) -> tuple[float, ...]:
+    """Seconds each probe of `todo` measures for, within `budget_s` less STARTUP_S: the
+    micro-kernels share MICRO_KERNEL_SHARE of it (all of it when they are alone), the other
+    probes the rest; at least MIN_SLOT_S each."""
+    micro = sum(p.kind == "micro" for p in todo)
+    plain = len(todo) - micro
+    share = (MICRO_KERNEL_SHARE if plain else 1.0) if micro else 0.0
+    spend = budget_s - STARTUP_S
+    return tuple(
+        max(MIN_SLOT_S, spend * (share / micro if p.kind == "micro" else (1 - share) / plain)) for p in todo
+    )
 
 
 def measure(
@@ -162,11 +256,10 @@ def measure(
 ) -> tuple[ProbeResult, ...]:
     """Run `todo` in a spawned process whose TVM thread pool has `threads` threads, within about
     `budget_s` seconds; a ProbeResult each, in order."""
-    slot = max(0.05, (budget_s - STARTUP_S) / len(todo))
     target = spec.target_dict() | {"num-cores": threads}
     results = []
     with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_set_threads, initargs=(threads,)) as pool:
-        for probe in todo:
+        for probe, slot in zip(todo, slot_seconds(todo, budget_s)):
             args = (probe, target, spec.warp_size, threads, slot)
             value, runs = pool.submit(run_probe, *args).result()
             results.append(ProbeResult(probe, value, runs, threads))
@@ -185,9 +278,21 @@ def apply_measurements(spec: DeviceSpec, results: tuple[ProbeResult, ...], day: 
     peak_source = f"measured by workbench calibrate on {day}: {_fma_method(fma32)}; " + ", ".join(
         f"{dtype} {value} GFLOP/s" for dtype, value in sorted(measured_peaks.items())
     )
-    sources = tuple(sorted((dict(spec.sources) | {"peak_gflops": peak_source}).items()))
-    source = f"bandwidths and peak compute measured by workbench calibrate on {day}; before that: {spec.source}"
-    return replace(spec, layers=layers, peak_gflops=peak, sources=sources, source=source, calibrated=True)
+    new_sources = {"peak_gflops": peak_source}
+    micro = [r for r in results if r.probe.kind == "micro"]
+    kernels = spec.micro_kernels
+    if micro:
+        kernels = tuple(sorted(
+            (MicroKernel(r.probe.dtype, r.probe.rows, r.probe.cols, round(r.value, 1)) for r in micro),
+            key=lambda k: (k.dtype, k.rows, k.cols),
+        ))
+        new_sources["micro_kernels"] = f"measured by workbench calibrate on {day}: {_micro_method(micro)}"
+    sources = tuple(sorted((dict(spec.sources) | new_sources).items()))
+    what = "bandwidths, peak compute and register micro-kernels" if micro else "bandwidths and peak compute"
+    source = f"{what} measured by workbench calibrate on {day}; before that: {spec.source}"
+    return replace(
+        spec, layers=layers, peak_gflops=peak, micro_kernels=kernels, sources=sources, source=source, calibrated=True
+    )
 
 
 def _calibrated_layer(layer: MemoryLayer, by_label: dict, fma32: ProbeResult, day: str) -> MemoryLayer:
@@ -214,8 +319,17 @@ def _stream_method(result: ProbeResult) -> str:
 
 def _fma_method(result: ProbeResult) -> str:
     return (
-        f"TVM-built register-resident FMA kernel ({ACCUMULATORS} vector accumulators) on "
+        f"TVM-built register-resident FMA kernel ({FMA_ACCUMULATORS} vector accumulators) on "
         f"{result.threads} threads, best of {result.runs} runs"
+    )
+
+
+def _micro_method(micro: list[ProbeResult]) -> str:
+    depths = sorted({r.probe.depth for r in micro})
+    return (
+        f"TVM-built register micro-kernels C[r, n] += A[r, k] * B[k, n] (r x n accumulators, "
+        f"vectorised along n, unrolled) over packed L1-resident panels of {depths[0]}-{depths[-1]} "
+        f"reduction steps, on {micro[0].threads} threads, best of at least {min(r.runs for r in micro)} runs each"
     )
 
 
@@ -249,8 +363,10 @@ def run_probe(probe: Probe, target: dict, lanes: int, threads: int, slot_s: floa
     import tvm
 
     dev = tvm.cpu()
+    if probe.kind == "micro":
+        return _run_micro(probe, target, lanes, threads, slot_s)
     dtype = "float32" if probe.kind == "stream" else probe.label
-    width = lanes * 4 // np.dtype(dtype).itemsize * ACCUMULATORS
+    width = lanes * 4 // np.dtype(dtype).itemsize * (ACCUMULATORS if probe.kind == "stream" else FMA_ACCUMULATORS)
     if probe.kind == "stream":
         rows = max(1, probe.bytes_per_core // (width * 4))
         # Written before it is read: untouched pages would all map to one zero page (a cache hit).
@@ -263,6 +379,21 @@ def run_probe(probe: Probe, target: dict, lanes: int, threads: int, slot_s: floa
     func = _kernel(probe.kind, dtype, lanes, _target_key(target))
     seconds, reps, runs = _best_seconds(lambda reps: func(*args, reps), slot_s)
     return work * reps / seconds / 1e9, runs
+
+
+def _run_micro(probe: Probe, target: dict, lanes: int, threads: int, slot_s: float) -> tuple[float, int]:
+    import numpy as np
+    import tvm
+
+    dev = tvm.cpu()
+    rows, cols, depth, dtype = probe.rows, probe.cols, probe.depth, probe.dtype
+    # Small positive inputs: the sums grow by 1e-6 per step, far from overflow, never denormal.
+    args = [tvm.runtime.tensor(np.full(shape, 1e-3, dtype), dev) for shape in ((threads, depth, rows), (threads, depth, cols))]
+    args.append(tvm.runtime.tensor(np.zeros((threads, rows, cols), dtype), dev))
+    dtype_lanes = lanes * 4 // np.dtype(dtype).itemsize
+    func = _micro_kernel(dtype, rows, cols // dtype_lanes, dtype_lanes, depth, _target_key(target))
+    seconds, reps, runs = _best_seconds(lambda reps: func(*args, reps), slot_s)
+    return threads * depth * rows * cols * 2 * reps / seconds / 1e9, runs
 
 
 def _target_key(target: dict) -> tuple:
@@ -335,7 +466,7 @@ def _stream_func(lanes: int):
 def _fma_func(lanes: int, dtype: str):
     from tvm.script import tirx as T
 
-    width = lanes * ACCUMULATORS
+    width = lanes * FMA_ACCUMULATORS
 
     @T.prim_func
     def fma(b: T.handle, reps: T.int32):
@@ -344,16 +475,61 @@ def _fma_func(lanes: int, dtype: str):
         B = T.match_buffer(b, (parts, width), dtype)
         for p in T.parallel(parts):
             acc = T.decl_buffer((width,), dtype, scope="local")
-            for u in T.unroll(ACCUMULATORS):
+            for u in T.unroll(FMA_ACCUMULATORS):
                 for v in T.vectorized(lanes):
                     acc[u * lanes + v] = B[p, u * lanes + v]
             for _r in range(reps):
-                for u in T.unroll(ACCUMULATORS):
+                for u in T.unroll(FMA_ACCUMULATORS):
                     for v in T.vectorized(lanes):
                         # Converges to 1.0 from any start: no overflow, no slow denormals.
                         acc[u * lanes + v] = acc[u * lanes + v] * T.Cast(dtype, 0.999) + T.Cast(dtype, 0.001)
-            for u in T.unroll(ACCUMULATORS):
+            for u in T.unroll(FMA_ACCUMULATORS):
                 for v in T.vectorized(lanes):
                     B[p, u * lanes + v] = acc[u * lanes + v]
 
     return fma
+
+
+@cache
+def _micro_kernel(dtype: str, rows: int, vectors: int, lanes: int, depth: int, target_key: tuple):
+    import tvm
+
+    func = _micro_func(dtype, rows, vectors, lanes, depth)
+    executable = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(dict(target_key)))
+    return executable.jit()["main"]
+
+
+def _micro_func(dtype: str, rows: int, vectors: int, lanes: int, depth: int):
+    """C[p] += A[p] x B[p] for each core p, `reps` times over the same panels: A[p] is depth x
+    rows (one element broadcast per row and step), B[p] depth x (vectors x lanes) (one row of
+    vectors loaded per step), the rows x vectors accumulators stay in registers, as in the CPU
+    template's micro-kernel over packed panels (codegen/cpu.py)."""
+    from tvm.script import tirx as T
+
+    cols = vectors * lanes
+
+    @T.prim_func
+    def micro(a: T.handle, b: T.handle, c: T.handle, reps: T.int32):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        parts = T.int32()
+        A = T.match_buffer(a, (parts, depth, rows), dtype)
+        B = T.match_buffer(b, (parts, depth, cols), dtype)
+        C = T.match_buffer(c, (parts, rows, cols), dtype)
+        for p in T.parallel(parts):
+            acc = T.decl_buffer((rows, cols), dtype, scope="local")
+            for i in T.unroll(rows):
+                for u in T.unroll(vectors):
+                    for v in T.vectorized(lanes):
+                        acc[i, u * lanes + v] = C[p, i, u * lanes + v]
+            for _r in range(reps):
+                for k in range(depth):
+                    for i in T.unroll(rows):
+                        for u in T.unroll(vectors):
+                            for v in T.vectorized(lanes):
+                                acc[i, u * lanes + v] = acc[i, u * lanes + v] + A[p, k, i] * B[p, k, u * lanes + v]
+            for i in T.unroll(rows):
+                for u in T.unroll(vectors):
+                    for v in T.vectorized(lanes):
+                        C[p, i, u * lanes + v] = acc[i, u * lanes + v]
+
+    return micro

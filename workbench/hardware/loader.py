@@ -15,9 +15,9 @@ from pathlib import Path
 
 from workbench.errors import UserError
 from workbench.files import read_user_text
-from workbench.hardware.calibrate import calibrated_spec_path
+from workbench.hardware.calibrate import MICRO_KERNEL_SLACK, calibrated_spec_path
 from workbench.hardware.detect import DEFAULT_FMA, LOCAL_CPU_NAME, detect_local_cpu
-from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer
+from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer, MicroKernel
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,9 +52,10 @@ _LAYER_KEYS = (
     "bank_width_bytes",
     "source",
 )
-_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + ("peak_gflops", "tensor_core_gflops", "tensor_core", "target")
-_TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "layer")
+_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + ("peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels")
+_TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "micro_kernels", "target", "layer")
 _DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
+_TILE_SHAPE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)")  # a micro-kernel's rows x columns: "6x16"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MISSING = object()
 # A spec is a few kilobytes (the presets are under 6 KB); a bigger file is not a spec.
@@ -140,6 +141,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
         source=_text(device.get("source", _MISSING), "device.source"),
         calibrated=_bool(device.get("calibrated", False), "device.calibrated"),
         sources=_sources(doc),
+        micro_kernels=_micro_kernels(doc),
         **ints,
     )
     _check_consistency(spec)
@@ -176,6 +178,16 @@ def _check_consistency(spec: DeviceSpec) -> None:
     target_kind = dict(spec.target)["kind"]
     if spec.runs_on_cpu != (target_kind == "llvm"):
         raise UserError(f"target.kind {target_kind!r} does not fit device.kind {spec.kind!r}")
+    if spec.micro_kernels and not spec.runs_on_cpu:
+        raise UserError("micro_kernels are CPU register micro-kernels: not on a GPU spec")
+    for kernel in spec.micro_kernels:
+        # the same bound calibration refuses a measurement by (calibrate.impossible)
+        peak = spec.peak(kernel.dtype)
+        if kernel.gflops > peak * MICRO_KERNEL_SLACK:
+            raise UserError(
+                f"micro_kernels.{kernel.dtype}.{kernel.shape} ({kernel.gflops:g} GFLOP/s) is faster than "
+                f"the {kernel.dtype} peak ({peak:g} GFLOP/s) x {MICRO_KERNEL_SLACK:g}: no kernel beats the FMA peak"
+            )
 
 
 @functools.lru_cache(maxsize=64)
@@ -327,6 +339,25 @@ def _gflops(doc: dict, key: str, required: bool) -> tuple[tuple[str, float], ...
     return tuple(sorted((dtype, _number(v, f"{key}.{dtype}")) for dtype, v in table.items()))
 
 
+def _micro_kernels(doc: dict) -> tuple[MicroKernel, ...]:
+    """[micro_kernels.<dtype>] tables of "<rows>x<cols>" = GFLOP/s, sorted by (dtype, rows, cols)."""
+    if "micro_kernels" not in doc:
+        return ()
+    kernels = []
+    for dtype, table in _table(doc, "micro_kernels").items():
+        if not _DTYPE.fullmatch(dtype):
+            raise UserError(f"micro_kernels.{dtype} is not a dtype name (float32, float64, ...)")
+        if not isinstance(table, dict):
+            raise UserError(f"micro_kernels.{dtype} must be a table of \"<rows>x<columns>\" = GFLOP/s, got {table!r}")
+        for shape, value in table.items():
+            match = _TILE_SHAPE.fullmatch(shape)
+            if match is None:
+                raise UserError(f"micro_kernels.{dtype}.{shape} is not a register tile <rows>x<columns> (such as 6x16)")
+            gflops = _number(value, f"micro_kernels.{dtype}.{shape}")
+            kernels.append(MicroKernel(dtype, int(match[1]), int(match[2]), gflops))
+    return tuple(sorted(kernels, key=lambda k: (k.dtype, k.rows, k.cols)))
+
+
 def _fragment(doc: dict, has_tensor_cores: bool) -> tuple[int, ...]:
     table = doc.get("tensor_core", _MISSING)
     if table is _MISSING and not has_tensor_cores:
@@ -446,12 +477,22 @@ def spec_to_toml(spec: DeviceSpec) -> str:
     if spec.tensor_core_gflops:
         parts.append(_section("[tensor_core_gflops]", spec.tensor_core_gflops))
         parts.append(_section("[tensor_core]", [("fragment", spec.tensor_core_fragment)]))
+    for dtype, kernels in _micro_kernel_tables(spec).items():
+        parts.append(_section(f"[micro_kernels.{dtype}]", kernels.items()))
     scalars = [(k, v) for k, v in spec.target if not isinstance(v, tuple)]
     parts.append(_section("[target]", scalars))
     parts += [_section(f"[target.{_key(k)}]", v) for k, v in spec.target if isinstance(v, tuple)]
     for layer in spec.layers:
         parts.append(_section("[[layer]]", [(key, getattr(layer, key)) for key in _LAYER_KEYS]))
     return "\n".join(parts)
+
+
+def _micro_kernel_tables(spec: DeviceSpec) -> dict[str, dict[str, float]]:
+    """dtype -> {"6x16": GFLOP/s}, the spec file's [micro_kernels.<dtype>] tables."""
+    tables: dict[str, dict[str, float]] = {}
+    for kernel in spec.micro_kernels:
+        tables.setdefault(kernel.dtype, {})[kernel.shape] = kernel.gflops
+    return tables
 
 
 def _section(header: str, items) -> str:
@@ -513,6 +554,7 @@ def spec_summary(spec: DeviceSpec) -> dict:
         ],
         "peak_gflops": dict(spec.peak_gflops),
         "tensor_core_gflops": dict(spec.tensor_core_gflops),
+        "micro_kernels": _micro_kernel_tables(spec),
         "target": spec.target_dict(),
         "source": spec.source,
     }

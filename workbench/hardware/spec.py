@@ -34,6 +34,24 @@ class MemoryLayer:
 
 
 @dataclass(frozen=True)
+class MicroKernel:
+    """A CPU register micro-kernel measured on the device (Vortex's level 0, measured once per
+    device by `workbench device detect --calibrate`): `rows` x `cols` accumulators of `dtype`,
+    vectorised along the `cols`, updated by C[rows, cols] += A[rows, k] * B[k, cols] over
+    L1-resident panels on every core at once; `gflops` for the whole device."""
+
+    dtype: str
+    rows: int
+    cols: int  # elements along the vectorised axis (a whole number of vector registers)
+    gflops: float
+
+    @property
+    def shape(self) -> str:
+        """`rows`x`cols`, as the spec file's key writes it ("6x16")."""
+        return f"{self.rows}x{self.cols}"
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """A device the workbench constructs for. Every number has a `source` in its TOML file."""
 
@@ -63,6 +81,10 @@ class DeviceSpec:
     # or not a CPU: GPUs hide latency with warps, not with a thread's independent accumulators.
     fma_latency_cycles: int = 0
     fma_pipes: int = 0
+    # CPU register micro-kernels measured on this machine (`MicroKernel`), sorted by (dtype,
+    # rows, cols); empty until calibrated. The rTile model's compute term uses the one a
+    # program's register tile runs where there is one (`rtile.model.compute_efficiency`).
+    micro_kernels: tuple[MicroKernel, ...] = ()
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def layer(self, name: str) -> MemoryLayer:
@@ -158,6 +180,13 @@ class DeviceSpec:
         if dtype in table:
             return table[dtype]
         return dict(self.peak_gflops)["float32"]
+
+    def micro_kernel(self, dtype: str, rows: int, cols: int) -> MicroKernel | None:
+        """The measured micro-kernel of `rows` x `cols` accumulators of `dtype`, or None."""
+        for kernel in self.micro_kernels:
+            if (kernel.dtype, kernel.rows, kernel.cols) == (dtype, rows, cols):
+                return kernel
+        return None
 
     def target_dict(self) -> dict:
         """The TVM target as the dict form TVM 0.27 accepts (flag strings are refused)."""
