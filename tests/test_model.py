@@ -15,11 +15,13 @@ from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
 from workbench.rtile.alignment import thread_count
+from workbench.hardware.spec import MicroKernel
 from workbench.rtile.model import (
     blocks_per_unit,
     compute_efficiency,
     estimate,
     is_compute_bound,
+    micro_kernel_shape,
     source_layer,
 )
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
@@ -251,3 +253,104 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     wide = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
     assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2, 1, 1) == pytest.approx(10 / 10 * 1.0)
     assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2, 1, 1) == pytest.approx(2 / 10 * 6 / 8)
+
+
+# -- Vortex's hybrid analyzer (issue 14): a register micro-kernel measured by calibration gives
+# the compute term; the rest stays modelled. Checked on generated specs, never this machine.
+
+
+def with_kernels(dev, *kernels, calibrated=False):
+    """`dev` with measured micro-kernels ((dtype, rows, cols, GFLOP/s) each)."""
+    return replace(dev, micro_kernels=tuple(MicroKernel(*k) for k in kernels), calibrated=calibrated)
+
+
+def test_a_measured_micro_kernel_gives_the_compute_term():
+    """compute = padded flops / (measured GFLOP/s x busy units): the efficiency is the measured
+    rate over the peak (AVX2's generated spec: 200 GFLOP/s), whatever lanes and chains say."""
+    dev = with_kernels(AVX2, ("float32", 6, 16, 120.0), ("float32", 2, 8, 31.0))
+    e = matmul(64, 64, 64)
+    for tile, gflops in (((6, 16, 1), 120.0), ((2, 8, 1), 31.0), ((6, 16, 4), 120.0)):
+        program = cpu_program(dev, e, tile)
+        assert compute_efficiency(program, dev, 1, 1) == pytest.approx(gflops / 200.0)
+        est = estimate(program, dev)
+        assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, e, program, gflops / 200.0))
+        padded = prod(ceil(x / t) * t for x, t in zip(e.extents, program.unit_tile))
+        busy = min(1.0, program.grid / dev.compute_units)
+        assert est.compute_seconds == pytest.approx(e.flops * padded / prod(e.extents) / (gflops * 1e9 * busy))
+        shape = f"{tile[0]}x{tile[1]}"
+        assert est.measured[0] == f"compute: level-0 micro-kernel {shape} float32, {gflops:g} GFLOP/s"
+        assert not any(part.startswith("compute") or part.startswith("peak") for part in est.modelled)
+
+
+def test_without_its_measured_micro_kernel_the_compute_term_is_analytic():
+    """A tile with no measurement of its shape or dtype keeps simd_utilisation x
+    latency_coverage (4 x 16 on AVX2: 8 of 10 chains), and says so."""
+    dev = with_kernels(AVX2, ("float32", 6, 16, 120.0), ("float64", 4, 16, 50.0))
+    program = cpu_program(dev, matmul(64, 64, 64), (4, 16, 1))
+    assert compute_efficiency(program, dev, 1, 1) == pytest.approx(8 / 10)
+    est = estimate(program, dev)
+    assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, program.expr, program, 8 / 10))
+    assert "compute: SIMD lanes filled x FMA latency covered, no measured 4x16 micro-kernel" in est.modelled
+    assert est.measured == ()
+    without = estimate(program, AVX2)  # the spec without kernels: the same times, nothing said about kernels
+    assert (without.compute_seconds, without.predicted_seconds) == (est.compute_seconds, est.predicted_seconds)
+    assert without.modelled[0] == "compute: SIMD lanes filled x FMA latency covered"
+
+
+def test_a_measurement_within_the_noise_above_peak_counts_as_peak():
+    dev = with_kernels(AVX2, ("float32", 6, 16, 210.0))  # 1.05 x the 200 GFLOP/s peak
+    assert compute_efficiency(cpu_program(dev, matmul(64, 64, 64), (6, 16, 1)), dev, 1, 1) == 1.0
+
+
+def test_micro_kernel_shape_is_rows_by_lane_columns_of_the_measured_kind():
+    """rows = the other spatial axes' register sizes, columns = the lane axis's, for a
+    multiply-add reduction with one streamed input shared by all rows and one broadcast input."""
+    mm = matmul(64, 64, 64)
+    assert micro_kernel_shape(mm, AVX2, (6, 16, 8)) == (6, 16)
+    # out[f, w] = sum_{c, s} data[c, w + s] * kernel[f, c, s]: filters are rows, one data row shared
+    conv = plain_expr(
+        {"f": (16, "spatial"), "w": (64, "spatial"), "c": (8, "reduce"), "s": (3, "reduce")},
+        [("data", [{"c": 1}, {"w": 1, "s": 1}]), ("kernel", [{"f": 1}, {"c": 1}, {"s": 1}]), ("out", [{"f": 1}, {"w": 1}])],
+    )
+    assert micro_kernel_shape(conv, AVX2, (4, 16, 1, 1)) == (4, 16)
+    # batched: B[b, k, j] differs per batch, so a tile of 2 batches loads two rows: another kernel
+    bmm = plain_expr(
+        {"b": (4, "spatial"), "i": (64, "spatial"), "j": (64, "spatial"), "k": (64, "reduce")},
+        [("A", [{"b": 1}, {"i": 1}, {"k": 1}]), ("B", [{"b": 1}, {"k": 1}, {"j": 1}]), ("C", [{"b": 1}, {"i": 1}, {"j": 1}])],
+    )
+    assert micro_kernel_shape(bmm, AVX2, (1, 6, 16, 1)) == (6, 16)
+    assert micro_kernel_shape(bmm, AVX2, (2, 3, 16, 1)) is None
+    # no lane axis along the output (gemv runs its lanes along k), no reduction, one input
+    gemv = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"i": 1}, {"k": 1}]), ("x", [{"k": 1}]), ("y", [{"i": 1}])])
+    assert micro_kernel_shape(gemv, AVX2, (4, 16)) is None
+    assert micro_kernel_shape(expr("relu", shape=(17, 11, 3)), AVX2, (1, 1, 3)) is None
+    total = plain_expr({"i": (8, "spatial"), "k": (640, "reduce")}, [("A", [{"i": 1}, {"k": 1}]), ("out", [{"i": 1}])])
+    assert micro_kernel_shape(total, AVX2, (1, 16)) is None
+    # one flop per point (a sum of differences has two, but a max-reduction one): not a multiply-add
+    reduce = expr("reduce_mean", shape=(256, 4096), axes=(1,))
+    assert reduce.flops != 2 * prod(reduce.extents) and micro_kernel_shape(reduce, AVX2, (8, 16)) is None
+
+
+def test_the_estimate_says_what_was_measured_and_what_modelled():
+    e = matmul(64, 64, 64)
+    program = cpu_program(AVX2, e, (6, 16, 1))
+    plain = estimate(program, AVX2)
+    assert plain.measured == ()
+    assert plain.modelled == (
+        "compute: SIMD lanes filled x FMA latency covered",
+        "peak compute (the spec's, not calibrated)",
+        "bandwidth of L1, L2, DRAM (the spec's, not calibrated)",
+        "traffic per layer",
+        "scale-out over 2 cores",
+    )
+    calibrated = estimate(program, with_kernels(AVX2, ("float32", 6, 16, 120.0), calibrated=True))
+    assert calibrated.measured == (
+        "compute: level-0 micro-kernel 6x16 float32, 120 GFLOP/s",
+        "bandwidth of L1, L2, DRAM (calibrated)",
+    )
+    assert calibrated.modelled == ("traffic per layer", "scale-out over 2 cores")
+    doc = json.loads(json.dumps(calibrated.to_dict()))
+    assert (doc["measured"], doc["modelled"]) == (list(calibrated.measured), list(calibrated.modelled))
+    gpu = constructed("v100", "mm-1024").candidates[0].estimate
+    assert gpu.measured == () and gpu.modelled[:2] == ("compute: warps per scheduler", "peak compute (the spec's, not calibrated)")
+    assert gpu.modelled[-1] == "scale-out over 80 units"

@@ -9,7 +9,9 @@ slowest stage (the bottleneck):
 - compute time           = flops on the padded iteration space / peak compute     (MaxComputePerf)
                            / the fraction of peak the register tile can reach (`compute_efficiency`:
                            warps per scheduler on a GPU; on a CPU the SIMD lanes its vectors fill
-                           times the FMA latency its accumulators cover)
+                           times the FMA latency its accumulators cover, or, where calibration
+                           measured the register micro-kernel, its measured share of peak:
+                           Vortex's hybrid analyzer, level 0 measured and the levels above modelled)
 
 with every bandwidth and the peak scaled by the fraction of units the grid keeps busy (a shared
 layer's bandwidth is split evenly over the units using it, §3.3). Scale-out (ALGORITHMS.md §1):
@@ -25,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil, prod
 
-from workbench.hardware.spec import DeviceSpec
+from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import accumulators, lane_axis, mma_axes, simd_vectors, thread_count, tile_lanes
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
@@ -48,6 +50,10 @@ class Estimate:
     bottleneck: str  # "compute" or the name of the layer whose loads are slowest
     predicted_seconds: float
     footprints: tuple[int, ...]  # per program layer: bytes its tile occupies (`footprint_at`)
+    # which parts of the estimate were measured on the device and which modelled, one phrase each
+    # (`provenance`)
+    measured: tuple[str, ...] = ()
+    modelled: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -63,6 +69,8 @@ class Estimate:
             "bottleneck": self.bottleneck,
             "predicted_seconds": self.predicted_seconds,
             "footprint_bytes": list(self.footprints),
+            "measured": list(self.measured),
+            "modelled": list(self.modelled),
         }
 
 
@@ -92,10 +100,15 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
 
 def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu: int) -> float:
     """Fraction of peak the register tile can reach. GPU: each warp scheduler needs a warp
-    (TEU group). CPU: `simd_utilisation` x `latency_coverage` of the register micro-kernel."""
+    (TEU group). CPU: the measured rate of its register micro-kernel over the peak where the spec
+    has one (`measured_micro_kernel`; at most 1: calibration lets a measurement exceed the FMA
+    peak by its noise slack), else `simd_utilisation` x `latency_coverage`."""
     if device.lanes_are_threads:
         warps = ceil(threads / device.warp_size) * bpu
         return min(1.0, warps / device.teu_per_unit)
+    kernel = measured_micro_kernel(program, device)
+    if kernel is not None:
+        return min(1.0, kernel.gflops / peak_gflops(program.expr, device))
     return simd_utilisation(program.expr, device, program.register_tile) * latency_coverage(
         program.expr, device, program.register_tile
     )
@@ -126,6 +139,70 @@ def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     if not need or not expr.reduce:
         return 1.0
     return min(1.0, accumulators(expr, device, tile) / need)
+
+
+def micro_kernel_shape(expr: TensorExpr, device: DeviceSpec, tile) -> tuple[int, int] | None:
+    """(rows, columns) of the register micro-kernel calibration measures that a CPU register
+    tile runs, or None where it runs another kind of kernel.
+
+    Calibration measures C[r, n] += A[r, k] * B[k, n]: r x n accumulators vectorised along n,
+    each reduction step loading one row of B and broadcasting one element of A per row. A tile
+    runs that kernel when its operator reduces with one multiply-add per iteration point (two
+    flops per point: the pure expression carries no body, only its flop count), has a spatial
+    `lane_axis`, and has two inputs: one that the lane axis indexes and whose row all the tile's
+    rows share (no other spatial axis of register size > 1 indexes it), and one the lane axis
+    does not index (broadcast). rows = the product of the other spatial axes' register sizes,
+    columns = the lane axis's (matmul 6 x 16 x 1: 6 x 16; a conv's filters x output columns)."""
+    v = lane_axis(expr, device)
+    if v is None or expr.axes[v].kind != "spatial" or not expr.reduce or len(expr.inputs) != 2:
+        return None
+    if expr.flops != 2 * prod(expr.extents):
+        return None
+    streamed = [t for t in expr.inputs if t.uses_axis(v)]
+    if len(streamed) != 1:
+        return None
+    others = [a for a in expr.spatial if a != v]
+    if any(streamed[0].uses_axis(a) and tile[a] > 1 for a in others):
+        return None
+    return prod(tile[a] for a in others), tile[v]
+
+
+def measured_micro_kernel(program: RProgram, device: DeviceSpec) -> MicroKernel | None:
+    """The micro-kernel calibration measured on `device` that `program`'s register tile runs
+    (`micro_kernel_shape`, in the program's dtype), or None (not measured, or not that kind)."""
+    if device.lanes_are_threads or not device.micro_kernels:
+        return None
+    shape = micro_kernel_shape(program.expr, device, program.register_tile)
+    return None if shape is None else device.micro_kernel(program.expr.dtype, *shape)
+
+
+def provenance(program: RProgram, device: DeviceSpec) -> dict[str, tuple[str, ...]]:
+    """`Estimate.measured` and `Estimate.modelled`: the compute term measured where the register
+    tile's micro-kernel was (level 0), else modelled from the peak; the peak and the bandwidths
+    measured where the spec is calibrated, else the spec's values; the traffic per layer and
+    the scale-out over the units always modelled (the levels above level 0)."""
+    measured, modelled = [], []
+    kernel = measured_micro_kernel(program, device)
+    calibrated = "calibrated" if device.calibrated else "the spec's, not calibrated"
+    if kernel is not None:
+        measured.append(f"compute: level-0 micro-kernel {kernel.shape} {kernel.dtype}, {kernel.gflops:g} GFLOP/s")
+    else:
+        if device.lanes_are_threads:
+            how = "warps per scheduler"
+        else:
+            shape = micro_kernel_shape(program.expr, device, program.register_tile)
+            # said only where calibration measured micro-kernels, just not this one
+            unmeasured = f", no measured {shape[0]}x{shape[1]} micro-kernel" if shape and device.micro_kernels else ""
+            how = f"SIMD lanes filled x FMA latency covered{unmeasured}"
+        modelled.append(f"compute: {how}")
+        (measured if device.calibrated else modelled).append(f"peak compute ({calibrated})")
+    sources = sorted({source_layer(program, l, len(device.layers)) for l, c in enumerate(program.cached) if c})
+    if sources:
+        names = ", ".join(device.layers[l].name for l in sources)
+        (measured if device.calibrated else modelled).append(f"bandwidth of {names} ({calibrated})")
+    modelled.append("traffic per layer")
+    modelled.append(f"scale-out over {device.compute_units} {'cores' if device.runs_on_cpu else 'units'}")
+    return {"measured": tuple(measured), "modelled": tuple(modelled)}
 
 
 def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
@@ -175,6 +252,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         bottleneck=bottleneck,
         predicted_seconds=stages[bottleneck] * quantization,
         footprints=footprints,
+        **provenance(program, device),
     )
 
 
