@@ -375,3 +375,31 @@ def test_runs_fit_refuses_a_foreign_db_and_a_store_without_measurements(capsys, 
     assert code == 2 and "--db" in err and len(err.strip().splitlines()) == 1
     code, out, err = run(capsys, "runs", "fit", "--device", "local-cpu", "--db", str(tmp_path / "new.sqlite3"), "--json")
     assert code == 2 and out == "" and "no correct measurements" in err and len(err.strip().splitlines()) == 1
+
+
+def test_construct_text_says_which_parts_of_the_estimate_were_measured(capsys, tmp_path):
+    """A calibrated spec with measured micro-kernels (every shape calibration measures, at half
+    the peak): each candidate's second line names its compute term, measured or modelled, as
+    the JSON estimate does, and the last line the other parts."""
+    from dataclasses import replace
+
+    from workbench.hardware.calibrate import micro_kernel_shapes
+    from workbench.hardware.loader import load_spec, spec_to_toml
+    from workbench.hardware.spec import MicroKernel
+
+    xeon = load_spec("xeon-avx512")
+    kernels = tuple(MicroKernel("float32", r, v * 16, 1000.0) for r, v in micro_kernel_shapes(xeon))
+    spec = tmp_path / "calibrated.toml"
+    spec.write_text(spec_to_toml(replace(xeon, micro_kernels=kernels, calibrated=True)))
+    argv = ("construct", "--op", "matmul", "--shape", "M=512,N=512,K=512", "--device", str(spec), "--topk", "3")
+    code, text, _ = run(capsys, *argv)
+    _, out, _ = run(capsys, *argv, "--json")
+    lines = text.splitlines()
+    estimates = [cand["estimate"] for cand in json.loads(out)["candidates"]]
+    assert code == 0 and len(lines) == 2 + 2 * len(estimates)
+    for said, est in zip(lines[2::2], estimates):
+        measured = [part for part in est["measured"] if part.startswith("compute: ")]
+        wanted = f"{measured[0]} (measured)" if measured else f"{est['modelled'][0]} (modelled)"
+        assert said.strip() == wanted
+    assert any("level-0 micro-kernel" in line and "1000 GFLOP/s (measured)" in line for line in lines)
+    assert lines[-1].startswith("measured: bandwidth of ") and "(calibrated)" in lines[-1]

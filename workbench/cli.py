@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("device", help="this machine's device spec")
     dsub = p.add_subparsers(dest="device_command", required=True, parser_class=_Parser)
     d = dsub.add_parser("detect", help="detect the local CPU")
-    d.add_argument("--calibrate", action="store_true", help="measure bandwidths and peak compute (about 10 s)")
+    d.add_argument("--calibrate", action="store_true", help="measure bandwidths, peak compute and register micro-kernels (about 30 s)")
     d.add_argument("--out", help="write the spec TOML here (default with --calibrate: the data directory, used by local-cpu)")
     d.add_argument("--json", action="store_true")
 
@@ -233,7 +233,27 @@ def cmd_construct(args) -> int:
     for cand in c.candidates:
         tiles = "  ".join(f"{n}={'x'.join(map(str, t))}" for n, t in zip(cand.program.layers, cand.program.tiles))
         lines.append(f"#{cand.rank:<3d} {duration(cand.predicted_seconds):>9s}  {cand.estimate.bottleneck:9s} grid {cand.program.grid:<6d} {tiles}")
+        lines.append("     " + _compute_source(cand.estimate))
+    if c.candidates:
+        lines.append(_model_parts(c.candidates[0].estimate))
     return _emit(args, construction_dict(c, workload), "\n".join(lines))
+
+
+def _compute_source(est) -> str:
+    """The estimate's compute term and whether it was measured (a level-0 micro-kernel) or modelled."""
+    for parts, how in ((est.measured, "measured"), (est.modelled, "modelled")):
+        for part in parts:
+            if part.startswith("compute: "):
+                return f"{part} ({how})"
+    return ""
+
+
+def _model_parts(est) -> str:
+    """The rest of the estimate's parts (the same for every candidate of a device but the layers
+    it loads from): "measured: ...; modelled: ..."."""
+    measured = [p for p in est.measured if not p.startswith("compute: ")]
+    modelled = [p for p in est.modelled if not p.startswith("compute: ")]
+    return f"measured: {', '.join(measured) or 'nothing'}; modelled: {', '.join(modelled)}"
 
 
 def cmd_export(args) -> int:
