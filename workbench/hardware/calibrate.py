@@ -131,8 +131,9 @@ def calibrate(
     machine (`calibrated=True`).
 
     Measures this machine's CPU with `spec`'s cores, SIMD width and TVM target, so `spec` should
-    be `local-cpu`. Takes about `budget_seconds`, plus compiling the micro-kernels (`quick=True`:
-    about 3 s, a smaller DRAM working set and three float32 micro-kernels, for tests).
+    be `local-cpu`. Takes about `budget_seconds`, plus compiling the micro-kernels (about 70 ms
+    each; `quick=True`: a few seconds, a smaller DRAM working set and three float32
+    micro-kernels, for tests).
     `progress` gets one line per measurement. GPU specs raise UserError.
     """
     if not spec.runs_on_cpu:
