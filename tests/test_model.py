@@ -56,13 +56,22 @@ def check_consistent(calc, dev, program, est):
     # tiles dealt round-robin: the busiest unit runs ceil(grid / units) of them, the balanced
     # share is grid / units (a grid smaller than the units only leaves units idle)
     imbalance = ceil(grid / units) * units / grid if grid >= units else 1.0
-    assert est.predicted_seconds == pytest.approx(stages[est.bottleneck] * imbalance)
+    if dev.kind == "gpu":  # the stages pipeline: the slowest one
+        unit_time = stages[est.bottleneck]
+    else:  # registers' loads overlap the FMAs; every transfer further down adds
+        first = dev.layers[source_layer(program, 0, len(dev.layers))].name
+        loads = dict(est.load_seconds)
+        unit_time = max(est.compute_seconds, loads.get(first, 0.0)) + sum(t for n, t in loads.items() if n != first)
+    assert est.predicted_seconds == pytest.approx(unit_time * imbalance)
     assert est.flops == calc.expr.flops <= est.padded_flops
     moved = {}
     for layer, tile in enumerate(program.tiles):
         if program.cached[layer]:
             src = dev.layers[source_layer(program, layer, len(dev.layers))].name
-            moved[src] = moved.get(src, 0) + calc.traffic_bytes(tile)
+            q = calc.traffic_bytes(tile)
+            if layer == 0 and dev.kind == "cpu" and len(program.tiles) > 1:
+                q += calc.accumulator_bytes(tile, program.tiles[1])
+            moved[src] = moved.get(src, 0) + q
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
@@ -354,3 +363,51 @@ def test_the_estimate_says_what_was_measured_and_what_modelled():
     gpu = constructed("v100", "mm-1024").candidates[0].estimate
     assert gpu.measured == () and gpu.modelled[:2] == ("compute: warps per scheduler", "peak compute (the spec's, not calibrated)")
     assert gpu.modelled[-1] == "scale-out over 80 units"
+
+
+def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
+    """On a CPU the register tile's accumulators go out to L1 and back at every L1 K-step:
+    mm-512 with L1 K tiles of 16 moves 2 x 31 x the 1 MiB output more through L1 than with
+    K tiles of 512, and the prediction grows by exactly that traffic over L1's bandwidth when
+    the L1 stage binds. A GPU thread keeps its accumulators over the whole K loop: no change."""
+    e = matmul(512, 512, 512)
+    calc = TileCalculus(e)
+    cpu = TINY_CPU
+
+    def program(l1_k):
+        return make_program(calc, cpu, [(4, 16, 1), (32, 64, l1_k), (128, 256, 512)], (True,) * 3, 0.0)
+
+    short, long = estimate(program(16), cpu), estimate(program(512), cpu)
+    extra = 2 * 31 * 512 * 512 * 4
+    assert dict(short.bytes_per_layer)["L1"] - dict(long.bytes_per_layer)["L1"] == extra
+    assert dict(short.load_seconds)["L1"] - dict(long.load_seconds)["L1"] == pytest.approx(
+        extra / (cpu.layer("L1").bandwidth_gbps * 1e9 * min(1.0, program(16).grid / cpu.compute_units)))
+    assert short.predicted_seconds >= long.predicted_seconds  # equal while the FMAs hide L1
+    narrow = replace(cpu, layers=tuple(
+        replace(l, bandwidth_gbps=l.bandwidth_gbps / 16) if l.name == "L1" else l for l in cpu.layers))
+    assert estimate(program(16), narrow).predicted_seconds > estimate(program(512), narrow).predicted_seconds
+    gpu = device("v100")
+    g = matmul(1024, 1024, 1024)
+    gcalc = TileCalculus(g)
+    tiles = [(4, 4, 1), (64, 64, 8)]
+    gp = make_program(gcalc, gpu, tiles, (True, True), 0.0)
+    assert dict(estimate(gp, gpu).bytes_per_layer) == {
+        gpu.layers[source_layer(gp, l, len(gpu.layers))].name: gcalc.traffic_bytes(t) for l, t in enumerate(tiles)
+    }
+
+
+def test_cpu_transfers_below_the_first_layer_add_to_the_overlapped_compute():
+    """CPU: max(compute, loads from L1) + loads from L2 + loads from DRAM (closed form on a
+    generated spec); the same program on a spec whose DRAM is 4x slower predicts exactly the
+    extra DRAM time more, where a pipelined maximum would hide it behind the compute."""
+    e = matmul(256, 256, 256)
+    calc = TileCalculus(e)
+    p = make_program(calc, TINY_CPU, [(4, 16, 1), (32, 64, 64), (64, 128, 256)], (True,) * 3, 0.0)
+    est = estimate(p, TINY_CPU)
+    loads = dict(est.load_seconds)
+    imbalance = ceil(p.grid / TINY_CPU.compute_units) * TINY_CPU.compute_units / p.grid
+    assert est.predicted_seconds == pytest.approx(
+        (max(est.compute_seconds, loads["L1"]) + loads["L2"] + loads["DRAM"]) * imbalance)
+    slow = replace(TINY_CPU, layers=tuple(
+        replace(l, bandwidth_gbps=l.bandwidth_gbps / 4) if l.name == "DRAM" else l for l in TINY_CPU.layers))
+    assert estimate(p, slow).predicted_seconds - est.predicted_seconds == pytest.approx(3 * loads["DRAM"] * imbalance)

@@ -38,6 +38,26 @@ def test_matmul_traffic_and_footprint_are_the_closed_form(case):
     assert calc.padded_volume((ti, tj, tk)) == ceil(m / ti) * ti * ceil(n / tj) * tj * ceil(k / tk) * tk
 
 
+@settings(max_examples=200, deadline=None)
+@given(matmul_tile(), st.integers(1, 300))
+def test_accumulators_leave_the_registers_once_per_reduction_step_above(case, upper_k):
+    """Register tiles (ti, tj, tk) under an L1 tile of K-depth upper_k: every register tile's
+    output goes out and back once per L1 K-step after the first."""
+    (m, n, k), (ti, tj, tk) = case
+    calc = TileCalculus(matmul(m, n, k))
+    steps = ceil(k / max(tk, upper_k))
+    upper = (ti, tj, max(tk, upper_k))
+    grid = ceil(m / ti) * ceil(n / tj)
+    assert calc.accumulator_bytes((ti, tj, tk), upper) == 2 * (steps - 1) * grid * ti * tj * F32
+
+
+def test_accumulators_without_reduction_steps_above_move_nothing():
+    calc = TileCalculus(matmul(64, 64, 64))
+    assert calc.accumulator_bytes((4, 16, 1), (8, 32, 64)) == 0
+    relu = TileCalculus(expr("relu", shape=(128, 256, 14, 14)))
+    assert relu.accumulator_bytes((1, 1, 1, 8), (1, 4, 14, 14)) == 0
+
+
 def test_matmul_whole_operator_tile_moves_every_byte_once():
     calc = TileCalculus(matmul(64, 32, 16))
     assert calc.traffic_bytes((64, 32, 16)) == (64 * 16 + 16 * 32 + 64 * 32) * F32

@@ -210,6 +210,22 @@ def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
     return device.peak(expr.dtype, tensor_core=mma_axes(expr, device) is not None)
 
 
+def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
+    """One unit's time from its stage times. GPU (Roller §3.3): the stages pipeline, so the
+    slowest one. CPU: the register tile's loads from the layer right below the registers issue
+    in the FMAs' shadow (same instruction stream, separate ports), so they overlap the compute,
+    but every transfer further down adds: a core copies the next panel from L2 or DRAM between
+    two micro-kernel runs, and the hardware prefetchers hide only part of a stream (the
+    Execution-Cache-Memory model's observation, Treibig & Hager 2010, that x86 cache-level
+    transfers do not overlap one another; ALGORITHMS.md §7). Checked against 260 measured
+    cpu-core candidates (docs/benchmarks.md): on the matmul class the sum ranks candidates the
+    way the measurements do where the maximum calls them all equal."""
+    if not device.runs_on_cpu:
+        return max(compute, *loads.values())
+    first = device.layers[source_layer(program, 0, len(device.layers))].name
+    return max(compute, loads.get(first, 0.0)) + sum(t for name, t in loads.items() if name != first)
+
+
 def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     """Predicted time and its parts for `program` on `device`."""
     expr = program.expr
@@ -234,10 +250,13 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
             continue
         src = device.layers[source_layer(program, layer, len(device.layers))]
         q = calc.traffic_bytes(tile)
+        if layer == 0 and device.runs_on_cpu and len(program.tiles) > 1:
+            q += calc.accumulator_bytes(tile, program.tiles[1])
         moved[src.name] = moved.get(src.name, 0) + q
         loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
+    core = combine_stages(program, device, compute, loads)
     occupancy = 1.0 if not device.has_occupancy_limits else min(1.0, threads * bpu / device.max_threads_per_unit)
     return Estimate(
         flops=expr.flops,
@@ -250,7 +269,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         waves=n_waves,
         occupancy=occupancy,
         bottleneck=bottleneck,
-        predicted_seconds=stages[bottleneck] * quantization,
+        predicted_seconds=core * quantization,
         footprints=footprints,
         **provenance(program, device),
     )

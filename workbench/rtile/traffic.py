@@ -74,6 +74,21 @@ class TileCalculus:
             self._traffic[tile] = q
         return q
 
+    def accumulator_bytes(self, tile: Tile, upper: Tile) -> int:
+        """Bytes the accumulators of register tiles `tile` move when they leave the registers
+        after every reduction step of the tile above them (`upper`) and come back for the next:
+        a store and a load of the output tile per step after the first, per register tile.
+        Roller's Q counts one store per spatial tile (partial sums stay in the faster layer),
+        which holds for a GPU thread's registers over the whole K loop; the CPU template keeps a
+        register tile's vector accumulators only over one L1 tile's K-steps (the loop order
+        `S1 R1 | S2 R2 | registers`), so an L1 K tile of 16 on a 512-deep K moves the whole output
+        through L1 31 more times. 0 without reduction steps above."""
+        steps = prod(ceil(self.extents[a] / upper[a]) for a in self.expr.reduce)
+        if steps <= 1:
+            return 0
+        out = prod(self.data_tiles(tile)[-1]) * self.expr.tensors[-1].itemsize
+        return 2 * (steps - 1) * out * self.spatial_tiles(tile)
+
     def footprint_bytes(self, tile: Tile, padding: Sequence[int] = (), with_output: bool = True) -> int:
         """F(T): bytes one tile occupies; `padding[t]` extra elements on tensor t's leading dim."""
         shapes = self.data_tiles(tile)
