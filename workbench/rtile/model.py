@@ -217,9 +217,10 @@ def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads:
     but every transfer further down adds: a core copies the next panel from L2 or DRAM between
     two micro-kernel runs, and the hardware prefetchers hide only part of a stream (the
     Execution-Cache-Memory model's observation, Treibig & Hager 2010, that x86 cache-level
-    transfers do not overlap one another; ALGORITHMS.md §7). Checked against 260 measured
-    cpu-core candidates (docs/benchmarks.md): on the matmul class the sum ranks candidates the
-    way the measurements do where the maximum calls them all equal."""
+    transfers do not overlap one another; ALGORITHMS.md §7). Checked against two sets of 257
+    measured cpu-core kernels (docs/benchmarks.md): the typical error of a prediction fell from
+    1.5x-1.9x to 1.3x-1.5x (median |log(predicted / measured)|); the ranking within a workload
+    did not improve consistently (it is mostly noise between near-equal candidates)."""
     if not device.runs_on_cpu:
         return max(compute, *loads.values())
     first = device.layers[source_layer(program, 0, len(device.layers))].name
