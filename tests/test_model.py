@@ -17,6 +17,7 @@ from workbench.construct.stepper import construct
 from workbench.rtile.alignment import thread_count
 from workbench.hardware.spec import MicroKernel
 from workbench.rtile.model import (
+    accumulator_home,
     blocks_per_unit,
     compute_efficiency,
     estimate,
@@ -68,10 +69,10 @@ def check_consistent(calc, dev, program, est):
     for layer, tile in enumerate(program.tiles):
         if program.cached[layer]:
             src = dev.layers[source_layer(program, layer, len(dev.layers))].name
-            q = calc.traffic_bytes(tile)
-            if layer == 0 and dev.kind == "cpu" and len(program.tiles) > 1:
-                q += calc.accumulator_bytes(tile, program.tiles[1])
-            moved[src] = moved.get(src, 0) + q
+            moved[src] = moved.get(src, 0) + calc.traffic_bytes(tile)
+    if dev.kind == "cpu" and len(program.tiles) > 1 and calc.expr.reduce:
+        home = dev.layers[accumulator_home(program, dev)].name
+        moved[home] = moved.get(home, 0) + calc.accumulator_bytes(program.tiles[0], program.tiles[1])
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
@@ -379,13 +380,12 @@ def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
 
     short, long = estimate(program(16), cpu), estimate(program(512), cpu)
     extra = 2 * 31 * 512 * 512 * 4
-    assert dict(short.bytes_per_layer)["L1"] - dict(long.bytes_per_layer)["L1"] == extra
-    assert dict(short.load_seconds)["L1"] - dict(long.load_seconds)["L1"] == pytest.approx(
-        extra / (cpu.layer("L1").bandwidth_gbps * 1e9 * min(1.0, program(16).grid / cpu.compute_units)))
-    assert short.predicted_seconds >= long.predicted_seconds  # equal while the FMAs hide L1
-    narrow = replace(cpu, layers=tuple(
-        replace(l, bandwidth_gbps=l.bandwidth_gbps / 16) if l.name == "L1" else l for l in cpu.layers))
-    assert estimate(program(16), narrow).predicted_seconds > estimate(program(512), narrow).predicted_seconds
+    home = cpu.layers[accumulator_home(program(16), cpu)].name
+    assert home == "L2"  # a 128 x 256 unit tile's 128 KiB of outputs: more than half of L1
+    assert dict(short.bytes_per_layer)[home] - dict(long.bytes_per_layer)[home] == extra
+    assert dict(short.load_seconds)[home] - dict(long.load_seconds)[home] == pytest.approx(
+        extra / (cpu.layer(home).bandwidth_gbps * 1e9 * min(1.0, program(16).grid / cpu.compute_units)))
+    assert short.predicted_seconds > long.predicted_seconds
     gpu = device("v100")
     g = matmul(1024, 1024, 1024)
     gcalc = TileCalculus(g)
@@ -411,3 +411,18 @@ def test_cpu_transfers_below_the_first_layer_add_to_the_overlapped_compute():
     slow = replace(TINY_CPU, layers=tuple(
         replace(l, bandwidth_gbps=l.bandwidth_gbps / 4) if l.name == "DRAM" else l for l in TINY_CPU.layers))
     assert estimate(p, slow).predicted_seconds - est.predicted_seconds == pytest.approx(3 * loads["DRAM"] * imbalance)
+
+
+def test_accumulators_live_in_the_first_cache_that_holds_the_unit_tiles_outputs_in_half():
+    """The CPU template accumulates into one buffer of the unit tile's outputs: 64 x 64 fp32
+    (16 KiB) is half of a 32 KiB L1, 64 x 128 (32 KiB) is not, and 1024 x 1024 (4 MiB) is more
+    than half of the 1 MiB L2: the accumulators then go out to DRAM."""
+    e = matmul(1024, 1024, 1024)
+    calc = TileCalculus(e)
+
+    def home(unit):
+        p = make_program(calc, TINY_CPU, [(4, 16, 1), (16, 64, 64), unit], (True,) * 3, 0.0)
+        return TINY_CPU.layers[accumulator_home(p, TINY_CPU)].name
+
+    assert TINY_CPU.layer("L1").capacity_bytes == 32768 and TINY_CPU.layer("L2").capacity_bytes == 2**20
+    assert [home((64, 64, 1024)), home((64, 128, 1024)), home((1024, 1024, 1024))] == ["L1", "L2", "DRAM"]

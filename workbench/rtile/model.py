@@ -210,6 +210,19 @@ def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
     return device.peak(expr.dtype, tensor_core=mma_axes(expr, device) is not None)
 
 
+def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
+    """The layer a CPU register tile's accumulators go to between two L1 K-steps: the template
+    accumulates into one buffer of the unit tile's whole output (`codegen/cpu.py`), which stays
+    in the first cache layer that holds it in half its capacity (the other half is the input
+    tiles streaming past; the same fill rule as calibration's working sets), else the next.
+    conv-1x1 measured it: unit tiles of 174 x 14 x 14 outputs (136 KiB, in L2) ran 2.3-2.9 ms,
+    tiles of 114 x 2 x 14 (12.5 KiB, in L1) 1.9-2.0 ms, with the same register and L1 tiles."""
+    calc = calculus(program.expr)
+    out = prod(calc.data_tiles(program.unit_tile)[-1]) * program.expr.tensors[-1].itemsize
+    last = len(device.layers) - 1
+    return next((l for l in range(1, last) if out <= device.layers[l].capacity_bytes // 2), last)
+
+
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
     """One unit's time from its stage times. GPU (Roller §3.3): the stages pipeline, so the
     slowest one. CPU: the register tile's loads from the layer right below the registers issue
@@ -251,10 +264,13 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
             continue
         src = device.layers[source_layer(program, layer, len(device.layers))]
         q = calc.traffic_bytes(tile)
-        if layer == 0 and device.runs_on_cpu and len(program.tiles) > 1:
-            q += calc.accumulator_bytes(tile, program.tiles[1])
         moved[src.name] = moved.get(src.name, 0) + q
         loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
+    if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
+        home = device.layers[accumulator_home(program, device)]
+        q = calc.accumulator_bytes(program.register_tile, program.tiles[1])
+        moved[home.name] = moved.get(home.name, 0) + q
+        loads[home.name] = loads.get(home.name, 0.0) + q / (home.bandwidth_gbps * GB * busy)
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(program, device, compute, loads)
