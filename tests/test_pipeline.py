@@ -118,7 +118,7 @@ def test_candidate_rows_show_measured_times_of_correct_kernels_only():
                                                    by_rank[cand.rank].median_seconds) if t is not None]
     unit, scale = table_time_unit(times)
     assert list(rows[0]) == ["rank", f"predicted ({unit})", f"measured ({unit})", f"median ({unit})", "spread %", "error",
-                             "bottleneck", "grid", "waves", *layers]
+                             "bottleneck", "compute", "grid", "waves", *layers]
     for cand, row in zip(c.candidates, rows):
         assert row["rank"] == cand.rank and row[f"predicted ({unit})"] == pytest.approx(cand.predicted_seconds / scale)
         m = by_rank[cand.rank]
@@ -128,6 +128,24 @@ def test_candidate_rows_show_measured_times_of_correct_kernels_only():
             assert row["spread %"] == pytest.approx((max(m.seconds) - min(m.seconds)) / m.median_seconds * 100)
         assert row["error"] == m.error
     assert rows[1][f"measured ({unit})"] is None and "wrong result" in rows[1]["error"]
+
+
+def test_candidate_rows_show_a_learnt_correction_and_what_was_measured():
+    """A correction from the runs store adds the corrected prediction beside the model's; the
+    compute column says whether a calibrated micro-kernel gave the compute term."""
+    from workbench.profile.correction import Correction, StageFit, corrected_seconds
+
+    c = pipeline.construct(_request())
+    fit = StageFit(2.0, tuple((name, 1.0) for name, _ in c.candidates[0].estimate.load_seconds), 0.0, 40, 8)
+    correction = Correction(c.device.name, fit)
+    rows = pipeline.candidate_rows(c.candidates, correction=correction)
+    unit, scale = table_time_unit([x for cand in c.candidates for x in (
+        cand.predicted_seconds, corrected_seconds(cand.estimate, correction, cand.program.expr.op))])
+    assert list(rows[0])[:4] == ["rank", f"predicted ({unit})", f"corrected ({unit})", "bottleneck"]
+    for cand, row in zip(c.candidates, rows):
+        assert row[f"corrected ({unit})"] == pytest.approx(corrected_seconds(cand.estimate, correction, cand.program.expr.op) / scale)
+        assert row[f"corrected ({unit})"] != pytest.approx(row[f"predicted ({unit})"])
+        assert row["compute"] == ("measured" if any(p.startswith("compute") for p in cand.estimate.measured) else "modelled")
 
 
 def test_candidate_rows_before_profiling_and_with_virtual_threads():

@@ -375,11 +375,11 @@ def cmd_model(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from workbench.profile.correction import refit
+    from workbench import pipeline
     from workbench.profile.store import RunStore
 
     with RunStore(args.db) as store:
-        correction, evaluation = refit(store, args.device)
+        correction, evaluation = pipeline.refit(store, args.device)
         stored = store.correction(args.device)
     fit = correction.overall
     lines = [f"fitted {args.device} on {correction.measurements} measurements of {fit.workloads} workloads "

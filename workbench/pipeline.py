@@ -34,6 +34,7 @@ from workbench.models import model as models
 from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
@@ -46,7 +47,7 @@ __all__ = [
     "cannot_profile_here", "check_export_path", "construct", "construct_model", "Construction", "DeviceSpec",
     "diagnosis_rows", "export", "importance", "slice_points", "stored_trials", "ExportResult", "Kernel", "KernelRejected", "load_device",
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
-    "request", "stepper", "Stepper", "Timing", "WorkerPool",
+    "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit",
 ]
 
 
@@ -187,8 +188,10 @@ def diagnosis_rows(result: ProfileResult) -> list[dict]:
 
 
 def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measurement] | None = None,
-                   measured: Mapping[int, float] | None = None) -> list[dict]:
-    """The candidate table every face shows, one row per candidate: rank, predicted time, the
+                   measured: Mapping[int, float] | None = None, correction: Correction | None = None) -> list[dict]:
+    """The candidate table every face shows, one row per candidate: rank, predicted time (with a
+    `correction` learnt from the runs store, the corrected prediction beside it), whether the
+    compute term was measured (a calibrated level-0 micro-kernel) or modelled, the
     measured time (the best repeat, from `measurements`, a profile's, or `measured`, rank ->
     seconds), with `measurements` also the median and the spread of the median's interval
     (`profile.noise`, as a share of the median) and the error, then bottleneck, grid, waves, the
@@ -200,6 +203,8 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
     rows = []
     for c in candidates:
         row = {"rank": c.rank, "predicted us": c.predicted_seconds * 1e6}
+        if correction is not None:
+            row["corrected us"] = corrected_seconds(c.estimate, correction, c.program.expr.op) * 1e6
         if shown:
             row["measured us"] = times[c.rank] * 1e6 if c.rank in times else None
         if by_rank:
@@ -209,7 +214,9 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
             row["spread %"] = (interval.high - interval.low) / m.median_seconds * 100 if interval is not None else None
         if by_rank:
             row["error"] = by_rank[c.rank].error if c.rank in by_rank else ""
-        row |= {"bottleneck": c.estimate.bottleneck, "grid": c.program.grid, "waves": c.estimate.waves}
+        row["bottleneck"] = c.estimate.bottleneck
+        row["compute"] = "measured" if any(p.startswith("compute") for p in c.estimate.measured) else "modelled"
+        row |= {"grid": c.program.grid, "waves": c.estimate.waves}
         row |= {name: shape_text(t) for name, t in zip(c.program.layers, c.program.tiles)}
         row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.program.vthreads) or None
         rows.append(row)
