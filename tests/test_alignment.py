@@ -9,7 +9,7 @@ from dataclasses import replace
 from math import ceil, gcd, prod
 
 import pytest
-from helpers import TINY_CPU, device, expr, matmul
+from helpers import TINY_CPU, device, expr, matmul, suite_workloads, workload_expr
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_invariants import simd_lane_axis
@@ -137,6 +137,97 @@ def test_gpu_block_starts_with_one_warp_of_threads():
         assert prod(tile[a] // reg[a] for a in e.spatial) == dev.warp_size
         # shared memory: k is A's leading dim; 32 B (V100) / 64 B (MI50) transactions of 4 B floats
         assert tile[2] == dev.layers[-1].transaction_bytes // 4
+
+
+GPUS = ("v100", "a100", "h100", "mi50", "k80")
+
+
+@st.composite
+def gpu_block_case(draw):
+    """(expr, GPU, eps, register tile): the block layer's upper tile is an aligned register
+    tile, grown from the smallest one by a random walk of next-aligned steps."""
+    e = fuse_axes(EXPRS[draw(st.sampled_from(sorted(EXPRS)))]())
+    dev = device(draw(st.sampled_from(GPUS)))
+    eps = draw(st.sampled_from([0.0, 0.05, 0.2, 0.4, 1.0]))
+    ctx = AlignContext(e, dev, 0, tuple(1 for _ in e.axes), eps)
+    reg = initial_tile(ctx)
+    assume(reg is not None)
+    for _ in range(draw(st.integers(0, 4))):
+        sizes = next_aligned_sizes(ctx, reg)
+        axes = [a for a, s in enumerate(sizes) if s is not None]
+        if not axes:
+            break
+        a = draw(st.sampled_from(axes))
+        reg = reg[:a] + (sizes[a],) + reg[a + 1 :]
+    return e, dev, eps, reg
+
+
+def spatial_multiples(e, upper, most: int):
+    """Every choice of per-spatial-axis multiples m (m x upper within the axis) with prod(m) <= most."""
+    def rec(axes, left):
+        if not axes:
+            yield ()
+            return
+        a = axes[0]
+        for m in range(1, min(left, ceil(e.axes[a].extent / upper[a])) + 1):
+            for rest in rec(axes[1:], left // m):
+                yield (m,) + rest
+    return rec(list(e.spatial), most)
+
+
+@settings(max_examples=120, deadline=None)
+@given(gpu_block_case())
+def test_gpu_block_initial_tile_is_the_smallest_aligned_one(case):
+    """Issue 16: filling a warp along the innermost axes in powers of two missed every block
+    whose warp splits over other axes (a 26 x 26 conv output). Checked against the rules as
+    restated in `violations`: no aligned block over the same register tile runs fewer threads,
+    none with as many pads the spatial axes less, and each reduce axis is the smallest aligned
+    size. Where it finds none, no block of up to four warps is aligned."""
+    e, dev, eps, reg = case
+    layer = dev.unit_layer_index
+    tile = initial_tile(AlignContext(e, dev, layer, reg, eps))
+
+    def block(ms, base):
+        out = list(base)
+        for a, m in zip(e.spatial, ms):
+            out[a] = m * reg[a]
+        return tuple(out)
+
+    def padded(t):
+        return prod(ceil(e.axes[a].extent / t[a]) * t[a] for a in e.spatial)
+
+    if tile is None:
+        # the reduce axes whole: aligned whenever any size of theirs is (no transaction to
+        # split, the register tile's padding), and the thread count ignores them
+        base = tuple(ceil(x.extent / r) * r if a in e.reduce else r for a, (x, r) in enumerate(zip(e.axes, reg)))
+        for ms in spatial_multiples(e, reg, 4 * dev.warp_size):
+            assert violations(e, dev, layer, reg, block(ms, base), eps), ms
+        return
+    assert violations(e, dev, layer, reg, tile, eps) == []
+    threads = prod(tile[a] // reg[a] for a in e.spatial)
+    assert threads <= dev.max_threads_per_block
+    for ms in spatial_multiples(e, reg, threads):
+        other = block(ms, tile)
+        if violations(e, dev, layer, reg, other, eps) == []:
+            assert prod(ms) == threads, (other, tile)
+            assert padded(other) >= padded(tile), (other, tile)
+    for a in e.reduce:
+        for smaller in range(reg[a], tile[a], reg[a]):
+            assert violations(e, dev, layer, reg, tile[:a] + (smaller,) + tile[a + 1 :], eps), (a, smaller)
+
+
+@pytest.mark.parametrize("name", ["v100", "a100", "h100"])
+def test_conv_block_splits_its_warp_over_filters_and_output_rows(name):
+    """Roller table 1's C0 (128 filters over a 26 x 26 output): one warp as 8 filters x 2 x 2
+    outputs pads nothing, where 16 x 2 along the output row would pad 26 to 32; a thread's tile
+    [1, 1, 1, 1, ...] is taken at eps 0. The reduce window s is A's leading dimension, taken
+    whole (3 floats are less than a 32 B transaction)."""
+    dev = device(name)
+    c0 = next(w for w in suite_workloads("roller-table1") if w["id"] == "C0")
+    e = fuse_axes(workload_expr(c0))
+    assert [x.extent for x in e.axes] == [128, 128, 26, 26, 128, 3, 3]
+    tile = initial_tile(AlignContext(e, dev, dev.unit_layer_index, (1,) * 7, 0.0))
+    assert tile == (1, 8, 2, 2, 1, 1, 3)
 
 
 def test_tensor_shape_rule_bounds_padding_waste():

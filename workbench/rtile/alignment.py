@@ -425,10 +425,11 @@ def prev_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES) -> tuple[int 
 def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
     """Smallest aligned tile at a layer that is a multiple of the tile one layer up.
 
-    Starts from the upper tile; on a GPU block layer first fills one warp of threads along the
-    spatial axes, innermost first; then lifts each axis that breaks a per-axis rule to its next
-    aligned size. A CPU micro-kernel then grows to its required accumulators
-    (`_accumulator_fill`). None when no aligned tile exists (e.g. eps too small for the shape).
+    Starts from the upper tile and lifts each axis that breaks a per-axis rule to its next
+    aligned size; on a GPU block layer the spatial axes are instead filled with the fewest
+    threads in whole warps (`_warp_fill`). A CPU micro-kernel then grows to its required
+    accumulators (`_accumulator_fill`). None when no aligned tile exists (e.g. eps too small
+    for the shape; on a GPU block layer, none within a block's thread limit).
     """
     if required_accumulators(ctx) and rules is RULES:
         result = _accumulator_fill(ctx.expr, ctx.device, ctx.eps)
@@ -438,29 +439,79 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
 
 
 def _per_axis_start(ctx: AlignContext, rules) -> Tile | None:
-    """The upper tile (a GPU block layer: filled with one warp of threads) with every axis that
-    breaks a per-axis rule lifted to its next aligned size; None when an axis has none."""
+    """The upper tile with every axis that breaks a per-axis rule lifted to its next aligned
+    size; on a GPU block layer the spatial axes are filled by `_warp_fill`. None when an axis
+    has no aligned size. On a GPU an axis with none within MAX_SCAN multiples takes the whole
+    axis (gemv's 1000-long reduction at eps 0 on the MI50: no divisor of 1000 is a whole 64 B
+    transaction); CPU tiles keep the scan's answer, which the register micro-kernel fill
+    (`_accumulator_fill`) starts from."""
     tile = list(ctx.upper)
+    filled: tuple[int, ...] = ()
     if ctx.device.is_thread_block_layer(ctx.layer):
-        need = ctx.device.warp_size // tile_lanes(ctx.expr, ctx.device)  # threads still to add
-        for a in reversed(ctx.expr.spatial):
-            room = ceil(ctx.expr.axes[a].extent / ctx.upper[a])
-            take = _largest_pow2_at_most(min(need, room))
-            tile[a] = ctx.upper[a] * take
-            need //= take
-            if need <= 1:
-                break
+        sizes = _warp_fill(ctx, rules)
+        if sizes is None:
+            return None
+        filled = ctx.expr.spatial
+        for a, size in zip(filled, sizes):
+            tile[a] = size
     for a in range(len(tile)):
-        if not all(r.axis_ok(ctx, a, tile[a]) for r in rules):
+        if a not in filled and not all(r.axis_ok(ctx, a, tile[a]) for r in rules):
             size = _scan(ctx, tuple(tile), a, +1, rules, whole_tile=False)
+            if size is None and ctx.device.lanes_are_threads:  # the whole axis, if the rules take it
+                whole = ceil(ctx.expr.axes[a].extent / ctx.upper[a]) * ctx.upper[a]
+                size = whole if all(r.axis_ok(ctx, a, whole) for r in rules) else None
             if size is None:
                 return None
             tile[a] = size
     return tuple(tile)
 
 
-def _largest_pow2_at_most(n: int) -> int:
-    p = 1
-    while p * 2 <= n:
-        p *= 2
-    return p
+@lru_cache(maxsize=4096)
+def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
+    """The spatial sizes of the smallest GPU block tile over `ctx.upper` that the per-axis rules
+    accept and whose threads come in whole warps (or that covers every spatial axis: one block
+    for the whole operator); None when there is none within a block's thread limit.
+
+    Each spatial axis takes a multiple m of its upper size that every per-axis rule accepts; the
+    block runs prod(m) threads (x the lanes sharing a fragment). Thread counts are tried in
+    increasing multiples of a warp, and at each every way of writing the count as such a product
+    (a few dozen: the factors divide it), so a zero-waste block is found whenever one exists:
+    a conv's 26 x 26 output takes 2 x 2 threads and its 128 filters 8 (filling the warp along
+    the innermost axes alone, 16 x 2, would pad 26 to 32). Among blocks of as many threads our
+    choice is the least padding of the spatial axes, then the most threads along the innermost
+    axes (contiguous data), as the single-path fill did."""
+    spatial, upper = ctx.expr.spatial, ctx.upper
+    rooms = [ceil(ctx.expr.axes[a].extent / upper[a]) for a in spatial]
+    lanes = tile_lanes(ctx.expr, ctx.device)
+    need = max(1, ctx.device.warp_size // lanes)  # threads per warp, a fragment tile counting as a warp
+    accepted: dict[tuple[int, int], bool] = {}
+
+    def ok(i: int, m: int) -> bool:
+        if (i, m) not in accepted:
+            a = spatial[i]
+            accepted[i, m] = m <= rooms[i] and all(r.axis_ok(ctx, a, m * upper[a]) for r in rules)
+        return accepted[i, m]
+
+    def waste(ms) -> float:
+        return prod(ceil(ctx.expr.axes[a].extent / (m * upper[a])) * m * upper[a] / ctx.expr.axes[a].extent for a, m in zip(spatial, ms))
+
+    def key(ms) -> tuple:
+        return (prod(ms), waste(ms), tuple(-m for m in reversed(ms)))
+
+    most = max(need, ctx.device.max_threads_per_block // lanes)
+    cover = tuple(rooms) if prod(rooms) <= most and all(ok(i, m) for i, m in enumerate(rooms)) else None
+    for threads in range(need, most + 1, need):
+        found = [ms for ms in _factorizations(threads, len(spatial)) if all(ok(i, m) for i, m in enumerate(ms))]
+        if cover is not None and prod(cover) <= threads:
+            found.append(cover)
+        if found:
+            return tuple(m * upper[a] for a, m in zip(spatial, min(found, key=key)))
+    return tuple(m * upper[a] for a, m in zip(spatial, cover)) if cover is not None else None
+
+
+@lru_cache(maxsize=1024)
+def _factorizations(n: int, parts: int) -> tuple[tuple[int, ...], ...]:
+    """Every ordered way of writing n as a product of `parts` positive integers."""
+    if parts <= 1:
+        return ((n,),) if parts == 1 else (((),) if n == 1 else ())
+    return tuple((d,) + rest for d in range(1, n + 1) if n % d == 0 for rest in _factorizations(n // d, parts - 1))
