@@ -113,7 +113,13 @@ class Options:
     seed: int = 0
 
 
-# Roller raises eps "up to 1.0 in steps" when fewer than K programs come out.
+# Roller raises eps "up to 1.0 in steps" when fewer than K programs come out. Its artifact
+# (nnfusion osdi22_artifact, roller/policy/policy_rt.py, emit_config_without_trails) starts at 0
+# and adds 0.2 up to 1.0. We start at 0.05: here a round at 0 already emits K programs of 1-wide
+# tiles along a prime extent and stops (roller-table1 D1's 79 x 79 output, P2's 83 x 83: top-1
+# 4x and 3x slower predicted on the V100, 6.6 % slower in the geometric mean over both papers'
+# GPU workloads on v100/a100/h100), and at 0 no AVX2 register tile of a power-of-two matmul holds
+# the 10 accumulators its FMA latency needs (5 or 6 rows pad 512).
 EPS_STEPS = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
 VTHREAD_COUNTS = (1, 2, 4, 8)  # Gensor's setVthread sizes; 1 undoes a split
 
