@@ -457,3 +457,96 @@ def test_roofline_ticks_read_as_rates_and_intensities():
 def test_a_narrow_log_range_gets_a_tick_per_digit():
     values, texts = log_ticks(1.6e-3, 4.78e-3, duration)  # no 1-2-5 tick but 2 ms inside
     assert texts == ["2 ms", "3 ms", "4 ms"]
+
+
+# -- the model's correction, the estimate's parts, micro-kernels ------------------------------------
+
+
+def _evaluation_and_correction():
+    """A device's held-out evaluation and fit (their stored forms) on three workloads measured at
+    twice the model's prediction; `mm-c` measured once, so its Spearman is undefined."""
+    from workbench.profile.correction import Row, Stages, evaluate, fit
+
+    rows = []
+    for name, sizes in (("mm-a", (1, 2, 3)), ("mm-b", (2, 5, 4)), ("mm-c", (3,))):
+        for rank, size in enumerate(sizes, start=1):
+            stages = Stages(size * 1e-4, (("DRAM", size * 3e-5),), size * 1.3e-4)
+            rows.append(Row(name, "matmul", 1, rank, stages, 2 * stages.predicted_seconds * (1 + 0.01 * rank)))
+    return evaluate(rows, "tiny-cpu").to_dict(), fit(rows, "tiny-cpu").to_dict()
+
+
+def test_before_after_bars_are_the_held_out_errors_and_correlations():
+    from workbench.viz.correction import before_after_figure
+
+    evaluation, _ = _evaluation_and_correction()
+    scores = evaluation["workloads"]
+    fig = before_after_figure(scores)
+    assert [(t.name, t.xaxis) for t in fig.data] == [("model", "x"), ("model", "x2"), ("corrected", "x"), ("corrected", "x2")]
+    before, rho_before, after, rho_after = fig.data
+    assert list(before.y) == ["mm-a", "mm-b", "mm-c"]
+    assert list(before.x) == [w["before_error"] for w in scores] and list(after.x) == [w["after_error"] for w in scores]
+    assert list(before.text) == [f"x{significant(math.exp(w['before_error']))}" for w in scores]
+    assert scores[2]["after_spearman"] is None  # one measurement: no correlation, shown as such, not as 0
+    assert rho_after.text[2] == "undefined" and "undefined" in rho_after.hovertext[2]
+    assert rho_after.text[0] == f"{scores[0]['after_spearman']:+.2f}"
+    ticks = fig.layout.xaxis.ticktext
+    assert ticks[0] == "x1" and all(t.startswith("x") for t in ticks)  # errors read as factors off
+    assert fig.layout.xaxis.tickvals[1] == pytest.approx(math.log(float(ticks[1][1:])))
+
+
+def test_the_verdict_is_the_evaluations_and_a_claim_needs_the_test():
+    from workbench.viz.correction import evaluation_text, factor, stored_text, verdict, worse
+
+    evaluation, _ = _evaluation_and_correction()
+    # Three workloads: the smallest one-sided signed-rank p is 1/8, never a claim.
+    assert not evaluation["claim"] and evaluation["p_value"] >= 0.125
+    assert verdict(evaluation) == f"no improvement shown (signed-rank p = {significant(evaluation['p_value'])})"
+    text = evaluation_text(evaluation)
+    assert text.startswith("No improvement shown") and "7 measurements of 3 workloads" in text
+    assert f"typical error {factor(evaluation['before']['error'])} -> {factor(evaluation['after']['error'])}" in text
+    assert worse(evaluation) == (evaluation["after"]["error"] > evaluation["before"]["error"])
+    helps = evaluation | {"claim": True, "p_value": 0.0156}
+    assert verdict(helps) == "the correction helps (signed-rank p = 0.0156)"
+    assert stored_text(0.0, 9, helps).endswith("on 9 measurements: the correction helps (signed-rank p = 0.0156)")
+    assert factor(math.log(1.5)) == "x1.5" and factor(None) == "-" and factor(math.nan) == "-"
+
+
+def test_coefficient_rows_have_a_fit_per_row_with_its_weight():
+    from workbench.viz.correction import coefficient_rows
+
+    _, correction = _evaluation_and_correction()
+    rows = coefficient_rows(correction)
+    overall = correction["overall"]
+    assert [r["fit"] for r in rows] == ["all operators", "matmul"]
+    assert rows[0] == {"fit": "all operators", "workloads": 3, "measurements": 7, "weight": overall["weight"],
+                       "x compute": overall["compute"], "x DRAM loads": overall["loads"]["DRAM"],
+                       "constant us": overall["constant"] * 1e6}
+    (constant,) = time_columns(rows)[1]  # the dashboard's time table gives the constant its unit
+    assert constant.startswith("constant (")
+
+
+def test_estimate_parts_join_the_measured_and_modelled_phrases():
+    from types import SimpleNamespace
+
+    from workbench.viz.fmt import estimate_parts
+
+    calibrated = SimpleNamespace(measured=("compute: level-0 micro-kernel 6x16 float32, 205 GFLOP/s", "bandwidth of L1"),
+                                 modelled=("traffic per layer", "scale-out over 2 cores"))
+    assert estimate_parts(calibrated) == ("compute: level-0 micro-kernel 6x16 float32, 205 GFLOP/s; bandwidth of L1",
+                                          "traffic per layer; scale-out over 2 cores")
+    assert estimate_parts(SimpleNamespace(measured=(), modelled=("traffic per layer",)))[0] == \
+        "nothing (the device spec is not calibrated)"
+    real = finished().finish().candidates[0].estimate  # tiny-cpu is not calibrated: everything modelled
+    assert estimate_parts(real) == ("nothing (the device spec is not calibrated)", "; ".join(real.modelled))
+
+
+def test_micro_kernel_grid_has_a_row_per_row_count_and_a_column_per_width():
+    from workbench.hardware.spec import MicroKernel
+    from workbench.viz.fmt import micro_kernel_grid
+
+    kernels = (MicroKernel("float32", 6, 16, 205.4), MicroKernel("float32", 4, 32, 180.0),
+               MicroKernel("float32", 4, 16, 150.0), MicroKernel("float64", 6, 8, 101.0))
+    assert micro_kernel_grid(kernels, "float32") == [{"rows": 4, "16 cols": "150", "32 cols": "180"},
+                                                     {"rows": 6, "16 cols": "205", "32 cols": "-"}]
+    assert micro_kernel_grid(kernels, "float64") == [{"rows": 6, "8 cols": "101"}]
+    assert micro_kernel_grid(kernels, "float16") == []

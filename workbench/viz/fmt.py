@@ -120,6 +120,28 @@ def time_columns(rows: Sequence[dict], suffix: str = " us") -> tuple[list[dict],
     return out, tuple(names.values())
 
 
+def estimate_parts(estimate) -> tuple[str, str]:
+    """An `Estimate`'s measured and modelled parts (Vortex's hybrid analyzer: `Estimate.measured`,
+    `.modelled`, a phrase each) as two texts, the phrases joined by "; ", or words saying so where
+    a list is empty (nothing is measured on a spec that was never calibrated)."""
+    measured = "; ".join(estimate.measured) or "nothing (the device spec is not calibrated)"
+    modelled = "; ".join(estimate.modelled) or "nothing"
+    return measured, modelled
+
+
+def micro_kernel_grid(kernels: Sequence, dtype: str) -> list[dict]:
+    """The measured micro-kernels of `dtype` (`MicroKernel`s: rows, cols, gflops) as a grid: a
+    row per row count, a column per column count (`16 cols`), GFLOP/s with three figures in each
+    cell, "-" where that shape was not measured."""
+    mine = [k for k in kernels if k.dtype == dtype]
+    measured = {(k.rows, k.cols): k.gflops for k in mine}
+    columns = sorted({k.cols for k in mine})
+    def cell(rows: int, cols: int) -> str:
+        return significant(measured[rows, cols]) if (rows, cols) in measured else MISSING
+
+    return [{"rows": rows, **{f"{cols} cols": cell(rows, cols) for cols in columns}} for rows in sorted({k.rows for k in mine})]
+
+
 def progress_text(event) -> str:
     """A profile session's `ProgressEvent` in a line: `measure 3/10: #4 107 ms` (the measured time
     in its unit), or the event's own message (`built`, `wrong result: ...`)."""
