@@ -630,3 +630,118 @@ def test_form_errors_name_the_dashboards_inputs_not_cli_flags():
         "the RPC runner needs a tracker HOST:PORT and a device key"
     assert message(UserError("--db /x: not a tile-workbench runs store")).startswith("runs store /x")
     assert "--" not in message(UserError("--anything-new 3 is wrong"))
+
+
+def profiled_store(path: Path, sizes, spec, scale: float = 2.0) -> None:
+    """A runs store at `path` with one fake-profiled run per matmul size (a workload each) on
+    `spec`: measured = `scale` x the model's prediction, within a few per cent per candidate."""
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.store import RunStore
+
+    with RunStore(path) as store:
+        for seed, n in enumerate(sizes):
+            work = Workload(op="matmul", params=(("K", n), ("M", n), ("N", n)))
+            construction = pipeline.construct(Request(work, spec, "roller", Options(topk=4)))
+            pipeline.profile(construction, FakeRunner(scale=scale, spread=0.05, seed=seed), label=f"mm-{n}", store=store)
+
+
+def test_fitting_the_correction_shows_the_verdict_before_and_after_and_the_coefficients(tmp_path, monkeypatch):
+    from workbench.profile.correction import evaluate, fit, stored_rows
+    from workbench.profile.store import RunStore
+
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    spec, path = load_spec("local-cpu"), tmp_path / "runs.sqlite3"
+    profiled_store(path, (32, 48, 64, 96, 128, 160, 192), spec)
+    with RunStore(path) as store:
+        rows = stored_rows(store, spec.name)
+    expected, correction = evaluate(rows, spec.name), fit(rows, spec.name)
+    # Every time twice the prediction: a correction that learns it must show on held-out workloads.
+    assert expected.claim and expected.improved == len(expected.workloads) == 7
+    at = goto(app(small()), "Runs")
+    assert any(i.value.startswith(f"No correction stored for {spec.name}") for i in at.info)
+    button(at, "Fit correction").click().run()
+    assert not errors(at) and not at.exception, errors(at)
+    (verdict,) = [s.value for s in at.success]
+    assert verdict.startswith(f"The correction helps (signed-rank p = {expected.p_value:.3g}): "
+                              f"{expected.measurements} measurements of 7 workloads")
+    assert "error lower in 7 of 7 workloads" in verdict
+    assert any(f"{expected.measurements} measurements: the correction helps" in c.value for c in at.caption)
+    chart = next(c for c in charts(at) if title(c).startswith("before and after"))
+    names = [w.workload for w in expected.workloads]
+    error_before, error_after, rho_before, rho_after = (
+        next(t for t in chart["data"] if t["name"] == label and t["xaxis"] == axis)
+        for label, axis in (("model", "x"), ("corrected", "x"), ("model", "x2"), ("corrected", "x2")))
+    assert all(list(t["y"]) == names for t in (error_before, error_after, rho_before, rho_after))
+    assert values(error_before["x"]) == pytest.approx([w.before_error for w in expected.workloads])
+    assert values(error_after["x"]) == pytest.approx([w.after_error for w in expected.workloads])
+    assert values(rho_after["x"]) == pytest.approx([0.0 if np.isnan(w.after_spearman) else w.after_spearman
+                                                     for w in expected.workloads])
+    coefficients = table_rows(at.dataframe[-1].value)
+    assert [r["fit"] for r in coefficients] == ["all operators", "matmul"]
+    assert coefficients[0]["weight"] == pytest.approx(correction.overall.weight)
+    assert coefficients[0]["x compute"] == pytest.approx(correction.overall.compute)
+    with RunStore(path) as store:
+        assert store.correction(spec.name).correction == correction  # the button stored what it showed
+
+
+def test_fitting_on_too_few_workloads_says_why_in_a_line_and_on_two_claims_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    spec, path = load_spec("local-cpu"), tmp_path / "runs.sqlite3"
+    profiled_store(path, (64,), spec)
+    at = goto(app(small()), "Runs")
+    button(at, "Fit correction").click().run()
+    (error,) = errors(at)
+    assert "1 workload(s)" in error and "at least 2 workloads" in error and "\n" not in error and not at.exception
+    assert not any(title(c).startswith("before and after") for c in charts(at))
+    profiled_store(path, (96,), spec)  # a second workload: a fit can be scored, but 2 cannot show a gain
+    button(at, "Fit correction").click().run()
+    assert not errors(at) and not at.success and not at.exception
+    boxes = [b.value for b in (*at.info, *at.warning)]
+    assert any(b.startswith("No improvement shown (signed-rank p = ") for b in boxes), boxes
+    assert any(title(c).startswith("before and after") for c in charts(at))
+
+
+def test_candidates_show_the_corrected_prediction_when_the_store_holds_a_correction(tmp_path, monkeypatch):
+    from workbench.profile.store import RunStore
+    from workbench.viz.fmt import estimate_parts
+
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    spec, path = load_spec("local-cpu"), tmp_path / "runs.sqlite3"
+    profiled_store(path, (32, 48, 96), spec)
+    with RunStore(path) as store:
+        _, evaluation = pipeline.refit(store, spec.name)
+        stored = store.correction(spec.name)
+    at = goto(app(small(topk=4)), "Candidates")
+    construction = pipeline.construct(small(topk=4))
+    expected = pipeline.candidate_rows(construction.candidates, correction=stored.correction)
+    corrected = next(k for k in expected[0] if k.startswith("corrected ("))
+    assert list(at.dataframe[0].value.columns) == list(expected[0])
+    assert table_rows(at.dataframe[0].value) == expected
+    assert all(r[corrected] != r[corrected.replace("corrected", "predicted")] for r in expected)
+    verdict = "the correction helps" if evaluation.claim else "no improvement shown"
+    assert any(c.value.startswith("corrected: ") and f"on {stored.measurements} measurements: {verdict}" in c.value
+               for c in at.caption), [c.value for c in at.caption]
+    # The picked candidate's estimate, measured and modelled parts apart.
+    (estimate,) = [e for e in at.expander if e.label.startswith("The model's estimate of #1: ")]
+    measured, modelled = estimate_parts(construction.candidate(1).estimate)
+    assert f"**measured on the device:** {measured}" in estimate.markdown[-1].value
+    assert f"**modelled:** {modelled}" in estimate.markdown[-1].value
+
+
+def test_a_calibration_with_micro_kernels_says_how_many_and_shows_their_grid(monkeypatch):
+    from dataclasses import replace
+
+    from workbench.hardware import calibrate
+    from workbench.hardware.spec import MicroKernel
+
+    kernels = (MicroKernel("float32", 4, 16, 80.0), MicroKernel("float32", 4, 32, 90.5),
+               MicroKernel("float32", 6, 16, 95.25), MicroKernel("float64", 4, 8, 40.0))
+    monkeypatch.setattr(calibrate, "calibrate", lambda spec, **_: replace(spec, calibrated=True, micro_kernels=kernels))
+    at = app()
+    button(at, "Calibrate").click().run()
+    assert not errors(at) and not at.exception, errors(at)
+    assert any("4 register micro-kernels measured on this machine" in s.value for s in at.success)
+    assert any("calibrated (4 register micro-kernels measured)" in c.value for c in at.caption)
+    grids = [table_rows(d.value) for d in at.dataframe if "rows" in d.value.columns]
+    assert grids == [[{"rows": 4, "16 cols": "80", "32 cols": "90.5"}, {"rows": 6, "16 cols": "95.2", "32 cols": "-"}],
+                     [{"rows": 4, "8 cols": "40"}]]

@@ -20,7 +20,7 @@ from workbench.hardware.loader import (
     spec_from_toml_text,
     spec_summary,
 )
-from workbench.viz.fmt import duration, gbps, gflops, human_bytes
+from workbench.viz.fmt import duration, gbps, gflops, human_bytes, micro_kernel_grid
 
 if TYPE_CHECKING:  # annotations only
     from workbench.hardware.spec import DeviceSpec
@@ -54,15 +54,28 @@ def device_controls(current: DeviceSpec) -> DeviceSpec | None:
 
 def _local_controls() -> DeviceSpec | None:
     spec = st.session_state.get("calibrated") or preset(LOCAL_CPU)
-    st.caption(f"{spec.name}: {spec.compute_units} cores, " + ("calibrated" if spec.calibrated else "detected (not calibrated)"))
+    caption = st.empty()  # filled in last: a calibration below changes what it says
     cols = st.columns([1, 2])
-    quick = cols[1].checkbox("quick (about 2 s, smaller DRAM working set)", value=True)
+    quick = cols[1].checkbox("quick (a few seconds: a smaller DRAM working set, three float32 micro-kernels; "
+                             "the full calibration takes about 30 s)", value=True)
     if cols[0].button("Calibrate"):
         measured = _calibrate(quick)
         if measured is not None:
             st.session_state.calibrated = spec = measured
-            st.success("Calibrated: bandwidths and peak compute measured on this machine (used by this session).")
+            st.success(f"Calibrated: bandwidths, peak compute and {_kernels(len(measured.micro_kernels))} "
+                       "measured on this machine (used by this session).")
+    caption.caption(f"{spec.name}: {spec.compute_units} cores, " + _calibration_text(spec))
     return spec
+
+
+def _kernels(n: int) -> str:
+    return f"{n} register micro-kernel{'' if n == 1 else 's'}"
+
+
+def _calibration_text(spec: DeviceSpec) -> str:
+    if not spec.calibrated:
+        return "detected (not calibrated)"
+    return f"calibrated ({_kernels(len(spec.micro_kernels))} measured)" if spec.micro_kernels else "calibrated"
 
 
 def _calibrate(quick: bool) -> DeviceSpec | None:
@@ -123,3 +136,17 @@ def _summary(spec: DeviceSpec) -> None:
              "bandwidth": gbps(l["bandwidth_gbps"]), "latency": duration(l["latency_ns"] * 1e-9)}
             for l in summary["layers"]]
     st.dataframe(rows, hide_index=True, width="stretch")
+    if spec.micro_kernels:
+        _micro_kernels(spec)
+
+
+def _micro_kernels(spec: DeviceSpec) -> None:
+    """The measured register micro-kernels as a grid per dtype: rows of accumulators down,
+    columns (elements along the vector axis) across, GFLOP/s of the whole device in each cell."""
+    st.caption(f"{_kernels(len(spec.micro_kernels))} measured by calibration (Vortex's level 0): GFLOP/s of "
+               "C[rows, columns] += A[rows, k] x B[k, columns] on every core, rows down, columns across; the "
+               "model takes a register tile's compute rate from here where it was measured")
+    dtypes = sorted({k.dtype for k in spec.micro_kernels})
+    for col, dtype in zip(st.columns(len(dtypes)), dtypes):
+        col.markdown(f"**{dtype}**")
+        col.dataframe(micro_kernel_grid(spec.micro_kernels, dtype), hide_index=True)

@@ -1,19 +1,25 @@
-"""Candidates page: the top-K rPrograms, the device's roofline with them on it, profiling, and
-predicted vs measured. Selecting points (or the multiselect) picks candidates for the Kernel and
+"""Candidates page: the top-K rPrograms (with the prediction corrected by what the runs store
+learnt about the device, where it holds a correction), the device's roofline with them on it,
+profiling, and predicted vs measured; the model's estimate of a picked candidate, measured and
+modelled parts apart. Selecting points (or the multiselect) picks candidates for the Kernel and
 Export pages."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import streamlit as st
 
 from workbench import pipeline
 from workbench.app import views
-from workbench.app.profile_controls import profile_controls
+from workbench.app.profile_controls import profile_controls, store_path
 from workbench.app.state import candidates_page, picked, profile, set_picked
+from workbench.errors import UserError
+from workbench.profile.store import RunStore
 from workbench.viz.compare import compared_points, predicted_vs_measured_figure, ranks_from_selection
-from workbench.viz.fmt import duration, significant
+from workbench.viz.correction import stored_text
+from workbench.viz.fmt import duration, estimate_parts, significant
 from workbench.viz.roofline import roofline_figure, roofline_points
 
 CHART_KEYS = ("roofline_chart", "compare_chart")
@@ -43,11 +49,45 @@ def _measured(result) -> dict[int, float]:
     return {m.rank: m.best_seconds for m in result.measurements if m.ok}
 
 
+def _stored_correction(device_name: str):
+    """The runs store's correction of the device (a `StoredCorrection`), or None: no store yet, no
+    correction of this device, or a store that cannot be read (the profile controls say why)."""
+    try:
+        path = Path(store_path())
+        if not path.is_file():
+            return None
+        with RunStore(path) as store:
+            return store.correction(device_name)
+    except UserError:
+        return None
+
+
 def _table(construction, result) -> None:
-    rows = pipeline.candidate_rows(construction.candidates, result.measurements if result is not None else None)
+    stored = _stored_correction(construction.device.name)
+    rows = pipeline.candidate_rows(construction.candidates, result.measurements if result is not None else None,
+                                   correction=stored.correction if stored is not None else None)
     axes = [a.name for a in construction.expr.axes]
-    st.caption("tiles per layer as " + " x ".join(axes) + "; selected points pick candidates")
+    st.caption("tiles per layer as " + " x ".join(axes) + "; selected points pick candidates; compute: the "
+               "compute term measured (a calibrated register micro-kernel) or modelled")
+    if stored is not None:
+        fitted = stored_text(stored.fitted_at, stored.measurements, stored.evaluation)
+        st.caption(f"corrected: the model's prediction corrected by what the runs store learnt about "
+                   f"{construction.device.name}, {fitted} (fit it again on the Runs page)")
     views.time_table(rows)
+
+
+def _estimate(construction) -> None:
+    """The model's estimate of the first picked candidate: its stage times, and which of its
+    parts were measured on the device and which modelled (Vortex's hybrid analyzer)."""
+    ranks = [r for r in picked() if any(c.rank == r for c in construction.candidates)] or [1]
+    cand = construction.candidate(ranks[0])
+    est = cand.estimate
+    with st.expander(f"The model's estimate of #{cand.rank}: {duration(est.predicted_seconds)}, bound by "
+                     f"{est.bottleneck}"):
+        loads = ", ".join(f"{layer} {duration(t)}" for layer, t in est.load_seconds)
+        st.markdown(f"compute {duration(est.compute_seconds)}" + (f"; loads from {loads}" if loads else ""))
+        measured, modelled = estimate_parts(est)
+        st.markdown(f"**measured on the device:** {measured}  \n**modelled:** {modelled}")
 
 
 def _roofline(construction, result) -> None:
@@ -95,6 +135,7 @@ def page() -> None:
     result = profile()
     _table(construction, result)
     _picker(construction.candidates)
+    _estimate(construction)
     left, right = st.columns(2)
     with left:
         _roofline(construction, result)

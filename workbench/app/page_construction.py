@@ -12,7 +12,7 @@ import streamlit as st
 from workbench.app import views
 from workbench.app.state import construction, finish_with_progress, selection, stepper
 from workbench.pipeline import Stepper
-from workbench.viz.fmt import duration, tile_text
+from workbench.viz.fmt import duration, estimate_parts, tile_text
 from workbench.viz.graph import LAYOUT_NOTE
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
 
@@ -65,6 +65,9 @@ def _step_text(s: Stepper) -> None:
     temperature = f" (temperature {step.temperature:.3g})" if step.temperature is not None and s.policy_name == "markov" else ""
     note = _emitted(step.candidate) if step.candidate is not None else step.note
     st.markdown(f"`{what}`{temperature}: {note}")
+    if step.candidate is not None:
+        measured, modelled = estimate_parts(step.candidate.estimate)
+        st.caption(f"its estimate: measured on the device: {measured}; modelled: {modelled}")
 
 
 def _emitted(candidate) -> str:

@@ -2,7 +2,9 @@
 best time so far of each (workload, device) over time, and predicted vs measured across runs; and,
 for one (workload, device), the space its measured candidates cover (Optuna-dashboard style): the
 importance of each tile dimension, the grid and virtual threads, a slice of the time against one of
-them, and parallel coordinates of all."""
+them, and parallel coordinates of all; and the model's correction learnt from a device's stored
+measurements (`pipeline.refit`): its verdict, before and after per held-out workload, its
+coefficients."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from workbench import pipeline
 from workbench.app import views
 from workbench.app.messages import message
 from workbench.app.profile_controls import store_path, store_path_input
@@ -18,6 +21,7 @@ from workbench.errors import UserError
 from workbench.pipeline import importance, slice_points, stored_trials
 from workbench.profile.store import RunStore
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
+from workbench.viz.correction import before_after_figure, coefficient_rows, evaluation_text, stored_text, worse
 from workbench.viz.importance import importance_figure, parallel_figure, slice_figure
 from workbench.viz.runs import best_so_far_figure
 
@@ -91,6 +95,42 @@ def _space(store: RunStore, runs) -> None:
     st.plotly_chart(parallel_figure(trials, [f.parameter for f in found]), key="parallel_chart")
 
 
+def _correction(store: RunStore, runs) -> None:
+    """Fit the chosen device's correction on every stored measurement of it (`pipeline.refit`,
+    which stores it), and show the device's stored correction: the verdict of its held-out
+    evaluation, before and after per workload, and its coefficients."""
+    st.subheader("The model's correction")
+    devices = list(dict.fromkeys(r.device for r in reversed(runs)))  # most recent first
+    device = devices[0] if len(devices) == 1 else st.selectbox("device", devices, key="correction_device")
+    st.caption(
+        "A correction of the model learnt from this device's stored measurements (all runs of it, not only the "
+        "shown ones): measured time fitted on the model's stage times, per operator class, trusted in proportion "
+        "to the workloads it has seen. It is scored honestly: each workload is predicted by a fit on the other "
+        "workloads only, and an improvement is claimed only when a signed-rank test rules out chance. The "
+        "Candidates page shows the corrected prediction beside the model's.")
+    fitted = st.button(f"Fit correction for {device}", key="fit_correction")
+    if fitted:
+        try:
+            pipeline.refit(store, device)
+        except UserError as err:
+            st.error(message(err))
+    stored = store.correction(device)
+    if stored is None:
+        if not fitted:
+            st.info(f"No correction stored for {device} yet: fit one (it needs correct measurements of at least "
+                    "two workloads).")
+        return
+    evaluation = stored.evaluation
+    shown = st.success if evaluation["claim"] else st.warning if worse(evaluation) else st.info
+    shown(evaluation_text(evaluation))
+    st.caption(f"Stored correction of {device}: {stored_text(stored.fitted_at, stored.measurements, evaluation)}.")
+    st.plotly_chart(before_after_figure(evaluation["workloads"]), key="correction_chart")
+    st.caption("Coefficients: the measured time is fitted as a multiple of each stage time of the model plus a "
+               "constant; a fit's weight is how far it moves a prediction from the model's, in log time "
+               "(workloads / (workloads + coefficients)); a class's fit is blended with the device's by its own.")
+    views.time_table(coefficient_rows(stored.correction.to_dict()))
+
+
 def page() -> None:
     st.title("Runs")
     store_path_input()
@@ -113,6 +153,7 @@ def page() -> None:
             _table(runs, measured)
             _charts(store, runs, measured)
             _space(store, runs)
+            _correction(store, runs)
     except UserError as err:
         st.error(message(err))
 
