@@ -29,6 +29,7 @@ from workbench.widgets import (
     PredictedVsMeasured,
     TileView,
 )
+from workbench.viz.fmt import duration
 from workbench.widgets.tables import cell_text
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -165,6 +166,28 @@ def test_candidate_table_picks_a_rank_and_draws_measured_points():
     head, _ = table_cells(table.table.value)
     unit = re.fullmatch(r"predicted \((s|ms|us|ns)\)", head[1]).group(1)
     assert sorted(measured.customdata) == [1, 3] and f"measured ({unit})" in head  # in one unit with the predictions
+
+
+def test_candidate_table_explains_the_picked_estimate_measured_and_modelled():
+    from dataclasses import replace
+
+    from workbench.hardware.spec import MicroKernel
+
+    # Calibration measured every register tile tiny-cpu's alignment allows (1-28 rows, 1-4 vectors
+    # of 16 lanes): a register tile of the matmul's shape then has a measured compute term.
+    kernels = tuple(MicroKernel("float32", rows, 16 * vectors, 150.0) for rows in range(1, 29) for vectors in range(1, 5))
+    c = construct(matmul(256, 256, 256), replace(device("tiny-cpu"), calibrated=True, micro_kernels=kernels),
+                  options=Options(topk=4))
+    assert any(p.startswith("compute: level-0 micro-kernel") for cand in c.candidates for p in cand.estimate.measured)
+    table = CandidateTable(c)
+    for cand in c.candidates:
+        table.rank = cand.rank
+        measured, modelled = table.estimate.value.split("<b>modelled:</b>")
+        assert f"<b>#{cand.rank}</b>: predicted {duration(cand.predicted_seconds)}, bound by" in measured
+        assert "<b>measured on the device:</b> " + escape("; ".join(cand.estimate.measured)) in measured
+        assert modelled.startswith(" " + escape("; ".join(cand.estimate.modelled)) + "</p>")
+    uncalibrated = CandidateTable(construction())  # the plain tiny-cpu: nothing measured
+    assert "<b>measured on the device:</b> nothing (the device spec is not calibrated)" in uncalibrated.estimate.value
 
 
 def table_cells(html: str) -> tuple[list[str], list[list[str]]]:

@@ -20,7 +20,7 @@ from workbench.errors import UserError
 from workbench.pipeline import Candidate, Construction, ProfileResult, Timing
 from workbench.profile.store import RunStore
 from workbench.viz.compare import compared_points, live_figure, predicted_vs_measured_figure
-from workbench.viz.fmt import duration, progress_text
+from workbench.viz.fmt import duration, estimate_parts, progress_text
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
@@ -45,7 +45,9 @@ def rank_options(candidates) -> list[tuple[str, int]]:
 
 class CandidateTable(widgets.VBox):
     """The candidates as a table (tiles per layer, predicted and measured time, bottleneck,
-    grid, waves), a picker for one of them (`rank`), and the device's roofline with them on it."""
+    grid, waves), a picker for one of them (`rank`), the model's estimate of the picked one
+    (its stage times, and which parts were measured on the device and which modelled), and the
+    device's roofline with them on it."""
 
     rank = traitlets.Int(1)
     measured = traitlets.Dict()  # rank -> best measured seconds
@@ -54,9 +56,9 @@ class CandidateTable(widgets.VBox):
         self.construction = construction
         self.by_rank = {c.rank: c for c in candidates_of(construction)}
         self.picker = widgets.Dropdown(options=rank_options(self.by_rank.values()), description="candidate")
-        self.table = widgets.HTML()
+        self.table, self.estimate = widgets.HTML(), widgets.HTML()
         self.roofline_view = PlotView()
-        super().__init__(children=[self.picker, self.table, self.roofline_view])
+        super().__init__(children=[self.picker, self.table, self.estimate, self.roofline_view])
         traitlets.link((self, "rank"), (self.picker, "value"))
         self.measured = dict(measured or {})
         self.observe(lambda _: self._render(), names=["rank", "measured"])
@@ -76,10 +78,23 @@ class CandidateTable(widgets.VBox):
         c = self.construction
         note = f"<p>tiles per layer as {' x '.join(a.name for a in c.expr.axes)}; picked row highlighted</p>"
         self.table.value = note + html_table(self.rows, marked=[r == self.rank for r in self.by_rank])
+        self.estimate.value = estimate_html(self.candidate)
         device = c.device
         points = roofline_points(list(self.by_rank.values()), device.layers[-1].name, self.measured)
         layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
         self.roofline_view.show(roofline_figure(layers, c.peak_gflops, points))
+
+
+def estimate_html(candidate: Candidate) -> str:
+    """The model's summary of one candidate: predicted time, bottleneck, stage times, and its
+    measured and modelled parts (`Estimate.measured` / `.modelled`, Vortex's hybrid analyzer)."""
+    est = candidate.estimate
+    loads = ", ".join(f"{layer} {duration(t)}" for layer, t in est.load_seconds)
+    measured, modelled = estimate_parts(est)
+    return (f"<p><b>#{candidate.rank}</b>: predicted {duration(est.predicted_seconds)}, bound by "
+            f"{escape(est.bottleneck)}; compute {duration(est.compute_seconds)}"
+            + (f", loads from {escape(loads)}" if loads else "") + "<br>"
+            f"<b>measured on the device:</b> {escape(measured)}<br><b>modelled:</b> {escape(modelled)}</p>")
 
 
 class PredictedVsMeasured(widgets.VBox):
