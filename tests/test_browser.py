@@ -2,7 +2,9 @@
 chromium through Playwright. Every page renders its main sections with no exception box, a Next
 click re-renders the construction, and a screenshot of each page lands in tests/artifacts/. The text a
 page shows (captions, tables' accessible text, chart labels; not kernel sources, which are code)
-holds no "nan", no "Traceback" and no Python dictionary text.
+holds no "nan", no "Traceback" and no Python dictionary text. The server's workspace holds a runs
+store with fake-profiled runs and a fitted correction, so the Runs page draws its history and the
+correction, and the Candidates page its corrected column.
 
 `make test` installs /usr/bin/chromium where it is missing (CI runs as root), so the skip below
 only happens on a machine where that install was not possible.
@@ -33,10 +35,10 @@ RENDER_TIMEOUT_MS = 90_000
 PAGES = (
     ("", "Workload", 0, "text=matmul: axes"),
     ("construction", "Construction", 3, "[data-testid='stSlider']"),
-    ("candidates", "Candidates", 1, "[data-testid='stDataFrame']"),
+    ("candidates", "Candidates", 1, "text=corrected: the model's prediction corrected"),
     ("kernel", "Kernel", 0, "[data-testid='stCode']"),
     ("export", "Export", 0, "button:has-text('Build the bundle')"),
-    ("runs", "Runs", 0, "text=No runs store"),
+    ("runs", "Runs", 3, "text=Stored correction of"),  # best so far, predicted vs measured, before/after
     ("models", "Models", 2, "[data-testid='stDataFrame']"),
 )
 
@@ -60,15 +62,38 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _workspace(folder: Path) -> Path:
+    """A workspace whose runs store holds fake-profiled runs of four small matmuls on this machine
+    and the correction fitted on them, so the Runs page draws its charts and the Candidates page
+    its corrected column (and the test never reads the user's own runs store)."""
+    from workbench import pipeline
+    from workbench.pipeline import Options
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.store import RunStore
+    from workbench.workload import Workload
+
+    folder.mkdir()
+    spec = pipeline.load_device("local-cpu")
+    with RunStore(folder / "runs.sqlite3") as store:
+        for seed, n in enumerate((32, 48, 64, 96)):
+            work = Workload(op="matmul", params=(("K", n), ("M", n), ("N", n)))
+            construction = pipeline.construct(pipeline.request(work, spec, "roller", Options(topk=4)))
+            pipeline.profile(construction, FakeRunner(seed=seed), label=f"mm-{n}", store=store)
+        pipeline.refit(store, spec.name)
+    return folder
+
+
 @pytest.fixture
 def server(tmp_path):
     """The dashboard on a free port (its URL and process id), started in the repository root as
-    `make app` starts it; the server and anything it started are killed afterwards."""
+    `make app` starts it, on a workspace of its own (`_workspace`); the server and anything it
+    started are killed afterwards."""
+    env = dict(os.environ, WORKBENCH_WORKSPACE=str(_workspace(tmp_path / "workspace")))
     port = free_port()
     command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     with open(tmp_path / "streamlit.log", "w") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             _wait_healthy(proc, port, tmp_path / "streamlit.log")

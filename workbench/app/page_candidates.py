@@ -72,7 +72,7 @@ def _table(construction, result) -> None:
     if stored is not None:
         fitted = stored_text(stored.fitted_at, stored.measurements, stored.evaluation)
         st.caption(f"corrected: the model's prediction corrected by what the runs store learnt about "
-                   f"{construction.device.name}, {fitted} (fit it again on the Runs page)")
+                   f"{construction.device.name}, {fitted}; the Runs page fits it again")
     views.time_table(rows)
 
 
