@@ -329,6 +329,26 @@ def test_model_view_lists_operators_and_draws_every_rtask():
     assert view.result.model is imported  # a policy switch constructs again, it does not import again
 
 
+def test_model_view_says_what_was_measured_and_what_modelled():
+    from dataclasses import replace
+    from html import unescape
+
+    gpu = ModelView(ROOT / "sample_models" / "mlp.onnx", "v100")  # a preset: nothing measured
+    assert "best candidate: modelled for every operator. For every operator, measured on the device: nothing; " \
+        in unescape(gpu.summary.value)
+    view = ModelView(ROOT / "sample_models" / "mlp.onnx", replace(device("tiny-cpu"), calibrated=True))
+    best = [r.candidates[0].estimate for r in view.result.results]
+    assert len(best) == 3 and all(r.supported for r in view.result.results)
+    head, body = table_cells(view.operators.value)
+    compute = ["measured" if any(p.startswith("compute") for p in e.measured) else "modelled" for e in best]
+    assert [row[head.index("compute")] for row in body] == compute
+    shared = {kind: [p for p in getattr(best[0], kind) if not p.startswith("compute")
+                     and all(p in getattr(e, kind) for e in best)] for kind in ("measured", "modelled")}
+    assert shared["measured"], "a calibrated spec's peak or bandwidths are measured for every operator"
+    assert (f"measured on the device: {'; '.join(shared['measured'])}; modelled: {'; '.join(shared['modelled'])}.</p>"
+            in unescape(view.summary.value))
+
+
 def test_gantt_places_each_rtask_on_its_veu_with_its_times():
     ops = (ROperator("a", (), (rkernel(1, 3, 3e-6, 2),)), ROperator("b", (), (rkernel(1, 1, 1e-6, 2),)),
            ROperator("c", (0, 1), (rkernel(1, 2, 2e-6, 2),)))
