@@ -292,6 +292,11 @@ class WorkloadScore:
                 "before_spearman": _json(self.before_spearman), "after_spearman": _json(self.after_spearman)}
 
 
+def verdict(claim: bool, p_value: str) -> str:
+    """What an evaluation allows one to say, with its p-value as the face formats it."""
+    return f"the correction helps (signed-rank p = {p_value})" if claim else f"no improvement shown (signed-rank p = {p_value})"
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """Leave-one-workload-out before/after of a device's correction (module docstring)."""
@@ -313,13 +318,12 @@ class Evaluation:
 
     def summary(self) -> str:
         """One line: the numbers, and what they allow one to say."""
-        verdict = ("the correction helps (signed-rank p = {:.3g})" if self.claim
-                   else "no improvement shown (signed-rank p = {:.3g})").format(self.p_value)
         return (f"{self.device}: {self.measurements} measurements of {len(self.workloads)} workloads, "
                 f"held-out median |log(pred/meas)| {self.before_error:.3f} -> {self.after_error:.3f} "
                 f"(x{math.exp(self.before_error):.2f} -> x{math.exp(self.after_error):.2f}), "
                 f"mean Spearman {_text(self.before_spearman)} -> {_text(self.after_spearman)}; "
-                f"error lower in {self.improved}/{len(self.workloads)} workloads: {verdict}")
+                f"error lower in {self.improved}/{len(self.workloads)} workloads: "
+                f"{verdict(self.claim, f'{self.p_value:.3g}')}")
 
     def to_dict(self) -> dict:
         return {"device": self.device, "measurements": self.measurements,

@@ -16,6 +16,7 @@ from datetime import datetime
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.profile import correction
 from workbench.viz.axes import legend_below
 from workbench.viz.fmt import MISSING, significant
 
@@ -37,10 +38,8 @@ def signed(value: float | None) -> str:
 
 
 def verdict(evaluation: Mapping) -> str:
-    """What the evaluation allows one to say, in `Evaluation.summary`'s words."""
-    p = significant(float(evaluation["p_value"]))
-    return f"the correction helps (signed-rank p = {p})" if evaluation["claim"] else \
-        f"no improvement shown (signed-rank p = {p})"
+    """What a stored evaluation (`Evaluation.to_dict`) allows one to say, in the core's words."""
+    return correction.verdict(bool(evaluation["claim"]), significant(float(evaluation["p_value"])))
 
 
 def evaluation_text(evaluation: Mapping) -> str:
