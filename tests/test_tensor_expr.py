@@ -65,7 +65,22 @@ def _reduce(p):
     )
 
 
-HAND = {"matmul": _matmul, "conv2d": _conv2d, "depthwise_conv2d": _depthwise, "avgpool": _pool, "maxpool": _pool, "reduce_sum": _reduce, "reduce_mean": _reduce}
+def _group_conv2d(p):
+    """Output channel f = g * fg + j of group g reads input channels g * cg + c. The expression
+    splits f into (f_0, f_1) = (g, j) where there are several groups of several channels."""
+    s, d, cg, fg = p["stride"], p["dilation"], p["C"] // p["groups"], p["F"] // p["groups"]
+
+    def f(v):
+        return v["f_0"] * fg + v["f_1"] if "f_0" in v else v["f"]
+
+    return (
+        lambda v: (v["n"], f(v) // fg * cg + v["c"], v["h"] * s + v["r"] * d, v["w"] * s + v["s"] * d),
+        lambda v: (f(v), v["c"], v["r"], v["s"]),
+        lambda v: (v["n"], f(v), v["h"], v["w"]),
+    )
+
+
+HAND = {"matmul": _matmul, "conv2d": _conv2d, "group_conv2d": _group_conv2d, "depthwise_conv2d": _depthwise, "avgpool": _pool, "maxpool": _pool, "reduce_sum": _reduce, "reduce_mean": _reduce}
 
 conv_params = st.fixed_dictionaries(
     dict(N=st.integers(1, 2), C=st.integers(1, 3), H=st.integers(5, 10), W=st.integers(5, 10), F=st.integers(1, 3),
@@ -75,6 +90,11 @@ dw_params = st.fixed_dictionaries(
     dict(N=st.integers(1, 2), C=st.integers(1, 3), H=st.integers(5, 10), W=st.integers(5, 10), KH=st.integers(1, 3),
          KW=st.integers(1, 3), stride=st.integers(1, 3), pad=st.integers(0, 2), multiplier=st.integers(1, 3))
 )  # fmt: skip
+group_params = st.fixed_dictionaries(
+    dict(N=st.integers(1, 2), groups=st.integers(1, 3), cg=st.integers(1, 2), fg=st.integers(1, 3), H=st.integers(5, 8),
+         W=st.integers(5, 8), KH=st.integers(1, 3), KW=st.integers(1, 3), stride=st.integers(1, 2), pad=st.integers(0, 1),
+         dilation=st.integers(1, 2))
+).map(lambda p: {k: v for k, v in p.items() if k not in ("cg", "fg")} | dict(C=p["groups"] * p["cg"], F=p["groups"] * p["fg"]))  # fmt: skip
 pool_params = st.fixed_dictionaries(
     dict(N=st.integers(1, 2), C=st.integers(1, 3), H=st.integers(5, 10), W=st.integers(5, 10), K=st.integers(1, 3),
          stride=st.integers(1, 3), pad=st.integers(0, 1))
@@ -89,6 +109,7 @@ matmul_params = st.fixed_dictionaries(dict(M=st.integers(1, 20), N=st.integers(1
 OPERATORS = st.one_of(
     st.tuples(st.just("matmul"), matmul_params),
     st.tuples(st.just("conv2d"), conv_params),
+    st.tuples(st.just("group_conv2d"), group_params),
     st.tuples(st.just("depthwise_conv2d"), dw_params),
     st.tuples(st.sampled_from(["avgpool", "maxpool"]), pool_params),
     st.tuples(st.sampled_from(["reduce_sum", "reduce_mean"]), reduce_params),
@@ -270,3 +291,58 @@ def test_the_fast_lane_fixtures_equal_fresh_tvm_builds():
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (64, 48, 32), (257, 127, 509)])
 def test_the_plain_matmul_of_the_fast_lane_is_the_catalogs(m, n, k):
     assert plain_matmul(m, n, k) == build("matmul", {"M": m, "N": n, "K": k}, "float32")
+
+
+def _layout(shape_in, shape_out, index):
+    """A copy kernel Y[out] = X[index(out)] read through `from_te`."""
+    from tvm import te
+
+    from workbench.ops.tensor_expr import from_te
+
+    x = te.placeholder(shape_in, name="X")
+    y = te.compute(shape_out, lambda *out: x[index(*out)], name="Y")
+    return from_te("layout", {}, [x], y, "float32")
+
+
+def _reads_as_defined(e, index):
+    """At every point of the iteration space, the affine maps of X and Y give the element the
+    definition copies: Y[out] = X[index(out)], with out rebuilt from the split digits."""
+    grids = np.meshgrid(*[np.arange(a.extent) for a in e.axes], indexing="ij")
+    point = np.stack([g.ravel() for g in grids])
+    x, y = ([np.array(coeffs) @ point + const for coeffs, const in t.index] for t in e.tensors)
+    want = index(*y)
+    assert all(np.array_equal(np.broadcast_to(w, got.shape), got) for w, got in zip(want, x))
+    assert len({tuple(p) for p in np.stack(y).T}) == point.shape[1]  # every output element once
+
+
+def test_a_channel_shuffle_splits_the_channel_at_the_group_count():
+    # ShuffleNet's reshape [1, 3, 4, h, w] -> transpose -> reshape: output channel c reads c % 3 * 4 + c // 3
+    shuffle = lambda n, c, h, w: (n, c % 3 * 4 + c // 3, h, w)  # noqa: E731
+    e = _layout((1, 12, 4, 4), (1, 12, 4, 4), shuffle)
+    assert [(a.name, a.extent) for a in e.axes] == [("i0", 1), ("i1_0", 4), ("i1_1", 3), ("i2", 4), ("i3", 4)]
+    assert e.tensors[0].index[1] == ((0, 1, 4, 0, 0), 0) and e.output.index[1] == ((0, 3, 1, 0, 0), 0)
+    _reads_as_defined(e, shuffle)
+
+
+def test_a_flatten_splits_the_flat_index_into_the_dimensions_it_flattens():
+    flatten = lambda i, j: (i, j // 20, j % 20 // 5, j % 5)  # noqa: E731
+    e = _layout((2, 3, 4, 5), (2, 60), flatten)
+    assert [(a.name, a.extent, a.kind) for a in e.axes] == [("i0", 2, SPATIAL), ("i1_0", 3, SPATIAL), ("i1_1", 4, SPATIAL), ("i1_2", 5, SPATIAL)]
+    assert e.output.index == (((1, 0, 0, 0), 0), ((0, 20, 5, 1), 0))
+    _reads_as_defined(e, flatten)
+
+
+@pytest.mark.parametrize(
+    "shape_in, shape_out, index",
+    [
+        # 3 and 4 do not divide each other: no split makes both i // 3 and i % 4 affine
+        ((4, 4), (12,), lambda i: (i // 3, i % 4)),
+        # a reshape that merges and re-splits: the division is of a sum of two axes
+        ((3, 4), (2, 6), lambda i, j: ((i * 6 + j) // 4, (i * 6 + j) % 4)),
+    ],
+)
+def test_divisions_no_split_makes_affine_are_refused_by_name(shape_in, shape_out, index):
+    from workbench.errors import UserError
+
+    with pytest.raises(UserError, match="is not affine in the loop axes"):
+        _layout(shape_in, shape_out, index)

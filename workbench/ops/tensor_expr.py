@@ -179,13 +179,16 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
     """Read axes and affine index maps off the main block of `func`.
 
     The main block is the one with reduction iterators (the largest such), or, for injective
-    operators, the block writing the function's output. Blocks before it that only copy or pad a
+    operators, the block writing the function's output. An axis that an index divides or takes
+    the remainder of by a constant is first split there (`split_div_mod`), so a grouped conv's
+    `ff // 8 * 4 + rc` or a channel shuffle's `c % 3 * 4 + c // 3` is read as affine. Blocks before it that only copy or pad a
     parameter (e.g. conv padding) are looked through: the main block reads `pad`, and the tensor
     is reported under the padded shape it actually reads, named after the parameter it pads.
     """
     import tvm
     from tvm import s_tir
 
+    func = split_div_mod(func)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     main = _main_block(blocks)
@@ -214,6 +217,133 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         main_block=str(main.name_hint),
         args=_kernel_args(blocks, param_names),
         func=func,
+    )
+
+
+def split_div_mod(func):
+    """`func` with the main block's iterators split where an index divides one of them, or takes
+    its remainder, by a constant; `func` itself when there is nothing to split or no split helps.
+
+    An iterator `v` of extent E whose indices use `v // k` or `v % k` for constants
+    k_1 | k_2 | ... | k_n | E is replaced by its mixed-radix digits `v_0 .. v_n` (outermost first,
+    extents E / k_n, ..., k_1, each of the kind of `v`), with v = v_0 * k_n + ... + v_n; every
+    such index is then a digit or a sum of digits times constants. This is how a grouped
+    convolution's output channel `ff` becomes (group, channel in group), a channel shuffle's
+    channel (c // g, c % g) and a flatten's flat index the dimensions it flattens. Indices that
+    divide a sum of several iterators (a reshape that merges and re-splits dimensions) are left
+    alone. The block keeps one loop per iterator, named `NAME_i`, as the codegen expects.
+    """
+    import tvm
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    handles = list(sch.get_child_blocks(sch.get_sblock("root")))
+    blocks = [sch.get(b) for b in handles]
+    main = _main_block(blocks)
+    handle = handles[[b.same_as(main) for b in blocks].index(True)]
+    iter_vars = list(main.iter_vars)
+    divisors = [_divisors(main, iv.var, [v.var for v in iter_vars]) for iv in iter_vars]
+    if not any(divisors):
+        return func
+    # with no digits to make (`f // F` of an f < F), the identity map still simplifies the index
+    radices = [_radix(iv, found) for iv, found in zip(iter_vars, divisors)]
+    try:
+        sch.transform_block_layout(handle, _digits_map(iter_vars, radices))
+    except Exception:  # TVM refuses a map it cannot prove bijective: keep the function as it was
+        return func
+    return _name_digits(sch.mod["main"], sch.get(handle), iter_vars, radices)
+
+
+def _divisors(block, var, block_vars) -> set[int]:
+    """Constants k of `x // k` and `x % k` in `block`'s regions where x depends on `var` alone."""
+    import tvm_ffi
+    from tvm.tirx import FloorDiv, FloorMod, IntImm
+
+    found: set[int] = set()
+
+    def visit(node):
+        if isinstance(node.b, IntImm) and node.b.value > 1:
+            used = [v for v in block_vars if _uses(node.a, v)]
+            if len(used) == 1 and used[0].same_as(var):
+                found.add(int(node.b.value))
+
+    for region in list(block.reads) + list(block.writes):
+        for rng in region.region:
+            tvm_ffi.structural_walk(rng.min, ((FloorDiv, FloorMod), visit))
+    return found
+
+
+def _uses(expr, var) -> bool:
+    import tvm_ffi
+    from tvm.tirx import Var
+
+    hits = []
+    tvm_ffi.structural_walk(expr, (Var, lambda v: hits.append(v) if v.same_as(var) else None))
+    return bool(hits)
+
+
+def _radix(iv, divisors: set[int]) -> tuple[int, ...]:
+    """Digit extents of iterator `iv` (outermost first) for a chain of divisors, () for none:
+    the divisors must divide each other and the extent (else no split makes them all affine)."""
+    extent = int(iv.dom.extent)
+    chain = sorted(k for k in divisors if k < extent)
+    if not chain or extent % chain[-1] or any(b % a for a, b in zip(chain, chain[1:])):
+        return ()
+    bounds = [extent] + chain[::-1]
+    return tuple(a // b for a, b in zip(bounds, bounds[1:])) + (chain[0],)
+
+
+def _digits_map(iter_vars, radices):
+    from tvm.tirx import IndexMap
+
+    def digits(*values):
+        out = []
+        for value, radix in zip(values, radices):
+            stride = prod(radix)
+            for i, extent in enumerate(radix or (1,)):
+                stride //= extent
+                digit = value // stride if stride > 1 else value
+                out.append(digit % extent if i > 0 else digit)
+        return out
+
+    dtype = str(iter_vars[0].dom.extent.ty)
+    return IndexMap.from_func(digits, ndim=len(iter_vars), index_dtype=dtype)
+
+
+def _name_digits(func, block, old_vars, radices):
+    """Name the new iterators after the ones they split (`ff` -> `ff_0`, `ff_1`) with the same
+    kind (TVM names them v0, v1, ... and calls a digit of extent 1 spatial), and simplify the
+    indices under their bounds (`(ff_0 * 8 + ff_1) // 8` -> `ff_0`)."""
+    import tvm_ffi
+    from tvm.sym import Analyzer
+    from tvm.ir import Range
+    from tvm.tirx import FloorDiv, FloorMod, IterVar, Var
+
+    renamed = []  # (TVM's new var, ours, kind)
+    new_vars = list(block.iter_vars)
+    position = 0
+    for iv, radix in zip(old_vars, radices):
+        name = str(iv.var.name).removeprefix("v_")
+        names = [f"{name}_{i}" for i in range(len(radix))] if radix else [name]
+        for digit in names:
+            tvm_var = new_vars[position].var
+            renamed.append((tvm_var, Var(f"v_{digit}", str(new_vars[position].dom.extent.ty)), int(iv.iter_type)))
+            position += 1
+    analyzer = Analyzer()
+    for (_, ours, _), new in zip(renamed, new_vars):
+        analyzer.bind(ours, Range.from_min_extent(0, new.dom.extent))
+
+    def var(v):
+        return next((ours for theirs, ours, _ in renamed if theirs.same_as(v)), v)
+
+    def iter_var(iv):
+        for _, ours, kind in renamed:
+            if ours.same_as(iv.var):
+                return IterVar(iv.dom, ours, kind)
+        return iv
+
+    return tvm_ffi.structural_map(
+        func, [(Var, var), (IterVar, iter_var), ((FloorDiv, FloorMod), analyzer.simplify)]
     )
 
 
