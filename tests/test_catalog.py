@@ -17,6 +17,8 @@ SMALL = [
     ("gemv", dict(M=6, K=5), (6,), "y", 1),
     ("conv2d", CONV, (1, 4, 5, 4), "O", 3),
     ("conv2d", dict(CONV, pad=0, stride=1, dilation=2), (1, 4, 5, 4), "O", 3),
+    ("group_conv2d", dict(CONV, C=6, groups=2), (1, 4, 5, 4), "O", 3),
+    ("group_conv2d", dict(CONV, C=6, F=6, groups=3, pad=0), (1, 6, 4, 3), "O", 3),
     ("depthwise_conv2d", DW, (1, 3, 9, 8), "O", 2),
     ("depthwise_conv2d", dict(DW, multiplier=2), (1, 3, 2, 9, 8), "O", 2),
     ("relu", dict(shape=(3, 4)), (3, 4), "Y", 0),
@@ -32,7 +34,7 @@ SMALL = [
 def test_list_ops_is_the_suite_readme_catalog():
     names = [info.name for info in catalog.list_ops()]
     assert names == [
-        "matmul", "gemv", "conv2d", "depthwise_conv2d", "relu", "add", "gelu",
+        "matmul", "gemv", "conv2d", "group_conv2d", "depthwise_conv2d", "relu", "add", "gelu",
         "avgpool", "maxpool", "reduce_sum", "reduce_mean",
     ]  # fmt: skip
     for info in catalog.list_ops():
@@ -81,6 +83,25 @@ def test_padding_is_a_separate_block_only_when_padded():
     assert [t.name for t in unpadded.op.input_tensors] == ["data", "kernel"]
 
 
+def test_group_conv_splits_the_output_channels_into_group_and_channel_in_group():
+    """AlexNet-style: 6 input channels in 2 groups of 3, 4 filters in 2 groups of 2. Output
+    channel f = 2 g + j reads input channels 3 g .. 3 g + 2: with f split into (g, j) = (f_0, f_1)
+    the data's channel index is 3 f_0 + c and the kernel's and output's 2 f_0 + f_1."""
+    inputs, _ = catalog.build_te("group_conv2d", dict(CONV, C=6, groups=2))
+    assert [tuple(int(d) for d in t.shape) for t in inputs] == [(1, 6, 9, 8), (4, 3, 3, 3)]
+    expr = catalog.build("group_conv2d", dict(CONV, C=6, groups=2))
+    assert [(a.name, a.extent, a.kind) for a in expr.axes] == [
+        ("n", 1, SPATIAL), ("f_0", 2, SPATIAL), ("f_1", 2, SPATIAL), ("h", 5, SPATIAL), ("w", 4, SPATIAL),
+        ("c", 3, REDUCE), ("r", 3, REDUCE), ("s", 3, REDUCE),
+    ]
+    data, kernel, out = expr.tensors
+    assert data.index[1] == ((0, 3, 0, 0, 0, 1, 0, 0), 0)
+    assert kernel.index[0] == out.index[1] == ((0, 2, 1, 0, 0, 0, 0, 0), 0)
+    assert expr.flops == 2 * 1 * 4 * 5 * 4 * 3 * 3 * 3
+    # a tile of one group reads that group's 3 input channels only
+    assert expr.data_tile_shape(0, (1, 1, 2, 5, 4, 3, 3, 3)) == (1, 3, 11, 9)
+
+
 def test_depthwise_kernel_layout():
     inputs, _ = catalog.build_te("depthwise_conv2d", dict(DW, multiplier=2))
     assert [tuple(int(d) for d in t.shape) for t in inputs] == [(1, 3, 9, 8), (6, 1, 3, 3)]
@@ -103,6 +124,9 @@ def test_depthwise_kernel_layout():
         ("conv2d", dict(CONV, stride=0), "stride must be a positive integer"),
         ("conv2d", dict(CONV, KH=12), "window of 12 is larger than the padded input height of 11"),
         ("conv2d", dict(CONV, KW=3, dilation=5), "window of 11 is larger than the padded input width of 10"),
+        ("group_conv2d", dict(CONV, groups=2), "group_conv2d: C = 3 is not divisible by groups = 2"),
+        ("group_conv2d", dict(CONV, C=6, F=5, groups=2), "group_conv2d: F = 5 is not divisible by groups = 2"),
+        ("group_conv2d", CONV, "group_conv2d: missing parameter groups"),
         ("maxpool", dict(POOL, K=10), "window of 10 is larger"),
         ("relu", dict(shape=()), "shape must be a list of integers"),
         ("relu", dict(shape=(3, 0)), "every entry of shape must be a positive integer"),

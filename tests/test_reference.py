@@ -16,6 +16,8 @@ CASES = [
     ("matmul", dict(M=3, N=4, K=5, B=2, trans_a=True, trans_b=True)),
     ("gemv", dict(M=3, K=4)),
     ("conv2d", CONV),
+    ("group_conv2d", dict(CONV, C=6, groups=2)),
+    ("group_conv2d", dict(N=1, C=6, H=5, W=5, F=9, KH=1, KW=1, stride=1, pad=0, groups=3)),
     ("depthwise_conv2d", dict(N=1, C=2, H=5, W=5, KH=3, KW=3, stride=2, pad=1, multiplier=2)),
     ("depthwise_conv2d", dict(N=1, C=2, H=5, W=5, KH=3, KW=3, stride=1, pad=1)),
     ("relu", dict(shape=(3, 4))),
@@ -68,6 +70,21 @@ def test_conv2d_by_definition():
     n, f, h, w = 1, 2, 1, 2
     window = padded[n, :, h * 2 : h * 2 + 5 : 2, w * 2 : w * 2 + 3 : 2]
     assert got[n, f, h, w] == pytest.approx(float(np.sum(window * kernel[f])), rel=1e-5)
+
+
+def test_group_conv_is_one_conv2d_per_group():
+    """Each group's slice of the output is the plain conv2d of its slice of the input channels
+    with its slice of the filters; nothing reaches across groups."""
+    rng = np.random.default_rng(1)
+    data, kernel = rng.standard_normal((2, 6, 7, 6)), rng.standard_normal((4, 3, 3, 2))
+    got = _ref("group_conv2d", dict(CONV, C=6, groups=2), [data, kernel])
+    for g in range(2):
+        alone = _ref("conv2d", dict(CONV, F=2), [data[:, 3 * g : 3 * g + 3], kernel[2 * g : 2 * g + 2]])
+        np.testing.assert_allclose(got[:, 2 * g : 2 * g + 2], alone, rtol=1e-12)
+    data[:, 3:] = 0.0  # group 1's input gone: its output is zero, group 0's unchanged
+    zeroed = _ref("group_conv2d", dict(CONV, C=6, groups=2), [data, kernel])
+    np.testing.assert_array_equal(zeroed[:, 2:], 0.0)
+    np.testing.assert_array_equal(zeroed[:, :2], got[:, :2])
 
 
 def test_depthwise_output_channel_is_c_times_multiplier_plus_j():

@@ -5,6 +5,8 @@ look blocks up by name):
 
 - matmul: A, B -> C (axes [b,] i, j, k);  gemv: A, x -> y (axes i, k)
 - conv2d / depthwise_conv2d: data, kernel -> [pad] -> O (axes n, f|c[, j], h, w, [c,] r, s)
+- group_conv2d: data, kernel -> [pad] -> O (axes n, f_0 (group), f_1 (channel in group), h, w, c, r, s;
+  with one group, or one output channel per group, f stays one axis)
 - maxpool: data -> [pad] -> O;  avgpool: data -> [pad] -> S (window sum) -> O (S / K*K)
 - relu, gelu: X -> Y;  add: A, B -> C (axes i0, i1, ...)
 - reduce_sum: X -> Y;  reduce_mean: X -> S (sum) -> Y (S / count) (axes i0.. kept, r0.. reduced)
@@ -77,6 +79,20 @@ _INFOS = (
         (("C", 64), ("F", 64), ("H", 56), ("KH", 3), ("KW", 3), ("N", 1), ("W", 56), ("dilation", 1), ("pad", 1),
          ("stride", 1)),
         "ResNet-50 conv2_x 3x3 convolution (64 channels at 56 x 56)",
+    ),
+    OpInfo(
+        "group_conv2d",
+        _CONV_INPUT
+        + (_p("F", "output channels"), _p("KH", "kernel height"), _p("KW", "kernel width"))
+        + _WINDOW
+        + (_p("groups", "channel groups (C and F divisible by it); each convolves its own C/groups channels"),
+           _p("dilation", "kernel dilation", default=1)),
+        "grouped 2-D convolution, data [N,C,H,W], kernel [F,C/groups,KH,KW], output [N,F,OH,OW]: output "
+        "channel f reads input channels g*C/groups .. (g+1)*C/groups - 1 of its group g = f // (F/groups); "
+        "the channel axis is split into (group, channel in group) so every index is affine",
+        (("C", 96), ("F", 256), ("H", 27), ("KH", 5), ("KW", 5), ("N", 1), ("W", 27), ("dilation", 1), ("groups", 2),
+         ("pad", 2), ("stride", 1)),
+        "AlexNet conv2, two groups (96 channels at 27 x 27, 256 5x5 filters)",
     ),
     OpInfo(
         "depthwise_conv2d",
@@ -298,6 +314,30 @@ def _conv2d(p: Mapping, dtype: str):
     return (data, kernel), te.compute((p["N"], p["F"], oh, ow), body, name="O")
 
 
+def _group_conv2d(p: Mapping, dtype: str):
+    from tvm import te
+
+    groups, d, st = p["groups"], p["dilation"], p["stride"]
+    for name in ("C", "F"):
+        if p[name] % groups:
+            raise UserError(f"group_conv2d: {name} = {p[name]} is not divisible by groups = {groups}")
+    cg, fg = p["C"] // groups, p["F"] // groups
+    oh, ow = _conv_window("group_conv2d", p, d * (p["KH"] - 1) + 1, d * (p["KW"] - 1) + 1)
+    data = _placeholder("data", (p["N"], p["C"], p["H"], p["W"]), dtype)
+    kernel = _placeholder("kernel", (p["F"], cg, p["KH"], p["KW"]), dtype)
+    check_elements("O", (p["N"], p["F"], oh, ow))
+    src = _padded(data, p["pad"], _zero(dtype))
+    c = te.reduce_axis((0, cg), name="c")
+    r = te.reduce_axis((0, p["KH"]), name="r")
+    s = te.reduce_axis((0, p["KW"]), name="s")
+
+    # written as ONNX and TVM's own lowering write it (`f // fg`); from_prim_func splits f
+    def body(n, f, h, w):
+        return te.sum(src[n, f // fg * cg + c, h * st + r * d, w * st + s * d] * kernel[f, c, r, s], axis=[c, r, s])
+
+    return (data, kernel), te.compute((p["N"], p["F"], oh, ow), body, name="O")
+
+
 def _depthwise_conv2d(p: Mapping, dtype: str):
     from tvm import te
 
@@ -393,6 +433,7 @@ _BUILDERS: dict[str, Callable] = {
     "matmul": _matmul,
     "gemv": _gemv,
     "conv2d": _conv2d,
+    "group_conv2d": _group_conv2d,
     "depthwise_conv2d": _depthwise_conv2d,
     "relu": lambda p, dt: _elementwise(p, dt, "relu"),
     "add": lambda p, dt: _elementwise(p, dt, "add"),

@@ -262,6 +262,24 @@ def _conv2d(p: Mapping, arrays: list, dtype: str):
     return _bilinear(conv, *arrays, p["C"] * p["KH"] * p["KW"])
 
 
+def _group_conv2d(p: Mapping, arrays: list, dtype: str):
+    groups = p["groups"]
+    cg, fg = p["C"] // groups, p["F"] // groups
+
+    def conv(data, kernel):
+        # group g: input channels g*cg .. (g+1)*cg - 1 -> output channels g*fg .. (g+1)*fg - 1
+        n = data.shape[0]
+        k = kernel.reshape(groups, fg, cg, p["KH"], p["KW"])
+        parts = _windows(_padded(data, p["pad"], 0.0), p["KH"], p["KW"], p["stride"], p["dilation"])
+        out = sum(
+            np.einsum("ngchw,gfc->ngfhw", patch.reshape(n, groups, cg, *patch.shape[2:]), k[:, :, :, r, s])
+            for r, s, patch in parts
+        )
+        return out.reshape(n, groups * fg, *out.shape[3:])
+
+    return _bilinear(conv, *arrays, cg * p["KH"] * p["KW"])
+
+
 def _depthwise_conv2d(p: Mapping, arrays: list, dtype: str):
     mult = p["multiplier"]
 
@@ -325,6 +343,7 @@ _CATALOG = {
     "matmul": _matmul,
     "gemv": lambda p, arrays, dtype: _bilinear(np.matmul, arrays[0], arrays[1], p["K"]),
     "conv2d": _conv2d,
+    "group_conv2d": _group_conv2d,
     "depthwise_conv2d": _depthwise_conv2d,
     "relu": lambda p, arrays, dtype: (np.maximum(arrays[0], 0.0), 0.0),
     "add": _add,
