@@ -1,9 +1,10 @@
 """Write the sample ONNX models of `workbench model` (run: python sample_models/make_models.py [DIR]).
 
-Four small networks in the shape of the ones the construction papers evaluate on (Roller,
-Rammer): an MLP, a BERT-style encoder layer, a ResNet-style block and a MobileNet-style inverted
-residual block. Widths are kept small (hidden 128-256) so that all four together stay under 2 MB
-and a whole model constructs and runs in seconds.
+Five small networks in the shape of the ones the construction papers evaluate on (Roller,
+Rammer): an MLP, a BERT-style encoder layer, a ResNet-style block, a MobileNet-style inverted
+residual block and ShuffleNet-style units with grouped convolutions, channel shuffles and a
+classifier head (Flatten, Dropout). Widths are kept small (hidden 128-256) so that all five
+together stay under 2 MB and a whole model constructs and runs in seconds.
 
 The files are reproducible byte for byte: weights come from a seeded `numpy.random.RandomState`
 (whose stream numpy keeps stable across releases), and the IR version, opset, producer and every
@@ -152,7 +153,55 @@ def mobilenet_block(c: int = 32, expand: int = 3, hw: int = 16) -> onnx.ModelPro
     return g.model("x", (1, c, hw, hw), y, (1, c, 1, 1))
 
 
-MODELS = {"mlp": mlp, "bert_layer": bert_layer, "resnet_block": resnet_block, "mobilenet_block": mobilenet_block}
+def channel_shuffle(g: Graph, x: str, groups: int, c: int, hw: int) -> str:
+    """ShuffleNet's channel shuffle: reshape to [1, groups, c/groups, h, w], swap the two
+    channel dimensions, reshape back (output channel i reads channel i % groups * c/groups +
+    i // groups)."""
+    x = g.op("Reshape", x, g.ints((1, groups, c // groups, hw, hw)))
+    return g.op("Reshape", g.op("Transpose", x, perm=(0, 2, 1, 3, 4)), g.ints((1, c, hw, hw)))
+
+
+def shufflenet_block(c: int = 24, hw: int = 16, classes: int = 10) -> onnx.ModelProto:
+    """A ShuffleNet v1 unit (grouped 1x1 convs, channel shuffle, depthwise 3x3, + identity), a
+    ShuffleNet v2 unit (channel split, branch, concat, shuffle), an AlexNet-style grouped 3x3
+    conv (groups=2) with max pooling, and a classifier head: Flatten, Dropout (its mask output
+    declared, as exporters write it), Gemm."""
+    g = Graph("shufflenet_block", seed=5)
+    groups, mid = 3, c // 2
+    h = g.op("Relu", batch_norm(g, g.op("Conv", "x", g.weight((mid, c // groups, 1, 1), c // groups), group=groups), mid))
+    h = channel_shuffle(g, h, groups, mid, hw)
+    h = batch_norm(g, g.op("Conv", h, g.weight((mid, 1, 3, 3), 9), group=mid, pads=(1, 1, 1, 1)), mid)
+    h = batch_norm(g, g.op("Conv", h, g.weight((c, mid // groups, 1, 1), mid // groups), group=groups), c)
+    x = g.op("Relu", g.op("Add", h, "x"))
+    half = c // 2
+    g.count += 1
+    left, right = f"t{g.count}a", f"t{g.count}b"
+    g.nodes.append(helper.make_node("Split", [x, g.ints((half, half))], [left, right], name=f"split_{g.count}", axis=1))
+    r = g.op("Relu", batch_norm(g, g.op("Conv", right, g.weight((half, half, 1, 1), half)), half))
+    r = batch_norm(g, g.op("Conv", r, g.weight((half, 1, 3, 3), 9), group=half, pads=(1, 1, 1, 1)), half)
+    r = g.op("Relu", batch_norm(g, g.op("Conv", r, g.weight((half, half, 1, 1), half)), half))
+    x = channel_shuffle(g, g.op("Concat", left, r, axis=1), 2, c, hw)
+    wide = 32
+    x = g.op("Conv", x, g.weight((wide, c // 2, 3, 3), 9 * c // 2), g.const(0.1 * g.rng.standard_normal(wide)),
+             group=2, pads=(1, 1, 1, 1))
+    x = g.op("MaxPool", g.op("Relu", x), kernel_shape=(2, 2), strides=(2, 2))
+    flat = g.op("Flatten", x, axis=1)
+    g.count += 1
+    dropped, mask = f"t{g.count}", f"t{g.count}_mask"
+    g.nodes.append(helper.make_node("Dropout", [flat], [dropped, mask], name=f"dropout_{g.count}"))
+    features = wide * (hw // 2) ** 2
+    y = g.op("Gemm", dropped, g.weight((classes, features), features), g.const(0.1 * g.rng.standard_normal(classes)),
+             transB=1)
+    return g.model("x", (1, c, hw, hw), y, (1, classes))
+
+
+MODELS = {
+    "mlp": mlp,
+    "bert_layer": bert_layer,
+    "resnet_block": resnet_block,
+    "mobilenet_block": mobilenet_block,
+    "shufflenet_block": shufflenet_block,
+}
 
 
 def write_all(out_dir: Path) -> tuple[Path, ...]:

@@ -21,7 +21,7 @@ from workbench.models.onnx_import import MAX_MODEL_BYTES, MAX_MODEL_ELEMENTS, Op
 from workbench.ops.shapes import MAX_ELEMENTS
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
-NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block")
+NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block", "shufflenet_block")
 
 
 @cache
@@ -52,6 +52,93 @@ def test_every_operator_of_the_samples_gets_candidates(name, dev):
         assert r.supported, f"{r.operator.name}: {r.reason}"
         assert [c.rank for c in r.candidates] == list(range(1, len(r.candidates) + 1))
     assert mc.plan.veus == device(dev).compute_units
+
+
+def test_grouped_convs_shuffles_and_flatten_get_candidates_on_the_v100():
+    mc = constructed("shufflenet_block", "v100")
+    assert all(r.supported for r in mc.results), [(r.operator.name, r.reason) for r in mc.results if not r.supported]
+    assert report_dict(mc)["not_constructed"] == []
+
+
+def test_grouped_conv_splits_its_output_channel_into_group_and_channel_in_group():
+    """The ShuffleNet v1 unit's 1x1 conv in 3 groups, 24 -> 12 channels: output channel
+    ff = 4 g + j reads input channels 8 g .. 8 g + 7, so ff is split into (ff_0, ff_1) = (g, j)."""
+    op = operator("shufflenet_block", "conv2d")
+    e = op.expr
+    assert e.main_block == "group_conv2d_nchw"
+    assert [(a.name, a.extent, a.kind) for a in e.axes] == [
+        ("nn", 1, "spatial"), ("ff_0", 3, "spatial"), ("ff_1", 4, "spatial"), ("yy", 16, "spatial"), ("xx", 16, "spatial"),
+        ("rc", 8, "reduce"), ("ry", 1, "reduce"), ("rx", 1, "reduce"),
+    ]
+    data, kernel, out = e.tensors
+    assert data.index[1] == ((0, 8, 0, 0, 0, 1, 0, 0), 0)
+    assert kernel.index[0] == out.index[1] == ((0, 4, 1, 0, 0, 0, 0, 0), 0)
+    # the AlexNet-style conv in 2 groups (24 -> 32 channels, 3x3) keeps its bias and ReLU epilogue
+    alex = operator("shufflenet_block", "fused_conv2d4_add1_relu2").expr
+    assert [(a.name, a.extent) for a in alex.axes[:3]] == [("nn", 1), ("ff_0", 2), ("ff_1", 16)]
+
+
+def test_shuffles_and_flatten_are_affine_copies_and_inference_leaves_single_outputs():
+    model = imported("shufflenet_block")
+    kinds = {op.name: op.kind for op in model.operators}
+    assert all(len(op.outputs) == 1 for op in model.operators)
+    assert not any("dropout" in name or "split" in name for name in kinds)  # identity; one slice per part
+    assert kinds["reshape5"] == kinds["strided_slice1"] == "layout"
+    flatten = operator("shufflenet_block", "reshape5").expr  # [1, 32, 8, 8] -> [1, 2048]
+    assert [(a.name, a.extent) for a in flatten.axes] == [("v0", 1), ("v1_0", 32), ("v1_1", 8), ("v1_2", 8)]
+    assert flatten.output.index[1] == ((0, 64, 8, 1), 0) and flatten.flops == 1  # a copy: bandwidth only
+    shuffle = operator("shufflenet_block", "fused_batch_norm_relu_reshape_transpose_reshape1").expr
+    assert [(a.name, a.extent) for a in shuffle.axes[1:3]] == [("v1_0", 4), ("v1_1", 3)]
+    # output channel 3 a + b reads channel 4 b + a (3 groups of 4)
+    assert shuffle.output.index[1][0][1:3] == (3, 1) and shuffle.inputs[0].index[1][0][1:3] == (1, 4)
+
+
+def test_batch_norm_without_activation_maps_to_its_whole_tensor():
+    """Relax computes a batch norm's running mean and variance too; those blocks are dead after
+    fusion and are dropped, so the operator is the normalisation, not a 12-element side result."""
+    op = operator("shufflenet_block", "fused_batch_norm")
+    assert op.kind == "elementwise" and op.outputs == (((1, 12, 16, 16), "float32"),)
+    assert [a.extent for a in op.expr.axes] == [1, 12, 16, 16] and len(_blocks(op.func)) == 1
+
+
+@pytest.mark.parametrize("opset", [7, 10, 13])
+@pytest.mark.parametrize("outputs", [("d",), ("d", "mask")])
+def test_dropout_is_the_identity_at_inference(tmp_path, opset, outputs):
+    """Gemm, ReLU, Dropout, Gemm: the Dropout (ratio as an attribute before opset 12, an input
+    after; mask declared or not) leaves no second output, so both kernels are constructed."""
+    inits = [numpy_helper.from_array(np.full(shape, 0.1, dtype=np.float32), name)
+             for name, shape in (("w1", (32, 16)), ("b1", (32,)), ("w2", (10, 32)), ("b2", (10,)))]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["g"], transB=1),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("Dropout", ["r"], list(outputs), **({"ratio": 0.5} if opset < 12 else {})),
+        helper.make_node("Gemm", ["d", "w2", "b2"], ["y"], transB=1),
+    ]
+    path = _save(tmp_path / "drop.onnx", nodes, [_tensor("x", [2, 16])], [_tensor("y", [2, 10])], inits, opsets=(("", opset),))
+    report = report_dict(construct_model(import_model(path), device("local-cpu")))
+    assert [op["name"] for op in report["operators"]] == ["fused_matmul_add_relu", "fused_matmul1_add1"]
+    assert all(op["supported"] for op in report["operators"]) and report["not_constructed"] == []
+
+
+def test_a_dropout_mask_as_a_model_output_is_refused_in_one_line(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Dropout", ["r"], ["y", "mask"])]
+    mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, [4, 16])
+    path = _save(tmp_path / "mask.onnx", nodes, [_tensor("x", [4, 16])], [_tensor("y", [4, 16]), mask], opsets=(("", 13),))
+    with pytest.raises(UserError, match="^mask: a model output is a constant \\(a Dropout mask"):
+        import_model(path)
+
+
+def test_a_grouped_conv_kernel_builds_and_matches_numpy_on_this_cpu():
+    from workbench.codegen.build import build_kernel
+    from workbench.codegen.verify import verify
+
+    e = expr("group_conv2d", N=1, C=6, H=9, W=9, F=8, KH=3, KW=3, stride=1, pad=1, groups=2)
+    c = construct(e, device("local-cpu"))
+    assert c.candidates and [a.name for a in c.expr.axes][1:3] == ["f_0", "f_1"]
+    kernel = build_kernel(c.expr, c.candidates[0].program, device("local-cpu"))
+    assert kernel.ok, kernel.error
+    check = verify(kernel, c.expr)
+    assert check.correct, check.error
 
 
 def test_dataflow_graph_of_the_mlp():
@@ -314,11 +401,13 @@ def test_an_unmappable_operator_is_listed_and_the_rest_constructed(tmp_path):
     assert matmul["supported"] and matmul["inputs"] == [gather["name"], "constant"]
     assert report["predicted_seconds"]["sum"] == matmul["predicted_seconds"]
     assert [o["name"] for w in report["schedule"]["waves"] for o in w["operators"]] == [matmul["name"]]
+    assert report["not_constructed"] == [{"name": gather["name"], "kind": gather["kind"], "reason": gather["reason"]}]
     text = report_text(report)
     assert "unsupported: tensor x: index" in text and "1 constructed" in text and "co-scheduled" in text
+    assert text.splitlines()[-1] == f"1 of 2 operators not constructed and left out of the predicted times: {gather['name']}"
 
 
-def test_a_multi_output_operator_is_listed_and_still_runs(tmp_path):
+def test_a_split_becomes_one_kernel_per_part_and_still_runs(tmp_path):
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
         helper.make_node("Split", ["r"], ["a", "y"], axis=1, num_outputs=2),
@@ -327,15 +416,30 @@ def test_a_multi_output_operator_is_listed_and_still_runs(tmp_path):
     outputs = [_tensor("y", [4, 8]), _tensor("e", [4, 8])]
     path = _save(tmp_path / "split.onnx", nodes, [_tensor("x", [4, 16])], outputs, opsets=(("", 18),))
     mc = construct_model(import_model(path), device("local-cpu"))
-    split, exp = mc.results
-    assert split.operator.kind == "multi-output" and not split.supported and "2 tensors" in split.reason
-    assert exp.supported and exp.operator.kind == "elementwise" and exp.operator.preds == (0,)
-    assert mc.model.outputs == ((0, 1), (1, 0))
-    assert report_dict(mc)["operators"][1]["inputs"] == ["fused_relu_split[0]"]
+    assert all(r.supported and len(r.operator.outputs) == 1 for r in mc.results)
+    assert [r.operator.preds for r in mc.results] == [(), (0,), (0,)]  # relu, then each part reads it
     x = np.random.default_rng(3).uniform(-1, 1, (4, 16)).astype(np.float32)
     y, e = run_model(mc, build_model_kernels(mc), {"x": x})
     np.testing.assert_array_equal(y, np.maximum(x, 0)[:, 8:])
     np.testing.assert_allclose(e, np.exp(np.maximum(x, 0)[:, :8]), rtol=1e-6)
+
+
+def test_a_multi_output_operator_is_listed_not_constructed():
+    """A fused function still returning two tensors (none of the sample or test models has one
+    after the inference rewrites) is kept, named and counted, not mapped."""
+    from tvm import relax, te
+
+    from workbench.models.onnx_import import _operator
+
+    x = te.placeholder((4, 8), name="x")
+    a = te.compute((4, 8), lambda i, j: x[i, j] + 1, name="a")
+    b = te.compute((4, 8), lambda i, j: x[i, j] * 2, name="b")
+    func = te.create_prim_func([x, a, b])
+    ty = relax.TupleType([relax.TensorType((4, 8), "float32")] * 2)
+    op = _operator(0, "two", "two", func, (), ty)
+    assert op.kind == "multi-output" and op.expr is None and "returns 2 tensors" in op.reason
+    result = OperatorResult(op, None)
+    assert not result.supported and result.reason == op.reason
 
 
 def test_an_unknown_policy_is_refused_once():

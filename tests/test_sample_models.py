@@ -21,7 +21,9 @@ def _generator():
 
 def test_regenerating_gives_the_committed_bytes(tmp_path):
     written = _generator().write_all(tmp_path)
-    assert [p.name for p in written] == ["mlp.onnx", "bert_layer.onnx", "resnet_block.onnx", "mobilenet_block.onnx"]
+    assert [p.name for p in written] == [
+        "mlp.onnx", "bert_layer.onnx", "resnet_block.onnx", "mobilenet_block.onnx", "shufflenet_block.onnx",
+    ]  # fmt: skip
     for path in written:
         assert path.read_bytes() == (SAMPLES / path.name).read_bytes(), path.name
 
@@ -29,7 +31,7 @@ def test_regenerating_gives_the_committed_bytes(tmp_path):
 def test_models_are_small_checked_onnx_with_fixed_header():
     gen = _generator()
     paths = sorted(SAMPLES.glob("*.onnx"))
-    assert len(paths) == 4
+    assert len(paths) == 5
     assert sum(p.stat().st_size for p in paths) < 4 * 2**20
     for path in paths:
         model = onnx.load(path)
@@ -45,6 +47,7 @@ def test_models_are_small_checked_onnx_with_fixed_header():
         ("bert_layer", {"MatMul", "Softmax", "LayerNormalization", "Erf", "Transpose", "Reshape"}),
         ("resnet_block", {"Conv", "BatchNormalization", "Relu", "MaxPool", "Add"}),
         ("mobilenet_block", {"Conv", "Clip", "GlobalAveragePool", "Add"}),
+        ("shufflenet_block", {"Conv", "Reshape", "Transpose", "Split", "Concat", "Flatten", "Dropout", "Gemm"}),
     ],
 )
 def test_models_hold_the_operators_of_their_kind(name, ops):
@@ -56,6 +59,16 @@ def test_depthwise_conv_is_grouped_per_channel():
     model = onnx.load(SAMPLES / "mobilenet_block.onnx")
     groups = [a.i for n in model.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "group"]
     assert groups == [96]
+
+
+def test_shufflenet_block_has_grouped_convs_shuffles_and_a_dropout_mask():
+    model = onnx.load(SAMPLES / "shufflenet_block.onnx")
+    groups = [a.i for n in model.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "group"]
+    assert groups == [3, 12, 3, 12, 2]  # v1 unit: grouped 1x1, depthwise, grouped 1x1; v2: depthwise; AlexNet-style 2
+    transposes = [list(a.ints) for n in model.graph.node if n.op_type == "Transpose" for a in n.attribute]
+    assert transposes == [[0, 2, 1, 3, 4]] * 2  # two channel shuffles
+    (dropout,) = [n for n in model.graph.node if n.op_type == "Dropout"]
+    assert len(dropout.output) == 2  # the mask is declared, as exporters write it
 
 
 def test_mlp_matches_a_numpy_evaluation_under_onnxruntime():

@@ -2,9 +2,10 @@
 its predicted time one kernel at a time, and the Rammer co-schedule of the whole model.
 
 An operator that could not be mapped to a TensorExpr (or got no candidate) is listed with its
-reason and left out of the predicted times: the co-schedule passes its dependencies through
-(a consumer waits for the operators the unsupported one waited for), so the rest still forms a
-valid plan. `report_dict` is the JSON document of `workbench model` (shared/design/CLI.md).
+reason, named again under `not_constructed` (and in the text's last line), and left out of the
+predicted times: the co-schedule passes its dependencies through (a consumer waits for the
+operators the unsupported one waited for), so the rest still forms a valid plan. `report_dict`
+is the JSON document of `workbench model` (shared/design/CLI.md).
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ def report_dict(mc: ModelConstruction) -> dict:
         "inputs": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in mc.model.inputs],
         "operators": [_operator_dict(r, ops) for r in mc.results],
         "predicted_seconds": {"sum": mc.sum_seconds, "coscheduled": mc.plan.seconds},
+        # what the predicted times leave out: every operator without candidates, by name
+        "not_constructed": [{"name": r.operator.name, "kind": r.operator.kind, "reason": r.reason}
+                            for r in mc.results if not r.supported],
         "schedule": plan_dict(mc.plan, [r.operator.name for r in mc.results if r.supported]),
     }
 
@@ -187,4 +191,8 @@ def report_text(doc: dict) -> str:
     total, plan = doc["predicted_seconds"], doc["schedule"]
     lines.append(f"predicted {total['sum'] * 1e6:.2f} us one kernel at a time, {total['coscheduled'] * 1e6:.2f} us "
                  f"co-scheduled ({len(plan['waves'])} waves on {plan['veus']} vEUs)")
+    missing = doc["not_constructed"]
+    if missing:
+        lines.append(f"{len(missing)} of {len(ops)} operators not constructed and left out of the predicted times: "
+                     + ", ".join(m["name"] for m in missing))
     return "\n".join(lines)

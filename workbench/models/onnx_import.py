@@ -1,12 +1,18 @@
 """ONNX model -> fused TIR operators and their dataflow graph, through TVM Relax.
 
-`from_onnx` gives a Relax module; `LegalizeOps` lowers every Relax operator to a TIR PrimFunc,
-`FoldConstant` evaluates what depends on weights only (a Gemm's `transB` transpose of a constant
+`from_onnx` gives a Relax module. Before lowering, the graph is put in inference form
+(`_inference_mode`): Dropout becomes the identity and its mask dead code, Split one slice per
+part, so that every kernel has one output. `LegalizeOps` lowers every Relax operator to a TIR
+PrimFunc, `FoldConstant` evaluates what depends on weights only (a Gemm's `transB` transpose of a constant
 weight would otherwise be a kernel of its own), `AnnotateTIROpPattern` + `FuseOps` + `FuseTIR`
-fuse each reduction with its elementwise neighbours (conv + bias + relu) into one PrimFunc. Each
-`call_tir` of the fused `main` is one operator of the model, in dataflow order.
+fuse each reduction with its elementwise neighbours (conv + bias + relu) into one PrimFunc, and
+`RemoveUnusedOutputs` drops the outputs of a fused function that nothing reads. Each `call_tir`
+of the fused `main` is one operator of the model, in dataflow order.
 
-Each fused PrimFunc becomes a `TensorExpr` with `from_prim_func`:
+Each fused PrimFunc, without its dead blocks (a batch norm's running statistics), becomes a
+`TensorExpr` with `from_prim_func`, which splits an axis that an index divides by a constant
+(a grouped conv's output channel into group and channel in group, a channel shuffle's or a
+flatten's index into digits; `tensor_expr.split_div_mod`):
 - a fused reduction (conv, matmul, pooling) is its reduction block; the epilogue (bias,
   activation, residual add) is inlined into one block after it and stays in the PrimFunc for the
   codegen to fold into the write-back. Epilogue tensors (a bias, a residual) are read once per
@@ -18,8 +24,11 @@ Each fused PrimFunc becomes a `TensorExpr` with `from_prim_func`:
 - a function without a reduction is first collapsed into one block (producers inlined into the
   output block, or, when that leaves a non-affine index as a reshape after a transpose does, the
   consumers reverse-inlined into the first block), so every tensor it reads is a parameter.
-A PrimFunc that still cannot be read as one affine block (a gather, several outputs) is kept as
-an unsupported operator with the reason; the rest of the model is constructed as usual.
+Layout operators (reshape, transpose, slice, shuffle, flatten) become copy kernels: no
+arithmetic, so the tile model prices their traffic only. A PrimFunc that still cannot be read as
+one affine block (a gather, a reshape that merges and re-splits dimensions, several outputs) is
+kept as an unsupported operator with the reason; the rest of the model is constructed as usual
+and the report names and counts it.
 """
 
 from __future__ import annotations
@@ -166,16 +175,51 @@ def fused_module(proto, label: str):
     _check_static(mod["main"], label)
     _check_inferred(mod["main"], label)
     passes = [
+        relax.transform.CanonicalizeBindings(),  # `(x, mask)[0]` after `_inference_mode` is x
+        relax.transform.DeadCodeElimination(),  # the masks nothing reads
         relax.transform.LegalizeOps(),
         relax.transform.FoldConstant(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FuseOps(),
+        relax.transform.RemoveUnusedOutputs(),  # a fused function's outputs that no one reads
         relax.transform.FuseTIR(),
     ]
     try:
+        mod["main"] = _inference_mode(mod["main"])
         return tvm.transform.Sequential(passes)(mod)
     except Exception as err:  # a Relax operator without a TIR lowering, or a pass refusing the module
         raise UserError(f"{label}: TVM cannot lower the model to kernels: {_first_line(err)}") from None
+
+
+def _inference_mode(main):
+    """`main` with the operators that return several tensors rewritten into single-output ones,
+    so that every fused kernel has one output, as the tile model needs:
+
+    - Dropout is the identity at inference (its ratio and training flag are ignored): the call
+      becomes `(x, ones_like(x))`, and the mask, which nothing reads in an inference graph, is
+      then removed as dead code (an ONNX model that outputs the mask gets a kernel of ones);
+    - Split becomes one strided slice per part, each a kernel of its own (or fused with its
+      consumer) instead of one kernel writing every part.
+    """
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def dropout(call, _matches):
+        data = call.args[0]
+        return relax.Tuple([data, relax.op.ones_like(data)])
+
+    def split(call, _matches):
+        data, parts = call.args[0], call.ty.fields
+        axis = int(call.attrs.axis) % len(parts[0].shape.values)
+        begin, slices = 0, []
+        for part in parts:
+            end = begin + int(part.shape.values[axis])
+            slices.append(relax.op.strided_slice(data, axes=[axis], begin=[begin], end=[end]))
+            begin = end
+        return relax.Tuple(slices)
+
+    main = rewrite_call(is_op("relax.nn.dropout")(wildcard()), dropout, main)
+    return rewrite_call(is_op("relax.split")(wildcard()), split, main)
 
 
 def _check_static(main, label: str) -> None:
@@ -236,6 +280,7 @@ def _walk(mod, name: str) -> ImportedModel:
 
 def _entry(value, producer: dict, name: str):
     """The producer entry of a binding that is not a kernel call: alias, tuple item or tuple."""
+    import tvm
     from tvm import relax
 
     if isinstance(value, relax.Var) and value in producer:
@@ -247,6 +292,8 @@ def _entry(value, producer: dict, name: str):
         return whole[0], whole[1], int(value.index)
     if isinstance(value, relax.Tuple):
         return ("tuple", tuple(_entry(f, producer, name) for f in value.fields))
+    if isinstance(value, tvm.ir.expr.Constant):  # a returned tensor that constant folding computed
+        return ("constant", None, 0)
     raise UserError(f"{name}: unsupported Relax expression after lowering: {_first_line(value)}")
 
 
@@ -263,6 +310,9 @@ def _arg(expr, producer: dict, constants: list, name: str) -> Arg:
 
 def _outputs(entry, name: str) -> tuple[tuple[int, int], ...]:
     entries = entry[1] if entry[0] == "tuple" else (entry,)
+    if any(e[0] == "constant" for e in entries):
+        raise UserError(f"{name}: a model output is a constant (a Dropout mask is all ones at inference); "
+                        "export the model without that output")
     if any(e[0] != "operator" for e in entries):
         raise UserError(f"{name}: a model output is not computed by any operator")
     return tuple((e[1], e[2]) for e in entries)
@@ -293,6 +343,7 @@ def _operator(index, label, func_name, func, args, out_ty) -> Operator:
 def prepare(func, name: str, dtype: str, n_inputs: int):
     """`(func, kind, expr, reason)` for a fused PrimFunc: the function as mapped (collapsed into
     one block when it has no reduction), its kind, its TensorExpr or None and the reason."""
+    func = _drop_dead_blocks(func)
     reductions = _reduction_blocks(func)
     if reductions > 1:
         return (func, "multi-reduction", *_mapped(func, name, dtype, n_inputs))
@@ -311,6 +362,25 @@ def prepare(func, name: str, dtype: str, n_inputs: int):
     expr, reason = _mapped(func, name, dtype, n_inputs)
     # the first collapse's reason names the index a user would look for (the output's view)
     return func, kind, expr, reasons[0] if expr is None and reasons else reason
+
+
+def _drop_dead_blocks(func):
+    """`func` without the blocks whose results nothing reads: a batch norm's running mean and
+    variance (Relax computes its three outputs; fusion drops the two unused ones from the
+    function's outputs but not the blocks computing them). Left in, a dead block can come last
+    and be taken for the function's output block."""
+    sch, blocks = _schedule(func)
+    params = {str(p.name) for p in func.params}
+    while True:
+        read = {str(r.source.name) for b in blocks for r in sch.get(b).reads}
+        dead = [b for b in blocks if not any(str(w.source.name) in params | read for w in sch.get(b).writes)]
+        if not dead:
+            return sch.mod["main"]
+        try:
+            sch.compute_inline(dead[0])  # inlining into no consumer removes the block
+        except Exception:  # a block TVM will not remove: keep the function as it is
+            return func
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
 
 
 def _mapped(func, name: str, dtype: str, n_inputs: int):
