@@ -332,12 +332,21 @@ def test_a_flatten_splits_the_flat_index_into_the_dimensions_it_flattens():
     _reads_as_defined(e, flatten)
 
 
+def test_a_reshape_that_merges_and_resplits_is_split_in_two_rounds():
+    """[4, 8, 8] -> [8, 32]: output (i, j) reads flat element 32 i + j. Splitting j at 8 leaves
+    `(4 i + j_0) // 8` = i // 2, a division of i alone, split in the next round."""
+    merge = lambda i, j: ((i * 32 + j) // 64, (i * 32 + j) % 64 // 8, j % 8)  # noqa: E731
+    e = _layout((4, 8, 8), (8, 32), merge)
+    assert [(a.name, a.extent) for a in e.axes] == [("i0_0", 4), ("i0_1", 2), ("i1_0", 4), ("i1_1", 8)]
+    _reads_as_defined(e, merge)
+
+
 @pytest.mark.parametrize(
     "shape_in, shape_out, index",
     [
         # 3 and 4 do not divide each other: no split makes both i // 3 and i % 4 affine
         ((4, 4), (12,), lambda i: (i // 3, i % 4)),
-        # a reshape that merges and re-splits: the division is of a sum of two axes
+        # [3, 4] -> [2, 6]: rows of 6 straddle rows of 4, no digit of i or j is one of the input's
         ((3, 4), (2, 6), lambda i, j: ((i * 6 + j) // 4, (i * 6 + j) % 4)),
     ],
 )

@@ -26,7 +26,7 @@ flatten's index into digits; `tensor_expr.split_div_mod`):
   consumers reverse-inlined into the first block), so every tensor it reads is a parameter.
 Layout operators (reshape, transpose, slice, shuffle, flatten) become copy kernels: no
 arithmetic, so the tile model prices their traffic only. A PrimFunc that still cannot be read as
-one affine block (a gather, a reshape that merges and re-splits dimensions, several outputs) is
+one affine block (a gather, a reshape whose new rows straddle the old ones, several outputs) is
 kept as an unsupported operator with the reason; the rest of the model is constructed as usual
 and the report names and counts it.
 """

@@ -16,6 +16,9 @@ from typing import Mapping, Sequence
 from workbench.errors import UserError
 
 SPATIAL, REDUCE = "spatial", "reduce"
+# Rounds of `split_div_mod`: a round is needed per level of division nested in a sum (a reshape
+# that merges and re-splits dimensions needs two); each round splits an axis at least in two.
+MAX_SPLIT_ROUNDS = 4
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int32": 4}
 
 
@@ -231,8 +234,20 @@ def split_div_mod(func):
     convolution's output channel `ff` becomes (group, channel in group), a channel shuffle's
     channel (c // g, c % g) and a flatten's flat index the dimensions it flattens. Indices that
     divide a sum of several iterators (a reshape that merges and re-splits dimensions) are left
-    alone. The block keeps one loop per iterator, named `NAME_i`, as the codegen expects.
+    alone at first, but a split can simplify them into divisions of one iterator, split in turn:
+    a reshape [4, 8, 8] -> [8, 32] reads `(v1 * 4 + v2 // 8) // 8`, which after v2 -> (v2_0, v2_1)
+    is `v1 // 2`. The block keeps one loop per iterator, named `NAME_i`, as the codegen expects.
     """
+    for _ in range(MAX_SPLIT_ROUNDS):
+        split = _split_once(func)
+        if split is func:
+            break
+        func = split
+    return func
+
+
+def _split_once(func):
+    """One round of `split_div_mod`: the divisions of one iterator each, or `func` itself."""
     import tvm
     from tvm import s_tir
 
@@ -245,8 +260,10 @@ def split_div_mod(func):
     divisors = [_divisors(main, iv.var, [v.var for v in iter_vars]) for iv in iter_vars]
     if not any(divisors):
         return func
-    # with no digits to make (`f // F` of an f < F), the identity map still simplifies the index
     radices = [_radix(iv, found) for iv, found in zip(iter_vars, divisors)]
+    # with no digits to make, the identity map still simplifies `f // F` of an f < F to 0
+    if not any(radices) and not any(k >= int(iv.dom.extent) for iv, found in zip(iter_vars, divisors) for k in found):
+        return func
     try:
         sch.transform_block_layout(handle, _digits_map(iter_vars, radices))
     except Exception:  # TVM refuses a map it cannot prove bijective: keep the function as it was
