@@ -442,6 +442,83 @@ def test_a_multi_output_operator_is_listed_not_constructed():
     assert not result.supported and result.reason == op.reason
 
 
+def _weights(rng, **shapes):
+    return [numpy_helper.from_array((0.2 * rng.standard_normal(shape)).astype(np.float32), name) for name, shape in shapes.items()]
+
+
+def _ints(name, values):
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def _gpt_block(path):
+    """A pre-LN decoder block with one fused QKV projection split in three, a causal mask, two
+    heads and a GELU MLP (opset 20 has Gelu)."""
+    s, d, heads = 8, 32, 2
+    mask = numpy_helper.from_array(np.triu(np.full((s, s), -1e9, np.float32), 1), "mask")
+    scale = numpy_helper.from_array(np.array((d // heads) ** -0.5, np.float32), "scale")
+    inits = _weights(np.random.default_rng(5), wqkv=(d, 3 * d), wo=(d, d), w1=(d, 4 * d), w2=(4 * d, d), g=(d,), b=(d,))
+    inits += [_ints("parts", [d, d, d]), _ints("heads", [1, s, heads, d // heads]), _ints("back", [1, s, d]), mask, scale]
+    node = helper.make_node
+    nodes = [
+        node("LayerNormalization", ["x", "g", "b"], ["ln"], axis=-1),
+        node("MatMul", ["ln", "wqkv"], ["qkv"]),
+        node("Split", ["qkv", "parts"], ["q0", "k0", "v0"], axis=-1),
+        *(node("Reshape", [f"{t}0", "heads"], [f"{t}1"]) for t in "qkv"),
+        node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
+        node("Transpose", ["k1"], ["k"], perm=[0, 2, 3, 1]),
+        node("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
+        node("MatMul", ["q", "k"], ["s0"]), node("Mul", ["s0", "scale"], ["s1"]), node("Add", ["s1", "mask"], ["s2"]),
+        node("Softmax", ["s2"], ["p"], axis=-1), node("MatMul", ["p", "v"], ["o0"]),
+        node("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]), node("Reshape", ["o1", "back"], ["o2"]),
+        node("MatMul", ["o2", "wo"], ["o3"]), node("Add", ["x", "o3"], ["h"]),
+        node("MatMul", ["h", "w1"], ["f0"]), node("Gelu", ["f0"], ["f1"]), node("MatMul", ["f1", "w2"], ["f2"]),
+        node("Add", ["h", "f2"], ["y"]),
+    ]
+    return _save(path, nodes, [_tensor("x", [1, s, d])], [_tensor("y", [1, s, d])], inits, opsets=(("", 20),))
+
+
+def _cnn_ops(path):
+    """CNN operators besides the sample models': LRN, PReLU, an inception-style concat, nearest
+    upsampling (an index h // 2), a strided channel slice, average pooling, a reshape whose rows
+    merge and re-split, softmax, a mean, Gemm."""
+    inits = _weights(np.random.default_rng(6), w1=(8, 3, 3, 3), w2=(4, 8, 1, 1), w3=(4, 8, 3, 3), slope=(8, 1, 1),
+                     wf=(10, 8), bf=(10,))
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    inits += [scales, _ints("start", [0]), _ints("end", [8]), _ints("axis", [1]), _ints("step", [2]),
+              _ints("rows", [1, 8, 8]), _ints("mean_axis", [1])]
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), node("LRN", ["c1"], ["n1"], size=3),
+        node("PRelu", ["n1", "slope"], ["p1"]),
+        node("MaxPool", ["p1"], ["m1"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1]),
+        node("Conv", ["m1", "w2"], ["a"]), node("Conv", ["m1", "w3"], ["b0"], pads=[1, 1, 1, 1]),
+        node("HardSigmoid", ["b0"], ["b"]), node("Concat", ["a", "b"], ["cat"], axis=1),
+        node("Resize", ["cat", "", "scales"], ["up"], mode="nearest"),
+        node("Slice", ["up", "start", "end", "axis", "step"], ["sl"]),
+        node("AveragePool", ["sl"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+        node("Reshape", ["ap", "rows"], ["r"]), node("Softmax", ["r"], ["sm"], axis=-1),
+        node("ReduceMean", ["sm", "mean_axis"], ["mean"], keepdims=0), node("Gemm", ["mean", "wf", "bf"], ["y"], transB=1),
+    ]
+    return _save(path, nodes, [_tensor("x", [1, 3, 8, 8])], [_tensor("y", [1, 10])], inits, opsets=(("", 18),))
+
+
+@pytest.mark.parametrize("make", [_gpt_block, _cnn_ops], ids=["gpt_block", "cnn_ops"])
+def test_generated_models_are_constructed_whole_and_match_onnxruntime(tmp_path, make):
+    ort = pytest.importorskip("onnxruntime")
+    path = make(tmp_path / "model.onnx")
+    model = import_model(path)
+    for dev in ("v100", "local-cpu"):
+        report = report_dict(construct_model(model, device(dev)))
+        assert report["not_constructed"] == [], report["not_constructed"]
+    mc = construct_model(model, device("local-cpu"))
+    kernels = build_model_kernels(mc)
+    assert {k.name for k in kernels if not k.scheduled} <= {"softmax", "layer_norm"}  # several reductions
+    x = np.random.default_rng(7).uniform(-1, 1, model.inputs[0][1]).astype(np.float32)
+    (out,) = run_model(mc, kernels, {"x": x})
+    (expected,) = ort.InferenceSession(str(path)).run(None, {"x": x})
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_an_unknown_policy_is_refused_once():
     with pytest.raises(UserError, match="unknown policy 'gensor'"):
         construct_model(imported("mlp"), device("h100"), "gensor")
