@@ -301,7 +301,8 @@ def _uses(expr, var) -> bool:
 
 def _radix(iv, divisors: set[int]) -> tuple[int, ...]:
     """Digit extents of iterator `iv` (outermost first) for a chain of divisors, () for none:
-    the divisors must divide each other and the extent (else no split makes them all affine)."""
+    the divisors below the extent must divide each other and the extent (else no split makes
+    them all affine); one at or above it (`v % E`, `v // E`) needs no digit."""
     extent = int(iv.dom.extent)
     chain = sorted(k for k in divisors if k < extent)
     if not chain or extent % chain[-1] or any(b % a for a, b in zip(chain, chain[1:])):
@@ -311,6 +312,8 @@ def _radix(iv, divisors: set[int]) -> tuple[int, ...]:
 
 
 def _digits_map(iter_vars, radices):
+    """The block layout map from the iterators to their digits (an iterator without a radix
+    maps to itself; an empty radix everywhere is the identity, which still simplifies)."""
     from tvm.tirx import IndexMap
 
     def digits(*values):
