@@ -82,6 +82,15 @@ def test_torch_runs_a_convolution_when_installed(cpu):
     assert result.error == "" and result.seconds > 0
 
 
+def test_torch_runs_a_grouped_convolution_when_installed(cpu):
+    """Checked against the catalog's reference: the grouped kernel layouts agree."""
+    pytest.importorskip("torch")
+    conv = catalog.build("group_conv2d", {"N": 1, "C": 8, "H": 10, "W": 10, "F": 12, "KH": 3, "KW": 3,
+                                          "stride": 1, "pad": 1, "groups": 4})
+    result = Baseline("torch").measure(conv, cpu)
+    assert result.error == "" and result.seconds > 0
+
+
 def test_gpu_baselines_need_a_gpu(cpu):
     assert "GPU kernels" in Baseline("dlight").measure(_matmul(), cpu).error
     import tvm

@@ -215,6 +215,8 @@ _TORCH_OPS: dict[str, Callable] = {
     "conv2d": _torch_conv,
     # The catalog's [N,C,multiplier,OH,OW] output has the layout of torch's [N,C*multiplier,OH,OW].
     "depthwise_conv2d": lambda p, data, kernel: _torch_conv(p, data, kernel, groups=p["C"]),
+    # the catalog's grouped kernel [F, C/groups, KH, KW] is torch's grouped weight layout
+    "group_conv2d": lambda p, data, kernel: _torch_conv(p, data, kernel, groups=p["groups"]),
     "avgpool": lambda p, data: _torch_pool(p, data, "avgpool"),
     "maxpool": lambda p, data: _torch_pool(p, data, "maxpool"),
     "relu": lambda p, x: x.relu(),

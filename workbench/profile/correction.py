@@ -61,7 +61,7 @@ OTHER = "other"
 # model's operator has no class: the device's fit serves it.
 OP_CLASSES: Mapping[str, str] = {
     "matmul": "matmul", "gemv": "matmul",
-    "conv2d": "conv", "depthwise_conv2d": "conv",
+    "conv2d": "conv", "depthwise_conv2d": "conv", "group_conv2d": "conv",
     "relu": "elementwise", "add": "elementwise", "gelu": "elementwise",
     "reduce_sum": "reduction", "reduce_mean": "reduction", "avgpool": "reduction", "maxpool": "reduction",
 }
