@@ -230,12 +230,12 @@ def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads:
     but every transfer further down adds: a core copies the next panel from L2 or DRAM between
     two micro-kernel runs, and the hardware prefetchers hide only part of a stream (the
     Execution-Cache-Memory model's observation, Treibig & Hager 2010, that x86 cache-level
-    transfers do not overlap one another; ALGORITHMS.md §7). Checked against two sets of 257
+    transfers do not overlap one another; ALGORITHMS.md §7). Checked against three sets of 257
     measured cpu-core kernels (docs/benchmarks.md): the typical error of a prediction fell from
-    1.5x-1.9x to 1.35x-1.5x (median |log(predicted / measured)|) and, with `accumulator_home`,
-    the measured best is in the predicted top 3 for 13-16 of 26 runs against 6-11; the rank
-    correlation within a workload stays low (0.25-0.40): most candidates are near-equal, and
-    the machine's noise reorders them."""
+    1.5x-1.9x to 1.23x-1.5x (median |log(predicted / measured)|), the quiet calibrated run
+    included (1.9x -> 1.23x); the ranking within a workload did not improve consistently (best
+    in the predicted top 3 for 16, 13 and 12 of 26 runs against 6, 11 and 16 with the pipelined
+    maximum): most candidates are near-equal, and what orders them is not in the model yet."""
     if not device.runs_on_cpu:
         return max(compute, *loads.values())
     first = device.layers[source_layer(program, 0, len(device.layers))].name
