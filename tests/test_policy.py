@@ -16,6 +16,7 @@ from workbench.construct.space import (
     legal_actions, replay,
 )
 from workbench.errors import UserError
+from workbench.viz.fmt import duration
 
 
 class Descent(Policy):
@@ -71,7 +72,8 @@ def test_shared_emission_emits_a_complete_replayable_candidate():
     assert replay(space, cand.actions) == cand.program
     assert cand.estimate.footprints == tuple(space.footprint(l, t, cand.program.tiles[l - 1] if l else space.ones())
                                              for l, t in enumerate(cand.program.tiles))
-    assert steps[-1].note.startswith(f"emit rProgram #1: grid {cand.program.grid}, ")
+    assert steps[-1].note.startswith(f"emit rProgram #1: grid {cand.program.grid}, "
+                                     f"{duration(cand.predicted_seconds)} predicted, bound by ")
 
 
 def test_roller_s_shrinks_grow_the_grid_while_it_is_smaller_than_the_units():

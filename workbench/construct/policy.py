@@ -25,6 +25,7 @@ from workbench.construct.graph import Edge, Node
 from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, State, apply
 from workbench.construct.step import Candidate, Step, make_node, state_key
 from workbench.rtile.model import estimate
+from workbench.viz.fmt import duration
 
 
 class Policy:
@@ -34,7 +35,7 @@ class Policy:
     NOTES = {
         "widen_eps": "too few programs ({found} < {topk}): raise eps to {eps}",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
-        "emit": "emit rProgram #{number}: grid {grid}, {us:.1f} us predicted, bound by {bottleneck}",
+        "emit": "emit rProgram #{number}: grid {grid}, {predicted} predicted, bound by {bottleneck}",
     }
     marker_temperature: float | None = None  # the temperature recorded with markers (annealing policies)
 
@@ -94,7 +95,8 @@ class Policy:
         self.candidates.append(cand)
         node = self.node(done, "emitted", predicted=est.predicted_seconds)
         edge = Edge(self.key(arrived), node.key, "emit") if node.key != self.key(arrived) else None
-        note = self.describe("emit", number=len(self.candidates), grid=program.grid, us=est.predicted_seconds * 1e6, bottleneck=est.bottleneck)
+        note = self.describe("emit", number=len(self.candidates), grid=program.grid,
+                             predicted=duration(est.predicted_seconds), bottleneck=est.bottleneck)
         yield self.record(Step(done.actions[-1], done, node, edge, note=note, candidate=cand, temperature=self.marker_temperature))
 
     def repeated(self, state: State) -> Iterator[Step]:
