@@ -343,6 +343,7 @@ def cmd_bench_kernels(args) -> int:
     from workbench.hardware.loader import load_spec
     from workbench.profile.baselines import parse_baselines
     from workbench.profile.store import RunStore
+    from workbench.viz.fmt import duration
     from workbench.workload import load_suite
 
     baselines = parse_baselines(args.baselines) if args.baselines else ()
@@ -353,10 +354,10 @@ def cmd_bench_kernels(args) -> int:
         data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store, progress=_progress(args))
     data["suite"] = args.suite
     names = [b.name for b in baselines]
-    lines = [f"{'id':14s} {'best us':>10s} rank " + " ".join(f"{n:>16s}" for n in names)]
+    lines = [f"{'id':14s} {'best':>10s} rank " + " ".join(f"{n:>16s}" for n in names)]
     for r in data["results"]:
-        best = f"{r['best_seconds'] * 1e6:10.2f}" if r["best_seconds"] else f"{'failed':>10s}"
-        cells = [f"{r['baselines'][n] * 1e6:13.2f} us" if r["baselines"][n] else f"{'-':>16s}" for n in names]
+        best = f"{duration(r['best_seconds']):>10s}" if r["best_seconds"] else f"{'failed':>10s}"
+        cells = [f"{duration(r['baselines'][n]):>16s}" if r["baselines"][n] else f"{'-':>16s}" for n in names]
         lines.append(f"{r['id']:14s} {best} {r['best_rank'] or '-':>4} " + " ".join(cells))
     lines.append("speed vs baselines (geomean of baseline/workbench): " + ", ".join(f"{n} {v:.2f}x" if v else f"{n} -" for n, v in data["speed_ratio_geomean"].items()))
     for pair, v in data["policy_speed_ratio_geomean"].items():

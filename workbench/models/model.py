@@ -20,6 +20,7 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.models.onnx_import import ImportedModel, Operator
 from workbench.models.rammer import Plan, ROperator, rkernel, schedule
+from workbench.viz.fmt import duration
 
 
 @dataclass(frozen=True)
@@ -185,11 +186,11 @@ def report_text(doc: dict) -> str:
         if op["supported"]:
             best = op["candidates"][0]
             lines.append(f"{i:3d} {op['name'][:40]:40s} {op['kind']:15s} {len(op['candidates']):3d} candidates "
-                         f"{best['predicted_seconds'] * 1e6:10.2f} us  grid {best['grid']}")
+                         f"{duration(best['predicted_seconds']):>10s}  grid {best['grid']}")
         else:
             lines.append(f"{i:3d} {op['name'][:40]:40s} {op['kind']:15s} unsupported: {op['reason']}")
     total, plan = doc["predicted_seconds"], doc["schedule"]
-    lines.append(f"predicted {total['sum'] * 1e6:.2f} us one kernel at a time, {total['coscheduled'] * 1e6:.2f} us "
+    lines.append(f"predicted {duration(total['sum'])} one kernel at a time, {duration(total['coscheduled'])} "
                  f"co-scheduled ({len(plan['waves'])} waves on {plan['veus']} vEUs)")
     missing = doc["not_constructed"]
     if missing:
