@@ -558,3 +558,24 @@ def _arg(producer):
     from workbench.models.onnx_import import Arg
 
     return Arg("operator", producer, (64, 64), "float32")
+
+
+def test_run_report_finds_outputs_off_by_more_than_the_tolerance(monkeypatch):
+    pytest.importorskip("onnxruntime")
+    from workbench.models import run
+
+    mc = constructed("mlp", "local-cpu")
+    (x,) = run.random_inputs(mc, 0).values()
+    assert x.min() < -0.9 and x.max() > 0.9  # no underflow: inputs of order 1 of both signs
+    good = run.run_model_report(mc, SAMPLES / "mlp.onnx")
+    assert good.outputs_match and len(good.operators) == len(mc.results)
+    off = 10 * (run.ATOL + run.RTOL)  # beyond the tolerance on every output of magnitude <= 9
+    monkeypatch.setattr(run, "run_model", lambda *a: tuple(o + off for o in run_model(*a)))
+    bad = run.run_model_report(mc, SAMPLES / "mlp.onnx")
+    assert not bad.outputs_match and bad.max_abs_error == pytest.approx(off, rel=1e-2)
+    assert "outputs DO NOT match ONNX Runtime" in bad.text()
+
+
+def test_run_report_refuses_a_gpu_device():
+    with pytest.raises(UserError, match="CPU device"):
+        pipeline.run_model_report(constructed("mlp", "h100"), SAMPLES / "mlp.onnx")

@@ -9,6 +9,7 @@ assembles the pipeline itself.
            -> build(construction, rank)              one kernel's sources and schedule, to read
     Candidate.to_dict(measurement) / candidate_rows  a candidate as JSON / as a table row
     construct_model(model, device, policy, options)   every operator of an ONNX model, co-scheduled
+      -> run_model_report(model_construction, path)  run on this CPU against ONNX Runtime, timed
 
 Each stage takes the value the stage before made and nothing else: a `Candidate` carries its
 program (with its expression and virtual threads), its device, its estimate and the actions that
@@ -33,6 +34,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.models import model as models
 from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
+from workbench.models.run import run_model_report
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
@@ -48,6 +50,7 @@ __all__ = [
     "diagnosis_rows", "export", "importance", "slice_points", "stored_trials", "ExportResult", "Kernel", "KernelRejected", "load_device",
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
     "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit",
+    "run_model_report",
 ]
 
 

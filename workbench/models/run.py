@@ -1,0 +1,145 @@
+"""`workbench model PATH --run`: the whole model run on this CPU with the workbench's kernels
+(`execute`), its outputs checked against ONNX Runtime, and its end-to-end time beside ONNX
+Runtime's and TVM's own default build of the same Relax module, all measured in one run (timings
+on a shared machine are only comparable within one run, as ratios), with each operator's measured
+time beside its predicted one (where the time goes).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from workbench.codegen.build import target_dict
+from workbench.codegen.common import first_line
+from workbench.errors import UserError
+from workbench.models.execute import build_model_kernels, run_model, time_model
+from workbench.models.model import ModelConstruction
+from workbench.models.onnx_import import fused_module, read_onnx
+
+# fp32 outputs against ONNX Runtime: the two sum the reductions (up to a few thousand terms of
+# inputs in [-1, 1]) in different orders, which moves a result by about sqrt(terms) * 6e-8
+# relative, ~1e-5 at worst on the sample models; 1e-4 relative plus 1e-4 absolute (for results
+# near zero, where a relative bound means nothing) leaves that margin while a wrong index or a
+# missing term moves outputs of order 0.1-1.
+RTOL = 1e-4
+ATOL = 1e-4
+REPEAT = 5  # best of 5: the fastest run is the one least disturbed by other work on the machine
+
+
+@dataclass(frozen=True)
+class OperatorTime:
+    name: str
+    measured_seconds: float
+    predicted_seconds: float | None  # None: the operator was not constructed
+    scheduled: bool  # False: TVM's default lowering ran instead of the candidate
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "measured_seconds": self.measured_seconds,
+                "predicted_seconds": self.predicted_seconds, "scheduled": self.scheduled}
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    outputs_match: bool  # every output within RTOL/ATOL of ONNX Runtime's
+    max_abs_error: float
+    seconds: float  # the workbench's kernels, the whole model
+    onnxruntime_seconds: float
+    tvm_default_seconds: float | None  # None: TVM's default build failed (tvm_default_error says why)
+    tvm_default_error: str
+    operators: tuple[OperatorTime, ...]
+    threads: int  # ONNX Runtime's intra-op threads: the device's compute units
+
+    def to_dict(self) -> dict:
+        return {"outputs_match": self.outputs_match, "max_abs_error": self.max_abs_error, "rtol": RTOL,
+                "atol": ATOL, "seconds": self.seconds, "onnxruntime_seconds": self.onnxruntime_seconds,
+                "tvm_default_seconds": self.tvm_default_seconds, "tvm_default_error": self.tvm_default_error,
+                "operators": [o.to_dict() for o in self.operators]}
+
+    def text(self) -> str:
+        lines = [f"{'operator':40s} {'measured us':>12s} {'predicted us':>12s} kernel"]
+        for o in self.operators:
+            predicted = f"{o.predicted_seconds * 1e6:12.2f}" if o.predicted_seconds is not None else f"{'-':>12s}"
+            lines.append(f"{o.name[:40]:40s} {o.measured_seconds * 1e6:12.2f} {predicted} "
+                         + ("scheduled" if o.scheduled else "TVM default lowering"))
+        match = "match" if self.outputs_match else "DO NOT match"
+        lines.append(f"outputs {match} ONNX Runtime (max abs error {self.max_abs_error:.2e}; "
+                     f"tolerance rtol {RTOL:g}, atol {ATOL:g})")
+        tvm = (f"TVM default build {self.tvm_default_seconds * 1e6:.2f} us "
+               f"({self.tvm_default_seconds / self.seconds:.2f}x)" if self.tvm_default_seconds is not None
+               else f"TVM default build failed: {self.tvm_default_error}")
+        lines.append(f"end to end: workbench {self.seconds * 1e6:.2f} us, ONNX Runtime ({self.threads} threads) "
+                     f"{self.onnxruntime_seconds * 1e6:.2f} us ({self.onnxruntime_seconds / self.seconds:.2f}x), "
+                     f"{tvm} (x: their time over the workbench's)")
+        return "\n".join(lines)
+
+
+def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, seed: int = 0) -> ModelRun:
+    """Build every operator's kernel of rank `rank`, run the model `mc` (constructed from the ONNX
+    file `path`) on seeded random inputs, check it against ONNX Runtime and time it beside ONNX
+    Runtime and TVM's default build. UserError for a GPU device or without onnxruntime."""
+    if not mc.device.runs_on_cpu:
+        raise UserError(f"running a model needs a CPU device, got {mc.device.name} ({mc.device.kind})")
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError("running a model checks it against ONNX Runtime: pip install onnxruntime") from None
+    path = Path(path)
+    inputs = random_inputs(mc, seed)
+    kernels = build_model_kernels(mc, rank)
+    ours = run_model(mc, kernels, inputs)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = mc.device.compute_units
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    expected = session.run(None, inputs)
+    errors = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, expected)]
+    match = all(a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(ours, expected))
+    seconds, each = time_model(mc, kernels, inputs, REPEAT)
+    ort_seconds = _best(lambda: session.run(None, inputs))
+    tvm_seconds, tvm_error = _tvm_default(mc, path, inputs)
+    operators = tuple(OperatorTime(r.operator.name, t, r.predicted_seconds, k.scheduled)
+                      for r, k, t in zip(mc.results, kernels, each))
+    return ModelRun(match, max(errors, default=0.0), seconds, ort_seconds, tvm_seconds, tvm_error, operators,
+                    mc.device.compute_units)
+
+
+def random_inputs(mc: ModelConstruction, seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs: floats uniform in [-1, 1] (no underflow, both signs, so that ReLUs and
+    clips cut), integers 0 or 1 (valid indices and masks)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape, dtype in mc.model.inputs:
+        if np.issubdtype(np.dtype(dtype), np.floating):
+            out[name] = rng.uniform(-1, 1, shape).astype(dtype)
+        else:
+            out[name] = rng.integers(0, 2, shape).astype(dtype)
+    return out
+
+
+def _tvm_default(mc: ModelConstruction, path: Path, inputs: dict) -> tuple[float | None, str]:
+    """TVM's own build of the model's fused Relax module (the one the operators come from) for
+    the device's LLVM target with its default schedules; (None, why) when it fails."""
+    import tvm
+    from tvm import relax
+
+    try:
+        mod = fused_module(read_onnx(path), path.name)
+        executable = relax.build(mod, target=tvm.target.Target(target_dict(mc.device)))
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        args = [tvm.runtime.tensor(inputs[name], tvm.cpu()) for name, _, _ in mc.model.inputs]
+        return _best(lambda: vm["main"](*args)), ""
+    except Exception as err:  # TVM raises many error types; the rest of the run stands
+        return None, first_line(err)
+
+
+def _best(call) -> float:
+    call()  # warm-up: first-call allocations and thread-pool start
+    times = []
+    for _ in range(REPEAT):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)
