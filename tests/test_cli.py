@@ -403,3 +403,35 @@ def test_construct_text_says_which_parts_of_the_estimate_were_measured(capsys, t
         assert said.strip() == wanted
     assert any("level-0 micro-kernel" in line and "1000 GFLOP/s (measured)" in line for line in lines)
     assert lines[-1].startswith("measured: bandwidth of ") and "(calibrated)" in lines[-1]
+
+
+def test_model_run_checks_against_onnxruntime_and_times_every_operator(capsys):
+    pytest.importorskip("onnxruntime")
+    from pathlib import Path
+
+    mlp = str(Path(__file__).resolve().parent.parent / "sample_models" / "mlp.onnx")
+    code, out, _ = run(capsys, "model", mlp, "--run", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    r = doc["run"]
+    assert r["outputs_match"] is True and 0 <= r["max_abs_error"] <= r["atol"] + r["rtol"]
+    assert r["seconds"] > 0 and r["onnxruntime_seconds"] > 0
+    tvm = r["tvm_default_seconds"]
+    assert tvm > 0 if tvm is not None else r["tvm_default_error"]  # a failed TVM build says why
+    assert [o["name"] for o in r["operators"]] == [op["name"] for op in doc["operators"]]
+    assert all(o["measured_seconds"] > 0 and o["scheduled"] is True and o["predicted_seconds"] > 0
+               for o in r["operators"])  # every mlp operator is a matmul the CPU template schedules
+    code, out, _ = run(capsys, "model", mlp, "--run")
+    assert code == 0
+    lines = out.splitlines()
+    assert any(line.startswith("outputs match ONNX Runtime") for line in lines)
+    assert any(line.startswith("end to end: workbench ") and "ONNX Runtime (" in line and "TVM default build" in line
+               for line in lines)
+
+
+def test_model_run_on_a_gpu_device_is_one_line_exit_2(capsys):
+    from pathlib import Path
+
+    mlp = str(Path(__file__).resolve().parent.parent / "sample_models" / "mlp.onnx")
+    code, out, err = run(capsys, "model", mlp, "--device", "h100", "--run")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "needs a CPU device" in err

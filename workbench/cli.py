@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="an .onnx file (see sample_models/)")
     p.add_argument("--device", default="local-cpu")
     _policy_args(p)
+    p.add_argument("--run", action="store_true", help="build every kernel (rank 1), run the model on this CPU on "
+                   "random inputs against ONNX Runtime, time it beside ONNX Runtime and TVM's default build")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="benchmarks")
@@ -370,9 +372,17 @@ def cmd_model(args) -> int:
 
     if args.topk < 1:
         raise UserError(f"--topk must be >= 1, got {args.topk}")
-    mc = pipeline.construct_model(args.path, args.device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
+    device = pipeline.load_device(args.device)
+    if args.run and not device.runs_on_cpu:  # refused before constructing: the run would refuse it after
+        raise UserError(f"--run needs a CPU device, got {device.name} ({device.kind})")
+    mc = pipeline.construct_model(args.path, device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
     doc = pipeline.report_dict(mc)
-    return _emit(args, doc, pipeline.report_text(doc))
+    text = pipeline.report_text(doc)
+    if args.run:
+        run = pipeline.run_model_report(mc, args.path, seed=args.seed)
+        doc["run"] = run.to_dict()
+        text += "\n" + run.text()
+    return _emit(args, doc, text)
 
 
 def cmd_runs(args) -> int:
