@@ -19,6 +19,7 @@ from workbench.errors import UserError
 from workbench.models.execute import build_model_kernels, run_model, time_model
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
+from workbench.viz.fmt import duration
 
 # fp32 outputs against ONNX Runtime: the two sum the reductions (up to a few thousand terms of
 # inputs in [-1, 1]) in different orders, which moves a result by about sqrt(terms) * 6e-8
@@ -60,19 +61,18 @@ class ModelRun:
                 "operators": [o.to_dict() for o in self.operators]}
 
     def text(self) -> str:
-        lines = [f"{'operator':40s} {'measured us':>12s} {'predicted us':>12s} kernel"]
-        for o in self.operators:
-            predicted = f"{o.predicted_seconds * 1e6:12.2f}" if o.predicted_seconds is not None else f"{'-':>12s}"
-            lines.append(f"{o.name[:40]:40s} {o.measured_seconds * 1e6:12.2f} {predicted} "
+        lines = [f"{'operator':40s} {'measured':>10s} {'predicted':>10s} kernel"]
+        for o in self.operators:  # duration: "-" for an operator without a prediction
+            lines.append(f"{o.name[:40]:40s} {duration(o.measured_seconds):>10s} {duration(o.predicted_seconds):>10s} "
                          + ("scheduled" if o.scheduled else "TVM default lowering"))
         match = "match" if self.outputs_match else "DO NOT match"
         lines.append(f"outputs {match} ONNX Runtime (max abs error {self.max_abs_error:.2e}; "
                      f"tolerance rtol {RTOL:g}, atol {ATOL:g})")
-        tvm = (f"TVM default build {self.tvm_default_seconds * 1e6:.2f} us "
+        tvm = (f"TVM default build {duration(self.tvm_default_seconds)} "
                f"({self.tvm_default_seconds / self.seconds:.2f}x)" if self.tvm_default_seconds is not None
                else f"TVM default build failed: {self.tvm_default_error}")
-        lines.append(f"end to end: workbench {self.seconds * 1e6:.2f} us, ONNX Runtime ({self.threads} threads) "
-                     f"{self.onnxruntime_seconds * 1e6:.2f} us ({self.onnxruntime_seconds / self.seconds:.2f}x), "
+        lines.append(f"end to end: workbench {duration(self.seconds)}, ONNX Runtime ({self.threads} threads) "
+                     f"{duration(self.onnxruntime_seconds)} ({self.onnxruntime_seconds / self.seconds:.2f}x), "
                      f"{tvm} (x: their time over the workbench's)")
         return "\n".join(lines)
 
