@@ -75,27 +75,29 @@ def run_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) 
 def time_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
                repeat: int = 5) -> tuple[float, tuple[float, ...]]:
     """The whole model's time and each operator's own time, on the real arguments of one run on
-    `inputs`. The whole model: the best of `repeat` runs of every kernel in dataflow order on
-    buffers already in place (as a runtime holds its weights), so that copying the inputs and
-    weights in is not counted. An operator: the best of `repeat` runs of at least 5 ms each, so
-    that a microsecond kernel is timed over many calls."""
-    import time
-
+    `inputs`. The whole model: every kernel in dataflow order on buffers already in place (as a
+    runtime holds its weights), so that copying the inputs and weights in is not counted, timed
+    as the baselines are (`profile.baselines.best_seconds`, `repeat` repeats). An operator: the
+    best of `repeat` runs of at least 5 ms each, so that a microsecond kernel is timed over many
+    calls."""
     import tvm
 
-    calls = _run(mc, kernels, inputs)
+    from workbench.profile.baselines import best_seconds
+    from workbench.profile.runner import Timing
+
+    calls = _run(mc, kernels, inputs)  # also the warm-up
     mains = [k.module["main"] for k in kernels]
-    whole = []
-    for _ in range(repeat):
-        start = time.perf_counter()
+
+    def whole_model():
         for main, (args, outs) in zip(mains, calls):
             main(*args, *outs)
-        whole.append(time.perf_counter() - start)
+
+    whole = best_seconds(whole_model, Timing(repeat=repeat))
     each = []
     for kernel, (args, outs) in zip(kernels, calls):
         timer = kernel.module.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=5)
         each.append(min(timer(*args, *outs).results))
-    return min(whole), tuple(each)
+    return whole, tuple(each)
 
 
 def _run(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> list[tuple[list, list]]:

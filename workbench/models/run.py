@@ -7,7 +7,6 @@ time beside its predicted one (where the time goes).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from workbench.errors import UserError
 from workbench.models.execute import build_model_kernels, run_model, time_model
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
+from workbench.profile.baselines import best_seconds
+from workbench.profile.runner import Timing
 from workbench.viz.fmt import duration
 
 # fp32 outputs against ONNX Runtime: the two sum the reductions (up to a few thousand terms of
@@ -136,10 +137,8 @@ def _tvm_default(mc: ModelConstruction, path: Path, inputs: dict) -> tuple[float
 
 
 def _best(call) -> float:
-    call()  # warm-up: first-call allocations and thread-pool start
-    times = []
-    for _ in range(REPEAT):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """Best seconds per call, timed as the baselines are (`profile.baselines.best_seconds`:
+    repeats long enough that a 40 us model is timed over many calls), after a warm-up call
+    (first-call allocations, the thread pool's start)."""
+    call()
+    return best_seconds(call, Timing(repeat=REPEAT))
