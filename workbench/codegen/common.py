@@ -130,10 +130,10 @@ def flatten_fused_output(sch, block, writeback, expr: TensorExpr) -> None:
     box only in the fused layout, so the write-back of one tile copies exactly that tile's
     outputs. A no-op when no output dimension is fused.
     """
-    shape = tuple(int(s) for s in sch.get(block).writes[0].source.shape)
     groups = _fused_groups(expr)
     if all(n == 1 for n in groups):
         return
+    shape = tuple(int(s) for s in sch.get(block).writes[0].source.shape)
     if sum(groups) != len(shape):
         raise ScheduleError(f"output dims {list(shape)} do not match the fused output {list(expr.output.shape)}")
 
