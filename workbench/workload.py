@@ -195,15 +195,35 @@ def suite_workload(ref: str) -> Workload:
 
 def workload_from_args(op: str | None, shape: str | None, expr: str | None, workload: str | None, dtype: str) -> Workload:
     """The CLI's workload selection (CLI.md): exactly one of --op, --expr, --workload."""
-    from workbench.ops.shapes import parse_kv
-
     chosen = [x for x in (op, expr, workload) if x]
     if len(chosen) != 1:
         raise UserError("choose one workload: --op NAME --shape ..., --expr TEXT --shape ..., or --workload SUITE:ID")
     if workload:
         w = suite_workload(workload)
         return w if dtype == "float32" else Workload(w.op, w.params, w.expr, dtype, w.label)
-    params = tuple(sorted(parse_kv(shape or "").items()))
+    params = tuple(sorted(parse_shape(shape or "").items()))
     if expr:
         return Workload(expr=expr, params=params, dtype=dtype)
     return Workload(op=op, params=params, dtype=dtype)
+
+
+def parse_shape(text: str) -> dict[str, object]:
+    """`--shape K=V,K=V` as `ops.shapes.parse_kv` reads it, where V may also be `dyn`: a dynamic
+    extent (`catalog.DYN`), which only `workbench vortex` accepts (the catalog refuses it elsewhere)."""
+    from workbench.ops.catalog import DYN
+    from workbench.ops.shapes import parse_kv
+
+    dynamic, rest = {}, []
+    for item in text.split(","):
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if sep and value.lower() == DYN:
+            if key in dynamic:
+                raise UserError(f"--shape: {key} is given twice")
+            dynamic[key] = DYN
+        else:
+            rest.append(item)
+    static = parse_kv(",".join(rest)) if rest or not dynamic else {}
+    both = sorted(set(static) & set(dynamic))
+    if both:
+        raise UserError(f"--shape: {both[0]} is given twice")
+    return {**static, **dynamic}

@@ -13,6 +13,10 @@ look blocks up by name):
 
 The block `pad` exists only when pad > 0. The main block of an operator is the one with the
 reduce axes, or the output block for the elementwise operators.
+
+A dynamic extent (`M=dyn`, Vortex: workbench/vortex) is one parameter of `DYNAMIC_PARAMS` left
+open: construction refuses it (`normalize_params`), `split_dynamic` names it, and
+`symbolic_func` builds the operator with it as `T * tile` for an int32 argument T.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ from math import pi, prod, sqrt
 
 from workbench.errors import UserError
 from workbench.ops.shapes import MAX_ELEMENTS, check_dtype, check_elements
+
+DYN = "dyn"  # the value of a dynamic extent in a workload's parameters (`--shape M=dyn`)
+# Per operator, the parameters that may be dynamic: an outermost extent of the output that no
+# index but its own axis reads, so a kernel padded along it (rows of zeros in, rows sliced off
+# out) computes the unpadded result. One per workload (Vortex pads only the outermost level).
+DYNAMIC_PARAMS = {"matmul": ("M", "B"), "gemv": ("M",)}
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,10 @@ def normalize_params(op: str, params: Mapping[str, object]) -> dict[str, object]
     """
     if op not in _BY_NAME:
         raise UserError(f"unknown operator {op!r}; known: {', '.join(_BY_NAME)}")
+    dynamic = _dynamic_names(params)
+    if dynamic:
+        raise UserError(f"{op}: {dynamic[0]}=dyn is a dynamic extent: compile it with `workbench vortex compile`, "
+                        "which builds kernels for every value")
     info = _BY_NAME[op]
     known = {p.name for p in info.params}
     unknown = sorted(set(params) - known)
@@ -168,6 +182,45 @@ def normalize_params(op: str, params: Mapping[str, object]) -> dict[str, object]
         else:
             out[p.name] = _check_value(op, p, params[p.name])
     return out
+
+
+def _dynamic_names(params: Mapping[str, object]) -> list[str]:
+    return sorted(k for k, v in params.items() if isinstance(v, str) and v == DYN)
+
+
+def split_dynamic(op: str, params: Mapping[str, object]) -> tuple[str, dict[str, object]]:
+    """(the dynamic parameter, every parameter checked with that one set to 1) of a workload
+    with one `dyn` value; UserError when it has none, several, or one `DYNAMIC_PARAMS` lacks."""
+    if op not in _BY_NAME:
+        raise UserError(f"unknown operator {op!r}; known: {', '.join(_BY_NAME)}")
+    dynamic = _dynamic_names(params)
+    allowed = DYNAMIC_PARAMS.get(op, ())
+    if not dynamic:
+        raise UserError(f"{op}: no dynamic extent; give one parameter as dyn (e.g. {allowed[0] if allowed else 'M'}=dyn)")
+    if len(dynamic) > 1:
+        raise UserError(f"{op}: one dynamic extent per workload, got {', '.join(dynamic)}")
+    if dynamic[0] not in allowed:
+        which = f"only {', '.join(allowed)} may be" if allowed else "no parameter may be"
+        raise UserError(f"{op}: {dynamic[0]} cannot be dynamic ({which})")
+    return dynamic[0], normalize_params(op, {**params, dynamic[0]: 1})
+
+
+def symbolic_func(op: str, params: Mapping[str, object], dynamic: str, tile: int, dtype: str = "float32"):
+    """The operator's PrimFunc with `params[dynamic] = T * tile` for an int32 variable T, its
+    last argument (TVM cannot bind T from a buffer shape T * tile, so a caller passes it).
+    The static parameters are checked as `normalize_params` checks them; the element counts
+    that depend on T are the caller's to check for each T it runs."""
+    import tvm
+    from tvm import te
+
+    check_dtype(dtype)
+    if dynamic not in DYNAMIC_PARAMS.get(op, ()):
+        raise UserError(f"{op}: {dynamic} cannot be dynamic")
+    p = normalize_params(op, {**params, dynamic: tile})
+    steps = tvm.tirx.Var("T", "int32")
+    p[dynamic] = steps * tile
+    inputs, output = _BUILDERS[op](p, dtype)
+    return te.create_prim_func([*inputs, output, steps])
 
 
 def _check_value(op: str, p: ParamInfo, value: object) -> object:
@@ -219,21 +272,29 @@ def build(op: str, params: Mapping[str, object], dtype: str = "float32"):
     return from_te(op, p, inputs, output, dtype)
 
 
-def _placeholder(name: str, shape: tuple[int, ...], dtype: str):
+def _placeholder(name: str, shape: tuple, dtype: str):
     from tvm import te
 
-    check_elements(name, shape)
+    _check_static(name, shape)
     return te.placeholder(shape, dtype=dtype, name=name)
+
+
+def _check_static(name: str, shape: tuple) -> None:
+    """`check_elements` where every extent is an int; a symbolic one (`symbolic_func`) has no
+    count until it has a value."""
+    if all(_is_int(d) for d in shape):
+        check_elements(name, shape)
 
 
 def _matmul(p: Mapping, dtype: str):
     from tvm import te
 
     m, n, k, batch = p["M"], p["N"], p["K"], p["B"]
-    lead = (batch,) if batch else ()
+    batched = not (_is_int(batch) and batch == 0)  # a symbolic B is batched
+    lead = (batch,) if batched else ()
     lhs = _placeholder("A", lead + ((k, m) if p["trans_a"] else (m, k)), dtype)
     rhs = _placeholder("B", lead + ((n, k) if p["trans_b"] else (k, n)), dtype)
-    check_elements("C", lead + (m, n))
+    _check_static("C", lead + (m, n))
     rk = te.reduce_axis((0, k), name="k")
 
     def product(bi: tuple, i, j):
@@ -241,7 +302,7 @@ def _matmul(p: Mapping, dtype: str):
         b_at = rhs[bi + ((j, rk) if p["trans_b"] else (rk, j))]
         return te.sum(a_at * b_at, axis=rk)
 
-    if batch:
+    if batched:
         out = te.compute((batch, m, n), lambda b, i, j: product((b,), i, j), name="C")
     else:
         out = te.compute((m, n), lambda i, j: product((), i, j), name="C")
@@ -253,7 +314,7 @@ def _gemv(p: Mapping, dtype: str):
 
     a = _placeholder("A", (p["M"], p["K"]), dtype)
     x = _placeholder("x", (p["K"],), dtype)
-    check_elements("y", (p["M"],))
+    _check_static("y", (p["M"],))
     k = te.reduce_axis((0, p["K"]), name="k")
     return (a, x), te.compute((p["M"],), lambda i: te.sum(a[i, k] * x[k], axis=k), name="y")
 
