@@ -1,0 +1,300 @@
+"""A Vortex bundle on disk (the edge: TVM, files, timing): compile once, run for any value.
+
+`compile_bundle` builds the template's candidates (`hierarchy`), chooses the small set
+(`select`), builds each chosen program with a symbolic outer extent (the catalog's
+`symbolic_func`: the dynamic parameter is T * outer for an int32 argument T, scheduled by the
+existing CPU code generator over a static expression of `TEMPLATE_STEPS` outer tiles, whose
+integers every Python-side decision of the codegen reads), exports one shared library per
+kernel, verifies each against numpy at `verify_values` (1 and two primes beyond its outer
+tile), and writes the dispatch table, the device spec and `manifest.json` into a staging
+directory that is renamed into place only when everything is written: a failure leaves nothing.
+A kernel that fails to build or verify is recorded in the manifest's `failed` and left out of
+the table. Builds and checks run in this process, one after the other (CPU kernels for this
+machine only: a kernel built for another ISA must not run here).
+
+`run` pads only the dynamic axis of the inputs to the chosen kernel's outer tile (zeros: rows
+of the output nobody reads), runs it, slices the output, verifies it and times it
+(`profile.baselines.best_seconds`, repeats of at least 50 ms as every baseline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from workbench.codegen.build import build_kernel
+from workbench.codegen.common import first_line
+from workbench.codegen.export import check_out
+from workbench.codegen.verify import check_output
+from workbench.errors import UserError
+from workbench.files import read_user_text
+from workbench.hardware.loader import load_spec, spec_from_toml_text, spec_to_toml
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops import catalog
+from workbench.ops.reference import random_inputs
+from workbench.ops.shapes import check_elements
+from workbench.rtile.rprogram import RProgram, make_program
+from workbench.rtile.traffic import calculus
+from workbench.vortex.analyzer import Dynamic, at_extent, outer_tile, padded_extent
+from workbench.vortex.hierarchy import candidates
+from workbench.vortex.select import MAX_KERNELS, DispatchTable, dispatch, select
+from workbench.workload import Workload
+
+FORMAT, VERSION = "workbench-vortex-bundle", 1
+MANIFEST, TABLE, DEVICE = "manifest.json", "dispatch.json", "device.toml"
+TEMPLATE_STEPS = 4  # outer tiles along the dynamic axis in the static expression the codegen reads
+DEFAULT_MAX_EXTENT = 4096
+MAX_MANIFEST_BYTES = 2**22  # a manifest or table of a few kernels is kilobytes
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded bundle: where it is, its manifest, its dispatch table and the workload's
+    parameters with the dynamic one as `catalog.DYN`."""
+
+    path: Path
+    manifest: dict
+    table: DispatchTable
+
+    @property
+    def op(self) -> str:
+        return self.manifest["workload"]["op"]
+
+    @property
+    def dtype(self) -> str:
+        return self.manifest["workload"]["dtype"]
+
+    @property
+    def params(self) -> dict:
+        return {k: v for k, v in self.manifest["workload"].items() if k not in ("op", "dtype")}
+
+    def library(self, kernel_id: str) -> Path:
+        return self.path / next(k["library"] for k in self.manifest["kernels"] if k["id"] == kernel_id)
+
+
+def dynamic_workload(workload: Workload) -> tuple[str, str, str, dict]:
+    """(op, dtype, the dynamic parameter, every parameter with it set to 1) of a catalog workload."""
+    if workload.op is None:
+        raise UserError("vortex takes a catalog operator with one dyn extent (--op matmul --shape M=dyn,K=..,N=..)")
+    param, static = catalog.split_dynamic(workload.op, dict(workload.params))
+    return workload.op, workload.dtype, param, static
+
+
+def dynamic_axis(op: str, static: dict, param: str, dtype: str) -> str:
+    """The expression axis the dynamic parameter sizes: the one whose extent follows it."""
+    a, b = (catalog.build(op, {**static, param: v}, dtype) for v in (2, 3))
+    moved = [x.name for x, y in zip(a.axes, b.axes) if x.extent != y.extent]
+    if len(moved) != 1:
+        raise UserError(f"{op}: {param} sizes {len(moved)} axes; a dynamic extent must size exactly one")
+    return moved[0]
+
+
+def verify_values(outer: int) -> tuple[int, ...]:
+    """1 (padded to a whole outer tile), the first prime above the outer tile (two tiles, the
+    second almost empty) and the first prime above three outer tiles (several steps of T)."""
+    return (1, _prime_above(outer), _prime_above(3 * outer))
+
+
+def _prime_above(n: int) -> int:
+    n += 1
+    while any(n % d == 0 for d in range(2, int(n**0.5) + 1)):
+        n += 1
+    return n
+
+
+def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: int = DEFAULT_MAX_EXTENT,
+                   limit: int = MAX_KERNELS, progress=None) -> Bundle:
+    """Build, verify and write a bundle for `workload` (one `dyn` parameter) at `out_dir`
+    (module docstring); UserError when the workload, device or path is refused, or when no
+    kernel builds and verifies (then nothing is written)."""
+    if not device.runs_on_cpu:
+        raise UserError(f"vortex compile builds CPU kernels only for now; {device.name} is a {device.kind}")
+    if device.target_dict() != load_spec("local-cpu").target_dict():
+        raise UserError(f"vortex compile verifies its kernels on this machine: use --device local-cpu "
+                        f"({device.name} targets another CPU)")
+    if not isinstance(max_extent, int) or max_extent < 1:
+        raise UserError(f"--max-extent must be a positive integer, got {max_extent!r}")
+    op, dtype, param, static = dynamic_workload(workload)
+    path = check_out(out_dir)
+    start = time.perf_counter()
+    axis = dynamic_axis(op, static, param, dtype)
+    dyn = Dynamic(param, axis, max_extent)
+    template = catalog.build(op, {**static, param: max_extent}, dtype)
+    chosen = select(candidates(template, device, axis), device, dyn, limit)
+    if not chosen:
+        raise UserError(f"{op}: no candidate kernel fits {device.name}'s hierarchy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name[:40]}.", dir=path.parent))
+    try:
+        kept, records, failed = [], [], []
+        for n, program in enumerate(chosen):
+            kernel_id = f"k{n}"
+            if progress:
+                progress(f"building {kernel_id} ({n + 1}/{len(chosen)})")
+            record = _build_and_check(op, static, dtype, dyn, program, device, staging, kernel_id)
+            if record.get("error"):
+                failed.append(record)
+            else:
+                kept.append((kernel_id, program))
+                records.append(record)
+        if not kept:
+            raise UserError(f"no kernel built and verified; first failure: {failed[0]['error']}")
+        table = DispatchTable(dyn, device, tuple(kept))
+        manifest = {
+            "format": FORMAT, "version": VERSION,
+            "workload": {"op": op, "dtype": dtype, **{k: list(v) if isinstance(v, tuple) else v
+                                                       for k, v in static.items()}, param: catalog.DYN},
+            "dynamic": dyn.to_dict(), "device": device.name, "build": "in-process, one kernel at a time",
+            "compile_seconds": time.perf_counter() - start,
+            "kernels": records, "failed": failed, "table": TABLE, "device_spec": DEVICE,
+        }
+        (staging / TABLE).write_text(json.dumps(table.to_dict()))
+        (staging / DEVICE).write_text(spec_to_toml(device))
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        try:
+            os.rename(staging, path)  # replaces an empty directory only
+        except OSError as err:
+            raise UserError(f"cannot write the bundle {path}: {err.strerror or err}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return load_bundle(path)
+
+
+def _build_and_check(op, static, dtype, dyn: Dynamic, program: RProgram, device: DeviceSpec, folder: Path,
+                     kernel_id: str) -> dict:
+    """Build one kernel, export its library into `folder`, verify it: its manifest record, with
+    `error` where any step failed (that kernel's failure, never the bundle's)."""
+    outer = outer_tile(program, dyn)
+    record = {"id": kernel_id, "outer": outer, "tiles": [dict(zip(program.axes, t)) for t in program.tiles],
+              "library": f"{kernel_id}.so"}
+    try:
+        static_expr = catalog.build(op, {**static, dyn.param: outer * TEMPLATE_STEPS}, dtype)
+        built_program = make_program(calculus(static_expr), device, program.tiles, program.cached, program.eps)
+        symbolic = catalog.symbolic_func(op, static, dyn.param, outer, dtype)
+        kernel = build_kernel(replace(static_expr, func=symbolic), built_program, device, sources=False)
+        record["build_seconds"] = kernel.build_seconds
+        if not kernel.ok:
+            return record | {"error": kernel.error}
+        library = folder / record["library"]
+        kernel.executable.export_library(str(library))
+        entry = _load(library)
+        checks = []
+        for value in verify_values(outer):
+            check, _ = _execute(entry, program.expr, dyn, outer, value, seed=0, timed=False)
+            checks.append({"value": value, "correct": check.correct, "max_rel_err": check.max_rel_err,
+                           "error": check.error})
+        record["verified"] = checks
+        wrong = [c for c in checks if not c["correct"]]
+        if wrong:
+            return record | {"error": f"wrong at {dyn.param}={wrong[0]['value']}: {wrong[0]['error']}"}
+        return record
+    except Exception as err:  # TVM raises many error types; each is this kernel's failure
+        return record | {"error": f"{type(err).__name__}: {first_line(err)}"}
+
+
+def _load(library: Path):
+    import tvm
+
+    return tvm.runtime.load_module(str(library))["main"]
+
+
+def _execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, timed: bool):
+    """Run the kernel `entry` (outer tile `outer`) at `value`: pad, run, slice, verify, and time
+    when `timed`. (Verification, seconds or None)."""
+    import tvm
+
+    from workbench.profile.baselines import best_seconds
+
+    padded = padded_extent(value, outer)
+    exact = at_extent(template, dyn.axis, value, dyn.param)
+    wide = at_extent(template, dyn.axis, padded, dyn.param)
+    for arg in wide.args:
+        check_elements(arg.name, arg.shape)
+    inputs = random_inputs(exact, seed)
+    dev = tvm.cpu()
+    arrays = []
+    for x, arg in zip(inputs, (a for a in wide.args if a.role == "input")):
+        grown = np.zeros(arg.shape, dtype=x.dtype)
+        grown[tuple(slice(0, s) for s in x.shape)] = x
+        arrays.append(tvm.runtime.tensor(grown, dev))
+    out_arg = wide.args[-1]
+    out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
+    steps = padded // outer
+    entry(*arrays, out, steps)
+    result = out.numpy()[tuple(slice(0, s) for s in exact.args[-1].shape)]
+    check = check_output(exact, inputs, result)
+    seconds = best_seconds(lambda: entry(*arrays, out, steps)) if timed and check.correct else None
+    return check, seconds
+
+
+def load_bundle(path) -> Bundle:
+    """The bundle at `path`; UserError naming what is missing or malformed."""
+    folder = Path(path)
+    if not (folder / MANIFEST).is_file():
+        raise UserError(f"{path}: not a vortex bundle (no {MANIFEST})")
+    try:
+        manifest = json.loads(read_user_text(folder / MANIFEST, "manifest", MAX_MANIFEST_BYTES))
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise UserError(f"{path}: not a {FORMAT} version {VERSION}")
+        device = spec_from_toml_text(read_user_text(folder / DEVICE, "device spec", MAX_MANIFEST_BYTES),
+                                     str(folder / DEVICE), check_target=False)
+        table = DispatchTable.from_dict(json.loads(read_user_text(folder / TABLE, "dispatch table",
+                                                                  MAX_MANIFEST_BYTES)), device)
+        ids = {k["id"] for k in manifest["kernels"]}
+        workload = manifest["workload"]
+        catalog.split_dynamic(workload["op"], {k: v for k, v in workload.items() if k not in ("op", "dtype")})
+    except UserError as err:
+        raise UserError(f"{path}: malformed bundle: {err}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise UserError(f"{path}: malformed bundle: {type(err).__name__} {first_line(err)}") from None
+    if {k for k, _ in table.kernels} != ids:
+        raise UserError(f"{path}: malformed bundle: the dispatch table and the manifest list different kernels")
+    bundle = Bundle(folder, manifest, table)
+    for kernel_id in sorted(ids):
+        if not bundle.library(kernel_id).is_file():
+            raise UserError(f"{path}: malformed bundle: library {bundle.library(kernel_id).name} is missing")
+    return bundle
+
+
+def value_of(bundle: Bundle, shape: dict) -> int:
+    """The dynamic extent's value in `shape` (`--shape M=77`, the static parameters optional
+    but equal to the bundle's); UserError for any other parameter, a static one that differs,
+    or a value that is not a positive integer."""
+    params, param = bundle.params, bundle.table.dyn.param
+    if param not in shape:
+        raise UserError(f"--shape: give the dynamic extent {param} (e.g. {param}=77)")
+    for key, value in shape.items():
+        if key == param:
+            continue
+        if key not in params:
+            raise UserError(f"--shape: {key} is not a parameter of this bundle ({', '.join(sorted(params))})")
+        expected = tuple(params[key]) if isinstance(params[key], list) else params[key]
+        if value != expected:
+            raise UserError(f"--shape: {key}={value} does not match the bundle's {key}={expected}")
+    value = shape[param]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"--shape: {param} must be a positive integer, got {value!r}")
+    return value
+
+
+def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
+    """Select the kernel for `value`, run it on random inputs (`seed`), verify and time it:
+    {"shape", "kernel", "predicted_seconds", "measured_seconds", "correct"} (measured None
+    when the result is wrong), plus "error" saying why it is not correct."""
+    value = value_of(bundle, {bundle.table.dyn.param: value})
+    kernel_id, predicted = dispatch(bundle.table, value)
+    program = bundle.table.program(kernel_id)
+    dyn = bundle.table.dyn
+    check, seconds = _execute(_load(bundle.library(kernel_id)), program.expr, dyn, outer_tile(program, dyn),
+                              value, seed, timed=True)
+    shape = bundle.params | {dyn.param: value}
+    return {"shape": shape, "kernel": kernel_id, "predicted_seconds": predicted, "measured_seconds": seconds,
+            "correct": check.correct, "error": check.error}

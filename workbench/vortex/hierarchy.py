@@ -1,0 +1,189 @@
+"""Vortex's hardware hierarchy (the paper's Table 1) as candidate rPrograms, without shape samples.
+
+Levels, top first, each a tile of the expression's axes (`rtile.rprogram`):
+
+- level 0, the register micro-kernel: on a CPU the register tiles the alignment rules allow
+  (SIMD lanes along the `lane_axis`, enough FMA accumulators, within the vector registers),
+  preferring those the device's calibration measured (`DeviceSpec.micro_kernels`); on a GPU a
+  thread's register tile (Roller's register steps) or the warp's MMA fragment tile.
+- level 1, one unit's work: on a CPU a core's L1 and then L2 tiles (the cache buffers of one
+  thread of TVM's pool); on a GPU the thread block's shared-memory tile (whole warps, at most
+  `max_threads_per_block` threads, within shared memory). Every tile is an integer multiple of
+  the tile one layer up within that layer's capacity (`filter_by_multiples`).
+- level 2, the parallel level: the grid of unit tiles over the cores / SMs. Only here does the
+  dynamic axis pad: its extent is rounded up to whole unit tiles (`analyzer.padded_extent`).
+
+Loops are classified as Vortex classifies them (`loop_class`): spatial loops of the grid are
+parallel, spatial loops inside a unit temporal-spatial, reduce loops temporal-reduction; the
+analyzer's cost is the temporal cost of one unit times the parallel waves.
+
+The tiles are chosen on a template expression whose dynamic axis has the declared upper bound
+as its extent; the rules that judge padding (`TensorShapeRule`) do not judge the dynamic axis,
+whose padding the analyzer prices per value instead.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from math import ceil
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.alignment import (
+    RULES, AlignContext, TensorShapeRule, is_micro_kernel_layer, micro_kernel_registers, thread_count, tile_lanes,
+)
+from workbench.rtile.model import estimate, latency_coverage, micro_kernel_shape, simd_utilisation
+from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program
+from workbench.rtile.traffic import calculus
+
+Tile = tuple[int, ...]
+
+# Register-tile sizes tried per axis at level 0 (every size a micro-kernel of up to 32 vector
+# registers can have along its rows, and whole vectors of 8 or 16 lanes along the lane axis);
+# the rules keep the aligned ones.
+LEVEL0_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 14, 16, 24, 32, 48, 64)
+# Per-axis multiples from one level to the next (`filter_by_multiples`): powers of two and
+# their 1.5x, so tiles of 3 x 2^n rows (BERT's 768, 2304) are reachable.
+MULTIPLIERS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+KEEP_LEVEL0 = 4  # register micro-kernels kept (the most efficient, one per size along the dynamic axis)
+KEEP_PER_SIZE = 2  # tiles kept per level and per size along the dynamic axis (least predicted time)
+# Padding allowed on the static axes, tried in order until a level has candidates (Roller's eps).
+EPS_LADDER = (0.0, 0.25, 1.0)
+
+PARALLEL, TEMPORAL_SPATIAL, TEMPORAL_REDUCTION = "parallel", "temporal-spatial", "temporal-reduction"
+
+
+def loop_class(expr: TensorExpr, axis: int, parallel_level: bool) -> str:
+    """Vortex's loop classes: a spatial loop of the grid over the units is parallel, one inside
+    a unit temporal-spatial; a reduce loop is temporal-reduction at every level."""
+    if expr.axes[axis].kind == "reduce":
+        return TEMPORAL_REDUCTION
+    return PARALLEL if parallel_level else TEMPORAL_SPATIAL
+
+
+def unit_levels(device: DeviceSpec) -> range:
+    """The memory layers a candidate has a tile at: registers down to the unit's last layer
+    (CPU: registers, L1, L2; GPU: registers, shared memory)."""
+    return range(device.unit_layer_index + 1)
+
+
+def _aligned(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, tile: Tile, dyn: int, eps: float) -> bool:
+    """The alignment rules at `layer`, but no padding judgement of the dynamic axis."""
+    ctx = AlignContext(expr, device, layer, upper, eps)
+    for rule in RULES:
+        for a, size in enumerate(tile):
+            if a == dyn and isinstance(rule, TensorShapeRule):
+                continue
+            if not rule.axis_ok(ctx, a, size):
+                return False
+        if not rule.tile_ok(ctx, tile):
+            return False
+    return True
+
+
+def _fits(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, tile: Tile) -> bool:
+    calc = calculus(expr)
+    if layer_footprint(calc, device, layer, tile) > layer_capacity(device, layer):
+        return False
+    if device.is_thread_block_layer(layer):
+        return thread_count(expr, tile, upper, tile_lanes(expr, device)) <= device.max_threads_per_block
+    return True
+
+
+def _within(expr: TensorExpr, axis: int, size: int, base: int) -> bool:
+    """A size no larger than one tile covering the axis (the dynamic axis: its upper bound)."""
+    extent = expr.axes[axis].extent
+    return size <= ceil(extent / base) * base
+
+
+def filter_by_multiples(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, dyn: int,
+                        eps: float) -> list[Tile]:
+    """Vortex's FilterByMultiples: the tiles at `layer` whose every axis is an integer multiple
+    (`MULTIPLIERS`) of the tile one level up, aligned at `layer` and within its capacity."""
+    options = [
+        [base * m for m in MULTIPLIERS if _within(expr, a, base * m, base)]
+        for a, base in enumerate(upper)
+    ]
+    return [t for t in product(*options)
+            if _aligned(expr, device, layer, upper, t, dyn, eps) and _fits(expr, device, layer, upper, t)]
+
+
+def register_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -> list[Tile]:
+    """Level 0: the aligned register tiles within the register budget, the most efficient
+    first, at most `KEEP_LEVEL0`, one per size along the dynamic axis. Efficiency: the measured
+    micro-kernel's share of peak where calibration measured it (only measured ones are kept
+    when any fits), else SIMD lanes filled x FMA latency covered (`rtile.model`); on a GPU all
+    tiles are equal there and the least traffic (most reuse) decides."""
+    ones = tuple(1 for _ in expr.axes)
+    sizes = [[s for s in LEVEL0_SIZES if _within(expr, a, s, 1)] for a in range(len(expr.axes))]
+    tiles = [t for t in product(*sizes)
+             if _aligned(expr, device, 0, ones, t, dyn, eps) and _fits(expr, device, 0, ones, t)]
+    measured = {t: _measured_share(expr, device, t) for t in tiles}
+    if any(v is not None for v in measured.values()):
+        tiles = [t for t in tiles if measured[t] is not None]
+    calc = calculus(expr)
+
+    def key(t: Tile) -> tuple:
+        if measured[t] is not None:
+            share = measured[t]
+        elif is_micro_kernel_layer(device, 0):
+            share = simd_utilisation(expr, device, t) * latency_coverage(expr, device, t)
+        else:
+            share = 1.0
+        regs = micro_kernel_registers(expr, device, t) if is_micro_kernel_layer(device, 0) else 0
+        return (-round(share, 9), calc.traffic_bytes(t), regs, t)
+
+    return _one_per_size(sorted(tiles, key=key), dyn, KEEP_LEVEL0)
+
+
+def _measured_share(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> float | None:
+    shape = micro_kernel_shape(expr, device, tile) if device.micro_kernels and not device.lanes_are_threads else None
+    kernel = device.micro_kernel(expr.dtype, *shape) if shape else None
+    return None if kernel is None else kernel.gflops / device.peak(expr.dtype)
+
+
+def _one_per_size(tiles: list[Tile], dyn: int, keep: int) -> list[Tile]:
+    seen, out = set(), []
+    for t in tiles:
+        if t[dyn] not in seen:
+            seen.add(t[dyn])
+            out.append(t)
+    return out[:keep]
+
+
+def candidates(expr: TensorExpr, device: DeviceSpec, dyn_axis: str) -> tuple[RProgram, ...]:
+    """The candidate programs of Table 1 on the template `expr` (module docstring): level-0
+    micro-kernels, then at each unit layer the multiples of the layer above that fit, keeping
+    per size along the dynamic axis the `KEEP_PER_SIZE` of least predicted time (`_least_cost`);
+    at the first eps of `EPS_LADDER` that gives any. Sorted by their tiles."""
+    dyn = expr.axis_index(dyn_axis)
+    for eps in EPS_LADDER:
+        chains = [(t,) for t in register_tiles(expr, device, dyn, eps)]
+        for layer in list(unit_levels(device))[1:]:
+            grown = {chain + (t,) for chain in chains for t in filter_by_multiples(expr, device, layer, chain[-1], dyn, eps)}
+            chains = _least_cost(expr, device, sorted(grown), dyn, eps)
+        if chains:
+            calc = calculus(expr)
+            return tuple(make_program(calc, device, chain, [True] * len(chain), eps) for chain in sorted(chains))
+    return ()
+
+
+def _least_cost(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], dyn: int,
+                eps: float) -> list[tuple[Tile, ...]]:
+    """Per size of the last tile along the dynamic axis, the `KEEP_PER_SIZE` chains of least
+    predicted time on the template (`rtile.model.estimate`), a chain short of the unit layer
+    completed by repeating its last tile (the layers below hold the same tile: no reuse)."""
+    calc = calculus(expr)
+    levels = len(unit_levels(device))
+
+    def predicted(chain: tuple[Tile, ...]) -> float:
+        tiles = chain + (chain[-1],) * (levels - len(chain))
+        return estimate(make_program(calc, device, tiles, [True] * levels, eps), device).predicted_seconds
+
+    groups: dict[int, list] = {}
+    for chain in chains:
+        groups.setdefault(chain[-1][dyn], []).append(chain)
+    out = []
+    for size in sorted(groups):
+        out += sorted(groups[size], key=lambda c: (predicted(c), c))[:KEEP_PER_SIZE]
+    return out
