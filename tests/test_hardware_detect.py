@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from workbench.hardware.detect import (
+    DEFAULT_CPU_LAUNCH_US,
     DEFAULT_FMA,
     count_cpu_list,
     detect_local_cpu,
@@ -129,6 +130,9 @@ def test_detection_on_fake_trees(tmp_path, machine):
     latency, pipes = EXPECTED_FMA[machine]
     assert (spec.fma_latency_cycles, spec.fma_pipes, spec.fma_accumulators) == (latency, pipes, latency * pipes)
     assert {"fma_latency_cycles", "fma_pipes"} <= set(dict(spec.sources))
+    # the launch is a stated constant until calibration measures it, and its source says so
+    assert spec.launch_overhead_us == DEFAULT_CPU_LAUNCH_US
+    assert dict(spec.sources)["launch_overhead_us"].startswith("estimate, not measured here")
     # Peak estimate: cores x GHz x lanes x 2 (FMA) x FMA pipes.
     assert spec.peak("float32") == pytest.approx(4 * ghz * lanes * 2 * pipes, rel=1e-3)
     written, read = reloaded(spec, parse_cpuinfo(MACHINES[machine][0]).isa)

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from workbench.errors import UserError
 from workbench.hardware import loader
+from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US
 from workbench.hardware.loader import (
+    DEFAULT_GPU_LAUNCH_US,
     MAX_SPEC_BYTES,
     SPECS_DIR,
     list_presets,
@@ -30,6 +32,7 @@ DEVICE_NUMBERS = (
     "registers_per_unit",
     "peak_gflops",
     "target",
+    "launch_overhead_us",
 )
 CPU_NUMBERS = ("fma_latency_cycles", "fma_pipes")
 
@@ -135,6 +138,50 @@ def test_broken_fma_facts_name_the_field(text, old, new, message):
     with pytest.raises(UserError) as info:
         spec_from_toml_text(source.replace(old, new), check_target=False)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def _preset_text(name: str) -> str:
+    return (SPECS_DIR / f"{name}.toml").read_text()
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_states_its_launch_overhead_and_says_it_is_an_estimate(name):
+    """The value is in the file itself (not the loader's default), and its source says it was
+    not measured on the device: none of the presets' launches were."""
+    spec = load_spec(name)
+    assert "\nlaunch_overhead_us = " in _preset_text(name)
+    assert 0 < spec.launch_overhead_us < 100
+    assert spec.launch_seconds == pytest.approx(spec.launch_overhead_us * 1e-6)
+    assert dict(spec.sources)["launch_overhead_us"].startswith("estimate, not measured on this device")
+
+
+@pytest.mark.parametrize("text, kind, wanted", [("v100", "gpu", DEFAULT_GPU_LAUNCH_US), ("xeon", "cpu", DEFAULT_CPU_LAUNCH_US)])
+def test_a_spec_written_before_the_launch_field_loads_with_a_noted_default(text, kind, wanted):
+    source = {"xeon": XEON_TEXT, "v100": V100_TEXT}[text]
+    old = "\n".join(line for line in source.splitlines() if not line.startswith("launch_overhead_us"))
+    spec = spec_from_toml_text(old, check_target=False)
+    assert spec.kind == kind and spec.launch_overhead_us == wanted
+    assert dict(spec.sources)["launch_overhead_us"].startswith(f"not in the spec file: {wanted:g} us assumed")
+    assert spec_from_toml_text(spec_to_toml(spec), check_target=False) == spec  # written back, kept
+
+
+def test_a_zero_launch_overhead_is_allowed():
+    spec = spec_from_toml_text(V100_TEXT.replace("launch_overhead_us = 5.0", "launch_overhead_us = 0"), check_target=False)
+    assert spec.launch_overhead_us == 0.0 and spec.launch_seconds == 0.0
+
+
+@pytest.mark.parametrize("new, message", [
+    ("launch_overhead_us = -1.0", "device.launch_overhead_us must be a number >= 0, got -1.0"),
+    ('launch_overhead_us = "5 us"', "device.launch_overhead_us must be a number >= 0, got '5 us'"),
+    ("launch_overhead_us = true", "device.launch_overhead_us must be a number >= 0, got True"),
+    ("launch_overhead_us = nan", "device.launch_overhead_us must be a number >= 0"),
+    ("launch_overhead_us = 50000.0", "device.launch_overhead_us must be below 10000 us (microseconds), got 50000.0"),
+])
+def test_a_bad_launch_overhead_is_one_line_naming_the_field(new, message):
+    assert V100_TEXT.count("launch_overhead_us = 5.0") == 1
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(V100_TEXT.replace("launch_overhead_us = 5.0", new), label="spec v100.toml", check_target=False)
+    assert str(info.value).startswith("spec v100.toml: ") and message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_summary_is_json():

@@ -22,6 +22,10 @@ TVM-built kernels, run on all `compute_units` cores at once through TVM's parall
   1 to 4 vectors wide, every row count whose registers fit the micro-kernel's register budget
   (`micro_kernel_shapes`), in float32 and float64. The rTile model divides a program's compute
   by the measured rate of the micro-kernel its register tile runs, where there is one.
+- kernel launch: an empty parallel kernel (each core adds one to one vector) called over and over
+  from Python, as `models.execute` calls a model's kernels: the time of one call is what the
+  spec's `launch_overhead_us` prices per kernel (the call through TVM's runtime and the fork and
+  join of its thread pool), measured in microseconds.
 
 The register layer's bandwidth is derived, not measured: each FMA reads 3 operands, so it is the
 measured float32 FMA rate x 3 x 4 B. Capacities and latencies are not measured and keep their
@@ -99,11 +103,11 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class Probe:
     """One micro-benchmark: a streaming read of `bytes_per_core` per core for layer `label`
-    (kind "stream"), the FMA kernel in dtype `label` (kind "fma"), or the register micro-kernel
+    (kind "stream"), the FMA kernel in dtype `label` (kind "fma"), the register micro-kernel
     of `rows` x `cols` accumulators of `dtype` over panels of `depth` reduction steps (kind
-    "micro", label "float32 6x16")."""
+    "micro", label "float32 6x16"), or an empty kernel's call (kind and label "launch")."""
 
-    kind: str  # "stream" | "fma" | "micro"
+    kind: str  # "stream" | "fma" | "micro" | "launch"
     label: str  # layer name (stream), dtype (fma) or "<dtype> <rows>x<cols>" (micro)
     bytes_per_core: int = 0
     dtype: str = ""  # micro only, as are the three below
@@ -115,7 +119,7 @@ class Probe:
 @dataclass(frozen=True)
 class ProbeResult:
     probe: Probe
-    value: float  # GB/s (stream) or GFLOP/s (fma, micro; the whole device), the best run
+    value: float  # GB/s (stream), GFLOP/s (fma, micro; the whole device) or us a call (launch), the best run
     runs: int
     threads: int
 
@@ -127,8 +131,8 @@ def calibrate(
     quick: bool = False,
     progress: Progress | None = None,
 ) -> DeviceSpec:
-    """`spec` with the bandwidths, peak compute and register micro-kernels measured on this
-    machine (`calibrated=True`).
+    """`spec` with the bandwidths, peak compute, register micro-kernels and kernel launch
+    measured on this machine (`calibrated=True`).
 
     Measures this machine's CPU with `spec`'s cores, SIMD width and TVM target, so `spec` should
     be `local-cpu`. Takes about `budget_seconds`, plus compiling the micro-kernels (about 70 ms
@@ -195,7 +199,8 @@ def calibrated_spec_path() -> Path:
 
 def probes(spec: DeviceSpec, threads: int, quick: bool = False) -> tuple[Probe, ...]:
     """The measurements for `spec` on `threads` cores: a streaming read per cache layer and DRAM,
-    the FMA kernel per dtype, then the register micro-kernels (`micro_kernel_probes`)."""
+    the FMA kernel per dtype, the register micro-kernels (`micro_kernel_probes`), then a
+    kernel launch."""
     stream = []
     for layer in spec.layers:
         if layer.scope == "unit":
@@ -205,7 +210,7 @@ def probes(spec: DeviceSpec, threads: int, quick: bool = False) -> tuple[Probe, 
             total = min(total, layer.capacity_bytes // 4)
             stream.append(Probe("stream", layer.name, total // threads))
     fma = tuple(Probe("fma", dtype) for dtype in FLOAT_DTYPES)
-    return tuple(stream) + fma + micro_kernel_probes(spec, quick)
+    return tuple(stream) + fma + micro_kernel_probes(spec, quick) + (Probe("launch", "launch"),)
 
 
 def micro_kernel_shapes(spec: DeviceSpec, quick: bool = False) -> tuple[tuple[int, int], ...]:
@@ -265,7 +270,8 @@ def measure(
             value, runs = pool.submit(run_probe, *args).result()
             results.append(ProbeResult(probe, value, runs, threads))
             if progress is not None:
-                progress(f"{probe.label}: {value:.1f} {'GB/s' if probe.kind == 'stream' else 'GFLOP/s'}")
+                unit = {"stream": "GB/s", "launch": "us a call"}.get(probe.kind, "GFLOP/s")
+                progress(f"{probe.label}: {value:.1f} {unit}")
     return tuple(results)
 
 
@@ -288,11 +294,18 @@ def apply_measurements(spec: DeviceSpec, results: tuple[ProbeResult, ...], day: 
             key=lambda k: (k.dtype, k.rows, k.cols),
         ))
         new_sources["micro_kernels"] = f"measured by workbench calibrate on {day}: {_micro_method(micro)}"
+    launch = by_label.get("launch")
+    launch_us = spec.launch_overhead_us
+    if launch is not None:
+        launch_us = round(launch.value, 2)
+        new_sources["launch_overhead_us"] = f"measured by workbench calibrate on {day}: {_launch_method(launch)}"
     sources = tuple(sorted((dict(spec.sources) | new_sources).items()))
-    what = "bandwidths, peak compute and register micro-kernels" if micro else "bandwidths and peak compute"
+    parts = ["bandwidths", "peak compute"] + ["register micro-kernels"] * bool(micro) + ["kernel launch"] * bool(launch)
+    what = ", ".join(parts[:-1]) + " and " + parts[-1]
     source = f"{what} measured by workbench calibrate on {day}; before that: {spec.source}"
     return replace(
-        spec, layers=layers, peak_gflops=peak, micro_kernels=kernels, sources=sources, source=source, calibrated=True
+        spec, layers=layers, peak_gflops=peak, micro_kernels=kernels, sources=sources, source=source, calibrated=True,
+        launch_overhead_us=launch_us,
     )
 
 
@@ -334,6 +347,13 @@ def _micro_method(micro: list[ProbeResult]) -> str:
     )
 
 
+def _launch_method(result: ProbeResult) -> str:
+    return (
+        f"an empty TVM-built parallel kernel over {result.threads} threads called from Python, one call's "
+        f"time (the call and the thread pool's fork and join), best of {result.runs} runs of many calls"
+    )
+
+
 def _size(nbytes: int) -> str:
     for unit, scale in (("MiB", 1024**2), ("KiB", 1024)):
         if nbytes >= scale:
@@ -366,6 +386,8 @@ def run_probe(probe: Probe, target: dict, lanes: int, threads: int, slot_s: floa
     dev = tvm.cpu()
     if probe.kind == "micro":
         return _run_micro(probe, target, lanes, threads, slot_s)
+    if probe.kind == "launch":
+        return _run_launch(target, lanes, threads, slot_s)
     dtype = "float32" if probe.kind == "stream" else probe.label
     width = lanes * 4 // np.dtype(dtype).itemsize * (ACCUMULATORS if probe.kind == "stream" else FMA_ACCUMULATORS)
     if probe.kind == "stream":
@@ -395,6 +417,23 @@ def _run_micro(probe: Probe, target: dict, lanes: int, threads: int, slot_s: flo
     func = _micro_kernel(dtype, rows, cols // dtype_lanes, dtype_lanes, depth, _target_key(target))
     seconds, reps, runs = _best_seconds(lambda reps: func(*args, reps), slot_s)
     return threads * depth * rows * cols * 2 * reps / seconds / 1e9, runs
+
+
+def _run_launch(target: dict, lanes: int, threads: int, slot_s: float) -> tuple[float, int]:
+    """Microseconds of one call of an empty parallel kernel, called `reps` times in a row from
+    Python (a model's kernels are called one after the other the same way)."""
+    import numpy as np
+    import tvm
+
+    arg = tvm.runtime.tensor(np.zeros((threads, lanes), "float32"), tvm.cpu())
+    func = _kernel("launch", "float32", lanes, _target_key(target))
+
+    def calls(reps: int) -> None:
+        for _ in range(reps):
+            func(arg)
+
+    seconds, reps, runs = _best_seconds(calls, slot_s)
+    return seconds / reps * 1e6, runs
 
 
 def _target_key(target: dict) -> tuple:
@@ -430,7 +469,8 @@ def _kernel(kind: str, dtype: str, lanes: int, target_key: tuple):
     import tvm
 
     dtype_lanes = lanes * 4 // np.dtype(dtype).itemsize
-    func = _stream_func(dtype_lanes) if kind == "stream" else _fma_func(dtype_lanes, dtype)
+    funcs = {"stream": _stream_func, "launch": _launch_func}
+    func = funcs[kind](dtype_lanes) if kind in funcs else _fma_func(dtype_lanes, dtype)
     executable = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(dict(target_key)))
     return executable.jit()["main"]
 
@@ -462,6 +502,23 @@ def _stream_func(lanes: int):
                     B[p, u * lanes + v] = acc[u * lanes + v]
 
     return stream
+
+
+def _launch_func(lanes: int):
+    """Each of `parts` threads adds one to its own vector: next to no work, so a call's time is
+    the call and the thread pool's fork and join."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def launch(a: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        parts = T.int32()
+        A = T.match_buffer(a, (parts, lanes), "float32")
+        for p in T.parallel(parts):
+            for v in T.vectorized(lanes):
+                A[p, v] = A[p, v] + T.float32(1)
+
+    return launch
 
 
 def _fma_func(lanes: int, dtype: str):

@@ -111,6 +111,17 @@ _ARM_FMA = {
 # (Haswell, Zen 2). More accumulators than a core needs cost registers, never FMA throughput.
 DEFAULT_FMA = FmaFacts(5, 2, "core not in the workbench's table: 5-cycle FMA x 2 pipes assumed (Haswell, Zen 2)")
 
+# A CPU kernel's launch: a call through TVM's runtime and the fork and join of its thread pool
+# over the cores. On the 2-core development machine (AMD EPYC, TVM 0.27, the pool sized to the
+# cores) an empty parallel kernel called from Python took 1.3 us a call (0.9 us inside TVM's
+# time_evaluator, which leaves out Python's call); a pool over more cores forks and joins more
+# threads, so the detected spec assumes 2 us, an estimate until `device detect --calibrate`
+# measures this machine (`calibrate`, probe "launch").
+DEFAULT_CPU_LAUNCH_US = 2.0
+DEFAULT_CPU_LAUNCH_SOURCE = (f"estimate, not measured here: {DEFAULT_CPU_LAUNCH_US:g} us, a TVM kernel's call and its "
+                             "thread pool's fork and join (an empty parallel kernel took 1.3 us on a 2-core EPYC); "
+                             "`workbench device detect --calibrate` measures it")
+
 
 @dataclass(frozen=True)
 class CpuInfo:
@@ -291,6 +302,7 @@ def build_local_spec(
         calibrated=False,
         fma_latency_cycles=fma.latency_cycles,
         fma_pipes=fma.pipes,
+        launch_overhead_us=DEFAULT_CPU_LAUNCH_US,
         sources=_device_sources(info, registers, fma, per_cycle, mcpu),
     )
 
@@ -342,6 +354,7 @@ def _device_sources(info: CpuInfo, registers: int, fma: FmaFacts, per_cycle: str
          "SMT siblings sharing an L1d counted once)"),
         ("fma_latency_cycles", fma.source),
         ("fma_pipes", fma.source),
+        ("launch_overhead_us", DEFAULT_CPU_LAUNCH_SOURCE),
         ("max_threads_per_block", one_per_core),
         ("max_threads_per_unit", one_per_core),
         ("peak_gflops", f"uncalibrated estimate: {per_cycle} x fp32 lanes x 2 (FMA) x "

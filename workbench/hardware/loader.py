@@ -16,7 +16,7 @@ from pathlib import Path
 from workbench.errors import UserError
 from workbench.files import read_user_text
 from workbench.hardware.calibrate import MICRO_KERNEL_SLACK, calibrated_spec_path
-from workbench.hardware.detect import DEFAULT_FMA, LOCAL_CPU_NAME, detect_local_cpu
+from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US, DEFAULT_FMA, LOCAL_CPU_NAME, detect_local_cpu
 from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer, MicroKernel
 
 if sys.version_info >= (3, 11):
@@ -40,7 +40,16 @@ _DEVICE_INTS = (
 # FMA facts of a CPU core (0 on GPUs). A CPU spec without them gets DEFAULT_FMA (5 cycles x 2
 # pipes): more accumulators than a core needs cost registers, never FMA throughput.
 _DEVICE_FMA = ("fma_latency_cycles", "fma_pipes")
-_DEVICE_KEYS = ("name", "kind", "vendor", "source", "calibrated") + _DEVICE_INTS + _DEVICE_FMA
+# What one kernel launch costs (microseconds). Optional, so that spec files written before the
+# field load: without it a GPU gets DEFAULT_GPU_LAUNCH_US, a CPU detect's DEFAULT_CPU_LAUNCH_US, and
+# [sources] says it was assumed. A launch of 10 ms or more is a unit mistake, not a device.
+_LAUNCH = "launch_overhead_us"
+MAX_LAUNCH_US = 10_000.0
+# A CUDA or ROCm kernel launch as commonly measured with back-to-back empty kernels: a few
+# microseconds (about 2-5 us on recent NVIDIA drivers, more on older GPUs and AMD's HIP); an
+# estimate for a spec that does not say.
+DEFAULT_GPU_LAUNCH_US = 5.0
+_DEVICE_KEYS = ("name", "kind", "vendor", "source", "calibrated", _LAUNCH) + _DEVICE_INTS + _DEVICE_FMA
 _LAYER_KEYS = (
     "name",
     "scope",
@@ -52,7 +61,7 @@ _LAYER_KEYS = (
     "bank_width_bytes",
     "source",
 )
-_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + ("peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels")
+_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + (_LAUNCH, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels")
 _TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "micro_kernels", "target", "layer")
 _DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
 _TILE_SHAPE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)")  # a micro-kernel's rows x columns: "6x16"
@@ -129,6 +138,10 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     ints.update(_fma(device))
     peak = _gflops(doc, "peak_gflops", required=True)
     tensor_core = _gflops(doc, "tensor_core_gflops", required=False)
+    launch_us, launch_note = _launch(device)
+    sources = _sources(doc)
+    if launch_note and _LAUNCH not in dict(sources):
+        sources = tuple(sorted(sources + ((_LAUNCH, launch_note),)))
     spec = DeviceSpec(
         name=_text(device.get("name", _MISSING), "device.name"),
         kind=_choice(device.get("kind", _MISSING), DEVICE_KINDS, "device.kind"),
@@ -140,8 +153,9 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
         target=_target(doc),
         source=_text(device.get("source", _MISSING), "device.source"),
         calibrated=_bool(device.get("calibrated", False), "device.calibrated"),
-        sources=_sources(doc),
+        sources=sources,
         micro_kernels=_micro_kernels(doc),
+        launch_overhead_us=launch_us,
         **ints,
     )
     _check_consistency(spec)
@@ -165,6 +179,20 @@ def _fma(device: dict) -> dict[str, int]:
     if not cpu and any(values.values()):
         raise UserError("device.fma_latency_cycles and device.fma_pipes describe CPU cores: 0 (or absent) on a GPU")
     return values
+
+
+def _launch(device: dict) -> tuple[float, str]:
+    """device.launch_overhead_us, a number in [0, MAX_LAUNCH_US); absent (a spec written before
+    the field): the default for the device's kind and a note saying it was assumed."""
+    if _LAUNCH not in device:
+        gpu = device.get("kind") == "gpu"
+        default = DEFAULT_GPU_LAUNCH_US if gpu else DEFAULT_CPU_LAUNCH_US
+        what = "a GPU kernel launch as commonly measured" if gpu else "a TVM CPU kernel's call and thread pool fork/join"
+        return default, f"not in the spec file: {default:g} us assumed ({what}; an estimate)"
+    value = _number(device[_LAUNCH], f"device.{_LAUNCH}", positive=False)
+    if value >= MAX_LAUNCH_US:
+        raise UserError(f"device.{_LAUNCH} must be below {MAX_LAUNCH_US:g} us (microseconds), got {device[_LAUNCH]!r}")
+    return value, ""
 
 
 def _check_consistency(spec: DeviceSpec) -> None:
@@ -469,7 +497,8 @@ def _scalar(value: object, field: str) -> None:
 def spec_to_toml(spec: DeviceSpec) -> str:
     """The spec as TOML text that `spec_from_toml_text` reads back to an equal spec."""
     device = [("name", spec.name), ("kind", spec.kind), ("vendor", spec.vendor), ("source", spec.source)]
-    device += [(key, getattr(spec, key)) for key in _DEVICE_INTS + _DEVICE_FMA] + [("calibrated", spec.calibrated)]
+    device += [(key, getattr(spec, key)) for key in _DEVICE_INTS + _DEVICE_FMA + (_LAUNCH,)]
+    device += [("calibrated", spec.calibrated)]
     parts = [_section("[device]", device)]
     if spec.sources:
         parts.append(_section("[sources]", spec.sources))
@@ -540,6 +569,7 @@ def spec_summary(spec: DeviceSpec) -> dict:
         "warp_size": spec.warp_size,
         "fma_latency_cycles": spec.fma_latency_cycles,
         "fma_pipes": spec.fma_pipes,
+        "launch_overhead_us": spec.launch_overhead_us,
         "calibrated": spec.calibrated,
         "layers": [
             {

@@ -85,7 +85,17 @@ class DeviceSpec:
     # rows, cols); empty until calibrated. The rTile model's compute term uses the one a
     # program's register tile runs where there is one (`rtile.model.compute_efficiency`).
     micro_kernels: tuple[MicroKernel, ...] = ()
+    # What starting one kernel costs beyond its own run, in microseconds: a GPU kernel launch
+    # (the host's launch call and the grid's start), a CPU kernel's call through TVM's runtime and
+    # the fork and join of its thread pool. A model run one kernel at a time pays it per kernel;
+    # Rammer's co-schedule, one rProgram, pays it once (`models.rammer`). 0 in a hand-built spec.
+    launch_overhead_us: float = 0.0
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def launch_seconds(self) -> float:
+        """`launch_overhead_us` in seconds, the unit of every predicted time."""
+        return self.launch_overhead_us * 1e-6
 
     def layer(self, name: str) -> MemoryLayer:
         for layer in self.layers:
