@@ -33,7 +33,7 @@ from workbench.rtile.alignment import (
     RULES, AlignContext, TensorShapeRule, is_micro_kernel_layer, micro_kernel_registers, thread_count, tile_lanes,
 )
 from workbench.rtile.model import estimate, latency_coverage, micro_kernel_shape, simd_utilisation
-from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program
+from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import calculus
 
 Tile = tuple[int, ...]
@@ -83,7 +83,8 @@ def _aligned(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, tile
 
 def _fits(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, tile: Tile) -> bool:
     calc = calculus(expr)
-    if layer_footprint(calc, device, layer, tile) > layer_capacity(device, layer):
+    padding = storage_padding(calc, device, layer, tile, upper)  # bank padding, as make_program adds it
+    if layer_footprint(calc, device, layer, tile, padding) > layer_capacity(device, layer):
         return False
     if device.is_thread_block_layer(layer):
         return thread_count(expr, tile, upper, tile_lanes(expr, device)) <= device.max_threads_per_block

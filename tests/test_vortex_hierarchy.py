@@ -1,0 +1,99 @@
+"""Vortex's hierarchy (Table 1): candidates on generated CPU specs (AVX2, AVX-512) and GPU presets."""
+
+from dataclasses import replace
+from math import prod
+
+import pytest
+from helpers import device, expr
+from test_alignment import AVX2, AVX512
+
+from workbench.hardware.spec import MicroKernel
+from workbench.rtile.alignment import lane_axis, micro_kernel_registers, thread_count, tile_lanes
+from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
+from workbench.rtile.traffic import calculus
+from workbench.vortex.hierarchy import (
+    MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, candidates, filter_by_multiples, loop_class,
+    register_tiles,
+)
+
+BERT = dict(M=2048, K=768, N=2304)  # the template: the dynamic M at its declared bound
+
+
+def _multiples(program):
+    return all(t % u == 0 for upper, tile in zip(program.tiles, program.tiles[1:]) for u, t in zip(upper, tile))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_cpu_candidates_are_multiples_within_capacity(dev):
+    e = expr("matmul", **BERT)
+    progs = candidates(e, dev, "i")
+    assert progs
+    lanes = dev.warp_size
+    for p in progs:
+        assert len(p.tiles) == 3  # registers, L1, L2: one core's work; the grid is the parallel level
+        assert _multiples(p)
+        for layer in range(3):
+            assert footprint_at(dev, p, layer) <= layer_capacity(dev, layer)
+        reg = p.register_tile
+        assert reg[lane_axis(e, dev)] % lanes == 0  # the SIMD lanes filled along j
+        assert micro_kernel_registers(e, dev, reg) <= dev.registers_per_thread_cap
+        # every static axis is covered without padding at eps 0: N and K are multiples of the unit tile
+        assert e.axes[1].extent % p.unit_tile[1] == 0 and e.axes[2].extent % p.unit_tile[2] == 0
+    # several outer sizes along the dynamic axis, so small and large M each have a kernel
+    assert len({p.unit_tile[0] for p in progs}) >= 3
+
+
+def test_register_tiles_hold_enough_accumulators():
+    """AVX2 (Zen 2: 5-cycle FMA x 2 pipes) needs 10 accumulators, AVX-512 (4 x 2) 8."""
+    e = expr("matmul", **BERT)
+    for dev, need in ((AVX2, 10), (AVX512, 8)):
+        tiles = register_tiles(e, dev, 0, 0.0)
+        assert tiles and len({t[0] for t in tiles}) == len(tiles)  # one per size along the dynamic axis
+        for t in tiles:
+            assert t[0] * t[1] // dev.warp_size >= need
+            assert t[2] == 1
+
+
+def test_calibrated_micro_kernels_are_preferred():
+    """Unmeasured, 14 x 8 ranks first on AVX2 (14 accumulators); measured, only 5 x 16 is kept."""
+    e = expr("matmul", **BERT)
+    assert register_tiles(e, AVX2, 0, 0.0)[0][:2] != (5, 16)
+    dev = replace(AVX2, micro_kernels=(MicroKernel("float32", 5, 16, 90.0),))
+    assert [t[:2] for t in register_tiles(e, dev, 0, 0.0)] == [(5, 16)]
+
+
+def test_filter_by_multiples_keeps_aligned_multiples_that_fit():
+    e = expr("matmul", **BERT)
+    base = (6, 16, 1)
+    tiles = filter_by_multiples(e, AVX2, 1, base, 0, 0.0)
+    assert tiles
+    for t in tiles:
+        assert all(s % b == 0 and s // b in MULTIPLIERS for s, b in zip(t, base))
+        assert (t[2] * 4) % 64 == 0 or t[2] == 768  # K is A's contiguous dim: whole 64 B lines
+        assert footprint_at(AVX2, make_program(calculus(e), AVX2, (base, t), (True, True), 0.0), 1) <= 32768
+
+
+@pytest.mark.parametrize("name", ["v100", "a100"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gpu_candidates_are_blocks_of_whole_warps(name, dtype):
+    dev = device(name)
+    e = expr("matmul", dtype=dtype, **BERT)
+    progs = candidates(e, dev, "i")
+    assert progs
+    for p in progs:
+        assert len(p.tiles) == 2  # registers (or the warp's fragment), the block's shared memory
+        assert _multiples(p)
+        threads = thread_count(e, p.unit_tile, p.register_tile, tile_lanes(e, dev))
+        assert threads % dev.warp_size == 0 and threads <= min(1024, dev.max_threads_per_block)
+        assert footprint_at(dev, p, 1) <= layer_capacity(dev, 1)
+        if dev.has_tensor_cores(dtype):  # the warp's MMA fragment is level 0
+            m, n, k = dev.tensor_core_fragment
+            assert [t % f for t, f in zip(p.register_tile, (m, n, k))] == [0, 0, 0]
+
+
+def test_loop_classes():
+    e = expr("matmul", **BERT)
+    assert loop_class(e, 0, parallel_level=True) == PARALLEL
+    assert loop_class(e, 1, parallel_level=False) == TEMPORAL_SPATIAL
+    assert loop_class(e, 2, parallel_level=True) == TEMPORAL_REDUCTION
+    assert loop_class(e, 2, parallel_level=False) == TEMPORAL_REDUCTION
