@@ -1,0 +1,59 @@
+"""Vortex's offline kernel choice (the lower envelope's greedy cover) and the run-time dispatcher."""
+
+import pytest
+from helpers import TINY_CPU, expr
+
+from workbench.vortex.analyzer import Dynamic, cost
+from workbench.vortex.hierarchy import candidates
+from workbench.vortex.select import DispatchTable, choose, dispatch, select, sweep
+
+
+def test_sweep_covers_the_declared_range():
+    values = sweep(300)
+    assert values[0] == 1 and values[-1] == 300
+    assert set(range(1, 65)) <= set(values) and 80 in values and 81 not in values
+    assert sweep(5) == (1, 2, 3, 4, 5)
+
+
+def test_choose_covers_the_lower_envelope():
+    costs = [
+        [1.0, 2.0, 4.0, 8.0],  # best at the first value
+        [3.0, 3.0, 3.0, 3.0],  # best at the third
+        [9.0, 9.0, 9.0, 1.0],  # best at the last
+        [2.0, 2.0, 5.0, 9.0],  # never strictly best but ties the envelope at the second
+    ]
+    chosen = choose(costs)
+    merged = [min(costs[i][v] for i in chosen) for v in range(4)]
+    assert merged == [min(col) for col in zip(*costs)]
+    assert set(chosen) >= {0, 1, 2} and len(chosen) <= 4
+    assert len(choose(costs, limit=1)) == 1
+    assert choose([]) == ()
+
+
+def test_choose_stops_when_on_the_envelope():
+    costs = [[1.0, 1.0], [2.0, 2.0], [1.0, 1.5]]
+    assert choose(costs) == (0,)
+
+
+@pytest.fixture(scope="module")
+def table():
+    template = expr("matmul", M=512, N=64, K=64)
+    dyn = Dynamic("M", "i", 512)
+    chosen = select(candidates(template, TINY_CPU, "i"), TINY_CPU, dyn, limit=4)
+    return DispatchTable(dyn, TINY_CPU, tuple((f"k{n}", p) for n, p in enumerate(chosen)))
+
+
+def test_dispatch_takes_the_least_predicted_kernel(table):
+    assert 1 <= len(table.kernels) <= 4
+    for value in (1, 7, 13, 100, 511, 1000):
+        kernel, seconds = dispatch(table, value)
+        priced = {k: cost(p, table.device, table.dyn, value).predicted_seconds for k, p in table.kernels}
+        assert seconds == priced[kernel] == min(priced.values())
+
+
+def test_dispatch_table_round_trips_through_json(table):
+    import json
+
+    again = DispatchTable.from_dict(json.loads(json.dumps(table.to_dict())), TINY_CPU)
+    assert again == table
+    assert dispatch(again, 77) == dispatch(table, 77)
