@@ -100,6 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--baselines", default="numpy", help="e.g. numpy,torch,metaschedule:64")
     b.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("vortex", help="dynamic shapes: compile kernels for every value of one dyn extent, run one")
+    vsub = p.add_subparsers(dest="vortex_command", required=True, parser_class=_Parser)
+    v = vsub.add_parser("compile", help="build, verify and write a bundle for a workload with one dyn extent")
+    _workload_args(v)
+    v.add_argument("--out", required=True, help="bundle directory (new or empty)")
+    v.add_argument("--max-extent", type=int, default=4096, help="largest value the kernel choice covers (default 4096)")
+    v.add_argument("--json", action="store_true")
+    v = vsub.add_parser("run", help="select the kernel for a shape, run, verify and time it")
+    v.add_argument("bundle", help="a bundle directory written by `vortex compile`")
+    v.add_argument("--shape", required=True, help="the dyn extent's value, e.g. M=77 (static ones optional)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--json", action="store_true")
+
     p = sub.add_parser("runs", help="the runs store")
     rsub = p.add_subparsers(dest="runs_command", required=True, parser_class=_Parser)
     r = rsub.add_parser("fit", help="fit the model's correction for a device on its stored measurements; show before/after")
@@ -406,6 +419,37 @@ def cmd_runs(args) -> int:
     return _emit(args, stored.to_dict(), "\n".join(lines))
 
 
+def cmd_vortex(args) -> int:
+    from workbench.viz.fmt import duration
+    from workbench.vortex import bundle as vortex
+
+    if args.vortex_command == "run":
+        from workbench.ops.shapes import parse_kv
+
+        b = vortex.load_bundle(args.bundle)
+        value = vortex.value_of(b, parse_kv(args.shape))
+        doc = vortex.run(b, value, seed=args.seed)
+        verdict = "correct" if doc["correct"] else f"WRONG: {doc['error']}"
+        text = (f"{b.table.dyn.param}={value}: kernel {doc['kernel']}, predicted {duration(doc['predicted_seconds'])}, "
+                f"measured {duration(doc['measured_seconds'])}, {verdict}")
+        _emit(args, doc, text)
+        return 0 if doc["correct"] else EXIT_KERNEL_FAILED
+    from workbench import pipeline
+    from workbench.workload import workload_from_args
+
+    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    b = vortex.compile_bundle(workload, pipeline.load_device(args.device), args.out, max_extent=args.max_extent,
+                              progress=_progress(args))
+    m = b.manifest
+    lines = [f"wrote {b.path}: {len(m['kernels'])} kernels in {m['compile_seconds']:.1f} s"
+             + (f", {len(m['failed'])} failed" if m["failed"] else "")]
+    for k in m["kernels"]:
+        tiles = "  ".join("x".join(str(v) for v in t.values()) for t in k["tiles"])
+        lines.append(f"{k['id']}: outer {m['dynamic']['param']} tile {k['outer']:<5d} {tiles}")
+    lines += [f"{k['id']}: failed: {k['error']}" for k in m["failed"]]
+    return _emit(args, {"path": str(b.path), **m}, "\n".join(lines))
+
+
 def cmd_bench_dispatch(args) -> int:
     return cmd_bench_kernels(args) if args.bench_command == "kernels" else cmd_bench_construct(args)
 
@@ -420,6 +464,7 @@ COMMANDS = {
     "model": cmd_model,
     "bench": cmd_bench_dispatch,
     "runs": cmd_runs,
+    "vortex": cmd_vortex,
 }
 
 
