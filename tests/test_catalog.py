@@ -163,3 +163,26 @@ def test_params_beyond_the_int32_index_range_are_refused(op, params, message):
 def test_a_stride_at_the_int32_limit_builds():
     expr = catalog.build("maxpool", dict(N=1, C=1, H=8, W=8, K=1, stride=2**31 - 1, pad=0))
     assert [a.extent for a in expr.axes if a.kind == SPATIAL] == [1, 1, 1, 1]
+
+
+def test_a_dynamic_extent_is_split_off_and_refused_elsewhere():
+    assert catalog.split_dynamic("matmul", dict(M="dyn", K=8, N=4)) == (
+        "M", dict(M=1, N=4, K=8, B=0, trans_a=False, trans_b=False))
+    with pytest.raises(UserError, match="workbench vortex compile"):
+        catalog.build("matmul", dict(M="dyn", K=8, N=4))
+    for params, message in ((dict(M="dyn", K="dyn", N=4), "one dynamic extent per workload, got K, M"),
+                            (dict(M=3, K=8, N="dyn"), "N cannot be dynamic"),
+                            (dict(M=3, K=8, N=4), "no dynamic extent")):
+        with pytest.raises(UserError, match=message):
+            catalog.split_dynamic("matmul", params)
+
+
+def test_the_symbolic_function_takes_its_outer_step_count_last():
+    import re
+
+    func = catalog.symbolic_func("matmul", dict(M="dyn", K=8, N=4), "M", 6)
+    steps = func.params[-1]
+    assert len(func.params) == 4 and str(steps.name).startswith("T")
+    script = func.script()  # the printer renames T (the script's module alias) to T_1
+    rows = re.search(r"C: T\.Buffer\(\((T\w*) \* 6, 4\)", script)  # C's rows: T outer tiles of 6
+    assert rows and f"{rows.group(1)}: T.int32)" in script

@@ -435,3 +435,33 @@ def test_model_run_on_a_gpu_device_is_one_line_exit_2(capsys):
     mlp = str(Path(__file__).resolve().parent.parent / "sample_models" / "mlp.onnx")
     code, out, err = run(capsys, "model", mlp, "--device", "h100", "--run")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "needs a CPU device" in err
+
+
+def test_vortex_compile_and_run_json(capsys, tmp_path):
+    out = tmp_path / "mm"
+    code, text, _ = run(capsys, "vortex", "compile", "--op", "matmul", "--shape", "M=dyn,K=64,N=48", "--out", str(out),
+                        "--max-extent", "128", "--json")
+    assert code == 0
+    doc = json.loads(text)
+    assert doc["path"] == str(out) and doc["kernels"] and doc["dynamic"]["param"] == "M"
+    code, text, _ = run(capsys, "vortex", "run", str(out), "--shape", "M=13", "--json")
+    assert code == 0
+    result = json.loads(text)
+    assert set(result) >= {"shape", "kernel", "predicted_seconds", "measured_seconds", "correct"}
+    assert result["correct"] is True and result["shape"]["M"] == 13
+    code, text, _ = run(capsys, "vortex", "run", str(out), "--shape", "M=1,K=64,N=48")
+    assert code == 0 and text.startswith("M=1: kernel k") and "correct" in text
+    for shape, message in (("M=0", "M must be a positive integer"), ("M=-3", "M must be a positive integer"),
+                           ("M=2.5", "M must be an integer"), ("M=5,N=49", "N=49 does not match the bundle's N=48")):
+        code, _, err = run(capsys, "vortex", "run", str(out), "--shape", shape)
+        assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_dyn_outside_vortex_points_to_vortex_compile(capsys, tmp_path):
+    code, _, err = run(capsys, "construct", "--op", "matmul", "--shape", "M=dyn,K=64,N=48")
+    assert code == 2 and "workbench vortex compile" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "vortex", "compile", "--op", "matmul", "--shape", "M=dyn,N=dyn,K=4", "--out",
+                       str(tmp_path / "b"))
+    assert code == 2 and "one dynamic extent per workload" in err
+    code, _, err = run(capsys, "vortex", "run", str(tmp_path / "nothing"), "--shape", "M=3")
+    assert code == 2 and "not a vortex bundle" in err
