@@ -4,6 +4,8 @@ against onnxruntime / numpy, and bad model files."""
 
 import json
 import os
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -18,7 +20,9 @@ from workbench.errors import UserError
 from workbench.models.execute import build_model_kernels, run_model
 from workbench.models.model import OperatorResult, construct_model, report_dict, report_text, roperators
 from workbench.models.onnx_import import MAX_MODEL_BYTES, MAX_MODEL_ELEMENTS, Operator, import_model
+from workbench.models.rammer import schedule
 from workbench.ops.shapes import MAX_ELEMENTS
+from workbench.viz.fmt import duration
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block", "shufflenet_block")
@@ -222,14 +226,37 @@ def test_report_follows_the_cli_contract(name):
     for op in report["operators"]:
         assert {"name", "kind", "shapes", "candidates", "predicted_seconds", "supported", "reason"} <= set(op)
         assert op["predicted_seconds"] == op["candidates"][0]["predicted_seconds"] > 0
-    total = report["predicted_seconds"]
-    assert total["sum"] == pytest.approx(sum(op["predicted_seconds"] for op in report["operators"]))
-    assert 0 < total["coscheduled"] <= total["sum"] * (1 + 1e-9)
+    total, launch = report["predicted_seconds"], report["launch_overhead"]
+    # one launch per kernel one at a time, one for the co-schedule's rProgram (h100: 5 us, an estimate)
+    assert launch["seconds_per_launch"] == pytest.approx(5e-6) and launch["source"].startswith("estimate")
+    assert (launch["sum_launches"], launch["coscheduled_launches"]) == (len(report["operators"]), 1)
+    assert total["sum"] == pytest.approx(sum(op["predicted_seconds"] for op in report["operators"])
+                                         + len(report["operators"]) * 5e-6)
+    assert 5e-6 < total["coscheduled"] <= total["sum"] * (1 + 1e-9)
     schedule = report["schedule"]
     assert schedule["veus"] == 132 and schedule["predicted_seconds"] == total["coscheduled"]
     scheduled = [o["name"] for w in schedule["waves"] for o in w["operators"]]
     assert sorted(scheduled) == sorted(op["name"] for op in report["operators"])
     assert all(0 <= t["veu"] < 132 for w in schedule["waves"] for t in w["tasks"])
+
+
+@pytest.mark.parametrize("dev", ["h100", "local-cpu"])
+def test_the_coschedule_is_priced_with_one_launch_and_one_at_a_time_with_one_per_kernel(dev):
+    """Closed form on a constructed model: the plan with launches is the plan without them, one
+    launch later; one at a time adds a launch per kernel. The text's totals line says so."""
+    mc = constructed("bert_layer", dev)
+    spec = device(dev)
+    launch = spec.launch_seconds
+    assert launch > 0 and mc.plan.launch_seconds == launch
+    bare = schedule(roperators(mc.results, spec.compute_units), spec.compute_units)
+    assert mc.plan.seconds == pytest.approx(bare.seconds + launch)
+    assert mc.sum_seconds == pytest.approx(sum(r.predicted_seconds for r in mc.results) + len(mc.results) * launch)
+    assert mc.sum_seconds == pytest.approx(mc.plan.sequential_seconds)
+    assert mc.rammer_gain == pytest.approx(mc.sum_seconds / mc.plan.seconds) and mc.rammer_gain >= 1
+    text = report_text(report_dict(mc)).splitlines()
+    totals = next(line for line in text if line.startswith("predicted "))
+    assert f"({len(mc.results)} launches)" in totals and "1 launch)" in totals
+    assert totals.endswith(f"a launch {duration(launch)} included in both")
 
 
 def test_independent_projections_share_a_wave():
@@ -399,7 +426,9 @@ def test_an_unmappable_operator_is_listed_and_the_rest_constructed(tmp_path):
     assert not gather["supported"] and "not affine" in gather["reason"] and gather["candidates"] == []
     assert gather["predicted_seconds"] is None
     assert matmul["supported"] and matmul["inputs"] == [gather["name"], "constant"]
-    assert report["predicted_seconds"]["sum"] == matmul["predicted_seconds"]
+    # the one constructed kernel and its launch: the unsupported operator is not priced at all
+    assert report["predicted_seconds"]["sum"] == pytest.approx(matmul["predicted_seconds"] + 5e-6)
+    assert report["launch_overhead"]["sum_launches"] == 1
     assert [o["name"] for w in report["schedule"]["waves"] for o in w["operators"]] == [matmul["name"]]
     assert report["not_constructed"] == [{"name": gather["name"], "kind": gather["kind"], "reason": gather["reason"]}]
     text = report_text(report)
@@ -579,3 +608,38 @@ def test_run_report_finds_outputs_off_by_more_than_the_tolerance(monkeypatch):
 def test_run_report_refuses_a_gpu_device():
     with pytest.raises(UserError, match="CPU device"):
         pipeline.run_model_report(constructed("mlp", "h100"), SAMPLES / "mlp.onnx")
+
+
+def test_run_report_refuses_a_cpu_whose_instructions_this_one_lacks(monkeypatch):
+    """The kernels run in this process: an AVX-512 kernel on an AVX2 machine would kill it with an
+    illegal instruction, so such a device is refused in one line first (the reason is injected:
+    whether xeon-avx512 runs here depends on the machine)."""
+    from workbench.models import run
+
+    asked = []
+    monkeypatch.setattr(run, "cannot_run_locally", lambda dev: asked.append(dev.name) or "the target needs avx512f")
+    with pytest.raises(UserError) as info:
+        run.run_model_report(constructed("mlp", "local-cpu"), SAMPLES / "mlp.onnx")
+    assert asked == ["local-cpu"] and str(info.value) == (
+        "cannot run local-cpu's kernels on this machine: the target needs avx512f")
+
+
+def test_the_kernels_pool_is_sized_to_the_device_before_it_starts(monkeypatch):
+    """TVM reads TVM_NUM_THREADS once, when its pool starts: `pool_threads` sets it to the device's
+    cores where the caller set none, and reports the pool's actual size either way."""
+    from workbench.models.execute import pool_threads
+    from workbench.profile.local import thread_env
+
+    spec = device("local-cpu")
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    pool_threads(spec)
+    assert os.environ["TVM_NUM_THREADS"] == thread_env(spec)["TVM_NUM_THREADS"]
+    # this process's pool may have started earlier; a fresh one starts at the device's size
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    code = ("from workbench.hardware.loader import load_spec; from workbench.models.execute import pool_threads; "
+            "print(pool_threads(load_spec('local-cpu')))")
+    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert fresh.stdout.split()[-1] == thread_env(spec)["TVM_NUM_THREADS"], fresh.stderr
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    pool_threads(spec)
+    assert os.environ["TVM_NUM_THREADS"] == "1"  # the caller's choice is kept

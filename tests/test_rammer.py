@@ -1,5 +1,6 @@
-"""Rammer's wavefront co-schedule: waves, kernel selection, and the plan's invariants (no rTask
-before its dependencies, never more rTasks at once than vEUs, never slower than one by one)."""
+"""Rammer's wavefront co-schedule: waves, kernel selection, kernel launches (one per operator one
+at a time, one for the plan), and the plan's invariants (no rTask before its dependencies, never
+more rTasks at once than vEUs, never slower than one by one)."""
 
 from math import ceil
 
@@ -78,6 +79,37 @@ def test_an_empty_model_has_an_empty_plan():
     assert plan.waves == () and plan.seconds == 0.0 and plan.sequential_seconds == 0.0
 
 
+def test_one_kernel_at_a_time_pays_a_launch_per_operator_the_plan_one():
+    # Two operators of 4 rTasks of 1.0 on 8 vEUs, a launch of 0.5: one at a time 2 x (1.0 + 0.5);
+    # co-scheduled, the rProgram's one launch, then both side by side.
+    plan = schedule([op("a"), op("b")], veus=8, launch_seconds=0.5)
+    assert plan.sequential_seconds == 3.0 and plan.seconds == 1.5
+    assert (plan.launches, plan.sequential_launches, plan.launch_seconds) == (1, 2, 0.5)
+    assert all(p.start == 0.5 for p in plan.waves[0].placements)  # no rTask before the launch
+
+
+def test_a_chain_gains_only_the_launches():
+    # a -> b -> c, each filling the device: nothing overlaps, the plan saves 2 of 3 launches.
+    plan = schedule([op("a"), op("b", (0,)), op("c", (1,))], veus=4, launch_seconds=0.25)
+    assert plan.sequential_seconds == 3.75 and plan.seconds == 3.25
+
+
+def test_small_gpu_kernels_gain_by_their_launches():
+    # Ten independent 1 us operators of one rTask each on 80 vEUs with 5 us launches (a GPU):
+    # 10 x 6 us one at a time, 5 us + 1 us co-scheduled.
+    ops = [ROperator(f"op{i}", (), (RKernel(1, 1, 1e-6),)) for i in range(10)]
+    plan = schedule(ops, veus=80, launch_seconds=5e-6)
+    assert plan.sequential_seconds == pytest.approx(60e-6) and plan.seconds == pytest.approx(6e-6)
+    assert schedule(ops, veus=80).seconds == pytest.approx(1e-6)  # without launches: 10x as well, of less
+
+
+def test_a_negative_launch_is_refused_and_an_empty_model_launches_nothing():
+    with pytest.raises(ValueError, match="negative"):
+        schedule([op("a")], veus=2, launch_seconds=-1e-6)
+    plan = schedule([], veus=4, launch_seconds=5e-6)
+    assert (plan.seconds, plan.sequential_seconds, plan.launches, plan.sequential_launches) == (0.0, 0.0, 0, 0)
+
+
 @st.composite
 def dags(draw):
     n = draw(st.integers(1, 8))
@@ -123,3 +155,8 @@ def test_plan_invariants(case):
     assert plan.seconds <= plan.sequential_seconds * (1 + EPS)
     fastest = sum(min(ceil(k.tasks / veus) * k.task_seconds for k in o.kernels) for o in ops)
     assert plan.sequential_seconds == pytest.approx(fastest)
+    # a launch of L: the plan starts L later (one rProgram), one at a time pays L per operator
+    launched = schedule(ops, veus, launch_seconds=0.5)
+    assert launched.seconds == pytest.approx(plan.seconds + 0.5)
+    assert launched.sequential_seconds == pytest.approx(fastest + 0.5 * len(ops))
+    assert min(p.start for w in launched.waves for p in w.placements) >= 0.5 - EPS

@@ -4,7 +4,9 @@ its predicted time one kernel at a time, and the Rammer co-schedule of the whole
 An operator that could not be mapped to a TensorExpr (or got no candidate) is listed with its
 reason, named again under `not_constructed` (and in the text's last line), and left out of the
 predicted times: the co-schedule passes its dependencies through (a consumer waits for the
-operators the unsupported one waited for), so the rest still forms a valid plan. `report_dict`
+operators the unsupported one waited for), so the rest still forms a valid plan. Both whole-model
+times include the device's kernel launches (`DeviceSpec.launch_overhead_us`): one per kernel
+one at a time, one for the co-schedule's rProgram (`rammer`). `report_dict`
 is the JSON document of `workbench model` (shared/design/CLI.md).
 """
 
@@ -60,8 +62,14 @@ class ModelConstruction:
 
     @property
     def sum_seconds(self) -> float:
-        """Predicted time running the supported operators' fastest kernels one by one."""
-        return sum(r.predicted_seconds for r in self.results if r.supported)
+        """Predicted time running the supported operators' fastest kernels one by one, each
+        launched on its own (the plan's sequential baseline, launches included)."""
+        return sum(r.predicted_seconds + self.device.launch_seconds for r in self.results if r.supported)
+
+    @property
+    def rammer_gain(self) -> float:
+        """One kernel at a time over the co-schedule (1.0 for an empty model)."""
+        return self.sum_seconds / self.plan.seconds if self.plan.seconds > 0 else 1.0
 
 
 def construct_model(
@@ -82,7 +90,7 @@ def construct_model(
         first = cache[op.func_name]
         results.append(OperatorResult(op, first.construction, first.error))
     seconds = time.perf_counter() - start
-    plan = schedule(roperators(results, device.compute_units), device.compute_units)
+    plan = schedule(roperators(results, device.compute_units), device.compute_units, device.launch_seconds)
     return ModelConstruction(model, device, policy, tuple(results), plan, seconds)
 
 
@@ -122,6 +130,11 @@ def report_dict(mc: ModelConstruction) -> dict:
         "inputs": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in mc.model.inputs],
         "operators": [_operator_dict(r, ops) for r in mc.results],
         "predicted_seconds": {"sum": mc.sum_seconds, "coscheduled": mc.plan.seconds},
+        # what both predicted totals include besides the kernels: a launch per kernel one at a
+        # time, one for the co-schedule's rProgram; its source is the spec's
+        "launch_overhead": {"seconds_per_launch": mc.device.launch_seconds, "sum_launches": mc.plan.sequential_launches,
+                            "coscheduled_launches": mc.plan.launches,
+                            "source": dict(mc.device.sources).get("launch_overhead_us", "")},
         # what the predicted times leave out: every operator without candidates, by name
         "not_constructed": [{"name": r.operator.name, "kind": r.operator.kind, "reason": r.reason}
                             for r in mc.results if not r.supported],
@@ -159,6 +172,7 @@ def plan_dict(plan: Plan, names: list[str]) -> dict:
         "veus": plan.veus,
         "predicted_seconds": plan.seconds,
         "sequential_seconds": plan.sequential_seconds,
+        "launch_seconds": plan.launch_seconds,
         "waves": [
             {
                 "index": w.index,
@@ -190,8 +204,12 @@ def report_text(doc: dict) -> str:
         else:
             lines.append(f"{i:3d} {op['name'][:40]:40s} {op['kind']:15s} unsupported: {op['reason']}")
     total, plan = doc["predicted_seconds"], doc["schedule"]
-    lines.append(f"predicted {duration(total['sum'])} one kernel at a time, {duration(total['coscheduled'])} "
-                 f"co-scheduled ({len(plan['waves'])} waves on {plan['veus']} vEUs)")
+    launch = doc["launch_overhead"]
+    gain = total["sum"] / total["coscheduled"] if total["coscheduled"] > 0 else 1.0
+    lines.append(f"predicted {duration(total['sum'])} one kernel at a time ({launch['sum_launches']} launches), "
+                 f"{duration(total['coscheduled'])} co-scheduled ({len(plan['waves'])} waves on {plan['veus']} vEUs, "
+                 f"{launch['coscheduled_launches']} launch): {gain:.2f}x; "
+                 f"a launch {duration(launch['seconds_per_launch'])} included in both")
     missing = doc["not_constructed"]
     if missing:
         lines.append(f"{len(missing)} of {len(ops)} operators not constructed and left out of the predicted times: "

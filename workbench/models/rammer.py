@@ -11,6 +11,15 @@ micro-performance model deals tiles round-robin over the units, so the busiest u
 `predicted_seconds / ceil(grid / units)`. Alone on the device the rKernel thus takes exactly its
 predicted time, and the one-by-one baseline is the sum of the operators' fastest predictions.
 
+Launches: run one kernel at a time, every operator is its own kernel launch; Rammer's plan is
+one rProgram, emitted as one kernel (the paper, section 5.2.3: "packing operators into rProgram so
+that several operators can be executed by a single GPU kernel launch"), so it is launched once.
+`schedule` takes the device's `launch_seconds` (`DeviceSpec.launch_overhead_us`): the sequential
+baseline pays it per operator, the plan once, before its first rTask starts. On x86 a launch is
+a function call and a thread pool's fork and join, about a microsecond, so little gain shows
+there (the paper, section 4.2.3); on a GPU a few microseconds per launch against kernels of a
+few microseconds each is where the co-schedule's gain comes from.
+
 Policy (Algorithm 1):
 - waves: the fringes of a breadth-first walk of the dataflow graph (an operator's wave is one
   more than its latest predecessor's), scheduled in order;
@@ -23,7 +32,8 @@ Policy (Algorithm 1):
 Rammer also starts a new rProgram (a global barrier) where appending a wave to the current one
 would take longer than running it after it. With barrier-rTasks costed at zero that never
 happens: at the barrier every vEU is free no later than the current rProgram's end, and greedy
-earliest-start placement keeps that lead rTask by rTask, so appending finishes no later. The plan
+earliest-start placement keeps that lead rTask by rTask, so appending finishes no later (and a
+new rProgram would pay another launch). The plan
 is therefore one rProgram, and the test suite checks the bound it implies (never slower than
 one kernel at a time).
 
@@ -89,8 +99,19 @@ class Wave:
 class Plan:
     veus: int
     waves: tuple[Wave, ...]
-    seconds: float  # co-scheduled: the end of the last rTask
-    sequential_seconds: float  # one kernel at a time, each operator's fastest rKernel
+    seconds: float  # co-scheduled: the end of the last rTask, after the rProgram's one launch
+    sequential_seconds: float  # one kernel at a time, each operator's fastest rKernel and its launch
+    launch_seconds: float = 0.0  # one kernel launch on the device
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches of the plan: its one rProgram (none for an empty model)."""
+        return 1 if self.waves else 0
+
+    @property
+    def sequential_launches(self) -> int:
+        """Kernel launches one kernel at a time: one per operator."""
+        return sum(len(wave.ops) for wave in self.waves)
 
 
 def rkernel(rank: int, grid: int, predicted_seconds: float, units: int) -> RKernel:
@@ -109,21 +130,24 @@ def wavefronts(ops: Sequence[ROperator]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(i for i, l in enumerate(level) if l == w) for w in range(max(level, default=-1) + 1))
 
 
-def schedule(ops: Sequence[ROperator], veus: int) -> Plan:
-    """Co-schedule `ops` (a DAG in topological order) on `veus` vEUs with Algorithm 1."""
+def schedule(ops: Sequence[ROperator], veus: int, launch_seconds: float = 0.0) -> Plan:
+    """Co-schedule `ops` (a DAG in topological order) on `veus` vEUs with Algorithm 1, as one
+    rProgram whose launch takes `launch_seconds` (its rTasks start after it)."""
+    if launch_seconds < 0:
+        raise ValueError(f"a launch cannot take negative time, got {launch_seconds}")
     if veus < 1:
         raise ValueError(f"a vDevice needs at least one vEU, got {veus}")
     if any(not op.kernels for op in ops):
         raise ValueError("every operator needs at least one rKernel")
-    free = (0.0,) * veus  # when each vEU finishes its last rTask
+    free = (launch_seconds,) * veus  # when each vEU finishes its last rTask: first, the launch
     finish: dict[int, float] = {}  # when each scheduled operator's last rTask ends
     waves = []
     for index, wave in enumerate(wavefronts(ops)):
         free, done, placed = _schedule_wave(ops, wave, free, finish, veus, index)
         finish.update(done)
         waves.append(placed)
-    sequential = sum(min(k.alone_seconds(veus) for k in op.kernels) for op in ops)
-    return Plan(veus, tuple(waves), max(finish.values(), default=0.0), sequential)
+    sequential = sum(min(k.alone_seconds(veus) for k in op.kernels) + launch_seconds for op in ops)
+    return Plan(veus, tuple(waves), max(finish.values(), default=0.0), sequential, launch_seconds)
 
 
 def _schedule_wave(ops, wave, free, finish: dict, veus: int, index: int):

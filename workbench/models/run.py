@@ -15,10 +15,11 @@ import numpy as np
 from workbench.codegen.build import target_dict
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.models.execute import build_model_kernels, run_model, time_model
+from workbench.models.execute import build_model_kernels, pool_threads, run_model, time_model
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds
+from workbench.profile.session import cannot_run_locally
 from workbench.profile.runner import Timing
 from workbench.viz.fmt import duration
 
@@ -54,11 +55,13 @@ class ModelRun:
     tvm_default_error: str
     operators: tuple[OperatorTime, ...]
     threads: int  # ONNX Runtime's intra-op threads: the device's compute units
+    kernel_threads: int  # TVM's pool running the workbench's kernels and TVM's default build
 
     def to_dict(self) -> dict:
         return {"outputs_match": self.outputs_match, "max_abs_error": self.max_abs_error, "rtol": RTOL,
                 "atol": ATOL, "seconds": self.seconds, "onnxruntime_seconds": self.onnxruntime_seconds,
                 "tvm_default_seconds": self.tvm_default_seconds, "tvm_default_error": self.tvm_default_error,
+                "threads": {"workbench": self.kernel_threads, "onnxruntime": self.threads},
                 "operators": [o.to_dict() for o in self.operators]}
 
     def text(self) -> str:
@@ -72,7 +75,7 @@ class ModelRun:
         tvm = (f"TVM default build {duration(self.tvm_default_seconds)} "
                f"({self.tvm_default_seconds / self.seconds:.2f}x)" if self.tvm_default_seconds is not None
                else f"TVM default build failed: {self.tvm_default_error}")
-        lines.append(f"end to end: workbench {duration(self.seconds)}, ONNX Runtime ({self.threads} threads) "
+        lines.append(f"end to end: workbench ({self.kernel_threads} threads) {duration(self.seconds)}, ONNX Runtime ({self.threads} threads) "
                      f"{duration(self.onnxruntime_seconds)} ({self.onnxruntime_seconds / self.seconds:.2f}x), "
                      f"{tvm} (x: their time over the workbench's)")
         return "\n".join(lines)
@@ -81,15 +84,21 @@ class ModelRun:
 def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, seed: int = 0) -> ModelRun:
     """Build every operator's kernel of rank `rank`, run the model `mc` (constructed from the ONNX
     file `path`) on seeded random inputs, check it against ONNX Runtime and time it beside ONNX
-    Runtime and TVM's default build. UserError for a GPU device or without onnxruntime."""
+    Runtime and TVM's default build. UserError for a GPU device, a CPU whose instructions this
+    one lacks (the kernels run in this process, where an illegal instruction would kill it), or
+    without onnxruntime."""
     if not mc.device.runs_on_cpu:
         raise UserError(f"running a model needs a CPU device, got {mc.device.name} ({mc.device.kind})")
+    problem = cannot_run_locally(mc.device)
+    if problem:
+        raise UserError(f"cannot run {mc.device.name}'s kernels on this machine: {problem}")
     try:
         import onnxruntime
     except ImportError:
         raise UserError("running a model checks it against ONNX Runtime: pip install onnxruntime") from None
     path = Path(path)
     inputs = random_inputs(mc, seed)
+    kernel_threads = pool_threads(mc.device)  # before any kernel runs: TVM sizes its pool once
     kernels = build_model_kernels(mc, rank)
     ours = run_model(mc, kernels, inputs)
     options = onnxruntime.SessionOptions()
@@ -104,7 +113,7 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     operators = tuple(OperatorTime(r.operator.name, t, r.predicted_seconds, k.scheduled)
                       for r, k, t in zip(mc.results, kernels, each))
     return ModelRun(match, max(errors, default=0.0), seconds, ort_seconds, tvm_seconds, tvm_error, operators,
-                    mc.device.compute_units)
+                    mc.device.compute_units, kernel_threads)
 
 
 def random_inputs(mc: ModelConstruction, seed: int) -> dict[str, np.ndarray]:
