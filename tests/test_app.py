@@ -745,3 +745,56 @@ def test_a_calibration_with_micro_kernels_says_how_many_and_shows_their_grid(mon
     grids = [table_rows(d.value) for d in at.dataframe if "rows" in d.value.columns]
     assert grids == [[{"rows": 4, "16 cols": "80", "32 cols": "90.5"}, {"rows": 6, "16 cols": "95.2", "32 cols": "-"}],
                      [{"rows": 4, "8 cols": "40"}]]
+
+
+def _metric(at: AppTest, label: str):
+    return next(m for m in at.metric if m.label.startswith(label))
+
+
+def test_models_page_shows_the_rammer_gain_with_launches_and_runs_the_model_on_this_cpu():
+    at = goto(app(small()), "Models")
+    at.selectbox[0].set_value("mlp.onnx").run()
+    mc = pipeline.construct_model(str(ROOT / "sample_models" / "mlp.onnx"), load_spec("local-cpu"), "roller",
+                                  Options(topk=3))
+    assert _metric(at, "Rammer gain").value == f"{mc.sum_seconds / mc.plan.seconds:.2f}x"
+    assert "3 kernel launches" in _metric(at, "predicted, one by one").help
+    assert any(c.value.startswith("kernel launch on local-cpu: ") for c in at.caption)
+    assert not any(m.label.startswith("ONNX Runtime") for m in at.metric)  # nothing run before the button
+    button(at, "Run the model").click().run()
+    assert not at.exception and not at.error
+    assert at.success and at.success[0].value.startswith("outputs match ONNX Runtime")
+    for label in ("workbench (", "ONNX Runtime (", "TVM default build"):
+        assert _metric(at, label).value  # a time, or "failed" for TVM's build
+    (table,) = [d.value for d in at.dataframe if "kernel" in d.value.columns]
+    assert list(table["operator"]) == [r.operator.name for r in mc.results]
+    assert set(table["kernel"]) == {"scheduled"}  # every mlp operator is a matmul the CPU template schedules
+    (bars,) = at.get("vega_lite_chart")  # the per-operator bar chart, measured beside predicted
+    assert '"mark": {"type": "bar"}' in bars.proto.spec and "operator (dataflow order)" in bars.proto.spec
+    assert b"measured us" in bars.proto.SerializeToString() and b"predicted us" in bars.proto.SerializeToString()
+    at.selectbox[0].set_value("resnet_block.onnx").run()  # another model: its run is not shown for it
+    assert not at.success and not any(m.label.startswith("ONNX Runtime") for m in at.metric)
+
+
+def test_models_page_on_a_gpu_device_prices_five_us_launches_and_does_not_run():
+    at = goto(app(Request(SMALL, load_spec("v100"), "roller", Options(topk=3))), "Models")
+    assert not at.exception
+    assert any(c.value.startswith("kernel launch on v100: 5 us (estimate") for c in at.caption)
+    assert not [b for b in at.button if b.label.startswith("Run the model")]
+    assert any("needs a CPU device" in i.value for i in at.info)
+
+
+def test_models_page_names_the_operators_not_constructed(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array([3, 1, 0], dtype=np.int64), "idx"),
+             numpy_helper.from_array(np.ones((16, 8), dtype=np.float32), "w")]
+    nodes = [helper.make_node("Gather", ["x", "idx"], ["g"], axis=0), helper.make_node("MatMul", ["g", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 8])], inits)
+    data = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    at = goto(app(Request(SMALL, load_spec("v100"), "roller", Options(topk=3))), "Models")
+    at.radio[0].set_value("Upload").run()
+    at.file_uploader[0].set_value(("gather.onnx", data, "application/octet-stream")).run()
+    assert not at.exception
+    (warning,) = [w.value for w in at.warning]
+    assert warning.startswith("1 of 2 operators not constructed, left out of the predicted times: ") and "not affine" in warning

@@ -1,5 +1,9 @@
 """Models page: every operator of an ONNX model constructed, its operator graph coloured by
-predicted time, the Rammer co-schedule as a Gantt chart; an operator opens in Construction."""
+predicted time, the operators not constructed, the Rammer co-schedule as a Gantt chart and its
+gain over one kernel at a time with the device's launch overhead; an operator opens in
+Construction. On a CPU device that runs here, a button runs the whole model (`workbench model
+--run`): outputs against ONNX Runtime, per-operator time measured beside predicted, end to end
+beside ONNX Runtime and TVM's default build."""
 
 from __future__ import annotations
 
@@ -54,6 +58,71 @@ def _open_operator(sel: Request, path: str, index: int) -> None:
     set_selection(new)
 
 
+def _rammer(mc) -> None:
+    """One kernel at a time against the co-schedule, both with the device's launches."""
+    launch = mc.device.launch_seconds
+    cols = st.columns(4)
+    cols[0].metric("operators", len(mc.results))
+    cols[1].metric("predicted, one by one", duration(mc.sum_seconds),
+                   help=f"{mc.plan.sequential_launches} kernel launches of {duration(launch)} included")
+    cols[2].metric("predicted, co-scheduled", duration(mc.plan.seconds),
+                   help=f"one rProgram: {mc.plan.launches} launch of {duration(launch)} included")
+    cols[3].metric("Rammer gain", f"{mc.rammer_gain:.2f}x")
+    source = dict(mc.device.sources).get("launch_overhead_us", "")
+    st.caption(f"kernel launch on {mc.device.name}: {duration(launch)}" + (f" ({source})" if source else ""))
+
+
+def _run_key(path: str, digest: str, sel: Request) -> tuple:
+    return (path, digest, sel.device, sel.policy, sel.options)
+
+
+def _run_section(mc, path: str, digest: str, sel: Request) -> None:
+    """The whole model run on this CPU, behind a button (it builds every kernel: seconds)."""
+    st.subheader("Run on this CPU")
+    if not sel.device.runs_on_cpu:
+        st.info(f"Running a model needs a CPU device; {sel.device.name} is a {sel.device.kind}.")
+        return
+    key = _run_key(path, digest, sel)
+    if st.button("Run the model", help="build every kernel, check the outputs against ONNX Runtime, time it"):
+        try:
+            with st.spinner("building every kernel, running against ONNX Runtime and TVM's default build..."):
+                st.session_state["model_run"] = (key, pipeline.run_model_report(mc, path))
+        except UserError as err:
+            st.error(message(err))
+            return
+    done = st.session_state.get("model_run")
+    if done is None or done[0] != key:
+        st.caption("Builds every operator's kernel (rank 1), runs it on random inputs and times it.")
+        return
+    run = done[1]
+    if run.outputs_match:
+        st.success(f"outputs match ONNX Runtime (max abs error {run.max_abs_error:.2e})")
+    else:
+        st.error(f"outputs DO NOT match ONNX Runtime (max abs error {run.max_abs_error:.2e})")
+    cols = st.columns(4)
+    cols[0].metric(f"workbench ({run.kernel_threads} threads)", duration(run.seconds))
+    cols[1].metric("predicted, one by one", duration(mc.sum_seconds))
+    cols[2].metric(f"ONNX Runtime ({run.threads} threads)", duration(run.onnxruntime_seconds),
+                   f"{run.onnxruntime_seconds / run.seconds:.2f}x ours", delta_color="off")
+    if run.tvm_default_seconds is not None:
+        cols[3].metric("TVM default build", duration(run.tvm_default_seconds),
+                       f"{run.tvm_default_seconds / run.seconds:.2f}x ours", delta_color="off")
+    else:
+        cols[3].metric("TVM default build", "failed", help=run.tvm_default_error)
+    names = [o.name for o in run.operators]
+    st.bar_chart({"measured us": [o.measured_seconds * 1e6 for o in run.operators],
+                  "predicted us": [(o.predicted_seconds or 0.0) * 1e6 for o in run.operators]},
+                 x_label="operator (dataflow order)", y_label="us", stack=False)
+    views.time_table([{"#": i, "operator": n, "measured us": o.measured_seconds * 1e6,
+                       "predicted us": None if o.predicted_seconds is None else o.predicted_seconds * 1e6,
+                       "kernel": "scheduled" if o.scheduled else "TVM default lowering"}
+                      for i, (n, o) in enumerate(zip(names, run.operators))])
+    fell_back = [o.name for o in run.operators if not o.scheduled]
+    if fell_back:
+        st.warning(f"{len(fell_back)} operators ran TVM's default lowering instead of a constructed kernel: "
+                   + ", ".join(fell_back))
+
+
 def page() -> None:
     st.title("Models")
     sel = selection()
@@ -71,10 +140,11 @@ def page() -> None:
         return
     names = [r.operator.name for r in mc.results]
     seconds = [r.predicted_seconds for r in mc.results]
-    cols = st.columns(3)
-    cols[0].metric("operators", len(names))
-    cols[1].metric("predicted, one by one", duration(mc.sum_seconds))
-    cols[2].metric("predicted, co-scheduled", duration(mc.plan.seconds))
+    _rammer(mc)
+    missing = [r for r in mc.results if not r.supported]
+    if missing:
+        st.warning(f"{len(missing)} of {len(names)} operators not constructed, left out of the predicted times: "
+                   + "; ".join(f"{r.operator.name} ({r.reason})" for r in missing))
     event = st.plotly_chart(dataflow_figure(names, [r.operator.preds for r in mc.results], seconds),
                             on_select="rerun", key="model-graph")
     picked = [p["customdata"] for p in event.selection.points] if event and event.selection.points else []
@@ -93,7 +163,8 @@ def page() -> None:
             except UserError as err:
                 st.error(message(err))
     st.subheader("Co-schedule (Rammer wavefront)")
-    st.plotly_chart(gantt_figure(mc.plan, names), key="model-gantt")
+    st.plotly_chart(gantt_figure(mc.plan, [r.operator.name for r in mc.results if r.supported]), key="model-gantt")
+    _run_section(mc, path, digest, sel)
 
 
 page()
