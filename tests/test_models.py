@@ -365,6 +365,37 @@ def test_a_tiny_file_declaring_a_huge_tensor_is_refused_before_import(tmp_path):
     )
 
 
+@pytest.mark.parametrize("keep", [200, 0.5])
+def test_a_truncated_model_is_one_line_exit_2(tmp_path, keep):
+    """A real model cut short (a download stopped halfway): the CLI says so in one line, exit 2,
+    in a child process with a time limit and its address space capped at 4 GiB, so that reading
+    a corrupt length as an allocation would fail the test instead of the machine."""
+    data = (SAMPLES / "mlp.onnx").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+            "from workbench.cli import main; sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", code, "model", str(path), "--device", "local-cpu"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"workbench: error: {path}: not an ONNX model")
+
+
+@pytest.mark.parametrize("data", [b"", b"\0" * 16], ids=["no data", "16 bytes"])
+def test_an_initializer_claiming_a_huge_shape_is_refused_before_import(tmp_path, data):
+    """A weight whose dims claim 1e15 elements in a file of a hundred bytes: refused by its shape,
+    never allocated (the child would run for hours or be killed)."""
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[100000, 100000, 100000], raw_data=data)
+    path = _save(tmp_path / "weight.onnx", [helper.make_node("Add", ["x", "W"], ["y"])], [_tensor("x", [4])],
+                 [_tensor("y", [4])], inits=[weight])
+    assert path.stat().st_size < 200
+    assert _child_error(path) == (
+        "weight.onnx: tensor W has shape 100000x100000x100000 = 1000000000000000 elements, "
+        "over the limit of 2147483647 (int32 indexing)"
+    )
+
+
 def test_a_huge_tensor_the_file_does_not_declare_is_refused_after_import(tmp_path):
     """An Expand to a constant shape: the graph declares the output's dimensions by name only."""
     target = numpy_helper.from_array(np.array([100000, 100000, 100000], dtype=np.int64), "target")
