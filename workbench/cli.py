@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("device", help="this machine's device spec")
     dsub = p.add_subparsers(dest="device_command", required=True, parser_class=_Parser)
     d = dsub.add_parser("detect", help="detect the local CPU")
-    d.add_argument("--calibrate", action="store_true", help="measure bandwidths, peak compute and register micro-kernels (about 30 s)")
+    d.add_argument("--calibrate", action="store_true", help="measure bandwidths, peak compute, register micro-kernels and kernel launch (about 30 s)")
     d.add_argument("--out", help="write the spec TOML here (default with --calibrate: the data directory, used by local-cpu)")
     d.add_argument("--json", action="store_true")
 
