@@ -152,3 +152,22 @@ def test_a_kernel_that_fails_is_recorded_and_left_out_of_the_table(tmp_path, mon
     assert "k0" not in dict(b.table.kernels) and not (b.path / "k0.so").exists()
     assert len(b.table.kernels) == len(calls) - 1 >= 1
     assert vortex.run(b, 5)["kernel"] != "k0"
+
+
+def test_a_value_beyond_int32_indexing_is_refused(small):
+    with pytest.raises(UserError, match="over the limit of 2147483647"):
+        vortex.run(small, 2**31 // 64 + 1)
+
+
+def test_a_bundle_for_another_cpu_is_not_run_here(small, tmp_path):
+    from dataclasses import replace
+
+    from workbench.hardware.loader import load_spec, spec_to_toml
+
+    local = load_spec("local-cpu")
+    other = {**local.target_dict(), "mcpu": "a-cpu-this-is-not"}
+    copy = tmp_path / "copy"
+    shutil.copytree(small.path, copy)
+    (copy / "device.toml").write_text(spec_to_toml(replace(local, name="other", target=tuple(sorted(other.items())))))
+    with pytest.raises(UserError, match="built for another machine's CPU"):
+        vortex.run(vortex.load_bundle(copy), 5)

@@ -116,9 +116,7 @@ def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: 
     kernel builds and verifies (then nothing is written)."""
     if not device.runs_on_cpu:
         raise UserError(f"vortex compile builds CPU kernels only for now; {device.name} is a {device.kind}")
-    if device.target_dict() != load_spec("local-cpu").target_dict():
-        raise UserError(f"vortex compile verifies its kernels on this machine: use --device local-cpu "
-                        f"({device.name} targets another CPU)")
+    _check_runs_here(device, "vortex compile verifies its kernels on this machine: use --device local-cpu")
     if not isinstance(max_extent, int) or max_extent < 1:
         raise UserError(f"--max-extent must be a positive integer, got {max_extent!r}")
     op, dtype, param, static = dynamic_workload(workload)
@@ -166,6 +164,13 @@ def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: 
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return load_bundle(path)
+
+
+def _check_runs_here(device: DeviceSpec, what: str) -> None:
+    """Refuse kernels for a CPU target other than this machine's: they run in this process,
+    where an instruction this CPU lacks would kill it."""
+    if device.target_dict() != load_spec("local-cpu").target_dict():
+        raise UserError(f"{what} ({device.name} targets another CPU)")
 
 
 def _build_and_check(op, static, dtype, dyn: Dynamic, program: RProgram, device: DeviceSpec, folder: Path,
@@ -290,6 +295,7 @@ def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
     {"shape", "kernel", "predicted_seconds", "measured_seconds", "correct"} (measured None
     when the result is wrong), plus "error" saying why it is not correct."""
     value = value_of(bundle, {bundle.table.dyn.param: value})
+    _check_runs_here(bundle.table.device, f"{bundle.path}: its kernels were built for another machine's CPU")
     kernel_id, predicted = dispatch(bundle.table, value)
     program = bundle.table.program(kernel_id)
     dyn = bundle.table.dyn
