@@ -1,7 +1,6 @@
 """Vortex's hierarchy (Table 1): candidates on generated CPU specs (AVX2, AVX-512) and GPU presets."""
 
 from dataclasses import replace
-from math import prod
 
 import pytest
 from helpers import device, expr
