@@ -56,20 +56,12 @@ MAX_MANIFEST_BYTES = 2**22  # a manifest or table of a few kernels is kilobytes
 
 @dataclass(frozen=True)
 class Bundle:
-    """A loaded bundle: where it is, its manifest, its dispatch table and the workload's
-    parameters with the dynamic one as `catalog.DYN`."""
+    """A loaded bundle: where it is, its manifest and its dispatch table; `params` are the
+    workload's parameters with the dynamic one as `catalog.DYN`."""
 
     path: Path
     manifest: dict
     table: DispatchTable
-
-    @property
-    def op(self) -> str:
-        return self.manifest["workload"]["op"]
-
-    @property
-    def dtype(self) -> str:
-        return self.manifest["workload"]["dtype"]
 
     @property
     def params(self) -> dict:
