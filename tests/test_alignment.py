@@ -24,6 +24,7 @@ from workbench.rtile.alignment import (
     lane_axis,
     micro_kernel_registers,
     next_aligned_sizes,
+    partial_sums,
     prev_aligned_sizes,
     required_accumulators,
 )
@@ -305,6 +306,16 @@ def test_micro_kernel_registers_of_other_operators():
     outputs = prod(conv.data_tile_shape(len(conv.tensors) - 1, (1, 2, 1, 4) + (1, 1, 1)))
     assert outputs == 8 and accumulators(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8
     assert micro_kernel_registers(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8 + 1  # both inputs scalar: one register
+
+
+def test_partial_sums_per_output_are_the_lanes_of_a_reduce_lane_axis():
+    """gemv vectorised along K keeps a vector of k partial sums per output (its accumulator
+    trips move all of them); a matmul row of vectors, relu and a scalar conv keep one."""
+    gemv, relu, conv = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3)), EXPRS["conv-s2"]()
+    mm = matmul(64, 64, 64)
+    assert partial_sums(gemv, AVX2, (14, 8)) == 8 and partial_sums(gemv, AVX512, (7, 32)) == 32
+    assert partial_sums(mm, AVX2, (6, 16, 4)) == 1
+    assert partial_sums(relu, AVX2, (2, 3, 3)) == 1 and partial_sums(conv, AVX2, (1, 2, 1, 4, 1, 1, 3)) == 1
 
 
 def test_the_standard_avx2_micro_kernel_is_aligned_and_fits():

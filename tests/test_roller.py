@@ -18,6 +18,7 @@ from helpers import (
     unique_workloads,
     workload_expr,
 )
+from test_alignment import AVX2, AVX512
 from test_invariants import assert_within_limits
 
 from workbench.construct.space import Options
@@ -109,10 +110,24 @@ def closed_form_score(e, dev, layer, upper, tile, grown) -> float:
             return (ti * (tk + pad(tk, rk)) + tk * (tj + pad(tj, rj))) * 4
         return (ti * tk + tk * tj + ti * tj) * 4
 
-    dq, df = q(tile) - q(grown), f(grown) - f(tile)
-    if df <= 0:
-        return float("inf") if dq > 0 else 0.0
-    return dq / df
+    def score(dq, df):
+        if df <= 0:
+            return float("inf") if dq > 0 else 0.0
+        return dq / df
+
+    roller = score(q(tile) - q(grown), f(grown) - f(tile))
+    if dev.kind == "gpu" or layer != 1:
+        return roller
+    # CPU L1 over registers `upper`: the accumulator trips saved count as well, alone once the
+    # tile loads from L2 no slower than the operator computes at peak (roller.py's docstring)
+    ri, rj = min(upper[0], m), min(upper[1], n)
+
+    def trips(t):
+        return 2 * (ceil(k / t[2]) - 1) * ceil(m / upper[0]) * ceil(n / upper[1]) * ri * rj * 4
+
+    saved = score(trips(tile) - trips(grown), f(grown) - f(tile))
+    compute_bound = q(tile) / (dev.layers[2].bandwidth_gbps * 1e9) <= 2 * m * n * k / (dev.peak(e.dtype) * 1e9)
+    return saved if compute_bound else roller + saved
 
 
 @pytest.mark.parametrize("dev", CONSTRUCT_DEVICES)
@@ -150,6 +165,38 @@ def test_matmul_grows_along_the_axis_of_highest_reuse(wid, dev):
 
 
 # -- small operators, irregular shapes -------------------------------------------------------------
+
+
+CPU_MATMULS = ["cpu-core:mm-512", "cpu-core:mm-1024", "cpu-core:mm-bert-qkv"]
+
+
+@cache
+def stepped_on(wid: str, spec) -> Stepper:
+    stepper = Stepper(workload_expr(WORKLOADS[wid]), spec)
+    stepper.run_to_end()
+    return stepper
+
+
+@pytest.mark.parametrize("spec", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("wid", CPU_MATMULS)
+def test_cpu_l1_tiles_are_recorded_full_along_k(wid, spec):
+    """On a CPU a cache tile is recorded when full, not at its first compute-bound size, and the
+    compute-bound L1 tile over the micro-kernel grows K for the accumulator trips it saves
+    (roller.py's docstring): the first program's L1 tile could not take its next aligned K and
+    still fit L1, and its register tiles' accumulators make fewer trips than under a K of one
+    cache line. (Before, every top-10 program on AVX2 had 10x16x16 L1 tiles, K = 16 of 512,
+    while 10x16x32 fits.) Later programs come from backtracking to smaller tiles."""
+    stepper = stepped_on(wid, spec)
+    space = stepper.space
+    assert not any(s.action.kind == "compute_saturated" for s in stepper.steps)
+    k = space.expr.reduce[0]
+    first = next(s.candidate.program for s in stepper.steps if s.candidate is not None)
+    register, l1 = first.tiles[0], first.tiles[1]
+    assert space.compute_bound(1, l1)
+    nxt = next_aligned_sizes(space.context(1, register, first.eps), l1)[k]
+    assert nxt is None or space.over_capacity(1, l1[:k] + (nxt,) + l1[k + 1 :], register), (first.tiles, nxt)
+    line = register[:k] + (16,) + register[k + 1 :]
+    assert l1[k] >= 128 and space.calc.accumulator_bytes(register, l1) < space.calc.accumulator_bytes(register, line)
 
 
 def test_small_matmul_is_shrunk_until_it_fills_the_v100():

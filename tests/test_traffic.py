@@ -49,6 +49,8 @@ def test_accumulators_leave_the_registers_once_per_reduction_step_above(case, up
     upper = (ti, tj, max(tk, upper_k))
     grid = ceil(m / ti) * ceil(n / tj)
     assert calc.accumulator_bytes((ti, tj, tk), upper) == 2 * (steps - 1) * grid * ti * tj * F32
+    # a vector of 8 partial sums per output (a micro-kernel vectorised along K) moves 8 times as much
+    assert calc.accumulator_bytes((ti, tj, tk), upper, 8) == 8 * 2 * (steps - 1) * grid * ti * tj * F32
 
 
 def test_accumulators_without_reduction_steps_above_move_nothing():
@@ -56,6 +58,37 @@ def test_accumulators_without_reduction_steps_above_move_nothing():
     assert calc.accumulator_bytes((4, 16, 1), (8, 32, 64)) == 0
     relu = TileCalculus(expr("relu", shape=(128, 256, 14, 14)))
     assert relu.accumulator_bytes((1, 1, 1, 8), (1, 4, 14, 14)) == 0
+
+
+def test_accumulator_reuse_is_trips_saved_per_byte_of_footprint_the_closed_form():
+    """A 512^3 matmul, 6x16x1 registers, L1 tile 6x16x16 -> 6x16x32: the output of 86 x 32
+    register tiles (516 rows padded) goes out and back 31 -> 15 times; A and B grow by
+    6 x 16 and 16 x 16 floats."""
+    calc = TileCalculus(matmul(512, 512, 512))
+    out = ceil(512 / 6) * 6 * 512 * F32
+    score = calc.accumulator_reuse((6, 16, 1), (6, 16, 16), (6, 16, 32))
+    assert score == 2 * (31 - 15) * out / ((6 * 16 + 16 * 16) * F32)
+    # growing a spatial axis leaves the trips per register tile as they were: nothing saved
+    assert calc.accumulator_reuse((6, 16, 1), (6, 16, 16), (12, 16, 16)) == 0.0
+    # a tile already whole along K saves nothing more
+    assert calc.accumulator_reuse((6, 16, 1), (6, 16, 512), (6, 16, 512)) == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(matmul_tile(), st.integers(1, 4))
+def test_accumulator_reuse_adds_to_the_reuse_score_over_the_same_footprint(case, factor):
+    """The CPU reuse score's two parts share a denominator: (dQ + d trips) / dF."""
+    (m, n, k), (ti, tj, tk) = case
+    calc = TileCalculus(matmul(m, n, k))
+    register, tile = (ti, tj, 1), (ti, tj, tk)
+    grown = (ti, tj, tk * (factor + 1))
+    df = calc.footprint_bytes(grown) - calc.footprint_bytes(tile)
+    saved = calc.accumulator_bytes(register, tile) - calc.accumulator_bytes(register, grown)
+    assert saved >= 0
+    if df > 0:
+        assert calc.accumulator_reuse(register, tile, grown) == saved / df
+    else:  # K is whole already: nothing grows, nothing is saved
+        assert saved == 0 and calc.accumulator_reuse(register, tile, grown) == 0.0
 
 
 def test_matmul_whole_operator_tile_moves_every_byte_once():

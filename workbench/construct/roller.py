@@ -9,6 +9,18 @@ the units, and shrunk along its least-reusing axis while it has too few tiles fo
 (Roller-S). A visited tile ends its branch. The search stops at K programs (the paper's early
 exit); with fewer, eps is raised and the search runs again.
 
+On a CPU (our rule, after BLIS's cache blocking) a tile is recorded when it is full, not at its
+first compute-bound size: below the registers a core's transfers add to its compute rather than
+overlap it (the model's `combine_stages`), so growth that saves traffic keeps paying until the
+layer is full. At the first cache layer over a reduction's register micro-kernel the score also
+counts the accumulator trips the growth saves (`TileCalculus.accumulator_reuse`: the template's
+accumulators leave the registers after every L1 K-step, which Roller's Q does not see), and once
+that tile is compute-bound only those count: its loads from the layer below then hide behind the
+FMAs (Roller's own test), while each accumulator trip stalls the FMA chains (a load before the
+first FMA, a store after the last). matmul on AVX2: 6x16x1 registers under 6x16x256 L1 tiles,
+BLIS's kc = 256 (the first compute-bound tile was 10x16x16: 31 trips of the output over K = 512,
+and the first ten programs all had it).
+
 Operators without reuse (elementwise, most reductions: every score is 0) build the top tile only
 and load straight from the bottom (§3.2). Our choice, since scores cannot rank them: every
 aligned top tile on the growth chain is a program, so K candidates exist for the model to rank.
@@ -24,7 +36,7 @@ from workbench.construct.space import (
     Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, with_axis,
 )
 from workbench.construct.step import Alternative, Step
-from workbench.rtile.alignment import next_aligned_sizes
+from workbench.rtile.alignment import next_aligned_sizes, partial_sums
 
 
 class RollerPolicy(Policy):
@@ -101,7 +113,9 @@ class RollerPolicy(Policy):
             yield self._step(state, nxt.actions[-1], "explored", grown, score, alternatives, note, nxt)
             if self.no_reuse and state.layer == 0:  # no reuse: every top tile is a program (module doc)
                 yield from self._descend(nxt)
-            elif self.space.compute_bound(state.layer, grown):  # MemPerf(T') > MaxComputePerf: P.add(mem, T'); EnlargeTile(T', mem.next, P)
+            elif not self.space.device.runs_on_cpu and self.space.compute_bound(state.layer, grown):
+                # MemPerf(T') > MaxComputePerf: P.add(mem, T'); EnlargeTile(T', mem.next, P).
+                # A CPU tile is recorded when full only (module docstring).
                 yield self.marker(nxt, Action(Kind.COMPUTE_SATURATED, state.layer), self.describe("saturated"))
                 yield from self._descend(nxt)
             yield from self._enlarge(nxt)  # EnlargeTile(T', mem, P)
@@ -120,11 +134,24 @@ class RollerPolicy(Policy):
         for axis, size in enumerate(sizes):
             if size is not None:
                 grown = with_axis(state.tile, axis, size)
-                options.append((axis, grown, space.reuse(state.layer, state.tile, grown, upper)))
+                options.append((axis, grown, self._reuse(state, grown, upper)))
         options.sort(key=lambda o: (-o[2], -o[0]))
         if self.no_reuse and state.layer > 0:
             options = options[:1]  # no reuse to choose by: one growth path below the top layer
         return options
+
+    def _reuse(self, state: State, grown, upper) -> float:
+        """The data-reuse score of growing the state's tile to `grown`: Roller's, and at a CPU's
+        first cache layer over a reduction's micro-kernel the accumulator trips saved as well,
+        or those alone once the tile is compute-bound (module docstring)."""
+        space = self.space
+        if not (space.device.runs_on_cpu and state.layer == 1 and space.expr.reduce):
+            return space.reuse(state.layer, state.tile, grown, upper)
+        register = state.recorded[0]
+        trips = space.calc.accumulator_reuse(register, state.tile, grown, partial_sums(space.expr, space.device, register))
+        if space.compute_bound(state.layer, state.tile):
+            return trips
+        return space.reuse(state.layer, state.tile, grown, upper) + trips
 
     def _seen(self, state: State, grown) -> bool:
         """visited(T'), marking T' visited."""

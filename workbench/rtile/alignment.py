@@ -263,6 +263,15 @@ def accumulators(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     return prod(shape[:-1]) * simd_vectors(shape[-1], expr.output.itemsize, device)
 
 
+def partial_sums(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """Partial sums a CPU register tile keeps per output element: its extent along a reduce
+    `lane_axis` (a vector of per-lane sums each, summed across lanes once per tile: gemv's 14 x 8
+    tile keeps 14 vectors of 8), else 1. They are what an accumulator trip moves
+    (`TileCalculus.accumulator_bytes`)."""
+    axis = lane_axis(expr, device)
+    return tile[axis] if axis is not None and expr.axes[axis].kind == "reduce" else 1
+
+
 def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     """Vector registers a CPU register micro-kernel of `tile` needs: its `accumulators`, one row
     of vectors along the `lane_axis` for every input the axis indexes (loaded once per

@@ -29,7 +29,9 @@ from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import accumulators, lane_axis, mma_axes, simd_vectors, thread_count, tile_lanes
+from workbench.rtile.alignment import (
+    accumulators, lane_axis, mma_axes, partial_sums, simd_vectors, thread_count, tile_lanes,
+)
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
 from workbench.rtile.traffic import TileCalculus, calculus
 
@@ -270,7 +272,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         home = device.layers[accumulator_home(program, device)]
-        q = calc.accumulator_bytes(program.register_tile, program.tiles[1])
+        q = calc.accumulator_bytes(program.register_tile, program.tiles[1], partial_sums(expr, device, program.register_tile))
         moved[home.name] = moved.get(home.name, 0) + q
         loads[home.name] = loads.get(home.name, 0.0) + q / (home.bandwidth_gbps * GB * busy)
     stages = {"compute": compute, **loads}

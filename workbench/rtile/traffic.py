@@ -74,7 +74,7 @@ class TileCalculus:
             self._traffic[tile] = q
         return q
 
-    def accumulator_bytes(self, tile: Tile, upper: Tile) -> int:
+    def accumulator_bytes(self, tile: Tile, upper: Tile, lanes: int = 1) -> int:
         """Bytes the accumulators of register tiles `tile` move when they leave the registers
         after every reduction step of the tile above them (`upper`) and come back for the next:
         a store and a load of the output tile per step after the first, per register tile.
@@ -82,12 +82,28 @@ class TileCalculus:
         which holds for a GPU thread's registers over the whole K loop; the CPU template keeps a
         register tile's vector accumulators only over one L1 tile's K-steps (the loop order
         `S1 R1 | S2 R2 | registers`), so an L1 K tile of 16 on a 512-deep K moves the whole output
-        through L1 31 more times. 0 without reduction steps above."""
+        through L1 31 more times. `lanes`: partial sums per output element (a micro-kernel
+        vectorised along a reduce axis keeps a vector of them each: `alignment.partial_sums`).
+        0 without reduction steps above."""
         steps = prod(ceil(self.extents[a] / upper[a]) for a in self.expr.reduce)
         if steps <= 1:
             return 0
-        out = prod(self.data_tiles(tile)[-1]) * self.expr.tensors[-1].itemsize
+        out = prod(self.data_tiles(tile)[-1]) * self.expr.tensors[-1].itemsize * lanes
         return 2 * (steps - 1) * out * self.spatial_tiles(tile)
+
+    def accumulator_reuse(self, register: Tile, tile: Tile, grown: Tile, lanes: int = 1, with_output: bool = True) -> float:
+        """The accumulator trips (`accumulator_bytes` of register tiles `register`) that growing
+        the tile above them from `tile` to `grown` saves, per byte of footprint it adds: the
+        term a CPU cache tile over a register micro-kernel adds to Roller's reuse score, whose
+        Q stores the output once per spatial tile and so sees nothing gained by growing a
+        reduce axis (the same denominator as `reuse_score`, unpadded: CPU caches have no
+        banks). A 512^3 matmul, 6x16x1 registers under 6x16x16 -> 6x16x32: 2 x (31 - 15) trips
+        of the output (padded to 516 rows) over 1,408 B of A and B."""
+        dq = self.accumulator_bytes(register, tile, lanes) - self.accumulator_bytes(register, grown, lanes)
+        df = self.footprint_bytes(grown, (), with_output) - self.footprint_bytes(tile, (), with_output)
+        if df <= 0:
+            return float("inf") if dq > 0 else 0.0
+        return dq / df
 
     def footprint_bytes(self, tile: Tile, padding: Sequence[int] = (), with_output: bool = True) -> int:
         """F(T): bytes one tile occupies; `padding[t]` extra elements on tensor t's leading dim."""
