@@ -19,8 +19,8 @@ from workbench.models.execute import build_model_kernels, pool_threads, run_mode
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds
-from workbench.profile.session import cannot_run_locally
 from workbench.profile.runner import Timing
+from workbench.profile.session import cannot_run_locally
 from workbench.viz.fmt import duration
 
 # fp32 outputs against ONNX Runtime: the two sum the reductions (up to a few thousand terms of
@@ -75,8 +75,9 @@ class ModelRun:
         tvm = (f"TVM default build {duration(self.tvm_default_seconds)} "
                f"({self.tvm_default_seconds / self.seconds:.2f}x)" if self.tvm_default_seconds is not None
                else f"TVM default build failed: {self.tvm_default_error}")
-        lines.append(f"end to end: workbench ({self.kernel_threads} threads) {duration(self.seconds)}, ONNX Runtime ({self.threads} threads) "
-                     f"{duration(self.onnxruntime_seconds)} ({self.onnxruntime_seconds / self.seconds:.2f}x), "
+        lines.append(f"end to end: workbench ({self.kernel_threads} threads) {duration(self.seconds)}, "
+                     f"ONNX Runtime ({self.threads} threads) {duration(self.onnxruntime_seconds)} "
+                     f"({self.onnxruntime_seconds / self.seconds:.2f}x), "
                      f"{tvm} (x: their time over the workbench's)")
         return "\n".join(lines)
 
