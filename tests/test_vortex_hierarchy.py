@@ -11,8 +11,8 @@ from workbench.rtile.alignment import lane_axis, micro_kernel_registers, thread_
 from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
 from workbench.vortex.hierarchy import (
-    MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, candidates, filter_by_multiples, loop_class,
-    register_tiles,
+    MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates, filter_by_multiples,
+    loop_class, register_tiles,
 )
 
 BERT = dict(M=2048, K=768, N=2304)  # the template: the dynamic M at its declared bound
@@ -53,8 +53,20 @@ def test_register_tiles_hold_enough_accumulators():
             assert t[2] == 1
 
 
+def test_register_tiles_of_equal_share_rank_by_loads_per_fma():
+    """Uncalibrated, 8 x 8 and 6 x 16 fill AVX2's FMA pipes alike in the model; per FMA the first
+    issues (1 load + 8 broadcasts) / 8, the second (2 + 6) / 12, so 8 x 8 ranks below it."""
+    e = expr("matmul", **BERT)
+    assert _memory_ops_per_fma(e, AVX2, (8, 8, 1)) == 9 / 8
+    assert _memory_ops_per_fma(e, AVX2, (6, 16, 1)) == 8 / 12
+    assert _memory_ops_per_fma(e, AVX2, (6, 16, 4)) == 8 / 12  # per reduction step alike
+    tiles = register_tiles(e, AVX2, 0, 0.0)
+    assert (8, 8, 1) not in tiles[:2] and all(_memory_ops_per_fma(e, AVX2, t) <= 9 / 8 for t in tiles)
+
+
 def test_calibrated_micro_kernels_are_preferred():
-    """Unmeasured, 14 x 8 ranks first on AVX2 (14 accumulators); measured, only 5 x 16 is kept."""
+    """Unmeasured, 5 x 16 is not first on AVX2 (4 x 24 and 6 x 16 issue fewer loads per FMA);
+    measured, it is the only one kept."""
     e = expr("matmul", **BERT)
     assert register_tiles(e, AVX2, 0, 0.0)[0][:2] != (5, 16)
     dev = replace(AVX2, micro_kernels=(MicroKernel("float32", 5, 16, 90.0),))

@@ -25,12 +25,13 @@ whose padding the analyzer prices per value instead.
 from __future__ import annotations
 
 from itertools import product
-from math import ceil
+from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    RULES, AlignContext, TensorShapeRule, is_micro_kernel_layer, micro_kernel_registers, thread_count, tile_lanes,
+    RULES, AlignContext, TensorShapeRule, accumulators, is_micro_kernel_layer, lane_axis, micro_kernel_registers,
+    thread_count, tile_lanes,
 )
 from workbench.rtile.model import estimate, latency_coverage, micro_kernel_shape, simd_utilisation
 from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program, storage_padding
@@ -113,8 +114,9 @@ def register_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -
     """Level 0: the aligned register tiles within the register budget, the most efficient
     first, at most `KEEP_LEVEL0`, one per size along the dynamic axis. Efficiency: the measured
     micro-kernel's share of peak where calibration measured it (only measured ones are kept
-    when any fits), else SIMD lanes filled x FMA latency covered (`rtile.model`); on a GPU all
-    tiles are equal there and the least traffic (most reuse) decides."""
+    when any fits), else SIMD lanes filled x FMA latency covered (`rtile.model`), then on a CPU
+    the fewest loads and broadcasts per FMA (`_memory_ops_per_fma`); on a GPU all tiles are
+    equal there and the least traffic (most reuse) decides."""
     ones = tuple(1 for _ in expr.axes)
     sizes = [[s for s in LEVEL0_SIZES if _within(expr, a, s, 1)] for a in range(len(expr.axes))]
     tiles = [t for t in product(*sizes)
@@ -131,10 +133,30 @@ def register_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -
             share = simd_utilisation(expr, device, t) * latency_coverage(expr, device, t)
         else:
             share = 1.0
-        regs = micro_kernel_registers(expr, device, t) if is_micro_kernel_layer(device, 0) else 0
-        return (-round(share, 9), calc.traffic_bytes(t), regs, t)
+        if not is_micro_kernel_layer(device, 0):
+            return (-round(share, 9), 0.0, calc.traffic_bytes(t), 0, t)
+        regs = micro_kernel_registers(expr, device, t)
+        return (-round(share, 9), round(_memory_ops_per_fma(expr, device, t), 9), calc.traffic_bytes(t), regs, t)
 
     return _one_per_size(sorted(tiles, key=key), dyn, KEEP_LEVEL0)
+
+
+def _memory_ops_per_fma(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> float:
+    """Vector loads and broadcasts a CPU register tile issues per vector FMA: each input's data
+    tile in vectors where the `lane_axis` indexes it, else element by element (broadcasts), over
+    accumulators x the reduce tile. The unmodelled difference between tiles of equal share: an
+    uncalibrated 8 x 8 fp32 tile on AVX2 (1 load + 8 broadcasts for 8 FMAs) fills the FMA pipes
+    in the model as 6 x 16 does (2 + 6 for 12), but a core issues loads on 2 ports and FMAs on 2
+    pipes, so the first waits on its loads (one reason BLAS's AVX2 kernel is 6 x 16)."""
+    lane = lane_axis(expr, device)
+    shapes = calculus(expr).data_tiles(tuple(tile))
+    ops = 0.0
+    for t, tensor in enumerate(expr.tensors[:-1]):
+        elements = prod(shapes[t])
+        vector = lane is not None and tensor.uses_axis(lane)
+        ops += elements * tensor.itemsize / device.register_bytes if vector else elements
+    steps = prod(tile[a] for a in expr.reduce) if expr.reduce and (lane is None or lane not in expr.reduce) else 1
+    return ops / max(1, accumulators(expr, device, tile) * steps)
 
 
 def _measured_share(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> float | None:
