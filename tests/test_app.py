@@ -798,3 +798,16 @@ def test_models_page_names_the_operators_not_constructed(tmp_path):
     assert not at.exception
     (warning,) = [w.value for w in at.warning]
     assert warning.startswith("1 of 2 operators not constructed, left out of the predicted times: ") and "not affine" in warning
+
+
+def test_models_page_shows_a_failed_run_and_keeps_the_page(monkeypatch):
+    def fails(mc, path):
+        raise RuntimeError("operator fused_matmul_add_relu: Check failed: illegal value\nstack trace ...")
+
+    monkeypatch.setattr(pipeline, "run_model_report", fails)
+    at = goto(app(small()), "Models")
+    at.selectbox[0].set_value("mlp.onnx").run()
+    button(at, "Run the model").click().run()
+    assert not at.exception
+    assert errors(at) == ["the run failed: operator fused_matmul_add_relu: Check failed: illegal value"]
+    assert _metric(at, "Rammer gain")  # the construction above the run is still shown

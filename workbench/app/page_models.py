@@ -16,6 +16,7 @@ import streamlit as st
 from workbench.app import views
 from workbench.app.messages import message
 from workbench.app.state import selection, set_selection
+from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.files import check_size, read_user_file
 from workbench import pipeline
@@ -89,6 +90,9 @@ def _run_section(mc, path: str, digest: str, sel: Request) -> None:
                 st.session_state["model_run"] = (key, pipeline.run_model_report(mc, path))
         except UserError as err:
             st.error(message(err))
+            return
+        except RuntimeError as err:  # a kernel that failed at run time (named by execute), TVM's own errors
+            st.error(f"the run failed: {first_line(err)}")
             return
     done = st.session_state.get("model_run")
     if done is None or done[0] != key:
