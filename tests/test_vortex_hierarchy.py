@@ -3,8 +3,7 @@
 from dataclasses import replace
 
 import pytest
-from helpers import device, expr
-from test_alignment import AVX2, AVX512
+from helpers import TINY_CPU, device, expr
 
 from workbench.hardware.spec import MicroKernel
 from workbench.rtile.alignment import lane_axis, micro_kernel_registers, thread_count, tile_lanes
@@ -15,6 +14,18 @@ from workbench.vortex.hierarchy import (
     loop_class, register_tiles,
 )
 
+
+
+def _cpu(name: str, lanes: int, registers: int, latency: int, pipes: int):
+    """A CPU of `lanes` fp32 lanes, `registers` vector registers and an FMA of `latency` cycles
+    on `pipes` pipes, caches as TINY_CPU's: never this machine."""
+    top = replace(TINY_CPU.layers[0], capacity_bytes=registers * 4 * lanes, transaction_bytes=4 * lanes)
+    return replace(TINY_CPU, name=name, warp_size=lanes, registers_per_unit=registers, registers_per_thread_cap=registers,
+                   layers=(top,) + TINY_CPU.layers[1:], fma_latency_cycles=latency, fma_pipes=pipes)
+
+
+AVX2 = _cpu("avx2-like", 8, 16, 5, 2)  # Zen 2: 5-cycle FMA x 2 pipes, 16 ymm
+AVX512 = _cpu("avx512-like", 16, 32, 4, 2)  # Skylake-SP: 4-cycle FMA x 2 pipes, 32 zmm
 BERT = dict(M=2048, K=768, N=2304)  # the template: the dynamic M at its declared bound
 
 
