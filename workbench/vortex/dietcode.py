@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from math import ceil, prod
 from typing import Mapping, Sequence
 
+# The sample list of Vortex's DietCode comparison (Table 6): the BERT GEMM's M sampled in [128, 256).
+DEFAULT_SAMPLES = (128, 160, 192, 224)
+
 
 def ceil_to(value: int, step: int) -> int:
     return -(-value // step) * step
