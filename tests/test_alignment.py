@@ -72,6 +72,11 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
         v = simd_lane_axis(e, dev)
         if v is not None and tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
             out.append("lane axis not a multiple of the SIMD lanes")
+    if dev.kind == "cpu" and layer > 0:
+        v = simd_lane_axis(e, dev)
+        n = e.axes[v].extent if v is not None else 0
+        if v is not None and e.axes[v].kind == "spatial" and n % upper[v] == 0 and n % tile[v]:
+            out.append("ragged cache tile along the vector axis")
     return out
 
 
@@ -316,6 +321,26 @@ def test_partial_sums_per_output_are_the_lanes_of_a_reduce_lane_axis():
     assert partial_sums(gemv, AVX2, (14, 8)) == 8 and partial_sums(gemv, AVX512, (7, 32)) == 32
     assert partial_sums(mm, AVX2, (6, 16, 4)) == 1
     assert partial_sums(relu, AVX2, (2, 3, 3)) == 1 and partial_sums(conv, AVX2, (1, 2, 1, 4, 1, 1, 3)) == 1
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_cpu_cache_tiles_divide_the_vector_axis_where_the_tile_above_does(dev):
+    """VectorTailRule: N = 512 and 16-wide register rows, at eps 0.1 (which lets the tensor-shape
+    rule pad 512 to 3 x 176 or 11 x 48): the L1 tile grows N through divisors of 512 only. M
+    (not vectorised) may still pad; N = 500, which a 16-wide register row does not divide, is
+    left to the tensor-shape rule; registers and GPUs are untouched."""
+    e = matmul(512, 512, 512)
+    ctx = AlignContext(e, dev, 1, (6, 16, 1), 0.1)
+    sizes, tile = [], (6, 16, 16)
+    while (nxt := next_aligned_sizes(ctx, tile)[1]) is not None:
+        sizes.append(nxt)
+        tile = (6, nxt, 16)
+    assert sizes == [32, 64, 128, 256, 512]
+    assert next_aligned_sizes(ctx, (6, 16, 16))[0] == 12  # M pads (516 rows): another rule's business
+    ragged = AlignContext(matmul(512, 500, 512), dev, 1, (6, 16, 1), 0.1)
+    assert next_aligned_sizes(ragged, (6, 16, 16))[1] == 32 and is_aligned(ragged, (6, 48, 16))
+    assert is_aligned(AlignContext(e, dev, 0, (1, 1, 1), 0.1), (6, 48, 1))
+    assert is_aligned(AlignContext(e, device("v100"), 1, (4, 4, 1), 0.1), (64, 48, 16))
 
 
 def test_the_standard_avx2_micro_kernel_is_aligned_and_fits():
