@@ -22,6 +22,7 @@ from workbench.rtile.model import (
     compute_efficiency,
     estimate,
     is_compute_bound,
+    is_load_hidden,
     micro_kernel_shape,
     source_layer,
 )
@@ -176,6 +177,29 @@ def test_compute_bound_test_compares_load_time_with_compute_time():
     assert is_compute_bound(calc, dev, 1, large, 2)
     load = calc.traffic_bytes(large) / (dev.layers[2].bandwidth_gbps * 1e9)
     assert load <= calc.expr.flops / (dev.peak("float32") * 1e9)
+
+
+@pytest.mark.parametrize("spec", [AVX2, AVX512], ids=lambda d: d.name)
+def test_load_hidden_under_the_operators_floor_the_closed_form(spec):
+    """is_load_hidden: a tile's loads from L2 against max(compute at peak, each byte once from
+    DRAM). gemv 4096 x 4096 is bound by reading its 64 MiB matrix once: an L1 tile of 14 x 16
+    reloads x 293 times from L2 and still hides under that stream, though it is far from
+    compute-bound; a matmul's floor is its compute."""
+    gb, m = 1e9, 4096
+    gemv = TileCalculus(expr("gemv", M=m, K=m))
+    dram, l2 = spec.layers[-1].bandwidth_gbps * gb, spec.layers[2].bandwidth_gbps * gb
+    floor = (m * m + m + m) * 4 / dram
+    tile = (14, 16)
+    rows = ceil(m / 14) * 14  # padded to whole tiles: A's rows, x once per row tile, the outputs
+    q = rows * m * 4 + ceil(m / 14) * m * 4 + rows * 4
+    assert gemv.traffic_bytes(tile) == q and q / l2 <= floor
+    assert is_load_hidden(gemv, spec, tile, 2) and not is_compute_bound(gemv, spec, 1, tile, 2)
+    mm = TileCalculus(matmul(512, 512, 512))
+    compute = 2 * 512**3 / (spec.peak("float32") * gb)
+    for t in ((1, 1, 1), (6, 16, 16), (48, 64, 256)):
+        load = mm.traffic_bytes(t) / l2
+        assert is_load_hidden(mm, spec, t, 2) == (load <= max(compute, 3 * 512 * 512 * 4 / dram))
+    assert not is_load_hidden(mm, spec, (1, 1, 1), 2)
 
 
 def test_rprogram_round_trips_and_pads_shared_inputs_only():

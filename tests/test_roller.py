@@ -119,15 +119,17 @@ def closed_form_score(e, dev, layer, upper, tile, grown) -> float:
     if dev.kind == "gpu" or layer != 1:
         return roller
     # CPU L1 over registers `upper`: the accumulator trips saved count as well, alone once the
-    # tile loads from L2 no slower than the operator computes at peak (roller.py's docstring)
+    # tile loads from L2 no slower than the operator's floor: computing it at peak or reading
+    # each byte once from the bottom layer (roller.py's docstring)
     ri, rj = min(upper[0], m), min(upper[1], n)
 
     def trips(t):
         return 2 * (ceil(k / t[2]) - 1) * ceil(m / upper[0]) * ceil(n / upper[1]) * ri * rj * 4
 
     saved = score(trips(tile) - trips(grown), f(grown) - f(tile))
-    compute_bound = q(tile) / (dev.layers[2].bandwidth_gbps * 1e9) <= 2 * m * n * k / (dev.peak(e.dtype) * 1e9)
-    return saved if compute_bound else roller + saved
+    floor = max(2 * m * n * k / (dev.peak(e.dtype) * 1e9), (m * k + k * n + m * n) * 4 / (dev.layers[-1].bandwidth_gbps * 1e9))
+    hidden = q(tile) / (dev.layers[2].bandwidth_gbps * 1e9) <= floor
+    return saved if hidden else roller + saved
 
 
 @pytest.mark.parametrize("dev", CONSTRUCT_DEVICES)

@@ -15,11 +15,13 @@ overlap it (the model's `combine_stages`), so growth that saves traffic keeps pa
 layer is full. At the first cache layer over a reduction's register micro-kernel the score also
 counts the accumulator trips the growth saves (`TileCalculus.accumulator_reuse`: the template's
 accumulators leave the registers after every L1 K-step, which Roller's Q does not see), and once
-that tile is compute-bound only those count: its loads from the layer below then hide behind the
-FMAs (Roller's own test), while each accumulator trip stalls the FMA chains (a load before the
-first FMA, a store after the last). matmul on AVX2: 6x16x1 registers under 6x16x256 L1 tiles,
-BLIS's kc = 256 (the first compute-bound tile was 10x16x16: 31 trips of the output over K = 512,
-and the first ten programs all had it).
+that tile's loads from the layer below hide under the operator's floor (its compute, or reading
+each byte once from the bottom layer: `model.is_load_hidden`, Roller's own compute-bound test
+where compute is the floor) only those count, while each accumulator trip still stalls the FMA
+chains (a load before the first FMA, a store after the last). matmul on AVX2: 6x16x1 registers
+under 6x16x256 L1 tiles, BLIS's kc = 256 (the first compute-bound tile was 10x16x16: 31 trips of
+the output over K = 512, and the first ten programs all had it); gemv-4096: 14x512 L1 tiles
+(84 x 80 before: short K runs over many rows).
 
 Operators without reuse (elementwise, most reductions: every score is 0) build the top tile only
 and load straight from the bottom (§3.2). Our choice, since scores cannot rank them: every
@@ -37,6 +39,7 @@ from workbench.construct.space import (
 )
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes, partial_sums
+from workbench.rtile.model import is_load_hidden
 
 
 class RollerPolicy(Policy):
@@ -143,13 +146,13 @@ class RollerPolicy(Policy):
     def _reuse(self, state: State, grown, upper) -> float:
         """The data-reuse score of growing the state's tile to `grown`: Roller's, and at a CPU's
         first cache layer over a reduction's micro-kernel the accumulator trips saved as well,
-        or those alone once the tile is compute-bound (module docstring)."""
+        or those alone once its loads hide under the operator's floor (module docstring)."""
         space = self.space
         if not (space.device.runs_on_cpu and state.layer == 1 and space.expr.reduce):
             return space.reuse(state.layer, state.tile, grown, upper)
         register = state.recorded[0]
         trips = space.calc.accumulator_reuse(register, state.tile, grown, partial_sums(space.expr, space.device, register))
-        if space.compute_bound(state.layer, state.tile):
+        if is_load_hidden(space.calc, space.device, state.tile, state.layer + 1):
             return trips
         return space.reuse(state.layer, state.tile, grown, upper) + trips
 

@@ -302,3 +302,17 @@ def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, s
     load = calc.traffic_bytes(tile) / (device.layers[source].bandwidth_gbps * GB)
     compute = calc.expr.flops / (peak_gflops(calc.expr, device) * GB)
     return load <= compute
+
+
+def is_load_hidden(calc: TileCalculus, device: DeviceSpec, tile, source: int) -> bool:
+    """Whether loading the operator in tiles T from `source` takes no longer than the operator's
+    floor: computing it, or moving each byte of it once from the bottom layer (its compulsory
+    traffic, the whole operator as one tile). Roller's stop test (`is_compute_bound`) is the
+    case where compute is the floor; for an operator bound by its compulsory traffic (gemv reads
+    its matrix once, however it is tiled) a cache tile's loads from the layer below hide under
+    that stream as well, and growing it to cut them gains nothing."""
+    bottom = device.layers[-1]
+    compulsory = calc.traffic_bytes(tuple(calc.extents)) / (bottom.bandwidth_gbps * GB)
+    load = calc.traffic_bytes(tile) / (device.layers[source].bandwidth_gbps * GB)
+    compute = calc.expr.flops / (peak_gflops(calc.expr, device) * GB)
+    return load <= max(compute, compulsory)
