@@ -128,7 +128,7 @@ def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: 
             kernel_id = f"k{n}"
             if progress:
                 progress(f"building {kernel_id} ({n + 1}/{len(chosen)})")
-            record = _build_and_check(op, static, dtype, dyn, program, device, staging, kernel_id)
+            record = build_symbolic(op, static, dtype, dyn, program, device, staging, kernel_id)
             if record.get("error"):
                 failed.append(record)
             else:
@@ -165,10 +165,12 @@ def _check_runs_here(device: DeviceSpec, what: str) -> None:
         raise UserError(f"{what} ({device.name} targets another CPU)")
 
 
-def _build_and_check(op, static, dtype, dyn: Dynamic, program: RProgram, device: DeviceSpec, folder: Path,
-                     kernel_id: str) -> dict:
-    """Build one kernel, export its library into `folder`, verify it: its manifest record, with
-    `error` where any step failed (that kernel's failure, never the bundle's)."""
+def build_symbolic(op, static, dtype, dyn: Dynamic, program: RProgram, device: DeviceSpec, folder: Path,
+                   kernel_id: str) -> dict:
+    """Build one kernel for `program` (any rProgram over the workload: a bundle's, or another
+    selector's) with a symbolic outer extent, export its library into `folder` and verify it:
+    its manifest record, with `error` where any step failed (that kernel's failure, never the
+    bundle's)."""
     outer = outer_tile(program, dyn)
     record = {"id": kernel_id, "outer": outer, "tiles": [dict(zip(program.axes, t)) for t in program.tiles],
               "library": f"{kernel_id}.so"}
@@ -182,10 +184,10 @@ def _build_and_check(op, static, dtype, dyn: Dynamic, program: RProgram, device:
             return record | {"error": kernel.error}
         library = folder / record["library"]
         kernel.executable.export_library(str(library))
-        entry = _load(library)
+        entry = load_kernel(library)
         checks = []
         for value in verify_values(outer):
-            check, _ = _execute(entry, program.expr, dyn, outer, value, seed=0, timed=False)
+            check, _ = execute(entry, program.expr, dyn, outer, value, seed=0, timed=False)
             checks.append({"value": value, "correct": check.correct, "max_rel_err": check.max_rel_err,
                            "error": check.error})
         record["verified"] = checks
@@ -197,13 +199,14 @@ def _build_and_check(op, static, dtype, dyn: Dynamic, program: RProgram, device:
         return record | {"error": f"{type(err).__name__}: {first_line(err)}"}
 
 
-def _load(library: Path):
+def load_kernel(library: Path):
+    """The entry function of an exported kernel library (for `execute`)."""
     import tvm
 
     return tvm.runtime.load_module(str(library))["main"]
 
 
-def _execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, timed: bool):
+def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, timed: bool):
     """Run the kernel `entry` (outer tile `outer`) at `value`: pad, run, slice, verify, and time
     when `timed`. (Verification, seconds or None)."""
     import tvm
@@ -291,7 +294,7 @@ def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
     kernel_id, predicted = dispatch(bundle.table, value)
     program = bundle.table.program(kernel_id)
     dyn = bundle.table.dyn
-    check, seconds = _execute(_load(bundle.library(kernel_id)), program.expr, dyn, outer_tile(program, dyn),
+    check, seconds = execute(load_kernel(bundle.library(kernel_id)), program.expr, dyn, outer_tile(program, dyn),
                               value, seed, timed=True)
     shape = bundle.params | {dyn.param: value}
     return {"shape": shape, "kernel": kernel_id, "predicted_seconds": predicted, "measured_seconds": seconds,
