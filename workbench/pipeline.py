@@ -10,6 +10,9 @@ assembles the pipeline itself.
     Candidate.to_dict(measurement) / candidate_rows  a candidate as JSON / as a table row
     construct_model(model, device, policy, options)   every operator of an ONNX model, co-scheduled
       -> run_model_report(model_construction, path)  run on this CPU against ONNX Runtime, timed
+    vortex_plan(workload with dyn, device, max)     Vortex's kernels for a dynamic extent, priced over it
+      -> vortex_pick(plan, value)                    the dispatcher's kernel for one value
+      -> vortex_compile / vortex_load / vortex_run   the bundle on disk, run and verified per value
 
 Each stage takes the value the stage before made and nothing else: a `Candidate` carries its
 program (with its expression and virtual threads), its device, its estimate and the actions that
@@ -35,6 +38,7 @@ from workbench.models import model as models
 from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
 from workbench.models.run import run_model_report
+from workbench.ops import catalog
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
@@ -42,6 +46,11 @@ from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
 from workbench.profile.workers import WorkerPool
 from workbench.viz.fmt import shape_text, time_columns
+from workbench.vortex import bundle as vortex_bundle
+from workbench.vortex.analyzer import Dynamic, outer_tile, cost as vortex_cost
+from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
+from workbench.vortex.hierarchy import candidates as vortex_candidates
+from workbench.vortex.select import DispatchTable, cost_table, dispatch, select
 from workbench.workload import Workload, suite_workload
 
 __all__ = [
@@ -50,7 +59,8 @@ __all__ = [
     "diagnosis_rows", "export", "importance", "slice_points", "stored_trials", "ExportResult", "Kernel", "KernelRejected", "load_device",
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
     "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit",
-    "run_model_report",
+    "run_model_report", "DIETCODE_SAMPLES", "VortexPlan", "vortex_compile", "vortex_load", "vortex_pick",
+    "vortex_plan", "vortex_run",
 ]
 
 
@@ -225,3 +235,64 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
         rows.append(row)
     rows = [{k: v for k, v in row.items() if k != "vthreads" or any(r["vthreads"] for r in rows)} for row in rows]
     return time_columns(rows)[0]
+
+
+# Vortex (dynamic shapes, docs/vortex.md): the bundle on disk as `workbench vortex` writes and runs it.
+vortex_compile = vortex_bundle.compile_bundle
+vortex_load = vortex_bundle.load_bundle
+vortex_run = vortex_bundle.run
+
+
+@dataclass(frozen=True)
+class VortexPlan:
+    """What `vortex compile` chooses for a workload with one `dyn` extent, before anything is
+    built: the dispatch table (kernels `k0`, `k1`, ... in the order compile names them), how many
+    candidates the hierarchy offered, and each kernel's predicted seconds at `values` (every
+    value where one kernel's padded extent changes, so the curves are exact steps)."""
+
+    table: DispatchTable
+    candidates: int
+    values: tuple[int, ...]
+    curves: tuple[tuple[float, ...], ...]  # one row per kernel of the table, one entry per value
+
+    @property
+    def dyn(self) -> Dynamic:
+        return self.table.dyn
+
+    def outer(self, kernel_id: str) -> int:
+        """The kernel's outer tile along the dynamic axis: the values it pads to."""
+        return outer_tile(self.table.program(kernel_id), self.dyn)
+
+    def seconds(self, kernel_id: str, value: int) -> float:
+        """The kernel's predicted seconds at `value` (padded to its outer tile)."""
+        return vortex_cost(self.table.program(kernel_id), self.table.device, self.dyn, value).predicted_seconds
+
+
+def vortex_plan(workload: Workload, device: DeviceSpec | str | Path,
+                max_extent: int = vortex_bundle.DEFAULT_MAX_EXTENT) -> VortexPlan:
+    """Vortex's offline choice for `workload` (one catalog parameter `dyn`) on `device` (CPU or
+    GPU; nothing built or run): the hierarchy's candidates, the small set `vortex compile` keeps,
+    and their predicted curves over 1..max_extent. UserError for a workload without exactly one
+    allowed `dyn`, or a bad bound."""
+    device = load_device(device)
+    if not isinstance(max_extent, int) or isinstance(max_extent, bool) or max_extent < 1:
+        raise UserError(f"the largest value must be a positive integer, got {max_extent!r}")
+    op, dtype, param, static = vortex_bundle.dynamic_workload(workload)
+    dyn = Dynamic(param, vortex_bundle.dynamic_axis(op, static, param, dtype), max_extent)
+    offered = vortex_candidates(catalog.build(op, {**static, param: max_extent}, dtype), device, dyn.axis)
+    chosen = select(offered, device, dyn)
+    if not chosen:
+        raise UserError(f"{op}: no candidate kernel fits {device.name}'s hierarchy")
+    steps = {1, max_extent} | {v for p in chosen for n in range(0, max_extent, outer_tile(p, dyn)) for v in (n, n + 1)}
+    values = tuple(sorted(v for v in steps if 1 <= v <= max_extent))
+    curves = tuple(tuple(row) for row in cost_table(chosen, device, dyn, values))
+    return VortexPlan(DispatchTable(dyn, device, tuple((f"k{n}", p) for n, p in enumerate(chosen))), len(offered),
+                      values, curves)
+
+
+def vortex_pick(plan: VortexPlan, value: int) -> tuple[str, float]:
+    """(kernel id, predicted seconds) the run-time dispatcher picks at `value` of the dynamic
+    extent; UserError for a value that is not a positive integer."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"{plan.dyn.param} must be a positive integer, got {value!r}")
+    return dispatch(plan.table, value)

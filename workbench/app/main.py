@@ -13,6 +13,7 @@ PAGES = (
     ("page_export.py", "Export", "export"),
     ("page_runs.py", "Runs", "runs"),
     ("page_models.py", "Models", "models"),
+    ("page_dynamic.py", "Dynamic shapes", "dynamic"),
 )
 
 
