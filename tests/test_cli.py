@@ -465,3 +465,27 @@ def test_dyn_outside_vortex_points_to_vortex_compile(capsys, tmp_path):
     assert code == 2 and "one dynamic extent per workload" in err
     code, _, err = run(capsys, "vortex", "run", str(tmp_path / "nothing"), "--shape", "M=3")
     assert code == 2 and "not a vortex bundle" in err
+
+
+def test_bench_dynamic_json(capsys):
+    code, text, _ = run(capsys, "bench", "dynamic", "--op", "matmul", "--shape", "M=dyn,K=64,N=64", "--values", "1,7,33",
+                        "--samples", "16,32", "--topk", "2", "--max-extent", "128", "--json")
+    assert code == 0
+    doc = json.loads(text)
+    assert set(doc) >= {"compile_seconds", "results"} and doc["compile_seconds"] > 0
+    assert [r["value"] for r in doc["results"]] == [1, 7, 33]
+    for r in doc["results"]:
+        assert set(r) >= {"value", "vortex_seconds", "oracle_seconds", "numpy_seconds", "dietcode_seconds"}
+        assert all(r[k] > 0 for k in ("vortex_seconds", "oracle_seconds", "numpy_seconds", "dietcode_seconds"))
+        assert r["vortex_correct"] and r["dietcode_correct"] and r["oracle_failed"] == [] and not r["in_samples"]
+
+
+@pytest.mark.parametrize("flag, text, message", [
+    ("--values", "0", "--values: '0' is not a positive integer"), ("--values", "-3", "'-3' is not a positive integer"),
+    ("--values", "x", "'x' is not a positive integer"), ("--values", "", "--values is empty"),
+    ("--samples", "16,0", "--samples: '0' is not a positive integer"), ("--samples", "", "--samples is empty"),
+    ("--samples", "a,b", "--samples: 'a' is not")])
+def test_bench_dynamic_bad_values_are_one_line_exit_2(capsys, flag, text, message):
+    argv = ["bench", "dynamic", "--op", "matmul", "--shape", "M=dyn,K=64,N=64", "--values", "1,7"]
+    code, out, err = run(capsys, *argv, f"{flag}={text}")
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1

@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(b)
     b.add_argument("--baselines", default="numpy", help="e.g. numpy,torch,metaschedule:64")
     b.add_argument("--json", action="store_true")
+    b = bsub.add_parser("dynamic", help="Vortex beside a per-shape oracle, numpy and DietCode over values of one dyn extent")
+    _workload_args(b)
+    b.add_argument("--values", required=True, help="values of the dyn extent, e.g. 1,5,24,477")
+    b.add_argument("--samples", help="DietCode's sample values (default 128,160,192,224: Vortex's Table 6)")
+    b.add_argument("--topk", type=int, default=5, help="the oracle's top-K per value (default 5)")
+    b.add_argument("--max-extent", type=int, default=4096, help="largest value Vortex's kernel choice covers (default 4096)")
+    b.add_argument("--json", action="store_true")
 
     p = sub.add_parser("vortex", help="dynamic shapes: compile kernels for every value of one dyn extent, run one")
     vsub = p.add_subparsers(dest="vortex_command", required=True, parser_class=_Parser)
@@ -450,7 +457,33 @@ def cmd_vortex(args) -> int:
     return _emit(args, {"path": str(b.path), **m}, "\n".join(lines))
 
 
+def cmd_bench_dynamic(args) -> int:
+    from workbench import pipeline
+    from workbench.viz.fmt import duration
+    from workbench.vortex.compare import bench_dynamic, parse_values
+    from workbench.vortex.dietcode import DEFAULT_SAMPLES
+    from workbench.workload import workload_from_args
+
+    values = parse_values(args.values, "--values")
+    samples = DEFAULT_SAMPLES if args.samples is None else parse_values(args.samples, "--samples")
+    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    data = bench_dynamic(workload, pipeline.load_device(args.device), values, samples, topk=args.topk,
+                         max_extent=args.max_extent, progress=_progress(args))
+    lines = [f"{data['workload']} on {data['device']}: vortex compiled {len(data['vortex_kernels'])} kernels in "
+             f"{data['compile_seconds']:.1f} s; DietCode samples {data['dietcode']['samples']}",
+             f"{'value':>6s} {'in':>3s} {'vortex':>10s} {'oracle':>10s} {'numpy':>10s} {'dietcode':>10s}  kernels"]
+    for r in data["results"]:
+        cells = [f"{duration(r[k]) if r[k] else 'failed':>10s}"
+                 for k in ("vortex_seconds", "oracle_seconds", "numpy_seconds", "dietcode_seconds")]
+        lines.append(f"{r['value']:6d} {'yes' if r['in_samples'] else 'no':>3s} {' '.join(cells)}  "
+                     f"{r.get('vortex_kernel')} / {r['dietcode_kernel']}")
+    lines.append("geomean speed: " + ", ".join(f"{k} {v:.2f}x" if v else f"{k} -" for k, v in data["geomean"].items()))
+    return _emit(args, data, "\n".join(lines))
+
+
 def cmd_bench_dispatch(args) -> int:
+    if args.bench_command == "dynamic":
+        return cmd_bench_dynamic(args)
     return cmd_bench_kernels(args) if args.bench_command == "kernels" else cmd_bench_construct(args)
 
 
