@@ -811,3 +811,111 @@ def test_models_page_shows_a_failed_run_and_keeps_the_page(monkeypatch):
     assert not at.exception
     assert errors(at) == ["the run failed: operator fused_matmul_add_relu: Check failed: illegal value"]
     assert _metric(at, "Rammer gain")  # the construction above the run is still shown
+
+
+# The Dynamic shapes page (Vortex): its default is the paper's BERT GEMM, M dynamic up to 2048.
+BERT = Workload(op="matmul", params=(("K", 768), ("M", "dyn"), ("N", 2304)))
+TINY_DYN = "M=dyn,K=64,N=64"  # compiles in seconds
+
+
+def dynamic_page(selection: Request | None = None) -> AppTest:
+    at = app(selection or small())
+    at.switch_page("workbench/app/page_dynamic.py").run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Dynamic shapes"
+    return at
+
+
+def dynamic_chart(at: AppTest) -> dict:
+    (chart,) = [c for c in charts(at) if "dispatcher" in title(c)]
+    return {t["name"]: t for t in chart["data"]}
+
+
+def test_dynamic_page_draws_each_kernels_curve_and_the_dispatcher_on_the_bert_gemm():
+    at = dynamic_page()
+    plan = pipeline.vortex_plan(BERT, load_spec("local-cpu"), 2048)
+    assert at.selectbox[0].value == "matmul" and at.text_input[0].value == "M=dyn,K=768,N=2304"
+    assert _metric(at, "hierarchy candidates").value == str(plan.candidates)
+    assert _metric(at, "kernels kept").value == str(len(plan.table.kernels))
+    traces = dynamic_chart(at)
+    for (kernel, _), row in zip(plan.table.kernels, plan.curves):
+        assert values(traces[kernel]["x"]) == list(plan.values) and values(traces[kernel]["y"]) == pytest.approx(row)
+    envelope = values(traces["dispatcher (lower envelope)"]["y"])
+    assert envelope == pytest.approx([min(col) for col in zip(*plan.curves)])
+    assert values(traces["DietCode's samples"]["x"]) == list(pipeline.DIETCODE_SAMPLES)
+    (table,) = [d.value for d in at.dataframe if "kernel" in d.value.columns]
+    assert list(table["kernel"]) == [k for k, _ in plan.table.kernels]
+    assert table["values picked (of 1..2048)"].sum() == 2048  # every value goes to exactly one kernel
+    assert not [d for d in at.dataframe if "correct" in d.value.columns]  # nothing compiled or run on load
+    assert "measured" not in traces
+
+
+def test_dynamic_page_names_the_kernel_the_dispatcher_picks_for_a_typed_shape():
+    at = dynamic_page()
+    at.text_input[0].set_value(TINY_DYN).run()
+    at.number_input[0].set_value(256).run()  # the largest value covered
+    plan = pipeline.vortex_plan(Workload(op="matmul", params=(("K", 64), ("M", "dyn"), ("N", 64))),
+                                load_spec("local-cpu"), 256)
+    for value in (1, 97, 1000):  # 1000: beyond the largest value covered, still dispatched (padded)
+        number(at, "shape").set_value(value).run()
+        kernel, seconds = pipeline.vortex_pick(plan, value)
+        outer = plan.outer(kernel)
+        (said,) = [s.value for s in at.success]
+        assert said.startswith(f"M={value}: the dispatcher picks {kernel} (outer tile {outer}, "
+                                f"runs M={-(-value // outer) * outer}), predicted ")
+        assert ("beyond the largest value covered (256)" in said) == (value > 256)
+        star = dynamic_chart(at)[f"picked at M={value}: {kernel}"]
+        assert values(star["x"]) == [value] and values(star["y"]) == pytest.approx([seconds])
+
+
+@pytest.mark.parametrize("typed, shown", [
+    ({"shape": 0}, "shape: M must be a positive integer, got 0"),
+    ({"shape": -5}, "shape: M must be a positive integer, got -5"),
+    ({"params": "M=64,K=64,N=64"}, "matmul: no dynamic extent; give one parameter as dyn (e.g. M=dyn)"),
+    ({"params": "M=dyn,K=dyn,N=64"}, "matmul: one dynamic extent per workload, got K, M"),
+    ({"params": "M=64,K=64,N=dyn"}, "matmul: N cannot be dynamic (only M, B may be)"),
+    ({"params": "M=dyn,K=0,N=64"}, "K must be a positive integer"),
+])
+def test_dynamic_page_shows_bad_input_as_a_message(typed, shown):
+    at = dynamic_page()
+    if "params" in typed:
+        at.text_input[0].set_value(typed["params"]).run()
+    else:
+        at.text_input[0].set_value(TINY_DYN).run()
+        number(at, "shape").set_value(typed["shape"]).run()
+        assert dynamic_chart(at)  # the curves stay: only the pick is refused
+    assert not at.exception
+    assert any(shown in e for e in errors(at)), errors(at)
+
+
+def test_dynamic_page_compiles_into_the_workspace_and_draws_verified_measurements(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    at = dynamic_page()
+    at.text_input[0].set_value(TINY_DYN).run()
+    at.number_input[0].set_value(256).run()
+    assert "measured" not in dynamic_chart(at)
+    at.text_input[1].set_value("1,13,128,509").run()
+    button(at, "Compile and measure").click().run()
+    assert not at.exception and not errors(at)
+    assert "all 4 runs verified against numpy" in [s.value for s in at.success]
+    (bundle,) = (tmp_path / "vortex").iterdir()
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["dynamic"] == {"param": "M", "axis": "i", "max_extent": 256}
+    (table,) = [d.value for d in at.dataframe if "correct" in d.value.columns]
+    assert list(table["M"]) == [1, 13, 128, 509] and table["correct"].all()
+    plan = pipeline.vortex_plan(Workload(op="matmul", params=(("K", 64), ("M", "dyn"), ("N", 64))),
+                                load_spec("local-cpu"), 256)
+    assert list(table["kernel"]) == [pipeline.vortex_pick(plan, v)[0] for v in (1, 13, 128, 509)]
+    points = dynamic_chart(at)["measured"]
+    assert values(points["x"]) == [1, 13, 128, 509] and all(s > 0 for s in values(points["y"]))
+    at.text_input[1].set_value("1,x").run()  # a bad list: one line, the measurements stay
+    button(at, "Compile and measure").click().run()
+    assert errors(at) == ["values to measure: 'x' is not a positive integer"] and not at.exception
+    assert [d for d in at.dataframe if "correct" in d.value.columns] and "measured" in dynamic_chart(at)
+
+
+def test_dynamic_page_on_a_gpu_device_predicts_and_does_not_compile():
+    at = dynamic_page(Request(SMALL, load_spec("v100"), "roller", Options(topk=3)))
+    assert dynamic_chart(at)["dispatcher (lower envelope)"]
+    assert not [b for b in at.button if b.label.startswith("Compile")]
+    assert any("needs a CPU device that runs here; v100 is a gpu" in i.value for i in at.info)

@@ -122,12 +122,10 @@ def _measure_section(plan: pipeline.VortexPlan, workload: Workload, device, max_
             with st.spinner(f"running at {len(values)} values..."):
                 runs = [pipeline.vortex_run(bundle, v) for v in values]
             st.session_state["dynamic_run"] = (key, str(bundle.path), bundle.manifest, runs)
-        except UserError as err:
+        except UserError as err:  # the last measurements, if any, stay below
             st.error(message(err))
-            return
         except RuntimeError as err:  # TVM's own errors at run time
             st.error(f"the run failed: {first_line(err)}")
-            return
     done = st.session_state.get("dynamic_run")
     if done is None or done[0] != key:
         st.caption("Builds each kernel once with a symbolic outer extent (seconds), then runs the dispatcher's "
