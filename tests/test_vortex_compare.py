@@ -56,7 +56,7 @@ def test_a_wrong_static_kernel_gets_no_time(monkeypatch):
 def test_a_wrong_dietcode_run_gets_no_time(monkeypatch):
     template = expr("matmul", M=16, N=48, K=64)
     program = make_program(calculus(template), TINY_CPU, [(4, 16, 1), (8, 16, 16), (8, 16, 64)], [True] * 3, 0.0)
-    kernel = compare.MicroKernel("d16", 16, program, outer=8, throughput=1e9, entry=None)
+    kernel = compare.MicroKernel("d16", 16, program, outer=8, seconds=1e-6, throughput=1e9, entry=None)
     monkeypatch.setattr(compare.vortex, "execute", lambda *a, **k: (Verification(False, 1.0, 1.0, "NaN in output"), None))
     row = compare._dietcode_at(Dispatch((16,), ("d16",)), {"d16": kernel}, Dynamic("M", "i", 64), 5)
     assert row == {"dietcode_seconds": None, "dietcode_kernel": "d16", "dietcode_correct": False,
@@ -75,11 +75,14 @@ def test_small_benchmark_end_to_end():
     assert [r["in_samples"] for r in doc["results"]] == [False, True, False]
     kernels = doc["dietcode"]["kernels"]
     assert {k["sample"] for k in kernels.values()} <= {16, 32} and set(doc["dietcode"]["dispatch"]) == {16, 32}
+    assert all(k["seconds_at_sample"] > 0 and k["throughput_flops"] > 0 for k in kernels.values())
     for r in doc["results"]:
         for method in ("vortex", "oracle", "numpy", "dietcode"):
             assert r[f"{method}_seconds"] > 0, (r["value"], method, r)
         assert r["vortex_correct"] and r["dietcode_correct"] and r["oracle_failed"] == [] and not r["numpy_error"]
         assert r["vortex_kernel"] in doc["vortex_kernels"] and r["dietcode_kernel"] in kernels
+        assert set(r["vortex_kernels_seconds"]) == set(doc["vortex_kernels"])
+        assert all(v > 0 for v in r["vortex_kernels_seconds"].values())
         assert 1 <= r["oracle_rank"] <= r["oracle_candidates"] <= 2
     assert all(v is not None and v > 0 for v in doc["geomean"].values()), doc["geomean"]
 

@@ -6,6 +6,9 @@ of load on the machine falls on all of them alike.
 
 - **vortex**: `bundle.compile_bundle` once (its wall time is `compile_seconds`), then
   `bundle.run` at each value (dispatch by predicted cost, pad the dynamic axis, run, verify, time).
+  Every kernel of the bundle is also run, verified and timed at each value
+  (`vortex_kernels_seconds`): the gap between the dispatched kernel and the bundle's fastest
+  there is the dispatcher's, the gap between that one and the oracle the kernel set's.
 - **oracle**: at each value, a Roller construction of the static workload (the dynamic extent
   set to the value) with its top-K built, verified and timed; the best measured of them.
 - **numpy**: the `numpy` baseline (`A @ B` through BLAS, threads limited to the device's cores)
@@ -78,13 +81,14 @@ def parse_values(text: str, flag: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class MicroKernel:
     """One DietCode candidate: the sample it was constructed at, its program, its outer tile
-    along the dynamic axis, its throughput (flop/s, step 3 of the module docstring) and the
-    loaded library."""
+    along the dynamic axis, its time at its sample, its throughput (flop/s, step 3 of the module
+    docstring) and the loaded library."""
 
     name: str
     sample: int
     program: RProgram
     outer: int
+    seconds: float
     throughput: float
     entry: object = field(compare=False, repr=False)
 
@@ -114,8 +118,8 @@ def train_dietcode(op: str, static: dict, dtype: str, dyn: Dynamic, device: Devi
         if progress:
             progress(f"dietcode: constructing and building the kernel of sample {sample}")
         expr = catalog.build(op, {**static, dyn.param: sample}, dtype)
-        program = pipeline.construct(pipeline.request(expr, device, "roller", pipeline.Options(topk=1, seed=SEED)))
-        program = program.candidates[0].program
+        top = pipeline.construct(pipeline.request(expr, device, "roller", pipeline.Options(topk=1, seed=SEED)))
+        program = top.candidates[0].program
         if dyn.axis not in program.axes:
             failed.append({"id": name, "sample": sample, "error": f"the program has no axis {dyn.axis} (fused)"})
             continue
@@ -127,14 +131,17 @@ def train_dietcode(op: str, static: dict, dtype: str, dyn: Dynamic, device: Devi
             failed.append(record | {"sample": sample})
             continue
         outer = outer_tile(program, dyn)
-        entry = vortex.load_kernel(folder / record["library"])
-        check, seconds = vortex.execute(entry, program.expr, dyn, outer, sample, SEED, timed=True)
+        try:
+            entry = vortex.load_kernel(folder / record["library"])
+            check, seconds = vortex.execute(entry, program.expr, dyn, outer, sample, SEED, timed=True)
+        except Exception as err:  # TVM raises many error types; each is this kernel's failure
+            failed.append({"id": name, "sample": sample, "error": f"{type(err).__name__}: {first_line(err)}"})
+            continue
         if not check.correct:
             failed.append({"id": name, "sample": sample, "error": f"wrong at its sample: {check.error}"})
             continue
-        useful = expr.flops / seconds
-        throughput = useful / score(program, 1.0, dyn, sample, device.compute_units)
-        kernels[name] = MicroKernel(name, sample, program, outer, throughput, entry)
+        throughput = expr.flops / seconds / score(program, 1.0, dyn, sample, device.compute_units)
+        kernels[name] = MicroKernel(name, sample, program, outer, seconds, throughput, entry)
     if not kernels:
         return None, kernels, failed
     scores = {n: [score(k.program, k.throughput, dyn, s, device.compute_units) for s in samples]
@@ -223,6 +230,7 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
         b = vortex.compile_bundle(workload, device, Path(tmp) / "bundle", max_extent=max_extent, progress=progress)
         compile_seconds = time.perf_counter() - start
         dyn = b.table.dyn
+        entries = {k: vortex.load_kernel(b.library(k)) for k, _ in b.table.kernels}
         folder = Path(tmp) / "dietcode"
         folder.mkdir()
         start = time.perf_counter()
@@ -235,6 +243,8 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
                 progress(f"[{n + 1}/{len(values)}] {param}={value}")
             row = {"value": value, "in_samples": min(samples) <= value <= max(samples)}
             row |= _vortex_at(b, value)
+            row["vortex_kernels_seconds"] = {k: _timed(entries[k], program, dyn, value)
+                                             for k, program in b.table.kernels}
             row |= _dietcode_at(choice, kernels, dyn, value)
             row |= oracle(exprs[value], device, topk)
             measured = numpy.measure(exprs[value], device)
@@ -249,7 +259,8 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
         "compile_seconds": compile_seconds,
         "vortex_kernels": [k["id"] for k in b.manifest["kernels"]], "vortex_failed": b.manifest["failed"],
         "dietcode": {"samples": sorted(samples), "train_seconds": dc_seconds,
-                     "kernels": {k.name: {"sample": k.sample, "outer": k.outer, "throughput_flops": k.throughput,
+                     "kernels": {k.name: {"sample": k.sample, "outer": k.outer, "seconds_at_sample": k.seconds,
+                                          "throughput_flops": k.throughput,
                                           "tiles": [dict(zip(k.program.axes, t)) for t in k.program.tiles]}
                                  for k in kernels.values()},
                      "dispatch": dict(zip(choice.samples, choice.choices)) if choice else {},
@@ -258,12 +269,28 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
         "geomean": {
             "vortex_speed_vs_oracle": _ratio((r["oracle_seconds"], r["vortex_seconds"]) for r in results),
             "vortex_speed_vs_numpy": _ratio((r["numpy_seconds"], r["vortex_seconds"]) for r in results),
+            "vortex_speed_vs_its_best_kernel": _ratio((_least(r["vortex_kernels_seconds"]), r["vortex_seconds"])
+                                                      for r in results),
             "dietcode_speed_vs_oracle_in_samples": _ratio((r["oracle_seconds"], r["dietcode_seconds"]) for r in inside),
             "dietcode_speed_vs_oracle_outside": _ratio((r["oracle_seconds"], r["dietcode_seconds"]) for r in outside),
             "vortex_speed_vs_dietcode_in_samples": _ratio((r["dietcode_seconds"], r["vortex_seconds"]) for r in inside),
             "vortex_speed_vs_dietcode_outside": _ratio((r["dietcode_seconds"], r["vortex_seconds"]) for r in outside),
         },
     }
+
+
+def _timed(entry, program: RProgram, dyn: Dynamic, value: int) -> float | None:
+    """One bundle kernel run, verified and timed at `value` (None when wrong or raising)."""
+    try:
+        check, seconds = vortex.execute(entry, program.expr, dyn, outer_tile(program, dyn), value, SEED, timed=True)
+    except Exception:  # TVM raises many error types; a kernel that raises has no time
+        return None
+    return seconds if check.correct else None
+
+
+def _least(seconds: dict) -> float | None:
+    measured = [s for s in seconds.values() if s]
+    return min(measured) if measured else None
 
 
 def _vortex_at(b: vortex.Bundle, value: int) -> dict:
