@@ -71,7 +71,7 @@ def _bundle(workload: Workload, device, max_extent: int):
     return pipeline.vortex_compile(workload, device, path, max_extent)
 
 
-def _inputs(device) -> tuple[Workload, int] | None:
+def _inputs() -> tuple[Workload, int] | None:
     cols = st.columns([1, 2, 1])
     op = cols[0].selectbox("Operator", list(DYNAMIC_PARAMS))
     text = cols[1].text_input("Parameters (one of them dyn)", DEFAULT_SHAPES[op], key=f"dynamic-params-{op}",
@@ -159,7 +159,7 @@ def page() -> None:
     device = selection().device
     st.caption(f"Vortex on {device.name} (change the device on the Workload page): kernels built once without "
                "shape samples, one picked per shape at run time by predicted cost")
-    chosen = _inputs(device)
+    chosen = _inputs()
     if chosen is None:
         return
     workload, max_extent = chosen
@@ -167,7 +167,7 @@ def page() -> None:
         with st.spinner("building the hierarchy's candidates and pricing them over every value..."):
             plan = _plan(workload, device, max_extent)
     except UserError as err:
-        st.error(message(err, {"--shape": "parameters", "--max-extent": "largest value covered"}))
+        st.error(message(err, {"--shape": "parameters"}))
         return
     param = plan.dyn.param
     key = (workload, device, max_extent)
@@ -189,10 +189,10 @@ def page() -> None:
         st.error(f"shape: {message(err)}")
     chart = st.container()  # drawn last: a click below adds its measured points
     samples = ", ".join(map(str, pipeline.DIETCODE_SAMPLES))
+    low, high = pipeline.DIETCODE_SAMPLES[0], pipeline.DIETCODE_SAMPLES[-1]
     st.caption(f"Triangles: DietCode's samples ({param} = {samples}, Vortex's Table 6). DietCode tunes on those and "
-               f"picks by the nearest sample; for {param} = 1 or {max_extent} it still runs the kernel chosen at "
-               f"{pipeline.DIETCODE_SAMPLES[0]} or {pipeline.DIETCODE_SAMPLES[-1]}. Vortex prices every kernel at the "
-               "actual value: no samples.")
+               f"picks by the nearest sample: every {param} below {low} runs the kernel chosen at {low}, every one "
+               f"above {high} the kernel chosen at {high}. Vortex prices every kernel at the actual value: no samples.")
     views.time_table(_kernel_rows(plan, value if picked else None))
     _measure_section(plan, workload, device, max_extent, key)
     curves = {k: row for (k, _), row in zip(plan.table.kernels, plan.curves)}
