@@ -74,9 +74,18 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
             out.append("lane axis not a multiple of the SIMD lanes")
     if dev.kind == "cpu" and layer > 0:
         v = simd_lane_axis(e, dev)
-        n = e.axes[v].extent if v is not None else 0
-        if v is not None and e.axes[v].kind == "spatial" and n % upper[v] == 0 and n % tile[v]:
-            out.append("ragged cache tile along the vector axis")
+        tails = [a for a in e.reduce] + ([v] if v is not None and e.axes[v].kind == "spatial" else [])
+        for a in tails:
+            n, u = e.axes[a].extent, upper[a]
+            # some tile short of the axis, within 128 multiples of the one above, divides it and
+            # is whole 64 B lines for every input whose contiguous dimension the axis alone indexes
+            lines = lambda s: all(  # noqa: E731
+                s * t.itemsize % 64 == 0 for t in e.inputs if t.index and t.index[-1][0][a] == 1
+                and sum(1 for c in t.index[-1][0] if c) == 1
+            )
+            whole = n % u == 0 and any(n % s == 0 and lines(s) for s in range(u, min(n - u, 128 * u) + 1, u))
+            if whole and n % tile[a]:
+                out.append(f"{e.axes[a].name}: ragged cache tile along the vectors or a reduction")
     return out
 
 
@@ -325,17 +334,19 @@ def test_partial_sums_per_output_are_the_lanes_of_a_reduce_lane_axis():
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_cpu_cache_tiles_divide_the_vector_axis_where_the_tile_above_does(dev):
-    """VectorTailRule: N = 512 and 16-wide register rows, at eps 0.1 (which lets the tensor-shape
-    rule pad 512 to 3 x 176 or 11 x 48): the L1 tile grows N through divisors of 512 only. M
-    (not vectorised) may still pad; N = 500, which a 16-wide register row does not divide, is
-    left to the tensor-shape rule; registers and GPUs are untouched."""
+    """TailRule: N = K = 512 and 16-wide register rows, at eps 0.1 (which lets the tensor-shape
+    rule pad 512 to 3 x 176 or 11 x 48): the L1 tile grows N and K through divisors of 512
+    only. M (not vectorised, not reduced) may still pad; N = 500, which a 16-wide register row
+    does not divide, is left to the tensor-shape rule; registers and GPUs are untouched."""
     e = matmul(512, 512, 512)
     ctx = AlignContext(e, dev, 1, (6, 16, 1), 0.1)
-    sizes, tile = [], (6, 16, 16)
-    while (nxt := next_aligned_sizes(ctx, tile)[1]) is not None:
-        sizes.append(nxt)
-        tile = (6, nxt, 16)
-    assert sizes == [32, 64, 128, 256, 512]
+    # K over a register K of 1: 512 lies beyond the scan's 128 steps from 256
+    for axis, expected in ((1, [32, 64, 128, 256, 512]), (2, [32, 64, 128, 256])):
+        sizes, tile = [], (6, 16, 16)
+        while (nxt := next_aligned_sizes(ctx, tile)[axis]) is not None:
+            sizes.append(nxt)
+            tile = tile[:axis] + (nxt,) + tile[axis + 1 :]
+        assert sizes == expected
     assert next_aligned_sizes(ctx, (6, 16, 16))[0] == 12  # M pads (516 rows): another rule's business
     ragged = AlignContext(matmul(512, 500, 512), dev, 1, (6, 16, 1), 0.1)
     assert next_aligned_sizes(ragged, (6, 16, 16))[1] == 32 and is_aligned(ragged, (6, 48, 16))

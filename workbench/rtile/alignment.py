@@ -16,7 +16,7 @@ that axis indexes and broadcasts the elements of the others into one register.
 `micro_kernel_registers` counts those vector registers; they are the register layer's footprint
 (`rprogram.layer_footprint`). Memory transactions at the cache layers are 64 B lines (each CPU
 layer's `transaction_bytes`, `TransactionRule`), and a cache tile leaves no ragged edge along the
-vectors where the register tile does not (`VectorTailRule`).
+vectors or a reduction where the register tile does not (`TailRule`).
 """
 
 from __future__ import annotations
@@ -151,27 +151,43 @@ class TensorCoreRule(_PerAxis):
         return size % ctx.device.tensor_core_fragment[mma.index(axis)] == 0
 
 
-class VectorTailRule(_PerAxis):
-    """CPU vector tails (our rule): below the registers, a tile along a spatial `lane_axis`
-    divides the axis wherever the tile one layer up does, so that no cache tile leaves a ragged
-    edge along the vectors. The template pads a ragged unit tile, and the copy into a panel then
-    tests every element of the vectorised dimension against the edge, which LLVM leaves scalar
-    (mm-512 on AVX2, 6x16x1 / 12x16x256 registers and L1 tiles, L2 tiles 132 x 176: 2.0 ms,
-    132 x 128: 1.65 ms, though 176 pads N by 3% only). An axis the tile above does not divide
-    is ragged anyway and is left to the tensor-shape rule."""
+class TailRule(_PerAxis):
+    """CPU tails (our rule): below the registers, a tile along a spatial `lane_axis` or a reduce
+    axis divides the axis wherever the tile one layer up does, so that no cache tile leaves a
+    ragged edge where the template pays for one. Along the vectors: the template pads a ragged
+    unit tile, and the copy into a panel then tests every element of the vectorised dimension
+    against the edge, which LLVM leaves scalar (mm-512 on AVX2, 6x16x1 / 12x16x256 registers and
+    L1 tiles, L2 tiles 132 x 176: 2.0 ms, 132 x 128: 1.65 ms, though 176 pads N by 3% only).
+    Along a reduction: a ragged K tile turns panel packing off and guards the micro-kernel
+    (mm-1024, 6x16x352 L1 tiles, 3 x 352 = 1056: 34-41 ms against 12-13 ms for 6x16x256, the
+    same run). Where no tile short of the whole axis both divides it and is a whole number of
+    transactions (`_whole_tiles_exist`: a prime K of 509; gemv's K of 1000 over 8 lanes, whose
+    divisors 40 and 200 are not whole 64 B lines), the axis is ragged anyway and left to the
+    tensor-shape rule."""
 
-    name = "vector-tail"
+    name = "cpu-tails"
 
     def axis_ok(self, ctx, axis, size):
-        if ctx.layer == 0 or ctx.device.lanes_are_threads:
+        if ctx.layer == 0 or ctx.device.lanes_are_threads or ctx.expr.axes[axis].extent % size == 0:
             return True
-        extent = ctx.expr.axes[axis].extent
-        if extent % ctx.upper[axis] or extent % size == 0:
+        kind = ctx.expr.axes[axis].kind
+        if kind != "reduce" and axis != lane_axis(ctx.expr, ctx.device):
             return True
-        return axis != lane_axis(ctx.expr, ctx.device) or ctx.expr.axes[axis].kind != "spatial"
+        return not _whole_tiles_exist(ctx, axis)
 
 
-RULES: tuple[Rule, ...] = (TensorShapeRule(), TransactionRule(), ExecutionUnitRule(), TensorCoreRule(), VectorTailRule())
+@lru_cache(maxsize=4096)
+def _whole_tiles_exist(ctx: AlignContext, axis: int) -> bool:
+    """Whether a tile along `axis` shorter than the axis, a multiple of the tile above within
+    `MAX_SCAN` multiples, divides the axis and is a whole number of transactions."""
+    extent, upper = ctx.expr.axes[axis].extent, ctx.upper[axis]
+    if extent % upper:
+        return False
+    sizes = (m * upper for m in range(1, min(extent // upper - 1, MAX_SCAN) + 1))
+    return any(extent % s == 0 and TransactionRule().axis_ok(ctx, axis, s) for s in sizes)
+
+
+RULES: tuple[Rule, ...] = (TensorShapeRule(), TransactionRule(), ExecutionUnitRule(), TensorCoreRule(), TailRule())
 
 
 def leading_axis(tensor) -> int | None:
