@@ -906,6 +906,8 @@ def test_dynamic_page_compiles_into_the_workspace_and_draws_verified_measurement
     plan = pipeline.vortex_plan(Workload(op="matmul", params=(("K", 64), ("M", "dyn"), ("N", 64))),
                                 load_spec("local-cpu"), 256)
     assert list(table["kernel"]) == [pipeline.vortex_pick(plan, v)[0] for v in (1, 13, 128, 509)]
+    compiled = pipeline.vortex_load(bundle).table.kernels  # the page's curves are the compiled kernels'
+    assert [(k, p.tiles) for k, p in compiled] == [(k, p.tiles) for k, p in plan.table.kernels]
     points = dynamic_chart(at)["measured"]
     assert values(points["x"]) == [1, 13, 128, 509] and all(s > 0 for s in values(points["y"]))
     at.text_input[1].set_value("1,x").run()  # a bad list: one line, the measurements stay
