@@ -40,6 +40,7 @@ PAGES = (
     ("export", "Export", 0, "button:has-text('Build the bundle')"),
     ("runs", "Runs", 3, "text=Stored correction of"),  # best so far, predicted vs measured, before/after
     ("models", "Models", 2, "[data-testid='stDataFrame']"),
+    ("dynamic", "Dynamic shapes", 1, "[data-testid='stDataFrame']"),
 )
 
 # What a page must never show: a missing number printed as such, a Python error, a dict's repr.
