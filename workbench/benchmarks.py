@@ -15,7 +15,12 @@ from workbench.profile.compare import aggregate, geometric_mean
 from workbench.profile.runner import Timing
 from workbench.profile.store import RunStore
 from workbench.profile.workers import WorkerPool
+from workbench.vortex.compare import bench_dynamic, parse_values
 from workbench.workload import Workload
+
+# `workbench bench dynamic` runs Vortex's comparison (workbench/vortex/compare.py) from here too, so
+# every `bench` subcommand has one home.
+__all__ = ["KernelBench", "bench_workload", "bench_suite", "bench_dynamic", "parse_values"]
 
 
 @dataclass(frozen=True)

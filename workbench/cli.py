@@ -427,25 +427,21 @@ def cmd_runs(args) -> int:
 
 
 def cmd_vortex(args) -> int:
+    from workbench import pipeline
     from workbench.viz.fmt import duration
-    from workbench.vortex import bundle as vortex
+    from workbench.workload import parse_shape, workload_from_args
 
     if args.vortex_command == "run":
-        from workbench.ops.shapes import parse_kv
-
-        b = vortex.load_bundle(args.bundle)
-        value = vortex.value_of(b, parse_kv(args.shape))
-        doc = vortex.run(b, value, seed=args.seed)
+        b = pipeline.vortex_load(args.bundle)
+        value = pipeline.vortex_value_of(b, parse_shape(args.shape))
+        doc = pipeline.vortex_run(b, value, seed=args.seed)
         verdict = "correct" if doc["correct"] else f"WRONG: {doc['error']}"
         text = (f"{b.table.dyn.param}={value}: kernel {doc['kernel']}, predicted {duration(doc['predicted_seconds'])}, "
                 f"measured {duration(doc['measured_seconds'])}, {verdict}")
         _emit(args, doc, text)
         return 0 if doc["correct"] else EXIT_KERNEL_FAILED
-    from workbench import pipeline
-    from workbench.workload import workload_from_args
-
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
-    b = vortex.compile_bundle(workload, pipeline.load_device(args.device), args.out, max_extent=args.max_extent,
+    b = pipeline.vortex_compile(workload, pipeline.load_device(args.device), args.out, max_extent=args.max_extent,
                               progress=_progress(args))
     m = b.manifest
     lines = [f"wrote {b.path}: {len(m['kernels'])} kernels in {m['compile_seconds']:.1f} s"
@@ -460,12 +456,11 @@ def cmd_vortex(args) -> int:
 def cmd_bench_dynamic(args) -> int:
     from workbench import pipeline
     from workbench.viz.fmt import duration
-    from workbench.vortex.compare import bench_dynamic, parse_values
-    from workbench.vortex.dietcode import DEFAULT_SAMPLES
+    from workbench.benchmarks import bench_dynamic, parse_values
     from workbench.workload import workload_from_args
 
     values = parse_values(args.values, "--values")
-    samples = DEFAULT_SAMPLES if args.samples is None else parse_values(args.samples, "--samples")
+    samples = pipeline.DIETCODE_SAMPLES if args.samples is None else parse_values(args.samples, "--samples")
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
     data = bench_dynamic(workload, pipeline.load_device(args.device), values, samples, topk=args.topk,
                          max_extent=args.max_extent, progress=_progress(args))

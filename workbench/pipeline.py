@@ -60,7 +60,7 @@ __all__ = [
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
     "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit",
     "run_model_report", "DIETCODE_SAMPLES", "VortexPlan", "vortex_compile", "vortex_load", "vortex_pick",
-    "vortex_plan", "vortex_run",
+    "vortex_plan", "vortex_run", "vortex_value_of",
 ]
 
 
@@ -241,6 +241,7 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
 vortex_compile = vortex_bundle.compile_bundle
 vortex_load = vortex_bundle.load_bundle
 vortex_run = vortex_bundle.run
+vortex_value_of = vortex_bundle.value_of
 
 
 @dataclass(frozen=True)
