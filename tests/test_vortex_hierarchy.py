@@ -10,8 +10,8 @@ from workbench.rtile.alignment import lane_axis, micro_kernel_registers, thread_
 from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
 from workbench.vortex.hierarchy import (
-    MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates, filter_by_multiples,
-    loop_class, register_tiles,
+    DYN_MULTIPLES, MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates,
+    deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles,
 )
 
 
@@ -85,14 +85,65 @@ def test_calibrated_micro_kernels_are_preferred():
 
 
 def test_filter_by_multiples_keeps_aligned_multiples_that_fit():
+    """At L2 over a 6x16x256 L1 tile: the static axes multiples from `MULTIPLIERS`, the dynamic
+    axis every multiple to `DYN_MULTIPLES` (6 x 22 = 132 rows, a padding step 6 x 24 does not
+    give), each aligned and within the 1 MiB L2."""
     e = expr("matmul", **BERT)
-    base = (6, 16, 1)
-    tiles = filter_by_multiples(e, AVX2, 1, base, 0, 0.0)
+    base = (6, 16, 256)
+    tiles = filter_by_multiples(e, AVX2, 2, base, 0, 0.0)
     assert tiles
     for t in tiles:
-        assert all(s % b == 0 and s // b in MULTIPLIERS for s, b in zip(t, base))
-        assert (t[2] * 4) % 64 == 0 or t[2] == 768  # K is A's contiguous dim: whole 64 B lines
-        assert footprint_at(AVX2, make_program(calculus(e), AVX2, (base, t), (True, True), 0.0), 1) <= 32768
+        assert t[0] % 6 == 0 and t[0] // 6 <= DYN_MULTIPLES
+        assert all(s % b == 0 and s // b in MULTIPLIERS for s, b in zip(t[1:], base[1:]))
+        assert 768 % t[2] == 0  # K whole at L2 (TailRule: a tile dividing K is whole lines)
+        assert footprint_at(AVX2, make_program(calculus(e), AVX2, (base, base, t), (True,) * 3, 0.0), 2) <= 2**20
+    assert {132, 138, 144} <= {t[0] for t in tiles}
+
+
+def _kc(e, rows: int, cols: int) -> int:
+    """BLIS's kc for a rows x cols fp32 L1 tile of a matmul (closed form): the deepest K that
+    divides the K extent in whole 64 B lines with A's rows x K, B's K x cols and the output's
+    rows x cols within the 32 KiB L1 of the generated specs."""
+    extent = e.axes[2].extent
+    return max(k for k in range(16, extent + 1, 16)
+               if extent % k == 0 and 4 * (rows * k + k * cols + rows * cols) <= 32768)
+
+
+@pytest.mark.parametrize("dev, register, l1", [
+    (AVX2, (6, 16, 1), (6, 16, 256)),  # 4 (6K + 16K + 96) <= 32768: K <= 368, divides 768: 256
+    (AVX2, (4, 24, 1), (4, 48, 128)),  # 24 lanes are 96 B: 48 is whole lines; K <= 153: 128
+    (AVX512, (6, 64, 1), (6, 64, 96)),  # 4 (70K + 384) <= 32768: K <= 111: 96
+    (AVX512, (8, 48, 1), (8, 48, 128)),  # 4 (56K + 384) <= 32768: K <= 139: 128
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v.name)
+def test_l1_tile_over_the_micro_kernel_is_blis_kc(dev, register, l1):
+    e = expr("matmul", **BERT)
+    assert deepens_reduction(e, dev, 1) and not deepens_reduction(e, dev, 2)
+    assert l1[2] == _kc(e, l1[0], l1[1])
+    assert filter_by_multiples(e, dev, 1, register, 0, 0.0) == [l1]
+
+
+@pytest.mark.parametrize("dev, register, l1", [
+    (AVX2, (7, 16), (7, 512)),  # 4 (7K + K + 7) <= 32768: K <= 1023, divides 4096: 512
+    (AVX2, (6, 16), (6, 1024)),  # 4 (6K + K + 6) <= 32768: K <= 1169: 1024
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v.name)
+def test_gemv_l1_tile_is_the_deepest_k_row_panel(dev, register, l1):
+    e = expr("gemv", M=2048, K=4096)
+    assert deepest_reduction(e, dev, 1, register, 0, 0.0) == [l1]
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_cpu_candidates_keep_accumulators_over_a_deep_k(dev):
+    """Every CPU candidate's L1 tile is its micro-kernel's kc tile: no shallow K (16 or 32) under
+    which the accumulators leave the registers every few steps."""
+    e = expr("matmul", **BERT)
+    for p in candidates(e, dev, "i"):
+        assert [p.tiles[1]] == deepest_reduction(e, dev, 1, p.register_tile, 0, p.eps)
+        assert p.tiles[1][2] >= 96
+
+
+def test_gpu_blocks_do_not_take_the_cpu_kc_rule():
+    e = expr("matmul", **BERT)
+    assert not deepens_reduction(e, device("a100"), 1)
 
 
 @pytest.mark.parametrize("name", ["v100", "a100"])

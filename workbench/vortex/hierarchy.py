@@ -9,7 +9,10 @@ Levels, top first, each a tile of the expression's axes (`rtile.rprogram`):
 - level 1, one unit's work: on a CPU a core's L1 and then L2 tiles (the cache buffers of one
   thread of TVM's pool); on a GPU the thread block's shared-memory tile (whole warps, at most
   `max_threads_per_block` threads, within shared memory). Every tile is an integer multiple of
-  the tile one layer up within that layer's capacity (`filter_by_multiples`).
+  the tile one layer up within that layer's capacity (`filter_by_multiples`); along the dynamic
+  axis any multiple up to `DYN_MULTIPLES` (its padding step), along the others `MULTIPLIERS`.
+  A CPU's L1 tile over a reduction's micro-kernel is the one tile BLIS would take, the
+  micro-kernel's rows and columns over the deepest reduction L1 holds (`deepest_reduction`).
 - level 2, the parallel level: the grid of unit tiles over the cores / SMs. Only here does the
   dynamic axis pad: its extent is rounded up to whole unit tiles (`analyzer.padded_extent`).
 
@@ -46,6 +49,10 @@ LEVEL0_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 14, 16, 24, 32, 48, 64)
 # Per-axis multiples from one level to the next (`filter_by_multiples`): powers of two and
 # their 1.5x, so tiles of 3 x 2^n rows (BERT's 768, 2304) are reachable.
 MULTIPLIERS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Along the dynamic axis every integer multiple up to this: that axis pads to whole outer
+# tiles, so each step of its outer tile is a padding granularity the cover can choose
+# (6 x 22 = 132 rows pad 257 to 264 where 6 x 24 pads it to 288).
+DYN_MULTIPLES = 64
 KEEP_LEVEL0 = 4  # register micro-kernels kept (the most efficient, one per size along the dynamic axis)
 KEEP_PER_SIZE = 2  # tiles kept per level and per size along the dynamic axis (least predicted time)
 # Padding allowed on the static axes, tried in order until a level has candidates (Roller's eps).
@@ -101,13 +108,52 @@ def _within(expr: TensorExpr, axis: int, size: int, base: int) -> bool:
 def filter_by_multiples(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, dyn: int,
                         eps: float) -> list[Tile]:
     """Vortex's FilterByMultiples: the tiles at `layer` whose every axis is an integer multiple
-    (`MULTIPLIERS`) of the tile one level up, aligned at `layer` and within its capacity."""
+    (`MULTIPLIERS`) of the tile one level up, aligned at `layer` and within its capacity; over a
+    CPU's register micro-kernel of a reduction, the one deepest tile of `deepest_reduction`."""
+    if deepens_reduction(expr, device, layer):
+        return deepest_reduction(expr, device, layer, upper, dyn, eps)
     options = [
-        [base * m for m in MULTIPLIERS if _within(expr, a, base * m, base)]
+        [base * m for m in (range(1, DYN_MULTIPLES + 1) if a == dyn else MULTIPLIERS) if _within(expr, a, base * m, base)]
         for a, base in enumerate(upper)
     ]
     return [t for t in product(*options)
             if _aligned(expr, device, layer, upper, t, dyn, eps) and _fits(expr, device, layer, upper, t)]
+
+
+def deepens_reduction(expr: TensorExpr, device: DeviceSpec, layer: int) -> bool:
+    """Whether `layer` is a CPU's first cache layer over a reduction's register micro-kernel."""
+    return bool(expr.reduce) and layer == 1 and is_micro_kernel_layer(device, 0)
+
+
+def deepest_reduction(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, dyn: int,
+                      eps: float) -> list[Tile]:
+    """The first cache tile over a CPU's register micro-kernel, as BLIS sizes its kc (our rule,
+    as Roller's CPU rule in `construct/roller.py`): the spatial axes the smallest multiple of
+    the micro-kernel aligned at the layer (whole cache lines: a 24-lane tile of fp32 becomes 48),
+    the reduce axes the deepest multiple that is aligned and fits beside it. The CPU template
+    keeps a register tile's accumulators in registers only over one such tile's reduction
+    (`TileCalculus.accumulator_bytes`), so every shorter tile sends the output through the cache
+    again, a load before the first FMA and a store after the last; spatial growth here only
+    takes room the reduction could use, and the spatial blocking is the next layer's (multiples
+    of this tile). The model prices those trips as bandwidth that overlaps the FMAs, and so it
+    ranked 72x48x32 L1 tiles above 6x16x256 ones that measured faster (BERT GEMM, M = 288,
+    this 2-core AVX2 machine under load: 3x24x1 / 72x48x32 / 144x384x32 29 ms, 6x16x1 /
+    6x16x256 / 144x192x256 12 ms). [] when nothing fits."""
+    reduce = set(expr.reduce)
+    spatial = [
+        [base] if a in reduce else [base * m for m in MULTIPLIERS if _within(expr, a, base * m, base)]
+        for a, base in enumerate(upper)
+    ]
+    depths = [
+        [base * m for m in range(1, ceil(expr.axes[a].extent / base) + 1)] if a in reduce else [None]
+        for a, base in enumerate(upper)
+    ]
+    for shape in sorted(product(*spatial), key=lambda t: (prod(t), t)):
+        tiles = [t for d in product(*depths) for t in [tuple(s if x is None else x for s, x in zip(shape, d))]
+                 if _aligned(expr, device, layer, upper, t, dyn, eps) and _fits(expr, device, layer, upper, t)]
+        if tiles:
+            return [max(tiles, key=lambda t: (prod(t[a] for a in reduce), t))]
+    return []
 
 
 def register_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -> list[Tile]:
