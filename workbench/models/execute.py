@@ -10,9 +10,10 @@ checkable against an ONNX runtime while the report shows which kernels were cons
 
 The kernels run in this process on TVM's thread pool, which reads TVM_NUM_THREADS once, when it
 starts; without it TVM assumes hyper-threading and starts half the logical CPUs. `pool_threads`
-sizes it to the device's cores before it starts: on the 2-core development machine the default
-pool of one thread also paid about 7 us per parallel kernel call (an empty parallel kernel: 7.3
-us, 0.9 us with TVM_NUM_THREADS=2), and the sample models ran 1.2-2.6x slower end to end.
+sizes it to the device's cores before it starts. On the 2-core development machine TVM's default
+pool ran the kernels on one thread and still paid 7.3 us per call of an empty parallel kernel
+(0.9 us with TVM_NUM_THREADS=2); sized to the cores, the MLP sample ran in 32-34 us instead of 85
+and the BERT layer in 206 us instead of 485 (measured while the machine was otherwise idle).
 """
 
 from __future__ import annotations
