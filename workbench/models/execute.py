@@ -13,7 +13,7 @@ starts; without it TVM assumes hyper-threading and starts half the logical CPUs.
 sizes it to the device's cores before it starts. On the 2-core development machine TVM's default
 pool ran the kernels on one thread and still paid 7.3 us per call of an empty parallel kernel
 (0.9 us with TVM_NUM_THREADS=2); sized to the cores, the MLP sample ran in 32-34 us instead of 85
-and the BERT layer in 206 us instead of 485 (measured while the machine was otherwise idle).
+and the BERT layer in 206 us instead of 485 (the quietest runs on a machine shared with other work).
 """
 
 from __future__ import annotations
