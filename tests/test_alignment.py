@@ -18,6 +18,7 @@ from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
     REGISTER_STEPS,
     AlignContext,
+    ExecutionUnitRule,
     accumulators,
     initial_tile,
     is_aligned,
@@ -352,6 +353,19 @@ def test_cpu_cache_tiles_divide_the_vector_axis_where_the_tile_above_does(dev):
     assert next_aligned_sizes(ragged, (6, 16, 16))[1] == 32 and is_aligned(ragged, (6, 48, 16))
     assert is_aligned(AlignContext(e, dev, 0, (1, 1, 1), 0.1), (6, 48, 1))
     assert is_aligned(AlignContext(e, device("v100"), 1, (4, 4, 1), 0.1), (64, 48, 16))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_register_tile_along_a_reduction_is_whole_cache_lines(dev):
+    """gemv vectorised along K: the register tile's K is a multiple of the lanes and of a 64 B
+    line (16 fp32), or the whole axis; a matmul's spatial lane axis needs the lanes only."""
+    gemv = expr("gemv", M=4096, K=4096)
+    ctx = AlignContext(gemv, dev, 0, (1, 1), 0.05)
+    assert [k for k in range(1, 65) if ExecutionUnitRule().axis_ok(ctx, 1, k)] == [16, 32, 48, 64]
+    short = expr("gemv", M=4096, K=12)
+    assert ExecutionUnitRule().axis_ok(AlignContext(short, dev, 0, (1, 1), 0.05), 1, 12)  # the whole axis
+    mm = AlignContext(matmul(512, 512, 512), dev, 0, (1, 1, 1), 0.05)
+    assert ExecutionUnitRule().axis_ok(mm, 1, dev.warp_size) and not ExecutionUnitRule().axis_ok(mm, 1, dev.warp_size + 4)
 
 
 def test_the_standard_avx2_micro_kernel_is_aligned_and_fits():
