@@ -113,7 +113,8 @@ def filter_by_multiples(expr: TensorExpr, device: DeviceSpec, layer: int, upper:
     if deepens_reduction(expr, device, layer):
         return deepest_reduction(expr, device, layer, upper, dyn, eps)
     options = [
-        [base * m for m in (range(1, DYN_MULTIPLES + 1) if a == dyn else MULTIPLIERS) if _within(expr, a, base * m, base)]
+        [base * m for m in (range(1, DYN_MULTIPLES + 1) if a == dyn else MULTIPLIERS)
+         if _within(expr, a, base * m, base)]
         for a, base in enumerate(upper)
     ]
     return [t for t in product(*options)
