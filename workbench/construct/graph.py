@@ -41,6 +41,9 @@ class Edge:
 class ConstructionGraph:
     axes: tuple[str, ...] = ()
     layers: tuple[str, ...] = ()
+    # The operator's extents per axis: the largest tile any node can have, so a drawing can place
+    # tiles on a scale the later steps do not change (viz.graph).
+    extents: tuple[int, ...] = ()
     nodes: dict[str, Node] = field(default_factory=dict)
     edges: list[Edge] = field(default_factory=list)
     visits: dict[str, int] = field(default_factory=dict)
@@ -66,6 +69,7 @@ class ConstructionGraph:
         return {
             "axes": list(self.axes),
             "layers": list(self.layers),
+            "extents": list(self.extents),
             "nodes": [asdict(n) for n in self.nodes.values()],
             "edges": [asdict(e) for e in self.edges],
             "visits": self.visits,
@@ -80,6 +84,7 @@ class ConstructionGraph:
         return cls(
             axes=tuple(data["axes"]),
             layers=tuple(data["layers"]),
+            extents=tuple(int(e) for e in data.get("extents", ())),
             nodes=nodes,
             edges=[Edge(**e) for e in data["edges"]],
             visits={k: int(v) for k, v in data.get("visits", {}).items()},

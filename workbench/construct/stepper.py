@@ -130,7 +130,7 @@ class Stepper:
 
 
 def _graph(space: Space, steps: list[Step]) -> ConstructionGraph:
-    graph = ConstructionGraph(space.axes, space.layer_names)
+    graph = ConstructionGraph(space.axes, space.layer_names, space.expr.extents)
     for step in steps:
         graph.add(step.node, step.edge)
     return graph

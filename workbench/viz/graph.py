@@ -50,16 +50,14 @@ def first_steps(steps: Sequence) -> dict[str, int]:
 
 def node_positions(graph: ConstructionGraph, first_step: Mapping[str, int] | None = None) -> dict[str, tuple[float, float]]:
     """(x, y) of every node: x its first step (insertion order when not given), y its layer plus
-    its place in the layer's band by tile volume."""
+    its place in the layer's band by tile volume, log2 of the volume over log2 of the whole
+    operator's (`graph.extents`): a scale later steps do not change, so a node never moves while
+    stepping. A graph without extents (an old saved one) scales by its own largest tile."""
     volumes = {k: log2(max(1, prod(n.tile))) for k, n in graph.nodes.items()}
-    spans: dict[int, tuple[float, float]] = {}
-    for key, node in graph.nodes.items():
-        lo, hi = spans.get(node.layer, (volumes[key], volumes[key]))
-        spans[node.layer] = (min(lo, volumes[key]), max(hi, volumes[key]))
+    top = log2(max(1, prod(graph.extents))) if graph.extents else max(volumes.values(), default=0.0)
     out = {}
     for i, (key, node) in enumerate(graph.nodes.items(), start=1):
-        lo, hi = spans[node.layer]
-        offset = BAND * (volumes[key] - lo) / (hi - lo) if hi > lo else 0.0
+        offset = BAND * min(1.0, volumes[key] / top) if top > 0 else 0.0
         x = first_step.get(key, i) if first_step is not None else i
         out[key] = (float(x), node.layer + offset)
     return out
