@@ -653,24 +653,3 @@ def test_run_report_refuses_a_cpu_whose_instructions_this_one_lacks(monkeypatch)
         run.run_model_report(constructed("mlp", "local-cpu"), SAMPLES / "mlp.onnx")
     assert asked == ["local-cpu"] and str(info.value) == (
         "cannot run local-cpu's kernels on this machine: the target needs avx512f")
-
-
-def test_the_kernels_pool_is_sized_to_the_device_before_it_starts(monkeypatch):
-    """TVM reads TVM_NUM_THREADS once, when its pool starts: `pool_threads` sets it to the device's
-    cores where the caller set none, and reports the pool's actual size either way."""
-    from workbench.models.execute import pool_threads
-    from workbench.profile.local import thread_env
-
-    spec = device("local-cpu")
-    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
-    pool_threads(spec)
-    assert os.environ["TVM_NUM_THREADS"] == thread_env(spec)["TVM_NUM_THREADS"]
-    # this process's pool may have started earlier; a fresh one starts at the device's size
-    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
-    code = ("from workbench.hardware.loader import load_spec; from workbench.models.execute import pool_threads; "
-            "print(pool_threads(load_spec('local-cpu')))")
-    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert fresh.stdout.split()[-1] == thread_env(spec)["TVM_NUM_THREADS"], fresh.stderr
-    monkeypatch.setenv("TVM_NUM_THREADS", "1")
-    pool_threads(spec)
-    assert os.environ["TVM_NUM_THREADS"] == "1"  # the caller's choice is kept

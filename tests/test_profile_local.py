@@ -4,6 +4,9 @@ exists."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from functools import lru_cache
 
@@ -12,7 +15,7 @@ import pytest
 from tests.helpers import TINY_CPU, device, expr, matmul
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
-from workbench.profile.local import LocalRunner, thread_env
+from workbench.profile.local import LocalRunner, pool_threads, thread_env
 from workbench.profile.runner import Timing, best_measured
 from workbench.profile.session import build_library, profile_candidates
 
@@ -56,3 +59,21 @@ def test_a_cuda_kernel_is_timed_on_the_local_gpu():
     result = profile_candidates(c.expr, device("h100"), c.candidates, runner="local", timing=FAST)
     assert [m.correct for m in result.measurements] == [True, True], [m.error for m in result.measurements]
     assert all(m.best_seconds > 0 for m in result.measurements)
+
+
+def test_the_kernels_pool_is_sized_to_the_device_before_it_starts(monkeypatch):
+    """TVM reads TVM_NUM_THREADS once, when its pool starts: `pool_threads` sets it to the device's
+    cores where the caller set none, and reports the pool's actual size either way."""
+    spec = device("local-cpu")
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    pool_threads(spec)
+    assert os.environ["TVM_NUM_THREADS"] == thread_env(spec)["TVM_NUM_THREADS"]
+    # this process's pool may have started earlier; a fresh one starts at the device's size
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    code = ("from workbench.hardware.loader import load_spec; from workbench.profile.local import pool_threads; "
+            "print(pool_threads(load_spec('local-cpu')))")
+    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert fresh.stdout.split()[-1] == thread_env(spec)["TVM_NUM_THREADS"], fresh.stderr
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    pool_threads(spec)
+    assert os.environ["TVM_NUM_THREADS"] == "1"  # the caller's choice is kept

@@ -9,7 +9,7 @@ kernel says so (`scheduled=False`, with the template's reason): the model's outp
 checkable against an ONNX runtime while the report shows which kernels were constructed.
 
 The kernels run in this process on TVM's thread pool, which reads TVM_NUM_THREADS once, when it
-starts; without it TVM assumes hyper-threading and starts half the logical CPUs. `pool_threads`
+starts; without it TVM assumes hyper-threading and starts half the logical CPUs. `profile.local.pool_threads`
 sizes it to the device's cores before it starts. On the 2-core development machine TVM's default
 pool ran the kernels on one thread and still paid 7.3 us per call of an empty parallel kernel
 (0.9 us with TVM_NUM_THREADS=2); sized to the cores, the MLP sample ran in 32-34 us instead of 85
@@ -26,7 +26,6 @@ import numpy as np
 from workbench.codegen.build import build_kernel, target_dict
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.hardware.spec import DeviceSpec
 from workbench.models.model import ModelConstruction
 
 
@@ -37,21 +36,6 @@ class OperatorKernel:
     rank: int  # the candidate built (0 when not scheduled)
     error: str = ""  # why the candidate's schedule was not used
     module: object = field(default=None, compare=False, repr=False)  # runtime module with `main`
-
-
-def pool_threads(device: DeviceSpec) -> int:
-    """The threads of TVM's pool that runs the kernels: sized to `device`'s cores (capped by this
-    machine's, `profile.local.thread_env`) where the pool has not started yet and the caller set
-    no TVM_NUM_THREADS; a pool already started keeps its size, which this reports."""
-    import os
-
-    import tvm
-
-    from workbench.profile.local import thread_env
-
-    for key, value in thread_env(device).items():
-        os.environ.setdefault(key, value)
-    return int(tvm.get_global_func("runtime.NumThreads")())
 
 
 def build_model_kernels(mc: ModelConstruction, rank: int = 1) -> tuple[OperatorKernel, ...]:

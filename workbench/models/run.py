@@ -15,7 +15,8 @@ import numpy as np
 from workbench.codegen.build import target_dict
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.models.execute import build_model_kernels, pool_threads, run_model, time_model
+from workbench.models.execute import build_model_kernels, run_model, time_model
+from workbench.profile.local import pool_threads
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds

@@ -33,6 +33,18 @@ def thread_env(device: DeviceSpec) -> dict[str, str]:
     return {"TVM_NUM_THREADS": str(max(1, min(device.compute_units, os.cpu_count() or 1)))}
 
 
+def pool_threads(device: DeviceSpec) -> int:
+    """The threads of TVM's pool that runs kernels in this process: sized to `device`'s cores
+    (`thread_env`) where the pool has not started yet and the caller set no TVM_NUM_THREADS; a
+    pool already started keeps its size, which this reports. Without it TVM assumes
+    hyper-threading and starts half the logical CPUs: one thread on a 2-core machine."""
+    import tvm
+
+    for key, value in thread_env(device).items():
+        os.environ.setdefault(key, value)
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
 def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str) -> Measurement:
     """Load `built.library`, check it against numpy and time it (runs in the worker)."""
     import tvm

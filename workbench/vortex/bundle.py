@@ -40,6 +40,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops import catalog
 from workbench.ops.reference import random_inputs
 from workbench.ops.shapes import check_elements
+from workbench.profile.local import pool_threads
 from workbench.rtile.rprogram import RProgram, make_program
 from workbench.rtile.traffic import calculus
 from workbench.vortex.analyzer import Dynamic, at_extent, outer_tile, padded_extent
@@ -184,7 +185,7 @@ def build_symbolic(op, static, dtype, dyn: Dynamic, program: RProgram, device: D
             return record | {"error": kernel.error}
         library = folder / record["library"]
         kernel.executable.export_library(str(library))
-        entry = load_kernel(library)
+        entry = load_kernel(library, device)
         checks = []
         for value in verify_values(outer):
             check, _ = execute(entry, program.expr, dyn, outer, value, seed=0, timed=False)
@@ -199,10 +200,13 @@ def build_symbolic(op, static, dtype, dyn: Dynamic, program: RProgram, device: D
         return record | {"error": f"{type(err).__name__}: {first_line(err)}"}
 
 
-def load_kernel(library: Path):
-    """The entry function of an exported kernel library (for `execute`)."""
+def load_kernel(library: Path, device: DeviceSpec):
+    """The entry function of an exported kernel library (for `execute`), with TVM's thread pool
+    sized to `device`'s cores before the first kernel starts it (`pool_threads`: TVM's default
+    ran the BERT GEMM on one of the two cores, half the speed the profiler's workers measure)."""
     import tvm
 
+    pool_threads(device)
     return tvm.runtime.load_module(str(library))["main"]
 
 
@@ -294,7 +298,7 @@ def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
     kernel_id, predicted = dispatch(bundle.table, value)
     program = bundle.table.program(kernel_id)
     dyn = bundle.table.dyn
-    check, seconds = execute(load_kernel(bundle.library(kernel_id)), program.expr, dyn, outer_tile(program, dyn),
+    check, seconds = execute(load_kernel(bundle.library(kernel_id), bundle.table.device), program.expr, dyn, outer_tile(program, dyn),
                               value, seed, timed=True)
     shape = bundle.params | {dyn.param: value}
     return {"shape": shape, "kernel": kernel_id, "predicted_seconds": predicted, "measured_seconds": seconds,

@@ -132,7 +132,7 @@ def train_dietcode(op: str, static: dict, dtype: str, dyn: Dynamic, device: Devi
             continue
         outer = outer_tile(program, dyn)
         try:
-            entry = vortex.load_kernel(folder / record["library"])
+            entry = vortex.load_kernel(folder / record["library"], device)
             check, seconds = vortex.execute(entry, program.expr, dyn, outer, sample, SEED, timed=True)
         except Exception as err:  # TVM raises many error types; each is this kernel's failure
             failed.append({"id": name, "sample": sample, "error": f"{type(err).__name__}: {first_line(err)}"})
@@ -230,7 +230,7 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
         b = vortex.compile_bundle(workload, device, Path(tmp) / "bundle", max_extent=max_extent, progress=progress)
         compile_seconds = time.perf_counter() - start
         dyn = b.table.dyn
-        entries = {k: vortex.load_kernel(b.library(k)) for k, _ in b.table.kernels}
+        entries = {k: vortex.load_kernel(b.library(k), device) for k, _ in b.table.kernels}
         folder = Path(tmp) / "dietcode"
         folder.mkdir()
         start = time.perf_counter()
