@@ -38,7 +38,6 @@ from workbench.models import model as models
 from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
 from workbench.models.run import run_model_report
-from workbench.ops import catalog
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
@@ -47,10 +46,9 @@ from workbench.profile.session import Progress, ProfileResult, cannot_run_locall
 from workbench.profile.workers import WorkerPool
 from workbench.viz.fmt import shape_text, time_columns
 from workbench.vortex import bundle as vortex_bundle
-from workbench.vortex.analyzer import Dynamic, outer_tile, cost as vortex_cost
+from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
-from workbench.vortex.hierarchy import candidates as vortex_candidates
-from workbench.vortex.select import DispatchTable, cost_table, dispatch, select
+from workbench.vortex.select import DispatchTable, cost_table, dispatch
 from workbench.workload import Workload, suite_workload
 
 __all__ = [
@@ -264,6 +262,10 @@ class VortexPlan:
         """The kernel's outer tile along the dynamic axis: the values it pads to."""
         return outer_tile(self.table.program(kernel_id), self.dyn)
 
+    def padded(self, kernel_id: str, value: int) -> int:
+        """The extent the kernel runs for `value`: whole outer tiles."""
+        return padded_extent(value, self.outer(kernel_id))
+
     def seconds(self, kernel_id: str, value: int) -> float:
         """The kernel's predicted seconds at `value` (padded to its outer tile)."""
         return vortex_cost(self.table.program(kernel_id), self.table.device, self.dyn, value).predicted_seconds
@@ -279,15 +281,11 @@ def vortex_plan(workload: Workload, device: DeviceSpec | str | Path,
     if not isinstance(max_extent, int) or isinstance(max_extent, bool) or max_extent < 1:
         raise UserError(f"the largest value must be a positive integer, got {max_extent!r}")
     op, dtype, param, static = vortex_bundle.dynamic_workload(workload)
-    dyn = Dynamic(param, vortex_bundle.dynamic_axis(op, static, param, dtype), max_extent)
-    offered = vortex_candidates(catalog.build(op, {**static, param: max_extent}, dtype), device, dyn.axis)
-    chosen = select(offered, device, dyn)
-    if not chosen:
-        raise UserError(f"{op}: no candidate kernel fits {device.name}'s hierarchy")
+    dyn, offered, chosen = vortex_bundle.choose_kernels(op, dtype, param, static, device, max_extent)
     steps = {1, max_extent} | {v for p in chosen for n in range(0, max_extent, outer_tile(p, dyn)) for v in (n, n + 1)}
     values = tuple(sorted(v for v in steps if 1 <= v <= max_extent))
     curves = tuple(tuple(row) for row in cost_table(chosen, device, dyn, values))
-    return VortexPlan(DispatchTable(dyn, device, tuple((f"k{n}", p) for n, p in enumerate(chosen))), len(offered),
+    return VortexPlan(DispatchTable(dyn, device, tuple((f"k{n}", p) for n, p in enumerate(chosen))), offered,
                       values, curves)
 
 

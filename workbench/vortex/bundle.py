@@ -89,6 +89,19 @@ def dynamic_axis(op: str, static: dict, param: str, dtype: str) -> str:
     return moved[0]
 
 
+def choose_kernels(op: str, dtype: str, param: str, static: dict, device: DeviceSpec, max_extent: int,
+                   limit: int = MAX_KERNELS) -> tuple[Dynamic, int, tuple[RProgram, ...]]:
+    """Vortex's offline choice, nothing built: the dynamic extent, how many candidates the
+    hierarchy offers on a template at `max_extent`, and the programs kept (`select`), in the order
+    a bundle names them k0, k1, ...; UserError when no candidate fits the device."""
+    dyn = Dynamic(param, dynamic_axis(op, static, param, dtype), max_extent)
+    offered = candidates(catalog.build(op, {**static, param: max_extent}, dtype), device, dyn.axis)
+    chosen = select(offered, device, dyn, limit)
+    if not chosen:
+        raise UserError(f"{op}: no candidate kernel fits {device.name}'s hierarchy")
+    return dyn, len(offered), chosen
+
+
 def verify_values(outer: int) -> tuple[int, ...]:
     """1 (padded to a whole outer tile), the first prime above the outer tile (two tiles, the
     second almost empty) and the first prime above three outer tiles (several steps of T)."""
@@ -115,12 +128,7 @@ def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: 
     op, dtype, param, static = dynamic_workload(workload)
     path = check_out(out_dir)
     start = time.perf_counter()
-    axis = dynamic_axis(op, static, param, dtype)
-    dyn = Dynamic(param, axis, max_extent)
-    template = catalog.build(op, {**static, param: max_extent}, dtype)
-    chosen = select(candidates(template, device, axis), device, dyn, limit)
-    if not chosen:
-        raise UserError(f"{op}: no candidate kernel fits {device.name}'s hierarchy")
+    dyn, _, chosen = choose_kernels(op, dtype, param, static, device, max_extent, limit)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name[:40]}.", dir=path.parent))
     try:
