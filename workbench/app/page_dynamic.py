@@ -179,8 +179,7 @@ def page() -> None:
     picked = None
     try:
         kernel, seconds = pipeline.vortex_pick(plan, value)
-        outer = plan.outer(kernel)
-        padded = -(-value // outer) * outer
+        outer, padded = plan.outer(kernel), plan.padded(kernel, value)
         beyond = f"; beyond the largest value covered ({max_extent})" if value > max_extent else ""
         st.success(f"{param}={value}: the dispatcher picks {kernel} (outer tile {outer}, runs {param}={padded}), "
                    f"predicted {duration(seconds)}{beyond}")

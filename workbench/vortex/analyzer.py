@@ -19,7 +19,6 @@ Reconstruction, per candidate (an rProgram whose tiles `hierarchy` built) and va
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import Axis, KernelArg, TensorAccess, TensorExpr
@@ -46,8 +45,9 @@ class Dynamic:
 
 
 def padded_extent(value: int, outer: int) -> int:
-    """The extent a kernel whose outer tile is `outer` runs for `value`: whole outer tiles."""
-    return ceil(value / outer) * outer
+    """The extent a kernel whose outer tile is `outer` runs for `value`: whole outer tiles
+    (integer arithmetic, exact for any size)."""
+    return -(-value // outer) * outer
 
 
 def at_extent(expr: TensorExpr, axis: str, value: int, param: str | None = None) -> TensorExpr:

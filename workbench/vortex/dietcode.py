@@ -10,6 +10,8 @@ throughput by two penalties for a concrete shape:
     occupancy_penalty = grid / ceil_to(grid, units)            share of the last wave that is busy
     adapted score     = throughput x padding_penalty x occupancy_penalty
 
+(`ceil_to(x, step)`, rounding up to whole steps, is `analyzer.padded_extent`.)
+
 Selection keeps `k` kernels by a greedy cover of the samples (each step adds the kernel that most
 raises the sum over samples of the best score among those kept), and dispatch classifies a shape
 by the nearest sample (a one-feature decision tree with a split half-way between neighbouring
@@ -26,17 +28,15 @@ from dataclasses import dataclass
 from math import ceil, prod
 from typing import Mapping, Sequence
 
+from workbench.vortex.analyzer import padded_extent
+
 # The sample list of Vortex's DietCode comparison (Table 6): the BERT GEMM's M sampled in [128, 256).
 DEFAULT_SAMPLES = (128, 160, 192, 224)
 
 
-def ceil_to(value: int, step: int) -> int:
-    return -(-value // step) * step
-
-
 def padding_penalty(extents: Sequence[int], tile: Sequence[int]) -> float:
     """Useful share of the work once every extent is padded to whole tiles (1.0: no padding)."""
-    return prod(e / ceil_to(e, t) for e, t in zip(extents, tile))
+    return prod(e / padded_extent(e, t) for e, t in zip(extents, tile))
 
 
 def grid(extents: Sequence[int], tile: Sequence[int]) -> int:
@@ -46,7 +46,7 @@ def grid(extents: Sequence[int], tile: Sequence[int]) -> int:
 def occupancy_penalty(extents: Sequence[int], tile: Sequence[int], units: int) -> float:
     """Busy share of the waves of `grid` tiles over `units` (1.0: the last wave is full)."""
     g = grid(extents, tile)
-    return g / ceil_to(g, units)
+    return g / padded_extent(g, units)
 
 
 def adapted_score(throughput: float, extents: Sequence[int], tile: Sequence[int], units: int) -> float:
