@@ -1,9 +1,10 @@
 """Write the sample ONNX models of `workbench model` (run: python sample_models/make_models.py [DIR]).
 
-Five small networks in the shape of the ones the construction papers evaluate on (Roller,
+Six small networks in the shape of the ones the construction papers evaluate on (Roller,
 Rammer): an MLP, a BERT-style encoder layer, a ResNet-style block, a MobileNet-style inverted
-residual block and ShuffleNet-style units with grouped convolutions, channel shuffles and a
-classifier head (Flatten, Dropout). Widths are kept small (hidden 128-256) so that all five
+residual block, ShuffleNet-style units with grouped convolutions, channel shuffles and a
+classifier head (Flatten, Dropout), and a transformer feed-forward block whose input has
+symbolic `batch` and `seq` dims. Widths are kept small (hidden 128-256) so that all six
 together stay under 2 MB and a whole model constructs and runs in seconds.
 
 The files are reproducible byte for byte: weights come from a seeded `numpy.random.RandomState`
@@ -56,7 +57,7 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=f"{op_type.lower()}_{self.count}", **attrs))
         return out
 
-    def model(self, x: str, x_shape: tuple[int, ...], y: str, y_shape: tuple[int, ...]) -> onnx.ModelProto:
+    def model(self, x: str, x_shape: tuple[int | str, ...], y: str, y_shape: tuple[int | str, ...]) -> onnx.ModelProto:
         graph = helper.make_graph(
             self.nodes,
             self.name,
@@ -195,12 +196,23 @@ def shufflenet_block(c: int = 24, hw: int = 16, classes: int = 10) -> onnx.Model
     return g.model("x", (1, c, hw, hw), y, (1, classes))
 
 
+def mlp_dynamic(hidden: int = 128, ffn: int = 256) -> onnx.ModelProto:
+    """A transformer's feed-forward block on x[batch, seq, hidden] with symbolic `batch` and
+    `seq` (dim_param, as exporters write a dynamic axis): MatMul+Add+ReLU to `ffn`, MatMul+Add
+    back, + x, LayerNorm. No Reshape with a constant shape, so any binding of the two is valid."""
+    g = Graph("mlp_dynamic", seed=6)
+    h = g.op("Relu", linear(g, "x", hidden, ffn))
+    y = layer_norm(g, g.op("Add", "x", linear(g, h, ffn, hidden)), hidden)
+    return g.model("x", ("batch", "seq", hidden), y, ("batch", "seq", hidden))
+
+
 MODELS = {
     "mlp": mlp,
     "bert_layer": bert_layer,
     "resnet_block": resnet_block,
     "mobilenet_block": mobilenet_block,
     "shufflenet_block": shufflenet_block,
+    "mlp_dynamic": mlp_dynamic,
 }
 
 

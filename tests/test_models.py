@@ -25,7 +25,7 @@ from workbench.ops.shapes import MAX_ELEMENTS
 from workbench.viz.fmt import duration
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
-NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block", "shufflenet_block")
+NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block", "shufflenet_block", "mlp_dynamic")
 
 
 @cache
@@ -435,10 +435,86 @@ def test_a_fifo_model_is_refused_without_waiting(tmp_path):
     assert _child_error(fifo) == f"model {fifo}: not a regular file (a FIFO)"
 
 
-def test_symbolic_input_shapes_are_refused(tmp_path):
-    path = _save(tmp_path / "dyn.onnx", [helper.make_node("Relu", ["x"], ["y"])], [_tensor("x", ["N", 4])], [_tensor("y", ["N", 4])])
-    with pytest.raises(UserError, match="symbolic"):
+def _dims_model(path):
+    """Four matmul-class operators and two others over inputs with the symbolic dims batch, seq
+    and b: relu(z) depends on none; x[batch,4] @ relu(z) has M = batch; q[seq,8] @ q^T has M and
+    N = seq (with the transpose); a[b,4,8] @ c[b,8,5] has B = b."""
+    nodes = [helper.make_node("Relu", ["z"], ["rz"]), helper.make_node("MatMul", ["x", "rz"], ["y1"]),
+             helper.make_node("Transpose", ["q"], ["qt"], perm=[1, 0]), helper.make_node("MatMul", ["q", "qt"], ["y2"]),
+             helper.make_node("MatMul", ["a", "c"], ["y3"])]
+    inputs = [_tensor("x", ["batch", 4]), _tensor("z", [4, 6]), _tensor("q", ["seq", 8]), _tensor("a", ["b", 4, 8]),
+              _tensor("c", ["b", 8, 5])]
+    return _save(path, nodes, inputs, [_tensor("y1", ["batch", 6]), _tensor("y2", ["seq", "seq"]), _tensor("y3", ["b", 4, 5])])
+
+
+def test_symbolic_dims_are_bound_and_the_operators_depending_on_each_listed(tmp_path):
+    model = import_model(_dims_model(tmp_path / "dims.onnx"), {"seq": 3, "b": 2})
+    assert model.inputs == (("x", (1, 4), "float32"), ("z", (4, 6), "float32"), ("q", (3, 8), "float32"),
+                            ("a", (2, 4, 8), "float32"), ("c", (2, 8, 5), "float32"))
+    dims = {d.name: d for d in model.dims}
+    assert [(d.name, d.value, d.default) for d in model.dims] == [("batch", 1, True), ("seq", 3, False), ("b", 2, False)]
+    assert dims["batch"].operators == ("matmul",) and dims["seq"].operators == ("transpose", "matmul1")
+    assert dims["b"].operators == ("matmul2",)  # relu(z) depends on no dim
+    (mm,) = dims["batch"].matmuls
+    assert (mm.operator, mm.dynamic, mm.value, dict(mm.params)["K"], dict(mm.params)["N"]) == ("matmul", "M", 1, 4, 6)
+    (square,) = dims["seq"].matmuls
+    assert square.params == () and square.reason.startswith("M and N depend on seq")
+    (bmm,) = dims["b"].matmuls
+    assert (bmm.dynamic, bmm.value, dict(bmm.params)["M"]) == ("B", 2, 4)
+    report = report_dict(construct_model(model, device("h100")))
+    assert report["symbolic_dims"]["batch"] == {
+        "value": 1, "default": True, "operators": ["matmul"], "note": "",
+        "vortex": [{"operator": "matmul", "dynamic": "M", "value": 1, "reason": "",
+                    "command": "workbench vortex compile --op matmul --shape M=dyn,K=4,N=6 --device h100 --out DIR"}]}
+    assert report["symbolic_dims"]["seq"]["vortex"][0]["command"] is None
+    text = report_text(report).splitlines()
+    assert text[1] == "symbolic dims: batch=1 (default; --dim batch=N to choose), seq=3, b=2"
+    assert "  seq: 2 operators depend on it: transpose, matmul1" in text
+    assert "    matmul1: no Vortex command (M and N depend on seq; Vortex compiles a matmul with one dynamic " \
+           "extent, one of M, B)" in text
+
+
+def test_a_static_model_has_no_symbolic_dims_and_refuses_a_dim():
+    assert imported("mlp").dims == () and report_dict(constructed("mlp", "h100"))["symbolic_dims"] == {}
+    with pytest.raises(UserError, match=r"^mlp.onnx: --dim batch: the model has no symbolic dim 'batch' \(it has no"):
+        import_model(SAMPLES / "mlp.onnx", {"batch": 2})
+
+
+def test_a_huge_binding_is_refused_before_import(tmp_path, monkeypatch):
+    """The caps apply to the bound shapes, before TVM's importer sees the model."""
+    from workbench.models import onnx_import
+
+    def never(*_):
+        raise AssertionError("imported a model over the caps")
+
+    monkeypatch.setattr(onnx_import, "fused_module", never)
+    with pytest.raises(UserError) as err:
+        import_model(SAMPLES / "mlp_dynamic.onnx", {"batch": 10**9})
+    assert str(err.value) == ("mlp_dynamic.onnx: tensor x has shape 1000000000x1x128 = 128000000000 elements, "
+                              "over the limit of 2147483647 (int32 indexing)")
+
+
+def test_an_input_dim_with_neither_size_nor_name_is_refused(tmp_path):
+    path = _save(tmp_path / "dyn.onnx", [helper.make_node("Relu", ["x"], ["y"])], [_tensor("x", [None, 4])],
+                 [_tensor("y", [None, 4])])
+    with pytest.raises(UserError, match="dyn.onnx: input x has a dimension with neither a size nor a name"):
         import_model(path)
+
+
+@pytest.mark.parametrize("dims", [{}, {"batch": 3, "seq": 7}], ids=["defaults", "batch=3,seq=7"])
+def test_the_symbolic_sample_runs_against_onnxruntime_at_its_bound_shapes(dims):
+    """`workbench model --run` on mlp_dynamic.onnx at two bindings: inputs at the bound shapes,
+    ONNX Runtime given the same, TVM's default build imported at the same values."""
+    pytest.importorskip("onnxruntime")
+    from workbench.models.run import run_model_report
+
+    model = import_model(SAMPLES / "mlp_dynamic.onnx", dims)
+    shape = (dims.get("batch", 1), dims.get("seq", 1), 128)
+    assert model.inputs == (("x", shape, "float32"),)
+    assert [d.operators for d in model.dims] == [("fused_matmul_add_relu", "fused_matmul1_add1_add2", "layer_norm")] * 2
+    run = run_model_report(construct_model(model, device("local-cpu")), SAMPLES / "mlp_dynamic.onnx")
+    assert run.outputs_match and run.max_abs_error <= 1e-4
+    assert run.tvm_default_seconds is not None, run.tvm_default_error  # built at the same shapes
 
 
 def test_an_unmappable_operator_is_listed_and_the_rest_constructed(tmp_path):

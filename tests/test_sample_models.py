@@ -23,6 +23,7 @@ def test_regenerating_gives_the_committed_bytes(tmp_path):
     written = _generator().write_all(tmp_path)
     assert [p.name for p in written] == [
         "mlp.onnx", "bert_layer.onnx", "resnet_block.onnx", "mobilenet_block.onnx", "shufflenet_block.onnx",
+        "mlp_dynamic.onnx",
     ]  # fmt: skip
     for path in written:
         assert path.read_bytes() == (SAMPLES / path.name).read_bytes(), path.name
@@ -31,7 +32,7 @@ def test_regenerating_gives_the_committed_bytes(tmp_path):
 def test_models_are_small_checked_onnx_with_fixed_header():
     gen = _generator()
     paths = sorted(SAMPLES.glob("*.onnx"))
-    assert len(paths) == 5
+    assert len(paths) == 6
     assert sum(p.stat().st_size for p in paths) < 4 * 2**20
     for path in paths:
         model = onnx.load(path)
@@ -48,6 +49,7 @@ def test_models_are_small_checked_onnx_with_fixed_header():
         ("resnet_block", {"Conv", "BatchNormalization", "Relu", "MaxPool", "Add"}),
         ("mobilenet_block", {"Conv", "Clip", "GlobalAveragePool", "Add"}),
         ("shufflenet_block", {"Conv", "Reshape", "Transpose", "Split", "Concat", "Flatten", "Dropout", "Gemm"}),
+        ("mlp_dynamic", {"MatMul", "Add", "Relu", "LayerNormalization"}),
     ],
 )
 def test_models_hold_the_operators_of_their_kind(name, ops):
@@ -82,3 +84,14 @@ def test_mlp_matches_a_numpy_evaluation_under_onnxruntime():
     session = ort.InferenceSession(str(SAMPLES / "mlp.onnx"))
     (out,) = session.run(None, {"x": x})
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_dynamic_declares_symbolic_batch_and_seq_dims():
+    model = onnx.load(SAMPLES / "mlp_dynamic.onnx")
+
+    def dims(info):
+        return [d.dim_param or d.dim_value for d in info.type.tensor_type.shape.dim]
+
+    assert [dims(i) for i in model.graph.input] == [["batch", "seq", 128]]
+    assert [dims(o) for o in model.graph.output] == [["batch", "seq", 128]]
+    assert not [n for n in model.graph.node if n.op_type == "Reshape"]  # any binding of the two is valid

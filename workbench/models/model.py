@@ -6,7 +6,9 @@ reason, named again under `not_constructed` (and in the text's last line), and l
 predicted times: the co-schedule passes its dependencies through (a consumer waits for the
 operators the unsupported one waited for), so the rest still forms a valid plan. Both whole-model
 times include the device's kernel launches (`DeviceSpec.launch_overhead_us`): one per kernel
-one at a time, one for the co-schedule's rProgram (`rammer`). `report_dict`
+one at a time, one for the co-schedule's rProgram (`rammer`). A model with symbolic dims is
+constructed at their bound values; the report lists, per dim, the operators that depend on it
+and the `workbench vortex compile` line of each matmul among them (`symbolic.py`). `report_dict`
 is the JSON document of `workbench model` (shared/design/CLI.md).
 """
 
@@ -22,6 +24,7 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.models.onnx_import import ImportedModel, Operator
 from workbench.models.rammer import Plan, ROperator, rkernel, schedule
+from workbench.models.symbolic import SymbolicDim, vortex_command
 from workbench.viz.fmt import duration
 
 
@@ -139,6 +142,20 @@ def report_dict(mc: ModelConstruction) -> dict:
         "not_constructed": [{"name": r.operator.name, "kind": r.operator.kind, "reason": r.reason}
                             for r in mc.results if not r.supported],
         "schedule": plan_dict(mc.plan, [r.operator.name for r in mc.results if r.supported]),
+        # the inputs' symbolic dims as bound (`--dim`), the operators whose shapes depend on each
+        # (None: could not be told, `note` says why) and the Vortex workloads among them
+        "symbolic_dims": {d.name: _dim_dict(d, mc.device.name) for d in mc.model.dims},
+    }
+
+
+def _dim_dict(dim: SymbolicDim, device: str) -> dict:
+    return {
+        "value": dim.value,
+        "default": dim.default,
+        "operators": None if dim.operators is None else list(dim.operators),
+        "note": dim.note,
+        "vortex": [{"operator": w.operator, "dynamic": w.dynamic or None, "value": w.value if w.params else None,
+                    "command": vortex_command(w, device) or None, "reason": w.reason} for w in dim.matmuls],
     }
 
 
@@ -196,6 +213,7 @@ def report_text(doc: dict) -> str:
     built = sum(op["supported"] for op in ops)
     lines = [f"{doc['model']} on {doc['device']} ({doc['policy']}): {len(ops)} operators, {built} constructed "
              f"in {doc['construct_seconds']:.2f} s"]
+    lines += _dims_text(doc.get("symbolic_dims", {}))
     for i, op in enumerate(ops):
         if op["supported"]:
             best = op["candidates"][0]
@@ -215,3 +233,23 @@ def report_text(doc: dict) -> str:
         lines.append(f"{len(missing)} of {len(ops)} operators not constructed and left out of the predicted times: "
                      + ", ".join(m["name"] for m in missing))
     return "\n".join(lines)
+
+
+def _dims_text(dims: dict) -> list[str]:
+    """The symbolic dims' lines: each one's value (saying which were defaults), the operators
+    that depend on it, the Vortex command of each matmul among them or why there is none."""
+    if not dims:
+        return []
+    values = [f"{n}={d['value']}" + (f" (default; --dim {n}=N to choose)" if d["default"] else "")
+              for n, d in dims.items()]
+    lines = ["symbolic dims: " + ", ".join(values)]
+    for name, d in dims.items():
+        if d["operators"] is None:
+            lines.append(f"  {name}: {d['note']}")
+            continue
+        lines.append(f"  {name}: {len(d['operators'])} operators depend on it"
+                     + (": " + ", ".join(d["operators"]) if d["operators"] else ""))
+        for w in d["vortex"]:
+            lines.append(f"    {w['operator']}: {w['dynamic']}={w['value']} at this binding; {w['command']}" if w["command"]
+                         else f"    {w['operator']}: no Vortex command ({w['reason']})")
+    return lines

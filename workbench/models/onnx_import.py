@@ -1,5 +1,7 @@
 """ONNX model -> fused TIR operators and their dataflow graph, through TVM Relax.
 
+The inputs' symbolic dims (`dim_param`) are bound to integers first (`symbolic.py`), so TVM
+imports a static model and the element caps apply to the bound shapes.
 `from_onnx` gives a Relax module. Before lowering, the graph is put in inference form
 (`_inference_mode`): Dropout becomes the identity and its mask dead code, Split one slice per
 part, so that every kernel has one output. `LegalizeOps` lowers every Relax operator to a TIR
@@ -33,12 +35,14 @@ and the report names and counts it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from math import prod
 from pathlib import Path
 
 from workbench.errors import UserError
 from workbench.files import read_user_file
+from workbench.models import symbolic
 from workbench.ops.shapes import check_elements
 from workbench.ops.tensor_expr import TensorExpr
 
@@ -94,18 +98,53 @@ class ImportedModel:
     operators: tuple[Operator, ...]  # dataflow (topological) order
     outputs: tuple[tuple[int, int], ...]  # (operator, output item) of each model output
     constants: tuple = field(default=(), compare=False, repr=False)  # numpy arrays, by Arg.ref
+    dims: tuple[symbolic.SymbolicDim, ...] = ()  # the inputs' symbolic dims, as bound
+
+    @property
+    def dim_values(self) -> dict[str, int]:
+        """The value each symbolic dim was bound to (to import the same model again)."""
+        return {d.name: d.value for d in self.dims}
 
 
-def import_model(path: str | Path) -> ImportedModel:
-    """Read, check, import and fuse an ONNX model; every problem with the file is a UserError."""
+def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> ImportedModel:
+    """Read, check, import and fuse an ONNX model; every problem with the file is a UserError.
+    Its symbolic dims are bound to `dims` (1 where not given; `symbolic.py`), and each one's
+    dependent operators found by importing the model once more with that dim at value + 1."""
     path = Path(path)
-    proto = read_onnx(path)
-    mod = fused_module(proto, path.name)
-    return _walk(mod, path.stem)
+    raw = _parse(path)
+    bound = symbolic.resolve(symbolic.input_dims(raw.graph), dims or {}, path.name)
+    values = {d.name: d.value for d in bound}
+    model = _walk(fused_module(_bound(raw, values, path), path.name), path.stem)
+    if not bound:
+        return model
+    found = []
+    for dim in bound:
+        probe = dim.value + 1
+        try:
+            probe_model = _walk(fused_module(_bound(raw, {**values, dim.name: probe}, path), path.name), path.stem)
+        except UserError as err:  # the probe over a cap, where the bound value is not
+            found.append(replace(dim, note=f"cannot tell which operators depend on it: at {dim.name}={probe}, {err}"))
+            continue
+        found.append(symbolic.dependents(dim, model.operators, probe_model.operators, probe))
+    return replace(model, dims=tuple(found))
 
 
-def read_onnx(path: Path):
-    """The parsed, checked `onnx.ModelProto` of `path`, its declared tensors within the caps."""
+def read_onnx(path: Path, dims: Mapping[str, int] | None = None):
+    """`(proto, dims)`: the parsed, checked `onnx.ModelProto` of `path` with its symbolic dims
+    bound to `dims` (1 where not given), its declared tensors within the caps at those values,
+    and the `SymbolicDim`s bound."""
+    raw = _parse(path)
+    bound = symbolic.resolve(symbolic.input_dims(raw.graph), dims or {}, path.name)
+    return _bound(raw, {d.name: d.value for d in bound}, path), bound
+
+
+def symbolic_dim_names(path: str | Path) -> tuple[str, ...]:
+    """The symbolic dims of the model's inputs, read off the file without importing it."""
+    return symbolic.input_dims(_parse(Path(path)).graph)
+
+
+def _parse(path: Path):
+    """The parsed `onnx.ModelProto` of `path`, read within MAX_MODEL_BYTES, not yet checked."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -116,6 +155,15 @@ def read_onnx(path: Path):
         raise UserError(f"{path}: not an ONNX model ({_first_line(err)})") from None
     if proto.ir_version <= 0 or not proto.graph.node:
         raise UserError(f"{path}: not an ONNX model (no IR version or no graph nodes)")
+    return proto
+
+
+def _bound(raw, values: Mapping[str, int], path: Path):
+    """`raw` with its symbolic dims bound to `values`, then checked: the caps apply to the
+    bound shapes, so a dim bound to 10**9 is refused here, before TVM's import."""
+    import onnx
+
+    proto = symbolic.bind(raw, values) if values else raw
     # Before the checker and TVM's importer: a few bytes can declare a tensor that takes hours
     # to construct and schedule, and external data would be read from paths the model names.
     _check_declared(proto.graph, path.name)
@@ -128,8 +176,8 @@ def read_onnx(path: Path):
 
 def _check_declared(graph, label: str) -> None:
     """Refuse external weights and declared shapes over the element caps (inputs, outputs,
-    annotated intermediates and weights of the main graph; dimensions given by name are checked
-    after import, in `_check_inferred`)."""
+    annotated intermediates and weights of the main graph, the inputs' symbolic dims as bound;
+    other dimensions given by name are checked after import, in `_check_inferred`)."""
     from onnx import TensorProto
 
     shapes = []
@@ -226,7 +274,8 @@ def _check_static(main, label: str) -> None:
     for param in main.params:
         values = getattr(getattr(param.ty, "shape", None), "values", None)
         if values is None or any(not hasattr(v, "value") for v in values):
-            raise UserError(f"{label}: input {param.name} has a symbolic or unknown shape; export the model with fixed shapes")
+            raise UserError(f"{label}: input {param.name} has a dimension with neither a size nor a name; "
+                            "export the model with fixed or named (symbolic) dims")
 
 
 def _check_inferred(main, label: str) -> None:

@@ -86,7 +86,8 @@ class ModelRun:
 def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, seed: int = 0) -> ModelRun:
     """Build every operator's kernel of rank `rank`, run the model `mc` (constructed from the ONNX
     file `path`) on seeded random inputs, check it against ONNX Runtime and time it beside ONNX
-    Runtime and TVM's default build. UserError for a GPU device, a CPU whose instructions this
+    Runtime and TVM's default build. A model with symbolic dims runs at its bound values: the
+    inputs have the bound shapes, which ONNX Runtime takes as they are and TVM's build imports. UserError for a GPU device, a CPU whose instructions this
     one lacks (the kernels run in this process, where an illegal instruction would kill it), or
     without onnxruntime."""
     if not mc.device.runs_on_cpu:
@@ -138,7 +139,8 @@ def _tvm_default(mc: ModelConstruction, path: Path, inputs: dict) -> tuple[float
     from tvm import relax
 
     try:
-        mod = fused_module(read_onnx(path), path.name)
+        proto, _ = read_onnx(path, mc.model.dim_values)  # symbolic dims bound as the model's
+        mod = fused_module(proto, path.name)
         executable = relax.build(mod, target=tvm.target.Target(target_dict(mc.device)))
         vm = relax.VirtualMachine(executable, tvm.cpu())
         args = [tvm.runtime.tensor(inputs[name], tvm.cpu()) for name, _, _ in mc.model.inputs]
