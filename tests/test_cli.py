@@ -429,6 +429,65 @@ def test_model_run_checks_against_onnxruntime_and_times_every_operator(capsys):
                for line in lines)
 
 
+def test_model_binds_symbolic_dims_and_lists_the_operators_depending_on_them(capsys):
+    from pathlib import Path
+
+    dynamic = str(Path(__file__).resolve().parent.parent / "sample_models" / "mlp_dynamic.onnx")
+    code, out, _ = run(capsys, "model", dynamic, "--device", "h100", "--dim", "seq=16", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["inputs"] == [{"name": "x", "shape": [1, 16, 128], "dtype": "float32"}]
+    assert [(n, d["value"], d["default"]) for n, d in doc["symbolic_dims"].items()] == [("batch", 1, True), ("seq", 16, False)]
+    matmuls = ["fused_matmul_add_relu", "fused_matmul1_add1_add2"]
+    assert doc["symbolic_dims"]["seq"]["operators"] == matmuls + ["layer_norm"]
+    assert [(v["operator"], v["command"]) for v in doc["symbolic_dims"]["seq"]["vortex"]] == [
+        (matmuls[0], "workbench vortex compile --op matmul --shape M=dyn,K=128,N=256 --device h100 --out DIR"),
+        (matmuls[1], "workbench vortex compile --op matmul --shape M=dyn,K=256,N=128 --device h100 --out DIR")]
+    code, out, _ = run(capsys, "model", dynamic, "--device", "h100", "--dim", "batch=2", "--dim", "seq=3")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == "symbolic dims: batch=2, seq=3"
+    assert f"    {matmuls[0]}: M=6 at this binding; workbench vortex compile --op matmul --shape M=dyn,K=128,N=256 " \
+           "--device h100 --out DIR" in lines  # M = batch x seq
+    code, out, _ = run(capsys, "model", dynamic, "--device", "h100")
+    assert code == 0 and out.splitlines()[1] == ("symbolic dims: batch=1 (default; --dim batch=N to choose), "
+                                                  "seq=1 (default; --dim seq=N to choose)")
+
+
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        ("heads=2", "mlp_dynamic.onnx: --dim heads: the model has no symbolic dim 'heads' (its symbolic dims are batch, seq)"),
+        ("seq=0", "--dim seq=0: seq must be a positive integer"),
+        ("seq=-2", "--dim seq=-2: seq must be a positive integer"),
+        ("seq", "--dim: 'seq' is not of the form NAME=VALUE (e.g. batch=4)"),
+        ("seq=x", "--dim: 'seq=x': seq must be a positive integer"),
+        ("batch=1000000000", "mlp_dynamic.onnx: tensor x has shape 1000000000x1x128 = 128000000000 elements, "
+                             "over the limit of 2147483647 (int32 indexing)"),
+        ("batch=10000000000000000000000", "--dim batch=10000000000000000000000: over the limit of 2147483647 "
+                                          "elements of a tensor (int32 indexing)"),
+    ],
+)
+def test_model_bad_dims_are_one_line_exit_2(capsys, dims, message):
+    from pathlib import Path
+
+    dynamic = str(Path(__file__).resolve().parent.parent / "sample_models" / "mlp_dynamic.onnx")
+    code, out, err = run(capsys, "model", dynamic, "--device", "h100", "--dim", dims)
+    assert (code, out, err) == (2, "", f"workbench: error: {message}\n")
+
+
+def test_model_run_on_a_symbolic_model_matches_onnxruntime_at_the_bound_shape(capsys):
+    pytest.importorskip("onnxruntime")
+    from pathlib import Path
+
+    dynamic = str(Path(__file__).resolve().parent.parent / "sample_models" / "mlp_dynamic.onnx")
+    code, out, _ = run(capsys, "model", dynamic, "--dim", "batch=2,seq=5", "--run", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["inputs"][0]["shape"] == [2, 5, 128]
+    assert doc["run"]["outputs_match"] is True and doc["run"]["tvm_default_seconds"] is not None, doc["run"]
+
+
 def test_model_run_on_a_gpu_device_is_one_line_exit_2(capsys):
     from pathlib import Path
 

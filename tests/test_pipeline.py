@@ -175,6 +175,22 @@ def test_construct_model_takes_a_path_or_an_imported_model():
     assert any(r.supported for r in by_path.results)
 
 
+def test_a_model_with_symbolic_dims_is_imported_at_the_values_given_as_text_or_mapping():
+    from helpers import ROOT
+
+    path = ROOT / "sample_models" / "mlp_dynamic.onnx"
+    assert pipeline.model_symbolic_dims(path) == ("batch", "seq")
+    assert pipeline.model_symbolic_dims(ROOT / "sample_models" / "mlp.onnx") == ()
+    by_text = pipeline.import_onnx(path, "seq=4")
+    by_list = pipeline.import_onnx(path, ["batch=1", "seq=4"])
+    by_map = pipeline.import_onnx(path, {"seq": 4})
+    assert by_text.inputs == by_list.inputs == by_map.inputs == (("x", (1, 4, 128), "float32"),)
+    assert [(d.name, d.value, d.default) for d in by_text.dims] == [("batch", 1, True), ("seq", 4, False)]
+    assert [d.default for d in by_list.dims] == [False, False]  # given, even at the default value
+    with pytest.raises(UserError, match="the model has no symbolic dim 'heads'"):
+        pipeline.import_onnx(path, "heads=2")
+
+
 def test_bundle_name_and_peak_come_with_the_construction():
     c = pipeline.construct(_request())
     name = pipeline.bundle_name_for(c, 2, "cpu-core:mm 512")

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_args(p)
     p.add_argument("--run", action="store_true", help="build every kernel (rank 1), run the model on this CPU on "
                    "random inputs against ONNX Runtime, time it beside ONNX Runtime and TVM's default build")
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE[,NAME=VALUE]",
+                   help="bind the model's symbolic input dims, e.g. batch=4,seq=16 (repeatable; a dim not given is 1)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="benchmarks")
@@ -395,7 +397,8 @@ def cmd_model(args) -> int:
     device = pipeline.load_device(args.device)
     if args.run and not device.runs_on_cpu:  # refused before constructing: the run would refuse it after
         raise UserError(f"--run needs a CPU device, got {device.name} ({device.kind})")
-    mc = pipeline.construct_model(args.path, device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
+    model = pipeline.import_onnx(args.path, args.dim)
+    mc = pipeline.construct_model(model, device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
     doc = pipeline.report_dict(mc)
     text = pipeline.report_text(doc)
     if args.run:

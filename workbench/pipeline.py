@@ -8,6 +8,7 @@ assembles the pipeline itself.
            -> export(construction, rank, out)        build, verify, write one bundle: the only export
            -> build(construction, rank)              one kernel's sources and schedule, to read
     Candidate.to_dict(measurement) / candidate_rows  a candidate as JSON / as a table row
+    import_onnx(path, dims)                          an ONNX model, its symbolic dims bound (--dim)
     construct_model(model, device, policy, options)   every operator of an ONNX model, co-scheduled
       -> run_model_report(model_construction, path)  run on this CPU against ONNX Runtime, timed
     vortex_plan(workload with dyn, device, max)     Vortex's kernels for a dynamic extent, priced over it
@@ -36,8 +37,9 @@ from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import model as models
 from workbench.models.model import ModelConstruction, report_dict, report_text
-from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model
+from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model, symbolic_dim_names
 from workbench.models.run import run_model_report
+from workbench.models.symbolic import parse_dims
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
@@ -183,6 +185,19 @@ def construct_model(model: ImportedModel | str | Path, device: DeviceSpec | str 
     co-schedule (`models.model`); `report_dict` / `report_text` give its JSON and text forms."""
     imported = model if isinstance(model, ImportedModel) else import_model(model)
     return models.construct_model(imported, load_device(device), policy, options)
+
+
+def import_onnx(path: str | Path, dims: str | Sequence[str] | Mapping[str, int] | None = None) -> ImportedModel:
+    """An ONNX model imported with its inputs' symbolic dims bound (`workbench model --dim`):
+    `dims` as the option's text ("batch=4,seq=16", or a list of such) or a mapping; a dim not
+    given is bound to 1, and the report says so (`models.symbolic`). For `construct_model`."""
+    return import_model(path, dims if isinstance(dims, Mapping) else parse_dims(dims))
+
+
+def model_symbolic_dims(path: str | Path) -> tuple[str, ...]:
+    """The names of an ONNX model's symbolic input dims, without importing it (a face asks for
+    their values only when there are some)."""
+    return symbolic_dim_names(path)
 
 
 def check_export_path(out, zip: bool = False) -> Path:
