@@ -775,6 +775,30 @@ def test_models_page_shows_the_rammer_gain_with_launches_and_runs_the_model_on_t
     assert not at.success and not any(m.label.startswith("ONNX Runtime") for m in at.metric)
 
 
+def test_models_page_binds_a_models_symbolic_dims_from_a_text_input():
+    at = goto(app(small()), "Models")
+    at.selectbox[0].set_value("mlp.onnx").run()
+    assert not [t for t in at.text_input if t.label.startswith("Symbolic dims")]  # a static model: no input
+    at.selectbox[0].set_value("mlp_dynamic.onnx").run()
+    (dims,) = [t for t in at.text_input if t.label.startswith("Symbolic dims")]
+    assert dims.label == "Symbolic dims (batch, seq)" and dims.placeholder == "batch=1,seq=1"
+    captions = [c.value for c in at.caption]
+    assert "symbolic dims: batch=1 (default), seq=1 (default)" in captions
+    assert ("seq: 3 operators depend on it: fused_matmul_add_relu, fused_matmul1_add1_add2, layer_norm"
+            in captions)
+    dims.set_value("batch=2,seq=3").run()
+    assert not at.exception and not at.error
+    assert "symbolic dims: batch=2, seq=3" in [c.value for c in at.caption]
+    assert [c.value for c in at.code][:2] == [
+        "workbench vortex compile --op matmul --shape M=dyn,K=128,N=256 --device local-cpu --out DIR",
+        "workbench vortex compile --op matmul --shape M=dyn,K=256,N=128 --device local-cpu --out DIR"]
+    for text, message in (("heads=2", "mlp_dynamic.onnx: Symbolic dims heads: the model has no symbolic dim 'heads'"),
+                          ("seq=0", "Symbolic dims seq=0: seq must be a positive integer"),
+                          ("seq", "Symbolic dims: 'seq' is not of the form NAME=VALUE")):
+        at.text_input(key=dims.key).set_value(text).run()
+        assert not at.exception and any(e.startswith(message) for e in errors(at)), errors(at)
+
+
 def test_models_page_on_a_gpu_device_prices_five_us_launches_and_does_not_run():
     at = goto(app(Request(SMALL, load_spec("v100"), "roller", Options(topk=3))), "Models")
     assert not at.exception

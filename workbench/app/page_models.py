@@ -1,7 +1,8 @@
-"""Models page: every operator of an ONNX model constructed, its operator graph coloured by
-predicted time, the operators not constructed, the Rammer co-schedule as a Gantt chart and its
-gain over one kernel at a time with the device's launch overhead; an operator opens in
-Construction. On a CPU device that runs here, a button runs the whole model (`workbench model
+"""Models page: every operator of an ONNX model constructed (its symbolic input dims bound to
+the values typed in, 1 where none is; the operators depending on each and their Vortex command
+lines shown), its operator graph coloured by predicted time, the operators not constructed, the
+Rammer co-schedule as a Gantt chart and its gain over one kernel at a time with the device's
+launch overhead; an operator opens in Construction. On a CPU device that runs here, a button runs the whole model (`workbench model
 --run`): outputs against ONNX Runtime, per-operator time measured beside predicted, end to end
 beside ONNX Runtime and TVM's default build."""
 
@@ -30,9 +31,10 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_models"
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def _constructed(path: str, digest: str, device, policy: str, options):
-    """A model's construction, shared by sessions; keyed by the file's content digest."""
-    return pipeline.construct_model(path, device, policy, options)
+def _constructed(path: str, digest: str, dims: str, device, policy: str, options):
+    """A model's construction at the symbolic dims `dims` (`--dim` text), shared by sessions;
+    keyed by the file's content digest."""
+    return pipeline.construct_model(pipeline.import_onnx(path, dims), device, policy, options)
 
 
 def _uploaded(upload) -> str:
@@ -51,6 +53,37 @@ def _model_path() -> str | None:
         return str(SAMPLES / st.selectbox("Sample", samples))
     upload = st.file_uploader("ONNX model", type=["onnx"])
     return _uploaded(upload) if upload is not None else None
+
+
+def _dims_input(path: str) -> str:
+    """The values of the model's symbolic input dims as `--dim` text ("" when it has none): a
+    dim left out is bound to 1, as in `workbench model`."""
+    names = pipeline.model_symbolic_dims(path)
+    if not names:
+        return ""
+    return st.text_input(f"Symbolic dims ({', '.join(names)})", placeholder=",".join(f"{n}=1" for n in names),
+                         key=f"model-dims-{path}", help="NAME=VALUE,... (e.g. " + ",".join(f"{n}=4" for n in names)
+                         + "); each dim left out is bound to 1 (the default)")
+
+
+def _symbolic_dims(mc) -> None:
+    """Each symbolic dim's value, the operators that depend on it and the `workbench vortex
+    compile` line of each matmul among them (or why there is none)."""
+    dims = pipeline.report_dict(mc)["symbolic_dims"]
+    if not dims:
+        return
+    st.caption("symbolic dims: " + ", ".join(f"{n}={d['value']}" + (" (default)" if d["default"] else "")
+                                            for n, d in dims.items()))
+    for name, d in dims.items():
+        if d["operators"] is None:
+            st.caption(f"{name}: {d['note']}")
+            continue
+        st.caption(f"{name}: {len(d['operators'])} operators depend on it: {', '.join(d['operators']) or 'none'}")
+        for w in d["vortex"]:
+            if w["command"]:
+                st.code(w["command"], language="bash")
+            else:
+                st.caption(f"{w['operator']}: no Vortex command ({w['reason']})")
 
 
 def _open_operator(sel: Request, path: str, index: int) -> None:
@@ -73,17 +106,17 @@ def _rammer(mc) -> None:
     st.caption(f"kernel launch on {mc.device.name}: {duration(launch)}" + (f" ({source})" if source else ""))
 
 
-def _run_key(path: str, digest: str, sel: Request) -> tuple:
-    return (path, digest, sel.device, sel.policy, sel.options)
+def _run_key(path: str, digest: str, dims: str, sel: Request) -> tuple:
+    return (path, digest, dims, sel.device, sel.policy, sel.options)
 
 
-def _run_section(mc, path: str, digest: str, sel: Request) -> None:
+def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
     """The whole model run on this CPU, behind a button (it builds every kernel: seconds)."""
     st.subheader("Run on this CPU")
     if not sel.device.runs_on_cpu:
         st.info(f"Running a model needs a CPU device; {sel.device.name} is a {sel.device.kind}.")
         return
-    key = _run_key(path, digest, sel)
+    key = _run_key(path, digest, dims, sel)
     if st.button("Run the model", help="build every kernel, check the outputs against ONNX Runtime, time it"):
         try:
             with st.spinner("building every kernel, running against ONNX Runtime and TVM's default build..."):
@@ -137,13 +170,15 @@ def page() -> None:
             st.info("Choose a sample model or upload an .onnx file.")
             return
         digest = hashlib.sha256(read_user_file(path, "model", MAX_MODEL_BYTES)).hexdigest()
+        dims = _dims_input(path)
         with st.spinner("importing and constructing every operator..."):
-            mc = _constructed(path, digest, sel.device, sel.policy, sel.options)
+            mc = _constructed(path, digest, dims, sel.device, sel.policy, sel.options)
     except UserError as err:
-        st.error(message(err))
+        st.error(message(err, {"--dim": "Symbolic dims"}))
         return
     names = [r.operator.name for r in mc.results]
     seconds = [r.predicted_seconds for r in mc.results]
+    _symbolic_dims(mc)
     _rammer(mc)
     missing = [r for r in mc.results if not r.supported]
     if missing:
@@ -168,7 +203,7 @@ def page() -> None:
                 st.error(message(err))
     st.subheader("Co-schedule (Rammer wavefront)")
     st.plotly_chart(gantt_figure(mc.plan, [r.operator.name for r in mc.results if r.supported]), key="model-gantt")
-    _run_section(mc, path, digest, sel)
+    _run_section(mc, path, digest, dims, sel)
 
 
 page()
