@@ -101,3 +101,16 @@ def test_the_workload_dict_of_an_expression_builds_it_again(made):
 def test_a_malformed_workload_dict_is_one_line(data, message):
     with pytest.raises(UserError, match=message):
         Workload.from_dict(data)
+
+
+def test_dyn_in_an_expression_shape_is_parsed_and_refused_by_a_static_build():
+    from workbench.workload import parse_shape, workload_from_args
+
+    assert parse_shape("i=dyn,k=32,j=32") == {"i": "dyn", "k": 32, "j": 32}
+    w = workload_from_args(None, "i=DYN, k=32,j=32", "C[i,j] += A[i,k] * B[k,j]", None, "float32")
+    assert w.expr == "C[i,j] += A[i,k] * B[k,j]" and dict(w.params) == {"i": "dyn", "k": 32, "j": 32}
+    with pytest.raises(UserError, match="i=dyn is a dynamic extent: compile it with `workbench vortex compile`"):
+        w.build()
+    for shape, message in (("i=dyn,i=dyn", "i is given twice"), ("i=dyn,i=4", "i is given twice")):
+        with pytest.raises(UserError, match=message):
+            parse_shape(shape)

@@ -9,6 +9,10 @@ are inferred, per dimension, as the largest index value + 1.
 Before TVM sees a statement, `check_values` folds its constants the way TVM's simplifier would
 (and a little further): a literal or constant outside the dtype's range, or a divisor that folds
 to 0 (`A[i] / (A[i] - A[i])`), is a UserError naming its column instead of a TVM traceback.
+
+An extent given as `dyn` (`--shape i=dyn`, Vortex: workbench/vortex) is refused everywhere but
+`split_dynamic`, which names the dynamic axis (one output axis every tensor reads as a plain
+index, `check_dynamic`), and `symbolic_func`, which builds the statement with it as `T * tile`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.ops.expr_syntax import Binary, Call, Expr, Index, Negate, Number, Ref, fail, parse_statement
+from workbench.ops.catalog import DYN
 from workbench.ops.shapes import MAX_ELEMENTS, check_dtype, check_elements
 
 
@@ -119,6 +124,9 @@ def check_extents(st: Statement, extents: Mapping[str, int]) -> dict[str, int]:
         raise fail(f"no extent for axis {missing[0]!r}; give it with --shape {missing[0]}=N")
     for axis in axes:
         value = extents[axis]
+        if isinstance(value, str) and value == DYN:
+            raise fail(f"{axis}=dyn is a dynamic extent: compile it with `workbench vortex compile`, "
+                       "which builds kernels for every value")
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_ELEMENTS:
             raise fail(f"extent of {axis} must be a positive integer up to {MAX_ELEMENTS}, got {value!r}")
     return {a: extents[a] for a in axes}
@@ -149,12 +157,17 @@ def tensor_shapes(st: Statement, extents: Mapping[str, int]) -> dict[str, tuple[
 
 def build_te_from_expr(text: str, extents: Mapping[str, int], dtype: str = "float32") -> tuple[tuple, object]:
     """Parse `text` and build its TE tensors: (inputs in order of first appearance, output)."""
-    from tvm import te
-
     check_dtype(dtype)
     st = parse(text)
     check_values(st, dtype)
-    shapes, ext = tensor_shapes(st, extents), check_extents(st, extents)
+    return _te(st, tensor_shapes(st, extents), check_extents(st, extents), dtype)
+
+
+def _te(st: Statement, shapes: Mapping[str, tuple], ext: Mapping[str, int], dtype: str) -> tuple[tuple, object]:
+    """The TE tensors of a checked statement with these tensor shapes (a dimension may be a
+    symbolic TVM expression, `symbolic_func`) and these reduce-axis extents."""
+    from tvm import te
+
     tensors = {name: te.placeholder(shapes[name], dtype=dtype, name=name) for name in st.inputs}
     reduce = {a: te.reduce_axis((0, ext[a]), name=a) for a in st.reduce_axes}
 
@@ -180,6 +193,68 @@ def build_expr(text: str, extents: Mapping[str, int], dtype: str = "float32"):
         # `check_values` refuses what is known to fail here; should TVM's simplifier still find
         # something to refuse in user text, it is the user's input, said in one line.
         raise fail(f"TVM refuses it: {first_line(err)}") from None
+
+
+# ---- a dynamic extent (`--shape i=dyn`, Vortex: workbench/vortex) ---------------------------
+
+
+def split_dynamic(text: str, extents: Mapping[str, object]) -> tuple[str, dict[str, int]]:
+    """(the dynamic axis, every extent checked with that one set to 1) of a statement with one
+    `dyn` extent; UserError when it has none or several, or when the axis cannot be dynamic
+    (`check_dynamic`)."""
+    st = parse(text)
+    dynamic = sorted(a for a, v in extents.items() if isinstance(v, str) and v == DYN)
+    if not dynamic:
+        raise fail(f"no dynamic extent; give one output axis as dyn (e.g. {st.spatial_axes[0]}=dyn)")
+    if len(dynamic) > 1:
+        raise fail(f"one dynamic extent per workload, got {', '.join(dynamic)}")
+    check_dynamic(st, dynamic[0])
+    return dynamic[0], check_extents(st, {**extents, dynamic[0]: 1})
+
+
+def check_dynamic(st: Statement, axis: str) -> None:
+    """Refuse, in one line naming why, an axis that cannot be dynamic: Vortex pads it with
+    zeros and slices the output, which is exact only when the axis is an output (spatial) axis
+    that every tensor reads as a plain index (row r of the output reads only row r of the inputs,
+    and a tensor's dimension is the axis's extent) and that at least one input reads."""
+    if axis in st.reduce_axes:
+        raise fail(f"{axis} is a reduce axis; only an output axis can be dyn ({', '.join(st.spatial_axes)})")
+    if axis not in st.spatial_axes:
+        raise fail(f"{axis} is not an axis of the statement (axes: {', '.join(st.spatial_axes + st.reduce_axes)})")
+    read = False
+    for ref in st.refs:
+        for index in ref.indices:
+            if axis not in dict(index.terms):
+                continue
+            if index.terms != ((axis, 1),) or index.const:
+                raise fail(f"dyn axis {axis} is read as '{index}' in {ref.tensor} (column {index.column}); "
+                           "a dyn axis must be read as a plain index")
+            read = True
+    if not read:
+        raise fail(f"dyn axis {axis} is read by no input; a dyn axis must index an input as well as the output")
+
+
+def symbolic_func(text: str, extents: Mapping[str, object], axis: str, tile: int, dtype: str = "float32"):
+    """The statement's PrimFunc with axis `axis` of extent `T * tile` for an int32 variable T,
+    its last argument (as `catalog.symbolic_func`). The other extents are checked as
+    `check_extents` checks them; the element counts that depend on T are the caller's to check
+    for each T it runs."""
+    import tvm
+    from tvm import te
+
+    check_dtype(dtype)
+    st = parse(text)
+    check_values(st, dtype)
+    check_dynamic(st, axis)
+    ext = check_extents(st, {**extents, axis: tile})
+    shapes = tensor_shapes(st, ext)
+    steps = tvm.tirx.Var("T", "int32")
+    # `check_dynamic`: a dimension the axis reaches is indexed by it alone, so it is the extent.
+    indices = {ref.tensor: ref.indices for ref in st.refs} | {st.target.tensor: st.target.indices}
+    symbolic = {name: tuple(steps * tile if i.terms == ((axis, 1),) else d for d, i in zip(shape, indices[name]))
+                for name, shape in shapes.items()}
+    inputs, output = _te(st, symbolic, ext, dtype)
+    return te.create_prim_func([*inputs, output, steps])
 
 
 # ---- constants: folded before TVM sees them -------------------------------------------------
