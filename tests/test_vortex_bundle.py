@@ -110,7 +110,7 @@ def test_an_existing_bundle_is_not_overwritten(small):
         (_workload(shape="M=dyn,K=dyn,N=4"), "local-cpu", "one dynamic extent per workload"),
         (_workload(shape="M=4,K=4,N=4"), "local-cpu", "no dynamic extent"),
         (_workload(shape="M=4,K=4,N=dyn"), "local-cpu", "N cannot be dynamic"),
-        (_workload(), "v100", "CPU kernels only"),
+        (_workload(), "mi50", "builds CPU and CUDA kernels; mi50's target is rocm"),
         (_workload(), "xeon-avx512", "use --device local-cpu"),
     ],
 )

@@ -111,12 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("vortex", help="dynamic shapes: compile kernels for every value of one dyn extent, run one")
     vsub = p.add_subparsers(dest="vortex_command", required=True, parser_class=_Parser)
-    v = vsub.add_parser("compile", help="build, verify and write a bundle for a workload with one dyn extent")
+    v = vsub.add_parser("compile", help="build, verify and write a bundle for a workload with one dyn extent "
+                        "(--op matmul|gemv --shape M=dyn,.. or --expr TEXT --shape i=dyn,..; a CUDA GPU device: "
+                        "CUDA sources, PTX where nvcc is on PATH, verified only where a GPU is present)")
     _workload_args(v)
     v.add_argument("--out", required=True, help="bundle directory (new or empty)")
     v.add_argument("--max-extent", type=int, default=4096, help="largest value the kernel choice covers (default 4096)")
     v.add_argument("--json", action="store_true")
-    v = vsub.add_parser("run", help="select the kernel for a shape, run, verify and time it")
+    v = vsub.add_parser("run", help="select the kernel for a shape, run, verify and time it (a GPU bundle: "
+                        "only where a CUDA device is present)")
     v.add_argument("bundle", help="a bundle directory written by `vortex compile`")
     v.add_argument("--shape", required=True, help="the dyn extent's value, e.g. M=77 (static ones optional)")
     v.add_argument("--seed", type=int, default=0)
@@ -448,10 +451,14 @@ def cmd_vortex(args) -> int:
                               progress=_progress(args))
     m = b.manifest
     lines = [f"wrote {b.path}: {len(m['kernels'])} kernels in {m['compile_seconds']:.1f} s"
-             + (f", {len(m['failed'])} failed" if m["failed"] else "")]
+             + (f", {len(m['failed'])} failed" if m["failed"] else "")
+             + ("" if m["verified"] else f", not verified ({m['why']})")]
     for k in m["kernels"]:
         tiles = "  ".join("x".join(str(v) for v in t.values()) for t in k["tiles"])
-        lines.append(f"{k['id']}: outer {m['dynamic']['param']} tile {k['outer']:<5d} {tiles}")
+        ptxas = k.get("ptxas")
+        nvcc = (f"  {k['ptx']}: {ptxas['registers']} registers, {ptxas['spill_store_bytes']} B spilled" if ptxas
+                else f"  nvcc: {k['nvcc']}" if "nvcc" in k else "")
+        lines.append(f"{k['id']}: outer {m['dynamic']['param']} tile {k['outer']:<5d} {tiles}{nvcc}")
     lines += [f"{k['id']}: failed: {k['error']}" for k in m["failed"]]
     return _emit(args, {"path": str(b.path), **m}, "\n".join(lines))
 

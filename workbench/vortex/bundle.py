@@ -1,16 +1,22 @@
 """A Vortex bundle on disk (the edge: TVM, files, timing): compile once, run for any value.
 
 `compile_bundle` builds the template's candidates (`hierarchy`), chooses the small set
-(`select`), builds each chosen program with a symbolic outer extent (the catalog's
-`symbolic_func`: the dynamic parameter is T * outer for an int32 argument T, scheduled by the
-existing CPU code generator over a static expression of `TEMPLATE_STEPS` outer tiles, whose
-integers every Python-side decision of the codegen reads), exports one shared library per
-kernel, verifies each against numpy at `verify_values` (1 and two primes beyond its outer
-tile), and writes the dispatch table, the device spec and `manifest.json` into a staging
-directory that is renamed into place only when everything is written: a failure leaves nothing.
-A kernel that fails to build or verify is recorded in the manifest's `failed` and left out of
-the table. Builds and checks run in this process, one after the other (CPU kernels for this
-machine only: a kernel built for another ISA must not run here).
+(`select`), builds each chosen program with a symbolic outer extent (`symbolic_func`: the
+catalog's or the expression language's, the dynamic extent T * outer for an int32 argument T,
+scheduled by the existing CPU or CUDA code generator over a static expression of
+`TEMPLATE_STEPS` outer tiles, whose integers every Python-side decision of the codegen reads),
+exports one shared library per kernel, verifies each against numpy at `verify_values` (1 and
+two primes beyond its outer tile), and writes the dispatch table, the device spec and
+`manifest.json` into a staging directory that is renamed into place only when everything is
+written: a failure leaves nothing. A kernel that fails to build or verify is recorded in the
+manifest's `failed` and left out of the table. Builds and checks run in this process, one after
+the other (CPU kernels for this machine only: a kernel built for another ISA must not run here).
+
+A GPU bundle's kernels are built for the device's CUDA target; each kernel's CUDA source is
+written beside its library (`kN.cu`) and, where nvcc is on PATH, compiled to PTX (`kN.ptx`) with
+ptxas's registers and spills in the manifest (a kernel nvcc refuses is failed). Its kernels are
+verified and timed only where a CUDA device is present (`gpu_here`); elsewhere the manifest says
+`"verified": false` and why, and `run` refuses the bundle.
 
 `run` pads only the dynamic axis of the inputs to the chosen kernel's outer tile (zeros: rows
 of the output nobody reads), runs it, slices the output, verifies it and times it
@@ -24,20 +30,22 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from workbench.codegen.build import build_kernel
+from workbench.codegen import nvcc
+from workbench.codegen.build import build_kernel, target_dict
 from workbench.codegen.common import first_line
 from workbench.codegen.export import check_out
+from workbench.codegen.targets import runtime_device
 from workbench.codegen.verify import check_output
 from workbench.errors import UserError
 from workbench.files import read_user_text
 from workbench.hardware.loader import load_spec, spec_from_toml_text, spec_to_toml
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops import catalog
+from workbench.ops import catalog, expr_lang
 from workbench.ops.reference import random_inputs
 from workbench.ops.shapes import check_elements
 from workbench.profile.local import pool_threads
@@ -58,7 +66,7 @@ MAX_MANIFEST_BYTES = 2**22  # a manifest or table of a few kernels is kilobytes
 @dataclass(frozen=True)
 class Bundle:
     """A loaded bundle: where it is, its manifest and its dispatch table; `params` are the
-    workload's parameters with the dynamic one as `catalog.DYN`."""
+    workload's parameters (an expression's: its axes' extents) with the dynamic one as `catalog.DYN`."""
 
     path: Path
     manifest: dict
@@ -66,23 +74,50 @@ class Bundle:
 
     @property
     def params(self) -> dict:
-        return {k: v for k, v in self.manifest["workload"].items() if k not in ("op", "dtype")}
+        """The extents (an expression's text, its parameter `expr`, is not one)."""
+        return {k: v for k, v in self.manifest["workload"].items() if k not in ("op", "dtype", EXPR)}
 
     def library(self, kernel_id: str) -> Path:
         return self.path / next(k["library"] for k in self.manifest["kernels"] if k["id"] == kernel_id)
 
 
+EXPR = "expr"  # the op of an expression workload; its text is the parameter of that name
+
+
 def dynamic_workload(workload: Workload) -> tuple[str, str, str, dict]:
-    """(op, dtype, the dynamic parameter, every parameter with it set to 1) of a catalog workload."""
+    """(op, dtype, the dynamic parameter, every parameter with it set to 1) of a catalog
+    workload, or of an expression (op `EXPR`, its text the parameter `expr`, the dynamic
+    parameter its axis: `expr_lang.split_dynamic`)."""
+    if workload.expr is not None:
+        axis, extents = expr_lang.split_dynamic(workload.expr, dict(workload.params))
+        return EXPR, workload.dtype, axis, {EXPR: workload.expr, **extents}
     if workload.op is None:
-        raise UserError("vortex takes a catalog operator with one dyn extent (--op matmul --shape M=dyn,K=..,N=..)")
+        raise UserError("vortex takes a catalog operator or an expression with one dyn extent "
+                        "(--op matmul --shape M=dyn,K=..,N=.., or --expr TEXT --shape i=dyn,..)")
     param, static = catalog.split_dynamic(workload.op, dict(workload.params))
     return workload.op, workload.dtype, param, static
 
 
+def build_static(op: str, params: dict, dtype: str):
+    """The TensorExpr of a catalog operator, or of an expression (op `EXPR`), at static extents."""
+    if op == EXPR:
+        extents = {k: v for k, v in params.items() if k != EXPR}
+        return expr_lang.build_expr(params[EXPR], extents, dtype)
+    return catalog.build(op, params, dtype)
+
+
+def symbolic_func(op: str, static: dict, param: str, tile: int, dtype: str):
+    """The PrimFunc with the dynamic parameter `T * tile` (T its last argument): the catalog's
+    `symbolic_func`, or the expression language's for op `EXPR`."""
+    if op == EXPR:
+        extents = {k: v for k, v in static.items() if k != EXPR}
+        return expr_lang.symbolic_func(static[EXPR], extents, param, tile, dtype)
+    return catalog.symbolic_func(op, static, param, tile, dtype)
+
+
 def dynamic_axis(op: str, static: dict, param: str, dtype: str) -> str:
     """The expression axis the dynamic parameter sizes: the one whose extent follows it."""
-    a, b = (catalog.build(op, {**static, param: v}, dtype) for v in (2, 3))
+    a, b = (build_static(op, {**static, param: v}, dtype) for v in (2, 3))
     moved = [x.name for x, y in zip(a.axes, b.axes) if x.extent != y.extent]
     if len(moved) != 1:
         raise UserError(f"{op}: {param} sizes {len(moved)} axes; a dynamic extent must size exactly one")
@@ -95,7 +130,7 @@ def choose_kernels(op: str, dtype: str, param: str, static: dict, device: Device
     hierarchy offers on a template at `max_extent`, and the programs kept (`select`), in the order
     a bundle names them k0, k1, ...; UserError when no candidate fits the device."""
     dyn = Dynamic(param, dynamic_axis(op, static, param, dtype), max_extent)
-    offered = candidates(catalog.build(op, {**static, param: max_extent}, dtype), device, dyn.axis)
+    offered = candidates(build_static(op, {**static, param: max_extent}, dtype), device, dyn.axis)
     chosen = select(offered, device, dyn, limit)
     if not chosen:
         raise UserError(f"{op}: no candidate kernel fits {device.name}'s hierarchy")
@@ -115,14 +150,25 @@ def _prime_above(n: int) -> int:
     return n
 
 
+def gpu_here() -> bool:
+    """Whether this machine has a CUDA device to run a GPU bundle's kernels on."""
+    import tvm
+
+    return bool(tvm.cuda().exist)
+
+
 def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: int = DEFAULT_MAX_EXTENT,
                    limit: int = MAX_KERNELS, progress=None) -> Bundle:
     """Build, verify and write a bundle for `workload` (one `dyn` parameter) at `out_dir`
     (module docstring); UserError when the workload, device or path is refused, or when no
-    kernel builds and verifies (then nothing is written)."""
-    if not device.runs_on_cpu:
-        raise UserError(f"vortex compile builds CPU kernels only for now; {device.name} is a {device.kind}")
-    _check_runs_here(device, "vortex compile verifies its kernels on this machine: use --device local-cpu")
+    kernel builds and verifies (then nothing is written). A GPU bundle compiled where no CUDA
+    device is present is written unverified (`"verified": false` and why)."""
+    if device.runs_on_cpu:
+        _check_runs_here(device, "vortex compile verifies its kernels on this machine: use --device local-cpu")
+    elif target_dict(device).get("kind") != "cuda":
+        raise UserError(f"vortex compile builds CPU and CUDA kernels; {device.name}'s target is "
+                        f"{target_dict(device).get('kind')}")
+    verify = device.runs_on_cpu or gpu_here()
     if not isinstance(max_extent, int) or max_extent < 1:
         raise UserError(f"--max-extent must be a positive integer, got {max_extent!r}")
     op, dtype, param, static = dynamic_workload(workload)
@@ -137,12 +183,19 @@ def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: 
             kernel_id = f"k{n}"
             if progress:
                 progress(f"building {kernel_id} ({n + 1}/{len(chosen)})")
-            record = build_symbolic(op, static, dtype, dyn, program, device, staging, kernel_id)
+            record = build_symbolic(op, static, dtype, dyn, program, device, staging, kernel_id, verify=verify)
             if record.get("error"):
                 failed.append(record)
             else:
                 kept.append((kernel_id, program))
                 records.append(record)
+        if not device.runs_on_cpu:
+            if progress:
+                progress(f"nvcc on {len(records)} kernels")
+            passed = nvcc_records(records, device, staging)
+            failed += [r for r in passed if r.get("error")]
+            kept = [(k, p) for k, p in kept if any(r["id"] == k and not r.get("error") for r in passed)]
+            records = [r for r in passed if not r.get("error")]
         if not kept:
             raise UserError(f"no kernel built and verified; first failure: {failed[0]['error']}")
         table = DispatchTable(dyn, device, tuple(kept))
@@ -151,6 +204,7 @@ def compile_bundle(workload: Workload, device: DeviceSpec, out_dir, max_extent: 
             "workload": {"op": op, "dtype": dtype, **{k: list(v) if isinstance(v, tuple) else v
                                                        for k, v in static.items()}, param: catalog.DYN},
             "dynamic": dyn.to_dict(), "device": device.name, "build": "in-process, one kernel at a time",
+            "verified": verify, **({} if verify else {"why": "no GPU here"}),
             "compile_seconds": time.perf_counter() - start,
             "kernels": records, "failed": failed, "table": TABLE, "device_spec": DEVICE,
         }
@@ -175,28 +229,35 @@ def _check_runs_here(device: DeviceSpec, what: str) -> None:
 
 
 def build_symbolic(op, static, dtype, dyn: Dynamic, program: RProgram, device: DeviceSpec, folder: Path,
-                   kernel_id: str) -> dict:
+                   kernel_id: str, verify: bool = True) -> dict:
     """Build one kernel for `program` (any rProgram over the workload: a bundle's, or another
-    selector's) with a symbolic outer extent, export its library into `folder` and verify it:
-    its manifest record, with `error` where any step failed (that kernel's failure, never the
-    bundle's)."""
+    selector's) with a symbolic outer extent, export its library into `folder` (a GPU kernel's
+    CUDA source beside it) and, when `verify`, verify it: its manifest record, with `error`
+    where any step failed (that kernel's failure, never the bundle's)."""
     outer = outer_tile(program, dyn)
     record = {"id": kernel_id, "outer": outer, "tiles": [dict(zip(program.axes, t)) for t in program.tiles],
               "library": f"{kernel_id}.so"}
     try:
-        static_expr = catalog.build(op, {**static, dyn.param: outer * TEMPLATE_STEPS}, dtype)
+        static_expr = build_static(op, {**static, dyn.param: outer * TEMPLATE_STEPS}, dtype)
         built_program = make_program(calculus(static_expr), device, program.tiles, program.cached, program.eps)
-        symbolic = catalog.symbolic_func(op, static, dyn.param, outer, dtype)
-        kernel = build_kernel(replace(static_expr, func=symbolic), built_program, device, sources=False)
+        symbolic = symbolic_func(op, static, dyn.param, outer, dtype)
+        gpu = not device.runs_on_cpu
+        kernel = build_kernel(replace(static_expr, func=symbolic), built_program, device, sources=gpu)
         record["build_seconds"] = kernel.build_seconds
         if not kernel.ok:
             return record | {"error": kernel.error}
+        if gpu:
+            record["template"] = kernel.template
+            record["source"] = f"{kernel_id}.{kernel.source_suffix}"
+            (folder / record["source"]).write_text(kernel.source)
         library = folder / record["library"]
         kernel.executable.export_library(str(library))
+        if not verify:
+            return record
         entry = load_kernel(library, device)
         checks = []
         for value in verify_values(outer):
-            check, _ = execute(entry, program.expr, dyn, outer, value, seed=0, timed=False)
+            check, _ = execute(entry, program.expr, dyn, outer, value, seed=0, timed=False, device=device)
             checks.append({"value": value, "correct": check.correct, "max_rel_err": check.max_rel_err,
                            "error": check.error})
         record["verified"] = checks
@@ -208,19 +269,41 @@ def build_symbolic(op, static, dtype, dyn: Dynamic, program: RProgram, device: D
         return record | {"error": f"{type(err).__name__}: {first_line(err)}"}
 
 
+def nvcc_records(records: list[dict], device: DeviceSpec, folder: Path) -> list[dict]:
+    """GPU kernels' records with nvcc's verdict on their CUDA sources (one nvcc call for all,
+    `codegen.nvcc`): the PTX written beside the source (`ptx`) and ptxas's registers and spills
+    (`ptxas`), or `nvcc`: why there is none where nvcc is not on PATH; a source nvcc refuses
+    makes its kernel failed (`error`)."""
+    if nvcc.nvcc_path() is None:
+        return [r | {"nvcc": "not found"} for r in records]
+    sources = [(folder / r["source"]).read_text() for r in records]
+    out = []
+    for record, result in zip(records, nvcc.compile_ptx_many(sources, target_dict(device)["arch"])):
+        if not result.ok:
+            out.append(record | {"error": f"nvcc: {result.error}"})
+            continue
+        record = record | {"ptx": f"{record['id']}.ptx", "arch": result.arch}
+        (folder / record["ptx"]).write_text(result.ptx)
+        report = result.ptxas_report
+        out.append(record | ({"ptxas": asdict(report)} if report else {"ptxas": None, "nvcc": result.error}))
+    return out
+
+
 def load_kernel(library: Path, device: DeviceSpec):
     """The entry function of an exported kernel library (for `execute`), with TVM's thread pool
     sized to `device`'s cores before the first kernel starts it (`pool_threads`: TVM's default
     ran the BERT GEMM on one of the two cores, half the speed the profiler's workers measure)."""
     import tvm
 
-    pool_threads(device)
+    if device.runs_on_cpu:
+        pool_threads(device)
     return tvm.runtime.load_module(str(library))["main"]
 
 
-def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, timed: bool):
-    """Run the kernel `entry` (outer tile `outer`) at `value`: pad, run, slice, verify, and time
-    when `timed`. (Verification, seconds or None)."""
+def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, timed: bool,
+            device: DeviceSpec | None = None):
+    """Run the kernel `entry` (outer tile `outer`) at `value` on `device` (None: this CPU): pad,
+    run, slice, verify, and time when `timed`. (Verification, seconds or None)."""
     import tvm
 
     from workbench.profile.baselines import best_seconds
@@ -231,7 +314,7 @@ def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, ti
     for arg in wide.args:
         check_elements(arg.name, arg.shape)
     inputs = random_inputs(exact, seed)
-    dev = tvm.cpu()
+    dev = tvm.cpu() if device is None else runtime_device(target_dict(device)["kind"])
     arrays = []
     for x, arg in zip(inputs, (a for a in wide.args if a.role == "input")):
         grown = np.zeros(arg.shape, dtype=x.dtype)
@@ -240,10 +323,16 @@ def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, ti
     out_arg = wide.args[-1]
     out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
     steps = padded // outer
-    entry(*arrays, out, steps)
+
+    def call():
+        entry(*arrays, out, steps)
+        if device is not None:
+            dev.sync()  # a GPU launch returns before the kernel ends (timed: the launch with it)
+
+    call()
     result = out.numpy()[tuple(slice(0, s) for s in exact.args[-1].shape)]
     check = check_output(exact, inputs, result)
-    seconds = best_seconds(lambda: entry(*arrays, out, steps)) if timed and check.correct else None
+    seconds = best_seconds(call) if timed and check.correct else None
     return check, seconds
 
 
@@ -261,8 +350,7 @@ def load_bundle(path) -> Bundle:
         table = DispatchTable.from_dict(json.loads(read_user_text(folder / TABLE, "dispatch table",
                                                                   MAX_MANIFEST_BYTES)), device)
         ids = {k["id"] for k in manifest["kernels"]}
-        workload = manifest["workload"]
-        catalog.split_dynamic(workload["op"], {k: v for k, v in workload.items() if k not in ("op", "dtype")})
+        dynamic_workload(Workload.from_dict(manifest["workload"]))  # parsed, never evaluated
     except UserError as err:
         raise UserError(f"{path}: malformed bundle: {err}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -302,12 +390,17 @@ def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
     {"shape", "kernel", "predicted_seconds", "measured_seconds", "correct"} (measured None
     when the result is wrong), plus "error" saying why it is not correct."""
     value = value_of(bundle, {bundle.table.dyn.param: value})
-    _check_runs_here(bundle.table.device, f"{bundle.path}: its kernels were built for another machine's CPU")
+    device = bundle.table.device
+    if device.runs_on_cpu:
+        _check_runs_here(device, f"{bundle.path}: its kernels were built for another machine's CPU")
+    elif not gpu_here():
+        raise UserError(f"{bundle.path}: its kernels are for the GPU {device.name}, and there is no CUDA device here")
     kernel_id, predicted = dispatch(bundle.table, value)
     program = bundle.table.program(kernel_id)
     dyn = bundle.table.dyn
-    check, seconds = execute(load_kernel(bundle.library(kernel_id), bundle.table.device), program.expr, dyn, outer_tile(program, dyn),
-                              value, seed, timed=True)
+    check, seconds = execute(load_kernel(bundle.library(kernel_id), device), program.expr, dyn,
+                             outer_tile(program, dyn), value, seed, timed=True,
+                             device=None if device.runs_on_cpu else device)
     shape = bundle.params | {dyn.param: value}
     return {"shape": shape, "kernel": kernel_id, "predicted_seconds": predicted, "measured_seconds": seconds,
             "correct": check.correct, "error": check.error}
