@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_args(p)
     p.add_argument("--run", action="store_true", help="build every kernel (rank 1), run the model on this CPU on "
                    "random inputs against ONNX Runtime, time it beside ONNX Runtime and TVM's default build")
-    p.add_argument("--dim", action="append", metavar="NAME=VALUE[,NAME=VALUE]",
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE,...",
                    help="bind the model's symbolic input dims, e.g. batch=4,seq=16 (repeatable; a dim not given is 1)")
     p.add_argument("--json", action="store_true")
 
