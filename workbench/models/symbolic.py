@@ -17,7 +17,7 @@ model, where tracking the name through every ONNX operator would repeat their sh
 the two fused graphs differ in their operators (a dim of 1 broadcasting one way and 2 another),
 the report says it cannot tell rather than guess.
 
-A matmul-class operator (main block `matmul`: matmul, dense, batch matmul after legalisation)
+A matmul-class operator (main block `matmul`: ONNX MatMul, Gemm and batched MatMul after legalisation)
 whose M or B depends on the dim is a `workbench vortex compile --op matmul --shape M=dyn,...`
 workload: `matmul_params` reads M, N, K and B off its axes (B the axes both operands read, M
 those only the left one reads, N only the right one), and the catalog's own `split_dynamic`
