@@ -63,6 +63,28 @@ def test_a_wrong_dietcode_run_gets_no_time(monkeypatch):
                    "dietcode_error": "NaN in output"}
 
 
+def test_vortex_is_the_dispatched_kernels_one_run():
+    """Vortex's row takes the dispatched kernel's time (or its error) from the one run of every
+    bundle kernel at that value: no second run of the same kernel."""
+    from workbench.vortex.hierarchy import candidates
+    from workbench.vortex.select import DispatchTable, dispatch, select
+
+    template = expr("matmul", M=512, N=64, K=64)
+    dyn = Dynamic("M", "i", 512)
+    chosen = select(candidates(template, TINY_CPU, "i"), TINY_CPU, dyn, limit=3)
+    table = DispatchTable(dyn, TINY_CPU, tuple((f"k{n}", p) for n, p in enumerate(chosen)))
+    for value in (1, 100, 511):
+        picked, predicted = dispatch(table, value)
+        runs = {k: (1e-3 * (n + 1), "") for n, (k, _) in enumerate(table.kernels)}
+        assert compare._vortex_at(table, runs, value) == {
+            "vortex_seconds": runs[picked][0], "vortex_kernel": picked, "vortex_predicted_seconds": predicted,
+            "vortex_correct": True, "vortex_error": ""}
+        runs[picked] = (None, "max relative error 3")
+        row = compare._vortex_at(table, runs, value)
+        assert (row["vortex_seconds"], row["vortex_correct"], row["vortex_error"]) == (None, False,
+                                                                                        "max relative error 3")
+
+
 @pytest.mark.tvm
 def test_small_benchmark_end_to_end():
     """M = dyn, K = N = 64 at 1, 20 and 33 with DietCode sampled at 16 and 32: every method

@@ -4,11 +4,12 @@ every time taken the same way (`profile.baselines.best_seconds`: the best of 5 r
 least 50 ms, in this process) in one run, the four interleaved value by value so that a change
 of load on the machine falls on all of them alike.
 
-- **vortex**: `bundle.compile_bundle` once (its wall time is `compile_seconds`), then
-  `bundle.run` at each value (dispatch by predicted cost, pad the dynamic axis, run, verify, time).
-  Every kernel of the bundle is also run, verified and timed at each value
-  (`vortex_kernels_seconds`): the gap between the dispatched kernel and the bundle's fastest
-  there is the dispatcher's, the gap between that one and the oracle the kernel set's.
+- **vortex**: `bundle.compile_bundle` once (its wall time is `compile_seconds`), then at each
+  value every kernel of the bundle is run, verified and timed once (`vortex_kernels_seconds`:
+  pad the dynamic axis, run, verify, time, as `bundle.run` does), and Vortex's time is that of
+  the kernel the dispatcher picks there (`select.dispatch`, by predicted cost): the gap between
+  it and the bundle's fastest is the dispatcher's, the gap between that one and the oracle the
+  kernel set's.
 - **oracle**: at each value, a Roller construction of the static workload (the dynamic extent
   set to the value) with its top-K built, verified and timed; the best measured of them.
 - **numpy**: the `numpy` baseline (`A @ B` through BLAS, threads limited to the device's cores)
@@ -56,6 +57,7 @@ from workbench.rtile.rprogram import RProgram
 from workbench.vortex import bundle as vortex
 from workbench.vortex import dietcode
 from workbench.vortex.analyzer import Dynamic, at_extent, outer_tile
+from workbench.vortex.select import DispatchTable, dispatch
 from workbench.workload import Workload
 
 DEFAULT_TOPK = 5  # the oracle's top-K, as `bench kernels`
@@ -242,9 +244,9 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
             if progress:
                 progress(f"[{n + 1}/{len(values)}] {param}={value}")
             row = {"value": value, "in_samples": min(samples) <= value <= max(samples)}
-            row |= _vortex_at(b, value)
-            row["vortex_kernels_seconds"] = {k: _timed(entries[k], program, dyn, value)
-                                             for k, program in b.table.kernels}
+            runs = {k: _timed(entries[k], program, dyn, value) for k, program in b.table.kernels}
+            row |= _vortex_at(b.table, runs, value)
+            row["vortex_kernels_seconds"] = {k: seconds for k, (seconds, _) in runs.items()}
             row |= _dietcode_at(choice, kernels, dyn, value)
             row |= oracle(exprs[value], device, topk)
             measured = numpy.measure(exprs[value], device)
@@ -279,13 +281,13 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
     }
 
 
-def _timed(entry, program: RProgram, dyn: Dynamic, value: int) -> float | None:
-    """One bundle kernel run, verified and timed at `value` (None when wrong or raising)."""
+def _timed(entry, program: RProgram, dyn: Dynamic, value: int) -> tuple[float | None, str]:
+    """One bundle kernel run, verified and timed at `value`: (seconds, "") or (None, why not)."""
     try:
         check, seconds = vortex.execute(entry, program.expr, dyn, outer_tile(program, dyn), value, SEED, timed=True)
-    except Exception:  # TVM raises many error types; a kernel that raises has no time
-        return None
-    return seconds if check.correct else None
+    except Exception as err:  # TVM raises many error types; a kernel that raises has no time
+        return None, f"{type(err).__name__}: {first_line(err)}"
+    return (seconds, "") if check.correct else (None, check.error)
 
 
 def _least(seconds: dict) -> float | None:
@@ -293,16 +295,13 @@ def _least(seconds: dict) -> float | None:
     return min(measured) if measured else None
 
 
-def _vortex_at(b: vortex.Bundle, value: int) -> dict:
-    """The bundle's run at `value`; a kernel that raises is this value's error."""
-    try:
-        run = vortex.run(b, value, seed=SEED)
-    except Exception as err:  # TVM raises many error types; each is this run's failure
-        return {"vortex_seconds": None, "vortex_correct": False,
-                "vortex_error": f"{type(err).__name__}: {first_line(err)}"}
-    return {"vortex_seconds": run["measured_seconds"], "vortex_kernel": run["kernel"],
-            "vortex_predicted_seconds": run["predicted_seconds"], "vortex_correct": run["correct"],
-            "vortex_error": run["error"]}
+def _vortex_at(table: DispatchTable, runs: dict, value: int) -> dict:
+    """Vortex at `value`: the kernel `dispatch` picks and its run among `runs` (kernel id ->
+    `_timed`'s answer), so the dispatched kernel is timed once, with the others."""
+    kernel, predicted = dispatch(table, value)
+    seconds, error = runs[kernel]
+    return {"vortex_seconds": seconds, "vortex_kernel": kernel, "vortex_predicted_seconds": predicted,
+            "vortex_correct": seconds is not None, "vortex_error": error}
 
 
 def _dietcode_at(choice: dietcode.Dispatch | None, kernels: dict, dyn: Dynamic, value: int) -> dict:
