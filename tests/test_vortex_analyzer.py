@@ -3,12 +3,16 @@
 from math import ceil
 
 import pytest
-from helpers import TINY_CPU, expr
+from helpers import TINY_CPU, device, expr
 
 from workbench.ops import catalog
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
-from workbench.vortex.analyzer import Dynamic, at_extent, cost, outer_tile, padded_extent, program_at
+from workbench.rtile.model import estimate
+from workbench.vortex.analyzer import (
+    Dynamic, at_extent, cost, outer_tile, pack_layer, packed_bytes, packed_inputs, packing_seconds, padded_extent,
+    program_at,
+)
 
 
 @pytest.mark.parametrize("value, outer, padded", [(1, 48, 48), (48, 48, 48), (49, 48, 96), (97, 48, 144), (5, 1, 5)])
@@ -68,3 +72,53 @@ def test_a_smaller_outer_tile_wastes_less_at_small_values():
     assert cost(small, dev, dyn, 1).padded_flops * 8 == cost(big, dev, dyn, 1).padded_flops
     assert cost(small, dev, dyn, 1).predicted_seconds < cost(big, dev, dyn, 1).predicted_seconds
     assert cost(small, dev, dyn, 48).padded_flops == cost(big, dev, dyn, 48).padded_flops
+
+
+@pytest.mark.parametrize("value", [1, 8, 9, 77, 512])
+@pytest.mark.parametrize("k_tile", [64, 32])
+def test_packing_is_one_copy_of_both_panels_per_unit_tile_and_k_step(value, k_tile):
+    """The CPU template packs A's 8 x kc and B's kc x 16 tile per unit tile and K-step (K = 64 in
+    64 / kc steps): the busiest of the 2 cores runs ceil(grid / 2) unit tiles, each copying
+    64 / kc x 4 (8 kc + 16 kc) bytes, written at its half of L2's 200 GB/s; the cost is the
+    model's estimate plus that time."""
+    dev = TINY_CPU
+    template = expr("matmul", M=512, N=48, K=64)
+    program = _program(template, dev, [(4, 16, 1), (8, 16, 16), (8, 16, k_tile)])
+    dyn = Dynamic("M", "i", 512)
+    at = program_at(program, dev, dyn, value)
+    assert packed_inputs(at, dev) == ("A", "B") and pack_layer(at) == 2
+    grid = ceil(value / 8) * 3
+    moved = ceil(grid / 2) * (64 // k_tile) * 4 * (8 * k_tile + k_tile * 16)
+    assert packed_bytes(at, dev) == moved
+    assert packing_seconds(at, dev) == pytest.approx(moved / (200e9 / 2), rel=1e-12)
+    est = cost(program, dev, dyn, value)
+    assert est.predicted_seconds == pytest.approx(estimate(at, dev).predicted_seconds + moved / 100e9, rel=1e-12)
+    assert dict(est.load_seconds)["packing into L2"] == pytest.approx(moved / 100e9, rel=1e-12)
+
+
+def test_a_single_row_unit_tile_packs_nothing():
+    """One row per unit tile: B is read once per row whatever the template does, so it is not
+    packed (nor A, whose rows it would copy once per column of tiles), and the cost is the
+    model's alone; on a GPU nothing is priced as a CPU panel."""
+    dev = TINY_CPU
+    template = expr("matmul", M=512, N=48, K=64)
+    program = _program(template, dev, [(1, 16, 1), (1, 16, 64), (1, 48, 64)])
+    dyn = Dynamic("M", "i", 512)
+    assert packed_inputs(program, dev) == () and packed_bytes(program, dev) == 0
+    assert cost(program, dev, dyn, 5) == estimate(program_at(program, dev, dyn, 5), dev)
+    packed = _program(template, dev, [(4, 16, 1), (8, 16, 16), (8, 16, 64)])
+    assert packed_inputs(packed, device("a100")) == ()
+
+
+def test_at_one_row_the_single_row_kernel_is_cheaper_than_six_rows():
+    """BERT GEMM at M = 1 on TINY_CPU: a 6-row kernel computes 6 rows and copies B's panels,
+    the single-row one neither; at M = 1536 the single row streams B once per row and costs
+    more than the 6-row kernel that packs it once per 96 rows."""
+    dev = TINY_CPU
+    template = expr("matmul", M=2048, N=2304, K=768)
+    dyn = Dynamic("M", "i", 2048)
+    row = _program(template, dev, [(1, 64, 1), (1, 64, 96), (1, 384, 96)])
+    six = _program(template, dev, [(6, 16, 1), (6, 16, 256), (96, 384, 256)])
+    assert packing_seconds(program_at(row, dev, dyn, 1), dev) == 0 < packing_seconds(program_at(six, dev, dyn, 1), dev)
+    assert cost(row, dev, dyn, 1).predicted_seconds < cost(six, dev, dyn, 1).predicted_seconds
+    assert cost(row, dev, dyn, 1536).predicted_seconds > cost(six, dev, dyn, 1536).predicted_seconds
