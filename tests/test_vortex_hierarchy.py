@@ -6,13 +6,14 @@ import pytest
 from helpers import TINY_CPU, device, expr
 
 from workbench.hardware.spec import MicroKernel
-from workbench.rtile.alignment import lane_axis, micro_kernel_registers, thread_count, tile_lanes
+from workbench.rtile.alignment import accumulators, lane_axis, micro_kernel_registers, thread_count, tile_lanes
 from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
 from workbench.vortex.hierarchy import (
     DYN_MULTIPLES, MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates,
-    deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles,
+    deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles, single_row_tiles,
 )
+from workbench.vortex.analyzer import packed_inputs
 
 
 
@@ -42,11 +43,14 @@ def test_cpu_candidates_are_multiples_within_capacity(dev):
     for p in progs:
         assert len(p.tiles) == 3  # registers, L1, L2: one core's work; the grid is the parallel level
         assert _multiples(p)
-        for layer in range(3):
-            assert footprint_at(dev, p, layer) <= layer_capacity(dev, layer)
         reg = p.register_tile
+        single_row = p.unit_tile[0] == 1
+        for layer in range(1 if single_row else 0, 3):
+            assert footprint_at(dev, p, layer) <= layer_capacity(dev, layer)
         assert reg[lane_axis(e, dev)] % lanes == 0  # the SIMD lanes filled along j
-        assert micro_kernel_registers(e, dev, reg) <= dev.registers_per_thread_cap
+        # a single-row tile holds its accumulators, A's broadcast and one vector of B in flight
+        held = accumulators(e, dev, reg) + 2 if single_row else micro_kernel_registers(e, dev, reg)
+        assert held <= dev.registers_per_thread_cap
         # every static axis is covered without padding at eps 0: N and K are multiples of the unit tile
         assert e.axes[1].extent % p.unit_tile[1] == 0 and e.axes[2].extent % p.unit_tile[2] == 0
     # several outer sizes along the dynamic axis, so small and large M each have a kernel
@@ -138,7 +142,42 @@ def test_cpu_candidates_keep_accumulators_over_a_deep_k(dev):
     e = expr("matmul", **BERT)
     for p in candidates(e, dev, "i"):
         assert [p.tiles[1]] == deepest_reduction(e, dev, 1, p.register_tile, 0, p.eps)
-        assert p.tiles[1][2] >= 96
+        # the single rows' kc are the shallowest: 1 x 96 on AVX2, 4 (97K + 96) <= 32768: 64;
+        # 1 x 128 on AVX-512, 4 (129K + 128) <= 32768: 48
+        assert p.tiles[1][2] >= (48 if p.register_tile[0] == 1 else 96)
+
+
+@pytest.mark.parametrize("dev, tile", [
+    (AVX2, (1, 96, 1)),  # 10 accumulators needed: 80 lanes hold them but do not divide N = 2304
+    (AVX512, (1, 128, 1)),  # 8 needed: 8 vectors of 16
+    (replace(AVX2, fma_latency_cycles=4), (1, 64, 1)),  # 8 needed, as on this repo's EPYC
+], ids=["avx2", "avx512", "avx2-4cycle"])
+def test_single_row_tile_holds_the_accumulators_in_whole_vectors(dev, tile):
+    e = expr("matmul", **BERT)
+    assert single_row_tiles(e, dev, 0, 0.0) == [tile]
+    assert accumulators(e, dev, tile) >= dev.fma_accumulators
+    # the shared-row count refuses it on AVX2 (one B vector per accumulator held, 21 or 17 of 16)
+    assert (micro_kernel_registers(e, dev, tile) > dev.registers_per_thread_cap) == (dev.warp_size == 8)
+
+
+def test_no_single_row_tile_where_it_cannot_be_one():
+    e = expr("matmul", **BERT)
+    assert single_row_tiles(e, AVX2, 1, 0.0) == []  # the dynamic axis is the lane axis
+    assert single_row_tiles(e, device("a100"), 0, 0.0) == []  # a GPU: no SIMD micro-kernel
+    small = replace(AVX2, registers_per_thread_cap=11)  # 10 accumulators + 2 do not fit
+    assert single_row_tiles(e, small, 0, 0.0) == []
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_single_row_candidates_pack_nothing(dev):
+    """The single-row family is one row at every level, so the CPU template packs no panel;
+    every other candidate packs A and B."""
+    e = expr("matmul", **BERT)
+    progs = candidates(e, dev, "i")
+    rows = [p for p in progs if p.register_tile[0] == 1]
+    assert rows and all(t[0] == 1 for p in rows for t in p.tiles)
+    assert all(packed_inputs(p, dev) == () for p in rows)
+    assert all(packed_inputs(p, dev) == ("A", "B") for p in progs if p.unit_tile[0] > 1)
 
 
 def test_gpu_blocks_do_not_take_the_cpu_kc_rule():

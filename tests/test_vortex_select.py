@@ -2,8 +2,9 @@
 
 import pytest
 from helpers import TINY_CPU, expr
+from test_vortex_hierarchy import AVX2, AVX512, BERT
 
-from workbench.vortex.analyzer import Dynamic, cost
+from workbench.vortex.analyzer import Dynamic, cost, packed_inputs
 from workbench.vortex.hierarchy import candidates
 from workbench.vortex.select import DispatchTable, choose, dispatch, select, sweep
 
@@ -33,6 +34,30 @@ def test_choose_covers_the_lower_envelope():
 def test_choose_stops_when_on_the_envelope():
     costs = [[1.0, 1.0], [2.0, 2.0], [1.0, 1.5]]
     assert choose(costs) == (0,)
+
+
+def test_choose_starts_with_the_least_at_the_smallest_value():
+    """The first row is least only at the first value, by a little: the summed log-ratio would
+    take the second first and stop there; the cover keeps the first one and adds the second."""
+    costs = [[1.0, 9.0, 9.0, 9.0], [1.1, 1.0, 1.0, 1.0]]
+    assert choose(costs, limit=1) == (0,)
+    assert choose(costs) == (0, 1)
+    assert choose(costs, limit=0) == ()
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_bert_gemm_dispatches_one_row_at_m1_and_packed_rows_at_m1904(dev):
+    """The BERT GEMM's kernel set on generated AVX2 and AVX-512 specs: at M = 1 the dispatcher
+    takes the single-row kernel (one row at every level, nothing packed), at M = 1904 a kernel
+    of many rows whose A and B panels the template packs."""
+    template = expr("matmul", **BERT)
+    dyn = Dynamic("M", "i", 2048)
+    chosen = select(candidates(template, dev, "i"), dev, dyn)
+    table = DispatchTable(dyn, dev, tuple((f"k{n}", p) for n, p in enumerate(chosen)))
+    small = table.program(dispatch(table, 1)[0])
+    assert all(t[0] == 1 for t in small.tiles) and packed_inputs(small, dev) == ()
+    large = table.program(dispatch(table, 1904)[0])
+    assert large.unit_tile[0] >= 12 and packed_inputs(large, dev) == ("A", "B")
 
 
 @pytest.fixture(scope="module")

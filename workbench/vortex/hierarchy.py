@@ -16,6 +16,12 @@ Levels, top first, each a tile of the expression's axes (`rtile.rprogram`):
 - level 2, the parallel level: the grid of unit tiles over the cores / SMs. Only here does the
   dynamic axis pad: its extent is rounded up to whole unit tiles (`analyzer.padded_extent`).
 
+Beside those, on a CPU, one family for the smallest values (`single_row_tiles`): one index of
+the dynamic axis at every level, so the template packs nothing (`codegen/cpu.py` packs an
+input only where the unit tile spans more than one index of an axis it ignores) and a GEMM of
+one row streams B once, as BLAS's GEMV does, where a 6-row kernel pads to 6 rows and copies
+all of B into panels first (the BERT GEMM at M = 1: 300 us against numpy's 65).
+
 Loops are classified as Vortex classifies them (`loop_class`): spatial loops of the grid are
 parallel, spatial loops inside a unit temporal-spatial, reduce loops temporal-reduction; the
 analyzer's cost is the temporal cost of one unit times the parallel waves.
@@ -34,11 +40,12 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
     RULES, AlignContext, TensorShapeRule, accumulators, is_micro_kernel_layer, lane_axis, micro_kernel_registers,
-    thread_count, tile_lanes,
+    register_budget, thread_count, tile_lanes,
 )
-from workbench.rtile.model import estimate, latency_coverage, micro_kernel_shape, simd_utilisation
+from workbench.rtile.model import latency_coverage, micro_kernel_shape, simd_utilisation
 from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import calculus
+from workbench.vortex.analyzer import at_extent, predict
 
 Tile = tuple[int, ...]
 
@@ -206,6 +213,34 @@ def _memory_ops_per_fma(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> flo
     return ops / max(1, accumulators(expr, device, tile) * steps)
 
 
+def single_row_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -> list[Tile]:
+    """Level 0 of the single-row family (module docstring): on a CPU reduction whose SIMD lanes
+    run along a spatial axis other than the dynamic one, the register tile of one index along
+    every other axis and, along the lanes, the fewest whole vectors that hold the device's
+    `fma_accumulators` and are aligned at `eps`: 1 x 64 on AVX2 with 8 needed, 1 x 96 with 10
+    (80 does not divide N = 2304), 1 x 128 on AVX-512. [] elsewhere or when none fits.
+
+    Its register count is ours, not `micro_kernel_registers`: that one holds a row of B's
+    vectors for the tile's rows to share, but with one row each vector of B feeds one FMA and
+    is dead after it (an FMA may even take it from memory), so the tile needs its accumulators,
+    the broadcast of A and one vector in flight: 8 + 2 of AVX2's 16 registers for 1 x 64, where
+    the shared-row count (17) refuses it."""
+    v = lane_axis(expr, device)
+    if not (is_micro_kernel_layer(device, 0) and expr.reduce and v is not None and v != dyn
+            and expr.axes[v].kind == "spatial"):
+        return []
+    need, budget, lanes = max(1, device.fma_accumulators), register_budget(device), device.warp_size
+    ones = tuple(1 for _ in expr.axes)
+    for size in range(lanes, expr.axes[v].extent + 1, lanes):
+        tile = ones[:v] + (size,) + ones[v + 1:]
+        held = accumulators(expr, device, tile)
+        if held + 2 > budget:
+            return []
+        if held >= need and _aligned(expr, device, 0, ones, tile, dyn, eps):
+            return [tile]
+    return []
+
+
 def _measured_share(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> float | None:
     shape = micro_kernel_shape(expr, device, tile) if device.micro_kernels and not device.lanes_are_threads else None
     kernel = device.micro_kernel(expr.dtype, *shape) if shape else None
@@ -227,28 +262,44 @@ def candidates(expr: TensorExpr, device: DeviceSpec, dyn_axis: str) -> tuple[RPr
     per size along the dynamic axis the `KEEP_PER_SIZE` of least predicted time (`_least_cost`);
     at the first eps of `EPS_LADDER` that gives any. Sorted by their tiles."""
     dyn = expr.axis_index(dyn_axis)
+    # the single-row family is for the values of one row: priced there, where its grid over the
+    # static axes must fill the cores (on the template every grid does)
+    one_row = at_extent(expr, dyn_axis, 1)
     for eps in EPS_LADDER:
-        chains = [(t,) for t in register_tiles(expr, device, dyn, eps)]
-        for layer in list(unit_levels(device))[1:]:
-            grown = {chain + (t,) for chain in chains for t in filter_by_multiples(expr, device, layer, chain[-1], dyn, eps)}
-            chains = _least_cost(expr, device, sorted(grown), dyn, eps)
+        chains = _grow(expr, device, [(t,) for t in register_tiles(expr, device, dyn, eps)], dyn, eps, expr)
         if chains:
+            rows = _grow(expr, device, [(t,) for t in single_row_tiles(expr, device, dyn, eps)], dyn, eps, one_row)
             calc = calculus(expr)
-            return tuple(make_program(calc, device, chain, [True] * len(chain), eps) for chain in sorted(chains))
+            return tuple(make_program(calc, device, chain, [True] * len(chain), eps)
+                         for chain in sorted(set(chains) | set(rows)))
     return ()
+
+
+def _grow(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], dyn: int, eps: float,
+          priced: TensorExpr) -> list[tuple[Tile, ...]]:
+    """`chains` grown layer by layer to the unit layer by `filter_by_multiples`, keeping the
+    least predicted on `priced` (`_least_cost`); priced at one row (the single-row family), a
+    chain stays one row at every layer."""
+    one_row = priced.axes[dyn].extent == 1
+    for layer in list(unit_levels(device))[1:]:
+        grown = {chain + (t,) for chain in chains for t in filter_by_multiples(expr, device, layer, chain[-1], dyn, eps)
+                 if not one_row or t[dyn] == 1}
+        chains = _least_cost(priced, device, sorted(grown), dyn, eps)
+    return chains
 
 
 def _least_cost(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], dyn: int,
                 eps: float) -> list[tuple[Tile, ...]]:
     """Per size of the last tile along the dynamic axis, the `KEEP_PER_SIZE` chains of least
-    predicted time on the template (`rtile.model.estimate`), a chain short of the unit layer
-    completed by repeating its last tile (the layers below hold the same tile: no reuse)."""
+    predicted time on `expr` (`analyzer.predict`: the model and the panel copies), a chain
+    short of the unit layer completed by repeating its last tile (the layers below hold the
+    same tile: no reuse)."""
     calc = calculus(expr)
     levels = len(unit_levels(device))
 
     def predicted(chain: tuple[Tile, ...]) -> float:
         tiles = chain + (chain[-1],) * (levels - len(chain))
-        return estimate(make_program(calc, device, tiles, [True] * levels, eps), device).predicted_seconds
+        return predict(make_program(calc, device, tiles, [True] * levels, eps), device).predicted_seconds
 
     groups: dict[int, list] = {}
     for chain in chains:
