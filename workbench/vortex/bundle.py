@@ -302,8 +302,9 @@ def load_kernel(library: Path, device: DeviceSpec):
 
 def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, timed: bool,
             device: DeviceSpec | None = None):
-    """Run the kernel `entry` (outer tile `outer`) at `value` on `device` (None: this CPU): pad,
-    run, slice, verify, and time when `timed`. (Verification, seconds or None)."""
+    """Run the kernel `entry` (outer tile `outer`) at `value` on `device`'s runtime device (a
+    CPU spec or None: this CPU): pad, run, slice, verify, and time when `timed`.
+    (Verification, seconds or None)."""
     import tvm
 
     from workbench.profile.baselines import best_seconds
@@ -314,7 +315,8 @@ def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, ti
     for arg in wide.args:
         check_elements(arg.name, arg.shape)
     inputs = random_inputs(exact, seed)
-    dev = tvm.cpu() if device is None else runtime_device(target_dict(device)["kind"])
+    gpu = device is not None and not device.runs_on_cpu
+    dev = runtime_device(target_dict(device)["kind"]) if gpu else tvm.cpu()
     arrays = []
     for x, arg in zip(inputs, (a for a in wide.args if a.role == "input")):
         grown = np.zeros(arg.shape, dtype=x.dtype)
@@ -326,7 +328,7 @@ def execute(entry, template, dyn: Dynamic, outer: int, value: int, seed: int, ti
 
     def call():
         entry(*arrays, out, steps)
-        if device is not None:
+        if gpu:
             dev.sync()  # a GPU launch returns before the kernel ends (timed: the launch with it)
 
     call()
@@ -399,8 +401,7 @@ def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
     program = bundle.table.program(kernel_id)
     dyn = bundle.table.dyn
     check, seconds = execute(load_kernel(bundle.library(kernel_id), device), program.expr, dyn,
-                             outer_tile(program, dyn), value, seed, timed=True,
-                             device=None if device.runs_on_cpu else device)
+                             outer_tile(program, dyn), value, seed, timed=True, device=device)
     shape = bundle.params | {dyn.param: value}
     return {"shape": shape, "kernel": kernel_id, "predicted_seconds": predicted, "measured_seconds": seconds,
             "correct": check.correct, "error": check.error}
