@@ -247,15 +247,12 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     copy = sch.get_loops(cache)[_depth(sch, main, anchor) :]
     if not copy:  # a one-element tile (C[q], q of extent 1): compute_at left no loop to split
         copy = [sch.add_unit_loop(cache)]
-    shape = sch.get(cache).reads[0].source.shape
-    source = _template_shape(shape, expr.tensors[tensor].shape)
+    source = _template_shape(sch.get(cache).reads[0].source.shape, expr.tensors[tensor].shape)
     align = _bank_alignment(expr, program, device, tensor, source)
     if align is not None:
         sch.storage_align(cache, 0, len(source) - 2, *align)
     plain = buffer == expr.tensors[tensor].name  # not a padded copy made by a producer block
     width = _vector_width(expr, program, tensor, source, int(sch.get(copy[-1]).extent), align) if plain else 1
-    if width > 1 and not _divides(width, shape[-1]):
-        width = 1  # a symbolic row (T * tile) whose tile the vector does not divide
     fused = sch.fuse(*copy)
     if width > 1:
         _, thread, lanes = sch.split(fused, factors=[None, threads, width])
@@ -268,7 +265,9 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
 def _template_shape(shape, template: tuple) -> tuple:
     """A buffer's shape as integers: a symbolic extent (a Vortex kernel's T * tile, from
     `catalog.symbolic_func`) is read as the template expression's, whose integers every other
-    decision of the schedule reads; -1 where there is none (a fused buffer's rank differs)."""
+    decision of the schedule reads; -1 where there is none (a fused buffer's rank differs).
+    A symbolic row stays safe to read in vectors: its axis is indexed plainly, so the copied row
+    is its tile, and a vector width that divides the tile (`_vector_width`) divides T * tile."""
     import tvm
 
     def static(d: int, extent) -> int:
@@ -277,15 +276,6 @@ def _template_shape(shape, template: tuple) -> tuple:
         return int(template[d]) if len(template) == len(shape) else -1
 
     return tuple(static(d, s) for d, s in enumerate(shape))
-
-
-def _divides(width: int, extent) -> bool:
-    """Whether `width` divides `extent` for every value of its variables (TVM's modular set:
-    T * 96 is 96 x anything)."""
-    from tvm.sym.analyzer import Analyzer
-
-    found = Analyzer().modular_set(extent)
-    return found.coeff % width == 0 and found.base % width == 0
 
 
 def _bank_alignment(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor: int, source: tuple):
