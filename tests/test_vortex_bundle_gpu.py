@@ -3,7 +3,6 @@ symbolic grid (T * outer tile), its CUDA source written beside its library and, 
 PATH, compiled to PTX with ptxas's registers and spills in the manifest. No GPU kernel runs here:
 without a CUDA device the manifest says it is unverified, and `vortex run` refuses it in one line."""
 
-import json
 import re
 import shutil
 
@@ -95,10 +94,14 @@ def test_run_refuses_a_gpu_bundle_without_a_cuda_device(gpu, capsys, monkeypatch
 
 def test_compile_through_the_cli_reports_registers_or_why_not(tmp_path, capsys):
     code = main(["vortex", "compile", "--op", "matmul", "--shape", "M=dyn,K=64,N=64", "--device", "v100",
-                 "--out", str(tmp_path / "b"), "--max-extent", "128", "--json"])
+                 "--out", str(tmp_path / "b"), "--max-extent", "128"])
     out, _ = capsys.readouterr()
-    doc = json.loads(out)
-    assert code == 0 and doc["device"] == "v100" and doc["kernels"]
-    assert all(k.get("ptxas") or k.get("nvcc") for k in doc["kernels"])  # a report, or why there is none
-    reloaded = vortex.load_bundle(tmp_path / "b")
-    assert reloaded.table.device.name == "v100" and reloaded.manifest == {k: v for k, v in doc.items() if k != "path"}
+    head, *kernels = out.strip().splitlines()
+    b = vortex.load_bundle(tmp_path / "b")
+    assert code == 0 and b.table.device.name == "v100" and len(kernels) == len(b.manifest["kernels"]) >= 1
+    if vortex.gpu_here():
+        assert "not verified" not in head
+    else:
+        assert head.endswith(", not verified (no GPU here)")
+    for line in kernels:  # a register report where nvcc ran, else why not
+        assert re.search(r"k\d+\.ptx: \d+ registers, \d+ B spilled$", line) or line.endswith("nvcc: not found")
