@@ -209,7 +209,8 @@ def workload_from_args(op: str | None, shape: str | None, expr: str | None, work
 
 def parse_shape(text: str) -> dict[str, object]:
     """`--shape K=V,K=V` as `ops.shapes.parse_kv` reads it, where V may also be `dyn`: a dynamic
-    extent (`catalog.DYN`), which only `workbench vortex` accepts (the catalog refuses it elsewhere)."""
+    extent (`catalog.DYN`) of a catalog parameter or an expression's axis, which only `workbench
+    vortex` accepts (the catalog and the expression language refuse it elsewhere)."""
     from workbench.ops.catalog import DYN
     from workbench.ops.shapes import parse_kv
 
