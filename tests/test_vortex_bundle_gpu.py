@@ -105,3 +105,17 @@ def test_compile_through_the_cli_reports_registers_or_why_not(tmp_path, capsys):
         assert head.endswith(", not verified (no GPU here)")
     for line in kernels:  # a register report where nvcc ran, else why not
         assert re.search(r"k\d+\.ptx: \d+ registers, \d+ B spilled$", line) or line.endswith("nvcc: not found")
+
+
+def test_a_kernel_that_cannot_run_on_the_gpu_present_is_a_wrong_result_not_a_crash(gpu, capsys, monkeypatch):
+    def refused(library, device):
+        raise RuntimeError("CUDA: no kernel image is available for execution on the device\nmore")
+
+    monkeypatch.setattr(vortex, "gpu_here", lambda: True)
+    monkeypatch.setattr(vortex, "load_kernel", refused)
+    doc = vortex.run(gpu, 77)
+    assert doc["correct"] is False and doc["measured_seconds"] is None and doc["shape"]["M"] == 77
+    assert doc["error"] == "RuntimeError: CUDA: no kernel image is available for execution on the device"
+    code = main(["vortex", "run", str(gpu.path), "--shape", "M=77"])
+    out, _ = capsys.readouterr()
+    assert code == 1 and "WRONG: RuntimeError: CUDA: no kernel image" in out

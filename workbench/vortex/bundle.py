@@ -390,7 +390,8 @@ def value_of(bundle: Bundle, shape: dict) -> int:
 def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
     """Select the kernel for `value`, run it on random inputs (`seed`), verify and time it:
     {"shape", "kernel", "predicted_seconds", "measured_seconds", "correct"} (measured None
-    when the result is wrong), plus "error" saying why it is not correct."""
+    when the result is wrong or the kernel failed to load or run), plus "error" saying why it
+    is not correct. A GPU bundle runs only where a CUDA device is present (else UserError)."""
     value = value_of(bundle, {bundle.table.dyn.param: value})
     device = bundle.table.device
     if device.runs_on_cpu:
@@ -400,8 +401,12 @@ def run(bundle: Bundle, value: int, seed: int = 0) -> dict:
     kernel_id, predicted = dispatch(bundle.table, value)
     program = bundle.table.program(kernel_id)
     dyn = bundle.table.dyn
-    check, seconds = execute(load_kernel(bundle.library(kernel_id), device), program.expr, dyn,
-                             outer_tile(program, dyn), value, seed, timed=True, device=device)
-    shape = bundle.params | {dyn.param: value}
-    return {"shape": shape, "kernel": kernel_id, "predicted_seconds": predicted, "measured_seconds": seconds,
-            "correct": check.correct, "error": check.error}
+    doc = {"shape": bundle.params | {dyn.param: value}, "kernel": kernel_id, "predicted_seconds": predicted}
+    try:
+        check, seconds = execute(load_kernel(bundle.library(kernel_id), device), program.expr, dyn,
+                                 outer_tile(program, dyn), value, seed, timed=True, device=device)
+    except UserError:
+        raise
+    except Exception as err:  # TVM's errors (a GPU of another architecture, say): the kernel's failure
+        return doc | {"measured_seconds": None, "correct": False, "error": f"{type(err).__name__}: {first_line(err)}"}
+    return doc | {"measured_seconds": seconds, "correct": check.correct, "error": check.error}
