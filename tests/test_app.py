@@ -797,6 +797,12 @@ def test_models_page_binds_a_models_symbolic_dims_from_a_text_input():
                           ("seq", "Symbolic dims: 'seq' is not of the form NAME=VALUE")):
         at.text_input(key=dims.key).set_value(text).run()
         assert not at.exception and any(e.startswith(message) for e in errors(at)), errors(at)
+    at.text_input(key=dims.key).set_value("batch=2,seq=3").run()
+    button(at, "Open in Construction").click().run()  # the operator opens at the bound dims, not at 1
+    assert not at.exception and at.title[0].value == "Construction"
+    opened = at.session_state["selection"].workload
+    assert opened.dims == (("batch", 2), ("seq", 3))
+    assert [a.extent for a in opened.build().axes][:2] == [2, 3]
 
 
 def test_models_page_on_a_gpu_device_prices_five_us_launches_and_does_not_run():

@@ -4,6 +4,7 @@ one-line UserError naming the problem (never a traceback, never a wait)."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from workbench.errors import UserError
 from workbench.ops.catalog import build
 from workbench.ops.expr_lang import build_expr
 from workbench.workload import MAX_SUITE_BYTES, Workload, list_suites, load_suite, suite_workload
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GOOD = '[suite]\nname = "tiny"\n[[workload]]\nid = "mm"\nop = "matmul"\nM = 4\nN = 4\nK = 4\n'
 
@@ -114,3 +117,16 @@ def test_dyn_in_an_expression_shape_is_parsed_and_refused_by_a_static_build():
     for shape, message in (("i=dyn,i=dyn", "i is given twice"), ("i=dyn,i=4", "i is given twice")):
         with pytest.raises(UserError, match=message):
             parse_shape(shape)
+
+
+def test_a_model_operator_is_built_at_its_bound_symbolic_dims():
+    """mlp_dynamic.onnx declares x[batch, seq, 128]: its first matmul's leading axes are the
+    bound dims (1 where not given), and the label says which binding it is."""
+    model = str(ROOT / "sample_models" / "mlp_dynamic.onnx")
+    default = Workload(model=model, operator=0)
+    bound = Workload(model=model, operator=0, dims=(("batch", 3), ("seq", 7)))
+    assert [a.extent for a in default.build().axes][:2] == [1, 1]
+    assert [a.extent for a in bound.build().axes][:2] == [3, 7]
+    assert bound.describe() == "mlp_dynamic.onnx#0 (batch=3,seq=7)"
+    with pytest.raises(UserError, match="no symbolic dim 'heads'"):
+        Workload(model=model, operator=0, dims=(("heads", 2),)).build()

@@ -35,12 +35,13 @@ class Workload:
     label: str = ""  # e.g. "cpu-core:mm-512"
     model: str | None = None  # an ONNX file, with `operator` the index of one of its operators
     operator: int = -1
+    dims: tuple[tuple[str, int], ...] = ()  # the model's symbolic dims as bound (`--dim`); unnamed ones are 1
 
     def build(self) -> TensorExpr:
         from workbench.ops import catalog, expr_lang
 
         if self.model is not None:
-            return model_operator_expr(self.model, self.operator)
+            return model_operator_expr(self.model, self.operator, self.dims)
         if self.expr is not None:
             return expr_lang.build_expr(self.expr, dict(self.params), self.dtype)
         if self.op is None:
@@ -72,25 +73,27 @@ class Workload:
         if self.label:
             return self.label
         if self.model is not None:
-            return f"{Path(self.model).name}#{self.operator}"
+            bound = "".join(f",{k}={v}" for k, v in self.dims)
+            return f"{Path(self.model).name}#{self.operator}" + (f" ({bound[1:]})" if bound else "")
         body = self.expr if self.expr is not None else self.op
         return f"{body} " + ",".join(f"{k}={_fmt(v)}" for k, v in self.params)
 
 
 @lru_cache(maxsize=8)
-def _imported(path: str, mtime_ns: int):
+def _imported(path: str, mtime_ns: int, dims: tuple[tuple[str, int], ...]):
     from workbench.models.onnx_import import import_model
 
-    return import_model(path)
+    return import_model(path, dict(dims))
 
 
-def model_operator_expr(path: str, index: int) -> TensorExpr:
-    """The TensorExpr of operator `index` of an ONNX model (imported once per file version)."""
+def model_operator_expr(path: str, index: int, dims: tuple[tuple[str, int], ...] = ()) -> TensorExpr:
+    """The TensorExpr of operator `index` of an ONNX model with its symbolic dims bound to `dims`
+    (imported once per file version and binding)."""
     try:
         mtime = Path(path).stat().st_mtime_ns
     except OSError as err:
         raise UserError(f"model {path}: {err.strerror}") from None
-    operators = _imported(path, mtime).operators
+    operators = _imported(path, mtime, tuple(dims)).operators
     if not 0 <= index < len(operators):
         raise UserError(f"model {path}: no operator {index} (it has {len(operators)})")
     op = operators[index]

@@ -86,8 +86,10 @@ def _symbolic_dims(mc) -> None:
                 st.caption(f"{w['operator']}: no Vortex command ({w['reason']})")
 
 
-def _open_operator(sel: Request, path: str, index: int) -> None:
-    new = Request(Workload(model=path, operator=index), sel.device, sel.policy, sel.options)
+def _open_operator(sel: Request, path: str, index: int, mc) -> None:
+    """Construction opens the operator at the symbolic dims the model was constructed at."""
+    dims = tuple((d.name, d.value) for d in mc.model.dims)
+    new = Request(Workload(model=path, operator=index, dims=dims), sel.device, sel.policy, sel.options)
     new.expr()  # refuse an unsupported operator before the selection changes
     set_selection(new)
 
@@ -197,7 +199,7 @@ def page() -> None:
         index = st.selectbox("Operator", supported, index=default, format_func=lambda i: f"{i}: {names[i]}")
         if st.button("Open in Construction"):
             try:
-                _open_operator(sel, path, index)
+                _open_operator(sel, path, index, mc)
                 st.switch_page("workbench/app/page_construction.py")  # relative to app.py
             except UserError as err:
                 st.error(message(err))
