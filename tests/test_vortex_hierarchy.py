@@ -11,7 +11,8 @@ from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
 from workbench.vortex.hierarchy import (
     DYN_MULTIPLES, MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates,
-    deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles, single_row_tiles,
+    _whole_lines, deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles,
+    single_row_tiles,
 )
 from workbench.vortex.analyzer import packed_inputs
 
@@ -79,9 +80,21 @@ def test_register_tiles_of_equal_share_rank_by_loads_per_fma():
     assert (8, 8, 1) not in tiles[:2] and all(_memory_ops_per_fma(e, AVX2, t) <= 9 / 8 for t in tiles)
 
 
+def test_register_rows_are_whole_cache_lines():
+    """On AVX2 a row of 24 fp32 lanes is 96 B, 1.5 lines: 4 x 24 is not kept although it issues
+    fewer loads per FMA than 6 x 16; on AVX-512 every vector is a 64 B line; a lane axis shorter
+    than a line is kept whole."""
+    e = expr("matmul", **BERT)
+    assert not _whole_lines(e, AVX2, (4, 24, 1)) and _whole_lines(e, AVX2, (6, 16, 1))
+    assert _memory_ops_per_fma(e, AVX2, (4, 24, 1)) < _memory_ops_per_fma(e, AVX2, (6, 16, 1))
+    assert all(t[1] * 4 % 64 == 0 for t in register_tiles(e, AVX2, 0, 0.0))
+    assert all(_whole_lines(e, AVX512, (r, c, 1)) for r in (1, 4, 6) for c in (16, 48, 64))
+    assert _whole_lines(expr("matmul", M=64, N=8, K=64), AVX2, (6, 8, 1))  # N = 8: the whole axis
+
+
 def test_calibrated_micro_kernels_are_preferred():
-    """Unmeasured, 5 x 16 is not first on AVX2 (4 x 24 and 6 x 16 issue fewer loads per FMA);
-    measured, it is the only one kept."""
+    """Unmeasured, 5 x 16 is not first on AVX2 (6 x 16 issues fewer loads per FMA); measured, it
+    is the only one kept."""
     e = expr("matmul", **BERT)
     assert register_tiles(e, AVX2, 0, 0.0)[0][:2] != (5, 16)
     dev = replace(AVX2, micro_kernels=(MicroKernel("float32", 5, 16, 90.0),))

@@ -170,11 +170,13 @@ def register_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -
     micro-kernel's share of peak where calibration measured it (only measured ones are kept
     when any fits), else SIMD lanes filled x FMA latency covered (`rtile.model`), then on a CPU
     the fewest loads and broadcasts per FMA (`_memory_ops_per_fma`); on a GPU all tiles are
-    equal there and the least traffic (most reuse) decides."""
+    equal there and the least traffic (most reuse) decides. On a CPU only rows of whole cache
+    lines along the lanes, where any tile has them (`_whole_lines`)."""
     ones = tuple(1 for _ in expr.axes)
     sizes = [[s for s in LEVEL0_SIZES if _within(expr, a, s, 1)] for a in range(len(expr.axes))]
     tiles = [t for t in product(*sizes)
              if _aligned(expr, device, 0, ones, t, dyn, eps) and _fits(expr, device, 0, ones, t)]
+    tiles = [t for t in tiles if _whole_lines(expr, device, t)] or tiles
     measured = {t: _measured_share(expr, device, t) for t in tiles}
     if any(v is not None for v in measured.values()):
         tiles = [t for t in tiles if measured[t] is not None]
@@ -193,6 +195,21 @@ def register_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -
         return (-round(share, 9), round(_memory_ops_per_fma(expr, device, t), 9), calc.traffic_bytes(t), regs, t)
 
     return _one_per_size(sorted(tiles, key=key), dyn, KEEP_LEVEL0)
+
+
+def _whole_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> bool:
+    """Whether a CPU register tile's row along a spatial `lane_axis` is whole first-layer cache
+    lines (or the whole axis); true for any other tile. Our rule, from measurement, its cause not
+    established: the model rates AVX2's 4 x 24 fp32 tile (3 vectors, 96 B) above 6 x 16 (fewer
+    loads per FMA), but over the BERT GEMM its kernels measured 1.2x slower at M = 384 and 2.2x
+    at M = 128 (4 x 24 / 4 x 48 x 128 / 64 x 576 x 128 against 6 x 16 / 6 x 16 x 256 /
+    144 x 192 x 256, the best of 4 interleaved runs each, 2026-11-24, this 2-core AVX2 EPYC at
+    a load average of 5). On AVX-512 a vector is a whole 64 B line, so nothing changes there."""
+    v = lane_axis(expr, device)
+    if not is_micro_kernel_layer(device, 0) or v is None or expr.axes[v].kind != "spatial" or len(device.layers) < 2:
+        return True
+    line = device.layers[1].transaction_bytes
+    return tile[v] == expr.axes[v].extent or tile[v] * expr.output.itemsize % line == 0
 
 
 def _memory_ops_per_fma(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> float:
