@@ -279,13 +279,10 @@ def candidates(expr: TensorExpr, device: DeviceSpec, dyn_axis: str) -> tuple[RPr
     per size along the dynamic axis the `KEEP_PER_SIZE` of least predicted time (`_least_cost`);
     at the first eps of `EPS_LADDER` that gives any. Sorted by their tiles."""
     dyn = expr.axis_index(dyn_axis)
-    # the single-row family is for the values of one row: priced there, where its grid over the
-    # static axes must fill the cores (on the template every grid does)
-    one_row = at_extent(expr, dyn_axis, 1)
     for eps in EPS_LADDER:
-        chains = _grow(expr, device, [(t,) for t in register_tiles(expr, device, dyn, eps)], dyn, eps, expr)
+        chains = _grow(expr, device, [(t,) for t in register_tiles(expr, device, dyn, eps)], dyn, eps, False)
         if chains:
-            rows = _grow(expr, device, [(t,) for t in single_row_tiles(expr, device, dyn, eps)], dyn, eps, one_row)
+            rows = _grow(expr, device, [(t,) for t in single_row_tiles(expr, device, dyn, eps)], dyn, eps, True)
             calc = calculus(expr)
             return tuple(make_program(calc, device, chain, [True] * len(chain), eps)
                          for chain in sorted(set(chains) | set(rows)))
@@ -293,11 +290,13 @@ def candidates(expr: TensorExpr, device: DeviceSpec, dyn_axis: str) -> tuple[RPr
 
 
 def _grow(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], dyn: int, eps: float,
-          priced: TensorExpr) -> list[tuple[Tile, ...]]:
+          one_row: bool) -> list[tuple[Tile, ...]]:
     """`chains` grown layer by layer to the unit layer by `filter_by_multiples`, keeping the
-    least predicted on `priced` (`_least_cost`); priced at one row (the single-row family), a
-    chain stays one row at every layer."""
-    one_row = priced.axes[dyn].extent == 1
+    least predicted (`_least_cost`) on the template `expr`; with `one_row` (the single-row
+    family) a chain stays one row along the dynamic axis at every layer and is priced at one
+    row, the values it is for, where its grid over the static axes must fill the cores (on the
+    template every grid does)."""
+    priced = at_extent(expr, expr.axes[dyn].name, 1) if one_row else expr
     for layer in list(unit_levels(device))[1:]:
         grown = {chain + (t,) for chain in chains for t in filter_by_multiples(expr, device, layer, chain[-1], dyn, eps)
                  if not one_row or t[dyn] == 1}
