@@ -13,8 +13,9 @@ pads the most (6 rows computed for 1) and packs its inputs for rows it throws aw
 over the sweep would never reach it. On the BERT GEMM the single-row kernel
 (`hierarchy.single_row_tiles`) is predicted 1.4x faster than the best 6-row one at M = 1 and
 lowers the sum less (0.2) than 22 other candidates (the 10-kernel cover ended with a gain of
-1.5), so it was never kept, while it measured 4-5x faster than the 6-row kernel the bundle ran
-there (60-74 us against about 290, numpy's GEMV 65; 2026-11-24, this 2-core AVX2 EPYC, loaded).
+1.5), so it was never kept, while it measured 6.5x faster than the 6-row kernel the bundle ran
+there (92 us against 594, the best of 3 interleaved runs at a load average of 4.7, 2026-11-24,
+this 2-core AVX2 EPYC; on the quiet machine the 6-row kernel took 300 us and numpy 65).
 
 At run time `dispatch` prices each chosen kernel at the actual value with the same analyzer and
 takes the cheapest: no samples, no re-tuning, a few model evaluations.
