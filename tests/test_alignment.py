@@ -12,7 +12,7 @@ import pytest
 from helpers import TINY_CPU, device, expr, matmul, suite_workloads, workload_expr
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from test_invariants import simd_lane_axis
+from test_invariants import conv_filters, simd_lane_axis
 
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
@@ -20,6 +20,7 @@ from workbench.rtile.alignment import (
     AlignContext,
     ExecutionUnitRule,
     accumulators,
+    filter_axis,
     initial_tile,
     is_aligned,
     lane_axis,
@@ -73,14 +74,17 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
         v = simd_lane_axis(e, dev)
         if v is not None and tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
             out.append("lane axis not a multiple of the SIMD lanes")
-    if dev.kind == "cpu" and layer > 0:
+    filters = dev.kind == "cpu" and simd_lane_axis(e, dev) is not None and simd_lane_axis(e, dev) == conv_filters(e)
+    if dev.kind == "cpu" and (layer > 0 or filters):
         v = simd_lane_axis(e, dev)
         tails = [a for a in e.reduce] + ([v] if v is not None and e.axes[v].kind == "spatial" else [])
+        tails += [a for a in e.spatial if filters and a not in tails]  # a conv along its filters: every axis
         for a in tails:
             n, u = e.axes[a].extent, upper[a]
             # some tile short of the axis, within 128 multiples of the one above, divides it and
             # is whole 64 B lines for every input whose contiguous dimension the axis alone indexes
-            lines = lambda s: all(  # noqa: E731
+            # (registers are filled by vector loads: no lines at the top layer)
+            lines = lambda s: layer == 0 or all(  # noqa: E731
                 s * t.itemsize % 64 == 0 for t in e.inputs if t.index and t.index[-1][0][a] == 1
                 and sum(1 for c in t.index[-1][0] if c) == 1
             )
@@ -310,10 +314,12 @@ def test_micro_kernel_registers_count_vectors_not_scalar_bytes(dev, tile, acc, r
 def test_micro_kernel_registers_of_other_operators():
     """gemv y[i] = A[i, k] x[k]: A's rows are strided along i (a gather), so its lanes run along
     k, each output a vector of partial sums: r rows x c vectors of k accumulators, a row of c
-    vectors of A and of x. relu: one row of its input, no broadcast. A stride-2 conv's output
-    row gathers every other input and its window (3) is shorter than a vector: scalar code, a
-    register per output. A 12-wide fp32 row takes 2 ymm (12 of 16 lanes)."""
-    gemv, relu, conv = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3)), EXPRS["conv-s2"]()
+    vectors of A and of x. relu: one row of its input, no broadcast. A stride-2 conv with 6
+    filters (fewer than a vector) gathers every other input along its output row and its
+    window (3) is shorter than a vector: scalar code, a register per output. A 12-wide fp32
+    row takes 2 ymm (12 of 16 lanes)."""
+    gemv, relu = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3))
+    conv = expr("conv2d", N=1, C=64, H=30, W=30, F=6, KH=3, KW=3, stride=2, pad=1)
     assert [lane_axis(e, AVX2) for e in (gemv, relu, conv)] == [1, 2, None]
     assert (accumulators(gemv, AVX2, (4, 16)), micro_kernel_registers(gemv, AVX2, (4, 16))) == (8, 8 + 2 + 2)
     assert (accumulators(gemv, AVX2, (6, 12)), micro_kernel_registers(gemv, AVX2, (6, 12))) == (12, 12 + 2 + 2)
@@ -321,6 +327,32 @@ def test_micro_kernel_registers_of_other_operators():
     outputs = prod(conv.data_tile_shape(len(conv.tensors) - 1, (1, 2, 1, 4) + (1, 1, 1)))
     assert outputs == 8 and accumulators(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8
     assert micro_kernel_registers(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8 + 1  # both inputs scalar: one register
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_convolutions_vectorise_their_filters(dev):
+    """A conv (stride 1 or 2) with at least a vector of filters runs its lanes along f (axis 1 of
+    n f y x c r s): accumulators are rows x columns x vectors of filters, registers add one
+    row of filter vectors and one register per data element of a reduction step (rows x
+    columns at stride 1 and 2 alike, the window axes at 1). Depthwise convs, pooling and
+    matmul keep their axes; 6 filters (fewer than a vector) do not qualify, 20 do (a register
+    row of the whole 20 is five 4-lane pieces)."""
+    lanes = dev.warp_size
+    for stride in (1, 2):
+        conv = expr("conv2d", N=1, C=24, H=28, W=28, F=2 * lanes, KH=3, KW=3, stride=stride, pad=1)
+        assert filter_axis(conv) == 1 and lane_axis(conv, dev) == 1
+        for rows, cols, kw in ((1, 4, 1), (2, 2, 3), (3, 1, 1)):
+            tile = (1, 2 * lanes, rows, cols, 1, 1, kw)
+            assert accumulators(conv, dev, tile) == rows * cols * 2
+            assert micro_kernel_registers(conv, dev, tile) == rows * cols * 2 + 2 + rows * cols
+    ragged = expr("conv2d", N=1, C=24, H=28, W=28, F=20, KH=3, KW=3, stride=1, pad=1)
+    assert filter_axis(ragged) == 1 and lane_axis(ragged, dev) == 1
+    few = expr("conv2d", N=1, C=24, H=28, W=28, F=6, KH=3, KW=3, stride=1, pad=1)
+    assert filter_axis(few) == 1 and lane_axis(few, dev) == 3  # the output row, as before
+    dw = expr("depthwise_conv2d", N=1, C=64, H=28, W=28, KH=3, KW=3, stride=1, pad=1)
+    pool = EXPRS["avgpool"]()
+    assert filter_axis(dw) is None and filter_axis(pool) is None and filter_axis(matmul(64, 64, 64)) is None
+    assert filter_axis(expr("gemv", M=4096, K=1000)) is None
 
 
 def test_partial_sums_per_output_are_the_lanes_of_a_reduce_lane_axis():
@@ -433,9 +465,13 @@ def test_no_accumulator_rule_without_a_reduction_a_lane_axis_or_fma_facts():
     its lanes; gemv's partial sums along k meet the need (r c + 2c <= 16 holds 10 with c = 1);
     a spec without FMA facts (TINY_CPU, a GPU) asks for none."""
     relu, gemv, mm = expr("relu", shape=(17, 11, 3)), expr("gemv", M=4096, K=1000), matmul(512, 512, 512)
-    conv = EXPRS["conv-s2"]()
+    conv = expr("conv2d", N=8, C=64, H=30, W=30, F=6, KH=3, KW=3, stride=2, pad=1)  # scalar: 6 filters
     assert required_accumulators(AlignContext(relu, AVX2, 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(conv, AVX2, 0, (1,) * 7, 0.05)) == 0
+    # 96 filters, vectorised; 15 x 15 outputs tile by 1, 3, 5 (cpu-tails), and a tile of a
+    # filter vectors x b outputs needs a b + a + b of 16 registers: at most 9 (3 x 3, 15 registers)
+    filters = AlignContext(EXPRS["conv-s2"](), AVX2, 0, (1,) * 7, 0.05)
+    assert required_accumulators(filters) == 9 and accumulators(filters.expr, AVX2, initial_tile(filters)) == 9
     assert required_accumulators(AlignContext(gemv, AVX2, 0, (1, 1), 0.05)) == 10
     assert required_accumulators(AlignContext(gemv, AVX512, 0, (1, 1), 0.05)) == 8
     tile = initial_tile(AlignContext(gemv, AVX2, 0, (1, 1), 0.05))

@@ -6,6 +6,7 @@ for another CPU model could use instructions this one lacks.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from functools import lru_cache
 
@@ -352,3 +353,57 @@ def test_no_padding_without_a_vectorised_micro_kernel():
     chains = dict(i=(6, 12, 48), j=(8, 32, 64), k=(1, 16, 64))
     assert "A_pad" in schedule_cpu(e, _program(e, chains), AVX2_LIKE).mod.script()
     assert "A_pad" not in schedule_cpu(e, _program(e, chains), TINY_CPU).mod.script()
+
+
+FILTERS = {
+    # stride 2 with padding; rows ragged in the register tile (2 on 7 outputs: a guarded tail)
+    "s2-pad": (dict(N=1, C=5, H=13, W=13, F=32, KH=3, KW=3, stride=2, pad=1),
+               dict(n=(1, 1, 1), f=(16, 32, 32), h=(2, 4, 8), w=(1, 7, 7), c=(1, 5, 5), r=(1, 3, 3), s=(1, 1, 3))),
+    # 24 filters in one register row (3 x 8 lanes), C = 13 channels, a 5 x 3 window, pad 2
+    "f24-c13": (dict(N=2, C=13, H=9, W=11, F=24, KH=5, KW=3, stride=1, pad=2),
+                dict(n=(1, 1, 2), f=(24, 24, 24), h=(1, 3, 9), w=(4, 4, 12), c=(1, 13, 13), r=(1, 5, 5), s=(3, 3, 3))),
+    # 40 filters: 16-wide register rows leave a ragged filter tile: the plain template takes it
+    "f40-ragged": (dict(N=1, C=8, H=6, W=6, F=40, KH=3, KW=3, stride=1, pad=1),
+                   dict(n=(1, 1, 1), f=(16, 16, 48), h=(1, 2, 6), w=(2, 6, 6), c=(1, 8, 8), r=(1, 3, 3), s=(1, 3, 3))),
+    # 3 filters, fewer than a vector: the output row is vectorised, as before
+    "f3": (dict(N=1, C=6, H=10, W=16, F=3, KH=3, KW=3, stride=1, pad=1),
+           dict(n=(1, 1, 1), f=(1, 3, 3), h=(1, 2, 10), w=(8, 16, 16), c=(1, 6, 6), r=(1, 3, 3), s=(1, 3, 3))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FILTERS))
+def test_convolutions_along_their_filters_match_numpy(case):
+    """Filters packed into panels, data broadcast, accumulators filters-last: stride 2, padding,
+    ragged rows, 24 filters, 13 channels and two images verify against numpy; a ragged filter
+    tile and 3 filters fall back to the plain template and verify too."""
+    params, chains = FILTERS[case]
+    e = expr("conv2d", **params)
+    kernel = _local_kernel(e, chains)
+    lanes = simd_lanes(device(CPU), 4)
+    filters = chains["f"][0] >= lanes and chains["f"][0] % 4 == 0 and params["F"] % chains["f"][2] == 0
+    assert ("kernel_global" in kernel.tvmscript) == filters
+    if filters:
+        # the filter axis innermost in the panel (`v0 % r`, or `v0` where r is every filter)
+        assert re.search(r"kernel_global\[[^]]*, v0( % \d+)?\] = kernel\[v0, v1, v2, v3\]", kernel.tvmscript)
+        assert "O_local[v_n, v_h, v_w, v_f]" in _block(kernel.tvmscript, "O_update")
+
+
+@pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
+def test_a_convolution_vectorises_its_filters_from_packed_panels(spec):
+    """32 filters in 16-wide register rows (two 8-lane vectors or one 16-lane one) over a
+    stride-2 conv, whose output row is a gather: the filters' tile is packed per core in
+    16-filter strips, each update reads a strip as a plain ramp and broadcasts one data element,
+    the accumulator is laid out [n, y, x, f], and the write-back transposes it once per tile.
+    An 8-wide filter row fills an 8-lane vector but half a 16-lane one: only the 8-lane spec
+    takes the filters then (checked on the schedules, nothing runs)."""
+    e = expr("conv2d", N=1, C=16, H=28, W=28, F=32, KH=3, KW=3, stride=2, pad=1)
+    chains = dict(n=(1, 1, 1), f=(16, 32, 32), h=(2, 14, 14), w=(2, 14, 14), c=(1, 16, 16), r=(1, 3, 3), s=(1, 3, 3))
+    script = schedule_cpu(e, _program(e, chains), spec).mod.script()
+    assert "kernel_global[v0 // 16, v1, v2, v3, v0 % 16] = kernel[v0, v1, v2, v3]" in script
+    update = _block(script, "O_update")
+    assert "kernel_global[v_f // 16, v_c, v_r, v_s, v_f % 16]" in update and "O_local[v_n, v_h, v_w, v_f]" in update
+    assert f"T.vectorized({spec.warp_size})" in script
+    assert "O[v0, v1, v2, v3] = O_local[v0, v2, v3, v1]" in script
+    assert script.index("T.parallel") < script.index('T.sblock("kernel_global")')
+    narrow = schedule_cpu(e, _program(e, dict(chains, f=(8, 32, 32))), spec).mod.script()
+    assert ("kernel_global" in narrow) == (spec.warp_size == 8)

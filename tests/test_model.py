@@ -342,12 +342,13 @@ def test_micro_kernel_shape_is_rows_by_lane_columns_of_the_measured_kind():
     multiply-add reduction with one streamed input shared by all rows and one broadcast input."""
     mm = matmul(64, 64, 64)
     assert micro_kernel_shape(mm, AVX2, (6, 16, 8)) == (6, 16)
-    # out[f, w] = sum_{c, s} data[c, w + s] * kernel[f, c, s]: filters are rows, one data row shared
+    # out[f, w] = sum_{c, s} data[c, w + s] * kernel[f, c, s]: the filters stream along the lanes
+    # (alignment.filter_axis), the output columns are rows, each broadcasting one data element
     conv = plain_expr(
         {"f": (16, "spatial"), "w": (64, "spatial"), "c": (8, "reduce"), "s": (3, "reduce")},
         [("data", [{"c": 1}, {"w": 1, "s": 1}]), ("kernel", [{"f": 1}, {"c": 1}, {"s": 1}]), ("out", [{"f": 1}, {"w": 1}])],
     )
-    assert micro_kernel_shape(conv, AVX2, (4, 16, 1, 1)) == (4, 16)
+    assert micro_kernel_shape(conv, AVX2, (16, 4, 1, 1)) == (4, 16)
     # batched: B[b, k, j] differs per batch, so a tile of 2 batches loads two rows: another kernel
     bmm = plain_expr(
         {"b": (4, "spatial"), "i": (64, "spatial"), "j": (64, "spatial"), "k": (64, "reduce")},
