@@ -12,7 +12,7 @@ import pytest
 from helpers import TINY_CPU, device, expr, matmul, suite_workloads, workload_expr
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from test_invariants import conv_filters, simd_lane_axis
+from test_invariants import conv_filters, simd_lane_axis, spread_reduce_axis
 
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
@@ -20,11 +20,13 @@ from workbench.rtile.alignment import (
     AlignContext,
     ExecutionUnitRule,
     accumulators,
+    cross_thread_axis,
     filter_axis,
     initial_tile,
     is_aligned,
     lane_axis,
     micro_kernel_registers,
+    mma_axes,
     next_aligned_sizes,
     partial_sums,
     prev_aligned_sizes,
@@ -65,11 +67,16 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
                 out.append(f"{tensor.name}: leading dim not whole transactions")
     if dev.kind == "gpu" and layer == 0:
         out += [f"{a.name}: register step" for s, a in zip(tile, e.axes) if s not in REGISTER_STEPS and s != a.extent]
+        if spread_reduce_axis(e, dev) is not None:
+            out += [f"{e.axes[a].name}: a thread of a cross-thread reduction" for a in e.spatial if tile[a] != 1]
     if dev.kind == "gpu" and layer == dev.unit_layer_index:
-        threads = prod(tile[a] // upper[a] for a in e.spatial)
-        covers = all(tile[a] >= e.axes[a].extent for a in e.spatial)
+        k = spread_reduce_axis(e, dev)
+        threads = prod(tile[a] // upper[a] for a in e.spatial) * (tile[k] // upper[k] if k is not None else 1)
+        covers = all(tile[a] >= e.axes[a].extent for a in (e.spatial if k is None else [k]))
         if threads % dev.warp_size and not covers:
             out.append("threads not a multiple of the warp")
+        if k is not None:
+            out += [f"{e.axes[a].name}: a block of a cross-thread reduction" for a in e.spatial if tile[a] != upper[a]]
     if dev.kind == "cpu" and layer == 0:
         v = simd_lane_axis(e, dev)
         if v is not None and tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
@@ -202,8 +209,10 @@ def test_gpu_block_initial_tile_is_the_smallest_aligned_one(case):
     whose warp splits over other axes (a 26 x 26 conv output). Checked against the rules as
     restated in `violations`: no aligned block over the same register tile runs fewer threads,
     none with as many pads the spatial axes less, and each reduce axis is the smallest aligned
-    size. Where it finds none, no block of up to four warps is aligned."""
+    size. Where it finds none, no block of up to four warps is aligned. A cross-thread
+    reduction's block spreads its threads along a reduce axis instead (tested below)."""
     e, dev, eps, reg = case
+    assume(spread_reduce_axis(e, dev) is None)
     layer = dev.unit_layer_index
     tile = initial_tile(AlignContext(e, dev, layer, reg, eps))
 
@@ -527,3 +536,64 @@ def test_bank_padding_puts_the_rows_of_a_column_in_distinct_banks(n_big, n_small
     lanes = max(1, banks // words)
     hit = [bank(r, q * width) for r in range(lanes) for q in range(words)]
     assert len(set(hit)) == len(hit)
+
+
+# -- cross-thread reductions (issue 16) ------------------------------------------------------------
+
+
+CROSS_CASES = {
+    "reduce_sum-64x1M": (("reduce_sum", dict(shape=(64, 1 << 20), axes=(1,))), 1),
+    "reduce_sum-8x65536": (("reduce_sum", dict(shape=(8, 65536), axes=(1,))), 1),
+    "gemv-64x8192": (("gemv", dict(M=64, K=8192)), 1),
+    # 4096 outputs >= 80 SMs x 32 lanes: a thread each gives every SM a warp or more
+    "gemv-4096": (("gemv", dict(M=4096, K=4096)), None),
+    "reduce_mean-R1": (("reduce_mean", dict(shape=(65536, 1024), axes=(1,))), None),
+    "reduce_sum-middle": (("reduce_sum", dict(shape=(8, 64, 32), axes=(1,))), None),  # not contiguous
+    "reduce_sum-short": (("reduce_sum", dict(shape=(8, 16), axes=(1,))), None),  # shorter than a warp
+    "avgpool": (("avgpool", dict(N=1, C=8, H=14, W=14, K=3, stride=2, pad=1)), None),  # a window
+}
+
+
+@pytest.mark.parametrize("case", sorted(CROSS_CASES))
+def test_cross_thread_axis_on_the_v100(case):
+    (op, params), axis = CROSS_CASES[case]
+    e = fuse_axes(expr(op, **params))
+    assert cross_thread_axis(e, device("v100")) == axis == spread_reduce_axis(e, device("v100"))
+    assert cross_thread_axis(e, AVX2) is None  # a CPU core has no block of threads to spread
+
+
+def test_matmul_keeps_a_thread_per_output():
+    """B[k, j] reads k with a stride of N: threads along k would not read consecutive elements."""
+    assert cross_thread_axis(matmul(64, 64, 4096), device("v100")) is None
+
+
+@pytest.mark.parametrize(
+    "case, register, threads",
+    [
+        # 64 blocks (one row each) need ceil(80 x 4 / 64) = 5 warps each for a warp per scheduler
+        ("reduce_sum-64x1M", (1, 2), 160),
+        ("reduce_sum-64x1M", (1, 8), 160),
+        # 8 blocks would need 40 warps: the V100 spec's 512-thread block cap
+        ("reduce_sum-8x65536", (1, 2), 512),
+        ("gemv-64x8192", (1, 4), 160),
+    ],
+)
+def test_cross_thread_block_fills_the_schedulers_with_warps_along_the_reduction(case, register, threads):
+    (op, params), axis = CROSS_CASES[case]
+    e = fuse_axes(expr(op, **params))
+    tile = initial_tile(AlignContext(e, device("v100"), 1, register, 0.05))
+    assert tile == (register[0], register[1] * threads)
+    ctx = AlignContext(e, device("v100"), 1, register, 0.05)
+    # a thread and a block of a cross-thread reduction sum for one output
+    assert not is_aligned(AlignContext(e, device("v100"), 0, (1, 1), 0.05), (2, register[1]))
+    assert not is_aligned(ctx, (2 * register[0], register[1] * threads))
+    # threads in whole warps: 161 threads are refused, unless one block step covers the axis
+    assert not is_aligned(ctx, (register[0], register[1] * (threads + 1)))
+
+
+def test_a_short_reduction_axis_is_covered_by_one_block_step():
+    """60 elements with 1 per thread: one step of 60 threads (fewer than the 10 warps wanted)."""
+    e = fuse_axes(expr("reduce_sum", shape=(60,), axes=(0,)))
+    ctx = AlignContext(e, device("v100"), 1, (1,), 0.05)
+    assert cross_thread_axis(e, device("v100")) == 0
+    assert initial_tile(ctx) == (60,) and is_aligned(ctx, (60,))

@@ -77,7 +77,7 @@ def test_source_has_the_programs_block_and_thread_structure(gpu, case):
     assert built.ok, built.error
     source = built.source
     assert "__global__" in source
-    threads = block_threads(fused, lane_program(fused, program, device(gpu)))
+    threads = block_threads(fused, lane_program(fused, program, device(gpu)), device(gpu))
     assert f"__launch_bounds__({threads})" in source or threads == 1  # TVM drops a unit thread loop
     assert ("__shared__" in source) == staged(gpu, case)
     assert ("__syncthreads" in source) == staged(gpu, case)
@@ -93,7 +93,7 @@ def test_threads_and_shared_memory_within_the_target_limits(gpu, case):
     spec = device(gpu)
     used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
     target = spec.target_dict()
-    assert used.threads == block_threads(fused, lane_program(fused, program, spec)) <= target["max_threads_per_block"]
+    assert used.threads == block_threads(fused, lane_program(fused, program, spec), spec) <= target["max_threads_per_block"]
     assert used.shared_bytes <= target["max_shared_memory_per_block"]
     assert (used.shared_bytes > 0) == staged(gpu, case)
 
@@ -146,11 +146,15 @@ def test_copies_are_vectorized_only_where_aligned():
     assert "float4" not in pinned_source(*pinned("matmul-prime", *MATMUL_PRIME))  # rows of 509, 127
 
 
-@pytest.mark.parametrize("case, store", [("reduce_mean", "Y_ptr"), ("avgpool", "O_ptr")])
-def test_epilogue_is_folded_into_the_register_write_back(case, store):
+@pytest.mark.parametrize(
+    "case, store, register",
+    # reduce_mean's 8 outputs are a cross-thread reduction: the tree's result is in a register of thread 0
+    [("reduce_mean", "Y_ptr", "red_buf0_ptr"), ("avgpool", "O_ptr", "S_local_ptr")],
+)
+def test_epilogue_is_folded_into_the_register_write_back(case, store, register):
     source = kernel("v100", case).source
     assert "S_ptr" not in source  # the window / axis sum never goes through global memory
-    assert re.search(store + r"\[[^\n]*\] = \(S_local_ptr\[\d+\] / ", source)
+    assert re.search(store + r"\[[^\n]*\] = \(" + register + r"\[\d+\] / ", source)
 
 
 def test_vthreads_stride_the_register_tile_without_changing_threads():
@@ -158,7 +162,7 @@ def test_vthreads_stride_the_register_tile_without_changing_threads():
     spec = device("v100")
     sch = apply_rules(fused, replace(program, vthreads=(("j", 2),)), spec)[1]
     used = gpu_resources(sch, spec)
-    assert (used.threads, used.vthreads) == (block_threads(fused, program), 2)
+    assert (used.threads, used.vthreads) == (block_threads(fused, program, device("v100")), 2)
     with pytest.raises(ScheduleError, match="not a spatial axis"):
         apply_rules(fused, replace(program, vthreads=(("k", 2),)), spec)
     with pytest.raises(ScheduleError, match="do not divide"):
@@ -199,7 +203,7 @@ def test_tensor_core_program_runs_a_warp_per_fragment_tile():
     fused, program = candidate("h100", "matmul-fp16")
     warp = program.tiles[0]
     assert all(size % 16 == 0 for size in warp)
-    warps = block_threads(fused, program)
+    warps = block_threads(fused, program, device("h100"))
     source = kernel("h100", "matmul-fp16").source
     assert "nvcuda::wmma::mma_sync" in source
     assert f"__launch_bounds__({warps * 32})" in source
@@ -268,3 +272,68 @@ def _built_and_checked(e, program) -> str:
     check = check_output(e, inputs, run_serially(e, program, device("v100"), inputs))
     assert check.correct, check.error
     return built.source
+
+
+# -- cross-thread reductions (issue 16) ------------------------------------------------------------
+
+REDUCE_8x65536 = ("reduce_sum", dict(shape=(8, 65536), axes=(1,)))
+
+
+@lru_cache(maxsize=None)
+def cross_thread_kernel(gpu: str):
+    """reduce_sum over 8 x 65536 (8 outputs: a cross-thread reduction), its rank-1 program."""
+    op, params = REDUCE_8x65536
+    built = construct(expr(op, **params), device(gpu))
+    program = built.candidates[0].program
+    return built.expr, program, build_kernel(built.expr, program, device(gpu))
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_a_short_reduction_binds_its_threads_to_the_reduce_axis(gpu):
+    """Each block sums one row with all its threads: thread t reads elements t, t + T, .. (the
+    index is the block's row, the step and threadIdx.x with coefficient 1: coalesced), keeps a
+    partial sum in a register, and TVM's cross-thread allreduce combines them with warp
+    shuffles and shared memory across the warps; thread 0 writes the row's sum. The kernel
+    cannot run here (no GPU; serial threads would not exchange), so its structure is checked."""
+    fused, program, built = cross_thread_kernel(gpu)
+    assert built.ok, built.error
+    spec = device(gpu)
+    threads = block_threads(fused, program, spec)
+    assert program.tiles[1][0] == program.tiles[0][0]  # no threads along the outputs
+    assert threads == program.tiles[1][1] // program.tiles[0][1] and threads % 32 == 0 and threads > 32
+    source = built.source
+    assert f"__launch_bounds__({threads})" in source
+    loads = re.findall(r"X_ptr\[([^\]]*)\]", source)
+    assert loads and all("((int)threadIdx.x)" in index and "threadIdx.x) *" not in index for index in loads)
+    assert "__shfl_down_sync" in source and "red_buf_staging" in source  # a tree over several warps
+    assert re.search(r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*Y_ptr\[", source)
+    used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
+    assert used.threads == threads
+
+
+@lru_cache(maxsize=None)
+def two_reduce_axes_kernel():
+    """Y[i] += A[r, i, k] on the v100: 8 outputs, k spread over 128 threads of 32 elements each."""
+    e = fuse_axes(build_expr("Y[i] += A[r,i,k]", dict(i=8, r=3, k=4096)))
+    return build_kernel(e, _gpu_program(e, {"i": (1, 1), "r": (1, 3), "k": (32, 4096)}, False), device("v100"))
+
+
+def test_a_cross_thread_reduction_walks_its_other_reduce_axes_in_every_thread():
+    """k (contiguous) is spread over the threads, r (not fusable with k) is a loop every thread
+    runs around its coalesced loads, before the one tree per output."""
+    built = two_reduce_axes_kernel()
+    assert built.ok, built.error
+    assert "__launch_bounds__(128)" in built.source and "__shfl_down_sync" in built.source
+    assert re.search(r"for \(int r_\d = 0; r_\d < 3; \+\+r_\d\)", built.source)
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_80", "sm_90"])
+def test_cross_thread_reductions_compile_with_nvcc(arch):
+    """nvcc 13 dropped sm_70: `ptx_arch` compiles for the oldest newer architecture (sm_75)."""
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found on PATH: the CUDA sources' structure is checked by the tests above, not compiled")
+    sources = [cross_thread_kernel("v100")[2].source, two_reduce_axes_kernel().source]
+    for result in compile_ptx_many(sources, arch):
+        assert result.ok, result.error
+        assert "shfl.sync.down" in result.ptx and result.arch == ptx_arch(arch)
+        assert result.ptxas_report is not None and result.ptxas_report.spill_store_bytes == 0

@@ -154,7 +154,7 @@ def test_other_contractions_fall_back_to_the_cuda_cores(text, extents, reason):
     built = build_kernel(fused, program, spec)
     assert built.ok, built.error
     assert "wmma" not in built.source
-    assert f"__launch_bounds__({block_threads(fused, lane_program(fused, program, spec))})" in built.source
+    assert f"__launch_bounds__({block_threads(fused, lane_program(fused, program, spec), spec)})" in built.source
     with pytest.raises(ScheduleError, match=reason):
         schedule_wmma(fused, program, spec)
 

@@ -253,6 +253,27 @@ def micro_kernel_vectors(e, dev, tile) -> tuple[int, int]:
     return acc, acc + rows + broadcast
 
 
+def spread_reduce_axis(e, dev):
+    """The cross-thread reduction rule restated: on a GPU, a reduction (no tensor cores) with
+    fewer outputs than SMs x warp lanes whose innermost reduce axis is at least
+    a warp long and indexes, alone and with stride 1, the contiguous dimension of every input
+    that reads it (and no other dimension) spreads a block's threads along that axis."""
+    if dev.kind != "gpu" or not e.reduce or mma_axes(e, dev) is not None:
+        return None
+    if prod(e.axes[a].extent for a in e.spatial) >= dev.compute_units * dev.warp_size:
+        return None
+    k = e.reduce[-1]
+    readers = [t for t in e.inputs if any(c[k] for c, _ in t.index)]
+    if e.axes[k].extent < dev.warp_size or not readers:
+        return None
+    for t in readers:
+        if [d for d, (c, _) in enumerate(t.index) if c[k]] != [len(t.index) - 1]:
+            return None
+        if [(a, c) for a, c in enumerate(t.index[-1][0]) if c] != [(k, 1)]:
+            return None
+    return k
+
+
 def assert_within_limits(space: Space, program) -> None:
     e, dev = space.expr, space.device
     n_tiles = len(dev.layers) - 1
@@ -272,8 +293,10 @@ def assert_within_limits(space: Space, program) -> None:
     if dev.kind == "gpu":
         assert register_bytes <= dev.registers_per_thread_cap * 4, (register, register_bytes)
         lanes = dev.warp_size if mma_axes(e, dev) else 1
-        threads = prod(unit[a] // register[a] for a in e.spatial) * lanes
-        covers = all(unit[a] >= e.axes[a].extent for a in e.spatial)
+        k = spread_reduce_axis(e, dev)  # threads along a reduce axis, none along the outputs
+        threads = prod(unit[a] // register[a] for a in e.spatial) * lanes * (unit[k] // register[k] if k is not None else 1)
+        covers = all(unit[a] >= e.axes[a].extent for a in (e.spatial if k is None else [k]))
+        assert k is None or all(unit[a] == register[a] for a in e.spatial), (register, unit)
         assert threads <= dev.max_threads_per_block and (threads % dev.warp_size == 0 or covers), threads
         assert threads * ceil(register_bytes / 4) <= dev.registers_per_unit, (threads, register_bytes)
     else:
@@ -385,10 +408,7 @@ def test_register_tiles_cover_the_fma_latency(wid, isa):
     detector's table, as these cpuinfo texts are), every candidate of both policies keeps at
     least 10 vector accumulators in its register tile, within the vector registers (round 1's
     mm-512 top-1 was 2 x 8: 2 accumulators). gemv and row sums keep them as vectors of partial
-    sums along their reduction. conv-3x3 on AVX2 runs along its 64 filters with one register
-    per broadcast data element, its 56 x 56 outputs tiled by divisors of 56: f filter vectors x
-    b outputs need f b + f + b <= 16 registers, at most 8 accumulators (2 x 4, 4 x 2), so it
-    keeps the most any tile can hold (`required_accumulators`' fallback)."""
+    sums along their reduction."""
     dev = detected_cpu(isa, 2, 32 * KIB, 512 * KIB)
     assert (dev.fma_latency_cycles, dev.fma_pipes) == (5, 2)
     need = 8 if (wid, isa) == ("cpu-core:conv-3x3", "avx2") else 10

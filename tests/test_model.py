@@ -14,7 +14,8 @@ from test_alignment import AVX2, AVX512
 from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
-from workbench.rtile.alignment import partial_sums, thread_count
+from workbench.ops.fusion import fuse_axes
+from workbench.rtile.alignment import block_thread_count, partial_sums
 from workbench.hardware.spec import MicroKernel
 from workbench.rtile.model import (
     accumulator_home,
@@ -25,6 +26,7 @@ from workbench.rtile.model import (
     is_load_hidden,
     micro_kernel_shape,
     source_layer,
+    tree_reduction_seconds,
 )
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
 from workbench.rtile.traffic import TileCalculus
@@ -64,7 +66,9 @@ def check_consistent(calc, dev, program, est):
         first = dev.layers[source_layer(program, 0, len(dev.layers))].name
         loads = dict(est.load_seconds)
         unit_time = max(est.compute_seconds, loads.get(first, 0.0)) + sum(t for n, t in loads.items() if n != first)
-    assert est.predicted_seconds == pytest.approx(unit_time * imbalance)
+    # a cross-thread reduction's trees follow the pipeline (closed forms below); 0 for the rest
+    assert est.reduction_seconds == tree_reduction_seconds(program, dev, est.threads, est.waves)
+    assert est.predicted_seconds == pytest.approx(unit_time * imbalance + est.reduction_seconds)
     assert est.flops == calc.expr.flops <= est.padded_flops
     moved = {}
     for layer, tile in enumerate(program.tiles):
@@ -79,7 +83,7 @@ def check_consistent(calc, dev, program, est):
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
     if dev.kind == "gpu":
-        assert est.threads == thread_count(calc.expr, program.unit_tile, program.register_tile)
+        assert est.threads == block_thread_count(calc.expr, dev, program.unit_tile, program.register_tile)
         smem = est.footprints[dev.unit_layer_index]
         if est.blocks_per_unit > 1:
             assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
@@ -452,3 +456,46 @@ def test_accumulators_live_in_the_first_cache_that_holds_the_unit_tiles_outputs_
 
     assert TINY_CPU.layer("L1").capacity_bytes == 32768 and TINY_CPU.layer("L2").capacity_bytes == 2**20
     assert [home((64, 64, 1024)), home((64, 128, 1024)), home((1024, 1024, 1024))] == ["L1", "L2", "DRAM"]
+
+
+# -- cross-thread reductions (issue 16) ------------------------------------------------------------
+
+
+def _reduce_sum_64x1m(register_k: int, threads: int) -> RProgram:
+    e = fuse_axes(expr("reduce_sum", shape=(64, 1 << 20), axes=(1,)))
+    dev = device("v100")
+    return make_program(TileCalculus(e), dev, [(1, register_k), (1, register_k * threads)], (True, False), 0.05)
+
+
+@pytest.mark.parametrize("threads, steps", [(32, 5), (160, 8), (320, 9), (512, 9)])
+def test_reduce_sum_64x1m_on_the_v100_reads_at_bandwidth_then_reduces_in_a_tree(threads, steps):
+    """reduce_sum over 64 x 2^20 fp32 on the V100 as a cross-thread reduction, in closed form:
+    64 blocks (one row each) over 80 SMs keep 64 / 80 of them busy, each reading its row once
+    at 750 GB/s x 64 / 80, then a tree of ceil(log2(threads)) exchanges at the shared layer's
+    12.4 ns, one wave. It was 14.3 ms with a thread per row (2 blocks of 32 threads)."""
+    dev = device("v100")
+    program = _reduce_sum_64x1m(2, threads)
+    est = estimate(program, dev)
+    assert est.threads == threads and program.grid == 64 and est.waves == 1
+    tree = steps * 12.4e-9
+    assert tree_reduction_seconds(program, dev, threads, 1) == pytest.approx(tree, rel=1e-12)
+    assert est.reduction_seconds == pytest.approx(tree, rel=1e-12)
+    read = (64 * 2**20 + 64) * 4 / (750e9 * 64 / 80)  # the matrix once, each output written once
+    assert dict(est.bytes_per_layer) == {"global": (64 * 2**20 + 64) * 4}
+    assert est.predicted_seconds == pytest.approx(read + tree, rel=1e-9)
+    assert est.predicted_seconds < 0.5e-3  # against the 14.3 ms of a thread per row
+
+
+def test_tree_is_paid_per_output_of_a_block_and_per_wave():
+    dev = device("v100")
+    program = _reduce_sum_64x1m(2, 32)
+    assert tree_reduction_seconds(program, dev, 32, 3) == pytest.approx(3 * 5 * 12.4e-9, rel=1e-12)
+    two_rows = replace(program, tiles=((2, 2), (2, 64)))
+    assert tree_reduction_seconds(two_rows, dev, 32, 1) == pytest.approx(2 * 5 * 12.4e-9, rel=1e-12)
+
+
+def test_no_tree_without_a_cross_thread_reduction():
+    dev = device("v100")
+    mm = matmul(256, 256, 256)
+    program = make_program(TileCalculus(mm), dev, [(4, 4, 1), (64, 32, 16)], (True, True), 0.05)
+    assert tree_reduction_seconds(program, dev, 128, 1) == 0.0 == estimate(program, dev).reduction_seconds

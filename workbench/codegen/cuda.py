@@ -13,6 +13,10 @@ Tiles that do not divide an extent are realised by predicated splits: the tail b
 under a guard, so prime shapes still give correct code. `workbench.codegen.nvcc` checks the
 generated source with nvcc and reports ptxas's registers and spills.
 
+A reduction with few outputs (`rtile.alignment.cross_thread_axis`) binds its threads to its
+innermost reduce axis instead and sums across them with TVM's cross-thread reduction
+(`_schedule_cross_thread`).
+
 Tensor-core programs (float16 matmuls on GPUs with MMA units) take `cuda_mma`'s WMMA schedule
 (the rule `codegen.rules.tensor_core`, tried before this one's `codegen.rules.gpu`); both share
 the checks below (`check_gpu_program`, `within_block_limits`).
@@ -39,7 +43,7 @@ from workbench.codegen.common import (
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import mma_axes
+from workbench.rtile.alignment import cross_thread_axis, mma_axes
 from workbench.rtile.rprogram import RProgram
 
 REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
@@ -63,7 +67,7 @@ def schedule_cuda_cores(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     check_gpu_program(expr, program)
     program = lane_program(expr, program, device)
     return within_block_limits(
-        block_threads(expr, program), lambda: _schedule(expr, program, device, dict(program.vthreads)), device
+        block_threads(expr, program, device), lambda: _schedule(expr, program, device, dict(program.vthreads)), device
     )
 
 
@@ -162,12 +166,18 @@ def lane_program(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> RPr
     return replace(program, tiles=(tuple(lane),) + program.tiles[1:])
 
 
-def block_threads(expr: TensorExpr, program: RProgram) -> int:
-    """Threads of one block: prod over spatial axes of shared tile / register tile."""
-    return prod(program.tiles[SHARED][a] // program.tiles[REGISTERS][a] for a in expr.spatial)
+def block_threads(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int:
+    """Threads of one block: prod over spatial axes of shared tile / register tile, or for a
+    cross-thread reduction (`cross_thread_axis`) that ratio along its reduce axis."""
+    across = cross_thread_axis(expr, device)
+    axes = expr.spatial if across is None else (across,)
+    return prod(program.tiles[SHARED][a] // program.tiles[REGISTERS][a] for a in axes)
 
 
 def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads: Mapping[str, int]):
+    across = cross_thread_axis(expr, device)
+    if across is not None:
+        return _schedule_cross_thread(expr, program, device, vthreads, across)
     sch = new_schedule(expr)
     main = sch.get_sblock(expr.main_block)
     producers, epilogues = producer_names(sch, expr), epilogue_names(sch, expr)
@@ -190,6 +200,62 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
         init = sch.decompose_reduction(main, nest.reduce_steps[0])
         for block in (init, local):
             _unroll_below(sch, block, nest.thread)
+    return sch
+
+
+def _schedule_cross_thread(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads, across: int):
+    """A cross-thread reduction (`rtile.alignment.cross_thread_axis`): the block's threads split
+    the reduce axis `across`, thread t of T reading elements t, t + T, .. of each step of the
+    block tile (consecutive threads, consecutive elements: coalesced) into its registers; the
+    other reduce axes are walked by every thread. The block computes the outputs of its tile
+    one after another (a spatial loop inside the reduce loops is refused by TVM's lowering),
+    and TVM's `LowerCrossThreadReduction` turns the reduce loop bound to `threadIdx.x` into an
+    in-thread sum followed by a tree over the threads (warp shuffles, then shared memory
+    between the warps), thread 0 writing the result. Epilogues (reduce_mean's division) are
+    computed by thread 0 from its register after the tree (the write-back of a `local` cache).
+    """
+    if vthreads:
+        raise ScheduleError("virtual threads do not apply to a cross-thread reduction (no threads along the outputs)")
+    sch = new_schedule(expr)
+    main = sch.get_sblock(expr.main_block)
+    producers, epilogues = producer_names(sch, expr), epilogue_names(sch, expr)
+    reads = tuple(str(r.source.name) for r in sch.get(main).reads)
+    grid, units, outputs, steps, inner, register = [], [], [], [], [], []
+    for a, (axis, loop) in enumerate(zip(expr.axes, axis_loops(sch, main, expr))):
+        chain = axis_chain(program, a)
+        if a == across:  # (steps, register tile, threads): thread t reads t, t + T, .. of a step
+            step, lanes = sch.split(loop, factors=[None, chain[SHARED]], preserve_unit_iters=True)
+            regs, thread = sch.split(lanes, factors=[chain[REGISTERS], None], preserve_unit_iters=True)
+        elif axis.kind == "spatial":
+            block, unit, tile = split_by_chain(sch, loop, axis.extent, chain)  # unit: no threads along it
+            grid.append(block)
+            units.append(unit)
+            outputs.append(tile)
+        else:
+            other_step, walk, other_regs = split_by_chain(sch, loop, axis.extent, chain)
+            steps.append(other_step)
+            inner.append(walk)
+            register.append(other_regs)
+    steps.append(step)  # the threads' axis innermost: the loops bound to threads come last
+    register.append(regs)
+    sch.reorder(*grid, *units, *outputs, *steps, *inner, *register, thread)
+    if not grid:  # a reduction to a scalar: one block
+        grid = [sch.add_unit_loop(outputs[0] if outputs else steps[0])]
+    sch.bind(sch.fuse(*grid), "blockIdx.x")
+    sch.bind(thread, "threadIdx.x")
+    local = sch.cache_write(main, 0, "local")
+    flatten_fused_output(sch, main, local, expr)
+    sch.reverse_compute_at(local, outputs[-1] if outputs else sch.get_loops(main)[0])
+    inline_epilogues(sch, epilogues)
+    nest = _Nest(thread, tuple(steps), tuple(register))
+    if program.cached[SHARED]:
+        for buffer in reads:
+            tensor = _tensor_of(sch, expr, buffer, producers)
+            _stage_in_shared(sch, main, buffer, tensor, expr, program, device, nest)
+    for name in reversed(producers):
+        sch.compute_inline(sch.get_sblock(name))
+    for loop in register:
+        sch.unroll(loop)
     return sch
 
 
@@ -240,7 +306,7 @@ def _split_virtual(sch, loop, chain, count: int, axis: str) -> list:
 def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device, nest: _Nest) -> None:
     """Copy one input's block tile into shared memory at the innermost shared-step loop, all
     threads of the block together, rows padded against bank conflicts (Roller §3.1)."""
-    threads = block_threads(expr, program)
+    threads = block_threads(expr, program, device)
     anchor = nest.reduce_steps[-1]
     cache = sch.cache_read(main, buffer, "shared")
     sch.compute_at(cache, anchor)

@@ -17,7 +17,7 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    AlignContext, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, thread_count, tile_lanes,
+    AlignContext, block_thread_count, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes,
 )
 from workbench.rtile.model import is_compute_bound
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
@@ -177,7 +177,7 @@ class Space:
         """A GPU block tile with more threads, or threads x registers, than a block may have."""
         if not self.device.is_thread_block_layer(layer):
             return False
-        threads = thread_count(self.expr, tile, upper, tile_lanes(self.expr, self.device))
+        threads = block_thread_count(self.expr, self.device, tile, upper)
         regs = max(1, ceil(self.footprint(0, upper, self.ones()) / 4))  # 32-bit registers per thread
         return threads > self.device.max_threads_per_block or threads * regs > self.device.registers_per_unit
 

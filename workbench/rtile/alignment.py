@@ -103,8 +103,12 @@ class ExecutionUnitRule:
 
     GPU: a block's thread count (unit tile / register tile over spatial axes) is a multiple of
     the warp size, unless the block already covers every spatial axis; a thread's tile uses
-    Roller's register steps. CPU: the register tile along the axis the SIMD lanes run along
-    (`lane_axis`) is a multiple of the lanes, or the whole axis when it is shorter, and along
+    Roller's register steps. A cross-thread reduction (`cross_thread_axis`) counts its threads
+    along its reduce axis instead (whole warps unless one step covers the axis), and its
+    threads and blocks sum for one output each (spatial tiles of 1: the block's partial sums
+    meet in one tree per output; our choice, as the classic one-block-per-row gemv). CPU: the
+    register tile along the axis the SIMD lanes run along (`lane_axis`) is a multiple of the
+    lanes, or the whole axis when it is shorter, and along
     a reduction a whole number of cache lines as well (our rule: each K-step of gemv then
     advances every row's stream by whole lines; 7 x 16 and 6 x 16 measured 2.6-2.8 ms against
     14 x 8's 3.1-4.0 ms on AVX2, loaded runs, each pair in one run); and
@@ -117,12 +121,17 @@ class ExecutionUnitRule:
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0:
-            return True
+            if ctx.expr.axes[axis].kind != "spatial" or not ctx.device.is_thread_block_layer(ctx.layer):
+                return True
+            # a cross-thread reduction's block computes one output (its register tile)
+            return cross_thread_axis(ctx.expr, ctx.device) is None or size == ctx.upper[axis]
         extent = ctx.expr.axes[axis].extent
         if ctx.device.lanes_are_threads:
             mma = mma_axes(ctx.expr, ctx.device)
             if mma is not None and axis in mma:
                 return True  # a warp's fragment tile: the tensor-core rule governs it
+            if ctx.expr.axes[axis].kind == "spatial" and cross_thread_axis(ctx.expr, ctx.device) is not None:
+                return size == 1  # a thread of a cross-thread reduction sums for one output
             return size in REGISTER_STEPS or size == extent
         if axis == lane_axis(ctx.expr, ctx.device):
             if size == extent:
@@ -140,8 +149,10 @@ class ExecutionUnitRule:
             return False
         if not ctx.device.is_thread_block_layer(ctx.layer):
             return True
-        threads = thread_count(ctx.expr, tile, ctx.upper, tile_lanes(ctx.expr, ctx.device))
-        covers = all(tile[a] >= ctx.expr.axes[a].extent for a in ctx.expr.spatial)
+        threads = block_thread_count(ctx.expr, ctx.device, tile, ctx.upper)
+        across = cross_thread_axis(ctx.expr, ctx.device)
+        covered = ctx.expr.spatial if across is None else (across,)
+        covers = all(tile[a] >= ctx.expr.axes[a].extent for a in covered)
         return threads % ctx.device.warp_size == 0 or covers
 
 
@@ -253,6 +264,33 @@ def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | Non
 def tile_lanes(expr: TensorExpr, device: DeviceSpec) -> int:
     """Threads sharing one top-layer tile: a warp for an MMA fragment tile, else one."""
     return device.warp_size if mma_axes(expr, device) else 1
+
+
+@lru_cache(maxsize=1024)
+def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The reduce axis a GPU block spreads its threads along (a cross-thread reduction), or None.
+
+    A reduction with fewer output points than `compute_units x warp_size` (a thread per
+    output cannot give every unit even one warp; our threshold: from one warp per unit on, a
+    thread per output keeps the construction it had) binds its threads to its innermost reduce
+    axis instead: consecutive
+    threads read consecutive elements (every input that reads the axis reads it alone along its
+    contiguous dimension, `leading_axis` and `streams`; not a pooling window), and the axis is at
+    least a warp long; each thread sums its share, and the block combines the partial sums in a tree
+    (TVM's cross-thread allreduce: warp shuffles, then shared memory across warps). Such a
+    block sums for one output point (`ExecutionUnitRule`). reduce_sum over 64 x 1M on the V100 gave 2 blocks of 32 threads,
+    each walking its rows alone (14 ms predicted against a 0.36 ms read of the matrix).
+    Contractions on tensor cores and operators an input of which reads the axis with a stride
+    (a matmul's B[k, j]) keep a thread per output."""
+    if not device.lanes_are_threads or not expr.reduce or mma_axes(expr, device) is not None:
+        return None
+    if prod(expr.axes[a].extent for a in expr.spatial) >= device.compute_units * device.warp_size:
+        return None
+    k = expr.reduce[-1]
+    readers = [t for t in expr.inputs if t.uses_axis(k)]
+    if expr.axes[k].extent < device.warp_size or not readers:
+        return None
+    return k if all(leading_axis(t) == k and streams(t, k) for t in readers) else None
 
 
 def vector_axis(expr: TensorExpr) -> int | None:
@@ -517,10 +555,17 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
     return tuple(expr.spatial) + ((lane,) if lane is not None and lane not in expr.spatial else ())
 
 
-def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1) -> int:
+def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1, across: int | None = None) -> int:
     """Threads of a GPU block: unit tile over register tile, spatial axes only, times the
-    threads that share one register tile (a warp for tensor-core fragments)."""
-    return prod(ceil(tile[a] / upper[a]) for a in expr.spatial) * lanes
+    threads that share one register tile (a warp for tensor-core fragments), times the threads a
+    cross-thread reduction spreads along its reduce axis `across` (`cross_thread_axis`)."""
+    spread = ceil(tile[across] / upper[across]) if across is not None else 1
+    return prod(ceil(tile[a] / upper[a]) for a in expr.spatial) * lanes * spread
+
+
+def block_thread_count(expr: TensorExpr, device: DeviceSpec, tile: Tile, upper: Tile) -> int:
+    """`thread_count` of a GPU block tile over the register tile `upper` on `device`."""
+    return thread_count(expr, tile, upper, tile_lanes(expr, device), cross_thread_axis(expr, device))
 
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
@@ -567,7 +612,8 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
 
     Starts from the upper tile and lifts each axis that breaks a per-axis rule to its next
     aligned size; on a GPU block layer the spatial axes are instead filled with the fewest
-    threads in whole warps (`_warp_fill`). A CPU micro-kernel then grows to its required
+    threads in whole warps (`_warp_fill`), or, for a cross-thread reduction, its reduce axis
+    with enough warps to fill the device (`_reduce_fill`). A CPU micro-kernel then grows to its required
     accumulators (`_accumulator_fill`). None when no aligned tile exists (e.g. eps too small
     for the shape; on a GPU block layer, none within a block's thread limit).
     """
@@ -587,7 +633,13 @@ def _per_axis_start(ctx: AlignContext, rules) -> Tile | None:
     (`_accumulator_fill`) starts from."""
     tile = list(ctx.upper)
     filled: tuple[int, ...] = ()
-    if ctx.device.is_thread_block_layer(ctx.layer):
+    across = cross_thread_axis(ctx.expr, ctx.device)
+    if ctx.device.is_thread_block_layer(ctx.layer) and across is not None:
+        size = _reduce_fill(ctx, rules, across)
+        if size is None:
+            return None
+        tile[across], filled = size, (across,)
+    elif ctx.device.is_thread_block_layer(ctx.layer):
         sizes = _warp_fill(ctx, rules)
         if sizes is None:
             return None
@@ -647,6 +699,31 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
         if found:
             return tuple(m * upper[a] for a, m in zip(spatial, min(found, key=key)))
     return tuple(m * upper[a] for a, m in zip(spatial, cover)) if cover is not None else None
+
+
+@lru_cache(maxsize=4096)
+def _reduce_fill(ctx: AlignContext, rules, axis: int) -> int | None:
+    """The size along `axis` of a cross-thread reduction's smallest block tile
+    (`cross_thread_axis`), or None: its threads in whole warps, as many as give each warp
+    scheduler of the device one warp over the grid (a block per register tile of output points;
+    our choice: with fewer, the model's compute efficiency and the loads in flight fall), at
+    most a block's limit, fewer where the rules refuse that many (padding beyond eps); one
+    thread per register tile of the whole axis where that takes no more threads."""
+    upper, extent = ctx.upper[axis], ctx.expr.axes[axis].extent
+    warp, most = ctx.device.warp_size, ctx.device.max_threads_per_block
+    grid = prod(ceil(ctx.expr.axes[a].extent / ctx.upper[a]) for a in ctx.expr.spatial)
+    want = min(most - most % warp, warp * ceil(ctx.device.compute_units * ctx.device.teu_per_unit / grid))
+    room = ceil(extent / upper)  # threads that cover the axis in one step
+
+    def ok(threads: int) -> bool:
+        return all(r.axis_ok(ctx, axis, threads * upper) for r in rules)
+
+    if room <= want:
+        return room * upper if ok(room) else None
+    for threads in [*range(want, min(most, room) + 1, warp), *range(want - warp, 0, -warp)]:
+        if ok(threads):
+            return threads * upper
+    return room * upper if room <= most and ok(room) else None
 
 
 @lru_cache(maxsize=1024)

@@ -19,18 +19,20 @@ tiles are dealt round-robin over the units, so the busiest unit gets `ceil(grid 
 while the balanced share is `grid / units`; the time is the balanced time times that ratio. The
 resident tiles of a unit share its throughput, so blocks per unit raise compute efficiency
 (enough warps per scheduler) rather than multiplying speed. `waves = ceil(grid / (units *
-blocks per unit))` is reported as the number of rounds of resident blocks.
+blocks per unit))` is reported as the number of rounds of resident blocks. A cross-thread
+reduction adds, after its pipeline, the trees that combine its threads' partial sums, once per
+wave (`tree_reduction_seconds`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil, prod
+from math import ceil, log2, prod
 
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    accumulators, lane_axis, mma_axes, partial_sums, simd_vectors, thread_count, tile_lanes,
+    accumulators, block_thread_count, cross_thread_axis, lane_axis, mma_axes, partial_sums, simd_vectors,
 )
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
 from workbench.rtile.traffic import TileCalculus, calculus
@@ -52,6 +54,8 @@ class Estimate:
     bottleneck: str  # "compute" or the name of the layer whose loads are slowest
     predicted_seconds: float
     footprints: tuple[int, ...]  # per program layer: bytes its tile occupies (`footprint_at`)
+    # a cross-thread reduction's trees over the threads of its blocks (`tree_reduction_seconds`)
+    reduction_seconds: float = 0.0
     # which parts of the estimate were measured on the device and which modelled, one phrase each
     # (`provenance`)
     measured: tuple[str, ...] = ()
@@ -71,6 +75,7 @@ class Estimate:
             "bottleneck": self.bottleneck,
             "predicted_seconds": self.predicted_seconds,
             "footprint_bytes": list(self.footprints),
+            "reduction_seconds": self.reduction_seconds,
             "measured": list(self.measured),
             "modelled": list(self.modelled),
         }
@@ -90,7 +95,7 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
     one work item per core at a time."""
     if not device.has_occupancy_limits:
         return 1, 1
-    threads = thread_count(program.expr, program.unit_tile, program.register_tile, tile_lanes(program.expr, device))
+    threads = block_thread_count(program.expr, device, program.unit_tile, program.register_tile)
     regs = max(1, footprint_at(device, program, 0) // 4)
     smem = max(1, footprint_at(device, program, device.unit_layer_index))
     unit_layer = device.layers[device.unit_layer_index]
@@ -120,9 +125,8 @@ def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     """Fraction of the vector lanes a CPU register tile fills. The peak counts every lane of
     every FMA; a tile of `size` values along the `lane_axis` issues `simd_vectors` whole
     vectors for them, so it fills `size / (vectors x lanes)` of the lanes (a 12-wide fp32 row on
-    8-lane AVX2: 12 / 16). An operator with no lane axis (its output row a gather, as a
-    stride-2 pooling's, or a stride-2 conv's with fewer filters than a vector) runs scalar
-    code: one lane of `register_bytes / itemsize`."""
+    8-lane AVX2: 12 / 16). An operator with no lane axis (its output row a gather, a stride-2
+    conv) runs scalar code: one lane of `register_bytes / itemsize`."""
     lanes = max(1, device.register_bytes // expr.output.itemsize)
     axis = lane_axis(expr, device)
     if axis is None:
@@ -245,6 +249,21 @@ def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads:
     return max(compute, loads.get(first, 0.0)) + sum(t for name, t in loads.items() if name != first)
 
 
+def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, n_waves: int) -> float:
+    """Time a cross-thread reduction (`alignment.cross_thread_axis`) spends combining its
+    threads' partial sums, after its loads: each block sums its `threads` partial sums in a tree
+    of ceil(log2(threads)) steps per output point of its tile (they are reduced one after
+    another), each step one exchange through the warp shuffle or shared-memory network, priced
+    at the shared layer's latency (a shuffle's latency is of that order on Volta: Jia et al.
+    2018). The blocks resident on a unit reduce at the same time, so a unit pays it once per
+    wave. 0 for every other program."""
+    if cross_thread_axis(program.expr, device) is None or threads <= 1:
+        return 0.0
+    outputs = prod(program.unit_tile[a] for a in program.expr.spatial)
+    steps = ceil(log2(threads))
+    return n_waves * outputs * steps * device.layers[device.unit_layer_index].latency_ns * 1e-9
+
+
 def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     """Predicted time and its parts for `program` on `device`."""
     expr = program.expr
@@ -280,6 +299,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(program, device, compute, loads)
     occupancy = 1.0 if not device.has_occupancy_limits else min(1.0, threads * bpu / device.max_threads_per_unit)
+    tree = tree_reduction_seconds(program, device, threads, n_waves)
     return Estimate(
         flops=expr.flops,
         padded_flops=padded_flops,
@@ -291,8 +311,9 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         waves=n_waves,
         occupancy=occupancy,
         bottleneck=bottleneck,
-        predicted_seconds=core * quantization,
+        predicted_seconds=core * quantization + tree,
         footprints=footprints,
+        reduction_seconds=tree,
         **provenance(program, device),
     )
 

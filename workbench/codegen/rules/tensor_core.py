@@ -33,5 +33,5 @@ class TensorCoreRule:
             return None
         if program.vthreads:
             raise ScheduleError("vthreads stride CUDA-core register tiles; a tensor-core program has none")
-        threads = block_threads(expr, program) * device.warp_size  # a warp per fragment tile
+        threads = block_threads(expr, program, device) * device.warp_size  # a warp per fragment tile
         return within_block_limits(threads, lambda: schedule_wmma(expr, program, device), device)
