@@ -408,7 +408,10 @@ def test_register_tiles_cover_the_fma_latency(wid, isa):
     detector's table, as these cpuinfo texts are), every candidate of both policies keeps at
     least 10 vector accumulators in its register tile, within the vector registers (round 1's
     mm-512 top-1 was 2 x 8: 2 accumulators). gemv and row sums keep them as vectors of partial
-    sums along their reduction."""
+    sums along their reduction. conv-3x3 on AVX2 runs along its 64 filters with one register
+    per broadcast data element, its 56 x 56 outputs tiled by divisors of 56: f filter vectors x
+    b outputs need f b + f + b <= 16 registers, at most 8 accumulators (2 x 4, 4 x 2), so it
+    keeps the most any tile can hold (`required_accumulators`' fallback)."""
     dev = detected_cpu(isa, 2, 32 * KIB, 512 * KIB)
     assert (dev.fma_latency_cycles, dev.fma_pipes) == (5, 2)
     need = 8 if (wid, isa) == ("cpu-core:conv-3x3", "avx2") else 10

@@ -125,8 +125,9 @@ def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     """Fraction of the vector lanes a CPU register tile fills. The peak counts every lane of
     every FMA; a tile of `size` values along the `lane_axis` issues `simd_vectors` whole
     vectors for them, so it fills `size / (vectors x lanes)` of the lanes (a 12-wide fp32 row on
-    8-lane AVX2: 12 / 16). An operator with no lane axis (its output row a gather, a stride-2
-    conv) runs scalar code: one lane of `register_bytes / itemsize`."""
+    8-lane AVX2: 12 / 16). An operator with no lane axis (its output row a gather, as a
+    stride-2 pooling's, or a stride-2 conv's with fewer filters than a vector) runs scalar
+    code: one lane of `register_bytes / itemsize`."""
     lanes = max(1, device.register_bytes // expr.output.itemsize)
     axis = lane_axis(expr, device)
     if axis is None:
