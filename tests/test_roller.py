@@ -294,3 +294,27 @@ def test_half_precision_conv_is_not_a_tensor_core_contraction():
     conv = expr("conv2d", "float16", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=1, pad=1)
     assert mma_axes(conv, device("h100")) is None
     assert construct(conv, device("h100")).candidates
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_cpu_round_starved_of_full_tiles_records_the_growth_chain_after_the_full_tile(isa):
+    """roller-table1's M0 (K = 2) on a core with a 1 MiB L2: growth reaches only one or two full
+    L2 tiles at every eps (two programs on AVX2 before this rule). The last eps round records
+    the chain's smaller L2 tiles as well, after its full tile, so K programs exist and the full
+    tiles are still among them."""
+    from test_invariants import KIB, construct_within_limits, detected_cpu
+
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    expr = workload_expr(WORKLOADS["roller-table1:M0"])
+    programs = [c.program for c in construct_within_limits(expr, dev, "roller").candidates()]
+    assert len(programs) == Options().topk
+    assert len({p.tiles for p in programs}) == len(programs)
+
+    def footprint(m: int, n: int, k: int) -> int:  # A, B and C tiles of fp32
+        return 4 * (m * k + k * n + m * n)
+
+    # a full L2 tile: one more register strip of rows would overflow the L2
+    cap = dev.layers[2].capacity_bytes
+    full = [p for p in programs if footprint(p.tiles[-1][0] + p.tiles[0][0], *p.tiles[-1][1:]) > cap]
+    assert full, [p.tiles for p in programs]
+    assert all(footprint(*p.tiles[-1]) <= cap for p in programs)

@@ -27,6 +27,13 @@ under 6x16x256 L1 tiles, BLIS's kc = 256 (the first compute-bound tile was 10x16
 the output over K = 512, and the first ten programs all had it); gemv-4096: 14x512 L1 tiles
 (84 x 80 before: short K runs over many rows).
 
+A CPU tile recorded only when full leaves few programs where growth has one path: roller-table1's
+M0 (65536 x 1024, K = 2) on an AVX2 core with a 1 MiB L2 reached two full L2 tiles (252 x 1024 x 2
+over 6 x 16, 250 x 1024 x 2 over 5 x 16) at every eps. So in the last round of the eps ladder, a
+round that still runs because fewer than K programs came out, the lowest cache layer's tiles on
+the growth chain are programs as well, recorded after the chain's full tile (largest first), so
+the full tiles keep their places and the model ranks the rest.
+
 Operators without reuse (elementwise, most reductions: every score is 0) build the top tile only
 and load straight from the bottom (§3.2). Our choice, since scores cannot rank them: every
 aligned top tile on the growth chain is a program, so K candidates exist for the model to rank.
@@ -39,7 +46,7 @@ from typing import Iterator
 from workbench.construct.graph import Edge
 from workbench.construct.policy import Policy
 from workbench.construct.space import (
-    Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, with_axis,
+    EPS_STEPS, Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, with_axis,
 )
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes, partial_sums
@@ -71,6 +78,7 @@ class RollerPolicy(Policy):
         self._visited: set = set()
         self._descended: set = set()
         self.no_reuse = False
+        self._fill = False  # the eps ladder's last round: the lowest cache layer's chain are programs too
 
     # -- driver ------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
@@ -81,6 +89,7 @@ class RollerPolicy(Policy):
             return False
         self._visited, self._descended = set(), set()
         self.no_reuse = not self.space.stages_below(eps)
+        self._fill = self.space.device.runs_on_cpu and eps >= max(self.options.eps, *EPS_STEPS)
         mode = self.describe("no_reuse") if self.no_reuse else ""
         note = self.describe("start", tile="x".join(map(str, state.tile)), axes=" x ".join(self.space.axes), layer=self.space.layer_names[0],
                              eps=eps, mode=mode)
@@ -127,6 +136,8 @@ class RollerPolicy(Policy):
                 yield self.marker(nxt, Action(Kind.COMPUTE_SATURATED, state.layer), self.describe("saturated"))
                 yield from self._descend(nxt)
             yield from self._enlarge(nxt)  # EnlargeTile(T', mem, P)
+            if self._fill and state.layer == self.space.n_tile_layers - 1:
+                yield from self._descend(nxt)  # after the chain's full tile (module docstring)
 
     def _options(self, state: State):
         """(axis, T', reuse score) for the next aligned shapes T' of the state's tile, best score
