@@ -69,8 +69,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
     _stage_producers(sch, expr)
-    # panels (and the padding that serves them) only for a micro-kernel with a vector axis
-    panels = _panel_inputs(expr, program) if _vector_axis(expr, program, device, True, True) is not None else ()
+    panels = packed_inputs(expr, program, device)
     padded = _pad_tails(sch, expr, program, panels, epilogues)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
@@ -237,9 +236,24 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, a
         writeback = sch.get_consumers(block)[0]
         common.primitive("reverse_compute_at", sch.reverse_compute_at, writeback, grid, True)
     common.primitive("decompose_reduction", sch.decompose_reduction, block, levels[expr.reduce[0]][0])
-    panels = tuple(t.name for t in expr.inputs if t.uses_axis(axis))
-    _pack_panels(sch, expr, program, block, levels, panels, axis)
+    _pack_panels(sch, expr, program, block, levels, packed_inputs(expr, program, device), axis)
     return sch
+
+
+def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
+    """The inputs the template copies into panels for `program` (the one decision the schedule
+    and a cost model that prices the copies, `vortex.analyzer`, share): a convolution along its
+    filters packs the inputs that read them (`_schedule_filters`); elsewhere `_panel_inputs`
+    decides, only for a micro-kernel with a vector axis (panels, and the padding that serves
+    them, feed vector loads); a reduction vectorised along its reduction packs nothing."""
+    if len(program.tiles) < 2:
+        return ()
+    filters = _filter_vector(expr, program, device)
+    if filters is not None:
+        return tuple(t.name for t in expr.inputs if t.uses_axis(filters))
+    if _lane_axis(expr, program, device) is not None:
+        return ()
+    return _panel_inputs(expr, program) if _vector_axis(expr, program, device, True, True) is not None else ()
 
 
 def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:

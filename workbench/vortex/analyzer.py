@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil, prod
 
-from workbench.codegen.cpu import _panel_inputs, _vector_axis
+from workbench.codegen import cpu
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import Axis, KernelArg, TensorAccess, TensorExpr
 from workbench.rtile.model import GB, Estimate, estimate
@@ -115,13 +115,10 @@ def predict(program: RProgram, device: DeviceSpec) -> Estimate:
 
 
 def packed_inputs(program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
-    """The inputs the CPU template copies into panels for `program`, as `codegen/cpu.py` decides
-    (`_panel_inputs`, only where its micro-kernel has a vector axis); () on a GPU, whose
-    template stages tiles in shared memory, which the model's loads already price."""
-    expr = program.expr
-    if not device.runs_on_cpu or len(program.tiles) < 2 or _vector_axis(expr, program, device, True, True) is None:
-        return ()
-    return _panel_inputs(expr, program)
+    """The inputs the CPU template copies into panels for `program` (`codegen.cpu.packed_inputs`);
+    () on a GPU, whose template stages tiles in shared memory, which the model's loads already
+    price."""
+    return cpu.packed_inputs(program.expr, program, device) if device.runs_on_cpu else ()
 
 
 def pack_layer(program: RProgram) -> int:
