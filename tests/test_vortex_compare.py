@@ -109,6 +109,19 @@ def test_small_benchmark_end_to_end():
     assert all(v is not None and v > 0 for v in doc["geomean"].values()), doc["geomean"]
 
 
+@pytest.mark.tvm
+def test_an_expression_benchmarks_like_its_operator():
+    """`--expr` with a dyn axis: Vortex, the oracle and DietCode built from the expression,
+    verified and timed at every value; numpy, which covers catalog matmul and gemv only, says so."""
+    workload = workload_from_args(None, "i=dyn,k=32,j=32", "C[i,j] += A[i,k] * B[k,j]", None, "float32")
+    doc = compare.bench_dynamic(workload, pipeline.load_device("local-cpu"), (1, 7), (4,), topk=1, max_extent=64)
+    assert [r["value"] for r in doc["results"]] == [1, 7]
+    for r in doc["results"]:
+        assert r["vortex_seconds"] > 0 and r["oracle_seconds"] > 0 and r["dietcode_seconds"] > 0, r
+        assert r["vortex_correct"] and r["dietcode_correct"] and r["oracle_failed"] == []
+        assert r["numpy_seconds"] is None and r["numpy_error"]
+
+
 def test_bad_workload_or_values_fail_before_anything_is_built():
     device = pipeline.load_device("local-cpu")
     static = workload_from_args("matmul", "M=8,K=64,N=64", None, None, "float32")

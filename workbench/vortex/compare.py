@@ -49,7 +49,6 @@ from pathlib import Path
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops import catalog
 from workbench.ops.shapes import check_elements
 from workbench.ops.tensor_expr import SPATIAL, TensorExpr
 from workbench.profile.compare import geometric_mean
@@ -119,7 +118,7 @@ def train_dietcode(op: str, static: dict, dtype: str, dyn: Dynamic, device: Devi
         name = f"d{sample}"
         if progress:
             progress(f"dietcode: constructing and building the kernel of sample {sample}")
-        expr = catalog.build(op, {**static, dyn.param: sample}, dtype)
+        expr = vortex.build_static(op, {**static, dyn.param: sample}, dtype)
         top = pipeline.construct(pipeline.request(expr, device, "roller", pipeline.Options(topk=1, seed=SEED)))
         program = top.candidates[0].program
         if dyn.axis not in program.axes:
@@ -221,7 +220,7 @@ def bench_dynamic(workload: Workload, device: DeviceSpec, values: tuple[int, ...
     for v in dict.fromkeys(values + samples):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise UserError(f"{param} must be a positive integer, got {v!r}")
-        exprs[v] = catalog.build(op, {**static, param: v}, dtype)
+        exprs[v] = vortex.build_static(op, {**static, param: v}, dtype)
         for arg in exprs[v].args:
             check_elements(arg.name, arg.shape)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
