@@ -100,6 +100,12 @@ def access_degree(tile: StoredTile, binding: ThreadBinding, element: Sequence[in
     return conflict_degree(addresses, banks, bank_width)
 
 
+def requests(tile: StoredTile, binding: ThreadBinding) -> int:
+    """Shared-memory load requests a warp issues for its threads' part of the tile: one per
+    element a thread reads (axes the tensor ignores add none); `wavefronts` is at least this."""
+    return prod(s for w, s in zip(tile.axis_weights(), binding.tile) if w)
+
+
 def wavefronts(tile: StoredTile, binding: ThreadBinding, banks: int, bank_width: int, lanes: int = 32) -> int:
     """Shared-memory wavefronts the first warp needs to read its threads' part of the tile: the
     sum of the conflict degree over a thread's elements (axes the tensor ignores add nothing).

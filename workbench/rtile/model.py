@@ -27,14 +27,16 @@ wave (`tree_reduction_seconds`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil, log2, prod
 
+from workbench.construct.banks import ThreadBinding, requests, stored_tile, wavefronts
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
     accumulators, block_thread_count, cross_thread_axis, lane_axis, mma_axes, partial_sums, simd_vectors,
 )
-from workbench.rtile.rprogram import RProgram, footprint_at, waves
+from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
 
 GB = 1e9
@@ -265,6 +267,48 @@ def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, 
     return n_waves * outputs * steps * device.layers[device.unit_layer_index].latency_ns * 1e-9
 
 
+@lru_cache(maxsize=65536)
+def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads) -> tuple[int, int]:
+    """(wavefronts, requests) of the first warp of a GPU block tile `block` reading its
+    threads' register tiles `reg` of every input from shared memory (bank padding included),
+    each thread's tile split into per-axis `vthreads`: counted exactly from the 32 lane
+    addresses (`construct.banks`) under the CUDA template's binding, one thread per register
+    tile along each spatial axis. wavefronts == requests when conflict-free."""
+    calc, smem = calculus(expr), device.layers[device.unit_layer_index]
+    threads = tuple(b // r if a in expr.spatial else 1 for a, (b, r) in enumerate(zip(block, reg)))
+    binding = ThreadBinding(threads, reg, vthreads)
+    shapes, pads = calc.data_tiles(block), storage_padding(calc, device, device.unit_layer_index, block, reg)
+    served = reqs = 0
+    for t, tensor in enumerate(expr.tensors):
+        if tensor.role != "input":
+            continue
+        tile = stored_tile([c for c, _ in tensor.index], shapes[t], pads[t], tensor.itemsize)
+        served += wavefronts(tile, binding, smem.banks, smem.bank_width_bytes, device.warp_size)
+        reqs += requests(tile, binding)
+    return served, reqs
+
+
+def bank_conflict_degree(program: RProgram, device: DeviceSpec) -> float:
+    """Wavefronts per request of a GPU program's register-tile loads from shared memory
+    (`shared_wavefronts`, its virtual threads included): the factor by which bank conflicts
+    stretch that stage (a request served in k wavefronts occupies the banks k times as long).
+    1 where the template does not read the register tile from banked shared memory: CPUs, no
+    staged block tile, tensor-core fragments (laid out by the MMA unit), cross-thread
+    reductions (threads bound to the reduce axis), operators without a reduce axis."""
+    unit = device.unit_layer_index if device.lanes_are_threads else 0
+    expr = program.expr
+    if (
+        not device.lanes_are_threads or not expr.reduce or unit >= len(program.tiles) or not program.cached[unit]
+        or source_layer(program, 0, len(device.layers)) != unit or device.layers[unit].banks <= 0
+        or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None
+    ):
+        return 1
+    split = dict(program.vthreads)
+    vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
+    served, reqs = shared_wavefronts(expr, device, program.tiles[unit], program.register_tile, vthreads)
+    return served / reqs if reqs else 1
+
+
 def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     """Predicted time and its parts for `program` on `device`."""
     expr = program.expr
@@ -284,13 +328,14 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
 
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
+    conflicts = bank_conflict_degree(program, device)  # 1 (an int) on CPUs: their estimates unchanged
     for layer, tile in enumerate(program.tiles):
         if not program.cached[layer]:
             continue
         src = device.layers[source_layer(program, layer, len(device.layers))]
         q = calc.traffic_bytes(tile)
         moved[src.name] = moved.get(src.name, 0) + q
-        loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
+        loads[src.name] = loads.get(src.name, 0.0) + q * (conflicts if layer == 0 else 1) / (src.bandwidth_gbps * GB * busy)
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         home = device.layers[accumulator_home(program, device)]
         q = calc.accumulator_bytes(program.register_tile, program.tiles[1], partial_sums(expr, device, program.register_tile))
