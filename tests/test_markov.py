@@ -12,6 +12,7 @@ from helpers import device, expr, matmul, suite_workloads, workload_expr
 from test_invariants import assert_within_limits
 
 from workbench.cli import main
+from workbench.construct import markov
 from workbench.construct.markov import MarkovPolicy
 from workbench.construct.space import Action, IllegalAction, Options, Space, apply
 from workbench.construct.stepper import Stepper, construct
@@ -269,3 +270,66 @@ def test_cli_construct_with_the_markov_policy(capsys, tmp_path):
     assert len(saved["nodes"]) == doc["graph"]["nodes"]
     assert any(e["probability"] for e in saved["edges"])
     assert main(argv) == 0 and json.loads(capsys.readouterr().out)["candidates"] == doc["candidates"]
+
+
+# -- normalised benefits (issue 16) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [512, 4096])
+def test_benefits_at_the_first_register_tile_in_closed_form(k):
+    """matmul k x k x k, fp32, on the V100 at the register tile 1 x 1 x 1. Q(i, j, k-tile) =
+    4 k^3 (1/i + 1/j) + 4 k^2 (the inputs once per tile, the output once) and F = 4 (ik + kj + ij)
+    (Q and F in bytes), so Q(1,1,1) = 8 k^3 + 4 k^2, F = 12; growing i to 2 saves 2 k^3 bytes for
+    8 more: Roller's ratio S = k^3 / 4, and S / s0 = 3 k / (8 k + 4) whatever the size (before,
+    S alone: 3 * 10^10 at 4096^3 against a cache benefit of 5). Growing the reduce axis saves
+    nothing (floor). descend: CACHE_WEIGHT x the shared/register speed-up for 12 bytes x the
+    fill (12 / 384)^2, times T0 / T."""
+    space = Space(matmul(k, k, k), device("v100"))
+    policy = MarkovPolicy(space, Options())
+    state = space.initial_state(0.05)
+    assert state.tile == (1, 1, 1)
+    regs, smem = space.device.layers[:2]
+    grow = 3 * k / (8 * k + 4)
+    speedup = (smem.latency_ns + 12 / smem.bandwidth_gbps) / (regs.latency_ns + 12 / regs.bandwidth_gbps)
+    descend = markov.CACHE_WEIGHT * speedup * (12 / 384) ** 2
+    for temperature in (1.0, 2.0**-4, 2.0**-8):
+        alts = {(a.action.kind, a.action.axis): a for a in policy.transitions(state, temperature)}
+        assert set(alts) == {("grow", 0), ("grow", 1), ("grow", 2), ("descend", -1)}
+        assert alts["grow", 0].score == pytest.approx(grow) and alts["grow", 1].score == pytest.approx(grow)
+        assert alts["grow", 2].score == pytest.approx(1 / 256)
+        assert alts["descend", -1].score == pytest.approx(descend)
+        total = 2 * grow + 1 / 256 + descend / temperature
+        assert alts["grow", 0].probability == pytest.approx(grow / total)
+        assert alts["descend", -1].probability == pytest.approx(descend / temperature / total)
+    # hot, the walk tiles: at this tile the cache action would overtake a grow only after
+    # log2(grow / descend) ~ 16 halvings (the grows that fill the layer bring it sooner)
+    assert policy.probability(state, Action("descend", 0), 1.0) < 1e-4
+
+
+def test_virtual_thread_benefit_is_the_share_of_wavefronts_saved():
+    """set_vthread's benefit is 1 - waves_with / waves_without (a move that saves none keeps the
+    floor), not annealed: like a grow's, it does not change with the temperature."""
+    s = finished("mm-v100")
+    seen = 0
+    for state in walk_states(s):
+        hot, cold = s.policy.transitions(state, 1.0), s.policy.transitions(state, 2.0**-6)
+        for a, b in zip(hot, cold):
+            if a.action.kind != "set_vthread":
+                continue
+            seen += 1
+            base, waves = (int(x) for x in a.note.split(" shared")[0].split(" -> "))
+            assert a.score == b.score == pytest.approx(max(1 - waves / base, 1 / 256))
+    assert seen
+
+
+@pytest.mark.parametrize("name", ["mm-v100", "conv-mi50", "mm-fp16-a100"])
+def test_the_annealing_not_the_cap_makes_the_walk_descend(name):
+    """Every descend is drawn by the roulette wheel before a layer's iteration cap (the cap
+    forces it at T = 2^-cap), half of them by T = 2^-10: the cap is a backstop, not the rule
+    (before the normalisation, 4096^3 on the V100 descended to shared memory at T = 2^-16 ..
+    2^-30, the reuse ratios scaling with the operator)."""
+    s = finished(name)
+    cap = -(-markov.ITERATIONS_PER_WALK // s.space.n_tile_layers)
+    temps = sorted(st.temperature for st in s.steps if st.action.kind == "descend")
+    assert temps and temps[0] > 2.0**-cap
+    assert temps[len(temps) // 2] >= 2.0**-10, temps

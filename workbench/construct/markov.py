@@ -10,32 +10,46 @@ picks actions by roulette wheel under simulated annealing. A walk that reaches t
 emits an rProgram (`Policy.emit`: scaled out over the units, shrunk like Roller-S while the grid
 is smaller than the units) and the next walk starts again from the initial state.
 
-The paper's formulas were lost in extraction. Reconstruction (ours, ALGORITHMS.md §2):
-- grow: Roller's reuse ratio S = (Q(T) - Q(T')) / (F(T') - F(T)). A legal move that buys no
-  reuse keeps a floor of FLOOR_WEIGHT * s0, s0 = Q(T) / F(T) the state's own traffic per byte of
-  footprint, so every legal move stays possible (irreducibility); a move that costs no footprint
-  (S infinite) counts FREE_WEIGHT * s0.
-- inv_tile: the inverse of the ratio S_rev of the grow it undoes, INV_WEIGHT * s0 / (1 + S_rev / s0):
-  positive, at most INV_WEIGHT * s0 (so less likely than a typical grow), and largest where the
-  shrink gives up the least reuse, the axis Roller-S would shrink (S_rev < 0, a shrink that saves
-  padded traffic, counts as 0).
-- descend: t_below / t_here, t = latency + bytes / bandwidth of the layer for the F(T) bytes the
-  tile reads: how much faster the staged copy feeds it than the layer below (ALGORITHMS.md's
-  t_l / t_{l+1} in Gensor's outermost-first numbering; our layers are numbered top first).
-- set_vthread (GPU, register layer): shared-memory wavefronts of the first warp without / with
-  the new virtual threads, counted exactly from its 32 lane addresses (banks.py) under the thread
-  binding of the block the state would emit (the next layer's smallest aligned tile).
-- P(a) = B_a / sum of positive B, with the weights of descend and set_vthread multiplied by T0 / T
-  (ours for set_vthread: its benefit is a speed ratio like descend's, many orders of magnitude
-  below the reuse ratios, so unscaled a thread's tile would never be split); 0 for a move over a
-  capacity or a thread limit or one leaving no aligned tile that fits the next layer. Only legal
-  actions are offered (`space.legal_actions`): never a misaligned size, nor one the virtual
-  threads do not divide.
+The paper's formulas were lost in extraction. Reconstruction (ours, ALGORITHMS.md §2). The paper
+calls every benefit an "acceleration ratio" and normalises them into one roulette wheel, so each
+is made dimensionless here: a benefit that grew with the operator's size (Roller's S is bytes of
+traffic saved per byte of footprint, ~2e10 for a 4096^3 matmul's first register tile against a
+cache ratio of ~5) left the cache action to win only once T0 / T had grown as large, at
+T ~ 2^-16 .. 2^-30 (notes: issue 16).
+- grow: Roller's reuse ratio S = (Q(T) - Q(T')) / (F(T') - F(T)) over s0 = Q(T) / F(T), the
+  state's own traffic per byte of footprint: S / s0 = (dQ / Q) / (dF / F), the share of the
+  traffic saved per share of footprint spent, the same for 512^3 and 4096^3 (matmul at 1x1x1:
+  3K / (8K + 4)). A legal move that buys no reuse keeps FLOOR_WEIGHT, so every legal move stays
+  possible (irreducibility); a move that costs no footprint (S infinite) counts FREE_WEIGHT.
+- inv_tile: INV_WEIGHT / (1 + S_rev / s0), S_rev the ratio of the grow it undoes: positive, at
+  most INV_WEIGHT (so less likely than a typical grow), and largest where the shrink gives up the
+  least reuse, the axis Roller-S would shrink (S_rev < 0, a shrink that saves padded traffic,
+  counts as 0).
+- descend: CACHE_WEIGHT x (t_below / t_here) x fill^2, t = latency + bytes / bandwidth of the
+  layer for the F(T) bytes the tile occupies (how much faster the staged copy feeds it than the
+  layer below: ALGORITHMS.md's t_l / t_{l+1} in Gensor's outermost-first numbering; our layers
+  are numbered top first), fill = F(T) / the layer's capacity: the speed-up is worth taking once
+  the tile has used the layer, and a tile a tenth full is worth a hundredth. CACHE_WEIGHT =
+  2^-10 sets when the annealing hands over: a full layer's cache action (speed-up ~5) weighs
+  like a grow (~0.1 .. 0.3) after ~6 halvings. Measured (roller-table1 M0-M2, C0 and 4096^3 on
+  the V100 and A100): descends drawn at T = 2^-1 .. 2^-18, none forced by the cap (before: to
+  shared memory at 2^-9 .. 2^-30); 2^-8 descended sooner and found only 7 distinct programs of
+  gemv 16384^2 on the V100 for 10 asked.
+- set_vthread (GPU, register layer): the share of shared-memory wavefronts saved, 1 - w' / w,
+  w and w' the first warp's wavefronts without / with the new virtual threads, counted exactly
+  from its 32 lane addresses (banks.py, `model.shared_wavefronts`) under the thread binding of
+  the block the state would emit (the next layer's smallest aligned tile); FLOOR_WEIGHT where it
+  saves none. Like a grow's, a share: not annealed.
+- P(a) = B_a / sum of positive B, with the cache action's weight multiplied by T0 / T (the
+  paper's annealing of the cache action); 0 for a move over a capacity or a thread limit or one
+  leaving no aligned tile that fits the next layer. Only legal actions are offered
+  (`space.legal_actions`): never a misaligned size, nor one the virtual threads do not divide.
 - Annealing: T starts at T0 and halves every iteration; a move to a state whose program is
   predicted slower by the fraction delta is accepted with probability exp(-delta / T). Ours: T
   restarts at T0 after each descend, else every layer below the first would be entered cold and
   left at its smallest tile; a layer's iterations are capped at ITERATIONS_PER_WALK / layers, after
-  which the walk descends (the paper's threshold on T).
+  which the walk descends (the paper's threshold on T): a backstop the normalised benefits leave
+  unused on those suites.
 """
 
 from __future__ import annotations
@@ -45,7 +59,6 @@ from dataclasses import replace
 from math import exp, inf
 from typing import Iterator
 
-from workbench.construct.banks import ThreadBinding, stored_tile, wavefronts
 from workbench.construct.graph import Edge
 from workbench.construct.policy import Policy
 from workbench.construct.space import (
@@ -53,8 +66,7 @@ from workbench.construct.space import (
 )
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import initial_tile, mma_axes
-from workbench.rtile.model import estimate
-from workbench.rtile.rprogram import storage_padding
+from workbench.rtile.model import estimate, shared_wavefronts
 
 T0 = 1.0
 ITERATIONS_PER_WALK = 100  # Gensor §IV-D: "convergence can generally be achieved after about 100 iterations"
@@ -62,7 +74,8 @@ WALKS_PER_TOPK = 2  # walks per eps round, per program asked for: walks repeat p
 INV_WEIGHT = 1 / 16
 FLOOR_WEIGHT = 1 / 256
 FREE_WEIGHT = 16.0
-ANNEALED = (Kind.DESCEND, Kind.SET_VTHREAD)  # weights multiplied by T0 / T
+CACHE_WEIGHT = 2.0**-10  # when the annealing hands over to the cache action (module docstring)
+ANNEALED = (Kind.DESCEND,)  # weights multiplied by T0 / T
 
 
 class MarkovPolicy(Policy):
@@ -87,7 +100,6 @@ class MarkovPolicy(Policy):
         self.rng = random.Random(options.seed)
         self._moves: dict = {}
         self._times: dict = {}
-        self._waves: dict = {}
         self.n = space.n_tile_layers
 
     # -- public questions ----------------------------------------------------------------------
@@ -202,18 +214,19 @@ class MarkovPolicy(Policy):
 
     def _tile_moves(self, state: State, legal):
         space, layer, upper = self.space, state.layer, self.space.upper_of(state)
-        scale = space.calc.traffic_bytes(state.tile) / max(1, space.footprint(layer, state.tile, upper))
+        # s0: the state's traffic per byte of footprint; S / s0 is dimensionless (see the docstring)
+        s0 = space.calc.traffic_bytes(state.tile) / max(1, space.footprint(layer, state.tile, upper))
         for action in legal:
             if action.kind not in (Kind.GROW, Kind.INV_TILE):
                 continue
             tile = with_axis(state.tile, action.axis, action.size)
             if action.kind == Kind.GROW:
                 ratio = space.reuse(layer, state.tile, tile, upper)
-                benefit = FREE_WEIGHT * scale if ratio == inf else max(ratio, FLOOR_WEIGHT * scale)
+                benefit = FREE_WEIGHT if ratio == inf else max(ratio / s0, FLOOR_WEIGHT)
             else:
                 # a shrink that moves less (less padding past the axis' end) gives up no reuse
                 ratio = max(0.0, space.reuse(layer, tile, state.tile, upper))
-                benefit = max(INV_WEIGHT * scale / (1 + ratio / scale), FLOOR_WEIGHT * scale)
+                benefit = max(INV_WEIGHT / (1 + ratio / s0), FLOOR_WEIGHT)
             why = self._over(state, tile)
             yield Alternative(action, tile, benefit, note=why), not why
 
@@ -237,7 +250,8 @@ class MarkovPolicy(Policy):
             return Alternative(action, state.tile, 0.0, note=str(err)), False
         here, below = self.space.device.layers[state.layer], self.space.device.layers[state.layer + 1]
         data = self.space.footprint(state.layer, state.tile, self.space.upper_of(state))
-        benefit = (below.latency_ns + data / below.bandwidth_gbps) / (here.latency_ns + data / here.bandwidth_gbps)
+        speedup = (below.latency_ns + data / below.bandwidth_gbps) / (here.latency_ns + data / here.bandwidth_gbps)
+        benefit = CACHE_WEIGHT * speedup * min(1.0, data / self.space.capacity(state.layer)) ** 2
         return Alternative(action, nxt.tile if nxt.layer < self.n else state.tile, benefit), True
 
     def _vthread_moves(self, state: State, legal):
@@ -257,25 +271,12 @@ class MarkovPolicy(Policy):
             if action.kind != Kind.SET_VTHREAD or block[action.axis] == reg[action.axis]:
                 continue  # one thread along the axis: striding it moves no lane
             waves = self._wavefronts(reg, block, with_axis(current, action.axis, action.count))
-            yield Alternative(action, reg, base / waves, note=self.describe("waves", base=base, waves=waves)), True
+            yield Alternative(action, reg, max(1 - waves / base, FLOOR_WEIGHT), note=self.describe("waves", base=base, waves=waves)), True
 
     def _wavefronts(self, reg, block, vthreads) -> int:
         """Wavefronts the first warp of `block` needs to read its inputs' register tiles from
-        shared memory (bank padding included) with `vthreads`."""
-        key = (reg, block, vthreads)
-        if key not in self._waves:
-            space, dev = self.space, self.space.device
-            threads = tuple(b // r if a in space.expr.spatial else 1 for a, (b, r) in enumerate(zip(block, reg)))
-            binding = ThreadBinding(threads, reg, vthreads)
-            shapes, pads = space.calc.data_tiles(block), storage_padding(space.calc, dev, 1, block, reg)
-            total = 0
-            for t, tensor in enumerate(space.expr.tensors):
-                if tensor.role != "input":
-                    continue
-                tile = stored_tile([c for c, _ in tensor.index], shapes[t], pads[t], tensor.itemsize)
-                total += wavefronts(tile, binding, dev.layers[1].banks, dev.layers[1].bank_width_bytes, dev.warp_size)
-            self._waves[key] = total
-        return self._waves[key]
+        shared memory (bank padding included) with `vthreads` (`model.shared_wavefronts`)."""
+        return shared_wavefronts(self.space.expr, self.space.device, block, reg, vthreads)[0]
 
     # -- programs ------------------------------------------------------------------------------
     def _completion(self, state: State) -> tuple:
