@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from tests.helpers import matmul
 from workbench.errors import UserError
-from workbench.profile.runner import Measurement, Timing, best_measured
+from workbench.ops.reference import random_inputs, reference_with_scale
+from workbench.profile.runner import Measurement, Timing, best_measured, inputs_and_reference
 
 
 def test_best_and_median_of_the_repeats():
@@ -32,3 +35,16 @@ def test_timing_refuses_nonsense():
         Timing(repeat=0)
     with pytest.raises(UserError, match="timeout_s > 0"):
         Timing(timeout_s=0)
+
+
+def test_the_inputs_and_reference_are_those_of_the_check_and_kept_for_the_last_expression():
+    a, b = matmul(8, 4, 16), matmul(4, 8, 16)
+    inputs, ref = inputs_and_reference(a, 0)
+    expected = reference_with_scale(a, random_inputs(a, 0))
+    assert all(np.array_equal(x, y) for x, y in zip(inputs, random_inputs(a, 0)))
+    assert np.array_equal(ref.value, expected.value) and np.array_equal(ref.scale, expected.scale)
+    assert inputs_and_reference(a, 0)[1] is ref  # the next candidate of the session reuses them
+    other_seed = inputs_and_reference(a, 1)[0]
+    assert not np.array_equal(other_seed[0], inputs[0])  # another seed draws other inputs
+    assert inputs_and_reference(b, 0)[1].value.shape == (4, 8)  # another expression its own
+    assert inputs_and_reference(a, 0)[1] is not ref  # one entry: a is computed again after b

@@ -80,3 +80,14 @@ def test_a_pool_keeps_its_workers_warm_per_environment():
     for pid in (restarted, pids[1]):  # closing the pool stopped its processes
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_warm_starts_the_workers_a_later_call_finds_running():
+    with WorkerPool() as pool:
+        assert pool.warm(2, {"TVM_NUM_THREADS": "1"}) == ["", ""]
+        workers = pool.workers(2, {"TVM_NUM_THREADS": "1"})
+        pids = [w._proc.pid for w in workers]  # started by warm, before any call
+        assert all(pids) and len(set(pids)) == 2 and len(pool) == 2
+        assert [w.call(os.getpid, (), 60).value for w in workers] == pids  # the calls found them running
+        assert pool.warm(2, {"TVM_NUM_THREADS": "1"}) == ["", ""]  # warm ones are left as they are
+        assert [w.call(os.getpid, (), 60).value for w in workers] == pids

@@ -20,6 +20,7 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
+from workbench.profile.local import LocalRunner, thread_env
 from workbench.profile.noise import indistinguishable, within_noise
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
@@ -153,8 +154,6 @@ def make_runner(runner: str | Runner, device: DeviceSpec, tracker: str | None = 
     if not isinstance(runner, str):
         return runner
     if runner == "local":
-        from workbench.profile.local import LocalRunner
-
         return LocalRunner(device, pool)
     if runner == "rpc":
         from workbench.profile.rpc import connect_rpc
@@ -191,13 +190,21 @@ def profile_candidates(
     crash, wrong result) are measurements with an `error`, never exceptions; bad input (unknown
     runner, unreachable tracker, empty candidate list, a local runner for kernels this machine
     cannot run) raises UserError before anything runs. With a `pool`, builds and local
-    measurements run in its warm workers (TVM imported once for many sessions)."""
+    measurements run in its warm workers (TVM imported once for many sessions); without one, the
+    session makes its own, so the device check, the builds and the timing share workers."""
+    if pool is None:
+        with WorkerPool() as own:
+            return profile_candidates(expr, device, candidates, runner=runner, tracker=tracker, key=key, store=store,
+                                      workload_label=workload_label, policy=policy, timing=timing, jobs=jobs,
+                                      build_timeout_s=build_timeout_s, progress=progress, pool=own)
     start = time.perf_counter()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before this session adds its own
     chosen = make_runner(runner, device, tracker, key, pool)
     candidates = tuple(sorted(candidates, key=lambda c: c.rank))
     if not candidates:
         raise UserError("nothing to profile: the construction found no candidates")
+    if chosen.needs_library:  # the build workers start together, not one after another on first use
+        pool.warm(build_jobs(len(candidates), jobs), worker_env(device))
     if chosen.name == "local" and (reason := cannot_run_locally(device, pool)):
         raise UserError(f"cannot profile {device.name} kernels on this machine: {reason} (use the RPC runner "
                         f"with a machine that has one)")
@@ -247,13 +254,23 @@ def cannot_run_locally(device: DeviceSpec, pool: WorkerPool | None = None) -> st
     own runs in a worker then tell)."""
     from workbench.codegen.host import cannot_run_here
 
-    worker = pool.workers(1)[0] if pool is not None else Worker()
+    env = worker_env(device)
+    worker = pool.workers(1, env)[0] if pool is not None else Worker(env)
     try:
         outcome = worker.call(cannot_run_here, (device.target_dict(),), BUILD_TIMEOUT_S)
     finally:
         if pool is None:
             worker.close()
     return "" if outcome.error else outcome.value
+
+
+def worker_env(device: DeviceSpec) -> dict[str, str]:
+    """The environment of every worker a session uses for `device`: the local runner's
+    (`profile.local.thread_env`), so that in a `WorkerPool` the worker that times kernels is
+    one that already checked the device and built candidates, warm, instead of a further
+    process paying its own TVM import. A build's output does not depend on TVM_NUM_THREADS (it
+    sizes the runtime's thread pool that runs kernels)."""
+    return thread_env(device)
 
 
 class _Recorder:
@@ -292,9 +309,9 @@ def build_candidates(
         (expr, c.program, device, c.rank, c.predicted_seconds, str(Path(folder) / f"candidate-{c.rank:03d}.so"))
         for c in candidates
     ]
-    jobs = jobs or min(os.cpu_count() or 1, MAX_BUILD_JOBS)
-    n = max(1, min(jobs, len(tasks)))
-    workers = pool.workers(n) if pool is not None else [Worker() for _ in range(n)]
+    n = build_jobs(len(tasks), jobs)
+    env = worker_env(device)
+    workers = pool.workers(n, env) if pool is not None else [Worker(env) for _ in range(n)]
     notify = progress or (lambda event: None)
     done = []
 
@@ -312,6 +329,12 @@ def build_candidates(
         if pool is None:
             for worker in workers:
                 worker.close()
+
+
+def build_jobs(candidates: int, jobs: int | None = None) -> int:
+    """How many build workers `candidates` builds use: `jobs`, by default one per logical CPU up
+    to MAX_BUILD_JOBS, never more than there are candidates, at least one."""
+    return max(1, min(jobs or min(os.cpu_count() or 1, MAX_BUILD_JOBS), candidates))
 
 
 def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float, path: str) -> BuiltCandidate:
