@@ -20,6 +20,7 @@ from workbench.hardware.spec import MicroKernel
 from workbench.rtile.model import (
     accumulator_home,
     blocks_per_unit,
+    cache_traffic,
     compute_efficiency,
     estimate,
     is_compute_bound,
@@ -74,7 +75,9 @@ def check_consistent(calc, dev, program, est):
     for layer, tile in enumerate(program.tiles):
         if program.cached[layer]:
             src = dev.layers[source_layer(program, layer, len(dev.layers))].name
-            moved[src] = moved.get(src, 0) + calc.traffic_bytes(tile)
+            # Q(tile), or less where a CPU cache tile's neighbours share (closed forms below)
+            assert cache_traffic(program, dev, layer) <= calc.traffic_bytes(tile)
+            moved[src] = moved.get(src, 0) + cache_traffic(program, dev, layer)
     if dev.kind == "cpu" and len(program.tiles) > 1 and calc.expr.reduce:
         home = dev.layers[accumulator_home(program, dev)].name
         lanes = partial_sums(calc.expr, dev, program.tiles[0])  # closed forms in test_alignment
@@ -499,3 +502,51 @@ def test_no_tree_without_a_cross_thread_reduction():
     mm = matmul(256, 256, 256)
     program = make_program(TileCalculus(mm), dev, [(4, 4, 1), (64, 32, 16)], (True, True), 0.05)
     assert tree_reduction_seconds(program, dev, 128, 1) == 0.0 == estimate(program, dev).reduction_seconds
+
+
+def test_cpu_cache_tiles_share_with_their_neighbours_what_one_step_leaves_in_the_layer():
+    """matmul 256 x 256 x 512 on a 32 KiB L1, L1 tiles 4 x 16 x 64 under 64 x 128 x K2 unit
+    tiles: with K2 = 256 one step along j keeps A 4 x 256 (4 KiB) + B 256 x 16 (16 KiB) + C
+    (256 B) in L1, so the j-run's tiles load A once per row of 4: Q(4 x 128 x 256), where
+    Roller's Q(tile) reloads A for each; with K2 = 512 the step holds 40 KiB and stays Q(tile).
+    The register tile and the unit tile (whose neighbours are other cores') keep Q, and so does
+    a GPU's shared-memory tile, an explicit copy per tile."""
+    calc = TileCalculus(matmul(256, 256, 512))
+    tiles = [(4, 16, 1), (4, 16, 64)]
+
+    def program(k2):
+        return make_program(calc, TINY_CPU, [*tiles, (64, 128, k2)], (True,) * 3, 0.0)
+
+    fits, spills = program(256), program(512)
+    assert cache_traffic(fits, TINY_CPU, 1) == calc.traffic_bytes((4, 128, 256)) == (
+        64 * 2 * 2 * (4 * 256 + 256 * 128) * 4 + 64 * 2 * 4 * 128 * 4)
+    assert cache_traffic(fits, TINY_CPU, 1) < calc.traffic_bytes((4, 16, 64))
+    assert cache_traffic(spills, TINY_CPU, 1) == calc.traffic_bytes((4, 16, 64))
+    assert [cache_traffic(fits, TINY_CPU, l) for l in (0, 2)] == [calc.traffic_bytes(t) for t in fits.tiles[::2]]
+    assert dict(estimate(fits, TINY_CPU).bytes_per_layer)["L2"] - cache_traffic(fits, TINY_CPU, 1) == (
+        calc.accumulator_bytes(tiles[0], tiles[1]))
+    gpu = device("v100")
+    g = TileCalculus(matmul(1024, 1024, 1024))
+    gp = make_program(g, gpu, [(4, 4, 1), (64, 64, 8)], (True, True), 0.0)
+    assert cache_traffic(gp, gpu, 1) == g.traffic_bytes((64, 64, 8))
+
+
+def test_a_conv_row_of_l1_tiles_shares_the_filter_panel_of_the_l2_k_step_while_it_fits():
+    """conv-3x3 (64 channels, 56 x 56), 32 x 2 x 2 L1 tiles (filters x rows x columns) over 16
+    channels x 1 x 3 of the window: inside an L2 tile of 16 channels one step along the
+    columns holds the 32 x 16 x 3 x 3 filters (18 KiB) + 16 x 4 x 4 data (1 KiB) + 32 x 2 x 2
+    outputs (512 B), within a 32 KiB L1, so the row of 28 tiles loads the filters once; over
+    32 channels the filters alone are 36 KiB and every tile reloads them (Q)."""
+    e = expr("conv2d", N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, stride=1, pad=1)
+    calc = TileCalculus(e)
+    l1 = (1, 32, 2, 2, 16, 1, 3)
+
+    def program(c2):
+        return make_program(calc, TINY_CPU, [(1, 32, 2, 1, 1, 1, 1), l1, (1, 64, 14, 56, c2, 3, 3)], (True,) * 3, 0.0)
+
+    assert calc.sweep(l1, (1, 64, 14, 56, 16, 3, 3)) == ((1, 32, 2, 2, 16, 3, 3), (1, 32, 2, 56, 16, 3, 3))
+    assert calc.footprint_bytes((1, 32, 2, 2, 16, 3, 3)) == (32 * 16 * 9 + 16 * 4 * 4 + 32 * 2 * 2) * 4 == 19968
+    assert calc.footprint_bytes((1, 32, 2, 2, 32, 3, 3)) > TINY_CPU.layer("L1").capacity_bytes
+    assert cache_traffic(program(16), TINY_CPU, 1) == calc.traffic_bytes((1, 32, 2, 56, 16, 3, 3))
+    assert cache_traffic(program(32), TINY_CPU, 1) == calc.traffic_bytes(l1)
+    assert estimate(program(16), TINY_CPU).predicted_seconds < estimate(program(32), TINY_CPU).predicted_seconds

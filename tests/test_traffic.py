@@ -170,3 +170,13 @@ def test_data_tiles_are_memoised_and_ordered_inputs_then_output():
     assert shapes == ((4, 8), (8, 2), (4, 2))
     assert calc.data_tiles((4, 2, 8)) is shapes
     assert prod(shapes[-1]) * F32 * calc.spatial_tiles((4, 2, 8)) == 32 * 16 * F32
+
+
+def test_sweep_steps_the_innermost_spatial_axis_that_steps_with_the_reduction_of_the_tile_above():
+    """matmul (i, j, k): an L1 tile 4 x 16 x 8 inside 8 x 64 x 32 steps j innermost, so one
+    step touches 4 x 16 over the whole K of 32 and the run of steps spans j = 64; inside
+    8 x 16 x 32 only i steps; inside a tile of the same spatial sizes nothing steps."""
+    calc = TileCalculus(matmul(256, 256, 256))
+    assert calc.sweep((4, 16, 8), (8, 64, 32)) == ((4, 16, 32), (4, 64, 32))
+    assert calc.sweep((4, 16, 8), (8, 16, 32)) == ((4, 16, 32), (8, 16, 32))
+    assert calc.sweep((4, 16, 8), (4, 16, 256)) is None

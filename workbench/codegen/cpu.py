@@ -209,7 +209,9 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, a
     5.58 ms; conv-3x3-s2 1.44 / 1.90 / 1.55 / 17.0 ms; conv-1x1 1.50 / 1.58 / 1.23 / 4.08 ms;
     resnet_block's conv (64 channels, 16 x 16) 0.263 / 0.335 / 0.316 / 0.482 ms. Rank 1's
     32 x 2 x 1 tiles with L1 tiles of 32-64 channels measured up to 1.3x slower than the same
-    tiles with 8-16 channels, which the model ranks within 3% of each other."""
+    tiles with 8-16 channels, which the model ranked within 3% of each other: what decides is
+    the channels of the L2 K-step, whether the filter panel one row of L1 tiles shares stays
+    in L1 (`model.cache_traffic`, which now ranks conv-3x3's fastest program first)."""
     from tvm.tirx import IndexMap
 
     sch = common.new_schedule(expr)

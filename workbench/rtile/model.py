@@ -5,7 +5,9 @@ An rProgram is a pipeline (Figure 6): at each layer its tile is loaded from the 
 the register tile is computed. The stages overlap, so the program runs at the speed of its
 slowest stage (the bottleneck):
 
-- load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf)
+- load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf;
+                           on a CPU less where neighbouring cache tiles share what stays in the
+                           layer: `cache_traffic`)
 - compute time           = flops on the padded iteration space / peak compute     (MaxComputePerf)
                            / the fraction of peak the register tile can reach (`compute_efficiency`:
                            warps per scheduler on a GPU; on a CPU the SIMD lanes its vectors fill
@@ -233,6 +235,30 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     return next((l for l in range(1, last) if out <= device.layers[l].capacity_bytes // 2), last)
 
 
+def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
+    """Bytes `program`'s tiles at `layer` load from the layer below: Roller's Q(tile), except
+    where a CPU cache tile's neighbours share what stays (`TileCalculus.sweep`): when one step
+    of the innermost stepping spatial loop, over all the reduction steps of the tile above,
+    fits the layer, the run of neighbours loads `traffic_bytes(swept)` (a conv's packed filter
+    panel is loaded once per row of output tiles, not once per tile). GPU tiles are explicit
+    copies per tile, and the unit tile's neighbours are other cores' work: Q(tile).
+
+    conv-3x3 on AVX2 (one core, process CPU time, 32 x 2 x 1 registers under 32 x 2 x 2 L1
+    tiles): L2 tiles of 16 channels (the L1 tile's step over them: 20 KiB, in L1) 2.68-2.77
+    ms, of 32 (39 KiB) 3.14-3.30, of 64 3.21-4.33, whatever the L1 tile's channels (8, 16 or
+    32): the 32 filters x C x 3 x 3 panel of the L2 K-step stays in L1 across the row of L1
+    tiles or is reloaded for each, where Q reloads it for each in every case."""
+    calc = calculus(program.expr)
+    tile = program.tiles[layer]
+    q = calc.traffic_bytes(tile)
+    if not device.runs_on_cpu or layer == 0 or layer + 1 >= len(program.tiles):
+        return q
+    sweep = calc.sweep(tile, program.tiles[layer + 1])
+    if sweep is None or calc.footprint_bytes(sweep[0]) > device.layers[layer].capacity_bytes:
+        return q
+    return min(q, calc.traffic_bytes(sweep[1]))
+
+
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
     """One unit's time from its stage times. GPU (Roller §3.3): the stages pipeline, so the
     slowest one. CPU: the register tile's loads from the layer right below the registers issue
@@ -333,7 +359,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         if not program.cached[layer]:
             continue
         src = device.layers[source_layer(program, layer, len(device.layers))]
-        q = calc.traffic_bytes(tile)
+        q = cache_traffic(program, device, layer)
         moved[src.name] = moved.get(src.name, 0) + q
         loads[src.name] = loads.get(src.name, 0.0) + q * (conflicts if layer == 0 else 1) / (src.bandwidth_gbps * GB * busy)
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:

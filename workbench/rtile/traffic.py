@@ -74,6 +74,27 @@ class TileCalculus:
             self._traffic[tile] = q
         return q
 
+    def sweep(self, tile: Tile, upper: Tile) -> tuple[Tile, Tile] | None:
+        """(resident, swept): what one cache tile's walk inside the tile above it keeps and
+        shares, for the CPU loop order `S R` per layer (`codegen/cpu.py`: the spatial loops in
+        axis order, then the reduction loops).
+
+        `resident` is `tile` with its reduce axes at `upper`'s sizes: everything one iteration
+        of the innermost spatial loop that steps (the last spatial axis with `upper` > `tile`)
+        touches, over all the reduction steps inside `upper`. `swept` is `resident` with that
+        axis at `upper`'s size as well: the whole run of neighbours. Where `resident` stays in
+        the layer, the next neighbour finds what it shares with the previous one there (inputs
+        that ignore the axis, the halo of a window), so the layer loads `traffic_bytes(swept)`
+        from below rather than `traffic_bytes(tile)`, which reloads every tile. None when no
+        spatial loop steps inside `upper`."""
+        step = next((a for a in reversed(self._spatial) if upper[a] > tile[a]), None)
+        if step is None:
+            return None
+        reduce = set(self.expr.reduce)
+        resident = tuple(u if a in reduce else t for a, (t, u) in enumerate(zip(tile, upper)))
+        swept = resident[:step] + (upper[step],) + resident[step + 1 :]
+        return resident, swept
+
     def accumulator_bytes(self, tile: Tile, upper: Tile, lanes: int = 1) -> int:
         """Bytes the accumulators of register tiles `tile` move when they leave the registers
         after every reduction step of the tile above them (`upper`) and come back for the next:
