@@ -70,7 +70,7 @@ from workbench.rtile.model import estimate, shared_wavefronts
 
 T0 = 1.0
 ITERATIONS_PER_WALK = 100  # Gensor §IV-D: "convergence can generally be achieved after about 100 iterations"
-WALKS_PER_TOPK = 2  # walks per eps round, per program asked for: walks repeat programs
+WALKS_PER_TOPK = 3  # walks per eps round, per program asked for: walks repeat programs
 INV_WEIGHT = 1 / 16
 FLOOR_WEIGHT = 1 / 256
 FREE_WEIGHT = 16.0

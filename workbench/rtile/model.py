@@ -314,27 +314,6 @@ def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads
     return served, reqs
 
 
-def bank_conflict_degree(program: RProgram, device: DeviceSpec) -> float:
-    """Wavefronts per request of a GPU program's register-tile loads from shared memory
-    (`shared_wavefronts`, its virtual threads included): the factor by which bank conflicts
-    stretch that stage (a request served in k wavefronts occupies the banks k times as long).
-    1 where the template does not read the register tile from banked shared memory: CPUs, no
-    staged block tile, tensor-core fragments (laid out by the MMA unit), cross-thread
-    reductions (threads bound to the reduce axis), operators without a reduce axis."""
-    unit = device.unit_layer_index if device.lanes_are_threads else 0
-    expr = program.expr
-    if (
-        not device.lanes_are_threads or not expr.reduce or unit >= len(program.tiles) or not program.cached[unit]
-        or source_layer(program, 0, len(device.layers)) != unit or device.layers[unit].banks <= 0
-        or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None
-    ):
-        return 1
-    split = dict(program.vthreads)
-    vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
-    served, reqs = shared_wavefronts(expr, device, program.tiles[unit], program.register_tile, vthreads)
-    return served / reqs if reqs else 1
-
-
 def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     """Predicted time and its parts for `program` on `device`."""
     expr = program.expr
@@ -354,14 +333,13 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
 
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
-    conflicts = bank_conflict_degree(program, device)  # 1 (an int) on CPUs: their estimates unchanged
     for layer, tile in enumerate(program.tiles):
         if not program.cached[layer]:
             continue
         src = device.layers[source_layer(program, layer, len(device.layers))]
         q = cache_traffic(program, device, layer)
         moved[src.name] = moved.get(src.name, 0) + q
-        loads[src.name] = loads.get(src.name, 0.0) + q * (conflicts if layer == 0 else 1) / (src.bandwidth_gbps * GB * busy)
+        loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         home = device.layers[accumulator_home(program, device)]
         q = calc.accumulator_bytes(program.register_tile, program.tiles[1], partial_sums(expr, device, program.register_tile))
