@@ -6,6 +6,7 @@ User errors print one line on stderr and exit with status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import statistics
@@ -81,8 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="an .onnx file (see sample_models/)")
     p.add_argument("--device", default="local-cpu")
     _policy_args(p)
-    p.add_argument("--run", action="store_true", help="build every kernel (rank 1), run the model on this CPU on "
-                   "random inputs against ONNX Runtime, time it beside ONNX Runtime and TVM's default build")
+    p.add_argument("--run", action="store_true", help="build every kernel (rank 1 or --pick), run the model on this "
+                   "CPU on random inputs against ONNX Runtime, time it beside ONNX Runtime and TVM's default build")
+    p.add_argument("--pick", choices=("rank1", "measured"), default="rank1",
+                   help="with --run, each operator's kernel: rank1 (best predicted, default) or measured (build, "
+                   "verify and time each distinct operator's top K here first, stored as `profile` runs in --db, "
+                   "and keep the fastest correct one)")
+    _profile_args(p)
     p.add_argument("--dim", action="append", metavar="NAME=VALUE,...",
                    help="bind the model's symbolic input dims, e.g. batch=4,seq=16 (repeatable; a dim not given is 1)")
     p.add_argument("--json", action="store_true")
@@ -400,12 +406,19 @@ def cmd_model(args) -> int:
     device = pipeline.load_device(args.device)
     if args.run and not device.runs_on_cpu:  # refused before constructing: the run would refuse it after
         raise UserError(f"--run needs a CPU device, got {device.name} ({device.kind})")
+    if args.pick != "rank1" and not args.run:
+        raise UserError(f"--pick {args.pick} needs --run")
     model = pipeline.import_onnx(args.path, args.dim)
     mc = pipeline.construct_model(model, device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
     doc = pipeline.report_dict(mc)
     text = pipeline.report_text(doc)
     if args.run:
-        run = pipeline.run_model_report(mc, args.path, seed=args.seed)
+        from workbench.profile.store import RunStore
+
+        # the measured pick stores its profiles as `workbench profile` does; rank 1 opens no store
+        with RunStore(args.db) if args.pick == "measured" else contextlib.nullcontext() as store:
+            run = pipeline.run_model_report(mc, args.path, seed=args.seed, pick=args.pick, store=store,
+                                            progress=_progress(args))
         doc["run"] = run.to_dict()
         text += "\n" + run.text()
     return _emit(args, doc, text)

@@ -1,8 +1,17 @@
 """Run a whole model on this CPU with the workbench's kernels, operator by operator.
 
-Each operator's chosen candidate (rank 1 by default) is built with its device's schedule
-template (`build_kernel`) and the operators run in dataflow order, every one reading the
-outputs of the ones before it, the model's inputs and its weights. Where the template refuses a
+Each operator's chosen candidate is built with its device's schedule template (`build_kernel`)
+and the operators run in dataflow order, every one reading the outputs of the ones before it,
+the model's inputs and its weights. The candidate is rank 1 (the model's best prediction) or,
+with `measured_pick`, the fastest of the top K measured here: Roller ends its construction by
+evaluating its top-K rPrograms on the device and keeping the fastest (Roller, section 4), since
+its micro-model ranks close candidates only roughly (resnet_block's 3x3 convs ran up to 1.3x
+faster at lower ranks than at rank 1 on the 2-core development machine). The pick is a profile
+session per distinct workload (built in warm workers, stored as `workbench profile` stores its
+runs), with one difference: the numpy reference knows catalog operators and expressions, not a
+model's fused PrimFuncs, so a candidate is checked against the operator's TVM default lowering
+run on the operator's own arguments in one run of the model on the seeded inputs
+(`_OperatorRunner`), at the tolerance the whole model is held to against ONNX Runtime. Where the template refuses a
 PrimFunc (softmax and layer norm: several reductions in one function) or the operator is
 unsupported, that operator runs TVM's own lowering of the unscheduled PrimFunc instead, and the
 kernel says so (`scheduled=False`, with the template's reason): the model's outputs stay
@@ -27,6 +36,19 @@ from workbench.codegen.build import build_kernel, target_dict
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.models.model import ModelConstruction
+from workbench.profile.local import thread_env
+from workbench.profile.runner import BuiltCandidate, Measurement, Report, Runner, Timing, runtime_versions
+from workbench.profile.session import Progress, ProfileResult, profile_candidates
+from workbench.profile.workers import WorkerPool
+
+# fp32 outputs against a reference computed in another order (the model's against ONNX Runtime,
+# a candidate's against its operator's TVM default lowering): the two sum the reductions (up to a
+# few thousand terms of inputs in [-1, 1]) in different orders, which moves a result by about
+# sqrt(terms) * 6e-8 relative, ~1e-5 at worst on the sample models; 1e-4 relative plus 1e-4
+# absolute (for results near zero, where a relative bound means nothing) leaves that margin while
+# a wrong index or a missing term moves outputs of order 0.1-1.
+RTOL = 1e-4
+ATOL = 1e-4
 
 
 @dataclass(frozen=True)
@@ -38,18 +60,154 @@ class OperatorKernel:
     module: object = field(default=None, compare=False, repr=False)  # runtime module with `main`
 
 
-def build_model_kernels(mc: ModelConstruction, rank: int = 1) -> tuple[OperatorKernel, ...]:
-    """One runnable kernel per operator (a PrimFunc called twice is built once)."""
+@dataclass(frozen=True)
+class OperatorPick:
+    """The measured pick of one distinct workload (operators whose PrimFuncs have the same
+    expression and candidates share it): the profile of its top K and the rank kept."""
+
+    func_names: tuple[str, ...]  # the PrimFuncs of the operators sharing this workload
+    profile: ProfileResult
+
+    @property
+    def rank(self) -> int | None:
+        """The fastest verified candidate's rank (`best_measured`); None when none verified."""
+        best = self.profile.best
+        return best.rank if best is not None else None
+
+    @property
+    def reason(self) -> str:
+        """Why no candidate is kept ("" when one is): the first failure, by rank."""
+        if self.rank is not None:
+            return ""
+        first = min(self.profile.measurements, key=lambda m: m.rank)
+        return (f"none of the top {len(self.profile.measurements)} candidates built and verified "
+                f"(#{first.rank}: {first.error or 'not checked'})")
+
+    @property
+    def tried(self) -> tuple[Measurement, ...]:
+        return self.profile.measurements
+
+
+def measured_pick(mc: ModelConstruction, inputs: Mapping[str, np.ndarray], *, runner: str | Runner = "local",
+                  store=None, timing: Timing = Timing(), progress: Progress | None = None) -> tuple[OperatorPick, ...]:
+    """Profile the top K of every distinct workload of `mc` as `workbench profile` does (built in
+    parallel workers, timed on this CPU, recorded in `store`, a `profile.store.RunStore`, when
+    given), all in one warm `WorkerPool`, so that TVM is imported once per worker, not per
+    candidate or workload. The local runner checks each candidate against its operator's TVM
+    default lowering on the arguments it gets in a run of the model on `inputs` (module
+    docstring); another `runner` (the fake one in tests) is used as given. A candidate that fails
+    to build or verify is a measurement with an error and never kept. `progress` also gets a str
+    before each workload. Operators with the same expression and candidates are profiled once."""
+    groups: dict[tuple, list] = {}  # (expression, programs) -> the operators' results
+    for r in mc.results:
+        if r.supported:
+            groups.setdefault((r.construction.expr, tuple(c.program for c in r.candidates)), []).append(r)
+    notify = progress or (lambda event: None)
+    calls = _reference_calls(mc, inputs) if runner == "local" and groups else {}
+    picks = []
+    with WorkerPool() as pool:
+        for i, results in enumerate(groups.values()):
+            first = results[0]
+            label = f"{mc.model.name}:{first.operator.name}"
+            notify(f"pick {i + 1}/{len(groups)}: {label}")
+            chosen = _OperatorRunner(mc.device, pool, *calls[first.operator.func_name]) if runner == "local" else runner
+            profile = profile_candidates(first.construction.expr, mc.device, first.candidates, runner=chosen,
+                                         store=store, workload_label=label, policy=mc.policy, timing=timing,
+                                         progress=progress, pool=pool)
+            names = tuple(dict.fromkeys(r.operator.func_name for r in results))
+            picks.append(OperatorPick(names, profile))
+    return tuple(picks)
+
+
+def _reference_calls(mc: ModelConstruction, inputs: Mapping[str, np.ndarray]) -> dict[str, tuple]:
+    """Per PrimFunc, the arguments its first operator gets and the outputs it writes when the
+    model runs on `inputs` with TVM's default lowering of every operator (the reference a
+    candidate is checked against: the operator's own values, so that a batch norm's variance or
+    a softmax's row stays what the model feeds it, not random numbers)."""
+    lowered: dict[str, OperatorKernel] = {}
+    for r in mc.results:
+        if r.operator.func_name not in lowered:
+            lowered[r.operator.func_name] = _unscheduled(r.operator, mc, "the reference")
+    kernels = [lowered[r.operator.func_name] for r in mc.results]
+    out: dict[str, tuple] = {}
+    for r, (args, outs) in zip(mc.results, _run(mc, kernels, inputs)):
+        out.setdefault(r.operator.func_name, (tuple(a.numpy() for a in args), tuple(o.numpy() for o in outs)))
+    return out
+
+
+class _OperatorRunner:
+    """The local runner for one operator of a model: each built candidate is run in a warm worker
+    of `pool` (the session's, with the local runner's environment) on the operator's `args`,
+    its outputs compared with `expected` (RTOL, ATOL), and only a correct one timed, as
+    `profile.runner.check_and_time` does for catalog workloads."""
+
+    name = "local"
+    needs_library = True
+
+    def __init__(self, device, pool: WorkerPool, args: tuple, expected: tuple):
+        self.env, self.pool, self.args, self.expected = thread_env(device), pool, args, expected
+
+    def measure(self, expr, built, timing: Timing, report: Report) -> None:
+        worker = self.pool.workers(1, self.env)[0]
+        for candidate in built:
+            outcome = worker.call(measure_operator, (candidate, self.args, self.expected, timing), timing.timeout_s)
+            report(outcome.value if not outcome.error else
+                   Measurement(candidate.rank, self.name, error=f"run: {outcome.error}"))
+
+
+def measure_operator(built: BuiltCandidate, args: tuple, expected: tuple, timing: Timing) -> Measurement:
+    """Load `built.library`, run it on `args`, check its outputs against `expected` and time a
+    correct one (runs in the worker)."""
+    import tvm
+
+    dev = tvm.cpu()
+    module = tvm.runtime.load_module(built.library)
+    tensors = [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args]
+    outs = [tvm.runtime.tensor(np.zeros_like(e), dev) for e in expected]
+    module[built.entry](*tensors, *outs)
+    problem = output_mismatch(tuple(o.numpy() for o in outs), expected)
+    if problem:
+        return Measurement(built.rank, "local", correct=False, error=f"wrong result: {problem}",
+                           versions=runtime_versions())
+    evaluator = module.time_evaluator(built.entry, dev, number=timing.number, repeat=timing.repeat,
+                                      min_repeat_ms=timing.min_repeat_ms)
+    seconds = tuple(float(s) for s in evaluator(*tensors, *outs).results)
+    return Measurement(built.rank, "local", seconds, correct=True, versions=runtime_versions())
+
+
+def output_mismatch(outs: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> str:
+    """Why `outs` are not `expected` within RTOL and ATOL ("" when they are). A reference whose
+    every output is one value within ATOL (all zeros after a ReLU, say) would pass a kernel
+    writing that value, so it is refused: it verifies nothing."""
+    if all(e.size == 0 or np.ptp(e) <= ATOL for e in expected):
+        return "the reference output is constant, so it cannot tell a right kernel from a wrong one"
+    for i, (o, e) in enumerate(zip(outs, expected)):
+        if o.shape != e.shape or not np.allclose(o, e, rtol=RTOL, atol=ATOL):
+            error = float(np.max(np.abs(o - e))) if o.shape == e.shape else float("nan")
+            return f"output {i} off by up to {error:.2e} (rtol {RTOL:g}, atol {ATOL:g})"
+    return ""
+
+
+def build_model_kernels(mc: ModelConstruction, rank: int = 1,
+                        picks: tuple[OperatorPick, ...] = ()) -> tuple[OperatorKernel, ...]:
+    """One runnable kernel per operator (a PrimFunc called twice is built once): the candidate
+    of rank `rank`, or where `picks` covers the operator, its measured pick (TVM's default
+    lowering when none of its candidates verified)."""
     if not mc.device.runs_on_cpu:
         raise UserError(f"running a model needs a CPU device, got {mc.device.name} ({mc.device.kind})")
     if rank < 1:
         raise UserError(f"rank must be >= 1, got {rank}")
+    picked = {name: p for p in picks for name in p.func_names}
     built: dict[str, OperatorKernel] = {}
     out = []
     for r in mc.results:
         op = r.operator
         if op.func_name not in built:
-            built[op.func_name] = _build(r, mc, rank)
+            pick = picked.get(op.func_name)
+            if pick is not None and pick.rank is None:
+                built[op.func_name] = _unscheduled(op, mc, pick.reason)
+            else:
+                built[op.func_name] = _build(r, mc, pick.rank if pick is not None else rank)
         kernel = built[op.func_name]
         out.append(OperatorKernel(op.name, kernel.scheduled, kernel.rank, kernel.error, kernel.module))
     return tuple(out)

@@ -2,7 +2,9 @@
 (`execute`), its outputs checked against ONNX Runtime, and its end-to-end time beside ONNX
 Runtime's and TVM's own default build of the same Relax module, all measured in one run (timings
 on a shared machine are only comparable within one run, as ratios), with each operator's measured
-time beside its predicted one (where the time goes).
+time beside its predicted one (where the time goes). Each operator runs its rank-1 candidate
+(`pick="rank1"`) or the fastest verified one of its top K measured here first (`pick="measured"`,
+`execute.measured_pick`); the report says which rank each operator ran and how long picking took.
 """
 
 from __future__ import annotations
@@ -10,28 +12,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import time
+
 import numpy as np
 
 from workbench.codegen.build import target_dict
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.models.execute import build_model_kernels, run_model, time_model
+from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, run_model,
+                                      time_model)
 from workbench.profile.local import pool_threads
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds
-from workbench.profile.runner import Timing
-from workbench.profile.session import cannot_run_locally
+from workbench.profile.runner import Runner, Timing
+from workbench.profile.session import Progress, cannot_run_locally
 from workbench.viz.fmt import duration
 
-# fp32 outputs against ONNX Runtime: the two sum the reductions (up to a few thousand terms of
-# inputs in [-1, 1]) in different orders, which moves a result by about sqrt(terms) * 6e-8
-# relative, ~1e-5 at worst on the sample models; 1e-4 relative plus 1e-4 absolute (for results
-# near zero, where a relative bound means nothing) leaves that margin while a wrong index or a
-# missing term moves outputs of order 0.1-1.
-RTOL = 1e-4
-ATOL = 1e-4
+# the outputs against ONNX Runtime: within RTOL and ATOL (`execute`, where the numbers are argued)
 REPEAT = 5  # best of 5: the fastest run is the one least disturbed by other work on the machine
+# Which candidate each operator runs: rank 1 of the model, or the fastest verified of its top K.
+PICKS = ("rank1", "measured")
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,17 @@ class OperatorTime:
     measured_seconds: float
     predicted_seconds: float | None  # None: the operator was not constructed
     scheduled: bool  # False: TVM's default lowering ran instead of the candidate
+    rank: int | None = None  # the candidate run; None when TVM's default lowering ran
+    pick: OperatorPick | None = None  # the measured pick that chose it (pick "measured" only)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "measured_seconds": self.measured_seconds,
-                "predicted_seconds": self.predicted_seconds, "scheduled": self.scheduled}
+        out = {"name": self.name, "measured_seconds": self.measured_seconds,
+               "predicted_seconds": self.predicted_seconds, "scheduled": self.scheduled, "rank": self.rank}
+        if self.pick is not None:  # each candidate tried, its best repeat (None: failed, `error` says why)
+            out["profile_run_id"] = self.pick.profile.run_id
+            out["candidates_tried"] = [{"rank": m.rank, "seconds": m.best_seconds if m.ok else None, "error": m.error}
+                                       for m in self.pick.tried]
+        return out
 
 
 @dataclass(frozen=True)
@@ -57,19 +65,35 @@ class ModelRun:
     operators: tuple[OperatorTime, ...]
     threads: int  # ONNX Runtime's intra-op threads: the device's compute units
     kernel_threads: int  # TVM's pool running the workbench's kernels and TVM's default build
+    pick: str = "rank1"  # which candidate each operator ran (PICKS)
+    pick_seconds: float = 0.0  # wall time of the measured pick (0 for rank 1)
+    picks: tuple[OperatorPick, ...] = ()  # one per distinct workload profiled (pick "measured")
 
     def to_dict(self) -> dict:
         return {"outputs_match": self.outputs_match, "max_abs_error": self.max_abs_error, "rtol": RTOL,
                 "atol": ATOL, "seconds": self.seconds, "onnxruntime_seconds": self.onnxruntime_seconds,
                 "tvm_default_seconds": self.tvm_default_seconds, "tvm_default_error": self.tvm_default_error,
                 "threads": {"workbench": self.kernel_threads, "onnxruntime": self.threads},
+                "pick": self.pick, "pick_seconds": self.pick_seconds,
                 "operators": [o.to_dict() for o in self.operators]}
+
+    def pick_text(self) -> str:
+        """How the kernels were chosen, in one line."""
+        if self.pick == "rank1":
+            return "kernels: every operator's rank 1 (the best predicted)"
+        failed = sum(1 for p in self.picks for m in p.tried if not m.ok)
+        runs = [p.profile.run_id for p in self.picks if p.profile.run_id is not None]
+        stored = f"; stored as runs {', '.join(map(str, runs))}" if runs else ""
+        return (f"kernels: the fastest verified of each operator's top K, measured here: {len(self.picks)} "
+                f"workloads, {sum(len(p.tried) for p in self.picks)} candidates tried ({failed} failed, skipped) "
+                f"in {self.pick_seconds:.1f} s{stored}")
 
     def text(self) -> str:
         lines = [f"{'operator':40s} {'measured':>10s} {'predicted':>10s} kernel"]
         for o in self.operators:  # duration: "-" for an operator without a prediction
             lines.append(f"{o.name[:40]:40s} {duration(o.measured_seconds):>10s} {duration(o.predicted_seconds):>10s} "
-                         + ("scheduled" if o.scheduled else "TVM default lowering"))
+                         + (f"scheduled, rank {o.rank}" if o.scheduled else "TVM default lowering"))
+        lines.append(self.pick_text())
         match = "match" if self.outputs_match else "DO NOT match"
         lines.append(f"outputs {match} ONNX Runtime (max abs error {self.max_abs_error:.2e}; "
                      f"tolerance rtol {RTOL:g}, atol {ATOL:g})")
@@ -83,13 +107,20 @@ class ModelRun:
         return "\n".join(lines)
 
 
-def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, seed: int = 0) -> ModelRun:
-    """Build every operator's kernel of rank `rank`, run the model `mc` (constructed from the ONNX
+def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, seed: int = 0, *,
+                     pick: str = "rank1", store=None, runner: str | Runner = "local",
+                     progress: Progress | None = None) -> ModelRun:
+    """Build every operator's kernel of rank `rank` (`pick="rank1"`) or its measured pick
+    (`pick="measured"`: the top K of each distinct workload profiled with `runner` and recorded
+    in `store` first, `execute.measured_pick`), run the model `mc` (constructed from the ONNX
     file `path`) on seeded random inputs, check it against ONNX Runtime and time it beside ONNX
     Runtime and TVM's default build. A model with symbolic dims runs at its bound values: the
-    inputs have the bound shapes, which ONNX Runtime takes as they are and TVM's build imports. UserError for a GPU device, a CPU whose instructions this
-    one lacks (the kernels run in this process, where an illegal instruction would kill it), or
-    without onnxruntime."""
+    inputs have the bound shapes, which ONNX Runtime takes as they are and TVM's build imports.
+    UserError for an unknown pick, a GPU device, a CPU whose instructions this one lacks (the
+    kernels run in this process, where an illegal instruction would kill it), or without
+    onnxruntime."""
+    if pick not in PICKS:
+        raise UserError(f"unknown pick '{pick}' (known: {', '.join(PICKS)})")
     if not mc.device.runs_on_cpu:
         raise UserError(f"running a model needs a CPU device, got {mc.device.name} ({mc.device.kind})")
     problem = cannot_run_locally(mc.device)
@@ -102,7 +133,10 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     path = Path(path)
     inputs = random_inputs(mc, seed)
     kernel_threads = pool_threads(mc.device)  # before any kernel runs: TVM sizes its pool once
-    kernels = build_model_kernels(mc, rank)
+    start = time.perf_counter()
+    picks = measured_pick(mc, inputs, runner=runner, store=store, progress=progress) if pick == "measured" else ()
+    pick_seconds = time.perf_counter() - start if pick == "measured" else 0.0
+    kernels = build_model_kernels(mc, rank, picks)
     ours = run_model(mc, kernels, inputs)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = mc.device.compute_units
@@ -113,10 +147,12 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     seconds, each = time_model(mc, kernels, inputs, REPEAT)
     ort_seconds = _best(lambda: session.run(None, inputs))
     tvm_seconds, tvm_error = _tvm_default(mc, path, inputs)
-    operators = tuple(OperatorTime(r.operator.name, t, r.predicted_seconds, k.scheduled)
+    picked = {name: p for p in picks for name in p.func_names}
+    operators = tuple(OperatorTime(r.operator.name, t, r.predicted_seconds, k.scheduled, k.rank if k.scheduled else None,
+                                   picked.get(r.operator.func_name))
                       for r, k, t in zip(mc.results, kernels, each))
     return ModelRun(match, max(errors, default=0.0), seconds, ort_seconds, tvm_seconds, tvm_error, operators,
-                    mc.device.compute_units, kernel_threads)
+                    mc.device.compute_units, kernel_threads, pick, pick_seconds, picks)
 
 
 def random_inputs(mc: ModelConstruction, seed: int) -> dict[str, np.ndarray]:
