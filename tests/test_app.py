@@ -843,6 +843,36 @@ def test_models_page_shows_a_failed_run_and_keeps_the_page(monkeypatch):
     assert _metric(at, "Rammer gain")  # the construction above the run is still shown
 
 
+def test_models_page_runs_the_measured_best_of_top_k_and_stores_its_profiles(tmp_path, monkeypatch):
+    """The Kernels choice passes pick="measured" and the workspace's runs store to the core (its
+    profiles made by the fake runner here, so that no timing decides the test); the table shows
+    the rank each operator ran, the caption how they were picked."""
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.store import RunStore
+
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    real = pipeline.run_model_report
+    monkeypatch.setattr(pipeline, "run_model_report",
+                        lambda mc, path, **kwargs: real(mc, path, **kwargs, runner=FakeRunner(seed=3)))
+    at = goto(app(small()), "Models")
+    at.selectbox[0].set_value("mlp.onnx").run()
+    (kernels,) = [r for r in at.radio if r.label == "Kernels"]
+    assert kernels.options == ["rank 1", "measured best of top 3"] and kernels.value == "rank 1"
+    kernels.set_value("measured best of top 3").run()
+    button(at, "Run the model").click().run()
+    assert not at.exception and not at.error, errors(at)
+    assert at.success[0].value.startswith("outputs match ONNX Runtime")
+    assert any(c.value.startswith("kernels: the fastest verified of each operator's top K, measured here: "
+                                  "3 workloads, 9 candidates tried (0 failed, skipped)") for c in at.caption)
+    (table,) = [d.value for d in at.dataframe if "kernel" in d.value.columns]
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        runs = store.runs()
+        measured = [{m.rank: m.measurement.best_seconds for m in store.measurements_of(r.id)} for r in runs]
+    assert [r.workload for r in runs] == [f"mlp:{name}" for name in table["operator"]]
+    for seconds, rank in zip(measured, table["rank"]):  # each operator ran its fastest measured candidate
+        assert seconds[rank] == min(seconds.values())
+
+
 # The Dynamic shapes page (Vortex): its default is the paper's BERT GEMM, M dynamic up to 2048.
 BERT = Workload(op="matmul", params=(("K", 768), ("M", "dyn"), ("N", 2304)))
 TINY_DYN = "M=dyn,K=64,N=64"  # compiles in seconds

@@ -3,8 +3,10 @@ the values typed in, 1 where none is; the operators depending on each and their 
 lines shown), its operator graph coloured by predicted time, the operators not constructed, the
 Rammer co-schedule as a Gantt chart and its gain over one kernel at a time with the device's
 launch overhead; an operator opens in Construction. On a CPU device that runs here, a button runs the whole model (`workbench model
---run`): outputs against ONNX Runtime, per-operator time measured beside predicted, end to end
-beside ONNX Runtime and TVM's default build."""
+--run`, with each operator's rank 1 or the measured best of its top K, `--pick measured`, whose
+profiles go to the runs store of the Candidates and Runs pages): outputs against ONNX Runtime,
+per-operator time measured beside predicted and the rank run, end to end beside ONNX Runtime and
+TVM's default build."""
 
 from __future__ import annotations
 
@@ -16,12 +18,14 @@ import streamlit as st
 
 from workbench.app import views
 from workbench.app.messages import message
+from workbench.app.profile_controls import store_path
 from workbench.app.state import selection, set_selection
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.files import check_size, read_user_file
 from workbench import pipeline
 from workbench.pipeline import MAX_MODEL_BYTES, Request
+from workbench.profile.store import RunStore
 from workbench.viz.dataflow import dataflow_figure
 from workbench.viz.fmt import duration
 from workbench.viz.gantt import gantt_figure
@@ -108,8 +112,17 @@ def _rammer(mc) -> None:
     st.caption(f"kernel launch on {mc.device.name}: {duration(launch)}" + (f" ({source})" if source else ""))
 
 
-def _run_key(path: str, digest: str, dims: str, sel: Request) -> tuple:
-    return (path, digest, dims, sel.device, sel.policy, sel.options)
+def _run_key(path: str, digest: str, dims: str, sel: Request, pick: str) -> tuple:
+    return (path, digest, dims, sel.device, sel.policy, sel.options, pick)
+
+
+def _run(mc, path: str, pick: str):
+    """`workbench model --run [--pick measured]`: the measured pick stores its profiles in the
+    runs store the Candidates and Runs pages show."""
+    if pick == "rank1":
+        return pipeline.run_model_report(mc, path)
+    with RunStore(store_path()) as store:
+        return pipeline.run_model_report(mc, path, pick=pick, store=store)
 
 
 def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
@@ -118,11 +131,16 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
     if not sel.device.runs_on_cpu:
         st.info(f"Running a model needs a CPU device; {sel.device.name} is a {sel.device.kind}.")
         return
-    key = _run_key(path, digest, dims, sel)
+    picks = {"rank 1": "rank1", f"measured best of top {sel.options.topk}": "measured"}
+    pick = picks[st.radio("Kernels", list(picks), horizontal=True, key="model-pick",
+                          help="rank 1: each operator's best predicted candidate; measured: build, verify and time "
+                          "each distinct operator's top K here first (as Profile does, stored in the runs store) "
+                          "and run the fastest correct one")]
+    key = _run_key(path, digest, dims, sel, pick)
     if st.button("Run the model", help="build every kernel, check the outputs against ONNX Runtime, time it"):
         try:
             with st.spinner("building every kernel, running against ONNX Runtime and TVM's default build..."):
-                st.session_state["model_run"] = (key, pipeline.run_model_report(mc, path))
+                st.session_state["model_run"] = (key, _run(mc, path, pick))
         except UserError as err:
             st.error(message(err))
             return
@@ -131,9 +149,10 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
             return
     done = st.session_state.get("model_run")
     if done is None or done[0] != key:
-        st.caption("Builds every operator's kernel (rank 1), runs it on random inputs and times it.")
+        st.caption("Builds every operator's kernel (rank 1 or the measured best), runs it on random inputs and times it.")
         return
     run = done[1]
+    st.caption(run.pick_text())
     if run.outputs_match:
         st.success(f"outputs match ONNX Runtime (max abs error {run.max_abs_error:.2e})")
     else:
@@ -154,7 +173,7 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
                  x_label="operator (dataflow order)", y_label="us", stack=False)
     views.time_table([{"#": i, "operator": n, "measured us": o.measured_seconds * 1e6,
                        "predicted us": None if o.predicted_seconds is None else o.predicted_seconds * 1e6,
-                       "kernel": "scheduled" if o.scheduled else "TVM default lowering"}
+                       "kernel": "scheduled" if o.scheduled else "TVM default lowering", "rank": o.rank}
                       for i, (n, o) in enumerate(zip(names, run.operators))])
     fell_back = [o.name for o in run.operators if not o.scheduled]
     if fell_back:
