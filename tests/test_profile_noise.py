@@ -4,7 +4,9 @@ the repeats cannot tell from the fastest."""
 import numpy as np
 import pytest
 
-from workbench.profile.noise import MedianInterval, coverage, indistinguishable, median_interval, within_noise
+from workbench.profile.noise import (
+    SETTLE_MIN_REPEATS, MedianInterval, coverage, indistinguishable, median_interval, settled, within_noise,
+)
 
 
 @pytest.mark.parametrize("n, k, expected", [
@@ -60,3 +62,23 @@ def test_within_noise_of_a_rank_are_the_ranks_whose_intervals_overlap_its_own():
     assert within_noise(seconds, 3) == (1, 3, 4)
     assert within_noise(seconds, 2) == (2,)
     assert within_noise(seconds, 5) == () and within_noise(seconds, 9) == ()
+
+
+def test_repeats_settle_once_at_least_three_agree_within_the_spread():
+    assert SETTLE_MIN_REPEATS == 3 and coverage(3, 1) == 0.75  # [min, max] of 3 covers the median 3 times in 4
+    assert settled([1.0, 1.009, 1.004], 0.01)  # max - min = 0.9 % of the min
+    assert not settled([1.0, 1.011, 1.004], 0.01)  # 1.1 %
+    assert not settled([1.0, 1.0], 0.01)  # two repeats agreeing is a coin's toss
+    assert settled([1.0, 1.0], 0.01, least=2)
+    assert not settled([1.0, 1.0, 1.0], 0.0)  # no spread asks for every repeat
+    assert not settled([], 0.01, least=0)
+
+
+def test_from_six_repeats_the_settling_spread_is_the_median_intervals_not_the_extremes():
+    """Six repeats: the 95 % interval is [x(1), x(6)] (coverage(6, 2) is 78 %); ten: [x(2), x(9)],
+    so one slowed repeat no longer keeps a timing from settling."""
+    six = [1.0, 1.001, 1.002, 1.003, 1.004, 1.5]
+    assert not settled(six, 0.01)
+    ten = [0.999, 1.0, 1.001, 1.002, 1.003, 1.004, 1.005, 1.006, 1.007, 1.5]
+    assert median_interval(ten) == MedianInterval(1.0, 1.007, pytest.approx(1 - 22 / 1024))
+    assert settled(ten, 0.01)

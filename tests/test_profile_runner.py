@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import matmul
+from workbench.codegen import verify
 from workbench.errors import UserError
 from workbench.ops.reference import random_inputs, reference_with_scale
-from workbench.profile.runner import Measurement, Timing, best_measured, inputs_and_reference
+from workbench.profile.runner import Measurement, Timing, best_measured, inputs_and_reference, timed_repeats, verified
 
 
 def test_best_and_median_of_the_repeats():
@@ -35,6 +36,8 @@ def test_timing_refuses_nonsense():
         Timing(repeat=0)
     with pytest.raises(UserError, match="timeout_s > 0"):
         Timing(timeout_s=0)
+    with pytest.raises(UserError, match="settle >= 0"):
+        Timing(settle=-0.01)
 
 
 def test_the_inputs_and_reference_are_those_of_the_check_and_kept_for_the_last_expression():
@@ -48,3 +51,61 @@ def test_the_inputs_and_reference_are_those_of_the_check_and_kept_for_the_last_e
     assert not np.array_equal(other_seed[0], inputs[0])  # another seed draws other inputs
     assert inputs_and_reference(b, 0)[1].value.shape == (4, 8)  # another expression its own
     assert inputs_and_reference(a, 0)[1] is not ref  # one entry: a is computed again after b
+
+
+class ScriptedRepeats:
+    """A `run` for `timed_repeats` that hands out given repeat times and records each call."""
+
+    def __init__(self, seconds):
+        self.seconds, self.calls = list(seconds), []
+
+    def __call__(self, repeats, fastest):
+        self.calls.append((repeats, fastest))
+        taken, self.seconds = self.seconds[:repeats], self.seconds[repeats:]
+        return taken
+
+
+def test_repeats_that_agree_stop_at_three():
+    run = ScriptedRepeats([2.0e-3, 2.01e-3, 2.005e-3, 9.0, 9.0])
+    assert timed_repeats(run, Timing(repeat=5, settle=0.01)) == (2.0e-3, 2.01e-3, 2.005e-3)
+    assert run.calls == [(3, None)]
+
+
+def test_repeats_that_disagree_go_on_one_at_a_time_until_they_settle_or_reach_the_limit():
+    run = ScriptedRepeats([1.0, 1.2, 1.0, 1.01, 1.1, 1.0])  # [min, max] 20 % wide until the limit
+    assert timed_repeats(run, Timing(repeat=5, settle=0.01)) == (1.0, 1.2, 1.0, 1.01, 1.1)
+    assert run.calls == [(3, None), (1, 1.0), (1, 1.0)]  # later repeats sized from the fastest so far
+    run = ScriptedRepeats([1.0, 1.2, 1.0] + [1.0] * 7)  # 10 allowed: from 9 repeats the 95 % interval
+    assert timed_repeats(run, Timing(repeat=10, settle=0.01)) == (1.0, 1.2) + (1.0,) * 7  # is [x(2), x(8)]
+    assert len(run.calls) == 1 + 6
+
+
+def test_without_settle_or_with_few_repeats_every_repeat_is_taken_at_once():
+    run = ScriptedRepeats([1.0] * 5)
+    assert timed_repeats(run, Timing(repeat=5, settle=0)) == (1.0,) * 5 and run.calls == [(5, None)]
+    run = ScriptedRepeats([1.0, 2.0])
+    assert timed_repeats(run, Timing(repeat=2)) == (1.0, 2.0) and run.calls == [(2, None)]
+
+
+def test_an_output_already_verified_is_not_compared_again(monkeypatch):
+    """`verified` remembers `compare`'s answer by the output's bytes: the same bits give the same
+    Verification without a second pass, other bits (a wrong kernel after a right one) their own."""
+    calls, compare = [], verify.compare
+
+    def counting(out, ref, dtype):
+        calls.append(out.copy())
+        return compare(out, ref, dtype)
+
+    monkeypatch.setattr(verify, "compare", counting)
+    expr = matmul(8, 4, 16)
+    ref = inputs_and_reference(expr, 0)[1]
+    right = ref.value.astype(np.float32)
+    first = verified(right, expr, ref, 0)
+    assert first.correct and verified(right.copy(), expr, ref, 0) is first and len(calls) == 1
+    wrong = right.copy()
+    wrong.flat[5] += 1.0
+    assert not verified(wrong, expr, ref, 0).correct and len(calls) == 2
+    other = matmul(4, 8, 16)  # another expression forgets the first's answers
+    other_ref = inputs_and_reference(other, 0)[1]
+    assert verified(other_ref.value.astype(np.float32), other, other_ref, 0).correct
+    assert verified(right, expr, ref, 0) is not first and len(calls) == 4
