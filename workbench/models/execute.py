@@ -2,20 +2,23 @@
 
 Each operator's chosen candidate is built with its device's schedule template (`build_kernel`)
 and the operators run in dataflow order, every one reading the outputs of the ones before it,
-the model's inputs and its weights. The candidate is rank 1 (the model's best prediction) or,
-with `measured_pick`, the fastest of the top K measured here: Roller ends its construction by
-evaluating its top-K rPrograms on the device and keeping the fastest (Roller, section 4), since
-its micro-model ranks close candidates only roughly (resnet_block's 3x3 convs ran up to 1.3x
-faster at lower ranks than at rank 1 on the 2-core development machine). The pick is a profile
-session per distinct workload (built in warm workers, stored as `workbench profile` stores its
-runs), with one difference: the numpy reference knows catalog operators and expressions, not a
-model's fused PrimFuncs, so a candidate is checked against the operator's TVM default lowering
-run on the operator's own arguments in one run of the model on the seeded inputs
-(`_OperatorRunner`), at the tolerance the whole model is held to against ONNX Runtime. Where the template refuses a
-PrimFunc (softmax and layer norm: several reductions in one function) or the operator is
-unsupported, that operator runs TVM's own lowering of the unscheduled PrimFunc instead, and the
-kernel says so (`scheduled=False`, with the template's reason): the model's outputs stay
-checkable against an ONNX runtime while the report shows which kernels were constructed.
+the model's inputs and its weights. Where the template refuses a PrimFunc (softmax and layer
+norm: several reductions in one function) or the operator is unsupported, that operator runs
+TVM's own lowering of the unscheduled PrimFunc instead, and the kernel says so
+(`scheduled=False`, with the template's reason): the model's outputs stay checkable against an
+ONNX runtime while the report shows which kernels were constructed.
+
+The candidate is rank 1 (the model's best prediction) or, with `measured_pick`, the fastest
+verified one of the top K measured here: Roller ends its construction by evaluating its top-K
+rPrograms on the device and keeping the fastest (Roller, section 4), since its micro-model
+ranks close candidates only roughly (in the quiet runs of issue 17, other candidates of
+resnet_block's 3x3 convs' top 5 ran up to 1.3x faster than rank 1 on the 2-core development
+machine). The pick is a profile session per distinct workload (built in warm workers, stored as
+`workbench profile` stores its runs), with one difference: the numpy reference knows catalog
+operators and expressions, not a model's fused PrimFuncs, so a candidate is checked against the
+operator's TVM default lowering run on the operator's own arguments in one run of the model on
+the seeded inputs (`_OperatorRunner`), at the tolerance the whole model is held to against ONNX
+Runtime.
 
 The kernels run in this process on TVM's thread pool, which reads TVM_NUM_THREADS once, when it
 starts; without it TVM assumes hyper-threading and starts half the logical CPUs. `profile.local.pool_threads`
