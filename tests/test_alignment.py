@@ -67,14 +67,19 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
                 out.append(f"{tensor.name}: leading dim not whole transactions")
     if dev.kind == "gpu" and layer == 0:
         out += [f"{a.name}: register step" for s, a in zip(tile, e.axes) if s not in REGISTER_STEPS and s != a.extent]
-        if spread_reduce_axis(e, dev) is not None:
+        k = spread_reduce_axis(e, dev)
+        if k is not None:
             out += [f"{e.axes[a].name}: a thread of a cross-thread reduction" for a in e.spatial if tile[a] != 1]
+            if ceil(e.axes[k].extent / tile[k]) < dev.warp_size or tile[k] not in REGISTER_STEPS:
+                out.append(f"{e.axes[k].name}: fewer than a warp of threads along the row")
     if dev.kind == "gpu" and layer == dev.unit_layer_index:
         k = spread_reduce_axis(e, dev)
         threads = prod(tile[a] // upper[a] for a in e.spatial) * (tile[k] // upper[k] if k is not None else 1)
         covers = all(tile[a] >= e.axes[a].extent for a in (e.spatial if k is None else [k]))
         if threads % dev.warp_size and not covers:
             out.append("threads not a multiple of the warp")
+        if k is not None and threads < dev.warp_size:
+            out.append("a cross-thread reduction's block shorter than a warp")
         if k is not None:
             out += [f"{e.axes[a].name}: a block of a cross-thread reduction" for a in e.spatial if tile[a] != upper[a]]
     if dev.kind == "cpu" and layer == 0:
@@ -545,10 +550,15 @@ CROSS_CASES = {
     "reduce_sum-64x1M": (("reduce_sum", dict(shape=(64, 1 << 20), axes=(1,))), 1),
     "reduce_sum-8x65536": (("reduce_sum", dict(shape=(8, 65536), axes=(1,))), 1),
     "gemv-64x8192": (("gemv", dict(M=64, K=8192)), 1),
-    # 4096 outputs >= 80 SMs x 32 lanes: a thread each gives every SM a warp or more
+    # many outputs, x reused: A and x staged in shared memory by coalesced copies
     "gemv-4096": (("gemv", dict(M=4096, K=4096)), None),
-    "reduce_mean-R1": (("reduce_mean", dict(shape=(65536, 1024), axes=(1,))), None),
+    # many outputs, nothing reused: a thread per output row would read rows a row apart (R0-R2)
+    "reduce_mean-R0": (("reduce_mean", dict(shape=(128, 512, 1024), axes=(2,))), 1),
+    "reduce_mean-R1": (("reduce_mean", dict(shape=(65536, 1024), axes=(1,))), 1),
+    "reduce_mean-R2": (("reduce_mean", dict(shape=(128, 4032, 11, 11), axes=(2, 3))), 1),  # 11 x 11 fused: 121
     "reduce_sum-middle": (("reduce_sum", dict(shape=(8, 64, 32), axes=(1,))), None),  # not contiguous
+    # axis 0 of a row-major matrix: neighbouring outputs read neighbouring elements (coalesced)
+    "reduce_sum-outer": (("reduce_sum", dict(shape=(4096, 1024), axes=(0,))), None),
     "reduce_sum-short": (("reduce_sum", dict(shape=(8, 16), axes=(1,))), None),  # shorter than a warp
     "avgpool": (("avgpool", dict(N=1, C=8, H=14, W=14, K=3, stride=2, pad=1)), None),  # a window
 }
@@ -563,8 +573,12 @@ def test_cross_thread_axis_on_the_v100(case):
 
 
 def test_matmul_keeps_a_thread_per_output():
-    """B[k, j] reads k with a stride of N: threads along k would not read consecutive elements."""
+    """B[k, j] reads k with a stride of N: threads along k would not read consecutive elements.
+    A x B^T reads k contiguously in both inputs, but each is reused across outputs (A along j,
+    B along i): its tiles are staged, copied coalesced, and keep a thread per output."""
     assert cross_thread_axis(matmul(64, 64, 4096), device("v100")) is None
+    tb = fuse_axes(expr("matmul", M=64, N=32, K=48, trans_b=True))
+    assert cross_thread_axis(tb, device("v100")) is None == spread_reduce_axis(tb, device("v100"))
 
 
 @pytest.mark.parametrize(
@@ -576,6 +590,10 @@ def test_matmul_keeps_a_thread_per_output():
         # 8 blocks would need 40 warps: the V100 spec's 512-thread block cap
         ("reduce_sum-8x65536", (1, 2), 512),
         ("gemv-64x8192", (1, 4), 160),
+        # 65536 rows: a warp per scheduler needs 1 warp a block, but 32 resident blocks of one
+        # warp would fill half the SM's 2048 threads: 2 warps
+        ("reduce_mean-R1", (1, 1), 64),
+        ("reduce_mean-R1", (1, 4), 64),
     ],
 )
 def test_cross_thread_block_fills_the_schedulers_with_warps_along_the_reduction(case, register, threads):
@@ -589,6 +607,21 @@ def test_cross_thread_block_fills_the_schedulers_with_warps_along_the_reduction(
     assert not is_aligned(ctx, (2 * register[0], register[1] * threads))
     # threads in whole warps: 161 threads are refused, unless one block step covers the axis
     assert not is_aligned(ctx, (register[0], register[1] * (threads + 1)))
+
+
+def test_a_thread_of_a_cross_thread_reduction_leaves_a_warp_of_threads_along_the_row():
+    """R2's rows of 121 (11 x 11 fused): on the V100 a thread may take 2 elements (61 threads,
+    2 warps) but not 4 (31 threads: blocks of 4 threads x 32 elements were once emitted); on the
+    MI50, whose wavefronts are 64 lanes, only 1 (2 elements leave 61 threads)."""
+    (op, params), _ = CROSS_CASES["reduce_mean-R2"]
+    e = fuse_axes(expr(op, **params))
+    k = e.reduce[-1]
+    ok = {
+        gpu: [s for s in (1, 2, 4, 8) if is_aligned(AlignContext(e, device(gpu), 0, (1, 1), 0.05), (1, s))]
+        for gpu in ("v100", "mi50")
+    }
+    assert k == 1 and ok == {"v100": [1, 2], "mi50": [1]}
+    assert not is_aligned(AlignContext(e, device("v100"), 1, (1, 4), 0.05), (1, 124))  # 31 threads
 
 
 def test_a_short_reduction_axis_is_covered_by_one_block_step():

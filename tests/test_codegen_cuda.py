@@ -23,6 +23,7 @@ from workbench.construct.stepper import construct
 from workbench.ops.expr_lang import build_expr
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
+from workbench.rtile.alignment import cross_thread_axis
 from workbench.rtile.rprogram import RProgram
 
 GPUS = ("v100", "h100")
@@ -79,8 +80,10 @@ def test_source_has_the_programs_block_and_thread_structure(gpu, case):
     assert "__global__" in source
     threads = block_threads(fused, lane_program(fused, program, device(gpu)), device(gpu))
     assert f"__launch_bounds__({threads})" in source or threads == 1  # TVM drops a unit thread loop
-    assert ("__shared__" in source) == staged(gpu, case)
-    assert ("__syncthreads" in source) == staged(gpu, case)
+    # a cross-thread tree over more than one warp meets in shared memory after the shuffles
+    trees = cross_thread_axis(fused, device(gpu)) is not None and threads > device(gpu).warp_size
+    assert ("__shared__" in source) == (staged(gpu, case) or trees)
+    assert ("__syncthreads" in source) == (staged(gpu, case) or trees)
     if fused.reduce:  # partial sums live in an unrolled register array, or in WMMA accumulators
         registers = re.search(r"(float|half) \w+_local_ptr\[\d+\];", source)
         assert registers or re.search(r"wmma::accumulator, 16, 16, 16, half> \w+\[\d+\];", source)
@@ -327,13 +330,59 @@ def test_a_cross_thread_reduction_walks_its_other_reduce_axes_in_every_thread():
     assert re.search(r"for \(int r_\d = 0; r_\d < 3; \+\+r_\d\)", built.source)
 
 
+# roller-table1's reductions: many outputs, rows contiguous (R2's 11 x 11 fused into rows of 121)
+TABLE1_REDUCTIONS = {
+    "R0": dict(shape=(128, 512, 1024), axes=(2,)),
+    "R1": dict(shape=(65536, 1024), axes=(1,)),
+    "R2": dict(shape=(128, 4032, 11, 11), axes=(2, 3)),
+}
+ARCHS = {"v100": "sm_70", "a100": "sm_80", "h100": "sm_90"}
+
+
+@lru_cache(maxsize=None)
+def table1_reduction(gpu: str, wid: str):
+    """(fused expression, rank-1 program, kernel) of a roller-table1 reduction on `gpu`."""
+    built = construct(expr("reduce_mean", **TABLE1_REDUCTIONS[wid]), device(gpu))
+    program = built.candidates[0].program
+    return built.expr, program, build_kernel(built.expr, program, device(gpu))
+
+
+@pytest.mark.parametrize("gpu", sorted(ARCHS))
+@pytest.mark.parametrize("wid", sorted(TABLE1_REDUCTIONS))
+def test_table1_reductions_bind_a_blocks_threads_to_its_row(gpu, wid):
+    """Issue 16: R0-R2 have 65536 to 516096 outputs, and a thread per output read its row with
+    a row's stride between neighbouring threads. Rank 1 now sums one row per block with at least
+    a warp of threads along it: every load's index is the row's start plus threadIdx.x with
+    coefficient 1 (lane t reads element t of a step), and thread 0 writes the mean."""
+    fused, program, built = table1_reduction(gpu, wid)
+    assert built.ok, built.error
+    k = fused.reduce[-1]
+    assert all(tile[a] == 1 for tile in program.tiles for a in fused.spatial)  # a row per thread and per block
+    threads = block_threads(fused, program, device(gpu))
+    assert threads == program.tiles[1][k] // program.tiles[0][k] >= 32
+    source = built.source
+    assert f"__launch_bounds__({threads})" in source
+    loads = re.findall(r"X_ptr\[([^\]]*)\]", source)
+    assert loads and all("((int)threadIdx.x)" in index and "threadIdx.x) *" not in index for index in loads)
+    assert re.search(r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*Y_ptr\[", source)
+
+
 @pytest.mark.parametrize("arch", ["sm_70", "sm_80", "sm_90"])
 def test_cross_thread_reductions_compile_with_nvcc(arch):
-    """nvcc 13 dropped sm_70: `ptx_arch` compiles for the oldest newer architecture (sm_75)."""
+    """nvcc 13 dropped sm_70: `ptx_arch` compiles for the oldest newer architecture (sm_75).
+    The table-1 reductions' rank-1 kernels of the GPU of that architecture with them: R2's 61
+    threads a row (not whole warps) reduce through shared memory, the others with shuffles."""
     if nvcc_path() is None:
         pytest.skip("nvcc not found on PATH: the CUDA sources' structure is checked by the tests above, not compiled")
-    sources = [cross_thread_kernel("v100")[2].source, two_reduce_axes_kernel().source]
-    for result in compile_ptx_many(sources, arch):
+    gpu = next(g for g, a in ARCHS.items() if a == arch)
+    table1 = {wid: table1_reduction(gpu, wid) for wid in sorted(TABLE1_REDUCTIONS)}
+    shuffles = [cross_thread_kernel("v100")[2].source, two_reduce_axes_kernel().source]
+    warps = {wid: block_threads(e, program, device(gpu)) % 32 == 0 for wid, (e, program, _) in table1.items()}
+    shuffles += [table1[wid][2].source for wid in table1 if warps[wid]]
+    others = [table1[wid][2].source for wid in table1 if not warps[wid]]
+    for n, result in enumerate(compile_ptx_many(shuffles + others, arch)):
         assert result.ok, result.error
-        assert "shfl.sync.down" in result.ptx and result.arch == ptx_arch(arch)
+        assert result.arch == ptx_arch(arch)
         assert result.ptxas_report is not None and result.ptxas_report.spill_store_bytes == 0
+        if n < len(shuffles):
+            assert "shfl.sync.down" in result.ptx

@@ -254,17 +254,25 @@ def micro_kernel_vectors(e, dev, tile) -> tuple[int, int]:
 
 
 def spread_reduce_axis(e, dev):
-    """The cross-thread reduction rule restated: on a GPU, a reduction (no tensor cores) with
-    fewer outputs than SMs x warp lanes whose innermost reduce axis is at least
-    a warp long and indexes, alone and with stride 1, the contiguous dimension of every input
-    that reads it (and no other dimension) spreads a block's threads along that axis."""
+    """The cross-thread reduction rule restated: on a GPU, a reduction (no tensor cores) none of
+    whose inputs is reused across outputs (each indexed by every spatial axis longer than 1),
+    or with fewer outputs than SMs x warp lanes and such an input reading the axis, whose
+    innermost reduce axis is at least a warp long and indexes,
+    alone and with stride 1, the contiguous dimension of every input that reads it (and no
+    other dimension: a thread per output would read rows a row apart) spreads a block's
+    threads along that axis."""
     if dev.kind != "gpu" or not e.reduce or mma_axes(e, dev) is not None:
-        return None
-    if prod(e.axes[a].extent for a in e.spatial) >= dev.compute_units * dev.warp_size:
         return None
     k = e.reduce[-1]
     readers = [t for t in e.inputs if any(c[k] for c, _ in t.index)]
     if e.axes[k].extent < dev.warp_size or not readers:
+        return None
+    # read once: an input that every spatial axis longer than 1 indexes (no reuse across outputs)
+    long = {a for a in e.spatial if e.axes[a].extent > 1}
+    once = [long <= {a for c, _ in t.index for a, x in enumerate(c) if x} for t in e.inputs]
+    few = prod(e.axes[a].extent for a in e.spatial) < dev.compute_units * dev.warp_size
+    reader_once = any(o for o, t in zip(once, e.inputs) if any(c[k] for c, _ in t.index))
+    if not (all(once) or (few and reader_once)):
         return None
     for t in readers:
         if [d for d, (c, _) in enumerate(t.index) if c[k]] != [len(t.index) - 1]:

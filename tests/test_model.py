@@ -28,6 +28,8 @@ from workbench.rtile.model import (
     micro_kernel_shape,
     source_layer,
     tree_reduction_seconds,
+    uncoalesced_bytes,
+    warp_sectors,
 )
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
 from workbench.rtile.traffic import TileCalculus
@@ -77,7 +79,10 @@ def check_consistent(calc, dev, program, est):
             src = dev.layers[source_layer(program, layer, len(dev.layers))].name
             # Q(tile), or less where a CPU cache tile's neighbours share (closed forms below)
             assert cache_traffic(program, dev, layer) <= calc.traffic_bytes(tile)
-            moved[src] = moved.get(src, 0) + cache_traffic(program, dev, layer)
+            # plus, for a GPU register tile read straight from global memory, the sectors its
+            # uncoalesced loads waste (closed forms below)
+            wasted = uncoalesced_bytes(program, dev) if layer == 0 else 0
+            moved[src] = moved.get(src, 0) + cache_traffic(program, dev, layer) + wasted
     if dev.kind == "cpu" and len(program.tiles) > 1 and calc.expr.reduce:
         home = dev.layers[accumulator_home(program, dev)].name
         lanes = partial_sums(calc.expr, dev, program.tiles[0])  # closed forms in test_alignment
@@ -90,7 +95,9 @@ def check_consistent(calc, dev, program, est):
         smem = est.footprints[dev.unit_layer_index]
         if est.blocks_per_unit > 1:
             assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
-            assert smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
+            assert est.blocks_per_unit <= (32 if dev.vendor == "nvidia" else est.blocks_per_unit)
+            if program.cached[dev.unit_layer_index]:  # only a staged tile takes shared memory
+                assert smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
     else:
         assert (est.threads, est.blocks_per_unit, est.occupancy) == (1, 1, 1.0)
 
@@ -495,6 +502,76 @@ def test_tree_is_paid_per_output_of_a_block_and_per_wave():
     assert tree_reduction_seconds(program, dev, 32, 3) == pytest.approx(3 * 5 * 12.4e-9, rel=1e-12)
     two_rows = replace(program, tiles=((2, 2), (2, 64)))
     assert tree_reduction_seconds(two_rows, dev, 32, 1) == pytest.approx(2 * 5 * 12.4e-9, rel=1e-12)
+
+
+R1 = ("reduce_mean", dict(shape=(65536, 1024), axes=(1,)))  # roller-table1 R1: 256 MiB of fp32 rows
+
+
+def test_a_warp_along_the_rows_reads_whole_sectors():
+    """R1 as a cross-thread reduction on the V100 (32 threads x 32 elements a row): lane t reads
+    element t of its row's step, 32 x 4 B = 128 B in 4 sectors of 32 B, as few as 128 B take, so
+    the global layer moves Q(tile) and no more."""
+    dev, e = device("v100"), fuse_axes(expr(R1[0], **R1[1]))
+    program = make_program(TileCalculus(e), dev, [(1, 32), (1, 1024)], (True, False), 0.05)
+    assert warp_sectors(e, dev, (1, 1024), (1, 32)) == ((4, 4),)
+    assert uncoalesced_bytes(program, dev) == 0
+    assert dict(estimate(program, dev).bytes_per_layer) == {"global": (65536 * 1024 + 65536) * 4}
+
+
+def test_a_thread_per_row_touches_a_sector_per_lane():
+    """A thread per output row (rows of 8 fp32, shorter than a warp: `cross_thread_axis` keeps
+    the threads on the outputs), 32 rows a block: a warp's load reads one element per lane, 32 B
+    apart, touching 32 sectors where its 128 useful bytes take 4, so each input byte is priced
+    8 times (7 x Q wasted), whatever the thread's register tile along the row (2 or 8 elements:
+    each of its loads is such a request). The output, written once per row, is not a load."""
+    dev, e = device("v100"), fuse_axes(expr("reduce_sum", shape=(65536, 8), axes=(1,)))
+    for k in (2, 8):
+        assert warp_sectors(e, dev, (32, 8), (1, k)) == ((32, 4),)
+        program = make_program(TileCalculus(e), dev, [(1, k), (32, 8)], (True, False), 0.05)
+        assert uncoalesced_bytes(program, dev) == 7 * 65536 * 8 * 4
+        assert dict(estimate(program, dev).bytes_per_layer) == {"global": 8 * 65536 * 8 * 4 + 65536 * 4}
+    # staged in shared memory, the block's cooperative copy is coalesced: nothing wasted
+    staged = make_program(TileCalculus(e), dev, [(1, 2), (32, 8)], (True, True), 0.05)
+    assert uncoalesced_bytes(staged, dev) == 0
+
+
+def test_neighbouring_outputs_of_an_outer_reduction_read_neighbouring_elements():
+    """reduce_sum over axis 0 of a 4096 x 1024 matrix keeps a thread per output (`cross_thread_axis`
+    is None): lane t reads column t, 32 x 4 B in 4 sectors, so nothing is wasted."""
+    dev, e = device("v100"), fuse_axes(expr("reduce_sum", shape=(4096, 1024), axes=(0,)))
+    j = e.spatial[0]
+    block, reg = [1] * len(e.axes), [1] * len(e.axes)
+    block[j] = 128
+    assert warp_sectors(e, dev, tuple(block), tuple(reg)) == ((4, 4),)
+
+
+@pytest.mark.parametrize("gpu, bandwidth", [("v100", 750e9), ("a100", None), ("h100", None)])
+def test_r1_is_constructed_as_a_cross_thread_reduction_near_the_bandwidth_bound(gpu, bandwidth):
+    """Issue 16's acceptance: roller-table1 R1's top-1 binds its threads to the reduce axis (a
+    thread and a block per output row), reads each byte once in whole sectors, and its predicted
+    time is within 10% of reading 256 MiB at the global layer's bandwidth (0.36 ms on the
+    V100), the tree's 5-10 exchanges per row included."""
+    dev = device(gpu)
+    built = construct(expr(R1[0], **R1[1]), dev)
+    program, est = built.candidates[0].program, built.candidates[0].estimate
+    k = built.expr.reduce[-1]
+    assert program.register_tile[0] == program.unit_tile[0] == 1  # one row per block
+    assert est.threads == program.unit_tile[k] // program.register_tile[k] and est.threads % 32 == 0
+    assert uncoalesced_bytes(program, dev) == 0
+    floor = 65536 * 1024 * 4 / ((bandwidth or dev.layers[-1].bandwidth_gbps * 1e9))
+    assert floor <= est.predicted_seconds <= 1.1 * floor
+    if gpu == "v100":
+        assert 0.35e-3 < est.predicted_seconds < 0.40e-3
+
+
+def test_blocks_per_unit_capped_by_the_resident_block_limit_and_unstaged_shared_memory():
+    """R1's blocks of one warp: 64 fit the V100's 2048 threads, but an SM holds at most 32
+    blocks (compute capability 7.0), and the 4 KiB block tile, not staged, takes no shared
+    memory (it capped them at 12 before)."""
+    dev, e = device("v100"), fuse_axes(expr(R1[0], **R1[1]))
+    program = make_program(TileCalculus(e), dev, [(1, 32), (1, 1024)], (True, False), 0.05)
+    assert blocks_per_unit(program, dev) == (32, 32)
+    assert estimate(program, dev).occupancy == 32 * 32 / 2048
 
 
 def test_no_tree_without_a_cross_thread_reduction():

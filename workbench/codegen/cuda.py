@@ -13,9 +13,10 @@ Tiles that do not divide an extent are realised by predicated splits: the tail b
 under a guard, so prime shapes still give correct code. `workbench.codegen.nvcc` checks the
 generated source with nvcc and reports ptxas's registers and spills.
 
-A reduction with few outputs (`rtile.alignment.cross_thread_axis`) binds its threads to its
-innermost reduce axis instead and sums across them with TVM's cross-thread reduction
-(`_schedule_cross_thread`).
+A reduction whose rows are contiguous (`rtile.alignment.cross_thread_axis`: reduce_sum /
+reduce_mean over the last axes, gemv), where a thread per output would read its neighbours'
+rows a row apart, binds its threads to its innermost reduce axis instead, one block a row, and
+sums across them with TVM's cross-thread reduction (`_schedule_cross_thread`).
 
 Tensor-core programs (float16 matmuls on GPUs with MMA units) take `cuda_mma`'s WMMA schedule
 (the rule `codegen.rules.tensor_core`, tried before this one's `codegen.rules.gpu`); both share

@@ -104,7 +104,9 @@ class ExecutionUnitRule:
     GPU: a block's thread count (unit tile / register tile over spatial axes) is a multiple of
     the warp size, unless the block already covers every spatial axis; a thread's tile uses
     Roller's register steps. A cross-thread reduction (`cross_thread_axis`) counts its threads
-    along its reduce axis instead (whole warps unless one step covers the axis), and its
+    along its reduce axis instead (whole warps unless one step covers the axis, and never fewer
+    than a warp: R2's 121-long rows on the A100 took blocks of 4 threads x 32 elements, 4 busy
+    lanes a warp; a thread's tile along the axis leaves a warp of threads), and its
     threads and blocks sum for one output each (spatial tiles of 1: the block's partial sums
     meet in one tree per output; our choice, as the classic one-block-per-row gemv). CPU: the
     register tile along the axis the SIMD lanes run along (`lane_axis`) is a multiple of the
@@ -130,8 +132,11 @@ class ExecutionUnitRule:
             mma = mma_axes(ctx.expr, ctx.device)
             if mma is not None and axis in mma:
                 return True  # a warp's fragment tile: the tensor-core rule governs it
-            if ctx.expr.axes[axis].kind == "spatial" and cross_thread_axis(ctx.expr, ctx.device) is not None:
+            across = cross_thread_axis(ctx.expr, ctx.device)
+            if ctx.expr.axes[axis].kind == "spatial" and across is not None:
                 return size == 1  # a thread of a cross-thread reduction sums for one output
+            if axis == across:  # and leaves at least a warp of threads along the row
+                return size in REGISTER_STEPS and ceil(extent / size) >= ctx.device.warp_size
             return size in REGISTER_STEPS or size == extent
         if axis == lane_axis(ctx.expr, ctx.device):
             if size == extent:
@@ -153,6 +158,8 @@ class ExecutionUnitRule:
         across = cross_thread_axis(ctx.expr, ctx.device)
         covered = ctx.expr.spatial if across is None else (across,)
         covers = all(tile[a] >= ctx.expr.axes[a].extent for a in covered)
+        if across is not None and threads < ctx.device.warp_size:
+            return False  # a row of at least a warp's elements is read by at least a warp
         return threads % ctx.device.warp_size == 0 or covers
 
 
@@ -270,27 +277,44 @@ def tile_lanes(expr: TensorExpr, device: DeviceSpec) -> int:
 def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     """The reduce axis a GPU block spreads its threads along (a cross-thread reduction), or None.
 
-    A reduction with fewer output points than `compute_units x warp_size` (a thread per
-    output cannot give every unit even one warp; our threshold: from one warp per unit on, a
-    thread per output keeps the construction it had) binds its threads to its innermost reduce
-    axis instead: consecutive
-    threads read consecutive elements (every input that reads the axis reads it alone along its
-    contiguous dimension, `leading_axis` and `streams`; not a pooling window), and the axis is at
-    least a warp long; each thread sums its share, and the block combines the partial sums in a tree
-    (TVM's cross-thread allreduce: warp shuffles, then shared memory across warps). Such a
-    block sums for one output point (`ExecutionUnitRule`). reduce_sum over 64 x 1M on the V100 gave 2 blocks of 32 threads,
-    each walking its rows alone (14 ms predicted against a 0.36 ms read of the matrix).
-    Contractions on tensor cores and operators an input of which reads the axis with a stride
-    (a matmul's B[k, j]) keep a thread per output."""
+    The decision is coalescing (issue 16). A thread per output puts neighbouring threads on
+    neighbouring outputs, which read their rows a whole row apart wherever the innermost reduce
+    axis `k` alone indexes the contiguous dimension of every input reading it (`leading_axis`
+    and `streams`): a warp's load touches one 32 B sector per lane (`model.warp_sectors`: 32
+    sectors for 128 useful bytes in fp32, 8x a coalesced load). An operator none of whose
+    inputs is reused across outputs (`_read_once`: reduce_sum / reduce_mean over the last
+    axes, roller-table1 R0-R2) stages nothing in shared memory, so its threads read global
+    memory that way; such a reduction, whatever its number of outputs, binds its threads to `k`
+    instead: consecutive threads read consecutive elements, each thread sums its share, and
+    the block combines the partial sums in a tree (TVM's cross-thread allreduce: warp shuffles,
+    then shared memory across warps); a block sums for one output point (`ExecutionUnitRule`).
+    An operator with a reused input (gemv's x, A x B^T's A and B) stages its tiles, which the
+    block's threads copy coalesced, and keeps a thread per output, unless it has fewer outputs
+    than `compute_units x warp_size` (a thread per output cannot give every unit even one warp;
+    our threshold) and an input read once runs along `k` (gemv 64 x 8192's A: one block a row,
+    as the classic gemv; not A x B^T, both of whose inputs are reused).
+    `k` must be at least a warp long (a shorter row shares its sectors between neighbouring
+    threads' rows anyway). A thread per output stays where neighbouring outputs read
+    neighbouring elements: a reduction over an outer axis (axis 0 of a row-major matrix, whose
+    output axis is the input's contiguous one), pooling windows (`x*stride + s`), a matmul's
+    B[k, j] (k with a stride of N), and contractions on tensor cores."""
     if not device.lanes_are_threads or not expr.reduce or mma_axes(expr, device) is not None:
-        return None
-    if prod(expr.axes[a].extent for a in expr.spatial) >= device.compute_units * device.warp_size:
         return None
     k = expr.reduce[-1]
     readers = [t for t in expr.inputs if t.uses_axis(k)]
     if expr.axes[k].extent < device.warp_size or not readers:
         return None
+    streamed = [_read_once(expr, t) for t in expr.inputs]
+    few = prod(expr.axes[a].extent for a in expr.spatial) < device.compute_units * device.warp_size
+    if not (all(streamed) or (few and any(s for s, t in zip(streamed, expr.inputs) if t.uses_axis(k)))):
+        return None
     return k if all(leading_axis(t) == k and streams(t, k) for t in readers) else None
+
+
+def _read_once(expr: TensorExpr, tensor) -> bool:
+    """Whether each element of `tensor` is read for one output only (it uses every spatial axis
+    longer than 1): nothing of it is reused across outputs."""
+    return all(tensor.uses_axis(a) for a in expr.spatial if expr.axes[a].extent > 1)
 
 
 def vector_axis(expr: TensorExpr) -> int | None:
@@ -555,6 +579,14 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
     return tuple(expr.spatial) + ((lane,) if lane is not None and lane not in expr.spatial else ())
 
 
+def resident_block_limit(device: DeviceSpec) -> int | None:
+    """Thread blocks one unit holds at most at once, or None where the spec gives no such limit:
+    32 on NVIDIA GPUs (compute capability 7.0, 8.0 and 9.0; CUDA C++ Programming Guide,
+    technical specifications per compute capability; 16 on 8.6 and 24 on 8.9, which no preset
+    is). Other vendors' limits are not in the specs: none is assumed."""
+    return 32 if device.launches_thread_blocks and device.vendor == "nvidia" else None
+
+
 def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1, across: int | None = None) -> int:
     """Threads of a GPU block: unit tile over register tile, spatial axes only, times the
     threads that share one register tile (a warp for tensor-core fragments), times the threads a
@@ -706,13 +738,20 @@ def _reduce_fill(ctx: AlignContext, rules, axis: int) -> int | None:
     """The size along `axis` of a cross-thread reduction's smallest block tile
     (`cross_thread_axis`), or None: its threads in whole warps, as many as give each warp
     scheduler of the device one warp over the grid (a block per register tile of output points;
-    our choice: with fewer, the model's compute efficiency and the loads in flight fall), at
-    most a block's limit, fewer where the rules refuse that many (padding beyond eps); one
-    thread per register tile of the whole axis where that takes no more threads."""
+    our choice: with fewer, the model's compute efficiency and the loads in flight fall), and
+    at least as many as fill a unit's resident threads with the blocks it may hold
+    (`resident_block_limit`: 2 warps on the V100, whose 32 blocks of one warp would leave half
+    its 2048 threads idle), at most a block's limit, fewer where the rules refuse that many
+    (padding beyond eps); one thread per register tile of the whole axis where that takes no
+    more threads."""
     upper, extent = ctx.upper[axis], ctx.expr.axes[axis].extent
-    warp, most = ctx.device.warp_size, ctx.device.max_threads_per_block
+    device = ctx.device
+    warp, most = device.warp_size, device.max_threads_per_block
     grid = prod(ceil(ctx.expr.axes[a].extent / ctx.upper[a]) for a in ctx.expr.spatial)
-    want = min(most - most % warp, warp * ceil(ctx.device.compute_units * ctx.device.teu_per_unit / grid))
+    per_scheduler = ceil(device.compute_units * device.teu_per_unit / grid)
+    # the fewest threads whose blocks, at the unit's resident-block limit, fill its threads
+    filling = ceil(device.max_threads_per_unit / resident_block_limit(device) / warp) if resident_block_limit(device) else 1
+    want = min(most - most % warp, warp * max(per_scheduler, filling))
     room = ceil(extent / upper)  # threads that cover the axis in one step
 
     def ok(threads: int) -> bool:

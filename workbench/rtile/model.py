@@ -7,7 +7,9 @@ slowest stage (the bottleneck):
 
 - load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf;
                            on a CPU less where neighbouring cache tiles share what stays in the
-                           layer: `cache_traffic`)
+                           layer: `cache_traffic`; on a GPU more where a program that stages
+                           nothing loads with a warp touching more sectors than its bytes need:
+                           `uncoalesced_bytes`)
 - compute time           = flops on the padded iteration space / peak compute     (MaxComputePerf)
                            / the fraction of peak the register tile can reach (`compute_efficiency`:
                            warps per scheduler on a GPU; on a CPU the SIMD lanes its vectors fill
@@ -36,7 +38,8 @@ from workbench.construct.banks import ThreadBinding, requests, stored_tile, wave
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    accumulators, block_thread_count, cross_thread_axis, lane_axis, mma_axes, partial_sums, simd_vectors,
+    accumulators, block_thread_count, cross_thread_axis, lane_axis, mma_axes, partial_sums, resident_block_limit,
+    simd_vectors,
 )
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
@@ -94,19 +97,22 @@ def source_layer(program: RProgram, layer: int, n_layers: int) -> int:
 
 
 def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
-    """(threads per block, blocks resident per unit). GPUs: limited by threads, registers and
-    shared memory (the per-block capacity is used as the per-SM budget: conservative); CPUs run
-    one work item per core at a time."""
+    """(threads per block, blocks resident per unit). GPUs: limited by threads, registers,
+    the unit's resident-block limit (`resident_block_limit`) and, for programs that stage
+    tiles there, shared memory (the per-block capacity is used as the per-SM budget:
+    conservative); CPUs run one work item per core at a time."""
     if not device.has_occupancy_limits:
         return 1, 1
     threads = block_thread_count(program.expr, device, program.unit_tile, program.register_tile)
     regs = max(1, footprint_at(device, program, 0) // 4)
-    smem = max(1, footprint_at(device, program, device.unit_layer_index))
-    unit_layer = device.layers[device.unit_layer_index]
+    unit = device.unit_layer_index
+    unit_layer = device.layers[unit]
     by_threads = device.max_threads_per_unit // threads
     by_regs = device.registers_per_unit // (threads * regs)
-    by_smem = unit_layer.capacity_bytes // smem
-    return threads, max(1, min(by_threads, by_regs, by_smem))
+    limits = [by_threads, by_regs, resident_block_limit(device) or by_threads]
+    if program.cached[unit]:  # a program that stages nothing allocates no shared tile
+        limits.append(unit_layer.capacity_bytes // max(1, footprint_at(device, program, unit)))
+    return threads, max(1, min(limits))
 
 
 def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu: int) -> float:
@@ -294,6 +300,70 @@ def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, 
 
 
 @lru_cache(maxsize=65536)
+def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) -> tuple[tuple[int, int], ...]:
+    """Per input, (sectors, needed): the memory transactions (`transaction_bytes` of the bottom
+    layer: 32 B sectors on NVIDIA) that the first warp's first load of the input touches when it
+    reads straight from global memory, and the fewest that its distinct bytes could take.
+
+    Lanes follow the CUDA template's binding: along a cross-thread reduction's axis thread t
+    reads element t of the step (`cross_thread_axis`), else threads run over the block's spatial
+    axes, the last fastest, thread t of an axis at t x (register tile / its virtual threads).
+    Counted from the lanes' byte addresses in the row-major tensor. A warp's load is one request
+    whatever the lanes read, and each sector it touches is one transaction: R1's 65536 x 1024
+    rows with a thread per row touch 32 sectors for 32 x 4 useful bytes (needed: 4)."""
+    across = cross_thread_axis(expr, device)
+    split = dict(vthreads)
+    if across is not None:
+        counts = {across: ceil(block[across] / reg[across])}
+        steps = {across: 1}
+    else:
+        counts = {a: ceil(block[a] / reg[a]) for a in expr.spatial}
+        steps = {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial}
+    lanes = min(device.warp_size, prod(counts.values()))
+    coords = []
+    for lane in range(lanes):
+        coord, rest = [0] * len(expr.axes), lane
+        for a in reversed(list(counts)):
+            coord[a], rest = rest % counts[a] * steps[a], rest // counts[a]
+        coords.append(coord)
+    sector = device.layers[-1].transaction_bytes
+    found = []
+    for tensor in expr.inputs:
+        strides = [prod(tensor.shape[d + 1 :]) for d in range(len(tensor.shape))]
+        addresses = {
+            sum((sum(c * x for c, x in zip(coeffs, coord)) + const) * stride for (coeffs, const), stride in zip(tensor.index, strides))
+            * tensor.itemsize
+            for coord in coords
+        }
+        touched = len({address // sector for address in addresses})
+        found.append((touched, ceil(len(addresses) * tensor.itemsize / sector)))
+    return tuple(found)
+
+
+def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
+    """Bytes a GPU program's register tiles load from global memory beyond Q(tile), for the
+    transactions its uncoalesced loads waste: each input read straight from global memory (the
+    program stages nothing in shared memory) moves its Q share x sectors / needed
+    (`warp_sectors`). Our pricing: every sector a request touches is fetched at the bottom
+    layer's bandwidth; the L1 may keep a strided warp's sectors for its next loads, but with a
+    sector per lane per warp the resident warps' sectors outgrow it, and Roller's artifact
+    avoids the pattern (a row per warp) rather than relying on it. 0 on CPUs, for staged
+    programs (the cooperative copy into shared memory is coalesced by construction) and for
+    tensor-core programs (staged)."""
+    expr = program.expr
+    if not device.lanes_are_threads or program.cached[device.unit_layer_index] or mma_axes(expr, device) is not None:
+        return 0
+    calc, reg = calculus(expr), program.register_tile
+    sectors = warp_sectors(expr, device, program.unit_tile, reg, program.vthreads)
+    shapes, tiles = calc.data_tiles(reg), calc.num_tiles(reg)
+    extra = 0
+    for (touched, needed), shape, tensor in zip(sectors, shapes, expr.inputs):
+        if touched > needed:
+            extra += tiles * prod(shape) * tensor.itemsize * (touched - needed) // needed
+    return extra
+
+
+@lru_cache(maxsize=65536)
 def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads) -> tuple[int, int]:
     """(wavefronts, requests) of the first warp of a GPU block tile `block` reading its
     threads' register tiles `reg` of every input from shared memory (bank padding included),
@@ -337,7 +407,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         if not program.cached[layer]:
             continue
         src = device.layers[source_layer(program, layer, len(device.layers))]
-        q = cache_traffic(program, device, layer)
+        q = cache_traffic(program, device, layer) + (uncoalesced_bytes(program, device) if layer == 0 else 0)
         moved[src.name] = moved.get(src.name, 0) + q
         loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
