@@ -3,7 +3,10 @@
 Timing runs in a spawned worker so that the TVM runtime's thread pool can be sized before it
 starts: TVM reads TVM_NUM_THREADS once, and without it uses half the logical cores on x86 (it
 assumes hyper-threading). Candidates are timed one after another, never in parallel with each
-other or with builds, so they do not disturb each other's numbers.
+other or with builds, so they do not disturb each other's numbers. Building the next candidates
+while one is timed would not keep that on a 2-core machine: the kernel's pool takes every core,
+so a build would share one with the timing. Checks against numpy (`check_library`) need no
+quiet core and run in the build workers as each build ends.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from workbench.profile.runner import (
     Report,
     Timing,
     check_and_time,
+    check_module,
     measurement_from_check,
     runtime_versions,
 )
@@ -56,6 +60,19 @@ def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str) ->
     module = tvm.runtime.load_module(built.library)
     check, seconds = check_and_time(module, built, dev, expr, timing)
     return measurement_from_check(built.rank, runner, check, seconds, runtime_versions())
+
+
+def check_library(built: BuiltCandidate, expr, seed: int):
+    """The Verification of `built`'s library run once on this machine (`runner.check_module`),
+    or None where its device is not here (the runner then says so). Runs in the build worker
+    right after the build, while the other workers still build: a check needs no quiet core,
+    and the timing worker is left to time (`session.build_candidates`)."""
+    import tvm
+
+    dev = targets.runtime_device(built.target_kind)
+    if not dev.exist:
+        return None
+    return check_module(tvm.runtime.load_module(built.library), built, dev, expr, seed)
 
 
 class LocalRunner:
