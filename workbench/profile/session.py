@@ -236,8 +236,9 @@ def profile_candidates(
 def _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool) -> None:
     with tempfile.TemporaryDirectory(prefix="workbench-profile-") as folder:
         if chosen.needs_library:  # local kernels are checked in the build workers, remote ones where they run
+            check = timing if chosen.name == "local" else None
             built = build_candidates(expr, device, candidates, folder, jobs=jobs, timeout_s=build_timeout_s,
-                                     progress=recorder.notify, pool=pool, check=timing if chosen.name == "local" else None)
+                                     progress=recorder.notify, pool=pool, check=check)
         else:
             built = tuple(BuiltCandidate(c.rank, c.predicted_seconds, ok=True) for c in candidates)
         recorder.build_seconds = {b.rank: b.build_seconds for b in built}
