@@ -7,7 +7,7 @@ reuse (Roller builds their top tile only) and must give at least one.
 """
 
 from functools import cache
-from math import ceil, prod
+from math import ceil, log2, prod
 
 import pytest
 from helpers import (
@@ -19,7 +19,7 @@ from helpers import (
     workload_expr,
 )
 from test_alignment import AVX2, AVX512
-from test_invariants import assert_within_limits
+from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
@@ -215,6 +215,28 @@ def test_small_matmul_is_shrunk_until_it_fills_the_v100():
     assert all(c.program.grid >= 80 for c in candidates), [c.program.grid for c in candidates]
     shrinks = [s for s in stepper.steps if s.action.kind == "shrink"]
     assert shrinks and all(s.action.layer == 1 for s in shrinks)
+    for cand in candidates:
+        assert_within_limits(stepper.space, cand.program)
+
+
+def test_long_gemv_reaches_many_cores_in_few_shrinks():
+    """gensor-table4 V3 (gemv 16384 x 1000) on a detected 128-core SSE4.2 CPU with a 4 MiB L2:
+    its L2 tile spans the whole 16384 outputs, and shrinking it one register tile at a time spent
+    Roller's 4000 steps on Roller-S and gave 4 programs (test_invariants' Hypothesis test drew
+    it). A shrink now doubles the tiles while the grid stays within the units, then steps."""
+    dev = detected_cpu("sse4.2", 128, 32 * KIB, 4096 * KIB)
+    stepper = Stepper(workload_expr(WORKLOADS["gensor-table4:V3"]), dev)
+    stepper.run_to_end()
+    candidates = stepper.candidates()
+    assert len(candidates) >= 5
+    assert all(c.program.grid >= dev.compute_units for c in candidates), [c.program.grid for c in candidates]
+    runs, run = [], 0
+    for step in stepper.steps:
+        if step.action.kind == "shrink":
+            run += 1
+        elif run:
+            runs, run = runs + [run], 0
+    assert runs and max(runs) <= ceil(log2(dev.compute_units)) + 1, runs
     for cand in candidates:
         assert_within_limits(stepper.space, cand.program)
 

@@ -239,9 +239,10 @@ class Space:
         return ok
 
     def shrink_unit(self, tiles: tuple[Tile, ...], eps: float) -> tuple[int, tuple[Tile, ...]] | None:
-        """Roller-S scale-out (§3.2, small operators): (axis, tiles) with the unit tile shrunk one
-        aligned step along the spatial axis of smallest reuse score, or None when none can shrink.
-        Shared by every policy that emits programs; memoised."""
+        """Roller-S scale-out (§3.2, small operators): (axis, tiles) with the unit tile shrunk
+        along the spatial axis of smallest reuse score (by `_reach`: to double the tiles along
+        it while the grid stays within the units, else one aligned step), or None when none can
+        shrink. Shared by every policy that emits programs; memoised."""
         key = (tiles, eps)
         if key not in self._shrunk:
             self._shrunk[key] = _shrink_once(self, tiles, eps, self.cached(len(tiles), eps))
@@ -267,8 +268,11 @@ class Space:
 
 def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]):
     unit, ranked = tiles[-1], []
+    grid = space.calc.spatial_tiles(unit)
     for axis in space.expr.spatial:
-        for size in _smaller_sizes(unit[axis], tiles[-2][axis] if len(tiles) > 1 else 1):
+        extent = space.expr.axes[axis].extent
+        reach = _reach(extent, unit[axis], grid, space.device.compute_units)
+        for size in _smaller_sizes(unit[axis], tiles[-2][axis] if len(tiles) > 1 else 1, reach):
             new = _shrunk_stack(space, tiles, axis, size, eps, cached)
             if new is not None:
                 ranked.append((space.reuse(len(tiles) - 1, new[-1], unit, new[-2] if len(new) > 1 else space.ones()), axis, new))
@@ -307,10 +311,29 @@ def _all_within(space: Space, tiles, eps: float, cached) -> bool:
     return True
 
 
-def _smaller_sizes(size: int, base: int):
-    """Candidate smaller sizes for shrinking: multiples of the tile above, then halvings."""
+def _reach(extent: int, size: int, grid: int, units: int) -> int:
+    """The largest size worth trying first for an axis of the unit tile (now `size`, the grid
+    `grid` tiles): while doubling the tiles along the axis leaves the grid at most the units,
+    the largest size that doubles them; nearer the units, `size - 1` (one aligned step, as
+    Roller-S steps). One register tile at a time, a unit tile spanning a long axis took
+    thousands of shrinks (gemv 16384x1000 over 128 cores, a 4 MiB L2: all of Roller's
+    `max_steps`); doubling brings the grid to more than half the units in O(log) shrinks, and
+    from there it steps as before."""
+    tiles = ceil(extent / size)
+    if 2 * grid > units:
+        return size - 1
+    return -(-extent // (2 * tiles - 1)) - 1  # the largest s with ceil(extent / s) >= 2 * tiles
+
+
+def _smaller_sizes(size: int, base: int, reach: int):
+    """Candidate smaller sizes for shrinking: steps of the tile above, then halvings; those at
+    most `reach` (`_reach`) first, largest first, then the larger ones, nearest first."""
     seen = set()
-    for s in list(range(size - base, 0, -base))[:64] + [size // 2**k for k in range(1, 12)]:
+    halvings = [size // 2**k for k in range(1, 12)]
+    first = size - base * max(1, -(-(size - reach) // base))
+    far = list(range(first, 0, -base))[:64] + [s for s in halvings if s <= reach]
+    near = list(range(size - base, reach, -base))[:64] + [s for s in halvings if s > reach]
+    for s in far + near:
         if 0 < s < size and s not in seen:
             seen.add(s)
             yield s
