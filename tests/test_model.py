@@ -509,30 +509,47 @@ R1 = ("reduce_mean", dict(shape=(65536, 1024), axes=(1,)))  # roller-table1 R1: 
 
 def test_a_warp_along_the_rows_reads_whole_sectors():
     """R1 as a cross-thread reduction on the V100 (32 threads x 32 elements a row): lane t reads
-    element t of its row's step, 32 x 4 B = 128 B in 4 sectors of 32 B, as few as 128 B take, so
-    the global layer moves Q(tile) and no more."""
+    elements t, t + 32, .., its warp the whole 4 KiB row in 128 sectors of 32 B, as few as 4 KiB
+    take (each load: 32 x 4 B in 4 sectors), so the global layer moves Q(tile) and no more."""
     dev, e = device("v100"), fuse_axes(expr(R1[0], **R1[1]))
     program = make_program(TileCalculus(e), dev, [(1, 32), (1, 1024)], (True, False), 0.05)
-    assert warp_sectors(e, dev, (1, 1024), (1, 32)) == ((4, 4),)
+    assert warp_sectors(e, dev, (1, 1024), (1, 32)) == ((128, 128),)
+    assert warp_sectors(e, dev, (1, 32), (1, 1)) == ((4, 4),)
     assert uncoalesced_bytes(program, dev) == 0
     assert dict(estimate(program, dev).bytes_per_layer) == {"global": (65536 * 1024 + 65536) * 4}
 
 
 def test_a_thread_per_row_touches_a_sector_per_lane():
     """A thread per output row (rows of 8 fp32, shorter than a warp: `cross_thread_axis` keeps
-    the threads on the outputs), 32 rows a block: a warp's load reads one element per lane, 32 B
-    apart, touching 32 sectors where its 128 useful bytes take 4, so each input byte is priced
-    8 times (7 x Q wasted), whatever the thread's register tile along the row (2 or 8 elements:
-    each of its loads is such a request). The output, written once per row, is not a load."""
+    the threads on the outputs), 32 rows a block: with 2 elements a thread the warp touches 32
+    sectors (one per row) for 32 x 8 useful bytes, which take 8, so each input byte is priced 4
+    times (3 x Q wasted); with the whole row a thread every byte of the 32 sectors is read. The
+    output, written once per row, is not a load."""
     dev, e = device("v100"), fuse_axes(expr("reduce_sum", shape=(65536, 8), axes=(1,)))
-    for k in (2, 8):
-        assert warp_sectors(e, dev, (32, 8), (1, k)) == ((32, 4),)
-        program = make_program(TileCalculus(e), dev, [(1, k), (32, 8)], (True, False), 0.05)
-        assert uncoalesced_bytes(program, dev) == 7 * 65536 * 8 * 4
-        assert dict(estimate(program, dev).bytes_per_layer) == {"global": 8 * 65536 * 8 * 4 + 65536 * 4}
+    assert warp_sectors(e, dev, (32, 8), (1, 2)) == ((32, 8),)
+    program = make_program(TileCalculus(e), dev, [(1, 2), (32, 8)], (True, False), 0.05)
+    assert uncoalesced_bytes(program, dev) == 3 * 65536 * 8 * 4
+    assert dict(estimate(program, dev).bytes_per_layer) == {"global": 4 * 65536 * 8 * 4 + 65536 * 4}
+    whole = make_program(TileCalculus(e), dev, [(1, 8), (32, 8)], (True, False), 0.05)
+    assert warp_sectors(e, dev, (32, 8), (1, 8)) == ((32, 32),) and uncoalesced_bytes(whole, dev) == 0
     # staged in shared memory, the block's cooperative copy is coalesced: nothing wasted
     staged = make_program(TileCalculus(e), dev, [(1, 2), (32, 8)], (True, True), 0.05)
     assert uncoalesced_bytes(staged, dev) == 0
+
+
+def test_a_stride_2_window_reads_every_sector_it_touches_over_its_register_tile():
+    """avgpool 2 x 2, stride 2, a thread per output along the row: lane t reads x[2t + s]; over
+    the window's s = 0, 1 (the register tile along it) the warp reads 64 consecutive floats, 8
+    sectors, all used; with only s = 0 in the tile, 8 sectors for 128 B (needed: 4)."""
+    dev = device("v100")
+    e = fuse_axes(expr("avgpool", N=1, C=1, H=64, W=64, K=2, stride=2, pad=0))
+    w = [axis.name for axis in e.axes].index("w")
+    block, reg = [1] * len(e.axes), [1] * len(e.axes)
+    block[w] = 32
+    assert warp_sectors(e, dev, tuple(block), tuple(reg)) == ((8, 4),)
+    for a in e.reduce:  # the window's rows r and columns s
+        reg[a] = 2
+    assert warp_sectors(e, dev, tuple(block), tuple(reg)) == ((16, 16),)  # 2 rows x 64 floats
 
 
 def test_neighbouring_outputs_of_an_outer_reduction_read_neighbouring_elements():

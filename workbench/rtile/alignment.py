@@ -280,8 +280,8 @@ def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     The decision is coalescing (issue 16). A thread per output puts neighbouring threads on
     neighbouring outputs, which read their rows a whole row apart wherever the innermost reduce
     axis `k` alone indexes the contiguous dimension of every input reading it (`leading_axis`
-    and `streams`): a warp's load touches one 32 B sector per lane (`model.warp_sectors`: 32
-    sectors for 128 useful bytes in fp32, 8x a coalesced load). An operator none of whose
+    and `streams`): a warp's load touches one 32 B sector per lane (32 sectors for 128 useful
+    bytes in fp32, 8x a coalesced load; `model.warp_sectors` prices it). An operator none of whose
     inputs is reused across outputs (`_read_once`: reduce_sum / reduce_mean over the last
     axes, roller-table1 R0-R2) stages nothing in shared memory, so its threads read global
     memory that way; such a reduction, whatever its number of outputs, binds its threads to `k`

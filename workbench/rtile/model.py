@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import product
 from math import ceil, log2, prod
 
 from workbench.construct.banks import ThreadBinding, requests, stored_tile, wavefronts
@@ -302,15 +303,17 @@ def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, 
 @lru_cache(maxsize=65536)
 def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) -> tuple[tuple[int, int], ...]:
     """Per input, (sectors, needed): the memory transactions (`transaction_bytes` of the bottom
-    layer: 32 B sectors on NVIDIA) that the first warp's first load of the input touches when it
-    reads straight from global memory, and the fewest that its distinct bytes could take.
+    layer: 32 B sectors on NVIDIA) that the first warp touches reading its register tiles of the
+    input straight from global memory, and the fewest that the distinct bytes it reads could
+    take. Counted from the byte addresses in the row-major tensor.
 
-    Lanes follow the CUDA template's binding: along a cross-thread reduction's axis thread t
-    reads element t of the step (`cross_thread_axis`), else threads run over the block's spatial
-    axes, the last fastest, thread t of an axis at t x (register tile / its virtual threads).
-    Counted from the lanes' byte addresses in the row-major tensor. A warp's load is one request
-    whatever the lanes read, and each sector it touches is one transaction: R1's 65536 x 1024
-    rows with a thread per row touch 32 sectors for 32 x 4 useful bytes (needed: 4)."""
+    Lanes follow the CUDA template's binding: along a cross-thread reduction's axis thread t of
+    T reads elements t, t + T, .. (`cross_thread_axis`); else threads run over the block's
+    spatial axes, the last fastest, thread t of an axis at t x (register tile / its virtual
+    threads). A sector that several loads of one register tile touch is counted once (our
+    reading of DRAM transactions: the L1 keeps a warp's sectors for the few loads of its
+    tile). R1's rows with a thread per row and 2 elements a thread touch 32 sectors for 256
+    useful bytes (needed: 8); rows of 8 with 8 elements a thread use every sector they touch."""
     across = cross_thread_axis(expr, device)
     split = dict(vthreads)
     if across is not None:
@@ -319,24 +322,34 @@ def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) 
     else:
         counts = {a: ceil(block[a] / reg[a]) for a in expr.spatial}
         steps = {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial}
+    offsets = []  # per axis, a thread's register tile as offsets from its first element
+    for a, axis in enumerate(expr.axes):
+        if a == across:
+            offsets.append([i * counts[a] for i in range(reg[a])])
+        elif a in counts:
+            pieces = reg[a] // steps[a]  # virtual threads: pieces a block's threads apart
+            offsets.append([v * counts[a] * steps[a] + r for v in range(pieces) for r in range(steps[a])])
+        else:
+            offsets.append(list(range(reg[a])))
     lanes = min(device.warp_size, prod(counts.values()))
-    coords = []
+    starts = []
     for lane in range(lanes):
         coord, rest = [0] * len(expr.axes), lane
         for a in reversed(list(counts)):
             coord[a], rest = rest % counts[a] * steps[a], rest // counts[a]
-        coords.append(coord)
+        starts.append(coord)
     sector = device.layers[-1].transaction_bytes
     found = []
     for tensor in expr.inputs:
         strides = [prod(tensor.shape[d + 1 :]) for d in range(len(tensor.shape))]
-        addresses = {
-            sum((sum(c * x for c, x in zip(coeffs, coord)) + const) * stride for (coeffs, const), stride in zip(tensor.index, strides))
-            * tensor.itemsize
-            for coord in coords
-        }
-        touched = len({address // sector for address in addresses})
-        found.append((touched, ceil(len(addresses) * tensor.itemsize / sector)))
+        elements = set()
+        for start in starts:
+            for point in product(*offsets):
+                coord = [s + o for s, o in zip(start, point)]
+                elements.add(sum((sum(c * x for c, x in zip(coeffs, coord)) + const) * stride
+                                 for (coeffs, const), stride in zip(tensor.index, strides)))
+        touched = len({e * tensor.itemsize // sector for e in elements})
+        found.append((touched, ceil(len(elements) * tensor.itemsize / sector)))
     return tuple(found)
 
 
@@ -344,10 +357,9 @@ def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
     """Bytes a GPU program's register tiles load from global memory beyond Q(tile), for the
     transactions its uncoalesced loads waste: each input read straight from global memory (the
     program stages nothing in shared memory) moves its Q share x sectors / needed
-    (`warp_sectors`). Our pricing: every sector a request touches is fetched at the bottom
-    layer's bandwidth; the L1 may keep a strided warp's sectors for its next loads, but with a
-    sector per lane per warp the resident warps' sectors outgrow it, and Roller's artifact
-    avoids the pattern (a row per warp) rather than relying on it. 0 on CPUs, for staged
+    (`warp_sectors`), every sector fetched at the bottom layer's bandwidth (our pricing: the
+    unused bytes of a sector that the warp's register tiles do not read are not kept for the
+    next tile). 0 on CPUs, for staged
     programs (the cooperative copy into shared memory is coalesced by construction) and for
     tensor-core programs (staged)."""
     expr = program.expr
