@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import TINY_CPU, device, expr, matmul
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
-from workbench.profile.local import LocalRunner, check_library, pool_threads, thread_env
+from workbench.profile.local import LocalRunner, pool_threads, thread_env
 from workbench.profile.runner import Timing, best_measured
 from workbench.profile.session import build_library, profile_candidates
 
@@ -48,21 +48,6 @@ def test_a_wrong_kernel_is_flagged_and_never_best(tmp_path):
     assert good.correct is True and good.error == "" and len(good.seconds) == 3 and good.best_seconds > 0
     assert dict(good.versions)["threads"] == thread_env(TINY_CPU)["TVM_NUM_THREADS"]
     assert best_measured(got) == good
-
-
-def test_a_kernel_checked_in_its_build_worker_is_timed_without_a_second_check(tmp_path):
-    """`check_library` (run in the build worker right after the build) tells the wrong kernel
-    from the right one, and the runner then trusts `BuiltCandidate.check`: given the right
-    kernel's verification, the wrong kernel is timed, which shows it was not checked again."""
-    right = construction(matmul(64, 64, 64))
-    wrong = construction(expr("matmul", M=64, N=64, K=64, trans_b=True))
-    bad = build_library(wrong.expr, wrong.candidates[0].program, TINY_CPU, 1, 1e-6, str(tmp_path / "wrong.so"))
-    good = build_library(right.expr, right.candidates[0].program, TINY_CPU, 2, 2e-6, str(tmp_path / "right.so"))
-    bad_check, good_check = check_library(bad, right.expr, 0), check_library(good, right.expr, 0)
-    assert bad_check.correct is False and bad_check.error.startswith("max abs error") and good_check.correct is True
-    got = []
-    LocalRunner(TINY_CPU).measure(right.expr, [replace(bad, check=good_check)], FAST, got.append)
-    assert got[0].correct is True and len(got[0].seconds) >= 3
 
 
 @pytest.mark.gpu

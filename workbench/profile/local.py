@@ -5,8 +5,10 @@ starts: TVM reads TVM_NUM_THREADS once, and without it uses half the logical cor
 assumes hyper-threading). Candidates are timed one after another, never in parallel with each
 other or with builds, so they do not disturb each other's numbers. Building the next candidates
 while one is timed would not keep that on a 2-core machine: the kernel's pool takes every core,
-so a build would share one with the timing. Checks against numpy (`check_library`) need no
-quiet core and run in the build workers as each build ends.
+so a build would share one with the timing. Checking each kernel in its build worker as the
+build ends (tried for issue 14) lengthened the build phase of the cpu-core suite by more than it
+took from the serial one (each build worker then computes the reference and compares on its
+own, beside the other's build), so the timing worker checks, and remembers (`runner.verified`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from workbench.profile.runner import (
     Report,
     Timing,
     check_and_time,
-    check_module,
     measurement_from_check,
     runtime_versions,
 )
@@ -60,19 +61,6 @@ def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str) ->
     module = tvm.runtime.load_module(built.library)
     check, seconds = check_and_time(module, built, dev, expr, timing)
     return measurement_from_check(built.rank, runner, check, seconds, runtime_versions())
-
-
-def check_library(built: BuiltCandidate, expr, seed: int):
-    """The Verification of `built`'s library run once on this machine (`runner.check_module`),
-    or None where its device is not here (the runner then says so). Runs in the build worker
-    right after the build, while the other workers still build: a check needs no quiet core,
-    and the timing worker is left to time (`session.build_candidates`)."""
-    import tvm
-
-    dev = targets.runtime_device(built.target_kind)
-    if not dev.exist:
-        return None
-    return check_module(tvm.runtime.load_module(built.library), built, dev, expr, seed)
 
 
 class LocalRunner:

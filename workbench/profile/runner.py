@@ -68,9 +68,6 @@ class BuiltCandidate:
     entry: str = ENTRY
     args: tuple[KernelArg, ...] = ()
     build_seconds: float = 0.0
-    # The Verification of a run on this machine right after the build (`local.check_library`,
-    # local runs), so the timing worker only times; None where the runner checks the kernel.
-    check: object = None
 
     @property
     def target_kind(self) -> str:
@@ -148,16 +145,20 @@ def best_measured(measurements: Sequence[Measurement]) -> Measurement | None:
 
 def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
     """Run `built`'s entry of `module` on `dev` (local or remote) against the numpy reference,
-    then time it; a kernel checked after its build (`built.check`) is not checked again.
+    then time it.
 
     Returns `(Verification, seconds)`; `seconds` is empty when the result is wrong. The checking
     run doubles as the warm-up before timing.
     """
-    entry = built.entry
-    arrays, out = run_once(module, built, dev, expr, timing.seed)
-    check = built.check
-    if check is None:
-        check = verified(out.numpy(), expr, inputs_and_reference(expr, timing.seed)[1], timing.seed)
+    import tvm
+
+    entry, out_arg = built.entry, built.args[-1]
+    inputs, ref = inputs_and_reference(expr, timing.seed)
+    arrays = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
+    module[entry](*arrays, out)
+    dev.sync()
+    check = verified(out.numpy(), expr, ref, timing.seed)
     if not check.correct:
         return check, ()
     flush = timing.flush_cache and targets.target(built.target_kind).on_host
@@ -174,25 +175,6 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
         return [float(s) for s in evaluator(*arrays, out).results]
 
     return check, timed_repeats(run, timing)
-
-
-def run_once(module, built: BuiltCandidate, dev, expr, seed: int):
-    """`(inputs, output)` on `dev` after one run of `built`'s entry of `module` on the inputs
-    drawn with `seed`: the check's run, or the warm-up of a kernel checked after its build."""
-    import tvm
-
-    out_arg = built.args[-1]
-    arrays = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in verification_inputs(expr, seed)]
-    out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
-    module[built.entry](*arrays, out)
-    dev.sync()
-    return arrays, out
-
-
-def check_module(module, built: BuiltCandidate, dev, expr, seed: int):
-    """The Verification of one run of `built`'s entry of `module` on `dev` (`run_once`)."""
-    out = run_once(module, built, dev, expr, seed)[1]
-    return verified(out.numpy(), expr, inputs_and_reference(expr, seed)[1], seed)
 
 
 def timed_repeats(run: Callable[[int, float | None], Sequence[float]], timing: Timing) -> tuple[float, ...]:
@@ -238,19 +220,10 @@ def inputs_and_reference(expr, seed: int):
     them and computing the reference took up to 0.4 s each per candidate (gemv-4096's inputs,
     mm-1024's reference on a loaded 2-core EPYC). One entry, so a worker serving a whole suite
     holds one workload's arrays at a time. Callers only read the arrays."""
-    from workbench.ops.reference import reference_with_scale
+    from workbench.ops.reference import random_inputs, reference_with_scale
 
-    inputs = verification_inputs(expr, seed)
+    inputs = random_inputs(expr, seed)
     return inputs, reference_with_scale(expr, inputs)
-
-
-@functools.lru_cache(maxsize=1)
-def verification_inputs(expr, seed: int):
-    """`random_inputs(expr, seed)`, kept for the last expression (`inputs_and_reference`): a
-    kernel checked after its build is timed on them without its reference being computed."""
-    from workbench.ops.reference import random_inputs
-
-    return random_inputs(expr, seed)
 
 
 def measurement_from_check(rank: int, runner: str, check, seconds, versions) -> Measurement:

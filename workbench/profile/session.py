@@ -20,9 +20,9 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
-from workbench.profile.local import LocalRunner, check_library, thread_env
+from workbench.profile.local import LocalRunner, thread_env
 from workbench.profile.noise import indistinguishable, within_noise
-from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured, measurement_from_check
+from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
 from workbench.profile.workers import Worker, WorkerPool, fan_out
 
@@ -235,19 +235,16 @@ def profile_candidates(
 
 def _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool) -> None:
     with tempfile.TemporaryDirectory(prefix="workbench-profile-") as folder:
-        if chosen.needs_library:  # local kernels are checked in the build workers, remote ones where they run
-            check = timing if chosen.name == "local" else None
+        if chosen.needs_library:
             built = build_candidates(expr, device, candidates, folder, jobs=jobs, timeout_s=build_timeout_s,
-                                     progress=recorder.notify, pool=pool, check=check)
+                                     progress=recorder.notify, pool=pool)
         else:
             built = tuple(BuiltCandidate(c.rank, c.predicted_seconds, ok=True) for c in candidates)
         recorder.build_seconds = {b.rank: b.build_seconds for b in built}
         for b in built:
             if not b.ok:
                 recorder(Measurement(b.rank, chosen.name, error=f"build: {b.error}"))
-            elif b.check is not None and not b.check.correct:
-                recorder(measurement_from_check(b.rank, chosen.name, b.check, (), ()))
-        chosen.measure(expr, [b for b in built if b.ok and (b.check is None or b.check.correct)], timing, recorder)
+        chosen.measure(expr, [b for b in built if b.ok], timing, recorder)
 
 
 def cannot_run_locally(device: DeviceSpec, pool: WorkerPool | None = None) -> str:
@@ -304,15 +301,10 @@ def build_candidates(
     timeout_s: float = BUILD_TIMEOUT_S,
     progress: Progress | None = None,
     pool: WorkerPool | None = None,
-    check: Timing | None = None,
 ) -> tuple[BuiltCandidate, ...]:
     """Build every candidate into a library in `folder`, `jobs` at a time in spawned worker
     processes (warm ones of `pool` when given); a build that fails, crashes or overruns
-    `timeout_s` is a BuiltCandidate with `ok=False` and the reason. With `check`, each library
-    is also run once against numpy in its build worker as soon as it is built (inputs of
-    `check.seed`, within `check.timeout_s`; `local.check_library`), in parallel with the other
-    builds instead of serially in the timing worker: `BuiltCandidate.check`. A check that fails
-    to run leaves it None, and the runner checks that kernel itself and reports why."""
+    `timeout_s` is a BuiltCandidate with `ok=False` and the reason."""
     tasks = [
         (expr, c.program, device, c.rank, c.predicted_seconds, str(Path(folder) / f"candidate-{c.rank:03d}.so"))
         for c in candidates
@@ -325,14 +317,7 @@ def build_candidates(
 
     def work(worker: Worker, task: tuple) -> BuiltCandidate:
         outcome = worker.call(build_library, task, timeout_s)
-        if outcome.error:
-            return BuiltCandidate(task[3], task[4], ok=False, error=outcome.error)
-        built = outcome.value
-        if check is not None and built.ok:
-            checked = worker.call(check_library, (built, expr, check.seed), check.timeout_s)
-            if not checked.error and checked.value is not None:
-                built = replace(built, check=checked.value)
-        return built
+        return outcome.value if not outcome.error else BuiltCandidate(task[3], task[4], ok=False, error=outcome.error)
 
     def on_built(_i: int, b: BuiltCandidate) -> None:
         done.append(b)
