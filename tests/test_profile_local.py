@@ -50,6 +50,16 @@ def test_a_wrong_kernel_is_flagged_and_never_best(tmp_path):
     assert best_measured(got) == good
 
 
+def test_repeats_that_do_not_settle_are_timed_one_at_a_time_up_to_the_limit(tmp_path):
+    """A spread no real timing meets (three repeats equal to the nanosecond) takes every repeat:
+    3 at once, then single repeats with `number` sized from the fastest so far (`check_and_time`)."""
+    right = construction(matmul(64, 64, 64))
+    built = build_library(right.expr, right.candidates[0].program, TINY_CPU, 1, 1e-6, str(tmp_path / "k.so"))
+    got = []
+    LocalRunner(TINY_CPU).measure(right.expr, [built], replace(FAST, repeat=5, settle=1e-12), got.append)
+    assert got[0].ok and len(got[0].seconds) == 5 and min(got[0].seconds) > 0
+
+
 @pytest.mark.gpu
 def test_a_cuda_kernel_is_timed_on_the_local_gpu():
     tvm = pytest.importorskip("tvm")
