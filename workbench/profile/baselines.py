@@ -42,7 +42,9 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Timing
 
 BASELINES = ("numpy", "torch", "metaschedule", "dlight")
-TIMING = Timing()
+# Every repeat, none stopped early (`Timing.settle`): a baseline's best of fewer repeats could
+# only be slower, flattering the workbench's ratios to it.
+TIMING = Timing(settle=0)
 # MetaSchedule's measurements of its candidates only rank them: shorter than TIMING.
 TUNE_NUMBER, TUNE_MIN_REPEAT_MS = 3, 20
 # Worker time limit: startup and the tensor-intrinsic import, then about 1-2 s per trial (2 cores).
