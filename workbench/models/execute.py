@@ -40,7 +40,8 @@ from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.models.model import ModelConstruction
 from workbench.profile.local import thread_env
-from workbench.profile.runner import BuiltCandidate, Measurement, Report, Runner, Timing, runtime_versions
+from workbench.profile.runner import (BuiltCandidate, Measurement, Report, Runner, Timing, runtime_versions,
+                                      timed_repeats)
 from workbench.profile.session import Progress, ProfileResult, profile_candidates
 from workbench.profile.workers import WorkerPool
 
@@ -160,7 +161,8 @@ class _OperatorRunner:
 
 def measure_operator(built: BuiltCandidate, args: tuple, expected: tuple, timing: Timing) -> Measurement:
     """Load `built.library`, run it on `args`, check its outputs against `expected` and time a
-    correct one (runs in the worker)."""
+    correct one, its repeats as `workbench profile` takes them (`runner.timed_repeats`; runs in
+    the worker)."""
     import tvm
 
     dev = tvm.cpu()
@@ -172,10 +174,13 @@ def measure_operator(built: BuiltCandidate, args: tuple, expected: tuple, timing
     if problem:
         return Measurement(built.rank, "local", correct=False, error=f"wrong result: {problem}",
                            versions=runtime_versions())
-    evaluator = module.time_evaluator(built.entry, dev, number=timing.number, repeat=timing.repeat,
-                                      min_repeat_ms=timing.min_repeat_ms)
-    seconds = tuple(float(s) for s in evaluator(*tensors, *outs).results)
-    return Measurement(built.rank, "local", seconds, correct=True, versions=runtime_versions())
+
+    def repeats(n: int, _fastest: float | None) -> list[float]:
+        evaluator = module.time_evaluator(built.entry, dev, number=timing.number, repeat=n,
+                                          min_repeat_ms=timing.min_repeat_ms)
+        return [float(s) for s in evaluator(*tensors, *outs).results]
+
+    return Measurement(built.rank, "local", timed_repeats(repeats, timing), correct=True, versions=runtime_versions())
 
 
 def output_mismatch(outs: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> str:
