@@ -199,25 +199,55 @@ def test_export_for_another_cpu_never_runs_its_kernel_here(capsys, tmp_path):
         assert manifest["verification"]["host_check"]["correct"] is True
 
 
+# `python -m workbench.cli` with the export held where its build worker starts (staged, the
+# worker importing TVM) until the test has sent its signal and closed the hold pipe. Seeing the
+# staging directory alone did not promise the signal a running export (1.5-7 s of work are left
+# then on a 2-core machine; in the full suite the signal twice met an export that had exited 0).
+# Held, the signal always lands mid-export; an export that swallowed it would go on once
+# released and exit 0, and the test fails.
+HELD_EXPORT = """
+import os, sys
+from workbench.cli import main
+from workbench.profile.workers import Worker
+
+staged, hold = int(sys.argv[1]), int(sys.argv[2])
+answered = Worker._answered
+
+def held(self, timeout_s):
+    Worker._answered = answered
+    os.write(staged, b"s")
+    os.read(hold, 1)  # returns when the test closes its end, after its signal
+    return answered(self, timeout_s)
+
+Worker._answered = held
+sys.exit(main(sys.argv[3:]))
+"""
+
+
 @pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_interrupted_export_exits_cleanly_and_leaves_nothing(sig, code, tmp_path):
-    import os
+    import select
     import signal
-    import subprocess
-    import sys
-    import time
 
     out = tmp_path / "bundles" / "b"
+    staged_r, staged_w = os.pipe()
+    hold_r, hold_w = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workbench.cli", "export", "--op", "matmul", "--shape", "M=64,N=48,K=32", "--out", str(out)],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", HELD_EXPORT, str(staged_w), str(hold_r),
+         "export", "--op", "matmul", "--shape", "M=64,N=48,K=32", "--out", str(out)],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(staged_w, hold_r),
     )
-    # The staging directory (.b.xxxxxxxx) appears once the construction is done, before the build.
-    deadline = time.monotonic() + 120
-    while not (out.parent.is_dir() and any(p.name.startswith(".") for p in out.parent.iterdir())):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    proc.send_signal(getattr(signal, sig))
+    os.close(staged_w)
+    os.close(hold_r)
+    try:
+        # 120 s: a bound on a hang (construction, the worker's spawn), not a synchronisation
+        assert select.select([staged_r], [], [], 120)[0], (proc.kill(), proc.communicate())
+        assert os.read(staged_r, 1) == b"s", proc.communicate()  # EOF: the export died
+        assert [p.name.startswith(".b.") for p in out.parent.iterdir()] == [True]  # staged
+        proc.send_signal(getattr(signal, sig))
+    finally:
+        os.close(hold_w)
+        os.close(staged_r)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == code and stdout == "", (stdout, stderr)
     assert _one_line(stderr) == f"workbench: interrupted ({sig})"
