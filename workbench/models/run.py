@@ -9,10 +9,9 @@ time beside its predicted one (where the time goes). Each operator runs its rank
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import time
 
 import numpy as np
 
@@ -29,7 +28,6 @@ from workbench.profile.runner import Runner, Timing
 from workbench.profile.session import Progress, cannot_run_locally
 from workbench.viz.fmt import duration
 
-# the outputs against ONNX Runtime: within RTOL and ATOL (`execute`, where the numbers are argued)
 REPEAT = 5  # best of 5: the fastest run is the one least disturbed by other work on the machine
 # Which candidate each operator runs: rank 1 of the model, or the fastest verified of its top K.
 PICKS = ("rank1", "measured")
