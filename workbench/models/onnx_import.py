@@ -247,7 +247,13 @@ def _inference_mode(main):
       becomes `(x, ones_like(x))`, and the mask, which nothing reads in an inference graph, is
       then removed as dead code (an ONNX model that outputs the mask gets a kernel of ones);
     - Split becomes one strided slice per part, each a kernel of its own (or fused with its
-      consumer) instead of one kernel writing every part.
+      consumer) instead of one kernel writing every part;
+    - BatchNormalization at inference (`training=False`: the stored mean and variance, which it
+      returns unchanged) becomes `x * scale + shift` per channel, scale = gamma / sqrt(var + eps)
+      and shift = beta - mean * scale, which constant folding computes once from the weights:
+      two broadcast operators that fuse into the convolution before them as its epilogue, as
+      ONNX Runtime folds them, instead of a batch-norm kernel of their own (TVM legalises
+      batch_norm into one function returning the three tensors, which fuses with nothing).
     """
     from tvm import relax
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
@@ -266,7 +272,23 @@ def _inference_mode(main):
             begin = end
         return relax.Tuple(slices)
 
+    def batch_norm(call, _matches):
+        data, gamma, beta, mean, var = call.args
+        attrs, ndim = call.attrs, len(call.ty.fields[0].shape.values)
+        if attrs.training or not (attrs.center and attrs.scale):
+            return call
+        axis = int(attrs.axis) % ndim
+        channels = [1] * ndim
+        channels[axis] = -1
+        eps = relax.const(float(attrs.epsilon), call.ty.fields[0].dtype)
+        gamma, beta, mean_c, var_c = (relax.op.reshape(t, channels) for t in (gamma, beta, mean, var))
+        scale = relax.op.divide(gamma, relax.op.sqrt(relax.op.add(var_c, eps)))
+        out = relax.op.add(relax.op.multiply(data, scale), relax.op.subtract(beta, relax.op.multiply(mean_c, scale)))
+        return relax.Tuple([out, mean, var])
+
     main = rewrite_call(is_op("relax.nn.dropout")(wildcard()), dropout, main)
+    main = rewrite_call(is_op("relax.nn.batch_norm")(wildcard(), wildcard(), wildcard(), wildcard(), wildcard()),
+                        batch_norm, main)
     return rewrite_call(is_op("relax.split")(wildcard()), split, main)
 
 
