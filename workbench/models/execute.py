@@ -11,9 +11,9 @@ ONNX runtime while the report shows which kernels were constructed.
 The candidate is rank 1 (the model's best prediction) or, with `measured_pick`, the fastest
 verified one of the top K measured here: Roller ends its construction by evaluating its top-K
 rPrograms on the device and keeping the fastest (Roller, section 4), since its micro-model
-ranks close candidates only roughly (in the quiet runs of issue 17, other candidates of
-resnet_block's 3x3 convs' top 5 ran up to 1.3x faster than rank 1 on the 2-core development
-machine). The pick is a profile session per distinct workload (built in warm workers, stored as
+ranks close candidates only roughly (quiet runs on the 2-core development machine,
+2026-11-24, docs/benchmarks.md: resnet_block's 3x3 convs 134-137 us at rank 7 against 140-157 us
+at rank 1, mlp's first matmul 11.8 us at rank 6 against 22.8 us at rank 1). The pick is a profile session per distinct workload (built in warm workers, stored as
 `workbench profile` stores its runs), with one difference: the numpy reference knows catalog
 operators and expressions, not a model's fused PrimFuncs, so a candidate is checked against the
 operator's TVM default lowering run on the operator's own arguments in one run of the model on
