@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -224,6 +225,29 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+def _as_from_a_shell():
+    """In the export's child before exec: SIGINT and SIGTERM unblocked and at their default, as a
+    shell starts a command. Popen passes on the test process's signal mask and ignored signals,
+    and Python leaves an inherited ignored SIGINT ignored (no KeyboardInterrupt): in two full
+    `make test` runs a held export (below) got SIGINT and exited 0, never SIGTERM, which fits a
+    SIGINT blocked or ignored in the pytest process by something earlier in the suite, not an
+    export that swallows Ctrl-C from a terminal."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _signal_state(pid: int) -> str:
+    """The export's blocked and ignored signal masks as /proc shows them, for a failure message."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return ""
+    return " ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigPnd", "ShdPnd")))
+
+
 @pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_interrupted_export_exits_cleanly_and_leaves_nothing(sig, code, tmp_path):
     import select
@@ -236,6 +260,7 @@ def test_interrupted_export_exits_cleanly_and_leaves_nothing(sig, code, tmp_path
         [sys.executable, "-c", HELD_EXPORT, str(staged_w), str(hold_r),
          "export", "--op", "matmul", "--shape", "M=64,N=48,K=32", "--out", str(out)],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(staged_w, hold_r),
+        preexec_fn=_as_from_a_shell,
     )
     os.close(staged_w)
     os.close(hold_r)
@@ -244,12 +269,13 @@ def test_interrupted_export_exits_cleanly_and_leaves_nothing(sig, code, tmp_path
         assert select.select([staged_r], [], [], 120)[0], (proc.kill(), proc.communicate())
         assert os.read(staged_r, 1) == b"s", proc.communicate()  # EOF: the export died
         assert [p.name.startswith(".b.") for p in out.parent.iterdir()] == [True]  # staged
+        held = _signal_state(proc.pid)
         proc.send_signal(getattr(signal, sig))
     finally:
         os.close(hold_w)
         os.close(staged_r)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == code and stdout == "", (stdout, stderr)
+    assert proc.returncode == code and stdout == "", (stdout, stderr, held)
     assert _one_line(stderr) == f"workbench: interrupted ({sig})"
     assert os.listdir(tmp_path) == []  # no staging directory, and not the parent made for it
 
