@@ -40,8 +40,8 @@ from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.models.model import ModelConstruction
 from workbench.profile.local import thread_env
-from workbench.profile.runner import (BuiltCandidate, Measurement, Report, Runner, Timing, runtime_versions,
-                                      timed_repeats)
+from workbench.profile.runner import (BuiltCandidate, Measurement, Report, Runner, Timing, evaluator_repeats,
+                                      runtime_versions, timed_repeats)
 from workbench.profile.session import Progress, ProfileResult, profile_candidates
 from workbench.profile.workers import WorkerPool
 
@@ -174,13 +174,8 @@ def measure_operator(built: BuiltCandidate, args: tuple, expected: tuple, timing
     if problem:
         return Measurement(built.rank, "local", correct=False, error=f"wrong result: {problem}",
                            versions=runtime_versions())
-
-    def repeats(n: int, _fastest: float | None) -> list[float]:
-        evaluator = module.time_evaluator(built.entry, dev, number=timing.number, repeat=n,
-                                          min_repeat_ms=timing.min_repeat_ms)
-        return [float(s) for s in evaluator(*tensors, *outs).results]
-
-    return Measurement(built.rank, "local", timed_repeats(repeats, timing), correct=True, versions=runtime_versions())
+    seconds = timed_repeats(evaluator_repeats(module, built.entry, dev, (*tensors, *outs), timing), timing)
+    return Measurement(built.rank, "local", seconds, correct=True, versions=runtime_versions())
 
 
 def output_mismatch(outs: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> str:

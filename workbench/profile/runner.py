@@ -162,6 +162,12 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
     if not check.correct:
         return check, ()
     flush = timing.flush_cache and targets.target(built.target_kind).on_host
+    return check, timed_repeats(evaluator_repeats(module, entry, dev, (*arrays, out), timing, flush), timing)
+
+
+def evaluator_repeats(module, entry: str, dev, args: Sequence, timing: Timing, flush: bool = False):
+    """`run(n, fastest)` for `timed_repeats`: `n` repeats of `module[entry](*args)` on `dev` by
+    TVM's `time_evaluator` (`flush`: the CPU caches flushed before each, all but the first arg)."""
 
     def run(repeats: int, fastest: float | None) -> list[float]:
         # Once a repeat has been timed, `number` is sized from it so that the next repeat is
@@ -172,9 +178,9 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
             entry, dev, number=number, repeat=repeats, min_repeat_ms=timing.min_repeat_ms,
             f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
         )
-        return [float(s) for s in evaluator(*arrays, out).results]
+        return [float(s) for s in evaluator(*args).results]
 
-    return check, timed_repeats(run, timing)
+    return run
 
 
 def timed_repeats(run: Callable[[int, float | None], Sequence[float]], timing: Timing) -> tuple[float, ...]:
