@@ -421,7 +421,7 @@ def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
     short, long = estimate(program(16), cpu), estimate(program(512), cpu)
     extra = 2 * 31 * 512 * 512 * 4
     home = cpu.layers[accumulator_home(program(16), cpu)].name
-    assert home == "L2"  # a 128 x 256 unit tile's 128 KiB of outputs: more than half of L1
+    assert home == "L2"  # a 128 x 256 unit tile's 128 KiB of outputs: more than L1 holds
     assert dict(short.bytes_per_layer)[home] - dict(long.bytes_per_layer)[home] == extra
     assert dict(short.load_seconds)[home] - dict(long.load_seconds)[home] == pytest.approx(
         extra / (cpu.layer(home).bandwidth_gbps * 1e9 * min(1.0, program(16).grid / cpu.compute_units)))
@@ -453,19 +453,33 @@ def test_cpu_transfers_below_the_first_layer_add_to_the_overlapped_compute():
     assert estimate(p, slow).predicted_seconds - est.predicted_seconds == pytest.approx(3 * loads["DRAM"] * imbalance)
 
 
-def test_accumulators_live_in_the_first_cache_that_holds_the_unit_tiles_outputs_in_half():
-    """The CPU template accumulates into one buffer of the unit tile's outputs: 64 x 64 fp32
-    (16 KiB) is half of a 32 KiB L1, 64 x 128 (32 KiB) is not, and 1024 x 1024 (4 MiB) is more
-    than half of the 1 MiB L2: the accumulators then go out to DRAM."""
+def test_accumulators_live_in_the_first_cache_that_holds_the_outputs_and_the_tiles_streaming_through():
+    """The CPU template accumulates into one buffer of the unit tile's outputs, kept in the first
+    layer that holds it with that layer's tile's inputs (closed forms, fp32 matmul 1024^3, on
+    TINY_CPU's 32 KiB L1 and 1 MiB L2). Under a 4 x 16 x 64 L1 tile (1 KiB of A, 4 KiB of B):
+    64 x 64 outputs (16 KiB) + 5 KiB fit L1; 96 x 64 (24 KiB) + 5 KiB as well, but not beside a
+    16 x 64 x 64 L1 tile's 20 KiB; 64 x 128 (32 KiB) leaves no room in L1 and goes to L2 with
+    its unit tile's 256 + 512 KiB of panels (800 KiB); 256 x 256 x 128 (256 + 256 KiB) fits L2,
+    256 x 256 x 512 (256 + 1024 KiB) does not and goes to DRAM, as 1024 x 1024 (4 MiB) does."""
     e = matmul(1024, 1024, 1024)
     calc = TileCalculus(e)
 
-    def home(unit):
-        p = make_program(calc, TINY_CPU, [(4, 16, 1), (16, 64, 64), unit], (True,) * 3, 0.0)
-        return TINY_CPU.layers[accumulator_home(p, TINY_CPU)].name
+    def home(unit, l1=(4, 16, 64), dev=TINY_CPU):
+        p = make_program(calc, dev, [(4, 16, 1), l1, unit], (True,) * 3, 0.0)
+        return dev.layers[accumulator_home(p, dev)].name
 
     assert TINY_CPU.layer("L1").capacity_bytes == 32768 and TINY_CPU.layer("L2").capacity_bytes == 2**20
-    assert [home((64, 64, 1024)), home((64, 128, 1024)), home((1024, 1024, 1024))] == ["L1", "L2", "DRAM"]
+    assert [home((64, 64, 1024)), home((96, 64, 1024)), home((96, 64, 1024), l1=(16, 64, 64))] == ["L1", "L1", "L2"]
+    assert [home((64, 128, 1024)), home((256, 256, 128)), home((256, 256, 512)), home((1024, 1024, 1024))] == [
+        "L2", "L2", "DRAM", "DRAM"]
+    # mm-512's unit tile of 258 x 256 x 64 on a 512 KiB L2 (the AVX2 EPYC's): 264 KiB of outputs
+    # (more than half the L2, once sent to DRAM) + 130 KiB of panels = 394 KiB: in L2
+    half_l2 = replace(TINY_CPU, layers=tuple(
+        replace(l, capacity_bytes=2**19) if l.name == "L2" else l for l in TINY_CPU.layers))
+    e512 = matmul(512, 512, 512)
+    p = make_program(TileCalculus(e512), half_l2, [(6, 16, 1), (6, 16, 32), (258, 256, 64)], (True,) * 3, 0.0)
+    assert half_l2.layers[accumulator_home(p, half_l2)].name == "L2"
+    assert TileCalculus(e512).footprint_bytes((258, 256, 64)) == (258 * 256 + 258 * 64 + 64 * 256) * 4 <= 2**19
 
 
 # -- cross-thread reductions (issue 16) ------------------------------------------------------------

@@ -232,14 +232,23 @@ def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
 def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     """The layer a CPU register tile's accumulators go to between two L1 K-steps: the template
     accumulates into one buffer of the unit tile's whole output (`codegen/cpu.py`), which stays
-    in the first cache layer that holds it in half its capacity (the other half is the input
-    tiles streaming past; the same fill rule as calibration's working sets), else the next.
+    in the first cache layer that holds it together with the input tiles streaming through that
+    layer (the layer's tile's inputs, `footprint_bytes` without its output): between two visits
+    of one accumulator the core touches at most those, so an LRU cache keeps the buffer; else
+    the next layer.
     conv-1x1 measured it: unit tiles of 174 x 14 x 14 outputs (136 KiB, in L2) ran 2.3-2.9 ms,
-    tiles of 114 x 2 x 14 (12.5 KiB, in L1) 1.9-2.0 ms, with the same register and L1 tiles."""
+    tiles of 114 x 2 x 14 (12.5 KiB, in L1) 1.9-2.0 ms, with the same register and L1 tiles.
+    mm-512 on the AVX2 EPYC (512 KiB L2) measured the L2 side: unit tiles of 258 x 256 outputs
+    (264 KiB, with their 64-deep panels 394 KiB) ran 1.57-1.65 ms with L1 K tiles of 32 or 64,
+    as fast as 174 x 256 (1.57-1.62 ms): the buffer stays in L2, where the earlier rule (the
+    output alone in half the layer) sent it to DRAM and predicted 3.3-4.2 ms."""
     calc = calculus(program.expr)
     out = prod(calc.data_tiles(program.unit_tile)[-1]) * program.expr.tensors[-1].itemsize
     last = len(device.layers) - 1
-    return next((l for l in range(1, last) if out <= device.layers[l].capacity_bytes // 2), last)
+    tiles = program.tiles
+    return next((l for l in range(1, last)
+                 if out + calc.footprint_bytes(tiles[min(l, len(tiles) - 1)], (), with_output=False)
+                 <= device.layers[l].capacity_bytes), last)
 
 
 def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
