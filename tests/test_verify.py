@@ -111,3 +111,15 @@ def test_a_lost_term_is_caught_for_every_combiner(op):
     lost[4, 22] = reduce(np.delete(a[:, 4, 22], np.argmax(a[:, 4, 22])))
     check = check_output(e, inputs, lost.astype(np.float32))
     assert not check.correct and "exceeds the tolerance" in check.error
+
+
+def test_each_reference_is_compared_with_its_own_tolerance_when_they_alternate():
+    """`compare` keeps the last reference's bounds: a second reference, even with equal values,
+    is compared with its own, and going back to the first gives the first's answer again."""
+    loose = _ref([1.0, 2.0, 3.0], scale=1.0)  # bound at 2.0: 8 eps (1 + 2) = 2.9e-6
+    tight = _ref([1.0, 2.0, 3.0], scale=0.0)  # 8 eps * 2 = 1.9e-6
+    out = np.array([1.0, 2.0 + 2.4e-6, 3.0], np.float32)
+    assert compare(out, loose, "float32").correct
+    assert not compare(out, tight, "float32").correct
+    assert compare(out, loose, "float32").correct
+    assert degenerate(_ref([0.0, 0.0]), "float32") and compare(out, loose, "float32").correct
