@@ -16,8 +16,9 @@ from tests.helpers import TINY_CPU, device, expr, matmul
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.profile.local import LocalRunner, pool_threads, thread_env
-from workbench.profile.runner import Timing, best_measured
+from workbench.profile.runner import BuiltCandidate, Measurement, Timing, best_measured
 from workbench.profile.session import build_library, profile_candidates
+from workbench.profile.workers import Outcome
 
 FAST = Timing(repeat=3, min_repeat_ms=1, timeout_s=60)
 
@@ -58,6 +59,37 @@ def test_repeats_that_do_not_settle_are_timed_one_at_a_time_up_to_the_limit(tmp_
     got = []
     LocalRunner(TINY_CPU).measure(right.expr, [built], replace(FAST, repeat=5, settle=1e-12), got.append)
     assert got[0].ok and len(got[0].seconds) == 5 and min(got[0].seconds) > 0
+
+
+class ScriptedWorker:
+    """Stands in for the timing worker: answers each `measure_library` call with the next given
+    Measurement (or error) and records the `best` it was asked to race."""
+
+    def __init__(self, answers):
+        self.answers, self.raced = list(answers), []
+
+    def call(self, fn, args, timeout_s):
+        self.raced.append(args[4])
+        return self.answers.pop(0)
+
+    def workers(self, n, env):  # the pool's face
+        return [self]
+
+
+def test_each_kernel_races_the_fastest_repeat_of_the_correct_kernels_timed_before_it():
+    answers = [
+        Outcome(Measurement(1, "local", (3.0, 2.0, 2.5), correct=True)),
+        Outcome(Measurement(2, "local", (0.5,), correct=False, error="wrong result: x")),  # never a best
+        Outcome(error="timed out after 60 s"),
+        Outcome(Measurement(4, "local", (2.5, 1.5, 1.6), correct=True)),
+        Outcome(Measurement(5, "local", (1.9, 1.8), correct=True)),
+    ]
+    worker = ScriptedWorker(answers)
+    built = [BuiltCandidate(r, 1e-3, ok=True) for r in range(1, 6)]
+    got = []
+    LocalRunner(TINY_CPU, pool=worker).measure(None, built, FAST, got.append)
+    assert worker.raced == [None, 2.0, 2.0, 2.0, 1.5]
+    assert [m.rank for m in got] == [1, 2, 3, 4, 5] and got[2].error == "run: timed out after 60 s"
 
 
 @pytest.mark.gpu

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from workbench.profile.noise import (
-    SETTLE_MIN_REPEATS, MedianInterval, coverage, indistinguishable, median_interval, settled, within_noise,
+    RACE_MIN_REPEATS, SETTLE_MIN_REPEATS, MedianInterval, coverage, indistinguishable, median_interval, outpaced,
+    settled, within_noise,
 )
 
 
@@ -82,3 +83,13 @@ def test_from_six_repeats_the_settling_spread_is_the_median_intervals_not_the_ex
     ten = [0.999, 1.0, 1.001, 1.002, 1.003, 1.004, 1.005, 1.006, 1.007, 1.5]
     assert median_interval(ten) == MedianInterval(1.0, 1.007, pytest.approx(1 - 22 / 1024))
     assert settled(ten, 0.01)
+
+
+def test_a_timing_is_outpaced_once_its_fastest_repeat_is_the_margin_slower_than_the_best():
+    assert outpaced([1.3, 1.25], best=1.0, margin=0.2)  # 1.25 > 1.2: cannot be the best
+    assert not outpaced([1.3, 1.2], best=1.0, margin=0.2)  # at the bound: not clearly slower
+    assert not outpaced([1.5, 1.1], best=1.0, margin=0.2)  # one repeat within the margin is enough
+    assert not outpaced([1.5], best=1.0, margin=0.2)  # fewer than RACE_MIN_REPEATS
+    assert RACE_MIN_REPEATS == 2 and outpaced([1.5], best=1.0, margin=0.2, least=1)
+    assert not outpaced([1.5, 1.5], best=None, margin=0.2)  # the first kernel timed has nothing to race
+    assert not outpaced([1.5, 1.5], best=1.0, margin=0.0)  # margin 0 asks for every repeat

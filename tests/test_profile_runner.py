@@ -87,6 +87,31 @@ def test_without_settle_or_with_few_repeats_every_repeat_is_taken_at_once():
     assert timed_repeats(run, Timing(repeat=2)) == (1.0, 2.0) and run.calls == [(2, None)]
 
 
+def test_a_kernel_outpaced_by_an_earlier_one_stops_after_two_repeats():
+    """Racing `best` (the fastest repeat of the kernels timed before): 2 repeats first, and a
+    kernel whose faster one is more than `race` slower stops there; one within it is timed as
+    without a race."""
+    run = ScriptedRepeats([1.3, 1.25, 9.0, 9.0, 9.0])
+    assert timed_repeats(run, Timing(repeat=5, race=0.2), best=1.0) == (1.3, 1.25) and run.calls == [(2, None)]
+    run = ScriptedRepeats([1.3, 1.15, 1.2, 1.16, 1.14])  # 1.15 is within 20 % of 1.0: every repeat
+    assert timed_repeats(run, Timing(repeat=5, race=0.2), best=1.0) == (1.3, 1.15, 1.2, 1.16, 1.14)
+    assert run.calls == [(2, None), (1, 1.15), (1, 1.15), (1, 1.15)]
+    run = ScriptedRepeats([1.0, 1.001, 1.002, 9.0])  # not outpaced, settled at three as without a race
+    assert timed_repeats(run, Timing(repeat=5, race=0.2), best=0.99) == (1.0, 1.001, 1.002)
+    run = ScriptedRepeats([1.3, 1.25, 1.3, 1.3, 1.3])  # settle = 0 with a race: every repeat unless outpaced
+    assert timed_repeats(run, Timing(repeat=5, settle=0, race=0.2), best=1.0) == (1.3, 1.25)
+
+
+def test_without_a_best_or_with_race_0_a_timing_is_not_raced():
+    slow = [1.3, 1.25, 1.3, 1.3, 1.3]
+    run = ScriptedRepeats(slow)  # the first kernel of a session
+    assert timed_repeats(run, Timing(repeat=5, race=0.2), best=None) == tuple(slow) and run.calls[0] == (3, None)
+    run = ScriptedRepeats(slow)
+    assert timed_repeats(run, Timing(repeat=5, race=0), best=1.0) == tuple(slow) and run.calls[0] == (3, None)
+    with pytest.raises(UserError, match="race >= 0"):
+        Timing(race=-0.1)
+
+
 def test_an_output_already_verified_is_not_compared_again(monkeypatch):
     """`verified` remembers `compare`'s answer by the output's bytes: the same bits give the same
     Verification without a second pass, other bits (a wrong kernel after a right one) their own."""

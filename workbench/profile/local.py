@@ -50,8 +50,9 @@ def pool_threads(device: DeviceSpec) -> int:
     return int(tvm.get_global_func("runtime.NumThreads")())
 
 
-def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str) -> Measurement:
-    """Load `built.library`, check it against numpy and time it (runs in the worker)."""
+def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str, best: float | None = None) -> Measurement:
+    """Load `built.library`, check it against numpy and time it, racing `best` (the fastest repeat
+    of the kernels timed before it, `runner.timed_repeats`); runs in the worker."""
     import tvm
 
     kind = built.target_kind
@@ -59,12 +60,13 @@ def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str) ->
     if not dev.exist:
         return Measurement(built.rank, runner, error=f"no {kind} device on this machine")
     module = tvm.runtime.load_module(built.library)
-    check, seconds = check_and_time(module, built, dev, expr, timing)
+    check, seconds = check_and_time(module, built, dev, expr, timing, best)
     return measurement_from_check(built.rank, runner, check, seconds, runtime_versions())
 
 
 class LocalRunner:
-    """Times kernels on this machine, one at a time, in one worker process."""
+    """Times kernels on this machine, one at a time, in one worker process; each kernel after the
+    first races the fastest repeat so far (`Timing.race`)."""
 
     name = "local"
     needs_library = True
@@ -75,13 +77,17 @@ class LocalRunner:
 
     def measure(self, expr, built: Sequence[BuiltCandidate], timing: Timing, report: Report) -> None:
         worker = self.pool.workers(1, self.env)[0] if self.pool is not None else Worker(self.env)
+        best = None
         try:
             for candidate in built:
-                outcome = worker.call(measure_library, (candidate, expr, timing, self.name), timing.timeout_s)
+                outcome = worker.call(measure_library, (candidate, expr, timing, self.name, best), timing.timeout_s)
                 if outcome.error:
                     report(Measurement(candidate.rank, self.name, error=f"run: {outcome.error}"))
-                else:
-                    report(outcome.value)
+                    continue
+                measured = outcome.value
+                report(measured)
+                if measured.ok:
+                    best = measured.best_seconds if best is None else min(best, measured.best_seconds)
         finally:
             if self.pool is None:
                 worker.close()

@@ -25,6 +25,20 @@ SETTLE = 0.01
 # Fewest repeats a timing stops at: [min, max] of 3 covers the median 75 % of the time
 # (`coverage(3, 1)`), of 2 only 50 %, a coin's toss.
 SETTLE_MIN_REPEATS = 3
+# A candidate stops being timed once the fastest of its first repeats is this share slower than
+# the fastest repeat of any candidate timed before it in the session (`outpaced`): it cannot be
+# the best. Since a repeat is only ever slowed down, the stop is wrong only when every repeat it
+# got was slowed by more than this. On the quiet 2-core EPYC's stored cpu-core runs (06:17, 07:07,
+# 10:14: 184 kernels with 5 repeats), the faster of the first two repeats was within 12 % of the
+# other three's fastest for 181 (median 0.5 %, 95th percentile 7 %); the other three were slowed
+# 1.8-1.9x through all their repeats, which no margin short of 2x would catch. 20 % is above the
+# 12 %; replayed on those runs, the rule stops 34 of 195 kernels after 2 repeats (94 of 953
+# repeats) and moves no workload's best-of-5. A stopped kernel is still >= 1.2x the best, so its
+# place in the measured order (Spearman) is not noise's.
+RACE = 0.2
+# Repeats a timing takes before it may be stopped as outpaced: the first alone was more than 20 %
+# slower than the later ones' fastest in 22 of those 184 timings.
+RACE_MIN_REPEATS = 2
 
 
 @dataclass(frozen=True)
@@ -86,3 +100,12 @@ def settled(seconds: Sequence[float], spread: float, least: int = SETTLE_MIN_REP
         return False
     interval = median_interval(seconds)
     return interval.high - interval.low <= spread * interval.low
+
+
+def outpaced(seconds: Sequence[float], best: float | None, margin: float, least: int = RACE_MIN_REPEATS) -> bool:
+    """Whether a timing may stop because its kernel cannot be the fastest: at least `least`
+    repeats, and even the fastest of them more than `margin` slower than `best` (the fastest
+    repeat of the kernels timed before it). False without a `best` or for `margin` <= 0."""
+    if best is None or margin <= 0 or len(seconds) < max(least, 1):
+        return False
+    return min(seconds) > best * (1.0 + margin)

@@ -22,7 +22,16 @@ import numpy as np
 from workbench.codegen import targets
 from workbench.codegen.build import ENTRY, KernelArg
 from workbench.errors import UserError
-from workbench.profile.noise import SETTLE, SETTLE_MIN_REPEATS, MedianInterval, median_interval, settled
+from workbench.profile.noise import (
+    RACE,
+    RACE_MIN_REPEATS,
+    SETTLE,
+    SETTLE_MIN_REPEATS,
+    MedianInterval,
+    median_interval,
+    outpaced,
+    settled,
+)
 
 Report = Callable[["Measurement"], None]
 
@@ -33,7 +42,11 @@ class Timing:
     a repeat is shorter than `min_repeat_ms`) and reports the mean of each of up to `repeat`
     repeats: with `settle` > 0 the timing stops after 3 repeats (`noise.SETTLE_MIN_REPEATS`) or
     any later one once the repeats agree within `settle` (`noise.settled`), and takes all
-    `repeat` while they do not; `settle` = 0 always takes `repeat`. `flush_cache` flushes the
+    `repeat` while they do not; `settle` = 0 always takes `repeat`. With `race` > 0, a kernel
+    timed after others stops after 2 repeats (`noise.RACE_MIN_REPEATS`) when even the faster of
+    them is more than `race` slower than their fastest repeat (`noise.outpaced`; later repeats
+    could only lower its fastest): it cannot be the best, and its `seconds` say how many repeats
+    it got. `flush_cache` flushes the
     CPU caches before each repeat (TVM's `cache_flush_cpu_non_first_arg`, which leaves the
     first argument warm). `timeout_s` bounds one candidate's check and timing.
     """
@@ -45,14 +58,15 @@ class Timing:
     timeout_s: float = 60.0
     seed: int = 0  # seed of the verification inputs (`random_inputs`)
     settle: float = SETTLE
+    race: float = RACE
 
     def __post_init__(self):
         for name in ("repeat", "number"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.min_repeat_ms < 0 or self.timeout_s <= 0 or self.settle < 0:
-            raise UserError(f"timing needs min_repeat_ms >= 0, timeout_s > 0 and settle >= 0, "
-                            f"got {self.min_repeat_ms}, {self.timeout_s} and {self.settle}")
+        if self.min_repeat_ms < 0 or self.timeout_s <= 0 or self.settle < 0 or self.race < 0:
+            raise UserError(f"timing needs min_repeat_ms >= 0, timeout_s > 0, settle >= 0 and race >= 0, "
+                            f"got {self.min_repeat_ms}, {self.timeout_s}, {self.settle} and {self.race}")
 
 
 @dataclass(frozen=True)
@@ -143,9 +157,9 @@ def best_measured(measurements: Sequence[Measurement]) -> Measurement | None:
     return min(usable, key=lambda m: (m.best_seconds, m.rank)) if usable else None
 
 
-def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
+def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing, best: float | None = None):
     """Run `built`'s entry of `module` on `dev` (local or remote) against the numpy reference,
-    then time it.
+    then time it (`timed_repeats`: `best` the fastest repeat of the kernels timed before it).
 
     Returns `(Verification, seconds)`; `seconds` is empty when the result is wrong. The checking
     run doubles as the warm-up before timing.
@@ -162,7 +176,7 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing):
     if not check.correct:
         return check, ()
     flush = timing.flush_cache and targets.target(built.target_kind).on_host
-    return check, timed_repeats(evaluator_repeats(module, entry, dev, (*arrays, out), timing, flush), timing)
+    return check, timed_repeats(evaluator_repeats(module, entry, dev, (*arrays, out), timing, flush), timing, best)
 
 
 def evaluator_repeats(module, entry: str, dev, args: Sequence, timing: Timing, flush: bool = False):
@@ -183,15 +197,19 @@ def evaluator_repeats(module, entry: str, dev, args: Sequence, timing: Timing, f
     return run
 
 
-def timed_repeats(run: Callable[[int, float | None], Sequence[float]], timing: Timing) -> tuple[float, ...]:
+def timed_repeats(run: Callable[[int, float | None], Sequence[float]], timing: Timing,
+                  best: float | None = None) -> tuple[float, ...]:
     """The repeats of one kernel's timing: `run(n, fastest)` times `n` more repeats (`fastest`
-    the fastest so far, None before the first). All `timing.repeat` at once without `settle`;
-    with it, `SETTLE_MIN_REPEATS` first, then one at a time until the repeats are `settled`
-    (`profile.noise`) or `timing.repeat` were taken."""
-    if not timing.settle:
+    the fastest so far, None before the first). All `timing.repeat` at once without `settle`
+    and without a race (`best` None or `timing.race` 0); otherwise `SETTLE_MIN_REPEATS` first
+    (`RACE_MIN_REPEATS` in a race), then one at a time until the repeats are `settled` or
+    `outpaced` by `best` (`profile.noise`) or `timing.repeat` were taken."""
+    racing = best is not None and timing.race > 0
+    if not timing.settle and not racing:
         return tuple(run(timing.repeat, None))
-    seconds = list(run(min(timing.repeat, SETTLE_MIN_REPEATS), None))
-    while len(seconds) < timing.repeat and not settled(seconds, timing.settle):
+    seconds = list(run(min(timing.repeat, RACE_MIN_REPEATS if racing else SETTLE_MIN_REPEATS), None))
+    while (len(seconds) < timing.repeat and not settled(seconds, timing.settle)
+           and not outpaced(seconds, best, timing.race)):
         seconds += run(1, min(seconds))
     return tuple(seconds)
 
