@@ -183,7 +183,8 @@ def test_candidates_are_within_every_limit(name):
     candidates = s.candidates()
     assert 1 <= len(candidates) <= s.options.topk
     times = [c.predicted_seconds for c in candidates]
-    assert times == sorted(times) and len({c.program.tiles for c in candidates}) == len(candidates)
+    # a program is its tiles and its virtual threads (the model prices what they change)
+    assert times == sorted(times) and len({(c.program.tiles, c.program.vthreads) for c in candidates}) == len(candidates)
     for cand in candidates:
         assert_within_limits(s.space, cand.program)
         axes = [s.space.axes[a] for a in s.space.expr.spatial]

@@ -76,7 +76,7 @@ class Policy:
         """Emit the program of `state` (at the bottom layer): scaled out over the units, its unit
         tile shrunk along the axis of smallest reuse while the grid has fewer tiles than the
         device has units (Roller-S, §3.2), each shrink a step. A program emitted before is not
-        emitted again (`repeated`)."""
+        emitted again (`repeated`); a program is its tiles and its virtual threads."""
         space, arrived = self.space, state
         units, grid = space.device.compute_units, space.calc.spatial_tiles
         for axis, tiles in space.shrinks(state.recorded, state.eps):
@@ -85,10 +85,10 @@ class Policy:
             note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
             yield self.marker(state, state.actions[-1], note)
         program = space.program_of(state)
-        if program.tiles in self._emitted:
+        if (program.tiles, program.vthreads) in self._emitted:
             yield from self.repeated(state)
             return
-        self._emitted.add(program.tiles)
+        self._emitted.add((program.tiles, program.vthreads))
         est = estimate(program, space.device)
         done = replace(state, tile=(), actions=state.actions + (Action(Kind.EMIT, space.n_tile_layers),))
         cand = Candidate(program, est, space.device, done.actions)

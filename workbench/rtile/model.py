@@ -2,14 +2,18 @@
 the program carries its expression.
 
 An rProgram is a pipeline (Figure 6): at each layer its tile is loaded from the layer below, and
-the register tile is computed. The stages overlap, so the program runs at the speed of its
-slowest stage (the bottleneck):
+the register tile is computed. Roller lets the stages overlap, so the program runs at the speed of
+its slowest stage (the bottleneck); here they overlap only as far as the hardware and the
+template let them (`combine_stages`: on a GPU the other resident warps and blocks, `gpu_stages`):
 
 - load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf;
                            on a CPU less where neighbouring cache tiles share what stays in the
                            layer: `cache_traffic`; on a GPU more where a program that stages
                            nothing loads with a warp touching more sectors than its bytes need:
-                           `uncoalesced_bytes`)
+                           `uncoalesced_bytes`; a GPU's loads from global memory at most at the
+                           rate its bytes in flight sustain over the latency: `reachable_gbps`;
+                           a register tile's reads from shared memory stretched or shortened by
+                           the bank conflicts its virtual threads change: `vthread_conflict_ratio`)
 - compute time           = flops on the padded iteration space / peak compute     (MaxComputePerf)
                            / the fraction of peak the register tile can reach (`compute_efficiency`:
                            warps per scheduler on a GPU; on a CPU the SIMD lanes its vectors fill
@@ -117,13 +121,12 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
 
 
 def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu: int) -> float:
-    """Fraction of peak the register tile can reach. GPU: each warp scheduler needs a warp
+    """Fraction of peak the register tile can reach. GPU: each scheduler needs a resident warp
     (TEU group). CPU: the measured rate of its register micro-kernel over the peak where the spec
     has one (`measured_micro_kernel`; at most 1: calibration lets a measurement exceed the FMA
     peak by its noise slack), else `simd_utilisation` x `latency_coverage`."""
     if device.lanes_are_threads:
-        warps = ceil(threads / device.warp_size) * bpu
-        return min(1.0, warps / device.teu_per_unit)
+        return min(1.0, warps_per_scheduler(program, device, threads, bpu))
     kernel = measured_micro_kernel(program, device)
     if kernel is not None:
         return min(1.0, kernel.gflops / peak_gflops(program.expr, device))
@@ -276,8 +279,8 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
 
 
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
-    """One unit's time from its stage times. GPU (Roller §3.3): the stages pipeline, so the
-    slowest one. CPU: the register tile's loads from the layer right below the registers issue
+    """One unit's time from its stage times. GPU: `gpu_stages` (they overlap as far as resident
+    warps hide them). CPU: the register tile's loads from the layer right below the registers issue
     in the FMAs' shadow (same instruction stream, separate ports), so they overlap the compute,
     but every transfer further down adds: a core copies the next panel from L2 or DRAM between
     two micro-kernel runs, and the hardware prefetchers hide only part of a stream (the
@@ -289,9 +292,132 @@ def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads:
     in the predicted top 3 for 16, 13 and 12 of 26 runs against 6, 11 and 16 with the pipelined
     maximum): most candidates are near-equal, and what orders them is not in the model yet."""
     if not device.runs_on_cpu:
-        return max(compute, *loads.values())
+        return gpu_stages(program, device, compute, loads)
     first = device.layers[source_layer(program, 0, len(device.layers))].name
     return max(compute, loads.get(first, 0.0)) + sum(t for name, t in loads.items() if name != first)
+
+
+def resident_blocks(program: RProgram, device: DeviceSpec, bpu: int) -> int:
+    """Blocks a busy GPU unit holds at once: `bpu`, or fewer where the grid does not give every
+    unit that many (tiles dealt round-robin: at most ceil(grid / units) a unit)."""
+    return max(1, min(bpu, ceil(program.grid / device.compute_units)))
+
+
+def overlapped(a: float, b: float, agents: float) -> float:
+    """Time of two stages of a unit's work (`a`, `b`: each at the unit's full throughput) that
+    each of `agents` independent agents (blocks or warps, sharing the unit's pipes) runs one
+    after the other: no faster than either pipe, max(a, b), and no faster than one agent's own
+    chain over its share, (a + b) / agents. One agent serialises them (a + b); two or more
+    with balanced stages hide the shorter one entirely, as while one agent loads another
+    computes. The bound form of the MWP/CWP argument (Hong & Kim, ISCA 2009: the memory
+    waiting periods of one warp are hidden by the compute periods of the others); our
+    simplification: stages evenly divided between agents, no latency (`reachable_gbps`)."""
+    return max(a, b, (a + b) / max(1.0, agents))
+
+
+def warps_per_scheduler(program: RProgram, device: DeviceSpec, threads: int, bpu: int) -> float:
+    """Resident warps per warp scheduler of a busy unit (`resident_blocks` blocks of `threads`):
+    a grid smaller than the units' room for blocks leaves fewer resident than `bpu`."""
+    warps = ceil(threads / device.warp_size) * resident_blocks(program, device, bpu)
+    return warps / device.teu_per_unit
+
+
+def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
+    """One GPU unit's time from its stage times, as far as the CUDA template (codegen/cuda.py)
+    overlaps them. It does not double-buffer: a block copies a shared step's tiles, waits at
+    __syncthreads, computes on them, waits again, so within a block the copy from global memory
+    and the compute serialise and only the other resident blocks of the unit overlap them
+    (`overlapped` over `resident_blocks`). Inside a step, a warp's register-tile reads from
+    shared memory feed its own FMAs (no barrier between warps), so the other warps of its
+    scheduler hide them (`overlapped` over `warps_per_scheduler`). A program that stages
+    nothing reads global memory straight into the registers of its FMAs: the warps per
+    scheduler overlap those loads. Cross-thread reductions and tensor-core programs
+    (`cuda_mma`: no double buffering either) follow the same structure."""
+    threads, bpu = blocks_per_unit(program, device)
+    warps = warps_per_scheduler(program, device, threads, bpu)
+    unit = device.unit_layer_index
+    bottom = device.layers[-1].name
+    global_load = loads.get(bottom, 0.0)
+    if not program.cached[unit]:
+        return overlapped(compute, global_load, warps)
+    shared_load = loads.get(device.layers[unit].name, 0.0)
+    inner = overlapped(compute, shared_load, warps)
+    return overlapped(inner, global_load, resident_blocks(program, device, bpu))
+
+
+def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
+    """Bytes of global-memory loads a busy GPU unit has outstanding at once: each resident block
+    (`resident_blocks`) issues the loads of one step of its block tile, its inputs' data tiles
+    (a staged copy of a shared step, or the register tiles its threads read), before the first
+    returns: the copy loop and the register tile have constant trip counts, the register tile
+    is unrolled by the template and nvcc unrolls small loops with a known trip count by default
+    (CUDA C++ Programming Guide, `#pragma unroll`), and no load depends on another. Our
+    simplification: a thread's outstanding loads are not capped by its registers or the
+    unit's miss-handling resources."""
+    calc = calculus(program.expr)
+    shapes = calc.data_tiles(program.unit_tile)
+    block = sum(prod(shape) * t.itemsize for shape, t in zip(shapes, program.expr.tensors) if t.role == "input")
+    return resident_blocks(program, device, bpu) * block
+
+
+def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
+    """Bandwidth a program reaches reading from `layer`: the spec's, except from a GPU's global
+    memory, where Little's law bounds it by the bytes in flight over the memory latency
+    (throughput = concurrency / latency): units x `bytes_in_flight` / `latency_ns`. The V100
+    (750 GB/s, 400 ns) needs 300 KB in flight, 3.75 KB an SM, to reach its bandwidth: 29
+    warps each with one 128 B load outstanding. Few small blocks cannot."""
+    spec = device.layers[layer]
+    if not device.lanes_are_threads or layer != len(device.layers) - 1 or spec.latency_ns <= 0:
+        return spec.bandwidth_gbps
+    _, bpu = blocks_per_unit(program, device)
+    little = device.compute_units * bytes_in_flight(program, device, bpu) / spec.latency_ns  # B/ns = GB/s
+    return min(spec.bandwidth_gbps, little)
+
+
+def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) -> float:
+    """Time to move `q` bytes for `program`'s tiles at `layer` from the layer below with every
+    unit busy: at the source's bandwidth, except on a GPU, where register tiles read from shared
+    memory take the wavefronts their virtual threads add or save (`vthread_conflict_ratio`),
+    and loads from global memory reach only `reachable_gbps`; its output stores (Q's `stores`
+    part) are posted, no register waits for them, so they stream at the spec's bandwidth."""
+    src = source_layer(program, layer, len(device.layers))
+    bandwidth = device.layers[src].bandwidth_gbps * GB
+    if device.lanes_are_threads and layer == 0 and src == device.unit_layer_index:
+        return q * vthread_conflict_ratio(program, device) / bandwidth
+    reach = reachable_gbps(program, device, src) * GB
+    if reach >= bandwidth:
+        return q / bandwidth
+    calc = calculus(program.expr)
+    tile, output = program.tiles[layer], program.expr.tensors[-1]
+    stores = calc.spatial_tiles(tile) * prod(calc.data_tiles(tile)[-1]) * output.itemsize
+    return (q - stores) / reach + stores / bandwidth
+
+
+def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
+    """Factor by which a GPU program's virtual threads change the time of its register-tile
+    reads from shared memory: the first warp's wavefronts with them over those without
+    (`shared_wavefronts`, counted exactly for scalar loads). Only the change is priced: the
+    absolute degree of scalar loads is not what the template's register reads cost (nvcc
+    merges a thread's consecutive elements into 64- and 128-bit loads, served per half or
+    quarter warp), and charging it moved roller-table1 M1's top 1 to a padded tile (7fdc68d);
+    what a strided split does to the bank pattern, it does to both. 1 without virtual threads,
+    on CPUs, where the register tile is not read from banked shared memory (nothing staged,
+    tensor-core fragments, cross-thread reductions) and for operators without a reduce axis."""
+    expr = program.expr
+    if not program.vthreads or not device.lanes_are_threads or not expr.reduce:
+        return 1.0
+    unit = device.unit_layer_index
+    if (
+        not program.cached[unit] or device.layers[unit].banks <= 0
+        or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None
+    ):
+        return 1.0
+    split = dict(program.vthreads)
+    vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
+    block, reg = program.unit_tile, program.register_tile
+    with_split = shared_wavefronts(expr, device, block, reg, vthreads)[0]
+    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes))[0]
+    return with_split / without if without else 1.0
 
 
 def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, n_waves: int) -> float:
@@ -430,7 +556,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         src = device.layers[source_layer(program, layer, len(device.layers))]
         q = cache_traffic(program, device, layer) + (uncoalesced_bytes(program, device) if layer == 0 else 0)
         moved[src.name] = moved.get(src.name, 0) + q
-        loads[src.name] = loads.get(src.name, 0.0) + q / (src.bandwidth_gbps * GB * busy)
+        loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(program, device, layer, q) / busy
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         home = device.layers[accumulator_home(program, device)]
         q = calc.accumulator_bytes(program.register_tile, program.tiles[1], partial_sums(expr, device, program.register_tile))
