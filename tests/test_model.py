@@ -26,10 +26,12 @@ from workbench.rtile.model import (
     estimate,
     is_compute_bound,
     is_load_hidden,
+    load_coverage,
     micro_kernel_shape,
     overlapped,
     reachable_gbps,
     source_layer,
+    step_loads,
     tree_reduction_seconds,
     uncoalesced_bytes,
     vthread_conflict_ratio,
@@ -289,19 +291,22 @@ def closed_compute_seconds(dev, e, program, efficiency):
 @pytest.mark.parametrize(
     "dev, tile, efficiency",
     [
-        (AVX2, (2, 8, 1), 2 / 10),  # 2 accumulators of the 10 that 5 cycles x 2 pipes need
-        (AVX2, (4, 16, 1), 8 / 10),
+        # 2 accumulators of the 10 that 5 cycles x 2 pipes need; 1 vector of B + 2 broadcasts of A
+        # per 2 FMAs: the load ports allow 2 / 3 of them
+        (AVX2, (2, 8, 1), 2 / 10 * 2 / 3),
+        (AVX2, (4, 16, 1), 8 / 10),  # 2 + 4 loads per 8 FMAs
         (AVX2, (6, 16, 1), 1.0),  # 12 >= 10
         (AVX2, (5, 12, 1), 12 / 16),  # 10 accumulators, but a 12-wide row fills 12 of 16 lanes
-        (AVX2, (8, 4, 1), 8 / 10 * 4 / 8),  # half a vector per row, 8 accumulators
-        (AVX512, (2, 16, 1), 2 / 8),  # 4 cycles x 2 pipes
-        (AVX512, (8, 16, 1), 1.0),
-        (AVX512, (14, 32, 1), 1.0),
+        (AVX2, (8, 4, 1), 8 / 10 * 4 / 8 * 8 / 9),  # half a vector per row, 8 accumulators, 1 + 8 loads
+        (AVX512, (2, 16, 1), 2 / 8 * 2 / 3),  # 4 cycles x 2 pipes
+        (AVX512, (8, 16, 1), 8 / 9),  # 8 chains cover 4 x 2, but 1 + 8 loads per 8 FMAs
+        (AVX512, (8, 32, 1), 1.0),  # 2 + 8 loads per 16 FMAs
+        (AVX512, (14, 32, 1), 1.0),  # 2 + 14 loads per 28 FMAs
     ],
 )
 def test_cpu_compute_efficiency_is_lanes_used_times_latency_covered(dev, tile, efficiency):
     """compute = padded flops / (peak x busy units x min(1, accumulators / (latency x pipes)) x
-    lanes filled / lanes issued)."""
+    lanes filled / lanes issued x min(1, accumulators / loads per reduction step))."""
     e = matmul(64, 64, 64)
     program = cpu_program(dev, e, tile)
     assert compute_efficiency(program, dev, 1, 1) == pytest.approx(efficiency)
@@ -326,6 +331,43 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     wide = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
     assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2, 1, 1) == pytest.approx(10 / 10 * 1.0)
     assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2, 1, 1) == pytest.approx(2 / 10 * 6 / 8)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("batches, rows, vectors", [(1, 4, 2), (3, 4, 1), (2, 6, 1), (4, 2, 1), (1, 1, 1)])
+def test_a_batched_register_tile_pays_for_the_loads_its_batch_axis_adds(dev, batches, rows, vectors):
+    """bmm C[b, i, j] = sum_k A[b, i, k] B[b, k, j], lanes along j: per reduction step a b x i x
+    (vectors x lanes) tile issues b x i x vectors FMAs and loads b x vectors vectors of B plus
+    b x i broadcasts of A, so its load ports allow min(1, FMAs / loads) of the FMA pipes (as many
+    loads as FMAs per cycle). The compute term is lanes x latency covered x that."""
+    lanes = dev.warp_size
+    e = plain_expr(
+        {"b": (4, "spatial"), "i": (12, "spatial"), "j": (4 * lanes, "spatial"), "k": (8, "reduce")},
+        [("A", [{"b": 1}, {"i": 1}, {"k": 1}]), ("B", [{"b": 1}, {"k": 1}, {"j": 1}]), ("C", [{"b": 1}, {"i": 1}, {"j": 1}])],
+    )
+    tile = (batches, rows, vectors * lanes, 1)
+    fmas, loads = batches * rows * vectors, batches * vectors + batches * rows
+    assert (step_loads(e, dev, tile), load_coverage(e, dev, tile)) == (loads, pytest.approx(min(1.0, fmas / loads)))
+    program = cpu_program(dev, e, tile)
+    latency = min(1.0, fmas / dev.fma_accumulators)
+    assert compute_efficiency(program, dev, 1, 1) == pytest.approx(latency * min(1.0, fmas / loads))
+    assert estimate(program, dev).compute_seconds == pytest.approx(
+        closed_compute_seconds(dev, e, program, latency * min(1.0, fmas / loads)))
+
+
+def test_load_coverage_is_1_without_a_chain_a_lane_axis_or_fma_facts():
+    """relu (no reduction), a stride-2 window (scalar code), a spec without FMA facts (TINY_CPU):
+    1. A reduction along its lanes loads one vector per accumulator: 1 (gemv's x adds one more
+    per row of vectors: 14 rows of A's 1 vector + 1 of x, 14 / 15)."""
+    relu = expr("relu", shape=(17, 11, 3))
+    assert load_coverage(relu, AVX2, (1, 1, 3)) == 1.0
+    strided = plain_expr({"i": (64, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 2, "k": 1}]), ("out", [{"i": 1}])])
+    assert load_coverage(strided, AVX2, (8, 3)) == 1.0
+    assert load_coverage(matmul(64, 64, 64), TINY_CPU, (2, 16, 1)) == 1.0
+    total = plain_expr({"i": (640, "reduce")}, [("A", [{"i": 1}]), ("out", [])])
+    assert load_coverage(total, AVX2, (80,)) == 1.0
+    gemv = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"i": 1}, {"k": 1}]), ("x", [{"k": 1}]), ("y", [{"i": 1}])])
+    assert (step_loads(gemv, AVX2, (14, 8)), load_coverage(gemv, AVX2, (14, 8))) == (15, pytest.approx(14 / 15))
 
 
 # -- Vortex's hybrid analyzer (issue 14): a register micro-kernel measured by calibration gives
