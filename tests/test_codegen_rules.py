@@ -21,7 +21,7 @@ def rank1(name: str, dtype: str):
 
 
 def test_the_tensor_core_rule_is_tried_before_the_cuda_core_rule():
-    assert [rule.name for rule in RULES] == ["cuda-wmma", "cuda", "cpu"]
+    assert [rule.name for rule in RULES] == ["cuda-splitk", "cuda-wmma", "cuda", "cpu"]
 
 
 @pytest.mark.parametrize(

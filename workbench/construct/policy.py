@@ -10,7 +10,8 @@ A policy is a class with
 
 `Policy` supplies the rest, the same for every policy: the eps schedule (`steps`: Roller raises eps
 in EPS_STEPS while fewer than K programs came out), emission (`emit`: scale-out over the units,
-Roller-S shrinking while the grid is smaller than the units, the estimate, the `Candidate`) and the
+Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
+units idle (`split_k`), the estimate, the `Candidate`) and the
 step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a
 step that changes no tile, `node` / `key` name graph nodes, virtual threads included).
 """
@@ -24,7 +25,9 @@ from typing import Iterator
 from workbench.construct.graph import Edge, Node
 from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, State, apply
 from workbench.construct.step import Candidate, Step, make_node, state_key
-from workbench.rtile.model import estimate
+from workbench.hardware.spec import DeviceSpec
+from workbench.rtile.model import Estimate, estimate
+from workbench.rtile.rprogram import RProgram, split_counts
 from workbench.viz.fmt import duration
 
 
@@ -89,13 +92,15 @@ class Policy:
             yield from self.repeated(state)
             return
         self._emitted.add((program.tiles, program.vthreads))
-        est = estimate(program, space.device)
-        done = replace(state, tile=(), actions=state.actions + (Action(Kind.EMIT, space.n_tile_layers),))
+        program, est = split_k(program, space.device)
+        split = program.split if program.split > 1 else 0  # recorded so that `replay` splits it too
+        done = replace(state, tile=(), actions=state.actions + (Action(Kind.EMIT, space.n_tile_layers, count=split),))
         cand = Candidate(program, est, space.device, done.actions)
         self.candidates.append(cand)
         node = self.node(done, "emitted", predicted=est.predicted_seconds)
         edge = Edge(self.key(arrived), node.key, "emit") if node.key != self.key(arrived) else None
-        note = self.describe("emit", number=len(self.candidates), grid=program.grid,
+        grid = f"{program.grid} ({program.split}-way split-K)" if program.split > 1 else program.grid
+        note = self.describe("emit", number=len(self.candidates), grid=grid,
                              predicted=duration(est.predicted_seconds), bottleneck=est.bottleneck)
         yield self.record(Step(done.actions[-1], done, node, edge, note=note, candidate=cand, temperature=self.marker_temperature))
 
@@ -130,6 +135,30 @@ class Policy:
         node = make_node(self.space, state, status, tile, score, predicted)
         suffix = _vthread_suffix(state)
         return replace(node, key=node.key + suffix) if suffix else node
+
+
+def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:
+    """`program` and its estimate, or, where its grid leaves units idle, the same program split
+    over its reduce axis (`RProgram.split`; a GPU's programs only: `rprogram.split_counts` offers
+    none on a CPU) and the split's estimate. Priced by the model: the splits from the smallest
+    that fills the units up to the most whose blocks are all resident at once (the unsplit
+    program's blocks per unit; the wave quantisation of each in between differs), the fastest
+    kept where it beats the unsplit program (its partial sums and second kernel,
+    `model.split_k_seconds`, against the busier units)."""
+    est = estimate(program, device)
+    units = device.compute_units
+    counts = split_counts(program, device) if program.grid < units else ()
+    if not counts:
+        return program, est
+    resident = units * est.blocks_per_unit
+    fill = next((s for s in counts if program.grid * s >= units), counts[-1])
+    best = (est.predicted_seconds, program, est)
+    for count in (s for s in counts if s == fill or fill < s and program.grid * s <= resident):
+        split = replace(program, split=count, grid=program.grid * count)
+        split_est = estimate(split, device)
+        if split_est.predicted_seconds < best[0]:
+            best = (split_est.predicted_seconds, split, split_est)
+    return best[1], best[2]
 
 
 def _vthread_suffix(state: State) -> str:

@@ -66,8 +66,9 @@ class OverCapacity(IllegalAction):
 @dataclass(frozen=True, order=True)
 class Action:
     """One move. `size`: the new size of `axis` (grow, shrink, inv_tile; the size a Roller
-    branch tried for layer_full / prune_visited); `count`: V of set_vthread; `eps`: the padding
-    bound a round starts at (start) or is raised to (widen_eps)."""
+    branch tried for layer_full / prune_visited); `count`: V of set_vthread, S of a split-K emit
+    (`RProgram.split`; 0 unsplit); `eps`: the padding bound a round starts at (start) or is
+    raised to (widen_eps)."""
 
     kind: Kind
     layer: int = -1
@@ -438,7 +439,8 @@ def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
         state = apply(space, state, action)
     if state.layer < space.n_tile_layers:
         raise UserError(f"replay: the actions end at {space.layer_names[state.layer]}, not the bottom layer")
-    return space.program_of(state)
+    program, split = space.program_of(state), actions[-1].count if actions[-1].kind == Kind.EMIT else 0
+    return replace(program, split=split, grid=program.grid * split) if split > 1 else program  # split-K (policy.split_k)
 
 
 def _check_vthread(space: Space, state: State, action: Action) -> None:

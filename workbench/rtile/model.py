@@ -29,7 +29,8 @@ resident tiles of a unit share its throughput, so blocks per unit raise compute 
 (enough warps per scheduler) rather than multiplying speed. `waves = ceil(grid / (units *
 blocks per unit))` is reported as the number of rounds of resident blocks. A cross-thread
 reduction adds, after its pipeline, the trees that combine its threads' partial sums, once per
-wave (`tree_reduction_seconds`).
+wave (`tree_reduction_seconds`). A split-K program adds its partial sums' traffic and its second
+kernel (`split_k_seconds`).
 """
 
 from __future__ import annotations
@@ -471,6 +472,26 @@ def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, 
     return n_waves * outputs * steps * device.layers[device.unit_layer_index].latency_ns * 1e-9
 
 
+def split_k_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What a split-K program (`RProgram.split` = S > 1) adds to its first pass: that pass's
+    grid already counts its S blocks per unit tile (`RProgram.grid`), each walking 1/S of the
+    reduce axis, so its loads and compute are the unsplit program's spread over more units;
+    beyond them, its blocks store S x O partial sums (O outputs) where the unsplit program
+    stores O, and a second kernel reads the S x O partial sums back and writes the O results.
+    Priced at the bottom layer's bandwidth (both passes stream: consecutive threads,
+    consecutive outputs), plus the second kernel's launch (`DeviceSpec.launch_seconds`) and
+    one memory latency before its first loads return (it has nothing to overlap them with).
+    Partial sums have the output's dtype (TVM's rfactor buffer). 0 for unsplit programs."""
+    split = program.split
+    if split <= 1:
+        return 0.0
+    out = program.expr.output
+    size = prod(out.shape) * out.itemsize
+    bottom = device.layers[-1]
+    moved = (split - 1) * size + split * size + size  # extra partial stores; pass 2 reads S x O, writes O
+    return device.launch_seconds + bottom.latency_ns * 1e-9 + moved / (bottom.bandwidth_gbps * GB)
+
+
 @lru_cache(maxsize=65536)
 def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) -> tuple[tuple[int, int], ...]:
     """Per input, (sectors, needed): the memory transactions (`transaction_bytes` of the bottom
@@ -614,7 +635,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         waves=n_waves,
         occupancy=occupancy,
         bottleneck=bottleneck,
-        predicted_seconds=core * quantization + tree,
+        predicted_seconds=core * quantization + tree + split_k_seconds(program, device),
         footprints=footprints,
         reduction_seconds=tree,
         **provenance(program, device),

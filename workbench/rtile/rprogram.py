@@ -5,8 +5,10 @@ tile is the unit tile (one SM's thread block / one core's work item) and `grid` 
 over the spatial axes. `cached[l]` is False where the program does not stage data in layer l
 (Roller: operators without reuse build the top tile only and load straight from the bottom).
 `vthreads` pairs a spatial axis with the virtual threads a GPU thread's tile is split into
-(Gensor's setVthread). A program carries its expression, so the model and codegen need nothing
-beside it and the device.
+(Gensor's setVthread). `split` > 1 (split-K, GPUs only) deals the steps of one reduce axis
+(`split_axis`) over that many blocks per unit tile, whose partial sums a second pass adds; `grid`
+then counts every block launched, `split` per spatial unit tile. A program carries its
+expression, so the model and codegen need nothing beside it and the device.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Sequence
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import is_micro_kernel_layer, micro_kernel_registers, tile_lanes
+from workbench.rtile.alignment import (
+    cross_thread_axis, is_micro_kernel_layer, micro_kernel_registers, mma_axes, tile_lanes,
+)
 from workbench.rtile.traffic import TileCalculus, bank_padding, calculus
 
 Tile = tuple[int, ...]
@@ -34,6 +38,7 @@ class RProgram:
     eps: float
     expr: TensorExpr = field(repr=False)  # as constructed (after axis fusion)
     vthreads: tuple[tuple[str, int], ...] = ()  # (spatial axis, V > 1) of a GPU thread's tile
+    split: int = 1  # blocks sharing one unit tile's reduction (split-K); grid includes them
 
     @property
     def unit_tile(self) -> Tile:
@@ -56,6 +61,8 @@ class RProgram:
             "grid": self.grid,
             "eps": self.eps,
             "vthreads": dict(self.vthreads),
+            # written only where set: unsplit programs (all CPU ones) keep their stored form
+            **({"split": self.split} if self.split > 1 else {}),
         }
 
     @classmethod
@@ -73,6 +80,7 @@ class RProgram:
             eps=float(data["eps"]),
             expr=expr,
             vthreads=tuple((str(a), int(v)) for a, v in data.get("vthreads", {}).items()),
+            split=int(data.get("split", 1)),  # programs stored before split-K: unsplit
         )
 
 
@@ -156,3 +164,44 @@ def footprint_at(device: DeviceSpec, program: RProgram, layer: int) -> int:
 
 def waves(grid: int, slots: int) -> int:
     return ceil(grid / max(slots, 1))
+
+
+def split_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The reduce axis a split-K program deals over blocks, or None where `expr` is not split
+    on `device`: CPUs (one work item per core already), operators without a reduce axis,
+    tensor-core contractions (their WMMA template keeps one block per output tile) and
+    operators whose axes were fused (the partial-sum buffer is laid out over the expression's
+    own axes). A cross-thread reduction splits the axis its threads run along (`cross_thread_axis`),
+    every other operator its outermost reduce axis (the outermost shared-step loop)."""
+    if not device.launches_thread_blocks or not expr.reduce or mma_axes(expr, device) is not None:
+        return None
+    if any(axis.fused_from for axis in expr.axes):
+        return None
+    across = cross_thread_axis(expr, device)
+    return expr.reduce[0] if across is None else across
+
+
+def split_counts(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
+    """The splits a program may take, smallest first: S > 1 parts of ceil(steps / S') whole
+    shared-memory steps of its `split_axis` each for some S' (`split_steps`), so every block but
+    the last walks whole steps and a vector copy's alignment along the axis holds; the last part
+    takes the rest (a predicate on the split), its tail step guarded as in the unsplit program.
+    A cross-thread reduction takes only S dividing its steps, over an extent its tile divides
+    (no predicate at all): TVM 0.27 lowers the rfactor block of a reduce loop bound to threads
+    under a predicate as a plain loop, every thread then writing its own partial sum
+    (`codegen.cuda_splitk` refuses it). Empty where the program
+    cannot be split (or is split already)."""
+    axis = split_axis(program.expr, device)
+    if axis is None or program.split != 1:
+        return ()
+    extent, step = program.expr.axes[axis].extent, program.unit_tile[axis]
+    steps = ceil(extent / step)
+    if axis == cross_thread_axis(program.expr, device):
+        return tuple(s for s in range(2, steps + 1) if steps % s == 0) if extent % step == 0 else ()
+    return tuple(sorted({ceil(steps / ceil(steps / s)) for s in range(2, steps + 1)}))
+
+
+def split_steps(program: RProgram, axis: int) -> int:
+    """Shared-memory steps of `axis` each part of a split program walks (the last part fewer)."""
+    steps = ceil(program.expr.axes[axis].extent / program.unit_tile[axis])
+    return ceil(steps / program.split)

@@ -1,7 +1,8 @@
 """The schedule rules, declared once, in the order they are tried: the first rule whose
 `schedule` returns a schedule builds the kernel (TVM dlight's `ApplyDefaultSchedule` works the
 same way). The tensor-core rule comes before the CUDA-core rule, which takes every GPU program
-the tensor-core rule declines; `TensorCoreRule.declines` says why it declined.
+the tensor-core rule declines; `TensorCoreRule.declines` says why it declined. The split-K rule
+comes first: it takes only programs with `split` > 1, which the others would realise unsplit.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from typing import Sequence
 
 from workbench.codegen.rules.cpu import CpuRule
 from workbench.codegen.rules.gpu import GpuRule
+from workbench.codegen.rules.split_k import SplitKRule
 from workbench.codegen.rules.tensor_core import TensorCoreRule
 from workbench.codegen.template import Rule, ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
 
-RULES: tuple[Rule, ...] = (TensorCoreRule(), GpuRule(), CpuRule())
+RULES: tuple[Rule, ...] = (SplitKRule(), TensorCoreRule(), GpuRule(), CpuRule())
 
 
 def apply_rules(expr: TensorExpr, program: RProgram, device: DeviceSpec, rules: Sequence[Rule] = RULES):

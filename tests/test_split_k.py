@@ -1,0 +1,220 @@
+"""Split-K (issue 16): the `RProgram.split` field, its price in the model (`split_k_seconds`),
+its choice at emission (`policy.split_k`) and its CUDA template (`codegen.cuda_splitk`).
+
+There is no GPU here: the template's kernels are checked as CUDA source (two kernels, bound
+blocks and threads, a tree over the threads), compiled with nvcc where it is installed, and run
+on the CPU with their thread loops serial (`test_codegen_cuda.run_serially`: the same schedule,
+rfactor included, built for LLVM) against numpy."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.helpers import TINY_CPU, device, expr
+from tests.test_codegen_cuda import run_serially
+from workbench.codegen.build import build_kernel
+from workbench.codegen.nvcc import compile_ptx_many, nvcc_path
+from workbench.codegen.rules import apply_rules
+from workbench.construct.policy import split_k
+from workbench.construct.space import Space, replay
+from workbench.construct.stepper import construct
+from workbench.ops.reference import random_inputs
+from workbench.ops.tensor_expr import from_te
+from workbench.rtile.model import estimate, split_k_seconds
+from workbench.rtile.rprogram import RProgram, make_program, split_axis, split_counts, split_steps
+from workbench.rtile.traffic import TileCalculus
+
+
+def program(e, tiles, staged: bool, split: int = 1, gpu: str = "v100") -> RProgram:
+    p = make_program(TileCalculus(e), device(gpu), tiles, (True, staged), 0.0)
+    return replace(p, split=split, grid=p.grid * split)
+
+
+def reduce_sum(rows: int, k: int):
+    return construct(expr("reduce_sum", shape=(rows, k), axes=(1,)), device("v100")).expr
+
+
+# -- the field -----------------------------------------------------------------------------------
+
+
+def test_split_round_trips_and_unsplit_programs_keep_their_stored_form():
+    e = expr("matmul", M=64, N=64, K=4096)
+    unsplit = program(e, ((2, 2, 1), (32, 32, 16)), True)
+    split = replace(unsplit, split=4, grid=unsplit.grid * 4)
+    assert RProgram.from_dict(split.to_dict(), e) == split and split.to_dict()["split"] == 4
+    stored = unsplit.to_dict()
+    assert "split" not in stored  # a program stored before split-K reads the same
+    assert RProgram.from_dict(stored, e) == unsplit and RProgram.from_dict(stored, e).split == 1
+
+
+def test_split_counts_deal_whole_steps_and_none_on_a_cpu_or_tensor_cores():
+    e = expr("matmul", M=64, N=64, K=1000)
+    p = program(e, ((2, 2, 1), (32, 32, 16)), True)  # 63 steps of 16, the last 8 long
+    counts = split_counts(p, device("v100"))
+    assert counts[:4] == (2, 3, 4, 5) and counts[-1] == 63
+    # every count makes parts of ceil(63 / S') steps, the last part the rest: S = 5 -> 13 steps x 5
+    assert all(-(-63 // split_steps(replace(p, split=s), 2)) == s for s in counts)
+    assert 33 not in counts  # ceil(63 / 33) = 2 steps a part make 32 parts, not 33
+    assert split_axis(e, TINY_CPU) is None
+    cpu = make_program(TileCalculus(e), TINY_CPU, ((1, 8, 1), (8, 64, 64), (64, 64, 1000)), (True,) * 3, 0.0)
+    assert split_counts(cpu, TINY_CPU) == ()
+    assert split_axis(expr("matmul", "float16", M=64, N=64, K=4096), device("v100")) is None  # WMMA
+    assert split_axis(expr("relu", shape=(64, 64)), device("v100")) is None  # nothing to reduce
+
+
+def test_a_cross_thread_reduction_splits_only_without_a_predicate():
+    """reduce_sum rows of 2^20 in steps of 1280: 820 steps, the last one short; an rfactor
+    block bound to threads under a predicate loses its cross-thread tree in TVM 0.27."""
+    e = reduce_sum(64, 1 << 20)
+    assert split_counts(program(e, ((1, 4), (1, 1280)), False), device("v100")) == ()
+    counts = split_counts(program(e, ((1, 4), (1, 1024)), False), device("v100"))
+    assert counts == tuple(2**n for n in range(1, 11))  # divisors of 1024 steps
+
+
+# -- the model -----------------------------------------------------------------------------------
+
+
+def test_split_k_seconds_in_closed_form():
+    """reduce_sum 64 x 2^20 on the V100 in 4 parts: the first pass stores 4 x 64 partial sums
+    where the unsplit one stores 64 (3 x 256 B more), the second reads 4 x 256 B and writes
+    256 B, all at 750 GB/s, after its 5 us launch and one 400 ns DRAM latency (v100.toml)."""
+    e = reduce_sum(64, 1 << 20)
+    p = program(e, ((1, 4), (1, 1024)), False, split=4)
+    dev = device("v100")
+    moved = 3 * 256 + 4 * 256 + 256
+    assert split_k_seconds(p, dev) == pytest.approx(5e-6 + 400e-9 + moved / 750e9, rel=1e-12)
+    assert split_k_seconds(replace(p, split=1), dev) == 0.0
+    # estimate adds it once to the first pass priced over the S-times larger grid
+    first = estimate(replace(p, split=1), dev)  # same grid (256 blocks), no second pass
+    assert estimate(p, dev).predicted_seconds == pytest.approx(first.predicted_seconds + split_k_seconds(p, dev), rel=1e-12)
+    assert first.waves == 1 and p.grid == 256
+
+
+def test_reduce_sum_64x1m_split_fills_the_v100():
+    """tests/test_model.py: unsplit, 64 rows keep 64 of the 80 SMs busy, so the best is the
+    2^28 B read at 750 GB/s x 64 / 80 (447 us). Its 1024 steps of 1024 split in powers of 2; of
+    the splits from the first that fills the SMs (2: 128 blocks) to the most resident at once
+    (8 blocks an SM: 640), 8 quantises best: 512 blocks in ceil(512 / 80) = 7 rounds of 80, the
+    read at 750 GB/s x 512 / 560, the tree over 256 threads, then the second pass (`split_k_seconds`): 397 us."""
+    e = reduce_sum(64, 1 << 20)
+    dev = device("v100")
+    unsplit = program(e, ((1, 4), (1, 1024)), False)
+    chosen, est = split_k(unsplit, dev)
+    bound = 64 * 2**20 * 4 / 750e9
+    assert estimate(unsplit, dev).predicted_seconds >= bound * 80 / 64
+    assert (chosen.split, chosen.grid, est.blocks_per_unit, est.waves) == (8, 512, 8, 1)
+    read = (64 * 2**20 * 4 + 64 * 4) / 750e9  # the matrix and the 64 outputs stored by the first pass
+    assert dict(est.load_seconds)["global"] == pytest.approx(read, rel=1e-9)
+    tree = 8 * 12.4e-9  # log2(256 threads) exchanges at the shared layer's latency, one wave
+    assert est.predicted_seconds == pytest.approx(read * 560 / 512 + tree + split_k_seconds(chosen, dev), rel=1e-9)
+    assert est.predicted_seconds < 0.9 * estimate(unsplit, dev).predicted_seconds
+
+
+# -- emission ------------------------------------------------------------------------------------
+
+
+def test_a_short_long_k_matmul_is_split_on_a_gpu_and_never_on_a_cpu():
+    e = expr("matmul", M=64, N=64, K=8192)
+    gpu = construct(e, device("v100"))
+    top = gpu.candidates[0]
+    assert top.program.split > 1 and top.program.grid >= device("v100").compute_units
+    unsplit = replace(top.program, split=1, grid=top.program.grid // top.program.split)
+    assert top.predicted_seconds < estimate(unsplit, device("v100")).predicted_seconds
+    assert replay(Space(gpu.expr, device("v100")), top.actions) == top.program
+    cpu = construct(e, TINY_CPU)
+    assert all(c.program.split == 1 for c in cpu.candidates)
+
+
+def test_a_program_filling_the_units_is_not_split():
+    e = expr("matmul", M=1024, N=1024, K=1024)
+    p = program(e, ((4, 4, 1), (64, 64, 16)), True)  # 256 blocks on 80 SMs
+    assert split_k(p, device("v100"))[0] is p
+
+
+# -- the template --------------------------------------------------------------------------------
+
+
+def kernels(source: str) -> list[str]:
+    return re.findall(r'extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(', source)
+
+
+def built(e, p, gpu="v100"):
+    kernel = build_kernel(e, p, device(gpu))
+    assert kernel.ok, kernel.error
+    assert kernel.template == "cuda-splitk"
+    return kernel.source
+
+
+def test_unsplit_programs_take_the_other_rules():
+    e = expr("matmul", M=64, N=64, K=4096)
+    assert apply_rules(e, program(e, ((2, 2, 1), (32, 32, 16)), True), device("v100"))[0].name == "cuda"
+
+
+@pytest.mark.parametrize(
+    "op, params, tiles, staged, split",
+    [
+        ("matmul", dict(M=64, N=64, K=4096), ((2, 2, 1), (32, 32, 16)), True, 4),
+        ("matmul", dict(M=33, N=40, K=1000), ((2, 2, 1), (16, 32, 16)), True, 5),  # 63 steps: 5 x 13, tails guarded
+        ("reduce_sum", dict(shape=(8, 8192), axes=(1,)), ((1, 4), (1, 512)), False, 4),
+        ("reduce_mean", dict(shape=(8, 8192), axes=(1,)), ((1, 4), (1, 512)), False, 8),
+    ],
+)
+def test_split_kernels_equal_numpy(op, params, tiles, staged, split):
+    e = construct(expr(op, **params), device("v100")).expr
+    p = program(e, tiles, staged, split)
+    source = built(e, p)
+    assert sorted(set(kernels(source))) == ["main_kernel", "main_kernel_1"]  # declared, then defined
+    inputs = random_inputs(e, seed=0)
+    out = run_serially(e, p, device("v100"), inputs)
+    x = [a.astype(np.float64) for a in inputs]
+    ref = x[0] @ x[1] if op == "matmul" else x[0].sum(axis=1) / (x[0].shape[1] if op == "reduce_mean" else 1)
+    assert np.abs(ref).max() > 1e-3  # not a vacuous comparison
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_a_fused_bias_relu_is_applied_once_in_the_final_pass():
+    from tvm import te, tirx
+
+    m, n, k = 32, 32, 2048
+    a, b, bias = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B"), te.placeholder((n,), name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    d = te.compute((m, n), lambda i, j: te.max(c[i, j] + bias[j], tirx.const(0, "float32")), name="D")
+    e = from_te("matmul_bias_relu", {}, [a, b, bias], d, "float32")
+    p = program(e, ((2, 2, 1), (16, 32, 16)), True, split=8)
+    source = built(e, p)
+    *_, first, final = source.split('extern "C" __global__')  # the two definitions, after the declarations
+    assert "bias_ptr" not in first and "max(" not in first  # the first pass writes raw partial sums
+    assert re.search(r"D_ptr\[[^\n]*\] = max\(\(C_local_ptr\[0\] \+ bias_ptr", final)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (n,))]
+    out = run_serially(e, p, device("v100"), inputs)
+    ref = np.maximum(inputs[0].astype(np.float64) @ inputs[1] + inputs[2], 0)
+    assert 0.2 < (ref == 0).mean() < 0.8  # relu clips some outputs, not all
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_a_split_cross_thread_reduction_keeps_its_tree_and_writes_one_partial_sum_a_block():
+    e = reduce_sum(8, 65536)
+    source = built(e, program(e, ((1, 16), (1, 8192)), False, split=8))
+    first = source.split('extern "C" __global__')[-2]
+    assert "__shfl_down_sync" in first and "red_buf_staging" in first
+    assert re.search(r"if \(\(\(int\)threadIdx.x\) == 0\) \{\s*Y_rf_ptr\[\(\(int\)blockIdx.x\)\]", first)
+    assert "__launch_bounds__(8) main_kernel_1" in source  # the final pass: a thread per output
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_split_kernels_compile_with_nvcc(arch):
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found on PATH: the sources' structure is checked above, not compiled")
+    cases = [(expr("matmul", M=64, N=64, K=4096), ((2, 2, 1), (32, 32, 16)), True, 4),
+             (reduce_sum(8, 65536), ((1, 16), (1, 8192)), False, 8)]
+    gpu = "a100" if arch == "sm_80" else "h100"
+    sources = [built(e, program(e, tiles, staged, split, gpu), gpu) for e, tiles, staged, split in cases]
+    for result in compile_ptx_many(sources, arch):
+        assert result.ok, result.error
+        assert len(re.findall(r"^\.visible \.entry", result.ptx, re.M)) == 2
