@@ -284,10 +284,12 @@ REDUCE_8x65536 = ("reduce_sum", dict(shape=(8, 65536), axes=(1,)))
 
 @lru_cache(maxsize=None)
 def cross_thread_kernel(gpu: str):
-    """reduce_sum over 8 x 65536 (8 outputs: a cross-thread reduction), its rank-1 program."""
+    """reduce_sum over 8 x 65536 (8 outputs: a cross-thread reduction), its rank-1 program
+    unsplit (rank 1 is split-K, whose kernels tests/test_split_k.py checks)."""
     op, params = REDUCE_8x65536
     built = construct(expr(op, **params), device(gpu))
     program = built.candidates[0].program
+    program = replace(program, split=1, grid=program.grid // program.split)
     return built.expr, program, build_kernel(built.expr, program, device(gpu))
 
 

@@ -5,7 +5,8 @@ construction code: one tile per staging layer, each a multiple of the tile above
 its layer, each staged tile within its layer's capacity (bank padding included), the register
 tile within the per-thread register cap (on a CPU counted in whole vector registers: its
 accumulators, one row of vectors per input the vectorised axis indexes, one broadcast), a GPU block within its thread and register limits, and
-the grid counting the unit tiles. The property tests draw CPU specs through the path
+the grid counting the unit tiles (times a GPU program's split-K blocks). The property tests draw
+CPU specs through the path
 `workbench device detect` takes (parsed /proc/cpuinfo text -> `build_local_spec`) and through the
 loader (a spec TOML a user could write, with any SIMD width and register count), take the
 presets of specs/devices as they are, and run Roller and Markov on the papers' workloads and on
@@ -314,7 +315,9 @@ def assert_within_limits(space: Space, program) -> None:
         v = simd_lane_axis(e, dev)
         if v is not None:
             assert register[v] % dev.warp_size == 0 or register[v] == e.axes[v].extent, register
-    assert program.grid == prod(ceil(e.axes[a].extent / unit[a]) for a in e.spatial) >= 1
+    # a split-K program (GPUs only) launches `split` blocks per unit tile, its grid counts them all
+    assert program.split == 1 or dev.kind == "gpu"
+    assert program.grid == prod(ceil(e.axes[a].extent / unit[a]) for a in e.spatial) * program.split >= 1
 
 
 def construct_within_limits(e, dev, policy: str, options: Options = Options()) -> Stepper:
