@@ -218,3 +218,19 @@ def test_split_kernels_compile_with_nvcc(arch):
     for result in compile_ptx_many(sources, arch):
         assert result.ok, result.error
         assert len(re.findall(r"^\.visible \.entry", result.ptx, re.M)) == 2
+
+
+def test_a_small_convs_rank_1_is_split_and_its_padding_folds_into_the_partial_sums():
+    """conv2d 64 -> 8 channels on 7 x 7 (pad 1): one block of outputs for 80 SMs, so rank 1
+    splits the 64 input channels (8 steps of 8) over 8 blocks; `pad` is inlined into the
+    partial-sum kernel's shared copies. Run serially on the CPU against the reference."""
+    from workbench.codegen.verify import check_output
+
+    b = construct(expr("conv2d", N=1, C=64, H=7, W=7, F=8, KH=3, KW=3, stride=1, pad=1), device("v100"))
+    p = b.candidates[0].program
+    assert (p.split, p.grid) == (8, 8)
+    source = built(b.expr, p)
+    assert sorted(set(kernels(source))) == ["main_kernel", "main_kernel_1"] and "__shared__" in source
+    inputs = random_inputs(b.expr, seed=0)
+    check = check_output(b.expr, inputs, run_serially(b.expr, p, device("v100"), inputs))
+    assert check.correct, check.error

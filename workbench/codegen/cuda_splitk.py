@@ -93,13 +93,13 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
     loops[axis] = (rest, lanes)  # the axis's own steps and one step's elements
     across = cross_thread_axis(expr, device) is not None
     if across:
-        nest, anchor = _tile_cross_thread(sch, rf, expr, program, part, loops, axis)
+        nest, anchor = _tile_cross_thread(sch, expr, program, part, loops, axis)
     else:
-        nest = _tile(sch, rf, expr, program, part, loops, axis, dict(program.vthreads))
+        nest = _tile(sch, expr, program, part, loops, axis, dict(program.vthreads))
         anchor = nest.thread
     local = sch.cache_write(rf, 0, "local")  # partial sums in registers, stored once per output
     sch.reverse_compute_at(local, anchor)
-    if program.cached[SHARED] and (across or expr.reduce):
+    if program.cached[SHARED]:
         for buffer in reads:
             tensor = _tensor_of(sch, expr, buffer, producers)
             _stage_in_shared(sch, rf, buffer, tensor, expr, program, device, nest)
@@ -115,9 +115,9 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
     return sch
 
 
-def _tile(sch, rf, expr: TensorExpr, program: RProgram, part, loops, axis: int, vthreads) -> _Nest:
+def _tile(sch, expr: TensorExpr, program: RProgram, part, loops, axis: int, vthreads) -> _Nest:
     """`codegen.cuda._tile` on the partial-sum block: every axis split by its tile chain (the
-    split axis over its 1/S share), the split loop outermost in the grid."""
+    split axis's steps are its part's), the split loop outermost in the grid."""
     unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
     if unknown:
         raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
@@ -151,7 +151,7 @@ def _tile(sch, rf, expr: TensorExpr, program: RProgram, part, loops, axis: int, 
     return _Nest(thread, tuple(steps), tuple([levels[k][2] for k in expr.reduce] + spatial_regs))
 
 
-def _tile_cross_thread(sch, rf, expr: TensorExpr, program: RProgram, part, loops, axis: int):
+def _tile_cross_thread(sch, expr: TensorExpr, program: RProgram, part, loops, axis: int):
     """`codegen.cuda._schedule_cross_thread`'s loop nest on the partial-sum block: the block's
     threads along the split axis (thread t of T reads t, t + T, .. of each step of its share),
     the split loop outermost in the grid. Returns the nest and the loop the register
