@@ -81,6 +81,7 @@ FUSED = [
     ((1, 5, 9, 7, 12, 3, 1, 0), (1, 4, 2), (16, 8, 46), ()),  # M 35, K 45: m and k tails
     ((2, 4, 13, 13, 8, 5, 2, 2), (4, 4, 1), (100, 8, 8), ()),  # 5x5 window, pad 2
     ((2, 8, 10, 10, 16, 3, 1, 1), (2, 4, 1), (8, 16, 8), (("o", 2),)),  # vthreads along n (axis o)
+    ((1, 6, 5, 5, 8, 1, 1, 0), (1, 2, 2), (5, 8, 6), ()),  # 1x1: `h + r` simplifies to h, r has no A dim
 ]
 
 
@@ -158,3 +159,44 @@ def test_the_rule_takes_gemm_views_only_and_comes_before_the_cuda_core_rule():
     direct = view_program(conv, (1,) * 7, (1,) * 7)  # the direct nest is the CUDA-core rule's
     assert ConvGemmRule().schedule(conv, direct, device("v100")) is None
     assert apply_rules(view, program, device("v100"))[0].name == "cuda-conv-gemm"
+
+
+def test_a_gpu_conv_bundle_rebuilds_its_gemm_view_from_the_manifest(tmp_path):
+    """`bundle_program` rebuilds the expression the construction tiled: the conv's GEMM view."""
+    from workbench.codegen.export import bundle_program, export_candidate, rebuild
+
+    built = construct(expr("conv2d", **CONV), device("v100"))
+    cand = built.candidates[0]
+    path = export_candidate(built.expr, cand, built.device, tmp_path / "conv", policy="roller").path
+    program, spec = bundle_program(path)
+    assert program == cand.program and program.axes == ("nhw", "f", "crs") and spec == built.device
+    kernel = rebuild(path)
+    assert kernel.ok and kernel.template == "cuda-conv-gemm", kernel.error
+    assert kernel.sources[0][1] == (path / "kernel.cu").read_text()
+
+
+def test_the_sample_models_convs_with_int64_indices_and_relu6_equal_the_direct_nest():
+    """ONNX import's fused convs (int64 iterators; 1x1 and 3x3 windows; bias, batch-norm scale and
+    shift, relu or relu6 epilogues) on the V100: every conv the construction took as a GEMM view
+    builds with this rule, and its kernel (threads serial) equals the imported PrimFunc built
+    directly for this CPU."""
+    import tvm
+    from test_models import constructed
+
+    seen = 0
+    for model in ("resnet_block", "mobilenet_block"):
+        for result in constructed(model, "v100").results:
+            program = result.candidates[0].program
+            if gemm_view(result.operator.expr) is None:
+                continue
+            seen += 1
+            built = build_kernel(program.expr, program, device("v100"))
+            assert built.ok and built.template == "cuda-conv-gemm", (result.operator.name, built.error)
+            rng = np.random.default_rng(0)
+            inputs = [rng.standard_normal(a.shape).astype(a.dtype) for a in program.expr.args[:-1]]
+            want = tvm.runtime.tensor(np.zeros(program.expr.args[-1].shape, program.expr.dtype))
+            direct = tvm.compile(tvm.IRModule({"main": result.operator.expr.func}), target="llvm")
+            direct["main"](*[tvm.runtime.tensor(a) for a in inputs], want)
+            got = run_serially(program.expr, program, device("v100"), inputs)
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+    assert seen == 4  # resnet_block's two 3x3 convs, mobilenet_block's two 1x1 convs

@@ -104,7 +104,7 @@ def _as_gemm(sch, main, view: GemmView):
     dims = {}  # buffer role -> the block iterators its reindex buffer is indexed by, in order
     for t in (0, 1):
         dims[t] = [n for n in names if _uses(sch.get(main).reads[t], n, iter_vars, names)]
-    dims["out"] = [n for n in names if n in groups["m"] + groups["n"]]
+    dims["out"] = [n for n in names if _uses(sch.get(main).writes[0], n, iter_vars, names)]
 
     def index_map(over, order):
         def fn(*index):
@@ -112,8 +112,8 @@ def _as_gemm(sch, main, view: GemmView):
             out = []
             for g in order:
                 flat = 0
-                for name in groups[g]:
-                    flat = flat * extents[name] + value[name]
+                for name in groups[g]:  # an iterator a buffer's index drops has extent 1
+                    flat = flat * extents[name] + value.get(name, 0)
                 out.append(flat)
             return tuple(out)
 
@@ -135,14 +135,22 @@ def _as_gemm(sch, main, view: GemmView):
 
 
 def _uses(region, name: str, iter_vars, names) -> bool:
-    """Whether a buffer region of the conv block is indexed by the iterator called `name`."""
+    """Whether a buffer region of the conv block is indexed by the iterator called `name` as
+    `reindex` sees it: a plain iterator index is kept whatever its extent, a compound one is
+    simplified under the iterators' ranges first (a 1x1 window's `yy + ry`, ry of extent 1, is
+    `yy`: that input's reindex buffer has no ry dimension, the weight's has)."""
     import tvm_ffi
+    from tvm.sym import Analyzer
     from tvm.tirx import Var
 
+    analyzer = Analyzer()
+    for iv in iter_vars:
+        analyzer.bind(iv.var, iv.dom)
     var = iter_vars[names.index(name)].var
     hits = []
     for rng in region.region:
-        tvm_ffi.structural_walk(rng.min, (Var, lambda v: hits.append(v) if v.same_as(var) else None))
+        index = rng.min if isinstance(rng.min, Var) else analyzer.simplify(rng.min)
+        tvm_ffi.structural_walk(index, (Var, lambda v: hits.append(v) if v.same_as(var) else None))
     return bool(hits)
 
 
