@@ -35,6 +35,18 @@ def test_the_a_tile_is_an_im2col_tile_of_bm_by_bk_elements():
     assert [view.expr.data_tile_shape(t, (bm, bn, bk)) for t in range(3)] == [(bm, bk), (bk, bn), (bm, bn)]
 
 
+def test_traffic_and_footprint_of_the_view_are_the_gemms():
+    """Q(T) over (BM, BN, BK) = M/BM x N/BN x K/BK tiles each loading BM x BK of A and BK x BN of
+    B, plus M x N outputs stored once (4 B each, float32); F(T) the three tiles. The direct nest
+    counted A as the halo box of the window instead."""
+    from workbench.rtile.traffic import calculus
+
+    calc = calculus(gemm_view(expr("conv2d", **CONV)).expr)
+    bm, bn, bk = 10, 8, 24  # M, N, K = 50, 16, 72: 5 x 2 x 3 tiles
+    assert calc.traffic_bytes((bm, bn, bk)) == 4 * (5 * 2 * 3 * (bm * bk + bk * bn) + 50 * 16)
+    assert calc.footprint_bytes((bm, bn, bk)) == 4 * (bm * bk + bk * bn + bm * bn)
+
+
 def test_dilation_and_unpadded_windows_have_the_same_view():
     view = gemm_view(expr("conv2d", **{**CONV, "dilation": 2, "pad": 0}))  # OH = (10 - 5) // 2 + 1 = 3
     assert view.expr.extents == (2 * 3 * 3, 16, 72)
