@@ -1,13 +1,15 @@
 """The schedule rules, declared once, in the order they are tried: the first rule whose
 `schedule` returns a schedule builds the kernel (TVM dlight's `ApplyDefaultSchedule` works the
 same way). The tensor-core rule comes before the CUDA-core rule, which takes every GPU program
-the tensor-core rule declines; `TensorCoreRule.declines` says why it declined.
+the tensor-core rule declines; `TensorCoreRule.declines` says why it declined. A conv built in
+its implicit-GEMM view (WMMA declines its fused axes) goes to `ConvGemmRule` first.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from workbench.codegen.rules.conv import ConvGemmRule
 from workbench.codegen.rules.cpu import CpuRule
 from workbench.codegen.rules.gpu import GpuRule
 from workbench.codegen.rules.tensor_core import TensorCoreRule
@@ -16,7 +18,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
 
-RULES: tuple[Rule, ...] = (TensorCoreRule(), GpuRule(), CpuRule())
+RULES: tuple[Rule, ...] = (TensorCoreRule(), ConvGemmRule(), GpuRule(), CpuRule())
 
 
 def apply_rules(expr: TensorExpr, program: RProgram, device: DeviceSpec, rules: Sequence[Rule] = RULES):
