@@ -109,14 +109,32 @@ def test_the_block_limit_check_counts_both_buffers():
         assert used.shared_bytes == copies * footprint_at(spec, program, 1) == copies * (384 + 192) * 4
 
 
-@pytest.mark.parametrize("case, chains", [(MATMUL, CHAINS), (PRIME, CHAINS)])
-def test_a_pipelined_kernel_run_serially_on_this_cpu_matches_numpy(case, chains, monkeypatch):
+@lru_cache(maxsize=None)
+def conv():
+    """A padded 3 x 3 conv whose filter window is one shared step: 4 steps of 2 input channels."""
+    fused = construct(expr("conv2d", "float32", N=1, C=8, H=10, W=10, F=8, KH=3, KW=3, stride=1, pad=1),
+                      device("h100")).expr
+    chains = {"n": (1, 1), "f": (2, 8), "h": (1, 2), "w": (2, 10), "c": (1, 2), "r": (1, 3), "s": (3, 3)}
+    return fused, _gpu_program(fused, chains, True)
+
+
+def test_a_conv_pipelines_its_input_channel_steps_around_its_one_step_window():
+    fused, program = conv()
+    assert pipelined(program, device("h100")) and shared_steps(program, device("h100")) == 4
+    built = build_kernel(fused, program, device("h100"))
+    assert built.ok, built.error
+    # the window loops (r, s) run once a step: the copies sit in the channel-step loop, 3 steps + prologue
+    assert "for (int c_0 = 0; c_0 < 3; ++c_0)" in built.source and WAIT_ONE in built.source
+
+
+@pytest.mark.parametrize("case", ["matmul", "prime", "conv"])
+def test_a_pipelined_kernel_run_serially_on_this_cpu_matches_numpy(case, monkeypatch):
     """The pipelined schedule (prologue, steady state, epilogue, two buffers) with its threads
     serial, compiled by LLVM for this CPU: the copies synchronous (the cp.async stage is a CUDA
     lowering; LLVM has no barrier for it), the stage structure and the buffer indexing TVM's."""
     from tvm import s_tir
 
-    fused, program = pinned(case, tuple(chains.items()))
+    fused, program = {"matmul": pinned, "prime": lambda: pinned(PRIME), "conv": conv}[case]()
     assert pipelined(program, device("h100"))
     annotate = s_tir.Schedule.annotate
     monkeypatch.setattr(s_tir.Schedule, "annotate", lambda self, loop, key, value: None
@@ -136,7 +154,7 @@ def test_the_guarded_last_step_is_copied_under_its_guard():
 def test_nvcc_compiles_pipelined_kernels(arch):
     if nvcc_path() is None:
         pytest.skip("nvcc not found")
-    texts = [source("h100"), source("h100", PRIME), _wmma_kernel().source]
+    texts = [source("h100"), source("h100", PRIME), build_kernel(*conv(), device("h100")).source, _wmma_kernel().source]
     for result in compile_ptx_many(texts, arch):
         assert result.ok, result.error
         assert "cp.async" in result.ptx and result.ptxas_report.spill_store_bytes == 0
@@ -170,9 +188,10 @@ def test_matmul_4096_top1_on_h100_does_not_spill():
     spec = device("h100")
     built = construct(expr("matmul", "float32", M=4096, N=4096, K=4096), spec)
     program = built.candidates[0].program
-    assert pipelined(program, spec)
+    assert program.tiles[0] == (8, 8, 1)
     kernel = build_kernel(built.expr, program, spec)
     assert kernel.ok, kernel.error
+    assert "float A_shared_local_ptr[8];" in kernel.source and "float B_shared_local_ptr[8];" in kernel.source
     result = compile_ptx(kernel.source, spec.target_dict()["arch"])
     assert result.ok, result.error
     report = result.ptxas_report

@@ -909,15 +909,32 @@ def test_a_single_shared_step_is_not_pipelined():
 
 
 def test_a_pipelined_block_holds_two_copies_of_its_shared_tiles():
+    """The 256^3 blocks above (64 x (16 + 17) + 16 x (32 + 4) bank-padded floats of tiles,
+    10.5 KiB; 128 threads of 4 x 4 + 4 + 4 = 24 registers): room for 4 blocks an SM with one
+    buffer, 2 with two, but 32 blocks over 132 SMs put one on an SM either way, so the program
+    is pipelined and its occupancy counts both buffers."""
+    dev, program = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
+    smem, regs = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
+    assert (smem, regs) == ((64 * 33 + 16 * 36) * 4, 24)
+    assert pipelined(program, dev) and shared_buffers(program, dev) == 2
+    by_threads, by_regs = 2048 // 128, 65536 // (128 * 24)
+    assert blocks_per_unit(program, dev, 1) == (128, min(by_threads, by_regs, 32, 49152 // smem)) == (128, 4)
+    bpu = min(by_threads, by_regs, 32, 49152 // (2 * smem))
+    assert blocks_per_unit(program, dev) == blocks_per_unit(program, dev, 2) == (128, bpu) == (128, 2)
+    assert estimate(program, dev).blocks_per_unit == 2
+
+
+def test_tiles_whose_second_buffer_would_cost_resident_blocks_are_not_pipelined():
     """matmul 4096^3 on the H100 in blocks of 128 x 128 x 8 over 8 x 8 x 1 register tiles: 256
     threads of 80 registers (3 blocks by registers), 128 x (8 + 25) + 8 x (128 + 8) floats of
-    bank-padded tiles (20.75 KiB). Two buffers of them (41.5 KiB) leave room for one block in
-    the 48 KiB, one buffer (sm_75) for 2."""
+    bank-padded tiles (20.75 KiB). One buffer leaves room for 2 blocks in the 48 KiB, two
+    buffers (41.5 KiB) for one: the 1024 blocks keep every SM's room full, so doubling would
+    cost a resident block, and the program runs unpipelined."""
     dev, program = _h100_matmul(4096, 4096, 4096, [(8, 8, 1), (128, 128, 8)])
-    old, same = _h100_matmul(4096, 4096, 4096, [(8, 8, 1), (128, 128, 8)], arch="sm_75")
     smem, regs = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
     assert (smem, regs) == ((128 * 33 + 8 * 136) * 4, 80)
-    assert shared_buffers(program, dev) == 2 and shared_buffers(same, old) == 1
     by_threads, by_regs = 2048 // 256, 65536 // (256 * 80)
-    assert blocks_per_unit(program, dev) == (256, min(by_threads, by_regs, 32, 49152 // (2 * smem))) == (256, 1)
-    assert blocks_per_unit(same, old) == (256, min(by_threads, by_regs, 32, 49152 // smem)) == (256, 2)
+    assert blocks_per_unit(program, dev, 1) == (256, min(by_threads, by_regs, 32, 49152 // smem)) == (256, 2)
+    assert blocks_per_unit(program, dev, 2) == (256, min(by_threads, by_regs, 32, 49152 // (2 * smem))) == (256, 1)
+    assert not pipelined(program, dev) and shared_buffers(program, dev) == 1
+    assert blocks_per_unit(program, dev) == (256, 2)

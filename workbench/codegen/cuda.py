@@ -49,7 +49,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import cross_thread_axis, mma_axes
-from workbench.rtile.pipeline import pipelined
+from workbench.rtile.pipeline import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram
 
 REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
@@ -206,7 +206,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
             if not any(expr.axes[a].fused_from for a in range(len(expr.axes)) if expr.tensors[tensor].uses_axis(a)):
                 _stage_fragment(sch, main, copies[-1], nest)
         if pipelined(program, device):
-            pipeline_shared_copies(sch, nest.reduce_steps[-1], len(copies))
+            pipeline_shared_copies(sch, _copy_loop(expr, program, device, nest), len(copies))
     for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the main block
         sch.compute_inline(sch.get_sblock(name))
     for loop in nest.register:
@@ -323,7 +323,7 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     threads of the block together, rows padded against bank conflicts (Roller §3.1). Returns
     the copy block."""
     threads = block_threads(expr, program, device)
-    anchor = nest.reduce_steps[-1]
+    anchor = _copy_loop(expr, program, device, nest)
     cache = sch.cache_read(main, buffer, "shared")
     sch.compute_at(cache, anchor)
     copy = sch.get_loops(cache)[_depth(sch, main, anchor) :]
@@ -343,6 +343,15 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
         _, thread = sch.split(fused, factors=[None, threads])
     sch.bind(thread, "threadIdx.x")
     return cache
+
+
+def _copy_loop(expr: TensorExpr, program: RProgram, device: DeviceSpec, nest: _Nest):
+    """The shared-step loop the copies go to: the innermost, or in a pipelined program the
+    loop `rtile.pipeline.pipelined_axis` names (the step loops inside it run once, so the same
+    tiles are copied, and the copies become statements of the loop that is pipelined)."""
+    if not pipelined(program, device) or len(nest.reduce_steps) != len(expr.reduce):
+        return nest.reduce_steps[-1]
+    return nest.reduce_steps[expr.reduce.index(pipelined_axis(program, device))]
 
 
 def _stage_fragment(sch, main, copy, nest: _Nest) -> None:

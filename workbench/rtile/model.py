@@ -103,12 +103,12 @@ def source_layer(program: RProgram, layer: int, n_layers: int) -> int:
     return n_layers - 1
 
 
-def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
+def blocks_per_unit(program: RProgram, device: DeviceSpec, buffers: int | None = None) -> tuple[int, int]:
     """(threads per block, blocks resident per unit). GPUs: limited by threads, registers,
     the unit's resident-block limit (`resident_block_limit`) and, for programs that stage
     tiles there, shared memory (the per-block capacity is used as the per-SM budget:
-    conservative; a pipelined program holds `pipeline.shared_buffers` copies of its tiles);
-    CPUs run one work item per core at a time."""
+    conservative) for `buffers` copies of the tiles (default: `pipeline.shared_buffers`, two
+    where the templates pipeline the program); CPUs run one work item per core at a time."""
     if not device.has_occupancy_limits:
         return 1, 1
     threads = block_thread_count(program.expr, device, program.unit_tile, program.register_tile)
@@ -119,7 +119,7 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
     by_regs = device.registers_per_unit // (threads * regs)
     limits = [by_threads, by_regs, resident_block_limit(device) or by_threads]
     if program.cached[unit]:  # a program that stages nothing allocates no shared tile; a pipelined one two
-        shared = shared_buffers(program, device) * footprint_at(device, program, unit)
+        shared = (buffers or shared_buffers(program, device)) * footprint_at(device, program, unit)
         limits.append(unit_layer.capacity_bytes // max(1, shared))
     return threads, max(1, min(limits))
 

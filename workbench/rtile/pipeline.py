@@ -6,8 +6,8 @@ buffers accordingly. Pure: no TVM.
 A pipelined program double-buffers its shared-memory tiles: the block copies the inputs' tiles
 of shared step s + 1 into one pair of buffers while it computes step s from the other (TVM's
 `InjectSoftwarePipeline`: a prologue copies step 0, the steady state runs copy(s + 1) with
-compute(s), an epilogue computes the last step). The copies
-are `cp.async`, so a thread's compute of step s runs while its copy of step s + 1 is in flight.
+compute(s), an epilogue computes the last step). The copies are `cp.async`, so a thread's
+compute of step s runs while its copy of step s + 1 is in flight.
 """
 
 from __future__ import annotations
@@ -22,13 +22,25 @@ STAGES = 2  # copy of step s + 1, compute of step s: two buffers of every staged
 ASYNC_ARCH = 80  # cp.async: sm_80 (Ampere) and later
 
 
-def shared_steps(program: RProgram, device: DeviceSpec) -> int:
-    """Trip count of the innermost shared-step loop, the loop the templates pipeline: the last
-    reduce axis's extent over its shared tile, rounded up (a ragged last step is a guarded or
-    zero-padded whole step)."""
+def pipelined_axis(program: RProgram, device: DeviceSpec) -> int | None:
+    """The reduce axis whose shared-step loop the templates pipeline: the innermost (the last of
+    `expr.reduce`, as the templates order the step loops) with more than one step, None where
+    every one has a single step. The step loops inside it run once, so copying the tiles at it
+    copies what the innermost step loop would (a direct conv's filter window, 3 x 3 in one
+    step, pipelines over its input channels)."""
     expr, unit = program.expr, device.unit_layer_index
-    last = expr.reduce[-1]
-    return ceil(expr.axes[last].extent / program.tiles[unit][last])
+    steps = [k for k in expr.reduce if ceil(expr.axes[k].extent / program.tiles[unit][k]) > 1]
+    return steps[-1] if steps else None
+
+
+def shared_steps(program: RProgram, device: DeviceSpec) -> int:
+    """Trip count of the loop the templates pipeline (`pipelined_axis`): its axis's extent over
+    its shared tile, rounded up (a ragged last step is a guarded or zero-padded whole step); 1
+    where there is none."""
+    axis = pipelined_axis(program, device)
+    if axis is None:
+        return 1
+    return ceil(program.expr.axes[axis].extent / program.tiles[device.unit_layer_index][axis])
 
 
 def async_copies(device: DeviceSpec) -> bool:
@@ -53,9 +65,14 @@ def pipelined(program: RProgram, device: DeviceSpec) -> bool:
     (its threads split the reduce axis; `cross_thread_axis`), runs on a device with
     asynchronous copies (`async_copies`: without them TVM's pipeline keeps a barrier between a
     thread's copy of step s + 1 and its compute of step s, so a block still serialises them and
-    the doubled buffers would only cost occupancy), whose innermost shared-step loop runs at
-    least twice (a single step has nothing to overlap), and whose doubled input tiles
-    (`footprint_at` the shared layer, bank padding included) fit one block's shared memory."""
+    the doubled buffers would only cost occupancy), has a shared-step loop that runs at least
+    twice (`shared_steps`; a single step has nothing to overlap), whose doubled input tiles
+    (`footprint_at` the shared layer, bank padding included) fit one block's shared memory,
+    and for which they cost no resident blocks (`model.resident_blocks`, with one buffer and
+    with two): with as many blocks resident the pipelined time max(inner, global) is never
+    above the unpipelined one (`model.gpu_stages`), where fewer blocks would cost latency
+    hiding and bytes in flight that the model prices (a matmul's or a conv's top 1 on the
+    H100 predicted up to 1.5x slower when doubled tiles halved its blocks)."""
     expr = program.expr
     if not device.lanes_are_threads or not expr.reduce or len(program.tiles) != 2:
         return False
@@ -64,7 +81,13 @@ def pipelined(program: RProgram, device: DeviceSpec) -> bool:
         return False
     if not async_copies(device) or shared_steps(program, device) < STAGES:
         return False
-    return STAGES * footprint_at(device, program, unit) <= shared_limit(device)
+    if STAGES * footprint_at(device, program, unit) > shared_limit(device):
+        return False
+    # the model imports this module: its occupancy is read at call time
+    from workbench.rtile.model import blocks_per_unit, resident_blocks
+
+    resident = [resident_blocks(program, device, blocks_per_unit(program, device, n)[1]) for n in (1, STAGES)]
+    return resident[1] == resident[0]
 
 
 def shared_buffers(program: RProgram, device: DeviceSpec) -> int:
