@@ -538,6 +538,20 @@ def test_models_page_constructs_a_sample_model_and_opens_an_operator():
     assert sel.workload.model is not None and sel.workload.operator >= 0
 
 
+def test_an_operator_opened_from_the_models_page_profiles_against_its_run_in_the_model():
+    """Candidates profiles a model's operator: its candidates are checked against the operator's
+    TVM default lowering in a run of the model (the numpy reference does not know its fused
+    PrimFunc, so every one of them used to fail its check)."""
+    at = goto(app(small()), "Models")
+    button(at, "Open in Construction").click().run()
+    goto(at, "Candidates")
+    number(at, "repeats per candidate").set_value(1)
+    button(at, "Profile").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    result = at.session_state["profile"]
+    assert result.measurements and all(m.ok for m in result.measurements), [m.error for m in result.measurements]
+
+
 def test_models_page_rejects_a_corrupt_upload():
     at = goto(app(small()), "Models")
     at.radio[0].set_value("Upload").run()

@@ -116,6 +116,71 @@ def test_best_seconds_repeats_until_a_repeat_is_long_enough(monkeypatch):
     assert round((clock[0] - calls_before) / 0.001) == 1 + 6 + 6 + 6
 
 
+def test_best_seconds_waits_for_queued_work_once_per_repeat(monkeypatch):
+    """A GPU call returns before its work is done: `sync` (the stream's wait) ends every repeat,
+    so the queued milliseconds are counted, and it is not called once per call."""
+    clock, queued, syncs = [0.0], [0.0], [0]
+    monkeypatch.setattr(baselines.time, "perf_counter", lambda: clock[0])
+
+    def run():  # queues 1 ms of work, takes 10 us of the host's time
+        clock[0] += 1e-5
+        queued[0] += 0.001
+
+    def sync():
+        clock[0] += queued[0]
+        queued[0] = 0.0
+        syncs[0] += 1
+
+    seconds = best_seconds(run, Timing(repeat=3, number=1, min_repeat_ms=5), sync=sync)
+    assert seconds == pytest.approx(0.00101)
+    assert syncs[0] == 2 * 4  # before and after each of the 4 repeats (the first one too short)
+
+
+def test_torch_on_a_gpu_device_needs_an_nvidia_gpu_torch_can_see():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    result = Baseline("torch").measure(_matmul(), load_spec("v100"))
+    assert result == BaselineResult("torch", error=f"no GPU (torch {torch.__version__} sees no CUDA device)")
+    amd = Baseline("torch").measure(_matmul(), load_spec("mi50"))
+    assert amd.error == "the torch baseline runs on the CPU or an NVIDIA GPU, not on mi50 (amd gpu)"
+
+
+def test_torch_on_a_gpu_checks_in_float32_without_tf32_and_restores_the_flags():
+    """The CUDA path's steps on a stand-in for torch's CUDA build (tensors stay on the CPU): the
+    result is checked, TF32 is off and cudnn.benchmark on while it runs, the flags come back
+    afterwards, and the timing waits for the stream."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    seen, syncs = [], [0]
+
+    class Tensor:  # torch.from_numpy(a).to("cuda") keeps the real CPU tensor
+        def __init__(self, t):
+            self.t = t
+
+        def to(self, where):
+            assert where == "cuda"
+            return self.t
+
+    def synchronize():
+        syncs[0] += 1
+        seen.append((shim.backends.cuda.matmul.allow_tf32, shim.backends.cudnn.allow_tf32, shim.backends.cudnn.benchmark))
+
+    shim = types.SimpleNamespace(
+        __version__="shim", inference_mode=torch.inference_mode, from_numpy=lambda a: Tensor(torch.from_numpy(a)),
+        cuda=types.SimpleNamespace(is_available=lambda: True, get_device_name=lambda: "Stand-in", synchronize=synchronize),
+        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
+                                       cudnn=types.SimpleNamespace(allow_tf32=True, benchmark=False, version=lambda: 91)))
+    conv = catalog.build("conv2d", {"N": 1, "C": 8, "H": 14, "W": 14, "F": 16, "KH": 3, "KW": 3, "stride": 2, "pad": 1})
+    result = baselines._torch_cuda(Baseline("torch"), conv, shim)
+    assert result.error == "" and result.seconds > 0
+    assert result.note == "torch shim on Stand-in (cuBLAS, cuDNN 91; TF32 off, cudnn.benchmark on)"
+    assert syncs[0] >= 2 and set(seen) == {(False, False, True)}
+    assert (shim.backends.cuda.matmul.allow_tf32, shim.backends.cudnn.allow_tf32, shim.backends.cudnn.benchmark) == \
+        (True, True, False)
+
+
 @pytest.mark.slow
 def test_metaschedule_tunes_checks_and_times_a_small_matmul(cpu):
     # About 15 s on 2 cores: 10 s of it is the worker importing TVM's tensor intrinsics.

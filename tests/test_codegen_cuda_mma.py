@@ -91,13 +91,14 @@ def test_warps_split_the_block_tile_and_rows_are_padded_for_fragment_loads():
     assert "__launch_bounds__(128)" in source  # 2 x 2 warps
     # a warp's 32 x 32 tile is 2 x 2 accumulator fragments
     assert re.search(r"fragment<nvcuda::wmma::accumulator, 16, 16, 16, half> \w+\[4\];", source)
-    assert "A_shared_ptr[2560]" in source  # 64 rows of 32 + 8: an odd number of 16-byte groups
-    assert "B_shared_ptr[2304]" in source  # 32 rows of 64 + 8
-    assert "*(uint4*)(A_shared_ptr" in source and "*(uint4*)(B_shared_ptr" in source  # 16-byte copies
+    # 8 shared steps along K on sm_90: pipelined (`rtile.pipeline`), two buffers of each tile
+    assert "A_shared_ptr[5120]" in source  # 2 x 64 rows of 32 + 8: an odd number of 16-byte groups
+    assert "B_shared_ptr[4608]" in source  # 2 x 32 rows of 64 + 8
+    assert source.count("ptx_cp_async_legacy_cg_16_") > 2  # 16-byte asynchronous copies
     assert re.search(r"load_matrix_sync\(A_shared\w+\[\w+\], .*, 40\);", source)
     assert "store_matrix_sync((&(C_ptr" in source  # divisible: fragments go straight to the output
     used = gpu_resources(apply_rules(fused, program, device("h100"))[1], device("h100"))
-    assert (used.threads, used.shared_bytes) == (128, (2560 + 2304) * 2)
+    assert (used.threads, used.shared_bytes) == (128, 2 * (2560 + 2304) * 2)
 
 
 def test_a_warp_may_cover_several_batches():

@@ -37,6 +37,7 @@ from workbench.rtile.model import (
     vthread_conflict_ratio,
     warp_sectors,
 )
+from workbench.rtile.pipeline import async_copies, pipelined, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
 from workbench.rtile.traffic import TileCalculus
 
@@ -114,8 +115,9 @@ def check_consistent(calc, dev, program, est):
         if est.blocks_per_unit > 1:
             assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
             assert est.blocks_per_unit <= (32 if dev.vendor == "nvidia" else est.blocks_per_unit)
-            if program.cached[dev.unit_layer_index]:  # only a staged tile takes shared memory
-                assert smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
+            if program.cached[dev.unit_layer_index]:  # only a staged tile takes shared memory (pipelined: twice)
+                copies = shared_buffers(program, dev)
+                assert copies * smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
     else:
         assert (est.threads, est.blocks_per_unit, est.occupancy) == (1, 1, 1.0)
 
@@ -858,3 +860,81 @@ def test_virtual_threads_change_nothing_where_nothing_is_read_from_banks():
     e = expr("relu", shape=(1024, 1024))
     relu = make_program(TileCalculus(e), dev, [(1, 8), (1, 256)], (True, False), 0.05, vthreads=((e.axes[1].name, 4),))
     assert vthread_conflict_ratio(relu, dev) == 1.0
+
+
+# -- software pipelining (issue 16: the model overlaps only what the templates pipeline) ------------
+
+
+def _with_arch(dev, arch: str):
+    """`dev` with another CUDA architecture in its target (nothing else changed)."""
+    return replace(dev, target=tuple((k, arch if k == "arch" else v) for k, v in dev.target))
+
+
+def test_async_copies_need_cuda_sm80_or_later():
+    h100 = device("h100")
+    assert [async_copies(_with_arch(h100, a)) for a in ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90a")] == [
+        False, False, True, True, True]
+    assert async_copies(device("a100")) and not async_copies(device("v100"))
+    assert not async_copies(device("mi50")) and not async_copies(TINY_CPU)
+
+
+def _h100_matmul(m, n, k, tiles, arch="sm_90a"):
+    dev = _with_arch(device("h100"), arch)
+    return dev, make_program(TileCalculus(matmul(m, n, k)), dev, tiles, (True, True), 0.05)
+
+
+def test_a_pipelined_block_copies_the_next_step_while_it_computes_this_one():
+    """matmul 256^3 on the H100 in blocks of 64 x 32 x 16 over 4 x 4 x 1 register tiles: 32
+    blocks over 132 SMs, one an SM, one warp per scheduler, 16 shared steps. Pipelined (sm_90a,
+    cp.async) the copy of step s + 1 runs under the compute of step s: max(compute + shared,
+    global); the same program on an sm_75 target is not pipelined and adds the three."""
+    dev, program = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
+    old, same = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)], arch="sm_75")
+    assert pipelined(program, dev) and not pipelined(same, old)
+    est, before = estimate(program, dev), estimate(same, old)
+    assert (est.threads, program.grid) == (128, 32)
+    assert dict(est.load_seconds) == dict(before.load_seconds) and est.compute_seconds == before.compute_seconds
+    loads = dict(est.load_seconds)
+    c, s, g = est.compute_seconds, loads["shared"], loads["global"]
+    assert est.predicted_seconds == pytest.approx(max(c + s, g), rel=1e-12)
+    assert before.predicted_seconds == pytest.approx(c + s + g, rel=1e-12)
+
+
+def test_a_single_shared_step_is_not_pipelined():
+    dev, program = _h100_matmul(256, 256, 16, [(4, 4, 1), (64, 32, 16)])
+    assert not pipelined(program, dev) and shared_buffers(program, dev) == 1
+    est = estimate(program, dev)
+    loads = dict(est.load_seconds)
+    assert est.predicted_seconds == pytest.approx(est.compute_seconds + loads["shared"] + loads["global"], rel=1e-12)
+
+
+def test_a_pipelined_block_holds_two_copies_of_its_shared_tiles():
+    """The 256^3 blocks above (64 x (16 + 17) + 16 x (32 + 4) bank-padded floats of tiles,
+    10.5 KiB; 128 threads of 4 x 4 + 4 + 4 = 24 registers): room for 4 blocks an SM with one
+    buffer, 2 with two, but 32 blocks over 132 SMs put one on an SM either way, so the program
+    is pipelined and its occupancy counts both buffers."""
+    dev, program = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
+    smem, regs = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
+    assert (smem, regs) == ((64 * 33 + 16 * 36) * 4, 24)
+    assert pipelined(program, dev) and shared_buffers(program, dev) == 2
+    by_threads, by_regs = 2048 // 128, 65536 // (128 * 24)
+    assert blocks_per_unit(program, dev, 1) == (128, min(by_threads, by_regs, 32, 49152 // smem)) == (128, 4)
+    bpu = min(by_threads, by_regs, 32, 49152 // (2 * smem))
+    assert blocks_per_unit(program, dev) == blocks_per_unit(program, dev, 2) == (128, bpu) == (128, 2)
+    assert estimate(program, dev).blocks_per_unit == 2
+
+
+def test_tiles_whose_second_buffer_would_cost_resident_blocks_are_not_pipelined():
+    """matmul 4096^3 on the H100 in blocks of 128 x 128 x 8 over 8 x 8 x 1 register tiles: 256
+    threads of 80 registers (3 blocks by registers), 128 x (8 + 25) + 8 x (128 + 8) floats of
+    bank-padded tiles (20.75 KiB). One buffer leaves room for 2 blocks in the 48 KiB, two
+    buffers (41.5 KiB) for one: the 1024 blocks keep every SM's room full, so doubling would
+    cost a resident block, and the program runs unpipelined."""
+    dev, program = _h100_matmul(4096, 4096, 4096, [(8, 8, 1), (128, 128, 8)])
+    smem, regs = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
+    assert (smem, regs) == ((128 * 33 + 8 * 136) * 4, 80)
+    by_threads, by_regs = 2048 // 256, 65536 // (256 * 80)
+    assert blocks_per_unit(program, dev, 1) == (256, min(by_threads, by_regs, 32, 49152 // smem)) == (256, 2)
+    assert blocks_per_unit(program, dev, 2) == (256, min(by_threads, by_regs, 32, 49152 // (2 * smem))) == (256, 1)
+    assert not pipelined(program, dev) and shared_buffers(program, dev) == 1
+    assert blocks_per_unit(program, dev) == (256, 2)

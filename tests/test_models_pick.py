@@ -106,12 +106,12 @@ def test_a_candidate_is_checked_against_its_operators_reference_before_it_is_tim
     """The local runner's check on a real build of mlp's first operator: right against the
     arguments and outputs of the model's run with TVM's default lowering, wrong when the
     expected output is moved by 10 x the tolerance, never timed then."""
-    from workbench.models.execute import _reference_calls
+    from workbench.models.execute import model_inputs, operator_references
     from workbench.profile.session import build_library
 
     mc = constructed("mlp")
     r = mc.results[0]
-    args, expected = _reference_calls(mc, run.random_inputs(mc, 0))[r.operator.func_name]
+    args, expected = operator_references(mc.model, mc.device, model_inputs(mc.model, 0))[r.operator.func_name]
     assert np.ptp(expected[0]) > 0.1  # a reference of order-1 values, not all zeros after the ReLU
     built = build_library(r.construction.expr, r.candidates[0].program, mc.device, 1, 0.0, str(tmp_path / "k.so"))
     assert built.ok, built.error
@@ -168,3 +168,35 @@ def test_cli_pick_measured_runs_the_fastest_verified_candidates_and_stores_the_p
 def test_cli_refuses_a_bad_pick_in_one_line(capsys, argv, message):
     code, _, err = cli(capsys, "model", str(SAMPLES / "mlp.onnx"), *argv)
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_profiling_one_operator_of_a_model_checks_it_in_a_run_of_the_model(tmp_path, monkeypatch):
+    """The Candidates page profiling an operator opened from the Models page (`pipeline.profile`
+    with the request's workload): the numpy reference does not know the fused PrimFunc, so every
+    candidate failed its check before; now each is checked against the operator's TVM default
+    lowering in a run of the model, as the measured pick is, and found wrong when that reference
+    is moved by 10 x the tolerance. The RPC runner cannot run the model here: refused in one line."""
+    from workbench import pipeline
+    from workbench.models import execute
+    from workbench.workload import Workload
+
+    workload = Workload(model=str(SAMPLES / "mlp.onnx"), operator=0)
+    construction = pipeline.construct(pipeline.request(workload, device("local-cpu"), options=pipeline.Options(topk=2)))
+    timing = Timing(repeat=2, min_repeat_ms=0)
+    blind = pipeline.profile(construction, timing=timing)
+    assert all(m.error.startswith("run: UserError: unknown operator 'fused_matmul_add_relu'") for m in blind.measurements)
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        checked = pipeline.profile(construction, timing=timing, workload=workload, store=store, label="mlp.onnx#0")
+        assert [m.measurement.ok for m in store.measurements_of(checked.run_id)] == [True, True]
+    assert [m.rank for m in checked.measurements if m.ok] == [1, 2]
+    references = execute.operator_references
+
+    def moved(*args):
+        return {name: (a, tuple(e + 10 * (ATOL + RTOL * np.abs(e)) for e in expected))
+                for name, (a, expected) in references(*args).items()}
+
+    monkeypatch.setattr(execute, "operator_references", moved)
+    wrong = pipeline.profile(construction, timing=timing, workload=workload)
+    assert all(m.error.startswith("wrong result: output 0 off by up to ") for m in wrong.measurements)
+    with pytest.raises(run.UserError, match="^an operator of a model is checked against its TVM default lowering"):
+        pipeline.profile(construction, "rpc", tracker="127.0.0.1:9", key="x", workload=workload)

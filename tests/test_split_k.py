@@ -220,17 +220,45 @@ def test_split_kernels_compile_with_nvcc(arch):
         assert len(re.findall(r"^\.visible \.entry", result.ptx, re.M)) == 2
 
 
-def test_a_small_convs_rank_1_is_split_and_its_padding_folds_into_the_partial_sums():
-    """conv2d 64 -> 8 channels on 7 x 7 (pad 1): one block of outputs for 80 SMs, so rank 1
-    splits the 64 input channels (8 steps of 8) over 8 blocks; `pad` is inlined into the
-    partial-sum kernel's shared copies. Run serially on the CPU against the reference."""
+def test_a_direct_conv_splits_its_input_channels_and_its_padding_folds_into_the_partial_sums():
+    """conv2d 64 -> 8 channels on 7 x 7 (pad 1) as its direct 7-axis nest: one block of outputs
+    for 80 SMs, its 64 input channels (8 steps of 8) split over 8 blocks; `pad` is inlined into
+    the partial-sum kernel's shared copies. Run serially on the CPU against the reference. (The
+    construction builds a conv as implicit GEMM over fused axes, which `split_axis` leaves
+    unsplit.)"""
     from workbench.codegen.verify import check_output
 
-    b = construct(expr("conv2d", N=1, C=64, H=7, W=7, F=8, KH=3, KW=3, stride=1, pad=1), device("v100"))
-    p = b.candidates[0].program
-    assert (p.split, p.grid) == (8, 8)
-    source = built(b.expr, p)
+    e = expr("conv2d", N=1, C=64, H=7, W=7, F=8, KH=3, KW=3, stride=1, pad=1)
+    assert [a.name for a in e.axes] == ["n", "f", "h", "w", "c", "r", "s"]
+    p = program(e, ((1, 8, 1, 7, 1, 1, 1), (1, 8, 7, 7, 8, 3, 3)), True)
+    assert split_counts(p, device("v100")) == (2, 3, 4, 8)
+    chosen, _ = split_k(p, device("v100"))
+    assert (chosen.split, chosen.grid) == (8, 8)
+    source = built(e, chosen)
     assert sorted(set(kernels(source))) == ["main_kernel", "main_kernel_1"] and "__shared__" in source
-    inputs = random_inputs(b.expr, seed=0)
-    check = check_output(b.expr, inputs, run_serially(b.expr, p, device("v100"), inputs))
+    inputs = random_inputs(e, seed=0)
+    check = check_output(e, inputs, run_serially(e, chosen, device("v100"), inputs))
     assert check.correct, check.error
+
+
+@pytest.mark.parametrize("params, split", [(dict(M=64, N=64, K=4096), 4), (dict(M=33, N=40, K=1000), 5)])
+def test_a_pipelined_split_on_the_h100_double_buffers_its_parts_and_equals_numpy(params, split, monkeypatch):
+    """On sm_80+ the partial-sum kernel pipelines its copies as `codegen.cuda` does (cp.async a
+    step ahead, `rtile.pipeline.pipelined`), each part over its own steps (64, or 13 with the
+    last part's 11 guarded). Run serially with the copies synchronous (LLVM has no barrier for
+    the async stage; tests/test_codegen_cuda_pipeline.py does the same)."""
+    from tvm import s_tir
+
+    from workbench.rtile.pipeline import pipelined
+
+    e = expr("matmul", **params)
+    p = program(e, ((2, 2, 1), (16, 32, 16)), True, split, "h100")
+    assert pipelined(p, device("h100"))
+    assert "cp.async" in built(e, p, "h100")
+    annotate = s_tir.Schedule.annotate
+    monkeypatch.setattr(s_tir.Schedule, "annotate", lambda self, loop, key, value: None
+                        if key == "software_pipeline_async_stages" else annotate(self, loop, key, value))
+    inputs = random_inputs(e, seed=0)
+    out = run_serially(e, p, device("h100"), inputs)
+    ref = inputs[0].astype(np.float64) @ inputs[1]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

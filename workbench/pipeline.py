@@ -36,6 +36,7 @@ from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import model as models
+from workbench.models.execute import operator_runner
 from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model, symbolic_dim_names
 from workbench.models.run import run_model_report
@@ -51,7 +52,7 @@ from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
 from workbench.vortex.select import DispatchTable, cost_table, dispatch
-from workbench.workload import Workload, suite_workload
+from workbench.workload import Workload, imported_model, suite_workload
 
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "build", "bundle_name_for", "Candidate", "candidate_rows",
@@ -138,15 +139,37 @@ def profile(
     key: str | None = None,
     ranks: Sequence[int] | None = None,
     pool: WorkerPool | None = None,
+    workload: Workload | TensorExpr | None = None,
 ) -> ProfileResult:
     """Build, verify and time the construction's candidates (those of `ranks`, default all) with
     `runner` ("local", "rpc" with `tracker` and `key`, "fake", or a Runner), recording the run
     in `store` (a `profile.store.RunStore`) under `label`; builds and local runs use the warm
-    workers of `pool` (a `WorkerPool`, for many profiles in a row) when given."""
+    workers of `pool` (a `WorkerPool`, for many profiles in a row) when given.
+
+    The numpy reference knows catalog operators and expressions, not a model's fused PrimFuncs:
+    when `workload` (the request's) is an operator of an ONNX model, the local runner checks its
+    candidates against the operator's TVM default lowering in a run of the model on seeded
+    inputs (`models.execute.operator_runner`, as `workbench model --pick measured` does), and
+    the RPC runner is refused in one line."""
     chosen = construction.candidates if ranks is None else tuple(construction.candidate(r) for r in ranks)
+    if pool is None and _model_operator(workload) and runner == "local":
+        with WorkerPool() as own:
+            return profile(construction, runner, label=label, store=store, timing=timing, progress=progress,
+                           tracker=tracker, key=key, ranks=ranks, pool=own, workload=workload)
+    if _model_operator(workload):
+        if runner == "rpc":
+            raise UserError("an operator of a model is checked against its TVM default lowering in a run of the "
+                            "model on this machine: profile it with the local runner")
+        if runner == "local":
+            model = imported_model(workload.model, workload.dims)
+            runner = operator_runner(model, workload.operator, construction.device, pool, timing.seed)
     return profile_candidates(construction.expr, construction.device, chosen, runner=runner, tracker=tracker,
                               key=key, store=store, workload_label=label, policy=construction.policy,
                               timing=timing, progress=progress, pool=pool)
+
+
+def _model_operator(workload) -> bool:
+    return isinstance(workload, Workload) and workload.model is not None
 
 
 def cannot_profile_here(device: DeviceSpec) -> str:

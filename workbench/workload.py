@@ -86,14 +86,20 @@ def _imported(path: str, mtime_ns: int, dims: tuple[tuple[str, int], ...]):
     return import_model(path, dict(dims))
 
 
-def model_operator_expr(path: str, index: int, dims: tuple[tuple[str, int], ...] = ()) -> TensorExpr:
-    """The TensorExpr of operator `index` of an ONNX model with its symbolic dims bound to `dims`
-    (imported once per file version and binding)."""
+def imported_model(path: str, dims: tuple[tuple[str, int], ...] = ()):
+    """The ONNX model at `path` imported with its symbolic dims bound to `dims`, once per file
+    version and binding (`models.onnx_import.ImportedModel`)."""
     try:
         mtime = Path(path).stat().st_mtime_ns
     except OSError as err:
         raise UserError(f"model {path}: {err.strerror}") from None
-    operators = _imported(path, mtime, tuple(dims)).operators
+    return _imported(path, mtime, tuple(dims))
+
+
+def model_operator_expr(path: str, index: int, dims: tuple[tuple[str, int], ...] = ()) -> TensorExpr:
+    """The TensorExpr of operator `index` of an ONNX model with its symbolic dims bound to `dims`
+    (imported once per file version and binding)."""
+    operators = imported_model(path, dims).operators
     if not 0 <= index < len(operators):
         raise UserError(f"model {path}: no operator {index} (it has {len(operators)})")
     op = operators[index]

@@ -106,7 +106,7 @@ def _run(sel: Request, construction: Construction, runner: str, tracker, key, re
     try:
         with RunStore(store_path()) as store:
             result = pipeline.profile(construction, runner, label=sel.label, store=store, timing=Timing(repeat=repeat),
-                                      progress=report, tracker=tracker, key=key)
+                                      progress=report, tracker=tracker, key=key, workload=sel.workload)
     except UserError as err:
         st.error(message(err) + (f" (the {len(arrived)} measured before are above, stored as a cancelled run)" if arrived else ""))
         return

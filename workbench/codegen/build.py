@@ -14,6 +14,7 @@ from typing import Sequence
 
 from workbench.codegen import targets
 from workbench.codegen.common import first_line
+from workbench.codegen.cuda import ASYNC_COPY_CONFIG
 from workbench.codegen.rules import RULES, apply_rules
 from workbench.codegen.template import Rule, ScheduleError
 from workbench.hardware.spec import DeviceSpec
@@ -110,7 +111,8 @@ def target_dict(device: DeviceSpec) -> dict:
 def _compile(mod, target: dict):
     import tvm
 
-    return tvm.compile(mod, target=tvm.target.Target(target))
+    with tvm.transform.PassContext(config=ASYNC_COPY_CONFIG):  # the CUDA templates' pipelined copies
+        return tvm.compile(mod, target=tvm.target.Target(target))
 
 
 def _sources(executable, target: dict) -> tuple[tuple[str, str], ...]:

@@ -5,8 +5,12 @@ one thread, so every spatial axis is split into (grid, [vthread,] threads, regis
 every reduce axis into (shared-memory steps, register steps, register tile). The grid loops are
 fused and bound to `blockIdx.x`, the thread loops to `threadIdx.x`. Inputs are staged in shared
 memory at the innermost shared-step loop by all threads of the block together (cooperative
-fetch), partial sums accumulate in registers (`cache_write` to `local`), and the register tile
-is fully unrolled so nvcc keeps it in registers. Programs with `cached[1]` False (no reuse:
+fetch), each thread copies the fragments its register tile reads from shared memory into
+`local` arrays at every register step (register staging), partial sums accumulate in registers
+(`cache_write` to `local`), and the register tile is fully unrolled so nvcc keeps it in
+registers. Where `rtile.pipeline.pipelined` says so (sm_80+, at least two shared steps, two
+buffers fit a block) the shared copies are double-buffered and asynchronous (cp.async), a step
+ahead of the compute (`pipeline_shared_copies`). Programs with `cached[1]` False (no reuse:
 elementwise, most reductions) read their inputs straight from global memory.
 
 Tiles that do not divide an extent are realised by predicated splits: the tail block computes
@@ -45,9 +49,13 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import cross_thread_axis, mma_axes
+from workbench.rtile.pipeline import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram
 
 REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
+# TVM lowers the pipelined copies' async scopes to cp.async only under this pass config
+# (`InjectPTXAsyncCopy` in tvm.s_tir.pipeline); kernels without async scopes are unchanged by it
+ASYNC_COPY_CONFIG = {"tirx.use_async_copy": True}
 VECTOR_WIDTHS = (4, 2)  # lanes of a cooperative copy; 16 B (float4) is the widest CUDA access
 
 
@@ -127,6 +135,7 @@ def gpu_resources(sch, device: DeviceSpec) -> GpuResources:
         s_tir.transform.ConvertBlocksToOpaque(),
         s_tir.transform.CompactBufferAllocation(),
         s_tir.transform.LowerMatchBuffer(),  # tensorized (WMMA) blocks bind their operands this way
+        s_tir.transform.InjectSoftwarePipeline(),  # a pipelined program's shared buffers double
         s_tir.transform.LowerOpaqueBlock(),
         tirx.transform.FlattenBuffer(),
     ]
@@ -190,9 +199,14 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
         sch.reverse_compute_at(local, nest.thread)
     inline_epilogues(sch, epilogues)
     if program.cached[SHARED] and expr.reduce:  # without reduce axes there is no reuse to stage
+        copies = []
         for buffer in reads:
             tensor = _tensor_of(sch, expr, buffer, producers)
-            _stage_in_shared(sch, main, buffer, tensor, expr, program, device, nest)
+            copies.append(_stage_in_shared(sch, main, buffer, tensor, expr, program, device, nest))
+            if not any(expr.axes[a].fused_from for a in range(len(expr.axes)) if expr.tensors[tensor].uses_axis(a)):
+                _stage_fragment(sch, main, copies[-1], nest)
+        if pipelined(program, device):
+            pipeline_shared_copies(sch, _copy_loop(expr, program, device, nest), len(copies))
     for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the main block
         sch.compute_inline(sch.get_sblock(name))
     for loop in nest.register:
@@ -304,11 +318,12 @@ def _split_virtual(sch, loop, chain, count: int, axis: str) -> list:
     return list(sch.split(loop, factors=[None, count, block // register, register // count]))
 
 
-def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device, nest: _Nest) -> None:
+def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device, nest: _Nest):
     """Copy one input's block tile into shared memory at the innermost shared-step loop, all
-    threads of the block together, rows padded against bank conflicts (Roller §3.1)."""
+    threads of the block together, rows padded against bank conflicts (Roller §3.1). Returns
+    the copy block."""
     threads = block_threads(expr, program, device)
-    anchor = nest.reduce_steps[-1]
+    anchor = _copy_loop(expr, program, device, nest)
     cache = sch.cache_read(main, buffer, "shared")
     sch.compute_at(cache, anchor)
     copy = sch.get_loops(cache)[_depth(sch, main, anchor) :]
@@ -327,6 +342,46 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     else:
         _, thread = sch.split(fused, factors=[None, threads])
     sch.bind(thread, "threadIdx.x")
+    return cache
+
+
+def _copy_loop(expr: TensorExpr, program: RProgram, device: DeviceSpec, nest: _Nest):
+    """The shared-step loop the copies go to: the innermost, or in a pipelined program the
+    loop `rtile.pipeline.pipelined_axis` names (the step loops inside it run once, so the same
+    tiles are copied, and the copies become statements of the loop that is pipelined)."""
+    if not pipelined(program, device) or len(nest.reduce_steps) != len(expr.reduce):
+        return nest.reduce_steps[-1]
+    return nest.reduce_steps[expr.reduce.index(pipelined_axis(program, device))]
+
+
+def _stage_fragment(sch, main, copy, nest: _Nest) -> None:
+    """Register staging: at every register step each thread copies the fragment of a staged
+    input that its register tile reads (its rows of A, its columns of B for a matmul) from the
+    shared copy `copy` into a `local` array, unrolled so that its indices are constants and
+    nvcc keeps it in registers; the register tile's multiply-adds then read registers, each
+    fragment element loaded from shared memory once per step instead of once per use. Not for
+    an input indexed by a fused axis (the caller's check): a thread's tile along it may cross
+    rows of the buffer, whose box then has no constant extent to unroll (issue 12)."""
+    step = sch.get_loops(main)[_depth(sch, main, nest.register[0]) - 2]  # the register step above the tile
+    fragment = sch.cache_read(main, str(sch.get(copy).writes[0].source.name), "local")
+    sch.compute_at(fragment, step)
+    _unroll_below(sch, fragment, step)
+
+
+def pipeline_shared_copies(sch, steps, copies: int) -> None:
+    """Double-buffer the shared copies (`rtile.pipeline.pipelined` says which programs): the
+    body of the shared-step loop `steps` is the copies, then the compute; the copies run one
+    step ahead (stage 0) of the compute (stage 1), in program order. TVM's
+    `InjectSoftwarePipeline` doubles each shared buffer and emits the prologue (the copies of
+    step 0), the steady state (copies of step s + 1, compute of step s) and the epilogue (the
+    compute of the last step). Stage 0 is asynchronous: compiled with `ASYNC_COPY_CONFIG`, its
+    stores become `cp.async` (sm_80+), committed as one group a step; the compute of step s
+    waits only for the group of step s (`cp.async.wait_group 1`), so the copy of step s + 1
+    is in flight while it runs. Without `cp.async` the copy's loads would stall each thread
+    before the barrier that precedes the compute, and nothing would overlap."""
+    sch.annotate(steps, "software_pipeline_stage", [0] * copies + [1])
+    sch.annotate(steps, "software_pipeline_order", list(range(copies + 1)))
+    sch.annotate(steps, "software_pipeline_async_stages", [0])
 
 
 def _template_shape(shape, template: tuple) -> tuple:

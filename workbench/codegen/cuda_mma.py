@@ -8,6 +8,9 @@ shared step all warps copy the block's A and B tiles into shared memory (vectori
 against bank conflicts); at every fragment step a warp loads its A and B fragments
 (`wmma.matrix_a` / `wmma.matrix_b`) and multiplies them into accumulator fragments
 (`wmma.accumulator`) that live across the whole reduction; then it stores them to the output.
+Where `rtile.pipeline.pipelined` says so the shared copies are double-buffered cp.async copies
+a step ahead of the fragment steps (`cuda.pipeline_shared_copies`); a copy TVM cannot issue as
+cp.async (a transposing or zero-filling one) stays a synchronous store inside the pipeline.
 The 16x16x16 pieces are tensorized with TVM 0.27's registered WMMA intrinsics
 (`tvm.s_tir.tensor_intrin.cuda`, float16 and int8 inputs only).
 
@@ -28,10 +31,12 @@ from functools import cache
 from math import prod
 
 from workbench.codegen.common import axis_loops, epilogue_names, new_schedule, producer_names
+from workbench.codegen.cuda import pipeline_shared_copies
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import mma_axes
+from workbench.rtile.pipeline import pipelined
 from workbench.rtile.rprogram import RProgram
 
 WARP, BLOCK = 0, 1  # layer indices of a tensor-core rProgram: (warp fragment tile, thread-block tile)
@@ -185,6 +190,8 @@ def schedule_wmma(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     for name in reversed(zero_fills):  # pad_einsum's zero-filled copies fold into the shared copies
         sch.compute_inline(sch.get_sblock(name))
     _write_back(sch, nest, staged, consumers, device.warp_size, intrins["store"])
+    if pipelined(program, device):  # the steps' body: the two shared copies, then the fragment steps
+        pipeline_shared_copies(sch, nest.steps, len(operands))
     init = sch.decompose_reduction(nest.outer, nest.steps)
     sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrins["init"])
     sch.tensorize(sch.get_loops(nest.inner)[-3], intrins["compute"])

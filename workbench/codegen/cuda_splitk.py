@@ -10,8 +10,9 @@ bound to `blockIdx.x`, so TVM's lowering makes two kernels, launched one after t
 
 The partial-sum block is tiled as `codegen.cuda` tiles the main block (its split loop joins the
 grid), with the same steps, called from there: cooperative staging in shared memory
-(`_stage_in_shared`), register accumulators written back under the thread loop, unrolled
-register tiles, and for a cross-thread reduction (`cross_thread_axis`) threads along the split
+(`_stage_in_shared`), register staging of fragments, double-buffered copies where
+`rtile.pipeline.pipelined` says so (each part walks at least two steps), register accumulators
+written back under the thread loop, unrolled register tiles, and for a cross-thread reduction (`cross_thread_axis`) threads along the split
 axis within a block, summed by TVM's cross-thread allreduce. The final pass gives each thread
 one output (consecutive threads, consecutive outputs), sums its S partial sums in a register
 and applies the epilogues (reduce_mean's division, a fused bias/relu) once, at its write-back.
@@ -34,20 +35,24 @@ from workbench.codegen.common import (
 from workbench.codegen.cuda import (
     REGISTERS,
     SHARED,
+    _copy_loop,
     _Nest,
     _split_virtual,
+    _stage_fragment,
     _stage_in_shared,
     _tensor_of,
     _unroll_below,
     block_threads,
     check_gpu_program,
     lane_program,
+    pipeline_shared_copies,
     within_block_limits,
 )
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import cross_thread_axis
+from workbench.rtile.pipeline import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 
 FINAL_THREADS = 128  # threads per block of the final pass: 4 warps, the multiple issue 16 asks for
@@ -69,6 +74,8 @@ def schedule_split_k(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     if axis == cross_thread_axis(expr, device) and (extent % step or extent // step % program.split):
         # TVM lowers a thread-bound reduce loop of an rfactor block under a predicate as a plain loop
         raise ScheduleError(f"axis {expr.axes[axis].name}: a cross-thread reduction splits only into whole steps (no predicate)")
+    if pipelined(program, device) and pipelined_axis(program, device) == axis and split_steps(program, axis) < 2:
+        raise ScheduleError(f"axis {expr.axes[axis].name}: a pipelined program's parts need two steps or more")
     program = lane_program(expr, program, device)
     return within_block_limits(
         block_threads(expr, program, device), lambda: _schedule(expr, program, device, axis), device
@@ -99,10 +106,13 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
         anchor = nest.thread
     local = sch.cache_write(rf, 0, "local")  # partial sums in registers, stored once per output
     sch.reverse_compute_at(local, anchor)
-    if program.cached[SHARED]:
-        for buffer in reads:
-            tensor = _tensor_of(sch, expr, buffer, producers)
-            _stage_in_shared(sch, rf, buffer, tensor, expr, program, device, nest)
+    if program.cached[SHARED]:  # staged, register-staged and pipelined as `codegen.cuda._schedule` does
+        copies = [_stage_in_shared(sch, rf, buffer, _tensor_of(sch, expr, buffer, producers), expr, program, device, nest)
+                  for buffer in reads]
+        for copy in copies:
+            _stage_fragment(sch, rf, copy, nest)  # no fused axes here (`split_axis`)
+        if pipelined(program, device):
+            pipeline_shared_copies(sch, _copy_loop(expr, program, device, nest), len(copies))
     for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the partial sums
         sch.compute_inline(sch.get_sblock(name))
     for loop in nest.register:

@@ -46,6 +46,7 @@ from workbench.files import read_user_text
 from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
+from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.local import thread_env
 from workbench.profile.runner import Timing
@@ -502,11 +503,11 @@ def bundle_program(bundle) -> tuple[RProgram, DeviceSpec]:
     for key, kind in (("workload", dict), ("device_spec", str), ("rprogram", dict)):
         if not isinstance(manifest.get(key), kind):
             raise UserError(f"{label}: no {key} ({'a JSON object' if kind is dict else 'the spec as TOML text'})")
-    try:
-        expr = fuse_axes(Workload.from_dict(manifest["workload"]).build())
+    device = spec_from_toml_text(manifest["device_spec"], label=f"{label}: device_spec")
+    try:  # the expression the construction tiled (a conv's GEMM view on a GPU)
+        expr = fuse_axes(construction_expr(Workload.from_dict(manifest["workload"]).build(), device))
     except UserError as err:
         raise UserError(f"{label}: {err}") from None
-    device = spec_from_toml_text(manifest["device_spec"], label=f"{label}: device_spec")
     try:
         program = RProgram.from_dict(manifest["rprogram"], expr)
     except (KeyError, TypeError, ValueError, AttributeError) as err:

@@ -27,7 +27,8 @@ from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, S
 from workbench.construct.step import Candidate, Step, make_node, state_key
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model import Estimate, estimate
-from workbench.rtile.rprogram import RProgram, split_counts
+from workbench.rtile.pipeline import pipelined, pipelined_axis
+from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 from workbench.viz.fmt import duration
 
 
@@ -155,6 +156,9 @@ def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:
     best = (est.predicted_seconds, program, est)
     for count in (s for s in counts if s == fill or fill < s and program.grid * s <= resident):
         split = replace(program, split=count, grid=program.grid * count)
+        if pipelined(split, device) and pipelined_axis(split, device) == split_axis(split.expr, device) \
+                and split_steps(split, split_axis(split.expr, device)) < 2:
+            continue  # a double-buffered part needs a second step to overlap (`codegen.cuda_splitk`)
         split_est = estimate(split, device)
         if split_est.predicted_seconds < best[0]:
             best = (split_est.predicted_seconds, split, split_est)

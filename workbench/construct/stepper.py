@@ -22,6 +22,7 @@ from workbench.construct.step import Candidate, Step
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
+from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.model import peak_gflops
 
@@ -34,7 +35,7 @@ class Stepper:
     def __init__(self, expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options()):
         cls = policy_class(policy)
         self.original = expr
-        self.space = Space(fuse_axes(expr), device)
+        self.space = Space(fuse_axes(construction_expr(expr, device)), device)
         self.options = options
         self.policy = cls(self.space, options)
         self.policy_name = policy
@@ -50,7 +51,10 @@ class Stepper:
             after = "x".join(str(a.extent) for a in self.space.expr.axes)
             action = Action(Kind.FUSE_AXES)
             state = State(0, (), (), self.options.eps, actions=(action,))
-            yield Step(action, state, None, None, note=f"fuse axes: [{before}] -> [{after}] (Roller §3.2 axis fusion)")
+            why = "Roller §3.2 axis fusion"
+            if len(self.space.expr.axes) == 3 and construction_expr(self.original, self.space.device) is not self.original:
+                why = "conv as implicit GEMM M x N x K, ops.gemm_view"
+            yield Step(action, state, None, None, note=f"fuse axes: [{before}] -> [{after}] ({why})")
         yield from self.policy.steps()
 
     @property

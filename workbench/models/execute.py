@@ -39,10 +39,11 @@ from workbench.codegen.build import build_kernel, target_dict
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
 from workbench.models.model import ModelConstruction
+from workbench.models.onnx_import import ImportedModel
 from workbench.profile.local import thread_env
 from workbench.profile.runner import (BuiltCandidate, Measurement, Report, Runner, Timing, evaluator_repeats,
                                       runtime_versions, timed_repeats)
-from workbench.profile.session import Progress, ProfileResult, profile_candidates
+from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, profile_candidates
 from workbench.profile.workers import WorkerPool
 
 # fp32 outputs against a reference computed in another order (the model's against ONNX Runtime,
@@ -107,7 +108,7 @@ def measured_pick(mc: ModelConstruction, inputs: Mapping[str, np.ndarray], *, ru
         if r.supported:
             groups.setdefault((r.construction.expr, tuple(c.program for c in r.candidates)), []).append(r)
     notify = progress or (lambda event: None)
-    calls = _reference_calls(mc, inputs) if runner == "local" and groups else {}
+    calls = operator_references(mc.model, mc.device, inputs) if runner == "local" and groups else {}
     picks = []
     with WorkerPool() as pool:
         for i, results in enumerate(groups.values()):
@@ -123,20 +124,48 @@ def measured_pick(mc: ModelConstruction, inputs: Mapping[str, np.ndarray], *, ru
     return tuple(picks)
 
 
-def _reference_calls(mc: ModelConstruction, inputs: Mapping[str, np.ndarray]) -> dict[str, tuple]:
-    """Per PrimFunc, the arguments its first operator gets and the outputs it writes when the
-    model runs on `inputs` with TVM's default lowering of every operator (the reference a
-    candidate is checked against: the operator's own values, so that a batch norm's variance or
-    a softmax's row stays what the model feeds it, not random numbers)."""
-    lowered: dict[str, OperatorKernel] = {}
-    for r in mc.results:
-        if r.operator.func_name not in lowered:
-            lowered[r.operator.func_name] = _unscheduled(r.operator, mc, "the reference")
-    kernels = [lowered[r.operator.func_name] for r in mc.results]
-    out: dict[str, tuple] = {}
-    for r, (args, outs) in zip(mc.results, _run(mc, kernels, inputs)):
-        out.setdefault(r.operator.func_name, (tuple(a.numpy() for a in args), tuple(o.numpy() for o in outs)))
+def model_inputs(model: ImportedModel, seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs of `model`: floats uniform in [-1, 1] (no underflow, both signs, so that
+    ReLUs and clips cut), integers 0 or 1 (valid indices and masks)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape, dtype in model.inputs:
+        if np.issubdtype(np.dtype(dtype), np.floating):
+            out[name] = rng.uniform(-1, 1, shape).astype(dtype)
+        else:
+            out[name] = rng.integers(0, 2, shape).astype(dtype)
     return out
+
+
+def operator_references(model: ImportedModel, device, inputs: Mapping[str, np.ndarray]) -> dict[str, tuple]:
+    """Per PrimFunc, the arguments its first operator gets and the outputs it writes when the
+    model runs on `inputs` with TVM's default lowering of every operator for `device` (the
+    reference a candidate is checked against: the operator's own values, so that a batch norm's
+    variance or a softmax's row stays what the model feeds it, not random numbers). Runs the
+    kernels in this process: `device` must be one this machine runs."""
+    lowered: dict[str, OperatorKernel] = {}
+    for op in model.operators:
+        if op.func_name not in lowered:
+            lowered[op.func_name] = _unscheduled(op, device, "the reference")
+    kernels = [lowered[op.func_name] for op in model.operators]
+    out: dict[str, tuple] = {}
+    for op, (args, outs) in zip(model.operators, _run(model, kernels, inputs)):
+        out.setdefault(op.func_name, (tuple(a.numpy() for a in args), tuple(o.numpy() for o in outs)))
+    return out
+
+
+def operator_runner(model: ImportedModel, index: int, device, pool: WorkerPool, seed: int = 0) -> "_OperatorRunner":
+    """The local runner for operator `index` of `model` alone (the dashboard's Candidates page
+    profiling an operator opened from the Models page): its candidates are checked against the
+    operator's TVM default lowering on what it gets in one run of the model on seeded inputs, as
+    `measured_pick` checks them. UserError when this machine cannot run `device`'s kernels."""
+    if not 0 <= index < len(model.operators):
+        raise UserError(f"model {model.name}: no operator {index} (it has {len(model.operators)})")
+    problem = cannot_run_locally(device, pool)
+    if problem:
+        raise UserError(f"cannot profile {device.name} kernels on this machine: {problem}")
+    calls = operator_references(model, device, model_inputs(model, seed))
+    return _OperatorRunner(device, pool, *calls[model.operators[index].func_name])
 
 
 class _OperatorRunner:
@@ -208,7 +237,7 @@ def build_model_kernels(mc: ModelConstruction, rank: int = 1,
         if op.func_name not in built:
             pick = picked.get(op.func_name)
             if pick is not None and pick.rank is None:
-                built[op.func_name] = _unscheduled(op, mc, pick.reason)
+                built[op.func_name] = _unscheduled(op, mc.device, pick.reason)
             else:
                 built[op.func_name] = _build(r, mc, pick.rank if pick is not None else rank)
         kernel = built[op.func_name]
@@ -219,24 +248,24 @@ def build_model_kernels(mc: ModelConstruction, rank: int = 1,
 def _build(r, mc: ModelConstruction, rank: int) -> OperatorKernel:
     name = r.operator.name
     if len(r.candidates) < rank:
-        return _unscheduled(r.operator, mc, r.reason or f"no candidate of rank {rank}")
+        return _unscheduled(r.operator, mc.device, r.reason or f"no candidate of rank {rank}")
     kernel = build_kernel(r.construction.expr, r.candidates[rank - 1].program, mc.device)
     if not kernel.ok:
-        return _unscheduled(r.operator, mc, kernel.error)
+        return _unscheduled(r.operator, mc.device, kernel.error)
     return OperatorKernel(name, True, rank, "", kernel.runtime())
 
 
-def _unscheduled(op, mc: ModelConstruction, reason: str) -> OperatorKernel:
+def _unscheduled(op, device, reason: str) -> OperatorKernel:
     import tvm
 
     mod = tvm.IRModule({"main": op.func})
-    executable = tvm.compile(mod, target=tvm.target.Target(target_dict(mc.device)))
+    executable = tvm.compile(mod, target=tvm.target.Target(target_dict(device)))
     return OperatorKernel(op.name, False, 0, reason, executable.jit())
 
 
 def run_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     """The model's outputs for `inputs` (by input name), running `kernels` in dataflow order."""
-    calls = _run(mc, kernels, inputs)
+    calls = _run(mc.model, kernels, inputs)
     return tuple(calls[op][1][item].numpy() for op, item in mc.model.outputs)
 
 
@@ -253,7 +282,7 @@ def time_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
     from workbench.profile.baselines import best_seconds
     from workbench.profile.runner import Timing
 
-    calls = _run(mc, kernels, inputs)  # also the warm-up
+    calls = _run(mc.model, kernels, inputs)  # also the warm-up
     mains = [k.module["main"] for k in kernels]
 
     def whole_model():
@@ -268,12 +297,11 @@ def time_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
     return whole, tuple(each)
 
 
-def _run(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> list[tuple[list, list]]:
+def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray]) -> list[tuple[list, list]]:
     """Run the model; per operator, the tensors it read and the ones it wrote."""
     import tvm
 
     dev = tvm.cpu()
-    model = mc.model
     feeds = {}
     for name, shape, dtype in model.inputs:
         if name not in inputs:

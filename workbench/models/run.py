@@ -18,8 +18,8 @@ import numpy as np
 from workbench.codegen.build import target_dict
 from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, run_model,
-                                      time_model)
+from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
+                                      run_model, time_model)
 from workbench.profile.local import pool_threads
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
@@ -129,7 +129,7 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     except ImportError:
         raise UserError("running a model checks it against ONNX Runtime: pip install onnxruntime") from None
     path = Path(path)
-    inputs = random_inputs(mc, seed)
+    inputs = model_inputs(mc.model, seed)
     kernel_threads = pool_threads(mc.device)  # before any kernel runs: TVM sizes its pool once
     start = time.perf_counter()
     picks = measured_pick(mc, inputs, runner=runner, store=store, progress=progress) if pick == "measured" else ()
@@ -151,19 +151,6 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
                       for r, k, t in zip(mc.results, kernels, each))
     return ModelRun(match, max(errors, default=0.0), seconds, ort_seconds, tvm_seconds, tvm_error, operators,
                     mc.device.compute_units, kernel_threads, pick, pick_seconds, picks)
-
-
-def random_inputs(mc: ModelConstruction, seed: int) -> dict[str, np.ndarray]:
-    """Seeded inputs: floats uniform in [-1, 1] (no underflow, both signs, so that ReLUs and
-    clips cut), integers 0 or 1 (valid indices and masks)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape, dtype in mc.model.inputs:
-        if np.issubdtype(np.dtype(dtype), np.floating):
-            out[name] = rng.uniform(-1, 1, shape).astype(dtype)
-        else:
-            out[name] = rng.integers(0, 2, shape).astype(dtype)
-    return out
 
 
 def _tvm_default(mc: ModelConstruction, path: Path, inputs: dict) -> tuple[float | None, str]:

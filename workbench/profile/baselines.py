@@ -7,6 +7,12 @@ compiler, measured in the same run as the workbench's kernels so the comparison 
   the way to change it), and the result's note says so.
 - `torch` (matmul, gemv, conv2d, depthwise_conv2d, pooling, relu/add/gelu, reductions): PyTorch on
   the CPU with `torch.set_num_threads(cores)`; "torch not installed" when it cannot be imported.
+  On an NVIDIA GPU device it runs on the GPU through PyTorch's CUDA build, i.e. cuBLAS and cuDNN
+  (the vendor libraries Roller compares with, its section 5), in float32 as float32: TF32 off for
+  both (cuDNN allows it by default, which would compare a 10-bit-mantissa product with ours), and
+  `cudnn.benchmark` on so cuDNN times its algorithms and keeps its fastest. A repeat's calls are
+  queued back to back and the GPU synchronised once at its end, so the host's wait is not counted
+  per call. "no GPU" when torch cannot see one (a CPU-only build, or no device here).
 - `metaschedule:N`: TVM MetaSchedule tuning `expr.func` with N trials for the device's target,
   then the best schedule compiled, checked and timed like a workbench kernel. It runs in a spawned
   worker whose TVM thread pool has the device's cores (as the local runner's), builds and times
@@ -114,25 +120,28 @@ def cores(device: DeviceSpec) -> int:
     return max(1, min(device.compute_units, os.cpu_count() or 1))
 
 
-def best_seconds(run: Callable[[], object], timing: Timing = TIMING) -> float:
+def best_seconds(run: Callable[[], object], timing: Timing = TIMING, sync: Callable[[], object] = lambda: None) -> float:
     """Best mean seconds per call over `timing.repeat` repeats, each at least `min_repeat_ms`
-    long (as TVM's `time_evaluator` does it); the caller has warmed `run` up."""
+    long (as TVM's `time_evaluator` does it); the caller has warmed `run` up. `sync` waits for
+    the work `run` queued (a GPU stream), once before and once at the end of each repeat."""
     number = timing.number
     while True:
-        elapsed = _time_calls(run, number)
+        elapsed = _time_calls(run, number, sync)
         if elapsed * 1000 >= timing.min_repeat_ms:
             break
         number = max(2 * number, int(number * timing.min_repeat_ms / max(elapsed * 1000, 1e-3)) + 1)
     best = elapsed / number
     for _ in range(timing.repeat - 1):
-        best = min(best, _time_calls(run, number) / number)
+        best = min(best, _time_calls(run, number, sync) / number)
     return best
 
 
-def _time_calls(run: Callable[[], object], number: int) -> float:
+def _time_calls(run: Callable[[], object], number: int, sync: Callable[[], object]) -> float:
+    sync()
     start = time.perf_counter()
     for _ in range(number):
         run()
+    sync()
     return time.perf_counter() - start
 
 
@@ -166,14 +175,17 @@ def _blas_threads(threads: int):
 
 
 def _torch(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
-    if not device.runs_on_cpu:
-        return BaselineResult(baseline.name, error=f"the torch baseline runs on the CPU, the device is a {device.kind}")
+    if not device.runs_on_cpu and not _nvidia(device):
+        return BaselineResult(baseline.name, error=f"the torch baseline runs on the CPU or an NVIDIA GPU, not on "
+                                                   f"{device.name} ({device.vendor or 'no vendor'} {device.kind})")
     if importlib.util.find_spec("torch") is None:
         return BaselineResult(baseline.name, error="torch not installed")
     if expr.op not in _TORCH_OPS:
         return BaselineResult(baseline.name, error=f"no torch formulation of {expr.op}")
     import torch
 
+    if not device.runs_on_cpu:
+        return _torch_cuda(baseline, expr, torch)
     inputs = _inputs(expr)
     run = partial(_TORCH_OPS[expr.op], _params(expr), *(torch.from_numpy(a) for a in inputs))
     threads, previous = cores(device), torch.get_num_threads()
@@ -183,6 +195,30 @@ def _torch(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> Baseline
             return _checked_time(baseline.name, expr, inputs, run, f"torch {torch.__version__} on {threads} threads")
     finally:
         torch.set_num_threads(previous)
+
+
+def _nvidia(device: DeviceSpec) -> bool:
+    return device.launches_thread_blocks and _target(device)["kind"] == "cuda"
+
+
+def _torch_cuda(baseline: Baseline, expr: TensorExpr, torch) -> BaselineResult:
+    """cuBLAS / cuDNN through PyTorch on this machine's GPU, float32 kept float32 (module docstring)."""
+    if not torch.cuda.is_available():
+        return BaselineResult(baseline.name, error=f"no GPU (torch {torch.__version__} sees no CUDA device)")
+    inputs = _inputs(expr)
+    run = partial(_TORCH_OPS[expr.op], _params(expr), *(torch.from_numpy(a).to("cuda") for a in inputs))
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    note = (f"torch {torch.__version__} on {torch.cuda.get_device_name()} (cuBLAS, cuDNN "
+            f"{torch.backends.cudnn.version()}; TF32 off, cudnn.benchmark on)")
+    try:
+        with torch.inference_mode():
+            return _checked_time(baseline.name, expr, inputs, lambda: run(), note,
+                                 to_host=lambda out: out.cpu().numpy(), sync=torch.cuda.synchronize)
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved
 
 
 def _torch_matmul(p, a, b):
@@ -241,18 +277,20 @@ def _inputs(expr: TensorExpr):
     return random_inputs(expr, TIMING.seed)
 
 
-def _checked_time(name: str, expr: TensorExpr, inputs, run: Callable, note: str) -> BaselineResult:
-    """Check `run()` (on `inputs`) against the reference, then time it (the check is the warm-up)."""
+def _checked_time(name: str, expr: TensorExpr, inputs, run: Callable, note: str, to_host: Callable = lambda out: out,
+                  sync: Callable[[], object] = lambda: None) -> BaselineResult:
+    """Check `run()` (on `inputs`; `to_host` brings its result to a numpy array) against the
+    reference, then time it (the check is the warm-up; `sync` as `best_seconds` takes it)."""
     import numpy as np
 
     from workbench.codegen.verify import compare
     from workbench.ops.reference import reference_with_scale
 
     ref = reference_with_scale(expr, inputs)
-    check = compare(np.asarray(run()).reshape(ref.value.shape), ref, expr.dtype)
+    check = compare(np.asarray(to_host(run())).reshape(ref.value.shape), ref, expr.dtype)
     if not check.correct:
         return BaselineResult(name, error=f"wrong result: {check.error}", note=note)
-    return BaselineResult(name, seconds=best_seconds(run), note=note)
+    return BaselineResult(name, seconds=best_seconds(run, sync=sync), note=note)
 
 
 # ---- metaschedule and dlight: TVM, in a worker whose thread pool has the device's cores ------

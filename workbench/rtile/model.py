@@ -4,7 +4,8 @@ the program carries its expression.
 An rProgram is a pipeline (Figure 6): at each layer its tile is loaded from the layer below, and
 the register tile is computed. Roller lets the stages overlap, so the program runs at the speed of
 its slowest stage (the bottleneck); here they overlap only as far as the hardware and the
-template let them (`combine_stages`: on a GPU the other resident warps and blocks, `gpu_stages`):
+template let them (`combine_stages`: on a GPU the other resident warps and blocks, and the
+double-buffered shared copies of the programs the templates pipeline, `gpu_stages`):
 
 - load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf;
                            on a CPU less where neighbouring cache tiles share what stays in the
@@ -47,6 +48,7 @@ from workbench.rtile.alignment import (
     accumulators, block_thread_count, cross_thread_axis, lane_axis, mma_axes, partial_sums, resident_block_limit,
     simd_vectors,
 )
+from workbench.rtile.pipeline import pipelined, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
 
@@ -102,11 +104,12 @@ def source_layer(program: RProgram, layer: int, n_layers: int) -> int:
     return n_layers - 1
 
 
-def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
+def blocks_per_unit(program: RProgram, device: DeviceSpec, buffers: int | None = None) -> tuple[int, int]:
     """(threads per block, blocks resident per unit). GPUs: limited by threads, registers,
     the unit's resident-block limit (`resident_block_limit`) and, for programs that stage
     tiles there, shared memory (the per-block capacity is used as the per-SM budget:
-    conservative); CPUs run one work item per core at a time."""
+    conservative) for `buffers` copies of the tiles (default: `pipeline.shared_buffers`, two
+    where the templates pipeline the program); CPUs run one work item per core at a time."""
     if not device.has_occupancy_limits:
         return 1, 1
     threads = block_thread_count(program.expr, device, program.unit_tile, program.register_tile)
@@ -116,8 +119,9 @@ def blocks_per_unit(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
     by_threads = device.max_threads_per_unit // threads
     by_regs = device.registers_per_unit // (threads * regs)
     limits = [by_threads, by_regs, resident_block_limit(device) or by_threads]
-    if program.cached[unit]:  # a program that stages nothing allocates no shared tile
-        limits.append(unit_layer.capacity_bytes // max(1, footprint_at(device, program, unit)))
+    if program.cached[unit]:  # a program that stages nothing allocates no shared tile; a pipelined one two
+        shared = (buffers or shared_buffers(program, device)) * footprint_at(device, program, unit)
+        limits.append(unit_layer.capacity_bytes // max(1, shared))
     return threads, max(1, min(limits))
 
 
@@ -360,16 +364,20 @@ def warps_per_scheduler(program: RProgram, device: DeviceSpec, threads: int, bpu
 
 
 def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
-    """One GPU unit's time from its stage times, as far as the CUDA template (codegen/cuda.py)
-    overlaps them. It does not double-buffer: a block copies a shared step's tiles, waits at
-    __syncthreads, computes on them, waits again, so within a block the copy from global memory
-    and the compute serialise and only the other resident blocks of the unit overlap them
-    (`overlapped` over `resident_blocks`). Inside a step, a warp's register-tile reads from
-    shared memory feed its own FMAs (no barrier between warps), so the other warps of its
-    scheduler hide them (`overlapped` over `warps_per_scheduler`). A program that stages
-    nothing reads global memory straight into the registers of its FMAs: the warps per
-    scheduler overlap those loads. Cross-thread reductions and tensor-core programs
-    (`cuda_mma`: no double buffering either) follow the same structure."""
+    """One GPU unit's time from its stage times, as far as the CUDA templates (codegen/cuda.py,
+    cuda_mma.py) overlap them. Inside a step, a warp's register-tile reads from shared memory
+    feed its own FMAs (no barrier between warps), so the other warps of its scheduler hide them
+    (`overlapped` over `warps_per_scheduler`). A pipelined program (`pipeline.pipelined`)
+    copies step s + 1 from global memory with `cp.async` while it computes step s, so a block's
+    step takes the longer of the two: max(inner, global) (the prologue's copy and the
+    epilogue's compute, one step each, are not counted; nor that a copy TVM cannot issue as
+    cp.async, a WMMA program's transposing or zero-filling one, stays a synchronous store in
+    the pipeline). An unpipelined one copies a shared
+    step's tiles, waits at __syncthreads, computes on them, waits again, so within a block the
+    copy and the compute serialise and only the other resident blocks of the unit overlap them
+    (`overlapped` over `resident_blocks`). A program that stages nothing reads global memory
+    straight into the registers of its FMAs: the warps per scheduler overlap those loads.
+    Cross-thread reductions follow the unpipelined structure."""
     threads, bpu = blocks_per_unit(program, device)
     warps = warps_per_scheduler(program, device, threads, bpu)
     unit = device.unit_layer_index
@@ -379,6 +387,8 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
         return overlapped(compute, global_load, warps)
     shared_load = loads.get(device.layers[unit].name, 0.0)
     inner = overlapped(compute, shared_load, warps)
+    if pipelined(program, device):
+        return max(inner, global_load)
     return overlapped(inner, global_load, resident_blocks(program, device, bpu))
 
 
