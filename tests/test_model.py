@@ -29,7 +29,9 @@ from workbench.rtile.model import (
     load_coverage,
     micro_kernel_shape,
     overlapped,
+    occupancy_limits,
     reachable_gbps,
+    registers_per_thread,
     source_layer,
     step_loads,
     tree_reduction_seconds,
@@ -113,9 +115,11 @@ def check_consistent(calc, dev, program, est):
         smem = est.footprints[dev.unit_layer_index]
         if est.blocks_per_unit > 1:
             assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
-            assert est.blocks_per_unit <= (32 if dev.vendor == "nvidia" else est.blocks_per_unit)
+            assert est.blocks_per_unit <= (dev.max_blocks_per_unit or est.blocks_per_unit)
+            lanes = ceil(est.threads / dev.warp_size) * dev.warp_size  # whole warps
+            assert lanes * registers_per_thread(program, dev) * est.blocks_per_unit <= dev.registers_per_unit
             if program.cached[dev.unit_layer_index]:  # only a staged tile takes shared memory
-                assert smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
+                assert smem * est.blocks_per_unit <= dev.unit_shared_bytes
     else:
         assert (est.threads, est.blocks_per_unit, est.occupancy) == (1, 1, 1.0)
 
@@ -858,3 +862,71 @@ def test_virtual_threads_change_nothing_where_nothing_is_read_from_banks():
     e = expr("relu", shape=(1024, 1024))
     relu = make_program(TileCalculus(e), dev, [(1, 8), (1, 256)], (True, False), 0.05, vthreads=((e.axes[1].name, 4),))
     assert vthread_conflict_ratio(relu, dev) == 1.0
+
+
+# -- occupancy: blocks per unit from threads, registers, shared memory and the block limit ----------
+
+
+def test_registers_per_thread_is_the_register_tile_plus_addressing():
+    """8 x 8 register tile of a matmul: 64 accumulators + 8 + 8 fragment floats (80 registers),
+    a 64-bit address per tensor (3 x 2) and 7 fixed: 93 (ptxas reported 88-92 for such programs on
+    sm_80, see `model.FIXED_REGISTERS`)."""
+    dev = device("v100")
+    program = make_program(TileCalculus(matmul(4096, 4096, 4096)), dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
+    assert registers_per_thread(program, dev) == 64 + 8 + 8 + 3 * 2 + 7 == 93
+
+
+def test_occupancy_register_limited():
+    """V100, 256 threads of 93 registers: 65536 // (256 x 93) = 2 blocks, below 2048 // 256 = 8 by
+    threads, 96 KB // the padded staged tiles by shared memory and the 32-block limit."""
+    dev = device("v100")
+    program = make_program(TileCalculus(matmul(4096, 4096, 4096)), dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
+    smem = footprint_at(dev, program, 1)
+    assert smem >= (128 * 8 + 8 * 128) * 4  # A and B tiles of one shared step, bank padding on top
+    limits = occupancy_limits(program, dev)
+    assert limits == {"threads": 8, "registers": 65536 // (256 * 93), "shared": 98304 // smem, "blocks": 32}
+    assert limits["registers"] == 2 < limits["shared"]
+    assert blocks_per_unit(program, dev) == (256, 2)
+
+
+def test_occupancy_shared_limited():
+    """A100, 4 x 4 register tiles in a 64 x 64 block over a K step of 64: 256 threads of
+    16 + 4 + 4 + 13 = 37 registers (65536 // (256 x 37) = 6 blocks), 2048 // 256 = 8 by threads,
+    and staged A and B tiles of 64 x 64 floats, their rows padded by 1 and 4 against bank
+    conflicts: (64 x 65 + 64 x 68) x 4 B = 34048 B, 4 of which fit the SM's 164 KB. Without
+    `shared_bytes_per_unit` one block's 48 KB is the budget: 1."""
+    dev = device("a100")
+    program = make_program(TileCalculus(matmul(1024, 1024, 1024)), dev, [(4, 4, 1), (64, 64, 64)], (True, True), 0.05)
+    assert registers_per_thread(program, dev) == 37
+    assert footprint_at(dev, program, 1) == (64 * 65 + 64 * 68) * 4 == 34048
+    assert occupancy_limits(program, dev) == {"threads": 8, "registers": 6, "shared": 167936 // 34048, "blocks": 32}
+    assert blocks_per_unit(program, dev) == (256, 4)
+    assert blocks_per_unit(program, replace(dev, shared_bytes_per_unit=0)) == (256, 49152 // 34048) == (256, 1)
+
+
+def test_occupancy_thread_limited_and_no_shared_memory_without_staging():
+    """relu on H100 in blocks of 512 threads of one element: 2048 // 512 = 4 blocks by threads;
+    1 + 1 registers of tile + 2 x 2 addresses + 7 = 13 registers (65536 // (512 x 13) = 9); it
+    stages nothing, so shared memory does not limit it."""
+    dev = device("h100")
+    e = fuse_axes(expr("relu", shape=(1024, 1024)))
+    program = make_program(TileCalculus(e), dev, [(1,), (512,)], (True, False), 0.05)
+    assert registers_per_thread(program, dev) == 2 + 2 * 2 + 7
+    assert occupancy_limits(program, dev) == {"threads": 4, "registers": 65536 // (512 * 13), "blocks": 32}
+    assert blocks_per_unit(program, dev) == (512, 4)
+
+
+def test_occupancy_block_limited_and_whole_warps():
+    """Blocks of one warp stop at the SM's resident-block limit (32 on the V100, 16 on the K80:
+    compute capability 3.7) though threads allow 64; a block of 40 threads holds two warps'
+    slots and registers (2048 // 64 = 32 by threads); a spec without a limit has none."""
+    dev = device("v100")
+    e = fuse_axes(expr("relu", shape=(1024, 1024)))
+    one_warp = make_program(TileCalculus(e), dev, [(1,), (32,)], (True, False), 0.05)
+    assert occupancy_limits(one_warp, dev)["threads"] == 64
+    assert blocks_per_unit(one_warp, dev) == (32, 32)
+    assert blocks_per_unit(one_warp, device("k80")) == (32, 16)
+    assert "blocks" not in occupancy_limits(one_warp, replace(dev, max_blocks_per_unit=0))
+    partial = make_program(TileCalculus(e), dev, [(1,), (40,)], (True, False), 0.05)
+    limits = occupancy_limits(partial, dev)
+    assert limits["threads"] == 2048 // 64 and limits["registers"] == 65536 // (64 * registers_per_thread(partial, dev))
