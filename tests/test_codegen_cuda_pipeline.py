@@ -24,7 +24,8 @@ from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
 from workbench.rtile.pipeline import pipelined, shared_steps
-from workbench.rtile.rprogram import footprint_at
+from workbench.rtile.rprogram import footprint_at, make_program
+from workbench.rtile.traffic import TileCalculus
 
 # (register tile, block tile) per axis of a float32 matmul: 6 shared steps of 12 along K = 72
 MATMUL = (("M", 64), ("N", 48), ("K", 72))
@@ -188,23 +189,29 @@ def test_nvcc_compiles_pipelined_kernels(arch):
 
 
 @lru_cache(maxsize=None)
+def _wmma_program():
+    """float16 matmul 512^3 on the H100 in 32 x 32 x 32 blocks of 32 x 32 x 16 warp tiles: one
+    warp a block, 16 shared steps of 32 along K."""
+    fused = construct(expr("matmul", "float16", M=512, N=512, K=512), device("h100")).expr
+    return fused, make_program(TileCalculus(fused), device("h100"), [(32, 32, 16), (32, 32, 32)], (True, True), 0.05)
+
+
+@lru_cache(maxsize=None)
 def _wmma_kernel():
-    built = construct(expr("matmul", "float16", M=512, N=512, K=512), device("h100"))
-    program = built.candidates[0].program
-    kernel = build_kernel(built.expr, program, device("h100"))
+    kernel = build_kernel(*_wmma_program(), device("h100"))
     assert kernel.ok and kernel.template == "cuda-wmma", kernel.error
     return kernel
 
 
 def test_the_wmma_template_pipelines_its_shared_copies():
-    built = construct(expr("matmul", "float16", M=512, N=512, K=512), device("h100"))
-    program, spec = built.candidates[0].program, device("h100")
+    fused, program = _wmma_program()
+    spec = device("h100")
     assert pipelined(program, spec)
     text = _wmma_kernel().source
     assert WAIT_ONE in text and "nvcuda::wmma::mma_sync" in text
     # 32 x 32 block tiles of A (i, k) and B (k, j), rows padded to 40 halves (`_row_alignment`), twice
     assert "half A_shared_ptr[2560];" in text and "half B_shared_ptr[2560];" in text
-    used = gpu_resources(apply_rules(built.expr, program, spec)[1], spec)
+    used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
     assert used.shared_bytes == 2 * 2 * 32 * 40 * 2
 
 
