@@ -17,9 +17,12 @@ from test_invariants import conv_filters, simd_lane_axis, spread_reduce_axis
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
     REGISTER_STEPS,
+    RULES,
     AlignContext,
     ExecutionUnitRule,
+    WarpGroupRule,
     accumulators,
+    block_thread_multiple,
     cross_thread_axis,
     filter_axis,
     initial_tile,
@@ -75,9 +78,16 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
     if dev.kind == "gpu" and layer == dev.unit_layer_index:
         k = spread_reduce_axis(e, dev)
         threads = prod(tile[a] // upper[a] for a in e.spatial) * (tile[k] // upper[k] if k is not None else 1)
+        threads *= dev.warp_size if mma_axes(e, dev) else 1  # a fragment tile is a warp's
         covers = all(tile[a] >= e.axes[a].extent for a in (e.spatial if k is None else [k]))
         if threads % dev.warp_size and not covers:
             out.append("threads not a multiple of the warp")
+        # a block with a thread per output: a warp per scheduler, 4 x 32 threads on the NVIDIA
+        # presets, where the block cap holds four such groups (not the MI50's 4 x 64 of 512)
+        group = dev.teu_per_unit * dev.warp_size
+        group = group if 4 * group <= dev.max_threads_per_block else dev.warp_size
+        if k is None and threads % group and not covers:
+            out.append("threads not whole groups of a warp per scheduler")
         if k is not None and threads < dev.warp_size:
             out.append("a cross-thread reduction's block shorter than a warp")
         if k is not None:
@@ -160,13 +170,24 @@ def test_is_aligned_agrees_with_the_rules_on_any_tile(case, data):
     assert is_aligned(ctx, tile) == (violations(e, dev, layer, upper, tile, eps) == [])
 
 
-def test_gpu_block_starts_with_one_warp_of_threads():
-    for name in ("v100", "mi50"):
-        dev = device(name)
-        e = matmul(1024, 1024, 1024)
-        reg = (4, 4, 1)
+@pytest.mark.parametrize("name, threads, block", [("v100", 128, (32, 64)), ("a100", 128, (32, 64)), ("mi50", 64, (32, 32))])
+def test_gpu_block_starts_with_one_warp_per_scheduler(name, threads, block):
+    """The smallest block is a warp per warp scheduler (4 x 32 threads on the V100 and A100; on
+    the MI50 a wavefront of 64: 4 x 64 would leave its 512-thread cap two block sizes), split
+    over i and j for the least traffic (8 x 16 threads of 4 x 4 tiles: 32 x 64; 1 x 128 would be a 4 x 512 tile reading 5.4x the bytes per output,
+    1/4 + 1/512 against 1/32 + 1/64 per element of K); without `WarpGroupRule` (the rules
+    before issue 16) it is one warp."""
+    dev = device(name)
+    e = matmul(1024, 1024, 1024)
+    reg = (4, 4, 1)
+    ctx = AlignContext(e, dev, dev.unit_layer_index, reg, 0.05)
+    tile = initial_tile(ctx)
+    assert prod(tile[a] // reg[a] for a in e.spatial) == threads == block_thread_multiple(dev)
+    assert tile[:2] == block
+    older = tuple(r for r in RULES if not isinstance(r, WarpGroupRule))
+    assert prod(initial_tile(ctx, older)[a] // reg[a] for a in e.spatial) == dev.warp_size
+    for dev in (device("v100"), device("mi50")):
         tile = initial_tile(AlignContext(e, dev, dev.unit_layer_index, reg, 0.05))
-        assert prod(tile[a] // reg[a] for a in e.spatial) == dev.warp_size
         # shared memory: k is A's leading dim; 32 B (V100) / 64 B (MI50) transactions of 4 B floats
         assert tile[2] == dev.layers[-1].transaction_bytes // 4
 
@@ -252,8 +273,9 @@ def test_gpu_block_initial_tile_is_the_smallest_aligned_one(case):
 
 @pytest.mark.parametrize("name", ["v100", "a100", "h100"])
 def test_conv_block_splits_its_warp_over_filters_and_output_rows(name):
-    """Roller table 1's C0 (128 filters over a 26 x 26 output): one warp as 8 filters x 2 x 2
-    outputs pads nothing, where 16 x 2 along the output row would pad 26 to 32; a thread's tile
+    """Roller table 1's C0 (128 filters over a 26 x 26 output): four warps as 2 images x 16
+    filters x 2 x 2 outputs pad nothing, where 16 x 2 along the output row would pad 26 to 32,
+    and read the least (of the zero-waste splits of 128 threads, `_warp_fill`); a thread's tile
     [1, 1, 1, 1, ...] is taken at eps 0. The reduce window s is A's leading dimension, taken
     whole (3 floats are less than a 32 B transaction)."""
     dev = device(name)
@@ -261,7 +283,7 @@ def test_conv_block_splits_its_warp_over_filters_and_output_rows(name):
     e = fuse_axes(workload_expr(c0))
     assert [x.extent for x in e.axes] == [128, 128, 26, 26, 128, 3, 3]
     tile = initial_tile(AlignContext(e, dev, dev.unit_layer_index, (1,) * 7, 0.0))
-    assert tile == (1, 8, 2, 2, 1, 1, 3)
+    assert tile == (2, 16, 2, 2, 1, 1, 3)
 
 
 def test_tensor_shape_rule_bounds_padding_waste():
@@ -398,7 +420,7 @@ def test_cpu_cache_tiles_divide_the_vector_axis_where_the_tile_above_does(dev):
     ragged = AlignContext(matmul(512, 500, 512), dev, 1, (6, 16, 1), 0.1)
     assert next_aligned_sizes(ragged, (6, 16, 16))[1] == 32 and is_aligned(ragged, (6, 48, 16))
     assert is_aligned(AlignContext(e, dev, 0, (1, 1, 1), 0.1), (6, 48, 1))
-    assert is_aligned(AlignContext(e, device("v100"), 1, (4, 4, 1), 0.1), (64, 48, 16))
+    assert is_aligned(AlignContext(e, device("v100"), 1, (4, 4, 1), 0.1), (128, 48, 16))  # 32 x 12 threads
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

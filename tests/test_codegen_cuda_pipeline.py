@@ -21,9 +21,11 @@ from workbench.codegen.nvcc import compile_ptx, compile_ptx_many, nvcc_path
 from workbench.codegen.rules import apply_rules
 from workbench.codegen.verify import check_output
 from workbench.construct.stepper import construct
+from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
 from workbench.rtile.pipeline import pipelined, shared_steps
-from workbench.rtile.rprogram import footprint_at
+from workbench.rtile.rprogram import footprint_at, make_program
+from workbench.rtile.traffic import TileCalculus
 
 # (register tile, block tile) per axis of a float32 matmul: 6 shared steps of 12 along K = 72
 MATMUL = (("M", 64), ("N", 48), ("K", 72))
@@ -109,13 +111,25 @@ def test_the_block_limit_check_counts_both_buffers():
         assert used.shared_bytes == copies * footprint_at(spec, program, 1) == copies * (384 + 192) * 4
 
 
+CONV = dict(N=1, C=8, H=10, W=10, F=8, KH=3, KW=3, stride=1, pad=1)
+
+
 @lru_cache(maxsize=None)
 def conv():
-    """A padded 3 x 3 conv whose filter window is one shared step: 4 steps of 2 input channels."""
-    fused = construct(expr("conv2d", "float32", N=1, C=8, H=10, W=10, F=8, KH=3, KW=3, stride=1, pad=1),
-                      device("h100")).expr
+    """A padded 3 x 3 conv on its direct loop nest (the CUDA-core template's, as a float16 conv on
+    a tensor-core GPU keeps it) whose filter window is one shared step: 4 steps of 2 input
+    channels."""
+    fused = fuse_axes(expr("conv2d", "float32", **CONV))
     chains = {"n": (1, 1), "f": (2, 8), "h": (1, 2), "w": (2, 10), "c": (1, 2), "r": (1, 3), "s": (3, 3)}
     return fused, _gpu_program(fused, chains, True)
+
+
+@lru_cache(maxsize=None)
+def conv_gemm():
+    """The same conv as the construction sees it on a GPU, an implicit GEMM (`ops.gemm_view`):
+    100 pixels x 8 filters x 72 window elements, 9 shared steps of 8 along K."""
+    fused = construct(expr("conv2d", "float32", **CONV), device("h100")).expr
+    return fused, _gpu_program(fused, {"nhw": (2, 20), "f": (2, 8), "crs": (1, 8)}, True)
 
 
 def test_a_conv_pipelines_its_input_channel_steps_around_its_one_step_window():
@@ -127,14 +141,28 @@ def test_a_conv_pipelines_its_input_channel_steps_around_its_one_step_window():
     assert "for (int c_0 = 0; c_0 < 3; ++c_0)" in built.source and WAIT_ONE in built.source
 
 
-@pytest.mark.parametrize("case", ["matmul", "prime", "conv"])
+def test_the_implicit_gemm_conv_pipelines_its_gather_and_weight_copies():
+    fused, program = conv_gemm()
+    assert pipelined(program, device("h100")) and shared_steps(program, device("h100")) == 9
+    built = build_kernel(fused, program, device("h100"))
+    assert built.ok and built.template == "cuda-conv-gemm", built.error
+    # two buffers of the 20 x 8 im2col tile and of the 8 x 8 weight tile; 8 steady steps after the prologue
+    assert "pad_reindex_shared_ptr[320]" in built.source and "kernel_reindex_shared_ptr[128]" in built.source
+    assert re.search(r"for \(int (\w+) = 0; \1 < 8; \+\+\1\)", built.source) and WAIT_ONE in built.source
+    # the padding's zeros come from the predicated copy's other arm, not from stale shared memory
+    assert "@!p st.shared.u32" in built.source
+    assert not pipelined(program, device("v100"))
+    assert "cp.async" not in build_kernel(fused, program, device("v100")).source
+
+
+@pytest.mark.parametrize("case", ["matmul", "prime", "conv", "conv-gemm"])
 def test_a_pipelined_kernel_run_serially_on_this_cpu_matches_numpy(case, monkeypatch):
     """The pipelined schedule (prologue, steady state, epilogue, two buffers) with its threads
     serial, compiled by LLVM for this CPU: the copies synchronous (the cp.async stage is a CUDA
     lowering; LLVM has no barrier for it), the stage structure and the buffer indexing TVM's."""
     from tvm import s_tir
 
-    fused, program = {"matmul": pinned, "prime": lambda: pinned(PRIME), "conv": conv}[case]()
+    fused, program = {"matmul": pinned, "prime": lambda: pinned(PRIME), "conv": conv, "conv-gemm": conv_gemm}[case]()
     assert pipelined(program, device("h100"))
     annotate = s_tir.Schedule.annotate
     monkeypatch.setattr(s_tir.Schedule, "annotate", lambda self, loop, key, value: None
@@ -161,23 +189,29 @@ def test_nvcc_compiles_pipelined_kernels(arch):
 
 
 @lru_cache(maxsize=None)
+def _wmma_program():
+    """float16 matmul 512^3 on the H100 in 32 x 32 x 32 blocks of 32 x 32 x 16 warp tiles: one
+    warp a block, 16 shared steps of 32 along K."""
+    fused = construct(expr("matmul", "float16", M=512, N=512, K=512), device("h100")).expr
+    return fused, make_program(TileCalculus(fused), device("h100"), [(32, 32, 16), (32, 32, 32)], (True, True), 0.05)
+
+
+@lru_cache(maxsize=None)
 def _wmma_kernel():
-    built = construct(expr("matmul", "float16", M=512, N=512, K=512), device("h100"))
-    program = built.candidates[0].program
-    kernel = build_kernel(built.expr, program, device("h100"))
+    kernel = build_kernel(*_wmma_program(), device("h100"))
     assert kernel.ok and kernel.template == "cuda-wmma", kernel.error
     return kernel
 
 
 def test_the_wmma_template_pipelines_its_shared_copies():
-    built = construct(expr("matmul", "float16", M=512, N=512, K=512), device("h100"))
-    program, spec = built.candidates[0].program, device("h100")
+    fused, program = _wmma_program()
+    spec = device("h100")
     assert pipelined(program, spec)
     text = _wmma_kernel().source
     assert WAIT_ONE in text and "nvcuda::wmma::mma_sync" in text
     # 32 x 32 block tiles of A (i, k) and B (k, j), rows padded to 40 halves (`_row_alignment`), twice
     assert "half A_shared_ptr[2560];" in text and "half B_shared_ptr[2560];" in text
-    used = gpu_resources(apply_rules(built.expr, program, spec)[1], spec)
+    used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
     assert used.shared_bytes == 2 * 2 * 32 * 40 * 2
 
 

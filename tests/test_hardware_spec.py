@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from tests.helpers import TINY_CPU, device, plain_matmul
-from workbench.hardware.loader import list_presets
+from workbench.errors import UserError
+from workbench.hardware.loader import list_presets, load_spec, spec_from_toml_text, spec_to_toml
 from workbench.hardware.spec import DeviceSpec, MemoryLayer
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.traffic import calculus
@@ -111,3 +112,71 @@ def test_tensor_cores_need_a_gpu_a_fragment_and_a_peak_for_the_dtype():
     # a CPU spec stating MMA numbers still has none the code generators use
     mma_cpu = replace(TINY_CPU, tensor_core_gflops=(("float16", 1000.0),), tensor_core_fragment=(16, 16, 16))
     assert not mma_cpu.has_tensor_cores("float16")
+
+
+# -- occupancy fields: resident blocks, shared memory per unit, L2 ---------------------------------
+
+# (preset, max_blocks_per_unit, shared_bytes_per_unit, l2_bytes): CUDA C++ Programming Guide,
+# technical specifications per compute capability (7.0, 8.0, 9.0, 3.7, 8.9, 8.7) and the
+# architecture whitepapers, as the spec files' [sources] say; the MI50 states no block limit.
+OCCUPANCY = [
+    ("v100", 32, 96 * 1024, 6 * 2**20),
+    ("a100", 32, 164 * 1024, 40 * 2**20),
+    ("h100", 32, 228 * 1024, 50 * 2**20),
+    ("h200", 32, 228 * 1024, 50 * 2**20),
+    ("k80", 16, 112 * 1024, 1536 * 1024),
+    ("rtx4090", 24, 100 * 1024, 72 * 2**20),
+    ("orin-nano", 16, 164 * 1024, 0),
+    ("mi50", 0, 64 * 1024, 4 * 2**20),
+]
+
+
+@pytest.mark.parametrize("name, blocks, shared, l2", OCCUPANCY)
+def test_gpu_presets_state_their_occupancy_limits(name, blocks, shared, l2):
+    spec = device(name)
+    assert (spec.max_blocks_per_unit, spec.shared_bytes_per_unit, spec.l2_bytes) == (blocks, shared, l2)
+    assert spec.unit_shared_bytes == shared >= spec.layers[spec.unit_layer_index].capacity_bytes
+    sourced = dict(spec.sources)
+    stated = ("shared_bytes_per_unit",) + (("max_blocks_per_unit",) if blocks else ()) + (("l2_bytes",) if l2 else ())
+    assert all(sourced.get(key, "").strip() for key in stated)
+
+
+def test_unit_shared_bytes_falls_back_to_one_blocks_capacity():
+    assert TINY_GPU.shared_bytes_per_unit == 0 and TINY_GPU.unit_shared_bytes == 48 * 1024
+    assert replace(TINY_GPU, shared_bytes_per_unit=96 * 1024).unit_shared_bytes == 96 * 1024
+    assert (TINY_CPU.max_blocks_per_unit, TINY_CPU.shared_bytes_per_unit, TINY_CPU.l2_bytes) == (0, 0, 0)
+
+
+V100_TEXT = spec_to_toml(load_spec("v100", check_target=False))
+BROKEN_OCCUPANCY = [
+    ("max_blocks_per_unit = 32\n", "max_blocks_per_unit = -1\n", "device.max_blocks_per_unit must be an integer >= 0, got -1"),
+    ("max_blocks_per_unit = 32\n", 'max_blocks_per_unit = "32"\n', "device.max_blocks_per_unit must be an integer >= 0, got '32'"),
+    ("max_blocks_per_unit = 32\n", "max_blocks_per_unit = 4096\n",
+     "device.max_blocks_per_unit (4096) must not exceed device.max_threads_per_unit (2048): a block has at least one thread"),
+    ("shared_bytes_per_unit = 98304\n", "shared_bytes_per_unit = 1.5\n", "device.shared_bytes_per_unit must be an integer >= 0, got 1.5"),
+    ("shared_bytes_per_unit = 98304\n", "shared_bytes_per_unit = 4096\n",
+     "device.shared_bytes_per_unit (4096) must not be below the unit layer's capacity_bytes (49152): "
+     "one block's shared memory is part of its unit's"),
+    ("l2_bytes = 6291456\n", "l2_bytes = true\n", "device.l2_bytes must be an integer >= 0, got True"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", BROKEN_OCCUPANCY, ids=[case[2][:40] for case in BROKEN_OCCUPANCY])
+def test_bad_occupancy_fields_are_one_line_errors(old, new, message):
+    assert V100_TEXT.count(old) == 1, old
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(V100_TEXT.replace(old, new), label="spec v100.toml", check_target=False)
+    assert str(info.value) == f"spec v100.toml: {message}"
+
+
+def test_occupancy_fields_are_optional_on_a_gpu_and_refused_on_a_cpu():
+    """A spec written before the fields loads (no block limit, one block's shared memory, no L2
+    order); a CPU spec that states one is refused."""
+    fields = ("max_blocks_per_unit =", "shared_bytes_per_unit =", "l2_bytes =")
+    text = "".join(line + "\n" for line in V100_TEXT.splitlines() if not line.startswith(fields))
+    old = spec_from_toml_text(text, check_target=False)
+    assert (old.max_blocks_per_unit, old.shared_bytes_per_unit, old.l2_bytes) == (0, 0, 0)
+    cpu = spec_to_toml(load_spec("xeon-avx512", check_target=False))
+    assert "max_blocks_per_unit = 0\n" in cpu
+    with pytest.raises(UserError, match=r"^spec: device.max_blocks_per_unit describes a GPU: 0 \(or absent\) on a CPU$"):
+        spec_from_toml_text(cpu.replace("max_blocks_per_unit = 0\n", "max_blocks_per_unit = 8\n"), check_target=False)

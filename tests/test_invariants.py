@@ -307,6 +307,10 @@ def assert_within_limits(space: Space, program) -> None:
         covers = all(unit[a] >= e.axes[a].extent for a in (e.spatial if k is None else [k]))
         assert k is None or all(unit[a] == register[a] for a in e.spatial), (register, unit)
         assert threads <= dev.max_threads_per_block and (threads % dev.warp_size == 0 or covers), threads
+        # a thread per output: whole groups of a warp per scheduler where the block cap holds four
+        # (alignment.WarpGroupRule: 128 threads on the NVIDIA presets)
+        group = dev.teu_per_unit * dev.warp_size if 4 * dev.teu_per_unit * dev.warp_size <= dev.max_threads_per_block else dev.warp_size
+        assert k is not None or covers or threads % group == 0, threads
         assert threads * ceil(register_bytes / 4) <= dev.registers_per_unit, (threads, register_bytes)
     else:
         vector = 4 * dev.warp_size  # one vector register of warp_size fp32 lanes

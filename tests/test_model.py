@@ -29,7 +29,9 @@ from workbench.rtile.model import (
     load_coverage,
     micro_kernel_shape,
     overlapped,
+    occupancy_limits,
     reachable_gbps,
+    registers_per_thread,
     source_layer,
     step_loads,
     tree_reduction_seconds,
@@ -114,10 +116,12 @@ def check_consistent(calc, dev, program, est):
         smem = est.footprints[dev.unit_layer_index]
         if est.blocks_per_unit > 1:
             assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
-            assert est.blocks_per_unit <= (32 if dev.vendor == "nvidia" else est.blocks_per_unit)
+            assert est.blocks_per_unit <= (dev.max_blocks_per_unit or est.blocks_per_unit)
+            lanes = ceil(est.threads / dev.warp_size) * dev.warp_size  # whole warps
+            assert lanes * registers_per_thread(program, dev) * est.blocks_per_unit <= dev.registers_per_unit
             if program.cached[dev.unit_layer_index]:  # only a staged tile takes shared memory (pipelined: twice)
                 copies = shared_buffers(program, dev)
-                assert copies * smem * est.blocks_per_unit <= dev.layers[dev.unit_layer_index].capacity_bytes
+                assert copies * smem * est.blocks_per_unit <= dev.unit_shared_bytes
     else:
         assert (est.threads, est.blocks_per_unit, est.occupancy) == (1, 1, 1.0)
 
@@ -910,31 +914,103 @@ def test_a_single_shared_step_is_not_pipelined():
 
 def test_a_pipelined_block_holds_two_copies_of_its_shared_tiles():
     """The 256^3 blocks above (64 x (16 + 17) + 16 x (32 + 4) bank-padded floats of tiles,
-    10.5 KiB; 128 threads of 4 x 4 + 4 + 4 = 24 registers): room for 4 blocks an SM with one
-    buffer, 2 with two, but 32 blocks over 132 SMs put one on an SM either way, so the program
-    is pipelined and its occupancy counts both buffers."""
+    10.5 KiB; 128 threads of 4 x 4 + 4 + 4 = 24 tile registers + 3 x 2 + 7 for addressing): by
+    the H100's 228 KiB of shared memory an SM, room for 21 blocks with one buffer, 10 with two;
+    13 by registers. 32 blocks over 132 SMs put one on an SM either way, so the program is
+    pipelined and its occupancy counts both buffers."""
     dev, program = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
-    smem, regs = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
-    assert (smem, regs) == ((64 * 33 + 16 * 36) * 4, 24)
+    smem, tile = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
+    assert (smem, tile, registers_per_thread(program, dev)) == ((64 * 33 + 16 * 36) * 4, 24, 24 + 6 + 7)
     assert pipelined(program, dev) and shared_buffers(program, dev) == 2
-    by_threads, by_regs = 2048 // 128, 65536 // (128 * 24)
-    assert blocks_per_unit(program, dev, 1) == (128, min(by_threads, by_regs, 32, 49152 // smem)) == (128, 4)
-    bpu = min(by_threads, by_regs, 32, 49152 // (2 * smem))
-    assert blocks_per_unit(program, dev) == blocks_per_unit(program, dev, 2) == (128, bpu) == (128, 2)
-    assert estimate(program, dev).blocks_per_unit == 2
+    by_threads, by_regs, unit = 2048 // 128, 65536 // (128 * 37), dev.unit_shared_bytes
+    assert blocks_per_unit(program, dev, 1) == (128, min(by_threads, by_regs, 32, unit // smem)) == (128, 13)
+    bpu = min(by_threads, by_regs, 32, unit // (2 * smem))
+    assert blocks_per_unit(program, dev) == blocks_per_unit(program, dev, 2) == (128, bpu) == (128, 10)
+    assert estimate(program, dev).blocks_per_unit == 10
 
 
 def test_tiles_whose_second_buffer_would_cost_resident_blocks_are_not_pipelined():
-    """matmul 4096^3 on the H100 in blocks of 128 x 128 x 8 over 8 x 8 x 1 register tiles: 256
-    threads of 80 registers (3 blocks by registers), 128 x (8 + 25) + 8 x (128 + 8) floats of
-    bank-padded tiles (20.75 KiB). One buffer leaves room for 2 blocks in the 48 KiB, two
-    buffers (41.5 KiB) for one: the 1024 blocks keep every SM's room full, so doubling would
-    cost a resident block, and the program runs unpipelined."""
-    dev, program = _h100_matmul(4096, 4096, 4096, [(8, 8, 1), (128, 128, 8)])
-    smem, regs = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
-    assert (smem, regs) == ((128 * 33 + 8 * 136) * 4, 80)
-    by_threads, by_regs = 2048 // 256, 65536 // (256 * 80)
-    assert blocks_per_unit(program, dev, 1) == (256, min(by_threads, by_regs, 32, 49152 // smem)) == (256, 2)
-    assert blocks_per_unit(program, dev, 2) == (256, min(by_threads, by_regs, 32, 49152 // (2 * smem))) == (256, 1)
+    """matmul 4096^3 on the H100 in blocks of 64 x 64 x 32 over 8 x 4 x 1 register tiles: 128
+    threads of 32 + 8 + 4 + 13 = 57 registers (8 blocks by registers), 64 x (32 + 1) + 32 x
+    (64 + 4) floats of bank-padded tiles (16.75 KiB): 13 blocks by shared memory with one buffer,
+    6 with two. The 4096 blocks keep every SM full, so doubling would cost 2 resident blocks and
+    the program runs unpipelined. (128 x 128 x 8 over 8 x 8 tiles, register-limited to 2 blocks
+    with one buffer or two, is pipelined.)"""
+    dev, program = _h100_matmul(4096, 4096, 4096, [(8, 4, 1), (64, 64, 32)])
+    smem, regs = footprint_at(dev, program, 1), registers_per_thread(program, dev)
+    assert (smem, regs) == ((64 * 33 + 32 * 68) * 4, 57)
+    by_threads, by_regs, unit = 2048 // 128, 65536 // (128 * 57), dev.unit_shared_bytes
+    assert blocks_per_unit(program, dev, 1) == (128, min(by_threads, by_regs, 32, unit // smem)) == (128, 8)
+    assert blocks_per_unit(program, dev, 2) == (128, min(by_threads, by_regs, 32, unit // (2 * smem))) == (128, 6)
     assert not pipelined(program, dev) and shared_buffers(program, dev) == 1
+    assert blocks_per_unit(program, dev) == (128, 8)
+    _, square = _h100_matmul(4096, 4096, 4096, [(8, 8, 1), (128, 128, 8)])
+    assert blocks_per_unit(square, dev, 1) == blocks_per_unit(square, dev, 2) == (256, 2) and pipelined(square, dev)
+
+
+# -- occupancy: blocks per unit from threads, registers, shared memory and the block limit ----------
+
+
+def test_registers_per_thread_is_the_register_tile_plus_addressing():
+    """8 x 8 register tile of a matmul: 64 accumulators + 8 + 8 fragment floats (80 registers),
+    a 64-bit address per tensor (3 x 2) and 7 fixed: 93 (ptxas reported 88-92 for such programs on
+    sm_80, see `model.FIXED_REGISTERS`)."""
+    dev = device("v100")
+    program = make_program(TileCalculus(matmul(4096, 4096, 4096)), dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
+    assert registers_per_thread(program, dev) == 64 + 8 + 8 + 3 * 2 + 7 == 93
+
+
+def test_occupancy_register_limited():
+    """V100, 256 threads of 93 registers: 65536 // (256 x 93) = 2 blocks, below 2048 // 256 = 8 by
+    threads, 96 KB // the padded staged tiles by shared memory and the 32-block limit."""
+    dev = device("v100")
+    program = make_program(TileCalculus(matmul(4096, 4096, 4096)), dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
+    smem = footprint_at(dev, program, 1)
+    assert smem >= (128 * 8 + 8 * 128) * 4  # A and B tiles of one shared step, bank padding on top
+    limits = occupancy_limits(program, dev)
+    assert limits == {"threads": 8, "registers": 65536 // (256 * 93), "shared": 98304 // smem, "blocks": 32}
+    assert limits["registers"] == 2 < limits["shared"]
     assert blocks_per_unit(program, dev) == (256, 2)
+
+
+def test_occupancy_shared_limited():
+    """A100, 4 x 4 register tiles in a 64 x 64 block over a K step of 64: 256 threads of
+    16 + 4 + 4 + 13 = 37 registers (65536 // (256 x 37) = 6 blocks), 2048 // 256 = 8 by threads,
+    and staged A and B tiles of 64 x 64 floats, their rows padded by 1 and 4 against bank
+    conflicts: (64 x 65 + 64 x 68) x 4 B = 34048 B, 4 of which fit the SM's 164 KB. Without
+    `shared_bytes_per_unit` one block's 48 KB is the budget: 1."""
+    dev = device("a100")
+    program = make_program(TileCalculus(matmul(1024, 1024, 1024)), dev, [(4, 4, 1), (64, 64, 64)], (True, True), 0.05)
+    assert registers_per_thread(program, dev) == 37
+    assert footprint_at(dev, program, 1) == (64 * 65 + 64 * 68) * 4 == 34048
+    assert occupancy_limits(program, dev) == {"threads": 8, "registers": 6, "shared": 167936 // 34048, "blocks": 32}
+    assert blocks_per_unit(program, dev) == (256, 4)
+    assert blocks_per_unit(program, replace(dev, shared_bytes_per_unit=0)) == (256, 49152 // 34048) == (256, 1)
+
+
+def test_occupancy_thread_limited_and_no_shared_memory_without_staging():
+    """relu on H100 in blocks of 512 threads of one element: 2048 // 512 = 4 blocks by threads;
+    1 + 1 registers of tile + 2 x 2 addresses + 7 = 13 registers (65536 // (512 x 13) = 9); it
+    stages nothing, so shared memory does not limit it."""
+    dev = device("h100")
+    e = fuse_axes(expr("relu", shape=(1024, 1024)))
+    program = make_program(TileCalculus(e), dev, [(1,), (512,)], (True, False), 0.05)
+    assert registers_per_thread(program, dev) == 2 + 2 * 2 + 7
+    assert occupancy_limits(program, dev) == {"threads": 4, "registers": 65536 // (512 * 13), "blocks": 32}
+    assert blocks_per_unit(program, dev) == (512, 4)
+
+
+def test_occupancy_block_limited_and_whole_warps():
+    """Blocks of one warp stop at the SM's resident-block limit (32 on the V100, 16 on the K80:
+    compute capability 3.7) though threads allow 64; a block of 40 threads holds two warps'
+    slots and registers (2048 // 64 = 32 by threads); a spec without a limit has none."""
+    dev = device("v100")
+    e = fuse_axes(expr("relu", shape=(1024, 1024)))
+    one_warp = make_program(TileCalculus(e), dev, [(1,), (32,)], (True, False), 0.05)
+    assert occupancy_limits(one_warp, dev)["threads"] == 64
+    assert blocks_per_unit(one_warp, dev) == (32, 32)
+    assert blocks_per_unit(one_warp, device("k80")) == (32, 16)
+    assert "blocks" not in occupancy_limits(one_warp, replace(dev, max_blocks_per_unit=0))
+    partial = make_program(TileCalculus(e), dev, [(1,), (40,)], (True, False), 0.05)
+    limits = occupancy_limits(partial, dev)
+    assert limits["threads"] == 2048 // 64 and limits["registers"] == 65536 // (64 * registers_per_thread(partial, dev))

@@ -45,6 +45,7 @@ from workbench.codegen.common import (
     producer_names,
     split_by_chain,
 )
+from workbench.codegen.block_order import group_rows
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -192,7 +193,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
     main = sch.get_sblock(expr.main_block)
     producers, epilogues = producer_names(sch, expr), epilogue_names(sch, expr)
     reads = tuple(str(r.source.name) for r in sch.get(main).reads)
-    nest = _tile(sch, main, expr, program, vthreads)
+    nest = _tile(sch, main, expr, program, device, vthreads)
     if expr.reduce:  # partial sums stay in registers; the write-back absorbs the epilogues
         local = sch.cache_write(main, 0, "local")
         flatten_fused_output(sch, main, local, expr)
@@ -274,8 +275,10 @@ def _schedule_cross_thread(expr: TensorExpr, program: RProgram, device: DeviceSp
     return sch
 
 
-def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads: Mapping[str, int]) -> _Nest:
-    """Split every axis by its tile chain, order the levels Roller's way, bind block and threads."""
+def _tile(sch, main, expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads: Mapping[str, int]) -> _Nest:
+    """Split every axis by its tile chain, order the levels Roller's way, bind block and threads.
+    A contraction's grid runs its blocks in grouped order (`block_order.group_rows`: the row
+    axis's grid loop split by the group and reordered around the column axis's before fusion)."""
     unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
     if unknown:
         raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
@@ -287,12 +290,20 @@ def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads: Mapping[str,
             levels.append(_split_virtual(sch, loop, chain, count, axis.name))
         else:
             levels.append(split_by_chain(sch, loop, axis.extent, chain))
+    groups = group_rows(expr, program, device)
+    grid_extents = ((groups.rows, groups.grid_rows), (groups.cols, groups.grid_cols)) if groups else ()
+    if any(_static_extent(sch, levels[a][0]) != n for a, n in grid_extents):
+        groups = None  # a symbolic grid (a Vortex kernel's T * tile): its row count is not known here
     grid, virtual, threads, spatial_regs = [], [], [], []
     for a in expr.spatial:
-        grid.append(levels[a][0])
+        if not groups or a not in (groups.rows, groups.cols):
+            grid.append(levels[a][0])
         virtual.extend(levels[a][1:-2])
         threads.append(levels[a][-2])
         spatial_regs.append(levels[a][-1])
+    if groups:  # (.., i_outer, j, i_inner): G block rows at a time, column by column
+        outer, rows = sch.split(levels[groups.rows][0], factors=[None, groups.group])
+        grid += [outer, levels[groups.cols][0], rows]
     steps = [levels[k][0] for k in expr.reduce]
     inner = [levels[k][1] for k in expr.reduce] + [levels[k][2] for k in expr.reduce]
     order = [*grid, *virtual, *threads, *steps, *inner, *spatial_regs]
@@ -306,6 +317,14 @@ def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads: Mapping[str,
     sch.bind(thread, "threadIdx.x")
     register = [levels[k][2] for k in expr.reduce] + spatial_regs
     return _Nest(thread, tuple(steps), tuple(register))
+
+
+def _static_extent(sch, loop) -> int | None:
+    """A loop's extent when it is a constant, else None."""
+    import tvm
+
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
 
 
 def _split_virtual(sch, loop, chain, count: int, axis: str) -> list:

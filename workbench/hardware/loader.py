@@ -49,7 +49,14 @@ MAX_LAUNCH_US = 10_000.0
 # microseconds (about 2-5 us on recent NVIDIA drivers, more on older GPUs and AMD's HIP); an
 # estimate for a spec that does not say.
 DEFAULT_GPU_LAUNCH_US = 5.0
-_DEVICE_KEYS = ("name", "kind", "vendor", "source", "calibrated", _LAUNCH) + _DEVICE_INTS + _DEVICE_FMA
+# Occupancy limits of a GPU unit (`DeviceSpec.max_blocks_per_unit`, `shared_bytes_per_unit`) and
+# the GPU's L2 (`l2_bytes`). Optional, so that spec files written before the fields load: absent,
+# a unit has no stated block limit, its shared memory is read as one block's
+# (`DeviceSpec.unit_shared_bytes`) and the CUDA template keeps row-major block order. 0 on a CPU.
+_DEVICE_OCCUPANCY = ("max_blocks_per_unit", "shared_bytes_per_unit", "l2_bytes")
+_DEVICE_KEYS = (
+    ("name", "kind", "vendor", "source", "calibrated", _LAUNCH) + _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY
+)
 _LAYER_KEYS = (
     "name",
     "scope",
@@ -61,7 +68,9 @@ _LAYER_KEYS = (
     "bank_width_bytes",
     "source",
 )
-_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + (_LAUNCH, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels")
+_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY + (
+    _LAUNCH, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels"
+)
 _TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "micro_kernels", "target", "layer")
 _DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
 _TILE_SHAPE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)")  # a micro-kernel's rows x columns: "6x16"
@@ -136,6 +145,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     _check_keys(device, _DEVICE_KEYS, "device.")
     ints = {key: _int(device.get(key, _MISSING), f"device.{key}") for key in _DEVICE_INTS}
     ints.update(_fma(device))
+    ints.update(_occupancy(device))
     peak = _gflops(doc, "peak_gflops", required=True)
     tensor_core = _gflops(doc, "tensor_core_gflops", required=False)
     launch_us, launch_note = _launch(device)
@@ -181,6 +191,17 @@ def _fma(device: dict) -> dict[str, int]:
     return values
 
 
+def _occupancy(device: dict) -> dict[str, int]:
+    """max_blocks_per_unit, shared_bytes_per_unit and l2_bytes: integers >= 0 (0 or absent: not
+    stated), 0 on a CPU, whose core runs one work item at a time and has no block-shared memory
+    (its caches are layers)."""
+    values = {key: _int(device.get(key, 0), f"device.{key}", minimum=0) for key in _DEVICE_OCCUPANCY}
+    given = [key for key, value in values.items() if value]
+    if device.get("kind") == "cpu" and given:
+        raise UserError(f"device.{given[0]} describes a GPU: 0 (or absent) on a CPU")
+    return values
+
+
 def _launch(device: dict) -> tuple[float, str]:
     """device.launch_overhead_us, a number in [0, MAX_LAUNCH_US); absent (a spec written before
     the field): the default for the device's kind and a note saying it was assumed."""
@@ -203,6 +224,17 @@ def _check_consistency(spec: DeviceSpec) -> None:
         )
     if spec.registers_per_thread_cap > spec.registers_per_unit:
         raise UserError("device.registers_per_thread_cap must not exceed device.registers_per_unit")
+    if spec.max_blocks_per_unit > spec.max_threads_per_unit:
+        raise UserError(
+            f"device.max_blocks_per_unit ({spec.max_blocks_per_unit}) must not exceed "
+            f"device.max_threads_per_unit ({spec.max_threads_per_unit}): a block has at least one thread"
+        )
+    block_shared = spec.layers[spec.unit_layer_index].capacity_bytes
+    if spec.shared_bytes_per_unit and spec.shared_bytes_per_unit < block_shared:
+        raise UserError(
+            f"device.shared_bytes_per_unit ({spec.shared_bytes_per_unit}) must not be below the unit layer's "
+            f"capacity_bytes ({block_shared}): one block's shared memory is part of its unit's"
+        )
     target_kind = dict(spec.target)["kind"]
     if spec.runs_on_cpu != (target_kind == "llvm"):
         raise UserError(f"target.kind {target_kind!r} does not fit device.kind {spec.kind!r}")
@@ -497,7 +529,7 @@ def _scalar(value: object, field: str) -> None:
 def spec_to_toml(spec: DeviceSpec) -> str:
     """The spec as TOML text that `spec_from_toml_text` reads back to an equal spec."""
     device = [("name", spec.name), ("kind", spec.kind), ("vendor", spec.vendor), ("source", spec.source)]
-    device += [(key, getattr(spec, key)) for key in _DEVICE_INTS + _DEVICE_FMA + (_LAUNCH,)]
+    device += [(key, getattr(spec, key)) for key in _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY + (_LAUNCH,)]
     device += [("calibrated", spec.calibrated)]
     parts = [_section("[device]", device)]
     if spec.sources:

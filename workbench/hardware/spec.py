@@ -90,6 +90,15 @@ class DeviceSpec:
     # the fork and join of its thread pool. A model run one kernel at a time pays it per kernel;
     # Rammer's co-schedule, one rProgram, pays it once (`models.rammer`). 0 in a hand-built spec.
     launch_overhead_us: float = 0.0
+    # GPU units only, 0 where the spec does not say (a CPU; a spec written before the fields):
+    # the thread blocks one unit holds at once at most (32 on NVIDIA compute capability 7.0, 8.0,
+    # 9.0), and the block-shared memory of one unit that its resident blocks share (96 KB on the
+    # V100, against the 48 KB one block may allocate statically: the shared layer's capacity)
+    max_blocks_per_unit: int = 0
+    shared_bytes_per_unit: int = 0
+    # the GPU's L2 cache, shared by all units (bytes; 0 where the spec does not say): what the CUDA
+    # template's grouped block order sizes its groups by (`codegen.block_order`)
+    l2_bytes: int = 0
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
@@ -146,6 +155,13 @@ class DeviceSpec:
         chains in flight (Little's law; why BLAS's AVX2 kernel is 6 x 16 fp32 = 12 ymm
         accumulators). 0 where the spec states no FMA facts (GPUs; a hand-built spec)."""
         return self.fma_latency_cycles * self.fma_pipes if self.runs_on_cpu else 0
+
+    @property
+    def unit_shared_bytes(self) -> int:
+        """Block-shared memory of one unit that its resident blocks share: `shared_bytes_per_unit`,
+        or where the spec does not say, the one block's capacity of the unit layer (as if a unit
+        held no more than one block's worth: the conservative reading)."""
+        return self.shared_bytes_per_unit or self.layers[self.unit_layer_index].capacity_bytes
 
     def is_thread_block_layer(self, layer: int) -> bool:
         """Whether a tile at `layer` is one thread block's work: the last per-unit layer of a

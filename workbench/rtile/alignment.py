@@ -163,6 +163,48 @@ class ExecutionUnitRule:
         return threads % ctx.device.warp_size == 0 or covers
 
 
+class WarpGroupRule:
+    """Execution-unit groups (Roller section 4: a unit's TEU group is its warp schedulers): a GPU
+    block with a thread per output runs a whole number of groups of `teu_per_unit` warps
+    (`block_thread_multiple`: 4 x 32 = 128 threads on NVIDIA V100, A100 and H100, whose SMs
+    have 4 sub-partitions of one warp scheduler each; a wavefront on the MI50, whose group would
+    leave too few block sizes), so that every scheduler gets as many of the block's warps as the
+    others (a 13-warp block gives one scheduler 4 warps and three 3; Roller's model is accurate
+    only from 4 warps a block, section 5, Figure 18, and its artifact requires multiples of 4
+    warps).
+
+    Our reading of where it applies: a block that covers every spatial axis (the whole output
+    in one block) keeps its smaller or uneven size, as `ExecutionUnitRule` lets it skip whole
+    warps: a tiny operator (a 17 x 11 x 3 relu) has no second block to balance against. A
+    cross-thread reduction's block (`cross_thread_axis`: threads along a reduce axis, one block
+    per output, sized by `_reduce_fill` in whole warps) is left to `ExecutionUnitRule`: the
+    artifact builds no such block."""
+
+    name = "warp-group"
+
+    def axis_ok(self, ctx, axis, size):
+        return True
+
+    def tile_ok(self, ctx, tile):
+        device, expr = ctx.device, ctx.expr
+        if not device.is_thread_block_layer(ctx.layer) or cross_thread_axis(expr, device) is not None:
+            return True
+        if all(tile[a] >= expr.axes[a].extent for a in expr.spatial):
+            return True
+        return block_thread_count(expr, device, tile, ctx.upper) % block_thread_multiple(device) == 0
+
+
+def block_thread_multiple(device: DeviceSpec) -> int:
+    """Threads a GPU block's thread count is a multiple of under `WarpGroupRule`: one warp per
+    warp scheduler of a unit (`teu_per_unit` x `warp_size`) where a block's thread cap holds at
+    least four such groups, else a warp. Our bound: four groups leave the construction block
+    sizes to choose from (128 to 512 threads on the NVIDIA presets); the MI50's group, 4 SIMDs x
+    a wavefront of 64, would leave two (256 and 512 of Roller's 512-thread cap: gensor-table4's
+    65536 x 1024 x 4 matmul then had 4 programs), and the paper gives no such rule for it."""
+    group = device.teu_per_unit * device.warp_size
+    return group if 4 * group <= device.max_threads_per_block else device.warp_size
+
+
 class TensorCoreRule(_PerAxis):
     """Tensor cores: where the device has MMA units for the dtype and the operator contracts a
     reduce axis into a 2-D output (matmul-like), the top-layer tile is one warp's fragment tile
@@ -225,7 +267,9 @@ def _whole_tiles_exist(ctx: AlignContext, axis: int) -> bool:
     return any(extent % s == 0 and TransactionRule().axis_ok(ctx, axis, s) for s in sizes)
 
 
-RULES: tuple[Rule, ...] = (TensorShapeRule(), TransactionRule(), ExecutionUnitRule(), TensorCoreRule(), TailRule())
+RULES: tuple[Rule, ...] = (
+    TensorShapeRule(), TransactionRule(), ExecutionUnitRule(), WarpGroupRule(), TensorCoreRule(), TailRule()
+)
 
 
 def leading_axis(tensor) -> int | None:
@@ -580,11 +624,11 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 
 
 def resident_block_limit(device: DeviceSpec) -> int | None:
-    """Thread blocks one unit holds at most at once, or None where the spec gives no such limit:
-    32 on NVIDIA GPUs (compute capability 7.0, 8.0 and 9.0; CUDA C++ Programming Guide,
-    technical specifications per compute capability; 16 on 8.6 and 24 on 8.9, which no preset
-    is). Other vendors' limits are not in the specs: none is assumed."""
-    return 32 if device.launches_thread_blocks and device.vendor == "nvidia" else None
+    """Thread blocks one unit holds at most at once (the spec's `max_blocks_per_unit`: 32 on
+    NVIDIA compute capability 7.0, 8.0 and 9.0, 24 on 8.9, 16 on 3.7 and 8.7; CUDA C++
+    Programming Guide, technical specifications per compute capability), or None where the spec
+    gives no such limit (the MI50's: AMD states resident wavefronts, not workgroups)."""
+    return device.max_blocks_per_unit if device.launches_thread_blocks and device.max_blocks_per_unit else None
 
 
 def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1, across: int | None = None) -> int:
@@ -693,21 +737,27 @@ def _per_axis_start(ctx: AlignContext, rules) -> Tile | None:
 @lru_cache(maxsize=4096)
 def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     """The spatial sizes of the smallest GPU block tile over `ctx.upper` that the per-axis rules
-    accept and whose threads come in whole warps (or that covers every spatial axis: one block
-    for the whole operator); None when there is none within a block's thread limit.
+    accept and whose threads come in whole warps, in whole groups of `teu_per_unit` warps where
+    `rules` hold `WarpGroupRule` (or that covers every spatial axis: one block for the whole
+    operator); None when there is none within a block's thread limit.
 
     Each spatial axis takes a multiple m of its upper size that every per-axis rule accepts; the
     block runs prod(m) threads (x the lanes sharing a fragment). Thread counts are tried in
-    increasing multiples of a warp, and at each every way of writing the count as such a product
-    (a few dozen: the factors divide it), so a zero-waste block is found whenever one exists:
-    a conv's 26 x 26 output takes 2 x 2 threads and its 128 filters 8 (filling the warp along
-    the innermost axes alone, 16 x 2, would pad 26 to 32). Among blocks of as many threads our
-    choice is the least padding of the spatial axes, then the most threads along the innermost
-    axes (contiguous data), as the single-path fill did."""
+    increasing multiples of that group, and at each every way of writing the count as such a
+    product (a few dozen: the factors divide it), so a zero-waste block is found whenever one
+    exists: a conv's 26 x 26 output takes 2 x 2 threads, its 128 filters 16 and its 128 images
+    2 (filling the threads along the innermost axes alone would pad 26). Among blocks of as many
+    threads our choice is the least padding of the spatial axes, then the least traffic to the
+    layer below (`traffic_bytes`: Roller's data reuse; a 4-warp matmul block of 8 x 8 register
+    tiles is then 8 x 16 threads, a 64 x 128 tile, not 1 x 128, an 8 x 1024 tile reading 5.4x
+    the bytes per output: 1/8 + 1/1024 against 1/64 + 1/128 per step of K), then the most
+    threads along the innermost axes (contiguous data), as the single-path fill did."""
     spatial, upper = ctx.expr.spatial, ctx.upper
     rooms = [ceil(ctx.expr.axes[a].extent / upper[a]) for a in spatial]
     lanes = tile_lanes(ctx.expr, ctx.device)
-    need = max(1, ctx.device.warp_size // lanes)  # threads per warp, a fragment tile counting as a warp
+    grouped = any(isinstance(r, WarpGroupRule) for r in rules)
+    group = block_thread_multiple(ctx.device) if grouped else ctx.device.warp_size
+    need = max(1, group // lanes)  # threads per group of warps, a fragment tile counting as a warp
     accepted: dict[tuple[int, int], bool] = {}
 
     def ok(i: int, m: int) -> bool:
@@ -719,8 +769,16 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     def waste(ms) -> float:
         return prod(ceil(ctx.expr.axes[a].extent / (m * upper[a])) * m * upper[a] / ctx.expr.axes[a].extent for a, m in zip(spatial, ms))
 
+    calc = calculus(ctx.expr)
+
+    def traffic(ms) -> int:
+        tile = list(upper)
+        for a, m in zip(spatial, ms):
+            tile[a] = m * upper[a]
+        return calc.traffic_bytes(tuple(tile))
+
     def key(ms) -> tuple:
-        return (prod(ms), waste(ms), tuple(-m for m in reversed(ms)))
+        return (prod(ms), waste(ms), traffic(ms), tuple(-m for m in reversed(ms)))
 
     most = max(need, ctx.device.max_threads_per_block // lanes)
     cover = tuple(rooms) if prod(rooms) <= most and all(ok(i, m) for i, m in enumerate(rooms)) else None

@@ -1,5 +1,5 @@
 """Which GPU programs the CUDA templates software-pipeline: one rule, read by the templates
-(`codegen.cuda`, `codegen.cuda_mma`), which annotate the loop, and by the model
+(`codegen.cuda`, `codegen.cuda_mma`, `codegen.cuda_conv`), which annotate the loop, and by the model
 (`rtile.model.gpu_stages`, `blocks_per_unit`), which overlaps the stages and counts the shared
 buffers accordingly. Pure: no TVM.
 
