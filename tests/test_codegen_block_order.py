@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import device, expr, matmul
 from workbench.codegen.block_order import BlockGroups, contraction_axes, group_rows, grouped_position
 from workbench.codegen.build import build_kernel
+from workbench.codegen.cuda_mma import unsupported
 from workbench.codegen.nvcc import compile_ptx, nvcc_path, ptx_arch
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.rprogram import make_program
@@ -96,3 +97,45 @@ def test_grouped_kernel_compiles_with_nvcc():
         pytest.skip("nvcc not found")
     result = compile_ptx(grouped_source(), ptx_arch("sm_70"))
     assert result.ok, result.error
+
+
+@cache
+def grouped_wmma_source() -> str:
+    """A float16 matmul 4096 x 256 x 4096 on the V100's tensor cores in 64 x 64 blocks: a grid of
+    64 x 4, A panels of 64 x 4096 halves (512 KiB), 6 of which fit half the 6 MiB L2, so groups of
+    4 block rows (the largest divisor of 64 up to 6)."""
+    dev = device("v100")
+    e = fuse_axes(expr("matmul", "float16", M=4096, N=256, K=4096))
+    p = make_program(TileCalculus(e), dev, [(32, 32, 16), (64, 64, 32)], (True, True), 0.05)
+    assert unsupported(e, p, dev) is None  # the WMMA template takes it
+    assert group_rows(e, p, dev) == BlockGroups(0, 1, 4, 64, 4)
+    built = build_kernel(e, p, dev)
+    assert built.ok, built.error
+    assert "nvcuda::wmma::mma_sync" in built.source
+    return built.source
+
+
+def test_wmma_source_maps_block_index_to_grouped_positions():
+    """The WMMA template's index arithmetic: A's rows start at ((bx >> 4) x 4 + (bx & 3)) x 64
+    rows of 4096 halves, the output's columns at ((bx & 15) >> 2) x 64, i.e. i = bx // 16 x 4 +
+    bx % 4 and j = bx // 4 % 4: `grouped_position`, checked over every block index."""
+    source = grouped_wmma_source()
+    rows = "(((((int)blockIdx.x) >> 4) * 1048576) + ((((int)blockIdx.x) & 3) * 262144))"
+    out_rows = "(((((int)blockIdx.x) >> 4) * 65536) + ((((int)blockIdx.x) & 3) * 16384))"  # C: rows of 256
+    cols = "(((((int)blockIdx.x) & 15) >> 2) * 64)"
+    assert rows in source and out_rows in source and cols in source
+    assert not re.search(r"blockIdx\.x\) (/|%) ", source)
+    groups = BlockGroups(0, 1, 4, 64, 4)
+    for bx in range(64 * 4):
+        row_start = (bx >> 4) * 1048576 + (bx & 3) * 262144  # elements of A: rows x 4096
+        col_start = ((bx & 15) >> 2) * 64
+        assert (row_start // (64 * 4096), col_start // 64) == grouped_position(bx, groups)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_grouped_wmma_kernel_compiles_with_nvcc(arch):
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    result = compile_ptx(grouped_wmma_source(), ptx_arch(arch))
+    assert result.ok, result.error
+    assert "wmma.mma.sync" in result.ptx

@@ -20,6 +20,8 @@ from workbench.codegen.rules import apply_rules
 from workbench.codegen.template import ScheduleError
 from workbench.construct.stepper import construct
 from workbench.ops.expr_lang import build_expr
+from workbench.rtile.pipeline import pipelined
+from workbench.rtile.rprogram import footprint_at
 
 GPUS = ("v100", "a100", "h100")  # sm_70, sm_80, sm_90a
 CASES = {
@@ -178,3 +180,29 @@ def test_vthreads_are_refused_on_the_wmma_path():
     with pytest.raises(ScheduleError, match="vthreads"):
         fused, program = candidate("h100", "square")
         apply_rules(fused, replace(program, vthreads=(("j", 2),)), device("h100"))
+
+
+@pytest.mark.parametrize(
+    "gpu, shape",
+    [
+        ("a100", dict(M=4096, N=4096, K=4096)),  # padded 128 x 192 grids staged 51 KB of output
+        ("h100", dict(M=4096, N=4096, K=4096)),  # 512 x 128 blocks: rows of 16 halves padded to 24
+        ("h100", dict(M=65536, N=1024, K=4096)),
+        ("v100", dict(M=128, N=3072, K=768)),  # BERT-base feed-forward up-projection
+    ],
+)
+def test_every_top_wmma_program_fits_the_shared_memory_the_construction_counted(gpu, shape):
+    """The construction's shared footprint of a WMMA program (`rtile.wmma_shared`) is what the
+    template allocates: once, or (pipelined) the input tiles twice, within the block's limit, so
+    every top-10 program schedules (they asked for 58-150 KB of the 48 KiB before)."""
+    spec = device(gpu)
+    built = construct(expr("matmul", "float16", **shape), spec)
+    limit = spec.target_dict()["max_shared_memory_per_block"]
+    for c in built.candidates[:10]:
+        assert unsupported(built.expr, c.program, spec) is None
+        used = gpu_resources(apply_rules(built.expr, c.program, spec)[1], spec).shared_bytes
+        counted = footprint_at(spec, c.program, 1)
+        if pipelined(c.program, spec):
+            assert counted < used <= 2 * counted <= limit
+        else:
+            assert used == counted <= limit

@@ -2,10 +2,11 @@
 
 A tensor-core rProgram's top tile is one warp's fragment tile (`rtile.alignment.mma_axes`), its
 shared tile one thread block, so every spatial axis splits into (grid, warps, warp tile) and the
-reduce axis into (shared steps, fragment steps, fragment tile). Grid loops are fused and bound
-to `blockIdx.x`, warp loops to `threadIdx.y`, a warp's 32 lanes are `threadIdx.x`. At every
-shared step all warps copy the block's A and B tiles into shared memory (vectorised, rows padded
-against bank conflicts); at every fragment step a warp loads its A and B fragments
+reduce axis into (shared steps, fragment steps, fragment tile). Grid loops are fused, in grouped
+order (`block_order.group_rows`), and bound to `blockIdx.x`, warp loops to `threadIdx.y`, a
+warp's 32 lanes are `threadIdx.x`. At every shared step all warps copy the block's A and B tiles
+into shared memory (vectorised, rows padded against bank conflicts: `rtile.wmma_shared`, whose
+bytes the construction counts); at every fragment step a warp loads its A and B fragments
 (`wmma.matrix_a` / `wmma.matrix_b`) and multiplies them into accumulator fragments
 (`wmma.accumulator`) that live across the whole reduction; then it stores them to the output.
 Where `rtile.pipeline.pipelined` says so the shared copies are double-buffered cp.async copies
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from functools import cache
 from math import prod
 
+from workbench.codegen.block_order import group_rows
 from workbench.codegen.common import axis_loops, epilogue_names, new_schedule, producer_names
 from workbench.codegen.cuda import pipeline_shared_copies
 from workbench.codegen.template import ScheduleError
@@ -38,14 +40,11 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import mma_axes
 from workbench.rtile.pipeline import pipelined
 from workbench.rtile.rprogram import RProgram
+from workbench.rtile.wmma_shared import plain_dims, row_alignment
 
 WARP, BLOCK = 0, 1  # layer indices of a tensor-core rProgram: (warp fragment tile, thread-block tile)
 FRAGMENT = 16  # the m, n and k of TVM 0.27's float16 WMMA intrinsics
 COPY_BYTES = 16  # widest CUDA access (uint4): one copy lane moves at most 16 bytes
-# A WMMA load reads its fragment 8 rows of 16 bytes at a time; a row stride of an odd number of
-# 16-byte groups puts those 8 rows in 8 different 16-byte groups of the 128-byte bank row (and
-# keeps every row 16-byte aligned, as `load_matrix_sync`'s ldm and vector copies need).
-BANK_GROUP_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def matmul_layout(expr: TensorExpr, device: DeviceSpec) -> MatmulLayout | None:
     if mma is None or len(expr.inputs) != 2 or len(expr.reduce) != 1:
         return None
     i, j, k = mma
-    dims = [_plain_dims(t) for t in expr.tensors]
+    dims = [plain_dims(t) for t in expr.tensors]
     if None in dims or dims[-1][-2:] != (i, j):
         return None
     batch = dims[-1][:-2]
@@ -86,17 +85,6 @@ def matmul_layout(expr: TensorExpr, device: DeviceSpec) -> MatmulLayout | None:
         return None
     (a, a_trans), (b, b_trans) = found["a"], found["b"]
     return MatmulLayout(i, j, k, batch, a, b, a_trans, b_trans)
-
-
-def _plain_dims(access) -> tuple[int, ...] | None:
-    """The axis indexing each dimension, when each is one axis with coefficient 1 and no offset."""
-    out = []
-    for coeffs, const in access.index:
-        used = [a for a, c in enumerate(coeffs) if c]
-        if const or len(used) != 1 or coeffs[used[0]] != 1:
-            return None
-        out.append(used[0])
-    return tuple(out)
 
 
 def unsupported(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> str | None:
@@ -182,7 +170,7 @@ def schedule_wmma(expr: TensorExpr, program: RProgram, device: DeviceSpec):
         trans_b=layout.b_trans,
     )
     operands = _operand_buffers(sch, main)
-    nest = _tile(sch, main, expr, program, layout)
+    nest = _tile(sch, main, expr, program, layout, device)
     threads = (warp_count(expr, program), device.warp_size)
     for buffer, trans, load in zip(operands, (layout.a_trans, False), ("load_a", "load_b")):
         shared = _stage_in_shared(sch, nest, buffer, trans, threads)
@@ -244,21 +232,31 @@ def _operand_buffers(sch, main) -> tuple[str, str]:
     return _loaded(product.a), _loaded(product.b)
 
 
-def _tile(sch, main, expr: TensorExpr, program: RProgram, layout: MatmulLayout) -> _Nest:
+def _tile(sch, main, expr: TensorExpr, program: RProgram, layout: MatmulLayout, device: DeviceSpec) -> _Nest:
     """Split spatial axes into (grid, warps, warp tile) and k into (shared steps, fragment
     steps, warp tile); cut i, j and k's warp tiles into 16-wide fragments; blockize the 16x16x16
-    multiply; bind the grid to blockIdx.x and the warps to threadIdx.y."""
+    multiply; bind the grid to blockIdx.x and the warps to threadIdx.y. The grid runs its blocks
+    in grouped order (`block_order.group_rows`, as the CUDA-core template: i's grid loop split by
+    the group and reordered around j's before fusion)."""
     loops = axis_loops(sch, main, expr)
     warp, block = program.tiles[WARP], program.tiles[BLOCK]
+    groups = group_rows(expr, program, device)
     grid, warps, batch = [], [], []
     for a in expr.spatial:
         outer, across, inside = _split3(sch, loops[a], block[a] // warp[a], warp[a])
-        grid.append(outer)
+        if groups and a == groups.rows:
+            i_outer, i_inner = sch.split(outer, [None, groups.group])
+        elif not groups or a != groups.cols:
+            grid.append(outer)
+        else:
+            j_outer = outer
         warps.append(across)
         if a not in (layout.i, layout.j):
             batch.append(inside)
         else:
             loops[a] = inside
+    if groups:  # (batch.., i_outer, j, i_inner): G block rows at a time, column by column
+        grid += [i_outer, j_outer, i_inner]
     k = layout.k
     steps, fragment_steps, loops[k] = _split3(sch, loops[k], block[k] // warp[k], warp[k])
     pieces = {a: sch.split(loops[a], [None, FRAGMENT]) for a in (layout.i, layout.j, k)}
@@ -285,7 +283,7 @@ def _stage_in_shared(sch, nest: _Nest, buffer: str, trans: bool, threads: tuple[
     rank, itemsize = len(written.shape), written.dtype.bits // 8
     if trans:
         sch.transform_layout(cache, ("write", 0), lambda *d: (*d[:-2], d[-1], d[-2]))
-    sch.storage_align(cache, 0, rank - 2, *_row_alignment(itemsize))
+    sch.storage_align(cache, 0, rank - 2, *row_alignment(itemsize))
     copy = _loops_below(sch, cache, nest.steps)
     row = int(sch.get(copy[-1]).extent)
     source = sch.get(cache).reads[0].source
@@ -316,7 +314,7 @@ def _write_back(sch, nest: _Nest, staged: bool, consumers, lanes: int, intrin: s
     stored = sch.get(accumulator).writes[0].source
     tiles = _tensorize_tiles(sch, accumulator, intrin)
     # aligned on the tensorized block, the one that writes the buffer when TVM lowers it
-    sch.storage_align(tiles, 0, len(stored.shape) - 2, *_row_alignment(stored.dtype.bits // 8))
+    sch.storage_align(tiles, 0, len(stored.shape) - 2, *row_alignment(stored.dtype.bits // 8))
     name = sch.get(shared).name_hint
     for consumer in consumers:  # pad_einsum's unpadding copy, then the expression's epilogues
         sch.reverse_compute_inline(sch.get_sblock(consumer))
@@ -348,12 +346,6 @@ def _spread(sch, fused, threads: tuple[int, int], width: int) -> None:
     sch.bind(x, "threadIdx.x")
     if width > 1:
         sch.vectorize(vector)
-
-
-def _row_alignment(itemsize: int) -> tuple[int, int]:
-    """`storage_align` (factor, offset): rows an odd number of 16-byte groups long."""
-    group = BANK_GROUP_BYTES // itemsize
-    return 2 * group, group
 
 
 def _vector_width(itemsize: int, global_row: int, copy_row: int) -> int:

@@ -23,6 +23,7 @@ from workbench.rtile.alignment import (
     cross_thread_axis, is_micro_kernel_layer, micro_kernel_registers, mma_axes, tile_lanes,
 )
 from workbench.rtile.traffic import TileCalculus, bank_padding, calculus
+from workbench.rtile.wmma_shared import wmma_shared_bytes
 
 Tile = tuple[int, ...]
 
@@ -137,10 +138,14 @@ def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Ti
     over the lanes of a warp, so its per-thread share is what counts. A CPU core's register tile
     is counted in whole vector registers, the micro-kernel's loads and broadcast included
     (`alignment.micro_kernel_registers`): a 6 x 16 fp32 AVX2 tile takes 15 ymm = 480 B, not the
-    scalar bytes of its data tiles.
+    scalar bytes of its data tiles. A block's shared tile of a program the WMMA template builds
+    is what that template allocates (`wmma_shared.wmma_shared_bytes`: fragment-aligned rows, the
+    staged output of a padded grid).
     """
     if is_micro_kernel_layer(device, layer):
         return micro_kernel_registers(calc.expr, device, tile) * device.register_bytes
+    if device.is_block_shared(layer) and (wmma := wmma_shared_bytes(calc.expr, device, tile)) is not None:
+        return wmma  # what the WMMA template allocates (rtile.wmma_shared), not bank-padded data tiles
     total = calc.footprint_bytes(tile, padding, holds_output(device, layer))
     return ceil(total / tile_lanes(calc.expr, device)) if layer == 0 else total
 
