@@ -1,5 +1,5 @@
 """Grouped block order (codegen/block_order.py): the group size's closed form, the mapping of
-`blockIdx.x` to grid positions is a permutation, and the CUDA template emits that mapping."""
+`blockIdx.x` to grid positions is a permutation, and both CUDA templates (CUDA cores, WMMA) emit it."""
 
 from __future__ import annotations
 

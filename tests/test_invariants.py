@@ -30,6 +30,7 @@ from workbench.hardware.detect import build_local_spec, detect_local_cpu, parse_
 from workbench.hardware.loader import list_presets, spec_from_toml_text, spec_to_toml
 from workbench.ops.tensor_expr import Axis, TensorAccess, TensorExpr
 from workbench.rtile.alignment import AlignContext, is_aligned, mma_axes
+from workbench.rtile.wmma_shared import wmma_shared_bytes
 
 WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))
 # The workloads that broke the register capacity on an AVX2 CPU (issue 12), and one of each
@@ -150,8 +151,12 @@ def workloads(draw):
 def staged_bytes(e, dev, layer: int, tile, padding) -> int:
     """Bytes one tile occupies at `layer`: the data tile of every input, stored with its bank
     padding on the contiguous dimension, and the output tile except in a GPU block's shared
-    memory (partial sums stay in registers). A tensor-core fragment is spread over a warp."""
+    memory (partial sums stay in registers). A tensor-core fragment is spread over a warp. A
+    block of the WMMA template stores what that template allocates (`rtile.wmma_shared`, checked
+    against TVM's lowered allocation in tests/test_codegen_cuda_mma.py)."""
     keep_output = not (dev.kind == "gpu" and dev.layers[layer].scope == "unit")
+    if not keep_output and (wmma := wmma_shared_bytes(e, dev, tile)) is not None:
+        return wmma
     total = 0
     for t, tensor in enumerate(e.tensors):
         if tensor.role == "input" or keep_output:

@@ -1,4 +1,4 @@
-"""L2-friendly block order for the CUDA template: grouped ordering of a 2-D output grid.
+"""L2-friendly block order for the CUDA templates (CUDA cores and WMMA): grouped ordering of a 2-D output grid.
 
 A contraction C[.., i, j] = sum_k A[.., i, k] * B[.., k, j] tiled into a grid of Gi x Gj blocks
 launches them in the order of `blockIdx.x`. Row-major (the plain fusion of the grid loops) runs
