@@ -1,7 +1,7 @@
 """The CUDA templates' software pipeline and register staging (issue 16): on sm_80+ a program
 whose innermost shared-step loop runs at least twice double-buffers its shared tiles and copies
-them with cp.async one step ahead (prologue, steady state, epilogue); on sm_70 and for one-step
-programs nothing changes; the CUDA-core template stages each thread's fragments in `local`
+them with cp.async one step ahead (prologue, steady state, epilogue), on sm_70 through registers
+(register prefetch); for one-step programs nothing changes; the CUDA-core template stages each thread's fragments in `local`
 arrays. No GPU here: these check the source, the shared-memory count, a serial run on this CPU
 and nvcc / ptxas, not the speed."""
 
@@ -23,7 +23,7 @@ from workbench.codegen.verify import check_output
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
-from workbench.rtile.pipeline import pipelined, shared_steps
+from workbench.rtile.pipeline import pipelined, prefetch_registers, register_prefetch, shared_steps
 from workbench.rtile.rprogram import footprint_at, make_program
 from workbench.rtile.traffic import TileCalculus
 
@@ -52,7 +52,8 @@ def test_the_rule_pipelines_staged_multi_step_programs_on_sm80_and_later():
     fused, program = pinned()
     assert shared_steps(program, device("h100")) == 6
     assert pipelined(program, device("h100")) and pipelined(program, device("a100"))
-    assert not pipelined(program, device("v100"))  # sm_70: no cp.async
+    assert pipelined(program, device("v100")) and register_prefetch(program, device("v100"))  # sm_70
+    assert not register_prefetch(program, device("h100"))
     one_step = _gpu_program(fused, dict(CHAINS, k=(1, 72)), True)
     assert shared_steps(one_step, device("h100")) == 1 and not pipelined(one_step, device("h100"))
     assert not pipelined(replace(program, cached=(True, False)), device("h100"))  # stages nothing
@@ -86,26 +87,49 @@ def test_pipelined_source_doubles_the_shared_tiles_and_copies_a_step_ahead():
 
 
 def test_unpipelined_programs_keep_one_buffer_and_plain_copies():
-    text = source("v100")
-    assert "A_shared_ptr[384]" in text and "B_shared_ptr[192]" in text
-    assert "cp.async" not in text and "for (int k_0 = 0; k_0 < 6; ++k_0)" in text
     one_step = tuple(dict(CHAINS, k=(1, 72)).items())
-    assert "cp.async" not in source("h100", MATMUL, one_step)
+    for gpu in ("h100", "v100"):
+        text = source(gpu, MATMUL, one_step)
+        assert "A_shared_ptr[2304]" in text and "B_shared_ptr[1152]" in text  # 32 x 72 and 72 x 16, once
+        assert "cp.async" not in text and "float4 A_shared_local_ptr" not in text
+
+
+def test_v100_prefetches_the_next_step_in_registers_around_the_compute():
+    """sm_70 (no cp.async): each thread loads its share of step s + 1's tiles into registers
+    (3 float4 of the 32 x 12 A tile, 2 of the 12 x 16 B tile, 32 threads), computes step s from
+    one shared buffer, then stores the registers into the other."""
+    text = source("v100")
+    assert "cp.async" not in text
+    assert "float4 A_shared_local_ptr[3];" in text and "float4 B_shared_local_ptr[2];" in text
+    assert "A_shared_ptr[768]" in text and "B_shared_ptr[384]" in text  # two buffers of each tile
+    prologue, rest = text.split("for (int k_0 = 0; k_0 < 5; ++k_0)")
+    steady, epilogue = rest.split("\n  }\n  __syncthreads();")
+    load, compute_and_store = steady.split("__syncthreads();", 1)
+    assert re.search(r"A_shared_local_ptr\[\w+\] = \*\(float4\*\)\(A_ptr", load)  # step s + 1's global loads
+    assert "A_shared_ptr +" not in load and "C_local_ptr" not in load  # before any FMA or shared store
+    compute, store = compute_and_store.split("__syncthreads();")
+    assert "C_local_ptr[15] = (C_local_ptr[15] +" in compute and "A_shared_local_ptr[" not in compute
+    assert "((k_0 + 1) & 1) * 384) +" in store and "= A_shared_local_ptr[" in store  # registers to buffer s + 1
+    assert "C_local_ptr" not in store
+    # TVM's ThreadSync keeps a barrier between the compute of step s and the store of step s + 1
+    # (it cannot tell the two buffers apart): two barriers a steady step, not the one they need
+    assert steady.count("__syncthreads();") == 2
+    assert "A_ptr" not in epilogue  # the last step only computes
 
 
 def test_register_tiles_multiply_fragments_staged_in_local_arrays():
-    for gpu, bodies in (("v100", 1), ("h100", 2)):  # the loop body; on h100 the pipeline's epilogue too
+    for gpu in ("v100", "h100"):  # the loop body and the pipeline's epilogue
         text = source(gpu)
-        assert re.search(r"float A_shared_local_ptr\[4\];", text)  # a thread's 4 rows of A
-        assert re.search(r"float B_shared_local_ptr\[4\];", text)  # and its 4 columns of B
+        assert re.search(r"float A_shared_local_ptr(_\d)?\[4\];", text)  # a thread's 4 rows of A
+        assert re.search(r"float B_shared_local_ptr(_\d)?\[4\];", text)  # and its 4 columns of B
         products = re.findall(r"C_local_ptr\[\d+\] = \(C_local_ptr\[\d+\] \+ \((\w+)\[\d+\] \* (\w+)\[\d+\]\)\)", text)
-        assert len(products) == bodies * 16  # the unrolled 4 x 4 tile
+        assert len(products) == 2 * 16  # the unrolled 4 x 4 tile
         assert all(a.startswith("A_shared_local_ptr") and b.startswith("B_shared_local_ptr") for a, b in products)
 
 
 def test_the_block_limit_check_counts_both_buffers():
     fused, program = pinned()
-    for gpu, copies in (("h100", 2), ("v100", 1)):
+    for gpu, copies in (("h100", 2), ("v100", 2)):
         spec = device(gpu)
         used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
         assert used.shared_bytes == copies * footprint_at(spec, program, 1) == copies * (384 + 192) * 4
@@ -151,24 +175,26 @@ def test_the_implicit_gemm_conv_pipelines_its_gather_and_weight_copies():
     assert re.search(r"for \(int (\w+) = 0; \1 < 8; \+\+\1\)", built.source) and WAIT_ONE in built.source
     # the padding's zeros come from the predicated copy's other arm, not from stale shared memory
     assert "@!p st.shared.u32" in built.source
-    assert not pipelined(program, device("v100"))
-    assert "cp.async" not in build_kernel(fused, program, device("v100")).source
+    assert register_prefetch(program, device("v100"))
+    text = build_kernel(fused, program, device("v100")).source
+    assert "cp.async" not in text and "pad_reindex_shared_ptr[320]" in text and "float pad_reindex_shared_local_ptr" in text
 
 
+@pytest.mark.parametrize("gpu", ["h100", "v100"])
 @pytest.mark.parametrize("case", ["matmul", "prime", "conv", "conv-gemm"])
-def test_a_pipelined_kernel_run_serially_on_this_cpu_matches_numpy(case, monkeypatch):
+def test_a_pipelined_kernel_run_serially_on_this_cpu_matches_numpy(case, gpu, monkeypatch):
     """The pipelined schedule (prologue, steady state, epilogue, two buffers) with its threads
     serial, compiled by LLVM for this CPU: the copies synchronous (the cp.async stage is a CUDA
     lowering; LLVM has no barrier for it), the stage structure and the buffer indexing TVM's."""
     from tvm import s_tir
 
     fused, program = {"matmul": pinned, "prime": lambda: pinned(PRIME), "conv": conv, "conv-gemm": conv_gemm}[case]()
-    assert pipelined(program, device("h100"))
+    assert pipelined(program, device(gpu)) and register_prefetch(program, device(gpu)) == (gpu == "v100")
     annotate = s_tir.Schedule.annotate
     monkeypatch.setattr(s_tir.Schedule, "annotate", lambda self, loop, key, value: None
                         if key == "software_pipeline_async_stages" else annotate(self, loop, key, value))
     inputs = random_inputs(fused, seed=0)
-    check = check_output(fused, inputs, run_serially(fused, program, device("h100"), inputs))
+    check = check_output(fused, inputs, run_serially(fused, program, device(gpu), inputs))
     assert check.correct, check.error
 
 
@@ -227,6 +253,28 @@ def test_matmul_4096_top1_on_h100_does_not_spill():
     assert kernel.ok, kernel.error
     assert "float A_shared_local_ptr[8];" in kernel.source and "float B_shared_local_ptr[8];" in kernel.source
     result = compile_ptx(kernel.source, spec.target_dict()["arch"])
+    assert result.ok, result.error
+    report = result.ptxas_report
+    assert report.spill_store_bytes == report.spill_load_bytes == report.stack_bytes == 0
+
+
+def test_matmul_4096_on_v100_prefetches_without_spilling():
+    """nvcc 13 has no sm_70: the sm_75 PTX of the V100 kernels (no cp.async either). The top 1
+    (64 x 128 x 8 blocks of 4 x 8 register tiles) is not pipelined: its prefetch registers would
+    cost a resident block; the first candidate that is pipelined is compiled, and the pinned
+    matmul, prime and conv kernels."""
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    spec = device("v100")
+    built = construct(expr("matmul", "float32", M=4096, N=4096, K=4096), spec)
+    assert not register_prefetch(built.candidates[0].program, spec)
+    program = next(c.program for c in built.candidates if register_prefetch(c.program, spec))
+    for result in compile_ptx_many([source("v100"), source("v100", PRIME), build_kernel(*conv(), spec).source], "sm_75"):
+        assert result.ok and result.ptxas_report.spill_store_bytes == 0, result.error
+    kernel = build_kernel(built.expr, program, spec)
+    assert kernel.ok, kernel.error
+    assert "ptx_cp_async" not in kernel.source and re.search(r"float4? A_shared_local_ptr\[\d+\];", kernel.source)
+    result = compile_ptx(kernel.source, "sm_75")
     assert result.ok, result.error
     report = result.ptxas_report
     assert report.spill_store_bytes == report.spill_load_bytes == report.stack_bytes == 0

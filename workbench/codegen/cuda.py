@@ -10,7 +10,8 @@ fetch), each thread copies the fragments its register tile reads from shared mem
 (`cache_write` to `local`), and the register tile is fully unrolled so nvcc keeps it in
 registers. Where `rtile.pipeline.pipelined` says so (sm_80+, at least two shared steps, two
 buffers fit a block) the shared copies are double-buffered and asynchronous (cp.async), a step
-ahead of the compute (`pipeline_shared_copies`). Programs with `cached[1]` False (no reuse:
+ahead of the compute (`pipeline_shared_copies`); on sm_70 through registers instead
+(`prefetch_in_registers`). Programs with `cached[1]` False (no reuse:
 elementwise, most reductions) read their inputs straight from global memory.
 
 Tiles that do not divide an extent are realised by predicated splits: the tail block computes
@@ -50,13 +51,14 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import cross_thread_axis, mma_axes
-from workbench.rtile.pipeline import pipelined, pipelined_axis
+from workbench.rtile.pipeline import pipelined, pipelined_axis, register_prefetch
 from workbench.rtile.rprogram import RProgram
 
 REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
 # TVM lowers the pipelined copies' async scopes to cp.async only under this pass config
 # (`InjectPTXAsyncCopy` in tvm.s_tir.pipeline); kernels without async scopes are unchanged by it
 ASYNC_COPY_CONFIG = {"tirx.use_async_copy": True}
+LOCAL_STAGE = "tirx.manifest_shared_memory_local_stage"  # TVM's annotation of a copy through registers
 VECTOR_WIDTHS = (4, 2)  # lanes of a cooperative copy; 16 B (float4) is the widest CUDA access
 
 
@@ -134,6 +136,10 @@ def gpu_resources(sch, device: DeviceSpec) -> GpuResources:
         s_tir.transform.LowerInitBlock(),
         s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
         s_tir.transform.ConvertBlocksToOpaque(),
+        # a register prefetch's local stage (its copies' thread loops lifted first, as TVM's
+        # lowering does); only there: lifting the threads reshapes a WMMA kernel's pipeline body
+        *([s_tir.transform.LiftThreadBinding(), s_tir.transform.ManifestSharedMemoryLocalStage()]
+          if _has_local_stage(sch) else []),
         s_tir.transform.CompactBufferAllocation(),
         s_tir.transform.LowerMatchBuffer(),  # tensorized (WMMA) blocks bind their operands this way
         s_tir.transform.InjectSoftwarePipeline(),  # a pipelined program's shared buffers double
@@ -149,6 +155,17 @@ def gpu_resources(sch, device: DeviceSpec) -> GpuResources:
         shared_bytes=int(sizes.get("shared", 0)),
         local_bytes=int(sizes.get("local", 0)),
     )
+
+
+def _has_local_stage(sch) -> bool:
+    """Whether a shared copy of the schedule goes through registers (`prefetch_in_registers`)."""
+    blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    while blocks:
+        block = blocks.pop()
+        if LOCAL_STAGE in sch.get(block).annotations:
+            return True
+        blocks.extend(sch.get_child_blocks(block))
+    return False
 
 
 def _limit(device: DeviceSpec, key: str) -> int:
@@ -207,7 +224,8 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
             if not any(expr.axes[a].fused_from for a in range(len(expr.axes)) if expr.tensors[tensor].uses_axis(a)):
                 _stage_fragment(sch, main, copies[-1], nest)
         if pipelined(program, device):
-            pipeline_shared_copies(sch, _copy_loop(expr, program, device, nest), len(copies))
+            loop = _copy_loop(expr, program, device, nest)
+            pipeline_shared_copies(sch, loop, len(copies), register_prefetch(program, device))
     for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the main block
         sch.compute_inline(sch.get_sblock(name))
     for loop in nest.register:
@@ -361,6 +379,8 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     else:
         _, thread = sch.split(fused, factors=[None, threads])
     sch.bind(thread, "threadIdx.x")
+    if register_prefetch(program, device):
+        prefetch_in_registers(sch, cache)
     return cache
 
 
@@ -387,7 +407,18 @@ def _stage_fragment(sch, main, copy, nest: _Nest) -> None:
     _unroll_below(sch, fragment, step)
 
 
-def pipeline_shared_copies(sch, steps, copies: int) -> None:
+def prefetch_in_registers(sch, copy) -> None:
+    """Register prefetch (`rtile.pipeline.register_prefetch`, sm_70): the shared copy `copy`
+    goes through a `local` array, each thread loading its elements from global memory into
+    registers, then storing them into shared memory, two statements that the pipeline places
+    apart (`pipeline_shared_copies`); its shared buffer is doubled though the store of step
+    s + 1 follows the compute of step s (TVM's `tirx.manifest_shared_memory_local_stage` and
+    `double_buffer_scope`, as TVM's own dlight matmul schedule uses them)."""
+    sch.annotate(copy, LOCAL_STAGE, 1)
+    sch.annotate(copy, "double_buffer_scope", 0)
+
+
+def pipeline_shared_copies(sch, steps, copies: int, prefetch: bool = False) -> None:
     """Double-buffer the shared copies (`rtile.pipeline.pipelined` says which programs): the
     body of the shared-step loop `steps` is the copies, then the compute; the copies run one
     step ahead (stage 0) of the compute (stage 1), in program order. TVM's
@@ -397,10 +428,25 @@ def pipeline_shared_copies(sch, steps, copies: int) -> None:
     stores become `cp.async` (sm_80+), committed as one group a step; the compute of step s
     waits only for the group of step s (`cp.async.wait_group 1`), so the copy of step s + 1
     is in flight while it runs. Without `cp.async` the copy's loads would stall each thread
-    before the barrier that precedes the compute, and nothing would overlap."""
+    before the barrier that precedes the compute, and nothing would overlap: with `prefetch`
+    (sm_70, `prefetch_in_registers`) each copy is a load into registers (stage 0, before the
+    compute) and a store into the other shared buffer (stage 0, ordered after the compute of
+    step s), so the loads of step s + 1 are in flight while step s computes. TVM's ThreadSync
+    puts a barrier before the compute and another before the stores (it cannot prove the two
+    buffers apart), where the double buffers would need only the first."""
+    if prefetch:
+        sch.annotate(steps, "software_pipeline_stage", [0] * (2 * copies) + [1])
+        sch.annotate(steps, "software_pipeline_order", [*_prefetch_order(copies), copies])
+        return
     sch.annotate(steps, "software_pipeline_stage", [0] * copies + [1])
     sch.annotate(steps, "software_pipeline_order", list(range(copies + 1)))
     sch.annotate(steps, "software_pipeline_async_stages", [0])
+
+
+def _prefetch_order(copies: int) -> list[int]:
+    """Order of the (load, store) pairs of a register-prefetch step body in the pipeline: every
+    load first (0 .. copies - 1), then the compute (`copies`), then the stores."""
+    return [n for c in range(copies) for n in (c, copies + 1 + c)]
 
 
 def _template_shape(shape, template: tuple) -> tuple:

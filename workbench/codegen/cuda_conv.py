@@ -42,13 +42,14 @@ from workbench.codegen.cuda import (
     check_gpu_program,
     lane_program,
     pipeline_shared_copies,
+    prefetch_in_registers,
     within_block_limits,
 )
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.gemm_view import GemmView, view_of
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.pipeline import pipelined
+from workbench.rtile.pipeline import pipelined, register_prefetch
 from workbench.rtile.rprogram import RProgram
 
 
@@ -81,7 +82,10 @@ def gemm_schedule(view: GemmView, program: RProgram, device: DeviceSpec):
         align = _bank_alignment(expr, program, device, t, expr.tensors[t].shape)
         _cooperative(sch, copy, steps, block_threads(expr, program, device), align)
     if pipelined(program, device):  # one reduce axis (k): its step loop is the one pipelined
-        pipeline_shared_copies(sch, steps, 2)
+        prefetch = register_prefetch(program, device)
+        for copy in (a_copy, b_copy) if prefetch else ():
+            prefetch_in_registers(sch, copy)
+        pipeline_shared_copies(sch, steps, 2, prefetch)
     for name in reversed(producers):  # `pad` folds into the gather
         primitive(f"inline producer {name}", sch.compute_inline, sch.get_sblock(name))
     for loop in register:

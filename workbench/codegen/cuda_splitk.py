@@ -52,7 +52,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import cross_thread_axis
-from workbench.rtile.pipeline import pipelined, pipelined_axis
+from workbench.rtile.pipeline import pipelined, pipelined_axis, register_prefetch
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 
 FINAL_THREADS = 128  # threads per block of the final pass: 4 warps, the multiple issue 16 asks for
@@ -112,7 +112,8 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
         for copy in copies:
             _stage_fragment(sch, rf, copy, nest)  # no fused axes here (`split_axis`)
         if pipelined(program, device):
-            pipeline_shared_copies(sch, _copy_loop(expr, program, device, nest), len(copies))
+            loop = _copy_loop(expr, program, device, nest)
+            pipeline_shared_copies(sch, loop, len(copies), register_prefetch(program, device))
     for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the partial sums
         sch.compute_inline(sch.get_sblock(name))
     for loop in nest.register:

@@ -48,7 +48,7 @@ from workbench.rtile.alignment import (
     accumulators, block_thread_count, cross_thread_axis, lane_axis, mma_axes, partial_sums, resident_block_limit,
     simd_vectors,
 )
-from workbench.rtile.pipeline import pipelined, shared_buffers
+from workbench.rtile.pipeline import STAGES, async_copies, pipelined, prefetch_registers, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
 
@@ -126,13 +126,18 @@ ADDRESS_REGISTERS_PER_TENSOR = 2
 FIXED_REGISTERS = 7
 
 
-def registers_per_thread(program: RProgram, device: DeviceSpec) -> int:
+def registers_per_thread(program: RProgram, device: DeviceSpec, buffers: int | None = None) -> int:
     """32-bit registers one GPU thread needs: its register tile (the output's accumulators and
     the input fragments one reduce step holds, `footprint_at` the top layer: a warp's share of a
     tensor-core fragment tile) plus addressing (`ADDRESS_REGISTERS_PER_TENSOR` x tensors +
-    `FIXED_REGISTERS`)."""
+    `FIXED_REGISTERS`), plus `pipeline.prefetch_registers` where the staged tiles are double
+    buffered (`buffers`, default `pipeline.shared_buffers`) without `cp.async` (sm_70: the
+    next step's tiles pass through the thread's registers, `pipeline.register_prefetch`)."""
     tile = ceil(footprint_at(device, program, 0) / device.register_bytes)
-    return tile + ADDRESS_REGISTERS_PER_TENSOR * len(program.expr.tensors) + FIXED_REGISTERS
+    base = tile + ADDRESS_REGISTERS_PER_TENSOR * len(program.expr.tensors) + FIXED_REGISTERS
+    if async_copies(device) or (buffers or shared_buffers(program, device)) < STAGES:
+        return base
+    return base + prefetch_registers(program, device)
 
 
 def block_shared_bytes(program: RProgram, device: DeviceSpec, buffers: int | None = None) -> int:
@@ -159,7 +164,7 @@ def occupancy_limits(program: RProgram, device: DeviceSpec, buffers: int | None 
     lanes = ceil(threads / device.warp_size) * device.warp_size
     limits = {
         "threads": device.max_threads_per_unit // lanes,
-        "registers": device.registers_per_unit // (lanes * registers_per_thread(program, device)),
+        "registers": device.registers_per_unit // (lanes * registers_per_thread(program, device, buffers)),
     }
     shared = block_shared_bytes(program, device, buffers)
     if shared:

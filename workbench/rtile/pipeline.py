@@ -7,7 +7,10 @@ A pipelined program double-buffers its shared-memory tiles: the block copies the
 of shared step s + 1 into one pair of buffers while it computes step s from the other (TVM's
 `InjectSoftwarePipeline`: a prologue copies step 0, the steady state runs copy(s + 1) with
 compute(s), an epilogue computes the last step). The copies are `cp.async`, so a thread's
-compute of step s runs while its copy of step s + 1 is in flight.
+compute of step s runs while its copy of step s + 1 is in flight. Without `cp.async` (sm_70)
+the copy goes through registers (`register_prefetch`): a thread loads its share of step s + 1's
+tiles from global memory into `local` arrays, computes step s from one shared buffer, then
+stores the registers into the other, so its global loads are in flight during the compute.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 from math import ceil
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.alignment import cross_thread_axis
-from workbench.rtile.rprogram import RProgram, footprint_at
+from workbench.rtile.alignment import block_thread_count, cross_thread_axis, mma_axes
+from workbench.rtile.rprogram import RProgram, footprint_at, layer_footprint
+from workbench.rtile.traffic import calculus
 
 STAGES = 2  # copy of step s + 1, compute of step s: two buffers of every staged input
 ASYNC_ARCH = 80  # cp.async: sm_80 (Ampere) and later
@@ -52,6 +56,28 @@ def async_copies(device: DeviceSpec) -> bool:
     return target.get("kind") == "cuda" and arch.startswith("sm_") and bool(digits) and int(digits) >= ASYNC_ARCH
 
 
+def cuda_target(device: DeviceSpec) -> bool:
+    """Whether the device's TVM target is CUDA (the templates' software pipeline is CUDA's)."""
+    return device.target_dict().get("kind") == "cuda"
+
+
+def register_prefetch(program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the templates pipeline `program` through registers: pipelined on a device without
+    `cp.async` (sm_70)."""
+    return not async_copies(device) and pipelined(program, device)
+
+
+def prefetch_registers(program: RProgram, device: DeviceSpec) -> int:
+    """32-bit registers the register prefetch adds to a thread: its share of one step's staged
+    input tiles (`layer_footprint` at the shared layer without bank padding, which is not
+    loaded) over the block's threads, rounded up. Our count: the copies' split rounds each
+    input's share up to whole vectors, at most a vector more per input."""
+    unit = device.unit_layer_index
+    tiles = layer_footprint(calculus(program.expr), device, unit, program.tiles[unit])
+    threads = block_thread_count(program.expr, device, program.unit_tile, program.register_tile)
+    return ceil(tiles / (threads * device.register_bytes))
+
+
 def shared_limit(device: DeviceSpec) -> int:
     """Shared bytes one block may allocate: the TVM target's per-block limit where it states one,
     else the shared layer's capacity (as `codegen.cuda.within_block_limits` checks)."""
@@ -62,14 +88,16 @@ def shared_limit(device: DeviceSpec) -> int:
 def pipelined(program: RProgram, device: DeviceSpec) -> bool:
     """Whether the CUDA templates double-buffer `program`'s shared tiles: a two-layer GPU program
     with reduce axes that stages its inputs in shared memory, is not a cross-thread reduction
-    (its threads split the reduce axis; `cross_thread_axis`), runs on a device with
-    asynchronous copies (`async_copies`: without them TVM's pipeline keeps a barrier between a
-    thread's copy of step s + 1 and its compute of step s, so a block still serialises them and
-    the doubled buffers would only cost occupancy), has a shared-step loop that runs at least
+    (its threads split the reduce axis; `cross_thread_axis`), runs on a CUDA target
+    (copying with `cp.async` on sm_80+, through registers before: `register_prefetch`; a
+    synchronous copy of step s + 1 before the compute of step s would stall each thread on its
+    loads, and the doubled buffers would only cost occupancy), has a shared-step loop that runs at least
     twice (`shared_steps`; a single step has nothing to overlap), whose doubled input tiles
     (`footprint_at` the shared layer, bank padding included) fit one block's shared memory,
     and for which they cost no resident blocks (`model.resident_blocks`, with one buffer and
-    with two): with as many blocks resident the pipelined time max(inner, global) is never
+    with two, the latter with the prefetch registers where there is no `cp.async`:
+    `model.registers_per_thread`; a tensor-core program, or one with fused axes, pipelines
+    on sm_80+ only): with as many blocks resident the pipelined time max(inner, global) is never
     above the unpipelined one (`model.gpu_stages`), where fewer blocks would cost latency
     hiding and bytes in flight that the model prices (a matmul's or a conv's top 1 on the
     H100 predicted up to 1.5x slower when doubled tiles halved its blocks)."""
@@ -79,8 +107,10 @@ def pipelined(program: RProgram, device: DeviceSpec) -> bool:
     unit = device.unit_layer_index
     if not program.cached[unit] or cross_thread_axis(expr, device) is not None:
         return False
-    if not async_copies(device) or shared_steps(program, device) < STAGES:
+    if not cuda_target(device) or shared_steps(program, device) < STAGES:
         return False
+    if not async_copies(device) and (mma_axes(expr, device) is not None or _boxed_copy(expr)):
+        return False  # the WMMA template (`codegen.cuda_mma`) has no register prefetch
     if STAGES * footprint_at(device, program, unit) > shared_limit(device):
         return False
     # the model imports this module: its occupancy is read at call time
@@ -88,6 +118,15 @@ def pipelined(program: RProgram, device: DeviceSpec) -> bool:
 
     resident = [resident_blocks(program, device, blocks_per_unit(program, device, n)[1]) for n in (1, STAGES)]
     return resident[1] == resident[0]
+
+
+def _boxed_copy(expr) -> bool:
+    """Whether the CUDA-core template copies a fused axis's tile as a box of whole rows (issue
+    12): larger than `footprint_at` counts, so two of them can overflow a block that the rule
+    admits. The implicit-GEMM conv (`ops.gemm_view`) copies its own tiles exactly."""
+    from workbench.ops.gemm_view import view_of
+
+    return any(a.fused_from for a in expr.axes) and view_of(expr) is None
 
 
 def shared_buffers(program: RProgram, device: DeviceSpec) -> int:
