@@ -235,7 +235,7 @@ def test_the_wmma_template_pipelines_its_shared_copies():
     assert pipelined(program, spec)
     text = _wmma_kernel().source
     assert WAIT_ONE in text and "nvcuda::wmma::mma_sync" in text
-    # 32 x 32 block tiles of A (i, k) and B (k, j), rows padded to 40 halves (`_row_alignment`), twice
+    # 32 x 32 block tiles of A (i, k) and B (k, j), rows padded to 40 halves (`rtile.wmma_shared.row_alignment`), twice
     assert "half A_shared_ptr[2560];" in text and "half B_shared_ptr[2560];" in text
     used = gpu_resources(apply_rules(fused, program, spec)[1], spec)
     assert used.shared_bytes == 2 * 2 * 32 * 40 * 2
