@@ -417,11 +417,13 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
     cuda_mma.py) overlap them. Inside a step, a warp's register-tile reads from shared memory
     feed its own FMAs (no barrier between warps), so the other warps of its scheduler hide them
     (`overlapped` over `warps_per_scheduler`). A pipelined program (`pipeline.pipelined`)
-    copies step s + 1 from global memory with `cp.async` while it computes step s, so a block's
-    step takes the longer of the two: max(inner, global) (the prologue's copy and the
-    epilogue's compute, one step each, are not counted; nor that a copy TVM cannot issue as
-    cp.async, a WMMA program's transposing or zero-filling one, stays a synchronous store in
-    the pipeline). An unpipelined one copies a shared
+    copies step s + 1 from global memory while it computes step s (`cp.async` on sm_80+; on
+    sm_70 a register prefetch whose loads are issued before the compute and stored to shared
+    memory after it), so a block's step takes the longer of the two: max(inner, global) (the
+    prologue's copy and the epilogue's compute, one step each, are not counted; nor the sm_70
+    prefetch's store after the compute, nor that a copy TVM cannot issue as cp.async, a WMMA
+    program's transposing or zero-filling one, stays a synchronous store in the pipeline). An
+    unpipelined one copies a shared
     step's tiles, waits at __syncthreads, computes on them, waits again, so within a block the
     copy and the compute serialise and only the other resident blocks of the unit overlap them
     (`overlapped` over `resident_blocks`). A program that stages nothing reads global memory
