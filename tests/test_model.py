@@ -83,8 +83,10 @@ def check_consistent(calc, dev, program, est):
         def hide(a, b, agents):  # each agent runs its share of a then b; the pipes bound both
             return max(a, b, (a + b) / max(1, agents))
 
-        if program.cached[dev.unit_layer_index]:  # a block copies, syncs, then computes
-            shared = loads.get(dev.layers[dev.unit_layer_index].name, 0.0)
+        shared = loads.get(dev.layers[dev.unit_layer_index].name, 0.0)
+        if program.cached[dev.unit_layer_index] and pipelined(program, dev):  # step s + 1's copy under step s
+            unit_time = max(hide(est.compute_seconds, shared, warps), glob)
+        elif program.cached[dev.unit_layer_index]:  # a block copies, syncs, then computes
             unit_time = hide(hide(est.compute_seconds, shared, warps), glob, resident)
         else:
             unit_time = hide(est.compute_seconds, glob, warps)
@@ -188,6 +190,16 @@ def matmul_program(draw):
         tiles.append(tile)
     cached = (True,) + tuple(draw(st.booleans()) for _ in tiles[1:])
     return calc, dev, make_program(calc, dev, tiles, cached, 0.05)
+
+
+def test_a_pipelined_v100_program_keeps_the_estimates_relations():
+    """The example hypothesis found once the V100 pipelined through registers: matmul 64^3 in
+    8 x 8 x 1 blocks of one-element register tiles, staged, is pipelined, and its time is
+    max(compute and shared hidden by the warps, global), not the unpipelined composition."""
+    dev, calc = device("v100"), TileCalculus(matmul(64, 64, 64))
+    program = make_program(calc, dev, [(1, 1, 1), (8, 8, 1)], (True, True), 0.05)
+    assert pipelined(program, dev) and register_prefetch(program, dev)
+    check_consistent(calc, dev, program, estimate(program, dev))
 
 
 @settings(max_examples=120, deadline=None)
