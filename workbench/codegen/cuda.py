@@ -297,17 +297,7 @@ def _tile(sch, main, expr: TensorExpr, program: RProgram, device: DeviceSpec, vt
     """Split every axis by its tile chain, order the levels Roller's way, bind block and threads.
     A contraction's grid runs its blocks in grouped order (`block_order.group_rows`: the row
     axis's grid loop split by the group and reordered around the column axis's before fusion)."""
-    unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
-    if unknown:
-        raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
-    levels = []
-    for a, (axis, loop) in enumerate(zip(expr.axes, axis_loops(sch, main, expr))):
-        chain = axis_chain(program, a)
-        count = vthreads.get(axis.name, 1)
-        if count > 1:
-            levels.append(_split_virtual(sch, loop, chain, count, axis.name))
-        else:
-            levels.append(split_by_chain(sch, loop, axis.extent, chain))
+    levels = split_levels(sch, axis_loops(sch, main, expr), expr, program, vthreads)
     groups = group_rows(expr, program, device)
     grid_extents = ((groups.rows, groups.grid_rows), (groups.cols, groups.grid_cols)) if groups else ()
     if any(_static_extent(sch, levels[a][0]) != n for a, n in grid_extents):
@@ -343,6 +333,24 @@ def _static_extent(sch, loop) -> int | None:
 
     extent = sch.get(loop).extent
     return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
+
+
+def split_levels(sch, loops, expr: TensorExpr, program: RProgram, vthreads: Mapping[str, int]) -> list:
+    """Every axis's loop of `loops` split by its tile chain (`levels[axis][level]`, outermost
+    first), a spatial axis with virtual threads as `_split_virtual` splits it; ScheduleError
+    for virtual threads along an axis that is not spatial."""
+    unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
+    if unknown:
+        raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
+    levels = []
+    for a, (axis, loop) in enumerate(zip(expr.axes, loops)):
+        chain = axis_chain(program, a)
+        count = vthreads.get(axis.name, 1)
+        if count > 1:
+            levels.append(_split_virtual(sch, loop, chain, count, axis.name))
+        else:
+            levels.append(split_by_chain(sch, loop, axis.extent, chain))
+    return levels
 
 
 def _split_virtual(sch, loop, chain, count: int, axis: str) -> list:

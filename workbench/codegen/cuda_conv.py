@@ -25,24 +25,22 @@ where the padding does not spread them: the model does not price that (docs/arch
 from __future__ import annotations
 
 from workbench.codegen.common import (
-    axis_chain,
     epilogue_names,
     inline_epilogues,
     new_schedule,
     primitive,
     producer_names,
-    split_by_chain,
 )
 from workbench.codegen.cuda import (
     _bank_alignment,
     _depth,
-    _split_virtual,
     _unroll_below,
     block_threads,
     check_gpu_program,
     lane_program,
     pipeline_shared_copies,
     prefetch_in_registers,
+    split_levels,
     within_block_limits,
 )
 from workbench.codegen.template import ScheduleError
@@ -167,19 +165,7 @@ def _tile(sch, main, expr: TensorExpr, program: RProgram):
     loops). Order: grid m, n; [vthreads;] threads m, n; k steps; k register steps; register
     tiles k, m, n (Roller's order, as `codegen.cuda` tiles a matmul)."""
     vthreads = dict(program.vthreads)
-    unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
-    if unknown:
-        raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
-    loops = sch.get_loops(main)
-    levels = []
-    for a, (axis, loop) in enumerate(zip(expr.axes, loops)):
-        chain = axis_chain(program, a)
-        count = vthreads.get(axis.name, 1)
-        if count > 1:
-            levels.append(_split_virtual(sch, loop, chain, count, axis.name))
-        else:
-            levels.append(split_by_chain(sch, loop, axis.extent, chain))
-    m, n, k = levels
+    m, n, k = split_levels(sch, sch.get_loops(main), expr, program, vthreads)
     virtual = [*m[1:-2], *n[1:-2]]
     order = [m[0], n[0], *virtual, m[-2], n[-2], k[0], k[1], k[2], m[-1], n[-1]]
     sch.reorder(*order)
