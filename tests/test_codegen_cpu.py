@@ -407,3 +407,32 @@ def test_a_convolution_vectorises_its_filters_from_packed_panels(spec):
     assert script.index("T.parallel") < script.index('T.sblock("kernel_global")')
     narrow = schedule_cpu(e, _program(e, dict(chains, f=(8, 32, 32))), spec).mod.script()
     assert ("kernel_global" in narrow) == (spec.warp_size == 8)
+
+
+@pytest.mark.parametrize("rows, attached", [((4, 12, 12), False), ((7, 14, 14), True)], ids=["12-row", "14-row"])
+def test_a_multi_block_epilogue_is_correct_on_tiles_that_straddle_fused_rows(rows, attached, tmp_path):
+    """mlp_dynamic's layer norm at batch 3, seq 7 (21 rows fused from 3 x 7) on 16 lanes, as
+    local-cpu constructs it on AVX-512. One tile's lane sums are an interval of the flattened
+    partial sums; the mean, variance and normalisation index rows as (3, 7), so on 12-row tiles
+    (no box) they run after the grid and on 14-row tiles (whole rows of 7) under it. Attached
+    under 12-row tiles, rows 7-11 were off by up to 0.26: the second tile computed their mean
+    from lane sums the first had not finished."""
+    from tests.test_models_pick import SAMPLES
+    from workbench.models.execute import measure_operator, model_inputs, operator_references
+    from workbench.models.model import construct_model
+    from workbench.models.onnx_import import import_model
+    from workbench.profile.runner import Timing
+    from workbench.profile.session import build_library
+
+    mc = construct_model(import_model(SAMPLES / "mlp_dynamic.onnx", {"batch": 3, "seq": 7}), device(CPU))
+    (op,) = [r for r in mc.results if r.operator.func_name == "layer_norm"]
+    e = op.construction.expr
+    program = _program(e, {"ax0ax1": rows, "k2": (32, 128, 128)})
+    script = schedule_cpu(e, program, TINY_CPU).mod.script()
+    assert "lv5_sum_rf_local = T.sblock_alloc_buffer((T.int64(21), T.int64(32))" in script
+    assert ("ax0_0" in _block(script, "T_layer_norm")) is attached
+    built = build_library(e, program, TINY_CPU, 1, 0.0, str(tmp_path / "k.so"))
+    assert built.ok, built.error
+    args, expected = operator_references(mc.model, mc.device, model_inputs(mc.model, 0))["layer_norm"]
+    got = measure_operator(built, args, expected, Timing(repeat=1, min_repeat_ms=0))
+    assert got.correct, got.error

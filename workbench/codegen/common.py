@@ -7,6 +7,7 @@ be realised. Loops are `LoopRV`s, blocks `SBlockRV`s, listed outermost first.
 
 from __future__ import annotations
 
+from math import prod
 from typing import Sequence
 
 from workbench.codegen.template import ScheduleError
@@ -121,20 +122,22 @@ def axis_loops(sch, block, expr: TensorExpr) -> list:
     return list(sch.get_loops(block))
 
 
-def flatten_fused_output(sch, block, writeback, expr: TensorExpr) -> None:
+def flatten_fused_output(sch, block, writeback, expr: TensorExpr, trailing: int = 0) -> None:
     """Lay the accumulator that `block` writes (a `cache_write` buffer, read by `writeback`) out
     along the fused axes, and let `writeback` iterate over the same fused index.
 
     Call it after `cache_write` and before `reverse_compute_at(writeback, ...)`, on a block
     whose iterators `axis_loops` fused: for the reason given there, a tile of a fused axis is a
     box only in the fused layout, so the write-back of one tile copies exactly that tile's
-    outputs. A no-op when no output dimension is fused.
+    outputs. `trailing` dimensions after the output's (rfactor's vector lanes) are kept as
+    they are; `writeback` None when it already iterates over the fused index. A no-op when no
+    output dimension is fused.
     """
     groups = _fused_groups(expr)
     if all(n == 1 for n in groups):
         return
     shape = tuple(int(s) for s in sch.get(block).writes[0].source.shape)
-    if sum(groups) != len(shape):
+    if sum(groups) + trailing != len(shape):
         raise ScheduleError(f"output dims {list(shape)} do not match the fused output {list(expr.output.shape)}")
 
     def linear(*index):
@@ -145,11 +148,46 @@ def flatten_fused_output(sch, block, writeback, expr: TensorExpr) -> None:
                 flat = flat * shape[m] + index[m]
             out.append(flat)
             d += n
-        return tuple(out)
+        return tuple(out) + tuple(index[d:])
 
     index_map = _index_map(sch, block, linear, len(shape))
     primitive("lay out the accumulator along the fused axes", sch.transform_layout, block, ("write", 0), index_map)
-    primitive("iterate the write-back over the fused axes", sch.transform_block_layout, writeback, index_map)
+    if writeback is not None:
+        primitive("iterate the write-back over the fused axes", sch.transform_block_layout, writeback, index_map)
+
+
+def fused_tiles_are_boxes(expr: TensorExpr, program: RProgram, shape: Sequence[int]) -> bool:
+    """Whether every top-level tile of every fused output axis covers a box of the unfused
+    output `shape`: then a block that indexes the output dimension by dimension (an epilogue
+    that `axis_loops` did not fuse, layer norm's mean) computes exactly one tile's elements
+    when attached under the tile's loop. Otherwise TVM widens its region to the enclosing box,
+    and tiles run in parallel would compute each other's elements from partial inputs.
+
+    A tile of t elements of an axis fused from extents e_0..e_(n-1) is a box at every offset
+    (t-aligned, the last one cut at the end) when, for some k, t is a multiple of
+    P = e_(k+1) * .. * e_(n-1) (whole rows of the dimensions inside k) and either k = 0 or t
+    divides e_k * P (rows do not straddle dimension k-1), dimensions of extent 1 left out; or
+    when one tile covers the whole axis."""
+    d = 0
+    for (coeffs, const), n in zip(expr.output.index, _fused_groups(expr)):
+        if n > 1:
+            axis = next(a for a, c in enumerate(coeffs) if c)
+            if not _tile_is_box(int(axis_chain(program, axis)[-1]), [int(e) for e in shape[d:d + n]]):
+                return False
+        d += n
+    return True
+
+
+def _tile_is_box(tile: int, extents: Sequence[int]) -> bool:
+    extents = [e for e in extents if e > 1]  # a dimension of one index never widens a box
+    if tile >= prod(extents):  # one tile: the whole box
+        return True
+    inner = 1
+    for k in reversed(range(len(extents))):
+        if tile % inner == 0 and (k == 0 or (inner * extents[k]) % tile == 0):
+            return True
+        inner *= extents[k]
+    return False
 
 
 def _index_map(sch, block, fn, ndim: int):

@@ -156,14 +156,24 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, device: DeviceSpec, axi
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
     # the lanes as the partial sums' last dimension: one vector per output, contiguous
     factor_dim = len(sch.get(block).writes[0].source.shape)
+    shape = tuple(sch.get(block).writes[0].source.shape)
     partial = common.primitive("split the lanes off", sch.rfactor, levels[axis][-1], factor_dim)
     common.primitive("accumulate lanes locally", sch.set_scope, partial, 0, "local")
+    # the lane-sum iterates the fused index already; laid out along it, the partial sums of one
+    # tile are an interval, so the lane-sum attached under the tile reads only that tile's
+    common.flatten_fused_output(sch, partial, None, expr, trailing=1)
     # the loop handles now name the lane-sum's loops; the partial sums own the tiled nest
     loops = sch.get_loops(partial)
     _micro_kernel(sch, loops[-len(levels):], loops[-1], simd_lanes(device, expr.output.itemsize),
                   _reduce_positions(expr, levels, order))
     if grid is not None:
-        for final in (block, *(sch.get_sblock(name) for name in epilogues)):
+        # Epilogues index the output dimension by dimension (layer norm's mean, variance and
+        # normalisation): attached under a tile they span the enclosing box, which on a tile
+        # that is no box holds elements a parallel tile is still summing (mlp_dynamic's layer
+        # norm at batch 3, seq 7 on 12-row tiles of 21 was wrong). There they stay after the
+        # grid, one pass over the whole output.
+        attached = epilogues if common.fused_tiles_are_boxes(expr, program, shape) else ()
+        for final in (block, *(sch.get_sblock(name) for name in attached)):
             common.primitive("sum the lanes per tile", sch.reverse_compute_at, final, loops[0], True)
     # counted from the innermost loop: fusing the grid shortened the nest at its outer end
     first_reduce = loops[len(loops) - len(order) + order.index(levels[expr.reduce[0]][0])]
