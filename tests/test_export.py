@@ -375,6 +375,21 @@ def test_a_cpu_bundle_rebuilds_from_its_manifest_byte_for_byte(case, foreign, tm
     assert _rebuilt_sources(path) == sources
 
 
+def test_tbaa_names_taken_from_addresses_are_renamed_with_their_access_widths():
+    """What the byte-for-byte rebuild rests on, on any CPU: AVX-512 convolutions give a buffer's
+    TBAA node per vector width (`<address>.w64.b0`), named after an address of the compiling
+    process, as plain nodes are."""
+    from workbench.codegen.build import _stable_ir
+
+    def ir(a, b):
+        return (f'!1 = !{{!"{a}", !9, i64 0}}\n!2 = !{{!"{a}.w64.b0", !3, i64 0}}\n'
+                f'!3 = !{{!"{a}.w128.b0", !4, i64 0}}\n!5 = !{{!"{b}.w16.b64", !6, i64 0}}\n')
+
+    first, second = _stable_ir(ir("0x55e879cd30d0", "0x55e879cd4000")), _stable_ir(ir("0x55f3d4d70720", "0x55f3d4d7a000"))
+    assert first == second and "0x" not in first
+    assert '"tvm-tbaa-buffer-0.w128.b0"' in first and '"tvm-tbaa-buffer-1.w16.b64"' in first
+
+
 @lru_cache(maxsize=None)
 def _markov_gpu():
     """A Markov candidate for a V100 with virtual threads (as in tests/test_profile_session.py)."""

@@ -25,8 +25,10 @@ ENTRY = "main"  # the PrimFunc's global symbol: the function name inside the bui
 # TVM names each buffer's TBAA type node in the LLVM IR after the address of a buffer object in
 # the compiling process (`!{!"0x55d1c0a2b3c0", !53, i64 0}`), so two builds of one program differ
 # there and nowhere else. `_stable_ir` renames them in order of appearance, one name per address
-# (the alias sets stay as they were), so a rebuild gives the same IR text, byte for byte.
-_TBAA_ADDRESS = re.compile(r'!"(0x[0-9a-f]+)"')
+# (the alias sets stay as they were), so a rebuild gives the same IR text, byte for byte. A
+# buffer accessed in vectors gets a node per access width too, named after the same address
+# (`0x55e879cd30d0.w64.b0`, seen on AVX-512 convolutions); the suffix is kept.
+_TBAA_ADDRESS = re.compile(r'!"(0x[0-9a-f]+)((?:\.w[0-9]+\.b[0-9]+)?)"')
 
 
 @dataclass(frozen=True)
@@ -132,4 +134,5 @@ def _sources(executable, target: dict) -> tuple[tuple[str, str], ...]:
 def _stable_ir(text: str) -> str:
     """LLVM IR with TVM's per-process TBAA node names replaced by stable ones (`_TBAA_ADDRESS`)."""
     names: dict[str, str] = {}
-    return _TBAA_ADDRESS.sub(lambda m: '!"' + names.setdefault(m.group(1), f"tvm-tbaa-buffer-{len(names)}") + '"', text)
+    return _TBAA_ADDRESS.sub(
+        lambda m: '!"' + names.setdefault(m.group(1), f"tvm-tbaa-buffer-{len(names)}") + m.group(2) + '"', text)
