@@ -17,14 +17,18 @@ from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import block_thread_count, cross_thread_axis, partial_sums
 from workbench.hardware.spec import MicroKernel
+from workbench.rtile import model
 from workbench.rtile.model import (
     accumulator_home,
+    accumulator_steps,
     blocks_per_unit,
     bytes_in_flight,
     cache_traffic,
     compute_efficiency,
     estimate,
+    GUARDED_MICRO_KERNEL,
     gpu_stages,
+    guard_slowdown,
     is_compute_bound,
     is_load_hidden,
     load_coverage,
@@ -33,6 +37,7 @@ from workbench.rtile.model import (
     occupancy_limits,
     reachable_gbps,
     registers_per_thread,
+    scattered_inputs,
     source_layer,
     step_loads,
     tree_reduction_seconds,
@@ -102,8 +107,10 @@ def check_consistent(calc, dev, program, est):
     for layer, tile in enumerate(program.tiles):
         if program.cached[layer]:
             src = dev.layers[source_layer(program, layer, len(dev.layers))].name
-            # Q(tile), or less where a CPU cache tile's neighbours share (closed forms below)
-            assert cache_traffic(program, dev, layer) <= calc.traffic_bytes(tile)
+            # Q(tile), or less where a CPU cache tile's neighbours share (closed forms below);
+            # a CPU cache layer counts the inputs read an element at a time in whole lines
+            lines = (dev.layers[layer].transaction_bytes, scattered_inputs(calc.expr, dev))
+            assert cache_traffic(program, dev, layer) <= calc.traffic_bytes(tile, *lines if dev.kind == "cpu" and layer else ())
             # plus, for a GPU register tile read straight from global memory, the sectors its
             # uncoalesced loads waste (closed forms below)
             wasted = uncoalesced_bytes(program, dev) if layer == 0 else 0
@@ -111,7 +118,7 @@ def check_consistent(calc, dev, program, est):
     if dev.kind == "cpu" and len(program.tiles) > 1 and calc.expr.reduce:
         home = dev.layers[accumulator_home(program, dev)].name
         lanes = partial_sums(calc.expr, dev, program.tiles[0])  # closed forms in test_alignment
-        moved[home] = moved.get(home, 0) + calc.accumulator_bytes(program.tiles[0], program.tiles[1], lanes)
+        moved[home] = moved.get(home, 0) + calc.accumulator_bytes(program.tiles[0], accumulator_steps(program), lanes)
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
@@ -743,8 +750,11 @@ def test_cpu_cache_tiles_share_with_their_neighbours_what_one_step_leaves_in_the
     assert cache_traffic(fits, TINY_CPU, 1) < calc.traffic_bytes((4, 16, 64))
     assert cache_traffic(spills, TINY_CPU, 1) == calc.traffic_bytes((4, 16, 64))
     assert [cache_traffic(fits, TINY_CPU, l) for l in (0, 2)] == [calc.traffic_bytes(t) for t in fits.tiles[::2]]
+    # the L1 tile is one register tile, so the accumulators stay in registers over its K-steps
+    # and leave them once per K-step of the unit tile (`accumulator_steps`)
+    assert accumulator_steps(fits) == (64, 128, 256)
     assert dict(estimate(fits, TINY_CPU).bytes_per_layer)["L2"] - cache_traffic(fits, TINY_CPU, 1) == (
-        calc.accumulator_bytes(tiles[0], tiles[1]))
+        calc.accumulator_bytes(tiles[0], (64, 128, 256)))
     gpu = device("v100")
     g = TileCalculus(matmul(1024, 1024, 1024))
     gp = make_program(g, gpu, [(4, 4, 1), (64, 64, 8)], (True, True), 0.0)
@@ -767,8 +777,14 @@ def test_a_conv_row_of_l1_tiles_shares_the_filter_panel_of_the_l2_k_step_while_i
     assert calc.sweep(l1, (1, 64, 14, 56, 16, 3, 3)) == ((1, 32, 2, 2, 16, 3, 3), (1, 32, 2, 56, 16, 3, 3))
     assert calc.footprint_bytes((1, 32, 2, 2, 16, 3, 3)) == (32 * 16 * 9 + 16 * 4 * 4 + 32 * 2 * 2) * 4 == 19968
     assert calc.footprint_bytes((1, 32, 2, 2, 32, 3, 3)) > TINY_CPU.layer("L1").capacity_bytes
-    assert cache_traffic(program(16), TINY_CPU, 1) == calc.traffic_bytes((1, 32, 2, 56, 16, 3, 3))
-    assert cache_traffic(program(32), TINY_CPU, 1) == calc.traffic_bytes(l1)
+    # the data is broadcast an element at a time, so L1 holds and loads it in whole lines: its
+    # 16 x 4 rows of 4 floats are 64 lines (4 KiB, not 1 KiB); the filters stream as vectors
+    lines = (64, frozenset({0}))
+    assert scattered_inputs(e, TINY_CPU) == lines[1]
+    footprint = calc.footprint_bytes((1, 32, 2, 2, 16, 3, 3), line=64, in_lines=lines[1])
+    assert footprint == (32 * 16 * 9 + 32 * 2 * 2) * 4 + 16 * 4 * 64 == 23040
+    assert cache_traffic(program(16), TINY_CPU, 1) == calc.traffic_bytes((1, 32, 2, 56, 16, 3, 3), *lines)
+    assert cache_traffic(program(32), TINY_CPU, 1) == calc.traffic_bytes(l1, *lines)
     assert estimate(program(16), TINY_CPU).predicted_seconds < estimate(program(32), TINY_CPU).predicted_seconds
 
 
@@ -1063,3 +1079,60 @@ def test_v100_programs_whose_prefetch_registers_cost_a_resident_block_stay_unpip
     assert occupancy_limits(program, dev, 1)["registers"] == 4 and occupancy_limits(program, dev, 2)["registers"] == 3
     assert not pipelined(program, dev) and not register_prefetch(program, dev)
     assert registers_per_thread(program, dev) == r  # unpipelined: no prefetch registers counted
+
+
+# -- CPU: accumulators over one-register cache tiles, lines, guarded micro-kernels (issue 14) -------
+
+
+def test_accumulators_leave_the_registers_at_the_k_steps_of_the_first_tile_holding_several():
+    """The first cache tile with more than one register tile along a spatial axis sets the
+    K-steps after which the accumulators go out and come back: the L1 tile where it holds
+    several, else the unit tile, else none (the whole iteration space, one step: no trips)."""
+    calc = TileCalculus(matmul(512, 512, 512))
+
+    def program(l1, l2):
+        return make_program(calc, TINY_CPU, [(4, 16, 1), l1, l2], (True,) * 3, 0.0)
+
+    assert accumulator_steps(program((8, 16, 64), (64, 128, 256))) == (8, 16, 64)
+    assert accumulator_steps(program((4, 16, 64), (64, 128, 256))) == (64, 128, 256)
+    alone = program((4, 16, 64), (4, 16, 256))
+    assert accumulator_steps(alone) == (512, 512, 512)
+    assert calc.accumulator_bytes((4, 16, 1), accumulator_steps(alone)) == 0
+    # one register tile per L1 tile: 2 x (512 / 256 - 1) trips per register tile, not 2 x 7
+    assert calc.accumulator_bytes((4, 16, 1), (64, 128, 256)) == 2 * 1 * 4 * 16 * 4 * (512 // 4) * (512 // 16)
+
+
+def test_the_inputs_held_in_lines_are_those_the_lanes_do_not_run_along():
+    """conv's data is broadcast (the lanes run along the filters, which stream as panels);
+    matmul's A is broadcast (its rows are whole lines by the transaction rule, so lines change
+    nothing); gemv's lanes run along K, which both inputs read: none."""
+    conv = fuse_axes(expr("conv2d", N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, stride=1, pad=1))
+    assert scattered_inputs(conv, AVX512) == frozenset({0})
+    assert scattered_inputs(fuse_axes(matmul(64, 64, 64)), AVX2) == frozenset({0})
+    assert scattered_inputs(fuse_axes(expr("gemv", M=4096, K=4096)), AVX512) == frozenset()
+
+
+def test_a_register_tile_the_axis_cuts_runs_guarded_unless_the_template_pads(monkeypatch):
+    """dwconv 112 x 112: register rows of 6 leave a cut tile (112 = 18 x 6 + 4), guarded code at
+    GUARDED_MICRO_KERNEL times the compute time; rows of 8 divide it. A ragged matmul is padded
+    by the CPU template, and GPU programs keep their own pricing."""
+    e = fuse_axes(expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1))
+    calc = TileCalculus(e)
+    y = e.axes.index(next(a for a in e.axes if a.name in ("y", "h", "oh")))
+
+    def program(rows):
+        reg = tuple(rows if a == y else (16 if ax.name in ("x", "w", "ow") else 1) for a, ax in enumerate(e.axes))
+        unit = tuple(ceil(ax.extent / r) * r for ax, r in zip(e.axes, reg))
+        return make_program(calc, AVX512, [reg, reg, unit], (True,) * 3, 0.0)
+
+    assert guard_slowdown(program(6), AVX512) == GUARDED_MICRO_KERNEL > 1
+    assert guard_slowdown(program(8), AVX512) == 1.0
+    guarded = estimate(program(6), AVX512).compute_seconds
+    monkeypatch.setattr(model, "GUARDED_MICRO_KERNEL", 1.0)
+    assert guarded / estimate(program(6), AVX512).compute_seconds == pytest.approx(GUARDED_MICRO_KERNEL)
+    mm = TileCalculus(matmul(100, 64, 64))
+    assert guard_slowdown(make_program(mm, AVX512, [(6, 16, 1), (6, 16, 64), (102, 64, 64)], (True,) * 3, 0.0),
+                          AVX512) == 1.0
+    gpu = device("v100")
+    assert guard_slowdown(make_program(calc, gpu, [program(6).tiles[0], program(6).tiles[2]], (True, True), 0.0),
+                          gpu) == 1.0

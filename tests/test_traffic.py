@@ -180,3 +180,25 @@ def test_sweep_steps_the_innermost_spatial_axis_that_steps_with_the_reduction_of
     assert calc.sweep((4, 16, 8), (8, 64, 32)) == ((4, 16, 32), (4, 64, 32))
     assert calc.sweep((4, 16, 8), (8, 16, 32)) == ((4, 16, 32), (8, 16, 32))
     assert calc.sweep((4, 16, 8), (4, 16, 256)) is None
+
+
+def test_an_input_read_an_element_at_a_time_counts_the_whole_lines_it_touches():
+    """conv-1x1 (256 channels, 14 x 14): a data tile of 128 channels x 7 rows x 1 column is 896
+    runs of one float, 896 lines of 64 B; a tile 16 columns wide is 896 runs of one line each;
+    whole rows and columns make the 128 channels one run (NCHW), bytes again. The
+    filters' tile (32 filters x 128 channels, the 1 x 1 window whole) is 32 runs of 512 B: lines
+    lose nothing there, and inputs left out of `in_lines` count bytes."""
+    e = expr("conv2d", N=1, C=256, H=14, W=14, F=1024, KH=1, KW=1, stride=1, pad=0)
+    calc = TileCalculus(e)
+    data = frozenset({0})
+    tile = (1, 32, 7, 1, 128, 1, 1)  # n, f, y, x, c, r, s
+    assert calc.input_bytes(calc.data_tiles(tile), 64, data) == (896 * 64, 32 * 128 * 4)
+    assert calc.input_bytes(calc.data_tiles(tile)) == (128 * 7 * 4, 32 * 128 * 4)
+    assert calc.input_bytes(calc.data_tiles((1, 32, 7, 14, 128, 1, 1)), 64, data)[0] == 128 * 7 * 64
+    assert calc.input_bytes(calc.data_tiles((1, 32, 7, 14, 128, 1, 1)), 64, frozenset({0, 1})) == (
+        128 * 7 * 64, 32 * 128 * 4)
+    whole_rows = calc.data_tiles((1, 32, 14, 14, 128, 1, 1))
+    assert calc.input_bytes(whole_rows, 64, data)[0] == 128 * 14 * 14 * 4
+    assert calc.footprint_bytes(tile, line=64, in_lines=data) == 896 * 64 + 32 * 128 * 4 + 32 * 7 * 4
+    assert calc.traffic_bytes(tile, 64, data) - calc.traffic_bytes(tile) == (
+        calc.num_tiles(tile) * (896 * 64 - 128 * 7 * 4))

@@ -9,7 +9,8 @@ double-buffered shared copies of the programs the templates pipeline, `gpu_stage
 
 - load time of layer l   = Q(tile_l) / bandwidth of the layer it is loaded from   (§3.3 MemPerf;
                            on a CPU less where neighbouring cache tiles share what stays in the
-                           layer: `cache_traffic`; on a GPU more where a program that stages
+                           layer: `cache_traffic`, in whole lines for the inputs a core reads
+                           an element at a time: `scattered_inputs`; on a GPU more where a program that stages
                            nothing loads with a warp touching more sectors than its bytes need:
                            `uncoalesced_bytes`; a GPU's loads from global memory at most at the
                            rate its bytes in flight sustain over the latency: `reachable_gbps`;
@@ -20,7 +21,11 @@ double-buffered shared copies of the programs the templates pipeline, `gpu_stage
                            warps per scheduler on a GPU; on a CPU the SIMD lanes its vectors fill
                            times the FMA latency its accumulators cover, or, where calibration
                            measured the register micro-kernel, its measured share of peak:
-                           Vortex's hybrid analyzer, level 0 measured and the levels above modelled)
+                           Vortex's hybrid analyzer, level 0 measured and the levels above modelled;
+                           slower where the CPU template guards the micro-kernel: `guard_slowdown`)
+- accumulator trips (CPU) = the register tile's partial sums leaving the registers after each
+                           reduction step of the first cache tile that holds more than one register
+                           tile (`accumulator_steps`), to the layer that keeps them (`accumulator_home`)
 
 with every bandwidth and the peak scaled by the fraction of units the grid keeps busy (a shared
 layer's bandwidth is split evenly over the units using it, §3.3). Scale-out (ALGORITHMS.md §1):
@@ -45,8 +50,8 @@ from workbench.construct.banks import ThreadBinding, requests, stored_tile, wave
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    accumulators, block_thread_count, cross_thread_axis, lane_axis, mma_axes, partial_sums, resident_block_limit,
-    simd_vectors,
+    accumulators, block_thread_count, cross_thread_axis, is_projection, lane_axis, mma_axes, partial_sums,
+    resident_block_limit, simd_vectors,
 )
 from workbench.rtile.pipeline import STAGES, async_copies, pipelined, prefetch_registers, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
@@ -344,6 +349,45 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
                  <= device.layers[l].capacity_bytes), last)
 
 
+# How much slower a CPU register micro-kernel runs when its tiles carry a guard (`guard_slowdown`):
+# dwconv-3x3 (96 channels, 112 x 112) on the AVX-512 Zen 5, two top-10 runs on 2026-11-24: the 8,
+# 7 and 4-row register tiles (dividing 112) ran 267-325 us, the 6, 5 and 3-row ones (cut by
+# the last tile) 363-430 us with the same other tiles, 1.3-1.5x.
+GUARDED_MICRO_KERNEL = 1.4
+
+
+def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
+    """GUARDED_MICRO_KERNEL where a CPU register tile along a spatial axis does not divide the
+    axis, else 1. The CPU template then guards the micro-kernel with the block predicate TVM
+    adds, and the whole loop nest runs with it, not only the cut tile; a contraction of plain
+    projections (matmul, batched, transposed) is padded to whole tiles instead (`_pad_tails`
+    in codegen/cpu.py). GPU programs: 1 (their guards are per thread, and the model prices
+    the padded work instead)."""
+    expr = program.expr
+    if not device.runs_on_cpu:
+        return 1.0
+    if expr.reduce and all(is_projection(t, expr) for t in expr.inputs):
+        return 1.0
+    reg = program.register_tile
+    return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in expr.spatial) else 1.0
+
+
+def accumulator_steps(program: RProgram) -> tuple[int, ...]:
+    """The tile whose reduction steps take a CPU register tile's accumulators out of the
+    registers and back (`TileCalculus.accumulator_bytes`): the first cache tile that holds more
+    than one register tile along a spatial axis. Inside a cache tile of one register tile its
+    reduction loop runs straight around the micro-kernel's (`S1 R1 | S2 | R2`, S2 of one
+    iteration), on the same accumulators, which LLVM keeps in registers across it; with no
+    such tile they never leave (the whole iteration space's tile: one step).
+    conv-1x1 on the AVX-512 Zen 5 measured it: 32 x 7 registers under L1 tiles of the same 32 x 7
+    outputs ran 383-388 us whether the L1 tile held 1, 2, 4, 8, 16 or 32 channels (top-10
+    run, 2026-11-24), where counting a trip per L1 step predicted 546 us to 2.9 ms."""
+    reg = program.register_tile
+    spatial = program.expr.spatial
+    return next((tile for tile in program.tiles[1:] if any(tile[a] > reg[a] for a in spatial)),
+                tuple(program.expr.extents))
+
+
 def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     """Bytes `program`'s tiles at `layer` load from the layer below: Roller's Q(tile), except
     where a CPU cache tile's neighbours share what stays (`TileCalculus.sweep`): when one step
@@ -359,13 +403,27 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     tiles or is reloaded for each, where Q reloads it for each in every case."""
     calc = calculus(program.expr)
     tile = program.tiles[layer]
-    q = calc.traffic_bytes(tile)
-    if not device.runs_on_cpu or layer == 0 or layer + 1 >= len(program.tiles):
+    if not device.runs_on_cpu or layer == 0:
+        return calc.traffic_bytes(tile)
+    line, scattered = device.layers[layer].transaction_bytes, scattered_inputs(program.expr, device)
+    q = calc.traffic_bytes(tile, line, scattered)
+    if layer + 1 >= len(program.tiles):
         return q
     sweep = calc.sweep(tile, program.tiles[layer + 1])
-    if sweep is None or calc.footprint_bytes(sweep[0]) > device.layers[layer].capacity_bytes:
+    if sweep is None or calc.footprint_bytes(sweep[0], line=line, in_lines=scattered) > device.layers[layer].capacity_bytes:
         return q
-    return min(q, calc.traffic_bytes(sweep[1]))
+    return min(q, calc.traffic_bytes(sweep[1], line, scattered))
+
+
+def scattered_inputs(expr: TensorExpr, device: DeviceSpec) -> frozenset[int]:
+    """The inputs a CPU cache layer holds and loads in whole lines (`TileCalculus.input_bytes`):
+    those that do not read the axis the micro-kernel's lanes run along (`lane_axis`). An input
+    that reads it is streamed in vectors, packed into panels (matmul's B, a convolution's
+    filters, whose 3-element rows of one filter would otherwise count a line each) or read along
+    its contiguous axis; one that does not is read an element at a time (a convolution's data,
+    broadcast) or in tiles whose rows the alignment rules make whole lines (matmul's A)."""
+    lanes = lane_axis(expr, device)
+    return frozenset(t for t, tensor in enumerate(expr.inputs) if lanes is None or not tensor.uses_axis(lanes))
 
 
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
@@ -664,7 +722,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     padded = calc.padded_volume(program.unit_tile)
     padded_flops = int(expr.flops * padded / volume)
     eff = compute_efficiency(program, device, threads, bpu)
-    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff)
+    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff) * guard_slowdown(program, device)
 
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
@@ -677,7 +735,8 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(program, device, layer, q) / busy
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         home = device.layers[accumulator_home(program, device)]
-        q = calc.accumulator_bytes(program.register_tile, program.tiles[1], partial_sums(expr, device, program.register_tile))
+        q = calc.accumulator_bytes(program.register_tile, accumulator_steps(program),
+                                   partial_sums(expr, device, program.register_tile))
         moved[home.name] = moved.get(home.name, 0) + q
         loads[home.name] = loads.get(home.name, 0.0) + q / (home.bandwidth_gbps * GB * busy)
     stages = {"compute": compute, **loads}

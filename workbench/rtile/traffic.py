@@ -43,7 +43,7 @@ class TileCalculus:
         self.extents = expr.extents
         self._spatial = expr.spatial
         self._shapes: dict[Tile, tuple[tuple[int, ...], ...]] = {}
-        self._traffic: dict[Tile, int] = {}
+        self._traffic: dict[tuple[Tile, int, frozenset[int]], int] = {}
 
     def data_tiles(self, tile: Tile) -> tuple[tuple[int, ...], ...]:
         """Data-tile shape of every tensor (inputs then output) for one tile."""
@@ -60,19 +60,39 @@ class TileCalculus:
         """Number of tiles over the spatial axes: the scale-out grid of a unit tile."""
         return prod(ceil(self.extents[a] / tile[a]) for a in self._spatial)
 
-    def traffic_bytes(self, tile: Tile) -> int:
-        """Q(T): bytes moved between a layer and the one below when the op runs in tiles T."""
-        q = self._traffic.get(tile)
+    def traffic_bytes(self, tile: Tile, line: int = 0, in_lines: frozenset[int] = frozenset()) -> int:
+        """Q(T): bytes moved between a layer and the one below when the op runs in tiles T;
+        the inputs numbered in `in_lines` count the whole lines of `line` bytes their data
+        tiles touch (`input_bytes`)."""
+        key = (tile, line, in_lines)
+        q = self._traffic.get(key)
         if q is None:
             shapes = self.data_tiles(tile)
             tensors = self.expr.tensors
-            loads = self.num_tiles(tile) * sum(
-                prod(s) * t.itemsize for s, t in zip(shapes[:-1], tensors[:-1])
-            )
+            loads = self.num_tiles(tile) * sum(self.input_bytes(shapes, line, in_lines))
             stores = self.spatial_tiles(tile) * prod(shapes[-1]) * tensors[-1].itemsize
             q = loads + stores
-            self._traffic[tile] = q
+            self._traffic[key] = q
         return q
+
+    def input_bytes(self, shapes, line: int = 0, in_lines: frozenset[int] = frozenset()) -> tuple[int, ...]:
+        """Bytes of each input's data tile (`shapes` from `data_tiles`); for the inputs numbered
+        in `in_lines` (with `line` > 0) the whole cache lines it touches: the tile is runs of
+        contiguous elements (its innermost dimension narrower than the tensor's, with every
+        dimension inside it whole), each rounded up to lines. A conv's data tile of 128
+        channels x 7 rows x 1 column is 896 runs of one float: 3.5 KiB of data in 56 KiB of
+        lines, more than an L1 of 48 KiB holds. (An input the CPU template streams in vectors,
+        packed into panels or read along its contiguous axis, loses nothing to lines.)"""
+        out = []
+        for t, (shape, tensor) in enumerate(zip(shapes, self.expr.inputs)):
+            size = tensor.itemsize
+            if line <= 0 or t not in in_lines:
+                out.append(prod(shape) * size)
+                continue
+            inner = next((d for d in reversed(range(len(shape))) if shape[d] < tensor.shape[d]), 0)
+            run = prod(shape[inner:]) * size
+            out.append(prod(shape[:inner]) * ceil(run / line) * line)
+        return tuple(out)
 
     def sweep(self, tile: Tile, upper: Tile) -> tuple[Tile, Tile] | None:
         """(resident, swept): what one cache tile's walk inside the tile above it keeps and
@@ -126,9 +146,15 @@ class TileCalculus:
             return float("inf") if dq > 0 else 0.0
         return dq / df
 
-    def footprint_bytes(self, tile: Tile, padding: Sequence[int] = (), with_output: bool = True) -> int:
-        """F(T): bytes one tile occupies; `padding[t]` extra elements on tensor t's leading dim."""
+    def footprint_bytes(self, tile: Tile, padding: Sequence[int] = (), with_output: bool = True, line: int = 0,
+                        in_lines: frozenset[int] = frozenset()) -> int:
+        """F(T): bytes one tile occupies; `padding[t]` extra elements on tensor t's leading dim;
+        without padding, the inputs numbered in `in_lines` in the whole lines of `line` bytes
+        they touch (`input_bytes`)."""
         shapes = self.data_tiles(tile)
+        if line > 0 and in_lines:
+            out = prod(shapes[-1]) * self.expr.tensors[-1].itemsize if with_output else 0
+            return sum(self.input_bytes(shapes, line, in_lines)) + out
         count = len(shapes) if with_output else len(shapes) - 1
         total = 0
         for t in range(count):
