@@ -340,3 +340,26 @@ def test_a_cpu_round_starved_of_full_tiles_records_the_growth_chain_after_the_fu
     full = [p for p in programs if footprint(p.tiles[-1][0] + p.tiles[0][0], *p.tiles[-1][1:]) > cap]
     assert full, [p.tiles for p in programs]
     assert all(footprint(*p.tiles[-1]) <= cap for p in programs)
+
+
+def test_a_growth_chain_longer_than_python_recursion_allows_is_cut_and_still_gives_programs():
+    """Hypothesis's case: a 154 x 103 x 229 float64 output over a 49-long reduction that no
+    output index reads, on a written spec of 4 lanes with a 2 MiB L2: its tile grew one element
+    at a time, each step a nested generator, until Python's recursion limit (a RecursionError
+    out of the construction). Growth stops at MAX_CHAIN steps on a chain and the tile is
+    recorded there; the construction finishes with programs."""
+    from dataclasses import replace
+
+    from test_invariants import plain_expr
+
+    from workbench.construct.roller import MAX_CHAIN
+
+    base = detected_cpu("avx512", 32, 16 * KIB, 2048 * KIB)
+    regs = replace(base.layers[0], capacity_bytes=30 * 16, transaction_bytes=16)
+    dev = replace(base, warp_size=4, registers_per_thread_cap=27, layers=(regs, *base.layers[1:]))
+    e = plain_expr({"s0": (154, "spatial"), "s1": (103, "spatial"), "s2": (229, "spatial"), "r3": (49, "reduce")},
+                   [("in0", [{"r3": 1}]), ("in1", [{"r3": 1}]), ("out", [{"s0": 1}, {"s1": 1}, {"s2": 1}])], "float64")
+    stepper = Stepper(e, dev, "roller", Options(topk=4))
+    stepper.run_to_end()
+    assert stepper.candidates()
+    assert any(f"{MAX_CHAIN} growth steps on this chain" in s.note for s in stepper.steps)

@@ -52,6 +52,15 @@ from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes, partial_sums
 from workbench.rtile.model import is_load_hidden
 
+# Most growth steps on one chain of EnlargeTile (all layers): each is a nested generator, and
+# Python stops at 1,000 frames (with a caller's frames below). A layer whose tile is still
+# growing there is recorded as full. The longest chain we know of a real workload is 523 steps
+# (gensor-table4's gemv V3, 16384 x 1000, on a 128-core SSE4.2 CPU with a 4 MiB L2: its L2 tile
+# grows over the 16384 rows one register tile at a time); hypothesis found a generated 154 x 103
+# x 229 float64 output over a 49-long reduction that no output index reads, whose tile on a
+# 2 MiB L2 grew one element at a time for 3,997 steps (the step budget) and past the limit.
+MAX_CHAIN = 600
+
 
 class RollerPolicy(Policy):
     name = "roller"
@@ -61,6 +70,7 @@ class RollerPolicy(Policy):
         "start": "start: smallest aligned tile {tile} ({axes}) at {layer}, eps {eps}{mode}",
         "no_reuse": " (no data reuse: top layer only, loads straight from the bottom)",
         "no_growth": "no axis can grow further",
+        "long": "{steps} growth steps on this chain, the construction's bound: record the tile, go down a layer",
         "visited": "tile visited before: branch ends (Figure 8, line 11)",
         "full": "{axis}={size} {why}: record the tile, go down a layer",
         "threads": "needs more threads or registers than a block of {layer} may have",
@@ -101,15 +111,20 @@ class RollerPolicy(Policy):
         return self.enough or self.out_of_steps
 
     # -- EnlargeTile (Figure 8) ----------------------------------------------------------------
-    def _enlarge(self, state: State) -> Iterator[Step]:
-        """EnlargeTile(T, mem, P): T = state.tile at mem = state.layer, P = state.recorded."""
+    def _enlarge(self, state: State, depth: int = 0) -> Iterator[Step]:
+        """EnlargeTile(T, mem, P): T = state.tile at mem = state.layer, P = state.recorded;
+        `depth` growth steps and descents so far on this chain (MAX_CHAIN)."""
         if state.layer == self.space.n_tile_layers:  # mem is the lowest layer: emit P
             yield from self.emit(state)
+            return
+        if depth >= MAX_CHAIN:
+            yield self.marker(state, Action(Kind.LAYER_FULL, state.layer), self.describe("long", steps=depth))
+            yield from self._descend(state, depth)
             return
         options = self._options(state)  # next aligned shapes T' of T, best data-reuse score first
         if not options:
             yield self.marker(state, Action(Kind.LAYER_FULL, state.layer), self.describe("no_growth"))
-            yield from self._descend(state)
+            yield from self._descend(state, depth)
             return
         alternatives = tuple(Alternative(Action(Kind.GROW, state.layer, a, t[a]), t, s) for a, t, s in options)
         for axis, grown, score in options:
@@ -123,21 +138,21 @@ class RollerPolicy(Policy):
             if why:  # MemFootprint(T') > mem.capacity: P.add(mem, T); EnlargeTile(T, mem.next, P)
                 note = self.describe("full", axis=self.space.axes[axis], size=size, why=why)
                 yield self._step(state, Action(Kind.LAYER_FULL, state.layer, axis, size), "over_capacity", grown, score, alternatives, note)
-                yield from self._descend(state)
+                yield from self._descend(state, depth)
                 continue
             nxt = apply(self.space, state, Action(Kind.GROW, state.layer, axis, size))
             note = self.describe("grow", axis=self.space.axes[axis], size=size, score=score)
             yield self._step(state, nxt.actions[-1], "explored", grown, score, alternatives, note, nxt)
             if self.no_reuse and state.layer == 0:  # no reuse: every top tile is a program (module doc)
-                yield from self._descend(nxt)
+                yield from self._descend(nxt, depth + 1)
             elif not self.space.device.runs_on_cpu and self.space.compute_bound(state.layer, grown):
                 # MemPerf(T') > MaxComputePerf: P.add(mem, T'); EnlargeTile(T', mem.next, P).
                 # A CPU tile is recorded when full only (module docstring).
                 yield self.marker(nxt, Action(Kind.COMPUTE_SATURATED, state.layer), self.describe("saturated"))
-                yield from self._descend(nxt)
-            yield from self._enlarge(nxt)  # EnlargeTile(T', mem, P)
+                yield from self._descend(nxt, depth + 1)
+            yield from self._enlarge(nxt, depth + 1)  # EnlargeTile(T', mem, P)
             if self._fill and state.layer == self.space.n_tile_layers - 1:
-                yield from self._descend(nxt)  # after the chain's full tile (module docstring)
+                yield from self._descend(nxt, depth + 1)  # after the chain's full tile (module docstring)
 
     def _options(self, state: State):
         """(axis, T', reuse score) for the next aligned shapes T' of the state's tile, best score
@@ -198,7 +213,7 @@ class RollerPolicy(Policy):
             return self.describe("no_gain")
         return ""
 
-    def _descend(self, state: State) -> Iterator[Step]:
+    def _descend(self, state: State, depth: int = 0) -> Iterator[Step]:
         """P.add(mem, T) and go on at mem.next: a tile recorded once per (layer, tiles)."""
         key = (state.layer, state.tile, state.recorded)
         if key in self._descended or self._done():
@@ -214,7 +229,7 @@ class RollerPolicy(Policy):
             yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), str(err))
             return
         yield self._step(state, nxt.actions[-1], "explored", None, None, (), self.describe("descend", layer=self._layer_label(nxt.layer)), nxt)
-        yield from self._enlarge(nxt)
+        yield from self._enlarge(nxt, depth + 1)
 
     # -- step records ------------------------------------------------------------------------
     def _step(self, state, action, status, tile, score, alternatives, note, nxt=None) -> Step:
