@@ -15,7 +15,7 @@ from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
-from workbench.rtile.alignment import block_thread_count, cross_thread_axis, partial_sums
+from workbench.rtile.alignment import block_thread_count, cross_thread_axis, lane_axis, partial_sums
 from workbench.hardware.spec import MicroKernel
 from workbench.rtile import model
 from workbench.rtile.model import (
@@ -1136,3 +1136,24 @@ def test_a_register_tile_the_axis_cuts_runs_guarded_unless_the_template_pads(mon
     gpu = device("v100")
     assert guard_slowdown(make_program(calc, gpu, [program(6).tiles[0], program(6).tiles[2]], (True, True), 0.0),
                           gpu) == 1.0
+
+
+def test_a_reduction_whose_tiles_cut_its_lane_axis_is_priced_as_one_dependent_chain():
+    """reduce-rows (256 x 4096), lanes along K: 48-wide K tiles (4,224 of 4,096) leave the CPU
+    template its plain loop nest, one chain of dependent adds per output, lanes x pipes x FMA
+    latency (16 x 2 x 4 on the AVX-512-like spec) slower than the lanes it prices otherwise;
+    16-wide tiles that divide K keep them."""
+    e = fuse_axes(expr("reduce_mean", shape=(256, 4096), axes=(1,)))
+    calc = TileCalculus(e)
+    k = next(a for a, ax in enumerate(e.axes) if ax.kind == "reduce")
+    assert lane_axis(e, AVX512) == k
+
+    def program(reg_k, unit_k):
+        def tile(rows, width):
+            return tuple(width if a == k else rows for a in range(len(e.axes)))
+        return make_program(calc, AVX512, [tile(8, reg_k), tile(8, 1024 if unit_k == 4096 else reg_k * 22),
+                                           tile(32, unit_k)], (True,) * 3, 0.0)
+
+    assert guard_slowdown(program(48, 4224), AVX512) == 16 * 2 * 4
+    assert guard_slowdown(program(16, 4096), AVX512) == 1.0
+    assert estimate(program(48, 4224), AVX512).compute_seconds > 50 * estimate(program(16, 4096), AVX512).compute_seconds

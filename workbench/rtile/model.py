@@ -357,15 +357,28 @@ GUARDED_MICRO_KERNEL = 1.4
 
 
 def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
-    """GUARDED_MICRO_KERNEL where a CPU register tile along a spatial axis does not divide the
-    axis, else 1. The CPU template then guards the micro-kernel with the block predicate TVM
-    adds, and the whole loop nest runs with it, not only the cut tile; a contraction of plain
-    projections (matmul, batched, transposed) is padded to whole tiles instead (`_pad_tails`
-    in codegen/cpu.py). GPU programs: 1 (their guards are per thread, and the model prices
-    the padded work instead)."""
+    """How much slower than the modelled micro-kernel a CPU program's guards make it run; 1 on
+    GPUs (their guards are per thread, and the model prices the padded work instead).
+
+    A reduction whose lanes run along its reduce axis (`lane_axis`: gemv, row sums) gets them
+    from the CPU template only on whole tiles (`_lane_axis` in codegen/cpu.py); a tile that
+    cuts the axis sends it to the plain loop nest, which sums one output at a time: one chain
+    of dependent adds instead of lanes x FMA pipes x FMA latency independent ones. reduce-rows
+    (256 x 4096) on the AVX-512 Zen 5: its 48-wide K tiles (4,224 and 4,320 of 4,096) ran
+    800-872 us against 24-26 us for the 16 and 32-wide ones (top-10 run, 2026-11-24, 20:46).
+    Elsewhere GUARDED_MICRO_KERNEL where a register tile along a spatial axis does not divide
+    the axis: the template then guards the micro-kernel with the block predicate TVM adds, and
+    the whole loop nest runs with it, not only the cut tile; a contraction of plain projections
+    (matmul, batched, transposed) is padded to whole tiles instead (`_pad_tails`)."""
     expr = program.expr
     if not device.runs_on_cpu:
         return 1.0
+    lanes = lane_axis(expr, device)
+    if lanes is not None and expr.axes[lanes].kind == "reduce" and (
+            expr.axes[lanes].extent % program.unit_tile[lanes]
+            or program.register_tile[lanes] % max(1, device.warp_size * 4 // expr.output.itemsize)
+            or len(expr.axes[lanes].fused_from) > 1):
+        return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
     if expr.reduce and all(is_projection(t, expr) for t in expr.inputs):
         return 1.0
     reg = program.register_tile
