@@ -155,8 +155,8 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, device: DeviceSpec, axi
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
     # the lanes as the partial sums' last dimension: one vector per output, contiguous
-    factor_dim = len(sch.get(block).writes[0].source.shape)
     shape = tuple(sch.get(block).writes[0].source.shape)
+    factor_dim = len(shape)
     partial = common.primitive("split the lanes off", sch.rfactor, levels[axis][-1], factor_dim)
     common.primitive("accumulate lanes locally", sch.set_scope, partial, 0, "local")
     # the lane-sum iterates the fused index already; laid out along it, the partial sums of one
