@@ -335,10 +335,12 @@ def _static_extent(sch, loop) -> int | None:
     return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
 
 
-def split_levels(sch, loops, expr: TensorExpr, program: RProgram, vthreads: Mapping[str, int]) -> list:
+def split_levels(sch, loops, expr: TensorExpr, program: RProgram, vthreads: Mapping[str, int],
+                 keep: int | None = None) -> list:
     """Every axis's loop of `loops` split by its tile chain (`levels[axis][level]`, outermost
     first), a spatial axis with virtual threads as `_split_virtual` splits it; ScheduleError
-    for virtual threads along an axis that is not spatial."""
+    for virtual threads along an axis that is not spatial. Axis `keep` is left to the caller
+    (None in its place: split-K splits its reduce axis into parts first, `cuda_splitk._tile`)."""
     unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
     if unknown:
         raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
@@ -346,7 +348,9 @@ def split_levels(sch, loops, expr: TensorExpr, program: RProgram, vthreads: Mapp
     for a, (axis, loop) in enumerate(zip(expr.axes, loops)):
         chain = axis_chain(program, a)
         count = vthreads.get(axis.name, 1)
-        if count > 1:
+        if a == keep:
+            levels.append(None)
+        elif count > 1:
             levels.append(_split_virtual(sch, loop, chain, count, axis.name))
         else:
             levels.append(split_by_chain(sch, loop, axis.extent, chain))

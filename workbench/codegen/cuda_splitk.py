@@ -37,7 +37,6 @@ from workbench.codegen.cuda import (
     SHARED,
     _copy_loop,
     _Nest,
-    _split_virtual,
     _stage_fragment,
     _stage_in_shared,
     _tensor_of,
@@ -46,6 +45,7 @@ from workbench.codegen.cuda import (
     check_gpu_program,
     lane_program,
     pipeline_shared_copies,
+    split_levels,
     within_block_limits,
 )
 from workbench.codegen.template import ScheduleError
@@ -129,20 +129,11 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
 def _tile(sch, expr: TensorExpr, program: RProgram, part, loops, axis: int, vthreads) -> _Nest:
     """`codegen.cuda._tile` on the partial-sum block: every axis split by its tile chain (the
     split axis's steps are its part's), the split loop outermost in the grid."""
-    unknown = set(vthreads) - {expr.axes[a].name for a in expr.spatial}
-    if unknown:
-        raise ScheduleError(f"vthread axis {min(unknown)} is not a spatial axis")
-    levels = []
-    for a, (ax, loop) in enumerate(zip(expr.axes, loops)):
-        chain = axis_chain(program, a)
-        count = vthreads.get(ax.name, 1)
-        if a == axis:  # (steps of its share, register steps, register tile), as `split_by_chain` makes them
-            steps, lanes = loop
-            levels.append([steps, *sch.split(lanes, factors=[None, chain[REGISTERS]], preserve_unit_iters=True)])
-        elif count > 1:
-            levels.append(_split_virtual(sch, loop, chain, count, ax.name))
-        else:
-            levels.append(split_by_chain(sch, loop, ax.extent, chain))
+    levels = split_levels(sch, loops, expr, program, vthreads, keep=axis)
+    # (steps of its share, register steps, register tile), as `split_by_chain` makes them
+    steps, lanes = loops[axis]
+    register = axis_chain(program, axis)[REGISTERS]
+    levels[axis] = [steps, *sch.split(lanes, factors=[None, register], preserve_unit_iters=True)]
     grid, virtual, threads, spatial_regs = [part], [], [], []
     for a in expr.spatial:
         grid.append(levels[a][0])
