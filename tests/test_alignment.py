@@ -366,6 +366,37 @@ def test_micro_kernel_registers_of_other_operators():
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_batch_in_the_register_tile_keeps_a_row_of_b_per_batch(dev):
+    """bmm b x i x j: B[b, k, j] ignores i, so each of its rows is shared by the tile's i rows
+    and stays live, one row of vectors per batch: 3 x 10 x 16 on AVX-512 is 30 accumulators + 3
+    rows of B + 1 broadcast = 34, over the 32 zmm (it was counted as 32). A depthwise conv's data
+    ignores no spatial axis of the tile: each vector feeds one accumulator, one row (1)."""
+    lanes = dev.warp_size
+    bmm = expr("matmul", B=12, M=128, K=64, N=128)
+    for b, i in ((1, 10), (3, 10), (2, 1), (4, 3)):
+        tile = (b, i, lanes, 1)
+        rows = b if i > 1 else 1
+        assert micro_kernel_registers(bmm, dev, tile) == b * i + rows + 1
+    dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
+    assert lane_axis(dw, dev) == 3
+    tile = (1, 3, 2, lanes, 1, 1)
+    assert micro_kernel_registers(dw, dev, tile) == 3 * 2 + 1 + 1  # data row + broadcast weight
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_accumulator_fill_does_not_grow_a_batch(dev):
+    """Every accumulator a batch adds brings its own loads (A's broadcast and B's row), so the
+    fill that starts a micro-kernel grows the rows and columns: a bmm's start tile keeps b = 1
+    and reaches the FMA's latency x pipes accumulators. A depthwise conv's channels index both
+    inputs too: its start tile keeps one channel."""
+    bmm = expr("matmul", B=12, M=128, K=64, N=128)
+    tile = initial_tile(AlignContext(bmm, dev, 0, (1,) * 4, 0.05))
+    assert tile[0] == 1 and accumulators(bmm, dev, tile) >= dev.fma_accumulators
+    dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
+    assert initial_tile(AlignContext(dw, dev, 0, (1,) * 6, 0.05))[1] == 1
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_convolutions_vectorise_their_filters(dev):
     """A conv (stride 1 or 2) with at least a vector of filters runs its lanes along f (axis 1 of
     n f y x c r s): accumulators are rows x columns x vectors of filters, registers add one

@@ -370,7 +370,7 @@ def vector_axis(expr: TensorExpr) -> int | None:
 def streams(tensor, axis: int) -> bool:
     """Whether `axis` indexes `tensor` only through its contiguous dimension with stride 1, or not
     at all: consecutive values along the axis are one vector load (or one broadcast), not a
-    gather (the CPU template's `_streams` decides vectorisation by the same test)."""
+    gather (the CPU template decides vectorisation by this test: `panels.vector_loop_axis`)."""
     dims = [d for d, (coeffs, _) in enumerate(tensor.index) if coeffs[axis]]
     if not dims:
         return True
@@ -494,7 +494,8 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     of vectors along the `lane_axis` for every input the axis indexes (loaded once per
     reduction step, the tile's reduce extent is unrolled over the same registers), and one
     register into which the elements of the other inputs are broadcast (BLAS's AVX2 6 x 16 fp32
-    kernel: 12 accumulators + 2 vectors of B + 1 broadcast of A = 15 of the 16 ymm).
+    kernel: 12 accumulators + 2 vectors of B + 1 broadcast of A = 15 of the 16 ymm; a row per
+    batch where the tile spans batches, `_live_rows`).
 
     A convolution vectorised along its filters (`filter_axis`) keeps one register per data
     element that one reduction step of the tile broadcasts (`_step_elements`): LLVM loads each
@@ -508,12 +509,24 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     rows, broadcast = 0, 0
     for tensor in expr.inputs:
         if v is not None and tensor.uses_axis(v):
-            rows += simd_vectors(tile[v], tensor.itemsize, device)
+            rows += simd_vectors(tile[v], tensor.itemsize, device) * _live_rows(expr, tensor, tile, v)
         elif filters:
             broadcast = max(broadcast, _step_elements(expr, tensor, tile))
         else:
             broadcast = max(broadcast, 1)
     return accumulators(expr, device, tile) + rows + broadcast
+
+
+def _live_rows(expr: TensorExpr, tensor, tile: Tile, lane: int) -> int:
+    """Rows of vectors of `tensor` (read along the `lane` axis) a register tile keeps live per
+    reduction step: one per index of the other spatial axes that index it (a batched matmul's
+    3 x 10 x 16 tile loads B's row of each of its 3 batches), where a spatial axis of the tile
+    it ignores shares each row among several accumulators; 1 where it ignores none (a depthwise
+    conv's data vector feeds one accumulator, straight from the load into the FMA)."""
+    others = [a for a in expr.spatial if a != lane]
+    if not any(tile[a] > 1 and not tensor.uses_axis(a) for a in others):
+        return 1
+    return prod(tile[a] for a in others if tensor.uses_axis(a))
 
 
 def _step_elements(expr: TensorExpr, tensor, tile: Tile) -> int:
@@ -618,9 +631,14 @@ def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Ti
 
 
 def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
-    """The axes whose growth adds accumulators: the spatial ones, and a reduce `lane_axis`."""
+    """The axes whose growth adds accumulators: the spatial ones, and a reduce `lane_axis`;
+    less a spatial axis that indexes every input (a batch) where another remains, since each
+    accumulator it adds brings loads of its own, as many as its FMAs (bmm-attn's fill went to 12
+    batches x 16 columns: 24 loads per 12 FMAs)."""
     lane = lane_axis(expr, device)
-    return tuple(expr.spatial) + ((lane,) if lane is not None and lane not in expr.spatial else ())
+    grown = tuple(a for a in expr.spatial if a == lane or not all(t.uses_axis(a) for t in expr.inputs))
+    grown = grown or tuple(expr.spatial)
+    return grown + ((lane,) if lane is not None and lane not in expr.spatial else ())
 
 
 def resident_block_limit(device: DeviceSpec) -> int | None:
