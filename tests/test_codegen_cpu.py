@@ -288,10 +288,30 @@ def test_packed_matmul_class_kernels_match_numpy(case):
     assert "T.where" not in _block(kernel.tvmscript, "C_update")
 
 
+def test_panel_copies_are_vectorised_where_the_panel_keeps_rows_contiguous():
+    """A's row-major copy and B's strips (a 32-wide register row: [j // 32, k, j % 32]) are
+    copied in 16-lane vectors on a 16-lane CPU; a transposed B ([j, k] read along j, its copy
+    moving j innermost) is copied element by element (checked on the schedules)."""
+    e = expr("matmul", M=64, N=1024, K=1024)
+    chains = dict(i=(4, 16, 32), j=(32, 32, 64), k=(1, 16, 64))
+    script = schedule_cpu(e, _program(e, chains), TINY_CPU).mod.script()
+    assert "B_global[v1 // 32, v0, v1 % 32]" in script
+    assert all("T.vectorized(16)" in _copy_loop(script, copy) for copy in ("A_global", "B_global"))
+    moved = build_expr("C[i,j] += A[i,k] * B[j,k]", dict(i=64, j=1024, k=1024))
+    loop = _copy_loop(schedule_cpu(moved, _program(moved, chains), TINY_CPU).mod.script(), "B_global")
+    assert "T.grid" in loop and "T.vectorized" not in loop
+
+
+def _copy_loop(script: str, block: str) -> str:
+    """The innermost loop's line around block `block` (the line before its `with`)."""
+    return script[: script.index(f'T.sblock("{block}")')].splitlines()[-2]
+
+
 def test_panels_are_made_only_for_a_vectorised_micro_kernel():
     """An 8-column register tile fills a vector on an 8-lane CPU, which packs, not on a 16-lane
-    one, which keeps the plain loop nest (checked on the schedules, nothing runs)."""
-    e = expr("matmul", M=64, N=64, K=64)
+    one, which keeps the plain loop nest (checked on the schedules, nothing runs). Rows 4 KiB
+    apart: in place, the L1 tiles would span more than the L1 (`panels._panel_pays`)."""
+    e = expr("matmul", M=64, N=1024, K=1024)
     chains = dict(i=(4, 16, 32), j=(8, 32, 64), k=(1, 16, 64))
     avx2 = schedule_cpu(e, _program(e, chains), AVX2_LIKE).mod.script()
     avx512 = schedule_cpu(e, _program(e, chains), TINY_CPU).mod.script()
@@ -304,8 +324,9 @@ def test_panels_are_made_only_for_a_vectorised_micro_kernel():
 @pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
 def test_a_register_row_of_several_vectors_is_unrolled_over_whole_vectors(spec):
     """A 24-wide row is 3 vectors of 8 lanes on both ISAs, each reading its strip of the panel
-    through a plain ramp (vectorised whole, its `j // 24, j % 24` index became gathers)."""
-    e = expr("matmul", M=64, N=48, K=64)
+    through a plain ramp (vectorised whole, its `j // 24, j % 24` index became gathers). B's rows
+    6 KiB apart, so that it is packed (`panels._panel_pays`)."""
+    e = expr("matmul", M=64, N=1536, K=64)
     script = schedule_cpu(e, _program(e, dict(i=(4, 16, 32), j=(24, 24, 48), k=(1, 16, 64))), spec).mod.script()
     assert "B_global[v1 // 24, v0, v1 % 24]" in script
     assert "T.unroll(3)" in script and "T.vectorized(8)" in script and "T.vectorized(24)" not in script

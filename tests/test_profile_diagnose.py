@@ -41,3 +41,14 @@ def test_a_slow_kernel_is_blamed_on_latency_and_overhead():
     assert d.to_dict()["binding"] == LATENCY and d.to_dict()["sentence"] == d.sentence
     with pytest.raises(ValueError, match="positive"):
         diagnose(estimate(), TINY_CPU, PEAK, seconds=0.0)
+
+
+def test_a_cpu_panel_copy_is_a_stage_beside_the_roofs_not_one():
+    """A packed CPU kernel's estimate lists its panel copies ("packing into L2") among its stages
+    and bytes; the diagnosis keeps the stage and puts no roof there (L2 is a roof of its own)."""
+    est = estimate()
+    packed = Estimate(**{**est.__dict__, "bytes_per_layer": est.bytes_per_layer + (("packing into L2", 10**8),),
+                         "load_seconds": est.load_seconds + (("packing into L2", 0.001),)})
+    d = diagnose(packed, TINY_CPU, PEAK, seconds=0.1)
+    assert dict(d.shares) == {"compute": pytest.approx(0.1), "DRAM": pytest.approx(0.5)}
+    assert dict(d.stages)["packing into L2"] == pytest.approx(0.001)

@@ -9,12 +9,12 @@ from workbench.hardware.spec import MicroKernel
 from workbench.rtile.alignment import accumulators, lane_axis, micro_kernel_registers, thread_count, tile_lanes
 from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
+from workbench.rtile.panels import packed_inputs
 from workbench.vortex.hierarchy import (
     DYN_MULTIPLES, MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates,
     _whole_lines, deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles,
     single_row_tiles,
 )
-from workbench.vortex.analyzer import packed_inputs
 
 
 
@@ -184,13 +184,16 @@ def test_no_single_row_tile_where_it_cannot_be_one():
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_single_row_candidates_pack_nothing(dev):
     """The single-row family is one row at every level, so the CPU template packs no panel;
-    every other candidate packs A and B."""
+    every other candidate packs B (its L1 tile's rows lie 9 KiB apart, spanning more than the L1)
+    and A only where the unit tile leaves a tail of M (padded: every input is copied), since
+    A's L1 tile of a few rows 3 KiB apart fits the L1 in place (`panels._panel_pays`)."""
     e = expr("matmul", **BERT)
     progs = candidates(e, dev, "i")
     rows = [p for p in progs if p.register_tile[0] == 1]
     assert rows and all(t[0] == 1 for p in rows for t in p.tiles)
-    assert all(packed_inputs(p, dev) == () for p in rows)
-    assert all(packed_inputs(p, dev) == ("A", "B") for p in progs if p.unit_tile[0] > 1)
+    assert all(packed_inputs(p.expr, p, dev) == () for p in rows)
+    packed = [(p, packed_inputs(p.expr, p, dev)) for p in progs if p.unit_tile[0] > 1]
+    assert packed and all(inputs == (("A", "B") if BERT["M"] % p.unit_tile[0] else ("B",)) for p, inputs in packed)
 
 
 def test_gpu_blocks_do_not_take_the_cpu_kc_rule():

@@ -6,7 +6,8 @@ import pytest
 from helpers import TINY_CPU, expr
 from test_vortex_hierarchy import AVX2, AVX512, BERT
 
-from workbench.vortex.analyzer import Dynamic, cost, packed_inputs
+from workbench.rtile.panels import packed_inputs
+from workbench.vortex.analyzer import Dynamic, cost
 from workbench.vortex.hierarchy import candidates
 from workbench.vortex.select import MAX_KERNELS, DispatchTable, choose, cost_table, dispatch, select, sweep
 
@@ -57,9 +58,9 @@ def test_bert_gemm_dispatches_one_row_at_m1_and_packed_rows_at_m1904(dev):
     chosen = select(candidates(template, dev, "i"), dev, dyn)
     table = DispatchTable(dyn, dev, tuple((f"k{n}", p) for n, p in enumerate(chosen)))
     small = table.program(dispatch(table, 1)[0])
-    assert all(t[0] == 1 for t in small.tiles) and packed_inputs(small, dev) == ()
+    assert all(t[0] == 1 for t in small.tiles) and packed_inputs(small.expr, small, dev) == ()
     large = table.program(dispatch(table, 1904)[0])
-    assert large.unit_tile[0] >= 12 and packed_inputs(large, dev) == ("A", "B")
+    assert large.unit_tile[0] >= 12 and packed_inputs(large.expr, large, dev) == ("A", "B")
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

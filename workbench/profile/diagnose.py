@@ -75,8 +75,10 @@ def diagnose(estimate: Estimate, device: DeviceSpec, peak_gflops: float, seconds
         raise ValueError(f"a measured time must be positive, got {seconds}")
     gflops = estimate.flops / seconds / GB
     shares = {"compute": gflops / peak_gflops}
+    layers = {layer.name: layer for layer in device.layers}
     for name, moved in estimate.bytes_per_layer:
-        shares[name] = moved / seconds / GB / device.layer(name).bandwidth_gbps
+        if name in layers:  # a CPU's panel copies are a stage of the model's, not a roof
+            shares[name] = moved / seconds / GB / layers[name].bandwidth_gbps
     top = max(shares, key=shares.get)
     binding = top if shares[top] >= BINDING_SHARE else LATENCY
     stages = (("compute", estimate.compute_seconds),) + tuple(estimate.load_seconds)

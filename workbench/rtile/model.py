@@ -36,7 +36,8 @@ resident tiles of a unit share its throughput, so blocks per unit raise compute 
 blocks per unit))` is reported as the number of rounds of resident blocks. A cross-thread
 reduction adds, after its pipeline, the trees that combine its threads' partial sums, once per
 wave (`tree_reduction_seconds`). A split-K program adds its partial sums' traffic and its second
-kernel (`split_k_seconds`).
+kernel (`split_k_seconds`), a CPU program the copies of the inputs its template packs into panels
+(`packing_seconds`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from workbench.rtile.alignment import (
     accumulators, block_thread_count, cross_thread_axis, is_projection, lane_axis, mma_axes, partial_sums,
     resident_block_limit, simd_vectors,
 )
+from workbench.rtile.panels import pack_layer, packed_bytes
 from workbench.rtile.pipeline import STAGES, async_copies, pipelined, prefetch_registers, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
@@ -318,6 +320,8 @@ def provenance(program: RProgram, device: DeviceSpec) -> dict[str, tuple[str, ..
         names = ", ".join(device.layers[l].name for l in sources)
         (measured if device.calibrated else modelled).append(f"bandwidth of {names} ({calibrated})")
     modelled.append("traffic per layer")
+    if packed_bytes(program, device):
+        modelled.append("panel copies of the packed inputs")
     modelled.append(f"scale-out over {device.compute_units} {'cores' if device.runs_on_cpu else 'units'}")
     return {"measured": tuple(measured), "modelled": tuple(modelled)}
 
@@ -349,6 +353,13 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
                  <= device.layers[l].capacity_bytes), last)
 
 
+# Bytes a core's panel copy moves per cycle: two fp32 elements. bmm-attn (AVX-512 Zen 5 EPYC at
+# 3.97 GHz, one process): its 13-row tiles pad M and copy ~99 K elements per core with the copies
+# vectorised (`codegen/cpu._vectorise_copy`), and ran 69-74 us against 58 us for 8-row tiles
+# that copy nothing: ~12 us, 0.5 cycles per element, where the L2's bandwidth would move them in
+# 2 us (the copies' loads and stores, the panel's layout and the padding's select, not the bytes).
+PACK_BYTES_PER_CYCLE = 8
+
 # How much slower a CPU register micro-kernel runs when its tiles carry a guard (`guard_slowdown`):
 # dwconv-3x3 (96 channels, 112 x 112) on the AVX-512 Zen 5, two top-10 runs on 2026-11-24: the 8,
 # 7 and 4-row register tiles (dividing 112) ran 267-325 us, the 6, 5 and 3-row ones (cut by
@@ -361,7 +372,7 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     GPUs (their guards are per thread, and the model prices the padded work instead).
 
     A reduction whose lanes run along its reduce axis (`lane_axis`: gemv, row sums) gets them
-    from the CPU template only on whole tiles (`_lane_axis` in codegen/cpu.py); a tile that
+    from the CPU template only on whole tiles (`panels.lane_reduction_axis`); a tile that
     cuts the axis sends it to the plain loop nest, which sums one output at a time: one chain
     of dependent adds instead of lanes x FMA pipes x FMA latency independent ones. reduce-rows
     (256 x 4096) on the AVX-512 Zen 5: its 48-wide K tiles (4,224 and 4,320 of 4,096) ran
@@ -755,6 +766,10 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(program, device, compute, loads)
+    packing = packing_seconds(program, device)
+    if packing:
+        stage = f"packing into {device.layers[pack_layer(program)].name}"
+        moved[stage], loads[stage] = packed_bytes(program, device), packing
     occupancy = 1.0 if not device.has_occupancy_limits else min(1.0, threads * bpu / device.max_threads_per_unit)
     tree = tree_reduction_seconds(program, device, threads, n_waves)
     return Estimate(
@@ -768,11 +783,38 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         waves=n_waves,
         occupancy=occupancy,
         bottleneck=bottleneck,
-        predicted_seconds=core * quantization + tree + split_k_seconds(program, device),
+        predicted_seconds=core * quantization + tree + split_k_seconds(program, device) + packing,
         footprints=footprints,
         reduction_seconds=tree,
         **provenance(program, device),
     )
+
+
+def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """The CPU template's panel copies (`panels.packed_inputs`) on the busiest core:
+    `packed_bytes` at `PACK_BYTES_PER_CYCLE` of that core's clock (`core_ghz`), or over its
+    share of the pack layer's bandwidth where that is slower (the reads that fill the panel are
+    the loads of the unit tile already). The copy runs between micro-kernel runs, so it adds to
+    the unit's time, as the transfers below the first cache layer do (`combine_stages`). What it
+    decides: a 6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs
+    nothing (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to
+    130, so every input is copied, where 8 rows divide it and copy nothing."""
+    moved = packed_bytes(program, device)
+    if not moved:
+        return 0.0
+    layer = device.layers[pack_layer(program)]
+    streamed = moved / (layer.bandwidth_gbps * GB / device.compute_units)
+    ghz = core_ghz(device)
+    return max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)) if ghz else streamed
+
+
+def core_ghz(device: DeviceSpec) -> float:
+    """A CPU core's clock as its fp32 peak implies: peak / (cores x FMA pipes x lanes x 2 flops);
+    0 where the spec has no FMA pipes (Zen 5 EPYC, calibrated 508.6 GFLOP/s over 2 cores x 2
+    pipes x 16 lanes: 3.97 GHz)."""
+    if not device.runs_on_cpu or not device.fma_pipes:
+        return 0.0
+    return device.peak("float32") / (device.compute_units * device.fma_pipes * device.warp_size * 2)
 
 
 def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, source: int) -> bool:

@@ -14,8 +14,8 @@ Reconstruction, per candidate (an rProgram whose tiles `hierarchy` built) and va
    was calibrated (`DeviceSpec.micro_kernels`), modelled otherwise; the levels above modelled
    analytically: one unit's temporal cost (compute against the loads from each memory layer)
    times the parallel waves of unit tiles over the cores / SMs (`ceil(grid / units)` rounds).
-4. Plus what that model leaves out and the CPU template adds (`packing_seconds`): the copies of
-   the inputs it packs into panels (`codegen/cpu.py`), one per unit tile and K-step. They decide
+4. The model's estimate includes what the CPU template adds (`rtile.model.packing_seconds`): the
+   copies of the inputs it packs into panels (`rtile.panels`), one per unit tile and K-step. They decide
    between kernels along the dynamic axis: a 6-row unit tile copies all of B for every 6 rows
    (at M = 1 the whole 7 MB B of the BERT GEMM for one row, where a 1-row kernel packs nothing),
    a taller one amortises each copy over more rows.
@@ -26,10 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil, prod
 
-from workbench.codegen import cpu
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import Axis, KernelArg, TensorAccess, TensorExpr
-from workbench.rtile.model import GB, Estimate, estimate
+from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.rprogram import RProgram, make_program
 from workbench.rtile.traffic import calculus
 
@@ -97,61 +96,6 @@ def program_at(program: RProgram, device: DeviceSpec, dyn: Dynamic, value: int) 
 def cost(program: RProgram, device: DeviceSpec, dyn: Dynamic, value: int) -> Estimate:
     """The hybrid model's estimate of the candidate at `value`, its panel copies included
     (module docstring)."""
-    return predict(program_at(program, device, dyn, value), device)
+    return estimate(program_at(program, device, dyn, value), device)
 
 
-def predict(program: RProgram, device: DeviceSpec) -> Estimate:
-    """`rtile.model.estimate` of `program` with `packing_seconds` added to its time and listed
-    as a stage of its own ("packing into <layer>") beside the loads."""
-    est = estimate(program, device)
-    seconds = packing_seconds(program, device)
-    if not seconds:
-        return est
-    stage = f"packing into {device.layers[pack_layer(program)].name}"
-    return replace(est, predicted_seconds=est.predicted_seconds + seconds,
-                   load_seconds=est.load_seconds + ((stage, seconds),),
-                   bytes_per_layer=est.bytes_per_layer + ((stage, packed_bytes(program, device)),),
-                   modelled=est.modelled + ("panel copies of the packed inputs",))
-
-
-def packed_inputs(program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
-    """The inputs the CPU template copies into panels for `program` (`codegen.cpu.packed_inputs`);
-    () on a GPU, whose template stages tiles in shared memory, which the model's loads already
-    price."""
-    return cpu.packed_inputs(program.expr, program, device) if device.runs_on_cpu else ()
-
-
-def pack_layer(program: RProgram) -> int:
-    """The layer whose tile the template packs (`codegen/cpu.py`'s `_pack_level`): the outermost
-    cached layer below the registers."""
-    return max(l for l in range(1, len(program.tiles)) if program.cached[l])
-
-
-def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
-    """Bytes the busiest core writes into panels: per copy the packed inputs' data tiles at the
-    pack layer's tile; one copy per such tile in a unit tile (its K-steps, and its spatial steps
-    when the pack layer lies below the unit's), for each of the `ceil(grid / units)` unit tiles
-    that core runs."""
-    inputs = packed_inputs(program, device)
-    if not inputs:
-        return 0
-    expr, calc = program.expr, calculus(program.expr)
-    tile, unit = program.tiles[pack_layer(program)], program.unit_tile
-    shapes = dict(zip((t.name for t in expr.tensors), calc.data_tiles(tuple(tile))))
-    per_copy = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
-    steps = prod(ceil(expr.axes[a].extent / tile[a]) for a in expr.reduce)
-    steps *= prod(unit[a] // tile[a] for a in expr.spatial)
-    return ceil(program.grid / device.compute_units) * steps * per_copy
-
-
-def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
-    """The panel copies' time on the busiest core: `packed_bytes` over that core's share of the
-    pack layer's bandwidth (the layer the panel is sized for and written into; the reads that
-    fill it are the model's loads of the unit tile already). The copy is a store stream between
-    micro-kernel runs, so it adds to the unit's time, as the model's transfers below the first
-    cache layer do (`rtile.model.combine_stages`)."""
-    moved = packed_bytes(program, device)
-    if not moved:
-        return 0.0
-    layer = device.layers[pack_layer(program)]
-    return moved / (layer.bandwidth_gbps * GB / device.compute_units)

@@ -42,10 +42,10 @@ from workbench.rtile.alignment import (
     RULES, AlignContext, TensorShapeRule, accumulators, is_micro_kernel_layer, lane_axis, micro_kernel_registers,
     register_budget, thread_count, tile_lanes,
 )
-from workbench.rtile.model import latency_coverage, micro_kernel_shape, simd_utilisation
+from workbench.rtile.model import estimate, latency_coverage, micro_kernel_shape, simd_utilisation
 from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import calculus
-from workbench.vortex.analyzer import at_extent, predict
+from workbench.vortex.analyzer import at_extent
 
 Tile = tuple[int, ...]
 
@@ -307,7 +307,7 @@ def _grow(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], 
 def _least_cost(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], dyn: int,
                 eps: float) -> list[tuple[Tile, ...]]:
     """Per size of the last tile along the dynamic axis, the `KEEP_PER_SIZE` chains of least
-    predicted time on `expr` (`analyzer.predict`: the model and the panel copies), a chain
+    predicted time on `expr` (`rtile.model.estimate`: its panel copies included), a chain
     short of the unit layer completed by repeating its last tile (the layers below hold the
     same tile: no reuse)."""
     calc = calculus(expr)
@@ -315,7 +315,7 @@ def _least_cost(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, .
 
     def predicted(chain: tuple[Tile, ...]) -> float:
         tiles = chain + (chain[-1],) * (levels - len(chain))
-        return predict(make_program(calc, device, tiles, [True] * levels, eps), device).predicted_seconds
+        return estimate(make_program(calc, device, tiles, [True] * levels, eps), device).predicted_seconds
 
     groups: dict[int, list] = {}
     for chain in chains:

@@ -1,0 +1,81 @@
+"""The CPU template's panel decisions (`rtile.panels`) and their price in the model, as closed
+forms on generated specs: an input is packed where its layout must change, where the unit tile
+pads (the padding copy is the panel), or where its L1 tile spans more than the L1 in place."""
+
+from dataclasses import replace
+
+import pytest
+from helpers import TINY_CPU, expr
+
+from workbench.rtile.model import GB, PACK_BYTES_PER_CYCLE, core_ghz, estimate, packing_seconds
+from workbench.rtile.panels import _panel_pays, pack_layer, packed_bytes, packed_inputs
+from workbench.rtile.rprogram import make_program
+from workbench.rtile.traffic import calculus
+
+L1 = TINY_CPU.layers[1].capacity_bytes  # 32 KiB
+
+
+def _program(e, tiles, dev=TINY_CPU):
+    return make_program(calculus(e), dev, tiles, [True] * len(tiles), 0.0)
+
+
+def _span(rows: int, stride: int, width: int, itemsize: int = 4) -> int:
+    """Bytes from the first to the last element of `rows` rows of `width` elements, `stride` apart."""
+    return ((rows - 1) * stride + width) * itemsize
+
+
+def test_a_batched_tile_that_fits_the_l1_in_place_is_not_copied():
+    """bmm-attn's shape: B's 64 x 32 L1 tile, rows 128 apart, spans 32,640 B <= 32 KiB, A's 8 x 64
+    rows 64 apart 2 KiB: the micro-kernel reads both in place, and the model prices no copy."""
+    e = expr("matmul", B=12, M=128, K=64, N=128)
+    program = _program(e, [(1, 8, 16, 1), (1, 8, 32, 64), (6, 128, 128, 64)])
+    assert _span(64, 128, 32) <= L1 and _span(8, 64, 64) <= L1
+    assert packed_inputs(e, program, TINY_CPU) == () and packed_bytes(program, TINY_CPU) == 0
+    assert packing_seconds(program, TINY_CPU) == 0.0
+    assert "packing into L2" not in dict(estimate(program, TINY_CPU).load_seconds)
+
+
+def test_a_unit_tile_that_pads_copies_every_input():
+    """12 rows leave a tail of 128 (132 = 11 x 12): `_pad_tails` copies every input to whole
+    tiles, so both are panels whatever their spans."""
+    e = expr("matmul", B=12, M=128, K=64, N=128)
+    program = _program(e, [(1, 12, 16, 1), (1, 12, 32, 64), (6, 132, 128, 64)])
+    assert packed_inputs(e, program, TINY_CPU) == ("A", "B")
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+def test_an_input_is_copied_where_its_l1_tile_spans_more_than_the_l1(n, k):
+    """matmul, L1 tile 8 x 16 x 64: A's 8 rows K apart span (7 K + 64) x 4 B (14.2 KiB at K =
+    512, over 32 KiB from K = 2048); B's 64 rows N apart span (63 N + 16) x 4 B (16 KiB at N =
+    64, over 32 KiB from N = 256). The closed form against the rule."""
+    e = expr("matmul", M=64, N=n, K=k)
+    program = _program(e, [(8, 16, 1), (8, 16, 64), (64, n, 64)])
+    a_span, b_span = _span(8, k, 64), _span(64, n, 16)
+    expected = tuple(name for name, span in (("A", a_span), ("B", b_span)) if span > L1)
+    assert packed_inputs(e, program, TINY_CPU) == expected
+
+
+def test_an_input_read_across_the_vector_axis_is_always_copied():
+    """A transposed B (out[i, j] = sum_k A[i, k] B[j, k]): j runs along B's rows, so the vector
+    loop needs B laid out again, however small its span."""
+    e = expr("matmul", M=64, N=64, K=64, trans_b=True)
+    program = _program(e, [(4, 16, 1), (8, 16, 64), (64, 64, 64)])
+    b = next(t for t in e.inputs if t.name == "B")
+    assert _span(16, 64, 64) <= L1 and _panel_pays(e, program, TINY_CPU, b)
+
+
+def test_the_copies_run_at_two_elements_per_cycle_where_the_bandwidth_would_allow_more():
+    """With FMA facts the spec implies a clock (peak / (cores x pipes x lanes x 2)); the copies
+    take packed_bytes / (8 B x clock), or the pack layer's bandwidth share where that is slower."""
+    e = expr("matmul", M=512, N=512, K=512)
+    program = _program(e, [(4, 16, 1), (8, 16, 64), (64, 512, 64)])
+    moved = packed_bytes(program, TINY_CPU)
+    layer = TINY_CPU.layers[pack_layer(program)]
+    streamed = moved / (layer.bandwidth_gbps * GB / TINY_CPU.compute_units)
+    assert moved > 0 and core_ghz(TINY_CPU) == 0.0 and packing_seconds(program, TINY_CPU) == streamed
+    timed = replace(TINY_CPU, fma_latency_cycles=4, fma_pipes=2)
+    ghz = 200.0 / (2 * 2 * 16 * 2)
+    assert core_ghz(timed) == pytest.approx(ghz, rel=1e-12)
+    assert packing_seconds(program, timed) == pytest.approx(max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)), rel=1e-12)
+    assert packing_seconds(program, timed) > streamed

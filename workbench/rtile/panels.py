@@ -1,0 +1,180 @@
+"""The CPU template's data-layout decisions, as pure functions of a program: which loop it
+vectorises (the output row, a conv's filters, or a reduction's K), and which inputs it copies
+into panels (`packed_inputs`) and what those copies move (`packed_bytes`). The schedule
+(`codegen/cpu.py`) follows them and the model (`rtile.model`) prices them, so both make one
+decision.
+"""
+from __future__ import annotations
+
+from math import ceil, prod
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.alignment import filter_axis, lane_axis, streams, vector_axis
+from workbench.rtile.rprogram import RProgram
+from workbench.rtile.traffic import calculus
+
+
+def ragged(expr: TensorExpr, program: RProgram, axis: int) -> bool:
+    """Whether the unit tile leaves a tail along `axis` (the schedule guards it)."""
+    return expr.axes[axis].extent % int(program.unit_tile[axis]) != 0
+
+
+def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int | None:
+    """The reduction axis a reduction without a vectorisable output axis (gemv, row sums)
+    vectorises instead, or None.
+
+    It is the innermost reduction axis, when no spatial axis can be vectorised (`vector_loop_axis`,
+    with panels where `_panel_inputs` would pack: a transposed matmul vectorises its output
+    rows after packing rather than its K), every input reading it streams along it
+    (`streams`) and at least one does, it is not a fused axis, and its register tile is a
+    whole number of vectors that divides its extent.
+    """
+    packed = bool(_panel_inputs(expr, program, device))
+    if not expr.reduce or vector_loop_axis(expr, program, device, packed, packed) is not None:
+        return None
+    axis = expr.reduce[-1]
+    tile = program.register_tile[axis]
+    lanes = simd_lanes(device, expr.output.itemsize)
+    if tile % lanes or len(expr.axes[axis].fused_from) > 1:
+        return None
+    if ragged(expr, program, axis):
+        return None
+    if not any(t.uses_axis(axis) for t in expr.inputs) or not all(streams(t, axis) for t in expr.inputs):
+        return None
+    return axis
+
+
+def filter_vector_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int | None:
+    """The filter axis a convolution vectorises (`alignment.filter_axis`, when it is the
+    `lane_axis`), or None: also when its register tile is not a whole number of 4-lane pieces of
+    at least a vector, or its tiles leave a guarded tail (the filters' panels would be ragged);
+    such a program takes the plain template."""
+    axis = lane_axis(expr, device)
+    if axis is None or axis != filter_axis(expr):
+        return None
+    tile = program.register_tile[axis]
+    if tile < simd_lanes(device, expr.output.itemsize) or tile % 4:
+        return None
+    if ragged(expr, program, axis):
+        return None
+    return axis
+
+
+def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
+    """The inputs the template copies into panels for `program` (the one decision the schedule
+    and the model that prices the copies, `rtile.model`, share): a convolution along its
+    filters packs the inputs that read them (`codegen/cpu.py`'s `_schedule_filters`); elsewhere `_panel_inputs`
+    decides, only for a micro-kernel with a vector axis (panels, and the padding that serves
+    them, feed vector loads); a reduction vectorised along its reduction packs nothing."""
+    if len(program.tiles) < 2:
+        return ()
+    filters = filter_vector_axis(expr, program, device)
+    if filters is not None:
+        return tuple(t.name for t in expr.inputs if t.uses_axis(filters))
+    if lane_reduction_axis(expr, program, device) is not None:
+        return ()
+    return _panel_inputs(expr, program, device) if vector_loop_axis(expr, program, device, True, True) is not None else ()
+
+
+def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
+    """Elements of `dtype_bytes` per vector register (`warp_size` counts 32-bit lanes on CPUs)."""
+    return max(1, device.warp_size * 4 // dtype_bytes)
+
+
+def vector_loop_axis(
+    expr: TensorExpr, program: RProgram, device: DeviceSpec, packed: bool = False, padded: bool = False
+) -> int | None:
+    """The spatial axis vectorised in the register tile, or None.
+
+    It is the output's contiguous axis, when its register tile holds at least one vector and a
+    whole number of 4-lane pieces (LLVM splits a 56-wide vector into 3.5 AVX-512 registers,
+    which measured 2-3x faster than leaving the unrolled tile to LLVM's SLP vectoriser on a 3x3
+    conv), when every input streams along it or ignores it (a strided or transposed access
+    would turn each vector load into a gather, which measured slower than scalar code on gemv;
+    `packed`: `_pack_panels` lays every input out so that the axis is innermost), and when the
+    axis needs no guarded tail (a predicate inside the vector loop scalarises it; `padded`:
+    `_pad_tails` removed the tails).
+    """
+    axis = vector_axis(expr)
+    if axis is None or expr.axes[axis].kind != "spatial":
+        return None
+    tile = program.register_tile[axis]
+    if tile < simd_lanes(device, expr.output.itemsize) or tile % 4:
+        return None
+    if not packed and not all(streams(t, axis) for t in expr.inputs):
+        return None
+    if not padded and ragged(expr, program, axis):
+        return None
+    return axis
+
+
+def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
+    """The inputs `_pack_panels` copies into panels: those a panel serves (`_panel_pays`), when
+    the program caches a layer below the registers, the expression reduces, and every input is
+    a plain projection (each dimension one whole unfused axis, as in matmul, batched or
+    transposed) whose reduction axes the tiles divide and which the unit tile reuses (it spans
+    more than one index of a spatial axis the input ignores); () otherwise (convolutions,
+    strided or offset reads, ragged K, and gemv, whose matrix is read once: a copy only doubled
+    its traffic, 4.1 -> 13.5 ms on gemv-4096). Where `_pad_tails` will pad, every input is
+    copied anyway (the padding copy is the panel)."""
+    if not expr.reduce or not any(program.cached[1:]):
+        return ()
+    for tensor in expr.inputs:
+        if not any(not tensor.uses_axis(a) and program.unit_tile[a] > 1 for a in expr.spatial):
+            return ()
+        for coeffs, const in tensor.index:
+            used = [a for a, c in enumerate(coeffs) if c]
+            if const or len(used) != 1 or coeffs[used[0]] != 1 or len(expr.axes[used[0]].fused_from) > 1:
+                return ()
+            if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]):
+                return ()
+    if any(ragged(expr, program, a) for a in expr.spatial):
+        return tuple(t.name for t in expr.inputs)
+    return tuple(t.name for t in expr.inputs if _panel_pays(expr, program, device, t))
+
+
+def _panel_pays(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor) -> bool:
+    """Whether a panel of `tensor` gains anything: its layout has to change (an input read
+    across the vector axis, as a transposed matmul's), or the addresses its L1 tile reads in
+    place span more than the L1 holds. A span within the L1 cannot conflict in it (a contiguous
+    range of at most the capacity puts at most `ways` lines in any set), so its copy is pure
+    overhead: bmm-attn (B's 64 x 32 L1 tile over 32 KiB of a 48 KiB L1, A's over 2 KiB) ran
+    57-59 us unpacked against 64-77 us with both packed (AVX-512 EPYC, one process). A wider
+    span (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets, which the copy
+    avoids: mm-512 and mm-1024 unpacked ran 2.1-2.7x slower."""
+    vector = vector_axis(expr)
+    if vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector):
+        return True
+    tile = program.tiles[1]
+    strides = [1] * len(tensor.shape)
+    for d in reversed(range(len(tensor.shape) - 1)):
+        strides[d] = strides[d + 1] * int(tensor.shape[d + 1])
+    axes = [next(a for a, c in enumerate(coeffs) if c) for coeffs, _ in tensor.index]
+    span = 1 + sum((int(tile[a]) - 1) * stride for a, stride in zip(axes, strides))
+    return span * tensor.itemsize > device.layers[1].capacity_bytes
+
+
+def pack_layer(program: RProgram) -> int:
+    """The layer whose tile the template packs: the outermost cached layer below the registers,
+    or the outermost layer where none is cached (a convolution's filters are packed
+    regardless)."""
+    n = len(program.tiles) - 1
+    return max((l for l in range(1, n + 1) if program.cached[l]), default=n)
+
+
+def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
+    """Bytes the busiest core writes into panels: per copy the packed inputs' data tiles at the
+    pack layer's tile; one copy per such tile in a unit tile (its K-steps, and its spatial steps
+    when the pack layer lies below the unit's), for each of the `ceil(grid / units)` unit tiles
+    that core runs."""
+    inputs = packed_inputs(program.expr, program, device) if device.runs_on_cpu else ()
+    if not inputs:
+        return 0
+    expr, calc = program.expr, calculus(program.expr)
+    tile, unit = program.tiles[pack_layer(program)], program.unit_tile
+    shapes = dict(zip((t.name for t in expr.tensors), calc.data_tiles(tuple(tile))))
+    per_copy = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
+    steps = prod(ceil(expr.axes[a].extent / tile[a]) for a in expr.reduce)
+    steps *= prod(unit[a] // tile[a] for a in expr.spatial)
+    return ceil(program.grid / device.compute_units) * steps * per_copy
