@@ -8,9 +8,10 @@ tiles per L1 tile, register tile]` (level 0 outermost), and the loops are ordere
 so one core owns an L2 tile and walks the reduction in the L2 tile's K-steps, the L1 tiles
 inside one K-step reuse what that step brought into L2, and the register micro-kernel is
 unrolled. A reduction accumulates into a local buffer of one L2 output tile (`cache_write`,
-laid out along fused axes, written back once per grid iteration by `reverse_compute_at`); an
-epilogue (avgpool / reduce_mean division) is folded into that write-back and producers (conv
-padding) are inlined.
+laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
+where the whole reduction fits one L1 tile, of one register tile, stored to the output in
+vectors right after its K-loop (`_whole_reduction`); an epilogue (avgpool / reduce_mean
+division) is folded into that write-back and producers (conv padding) are inlined.
 
 Cached layers become buffers where the micro-kernel gains from them: a reduction whose inputs
 are plain projections (matmul, batched, transposed) packs an input's tile of the outermost
@@ -78,7 +79,8 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
     vector_axis = vector_loop_axis(expr, program, device, bool(panels), padded)
-    order = _loop_order(expr, levels, vector_axis)
+    whole = vector_axis is not None and _whole_reduction(expr, program)
+    order = _loop_order(expr, levels, vector_axis, whole)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
@@ -87,9 +89,17 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     _micro_kernel(sch, order[-len(levels):], vector_loop, simd_lanes(device, expr.output.itemsize),
                   _reduce_positions(expr, levels, order))
     if expr.reduce:
-        _accumulate(sch, expr, block, grid, epilogues, levels, padded)
+        # one register tile's accumulators go straight to the output when the whole reduction
+        # runs inside it (`_whole_reduction`); the loop over register tiles is then the last S(n-1)
+        tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
+        _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, padded)
+        if tile_loop is not None:
+            _store_registers(sch, sch.get_consumers(block)[0], tile_loop, simd_lanes(device, expr.output.itemsize))
         if vector_loop is not None and panels:
-            _pack_panels(sch, expr, program, device, block, levels, panels, vector_axis)
+            level = _pack_level(program)
+            # under R(level), or where `whole` moved it inward, under the S(level) it followed
+            at = (grid if level == 0 else levels[expr.spatial[-1]][level]) if whole else None
+            _pack_panels(sch, expr, program, device, block, levels, panels, vector_axis, at)
     elif epilogues:
         common.inline_epilogues(sch, epilogues)
     return sch
@@ -215,8 +225,10 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, a
     return sch
 
 
-def _loop_order(expr: TensorExpr, levels: list, vector_axis: int | None) -> list:
-    """`S0 R0 .. S(n-2) R(n-2) | S(n-1) | R(n-1) | register tile`, n = number of layers.
+def _loop_order(expr: TensorExpr, levels: list, vector_axis: int | None, whole: bool = False) -> list:
+    """`S0 R0 .. S(n-2) R(n-2) | S(n-1) | R(n-1) | register tile`, n = number of layers; with
+    `whole` (`_whole_reduction`: R0 .. R(n-2) run once) those come right before R(n-1), inside
+    the register tiles' loop, so that a register tile's whole reduction lies under it.
 
     Register tile: with a vectorised axis `R(n) S(n)`, that axis last (every register K-step
     updates a row of vector accumulators); without one `S(n) R(n)`, so each scalar accumulator
@@ -226,8 +238,11 @@ def _loop_order(expr: TensorExpr, levels: list, vector_axis: int | None) -> list
     n = len(levels[0]) - 1
     spatial = [levels[a] for a in expr.spatial]
     reduce = [levels[a] for a in expr.reduce]
-    order = [lv[m] for m in range(n - 1) for group in (spatial, reduce) for lv in group]
-    order += [lv[n - 1] for lv in spatial] + [lv[n - 1] for lv in reduce]
+    if whole:
+        order = [lv[m] for m in range(n) for lv in spatial] + [lv[m] for m in range(n) for lv in reduce]
+    else:
+        order = [lv[m] for m in range(n - 1) for group in (spatial, reduce) for lv in group]
+        order += [lv[n - 1] for lv in spatial] + [lv[n - 1] for lv in reduce]
     if vector_axis is None:
         return order + [lv[n] for lv in spatial] + [lv[n] for lv in reduce]
     others = [levels[a][n] for a in expr.spatial if a != vector_axis]
@@ -243,11 +258,41 @@ def _parallelise(sch, outer: list):
     return grid
 
 
+def _whole_reduction(expr: TensorExpr, program: RProgram) -> bool:
+    """Whether the whole reduction runs inside one L1 tile (every reduce axis's L1 tile is its
+    extent), so that a register tile's accumulators are complete when its own K-loop ends and
+    can go straight to the output, BLAS's micro-kernel storing C, instead of into a unit tile's
+    buffer that is initialised, filled and copied out in passes of their own (mm-skinny's 16 MiB
+    output, K = 64, passed through L2 three times)."""
+    return bool(expr.reduce) and all(program.tiles[1][r] >= expr.axes[r].extent for r in expr.reduce)
+
+
+def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
+    """Make the write-back of one register tile (under `tile_loop`) vector stores of whole
+    registers, its other loops unrolled, so that the tile's accumulator buffer has constant
+    indices only and LLVM keeps it in registers."""
+    loops = sch.get_loops(writeback)
+    own = loops[next(k for k, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(tile_loop))) + 1:]
+    if not own:
+        return
+    extent = int(sch.get(own[-1]).extent)
+    width = _vector_width(extent, lanes)
+    if width >= 4 and extent % width == 0:
+        outer, inner = sch.split(own[-1], [extent // width, width])
+        sch.vectorize(inner)
+        own = [*own[:-1], outer]
+    for loop in own:
+        if int(sch.get(loop).extent) > 1:
+            sch.unroll(loop)
+
+
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:
     """Accumulate in a local buffer of one unit (L2) output tile written back once at `at_loop`
     (the grid loop), fold epilogues into the write-back, and split off the initialisation.
     After `_pad_tails` the padded output is that buffer already (compacted to one tile per grid
-    iteration when lowered) and its copy into the output is the write-back."""
+    iteration when lowered) and its copy into the output is the write-back. Where `at_loop` is
+    the loop over register tiles instead (`_whole_reduction`), the buffer is one register
+    tile's, initialised under it."""
     if padded:
         common.primitive("accumulate locally", sch.set_scope, block, 0, "local")
     else:
@@ -339,7 +384,7 @@ def _pack_level(program: RProgram) -> int:
 
 
 def _pack_panels(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, block, levels, panels,
-                 vector_axis: int) -> None:
+                 vector_axis: int, at=None) -> None:
     """Copy each input's tile into a contiguous buffer once per K-step of the cached layer (the
     BLIS/oneDNN panel idea), laid out so the micro-kernel streams it.
 
@@ -353,7 +398,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, b
     """
     from tvm.tirx import IndexMap
 
-    at = levels[expr.reduce[-1]][_pack_level(program)]
+    at = at if at is not None else levels[expr.reduce[-1]][_pack_level(program)]
     by_name = {t.name: t for t in expr.inputs}
     for name in panels:
         reads = [str(r.source.name) for r in sch.get(block).reads]
