@@ -184,6 +184,9 @@ def test_epilogue_is_folded_into_the_kernel_and_padding_is_its_own_stage():
     _, _, kernel = _kernel(expr("avgpool", N=1, C=2, H=9, W=9, K=3, stride=2, pad=1))
     assert kernel.ok, kernel.error
     assert 'T.sblock("pad")' in kernel.tvmscript  # the border is built once, not tested per lane
+    # per unit tile, under the parallel grid loop, by the core that reads it
+    script = kernel.tvmscript
+    assert script.index("T.parallel(") < script.index('T.sblock("pad")')
     assert kernel.tvmscript.count("T.if_then_else") == 1  # in the pad stage only, not the main block
     assert 'T.sblock("O")' not in kernel.tvmscript  # division folded into the write-back
     assert "/ T.float32(9.0)" in kernel.tvmscript or "* T.float32(0.111" in kernel.tvmscript

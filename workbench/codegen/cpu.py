@@ -11,7 +11,8 @@ unrolled. A reduction accumulates into a local buffer of one L2 output tile (`ca
 laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
 where the whole reduction fits one L1 tile, of one register tile, stored to the output in
 vectors right after its K-loop (`_whole_reduction`); an epilogue (avgpool / reduce_mean
-division) is folded into that write-back and producers (conv padding) are inlined.
+division) is folded into that write-back and producers are inlined, but for a padding copy,
+computed per unit tile on the core that reads it (`_pad_per_tile`).
 
 Cached layers become buffers where the micro-kernel gains from them: a reduction whose inputs
 are plain projections (matmul, batched, transposed) packs an input's tile of the outermost
@@ -73,7 +74,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
         return _schedule_lanes(expr, program, device, lanes)
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
-    _stage_producers(sch, expr)
+    staged = _stage_producers(sch, expr)
     panels = packed_inputs(expr, program, device)
     padded = _pad_tails(sch, expr, program, panels, epilogues)
     block = sch.get_sblock(expr.main_block)
@@ -83,6 +84,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     order = _loop_order(expr, levels, vector_axis, whole)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
+    _pad_per_tile(sch, staged, grid)
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
     # refuses to vectorise a loop over a block that is neither complete nor a reduction
     vector_loop = levels[vector_axis][-1] if vector_axis is not None else None
@@ -105,18 +107,32 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     return sch
 
 
-def _stage_producers(sch, expr: TensorExpr) -> None:
+def _stage_producers(sch, expr: TensorExpr) -> tuple[str, ...]:
     """Inline the producers (copies, conv's zero border) into the main block, unless one pads:
     an input read under a larger shape than the caller passes. A padding producer stays its own
-    stage, one pass over the padded tensor before the main loop nest. Inlined, its bounds test
-    is evaluated per lane inside the vectorised micro-kernel, which LLVM can only scalarise:
-    conv-3x3 (64 channels, 56x56, AVX2, 4x2x8 register tile) ran at 11 GFLOP/s with the
-    padding inlined and 130-170 GFLOP/s with it staged, for a copy of 0.9 MB. (The copy run in
-    parallel over the cores measured slower, 75-85 GFLOP/s: each core then reads rows the other
-    wrote.)"""
+    stage, computed per unit tile (`_pad_per_tile`); the names of those it left are returned.
+    Inlined, its bounds test is evaluated per lane inside the vectorised micro-kernel, which
+    LLVM can only scalarise: conv-3x3 (64 channels, 56x56, AVX2, 4x2x8 register tile) ran at
+    11 GFLOP/s with the padding inlined and 130-170 GFLOP/s with it staged, for a copy of
+    0.9 MB. (The copy as a parallel pass of its own measured slower, 75-85 GFLOP/s: each core
+    then reads rows the other wrote.)"""
     if any(tuple(tensor.shape) != tuple(arg.shape) for tensor, arg in zip(expr.inputs, expr.args)):
-        return
+        return common.producer_names(sch, expr)
     common.inline_producers(sch, expr)
+    return ()
+
+
+def _pad_per_tile(sch, staged: tuple[str, ...], grid) -> None:
+    """Compute each staged padding producer under the grid loop: per unit tile, the part of the
+    padded tensor that tile reads, on the core that reads it (in parallel, and in that core's
+    caches), rather than one pass over the whole tensor on one core before the loop nest. AVX-512
+    EPYC, one process each: avgpool-3x3 91-95 us against 125-133, dwconv-3x3 135-172 against
+    187-197 (its 4.8 MB input padded on one core); conv-3x3 and conv-3x3-s2 unchanged (their
+    unit tiles read every channel, so the two cores pad overlapping halves)."""
+    if grid is None:
+        return
+    for name in staged:
+        common.primitive(f"pad {name} per tile", sch.compute_at, sch.get_sblock(name), grid, True)
 
 
 def _split(sch, expr: TensorExpr, program: RProgram, block) -> list:
@@ -199,12 +215,13 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, a
 
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
-    _stage_producers(sch, expr)
+    staged = _stage_producers(sch, expr)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
     order = _loop_order(expr, levels, axis)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
+    _pad_per_tile(sch, staged, grid)
     _micro_kernel(sch, order[-len(levels):], levels[axis][-1], simd_lanes(device, expr.output.itemsize),
                   _reduce_positions(expr, levels, order))
     common.primitive("cache_write", sch.cache_write, block, 0, "local")
