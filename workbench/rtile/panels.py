@@ -24,11 +24,11 @@ def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     """The reduction axis a reduction without a vectorisable output axis (gemv, row sums)
     vectorises instead, or None.
 
-    It is the innermost reduction axis, when no spatial axis can be vectorised (`vector_loop_axis`,
-    with panels where `_panel_inputs` would pack: a transposed matmul vectorises its output
-    rows after packing rather than its K), every input reading it streams along it
-    (`streams`) and at least one does, it is not a fused axis, and its register tile is a
-    whole number of vectors that divides its extent.
+    It is the innermost reduction axis, when no spatial axis can be vectorised
+    (`vector_loop_axis`, with panels where `_panel_inputs` would pack: a transposed matmul
+    vectorises its output rows after packing rather than its K), every input reading it
+    streams along it (`streams`) and at least one does, it is not a fused axis, and its
+    register tile is a whole number of vectors that divides its extent.
     """
     packed = bool(_panel_inputs(expr, program, device))
     if not expr.reduce or vector_loop_axis(expr, program, device, packed, packed) is not None:
@@ -64,9 +64,10 @@ def filter_vector_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) 
 def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
     """The inputs the template copies into panels for `program` (the one decision the schedule
     and the model that prices the copies, `rtile.model`, share): a convolution along its
-    filters packs the inputs that read them (`codegen/cpu.py`'s `_schedule_filters`); elsewhere `_panel_inputs`
-    decides, only for a micro-kernel with a vector axis (panels, and the padding that serves
-    them, feed vector loads); a reduction vectorised along its reduction packs nothing."""
+    filters packs the inputs that read them (`codegen/cpu.py`'s `_schedule_filters`);
+    elsewhere `_panel_inputs` decides, only for a micro-kernel with a vector axis (panels, and
+    the padding that serves them, feed vector loads); a reduction vectorised along its
+    reduction packs nothing."""
     if len(program.tiles) < 2:
         return ()
     filters = filter_vector_axis(expr, program, device)
@@ -74,7 +75,9 @@ def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
         return tuple(t.name for t in expr.inputs if t.uses_axis(filters))
     if lane_reduction_axis(expr, program, device) is not None:
         return ()
-    return _panel_inputs(expr, program, device) if vector_loop_axis(expr, program, device, True, True) is not None else ()
+    if vector_loop_axis(expr, program, device, True, True) is None:
+        return ()
+    return _panel_inputs(expr, program, device)
 
 
 def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
