@@ -36,7 +36,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.panels import (
-    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, simd_lanes, vector_loop_axis,
+    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, ragged, simd_lanes, vector_loop_axis,
 )
 from workbench.rtile.rprogram import RProgram
 
@@ -386,7 +386,7 @@ def _pad_tails(sch, expr: TensorExpr, program: RProgram, panels, epilogues) -> b
     if not panels or epilogues or any(len(a.fused_from) > 1 for a in expr.axes):
         return False
     unit = program.unit_tile
-    if not any(common.needs_guard(expr.axes[a].extent, common.axis_chain(program, a)) for a in expr.spatial):
+    if not any(ragged(expr, program, a) for a in expr.spatial):
         return False
     factors = [int(unit[a]) if axis.kind == "spatial" else 1 for a, axis in enumerate(expr.axes)]
     common.primitive("pad to whole tiles", sch.pad_einsum, sch.get_sblock(expr.main_block), factors)

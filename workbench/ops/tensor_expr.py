@@ -44,6 +44,11 @@ class TensorAccess:
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Elements between neighbours along each dimension (row-major)."""
+        return tuple(prod(self.shape[d + 1 :]) for d in range(len(self.shape)))
+
     def axes_of_dim(self, dim: int) -> tuple[int, ...]:
         """Axes (by position) that index dimension `dim`."""
         return tuple(a for a, c in enumerate(self.index[dim][0]) if c != 0)

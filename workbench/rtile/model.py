@@ -295,11 +295,12 @@ def measured_micro_kernel(program: RProgram, device: DeviceSpec) -> MicroKernel 
     return None if shape is None else device.micro_kernel(program.expr.dtype, *shape)
 
 
-def provenance(program: RProgram, device: DeviceSpec) -> dict[str, tuple[str, ...]]:
+def provenance(program: RProgram, device: DeviceSpec, packed: bool) -> dict[str, tuple[str, ...]]:
     """`Estimate.measured` and `Estimate.modelled`: the compute term measured where the register
     tile's micro-kernel was (level 0), else modelled from the peak; the peak and the bandwidths
     measured where the spec is calibrated, else the spec's values; the traffic per layer and
-    the scale-out over the units always modelled (the levels above level 0)."""
+    the scale-out over the units always modelled (the levels above level 0), and the panel
+    copies where the CPU template makes them (`packed`: `packed_bytes` > 0)."""
     measured, modelled = [], []
     kernel = measured_micro_kernel(program, device)
     calibrated = "calibrated" if device.calibrated else "the spec's, not calibrated"
@@ -320,7 +321,7 @@ def provenance(program: RProgram, device: DeviceSpec) -> dict[str, tuple[str, ..
         names = ", ".join(device.layers[l].name for l in sources)
         (measured if device.calibrated else modelled).append(f"bandwidth of {names} ({calibrated})")
     modelled.append("traffic per layer")
-    if packed_bytes(program, device):
+    if packed:
         modelled.append("panel copies of the packed inputs")
     modelled.append(f"scale-out over {device.compute_units} {'cores' if device.runs_on_cpu else 'units'}")
     return {"measured": tuple(measured), "modelled": tuple(modelled)}
@@ -676,13 +677,12 @@ def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) 
     sector = device.layers[-1].transaction_bytes
     found = []
     for tensor in expr.inputs:
-        strides = [prod(tensor.shape[d + 1 :]) for d in range(len(tensor.shape))]
         elements = set()
         for start in starts:
             for point in product(*offsets):
                 coord = [s + o for s, o in zip(start, point)]
                 elements.add(sum((sum(c * x for c, x in zip(coeffs, coord)) + const) * stride
-                                 for (coeffs, const), stride in zip(tensor.index, strides)))
+                                 for (coeffs, const), stride in zip(tensor.index, tensor.strides)))
         touched = len({e * tensor.itemsize // sector for e in elements})
         found.append((touched, ceil(len(elements) * tensor.itemsize / sector)))
     return tuple(found)
@@ -766,10 +766,11 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(program, device, compute, loads)
-    packing = packing_seconds(program, device)
-    if packing:
+    packed = packed_bytes(program, device)
+    packing = _copy_seconds(program, device, packed)
+    if packed:
         stage = f"packing into {device.layers[pack_layer(program)].name}"
-        moved[stage], loads[stage] = packed_bytes(program, device), packing
+        moved[stage], loads[stage] = packed, packing
     occupancy = 1.0 if not device.has_occupancy_limits else min(1.0, threads * bpu / device.max_threads_per_unit)
     tree = tree_reduction_seconds(program, device, threads, n_waves)
     return Estimate(
@@ -786,7 +787,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         predicted_seconds=core * quantization + tree + split_k_seconds(program, device) + packing,
         footprints=footprints,
         reduction_seconds=tree,
-        **provenance(program, device),
+        **provenance(program, device, bool(packed)),
     )
 
 
@@ -799,7 +800,11 @@ def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
     decides: a 6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs
     nothing (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to
     130, so every input is copied, where 8 rows divide it and copy nothing."""
-    moved = packed_bytes(program, device)
+    return _copy_seconds(program, device, packed_bytes(program, device))
+
+
+def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int) -> float:
+    """`packing_seconds` of `moved` = `packed_bytes(program, device)` (computed once by `estimate`)."""
     if not moved:
         return 0.0
     layer = device.layers[pack_layer(program)]

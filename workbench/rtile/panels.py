@@ -150,11 +150,8 @@ def _panel_pays(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor)
     if vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector):
         return True
     tile = program.tiles[1]
-    strides = [1] * len(tensor.shape)
-    for d in reversed(range(len(tensor.shape) - 1)):
-        strides[d] = strides[d + 1] * int(tensor.shape[d + 1])
     axes = [next(a for a, c in enumerate(coeffs) if c) for coeffs, _ in tensor.index]
-    span = 1 + sum((int(tile[a]) - 1) * stride for a, stride in zip(axes, strides))
+    span = 1 + sum((int(tile[a]) - 1) * stride for a, stride in zip(axes, tensor.strides))
     return span * tensor.itemsize > device.layers[1].capacity_bytes
 
 
