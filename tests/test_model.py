@@ -22,6 +22,7 @@ from workbench.rtile.model import (
     accumulator_home,
     accumulator_steps,
     blocks_per_unit,
+    buffer_bytes,
     bytes_in_flight,
     cache_traffic,
     compute_efficiency,
@@ -127,6 +128,7 @@ def check_consistent(calc, dev, program, est):
         home = dev.layers[accumulator_home(program, dev)].name
         lanes = partial_sums(calc.expr, dev, program.tiles[0])  # closed forms in test_alignment
         moved[home] = moved.get(home, 0) + calc.accumulator_bytes(program.tiles[0], accumulator_steps(program), lanes)
+        moved[home] += buffer_bytes(program, dev)  # the output buffer's passes (closed forms in test_panels)
     if packed_bytes(program, dev):
         moved[f"packing into {dev.layers[pack_layer(program)].name}"] = packed_bytes(program, dev)
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
@@ -513,7 +515,8 @@ def test_the_estimate_says_what_was_measured_and_what_modelled():
 def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
     """On a CPU the register tile's accumulators go out to L1 and back at every L1 K-step:
     mm-512 with L1 K tiles of 16 moves 2 x 31 x the 1 MiB output more through L1 than with
-    K tiles of 512, and the prediction grows by exactly that traffic over L1's bandwidth when
+    K tiles of 512 (whose accumulators go straight to the output, where the short tiles' pass
+    through the unit tile's buffer), and the prediction grows by exactly that traffic over L1's bandwidth when
     the L1 stage binds. A GPU thread keeps its accumulators over the whole K loop: no change."""
     e = matmul(512, 512, 512)
     calc = TileCalculus(e)
@@ -523,7 +526,9 @@ def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
         return make_program(calc, cpu, [(4, 16, 1), (32, 64, l1_k), (128, 256, 512)], (True,) * 3, 0.0)
 
     short, long = estimate(program(16), cpu), estimate(program(512), cpu)
-    extra = 2 * 31 * 512 * 512 * 4
+    # plus the output buffer's passes: the K tile of 512 is the whole reduction, stored directly
+    assert buffer_bytes(program(512), cpu) == 0
+    extra = 2 * 31 * 512 * 512 * 4 + buffer_bytes(program(16), cpu)
     home = cpu.layers[accumulator_home(program(16), cpu)].name
     assert home == "L2"  # a 128 x 256 unit tile's 128 KiB of outputs: more than L1 holds
     assert dict(short.bytes_per_layer)[home] - dict(long.bytes_per_layer)[home] == extra
@@ -762,10 +767,11 @@ def test_cpu_cache_tiles_share_with_their_neighbours_what_one_step_leaves_in_the
     assert cache_traffic(spills, TINY_CPU, 1) == calc.traffic_bytes((4, 16, 64))
     assert [cache_traffic(fits, TINY_CPU, l) for l in (0, 2)] == [calc.traffic_bytes(t) for t in fits.tiles[::2]]
     # the L1 tile is one register tile, so the accumulators stay in registers over its K-steps
-    # and leave them once per K-step of the unit tile (`accumulator_steps`)
+    # and leave them once per K-step of the unit tile (`accumulator_steps`), through the unit
+    # tile's buffer (`buffer_bytes`: its L1 tile's K of 64 is not the whole reduction)
     assert accumulator_steps(fits) == (64, 128, 256)
     assert dict(estimate(fits, TINY_CPU).bytes_per_layer)["L2"] - cache_traffic(fits, TINY_CPU, 1) == (
-        calc.accumulator_bytes(tiles[0], (64, 128, 256)))
+        calc.accumulator_bytes(tiles[0], (64, 128, 256)) + buffer_bytes(fits, TINY_CPU))
     gpu = device("v100")
     g = TileCalculus(matmul(1024, 1024, 1024))
     gp = make_program(g, gpu, [(4, 4, 1), (64, 64, 8)], (True, True), 0.0)

@@ -7,8 +7,13 @@ from dataclasses import replace
 import pytest
 from helpers import TINY_CPU, expr
 
-from workbench.rtile.model import GB, PACK_BYTES_PER_CYCLE, core_ghz, estimate, packing_seconds
-from workbench.rtile.panels import _panel_pays, pack_layer, packed_bytes, packed_inputs
+from workbench.rtile.model import (
+    BUFFER_PASSES, GB, PACK_BYTES_PER_CYCLE, buffer_bytes, core_ghz, estimate, packing_seconds,
+)
+from workbench.rtile.panels import (
+    _panel_pays, direct_stores, filter_vector_axis, lane_reduction_axis, pack_layer, packed_bytes, packed_inputs,
+    whole_reduction,
+)
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
 
@@ -79,3 +84,33 @@ def test_the_copies_run_at_two_elements_per_cycle_where_the_bandwidth_would_allo
     assert core_ghz(timed) == pytest.approx(ghz, rel=1e-12)
     assert packing_seconds(program, timed) == pytest.approx(max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)), rel=1e-12)
     assert packing_seconds(program, timed) > streamed
+
+
+@pytest.mark.parametrize("k_tile", [64, 32, 16])
+def test_a_register_tile_over_the_whole_reduction_stores_straight_to_the_output(k_tile):
+    """bmm-attn's shape with 8 x 16 registers: an L1 tile of the whole K (64) runs each register
+    tile's K-loop to its end, so the accumulators go straight to C and the model prices no
+    buffer; a K tile of 32 or 16 accumulates into the unit tile's buffer: BUFFER_PASSES over the
+    output of every unit tile (6 x 128 x 128 fp32, 2 tiles), which `estimate` adds to the
+    buffer's layer (test_model's invariants)."""
+    e = expr("matmul", B=12, M=128, K=64, N=128)
+    program = _program(e, [(1, 8, 16, 1), (1, 8, 32, k_tile), (6, 128, 128, 64)])
+    direct = k_tile == 64
+    assert whole_reduction(e, program) is direct and direct_stores(e, program, TINY_CPU) is direct
+    assert buffer_bytes(program, TINY_CPU) == (0 if direct else BUFFER_PASSES * 6 * 128 * 128 * 4 * 2)
+
+
+def test_templates_that_always_buffer_store_nothing_directly():
+    """A convolution along its filters transposes its accumulators on the way out and a
+    reduction along its K sums lanes: both go through a buffer whatever the L1 tile's K; so
+    does a micro-kernel without a vector axis (a register row narrower than a vector)."""
+    conv = expr("conv2d", N=1, C=16, H=8, W=8, F=32, KH=3, KW=3, stride=1, pad=1)
+    program = _program(conv, [(1, 16, 1, 2, 1, 1, 1), (1, 16, 2, 8, 16, 3, 3), (1, 32, 8, 8, 16, 3, 3)])
+    assert filter_vector_axis(conv, program, TINY_CPU) is not None and whole_reduction(conv, program)
+    assert not direct_stores(conv, program, TINY_CPU) and buffer_bytes(program, TINY_CPU) > 0
+    gemv = expr("gemv", M=64, K=256)
+    program = _program(gemv, [(1, 16), (4, 256), (64, 256)])
+    assert lane_reduction_axis(gemv, program, TINY_CPU) is not None and not direct_stores(gemv, program, TINY_CPU)
+    narrow = expr("matmul", M=64, N=64, K=64)
+    program = _program(narrow, [(4, 2, 1), (8, 8, 64), (64, 64, 64)])
+    assert whole_reduction(narrow, program) and not direct_stores(narrow, program, TINY_CPU)

@@ -10,7 +10,7 @@ inside one K-step reuse what that step brought into L2, and the register micro-k
 unrolled. A reduction accumulates into a local buffer of one L2 output tile (`cache_write`,
 laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
 where the whole reduction fits one L1 tile, of one register tile, stored to the output in
-vectors right after its K-loop (`_whole_reduction`); an epilogue (avgpool / reduce_mean
+vectors right after its K-loop (`panels.whole_reduction`); an epilogue (avgpool / reduce_mean
 division) is folded into that write-back and producers are inlined, but for a padding copy,
 computed per unit tile on the core that reads it (`_pad_per_tile`).
 
@@ -36,7 +36,8 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.panels import (
-    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, ragged, simd_lanes, vector_loop_axis,
+    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pads_tails, simd_lanes, vector_loop_axis,
+    whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 
@@ -76,11 +77,11 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     epilogues = common.epilogue_names(sch, expr)
     staged = _stage_producers(sch, expr)
     panels = packed_inputs(expr, program, device)
-    padded = _pad_tails(sch, expr, program, panels, epilogues)
+    padded = _pad_tails(sch, expr, program, device, epilogues)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
     vector_axis = vector_loop_axis(expr, program, device, bool(panels), padded)
-    whole = vector_axis is not None and _whole_reduction(expr, program)
+    whole = vector_axis is not None and whole_reduction(expr, program)
     order = _loop_order(expr, levels, vector_axis, whole)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
@@ -92,7 +93,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
                   _reduce_positions(expr, levels, order))
     if expr.reduce:
         # one register tile's accumulators go straight to the output when the whole reduction
-        # runs inside it (`_whole_reduction`); the loop over register tiles is then the last S(n-1)
+        # runs inside it (`panels.whole_reduction`); the loop over register tiles is then the last S(n-1)
         tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
         _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, padded)
         if tile_loop is not None:
@@ -244,7 +245,7 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, a
 
 def _loop_order(expr: TensorExpr, levels: list, vector_axis: int | None, whole: bool = False) -> list:
     """`S0 R0 .. S(n-2) R(n-2) | S(n-1) | R(n-1) | register tile`, n = number of layers; with
-    `whole` (`_whole_reduction`: R0 .. R(n-2) run once) those come right before R(n-1), inside
+    `whole` (`panels.whole_reduction`: R0 .. R(n-2) run once) those come right before R(n-1), inside
     the register tiles' loop, so that a register tile's whole reduction lies under it.
 
     Register tile: with a vectorised axis `R(n) S(n)`, that axis last (every register K-step
@@ -275,15 +276,6 @@ def _parallelise(sch, outer: list):
     return grid
 
 
-def _whole_reduction(expr: TensorExpr, program: RProgram) -> bool:
-    """Whether the whole reduction runs inside one L1 tile (every reduce axis's L1 tile is its
-    extent), so that a register tile's accumulators are complete when its own K-loop ends and
-    can go straight to the output, BLAS's micro-kernel storing C, instead of into a unit tile's
-    buffer that is initialised, filled and copied out in passes of their own (mm-skinny's 16 MiB
-    output, K = 64, passed through L2 three times)."""
-    return bool(expr.reduce) and all(program.tiles[1][r] >= expr.axes[r].extent for r in expr.reduce)
-
-
 def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
     """Make the write-back of one register tile (under `tile_loop`) vector stores of whole
     registers, its other loops unrolled, so that the tile's accumulator buffer has constant
@@ -308,7 +300,7 @@ def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded
     (the grid loop), fold epilogues into the write-back, and split off the initialisation.
     After `_pad_tails` the padded output is that buffer already (compacted to one tile per grid
     iteration when lowered) and its copy into the output is the write-back. Where `at_loop` is
-    the loop over register tiles instead (`_whole_reduction`), the buffer is one register
+    the loop over register tiles instead (`panels.whole_reduction`), the buffer is one register
     tile's, initialised under it."""
     if padded:
         common.primitive("accumulate locally", sch.set_scope, block, 0, "local")
@@ -377,17 +369,15 @@ def _vector_width(extent: int, lanes: int) -> int:
     return width
 
 
-def _pad_tails(sch, expr: TensorExpr, program: RProgram, panels, epilogues) -> bool:
+def _pad_tails(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, epilogues) -> bool:
     """Pad the spatial axes of a panel-packed expression up to whole unit tiles (`pad_einsum`:
     inputs read as zero past their end, the padded output copied back), so the micro-kernel
     runs without a guard on every tile (a 6-row register tile on 512 rows has a tail in every
     column of tiles otherwise, and a guarded accumulator row stays in memory, not a register).
     Only the packs read the ragged edge, under their own guard. True when it padded."""
-    if not panels or epilogues or any(len(a.fused_from) > 1 for a in expr.axes):
+    if epilogues or not pads_tails(expr, program, device):
         return False
     unit = program.unit_tile
-    if not any(ragged(expr, program, a) for a in expr.spatial):
-        return False
     factors = [int(unit[a]) if axis.kind == "spatial" else 1 for a, axis in enumerate(expr.axes)]
     common.primitive("pad to whole tiles", sch.pad_einsum, sch.get_sblock(expr.main_block), factors)
     return True

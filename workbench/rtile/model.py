@@ -54,7 +54,7 @@ from workbench.rtile.alignment import (
     accumulators, block_thread_count, cross_thread_axis, is_projection, lane_axis, mma_axes, partial_sums,
     resident_block_limit, simd_vectors,
 )
-from workbench.rtile.panels import pack_layer, packed_bytes
+from workbench.rtile.panels import direct_stores, pack_layer, packed_bytes
 from workbench.rtile.pipeline import STAGES, async_copies, pipelined, prefetch_registers, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
@@ -395,6 +395,29 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
         return 1.0
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in expr.spatial) else 1.0
+
+
+# Passes the CPU template's output buffer makes over the unit tile's outputs beyond storing
+# them once (`buffer_bytes`): the initialisation's stores, the first K-step's loads of the
+# accumulators, their last stores into the buffer, and the write-back's loads.
+BUFFER_PASSES = 4
+
+
+def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
+    """Bytes a CPU reduction's output buffer moves in the layer that holds it
+    (`accumulator_home`), beyond the one store of each output: `BUFFER_PASSES` over the padded
+    output, where the template accumulates into a buffer of the unit tile's outputs; 0 where it
+    stores each register tile's accumulators straight to the output (`panels.direct_stores`).
+    bmm-attn (12 x 128 x 128, K = 64) on the AVX-512 Zen 5, one process, the same register
+    tiles and L2 tiles: L1 tiles of the whole K (direct stores) ran 54-56 us with 11 to 13-row
+    registers and 48 us with 8 rows, those of K = 32 (buffered) 65-66 and 56 us: about 10 us
+    for ~1.6 MB a core at the L2's 217 GB/s a core (7.5 us), which the model did not see and
+    ranked the two as equal."""
+    expr = program.expr
+    if not device.runs_on_cpu or not expr.reduce or direct_stores(expr, program, device):
+        return 0
+    out = prod(calculus(expr).data_tiles(program.unit_tile)[-1]) * expr.tensors[-1].itemsize
+    return BUFFER_PASSES * out * program.grid
 
 
 def accumulator_steps(program: RProgram) -> tuple[int, ...]:
@@ -760,7 +783,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         home = device.layers[accumulator_home(program, device)]
         q = calc.accumulator_bytes(program.register_tile, accumulator_steps(program),
-                                   partial_sums(expr, device, program.register_tile))
+                                   partial_sums(expr, device, program.register_tile)) + buffer_bytes(program, device)
         moved[home.name] = moved.get(home.name, 0) + q
         loads[home.name] = loads.get(home.name, 0.0) + q / (home.bandwidth_gbps * GB * busy)
     stages = {"compute": compute, **loads}

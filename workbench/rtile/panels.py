@@ -80,6 +80,38 @@ def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     return _panel_inputs(expr, program, device)
 
 
+def pads_tails(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the template pads the spatial axes up to whole unit tiles (`codegen/cpu._pad_tails`):
+    a panel-packed expression of unfused axes whose unit tile leaves a tail. (The schedule also
+    keeps the guard where epilogues follow the main block, which the expression does not record.)"""
+    if any(len(a.fused_from) > 1 for a in expr.axes) or not packed_inputs(expr, program, device):
+        return False
+    return any(ragged(expr, program, a) for a in expr.spatial)
+
+
+def whole_reduction(expr: TensorExpr, program: RProgram) -> bool:
+    """Whether the whole reduction runs inside one L1 tile (every reduce axis's L1 tile is its
+    extent), so that a register tile's accumulators are complete when its own K-loop ends and
+    can go straight to the output (`direct_stores`) instead of into a unit tile's buffer that is
+    initialised, filled and copied out in passes of their own (mm-skinny's 16 MiB output,
+    K = 64, passed through L2 three times)."""
+    return bool(expr.reduce) and len(program.tiles) > 1 and all(
+        program.tiles[1][r] >= expr.axes[r].extent for r in expr.reduce)
+
+
+def direct_stores(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the plain template stores each register tile's accumulators straight to the
+    output, BLAS's micro-kernel storing C (`codegen/cpu._store_registers`): with a vectorised
+    output row over a `whole_reduction`. Elsewhere a reduction accumulates in a buffer of the
+    unit tile's outputs, initialised and copied out in passes of its own (`model.buffer_bytes`);
+    the filter and lane templates always do."""
+    if filter_vector_axis(expr, program, device) is not None or lane_reduction_axis(expr, program, device) is not None:
+        return False
+    packed = bool(packed_inputs(expr, program, device))
+    padded = pads_tails(expr, program, device)
+    return whole_reduction(expr, program) and vector_loop_axis(expr, program, device, packed, padded) is not None
+
+
 def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
     """Elements of `dtype_bytes` per vector register (`warp_size` counts 32-bit lanes on CPUs)."""
     return max(1, device.warp_size * 4 // dtype_bytes)
