@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import TINY_CPU, device, expr, suite_workloads, workload_expr
-from workbench.codegen.build import Kernel, build_kernel
+from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_dict
 from workbench.codegen.common import chain_factors
 from workbench.codegen.cpu import schedule_cpu, simd_lanes
 from workbench.rtile.alignment import vector_axis
@@ -481,3 +481,17 @@ def test_a_multi_block_epilogue_is_correct_on_tiles_that_straddle_fused_rows(row
     args, expected = operator_references(mc.model, mc.device, model_inputs(mc.model, 0))["layer_norm"]
     got = measure_operator(built, args, expected, Timing(repeat=1, min_repeat_ms=0))
     assert got.correct, got.error
+
+
+def test_x86_kernels_are_compiled_without_llvm_gathers():
+    """LLVM vectorises a scalar micro-kernel's unrolled row on its own; on a stride-2 pooling it
+    turned a 4-wide row into gathers and scatters (2-3x slower on AVX-512 Zen 5), which
+    `X86_FEATURES` rules out: the CPU target carries them (x86 only: an aarch64 spec's target
+    does not), and the kernel's assembly has no gather or scatter, and still matches numpy."""
+    x86 = target_dict(device(CPU))
+    assert all(feature in x86["mattr"] for feature in X86_FEATURES)
+    assert "mattr" not in target_dict(replace(TINY_CPU, target=(("kind", "llvm"), ("mtriple", "aarch64-linux-gnu"))))
+    e = expr("avgpool", N=1, C=64, H=112, W=112, K=3, stride=2, pad=1)
+    kernel = _local_kernel(e, dict(n=(1, 1, 1), c=(1, 1, 16), h=(1, 14, 56), w=(4, 56, 56), r=(1, 3, 3), s=(3, 3, 3)))
+    assembly = dict(kernel.sources)["s"]
+    assert not re.search(r"\bv(p)?(gather|scatter)", assembly)
