@@ -15,14 +15,17 @@ from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
-from workbench.rtile.alignment import block_thread_count, cross_thread_axis, lane_axis, partial_sums
+from workbench.rtile.alignment import autovector_axis, block_thread_count, cross_thread_axis, lane_axis, partial_sums
 from workbench.hardware.spec import MicroKernel
 from workbench.rtile import model
 from workbench.rtile.model import (
     accumulator_home,
     accumulator_steps,
     blocks_per_unit,
+    autovector_efficiency,
     buffer_bytes,
+    hardware_caches,
+    vector_pieces,
     bytes_in_flight,
     cache_traffic,
     compute_efficiency,
@@ -100,7 +103,8 @@ def check_consistent(calc, dev, program, est):
         else:
             unit_time = hide(est.compute_seconds, glob, warps)
     else:  # registers' loads overlap the FMAs; every transfer further down adds
-        first = dev.layers[source_layer(program, 0, len(dev.layers))].name
+        # on a CPU the data passes every cache layer, staged or not (`hardware_caches`)
+        first = dev.layers[source_layer(hardware_caches(program, dev), 0, len(dev.layers))].name
         loads = dict(est.load_seconds)
         # the CPU template's panel copies are the busiest core's already (closed forms in
         # test_vortex_analyzer): they add after the imbalance
@@ -113,9 +117,11 @@ def check_consistent(calc, dev, program, est):
     assert est.predicted_seconds == pytest.approx(unit_time * imbalance + est.reduction_seconds + packing)
     assert est.flops == calc.expr.flops <= est.padded_flops
     moved = {}
+    through = replace(program, cached=(True,) * len(program.cached)) if dev.kind == "cpu" else program
+    assert hardware_caches(program, dev) == through
     for layer, tile in enumerate(program.tiles):
-        if program.cached[layer]:
-            src = dev.layers[source_layer(program, layer, len(dev.layers))].name
+        if through.cached[layer]:
+            src = dev.layers[source_layer(through, layer, len(dev.layers))].name
             # Q(tile), or less where a CPU cache tile's neighbours share (closed forms below);
             # a CPU cache layer counts the inputs read an element at a time in whole lines
             lines = (dev.layers[layer].transaction_bytes, scattered_inputs(calc.expr, dev))
@@ -356,8 +362,8 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     """relu has no reduction: only the lanes count (a 3-wide row of fp32 fills 3 of 8 lanes).
     A sum into a scalar runs its lanes along the reduction: 1 vector of partial sums covers 1
     of 10 FMA chains, 10 vectors all. out[i] = sum_k A[2i + k] (k < 3) has no lane axis (its row
-    gathers every other input, its window is shorter than a vector): scalar code, one lane of
-    8, 8 outputs = 8 of 10 chains. A spec without FMA facts (TINY_CPU): lanes only. float64 has
+    gathers every other input, its window is shorter than a vector): the template's code is
+    scalar, and LLVM vectorises its row (`autovector_efficiency`). A spec without FMA facts (TINY_CPU): lanes only. float64 has
     4 lanes in a ymm register."""
     relu = expr("relu", shape=(17, 11, 3))
     assert compute_efficiency(cpu_program(AVX2, relu, (1, 1, 3)), AVX2, 1, 1) == pytest.approx(3 / 8)
@@ -365,11 +371,59 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     assert compute_efficiency(cpu_program(AVX2, total, (8,)), AVX2, 1, 1) == pytest.approx(1 / 10)
     assert compute_efficiency(cpu_program(AVX2, total, (80,)), AVX2, 1, 1) == pytest.approx(1.0)
     strided = plain_expr({"i": (64, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 2, "k": 1}]), ("out", [{"i": 1}])])
-    assert compute_efficiency(cpu_program(AVX2, strided, (8, 3)), AVX2, 1, 1) == pytest.approx(1 / 8 * 8 / 10)
+    # LLVM vectorises its row (closed forms below): 8 outputs = one 8-lane vector, 2 loads each
+    flops = min(1.0, strided.flops / (2 * 64 * 3))
+    assert compute_efficiency(cpu_program(AVX2, strided, (8, 3)), AVX2, 1, 1) == pytest.approx(8 / 8 / 2 * flops)
     assert compute_efficiency(cpu_program(TINY_CPU, matmul(64, 64, 64), (2, 16, 1)), TINY_CPU, 1, 1) == 1.0
     wide = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
     assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2, 1, 1) == pytest.approx(10 / 10 * 1.0)
     assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2, 1, 1) == pytest.approx(2 / 10 * 6 / 8)
+
+
+@pytest.mark.parametrize("elements, lanes, pieces", [(56, 16, 4), (28, 16, 3), (14, 16, 3), (8, 16, 1), (7, 16, 3),
+                                                     (4, 16, 1), (28, 8, 4), (24, 8, 3), (12, 8, 2), (1, 16, 1)])
+def test_llvm_packs_a_scalar_row_in_power_of_two_pieces(elements, lanes, pieces):
+    """Largest first, at most a register: 56 = 16+16+16+8, 28 = 16+8+4, 14 = 8+4+2, 7 = 4+2+1;
+    on 8 lanes 28 = 8+8+8+4."""
+    assert vector_pieces(elements, lanes) == pieces
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("row", [1, 2, 3, 4, 8, 12, 16, 28])
+def test_an_autovectorised_row_fills_its_pieces_over_its_loads_and_flops(dev, row):
+    """A stride-2 sum over a window of 3 (a pooling's row), L1 rows of 56 (57 for a row of 3):
+    a row of w >= 4 fills w / (pieces x lanes) and loads 2 vectors a vector; a row of fewer is
+    vectorised across the L1 row's n = 56 / w register tiles, `lanes` at a time, the rest one
+    by one. The flops of one add per point reach half the FMA peak. Closed forms."""
+    lanes = dev.register_bytes // 4
+    extent = 57 if row == 3 else 56
+    e = plain_expr({"i": (extent, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 2, "k": 1}]), ("out", [{"i": 1}])])
+    assert autovector_axis(e, dev) == 0
+    program = make_program(TileCalculus(e), dev, [(row, 3), (extent, 3), (extent, 3)], (True,) * 3, 0.0)
+    if row >= 4:
+        filled = row / (vector_pieces(row, lanes) * lanes)
+    else:
+        n = extent // row
+        filled = n / ((n // lanes + n % lanes) * lanes)
+    flops = min(1.0, e.flops / (2 * extent * 3))
+    assert autovector_efficiency(program, dev) == pytest.approx(filled / 2 * flops)
+    assert compute_efficiency(program, dev, 1, 1) == autovector_efficiency(program, dev)
+    # with a contiguous input the row is the template's own (`lane_axis`): not LLVM's
+    contiguous = plain_expr({"i": (56, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 1, "k": 1}]), ("out", [{"i": 1}])])
+    assert autovector_axis(contiguous, dev) is None
+
+
+def test_a_cpu_program_reads_through_every_cache_layer_a_gpu_only_through_those_it_stages():
+    """A pooling whose L1 and L2 tiles are left uncached: on a CPU its register tiles still load
+    from L1 (the first stage, overlapping the compute) and the L1 and L2 tiles from the layers
+    below (adding); the same tiles on a GPU load straight from the bottom."""
+    e = plain_expr({"i": (4096, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 2, "k": 1}]), ("out", [{"i": 1}])])
+    program = make_program(TileCalculus(e), AVX512, [(8, 3), (512, 3), (2048, 3)], (True, False, False), 0.0)
+    assert hardware_caches(program, AVX512).cached == (True, True, True)
+    assert [name for name, _ in estimate(program, AVX512).load_seconds][:3] == ["L1", "L2", "DRAM"]
+    gpu = device("v100")
+    staged = make_program(TileCalculus(matmul(256, 256, 256)), gpu, [(4, 4, 1), (64, 32, 16)], (True, False), 0.0)
+    assert hardware_caches(staged, gpu) is staged
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])

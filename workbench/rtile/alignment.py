@@ -146,6 +146,8 @@ class ExecutionUnitRule:
                 if any(size * t.itemsize % line for t in ctx.expr.inputs if t.uses_axis(axis)):
                     return False
             return size % ctx.device.warp_size == 0
+        if axis == autovector_axis(ctx.expr, ctx.device):
+            return size < 4 or size % 4 == 0 or size == extent
         return True
 
     def tile_ok(self, ctx, tile):
@@ -450,6 +452,18 @@ def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     if expr.axes[k].extent < device.warp_size or not any(t.uses_axis(k) for t in expr.inputs):
         return None
     return k if all(streams(t, k) for t in expr.inputs) else None
+
+
+def autovector_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The output row LLVM vectorises on its own in a CPU micro-kernel without a `lane_axis`: the
+    output's contiguous axis where an input reads it strided (a stride-2 pooling), or None. The
+    template leaves that row scalar and unrolled; LLVM's SLP vectoriser packs it into vectors in
+    power-of-two pieces, shuffling the strided loads (a row of 1 to 3, its loop vectoriser packs
+    consecutive register tiles instead): `autovector_utilisation`."""
+    if not device.runs_on_cpu or lane_axis(expr, device) is not None:
+        return None
+    v = vector_axis(expr)
+    return v if v is not None and expr.axes[v].kind == "spatial" else None
 
 
 def is_micro_kernel_layer(device: DeviceSpec, layer: int) -> bool:

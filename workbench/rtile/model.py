@@ -42,7 +42,7 @@ kernel (`split_k_seconds`), a CPU program the copies of the inputs its template 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
 from math import ceil, log2, prod
@@ -51,7 +51,7 @@ from workbench.construct.banks import ThreadBinding, requests, stored_tile, wave
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    accumulators, block_thread_count, cross_thread_axis, is_projection, lane_axis, mma_axes, partial_sums,
+    accumulators, autovector_axis, block_thread_count, cross_thread_axis, is_projection, lane_axis, mma_axes, partial_sums,
     resident_block_limit, simd_vectors,
 )
 from workbench.rtile.panels import direct_stores, pack_layer, packed_bytes
@@ -101,6 +101,19 @@ class Estimate:
             "measured": list(self.measured),
             "modelled": list(self.modelled),
         }
+
+
+def hardware_caches(program: RProgram, device: DeviceSpec) -> RProgram:
+    """`program` as its data moves: on a GPU through the layers it stages (`cached`); on a CPU
+    through every cache layer, which the hardware fills whatever the program stages. A CPU
+    program whose L1 and L2 tiles Roller left uncached (no reuse to stage: a pooling) still reads
+    through them, its register tiles' neighbours sharing lines in the L1 and its transfers from
+    L2 and DRAM adding to the compute rather than hiding it (`combine_stages`). avgpool-3x3 on
+    the AVX-512 Zen 5 (uncached L1 and L2 tiles): register rows of 28, 8 and 4 outputs ran 66,
+    74 and 95 us, in the order of their compute, which DRAM's term hid when it stood first."""
+    if not device.runs_on_cpu or all(program.cached):
+        return program
+    return replace(program, cached=(True,) * len(program.cached))
 
 
 def source_layer(program: RProgram, layer: int, n_layers: int) -> int:
@@ -191,12 +204,62 @@ def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu:
     kernel = measured_micro_kernel(program, device)
     if kernel is not None:
         return min(1.0, kernel.gflops / peak_gflops(program.expr, device))
+    if autovector_axis(program.expr, device) is not None:
+        return autovector_efficiency(program, device)
     tile = program.register_tile
     return (
         simd_utilisation(program.expr, device, tile)
         * latency_coverage(program.expr, device, tile)
         * load_coverage(program.expr, device, tile)
     )
+
+
+def vector_pieces(elements: int, lanes: int) -> int:
+    """Vectors LLVM's SLP vectoriser packs a row of `elements` independent scalar operations
+    into: power-of-two pieces of at most `lanes`, largest first (14 on 16 lanes: 8 + 4 + 2)."""
+    pieces, left, width = 0, elements, lanes
+    while left:
+        while width > left:
+            width //= 2
+        pieces, left = pieces + left // width, left % width
+    return pieces
+
+
+def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
+    """Fraction of peak a CPU micro-kernel reaches whose row LLVM vectorises (`autovector_axis`:
+    a stride-2 pooling): the lanes its vectors fill, over the loads each needs, over the flops
+    an operation counts.
+
+    - Lanes: a register row of w >= 4 outputs is SLP-vectorised in `vector_pieces`: w / (pieces
+      x lanes). A row of fewer is left to the loop vectoriser, which packs `lanes` consecutive
+      register tiles of the L1 row (n of them) per iteration and runs the rest one at a time:
+      n / ((n // lanes + n % lanes) x lanes).
+    - Loads: an input read with stride s along the row takes s vector loads per vector (and a
+      shuffle to separate them) on as many load ports as FMA pipes: 1 / s.
+    - Flops: the peak counts an FMA as two flops; an operator of fewer flops per iteration point
+      (a pooling's add) reaches that share of it.
+    The chains are short (a window's few adds per output), so out-of-order execution overlaps
+    consecutive register tiles' and no latency term applies.
+
+    avgpool-3x3 (stride 2, 64 x 112 x 112) on the AVX-512 Zen 5, L1 rows of 56, one process,
+    no gathers (`codegen.build.X86_FEATURES`): rows of 56 / 28 / 8 / 14 / 4 / 7 outputs (lanes
+    0.88 / 0.58 / 0.50 / 0.29 / 0.25 / 0.15) ran 61 / 66 / 74 / 79 / 95 / 100 us, a row of 1
+    (loop-vectorised, 0.32) 85 us: about 47 us of copies and traffic plus 12-14 us / lanes, the
+    compute this gives (16 us at lanes 1). Rows LLVM left partly scalar (14 with the 3 x 3
+    window unrolled: 147-153 us; `alignment.ExecutionUnitRule` keeps the row to whole 4-lane
+    pieces) are not modelled."""
+    expr = program.expr
+    axis = autovector_axis(expr, device)
+    lanes = max(1, device.register_bytes // expr.output.itemsize)
+    width = program.register_tile[axis]
+    if width >= 4:
+        filled = width / (vector_pieces(width, lanes) * lanes)
+    else:
+        tiles = max(1, program.tiles[min(1, len(program.tiles) - 1)][axis] // width)
+        filled = tiles / ((tiles // lanes + tiles % lanes) * lanes)
+    stride = max((abs(t.index[-1][0][axis]) for t in expr.inputs if t.uses_axis(axis)), default=1)
+    flops = min(1.0, expr.flops / (2 * prod(expr.extents)))
+    return filled / max(1, stride) * flops
 
 
 def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
@@ -773,13 +836,14 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
 
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
+    through = hardware_caches(program, device)
     for layer, tile in enumerate(program.tiles):
-        if not program.cached[layer]:
+        if not through.cached[layer]:
             continue
-        src = device.layers[source_layer(program, layer, len(device.layers))]
+        src = device.layers[source_layer(through, layer, len(device.layers))]
         q = cache_traffic(program, device, layer) + (uncoalesced_bytes(program, device) if layer == 0 else 0)
         moved[src.name] = moved.get(src.name, 0) + q
-        loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(program, device, layer, q) / busy
+        loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(through, device, layer, q) / busy
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         home = device.layers[accumulator_home(program, device)]
         q = calc.accumulator_bytes(program.register_tile, accumulator_steps(program),
@@ -788,7 +852,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
         loads[home.name] = loads.get(home.name, 0.0) + q / (home.bandwidth_gbps * GB * busy)
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
-    core = combine_stages(program, device, compute, loads)
+    core = combine_stages(through, device, compute, loads)
     packed = packed_bytes(program, device)
     packing = _copy_seconds(program, device, packed)
     if packed:
