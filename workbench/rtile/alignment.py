@@ -116,7 +116,11 @@ class ExecutionUnitRule:
     14 x 8's 3.1-4.0 ms on AVX2, loaded runs, each pair in one run); and
     a reduction's register tile holds at least `required_accumulators` vector accumulators, so
     that the core's FMA pipes never wait on an FMA latency (ALGORITHMS.md §7: the execution
-    unit of a CPU core is its FMA pipes x their latency, not one vector).
+    unit of a CPU core is its FMA pipes x their latency, not one vector). A row LLVM vectorises
+    on its own (`autovector_axis`: a stride-2 pooling) is whole 4-lane pieces, or shorter than
+    4 (its loop vectoriser then packs neighbouring tiles), or the whole axis: avgpool-3x3 on the
+    AVX-512 Zen 5 ran rows of 4, 8, 28 and 56 in 61-95 us, and rows of 14 with the 3 x 3 window
+    unrolled in 147-153 us, which LLVM left scalar (its SLP vectoriser gave up on 8 + 4 + 2).
     """
 
     name = "execution-unit"
@@ -459,7 +463,7 @@ def autovector_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     output's contiguous axis where an input reads it strided (a stride-2 pooling), or None. The
     template leaves that row scalar and unrolled; LLVM's SLP vectoriser packs it into vectors in
     power-of-two pieces, shuffling the strided loads (a row of 1 to 3, its loop vectoriser packs
-    consecutive register tiles instead): `autovector_utilisation`."""
+    consecutive register tiles instead): `model.autovector_efficiency`."""
     if not device.runs_on_cpu or lane_axis(expr, device) is not None:
         return None
     v = vector_axis(expr)
