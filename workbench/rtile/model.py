@@ -418,12 +418,14 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
                  <= device.layers[l].capacity_bytes), last)
 
 
-# Bytes a core's panel copy moves per cycle: two fp32 elements. bmm-attn (AVX-512 Zen 5 EPYC at
-# 3.97 GHz, one process): its 13-row tiles pad M and copy ~99 K elements per core with the copies
-# vectorised (`codegen/cpu._vectorise_copy`), and ran 69-74 us against 58 us for 8-row tiles
-# that copy nothing: ~12 us, 0.5 cycles per element, where the L2's bandwidth would move them in
-# 2 us (the copies' loads and stores, the panel's layout and the padding's select, not the bytes).
-PACK_BYTES_PER_CYCLE = 8
+# Bytes a core's panel copy moves per cycle: four fp32 elements. bmm-attn (AVX-512 Zen 5 EPYC at
+# 3.97 GHz, one process, 2026-11-25): its 13-row tiles pad M and copy ~99 K elements per core
+# with the copies vectorised (`codegen/cpu._vectorise_copy`), and ran 54-56 us against 48 us for
+# 8-row tiles that copy nothing, both with L1 tiles of the whole K (direct stores): ~7 us, 0.28
+# cycles per element, where the L2's bandwidth would move them in 2 us (the copies' loads and
+# stores, the panel's layout and the padding's select, not the bytes). (Fitted as two elements
+# before `buffer_bytes` priced the output buffer, whose 10 us that comparison had included.)
+PACK_BYTES_PER_CYCLE = 16
 
 # How much slower a CPU register micro-kernel runs when its tiles carry a guard (`guard_slowdown`):
 # dwconv-3x3 (96 channels, 112 x 112) on the AVX-512 Zen 5, two top-10 runs on 2026-11-24: the 8,
