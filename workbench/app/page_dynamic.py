@@ -28,7 +28,7 @@ DEFAULT_SHAPES = {"matmul": "M=dyn,K=768,N=2304", "gemv": "M=dyn,K=4096"}
 DEFAULT_MAX = 2048
 MAX_EXTENT_LIMIT = 1 << 16  # the curves price every step of every kernel up to the bound
 DEFAULT_VALUE = 77  # a typical BERT batch x sequence that is no sample and no tile multiple
-MAX_MEASURED = 12  # runs behind the button (each times repeats of at least 50 ms)
+MAX_MEASURED = 12  # runs behind the button (each times repeats of at least 25 ms)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
