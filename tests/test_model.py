@@ -420,7 +420,10 @@ def test_a_cpu_program_reads_through_every_cache_layer_a_gpu_only_through_those_
     e = plain_expr({"i": (4096, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 2, "k": 1}]), ("out", [{"i": 1}])])
     program = make_program(TileCalculus(e), AVX512, [(8, 3), (512, 3), (2048, 3)], (True, False, False), 0.0)
     assert hardware_caches(program, AVX512).cached == (True, True, True)
-    assert [name for name, _ in estimate(program, AVX512).load_seconds][:3] == ["L1", "L2", "DRAM"]
+    est = estimate(program, AVX512)
+    assert [name for name, _ in est.load_seconds][:3] == ["L1", "L2", "DRAM"]
+    assert "compute: the row LLVM vectorises: lanes filled over the strided loads" in est.modelled
+    assert any(line.startswith("bandwidth of L1, L2, DRAM") for line in est.measured + est.modelled)
     gpu = device("v100")
     staged = make_program(TileCalculus(matmul(256, 256, 256)), gpu, [(4, 4, 1), (64, 32, 16)], (True, False), 0.0)
     assert hardware_caches(staged, gpu) is staged

@@ -373,6 +373,8 @@ def provenance(program: RProgram, device: DeviceSpec, packed: bool) -> dict[str,
     else:
         if device.lanes_are_threads:
             how = "warps per scheduler"
+        elif autovector_axis(program.expr, device) is not None:
+            how = "the row LLVM vectorises: lanes filled over the strided loads"
         else:
             shape = micro_kernel_shape(program.expr, device, program.register_tile)
             # said only where calibration measured micro-kernels, just not this one
@@ -380,7 +382,8 @@ def provenance(program: RProgram, device: DeviceSpec, packed: bool) -> dict[str,
             how = f"SIMD lanes filled x FMA latency covered{unmeasured}"
         modelled.append(f"compute: {how}")
         (measured if device.calibrated else modelled).append(f"peak compute ({calibrated})")
-    sources = sorted({source_layer(program, l, len(device.layers)) for l, c in enumerate(program.cached) if c})
+    through = hardware_caches(program, device)
+    sources = sorted({source_layer(through, l, len(device.layers)) for l, c in enumerate(through.cached) if c})
     if sources:
         names = ", ".join(device.layers[l].name for l in sources)
         (measured if device.calibrated else modelled).append(f"bandwidth of {names} ({calibrated})")
