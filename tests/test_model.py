@@ -21,11 +21,9 @@ from workbench.rtile import model
 from workbench.rtile.model import (
     accumulator_home,
     accumulator_steps,
-    blocks_per_unit,
     autovector_efficiency,
+    blocks_per_unit,
     buffer_bytes,
-    hardware_caches,
-    vector_pieces,
     bytes_in_flight,
     cache_traffic,
     compute_efficiency,
@@ -33,6 +31,7 @@ from workbench.rtile.model import (
     GUARDED_MICRO_KERNEL,
     gpu_stages,
     guard_slowdown,
+    hardware_caches,
     is_compute_bound,
     is_load_hidden,
     packing_seconds,
@@ -47,6 +46,7 @@ from workbench.rtile.model import (
     step_loads,
     tree_reduction_seconds,
     uncoalesced_bytes,
+    vector_pieces,
     vthread_conflict_ratio,
     warp_sectors,
     warps_per_scheduler,
@@ -363,8 +363,8 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     A sum into a scalar runs its lanes along the reduction: 1 vector of partial sums covers 1
     of 10 FMA chains, 10 vectors all. out[i] = sum_k A[2i + k] (k < 3) has no lane axis (its row
     gathers every other input, its window is shorter than a vector): the template's code is
-    scalar, and LLVM vectorises its row (`autovector_efficiency`). A spec without FMA facts (TINY_CPU): lanes only. float64 has
-    4 lanes in a ymm register."""
+    scalar, and LLVM vectorises its row (`autovector_efficiency`). A spec without FMA facts
+    (TINY_CPU): lanes only. float64 has 4 lanes in a ymm register."""
     relu = expr("relu", shape=(17, 11, 3))
     assert compute_efficiency(cpu_program(AVX2, relu, (1, 1, 3)), AVX2, 1, 1) == pytest.approx(3 / 8)
     total = plain_expr({"i": (640, "reduce")}, [("A", [{"i": 1}]), ("out", [])])
@@ -573,8 +573,9 @@ def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
     """On a CPU the register tile's accumulators go out to L1 and back at every L1 K-step:
     mm-512 with L1 K tiles of 16 moves 2 x 31 x the 1 MiB output more through L1 than with
     K tiles of 512 (whose accumulators go straight to the output, where the short tiles' pass
-    through the unit tile's buffer), and the prediction grows by exactly that traffic over L1's bandwidth when
-    the L1 stage binds. A GPU thread keeps its accumulators over the whole K loop: no change."""
+    through the unit tile's buffer), and the prediction grows by exactly that traffic over
+    L1's bandwidth when the L1 stage binds. A GPU thread keeps its accumulators over the whole
+    K loop: no change."""
     e = matmul(512, 512, 512)
     calc = TileCalculus(e)
     cpu = TINY_CPU

@@ -70,9 +70,10 @@ def test_an_input_read_across_the_vector_axis_is_always_copied():
     assert _span(16, 64, 64) <= L1 and _panel_pays(e, program, TINY_CPU, b)
 
 
-def test_the_copies_run_at_two_elements_per_cycle_where_the_bandwidth_would_allow_more():
+def test_the_copies_run_at_four_elements_per_cycle_where_the_bandwidth_would_allow_more():
     """With FMA facts the spec implies a clock (peak / (cores x pipes x lanes x 2)); the copies
-    take packed_bytes / (8 B x clock), or the pack layer's bandwidth share where that is slower."""
+    take packed_bytes / (PACK_BYTES_PER_CYCLE (16 B) x clock), or the pack layer's bandwidth
+    share where that is slower."""
     e = expr("matmul", M=512, N=512, K=512)
     program = _program(e, [(4, 16, 1), (8, 16, 64), (64, 512, 64)])
     moved = packed_bytes(program, TINY_CPU)
