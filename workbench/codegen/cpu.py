@@ -77,7 +77,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     epilogues = common.epilogue_names(sch, expr)
     staged = _stage_producers(sch, expr)
     panels = packed_inputs(expr, program, device)
-    padded = _pad_tails(sch, expr, program, device, epilogues)
+    padded = _pad_tails(sch, expr, program, panels, epilogues)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
     vector_axis = vector_loop_axis(expr, program, device, bool(panels), padded)
@@ -369,13 +369,13 @@ def _vector_width(extent: int, lanes: int) -> int:
     return width
 
 
-def _pad_tails(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, epilogues) -> bool:
+def _pad_tails(sch, expr: TensorExpr, program: RProgram, panels, epilogues) -> bool:
     """Pad the spatial axes of a panel-packed expression up to whole unit tiles (`pad_einsum`:
     inputs read as zero past their end, the padded output copied back), so the micro-kernel
     runs without a guard on every tile (a 6-row register tile on 512 rows has a tail in every
     column of tiles otherwise, and a guarded accumulator row stays in memory, not a register).
     Only the packs read the ragged edge, under their own guard. True when it padded."""
-    if epilogues or not pads_tails(expr, program, device):
+    if epilogues or not pads_tails(expr, program, panels):
         return False
     unit = program.unit_tile
     factors = [int(unit[a]) if axis.kind == "spatial" else 1 for a, axis in enumerate(expr.axes)]

@@ -80,11 +80,12 @@ def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     return _panel_inputs(expr, program, device)
 
 
-def pads_tails(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+def pads_tails(expr: TensorExpr, program: RProgram, panels: tuple[str, ...]) -> bool:
     """Whether the template pads the spatial axes up to whole unit tiles (`codegen/cpu._pad_tails`):
-    a panel-packed expression of unfused axes whose unit tile leaves a tail. (The schedule also
-    keeps the guard where epilogues follow the main block, which the expression does not record.)"""
-    if any(len(a.fused_from) > 1 for a in expr.axes) or not packed_inputs(expr, program, device):
+    a panel-packed expression (`panels`: its `packed_inputs`) of unfused axes whose unit tile
+    leaves a tail. (The schedule also keeps the guard where epilogues follow the main block,
+    which the expression does not record.)"""
+    if any(len(a.fused_from) > 1 for a in expr.axes) or not panels:
         return False
     return any(ragged(expr, program, a) for a in expr.spatial)
 
@@ -107,9 +108,9 @@ def direct_stores(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bo
     the filter and lane templates always do."""
     if filter_vector_axis(expr, program, device) is not None or lane_reduction_axis(expr, program, device) is not None:
         return False
-    packed = bool(packed_inputs(expr, program, device))
-    padded = pads_tails(expr, program, device)
-    return whole_reduction(expr, program) and vector_loop_axis(expr, program, device, packed, padded) is not None
+    panels = packed_inputs(expr, program, device)
+    padded = pads_tails(expr, program, panels)
+    return whole_reduction(expr, program) and vector_loop_axis(expr, program, device, bool(panels), padded) is not None
 
 
 def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
