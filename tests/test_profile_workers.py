@@ -18,6 +18,12 @@ def environment(name: str) -> str:
     return os.environ.get(name, "")
 
 
+def torch_loaded() -> bool:
+    import sys
+
+    return sys.modules.get("torch") is not None
+
+
 def crash() -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
@@ -36,6 +42,15 @@ def test_a_worker_survives_errors_and_is_replaced_after_crashes_and_timeouts():
         assert worker.call(time.sleep, (30,), 0.5).error == "timed out after 0.5 s"
         assert time.perf_counter() - start < 10
         assert worker.call(environment, ("TVM_NUM_THREADS",), 30).value == "3"  # a fresh process, same env
+    finally:
+        worker.close()
+
+
+def test_a_worker_runs_tvm_without_importing_torch():
+    """TVM's FFI imports torch when it can (1.4 s of a worker's start); workers keep it out."""
+    worker = Worker()
+    try:
+        assert worker.call(torch_loaded, (), 60).value is False
     finally:
         worker.close()
 
