@@ -52,6 +52,8 @@ def test_tolerance_is_per_output_from_the_error_scale():
         ("writing zeros", [1e-3, -1e-3], 1e5),  # all within the tolerance of 0
         ("that constant", [0.5, 0.5, 0.5], 0.0),
         ("that constant", [0.5, 0.5 + 1e-8], 1.0),
+        # bounds ~1.4e-6: 2.5e-6 from the median 0.5, but 0.5 + 1.25e-6 is within every bound
+        ("that constant", [0.5, 0.5, 0.5 + 2.5e-6], 1.0),
         ("ill-conditioned", [1.0, 2.0], np.inf),
     ],
 )
