@@ -4,6 +4,8 @@ calibrated file."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from helpers import matmul
 from test_alignment import AVX2, AVX512
@@ -52,7 +54,10 @@ def test_quick_calibration_measures_positive_ordered_numbers(calibrated):
     # a busy machine may measure impossible numbers once and measure again: the last round counts
     last = [i for i, line in enumerate(lines) if line.startswith("impossible results")][-1:]
     kept = lines[last[0] + 1:] if last else lines
-    assert [line.split(":")[0] for line in kept] == ["L1", "L2", "DRAM", "float32", "float64"] + micro + ["launch"]
+    llc = ["LLC"] if detect_local_cpu().llc_bytes else []  # where sysfs names an L3
+    assert [line.split(":")[0] for line in kept] == ["L1", "L2"] + llc + ["DRAM", "float32", "float64"] + micro + ["launch"]
+    if llc:
+        assert spec.llc_gbps > 0 and dict(spec.sources)["llc_gbps"].startswith("measured by workbench calibrate")
 
 
 def test_quick_calibration_measures_a_kernel_launch(calibrated):
@@ -106,7 +111,8 @@ def test_calibrated_spec_round_trips_through_toml(calibrated):
 
 def _results(spec, quick=False, **changed):
     """Results of every probe of `spec`, `changed` by label; micro-kernels at 0.3 x their FMA peak."""
-    values = {"L1": 500.0, "L2": 200.0, "DRAM": 40.0, "float32": 300.0, "float64": 150.0, "launch": 1.234} | changed
+    values = {"L1": 500.0, "L2": 200.0, "LLC": 120.0, "DRAM": 40.0, "float32": 300.0, "float64": 150.0,
+              "launch": 1.234} | changed
     return tuple(
         ProbeResult(p, values.get(p.label, values.get(p.dtype, 0.0) * 0.3), runs=5, threads=2)
         for p in probes(spec, 2, quick)
@@ -203,6 +209,26 @@ def test_apply_measurements_stores_the_micro_kernels_sorted_and_sourced():
     assert spec_from_toml_text(spec_to_toml(out), check_target=False) == out
 
 
+def _with_llc(spec, llc_bytes=32 * 1024**2, llc_gbps=150.0):
+    return replace(spec, llc_bytes=llc_bytes, llc_gbps=llc_gbps)
+
+
+def test_the_last_level_cache_is_measured_between_l2_and_dram():
+    """Half the LLC over the threads, after the per-core caches and before DRAM (the order
+    `impossible` compares in); no probe for a spec without one."""
+    spec = _with_llc(load_spec("xeon-avx512"))
+    todo = probes(spec, threads=2)
+    assert [p.label for p in todo[:4]] == ["L1", "L2", "LLC", "DRAM"]
+    assert todo[2] == Probe("stream", "LLC", 32 * 1024**2 // 2 // 2)
+    assert "LLC" not in [p.label for p in probes(load_spec("xeon-avx512"), threads=2)]
+    out = apply_measurements(spec, _results(spec), "2026-01-02")
+    assert out.llc_gbps == 120.0 and out.llc_bytes == spec.llc_bytes
+    assert "on 2026-01-02" in dict(out.sources)["llc_gbps"] and "8 MiB" in dict(out.sources)["llc_gbps"]
+    assert spec_from_toml_text(spec_to_toml(out), check_target=False) == out
+    assert impossible(_results(spec, LLC=260.0)) == ["LLC read at 260.0 GB/s, faster than L2 above it at 200.0 GB/s"]
+    assert impossible(_results(spec, DRAM=150.0)) == ["DRAM read at 150.0 GB/s, faster than LLC above it at 120.0 GB/s"]
+
+
 def test_probes_size_working_sets_from_the_layers():
     spec = load_spec("xeon-avx512")
     by_label = {p.label: p for p in probes(spec, threads=28)}
@@ -284,6 +310,24 @@ def test_load_spec_local_cpu_uses_the_calibrated_file(monkeypatch, tmp_path):
     path.write_text(spec_to_toml(spec))
     loaded = load_spec("local-cpu")
     assert loaded.calibrated and loaded.layer("DRAM").bandwidth_gbps == 40.0
+
+
+def test_a_file_calibrated_before_the_last_level_cache_fields_gets_the_detected_one(monkeypatch, tmp_path):
+    """Measured numbers are kept; the L3 comes from detection, its source saying it is an estimate."""
+    import workbench.hardware.loader as loader
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    detected = _with_llc(detect_local_cpu(), llc_gbps=99.0)
+    detected = replace(detected, sources=tuple(sorted(dict(detected.sources, llc_gbps="uncalibrated estimate").items())))
+    monkeypatch.setattr(loader, "detect_local_cpu", lambda: detected)
+    old = apply_measurements(replace(detected, llc_bytes=0, llc_gbps=0.0), _results(detected), "2026-01-02")
+    path = calibrated_spec_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(spec_to_toml(old))
+    loaded = load_spec("local-cpu")
+    assert loaded.calibrated and loaded.layer("DRAM").bandwidth_gbps == 40.0
+    assert (loaded.llc_bytes, loaded.llc_gbps, dict(loaded.sources)["llc_gbps"]) == (32 * 1024**2, 99.0,
+                                                                                    "uncalibrated estimate")
 
 
 def test_load_spec_local_cpu_ignores_a_file_of_another_machine(monkeypatch, tmp_path):

@@ -12,6 +12,7 @@ from workbench.hardware.detect import (
     detect_local_cpu,
     fma_facts,
     parse_cache_size,
+    parse_caches,
     parse_cpuinfo,
     parse_meminfo,
 )
@@ -85,6 +86,10 @@ EXPECTED_FMA = {
 }
 
 
+# Sapphire Rapids: 105 MiB of L3 over 112 CPUs, 56 cores with their SMT siblings; 4 of them.
+EXPECTED_LLC = {"sapphire-rapids": 107520 * 1024 // 56 * 4}
+
+
 def reloaded(spec, isa: str):
     """The spec written as TOML and read back. A spec of a CPU of another architecture than this
     host's names its LLVM triple, as one written for another machine must: the loader checks
@@ -135,6 +140,9 @@ def test_detection_on_fake_trees(tmp_path, machine):
     assert dict(spec.sources)["launch_overhead_us"].startswith("estimate, not measured here")
     # Peak estimate: cores x GHz x lanes x 2 (FMA) x FMA pipes.
     assert spec.peak("float32") == pytest.approx(4 * ghz * lanes * 2 * pipes, rel=1e-3)
+    # the last-level cache: each core's share of the L3 (SMT siblings one core) x the spec's cores
+    assert spec.llc_bytes == EXPECTED_LLC.get(machine, 0)
+    assert (spec.llc_gbps > 0) == (machine in EXPECTED_LLC) == ("llc_gbps" in dict(spec.sources))
     written, read = reloaded(spec, parse_cpuinfo(MACHINES[machine][0]).isa)
     assert read == written
 
@@ -231,3 +239,13 @@ def test_fma_facts_from_vendor_family_and_model(vendor, family, model, facts):
 def test_parse_meminfo():
     assert parse_meminfo("MemTotal:   2048 kB\n") == 2048 * 1024
     assert parse_meminfo("nothing here") is None
+
+
+def test_parse_caches_gives_each_core_its_share_and_the_last_level_apart():
+    """A 2-vCPU Zen 5 VM: 48 KiB L1d and 1 MiB L2 per core, a 32 MiB L3 the two share; the
+    instruction cache is not data. The last level is the highest one beyond L2."""
+    vm = [("1", "Data", "48K", "0"), ("1", "Instruction", "32K", "0"), ("2", "Unified", "1024K", "0"),
+          ("3", "Unified", "32768K", "0-1")]
+    assert parse_caches(vm) == {"L1": 48 * 1024, "L2": 1024 * 1024, "LLC": 16 * 1024**2}
+    assert parse_caches(vm[:3]) == {"L1": 48 * 1024, "L2": 1024 * 1024}  # no L3: no LLC
+    assert parse_caches(vm + [("4", "Unified", "128M", "0-7")])["LLC"] == 16 * 1024**2  # an L4 over 8 cores

@@ -6,10 +6,11 @@ TVM-built kernels, run on all `compute_units` cores at once through TVM's parall
 
 - streaming read: every core sums its own working set into 16 vector accumulators, over and over
   (the loop is repeated inside the kernel, so launch overhead does not count). A working set of
-  half a cache layer's per-core capacity measures that layer; 256 MiB in all, far beyond any
-  per-core cache, measures DRAM. The spec knows no L3, so that size is fixed here: a last-level
-  cache of more than a few tens of MiB would inflate DRAM. Quick mode reads only 64 MiB, which a
-  32 MiB L3 already inflates (55-67 instead of 36-43 GB/s on the development machine).
+  half a cache layer's per-core capacity measures that layer, half the last-level cache
+  (`DeviceSpec.llc_bytes`, the L3 the cores share) split over the cores measures `llc_gbps`;
+  256 MiB in all, far beyond it, measures DRAM. That size is fixed here: a last-level cache of
+  more than a few tens of MiB would inflate DRAM. Quick mode reads only 64 MiB, which a 32 MiB
+  L3 already inflates (55-67 instead of 36-43 GB/s on the development machine).
 - register-resident FMA: every core updates 12 vector accumulators with `a = a * c + d` (LLVM
   contracts it to one FMA), no memory traffic at all. This is the ALU roof that Roller's model
   divides FLOPs by, rather than a BLAS sgemm, which also measures the library's blocking and the
@@ -80,6 +81,8 @@ MICRO_DEPTH_STEP = 8
 CACHE_FILL = 0.5
 DRAM_WORKING_SET = 256 * 1024**2
 QUICK_DRAM_WORKING_SET = 64 * 1024**2
+# The stream probe's label for the last-level cache (not a layer of the spec: `DeviceSpec.llc_gbps`).
+LLC = "LLC"
 # Vector accumulators of the streaming read: enough independent chains to hide 4-cycle add
 # latency on two pipes (4 x 2 = 8) with margin; its loads fold into the adds, so all 16 of AVX2's
 # registers may hold sums.
@@ -198,14 +201,16 @@ def calibrated_spec_path() -> Path:
 
 
 def probes(spec: DeviceSpec, threads: int, quick: bool = False) -> tuple[Probe, ...]:
-    """The measurements for `spec` on `threads` cores: a streaming read per cache layer and DRAM,
-    the FMA kernel per dtype, the register micro-kernels (`micro_kernel_probes`), then a
-    kernel launch."""
+    """The measurements for `spec` on `threads` cores: a streaming read per cache layer, the
+    last-level cache (where the spec has one) and DRAM, the FMA kernel per dtype, the register
+    micro-kernels (`micro_kernel_probes`), then a kernel launch."""
     stream = []
     for layer in spec.layers:
         if layer.scope == "unit":
             stream.append(Probe("stream", layer.name, int(layer.capacity_bytes * CACHE_FILL)))
         elif layer.scope == "device":
+            if spec.llc_bytes:  # between the per-core caches and DRAM, as `impossible` compares them
+                stream.append(Probe("stream", LLC, int(spec.llc_bytes * CACHE_FILL) // threads))
             total = QUICK_DRAM_WORKING_SET if quick else DRAM_WORKING_SET
             total = min(total, layer.capacity_bytes // 4)
             stream.append(Probe("stream", layer.name, total // threads))
@@ -294,6 +299,11 @@ def apply_measurements(spec: DeviceSpec, results: tuple[ProbeResult, ...], day: 
             key=lambda k: (k.dtype, k.rows, k.cols),
         ))
         new_sources["micro_kernels"] = f"measured by workbench calibrate on {day}: {_micro_method(micro)}"
+    llc = by_label.get(LLC)
+    llc_gbps = spec.llc_gbps
+    if llc is not None:
+        llc_gbps = round(llc.value, 1)
+        new_sources["llc_gbps"] = f"measured by workbench calibrate on {day}: {_stream_method(llc)}"
     launch = by_label.get("launch")
     launch_us = spec.launch_overhead_us
     if launch is not None:
@@ -305,7 +315,7 @@ def apply_measurements(spec: DeviceSpec, results: tuple[ProbeResult, ...], day: 
     source = f"{what} measured by workbench calibrate on {day}; before that: {spec.source}"
     return replace(
         spec, layers=layers, peak_gflops=peak, micro_kernels=kernels, sources=sources, source=source, calibrated=True,
-        launch_overhead_us=launch_us,
+        launch_overhead_us=launch_us, llc_gbps=llc_gbps,
     )
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from workbench.errors import UserError
@@ -54,8 +55,13 @@ DEFAULT_GPU_LAUNCH_US = 5.0
 # a unit has no stated block limit, its shared memory is read as one block's
 # (`DeviceSpec.unit_shared_bytes`) and the CUDA template keeps row-major block order. 0 on a CPU.
 _DEVICE_OCCUPANCY = ("max_blocks_per_unit", "shared_bytes_per_unit", "l2_bytes")
+# A CPU's last-level cache (`DeviceSpec.llc_bytes`, `llc_gbps`). Optional, so that spec files
+# written before the fields load: absent, the rTile model reads everything below the last cache
+# layer from the bottom layer. Both or neither, 0 on a GPU.
+_DEVICE_LLC = ("llc_bytes", "llc_gbps")
 _DEVICE_KEYS = (
     ("name", "kind", "vendor", "source", "calibrated", _LAUNCH) + _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY
+    + _DEVICE_LLC
 )
 _LAYER_KEYS = (
     "name",
@@ -68,7 +74,7 @@ _LAYER_KEYS = (
     "bank_width_bytes",
     "source",
 )
-_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY + (
+_SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY + _DEVICE_LLC + (
     _LAUNCH, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels"
 )
 _TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "micro_kernels", "target", "layer")
@@ -119,7 +125,13 @@ def _local_cpu(check_target: bool) -> DeviceSpec:
     # A home directory may be shared by several machines: use the file only if it describes this one.
     same = (calibrated.name, calibrated.compute_units, calibrated.target) == (
         detected.name, detected.compute_units, detected.target)
-    return calibrated if same else detected
+    if not same:
+        return detected
+    if detected.llc_bytes and not calibrated.llc_bytes:  # calibrated before the LLC fields: the detected one
+        llc = {key: value for key, value in detected.sources if key in _DEVICE_LLC}
+        calibrated = replace(calibrated, llc_bytes=detected.llc_bytes, llc_gbps=detected.llc_gbps,
+                             sources=tuple(sorted((dict(calibrated.sources) | llc).items())))
+    return calibrated
 
 
 def spec_from_toml_text(text: str, label: str = "spec", *, check_target: bool = True) -> DeviceSpec:
@@ -146,6 +158,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     ints = {key: _int(device.get(key, _MISSING), f"device.{key}") for key in _DEVICE_INTS}
     ints.update(_fma(device))
     ints.update(_occupancy(device))
+    llc = _llc(device)
     peak = _gflops(doc, "peak_gflops", required=True)
     tensor_core = _gflops(doc, "tensor_core_gflops", required=False)
     launch_us, launch_note = _launch(device)
@@ -167,6 +180,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
         micro_kernels=_micro_kernels(doc),
         launch_overhead_us=launch_us,
         **ints,
+        **llc,
     )
     _check_consistency(spec)
     problem = _target_problem(spec.target) if check_target else ""
@@ -200,6 +214,21 @@ def _occupancy(device: dict) -> dict[str, int]:
     if device.get("kind") == "cpu" and given:
         raise UserError(f"device.{given[0]} describes a GPU: 0 (or absent) on a CPU")
     return values
+
+
+def _llc(device: dict) -> dict:
+    """llc_bytes (an integer) and llc_gbps (a number), both > 0 or both absent; a CPU's only."""
+    given = [key for key in _DEVICE_LLC if key in device]
+    if not given:
+        return {"llc_bytes": 0, "llc_gbps": 0.0}
+    if len(given) == 1:
+        missing = next(key for key in _DEVICE_LLC if key not in device)
+        raise UserError(f"device.{missing} is missing (give both llc_bytes and llc_gbps, or neither)")
+    if device.get("kind") != "cpu":
+        raise UserError("device.llc_bytes and device.llc_gbps describe a CPU's last-level cache: a GPU's L2 is "
+                        "device.l2_bytes")
+    return {"llc_bytes": _int(device["llc_bytes"], "device.llc_bytes"),
+            "llc_gbps": _number(device["llc_gbps"], "device.llc_gbps")}
 
 
 def _launch(device: dict) -> tuple[float, str]:
@@ -530,6 +559,8 @@ def spec_to_toml(spec: DeviceSpec) -> str:
     """The spec as TOML text that `spec_from_toml_text` reads back to an equal spec."""
     device = [("name", spec.name), ("kind", spec.kind), ("vendor", spec.vendor), ("source", spec.source)]
     device += [(key, getattr(spec, key)) for key in _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY + (_LAUNCH,)]
+    if spec.llc_bytes:
+        device += [(key, getattr(spec, key)) for key in _DEVICE_LLC]
     device += [("calibrated", spec.calibrated)]
     parts = [_section("[device]", device)]
     if spec.sources:
@@ -602,6 +633,8 @@ def spec_summary(spec: DeviceSpec) -> dict:
         "fma_latency_cycles": spec.fma_latency_cycles,
         "fma_pipes": spec.fma_pipes,
         "launch_overhead_us": spec.launch_overhead_us,
+        "llc_bytes": spec.llc_bytes,
+        "llc_gbps": spec.llc_gbps,
         "calibrated": spec.calibrated,
         "layers": [
             {

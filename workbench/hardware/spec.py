@@ -99,6 +99,13 @@ class DeviceSpec:
     # the GPU's L2 cache, shared by all units (bytes; 0 where the spec does not say): what the CUDA
     # template's grouped block order sizes its groups by (`codegen.block_order`)
     l2_bytes: int = 0
+    # A CPU's last-level cache (the L3), shared by its cores and not a layer Roller stages tiles
+    # into: its bytes (every such cache among the spec's cores) and its streaming-read bandwidth
+    # in GB/s; 0 where the spec does not say, and on a GPU (its L2 is `l2_bytes`). An operator
+    # whose data fits in it is read from it, not from the bottom layer, once it has run before
+    # (`rtile.model.layer_gbps`): each timing repeat, a model's next kernel.
+    llc_bytes: int = 0
+    llc_gbps: float = 0.0
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
