@@ -32,6 +32,7 @@ from workbench.rtile.model import (
     gpu_stages,
     guard_slowdown,
     hardware_caches,
+    layer_gbps,
     is_compute_bound,
     is_load_hidden,
     packing_seconds,
@@ -386,6 +387,30 @@ def test_llvm_packs_a_scalar_row_in_power_of_two_pieces(elements, lanes, pieces)
     """Largest first, at most a register: 56 = 16+16+16+8, 28 = 16+8+4, 14 = 8+4+2, 7 = 4+2+1;
     on 8 lanes 28 = 8+8+8+4."""
     assert vector_pieces(elements, lanes) == pieces
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_an_operator_that_fits_the_last_level_cache_reads_below_l2_from_it(dev):
+    """A 512^3 matmul's tensors are 3 MiB: within LLC_FILL of an 8 MiB L3 its L2 tiles load at
+    the L3's bandwidth, within a 4 MiB L3 (2 MiB usable) at DRAM's, and the layers above never
+    change. Everything else of the estimate is the same: only the DRAM stage's time scales."""
+    e = matmul(512, 512, 512)
+    program = make_program(TileCalculus(e), dev, [(4, 2 * dev.warp_size, 1), (64, 128, 64), (256, 256, 512)],
+                           (True, True, True), 0.0)
+    dram = dev.layers[-1].bandwidth_gbps
+    assert TileCalculus(e).traffic_bytes((512, 512, 512)) == 3 * 512 * 512 * 4
+    big, small = replace(dev, llc_bytes=8 * 2**20, llc_gbps=3 * dram), replace(dev, llc_bytes=4 * 2**20, llc_gbps=3 * dram)
+    assert layer_gbps(program, big, len(dev.layers) - 1) == 3 * dram
+    assert layer_gbps(program, small, len(dev.layers) - 1) == layer_gbps(program, dev, len(dev.layers) - 1) == dram
+    assert all(layer_gbps(program, big, l) == dev.layers[l].bandwidth_gbps for l in range(len(dev.layers) - 1))
+    plain, cached = dict(estimate(program, dev).load_seconds), dict(estimate(program, big).load_seconds)
+    assert cached["DRAM"] == pytest.approx(plain["DRAM"] / 3)
+    assert {k: v for k, v in cached.items() if k != "DRAM"} == {k: v for k, v in plain.items() if k != "DRAM"}
+    said = estimate(program, big)
+    assert any(line.startswith("bandwidth of L1, L2 (") for line in said.measured + said.modelled)
+    assert "bandwidth of the 8 MiB last-level cache, which serves DRAM's reads: the operator fits in half of it" in said.modelled
+    gpu = device("v100")  # a GPU's bottom layer is never an LLC's
+    assert layer_gbps(program, replace(gpu, llc_bytes=2**30, llc_gbps=1e5), len(gpu.layers) - 1) == gpu.layers[-1].bandwidth_gbps
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
