@@ -663,10 +663,12 @@ def layer_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
     CPU with a last-level cache (`DeviceSpec.llc_bytes`) whose operator fits in LLC_FILL of it,
     every tensor once (its compulsory bytes): from the second run on those reads hit the L3, at
     `llc_gbps`. A timing repeats the kernel on the same tensors, and a model's next kernel reads
-    what the last one wrote. Re-predicting the AVX-512 Zen 5's stored cpu-core top-10 runs (32 MiB
-    L3, 3 x 13 workloads): the median error fell from 1.38x to 1.25x (dwconv-3x3's 10 MiB from
-    2.3x to 1.14x, avgpool-3x3 from 1.9x to 1.09x) and the mean top-10 Spearman from 0.694 to
-    0.71; gemv-4096 (64 MiB) and relu (98 MiB) still stream from DRAM."""
+    what the last one wrote. Re-predicting the AVX-512 Zen 5's three stored cpu-core top-10 runs
+    of 02:05 (32 MiB L3 measured at 224-232 GB/s, DRAM at 46-79), with either of two
+    calibrations: the median error fell from 1.38x to 1.23x and from 1.37x to 1.28x (dwconv-3x3's
+    9.4 MiB from 2.3x to 0.92x, avgpool-3x3 from 1.9x to 0.94x, reduce-rows from 4.5x to 1.4x)
+    and the mean top-10 Spearman rose from 0.694 to 0.701-0.702; gemv-4096 (64 MiB) and relu
+    (98 MiB) still stream from DRAM, mm-skinny (17 MiB) too."""
     spec = device.layers[layer]
     if not device.runs_on_cpu or not device.llc_bytes or layer != len(device.layers) - 1:
         return spec.bandwidth_gbps
