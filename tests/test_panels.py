@@ -3,16 +3,18 @@ forms on generated specs: an input is packed where its layout must change, where
 pads (the padding copy is the panel), or where its L1 tile spans more than the L1 in place."""
 
 from dataclasses import replace
+from math import prod
 
 import pytest
 from helpers import TINY_CPU, expr
 
+from workbench.ops.fusion import fuse_axes
 from workbench.rtile.model import (
     BUFFER_PASSES, GB, PACK_BYTES_PER_CYCLE, buffer_bytes, core_ghz, estimate, packing_seconds,
 )
 from workbench.rtile.panels import (
-    _panel_pays, direct_stores, filter_vector_axis, lane_reduction_axis, pack_layer, packed_bytes, packed_inputs,
-    whole_reduction,
+    PAD_OVERLAP, _panel_pays, direct_stores, filter_vector_axis, lane_reduction_axis, pack_layer, packed_bytes,
+    packed_inputs, pad_level, padded_inputs, whole_reduction,
 )
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
@@ -115,3 +117,29 @@ def test_templates_that_always_buffer_store_nothing_directly():
     narrow = expr("matmul", M=64, N=64, K=64)
     program = _program(narrow, [(4, 2, 1), (8, 8, 64), (64, 64, 64)])
     assert whole_reduction(narrow, program) and not direct_stores(narrow, program, TINY_CPU)
+
+
+def test_a_padding_copy_is_made_per_l1_tile_where_those_tiles_do_not_overlap():
+    """avgpool-3x3 (stride 2, axes nc h w r s): L1 tiles of 1 channel x 19 x 56 outputs read
+    39 x 113 of the padded input each, 48 of them 211,536 elements against the unit tile's
+    16 x 114 x 113 = 206,112 (its 115 rows clipped to the tensor's 114; 2.6% more): copied per
+    L1 tile. dwconv-3x3 (stride 1): 2-row
+    tiles read 4 rows, 560 of them 255,360 elements against 20 x 58 x 114 = 132,240 (1.9x):
+    copied per unit tile. A program without padding, or with a single cache tile, has nothing
+    to move."""
+    pool = fuse_axes(expr("avgpool", N=1, C=64, H=112, W=112, K=3, stride=2, pad=1))
+    assert padded_inputs(pool) == (pool.inputs[0].name,)
+    program = _program(pool, [(1, 1, 8, 1, 3), (1, 19, 56, 3, 3), (16, 57, 56, 3, 3)])
+    calc = calculus(pool)
+    assert prod(calc.data_tiles((1, 19, 56, 3, 3))[0]) == 39 * 113
+    assert prod(calc.data_tiles((16, 57, 56, 3, 3))[0]) == 16 * 114 * 113
+    assert 48 * 39 * 113 <= PAD_OVERLAP * 16 * 114 * 113 and pad_level(pool, program) == 1
+    dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
+    program = _program(dw, [(1, 1, 2, 16, 3, 3), (1, 1, 2, 112, 3, 3), (1, 20, 56, 112, 3, 3)])
+    assert prod(calculus(dw).data_tiles((1, 1, 2, 112, 3, 3))[0]) == 4 * 114
+    assert 560 * 4 * 114 > PAD_OVERLAP * 20 * 58 * 114 and pad_level(dw, program) == 0
+    assert pad_level(dw, _program(dw, [(1, 1, 2, 16, 3, 3), (1, 20, 56, 112, 3, 3)])) == 0
+    relu = fuse_axes(expr("relu", shape=(4, 8, 6)))  # read as one fused axis: reshaped, not padded
+    assert relu.inputs[0].shape != relu.args[0].shape and padded_inputs(relu) == ()
+    mm = expr("matmul", M=64, K=64, N=64)
+    assert padded_inputs(mm) == () and pad_level(mm, _program(mm, [(4, 16, 1), (16, 32, 64), (64, 64, 64)])) == 0

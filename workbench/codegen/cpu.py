@@ -36,8 +36,8 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.panels import (
-    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pads_tails, simd_lanes, vector_loop_axis,
-    whole_reduction,
+    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_tails, simd_lanes,
+    vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 
@@ -85,7 +85,8 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     order = _loop_order(expr, levels, vector_axis, whole)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
-    _pad_per_tile(sch, staged, grid)
+    level = pad_level(expr, program)
+    _pad_per_tile(sch, staged, grid if level == 0 else levels[expr.spatial[-1]][level])
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
     # refuses to vectorise a loop over a block that is neither complete nor a reduction
     vector_loop = levels[vector_axis][-1] if vector_axis is not None else None
@@ -123,17 +124,19 @@ def _stage_producers(sch, expr: TensorExpr) -> tuple[str, ...]:
     return ()
 
 
-def _pad_per_tile(sch, staged: tuple[str, ...], grid) -> None:
-    """Compute each staged padding producer under the grid loop: per unit tile, the part of the
-    padded tensor that tile reads, on the core that reads it (in parallel, and in that core's
-    caches), rather than one pass over the whole tensor on one core before the loop nest. AVX-512
-    EPYC, one process each: avgpool-3x3 91-95 us against 125-133, dwconv-3x3 135-172 against
-    187-197 (its 4.8 MB input padded on one core); conv-3x3 and conv-3x3-s2 unchanged (their
-    unit tiles read every channel, so the two cores pad overlapping halves)."""
-    if grid is None:
+def _pad_per_tile(sch, staged: tuple[str, ...], at) -> None:
+    """Compute each staged padding producer under the loop `at`, the grid loop or, where the L1
+    tiles do not overlap (`panels.pad_level`), the L1 tile's innermost spatial loop: per tile,
+    the part of the padded tensor that tile reads, on the core that reads it (in parallel, and
+    in that core's caches), rather than one pass over the whole tensor on one core before the
+    loop nest. AVX-512 EPYC, one process each, per unit tile: avgpool-3x3 91-95 us against
+    125-133, dwconv-3x3 135-172 against 187-197 (its 4.8 MB input padded on one core); conv-3x3
+    and conv-3x3-s2 unchanged (their unit tiles read every channel, so the two cores pad
+    overlapping halves)."""
+    if at is None:
         return
     for name in staged:
-        common.primitive(f"pad {name} per tile", sch.compute_at, sch.get_sblock(name), grid, True)
+        common.primitive(f"pad {name} per tile", sch.compute_at, sch.get_sblock(name), at, True)
 
 
 def _split(sch, expr: TensorExpr, program: RProgram, block) -> list:
