@@ -145,7 +145,7 @@ def pad_level(expr: TensorExpr, program: RProgram) -> int:
     shapes = dict(zip((t.name for t in expr.tensors), calc.data_tiles(region)))
     whole = dict(zip((t.name for t in expr.tensors), calc.data_tiles(tuple(unit))))
     read = sum(tiles * prod(shapes[n]) for n in names)
-    return len(program.tiles) - 2 if read <= PAD_OVERLAP * sum(prod(whole[n]) for n in names) else 0
+    return 1 if read <= PAD_OVERLAP * sum(prod(whole[n]) for n in names) else 0
 
 
 def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
