@@ -53,8 +53,9 @@ _DEFAULT_MEMORY = 8 * 1024**3
 _L1_LOADS_PER_CYCLE = 2
 _L2_BYTES_PER_CYCLE = 32
 _DRAM_GBPS_PER_CORE = 10.0
-# A core's streaming reads from the shared L3: about half of what it reads from its L2 (measured:
-# 130-145 GB/s on 2 Zen 5 cores at ~4 GHz, 16-18 B per cycle each, with 8 MiB per core)
+# A core's streaming reads from the shared L3, for a spec not yet calibrated: half of what it reads
+# from its L2, on the low side. 2 Zen 5 cores at ~4 GHz, 8 MiB each: calibrated at 224-232 GB/s
+# (28-29 B per cycle each), 130-145 GB/s while another process kept the machine busy (16-18 B).
 _LLC_BYTES_PER_CYCLE = 16
 _CYCLES = {"L1": 5, "L2": 14}
 _DRAM_LATENCY_NS = 90.0
