@@ -130,9 +130,14 @@ def test_a_cpu_spec_without_fma_facts_gets_the_conservative_default():
         ("xeon", "fma_pipes = 2", "fma_pipes = 0", "device.fma_pipes must be a positive integer, got 0"),
         ("xeon", "fma_latency_cycles = 4", "fma_latency_cycles = 4.5", "device.fma_latency_cycles must be a positive integer"),
         ("v100", "fma_latency_cycles = 0", "fma_latency_cycles = 4", "describe CPU cores: 0 (or absent) on a GPU"),
+        # the last-level cache: both keys or neither, positive, a CPU's only
+        ("xeon", "fma_pipes = 2\n", "fma_pipes = 2\nllc_bytes = 1048576\n", "device.llc_gbps is missing (give both"),
+        ("xeon", "fma_pipes = 2\n", "fma_pipes = 2\nllc_bytes = 0\nllc_gbps = 9.0\n",
+         "device.llc_bytes must be a positive integer, got 0"),
+        ("v100", "[device]\n", "[device]\nllc_bytes = 1048576\nllc_gbps = 9.0\n", "a GPU's L2 is device.l2_bytes"),
     ],
 )
-def test_broken_fma_facts_name_the_field(text, old, new, message):
+def test_broken_fma_and_llc_facts_name_the_field(text, old, new, message):
     source = {"xeon": XEON_TEXT, "v100": V100_TEXT}[text]
     assert source.count(old) == 1, old
     with pytest.raises(UserError) as info:
@@ -146,23 +151,6 @@ def test_a_cpu_spec_may_state_its_last_level_cache():
     assert (spec.llc_bytes, spec.llc_gbps) == (40370176, 180.5)
     assert spec_from_toml_text(spec_to_toml(spec), check_target=False) == spec
     assert spec_from_toml_text(XEON_TEXT, check_target=False).llc_bytes == 0  # absent: none
-
-
-@pytest.mark.parametrize(
-    "text, old, new, message",
-    [
-        ("xeon", "fma_pipes = 2\n", "fma_pipes = 2\nllc_bytes = 1048576\n", "device.llc_gbps is missing (give both"),
-        ("xeon", "fma_pipes = 2\n", "fma_pipes = 2\nllc_bytes = 0\nllc_gbps = 9.0\n",
-         "device.llc_bytes must be a positive integer, got 0"),
-        ("v100", "[device]\n", "[device]\nllc_bytes = 1048576\nllc_gbps = 9.0\n", "a GPU's L2 is device.l2_bytes"),
-    ],
-)
-def test_a_broken_last_level_cache_names_the_field(text, old, new, message):
-    source = {"xeon": XEON_TEXT, "v100": V100_TEXT}[text]
-    assert source.count(old) == 1, old
-    with pytest.raises(UserError) as info:
-        spec_from_toml_text(source.replace(old, new), check_target=False)
-    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def _preset_text(name: str) -> str:
