@@ -137,15 +137,19 @@ def pad_level(expr: TensorExpr, program: RProgram) -> int:
     names = padded_inputs(expr)
     if not names or not expr.spatial or len(program.tiles) < 3:
         return 0
-    calc, unit, inner = calculus(expr), program.unit_tile, program.tiles[-2]
+    unit, inner = program.unit_tile, program.tiles[-2]
     # under the L1 tile's spatial loops the copy covers that tile's window of one unit-tile
     # reduction step (the loops R0 run outside them, `codegen/cpu._loop_order`)
     region = tuple(unit[a] if a in expr.reduce else inner[a] for a in range(len(unit)))
     tiles = prod(ceil(unit[a] / inner[a]) for a in expr.spatial)
-    shapes = dict(zip((t.name for t in expr.tensors), calc.data_tiles(region)))
-    whole = dict(zip((t.name for t in expr.tensors), calc.data_tiles(tuple(unit))))
+    shapes, whole = _data_tiles(expr, region), _data_tiles(expr, tuple(unit))
     read = sum(tiles * prod(shapes[n]) for n in names)
     return 1 if read <= PAD_OVERLAP * sum(prod(whole[n]) for n in names) else 0
+
+
+def _data_tiles(expr: TensorExpr, tile) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> the shape of its data tile under `tile` (`TileCalculus.data_tiles`)."""
+    return dict(zip((t.name for t in expr.tensors), calculus(expr).data_tiles(tile)))
 
 
 def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
@@ -239,9 +243,9 @@ def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
     inputs = packed_inputs(program.expr, program, device) if device.runs_on_cpu else ()
     if not inputs:
         return 0
-    expr, calc = program.expr, calculus(program.expr)
+    expr = program.expr
     tile, unit = program.tiles[pack_layer(program)], program.unit_tile
-    shapes = dict(zip((t.name for t in expr.tensors), calc.data_tiles(tuple(tile))))
+    shapes = _data_tiles(expr, tuple(tile))
     per_copy = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
     steps = prod(ceil(expr.axes[a].extent / tile[a]) for a in expr.reduce)
     steps *= prod(unit[a] // tile[a] for a in expr.spatial)
