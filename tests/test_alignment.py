@@ -96,12 +96,14 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
         v = simd_lane_axis(e, dev)
         if v is not None and tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
             out.append("lane axis not a multiple of the SIMD lanes")
-        # no lane axis, but an output row read strided: LLVM vectorises it in 4-lane pieces
+        # no lane axis, but an output row read strided: LLVM vectorises it in 4-lane pieces, or
+        # packs neighbouring rows of 1 or 2; its register tile unrolls one window row
         row = e.output.index[-1][0] if e.output.index else ()
         a = next((a for a, c in enumerate(row) if c == 1), None) if sum(1 for c in row if c) == 1 else None
         if v is None and a is not None and e.axes[a].kind == "spatial":
-            if tile[a] >= 4 and tile[a] % 4 and tile[a] != e.axes[a].extent:
+            if tile[a] > 2 and tile[a] % 4 and tile[a] != e.axes[a].extent:
                 out.append("autovectorised row not whole 4-lane pieces")
+            out += [f"{e.axes[r].name}: more than one window row" for r in e.reduce[:-1] if tile[r] != 1]
     filters = dev.kind == "cpu" and simd_lane_axis(e, dev) is not None and simd_lane_axis(e, dev) == conv_filters(e)
     if dev.kind == "cpu" and (layer > 0 or filters):
         v = simd_lane_axis(e, dev)

@@ -117,10 +117,17 @@ class ExecutionUnitRule:
     a reduction's register tile holds at least `required_accumulators` vector accumulators, so
     that the core's FMA pipes never wait on an FMA latency (ALGORITHMS.md §7: the execution
     unit of a CPU core is its FMA pipes x their latency, not one vector). A row LLVM vectorises
-    on its own (`autovector_axis`: a stride-2 pooling) is whole 4-lane pieces, or shorter than
-    4 (its loop vectoriser then packs neighbouring tiles), or the whole axis: avgpool-3x3 on the
+    on its own (`autovector_axis`: a stride-2 pooling) is whole 4-lane pieces, or 1 or 2 (its
+    loop vectoriser then packs neighbouring tiles; register tiles of 2 rows of 3 ran 132-138 us
+    against 66 us for one row of 3 and 64-75 us for rows of 1 and 2), or the whole axis: avgpool-3x3 on the
     AVX-512 Zen 5 ran rows of 4, 8, 28 and 56 in 61-95 us, and rows of 14 with the 3 x 3 window
     unrolled in 147-153 us, which LLVM left scalar (its SLP vectoriser gave up on 8 + 4 + 2).
+    Such a row's register tile unrolls one window row: 1 along every reduce axis but the last
+    (the window's columns). LLVM unrolls a short window loop itself where the row is short
+    (rows of 1, 2, 4 and 8 compiled to the same instructions with 1 or 3 window rows), and where
+    it is long the template's unrolling is what breaks the SLP vectoriser: a row of 28 with the
+    whole 3 x 3 window left 8 outputs scalar (72 scalar adds) and ran 67 us against 49 us with
+    one window row (2026-11-25, the same run).
     """
 
     name = "execution-unit"
@@ -150,8 +157,11 @@ class ExecutionUnitRule:
                 if any(size * t.itemsize % line for t in ctx.expr.inputs if t.uses_axis(axis)):
                     return False
             return size % ctx.device.warp_size == 0
-        if axis == autovector_axis(ctx.expr, ctx.device):
-            return size < 4 or size % 4 == 0 or size == extent
+        row = autovector_axis(ctx.expr, ctx.device)
+        if axis == row:
+            return size in (1, 2) or size % 4 == 0 or size == extent
+        if row is not None and ctx.expr.axes[axis].kind == "reduce" and axis != ctx.expr.reduce[-1]:
+            return size == 1  # one window row
         return True
 
     def tile_ok(self, ctx, tile):

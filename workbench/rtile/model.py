@@ -231,9 +231,11 @@ def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
     an operation counts.
 
     - Lanes: a register row of w >= 4 outputs is SLP-vectorised in `vector_pieces`: w / (pieces
-      x lanes). A row of fewer is left to the loop vectoriser, which packs `lanes` consecutive
-      register tiles of the L1 row (n of them) per iteration and runs the rest one at a time:
-      n / ((n // lanes + n % lanes) x lanes).
+      x lanes). A row of 1 or 2 is left to the loop vectoriser, which packs consecutive register
+      tiles of the L1 row; counted over the row's n outputs, `lanes` of them a vector and the
+      rest one at a time: n / ((n // lanes + n % lanes) x lanes), whatever w is (rows of 1 and 2
+      in L1 rows of 56 ran alike, 65-73 and 66-75 us; counting the 28 tiles of 2 put a row of 2
+      at twice the time of a row of 1).
     - Loads: an input read with stride s along the row takes s vector loads per vector (and a
       shuffle to separate them) on as many load ports as FMA pipes: 1 / s.
     - Flops: the peak counts an FMA as two flops; an operator of fewer flops per iteration point
@@ -246,9 +248,10 @@ def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
     0.88 / 0.58 / 0.50 / 0.29 / 0.25 / 0.15) ran 61 / 66 / 74 / 79 / 95 / 100 us, a row of 1
     (loop-vectorised, 0.32) 85 us: about 47 us of copies and traffic plus 12-14 us / lanes, the
     compute this gives (14 us with every lane filled: 2.0 Mflop at 509 GFLOP/s, x 2 loads, x 1.8
-    for the adds). Rows LLVM left partly scalar (14 with the 3 x 3
-    window unrolled: 147-153 us; `alignment.ExecutionUnitRule` keeps the row to whole 4-lane
-    pieces) are not modelled."""
+    for the adds). Rows LLVM left partly scalar (14 with the 3 x 3 window unrolled: 147-153 us;
+    28 with it: 67 against 49 us; 2 rows of 3: 132-138 us) are not modelled:
+    `alignment.ExecutionUnitRule` keeps the row to whole 4-lane pieces, 1 or 2, and the
+    register tile to one window row."""
     expr = program.expr
     axis = autovector_axis(expr, device)
     lanes = max(1, device.register_bytes // expr.output.itemsize)
@@ -256,8 +259,8 @@ def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
     if width >= 4:
         filled = width / (vector_pieces(width, lanes) * lanes)
     else:
-        tiles = max(1, program.tiles[min(1, len(program.tiles) - 1)][axis] // width)
-        filled = tiles / ((tiles // lanes + tiles % lanes) * lanes)
+        row = program.tiles[min(1, len(program.tiles) - 1)][axis]
+        filled = row / ((row // lanes + row % lanes) * lanes)
     stride = max((abs(t.index[-1][0][axis]) for t in expr.inputs if t.uses_axis(axis)), default=1)
     flops = min(1.0, expr.flops / (2 * prod(expr.extents)))
     return filled / max(1, stride) * flops
