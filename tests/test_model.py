@@ -19,6 +19,7 @@ from workbench.rtile.alignment import autovector_axis, block_thread_count, cross
 from workbench.hardware.spec import MicroKernel
 from workbench.rtile import model
 from workbench.rtile.model import (
+    ACCUMULATOR_FILL,
     accumulator_home,
     accumulator_steps,
     autovector_efficiency,
@@ -651,7 +652,9 @@ def test_accumulators_live_in_the_first_cache_that_holds_the_outputs_and_the_til
     64 x 64 outputs (16 KiB) + 5 KiB fit L1; 96 x 64 (24 KiB) + 5 KiB as well, but not beside a
     16 x 64 x 64 L1 tile's 20 KiB; 64 x 128 (32 KiB) leaves no room in L1 and goes to L2 with
     its unit tile's 256 + 512 KiB of panels (800 KiB); 256 x 256 x 128 (256 + 256 KiB) fits L2,
-    256 x 256 x 512 (256 + 1024 KiB) does not and goes to DRAM, as 1024 x 1024 (4 MiB) does."""
+    256 x 256 x 512 (256 + 1024 KiB) does not and goes to DRAM, as 1024 x 1024 (4 MiB) does. A
+    layer keeps them in 15/16 of its capacity: 266 x 384 x 192 (887 KiB) stays in L2, 266 x 576 x
+    128 (1020 KiB, within the 1024 but above 960) goes to DRAM."""
     e = matmul(1024, 1024, 1024)
     calc = TileCalculus(e)
 
@@ -663,6 +666,10 @@ def test_accumulators_live_in_the_first_cache_that_holds_the_outputs_and_the_til
     assert [home((64, 64, 1024)), home((96, 64, 1024)), home((96, 64, 1024), l1=(16, 64, 64))] == ["L1", "L1", "L2"]
     assert [home((64, 128, 1024)), home((256, 256, 128)), home((256, 256, 512)), home((1024, 1024, 1024))] == [
         "L2", "L2", "DRAM", "DRAM"]
+    assert ACCUMULATOR_FILL == 15 / 16
+    assert calc.footprint_bytes((266, 384, 192)) == (266 * 384 + 266 * 192 + 192 * 384) * 4 <= 15 * 2**16
+    assert 15 * 2**16 < calc.footprint_bytes((266, 576, 128)) == (266 * 576 + 266 * 128 + 128 * 576) * 4 <= 2**20
+    assert [home((266, 384, 192)), home((266, 576, 128))] == ["L2", "DRAM"]
     # mm-512's unit tile of 258 x 256 x 64 on a 512 KiB L2 (the AVX2 EPYC's): 264 KiB of outputs
     # (more than half the L2, once sent to DRAM) + 130 KiB of panels = 394 KiB: in L2
     half_l2 = replace(TINY_CPU, layers=tuple(

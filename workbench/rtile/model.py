@@ -407,6 +407,15 @@ def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
     return device.peak(expr.dtype, tensor_core=mma_axes(expr, device) is not None)
 
 
+# The share of a CPU cache the output buffer and the tiles streaming past it may fill and stay
+# there (`accumulator_home`): all but one way of a 16-way cache, the rest holding what else the
+# core touches (stack, code, the prefetchers' lines). Our reconstruction, bracketed by two
+# mm-bert-qkv unit tiles on the AVX-512 Zen 5 (1 MiB L2, 16-way; three top-10 runs, 2026-11-25):
+# 266 x 384 x 192 (887 KiB, 87 %) ran 3.88-3.90 ms with the other tiles that fit, 266 x 576 x 128
+# (1020 KiB, 99.6 %) 4.10 ms, the one tile of the ten that the full capacity kept in L2.
+ACCUMULATOR_FILL = 15 / 16
+
+
 def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     """The layer a CPU register tile's accumulators go to between two L1 K-steps: the template
     accumulates into one buffer of the unit tile's whole output (`codegen/cpu.py`), which stays
@@ -419,14 +428,15 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     mm-512 on the AVX2 EPYC (512 KiB L2) measured the L2 side: unit tiles of 258 x 256 outputs
     (264 KiB, with their 64-deep panels 394 KiB) ran 1.57-1.65 ms with L1 K tiles of 32 or 64,
     as fast as 174 x 256 (1.57-1.62 ms): the buffer stays in L2, where the earlier rule (the
-    output alone in half the layer) sent it to DRAM and predicted 3.3-4.2 ms."""
+    output alone in half the layer) sent it to DRAM and predicted 3.3-4.2 ms. A layer holds
+    them in `ACCUMULATOR_FILL` of its capacity, not all of it."""
     calc = calculus(program.expr)
     out = prod(calc.data_tiles(program.unit_tile)[-1]) * program.expr.tensors[-1].itemsize
     last = len(device.layers) - 1
     tiles = program.tiles
     return next((l for l in range(1, last)
                  if out + calc.footprint_bytes(tiles[min(l, len(tiles) - 1)], (), with_output=False)
-                 <= device.layers[l].capacity_bytes), last)
+                 <= ACCUMULATOR_FILL * device.layers[l].capacity_bytes), last)
 
 
 # Bytes a core's panel copy moves per cycle: four fp32 elements. bmm-attn (AVX-512 Zen 5 EPYC at
