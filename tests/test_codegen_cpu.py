@@ -440,8 +440,9 @@ def test_a_convolution_vectorises_its_filters_from_packed_panels(spec):
     16-filter strips, each update reads a strip as a plain ramp and broadcasts one data element,
     the accumulator is laid out [n, y, x, f], and the write-back transposes it once per tile,
     a block of one vector's filters at a time (n, y, f // lanes, f % lanes, x: one buffer row
-    and `lanes` output rows a block). An 8-wide filter row fills an 8-lane vector but half a 16-lane one: only the 8-lane spec
-    takes the filters then (checked on the schedules, nothing runs)."""
+    and `lanes` output rows a block). An 8-wide filter row fills an 8-lane vector but half a
+    16-lane one: only the 8-lane spec takes the filters then (checked on the schedules, nothing
+    runs)."""
     e = expr("conv2d", N=1, C=16, H=28, W=28, F=32, KH=3, KW=3, stride=2, pad=1)
     chains = dict(n=(1, 1, 1), f=(16, 32, 32), h=(2, 14, 14), w=(2, 14, 14), c=(1, 16, 16), r=(1, 3, 3), s=(1, 3, 3))
     script = schedule_cpu(e, _program(e, chains), spec).mod.script()

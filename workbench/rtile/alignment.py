@@ -119,9 +119,10 @@ class ExecutionUnitRule:
     unit of a CPU core is its FMA pipes x their latency, not one vector). A row LLVM vectorises
     on its own (`autovector_axis`: a stride-2 pooling) is whole 4-lane pieces, or 1 or 2 (its
     loop vectoriser then packs neighbouring tiles; register tiles of 2 rows of 3 ran 132-138 us
-    against 66 us for one row of 3 and 64-75 us for rows of 1 and 2), or the whole axis: avgpool-3x3 on the
-    AVX-512 Zen 5 ran rows of 4, 8, 28 and 56 in 61-95 us, and rows of 14 with the 3 x 3 window
-    unrolled in 147-153 us, which LLVM left scalar (its SLP vectoriser gave up on 8 + 4 + 2).
+    against 66 us for one row of 3 and 64-75 us for rows of 1 and 2), or the whole axis:
+    avgpool-3x3 on the AVX-512 Zen 5 ran rows of 4, 8, 28 and 56 in 61-95 us, and rows of 14
+    with the 3 x 3 window unrolled in 147-153 us, which LLVM left scalar (its SLP vectoriser
+    gave up on 8 + 4 + 2).
     Such a row's register tile unrolls one window row: 1 along every reduce axis but the last
     (the window's columns). LLVM unrolls a short window loop itself where the row is short
     (rows of 1, 2, 4 and 8 compiled to the same instructions with 1 or 3 window rows), and where
