@@ -416,6 +416,11 @@ def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
 ACCUMULATOR_FILL = 15 / 16
 
 
+def unit_output_bytes(program: RProgram) -> int:
+    """Bytes of one unit tile's outputs: the CPU template's output buffer (`codegen/cpu.py`)."""
+    return prod(calculus(program.expr).data_tiles(program.unit_tile)[-1]) * program.expr.tensors[-1].itemsize
+
+
 def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     """The layer a CPU register tile's accumulators go to between two L1 K-steps: the template
     accumulates into one buffer of the unit tile's whole output (`codegen/cpu.py`), which stays
@@ -431,7 +436,7 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     output alone in half the layer) sent it to DRAM and predicted 3.3-4.2 ms. A layer holds
     them in `ACCUMULATOR_FILL` of its capacity, not all of it."""
     calc = calculus(program.expr)
-    out = prod(calc.data_tiles(program.unit_tile)[-1]) * program.expr.tensors[-1].itemsize
+    out = unit_output_bytes(program)
     last = len(device.layers) - 1
     tiles = program.tiles
     return next((l for l in range(1, last)
@@ -503,8 +508,7 @@ def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
     expr = program.expr
     if not device.runs_on_cpu or not expr.reduce or direct_stores(expr, program, device):
         return 0
-    out = prod(calculus(expr).data_tiles(program.unit_tile)[-1]) * expr.tensors[-1].itemsize
-    return BUFFER_PASSES * out * program.grid
+    return BUFFER_PASSES * unit_output_bytes(program) * program.grid
 
 
 def accumulator_steps(program: RProgram) -> tuple[int, ...]:
