@@ -19,6 +19,7 @@ from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_d
 from workbench.codegen.common import chain_factors
 from workbench.codegen.cpu import schedule_cpu, simd_lanes
 from workbench.rtile.alignment import vector_axis
+from workbench.rtile.panels import loop_nest_key
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
@@ -500,3 +501,16 @@ def test_x86_kernels_are_compiled_without_llvm_gathers():
     kernel = _local_kernel(e, dict(n=(1, 1, 1), c=(1, 1, 16), h=(1, 14, 56), w=(4, 56, 56), r=(1, 3, 3), s=(3, 3, 3)))
     assembly = dict(kernel.sources)["s"]
     assert not re.search(r"\bv(p)?(gather|scatter)", assembly)
+
+
+def test_an_l1_tile_of_one_register_tile_compiles_alike_whatever_its_k():
+    """The evidence for `panels.loop_nest_key`: matmul 64 x 32 x 256, 4 x 16 registers under L1
+    tiles of the same 4 x 16 outputs with the register tile's K (1) or the unit tile's (128):
+    one of the two K-loops the L1 tile splits has a single iteration, and the two compile to the
+    same assembly. The K of 32 between them shares their key."""
+    e = expr("matmul", M=64, N=32, K=256)
+    programs = [_program(e, dict(i=(4, 4, 32), j=(16, 16, 32), k=(1, k1, 128))) for k1 in (1, 128, 32)]
+    kernels = [build_kernel(e, p, device(CPU)) for p in programs[:2]]
+    assert all(k.ok for k in kernels), [k.error for k in kernels]
+    assert dict(kernels[0].sources)["s"] == dict(kernels[1].sources)["s"]
+    assert len({loop_nest_key(p, device(CPU)) for p in programs}) == 1

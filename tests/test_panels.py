@@ -6,15 +6,15 @@ from dataclasses import replace
 from math import prod
 
 import pytest
-from helpers import TINY_CPU, expr
+from helpers import TINY_CPU, device, expr
 
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.model import (
     BUFFER_PASSES, GB, PACK_BYTES_PER_CYCLE, buffer_bytes, core_ghz, estimate, packing_seconds,
 )
 from workbench.rtile.panels import (
-    PAD_OVERLAP, _panel_pays, direct_stores, filter_vector_axis, lane_reduction_axis, pack_layer, packed_bytes,
-    packed_inputs, pad_level, padded_inputs, whole_reduction,
+    PAD_OVERLAP, _panel_pays, direct_stores, filter_vector_axis, lane_reduction_axis, loop_nest_key, pack_layer,
+    packed_bytes, packed_inputs, pad_level, padded_inputs, whole_reduction,
 )
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
@@ -143,3 +143,28 @@ def test_a_padding_copy_is_made_per_l1_tile_where_those_tiles_do_not_overlap():
     assert relu.inputs[0].shape != relu.args[0].shape and padded_inputs(relu) == ()
     mm = expr("matmul", M=64, K=64, N=64)
     assert padded_inputs(mm) == () and pad_level(mm, _program(mm, [(4, 16, 1), (16, 32, 64), (64, 64, 64)])) == 0
+
+
+def test_an_l1_tile_of_one_register_tile_is_one_loop_nest_whatever_its_k():
+    """matmul 64 x 32 x 256, 4 x 16 registers: L1 tiles of the same 4 x 16 outputs and K of 1,
+    8, 32 or 128 only split the register tile's K-loop (`codegen/cpu._loop_order`), so they
+    share a key; an L1 tile of two register tiles, one of the whole K (direct stores) and a GPU's
+    tiles keep theirs. The key keeps the packed inputs: N = 1024 puts B's 8-row L1 tile within
+    32 KiB ((7 x 1024 + 16) x 4 B) and its 16-row one beyond it, so only the second packs B."""
+    e = expr("matmul", M=64, N=32, K=256)
+    unit = (32, 32, 128)
+    keys = {k1: loop_nest_key(_program(e, [(4, 16, 1), (4, 16, k1), unit]), TINY_CPU) for k1 in (1, 8, 32, 128)}
+    assert len(set(keys.values())) == 1
+    assert keys[1][1] == (4, 16, None) and keys[1][::2] == ((4, 16, 1), unit)
+    two = _program(e, [(4, 16, 1), (8, 16, 8), unit])
+    assert loop_nest_key(two, TINY_CPU) == two.tiles
+    whole, part = (_program(e, [(4, 16, 1), (4, 16, k1), (32, 32, 256)]) for k1 in (256, 128))
+    assert whole_reduction(e, whole) and loop_nest_key(whole, TINY_CPU) == whole.tiles
+    assert loop_nest_key(part, TINY_CPU) != loop_nest_key(whole, TINY_CPU)
+    gpu = _program(e, [(4, 16, 1), (4, 16, 8), unit], device("v100"))
+    assert loop_nest_key(gpu, device("v100")) == gpu.tiles
+    wide = expr("matmul", M=64, N=1024, K=256)
+    narrow_span, wide_span = (_program(wide, [(4, 16, 1), (4, 16, k1), (32, 64, 128)]) for k1 in (8, 16))
+    assert _span(8, 1024, 16) <= L1 < _span(16, 1024, 16)
+    assert "B" not in packed_inputs(wide, narrow_span, TINY_CPU) and "B" in packed_inputs(wide, wide_span, TINY_CPU)
+    assert loop_nest_key(narrow_span, TINY_CPU) != loop_nest_key(wide_span, TINY_CPU)

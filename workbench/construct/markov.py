@@ -83,7 +83,7 @@ class MarkovPolicy(Policy):
     NOTES = {
         **Policy.NOTES,
         "emit": Policy.NOTES["emit"] + "; restart",
-        "repeated": "this rProgram was emitted before: restart",
+        "repeated": "the loop nest of this rProgram was emitted before: restart",
         "walk": "walk from the smallest aligned tile {tile} ({axes}), eps {eps}",
         "stuck": "no legal action: walk abandoned",
         "rejected": "{what}: rejected, predicted {delta:+.1f}% (accepted with probability {p:.3g} at T={t:.3g})",

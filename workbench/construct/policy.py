@@ -27,6 +27,7 @@ from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, S
 from workbench.construct.step import Candidate, Step, make_node, state_key
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model import Estimate, estimate
+from workbench.rtile.panels import loop_nest_key
 from workbench.rtile.pipeline import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 from workbench.viz.fmt import duration
@@ -80,7 +81,8 @@ class Policy:
         """Emit the program of `state` (at the bottom layer): scaled out over the units, its unit
         tile shrunk along the axis of smallest reuse while the grid has fewer tiles than the
         device has units (Roller-S, §3.2), each shrink a step. A program emitted before is not
-        emitted again (`repeated`); a program is its tiles and its virtual threads."""
+        emitted again (`repeated`); a program is its loop nest (`panels.loop_nest_key`: its
+        tiles, less a CPU L1 tile's K where that only splits a loop) and its virtual threads."""
         space, arrived = self.space, state
         units, grid = space.device.compute_units, space.calc.spatial_tiles
         for axis, tiles in space.shrinks(state.recorded, state.eps):
@@ -89,10 +91,11 @@ class Policy:
             note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
             yield self.marker(state, state.actions[-1], note)
         program = space.program_of(state)
-        if (program.tiles, program.vthreads) in self._emitted:
+        key = (loop_nest_key(program, space.device), program.vthreads)
+        if key in self._emitted:
             yield from self.repeated(state)
             return
-        self._emitted.add((program.tiles, program.vthreads))
+        self._emitted.add(key)
         program, est = split_k(program, space.device)
         split = program.split if program.split > 1 else 0  # recorded so that `replay` splits it too
         done = replace(state, tile=(), actions=state.actions + (Action(Kind.EMIT, space.n_tile_layers, count=split),))

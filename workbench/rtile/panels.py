@@ -100,6 +100,31 @@ def whole_reduction(expr: TensorExpr, program: RProgram) -> bool:
         program.tiles[1][r] >= expr.axes[r].extent for r in expr.reduce)
 
 
+def loop_nest_key(program: RProgram, device: DeviceSpec) -> tuple:
+    """What of `program`'s tiles its loop nest depends on: two programs with the same key (and
+    virtual threads) compile to one kernel, so a construction emits it once
+    (`construct.policy.Policy.emit`). On a CPU, an L1 tile that holds a single register tile
+    along every spatial axis runs its K-steps right around the register tile's (in
+    `codegen/cpu._loop_order`'s `R(n-2) S(n-1) R(n-1)`, `S(n-1)` has one iteration), so its
+    reduction extents only split one loop in two and are left out of the key (None). They stay
+    where they decide something: the whole reduction in the L1 tile (`whole_reduction`: another
+    loop order and direct stores), panels packed at the L1 tile (`pack_layer`), and which inputs
+    are packed (`_panel_pays` reads the L1 tile's span). GPU programs: their tiles.
+
+    Such L1 tiles of the register tile's K and of the unit tile's K compile to the same
+    assembly (conv-1x1, mm-512 and gemv-4096 on the AVX-512 Zen 5, 2026-11-25), and those in
+    between ran within the noise of each other; 35 of the 130 programs of each top-10 run of
+    cpu-core were such repeats (gemv-4096: 7 of 10)."""
+    tiles = program.tiles
+    expr = program.expr
+    if (not device.runs_on_cpu or len(tiles) < 3 or any(tiles[1][a] != tiles[0][a] for a in expr.spatial)
+            or whole_reduction(expr, program) or pack_layer(program) == 1):
+        return tiles
+    reduce = set(expr.reduce)
+    l1 = tuple(None if a in reduce else extent for a, extent in enumerate(tiles[1]))
+    return (tiles[0], l1, *tiles[2:], packed_inputs(expr, program, device))
+
+
 def direct_stores(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
     """Whether the plain template stores each register tile's accumulators straight to the
     output, BLAS's micro-kernel storing C (`codegen/cpu._store_registers`): with a vectorised
