@@ -9,7 +9,9 @@ from tests.helpers import matmul
 from workbench.codegen import verify
 from workbench.errors import UserError
 from workbench.ops.reference import random_inputs, reference_with_scale
-from workbench.profile.runner import Measurement, Timing, best_measured, inputs_and_reference, timed_repeats, verified
+from workbench.profile.runner import (
+    Measurement, Timing, best_measured, inputs_and_reference, quiet_reference, timed_repeats, verified,
+)
 
 
 def test_best_and_median_of_the_repeats():
@@ -134,3 +136,24 @@ def test_an_output_already_verified_is_not_compared_again(monkeypatch):
     other_ref = inputs_and_reference(other, 0)[1]
     assert verified(other_ref.value.astype(np.float32), other, other_ref, 0).correct
     assert verified(right, expr, ref, 0) is not first and len(calls) == 4
+
+
+def test_the_reference_before_a_timing_runs_on_one_blas_thread(monkeypatch):
+    """`quiet_reference` computes the reference with BLAS on one thread (OpenBLAS's threads spin
+    after a multi-threaded call, on the cores the next kernel is timed on) and gives it unchanged."""
+    from threadpoolctl import threadpool_info
+
+    import workbench.ops.reference as reference
+
+    seen = []
+
+    def recording(expr, inputs):
+        seen.append({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+        return reference_with_scale(expr, inputs)
+
+    e = matmul(16, 8, 32)
+    inputs = random_inputs(e, 0)
+    monkeypatch.setattr(reference, "reference_with_scale", recording)
+    got = quiet_reference(e, inputs)
+    assert seen == [{1}]
+    assert np.array_equal(got.value, reference_with_scale(e, inputs).value)

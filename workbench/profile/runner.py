@@ -244,15 +244,31 @@ def _verifications(expr, seed: int) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def inputs_and_reference(expr, seed: int):
-    """`random_inputs(expr, seed)` and their float64 reference (`reference_with_scale`), kept for
+    """`random_inputs(expr, seed)` and their float64 reference (`quiet_reference`), kept for
     the last expression: a session checks all its candidates on the same inputs, and drawing
     them and computing the reference took up to 0.4 s each per candidate (gemv-4096's inputs,
     mm-1024's reference on a loaded 2-core EPYC). One entry, so a worker serving a whole suite
     holds one workload's arrays at a time. Callers only read the arrays."""
-    from workbench.ops.reference import random_inputs, reference_with_scale
+    from workbench.ops.reference import random_inputs
 
     inputs = random_inputs(expr, seed)
-    return inputs, reference_with_scale(expr, inputs)
+    return inputs, quiet_reference(expr, inputs)
+
+
+def quiet_reference(expr, inputs):
+    """`reference_with_scale` on one BLAS thread, for a caller that times a kernel right after:
+    after a multi-threaded call OpenBLAS's threads spin on the cores for tens of milliseconds,
+    and the kernel timed next (each workload's rank 1) shared the cores with them. On the
+    AVX-512 Zen 5 (2026-11-25) rank 1's first repeats ran 2x slower on mm-512 (1,101 against
+    560 us) and 30x on bmm-attn (1,502 against 48 us), and where its first three repeats agreed
+    the timing settled on them (mm-512 in two of three top-10 runs). On one thread mm-512's
+    rank 1 ran 548-568 us from its first repeat."""
+    from threadpoolctl import threadpool_limits
+
+    from workbench.ops.reference import reference_with_scale
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return reference_with_scale(expr, inputs)
 
 
 def measurement_from_check(rank: int, runner: str, check, seconds, versions) -> Measurement:
