@@ -38,7 +38,7 @@ TINY_CPU = DeviceSpec(
     vendor="intel",
     layers=(
         MemoryLayer("registers", "thread", 1792, 2000.0, 64, 0.3),
-        MemoryLayer("L1", "unit", 32768, 400.0, 64, 1.5),
+        MemoryLayer("L1", "unit", 32768, 400.0, 64, 1.5, ways=8),
         MemoryLayer("L2", "unit", 1048576, 200.0, 64, 5.0),
         MemoryLayer("DRAM", "device", 16 * 2**30, 20.0, 64, 80.0),
     ),

@@ -6,7 +6,8 @@ the nearest sizes it accepts, and the bank padding formula on worked examples an
 """
 
 from dataclasses import replace
-from math import ceil, gcd, prod
+from itertools import product
+from math import ceil, gcd, lcm, prod
 
 import pytest
 from helpers import TINY_CPU, device, expr, matmul, suite_workloads, workload_expr
@@ -19,7 +20,9 @@ from workbench.rtile.alignment import (
     REGISTER_STEPS,
     RULES,
     AlignContext,
+    CacheSetRule,
     ExecutionUnitRule,
+    TailRule,
     WarpGroupRule,
     accumulators,
     block_thread_multiple,
@@ -27,6 +30,7 @@ from workbench.rtile.alignment import (
     filter_axis,
     initial_tile,
     is_aligned,
+    l1_set_lines,
     lane_axis,
     micro_kernel_registers,
     mma_axes,
@@ -44,6 +48,7 @@ EXPRS = {
     "mm-1024": lambda: matmul(1024, 1024, 1024),
     "mm-M1": lambda: matmul(128, 1000, 4032),
     "gemv": lambda: expr("gemv", M=4096, K=1000),
+    "gemv-4k-rows": lambda: expr("gemv", M=96, K=1024),  # every row in one L1 set
     "conv-s2": lambda: expr("conv2d", N=8, C=64, H=30, W=30, F=96, KH=3, KW=3, stride=2, pad=1),
     "dwconv-m4": lambda: expr("depthwise_conv2d", N=4, C=84, H=21, W=21, KH=1, KW=1, stride=1, pad=0, multiplier=4),
     "avgpool": lambda: expr("avgpool", N=16, C=48, H=48, W=48, K=3, stride=2, pad=1),
@@ -105,10 +110,34 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
                 out.append("autovectorised row not whole 4-lane pieces")
             out += [f"{e.axes[r].name}: more than one window row" for r in e.reduce[:-1] if tile[r] != 1]
     filters = dev.kind == "cpu" and simd_lane_axis(e, dev) is not None and simd_lane_axis(e, dev) == conv_filters(e)
-    if dev.kind == "cpu" and (layer > 0 or filters):
-        v = simd_lane_axis(e, dev)
+    v = simd_lane_axis(e, dev) if dev.kind == "cpu" else None
+    along_k = v is not None and e.axes[v].kind == "reduce"  # gemv, row sums: lanes along a reduction
+    if dev.kind == "cpu" and layer == 0 and along_k and dev.layers[1].ways:
+        # one step reads the tile's rows x its lanes of every input along k: per input, the most
+        # of those lines in one set (row-major addresses from 0), summed, within the ways
+        l1 = dev.layers[1]
+        sets = l1.capacity_bytes // (l1.ways * 64)
+        total = 0
+        for tensor in e.inputs:
+            if not any(c[v] for c, _ in tensor.index):
+                continue
+            axes = [a for a in range(len(e.axes)) if any(c[a] for c, _ in tensor.index) and (a == v or a in e.spatial)]
+            per_set = {}
+            for point in product(*(range(tile[a]) for a in axes)):
+                at = dict(zip(axes, point))
+                flat = 0
+                for (coeffs, _), size in zip(tensor.index, tensor.shape):
+                    flat = flat * size + sum(c * at.get(a, 0) for a, c in enumerate(coeffs))
+                line = flat * tensor.itemsize // 64
+                per_set.setdefault(line % sets, set()).add(line)
+            total += max(len(x) for x in per_set.values())
+        if total > l1.ways:
+            out.append("more lines in one L1 set than it has ways")
+    if dev.kind == "cpu" and (layer > 0 or filters or along_k):
         tails = [a for a in e.reduce] + ([v] if v is not None and e.axes[v].kind == "spatial" else [])
         tails += [a for a in e.spatial if filters and a not in tails]  # a conv along its filters: every axis
+        if layer == 0 and not filters:
+            tails = list(e.spatial) + [v]  # lanes along k: the micro-kernel's rows and its K
         for a in tails:
             n, u = e.axes[a].extent, upper[a]
             # some tile short of the axis, within 128 multiples of the one above, divides it and
@@ -119,6 +148,11 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
                 and sum(1 for c in t.index[-1][0] if c) == 1
             )
             whole = n % u == 0 and any(n % s == 0 and lines(s) for s in range(u, min(n - u, 128 * u) + 1, u))
+            if layer == 0 and along_k and not filters and a != v:  # rows: some size from 2 to 128 divides
+                whole = any(n % s == 0 for s in range(2, min(n, 129)))
+            if layer == 0 and along_k and not filters and a == v:  # K: some whole lines of whole vectors
+                step = lcm(dev.warp_size, *(64 // t.itemsize for t in e.inputs if any(c[v] for c, _ in t.index)))
+                whole = any(n % s == 0 for s in range(step, n, step))
             if whole and n % tile[a]:
                 out.append(f"{e.axes[a].name}: ragged cache tile along the vectors or a reduction")
     return out
@@ -475,6 +509,64 @@ def test_a_register_tile_along_a_reduction_is_whole_cache_lines(dev):
     assert ExecutionUnitRule().axis_ok(mm, 1, dev.warp_size) and not ExecutionUnitRule().axis_ok(mm, 1, dev.warp_size + 4)
 
 
+def zen5_like(ways: int):
+    """AVX512 with an L1d of 64 sets of `ways` 64 B lines (the Zen 5's 48 KiB at 12 ways; 32 KiB
+    at 8), so that a way spans 4 KiB."""
+    l1 = replace(AVX512.layers[1], capacity_bytes=4096 * (ways or 12), ways=ways)
+    return replace(AVX512, layers=(AVX512.layers[0], l1, *AVX512.layers[2:]))
+
+
+@pytest.mark.parametrize("rows, k, expected", [(8, 16, 9), (16, 16, 17), (8, 32, 9), (20, 16, 21), (1, 64, 2)])
+def test_l1_set_lines_of_gemv_rows_that_are_a_whole_way_apart(rows, k, expected):
+    """gemv-4096's rows are 16 KiB apart, a multiple of the 4 KiB a way spans over 64 sets: one
+    step's line of every row lands in one set, and x's line starts there too (page-aligned
+    bases): rows + 1. A K of 32 reads two lines per row, in the next set, so still rows + 1."""
+    gemv = expr("gemv", M=4096, K=4096)
+    assert l1_set_lines(gemv, zen5_like(12), (rows, k)) == expected
+
+
+def test_l1_set_lines_spread_where_the_row_stride_is_not_a_whole_way():
+    """Rows of 4,160 floats are 16,640 B apart: 260 lines, 4 sets on from the row above, so 16
+    rows fill 16 sets with one line each (plus x's line): 2. Without `ways` nothing is counted,
+    nor for a micro-kernel whose lanes run along an output row (matmul)."""
+    assert l1_set_lines(expr("gemv", M=4096, K=4160), zen5_like(12), (16, 16)) == 2
+    assert l1_set_lines(expr("gemv", M=4096, K=4096), zen5_like(0), (16, 16)) == 0
+    assert l1_set_lines(matmul(1024, 1024, 1024), zen5_like(12), (14, 32, 1)) == 0
+
+
+def test_cache_set_rule_keeps_a_reduction_micro_kernel_within_the_ways():
+    """CacheSetRule: 8 rows (9 lines) fit 12 ways, 16 rows (17) do not; 8 ways take 4 rows.
+    Only the register layer is judged; the fill and the rows Roller grows to keep to it."""
+    gemv = expr("gemv", M=4096, K=4096)
+    rule = CacheSetRule()
+    assert rule.tile_ok(AlignContext(gemv, zen5_like(12), 0, (1, 1), 0.05), (8, 16))
+    assert not rule.tile_ok(AlignContext(gemv, zen5_like(12), 0, (1, 1), 0.05), (16, 16))
+    assert rule.tile_ok(AlignContext(gemv, zen5_like(0), 0, (1, 1), 0.05), (16, 16))
+    assert not rule.tile_ok(AlignContext(gemv, zen5_like(8), 0, (1, 1), 0.05), (8, 16))
+    assert rule.tile_ok(AlignContext(gemv, zen5_like(8), 1, (16, 16), 0.05), (64, 1024))
+    for ways in (8, 12, 16):
+        dev = zen5_like(ways)
+        tile = initial_tile(AlignContext(gemv, dev, 0, (1, 1), 0.05))
+        assert l1_set_lines(gemv, dev, tile) <= ways
+        grown = next_aligned_sizes(AlignContext(gemv, dev, 0, (1, 1), 0.05), tile)[0]
+        assert grown is None or l1_set_lines(gemv, dev, (grown, tile[1])) <= ways
+
+
+def test_a_reduction_micro_kernel_rows_divide_the_rows():
+    """cpu-tails at the registers for lanes along K: gemv-4096's rows tile by divisors of 4,096
+    (LLVM left guarded 7-15-row kernels rolled), a prime row count by any size, and its K by
+    dividing whole lines; a matmul's register rows stay free (its template pads panels)."""
+    gemv = AlignContext(expr("gemv", M=4096, K=4096), AVX512, 0, (1, 1), 0.05)
+    assert [r for r in range(1, 33) if TailRule().axis_ok(gemv, 0, r)] == [1, 2, 4, 8, 16, 32]
+    prime = AlignContext(expr("gemv", M=4093, K=4096), AVX512, 0, (1, 1), 0.05)
+    assert TailRule().axis_ok(prime, 0, 20)
+    # K: 16-lane vectors of whole 64 B lines that divide 4,096, not 48 (padded, plain template);
+    # K = 1000 has no multiple of 16 among its divisors, so any size is left to the other rules
+    assert [k for k in range(16, 129, 16) if TailRule().axis_ok(gemv, 1, k)] == [16, 32, 64, 128]
+    assert TailRule().axis_ok(AlignContext(expr("gemv", M=4096, K=1000), AVX512, 0, (1, 1), 0.05), 1, 48)
+    assert TailRule().axis_ok(AlignContext(matmul(512, 512, 512), AVX512, 0, (1, 1, 1), 0.05), 0, 14)
+
+
 def test_the_standard_avx2_micro_kernel_is_aligned_and_fits():
     """Issue 14: 6 x 16 fp32 (12 accumulators, 15 ymm) is aligned and fits 16 ymm; round 1's
     2 x 8 (2 accumulators) is not aligned where 5 cycles x 2 pipes need 10."""
@@ -537,8 +629,10 @@ def test_required_accumulators_fall_back_to_the_most_the_registers_hold(base, m,
 
 def test_no_accumulator_rule_without_a_reduction_a_lane_axis_or_fma_facts():
     """Elementwise operators carry no dependency chain, scalar code (a stride-2 conv) is bound by
-    its lanes; gemv's partial sums along k meet the need (r c + 2c <= 16 holds 10 with c = 1);
-    a spec without FMA facts (TINY_CPU, a GPU) asks for none."""
+    its lanes; gemv's partial sums along k hold what they can: r rows x c vectors of whole 64 B
+    lines (c >= 2 on AVX2) need r c + 2c <= 16 registers, and r divides the 4,096 rows
+    (cpu-tails), so r = 4 holds 8 of the 10 the FMAs want (the fallback), where r = 5 held 10
+    before rows had to divide; a spec without FMA facts (TINY_CPU, a GPU) asks for none."""
     relu, gemv, mm = expr("relu", shape=(17, 11, 3)), expr("gemv", M=4096, K=1000), matmul(512, 512, 512)
     conv = expr("conv2d", N=8, C=64, H=30, W=30, F=6, KH=3, KW=3, stride=2, pad=1)  # scalar: 6 filters
     assert required_accumulators(AlignContext(relu, AVX2, 0, (1, 1, 1), 0.05)) == 0
@@ -547,10 +641,11 @@ def test_no_accumulator_rule_without_a_reduction_a_lane_axis_or_fma_facts():
     # filter vectors x b outputs needs a b + a + b of 16 registers: at most 9 (3 x 3, 15 registers)
     filters = AlignContext(EXPRS["conv-s2"](), AVX2, 0, (1,) * 7, 0.05)
     assert required_accumulators(filters) == 9 and accumulators(filters.expr, AVX2, initial_tile(filters)) == 9
-    assert required_accumulators(AlignContext(gemv, AVX2, 0, (1, 1), 0.05)) == 10
+    assert required_accumulators(AlignContext(gemv, AVX2, 0, (1, 1), 0.05)) == 8
     assert required_accumulators(AlignContext(gemv, AVX512, 0, (1, 1), 0.05)) == 8
     tile = initial_tile(AlignContext(gemv, AVX2, 0, (1, 1), 0.05))
-    assert tile[1] % 8 == 0 and accumulators(gemv, AVX2, tile) >= 10 and micro_kernel_registers(gemv, AVX2, tile) <= 16
+    assert tile[0] == 4 and tile[1] % 16 == 0 and accumulators(gemv, AVX2, tile) >= 8
+    assert micro_kernel_registers(gemv, AVX2, tile) <= 16
     assert required_accumulators(AlignContext(mm, TINY_CPU, 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(mm, device("v100"), 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(mm, AVX2, 1, (6, 16, 1), 0.05)) == 0  # registers only

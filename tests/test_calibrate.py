@@ -330,6 +330,25 @@ def test_a_file_calibrated_before_the_last_level_cache_fields_gets_the_detected_
                                                                                     "uncalibrated estimate")
 
 
+def test_a_file_calibrated_before_the_l1_ways_gets_the_detected_ones(monkeypatch, tmp_path):
+    """A spec calibrated before `ways` existed reads back with 0 ways; the L1's associativity
+    is a detected fact, not a measurement, so the detected one fills it in."""
+    import workbench.hardware.loader as loader
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    detected = detect_local_cpu()
+    detected = replace(detected, layers=tuple(replace(layer, ways=12 if layer.name == "L1" else 0) for layer in detected.layers))
+    monkeypatch.setattr(loader, "detect_local_cpu", lambda: detected)
+    old = apply_measurements(replace(detected, layers=tuple(replace(layer, ways=0) for layer in detected.layers)),
+                             _results(detected), "2026-01-02")
+    path = calibrated_spec_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(spec_to_toml(old))
+    loaded = load_spec("local-cpu")
+    assert loaded.calibrated and loaded.layer("DRAM").bandwidth_gbps == 40.0
+    assert [layer.ways for layer in loaded.layers] == [layer.ways for layer in detected.layers]
+
+
 def test_load_spec_local_cpu_ignores_a_file_of_another_machine(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     detected = detect_local_cpu()

@@ -14,6 +14,7 @@ from workbench.hardware.detect import (
     parse_cache_size,
     parse_caches,
     parse_cpuinfo,
+    parse_l1_ways,
     parse_meminfo,
 )
 from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
@@ -239,6 +240,27 @@ def test_fma_facts_from_vendor_family_and_model(vendor, family, model, facts):
 def test_parse_meminfo():
     assert parse_meminfo("MemTotal:   2048 kB\n") == 2048 * 1024
     assert parse_meminfo("nothing here") is None
+
+
+def test_parse_l1_ways_reads_the_data_cache_only():
+    """sysfs's ways_of_associativity of the L1 data cache (the Zen 5's 12, not its L1i's 8);
+    0 where sysfs leaves it out."""
+    zen5 = [("1", "Data", "12\n"), ("1", "Instruction", "8\n"), ("2", "Unified", "16\n")]
+    assert parse_l1_ways(zen5) == 12
+    assert parse_l1_ways(zen5[1:]) == 0 and parse_l1_ways([("1", "Data", "")]) == 0
+
+
+@pytest.mark.tvm  # reads a spec back through the loader, which asks TVM about its target
+def test_detection_reads_the_l1_ways(tmp_path):
+    sysfs, proc = fake_machine(tmp_path, *MACHINES["sapphire-rapids"])
+    plain = detect_local_cpu(sysfs_root=sysfs, proc_root=proc, cores=4)
+    assert plain.layer("L1").ways == 0 and "associativity not in sysfs" in plain.layer("L1").source
+    for index in (Path(sysfs) / "devices" / "system" / "cpu" / "cpu0" / "cache").glob("index*"):
+        level, kind = (index / "level").read_text().strip(), (index / "type").read_text().strip()
+        (index / "ways_of_associativity").write_text("12\n" if (level, kind) == ("1", "Data") else "16\n")
+    spec = detect_local_cpu(sysfs_root=sysfs, proc_root=proc, cores=4)
+    assert [layer.ways for layer in spec.layers] == [0, 12, 0, 0] and "12-way (sysfs)" in spec.layer("L1").source
+    assert spec_from_toml_text(spec_to_toml(spec)) == spec
 
 
 def test_parse_caches_gives_each_core_its_share_and_the_last_level_apart():

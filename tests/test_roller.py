@@ -6,6 +6,7 @@ conv class (conv2d, depthwise_conv2d); every such workload of the three suites m
 reuse (Roller builds their top tile only) and must give at least one.
 """
 
+from dataclasses import replace
 from functools import cache
 from math import ceil, log2, prod
 
@@ -23,7 +24,7 @@ from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
-from workbench.rtile.alignment import AlignContext, initial_tile, next_aligned_sizes
+from workbench.rtile.alignment import AlignContext, initial_tile, l1_set_lines, next_aligned_sizes
 from workbench.rtile.traffic import TileCalculus
 
 WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))
@@ -241,6 +242,38 @@ def test_long_gemv_reaches_many_cores_in_few_shrinks():
     assert runs and max(runs) <= ceil(log2(dev.compute_units)) + 1, runs
     for cand in candidates:
         assert_within_limits(stepper.space, cand.program)
+
+
+@pytest.mark.parametrize("ways, rows", [(12, 8), (8, 4), (0, 16)])
+def test_gemv_register_rows_divide_and_fit_the_l1_ways(ways, rows):
+    """gemv-4096 on a detected AVX-512 CPU whose L1d has `ways` (0: not stated) of 64 sets: the
+    register tiles' rows divide 4,096 (cpu-tails) and one step's lines fit a set (CacheSetRule:
+    rows + x's line <= ways), so 8 rows on 12 ways, 4 on 8; unbounded, the rows grow to the 16
+    the registers hold. No register K pads the reduction."""
+    dev = detected_cpu("avx512", 2, 4 * KIB * (ways or 12), 1024 * KIB, ways=ways)
+    e = workload_expr(WORKLOADS["cpu-core:gemv-4096"])
+    stepper = Stepper(e, dev)
+    stepper.run_to_end()
+    candidates = stepper.candidates()
+    registers = {c.program.register_tile for c in candidates}
+    assert {r[0] for r in registers} == {rows} and all(4096 % r[1] == 0 for r in registers), registers
+    assert all(l1_set_lines(e, dev, r) <= (ways or 99) for r in registers)
+    assert len(candidates) >= 4
+    for cand in candidates:
+        assert_within_limits(stepper.space, cand.program)
+
+
+def test_a_cpu_round_without_reuse_emits_its_start_tile_in_the_last_round():
+    """gemv-4096 on the Zen 5 (4-cycle FMA x 2 pipes: 8 accumulators; 12-way L1d): the start
+    tile 8 x 16 grows to 8 x 32, which saves no traffic, and Roller's chain descends from the
+    grown tile only: 4 programs over one register tile. The eps ladder's last round emits the
+    start tile's chain as well, 8 programs over both."""
+    dev = replace(detected_cpu("avx512", 2, 48 * KIB, 1024 * KIB, ways=12), fma_latency_cycles=4)
+    stepper = Stepper(workload_expr(WORKLOADS["cpu-core:gemv-4096"]), dev)
+    stepper.run_to_end()
+    candidates = stepper.candidates()
+    assert {c.program.register_tile for c in candidates} == {(8, 16), (8, 32)}
+    assert len(candidates) == 8
 
 
 def test_prime_matmul_gets_candidates_by_widening_eps():

@@ -36,7 +36,9 @@ the full tiles keep their places and the model ranks the rest.
 
 Operators without reuse (elementwise, most reductions: every score is 0) build the top tile only
 and load straight from the bottom (§3.2). Our choice, since scores cannot rank them: every
-aligned top tile on the growth chain is a program, so K candidates exist for the model to rank.
+aligned top tile on the growth chain is a program, so K candidates exist for the model to rank;
+on a CPU, in the eps ladder's last round, the start tile as well (gemv-4096 on a 12-way L1 has
+two top tiles, 8 x 16 and 8 x 32, and the start's four programs).
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class RollerPolicy(Policy):
                              eps=eps, mode=mode)
         yield self.record(Step(state.actions[-1], state, self.node(state, "start"), None, note=note))
         yield from self._enlarge(state)
+        if self.no_reuse and self._fill:  # the start tile is on the growth chain too (module docstring)
+            yield from self._descend(state)
         return self._done()
 
     def _done(self) -> bool:

@@ -265,6 +265,15 @@ def parse_caches(entries: list[tuple[str, str, str, str]]) -> dict[str, int]:
     return caches
 
 
+def parse_l1_ways(entries: list[tuple[str, str, str]]) -> int:
+    """The L1 data cache's associativity from sysfs (level, type, ways_of_associativity); 0 where
+    sysfs does not say (some hypervisors leave it out, or report 0 for fully associative)."""
+    for level, kind, ways in entries:
+        if level.strip() == "1" and kind.strip() == "Data" and ways.strip().isdigit():
+            return int(ways.strip())
+    return 0
+
+
 def parse_meminfo(text: str) -> int | None:
     """MemTotal from /proc/meminfo, in bytes."""
     for line in text.splitlines():
@@ -279,6 +288,7 @@ def build_local_spec(
     caches: dict[str, int],
     memory_bytes: int | None,
     max_mhz: float | None,
+    l1_ways: int = 0,
 ) -> DeviceSpec:
     """The `local-cpu` spec from parsed facts (pure); unmeasured numbers are labelled estimates."""
     if max_mhz:
@@ -298,7 +308,7 @@ def build_local_spec(
         name=LOCAL_CPU_NAME,
         kind="cpu",
         vendor=info.vendor,
-        layers=_estimated_layers(cores, ghz, lanes, registers, fma, caches, memory_bytes, per_cycle),
+        layers=_estimated_layers(cores, ghz, lanes, registers, fma, caches, memory_bytes, per_cycle, l1_ways),
         compute_units=cores,
         warp_size=lanes,
         teu_per_unit=1,
@@ -321,7 +331,7 @@ def build_local_spec(
     )
 
 
-def _estimated_layers(cores, ghz, lanes, registers, fma, caches, memory_bytes, per_cycle):
+def _estimated_layers(cores, ghz, lanes, registers, fma, caches, memory_bytes, per_cycle, l1_ways=0):
     vector = lanes * 4
     l1, l2 = (caches.get(level, _DEFAULT_CACHES[level]) for level in ("L1", "L2"))
     found = {level: "from sysfs" if level in caches else "not in sysfs, assumed" for level in ("L1", "L2")}
@@ -339,9 +349,10 @@ def _estimated_layers(cores, ghz, lanes, registers, fma, caches, memory_bytes, p
         MemoryLayer(
             name="L1", scope="unit", capacity_bytes=l1,
             bandwidth_gbps=round(cores * ghz * _L1_LOADS_PER_CYCLE * vector, 1),
-            transaction_bytes=_CACHE_LINE, latency_ns=round(_CYCLES["L1"] / ghz, 2),
+            transaction_bytes=_CACHE_LINE, latency_ns=round(_CYCLES["L1"] / ghz, 2), ways=l1_ways,
             source=f"L1d per core {found['L1']}; {estimate} x {_L1_LOADS_PER_CYCLE} loads x "
-            f"{vector} B per cycle; ~5 cycles latency; 64 B lines",
+            f"{vector} B per cycle; ~5 cycles latency; 64 B lines; "
+            + (f"{l1_ways}-way (sysfs)" if l1_ways else "associativity not in sysfs"),
         ),
         MemoryLayer(
             name="L2", scope="unit", capacity_bytes=l2,
@@ -404,6 +415,10 @@ def detect_local_cpu(sysfs_root: str = "/sys", proc_root: str = "/proc", cores: 
         tuple(_read(index / name) for name in ("level", "type", "size", "shared_cpu_list"))
         for index in sorted((cpu0 / "cache").glob("index*"))
     ]
+    ways = [
+        tuple(_read(index / name) for name in ("level", "type", "ways_of_associativity"))
+        for index in sorted((cpu0 / "cache").glob("index*"))
+    ]
     khz = _read(cpu0 / "cpufreq" / "cpuinfo_max_freq").strip()
     return build_local_spec(
         info,
@@ -411,6 +426,7 @@ def detect_local_cpu(sysfs_root: str = "/sys", proc_root: str = "/proc", cores: 
         parse_caches(entries),
         parse_meminfo(_read(proc / "meminfo")),
         int(khz) / 1000 if khz.isdigit() else None,
+        parse_l1_ways(ways),
     )
 
 

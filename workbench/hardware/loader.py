@@ -72,6 +72,7 @@ _LAYER_KEYS = (
     "latency_ns",
     "banks",
     "bank_width_bytes",
+    "ways",
     "source",
 )
 _SOURCE_KEYS = _DEVICE_INTS + _DEVICE_FMA + _DEVICE_OCCUPANCY + _DEVICE_LLC + (
@@ -131,6 +132,9 @@ def _local_cpu(check_target: bool) -> DeviceSpec:
         llc = {key: value for key, value in detected.sources if key in _DEVICE_LLC}
         calibrated = replace(calibrated, llc_bytes=detected.llc_bytes, llc_gbps=detected.llc_gbps,
                              sources=tuple(sorted((dict(calibrated.sources) | llc).items())))
+    if len(calibrated.layers) == len(detected.layers):  # calibrated before `ways`: the detected ones
+        layers = tuple(replace(c, ways=c.ways or d.ways) for c, d in zip(calibrated.layers, detected.layers))
+        calibrated = replace(calibrated, layers=layers)
     return calibrated
 
 
@@ -387,6 +391,7 @@ def _layer(raw: object, i: int) -> MemoryLayer:
         banks=banks,
         bank_width_bytes=bank_width,
         source=_text(raw.get("source", _MISSING), f"{where}.source"),
+        ways=_int(raw.get("ways", 0), f"{where}.ways", minimum=0),
     )
 
 

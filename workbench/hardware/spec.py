@@ -19,7 +19,9 @@ class MemoryLayer:
     `capacity_bytes` is what one tile at this layer may occupy: per thread for `scope="thread"`
     (for NVIDIA registers: Roller's conservative cap of 96 registers x 4 B), per block / per core
     for `scope="unit"`, the whole memory for `scope="device"`. `bandwidth_gbps` is the aggregate
-    bandwidth of reading from this layer over the whole device (GB/s, 1e9 B/s).
+    bandwidth of reading from this layer over the whole device (GB/s, 1e9 B/s). `ways` is a CPU
+    cache's associativity (0: not stated), which `alignment.l1_set_lines` needs to tell where a
+    micro-kernel's streams collide in one set.
     """
 
     name: str
@@ -31,6 +33,7 @@ class MemoryLayer:
     banks: int = 0
     bank_width_bytes: int = 0
     source: str = ""
+    ways: int = 0
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil, prod
+from itertools import product
+from math import ceil, lcm, prod
 from typing import Protocol
 
 from workbench.hardware.spec import DeviceSpec
@@ -180,6 +181,60 @@ class ExecutionUnitRule:
         return threads % ctx.device.warp_size == 0 or covers
 
 
+class CacheSetRule:
+    """L1 sets (our rule): a CPU micro-kernel that runs its lanes along a reduction (gemv, row
+    sums) reads one line of every row of its tile per step, straight from the input (that template
+    packs nothing), and rows whose stride is a multiple of the L1's way size (4 KiB on a 64-set
+    cache: any 1,024-float row) all land in one set. More lines than the set's `ways` evict each
+    other before they are used. So the lines one step puts into one set (`l1_set_lines`) stay
+    within the ways. gemv-4096 on the AVX-512 Zen 5 (48 KiB 12-way L1d), register tiles of R
+    rows x 16 lanes, R dividing 4,096, one process, interleaved rounds (2026-11-25): R = 4, 8
+    (5 and 9 lines a set) 505 and 450 us, R = 16 (17 lines) 521 us; with rows of 4,160 floats
+    (4 sets apart) R = 8, 16, 20 ran alike, 417-456 us."""
+
+    name = "l1-sets"
+
+    def axis_ok(self, ctx, axis, size):
+        return True
+
+    def tile_ok(self, ctx, tile):
+        if not is_micro_kernel_layer(ctx.device, ctx.layer) or len(ctx.device.layers) < 2:
+            return True
+        return l1_set_lines(ctx.expr, ctx.device, tuple(tile)) <= ctx.device.layers[1].ways
+
+
+@lru_cache(maxsize=4096)
+def l1_set_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """The most cache lines one set of the L1 (`device.layers[1]`) receives from one reduction
+    step of a CPU register micro-kernel of `tile` that runs its lanes along a reduction
+    (`_reduce_lanes`): per input reading that axis, the lines of the step's elements (the tile's
+    extent along the lane axis and the spatial axes the input uses, 1 along other reductions),
+    counted per set from row-major addresses; summed over the inputs, since their bases are
+    unknown and page-aligned buffers start in the same set (gemv's x adds one line to A's R).
+    0 where no such micro-kernel runs or the spec states no associativity (`ways`)."""
+    if not _reduce_lanes(expr, device) or len(device.layers) < 2 or not device.layers[1].ways:
+        return 0
+    l1 = device.layers[1]
+    sets = max(1, l1.capacity_bytes // (l1.ways * l1.transaction_bytes))
+    lane = lane_axis(expr, device)
+    total = 0
+    for tensor in expr.inputs:
+        if not tensor.uses_axis(lane):
+            continue
+        axes = [a for a in range(len(expr.axes)) if tensor.uses_axis(a) and (a == lane or expr.axes[a].kind != "reduce")]
+        strides = [prod(tensor.shape[d + 1 :]) * tensor.itemsize for d in range(len(tensor.shape))]
+        counts: dict[int, set[int]] = {}
+        point = [0] * len(expr.axes)
+        for values in product(*(range(tile[a]) for a in axes)):
+            for a, v in zip(axes, values):
+                point[a] = v
+            address = sum(sum(c * point[a] for a, c in enumerate(coeffs)) * stride for (coeffs, _), stride in zip(tensor.index, strides))
+            line = address // l1.transaction_bytes
+            counts.setdefault(line % sets, set()).add(line)
+        total += max(len(lines) for lines in counts.values())
+    return total
+
+
 class WarpGroupRule:
     """Execution-unit groups (Roller section 4: a unit's TEU group is its warp schedulers): a GPU
     block with a thread per output runs a whole number of groups of `teu_per_unit` warps
@@ -251,7 +306,17 @@ class TailRule(_PerAxis):
     tensor-shape rule. A convolution vectorised along its filters (`filter_axis`) guards its
     whole unrolled micro-kernel for a ragged output row or column, so there every axis, the
     register tile's included, divides where a dividing tile exists (conv-3x3, AVX2, same run:
-    8 x 3 x 4 filters x rows x columns, rows ragged on 56, 9.0 ms; 16 x 1 x 4 4.0 ms)."""
+    8 x 3 x 4 filters x rows x columns, rows ragged on 56, 9.0 ms; 16 x 1 x 4 4.0 ms). A reduction
+    vectorised along its K (gemv) guards its unrolled micro-kernel the same way for a ragged
+    row, and LLVM then unrolls and unswitches it or not by the row count: gemv-4096 on the AVX-512
+    Zen 5, register tiles of R rows x 16 lanes under R x 512 L1 tiles, one process, interleaved
+    rounds (2026-11-25): R = 4, 8, 16 (dividing 4,096) 505, 450, 521 us; R = 10 441 us; R = 6,
+    18, 20 641, 772, 660 us; R = 7, 9, 11-15 889-991 us, their K loop left rolled with 9-18
+    FMAs in the function against 256 for R = 8. So its register tile's rows divide as well, where
+    a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K, where a multiple of
+    whole lines of whole vectors does: the template vectorises K only for a dividing tile
+    (`panels.lane_reduction_axis`), and gemv-4096's 8 x 48 (3 vectors, K padded to 4,224) took
+    the plain template, predicted 10x slower and run 35x slower as row sums."""
 
     name = "cpu-tails"
 
@@ -259,12 +324,28 @@ class TailRule(_PerAxis):
         if ctx.device.lanes_are_threads or ctx.expr.axes[axis].extent % size == 0:
             return True
         filters = _filter_lanes(ctx.expr, ctx.device)
-        if ctx.layer == 0 and not filters:
+        kind, extent = ctx.expr.axes[axis].kind, ctx.expr.axes[axis].extent
+        along_k = ctx.layer == 0 and not filters and _reduce_lanes(ctx.expr, ctx.device)
+        if ctx.layer == 0 and not (filters or along_k):
             return True
-        kind = ctx.expr.axes[axis].kind
+        if along_k and kind == "spatial":  # a row of 1 always divides: ragged where nothing longer does
+            return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
+        if along_k and axis == lane_axis(ctx.expr, ctx.device):  # whole lines of whole vectors
+            step = lcm(ctx.device.warp_size, *(ctx.device.layers[1].transaction_bytes // t.itemsize
+                                                 for t in ctx.expr.inputs if t.uses_axis(axis)))
+            return not any(extent % s == 0 for s in range(step, extent, step))
+        if along_k:
+            return True
         if kind != "reduce" and axis != lane_axis(ctx.expr, ctx.device) and not filters:
             return True
         return not _whole_tiles_exist(ctx, axis)
+
+
+def _reduce_lanes(expr: TensorExpr, device: DeviceSpec) -> bool:
+    """Whether a CPU micro-kernel runs its SIMD lanes along a reduction (`lane_axis` a reduce
+    axis: gemv, row sums), keeping a vector of partial sums per output row."""
+    axis = lane_axis(expr, device)
+    return axis is not None and expr.axes[axis].kind == "reduce"
 
 
 def _filter_lanes(expr: TensorExpr, device: DeviceSpec) -> bool:
@@ -285,7 +366,8 @@ def _whole_tiles_exist(ctx: AlignContext, axis: int) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
-    TensorShapeRule(), TransactionRule(), ExecutionUnitRule(), WarpGroupRule(), TensorCoreRule(), TailRule()
+    TensorShapeRule(), TransactionRule(), ExecutionUnitRule(), WarpGroupRule(), TensorCoreRule(), TailRule(),
+    CacheSetRule(),
 )
 
 
@@ -593,7 +675,7 @@ def required_accumulators(ctx: AlignContext) -> int:
     if not expr.reduce or lane_axis(expr, device) is None:
         return 0
     filled = _accumulator_fill(expr, device, ctx.eps)
-    if filled is None or micro_kernel_registers(expr, device, filled) > register_budget(device):
+    if filled is None or not _within_budget(expr, device, filled, register_budget(device)):
         return 0  # no tile fits the registers at this eps: the capacity check refuses them all
     return min(device.fma_accumulators, accumulators(expr, device, filled))
 
@@ -623,7 +705,7 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
                 continue
             grown = tile[:a] + (size,) + tile[a + 1 :]
             regs = micro_kernel_registers(expr, device, grown)
-            if regs <= budget:
+            if _within_budget(expr, device, grown, budget):
                 options.append((regs / accumulators(expr, device, grown), regs, a, grown))
         if not options:
             break
@@ -638,25 +720,33 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
 
 def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Tile]:
     """Every register tile that grows `start` along `_accumulator_axes` to sizes the per-axis
-    rules accept and needs at most `budget` vector registers. Registers never fall as an axis grows,
-    so each axis is scanned only while the tile fits: a few hundred tiles at most."""
+    rules accept and fits `budget` (`_within_budget`). Neither registers nor lines a set fall as
+    an axis grows, so each axis is scanned only while the tile fits: a few hundred tiles at most."""
     expr, device = ctx.expr, ctx.device
     found: list[Tile] = []
 
     def visit(tile: Tile, axes: tuple[int, ...]) -> None:
-        if micro_kernel_registers(expr, device, tile) > budget:
+        if not _within_budget(expr, device, tile, budget):
             return
         if not axes:
             found.append(tile)
             return
         a, rest = axes[0], axes[1:]
-        while tile is not None and micro_kernel_registers(expr, device, tile) <= budget:
+        while tile is not None and _within_budget(expr, device, tile, budget):
             visit(tile, rest)
             size = _scan(ctx, tile, a, +1, RULES, whole_tile=False)
             tile = None if size is None else tile[:a] + (size,) + tile[a + 1 :]
 
     visit(start, _accumulator_axes(expr, device))
     return found
+
+
+def _within_budget(expr: TensorExpr, device: DeviceSpec, tile: Tile, budget: int) -> bool:
+    """Whether a register tile needs at most `budget` vector registers and its streams fit the
+    L1's sets (`CacheSetRule`)."""
+    if micro_kernel_registers(expr, device, tile) > budget:
+        return False
+    return len(device.layers) < 2 or l1_set_lines(expr, device, tile) <= device.layers[1].ways
 
 
 def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
