@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import ceil
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,8 @@ from workbench.codegen import verify
 from workbench.errors import UserError
 from workbench.ops.reference import random_inputs, reference_with_scale
 from workbench.profile.runner import (
-    Measurement, Timing, best_measured, inputs_and_reference, quiet_reference, timed_repeats, verified,
+    REPEAT_MARGIN, Measurement, Timing, best_measured, evaluator_repeats, inputs_and_reference, quiet_reference,
+    timed_repeats, verified,
 )
 
 
@@ -157,3 +160,29 @@ def test_the_reference_before_a_timing_runs_on_one_blas_thread(monkeypatch):
     got = quiet_reference(e, inputs)
     assert seen == [{1}]
     assert np.array_equal(got.value, reference_with_scale(e, inputs).value)
+
+
+class FakeModule:
+    """A module whose `time_evaluator` records its arguments and reports `per_run` seconds."""
+
+    def __init__(self, per_run: float):
+        self.per_run, self.calls = per_run, []
+
+    def time_evaluator(self, entry, dev, number, repeat, min_repeat_ms, f_preproc=""):
+        self.calls.append((number, repeat, min_repeat_ms))
+        return lambda *args: type("Result", (), {"results": [self.per_run] * repeat})()
+
+
+def test_a_repeat_is_sized_from_a_probing_run_then_from_the_fastest_repeat():
+    """One run probes the kernel (number 1, no minimum: no calibration to discard); each repeat
+    then holds REPEAT_MARGIN x min_repeat_ms of runs, from the probe first and from the fastest
+    repeat after, so TVM never discards a short repeat and grows `number` by 1.618x."""
+    module = FakeModule(0.58e-3)
+    run = evaluator_repeats(module, "main", None, (), Timing(min_repeat_ms=25))
+    assert run(3, None) == [0.58e-3] * 3
+    assert module.calls == [(1, 1, 0), (ceil(REPEAT_MARGIN * 25e-3 / 0.58e-3), 3, 25)]
+    run(1, 0.5e-3)
+    assert module.calls[-1] == (ceil(REPEAT_MARGIN * 25e-3 / 0.5e-3), 1, 25)
+    slow = FakeModule(0.2)  # a run longer than the minimum: one run a repeat
+    evaluator_repeats(slow, "main", None, (), Timing(min_repeat_ms=25, number=2))(2, None)
+    assert slow.calls[-1] == (2, 2, 25)

@@ -34,6 +34,10 @@ from workbench.profile.noise import (
 )
 
 Report = Callable[["Measurement"], None]
+# `evaluator_repeats` sizes a repeat to this much more than min_repeat_ms, so that runs a little
+# faster than the fastest seen so far do not drop a repeat below it (TVM would then discard it
+# and time again with 1.618x the runs).
+REPEAT_MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -188,14 +192,21 @@ def evaluator_repeats(module, entry: str, dev, args: Sequence, timing: Timing, f
     """`run(n, fastest)` for `timed_repeats`: `n` repeats of `module[entry](*args)` on `dev` by
     TVM's `time_evaluator` (`flush`: the CPU caches flushed before each, all but the first arg)."""
 
+    preproc = "cache_flush_cpu_non_first_arg" if flush else ""
+
     def run(repeats: int, fastest: float | None) -> list[float]:
-        # Once a repeat has been timed, `number` is sized from it so that the next repeat is
-        # one run of >= min_repeat_ms instead of TVM's calibration runs again (they start at
-        # `timing.number` and grow by 1.618x: one discarded run of a 13 ms kernel per call).
-        number = timing.number if fastest is None else max(timing.number, ceil(timing.min_repeat_ms / 1e3 / fastest))
+        # `number` is sized so that a repeat is one run of >= min_repeat_ms, from the fastest
+        # repeat so far, else from one probing run (after the check run, so warm), with
+        # `REPEAT_MARGIN` to spare. TVM's own sizing discards every run short of
+        # min_repeat_ms and grows `number` by 1.618x at least, so a `number` a little short
+        # cost a third of the time again: mm-512's kernel, 0.58 ms a run, took 135 ms for three
+        # 25 ms repeats from number 40 (grown to 64), 77 ms from 44.
+        if fastest is None:
+            probe = module.time_evaluator(entry, dev, number=1, repeat=1, min_repeat_ms=0, f_preproc=preproc)
+            fastest = float(probe(*args).results[0])
+        number = max(timing.number, ceil(REPEAT_MARGIN * timing.min_repeat_ms / 1e3 / fastest)) if fastest > 0 else timing.number
         evaluator = module.time_evaluator(
-            entry, dev, number=number, repeat=repeats, min_repeat_ms=timing.min_repeat_ms,
-            f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
+            entry, dev, number=number, repeat=repeats, min_repeat_ms=timing.min_repeat_ms, f_preproc=preproc,
         )
         return [float(s) for s in evaluator(*args).results]
 
