@@ -9,7 +9,8 @@ A policy is a class with
 - `NOTES`: the templates its step notes are written from (`describe`).
 
 `Policy` supplies the rest, the same for every policy: the eps schedule (`steps`: Roller raises eps
-in EPS_STEPS while fewer than K programs came out), emission (`emit`: scale-out over the units,
+in EPS_STEPS while fewer than K programs came out, keeping steps for the last round,
+`ROUNDS_KEPT`), emission (`emit`: scale-out over the units,
 Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
 units idle (`split_k`), the estimate, the `Candidate`) and the
 step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a
@@ -33,12 +34,23 @@ from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_s
 from workbench.viz.fmt import duration
 
 
+# A round of the eps ladder before the last runs only while the steps left would still hold this
+# many rounds as long as the last one: the last round is kept for. Roller's last round on a CPU
+# also emits the lowest cache layer's growth chain (`roller._fill`), and where every round ran
+# out the step limit it never came: gemv-4096 on a 2-core SSE4.2 CPU with a 2 MiB L2 grows its L2
+# tile one 2-row register tile at a time, ~650 steps a round, and ended at 4,000 steps with one
+# program.
+ROUNDS_KEPT = 3
+
+
 class Policy:
     """Base of every construction policy (see the module docstring for the protocol)."""
 
     name = ""
     NOTES = {
         "widen_eps": "too few programs ({found} < {topk}): raise eps to {eps}",
+        "keep_steps": "too few programs ({found} < {topk}), and {left} steps left: skip eps {eps}, keep them for "
+                      "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
         "emit": "emit rProgram #{number}: grid {grid}, {predicted} predicted, bound by {bottleneck}",
     }
@@ -60,11 +72,18 @@ class Policy:
         """Every step of the construction: a round at the initial eps, then one per larger eps
         of EPS_STEPS while a round ends without finishing."""
         schedule = [self.options.eps] + [e for e in EPS_STEPS if e > self.options.eps]
+        used = 0  # steps the last round took
         for i, eps in enumerate(schedule):
             if i:
-                note = self.describe("widen_eps", found=len(self.candidates), topk=self.options.topk, eps=eps)
-                yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
+                found, topk, left = len(self.candidates), self.options.topk, self.options.max_steps - self._count
+                if i < len(schedule) - 1 and left < ROUNDS_KEPT * used:
+                    note = self.describe("keep_steps", found=found, topk=topk, left=left, eps=eps, last=schedule[-1])
+                    yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
+                    continue
+                yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), self.describe("widen_eps", found=found, topk=topk, eps=eps))
+            start = self._count
             finished = yield from self.round(eps)
+            used = self._count - start
             if finished:
                 return
 
