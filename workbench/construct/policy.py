@@ -34,10 +34,10 @@ from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_s
 from workbench.viz.fmt import duration
 
 
-# A round of the eps ladder before the last runs only while the steps left would still hold this
-# many rounds as long as the last one: the last round is kept for. Roller's last round on a CPU
-# also emits the lowest cache layer's growth chain (`roller._fill`), and where every round ran
-# out the step limit it never came: gemv-4096 on a 2-core SSE4.2 CPU with a 2 MiB L2 grows its L2
+# A round of the eps ladder before the last runs only while the steps left would hold this many
+# rounds as long as the one before it; otherwise the steps are kept for the ladder's last round.
+# Roller's last round on a CPU also emits the lowest cache layer's growth chain (`roller._fill`),
+# and where the rounds before used up the step limit it never came: gemv-4096 on a 2-core SSE4.2 CPU with a 2 MiB L2 grows its L2
 # tile one 2-row register tile at a time, ~650 steps a round, and ended at 4,000 steps with one
 # program.
 ROUNDS_KEPT = 3
@@ -70,7 +70,9 @@ class Policy:
     # -- eps schedule --------------------------------------------------------------------------
     def steps(self) -> Iterator[Step]:
         """Every step of the construction: a round at the initial eps, then one per larger eps
-        of EPS_STEPS while a round ends without finishing."""
+        of EPS_STEPS while a round ends without finishing; a round before the last is skipped,
+        with a note, where the steps left would not hold `ROUNDS_KEPT` rounds as long as the one
+        before it."""
         schedule = [self.options.eps] + [e for e in EPS_STEPS if e > self.options.eps]
         used = 0  # steps the last round took
         for i, eps in enumerate(schedule):
