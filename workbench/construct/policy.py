@@ -37,9 +37,9 @@ from workbench.viz.fmt import duration
 # A round of the eps ladder before the last runs only while the steps left would hold this many
 # rounds as long as the one before it; otherwise the steps are kept for the ladder's last round.
 # Roller's last round on a CPU also emits the lowest cache layer's growth chain (`roller._fill`),
-# and where the rounds before used up the step limit it never came: gemv-4096 on a 2-core SSE4.2 CPU with a 2 MiB L2 grows its L2
-# tile one 2-row register tile at a time, ~650 steps a round, and ended at 4,000 steps with one
-# program.
+# and where the rounds before used up the step limit it never came: gemv-4096 on a 2-core SSE4.2
+# CPU with a 2 MiB L2 grows its L2 tile one 2-row register tile at a time, ~650 steps a round,
+# and ended at 4,000 steps with one program.
 ROUNDS_KEPT = 3
 
 

@@ -411,14 +411,10 @@ def detect_local_cpu(sysfs_root: str = "/sys", proc_root: str = "/proc", cores: 
     """
     proc, cpu0 = Path(proc_root), Path(sysfs_root) / "devices" / "system" / "cpu" / "cpu0"
     info = local_cpu_info(proc_root)
-    entries = [
-        tuple(_read(index / name) for name in ("level", "type", "size", "shared_cpu_list"))
-        for index in sorted((cpu0 / "cache").glob("index*"))
-    ]
-    ways = [
-        tuple(_read(index / name) for name in ("level", "type", "ways_of_associativity"))
-        for index in sorted((cpu0 / "cache").glob("index*"))
-    ]
+    names = ("level", "type", "size", "shared_cpu_list", "ways_of_associativity")
+    files = [[_read(index / name) for name in names] for index in sorted((cpu0 / "cache").glob("index*"))]
+    entries = [tuple(f[:4]) for f in files]
+    ways = [(f[0], f[1], f[4]) for f in files]
     khz = _read(cpu0 / "cpufreq" / "cpuinfo_max_freq").strip()
     return build_local_spec(
         info,

@@ -212,11 +212,11 @@ def l1_set_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     counted per set from row-major addresses; summed over the inputs, since their bases are
     unknown and page-aligned buffers start in the same set (gemv's x adds one line to A's R).
     0 where no such micro-kernel runs or the spec states no associativity (`ways`)."""
-    if not _reduce_lanes(expr, device) or len(device.layers) < 2 or not device.layers[1].ways:
+    lane = lane_axis(expr, device)
+    if not _reduce_lanes(expr, lane) or len(device.layers) < 2 or not device.layers[1].ways:
         return 0
     l1 = device.layers[1]
     sets = max(1, l1.capacity_bytes // (l1.ways * l1.transaction_bytes))
-    lane = lane_axis(expr, device)
     total = 0
     for tensor in expr.inputs:
         if not tensor.uses_axis(lane):
@@ -323,35 +323,36 @@ class TailRule(_PerAxis):
     def axis_ok(self, ctx, axis, size):
         if ctx.device.lanes_are_threads or ctx.expr.axes[axis].extent % size == 0:
             return True
-        filters = _filter_lanes(ctx.expr, ctx.device)
+        lane = lane_axis(ctx.expr, ctx.device)  # once: the rules ask on every size they scan
+        filters = _filter_lanes(ctx.expr, lane)
         kind, extent = ctx.expr.axes[axis].kind, ctx.expr.axes[axis].extent
-        along_k = ctx.layer == 0 and not filters and _reduce_lanes(ctx.expr, ctx.device)
+        along_k = ctx.layer == 0 and not filters and _reduce_lanes(ctx.expr, lane)
         if ctx.layer == 0 and not (filters or along_k):
             return True
         if along_k and kind == "spatial":  # a row of 1 always divides: ragged where nothing longer does
             return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
-        if along_k and axis == lane_axis(ctx.expr, ctx.device):  # whole lines of whole vectors
+        if along_k and axis == lane:  # whole lines of whole vectors
             step = lcm(ctx.device.warp_size, *(ctx.device.layers[1].transaction_bytes // t.itemsize
                                                  for t in ctx.expr.inputs if t.uses_axis(axis)))
             return not any(extent % s == 0 for s in range(step, extent, step))
         if along_k:
             return True
-        if kind != "reduce" and axis != lane_axis(ctx.expr, ctx.device) and not filters:
+        if kind != "reduce" and axis != lane and not filters:
             return True
         return not _whole_tiles_exist(ctx, axis)
 
 
-def _reduce_lanes(expr: TensorExpr, device: DeviceSpec) -> bool:
-    """Whether a CPU micro-kernel runs its SIMD lanes along a reduction (`lane_axis` a reduce
-    axis: gemv, row sums), keeping a vector of partial sums per output row."""
-    axis = lane_axis(expr, device)
-    return axis is not None and expr.axes[axis].kind == "reduce"
+def _reduce_lanes(expr: TensorExpr, lane: int | None) -> bool:
+    """Whether a CPU micro-kernel whose `lane_axis` is `lane` runs its SIMD lanes along a
+    reduction (gemv, row sums), keeping a vector of partial sums per output row."""
+    return lane is not None and expr.axes[lane].kind == "reduce"
 
 
-def _filter_lanes(expr: TensorExpr, device: DeviceSpec) -> bool:
-    """Whether a CPU micro-kernel vectorises `expr` along its `filter_axis`."""
+def _filter_lanes(expr: TensorExpr, lane: int | None) -> bool:
+    """Whether a CPU micro-kernel whose `lane_axis` is `lane` vectorises `expr` along its
+    `filter_axis`."""
     f = filter_axis(expr)
-    return f is not None and f == lane_axis(expr, device)
+    return f is not None and f == lane
 
 
 @lru_cache(maxsize=4096)
@@ -622,7 +623,7 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     filter vector + 1 broadcast = 16) 3.5-5.3 ms, the code storing broadcasts to the stack;
     16 x 2 x 2 (8 + 2 + 4) 1.4-2.7 ms."""
     v = lane_axis(expr, device)
-    filters = _filter_lanes(expr, device)
+    filters = _filter_lanes(expr, v)
     rows, broadcast = 0, 0
     for tensor in expr.inputs:
         if v is not None and tensor.uses_axis(v):
