@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
-from math import ceil, lcm, prod
+from math import ceil, gcd, lcm, prod
 from typing import Protocol
 
 from workbench.hardware.spec import DeviceSpec
@@ -152,13 +152,7 @@ class ExecutionUnitRule:
                 return size in REGISTER_STEPS and ceil(extent / size) >= ctx.device.warp_size
             return size in REGISTER_STEPS or size == extent
         if axis == lane_axis(ctx.expr, ctx.device):
-            if size == extent:
-                return True
-            if ctx.expr.axes[axis].kind == "reduce" and len(ctx.device.layers) > 1:
-                line = ctx.device.layers[1].transaction_bytes
-                if any(size * t.itemsize % line for t in ctx.expr.inputs if t.uses_axis(axis)):
-                    return False
-            return size % ctx.device.warp_size == 0
+            return size == extent or size % _lane_step(ctx.expr, ctx.device, axis) == 0
         row = autovector_axis(ctx.expr, ctx.device)
         if axis == row:
             return size in (1, 2) or size % 4 == 0 or size == extent
@@ -332,14 +326,23 @@ class TailRule(_PerAxis):
         if along_k and kind == "spatial":  # a row of 1 always divides: ragged where nothing longer does
             return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
         if along_k and axis == lane:  # whole lines of whole vectors
-            step = lcm(ctx.device.warp_size, *(ctx.device.layers[1].transaction_bytes // t.itemsize
-                                                 for t in ctx.expr.inputs if t.uses_axis(axis)))
+            step = _lane_step(ctx.expr, ctx.device, axis)
             return not any(extent % s == 0 for s in range(step, extent, step))
         if along_k:
             return True
         if kind != "reduce" and axis != lane and not filters:
             return True
         return not _whole_tiles_exist(ctx, axis)
+
+
+def _lane_step(expr: TensorExpr, device: DeviceSpec, lane: int) -> int:
+    """The size a CPU register tile's `lane` axis is a multiple of (`ExecutionUnitRule`): whole
+    vectors of lanes, and along a reduction whole first-layer cache lines of every input reading
+    it as well."""
+    if expr.axes[lane].kind != "reduce" or len(device.layers) < 2:
+        return device.warp_size
+    line = device.layers[1].transaction_bytes
+    return lcm(device.warp_size, *(line // gcd(line, t.itemsize) for t in expr.inputs if t.uses_axis(lane)))
 
 
 def _reduce_lanes(expr: TensorExpr, lane: int | None) -> bool:
