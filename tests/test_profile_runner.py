@@ -12,8 +12,8 @@ from workbench.codegen import verify
 from workbench.errors import UserError
 from workbench.ops.reference import random_inputs, reference_with_scale
 from workbench.profile.runner import (
-    REPEAT_MARGIN, Measurement, Timing, best_measured, evaluator_repeats, inputs_and_reference, quiet_reference,
-    timed_repeats, verified,
+    PROBE_MS, REPEAT_MARGIN, Measurement, Timing, best_measured, evaluator_repeats, inputs_and_reference,
+    quiet_reference, timed_repeats, verified,
 )
 
 
@@ -174,13 +174,13 @@ class FakeModule:
 
 
 def test_a_repeat_is_sized_from_a_probing_run_then_from_the_fastest_repeat():
-    """One run probes the kernel (number 1, no minimum: no calibration to discard); each repeat
+    """A probe of PROBE_MS (TVM grows its runs from one) times the kernel warm; each repeat
     then holds REPEAT_MARGIN x min_repeat_ms of runs, from the probe first and from the fastest
     repeat after, so TVM never discards a short repeat and grows `number` by 1.618x."""
     module = FakeModule(0.58e-3)
     run = evaluator_repeats(module, "main", None, (), Timing(min_repeat_ms=25))
     assert run(3, None) == [0.58e-3] * 3
-    assert module.calls == [(1, 1, 0), (ceil(REPEAT_MARGIN * 25e-3 / 0.58e-3), 3, 25)]
+    assert module.calls == [(1, 1, PROBE_MS), (ceil(REPEAT_MARGIN * 25e-3 / 0.58e-3), 3, 25)]
     run(1, 0.5e-3)
     assert module.calls[-1] == (ceil(REPEAT_MARGIN * 25e-3 / 0.5e-3), 1, 25)
     slow = FakeModule(0.2)  # a run longer than the minimum: one run a repeat

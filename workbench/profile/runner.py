@@ -38,6 +38,12 @@ Report = Callable[["Measurement"], None]
 # faster than the fastest seen so far do not drop a repeat below it (TVM would then discard it
 # and time again with 1.618x the runs).
 REPEAT_MARGIN = 1.1
+# The probe that sizes a kernel's first repeat runs it for at least this long (TVM's own growth
+# of `number` from one run). A single run was not enough: the first run after the check paid the
+# runtime's thread pool waking up, and reduce-rows' 21.6 us kernel probed at 43.5 us sized
+# repeats of 13.7 ms, which TVM discarded and grew twice (72 ms for the first repeat, not 27).
+# On the AVX-512 Zen 5 (2026-11-25) that cost 15-80 ms for a fifth of the cpu-core top 5.
+PROBE_MS = 1
 
 
 @dataclass(frozen=True)
@@ -196,15 +202,17 @@ def evaluator_repeats(module, entry: str, dev, args: Sequence, timing: Timing, f
 
     def run(repeats: int, fastest: float | None) -> list[float]:
         # `number` is sized so that a repeat is one run of >= min_repeat_ms, from the fastest
-        # repeat so far, else from one probing run (after the check run, so warm), with
+        # repeat so far, else from a probe of >= PROBE_MS (after the check run, so warm), with
         # `REPEAT_MARGIN` to spare. TVM's own sizing discards every run short of
         # min_repeat_ms and grows `number` by 1.618x at least, so a `number` a little short
         # cost a third of the time again: mm-512's kernel, 0.58 ms a run, took 135 ms for three
         # 25 ms repeats from number 40 (grown to 64), 77 ms from 44.
         if fastest is None:
-            probe = module.time_evaluator(entry, dev, number=1, repeat=1, min_repeat_ms=0, f_preproc=preproc)
+            probe = module.time_evaluator(entry, dev, number=1, repeat=1, min_repeat_ms=PROBE_MS, f_preproc=preproc)
             fastest = float(probe(*args).results[0])
-        number = max(timing.number, ceil(REPEAT_MARGIN * timing.min_repeat_ms / 1e3 / fastest)) if fastest > 0 else timing.number
+        number = timing.number
+        if fastest > 0:
+            number = max(number, ceil(REPEAT_MARGIN * timing.min_repeat_ms / 1e3 / fastest))
         evaluator = module.time_evaluator(
             entry, dev, number=number, repeat=repeats, min_repeat_ms=timing.min_repeat_ms, f_preproc=preproc,
         )
