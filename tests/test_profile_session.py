@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 
@@ -86,6 +87,49 @@ def test_sessions_share_a_warm_pool(tmp_path):
         assert len(pool) == 1
     for result in (first, second):
         assert [m.correct for m in result.measurements] == [True, True], [m.error for m in result.measurements]
+
+
+def _libraries_in(folder: str, note: str) -> None:
+    """Write how many libraries `folder` holds to `note` (runs in a worker)."""
+    Path(note).write_text(str(len(list(Path(folder).glob("*.so")))))
+
+
+def _references_kept() -> tuple[int, int]:
+    """(misses, hits) of this process's `inputs_and_reference` (runs in a worker)."""
+    from workbench.profile.runner import inputs_and_reference
+
+    info = inputs_and_reference.cache_info()
+    return info.misses, info.hits
+
+
+def test_a_first_call_runs_in_its_worker_before_that_worker_builds(tmp_path):
+    from workbench.profile.session import worker_env
+    from workbench.profile.workers import WorkerPool
+
+    c = mm64()
+    libs, note = tmp_path / "libs", tmp_path / "note"
+    libs.mkdir()
+    with WorkerPool() as pool:
+        (worker,) = pool.workers(1, worker_env(TINY_CPU))  # the one build worker of jobs=1
+        built = build_candidates(c.expr, TINY_CPU, c.candidates[:2], libs, jobs=1, pool=pool,
+                                 first=(worker, _libraries_in, (str(libs), str(note))))
+    assert note.read_text() == "0"
+    assert [b.ok for b in built] == [True, True] and len(list(libs.glob("*.so"))) == 2
+
+
+def test_the_timing_worker_computes_the_reference_while_the_others_build():
+    """`LocalRunner.preparation` runs in the worker that then checks every kernel: one reference
+    computed (a miss of `inputs_and_reference`), found ready by each check (a hit)."""
+    from workbench.profile.local import thread_env
+    from workbench.profile.workers import WorkerPool
+
+    c = mm64()
+    with WorkerPool() as pool:
+        result = profile_candidates(c.expr, TINY_CPU, c.candidates[:3], runner="local", timing=FAST, pool=pool)
+        (worker,) = pool.workers(1, thread_env(TINY_CPU))
+        kept = worker.call(_references_kept, (), 60)
+    assert [m.correct for m in result.measurements] == [True] * 3, [m.error for m in result.measurements]
+    assert kept.value == (1, 3), kept.error
 
 
 def test_the_local_runner_refuses_kernels_this_machine_cannot_run(tmp_path):

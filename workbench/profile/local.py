@@ -9,12 +9,13 @@ so a build would share one with the timing. Checking each kernel in its build wo
 build ends (tried for issue 14) lengthened the build phase of the cpu-core suite by more than it
 took from the serial one (each build worker then computes the reference and compares on its
 own, beside the other's build), so the timing worker checks, and remembers (`runner.verified`).
+It draws the inputs and computes their reference while the others build (`preparation`).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 from workbench.codegen import targets
 from workbench.hardware.spec import DeviceSpec
@@ -25,6 +26,7 @@ from workbench.profile.runner import (
     Timing,
     check_and_time,
     measurement_from_check,
+    prepare_reference,
     runtime_versions,
 )
 from workbench.profile.workers import Worker, WorkerPool
@@ -74,6 +76,15 @@ class LocalRunner:
     def __init__(self, device: DeviceSpec, pool: WorkerPool | None = None):
         self.env = thread_env(device)
         self.pool = pool  # a warm worker from it, else a worker of this session's own
+
+    def preparation(self, expr, timing: Timing) -> tuple[Worker, Callable, tuple] | None:
+        """The call that draws `expr`'s inputs and computes their reference in the worker that
+        will time the kernels (`runner.prepare_reference`), for the session to make while the
+        other workers build: (worker, function, arguments); None without a pool, whose worker
+        this runner would start only to measure."""
+        if self.pool is None:
+            return None
+        return self.pool.workers(1, self.env)[0], prepare_reference, (expr, timing.seed)
 
     def measure(self, expr, built: Sequence[BuiltCandidate], timing: Timing, report: Report) -> None:
         worker = self.pool.workers(1, self.env)[0] if self.pool is not None else Worker(self.env)

@@ -274,6 +274,13 @@ def inputs_and_reference(expr, seed: int):
     return inputs, quiet_reference(expr, inputs)
 
 
+def prepare_reference(expr, seed: int) -> None:
+    """Draw `expr`'s inputs and compute their reference now (`inputs_and_reference`, which keeps
+    them), so that the first kernel checked in this process finds them ready: a worker that will
+    time the kernels does this while the others build them. Returns nothing: the arrays stay."""
+    inputs_and_reference(expr, seed)
+
+
 def quiet_reference(expr, inputs):
     """`reference_with_scale` on one BLAS thread, for a caller that times a kernel right after:
     after a multi-threaded call OpenBLAS's threads spin on the cores for tens of milliseconds,

@@ -236,8 +236,9 @@ def profile_candidates(
 def _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool) -> None:
     with tempfile.TemporaryDirectory(prefix="workbench-profile-") as folder:
         if chosen.needs_library:
+            first = chosen.preparation(expr, timing) if isinstance(chosen, LocalRunner) else None
             built = build_candidates(expr, device, candidates, folder, jobs=jobs, timeout_s=build_timeout_s,
-                                     progress=recorder.notify, pool=pool)
+                                     progress=recorder.notify, pool=pool, first=first)
         else:
             built = tuple(BuiltCandidate(c.rank, c.predicted_seconds, ok=True) for c in candidates)
         recorder.build_seconds = {b.rank: b.build_seconds for b in built}
@@ -301,10 +302,18 @@ def build_candidates(
     timeout_s: float = BUILD_TIMEOUT_S,
     progress: Progress | None = None,
     pool: WorkerPool | None = None,
+    first: tuple[Worker, Callable, tuple] | None = None,
 ) -> tuple[BuiltCandidate, ...]:
     """Build every candidate into a library in `folder`, `jobs` at a time in spawned worker
     processes (warm ones of `pool` when given); a build that fails, crashes or overruns
-    `timeout_s` is a BuiltCandidate with `ok=False` and the reason."""
+    `timeout_s` is a BuiltCandidate with `ok=False` and the reason.
+
+    `first` (worker, function, arguments) is a call that worker makes before it takes a build,
+    its outcome unused: the local runner's inputs and reference (`LocalRunner.preparation`),
+    computed in the worker that will time the kernels while the others build. Computed after
+    the builds instead, they held both cores' work up behind one: 1.3-1.9 s of the cpu-core
+    suite's top 5 on the 2-core Zen 5 (gemv-4096's inputs and reference 0.54 s). A `first`
+    for a worker that builds nothing here is left out (the runner computes them as it measures)."""
     tasks = [
         (expr, c.program, device, c.rank, c.predicted_seconds, str(Path(folder) / f"candidate-{c.rank:03d}.so"))
         for c in candidates
@@ -315,7 +324,11 @@ def build_candidates(
     notify = progress or (lambda event: None)
     done = []
 
+    early = {id(first[0]): first[1:]} if first is not None else {}
+
     def work(worker: Worker, task: tuple) -> BuiltCandidate:
+        if (call := early.pop(id(worker), None)) is not None:  # once, by the thread of that worker
+            worker.call(*call, timeout_s)
         outcome = worker.call(build_library, task, timeout_s)
         return outcome.value if not outcome.error else BuiltCandidate(task[3], task[4], ok=False, error=outcome.error)
 
