@@ -14,6 +14,7 @@ from workbench.errors import UserError
 from workbench.hardware.calibrate import (
     CACHE_FILL,
     MICRO_KERNEL_SHARE,
+    MICRO_ROUNDS,
     STARTUP_S,
     Probe,
     ProbeResult,
@@ -24,6 +25,7 @@ from workbench.hardware.calibrate import (
     micro_kernel_probes,
     micro_kernel_shapes,
     probes,
+    schedule,
     slot_seconds,
 )
 from workbench.hardware.detect import detect_local_cpu
@@ -286,6 +288,21 @@ def test_micro_kernels_share_two_thirds_of_the_budget():
     alone = micro_kernel_probes(AVX2)
     assert sum(slot_seconds(alone, 11.0)) == pytest.approx(11.0 - STARTUP_S)
     assert min(slot_seconds(todo, 1.0)) == 0.05  # a budget smaller than the startup: the minimum
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512])
+def test_micro_kernels_are_measured_in_interleaved_rounds(dev):
+    """The bandwidths and peaks once, then MICRO_ROUNDS rounds over every micro-kernel (a drift
+    of the host's speed spreads over all shapes instead of landing on a run of neighbours), then
+    the launch."""
+    todo = probes(dev, 2)
+    micro = [i for i, p in enumerate(todo) if p.kind == "micro"]
+    order = schedule(todo)
+    assert MICRO_ROUNDS > 1 and micro == list(range(micro[0], micro[-1] + 1))
+    assert order == list(range(micro[0])) + micro * MICRO_ROUNDS + list(range(micro[-1] + 1, len(todo)))
+    assert [todo[i].kind for i in order[-1:]] == ["launch"]
+    plain = tuple(p for p in todo if p.kind != "micro")
+    assert schedule(plain) == list(range(len(plain)))
 
 
 def test_gpu_specs_are_refused_without_a_gpu():
