@@ -366,7 +366,8 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     of 10 FMA chains, 10 vectors all. out[i] = sum_k A[2i + k] (k < 3) has no lane axis (its row
     gathers every other input, its window is shorter than a vector): the template's code is
     scalar, and LLVM vectorises its row (`autovector_efficiency`). A spec without FMA facts
-    (TINY_CPU): lanes only. float64 has 4 lanes in a ymm register."""
+    (TINY_CPU): lanes only. float64 has 4 lanes in a ymm register (test_panels: a row a guarded
+    tail leaves scalar fills one)."""
     relu = expr("relu", shape=(17, 11, 3))
     assert compute_efficiency(cpu_program(AVX2, relu, (1, 1, 3)), AVX2, 1, 1) == pytest.approx(3 / 8)
     total = plain_expr({"i": (640, "reduce")}, [("A", [{"i": 1}]), ("out", [])])
@@ -377,7 +378,8 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     flops = min(1.0, strided.flops / (2 * 64 * 3))
     assert compute_efficiency(cpu_program(AVX2, strided, (8, 3)), AVX2, 1, 1) == pytest.approx(8 / 8 / 2 * flops)
     assert compute_efficiency(cpu_program(TINY_CPU, matmul(64, 64, 64), (2, 16, 1)), TINY_CPU, 1, 1) == 1.0
-    wide = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
+    # 120 rows, which tiles of 40 and 6 divide: a ragged row would be guarded, and scalar
+    wide = plain_expr({"i": (120, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
     assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2, 1, 1) == pytest.approx(10 / 10 * 1.0)
     assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2, 1, 1) == pytest.approx(2 / 10 * 6 / 8)
 

@@ -7,14 +7,16 @@ from math import prod
 
 import pytest
 from helpers import TINY_CPU, device, expr
+from test_alignment import AVX2, AVX512
 
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.model import (
-    BUFFER_PASSES, GB, PACK_BYTES_PER_CYCLE, buffer_bytes, core_ghz, estimate, packing_seconds,
+    BUFFER_PASSES, GB, PACK_BYTES_PER_CYCLE, buffer_bytes, compute_efficiency, core_ghz, estimate, packing_seconds,
+    scalar_row, source_layer, transfer_seconds,
 )
 from workbench.rtile.panels import (
-    PAD_OVERLAP, _panel_pays, direct_stores, filter_vector_axis, lane_reduction_axis, loop_nest_key, pack_layer,
-    packed_bytes, packed_inputs, pad_level, padded_inputs, whole_reduction,
+    PAD_OVERLAP, _panel_pays, direct_stores, filter_vector_axis, guarded_row, lane_reduction_axis, loop_nest_key,
+    pack_layer, packed_bytes, packed_inputs, pad_level, padded_inputs, pads_tails, ragged, whole_reduction,
 )
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
@@ -168,3 +170,38 @@ def test_an_l1_tile_of_one_register_tile_is_one_loop_nest_whatever_its_k():
     assert _span(8, 1024, 16) <= L1 < _span(16, 1024, 16)
     assert "B" not in packed_inputs(wide, narrow_span, TINY_CPU) and "B" in packed_inputs(wide, wide_span, TINY_CPU)
     assert loop_nest_key(narrow_span, TINY_CPU) != loop_nest_key(wide_span, TINY_CPU)
+
+
+@pytest.mark.parametrize("dev", [TINY_CPU, AVX2, AVX512])
+def test_a_guarded_tail_leaves_the_row_scalar_where_nothing_pads_it(dev):
+    """relu over 192 elements: 128-element unit tiles leave a tail of 64, whose guard sits in the
+    vector loop (the row runs scalar); 192 divides. A matmul whose unit tile leaves a tail along
+    its vector axis N is padded to whole tiles (`pads_tails`), so its row stays vectorised."""
+    relu = fuse_axes(expr("relu", shape=(4, 8, 6)))
+    lanes = dev.warp_size  # float32 lanes
+    tail = _program(relu, [(lanes,), (32,), (128,)], dev)
+    whole = _program(relu, [(lanes,), (64,), (192,)], dev)
+    assert ragged(relu, tail, 0) and guarded_row(relu, tail, dev) and scalar_row(tail, dev)
+    assert not ragged(relu, whole, 0) and not guarded_row(relu, whole, dev)
+    mm = expr("matmul", M=64, N=96, K=64)
+    padded = _program(mm, [(4, lanes, 1), (8, 32, 64), (64, 64, 64)], dev)
+    assert ragged(mm, padded, 1) and pads_tails(mm, padded, packed_inputs(mm, padded, dev))
+    assert not guarded_row(mm, padded, dev)
+    assert not guarded_row(relu, _program(relu, [(32,), (128,)], device("v100")), device("v100"))
+
+
+@pytest.mark.parametrize("dev", [TINY_CPU, AVX2, AVX512])
+def test_a_scalar_row_fills_one_lane_and_reads_l1_one_element_a_load(dev):
+    """The model's price of a guarded row: compute at one lane of the register's float32 lanes
+    (relu has no reduction: no latency or load term), and its register reads from L1 `lanes`
+    times as long as vector loads at the layer's bandwidth; a dividing row pays neither."""
+    relu = fuse_axes(expr("relu", shape=(4, 8, 6)))
+    lanes = dev.register_bytes // 4
+    tail = _program(relu, [(dev.warp_size,), (32,), (128,)], dev)
+    whole = _program(relu, [(dev.warp_size,), (64,), (192,)], dev)
+    assert compute_efficiency(tail, dev, 1, 1) == pytest.approx(1 / lanes, rel=1e-12)
+    assert compute_efficiency(whole, dev, 1, 1) == pytest.approx(1.0, rel=1e-12)
+    for program, factor in ((tail, lanes), (whole, 1)):
+        bandwidth = dev.layers[source_layer(program, 0, len(dev.layers))].bandwidth_gbps * GB
+        assert transfer_seconds(program, dev, 0, 4096) == pytest.approx(4096 * factor / bandwidth, rel=1e-12)
+    assert "a guarded tail leaves the row scalar" in " ".join(estimate(tail, dev).modelled)

@@ -54,7 +54,7 @@ from workbench.rtile.alignment import (
     accumulators, autovector_axis, block_thread_count, cross_thread_axis, is_projection, lane_axis, mma_axes,
     partial_sums, resident_block_limit, simd_vectors,
 )
-from workbench.rtile.panels import direct_stores, pack_layer, packed_bytes
+from workbench.rtile.panels import direct_stores, guarded_row, pack_layer, packed_bytes
 from workbench.rtile.pipeline import STAGES, async_copies, pipelined, prefetch_registers, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
@@ -198,7 +198,8 @@ def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu:
     """Fraction of peak the register tile can reach. GPU: each scheduler needs a resident warp
     (TEU group). CPU: the measured rate of its register micro-kernel over the peak where the spec
     has one (`measured_micro_kernel`; at most 1: calibration lets a measurement exceed the FMA
-    peak by its noise slack), else `simd_utilisation` x `latency_coverage` x `load_coverage`."""
+    peak by its noise slack), else `simd_utilisation` (one lane where a guarded tail leaves the
+    row scalar, `scalar_row`) x `latency_coverage` x `load_coverage`."""
     if device.lanes_are_threads:
         return min(1.0, warps_per_scheduler(program, device, threads, bpu))
     kernel = measured_micro_kernel(program, device)
@@ -207,11 +208,24 @@ def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu:
     if autovector_axis(program.expr, device) is not None:
         return autovector_efficiency(program, device)
     tile = program.register_tile
+    simd = 1.0 / scalar_lanes(program, device) if scalar_row(program, device) else None
     return (
-        simd_utilisation(program.expr, device, tile)
+        (simd or simd_utilisation(program.expr, device, tile))
         * latency_coverage(program.expr, device, tile)
         * load_coverage(program.expr, device, tile)
     )
+
+
+def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
+    """Whether a CPU program's register row runs scalar for a guarded tail (`panels.guarded_row`):
+    its compute fills one lane (`compute_efficiency`) and its reads from L1 into registers move
+    one element a load (`transfer_seconds`)."""
+    return device.runs_on_cpu and guarded_row(program.expr, program, device)
+
+
+def scalar_lanes(program: RProgram, device: DeviceSpec) -> int:
+    """Lanes of the output's dtype in a vector register: what a scalar row gives up."""
+    return max(1, device.register_bytes // program.expr.output.itemsize)
 
 
 def vector_pieces(elements: int, lanes: int) -> int:
@@ -378,6 +392,8 @@ def provenance(program: RProgram, device: DeviceSpec, packed: bool) -> dict[str,
             how = "warps per scheduler"
         elif autovector_axis(program.expr, device) is not None:
             how = "the row LLVM vectorises: lanes filled over the strided loads"
+        elif scalar_row(program, device):
+            how = "a guarded tail leaves the row scalar: one lane, one element a load from L1"
         else:
             shape = micro_kernel_shape(program.expr, device, program.register_tile)
             # said only where calibration measured micro-kernels, just not this one
@@ -700,11 +716,15 @@ def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) 
     unit busy: at the source's bandwidth, except on a GPU, where register tiles read from shared
     memory take the wavefronts their virtual threads add or save (`vthread_conflict_ratio`),
     and loads from global memory reach only `reachable_gbps`; its output stores (Q's `stores`
-    part) are posted, no register waits for them, so they stream at the spec's bandwidth."""
+    part) are posted, no register waits for them, so they stream at the spec's bandwidth. A CPU
+    register row left scalar (`scalar_row`) reads from L1 one element a load: `lanes` times as
+    long as the vector loads the calibrated bandwidth was measured with."""
     src = source_layer(program, layer, len(device.layers))
     bandwidth = layer_gbps(program, device, src) * GB
     if device.lanes_are_threads and layer == 0 and src == device.unit_layer_index:
         return q * vthread_conflict_ratio(program, device) / bandwidth
+    if layer == 0 and scalar_row(program, device):  # one element a load, where a vector moves `lanes`
+        return q * scalar_lanes(program, device) / bandwidth
     reach = reachable_gbps(program, device, src) * GB
     if reach >= bandwidth:
         return q / bandwidth

@@ -275,3 +275,22 @@ def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
     steps = prod(ceil(expr.axes[a].extent / tile[a]) for a in expr.reduce)
     steps *= prod(unit[a] // tile[a] for a in expr.spatial)
     return ceil(program.grid / device.compute_units) * steps * per_copy
+
+
+def guarded_row(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the CPU template leaves its register row scalar for a guarded tail alone: the
+    row would be vectorised (`vector_loop_axis` with the tails padded), but the unit tile leaves
+    a tail along that axis that no panel padding removes (`pads_tails`), so TVM's block
+    predicate sits inside the vector loop, and the template does not vectorise it. LLVM then
+    emits one scalar operation per element: relu over 16 x 256 x 56 x 56 (12,845,056 = 2^18 x
+    49 elements) with 80 x 5,120 x 81,920 tiles compiles to 80 `vmaxss`, a 64-wide row under
+    131,072-element unit tiles to 4 x 4 `vmaxps` on zmm; on the AVX-512 Zen 5 the six ragged
+    programs of its top 10 ran 1.15-1.38x the best (pooled over six runs, 2026-11-25). False
+    where the filters or lanes-along-K templates vectorise instead, and on GPUs."""
+    if device.lanes_are_threads or filter_vector_axis(expr, program, device) is not None:
+        return False
+    if lane_reduction_axis(expr, program, device) is not None:
+        return False
+    panels = packed_inputs(expr, program, device)
+    whole = vector_loop_axis(expr, program, device, bool(panels), padded=True)
+    return whole is not None and ragged(expr, program, whole) and not pads_tails(expr, program, panels)
