@@ -203,5 +203,14 @@ def test_a_scalar_row_fills_one_lane_and_reads_l1_one_element_a_load(dev):
     assert compute_efficiency(whole, dev, 1, 1) == pytest.approx(1.0, rel=1e-12)
     for program, factor in ((tail, lanes), (whole, 1)):
         bandwidth = dev.layers[source_layer(program, 0, len(dev.layers))].bandwidth_gbps * GB
-        assert transfer_seconds(program, dev, 0, 4096) == pytest.approx(4096 * factor / bandwidth, rel=1e-12)
+        scalar = scalar_row(program, dev)
+        assert transfer_seconds(program, dev, 0, 4096, scalar) == pytest.approx(4096 * factor / bandwidth, rel=1e-12)
+    # `estimate` passes it: the tail's reads from L1 take `lanes` times their bytes' time (over
+    # the busy cores' share, `busy`), the dividing row's do not
+    for program, factor in ((tail, lanes), (whole, 1)):
+        e = estimate(program, dev)
+        busy = min(1.0, program.grid / dev.compute_units)
+        bandwidth = dev.layers[1].bandwidth_gbps * GB
+        expected = dict(e.bytes_per_layer)["L1"] * factor / bandwidth / busy
+        assert dict(e.load_seconds)["L1"] == pytest.approx(expected, rel=1e-9)
     assert "a guarded tail leaves the row scalar" in " ".join(estimate(tail, dev).modelled)

@@ -208,9 +208,10 @@ def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu:
     if autovector_axis(program.expr, device) is not None:
         return autovector_efficiency(program, device)
     tile = program.register_tile
-    simd = 1.0 / scalar_lanes(program, device) if scalar_row(program, device) else None
+    simd = 1.0 / scalar_lanes(program, device) if scalar_row(program, device) else simd_utilisation(
+        program.expr, device, tile)
     return (
-        (simd or simd_utilisation(program.expr, device, tile))
+        simd
         * latency_coverage(program.expr, device, tile)
         * load_coverage(program.expr, device, tile)
     )
@@ -711,19 +712,21 @@ def layer_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
     return max(spec.bandwidth_gbps, device.llc_gbps)
 
 
-def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) -> float:
+def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:
     """Time to move `q` bytes for `program`'s tiles at `layer` from the layer below with every
     unit busy: at the source's bandwidth, except on a GPU, where register tiles read from shared
     memory take the wavefronts their virtual threads add or save (`vthread_conflict_ratio`),
     and loads from global memory reach only `reachable_gbps`; its output stores (Q's `stores`
     part) are posted, no register waits for them, so they stream at the spec's bandwidth. A CPU
-    register row left scalar (`scalar_row`) reads from L1 one element a load: `lanes` times as
-    long as the vector loads the calibrated bandwidth was measured with."""
+    register row left scalar (`scalar`: `scalar_row` of the program as Roller staged it, which
+    decides the template's panels, where `program` here is the one `hardware_caches` moves data
+    through) reads from L1 one element a load: `lanes` times as long as the vector loads the
+    calibrated bandwidth was measured with."""
     src = source_layer(program, layer, len(device.layers))
     bandwidth = layer_gbps(program, device, src) * GB
     if device.lanes_are_threads and layer == 0 and src == device.unit_layer_index:
         return q * vthread_conflict_ratio(program, device) / bandwidth
-    if layer == 0 and scalar_row(program, device):  # one element a load, where a vector moves `lanes`
+    if layer == 0 and scalar:  # one element a load, where a vector moves `lanes`
         return q * scalar_lanes(program, device) / bandwidth
     reach = reachable_gbps(program, device, src) * GB
     if reach >= bandwidth:
@@ -911,13 +914,14 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
     through = hardware_caches(program, device)
+    scalar = scalar_row(program, device)
     for layer, tile in enumerate(program.tiles):
         if not through.cached[layer]:
             continue
         src = device.layers[source_layer(through, layer, len(device.layers))]
         q = cache_traffic(program, device, layer) + (uncoalesced_bytes(program, device) if layer == 0 else 0)
         moved[src.name] = moved.get(src.name, 0) + q
-        loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(through, device, layer, q) / busy
+        loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(through, device, layer, q, scalar) / busy
     if device.runs_on_cpu and len(program.tiles) > 1 and expr.reduce:
         at = accumulator_home(program, device)
         home = device.layers[at]
