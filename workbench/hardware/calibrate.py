@@ -278,6 +278,7 @@ def measure(
     target = spec.target_dict() | {"num-cores": threads}
     slots = slot_seconds(todo, budget_s)
     order = schedule(todo)
+    last = {i: step for step, i in enumerate(order)}  # a probe's last round, which reports it
     best: dict[int, tuple[float, int]] = {}  # probe index -> (best value, timed runs so far)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_set_threads, initargs=(threads,)) as pool:
         for step, i in enumerate(order):
@@ -286,7 +287,7 @@ def measure(
             value, runs = pool.submit(run_probe, probe, target, spec.warp_size, threads, slots[i] / rounds).result()
             before, counted = best.get(i, (value, 0))
             best[i] = (max(before, value), counted + runs)  # only micro-kernels repeat: higher is better
-            if progress is not None and i not in order[step + 1:]:  # its last round
+            if progress is not None and step == last[i]:
                 unit = {"stream": "GB/s", "launch": "us a call"}.get(probe.kind, "GFLOP/s")
                 progress(f"{probe.label}: {best[i][0]:.1f} {unit}")
     return tuple(ProbeResult(probe, *best[i], threads) for i, probe in enumerate(todo))
