@@ -78,11 +78,12 @@ class Policy:
         for i, eps in enumerate(schedule):
             if i:
                 found, topk, left = len(self.candidates), self.options.topk, self.options.max_steps - self._count
-                if i < len(schedule) - 1 and left < ROUNDS_KEPT * used:
-                    note = self.describe("keep_steps", found=found, topk=topk, left=left, eps=eps, last=schedule[-1])
-                    yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
+                keep = i < len(schedule) - 1 and left < ROUNDS_KEPT * used
+                note = (self.describe("keep_steps", found=found, topk=topk, left=left, eps=eps, last=schedule[-1])
+                        if keep else self.describe("widen_eps", found=found, topk=topk, eps=eps))
+                yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
+                if keep:
                     continue
-                yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), self.describe("widen_eps", found=found, topk=topk, eps=eps))
             start = self._count
             finished = yield from self.round(eps)
             used = self._count - start
