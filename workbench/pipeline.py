@@ -14,6 +14,10 @@ assembles the pipeline itself.
     vortex_plan(workload with dyn, device, max)     Vortex's kernels for a dynamic extent, priced over it
       -> vortex_pick(plan, value)                    the dispatcher's kernel for one value
       -> vortex_compile / vortex_load / vortex_run   the bundle on disk, run and verified per value
+    and what a face offers to choose from or shows beside them: the workloads (`suites`,
+    `operators`, `parse_workload`), the devices (`device_presets`, `device_from_toml`,
+    `calibrate_device`, `device_summary`), the runs store (`RunStore`, `default_store_path`),
+    a kernel's sources (`source_label`, `ptx_report`) and a model file (`model_bytes`).
 
 Each stage takes the value the stage before made and nothing else: a `Candidate` carries its
 program (with its expression and virtual threads), its device, its estimate and the actions that
@@ -22,18 +26,23 @@ built it (docs/architecture.md).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.codegen.build import Kernel
 from workbench.codegen.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
+from workbench.codegen.nvcc import PtxResult, compile_ptx, nvcc_path
+from workbench.codegen.targets import SOURCE_TEXTS
+from workbench.construct.graph import ConstructionGraph
 from workbench.construct.policies import POLICIES, policy_class
 from workbench.construct.space import Options
-from workbench.construct.step import Candidate
+from workbench.construct.step import Candidate, Step
 from workbench.construct.stepper import Construction, Stepper
 from workbench.errors import UserError
-from workbench.hardware.loader import load_spec
+from workbench.files import check_size, read_user_file
+from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec, spec_from_toml_text, spec_summary
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import model as models
 from workbench.models.execute import operator_runner
@@ -41,18 +50,21 @@ from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model, symbolic_dim_names
 from workbench.models.run import run_model_report
 from workbench.models.symbolic import parse_dims
+from workbench.ops.catalog import DYNAMIC_PARAMS, OpInfo, list_ops
+from workbench.ops.shapes import DTYPES
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
-from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
+from workbench.profile.session import Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates
+from workbench.profile.store import RunStore, default_path
 from workbench.profile.workers import WorkerPool
 from workbench.viz.fmt import shape_text, time_columns
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
 from workbench.vortex.select import DispatchTable, cost_table, dispatch
-from workbench.workload import Workload, imported_model, suite_workload
+from workbench.workload import Workload, imported_model, list_suites, load_suite, parse_shape, suite_workload, workload_from_args
 
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "build", "bundle_name_for", "Candidate", "candidate_rows",
@@ -61,7 +73,13 @@ __all__ = [
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
     "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit",
     "run_model_report", "DIETCODE_SAMPLES", "VortexPlan", "vortex_compile", "vortex_load", "vortex_pick",
-    "vortex_plan", "vortex_run", "vortex_value_of",
+    "vortex_plan", "vortex_run", "vortex_value_of", "import_onnx", "model_symbolic_dims",
+    # what the faces choose from and show beside a construction
+    "ConstructionGraph", "ImportedModel", "Measurement", "ProgressEvent", "Step", "TensorExpr", "Workload",
+    "DTYPES", "DYNAMIC_PARAMS", "LOCAL_CPU", "OpInfo", "PtxResult", "RunStore",
+    "calibrate_device", "calibration_size", "check_model_upload", "default_store_path", "detect_local_device",
+    "device_from_toml", "device_presets", "device_summary", "has_nvcc", "model_bytes", "operators",
+    "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
 ]
 
 
@@ -333,3 +351,115 @@ def vortex_pick(plan: VortexPlan, value: int) -> tuple[str, float]:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UserError(f"{plan.dyn.param} must be a positive integer, got {value!r}")
     return dispatch(plan.table, value)
+
+
+# What a face offers to choose from, and shows beside a construction: the same functions for the
+# CLI, the dashboard pages and the widgets, so that none of them reaches into the core for them.
+
+def suites() -> tuple[str, ...]:
+    """The names of the workload suites in `specs/suites/` (`cpu-core`, ...)."""
+    return list_suites()
+
+
+def suite(name: str) -> tuple[str, tuple[Workload, ...]]:
+    """Suite `name` (or a suite TOML path): its name and its workloads in file order; UserError
+    for an unknown or bad one."""
+    return load_suite(name)
+
+
+def operators() -> tuple[OpInfo, ...]:
+    """The catalog's operators: name, parameters (kind, default, doc), description and an example
+    shape from a real network."""
+    return list_ops()
+
+
+def parse_workload(op: str | None = None, shape: str | None = None, expr: str | None = None,
+                   workload: str | None = None, dtype: str = "float32") -> Workload:
+    """The workload the CLI's flags name (CLI.md): exactly one of `op` (with `shape`), `expr`
+    (with `shape`, its extents) or `workload` (`SUITE:ID`), in `dtype`; nothing is built yet.
+    UserError, in the flags' words, for anything else."""
+    return workload_from_args(op, shape, expr, workload, dtype)
+
+
+def device_presets() -> tuple[str, ...]:
+    """The names of the device presets in `specs/devices/` (`local-cpu`, this machine, is not one)."""
+    return list_presets()
+
+
+def device_from_toml(data: bytes, name: str) -> DeviceSpec:
+    """A device spec uploaded as the bytes of a TOML file called `name`, validated as the presets
+    are (TVM and LLVM check its target); UserError for one over MAX_SPEC_BYTES, not UTF-8, or
+    invalid."""
+    check_size(len(data), f"spec {name}", MAX_SPEC_BYTES)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{name}: not UTF-8 text") from None
+    return spec_from_toml_text(text, label=name)
+
+
+def device_summary(spec: DeviceSpec) -> dict:
+    """The spec as `workbench devices --json` prints it: name, kind, units, peak GFLOP/s per
+    dtype and each memory layer's capacity, bandwidth and latency."""
+    return spec_summary(spec)
+
+
+def detect_local_device() -> DeviceSpec:
+    """This machine's CPU detected afresh (`local-cpu`, not calibrated): what `calibrate_device`
+    measures, since calibrating a calibrated spec would nest its sources."""
+    from workbench.hardware.detect import detect_local_cpu
+
+    return detect_local_cpu()
+
+
+def calibration_size(spec: DeviceSpec, quick: bool = False) -> int:
+    """How many measurements `calibrate_device(spec, quick=quick)` makes (each reports one line to
+    its `progress`; a measuring round repeated on implausible results reports more)."""
+    from workbench.hardware import calibrate
+
+    threads = max(1, min(spec.compute_units, os.cpu_count() or 1))  # as `calibrate` runs them
+    return len(calibrate.probes(spec, threads, quick))
+
+
+def calibrate_device(spec: DeviceSpec, *, quick: bool = False, progress=None) -> DeviceSpec:
+    """`spec` (this machine's CPU, `detect_local_device`) with its bandwidths, peak compute,
+    register micro-kernels and kernel launch measured here (`hardware.calibrate`): about 30 s,
+    a few with `quick`; `progress` gets one line per measurement. UserError for a GPU spec or
+    implausible results."""
+    from workbench.hardware import calibrate
+
+    return calibrate.calibrate(spec, quick=quick, progress=progress)
+
+
+def default_store_path() -> Path:
+    """Where the CLI keeps its runs store (`$XDG_DATA_HOME/tile-workbench/runs.sqlite3`), the
+    `RunStore` a face opens unless told otherwise."""
+    return default_path()
+
+
+def source_label(suffix: str) -> tuple[str, str]:
+    """(what a kernel source with file suffix `suffix` is, the language to highlight it as):
+    ("LLVM IR", "llvm") for "ll"; the suffix and plain text for one codegen does not name."""
+    return SOURCE_TEXTS.get(suffix, (suffix, "text"))
+
+
+def has_nvcc() -> bool:
+    """Whether nvcc is on PATH here, so that `ptx_report` can compile a CUDA kernel."""
+    return nvcc_path() is not None
+
+
+def ptx_report(source: str, arch: str) -> PtxResult:
+    """A CUDA kernel's source compiled to PTX for `arch` (`sm_80`) and assembled by `ptxas -v`:
+    registers per thread, spills, stack and shared memory, or why it failed (`codegen.nvcc`)."""
+    return compile_ptx(source, arch)
+
+
+def model_bytes(path: str | Path) -> bytes:
+    """The bytes of the ONNX file `path`, read as `import_onnx` reads it (a regular file within
+    MAX_MODEL_BYTES); UserError naming the file otherwise."""
+    return read_user_file(path, "model", MAX_MODEL_BYTES)
+
+
+def check_model_upload(data: bytes, name: str) -> None:
+    """Refuse an uploaded model `name` over MAX_MODEL_BYTES before a face writes it anywhere."""
+    check_size(len(data), f"model {name}", MAX_MODEL_BYTES)

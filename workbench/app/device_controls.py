@@ -3,33 +3,25 @@ session), or an uploaded spec TOML validated by the same loader as `specs/device
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from workbench import pipeline
+from workbench.app.messages import failure, message
 from workbench.app.state import preset
-from workbench.app.messages import message
-from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.files import check_size
-from workbench.hardware.loader import (
-    LOCAL_CPU,
-    MAX_SPEC_BYTES,
-    list_presets,
-    spec_from_toml_text,
-    spec_summary,
-)
+from workbench.pipeline import LOCAL_CPU
 from workbench.viz.fmt import duration, gbps, gflops, human_bytes, micro_kernel_grid
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.hardware.spec import DeviceSpec
+    from workbench.pipeline import DeviceSpec
 
 SOURCES = ("Preset", "This machine (local-cpu)", "Upload a spec TOML")
 
 
 def _source_of(current: DeviceSpec) -> int:
-    if any(current == preset(name) for name in list_presets()):
+    if any(current == preset(name) for name in pipeline.device_presets()):
         return 0
     if current.runs_on_cpu and current.name == preset(LOCAL_CPU).name:
         return 1
@@ -40,7 +32,7 @@ def device_controls(current: DeviceSpec) -> DeviceSpec | None:
     """The device the user chose (None, with the reason shown, when there is none yet)."""
     source = st.radio("Device", SOURCES, index=_source_of(current), horizontal=True)
     if source == SOURCES[0]:
-        names = list_presets()
+        names = pipeline.device_presets()
         index = names.index(current.name) if current.name in names else 0
         spec = preset(st.selectbox("Preset", names, index=index))
     elif source == SOURCES[1]:
@@ -79,12 +71,8 @@ def _calibration_text(spec: DeviceSpec) -> str:
 
 
 def _calibrate(quick: bool) -> DeviceSpec | None:
-    from workbench.hardware.calibrate import calibrate, probes
-    from workbench.hardware.detect import detect_local_cpu
-
-    detected = detect_local_cpu()  # calibrate the fresh detection: sources would nest otherwise
-    threads = max(1, min(detected.compute_units, os.cpu_count() or 1))
-    total = len(probes(detected, threads, quick))
+    detected = pipeline.detect_local_device()  # calibrate the fresh detection: sources would nest otherwise
+    total = pipeline.calibration_size(detected, quick)
     bar = st.progress(0.0, text="calibrating: starting the benchmark process...")
     done = []
 
@@ -94,11 +82,11 @@ def _calibrate(quick: bool) -> DeviceSpec | None:
 
     try:
         with st.spinner("calibrating..."):
-            return calibrate(detected, quick=quick, progress=report)
+            return pipeline.calibrate_device(detected, quick=quick, progress=report)
     except UserError as err:
         st.error(message(err))
     except Exception as err:  # the benchmark process can die in many ways; the session must not
-        st.error(f"calibration failed: {first_line(err)}")
+        st.error(f"calibration failed: {failure(err)}")
     finally:
         bar.empty()
     return None
@@ -109,27 +97,17 @@ def _upload_controls() -> DeviceSpec | None:
     if upload is None:
         st.info("Upload a spec file; it is validated as the presets are.")
         return None
-    data = upload.getvalue()
-    try:
-        check_size(len(data), f"spec {upload.name}", MAX_SPEC_BYTES)
-        text = data.decode("utf-8")
-    except UserError as err:
-        st.error(message(err))
-        return None
-    except UnicodeDecodeError:
-        st.error(f"{upload.name}: not UTF-8 text")
-        return None
     try:
         # Checks the target with TVM and LLVM too: a triple LLVM cannot compile for would
         # otherwise crash the server when the Kernel page builds a candidate.
-        return spec_from_toml_text(text, label=upload.name)
+        return pipeline.device_from_toml(upload.getvalue(), upload.name)
     except UserError as err:
         st.error(message(err))
         return None
 
 
 def _summary(spec: DeviceSpec) -> None:
-    summary = spec_summary(spec)
+    summary = pipeline.device_summary(spec)
     st.caption(f"**{spec.name}** ({spec.kind}, {spec.compute_units} units), peak "
                + ", ".join(f"{d} {gflops(g)}" for d, g in summary["peak_gflops"].items()))
     rows = [{"layer": l["name"], "scope": l["scope"], "capacity": human_bytes(l["capacity_bytes"]),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from workbench.codegen.common import first_line
+
 # Flag (or whole CLI phrase) -> what the dashboard calls that input.
 LABELS = {
     "--runner rpc needs --tracker HOST:PORT and --key KEY": "the RPC runner needs a tracker HOST:PORT and a device key",
@@ -32,3 +34,9 @@ def message(err: Exception, labels: Mapping[str, str] | None = None) -> str:
     for flag, label in sorted({**LABELS, **(labels or {})}.items(), key=lambda kv: -len(kv[0])):
         text = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", label, text)
     return _FLAG.sub(r"\1", text)
+
+
+def failure(err: Exception) -> str:
+    """One line for an error the core did not word for users (TVM's own, a benchmark process that
+    died): its first useful line (`first_line`), never the pages of IR a TVM error carries."""
+    return first_line(err)

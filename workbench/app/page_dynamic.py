@@ -13,14 +13,12 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.app import views
-from workbench.app.messages import message
+from workbench.app.messages import failure, message
 from workbench.app.state import in_workspace, selection
-from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.ops.catalog import DYNAMIC_PARAMS
-from workbench.viz.dynamic import MeasuredPoint, dynamic_figure, lower_envelope
+from workbench.pipeline import DYNAMIC_PARAMS, Workload
+from workbench.viz.figures import MeasuredPoint, dynamic_figure, lower_envelope
 from workbench.viz.fmt import duration, shape_text
-from workbench.workload import Workload, workload_from_args
 
 # The paper's BERT GEMM (M = batch x sequence varies; K, N the hidden sizes) and the LLaMA-7B
 # projection of the catalog's gemv, each with M dynamic.
@@ -79,7 +77,7 @@ def _inputs() -> tuple[Workload, int] | None:
     max_extent = int(cols[2].number_input("Largest value covered", 1, MAX_EXTENT_LIMIT, DEFAULT_MAX, step=1,
                                           help="the offline choice covers 1..this; larger values run padded"))
     try:
-        workload = workload_from_args(op, text, None, None, "float32")
+        workload = pipeline.parse_workload(op, text)
     except UserError as err:
         st.error(message(err, {"--shape": "parameters"}))
         return None
@@ -125,7 +123,7 @@ def _measure_section(plan: pipeline.VortexPlan, workload: Workload, device, max_
         except UserError as err:  # the last measurements, if any, stay below
             st.error(message(err))
         except RuntimeError as err:  # TVM's own errors at run time
-            st.error(f"the run failed: {first_line(err)}")
+            st.error(f"the run failed: {failure(err)}")
     done = st.session_state.get("dynamic_run")
     if done is None or done[0] != key:
         st.caption("Builds each kernel once with a symbolic outer extent (seconds), then runs the dispatcher's "

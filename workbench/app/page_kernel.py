@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import streamlit as st
 
+from workbench import pipeline
 from workbench.app import views
 from workbench.app.state import candidates_page, ordered_ranks, selection
-from workbench.codegen import targets
-from workbench.codegen.nvcc import compile_ptx, nvcc_path
-from workbench.viz.diff import changed_lines, side_by_side_diff
+from workbench.viz.figures import changed_lines, entry_line, side_by_side_diff
 from workbench.viz.fmt import duration, human_bytes, target_text
-from workbench.viz.source import entry_line
 
 CODE_HEIGHT = 520  # px: long kernels scroll inside the block
 ARTIFACTS = ("scheduled TVMScript", "schedule trace", "main source")
@@ -29,7 +27,7 @@ def _artifact(kernel, which: str) -> str:
 
 
 def _sources(kernel) -> None:
-    names = [targets.source_name(suffix) for suffix, _ in kernel.sources]
+    names = [pipeline.source_label(suffix)[0] for suffix, _ in kernel.sources]
     names += ["scheduled TVMScript", "schedule trace"]
     tabs = st.tabs(names)
     for tab, (suffix, text) in zip(tabs, kernel.sources):
@@ -43,13 +41,14 @@ def _source(kernel, suffix: str, text: str) -> None:
     """A source opened at the kernel's computation (`viz.source.entry_line`), the whole text in an
     expander and as a download."""
     start = entry_line(text, suffix, kernel.entry)
+    name, language = pipeline.source_label(suffix)
     lines = text.splitlines()
     if start:
         st.caption(f"from line {start + 1} of {len(lines)}, where the computation is defined; the whole file below")
-    st.code("\n".join(lines[start:]), language=targets.language(suffix), line_numbers=True, height=CODE_HEIGHT)
+    st.code("\n".join(lines[start:]), language=language, line_numbers=True, height=CODE_HEIGHT)
     if start:
-        with st.expander(f"the whole {targets.source_name(suffix)} ({len(lines)} lines)"):
-            st.code(text, language=targets.language(suffix), line_numbers=True, height=CODE_HEIGHT)
+        with st.expander(f"the whole {name} ({len(lines)} lines)"):
+            st.code(text, language=language, line_numbers=True, height=CODE_HEIGHT)
     st.download_button(f"Download {kernel.entry}.{suffix}", text, file_name=f"{kernel.entry}.{suffix}",
                        key=f"download_{suffix}")
 
@@ -74,14 +73,14 @@ def _diff(construction, ranks: list[int]) -> None:
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _ptxas(source: str, arch: str):
-    return compile_ptx(source, arch)
+    return pipeline.ptx_report(source, arch)
 
 
 def _ptxas_report(kernel, device) -> None:
     if not device.launches_thread_blocks:
         return
     st.subheader("ptxas report")
-    if nvcc_path() is None:
+    if not pipeline.has_nvcc():
         st.info("nvcc is not on PATH here: no register / spill report.")
         return
     arch = str(device.target_dict().get("arch", "sm_80"))

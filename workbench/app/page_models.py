@@ -16,20 +16,15 @@ from pathlib import Path
 
 import streamlit as st
 
+from workbench import pipeline
 from workbench.app import views
-from workbench.app.messages import message
+from workbench.app.messages import failure, message
 from workbench.app.profile_controls import store_path
 from workbench.app.state import selection, set_selection
-from workbench.codegen.common import first_line
 from workbench.errors import UserError
-from workbench.files import check_size, read_user_file
-from workbench import pipeline
-from workbench.pipeline import MAX_MODEL_BYTES, Request
-from workbench.profile.store import RunStore
-from workbench.viz.dataflow import dataflow_figure
+from workbench.pipeline import Request, RunStore, Workload
+from workbench.viz.figures import dataflow_figure, gantt_figure
 from workbench.viz.fmt import duration
-from workbench.viz.gantt import gantt_figure
-from workbench.workload import Workload
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_models"
 
@@ -43,7 +38,7 @@ def _constructed(path: str, digest: str, dims: str, device, policy: str, options
 
 def _uploaded(upload) -> str:
     data = upload.getvalue()
-    check_size(len(data), f"model {upload.name}", MAX_MODEL_BYTES)
+    pipeline.check_model_upload(data, upload.name)
     digest = hashlib.sha256(data).hexdigest()[:16]
     path = Path(tempfile.gettempdir()) / f"workbench-upload-{digest}.onnx"
     path.write_bytes(data)
@@ -145,7 +140,7 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
             st.error(message(err))
             return
         except RuntimeError as err:  # a kernel that failed at run time (named by execute), TVM's own errors
-            st.error(f"the run failed: {first_line(err)}")
+            st.error(f"the run failed: {failure(err)}")
             return
     done = st.session_state.get("model_run")
     if done is None or done[0] != key:
@@ -190,7 +185,7 @@ def page() -> None:
         if path is None:
             st.info("Choose a sample model or upload an .onnx file.")
             return
-        digest = hashlib.sha256(read_user_file(path, "model", MAX_MODEL_BYTES)).hexdigest()
+        digest = hashlib.sha256(pipeline.model_bytes(path)).hexdigest()
         dims = _dims_input(path)
         with st.spinner("importing and constructing every operator..."):
             mc = _constructed(path, digest, dims, sel.device, sel.policy, sel.options)

@@ -18,12 +18,20 @@ from workbench.app import views
 from workbench.app.messages import message
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
-from workbench.pipeline import importance, slice_points, stored_trials
-from workbench.profile.store import RunStore
-from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
-from workbench.viz.correction import before_after_figure, coefficient_rows, evaluation_text, stored_text, worse
-from workbench.viz.importance import importance_figure, parallel_figure, slice_figure
-from workbench.viz.runs import best_so_far_figure
+from workbench.pipeline import RunStore, importance, slice_points, stored_trials
+from workbench.viz.figures import (
+    ComparedPoint,
+    before_after_figure,
+    best_so_far_figure,
+    coefficient_rows,
+    evaluation_text,
+    importance_figure,
+    parallel_figure,
+    predicted_vs_measured_figure,
+    slice_figure,
+    stored_text,
+    worse,
+)
 
 ALL = "(all)"
 SERIES_SHOWN = 8  # (workload, device) lines on the best-so-far chart

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import streamlit as st
 
+from workbench import pipeline
 from workbench.app.device_controls import device_controls
 from workbench.app.messages import message
 from workbench.app.state import OPTION_BOUNDS, built, construction, constructed, keep, selection
 from workbench.errors import UserError
-from workbench.ops.catalog import list_ops
-from workbench.ops.shapes import DTYPES, parse_kv
-from workbench.pipeline import POLICIES, Options, Request
+from workbench.pipeline import DTYPES, POLICIES, Options, Request, Workload
 from workbench.viz.fmt import prefixed
-from workbench.workload import Workload, list_suites, load_suite
 
 SOURCES = ("Suite entry", "Catalog operator", "Expression")
 DEFAULT_EXPR = ("C[i,j] += A[i,k] * B[k,j]", "i=256,j=256,k=256")
@@ -25,17 +23,17 @@ def _source_index(w: Workload) -> int:
 
 
 def _suite_controls(current: Workload) -> Workload:
-    suites = list_suites()
+    suites = pipeline.suites()
     now = current.label.split(":", 1)[0] if current.label else "cpu-core"
     suite = st.selectbox("Suite", suites, index=suites.index(now) if now in suites else 0)
-    _, workloads = load_suite(suite)
+    _, workloads = pipeline.suite(suite)
     labels = [w.label for w in workloads]
     chosen = st.selectbox("Workload", labels, index=labels.index(current.label) if current.label in labels else 0)
     return workloads[labels.index(chosen)]
 
 
 def _catalog_controls(current: Workload) -> Workload:
-    infos = {i.name: i for i in list_ops()}
+    infos = {i.name: i for i in pipeline.operators()}
     names = list(infos)
     info = infos[st.selectbox("Operator", names, index=names.index(current.op) if current.op in names and not current.label else 0)]
     # The current operator's values, else a layer of a real network (the catalog's example).
@@ -57,8 +55,8 @@ def _catalog_controls(current: Workload) -> Workload:
 
 
 def _ints(name: str, text: str) -> tuple[int, ...]:
-    value = parse_kv(f"{name}={text.strip()}")[name]
-    if isinstance(value, bool):
+    value = pipeline.parse_shape(f"{name}={text.strip()}")[name]
+    if isinstance(value, (bool, str)):  # true/false, or `dyn` (a dynamic extent: the Dynamic shapes page)
         raise UserError(f"{name}: expected integers such as 17x11x3, got {text!r}")
     return value if isinstance(value, tuple) else (value,)
 
@@ -67,7 +65,7 @@ def _expression_controls(current: Workload) -> Workload:
     expr, extents = (current.expr, ",".join(f"{k}={v}" for k, v in current.params)) if current.expr else DEFAULT_EXPR
     text = st.text_input("Expression", value=expr, help="e.g. C[i,j] += A[i,k] * B[k,j]; reductions +=, *=, max=, min=")
     sizes = st.text_input("Extents", value=extents, help="one NAME=SIZE per axis, comma-separated")
-    return Workload(expr=text, params=tuple(sorted(parse_kv(sizes).items())))
+    return Workload(expr=text, params=tuple(sorted(pipeline.parse_shape(sizes).items())))
 
 
 def _workload_controls(current: Workload) -> Workload | None:

@@ -13,14 +13,12 @@ from workbench import pipeline
 from workbench.app.messages import message
 from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
-from workbench.pipeline import Construction, Request, Timing
-from workbench.profile.store import RunStore, default_path
-from workbench.viz.compare import live_figure
+from workbench.pipeline import Construction, Request, RunStore, Timing
+from workbench.viz.figures import live_figure
 from workbench.viz.fmt import progress_text
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.profile.runner import Measurement
-    from workbench.profile.session import ProgressEvent
+    from workbench.pipeline import Measurement, ProgressEvent
 
 RUNNERS = {"This machine (local)": "local", "RPC tracker": "rpc"}
 BUILD_SHARE = 0.5  # of the progress bar: building comes first, then measuring
@@ -30,7 +28,7 @@ def store_path() -> str:
     """The runs store path the Candidates and Runs pages share, always inside the workspace
     (default: the workspace's runs.sqlite3, the CLI's store unless $WORKBENCH_WORKSPACE moved it).
     UserError when the workspace cannot be made."""
-    return st.session_state.get("store_path") or str(workspace() / default_path().name)
+    return st.session_state.get("store_path") or str(workspace() / pipeline.default_store_path().name)
 
 
 def _on_store_path() -> None:

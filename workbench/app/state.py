@@ -20,14 +20,10 @@ import streamlit as st
 from workbench import pipeline
 from workbench.app.messages import message
 from workbench.errors import UserError
-from workbench.hardware.loader import list_presets, load_spec
-from workbench.pipeline import Construction, Request, Stepper
-from workbench.profile.store import default_path
-from workbench.workload import Workload
+from workbench.pipeline import Construction, Request, Stepper, Workload
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.hardware.spec import DeviceSpec
-    from workbench.ops.tensor_expr import TensorExpr
+    from workbench.pipeline import DeviceSpec, TensorExpr
 
 DEFAULT_WORKLOAD = "cpu-core:mm-512"  # the sample workload `make app` opens on
 DEFAULT_DEVICE = "local-cpu"
@@ -39,7 +35,7 @@ def workspace() -> Path:
     """The directory the dashboard writes in: $WORKBENCH_WORKSPACE, else the user's data
     directory of tile-workbench (which holds the runs store the CLI uses). Made on first use;
     UserError when it cannot be."""
-    folder = Path(os.environ.get(WORKSPACE_ENV) or default_path().parent).expanduser()
+    folder = Path(os.environ.get(WORKSPACE_ENV) or pipeline.default_store_path().parent).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         return folder.resolve(strict=True)
@@ -73,7 +69,7 @@ def built(workload: Workload) -> TensorExpr:
 
 @st.cache_resource(show_spinner=False)
 def preset(name: str) -> DeviceSpec:
-    return load_spec(name)
+    return pipeline.load_device(name)
 
 
 def selection() -> Request:
@@ -135,13 +131,11 @@ def request_query(req: Request) -> dict[str, str]:
 
 def request_from_query(query: dict[str, str]) -> Request:
     """The selection a URL's query parameters name (`request_query`); UserError naming what is wrong."""
-    from workbench.workload import workload_from_args
-
     unknown = sorted(set(query) - {"workload", "op", "expr", "shape", "dtype", "device", "policy", *_OPTION_KEYS})
     if unknown:
         raise UserError(f"unknown parameter {unknown[0]!r}")
-    workload = workload_from_args(query.get("op"), query.get("shape"), query.get("expr"), query.get("workload"),
-                                  query.get("dtype", "float32"))
+    workload = pipeline.parse_workload(query.get("op"), query.get("shape"), query.get("expr"), query.get("workload"),
+                                       query.get("dtype", "float32"))
     options = {}
     for key in _OPTION_KEYS:
         if key in query:
@@ -160,7 +154,7 @@ def request_from_query(query: dict[str, str]) -> Request:
 
 
 def _device_names() -> tuple[str, ...]:
-    return list_presets() + (DEFAULT_DEVICE,)
+    return pipeline.device_presets() + (DEFAULT_DEVICE,)
 
 
 def _named_device(name: str):

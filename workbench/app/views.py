@@ -16,13 +16,13 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.pipeline import Construction, Request, Stepper
+from workbench.viz.figures import first_steps, graph_figure
 from workbench.viz.fmt import time_columns
-from workbench.viz.graph import first_steps, graph_figure
 
 if TYPE_CHECKING:  # annotations only
     import plotly.graph_objects as go
 
-    from workbench.construct.graph import ConstructionGraph
+    from workbench.pipeline import ConstructionGraph
 
 FIGURES_KEPT = 64  # graph figures kept over all sessions (up to a few MB each for thousands of nodes)
 KERNELS_KEPT = 32
