@@ -17,16 +17,20 @@ import traitlets
 
 from workbench import pipeline
 from workbench.errors import UserError
-from workbench.pipeline import Candidate, Construction, ProfileResult, Timing
-from workbench.profile.store import RunStore
-from workbench.viz.compare import compared_points, live_figure, predicted_vs_measured_figure
+from workbench.pipeline import Candidate, Construction, ProfileResult, RunStore, Timing
+from workbench.viz.figures import (
+    compared_points,
+    live_figure,
+    predicted_vs_measured_figure,
+    roofline_figure,
+    roofline_points,
+)
 from workbench.viz.fmt import duration, estimate_parts, progress_text
-from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.profile.session import ProgressEvent
+    from workbench.pipeline import ProgressEvent
 
 QUICK = Timing(repeat=3, min_repeat_ms=20)  # a lesson's timing: a few repeats, short ones
 

@@ -13,14 +13,13 @@ import traitlets
 
 from workbench import pipeline
 from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
+from workbench.viz.figures import gantt_figure, operator_times_figure
 from workbench.viz.fmt import duration, time_columns
-from workbench.viz.gantt import gantt_figure
-from workbench.viz.model import operator_times_figure
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.models.onnx_import import ImportedModel
+    from workbench.pipeline import ImportedModel
 
 MODEL_OPTIONS = Options(topk=3)  # the co-schedule picks among a few rKernels per operator
 

@@ -18,17 +18,14 @@ import traitlets
 
 from workbench import pipeline
 from workbench.pipeline import Candidate, Construction, DeviceSpec, Options
+from workbench.viz.figures import first_steps, graph_figure, state_tiles
 from workbench.viz.fmt import tile_text
-from workbench.viz.graph import first_steps, graph_figure
-from workbench.viz.tiles import state_tiles
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 from workbench.widgets.tiles import TileView
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.construct.step import Step
-    from workbench.ops.tensor_expr import TensorExpr
-    from workbench.workload import Workload
+    from workbench.pipeline import Step, TensorExpr, Workload
 
 PLAY_INTERVAL_MS = 700  # one step per interval while playing: time to read the step's note
 DEFAULT_OPTIONS = Options()

@@ -11,14 +11,13 @@ import traitlets
 
 from workbench import pipeline
 from workbench.construct.space import Space
+from workbench.viz.figures import footprint_figure, rtile_figure
 from workbench.viz.fmt import human_bytes, tile_text
-from workbench.viz.tiles import footprint_figure, rtile_figure
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.ops.tensor_expr import TensorExpr
-    from workbench.pipeline import Candidate, DeviceSpec
+    from workbench.pipeline import Candidate, DeviceSpec, TensorExpr
 
 
 class TileView(widgets.VBox):
