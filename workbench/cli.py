@@ -191,9 +191,10 @@ def cmd_ops(args) -> int:
 
 
 def cmd_devices(args) -> int:
-    from workbench.hardware.loader import list_presets, load_spec, spec_summary
+    from workbench import pipeline
 
-    summaries = [spec_summary(load_spec(name)) for name in list_presets() + ("local-cpu",)]
+    summaries = [pipeline.device_summary(pipeline.load_device(name))
+                 for name in pipeline.device_presets() + (pipeline.LOCAL_CPU,)]
     lines = [
         f"{s['name']:12s} {s['kind']:4s} {s['compute_units']:4d} units  "
         + "  ".join(f"{l['name']} {l['capacity_bytes']}B" for l in s["layers"])
@@ -205,15 +206,15 @@ def cmd_devices(args) -> int:
 def cmd_device(args) -> int:
     from pathlib import Path
 
-    from workbench.hardware.calibrate import calibrate, calibrated_spec_path
-    from workbench.hardware.detect import detect_local_cpu
-    from workbench.hardware.loader import spec_summary, spec_to_toml
+    from workbench import pipeline
+    from workbench.hardware.calibrate import calibrated_spec_path
+    from workbench.hardware.loader import spec_to_toml
 
-    spec = detect_local_cpu()
+    spec = pipeline.detect_local_device()
     out = args.out
     if args.calibrate:
         # Calibrate the fresh detection, never a calibrated spec: sources would nest otherwise.
-        spec = calibrate(spec, progress=None if args.json else lambda line: print(line, file=sys.stderr))
+        spec = pipeline.calibrate_device(spec, progress=None if args.json else lambda line: print(line, file=sys.stderr))
         out = out or str(calibrated_spec_path())
     text = spec_to_toml(spec)
     if out:
@@ -222,7 +223,7 @@ def cmd_device(args) -> int:
             Path(out).write_text(text)
         except OSError as err:
             raise UserError(f"--out {out}: {err.strerror}") from None
-    return _emit(args, spec_summary(spec), text if not out else f"wrote {out}")
+    return _emit(args, pipeline.device_summary(spec), text if not out else f"wrote {out}")
 
 
 def _request(args, workload):
@@ -252,10 +253,10 @@ def construction_dict(c, workload) -> dict:
 
 
 def cmd_construct(args) -> int:
+    from workbench import pipeline
     from workbench.viz.fmt import duration
-    from workbench.workload import workload_from_args
 
-    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     c = _construct(args, workload)
     if args.graph:
         try:
@@ -291,9 +292,8 @@ def _model_parts(est) -> str:
 
 def cmd_export(args) -> int:
     from workbench import pipeline
-    from workbench.workload import workload_from_args
 
-    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     pipeline.check_export_path(args.out, args.zip)  # a bad --out fails before anything is constructed or built
     c = _construct(args, workload)
     if not 1 <= args.rank <= len(c.candidates):
@@ -310,9 +310,9 @@ def cmd_export(args) -> int:
 
 
 def cmd_bench_construct(args) -> int:
-    from workbench.workload import load_suite
+    from workbench import pipeline
 
-    _, workloads = load_suite(args.suite)
+    _, workloads = pipeline.suite(args.suite)
     results = []
     for w in workloads:
         c = _construct(args, w)
@@ -346,14 +346,12 @@ def _progress(args):
 
 def cmd_profile(args) -> int:
     from workbench import pipeline
-    from workbench.profile.store import RunStore
     from workbench.viz.fmt import duration
-    from workbench.workload import workload_from_args
 
-    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     if args.repeat < 1:
         raise UserError(f"--repeat must be >= 1, got {args.repeat}")
-    with RunStore(args.db) as store:  # a bad --db fails before anything is built
+    with pipeline.RunStore(args.db) as store:  # a bad --db fails before anything is built
         c = _construct(args, workload)
         result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
                                   key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args))
@@ -372,17 +370,15 @@ def cmd_profile(args) -> int:
 
 
 def cmd_bench_kernels(args) -> int:
+    from workbench import pipeline
     from workbench.benchmarks import bench_suite
-    from workbench.hardware.loader import load_spec
     from workbench.profile.baselines import parse_baselines
-    from workbench.profile.store import RunStore
     from workbench.viz.fmt import duration
-    from workbench.workload import load_suite
 
     baselines = parse_baselines(args.baselines) if args.baselines else ()
-    _, workloads = load_suite(args.suite)
-    device = load_spec(args.device)
-    with RunStore(args.db) as store:
+    _, workloads = pipeline.suite(args.suite)
+    device = pipeline.load_device(args.device)
+    with pipeline.RunStore(args.db) as store:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store, progress=_progress(args))
     data["suite"] = args.suite
@@ -413,10 +409,8 @@ def cmd_model(args) -> int:
     doc = pipeline.report_dict(mc)
     text = pipeline.report_text(doc)
     if args.run:
-        from workbench.profile.store import RunStore
-
         # the measured pick stores its profiles as `workbench profile` does; rank 1 opens no store
-        with RunStore(args.db) if args.pick == "measured" else contextlib.nullcontext() as store:
+        with pipeline.RunStore(args.db) if args.pick == "measured" else contextlib.nullcontext() as store:
             run = pipeline.run_model_report(mc, args.path, seed=args.seed, pick=args.pick, store=store,
                                             progress=_progress(args))
         doc["run"] = run.to_dict()
@@ -426,9 +420,8 @@ def cmd_model(args) -> int:
 
 def cmd_runs(args) -> int:
     from workbench import pipeline
-    from workbench.profile.store import RunStore
 
-    with RunStore(args.db) as store:
+    with pipeline.RunStore(args.db) as store:
         correction, evaluation = pipeline.refit(store, args.device)
         stored = store.correction(args.device)
     fit = correction.overall
@@ -448,18 +441,17 @@ def cmd_runs(args) -> int:
 def cmd_vortex(args) -> int:
     from workbench import pipeline
     from workbench.viz.fmt import duration
-    from workbench.workload import parse_shape, workload_from_args
 
     if args.vortex_command == "run":
         b = pipeline.vortex_load(args.bundle)
-        value = pipeline.vortex_value_of(b, parse_shape(args.shape))
+        value = pipeline.vortex_value_of(b, pipeline.parse_shape(args.shape))
         doc = pipeline.vortex_run(b, value, seed=args.seed)
         verdict = "correct" if doc["correct"] else f"WRONG: {doc['error']}"
         text = (f"{b.table.dyn.param}={value}: kernel {doc['kernel']}, predicted {duration(doc['predicted_seconds'])}, "
                 f"measured {duration(doc['measured_seconds'])}, {verdict}")
         _emit(args, doc, text)
         return 0 if doc["correct"] else EXIT_KERNEL_FAILED
-    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     b = pipeline.vortex_compile(workload, pipeline.load_device(args.device), args.out, max_extent=args.max_extent,
                               progress=_progress(args))
     m = b.manifest
@@ -480,11 +472,10 @@ def cmd_bench_dynamic(args) -> int:
     from workbench import pipeline
     from workbench.viz.fmt import duration
     from workbench.benchmarks import bench_dynamic, parse_values
-    from workbench.workload import workload_from_args
 
     values = parse_values(args.values, "--values")
     samples = pipeline.DIETCODE_SAMPLES if args.samples is None else parse_values(args.samples, "--samples")
-    workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
+    workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     data = bench_dynamic(workload, pipeline.load_device(args.device), values, samples, topk=args.topk,
                          max_extent=args.max_extent, progress=_progress(args))
     lines = [f"{data['workload']} on {data['device']}: vortex compiled {len(data['vortex_kernels'])} kernels in "
