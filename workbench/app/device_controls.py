@@ -10,8 +10,7 @@ import streamlit as st
 
 from workbench.app.state import preset
 from workbench.app.messages import message
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.files import check_size
 from workbench.hardware.loader import (
     LOCAL_CPU,

@@ -15,8 +15,7 @@ from workbench import pipeline
 from workbench.app import views
 from workbench.app.messages import message
 from workbench.app.state import in_workspace, selection
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.ops.catalog import DYNAMIC_PARAMS
 from workbench.viz.dynamic import MeasuredPoint, dynamic_figure, lower_envelope
 from workbench.viz.fmt import duration, shape_text

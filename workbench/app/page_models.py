@@ -20,8 +20,7 @@ from workbench.app import views
 from workbench.app.messages import message
 from workbench.app.profile_controls import store_path
 from workbench.app.state import selection, set_selection
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.files import check_size, read_user_file
 from workbench import pipeline
 from workbench.pipeline import MAX_MODEL_BYTES, Request

@@ -39,9 +39,8 @@ from pathlib import Path
 
 from workbench.codegen import targets
 from workbench.codegen.build import Kernel, build_kernel
-from workbench.codegen.common import first_line
 from workbench.codegen.verify import Verification, verify
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.files import read_user_text
 from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
 from workbench.hardware.spec import DeviceSpec

@@ -36,8 +36,7 @@ from typing import Mapping
 import numpy as np
 
 from workbench.codegen.build import build_kernel, target_dict
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import ImportedModel
 from workbench.profile.local import thread_env

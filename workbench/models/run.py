@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.codegen.build import target_dict
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
                                       run_model, time_model)
 from workbench.profile.local import pool_threads

@@ -41,8 +41,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 from workbench.codegen import targets
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Timing, quiet_reference

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from workbench.codegen import targets
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.profile.runner import BuiltCandidate, Measurement, Report, Timing, check_and_time, measurement_from_check
 from workbench.profile.workers import fan_out
 

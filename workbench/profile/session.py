@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from workbench.construct.step import Candidate
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
@@ -353,7 +353,6 @@ def build_jobs(candidates: int, jobs: int | None = None) -> int:
 def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float, path: str) -> BuiltCandidate:
     """Build one candidate and export its library to `path` (runs in a build worker)."""
     from workbench.codegen.build import build_kernel
-    from workbench.codegen.common import first_line
 
     kernel = build_kernel(expr, program, device, sources=False)  # only the library is kept
     if not kernel.ok:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence, TypeVar
 
-from workbench.codegen.common import first_line
+from workbench.errors import first_line
 
 # Starting a worker imports TVM (about a second, more on a loaded machine); this bounds it.
 START_TIMEOUT_S = 120.0

@@ -46,8 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.shapes import check_elements
 from workbench.ops.tensor_expr import SPATIAL, TensorExpr
