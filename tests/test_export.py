@@ -40,7 +40,7 @@ from workbench.errors import UserError
 from workbench.hardware.detect import CpuInfo, local_cpu_info
 from workbench.hardware.loader import spec_from_toml_text
 from workbench.ops.reference import random_inputs
-from workbench.profile.workers import Outcome
+from workbench.workers import Outcome
 
 CPU = "local-cpu"
 CASES = {

@@ -202,7 +202,7 @@ def test_bundle_name_and_peak_come_with_the_construction():
 STAGES = ("workbench.construct.stepper", "workbench.construct.policies", "workbench.construct.policy",
           "workbench.rtile", "workbench.codegen.build", "workbench.codegen.export", "workbench.codegen.rules",
           "workbench.profile.session", "workbench.profile.runner", "workbench.profile.local",
-          "workbench.profile.workers", "workbench.models.model", "workbench.models.onnx_import")
+          "workbench.workers", "workbench.models.model", "workbench.models.onnx_import")
 # Core modules (workbench.* outside the face and outside workbench.viz, the shared figures) a face
 # may import at run time. Beyond the front door and the plain inputs (errors, workload, files,
 # the runs store), the dashboard has the device controls (detection, calibration, presets) and

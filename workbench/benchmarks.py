@@ -14,7 +14,7 @@ from workbench.profile.baselines import Baseline
 from workbench.profile.compare import aggregate, geometric_mean
 from workbench.profile.runner import Timing
 from workbench.profile.store import RunStore
-from workbench.profile.workers import WorkerPool
+from workbench.workers import WorkerPool
 from workbench.vortex.compare import bench_dynamic, parse_values
 from workbench.workload import Workload
 

@@ -46,7 +46,7 @@ from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
-from workbench.profile.workers import WorkerPool
+from workbench.workers import WorkerPool
 from workbench.viz.fmt import shape_text, time_columns
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost

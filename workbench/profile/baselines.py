@@ -326,8 +326,7 @@ _WORKERS: dict = {}
 
 def _in_worker(name: str, device: DeviceSpec, fn: Callable, args: tuple, timeout_s: float) -> BaselineResult:
     """`fn(*args)` in a worker kept for later calls with the same thread count."""
-    from workbench.profile.local import thread_env
-    from workbench.profile.workers import Worker
+    from workbench.workers import Worker, thread_env
 
     env = thread_env(device)
     key = tuple(sorted(env.items()))
