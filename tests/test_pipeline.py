@@ -200,7 +200,7 @@ def test_bundle_name_and_peak_come_with_the_construction():
 
 # The stages of the pipeline: a face reaches them through the front door only.
 STAGES = ("workbench.construct.stepper", "workbench.construct.policies", "workbench.construct.policy",
-          "workbench.rtile", "workbench.codegen.build", "workbench.codegen.export", "workbench.codegen.rules",
+          "workbench.rtile", "workbench.codegen.build", "workbench.export", "workbench.codegen.rules",
           "workbench.profile.session", "workbench.profile.runner", "workbench.profile.local",
           "workbench.workers", "workbench.models.model", "workbench.models.onnx_import")
 # Core modules (workbench.* outside the face and outside workbench.viz, the shared figures) a face

@@ -13,10 +13,10 @@ import pytest
 
 from tests.helpers import TINY_CPU, device, matmul
 from workbench.codegen.build import build_kernel
-from workbench.codegen.export import export_candidate
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
+from workbench.export import export_candidate
 from workbench.profile.fake import FakeRunner
 from workbench.profile.noise import RACE_MIN_REPEATS, outpaced
 from workbench.profile.runner import Measurement, Timing

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.codegen.build import Kernel
-from workbench.codegen.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.construct.policies import POLICIES, policy_class
 from workbench.construct.space import Options
 from workbench.construct.step import Candidate
 from workbench.construct.stepper import Construction, Stepper
 from workbench.errors import UserError
+from workbench.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import model as models
@@ -46,12 +46,12 @@ from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
-from workbench.workers import WorkerPool
 from workbench.viz.fmt import shape_text, time_columns
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
 from workbench.vortex.select import DispatchTable, cost_table, dispatch
+from workbench.workers import WorkerPool
 from workbench.workload import Workload, imported_model, suite_workload
 
 __all__ = [
@@ -180,7 +180,7 @@ def cannot_profile_here(device: DeviceSpec) -> str:
 
 def export(construction: Construction, rank: int, out, *, zip: bool = False,
            measured_seconds: float | None = None) -> ExportResult:
-    """Build candidate `rank`, verify it and write its bundle to `out` (`codegen.export`): an
+    """Build candidate `rank`, verify it and write its bundle to `out` (`workbench.export`): an
     `ExportResult`. UserError for a bad `out` or rank (before anything is built);
     `KernelRejected` (a UserError) with nothing written for a kernel that fails."""
     cand = construction.candidate(rank)
@@ -224,7 +224,7 @@ def model_symbolic_dims(path: str | Path) -> tuple[str, ...]:
 
 
 def check_export_path(out, zip: bool = False) -> Path:
-    """The bundle path `out` checked as `export` checks it (`codegen.export.check_out`), for a
+    """The bundle path `out` checked as `export` checks it (`workbench.export.check_out`), for a
     face that must refuse a bad path before it constructs anything."""
     return check_out(out, zip)
 
