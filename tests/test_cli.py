@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.cli import main
-from workbench.viz.fmt import duration
+from workbench.fmt import duration
 
 
 def run(capsys, *argv):

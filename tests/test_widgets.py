@@ -15,6 +15,7 @@ import pytest
 from helpers import ROOT, device, matmul
 
 from workbench import pipeline
+from workbench.fmt import duration
 from workbench.models.rammer import ROperator, rkernel, schedule
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
@@ -29,7 +30,6 @@ from workbench.widgets import (
     PredictedVsMeasured,
     TileView,
 )
-from workbench.viz.fmt import duration
 from workbench.widgets.tables import cell_text
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"

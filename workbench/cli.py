@@ -252,7 +252,7 @@ def construction_dict(c, workload) -> dict:
 
 
 def cmd_construct(args) -> int:
-    from workbench.viz.fmt import duration
+    from workbench.fmt import duration
     from workbench.workload import workload_from_args
 
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
@@ -346,8 +346,8 @@ def _progress(args):
 
 def cmd_profile(args) -> int:
     from workbench import pipeline
+    from workbench.fmt import duration
     from workbench.profile.store import RunStore
-    from workbench.viz.fmt import duration
     from workbench.workload import workload_from_args
 
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
@@ -373,10 +373,10 @@ def cmd_profile(args) -> int:
 
 def cmd_bench_kernels(args) -> int:
     from workbench.benchmarks import bench_suite
+    from workbench.fmt import duration
     from workbench.hardware.loader import load_spec
     from workbench.profile.baselines import parse_baselines
     from workbench.profile.store import RunStore
-    from workbench.viz.fmt import duration
     from workbench.workload import load_suite
 
     baselines = parse_baselines(args.baselines) if args.baselines else ()
@@ -447,7 +447,7 @@ def cmd_runs(args) -> int:
 
 def cmd_vortex(args) -> int:
     from workbench import pipeline
-    from workbench.viz.fmt import duration
+    from workbench.fmt import duration
     from workbench.workload import parse_shape, workload_from_args
 
     if args.vortex_command == "run":
@@ -478,8 +478,8 @@ def cmd_vortex(args) -> int:
 
 def cmd_bench_dynamic(args) -> int:
     from workbench import pipeline
-    from workbench.viz.fmt import duration
     from workbench.benchmarks import bench_dynamic, parse_values
+    from workbench.fmt import duration
     from workbench.workload import workload_from_args
 
     values = parse_values(args.values, "--values")

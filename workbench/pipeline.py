@@ -33,6 +33,7 @@ from workbench.construct.step import Candidate
 from workbench.construct.stepper import Construction, Stepper
 from workbench.errors import UserError
 from workbench.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
+from workbench.fmt import shape_text, time_columns
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import model as models
@@ -46,7 +47,6 @@ from workbench.profile.correction import Correction, corrected_seconds, refit
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
-from workbench.viz.fmt import shape_text, time_columns
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES

@@ -12,6 +12,7 @@ from workbench.app.state import preset
 from workbench.app.messages import message
 from workbench.errors import UserError, first_line
 from workbench.files import check_size
+from workbench.fmt import duration, gbps, gflops, human_bytes, micro_kernel_grid
 from workbench.hardware.loader import (
     LOCAL_CPU,
     MAX_SPEC_BYTES,
@@ -19,7 +20,6 @@ from workbench.hardware.loader import (
     spec_from_toml_text,
     spec_summary,
 )
-from workbench.viz.fmt import duration, gbps, gflops, human_bytes, micro_kernel_grid
 
 if TYPE_CHECKING:  # annotations only
     from workbench.hardware.spec import DeviceSpec

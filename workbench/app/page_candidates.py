@@ -16,10 +16,10 @@ from workbench.app import views
 from workbench.app.profile_controls import profile_controls, store_path
 from workbench.app.state import candidates_page, picked, profile, set_picked
 from workbench.errors import UserError
+from workbench.fmt import duration, estimate_parts, significant
 from workbench.profile.store import RunStore
 from workbench.viz.compare import compared_points, predicted_vs_measured_figure, ranks_from_selection
 from workbench.viz.correction import stored_text
-from workbench.viz.fmt import duration, estimate_parts, significant
 from workbench.viz.roofline import roofline_figure, roofline_points
 
 CHART_KEYS = ("roofline_chart", "compare_chart")

@@ -11,8 +11,8 @@ import streamlit as st
 
 from workbench.app import views
 from workbench.app.state import construction, finish_with_progress, selection, stepper
+from workbench.fmt import duration, estimate_parts, tile_text
 from workbench.pipeline import Stepper
-from workbench.viz.fmt import duration, estimate_parts, tile_text
 from workbench.viz.graph import LAYOUT_NOTE
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
 

@@ -16,9 +16,9 @@ from workbench.app import views
 from workbench.app.messages import message
 from workbench.app.state import in_workspace, selection
 from workbench.errors import UserError, first_line
+from workbench.fmt import duration, shape_text
 from workbench.ops.catalog import DYNAMIC_PARAMS
 from workbench.viz.dynamic import MeasuredPoint, dynamic_figure, lower_envelope
-from workbench.viz.fmt import duration, shape_text
 from workbench.workload import Workload, workload_from_args
 
 # The paper's BERT GEMM (M = batch x sequence varies; K, N the hidden sizes) and the LLaMA-7B

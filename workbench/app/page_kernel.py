@@ -11,8 +11,8 @@ from workbench.app import views
 from workbench.app.state import candidates_page, ordered_ranks, selection
 from workbench.codegen import targets
 from workbench.codegen.nvcc import compile_ptx, nvcc_path
+from workbench.fmt import duration, human_bytes, target_text
 from workbench.viz.diff import changed_lines, side_by_side_diff
-from workbench.viz.fmt import duration, human_bytes, target_text
 from workbench.viz.source import entry_line
 
 CODE_HEIGHT = 520  # px: long kernels scroll inside the block

@@ -23,10 +23,10 @@ from workbench.app.state import selection, set_selection
 from workbench.errors import UserError, first_line
 from workbench.files import check_size, read_user_file
 from workbench import pipeline
+from workbench.fmt import duration
 from workbench.pipeline import MAX_MODEL_BYTES, Request
 from workbench.profile.store import RunStore
 from workbench.viz.dataflow import dataflow_figure
-from workbench.viz.fmt import duration
 from workbench.viz.gantt import gantt_figure
 from workbench.workload import Workload
 

@@ -10,10 +10,10 @@ from workbench.app.device_controls import device_controls
 from workbench.app.messages import message
 from workbench.app.state import OPTION_BOUNDS, built, construction, constructed, keep, selection
 from workbench.errors import UserError
+from workbench.fmt import prefixed
 from workbench.ops.catalog import list_ops
 from workbench.ops.shapes import DTYPES, parse_kv
 from workbench.pipeline import POLICIES, Options, Request
-from workbench.viz.fmt import prefixed
 from workbench.workload import Workload, list_suites, load_suite
 
 SOURCES = ("Suite entry", "Catalog operator", "Expression")

@@ -13,10 +13,10 @@ from workbench import pipeline
 from workbench.app.messages import message
 from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
+from workbench.fmt import progress_text
 from workbench.pipeline import Construction, Request, Timing
 from workbench.profile.store import RunStore, default_path
 from workbench.viz.compare import live_figure
-from workbench.viz.fmt import progress_text
 
 if TYPE_CHECKING:  # annotations only
     from workbench.profile.runner import Measurement

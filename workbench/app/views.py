@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from workbench import pipeline
+from workbench.fmt import time_columns
 from workbench.pipeline import Construction, Request, Stepper
-from workbench.viz.fmt import time_columns
 from workbench.viz.graph import first_steps, graph_figure
 
 if TYPE_CHECKING:  # annotations only

@@ -17,10 +17,10 @@ import traitlets
 
 from workbench import pipeline
 from workbench.errors import UserError
+from workbench.fmt import duration, estimate_parts, progress_text
 from workbench.pipeline import Candidate, Construction, ProfileResult, Timing
 from workbench.profile.store import RunStore
 from workbench.viz.compare import compared_points, live_figure, predicted_vs_measured_figure
-from workbench.viz.fmt import duration, estimate_parts, progress_text
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message

@@ -12,8 +12,8 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench import pipeline
+from workbench.fmt import duration, time_columns
 from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
-from workbench.viz.fmt import duration, time_columns
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.model import operator_times_figure
 from workbench.widgets.plot import PlotView

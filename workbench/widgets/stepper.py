@@ -17,8 +17,8 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench import pipeline
+from workbench.fmt import tile_text
 from workbench.pipeline import Candidate, Construction, DeviceSpec, Options
-from workbench.viz.fmt import tile_text
 from workbench.viz.graph import first_steps, graph_figure
 from workbench.viz.tiles import state_tiles
 from workbench.widgets.plot import PlotView

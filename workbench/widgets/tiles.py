@@ -11,7 +11,7 @@ import traitlets
 
 from workbench import pipeline
 from workbench.construct.space import Space
-from workbench.viz.fmt import human_bytes, tile_text
+from workbench.fmt import human_bytes, tile_text
 from workbench.viz.tiles import footprint_figure, rtile_figure
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
