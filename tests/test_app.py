@@ -660,8 +660,8 @@ def profiled_store(path: Path, sizes, spec, scale: float = 2.0) -> None:
 
 
 def test_fitting_the_correction_shows_the_verdict_before_and_after_and_the_coefficients(tmp_path, monkeypatch):
-    from workbench.profile.correction import evaluate, fit, stored_rows
-    from workbench.profile.store import RunStore
+    from workbench.profile.correction import evaluate, fit
+    from workbench.profile.store import RunStore, stored_rows
 
     monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
     spec, path = load_spec("local-cpu"), tmp_path / "runs.sqlite3"

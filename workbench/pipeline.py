@@ -43,10 +43,11 @@ from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_
 from workbench.models.run import run_model_report
 from workbench.models.symbolic import parse_dims
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.profile.correction import Correction, corrected_seconds, refit
+from workbench.profile.correction import Correction, corrected_seconds
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, expr_label, profile_candidates
+from workbench.profile.store import refit
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
