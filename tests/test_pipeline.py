@@ -202,7 +202,7 @@ def test_bundle_name_and_peak_come_with_the_construction():
 STAGES = ("workbench.construct.stepper", "workbench.construct.policies", "workbench.construct.policy",
           "workbench.rtile", "workbench.codegen.build", "workbench.export", "workbench.codegen.rules",
           "workbench.profile.session", "workbench.profile.runner", "workbench.profile.local",
-          "workbench.workers", "workbench.models.model", "workbench.models.onnx_import")
+          "workbench.workers", "workbench.models.construction", "workbench.models.onnx_import")
 # Core modules (workbench.* outside the face, workbench.viz and workbench.fmt, the shared figures
 # and number formats) a face may import at run time. Beyond the front door and the plain inputs
 # (errors, workload, files, the runs store), the dashboard has the device controls (detection,

@@ -17,9 +17,9 @@ from helpers import ROOT, device, matmul
 from workbench import pipeline
 from workbench.fmt import duration
 from workbench.models.rammer import ROperator, rkernel, schedule
-from workbench.viz.gantt import gantt_figure
-from workbench.viz.model import operator_times_figure
 from workbench.pipeline import Options
+from workbench.viz.gantt import gantt_figure
+from workbench.viz.operator_times import operator_times_figure
 from workbench.viz.tiles import state_tiles
 from workbench.widgets import (
     CandidateTable,

@@ -36,9 +36,9 @@ from workbench.export import ExportResult, KernelRejected, build_apart, bundle_n
 from workbench.fmt import shape_text, time_columns
 from workbench.hardware.loader import load_spec
 from workbench.hardware.spec import DeviceSpec
-from workbench.models import model as models
+from workbench.models import construction as whole_model
+from workbench.models.construction import ModelConstruction, report_dict, report_text
 from workbench.models.execute import operator_runner
-from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model, symbolic_dim_names
 from workbench.models.run import run_model_report
 from workbench.models.symbolic import parse_dims
@@ -206,9 +206,9 @@ def construct_model(model: ImportedModel | str | Path, device: DeviceSpec | str 
                     options: Options = Options()) -> ModelConstruction:
     """Every operator of an ONNX model (a path, read within MAX_MODEL_BYTES, or an imported
     model) constructed on `device` (a spec, preset name or spec file), and their Rammer
-    co-schedule (`models.model`); `report_dict` / `report_text` give its JSON and text forms."""
+    co-schedule (`models.construction`); `report_dict` / `report_text` give its JSON and text forms."""
     imported = model if isinstance(model, ImportedModel) else import_model(model)
-    return models.construct_model(imported, load_device(device), policy, options)
+    return whole_model.construct_model(imported, load_device(device), policy, options)
 
 
 def import_onnx(path: str | Path, dims: str | Sequence[str] | Mapping[str, int] | None = None) -> ImportedModel:

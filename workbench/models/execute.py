@@ -37,7 +37,7 @@ import numpy as np
 
 from workbench.codegen.build import build_kernel, target_dict
 from workbench.errors import UserError, first_line
-from workbench.models.model import ModelConstruction
+from workbench.models.construction import ModelConstruction
 from workbench.models.onnx_import import ImportedModel
 from workbench.profile.runner import (BuiltCandidate, Measurement, Report, Runner, Timing, evaluator_repeats,
                                       runtime_versions, timed_repeats)

@@ -18,12 +18,12 @@ import numpy as np
 from workbench.codegen.build import target_dict
 from workbench.errors import UserError, first_line
 from workbench.fmt import duration
+from workbench.models.construction import ModelConstruction
 from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
                                       run_model, time_model)
-from workbench.profile.local import pool_threads
-from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds
+from workbench.profile.local import pool_threads
 from workbench.profile.runner import Runner, Timing
 from workbench.profile.session import Progress, cannot_run_locally
 

@@ -15,7 +15,7 @@ from workbench import pipeline
 from workbench.fmt import duration, time_columns
 from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
 from workbench.viz.gantt import gantt_figure
-from workbench.viz.model import operator_times_figure
+from workbench.viz.operator_times import operator_times_figure
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 
