@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import re
-from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
 
@@ -123,7 +122,7 @@ def shortest_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str
     best = component + [None]  # longer than any cycle found
     for start in component:
         parents, frontier = {start: None}, [start]
-        while frontier and len(parents) <= len(component):
+        while frontier:
             back = next((node for node in frontier if start in graph[node]), None)
             if back is not None:  # breadth first: the first way back is the shortest
                 path = [back]
