@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 LANE = os.environ.get("WORKBENCH_TEST_LANE", "")
-# The tests of the pure core: construction, the rTile model, specs and the expression syntax.
+# The tests of the pure core: construction, the rTile model, specs, the expression syntax and the
+# package's layers.
 CORE_TESTS = frozenset({
     "test_alignment.py",
     "test_banks.py",
@@ -25,6 +26,7 @@ CORE_TESTS = frozenset({
     "test_graph.py",
     "test_hardware_detect.py",
     "test_invariants.py",
+    "test_layers.py",
     "test_markov.py",
     "test_model.py",
     "test_profile_compare.py",

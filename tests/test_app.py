@@ -660,8 +660,8 @@ def profiled_store(path: Path, sizes, spec, scale: float = 2.0) -> None:
 
 
 def test_fitting_the_correction_shows_the_verdict_before_and_after_and_the_coefficients(tmp_path, monkeypatch):
-    from workbench.profile.correction import evaluate, fit, stored_rows
-    from workbench.profile.store import RunStore
+    from workbench.profile.correction import evaluate, fit
+    from workbench.profile.store import RunStore, stored_rows
 
     monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
     spec, path = load_spec("local-cpu"), tmp_path / "runs.sqlite3"
@@ -716,8 +716,8 @@ def test_fitting_on_too_few_workloads_says_why_in_a_line_and_on_two_claims_nothi
 
 
 def test_candidates_show_the_corrected_prediction_when_the_store_holds_a_correction(tmp_path, monkeypatch):
+    from workbench.fmt import estimate_parts
     from workbench.profile.store import RunStore
-    from workbench.viz.fmt import estimate_parts
 
     monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
     spec, path = load_spec("local-cpu"), tmp_path / "runs.sqlite3"

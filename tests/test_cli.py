@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.cli import main
-from workbench.viz.fmt import duration
+from workbench.fmt import duration
 
 
 def run(capsys, *argv):
@@ -209,7 +209,7 @@ def test_export_for_another_cpu_never_runs_its_kernel_here(capsys, tmp_path):
 HELD_EXPORT = """
 import os, sys
 from workbench.cli import main
-from workbench.profile.workers import Worker
+from workbench.workers import Worker
 
 staged, hold = int(sys.argv[1]), int(sys.argv[2])
 answered = Worker._answered

@@ -470,7 +470,7 @@ def test_a_multi_block_epilogue_is_correct_on_tiles_that_straddle_fused_rows(row
     from lane sums the first had not finished."""
     from tests.test_models_pick import SAMPLES
     from workbench.models.execute import measure_operator, model_inputs, operator_references
-    from workbench.models.model import construct_model
+    from workbench.models.construction import construct_model
     from workbench.models.onnx_import import import_model
     from workbench.profile.runner import Timing
     from workbench.profile.session import build_library

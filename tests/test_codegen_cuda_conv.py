@@ -163,7 +163,7 @@ def test_the_rule_takes_gemm_views_only_and_comes_before_the_cuda_core_rule():
 
 def test_a_gpu_conv_bundle_rebuilds_its_gemm_view_from_the_manifest(tmp_path):
     """`bundle_program` rebuilds the expression the construction tiled: the conv's GEMM view."""
-    from workbench.codegen.export import bundle_program, export_candidate, rebuild
+    from workbench.export import bundle_program, export_candidate, rebuild
 
     built = construct(expr("conv2d", **CONV), device("v100"))
     cand = built.candidates[0]

@@ -19,9 +19,14 @@ import tvm
 from tvm.target import codegen
 
 from tests.helpers import device, expr, matmul
-from workbench.codegen import export as export_module
+from workbench import export as export_module
 from workbench.codegen.build import Kernel, build_kernel
-from workbench.codegen.export import (
+from workbench.codegen.host import ISA_FLAGS, cpu_mismatch
+from workbench.codegen.verify import Verification, run_kernel
+from workbench.construct.space import Options
+from workbench.construct.stepper import construct
+from workbench.errors import UserError
+from workbench.export import (
     Check,
     KernelRejected,
     accept,
@@ -32,15 +37,10 @@ from workbench.codegen.export import (
     rebuild,
     schedule_script,
 )
-from workbench.codegen.host import ISA_FLAGS, cpu_mismatch
-from workbench.codegen.verify import Verification, run_kernel
-from workbench.construct.space import Options
-from workbench.construct.stepper import construct
-from workbench.errors import UserError
 from workbench.hardware.detect import CpuInfo, local_cpu_info
 from workbench.hardware.loader import spec_from_toml_text
 from workbench.ops.reference import random_inputs
-from workbench.profile.workers import Outcome
+from workbench.workers import Outcome
 
 CPU = "local-cpu"
 CASES = {

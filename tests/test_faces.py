@@ -1,5 +1,5 @@
 """The dashboard is a thin face: its pages call the front door (`workbench.pipeline`) and draw with
-the views (`workbench.viz.figures`, `viz.fmt`) instead of assembling the pipeline from the core's
+the views (`workbench.viz.figures`, `workbench.fmt`) instead of assembling the pipeline from the core's
 modules (issue 35: it imported 18 of them). Read from the source with `ast`: nothing is imported."""
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from onnx import TensorProto, helper, numpy_helper
 from workbench import pipeline
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
+from workbench.fmt import duration
+from workbench.models.construction import OperatorResult, construct_model, report_dict, report_text, roperators
 from workbench.models.execute import build_model_kernels, model_inputs, run_model
-from workbench.models.model import OperatorResult, construct_model, report_dict, report_text, roperators
 from workbench.models.onnx_import import MAX_MODEL_BYTES, MAX_MODEL_ELEMENTS, Operator, import_model
 from workbench.models.rammer import schedule
 from workbench.ops.shapes import MAX_ELEMENTS
-from workbench.viz.fmt import duration
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_models"
 NAMES = ("mlp", "bert_layer", "resnet_block", "mobilenet_block", "shufflenet_block", "mlp_dynamic")
@@ -677,7 +677,7 @@ def test_an_unknown_policy_is_refused_once():
 
 
 def test_an_operator_the_construction_refuses_is_listed(monkeypatch):
-    import workbench.models.model as model_module
+    import workbench.models.construction as model_module
 
     def refuse_wide(expr, dev, policy, options):
         if expr.axes[1].extent == 256:

@@ -16,7 +16,7 @@ from workbench.cli import main
 from workbench.models import run
 from workbench.models.execute import (ATOL, RTOL, build_model_kernels, measure_operator, measured_pick,
                                       output_mismatch)
-from workbench.models.model import construct_model
+from workbench.models.construction import construct_model
 from workbench.models.onnx_import import import_model
 from workbench.profile.fake import FakeRunner
 from workbench.profile.runner import Timing

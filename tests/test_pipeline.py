@@ -9,8 +9,8 @@ from helpers import TINY_CPU, device, expr, matmul
 from workbench import pipeline
 from workbench.construct.stepper import Stepper
 from workbench.errors import UserError
+from workbench.fmt import table_time_unit
 from workbench.profile.fake import FakeRunner
-from workbench.viz.fmt import table_time_unit
 from workbench.workload import Workload, suite_workload
 
 # The keys shared/design/CLI.md promises for a candidate of `workbench construct` and, with a
@@ -200,13 +200,14 @@ def test_bundle_name_and_peak_come_with_the_construction():
 
 # The stages of the pipeline: a face reaches them through the front door only.
 STAGES = ("workbench.construct.stepper", "workbench.construct.policies", "workbench.construct.policy",
-          "workbench.rtile", "workbench.codegen.build", "workbench.codegen.export", "workbench.codegen.rules",
+          "workbench.rtile", "workbench.codegen.build", "workbench.export", "workbench.codegen.rules",
           "workbench.profile.session", "workbench.profile.runner", "workbench.profile.local",
-          "workbench.profile.workers", "workbench.models.model", "workbench.models.onnx_import")
-# Core modules (workbench.* outside the face and outside workbench.viz, the shared figures) a face
-# may import at run time. Beyond the front door and the plain inputs (errors, workload, files,
-# the runs store), the dashboard has the device controls (detection, calibration, presets) and
-# the Kernel page's compiler views (target table, nvcc), the CLI its device and bench commands.
+          "workbench.workers", "workbench.models.construction", "workbench.models.onnx_import")
+# Core modules (workbench.* outside the face, workbench.viz and workbench.fmt, the shared figures
+# and number formats) a face may import at run time. Beyond the front door and the plain inputs
+# (errors, workload, files, the runs store), the dashboard has the device controls (detection,
+# calibration, presets) and the Kernel page's compiler views (target table, nvcc), the CLI its
+# device and bench commands.
 FACES = {
     "cli": (["workbench/cli.py"], 10),
     "app": (["app.py", "workbench/app/*.py"], 13),
@@ -239,7 +240,7 @@ def test_faces_call_the_front_door(face):
     patterns, limit = FACES[face]
     own = "workbench.cli" if face == "cli" else f"workbench.{face}"
     modules = set().union(*(_runtime_imports(p) for pattern in patterns for p in ROOT.glob(pattern)))
-    core = sorted(m for m in modules if not m.startswith((own, "workbench.viz")))
+    core = sorted(m for m in modules if not m.startswith((own, "workbench.viz", "workbench.fmt")))
     assert "workbench.pipeline" in core
     assert not [m for m in core if m.startswith(STAGES)], core
     assert len(core) <= limit, core

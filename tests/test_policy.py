@@ -17,8 +17,8 @@ from workbench.construct.space import (
     legal_actions, replay,
 )
 from workbench.errors import UserError
+from workbench.fmt import duration
 from workbench.rtile.panels import loop_nest_key
-from workbench.viz.fmt import duration
 
 
 CORE = {w["id"]: w for w in suite_workloads("cpu-core")}

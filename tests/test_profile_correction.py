@@ -21,11 +21,10 @@ from tests.helpers import TINY_CPU
 from workbench.cli import main
 from workbench.errors import UserError
 from workbench.profile.correction import (
-    Correction, Row, Stages, blend, corrected_seconds, evaluate, fit, fit_stages, nnls, op_class, refit, signed_rank_test,
-    stored_rows,
+    Correction, Row, Stages, blend, corrected_seconds, evaluate, fit, fit_stages, nnls, op_class, signed_rank_test,
 )
 from workbench.profile.runner import Measurement
-from workbench.profile.store import RunStore
+from workbench.profile.store import RunStore, refit, stored_rows
 
 LAYERS = ("L1", "L2", "DRAM")
 

@@ -13,10 +13,10 @@ import pytest
 
 from tests.helpers import TINY_CPU, device, matmul
 from workbench.codegen.build import build_kernel
-from workbench.codegen.export import export_candidate
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
+from workbench.export import export_candidate
 from workbench.profile.fake import FakeRunner
 from workbench.profile.noise import RACE_MIN_REPEATS, outpaced
 from workbench.profile.runner import Measurement, Timing
@@ -74,7 +74,7 @@ def test_a_local_session_times_a_real_kernel_and_stores_it(tmp_path):
 def test_sessions_share_a_warm_pool(tmp_path):
     import os
 
-    from workbench.profile.workers import WorkerPool
+    from workbench.workers import WorkerPool
 
     c = mm64()
     with WorkerPool() as pool:
@@ -104,7 +104,7 @@ def _references_kept() -> tuple[int, int]:
 
 def test_a_first_call_runs_in_its_worker_before_that_worker_builds(tmp_path):
     from workbench.profile.session import worker_env
-    from workbench.profile.workers import WorkerPool
+    from workbench.workers import WorkerPool
 
     c = mm64()
     libs, note = tmp_path / "libs", tmp_path / "note"
@@ -120,8 +120,7 @@ def test_a_first_call_runs_in_its_worker_before_that_worker_builds(tmp_path):
 def test_the_timing_worker_computes_the_reference_while_the_others_build():
     """`LocalRunner.preparation` runs in the worker that then checks every kernel: one reference
     computed (a miss of `inputs_and_reference`), found ready by each check (a hit)."""
-    from workbench.profile.local import thread_env
-    from workbench.profile.workers import WorkerPool
+    from workbench.workers import WorkerPool, thread_env
 
     c = mm64()
     with WorkerPool() as pool:

@@ -14,20 +14,7 @@ from hypothesis import strategies as st
 from workbench.construct.graph import ConstructionGraph, Edge, Node
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
-from workbench.profile.importance import Trial
-from workbench.profile.runner import Measurement
-from workbench.profile.session import ProgressEvent
-from workbench.profile.store import BestPoint
-from workbench.viz.compare import (
-    ComparedPoint,
-    compared_points,
-    live_figure,
-    predicted_vs_measured_figure,
-    ranks_from_selection,
-)
-from workbench.viz.diff import changed_lines, side_by_side_diff
-from workbench.viz.axes import AXIS_PX, LEGEND_ROW_PX, MAX_TICKS, labelled, legend_rows, log_ticks
-from workbench.viz.fmt import (
+from workbench.fmt import (
     duration,
     gbps,
     gflops,
@@ -41,6 +28,19 @@ from workbench.viz.fmt import (
     time_columns,
     whole,
 )
+from workbench.profile.importance import Trial
+from workbench.profile.runner import Measurement
+from workbench.profile.session import ProgressEvent
+from workbench.profile.store import BestPoint
+from workbench.viz.compare import (
+    ComparedPoint,
+    compared_points,
+    live_figure,
+    predicted_vs_measured_figure,
+    ranks_from_selection,
+)
+from workbench.viz.diff import changed_lines, side_by_side_diff
+from workbench.viz.axes import AXIS_PX, LEGEND_ROW_PX, MAX_TICKS, labelled, legend_rows, log_ticks
 from workbench.viz.graph import BAND, first_steps, graph_figure, node_positions
 from workbench.viz.importance import PARALLEL_TICKS, parallel_figure
 from workbench.viz.roofline import RooflinePoint, roofline_figure, roofline_points
@@ -528,7 +528,7 @@ def test_coefficient_rows_have_a_fit_per_row_with_its_weight():
 def test_estimate_parts_join_the_measured_and_modelled_phrases():
     from types import SimpleNamespace
 
-    from workbench.viz.fmt import estimate_parts
+    from workbench.fmt import estimate_parts
 
     calibrated = SimpleNamespace(measured=("compute: level-0 micro-kernel 6x16 float32, 205 GFLOP/s", "bandwidth of L1"),
                                  modelled=("traffic per layer", "scale-out over 2 cores"))
@@ -541,8 +541,8 @@ def test_estimate_parts_join_the_measured_and_modelled_phrases():
 
 
 def test_micro_kernel_grid_has_a_row_per_row_count_and_a_column_per_width():
+    from workbench.fmt import micro_kernel_grid
     from workbench.hardware.spec import MicroKernel
-    from workbench.viz.fmt import micro_kernel_grid
 
     kernels = (MicroKernel("float32", 6, 16, 205.4), MicroKernel("float32", 4, 32, 180.0),
                MicroKernel("float32", 4, 16, 150.0), MicroKernel("float64", 6, 8, 101.0))

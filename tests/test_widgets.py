@@ -15,10 +15,11 @@ import pytest
 from helpers import ROOT, device, matmul
 
 from workbench import pipeline
+from workbench.fmt import duration
 from workbench.models.rammer import ROperator, rkernel, schedule
-from workbench.viz.gantt import gantt_figure
-from workbench.viz.model import operator_times_figure
 from workbench.pipeline import Options
+from workbench.viz.gantt import gantt_figure
+from workbench.viz.operator_times import operator_times_figure
 from workbench.viz.tiles import state_tiles
 from workbench.widgets import (
     CandidateTable,
@@ -29,7 +30,6 @@ from workbench.widgets import (
     PredictedVsMeasured,
     TileView,
 )
-from workbench.viz.fmt import duration
 from workbench.widgets.tables import cell_text
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"

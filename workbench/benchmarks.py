@@ -14,8 +14,8 @@ from workbench.profile.baselines import Baseline
 from workbench.profile.compare import aggregate, geometric_mean
 from workbench.profile.runner import Timing
 from workbench.profile.store import RunStore
-from workbench.profile.workers import WorkerPool
 from workbench.vortex.compare import bench_dynamic, parse_values
+from workbench.workers import WorkerPool
 from workbench.workload import Workload
 
 # `workbench bench dynamic` runs Vortex's comparison (workbench/vortex/compare.py) from here too, so

@@ -254,7 +254,7 @@ def construction_dict(c, workload) -> dict:
 
 def cmd_construct(args) -> int:
     from workbench import pipeline
-    from workbench.viz.fmt import duration
+    from workbench.fmt import duration
 
     workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     c = _construct(args, workload)
@@ -346,7 +346,7 @@ def _progress(args):
 
 def cmd_profile(args) -> int:
     from workbench import pipeline
-    from workbench.viz.fmt import duration
+    from workbench.fmt import duration
 
     workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     if args.repeat < 1:
@@ -372,8 +372,8 @@ def cmd_profile(args) -> int:
 def cmd_bench_kernels(args) -> int:
     from workbench import pipeline
     from workbench.benchmarks import bench_suite
+    from workbench.fmt import duration
     from workbench.profile.baselines import parse_baselines
-    from workbench.viz.fmt import duration
 
     baselines = parse_baselines(args.baselines) if args.baselines else ()
     _, workloads = pipeline.suite(args.suite)
@@ -440,7 +440,7 @@ def cmd_runs(args) -> int:
 
 def cmd_vortex(args) -> int:
     from workbench import pipeline
-    from workbench.viz.fmt import duration
+    from workbench.fmt import duration
 
     if args.vortex_command == "run":
         b = pipeline.vortex_load(args.bundle)
@@ -470,8 +470,8 @@ def cmd_vortex(args) -> int:
 
 def cmd_bench_dynamic(args) -> int:
     from workbench import pipeline
-    from workbench.viz.fmt import duration
     from workbench.benchmarks import bench_dynamic, parse_values
+    from workbench.fmt import duration
 
     values = parse_values(args.values, "--values")
     samples = pipeline.DIETCODE_SAMPLES if args.samples is None else parse_values(args.samples, "--samples")

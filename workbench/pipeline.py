@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.codegen.build import Kernel
-from workbench.codegen.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.codegen.nvcc import PtxResult, compile_ptx, nvcc_path
 from workbench.codegen.targets import SOURCE_TEXTS
 from workbench.construct.graph import ConstructionGraph
@@ -41,29 +40,30 @@ from workbench.construct.space import Options
 from workbench.construct.step import Candidate, Step
 from workbench.construct.stepper import Construction, Stepper
 from workbench.errors import UserError
+from workbench.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.files import check_size, read_user_file
+from workbench.fmt import shape_text, time_columns
 from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec, spec_from_toml_text, spec_summary
 from workbench.hardware.spec import DeviceSpec
-from workbench.models import model as models
+from workbench.models import construction as whole_model
+from workbench.models.construction import ModelConstruction, report_dict, report_text
 from workbench.models.execute import operator_runner
-from workbench.models.model import ModelConstruction, report_dict, report_text
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model, symbolic_dim_names
 from workbench.models.run import run_model_report
 from workbench.models.symbolic import parse_dims
 from workbench.ops.catalog import DYNAMIC_PARAMS, OpInfo, list_ops
 from workbench.ops.shapes import DTYPES
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.profile.correction import Correction, corrected_seconds, refit
+from workbench.profile.correction import Correction, corrected_seconds
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates
-from workbench.profile.store import RunStore, default_path
-from workbench.profile.workers import WorkerPool
-from workbench.viz.fmt import shape_text, time_columns
+from workbench.profile.store import RunStore, default_path, refit
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
 from workbench.vortex.select import DispatchTable, cost_table, dispatch
+from workbench.workers import WorkerPool
 from workbench.workload import Workload, imported_model, list_suites, load_suite, parse_shape, suite_workload, workload_from_args
 
 __all__ = [
@@ -198,7 +198,7 @@ def cannot_profile_here(device: DeviceSpec) -> str:
 
 def export(construction: Construction, rank: int, out, *, zip: bool = False,
            measured_seconds: float | None = None) -> ExportResult:
-    """Build candidate `rank`, verify it and write its bundle to `out` (`codegen.export`): an
+    """Build candidate `rank`, verify it and write its bundle to `out` (`workbench.export`): an
     `ExportResult`. UserError for a bad `out` or rank (before anything is built);
     `KernelRejected` (a UserError) with nothing written for a kernel that fails."""
     cand = construction.candidate(rank)
@@ -223,9 +223,9 @@ def construct_model(model: ImportedModel | str | Path, device: DeviceSpec | str 
                     options: Options = Options()) -> ModelConstruction:
     """Every operator of an ONNX model (a path, read within MAX_MODEL_BYTES, or an imported
     model) constructed on `device` (a spec, preset name or spec file), and their Rammer
-    co-schedule (`models.model`); `report_dict` / `report_text` give its JSON and text forms."""
+    co-schedule (`models.construction`); `report_dict` / `report_text` give its JSON and text forms."""
     imported = model if isinstance(model, ImportedModel) else import_model(model)
-    return models.construct_model(imported, load_device(device), policy, options)
+    return whole_model.construct_model(imported, load_device(device), policy, options)
 
 
 def import_onnx(path: str | Path, dims: str | Sequence[str] | Mapping[str, int] | None = None) -> ImportedModel:
@@ -242,7 +242,7 @@ def model_symbolic_dims(path: str | Path) -> tuple[str, ...]:
 
 
 def check_export_path(out, zip: bool = False) -> Path:
-    """The bundle path `out` checked as `export` checks it (`codegen.export.check_out`), for a
+    """The bundle path `out` checked as `export` checks it (`workbench.export.check_out`), for a
     face that must refuse a bad path before it constructs anything."""
     return check_out(out, zip)
 

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from workbench import pipeline
-from workbench.app.messages import failure, message
+from workbench.app.messages import message
 from workbench.app.state import preset
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
+from workbench.fmt import duration, gbps, gflops, human_bytes, micro_kernel_grid
 from workbench.pipeline import LOCAL_CPU
-from workbench.viz.fmt import duration, gbps, gflops, human_bytes, micro_kernel_grid
 
 if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import DeviceSpec
@@ -86,7 +86,7 @@ def _calibrate(quick: bool) -> DeviceSpec | None:
     except UserError as err:
         st.error(message(err))
     except Exception as err:  # the benchmark process can die in many ways; the session must not
-        st.error(f"calibration failed: {failure(err)}")
+        st.error(f"calibration failed: {first_line(err)}")
     finally:
         bar.empty()
     return None

@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from workbench.codegen.common import first_line
-
 # Flag (or whole CLI phrase) -> what the dashboard calls that input.
 LABELS = {
     "--runner rpc needs --tracker HOST:PORT and --key KEY": "the RPC runner needs a tracker HOST:PORT and a device key",
@@ -35,8 +33,3 @@ def message(err: Exception, labels: Mapping[str, str] | None = None) -> str:
         text = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", label, text)
     return _FLAG.sub(r"\1", text)
 
-
-def failure(err: Exception) -> str:
-    """One line for an error the core did not word for users (TVM's own, a benchmark process that
-    died): its first useful line (`first_line`), never the pages of IR a TVM error carries."""
-    return first_line(err)

@@ -16,6 +16,7 @@ from workbench.app import views
 from workbench.app.profile_controls import profile_controls, store_path
 from workbench.app.state import candidates_page, picked, profile, set_picked
 from workbench.errors import UserError
+from workbench.fmt import duration, estimate_parts, significant
 from workbench.pipeline import RunStore
 from workbench.viz.figures import (
     compared_points,
@@ -25,7 +26,6 @@ from workbench.viz.figures import (
     roofline_points,
     stored_text,
 )
-from workbench.viz.fmt import duration, estimate_parts, significant
 
 CHART_KEYS = ("roofline_chart", "compare_chart")
 

@@ -11,9 +11,9 @@ import streamlit as st
 
 from workbench.app import views
 from workbench.app.state import construction, finish_with_progress, selection, stepper
+from workbench.fmt import duration, estimate_parts, tile_text
 from workbench.pipeline import Stepper
 from workbench.viz.figures import LAYOUT_NOTE, footprint_figure, rtile_figure, state_tiles
-from workbench.viz.fmt import duration, estimate_parts, tile_text
 
 VISITS_SHOWN = 15  # most-visited states listed for a Markov walk
 

@@ -13,12 +13,12 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.app import views
-from workbench.app.messages import failure, message
+from workbench.app.messages import message
 from workbench.app.state import in_workspace, selection
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
+from workbench.fmt import duration, shape_text
 from workbench.pipeline import DYNAMIC_PARAMS, Workload
 from workbench.viz.figures import MeasuredPoint, dynamic_figure, lower_envelope
-from workbench.viz.fmt import duration, shape_text
 
 # The paper's BERT GEMM (M = batch x sequence varies; K, N the hidden sizes) and the LLaMA-7B
 # projection of the catalog's gemv, each with M dynamic.
@@ -123,7 +123,7 @@ def _measure_section(plan: pipeline.VortexPlan, workload: Workload, device, max_
         except UserError as err:  # the last measurements, if any, stay below
             st.error(message(err))
         except RuntimeError as err:  # TVM's own errors at run time
-            st.error(f"the run failed: {failure(err)}")
+            st.error(f"the run failed: {first_line(err)}")
     done = st.session_state.get("dynamic_run")
     if done is None or done[0] != key:
         st.caption("Builds each kernel once with a symbolic outer extent (seconds), then runs the dispatcher's "

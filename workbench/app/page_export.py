@@ -14,8 +14,8 @@ from workbench import pipeline
 from workbench.app.messages import message
 from workbench.app.state import candidates_page, in_workspace, ordered_ranks, profile, workspace
 from workbench.errors import UserError
+from workbench.fmt import duration, human_bytes
 from workbench.pipeline import Construction, Request
-from workbench.viz.fmt import duration, human_bytes
 
 if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import ExportResult

@@ -10,8 +10,8 @@ import streamlit as st
 from workbench import pipeline
 from workbench.app import views
 from workbench.app.state import candidates_page, ordered_ranks, selection
+from workbench.fmt import duration, human_bytes, target_text
 from workbench.viz.figures import changed_lines, entry_line, side_by_side_diff
-from workbench.viz.fmt import duration, human_bytes, target_text
 
 CODE_HEIGHT = 520  # px: long kernels scroll inside the block
 ARTIFACTS = ("scheduled TVMScript", "schedule trace", "main source")

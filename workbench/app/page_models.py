@@ -18,13 +18,13 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.app import views
-from workbench.app.messages import failure, message
+from workbench.app.messages import message
 from workbench.app.profile_controls import store_path
 from workbench.app.state import selection, set_selection
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
+from workbench.fmt import duration
 from workbench.pipeline import Request, RunStore, Workload
 from workbench.viz.figures import dataflow_figure, gantt_figure
-from workbench.viz.fmt import duration
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_models"
 
@@ -140,7 +140,7 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
             st.error(message(err))
             return
         except RuntimeError as err:  # a kernel that failed at run time (named by execute), TVM's own errors
-            st.error(f"the run failed: {failure(err)}")
+            st.error(f"the run failed: {first_line(err)}")
             return
     done = st.session_state.get("model_run")
     if done is None or done[0] != key:

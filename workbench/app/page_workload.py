@@ -11,8 +11,8 @@ from workbench.app.device_controls import device_controls
 from workbench.app.messages import message
 from workbench.app.state import OPTION_BOUNDS, built, construction, constructed, keep, selection
 from workbench.errors import UserError
+from workbench.fmt import prefixed
 from workbench.pipeline import DTYPES, POLICIES, Options, Request, Workload
-from workbench.viz.fmt import prefixed
 
 SOURCES = ("Suite entry", "Catalog operator", "Expression")
 DEFAULT_EXPR = ("C[i,j] += A[i,k] * B[k,j]", "i=256,j=256,k=256")

@@ -13,9 +13,9 @@ from workbench import pipeline
 from workbench.app.messages import message
 from workbench.app.state import in_workspace, workspace
 from workbench.errors import UserError
+from workbench.fmt import progress_text
 from workbench.pipeline import Construction, Request, RunStore, Timing
 from workbench.viz.figures import live_figure
-from workbench.viz.fmt import progress_text
 
 if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import Measurement, ProgressEvent

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from workbench import pipeline
+from workbench.fmt import time_columns
 from workbench.pipeline import Construction, Request, Stepper
 from workbench.viz.figures import first_steps, graph_figure
-from workbench.viz.fmt import time_columns
 
 if TYPE_CHECKING:  # annotations only
     import plotly.graph_objects as go

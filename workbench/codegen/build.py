@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from workbench.codegen import targets
-from workbench.codegen.common import first_line
 from workbench.codegen.cuda import ASYNC_COPY_CONFIG
 from workbench.codegen.rules import RULES, apply_rules
 from workbench.codegen.template import Rule, ScheduleError
+from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import KernelArg, TensorExpr
 from workbench.rtile.rprogram import RProgram

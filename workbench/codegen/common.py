@@ -11,6 +11,7 @@ from math import prod
 from typing import Sequence
 
 from workbench.codegen.template import ScheduleError
+from workbench.errors import first_line
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
 
@@ -236,15 +237,3 @@ def primitive(what: str, fn, *args):
         return fn(*args)
     except Exception as err:  # TVM raises its own error classes (tvm.error.*, TVMError)
         raise ScheduleError(f"{what}: {first_line(err)}") from err
-
-
-def first_line(err: BaseException) -> str:
-    """A one-line summary of a (possibly multi-page) TVM error: its first line, plus the
-    `Error message:` line a ScheduleError carries after the rendered IR."""
-    lines = [l.strip() for l in str(err).splitlines() if l.strip()]
-    useful = [l for l in lines if not l.startswith(("File ", "#", "Traceback", "^", "~"))]
-    text = (useful or lines or [type(err).__name__])[0]
-    detail = next((l for l in lines if l.startswith("Error message:")), "")
-    if detail and detail != text:
-        text = f"{text} {detail}"
-    return text[:400]

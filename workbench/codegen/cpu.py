@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from workbench.codegen import common
 from workbench.codegen.template import ScheduleError
+from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.panels import (
@@ -63,7 +64,7 @@ def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     except ScheduleError:
         raise
     except Exception as err:  # a TVM primitive refused the program
-        raise ScheduleError(common.first_line(err)) from err
+        raise ScheduleError(first_line(err)) from err
 
 
 def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):

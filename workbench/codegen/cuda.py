@@ -39,7 +39,6 @@ from workbench.codegen.common import (
     axis_loops,
     check_program,
     epilogue_names,
-    first_line,
     flatten_fused_output,
     inline_epilogues,
     new_schedule,
@@ -48,6 +47,7 @@ from workbench.codegen.common import (
 )
 from workbench.codegen.block_order import group_rows
 from workbench.codegen.template import ScheduleError
+from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import cross_thread_axis, mma_axes

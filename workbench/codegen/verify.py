@@ -35,7 +35,7 @@ import numpy as np
 
 from workbench.codegen import targets
 from workbench.codegen.build import Kernel
-from workbench.codegen.common import first_line
+from workbench.errors import first_line
 from workbench.ops.reference import Reference, random_inputs, reference_with_scale
 from workbench.ops.tensor_expr import TensorExpr
 

@@ -26,12 +26,12 @@ from typing import Iterator
 from workbench.construct.graph import Edge, Node
 from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, State, apply
 from workbench.construct.step import Candidate, Step, make_node, state_key
+from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.panels import loop_nest_key
 from workbench.rtile.pipeline import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
-from workbench.viz.fmt import duration
 
 
 # A round of the eps ladder before the last runs only while the steps left would hold this many

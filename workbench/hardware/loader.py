@@ -14,7 +14,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.files import read_user_text
 from workbench.hardware.calibrate import MICRO_KERNEL_SLACK, calibrated_spec_path
 from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US, DEFAULT_FMA, LOCAL_CPU_NAME, detect_local_cpu
@@ -293,8 +293,6 @@ def _target_problem(target: tuple) -> str:
     imported here and in `_llvm_problem`, not at the top: the rest of the loader needs none.
     """
     import tvm
-
-    from workbench.codegen.common import first_line
 
     as_dict = {key: dict(value) if isinstance(value, tuple) else value for key, value in target}
     with _quiet_stderr():

@@ -36,15 +36,13 @@ from typing import Mapping
 import numpy as np
 
 from workbench.codegen.build import build_kernel, target_dict
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
-from workbench.models.model import ModelConstruction
+from workbench.errors import UserError, first_line
+from workbench.models.construction import ModelConstruction
 from workbench.models.onnx_import import ImportedModel
-from workbench.profile.local import thread_env
 from workbench.profile.runner import (BuiltCandidate, Measurement, Report, Runner, Timing, evaluator_repeats,
                                       runtime_versions, timed_repeats)
 from workbench.profile.session import Progress, ProfileResult, cannot_run_locally, profile_candidates
-from workbench.profile.workers import WorkerPool
+from workbench.workers import WorkerPool, thread_env
 
 # fp32 outputs against a reference computed in another order (the model's against ONNX Runtime,
 # a candidate's against its operator's TVM default lowering): the two sum the reductions (up to a

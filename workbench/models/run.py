@@ -16,17 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from workbench.codegen.build import target_dict
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
+from workbench.fmt import duration
+from workbench.models.construction import ModelConstruction
 from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
                                       run_model, time_model)
-from workbench.profile.local import pool_threads
-from workbench.models.model import ModelConstruction
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds
+from workbench.profile.local import pool_threads
 from workbench.profile.runner import Runner, Timing
 from workbench.profile.session import Progress, cannot_run_locally
-from workbench.viz.fmt import duration
 
 REPEAT = 5  # best of 5: the fastest run is the one least disturbed by other work on the machine
 # Which candidate each operator runs: rank 1 of the model, or the fastest verified of its top K.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.errors import first_line
 from workbench.ops.expr_syntax import Binary, Call, Expr, Index, Negate, Number, Ref, fail, parse_statement
 from workbench.ops.catalog import DYN
 from workbench.ops.shapes import MAX_ELEMENTS, check_dtype, check_elements
@@ -183,7 +184,6 @@ def _te(st: Statement, shapes: Mapping[str, tuple], ext: Mapping[str, int], dtyp
 
 def build_expr(text: str, extents: Mapping[str, int], dtype: str = "float32"):
     """Build the statement `text` with axis extents `extents` as a TensorExpr with op "expr"."""
-    from workbench.codegen.common import first_line
     from workbench.ops.tensor_expr import from_te
 
     inputs, output = build_te_from_expr(text, extents, dtype)

@@ -41,8 +41,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 from workbench.codegen import targets
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Timing, quiet_reference
@@ -327,8 +326,7 @@ _WORKERS: dict = {}
 
 def _in_worker(name: str, device: DeviceSpec, fn: Callable, args: tuple, timeout_s: float) -> BaselineResult:
     """`fn(*args)` in a worker kept for later calls with the same thread count."""
-    from workbench.profile.local import thread_env
-    from workbench.profile.workers import Worker
+    from workbench.workers import Worker, thread_env
 
     env = thread_env(device)
     key = tuple(sorted(env.items()))

@@ -1,4 +1,5 @@
-"""Learning from the runs store: a per-device correction of the model, fitted on stored measurements.
+"""Learning from the runs store: a per-device correction of the model, fitted on stored measurements
+(`profile.store.refit` reads them, fits, and keeps the correction in the store).
 
 The model's stage times (compute, and the loads from each memory layer, `rtile/model.py`) are
 taken as features and the measured time as the target:
@@ -43,15 +44,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from workbench.errors import UserError
 from workbench.profile.compare import average_ranks, spearman
-
-if TYPE_CHECKING:  # annotations only
-    from workbench.profile.store import RunStore
 
 COMPUTE = "compute"
 CONSTANT = "constant"
@@ -389,38 +386,3 @@ def _json(value: float) -> float | None:
 
 def _text(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:+.2f}"
-
-
-# -- the runs store ----------------------------------------------------------------------------------
-
-
-def stored_rows(store: RunStore, device: str) -> tuple[Row, ...]:
-    """The rows of every run of `device` in `store`: each candidate's correct, timed measurement
-    (its fastest repeat, the time the comparison and the Runs page use; the fastest of them where
-    a candidate was measured more than once) with its stored estimate."""
-    rows = []
-    for run in store.runs(device=device):
-        estimates = store.estimates_of(run.id)
-        fastest: dict[int, float] = {}
-        for m in store.measurements_of(run.id):
-            if m.measurement.ok and m.rank in estimates:
-                fastest[m.rank] = min(fastest.get(m.rank, math.inf), m.measurement.best_seconds)
-        for rank, seconds in sorted(fastest.items()):
-            stages = stages_of(estimates[rank])
-            if seconds > 0 and stages.predicted_seconds > 0:  # a time of 0 has no relative error
-                rows.append(Row(run.workload, run.op, run.id, rank, stages, seconds))
-    return tuple(rows)
-
-
-def refit(store: RunStore, device: str) -> tuple[Correction, Evaluation]:
-    """Fit `device`'s correction on every stored measurement of it, score it (`evaluate`), and
-    store it as the device's; UserError when the store holds too few measurements."""
-    rows = stored_rows(store, device)
-    if not rows:
-        known = sorted({run.device for run in store.runs()})
-        raise UserError(f"device {device}: no correct measurements in {store.path} "
-                        f"(its runs are of: {', '.join(known) if known else 'no device yet'})")
-    evaluation = evaluate(rows, device)
-    correction = fit(rows, device)
-    store.save_correction(correction, evaluation.to_dict())
-    return correction, evaluation

@@ -29,15 +29,7 @@ from workbench.profile.runner import (
     prepare_reference,
     runtime_versions,
 )
-from workbench.profile.workers import Worker, WorkerPool
-
-
-def thread_env(device: DeviceSpec) -> dict[str, str]:
-    """TVM_NUM_THREADS for `device`: its cores, capped by this machine's (a spec of a bigger CPU
-    must not oversubscribe this one); nothing for GPUs, whose kernels do not use the pool."""
-    if not device.runs_on_cpu:
-        return {}
-    return {"TVM_NUM_THREADS": str(max(1, min(device.compute_units, os.cpu_count() or 1)))}
+from workbench.workers import Worker, WorkerPool, thread_env
 
 
 def pool_threads(device: DeviceSpec) -> int:

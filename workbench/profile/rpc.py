@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Sequence
 
 from workbench.codegen import targets
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.profile.runner import BuiltCandidate, Measurement, Report, Timing, check_and_time, measurement_from_check
-from workbench.profile.workers import fan_out
+from workbench.versions import versions
+from workbench.workers import fan_out
 
 # tvm.rpc.base.RPC_TRACKER_MAGIC: the tracker answers a client's magic with the same four bytes.
 TRACKER_MAGIC = 0x2F271
@@ -111,8 +111,6 @@ class RpcRunner:
 
     def measure_one(self, expr, built: BuiltCandidate, timing: Timing) -> Measurement:
         """Check and time one candidate in its own session (runs in a fan-out thread)."""
-        from workbench.codegen.export import versions
-
         try:
             remote = self._request(timing.timeout_s)
         except (RuntimeError, OSError) as err:

@@ -32,6 +32,8 @@ from workbench.profile.noise import (
     outpaced,
     settled,
 )
+from workbench.versions import versions
+from workbench.workers import RUN_TIMEOUT_S
 
 Report = Callable[["Measurement"], None]
 # `evaluator_repeats` sizes a repeat to this much more than min_repeat_ms, so that runs a little
@@ -70,7 +72,7 @@ class Timing:
     # 50 ms runs: the host's noise, not the repeat's length, sets it).
     min_repeat_ms: int = 25
     flush_cache: bool = False
-    timeout_s: float = 60.0
+    timeout_s: float = RUN_TIMEOUT_S
     seed: int = 0  # seed of the verification inputs (`random_inputs`)
     settle: float = SETTLE
     race: float = RACE
@@ -306,7 +308,5 @@ def measurement_from_check(rank: int, runner: str, check, seconds, versions) -> 
 def runtime_versions() -> tuple[tuple[str, str], ...]:
     """Package versions and the TVM runtime's thread count of this process."""
     import tvm
-
-    from workbench.codegen.export import versions
 
     return tuple(sorted(versions().items())) + (("threads", str(tvm.runtime.num_threads())),)

@@ -16,20 +16,18 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from workbench.construct.step import Candidate
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
-from workbench.profile.local import LocalRunner, thread_env
+from workbench.profile.local import LocalRunner
 from workbench.profile.noise import indistinguishable, within_noise
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
-from workbench.profile.workers import Worker, WorkerPool, fan_out
+from workbench.versions import versions
+from workbench.workers import BUILD_TIMEOUT_S, Worker, WorkerPool, fan_out, thread_env
 
 RUNNERS = ("local", "rpc", "fake")
-# A build (schedule + LLVM/NVCC compile + link) takes well under a second for the catalog's
-# workloads; a minute means the compiler is stuck.
-BUILD_TIMEOUT_S = 60.0
 # A 1-minute load average of this share of the logical CPUs, before a local session starts, means
 # other work competes for the cores the kernels are timed on (TVM's pool uses them all).
 BUSY_LOAD = 0.5
@@ -212,7 +210,7 @@ def profile_candidates(
     run_id = None
     if store is not None:
         run_id = store.start_run(workload={"label": label, **expr.workload_dict()}, device=device, policy=policy,
-                                 runner=chosen.name, candidates=candidates, versions=_versions())
+                                 runner=chosen.name, candidates=candidates, versions=versions())
     recorder = _Recorder(store, run_id, len(candidates), progress)
     try:
         _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool)
@@ -267,7 +265,7 @@ def cannot_run_locally(device: DeviceSpec, pool: WorkerPool | None = None) -> st
 
 def worker_env(device: DeviceSpec) -> dict[str, str]:
     """The environment of every worker a session uses for `device`: the local runner's
-    (`profile.local.thread_env`), so that in a `WorkerPool` the worker that times kernels is
+    (`workers.thread_env`), so that in a `WorkerPool` the worker that times kernels is
     one that already checked the device and built candidates, warm, instead of a further
     process paying its own TVM import. A build's output does not depend on TVM_NUM_THREADS (it
     sizes the runtime's thread pool that runs kernels)."""
@@ -353,7 +351,6 @@ def build_jobs(candidates: int, jobs: int | None = None) -> int:
 def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float, path: str) -> BuiltCandidate:
     """Build one candidate and export its library to `path` (runs in a build worker)."""
     from workbench.codegen.build import build_kernel
-    from workbench.codegen.common import first_line
 
     kernel = build_kernel(expr, program, device, sources=False)  # only the library is kept
     if not kernel.ok:
@@ -372,9 +369,3 @@ def expr_label(expr) -> str:
     """A workload label from the expression's parameters, as `Workload.describe` writes them."""
     params = ",".join(f"{k}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in expr.params)
     return f"{expr.op} {params}".strip()
-
-
-def _versions() -> dict:
-    from workbench.codegen.export import versions
-
-    return versions()

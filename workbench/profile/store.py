@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -25,7 +26,7 @@ from typing import Mapping, Sequence
 
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
-from workbench.profile.correction import Correction
+from workbench.profile.correction import Correction, Evaluation, Row, evaluate, fit, stages_of
 from workbench.profile.runner import Measurement
 
 APPLICATION_ID = 0x54574B42  # "TWKB": marks a file as a tile-workbench runs store
@@ -394,6 +395,41 @@ class RunStore:
         key = (device.name, device.kind, _dumps(dataclasses.asdict(device)))
         db.execute("INSERT OR IGNORE INTO devices (name, kind, spec) VALUES (?, ?, ?)", key)
         return db.execute("SELECT id FROM devices WHERE name = ? AND kind = ? AND spec = ?", key).fetchone()[0]
+
+
+# -- the model's correction, fitted on the stored runs (`profile/correction.py`) ---------------------
+
+
+def stored_rows(store: RunStore, device: str) -> tuple[Row, ...]:
+    """The rows of every run of `device` in `store`: each candidate's correct, timed measurement
+    (its fastest repeat, the time the comparison and the Runs page use; the fastest of them where
+    a candidate was measured more than once) with its stored estimate."""
+    rows = []
+    for run in store.runs(device=device):
+        estimates = store.estimates_of(run.id)
+        fastest: dict[int, float] = {}
+        for m in store.measurements_of(run.id):
+            if m.measurement.ok and m.rank in estimates:
+                fastest[m.rank] = min(fastest.get(m.rank, math.inf), m.measurement.best_seconds)
+        for rank, seconds in sorted(fastest.items()):
+            stages = stages_of(estimates[rank])
+            if seconds > 0 and stages.predicted_seconds > 0:  # a time of 0 has no relative error
+                rows.append(Row(run.workload, run.op, run.id, rank, stages, seconds))
+    return tuple(rows)
+
+
+def refit(store: RunStore, device: str) -> tuple[Correction, Evaluation]:
+    """Fit `device`'s correction on every stored measurement of it, score it (`evaluate`), and
+    store it as the device's; UserError when the store holds too few measurements."""
+    rows = stored_rows(store, device)
+    if not rows:
+        known = sorted({run.device for run in store.runs()})
+        raise UserError(f"device {device}: no correct measurements in {store.path} "
+                        f"(its runs are of: {', '.join(known) if known else 'no device yet'})")
+    evaluation = evaluate(rows, device)
+    correction = fit(rows, device)
+    store.save_correction(correction, evaluation.to_dict())
+    return correction, evaluation
 
 
 def _dumps(value) -> str:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from workbench.fmt import duration
 from workbench.profile.compare import compare
 from workbench.viz.axes import labelled, legend_below, legend_height, log_axis
-from workbench.viz.fmt import duration
 
 PAD = 1.5  # the axes reach this factor beyond the points
 PLOT_PX = 380  # the plotting area and the title; the axis and the legend below add theirs

@@ -16,9 +16,9 @@ from datetime import datetime
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.fmt import MISSING, significant
 from workbench.profile import correction
 from workbench.viz.axes import legend_below
-from workbench.viz.fmt import MISSING, significant
 
 BEFORE, AFTER = "#adb5bd", "#1f77b4"  # the model alone in grey, corrected in the figures' blue
 BAR_PX = 22  # per workload and bar pair row

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from workbench.viz.fmt import duration, time_unit
+from workbench.fmt import duration, time_unit
 
 
 def depths(preds: Sequence[Sequence[int]]) -> list[int]:

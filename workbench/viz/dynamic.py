@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from workbench.fmt import duration
 from workbench.viz.axes import legend_below, legend_height, log_axis
-from workbench.viz.fmt import duration
 from workbench.viz.runs import COLOURS
 
 PLOT_PX = 420

@@ -1,10 +1,10 @@
 """The views the faces draw with, in one import: the figure builders of `viz/` and the text views
 (a side-by-side diff, a source's entry line) the dashboard pages and the notebook widgets call.
 
-A face imports this module and `viz.fmt` (text formatting, which the core uses too), not each
-view module: the faces depend on the views as one layer, as they depend on the core through
+A face imports this module and `workbench.fmt` (text formatting, which the core uses too), not
+each view module: the faces depend on the views as one layer, as they depend on the core through
 `workbench.pipeline`, so moving or renaming a view module touches this file, not every page.
-Not `viz/__init__`: importing `viz.fmt` (the core does) would then load plotly and every view.
+Not `viz/__init__`, which stays empty so that importing one view module does not load them all.
 """
 
 from workbench.viz.compare import (
@@ -21,7 +21,7 @@ from workbench.viz.dynamic import MeasuredPoint, dynamic_figure, lower_envelope
 from workbench.viz.gantt import gantt_figure
 from workbench.viz.graph import LAYOUT_NOTE, first_steps, graph_figure
 from workbench.viz.importance import importance_figure, parallel_figure, slice_figure
-from workbench.viz.model import operator_times_figure
+from workbench.viz.operator_times import operator_times_figure
 from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.viz.runs import best_so_far_figure
 from workbench.viz.source import entry_line

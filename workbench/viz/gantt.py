@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from workbench.fmt import duration, time_unit
 from workbench.models.rammer import Placement, Plan
 from workbench.viz.axes import legend_below, legend_height
-from workbench.viz.fmt import duration, time_unit
 
 # Twenty distinct colours (the tab10 palette, then its light halves): a model has up to ~20 kernels.
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

@@ -18,7 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.construct.graph import STATUSES, ConstructionGraph, Node
-from workbench.viz.fmt import duration, human_bytes, tile_text
+from workbench.fmt import duration, human_bytes, tile_text
 
 STATUS_COLOURS = {
     "start": "#6a3d9a",

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from workbench.fmt import duration, significant, whole
 from workbench.profile.importance import Importance, SlicePoint, Trial
 from workbench.viz.axes import log_axis, log_ticks
-from workbench.viz.fmt import duration, significant, whole
 
 BAR_HEIGHT = 26  # pixels per parameter on the importance chart
 MARGIN = {"l": 10, "r": 10, "t": 40, "b": 40}

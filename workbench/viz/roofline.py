@@ -15,8 +15,8 @@ from math import log10
 
 import plotly.graph_objects as go
 
+from workbench.fmt import gbps, gflops, significant
 from workbench.viz.axes import labelled, legend_below, legend_height, log_ticks
-from workbench.viz.fmt import gbps, gflops, significant
 
 LAYER_DASHES = ("dot", "dashdot", "dash", "solid")
 RANGE_MARGIN = 4.0  # the x range extends this factor beyond the points and ridge points

@@ -7,9 +7,9 @@ from datetime import datetime
 
 import plotly.graph_objects as go
 
+from workbench.fmt import duration
 from workbench.profile.store import BestPoint
 from workbench.viz.axes import legend_below, legend_height, log_axis
-from workbench.viz.fmt import duration
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 PLOT_PX = 380  # the plotting area and the title; the axis and the legend below add theirs

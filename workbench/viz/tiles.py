@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.fmt import human_bytes, shape_text
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.viz.fmt import human_bytes, shape_text
 
 LAYER_COLOURS = ("#e41a1c", "#ff7f00", "#4daf4a", "#377eb8", "#984ea3", "#a65628")
 ZOOM_MARGIN = 1.25  # zoomed view: the largest data tile plus a quarter

@@ -37,11 +37,10 @@ import numpy as np
 
 from workbench.codegen import nvcc
 from workbench.codegen.build import build_kernel, target_dict
-from workbench.codegen.common import first_line
-from workbench.codegen.export import check_out
 from workbench.codegen.targets import runtime_device
 from workbench.codegen.verify import check_output
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
+from workbench.export import check_out
 from workbench.files import read_user_text
 from workbench.hardware.loader import load_spec, spec_from_toml_text, spec_to_toml
 from workbench.hardware.spec import DeviceSpec

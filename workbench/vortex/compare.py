@@ -46,8 +46,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.codegen.common import first_line
-from workbench.errors import UserError
+from workbench.construct.space import Options
+from workbench.construct.stepper import Stepper
+from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.shapes import check_elements
 from workbench.ops.tensor_expr import SPATIAL, TensorExpr
@@ -110,8 +111,6 @@ def train_dietcode(op: str, static: dict, dtype: str, dyn: Dynamic, device: Devi
                    folder: Path, progress=None) -> tuple[dietcode.Dispatch | None, dict, list]:
     """(DietCode's dispatch or None when no kernel built, its kernels by name, the failures)
     (module docstring, steps 1-4)."""
-    from workbench import pipeline
-
     kernels: dict[str, MicroKernel] = {}
     failed, seen = [], set()
     for sample in samples:
@@ -119,7 +118,7 @@ def train_dietcode(op: str, static: dict, dtype: str, dyn: Dynamic, device: Devi
         if progress:
             progress(f"dietcode: constructing and building the kernel of sample {sample}")
         expr = vortex.build_static(op, {**static, dyn.param: sample}, dtype)
-        top = pipeline.construct(pipeline.request(expr, device, "roller", pipeline.Options(topk=1, seed=SEED)))
+        top = Stepper(expr, device, "roller", Options(topk=1, seed=SEED)).finish()
         program = top.candidates[0].program
         if dyn.axis not in program.axes:
             failed.append({"id": name, "sample": sample, "error": f"the program has no axis {dyn.axis} (fused)"})
@@ -153,9 +152,7 @@ def train_dietcode(op: str, static: dict, dtype: str, dyn: Dynamic, device: Devi
 def oracle(expr: TensorExpr, device: DeviceSpec, topk: int) -> dict:
     """The per-shape oracle at one static shape: Roller's top-K built, verified and timed here;
     {"oracle_seconds" (best measured, None when none verified), "oracle_rank", "oracle_failed"}."""
-    from workbench import pipeline
-
-    construction = pipeline.construct(pipeline.request(expr, device, "roller", pipeline.Options(topk=topk, seed=SEED)))
+    construction = Stepper(expr, device, "roller", Options(topk=topk, seed=SEED)).finish()
     best, rank, failed = None, None, []
     for cand in construction.candidates:
         seconds, error = time_static(construction.expr, cand.program, device)

@@ -8,7 +8,7 @@ and draws with the plotly builders of `workbench.viz`; none computes a model qua
 
 from workbench.widgets.candidates import CandidateTable, PredictedVsMeasured
 from workbench.widgets.export import ExportButton
-from workbench.widgets.model import ModelView
+from workbench.widgets.model_view import ModelView
 from workbench.widgets.plot import PlotView
 from workbench.widgets.stepper import ConstructionStepper
 from workbench.widgets.tiles import TileView

@@ -17,6 +17,7 @@ import traitlets
 
 from workbench import pipeline
 from workbench.errors import UserError
+from workbench.fmt import duration, estimate_parts, progress_text
 from workbench.pipeline import Candidate, Construction, ProfileResult, RunStore, Timing
 from workbench.viz.figures import (
     compared_points,
@@ -25,7 +26,6 @@ from workbench.viz.figures import (
     roofline_figure,
     roofline_points,
 )
-from workbench.viz.fmt import duration, estimate_parts, progress_text
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
 

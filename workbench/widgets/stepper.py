@@ -17,9 +17,9 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench import pipeline
+from workbench.fmt import tile_text
 from workbench.pipeline import Candidate, Construction, DeviceSpec, Options
 from workbench.viz.figures import first_steps, graph_figure, state_tiles
-from workbench.viz.fmt import tile_text
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 from workbench.widgets.tiles import TileView

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from html import escape
 
-from workbench.viz.fmt import significant
+from workbench.fmt import significant
 
 _STYLE = ("border-collapse: collapse; font-size: 12px; font-family: var(--jp-code-font-family, monospace)")
 _CELL = "padding: 1px 8px; border-bottom: 1px solid #ddd; text-align: left"

@@ -11,8 +11,8 @@ import traitlets
 
 from workbench import pipeline
 from workbench.construct.space import Space
+from workbench.fmt import human_bytes, tile_text
 from workbench.viz.figures import footprint_figure, rtile_figure
-from workbench.viz.fmt import human_bytes, tile_text
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table, message
 

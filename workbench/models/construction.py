@@ -21,11 +21,11 @@ from workbench.construct.space import Options
 from workbench.construct.step import Candidate
 from workbench.construct.stepper import POLICIES, Construction, construct
 from workbench.errors import UserError
+from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.models.onnx_import import ImportedModel, Operator
 from workbench.models.rammer import Plan, ROperator, rkernel, schedule
 from workbench.models.symbolic import SymbolicDim, vortex_command
-from workbench.viz.fmt import duration
 
 
 @dataclass(frozen=True)

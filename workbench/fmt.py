@@ -1,4 +1,5 @@
-"""Number formats shared by the figures, the pages and the widgets: times, sizes, rates, tiles.
+"""Number formats shared by every layer that shows a quantity (the construction's notes, the model
+reports, the figures, the pages, the widgets, the CLI): times, sizes, rates, tiles.
 
 Every quantity is shown with its unit chosen by magnitude and three significant figures (a kernel
 engineer compares times across six orders of magnitude: `107 ms` and `1.87 us`, never `107427.73`

@@ -6,6 +6,10 @@ worker running, and shutdown waits for it), and one crashed worker breaks every 
 that overruns its timeout kills that process only, a crash is reported with its exit status, and
 the next call starts a fresh process. `fan_out` drives several of them from threads and hands the
 results to the calling thread, so callbacks (progress bars, the store) never run elsewhere.
+
+Profiling, export, model runs and the baselines all build and run kernels in these workers; what
+such a worker needs to know of a device (`thread_env`) and how long a build or a kernel's run may
+take in one (`BUILD_TIMEOUT_S`, `RUN_TIMEOUT_S`) is said here, once.
 """
 
 from __future__ import annotations
@@ -21,16 +25,32 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence, TypeVar
 
-from workbench.codegen.common import first_line
+from workbench.errors import first_line
+from workbench.hardware.spec import DeviceSpec
 
 # Starting a worker imports TVM (about a second, more on a loaded machine); this bounds it.
 START_TIMEOUT_S = 120.0
 # How long a worker may take to exit after it was asked to.
 STOP_TIMEOUT_S = 5.0
+# A build (schedule + LLVM/NVCC compile + link) takes well under a second for the catalog's
+# workloads; a minute means the compiler is stuck.
+BUILD_TIMEOUT_S = 60.0
+# One candidate's check and timing in a worker (`profile.runner.Timing.timeout_s` by default, the
+# export's check): a kernel still running after a minute is stuck, or far off every other.
+RUN_TIMEOUT_S = 60.0
 
 C = TypeVar("C")
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def thread_env(device: DeviceSpec) -> dict[str, str]:
+    """TVM_NUM_THREADS for a worker that runs `device`'s kernels: its cores, capped by this
+    machine's (a spec of a bigger CPU must not oversubscribe this one); nothing for GPUs, whose
+    kernels do not use the pool."""
+    if not device.runs_on_cpu:
+        return {}
+    return {"TVM_NUM_THREADS": str(max(1, min(device.compute_units, os.cpu_count() or 1)))}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ and the notebook ExportButton take (`export_candidate`).
    removes the staging directory and the parents made for it; an existing bundle is never
    overwritten or merged.
 3. The kernel is built, its files written, and it is run against the numpy reference in a worker
-   process (`workbench.profile.workers`): a compiler crash or an illegal instruction is this
+   process (`workbench.workers`): a compiler crash or an illegal instruction is this
    kernel's failure, never the caller's death. A kernel is run only on a machine that can run it
    (`workbench.codegen.host`); one for another CPU or a GPU not here is exported unverified, the
    manifest saying why (`"verified": false`). For another CPU the same schedule is built for this
@@ -39,20 +39,17 @@ from pathlib import Path
 
 from workbench.codegen import targets
 from workbench.codegen.build import Kernel, build_kernel
-from workbench.codegen.common import first_line
 from workbench.codegen.verify import Verification, verify
-from workbench.errors import UserError
+from workbench.errors import UserError, first_line
 from workbench.files import read_user_text
 from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.profile.local import thread_env
-from workbench.profile.runner import Timing
-from workbench.profile.session import BUILD_TIMEOUT_S
-from workbench.profile.workers import Outcome, Worker
 from workbench.rtile.rprogram import RProgram
+from workbench.versions import versions
+from workbench.workers import BUILD_TIMEOUT_S, RUN_TIMEOUT_S, Outcome, Worker, thread_env
 from workbench.workload import Workload
 
 MANIFEST = "manifest.json"
@@ -74,7 +71,6 @@ METHOD = ("workbench.codegen.verify.verify: one run on random_inputs(expr, seed)
           "against the float64 numpy reference, |out - ref| <= atol_i + rtol * |ref| per output, atol_i "
           "from that output's error scale (the reported atol is the largest); a degenerate reference "
           "verifies nothing and is refused (docs/verification.md)")
-CHECK_TIMEOUT_S = Timing().timeout_s  # one kernel run, as the local runner allows
 
 _SCHEDULE_SCRIPT = '''"""Replay of the workbench schedule of {workload}.
 
@@ -338,7 +334,7 @@ def _build(worker: Worker, expr, candidate, device, folder: Path) -> tuple[Kerne
 
 def _check(worker: Worker, kernel: Kernel, expr, candidate, device, library: Path, seed: int) -> Check:
     outcome = worker.call(check_here, (kernel, str(library), expr, candidate, device, seed),
-                          BUILD_TIMEOUT_S + CHECK_TIMEOUT_S)
+                          BUILD_TIMEOUT_S + RUN_TIMEOUT_S)
     return accept(candidate.rank, outcome)
 
 
@@ -446,17 +442,6 @@ def _py_string(text: str) -> str:
     if '"""' in text or "\\" in text or text.endswith('"'):
         return repr(text)
     return '"""' + text + '"""'
-
-
-def versions() -> dict:
-    """Versions of the packages that made the bundle."""
-    import numpy
-    import tvm
-    import tvm_ffi
-
-    import workbench
-
-    return {"workbench": workbench.__version__, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__, "numpy": numpy.__version__}
 
 
 def _manifest(kernel, expr, program, device, files, policy, rank, predicted, measured) -> dict:

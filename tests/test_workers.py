@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from workbench.profile.workers import Worker, WorkerPool, fan_out
+from tests.helpers import TINY_CPU, device
+from workbench.workers import Worker, WorkerPool, fan_out, thread_env
 
 
 def environment(name: str) -> str:
@@ -106,3 +107,8 @@ def test_warm_starts_the_workers_a_later_call_finds_running():
         assert [w.call(os.getpid, (), 60).value for w in workers] == pids  # the calls found them running
         assert pool.warm(2, {"TVM_NUM_THREADS": "1"}) == ["", ""]  # warm ones are left as they are
         assert [w.call(os.getpid, (), 60).value for w in workers] == pids
+
+
+def test_threads_follow_the_device_capped_by_this_machine():
+    assert thread_env(TINY_CPU) in ({"TVM_NUM_THREADS": "2"}, {"TVM_NUM_THREADS": "1"})
+    assert thread_env(device("v100")) == {}

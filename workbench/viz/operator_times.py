@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from workbench.viz.fmt import duration, time_unit
+from workbench.fmt import duration, time_unit
 
 ROW_PX = 22
 

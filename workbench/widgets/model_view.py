@@ -12,9 +12,9 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench import pipeline
+from workbench.fmt import duration, time_columns
 from workbench.pipeline import POLICIES, DeviceSpec, ModelConstruction, Options
 from workbench.viz.figures import gantt_figure, operator_times_figure
-from workbench.viz.fmt import duration, time_columns
 from workbench.widgets.plot import PlotView
 from workbench.widgets.tables import html_table
 
