@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.construct.banks import (
+from workbench.rtile.banks import (
     ThreadBinding,
     access_degree,
     conflict_degree,

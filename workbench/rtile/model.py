@@ -47,7 +47,7 @@ from functools import lru_cache
 from itertools import product
 from math import ceil, log2, prod
 
-from workbench.construct.banks import ThreadBinding, requests, stored_tile, wavefronts
+from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
