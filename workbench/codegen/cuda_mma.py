@@ -9,7 +9,7 @@ into shared memory (vectorised, rows padded against bank conflicts: `rtile.wmma_
 bytes the construction counts); at every fragment step a warp loads its A and B fragments
 (`wmma.matrix_a` / `wmma.matrix_b`) and multiplies them into accumulator fragments
 (`wmma.accumulator`) that live across the whole reduction; then it stores them to the output.
-Where `rtile.pipeline.pipelined` says so the shared copies are double-buffered cp.async copies
+Where `rtile.staging.pipelined` says so the shared copies are double-buffered cp.async copies
 a step ahead of the fragment steps (`cuda.pipeline_shared_copies`); a copy TVM cannot issue as
 cp.async (a transposing or zero-filling one) stays a synchronous store inside the pipeline.
 The 16x16x16 pieces are tensorized with TVM 0.27's registered WMMA intrinsics
@@ -38,7 +38,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import mma_axes
-from workbench.rtile.pipeline import pipelined
+from workbench.rtile.staging import pipelined
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.wmma_shared import plain_dims, row_alignment
 

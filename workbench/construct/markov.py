@@ -66,7 +66,8 @@ from workbench.construct.space import (
 )
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import initial_tile, mma_axes
-from workbench.rtile.model import estimate, shared_wavefronts
+from workbench.rtile.model import estimate
+from workbench.rtile.model.gpu import shared_wavefronts
 
 T0 = 1.0
 ITERATIONS_PER_WALK = 100  # Gensor §IV-D: "convergence can generally be achieved after about 100 iterations"

@@ -29,7 +29,7 @@ from workbench.construct.step import Candidate, Step, make_node, state_key
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.panels import loop_nest_key
-from workbench.rtile.pipeline import pipelined, pipelined_axis
+from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 from workbench.viz.fmt import duration
 

@@ -52,7 +52,7 @@ from workbench.construct.space import (
 )
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes, partial_sums
-from workbench.rtile.model import is_load_hidden
+from workbench.rtile.model.common import is_load_hidden
 
 # Most growth steps on one chain of EnlargeTile (all layers): each is a nested generator, and
 # Python stops at 1,000 frames (with a caller's frames below). A layer whose tile is still

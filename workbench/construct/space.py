@@ -19,7 +19,7 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
     AlignContext, block_thread_count, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes,
 )
-from workbench.rtile.model import is_compute_bound
+from workbench.rtile.model.common import is_compute_bound
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import calculus
 

@@ -428,7 +428,7 @@ def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     neighbouring outputs, which read their rows a whole row apart wherever the innermost reduce
     axis `k` alone indexes the contiguous dimension of every input reading it (`leading_axis`
     and `streams`): a warp's load touches one 32 B sector per lane (32 sectors for 128 useful
-    bytes in fp32, 8x a coalesced load; `model.warp_sectors` prices it). An operator none of whose
+    bytes in fp32, 8x a coalesced load; `model.gpu.warp_sectors` prices it). An operator none of whose
     inputs is reused across outputs (`_read_once`: reduce_sum / reduce_mean over the last
     axes, roller-table1 R0-R2) stages nothing in shared memory, so its threads read global
     memory that way; such a reduction, whatever its number of outputs, binds its threads to `k`
@@ -566,7 +566,7 @@ def autovector_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     output's contiguous axis where an input reads it strided (a stride-2 pooling), or None. The
     template leaves that row scalar and unrolled; LLVM's SLP vectoriser packs it into vectors in
     power-of-two pieces, shuffling the strided loads (a row of 1 to 3, its loop vectoriser packs
-    consecutive register tiles instead): `model.autovector_efficiency`."""
+    consecutive register tiles instead): `model.cpu_compute.autovector_efficiency`."""
     if not device.runs_on_cpu or lane_axis(expr, device) is not None:
         return None
     v = vector_axis(expr)

@@ -42,7 +42,8 @@ from workbench.rtile.alignment import (
     RULES, AlignContext, TensorShapeRule, accumulators, is_micro_kernel_layer, lane_axis, micro_kernel_registers,
     register_budget, thread_count, tile_lanes,
 )
-from workbench.rtile.model import estimate, latency_coverage, micro_kernel_shape, simd_utilisation
+from workbench.rtile.model import estimate
+from workbench.rtile.model.cpu_compute import latency_coverage, micro_kernel_shape, simd_utilisation
 from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program, storage_padding
 from workbench.rtile.traffic import calculus
 from workbench.vortex.analyzer import at_extent
