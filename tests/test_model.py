@@ -14,9 +14,9 @@ from test_alignment import AVX2, AVX512
 from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
-from workbench.ops.fusion import fuse_axes
-from workbench.rtile.alignment import autovector_axis, block_thread_count, cross_thread_axis, lane_axis, partial_sums
 from workbench.hardware.spec import MicroKernel
+from workbench.ops.fusion import fuse_axes
+from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis
 from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
@@ -32,12 +32,13 @@ from workbench.rtile.model.gpu import (
     bytes_in_flight, gpu_stages, overlapped, reachable_gbps, tree_reduction_seconds, uncoalesced_bytes,
     vthread_conflict_ratio, warp_sectors,
 )
-from workbench.rtile.panels import pack_layer, packed_bytes
 from workbench.rtile.occupancy import (
     async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
 )
-from workbench.rtile.staging import pipelined, register_prefetch, shared_buffers
+from workbench.rtile.panels import pack_layer, packed_bytes
+from workbench.rtile.registers import block_thread_count, partial_sums
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
+from workbench.rtile.staging import pipelined, register_prefetch, shared_buffers
 from workbench.rtile.traffic import TileCalculus
 
 DEVICES = ("v100", "mi50", "k80", "tiny-cpu")
@@ -528,7 +529,7 @@ def test_micro_kernel_shape_is_rows_by_lane_columns_of_the_measured_kind():
     mm = matmul(64, 64, 64)
     assert micro_kernel_shape(mm, AVX2, (6, 16, 8)) == (6, 16)
     # out[f, w] = sum_{c, s} data[c, w + s] * kernel[f, c, s]: the filters stream along the lanes
-    # (alignment.filter_axis), the output columns are rows, each broadcasting one data element
+    # (axes.filter_axis), the output columns are rows, each broadcasting one data element
     conv = plain_expr(
         {"f": (16, "spatial"), "w": (64, "spatial"), "c": (8, "reduce"), "s": (3, "reduce")},
         [("data", [{"c": 1}, {"w": 1, "s": 1}]), ("kernel", [{"f": 1}, {"c": 1}, {"s": 1}]), ("out", [{"f": 1}, {"w": 1}])],

@@ -18,7 +18,7 @@ Tiles that do not divide an extent are realised by predicated splits: the tail b
 under a guard, so prime shapes still give correct code. `workbench.codegen.nvcc` checks the
 generated source with nvcc and reports ptxas's registers and spills.
 
-A reduction whose rows are contiguous (`rtile.alignment.cross_thread_axis`: reduce_sum /
+A reduction whose rows are contiguous (`rtile.axes.cross_thread_axis`: reduce_sum /
 reduce_mean over the last axes, gemv), where a thread per output would read its neighbours'
 rows a row apart, binds its threads to its innermost reduce axis instead, one block a row, and
 sums across them with TVM's cross-thread reduction (`_schedule_cross_thread`).
@@ -50,9 +50,9 @@ from workbench.codegen.block_order import group_rows
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import cross_thread_axis, mma_axes
-from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
+from workbench.rtile.axes import cross_thread_axis, mma_axes
 from workbench.rtile.rprogram import RProgram
+from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
 REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
 # TVM lowers the pipelined copies' async scopes to cp.async only under this pass config
@@ -176,7 +176,7 @@ def _limit(device: DeviceSpec, key: str) -> int:
 
 
 def lane_program(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> RProgram:
-    """A tensor-core program's top tile is one warp's fragment tile (rtile.alignment.mma_axes).
+    """A tensor-core program's top tile is one warp's fragment tile (rtile.axes.mma_axes).
     Where the WMMA path (`cuda_mma`) cannot take it, it is realised on the CUDA cores: the warp
     tile is split over the warp's lanes along (i, j), which keeps the program's threads per block
     and its shared-memory tiles. Other programs are returned unchanged."""
@@ -238,7 +238,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
 
 
 def _schedule_cross_thread(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads, across: int):
-    """A cross-thread reduction (`rtile.alignment.cross_thread_axis`): the block's threads split
+    """A cross-thread reduction (`rtile.axes.cross_thread_axis`): the block's threads split
     the reduce axis `across`, thread t of T reading elements t, t + T, .. of each step of the
     block tile (consecutive threads, consecutive elements: coalesced) into its registers; the
     other reduce axes are walked by every thread. The block computes the outputs of its tile

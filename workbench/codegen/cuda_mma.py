@@ -1,6 +1,6 @@
 """The tensor-core path of the CUDA template: a matmul-like rProgram as a WMMA TensorIR schedule.
 
-A tensor-core rProgram's top tile is one warp's fragment tile (`rtile.alignment.mma_axes`), its
+A tensor-core rProgram's top tile is one warp's fragment tile (`rtile.axes.mma_axes`), its
 shared tile one thread block, so every spatial axis splits into (grid, warps, warp tile) and the
 reduce axis into (shared steps, fragment steps, fragment tile). Grid loops are fused, in grouped
 order (`block_order.group_rows`), and bound to `blockIdx.x`, warp loops to `threadIdx.y`, a
@@ -37,9 +37,9 @@ from workbench.codegen.cuda import pipeline_shared_copies
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import mma_axes
-from workbench.rtile.staging import pipelined
+from workbench.rtile.axes import mma_axes
 from workbench.rtile.rprogram import RProgram
+from workbench.rtile.staging import pipelined
 from workbench.rtile.wmma_shared import plain_dims, row_alignment
 
 WARP, BLOCK = 0, 1  # layer indices of a tensor-core rProgram: (warp fragment tile, thread-block tile)

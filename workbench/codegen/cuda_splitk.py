@@ -51,9 +51,9 @@ from workbench.codegen.cuda import (
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import cross_thread_axis
-from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
+from workbench.rtile.axes import cross_thread_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
+from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
 FINAL_THREADS = 128  # threads per block of the final pass: 4 warps, the multiple issue 16 asks for
 

@@ -65,7 +65,8 @@ from workbench.construct.space import (
     Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, legal_actions, with_axis,
 )
 from workbench.construct.step import Alternative, Step
-from workbench.rtile.alignment import initial_tile, mma_axes
+from workbench.rtile.alignment import initial_tile
+from workbench.rtile.axes import mma_axes
 from workbench.rtile.model import estimate
 from workbench.rtile.model.gpu import shared_wavefronts
 

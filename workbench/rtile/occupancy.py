@@ -10,7 +10,7 @@ from __future__ import annotations
 from math import ceil
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.alignment import block_thread_count, resident_block_limit
+from workbench.rtile.registers import block_thread_count, resident_block_limit
 from workbench.rtile.rprogram import RProgram, footprint_at, layer_footprint
 from workbench.rtile.traffic import calculus
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from math import ceil
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.alignment import cross_thread_axis, mma_axes
+from workbench.rtile.axes import cross_thread_axis, mma_axes
 from workbench.rtile.occupancy import STAGES, async_copies, blocks_per_unit, resident_blocks
 from workbench.rtile.rprogram import RProgram, footprint_at
 

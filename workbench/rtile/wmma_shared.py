@@ -22,7 +22,7 @@ from math import prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import mma_axes
+from workbench.rtile.axes import mma_axes
 
 # A WMMA load reads its fragment 8 rows of 16 bytes at a time; a row stride of an odd number of
 # 16-byte groups puts those 8 rows in 8 different 16-byte groups of the 128-byte bank row (and

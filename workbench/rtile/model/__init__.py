@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.model import cpu, gpu
+from workbench.rtile.model.cpu import price as cpu_price
+from workbench.rtile.model.gpu import price as gpu_price
 from workbench.rtile.rprogram import RProgram, footprint_at, waves
 from workbench.rtile.traffic import calculus
 
@@ -108,7 +109,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     volume = prod(calc.extents)
     padded = calc.padded_volume(program.unit_tile)
     padded_flops = int(expr.flops * padded / volume)
-    priced = (cpu.price if device.runs_on_cpu else gpu.price)(program, device, padded_flops, busy)
+    priced = (cpu_price if device.runs_on_cpu else gpu_price)(program, device, padded_flops, busy)
     predicted = priced.core * quantization
     for seconds in priced.after:
         predicted += seconds

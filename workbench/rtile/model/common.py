@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import mma_axes
+from workbench.rtile.axes import mma_axes
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import TileCalculus, calculus
 

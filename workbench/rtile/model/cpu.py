@@ -10,7 +10,7 @@ from math import prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import lane_axis, partial_sums
+from workbench.rtile.axes import lane_axis
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, layer_gbps, peak_gflops, provenance, source_layer,
 )
@@ -18,6 +18,7 @@ from workbench.rtile.model.cpu_compute import (
     compute_efficiency, compute_provenance, guard_slowdown, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import direct_stores, pack_layer, packed_bytes
+from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
 

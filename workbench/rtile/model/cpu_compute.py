@@ -9,9 +9,10 @@ from math import prod
 
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import accumulators, autovector_axis, is_projection, lane_axis, simd_vectors
+from workbench.rtile.axes import autovector_axis, is_projection, lane_axis
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import guarded_row
+from workbench.rtile.registers import accumulators, simd_vectors
 from workbench.rtile.rprogram import RProgram
 
 
@@ -84,7 +85,7 @@ def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
     compute this gives (14 us with every lane filled: 2.0 Mflop at 509 GFLOP/s, x 2 loads, x 1.8
     for the adds). Rows LLVM left partly scalar (14 with the 3 x 3 window unrolled: 147-153 us;
     28 with it: 67 against 49 us; 2 rows of 3: 132-138 us) are not modelled:
-    `alignment.ExecutionUnitRule` keeps the row to whole 4-lane pieces, 1 or 2, and the
+    `rules.AutovectorRowRule` keeps the row to whole 4-lane pieces, 1 or 2, and the
     register tile to one window row."""
     expr = program.expr
     axis = autovector_axis(expr, device)

@@ -12,7 +12,7 @@ from math import ceil, log2, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import cross_thread_axis, mma_axes
+from workbench.rtile.axes import cross_thread_axis, mma_axes
 from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
@@ -173,7 +173,7 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
 
 
 def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, n_waves: int) -> float:
-    """Time a cross-thread reduction (`alignment.cross_thread_axis`) spends combining its
+    """Time a cross-thread reduction (`axes.cross_thread_axis`) spends combining its
     threads' partial sums, after its loads: each block sums its `threads` partial sums in a tree
     of ceil(log2(threads)) steps per output point of its tile (they are reduced one after
     another), each step one exchange through the warp shuffle or shared-memory network, priced
