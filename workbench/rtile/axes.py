@@ -130,11 +130,9 @@ def is_projection(tensor, expr: TensorExpr) -> bool:
     return True
 
 
-# Cached: the CPU rules ask for it on every size they scan (cpu-tails, the execution unit), and
-# a convolution's answer walks every output dimension's readers. On cpu-core / local-cpu the
-# top-10 constructions of conv-1x1 and conv-3x3-s2 took 330 and 480 ms against 790 and 780 ms
-# uncached; `lane_axis`, whose key also hashes the device spec, got slower cached (gemv-4096
-# 146 ms against 99).
+# Cached: the CPU rules ask for it on every size they scan (cpu-tails, vector-lanes), and a
+# convolution's answer walks every output dimension's readers; `lane_axis`, whose key also hashes
+# the device spec, got slower cached (evidence: docs/model-evidence.md#filter-axis).
 @lru_cache(maxsize=256)
 def filter_axis(expr: TensorExpr) -> int | None:
     """The output-channel axis of a convolution-like reduction, or None.
@@ -174,10 +172,8 @@ def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     A convolution's `filter_axis` when it holds a whole number of 4-lane pieces and at least a
     vector (oneDNN's direct-convolution idea: the filters, packed into panels with the filter
     axis innermost, stream as vectors; each input element is broadcast, so the stride does not
-    matter; the accumulators keep the filter axis innermost). Measured on AVX2, 2 cores, loaded
-    machine, hand-picked tiles in one run: conv-3x3-s2 1.7 ms (16 x 2 x 2 filters x rows x
-    columns) against 25.7 ms for the scalar rank 1; conv-3x3 1.6 ms (8 x 1 x 8) against 5.6 ms
-    for the output row vectorised (4 x 3 x 8).
+    matter; the accumulators keep the filter axis innermost; evidence:
+    docs/model-evidence.md#lane-axis).
     Else the output's contiguous axis (`vector_axis`) when every input streams along it or
     ignores it (a strided or transposed access turns a vector load into a gather); else, for a
     reduction, its innermost reduce axis when an input reads it, every input streams along it

@@ -57,10 +57,8 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     A convolution vectorised along its filters (`filter_axis`) keeps one register per data
     element that one reduction step of the tile broadcasts (`_step_elements`): LLVM loads each
     once and keeps it live across the window's unrolled steps (`x*stride + s` meets the same
-    element again), so a tile that leaves fewer registers spills them. Measured on
-    conv-3x3-s2, AVX2, one run: 8 x 14 x 1 (filters x rows x columns, 14 accumulators + 1
-    filter vector + 1 broadcast = 16) 3.5-5.3 ms, the code storing broadcasts to the stack;
-    16 x 2 x 2 (8 + 2 + 4) 1.4-2.7 ms."""
+    element again), so a tile that leaves fewer registers spills them (evidence:
+    docs/model-evidence.md#micro-kernel-registers)."""
     v = lane_axis(expr, device)
     filters = filter_lanes(expr, v)
     rows, broadcast = 0, 0

@@ -187,10 +187,7 @@ class CacheSetRule:
     packs nothing), and rows whose stride is a multiple of the L1's way size (4 KiB on a 64-set
     cache: any 1,024-float row) all land in one set. More lines than the set's `ways` evict each
     other before they are used. So the lines one step puts into one set (`l1_set_lines`) stay
-    within the ways. gemv-4096 on the AVX-512 Zen 5 (48 KiB 12-way L1d), register tiles of R
-    rows x 16 lanes, R dividing 4,096, one process, interleaved rounds (2026-11-25): R = 4, 8
-    (5 and 9 lines a set) 505 and 450 us, R = 16 (17 lines) 521 us; with rows of 4,160 floats
-    (4 sets apart) R = 8, 16, 20 ran alike, 417-456 us."""
+    within the ways (evidence: docs/model-evidence.md#cache-set-rule)."""
 
     name = "l1-sets"
 
@@ -296,27 +293,18 @@ class TailRule(_PerAxis):
     axis divides the axis wherever the tile one layer up does, so that no cache tile leaves a
     ragged edge where the template pays for one. Along the vectors: the template pads a ragged
     unit tile, and the copy into a panel then tests every element of the vectorised dimension
-    against the edge, which LLVM leaves scalar (mm-512 on AVX2, 6x16x1 / 12x16x256 registers and
-    L1 tiles, L2 tiles 132 x 176: 2.0 ms, 132 x 128: 1.65 ms, though 176 pads N by 3% only).
-    Along a reduction: a ragged K tile turns panel packing off and guards the micro-kernel
-    (mm-1024, 6x16x352 L1 tiles, 3 x 352 = 1056: 34-41 ms against 12-13 ms for 6x16x256, the
-    same run). Where no tile short of the whole axis both divides it and is a whole number of
+    against the edge, which LLVM leaves scalar. Along a reduction: a ragged K tile turns panel
+    packing off and guards the micro-kernel. Where no tile short of the whole axis both divides it and is a whole number of
     transactions (`_whole_tiles_exist`: a prime K of 509; gemv's K of 1000 over 8 lanes, whose
     divisors 40 and 200 are not whole 64 B lines), the axis is ragged anyway and left to the
     tensor-shape rule. A convolution vectorised along its filters (`filter_axis`) guards its
     whole unrolled micro-kernel for a ragged output row or column, so there every axis, the
-    register tile's included, divides where a dividing tile exists (conv-3x3, AVX2, same run:
-    8 x 3 x 4 filters x rows x columns, rows ragged on 56, 9.0 ms; 16 x 1 x 4 4.0 ms). A reduction
-    vectorised along its K (gemv) guards its unrolled micro-kernel the same way for a ragged
-    row, and LLVM then unrolls and unswitches it or not by the row count: gemv-4096 on the AVX-512
-    Zen 5, register tiles of R rows x 16 lanes under R x 512 L1 tiles, one process, interleaved
-    rounds (2026-11-25): R = 4, 8, 16 (dividing 4,096) 505, 450, 521 us; R = 10 441 us; R = 6,
-    18, 20 641, 772, 660 us; R = 7, 9, 11-15 889-991 us, their K loop left rolled with 9-18
-    FMAs in the function against 256 for R = 8. So its register tile's rows divide as well, where
-    a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K, where a multiple of
-    whole lines of whole vectors does: the template vectorises K only for a dividing tile
-    (`panels.lane_reduction_axis`), and gemv-4096's 8 x 48 (3 vectors, K padded to 4,224) took
-    the plain template, predicted 10x slower and run 35x slower as row sums."""
+    register tile's included, divides where a dividing tile exists. A reduction vectorised
+    along its K (gemv) guards its unrolled micro-kernel the same way for a ragged row, and LLVM
+    then unrolls and unswitches it or not by the row count. So its register tile's rows divide
+    as well, where a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K,
+    where a multiple of whole lines of whole vectors does: the template vectorises K only for a
+    dividing tile (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule)."""
 
     name = "cpu-tails"
 

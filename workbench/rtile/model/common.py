@@ -41,9 +41,8 @@ def hardware_caches(program: RProgram, device: DeviceSpec) -> RProgram:
     through every cache layer, which the hardware fills whatever the program stages. A CPU
     program whose L1 and L2 tiles Roller left uncached (no reuse to stage: a pooling) still reads
     through them, its register tiles' neighbours sharing lines in the L1 and its transfers from
-    L2 and DRAM adding to the compute rather than hiding it (`combine_stages`). avgpool-3x3 on
-    the AVX-512 Zen 5 (uncached L1 and L2 tiles): register rows of 28, 8 and 4 outputs ran 66,
-    74 and 95 us, in the order of their compute, which DRAM's term hid when it stood first."""
+    L2 and DRAM adding to the compute rather than hiding it (`cpu.combine_stages`; evidence:
+    docs/model-evidence.md#hardware-caches)."""
     if not device.runs_on_cpu or all(program.cached):
         return program
     return replace(program, cached=(True,) * len(program.cached))
@@ -73,12 +72,7 @@ def layer_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
     CPU with a last-level cache (`DeviceSpec.llc_bytes`) whose operator fits in LLC_FILL of it,
     every tensor once (its compulsory bytes): from the second run on those reads hit the L3, at
     `llc_gbps`. A timing repeats the kernel on the same tensors, and a model's next kernel reads
-    what the last one wrote. Re-predicting the AVX-512 Zen 5's three stored cpu-core top-10 runs
-    of 02:05 (32 MiB L3 measured at 224-232 GB/s, DRAM at 46-79), with either of two
-    calibrations: the median error fell from 1.38x to 1.23x and from 1.37x to 1.28x (dwconv-3x3's
-    9.4 MiB from 2.3x to 0.92x, avgpool-3x3 from 1.9x to 0.94x, reduce-rows from 4.5x to 1.4x)
-    and the mean top-10 Spearman rose from 0.694 to 0.701-0.702; gemv-4096 (64 MiB) and relu
-    (98 MiB) still stream from DRAM, mm-skinny (17 MiB) too."""
+    what the last one wrote (evidence: docs/model-evidence.md#layer-gbps)."""
     spec = device.layers[layer]
     if not device.runs_on_cpu or not device.llc_bytes or layer != len(device.layers) - 1:
         return spec.bandwidth_gbps
@@ -110,7 +104,9 @@ def is_load_hidden(calc: TileCalculus, device: DeviceSpec, tile, source: int) ->
     return load <= max(compute, compulsory)
 
 
-def provenance(program: RProgram, device: DeviceSpec, compute: tuple[bool, str], packed: bool) -> dict[str, tuple[str, ...]]:
+def provenance(
+    program: RProgram, device: DeviceSpec, compute: tuple[bool, str], packed: bool,
+) -> dict[str, tuple[str, ...]]:
     """`Estimate.measured` and `Estimate.modelled`: the compute term as the target says
     (`compute`: whether it was measured, and its phrase), and where it was modelled the peak,
     measured where the spec is calibrated, else the spec's; the bandwidths likewise; the traffic

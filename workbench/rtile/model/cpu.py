@@ -82,13 +82,8 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     of the innermost stepping spatial loop, over all the reduction steps of the tile above,
     fits the layer, the run of neighbours loads `traffic_bytes(swept)` (a conv's packed filter
     panel is loaded once per row of output tiles, not once per tile). GPU tiles are explicit
-    copies per tile, and the unit tile's neighbours are other cores' work: Q(tile).
-
-    conv-3x3 on AVX2 (one core, process CPU time, 32 x 2 x 1 registers under 32 x 2 x 2 L1
-    tiles): L2 tiles of 16 channels (the L1 tile's step over them: 20 KiB, in L1) 2.68-2.77
-    ms, of 32 (39 KiB) 3.14-3.30, of 64 3.21-4.33, whatever the L1 tile's channels (8, 16 or
-    32): the 32 filters x C x 3 x 3 panel of the L2 K-step stays in L1 across the row of L1
-    tiles or is reloaded for each, where Q reloads it for each in every case."""
+    copies per tile, and the unit tile's neighbours are other cores' work: Q(tile) (evidence:
+    docs/model-evidence.md#cache-traffic)."""
     calc = calculus(program.expr)
     tile = program.tiles[layer]
     if not device.runs_on_cpu or layer == 0:
@@ -115,17 +110,13 @@ def scattered_inputs(expr: TensorExpr, device: DeviceSpec) -> frozenset[int]:
 
 
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
-    """One CPU core's time from its stage times: the register tile's loads from the layer right below the registers issue
-    in the FMAs' shadow (same instruction stream, separate ports), so they overlap the compute,
-    but every transfer further down adds: a core copies the next panel from L2 or DRAM between
-    two micro-kernel runs, and the hardware prefetchers hide only part of a stream (the
-    Execution-Cache-Memory model's observation, Treibig & Hager 2010, that x86 cache-level
-    transfers do not overlap one another; ALGORITHMS.md §7). Checked against three sets of 257
-    measured cpu-core kernels (docs/benchmarks.md): the typical error of a prediction fell from
-    1.5x-1.9x to 1.23x-1.5x (median |log(predicted / measured)|), the quiet calibrated run
-    included (1.9x -> 1.23x); the ranking within a workload did not improve consistently (best
-    in the predicted top 3 for 16, 13 and 12 of 26 runs against 6, 11 and 16 with the pipelined
-    maximum): most candidates are near-equal, and what orders them is not in the model yet."""
+    """One CPU core's time from its stage times: the register tile's loads from the layer right
+    below the registers issue in the FMAs' shadow (same instruction stream, separate ports), so
+    they overlap the compute, but every transfer further down adds: a core copies the next
+    panel from L2 or DRAM between two micro-kernel runs, and the hardware prefetchers hide only
+    part of a stream (the Execution-Cache-Memory model's observation, Treibig & Hager 2010, that
+    x86 cache-level transfers do not overlap one another; ALGORITHMS.md §7; evidence:
+    docs/model-evidence.md#combine-stages)."""
     first = device.layers[source_layer(program, 0, len(device.layers))].name
     return max(compute, loads.get(first, 0.0)) + sum(t for name, t in loads.items() if name != first)
 
@@ -133,9 +124,7 @@ def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads:
 # The share of a CPU cache the output buffer and the tiles streaming past it may fill and stay
 # there (`accumulator_home`): all but one way of a 16-way cache, the rest holding what else the
 # core touches (stack, code, the prefetchers' lines). Our reconstruction, bracketed by two
-# mm-bert-qkv unit tiles on the AVX-512 Zen 5 (1 MiB L2, 16-way; three top-10 runs, 2026-11-25):
-# 266 x 384 x 192 (887 KiB, 87 %) ran 3.88-3.90 ms with the other tiles that fit, 266 x 576 x 128
-# (1020 KiB, 99.6 %) 4.10 ms, the one tile of the ten that the full capacity kept in L2.
+# mm-bert-qkv unit tiles (evidence: docs/model-evidence.md#accumulator-fill).
 ACCUMULATOR_FILL = 15 / 16
 
 
@@ -150,14 +139,8 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     in the first cache layer that holds it together with the input tiles streaming through that
     layer (the layer's tile's inputs, `footprint_bytes` without its output): between two visits
     of one accumulator the core touches at most those, so an LRU cache keeps the buffer; else
-    the next layer.
-    conv-1x1 measured it: unit tiles of 174 x 14 x 14 outputs (136 KiB, in L2) ran 2.3-2.9 ms,
-    tiles of 114 x 2 x 14 (12.5 KiB, in L1) 1.9-2.0 ms, with the same register and L1 tiles.
-    mm-512 on the AVX2 EPYC (512 KiB L2) measured the L2 side: unit tiles of 258 x 256 outputs
-    (264 KiB, with their 64-deep panels 394 KiB) ran 1.57-1.65 ms with L1 K tiles of 32 or 64,
-    as fast as 174 x 256 (1.57-1.62 ms): the buffer stays in L2, where the earlier rule (the
-    output alone in half the layer) sent it to DRAM and predicted 3.3-4.2 ms. A layer holds
-    them in `ACCUMULATOR_FILL` of its capacity, not all of it."""
+    the next layer. A layer holds them in `ACCUMULATOR_FILL` of its capacity, not all of it
+    (evidence: docs/model-evidence.md#accumulator-home)."""
     calc = calculus(program.expr)
     out = unit_output_bytes(program)
     last = len(device.layers) - 1
@@ -173,10 +156,8 @@ def accumulator_steps(program: RProgram) -> tuple[int, ...]:
     than one register tile along a spatial axis. Inside a cache tile of one register tile its
     reduction loop runs straight around the micro-kernel's (`S1 R1 | S2 | R2`, S2 of one
     iteration), on the same accumulators, which LLVM keeps in registers across it; with no
-    such tile they never leave (the whole iteration space's tile: one step).
-    conv-1x1 on the AVX-512 Zen 5 measured it: 32 x 7 registers under L1 tiles of the same 32 x 7
-    outputs ran 383-388 us whether the L1 tile held 1, 2, 4, 8, 16 or 32 channels (top-10
-    run, 2026-11-24), where counting a trip per L1 step predicted 546 us to 2.9 ms."""
+    such tile they never leave (the whole iteration space's tile: one step; evidence:
+    docs/model-evidence.md#accumulator-steps)."""
     reg = program.register_tile
     spatial = program.expr.spatial
     return next((tile for tile in program.tiles[1:] if any(tile[a] > reg[a] for a in spatial)),
@@ -193,25 +174,16 @@ def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
     """Bytes a CPU reduction's output buffer moves in the layer that holds it
     (`accumulator_home`), beyond the one store of each output: `BUFFER_PASSES` over the padded
     output, where the template accumulates into a buffer of the unit tile's outputs; 0 where it
-    stores each register tile's accumulators straight to the output (`panels.direct_stores`).
-    bmm-attn (12 x 128 x 128, K = 64) on the AVX-512 Zen 5, one process, the same register
-    tiles and L2 tiles: L1 tiles of the whole K (direct stores) ran 54-56 us with 11 to 13-row
-    registers and 48 us with 8 rows, those of K = 32 (buffered) 65-66 and 56 us: about 10 us
-    for ~1.6 MB a core at the L2's 217 GB/s a core (7.5 us), which the model did not see and
-    ranked the two as equal."""
+    stores each register tile's accumulators straight to the output (`panels.direct_stores`;
+    evidence: docs/model-evidence.md#buffer-bytes)."""
     expr = program.expr
     if not device.runs_on_cpu or not expr.reduce or direct_stores(expr, program, device):
         return 0
     return BUFFER_PASSES * unit_output_bytes(program) * program.grid
 
 
-# Bytes a core's panel copy moves per cycle: four fp32 elements. bmm-attn (AVX-512 Zen 5 EPYC at
-# 3.97 GHz, one process, 2026-11-25): its 13-row tiles pad M and copy ~99 K elements per core
-# with the copies vectorised (`codegen/cpu._vectorise_copy`), and ran 54-56 us against 48 us for
-# 8-row tiles that copy nothing, both with L1 tiles of the whole K (direct stores): ~7 us, 0.28
-# cycles per element, where the L2's bandwidth would move them in 2 us (the copies' loads and
-# stores, the panel's layout and the padding's select, not the bytes). (Fitted as two elements
-# before `buffer_bytes` priced the output buffer, whose 10 us that comparison had included.)
+# Bytes a core's panel copy moves per cycle: four fp32 elements, fitted to bmm-attn's copies
+# (evidence: docs/model-evidence.md#pack-bytes-per-cycle).
 PACK_BYTES_PER_CYCLE = 16
 
 

@@ -68,25 +68,15 @@ def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
     - Lanes: a register row of w >= 4 outputs is SLP-vectorised in `vector_pieces`: w / (pieces
       x lanes). A row of 1 or 2 is left to the loop vectoriser, which packs consecutive register
       tiles of the L1 row; counted over the row's n outputs, `lanes` of them a vector and the
-      rest one at a time: n / ((n // lanes + n % lanes) x lanes), whatever w is (rows of 1 and 2
-      in L1 rows of 56 ran alike, 65-73 and 66-75 us; counting the 28 tiles of 2 put a row of 2
-      at twice the time of a row of 1).
+      rest one at a time: n / ((n // lanes + n % lanes) x lanes), whatever w is.
     - Loads: an input read with stride s along the row takes s vector loads per vector (and a
       shuffle to separate them) on as many load ports as FMA pipes: 1 / s.
     - Flops: the peak counts an FMA as two flops; an operator of fewer flops per iteration point
       (a pooling's add) reaches that share of it.
     The chains are short (a window's few adds per output), so out-of-order execution overlaps
-    consecutive register tiles' and no latency term applies.
-
-    avgpool-3x3 (stride 2, 64 x 112 x 112) on the AVX-512 Zen 5, L1 rows of 56, one process,
-    no gathers (`codegen.build.X86_FEATURES`): rows of 56 / 28 / 8 / 14 / 4 / 7 outputs (lanes
-    0.88 / 0.58 / 0.50 / 0.29 / 0.25 / 0.15) ran 61 / 66 / 74 / 79 / 95 / 100 us, a row of 1
-    (loop-vectorised, 0.32) 85 us: about 47 us of copies and traffic plus 12-14 us / lanes, the
-    compute this gives (14 us with every lane filled: 2.0 Mflop at 509 GFLOP/s, x 2 loads, x 1.8
-    for the adds). Rows LLVM left partly scalar (14 with the 3 x 3 window unrolled: 147-153 us;
-    28 with it: 67 against 49 us; 2 rows of 3: 132-138 us) are not modelled:
-    `rules.AutovectorRowRule` keeps the row to whole 4-lane pieces, 1 or 2, and the
-    register tile to one window row."""
+    consecutive register tiles' and no latency term applies. Rows LLVM leaves partly scalar are
+    not modelled: `rules.AutovectorRowRule` keeps the row to whole 4-lane pieces, 1 or 2, and
+    the register tile to one window row (evidence: docs/model-evidence.md#autovector-efficiency)."""
     expr = program.expr
     axis = autovector_axis(expr, device)
     lanes = max(1, device.register_bytes // expr.output.itemsize)
@@ -150,12 +140,8 @@ def load_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     many full-width vector loads per cycle as it has FMA pipes (2 and 2 on Haswell to Skylake-SP
     and Zen 1 to Zen 4: Intel's optimization reference manual, AMD's software optimization
     guides), so a tile with more loads than FMAs waits on its load ports. A register tile over
-    an axis that indexes every input (a batch) adds loads in proportion to its FMAs: on the AVX2
-    EPYC, bmm-attn's 3 x 4 x 8 x 1 tile (15 loads per 12 FMAs: 12 / 15) measured 208-211 us
-    against 184 us for 1 x 4 x 16 x 1 (6 per 8) in one process; the earlier model predicted
-    327 us for both, this one 368 and 327. Re-predicting the 208 stored runs of 7 sessions on
-    that machine: mean Spearman 0.349 -> 0.359, dwconv-3x3 up in 13 of its 15 runs (its input
-    rows are loaded once per filter step). Operators without a reduce axis, scalar code (no
+    an axis that indexes every input (a batch) adds loads in proportion to its FMAs (evidence:
+    docs/model-evidence.md#load-coverage). Operators without a reduce axis, scalar code (no
     lane axis) and specs without FMA facts: 1."""
     if not device.fma_accumulators or not expr.reduce or lane_axis(expr, device) is None:
         return 1.0
@@ -215,10 +201,8 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
     return False, f"compute: {how}"
 
 
-# How much slower a CPU register micro-kernel runs when its tiles carry a guard (`guard_slowdown`):
-# dwconv-3x3 (96 channels, 112 x 112) on the AVX-512 Zen 5, two top-10 runs on 2026-11-24: the 8,
-# 7 and 4-row register tiles (dividing 112) ran 267-325 us, the 6, 5 and 3-row ones (cut by
-# the last tile) 363-430 us with the same other tiles, 1.3-1.5x.
+# How much slower a CPU register micro-kernel runs when its tiles carry a guard (`guard_slowdown`),
+# measured 1.3-1.5x on dwconv-3x3 (evidence: docs/model-evidence.md#guarded-micro-kernel).
 GUARDED_MICRO_KERNEL = 1.4
 
 
@@ -229,10 +213,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     A reduction whose lanes run along its reduce axis (`lane_axis`: gemv, row sums) gets them
     from the CPU template only on whole tiles (`panels.lane_reduction_axis`); a tile that
     cuts the axis sends it to the plain loop nest, which sums one output at a time: one chain
-    of dependent adds instead of lanes x FMA pipes x FMA latency independent ones. reduce-rows
-    (256 x 4096) on the AVX-512 Zen 5: its 48-wide K tiles (4,224 and 4,320 of 4,096) ran
-    800-872 us against 24-26 us for the 16 and 32-wide ones (top-10 run, 2026-11-24, 20:46).
-    Elsewhere GUARDED_MICRO_KERNEL where a register tile along a spatial axis does not divide
+    of dependent adds instead of lanes x FMA pipes x FMA latency independent ones (evidence:
+    docs/model-evidence.md#guard-slowdown). Elsewhere GUARDED_MICRO_KERNEL where a register tile along a spatial axis does not divide
     the axis: the template then guards the micro-kernel with the block predicate TVM adds, and
     the whole loop nest runs with it, not only the cut tile; a contraction of plain projections
     (matmul, batched, transposed) is padded to whole tiles instead (`_pad_tails`)."""
