@@ -17,29 +17,15 @@ from test_invariants import conv_filters, simd_lane_axis, spread_reduce_axis
 
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
-    REGISTER_STEPS,
-    RULES,
-    AlignContext,
-    CacheSetRule,
-    ExecutionUnitRule,
-    TailRule,
-    WarpGroupRule,
-    accumulators,
-    block_thread_multiple,
-    cross_thread_axis,
-    filter_axis,
-    initial_tile,
-    is_aligned,
-    l1_set_lines,
-    lane_axis,
-    micro_kernel_registers,
-    mma_axes,
-    next_aligned_sizes,
-    partial_sums,
-    prev_aligned_sizes,
-    required_accumulators,
+    RULES, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, required_accumulators,
 )
+from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_axes
+from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
+from workbench.rtile.rules import (
+    REGISTER_STEPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule, block_thread_multiple,
+    l1_set_lines,
+)
 from workbench.rtile.traffic import bank_padding, calculus
 
 DEVICES = ("v100", "mi50", "k80", "tiny-cpu")
@@ -502,11 +488,11 @@ def test_a_register_tile_along_a_reduction_is_whole_cache_lines(dev):
     line (16 fp32), or the whole axis; a matmul's spatial lane axis needs the lanes only."""
     gemv = expr("gemv", M=4096, K=4096)
     ctx = AlignContext(gemv, dev, 0, (1, 1), 0.05)
-    assert [k for k in range(1, 65) if ExecutionUnitRule().axis_ok(ctx, 1, k)] == [16, 32, 48, 64]
+    assert [k for k in range(1, 65) if VectorLanesRule().axis_ok(ctx, 1, k)] == [16, 32, 48, 64]
     short = expr("gemv", M=4096, K=12)
-    assert ExecutionUnitRule().axis_ok(AlignContext(short, dev, 0, (1, 1), 0.05), 1, 12)  # the whole axis
+    assert VectorLanesRule().axis_ok(AlignContext(short, dev, 0, (1, 1), 0.05), 1, 12)  # the whole axis
     mm = AlignContext(matmul(512, 512, 512), dev, 0, (1, 1, 1), 0.05)
-    assert ExecutionUnitRule().axis_ok(mm, 1, dev.warp_size) and not ExecutionUnitRule().axis_ok(mm, 1, dev.warp_size + 4)
+    assert VectorLanesRule().axis_ok(mm, 1, dev.warp_size) and not VectorLanesRule().axis_ok(mm, 1, dev.warp_size + 4)
 
 
 def zen5_like(ways: int):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.construct.banks import (
+from workbench.rtile.banks import (
     ThreadBinding,
     access_degree,
     conflict_degree,
@@ -115,7 +115,7 @@ def test_the_first_warps_wavefronts_per_request_with_virtual_threads():
     from helpers import device, matmul
 
     from workbench.construct.space import Space
-    from workbench.rtile.model import shared_wavefronts
+    from workbench.rtile.model.gpu import shared_wavefronts
 
     dev = device("v100")
     space = Space(matmul(512, 512, 512), dev)

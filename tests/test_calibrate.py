@@ -30,8 +30,9 @@ from workbench.hardware.calibrate import (
 )
 from workbench.hardware.detect import detect_local_cpu
 from workbench.hardware.loader import load_spec, spec_from_toml_text, spec_to_toml
+from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
-from workbench.rtile.alignment import micro_kernel_registers, register_budget
+from workbench.rtile.registers import micro_kernel_registers
 
 # Calibration measures this machine and refuses what a busy core distorts: run alone (`make test`).
 pytestmark = pytest.mark.quiet

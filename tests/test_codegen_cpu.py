@@ -18,13 +18,13 @@ from tests.helpers import TINY_CPU, device, expr, suite_workloads, workload_expr
 from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_dict
 from workbench.codegen.common import chain_factors
 from workbench.codegen.cpu import schedule_cpu, simd_lanes
-from workbench.rtile.alignment import vector_axis
-from workbench.rtile.panels import loop_nest_key
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.ops.expr_lang import build_expr
 from workbench.ops.fusion import fuse_axes
+from workbench.rtile.axes import vector_axis
+from workbench.rtile.panels import loop_nest_key
 from workbench.rtile.rprogram import RProgram
 
 CPU = "local-cpu"

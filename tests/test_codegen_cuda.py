@@ -23,7 +23,7 @@ from workbench.construct.stepper import construct
 from workbench.ops.expr_lang import build_expr
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
-from workbench.rtile.alignment import cross_thread_axis
+from workbench.rtile.axes import cross_thread_axis
 from workbench.rtile.rprogram import RProgram
 
 GPUS = ("v100", "h100")

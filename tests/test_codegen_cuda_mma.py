@@ -20,7 +20,7 @@ from workbench.codegen.rules import apply_rules
 from workbench.codegen.template import ScheduleError
 from workbench.construct.stepper import construct
 from workbench.ops.expr_lang import build_expr
-from workbench.rtile.pipeline import pipelined
+from workbench.rtile.staging import pipelined
 from workbench.rtile.rprogram import footprint_at
 
 GPUS = ("v100", "a100", "h100")  # sm_70, sm_80, sm_90a
@@ -93,7 +93,7 @@ def test_warps_split_the_block_tile_and_rows_are_padded_for_fragment_loads():
     assert "__launch_bounds__(128)" in source  # 2 x 2 warps
     # a warp's 32 x 32 tile is 2 x 2 accumulator fragments
     assert re.search(r"fragment<nvcuda::wmma::accumulator, 16, 16, 16, half> \w+\[4\];", source)
-    # 8 shared steps along K on sm_90: pipelined (`rtile.pipeline`), two buffers of each tile
+    # 8 shared steps along K on sm_90: pipelined (`rtile.staging`), two buffers of each tile
     assert "A_shared_ptr[5120]" in source  # 2 x 64 rows of 32 + 8: an odd number of 16-byte groups
     assert "B_shared_ptr[4608]" in source  # 2 x 32 rows of 64 + 8
     assert source.count("ptx_cp_async_legacy_cg_16_") > 2  # 16-byte asynchronous copies

@@ -23,7 +23,8 @@ from workbench.codegen.verify import check_output
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
-from workbench.rtile.pipeline import pipelined, prefetch_registers, register_prefetch, shared_steps
+from workbench.rtile.occupancy import prefetch_registers
+from workbench.rtile.staging import pipelined, register_prefetch, shared_steps
 from workbench.rtile.rprogram import footprint_at, make_program
 from workbench.rtile.traffic import TileCalculus
 

@@ -10,7 +10,7 @@ from helpers import device, expr, suite_workloads, workload_expr
 
 from workbench.construct.stepper import Stepper, construct
 from workbench.ops.gemm_view import construction_expr, gemm_view, view_of
-from workbench.rtile.alignment import cross_thread_axis, mma_axes
+from workbench.rtile.axes import cross_thread_axis, mma_axes
 
 CONV = dict(N=2, C=8, H=10, W=10, F=16, KH=3, KW=3, stride=2, pad=1)  # OH = OW = (10 + 2 - 3) // 2 + 1 = 5
 

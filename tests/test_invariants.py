@@ -29,7 +29,9 @@ from workbench.construct.stepper import Stepper
 from workbench.hardware.detect import build_local_spec, detect_local_cpu, parse_cpuinfo
 from workbench.hardware.loader import list_presets, spec_from_toml_text, spec_to_toml
 from workbench.ops.tensor_expr import Axis, TensorAccess, TensorExpr
-from workbench.rtile.alignment import AlignContext, is_aligned, mma_axes
+from workbench.rtile.alignment import is_aligned
+from workbench.rtile.axes import mma_axes
+from workbench.rtile.rules import AlignContext
 from workbench.rtile.wmma_shared import wmma_shared_bytes
 
 WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))

@@ -16,7 +16,8 @@ from workbench.construct import markov
 from workbench.construct.markov import MarkovPolicy
 from workbench.construct.space import Action, IllegalAction, Options, Space, apply
 from workbench.construct.stepper import Stepper, construct
-from workbench.rtile.alignment import AlignContext, is_aligned
+from workbench.rtile.alignment import is_aligned
+from workbench.rtile.rules import AlignContext
 
 CASES = {
     "mm-v100": (lambda: matmul(512, 512, 512), "v100"),

@@ -14,48 +14,31 @@ from test_alignment import AVX2, AVX512
 from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
-from workbench.ops.fusion import fuse_axes
-from workbench.rtile.alignment import autovector_axis, block_thread_count, cross_thread_axis, lane_axis, partial_sums
 from workbench.hardware.spec import MicroKernel
-from workbench.rtile import model
-from workbench.rtile.model import (
-    ACCUMULATOR_FILL,
-    accumulator_home,
-    accumulator_steps,
-    autovector_efficiency,
-    blocks_per_unit,
-    buffer_bytes,
-    bytes_in_flight,
-    cache_traffic,
-    compute_efficiency,
-    estimate,
-    GUARDED_MICRO_KERNEL,
-    gpu_stages,
-    guard_slowdown,
-    hardware_caches,
-    layer_gbps,
-    is_compute_bound,
-    is_load_hidden,
-    packing_seconds,
-    load_coverage,
-    micro_kernel_shape,
-    overlapped,
-    occupancy_limits,
-    reachable_gbps,
-    registers_per_thread,
+from workbench.ops.fusion import fuse_axes
+from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis
+from workbench.rtile.model import cpu_compute
+from workbench.rtile.model import estimate
+from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
+from workbench.rtile.model.cpu import (
+    ACCUMULATOR_FILL, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic, packing_seconds,
     scattered_inputs,
-    source_layer,
-    step_loads,
-    tree_reduction_seconds,
-    uncoalesced_bytes,
-    vector_pieces,
-    vthread_conflict_ratio,
-    warp_sectors,
-    warps_per_scheduler,
+)
+from workbench.rtile.model.cpu_compute import (
+    autovector_efficiency, compute_efficiency, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape,
+    step_loads, vector_pieces,
+)
+from workbench.rtile.model.gpu import (
+    bytes_in_flight, gpu_stages, overlapped, reachable_gbps, tree_reduction_seconds, uncoalesced_bytes,
+    vthread_conflict_ratio, warp_sectors,
+)
+from workbench.rtile.occupancy import (
+    async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
 )
 from workbench.rtile.panels import pack_layer, packed_bytes
-from workbench.rtile.pipeline import async_copies, pipelined, prefetch_registers, register_prefetch, shared_buffers
+from workbench.rtile.registers import block_thread_count, partial_sums
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
+from workbench.rtile.staging import pipelined, register_prefetch, shared_buffers
 from workbench.rtile.traffic import TileCalculus
 
 DEVICES = ("v100", "mi50", "k80", "tiny-cpu")
@@ -149,7 +132,7 @@ def check_consistent(calc, dev, program, est):
             assert est.threads * est.blocks_per_unit <= dev.max_threads_per_unit
             assert est.blocks_per_unit <= (dev.max_blocks_per_unit or est.blocks_per_unit)
             lanes = ceil(est.threads / dev.warp_size) * dev.warp_size  # whole warps
-            assert lanes * registers_per_thread(program, dev) * est.blocks_per_unit <= dev.registers_per_unit
+            assert lanes * registers_per_thread(program, dev, shared_buffers(program, dev)) * est.blocks_per_unit <= dev.registers_per_unit
             if program.cached[dev.unit_layer_index]:  # only a staged tile takes shared memory (pipelined: twice)
                 copies = shared_buffers(program, dev)
                 assert copies * smem * est.blocks_per_unit <= dev.unit_shared_bytes
@@ -249,7 +232,7 @@ def test_blocks_per_unit_limited_by_threads_registers_and_shared_memory():
     calc = TileCalculus(matmul(4096, 4096, 4096))
     # 8x8 register tile (64 + 16 floats: 80 registers) in a 128x128x8 block: 256 threads
     program = make_program(calc, dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
-    threads, bpu = blocks_per_unit(program, dev)
+    threads, bpu = blocks_per_unit(program, dev, shared_buffers(program, dev))
     assert threads == 256
     regs = footprint_at(dev, program, 0) // 4
     smem = footprint_at(dev, program, 1)
@@ -356,7 +339,7 @@ def test_cpu_compute_efficiency_is_lanes_used_times_latency_covered(dev, tile, e
     lanes filled / lanes issued x min(1, accumulators / loads per reduction step))."""
     e = matmul(64, 64, 64)
     program = cpu_program(dev, e, tile)
-    assert compute_efficiency(program, dev, 1, 1) == pytest.approx(efficiency)
+    assert compute_efficiency(program, dev) == pytest.approx(efficiency)
     assert estimate(program, dev).compute_seconds == pytest.approx(closed_compute_seconds(dev, e, program, efficiency))
 
 
@@ -369,19 +352,19 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     (TINY_CPU): lanes only. float64 has 4 lanes in a ymm register (test_panels: a row a guarded
     tail leaves scalar fills one)."""
     relu = expr("relu", shape=(17, 11, 3))
-    assert compute_efficiency(cpu_program(AVX2, relu, (1, 1, 3)), AVX2, 1, 1) == pytest.approx(3 / 8)
+    assert compute_efficiency(cpu_program(AVX2, relu, (1, 1, 3)), AVX2) == pytest.approx(3 / 8)
     total = plain_expr({"i": (640, "reduce")}, [("A", [{"i": 1}]), ("out", [])])
-    assert compute_efficiency(cpu_program(AVX2, total, (8,)), AVX2, 1, 1) == pytest.approx(1 / 10)
-    assert compute_efficiency(cpu_program(AVX2, total, (80,)), AVX2, 1, 1) == pytest.approx(1.0)
+    assert compute_efficiency(cpu_program(AVX2, total, (8,)), AVX2) == pytest.approx(1 / 10)
+    assert compute_efficiency(cpu_program(AVX2, total, (80,)), AVX2) == pytest.approx(1.0)
     strided = plain_expr({"i": (64, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 2, "k": 1}]), ("out", [{"i": 1}])])
     # LLVM vectorises its row (closed forms below): 8 outputs = one 8-lane vector, 2 loads each
     flops = min(1.0, strided.flops / (2 * 64 * 3))
-    assert compute_efficiency(cpu_program(AVX2, strided, (8, 3)), AVX2, 1, 1) == pytest.approx(8 / 8 / 2 * flops)
-    assert compute_efficiency(cpu_program(TINY_CPU, matmul(64, 64, 64), (2, 16, 1)), TINY_CPU, 1, 1) == 1.0
+    assert compute_efficiency(cpu_program(AVX2, strided, (8, 3)), AVX2) == pytest.approx(8 / 8 / 2 * flops)
+    assert compute_efficiency(cpu_program(TINY_CPU, matmul(64, 64, 64), (2, 16, 1)), TINY_CPU) == 1.0
     # 120 rows, which tiles of 40 and 6 divide: a ragged row would be guarded, and scalar
     wide = plain_expr({"i": (120, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
-    assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2, 1, 1) == pytest.approx(10 / 10 * 1.0)
-    assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2, 1, 1) == pytest.approx(2 / 10 * 6 / 8)
+    assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2) == pytest.approx(10 / 10 * 1.0)
+    assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2) == pytest.approx(2 / 10 * 6 / 8)
 
 
 @pytest.mark.parametrize("elements, lanes, pieces", [(56, 16, 4), (28, 16, 3), (14, 16, 3), (8, 16, 1), (7, 16, 3),
@@ -434,7 +417,7 @@ def test_an_autovectorised_row_fills_its_pieces_over_its_loads_and_flops(dev, ro
         filled = extent / ((extent // lanes + extent % lanes) * lanes)
     flops = min(1.0, e.flops / (2 * extent * 3))
     assert autovector_efficiency(program, dev) == pytest.approx(filled / 2 * flops)
-    assert compute_efficiency(program, dev, 1, 1) == autovector_efficiency(program, dev)
+    assert compute_efficiency(program, dev) == autovector_efficiency(program, dev)
     # with a contiguous input the row is the template's own (`lane_axis`): not LLVM's
     contiguous = plain_expr({"i": (56, "spatial"), "k": (3, "reduce")}, [("A", [{"i": 1, "k": 1}]), ("out", [{"i": 1}])])
     assert autovector_axis(contiguous, dev) is None
@@ -473,7 +456,7 @@ def test_a_batched_register_tile_pays_for_the_loads_its_batch_axis_adds(dev, bat
     assert (step_loads(e, dev, tile), load_coverage(e, dev, tile)) == (loads, pytest.approx(min(1.0, fmas / loads)))
     program = cpu_program(dev, e, tile)
     latency = min(1.0, fmas / dev.fma_accumulators)
-    assert compute_efficiency(program, dev, 1, 1) == pytest.approx(latency * min(1.0, fmas / loads))
+    assert compute_efficiency(program, dev) == pytest.approx(latency * min(1.0, fmas / loads))
     assert estimate(program, dev).compute_seconds == pytest.approx(
         closed_compute_seconds(dev, e, program, latency * min(1.0, fmas / loads)))
 
@@ -509,7 +492,7 @@ def test_a_measured_micro_kernel_gives_the_compute_term():
     e = matmul(64, 64, 64)
     for tile, gflops in (((6, 16, 1), 120.0), ((2, 8, 1), 31.0), ((6, 16, 4), 120.0)):
         program = cpu_program(dev, e, tile)
-        assert compute_efficiency(program, dev, 1, 1) == pytest.approx(gflops / 200.0)
+        assert compute_efficiency(program, dev) == pytest.approx(gflops / 200.0)
         est = estimate(program, dev)
         assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, e, program, gflops / 200.0))
         padded = prod(ceil(x / t) * t for x, t in zip(e.extents, program.unit_tile))
@@ -525,7 +508,7 @@ def test_without_its_measured_micro_kernel_the_compute_term_is_analytic():
     latency_coverage (4 x 16 on AVX2: 8 of 10 chains), and says so."""
     dev = with_kernels(AVX2, ("float32", 6, 16, 120.0), ("float64", 4, 16, 50.0))
     program = cpu_program(dev, matmul(64, 64, 64), (4, 16, 1))
-    assert compute_efficiency(program, dev, 1, 1) == pytest.approx(8 / 10)
+    assert compute_efficiency(program, dev) == pytest.approx(8 / 10)
     est = estimate(program, dev)
     assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, program.expr, program, 8 / 10))
     assert "compute: SIMD lanes filled x FMA latency covered, no measured 4x16 micro-kernel" in est.modelled
@@ -537,7 +520,7 @@ def test_without_its_measured_micro_kernel_the_compute_term_is_analytic():
 
 def test_a_measurement_within_the_noise_above_peak_counts_as_peak():
     dev = with_kernels(AVX2, ("float32", 6, 16, 210.0))  # 1.05 x the 200 GFLOP/s peak
-    assert compute_efficiency(cpu_program(dev, matmul(64, 64, 64), (6, 16, 1)), dev, 1, 1) == 1.0
+    assert compute_efficiency(cpu_program(dev, matmul(64, 64, 64), (6, 16, 1)), dev) == 1.0
 
 
 def test_micro_kernel_shape_is_rows_by_lane_columns_of_the_measured_kind():
@@ -546,7 +529,7 @@ def test_micro_kernel_shape_is_rows_by_lane_columns_of_the_measured_kind():
     mm = matmul(64, 64, 64)
     assert micro_kernel_shape(mm, AVX2, (6, 16, 8)) == (6, 16)
     # out[f, w] = sum_{c, s} data[c, w + s] * kernel[f, c, s]: the filters stream along the lanes
-    # (alignment.filter_axis), the output columns are rows, each broadcasting one data element
+    # (axes.filter_axis), the output columns are rows, each broadcasting one data element
     conv = plain_expr(
         {"f": (16, "spatial"), "w": (64, "spatial"), "c": (8, "reduce"), "s": (3, "reduce")},
         [("data", [{"c": 1}, {"w": 1, "s": 1}]), ("kernel", [{"f": 1}, {"c": 1}, {"s": 1}]), ("out", [{"f": 1}, {"w": 1}])],
@@ -827,7 +810,7 @@ def test_blocks_per_unit_capped_by_the_resident_block_limit_and_unstaged_shared_
     memory (it capped them at 12 before)."""
     dev, e = device("v100"), fuse_axes(expr(R1[0], **R1[1]))
     program = make_program(TileCalculus(e), dev, [(1, 32), (1, 1024)], (True, False), 0.05)
-    assert blocks_per_unit(program, dev) == (32, 32)
+    assert blocks_per_unit(program, dev, shared_buffers(program, dev)) == (32, 32)
     assert estimate(program, dev).occupancy == 32 * 32 / 2048
 
 
@@ -918,7 +901,7 @@ def test_one_resident_block_with_a_warp_per_scheduler_hides_nothing():
     """matmul 256^3 on the V100, blocks of 64 x 32 x 16 over 4 x 4 x 1 register tiles: 32 blocks
     of 128 threads over 80 SMs, one an SM, one warp per scheduler: the reads from shared memory
     and the FMAs add up. The template prefetches step s + 1 in registers while it computes step
-    s (sm_70's register prefetch, `pipeline.register_prefetch`), so the copy from global memory
+    s (sm_70's register prefetch, `staging.register_prefetch`), so the copy from global memory
     overlaps them: max(compute + shared, global). A step's copy (64 x 16 + 16 x 32 floats, 6 KiB) keeps 80 x 6144 B
     / 400 ns = 1229 GB/s in flight: the 750 GB/s is reached."""
     dev, program = _v100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
@@ -1031,7 +1014,7 @@ def test_a_pipelined_block_copies_the_next_step_while_it_computes_this_one():
     blocks over 132 SMs, one an SM, one warp per scheduler, 16 shared steps. Pipelined (sm_90a,
     cp.async) the copy of step s + 1 runs under the compute of step s: max(compute + shared,
     global); on an sm_75 target (no cp.async) it is pipelined through registers
-    (`pipeline.register_prefetch`), which the model overlaps alike."""
+    (`staging.register_prefetch`), which the model overlaps alike."""
     dev, program = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
     old, same = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)], arch="sm_75")
     assert pipelined(program, dev) and register_prefetch(same, old) and not register_prefetch(program, dev)
@@ -1060,12 +1043,12 @@ def test_a_pipelined_block_holds_two_copies_of_its_shared_tiles():
     pipelined and its occupancy counts both buffers."""
     dev, program = _h100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
     smem, tile = footprint_at(dev, program, 1), footprint_at(dev, program, 0) // 4
-    assert (smem, tile, registers_per_thread(program, dev)) == ((64 * 33 + 16 * 36) * 4, 24, 24 + 6 + 7)
+    assert (smem, tile, registers_per_thread(program, dev, shared_buffers(program, dev))) == ((64 * 33 + 16 * 36) * 4, 24, 24 + 6 + 7)
     assert pipelined(program, dev) and shared_buffers(program, dev) == 2
     by_threads, by_regs, unit = 2048 // 128, 65536 // (128 * 37), dev.unit_shared_bytes
     assert blocks_per_unit(program, dev, 1) == (128, min(by_threads, by_regs, 32, unit // smem)) == (128, 13)
     bpu = min(by_threads, by_regs, 32, unit // (2 * smem))
-    assert blocks_per_unit(program, dev) == blocks_per_unit(program, dev, 2) == (128, bpu) == (128, 10)
+    assert blocks_per_unit(program, dev, shared_buffers(program, dev)) == blocks_per_unit(program, dev, 2) == (128, bpu) == (128, 10)
     assert estimate(program, dev).blocks_per_unit == 10
 
 
@@ -1077,13 +1060,13 @@ def test_tiles_whose_second_buffer_would_cost_resident_blocks_are_not_pipelined(
     the program runs unpipelined. (128 x 128 x 8 over 8 x 8 tiles, register-limited to 2 blocks
     with one buffer or two, is pipelined.)"""
     dev, program = _h100_matmul(4096, 4096, 4096, [(8, 4, 1), (64, 64, 32)])
-    smem, regs = footprint_at(dev, program, 1), registers_per_thread(program, dev)
+    smem, regs = footprint_at(dev, program, 1), registers_per_thread(program, dev, shared_buffers(program, dev))
     assert (smem, regs) == ((64 * 33 + 32 * 68) * 4, 57)
     by_threads, by_regs, unit = 2048 // 128, 65536 // (128 * 57), dev.unit_shared_bytes
     assert blocks_per_unit(program, dev, 1) == (128, min(by_threads, by_regs, 32, unit // smem)) == (128, 8)
     assert blocks_per_unit(program, dev, 2) == (128, min(by_threads, by_regs, 32, unit // (2 * smem))) == (128, 6)
     assert not pipelined(program, dev) and shared_buffers(program, dev) == 1
-    assert blocks_per_unit(program, dev) == (128, 8)
+    assert blocks_per_unit(program, dev, shared_buffers(program, dev)) == (128, 8)
     _, square = _h100_matmul(4096, 4096, 4096, [(8, 8, 1), (128, 128, 8)])
     assert blocks_per_unit(square, dev, 1) == blocks_per_unit(square, dev, 2) == (256, 2) and pipelined(square, dev)
 
@@ -1094,12 +1077,12 @@ def test_tiles_whose_second_buffer_would_cost_resident_blocks_are_not_pipelined(
 def test_registers_per_thread_is_the_register_tile_plus_addressing():
     """8 x 8 register tile of a matmul: 64 accumulators + 8 + 8 fragment floats (80 registers),
     a 64-bit address per tensor (3 x 2) and 7 fixed: 93 (ptxas reported 88-92 for such programs on
-    sm_80, see `model.FIXED_REGISTERS`); pipelined on the V100 through registers, a thread also
+    sm_80, see `occupancy.FIXED_REGISTERS`); pipelined on the V100 through registers, a thread also
     holds its share of a step's staged tiles, (128 x 8 x 2) / 256 = 8."""
     dev = device("v100")
     program = make_program(TileCalculus(matmul(4096, 4096, 4096)), dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
     assert registers_per_thread(program, dev, 1) == 64 + 8 + 8 + 3 * 2 + 7 == 93
-    assert register_prefetch(program, dev) and registers_per_thread(program, dev) == 93 + 8
+    assert register_prefetch(program, dev) and registers_per_thread(program, dev, shared_buffers(program, dev)) == 93 + 8
 
 
 def test_occupancy_register_limited():
@@ -1110,10 +1093,10 @@ def test_occupancy_register_limited():
     program = make_program(TileCalculus(matmul(4096, 4096, 4096)), dev, [(8, 8, 1), (128, 128, 8)], (True, True), 0.05)
     smem = footprint_at(dev, program, 1)
     assert smem >= (128 * 8 + 8 * 128) * 4  # A and B tiles of one shared step, bank padding on top
-    limits = occupancy_limits(program, dev)
+    limits = occupancy_limits(program, dev, shared_buffers(program, dev))
     assert limits == {"threads": 8, "registers": 65536 // (256 * 101), "shared": 98304 // (2 * smem), "blocks": 32}
     assert limits["registers"] == 2 <= limits["shared"]
-    assert blocks_per_unit(program, dev) == (256, 2)
+    assert blocks_per_unit(program, dev, shared_buffers(program, dev)) == (256, 2)
 
 
 def test_occupancy_shared_limited():
@@ -1124,11 +1107,12 @@ def test_occupancy_shared_limited():
     `shared_bytes_per_unit` one block's 48 KB is the budget: 1."""
     dev = device("a100")
     program = make_program(TileCalculus(matmul(1024, 1024, 1024)), dev, [(4, 4, 1), (64, 64, 64)], (True, True), 0.05)
-    assert registers_per_thread(program, dev) == 37
+    assert registers_per_thread(program, dev, shared_buffers(program, dev)) == 37
     assert footprint_at(dev, program, 1) == (64 * 65 + 64 * 68) * 4 == 34048
-    assert occupancy_limits(program, dev) == {"threads": 8, "registers": 6, "shared": 167936 // 34048, "blocks": 32}
-    assert blocks_per_unit(program, dev) == (256, 4)
-    assert blocks_per_unit(program, replace(dev, shared_bytes_per_unit=0)) == (256, 49152 // 34048) == (256, 1)
+    assert occupancy_limits(program, dev, shared_buffers(program, dev)) == {"threads": 8, "registers": 6, "shared": 167936 // 34048, "blocks": 32}
+    assert blocks_per_unit(program, dev, shared_buffers(program, dev)) == (256, 4)
+    small = replace(dev, shared_bytes_per_unit=0)
+    assert blocks_per_unit(program, small, shared_buffers(program, small)) == (256, 49152 // 34048) == (256, 1)
 
 
 def test_occupancy_thread_limited_and_no_shared_memory_without_staging():
@@ -1138,9 +1122,9 @@ def test_occupancy_thread_limited_and_no_shared_memory_without_staging():
     dev = device("h100")
     e = fuse_axes(expr("relu", shape=(1024, 1024)))
     program = make_program(TileCalculus(e), dev, [(1,), (512,)], (True, False), 0.05)
-    assert registers_per_thread(program, dev) == 2 + 2 * 2 + 7
-    assert occupancy_limits(program, dev) == {"threads": 4, "registers": 65536 // (512 * 13), "blocks": 32}
-    assert blocks_per_unit(program, dev) == (512, 4)
+    assert registers_per_thread(program, dev, shared_buffers(program, dev)) == 2 + 2 * 2 + 7
+    assert occupancy_limits(program, dev, shared_buffers(program, dev)) == {"threads": 4, "registers": 65536 // (512 * 13), "blocks": 32}
+    assert blocks_per_unit(program, dev, shared_buffers(program, dev)) == (512, 4)
 
 
 def test_occupancy_block_limited_and_whole_warps():
@@ -1150,13 +1134,15 @@ def test_occupancy_block_limited_and_whole_warps():
     dev = device("v100")
     e = fuse_axes(expr("relu", shape=(1024, 1024)))
     one_warp = make_program(TileCalculus(e), dev, [(1,), (32,)], (True, False), 0.05)
-    assert occupancy_limits(one_warp, dev)["threads"] == 64
-    assert blocks_per_unit(one_warp, dev) == (32, 32)
-    assert blocks_per_unit(one_warp, device("k80")) == (32, 16)
-    assert "blocks" not in occupancy_limits(one_warp, replace(dev, max_blocks_per_unit=0))
+    assert occupancy_limits(one_warp, dev, shared_buffers(one_warp, dev))["threads"] == 64
+    assert blocks_per_unit(one_warp, dev, shared_buffers(one_warp, dev)) == (32, 32)
+    k80 = device("k80")
+    assert blocks_per_unit(one_warp, k80, shared_buffers(one_warp, k80)) == (32, 16)
+    unlimited = replace(dev, max_blocks_per_unit=0)
+    assert "blocks" not in occupancy_limits(one_warp, unlimited, shared_buffers(one_warp, unlimited))
     partial = make_program(TileCalculus(e), dev, [(1,), (40,)], (True, False), 0.05)
-    limits = occupancy_limits(partial, dev)
-    assert limits["threads"] == 2048 // 64 and limits["registers"] == 65536 // (64 * registers_per_thread(partial, dev))
+    limits = occupancy_limits(partial, dev, shared_buffers(partial, dev))
+    assert limits["threads"] == 2048 // 64 and limits["registers"] == 65536 // (64 * registers_per_thread(partial, dev, shared_buffers(partial, dev)))
 
 
 def test_v100_register_prefetch_adds_a_threads_share_of_the_staged_tiles_to_its_registers():
@@ -1169,8 +1155,8 @@ def test_v100_register_prefetch_adds_a_threads_share_of_the_staged_tiles_to_its_
     assert prefetch_registers(program, dev) == (64 * 16 + 16 * 32) // 128 == 12
     base = ceil(footprint_at(dev, program, 0) / 4) + 2 * 3 + 7
     assert registers_per_thread(program, dev, 1) == base
-    assert registers_per_thread(program, dev) == registers_per_thread(program, dev, 2) == base + 12
-    threads, bpu = blocks_per_unit(program, dev)
+    assert registers_per_thread(program, dev, shared_buffers(program, dev)) == registers_per_thread(program, dev, 2) == base + 12
+    threads, bpu = blocks_per_unit(program, dev, shared_buffers(program, dev))
     compute, loads = 3e-6, {"shared": 1e-6, "global": 5e-6}
     inner = overlapped(compute, 1e-6, warps_per_scheduler(program, dev, threads, bpu))
     assert gpu_stages(program, dev, compute, loads) == max(inner, 5e-6)
@@ -1186,7 +1172,7 @@ def test_v100_programs_whose_prefetch_registers_cost_a_resident_block_stay_unpip
     assert 65536 // (256 * r) == 4 and 65536 // (256 * (r + 6)) == 3
     assert occupancy_limits(program, dev, 1)["registers"] == 4 and occupancy_limits(program, dev, 2)["registers"] == 3
     assert not pipelined(program, dev) and not register_prefetch(program, dev)
-    assert registers_per_thread(program, dev) == r  # unpipelined: no prefetch registers counted
+    assert registers_per_thread(program, dev, shared_buffers(program, dev)) == r  # unpipelined: no prefetch registers counted
 
 
 # -- CPU: accumulators over one-register cache tiles, lines, guarded micro-kernels (issue 14) -------
@@ -1236,7 +1222,7 @@ def test_a_register_tile_the_axis_cuts_runs_guarded_unless_the_template_pads(mon
     assert guard_slowdown(program(6), AVX512) == GUARDED_MICRO_KERNEL > 1
     assert guard_slowdown(program(8), AVX512) == 1.0
     guarded = estimate(program(6), AVX512).compute_seconds
-    monkeypatch.setattr(model, "GUARDED_MICRO_KERNEL", 1.0)
+    monkeypatch.setattr(cpu_compute, "GUARDED_MICRO_KERNEL", 1.0)
     assert guarded / estimate(program(6), AVX512).compute_seconds == pytest.approx(GUARDED_MICRO_KERNEL)
     mm = TileCalculus(matmul(100, 64, 64))
     assert guard_slowdown(make_program(mm, AVX512, [(6, 16, 1), (6, 16, 64), (102, 64, 64)], (True,) * 3, 0.0),

@@ -10,10 +10,12 @@ from helpers import TINY_CPU, device, expr
 from test_alignment import AVX2, AVX512
 
 from workbench.ops.fusion import fuse_axes
-from workbench.rtile.model import (
-    BUFFER_PASSES, GB, PACK_BYTES_PER_CYCLE, buffer_bytes, compute_efficiency, core_ghz, estimate, packing_seconds,
-    scalar_row, source_layer, transfer_seconds,
+from workbench.rtile.model import estimate
+from workbench.rtile.model.common import GB, source_layer
+from workbench.rtile.model.cpu import (
+    buffer_bytes, BUFFER_PASSES, core_ghz, PACK_BYTES_PER_CYCLE, packing_seconds, transfer_seconds,
 )
+from workbench.rtile.model.cpu_compute import compute_efficiency, scalar_row
 from workbench.rtile.panels import (
     PAD_OVERLAP, _panel_pays, direct_stores, filter_vector_axis, guarded_row, lane_reduction_axis, loop_nest_key,
     pack_layer, packed_bytes, packed_inputs, pad_level, padded_inputs, pads_tails, ragged, whole_reduction,
@@ -199,8 +201,8 @@ def test_a_scalar_row_fills_one_lane_and_reads_l1_one_element_a_load(dev):
     lanes = dev.register_bytes // 4
     tail = _program(relu, [(dev.warp_size,), (32,), (128,)], dev)
     whole = _program(relu, [(dev.warp_size,), (64,), (192,)], dev)
-    assert compute_efficiency(tail, dev, 1, 1) == pytest.approx(1 / lanes, rel=1e-12)
-    assert compute_efficiency(whole, dev, 1, 1) == pytest.approx(1.0, rel=1e-12)
+    assert compute_efficiency(tail, dev) == pytest.approx(1 / lanes, rel=1e-12)
+    assert compute_efficiency(whole, dev) == pytest.approx(1.0, rel=1e-12)
     for program, factor in ((tail, lanes), (whole, 1)):
         bandwidth = dev.layers[source_layer(program, 0, len(dev.layers))].bandwidth_gbps * GB
         scalar = scalar_row(program, dev)

@@ -28,7 +28,8 @@ from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
-from workbench.rtile.alignment import AlignContext, initial_tile, l1_set_lines, next_aligned_sizes
+from workbench.rtile.alignment import initial_tile, next_aligned_sizes
+from workbench.rtile.rules import AlignContext, l1_set_lines
 from workbench.rtile.traffic import TileCalculus
 
 WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))
@@ -368,7 +369,7 @@ def test_no_tensor_cores_without_mma_units_or_for_float32():
 def test_half_precision_conv_is_not_a_tensor_core_contraction():
     """A conv window (h*stride + r) is no MMA contraction: fp16 conv constructs on CUDA cores."""
     from workbench.construct.stepper import construct
-    from workbench.rtile.alignment import mma_axes
+    from workbench.rtile.axes import mma_axes
 
     conv = expr("conv2d", "float16", N=1, C=64, H=28, W=28, F=64, KH=3, KW=3, stride=1, pad=1)
     assert mma_axes(conv, device("h100")) is None

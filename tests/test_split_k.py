@@ -24,7 +24,8 @@ from workbench.construct.space import Space, replay
 from workbench.construct.stepper import construct
 from workbench.ops.reference import random_inputs
 from workbench.ops.tensor_expr import from_te
-from workbench.rtile.model import estimate, split_k_seconds
+from workbench.rtile.model import estimate
+from workbench.rtile.model.gpu import split_k_seconds
 from workbench.rtile.rprogram import RProgram, make_program, split_axis, split_counts, split_steps
 from workbench.rtile.traffic import TileCalculus
 
@@ -244,12 +245,12 @@ def test_a_direct_conv_splits_its_input_channels_and_its_padding_folds_into_the_
 @pytest.mark.parametrize("params, split", [(dict(M=64, N=64, K=4096), 4), (dict(M=33, N=40, K=1000), 5)])
 def test_a_pipelined_split_on_the_h100_double_buffers_its_parts_and_equals_numpy(params, split, monkeypatch):
     """On sm_80+ the partial-sum kernel pipelines its copies as `codegen.cuda` does (cp.async a
-    step ahead, `rtile.pipeline.pipelined`), each part over its own steps (64, or 13 with the
+    step ahead, `rtile.staging.pipelined`), each part over its own steps (64, or 13 with the
     last part's 11 guarded). Run serially with the copies synchronous (LLVM has no barrier for
     the async stage; tests/test_codegen_cuda_pipeline.py does the same)."""
     from tvm import s_tir
 
-    from workbench.rtile.pipeline import pipelined
+    from workbench.rtile.staging import pipelined
 
     e = expr("matmul", **params)
     p = program(e, ((2, 2, 1), (16, 32, 16)), True, split, "h100")

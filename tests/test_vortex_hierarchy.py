@@ -6,10 +6,11 @@ import pytest
 from helpers import TINY_CPU, device, expr
 
 from workbench.hardware.spec import MicroKernel
-from workbench.rtile.alignment import accumulators, lane_axis, micro_kernel_registers, thread_count, tile_lanes
+from workbench.rtile.axes import lane_axis, tile_lanes
+from workbench.rtile.panels import packed_inputs
+from workbench.rtile.registers import accumulators, micro_kernel_registers, thread_count
 from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
-from workbench.rtile.panels import packed_inputs
 from workbench.vortex.hierarchy import (
     DYN_MULTIPLES, MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates,
     _whole_lines, deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles,

@@ -8,7 +8,7 @@ memory at the innermost shared-step loop by all threads of the block together (c
 fetch), each thread copies the fragments its register tile reads from shared memory into
 `local` arrays at every register step (register staging), partial sums accumulate in registers
 (`cache_write` to `local`), and the register tile is fully unrolled so nvcc keeps it in
-registers. Where `rtile.pipeline.pipelined` says so (sm_80+, at least two shared steps, two
+registers. Where `rtile.staging.pipelined` says so (sm_80+, at least two shared steps, two
 buffers fit a block) the shared copies are double-buffered and asynchronous (cp.async), a step
 ahead of the compute (`pipeline_shared_copies`); on sm_70 through registers instead
 (`prefetch_in_registers`). Programs with `cached[1]` False (no reuse:
@@ -18,7 +18,7 @@ Tiles that do not divide an extent are realised by predicated splits: the tail b
 under a guard, so prime shapes still give correct code. `workbench.codegen.nvcc` checks the
 generated source with nvcc and reports ptxas's registers and spills.
 
-A reduction whose rows are contiguous (`rtile.alignment.cross_thread_axis`: reduce_sum /
+A reduction whose rows are contiguous (`rtile.axes.cross_thread_axis`: reduce_sum /
 reduce_mean over the last axes, gemv), where a thread per output would read its neighbours'
 rows a row apart, binds its threads to its innermost reduce axis instead, one block a row, and
 sums across them with TVM's cross-thread reduction (`_schedule_cross_thread`).
@@ -50,9 +50,9 @@ from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import cross_thread_axis, mma_axes
-from workbench.rtile.pipeline import pipelined, pipelined_axis, register_prefetch
+from workbench.rtile.axes import cross_thread_axis, mma_axes
 from workbench.rtile.rprogram import RProgram
+from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
 REGISTERS, SHARED = 0, 1  # layer indices of a GPU rProgram (top first)
 # TVM lowers the pipelined copies' async scopes to cp.async only under this pass config
@@ -176,7 +176,7 @@ def _limit(device: DeviceSpec, key: str) -> int:
 
 
 def lane_program(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> RProgram:
-    """A tensor-core program's top tile is one warp's fragment tile (rtile.alignment.mma_axes).
+    """A tensor-core program's top tile is one warp's fragment tile (rtile.axes.mma_axes).
     Where the WMMA path (`cuda_mma`) cannot take it, it is realised on the CUDA cores: the warp
     tile is split over the warp's lanes along (i, j), which keeps the program's threads per block
     and its shared-memory tiles. Other programs are returned unchanged."""
@@ -238,7 +238,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
 
 
 def _schedule_cross_thread(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads, across: int):
-    """A cross-thread reduction (`rtile.alignment.cross_thread_axis`): the block's threads split
+    """A cross-thread reduction (`rtile.axes.cross_thread_axis`): the block's threads split
     the reduce axis `across`, thread t of T reading elements t, t + T, .. of each step of the
     block tile (consecutive threads, consecutive elements: coalesced) into its registers; the
     other reduce axes are walked by every thread. The block computes the outputs of its tile
@@ -398,7 +398,7 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
 
 def _copy_loop(expr: TensorExpr, program: RProgram, device: DeviceSpec, nest: _Nest):
     """The shared-step loop the copies go to: the innermost, or in a pipelined program the
-    loop `rtile.pipeline.pipelined_axis` names (the step loops inside it run once, so the same
+    loop `rtile.staging.pipelined_axis` names (the step loops inside it run once, so the same
     tiles are copied, and the copies become statements of the loop that is pipelined)."""
     if not pipelined(program, device) or len(nest.reduce_steps) != len(expr.reduce):
         return nest.reduce_steps[-1]
@@ -420,7 +420,7 @@ def _stage_fragment(sch, main, copy, nest: _Nest) -> None:
 
 
 def prefetch_in_registers(sch, copy) -> None:
-    """Register prefetch (`rtile.pipeline.register_prefetch`, sm_70): the shared copy `copy`
+    """Register prefetch (`rtile.staging.register_prefetch`, sm_70): the shared copy `copy`
     goes through a `local` array, each thread loading its elements from global memory into
     registers, then storing them into shared memory, two statements that the pipeline places
     apart (`pipeline_shared_copies`); its shared buffer is doubled though the store of step
@@ -431,7 +431,7 @@ def prefetch_in_registers(sch, copy) -> None:
 
 
 def pipeline_shared_copies(sch, steps, copies: int, prefetch: bool = False) -> None:
-    """Double-buffer the shared copies (`rtile.pipeline.pipelined` says which programs): the
+    """Double-buffer the shared copies (`rtile.staging.pipelined` says which programs): the
     body of the shared-step loop `steps` is the copies, then the compute; the copies run one
     step ahead (stage 0) of the compute (stage 1), in program order. TVM's
     `InjectSoftwarePipeline` doubles each shared buffer and emits the prologue (the copies of

@@ -47,7 +47,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.gemm_view import GemmView, view_of
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.pipeline import pipelined, register_prefetch
+from workbench.rtile.staging import pipelined, register_prefetch
 from workbench.rtile.rprogram import RProgram
 
 

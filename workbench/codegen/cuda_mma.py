@@ -1,6 +1,6 @@
 """The tensor-core path of the CUDA template: a matmul-like rProgram as a WMMA TensorIR schedule.
 
-A tensor-core rProgram's top tile is one warp's fragment tile (`rtile.alignment.mma_axes`), its
+A tensor-core rProgram's top tile is one warp's fragment tile (`rtile.axes.mma_axes`), its
 shared tile one thread block, so every spatial axis splits into (grid, warps, warp tile) and the
 reduce axis into (shared steps, fragment steps, fragment tile). Grid loops are fused, in grouped
 order (`block_order.group_rows`), and bound to `blockIdx.x`, warp loops to `threadIdx.y`, a
@@ -9,7 +9,7 @@ into shared memory (vectorised, rows padded against bank conflicts: `rtile.wmma_
 bytes the construction counts); at every fragment step a warp loads its A and B fragments
 (`wmma.matrix_a` / `wmma.matrix_b`) and multiplies them into accumulator fragments
 (`wmma.accumulator`) that live across the whole reduction; then it stores them to the output.
-Where `rtile.pipeline.pipelined` says so the shared copies are double-buffered cp.async copies
+Where `rtile.staging.pipelined` says so the shared copies are double-buffered cp.async copies
 a step ahead of the fragment steps (`cuda.pipeline_shared_copies`); a copy TVM cannot issue as
 cp.async (a transposing or zero-filling one) stays a synchronous store inside the pipeline.
 The 16x16x16 pieces are tensorized with TVM 0.27's registered WMMA intrinsics
@@ -37,9 +37,9 @@ from workbench.codegen.cuda import pipeline_shared_copies
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import mma_axes
-from workbench.rtile.pipeline import pipelined
+from workbench.rtile.axes import mma_axes
 from workbench.rtile.rprogram import RProgram
+from workbench.rtile.staging import pipelined
 from workbench.rtile.wmma_shared import plain_dims, row_alignment
 
 WARP, BLOCK = 0, 1  # layer indices of a tensor-core rProgram: (warp fragment tile, thread-block tile)

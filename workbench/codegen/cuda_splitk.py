@@ -11,7 +11,7 @@ bound to `blockIdx.x`, so TVM's lowering makes two kernels, launched one after t
 The partial-sum block is tiled as `codegen.cuda` tiles the main block (its split loop joins the
 grid), with the same steps, called from there: cooperative staging in shared memory
 (`_stage_in_shared`), register staging of fragments, double-buffered copies where
-`rtile.pipeline.pipelined` says so (each part walks at least two steps), register accumulators
+`rtile.staging.pipelined` says so (each part walks at least two steps), register accumulators
 written back under the thread loop, unrolled register tiles, and for a cross-thread reduction (`cross_thread_axis`) threads along the split
 axis within a block, summed by TVM's cross-thread allreduce. The final pass gives each thread
 one output (consecutive threads, consecutive outputs), sums its S partial sums in a register
@@ -51,9 +51,9 @@ from workbench.codegen.cuda import (
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import cross_thread_axis
-from workbench.rtile.pipeline import pipelined, pipelined_axis, register_prefetch
+from workbench.rtile.axes import cross_thread_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
+from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
 FINAL_THREADS = 128  # threads per block of the final pass: 4 warps, the multiple issue 16 asks for
 

@@ -65,8 +65,10 @@ from workbench.construct.space import (
     Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, legal_actions, with_axis,
 )
 from workbench.construct.step import Alternative, Step
-from workbench.rtile.alignment import initial_tile, mma_axes
-from workbench.rtile.model import estimate, shared_wavefronts
+from workbench.rtile.alignment import initial_tile
+from workbench.rtile.axes import mma_axes
+from workbench.rtile.model import estimate
+from workbench.rtile.model.gpu import shared_wavefronts
 
 T0 = 1.0
 ITERATIONS_PER_WALK = 100  # Gensor §IV-D: "convergence can generally be achieved after about 100 iterations"

@@ -30,7 +30,7 @@ from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.panels import loop_nest_key
-from workbench.rtile.pipeline import pipelined, pipelined_axis
+from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 
 

@@ -51,8 +51,9 @@ from workbench.construct.space import (
     EPS_STEPS, Action, IllegalAction, Kind, OverCapacity, State, apply, descend_within_limits, with_axis,
 )
 from workbench.construct.step import Alternative, Step
-from workbench.rtile.alignment import next_aligned_sizes, partial_sums
-from workbench.rtile.model import is_load_hidden
+from workbench.rtile.alignment import next_aligned_sizes
+from workbench.rtile.model.common import is_load_hidden
+from workbench.rtile.registers import partial_sums
 
 # Most growth steps on one chain of EnlargeTile (all layers): each is a nested generator, and
 # Python stops at 1,000 frames (with a caller's frames below). A layer whose tile is still

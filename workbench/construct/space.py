@@ -16,11 +16,11 @@ from math import ceil, gcd
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import (
-    AlignContext, block_thread_count, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes,
-)
-from workbench.rtile.model import is_compute_bound
+from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
+from workbench.rtile.model.common import is_compute_bound
+from workbench.rtile.registers import block_thread_count
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
+from workbench.rtile.rules import AlignContext
 from workbench.rtile.traffic import calculus
 
 Tile = tuple[int, ...]

@@ -24,7 +24,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.model import peak_gflops
+from workbench.rtile.model.common import peak_gflops
 
 __all__ = ["POLICIES", "Construction", "Stepper", "construct"]
 
@@ -161,7 +161,7 @@ class Construction:
 
     @property
     def peak_gflops(self) -> float:
-        """The device's peak for this expression (the roofline's ceiling): `rtile.model.peak_gflops`."""
+        """The device's peak for this expression (the roofline's ceiling): `rtile.model.common.peak_gflops`."""
         return peak_gflops(self.expr, self.device)
 
     def candidate(self, rank: int) -> Candidate:

@@ -53,8 +53,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from workbench.errors import UserError
+from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec, MemoryLayer, MicroKernel
-from workbench.rtile.alignment import register_budget
 
 # About 10 s for the bandwidths and peaks, 20 s for the micro-kernels (MICRO_KERNEL_SHARE).
 DEFAULT_BUDGET_S = 30.0

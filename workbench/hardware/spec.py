@@ -86,7 +86,7 @@ class DeviceSpec:
     fma_pipes: int = 0
     # CPU register micro-kernels measured on this machine (`MicroKernel`), sorted by (dtype,
     # rows, cols); empty until calibrated. The rTile model's compute term uses the one a
-    # program's register tile runs where there is one (`rtile.model.compute_efficiency`).
+    # program's register tile runs where there is one (`rtile.model.cpu_compute.compute_efficiency`).
     micro_kernels: tuple[MicroKernel, ...] = ()
     # What starting one kernel costs beyond its own run, in microseconds: a GPU kernel launch
     # (the host's launch call and the grid's start), a CPU kernel's call through TVM's runtime and
@@ -106,7 +106,7 @@ class DeviceSpec:
     # into: its bytes (every such cache among the spec's cores) and its streaming-read bandwidth
     # in GB/s; 0 where the spec does not say, and on a GPU (its L2 is `l2_bytes`). An operator
     # whose data fits in it is read from it, not from the bottom layer, once it has run before
-    # (`rtile.model.layer_gbps`): each timing repeat, a model's next kernel.
+    # (`rtile.model.common.layer_gbps`): each timing repeat, a model's next kernel.
     llc_bytes: int = 0
     llc_gbps: float = 0.0
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)

@@ -106,7 +106,7 @@ def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     """What the construction tiles: a conv's GEMM view on a device that launches thread blocks
     (CUDA), the expression itself everywhere else (the CPU path is unchanged). A dtype the
     device has tensor cores for keeps the direct nest: the view would be modelled as an MMA
-    contraction (`rtile.alignment.mma_axes`) while the WMMA template declines fused axes and
+    contraction (`rtile.axes.mma_axes`) while the WMMA template declines fused axes and
     `codegen.cuda_conv` runs on the CUDA cores, so the model would price the wrong units."""
     if not device.launches_thread_blocks or device.has_tensor_cores(expr.dtype):
         return expr

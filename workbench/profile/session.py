@@ -82,7 +82,7 @@ class ProfileResult:
     @property
     def diagnoses(self) -> dict[int, Diagnosis]:
         """rank -> the diagnosis of each correct, timed kernel (its best repeat against the roofs)."""
-        from workbench.rtile.model import peak_gflops
+        from workbench.rtile.model.common import peak_gflops
 
         return {c.rank: diagnose(c.estimate, c.device, peak_gflops(c.expr, c.device), m.best_seconds)
                 for c, m in zip(self.candidates, self.measurements) if m.ok}

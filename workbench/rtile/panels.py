@@ -10,7 +10,7 @@ from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import filter_axis, lane_axis, streams, vector_axis
+from workbench.rtile.axes import filter_axis, lane_axis, streams, vector_axis
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
 

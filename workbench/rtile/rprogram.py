@@ -19,9 +19,8 @@ from typing import Sequence
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import (
-    cross_thread_axis, is_micro_kernel_layer, micro_kernel_registers, mma_axes, tile_lanes,
-)
+from workbench.rtile.axes import cross_thread_axis, is_micro_kernel_layer, mma_axes, tile_lanes
+from workbench.rtile.registers import micro_kernel_registers
 from workbench.rtile.traffic import TileCalculus, bank_padding, calculus
 from workbench.rtile.wmma_shared import wmma_shared_bytes
 
@@ -137,7 +136,7 @@ def layer_footprint(calc: TileCalculus, device: DeviceSpec, layer: int, tile: Ti
     says whether the output tile counts). A tensor-core fragment tile at the top layer is spread
     over the lanes of a warp, so its per-thread share is what counts. A CPU core's register tile
     is counted in whole vector registers, the micro-kernel's loads and broadcast included
-    (`alignment.micro_kernel_registers`): a 6 x 16 fp32 AVX2 tile takes 15 ymm = 480 B, not the
+    (`registers.micro_kernel_registers`): a 6 x 16 fp32 AVX2 tile takes 15 ymm = 480 B, not the
     scalar bytes of its data tiles. A block's shared tile of a program the WMMA template builds
     is what that template allocates (`wmma_shared.wmma_shared_bytes`: fragment-aligned rows, the
     staged output of a padded grid).
@@ -154,7 +153,7 @@ def layer_capacity(device: DeviceSpec, layer: int) -> int:
     """Bytes one tile may occupy at `layer`: the layer's capacity, and at the top (per-thread)
     layer no more than `registers_per_thread_cap` registers either, whichever is smaller (the
     presets and detected CPUs state the two consistently; a hand-written spec may not). On a
-    CPU that is `alignment.register_budget` vector registers, up to a partial register of a
+    CPU that is `hardware.registers.register_budget` vector registers, up to a partial register of a
     register layer whose bytes are not a whole number of vectors (which no tile can use)."""
     capacity = device.layers[layer].capacity_bytes
     if layer == 0 and device.layers[0].scope == "thread":

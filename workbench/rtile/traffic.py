@@ -124,7 +124,7 @@ class TileCalculus:
         register tile's vector accumulators only over one L1 tile's K-steps (the loop order
         `S1 R1 | S2 R2 | registers`), so an L1 K tile of 16 on a 512-deep K moves the whole output
         through L1 31 more times. `lanes`: partial sums per output element (a micro-kernel
-        vectorised along a reduce axis keeps a vector of them each: `alignment.partial_sums`).
+        vectorised along a reduce axis keeps a vector of them each: `registers.partial_sums`).
         0 without reduction steps above."""
         steps = prod(ceil(self.extents[a] / upper[a]) for a in self.expr.reduce)
         if steps <= 1:

@@ -12,7 +12,7 @@ Roller's footprint of a shared tile is its input data tiles with bank padding
   float16 matmul 4096^3 in 128 x 192 x 16 blocks on the A100: 2 x (128 x 24 + 16 x 200) x 2 B
   double-buffered inputs + 128 x 200 x 2 B output = 76,288 B, `gpu_resources` of the lowered
   kernel), 2.5x the 12 KiB of bank-padded input tiles the footprint counted before.
-Pipelining doubles the input tiles (`rtile.pipeline`, STAGES x this footprint; the output's share
+Pipelining doubles the input tiles (`rtile.staging`, STAGES x this footprint; the output's share
 is counted twice there, which only errs towards not pipelining).
 """
 
@@ -22,7 +22,7 @@ from math import prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import mma_axes
+from workbench.rtile.axes import mma_axes
 
 # A WMMA load reads its fragment 8 rows of 16 bytes at a time; a row stride of an odd number of
 # 16-byte groups puts those 8 rows in 8 different 16-byte groups of the 128-byte bank row (and

@@ -14,7 +14,7 @@ Reconstruction, per candidate (an rProgram whose tiles `hierarchy` built) and va
    was calibrated (`DeviceSpec.micro_kernels`), modelled otherwise; the levels above modelled
    analytically: one unit's temporal cost (compute against the loads from each memory layer)
    times the parallel waves of unit tiles over the cores / SMs (`ceil(grid / units)` rounds).
-4. The model's estimate includes what the CPU template adds (`rtile.model.packing_seconds`): the
+4. The model's estimate includes what the CPU template adds (`rtile.model.cpu.packing_seconds`): the
    copies of the inputs it packs into panels (`rtile.panels`), one per unit tile and K-step. They decide
    between kernels along the dynamic axis: a 6-row unit tile copies all of B for every 6 rows
    (at M = 1 the whole 7 MB B of the BERT GEMM for one row, where a 1-row kernel packs nothing),

@@ -36,14 +36,16 @@ from __future__ import annotations
 from itertools import product
 from math import ceil, prod
 
+from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import (
-    RULES, AlignContext, TensorShapeRule, accumulators, is_micro_kernel_layer, lane_axis, micro_kernel_registers,
-    register_budget, thread_count, tile_lanes,
-)
-from workbench.rtile.model import estimate, latency_coverage, micro_kernel_shape, simd_utilisation
+from workbench.rtile.alignment import RULES
+from workbench.rtile.axes import is_micro_kernel_layer, lane_axis, tile_lanes
+from workbench.rtile.model import estimate
+from workbench.rtile.model.cpu_compute import latency_coverage, micro_kernel_shape, simd_utilisation
+from workbench.rtile.registers import accumulators, micro_kernel_registers, thread_count
 from workbench.rtile.rprogram import RProgram, layer_capacity, layer_footprint, make_program, storage_padding
+from workbench.rtile.rules import AlignContext, TensorShapeRule
 from workbench.rtile.traffic import calculus
 from workbench.vortex.analyzer import at_extent
 

@@ -1,7 +1,7 @@
 """Which GPU programs the CUDA templates software-pipeline: one rule, read by the templates
 (`codegen.cuda`, `codegen.cuda_mma`, `codegen.cuda_conv`), which annotate the loop, and by the model
-(`rtile.model.gpu_stages`, `blocks_per_unit`), which overlaps the stages and counts the shared
-buffers accordingly. Pure: no TVM.
+(`rtile.model.gpu.gpu_stages`), which overlaps the stages, and by its occupancy
+(`rtile.occupancy`), which counts the shared buffers accordingly. Pure: no TVM.
 
 A pipelined program double-buffers its shared-memory tiles: the block copies the inputs' tiles
 of shared step s + 1 into one pair of buffers while it computes step s from the other (TVM's
@@ -18,13 +18,9 @@ from __future__ import annotations
 from math import ceil
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.alignment import block_thread_count, cross_thread_axis, mma_axes
-from workbench.rtile.rprogram import RProgram, footprint_at, layer_footprint
-from workbench.rtile.traffic import calculus
-
-STAGES = 2  # copy of step s + 1, compute of step s: two buffers of every staged input
-ASYNC_ARCH = 80  # cp.async: sm_80 (Ampere) and later
-
+from workbench.rtile.axes import cross_thread_axis, mma_axes
+from workbench.rtile.occupancy import STAGES, async_copies, blocks_per_unit, resident_blocks
+from workbench.rtile.rprogram import RProgram, footprint_at
 
 def pipelined_axis(program: RProgram, device: DeviceSpec) -> int | None:
     """The reduce axis whose shared-step loop the templates pipeline: the innermost (the last of
@@ -47,15 +43,6 @@ def shared_steps(program: RProgram, device: DeviceSpec) -> int:
     return ceil(program.expr.axes[axis].extent / program.tiles[device.unit_layer_index][axis])
 
 
-def async_copies(device: DeviceSpec) -> bool:
-    """Whether the device copies global to shared memory asynchronously: CUDA `cp.async`, which
-    needs sm_80 or later (PTX ISA 7.0, `cp.async`: "Requires sm_80 or higher")."""
-    target = device.target_dict()
-    arch = str(target.get("arch", ""))
-    digits = "".join(c for c in arch.removeprefix("sm_") if c.isdigit())
-    return target.get("kind") == "cuda" and arch.startswith("sm_") and bool(digits) and int(digits) >= ASYNC_ARCH
-
-
 def cuda_target(device: DeviceSpec) -> bool:
     """Whether the device's TVM target is CUDA (the templates' software pipeline is CUDA's)."""
     return device.target_dict().get("kind") == "cuda"
@@ -65,17 +52,6 @@ def register_prefetch(program: RProgram, device: DeviceSpec) -> bool:
     """Whether the templates pipeline `program` through registers: pipelined on a device without
     `cp.async` (sm_70)."""
     return not async_copies(device) and pipelined(program, device)
-
-
-def prefetch_registers(program: RProgram, device: DeviceSpec) -> int:
-    """32-bit registers the register prefetch adds to a thread: its share of one step's staged
-    input tiles (`layer_footprint` at the shared layer without bank padding, which is not
-    loaded) over the block's threads, rounded up. Our count: the copies' split rounds each
-    input's share up to whole vectors, at most a vector more per input."""
-    unit = device.unit_layer_index
-    tiles = layer_footprint(calculus(program.expr), device, unit, program.tiles[unit])
-    threads = block_thread_count(program.expr, device, program.unit_tile, program.register_tile)
-    return ceil(tiles / (threads * device.register_bytes))
 
 
 def shared_limit(device: DeviceSpec) -> int:
@@ -94,11 +70,11 @@ def pipelined(program: RProgram, device: DeviceSpec) -> bool:
     loads, and the doubled buffers would only cost occupancy), has a shared-step loop that runs at least
     twice (`shared_steps`; a single step has nothing to overlap), whose doubled input tiles
     (`footprint_at` the shared layer, bank padding included) fit one block's shared memory,
-    and for which they cost no resident blocks (`model.resident_blocks`, with one buffer and
+    and for which they cost no resident blocks (`occupancy.resident_blocks`, with one buffer and
     with two, the latter with the prefetch registers where there is no `cp.async`:
-    `model.registers_per_thread`; a tensor-core program, or one with fused axes, pipelines
+    `occupancy.registers_per_thread`; a tensor-core program, or one with fused axes, pipelines
     on sm_80+ only): with as many blocks resident the pipelined time max(inner, global) is never
-    above the unpipelined one (`model.gpu_stages`), where fewer blocks would cost latency
+    above the unpipelined one (`model.gpu.gpu_stages`), where fewer blocks would cost latency
     hiding and bytes in flight that the model prices (a matmul's or a conv's top 1 on the
     H100 predicted up to 1.5x slower when doubled tiles halved its blocks)."""
     expr = program.expr
@@ -113,9 +89,6 @@ def pipelined(program: RProgram, device: DeviceSpec) -> bool:
         return False  # the WMMA template (`codegen.cuda_mma`) has no register prefetch
     if STAGES * footprint_at(device, program, unit) > shared_limit(device):
         return False
-    # the model imports this module: its occupancy is read at call time
-    from workbench.rtile.model import blocks_per_unit, resident_blocks
-
     resident = [resident_blocks(program, device, blocks_per_unit(program, device, n)[1]) for n in (1, STAGES)]
     return resident[1] == resident[0]
 

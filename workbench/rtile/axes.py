@@ -1,0 +1,226 @@
+"""Which axis an operator's work runs along on a device: the contiguous axes of its tensors, a
+tensor-core contraction's (i, j, k), a cross-thread reduction's axis on a GPU, the axis a CPU
+micro-kernel fills its SIMD lanes along (or LLVM's own vectorised row). Read by the alignment
+rules, the model, the panels and the templates alike. Pure: no TVM.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import prod
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+
+
+def leading_axis(tensor) -> int | None:
+    """The axis that alone (coefficient 1) indexes a tensor's contiguous dimension, if any."""
+    if not tensor.index:  # a scalar (a reduction over every axis)
+        return None
+    return dim_axis(tensor, len(tensor.index) - 1)
+
+
+def dim_axis(tensor, dim: int) -> int | None:
+    """The axis that alone (coefficient 1) indexes dimension `dim` of a tensor, if any."""
+    coeffs, _ = tensor.index[dim]
+    used = [a for a, c in enumerate(coeffs) if c]
+    return used[0] if len(used) == 1 and coeffs[used[0]] == 1 else None
+
+
+def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | None:
+    """(i, j, k) covered by an MMA fragment, or None where tensor cores do not apply: the device
+    has no MMA unit for the dtype, or the operator is not a contraction C[.., i, j] += A[.., i, k]
+    * B[.., k, j] (i, j the output's last two dims; each of i, j, k indexing a dimension alone;
+    A without j, B without i), or one of i, j, k is shorter than the fragment (no tile may
+    exceed its axis, so no fragment tile would exist). A conv's window `h*stride + r` is not
+    such a contraction."""
+    if not device.has_tensor_cores(expr.dtype):
+        return None
+    out = expr.output
+    if len(out.index) < 2 or len(expr.inputs) != 2:
+        return None
+    i, j = dim_axis(out, len(out.index) - 2), dim_axis(out, len(out.index) - 1)
+    if i is None or j is None or i == j:
+        return None
+    sole = [{dim_axis(t, d) for d in range(len(t.index))} - {None} for t in expr.inputs]
+    for a, b in ((0, 1), (1, 0)):
+        if i in sole[a] and j in sole[b] and not expr.inputs[a].uses_axis(j) and not expr.inputs[b].uses_axis(i):
+            ks = [k for k in expr.reduce if k in sole[a] and k in sole[b]]
+            if ks:
+                found = (i, j, ks[-1])
+                fits = all(expr.axes[x].extent >= f for x, f in zip(found, device.tensor_core_fragment))
+                return found if fits else None
+    return None
+
+
+def tile_lanes(expr: TensorExpr, device: DeviceSpec) -> int:
+    """Threads sharing one top-layer tile: a warp for an MMA fragment tile, else one."""
+    return device.warp_size if mma_axes(expr, device) else 1
+
+
+@lru_cache(maxsize=1024)
+def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The reduce axis a GPU block spreads its threads along (a cross-thread reduction), or None.
+
+    The decision is coalescing (issue 16). A thread per output puts neighbouring threads on
+    neighbouring outputs, which read their rows a whole row apart wherever the innermost reduce
+    axis `k` alone indexes the contiguous dimension of every input reading it (`leading_axis`
+    and `streams`): a warp's load touches one 32 B sector per lane (32 sectors for 128 useful
+    bytes in fp32, 8x a coalesced load; `model.gpu.warp_sectors` prices it). An operator none of whose
+    inputs is reused across outputs (`_read_once`: reduce_sum / reduce_mean over the last
+    axes, roller-table1 R0-R2) stages nothing in shared memory, so its threads read global
+    memory that way; such a reduction, whatever its number of outputs, binds its threads to `k`
+    instead: consecutive threads read consecutive elements, each thread sums its share, and
+    the block combines the partial sums in a tree (TVM's cross-thread allreduce: warp shuffles,
+    then shared memory across warps); a block sums for one output point (`rules.BlockThreadsRule`).
+    An operator with a reused input (gemv's x, A x B^T's A and B) stages its tiles, which the
+    block's threads copy coalesced, and keeps a thread per output, unless it has fewer outputs
+    than `compute_units x warp_size` (a thread per output cannot give every unit even one warp;
+    our threshold) and an input read once runs along `k` (gemv 64 x 8192's A: one block a row,
+    as the classic gemv; not A x B^T, both of whose inputs are reused).
+    `k` must be at least a warp long (a shorter row shares its sectors between neighbouring
+    threads' rows anyway). A thread per output stays where neighbouring outputs read
+    neighbouring elements: a reduction over an outer axis (axis 0 of a row-major matrix, whose
+    output axis is the input's contiguous one), pooling windows (`x*stride + s`), a matmul's
+    B[k, j] (k with a stride of N), and contractions on tensor cores."""
+    if not device.lanes_are_threads or not expr.reduce or mma_axes(expr, device) is not None:
+        return None
+    k = expr.reduce[-1]
+    readers = [t for t in expr.inputs if t.uses_axis(k)]
+    if expr.axes[k].extent < device.warp_size or not readers:
+        return None
+    streamed = [_read_once(expr, t) for t in expr.inputs]
+    few = prod(expr.axes[a].extent for a in expr.spatial) < device.compute_units * device.warp_size
+    if not (all(streamed) or (few and any(s for s, t in zip(streamed, expr.inputs) if t.uses_axis(k)))):
+        return None
+    return k if all(leading_axis(t) == k and streams(t, k) for t in readers) else None
+
+
+def _read_once(expr: TensorExpr, tensor) -> bool:
+    """Whether each element of `tensor` is read for one output only (it uses every spatial axis
+    longer than 1): nothing of it is reused across outputs."""
+    return all(tensor.uses_axis(a) for a in expr.spatial if expr.axes[a].extent > 1)
+
+
+def vector_axis(expr: TensorExpr) -> int | None:
+    """The axis indexing the output's contiguous dimension: the one a CPU kernel vectorises
+    where its inputs allow (`lane_axis`)."""
+    return leading_axis(expr.output)
+
+
+def streams(tensor, axis: int) -> bool:
+    """Whether `axis` indexes `tensor` only through its contiguous dimension with stride 1, or not
+    at all: consecutive values along the axis are one vector load (or one broadcast), not a
+    gather (the CPU template decides vectorisation by this test: `panels.vector_loop_axis`)."""
+    dims = [d for d, (coeffs, _) in enumerate(tensor.index) if coeffs[axis]]
+    if not dims:
+        return True
+    last = len(tensor.index) - 1
+    return dims == [last] and tensor.index[last][0][axis] == 1
+
+
+def is_projection(tensor, expr: TensorExpr) -> bool:
+    """Whether every dimension of `tensor` is indexed by one whole unfused axis with coefficient
+    1 and no offset (matmul's operands, a conv's filters; not a conv's input windows): a tile of
+    it can be copied into a panel of any layout."""
+    for coeffs, const in tensor.index:
+        used = [a for a, c in enumerate(coeffs) if c]
+        if const or len(used) != 1 or coeffs[used[0]] != 1 or len(expr.axes[used[0]].fused_from) > 1:
+            return False
+    return True
+
+
+# Cached: the CPU rules ask for it on every size they scan (cpu-tails, vector-lanes), and a
+# convolution's answer walks every output dimension's readers; `lane_axis`, whose key also hashes
+# the device spec, got slower cached (evidence: docs/model-evidence.md#filter-axis).
+@lru_cache(maxsize=256)
+def filter_axis(expr: TensorExpr) -> int | None:
+    """The output-channel axis of a convolution-like reduction, or None.
+
+    The operator reduces and reads its output's contiguous axis through a window (an input
+    dimension indexed by that axis and another, `x*stride + s`), and the axis is a spatial one
+    that the inputs reading it read as projections (`is_projection`: the filters) while at
+    least one other input ignores it (the data, broadcast), and the filters are reused (they
+    ignore a spatial axis longer than 1). The innermost such output dimension (conv2d: f).
+    Depthwise convolutions and pooling have none: their channel axis indexes the windowed data.
+    """
+    v = vector_axis(expr)
+    if not expr.reduce or v is None or not any(_windowed(t, v) for t in expr.inputs):
+        return None
+    found = None
+    for dim, (coeffs, _) in enumerate(expr.output.index):
+        a = dim_axis(expr.output, dim)
+        if a is None or expr.axes[a].kind != "spatial":
+            continue
+        readers = [t for t in expr.inputs if t.uses_axis(a)]
+        if not readers or len(readers) == len(expr.inputs):
+            continue
+        reused = all(any(not t.uses_axis(b) and expr.axes[b].extent > 1 for b in expr.spatial) for t in readers)
+        if reused and all(is_projection(t, expr) for t in readers):
+            found = a
+    return found
+
+
+def _windowed(tensor, axis: int) -> bool:
+    """Whether `tensor` reads `axis` in a dimension that another axis indexes as well."""
+    return any(coeffs[axis] and sum(1 for c in coeffs if c) > 1 for coeffs, _ in tensor.index)
+
+
+def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The axis a CPU register micro-kernel fills its SIMD lanes along, or None (scalar code).
+
+    A convolution's `filter_axis` when it holds a whole number of 4-lane pieces and at least a
+    vector (oneDNN's direct-convolution idea: the filters, packed into panels with the filter
+    axis innermost, stream as vectors; each input element is broadcast, so the stride does not
+    matter; the accumulators keep the filter axis innermost; evidence:
+    docs/model-evidence.md#lane-axis).
+    Else the output's contiguous axis (`vector_axis`) when every input streams along it or
+    ignores it (a strided or transposed access turns a vector load into a gather); else, for a
+    reduction, its innermost reduce axis when an input reads it, every input streams along it
+    or ignores it, and it has at least a vector of lanes: each output then keeps a vector of
+    per-lane partial sums, summed across lanes once per tile (gemv, row sums: the CPU
+    template's rfactor path). Else none (a stride-2 pooling's output row is a gather).
+    """
+    f = filter_axis(expr)
+    if f is not None and expr.axes[f].extent >= device.warp_size and expr.axes[f].extent % 4 == 0:
+        return f
+    v = vector_axis(expr)
+    if v is not None and expr.axes[v].kind == "spatial" and all(streams(t, v) for t in expr.inputs):
+        return v
+    if not expr.reduce:
+        return None
+    k = expr.reduce[-1]
+    if expr.axes[k].extent < device.warp_size or not any(t.uses_axis(k) for t in expr.inputs):
+        return None
+    return k if all(streams(t, k) for t in expr.inputs) else None
+
+
+def autovector_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The output row LLVM vectorises on its own in a CPU micro-kernel without a `lane_axis`: the
+    output's contiguous axis where an input reads it strided (a stride-2 pooling), or None. The
+    template leaves that row scalar and unrolled; LLVM's SLP vectoriser packs it into vectors in
+    power-of-two pieces, shuffling the strided loads (a row of 1 to 3, its loop vectoriser packs
+    consecutive register tiles instead): `model.cpu_compute.autovector_efficiency`."""
+    if not device.runs_on_cpu or lane_axis(expr, device) is not None:
+        return None
+    v = vector_axis(expr)
+    return v if v is not None and expr.axes[v].kind == "spatial" else None
+
+
+def is_micro_kernel_layer(device: DeviceSpec, layer: int) -> bool:
+    """Whether a tile at `layer` is a CPU core's register micro-kernel: the top, per-thread layer
+    of a device whose lanes are SIMD lanes of vector registers."""
+    return layer == 0 and not device.lanes_are_threads and device.layers[0].scope == "thread"
+
+
+def reduce_lanes(expr: TensorExpr, lane: int | None) -> bool:
+    """Whether a CPU micro-kernel whose `lane_axis` is `lane` runs its SIMD lanes along a
+    reduction (gemv, row sums), keeping a vector of partial sums per output row."""
+    return lane is not None and expr.axes[lane].kind == "reduce"
+
+
+def filter_lanes(expr: TensorExpr, lane: int | None) -> bool:
+    """Whether a CPU micro-kernel whose `lane_axis` is `lane` vectorises `expr` along its
+    `filter_axis`."""
+    f = filter_axis(expr)
+    return f is not None and f == lane

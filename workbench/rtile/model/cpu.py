@@ -1,0 +1,218 @@
+"""A CPU program's memory pricing: the bytes each cache layer loads (`cache_traffic`, in whole
+lines for `scattered_inputs`), their transfer times, the accumulators' trips to the layer that
+keeps them (`accumulator_home`, `accumulator_steps`) and the output buffer's passes
+(`buffer_bytes`), the panel copies (`packing_seconds`), and how the stages add up
+(`combine_stages`); `price` assembles them with the compute term (`model.cpu_compute`)."""
+
+from __future__ import annotations
+
+from math import prod
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.axes import lane_axis
+from workbench.rtile.model.common import (
+    GB, Pricing, hardware_caches, layer_gbps, peak_gflops, provenance, source_layer,
+)
+from workbench.rtile.model.cpu_compute import (
+    compute_efficiency, compute_provenance, guard_slowdown, scalar_lanes, scalar_row,
+)
+from workbench.rtile.panels import direct_stores, pack_layer, packed_bytes
+from workbench.rtile.registers import partial_sums
+from workbench.rtile.rprogram import RProgram
+from workbench.rtile.traffic import calculus
+
+
+def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float) -> Pricing:
+    """A CPU program's `Pricing` (Roller §3.3 on a core): compute at the fraction of peak its
+    register tile reaches, slowed by its guards; per cache layer `cache_traffic` at the layer
+    below's bandwidth (every layer: `hardware_caches`); the accumulators' trips and the output
+    buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
+    copies added after the scale-out."""
+    expr = program.expr
+    calc = calculus(expr)
+    eff = compute_efficiency(program, device)
+    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff) * guard_slowdown(program, device)
+    loads: dict[str, float] = {}
+    moved: dict[str, int] = {}
+    through = hardware_caches(program, device)
+    scalar = scalar_row(program, device)
+    for layer in range(len(program.tiles)):
+        src = device.layers[source_layer(through, layer, len(device.layers))]
+        q = cache_traffic(program, device, layer)
+        moved[src.name] = moved.get(src.name, 0) + q
+        loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(through, device, layer, q, scalar) / busy
+    if len(program.tiles) > 1 and expr.reduce:
+        at = accumulator_home(program, device)
+        home = device.layers[at]
+        q = calc.accumulator_bytes(program.register_tile, accumulator_steps(program),
+                                   partial_sums(expr, device, program.register_tile)) + buffer_bytes(program, device)
+        moved[home.name] = moved.get(home.name, 0) + q
+        loads[home.name] = loads.get(home.name, 0.0) + q / (layer_gbps(program, device, at) * GB * busy)
+    stages = {"compute": compute, **loads}
+    bottleneck = max(stages, key=stages.get)
+    core = combine_stages(through, device, compute, loads)
+    packed = packed_bytes(program, device)
+    packing = _copy_seconds(program, device, packed)
+    if packed:
+        stage = f"packing into {device.layers[pack_layer(program)].name}"
+        moved[stage], loads[stage] = packed, packing
+    return Pricing(
+        compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
+        after=(packing,), **provenance(program, device, compute_provenance(program, device), bool(packed)),
+    )
+
+
+def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:
+    """Time to move `q` bytes for a CPU program's tiles at `layer` from the layer below with every
+    core busy, at the source's bandwidth (`layer_gbps`). A register row left scalar (`scalar`:
+    `scalar_row` of the program as Roller staged it, which decides the template's panels, where
+    `program` here is the one `hardware_caches` moves data through) reads from L1 one element a
+    load: `lanes` times as long as the vector loads the calibrated bandwidth was measured with."""
+    src = source_layer(program, layer, len(device.layers))
+    bandwidth = layer_gbps(program, device, src) * GB
+    if layer == 0 and scalar:  # one element a load, where a vector moves `lanes`
+        return q * scalar_lanes(program, device) / bandwidth
+    return q / bandwidth
+
+
+def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
+    """Bytes `program`'s tiles at `layer` load from the layer below: Roller's Q(tile), except
+    where a CPU cache tile's neighbours share what stays (`TileCalculus.sweep`): when one step
+    of the innermost stepping spatial loop, over all the reduction steps of the tile above,
+    fits the layer, the run of neighbours loads `traffic_bytes(swept)` (a conv's packed filter
+    panel is loaded once per row of output tiles, not once per tile). GPU tiles are explicit
+    copies per tile, and the unit tile's neighbours are other cores' work: Q(tile) (evidence:
+    docs/model-evidence.md#cache-traffic)."""
+    calc = calculus(program.expr)
+    tile = program.tiles[layer]
+    if not device.runs_on_cpu or layer == 0:
+        return calc.traffic_bytes(tile)
+    line, scattered = device.layers[layer].transaction_bytes, scattered_inputs(program.expr, device)
+    q = calc.traffic_bytes(tile, line, scattered)
+    if layer + 1 >= len(program.tiles):
+        return q
+    sweep = calc.sweep(tile, program.tiles[layer + 1])
+    if sweep is None or calc.footprint_bytes(sweep[0], line=line, in_lines=scattered) > device.layers[layer].capacity_bytes:
+        return q
+    return min(q, calc.traffic_bytes(sweep[1], line, scattered))
+
+
+def scattered_inputs(expr: TensorExpr, device: DeviceSpec) -> frozenset[int]:
+    """The inputs a CPU cache layer holds and loads in whole lines (`TileCalculus.input_bytes`):
+    those that do not read the axis the micro-kernel's lanes run along (`lane_axis`). An input
+    that reads it is streamed in vectors, packed into panels (matmul's B, a convolution's
+    filters, whose 3-element rows of one filter would otherwise count a line each) or read along
+    its contiguous axis; one that does not is read an element at a time (a convolution's data,
+    broadcast) or in tiles whose rows the alignment rules make whole lines (matmul's A)."""
+    lanes = lane_axis(expr, device)
+    return frozenset(t for t, tensor in enumerate(expr.inputs) if lanes is None or not tensor.uses_axis(lanes))
+
+
+def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
+    """One CPU core's time from its stage times: the register tile's loads from the layer right
+    below the registers issue in the FMAs' shadow (same instruction stream, separate ports), so
+    they overlap the compute, but every transfer further down adds: a core copies the next
+    panel from L2 or DRAM between two micro-kernel runs, and the hardware prefetchers hide only
+    part of a stream (the Execution-Cache-Memory model's observation, Treibig & Hager 2010, that
+    x86 cache-level transfers do not overlap one another; ALGORITHMS.md §7; evidence:
+    docs/model-evidence.md#combine-stages)."""
+    first = device.layers[source_layer(program, 0, len(device.layers))].name
+    return max(compute, loads.get(first, 0.0)) + sum(t for name, t in loads.items() if name != first)
+
+
+# The share of a CPU cache the output buffer and the tiles streaming past it may fill and stay
+# there (`accumulator_home`): all but one way of a 16-way cache, the rest holding what else the
+# core touches (stack, code, the prefetchers' lines). Our reconstruction, bracketed by two
+# mm-bert-qkv unit tiles (evidence: docs/model-evidence.md#accumulator-fill).
+ACCUMULATOR_FILL = 15 / 16
+
+
+def unit_output_bytes(program: RProgram) -> int:
+    """Bytes of one unit tile's outputs: the CPU template's output buffer (`codegen/cpu.py`)."""
+    return prod(calculus(program.expr).data_tiles(program.unit_tile)[-1]) * program.expr.tensors[-1].itemsize
+
+
+def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
+    """The layer a CPU register tile's accumulators go to between two L1 K-steps: the template
+    accumulates into one buffer of the unit tile's whole output (`codegen/cpu.py`), which stays
+    in the first cache layer that holds it together with the input tiles streaming through that
+    layer (the layer's tile's inputs, `footprint_bytes` without its output): between two visits
+    of one accumulator the core touches at most those, so an LRU cache keeps the buffer; else
+    the next layer. A layer holds them in `ACCUMULATOR_FILL` of its capacity, not all of it
+    (evidence: docs/model-evidence.md#accumulator-home)."""
+    calc = calculus(program.expr)
+    out = unit_output_bytes(program)
+    last = len(device.layers) - 1
+    tiles = program.tiles
+    return next((l for l in range(1, last)
+                 if out + calc.footprint_bytes(tiles[min(l, len(tiles) - 1)], (), with_output=False)
+                 <= ACCUMULATOR_FILL * device.layers[l].capacity_bytes), last)
+
+
+def accumulator_steps(program: RProgram) -> tuple[int, ...]:
+    """The tile whose reduction steps take a CPU register tile's accumulators out of the
+    registers and back (`TileCalculus.accumulator_bytes`): the first cache tile that holds more
+    than one register tile along a spatial axis. Inside a cache tile of one register tile its
+    reduction loop runs straight around the micro-kernel's (`S1 R1 | S2 | R2`, S2 of one
+    iteration), on the same accumulators, which LLVM keeps in registers across it; with no
+    such tile they never leave (the whole iteration space's tile: one step; evidence:
+    docs/model-evidence.md#accumulator-steps)."""
+    reg = program.register_tile
+    spatial = program.expr.spatial
+    return next((tile for tile in program.tiles[1:] if any(tile[a] > reg[a] for a in spatial)),
+                tuple(program.expr.extents))
+
+
+# Passes the CPU template's output buffer makes over the unit tile's outputs beyond storing
+# them once (`buffer_bytes`): the initialisation's stores, the first K-step's loads of the
+# accumulators, their last stores into the buffer, and the write-back's loads.
+BUFFER_PASSES = 4
+
+
+def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
+    """Bytes a CPU reduction's output buffer moves in the layer that holds it
+    (`accumulator_home`), beyond the one store of each output: `BUFFER_PASSES` over the padded
+    output, where the template accumulates into a buffer of the unit tile's outputs; 0 where it
+    stores each register tile's accumulators straight to the output (`panels.direct_stores`;
+    evidence: docs/model-evidence.md#buffer-bytes)."""
+    expr = program.expr
+    if not device.runs_on_cpu or not expr.reduce or direct_stores(expr, program, device):
+        return 0
+    return BUFFER_PASSES * unit_output_bytes(program) * program.grid
+
+
+# Bytes a core's panel copy moves per cycle: four fp32 elements, fitted to bmm-attn's copies
+# (evidence: docs/model-evidence.md#pack-bytes-per-cycle).
+PACK_BYTES_PER_CYCLE = 16
+
+
+def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """The CPU template's panel copies (`panels.packed_inputs`) on the busiest core:
+    `packed_bytes` at `PACK_BYTES_PER_CYCLE` of that core's clock (`core_ghz`), or over its
+    share of the pack layer's bandwidth where that is slower (the reads that fill the panel are
+    the loads of the unit tile already). The copy runs between micro-kernel runs, so it adds to
+    the unit's time, as the transfers below the first cache layer do (`combine_stages`). What it
+    decides: a 6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs
+    nothing (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to
+    130, so every input is copied, where 8 rows divide it and copy nothing."""
+    return _copy_seconds(program, device, packed_bytes(program, device))
+
+
+def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int) -> float:
+    """`packing_seconds` of `moved` = `packed_bytes(program, device)` (computed once by `estimate`)."""
+    if not moved:
+        return 0.0
+    layer = device.layers[pack_layer(program)]
+    streamed = moved / (layer.bandwidth_gbps * GB / device.compute_units)
+    ghz = core_ghz(device)
+    return max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)) if ghz else streamed
+
+
+def core_ghz(device: DeviceSpec) -> float:
+    """A CPU core's clock as its fp32 peak implies: peak / (cores x FMA pipes x lanes x 2 flops);
+    0 where the spec has no FMA pipes (Zen 5 EPYC, calibrated 508.6 GFLOP/s over 2 cores x 2
+    pipes x 16 lanes: 3.97 GHz)."""
+    if not device.runs_on_cpu or not device.fma_pipes:
+        return 0.0
+    return device.peak("float32") / (device.compute_units * device.fma_pipes * device.warp_size * 2)

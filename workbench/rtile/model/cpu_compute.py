@@ -1,0 +1,231 @@
+"""How fast a CPU core computes a register tile: the fraction of the FMA peak its micro-kernel
+reaches (measured where calibration ran it, else SIMD lanes filled x FMA latency covered x the
+loads its ports issue; a row LLVM vectorises on its own; a row left scalar) and what its guards
+cost."""
+
+from __future__ import annotations
+
+from math import prod
+
+from workbench.hardware.spec import DeviceSpec, MicroKernel
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.axes import autovector_axis, is_projection, lane_axis
+from workbench.rtile.model.common import peak_gflops
+from workbench.rtile.panels import guarded_row
+from workbench.rtile.registers import accumulators, simd_vectors
+from workbench.rtile.rprogram import RProgram
+
+
+def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
+    """Fraction of the FMA peak a CPU register tile can reach: the measured rate of its register
+    micro-kernel over the peak where the spec has one (`measured_micro_kernel`; at most 1:
+    calibration lets a measurement exceed the FMA peak by its noise slack), else
+    `autovector_efficiency` for a row LLVM vectorises, else `simd_utilisation` (one lane where a
+    guarded tail leaves the row scalar, `scalar_row`) x `latency_coverage` x `load_coverage`."""
+    kernel = measured_micro_kernel(program, device)
+    if kernel is not None:
+        return min(1.0, kernel.gflops / peak_gflops(program.expr, device))
+    if autovector_axis(program.expr, device) is not None:
+        return autovector_efficiency(program, device)
+    tile = program.register_tile
+    simd = 1.0 / scalar_lanes(program, device) if scalar_row(program, device) else simd_utilisation(
+        program.expr, device, tile)
+    return (
+        simd
+        * latency_coverage(program.expr, device, tile)
+        * load_coverage(program.expr, device, tile)
+    )
+
+
+def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
+    """Whether a CPU program's register row runs scalar for a guarded tail (`panels.guarded_row`):
+    its compute fills one lane (`compute_efficiency`) and its reads from L1 into registers move
+    one element a load (`transfer_seconds`)."""
+    return guarded_row(program.expr, program, device)
+
+
+def scalar_lanes(program: RProgram, device: DeviceSpec) -> int:
+    """Lanes of the output's dtype in a vector register: what a scalar row gives up."""
+    return max(1, device.register_bytes // program.expr.output.itemsize)
+
+
+def vector_pieces(elements: int, lanes: int) -> int:
+    """Vectors LLVM's SLP vectoriser packs a row of `elements` independent scalar operations
+    into: power-of-two pieces of at most `lanes`, largest first (14 on 16 lanes: 8 + 4 + 2)."""
+    pieces, left, width = 0, elements, lanes
+    while left:
+        while width > left:
+            width //= 2
+        pieces, left = pieces + left // width, left % width
+    return pieces
+
+
+def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
+    """Fraction of peak a CPU micro-kernel reaches whose row LLVM vectorises (`autovector_axis`:
+    a stride-2 pooling): the lanes its vectors fill, over the loads each needs, over the flops
+    an operation counts.
+
+    - Lanes: a register row of w >= 4 outputs is SLP-vectorised in `vector_pieces`: w / (pieces
+      x lanes). A row of 1 or 2 is left to the loop vectoriser, which packs consecutive register
+      tiles of the L1 row; counted over the row's n outputs, `lanes` of them a vector and the
+      rest one at a time: n / ((n // lanes + n % lanes) x lanes), whatever w is.
+    - Loads: an input read with stride s along the row takes s vector loads per vector (and a
+      shuffle to separate them) on as many load ports as FMA pipes: 1 / s.
+    - Flops: the peak counts an FMA as two flops; an operator of fewer flops per iteration point
+      (a pooling's add) reaches that share of it.
+    The chains are short (a window's few adds per output), so out-of-order execution overlaps
+    consecutive register tiles' and no latency term applies. Rows LLVM leaves partly scalar are
+    not modelled: `rules.AutovectorRowRule` keeps the row to whole 4-lane pieces, 1 or 2, and
+    the register tile to one window row (evidence: docs/model-evidence.md#autovector-efficiency)."""
+    expr = program.expr
+    axis = autovector_axis(expr, device)
+    lanes = max(1, device.register_bytes // expr.output.itemsize)
+    width = program.register_tile[axis]
+    if width >= 4:
+        filled = width / (vector_pieces(width, lanes) * lanes)
+    else:
+        row = program.tiles[min(1, len(program.tiles) - 1)][axis]
+        filled = row / ((row // lanes + row % lanes) * lanes)
+    stride = max((abs(t.index[-1][0][axis]) for t in expr.inputs if t.uses_axis(axis)), default=1)
+    flops = min(1.0, expr.flops / (2 * prod(expr.extents)))
+    return filled / max(1, stride) * flops
+
+
+def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
+    """Fraction of the vector lanes a CPU register tile fills. The peak counts every lane of
+    every FMA; a tile of `size` values along the `lane_axis` issues `simd_vectors` whole
+    vectors for them, so it fills `size / (vectors x lanes)` of the lanes (a 12-wide fp32 row on
+    8-lane AVX2: 12 / 16). An operator with no lane axis (its output row a gather, as a
+    stride-2 pooling's, or a stride-2 conv's with fewer filters than a vector) runs scalar
+    code: one lane of `register_bytes / itemsize`."""
+    lanes = max(1, device.register_bytes // expr.output.itemsize)
+    axis = lane_axis(expr, device)
+    if axis is None:
+        return 1.0 / lanes
+    size = tile[axis]
+    return size / (simd_vectors(size, expr.output.itemsize, device) * lanes)
+
+
+def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
+    """Fraction of the FMA pipes a CPU reduction's register tile keeps busy:
+    min(1, accumulators / (latency x pipes)). Each accumulator is a dependency chain that issues
+    one FMA per `fma_latency_cycles`, so `a` accumulators issue a / latency FMAs per cycle out of
+    the `fma_pipes` the peak assumes (Little's law; ALGORITHMS.md §7): 2 accumulators on Zen 2
+    (5 cycles x 2 pipes) reach 2 / 10 of peak. Operators without a reduce axis carry no chain
+    (out-of-order execution overlaps independent vectors): 1. A spec without FMA facts: 1."""
+    need = device.fma_accumulators
+    if not need or not expr.reduce:
+        return 1.0
+    return min(1.0, accumulators(expr, device, tile) / need)
+
+
+def step_loads(expr: TensorExpr, device: DeviceSpec, tile) -> int:
+    """Loads a CPU register tile issues per reduction step: for every input, one vector per
+    `simd_vectors` of its `lane_axis` extent times the tile's sizes along the other spatial axes
+    that index it (rows of that input), or, where the lane axis does not index it, one broadcast
+    per element those axes select (matmul 6 x 16: 2 vectors of B + 6 broadcasts of A; bmm 3 x 4 x
+    8: the batch axis indexes both inputs, 3 vectors of B + 12 broadcasts of A)."""
+    v = lane_axis(expr, device)
+    loads = 0
+    for tensor in expr.inputs:
+        rows = prod(tile[a] for a in expr.spatial if a != v and tensor.uses_axis(a))
+        loads += rows * simd_vectors(tile[v], tensor.itemsize, device) if tensor.uses_axis(v) else rows
+    return loads
+
+
+def load_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
+    """Fraction of the FMA pipes a CPU register tile's loads let it keep busy:
+    min(1, accumulators / `step_loads`). Each reduction step issues one FMA per accumulator and
+    `step_loads` loads and broadcasts (a broadcast from memory is a load uop); a core issues as
+    many full-width vector loads per cycle as it has FMA pipes (2 and 2 on Haswell to Skylake-SP
+    and Zen 1 to Zen 4: Intel's optimization reference manual, AMD's software optimization
+    guides), so a tile with more loads than FMAs waits on its load ports. A register tile over
+    an axis that indexes every input (a batch) adds loads in proportion to its FMAs (evidence:
+    docs/model-evidence.md#load-coverage). Operators without a reduce axis, scalar code (no
+    lane axis) and specs without FMA facts: 1."""
+    if not device.fma_accumulators or not expr.reduce or lane_axis(expr, device) is None:
+        return 1.0
+    return min(1.0, accumulators(expr, device, tile) / step_loads(expr, device, tile))
+
+
+def micro_kernel_shape(expr: TensorExpr, device: DeviceSpec, tile) -> tuple[int, int] | None:
+    """(rows, columns) of the register micro-kernel calibration measures that a CPU register
+    tile runs, or None where it runs another kind of kernel.
+
+    Calibration measures C[r, n] += A[r, k] * B[k, n]: r x n accumulators vectorised along n,
+    each reduction step loading one row of B and broadcasting one element of A per row. A tile
+    runs that kernel when its operator reduces with one multiply-add per iteration point (two
+    flops per point: the pure expression carries no body, only its flop count), has a spatial
+    `lane_axis`, and has two inputs: one that the lane axis indexes and whose row all the tile's
+    rows share (no other spatial axis of register size > 1 indexes it), and one the lane axis
+    does not index (broadcast). rows = the product of the other spatial axes' register sizes,
+    columns = the lane axis's (matmul 6 x 16 x 1: 6 x 16; a conv's filters x output columns)."""
+    v = lane_axis(expr, device)
+    if v is None or expr.axes[v].kind != "spatial" or not expr.reduce or len(expr.inputs) != 2:
+        return None
+    if expr.flops != 2 * prod(expr.extents):
+        return None
+    streamed = [t for t in expr.inputs if t.uses_axis(v)]
+    if len(streamed) != 1:
+        return None
+    others = [a for a in expr.spatial if a != v]
+    if any(streamed[0].uses_axis(a) and tile[a] > 1 for a in others):
+        return None
+    return prod(tile[a] for a in others), tile[v]
+
+
+def measured_micro_kernel(program: RProgram, device: DeviceSpec) -> MicroKernel | None:
+    """The micro-kernel calibration measured on `device` that `program`'s register tile runs
+    (`micro_kernel_shape`, in the program's dtype), or None (not measured, or not that kind)."""
+    if not device.micro_kernels:
+        return None
+    shape = micro_kernel_shape(program.expr, device, program.register_tile)
+    return None if shape is None else device.micro_kernel(program.expr.dtype, *shape)
+
+
+def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str]:
+    """(measured, phrase) of a CPU program's compute term for `common.provenance`: measured where
+    its register tile's micro-kernel was (level 0), else how it is modelled."""
+    kernel = measured_micro_kernel(program, device)
+    if kernel is not None:
+        return True, f"compute: level-0 micro-kernel {kernel.shape} {kernel.dtype}, {kernel.gflops:g} GFLOP/s"
+    if autovector_axis(program.expr, device) is not None:
+        how = "the row LLVM vectorises: lanes filled over the strided loads"
+    elif scalar_row(program, device):
+        how = "a guarded tail leaves the row scalar: one lane, one element a load from L1"
+    else:
+        shape = micro_kernel_shape(program.expr, device, program.register_tile)
+        # said only where calibration measured micro-kernels, just not this one
+        unmeasured = f", no measured {shape[0]}x{shape[1]} micro-kernel" if shape and device.micro_kernels else ""
+        how = f"SIMD lanes filled x FMA latency covered{unmeasured}"
+    return False, f"compute: {how}"
+
+
+# How much slower a CPU register micro-kernel runs when its tiles carry a guard (`guard_slowdown`),
+# measured 1.3-1.5x on dwconv-3x3 (evidence: docs/model-evidence.md#guarded-micro-kernel).
+GUARDED_MICRO_KERNEL = 1.4
+
+
+def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
+    """How much slower than the modelled micro-kernel a CPU program's guards make it run (a GPU's
+    guards are per thread, and the model prices the padded work instead).
+
+    A reduction whose lanes run along its reduce axis (`lane_axis`: gemv, row sums) gets them
+    from the CPU template only on whole tiles (`panels.lane_reduction_axis`); a tile that
+    cuts the axis sends it to the plain loop nest, which sums one output at a time: one chain
+    of dependent adds instead of lanes x FMA pipes x FMA latency independent ones (evidence:
+    docs/model-evidence.md#guard-slowdown). Elsewhere GUARDED_MICRO_KERNEL where a register tile along a spatial axis does not divide
+    the axis: the template then guards the micro-kernel with the block predicate TVM adds, and
+    the whole loop nest runs with it, not only the cut tile; a contraction of plain projections
+    (matmul, batched, transposed) is padded to whole tiles instead (`_pad_tails`)."""
+    expr = program.expr
+    lanes = lane_axis(expr, device)
+    if lanes is not None and expr.axes[lanes].kind == "reduce" and (
+            expr.axes[lanes].extent % program.unit_tile[lanes]
+            or program.register_tile[lanes] % max(1, device.warp_size * 4 // expr.output.itemsize)
+            or len(expr.axes[lanes].fused_from) > 1):
+        return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
+    if expr.reduce and all(is_projection(t, expr) for t in expr.inputs):
+        return 1.0
+    reg = program.register_tile
+    return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in expr.spatial) else 1.0

@@ -1,0 +1,302 @@
+"""A GPU program's pricing: its compute at the warps per scheduler its occupancy leaves, its
+loads (uncoalesced sectors, `uncoalesced_bytes`; the bandwidth its bytes in flight reach,
+`reachable_gbps`; the bank conflicts its virtual threads change, `vthread_conflict_ratio`),
+how the stages overlap (`gpu_stages`), a cross-thread reduction's trees and split-K's second
+pass; `price` assembles them."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import product
+from math import ceil, log2, prod
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.axes import cross_thread_axis, mma_axes
+from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
+from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
+from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
+from workbench.rtile.rprogram import RProgram, storage_padding, waves
+from workbench.rtile.staging import pipelined, shared_buffers
+from workbench.rtile.traffic import calculus
+
+
+def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float) -> Pricing:
+    """A GPU program's `Pricing` (Roller §3.3): compute at the fraction of peak its resident
+    warps keep (one per scheduler), per staged layer Q(tile) plus the wasted sectors of unstaged
+    loads at the source's bandwidth (`transfer_seconds`), stages overlapped by `gpu_stages`; a
+    cross-thread reduction's trees and a split-K program's second pass added after the
+    scale-out."""
+    expr = program.expr
+    calc = calculus(expr)
+    threads, bpu = blocks_per_unit(program, device, shared_buffers(program, device))
+    n_waves = waves(program.grid, device.compute_units * bpu)
+    eff = min(1.0, warps_per_scheduler(program, device, threads, bpu))
+    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff)
+    loads: dict[str, float] = {}
+    moved: dict[str, int] = {}
+    for layer, tile in enumerate(program.tiles):
+        if not program.cached[layer]:
+            continue
+        src = device.layers[source_layer(program, layer, len(device.layers))]
+        q = calc.traffic_bytes(tile) + (uncoalesced_bytes(program, device) if layer == 0 else 0)
+        moved[src.name] = moved.get(src.name, 0) + q
+        loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(program, device, layer, q) / busy
+    stages = {"compute": compute, **loads}
+    bottleneck = max(stages, key=stages.get)
+    core = gpu_stages(program, device, compute, loads)
+    tree = tree_reduction_seconds(program, device, threads, n_waves)
+    return Pricing(
+        compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
+        after=(tree, split_k_seconds(program, device)), threads=threads, blocks_per_unit=bpu,
+        occupancy=min(1.0, threads * bpu / device.max_threads_per_unit), reduction_seconds=tree,
+        **provenance(program, device, (False, "compute: warps per scheduler"), False),
+    )
+
+
+def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) -> float:
+    """Time to move `q` bytes for a GPU program's tiles at `layer` from the layer below with every
+    unit busy: register tiles read from shared memory take the wavefronts their virtual threads
+    add or save (`vthread_conflict_ratio`), and loads from global memory reach only
+    `reachable_gbps`; their output stores (Q's `stores` part) are posted, no register waits for
+    them, so they stream at the spec's bandwidth."""
+    src = source_layer(program, layer, len(device.layers))
+    bandwidth = layer_gbps(program, device, src) * GB
+    if layer == 0 and src == device.unit_layer_index:
+        return q * vthread_conflict_ratio(program, device) / bandwidth
+    reach = reachable_gbps(program, device, src) * GB
+    if reach >= bandwidth:
+        return q / bandwidth
+    calc = calculus(program.expr)
+    tile, output = program.tiles[layer], program.expr.tensors[-1]
+    stores = calc.spatial_tiles(tile) * prod(calc.data_tiles(tile)[-1]) * output.itemsize
+    return (q - stores) / reach + stores / bandwidth
+
+
+def overlapped(a: float, b: float, agents: float) -> float:
+    """Time of two stages of a unit's work (`a`, `b`: each at the unit's full throughput) that
+    each of `agents` independent agents (blocks or warps, sharing the unit's pipes) runs one
+    after the other: no faster than either pipe, max(a, b), and no faster than one agent's own
+    chain over its share, (a + b) / agents. One agent serialises them (a + b); two or more
+    with balanced stages hide the shorter one entirely, as while one agent loads another
+    computes. The bound form of the MWP/CWP argument (Hong & Kim, ISCA 2009: the memory
+    waiting periods of one warp are hidden by the compute periods of the others); our
+    simplification: stages evenly divided between agents, no latency (`reachable_gbps`)."""
+    return max(a, b, (a + b) / max(1.0, agents))
+
+
+def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
+    """One GPU unit's time from its stage times, as far as the CUDA templates (codegen/cuda.py,
+    cuda_mma.py) overlap them. Inside a step, a warp's register-tile reads from shared memory
+    feed its own FMAs (no barrier between warps), so the other warps of its scheduler hide them
+    (`overlapped` over `warps_per_scheduler`). A pipelined program (`staging.pipelined`)
+    copies step s + 1 from global memory while it computes step s (`cp.async` on sm_80+; on
+    sm_70 a register prefetch whose loads are issued before the compute and stored to shared
+    memory after it), so a block's step takes the longer of the two: max(inner, global) (the
+    prologue's copy and the epilogue's compute, one step each, are not counted; nor the sm_70
+    prefetch's store after the compute, nor that a copy TVM cannot issue as cp.async, a WMMA
+    program's transposing or zero-filling one, stays a synchronous store in the pipeline). An
+    unpipelined one copies a shared
+    step's tiles, waits at __syncthreads, computes on them, waits again, so within a block the
+    copy and the compute serialise and only the other resident blocks of the unit overlap them
+    (`overlapped` over `resident_blocks`). A program that stages nothing reads global memory
+    straight into the registers of its FMAs: the warps per scheduler overlap those loads.
+    Cross-thread reductions follow the unpipelined structure."""
+    threads, bpu = blocks_per_unit(program, device, shared_buffers(program, device))
+    warps = warps_per_scheduler(program, device, threads, bpu)
+    unit = device.unit_layer_index
+    bottom = device.layers[-1].name
+    global_load = loads.get(bottom, 0.0)
+    if not program.cached[unit]:
+        return overlapped(compute, global_load, warps)
+    shared_load = loads.get(device.layers[unit].name, 0.0)
+    inner = overlapped(compute, shared_load, warps)
+    if pipelined(program, device):
+        return max(inner, global_load)
+    return overlapped(inner, global_load, resident_blocks(program, device, bpu))
+
+
+def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
+    """Bytes of global-memory loads a busy GPU unit has outstanding at once: each resident block
+    (`resident_blocks`) issues the loads of one step of its block tile, its inputs' data tiles
+    (a staged copy of a shared step, or the register tiles its threads read), before the first
+    returns: the copy loop and the register tile have constant trip counts, the register tile
+    is unrolled by the template and nvcc unrolls small loops with a known trip count by default
+    (CUDA C++ Programming Guide, `#pragma unroll`), and no load depends on another. Our
+    simplification: a thread's outstanding loads are not capped by its registers or the
+    unit's miss-handling resources."""
+    calc = calculus(program.expr)
+    shapes = calc.data_tiles(program.unit_tile)
+    block = sum(prod(shape) * t.itemsize for shape, t in zip(shapes, program.expr.tensors) if t.role == "input")
+    return resident_blocks(program, device, bpu) * block
+
+
+def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
+    """Bandwidth a program reaches reading from `layer`: `layer_gbps`, except from a GPU's global
+    memory, where Little's law bounds it by the bytes in flight over the memory latency
+    (throughput = concurrency / latency): units x `bytes_in_flight` / `latency_ns`. The V100
+    (750 GB/s, 400 ns) needs 300 KB in flight, 3.75 KB an SM, to reach its bandwidth: 29
+    warps each with one 128 B load outstanding. Few small blocks cannot."""
+    spec = device.layers[layer]
+    if not device.lanes_are_threads or layer != len(device.layers) - 1 or spec.latency_ns <= 0:
+        return layer_gbps(program, device, layer)
+    _, bpu = blocks_per_unit(program, device, shared_buffers(program, device))
+    little = device.compute_units * bytes_in_flight(program, device, bpu) / spec.latency_ns  # B/ns = GB/s
+    return min(spec.bandwidth_gbps, little)
+
+
+def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
+    """Factor by which a GPU program's virtual threads change the time of its register-tile
+    reads from shared memory: the first warp's wavefronts with them over those without
+    (`shared_wavefronts`, counted exactly for scalar loads). Only the change is priced: the
+    absolute degree of scalar loads is not what the template's register reads cost (nvcc
+    merges a thread's consecutive elements into 64- and 128-bit loads, served per half or
+    quarter warp), and charging it moved roller-table1 M1's top 1 to a padded tile (7fdc68d);
+    what a strided split does to the bank pattern, it does to both. 1 without virtual threads,
+    on CPUs, where the register tile is not read from banked shared memory (nothing staged,
+    tensor-core fragments, cross-thread reductions) and for operators without a reduce axis."""
+    expr = program.expr
+    if not program.vthreads or not device.lanes_are_threads or not expr.reduce:
+        return 1.0
+    unit = device.unit_layer_index
+    if (
+        not program.cached[unit] or device.layers[unit].banks <= 0
+        or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None
+    ):
+        return 1.0
+    split = dict(program.vthreads)
+    vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
+    block, reg = program.unit_tile, program.register_tile
+    with_split = shared_wavefronts(expr, device, block, reg, vthreads)[0]
+    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes))[0]
+    return with_split / without if without else 1.0
+
+
+def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, n_waves: int) -> float:
+    """Time a cross-thread reduction (`axes.cross_thread_axis`) spends combining its
+    threads' partial sums, after its loads: each block sums its `threads` partial sums in a tree
+    of ceil(log2(threads)) steps per output point of its tile (they are reduced one after
+    another), each step one exchange through the warp shuffle or shared-memory network, priced
+    at the shared layer's latency (a shuffle's latency is of that order on Volta: Jia et al.
+    2018). The blocks resident on a unit reduce at the same time, so a unit pays it once per
+    wave. 0 for every other program."""
+    if cross_thread_axis(program.expr, device) is None or threads <= 1:
+        return 0.0
+    outputs = prod(program.unit_tile[a] for a in program.expr.spatial)
+    steps = ceil(log2(threads))
+    return n_waves * outputs * steps * device.layers[device.unit_layer_index].latency_ns * 1e-9
+
+
+def split_k_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What a split-K program (`RProgram.split` = S > 1) adds to its first pass: that pass's
+    grid already counts its S blocks per unit tile (`RProgram.grid`), each walking 1/S of the
+    reduce axis, so its loads and compute are the unsplit program's spread over more units;
+    beyond them, its blocks store S x O partial sums (O outputs) where the unsplit program
+    stores O, and a second kernel reads the S x O partial sums back and writes the O results.
+    Priced at the bottom layer's bandwidth (both passes stream: consecutive threads,
+    consecutive outputs), plus the second kernel's launch (`DeviceSpec.launch_seconds`) and
+    one memory latency before its first loads return (it has nothing to overlap them with).
+    Partial sums have the output's dtype (TVM's rfactor buffer). 0 for unsplit programs."""
+    split = program.split
+    if split <= 1:
+        return 0.0
+    out = program.expr.output
+    size = prod(out.shape) * out.itemsize
+    bottom = device.layers[-1]
+    moved = (split - 1) * size + split * size + size  # extra partial stores; pass 2 reads S x O, writes O
+    return device.launch_seconds + bottom.latency_ns * 1e-9 + moved / (bottom.bandwidth_gbps * GB)
+
+
+@lru_cache(maxsize=65536)
+def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) -> tuple[tuple[int, int], ...]:
+    """Per input, (sectors, needed): the memory transactions (`transaction_bytes` of the bottom
+    layer: 32 B sectors on NVIDIA) that the first warp touches reading its register tiles of the
+    input straight from global memory, and the fewest that the distinct bytes it reads could
+    take. Counted from the byte addresses in the row-major tensor.
+
+    Lanes follow the CUDA template's binding: along a cross-thread reduction's axis thread t of
+    T reads elements t, t + T, .. (`cross_thread_axis`); else threads run over the block's
+    spatial axes, the last fastest, thread t of an axis at t x (register tile / its virtual
+    threads). A sector that several loads of one register tile touch is counted once (our
+    reading of DRAM transactions: the L1 keeps a warp's sectors for the few loads of its
+    tile). R1's rows with a thread per row and 2 elements a thread touch 32 sectors for 256
+    useful bytes (needed: 8); rows of 8 with 8 elements a thread use every sector they touch."""
+    across = cross_thread_axis(expr, device)
+    split = dict(vthreads)
+    if across is not None:
+        counts = {across: ceil(block[across] / reg[across])}
+        steps = {across: 1}
+    else:
+        counts = {a: ceil(block[a] / reg[a]) for a in expr.spatial}
+        steps = {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial}
+    offsets = []  # per axis, a thread's register tile as offsets from its first element
+    for a, axis in enumerate(expr.axes):
+        if a == across:
+            offsets.append([i * counts[a] for i in range(reg[a])])
+        elif a in counts:
+            pieces = reg[a] // steps[a]  # virtual threads: pieces a block's threads apart
+            offsets.append([v * counts[a] * steps[a] + r for v in range(pieces) for r in range(steps[a])])
+        else:
+            offsets.append(list(range(reg[a])))
+    lanes = min(device.warp_size, prod(counts.values()))
+    starts = []
+    for lane in range(lanes):
+        coord, rest = [0] * len(expr.axes), lane
+        for a in reversed(list(counts)):
+            coord[a], rest = rest % counts[a] * steps[a], rest // counts[a]
+        starts.append(coord)
+    sector = device.layers[-1].transaction_bytes
+    found = []
+    for tensor in expr.inputs:
+        elements = set()
+        for start in starts:
+            for point in product(*offsets):
+                coord = [s + o for s, o in zip(start, point)]
+                elements.add(sum((sum(c * x for c, x in zip(coeffs, coord)) + const) * stride
+                                 for (coeffs, const), stride in zip(tensor.index, tensor.strides)))
+        touched = len({e * tensor.itemsize // sector for e in elements})
+        found.append((touched, ceil(len(elements) * tensor.itemsize / sector)))
+    return tuple(found)
+
+
+def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
+    """Bytes a GPU program's register tiles load from global memory beyond Q(tile), for the
+    transactions its uncoalesced loads waste: each input read straight from global memory (the
+    program stages nothing in shared memory) moves its Q share x sectors / needed
+    (`warp_sectors`), every sector fetched at the bottom layer's bandwidth (our pricing: the
+    unused bytes of a sector that the warp's register tiles do not read are not kept for the
+    next tile). 0 on CPUs, for staged
+    programs (the cooperative copy into shared memory is coalesced by construction) and for
+    tensor-core programs (staged)."""
+    expr = program.expr
+    if not device.lanes_are_threads or program.cached[device.unit_layer_index] or mma_axes(expr, device) is not None:
+        return 0
+    calc, reg = calculus(expr), program.register_tile
+    sectors = warp_sectors(expr, device, program.unit_tile, reg, program.vthreads)
+    shapes, tiles = calc.data_tiles(reg), calc.num_tiles(reg)
+    extra = 0
+    for (touched, needed), shape, tensor in zip(sectors, shapes, expr.inputs):
+        if touched > needed:
+            extra += tiles * prod(shape) * tensor.itemsize * (touched - needed) // needed
+    return extra
+
+
+@lru_cache(maxsize=65536)
+def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads) -> tuple[int, int]:
+    """(wavefronts, requests) of the first warp of a GPU block tile `block` reading its
+    threads' register tiles `reg` of every input from shared memory (bank padding included),
+    each thread's tile split into per-axis `vthreads`: counted exactly from the 32 lane
+    addresses (`construct.banks`) under the CUDA template's binding, one thread per register
+    tile along each spatial axis. wavefronts == requests when conflict-free."""
+    calc, smem = calculus(expr), device.layers[device.unit_layer_index]
+    threads = tuple(b // r if a in expr.spatial else 1 for a, (b, r) in enumerate(zip(block, reg)))
+    binding = ThreadBinding(threads, reg, vthreads)
+    shapes, pads = calc.data_tiles(block), storage_padding(calc, device, device.unit_layer_index, block, reg)
+    served = reqs = 0
+    for t, tensor in enumerate(expr.tensors):
+        if tensor.role != "input":
+            continue
+        tile = stored_tile([c for c, _ in tensor.index], shapes[t], pads[t], tensor.itemsize)
+        served += wavefronts(tile, binding, smem.banks, smem.bank_width_bytes, device.warp_size)
+        reqs += requests(tile, binding)
+    return served, reqs

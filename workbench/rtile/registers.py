@@ -1,0 +1,114 @@
+"""What a register tile and a block hold: the vector registers of a CPU register micro-kernel
+(its accumulators, the rows it loads, the broadcasts; `micro_kernel_registers` is the register
+layer's footprint, `rprogram.layer_footprint`) and the threads of a GPU block. Pure: no TVM.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.axes import cross_thread_axis, dim_axis, filter_lanes, lane_axis, tile_lanes
+from workbench.rtile.traffic import calculus
+
+Tile = tuple[int, ...]
+
+
+def simd_vectors(elements: int, itemsize: int, device: DeviceSpec) -> int:
+    """Vector registers that `elements` consecutive values of `itemsize` bytes fill (a partly
+    filled vector takes a whole register)."""
+    return ceil(elements * itemsize / device.register_bytes)
+
+
+def accumulators(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """Vector registers a CPU register tile's output occupies, its accumulators: one vector per
+    output row along a spatial `lane_axis` (the contiguous axis, or a conv's filters); a vector
+    of per-lane partial sums per output element along a reduce one; without a lane axis the
+    code is scalar and every output element takes a register of its own."""
+    shape = calculus(expr).data_tiles(tuple(tile))[-1]
+    elements = prod(shape) if shape else 1
+    axis = lane_axis(expr, device)
+    if axis is None:
+        return elements
+    if expr.axes[axis].kind == "reduce":
+        return elements * simd_vectors(tile[axis], expr.output.itemsize, device)
+    dim = next(d for d in range(len(shape)) if dim_axis(expr.output, d) == axis)
+    return elements // shape[dim] * simd_vectors(shape[dim], expr.output.itemsize, device)
+
+
+def partial_sums(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """Partial sums a CPU register tile keeps per output element: its extent along a reduce
+    `lane_axis` (a vector of per-lane sums each, summed across lanes once per tile: gemv's 14 x 8
+    tile keeps 14 vectors of 8), else 1. They are what an accumulator trip moves
+    (`TileCalculus.accumulator_bytes`)."""
+    axis = lane_axis(expr, device)
+    return tile[axis] if axis is not None and expr.axes[axis].kind == "reduce" else 1
+
+
+def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """Vector registers a CPU register micro-kernel of `tile` needs: its `accumulators`, one row
+    of vectors along the `lane_axis` for every input the axis indexes (loaded once per
+    reduction step, the tile's reduce extent is unrolled over the same registers), and one
+    register into which the elements of the other inputs are broadcast (BLAS's AVX2 6 x 16 fp32
+    kernel: 12 accumulators + 2 vectors of B + 1 broadcast of A = 15 of the 16 ymm; a row per
+    batch where the tile spans batches, `_live_rows`).
+
+    A convolution vectorised along its filters (`filter_axis`) keeps one register per data
+    element that one reduction step of the tile broadcasts (`_step_elements`): LLVM loads each
+    once and keeps it live across the window's unrolled steps (`x*stride + s` meets the same
+    element again), so a tile that leaves fewer registers spills them (evidence:
+    docs/model-evidence.md#micro-kernel-registers)."""
+    v = lane_axis(expr, device)
+    filters = filter_lanes(expr, v)
+    rows, broadcast = 0, 0
+    for tensor in expr.inputs:
+        if v is not None and tensor.uses_axis(v):
+            rows += simd_vectors(tile[v], tensor.itemsize, device) * _live_rows(expr, tensor, tile, v)
+        elif filters:
+            broadcast = max(broadcast, _step_elements(expr, tensor, tile))
+        else:
+            broadcast = max(broadcast, 1)
+    return accumulators(expr, device, tile) + rows + broadcast
+
+
+def _live_rows(expr: TensorExpr, tensor, tile: Tile, lane: int) -> int:
+    """Rows of vectors of `tensor` (read along the `lane` axis) a register tile keeps live per
+    reduction step: one per index of the other spatial axes that index it (a batched matmul's
+    3 x 10 x 16 tile loads B's row of each of its 3 batches), where a spatial axis of the tile
+    it ignores shares each row among several accumulators; 1 where it ignores none (a depthwise
+    conv's data vector feeds one accumulator, straight from the load into the FMA)."""
+    others = [a for a in expr.spatial if a != lane]
+    if not any(tile[a] > 1 and not tensor.uses_axis(a) for a in others):
+        return 1
+    return prod(tile[a] for a in others if tensor.uses_axis(a))
+
+
+def _step_elements(expr: TensorExpr, tensor, tile: Tile) -> int:
+    """Elements of `tensor` one reduction step of a register tile reads: per dimension, the
+    product of the tile's sizes along the spatial axes indexing it (a stride spreads them, it
+    does not add any)."""
+    return prod(
+        prod(tile[a] for a, c in enumerate(coeffs) if c and expr.axes[a].kind != "reduce") for coeffs, _ in tensor.index
+    )
+
+
+def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1, across: int | None = None) -> int:
+    """Threads of a GPU block: unit tile over register tile, spatial axes only, times the
+    threads that share one register tile (a warp for tensor-core fragments), times the threads a
+    cross-thread reduction spreads along its reduce axis `across` (`cross_thread_axis`)."""
+    spread = ceil(tile[across] / upper[across]) if across is not None else 1
+    return prod(ceil(tile[a] / upper[a]) for a in expr.spatial) * lanes * spread
+
+
+def block_thread_count(expr: TensorExpr, device: DeviceSpec, tile: Tile, upper: Tile) -> int:
+    """`thread_count` of a GPU block tile over the register tile `upper` on `device`."""
+    return thread_count(expr, tile, upper, tile_lanes(expr, device), cross_thread_axis(expr, device))
+
+
+def resident_block_limit(device: DeviceSpec) -> int | None:
+    """Thread blocks one unit holds at most at once (the spec's `max_blocks_per_unit`: 32 on
+    NVIDIA compute capability 7.0, 8.0 and 9.0, 24 on 8.9, 16 on 3.7 and 8.7; CUDA C++
+    Programming Guide, technical specifications per compute capability), or None where the spec
+    gives no such limit (the MI50's: AMD states resident wavefronts, not workgroups)."""
+    return device.max_blocks_per_unit if device.launches_thread_blocks and device.max_blocks_per_unit else None

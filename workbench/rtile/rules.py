@@ -1,0 +1,350 @@
+"""Roller's alignment rules (§3.1), one small rule each; composed with the accumulator rule in
+`alignment.RULES`. New hardware features are new rules here, nowhere else.
+
+Rules see an `AlignContext` (expression, device, layer, the tile one layer up, eps) and answer
+`axis_ok(ctx, axis, size)` for per-axis rules and `tile_ok(ctx, tile)` for rules over the whole
+tile (the thread count of a GPU block, the lines a CPU register tile puts in one L1 set).
+
+Memory transactions at the cache layers are 64 B lines on CPUs (each layer's
+`transaction_bytes`, `TransactionRule`), and a CPU cache tile leaves no ragged edge along the
+vectors or a reduction where the register tile does not (`TailRule`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import product
+from math import ceil, gcd, lcm, prod
+from typing import Protocol
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.axes import (
+    autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
+    reduce_lanes,
+)
+from workbench.rtile.registers import block_thread_count
+
+Tile = tuple[int, ...]
+
+
+# GPU register-level steps: Roller's artifact multiplies a thread's tile by {1, 2, 4, 8, 16, 32}.
+REGISTER_STEPS = (1, 2, 4, 8, 16, 32)
+# Scan bound for `next_aligned_sizes`: enough multiples to find a transaction- or warp-aligned
+# size from any start (the strictest granularity is 64 B / 1 B = 64 steps).
+MAX_SCAN = 128
+
+
+@dataclass(frozen=True)
+class AlignContext:
+    expr: TensorExpr
+    device: DeviceSpec
+    layer: int  # index into device.layers, 0 = top (registers)
+    upper: Tile  # the tile one layer up (all ones at the top layer)
+    eps: float
+
+    @property
+    def scope(self) -> str:
+        return self.device.layers[self.layer].scope
+
+
+class AlignmentRule(Protocol):
+    name: str
+
+    def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool: ...
+
+    def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool: ...
+
+
+class _PerAxis:
+    def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool:
+        return True
+
+
+class TensorShapeRule(_PerAxis):
+    """Tensor shape: a size S on an axis of extent N wastes (S - N % S) / N when padded; allowed
+    only if that fraction is <= eps (Roller raises eps up to 1.0 when too few programs exist)."""
+
+    name = "tensor-shape"
+
+    def axis_ok(self, ctx, axis, size):
+        extent = ctx.expr.axes[axis].extent
+        return (ceil(extent / size) * size - extent) / extent <= ctx.eps + 1e-12
+
+
+class TransactionRule(_PerAxis):
+    """Memory transaction: the contiguous (leading) dimension of every input data tile is a whole
+    number of transactions of the layer it is loaded from (32 B from NVIDIA global memory, a
+    64 B line on CPUs). Applies where one axis alone indexes that dimension; a window such as
+    `w*stride + s` cannot be aligned by choosing one axis and is left to the other rules. Not
+    applied at the top layer: registers are filled by vector / word loads (the execution-unit
+    rule's business)."""
+
+    name = "memory-transaction"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.layer == 0:
+            return True
+        source = ctx.device.layers[ctx.layer + 1]
+        extent = ctx.expr.axes[axis].extent
+        for tensor in ctx.expr.inputs:
+            if leading_axis(tensor) == axis and size < extent:
+                if (size * tensor.itemsize) % source.transaction_bytes:
+                    return False
+        return True
+
+
+class ThreadTileRule(_PerAxis):
+    """Execution unit, a GPU thread's tile (Roller §3.1): Roller's register steps along each axis
+    (or the whole axis); an MMA fragment's axes are left to `TensorCoreAlignment`. A cross-thread
+    reduction's thread (`cross_thread_axis`) sums for one output (spatial tiles of 1) and its
+    tile along the reduce axis leaves at least a warp of threads (evidence:
+    docs/model-evidence.md#execution-unit-rules)."""
+
+    name = "thread-tile"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.layer != 0 or not ctx.device.lanes_are_threads:
+            return True
+        extent = ctx.expr.axes[axis].extent
+        mma = mma_axes(ctx.expr, ctx.device)
+        if mma is not None and axis in mma:
+            return True  # a warp's fragment tile: the tensor-core rule governs it
+        across = cross_thread_axis(ctx.expr, ctx.device)
+        if ctx.expr.axes[axis].kind == "spatial" and across is not None:
+            return size == 1  # a thread of a cross-thread reduction sums for one output
+        if axis == across:  # and leaves at least a warp of threads along the row
+            return size in REGISTER_STEPS and ceil(extent / size) >= ctx.device.warp_size
+        return size in REGISTER_STEPS or size == extent
+
+
+class BlockThreadsRule:
+    """Execution unit, a GPU block (Roller §3.1): its thread count (unit tile / register tile over
+    the spatial axes) is a multiple of the warp size, unless the block already covers every
+    spatial axis. A cross-thread reduction (`cross_thread_axis`) counts its threads along its
+    reduce axis instead, in whole warps unless one step covers the axis and never fewer than a
+    warp, and its block sums for one output (spatial block tiles equal to the register tile: the
+    partial sums meet in one tree per output, as the classic one-block-per-row gemv; our choice)."""
+
+    name = "block-threads"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.layer == 0 or ctx.expr.axes[axis].kind != "spatial" or not ctx.device.is_thread_block_layer(ctx.layer):
+            return True
+        # a cross-thread reduction's block computes one output (its register tile)
+        return cross_thread_axis(ctx.expr, ctx.device) is None or size == ctx.upper[axis]
+
+    def tile_ok(self, ctx, tile):
+        if not ctx.device.is_thread_block_layer(ctx.layer):
+            return True
+        threads = block_thread_count(ctx.expr, ctx.device, tile, ctx.upper)
+        across = cross_thread_axis(ctx.expr, ctx.device)
+        covered = ctx.expr.spatial if across is None else (across,)
+        covers = all(tile[a] >= ctx.expr.axes[a].extent for a in covered)
+        if across is not None and threads < ctx.device.warp_size:
+            return False  # a row of at least a warp's elements is read by at least a warp
+        return threads % ctx.device.warp_size == 0 or covers
+
+
+class VectorLanesRule(_PerAxis):
+    """Execution unit, a CPU register tile: along the axis the SIMD lanes run along (`lane_axis`)
+    a multiple of the lanes, or the whole axis when it is shorter, and along a reduction a whole
+    number of cache lines as well (`_lane_step`; our rule: each K-step of gemv then advances
+    every row's stream by whole lines; evidence: docs/model-evidence.md#execution-unit-rules)."""
+
+    name = "vector-lanes"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.layer != 0 or ctx.device.lanes_are_threads or axis != lane_axis(ctx.expr, ctx.device):
+            return True
+        return size == ctx.expr.axes[axis].extent or size % _lane_step(ctx.expr, ctx.device, axis) == 0
+
+
+class AutovectorRowRule(_PerAxis):
+    """Execution unit, a CPU row LLVM vectorises on its own (`autovector_axis`: a stride-2
+    pooling): whole 4-lane pieces, or 1 or 2 (its loop vectoriser then packs neighbouring tiles),
+    or the whole axis; and its register tile unrolls one window row: 1 along every reduce axis
+    but the last (the window's columns), since the template's unrolling of a long row's whole
+    window breaks LLVM's SLP vectoriser (evidence: docs/model-evidence.md#execution-unit-rules)."""
+
+    name = "autovector-row"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.layer != 0 or ctx.device.lanes_are_threads:
+            return True
+        row = autovector_axis(ctx.expr, ctx.device)
+        if axis == row:
+            return size in (1, 2) or size % 4 == 0 or size == ctx.expr.axes[axis].extent
+        if row is not None and ctx.expr.axes[axis].kind == "reduce" and axis != ctx.expr.reduce[-1]:
+            return size == 1  # one window row
+        return True
+
+
+class CacheSetRule:
+    """L1 sets (our rule): a CPU micro-kernel that runs its lanes along a reduction (gemv, row
+    sums) reads one line of every row of its tile per step, straight from the input (that template
+    packs nothing), and rows whose stride is a multiple of the L1's way size (4 KiB on a 64-set
+    cache: any 1,024-float row) all land in one set. More lines than the set's `ways` evict each
+    other before they are used. So the lines one step puts into one set (`l1_set_lines`) stay
+    within the ways (evidence: docs/model-evidence.md#cache-set-rule)."""
+
+    name = "l1-sets"
+
+    def axis_ok(self, ctx, axis, size):
+        return True
+
+    def tile_ok(self, ctx, tile):
+        if not is_micro_kernel_layer(ctx.device, ctx.layer) or len(ctx.device.layers) < 2:
+            return True
+        return l1_set_lines(ctx.expr, ctx.device, tuple(tile)) <= ctx.device.layers[1].ways
+
+
+@lru_cache(maxsize=4096)
+def l1_set_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """The most cache lines one set of the L1 (`device.layers[1]`) receives from one reduction
+    step of a CPU register micro-kernel of `tile` that runs its lanes along a reduction
+    (`reduce_lanes`): per input reading that axis, the lines of the step's elements (the tile's
+    extent along the lane axis and the spatial axes the input uses, 1 along other reductions),
+    counted per set from row-major addresses; summed over the inputs, since their bases are
+    unknown and page-aligned buffers start in the same set (gemv's x adds one line to A's R).
+    0 where no such micro-kernel runs or the spec states no associativity (`ways`)."""
+    lane = lane_axis(expr, device)
+    if not reduce_lanes(expr, lane) or len(device.layers) < 2 or not device.layers[1].ways:
+        return 0
+    l1 = device.layers[1]
+    sets = max(1, l1.capacity_bytes // (l1.ways * l1.transaction_bytes))
+    total = 0
+    for tensor in expr.inputs:
+        if not tensor.uses_axis(lane):
+            continue
+        axes = [a for a in range(len(expr.axes)) if tensor.uses_axis(a) and (a == lane or expr.axes[a].kind != "reduce")]
+        strides = [prod(tensor.shape[d + 1 :]) * tensor.itemsize for d in range(len(tensor.shape))]
+        counts: dict[int, set[int]] = {}
+        point = [0] * len(expr.axes)
+        for values in product(*(range(tile[a]) for a in axes)):
+            for a, v in zip(axes, values):
+                point[a] = v
+            address = sum(sum(c * point[a] for a, c in enumerate(coeffs)) * stride for (coeffs, _), stride in zip(tensor.index, strides))
+            line = address // l1.transaction_bytes
+            counts.setdefault(line % sets, set()).add(line)
+        total += max(len(lines) for lines in counts.values())
+    return total
+
+
+class WarpGroupRule:
+    """Execution-unit groups (Roller section 4: a unit's TEU group is its warp schedulers): a GPU
+    block with a thread per output runs a whole number of groups of `teu_per_unit` warps
+    (`block_thread_multiple`: 4 x 32 = 128 threads on NVIDIA V100, A100 and H100, whose SMs
+    have 4 sub-partitions of one warp scheduler each; a wavefront on the MI50, whose group would
+    leave too few block sizes), so that every scheduler gets as many of the block's warps as the
+    others (a 13-warp block gives one scheduler 4 warps and three 3; Roller's model is accurate
+    only from 4 warps a block, section 5, Figure 18, and its artifact requires multiples of 4
+    warps).
+
+    Our reading of where it applies: a block that covers every spatial axis (the whole output
+    in one block) keeps its smaller or uneven size, as `BlockThreadsRule` lets it skip whole
+    warps: a tiny operator (a 17 x 11 x 3 relu) has no second block to balance against. A
+    cross-thread reduction's block (`cross_thread_axis`: threads along a reduce axis, one block
+    per output, sized by `_reduce_fill` in whole warps) is left to `BlockThreadsRule`: the
+    artifact builds no such block."""
+
+    name = "warp-group"
+
+    def axis_ok(self, ctx, axis, size):
+        return True
+
+    def tile_ok(self, ctx, tile):
+        device, expr = ctx.device, ctx.expr
+        if not device.is_thread_block_layer(ctx.layer) or cross_thread_axis(expr, device) is not None:
+            return True
+        if all(tile[a] >= expr.axes[a].extent for a in expr.spatial):
+            return True
+        return block_thread_count(expr, device, tile, ctx.upper) % block_thread_multiple(device) == 0
+
+
+def block_thread_multiple(device: DeviceSpec) -> int:
+    """Threads a GPU block's thread count is a multiple of under `WarpGroupRule`: one warp per
+    warp scheduler of a unit (`teu_per_unit` x `warp_size`) where a block's thread cap holds at
+    least four such groups, else a warp. Our bound: four groups leave the construction block
+    sizes to choose from (128 to 512 threads on the NVIDIA presets); the MI50's group, 4 SIMDs x
+    a wavefront of 64, would leave two (256 and 512 of Roller's 512-thread cap: gensor-table4's
+    65536 x 1024 x 4 matmul then had 4 programs), and the paper gives no such rule for it."""
+    group = device.teu_per_unit * device.warp_size
+    return group if 4 * group <= device.max_threads_per_block else device.warp_size
+
+
+class TensorCoreAlignment(_PerAxis):
+    """Tensor cores: where the device has MMA units for the dtype and the operator contracts a
+    reduce axis into a 2-D output (matmul-like), the top-layer tile is one warp's fragment tile
+    and its (i, j, k) sizes are multiples of the MMA fragment (16 x 16 x 16 on NVIDIA)."""
+
+    name = "tensor-core"
+
+    def axis_ok(self, ctx, axis, size):
+        mma = mma_axes(ctx.expr, ctx.device) if ctx.layer == 0 else None
+        if mma is None or axis not in mma:
+            return True
+        return size % ctx.device.tensor_core_fragment[mma.index(axis)] == 0
+
+
+class TailRule(_PerAxis):
+    """CPU tails (our rule): below the registers, a tile along a spatial `lane_axis` or a reduce
+    axis divides the axis wherever the tile one layer up does, so that no cache tile leaves a
+    ragged edge where the template pays for one. Along the vectors: the template pads a ragged
+    unit tile, and the copy into a panel then tests every element of the vectorised dimension
+    against the edge, which LLVM leaves scalar. Along a reduction: a ragged K tile turns panel
+    packing off and guards the micro-kernel. Where no tile short of the whole axis both divides it and is a whole number of
+    transactions (`_whole_tiles_exist`: a prime K of 509; gemv's K of 1000 over 8 lanes, whose
+    divisors 40 and 200 are not whole 64 B lines), the axis is ragged anyway and left to the
+    tensor-shape rule. A convolution vectorised along its filters (`filter_axis`) guards its
+    whole unrolled micro-kernel for a ragged output row or column, so there every axis, the
+    register tile's included, divides where a dividing tile exists. A reduction vectorised
+    along its K (gemv) guards its unrolled micro-kernel the same way for a ragged row, and LLVM
+    then unrolls and unswitches it or not by the row count. So its register tile's rows divide
+    as well, where a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K,
+    where a multiple of whole lines of whole vectors does: the template vectorises K only for a
+    dividing tile (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule)."""
+
+    name = "cpu-tails"
+
+    def axis_ok(self, ctx, axis, size):
+        if ctx.device.lanes_are_threads or ctx.expr.axes[axis].extent % size == 0:
+            return True
+        lane = lane_axis(ctx.expr, ctx.device)  # once: the rules ask on every size they scan
+        filters = filter_lanes(ctx.expr, lane)
+        kind, extent = ctx.expr.axes[axis].kind, ctx.expr.axes[axis].extent
+        along_k = ctx.layer == 0 and not filters and reduce_lanes(ctx.expr, lane)
+        if ctx.layer == 0 and not (filters or along_k):
+            return True
+        if along_k and kind == "spatial":  # a row of 1 always divides: ragged where nothing longer does
+            return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
+        if along_k and axis == lane:  # whole lines of whole vectors
+            step = _lane_step(ctx.expr, ctx.device, axis)
+            return not any(extent % s == 0 for s in range(step, extent, step))
+        if along_k:
+            return True
+        if kind != "reduce" and axis != lane and not filters:
+            return True
+        return not _whole_tiles_exist(ctx, axis)
+
+
+def _lane_step(expr: TensorExpr, device: DeviceSpec, lane: int) -> int:
+    """The size a CPU register tile's `lane` axis is a multiple of (`VectorLanesRule`): whole
+    vectors of lanes, and along a reduction whole first-layer cache lines of every input reading
+    it as well."""
+    if expr.axes[lane].kind != "reduce" or len(device.layers) < 2:
+        return device.warp_size
+    line = device.layers[1].transaction_bytes
+    return lcm(device.warp_size, *(line // gcd(line, t.itemsize) for t in expr.inputs if t.uses_axis(lane)))
+
+
+@lru_cache(maxsize=4096)
+def _whole_tiles_exist(ctx: AlignContext, axis: int) -> bool:
+    """Whether a tile along `axis` shorter than the axis, a multiple of the tile above within
+    `MAX_SCAN` multiples, divides the axis and is a whole number of transactions."""
+    extent, upper = ctx.expr.axes[axis].extent, ctx.upper[axis]
+    if extent % upper:
+        return False
+    sizes = (m * upper for m in range(1, min(extent // upper - 1, MAX_SCAN) + 1))
+    return any(extent % s == 0 and TransactionRule().axis_ok(ctx, axis, s) for s in sizes)
