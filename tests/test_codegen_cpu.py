@@ -19,7 +19,7 @@ from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_d
 from workbench.codegen.common import chain_factors
 from workbench.codegen.cpu import schedule_cpu, simd_lanes
 from workbench.rtile.alignment import vector_axis
-from workbench.rtile.panels import loop_nest_key
+from workbench.rtile.plan import loop_nest_key
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct

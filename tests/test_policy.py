@@ -17,7 +17,7 @@ from workbench.construct.space import (
     legal_actions, replay,
 )
 from workbench.errors import UserError
-from workbench.rtile.panels import loop_nest_key
+from workbench.rtile.plan import loop_nest_key
 from workbench.viz.fmt import duration
 
 

@@ -11,7 +11,8 @@ from workbench.rtile.traffic import calculus
 from workbench.rtile.model import estimate
 from workbench.rtile import model
 from workbench.rtile.model import packing_seconds
-from workbench.rtile.panels import pack_layer, packed_bytes, packed_inputs
+from workbench.rtile.model import packed_bytes
+from workbench.rtile.panels import pack_layer, packed_inputs
 from workbench.vortex.analyzer import Dynamic, at_extent, cost, outer_tile, padded_extent, program_at
 
 

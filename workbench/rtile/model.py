@@ -51,10 +51,11 @@ from workbench.construct.banks import ThreadBinding, requests, stored_tile, wave
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    accumulators, autovector_axis, block_thread_count, cross_thread_axis, is_projection, lane_axis, mma_axes,
+    accumulators, autovector_axis, block_thread_count, cross_thread_axis, lane_axis, mma_axes,
     partial_sums, resident_block_limit, simd_vectors,
 )
-from workbench.rtile.panels import direct_stores, guarded_row, pack_layer, packed_bytes
+from workbench.rtile.panels import packed_tile_bytes
+from workbench.rtile.plan import SCALAR, cpu_plan
 from workbench.rtile.pipeline import STAGES, async_copies, pipelined, prefetch_registers, shared_buffers
 from workbench.rtile.rprogram import RProgram, footprint_at, storage_padding, waves
 from workbench.rtile.traffic import TileCalculus, calculus
@@ -218,10 +219,10 @@ def compute_efficiency(program: RProgram, device: DeviceSpec, threads: int, bpu:
 
 
 def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
-    """Whether a CPU program's register row runs scalar for a guarded tail (`panels.guarded_row`):
+    """Whether a CPU program's register row runs scalar for a guarded tail (`CpuPlan.guarded_row`):
     its compute fills one lane (`compute_efficiency`) and its reads from L1 into registers move
     one element a load (`transfer_seconds`)."""
-    return device.runs_on_cpu and guarded_row(program.expr, program, device)
+    return device.runs_on_cpu and cpu_plan(program, device).guarded_row
 
 
 def scalar_lanes(program: RProgram, device: DeviceSpec) -> int:
@@ -478,29 +479,25 @@ GUARDED_MICRO_KERNEL = 1.4
 
 
 def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
-    """How much slower than the modelled micro-kernel a CPU program's guards make it run; 1 on
-    GPUs (their guards are per thread, and the model prices the padded work instead).
+    """How much slower than the modelled micro-kernel a CPU program's guards make it run, as its
+    plan (`rtile.plan.CpuPlan`) builds it; 1 on GPUs (their guards are per thread, and the model
+    prices the padded work instead).
 
-    A reduction whose lanes run along its reduce axis (`lane_axis`: gemv, row sums) gets them
-    from the CPU template only on whole tiles (`panels.lane_reduction_axis`); a tile that
-    cuts the axis sends it to the plain loop nest, which sums one output at a time: one chain
-    of dependent adds instead of lanes x FMA pipes x FMA latency independent ones. reduce-rows
-    (256 x 4096) on the AVX-512 Zen 5: its 48-wide K tiles (4,224 and 4,320 of 4,096) ran
-    800-872 us against 24-26 us for the 16 and 32-wide ones (top-10 run, 2026-11-24, 20:46).
-    Elsewhere GUARDED_MICRO_KERNEL where a register tile along a spatial axis does not divide
-    the axis: the template then guards the micro-kernel with the block predicate TVM adds, and
-    the whole loop nest runs with it, not only the cut tile; a contraction of plain projections
-    (matmul, batched, transposed) is padded to whole tiles instead (`_pad_tails`)."""
+    A reduction whose lanes the alignment rules put along its reduce axis (`lane_axis`: gemv,
+    row sums) that the template leaves without any vector (`SCALAR` path: it takes the lanes
+    along K only on whole tiles) sums one output at a time: one chain of dependent adds instead
+    of lanes x FMA pipes x FMA latency independent ones. Elsewhere GUARDED_MICRO_KERNEL where a
+    register tile along a spatial axis does not divide the axis and the plan does not pad the
+    tails: the template then guards the micro-kernel with the block predicate TVM adds, and the
+    whole loop nest runs with it, not only the cut tile. (Evidence: docs/evidence.md#guard-slowdown.)"""
     expr = program.expr
     if not device.runs_on_cpu:
         return 1.0
+    plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
-    if lanes is not None and expr.axes[lanes].kind == "reduce" and (
-            expr.axes[lanes].extent % program.unit_tile[lanes]
-            or program.register_tile[lanes] % max(1, device.warp_size * 4 // expr.output.itemsize)
-            or len(expr.axes[lanes].fused_from) > 1):
+    if lanes is not None and expr.axes[lanes].kind == "reduce" and plan.path == SCALAR:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
-    if expr.reduce and all(is_projection(t, expr) for t in expr.inputs):
+    if plan.padded_tails:
         return 1.0
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in expr.spatial) else 1.0
@@ -516,14 +513,14 @@ def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
     """Bytes a CPU reduction's output buffer moves in the layer that holds it
     (`accumulator_home`), beyond the one store of each output: `BUFFER_PASSES` over the padded
     output, where the template accumulates into a buffer of the unit tile's outputs; 0 where it
-    stores each register tile's accumulators straight to the output (`panels.direct_stores`).
+    stores each register tile's accumulators straight to the output (`CpuPlan.direct_stores`).
     bmm-attn (12 x 128 x 128, K = 64) on the AVX-512 Zen 5, one process, the same register
     tiles and L2 tiles: L1 tiles of the whole K (direct stores) ran 54-56 us with 11 to 13-row
     registers and 48 us with 8 rows, those of K = 32 (buffered) 65-66 and 56 us: about 10 us
     for ~1.6 MB a core at the L2's 217 GB/s a core (7.5 us), which the model did not see and
     ranked the two as equal."""
     expr = program.expr
-    if not device.runs_on_cpu or not expr.reduce or direct_stores(expr, program, device):
+    if not device.runs_on_cpu or not expr.reduce or cpu_plan(program, device).direct_stores:
         return 0
     return BUFFER_PASSES * unit_output_bytes(program) * program.grid
 
@@ -561,7 +558,7 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     tile = program.tiles[layer]
     if not device.runs_on_cpu or layer == 0:
         return calc.traffic_bytes(tile)
-    line, scattered = device.layers[layer].transaction_bytes, scattered_inputs(program.expr, device)
+    line, scattered = device.layers[layer].transaction_bytes, scattered_inputs(program, device)
     q = calc.traffic_bytes(tile, line, scattered)
     if layer + 1 >= len(program.tiles):
         return q
@@ -571,15 +568,17 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     return min(q, calc.traffic_bytes(sweep[1], line, scattered))
 
 
-def scattered_inputs(expr: TensorExpr, device: DeviceSpec) -> frozenset[int]:
+def scattered_inputs(program: RProgram, device: DeviceSpec) -> frozenset[int]:
     """The inputs a CPU cache layer holds and loads in whole lines (`TileCalculus.input_bytes`):
-    those that do not read the axis the micro-kernel's lanes run along (`lane_axis`). An input
-    that reads it is streamed in vectors, packed into panels (matmul's B, a convolution's
-    filters, whose 3-element rows of one filter would otherwise count a line each) or read along
-    its contiguous axis; one that does not is read an element at a time (a convolution's data,
-    broadcast) or in tiles whose rows the alignment rules make whole lines (matmul's A)."""
-    lanes = lane_axis(expr, device)
-    return frozenset(t for t, tensor in enumerate(expr.inputs) if lanes is None or not tensor.uses_axis(lanes))
+    those that do not read the loop the template vectorises (`CpuPlan.vector_axis`; all of them
+    where it vectorises none). An input that reads it is streamed in vectors, packed into panels
+    (matmul's B, a convolution's filters, whose 3-element rows of one filter would otherwise
+    count a line each) or read along its contiguous axis; one that does not is read an element
+    at a time (a convolution's data, broadcast) or in tiles whose rows the alignment rules make
+    whole lines (matmul's A)."""
+    vector = cpu_plan(program, device).vector_axis
+    inputs = program.expr.inputs
+    return frozenset(t for t, tensor in enumerate(inputs) if vector is None or not tensor.uses_axis(vector))
 
 
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
@@ -935,7 +934,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     packed = packed_bytes(program, device)
     packing = _copy_seconds(program, device, packed)
     if packed:
-        stage = f"packing into {device.layers[pack_layer(program)].name}"
+        stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
     occupancy = 1.0 if not device.has_occupancy_limits else min(1.0, threads * bpu / device.max_threads_per_unit)
     tree = tree_reduction_seconds(program, device, threads, n_waves)
@@ -957,15 +956,21 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     )
 
 
+def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
+    """Bytes the busiest core writes into panels: the plan's packed inputs (`CpuPlan.packed`)
+    at its pack layer's tile (`panels.packed_tile_bytes`), 0 where it packs none or on GPUs."""
+    if not device.runs_on_cpu:
+        return 0
+    plan = cpu_plan(program, device)
+    return packed_tile_bytes(program, device, plan.packed, plan.pack_layer) if plan.packed else 0
+
+
 def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
-    """The CPU template's panel copies (`panels.packed_inputs`) on the busiest core:
-    `packed_bytes` at `PACK_BYTES_PER_CYCLE` of that core's clock (`core_ghz`), or over its
-    share of the pack layer's bandwidth where that is slower (the reads that fill the panel are
-    the loads of the unit tile already). The copy runs between micro-kernel runs, so it adds to
-    the unit's time, as the transfers below the first cache layer do (`combine_stages`). What it
-    decides: a 6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs
-    nothing (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to
-    130, so every input is copied, where 8 rows divide it and copy nothing."""
+    """The CPU template's panel copies (`CpuPlan.packed`) on the busiest core: `packed_bytes` at
+    `PACK_BYTES_PER_CYCLE` of that core's clock (`core_ghz`), or over its share of the pack
+    layer's bandwidth where that is slower (the reads that fill the panel are the loads of the
+    unit tile already). The copy runs between micro-kernel runs, so it adds to the unit's time,
+    as the transfers below the first cache layer do (`combine_stages`)."""
     return _copy_seconds(program, device, packed_bytes(program, device))
 
 
@@ -973,7 +978,7 @@ def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int) -> float:
     """`packing_seconds` of `moved` = `packed_bytes(program, device)` (computed once by `estimate`)."""
     if not moved:
         return 0.0
-    layer = device.layers[pack_layer(program)]
+    layer = device.layers[cpu_plan(program, device).pack_layer]
     streamed = moved / (layer.bandwidth_gbps * GB / device.compute_units)
     ghz = core_ghz(device)
     return max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)) if ghz else streamed
