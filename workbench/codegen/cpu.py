@@ -109,10 +109,7 @@ def _stage_producers(sch, expr: TensorExpr, plan: CpuPlan) -> tuple[str, ...]:
     an input read under a larger shape than the caller passes. A padding producer stays its own
     stage, computed per unit tile (`_pad_per_tile`); the names of those it left are returned.
     Inlined, its bounds test is evaluated per lane inside the vectorised micro-kernel, which
-    LLVM can only scalarise: conv-3x3 (64 channels, 56x56, AVX2, 4x2x8 register tile) ran at
-    11 GFLOP/s with the padding inlined and 130-170 GFLOP/s with it staged, for a copy of
-    0.9 MB. (The copy as a parallel pass of its own measured slower, 75-85 GFLOP/s: each core
-    then reads rows the other wrote.)"""
+    LLVM can only scalarise (evidence: docs/evidence.md#cpu-stage-producers)."""
     if plan.staged_padding:
         return common.producer_names(sch, expr)
     common.inline_producers(sch, expr)
@@ -124,10 +121,7 @@ def _pad_per_tile(sch, staged: tuple[str, ...], at) -> None:
     tiles do not overlap (`CpuPlan.pad_level`), the L1 tile's innermost spatial loop: per tile,
     the part of the padded tensor that tile reads, on the core that reads it (in parallel, and
     in that core's caches), rather than one pass over the whole tensor on one core before the
-    loop nest. AVX-512 EPYC, one process each, per unit tile: avgpool-3x3 91-95 us against
-    125-133, dwconv-3x3 135-172 against 187-197 (its 4.8 MB input padded on one core); conv-3x3
-    and conv-3x3-s2 unchanged (their unit tiles read every channel, so the two cores pad
-    overlapping halves)."""
+    loop nest (evidence: docs/evidence.md#cpu-pad-per-tile)."""
     if at is None:
         return
     for name in staged:
@@ -194,22 +188,7 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     grid iteration in the write-back (O(output) beside O(output x C x KH x KW) compute), a
     block of filters at a time (`_transpose_in_blocks`).
 
-    Measured on AVX2 (2 cores, machine loaded by another benchmark, one run): conv-3x3-s2 with
-    16 x 2 x 2 (filters x rows x columns) registers 1.7 ms, the plain template's scalar rank 1
-    25.7 ms; conv-3x3 with 8 x 1 x 8 registers 1.6 ms, its row-vectorised 4 x 3 x 8 5.6 ms.
-    The reduction keeps its order (c, r, s): with the window outside the channels (r, s, c, the
-    panels laid out to match) conv-3x3 measured slower, 3.6-6.1 ms against 2.7-4.1 ms for
-    16 x 1 x 4 and 8 x 1 x 8 registers (two paired runs on the loaded machine).
-
-    One core (AVX2 Zen 3, one thread, process CPU time so that the other work on the machine
-    does not count; torch 2.13 on one thread in the same run), the construction's top-5:
-    best-of-5 / rank 1 / torch / before this template (best-of-5): conv-3x3 2.72 / 3.32 / 2.74 /
-    5.58 ms; conv-3x3-s2 1.44 / 1.90 / 1.55 / 17.0 ms; conv-1x1 1.50 / 1.58 / 1.23 / 4.08 ms;
-    resnet_block's conv (64 channels, 16 x 16) 0.263 / 0.335 / 0.316 / 0.482 ms. Rank 1's
-    32 x 2 x 1 tiles with L1 tiles of 32-64 channels measured up to 1.3x slower than the same
-    tiles with 8-16 channels, which the model ranked within 3% of each other: what decides is
-    the channels of the L2 K-step, whether the filter panel one row of L1 tiles shares stays
-    in L1 (`model.cache_traffic`, which now ranks conv-3x3's fastest program first)."""
+    The reduction keeps its order (c, r, s) (evidence: docs/evidence.md#cpu-filters)."""
     from tvm.tirx import IndexMap
 
     sch = common.new_schedule(expr)
@@ -250,10 +229,7 @@ def _transpose_in_blocks(sch, writeback, dim: int, ndim: int, lanes: int) -> Non
     the pixels) reads the buffer a float per line, a line per pixel, once per filter: 16 times
     the buffer's lines from L2 for a buffer L1 does not hold.
 
-    conv-1x1 (1024 filters, 256 channels, 14 x 14) on the AVX-512 Zen 5, the same programs
-    in one process, three rounds each (2026-11-25): its 512-filter unit tiles (401 KiB
-    buffers) ran 268-275 us against 370-376 us, 503-533 against 562-635 us; conv-3x3 468-479
-    against 496-511 us; conv-3x3-s2 (128-filter unit tiles) 309-353 against 318-339 us."""
+    (Evidence: docs/evidence.md#cpu-transpose-in-blocks.)"""
     if dim == ndim - 1:
         return
     loops = sch.get_loops(writeback)[-ndim:]
@@ -349,9 +325,8 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
 
     A vector loop longer than a register is split into an unrolled loop over vectors of
     `_vector_width` lanes around one vectorised vector, so that each vector's panel index is a
-    plain ramp. Vectorised whole, a 24-wide row over a panel of 24-column strips read its
-    operand through `j // 24, j % 24` per lane, which TVM lowered to gathers: 190 ms on
-    mm-bert-qkv with a 4x24 register tile, 15 ms split into 3 x 8 lanes (AVX2)."""
+    plain ramp: vectorised whole, a row over a panel of strips reads its operand through
+    `j // r, j % r` per lane, which TVM lowers to gathers (evidence: docs/evidence.md#cpu-micro-kernel)."""
     if vector_loop is not None:
         extent = int(sch.get(vector_loop).extent)
         width = _vector_width(extent, lanes)
@@ -414,9 +389,8 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
     holds exactly one tile's slice and, allocated inside the parallel grid loop, belongs to
     one core. An input read along the vector axis is laid out in register-tile strips
     (`_panel_layout`): matmul's B becomes 16-column strips whose K-steps follow each other, so
-    the micro-kernel's two vector loads per K-step advance linearly through one strip. Measured
-    on mm-1024 (1 core, AVX2, 4x16 register tile): packing A and B per L2 K-step 65-68 GFLOP/s,
-    A per L1 tile instead (repacked for each L1 column) 41-57, unpacked 25-49.
+    the micro-kernel's two vector loads per K-step advance linearly through one strip. (evidence:
+    docs/evidence.md#cpu-pack-panels).
     """
     from tvm.tirx import IndexMap
 
@@ -443,10 +417,8 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     """Vectorise a panel copy along the tensor's contiguous dimension, where the panel keeps it
     contiguous: a row-major copy (A) in vectors of `_vector_width` lanes, a strip layout (B's
     [j // r, k, j % r]) in vectors within one strip's row of r. A copy that transposes (a filter
-    panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies ran scalar,
-    about one element per cycle. Vectorised, on the AVX-512 EPYC (one process, each pair run
-    back to back): bmm-attn's 13-row tiles, whose padding copies every input, 69-74 us against
-    78; mm-512 577-596 against 618-650 us; mm-bert-qkv 4.13-4.25 against 4.47-4.48 ms."""
+    panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies run scalar
+    (evidence: docs/evidence.md#cpu-vectorise-copy)."""
     last = next((a for a, c in enumerate(tensor.index[-1][0]) if c), None)
     if last is None or (laid_out and last != vector_axis):
         return
@@ -469,8 +441,8 @@ def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int)
     its whole K-run; the inner parts go innermost in the micro-kernel's order (reductions,
     rows, the vector axis last): matmul's B[k, j] becomes [j // 16, k, j % 16]. The broadcast
     operand (A) keeps rows: its copy is then a plain vectorised one, while 6-row strips
-    ([i // 6, k, i % 6]) need a scalar transposing copy, which measured as fast or slower
-    (mm-1024 and bmm-attn, 1 core: row-major A faster in 9 of 10 paired runs).
+    ([i // 6, k, i % 6]) need a scalar transposing copy, which is no faster
+    (evidence: docs/evidence.md#cpu-panel-layout).
     """
     if not tensor.uses_axis(vector_axis):
         return None

@@ -116,11 +116,7 @@ def pad_level(expr: TensorExpr, program: RProgram) -> int:
     """The tile level the padding copies are made at, counted from the unit tile (0) inwards:
     per L1 tile (the level inside the unit tile) where those tiles read the padded inputs
     without overlapping beyond PAD_OVERLAP, so each copy stays in L1 and is read right after it
-    is written; else per unit tile. avgpool-3x3 (stride 2, L1 tiles of 1 channel x 19 rows,
-    2.6% overlap) ran 72-74 us against 89-92 per unit tile on the AVX-512 Zen 5 (the same three
-    programs, one process); dwconv-3x3 (stride 1, 2-row L1 tiles that read 4 rows: 1.9x)
-    135-172 against 130-134, and conv-3x3 (every L1 tile reads the same channels) unchanged, so
-    both keep the unit tile's copy."""
+    is written; else per unit tile (evidence: docs/evidence.md#pad-level)."""
     names = padded_inputs(expr)
     if not names or not expr.spatial or len(program.tiles) < 3:
         return 0
@@ -177,8 +173,8 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     a plain projection (each dimension one whole unfused axis, as in matmul, batched or
     transposed) whose reduction axes the tiles divide and which the unit tile reuses (it spans
     more than one index of a spatial axis the input ignores); () otherwise (convolutions,
-    strided or offset reads, ragged K, and gemv, whose matrix is read once: a copy only doubled
-    its traffic, 4.1 -> 13.5 ms on gemv-4096). Where `_pad_tails` will pad, every input is
+    strided or offset reads, ragged K, and gemv, whose matrix is read once: a copy only doubles
+    its traffic; evidence: docs/evidence.md#panel-inputs). Where `_pad_tails` will pad, every input is
     copied anyway (the padding copy is the panel)."""
     if not expr.reduce or not any(program.cached[1:]):
         return ()
@@ -201,10 +197,8 @@ def _panel_pays(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor)
     across the vector axis, as a transposed matmul's), or the addresses its L1 tile reads in
     place span more than the L1 holds. A span within the L1 cannot conflict in it (a contiguous
     range of at most the capacity puts at most `ways` lines in any set), so its copy is pure
-    overhead: bmm-attn (B's 64 x 32 L1 tile over 32 KiB of a 48 KiB L1, A's over 2 KiB) ran
-    57-59 us unpacked against 64-77 us with both packed (AVX-512 EPYC, one process). A wider
-    span (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets, which the copy
-    avoids: mm-512 and mm-1024 unpacked ran 2.1-2.7x slower."""
+    overhead; a wider span (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets,
+    which the copy avoids (evidence: docs/evidence.md#panel-pays)."""
     vector = vector_axis(expr)
     if vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector):
         return True
