@@ -629,6 +629,8 @@ def test_kernel_page_opens_at_the_computation_with_the_whole_source_below():
     assert any(e.label.startswith("the whole LLVM IR") for e in at.expander)
     assert not any("{" in c.value for c in at.caption)  # the target in words, not as JSON
     assert all(" us" not in o or "e+" not in o for o in at.selectbox[0].options)  # no 1.97e+03 us
+    # the template's plan in words above the source (`rtile.plan.describe`)
+    assert any(m.value.startswith("**Plan:** ") and "lanes along" in m.value for m in at.markdown)
 
 
 def test_form_errors_name_the_dashboards_inputs_not_cli_flags():

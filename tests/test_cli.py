@@ -73,6 +73,20 @@ def test_construct_expression(capsys):
     assert json.loads(out)["candidates"]
 
 
+@pytest.mark.parametrize("dev, template", [("v100", "cuda"), ("xeon-avx512", "cpu")])
+def test_construct_json_candidates_carry_their_plan(capsys, dev, template):
+    """Every candidate carries the template's decisions (`rtile.plan`) and their words."""
+    code, out, _ = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", dev, "--topk", "3", "--json")
+    assert code == 0
+    for cand in json.loads(out)["candidates"]:
+        plan = cand["plan"]
+        assert plan["template"] == template and plan["text"]
+        if template == "cpu":
+            assert plan["path"] in ("filters", "lanes", "panels", "row", "scalar") and plan["vector_axis"] == "j"
+        else:
+            assert plan["stages"] in (1, 2) and plan["split"] >= 1
+
+
 def test_bench_construct(capsys):
     code, out, _ = run(capsys, "bench", "construct", "--suite", "cpu-core", "--device", "v100", "--topk", "1", "--json")
     assert code == 0

@@ -17,15 +17,17 @@ from hypothesis import strategies as st
 from tests.helpers import TINY_CPU, device, expr, suite_workloads, workload_expr
 from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_dict
 from workbench.codegen.common import chain_factors
-from workbench.codegen.cpu import schedule_cpu, simd_lanes
+from workbench.codegen.cpu import schedule_cpu
+from workbench.rtile.panels import simd_lanes
+from workbench.rtile.plan import PANELS, ROW, cpu_plan, loop_nest_key
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.ops.expr_lang import build_expr
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.axes import vector_axis
-from workbench.rtile.panels import loop_nest_key
-from workbench.rtile.rprogram import RProgram
+from workbench.rtile.rprogram import RProgram, make_program
+from workbench.rtile.traffic import calculus
 
 CPU = "local-cpu"
 
@@ -514,3 +516,29 @@ def test_an_l1_tile_of_one_register_tile_compiles_alike_whatever_its_k():
     assert all(k.ok for k in kernels), [k.error for k in kernels]
     assert dict(kernels[0].sources)["s"] == dict(kernels[1].sources)["s"]
     assert len({loop_nest_key(p, device(CPU)) for p in programs}) == 1
+
+
+def test_the_plan_decides_the_code():
+    """Codegen carries the kernel's plan out and decides nothing itself: the same plan gives
+    byte-identical code, and two plans that differ in one field give different schedules. A
+    ragged matmul (100 rows on 6-row register tiles) whose plan packs A and B into panels and
+    pads the tails: without padding, without packing, with fewer lanes or with direct stores
+    the schedule changes."""
+    e = fuse_axes(expr("matmul", M=100, K=64, N=64))
+    program = make_program(calculus(e), TINY_CPU, [(6, 16, 1), (6, 16, 64), (102, 64, 64)], [True] * 3, 0.0)
+    plan = cpu_plan(program, TINY_CPU)
+    assert plan.path == PANELS and plan.padded_tails and plan.packed == ("A", "B")
+
+    def script(p):
+        return schedule_cpu(e, program, TINY_CPU, p).mod.script()
+
+    same = script(plan)
+    assert script(plan) == same == schedule_cpu(e, program, TINY_CPU).mod.script()
+    variants = {
+        "padded_tails": replace(plan, padded_tails=False),
+        "packed": replace(plan, path=ROW, packed=()),
+        "lanes": replace(plan, lanes=plan.lanes // 2),
+        "pack_layer": replace(plan, pack_layer=1),
+    }
+    for field, other in variants.items():
+        assert script(other) != same, f"a plan that differs in {field} built the same schedule"

@@ -21,7 +21,7 @@ from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
-    ACCUMULATOR_FILL, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic, packing_seconds,
+    ACCUMULATOR_FILL, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic, packed_bytes, packing_seconds,
     scattered_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
@@ -35,7 +35,8 @@ from workbench.rtile.model.gpu import (
 from workbench.rtile.occupancy import (
     async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
 )
-from workbench.rtile.panels import pack_layer, packed_bytes
+from workbench.rtile.panels import pack_layer
+from workbench.rtile.plan import cpu_plan
 from workbench.rtile.registers import block_thread_count, partial_sums
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
 from workbench.rtile.staging import pipelined, register_prefetch, shared_buffers
@@ -109,7 +110,7 @@ def check_consistent(calc, dev, program, est):
             src = dev.layers[source_layer(through, layer, len(dev.layers))].name
             # Q(tile), or less where a CPU cache tile's neighbours share (closed forms below);
             # a CPU cache layer counts the inputs read an element at a time in whole lines
-            lines = (dev.layers[layer].transaction_bytes, scattered_inputs(calc.expr, dev))
+            lines = (dev.layers[layer].transaction_bytes, scattered_inputs(program, dev))
             assert cache_traffic(program, dev, layer) <= calc.traffic_bytes(tile, *lines if dev.kind == "cpu" and layer else ())
             # plus, for a GPU register tile read straight from global memory, the sectors its
             # uncoalesced loads waste (closed forms below)
@@ -871,7 +872,7 @@ def test_a_conv_row_of_l1_tiles_shares_the_filter_panel_of_the_l2_k_step_while_i
     # the data is broadcast an element at a time, so L1 holds and loads it in whole lines: its
     # 16 x 4 rows of 4 floats are 64 lines (4 KiB, not 1 KiB); the filters stream as vectors
     lines = (64, frozenset({0}))
-    assert scattered_inputs(e, TINY_CPU) == lines[1]
+    assert scattered_inputs(program(16), TINY_CPU) == lines[1]
     footprint = calc.footprint_bytes((1, 32, 2, 2, 16, 3, 3), line=64, in_lines=lines[1])
     assert footprint == (32 * 16 * 9 + 32 * 2 * 2) * 4 + 16 * 4 * 64 == 23040
     assert cache_traffic(program(16), TINY_CPU, 1) == calc.traffic_bytes((1, 32, 2, 56, 16, 3, 3), *lines)
@@ -1196,14 +1197,20 @@ def test_accumulators_leave_the_registers_at_the_k_steps_of_the_first_tile_holdi
     assert calc.accumulator_bytes((4, 16, 1), (64, 128, 256)) == 2 * 1 * 4 * 16 * 4 * (512 // 4) * (512 // 16)
 
 
-def test_the_inputs_held_in_lines_are_those_the_lanes_do_not_run_along():
-    """conv's data is broadcast (the lanes run along the filters, which stream as panels);
-    matmul's A is broadcast (its rows are whole lines by the transaction rule, so lines change
-    nothing); gemv's lanes run along K, which both inputs read: none."""
+def test_the_inputs_held_in_lines_are_those_the_template_does_not_vectorise_along():
+    """The inputs that do not read the plan's vector axis are held in lines: conv's data is
+    broadcast (the lanes run along the filters, which stream as panels); matmul's A is broadcast
+    (its rows are whole lines by the transaction rule, so lines change nothing); gemv's lanes
+    run along K, which both inputs read: none."""
     conv = fuse_axes(expr("conv2d", N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, stride=1, pad=1))
-    assert scattered_inputs(conv, AVX512) == frozenset({0})
-    assert scattered_inputs(fuse_axes(matmul(64, 64, 64)), AVX2) == frozenset({0})
-    assert scattered_inputs(fuse_axes(expr("gemv", M=4096, K=4096)), AVX512) == frozenset()
+    cases = ((conv, AVX512, "filters", frozenset({0})), (fuse_axes(matmul(64, 64, 64)), AVX2, None, frozenset({0})),
+             (fuse_axes(expr("gemv", M=4096, K=4096)), AVX512, "lanes", frozenset()))
+    for e, dev, path, held in cases:
+        program = construct(e, dev).candidates[0].program
+        plan = cpu_plan(program, dev)
+        assert path is None or plan.path == path
+        assert scattered_inputs(program, dev) == held
+        assert held == {t for t, x in enumerate(e.inputs) if not x.uses_axis(plan.vector_axis)}
 
 
 def test_a_register_tile_the_axis_cuts_runs_guarded_unless_the_template_pads(monkeypatch):

@@ -13,13 +13,14 @@ from workbench.ops.fusion import fuse_axes
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import GB, source_layer
 from workbench.rtile.model.cpu import (
-    buffer_bytes, BUFFER_PASSES, core_ghz, PACK_BYTES_PER_CYCLE, packing_seconds, transfer_seconds,
+    buffer_bytes, BUFFER_PASSES, core_ghz, PACK_BYTES_PER_CYCLE, packed_bytes, packing_seconds, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import compute_efficiency, scalar_row
 from workbench.rtile.panels import (
-    PAD_OVERLAP, _panel_pays, direct_stores, filter_vector_axis, guarded_row, lane_reduction_axis, loop_nest_key,
-    pack_layer, packed_bytes, packed_inputs, pad_level, padded_inputs, pads_tails, ragged, whole_reduction,
+    PAD_OVERLAP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level,
+    padded_inputs, pads_tails, ragged, whole_reduction,
 )
+from workbench.rtile.plan import cpu_plan, loop_nest_key
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
 
@@ -103,7 +104,7 @@ def test_a_register_tile_over_the_whole_reduction_stores_straight_to_the_output(
     e = expr("matmul", B=12, M=128, K=64, N=128)
     program = _program(e, [(1, 8, 16, 1), (1, 8, 32, k_tile), (6, 128, 128, 64)])
     direct = k_tile == 64
-    assert whole_reduction(e, program) is direct and direct_stores(e, program, TINY_CPU) is direct
+    assert whole_reduction(e, program) is direct and cpu_plan(program, TINY_CPU).direct_stores is direct
     assert buffer_bytes(program, TINY_CPU) == (0 if direct else BUFFER_PASSES * 6 * 128 * 128 * 4 * 2)
 
 
@@ -114,13 +115,13 @@ def test_templates_that_always_buffer_store_nothing_directly():
     conv = expr("conv2d", N=1, C=16, H=8, W=8, F=32, KH=3, KW=3, stride=1, pad=1)
     program = _program(conv, [(1, 16, 1, 2, 1, 1, 1), (1, 16, 2, 8, 16, 3, 3), (1, 32, 8, 8, 16, 3, 3)])
     assert filter_vector_axis(conv, program, TINY_CPU) is not None and whole_reduction(conv, program)
-    assert not direct_stores(conv, program, TINY_CPU) and buffer_bytes(program, TINY_CPU) > 0
+    assert not cpu_plan(program, TINY_CPU).direct_stores and buffer_bytes(program, TINY_CPU) > 0
     gemv = expr("gemv", M=64, K=256)
     program = _program(gemv, [(1, 16), (4, 256), (64, 256)])
-    assert lane_reduction_axis(gemv, program, TINY_CPU) is not None and not direct_stores(gemv, program, TINY_CPU)
+    assert lane_reduction_axis(gemv, program, TINY_CPU) is not None and not cpu_plan(program, TINY_CPU).direct_stores
     narrow = expr("matmul", M=64, N=64, K=64)
     program = _program(narrow, [(4, 2, 1), (8, 8, 64), (64, 64, 64)])
-    assert whole_reduction(narrow, program) and not direct_stores(narrow, program, TINY_CPU)
+    assert whole_reduction(narrow, program) and not cpu_plan(program, TINY_CPU).direct_stores
 
 
 def test_a_padding_copy_is_made_per_l1_tile_where_those_tiles_do_not_overlap():
@@ -183,13 +184,13 @@ def test_a_guarded_tail_leaves_the_row_scalar_where_nothing_pads_it(dev):
     lanes = dev.warp_size  # float32 lanes
     tail = _program(relu, [(lanes,), (32,), (128,)], dev)
     whole = _program(relu, [(lanes,), (64,), (192,)], dev)
-    assert ragged(relu, tail, 0) and guarded_row(relu, tail, dev) and scalar_row(tail, dev)
-    assert not ragged(relu, whole, 0) and not guarded_row(relu, whole, dev)
+    assert ragged(relu, tail, 0) and cpu_plan(tail, dev).guarded_row and scalar_row(tail, dev)
+    assert not ragged(relu, whole, 0) and not cpu_plan(whole, dev).guarded_row
     mm = expr("matmul", M=64, N=96, K=64)
     padded = _program(mm, [(4, lanes, 1), (8, 32, 64), (64, 64, 64)], dev)
     assert ragged(mm, padded, 1) and pads_tails(mm, padded, packed_inputs(mm, padded, dev))
-    assert not guarded_row(mm, padded, dev)
-    assert not guarded_row(relu, _program(relu, [(32,), (128,)], device("v100")), device("v100"))
+    assert not cpu_plan(padded, dev).guarded_row
+    assert not scalar_row(_program(relu, [(32,), (128,)], device("v100")), device("v100"))
 
 
 @pytest.mark.parametrize("dev", [TINY_CPU, AVX2, AVX512])

@@ -18,7 +18,7 @@ from workbench.construct.space import (
 )
 from workbench.errors import UserError
 from workbench.fmt import duration
-from workbench.rtile.panels import loop_nest_key
+from workbench.rtile.plan import loop_nest_key
 
 
 CORE = {w["id"]: w for w in suite_workloads("cpu-core")}

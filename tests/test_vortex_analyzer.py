@@ -10,8 +10,8 @@ from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
 from workbench.rtile.model import estimate
 from workbench.rtile.model import cpu
-from workbench.rtile.model.cpu import packing_seconds
-from workbench.rtile.panels import pack_layer, packed_bytes, packed_inputs
+from workbench.rtile.model.cpu import packed_bytes, packing_seconds
+from workbench.rtile.panels import pack_layer, packed_inputs
 from workbench.vortex.analyzer import Dynamic, at_extent, cost, outer_tile, padded_extent, program_at
 
 

@@ -262,7 +262,7 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
     measured time (the best repeat, from `measurements`, a profile's, or `measured`, rank ->
     seconds), with `measurements` also the median and the spread of the median's interval
     (`profile.noise`, as a share of the median) and the error, then bottleneck, grid, waves, the
-    tile per memory layer and the virtual threads. Times in one unit for the whole table, chosen
+    tile per memory layer, the virtual threads and the template's plan in words (`rtile.plan`). Times in one unit for the whole table, chosen
     from their median (`fmt.time_columns`): `predicted (ms)` 107, never `predicted us` 107427.73."""
     by_rank = {m.rank: m for m in measurements or ()}
     times = dict(measured or {}) | {m.rank: m.best_seconds for m in by_rank.values() if m.ok}
@@ -286,6 +286,7 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
         row |= {"grid": c.program.grid, "waves": c.estimate.waves}
         row |= {name: shape_text(t) for name, t in zip(c.program.layers, c.program.tiles)}
         row["vthreads"] = ", ".join(f"{a}x{v}" for a, v in c.program.vthreads) or None
+        row["plan"] = c.plan_text
         rows.append(row)
     rows = [{k: v for k, v in row.items() if k != "vthreads" or any(r["vthreads"] for r in rows)} for row in rows]
     return time_columns(rows)[0]

@@ -102,6 +102,7 @@ def page() -> None:
     sel, construction = head
     ranks = ordered_ranks(construction.candidates)
     rank = st.selectbox("Candidate", ranks, format_func=lambda r: f"#{r}: predicted {duration(construction.candidate(r).predicted_seconds)}")
+    st.markdown(f"**Plan:** {construction.candidate(rank).plan_text}")
     kernel = built_kernel(construction, rank)
     if not kernel.ok:
         st.error(f"candidate {rank} did not build: {kernel.error}")

@@ -10,7 +10,7 @@ inside one K-step reuse what that step brought into L2, and the register micro-k
 unrolled. A reduction accumulates into a local buffer of one L2 output tile (`cache_write`,
 laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
 where the whole reduction fits one L1 tile, of one register tile, stored to the output in
-vectors right after its K-loop (`panels.whole_reduction`); an epilogue (avgpool / reduce_mean
+vectors right after its K-loop (`CpuPlan.direct_stores`); an epilogue (avgpool / reduce_mean
 division) is folded into that write-back and producers are inlined, but for a padding copy,
 computed per unit tile on the core that reads it (`_pad_per_tile`).
 
@@ -19,8 +19,10 @@ are plain projections (matmul, batched, transposed) packs an input's tile of the
 cached layer into a per-core panel once per K-step, laid out in register-tile strips so the
 micro-kernel streams it (`_pack_panels`, the BLIS/oneDNN idea), where its layout must change
 or its L1 tile, read in place, would span more than the L1, and pads ragged spatial axes to
-whole tiles so the micro-kernel needs no guard (`_pad_tails`). Which loop is vectorised and
-which inputs are packed are `rtile.panels`'s decisions, which the model prices. A reduction with no
+whole tiles so the micro-kernel needs no guard (`_pad_tails`). Every such decision (the path,
+the vectorised loop, the packed inputs, padded tails, direct stores, where the padding copies
+go) is the kernel's `rtile.plan.CpuPlan`, which this module carries out and the model prices;
+nothing here decides on its own. A reduction with no
 vectorisable output axis (gemv, row sums) vectorises its innermost reduction axis instead:
 per-lane partial sums, summed once per tile (`_schedule_lanes`). A convolution with a vector of
 filters vectorises them instead of its output row: the filters packed into panels, the data
@@ -36,10 +38,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.panels import (
-    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_tails, simd_lanes,
-    vector_loop_axis, whole_reduction,
-)
+from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
 
 # Most iterations of the non-vectorised register loops unrolled into straight-line code (the
@@ -53,73 +52,66 @@ MAX_UNROLL = 256
 MAX_CHAIN = 8
 
 
-def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec):
-    """A `tvm.s_tir.Schedule` realising `program` on an LLVM CPU target (see the module
-    docstring); ScheduleError (one line) when it cannot."""
+def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec, plan: CpuPlan | None = None):
+    """A `tvm.s_tir.Schedule` carrying out `plan` (default: `rtile.plan.cpu_plan` of `program`
+    on `device`, the plan the model priced) on an LLVM CPU target (see the module docstring);
+    ScheduleError (one line) when it cannot. Every decision comes from the plan."""
     common.check_program(expr, program)
     if len(program.tiles) < 2:
         raise ScheduleError(f"a CPU program needs register and cache tiles, got {len(program.tiles)} layer(s)")
     try:
-        return _schedule(expr, program, device)
+        return _schedule(expr, program, plan or cpu_plan(program, device))
     except ScheduleError:
         raise
     except Exception as err:  # a TVM primitive refused the program
         raise ScheduleError(first_line(err)) from err
 
 
-def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec):
-    filters = filter_vector_axis(expr, program, device)
-    if filters is not None:
-        return _schedule_filters(expr, program, device, filters)
-    lanes = lane_reduction_axis(expr, program, device)
-    if lanes is not None:
-        return _schedule_lanes(expr, program, device, lanes)
+def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
+    if plan.path == FILTERS:
+        return _schedule_filters(expr, program, plan)
+    if plan.path == LANES:
+        return _schedule_lanes(expr, program, plan)
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
-    staged = _stage_producers(sch, expr)
-    panels = packed_inputs(expr, program, device)
-    padded = _pad_tails(sch, expr, program, panels, epilogues)
+    staged = _stage_producers(sch, expr, plan)
+    if plan.padded_tails:
+        _pad_tails(sch, expr, program)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
-    vector_axis = vector_loop_axis(expr, program, device, bool(panels), padded)
-    whole = vector_axis is not None and whole_reduction(expr, program)
+    vector_axis, whole = plan.vector_axis, plan.direct_stores
     order = _loop_order(expr, levels, vector_axis, whole)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
-    level = pad_level(expr, program)
-    _pad_per_tile(sch, staged, grid if level == 0 else levels[expr.spatial[-1]][level])
+    _pad_per_tile(sch, staged, grid if plan.pad_level == 0 else levels[expr.spatial[-1]][plan.pad_level])
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
     # refuses to vectorise a loop over a block that is neither complete nor a reduction
     vector_loop = levels[vector_axis][-1] if vector_axis is not None else None
-    _micro_kernel(sch, order[-len(levels):], vector_loop, simd_lanes(device, expr.output.itemsize),
-                  _reduce_positions(expr, levels, order))
+    _micro_kernel(sch, order[-len(levels):], vector_loop, plan.lanes, _reduce_positions(expr, levels, order))
     if expr.reduce:
         # one register tile's accumulators go straight to the output when the whole reduction
-        # runs inside it (`panels.whole_reduction`); the loop over register tiles is then the last S(n-1)
+        # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
         tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
-        _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, padded)
+        _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, plan.padded_tails)
         if tile_loop is not None:
-            _store_registers(sch, sch.get_consumers(block)[0], tile_loop, simd_lanes(device, expr.output.itemsize))
-        if vector_loop is not None and panels:
-            level = _pack_level(program)
+            _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes)
+        if plan.packed:
+            level = _pack_level(program, plan)
             # under R(level), or where `whole` moved it inward, under the S(level) it followed
             at = (grid if level == 0 else levels[expr.spatial[-1]][level]) if whole else None
-            _pack_panels(sch, expr, program, device, block, levels, panels, vector_axis, at)
+            _pack_panels(sch, expr, program, plan, block, levels, at)
     elif epilogues:
         common.inline_epilogues(sch, epilogues)
     return sch
 
 
-def _stage_producers(sch, expr: TensorExpr) -> tuple[str, ...]:
+def _stage_producers(sch, expr: TensorExpr, plan: CpuPlan) -> tuple[str, ...]:
     """Inline the producers (copies, conv's zero border) into the main block, unless one pads:
     an input read under a larger shape than the caller passes. A padding producer stays its own
     stage, computed per unit tile (`_pad_per_tile`); the names of those it left are returned.
     Inlined, its bounds test is evaluated per lane inside the vectorised micro-kernel, which
-    LLVM can only scalarise: conv-3x3 (64 channels, 56x56, AVX2, 4x2x8 register tile) ran at
-    11 GFLOP/s with the padding inlined and 130-170 GFLOP/s with it staged, for a copy of
-    0.9 MB. (The copy as a parallel pass of its own measured slower, 75-85 GFLOP/s: each core
-    then reads rows the other wrote.)"""
-    if any(tuple(tensor.shape) != tuple(arg.shape) for tensor, arg in zip(expr.inputs, expr.args)):
+    LLVM can only scalarise (evidence: docs/evidence.md#cpu-stage-producers)."""
+    if plan.staged_padding:
         return common.producer_names(sch, expr)
     common.inline_producers(sch, expr)
     return ()
@@ -127,13 +119,10 @@ def _stage_producers(sch, expr: TensorExpr) -> tuple[str, ...]:
 
 def _pad_per_tile(sch, staged: tuple[str, ...], at) -> None:
     """Compute each staged padding producer under the loop `at`, the grid loop or, where the L1
-    tiles do not overlap (`panels.pad_level`), the L1 tile's innermost spatial loop: per tile,
+    tiles do not overlap (`CpuPlan.pad_level`), the L1 tile's innermost spatial loop: per tile,
     the part of the padded tensor that tile reads, on the core that reads it (in parallel, and
     in that core's caches), rather than one pass over the whole tensor on one core before the
-    loop nest. AVX-512 EPYC, one process each, per unit tile: avgpool-3x3 91-95 us against
-    125-133, dwconv-3x3 135-172 against 187-197 (its 4.8 MB input padded on one core); conv-3x3
-    and conv-3x3-s2 unchanged (their unit tiles read every channel, so the two cores pad
-    overlapping halves)."""
+    loop nest (evidence: docs/evidence.md#cpu-pad-per-tile)."""
     if at is None:
         return
     for name in staged:
@@ -149,7 +138,7 @@ def _split(sch, expr: TensorExpr, program: RProgram, block) -> list:
     ]
 
 
-def _schedule_lanes(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int):
+def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     """A reduction vectorised along its reduction `axis`: the register tile's K-slice becomes
     vector lanes, each lane its own partial sum (`rfactor`: a local buffer of register-tile
     K x unit-tile outputs), and each grid iteration ends with the horizontal sum over the lanes
@@ -167,15 +156,14 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, device: DeviceSpec, axi
     # the lanes as the partial sums' last dimension: one vector per output, contiguous
     shape = tuple(sch.get(block).writes[0].source.shape)
     factor_dim = len(shape)
-    partial = common.primitive("split the lanes off", sch.rfactor, levels[axis][-1], factor_dim)
+    partial = common.primitive("split the lanes off", sch.rfactor, levels[plan.vector_axis][-1], factor_dim)
     common.primitive("accumulate lanes locally", sch.set_scope, partial, 0, "local")
     # the lane-sum iterates the fused index already; laid out along it, the partial sums of one
     # tile are an interval, so the lane-sum attached under the tile reads only that tile's
     common.flatten_fused_output(sch, partial, None, expr, trailing=1)
     # the loop handles now name the lane-sum's loops; the partial sums own the tiled nest
     loops = sch.get_loops(partial)
-    _micro_kernel(sch, loops[-len(levels):], loops[-1], simd_lanes(device, expr.output.itemsize),
-                  _reduce_positions(expr, levels, order))
+    _micro_kernel(sch, loops[-len(levels):], loops[-1], plan.lanes, _reduce_positions(expr, levels, order))
     if grid is not None:
         # Epilogues index the output dimension by dimension (layer norm's mean, variance and
         # normalisation): attached under a tile they span the enclosing box, which on a tile
@@ -191,7 +179,7 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, device: DeviceSpec, axi
     return sch
 
 
-def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int):
+def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     """A convolution vectorised along its filter `axis` (the oneDNN direct-convolution idea):
     every input that reads the axis (the filters) is packed into panels with the axis innermost
     in register-tile strips (`_pack_panels`: kernel[f, c, r, s] becomes
@@ -201,35 +189,20 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, a
     grid iteration in the write-back (O(output) beside O(output x C x KH x KW) compute), a
     block of filters at a time (`_transpose_in_blocks`).
 
-    Measured on AVX2 (2 cores, machine loaded by another benchmark, one run): conv-3x3-s2 with
-    16 x 2 x 2 (filters x rows x columns) registers 1.7 ms, the plain template's scalar rank 1
-    25.7 ms; conv-3x3 with 8 x 1 x 8 registers 1.6 ms, its row-vectorised 4 x 3 x 8 5.6 ms.
-    The reduction keeps its order (c, r, s): with the window outside the channels (r, s, c, the
-    panels laid out to match) conv-3x3 measured slower, 3.6-6.1 ms against 2.7-4.1 ms for
-    16 x 1 x 4 and 8 x 1 x 8 registers (two paired runs on the loaded machine).
-
-    One core (AVX2 Zen 3, one thread, process CPU time so that the other work on the machine
-    does not count; torch 2.13 on one thread in the same run), the construction's top-5:
-    best-of-5 / rank 1 / torch / before this template (best-of-5): conv-3x3 2.72 / 3.32 / 2.74 /
-    5.58 ms; conv-3x3-s2 1.44 / 1.90 / 1.55 / 17.0 ms; conv-1x1 1.50 / 1.58 / 1.23 / 4.08 ms;
-    resnet_block's conv (64 channels, 16 x 16) 0.263 / 0.335 / 0.316 / 0.482 ms. Rank 1's
-    32 x 2 x 1 tiles with L1 tiles of 32-64 channels measured up to 1.3x slower than the same
-    tiles with 8-16 channels, which the model ranked within 3% of each other: what decides is
-    the channels of the L2 K-step, whether the filter panel one row of L1 tiles shares stays
-    in L1 (`model.cache_traffic`, which now ranks conv-3x3's fastest program first)."""
+    The reduction keeps its order (c, r, s) (evidence: docs/evidence.md#cpu-filters)."""
     from tvm.tirx import IndexMap
 
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
-    staged = _stage_producers(sch, expr)
+    staged = _stage_producers(sch, expr, plan)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
+    axis = plan.vector_axis
     order = _loop_order(expr, levels, axis)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
     _pad_per_tile(sch, staged, grid)
-    _micro_kernel(sch, order[-len(levels):], levels[axis][-1], simd_lanes(device, expr.output.itemsize),
-                  _reduce_positions(expr, levels, order))
+    _micro_kernel(sch, order[-len(levels):], levels[axis][-1], plan.lanes, _reduce_positions(expr, levels, order))
     common.primitive("cache_write", sch.cache_write, block, 0, "local")
     common.inline_epilogues(sch, epilogues)
     dim = next(d for d, (coeffs, _) in enumerate(expr.output.index) if coeffs[axis])
@@ -243,9 +216,9 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec, a
     writeback = sch.get_consumers(block)[0]
     if grid is not None:
         common.primitive("reverse_compute_at", sch.reverse_compute_at, writeback, grid, True)
-    _transpose_in_blocks(sch, writeback, dim, ndim, simd_lanes(device, expr.output.itemsize))
+    _transpose_in_blocks(sch, writeback, dim, ndim, plan.lanes)
     common.primitive("decompose_reduction", sch.decompose_reduction, block, levels[expr.reduce[0]][0])
-    _pack_panels(sch, expr, program, device, block, levels, packed_inputs(expr, program, device), axis)
+    _pack_panels(sch, expr, program, plan, block, levels)
     return sch
 
 
@@ -257,10 +230,7 @@ def _transpose_in_blocks(sch, writeback, dim: int, ndim: int, lanes: int) -> Non
     the pixels) reads the buffer a float per line, a line per pixel, once per filter: 16 times
     the buffer's lines from L2 for a buffer L1 does not hold.
 
-    conv-1x1 (1024 filters, 256 channels, 14 x 14) on the AVX-512 Zen 5, the same programs
-    in one process, three rounds each (2026-11-25): its 512-filter unit tiles (401 KiB
-    buffers) ran 268-275 us against 370-376 us, 503-533 against 562-635 us; conv-3x3 468-479
-    against 496-511 us; conv-3x3-s2 (128-filter unit tiles) 309-353 against 318-339 us."""
+    (Evidence: docs/evidence.md#cpu-transpose-in-blocks.)"""
     if dim == ndim - 1:
         return
     loops = sch.get_loops(writeback)[-ndim:]
@@ -271,7 +241,7 @@ def _transpose_in_blocks(sch, writeback, dim: int, ndim: int, lanes: int) -> Non
 
 def _loop_order(expr: TensorExpr, levels: list, vector_axis: int | None, whole: bool = False) -> list:
     """`S0 R0 .. S(n-2) R(n-2) | S(n-1) | R(n-1) | register tile`, n = number of layers; with
-    `whole` (`panels.whole_reduction`: R0 .. R(n-2) run once) those come right before R(n-1), inside
+    `whole` (`CpuPlan.direct_stores`: R0 .. R(n-2) run once) those come right before R(n-1), inside
     the register tiles' loop, so that a register tile's whole reduction lies under it.
 
     Register tile: with a vectorised axis `R(n) S(n)`, that axis last (every register K-step
@@ -326,7 +296,7 @@ def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded
     (the grid loop), fold epilogues into the write-back, and split off the initialisation.
     After `_pad_tails` the padded output is that buffer already (compacted to one tile per grid
     iteration when lowered) and its copy into the output is the write-back. Where `at_loop` is
-    the loop over register tiles instead (`panels.whole_reduction`), the buffer is one register
+    the loop over register tiles instead (`CpuPlan.direct_stores`), the buffer is one register
     tile's, initialised under it."""
     if padded:
         common.primitive("accumulate locally", sch.set_scope, block, 0, "local")
@@ -356,9 +326,8 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
 
     A vector loop longer than a register is split into an unrolled loop over vectors of
     `_vector_width` lanes around one vectorised vector, so that each vector's panel index is a
-    plain ramp. Vectorised whole, a 24-wide row over a panel of 24-column strips read its
-    operand through `j // 24, j % 24` per lane, which TVM lowered to gathers: 190 ms on
-    mm-bert-qkv with a 4x24 register tile, 15 ms split into 3 x 8 lanes (AVX2)."""
+    plain ramp: vectorised whole, a row over a panel of strips reads its operand through
+    `j // r, j % r` per lane, which TVM lowers to gathers (evidence: docs/evidence.md#cpu-micro-kernel)."""
     if vector_loop is not None:
         extent = int(sch.get(vector_loop).extent)
         width = _vector_width(extent, lanes)
@@ -395,29 +364,25 @@ def _vector_width(extent: int, lanes: int) -> int:
     return width
 
 
-def _pad_tails(sch, expr: TensorExpr, program: RProgram, panels, epilogues) -> bool:
-    """Pad the spatial axes of a panel-packed expression up to whole unit tiles (`pad_einsum`:
-    inputs read as zero past their end, the padded output copied back), so the micro-kernel
-    runs without a guard on every tile (a 6-row register tile on 512 rows has a tail in every
-    column of tiles otherwise, and a guarded accumulator row stays in memory, not a register).
-    Only the packs read the ragged edge, under their own guard. True when it padded."""
-    if epilogues or not pads_tails(expr, program, panels):
-        return False
+def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> None:
+    """Pad the spatial axes up to whole unit tiles (`pad_einsum`: inputs read as zero past their
+    end, the padded output copied back), where the plan says so (`CpuPlan.padded_tails`), so the
+    micro-kernel runs without a guard on every tile (a 6-row register tile on 512 rows has a
+    tail in every column of tiles otherwise, and a guarded accumulator row stays in memory, not
+    a register). Only the packs read the ragged edge, under their own guard."""
     unit = program.unit_tile
     factors = [int(unit[a]) if axis.kind == "spatial" else 1 for a, axis in enumerate(expr.axes)]
     common.primitive("pad to whole tiles", sch.pad_einsum, sch.get_sblock(expr.main_block), factors)
-    return True
 
 
-def _pack_level(program: RProgram) -> int:
-    """Loop level whose reduction loop `_pack_panels` packs under: that of `pack_layer` (level 0
-    iterates L2 tiles, so packing under its K-step copies one L2 tile's K-slice; the L1 tiles
-    inside are contiguous runs of those panels)."""
-    return len(program.tiles) - 1 - pack_layer(program)
+def _pack_level(program: RProgram, plan: CpuPlan) -> int:
+    """Loop level whose reduction loop `_pack_panels` packs under: that of the plan's
+    `pack_layer` (level 0 iterates L2 tiles, so packing under its K-step copies one L2 tile's
+    K-slice; the L1 tiles inside are contiguous runs of those panels)."""
+    return len(program.tiles) - 1 - plan.pack_layer
 
 
-def _pack_panels(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, block, levels, panels,
-                 vector_axis: int, at=None) -> None:
+def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block, levels, at=None) -> None:
     """Copy each input's tile into a contiguous buffer once per K-step of the cached layer (the
     BLIS/oneDNN panel idea), laid out so the micro-kernel streams it.
 
@@ -425,15 +390,15 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, b
     holds exactly one tile's slice and, allocated inside the parallel grid loop, belongs to
     one core. An input read along the vector axis is laid out in register-tile strips
     (`_panel_layout`): matmul's B becomes 16-column strips whose K-steps follow each other, so
-    the micro-kernel's two vector loads per K-step advance linearly through one strip. Measured
-    on mm-1024 (1 core, AVX2, 4x16 register tile): packing A and B per L2 K-step 65-68 GFLOP/s,
-    A per L1 tile instead (repacked for each L1 column) 41-57, unpacked 25-49.
+    the micro-kernel's two vector loads per K-step advance linearly through one strip. (evidence:
+    docs/evidence.md#cpu-pack-panels).
     """
     from tvm.tirx import IndexMap
 
-    at = at if at is not None else levels[expr.reduce[-1]][_pack_level(program)]
+    at = at if at is not None else levels[expr.reduce[-1]][_pack_level(program, plan)]
     by_name = {t.name: t for t in expr.inputs}
-    for name in panels:
+    vector_axis = plan.vector_axis
+    for name in plan.packed:
         reads = [str(r.source.name) for r in sch.get(block).reads]
         if f"{name}_pad" in reads:  # `_pad_tails` made a padding copy: it becomes the pack
             pack = next(p for p in sch.get_producers(block) if str(sch.get(p).writes[0].source.name) == f"{name}_pad")
@@ -445,7 +410,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, b
             index_map = IndexMap.from_func(layout, ndim=len(by_name[name].index), index_dtype=_index_dtype(sch, pack))
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
         _vectorise_copy(sch, pack, expr, program, by_name[name], vector_axis, layout is not None,
-                        simd_lanes(device, by_name[name].itemsize))
+                        plan.lanes)
 
 
 def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vector_axis: int, laid_out: bool,
@@ -453,10 +418,8 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     """Vectorise a panel copy along the tensor's contiguous dimension, where the panel keeps it
     contiguous: a row-major copy (A) in vectors of `_vector_width` lanes, a strip layout (B's
     [j // r, k, j % r]) in vectors within one strip's row of r. A copy that transposes (a filter
-    panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies ran scalar,
-    about one element per cycle. Vectorised, on the AVX-512 EPYC (one process, each pair run
-    back to back): bmm-attn's 13-row tiles, whose padding copies every input, 69-74 us against
-    78; mm-512 577-596 against 618-650 us; mm-bert-qkv 4.13-4.25 against 4.47-4.48 ms."""
+    panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies run scalar
+    (evidence: docs/evidence.md#cpu-vectorise-copy)."""
     last = next((a for a, c in enumerate(tensor.index[-1][0]) if c), None)
     if last is None or (laid_out and last != vector_axis):
         return
@@ -479,8 +442,8 @@ def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int)
     its whole K-run; the inner parts go innermost in the micro-kernel's order (reductions,
     rows, the vector axis last): matmul's B[k, j] becomes [j // 16, k, j % 16]. The broadcast
     operand (A) keeps rows: its copy is then a plain vectorised one, while 6-row strips
-    ([i // 6, k, i % 6]) need a scalar transposing copy, which measured as fast or slower
-    (mm-1024 and bmm-attn, 1 core: row-major A faster in 9 of 10 paired runs).
+    ([i // 6, k, i % 6]) need a scalar transposing copy, which is no faster
+    (evidence: docs/evidence.md#cpu-panel-layout).
     """
     if not tensor.uses_axis(vector_axis):
         return None

@@ -50,7 +50,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis, mma_axes
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
@@ -180,7 +180,7 @@ def lane_program(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> RPr
     Where the WMMA path (`cuda_mma`) cannot take it, it is realised on the CUDA cores: the warp
     tile is split over the warp's lanes along (i, j), which keeps the program's threads per block
     and its shared-memory tiles. Other programs are returned unchanged."""
-    mma = mma_axes(expr, device)
+    mma = gpu_plan(program, device).mma_axes
     if mma is None:
         return program
     i, j, _ = mma
@@ -197,13 +197,13 @@ def lane_program(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> RPr
 def block_threads(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int:
     """Threads of one block: prod over spatial axes of shared tile / register tile, or for a
     cross-thread reduction (`cross_thread_axis`) that ratio along its reduce axis."""
-    across = cross_thread_axis(expr, device)
+    across = gpu_plan(program, device).cross_thread_axis
     axes = expr.spatial if across is None else (across,)
     return prod(program.tiles[SHARED][a] // program.tiles[REGISTERS][a] for a in axes)
 
 
 def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads: Mapping[str, int]):
-    across = cross_thread_axis(expr, device)
+    across = gpu_plan(program, device).cross_thread_axis
     if across is not None:
         return _schedule_cross_thread(expr, program, device, vthreads, across)
     sch = new_schedule(expr)
@@ -223,9 +223,9 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
             copies.append(_stage_in_shared(sch, main, buffer, tensor, expr, program, device, nest))
             if not any(expr.axes[a].fused_from for a in range(len(expr.axes)) if expr.tensors[tensor].uses_axis(a)):
                 _stage_fragment(sch, main, copies[-1], nest)
-        if pipelined(program, device):
+        if gpu_plan(program, device).pipelined:
             loop = _copy_loop(expr, program, device, nest)
-            pipeline_shared_copies(sch, loop, len(copies), register_prefetch(program, device))
+            pipeline_shared_copies(sch, loop, len(copies), gpu_plan(program, device).register_prefetch)
     for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the main block
         sch.compute_inline(sch.get_sblock(name))
     for loop in nest.register:
@@ -391,7 +391,7 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     else:
         _, thread = sch.split(fused, factors=[None, threads])
     sch.bind(thread, "threadIdx.x")
-    if register_prefetch(program, device):
+    if gpu_plan(program, device).register_prefetch:
         prefetch_in_registers(sch, cache)
     return cache
 
@@ -400,9 +400,10 @@ def _copy_loop(expr: TensorExpr, program: RProgram, device: DeviceSpec, nest: _N
     """The shared-step loop the copies go to: the innermost, or in a pipelined program the
     loop `rtile.staging.pipelined_axis` names (the step loops inside it run once, so the same
     tiles are copied, and the copies become statements of the loop that is pipelined)."""
-    if not pipelined(program, device) or len(nest.reduce_steps) != len(expr.reduce):
+    plan = gpu_plan(program, device)
+    if not plan.pipelined or len(nest.reduce_steps) != len(expr.reduce):
         return nest.reduce_steps[-1]
-    return nest.reduce_steps[expr.reduce.index(pipelined_axis(program, device))]
+    return nest.reduce_steps[expr.reduce.index(plan.pipelined_axis)]
 
 
 def _stage_fragment(sch, main, copy, nest: _Nest) -> None:

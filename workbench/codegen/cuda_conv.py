@@ -47,7 +47,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.gemm_view import GemmView, view_of
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.staging import pipelined, register_prefetch
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram
 
 
@@ -79,8 +79,9 @@ def gemm_schedule(view: GemmView, program: RProgram, device: DeviceSpec):
         primitive("stage a tile", sch.compute_at, copy, steps)
         align = _bank_alignment(expr, program, device, t, expr.tensors[t].shape)
         _cooperative(sch, copy, steps, block_threads(expr, program, device), align)
-    if pipelined(program, device):  # one reduce axis (k): its step loop is the one pipelined
-        prefetch = register_prefetch(program, device)
+    plan = gpu_plan(program, device)
+    if plan.pipelined:  # one reduce axis (k): its step loop is the one pipelined
+        prefetch = plan.register_prefetch
         for copy in (a_copy, b_copy) if prefetch else ():
             prefetch_in_registers(sch, copy)
         pipeline_shared_copies(sch, steps, 2, prefetch)

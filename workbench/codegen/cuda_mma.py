@@ -38,6 +38,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import mma_axes
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined
 from workbench.rtile.wmma_shared import plain_dims, row_alignment
@@ -89,7 +90,7 @@ def matmul_layout(expr: TensorExpr, device: DeviceSpec) -> MatmulLayout | None:
 
 def unsupported(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> str | None:
     """Why the WMMA path cannot realise `program` (one line), or None when it can."""
-    if mma_axes(expr, device) is None:
+    if gpu_plan(program, device).mma_axes is None:
         return "tensor cores do not apply to this expression on this device"
     if device.target_dict().get("kind") != "cuda":
         return "WMMA is a CUDA interface; the device's target is not cuda"
@@ -178,7 +179,7 @@ def schedule_wmma(expr: TensorExpr, program: RProgram, device: DeviceSpec):
     for name in reversed(zero_fills):  # pad_einsum's zero-filled copies fold into the shared copies
         sch.compute_inline(sch.get_sblock(name))
     _write_back(sch, nest, staged, consumers, device.warp_size, intrins["store"])
-    if pipelined(program, device):  # the steps' body: the two shared copies, then the fragment steps
+    if gpu_plan(program, device).pipelined:  # the steps' body: the two shared copies, then the fragment steps
         pipeline_shared_copies(sch, nest.steps, len(operands))
     init = sch.decompose_reduction(nest.outer, nest.steps)
     sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrins["init"])

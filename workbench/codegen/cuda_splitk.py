@@ -51,7 +51,7 @@ from workbench.codegen.cuda import (
 from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
@@ -71,10 +71,11 @@ def schedule_split_k(expr: TensorExpr, program: RProgram, device: DeviceSpec):
         raise ScheduleError(
             f"axis {expr.axes[axis].name}: its {extent} elements in steps of {step} do not make {program.split} parts"
         )
-    if axis == cross_thread_axis(expr, device) and (extent % step or extent // step % program.split):
+    plan = gpu_plan(program, device)
+    if axis == plan.cross_thread_axis and (extent % step or extent // step % program.split):
         # TVM lowers a thread-bound reduce loop of an rfactor block under a predicate as a plain loop
         raise ScheduleError(f"axis {expr.axes[axis].name}: a cross-thread reduction splits only into whole steps (no predicate)")
-    if pipelined(program, device) and pipelined_axis(program, device) == axis and split_steps(program, axis) < 2:
+    if plan.pipelined and plan.pipelined_axis == axis and split_steps(program, axis) < 2:
         raise ScheduleError(f"axis {expr.axes[axis].name}: a pipelined program's parts need two steps or more")
     program = lane_program(expr, program, device)
     return within_block_limits(
@@ -98,7 +99,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
     rebuilt = sch.get_loops(rf)  # rfactor rebuilds the nest (same order) around the partial-sum block
     *loops, part, rest, lanes = [rebuilt[n] for n in where]
     loops[axis] = (rest, lanes)  # the axis's own steps and one step's elements
-    across = cross_thread_axis(expr, device) is not None
+    across = gpu_plan(program, device).cross_thread_axis is not None
     if across:
         nest, anchor = _tile_cross_thread(sch, expr, program, part, loops, axis)
     else:
@@ -111,9 +112,9 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
                   for buffer in reads]
         for copy in copies:
             _stage_fragment(sch, rf, copy, nest)  # no fused axes here (`split_axis`)
-        if pipelined(program, device):
+        if gpu_plan(program, device).pipelined:
             loop = _copy_loop(expr, program, device, nest)
-            pipeline_shared_copies(sch, loop, len(copies), register_prefetch(program, device))
+            pipeline_shared_copies(sch, loop, len(copies), gpu_plan(program, device).register_prefetch)
     for name in reversed(producers):  # conv's `pad` folds into its shared copy, or into the partial sums
         sch.compute_inline(sch.get_sblock(name))
     for loop in nest.register:

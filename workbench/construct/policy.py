@@ -29,7 +29,7 @@ from workbench.construct.step import Candidate, Step, make_node, state_key
 from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model import Estimate, estimate
-from workbench.rtile.panels import loop_nest_key
+from workbench.rtile.plan import loop_nest_key
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 
@@ -103,7 +103,7 @@ class Policy:
         """Emit the program of `state` (at the bottom layer): scaled out over the units, its unit
         tile shrunk along the axis of smallest reuse while the grid has fewer tiles than the
         device has units (Roller-S, §3.2), each shrink a step. A program emitted before is not
-        emitted again (`repeated`); a program is its loop nest (`panels.loop_nest_key`: its
+        emitted again (`repeated`); a program is its loop nest (`plan.loop_nest_key`: its
         tiles, less a CPU L1 tile's K where that only splits a loop) and its virtual threads."""
         space, arrived = self.space, state
         units, grid = space.device.compute_units, space.calc.spatial_tiles

@@ -9,6 +9,7 @@ from workbench.construct.space import Action, Space, State
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.model import Estimate
+from workbench.rtile.plan import Plan, describe, plan_for
 from workbench.rtile.rprogram import RProgram
 
 Tile = tuple[int, ...]
@@ -45,6 +46,17 @@ class Candidate:
     def predicted_seconds(self) -> float:
         return self.estimate.predicted_seconds
 
+    @property
+    def plan(self) -> Plan:
+        """The template's decisions for this program (`rtile.plan`): what codegen carries out
+        and the estimate priced."""
+        return plan_for(self.program, self.device)
+
+    @property
+    def plan_text(self) -> str:
+        """`plan` in words ("A, B packed in 6x16 panels, lanes along j, tails padded, ...")."""
+        return describe(self.plan, self.program)
+
     def to_dict(self, measurement=None) -> dict:
         """The one JSON form of a candidate (shared/design/CLI.md: `workbench construct`, and with
         its `measurement`, a `profile.runner.Measurement`, `workbench profile`): rank, prediction,
@@ -68,6 +80,7 @@ class Candidate:
             "rprogram": program.to_dict(),
             "vthreads": dict(program.vthreads),
             "estimate": self.estimate.to_dict(),
+            "plan": {**self.plan.to_dict(program.expr), "text": self.plan_text},
         }
         if measurement is not None:
             m = measurement

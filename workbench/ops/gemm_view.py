@@ -97,7 +97,7 @@ def gemm_view(expr: TensorExpr) -> GemmView | None:
     out = access(expr.output, (big_m, big_n), (0, 1))
     view_expr = TensorExpr(
         op=expr.op, params=expr.params, axes=axes, tensors=inputs + (out,), dtype=expr.dtype, flops=expr.flops,
-        main_block=expr.main_block, args=expr.args, func=expr.func,
+        main_block=expr.main_block, args=expr.args, epilogues=expr.epilogues, func=expr.func,
     )
     return GemmView(*groups, image, 1 - image, view_expr)
 

@@ -89,6 +89,9 @@ class TensorExpr:
     flops: int
     main_block: str = ""
     args: tuple[KernelArg, ...] = ()
+    # the blocks after the main block (a pooling's division, a fused bias or activation), in
+    # program order: the CPU template keeps its guards where they follow (`rtile.plan`)
+    epilogues: tuple[str, ...] = ()
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     @property
@@ -148,6 +151,7 @@ class TensorExpr:
             "flops": self.flops,
             "main_block": self.main_block,
             "args": [a.to_dict() for a in self.args],
+            "epilogues": list(self.epilogues),
         }
 
     @classmethod
@@ -168,6 +172,7 @@ class TensorExpr:
             flops=int(data["flops"]),
             main_block=data["main_block"],
             args=tuple(KernelArg(a["name"], tuple(a["shape"]), a["dtype"], a["role"]) for a in data["args"]),
+            epilogues=tuple(data["epilogues"]),
         )
 
 
@@ -224,6 +229,7 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         flops=max(flops, 1),
         main_block=str(main.name_hint),
         args=_kernel_args(blocks, param_names),
+        epilogues=tuple(str(b.name_hint) for b in blocks[blocks.index(main) + 1:]),
         func=func,
     )
 

@@ -1,8 +1,8 @@
-"""The CPU template's data-layout decisions, as pure functions of a program: which loop it
-vectorises (the output row, a conv's filters, or a reduction's K), and which inputs it copies
-into panels (`packed_inputs`) and what those copies move (`packed_bytes`). The schedule
-(`codegen/cpu.py`) follows them and the model (`rtile.model`) prices them, so both make one
-decision.
+"""The CPU template's layout rules, as pure functions of a program: which loop it vectorises
+(the output row, a conv's filters, or a reduction's K), which inputs it copies into panels
+(`packed_inputs`) and what those copies move (`packed_tile_bytes`), whether it pads the tails.
+`rtile.plan.cpu_plan` applies them once per kernel; the schedule (`codegen/cpu.py`) and the
+model (`rtile.model`) read that plan, not these rules.
 """
 from __future__ import annotations
 
@@ -100,44 +100,6 @@ def whole_reduction(expr: TensorExpr, program: RProgram) -> bool:
         program.tiles[1][r] >= expr.axes[r].extent for r in expr.reduce)
 
 
-def loop_nest_key(program: RProgram, device: DeviceSpec) -> tuple:
-    """What of `program`'s tiles its loop nest depends on: two programs with the same key (and
-    virtual threads) compile to one kernel, so a construction emits it once
-    (`construct.policy.Policy.emit`). On a CPU, an L1 tile that holds a single register tile
-    along every spatial axis runs its K-steps right around the register tile's (in
-    `codegen/cpu._loop_order`'s `R(n-2) S(n-1) R(n-1)`, `S(n-1)` has one iteration), so its
-    reduction extents only split one loop in two and are left out of the key (None). They stay
-    where they decide something: the whole reduction in the L1 tile (`whole_reduction`: another
-    loop order and direct stores), panels packed at the L1 tile (`pack_layer`), and which inputs
-    are packed (`_panel_pays` reads the L1 tile's span). GPU programs: their tiles.
-
-    Such L1 tiles of the register tile's K and of the unit tile's K compile to the same
-    assembly (conv-1x1, mm-512 and gemv-4096 on the AVX-512 Zen 5, 2026-11-25), and those in
-    between ran within the noise of each other; 35 of the 130 programs of each top-10 run of
-    cpu-core were such repeats (gemv-4096: 7 of 10)."""
-    tiles = program.tiles
-    expr = program.expr
-    if (not device.runs_on_cpu or len(tiles) < 3 or any(tiles[1][a] != tiles[0][a] for a in expr.spatial)
-            or whole_reduction(expr, program) or pack_layer(program) == 1):
-        return tiles
-    reduce = set(expr.reduce)
-    l1 = tuple(None if a in reduce else extent for a, extent in enumerate(tiles[1]))
-    return (tiles[0], l1, *tiles[2:], packed_inputs(expr, program, device))
-
-
-def direct_stores(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
-    """Whether the plain template stores each register tile's accumulators straight to the
-    output, BLAS's micro-kernel storing C (`codegen/cpu._store_registers`): with a vectorised
-    output row over a `whole_reduction`. Elsewhere a reduction accumulates in a buffer of the
-    unit tile's outputs, initialised and copied out in passes of its own (`model.buffer_bytes`);
-    the filter and lane templates always do."""
-    if filter_vector_axis(expr, program, device) is not None or lane_reduction_axis(expr, program, device) is not None:
-        return False
-    panels = packed_inputs(expr, program, device)
-    padded = pads_tails(expr, program, panels)
-    return whole_reduction(expr, program) and vector_loop_axis(expr, program, device, bool(panels), padded) is not None
-
-
 # A padding copy is made per L1 tile where a unit tile's L1 tiles read at most this much more of
 # the padded input, together, than the unit tile does (their halos), else once per unit tile.
 PAD_OVERLAP = 1.1
@@ -154,11 +116,7 @@ def pad_level(expr: TensorExpr, program: RProgram) -> int:
     """The tile level the padding copies are made at, counted from the unit tile (0) inwards:
     per L1 tile (the level inside the unit tile) where those tiles read the padded inputs
     without overlapping beyond PAD_OVERLAP, so each copy stays in L1 and is read right after it
-    is written; else per unit tile. avgpool-3x3 (stride 2, L1 tiles of 1 channel x 19 rows,
-    2.6% overlap) ran 72-74 us against 89-92 per unit tile on the AVX-512 Zen 5 (the same three
-    programs, one process); dwconv-3x3 (stride 1, 2-row L1 tiles that read 4 rows: 1.9x)
-    135-172 against 130-134, and conv-3x3 (every L1 tile reads the same channels) unchanged, so
-    both keep the unit tile's copy."""
+    is written; else per unit tile (evidence: docs/evidence.md#pad-level)."""
     names = padded_inputs(expr)
     if not names or not expr.spatial or len(program.tiles) < 3:
         return 0
@@ -215,8 +173,8 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     a plain projection (each dimension one whole unfused axis, as in matmul, batched or
     transposed) whose reduction axes the tiles divide and which the unit tile reuses (it spans
     more than one index of a spatial axis the input ignores); () otherwise (convolutions,
-    strided or offset reads, ragged K, and gemv, whose matrix is read once: a copy only doubled
-    its traffic, 4.1 -> 13.5 ms on gemv-4096). Where `_pad_tails` will pad, every input is
+    strided or offset reads, ragged K, and gemv, whose matrix is read once: a copy only doubles
+    its traffic; evidence: docs/evidence.md#panel-inputs). Where `_pad_tails` will pad, every input is
     copied anyway (the padding copy is the panel)."""
     if not expr.reduce or not any(program.cached[1:]):
         return ()
@@ -239,10 +197,8 @@ def _panel_pays(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor)
     across the vector axis, as a transposed matmul's), or the addresses its L1 tile reads in
     place span more than the L1 holds. A span within the L1 cannot conflict in it (a contiguous
     range of at most the capacity puts at most `ways` lines in any set), so its copy is pure
-    overhead: bmm-attn (B's 64 x 32 L1 tile over 32 KiB of a 48 KiB L1, A's over 2 KiB) ran
-    57-59 us unpacked against 64-77 us with both packed (AVX-512 EPYC, one process). A wider
-    span (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets, which the copy
-    avoids: mm-512 and mm-1024 unpacked ran 2.1-2.7x slower."""
+    overhead; a wider span (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets,
+    which the copy avoids (evidence: docs/evidence.md#panel-pays)."""
     vector = vector_axis(expr)
     if vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector):
         return True
@@ -260,37 +216,15 @@ def pack_layer(program: RProgram) -> int:
     return max((l for l in range(1, n + 1) if program.cached[l]), default=n)
 
 
-def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
-    """Bytes the busiest core writes into panels: per copy the packed inputs' data tiles at the
-    pack layer's tile; one copy per such tile in a unit tile (its K-steps, and its spatial steps
-    when the pack layer lies below the unit's), for each of the `ceil(grid / units)` unit tiles
-    that core runs."""
-    inputs = packed_inputs(program.expr, program, device) if device.runs_on_cpu else ()
-    if not inputs:
-        return 0
+def packed_tile_bytes(program: RProgram, device: DeviceSpec, inputs: tuple[str, ...], layer: int) -> int:
+    """Bytes the busiest core writes into panels of `inputs` packed at the tile of `layer`: per
+    copy their data tiles at that tile; one copy per such tile in a unit tile (its K-steps, and
+    its spatial steps when the layer lies below the unit's), for each of the
+    `ceil(grid / units)` unit tiles that core runs."""
     expr = program.expr
-    tile, unit = program.tiles[pack_layer(program)], program.unit_tile
+    tile, unit = program.tiles[layer], program.unit_tile
     shapes = _data_tiles(expr, tuple(tile))
     per_copy = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
     steps = prod(ceil(expr.axes[a].extent / tile[a]) for a in expr.reduce)
     steps *= prod(unit[a] // tile[a] for a in expr.spatial)
     return ceil(program.grid / device.compute_units) * steps * per_copy
-
-
-def guarded_row(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
-    """Whether the CPU template leaves its register row scalar for a guarded tail alone: the
-    row would be vectorised (`vector_loop_axis` with the tails padded), but the unit tile leaves
-    a tail along that axis that no panel padding removes (`pads_tails`), so TVM's block
-    predicate sits inside the vector loop, and the template does not vectorise it. LLVM then
-    emits one scalar operation per element: relu over 16 x 256 x 56 x 56 (12,845,056 = 2^18 x
-    49 elements) with 80 x 5,120 x 81,920 tiles compiles to 80 `vmaxss`, a 64-wide row under
-    131,072-element unit tiles to 4 x 4 `vmaxps` on zmm; on the AVX-512 Zen 5 the six ragged
-    programs of its top 10 ran 1.15-1.38x the best (pooled over six runs, 2026-11-25). False
-    where the filters or lanes-along-K templates vectorise instead, and on GPUs."""
-    if device.lanes_are_threads or filter_vector_axis(expr, program, device) is not None:
-        return False
-    if lane_reduction_axis(expr, program, device) is not None:
-        return False
-    panels = packed_inputs(expr, program, device)
-    whole = vector_loop_axis(expr, program, device, bool(panels), padded=True)
-    return whole is not None and ragged(expr, program, whole) and not pads_tails(expr, program, panels)

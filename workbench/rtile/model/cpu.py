@@ -9,15 +9,14 @@ from __future__ import annotations
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import lane_axis
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
     compute_efficiency, compute_provenance, guard_slowdown, scalar_lanes, scalar_row,
 )
-from workbench.rtile.panels import direct_stores, pack_layer, packed_bytes
+from workbench.rtile.panels import packed_tile_bytes
+from workbench.rtile.plan import cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
@@ -55,7 +54,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     packed = packed_bytes(program, device)
     packing = _copy_seconds(program, device, packed)
     if packed:
-        stage = f"packing into {device.layers[pack_layer(program)].name}"
+        stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
@@ -88,7 +87,7 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     tile = program.tiles[layer]
     if not device.runs_on_cpu or layer == 0:
         return calc.traffic_bytes(tile)
-    line, scattered = device.layers[layer].transaction_bytes, scattered_inputs(program.expr, device)
+    line, scattered = device.layers[layer].transaction_bytes, scattered_inputs(program, device)
     q = calc.traffic_bytes(tile, line, scattered)
     if layer + 1 >= len(program.tiles):
         return q
@@ -98,15 +97,17 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     return min(q, calc.traffic_bytes(sweep[1], line, scattered))
 
 
-def scattered_inputs(expr: TensorExpr, device: DeviceSpec) -> frozenset[int]:
+def scattered_inputs(program: RProgram, device: DeviceSpec) -> frozenset[int]:
     """The inputs a CPU cache layer holds and loads in whole lines (`TileCalculus.input_bytes`):
-    those that do not read the axis the micro-kernel's lanes run along (`lane_axis`). An input
-    that reads it is streamed in vectors, packed into panels (matmul's B, a convolution's
-    filters, whose 3-element rows of one filter would otherwise count a line each) or read along
-    its contiguous axis; one that does not is read an element at a time (a convolution's data,
-    broadcast) or in tiles whose rows the alignment rules make whole lines (matmul's A)."""
-    lanes = lane_axis(expr, device)
-    return frozenset(t for t, tensor in enumerate(expr.inputs) if lanes is None or not tensor.uses_axis(lanes))
+    those that do not read the loop the template vectorises (`CpuPlan.vector_axis`; all of them
+    where it vectorises none). An input that reads it is streamed in vectors, packed into panels
+    (matmul's B, a convolution's filters, whose 3-element rows of one filter would otherwise
+    count a line each) or read along its contiguous axis; one that does not is read an element
+    at a time (a convolution's data, broadcast) or in tiles whose rows the alignment rules make
+    whole lines (matmul's A)."""
+    vector = cpu_plan(program, device).vector_axis
+    inputs = program.expr.inputs
+    return frozenset(t for t, tensor in enumerate(inputs) if vector is None or not tensor.uses_axis(vector))
 
 
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
@@ -174,10 +175,10 @@ def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
     """Bytes a CPU reduction's output buffer moves in the layer that holds it
     (`accumulator_home`), beyond the one store of each output: `BUFFER_PASSES` over the padded
     output, where the template accumulates into a buffer of the unit tile's outputs; 0 where it
-    stores each register tile's accumulators straight to the output (`panels.direct_stores`;
+    stores each register tile's accumulators straight to the output (`CpuPlan.direct_stores`;
     evidence: docs/model-evidence.md#buffer-bytes)."""
     expr = program.expr
-    if not device.runs_on_cpu or not expr.reduce or direct_stores(expr, program, device):
+    if not device.runs_on_cpu or not expr.reduce or cpu_plan(program, device).direct_stores:
         return 0
     return BUFFER_PASSES * unit_output_bytes(program) * program.grid
 
@@ -187,23 +188,32 @@ def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
 PACK_BYTES_PER_CYCLE = 16
 
 
+def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
+    """Bytes the busiest core writes into panels: the plan's packed inputs (`CpuPlan.packed`)
+    at its pack layer's tile (`panels.packed_tile_bytes`), 0 where it packs none or on GPUs."""
+    if not device.runs_on_cpu:
+        return 0
+    plan = cpu_plan(program, device)
+    return packed_tile_bytes(program, device, plan.packed, plan.pack_layer) if plan.packed else 0
+
+
 def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
-    """The CPU template's panel copies (`panels.packed_inputs`) on the busiest core:
-    `packed_bytes` at `PACK_BYTES_PER_CYCLE` of that core's clock (`core_ghz`), or over its
-    share of the pack layer's bandwidth where that is slower (the reads that fill the panel are
-    the loads of the unit tile already). The copy runs between micro-kernel runs, so it adds to
-    the unit's time, as the transfers below the first cache layer do (`combine_stages`). What it
-    decides: a 6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs
-    nothing (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to
-    130, so every input is copied, where 8 rows divide it and copy nothing."""
+    """The CPU template's panel copies (`CpuPlan.packed`) on the busiest core: `packed_bytes` at
+    `PACK_BYTES_PER_CYCLE` of that core's clock (`core_ghz`), or over its share of the pack
+    layer's bandwidth where that is slower (the reads that fill the panel are the loads of the
+    unit tile already). The copy runs between micro-kernel runs, so it adds to the unit's time,
+    as the transfers below the first cache layer do (`combine_stages`). What it decides: a
+    6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs nothing
+    (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to 130, so
+    every input is copied, where 8 rows divide it and copy nothing."""
     return _copy_seconds(program, device, packed_bytes(program, device))
 
 
 def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int) -> float:
-    """`packing_seconds` of `moved` = `packed_bytes(program, device)` (computed once by `estimate`)."""
+    """`packing_seconds` of `moved` = `packed_bytes(program, device)` (computed once by `price`)."""
     if not moved:
         return 0.0
-    layer = device.layers[pack_layer(program)]
+    layer = device.layers[cpu_plan(program, device).pack_layer]
     streamed = moved / (layer.bandwidth_gbps * GB / device.compute_units)
     ghz = core_ghz(device)
     return max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)) if ghz else streamed

@@ -9,9 +9,9 @@ from math import prod
 
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import autovector_axis, is_projection, lane_axis
+from workbench.rtile.axes import autovector_axis, lane_axis
 from workbench.rtile.model.common import peak_gflops
-from workbench.rtile.panels import guarded_row
+from workbench.rtile.plan import SCALAR, cpu_plan
 from workbench.rtile.registers import accumulators, simd_vectors
 from workbench.rtile.rprogram import RProgram
 
@@ -38,10 +38,10 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
 
 
 def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
-    """Whether a CPU program's register row runs scalar for a guarded tail (`panels.guarded_row`):
+    """Whether a CPU program's register row runs scalar for a guarded tail (`CpuPlan.guarded_row`):
     its compute fills one lane (`compute_efficiency`) and its reads from L1 into registers move
     one element a load (`transfer_seconds`)."""
-    return guarded_row(program.expr, program, device)
+    return device.runs_on_cpu and cpu_plan(program, device).guarded_row
 
 
 def scalar_lanes(program: RProgram, device: DeviceSpec) -> int:
@@ -207,25 +207,24 @@ GUARDED_MICRO_KERNEL = 1.4
 
 
 def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
-    """How much slower than the modelled micro-kernel a CPU program's guards make it run (a GPU's
-    guards are per thread, and the model prices the padded work instead).
+    """How much slower than the modelled micro-kernel a CPU program's guards make it run, as its
+    plan (`rtile.plan.CpuPlan`) builds it (a GPU's guards are per thread, and the model prices
+    the padded work instead).
 
-    A reduction whose lanes run along its reduce axis (`lane_axis`: gemv, row sums) gets them
-    from the CPU template only on whole tiles (`panels.lane_reduction_axis`); a tile that
-    cuts the axis sends it to the plain loop nest, which sums one output at a time: one chain
-    of dependent adds instead of lanes x FMA pipes x FMA latency independent ones (evidence:
-    docs/model-evidence.md#guard-slowdown). Elsewhere GUARDED_MICRO_KERNEL where a register tile along a spatial axis does not divide
-    the axis: the template then guards the micro-kernel with the block predicate TVM adds, and
-    the whole loop nest runs with it, not only the cut tile; a contraction of plain projections
-    (matmul, batched, transposed) is padded to whole tiles instead (`_pad_tails`)."""
+    A reduction whose lanes the alignment rules put along its reduce axis (`lane_axis`: gemv,
+    row sums) that the template leaves without any vector (the plan's `SCALAR` path: it takes
+    the lanes along K only on whole tiles) sums one output at a time: one chain of dependent
+    adds instead of lanes x FMA pipes x FMA latency independent ones (evidence:
+    docs/model-evidence.md#guard-slowdown). Elsewhere GUARDED_MICRO_KERNEL where a register tile
+    along a spatial axis does not divide the axis and the plan does not pad the tails: the
+    template then guards the micro-kernel with the block predicate TVM adds, and the whole loop
+    nest runs with it, not only the cut tile."""
     expr = program.expr
+    plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
-    if lanes is not None and expr.axes[lanes].kind == "reduce" and (
-            expr.axes[lanes].extent % program.unit_tile[lanes]
-            or program.register_tile[lanes] % max(1, device.warp_size * 4 // expr.output.itemsize)
-            or len(expr.axes[lanes].fused_from) > 1):
+    if lanes is not None and expr.axes[lanes].kind == "reduce" and plan.path == SCALAR:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
-    if expr.reduce and all(is_projection(t, expr) for t in expr.inputs):
+    if plan.padded_tails:
         return 1.0
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in expr.spatial) else 1.0

@@ -1,0 +1,224 @@
+"""One plan per kernel: the template's decisions for an (expression, rProgram, device), made once.
+
+Codegen carries a plan out and decides nothing itself (`codegen.cpu`, `codegen.cuda`,
+`codegen.cuda_mma`, `codegen.cuda_conv`), the model prices the plan and re-derives nothing
+(`rtile.model`), and the faces show it (`describe`, `Candidate.to_dict()["plan"]`). The rules a
+plan is made of live beside it: the CPU template's layout rules in `rtile.panels`, the GPU
+templates' staging rules in `rtile.staging`, the axis rules in `rtile.axes`. Pure: no TVM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from workbench.hardware.spec import DeviceSpec
+from workbench.rtile.axes import cross_thread_axis, mma_axes
+from workbench.rtile.panels import (
+    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_tails, simd_lanes,
+    vector_loop_axis, whole_reduction,
+)
+from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
+from workbench.rtile.rprogram import RProgram
+
+# The CPU template's paths (`codegen.cpu`): a convolution vectorised along its filters, a
+# reduction vectorised along its K (per-lane partial sums), a vectorised output row over inputs
+# packed into panels, a vectorised output row read in place, and a register row left scalar.
+FILTERS, LANES, PANELS, ROW, SCALAR = "filters", "lanes", "panels", "row", "scalar"
+
+# Where a CPU reduction's accumulators live between the register tile's K-steps.
+IN_REGISTERS = "registers"  # stored straight to the output after the whole reduction
+UNIT_BUFFER = "unit-tile buffer"  # a local buffer of the unit tile's outputs, written back once
+LANE_SUMS = "per-lane partial sums"  # summed across the lanes once per unit tile
+FILTERS_LAST = "filters-last buffer"  # the unit tile's outputs, filters innermost, transposed back
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """The CPU template's decisions for one program (`codegen.cpu` carries them out).
+
+    `vector_axis` is the loop vectorised in the register tile (the filters, the reduction axis
+    of a lanes-along-K reduction, or the output row), None for scalar code; `lanes` the vector's
+    elements; `packed` the inputs copied into panels at the tile of layer `pack_layer`;
+    `padded_tails` whether the spatial axes are padded to whole unit tiles (`pad_einsum`), so
+    the micro-kernel runs unguarded; `guarded_row` whether a ragged tail that nothing pads
+    leaves the row that would be vectorised scalar; `direct_stores` whether each register
+    tile's accumulators go straight to the output (the whole reduction inside one L1 tile);
+    `staged_padding` whether padding producers stay stages of their own (computed per tile at
+    level `pad_level`) rather than inlined; `accumulators` where a reduction's partial sums live.
+    """
+
+    path: str
+    vector_axis: int | None
+    lanes: int
+    packed: tuple[str, ...] = ()
+    pack_layer: int = 0
+    padded_tails: bool = False
+    guarded_row: bool = False
+    direct_stores: bool = False
+    staged_padding: bool = False
+    pad_level: int = 0
+    accumulators: str = ""
+
+    def to_dict(self, expr) -> dict:
+        return {
+            "template": "cpu",
+            "path": self.path,
+            "vector_axis": None if self.vector_axis is None else expr.axes[self.vector_axis].name,
+            "lanes": self.lanes,
+            "packed": list(self.packed),
+            "pack_layer": self.pack_layer,
+            "padded_tails": self.padded_tails,
+            "guarded_row": self.guarded_row,
+            "direct_stores": self.direct_stores,
+            "staged_padding": self.staged_padding,
+            "pad_level": self.pad_level,
+            "accumulators": self.accumulators,
+        }
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """The CUDA templates' decisions for one program: the inputs staged in shared memory, the
+    pipeline depth (`stages`: 2 double-buffers the staged tiles) and whether the next step's
+    copy passes through registers (`register_prefetch`, no `cp.async`), the reduce axis a block
+    spreads its threads along (`cross_thread_axis`), the reduce axis whose step loop is
+    pipelined, the MMA fragment's (i, j, k) axes, the split-K factor and the virtual threads."""
+
+    staged: tuple[str, ...]
+    stages: int
+    register_prefetch: bool
+    pipelined_axis: int | None
+    cross_thread_axis: int | None
+    mma_axes: tuple[int, int, int] | None
+    split: int
+    vthreads: tuple[tuple[str, int], ...]
+
+    @property
+    def pipelined(self) -> bool:
+        return self.stages > 1
+
+    def to_dict(self, expr) -> dict:
+        name = lambda a: None if a is None else expr.axes[a].name  # noqa: E731
+        return {
+            "template": "cuda",
+            "staged": list(self.staged),
+            "stages": self.stages,
+            "register_prefetch": self.register_prefetch,
+            "pipelined_axis": name(self.pipelined_axis),
+            "cross_thread_axis": name(self.cross_thread_axis),
+            "mma_axes": None if self.mma_axes is None else [name(a) for a in self.mma_axes],
+            "split": self.split,
+            "vthreads": dict(self.vthreads),
+        }
+
+
+Plan = CpuPlan | GpuPlan
+
+
+def plan_for(program: RProgram, device: DeviceSpec) -> Plan:
+    """The plan of `program` (which carries its expression) on `device`."""
+    return cpu_plan(program, device) if device.runs_on_cpu else gpu_plan(program, device)
+
+
+@lru_cache(maxsize=65536)
+def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
+    """The CPU template's decisions (module docstring of `codegen.cpu`), from `rtile.panels`'s
+    rules: the filters template where `filter_vector_axis` holds, the lanes-along-K template
+    where `lane_reduction_axis` does, else the plain template, which pads the tails of a
+    panel-packed expression (`pads_tails`) unless epilogues follow its main block (their
+    blocks read the unpadded output), vectorises the output row where `vector_loop_axis`
+    allows, and packs the panels only for a vectorised row."""
+    expr = program.expr
+    lanes = simd_lanes(device, expr.output.itemsize)
+    staged = any(tuple(t.shape) != tuple(a.shape) for t, a in zip(expr.inputs, expr.args))
+    filters = filter_vector_axis(expr, program, device)
+    if filters is not None:
+        return CpuPlan(FILTERS, filters, lanes, packed_inputs(expr, program, device), pack_layer(program),
+                       staged_padding=staged, accumulators=FILTERS_LAST)
+    k = lane_reduction_axis(expr, program, device)
+    if k is not None:
+        return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS)
+    panels = packed_inputs(expr, program, device)
+    padded = pads_tails(expr, program, panels) and not expr.epilogues
+    vector = vector_loop_axis(expr, program, device, bool(panels), padded)
+    whole = vector is not None and whole_reduction(expr, program)
+    guarded = vector is None and vector_loop_axis(expr, program, device, bool(panels), True) is not None
+    packed = panels if vector is not None else ()
+    path = SCALAR if vector is None else PANELS if packed else ROW
+    home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
+    return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
+                   staged, pad_level(expr, program) if staged else 0, home)
+
+
+@lru_cache(maxsize=65536)
+def gpu_plan(program: RProgram, device: DeviceSpec) -> GpuPlan:
+    """The CUDA templates' decisions: what `rtile.staging` and `rtile.axes` rule."""
+    expr = program.expr
+    unit = device.unit_layer_index
+    staged = tuple(t.name for t in expr.inputs) if program.cached[unit] else ()
+    deep = pipelined(program, device)
+    return GpuPlan(staged, 2 if deep else 1, deep and register_prefetch(program, device),
+                   pipelined_axis(program, device) if deep else None, cross_thread_axis(expr, device),
+                   mma_axes(expr, device), program.split, program.vthreads)
+
+
+def loop_nest_key(program: RProgram, device: DeviceSpec) -> tuple:
+    """What of `program`'s tiles its loop nest depends on: two programs with the same key (and
+    virtual threads) compile to one kernel, so a construction emits it once
+    (`construct.policy.Policy.emit`). On a CPU, an L1 tile that holds a single register tile
+    along every spatial axis runs its K-steps right around the register tile's (in
+    `codegen/cpu._loop_order`'s `R(n-2) S(n-1) R(n-1)`, `S(n-1)` has one iteration), so its
+    reduction extents only split one loop in two and are left out of the key (None). They stay
+    where the plan says they decide something: direct stores after the whole reduction in the
+    L1 tile (another loop order), panels packed at the L1 tile, and which inputs are packed
+    (`panels._panel_pays` reads the L1 tile's span). GPU programs: their tiles. (Evidence that
+    such L1 tiles compile to one kernel: docs/evidence.md#loop-nest-key.)"""
+    tiles = program.tiles
+    expr = program.expr
+    if not device.runs_on_cpu or len(tiles) < 3 or any(tiles[1][a] != tiles[0][a] for a in expr.spatial):
+        return tiles
+    plan = cpu_plan(program, device)
+    if plan.direct_stores or (plan.packed and plan.pack_layer == 1):
+        return tiles
+    reduce = set(expr.reduce)
+    l1 = tuple(None if a in reduce else extent for a, extent in enumerate(tiles[1]))
+    return (tiles[0], l1, *tiles[2:], plan.packed)
+
+
+def describe(plan: Plan, program: RProgram) -> str:
+    """The plan in words, for the Candidates table and the Kernel page
+    ("A, B packed in 6x16 panels, lanes along j, tails padded, accumulators: registers")."""
+    expr = program.expr
+    axis = lambda a: expr.axes[a].name  # noqa: E731
+    if isinstance(plan, GpuPlan):
+        parts = ["tensor cores" if plan.mma_axes else "CUDA cores"]
+        parts.append(f"{', '.join(plan.staged)} staged in shared memory" if plan.staged else "nothing staged")
+        if plan.pipelined:
+            parts.append("double-buffered" + (" through registers" if plan.register_prefetch else " (cp.async)"))
+        if plan.cross_thread_axis is not None:
+            parts.append(f"threads across {axis(plan.cross_thread_axis)}")
+        if plan.split > 1:
+            parts.append(f"split-K x{plan.split}")
+        if plan.vthreads:
+            parts.append("vthreads " + ", ".join(f"{a}x{v}" for a, v in plan.vthreads))
+        return ", ".join(parts)
+    reg = program.register_tile
+    shape = "x".join(str(reg[a]) for a in expr.spatial) or "1"
+    if plan.path == SCALAR:
+        parts = ["scalar row" + (" (a guarded tail)" if plan.guarded_row else "")]
+    elif plan.path == LANES:
+        parts = [f"lanes along the reduction {axis(plan.vector_axis)}"]
+    elif plan.path == FILTERS:
+        parts = [f"filters {axis(plan.vector_axis)} as lanes"]
+    else:
+        parts = [f"lanes along {axis(plan.vector_axis)}"]
+    if plan.packed:
+        parts.insert(0, f"{', '.join(plan.packed)} packed in {shape} panels")
+    if plan.padded_tails:
+        parts.append("tails padded")
+    elif any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial):
+        parts.append("tails guarded")
+    if plan.accumulators:
+        parts.append(f"accumulators: {plan.accumulators}")
+    return ", ".join(parts)
