@@ -10,7 +10,9 @@ from test_alignment import AVX2, AVX512
 
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
-from workbench.rtile.model import GUARDED_MICRO_KERNEL, estimate, guard_slowdown, packed_bytes
+from workbench.rtile.model import estimate
+from workbench.rtile.model.cpu import packed_bytes
+from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, guard_slowdown
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
     FILTERS, LANES, PANELS, SCALAR, CpuPlan, GpuPlan, cpu_plan, describe, gpu_plan, plan_for,
