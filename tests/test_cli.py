@@ -73,6 +73,21 @@ def test_construct_expression(capsys):
     assert json.loads(out)["candidates"]
 
 
+def test_expressions_whose_terms_cancel(capsys, tmp_path):
+    """A right side whose every read cancels is refused in one line; a tensor whose own uses
+    cancel stays a (never read) argument of the exported kernel, in the expression's order."""
+    cancelled = ("--expr", "C[i] = (B[i] - B[i]) * A[i]", "--shape", "i=4")
+    for argv in (("construct", *cancelled), ("export", *cancelled, "--out", str(tmp_path / "none"))):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert _one_line(err) == "workbench: error: expression: the right side reads no tensor once its terms cancel (it folds to 0)"
+    assert not (tmp_path / "none").exists()
+    code, out, _ = run(capsys, "export", "--expr", "C[i] = (B[i] - B[i]) + A[i]", "--shape", "i=5", "--out", str(tmp_path / "b"), "--json")
+    assert code == 0 and json.loads(out)["verified"] is True
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [(a["name"], a["role"]) for a in manifest["args"]] == [("B", "input"), ("A", "input"), ("C", "output")]
+
+
 def test_bench_construct(capsys):
     code, out, _ = run(capsys, "bench", "construct", "--suite", "cpu-core", "--device", "v100", "--topk", "1", "--json")
     assert code == 0

@@ -118,7 +118,7 @@ def _stage_producers(sch, expr: TensorExpr) -> tuple[str, ...]:
     11 GFLOP/s with the padding inlined and 130-170 GFLOP/s with it staged, for a copy of
     0.9 MB. (The copy as a parallel pass of its own measured slower, 75-85 GFLOP/s: each core
     then reads rows the other wrote.)"""
-    if any(tuple(tensor.shape) != tuple(arg.shape) for tensor, arg in zip(expr.inputs, expr.args)):
+    if any(tuple(tensor.shape) != tuple(arg.shape) for tensor, arg in zip(expr.inputs, expr.input_args)):
         return common.producer_names(sch, expr)
     common.inline_producers(sch, expr)
     return ()
