@@ -439,6 +439,19 @@ def test_special_files_huge_models_and_garbage_targets_are_one_line_exit_2(tmp_p
     assert not (tmp_path / "bundle").exists()
 
 
+def test_written_paths_refuse_a_fifo_at_once(tmp_path):
+    """`device detect --out` and `construct --graph` with a FIFO that no one reads blocked for
+    ever; they refuse it as every read path does."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for argv, needle in ((["device", "detect", "--out", str(fifo)], f"--out {fifo}: not a regular file (a FIFO)"),
+                         (["construct", "--op", "matmul", "--shape", "M=4,N=4,K=4", "--graph", str(fifo)],
+                          f"--graph {fifo}: not a regular file (a FIFO)")):
+        done = _cli_in_subprocess(*argv)
+        assert (done.returncode, done.stdout) == (2, ""), (argv, done.stderr[-2000:])
+        assert done.stderr.strip().splitlines() == [f"workbench: error: {needle}"]
+
+
 def test_runs_fit_refuses_a_foreign_db_and_a_store_without_measurements(capsys, tmp_path):
     bad = tmp_path / "notes.txt"
     bad.write_text("not a database")

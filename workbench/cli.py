@@ -203,8 +203,7 @@ def cmd_devices(args) -> int:
 
 
 def cmd_device(args) -> int:
-    from pathlib import Path
-
+    from workbench.files import write_user_file
     from workbench.hardware.calibrate import calibrate, calibrated_spec_path
     from workbench.hardware.detect import detect_local_cpu
     from workbench.hardware.loader import spec_summary, spec_to_toml
@@ -217,11 +216,7 @@ def cmd_device(args) -> int:
         out = out or str(calibrated_spec_path())
     text = spec_to_toml(spec)
     if out:
-        try:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(text)
-        except OSError as err:
-            raise UserError(f"--out {out}: {err.strerror}") from None
+        write_user_file(out, text, "--out")
     return _emit(args, spec_summary(spec), text if not out else f"wrote {out}")
 
 
@@ -258,10 +253,7 @@ def cmd_construct(args) -> int:
     workload = workload_from_args(args.op, args.shape, args.expr, args.workload, args.dtype)
     c = _construct(args, workload)
     if args.graph:
-        try:
-            c.graph.save(args.graph)
-        except OSError as err:
-            raise UserError(f"--graph {args.graph}: {err.strerror}") from None
+        c.graph.save(args.graph, what="--graph")
     lines = [f"{workload.describe()} on {c.device.name} ({c.policy}): {len(c.candidates)} candidates in {c.seconds * 1e3:.1f} ms"]
     for cand in c.candidates:
         tiles = "  ".join(f"{n}={'x'.join(map(str, t))}" for n, t in zip(cand.program.layers, cand.program.tiles))
