@@ -130,6 +130,17 @@ def test_malformed_spec_file_names_the_field(capsys, tmp_path):
     assert code == 2 and "compute_units" in err
 
 
+@pytest.mark.parametrize("old, new, field", [
+    ("bandwidth_gbps = 750.0", "bandwidth_gbps = 1e30", "layer[2].bandwidth_gbps must be at most 100000 GB/s"),
+    ('name = "v100"', 'name = "../.."', "device.name must be an identifier"),
+])
+def test_a_spec_no_hardware_matches_is_one_line_exit_2(capsys, tmp_path, old, new, field):
+    spec = tmp_path / "bad.toml"
+    spec.write_text((Path(__file__).parent.parent / "specs/devices/v100.toml").read_text().replace(old, new))
+    code, out, err = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", str(spec))
+    assert (code, out) == (2, "") and _one_line(err).startswith(f"workbench: error: spec bad.toml: {field}")
+
+
 def test_export_cpu_bundle_loads_and_computes(capsys, tmp_path):
     import numpy as np
     import tvm
