@@ -64,7 +64,7 @@ def _integer(text: str, low: int, high: int) -> int:
 def _policy_args(p: argparse.ArgumentParser, topk: int = 10) -> None:
     p.add_argument("--policy", default="roller", help="construction policy: roller or markov")
     p.add_argument("--topk", type=_topk, default=topk, help=f"how many programs to construct (1 to {MAX_TOPK})")
-    p.add_argument("--seed", type=_seed, default=0, help="the Markov walk's and the random inputs' seed (0 to 2^64-1)")
+    p.add_argument("--seed", type=_seed, default=0, help="the Markov walk's seed; with `model --run`, also its random inputs' (0 to 2^64-1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
