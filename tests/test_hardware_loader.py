@@ -4,12 +4,13 @@ import os
 
 import pytest
 from helpers import user_error_in_child
+from test_invariants import detected_cpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.errors import UserError
 from workbench.hardware import loader
-from workbench.hardware.bounds import MIN_GBPS, ON_CHIP_GBPS
+from workbench.hardware.bounds import MIN_GBPS, ON_CHIP_GBPS, check_bounds
 from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US
 from workbench.hardware.loader import (
     DEFAULT_GPU_LAUNCH_US,
@@ -498,13 +499,19 @@ def test_presets_detected_and_generated_specs_are_within_the_bounds():
     from test_fuzz_kernels import CPUS
     from test_hardware_spec import TINY_GPU
 
-    from workbench.hardware.bounds import check_bounds
     from workbench.hardware.detect import detect_local_cpu
 
     for spec in (detect_local_cpu(), TINY_CPU, TINY_GPU, *CPUS, *map(load_spec, PRESETS)):
         check_bounds(spec)
     detected = detect_local_cpu()
     assert spec_from_toml_text(spec_to_toml(detected), check_target=False) == detected
+
+
+@settings(max_examples=100, deadline=None)
+@given(spec=detected_cpus())
+def test_every_spec_detection_builds_is_within_the_bounds(spec):
+    """Any SIMD class, core count (up to 128), clock and caches `device detect` may meet."""
+    check_bounds(spec)
 
 
 # Every number a spec states, as a path to it in the DeviceSpec: (kind of spec, field as the
