@@ -4,9 +4,9 @@ A spec file is user input: `bandwidth_gbps = 1e30` or `name = "../.."` parse as 
 types, and would then feed the model predictions of 1e-30 s or a name that reads as a path.
 `check_bounds` refuses, in one line naming the spec file's field, a number no device of the
 kind the workbench constructs for (CPUs, GPUs) has or will soon have, and a name that is not an
-identifier. Each bound sits an order of magnitude or more beyond the largest device of
-2024-2025 it is measured against (the comments say which), so that it catches unit slips and
-nonsense, never a real device. The loader checks types and signs first (`hardware.loader`).
+identifier. Each bound sits well beyond (5x or more) the largest device of 2024-2025 it is
+measured against (the comments say which), so that it catches unit slips and nonsense, never a
+real device. The loader checks types and signs first (`hardware.loader`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ MIN_LATENCY_NS, MAX_LATENCY_NS = 0.1, 1e5
 # address space of a process under 4-level paging on x86-64 and AArch64.
 CAPACITY_BYTES = {"thread": 64 * 2**10, "unit": 2**30, "device": 2**48}
 MAX_TRANSACTION_BYTES = 4096  # a page; sectors and lines are 32-128 B, a vector register up to 256 B (SVE)
-# Peak compute of one device: below 100 PFLOP/s (a B200's sparse FP4 tensor-core peak is 20 PFLOP/s,
-# a seventy-second of the GB200 NVL72's 1440 PFLOP/s), 5x below; at least 0.1 GFLOP/s, one scalar
-# FMA a cycle at 50 MHz: any core that runs TVM's kernels does more.
+# Peak compute of one device: at most 100 PFLOP/s, 5x a B200's sparse FP4 tensor-core peak of 20
+# PFLOP/s (the GB200 NVL72's 1440 PFLOP/s over its 72 GPUs); at least 0.1 GFLOP/s, one scalar FMA
+# a cycle at 50 MHz: any core that runs TVM's kernels does more.
 MIN_GFLOPS, MAX_GFLOPS = 0.1, 1e8
 # A GPU L2 of at most 4 GiB (16x MI300X's 256 MB Infinity Cache); a CPU LLC of at most 64 GiB
 # (28x a two-socket EPYC 9684X's 2 x 1152 MB of 3D V-Cache).
