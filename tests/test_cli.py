@@ -87,6 +87,21 @@ def test_construct_json_candidates_carry_their_plan(capsys, dev, template):
             assert plan["stages"] in (1, 2) and plan["split"] >= 1
 
 
+def test_expressions_whose_terms_cancel(capsys, tmp_path):
+    """A right side whose every read cancels is refused in one line; a tensor whose own uses
+    cancel stays a (never read) argument of the exported kernel, in the expression's order."""
+    cancelled = ("--expr", "C[i] = (B[i] - B[i]) * A[i]", "--shape", "i=4")
+    for argv in (("construct", *cancelled), ("export", *cancelled, "--out", str(tmp_path / "none"))):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert _one_line(err) == "workbench: error: expression: the right side reads no tensor once its terms cancel (it folds to 0)"
+    assert not (tmp_path / "none").exists()
+    code, out, _ = run(capsys, "export", "--expr", "C[i] = (B[i] - B[i]) + A[i]", "--shape", "i=5", "--out", str(tmp_path / "b"), "--json")
+    assert code == 0 and json.loads(out)["verified"] is True
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [(a["name"], a["role"]) for a in manifest["args"]] == [("B", "input"), ("A", "input"), ("C", "output")]
+
+
 def test_bench_construct(capsys):
     code, out, _ = run(capsys, "bench", "construct", "--suite", "cpu-core", "--device", "v100", "--topk", "1", "--json")
     assert code == 0
@@ -110,6 +125,13 @@ def test_bench_construct(capsys):
         (["construct", "--expr", "C[i,j] += A[i,k] * Z[k*j]", "--shape", "i=4,j=4,k=4"], "affine"),
         (["construct"], "workload"),
         (["construct", "--workload", "cpu-core:mm-512", "--topk", "0"], "topk"),
+        (["construct", "--workload", "cpu-core:mm-512", "--topk", "1000000000"], "argument --topk: must be an integer from 1 to 1000"),
+        (["profile", "--workload", "cpu-core:mm-512", "--topk", "1001"], "argument --topk: must be an integer from 1 to 1000"),
+        (["construct", "--workload", "cpu-core:mm-512", "--seed", "-1"], "argument --seed: must be an integer from 0 to 18446744073709551615, got -1"),
+        (["construct", "--workload", "cpu-core:mm-512", "--seed", str(2**64)], f"--seed: must be an integer from 0 to 18446744073709551615, got {2**64}"),
+        (["construct", "--workload", "cpu-core:mm-512", "--seed", "1.5"], "argument --seed: '1.5' is not an integer"),
+        (["vortex", "run", "bundle", "--shape", "M=3", "--seed", "-1"], "argument --seed: must be an integer from 0"),
+        (["bench", "dynamic", "--op", "matmul", "--shape", "M=dyn,K=4,N=4", "--values", "1", "--topk", "5000"], "argument --topk"),
         (["nosuchcommand"], "nosuchcommand"),
     ],
 )
@@ -127,6 +149,17 @@ def test_malformed_spec_file_names_the_field(capsys, tmp_path):
     spec.write_text((__import__("pathlib").Path(__file__).parent.parent / "specs/devices/v100.toml").read_text().replace("compute_units = 80", "compute_units = -80"))
     code, _, err = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", str(spec))
     assert code == 2 and "compute_units" in err
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("bandwidth_gbps = 750.0", "bandwidth_gbps = 1e30", "layer[2].bandwidth_gbps must be at most 100000 GB/s"),
+    ('name = "v100"', 'name = "../.."', "device.name must be an identifier"),
+])
+def test_a_spec_no_hardware_matches_is_one_line_exit_2(capsys, tmp_path, old, new, field):
+    spec = tmp_path / "bad.toml"
+    spec.write_text((Path(__file__).parent.parent / "specs/devices/v100.toml").read_text().replace(old, new))
+    code, out, err = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", str(spec))
+    assert (code, out) == (2, "") and _one_line(err).startswith(f"workbench: error: spec bad.toml: {field}")
 
 
 def test_export_cpu_bundle_loads_and_computes(capsys, tmp_path):
@@ -160,6 +193,26 @@ def test_export_gpu_bundle_has_cuda_source_and_says_it_was_not_run(capsys, tmp_p
     assert manifest["verified"] is here and manifest["verification"]["ran"] is here
     if not here:
         assert "not run here" in out and manifest["verification"]["reason"] in out
+
+
+def test_seed_and_topk_at_their_limits_are_accepted(capsys):
+    code, out, _ = run(capsys, "construct", "--workload", "cpu-core:mm-512", "--device", "v100", "--policy", "markov",
+                       "--topk", "1", "--seed", str(2**64 - 1), "--json")
+    assert code == 0 and len(json.loads(out)["candidates"]) == 1
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_export_zip_to_an_existing_directory_is_refused(capsys, tmp_path, full):
+    """`--zip --out DIR` of an existing directory wrote DIR.zip beside it: refused, empty or not,
+    pointing to a path inside it."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    if full:
+        (folder / "keep.txt").write_text("mine")
+    code, out, err = run(capsys, "export", "--zip", "--op", "relu", "--shape", "shape=8x8", "--out", str(folder))
+    assert (code, out) == (2, "")
+    assert _one_line(err) == f"workbench: error: {folder} is a directory; with --zip give the archive's path (such as {folder}/bundle.zip)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_export_refuses_bad_rank_and_existing_directory(capsys, tmp_path):
@@ -438,6 +491,19 @@ def test_special_files_huge_models_and_garbage_targets_are_one_line_exit_2(tmp_p
     assert not (tmp_path / "bundle").exists()
 
 
+def test_written_paths_refuse_a_fifo_at_once(tmp_path):
+    """`device detect --out` and `construct --graph` with a FIFO that no one reads blocked for
+    ever; they refuse it as every read path does."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for argv, needle in ((["device", "detect", "--out", str(fifo)], f"--out {fifo}: not a regular file (a FIFO)"),
+                         (["construct", "--op", "matmul", "--shape", "M=4,N=4,K=4", "--graph", str(fifo)],
+                          f"--graph {fifo}: not a regular file (a FIFO)")):
+        done = _cli_in_subprocess(*argv)
+        assert (done.returncode, done.stdout) == (2, ""), (argv, done.stderr[-2000:])
+        assert done.stderr.strip().splitlines() == [f"workbench: error: {needle}"]
+
+
 def test_runs_fit_refuses_a_foreign_db_and_a_store_without_measurements(capsys, tmp_path):
     bad = tmp_path / "notes.txt"
     bad.write_text("not a database")
@@ -532,6 +598,8 @@ def test_model_binds_symbolic_dims_and_lists_the_operators_depending_on_them(cap
         ("seq=-2", "--dim seq=-2: seq must be a positive integer"),
         ("seq", "--dim: 'seq' is not of the form NAME=VALUE (e.g. batch=4)"),
         ("seq=x", "--dim: 'seq=x': seq must be a positive integer"),
+        ("", "--dim is empty: give NAME=VALUE[,NAME=VALUE] (e.g. batch=4), or leave --dim out"),
+        (" ", "--dim is empty: give NAME=VALUE[,NAME=VALUE] (e.g. batch=4), or leave --dim out"),
         ("batch=1000000000", "mlp_dynamic.onnx: tensor x has shape 1000000000x1x128 = 128000000000 elements, "
                              "over the limit of 2147483647 (int32 indexing)"),
         ("batch=10000000000000000000000", "--dim batch=10000000000000000000000: over the limit of 2147483647 "
@@ -581,6 +649,7 @@ def test_vortex_compile_and_run_json(capsys, tmp_path):
     code, text, _ = run(capsys, "vortex", "run", str(out), "--shape", "M=1,K=64,N=48")
     assert code == 0 and text.startswith("M=1: kernel k") and "correct" in text
     for shape, message in (("M=0", "M must be a positive integer"), ("M=-3", "M must be a positive integer"),
+                           ("M=DYN", "M must be a positive integer, got 'dyn'"),
                            ("M=2.5", "M must be an integer"), ("M=5,N=49", "N=49 does not match the bundle's N=48")):
         code, _, err = run(capsys, "vortex", "run", str(out), "--shape", shape)
         assert code == 2 and message in err and err.count("\n") == 1
@@ -594,6 +663,13 @@ def test_dyn_outside_vortex_points_to_vortex_compile(capsys, tmp_path):
     assert code == 2 and "one dynamic extent per workload" in err
     code, _, err = run(capsys, "vortex", "run", str(tmp_path / "nothing"), "--shape", "M=3")
     assert code == 2 and "not a vortex bundle" in err
+    # `dyn` in any case is the dynamic extent, in every subcommand's --shape (one parser)
+    for shape in ("M=DYN,K=64,N=48", "M=Dyn,K=64,N=48"):
+        code, _, err = run(capsys, "construct", "--op", "matmul", "--shape", shape)
+        assert code == 2 and "M=dyn is a dynamic extent" in _one_line(err)
+    code, _, err = run(capsys, "vortex", "compile", "--op", "matmul", "--shape", "M=DYN,N=dyn,K=4", "--out",
+                       str(tmp_path / "b"))
+    assert code == 2 and "one dynamic extent per workload, got M, N" in _one_line(err)
 
 
 def test_bench_dynamic_json(capsys):

@@ -115,6 +115,43 @@ def test_values_tvm_refuses_are_one_line_errors(text, dtype, message):
     assert str(err.value).startswith("expression: ") and message in str(err.value)
 
 
+# Every read cancels: the output is a constant no kernel need compute and no verification can
+# tell from a kernel writing it (before, `(B[i] - B[i]) * A[i]` raised KeyError 'B' in
+# `_kernel_args`, the folded tensors missing from every block). Refused by the fold, or, where
+# TVM's simplifier cancels more than the fold sees, once TVM has simplified it.
+CANCELLED = [
+    ("C[i] = (B[i] - B[i]) * A[i]", "once its terms cancel (it folds to 0)"),
+    ("C[i] += A[i,k] - A[i,k]", "once its terms cancel (it folds to 0)"),
+    ("C[i] = exp(A[i] - A[i])", "once its terms cancel (it folds to 1)"),
+    ("C[i] = A[i]*B[i] - B[i]*A[i] + 2", "once its terms cancel (it folds to 2)"),
+    ("C[i] max= 0 * A[i,k]", "once its terms cancel (it folds to 0)"),
+    ("C[i] = (A[i] - A[i]) / B[i]", "once TVM simplifies it (its terms cancel)"),
+]
+
+
+@pytest.mark.parametrize("text, message", CANCELLED)
+def test_a_right_side_whose_reads_all_cancel_is_refused(text, message):
+    with pytest.raises(UserError) as err:
+        build_expr(text, dict(i=4, k=3) if "k]" in text else dict(i=4))
+    assert str(err.value) == f"expression: the right side reads no tensor {message}"
+
+
+def test_a_tensor_whose_every_use_cancels_stays_an_argument():
+    """The kernel takes every tensor the expression names, in order, also one the main block no
+    longer reads; `input_args` pairs each read tensor with its own argument, not the next one."""
+    from workbench.rtile.panels import padded_inputs
+
+    e = build_expr("C[i,j] += (D[k] - D[k]) + A[i,k] * B[k,j]", dict(i=5, j=3, k=7))
+    assert [t.name for t in e.inputs] == ["A", "B"]
+    assert [(a.name, a.shape, a.role) for a in e.args] == [
+        ("D", (7,), "input"), ("A", (5, 7), "input"), ("B", (7, 3), "input"), ("C", (5, 3), "output")]
+    assert [a.name for a in e.input_args] == ["A", "B"]
+    assert padded_inputs(e) == ()  # positionally A would meet D's smaller shape and pass for padded
+    inputs = random_inputs(e)
+    assert [x.shape for x in inputs] == [(7,), (5, 7), (7, 3)]
+    np.testing.assert_allclose(run_on_cpu(e, inputs), reference(e, inputs), rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "text, dtype",
     [

@@ -1,4 +1,5 @@
-"""Reading user files: regular files only, within a size cap, one-line errors naming the path."""
+"""Reading and writing user files: regular files only, reads within a size cap, one-line errors
+naming the path."""
 
 import os
 
@@ -6,7 +7,7 @@ import pytest
 from helpers import user_error_in_child
 
 from workbench.errors import UserError
-from workbench.files import check_size, read_user_file, read_user_text
+from workbench.files import check_size, read_user_file, read_user_text, write_user_file
 
 
 def test_a_regular_file_is_read_whole(tmp_path):
@@ -81,3 +82,49 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
 
 def test_a_device_that_never_ends_is_refused():
     assert _child_error("/dev/zero") == "spec /dev/zero: not a regular file (a character device)"
+
+
+def test_a_written_file_is_new_or_replaces_a_regular_file(tmp_path):
+    path = tmp_path / "new" / "dirs" / "spec.toml"
+    write_user_file(path, "a much longer first text\n", "--out")
+    write_user_file(path, "short\n", "--out")  # replaced whole, not overwritten in place
+    assert path.read_text() == "short\n"
+    write_user_file(path, b"\x00bytes", "--out")
+    assert path.read_bytes() == b"\x00bytes"
+
+
+def _write_error(path) -> str:
+    return user_error_in_child("workbench.files", 'write_user_file(PATH, "x", "--out")', path)
+
+
+def test_a_fifo_is_never_written_and_never_waited_on(tmp_path):
+    fifo = tmp_path / "spec.toml"
+    os.mkfifo(fifo)  # no reader: opening it to write would block for ever
+    assert _write_error(fifo) == f"--out {fifo}: not a regular file (a FIFO)"
+    link = tmp_path / "link.toml"
+    link.symlink_to(fifo)
+    assert _write_error(link) == f"--out {link}: not a regular file (a FIFO)"
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/dev/null", "--out /dev/null: not a regular file (a character device)"),
+        ("/sys/workbench-spec.toml", "--out /sys/workbench-spec.toml: cannot write"),  # sysfs refuses even root
+        ("", "--out: give a file name"),
+    ],
+)
+def test_special_and_unwritable_targets_are_one_line(path, message):
+    with pytest.raises(UserError) as info:
+        write_user_file(path, "x", "--out")
+    assert str(info.value).startswith(message)
+
+
+def test_a_directory_or_a_file_in_the_way_is_refused(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    for path, message in ((tmp_path, "not a regular file (a directory)"),
+                          (tmp_path / "file" / "x.toml", "cannot write")):
+        with pytest.raises(UserError) as info:
+            write_user_file(path, "x", "--out")
+        assert str(info.value).startswith(f"--out {path}: {message}")
+    assert (tmp_path / "file").read_text() == "mine"

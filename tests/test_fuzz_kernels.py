@@ -12,6 +12,10 @@ For every generated expression, on a CPU spec drawn from two generated ones:
   two elements swapped is refused.
 About a quarter of the expressions are also scheduled by the CUDA template for a GPU preset and
 run on this CPU with the thread loops made serial (there is no GPU here), checked the same way.
+A quarter carry a term that cancels, `(D[..] - D[..])` before or after the rest: TVM folds it
+away, so D stays a kernel argument that no block reads (issue 36's KeyError), and the kernel
+still computes the rest. An expression whose every term cancels is refused in one line
+(`test_a_right_side_that_cancels_whole_is_refused`).
 
 Extents are small primes and ragged sizes, so tiles rarely divide them. Half the expressions
 read their output axes as one block (`A[p,i,j]`), which `ops.fusion` merges: the shape of issue
@@ -28,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +43,7 @@ from workbench.codegen.rules import apply_rules
 from workbench.codegen.verify import check_output, degenerate, run_kernel, tolerance
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
+from workbench.errors import UserError
 from workbench.hardware.spec import MemoryLayer
 from workbench.ops.expr_lang import build_expr
 from workbench.ops.reference import random_inputs, reference_with_scale
@@ -237,7 +243,18 @@ def expressions(draw) -> Generated:
         missing.append(varying[0])
     reads[0] = _with_axes(reads[0], missing)
     value = draw(_value(reads, combiner))
+    if draw(st.integers(0, 3)) == 0:
+        value = _with_cancelled(value, draw(_read(CANCELLED, axes)), first=draw(st.booleans()))
     return Generated(combiner, spatial, reduce, tuple(sorted(extents.items())), value)
+
+
+CANCELLED = "D"  # the tensor of a term that cancels
+
+
+def _with_cancelled(value, read: Read, first: bool):
+    """`value` plus `(read - read)`, the term first (its tensor the first argument) or last."""
+    zero = Node("bin", "-", (read, read))
+    return Node("bin", "+", (zero, value) if first else (value, zero))
 
 
 # ---- checks -----------------------------------------------------------------------------------
@@ -274,7 +291,9 @@ def _mutated(g: Generated, terms: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def _check(g: Generated, expr, out: np.ndarray, inputs, what: str) -> None:
     """`out` passes the check, matches this file's evaluation, and a mutation of it fails."""
-    tensors = {t.name: np.asarray(a, dtype=np.float64) for t, a in zip(expr.inputs, inputs)}
+    # by argument, not by read tensor: a tensor whose term cancels is an argument no block reads
+    params = [a for a in expr.args if a.role == "input"]
+    tensors = {a.name: np.asarray(x, dtype=np.float64) for a, x in zip(params, inputs)}
     terms = _terms(g, tensors)
     want = _evaluate(g, terms)
     verdict = check_output(expr, inputs, out)
@@ -322,3 +341,16 @@ def test_generated_kernels_match_numpy(g, cpu, later, gpu):
         program, spec = on_gpu.candidates[0].program, device(gpu)
         apply_rules(on_gpu.expr, program, spec)  # the real schedule, threads bound
         _check(g, on_gpu.expr, run_serially(on_gpu.expr, program, spec, inputs), inputs, f"{gpu} (threads serial)")
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(g=expressions())
+def test_a_right_side_that_cancels_whole_is_refused(g):
+    """`Y[..] = v - v` for a generated v: every read cancels, the output is a constant no kernel
+    need compute (and no check could tell from a kernel writing it), refused in one line
+    whether the expression language folds it or only TVM's simplifier does."""
+    text = f"Y[{','.join(g.spatial)}] {g.combiner} ({_render(g.value)}) - ({_render(g.value)})"
+    with pytest.raises(UserError) as err:
+        build_expr(text, dict(g.extents))
+    assert str(err.value).startswith("expression: the right side reads no tensor once "), str(err.value)

@@ -4,11 +4,13 @@ import os
 
 import pytest
 from helpers import user_error_in_child
+from test_invariants import detected_cpus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.errors import UserError
 from workbench.hardware import loader
+from workbench.hardware.bounds import MIN_GBPS, ON_CHIP_GBPS, check_bounds
 from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US
 from workbench.hardware.loader import (
     DEFAULT_GPU_LAUNCH_US,
@@ -231,7 +233,7 @@ BROKEN = [
     ("fragment = [16, 16, 16]", "fragment = [16, 16]", "tensor_core.fragment must be [m, n, k]"),
     ('kind = "cuda"', 'kind = "llvm"', "target.kind 'llvm' does not fit device.kind 'gpu'"),
     ('arch = "sm_70"', 'arch = ["sm_70"]', "target.arch must be a string, number or boolean"),
-    ("max_threads_per_block = 512", "max_threads_per_block = 4096", "device.max_threads_per_block (4096) must not exceed"),
+    ("max_threads_per_unit = 2048", "max_threads_per_unit = 256", "device.max_threads_per_block (512) must not exceed"),
     ("\nwarp_size = 32", "\nwarp_size = = 32", "TOML syntax error"),
 ]
 
@@ -322,7 +324,7 @@ printable = st.text(min_size=1).filter(str.strip)
 @given(
     vendor=printable,
     source=printable,
-    bandwidth=st.floats(min_value=1e-300, max_value=1e300, allow_nan=False),
+    bandwidth=st.floats(min_value=MIN_GBPS, max_value=ON_CHIP_GBPS),
     registers=st.integers(min_value=1, max_value=49151),
     host=st.dictionaries(st.text(min_size=1), st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), printable), max_size=3),
 )
@@ -442,3 +444,134 @@ def test_micro_kernels_belong_to_cpus():
     text = V100_TEXT + "\n[micro_kernels.float32]\n1x16 = 60.5\n"
     with pytest.raises(UserError, match="micro_kernels are CPU register micro-kernels: not on a GPU spec"):
         spec_from_toml_text(text, check_target=False)
+
+
+# -- what hardware can be (issue 36): every number within a physical range, names identifiers
+
+
+BEYOND = [
+    (V100_TEXT, "bandwidth_gbps = 750.0", "bandwidth_gbps = 1e30", "layer[2].bandwidth_gbps must be at most 100000 GB/s, got 1e+30"),
+    (V100_TEXT, "bandwidth_gbps = 12080.0", "bandwidth_gbps = 2e7", "layer[1].bandwidth_gbps must be at most 1e+07 GB/s"),
+    (V100_TEXT, "bandwidth_gbps = 750.0", "bandwidth_gbps = 1e-9", "layer[2].bandwidth_gbps must be at least 0.1 GB/s"),
+    (V100_TEXT, "latency_ns = 400.0", "latency_ns = 0.01", "layer[2].latency_ns must be at least 0.1 ns, got 0.01"),
+    (V100_TEXT, "latency_ns = 400.0", "latency_ns = 0", "layer[2].latency_ns must be at least 0.1 ns, got 0"),
+    (V100_TEXT, "latency_ns = 400.0", "latency_ns = 1e9", "layer[2].latency_ns must be at most 100000 ns"),
+    (V100_TEXT, "capacity_bytes = 17179869184", "capacity_bytes = 1180591620717411303424",
+     "layer[2].capacity_bytes must be at most 281474976710656 bytes at scope 'device'"),
+    (V100_TEXT, "transaction_bytes = 32", "transaction_bytes = 1048576", "layer[2].transaction_bytes must be at most 4096"),
+    (V100_TEXT, "banks = 32", "banks = 100000", "layer[1].banks must be at most 256"),
+    (V100_TEXT, "compute_units = 80\n", "compute_units = 1000000\n", "device.compute_units must be at most 8192, got 1000000"),
+    (V100_TEXT, "\nwarp_size = 32", "\nwarp_size = 4096", "device.warp_size must be at most 128"),
+    (V100_TEXT, "max_threads_per_block = 512", "max_threads_per_block = 4096", "device.max_threads_per_block must be at most 1024"),
+    (V100_TEXT, "registers_per_unit = 65536", "registers_per_unit = 4294967296", "device.registers_per_unit must be at most 1048576"),
+    (V100_TEXT, "l2_bytes = 6291456", "l2_bytes = 1099511627776", "device.l2_bytes must be at most 4294967296"),
+    (V100_TEXT, "float32 = 12480.0", "float32 = 1e12", "peak_gflops.float32 must be at most 1e+08 GFLOP/s, got 1e+12"),
+    (V100_TEXT, "float32 = 12480.0", "float32 = 1e-5", "peak_gflops.float32 must be at least 0.1 GFLOP/s"),
+    (V100_TEXT, "float16 = 125000.0", "float16 = 1e15", "tensor_core_gflops.float16 must be at most 1e+08 GFLOP/s"),
+    (V100_TEXT, "fragment = [16, 16, 16]", "fragment = [16, 16, 100000]", "tensor_core.fragment[2] must be at most 256"),
+    (V100_TEXT, "launch_overhead_us = 5.0", "launch_overhead_us = 5e-6", "device.launch_overhead_us must be at least 0.01 us"),
+    (XEON_TEXT, "fma_latency_cycles = 4", "fma_latency_cycles = 1000", "device.fma_latency_cycles must be at most 32"),
+    (XEON_TEXT, "fma_pipes = 2\n", "fma_pipes = 2\nllc_bytes = 1048576\nllc_gbps = 1e12\n", "device.llc_gbps must be at most 1e+07 GB/s"),
+    (XEON_TEXT, "ways = 8", "ways = 100000", "layer[1].ways must be at most 256"),
+    (V100_TEXT, 'name = "v100"', 'name = "../.."', "device.name must be an identifier of letters, digits and single '.', "
+                                                   "'_' or '-' between them (at most 64 characters), got '../..'"),
+    (V100_TEXT, 'name = "v100"', 'name = "specs/v100"', "device.name must be an identifier"),
+    (V100_TEXT, 'name = "v100"', 'name = "v100 "', "device.name must be an identifier"),
+    (V100_TEXT, 'name = "v100"', f'name = "{"v" * 65}"', "device.name must be an identifier"),
+    (V100_TEXT, 'name = "shared"', 'name = "../shared"', "layer[1].name must be an identifier"),
+    (MICRO_TEXT, "14x32 = 1800.0", "140x32 = 1800.0", "micro_kernels.float32.140x32: 280 vector accumulators do not fit "
+                                                      "in device.registers_per_unit (32)"),
+]
+
+
+@pytest.mark.parametrize("text, old, new, message", BEYOND, ids=[case[3][:50] for case in BEYOND])
+def test_a_number_no_hardware_has_or_a_name_that_is_a_path_is_refused(text, old, new, message):
+    assert text.count(old) == 1, old
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(text.replace(old, new), label="spec x.toml", check_target=False)
+    assert str(info.value).startswith(f"spec x.toml: {message}") and "\n" not in str(info.value)
+
+
+def test_presets_detected_and_generated_specs_are_within_the_bounds():
+    """The bounds catch nonsense, never a device: every preset (loaded above), the spec detected
+    for this CPU, and the tests' hand-built CPUs and GPU."""
+    from helpers import TINY_CPU
+    from test_fuzz_kernels import CPUS
+    from test_hardware_spec import TINY_GPU
+
+    from workbench.hardware.detect import detect_local_cpu
+
+    for spec in (detect_local_cpu(), TINY_CPU, TINY_GPU, *CPUS, *map(load_spec, PRESETS)):
+        check_bounds(spec)
+    detected = detect_local_cpu()
+    assert spec_from_toml_text(spec_to_toml(detected), check_target=False) == detected
+
+
+@settings(max_examples=100, deadline=None)
+@given(spec=detected_cpus())
+def test_every_spec_detection_builds_is_within_the_bounds(spec):
+    """Any SIMD class, core count (up to 128), clock and caches `device detect` may meet."""
+    check_bounds(spec)
+
+
+# Every number a spec states, as a path to it in the DeviceSpec: (kind of spec, field as the
+# error names it, getter, setter). Capacities only of the bottom layer: an absurd capacity above
+# it is refused first by the hierarchy (each layer larger than the one above), naming the next.
+def _layer_field(i: int, key: str):
+    def get(spec):
+        return getattr(spec.layers[i], key)
+
+    def put(spec, value):
+        layers = list(spec.layers)
+        layers[i] = dataclasses.replace(layers[i], **{key: value})
+        return dataclasses.replace(spec, layers=tuple(layers))
+
+    return f"layer[{i}].{key}", get, put
+
+
+def _table_field(table: str, dtype: str):
+    def put(spec, value):
+        return dataclasses.replace(spec, **{table: tuple((d, value if d == dtype else v) for d, v in getattr(spec, table))})
+
+    return f"{table}.{dtype}", lambda spec: dict(getattr(spec, table))[dtype], put
+
+
+def _device_field(key: str):
+    return f"device.{key}", lambda spec: getattr(spec, key), lambda spec, value: dataclasses.replace(spec, **{key: value})
+
+
+def _numbers(spec) -> list:
+    from workbench.hardware.bounds import DEVICE_INTS
+
+    fields = [_device_field(key) for key in DEVICE_INTS if getattr(spec, key)]
+    fields += [_device_field(key) for key in ("launch_overhead_us", "llc_gbps") if getattr(spec, key)]
+    for i, layer in enumerate(spec.layers):
+        keys = ("bandwidth_gbps", "latency_ns", "transaction_bytes", "banks", "bank_width_bytes", "ways")
+        fields += [_layer_field(i, key) for key in keys if getattr(layer, key)]
+    fields.append(_layer_field(len(spec.layers) - 1, "capacity_bytes"))
+    fields += [_table_field("peak_gflops", d) for d, _ in spec.peak_gflops]
+    fields += [_table_field("tensor_core_gflops", d) for d, _ in spec.tensor_core_gflops]
+    return fields
+
+
+@st.composite
+def _absurd(draw):
+    """A preset or this CPU's detected spec with one number scaled by 10^8 to 10^30 (a float, also
+    down by as much): far past any unit slip, never a device (the smallest float a spec here
+    states, a 1.6 ns latency, and the largest, 989500 GFLOP/s, both land outside the bounds)."""
+    spec = draw(st.sampled_from(("v100", "h200", "mi50", "xeon-avx512", "local-cpu")))
+    spec = load_spec(spec, check_target=False)
+    name, get, put = draw(st.sampled_from(_numbers(spec)))
+    value, scale = get(spec), 10 ** draw(st.integers(8, 30))
+    if isinstance(value, float) and draw(st.booleans()):
+        return name, put(spec, value / scale)
+    return name, put(spec, value * scale if isinstance(value, int) else value * float(scale))
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=_absurd())
+def test_a_spec_field_at_an_absurd_magnitude_is_refused_naming_it(case):
+    name, spec = case
+    with pytest.raises(UserError) as info:
+        spec_from_toml_text(spec_to_toml(spec), label="spec x.toml", check_target=False)
+    assert str(info.value).startswith(f"spec x.toml: {name} must be ") and "\n" not in str(info.value)

@@ -33,10 +33,38 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="local-cpu", help="preset name or spec file (default: local-cpu)")
 
 
+# --topk: at most 1000 programs. A construction stops early once it has K; a K above what the
+# space holds makes it walk the whole space (mm-512 on a 2-core AVX2 CPU: 523 programs, 5 s
+# instead of milliseconds), and `profile` then builds and times every one (about 1 s each).
+MAX_TOPK = 1000
+# --seed: an unsigned 64-bit integer. numpy's generators refuse a negative seed (ValueError), and
+# one past 64 bits is a seed no JSON reader or other tool is sure to hold exactly.
+MAX_SEED = 2**64 - 1
+
+
+def _topk(text: str) -> int:
+    return _integer(text, 1, MAX_TOPK)
+
+
+def _seed(text: str) -> int:
+    return _integer(text, 0, MAX_SEED)
+
+
+def _integer(text: str, low: int, high: int) -> int:
+    """An option's integer in [low, high]; argparse reports the error as `argument --NAME: ...`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {text[:40]}")
+    return value
+
+
 def _policy_args(p: argparse.ArgumentParser, topk: int = 10) -> None:
     p.add_argument("--policy", default="roller", help="construction policy: roller or markov")
-    p.add_argument("--topk", type=int, default=topk)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--topk", type=_topk, default=topk, help=f"how many programs to construct (1 to {MAX_TOPK})")
+    p.add_argument("--seed", type=_seed, default=0, help="the Markov walk's seed; with `model --run`, also its random inputs' (0 to 2^64-1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     _workload_args(b)
     b.add_argument("--values", required=True, help="values of the dyn extent, e.g. 1,5,24,477")
     b.add_argument("--samples", help="DietCode's sample values (default 128,160,192,224: Vortex's Table 6)")
-    b.add_argument("--topk", type=int, default=5, help="the oracle's top-K per value (default 5)")
+    b.add_argument("--topk", type=_topk, default=5, help="the oracle's top-K per value (default 5)")
     b.add_argument("--max-extent", type=int, default=4096, help="largest value Vortex's kernel choice covers (default 4096)")
     b.add_argument("--json", action="store_true")
 
@@ -128,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "only where a CUDA device is present)")
     v.add_argument("bundle", help="a bundle directory written by `vortex compile`")
     v.add_argument("--shape", required=True, help="the dyn extent's value, e.g. M=77 (static ones optional)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=_seed, default=0, help="the random inputs' seed (0 to 2^64-1)")
     v.add_argument("--json", action="store_true")
 
     p = sub.add_parser("runs", help="the runs store")
@@ -204,9 +232,8 @@ def cmd_devices(args) -> int:
 
 
 def cmd_device(args) -> int:
-    from pathlib import Path
-
     from workbench import pipeline
+    from workbench.files import write_user_file
     from workbench.hardware.calibrate import calibrated_spec_path
     from workbench.hardware.loader import spec_to_toml
 
@@ -218,19 +245,13 @@ def cmd_device(args) -> int:
         out = out or str(calibrated_spec_path())
     text = spec_to_toml(spec)
     if out:
-        try:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(text)
-        except OSError as err:
-            raise UserError(f"--out {out}: {err.strerror}") from None
+        write_user_file(out, text, "--out")
     return _emit(args, pipeline.device_summary(spec), text if not out else f"wrote {out}")
 
 
 def _request(args, workload):
     from workbench import pipeline
 
-    if args.topk < 1:
-        raise UserError(f"--topk must be >= 1, got {args.topk}")
     return pipeline.request(workload, args.device, args.policy, pipeline.Options(topk=args.topk, seed=args.seed))
 
 
@@ -259,10 +280,7 @@ def cmd_construct(args) -> int:
     workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
     c = _construct(args, workload)
     if args.graph:
-        try:
-            c.graph.save(args.graph)
-        except OSError as err:
-            raise UserError(f"--graph {args.graph}: {err.strerror}") from None
+        c.graph.save(args.graph, what="--graph")
     lines = [f"{workload.describe()} on {c.device.name} ({c.policy}): {len(c.candidates)} candidates in {c.seconds * 1e3:.1f} ms"]
     for cand in c.candidates:
         tiles = "  ".join(f"{n}={'x'.join(map(str, t))}" for n, t in zip(cand.program.layers, cand.program.tiles))
@@ -397,8 +415,8 @@ def cmd_bench_kernels(args) -> int:
 def cmd_model(args) -> int:
     from workbench import pipeline
 
-    if args.topk < 1:
-        raise UserError(f"--topk must be >= 1, got {args.topk}")
+    if args.dim is not None and not all(d.strip() for d in args.dim):
+        raise UserError("--dim is empty: give NAME=VALUE[,NAME=VALUE] (e.g. batch=4), or leave --dim out")
     device = pipeline.load_device(args.device)
     if args.run and not device.runs_on_cpu:  # refused before constructing: the run would refuse it after
         raise UserError(f"--run needs a CPU device, got {device.name} ({device.kind})")

@@ -199,6 +199,11 @@ def check_out(out, zip: bool = False) -> Path:
         raise UserError("the output path contains a NUL character")
     path = Path(os.path.abspath(text))
     if zip and path.suffix != ".zip":
+        # `--zip --out DIR` of an existing directory: DIR.zip beside it is not what a user who
+        # named that directory expects, nor a file inside it what the option's help says
+        if os.path.isdir(path):
+            raise UserError(f"{text} is a directory; with --zip give the archive's path "
+                            f"(such as {os.path.join(text, 'bundle.zip')})")
         path = path.with_name(path.name + ".zip")
     if path == path.parent:
         raise UserError(f"{text}: a bundle needs a name of its own, not the root directory")

@@ -1,9 +1,11 @@
-"""Reading the files a user names (device specs, suite TOMLs, ONNX models) and checking uploads.
+"""Reading and writing the files a user names (device specs, suite TOMLs, ONNX models, a
+detected spec, a construction graph) and checking uploads.
 
-Only regular files are read, and never more than a cap: a FIFO would block `open` until some
-writer comes, `/dev/zero` reads without end, and a directory or socket cannot be read at all, so
-each of them is refused with one line naming the path. Every reader of user files goes through
-`read_user_file`; an upload (already in memory) is checked with `check_size`.
+Only regular files are read or written, and never more than a cap read: a FIFO would block
+`open` until some writer (or reader) comes, `/dev/zero` reads without end, and a directory or
+socket cannot be read at all, so each of them is refused with one line naming the path. Every
+reader of user files goes through `read_user_file`, every writer of one file through
+`write_user_file`; an upload (already in memory) is checked with `check_size`.
 """
 
 from __future__ import annotations
@@ -64,6 +66,36 @@ def read_user_text(path: str | Path, what: str, max_bytes: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UserError(f"{what} {path}: not UTF-8 text (byte {err.start})") from None
+
+
+def write_user_file(path: str | Path, data: str | bytes, what: str) -> None:
+    """Write `data` (text as UTF-8) to `path`, a new file (its missing parent directories made)
+    or a regular file it replaces; UserError as "<what> <path>: ..." for anything else there."""
+    label = f"{what} {path}"
+    if not str(path).strip() or "\0" in str(path):
+        raise UserError(f"{what}: give a file name")
+    try:
+        _check_regular(os.stat(path), label)
+    except FileNotFoundError:
+        pass  # a new file (or a dangling link, which open follows and creates its target)
+    except OSError as err:
+        raise UserError(f"{label}: cannot write ({err.strerror or err})") from None
+    # O_NONBLOCK: should the path be swapped for a FIFO after the stat, open fails at once
+    # (ENXIO, no reader) instead of waiting for one; no O_TRUNC before the fstat has seen a
+    # regular file.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        raise UserError(f"{label}: cannot write ({err.strerror or err})") from None
+    with os.fdopen(fd, "wb") as file:
+        _check_regular(os.fstat(fd), label)
+        try:
+            file.truncate(0)
+            file.write(data.encode("utf-8") if isinstance(data, str) else data)
+        except OSError as err:
+            raise UserError(f"{label}: cannot write ({err.strerror or err})") from None
 
 
 def _check_regular(info: os.stat_result, label: str) -> None:

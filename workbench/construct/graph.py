@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from workbench.files import write_user_file
+
 STATUSES = ("explored", "over_capacity", "compute_bound", "emitted", "pruned_visited", "start")
 
 
@@ -90,8 +92,10 @@ class ConstructionGraph:
             visits={k: int(v) for k, v in data.get("visits", {}).items()},
         )
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+    def save(self, path: str | Path, what: str = "graph") -> None:
+        """Write the graph as JSON to the regular file `path` (`files.write_user_file`: UserError
+        as "<what> <path>: ..." for a FIFO, a directory or a path that cannot be written)."""
+        write_user_file(path, json.dumps(self.to_dict()), what)
 
     @classmethod
     def load(cls, path: str | Path) -> "ConstructionGraph":

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from workbench.errors import UserError, first_line
 from workbench.files import read_user_text
+from workbench.hardware.bounds import check_bounds
 from workbench.hardware.calibrate import MICRO_KERNEL_SLACK, calibrated_spec_path
 from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US, DEFAULT_FMA, LOCAL_CPU_NAME, detect_local_cpu
 from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer, MicroKernel
@@ -186,6 +187,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
         **ints,
         **llc,
     )
+    check_bounds(spec)
     _check_consistency(spec)
     problem = _target_problem(spec.target) if check_target else ""
     if problem:

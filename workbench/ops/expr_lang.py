@@ -188,11 +188,14 @@ def build_expr(text: str, extents: Mapping[str, int], dtype: str = "float32"):
 
     inputs, output = build_te_from_expr(text, extents, dtype)
     try:
-        return from_te("expr", {"expr": text, **extents}, inputs, output, dtype)
+        expr = from_te("expr", {"expr": text, **extents}, inputs, output, dtype)
     except RuntimeError as err:  # TVM's failed checks (tvm.error.InternalError and kin)
         # `check_values` refuses what is known to fail here; should TVM's simplifier still find
         # something to refuse in user text, it is the user's input, said in one line.
         raise fail(f"TVM refuses it: {first_line(err)}") from None
+    if not expr.inputs:  # TVM cancels more than `check_values` folds: `max(A[i], A[i]) - A[i]`
+        raise fail("the right side reads no tensor once TVM simplifies it (its terms cancel)")
+    return expr
 
 
 # ---- a dynamic extent (`--shape i=dyn`, Vortex: workbench/vortex) ---------------------------
@@ -281,9 +284,13 @@ def check_values(st: Statement, dtype: str) -> None:
     constant subexpression (which TVM folds into one literal) that is not a finite number in
     `dtype`, and a division by something that folds to 0. TVM raises on the first and the
     last (`1e39` in float32, `1e5` in float16, `A[i] / (A[i] - A[i])`); the others would make
-    every output inf or NaN."""
+    every output inf or NaN. A right side whose every read cancels (`(B[i] - B[i]) * A[i]`) is
+    refused as one that reads no tensor: its output is a constant that no kernel need compute
+    and no verification can tell from a kernel writing that constant."""
     with np.errstate(all="ignore"):
-        _fold(st.value, np.finfo(dtype), dtype)
+        terms, const = _fold(st.value, np.finfo(dtype), dtype)
+    if not terms:
+        raise fail(f"the right side reads no tensor once its terms cancel (it folds to {const:g})")
 
 
 def _fold(node: Expr, info, dtype: str) -> _Form:

@@ -99,6 +99,14 @@ class TensorExpr:
         return tuple(t for t in self.tensors if t.role == "input")
 
     @property
+    def input_args(self) -> tuple[KernelArg, ...]:
+        """The kernel argument of each of `inputs`, in the same order, matched by name: `args`
+        can hold more (a fused operator's epilogue parameters, a tensor whose every use
+        cancelled, which the main block does not read), in any place."""
+        by_name = {a.name: a for a in self.args}
+        return tuple(by_name[t.name] for t in self.inputs)
+
+    @property
     def output(self) -> TensorAccess:
         return self.tensors[-1]
 
@@ -228,7 +236,7 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         dtype=dtype,
         flops=max(flops, 1),
         main_block=str(main.name_hint),
-        args=_kernel_args(blocks, param_names),
+        args=_kernel_args(func, param_names),
         epilogues=tuple(str(b.name_hint) for b in blocks[blocks.index(main) + 1:]),
         func=func,
     )
@@ -378,17 +386,15 @@ def _name_digits(func, block, old_vars, radices):
     )
 
 
-def _kernel_args(blocks, param_names) -> tuple[KernelArg, ...]:
-    """The parameters in call order (inputs, then the output) with their buffers' shapes, found
-    among the buffers the blocks read and write (0.27 does not expose the PrimFunc's buffer map)."""
-    buffers = {}
-    for block in blocks:
-        for region in list(block.reads) + list(block.writes):
-            buffers.setdefault(_region_name(region), region.source)
+def _kernel_args(func, param_names) -> tuple[KernelArg, ...]:
+    """The parameters in call order (inputs, then the output) with their buffers' shapes, read
+    off the parameters' buffer types (0.27 does not expose the PrimFunc's buffer map). Every
+    parameter is kept, also one no block reads: `(B[i] - B[i]) * A[i]` simplifies to 0 and
+    reads neither A nor B, yet its kernel still takes both, as the expression names them."""
     last = len(param_names) - 1
     return tuple(
-        KernelArg(name, tuple(int(s) for s in buffers[name].shape), str(buffers[name].dtype), "output" if i == last else "input")
-        for i, name in enumerate(param_names)
+        KernelArg(name, tuple(int(s) for s in param.ty.shape), str(param.ty.dtype), "output" if i == last else "input")
+        for i, (name, param) in enumerate(zip(param_names, func.params))
     )
 
 

@@ -109,7 +109,7 @@ def padded_inputs(expr: TensorExpr) -> tuple[str, ...]:
     """The inputs the main block reads under a larger shape than the caller passes (a conv's or a
     pooling's zero border): the template copies each into a padded buffer (`codegen/cpu.py`). An
     input read under another shape of the same size (a fused elementwise operator's) is not."""
-    return tuple(t.name for t, arg in zip(expr.inputs, expr.args) if prod(t.shape) > prod(arg.shape))
+    return tuple(t.name for t, arg in zip(expr.inputs, expr.input_args) if prod(t.shape) > prod(arg.shape))
 
 
 def pad_level(expr: TensorExpr, program: RProgram) -> int:

@@ -131,7 +131,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     allows, and packs the panels only for a vectorised row."""
     expr = program.expr
     lanes = simd_lanes(device, expr.output.itemsize)
-    staged = any(tuple(t.shape) != tuple(a.shape) for t, a in zip(expr.inputs, expr.args))
+    staged = any(tuple(t.shape) != tuple(a.shape) for t, a in zip(expr.inputs, expr.input_args))
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
         return CpuPlan(FILTERS, filters, lanes, packed_inputs(expr, program, device), pack_layer(program),
