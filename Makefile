@@ -6,16 +6,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test test-fast fixtures app bench chromium
 
-# Two pytest workers: most tests keep one core busy (a serial run on the 2-core development
-# machine averaged a load of about 1 and took 27 min on 2026-11-24; two workers, 16 min), the
-# rest start their own worker processes; tests pick free ports and temporary stores, so they
-# run side by side. Tests marked `quiet` measure this machine (calibration refuses numbers a
-# busy core distorts) and run afterwards, alone.
-test: $(STAMP) chromium
+# The fast lane first, so that `make test` (and CI, through .ci/run) fails whenever `make
+# test-fast` would: a core test that needs an expression missing from the fixtures, or a core
+# module that imports TVM. Then every test on two pytest workers: most tests keep one core busy
+# (a serial run on the 2-core development machine took 27 min, two workers 16 min), the rest
+# start their own worker processes; tests pick free ports and temporary stores, so they run side
+# by side. Tests marked `quiet` measure this machine (calibration refuses numbers a busy core
+# distorts) and run afterwards, alone.
+test: test-fast chromium
 	$(PYTHON) -m pytest -q -n 2 -m "not quiet"
 	$(PYTHON) -m pytest -q -m quiet
 
-# The pure core (construction, rTile model, specs) without TVM, in well under a minute; the
+# The pure core (construction, rTile model, specs) without TVM, in at most 90 s on 2 cores; the
 # catalog expressions it needs come from tests/fixtures/tensor_exprs.json (see tests/conftest.py).
 test-fast: $(STAMP)
 	WORKBENCH_TEST_LANE=fast $(PYTHON) -m pytest -q -p no:cacheprovider -n $(shell nproc)

@@ -71,9 +71,10 @@ def _serve(conn, env: Mapping[str, str]) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ.update(env)
     # TVM's FFI imports torch whenever it is installed (for tensor exchange, which no worker
-    # function uses): 1.4 s of a worker's 3.7 s start and half its 400 MB on the 2-core EPYC,
-    # paid by every build and timing worker (torch is here for the PyTorch baseline, which runs
-    # in the calling process). None in sys.modules makes `import torch` fail with ImportError,
+    # function uses): a large share of a worker's start and memory, paid by every build and
+    # timing worker (evidence: docs/evidence.md#workers-no-torch); torch is here for the PyTorch
+    # baseline, which runs in the calling process. None in sys.modules makes `import torch` fail
+    # with ImportError,
     # which TVM takes for "not installed".
     sys.modules.setdefault("torch", None)
     import tvm  # noqa: F401
@@ -199,8 +200,8 @@ class WorkerPool:
 
     def warm(self, n: int, env: Mapping[str, str] | None = None) -> list[str]:
         """Start `n` workers with environment `env` at once, one thread each: their TVM imports
-        overlap instead of queueing behind each other's first calls (a suite's first workload
-        paid three imports in a row, about 8 s on a 2-core EPYC). Returns each worker's start
+        overlap instead of queueing behind each other's first calls (evidence:
+        docs/evidence.md#workers-warm). Returns each worker's start
         error ("" when it runs); a worker that failed is started again by its next call."""
         workers = self.workers(n, env)
         errors = [""] * len(workers)

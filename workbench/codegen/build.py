@@ -107,11 +107,9 @@ def build_kernel(
 # LLVM features every x86 CPU kernel is compiled with: no gathers or scatters from LLVM's own
 # vectorisers. The templates vectorise only contiguous rows; what LLVM vectorises on its own
 # (the loop over a scalar micro-kernel's register tiles, its unrolled rows) it otherwise turns
-# into gathers where an input is strided, and those ran 2-3x slower than the shuffles it uses
-# instead: avgpool-3x3 (stride 2) on the AVX-512 Zen 5, register rows of 4 / 7 / 8 / 14 outputs
-# 266 / 186 / 257 / 268 us with gathers, 98 / 101 / 76 / 153 us without, rows of 1 and 2
-# (no gathers either way) 85-88 us both ways. (LLVM sets the same tuning for Intel cores since
-# Skylake; its Zen tunings leave gathers on.)
+# into gathers where an input is strided, which run slower than the shuffles it uses instead
+# (evidence: docs/evidence.md#build-no-gathers). (LLVM sets the same tuning for Intel cores
+# since Skylake; its Zen tunings leave gathers on.)
 X86_FEATURES = ("+prefer-no-gather", "+prefer-no-scatter")
 
 

@@ -59,9 +59,8 @@ def eps(dtype: str) -> float:
 
 # Outputs per block of `degenerate`'s and `compare`'s passes: 512 KiB of float64 a block, so
 # every pass runs over arrays that stay in L2 instead of over temporaries the size of the output.
-# A fresh temporary is paid page by page on first touch: over relu's 12.8 M outputs each pass
-# that made one took ~0.3 s on the 2-core EPYC VM, and the reference's checks made six (1.1 s of
-# the cpu-core suite's profile time); in blocks the same checks take ~0.05 s.
+# A fresh temporary is paid page by page on first touch, once per pass over a large output
+# (evidence: docs/evidence.md#verify-block).
 BLOCK = 1 << 16
 
 
@@ -111,9 +110,8 @@ class _ReferenceSide:
 
 
 # The last reference's side (`_reference_side`). A profile session compares every candidate with
-# one reference, and this side was up to half of each comparison: degenerate's passes took
-# 0.16-0.50 s of mm-skinny's 4.2 M outputs per candidate and 0.04-0.18 s of mm-bert-qkv's 1.2 M
-# on the shared 2-core EPYC, each time again for the same reference. Kept by identity: the entry
+# one reference, and this side was up to half of each comparison, each time again for the same
+# reference (evidence: docs/evidence.md#verify-reference-side). Kept by identity: the entry
 # holds the reference, so its id cannot be reused while it is kept; one entry, as
 # `profile.runner.inputs_and_reference` keeps one reference.
 _last_side: list[_ReferenceSide] = []

@@ -13,19 +13,16 @@ On a CPU (our rule, after BLIS's cache blocking) a tile is recorded when it is f
 the lowest cache layer, when growing it saves nothing more, not at its first compute-bound size:
 below the registers a core's transfers add to its compute rather than overlap it (the model's
 `combine_stages`), so growth that saves traffic keeps paying until the layer is full, while
-growth that saves nothing only takes capacity (a second 6-row strip in matmul's L1 tile: 1.68 ms
-against 1.59-1.64; gemv's L1 tile of two 7-row strips: 3.2 ms against 2.8-3.0). The lowest
-cache layer loads from DRAM, where a longer contiguous run serves the prefetcher better even
-when it saves no byte (gemv's L2 K of 1024 against 512: 2.9-3.0 ms against 3.7-3.8). At the first cache layer over a reduction's register micro-kernel the score also
-counts the accumulator trips the growth saves (`TileCalculus.accumulator_reuse`: the template's
-accumulators leave the registers after every L1 K-step, which Roller's Q does not see), and once
-that tile's loads from the layer below hide under the operator's floor (its compute, or reading
-each byte once from the bottom layer: `model.is_load_hidden`, Roller's own compute-bound test
-where compute is the floor) only those count, while each accumulator trip still stalls the FMA
-chains (a load before the first FMA, a store after the last). matmul on AVX2: 6x16x1 registers
-under 6x16x256 L1 tiles, BLIS's kc = 256 (the first compute-bound tile was 10x16x16: 31 trips of
-the output over K = 512, and the first ten programs all had it); gemv-4096: 14x512 L1 tiles
-(84 x 80 before: short K runs over many rows).
+growth that saves nothing only takes capacity. The lowest cache layer loads from DRAM, where a
+longer contiguous run serves the prefetcher better even when it saves no byte. At the first
+cache layer over a reduction's register micro-kernel the score also counts the accumulator trips
+the growth saves (`TileCalculus.accumulator_reuse`: the template's accumulators leave the
+registers after every L1 K-step, which Roller's Q does not see), and once that tile's loads from
+the layer below hide under the operator's floor (its compute, or reading each byte once from the
+bottom layer: `model.is_load_hidden`, Roller's own compute-bound test where compute is the floor)
+only those count, while each accumulator trip still stalls the FMA chains (a load before the
+first FMA, a store after the last). matmul on AVX2 gets BLIS's blocking: 6x16x1 registers under
+6x16x256 L1 tiles (kc = 256). Evidence: docs/evidence.md#roller-cpu-tile-recording.
 
 A CPU tile recorded only when full leaves few programs where growth has one path: roller-table1's
 M0 (65536 x 1024, K = 2) on an AVX2 core with a 1 MiB L2 reached two full L2 tiles (252 x 1024 x 2

@@ -68,10 +68,8 @@ MICRO_KERNEL_SHARE = 2 / 3
 MIN_SLOT_S = 0.05
 # The micro-kernels are measured in this many interleaved rounds, each with a share of its time
 # slot, and keep their best round: measured one after another, a change in the host's speed
-# (its neighbours, its clock) landed on a run of neighbouring shapes. On the 2-core Zen 5 the
-# calibration of 03:24 (2026-11-25) put 13 x 32 float32 at 480.2 GFLOP/s and 14 x 32 at 489.0;
-# four interleaved rounds at 11:28 and 12:31 measured them 570-574 and 560-563 (equal within
-# 0.7%), and the 1.8% alone decided which of mm-512's equally fast programs the model put first.
+# (its neighbours, its clock) landed on a run of neighbouring shapes (evidence:
+# docs/evidence.md#calibrate-micro-rounds).
 MICRO_ROUNDS = 4
 # A micro-kernel is the FMA probe's work plus loads and broadcasts on the same cores, so it can at
 # most match the measured FMA peak; more than 10 % above it is noise no best-of-N run shows

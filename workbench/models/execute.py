@@ -11,9 +11,8 @@ ONNX runtime while the report shows which kernels were constructed.
 The candidate is rank 1 (the model's best prediction) or, with `measured_pick`, the fastest
 verified one of the top K measured here: Roller ends its construction by evaluating its top-K
 rPrograms on the device and keeping the fastest (Roller, section 4), since its micro-model
-ranks close candidates only roughly (quiet runs on the 2-core development machine,
-2026-11-24, docs/benchmarks.md: resnet_block's 3x3 convs 134-137 us at rank 7 against 140-157 us
-at rank 1, mlp's first matmul 11.8 us at rank 6 against 22.8 us at rank 1). The pick is a profile session per distinct workload (built in warm workers, stored as
+ranks close candidates only roughly (evidence: docs/evidence.md#execute-measured-pick). The
+pick is a profile session per distinct workload (built in warm workers, stored as
 `workbench profile` stores its runs), with one difference: the numpy reference knows catalog
 operators and expressions, not a model's fused PrimFuncs, so a candidate is checked against the
 operator's TVM default lowering run on the operator's own arguments in one run of the model on
@@ -22,10 +21,8 @@ Runtime.
 
 The kernels run in this process on TVM's thread pool, which reads TVM_NUM_THREADS once, when it
 starts; without it TVM assumes hyper-threading and starts half the logical CPUs. `profile.local.pool_threads`
-sizes it to the device's cores before it starts. On the 2-core development machine TVM's default
-pool ran the kernels on one thread and still paid 7.3 us per call of an empty parallel kernel
-(0.9 us with TVM_NUM_THREADS=2); sized to the cores, the MLP sample ran in 32-34 us instead of 85
-and the BERT layer in 206 us instead of 485 (the quietest runs on a machine shared with other work).
+sizes it to the device's cores before it starts (evidence:
+docs/evidence.md#execute-thread-pool).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from workbench.rtile.model import Estimate
 
 GB = 1e9
 # A roof counts as binding from this share of it on: measured streaming reads and FMA loops reach
-# 70-90 % of the spec's peaks (docs/benchmarks.md, calibration), so 60 % is within reach of one.
+# 70-90 % of the spec's peaks (the calibrations in docs/benchmarks.md as of commit 2437a60), so
+# 60 % is within reach of one.
 BINDING_SHARE = 0.6
 # Measured within this factor of the prediction counts as "as predicted" (timing noise on a
 # shared machine alone spreads repeats by 10-50 %, profile/noise.py).

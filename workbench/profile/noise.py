@@ -17,10 +17,8 @@ from typing import Sequence
 
 LEVEL = 0.95  # the coverage asked for; fewer than 6 repeats cannot reach it and say so
 # A timing may stop once its repeats agree within this share of the fastest (`settled`): the
-# benchmarks print ratios to 2 digits, so 1 % is below what they resolve. On the quiet 2-core
-# EPYC's stored cpu-core runs (06:17 and 07:07, 5 repeats of >= 50 ms per kernel), the rule
-# stops 8 and 11 of 65 kernels at 3 repeats, moves none of their bests by more than 0.44 % and
-# no workload's best-of-5; at 2 % it would stop 27 but move a best-of-5 by 1.8 %.
+# benchmarks print ratios to 2 digits, so 1 % is below what they resolve (evidence:
+# docs/evidence.md#noise-settle).
 SETTLE = 0.01
 # Fewest repeats a timing stops at: [min, max] of 3 covers the median 75 % of the time
 # (`coverage(3, 1)`), of 2 only 50 %, a coin's toss.

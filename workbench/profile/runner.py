@@ -41,10 +41,8 @@ Report = Callable[["Measurement"], None]
 # and time again with 1.618x the runs).
 REPEAT_MARGIN = 1.1
 # The probe that sizes a kernel's first repeat runs it for at least this long (TVM's own growth
-# of `number` from one run). A single run was not enough: the first run after the check paid the
-# runtime's thread pool waking up, and reduce-rows' 21.6 us kernel probed at 43.5 us sized
-# repeats of 13.7 ms, which TVM discarded and grew twice (72 ms for the first repeat, not 27).
-# On the AVX-512 Zen 5 (2026-11-25) that cost 15-80 ms for a fifth of the cpu-core top 5.
+# of `number` from one run): a single run after the check pays the runtime's thread pool waking
+# up, and repeats sized from it come out short (evidence: docs/evidence.md#runner-probe-ms).
 PROBE_MS = 1
 
 
@@ -65,11 +63,8 @@ class Timing:
 
     repeat: int = 5
     number: int = 1
-    # 25 ms a repeat: the cpu-core suite's top 5 (65 kernels, 21 us to 5 ms each) profiled in
-    # 22.4 s against 33.0 s with 50 ms repeats, in back-to-back runs on the AVX-512 Zen 5
-    # (2026-11-25); two runs' measurements of the same kernels agreed as well as before (mean
-    # Spearman over the workloads 0.77-0.85 between a 25 ms and a 50 ms run, 0.83 between two
-    # 50 ms runs: the host's noise, not the repeat's length, sets it).
+    # 25 ms a repeat: a third less profile time than 50 ms, and two runs' measurements agree as
+    # well as with 50 ms (evidence: docs/evidence.md#runner-min-repeat-ms).
     min_repeat_ms: int = 25
     flush_cache: bool = False
     timeout_s: float = RUN_TIMEOUT_S
@@ -207,8 +202,7 @@ def evaluator_repeats(module, entry: str, dev, args: Sequence, timing: Timing, f
         # repeat so far, else from a probe of >= PROBE_MS (after the check run, so warm), with
         # `REPEAT_MARGIN` to spare. TVM's own sizing discards every run short of
         # min_repeat_ms and grows `number` by 1.618x at least, so a `number` a little short
-        # cost a third of the time again: mm-512's kernel, 0.58 ms a run, took 135 ms for three
-        # 25 ms repeats from number 40 (grown to 64), 77 ms from 44.
+        # costs a third of the time again (evidence: docs/evidence.md#runner-repeat-sizing).
         if fastest is None:
             probe = module.time_evaluator(entry, dev, number=1, repeat=1, min_repeat_ms=PROBE_MS, f_preproc=preproc)
             fastest = float(probe(*args).results[0])
@@ -244,8 +238,8 @@ def verified(out, expr, ref, seed: int):
     """`codegen.verify.compare` of `out` with `ref` (the reference of `expr`'s inputs drawn with
     `seed`), remembered by the output's bytes for the last expression: candidates that compute
     the same bits (every correct elementwise kernel, whatever its tiling) get the verification
-    of the first without its float64 pass again, which took 2.3 s per candidate for relu's
-    12.8 M outputs on the 2-core EPYC at a load average of 3-4 (a digest takes ~0.05 s).
+    of the first without its float64 pass again (a digest costs a small share of that pass:
+    docs/evidence.md#runner-verified).
     `compare` is a function of the output, the reference and the dtype alone, so the remembered
     answer is the one it would give."""
     from workbench.codegen.verify import compare
@@ -286,11 +280,8 @@ def prepare_reference(expr, seed: int) -> None:
 def quiet_reference(expr, inputs):
     """`reference_with_scale` on one BLAS thread, for a caller that times a kernel right after:
     after a multi-threaded call OpenBLAS's threads spin on the cores for tens of milliseconds,
-    and the kernel timed next (each workload's rank 1) shared the cores with them. On the
-    AVX-512 Zen 5 (2026-11-25) rank 1's first repeats ran 2x slower on mm-512 (1,101 against
-    560 us) and 30x on bmm-attn (1,502 against 48 us), and where its first three repeats agreed
-    the timing settled on them (mm-512 in two of three top-10 runs). On one thread mm-512's
-    rank 1 ran 548-568 us from its first repeat."""
+    and the kernel timed next (each workload's rank 1) would share the cores with them
+    (evidence: docs/evidence.md#runner-quiet-reference)."""
     from threadpoolctl import threadpool_limits
 
     from workbench.ops.reference import reference_with_scale

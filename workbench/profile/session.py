@@ -309,8 +309,8 @@ def build_candidates(
     `first` (worker, function, arguments) is a call that worker makes before it takes a build,
     its outcome unused: the local runner's inputs and reference (`LocalRunner.preparation`),
     computed in the worker that will time the kernels while the others build. Computed after
-    the builds instead, they held both cores' work up behind one: 1.3-1.9 s of the cpu-core
-    suite's top 5 on the 2-core Zen 5 (gemv-4096's inputs and reference 0.54 s). A `first`
+    the builds instead, they would hold both cores' work up behind one (evidence:
+    docs/evidence.md#session-first-call). A `first`
     for a worker that builds nothing here is left out (the runner computes them as it measures)."""
     tasks = [
         (expr, c.program, device, c.rank, c.predicted_seconds, str(Path(folder) / f"candidate-{c.rank:03d}.so"))

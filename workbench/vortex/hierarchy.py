@@ -145,10 +145,9 @@ def deepest_reduction(expr: TensorExpr, device: DeviceSpec, layer: int, upper: T
     (`TileCalculus.accumulator_bytes`), so every shorter tile sends the output through the cache
     again, a load before the first FMA and a store after the last; spatial growth here only
     takes room the reduction could use, and the spatial blocking is the next layer's (multiples
-    of this tile). The model prices those trips as bandwidth that overlaps the FMAs, and so it
-    ranked 72x48x32 L1 tiles above 6x16x256 ones that measured faster (BERT GEMM, M = 288,
-    this 2-core AVX2 machine under load: 3x24x1 / 72x48x32 / 144x384x32 29 ms, 6x16x1 /
-    6x16x256 / 144x192x256 12 ms). [] when nothing fits."""
+    of this tile). The model prices those trips as bandwidth that overlaps the FMAs, so it cannot
+    be left to choose the depth (evidence: docs/evidence.md#hierarchy-deepest-reduction).
+    [] when nothing fits."""
     reduce = set(expr.reduce)
     spatial = [
         [base] if a in reduce else [base * m for m in MULTIPLIERS if _within(expr, a, base * m, base)]
@@ -202,11 +201,9 @@ def register_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float) -
 def _whole_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> bool:
     """Whether a CPU register tile's row along a spatial `lane_axis` is whole first-layer cache
     lines (or the whole axis); true for any other tile. Our rule, from measurement, its cause not
-    established: the model rates AVX2's 4 x 24 fp32 tile (3 vectors, 96 B) above 6 x 16 (fewer
-    loads per FMA), but over the BERT GEMM its kernels measured 1.2x slower at M = 384 and 2.2x
-    at M = 128 (4 x 24 / 4 x 48 x 128 / 64 x 576 x 128 against 6 x 16 / 6 x 16 x 256 /
-    144 x 192 x 256, the best of 4 interleaved runs each, 2026-11-24, this 2-core AVX2 EPYC at
-    a load average of 5). On AVX-512 a vector is a whole 64 B line, so nothing changes there."""
+    established: rows of partial lines ran slower than the model rates them (evidence:
+    docs/evidence.md#hierarchy-whole-lines). On AVX-512 a vector is a whole 64 B line, so
+    nothing changes there."""
     v = lane_axis(expr, device)
     if not is_micro_kernel_layer(device, 0) or v is None or expr.axes[v].kind != "spatial" or len(device.layers) < 2:
         return True

@@ -10,12 +10,9 @@ everywhere or has `MAX_KERNELS`.
 
 Why the smallest value first: there every kernel with more than one row along the dynamic axis
 pads the most (6 rows computed for 1) and packs its inputs for rows it throws away, and the sum
-over the sweep would never reach it. On the BERT GEMM the single-row kernel
-(`hierarchy.single_row_tiles`) is predicted 1.4x faster than the best 6-row one at M = 1 and
-lowers the sum less (0.2) than 22 other candidates (the 10-kernel cover ended with a gain of
-1.5), so it was never kept, while it measured 6.5x faster than the 6-row kernel the bundle ran
-there (92 us against 594, the best of 3 interleaved runs at a load average of 4.7, 2026-11-24,
-this 2-core AVX2 EPYC; on the quiet machine the 6-row kernel took 300 us and numpy 65).
+over the sweep would never reach it: a kernel that wins only at the smallest values (the
+single-row kernel of `hierarchy.single_row_tiles`) lowers the sum less than many others and
+would never be kept (evidence: docs/evidence.md#select-smallest-value-first).
 
 At run time `dispatch` prices each chosen kernel at the actual value with the same analyzer and
 takes the cheapest: no samples, no re-tuning, a few model evaluations.
@@ -31,16 +28,9 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
 from workbench.vortex.analyzer import Dynamic, cost, outer_tile, padded_extent
 
-# The issue's "small set": each is one compiled library (about 1 s to build and verify on this
-# machine). With the dynamic axis's padding steps every multiple of the micro-kernel, 6 kernels
-# left the BERT GEMM's cover 8% above the predicted envelope (geomean over the sweep) and 10 left
-# 4.7%; measured in one window, vortex / oracle 0.93 with 6 and 0.97 with 10 (2026-11-24).
-# 16: in the quiet run of 2026-11-24 06:14 the dispatcher's pick was within 0.3% (geomean) of the
-# bundle's fastest kernel at each value (each kernel's time taken as its padded flops over its
-# median GFLOP/s across the values), so the gap to numpy (0.86 for that fastest kernel) is the
-# kernels' and the cover's: 10 kernels left the cover 5.2% above the envelope of all candidates
-# on this machine (6.1% and 5.6% on the generated AVX2 / AVX-512 specs of the tests), 16 leave
-# 2.0% (2.9%, 2.8%), for about 12 s more compile time (32 s against 20 at a load average of 5).
+# The issue's "small set": each kernel is one compiled library. 16 leave the BERT GEMM's cover
+# within a few per cent of the predicted envelope of all candidates, where 10 left about twice
+# that, for about half again the compile time (evidence: docs/evidence.md#select-max-kernels).
 MAX_KERNELS = 16
 DENSE_UP_TO, STRIDE = 64, 16  # `sweep`: every value up to 64, then every 16th
 # A greedy step that lowers the summed log-ratio by less than this stops the cover: the
