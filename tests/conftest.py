@@ -30,6 +30,7 @@ CORE_TESTS = frozenset({
     "test_layers.py",
     "test_markov.py",
     "test_model.py",
+    "test_plan.py",
     "test_profile_compare.py",
     "test_profile_correction.py",
     "test_profile_diagnose.py",
