@@ -11,27 +11,15 @@ from helpers import matmul
 from test_alignment import AVX2, AVX512
 
 from workbench.errors import UserError
-from workbench.hardware.calibrate import (
-    CACHE_FILL,
-    MICRO_KERNEL_SHARE,
-    MICRO_ROUNDS,
-    STARTUP_S,
-    Probe,
-    ProbeResult,
-    apply_measurements,
-    calibrate,
-    calibrated_spec_path,
-    impossible,
-    micro_kernel_probes,
-    micro_kernel_shapes,
-    probes,
-    schedule,
-    slot_seconds,
-)
+from workbench.hardware.calibrate import CACHE_FILL, calibrate, impossible, micro_kernel_probes, micro_kernel_shapes, probes
+from workbench.hardware.calibrated import apply_measurements, calibrated_spec_path
 from workbench.hardware.detect import detect_local_cpu
-from workbench.hardware.loader import load_spec, spec_from_toml_text, spec_to_toml
+from workbench.hardware.loader import load_spec
+from workbench.hardware.microbench import MICRO_KERNEL_SHARE, MICRO_ROUNDS, STARTUP_S, Probe, ProbeResult, schedule, slot_seconds
+from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
+from workbench.hardware.write import spec_to_toml
 from workbench.rtile.registers import micro_kernel_registers
 
 # Calibration measures this machine and refuses what a busy core distorts: run alone (`make test`).
@@ -141,7 +129,7 @@ def test_impossible_results_are_named(changed, message):
 
 
 def test_calibration_measures_again_then_refuses_impossible_results(monkeypatch):
-    import workbench.hardware.calibrate as calibration
+    import workbench.hardware.microbench as microbench
 
     spec = load_spec("xeon-avx512")
     calls = []
@@ -150,7 +138,7 @@ def test_calibration_measures_again_then_refuses_impossible_results(monkeypatch)
         calls.append(todo)
         return _results(spec, float32=9.0, float64=31.0)
 
-    monkeypatch.setattr(calibration, "measure", busy)
+    monkeypatch.setattr(microbench, "measure", busy)
     lines = []
     with pytest.raises(UserError, match="calibration refused, nothing stored: float32 peak 9.0 GFLOP/s below float64"):
         calibrate(spec, progress=lines.append)
@@ -159,27 +147,27 @@ def test_calibration_measures_again_then_refuses_impossible_results(monkeypatch)
 
 
 def test_calibration_keeps_a_plausible_second_measurement(monkeypatch):
-    import workbench.hardware.calibrate as calibration
+    import workbench.hardware.microbench as microbench
 
     spec = load_spec("xeon-avx512")
     answers = [_results(spec, float32=9.0, float64=31.0), _results(spec)]
-    monkeypatch.setattr(calibration, "measure", lambda *args, **kw: answers.pop(0))
+    monkeypatch.setattr(microbench, "measure", lambda *args, **kw: answers.pop(0))
     assert dict(calibrate(spec).peak_gflops) == {"float32": 300.0, "float64": 150.0} and answers == []
 
 
 def test_an_impossible_micro_kernel_is_measured_again_then_refused(monkeypatch):
     """A micro-kernel faster than its FMA peak x 1.1 (injected): measured once more; kept if
     the second measurement is plausible, refused (nothing stored) if it is not."""
-    import workbench.hardware.calibrate as calibration
+    import workbench.hardware.microbench as microbench
 
     spec = load_spec("xeon-avx512")
     fast = _results(spec, quick=True, **{"float32 14x32": 420.0})
     answers = [fast, _results(spec, quick=True, **{"float32 14x32": 280.0})]
-    monkeypatch.setattr(calibration, "measure", lambda *args, **kw: answers.pop(0))
+    monkeypatch.setattr(microbench, "measure", lambda *args, **kw: answers.pop(0))
     kernel = calibrate(spec, quick=True).micro_kernel("float32", 14, 32)
     assert kernel == MicroKernel("float32", 14, 32, 280.0) and answers == []
 
-    monkeypatch.setattr(calibration, "measure", lambda *args, **kw: fast)
+    monkeypatch.setattr(microbench, "measure", lambda *args, **kw: fast)
     lines = []
     with pytest.raises(UserError, match="calibration refused, nothing stored: float32 14x32 micro-kernel at 420.0 GFLOP/s"):
         calibrate(spec, quick=True, progress=lines.append)

@@ -520,7 +520,8 @@ def test_construct_text_says_which_parts_of_the_estimate_were_measured(capsys, t
     from dataclasses import replace
 
     from workbench.hardware.calibrate import micro_kernel_shapes
-    from workbench.hardware.loader import load_spec, spec_to_toml
+    from workbench.hardware.loader import load_spec
+    from workbench.hardware.write import spec_to_toml
     from workbench.hardware.spec import MicroKernel
 
     xeon = load_spec("xeon-avx512")

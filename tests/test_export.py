@@ -38,7 +38,7 @@ from workbench.export import (
     schedule_script,
 )
 from workbench.hardware.detect import CpuInfo, local_cpu_info
-from workbench.hardware.loader import spec_from_toml_text
+from workbench.hardware.parse import spec_from_toml_text
 from workbench.ops.reference import random_inputs
 from workbench.workers import Outcome
 

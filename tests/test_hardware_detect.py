@@ -17,7 +17,8 @@ from workbench.hardware.detect import (
     parse_l1_ways,
     parse_meminfo,
 )
-from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
+from workbench.hardware.parse import spec_from_toml_text
+from workbench.hardware.write import spec_to_toml
 
 AVX512_COMMON = "fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 avx2 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl"
 

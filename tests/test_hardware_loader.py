@@ -9,19 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.errors import UserError
-from workbench.hardware import loader
+from workbench.hardware import targets
 from workbench.hardware.bounds import MIN_GBPS, ON_CHIP_GBPS, check_bounds
 from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US
-from workbench.hardware.loader import (
-    DEFAULT_GPU_LAUNCH_US,
-    MAX_SPEC_BYTES,
-    SPECS_DIR,
-    list_presets,
-    load_spec,
-    spec_from_toml_text,
-    spec_summary,
-    spec_to_toml,
-)
+from workbench.hardware.loader import MAX_SPEC_BYTES, SPECS_DIR, list_presets, load_spec
+from workbench.hardware.parse import DEFAULT_GPU_LAUNCH_US, spec_from_toml_text
+from workbench.hardware.write import spec_summary, spec_to_toml
 
 PRESETS = ("a100", "h100", "h200", "k80", "mi50", "orin-nano", "rtx4090", "v100", "xeon-avx512")
 DEVICE_NUMBERS = (
@@ -369,7 +362,7 @@ BAD_TARGETS = [
 @pytest.mark.parametrize("text, old, new, message", BAD_TARGETS, ids=[case[2] for case in BAD_TARGETS])
 def test_a_target_tvm_or_llvm_refuses_is_one_line_at_load(capfd, text, old, new, message):
     assert text.count(old) == 1, old
-    loader._target_problem.cache_clear()  # so TVM and LLVM are asked here, with fd 2 captured
+    targets.target_problem.cache_clear()  # so TVM and LLVM are asked here, with fd 2 captured
     with pytest.raises(UserError) as info:
         spec_from_toml_text(text.replace(old, new), label="spec bad.toml")
     assert str(info.value).startswith("spec bad.toml: ") and message in str(info.value)

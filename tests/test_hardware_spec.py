@@ -8,8 +8,10 @@ import pytest
 
 from tests.helpers import TINY_CPU, device, plain_matmul
 from workbench.errors import UserError
-from workbench.hardware.loader import list_presets, load_spec, spec_from_toml_text, spec_to_toml
+from workbench.hardware.loader import list_presets, load_spec
+from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec, MemoryLayer
+from workbench.hardware.write import spec_to_toml
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.traffic import calculus
 

@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 from workbench.construct.space import Options, Space
 from workbench.construct.stepper import Stepper
 from workbench.hardware.detect import build_local_spec, detect_local_cpu, parse_cpuinfo
-from workbench.hardware.loader import list_presets, spec_from_toml_text, spec_to_toml
+from workbench.hardware.loader import list_presets
+from workbench.hardware.parse import spec_from_toml_text
+from workbench.hardware.write import spec_to_toml
 from workbench.ops.tensor_expr import Axis, TensorAccess, TensorExpr
 from workbench.rtile.alignment import is_aligned
 from workbench.rtile.axes import mma_axes

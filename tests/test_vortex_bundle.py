@@ -162,7 +162,8 @@ def test_a_value_beyond_int32_indexing_is_refused(small):
 def test_a_bundle_for_another_cpu_is_not_run_here(small, tmp_path):
     from dataclasses import replace
 
-    from workbench.hardware.loader import load_spec, spec_to_toml
+    from workbench.hardware.loader import load_spec
+    from workbench.hardware.write import spec_to_toml
 
     local = load_spec("local-cpu")
     other = {**local.target_dict(), "mcpu": "a-cpu-this-is-not"}

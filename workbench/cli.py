@@ -234,8 +234,8 @@ def cmd_devices(args) -> int:
 def cmd_device(args) -> int:
     from workbench import pipeline
     from workbench.files import write_user_file
-    from workbench.hardware.calibrate import calibrated_spec_path
-    from workbench.hardware.loader import spec_to_toml
+    from workbench.hardware.calibrated import calibrated_spec_path
+    from workbench.hardware.write import spec_to_toml
 
     spec = pipeline.detect_local_device()
     out = args.out

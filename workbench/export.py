@@ -42,8 +42,9 @@ from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.verify import Verification, verify
 from workbench.errors import UserError, first_line
 from workbench.files import read_user_text
-from workbench.hardware.loader import spec_from_toml_text, spec_to_toml
+from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec
+from workbench.hardware.write import spec_to_toml
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import TensorExpr

@@ -43,7 +43,9 @@ from workbench.errors import UserError
 from workbench.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.files import check_size, read_user_file
 from workbench.fmt import shape_text, time_columns
-from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec, spec_from_toml_text, spec_summary
+from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec
+from workbench.hardware.parse import spec_from_toml_text
+from workbench.hardware.write import spec_summary
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import construction as whole_model
 from workbench.models.construction import ModelConstruction, report_dict, report_text

@@ -6,7 +6,7 @@ types, and would then feed the model predictions of 1e-30 s or a name that reads
 kind the workbench constructs for (CPUs, GPUs) has or will soon have, and a name that is not an
 identifier. Each bound sits well beyond (5x or more) the largest device of 2024-2025 it is
 measured against (the comments say which), so that it catches unit slips and nonsense, never a
-real device. The loader checks types and signs first (`hardware.loader`).
+real device. The parser checks types and signs first (`hardware.parse`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ MIN_GFLOPS, MAX_GFLOPS = 0.1, 1e8
 # (28x a two-socket EPYC 9684X's 2 x 1152 MB of 3D V-Cache).
 MAX_L2_BYTES, MAX_LLC_BYTES = 2**32, 2**36
 # A kernel launch: 0 (not counted) or at least 10 ns; a call through TVM's packed-function
-# interface alone takes tens of ns. (At most 10 ms: the loader's MAX_LAUNCH_US.)
+# interface alone takes tens of ns. (At most 10 ms: `hardware.parse`'s MAX_LAUNCH_US.)
 MIN_LAUNCH_US = 0.01
 MAX_FRAGMENT = 256  # an MMA fragment's m, n, k: Hopper's wgmma reaches n = 256, AMD's MFMA 32x32x16
 

@@ -42,8 +42,10 @@ from workbench.codegen.verify import check_output
 from workbench.errors import UserError, first_line
 from workbench.export import check_out
 from workbench.files import read_user_text
-from workbench.hardware.loader import load_spec, spec_from_toml_text, spec_to_toml
+from workbench.hardware.loader import load_spec
+from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec
+from workbench.hardware.write import spec_to_toml
 from workbench.ops import catalog, expr_lang
 from workbench.ops.reference import random_inputs
 from workbench.ops.shapes import check_elements
