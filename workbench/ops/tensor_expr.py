@@ -102,7 +102,10 @@ class TensorExpr:
     def input_args(self) -> tuple[KernelArg, ...]:
         """The kernel argument of each of `inputs`, in the same order, matched by name: `args`
         can hold more (a fused operator's epilogue parameters, a tensor whose every use
-        cancelled, which the main block does not read), in any place."""
+        cancelled, which the main block does not read), in any place; () for an expression
+        written as plain values without its kernel's parameters."""
+        if not self.args:
+            return ()
         by_name = {a.name: a for a in self.args}
         return tuple(by_name[t.name] for t in self.inputs)
 
