@@ -230,13 +230,14 @@ def test_long_gemv_reaches_many_cores_in_few_shrinks():
     its L2 tile spans the whole 16384 outputs, and shrinking it one register tile at a time spent
     Roller's 4000 steps on Roller-S and gave 4 programs (test_invariants' Hypothesis test drew
     it). A shrink now doubles the tiles while the grid stays within the units, then steps. It
-    gives 4 loop nests (7 programs before those that differ only in where a loop is split were
-    emitted once, `panels.loop_nest_key`)."""
+    gives 3 loop nests (7 programs before those that differ only in where a loop is split were
+    emitted once, `plan.loop_nest_key`: a gemv's lanes-along-K template orders its loops the
+    same whether or not its L1 tile holds the whole reduction)."""
     dev = detected_cpu("sse4.2", 128, 32 * KIB, 4096 * KIB)
     stepper = Stepper(workload_expr(WORKLOADS["gensor-table4:V3"]), dev)
     stepper.run_to_end()
     candidates = stepper.candidates()
-    assert len(candidates) >= 4
+    assert len(candidates) >= 3
     assert all(c.program.grid >= dev.compute_units for c in candidates), [c.program.grid for c in candidates]
     runs, run = [], 0
     for step in stepper.steps:
