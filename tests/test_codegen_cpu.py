@@ -506,7 +506,7 @@ def test_x86_kernels_are_compiled_without_llvm_gathers():
 
 
 def test_an_l1_tile_of_one_register_tile_compiles_alike_whatever_its_k():
-    """The evidence for `panels.loop_nest_key`: matmul 64 x 32 x 256, 4 x 16 registers under L1
+    """The evidence for `plan.loop_nest_key`: matmul 64 x 32 x 256, 4 x 16 registers under L1
     tiles of the same 4 x 16 outputs with the register tile's K (1) or the unit tile's (128):
     one of the two K-loops the L1 tile splits has a single iteration, and the two compile to the
     same assembly. The K of 32 between them shares their key."""

@@ -364,7 +364,7 @@ def test_roller_keeps_every_invariant_on_any_detected_cpu(dev, workload):
     wid, e = workload
     stepper = construct_within_limits(e, dev, "roller")
     if wid != "generated":
-        # each loop nest once (`panels.loop_nest_key`): on some generated CPUs Roller meets only
+        # each loop nest once (`plan.loop_nest_key`): on some generated CPUs Roller meets only
         # 2 for conv-3x3-s2 and mm-512 (Roller-S shrinks their large unit tiles back to one
         # unit tile; 300 random specs and a grid of 1,280 drew no fewer), where it used to fill
         # the top 10 with repeats of them

@@ -203,7 +203,7 @@ def test_every_policy_descends_through_one_capacity_check():
 @pytest.mark.parametrize("wid", ["conv-1x1", "mm-512", "gemv-4096"])
 def test_each_loop_nest_is_emitted_once(policy, isa, wid):
     """Programs whose L1 tile only splits the register tile's K-loop are one kernel
-    (`panels.loop_nest_key`): a construction emits one of them, so its top K are K kernels.
+    (`plan.loop_nest_key`): a construction emits one of them, so its top K are K kernels.
     (Before, 35 of cpu-core's 130 top-10 programs on the AVX-512 Zen 5 were such repeats.)"""
     dev = detected_cpu(isa, 2, 48 * KIB, 1024 * KIB)
     stepper = Stepper(workload_expr(CORE[wid]), dev, policy, Options(topk=10))

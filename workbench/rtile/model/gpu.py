@@ -286,7 +286,7 @@ def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads
     """(wavefronts, requests) of the first warp of a GPU block tile `block` reading its
     threads' register tiles `reg` of every input from shared memory (bank padding included),
     each thread's tile split into per-axis `vthreads`: counted exactly from the 32 lane
-    addresses (`construct.banks`) under the CUDA template's binding, one thread per register
+    addresses (`rtile.banks`) under the CUDA template's binding, one thread per register
     tile along each spatial axis. wavefronts == requests when conflict-free."""
     calc, smem = calculus(expr), device.layers[device.unit_layer_index]
     threads = tuple(b // r if a in expr.spatial else 1 for a, (b, r) in enumerate(zip(block, reg)))
