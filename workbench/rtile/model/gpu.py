@@ -12,12 +12,12 @@ from math import ceil, log2, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis, mma_axes
+from workbench.rtile.axes import cross_thread_axis
 from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram, storage_padding, waves
-from workbench.rtile.staging import pipelined, shared_buffers
 from workbench.rtile.traffic import calculus
 
 
@@ -29,7 +29,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     scale-out."""
     expr = program.expr
     calc = calculus(expr)
-    threads, bpu = blocks_per_unit(program, device, shared_buffers(program, device))
+    threads, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
     n_waves = waves(program.grid, device.compute_units * bpu)
     eff = min(1.0, warps_per_scheduler(program, device, threads, bpu))
     compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff)
@@ -102,7 +102,7 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
     (`overlapped` over `resident_blocks`). A program that stages nothing reads global memory
     straight into the registers of its FMAs: the warps per scheduler overlap those loads.
     Cross-thread reductions follow the unpipelined structure."""
-    threads, bpu = blocks_per_unit(program, device, shared_buffers(program, device))
+    threads, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
     warps = warps_per_scheduler(program, device, threads, bpu)
     unit = device.unit_layer_index
     bottom = device.layers[-1].name
@@ -111,7 +111,7 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
         return overlapped(compute, global_load, warps)
     shared_load = loads.get(device.layers[unit].name, 0.0)
     inner = overlapped(compute, shared_load, warps)
-    if pipelined(program, device):
+    if gpu_plan(program, device).pipelined:
         return max(inner, global_load)
     return overlapped(inner, global_load, resident_blocks(program, device, bpu))
 
@@ -140,7 +140,7 @@ def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
     spec = device.layers[layer]
     if not device.lanes_are_threads or layer != len(device.layers) - 1 or spec.latency_ns <= 0:
         return layer_gbps(program, device, layer)
-    _, bpu = blocks_per_unit(program, device, shared_buffers(program, device))
+    _, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
     little = device.compute_units * bytes_in_flight(program, device, bpu) / spec.latency_ns  # B/ns = GB/s
     return min(spec.bandwidth_gbps, little)
 
@@ -158,10 +158,10 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
     expr = program.expr
     if not program.vthreads or not device.lanes_are_threads or not expr.reduce:
         return 1.0
-    unit = device.unit_layer_index
+    unit, plan = device.unit_layer_index, gpu_plan(program, device)
     if (
-        not program.cached[unit] or device.layers[unit].banks <= 0
-        or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None
+        not plan.staged or device.layers[unit].banks <= 0
+        or plan.mma_axes is not None or plan.cross_thread_axis is not None
     ):
         return 1.0
     split = dict(program.vthreads)
@@ -180,7 +180,7 @@ def tree_reduction_seconds(program: RProgram, device: DeviceSpec, threads: int, 
     at the shared layer's latency (a shuffle's latency is of that order on Volta: Jia et al.
     2018). The blocks resident on a unit reduce at the same time, so a unit pays it once per
     wave. 0 for every other program."""
-    if cross_thread_axis(program.expr, device) is None or threads <= 1:
+    if gpu_plan(program, device).cross_thread_axis is None or threads <= 1:
         return 0.0
     outputs = prod(program.unit_tile[a] for a in program.expr.spatial)
     steps = ceil(log2(threads))
@@ -269,7 +269,10 @@ def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
     programs (the cooperative copy into shared memory is coalesced by construction) and for
     tensor-core programs (staged)."""
     expr = program.expr
-    if not device.lanes_are_threads or program.cached[device.unit_layer_index] or mma_axes(expr, device) is not None:
+    if not device.lanes_are_threads:
+        return 0
+    plan = gpu_plan(program, device)
+    if plan.staged or plan.mma_axes is not None:
         return 0
     calc, reg = calculus(expr), program.register_tile
     sectors = warp_sectors(expr, device, program.unit_tile, reg, program.vthreads)
