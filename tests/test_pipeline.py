@@ -118,7 +118,7 @@ def test_candidate_rows_show_measured_times_of_correct_kernels_only():
                                                    by_rank[cand.rank].median_seconds) if t is not None]
     unit, scale = table_time_unit(times)
     assert list(rows[0]) == ["rank", f"predicted ({unit})", f"measured ({unit})", f"median ({unit})", "spread %", "error",
-                             "bottleneck", "compute", "grid", "waves", *layers]
+                             "bottleneck", "compute", "grid", "waves", *layers, "plan"]
     for cand, row in zip(c.candidates, rows):
         assert row["rank"] == cand.rank and row[f"predicted ({unit})"] == pytest.approx(cand.predicted_seconds / scale)
         m = by_rank[cand.rank]

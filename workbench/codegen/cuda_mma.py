@@ -90,7 +90,7 @@ def matmul_layout(expr: TensorExpr, device: DeviceSpec) -> MatmulLayout | None:
 
 def unsupported(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> str | None:
     """Why the WMMA path cannot realise `program` (one line), or None when it can."""
-    if gpu_plan(program, device).mma_axes is None:
+    if mma_axes(expr, device) is None:  # the rule's own refusal, asked of any spec (no plan yet)
         return "tensor cores do not apply to this expression on this device"
     if device.target_dict().get("kind") != "cuda":
         return "WMMA is a CUDA interface; the device's target is not cuda"
