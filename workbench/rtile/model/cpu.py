@@ -9,6 +9,7 @@ from __future__ import annotations
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec
+from workbench.rtile.axes import lane_axis
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, layer_gbps, peak_gflops, provenance, source_layer,
 )
@@ -99,15 +100,18 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
 
 def scattered_inputs(program: RProgram, device: DeviceSpec) -> frozenset[int]:
     """The inputs a CPU cache layer holds and loads in whole lines (`TileCalculus.input_bytes`):
-    those that do not read the loop the template vectorises (`CpuPlan.vector_axis`; all of them
-    where it vectorises none). An input that reads it is streamed in vectors, packed into panels
-    (matmul's B, a convolution's filters, whose 3-element rows of one filter would otherwise
-    count a line each) or read along its contiguous axis; one that does not is read an element
-    at a time (a convolution's data, broadcast) or in tiles whose rows the alignment rules make
-    whole lines (matmul's A)."""
+    those that do not read the axis the register row runs along: the loop the template
+    vectorises (`CpuPlan.vector_axis`), or where it vectorises none, the axis the alignment
+    rules laid the row along (`lane_axis`: a scalar row still walks it, consecutive outputs
+    sharing their input lines). An input that reads it is streamed in vectors, packed into
+    panels (matmul's B, a convolution's filters, whose 3-element rows of one filter would
+    otherwise count a line each) or read along its contiguous axis; one that does not is read
+    an element at a time (a convolution's data, broadcast) or in tiles whose rows the alignment
+    rules make whole lines (matmul's A)."""
     vector = cpu_plan(program, device).vector_axis
+    row = vector if vector is not None else lane_axis(program.expr, device)
     inputs = program.expr.inputs
-    return frozenset(t for t, tensor in enumerate(inputs) if vector is None or not tensor.uses_axis(vector))
+    return frozenset(t for t, tensor in enumerate(inputs) if row is None or not tensor.uses_axis(row))
 
 
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float]) -> float:
