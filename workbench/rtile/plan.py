@@ -18,8 +18,8 @@ from workbench.rtile.panels import (
     filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_tails, simd_lanes,
     vector_loop_axis, whole_reduction,
 )
-from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 from workbench.rtile.rprogram import RProgram
+from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
 # The CPU template's paths (`codegen.cpu`): a convolution vectorised along its filters, a
 # reduction vectorised along its K (per-lane partial sums), a vectorised output row over inputs
