@@ -24,6 +24,7 @@ CORE_TESTS = frozenset({
     "test_alignment.py",
     "test_banks.py",
     "test_expr_syntax.py",
+    "test_gpu_runner.py",
     "test_graph.py",
     "test_hardware_detect.py",
     "test_invariants.py",

@@ -56,6 +56,8 @@ DEFAULT_REPEATS, DEFAULT_WARMUP, DEFAULT_BUDGET_S = 20, 3, 300.0
 MIN_REPEATS = 3
 # Time one kernel's (or torch's) timing may take: repeats are cut to fit it (slow kernels).
 TIMING_BUDGET_S = 1.0
+# A kernel slower than TIMING_BUDGET_S / (warm-up + MIN_REPEATS) gets what fits in this instead.
+SLOW_BUDGET_S = 10.0
 # Per repeat besides the kernel: the L2 flush (2 x 60 MB written at ~4 TB/s, ~30 us) and the
 # launches; used only to size the repeats.
 REPEAT_OVERHEAD_S = 1e-4
@@ -272,11 +274,12 @@ def candidate_problem(candidate: dict, workload: dict, packdir: str) -> str:
 
 
 def selected(workloads: list, only: str) -> list[tuple[dict, list[dict]]]:
-    """(workload, its candidates whose key contains `only`) for the workloads that keep one."""
+    """(workload, its candidates whose key contains `only`): every workload when `only` is empty
+    (one without candidates still gets torch's time), else those that keep a candidate."""
     out = []
     for w in workloads:
         candidates = [c for c in w.get("candidates") or () if only in c["key"]]
-        if candidates:
+        if candidates or not only:
             out.append((w, candidates))
     return out
 
@@ -379,11 +382,14 @@ def verdict(measure: dict, dtype: str, size: int) -> tuple[bool, str]:
 
 def plan_repeats(estimate_s: float, repeats: int, warmup: int, budget_s: float = TIMING_BUDGET_S) -> tuple[int, int]:
     """(warm-up runs, timed repeats) for a kernel that runs in about `estimate_s`: the requested
-    ones where they fit in `budget_s`, fewer for slow kernels, never fewer than MIN_REPEATS
-    timed repeats (nor more warm-ups than one for those)."""
-    fit = int(budget_s / (max(estimate_s, 0.0) + REPEAT_OVERHEAD_S))
-    timed = max(MIN_REPEATS, min(repeats, fit - warmup))
-    return (warmup if fit >= timed + warmup else min(warmup, 1)), timed
+    ones, fewer repeats where they would not fit in `budget_s` (never under MIN_REPEATS); for a
+    kernel too slow for that, no warm-up (its checked run was one) and as many repeats as fit in
+    SLOW_BUDGET_S, at least one."""
+    per_run = max(estimate_s, 0.0) + REPEAT_OVERHEAD_S
+    fit = int(budget_s / per_run)
+    if fit >= warmup + MIN_REPEATS:
+        return warmup, min(repeats, fit - warmup)
+    return 0, max(1, min(MIN_REPEATS, repeats, int(SLOW_BUDGET_S / per_run)))
 
 
 # ---- the result JSON and its summary ----------------------------------------------------------
@@ -968,15 +974,13 @@ class Workload:
         for t in [out] + scratch:
             if t.is_floating_point():
                 t.fill_(float("nan"))
-        run()
-        gpu.sync()
+        (estimate,) = gpu.time(run, 0, 1)
         check = error_measure(out.double(), self.ref, torch)
         verified, why = verdict(check, self.w["dtype"], self.size)
         result = {"rank": c.get("rank"), "key": c["key"], "ok": verified, "error": why, "verified": verified,
                   "max_rel_error": check["max_rel_error"], "rel_l2_error": check["rel_l2_error"], "seconds": None,
                   "samples": [], "predicted_seconds": c.get("predicted_seconds"), "loaded_from": loaded_from}
         if verified:  # a wrong kernel's time means nothing
-            estimate = statistics.median(gpu.time(run, 0, 1))
             result["seconds"], result["samples"] = gpu.timed(run, estimate, repeats, warmup)
         return result
 
@@ -1067,30 +1071,70 @@ def worker_main(args) -> int:
 
 SELFTEST_KERNEL = r"""
 extern "C" __global__ void axpy(const float* x, float* y, float a, int n) {
+    // staged through 64 KiB of dynamic shared memory: loading it needs the attribute above 48 KiB
+    extern __shared__ float stage[];
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = a * x[i] + y[i];
+    stage[threadIdx.x + 16000] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    if (i < n) y[i] = a * stage[threadIdx.x + 16000] + y[i];
 }
 """
+SELFTEST_SHARED_BYTES = 64 * 1024
 
 
 def selftest() -> int:
-    """Compile a trivial kernel with NVRTC (CuPy), launch it on torch tensors by raw pointers on
-    torch's stream, check the result, and print the environment; exit status 0 when it works."""
+    """Check the environment in seconds: the kernel above compiled by NVRTC (CuPy), and, where
+    nvcc is on the PATH, as a cubin and as PTX for this GPU loaded the way pack kernels are
+    (`load_kernels`); each launched on torch tensors by raw pointers on torch's stream and
+    checked. Prints the machine; exit status 0 when every check passed."""
     gpu = Gpu()
     torch, np = gpu.torch, gpu.np
     n = 1000003
     x = torch.randn(n, device=gpu.device)
-    y = torch.randn(n, device=gpu.device)
-    expected = 2.5 * x.double() + y.double()
-    kernel = gpu.cupy.RawKernel(SELFTEST_KERNEL, "axpy")
-    kernel(((n + 255) // 256,), (256,), (np.uint64(x.data_ptr()), np.uint64(y.data_ptr()), np.float32(2.5),
-                                         np.int32(n)), stream=gpu.stream)
-    gpu.sync()
-    check = error_measure(y.double(), expected, torch)
-    verified, why = verdict(check, "float32", n)
-    print(json.dumps({**gpu.machine(), **host_info(), "selftest": check}, indent=1))
-    print("selftest: ok" if verified else f"selftest: FAILED: {why}")
-    return 0 if verified else 1
+    grid, block = ((n + 255) // 256, 1, 1), (256, 1, 1)
+    args = lambda y: (np.uint64(x.data_ptr()), np.uint64(y.data_ptr()), np.float32(2.5), np.int32(n))  # noqa: E731
+
+    def check(fn) -> str:
+        y = torch.randn(n, device=gpu.device)
+        expected = 2.5 * x.double() + y.double()
+        fn(grid, block, args(y), shared_mem=SELFTEST_SHARED_BYTES, stream=gpu.stream)
+        gpu.sync()
+        return verdict(error_measure(y.double(), expected, torch), "float32", n)[1] or "ok"
+
+    checks = {}
+    try:
+        kernel = gpu.cupy.RawKernel(SELFTEST_KERNEL, "axpy")
+        kernel.max_dynamic_shared_size_bytes = SELFTEST_SHARED_BYTES
+        checks["nvrtc"] = check(kernel)
+    except Exception as e:
+        checks["nvrtc"] = one_line(f"{type(e).__name__}: {e}")
+    nvcc = shutil.which("nvcc")
+    major, minor = torch.cuda.get_device_capability(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "axpy.cu")
+        with open(source, "w") as f:
+            f.write(SELFTEST_KERNEL)
+        for which in ("cubin", "ptx"):
+            if nvcc is None:
+                checks[which] = "skipped: no nvcc on the PATH"
+                continue
+            path = os.path.join(tmp, f"axpy.{which}")
+            built = subprocess.run([nvcc, f"-{which}", f"-arch=sm_{major}{minor}", "-o", path, source],
+                                   capture_output=True, text=True, check=False)
+            if built.returncode:
+                checks[which] = f"nvcc failed: {one_line(built.stderr)}"
+                continue
+            candidate = {which: os.path.basename(path), "launches": [
+                {"kernel": "axpy", "dynamic_shared_bytes": SELFTEST_SHARED_BYTES}]}
+            try:
+                (fn,), loaded = load_kernels(gpu, candidate, tmp)
+                checks[which] = check(fn) if loaded == which else f"loaded {loaded}"
+            except Exception as e:
+                checks[which] = one_line(f"{type(e).__name__}: {e}")
+    print(json.dumps({**gpu.machine(), **host_info(), "checks": checks}, indent=1))
+    good = all(v == "ok" or v.startswith("skipped") for v in checks.values())
+    print("selftest: ok" if good else "selftest: FAILED")
+    return 0 if good else 1
 
 
 def parse_args(argv=None):
