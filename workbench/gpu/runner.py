@@ -74,6 +74,8 @@ OPS = ("matmul", "gemv", "conv2d", "group_conv2d", "depthwise_conv2d", "avgpool"
        "gelu", "reduce_sum", "reduce_mean")
 DTYPES = ("float32", "float16", "float64", "int32", "int64")
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
+# The worker's items besides candidates, in its "start" reports (a candidate key has no "/").
+TORCH, MICROBENCH = "/torch", "/microbench"
 
 
 # ---- the manifest -----------------------------------------------------------------------------
@@ -190,6 +192,13 @@ def workload_problem(workload: dict) -> str:
     know, or `args` that are not the operator's inputs then one output with the shapes its
     parameters give."""
     try:
+        return _workload_problem(workload)
+    except Exception as e:  # a malformed field: the workload fails, the run goes on
+        return f"malformed workload: {type(e).__name__}: {e}"
+
+
+def _workload_problem(workload: dict) -> str:
+    try:
         kind, p = reference_params(workload)
         inputs, output = expected_shapes(kind, p)
     except ManifestError as e:
@@ -240,6 +249,13 @@ def candidate_problem(candidate: dict, workload: dict, packdir: str) -> str:
     """Why this candidate cannot be launched ("" when it can): a missing kernel file, a launch
     without a kernel name, grid or block, a bad dynamic shared memory size, arguments that name
     nothing, scratch without a shape and dtype."""
+    try:
+        return _candidate_problem(candidate, workload, packdir)
+    except Exception as e:  # a malformed field: the candidate fails, the run goes on
+        return f"malformed candidate: {type(e).__name__}: {e}"
+
+
+def _candidate_problem(candidate: dict, workload: dict, packdir: str) -> str:
     if not KEY_CHARS.match(candidate.get("key", "")):
         return f"key {candidate.get('key')!r} has characters outside [A-Za-z0-9._-]"
     files = [candidate.get(k) for k in ("cubin", "ptx") if candidate.get(k)]
@@ -599,8 +615,11 @@ class Run:
 
     def fail_item(self, start: dict, error: str) -> None:
         """The worker stopped inside `start`'s item: record `error` for it."""
-        if start.get("key") == "microbench":
+        if start.get("key") == MICROBENCH:
             self.microbench = {"error": one_line(error)}
+        elif start.get("key") == TORCH:
+            self.torch.setdefault(start["workload"], {"seconds": None, "samples": [], "what": "",
+                                                      "error": one_line(error)})
         elif start.get("key"):
             candidate = next(c for w, cs in self.work for c in cs if c["key"] == start["key"])
             self.results.setdefault(candidate["key"], failed(candidate, error))
@@ -693,7 +712,7 @@ def _worker(run: Run, items: list[dict], base: str) -> str | None:
                 sticky = event["error"]
             else:
                 run.record(event)
-                if event["event"] in ("candidate", "torch", "torch_skipped", "workload_error", "microbench"):
+                if event["event"] in ("candidate", "torch", "setup_done", "workload_error", "microbench"):
                     start = None
                 if event["event"] == "torch":
                     run.save()
@@ -702,8 +721,8 @@ def _worker(run: Run, items: list[dict], base: str) -> str | None:
         if not reported and time.time() - spawned > STARTUP_TIMEOUT_S:
             return stop(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s: {_log_tail(log_path)}")
         if start is not None:
-            limit = {None: SETUP_TIMEOUT_S, "microbench": MICROBENCH_TIMEOUT_S}.get(start.get("key"),
-                                                                                    CANDIDATE_TIMEOUT_S)
+            limit = {None: SETUP_TIMEOUT_S, TORCH: SETUP_TIMEOUT_S, MICROBENCH: MICROBENCH_TIMEOUT_S}.get(
+                start.get("key"), CANDIDATE_TIMEOUT_S)
             if time.time() - start["t"] > limit:
                 return stop(f"timed out after {limit:.0f} s (hung kernel?); worker killed")
         if time.time() > run.deadline + CANDIDATE_TIMEOUT_S:
@@ -1020,7 +1039,7 @@ def worker_main(args) -> int:
     gpu = Gpu()
     report("machine", machine=gpu.machine(), l2_flush_bytes=gpu.flush_buffer.numel())
     if task["microbench"]:
-        report("start", workload=None, key="microbench", t=time.time())
+        report("start", workload=None, key=MICROBENCH, t=time.time())
         try:
             report("microbench", microbench=microbench(gpu))
         except Exception as e:
@@ -1030,16 +1049,12 @@ def worker_main(args) -> int:
                 return 3
     for item in task["items"]:
         w = by_id[item["workload"]]
-        candidates = {c["key"]: c for c in w["candidates"]}
+        candidates = {c["key"]: c for c in w.get("candidates") or ()}
         if time.time() >= task["deadline"]:
             return 0  # the parent marks the rest "out of time budget"
         report("start", workload=w["id"], key=None, t=time.time())
         try:
             workload = Workload(gpu, w)
-            if item["torch"]:
-                report("torch", workload=w["id"], torch=workload.torch_result(task["repeats"], task["warmup"]))
-            else:
-                report("torch_skipped", workload=w["id"])
         except Exception as e:
             error = one_line(f"{type(e).__name__}: {e}")
             report("workload_error", workload=w["id"], error=f"setup: {error}")
@@ -1047,6 +1062,19 @@ def worker_main(args) -> int:
                 report("sticky", error=error)
                 return 3
             continue
+        report("setup_done", workload=w["id"])
+        if item["torch"]:
+            report("start", workload=w["id"], key=TORCH, t=time.time())
+            try:
+                torch_result = workload.torch_result(task["repeats"], task["warmup"])
+            except Exception as e:
+                error = one_line(f"{type(e).__name__}: {e}")
+                torch_result = {"seconds": None, "samples": [], "what": workload.what, "error": error}
+                if not gpu.healthy():
+                    report("torch", workload=w["id"], torch=torch_result)
+                    report("sticky", error=f"torch: {error}")
+                    return 3
+            report("torch", workload=w["id"], torch=torch_result)
         for key in item["keys"]:
             if time.time() >= task["deadline"]:
                 return 0
@@ -1131,7 +1159,8 @@ def selftest() -> int:
                 checks[which] = check(fn) if loaded == which else f"loaded {loaded}"
             except Exception as e:
                 checks[which] = one_line(f"{type(e).__name__}: {e}")
-    print(json.dumps({**gpu.machine(), **host_info(), "checks": checks}, indent=1))
+    host = {k: v for k, v in host_info().items() if k != "cpu_flags"}
+    print(json.dumps({**gpu.machine(), **host, "checks": checks}, indent=1))
     good = all(v == "ok" or v.startswith("skipped") for v in checks.values())
     print("selftest: ok" if good else "selftest: FAILED")
     return 0 if good else 1
