@@ -358,6 +358,12 @@ def test_the_result_json_has_the_contract_fields_and_no_nan(tmp_path):
     assert set(back["workloads"][0]) == {"id", "suite", "op", "params", "dtype", "torch", "candidates"}
 
 
+def test_the_microbench_line_shows_what_was_measured_and_names_what_failed():
+    line = runner.format_microbench({"sm_count": 132, "l2_bytes": 60 * 2**20, "dram_gbps": 4100.0,
+                                     "fp16_tc_gflops_error": "RuntimeError: x"})
+    assert line == "microbench: 132 SMs, 60 MiB L2, 4100 GB/s DRAM (failed: fp16_tc_gflops_error)"
+
+
 def test_host_tools_output_is_parsed():
     assert runner.parse_nvidia_smi("580.65.06, 1980, 1980\n") == {
         "driver": "580.65.06", "clock_mhz": 1980.0, "clock_max_mhz": 1980.0}

@@ -21,7 +21,7 @@ Contract:
   address poisons the context) or hangs costs only that candidate: the parent records it from
   the worker's last report and starts a new worker for the rest.
 - `--budget-seconds` bounds the whole run: candidates not started by then get "out of time
-  budget". The result JSON is rewritten after every workload, so a run stopped from outside
+  budget". The result JSON is rewritten after every result, so a run stopped from outside
   leaves what it had.
 """
 
@@ -66,6 +66,8 @@ REPEAT_OVERHEAD_S = 1e-4
 # is taken as hung and its worker killed.
 # A worker's start (importing torch and cupy, the CUDA context) has STARTUP_TIMEOUT_S.
 SETUP_TIMEOUT_S, CANDIDATE_TIMEOUT_S, MICROBENCH_TIMEOUT_S, STARTUP_TIMEOUT_S = 180.0, 60.0, 60.0, 120.0
+# A worker that reported a sticky error and has not exited after this long is killed.
+STICKY_GRACE_S = 10.0
 # Workers that stop without a result for any item, this many in a row, stop the run.
 MAX_IDLE_WORKERS = 2
 # Ratio of our best time to torch's under which a workload counts as "within 10% of torch".
@@ -462,6 +464,17 @@ def _finite(value):
     return value
 
 
+def format_microbench(mb: dict) -> str:
+    """One line of the micro-benchmarks' numbers (what is there; errors named)."""
+    units = (("sm_count", "SMs", 1, "{:.0f}"), ("l2_bytes", "MiB L2", 2**20, "{:.0f}"),
+             ("dram_gbps", "GB/s DRAM", 1, "{:.0f}"), ("fp32_gflops", "TFLOP/s fp32 FMA", 1e3, "{:.1f}"),
+             ("fp32_matmul_gflops", "fp32 matmul", 1e3, "{:.1f}"), ("tf32_tc_gflops", "TF32", 1e3, "{:.0f}"),
+             ("fp16_tc_gflops", "fp16", 1e3, "{:.0f}"))
+    parts = [f"{fmt.format(mb[k] / scale)} {label}" for k, label, scale, fmt in units if isinstance(mb.get(k), (int, float))]
+    errors = sorted(k for k in mb if k == "error" or k.endswith("_error"))
+    return "microbench: " + (", ".join(parts) or "-") + (f" (failed: {', '.join(errors)})" if errors else "")
+
+
 def summary_rows(result: dict) -> list[dict]:
     """Per workload: torch's time, the best verified candidate's time (and key), their ratio,
     and how many candidates verified of how many."""
@@ -489,7 +502,8 @@ def format_summary(result: dict) -> str:
     """The table printed at the end of a run: per workload our best / torch, verified counts,
     then the fraction within 10% of torch."""
     rows = summary_rows(result)
-    lines = [f"{'workload':<24} {'op':<17} {'torch us':>10} {'best us':>10} {'best/torch':>10} {'verified':>9}  best"]
+    lines = [format_microbench(result.get("microbench") or {})] if result.get("microbench") else []
+    lines += [f"{'workload':<24} {'op':<17} {'torch us':>10} {'best us':>10} {'best/torch':>10} {'verified':>9}  best"]
 
     def us(s):
         return f"{s * 1e6:10.1f}" if s else f"{'-':>10}"
@@ -687,7 +701,7 @@ def _worker(run: Run, items: list[dict], base: str) -> str | None:
            "--worker", base + ".task.json", "--events", events_path]
     with open(log_path, "w") as log:
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    spawned, offset, start, reported, sticky = time.time(), 0, None, False, ""
+    spawned, offset, start, reported, sticky, sticky_at = time.time(), 0, None, False, "", 0.0
 
     def stop(why: str) -> str:
         child.kill()
@@ -709,14 +723,18 @@ def _worker(run: Run, items: list[dict], base: str) -> str | None:
             if event["event"] == "start":
                 start = event
             elif event["event"] == "sticky":
-                sticky = event["error"]
+                sticky, sticky_at = event["error"], time.time()
             else:
                 run.record(event)
                 if event["event"] in ("candidate", "torch", "setup_done", "workload_error", "microbench"):
                     start = None
-                if event["event"] == "torch":
+                if event["event"] in ("torch", "candidate"):
                     run.save()
         if rc is not None:
+            break
+        if sticky and time.time() - sticky_at > STICKY_GRACE_S:
+            child.kill()
+            rc = child.wait()
             break
         if not reported and time.time() - spawned > STARTUP_TIMEOUT_S:
             return stop(f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s: {_log_tail(log_path)}")
@@ -885,36 +903,48 @@ extern "C" __global__ void fma_loop(float* out, float a, float b, int iters) {
 def microbench(gpu: Gpu) -> dict:
     """SMs and L2 from the device's properties; DRAM bandwidth of a 2 GiB device copy (bytes read
     + written); the fp32 CUDA-core rate of an FMA loop; matmul rates through torch: fp32 with
-    TF32 off, TF32 and fp16 on tensor cores. Medians of a few repeats; a dozen seconds."""
+    TF32 off, TF32 and fp16 on tensor cores. Medians of a few repeats, a few seconds in all. A
+    part that fails leaves its error under "<name>_error" and the others run (unless the
+    context is lost)."""
     torch, np = gpu.torch, gpu.np
     out = {"sm_count": gpu.sm_count, "l2_bytes": gpu.l2_bytes}
-    n = 1 << 29  # float32 elements: 2 GiB per buffer, 40x the L2
-    src = torch.randn(n, device=gpu.device)
-    dst = torch.empty_like(src)
-    seconds = statistics.median(gpu.time(lambda: dst.copy_(src), 2, 10))
-    out["dram_gbps"] = 2 * 4 * n / seconds / 1e9
-    del src, dst
 
-    kernel = gpu.cupy.RawKernel(FMA_KERNEL, "fma_loop")
-    threads, blocks, iters = 256, gpu.sm_count * 8, 1 << 14
-    sink = torch.empty(threads * blocks, device=gpu.device)
-    args = (np.uint64(sink.data_ptr()), np.float32(0.999999), np.float32(1e-6), np.int32(iters))
-    seconds = statistics.median(gpu.time(lambda: kernel((blocks,), (threads,), args, stream=gpu.stream), 2, 10))
-    out["fp32_gflops"] = 2 * 8 * iters * threads * blocks / seconds / 1e9
+    def dram():
+        n = 1 << 29  # float32 elements: 2 GiB per buffer, over 30x the L2
+        src = torch.randn(n, device=gpu.device)
+        dst = torch.empty_like(src)
+        return 2 * 4 * n / statistics.median(gpu.time(lambda: dst.copy_(src), 2, 10)) / 1e9
 
-    size = 8192
-    for name, dtype, tf32 in (("fp32_matmul_gflops", torch.float32, False), ("tf32_tc_gflops", torch.float32, True),
-                              ("fp16_tc_gflops", torch.float16, False)):
+    def fma():
+        kernel = gpu.cupy.RawKernel(FMA_KERNEL, "fma_loop")
+        threads, blocks, iters = 256, gpu.sm_count * 8, 1 << 14  # 2048 threads per SM, ~1 ms
+        sink = torch.empty(threads * blocks, device=gpu.device)
+        args = (np.uint64(sink.data_ptr()), np.float32(0.999999), np.float32(1e-6), np.int32(iters))
+        seconds = statistics.median(gpu.time(lambda: kernel((blocks,), (threads,), args, stream=gpu.stream), 2, 10))
+        return 2 * 8 * iters * threads * blocks / seconds / 1e9
+
+    def matmul(dtype, tf32, size=8192):
         a = torch.randn(size, size, device=gpu.device, dtype=dtype)
         b = torch.randn(size, size, device=gpu.device, dtype=dtype)
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
-            seconds = statistics.median(gpu.time(lambda: torch.matmul(a, b), 2, 5))
+            return 2 * size**3 / statistics.median(gpu.time(lambda: torch.matmul(a, b), 2, 5)) / 1e9
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
-        out[name] = 2 * size**3 / seconds / 1e9
+
+    parts = {"dram_gbps": dram, "fp32_gflops": fma, "fp32_matmul_gflops": lambda: matmul(torch.float32, False),
+             "tf32_tc_gflops": lambda: matmul(torch.float32, True), "fp16_tc_gflops": lambda: matmul(torch.float16, False)}
+    for name, part in parts.items():
+        try:
+            out[name] = part()
+        except Exception as e:
+            out[f"{name}_error"] = one_line(f"{type(e).__name__}: {e}")
+            if not gpu.healthy():
+                raise
+        finally:
+            torch.cuda.empty_cache()
     out["method"] = ("dram: 2 GiB device copy, read + written; fp32: FMA loop kernel (8 chains); matmuls: "
-                     f"torch.matmul {size}^3; medians of 5-10 repeats, L2 flushed")
+                     "torch.matmul 8192^3; medians of 5-10 repeats, L2 flushed before each")
     return out
 
 
@@ -1030,7 +1060,8 @@ def load_kernels(gpu: Gpu, c: dict, packdir: str) -> tuple[list, str]:
 
 def worker_main(args) -> int:
     """The worker: machine, micro-benchmarks, then the task's items in order, each reported as
-    it finishes (module docstring). Exits 3 after a sticky CUDA error."""
+    it finishes (module docstring). Exits 3 at once after a sticky CUDA error (a broken context
+    can hang the interpreter's teardown)."""
     with open(args.worker) as f:
         task = json.load(f)
     report = Reporter(args.events)
@@ -1046,7 +1077,7 @@ def worker_main(args) -> int:
             report("microbench", microbench={"error": one_line(f"{type(e).__name__}: {e}")})
             if not gpu.healthy():
                 report("sticky", error=f"microbench: {one_line(str(e))}")
-                return 3
+                os._exit(3)
     for item in task["items"]:
         w = by_id[item["workload"]]
         candidates = {c["key"]: c for c in w.get("candidates") or ()}
@@ -1060,7 +1091,7 @@ def worker_main(args) -> int:
             report("workload_error", workload=w["id"], error=f"setup: {error}")
             if not gpu.healthy():
                 report("sticky", error=error)
-                return 3
+                os._exit(3)
             continue
         report("setup_done", workload=w["id"])
         if item["torch"]:
@@ -1073,7 +1104,7 @@ def worker_main(args) -> int:
                 if not gpu.healthy():
                     report("torch", workload=w["id"], torch=torch_result)
                     report("sticky", error=f"torch: {error}")
-                    return 3
+                    os._exit(3)
             report("torch", workload=w["id"], torch=torch_result)
         for key in item["keys"]:
             if time.time() >= task["deadline"]:
@@ -1087,7 +1118,7 @@ def worker_main(args) -> int:
                 report("candidate", workload=w["id"], candidate=failed(c, error))
                 if not gpu.healthy():
                     report("sticky", error=f"after {key}: {error}")
-                    return 3
+                    os._exit(3)
                 continue
             report("candidate", workload=w["id"], candidate=result)
         del workload
