@@ -104,8 +104,13 @@ def test_a_workload_whose_args_do_not_match_its_operator_is_reported():
     assert "roles" in runner.workload_problem(_matmul_workload(args=args[:2]))
     assert "no torch reference" in runner.workload_problem(_matmul_workload(reference={"kind": "softmax"}))
     assert "dtype" in runner.workload_problem(_matmul_workload(dtype="bfloat16"))
-    # a reference field overrides the params: here it makes the arg shapes wrong
-    assert "shape" in runner.workload_problem(_matmul_workload(reference={"kind": "matmul", "trans_b": True}))
+    # the reference's fields fill in what the params lack, never change what they give
+    normalized = {"M": 4, "K": 2, "N": 8, "B": 0, "trans_a": False, "trans_b": False}
+    other = {"kind": "matmul", "trans_b": True, "M": 7}
+    assert runner.workload_problem(_matmul_workload(params=normalized, reference=other)) == ""
+    moved = _matmul_workload(params={}, reference={"kind": "matmul", "M": 4, "K": 2, "N": 8})
+    assert runner.workload_problem(moved) == ""
+    assert "parameter M missing" in runner.workload_problem(_matmul_workload(params={"K": 2, "N": 8}))
 
 
 def test_a_candidate_that_cannot_be_launched_is_reported(tmp_path):
@@ -125,7 +130,8 @@ def test_a_candidate_that_cannot_be_launched_is_reported(tmp_path):
     for message, launches in cases.items():
         assert message in runner.candidate_problem(_candidate(launches=launches), w, str(tmp_path))
     split = _candidate(scratch=[{"name": "C_rf", "shape": [2, 4, 8], "dtype": "float32"}],
-                       launches=[{**launch, "args": ["A", "B", "C_rf"]}, {**launch, "kernel": "k1", "args": ["C_rf", "C"]}])
+                       launches=[{**launch, "args": ["A", "B", "C_rf"]},
+                                 {**launch, "kernel": "k1", "args": ["C_rf", "C"]}])
     assert runner.candidate_problem(split, w, str(tmp_path)) == ""
     clash = _candidate(scratch=[{"name": "C", "shape": [1], "dtype": "float32"}])
     assert "name of an argument" in runner.candidate_problem(clash, w, str(tmp_path))
@@ -196,7 +202,8 @@ class NumpyOps:
         out, fg = np.zeros((n, f, oh, ow)), f // groups
         for g in range(groups):
             for r, s, patch in self._windows(x[:, g * cg : (g + 1) * cg], kh, kw, stride, dilation, oh, ow):
-                out[:, g * fg : (g + 1) * fg] += np.einsum("nchw,fc->nfhw", patch, kernel[g * fg : (g + 1) * fg, :, r, s])
+                weights = kernel[g * fg : (g + 1) * fg, :, r, s]
+                out[:, g * fg : (g + 1) * fg] += np.einsum("nchw,fc->nfhw", patch, weights)
         return out
 
     def _pool(self, x, k, stride, pad, fill, combine):
@@ -323,7 +330,8 @@ def _result(manifest):
         return {"seconds": seconds, "samples": [seconds], "what": "torch.matmul (cuBLAS), TF32 off"}
 
     workloads = [
-        runner.workload_entry({"id": "M0", "op": "matmul"}, torch(1.0e-3), [cand("M0-r2", 2, 1.05e-3), cand("M0-r1", 1, 2e-3)]),
+        runner.workload_entry({"id": "M0", "op": "matmul"}, torch(1.0e-3),
+                              [cand("M0-r2", 2, 1.05e-3), cand("M0-r1", 1, 2e-3)]),
         runner.workload_entry({"id": "M1", "op": "matmul"}, torch(1.0e-3), [cand("M1-r1", 1, 1.5e-3)]),
         runner.workload_entry({"id": "C0", "op": "conv2d"}, torch(2.0e-3), [cand("C0-r1", 1, None, ok=False)]),
         runner.workload_entry({"id": "E0", "op": "relu"}, None, []),

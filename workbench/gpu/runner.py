@@ -61,10 +61,10 @@ SLOW_BUDGET_S = 10.0
 # Per repeat besides the kernel: the L2 flush (2 x 60 MB written at ~4 TB/s, ~30 us) and the
 # launches; used only to size the repeats.
 REPEAT_OVERHEAD_S = 1e-4
-# Watchdog of the worker's items: a workload's setup (inputs, float64 reference, torch with
-# cuDNN's algorithm search) and one candidate (load, check, timing). A kernel that runs longer
-# is taken as hung and its worker killed.
-# A worker's start (importing torch and cupy, the CUDA context) has STARTUP_TIMEOUT_S.
+# Watchdog of the worker's items: a workload's setup (inputs, float64 reference) and torch's
+# measurement (with cuDNN's algorithm search) each, one candidate (load, check, timing), the
+# micro-benchmarks, a worker's start (importing torch and cupy, the CUDA context). An item that
+# runs longer is taken as hung and its worker killed.
 SETUP_TIMEOUT_S, CANDIDATE_TIMEOUT_S, MICROBENCH_TIMEOUT_S, STARTUP_TIMEOUT_S = 180.0, 60.0, 60.0, 120.0
 # A worker that reported a sticky error and has not exited after this long is killed.
 STICKY_GRACE_S = 10.0
@@ -128,13 +128,14 @@ def check_manifest(manifest) -> None:
 
 def reference_params(workload: dict) -> tuple[str, dict]:
     """(reference kind, its parameters): the kind is `reference.kind` (the op when absent), the
-    parameters the workload's `params` overridden by any other field of `reference`, with the
-    catalog's defaults filled in (matmul B=0, trans_a/trans_b false; dilation 1; multiplier 1)."""
+    parameters the workload's catalog `params`, then any other field of `reference` for a name
+    they lack (the catalog's names and meanings win), then the catalog's defaults (matmul B=0,
+    trans_a/trans_b false; dilation 1; multiplier 1)."""
     reference = workload.get("reference") or {}
     kind = reference.get("kind", workload.get("op"))
     if kind not in OPS:
         raise ManifestError(f"no torch reference for {kind!r} (known: {', '.join(OPS)})")
-    p = {**(workload.get("params") or {}), **{k: v for k, v in reference.items() if k != "kind"}}
+    p = {**{k: v for k, v in reference.items() if k != "kind"}, **(workload.get("params") or {})}
     defaults = {"matmul": {"B": 0, "trans_a": False, "trans_b": False}, "conv2d": {"dilation": 1},
                 "group_conv2d": {"dilation": 1}, "depthwise_conv2d": {"multiplier": 1}}
     return kind, {**defaults.get(kind, {}), **p}
@@ -262,7 +263,8 @@ def _candidate_problem(candidate: dict, workload: dict, packdir: str) -> str:
         return f"key {candidate.get('key')!r} has characters outside [A-Za-z0-9._-]"
     files = [candidate.get(k) for k in ("cubin", "ptx") if candidate.get(k)]
     if not any(os.path.isfile(os.path.join(packdir, f)) for f in files):
-        return f"no kernel file: neither cubin {candidate.get('cubin')!r} nor ptx {candidate.get('ptx')!r} is in the pack"
+        return (f"no kernel file: neither cubin {candidate.get('cubin')!r} nor ptx {candidate.get('ptx')!r} "
+                "is in the pack")
     buffers = {a["name"]: a for a in workload.get("args", ())}
     for s in candidate.get("scratch") or ():
         if not isinstance(s, dict) or not isinstance(s.get("name"), str) or s.get("dtype") not in DTYPES:
@@ -383,7 +385,8 @@ def error_measure(out, ref, xp) -> dict:
         value = (0.0 if a == 0 else math.inf) if b == 0 else a / b
         return value if math.isfinite(value) else None
 
-    return {"nonfinite": nonfinite, "rel_l2_error": ratio(diff_norm, ref_norm), "max_rel_error": ratio(diff_max, ref_max)}
+    return {"nonfinite": nonfinite, "rel_l2_error": ratio(diff_norm, ref_norm),
+            "max_rel_error": ratio(diff_max, ref_max)}
 
 
 def verdict(measure: dict, dtype: str, size: int) -> tuple[bool, str]:
@@ -470,7 +473,8 @@ def format_microbench(mb: dict) -> str:
              ("dram_gbps", "GB/s DRAM", 1, "{:.0f}"), ("fp32_gflops", "TFLOP/s fp32 FMA", 1e3, "{:.1f}"),
              ("fp32_matmul_gflops", "fp32 matmul", 1e3, "{:.1f}"), ("tf32_tc_gflops", "TF32", 1e3, "{:.0f}"),
              ("fp16_tc_gflops", "fp16", 1e3, "{:.0f}"))
-    parts = [f"{fmt.format(mb[k] / scale)} {label}" for k, label, scale, fmt in units if isinstance(mb.get(k), (int, float))]
+    parts = [f"{fmt.format(mb[k] / scale)} {label}" for k, label, scale, fmt in units
+             if isinstance(mb.get(k), (int, float))]
     errors = sorted(k for k in mb if k == "error" or k.endswith("_error"))
     return "microbench: " + (", ".join(parts) or "-") + (f" (failed: {', '.join(errors)})" if errors else "")
 
@@ -840,7 +844,8 @@ class Gpu:
     def machine(self) -> dict:
         torch, cupy = self.torch, self.cupy
         rt, drv = cupy.cuda.runtime.runtimeGetVersion(), cupy.cuda.runtime.driverGetVersion()
-        return {"cuda_driver_api": f"{drv // 1000}.{drv % 1000 // 10}", "gpu": torch.cuda.get_device_name(0), "cuda_runtime": torch.version.cuda,
+        return {"gpu": torch.cuda.get_device_name(0), "cuda_runtime": torch.version.cuda,
+                "cuda_driver_api": f"{drv // 1000}.{drv % 1000 // 10}",
                 "cupy_cuda_runtime": f"{rt // 1000}.{rt % 1000 // 10}", "torch": torch.__version__,
                 "cupy": cupy.__version__, "cudnn": torch.backends.cudnn.version(), "sm_count": self.sm_count,
                 "l2_bytes": self.l2_bytes, "python": platform.python_version()}
@@ -932,8 +937,10 @@ def microbench(gpu: Gpu) -> dict:
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
 
-    parts = {"dram_gbps": dram, "fp32_gflops": fma, "fp32_matmul_gflops": lambda: matmul(torch.float32, False),
-             "tf32_tc_gflops": lambda: matmul(torch.float32, True), "fp16_tc_gflops": lambda: matmul(torch.float16, False)}
+    parts = {"dram_gbps": dram, "fp32_gflops": fma,
+             "fp32_matmul_gflops": lambda: matmul(torch.float32, False),
+             "tf32_tc_gflops": lambda: matmul(torch.float32, True),
+             "fp16_tc_gflops": lambda: matmul(torch.float16, False)}
     for name, part in parts.items():
         try:
             out[name] = part()
