@@ -68,7 +68,7 @@ REPEAT_OVERHEAD_S = 1e-4
 SETUP_TIMEOUT_S, CANDIDATE_TIMEOUT_S, MICROBENCH_TIMEOUT_S, STARTUP_TIMEOUT_S = 180.0, 60.0, 60.0, 120.0
 # A worker that reported a sticky error and has not exited after this long is killed.
 STICKY_GRACE_S = 10.0
-# Workers that stop without a result for any item, this many in a row, stop the run.
+# Workers that end without a new result, this many in a row, stop the run.
 MAX_IDLE_WORKERS = 2
 # Ratio of our best time to torch's under which a workload counts as "within 10% of torch".
 WITHIN = 1.10
@@ -676,12 +676,12 @@ def run_pack(args) -> int:
             before = run.progress()
             stopped = _worker(run, items, os.path.join(tmp, f"worker{number}"))
             run.save()
-            idle = idle + 1 if stopped is not None and run.progress() == before else 0
+            idle = idle + 1 if run.progress() == before else 0
             if idle >= MAX_IDLE_WORKERS:  # e.g. torch or cupy missing, no GPU: every worker dies alike
                 for w, _ in run.work:
-                    run.fail_workload(w["id"], f"worker: {stopped}")
+                    run.fail_workload(w["id"], f"worker: {stopped or 'reported nothing'}")
                 if run.microbench is None:
-                    run.microbench = {"error": one_line(stopped)}
+                    run.microbench = {"error": one_line(stopped or "reported nothing")}
                 break
     if run.microbench is None:
         run.microbench = {"error": "not run"}
