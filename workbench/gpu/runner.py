@@ -556,15 +556,21 @@ def parse_nvidia_smi(text: str) -> dict:
     return {"driver": parts[0], "clock_mhz": mhz(parts[1]), "clock_max_mhz": mhz(parts[2])}
 
 
+def gpu_clocks() -> dict:
+    """The GPU's driver and SM clocks from nvidia-smi (empty when it is absent)."""
+    if not shutil.which("nvidia-smi"):
+        return {}
+    return parse_nvidia_smi(_command(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
+                                      "--format=csv,noheader,nounits"]))
+
+
 def host_info() -> dict:
     """The host's CPU (lscpu), name, and the GPU's driver and clocks (nvidia-smi), when present."""
     info = {"hostname": socket.gethostname(), "cpu": platform.processor(), "cpu_flags": "", "driver": None,
             "clock_mhz": None, "clock_max_mhz": None}
     if shutil.which("lscpu"):
         info.update({k: v for k, v in parse_lscpu(_command(["lscpu"])).items() if v})
-    if shutil.which("nvidia-smi"):
-        info.update(parse_nvidia_smi(_command(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
-                                               "--format=csv,noheader,nounits"])))
+    info.update(gpu_clocks())
     return info
 
 
@@ -616,6 +622,8 @@ class Run:
             self.l2_flush_bytes = event.get("l2_flush_bytes")
         elif kind == "microbench":
             self.microbench = event["microbench"]
+            # the SM clock right after the micro-benchmarks' load (at the run's start it idles)
+            self.machine["clock_mhz_after_microbench"] = gpu_clocks().get("clock_mhz")
         elif kind == "torch":
             self.torch[event["workload"]] = event["torch"]
         elif kind == "candidate":
