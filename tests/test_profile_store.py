@@ -261,7 +261,40 @@ def test_a_store_of_schema_2_is_migrated_and_keeps_a_correction(tmp_path):
         assert [(r.id, r.status) for r in store.runs()] == [(1, "cancelled")]
         assert store.correction("tiny-cpu") is None
         store.save_correction(correction, {"claim": False})
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     with RunStore(path) as store:
         stored = store.correction("tiny-cpu")
     assert stored.correction == correction and stored.measurements == 40 and stored.evaluation == {"claim": False}
+
+
+FIXTURE_V3 = ROOT / "tests" / "fixtures" / "runs-v3.sqlite"  # written by the store of schema 3 (commit e93e79c)
+
+
+def test_the_stored_schema_3_fixture_opens_migrated_with_its_runs_intact(tmp_path):
+    """A store the code of schema 3 wrote: after the migration its two runs, candidates and
+    measurements read as they were written, they carry no label or provenance, and new runs with
+    both can be added beside them."""
+    import shutil
+
+    path = tmp_path / "old.sqlite3"
+    shutil.copy(FIXTURE_V3, path)  # the migration writes: never the committed file
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+    with RunStore(path) as store:
+        old = store.runs()
+        assert [(r.workload, r.device, r.policy, r.status) for r in old] == [
+            ("t:mm-64", "tiny-cpu", "roller", "finished"), ("t:mm-64", "tiny-cpu", "markov", "finished")]
+        assert all(r.label == "" and r.provenance == () and r.commit == "" for r in old)
+        assert dict(old[0].versions) == {"workbench": "0.1.0", "tvm": "0.22.0", "numpy": "2.3.0"}
+        rows = store.measurements_of(old[1].id)
+        assert [r.rank for r in rows] == [1, 2, 3]
+        assert rows[1].measurement.best_seconds == pytest.approx(2e-6 * 1.1)
+        assert len(rows[1].measurement.seconds) == 5 and rows[1].measurement.correct
+        assert sorted(store.programs_of(old[0].id)) == [1, 2, 3]
+        new = store.start_run(workload=WORKLOAD, device=TINY_CPU, policy="roller", runner="local",
+                              candidates=candidates(), label="after", provenance={"git_commit": "abc", "threads": 2})
+        assert store.runs()[-1].id == new
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    with RunStore(path) as store:
+        last = store.runs()[-1]
+    assert last.label == "after" and dict(last.provenance) == {"git_commit": "abc", "threads": 2}
+    assert last.commit == "abc" and last.to_dict()["provenance"]["threads"] == 2

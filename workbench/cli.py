@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracker", help="RPC tracker HOST:PORT (with --runner rpc)")
     p.add_argument("--key", help="RPC device key (with --runner rpc)")
     p.add_argument("--repeat", type=int, default=5)
+    _label_arg(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("model", help="construct every operator of an ONNX model and co-schedule them")
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_args(b, topk=5)
     _profile_args(b)
     b.add_argument("--baselines", default="numpy", help="e.g. numpy,torch,metaschedule:64")
+    _label_arg(b)
     b.add_argument("--json", action="store_true")
     b = bsub.add_parser("dynamic", help="Vortex beside a per-shape oracle, numpy and DietCode over values of one dyn extent")
     _workload_args(b)
@@ -166,6 +168,22 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(r)
     r.add_argument("--json", action="store_true")
     return parser
+
+
+def _label_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--label", type=_label, default="", help="store the runs under this label (`runs compare --a label=NAME`)")
+
+
+# A label is a name to type in a selector (`label=NAME`): printable, no comma (selectors are
+# comma-separated), at most this long.
+MAX_LABEL = 100
+
+
+def _label(text: str) -> str:
+    if len(text) > MAX_LABEL or not text.isprintable() or "," in text or text != text.strip():
+        raise argparse.ArgumentTypeError(f"a label is at most {MAX_LABEL} printable characters, no comma and no "
+                                         f"leading or trailing space, got {text[:40]!r}")
+    return text
 
 
 def _profile_args(p: argparse.ArgumentParser) -> None:
@@ -372,7 +390,8 @@ def cmd_profile(args) -> int:
     with pipeline.RunStore(args.db) as store:  # a bad --db fails before anything is built
         c = _construct(args, workload)
         result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
-                                  key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args))
+                                  key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args),
+                                  run_label=args.label)
     doc = result.to_dict()
     lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
     for cand in doc["candidates"]:
@@ -398,7 +417,8 @@ def cmd_bench_kernels(args) -> int:
     device = pipeline.load_device(args.device)
     with pipeline.RunStore(args.db) as store:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-        data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store, progress=_progress(args))
+        data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store,
+                           progress=_progress(args), label=args.label)
     data["suite"] = args.suite
     names = [b.name for b in baselines]
     lines = [f"{'id':14s} {'best':>10s} rank " + " ".join(f"{n:>16s}" for n in names)]

@@ -160,10 +160,12 @@ def profile(
     ranks: Sequence[int] | None = None,
     pool: WorkerPool | None = None,
     workload: Workload | TensorExpr | None = None,
+    run_label: str = "",
 ) -> ProfileResult:
     """Build, verify and time the construction's candidates (those of `ranks`, default all) with
     `runner` ("local", "rpc" with `tracker` and `key`, "fake", or a Runner), recording the run
-    in `store` (a `profile.store.RunStore`) under `label`; builds and local runs use the warm
+    in `store` (a `profile.store.RunStore`) under the workload label `label` and the run's own
+    `run_label` (what `runs compare` selects by); builds and local runs use the warm
     workers of `pool` (a `WorkerPool`, for many profiles in a row) when given.
 
     The numpy reference knows catalog operators and expressions, not a model's fused PrimFuncs:
@@ -175,7 +177,7 @@ def profile(
     if pool is None and _model_operator(workload) and runner == "local":
         with WorkerPool() as own:
             return profile(construction, runner, label=label, store=store, timing=timing, progress=progress,
-                           tracker=tracker, key=key, ranks=ranks, pool=own, workload=workload)
+                           tracker=tracker, key=key, ranks=ranks, pool=own, workload=workload, run_label=run_label)
     if _model_operator(workload):
         if runner == "rpc":
             raise UserError("an operator of a model is checked against its TVM default lowering in a run of the "
@@ -185,7 +187,8 @@ def profile(
             runner = operator_runner(model, workload.operator, construction.device, pool, timing.seed)
     return profile_candidates(construction.expr, construction.device, chosen, runner=runner, tracker=tracker,
                               key=key, store=store, workload_label=label, policy=construction.policy,
-                              timing=timing, progress=progress, pool=pool)
+                              timing=timing, progress=progress, pool=pool, run_label=run_label,
+                              options=construction.options)
 
 
 def _model_operator(workload) -> bool:

@@ -61,6 +61,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE corrections (device TEXT PRIMARY KEY, fitted_at REAL NOT NULL,
            measurements INTEGER NOT NULL, correction TEXT NOT NULL, evaluation TEXT NOT NULL)""",
     ),
+    # A run's label (`--label NAME`, what `runs compare` selects by) and its provenance
+    # (`profile/provenance.py`: commit, machine, options). Runs of older stores have neither.
+    (
+        "ALTER TABLE runs ADD COLUMN label TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE runs ADD COLUMN provenance TEXT NOT NULL DEFAULT '{}'",
+        "CREATE INDEX runs_by_label ON runs (label)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -86,6 +93,8 @@ class RunRecord:
     runner: str
     versions: tuple[tuple[str, str], ...]
     cancelled: bool = False  # stopped part-way; its measurements are those taken before
+    label: str = ""  # the run's own label (`--label NAME`), "" when none was given
+    provenance: tuple[tuple[str, object], ...] = ()  # `profile.provenance.collect`; () for older runs
 
     @property
     def status(self) -> str:
@@ -95,7 +104,12 @@ class RunRecord:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self) | {"params": dict(self.params), "versions": dict(self.versions),
-                                           "status": self.status}
+                                           "provenance": dict(self.provenance), "status": self.status}
+
+    @property
+    def commit(self) -> str:
+        """The checkout's commit the run was made from ("" when unknown)."""
+        return str(dict(self.provenance).get("git_commit", ""))
 
 
 @dataclass(frozen=True)
@@ -173,18 +187,21 @@ class RunStore:
         candidates: Sequence,
         topk: int | None = None,
         versions: Mapping[str, str] | None = None,
+        label: str = "",
+        provenance: Mapping[str, object] | None = None,
     ) -> int:
         """Record a run and its candidates (`Candidate`s: rank, program, estimate); returns its id.
 
-        `workload` holds `label`, `op`, `dtype` and the operator's parameters (the rest)."""
+        `workload` holds `label`, `op`, `dtype` and the operator's parameters (the rest); `label`
+        is the run's own, `provenance` what made it (`profile.provenance.collect`)."""
         with self._write() as db:
             workload_id = self._workload_id(db, workload)
             device_id = self._device_id(db, device)
             run_id = db.execute(
-                """INSERT INTO runs (started_at, workload, device, policy, topk, runner, versions)
-                   VALUES (?, ?, ?, ?, ?, ?, ?)""",
+                """INSERT INTO runs (started_at, workload, device, policy, topk, runner, versions, label, provenance)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (time.time(), workload_id, device_id, policy, topk if topk is not None else len(candidates),
-                 runner, _dumps(dict(versions or {}))),
+                 runner, _dumps(dict(versions or {})), label, _dumps(dict(provenance or {}))),
             ).lastrowid
             db.executemany(
                 "INSERT INTO candidates (run, rank, rprogram, predicted_seconds, estimate) VALUES (?, ?, ?, ?, ?)",
@@ -235,13 +252,14 @@ class RunStore:
                 where.append(f"{column} = ?")
                 args.append(value)
         sql = f"""SELECT r.id, r.started_at, r.finished_at, w.label, w.op, w.params, w.dtype, d.name, r.policy,
-                  r.topk, r.runner, r.versions, r.cancelled FROM runs r JOIN workloads w ON w.id = r.workload
+                  r.topk, r.runner, r.versions, r.cancelled, r.label, r.provenance FROM runs r JOIN workloads w ON w.id = r.workload
                   JOIN devices d ON d.id = r.device {'WHERE ' + ' AND '.join(where) if where else ''}
                   ORDER BY r.started_at, r.id"""
         rows = self._read(sql, args)
         return tuple(
             RunRecord(row[0], row[1], row[2], row[3], row[4], tuple(sorted(json.loads(row[5]).items())), row[6],
-                      row[7], row[8], row[9], row[10], tuple(sorted(json.loads(row[11]).items())), bool(row[12]))
+                      row[7], row[8], row[9], row[10], tuple(sorted(json.loads(row[11]).items())), bool(row[12]),
+                      row[13], tuple(sorted(json.loads(row[14]).items())))
             for row in rows
         )
 
