@@ -370,7 +370,7 @@ def test_profile_times_verifies_and_stores(capsys, tmp_path):
     import sqlite3
 
     db = tmp_path / "runs.sqlite3"
-    code, out, _ = run(capsys, "profile", "--op", "matmul", "--shape", "M=64,N=64,K=64", "--topk", "3", "--repeat", "2", "--db", str(db), "--json")
+    code, out, _ = run(capsys, "profile", "--op", "matmul", "--shape", "M=64,N=64,K=64", "--topk", "3", "--repeat", "2", "--db", str(db), "--label", "base line", "--json")
     assert code == 0
     doc = json.loads(out)
     assert len(doc["candidates"]) == 3
@@ -378,6 +378,8 @@ def test_profile_times_verifies_and_stores(capsys, tmp_path):
     assert "spearman" in doc and "kendall" in doc
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 3
+        label, provenance = con.execute("SELECT label, provenance FROM runs").fetchone()
+    assert label == "base line" and json.loads(provenance)["timing_repeat"] == 2
 
 
 def test_profile_refuses_a_foreign_db(capsys, tmp_path):
@@ -695,3 +697,58 @@ def test_bench_dynamic_bad_values_are_one_line_exit_2(capsys, flag, text, messag
     argv = ["bench", "dynamic", "--op", "matmul", "--shape", "M=dyn,K=64,N=64", "--values", "1,7"]
     code, out, err = run(capsys, *argv, f"{flag}={text}")
     assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def compared_store(tmp_path_factory):
+    """Fake-profiled runs of two matmuls: "base" and "same" the same kernels, "slow" 10 % slower."""
+    from tests.helpers import fake_runs_store
+    from workbench.profile.fake import FakeRunner
+
+    path = tmp_path_factory.mktemp("compare") / "runs.sqlite3"
+    return fake_runs_store(path, [("base", FakeRunner(seed=3)), ("same", FakeRunner(seed=3, noise=0.003)),
+                                  ("slow", FakeRunner(seed=3, scale=2.2))])
+
+
+def test_runs_compare_json_contract_and_fail_on_regression(capsys, compared_store):
+    db = str(compared_store)
+    code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=same",
+                       "--fail-on-regression", "5", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) == {"a", "b", "confidence", "margin", "workloads", "counts", "fail_on_regression", "regressions"}
+    assert doc["confidence"] == 0.95 and doc["counts"]["no detectable change"] == 2 and doc["regressions"] == []
+    row = doc["workloads"][0]
+    assert set(row) == {"workload", "device", "a", "b", "ratio", "ratio_low", "ratio_high", "ratio_level", "verdict", "why"}
+    assert set(row["a"]) == {"runs", "kernels", "samples", "best_seconds", "median_seconds", "median_low",
+                             "median_high", "median_level", "predicted_seconds"}
+    code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",
+                       "--fail-on-regression", "5")
+    assert code == 1
+    assert "2 slower" in out and "regressions beyond 5 %: mm-32, mm-48" in out
+    code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",
+                       "--fail-on-regression", "25", "--confidence", "0.99")
+    assert code == 0 and "regressions beyond 25 %: none" in out and "confidence 99%" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("--a", "label=base", "--b", "colour=red"), "--b 'colour=red': unknown key 'colour'"),
+    (("--a", "since=monday", "--b", "label=base"), "is not a date"),
+    (("--a", "label=base", "--b", "label=nothing"), "no finished run"),
+    (("--a", "label=base", "--b", "label=slow", "--confidence", "2"), "--confidence"),
+    (("--a", "label=base", "--b", "label=slow", "--fail-on-regression", "x"), "--fail-on-regression"),
+    (("--a", "label=base"), "--b"),
+])
+def test_runs_compare_bad_input_is_one_line_exit_2(capsys, compared_store, argv, needle):
+    code, _, err = run(capsys, "runs", "compare", "--db", str(compared_store), *argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_compare_needs_an_existing_store(capsys, tmp_path):
+    code, _, err = run(capsys, "runs", "compare", "--db", str(tmp_path / "none.sqlite3"), "--a", "label=a", "--b", "label=b")
+    assert code == 2 and "no runs store there" in err and not (tmp_path / "none.sqlite3").exists()
+
+
+def test_a_label_with_a_comma_is_refused(capsys):
+    code, _, err = run(capsys, "profile", "--op", "relu", "--shape", "shape=64", "--label", "a,b")
+    assert code == 2 and "--label" in err

@@ -12,11 +12,13 @@ import signal
 import statistics
 import sys
 import threading
+from pathlib import Path
 
 from workbench.errors import UserError
 
 EXIT_USER_ERROR = 2
 EXIT_KERNEL_FAILED = 1  # the kernel failed to build or verify: nothing exported
+EXIT_REGRESSION = 1  # `runs compare --fail-on-regression`: a workload got slower beyond it
 
 
 class _Parser(argparse.ArgumentParser):
@@ -167,7 +169,43 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default="local-cpu", help="device name as the runs store has it (default: local-cpu)")
     _profile_args(r)
     r.add_argument("--json", action="store_true")
+    r = rsub.add_parser("compare", help="compare two sets of runs workload by workload: faster, slower or no detectable change")
+    _selector_args(r)
+    r.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
+                   help="exit 1 when a workload is slower beyond noise by more than PCT percent")
+    _profile_args(r)
+    r.add_argument("--json", action="store_true")
     return parser
+
+
+SELECTOR_HELP = ("runs by KEY=VALUE[,KEY=VALUE...]: label, device, commit (prefix), policy, workload, since / until "
+                 "(YYYY-MM-DD), run (ID or FIRST-LAST); one key repeated: any of its values")
+
+
+def _selector_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--a", required=required, metavar="SEL", help="the baseline: " + SELECTOR_HELP)
+    p.add_argument("--b", required=required, metavar="SEL", help="compared with A: " + SELECTOR_HELP)
+    p.add_argument("--confidence", type=_confidence, default=0.95, help="the intervals' coverage (default 0.95)")
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be a percentage from 0 to 1000, got {text[:40]}")
+    return value
+
+
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be from 0.5 to below 1, got {text[:40]}")
+    return value
 
 
 def _label_arg(p: argparse.ArgumentParser) -> None:
@@ -457,6 +495,34 @@ def cmd_model(args) -> int:
 
 
 def cmd_runs(args) -> int:
+    return {"fit": cmd_runs_fit, "compare": cmd_runs_compare}[args.runs_command](args)
+
+
+def cmd_runs_compare(args) -> int:
+    from workbench import pipeline
+    from workbench.profile.versus import Selector, compare_runs, text
+
+    a, b = Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")  # before the store is opened
+    with _existing_store(args) as store:
+        comparison = compare_runs(store, a, b, args.confidence)
+    _emit(args, comparison.to_dict(args.fail_on_regression), text(comparison, args.fail_on_regression))
+    if args.fail_on_regression is not None and comparison.regressions(args.fail_on_regression):
+        return EXIT_REGRESSION
+    return 0
+
+
+def _existing_store(args):
+    """The runs store of --db (default: the user's), which a command that only reads it needs to
+    exist: opening a missing one would create an empty store."""
+    from workbench import pipeline
+
+    path = Path(args.db) if args.db else pipeline.default_store_path()
+    if not path.is_file():
+        raise UserError(f"--db {path}: no runs store there (`workbench profile` writes one)")
+    return pipeline.RunStore(path)
+
+
+def cmd_runs_fit(args) -> int:
     from workbench import pipeline
 
     with pipeline.RunStore(args.db) as store:
