@@ -752,3 +752,11 @@ def test_runs_compare_needs_an_existing_store(capsys, tmp_path):
 def test_a_label_with_a_comma_is_refused(capsys):
     code, _, err = run(capsys, "profile", "--op", "relu", "--shape", "shape=64", "--label", "a,b")
     assert code == 2 and "--label" in err
+
+
+def test_profile_text_gives_each_measured_kernels_share_of_the_peaks(capsys, tmp_path):
+    code, out, _ = run(capsys, "profile", "--op", "matmul", "--shape", "M=64,N=64,K=64", "--topk", "2",
+                       "--runner", "fake", "--db", str(tmp_path / "r.sqlite3"))
+    assert code == 0
+    shares = [line for line in out.splitlines() if "of peak compute (" in line]
+    assert len(shares) == 2 and all(re.search(r"\d+% of peak compute .*; binds \S", s) for s in shares)

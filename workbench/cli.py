@@ -430,11 +430,13 @@ def cmd_profile(args) -> int:
         result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
                                   key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args),
                                   run_label=args.label)
-    doc = result.to_dict()
+    doc, diagnoses = result.to_dict(), result.diagnoses
     lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
     for cand in doc["candidates"]:
         measured = duration(cand["measured_seconds"])  # "-" without a correct time
         lines.append(f"#{cand['rank']:<3d} predicted {duration(cand['predicted_seconds']):>9s}  measured {measured:>9s}  {cand['error'] or ('ok' if cand['correct'] else '')}")
+        if cand["rank"] in diagnoses:
+            lines.append(f"     {diagnoses[cand['rank']].peak_text}")
     lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, {result.best_note()}")
     for note in (result.load_note(), result.noise_note()):
         if note:
