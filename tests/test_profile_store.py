@@ -17,6 +17,7 @@ from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.profile.runner import Measurement
+from workbench.rtile.model import Estimate
 from workbench.profile.store import APPLICATION_ID, SCHEMA_VERSION, RunStore, default_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,6 +238,18 @@ def test_estimates_of_gives_each_candidates_stored_estimate(tmp_path):
         run_id = start(store)
         assert store.estimates_of(run_id) == {c.rank: json.loads(json.dumps(c.estimate.to_dict())) for c in candidates()}
         assert store.estimates_of(run_id + 1) == {}  # no such run
+        read_back = {rank: Estimate.from_dict(e) for rank, e in store.estimates_of(run_id).items()}
+    assert read_back == {c.rank: c.estimate for c in candidates()}
+
+
+def test_a_runs_device_spec_and_record_read_back_equal(tmp_path):
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        run_id = start(store, label="t:other")
+        assert store.device_of(run_id) == TINY_CPU
+        assert store.run(run_id).workload == "t:other"
+        for missing in (store.device_of, store.run):
+            with pytest.raises(UserError, match=f"--run {run_id + 1}: no such run"):
+                missing(run_id + 1)
 
 
 def test_a_store_of_schema_2_is_migrated_and_keeps_a_correction(tmp_path):

@@ -175,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 when a workload is slower beyond noise by more than PCT percent")
     _profile_args(r)
     r.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("report", help="one self-contained HTML file of a stored run, or of two sets of runs compared")
+    p.add_argument("--run", type=int, help="a stored run's id")
+    _selector_args(p, required=False)
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    _profile_args(p)
+    p.add_argument("--json", action="store_true")
     return parser
 
 
@@ -524,6 +531,26 @@ def _existing_store(args):
     return pipeline.RunStore(path)
 
 
+def cmd_report(args) -> int:
+    from workbench.files import write_user_file
+    from workbench.profile.versus import Selector, compare_runs
+    from workbench.report import comparison_report, run_report
+
+    if (args.run is None) == (args.a is None and args.b is None):
+        raise UserError("report: give either --run ID or both --a SEL and --b SEL")
+    if args.run is None and (args.a is None or args.b is None):
+        raise UserError("report: a comparison needs both --a SEL and --b SEL")
+    selectors = (Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")) if args.run is None else None
+    with _existing_store(args) as store:
+        if selectors is None:
+            page = run_report(store, args.run)
+        else:
+            page = comparison_report(store, compare_runs(store, *selectors, args.confidence))
+    write_user_file(args.out, page, "--out")
+    what = f"run {args.run}" if args.run is not None else f"{args.a} against {args.b}"
+    return _emit(args, {"path": args.out, "bytes": len(page.encode())}, f"wrote {args.out}: {what}")
+
+
 def cmd_runs_fit(args) -> int:
     from workbench import pipeline
 
@@ -612,6 +639,7 @@ COMMANDS = {
     "model": cmd_model,
     "bench": cmd_bench_dispatch,
     "runs": cmd_runs,
+    "report": cmd_report,
     "vortex": cmd_vortex,
 }
 

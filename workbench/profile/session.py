@@ -218,7 +218,8 @@ def profile_candidates(
         known = versions()
         run_id = store.start_run(workload={"label": label, **expr.workload_dict()}, device=device, policy=policy,
                                  runner=chosen.name, candidates=candidates, versions=known, label=run_label,
-                                 provenance=run_provenance(device, known, chosen.name, policy, options, timing, load))
+                                 provenance=run_provenance(expr, device, known, chosen.name, policy, options, timing,
+                                                           load))
     recorder = _Recorder(store, run_id, len(candidates), progress)
     try:
         _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool)
@@ -239,12 +240,16 @@ def profile_candidates(
                          time.perf_counter() - start, load, os.cpu_count() or 1)
 
 
-def run_provenance(device: DeviceSpec, known: dict, runner: str, policy: str, options: Options | None,
+def run_provenance(expr, device: DeviceSpec, known: dict, runner: str, policy: str, options: Options | None,
                    timing: Timing, load: float | None) -> dict:
     """What a run records of where it was made (`provenance.collect`): its options are the
-    runner, the policy, the construction's options and the timing's."""
+    runner, the policy, the construction's options and the timing's; with them the compute roof
+    of `expr` on `device` (`peak_gflops`: the MMA units' or the ALUs'), which a report of the run
+    divides by and cannot recompute without the expression."""
+    from workbench.rtile.model.common import peak_gflops
+
     threads = thread_env(device).get("TVM_NUM_THREADS")
-    chosen = {"runner": runner, "policy": policy}
+    chosen = {"runner": runner, "policy": policy, "peak_gflops": peak_gflops(expr, device)}
     if options is not None:
         chosen |= {"topk": options.topk, "eps": options.eps, "max_steps": options.max_steps, "seed": options.seed}
     chosen |= {f"timing_{k}": v for k, v in asdict(timing).items()}

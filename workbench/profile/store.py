@@ -289,6 +289,23 @@ class RunStore:
         rows = self._read("SELECT rank, estimate FROM candidates WHERE run = ? ORDER BY rank", (run_id,))
         return {rank: json.loads(text) for rank, text in rows}
 
+    def device_of(self, run_id: int) -> DeviceSpec:
+        """The device spec run `run_id` was constructed and measured for, as stored with it."""
+        rows = self._read("SELECT d.spec FROM runs r JOIN devices d ON d.id = r.device WHERE r.id = ?", (run_id,))
+        if not rows:
+            raise UserError(f"--run {run_id}: no such run in {self.path}")
+        try:
+            return DeviceSpec.from_dict(json.loads(rows[0][0]))
+        except TypeError as err:  # a field this version does not know
+            raise UserError(f"--run {run_id}: its device spec is of another tile-workbench version ({err})") from None
+
+    def run(self, run_id: int) -> RunRecord:
+        """Run `run_id`'s record; UserError naming it when the store has none."""
+        found = [r for r in self.runs() if r.id == run_id]
+        if not found:
+            raise UserError(f"--run {run_id}: no such run in {self.path}")
+        return found[0]
+
     def correction(self, device: str) -> StoredCorrection | None:
         """The stored correction of device `device` (its name), or None."""
         rows = self._read("""SELECT fitted_at, measurements, correction, evaluation FROM corrections

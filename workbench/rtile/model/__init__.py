@@ -47,6 +47,7 @@ into panels (`cpu.packing_seconds`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
@@ -95,6 +96,15 @@ class Estimate:
             "measured": list(self.measured),
             "modelled": list(self.modelled),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Estimate":
+        """The estimate of `to_dict` read back (the runs store keeps each candidate's so)."""
+        return cls(data["flops"], data["padded_flops"], tuple(data["bytes_per_layer"].items()),
+                   tuple(data["load_seconds"].items()), data["compute_seconds"], data["threads"],
+                   data["blocks_per_unit"], data["waves"], data["occupancy"], data["bottleneck"],
+                   data["predicted_seconds"], tuple(data["footprint_bytes"]), data.get("reduction_seconds", 0.0),
+                   tuple(data.get("measured", ())), tuple(data.get("modelled", ())))
 
 
 def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
