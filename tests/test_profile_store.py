@@ -238,7 +238,8 @@ def test_estimates_of_gives_each_candidates_stored_estimate(tmp_path):
         run_id = start(store)
         assert store.estimates_of(run_id) == {c.rank: json.loads(json.dumps(c.estimate.to_dict())) for c in candidates()}
         assert store.estimates_of(run_id + 1) == {}  # no such run
-        read_back = {rank: Estimate.from_dict(e) for rank, e in store.estimates_of(run_id).items()}
+        layers = [layer.name for layer in TINY_CPU.layers]
+        read_back = {rank: Estimate.from_dict(e, layers) for rank, e in store.estimates_of(run_id).items()}
     assert read_back == {c.rank: c.estimate for c in candidates()}
 
 

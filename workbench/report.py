@@ -152,7 +152,9 @@ def run_report(store: RunStore, run_id: int) -> str:
     device = store.device_of(run_id)
     provenance = dict(run.provenance)
     estimates = store.estimates_of(run_id)
-    candidates = [StoredCandidate(rank, e["predicted_seconds"], Estimate.from_dict(e)) for rank, e in estimates.items()]
+    layers = [layer.name for layer in device.layers]
+    candidates = [StoredCandidate(rank, e["predicted_seconds"], Estimate.from_dict(e, layers))
+                  for rank, e in estimates.items()]
     measurements = store.measurements_of(run_id)
     best: dict[int, float] = {}
     for m in measurements:
