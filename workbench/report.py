@@ -146,23 +146,45 @@ def candidate_table(candidates: Sequence[StoredCandidate], measurements: Sequenc
     return rows
 
 
-def run_report(store: RunStore, run_id: int) -> str:
-    """The HTML report of stored run `run_id`; UserError when the store has no such run."""
+@dataclass(frozen=True)
+class StoredRun:
+    """A stored run read back with what its views need: the spec, the compute roof it was
+    measured against, its candidates, measurements, fastest correct time per rank, diagnoses."""
+
+    run: RunRecord
+    device: DeviceSpec
+    peak_gflops: float
+    candidates: tuple[StoredCandidate, ...]
+    measurements: tuple[StoredMeasurement, ...]
+    best: Mapping[int, float]
+    diagnoses: Mapping[int, Diagnosis]
+
+    def candidate_rows(self) -> list[dict]:
+        return candidate_table(self.candidates, self.measurements, self.diagnoses)
+
+
+def stored_run(store: RunStore, run_id: int) -> StoredRun:
+    """Run `run_id` of `store` read back; UserError when there is no such run."""
     run = store.run(run_id)
     device = store.device_of(run_id)
-    provenance = dict(run.provenance)
-    estimates = store.estimates_of(run_id)
     layers = [layer.name for layer in device.layers]
-    candidates = [StoredCandidate(rank, e["predicted_seconds"], Estimate.from_dict(e, layers))
-                  for rank, e in estimates.items()]
+    candidates = tuple(StoredCandidate(rank, e["predicted_seconds"], Estimate.from_dict(e, layers))
+                       for rank, e in store.estimates_of(run_id).items())
     measurements = store.measurements_of(run_id)
     best: dict[int, float] = {}
     for m in measurements:
         if m.measurement.ok:
             best[m.rank] = min(best.get(m.rank, math.inf), m.measurement.best_seconds)
     # the compute roof the session divided by; a run stored before it was recorded: the ALUs' peak
-    peak = float(provenance.get("peak_gflops") or device.peak(run.dtype))
-    diagnoses = run_diagnoses(device, peak, candidates, best)
+    peak = float(dict(run.provenance).get("peak_gflops") or device.peak(run.dtype))
+    return StoredRun(run, device, peak, candidates, measurements, best, run_diagnoses(device, peak, candidates, best))
+
+
+def run_report(store: RunStore, run_id: int) -> str:
+    """The HTML report of stored run `run_id`; UserError when the store has no such run."""
+    stored = stored_run(store, run_id)
+    run, device, peak, candidates, best = stored.run, stored.device, stored.peak_gflops, stored.candidates, stored.best
+    provenance, diagnoses = dict(run.provenance), stored.diagnoses
 
     page = _Page(f"{run.workload} on {run.device}: run {run.id}")
     page.note(f"{run.policy} policy, top {run.topk}, {run.runner} runner; started {_when(run.started_at)}, "
@@ -181,7 +203,7 @@ def run_report(store: RunStore, run_id: int) -> str:
     page.heading("Candidates")
     page.note("measured: the fastest repeat; the interval covers the median of the repeats (order statistics); "
               "% of peak: achieved FLOP/s and bytes/s of the fastest repeat over the device's peaks")
-    page.add(_table(candidate_table(candidates, measurements, diagnoses)))
+    page.add(_table(stored.candidate_rows()))
     points = [ComparedPoint(c.rank, c.predicted_seconds, best.get(c.rank)) for c in candidates]
     page.heading("Predicted vs measured")
     page.figure(predicted_vs_measured_figure(points))
@@ -191,6 +213,13 @@ def run_report(store: RunStore, run_id: int) -> str:
     page.heading("Diagnosis")
     page.add(_table([{"rank": rank, "% of peaks": d.peak_text, "why": d.sentence} for rank, d in diagnoses.items()]))
     return page.html()
+
+
+def run_html(path, run_id: int) -> str:
+    """The report of run `run_id` of the runs store at `path` (the dashboards' downloads, made
+    when clicked, in a thread of their own: the store is opened here)."""
+    with RunStore(path) as store:
+        return run_report(store, run_id)
 
 
 def _side_rows(runs: Sequence[RunRecord]) -> list[dict]:
