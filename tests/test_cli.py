@@ -716,7 +716,9 @@ def test_runs_compare_json_contract_and_fail_on_regression(capsys, compared_stor
                        "--fail-on-regression", "5", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert set(doc) == {"a", "b", "confidence", "margin", "workloads", "counts", "fail_on_regression", "regressions"}
+    assert set(doc) == {"a", "b", "confidence", "margin", "workloads", "counts", "busy_runs", "fail_on_regression",
+                        "regressions"}
+    assert doc["busy_runs"] == []  # fake runs time nothing on this machine
     assert doc["confidence"] == 0.95 and doc["counts"]["no detectable change"] == 2 and doc["regressions"] == []
     row = doc["workloads"][0]
     assert set(row) == {"workload", "device", "a", "b", "ratio", "ratio_low", "ratio_high", "ratio_level", "verdict", "why"}

@@ -142,3 +142,31 @@ def test_the_same_code_compares_as_no_change_and_a_slower_one_as_slower(store_pa
     row = doc["workloads"][0]
     assert row["a"]["samples"] == 7 and row["a"]["median_low"] <= row["a"]["median_seconds"] <= row["a"]["median_high"]
     assert row["ratio_low"] < row["ratio"] < row["ratio_high"] and row["ratio_level"] >= 0.95
+
+
+def test_runs_started_on_a_busy_machine_are_named(tmp_path):
+    """A local run whose load average at the start was at least half the CPUs is named busy; a
+    quiet one, a fake one (nothing timed here) and one without provenance are not."""
+    from tests.helpers import TINY_CPU, matmul
+    from workbench.construct.space import Options
+    from workbench.construct.stepper import construct
+    from workbench.profile.provenance import busy
+    from workbench.profile.runner import Measurement
+
+    assert busy({"runner": "local", "load_average": 1.0, "cpus": 2})
+    assert not busy({"runner": "local", "load_average": 0.9, "cpus": 2})
+    assert not busy({"runner": "fake", "load_average": 9.0, "cpus": 2}) and not busy({})
+    cands = construct(matmul(32, 32, 32), TINY_CPU, options=Options(topk=1)).candidates
+    workload = {"label": "mm-32", "op": "matmul", "dtype": "float32", "M": 32, "N": 32, "K": 32}
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        ids = []
+        for label, load in (("quiet", 0.2), ("busy", 3.0)):
+            run_id = store.start_run(workload=workload, device=TINY_CPU, policy="roller", runner="local",
+                                     candidates=cands, label=label,
+                                     provenance={"runner": "local", "load_average": load, "cpus": 2})
+            store.add_measurement(run_id, Measurement(1, "local", (1e-6, 1.01e-6, 1.02e-6, 1.0e-6, 1.03e-6), True))
+            store.finish_run(run_id)
+            ids.append(run_id)
+        c = compare_runs(store, Selector.parse("label=quiet"), Selector.parse("label=busy"))
+    assert c.busy_runs == (ids[1],) and f"runs {ids[1]} started on a busy machine" in c.busy_note()
+    assert c.to_dict()["busy_runs"] == [ids[1]]

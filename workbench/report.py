@@ -242,6 +242,8 @@ def comparison_report(store: RunStore, comparison: RunsComparison) -> str:
     counts = c.counts()
     page.note(f"confidence {c.confidence:.0%}; a change under {c.margin:.0%} counts as none. "
               + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(c.workloads)} workloads.")
+    if c.busy_runs:
+        page.note(f"Warning: {c.busy_note()}.")
     for name, selector, ids in (("A", c.a, c.a_runs), ("B", c.b, c.b_runs)):
         page.heading(f"{name}: {selector.text} ({len(ids)} runs: {', '.join(map(str, ids))})")
         page.add(_table(_side_rows([by_id[i] for i in ids if i in by_id])))

@@ -109,6 +109,8 @@ def _compare(store: RunStore, runs) -> None:
                + f" at {comparison.confidence:.0%} confidence; a change under {comparison.margin:.0%} counts as none. "
                "A side's time is its best kernel's repeats over its runs; the ratio's interval is rank-based "
                "(Hodges-Lehmann).")
+    if comparison.busy_runs:
+        st.warning(comparison.busy_note())
     changes_only = st.checkbox("only workloads that changed", key="compare_changes_only")
     shown = [w for w in comparison.workloads if not changes_only or w.verdict in (FASTER, SLOWER)]
     st.plotly_chart(forest_figure(shown), key="forest_chart")

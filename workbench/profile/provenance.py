@@ -20,6 +20,9 @@ from typing import Mapping
 
 from workbench.hardware.spec import DeviceSpec
 
+# A 1-minute load average of this share of the logical CPUs, before a local session starts, means
+# other work competes for the cores the kernels are timed on (TVM's pool uses them all).
+BUSY_LOAD = 0.5
 GIT_TIMEOUT_S = 5  # `git rev-parse` answers in milliseconds; a hung filesystem must not hang a run
 CHECKOUT = Path(__file__).resolve().parents[2]  # the folder holding the `workbench` package
 
@@ -107,6 +110,17 @@ def collect(device: DeviceSpec, versions: Mapping[str, str], options: Mapping[st
         "gpu": "" if device.runs_on_cpu else gpu(),
         "blas": blas(),
         "threads": threads if threads is not None else (os.cpu_count() or 1),
+        "cpus": os.cpu_count() or 1,
         "load_average": load,
         **dict(options),
     }
+
+
+def busy(provenance: Mapping[str, object]) -> bool:
+    """Whether a local run started on a machine whose other work competed for its cores (load
+    average at least BUSY_LOAD per logical CPU): its times are inflated by an unknown amount
+    that may differ from one run to the next. False where the provenance does not say."""
+    load, cpus = provenance.get("load_average"), provenance.get("cpus") or provenance.get("threads")
+    if provenance.get("runner") != "local" or not isinstance(load, (int, float)) or not cpus:
+        return False
+    return load >= BUSY_LOAD * float(cpus)

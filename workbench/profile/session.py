@@ -23,16 +23,13 @@ from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
 from workbench.profile.local import LocalRunner
 from workbench.profile.noise import indistinguishable, within_noise
-from workbench.profile.provenance import collect
+from workbench.profile.provenance import BUSY_LOAD, collect
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
 from workbench.versions import versions
 from workbench.workers import BUILD_TIMEOUT_S, Worker, WorkerPool, fan_out, thread_env
 
 RUNNERS = ("local", "rpc", "fake")
-# A 1-minute load average of this share of the logical CPUs, before a local session starts, means
-# other work competes for the cores the kernels are timed on (TVM's pool uses them all).
-BUSY_LOAD = 0.5
 # Each build worker holds its own TVM (a few hundred MB): more than this buys little.
 MAX_BUILD_JOBS = 8
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from workbench.errors import UserError
 from workbench.profile.noise import SETTLE, median_interval
+from workbench.profile.provenance import busy
 from workbench.profile.store import RunRecord, RunStore
 
 MARGIN = SETTLE  # a ratio within 1 +- 1 % is "no detectable change" whatever the interval
@@ -255,6 +256,16 @@ class RunsComparison:
     confidence: float
     margin: float
     workloads: tuple[WorkloadComparison, ...]
+    busy_runs: tuple[int, ...] = ()  # runs that started on a busy machine (`provenance.busy`)
+
+    def busy_note(self) -> str:
+        """A sentence when runs of either side started on a busy machine, "" otherwise."""
+        if not self.busy_runs:
+            return ""
+        return (f"runs {', '.join(map(str, self.busy_runs))} started on a busy machine (load average at least "
+                f"half its CPUs): other work slowed them by amounts that differ from run to run, which their "
+                f"repeats cannot show, so verdicts involving them may be false alarms; compare runs made on a "
+                f"quiet machine")
 
     def counts(self) -> dict[str, int]:
         return {v: sum(w.verdict == v for w in self.workloads) for v in VERDICTS}
@@ -271,6 +282,7 @@ class RunsComparison:
             "margin": self.margin,
             "workloads": [w.to_dict(self.confidence) for w in self.workloads],
             "counts": self.counts(),
+            "busy_runs": list(self.busy_runs),
             "fail_on_regression": fail_on_regression,
             "regressions": [w.workload for w in self.regressions(fail_on_regression)]
             if fail_on_regression is not None else [],
@@ -327,8 +339,9 @@ def compare_runs(store: RunStore, a: Selector, b: Selector, confidence: float = 
         devices = list(dict.fromkeys(r.device for r in mine + theirs))
         rows.append(compare_sides(label, " / ".join(devices), side_of(store, mine), side_of(store, theirs),
                                   confidence, margin))
+    busy_runs = tuple(r.id for r in runs_a + runs_b if busy(dict(r.provenance)))
     return RunsComparison(a, b, tuple(r.id for r in runs_a), tuple(r.id for r in runs_b), confidence, margin,
-                          tuple(rows))
+                          tuple(rows), tuple(sorted(set(busy_runs))))
 
 
 def text(comparison: RunsComparison, fail_on_regression: float | None = None) -> str:
@@ -352,6 +365,8 @@ def text(comparison: RunsComparison, fail_on_regression: float | None = None) ->
                      + (f" ({w.why})" if w.why else ""))
     counts = c.counts()
     lines.append(", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(c.workloads)} workloads")
+    if c.busy_runs:
+        lines.append(f"warning: {c.busy_note()}")
     if fail_on_regression is not None:
         bad = c.regressions(fail_on_regression)
         lines.append(f"regressions beyond {fail_on_regression:g} %: " + (", ".join(w.workload for w in bad) or "none"))
