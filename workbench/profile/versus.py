@@ -40,6 +40,7 @@ CONFIDENCE = 0.95
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no detectable change", "not comparable"
 VERDICTS = (FASTER, SLOWER, SAME, NOT_COMPARABLE)
 KEYS = ("label", "device", "commit", "policy", "workload", "since", "until", "run")
+BUSY_NAMED = 8  # busy runs named by id in the warning; more are counted
 MIN_COMMIT = 4  # hex digits of a commit prefix; fewer would match commits by accident
 
 
@@ -262,7 +263,11 @@ class RunsComparison:
         """A sentence when runs of either side started on a busy machine, "" otherwise."""
         if not self.busy_runs:
             return ""
-        return (f"runs {', '.join(map(str, self.busy_runs))} started on a busy machine (load average at least "
+        total = len(set(self.a_runs + self.b_runs))
+        named = ", ".join(map(str, self.busy_runs[:BUSY_NAMED])) + (
+            f" and {len(self.busy_runs) - BUSY_NAMED} more" if len(self.busy_runs) > BUSY_NAMED else "")
+        which = f"all {total} runs" if len(self.busy_runs) == total > 1 else f"runs {named}"
+        return (f"{which} started on a busy machine (load average at least "
                 f"half its CPUs): other work slowed them by amounts that differ from run to run, which their "
                 f"repeats cannot show, so verdicts involving them may be false alarms; compare runs made on a "
                 f"quiet machine")
