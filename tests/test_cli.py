@@ -762,3 +762,59 @@ def test_profile_text_gives_each_measured_kernels_share_of_the_peaks(capsys, tmp
     assert code == 0
     shares = [line for line in out.splitlines() if "of peak compute (" in line]
     assert len(shares) == 2 and all(re.search(r"\d+% of peak compute .*; binds \S", s) for s in shares)
+
+
+def test_runs_export_and_import_merge_a_subset_without_duplicates(capsys, compared_store, tmp_path):
+    """The "slow" runs exported from one store merge into another holding its own runs: new ids,
+    the same workloads, candidates and repeats; a second import adds nothing; the merged runs
+    compare as they did in the store they came from."""
+    from tests.helpers import fake_runs_store
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.store import RunStore
+
+    out = tmp_path / "slow.json"
+    code, text, _ = run(capsys, "runs", "export", "--db", str(compared_store), "--runs", "label=slow", "--out", str(out))
+    assert code == 0 and text.strip() == f"wrote 2 runs to {out}"
+    theirs = fake_runs_store(tmp_path / "theirs.sqlite3", [("base", FakeRunner(seed=3))], sizes=(48, 64))
+    code, text, _ = run(capsys, "runs", "import", str(out), "--db", str(theirs), "--json")
+    assert code == 0 and json.loads(text)["added"] == 2 and json.loads(text)["skipped"] == 0
+    code, text, _ = run(capsys, "runs", "import", str(out), "--db", str(theirs))
+    assert code == 0 and "added 0 runs" in text and "skipped 2 it already holds" in text
+    with RunStore(compared_store) as store:
+        mine = {r.workload: r for r in store.runs() if r.label == "slow"}
+        original = {w: (store.measurements_of(r.id), store.estimates_of(r.id), r.provenance) for w, r in mine.items()}
+    with RunStore(theirs) as store:
+        runs = store.runs()
+        assert sorted(r.label for r in runs) == ["base", "base", "slow", "slow"] and len({r.id for r in runs}) == 4
+        for r in (r for r in runs if r.label == "slow"):
+            measured, estimates, provenance = original[r.workload]
+            assert [m.measurement for m in store.measurements_of(r.id)] == [m.measurement for m in measured]
+            assert store.estimates_of(r.id) == estimates and r.provenance == provenance
+            assert r.started_at == mine[r.workload].started_at and r.status == "finished"
+    code, text, _ = run(capsys, "runs", "compare", "--db", str(theirs), "--a", "label=base", "--b", "label=slow", "--json")
+    doc = json.loads(text)
+    assert [(w["workload"], w["verdict"]) for w in doc["workloads"]] == [
+        ("mm-48", "slower"), ("mm-64", "not comparable"), ("mm-32", "not comparable")]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("not json", "not JSON"),
+    ('{"format": "something else", "runs": []}', "not a tile-workbench runs file"),
+    ('{"format": "tile-workbench runs", "runs": [{"label": "x"}]}', "a run lacks a field"),
+])
+def test_runs_import_refuses_other_files_and_keeps_the_store(capsys, tmp_path, content, needle):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    db = tmp_path / "runs.sqlite3"
+    code, _, err = run(capsys, "runs", "import", str(bad), "--db", str(db))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    from workbench.profile.store import RunStore
+
+    with RunStore(db) as store:
+        assert store.runs() == ()  # a run cut short by the bad one is rolled back with it
+
+
+def test_runs_export_of_nothing_is_refused(capsys, compared_store, tmp_path):
+    code, _, err = run(capsys, "runs", "export", "--db", str(compared_store), "--runs", "label=none",
+                       "--out", str(tmp_path / "x.json"))
+    assert code == 2 and "no run in" in err and not (tmp_path / "x.json").exists()

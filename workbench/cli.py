@@ -175,6 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 when a workload is slower beyond noise by more than PCT percent")
     _profile_args(r)
     r.add_argument("--json", action="store_true")
+    r = rsub.add_parser("export", help="write the runs a selector picks (with candidates and measurements) to a file")
+    r.add_argument("--runs", required=True, metavar="SEL", help="the runs: " + SELECTOR_HELP)
+    r.add_argument("--out", required=True, help="the JSON file to write")
+    _profile_args(r)
+    r.add_argument("--json", action="store_true")
+    r = rsub.add_parser("import", help="merge the runs of an exported file into the store (new ids; runs it holds are skipped)")
+    r.add_argument("path", help="a file written by `runs export`")
+    _profile_args(r)
+    r.add_argument("--json", action="store_true")
 
     p = sub.add_parser("report", help="one self-contained HTML file of a stored run, or of two sets of runs compared")
     p.add_argument("--run", type=int, help="a stored run's id")
@@ -185,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A runs file holds every repeat of every candidate: 10 000 runs of 10 candidates fit in this.
+MAX_RUNS_FILE_BYTES = 256 * 2**20
 SELECTOR_HELP = ("runs by KEY=VALUE[,KEY=VALUE...]: label, device, commit (prefix), policy, workload, since / until "
                  "(YYYY-MM-DD), run (ID or FIRST-LAST); one key repeated: any of its values")
 
@@ -504,7 +515,37 @@ def cmd_model(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    return {"fit": cmd_runs_fit, "compare": cmd_runs_compare}[args.runs_command](args)
+    return {"fit": cmd_runs_fit, "compare": cmd_runs_compare, "export": cmd_runs_export,
+            "import": cmd_runs_import}[args.runs_command](args)
+
+
+def cmd_runs_export(args) -> int:
+    from workbench.files import write_user_file
+    from workbench.profile.versus import Selector
+
+    selector = Selector.parse(args.runs, "--runs")
+    with _existing_store(args) as store:
+        runs = selector.select(store.runs())
+        if not runs:
+            raise UserError(f"--runs {args.runs!r}: no run in {store.path} matches")
+        doc = store.dump_runs([r.id for r in runs])
+    write_user_file(args.out, json.dumps(doc), "--out")
+    return _emit(args, {"path": args.out, "runs": [r.id for r in runs]}, f"wrote {len(runs)} runs to {args.out}")
+
+
+def cmd_runs_import(args) -> int:
+    from workbench import pipeline
+    from workbench.files import read_user_file
+
+    data = read_user_file(args.path, "runs file", MAX_RUNS_FILE_BYTES)
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"runs file {args.path}: not JSON ({err})") from None
+    with pipeline.RunStore(args.db) as store:
+        added, skipped = store.load_runs(doc, f"runs file {args.path}")
+    return _emit(args, {"added": added, "skipped": skipped, "db": str(store.path)},
+                 f"added {added} runs to {store.path}" + (f", skipped {skipped} it already holds" if skipped else ""))
 
 
 def cmd_runs_compare(args) -> int:
