@@ -95,9 +95,26 @@ def test_a_comparison_report_draws_the_forest_plot_offline(capsys, store_path, t
     assert len(re.findall(r'class="point[ "]', dom)) >= 2  # a marker per workload
 
 
+def test_a_report_of_several_runs_has_a_section_and_figures_each(capsys, store_path, tmp_path):
+    """A whole model's operators profiled under one label (`model --run --pick measured --label`)
+    report together: a summary row and the sections of each run."""
+    out = tmp_path / "runs.html"
+    code, text, _ = run(capsys, "report", "--db", str(store_path), "--runs", "label=slow", "--out", str(out))
+    assert code == 0 and text.strip() == f"wrote {out}: runs label=slow"
+    page = out.read_text()
+    self_contained(page)
+    with RunStore(store_path) as store:
+        slow = [r for r in store.runs() if r.label == "slow"]
+    assert page.count("<h2>Roofline</h2>") == 2 and 'id="figure-3"' in page and 'id="figure-4"' not in page
+    assert all(f"Run {r.id}: {r.workload} on tiny-cpu" in page for r in slow)
+    assert page.count("plotly.js v") == 1  # plotly's source inlined once, for every figure
+
+
 @pytest.mark.parametrize("argv, needle", [
-    (("--out", "x.html"), "either --run ID or both --a SEL and --b SEL"),
-    (("--run", "1", "--a", "label=base", "--out", "x.html"), "either --run ID"),
+    (("--out", "x.html"), "give one of --run ID, --runs SEL, or both --a SEL and --b SEL"),
+    (("--run", "1", "--a", "label=base", "--out", "x.html"), "give one of --run ID"),
+    (("--run", "1", "--runs", "label=base", "--out", "x.html"), "give one of --run ID"),
+    (("--runs", "label=none", "--out", "x.html"), "--runs 'label=none': no run in"),
     (("--a", "label=base", "--out", "x.html"), "needs both --a SEL and --b SEL"),
     (("--run", "999", "--out", "x.html"), "--run 999: no such run"),
     (("--a", "label=base", "--b", "labl=x", "--out", "x.html"), "unknown key 'labl'"),

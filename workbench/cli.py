@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(p)
     p.add_argument("--dim", action="append", metavar="NAME=VALUE,...",
                    help="bind the model's symbolic input dims, e.g. batch=4,seq=16 (repeatable; a dim not given is 1)")
+    _label_arg(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="benchmarks")
@@ -187,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="one self-contained HTML file of a stored run, or of two sets of runs compared")
     p.add_argument("--run", type=int, help="a stored run's id")
+    p.add_argument("--runs", metavar="SEL", help="several stored runs, a section each (a whole model's operators: "
+                   "`model --run --pick measured --label NAME`, then --runs label=NAME): " + SELECTOR_HELP)
     _selector_args(p, required=False)
     p.add_argument("--out", required=True, help="the HTML file to write")
     _profile_args(p)
@@ -508,7 +511,7 @@ def cmd_model(args) -> int:
         # the measured pick stores its profiles as `workbench profile` does; rank 1 opens no store
         with pipeline.RunStore(args.db) if args.pick == "measured" else contextlib.nullcontext() as store:
             run = pipeline.run_model_report(mc, args.path, seed=args.seed, pick=args.pick, store=store,
-                                            progress=_progress(args))
+                                            progress=_progress(args), run_label=args.label)
         doc["run"] = run.to_dict()
         text += "\n" + run.text()
     return _emit(args, doc, text)
@@ -575,20 +578,24 @@ def _existing_store(args):
 def cmd_report(args) -> int:
     from workbench.files import write_user_file
     from workbench.profile.versus import Selector, compare_runs
-    from workbench.report import comparison_report, run_report
+    from workbench.report import comparison_report, run_report, runs_report
 
-    if (args.run is None) == (args.a is None and args.b is None):
-        raise UserError("report: give either --run ID or both --a SEL and --b SEL")
-    if args.run is None and (args.a is None or args.b is None):
+    given = [args.run is not None, args.runs is not None, args.a is not None or args.b is not None]
+    if sum(given) != 1:
+        raise UserError("report: give one of --run ID, --runs SEL, or both --a SEL and --b SEL")
+    if given[2] and (args.a is None or args.b is None):
         raise UserError("report: a comparison needs both --a SEL and --b SEL")
-    selectors = (Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")) if args.run is None else None
+    selectors = (Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")) if given[2] else None
+    several = Selector.parse(args.runs, "--runs") if given[1] else None
     with _existing_store(args) as store:
-        if selectors is None:
-            page = run_report(store, args.run)
-        else:
+        if selectors is not None:
             page = comparison_report(store, compare_runs(store, *selectors, args.confidence))
+        elif several is not None:
+            page = runs_report(store, several)
+        else:
+            page = run_report(store, args.run)
     write_user_file(args.out, page, "--out")
-    what = f"run {args.run}" if args.run is not None else f"{args.a} against {args.b}"
+    what = (f"run {args.run}" if given[0] else f"runs {args.runs}" if given[1] else f"{args.a} against {args.b}")
     return _emit(args, {"path": args.out, "bytes": len(page.encode())}, f"wrote {args.out}: {what}")
 
 

@@ -24,7 +24,8 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.profile.diagnose import Diagnosis, diagnose
 from workbench.profile.noise import median_interval
 from workbench.profile.store import RunRecord, RunStore, StoredMeasurement
-from workbench.profile.versus import RunsComparison
+from workbench.errors import UserError
+from workbench.profile.versus import RunsComparison, Selector
 from workbench.rtile.model import Estimate
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
 from workbench.viz.roofline import roofline_figure, roofline_points
@@ -183,10 +184,40 @@ def stored_run(store: RunStore, run_id: int) -> StoredRun:
 def run_report(store: RunStore, run_id: int) -> str:
     """The HTML report of stored run `run_id`; UserError when the store has no such run."""
     stored = stored_run(store, run_id)
+    run = stored.run
+    page = _Page(f"{run.workload} on {run.device}: run {run.id}")
+    _run_sections(page, stored)
+    return page.html()
+
+
+def runs_report(store: RunStore, selector: Selector) -> str:
+    """The HTML report of every stored run `selector` picks (a whole model's operators, run under
+    one label): a summary row per run, then each run's sections; UserError when none matches."""
+    runs = selector.select(store.runs())
+    if not runs:
+        raise UserError(f"--runs {selector.text!r}: no run in {store.path} matches")
+    stored = [stored_run(store, r.id) for r in runs]
+    page = _Page(f"{len(runs)} runs: {selector.text}")
+    rows = []
+    for s in stored:
+        fastest = min(s.best, key=s.best.get) if s.best else None
+        d = s.diagnoses.get(fastest) if fastest is not None else None
+        rows.append({"run": s.run.id, "workload": s.run.workload, "device": s.run.device, "policy": s.run.policy,
+                     "status": s.run.status, "best": duration(s.best[fastest]) if fastest is not None else "-",
+                     "best rank": fastest, "% of peaks": d.peak_text if d else "-"})
+    page.heading("Runs")
+    page.add(_table(rows))
+    for s in stored:
+        page.add(f"<h2 style='border-top:2px solid #888;padding-top:1em'>Run {s.run.id}: "
+                 f"{html.escape(s.run.workload)} on {html.escape(s.run.device)}</h2>")
+        _run_sections(page, s)
+    return page.html()
+
+
+def _run_sections(page: _Page, stored: StoredRun) -> None:
+    """A run's sections: workload, device, provenance, candidates, the two figures, diagnosis."""
     run, device, peak, candidates, best = stored.run, stored.device, stored.peak_gflops, stored.candidates, stored.best
     provenance, diagnoses = dict(run.provenance), stored.diagnoses
-
-    page = _Page(f"{run.workload} on {run.device}: run {run.id}")
     page.note(f"{run.policy} policy, top {run.topk}, {run.runner} runner; started {_when(run.started_at)}, "
               f"{run.status}" + (f"; label {run.label}" if run.label else ""))
     page.heading("Workload")
@@ -212,7 +243,6 @@ def run_report(store: RunStore, run_id: int) -> str:
                                 roofline_points(candidates, device.layers[-1].name, best)))
     page.heading("Diagnosis")
     page.add(_table([{"rank": rank, "% of peaks": d.peak_text, "why": d.sentence} for rank, d in diagnoses.items()]))
-    return page.html()
 
 
 def run_html(path, run_id: int) -> str:
