@@ -186,8 +186,8 @@ def verdict(interval: RatioInterval | None, confidence: float, margin: float = M
     if interval is None:
         return NOT_COMPARABLE, "no correct measurement on one side"
     if interval.level < confidence:
-        return NOT_COMPARABLE, (f"too few repeats: the widest interval covers {interval.level:.1%}, "
-                                f"less than {confidence:.0%}")
+        return NOT_COMPARABLE, (f"too few repeats: the widest interval covers {interval.level:.1%}, less than "
+                                f"{confidence:.0%}; pool more runs a side, or lower --confidence")
     if interval.low > 1 + margin:
         return SLOWER, ""
     if interval.high < 1 / (1 + margin):
