@@ -36,6 +36,7 @@ def forest(at) -> dict:
 def test_the_compare_view_shows_verdicts_filters_changes_and_each_sides_candidates(workspace):
     at = goto(app(small()), "Runs")
     assert not errors(at)
+    assert sorted(at.dataframe[0].value["label"]) == ["base", "base", "same", "same", "slow", "slow"]
     assert any(i.value.startswith("Pick runs for both sides") for i in at.info)
     assert [d for d in downloads(at) if d.startswith("Download the report of run")]
     at.multiselect(key="compare_a_label").set_value(["base"]).run()

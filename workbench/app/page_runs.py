@@ -63,7 +63,7 @@ def _best_us(measurements) -> float | None:
 
 def _table(runs, measured: dict) -> None:
     rows = [
-        {"run": r.id, "started": datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M:%S"),
+        {"run": r.id, "label": r.label, "started": datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M:%S"),
          "workload": r.workload, "device": r.device, "policy": r.policy, "runner": r.runner, "top-K": r.topk,
          "status": r.status,
          "best us": _best_us(measured[r.id])}
