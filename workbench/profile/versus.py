@@ -21,16 +21,16 @@ the same code would call one workload in 1 / (1 - confidence) slower or faster b
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from workbench.errors import UserError
+from workbench.fmt import duration
 from workbench.profile.noise import SETTLE, median_interval
 from workbench.profile.provenance import busy
 from workbench.profile.store import RunRecord, RunStore
@@ -351,8 +351,6 @@ def compare_runs(store: RunStore, a: Selector, b: Selector, confidence: float = 
 
 def text(comparison: RunsComparison, fail_on_regression: float | None = None) -> str:
     """The comparison as `runs compare` prints it: a line per workload and the counts."""
-    from workbench.fmt import duration
-
     c = comparison
     lines = [f"A: {c.a.text} ({len(c.a_runs)} runs)   B: {c.b.text} ({len(c.b_runs)} runs)   "
              f"confidence {c.confidence:.0%}, changes under {c.margin:.0%} count as none",
