@@ -10,8 +10,8 @@ order-statistics interval of their median (`profile.noise`).
 The ratio B / A is the Hodges-Lehmann estimate of the shift between the two sides' log times
 (the median of all pairwise differences), and its interval the distribution-free one that
 inverts the Mann-Whitney test: [d(k), d(mn+1-k)] of the m x n sorted differences, k chosen from
-the exact null distribution of U (Hollander & Wolfe, Nonparametric Statistical Methods, 3rd ed.,
-section 4.3). It assumes only that noise acts alike on both sides, as timing noise on one machine
+the exact null distribution of U (Hollander, Wolfe & Chicken, Nonparametric Statistical Methods,
+3rd ed., chapter 4: the two-sample location problem). It assumes only that noise acts alike on both sides, as timing noise on one machine
 does (a repeat is only ever slowed down, by the same kinds of interference).
 
 A verdict claims a change only when the whole interval lies beyond MARGIN: a change smaller than
