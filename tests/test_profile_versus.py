@@ -40,6 +40,9 @@ def test_the_ratio_interval_covers_the_shift_and_reaches_its_level():
     assert ratio_interval(a, []) is None
     few = ratio_interval([1.0, 1.1], [1.0, 1.2])
     assert few.level < 0.95 and verdict(few, 0.95)[0] == NOT_COMPARABLE
+    three = ratio_interval([1.0, 1.001, 1.002], [1.1, 1.101, 1.102], 0.9)  # timings settled after 3 repeats
+    assert three.level == pytest.approx(0.9) and verdict(three, 0.9)[0] == SLOWER
+    assert verdict(ratio_interval([1.0, 1.001, 1.002], [1.1, 1.101, 1.102]), 0.95)[0] == NOT_COMPARABLE
 
 
 def test_verdicts_need_the_whole_interval_beyond_the_margin():

@@ -37,6 +37,9 @@ from workbench.profile.store import RunRecord, RunStore
 
 MARGIN = SETTLE  # a ratio within 1 +- 1 % is "no detectable change" whatever the interval
 CONFIDENCE = 0.95
+# The exact levels are fractions (3 vs 3 repeats: 1 - 2/20 = 0.9); one asked for at exactly such a
+# level is reached, whatever the last bit of its floating-point sum.
+LEVEL_TOLERANCE = 1e-9
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no detectable change", "not comparable"
 VERDICTS = (FASTER, SLOWER, SAME, NOT_COMPARABLE)
 KEYS = ("label", "device", "commit", "policy", "workload", "since", "until", "run")
@@ -174,7 +177,7 @@ def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = C
     m, n = len(x), len(y)
     cdf = mann_whitney_cdf(m, n)  # cached: read only
     k = 1  # 1-based: [d(k), d(mn+1-k)] has coverage 1 - 2 P(U <= k-1)
-    while k + 1 <= (m * n + 1) // 2 and 1 - 2 * cdf[k] >= confidence:
+    while k + 1 <= (m * n + 1) // 2 and 1 - 2 * cdf[k] >= confidence - LEVEL_TOLERANCE:
         k += 1
     level = 1 - 2 * cdf[k - 1] if m * n > 1 else 0.0
     return RatioInterval(float(np.exp(np.median(d))), float(np.exp(d[k - 1])), float(np.exp(d[m * n - k])),
@@ -185,7 +188,7 @@ def verdict(interval: RatioInterval | None, confidence: float, margin: float = M
     """(verdict, why) for a ratio interval at `confidence`."""
     if interval is None:
         return NOT_COMPARABLE, "no correct measurement on one side"
-    if interval.level < confidence:
+    if interval.level < confidence - LEVEL_TOLERANCE:
         return NOT_COMPARABLE, (f"too few repeats: the widest interval covers {interval.level:.1%}, less than "
                                 f"{confidence:.0%}; pool more runs a side, or lower --confidence")
     if interval.low > 1 + margin:
