@@ -153,3 +153,22 @@ def user_error_in_child(module: str, call: str, path, timeout: int = 120) -> str
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     return done.stdout.strip()
+
+
+def fake_runs_store(path, runs, sizes=(32, 48), topk: int = 3):
+    """A runs store at `path` holding, per (run label, FakeRunner) of `runs`, one fake-profiled run
+    per matmul size of `sizes` on TINY_CPU (workload label `mm-N`), stored under that run label;
+    returns the store's path."""
+    from workbench.construct.space import Options
+    from workbench.construct.stepper import construct
+    from workbench.profile.runner import Timing
+    from workbench.profile.session import profile_candidates
+    from workbench.profile.store import RunStore
+
+    with RunStore(path) as store:
+        for label, runner in runs:
+            for n in sizes:
+                c = construct(matmul(n, n, n), TINY_CPU, options=Options(topk=topk))
+                profile_candidates(c.expr, TINY_CPU, c.candidates, runner=runner, store=store, workload_label=f"mm-{n}",
+                                   run_label=label, options=c.options, timing=Timing(repeat=7))
+    return path

@@ -370,7 +370,7 @@ def test_profile_times_verifies_and_stores(capsys, tmp_path):
     import sqlite3
 
     db = tmp_path / "runs.sqlite3"
-    code, out, _ = run(capsys, "profile", "--op", "matmul", "--shape", "M=64,N=64,K=64", "--topk", "3", "--repeat", "2", "--db", str(db), "--json")
+    code, out, _ = run(capsys, "profile", "--op", "matmul", "--shape", "M=64,N=64,K=64", "--topk", "3", "--repeat", "2", "--db", str(db), "--label", "base line", "--json")
     assert code == 0
     doc = json.loads(out)
     assert len(doc["candidates"]) == 3
@@ -378,6 +378,8 @@ def test_profile_times_verifies_and_stores(capsys, tmp_path):
     assert "spearman" in doc and "kendall" in doc
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 3
+        label, provenance = con.execute("SELECT label, provenance FROM runs").fetchone()
+    assert label == "base line" and json.loads(provenance)["timing_repeat"] == 2
 
 
 def test_profile_refuses_a_foreign_db(capsys, tmp_path):
@@ -695,3 +697,124 @@ def test_bench_dynamic_bad_values_are_one_line_exit_2(capsys, flag, text, messag
     argv = ["bench", "dynamic", "--op", "matmul", "--shape", "M=dyn,K=64,N=64", "--values", "1,7"]
     code, out, err = run(capsys, *argv, f"{flag}={text}")
     assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def compared_store(tmp_path_factory):
+    """Fake-profiled runs of two matmuls: "base" and "same" the same kernels, "slow" 10 % slower."""
+    from tests.helpers import fake_runs_store
+    from workbench.profile.fake import FakeRunner
+
+    path = tmp_path_factory.mktemp("compare") / "runs.sqlite3"
+    return fake_runs_store(path, [("base", FakeRunner(seed=3)), ("same", FakeRunner(seed=3, noise=0.003)),
+                                  ("slow", FakeRunner(seed=3, scale=2.2))])
+
+
+def test_runs_compare_json_contract_and_fail_on_regression(capsys, compared_store):
+    db = str(compared_store)
+    code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=same",
+                       "--fail-on-regression", "5", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) == {"a", "b", "confidence", "margin", "workloads", "counts", "busy_runs", "fail_on_regression",
+                        "regressions"}
+    assert doc["busy_runs"] == []  # fake runs time nothing on this machine
+    assert doc["confidence"] == 0.95 and doc["counts"]["no detectable change"] == 2 and doc["regressions"] == []
+    row = doc["workloads"][0]
+    assert set(row) == {"workload", "device", "a", "b", "ratio", "ratio_low", "ratio_high", "ratio_level", "verdict", "why"}
+    assert set(row["a"]) == {"runs", "kernels", "samples", "best_seconds", "median_seconds", "median_low",
+                             "median_high", "median_level", "predicted_seconds"}
+    code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",
+                       "--fail-on-regression", "5")
+    assert code == 1
+    assert "2 slower" in out and "regressions beyond 5 %: mm-32, mm-48" in out
+    code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",
+                       "--fail-on-regression", "25", "--confidence", "0.99")
+    assert code == 0 and "regressions beyond 25 %: none" in out and "confidence 99%" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("--a", "label=base", "--b", "colour=red"), "--b 'colour=red': unknown key 'colour'"),
+    (("--a", "since=monday", "--b", "label=base"), "is not a date"),
+    (("--a", "label=base", "--b", "label=nothing"), "no finished run"),
+    (("--a", "label=base", "--b", "label=slow", "--confidence", "2"), "--confidence"),
+    (("--a", "label=base", "--b", "label=slow", "--fail-on-regression", "x"), "--fail-on-regression"),
+    (("--a", "label=base"), "--b"),
+])
+def test_runs_compare_bad_input_is_one_line_exit_2(capsys, compared_store, argv, needle):
+    code, _, err = run(capsys, "runs", "compare", "--db", str(compared_store), *argv)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_compare_needs_an_existing_store(capsys, tmp_path):
+    code, _, err = run(capsys, "runs", "compare", "--db", str(tmp_path / "none.sqlite3"), "--a", "label=a", "--b", "label=b")
+    assert code == 2 and "no runs store there" in err and not (tmp_path / "none.sqlite3").exists()
+
+
+def test_a_label_with_a_comma_is_refused(capsys):
+    code, _, err = run(capsys, "profile", "--op", "relu", "--shape", "shape=64", "--label", "a,b")
+    assert code == 2 and "--label" in err
+
+
+def test_profile_text_gives_each_measured_kernels_share_of_the_peaks(capsys, tmp_path):
+    code, out, _ = run(capsys, "profile", "--op", "matmul", "--shape", "M=64,N=64,K=64", "--topk", "2",
+                       "--runner", "fake", "--db", str(tmp_path / "r.sqlite3"))
+    assert code == 0
+    shares = [line for line in out.splitlines() if "of peak compute (" in line]
+    assert len(shares) == 2 and all(re.search(r"\d+% of peak compute .*; binds \S", s) for s in shares)
+
+
+def test_runs_export_and_import_merge_a_subset_without_duplicates(capsys, compared_store, tmp_path):
+    """The "slow" runs exported from one store merge into another holding its own runs: new ids,
+    the same workloads, candidates and repeats; a second import adds nothing; the merged runs
+    compare as they did in the store they came from."""
+    from tests.helpers import fake_runs_store
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.store import RunStore
+
+    out = tmp_path / "slow.json"
+    code, text, _ = run(capsys, "runs", "export", "--db", str(compared_store), "--runs", "label=slow", "--out", str(out))
+    assert code == 0 and text.strip() == f"wrote 2 runs to {out}"
+    theirs = fake_runs_store(tmp_path / "theirs.sqlite3", [("base", FakeRunner(seed=3))], sizes=(48, 64))
+    code, text, _ = run(capsys, "runs", "import", str(out), "--db", str(theirs), "--json")
+    assert code == 0 and json.loads(text)["added"] == 2 and json.loads(text)["skipped"] == 0
+    code, text, _ = run(capsys, "runs", "import", str(out), "--db", str(theirs))
+    assert code == 0 and "added 0 runs" in text and "skipped 2 it already holds" in text
+    with RunStore(compared_store) as store:
+        mine = {r.workload: r for r in store.runs() if r.label == "slow"}
+        original = {w: (store.measurements_of(r.id), store.estimates_of(r.id), r.provenance) for w, r in mine.items()}
+    with RunStore(theirs) as store:
+        runs = store.runs()
+        assert sorted(r.label for r in runs) == ["base", "base", "slow", "slow"] and len({r.id for r in runs}) == 4
+        for r in (r for r in runs if r.label == "slow"):
+            measured, estimates, provenance = original[r.workload]
+            assert [m.measurement for m in store.measurements_of(r.id)] == [m.measurement for m in measured]
+            assert store.estimates_of(r.id) == estimates and r.provenance == provenance
+            assert r.started_at == mine[r.workload].started_at and r.status == "finished"
+    code, text, _ = run(capsys, "runs", "compare", "--db", str(theirs), "--a", "label=base", "--b", "label=slow", "--json")
+    doc = json.loads(text)
+    assert [(w["workload"], w["verdict"]) for w in doc["workloads"]] == [
+        ("mm-48", "slower"), ("mm-64", "not comparable"), ("mm-32", "not comparable")]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("not json", "not JSON"),
+    ('{"format": "something else", "runs": []}', "not a tile-workbench runs file"),
+    ('{"format": "tile-workbench runs", "runs": [{"label": "x"}]}', "a run lacks a field"),
+])
+def test_runs_import_refuses_other_files_and_keeps_the_store(capsys, tmp_path, content, needle):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    db = tmp_path / "runs.sqlite3"
+    code, _, err = run(capsys, "runs", "import", str(bad), "--db", str(db))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    from workbench.profile.store import RunStore
+
+    with RunStore(db) as store:
+        assert store.runs() == ()  # a run cut short by the bad one is rolled back with it
+
+
+def test_runs_export_of_nothing_is_refused(capsys, compared_store, tmp_path):
+    code, _, err = run(capsys, "runs", "export", "--db", str(compared_store), "--runs", "label=none",
+                       "--out", str(tmp_path / "x.json"))
+    assert code == 2 and "no run in" in err and not (tmp_path / "x.json").exists()

@@ -43,7 +43,7 @@ def test_the_pick_keeps_the_fastest_verified_candidate_of_each_distinct_workload
     mc = constructed("bert_layer", "xeon-avx512")
     runner = FakeRunner(incorrect=frozenset({1, 3}))
     with RunStore(tmp_path / "runs.sqlite3") as store:
-        picks = measured_pick(mc, {}, runner=runner, store=store)
+        picks = measured_pick(mc, {}, runner=runner, store=store, run_label="bert v1")
         runs = store.runs()
     names = [name for p in picks for name in p.func_names]
     assert sorted(names) == sorted({r.operator.func_name for r in mc.results if r.supported})
@@ -55,6 +55,7 @@ def test_the_pick_keeps_the_fastest_verified_candidate_of_each_distinct_workload
     assert len({p.rank for p in picks}) > 1  # the fake's spread moves the fastest: not one rank everywhere
     assert [r.id for r in runs] == [p.profile.run_id for p in picks]
     assert [r.workload for r in runs] == [f"bert_layer:{p.func_names[0]}" for p in picks]
+    assert {r.label for r in runs} == {"bert v1"}  # the model's operators, selectable as one set
 
 
 def test_the_measured_pick_runs_the_picked_kernels_and_still_matches_onnxruntime():

@@ -117,8 +117,9 @@ def test_candidate_rows_show_measured_times_of_correct_kernels_only():
     times = [t for cand in c.candidates for t in (cand.predicted_seconds, by_rank[cand.rank].best_seconds,
                                                    by_rank[cand.rank].median_seconds) if t is not None]
     unit, scale = table_time_unit(times)
-    assert list(rows[0]) == ["rank", f"predicted ({unit})", f"measured ({unit})", f"median ({unit})", "spread %", "error",
-                             "bottleneck", "compute", "grid", "waves", *layers, "plan"]
+    assert list(rows[0]) == ["rank", f"predicted ({unit})", f"measured ({unit})", "% peak compute", "% peak bandwidth",
+                             "binds", f"median ({unit})", "spread %", "error", "bottleneck", "compute", "grid", "waves",
+                             *layers, "plan"]
     for cand, row in zip(c.candidates, rows):
         assert row["rank"] == cand.rank and row[f"predicted ({unit})"] == pytest.approx(cand.predicted_seconds / scale)
         m = by_rank[cand.rank]
@@ -127,7 +128,12 @@ def test_candidate_rows_show_measured_times_of_correct_kernels_only():
         if m.ok:  # 5 repeats: the interval is [min, max], as a share of the median
             assert row["spread %"] == pytest.approx((max(m.seconds) - min(m.seconds)) / m.median_seconds * 100)
         assert row["error"] == m.error
+        if m.ok:  # the measured time's shares of the roofs, as the diagnosis gives them
+            d = result.diagnoses[cand.rank]
+            assert row["% peak compute"] == pytest.approx(d.compute_share * 100) and 0 < row["% peak compute"]
+            assert row["% peak bandwidth"] == pytest.approx(d.bandwidth_share[1] * 100) and row["binds"] == d.binding
     assert rows[1][f"measured ({unit})"] is None and "wrong result" in rows[1]["error"]
+    assert rows[1]["% peak compute"] is None and rows[1]["binds"] is None
 
 
 def test_candidate_rows_show_a_learnt_correction_and_what_was_measured():
@@ -271,3 +277,7 @@ def test_diagnosis_rows_explain_each_correct_kernel():
         assert row["why"] == result.diagnoses[row["rank"]].sentence
     doc = result.to_dict()["candidates"]
     assert doc[1]["diagnosis"] is None and doc[0]["diagnosis"]["binding"] == rows[0]["binds"]
+    first = doc[0]["diagnosis"]  # achieved rates beside the roofs they are shares of
+    assert first["peaks"]["compute"] == c.peak_gflops and first["peaks_from"] == ("calibrated" if c.device.calibrated else "spec")
+    for layer, gbps in first["achieved_gbps"].items():
+        assert first["roof_shares"][layer] == pytest.approx(gbps / first["peaks"][layer])

@@ -5,6 +5,7 @@ input are reported, not raised."""
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -25,6 +26,7 @@ from workbench.profile.session import build_candidates, profile_candidates
 from workbench.profile.store import RunStore
 
 FAST = Timing(repeat=3, min_repeat_ms=1)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @lru_cache(maxsize=None)
@@ -249,3 +251,23 @@ def test_the_best_is_said_with_the_ranks_within_noise_of_it():
     assert clear.within_noise_of_best == (3,) and clear.best_note() == "measured best at predicted rank 3"
     none = profile_candidates(c.expr, TINY_CPU, c.candidates, runner=GivenTimes({r: () for r in range(1, 5)}))
     assert none.within_noise_of_best == () and none.best_note() == "no correct kernel"
+
+
+def test_a_stored_run_records_its_label_and_provenance(tmp_path):
+    """The run's label, the checkout's commit, the spec's hash, the machine, the load average and
+    the options it ran with are stored with it."""
+    from workbench.profile.provenance import spec_sha256
+
+    c = construct(matmul(64, 64, 64), TINY_CPU, options=Options(topk=2, seed=7))
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        profile_candidates(c.expr, TINY_CPU, c.candidates, runner=FakeRunner(), store=store, run_label="base",
+                           options=c.options, timing=Timing(repeat=4))
+        (run,) = store.runs()
+    p = dict(run.provenance)
+    assert run.label == "base"
+    assert p["spec_sha256"] == spec_sha256(TINY_CPU) and len(p["spec_sha256"]) == 64
+    assert p["topk"] == 2 and p["seed"] == 7 and p["timing_repeat"] == 4 and p["policy"] == "roller"
+    assert p["runner"] == "fake" and p["workbench"] and p["tvm"] and p["numpy"] and p["threads"] >= 1
+    assert p["cpu_model"] and isinstance(p["load_average"], float) and p["gpu"] == ""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert p["git_commit"] == head and isinstance(p["git_dirty"], bool)

@@ -17,6 +17,7 @@ from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.profile.runner import Measurement
+from workbench.rtile.model import Estimate
 from workbench.profile.store import APPLICATION_ID, SCHEMA_VERSION, RunStore, default_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,6 +238,19 @@ def test_estimates_of_gives_each_candidates_stored_estimate(tmp_path):
         run_id = start(store)
         assert store.estimates_of(run_id) == {c.rank: json.loads(json.dumps(c.estimate.to_dict())) for c in candidates()}
         assert store.estimates_of(run_id + 1) == {}  # no such run
+        layers = [layer.name for layer in TINY_CPU.layers]
+        read_back = {rank: Estimate.from_dict(e, layers) for rank, e in store.estimates_of(run_id).items()}
+    assert read_back == {c.rank: c.estimate for c in candidates()}
+
+
+def test_a_runs_device_spec_and_record_read_back_equal(tmp_path):
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        run_id = start(store, label="t:other")
+        assert store.device_of(run_id) == TINY_CPU
+        assert store.run(run_id).workload == "t:other"
+        for missing in (store.device_of, store.run):
+            with pytest.raises(UserError, match=f"--run {run_id + 1}: no such run"):
+                missing(run_id + 1)
 
 
 def test_a_store_of_schema_2_is_migrated_and_keeps_a_correction(tmp_path):
@@ -261,7 +275,40 @@ def test_a_store_of_schema_2_is_migrated_and_keeps_a_correction(tmp_path):
         assert [(r.id, r.status) for r in store.runs()] == [(1, "cancelled")]
         assert store.correction("tiny-cpu") is None
         store.save_correction(correction, {"claim": False})
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     with RunStore(path) as store:
         stored = store.correction("tiny-cpu")
     assert stored.correction == correction and stored.measurements == 40 and stored.evaluation == {"claim": False}
+
+
+FIXTURE_V3 = ROOT / "tests" / "fixtures" / "runs-v3.sqlite"  # written by the store of schema 3 (commit e93e79c)
+
+
+def test_the_stored_schema_3_fixture_opens_migrated_with_its_runs_intact(tmp_path):
+    """A store the code of schema 3 wrote: after the migration its two runs, candidates and
+    measurements read as they were written, they carry no label or provenance, and new runs with
+    both can be added beside them."""
+    import shutil
+
+    path = tmp_path / "old.sqlite3"
+    shutil.copy(FIXTURE_V3, path)  # the migration writes: never the committed file
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+    with RunStore(path) as store:
+        old = store.runs()
+        assert [(r.workload, r.device, r.policy, r.status) for r in old] == [
+            ("t:mm-64", "tiny-cpu", "roller", "finished"), ("t:mm-64", "tiny-cpu", "markov", "finished")]
+        assert all(r.label == "" and r.provenance == () and r.commit == "" for r in old)
+        assert dict(old[0].versions) == {"workbench": "0.1.0", "tvm": "0.22.0", "numpy": "2.3.0"}
+        rows = store.measurements_of(old[1].id)
+        assert [r.rank for r in rows] == [1, 2, 3]
+        assert rows[1].measurement.best_seconds == pytest.approx(2e-6 * 1.1)
+        assert len(rows[1].measurement.seconds) == 5 and rows[1].measurement.correct
+        assert sorted(store.programs_of(old[0].id)) == [1, 2, 3]
+        new = store.start_run(workload=WORKLOAD, device=TINY_CPU, policy="roller", runner="local",
+                              candidates=candidates(), label="after", provenance={"git_commit": "abc", "threads": 2})
+        assert store.runs()[-1].id == new
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    with RunStore(path) as store:
+        last = store.runs()[-1]
+    assert last.label == "after" and dict(last.provenance) == {"git_commit": "abc", "threads": 2}
+    assert last.commit == "abc" and last.to_dict()["provenance"]["threads"] == 2

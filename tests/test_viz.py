@@ -550,3 +550,20 @@ def test_micro_kernel_grid_has_a_row_per_row_count_and_a_column_per_width():
                                                      {"rows": 6, "16 cols": "205", "32 cols": "-"}]
     assert micro_kernel_grid(kernels, "float64") == [{"rows": 6, "8 cols": "101"}]
     assert micro_kernel_grid(kernels, "float16") == []
+
+
+def test_the_forest_plot_draws_each_comparable_workload_by_verdict():
+    from workbench.profile.versus import NOT_COMPARABLE, SAME, SLOWER, RatioInterval, WorkloadComparison
+    from workbench.viz.figures import forest_figure
+
+    rows = [WorkloadComparison("mm-32", "d", None, None, RatioInterval(1.1, 1.05, 1.15, 0.97), SLOWER, ""),
+            WorkloadComparison("mm-48", "d", None, None, RatioInterval(1.0, 0.98, 1.01, 0.97), SAME, ""),
+            WorkloadComparison("mm-64", "d", None, None, None, NOT_COMPARABLE, "no correct measurement in B")]
+    fig = forest_figure(rows)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"slower", "no detectable change"}
+    slower = by_name["slower"]
+    assert list(slower.x) == [1.1] and list(slower.y) == ["mm-32"]
+    assert list(slower.error_x.array) == pytest.approx([0.05]) and list(slower.error_x.arrayminus) == pytest.approx([0.05])
+    assert "(1 not comparable, not drawn)" in fig.layout.title.text
+    assert fig.layout.xaxis.type == "log" and list(fig.layout.yaxis.categoryarray) == ["mm-48", "mm-32"]

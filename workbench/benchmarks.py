@@ -56,9 +56,10 @@ class KernelBench:
         }
 
 
-def _profile_policy(workload, device, policy, topk, store, timing, seed, pool):
+def _profile_policy(workload, device, policy, topk, store, timing, seed, pool, label):
     built = pipeline.construct(pipeline.request(workload, device, policy, pipeline.Options(topk=topk, seed=seed)))
-    return built, pipeline.profile(built, label=workload.describe(), store=store, timing=timing, pool=pool)
+    return built, pipeline.profile(built, label=workload.describe(), store=store, timing=timing, pool=pool,
+                                   run_label=label)
 
 
 def bench_workload(
@@ -72,9 +73,11 @@ def bench_workload(
     timing: Timing = Timing(),
     seed: int = 0,
     pool: WorkerPool | None = None,
+    label: str = "",
 ) -> KernelBench:
-    """One workload's row; builds and runs in `pool`'s warm workers when given."""
-    runs = [(p, *_profile_policy(workload, device, p, topk, store, timing, seed, pool)) for p in policies]
+    """One workload's row, its runs stored under `label`; builds and runs in `pool`'s warm
+    workers when given."""
+    runs = [(p, *_profile_policy(workload, device, p, topk, store, timing, seed, pool, label)) for p in policies]
     policy, built, result = runs[0]
     best = result.best
     start = time.perf_counter()
@@ -115,8 +118,9 @@ def bench_suite(
     baselines: Sequence[Baseline],
     store: RunStore | None,
     progress: Callable[[str], None] | None = None,
+    label: str = "",
 ) -> dict:
-    """Every workload, then the suite's aggregates: speed ratios of the first policy to each
+    """Every workload (its runs stored under `label`), then the suite's aggregates: speed ratios of the first policy to each
     baseline (geometric mean of baseline_time / workbench_time, > 1 means the workbench is
     faster), of every other policy to the first, and the model's rank correlation.
     `workbench_seconds` is the suite's wall time less the baselines' timing: ours alone, worker
@@ -128,7 +132,7 @@ def bench_suite(
             if progress:
                 progress(f"[{i + 1}/{len(workloads)}] {w.describe()}")
             rows.append(bench_workload(w, device, policies=policies, topk=topk, baselines=baselines, store=store,
-                                       pool=pool))
+                                       pool=pool, label=label))
     seconds = time.perf_counter() - start
     ratios = {b.name: _geomean_speedup((dict(r.baselines)[b.name]["seconds"], r.best_seconds) for r in rows) for b in baselines}
     versus = {

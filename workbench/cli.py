@@ -12,11 +12,13 @@ import signal
 import statistics
 import sys
 import threading
+from pathlib import Path
 
 from workbench.errors import UserError
 
 EXIT_USER_ERROR = 2
 EXIT_KERNEL_FAILED = 1  # the kernel failed to build or verify: nothing exported
+EXIT_REGRESSION = 1  # `runs compare --fail-on-regression`: a workload got slower beyond it
 
 
 class _Parser(argparse.ArgumentParser):
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracker", help="RPC tracker HOST:PORT (with --runner rpc)")
     p.add_argument("--key", help="RPC device key (with --runner rpc)")
     p.add_argument("--repeat", type=int, default=5)
+    _label_arg(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("model", help="construct every operator of an ONNX model and co-schedule them")
@@ -119,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(p)
     p.add_argument("--dim", action="append", metavar="NAME=VALUE,...",
                    help="bind the model's symbolic input dims, e.g. batch=4,seq=16 (repeatable; a dim not given is 1)")
+    _label_arg(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="benchmarks")
@@ -134,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     _policy_args(b, topk=5)
     _profile_args(b)
     b.add_argument("--baselines", default="numpy", help="e.g. numpy,torch,metaschedule:64")
+    _label_arg(b)
     b.add_argument("--json", action="store_true")
     b = bsub.add_parser("dynamic", help="Vortex beside a per-shape oracle, numpy and DietCode over values of one dyn extent")
     _workload_args(b)
@@ -165,7 +170,79 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default="local-cpu", help="device name as the runs store has it (default: local-cpu)")
     _profile_args(r)
     r.add_argument("--json", action="store_true")
+    r = rsub.add_parser("compare", help="compare two sets of runs workload by workload: faster, slower or no detectable change")
+    _selector_args(r)
+    r.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
+                   help="exit 1 when a workload is slower beyond noise by more than PCT percent")
+    _profile_args(r)
+    r.add_argument("--json", action="store_true")
+    r = rsub.add_parser("export", help="write the runs a selector picks (with candidates and measurements) to a file")
+    r.add_argument("--runs", required=True, metavar="SEL", help="the runs: " + SELECTOR_HELP)
+    r.add_argument("--out", required=True, help="the JSON file to write")
+    _profile_args(r)
+    r.add_argument("--json", action="store_true")
+    r = rsub.add_parser("import", help="merge the runs of an exported file into the store (new ids; runs it holds are skipped)")
+    r.add_argument("path", help="a file written by `runs export`")
+    _profile_args(r)
+    r.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("report", help="one self-contained HTML file of a stored run, or of two sets of runs compared")
+    p.add_argument("--run", type=int, help="a stored run's id")
+    p.add_argument("--runs", metavar="SEL", help="several stored runs, a section each (a whole model's operators: "
+                   "`model --run --pick measured --label NAME`, then --runs label=NAME): " + SELECTOR_HELP)
+    _selector_args(p, required=False)
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    _profile_args(p)
+    p.add_argument("--json", action="store_true")
     return parser
+
+
+# A runs file holds every repeat of every candidate: 10 000 runs of 10 candidates fit in this.
+MAX_RUNS_FILE_BYTES = 256 * 2**20
+SELECTOR_HELP = ("runs by KEY=VALUE[,KEY=VALUE...]: label, device, commit (prefix), policy, workload, since / until "
+                 "(YYYY-MM-DD), run (ID or FIRST-LAST); one key repeated: any of its values")
+
+
+def _selector_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--a", required=required, metavar="SEL", help="the baseline: " + SELECTOR_HELP)
+    p.add_argument("--b", required=required, metavar="SEL", help="compared with A: " + SELECTOR_HELP)
+    p.add_argument("--confidence", type=_confidence, default=0.95, help="the intervals' coverage (default 0.95)")
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be a percentage from 0 to 1000, got {text[:40]}")
+    return value
+
+
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be from 0.5 to below 1, got {text[:40]}")
+    return value
+
+
+def _label_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--label", type=_label, default="", help="store the runs under this label (`runs compare --a label=NAME`)")
+
+
+# A label is a name to type in a selector (`label=NAME`): printable, no comma (selectors are
+# comma-separated), at most this long.
+MAX_LABEL = 100
+
+
+def _label(text: str) -> str:
+    if len(text) > MAX_LABEL or not text.isprintable() or "," in text or text != text.strip():
+        raise argparse.ArgumentTypeError(f"a label is at most {MAX_LABEL} printable characters, no comma and no "
+                                         f"leading or trailing space, got {text[:40]!r}")
+    return text
 
 
 def _profile_args(p: argparse.ArgumentParser) -> None:
@@ -372,12 +449,15 @@ def cmd_profile(args) -> int:
     with pipeline.RunStore(args.db) as store:  # a bad --db fails before anything is built
         c = _construct(args, workload)
         result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
-                                  key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args))
-    doc = result.to_dict()
+                                  key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args),
+                                  run_label=args.label)
+    doc, diagnoses = result.to_dict(), result.diagnoses
     lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
     for cand in doc["candidates"]:
         measured = duration(cand["measured_seconds"])  # "-" without a correct time
         lines.append(f"#{cand['rank']:<3d} predicted {duration(cand['predicted_seconds']):>9s}  measured {measured:>9s}  {cand['error'] or ('ok' if cand['correct'] else '')}")
+        if cand["rank"] in diagnoses:
+            lines.append(f"     {diagnoses[cand['rank']].peak_text}")
     lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, {result.best_note()}")
     for note in (result.load_note(), result.noise_note()):
         if note:
@@ -398,7 +478,8 @@ def cmd_bench_kernels(args) -> int:
     device = pipeline.load_device(args.device)
     with pipeline.RunStore(args.db) as store:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-        data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store, progress=_progress(args))
+        data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store,
+                           progress=_progress(args), label=args.label)
     data["suite"] = args.suite
     names = [b.name for b in baselines]
     lines = [f"{'id':14s} {'best':>10s} rank " + " ".join(f"{n:>16s}" for n in names)]
@@ -430,13 +511,95 @@ def cmd_model(args) -> int:
         # the measured pick stores its profiles as `workbench profile` does; rank 1 opens no store
         with pipeline.RunStore(args.db) if args.pick == "measured" else contextlib.nullcontext() as store:
             run = pipeline.run_model_report(mc, args.path, seed=args.seed, pick=args.pick, store=store,
-                                            progress=_progress(args))
+                                            progress=_progress(args), run_label=args.label)
         doc["run"] = run.to_dict()
         text += "\n" + run.text()
     return _emit(args, doc, text)
 
 
 def cmd_runs(args) -> int:
+    return {"fit": cmd_runs_fit, "compare": cmd_runs_compare, "export": cmd_runs_export,
+            "import": cmd_runs_import}[args.runs_command](args)
+
+
+def cmd_runs_export(args) -> int:
+    from workbench.files import write_user_file
+    from workbench.profile.versus import Selector
+
+    selector = Selector.parse(args.runs, "--runs")
+    with _existing_store(args) as store:
+        runs = selector.select(store.runs())
+        if not runs:
+            raise UserError(f"--runs {args.runs!r}: no run in {store.path} matches")
+        doc = store.dump_runs([r.id for r in runs])
+    write_user_file(args.out, json.dumps(doc), "--out")
+    return _emit(args, {"path": args.out, "runs": [r.id for r in runs]}, f"wrote {len(runs)} runs to {args.out}")
+
+
+def cmd_runs_import(args) -> int:
+    from workbench import pipeline
+    from workbench.files import read_user_file
+
+    data = read_user_file(args.path, "runs file", MAX_RUNS_FILE_BYTES)
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"runs file {args.path}: not JSON ({err})") from None
+    with pipeline.RunStore(args.db) as store:
+        added, skipped = store.load_runs(doc, f"runs file {args.path}")
+    return _emit(args, {"added": added, "skipped": skipped, "db": str(store.path)},
+                 f"added {added} runs to {store.path}" + (f", skipped {skipped} it already holds" if skipped else ""))
+
+
+def cmd_runs_compare(args) -> int:
+    from workbench import pipeline
+    from workbench.profile.versus import Selector, compare_runs, text
+
+    a, b = Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")  # before the store is opened
+    with _existing_store(args) as store:
+        comparison = compare_runs(store, a, b, args.confidence)
+    _emit(args, comparison.to_dict(args.fail_on_regression), text(comparison, args.fail_on_regression))
+    if args.fail_on_regression is not None and comparison.regressions(args.fail_on_regression):
+        return EXIT_REGRESSION
+    return 0
+
+
+def _existing_store(args):
+    """The runs store of --db (default: the user's), which a command that only reads it needs to
+    exist: opening a missing one would create an empty store."""
+    from workbench import pipeline
+
+    path = Path(args.db) if args.db else pipeline.default_store_path()
+    if not path.is_file():
+        raise UserError(f"--db {path}: no runs store there (`workbench profile` writes one)")
+    return pipeline.RunStore(path)
+
+
+def cmd_report(args) -> int:
+    from workbench.files import write_user_file
+    from workbench.profile.versus import Selector, compare_runs
+    from workbench.report import comparison_report, run_report, runs_report
+
+    given = [args.run is not None, args.runs is not None, args.a is not None or args.b is not None]
+    if sum(given) != 1:
+        raise UserError("report: give one of --run ID, --runs SEL, or both --a SEL and --b SEL")
+    if given[2] and (args.a is None or args.b is None):
+        raise UserError("report: a comparison needs both --a SEL and --b SEL")
+    selectors = (Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")) if given[2] else None
+    several = Selector.parse(args.runs, "--runs") if given[1] else None
+    with _existing_store(args) as store:
+        if selectors is not None:
+            page = comparison_report(store, compare_runs(store, *selectors, args.confidence))
+        elif several is not None:
+            page = runs_report(store, several)
+        else:
+            page = run_report(store, args.run)
+    write_user_file(args.out, page, "--out")
+    what = (f"run {args.run}" if given[0] else f"runs {args.runs}" if given[1] else f"{args.a} against {args.b}")
+    return _emit(args, {"path": args.out, "bytes": len(page.encode())}, f"wrote {args.out}: {what}")
+
+
+def cmd_runs_fit(args) -> int:
     from workbench import pipeline
 
     with pipeline.RunStore(args.db) as store:
@@ -524,6 +687,7 @@ COMMANDS = {
     "model": cmd_model,
     "bench": cmd_bench_dispatch,
     "runs": cmd_runs,
+    "report": cmd_report,
     "vortex": cmd_vortex,
 }
 

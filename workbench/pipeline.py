@@ -56,7 +56,9 @@ from workbench.models.symbolic import parse_dims
 from workbench.ops.catalog import DYNAMIC_PARAMS, OpInfo, list_ops
 from workbench.ops.shapes import DTYPES
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.model.common import peak_gflops
 from workbench.profile.correction import Correction, corrected_seconds
+from workbench.profile.diagnose import diagnose
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates
@@ -160,10 +162,12 @@ def profile(
     ranks: Sequence[int] | None = None,
     pool: WorkerPool | None = None,
     workload: Workload | TensorExpr | None = None,
+    run_label: str = "",
 ) -> ProfileResult:
     """Build, verify and time the construction's candidates (those of `ranks`, default all) with
     `runner` ("local", "rpc" with `tracker` and `key`, "fake", or a Runner), recording the run
-    in `store` (a `profile.store.RunStore`) under `label`; builds and local runs use the warm
+    in `store` (a `profile.store.RunStore`) under the workload label `label` and the run's own
+    `run_label` (what `runs compare` selects by); builds and local runs use the warm
     workers of `pool` (a `WorkerPool`, for many profiles in a row) when given.
 
     The numpy reference knows catalog operators and expressions, not a model's fused PrimFuncs:
@@ -175,7 +179,7 @@ def profile(
     if pool is None and _model_operator(workload) and runner == "local":
         with WorkerPool() as own:
             return profile(construction, runner, label=label, store=store, timing=timing, progress=progress,
-                           tracker=tracker, key=key, ranks=ranks, pool=own, workload=workload)
+                           tracker=tracker, key=key, ranks=ranks, pool=own, workload=workload, run_label=run_label)
     if _model_operator(workload):
         if runner == "rpc":
             raise UserError("an operator of a model is checked against its TVM default lowering in a run of the "
@@ -185,7 +189,8 @@ def profile(
             runner = operator_runner(model, workload.operator, construction.device, pool, timing.seed)
     return profile_candidates(construction.expr, construction.device, chosen, runner=runner, tracker=tracker,
                               key=key, store=store, workload_label=label, policy=construction.policy,
-                              timing=timing, progress=progress, pool=pool)
+                              timing=timing, progress=progress, pool=pool, run_label=run_label,
+                              options=construction.options)
 
 
 def _model_operator(workload) -> bool:
@@ -262,7 +267,8 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
     `correction` learnt from the runs store, the corrected prediction beside it), whether the
     compute term was measured (a calibrated level-0 micro-kernel) or modelled, the
     measured time (the best repeat, from `measurements`, a profile's, or `measured`, rank ->
-    seconds), with `measurements` also the median and the spread of the median's interval
+    seconds) with its share of the device's peak compute and of the bandwidth of the layer read
+    closest to its roof and the limit that binds (`profile.diagnose`), with `measurements` also the median and the spread of the median's interval
     (`profile.noise`, as a share of the median) and the error, then bottleneck, grid, waves, the
     tile per memory layer, the virtual threads and the template's plan in words (`rtile.plan`). Times in one unit for the whole table, chosen
     from their median (`fmt.time_columns`): `predicted (ms)` 107, never `predicted us` 107427.73."""
@@ -276,6 +282,12 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
             row["corrected us"] = corrected_seconds(c.estimate, correction, c.program.expr.op) * 1e6
         if shown:
             row["measured us"] = times[c.rank] * 1e6 if c.rank in times else None
+            d = diagnose(c.estimate, c.device, peak_gflops(c.program.expr, c.device), times[c.rank]) \
+                if c.rank in times and times[c.rank] > 0 else None
+            top = d.bandwidth_share if d is not None else None
+            row["% peak compute"] = d.compute_share * 100 if d is not None else None
+            row["% peak bandwidth"] = top[1] * 100 if top is not None else None
+            row["binds"] = d.binding if d is not None else None
         if by_rank:
             m = by_rank.get(c.rank)
             interval = m.interval if m is not None and m.ok else None

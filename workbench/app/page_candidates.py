@@ -1,12 +1,13 @@
 """Candidates page: the top-K rPrograms (with the prediction corrected by what the runs store
 learnt about the device, where it holds a correction), the device's roofline with them on it,
 profiling, and predicted vs measured; the model's estimate of a picked candidate, measured and
-modelled parts apart. Selecting points (or the multiselect) picks candidates for the Kernel and
-Export pages."""
+modelled parts apart; a stored profile's report as one HTML file to download. Selecting points
+(or the multiselect) picks candidates for the Kernel and Export pages."""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
 import streamlit as st
@@ -18,6 +19,7 @@ from workbench.app.state import candidates_page, picked, profile, set_picked
 from workbench.errors import UserError
 from workbench.fmt import duration, estimate_parts, significant
 from workbench.pipeline import RunStore
+from workbench.report import run_html
 from workbench.viz.figures import (
     compared_points,
     predicted_vs_measured_figure,
@@ -110,6 +112,11 @@ def _comparison(result) -> None:
     for note in (result.load_note(), result.noise_note()):
         if note:
             st.warning(note)
+    if result.run_id is not None:  # stored: its report reads the run back from the store
+        st.download_button(f"Download the report of run {result.run_id} (HTML)",
+                           partial(run_html, Path(store_path()), result.run_id),
+                           file_name=f"run-{result.run_id}-report.html", mime="text/html", key="candidates_report",
+                           on_click="ignore")
 
 
 def _diagnosis(result) -> None:

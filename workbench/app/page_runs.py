@@ -4,11 +4,15 @@ for one (workload, device), the space its measured candidates cover (Optuna-dash
 importance of each tile dimension, the grid and virtual threads, a slice of the time against one of
 them, and parallel coordinates of all; and the model's correction learnt from a device's stored
 measurements (`pipeline.refit`): its verdict, before and after per held-out workload, its
-coefficients."""
+coefficients. A Compare view sets two sets of runs (by label, device, commit, policy) against each
+other workload by workload (`profile.versus`): a forest plot of the ratios with their intervals,
+the table filtered to changes if asked, and each side's candidates of a chosen workload; the
+report of a run or of the comparison downloads as one HTML file (`workbench.report`)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import streamlit as st
@@ -19,11 +23,14 @@ from workbench.app.messages import message
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
 from workbench.pipeline import RunStore, importance, slice_points, stored_trials
+from workbench.profile.versus import FASTER, SLOWER, compare_runs, mapping_selector
+from workbench.report import comparison_report, run_html, stored_run
 from workbench.viz.figures import (
     ComparedPoint,
     before_after_figure,
     best_so_far_figure,
     coefficient_rows,
+    forest_figure,
     evaluation_text,
     importance_figure,
     parallel_figure,
@@ -56,13 +63,93 @@ def _best_us(measurements) -> float | None:
 
 def _table(runs, measured: dict) -> None:
     rows = [
-        {"run": r.id, "started": datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M:%S"),
+        {"run": r.id, "label": r.label, "started": datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M:%S"),
          "workload": r.workload, "device": r.device, "policy": r.policy, "runner": r.runner, "top-K": r.topk,
          "status": r.status,
          "best us": _best_us(measured[r.id])}
         for r in reversed(runs)
     ]
     views.time_table(rows)  # "best (ms)": one unit for the column, chosen from its times
+
+
+# What a side of the Compare view picks runs by: (selector key, picker label, the run's value)
+SIDE_PICKERS = (("label", "label", lambda r: r.label), ("device", "device", lambda r: r.device),
+                ("commit", "commit", lambda r: r.commit[:12]), ("policy", "policy", lambda r: r.policy))
+
+
+def _side(runs, name: str, column) -> dict[str, list[str]]:
+    """The pickers of one side; {selector key: the values picked}."""
+    picked = {}
+    with column:
+        st.markdown(f"**{name}**")
+        for key, label, value in SIDE_PICKERS:
+            options = sorted({value(r) for r in runs} - {""})
+            chosen = st.multiselect(label, options, key=f"compare_{name.lower()}_{key}") if options else []
+            if chosen:
+                picked[key] = chosen
+    return picked
+
+
+def _compare(store: RunStore, runs) -> None:
+    """Two sets of runs picked by label, device, commit and policy, compared workload by workload."""
+    st.subheader("Compare two sets of runs")
+    left, right = st.columns(2)
+    a, b = _side(runs, "A", left), _side(runs, "B", right)
+    if not a or not b:
+        st.info("Pick runs for both sides (A: the baseline) to compare them workload by workload.")
+        return
+    try:
+        comparison = compare_runs(store, mapping_selector(a), mapping_selector(b))
+    except UserError as err:
+        st.error(message(err))
+        return
+    counts = comparison.counts()
+    st.caption(f"A: {comparison.a.text} ({len(comparison.a_runs)} runs); B: {comparison.b.text} "
+               f"({len(comparison.b_runs)} runs). " + ", ".join(f"{n} {v}" for v, n in counts.items())
+               + f" at {comparison.confidence:.0%} confidence; a change under {comparison.margin:.0%} counts as none. "
+               "A side's time is its best kernel's repeats over its runs; the ratio's interval is rank-based "
+               "(Hodges-Lehmann).")
+    if comparison.busy_runs:
+        st.warning(comparison.busy_note())
+    changes_only = st.checkbox("only workloads that changed", key="compare_changes_only")
+    shown = [w for w in comparison.workloads if not changes_only or w.verdict in (FASTER, SLOWER)]
+    st.plotly_chart(forest_figure(shown), key="forest_chart")
+    views.time_table([{"workload": w.workload, "device": w.device,
+                      "A median us": w.a.median_seconds * 1e6 if w.a else None,
+                      "B median us": w.b.median_seconds * 1e6 if w.b else None,
+                      "B/A": w.interval.ratio if w.interval else None,
+                      "low": w.interval.low if w.interval else None,
+                      "high": w.interval.high if w.interval else None,
+                      "verdict": w.verdict + (f" ({w.why})" if w.why else "")} for w in shown])
+    st.download_button("Download the comparison report (HTML)", partial(_comparison_html, store.path, a, b),
+                       file_name="comparison-report.html", mime="text/html", key="compare_report", on_click="ignore")
+    if not shown:
+        return
+    workload = st.selectbox("each side's candidates of", [w.workload for w in shown], key="compare_workload")
+    chosen = next(w for w in shown if w.workload == workload)
+    for column, name, side in zip(st.columns(2), "AB", (chosen.a, chosen.b)):
+        with column:
+            if side is None:
+                st.info(f"{name} has no correct measurement of {workload}.")
+                continue
+            run_id, rank = side.kernels[0]
+            st.markdown(f"**{name}**: run {run_id} (its best kernel: #{rank}; runs "
+                        f"{', '.join(str(r) for r, _ in side.kernels)})")
+            st.dataframe(stored_run(store, run_id).candidate_rows(), hide_index=True, width="stretch",
+                         key=f"compare_candidates_{name.lower()}")
+
+
+def _run_report(store: RunStore, runs) -> None:
+    """The report of one shown run, as one HTML file to download."""
+    run_id = st.selectbox("report of run", [r.id for r in reversed(runs)], key="report_run")
+    st.download_button(f"Download the report of run {run_id} (HTML)", partial(run_html, store.path, run_id),
+                       file_name=f"run-{run_id}-report.html", mime="text/html", key="run_report", on_click="ignore")
+
+
+def _comparison_html(path: Path, a: dict, b: dict) -> str:
+    """The comparison report, made when the download is clicked (in a thread of its own)."""
+    with RunStore(path) as store:
+        return comparison_report(store, compare_runs(store, mapping_selector(a), mapping_selector(b)))
 
 
 def _charts(store: RunStore, runs, measured: dict) -> None:
@@ -151,7 +238,8 @@ def page() -> None:
         return
     try:
         with RunStore(path) as store:
-            workload, device, policy = _filters(store.runs())
+            every = store.runs()
+            workload, device, policy = _filters(every)
             runs = store.runs(workload, device, policy)
             if not runs:
                 st.info("No runs match.")
@@ -159,6 +247,8 @@ def page() -> None:
             measured = {r.id: store.measurements_of(r.id) for r in runs}
             st.caption(f"{len(runs)} runs in {path}")
             _table(runs, measured)
+            _run_report(store, runs)
+            _compare(store, every)
             _charts(store, runs, measured)
             _space(store, runs)
             _correction(store, runs)

@@ -7,6 +7,7 @@ Roller's `MemLayer(0)`) to the *bottom* (global memory / DRAM), as in Roller's F
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 LAYER_SCOPES = ("thread", "unit", "device")
 DEVICE_KINDS = ("gpu", "cpu")
@@ -224,9 +225,27 @@ class DeviceSpec:
                 return kernel
         return None
 
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "DeviceSpec":
+        """The spec of `dataclasses.asdict(spec)` read back from JSON (the runs store keeps each
+        run's spec so): lists become the tuples the fields hold, layers and micro-kernels their
+        dataclasses. Unknown keys are refused (TypeError), as a spec of another version."""
+        fields = dict(data)
+        fields["layers"] = tuple(MemoryLayer(**layer) for layer in fields.get("layers", ()))
+        fields["micro_kernels"] = tuple(MicroKernel(**k) for k in fields.get("micro_kernels", ()))
+        for key in ("peak_gflops", "tensor_core_gflops", "tensor_core_fragment", "target", "sources"):
+            if key in fields:
+                fields[key] = _tuples(fields[key])
+        return cls(**fields)
+
     def target_dict(self) -> dict:
         """The TVM target as the dict form TVM 0.27 accepts (flag strings are refused)."""
         out = {}
         for key, value in self.target:
             out[key] = dict(value) if isinstance(value, tuple) else value
         return out
+
+
+def _tuples(value):
+    """JSON lists back into the nested tuples a frozen spec holds."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

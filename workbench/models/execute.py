@@ -89,10 +89,11 @@ class OperatorPick:
 
 
 def measured_pick(mc: ModelConstruction, inputs: Mapping[str, np.ndarray], *, runner: str | Runner = "local",
-                  store=None, timing: Timing = Timing(), progress: Progress | None = None) -> tuple[OperatorPick, ...]:
+                  store=None, timing: Timing = Timing(), progress: Progress | None = None,
+                  run_label: str = "") -> tuple[OperatorPick, ...]:
     """Profile the top K of every distinct workload of `mc` as `workbench profile` does (built in
     parallel workers, timed on this CPU, recorded in `store`, a `profile.store.RunStore`, when
-    given), all in one warm `WorkerPool`, so that TVM is imported once per worker, not per
+    given, under `run_label`), all in one warm `WorkerPool`, so that TVM is imported once per worker, not per
     candidate or workload. The local runner checks each candidate against its operator's TVM
     default lowering on the arguments it gets in a run of the model on `inputs` (module
     docstring); another `runner` (the fake one in tests) is used as given. A candidate that fails
@@ -113,7 +114,8 @@ def measured_pick(mc: ModelConstruction, inputs: Mapping[str, np.ndarray], *, ru
             chosen = _OperatorRunner(mc.device, pool, *calls[first.operator.func_name]) if runner == "local" else runner
             profile = profile_candidates(first.construction.expr, mc.device, first.candidates, runner=chosen,
                                          store=store, workload_label=label, policy=mc.policy, timing=timing,
-                                         progress=progress, pool=pool)
+                                         progress=progress, pool=pool, run_label=run_label,
+                                         options=first.construction.options)
             names = tuple(dict.fromkeys(r.operator.func_name for r in results))
             picks.append(OperatorPick(names, profile))
     return tuple(picks)

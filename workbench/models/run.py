@@ -106,10 +106,10 @@ class ModelRun:
 
 def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, seed: int = 0, *,
                      pick: str = "rank1", store=None, runner: str | Runner = "local",
-                     progress: Progress | None = None) -> ModelRun:
+                     progress: Progress | None = None, run_label: str = "") -> ModelRun:
     """Build every operator's kernel of rank `rank` (`pick="rank1"`) or its measured pick
     (`pick="measured"`: the top K of each distinct workload profiled with `runner` and recorded
-    in `store` first, `execute.measured_pick`), run the model `mc` (constructed from the ONNX
+    in `store` under `run_label` first, `execute.measured_pick`), run the model `mc` (constructed from the ONNX
     file `path`) on seeded random inputs, check it against ONNX Runtime and time it beside ONNX
     Runtime and TVM's default build. A model with symbolic dims runs at its bound values: the
     inputs have the bound shapes, which ONNX Runtime takes as they are and TVM's build imports.
@@ -131,7 +131,8 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     inputs = model_inputs(mc.model, seed)
     kernel_threads = pool_threads(mc.device)  # before any kernel runs: TVM sizes its pool once
     start = time.perf_counter()
-    picks = measured_pick(mc, inputs, runner=runner, store=store, progress=progress) if pick == "measured" else ()
+    picks = (measured_pick(mc, inputs, runner=runner, store=store, progress=progress, run_label=run_label)
+             if pick == "measured" else ())
     pick_seconds = time.perf_counter() - start if pick == "measured" else 0.0
     kernels = build_model_kernels(mc, rank, picks)
     ours = run_model(mc, kernels, inputs)

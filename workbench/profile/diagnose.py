@@ -31,7 +31,9 @@ AS_PREDICTED = 1.5
 class Diagnosis:
     """One measured candidate against the roofs: `shares[name]` is the achieved fraction of
     that roof ("compute" and each layer read), `binding` the roof it presses against (or
-    "latency/overhead"), `ratio` measured / predicted, `stages` the model's seconds per stage."""
+    "latency/overhead"), `ratio` measured / predicted, `stages` the model's seconds per stage;
+    `gbps` the achieved bandwidth per layer read, `peaks` each roof (GFLOP/s, GB/s), which are the
+    spec's measured ones where it was calibrated on this machine (`calibrated`)."""
 
     gflops: float
     shares: tuple[tuple[str, float], ...]
@@ -39,6 +41,27 @@ class Diagnosis:
     ratio: float
     predicted_bottleneck: str
     stages: tuple[tuple[str, float], ...]
+    gbps: tuple[tuple[str, float], ...] = ()
+    peaks: tuple[tuple[str, float], ...] = ()
+    calibrated: bool = False
+
+    @property
+    def compute_share(self) -> float:
+        return dict(self.shares)["compute"]
+
+    @property
+    def bandwidth_share(self) -> tuple[str, float] | None:
+        """(layer, share) of the layer read closest to its roof; None when no layer is read."""
+        layers = [(name, share) for name, share in self.shares if name != "compute"]
+        return max(layers, key=lambda kv: kv[1]) if layers else None
+
+    @property
+    def peak_text(self) -> str:
+        """"41% of peak compute (12.3 GFLOP/s), DRAM 30% (52.1 GB/s); binds compute"."""
+        parts = [f"{self.compute_share:.0%} of peak compute ({self.gflops:.3g} GFLOP/s)"]
+        if (top := self.bandwidth_share) is not None:
+            parts.append(f"{top[0]} {top[1]:.0%} ({dict(self.gbps)[top[0]]:.3g} GB/s)")
+        return ", ".join(parts) + f" of the {'calibrated' if self.calibrated else 'spec'} peaks; binds {self.binding}"
 
     @property
     def sentence(self) -> str:
@@ -59,7 +82,9 @@ class Diagnosis:
     def to_dict(self) -> dict:
         return {"achieved_gflops": self.gflops, "roof_shares": dict(self.shares), "binding": self.binding,
                 "measured_over_predicted": self.ratio, "predicted_bottleneck": self.predicted_bottleneck,
-                "predicted_stages_seconds": dict(self.stages), "sentence": self.sentence}
+                "predicted_stages_seconds": dict(self.stages), "achieved_gbps": dict(self.gbps),
+                "peaks": dict(self.peaks), "peaks_from": "calibrated" if self.calibrated else "spec",
+                "sentence": self.sentence}
 
 
 LATENCY = "latency/overhead"
@@ -77,11 +102,14 @@ def diagnose(estimate: Estimate, device: DeviceSpec, peak_gflops: float, seconds
     gflops = estimate.flops / seconds / GB
     shares = {"compute": gflops / peak_gflops}
     layers = {layer.name: layer for layer in device.layers}
+    gbps, peaks = {}, {"compute": peak_gflops}
     for name, moved in estimate.bytes_per_layer:
         if name in layers:  # a CPU's panel copies are a stage of the model's, not a roof
-            shares[name] = moved / seconds / GB / layers[name].bandwidth_gbps
+            gbps[name] = moved / seconds / GB
+            peaks[name] = layers[name].bandwidth_gbps
+            shares[name] = gbps[name] / peaks[name]
     top = max(shares, key=shares.get)
     binding = top if shares[top] >= BINDING_SHARE else LATENCY
     stages = (("compute", estimate.compute_seconds),) + tuple(estimate.load_seconds)
     return Diagnosis(gflops, tuple(shares.items()), binding, seconds / estimate.predicted_seconds,
-                     estimate.bottleneck, stages)
+                     estimate.bottleneck, stages, tuple(gbps.items()), tuple(peaks.items()), device.calibrated)

@@ -11,10 +11,11 @@ import contextlib
 import os
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from workbench.construct.space import Options
 from workbench.construct.step import Candidate
 from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
@@ -22,15 +23,13 @@ from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
 from workbench.profile.local import LocalRunner
 from workbench.profile.noise import indistinguishable, within_noise
+from workbench.profile.provenance import BUSY_LOAD, collect
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
 from workbench.profile.store import RunStore
 from workbench.versions import versions
 from workbench.workers import BUILD_TIMEOUT_S, Worker, WorkerPool, fan_out, thread_env
 
 RUNNERS = ("local", "rpc", "fake")
-# A 1-minute load average of this share of the logical CPUs, before a local session starts, means
-# other work competes for the cores the kernels are timed on (TVM's pool uses them all).
-BUSY_LOAD = 0.5
 # Each build worker holds its own TVM (a few hundred MB): more than this buys little.
 MAX_BUILD_JOBS = 8
 
@@ -182,9 +181,12 @@ def profile_candidates(
     build_timeout_s: float = BUILD_TIMEOUT_S,
     progress: Progress | None = None,
     pool: WorkerPool | None = None,
+    run_label: str = "",
+    options: Options | None = None,
 ) -> ProfileResult:
     """Build, verify and time `candidates` (of the constructed, i.e. axis-fused, `expr`) and
-    record the run in `store` (if given). Failures of single candidates (build error, timeout,
+    record the run in `store` (if given) under `run_label`, with its provenance (the machine, the
+    software, the construction's `options` and the `timing`: `profile.provenance`). Failures of single candidates (build error, timeout,
     crash, wrong result) are measurements with an `error`, never exceptions; bad input (unknown
     runner, unreachable tracker, empty candidate list, a local runner for kernels this machine
     cannot run) raises UserError before anything runs. With a `pool`, builds and local
@@ -194,7 +196,8 @@ def profile_candidates(
         with WorkerPool() as own:
             return profile_candidates(expr, device, candidates, runner=runner, tracker=tracker, key=key, store=store,
                                       workload_label=workload_label, policy=policy, timing=timing, jobs=jobs,
-                                      build_timeout_s=build_timeout_s, progress=progress, pool=own)
+                                      build_timeout_s=build_timeout_s, progress=progress, pool=own,
+                                      run_label=run_label, options=options)
     start = time.perf_counter()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # before this session adds its own
     chosen = make_runner(runner, device, tracker, key, pool)
@@ -209,8 +212,11 @@ def profile_candidates(
     label = workload_label or expr_label(expr)
     run_id = None
     if store is not None:
+        known = versions()
         run_id = store.start_run(workload={"label": label, **expr.workload_dict()}, device=device, policy=policy,
-                                 runner=chosen.name, candidates=candidates, versions=versions())
+                                 runner=chosen.name, candidates=candidates, versions=known, label=run_label,
+                                 provenance=run_provenance(expr, device, known, chosen.name, policy, options, timing,
+                                                           load))
     recorder = _Recorder(store, run_id, len(candidates), progress)
     try:
         _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool)
@@ -229,6 +235,22 @@ def profile_candidates(
     )
     return ProfileResult(label, device.name, policy, chosen.name, candidates, measurements, comparison, run_id,
                          time.perf_counter() - start, load, os.cpu_count() or 1)
+
+
+def run_provenance(expr, device: DeviceSpec, known: dict, runner: str, policy: str, options: Options | None,
+                   timing: Timing, load: float | None) -> dict:
+    """What a run records of where it was made (`provenance.collect`): its options are the
+    runner, the policy, the construction's options and the timing's; with them the compute roof
+    of `expr` on `device` (`peak_gflops`: the MMA units' or the ALUs'), which a report of the run
+    divides by and cannot recompute without the expression."""
+    from workbench.rtile.model.common import peak_gflops
+
+    threads = thread_env(device).get("TVM_NUM_THREADS")
+    chosen = {"runner": runner, "policy": policy, "peak_gflops": peak_gflops(expr, device)}
+    if options is not None:
+        chosen |= {"topk": options.topk, "eps": options.eps, "max_steps": options.max_steps, "seed": options.seed}
+    chosen |= {f"timing_{k}": v for k, v in asdict(timing).items()}
+    return collect(device, known, chosen, int(threads) if threads else None, load)
 
 
 def _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs, build_timeout_s, pool) -> None:

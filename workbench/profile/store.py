@@ -30,6 +30,7 @@ from workbench.profile.correction import Correction, Evaluation, Row, evaluate, 
 from workbench.profile.runner import Measurement
 
 APPLICATION_ID = 0x54574B42  # "TWKB": marks a file as a tile-workbench runs store
+EXCHANGE_FORMAT = "tile-workbench runs"  # `dump_runs` documents: `workbench runs export/import` files
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another process's transaction
 
 # MIGRATIONS[i] brings schema version i to i + 1 (statements run in one transaction).
@@ -61,6 +62,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE corrections (device TEXT PRIMARY KEY, fitted_at REAL NOT NULL,
            measurements INTEGER NOT NULL, correction TEXT NOT NULL, evaluation TEXT NOT NULL)""",
     ),
+    # A run's label (`--label NAME`, what `runs compare` selects by) and its provenance
+    # (`profile/provenance.py`: commit, machine, options). Runs of older stores have neither.
+    (
+        "ALTER TABLE runs ADD COLUMN label TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE runs ADD COLUMN provenance TEXT NOT NULL DEFAULT '{}'",
+        "CREATE INDEX runs_by_label ON runs (label)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -86,6 +94,8 @@ class RunRecord:
     runner: str
     versions: tuple[tuple[str, str], ...]
     cancelled: bool = False  # stopped part-way; its measurements are those taken before
+    label: str = ""  # the run's own label (`--label NAME`), "" when none was given
+    provenance: tuple[tuple[str, object], ...] = ()  # `profile.provenance.collect`; () for older runs
 
     @property
     def status(self) -> str:
@@ -95,7 +105,12 @@ class RunRecord:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self) | {"params": dict(self.params), "versions": dict(self.versions),
-                                           "status": self.status}
+                                           "provenance": dict(self.provenance), "status": self.status}
+
+    @property
+    def commit(self) -> str:
+        """The checkout's commit the run was made from ("" when unknown)."""
+        return str(dict(self.provenance).get("git_commit", ""))
 
 
 @dataclass(frozen=True)
@@ -173,18 +188,21 @@ class RunStore:
         candidates: Sequence,
         topk: int | None = None,
         versions: Mapping[str, str] | None = None,
+        label: str = "",
+        provenance: Mapping[str, object] | None = None,
     ) -> int:
         """Record a run and its candidates (`Candidate`s: rank, program, estimate); returns its id.
 
-        `workload` holds `label`, `op`, `dtype` and the operator's parameters (the rest)."""
+        `workload` holds `label`, `op`, `dtype` and the operator's parameters (the rest); `label`
+        is the run's own, `provenance` what made it (`profile.provenance.collect`)."""
         with self._write() as db:
             workload_id = self._workload_id(db, workload)
             device_id = self._device_id(db, device)
             run_id = db.execute(
-                """INSERT INTO runs (started_at, workload, device, policy, topk, runner, versions)
-                   VALUES (?, ?, ?, ?, ?, ?, ?)""",
+                """INSERT INTO runs (started_at, workload, device, policy, topk, runner, versions, label, provenance)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (time.time(), workload_id, device_id, policy, topk if topk is not None else len(candidates),
-                 runner, _dumps(dict(versions or {}))),
+                 runner, _dumps(dict(versions or {})), label, _dumps(dict(provenance or {}))),
             ).lastrowid
             db.executemany(
                 "INSERT INTO candidates (run, rank, rprogram, predicted_seconds, estimate) VALUES (?, ?, ?, ?, ?)",
@@ -235,13 +253,14 @@ class RunStore:
                 where.append(f"{column} = ?")
                 args.append(value)
         sql = f"""SELECT r.id, r.started_at, r.finished_at, w.label, w.op, w.params, w.dtype, d.name, r.policy,
-                  r.topk, r.runner, r.versions, r.cancelled FROM runs r JOIN workloads w ON w.id = r.workload
+                  r.topk, r.runner, r.versions, r.cancelled, r.label, r.provenance FROM runs r JOIN workloads w ON w.id = r.workload
                   JOIN devices d ON d.id = r.device {'WHERE ' + ' AND '.join(where) if where else ''}
                   ORDER BY r.started_at, r.id"""
         rows = self._read(sql, args)
         return tuple(
             RunRecord(row[0], row[1], row[2], row[3], row[4], tuple(sorted(json.loads(row[5]).items())), row[6],
-                      row[7], row[8], row[9], row[10], tuple(sorted(json.loads(row[11]).items())), bool(row[12]))
+                      row[7], row[8], row[9], row[10], tuple(sorted(json.loads(row[11]).items())), bool(row[12]),
+                      row[13], tuple(sorted(json.loads(row[14]).items())))
             for row in rows
         )
 
@@ -271,6 +290,23 @@ class RunStore:
         rows = self._read("SELECT rank, estimate FROM candidates WHERE run = ? ORDER BY rank", (run_id,))
         return {rank: json.loads(text) for rank, text in rows}
 
+    def device_of(self, run_id: int) -> DeviceSpec:
+        """The device spec run `run_id` was constructed and measured for, as stored with it."""
+        rows = self._read("SELECT d.spec FROM runs r JOIN devices d ON d.id = r.device WHERE r.id = ?", (run_id,))
+        if not rows:
+            raise UserError(f"--run {run_id}: no such run in {self.path}")
+        try:
+            return DeviceSpec.from_dict(json.loads(rows[0][0]))
+        except TypeError as err:  # a field this version does not know
+            raise UserError(f"--run {run_id}: its device spec is of another tile-workbench version ({err})") from None
+
+    def run(self, run_id: int) -> RunRecord:
+        """Run `run_id`'s record; UserError naming it when the store has none."""
+        found = [r for r in self.runs() if r.id == run_id]
+        if not found:
+            raise UserError(f"--run {run_id}: no such run in {self.path}")
+        return found[0]
+
     def correction(self, device: str) -> StoredCorrection | None:
         """The stored correction of device `device` (its name), or None."""
         rows = self._read("""SELECT fitted_at, measurements, correction, evaluation FROM corrections
@@ -297,6 +333,93 @@ class RunStore:
                 best = run_best if best is None else min(best, run_best)
             points.append(BestPoint(run_id, started_at, run_best, best))
         return tuple(points)
+
+    # -- moving runs between stores --------------------------------------------------------------
+
+    def dump_runs(self, run_ids: Sequence[int]) -> dict:
+        """Runs `run_ids` as one JSON-able document (EXCHANGE_FORMAT): each with its workload, its
+        device spec, its candidates and their measurements, without this store's ids."""
+        runs = []
+        for run_id in run_ids:
+            row = self._read(
+                """SELECT r.started_at, r.finished_at, r.policy, r.topk, r.runner, r.versions, r.cancelled, r.label,
+                   r.provenance, w.label, w.op, w.params, w.dtype, d.name, d.kind, d.spec FROM runs r
+                   JOIN workloads w ON w.id = r.workload JOIN devices d ON d.id = r.device WHERE r.id = ?""",
+                (run_id,))
+            if not row:
+                raise UserError(f"run {run_id}: no such run in {self.path}")
+            (started, finished, policy, topk, runner, versions, cancelled, label, provenance,
+             w_label, op, params, dtype, d_name, d_kind, spec) = row[0]
+            candidates = self._read("SELECT rank, rprogram, predicted_seconds, estimate FROM candidates "
+                                    "WHERE run = ? ORDER BY rank", (run_id,))
+            measurements = self._read(
+                """SELECT c.rank, m.runner, m.seconds, m.best_seconds, m.median_seconds, m.correct, m.error,
+                   m.build_seconds, m.created_at, m.versions FROM measurements m JOIN candidates c
+                   ON c.id = m.candidate WHERE c.run = ? ORDER BY m.id""", (run_id,))
+            runs.append({
+                "started_at": started, "finished_at": finished, "policy": policy, "topk": topk, "runner": runner,
+                "versions": json.loads(versions), "cancelled": bool(cancelled), "label": label,
+                "provenance": json.loads(provenance),
+                "workload": {"label": w_label, "op": op, "params": json.loads(params), "dtype": dtype},
+                "device": {"name": d_name, "kind": d_kind, "spec": json.loads(spec)},
+                "candidates": [{"rank": rank, "rprogram": json.loads(program), "predicted_seconds": predicted,
+                                "estimate": json.loads(estimate)} for rank, program, predicted, estimate in candidates],
+                "measurements": [{"rank": rank, "runner": m_runner, "seconds": json.loads(seconds), "best_seconds": best,
+                                  "median_seconds": median, "correct": correct, "error": error,
+                                  "build_seconds": build, "created_at": created, "versions": json.loads(m_versions)}
+                                 for rank, m_runner, seconds, best, median, correct, error, build, created, m_versions
+                                 in measurements],
+            })
+        return {"format": EXCHANGE_FORMAT, "schema": SCHEMA_VERSION, "runs": runs}
+
+    def load_runs(self, doc: Mapping, what: str = "runs file") -> tuple[int, int]:
+        """Merge the runs of a `dump_runs` document into this store, in one transaction, with new
+        ids; a run the store already holds (same start time, workload, device spec, policy,
+        runner and label) is skipped, so importing a file twice adds nothing the second time.
+        Returns (added, skipped); UserError naming `what` for a document of another form."""
+        if not isinstance(doc, Mapping) or doc.get("format") != EXCHANGE_FORMAT or not isinstance(doc.get("runs"), list):
+            raise UserError(f"{what}: not a tile-workbench runs file (format {EXCHANGE_FORMAT!r})")
+        added = skipped = 0
+        try:
+            with self._write() as db:
+                for run in doc["runs"]:
+                    if self._load_run(db, run):
+                        added += 1
+                    else:
+                        skipped += 1
+        except (KeyError, TypeError, AttributeError, ValueError) as err:  # rolled back: nothing of the file is kept
+            raise UserError(f"{what}: a run lacks a field or has one of the wrong type ({err!r})") from None
+        return added, skipped
+
+    def _load_run(self, db: sqlite3.Connection, run: Mapping) -> bool:
+        """Insert one run of a `dump_runs` document (False: the store holds it already)."""
+        workload = {"label": run["workload"]["label"], "op": run["workload"]["op"],
+                    "dtype": run["workload"]["dtype"], **run["workload"]["params"]}
+        workload_id = self._workload_id(db, workload)
+        device = run["device"]
+        key = (device["name"], device["kind"], _dumps(device["spec"]))
+        db.execute("INSERT OR IGNORE INTO devices (name, kind, spec) VALUES (?, ?, ?)", key)
+        device_id = db.execute("SELECT id FROM devices WHERE name = ? AND kind = ? AND spec = ?", key).fetchone()[0]
+        if db.execute("""SELECT 1 FROM runs WHERE started_at = ? AND workload = ? AND device = ? AND policy = ?
+                         AND runner = ? AND label = ?""",
+                      (run["started_at"], workload_id, device_id, run["policy"], run["runner"], run["label"])).fetchone():
+            return False
+        run_id = db.execute(
+            """INSERT INTO runs (started_at, finished_at, workload, device, policy, topk, runner, versions, cancelled,
+               label, provenance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            (run["started_at"], run["finished_at"], workload_id, device_id, run["policy"], run["topk"], run["runner"],
+             _dumps(run["versions"]), int(run["cancelled"]), run["label"], _dumps(run["provenance"])),
+        ).lastrowid
+        ids = {c["rank"]: db.execute(
+            "INSERT INTO candidates (run, rank, rprogram, predicted_seconds, estimate) VALUES (?, ?, ?, ?, ?)",
+            (run_id, c["rank"], _dumps(c["rprogram"]), c["predicted_seconds"], _dumps(c["estimate"])),
+        ).lastrowid for c in run["candidates"]}
+        db.executemany(
+            """INSERT INTO measurements (candidate, runner, seconds, best_seconds, median_seconds, correct, error,
+               build_seconds, created_at, versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            [(ids[m["rank"]], m["runner"], _dumps(m["seconds"]), m["best_seconds"], m["median_seconds"], m["correct"],
+              m["error"], m["build_seconds"], m["created_at"], _dumps(m["versions"])) for m in run["measurements"]])
+        return True
 
     # -- plumbing --------------------------------------------------------------------------------
 

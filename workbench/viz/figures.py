@@ -26,6 +26,7 @@ from workbench.viz.roofline import roofline_figure, roofline_points
 from workbench.viz.runs import best_so_far_figure
 from workbench.viz.source import entry_line
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
+from workbench.viz.versus import forest_figure
 
 __all__ = [
     "ComparedPoint", "compared_points", "live_figure", "predicted_vs_measured_figure", "ranks_from_selection",
@@ -41,4 +42,5 @@ __all__ = [
     "best_so_far_figure",
     "entry_line",
     "footprint_figure", "rtile_figure", "state_tiles",
+    "forest_figure",
 ]

@@ -47,6 +47,7 @@ into panels (`cpu.packing_seconds`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
@@ -95,6 +96,21 @@ class Estimate:
             "measured": list(self.measured),
             "modelled": list(self.modelled),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping, layers: Sequence[str] = ()) -> "Estimate":
+        """The estimate of `to_dict` read back (the runs store keeps each candidate's so, its keys
+        sorted): the per-layer pairs in the order of the device's `layers` (top to bottom)."""
+        order = {name: i for i, name in enumerate(layers)}
+
+        def ordered(pairs: Mapping) -> tuple:
+            return tuple(sorted(pairs.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+        return cls(data["flops"], data["padded_flops"], ordered(data["bytes_per_layer"]),
+                   ordered(data["load_seconds"]), data["compute_seconds"], data["threads"],
+                   data["blocks_per_unit"], data["waves"], data["occupancy"], data["bottleneck"],
+                   data["predicted_seconds"], tuple(data["footprint_bytes"]), data.get("reduction_seconds", 0.0),
+                   tuple(data.get("measured", ())), tuple(data.get("modelled", ())))
 
 
 def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
