@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import statistics
 import sys
@@ -143,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-extent", type=int, default=4096, help="largest value Vortex's kernel choice covers (default 4096)")
     b.add_argument("--json", action="store_true")
 
+    b = bsub.add_parser("model", help="re-predict stored measurements with the current model: Spearman and "
+                        "best-in-predicted-top-3 per machine")
+    b.add_argument("--runs", nargs="+", required=True, metavar="FILE",
+                   help="runs stores (SQLite) or runs JSON files (`workbench runs export`)")
+    b.add_argument("--json", action="store_true")
+
     p = sub.add_parser("vortex", help="dynamic shapes: compile kernels for every value of one dyn extent, run one")
     vsub = p.add_subparsers(dest="vortex_command", required=True, parser_class=_Parser)
     v = vsub.add_parser("compile", help="build, verify and write a bundle for a workload with one dyn extent "
@@ -165,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default="local-cpu", help="device name as the runs store has it (default: local-cpu)")
     _profile_args(r)
     r.add_argument("--json", action="store_true")
+    r = rsub.add_parser("export", help="write stored runs (spec, workload, programs, measured times) as a runs "
+                        "JSON file for `bench model`")
+    r.add_argument("--device", help="only the runs of this device name (default: every device)")
+    r.add_argument("--machine", help="name the machine in the file (default: the spec's name, LLVM CPU and cores)")
+    r.add_argument("--out", required=True, help="the JSON file to write")
+    _profile_args(r)
     return parser
 
 
@@ -439,6 +452,8 @@ def cmd_model(args) -> int:
 def cmd_runs(args) -> int:
     from workbench import pipeline
 
+    if args.runs_command == "export":
+        return cmd_runs_export(args)
     with pipeline.RunStore(args.db) as store:
         correction, evaluation = pipeline.refit(store, args.device)
         stored = store.correction(args.device)
@@ -454,6 +469,38 @@ def cmd_runs(args) -> int:
         lines.append(f"{w.workload:24s} {w.measurements:3d} {w.before_error:16.3f} {w.after_error:6.3f} "
                      f"{rho[0]:>15s} {rho[1]:>6s}")
     return _emit(args, stored.to_dict(), "\n".join(lines))
+
+
+def cmd_runs_export(args) -> int:
+    from workbench.files import write_user_file
+    from workbench.profile.model_bench import export_runs, store_runs
+
+    with _existing_store(args.db) as store:
+        runs = store_runs(store, device=args.device, machine=args.machine)
+    if not runs:
+        raise UserError(f"--db {store.path}: no correctly measured runs" + (f" of {args.device}" if args.device else ""))
+    write_user_file(args.out, json.dumps(export_runs(runs), indent=1) + "\n", "--out")
+    print(f"wrote {len(runs)} runs to {args.out}")
+    return 0
+
+
+def _existing_store(path):
+    """The runs store at `path` (default: the user's), refused when it does not exist yet: reading
+    must not create one."""
+    from workbench import pipeline
+
+    store_path = path or pipeline.default_store_path()
+    if not os.path.isfile(store_path):
+        raise UserError(f"--db {store_path}: no runs store there")
+    return pipeline.RunStore(store_path)
+
+
+def cmd_bench_model(args) -> int:
+    from workbench.profile.model_bench import load_runs, report_dict, report_text, score
+
+    runs = [run for path in args.runs for run in load_runs(path)]
+    scores = score(runs)
+    return _emit(args, report_dict(scores, args.runs), report_text(scores))
 
 
 def cmd_vortex(args) -> int:
@@ -511,6 +558,8 @@ def cmd_bench_dynamic(args) -> int:
 def cmd_bench_dispatch(args) -> int:
     if args.bench_command == "dynamic":
         return cmd_bench_dynamic(args)
+    if args.bench_command == "model":
+        return cmd_bench_model(args)
     return cmd_bench_kernels(args) if args.bench_command == "kernels" else cmd_bench_construct(args)
 
 

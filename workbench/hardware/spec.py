@@ -6,7 +6,7 @@ Roller's `MemLayer(0)`) to the *bottom* (global memory / DRAM), as in Roller's F
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 LAYER_SCOPES = ("thread", "unit", "device")
 DEVICE_KINDS = ("gpu", "cpu")
@@ -224,9 +224,29 @@ class DeviceSpec:
                 return kernel
         return None
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "DeviceSpec":
+        """The spec `dataclasses.asdict` wrote and JSON carried (lists for its tuples), as the runs
+        store keeps it; fields this version does not have are left out, missing ones default."""
+        known = {f.name for f in fields(cls)}
+        values = {k: _tuples(v) for k, v in data.items() if k in known and k not in ("layers", "micro_kernels")}
+        return cls(layers=tuple(MemoryLayer(**_known(MemoryLayer, l)) for l in data["layers"]),
+                   micro_kernels=tuple(MicroKernel(**_known(MicroKernel, k)) for k in data.get("micro_kernels", ())),
+                   **values)
+
     def target_dict(self) -> dict:
         """The TVM target as the dict form TVM 0.27 accepts (flag strings are refused)."""
         out = {}
         for key, value in self.target:
             out[key] = dict(value) if isinstance(value, tuple) else value
         return out
+
+
+def _tuples(value):
+    """JSON's lists back as the tuples they were written from."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _known(kind, data: dict) -> dict:
+    names = {f.name for f in fields(kind)}
+    return {k: _tuples(v) for k, v in data.items() if k in names}

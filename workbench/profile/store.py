@@ -271,6 +271,13 @@ class RunStore:
         rows = self._read("SELECT rank, estimate FROM candidates WHERE run = ? ORDER BY rank", (run_id,))
         return {rank: json.loads(text) for rank, text in rows}
 
+    def spec_of(self, run_id: int) -> DeviceSpec:
+        """The device spec run `run_id` was constructed and measured with."""
+        rows = self._read("SELECT d.spec FROM runs r JOIN devices d ON d.id = r.device WHERE r.id = ?", (run_id,))
+        if not rows:
+            raise UserError(f"{self.path}: no run {run_id}")
+        return DeviceSpec.from_dict(json.loads(rows[0][0]))
+
     def correction(self, device: str) -> StoredCorrection | None:
         """The stored correction of device `device` (its name), or None."""
         rows = self._read("""SELECT fitted_at, measurements, correction, evaluation FROM corrections
