@@ -247,7 +247,7 @@ def cmd_devices(args) -> int:
 def cmd_device(args) -> int:
     from workbench import pipeline
     from workbench.files import write_user_file
-    from workbench.hardware.calibrated import calibrated_spec_path
+    from workbench.hardware.calibrate import store_calibrated
     from workbench.hardware.write import spec_to_toml
 
     spec = pipeline.detect_local_device()
@@ -255,11 +255,22 @@ def cmd_device(args) -> int:
     if args.calibrate:
         # Calibrate the fresh detection, never a calibrated spec: sources would nest otherwise.
         spec = pipeline.calibrate_device(spec, progress=None if args.json else lambda line: print(line, file=sys.stderr))
-        out = out or str(calibrated_spec_path())
-    text = spec_to_toml(spec)
-    if out:
-        write_user_file(out, text, "--out")
-    return _emit(args, pipeline.device_summary(spec), text if not out else f"wrote {out}")
+        out = str(store_calibrated(spec, out))
+    elif out:
+        write_user_file(out, spec_to_toml(spec), "--out")
+    return _emit(args, pipeline.device_summary(spec), spec_to_toml(spec) if not out else f"wrote {out}")
+
+
+def _calibrate_first_use(args) -> None:
+    """The quick calibration, run by itself the first time this machine's CPU profiles here
+    (`hardware.calibrate.first_use_due`), with one line on stderr before and one after."""
+    from workbench import pipeline
+
+    if args.device != pipeline.LOCAL_CPU or getattr(args, "runner", "local") != "local":
+        return
+    note = pipeline.calibrate_first_use(lambda line: print(line, file=sys.stderr))
+    if note:
+        print(note, file=sys.stderr)
 
 
 def _request(args, workload):
@@ -383,6 +394,7 @@ def cmd_profile(args) -> int:
     if args.repeat < 1:
         raise UserError(f"--repeat must be >= 1, got {args.repeat}")
     with pipeline.RunStore(args.db) as store:  # a bad --db fails before anything is built
+        _calibrate_first_use(args)  # before constructing: the construction ranks with the calibrated spec
         c = _construct(args, workload)
         result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
                                   key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args))
@@ -408,6 +420,7 @@ def cmd_bench_kernels(args) -> int:
 
     baselines = parse_baselines(args.baselines) if args.baselines else ()
     _, workloads = pipeline.suite(args.suite)
+    _calibrate_first_use(args)
     device = pipeline.load_device(args.device)
     with pipeline.RunStore(args.db) as store:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]

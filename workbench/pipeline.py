@@ -79,7 +79,7 @@ __all__ = [
     # what the faces choose from and show beside a construction
     "ConstructionGraph", "ImportedModel", "Measurement", "ProgressEvent", "Step", "TensorExpr", "Workload",
     "DTYPES", "DYNAMIC_PARAMS", "LOCAL_CPU", "OpInfo", "PtxResult", "RunStore",
-    "calibrate_device", "calibration_size", "check_model_upload", "default_store_path", "detect_local_device",
+    "calibrate_device", "calibrate_first_use", "calibration_size", "check_model_upload", "default_store_path", "detect_local_device",
     "device_from_toml", "device_presets", "device_summary", "has_nvcc", "model_bytes", "operators",
     "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
 ]
@@ -432,6 +432,21 @@ def calibrate_device(spec: DeviceSpec, *, quick: bool = False, progress=None) ->
     from workbench.hardware import calibrate
 
     return calibrate.calibrate(spec, quick=quick, progress=progress)
+
+
+def calibrate_first_use(announce=None) -> str:
+    """The quick calibration of this machine's CPU where it is due (`calibrate.first_use_due`:
+    `local-cpu` not calibrated here yet), stored where `local-cpu` loads it from: `announce` gets
+    "calibrating this CPU once (about N s)..." before it runs, and the line returned says how it
+    went ("" when it was not due)."""
+    from workbench.hardware import calibrate
+
+    if not calibrate.first_use_due(load_spec(LOCAL_CPU, check_target=False)):
+        return ""
+    detected = detect_local_device()
+    if announce is not None:
+        announce(f"calibrating this CPU once (about {calibrate.quick_seconds(detected):.0f} s)...")
+    return calibrate.calibrate_first_use(detected)[1]
 
 
 def default_store_path() -> Path:
