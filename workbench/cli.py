@@ -395,16 +395,16 @@ def cmd_profile(args) -> int:
         raise UserError(f"--repeat must be >= 1, got {args.repeat}")
     with pipeline.RunStore(args.db) as store:  # a bad --db fails before anything is built
         _calibrate_first_use(args)  # before constructing: the construction ranks with the calibrated spec
-        c = _construct(args, workload)
+        c, ranked_by = pipeline.rank_by_correction(_construct(args, workload), store)
         result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
                                   key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args))
-    doc = result.to_dict()
+    doc = result.to_dict() | {"ranked_by_correction": bool(ranked_by)}
     lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
     for cand in doc["candidates"]:
         measured = duration(cand["measured_seconds"])  # "-" without a correct time
         lines.append(f"#{cand['rank']:<3d} predicted {duration(cand['predicted_seconds']):>9s}  measured {measured:>9s}  {cand['error'] or ('ok' if cand['correct'] else '')}")
     lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, {result.best_note()}")
-    for note in (result.load_note(), result.noise_note()):
+    for note in (ranked_by, result.load_note(), result.noise_note()):
         if note:
             lines.append(note)
     if result.best is not None:
@@ -476,6 +476,8 @@ def cmd_runs(args) -> int:
              "measured ~ " + " + ".join([f"{fit.compute:.3g} compute"] + [f"{a:.3g} {layer}" for layer, a in fit.loads]
                                         + [f"{fit.constant:.3g} s"]),
              evaluation.summary(),
+             ("applied by default: it ranks this device's candidates (held-out Spearman rose, error did not)"
+              if evaluation.earned else "not applied by default: held-out Spearman did not rise, or the error did"),
              f"{'held-out workload':24s} {'n':>3s} {'|log err| before':>16s} {'after':>6s} {'spearman before':>15s} {'after':>6s}"]
     for w in evaluation.workloads:
         rho = [f"{v:+.2f}" if v == v else "-" for v in (w.before_spearman, w.after_spearman)]  # NaN: undefined

@@ -120,15 +120,19 @@ def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float:
     from workbench.rtile.model import estimate
     from workbench.rtile.rprogram import RProgram
 
-    expr = _expr(json.dumps({k: v for k, v in workload.items() if k != "label"}, sort_keys=True))
+    expr = _construction_expr(json.dumps({k: v for k, v in workload.items() if k != "label"}, sort_keys=True), spec)
     return estimate(RProgram.from_dict(program, expr), spec).predicted_seconds
 
 
 @functools.lru_cache(maxsize=64)
-def _expr(workload_json: str):
+def _construction_expr(workload_json: str, spec: DeviceSpec):
+    """The expression a construction of the workload on `spec` tiles (its GEMM view on a CPU, its
+    axes fused, as `construct.stepper.Stepper` makes it): the axes the stored programs name."""
+    from workbench.ops.fusion import fuse_axes
+    from workbench.ops.gemm_view import construction_expr
     from workbench.workload import Workload
 
-    return Workload.from_dict(json.loads(workload_json)).build()
+    return fuse_axes(construction_expr(Workload.from_dict(json.loads(workload_json)).build(), spec))
 
 
 def score_workload(machine: str, workload: str, ranks: Sequence[int], predicted: Sequence[float],
