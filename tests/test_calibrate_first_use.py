@@ -91,3 +91,16 @@ def test_the_cli_says_so_in_one_line_for_a_local_profile_only(device, runner, ca
         assert len(err) == 2
     else:
         assert err == [] and fake_calibration == []
+
+
+def test_the_dashboard_says_so_in_one_line_the_first_time_this_machine_is_chosen(fake_calibration):
+    from test_app import app
+
+    at = app()  # the Workload page opens on this machine
+    assert not at.exception, at.exception
+    said = [c.value for c in at.caption if c.value.startswith("calibrated this CPU (quick)")]
+    assert len(said) == 1 and fake_calibration == [True]
+    assert any("calibrated (" in c.value for c in at.caption)  # the device caption: local-cpu as loaded now
+    at.run()
+    assert fake_calibration == [True]  # once
+    assert not any(c.value.startswith("calibrated this CPU (quick)") for c in at.caption)

@@ -488,13 +488,13 @@ def cmd_runs(args) -> int:
 
 def cmd_runs_export(args) -> int:
     from workbench.files import write_user_file
-    from workbench.profile.model_bench import export_runs, store_runs
+    from workbench.profile.model_bench import export_runs, runs_json_text, store_runs
 
     with _existing_store(args.db) as store:
         runs = store_runs(store, device=args.device, machine=args.machine)
     if not runs:
         raise UserError(f"--db {store.path}: no correctly measured runs" + (f" of {args.device}" if args.device else ""))
-    write_user_file(args.out, json.dumps(export_runs(runs), indent=1) + "\n", "--out")
+    write_user_file(args.out, runs_json_text(export_runs(runs)), "--out")
     print(f"wrote {len(runs)} runs to {args.out}")
     return 0
 

@@ -244,6 +244,13 @@ def export_runs(runs: Sequence[StoredRun]) -> dict:
     return {"format": FORMAT, "version": VERSION, "devices": devices, "runs": docs}
 
 
+def runs_json_text(doc: dict) -> str:
+    """A runs JSON document as text, one run a line: compact enough to commit, and a diff shows
+    which runs changed."""
+    head = json.dumps({k: v for k, v in doc.items() if k != "runs"})[:-1]
+    return head + ', "runs": [\n' + ",\n".join(json.dumps(r) for r in doc["runs"]) + "\n]}\n"
+
+
 def runs_from_json(text: str, label: str = "runs") -> tuple[StoredRun, ...]:
     """The runs of a runs JSON document (`export_runs`); UserError names what is malformed."""
     try:
