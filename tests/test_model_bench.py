@@ -158,7 +158,7 @@ def test_bench_model_reports_every_machine_of_the_committed_runs(capsys):
     stored = {run.machine: run for path in FIXTURES for run in load_runs(path)}
     assert set(machines) == set(stored)
     for m in doc["machines"]:
-        assert m["workloads"] == len(m["results"]) > 0
+        assert m["workloads"] == len(m["results"]) > 0 and m["skipped"] == []
         assert -1 <= m["mean_spearman"] <= 1 and 0 <= m["best_in_top3"] <= 1
         spearmen = [r["spearman"] for r in m["results"] if r["spearman"] is not None]
         assert m["mean_spearman"] == pytest.approx(sum(spearmen) / len(spearmen))
@@ -169,3 +169,13 @@ def test_bench_model_reports_every_machine_of_the_committed_runs(capsys):
     assert main(["bench", "model", "--runs", *map(str, FIXTURES)]) == 0
     text = capsys.readouterr().out
     assert all(f"{name}: mean Spearman" in text for name in machines)
+
+
+def test_a_workload_this_version_cannot_rebuild_is_skipped_and_named():
+    spec = device("xeon-avx512")
+    c, workload = _constructed(topk=3)
+    programs = [cand.program.to_dict() for cand in c.candidates]
+    doc = _runs_doc(spec, dict(workload, op="no_such_op", label="gone"), programs, [1e-3, 2e-3, 3e-3])
+    [machine] = score(runs_from_json(json.dumps(doc)))
+    assert machine.workloads == () and [w for w, _ in machine.skipped] == ["gone"]
+    assert "no_such_op" in machine.skipped[0][1] and machine.to_dict()["skipped"][0]["workload"] == "gone"

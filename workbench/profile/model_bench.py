@@ -94,8 +94,12 @@ class WorkloadScore:
 
 @dataclass(frozen=True)
 class MachineScore:
+    """A machine's workload scores, and the workloads the current workbench cannot rebuild (an
+    operator or a parameter it no longer has), with why."""
+
     machine: str
     workloads: tuple[WorkloadScore, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
 
     @property
     def mean_spearman(self) -> float:
@@ -109,7 +113,8 @@ class MachineScore:
     def to_dict(self) -> dict:
         return {"machine": self.machine, "workloads": len(self.workloads),
                 "mean_spearman": _json(self.mean_spearman), f"best_in_top{TOP}": _json(self.best_in_top_share),
-                "results": [w.to_dict() for w in self.workloads]}
+                "results": [w.to_dict() for w in self.workloads],
+                "skipped": [{"workload": w, "why": why} for w, why in self.skipped]}
 
 
 # -- scoring (pure but for the model it calls) ------------------------------------------------------
@@ -155,15 +160,20 @@ def score(runs: Iterable[StoredRun]) -> tuple[MachineScore, ...]:
             if key not in by_program or c.measured_seconds < by_program[key][0].measured_seconds:
                 by_program[key] = (c, run)
     machines: dict[str, list[WorkloadScore]] = {}
+    skipped: dict[str, list[tuple[str, str]]] = {}
     for (machine, label), by_program in groups.items():
         scored = machines.setdefault(machine, [])
         if len(by_program) < 2:
             continue
         kept = list(by_program.values())
-        predicted = [predicted_seconds(run.spec, run.workload, c.program) for c, run in kept]
+        try:
+            predicted = [predicted_seconds(run.spec, run.workload, c.program) for c, run in kept]
+        except (UserError, KeyError, ValueError, IndexError) as err:  # an operator or axis this version lacks
+            skipped.setdefault(machine, []).append((label, f"{type(err).__name__}: {err}"))
+            continue
         scored.append(score_workload(machine, label, [c.rank for c, _ in kept], predicted,
                                      [c.measured_seconds for c, _ in kept]))
-    return tuple(MachineScore(m, tuple(ws)) for m, ws in machines.items())
+    return tuple(MachineScore(m, tuple(ws), tuple(skipped.get(m, ()))) for m, ws in machines.items())
 
 
 def report_dict(scores: Sequence[MachineScore], files: Sequence[str]) -> dict:
@@ -179,6 +189,7 @@ def report_text(scores: Sequence[MachineScore]) -> str:
         for w in s.workloads:
             lines.append(f"  {w.workload:28s} {w.candidates:3d} candidates  spearman {_text(w.spearman):>6s}  "
                          f"best at predicted #{w.best_predicted_rank}")
+        lines += [f"  {w:28s} skipped: {why}" for w, why in s.skipped]
     return "\n".join(lines) if lines else "no measured runs in these files"
 
 
@@ -213,8 +224,6 @@ def store_runs(store: RunStore, device: str | None = None, machine: str | None =
     each named `machine` or its spec's `machine_label`."""
     out = []
     for run in store.runs(device=device):
-        if run.op == "model":  # a model's operator cannot be rebuilt from the store
-            continue
         fastest: dict[int, float] = {}
         for m in store.measurements_of(run.id):
             if m.measurement.ok and m.measurement.best_seconds > 0:
