@@ -58,8 +58,8 @@ def test_a_refused_calibration_is_said_recorded_and_not_retried_by_itself(monkey
 
     monkeypatch.setattr(calibrate, "calibrate", refuse)
     note = pipeline.calibrate_first_use()
-    assert note.startswith("calibration refused, nothing stored: L2 read at 600.0 GB/s, faster than L1; "
-                           "profiling with the detected spec")
+    assert note.startswith("calibration refused, nothing stored: L2 read at 600.0 GB/s, faster than L1 (is another "
+                           "program using the CPU? run it again on a quiet machine); profiling with the detected spec")
     assert calibrate.refusal_path().is_file() and not calibrated_spec_path().exists()
     assert not load_spec("local-cpu").calibrated
     assert pipeline.calibrate_first_use() == "" and fake_calibration == ["refused"]
@@ -104,3 +104,12 @@ def test_the_dashboard_says_so_in_one_line_the_first_time_this_machine_is_chosen
     at.run()
     assert fake_calibration == [True]  # once
     assert not any(c.value.startswith("calibrated this CPU (quick)") for c in at.caption)
+
+
+def test_a_calibration_that_fails_outright_never_stops_the_profile(monkeypatch, fake_calibration):
+    def crash(spec, **kwargs):
+        raise RuntimeError("LLVM exploded\nsecond line")
+
+    monkeypatch.setattr(calibrate, "calibrate", crash)
+    assert pipeline.calibrate_first_use().startswith("calibration failed: RuntimeError: LLVM exploded; profiling with")
+    assert calibrate.refusal_path().read_text() == "calibration failed: RuntimeError: LLVM exploded\n"

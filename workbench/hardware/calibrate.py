@@ -49,8 +49,8 @@ QUICK_DRAM_WORKING_SET = 64 * 1024**2
 # per cent on an idle machine, and cache layers of one core differ by 1.5-2x (L1 vs L2).
 BANDWIDTH_SLACK = 1.15
 FLOAT_DTYPES = ("float32", "float64")
-# Building one probe's kernel with TVM takes about 70 ms on the 2-core Zen 3 (the micro-kernels'
-# compile time, module docstring of `microbench`); `quick_seconds` adds it to the budget.
+# Building one probe's kernel with TVM takes about 70 ms (a micro-kernel's compile time, as
+# `calibrate` says); `quick_seconds` adds it to the budget.
 BUILD_SECONDS_PER_PROBE = 0.07
 # "0" turns the first-use calibration off (the tests, scripted benchmarks that want the detected
 # spec); anything else, or unset, leaves it on.
@@ -120,8 +120,9 @@ def calibrate_first_use(detected: DeviceSpec, progress: Progress | None = None) 
     with the detected spec."""
     try:
         spec = calibrate(detected, quick=True, progress=progress)
-    except UserError as err:
-        reason = str(err).split(" (is another program")[0]
+    except Exception as err:  # noqa: BLE001 - a calibration by itself never stops the profile it precedes
+        reason = str(err) if isinstance(err, UserError) else f"calibration failed: {type(err).__name__}: {err}"
+        reason = reason.splitlines()[0] if reason else type(err).__name__
         path = refusal_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(reason + "\n")
