@@ -1,7 +1,8 @@
 """Test-wide settings.
 
 No test reads or writes the user's data directory (runs store, a calibrated local-cpu spec), so
-results never depend on what a user did on this machine.
+results never depend on what a user did on this machine, and none calibrates this machine by
+itself on first use (WORKBENCH_AUTO_CALIBRATE=0).
 
 Lanes (WORKBENCH_TEST_LANE): unset runs everything (`make test`, after the fast lane); `fast` runs
 the pure-core tests in CORE_TESTS, less the parts of sweeps in FULL_LANE_ONLY, with TVM made
@@ -113,3 +114,6 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(autouse=True)
 def private_data_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
+    # No test calibrates this machine by accident (`hardware.calibrate.first_use_due`): the ones
+    # of the first-use calibration turn it on with a fake measurement.
+    monkeypatch.setenv("WORKBENCH_AUTO_CALIBRATE", "0")

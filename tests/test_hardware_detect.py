@@ -46,7 +46,8 @@ MACHINES = {
     "zen4": (
         "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC 9654 96-Core Processor\ncpu MHz\t\t: 2400.000\n"
         f"flags\t\t: {AVX512_COMMON} avx512_bf16 avx512_vnni avx512_vbmi2 gfni\n",
-        [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0")],
+        # one CCX: 32 MiB of L3 over 8 cores
+        [("1", "Data", "32K", "0"), ("2", "Unified", "1024K", "0"), ("3", "Unified", "32768K", "0-7")],
         None,
     ),
     "haswell": (
@@ -89,7 +90,9 @@ EXPECTED_FMA = {
 
 
 # Sapphire Rapids: 105 MiB of L3 over 112 CPUs, 56 cores with their SMT siblings; 4 of them.
-EXPECTED_LLC = {"sapphire-rapids": 107520 * 1024 // 56 * 4}
+# Zen 4: a CCX's 32 MiB over its 8 cores (no SMT sibling in this tree); 4 of them. The others
+# name no L3 in sysfs: no LLC, and the model reads the bottom layer's bandwidth.
+EXPECTED_LLC = {"sapphire-rapids": 107520 * 1024 // 56 * 4, "zen4": 32768 * 1024 // 8 * 4}
 
 
 def reloaded(spec, isa: str):

@@ -21,7 +21,7 @@ from tests.helpers import TINY_CPU
 from workbench.cli import main
 from workbench.errors import UserError
 from workbench.profile.correction import (
-    Correction, Row, Stages, blend, corrected_seconds, evaluate, fit, fit_stages, nnls, op_class, signed_rank_test,
+    Correction, Row, Stages, blend, corrected_seconds, earned, evaluate, fit, fit_stages, nnls, op_class, signed_rank_test,
 )
 from workbench.profile.runner import Measurement
 from workbench.profile.store import RunStore, refit, stored_rows
@@ -357,3 +357,53 @@ def test_runs_fit_with_too_few_measurements_is_one_line_exit_2(capsys, tmp_path,
     assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1
     with RunStore(path) as store:
         assert store.correction(device) is None  # nothing stored
+
+
+def _evaluation(before_rho, after_rho, before_error=0.5, after_error=0.4) -> dict:
+    return {"before": {"error": before_error, "spearman": before_rho},
+            "after": {"error": after_error, "spearman": after_rho}}
+
+
+@pytest.mark.parametrize("evaluation, applies", [
+    (_evaluation(0.3, 0.5), True),
+    (_evaluation(0.3, 0.5, after_error=0.5), True),  # the error no worse, the ranking better
+    (_evaluation(0.5, 0.5), False),  # a ranking no better is not earned
+    (_evaluation(0.3, 0.5, after_error=0.6), False),  # better ranks at worse times
+    (_evaluation(None, 0.5), False),  # undefined: nothing to compare
+])
+def test_a_correction_is_applied_by_default_only_where_it_earned_it(evaluation, applies):
+    assert earned(evaluation) is applies
+
+
+def test_an_evaluation_says_whether_it_earned_it():
+    rows = synthetic(linear(compute=2.0, dram=3.0), noise=0.05)
+    evaluation = evaluate(rows, "tiny-cpu")
+    assert evaluation.to_dict()["earned"] is evaluation.earned is earned(evaluation.to_dict())
+
+
+def test_an_earned_correction_ranks_the_candidates_and_an_unearned_one_does_not(tmp_path):
+    from tests.helpers import matmul
+    from workbench import pipeline
+    from workbench.construct.stepper import construct
+
+    c = construct(matmul(64, 64, 64), TINY_CPU, "roller", pipeline.Options(topk=6))
+    # a correction that prices the compute stage alone: its order is the compute times'
+    only_compute = Correction("tiny-cpu", fit_stages_of(compute=1.0), ())
+    expected = sorted(c.candidates, key=lambda x: (corrected_seconds(x.estimate, only_compute, "matmul"), x.rank))
+    assert [x.rank for x in expected] != [x.rank for x in c.candidates]  # it reorders them
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        assert pipeline.rank_by_correction(c, store) == (c, "")  # none stored
+        store.save_correction(only_compute, _evaluation(0.5, 0.5))
+        assert pipeline.rank_by_correction(c, store) == (c, "")  # not earned
+        store.save_correction(only_compute, _evaluation(0.2, 0.6))
+        ranked, note = pipeline.rank_by_correction(c, store)
+    assert [x.program for x in ranked.candidates] == [x.program for x in expected]
+    assert [x.rank for x in ranked.candidates] == list(range(1, len(c.candidates) + 1))
+    assert [x.estimate for x in ranked.candidates] == [x.estimate for x in expected]  # the model's, kept
+    assert note.startswith("ranked by the runs store's correction of tiny-cpu (held-out mean Spearman +0.20 -> +0.60")
+
+
+def fit_stages_of(compute: float):
+    from workbench.profile.correction import StageFit
+
+    return StageFit(compute, (), 0.0, measurements=100, workloads=50)

@@ -58,6 +58,7 @@ class KernelBench:
 
 def _profile_policy(workload, device, policy, topk, store, timing, seed, pool, label):
     built = pipeline.construct(pipeline.request(workload, device, policy, pipeline.Options(topk=topk, seed=seed)))
+    built, _ = pipeline.rank_by_correction(built, store)  # where the device's correction earned it
     return built, pipeline.profile(built, label=workload.describe(), store=store, timing=timing, pool=pool,
                                    run_label=label)
 

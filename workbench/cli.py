@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import statistics
 import sys
@@ -146,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--samples", help="DietCode's sample values (default 128,160,192,224: Vortex's Table 6)")
     b.add_argument("--topk", type=_topk, default=5, help="the oracle's top-K per value (default 5)")
     b.add_argument("--max-extent", type=int, default=4096, help="largest value Vortex's kernel choice covers (default 4096)")
+    b.add_argument("--json", action="store_true")
+
+    b = bsub.add_parser("model", help="re-predict stored measurements with the current model: Spearman and "
+                        "best-in-predicted-top-3 per machine")
+    b.add_argument("--runs", nargs="+", required=True, metavar="FILE",
+                   help="runs stores (SQLite) or runs JSON files (`workbench runs export`)")
     b.add_argument("--json", action="store_true")
 
     p = sub.add_parser("vortex", help="dynamic shapes: compile kernels for every value of one dyn extent, run one")
@@ -311,7 +318,7 @@ def cmd_devices(args) -> int:
 def cmd_device(args) -> int:
     from workbench import pipeline
     from workbench.files import write_user_file
-    from workbench.hardware.calibrated import calibrated_spec_path
+    from workbench.hardware.calibrate import store_calibrated
     from workbench.hardware.write import spec_to_toml
 
     spec = pipeline.detect_local_device()
@@ -319,11 +326,22 @@ def cmd_device(args) -> int:
     if args.calibrate:
         # Calibrate the fresh detection, never a calibrated spec: sources would nest otherwise.
         spec = pipeline.calibrate_device(spec, progress=None if args.json else lambda line: print(line, file=sys.stderr))
-        out = out or str(calibrated_spec_path())
-    text = spec_to_toml(spec)
-    if out:
-        write_user_file(out, text, "--out")
-    return _emit(args, pipeline.device_summary(spec), text if not out else f"wrote {out}")
+        out = str(store_calibrated(spec, out))
+    elif out:
+        write_user_file(out, spec_to_toml(spec), "--out")
+    return _emit(args, pipeline.device_summary(spec), spec_to_toml(spec) if not out else f"wrote {out}")
+
+
+def _calibrate_first_use(args) -> None:
+    """The quick calibration, run by itself the first time this machine's CPU profiles here
+    (`hardware.calibrate.first_use_due`), with one line on stderr before and one after."""
+    from workbench import pipeline
+
+    if args.device != pipeline.LOCAL_CPU or getattr(args, "runner", "local") != "local":
+        return
+    note = pipeline.calibrate_first_use(lambda line: print(line, file=sys.stderr))
+    if note:
+        print(note, file=sys.stderr)
 
 
 def _request(args, workload):
@@ -447,11 +465,12 @@ def cmd_profile(args) -> int:
     if args.repeat < 1:
         raise UserError(f"--repeat must be >= 1, got {args.repeat}")
     with pipeline.RunStore(args.db) as store:  # a bad --db fails before anything is built
-        c = _construct(args, workload)
+        _calibrate_first_use(args)  # before constructing: the construction ranks with the calibrated spec
+        c, ranked_by = pipeline.rank_by_correction(_construct(args, workload), store)
         result = pipeline.profile(c, args.runner, label=workload.describe(), store=store, tracker=args.tracker,
                                   key=args.key, timing=pipeline.Timing(repeat=args.repeat), progress=_progress(args),
                                   run_label=args.label)
-    doc, diagnoses = result.to_dict(), result.diagnoses
+    doc, diagnoses = result.to_dict() | {"ranked_by_correction": bool(ranked_by)}, result.diagnoses
     lines = [f"{doc['workload']} on {doc['device']} ({doc['policy']}, {doc['runner']} runner): run {doc['run_id']}"]
     for cand in doc["candidates"]:
         measured = duration(cand["measured_seconds"])  # "-" without a correct time
@@ -459,7 +478,7 @@ def cmd_profile(args) -> int:
         if cand["rank"] in diagnoses:
             lines.append(f"     {diagnoses[cand['rank']].peak_text}")
     lines.append(f"spearman {doc['spearman']}, kendall {doc['kendall']}, {result.best_note()}")
-    for note in (result.load_note(), result.noise_note()):
+    for note in (ranked_by, result.load_note(), result.noise_note()):
         if note:
             lines.append(note)
     if result.best is not None:
@@ -475,6 +494,7 @@ def cmd_bench_kernels(args) -> int:
 
     baselines = parse_baselines(args.baselines) if args.baselines else ()
     _, workloads = pipeline.suite(args.suite)
+    _calibrate_first_use(args)
     device = pipeline.load_device(args.device)
     with pipeline.RunStore(args.db) as store:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -611,12 +631,22 @@ def cmd_runs_fit(args) -> int:
              "measured ~ " + " + ".join([f"{fit.compute:.3g} compute"] + [f"{a:.3g} {layer}" for layer, a in fit.loads]
                                         + [f"{fit.constant:.3g} s"]),
              evaluation.summary(),
+             ("applied by default: it ranks this device's candidates (held-out Spearman rose, error did not)"
+              if evaluation.earned else "not applied by default: held-out Spearman did not rise, or the error did"),
              f"{'held-out workload':24s} {'n':>3s} {'|log err| before':>16s} {'after':>6s} {'spearman before':>15s} {'after':>6s}"]
     for w in evaluation.workloads:
         rho = [f"{v:+.2f}" if v == v else "-" for v in (w.before_spearman, w.after_spearman)]  # NaN: undefined
         lines.append(f"{w.workload:24s} {w.measurements:3d} {w.before_error:16.3f} {w.after_error:6.3f} "
                      f"{rho[0]:>15s} {rho[1]:>6s}")
     return _emit(args, stored.to_dict(), "\n".join(lines))
+
+
+def cmd_bench_model(args) -> int:
+    from workbench.profile.model_bench import load_runs, report_dict, report_text, score
+
+    runs = [run for path in args.runs for run in load_runs(path)]
+    scores = score(runs)
+    return _emit(args, report_dict(scores, args.runs), report_text(scores))
 
 
 def cmd_vortex(args) -> int:
@@ -674,6 +704,8 @@ def cmd_bench_dynamic(args) -> int:
 def cmd_bench_dispatch(args) -> int:
     if args.bench_command == "dynamic":
         return cmd_bench_dynamic(args)
+    if args.bench_command == "model":
+        return cmd_bench_model(args)
     return cmd_bench_kernels(args) if args.bench_command == "kernels" else cmd_bench_construct(args)
 
 

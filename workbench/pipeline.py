@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from workbench.codegen.build import Kernel
@@ -57,7 +57,7 @@ from workbench.ops.catalog import DYNAMIC_PARAMS, OpInfo, list_ops
 from workbench.ops.shapes import DTYPES
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.model.common import peak_gflops
-from workbench.profile.correction import Correction, corrected_seconds
+from workbench.profile.correction import Correction, corrected_seconds, earned
 from workbench.profile.diagnose import diagnose
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
@@ -75,13 +75,13 @@ __all__ = [
     "cannot_profile_here", "check_export_path", "construct", "construct_model", "Construction", "DeviceSpec",
     "diagnosis_rows", "export", "importance", "slice_points", "stored_trials", "ExportResult", "Kernel", "KernelRejected", "load_device",
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
-    "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit",
+    "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit", "rank_by_correction",
     "run_model_report", "DIETCODE_SAMPLES", "VortexPlan", "vortex_compile", "vortex_load", "vortex_pick",
     "vortex_plan", "vortex_run", "vortex_value_of", "import_onnx", "model_symbolic_dims",
     # what the faces choose from and show beside a construction
     "ConstructionGraph", "ImportedModel", "Measurement", "ProgressEvent", "Step", "TensorExpr", "Workload",
     "DTYPES", "DYNAMIC_PARAMS", "LOCAL_CPU", "OpInfo", "PtxResult", "RunStore",
-    "calibrate_device", "calibration_size", "check_model_upload", "default_store_path", "detect_local_device",
+    "calibrate_device", "calibrate_first_use", "calibration_size", "check_model_upload", "default_store_path", "detect_local_device",
     "device_from_toml", "device_presets", "device_summary", "has_nvcc", "model_bytes", "operators",
     "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
 ]
@@ -259,6 +259,24 @@ def diagnosis_rows(result: ProfileResult) -> list[dict]:
     compute roof, the limit that binds (`profile.diagnose`) and the sentence saying why."""
     return [{"rank": rank, "achieved GFLOP/s": d.gflops, "% of peak": dict(d.shares)["compute"] * 100,
              "binds": d.binding, "why": d.sentence} for rank, d in sorted(result.diagnoses.items())]
+
+
+def rank_by_correction(construction: Construction, store: RunStore | None) -> tuple[Construction, str]:
+    """`construction` with its candidates ranked by the corrected prediction (`corrected_seconds`,
+    ties by the model's rank) where `store` holds a correction of its device that has earned it
+    (`correction.earned`), and a line saying so; else `construction` as it is and "". The
+    estimates stay the model's: the store keeps them, and the next fit learns from them."""
+    stored = store.correction(construction.device.name) if store is not None else None
+    if stored is None or not earned(stored.evaluation):
+        return construction, ""
+    op = construction.expr.op
+    order = sorted(construction.candidates,
+                   key=lambda c: (corrected_seconds(c.estimate, stored.correction, op), c.rank))
+    ranked = tuple(replace(c, rank=i + 1) for i, c in enumerate(order))
+    ev = stored.evaluation
+    note = (f"ranked by the runs store's correction of {construction.device.name} (held-out mean Spearman "
+            f"{ev['before']['spearman']:+.2f} -> {ev['after']['spearman']:+.2f}; `workbench runs fit` refits it)")
+    return replace(construction, candidates=ranked), note
 
 
 def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measurement] | None = None,
@@ -444,6 +462,21 @@ def calibrate_device(spec: DeviceSpec, *, quick: bool = False, progress=None) ->
     from workbench.hardware import calibrate
 
     return calibrate.calibrate(spec, quick=quick, progress=progress)
+
+
+def calibrate_first_use(announce=None) -> str:
+    """The quick calibration of this machine's CPU where it is due (`calibrate.first_use_due`:
+    `local-cpu` not calibrated here yet), stored where `local-cpu` loads it from: `announce` gets
+    "calibrating this CPU once (about N s)..." before it runs, and the line returned says how it
+    went ("" when it was not due)."""
+    from workbench.hardware import calibrate
+
+    if not calibrate.first_use_due(load_spec(LOCAL_CPU, check_target=False)):
+        return ""
+    detected = detect_local_device()
+    if announce is not None:
+        announce(f"calibrating this CPU once (about {calibrate.quick_seconds(detected):.0f} s)...")
+    return calibrate.calibrate_first_use(detected)[1]
 
 
 def default_store_path() -> Path:

@@ -45,6 +45,7 @@ def device_controls(current: DeviceSpec) -> DeviceSpec | None:
 
 
 def _local_controls() -> DeviceSpec | None:
+    _calibrate_first_use()
     spec = st.session_state.get("calibrated") or preset(LOCAL_CPU)
     caption = st.empty()  # filled in last: a calibration below changes what it says
     cols = st.columns([1, 2])
@@ -58,6 +59,16 @@ def _local_controls() -> DeviceSpec | None:
                        "measured on this machine (used by this session).")
     caption.caption(f"{spec.name}: {spec.compute_units} cores, " + _calibration_text(spec))
     return spec
+
+
+def _calibrate_first_use() -> None:
+    """The quick calibration, run by itself the first time this machine is chosen here
+    (`pipeline.calibrate_first_use`, stored where `local-cpu` loads it from), in one line."""
+    line = st.empty()
+    note = pipeline.calibrate_first_use(line.info)
+    if note:
+        preset.clear()  # the cached local-cpu is the detected spec: load the calibrated one
+        line.caption(note)
 
 
 def _kernels(n: int) -> str:

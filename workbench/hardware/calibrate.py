@@ -17,7 +17,8 @@ from datetime import date
 
 from workbench.errors import UserError
 from workbench.hardware import microbench
-from workbench.hardware.calibrated import apply_measurements
+from workbench.hardware.calibrated import apply_measurements, calibrated_spec_path
+from workbench.hardware.detect import LOCAL_CPU_NAME
 from workbench.hardware.microbench import LLC, Probe, ProbeResult, Progress
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
@@ -48,6 +49,12 @@ QUICK_DRAM_WORKING_SET = 64 * 1024**2
 # per cent on an idle machine, and cache layers of one core differ by 1.5-2x (L1 vs L2).
 BANDWIDTH_SLACK = 1.15
 FLOAT_DTYPES = ("float32", "float64")
+# Building one probe's kernel with TVM takes about 70 ms (a micro-kernel's compile time, as
+# `calibrate` says); `quick_seconds` adds it to the budget.
+BUILD_SECONDS_PER_PROBE = 0.07
+# "0" turns the first-use calibration off (the tests, scripted benchmarks that want the detected
+# spec); anything else, or unset, leaves it on.
+AUTO_CALIBRATE_ENV = "WORKBENCH_AUTO_CALIBRATE"
 
 
 def calibrate(
@@ -83,6 +90,58 @@ def calibrate(
         raise UserError(f"calibration refused, nothing stored: {'; '.join(problems)} "
                         f"(is another program using the CPU? run it again on a quiet machine)")
     return apply_measurements(spec, results, date.today().isoformat())
+
+
+def quick_seconds(spec: DeviceSpec) -> float:
+    """About how long `calibrate(spec, quick=True)` takes on an idle machine: its budget plus
+    building each probe's kernel."""
+    threads = max(1, min(spec.compute_units, os.cpu_count() or 1))
+    return QUICK_BUDGET_S + BUILD_SECONDS_PER_PROBE * len(probes(spec, threads, quick=True))
+
+
+def refusal_path():
+    """Where a refused first-use calibration says why, beside the calibrated spec: while it is
+    there the first-use calibration is not tried again (`device detect --calibrate` still is)."""
+    return calibrated_spec_path().with_name("local-cpu.refused")
+
+
+def first_use_due(spec: DeviceSpec) -> bool:
+    """Whether the quick calibration should run by itself before `spec` profiles here: `spec` is
+    `local-cpu` not calibrated (no calibrated spec of this machine in the data directory), no
+    refusal is recorded, and AUTO_CALIBRATE_ENV is not "0"."""
+    return (spec.name == LOCAL_CPU_NAME and spec.runs_on_cpu and not spec.calibrated
+            and os.environ.get(AUTO_CALIBRATE_ENV, "") != "0" and not refusal_path().is_file())
+
+
+def calibrate_first_use(detected: DeviceSpec, progress: Progress | None = None) -> tuple[DeviceSpec | None, str]:
+    """The quick calibration of `detected` (this machine's fresh detection), stored where
+    `local-cpu` loads it from (`store_calibrated`), and one line saying what happened. A refused
+    calibration (a busy machine) stores why (`refusal_path`) and returns None: the caller goes on
+    with the detected spec."""
+    try:
+        spec = calibrate(detected, quick=True, progress=progress)
+    except Exception as err:  # noqa: BLE001 - a calibration by itself never stops the profile it precedes
+        reason = str(err) if isinstance(err, UserError) else f"calibration failed: {type(err).__name__}: {err}"
+        reason = reason.splitlines()[0] if reason else type(err).__name__
+        path = refusal_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(reason + "\n")
+        return None, (f"{reason}; profiling with the detected spec (`workbench device detect --calibrate` "
+                      f"measures again; not tried by itself while {path} exists)")
+    path = store_calibrated(spec)
+    return spec, f"calibrated this CPU (quick): wrote {path}, which local-cpu loads from now on"
+
+
+def store_calibrated(spec: DeviceSpec, path=None):
+    """Write calibrated `spec` where `local-cpu` loads it (`calibrated_spec_path`, or `path`),
+    and forget a refused first-use calibration; returns the path."""
+    from workbench.files import write_user_file
+    from workbench.hardware.write import spec_to_toml
+
+    out = path or calibrated_spec_path()
+    write_user_file(out, spec_to_toml(spec), "--out")
+    refusal_path().unlink(missing_ok=True)
+    return out
 
 
 def impossible(results: tuple[ProbeResult, ...]) -> list[str]:

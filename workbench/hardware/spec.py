@@ -6,7 +6,7 @@ Roller's `MemLayer(0)`) to the *bottom* (global memory / DRAM), as in Roller's F
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 LAYER_SCOPES = ("thread", "unit", "device")
@@ -227,16 +227,13 @@ class DeviceSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "DeviceSpec":
-        """The spec of `dataclasses.asdict(spec)` read back from JSON (the runs store keeps each
-        run's spec so): lists become the tuples the fields hold, layers and micro-kernels their
-        dataclasses. Unknown keys are refused (TypeError), as a spec of another version."""
-        fields = dict(data)
-        fields["layers"] = tuple(MemoryLayer(**layer) for layer in fields.get("layers", ()))
-        fields["micro_kernels"] = tuple(MicroKernel(**k) for k in fields.get("micro_kernels", ()))
-        for key in ("peak_gflops", "tensor_core_gflops", "tensor_core_fragment", "target", "sources"):
-            if key in fields:
-                fields[key] = _tuples(fields[key])
-        return cls(**fields)
+        """The spec `dataclasses.asdict` wrote and JSON carried (lists for its tuples), as the runs
+        store keeps it; fields this version does not have are left out, missing ones default."""
+        known = {f.name for f in fields(cls)}
+        values = {k: _tuples(v) for k, v in data.items() if k in known and k not in ("layers", "micro_kernels")}
+        return cls(layers=tuple(MemoryLayer(**_known(MemoryLayer, l)) for l in data["layers"]),
+                   micro_kernels=tuple(MicroKernel(**_known(MicroKernel, k)) for k in data.get("micro_kernels", ())),
+                   **values)
 
     def target_dict(self) -> dict:
         """The TVM target as the dict form TVM 0.27 accepts (flag strings are refused)."""
@@ -247,5 +244,10 @@ class DeviceSpec:
 
 
 def _tuples(value):
-    """JSON lists back into the nested tuples a frozen spec holds."""
+    """JSON's lists back as the tuples they were written from."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _known(kind, data: dict) -> dict:
+    names = {f.name for f in fields(kind)}
+    return {k: _tuples(v) for k, v in data.items() if k in names}

@@ -29,6 +29,14 @@ its data and it says nothing about the next workload), so p is where it earns ha
 (matmul-class, conv, elementwise, reduction: `op_class`) the same rule blends the class's own fit
 with the device's: a class seen in few workloads speaks through the device's fit.
 
+**Applied by default where it has earned it** (`earned`): the faces rank a construction's
+candidates by the corrected prediction, instead of the model's, only for a device whose stored
+correction ranked its held-out workloads better than the model did (mean Spearman after above
+before) without making their times worse (median |log error| after at most before). A ranking is
+what the correction changes for a user (the top-K that gets built and timed), so the ranking is
+what it must have improved; the signed-rank claim below is about the times and may stay unmet on
+few workloads while the ranks already gain.
+
 **Honest evaluation.** `evaluate` scores the correction by leave-one-workload-out
 cross-validation: each workload is predicted by a correction fitted on the other workloads alone,
 so "after" is never fitted on what it scores. Reported before and after: the median
@@ -289,6 +297,16 @@ class WorkloadScore:
                 "before_spearman": _json(self.before_spearman), "after_spearman": _json(self.after_spearman)}
 
 
+def earned(evaluation: Mapping) -> bool:
+    """Whether a correction with this evaluation (`Evaluation.to_dict`, as the store keeps it)
+    applies by default (module docstring): held-out mean Spearman after > before, both defined,
+    and held-out median |log error| after <= before."""
+    before, after = evaluation["before"], evaluation["after"]
+    if before["spearman"] is None or after["spearman"] is None:
+        return False
+    return after["spearman"] > before["spearman"] and after["error"] <= before["error"]
+
+
 def verdict(claim: bool, p_value: str) -> str:
     """What an evaluation allows one to say, with its p-value as the face formats it."""
     return f"the correction helps (signed-rank p = {p_value})" if claim else f"no improvement shown (signed-rank p = {p_value})"
@@ -323,11 +341,17 @@ class Evaluation:
                 f"{verdict(self.claim, f'{self.p_value:.3g}')}")
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "measurements": self.measurements,
-                "before": {"error": self.before_error, "spearman": _json(self.before_spearman)},
-                "after": {"error": self.after_error, "spearman": _json(self.after_spearman)},
-                "improved": self.improved, "p_value": self.p_value, "claim": self.claim,
-                "workloads": [w.to_dict() for w in self.workloads]}
+        doc = {"device": self.device, "measurements": self.measurements,
+               "before": {"error": self.before_error, "spearman": _json(self.before_spearman)},
+               "after": {"error": self.after_error, "spearman": _json(self.after_spearman)},
+               "improved": self.improved, "p_value": self.p_value, "claim": self.claim,
+               "workloads": [w.to_dict() for w in self.workloads]}
+        return doc | {"earned": earned(doc)}
+
+    @property
+    def earned(self) -> bool:
+        """Whether the correction applies by default (`earned`)."""
+        return self.to_dict()["earned"]
 
 
 def evaluate(rows: Sequence[Row], device: str) -> Evaluation:

@@ -1,0 +1,296 @@
+"""The offline model benchmark (`workbench bench model`): stored measurements re-predicted by the
+current model, scored per machine.
+
+A *runs file* is either a runs store (SQLite, `profile.store`) or the JSON `export_runs` writes
+from one (`workbench runs export`, small enough to commit as a test fixture):
+
+    {"format": "tile-workbench runs", "version": 1,
+     "devices": {KEY: {"machine": LABEL, "spec": TOML}},
+     "runs": [{"device": KEY, "workload": {"label", "op", "dtype", parameters...},
+               "candidates": [{"rank", "program": RProgram.to_dict(), "measured_seconds"}]}]}
+
+`measured_seconds` is a candidate's fastest correct repeat (the time `profile` compares). The
+spec is the TOML `hardware.write.spec_to_toml` writes, so the model reads the machine as it was
+when it was measured (calibrated bandwidths and micro-kernels included).
+
+Scoring (`score`): a workload's candidates on one machine (every stored run of it, a program
+measured in several runs counted once at its fastest) are predicted afresh with
+`rtile.model.estimate`; its score is Spearman(predicted, measured) and whether the measured
+fastest is among the first three in predicted order (predicted seconds, then the stored rank, so
+ties break as the construction ranked them). A machine's score is the mean Spearman over its
+workloads where it is defined and the share of its workloads with the best in the top 3.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.errors import UserError
+from workbench.files import read_user_text
+from workbench.hardware.parse import spec_from_toml_text
+from workbench.hardware.spec import DeviceSpec
+from workbench.hardware.write import spec_to_toml
+from workbench.profile.compare import spearman
+from workbench.profile.store import RunStore
+
+FORMAT = "tile-workbench runs"
+VERSION = 1
+TOP = 3  # "best in the predicted top 3"
+# A run of a 13-workload suite's top 10 takes about 45 KB of runs JSON; 64 MiB is far past any
+# runs file, and reading stops there.
+MAX_RUNS_JSON_BYTES = 64 * 2**20
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A stored candidate: its construction rank, its program (`RProgram.to_dict`) and its time."""
+
+    rank: int
+    program: dict
+    measured_seconds: float
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A profile run as the benchmark reads it: the machine, the spec it was measured with, the
+    workload (`TensorExpr.workload_dict` plus its label) and its correctly measured candidates."""
+
+    machine: str
+    spec: DeviceSpec
+    workload: dict
+    candidates: tuple[Measured, ...]
+
+    @property
+    def label(self) -> str:
+        return str(self.workload.get("label") or _describe(self.workload))
+
+
+@dataclass(frozen=True)
+class WorkloadScore:
+    """One workload on one machine: Spearman(predicted, measured) (NaN: undefined), the measured
+    fastest's place in predicted order (1-based) and how many candidates were scored."""
+
+    machine: str
+    workload: str
+    candidates: int
+    spearman: float
+    best_predicted_rank: int
+
+    @property
+    def best_in_top(self) -> bool:
+        return self.best_predicted_rank <= TOP
+
+    def to_dict(self) -> dict:
+        return {"workload": self.workload, "candidates": self.candidates, "spearman": _json(self.spearman),
+                "best_predicted_rank": self.best_predicted_rank, f"best_in_top{TOP}": self.best_in_top}
+
+
+@dataclass(frozen=True)
+class MachineScore:
+    """A machine's workload scores, and the workloads the current workbench cannot rebuild (an
+    operator or a parameter it no longer has), with why."""
+
+    machine: str
+    workloads: tuple[WorkloadScore, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def mean_spearman(self) -> float:
+        defined = [w.spearman for w in self.workloads if not math.isnan(w.spearman)]
+        return math.fsum(defined) / len(defined) if defined else math.nan
+
+    @property
+    def best_in_top_share(self) -> float:
+        return sum(w.best_in_top for w in self.workloads) / len(self.workloads) if self.workloads else math.nan
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "workloads": len(self.workloads),
+                "mean_spearman": _json(self.mean_spearman), f"best_in_top{TOP}": _json(self.best_in_top_share),
+                "results": [w.to_dict() for w in self.workloads],
+                "skipped": [{"workload": w, "why": why} for w, why in self.skipped]}
+
+
+# -- scoring (pure but for the model it calls) ------------------------------------------------------
+
+
+def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float:
+    """The current model's time of `program` (`RProgram.to_dict`) for `workload` on `spec`."""
+    from workbench.rtile.model import estimate
+    from workbench.rtile.rprogram import RProgram
+
+    expr = _construction_expr(json.dumps({k: v for k, v in workload.items() if k != "label"}, sort_keys=True), spec)
+    return estimate(RProgram.from_dict(program, expr), spec).predicted_seconds
+
+
+@functools.lru_cache(maxsize=64)
+def _construction_expr(workload_json: str, spec: DeviceSpec):
+    """The expression a construction of the workload on `spec` tiles (its GEMM view on a CPU, its
+    axes fused, as `construct.stepper.Stepper` makes it): the axes the stored programs name."""
+    from workbench.ops.fusion import fuse_axes
+    from workbench.ops.gemm_view import construction_expr
+    from workbench.workload import Workload
+
+    return fuse_axes(construction_expr(Workload.from_dict(json.loads(workload_json)).build(), spec))
+
+
+def score_workload(machine: str, workload: str, ranks: Sequence[int], predicted: Sequence[float],
+                   measured: Sequence[float]) -> WorkloadScore:
+    """The score of one workload's candidates (module docstring) from their stored ranks and
+    predicted and measured seconds."""
+    order = sorted(range(len(ranks)), key=lambda i: (predicted[i], ranks[i]))
+    best = min(range(len(measured)), key=lambda i: (measured[i], ranks[i]))
+    return WorkloadScore(machine, workload, len(ranks), spearman(predicted, measured), order.index(best) + 1)
+
+
+def score(runs: Iterable[StoredRun]) -> tuple[MachineScore, ...]:
+    """Every machine's score over `runs` (module docstring), machines and workloads in first-seen
+    order. A workload with fewer than two measured candidates has nothing to rank and is left out."""
+    groups: dict[tuple[str, str], dict[str, tuple[Measured, StoredRun]]] = {}
+    for run in runs:
+        by_program = groups.setdefault((run.machine, run.label), {})
+        for c in run.candidates:
+            key = json.dumps(c.program, sort_keys=True)
+            if key not in by_program or c.measured_seconds < by_program[key][0].measured_seconds:
+                by_program[key] = (c, run)
+    machines: dict[str, list[WorkloadScore]] = {}
+    skipped: dict[str, list[tuple[str, str]]] = {}
+    for (machine, label), by_program in groups.items():
+        scored = machines.setdefault(machine, [])
+        if len(by_program) < 2:
+            continue
+        kept = list(by_program.values())
+        try:
+            predicted = [predicted_seconds(run.spec, run.workload, c.program) for c, run in kept]
+        except (UserError, KeyError, ValueError, IndexError) as err:  # an operator or axis this version lacks
+            skipped.setdefault(machine, []).append((label, f"{type(err).__name__}: {err}"))
+            continue
+        scored.append(score_workload(machine, label, [c.rank for c, _ in kept], predicted,
+                                     [c.measured_seconds for c, _ in kept]))
+    return tuple(MachineScore(m, tuple(ws), tuple(skipped.get(m, ()))) for m, ws in machines.items())
+
+
+def report_dict(scores: Sequence[MachineScore], files: Sequence[str]) -> dict:
+    """The JSON document of `workbench bench model` (docs/cli.md)."""
+    return {"files": list(files), "top": TOP, "machines": [s.to_dict() for s in scores]}
+
+
+def report_text(scores: Sequence[MachineScore]) -> str:
+    lines = []
+    for s in scores:
+        lines.append(f"{s.machine}: mean Spearman {_text(s.mean_spearman)}, best in predicted top {TOP} "
+                     f"{sum(w.best_in_top for w in s.workloads)}/{len(s.workloads)} workloads")
+        for w in s.workloads:
+            lines.append(f"  {w.workload:28s} {w.candidates:3d} candidates  spearman {_text(w.spearman):>6s}  "
+                         f"best at predicted #{w.best_predicted_rank}")
+        lines += [f"  {w:28s} skipped: {why}" for w, why in s.skipped]
+    return "\n".join(lines) if lines else "no measured runs in these files"
+
+
+# -- reading and writing runs files ---------------------------------------------------------------
+
+
+def machine_label(spec: DeviceSpec) -> str:
+    """A machine's name where the runs store holds none: the spec's name, and for a CPU its LLVM
+    CPU and cores (`local-cpu` on an AVX2 and an AVX-512 machine are different machines)."""
+    target = spec.target_dict()
+    if spec.runs_on_cpu and "mcpu" in target:
+        return f"{spec.name} ({target['mcpu']}, {spec.compute_units} cores)"
+    return spec.name
+
+
+def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
+    """The runs of a runs store (SQLite) or of a runs JSON file; UserError names what is wrong."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as err:
+        raise UserError(f"--runs {path}: cannot read ({err.strerror})") from None
+    if head == SQLITE_MAGIC:
+        with RunStore(path) as store:
+            return store_runs(store)
+    return runs_from_json(read_user_text(path, "--runs", MAX_RUNS_JSON_BYTES), str(path))
+
+
+def store_runs(store: RunStore, device: str | None = None, machine: str | None = None) -> tuple[StoredRun, ...]:
+    """The runs of `store` (of device `device` where given) with at least one correct measurement,
+    each named `machine` or its spec's `machine_label`."""
+    out = []
+    for run in store.runs(device=device):
+        fastest: dict[int, float] = {}
+        for m in store.measurements_of(run.id):
+            if m.measurement.ok and m.measurement.best_seconds > 0:
+                fastest[m.rank] = min(fastest.get(m.rank, math.inf), m.measurement.best_seconds)
+        if not fastest:
+            continue
+        programs = store.programs_of(run.id)
+        spec = store.device_of(run.id)
+        workload = {"label": run.workload, "op": run.op, "dtype": run.dtype, **dict(run.params)}
+        out.append(StoredRun(machine or machine_label(spec), spec, workload,
+                             tuple(Measured(rank, programs[rank], s) for rank, s in sorted(fastest.items()))))
+    return tuple(out)
+
+
+def export_runs(runs: Sequence[StoredRun]) -> dict:
+    """`runs` as a runs JSON document (module docstring); each distinct spec written once."""
+    devices: dict[str, dict] = {}
+    keys: dict[tuple[str, str], str] = {}
+    docs = []
+    for run in runs:
+        toml = spec_to_toml(run.spec)
+        key = keys.setdefault((run.machine, toml), f"d{len(keys)}")
+        devices.setdefault(key, {"machine": run.machine, "spec": toml})
+        docs.append({"device": key, "workload": run.workload,
+                     "candidates": [{"rank": c.rank, "program": c.program, "measured_seconds": c.measured_seconds}
+                                    for c in run.candidates]})
+    return {"format": FORMAT, "version": VERSION, "devices": devices, "runs": docs}
+
+
+def runs_json_text(doc: dict) -> str:
+    """A runs JSON document as text, one run a line: compact enough to commit, and a diff shows
+    which runs changed."""
+    head = json.dumps({k: v for k, v in doc.items() if k != "runs"})[:-1]
+    return head + ', "runs": [\n' + ",\n".join(json.dumps(r) for r in doc["runs"]) + "\n]}\n"
+
+
+def runs_from_json(text: str, label: str = "runs") -> tuple[StoredRun, ...]:
+    """The runs of a runs JSON document (`export_runs`); UserError names what is malformed."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{label}: neither a runs store nor runs JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UserError(f"{label}: not a tile-workbench runs file (no \"format\": \"{FORMAT}\")")
+    if doc.get("version") != VERSION:
+        raise UserError(f"{label}: runs file version {doc.get('version')!r}, this workbench reads {VERSION}")
+    try:
+        devices = {key: (str(d["machine"]), spec_from_toml_text(d["spec"], label=f"{label} device {key}",
+                                                                 check_target=False))
+                   for key, d in doc["devices"].items()}
+        return tuple(
+            StoredRun(*devices[r["device"]], dict(r["workload"]),
+                      tuple(Measured(int(c["rank"]), dict(c["program"]), float(c["measured_seconds"]))
+                            for c in r["candidates"]))
+            for r in doc["runs"]
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise UserError(f"{label}: malformed runs file ({type(err).__name__}: {err})") from None
+
+
+def _describe(workload: dict) -> str:
+    return f"{workload.get('op')} " + ",".join(f"{k}={v}" for k, v in workload.items() if k not in ("op", "dtype"))
+
+
+def _json(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _text(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:+.2f}"
