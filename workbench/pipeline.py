@@ -83,7 +83,7 @@ __all__ = [
     "calibrate_device", "calibration_size", "check_model_upload", "default_store_path", "detect_local_device",
     "device_from_toml", "device_presets", "device_summary", "has_nvcc", "model_bytes", "operators",
     "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
-    "random_suites", "is_random_suite", "fresh_seed",
+    "random_suites", "is_random_suite", "fresh_seed", "MAX_RANDOM_COUNT",
 ]
 
 
@@ -371,6 +371,9 @@ def suite(name: str, seed: int | None = None) -> tuple[str, tuple[Workload, ...]
     suite (`random:N`, `random-conv:N`) drawn with `seed`, named `KIND@SEED`. UserError for an
     unknown or bad one, or a random one without a seed."""
     return load_suite(name, seed)
+
+
+MAX_RANDOM_COUNT = random_suite.MAX_COUNT  # shapes a random suite may draw: ids r0 .. r(MAX - 1)
 
 
 def random_suites() -> tuple[str, ...]:
