@@ -342,11 +342,12 @@ def _bench_suite(args):
     Markov walks take it too."""
     from workbench import pipeline
 
-    drawn = args.seed is None and pipeline.is_random_suite(args.suite)
+    random = pipeline.is_random_suite(args.suite)  # a malformed random name is refused here, first
+    drawn = random and args.seed is None
     seed = pipeline.fresh_seed() if drawn else args.seed or 0
     name, workloads = pipeline.suite(args.suite, seed)
     args.seed, args.seed_drawn = seed, drawn
-    if not pipeline.is_random_suite(args.suite):
+    if not random:
         return name, workloads, []
     how = "a fresh seed" if drawn else "seed"
     return name, workloads, [f"{args.suite} drawn with {how} {seed} (labels {name}:rI; reproduce with --seed {seed})"]
