@@ -133,8 +133,11 @@ def test_malformed_suite_names_are_one_line_exit_2(capsys, tmp_path, command, na
 
 def test_bench_reports_a_fresh_seed_and_reproduces_the_shapes_with_it(capsys, monkeypatch):
     monkeypatch.setattr(random_suite, "fresh_seed", lambda: 2**64 - 2)  # a fresh seed as large as they come
-    code, out, _ = run(capsys, "bench", "construct", "--suite", "random:2", "--device", "v100", "--topk", "1", "--json")
+    code, out, err = run(capsys, "bench", "construct", "--suite", "random:2", "--device", "v100", "--topk", "1", "--json")
     assert code == 0
+    # said on stderr as the run starts, so that a run stopped half-way can be reproduced
+    assert f"random:2 drawn with a fresh seed {2**64 - 2} (labels random@{2**64 - 2}:rI; " \
+           f"reproduce with --seed {2**64 - 2})" in err.splitlines()
     fresh = json.loads(out)
     assert (fresh["seed"], fresh["seed_drawn"], fresh["suite_name"]) == (2**64 - 2, True, f"random@{2**64 - 2}")
     code, out, _ = run(capsys, "bench", "construct", "--suite", "random:2", "--device", "v100", "--topk", "1",

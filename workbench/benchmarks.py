@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 from workbench import pipeline
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.baselines import Baseline
-from workbench.profile.compare import aggregate, geometric_mean
+from workbench.profile.compare import aggregate, compare, geometric_mean
 from workbench.profile.runner import Timing
 from workbench.profile.store import RunStore
 from workbench.vortex.compare import bench_dynamic, parse_values
@@ -22,12 +22,15 @@ from workbench.workload import Workload
 # every `bench` subcommand has one home.
 __all__ = ["KernelBench", "bench_workload", "bench_suite", "bench_dynamic", "parse_values"]
 
+NO_CANDIDATES = "the construction found no candidates"
+
 
 @dataclass(frozen=True)
 class KernelBench:
     """One workload's row: the workbench's best-of-top-K per policy and each baseline, same run.
     The first policy is the row's main result; the others are measured right after it.
-    `rank1_seconds` is the first policy's predicted-best kernel's time (None when it failed)."""
+    `rank1_seconds` is the first policy's predicted-best kernel's time (None when it failed);
+    `error` says why the first policy has nothing to time (a construction without candidates)."""
 
     id: str
     policy: str
@@ -42,6 +45,7 @@ class KernelBench:
     baseline_seconds: float = 0.0  # wall time of timing the baselines: the comparison's, not ours
     rank1_seconds: float | None = None
     workload: tuple[tuple[str, object], ...] = ()  # the workload as `TensorExpr.workload_dict()` has it
+    error: str = ""
 
     def to_dict(self) -> dict:
         base = {name: r["seconds"] for name, r in self.baselines}
@@ -55,6 +59,7 @@ class KernelBench:
             "best_seconds": self.best_seconds,
             "best_rank": self.best_rank,
             "rank1_seconds": self.rank1_seconds,
+            "error": self.error,
             "spearman": self.spearman,
             "baselines": base,
             "speed_ratio": {name: _ratio(t, self.best_seconds) for name, t in base.items()},
@@ -65,7 +70,10 @@ class KernelBench:
 
 
 def _profile_policy(workload, device, policy, topk, store, timing, seed, pool):
+    """(construction, its ProfileResult, or None when it has no candidate: the suite goes on)."""
     built = pipeline.construct(pipeline.request(workload, device, policy, pipeline.Options(topk=topk, seed=seed)))
+    if not built.candidates:
+        return built, None
     return built, pipeline.profile(built, label=workload.describe(), store=store, timing=timing, pool=pool)
 
 
@@ -84,30 +92,33 @@ def bench_workload(
     """One workload's row; builds and runs in `pool`'s warm workers when given."""
     runs = [(p, *_profile_policy(workload, device, p, topk, store, timing, seed, pool)) for p in policies]
     policy, built, result = runs[0]
-    best = result.best
-    rank1 = next((m for m in result.measurements if m.rank == 1 and m.ok), None)
+    best = result.best if result else None
+    rank1 = next((m for m in result.measurements if m.rank == 1 and m.ok), None) if result else None
+    comparison = result.comparison if result else compare((), (), ())  # no measurement: left out of the model's
     start = time.perf_counter()
     measured = tuple((b.name, b.measure(built.expr, device).to_dict()) for b in baselines)
     baseline_seconds = time.perf_counter() - start
     others = tuple(
-        (p, {"best_seconds": r.best.best_seconds if r.best else None, "best_rank": r.best.rank if r.best else None,
-             "construct_seconds": c.seconds, "spearman": r.comparison.to_dict()["spearman"]})
+        (p, {"best_seconds": r.best.best_seconds if r and r.best else None,
+             "best_rank": r.best.rank if r and r.best else None, "construct_seconds": c.seconds,
+             "spearman": r.comparison.to_dict()["spearman"] if r else None, "error": "" if r else NO_CANDIDATES})
         for p, c, r in runs
     )
     return KernelBench(
         id=workload.label.split(":", 1)[-1],
         policy=policy,
         construct_seconds=built.seconds,
-        profile_seconds=result.seconds,
+        profile_seconds=result.seconds if result else 0.0,
         best_seconds=best.best_seconds if best else None,
         best_rank=best.rank if best else None,
-        spearman=result.comparison.to_dict()["spearman"],
+        spearman=comparison.to_dict()["spearman"],
         baselines=measured,
-        comparison=result.comparison,
+        comparison=comparison,
         others=others,
         baseline_seconds=baseline_seconds,
         rank1_seconds=rank1.best_seconds if rank1 else None,
         workload=tuple(built.expr.workload_dict().items()),
+        error="" if result else NO_CANDIDATES,
     )
 
 

@@ -337,9 +337,10 @@ def cmd_export(args) -> int:
 
 
 def _bench_suite(args):
-    """(suite name, workloads, lines saying the seed) of `--suite` with the run's seed: `--seed`,
-    else a fresh one for a random suite, else 0; `args.seed` is set to it, so the constructions'
-    Markov walks take it too."""
+    """(suite name, workloads) of `--suite` with the run's seed: `--seed`, else a fresh one for a
+    random suite, else 0; `args.seed` is set to it, so the constructions' Markov walks take it
+    too. A random suite's seed is printed at once (stdout, or stderr with --json), so that a run
+    that fails or is stopped half-way can still be reproduced."""
     from workbench import pipeline
 
     random = pipeline.is_random_suite(args.suite)  # a malformed random name is refused here, first
@@ -347,10 +348,11 @@ def _bench_suite(args):
     seed = pipeline.fresh_seed() if drawn else args.seed or 0
     name, workloads = pipeline.suite(args.suite, seed)
     args.seed, args.seed_drawn = seed, drawn
-    if not random:
-        return name, workloads, []
-    how = "a fresh seed" if drawn else "seed"
-    return name, workloads, [f"{args.suite} drawn with {how} {seed} (labels {name}:rI; reproduce with --seed {seed})"]
+    if random:
+        how = "a fresh seed" if drawn else "seed"
+        print(f"{args.suite} drawn with {how} {seed} (labels {name}:rI; reproduce with --seed {seed})",
+              file=sys.stderr if args.json else sys.stdout, flush=True)
+    return name, workloads
 
 
 def _workload_text(doc: dict) -> str:
@@ -367,7 +369,7 @@ def _workload_text(doc: dict) -> str:
 
 
 def cmd_bench_construct(args) -> int:
-    name, workloads, lines = _bench_suite(args)
+    name, workloads = _bench_suite(args)
     results = []
     for w in workloads:
         c = _construct(args, w)
@@ -386,7 +388,7 @@ def cmd_bench_construct(args) -> int:
         "median_seconds": statistics.median(times),
         "max_seconds": max(times),
     }
-    lines += [f"{r['id']:14s} {r['construct_seconds'] * 1e3:8.2f} ms  {r['candidates']} candidates  "
+    lines = [f"{r['id']:14s} {r['construct_seconds'] * 1e3:8.2f} ms  {r['candidates']} candidates  "
               f"{_workload_text(r['workload'])}" for r in results]
     lines.append(f"median {data['median_seconds'] * 1e3:.2f} ms, max {data['max_seconds'] * 1e3:.2f} ms")
     return _emit(args, data, "\n".join(lines))
@@ -438,7 +440,7 @@ def cmd_bench_kernels(args) -> int:
     if args.baselines is None:  # a conv suite has no numpy formulation: ONNX Runtime's single operator
         args.baselines = "onnxruntime" if args.suite.partition(":")[0] == "random-conv" else "numpy"
     baselines = parse_baselines(args.baselines) if args.baselines else ()
-    name, workloads, lines = _bench_suite(args)
+    name, workloads = _bench_suite(args)
     device = pipeline.load_device(args.device)
     with pipeline.RunStore(args.db) as store:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -446,8 +448,8 @@ def cmd_bench_kernels(args) -> int:
                            seed=args.seed, progress=_progress(args))
     data.update(suite=args.suite, suite_name=name, seed=args.seed, seed_drawn=args.seed_drawn)
     names = [b.name for b in baselines]
-    lines.append(f"{'id':14s} {'best':>10s} rank {'rank 1':>10s} "
-                 + " ".join(f"{n:>16s} {'speed best,#1':>13s}" for n in names) + "  workload")
+    lines = [f"{'id':14s} {'best':>10s} rank {'rank 1':>10s} "
+             + " ".join(f"{n:>16s} {'speed best,#1':>13s}" for n in names) + "  workload"]
     for r in data["results"]:
         best, rank1 = (f"{duration(r[k]) if r[k] else 'failed':>10s}" for k in ("best_seconds", "rank1_seconds"))
         cells = [f"{duration(r['baselines'][n]) if r['baselines'][n] else '-':>16s} "
@@ -457,6 +459,7 @@ def cmd_bench_kernels(args) -> int:
     lines.append("speed vs baselines (geomean of baseline/workbench where both have a time): " + ", ".join(
                      f"{n} {_ratio_text(v)} best of top {args.topk}, {_ratio_text(data['rank1_speed_ratio_geomean'][n])} "
                      f"rank 1" for n, v in data["speed_ratio_geomean"].items()))
+    lines += [f"{r['id']}: {r['error']}" for r in data["results"] if r["error"]]
     for pair, v in data["policy_speed_ratio_geomean"].items():
         lines.append(f"speed {pair} (geomean): {v:.2f}x" if v else f"speed {pair}: -")
     return _emit(args, data, "\n".join(lines))
