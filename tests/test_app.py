@@ -158,6 +158,20 @@ def test_a_catalog_operator_starts_from_a_real_layer():
     assert at.session_state["selection"].expr().extents[-2:] == (3, 3)  # a 3x3 kernel, as in ResNet
 
 
+def test_a_drawn_shape_of_a_random_suite_is_picked_by_seed_and_index():
+    at = app()
+    at.radio[0].set_value("Suite entry").run()
+    next(s for s in at.selectbox if s.label == "Suite").set_value("random-conv").run()
+    next(t for t in at.text_input if t.label == "Seed").set_value("x").run()
+    assert any("the seed must be an integer from 0 to 2^64-1, got 'x'" in e for e in errors(at)), errors(at)
+    next(t for t in at.text_input if t.label == "Seed").set_value(str(2**64 - 1)).run()
+    number(at, "Shape").set_value(2).run()
+    assert not errors(at) and not at.exception
+    button(at, "Apply").click().run()
+    assert at.session_state["selection"].workload == pipeline.suite("random-conv:3", 2**64 - 1)[1][2]
+    assert next(t for t in at.text_input if t.label == "Seed").value == str(2**64 - 1)  # the form shows the choice
+
+
 def test_profiling_a_device_this_machine_cannot_run_is_disabled_with_the_reason():
     import tvm
 

@@ -25,9 +25,9 @@ def _matmul(n=64, **flags):
 
 
 def test_parse_baselines_reads_a_list():
-    parsed = parse_baselines(" numpy, torch,metaschedule:64,dlight ")
-    assert [b.name for b in parsed] == ["numpy", "torch", "metaschedule:64", "dlight"]
-    assert (parsed[2].kind, parsed[2].trials, parsed[0].trials) == ("metaschedule", 64, 0)
+    parsed = parse_baselines(" numpy, torch,onnxruntime,metaschedule:64,dlight ")
+    assert [b.name for b in parsed] == ["numpy", "torch", "onnxruntime", "metaschedule:64", "dlight"]
+    assert (parsed[3].kind, parsed[3].trials, parsed[0].trials) == ("metaschedule", 64, 0)
 
 
 @pytest.mark.parametrize(
@@ -188,3 +188,46 @@ def test_metaschedule_tunes_checks_and_times_a_small_matmul(cpu):
     assert result.error == "", result.error
     assert result.seconds > 0 and result.tuning_seconds > 0
     assert "cost model" in result.note
+
+
+_ONNX_CASES = [
+    # odd sizes, channels not multiples of 8, stride 2 with padding: the random-conv kind of shape
+    catalog.build("conv2d", {"N": 2, "C": 5, "H": 11, "W": 9, "F": 7, "KH": 3, "KW": 3, "stride": 2, "pad": 1}),
+    catalog.build("conv2d", {"N": 1, "C": 3, "H": 13, "W": 13, "F": 6, "KH": 7, "KW": 7, "stride": 1, "pad": 2,
+                             "dilation": 1}),
+    catalog.build("depthwise_conv2d", {"N": 1, "C": 6, "H": 9, "W": 9, "KH": 3, "KW": 3, "stride": 1, "pad": 1,
+                                       "multiplier": 2}),
+    catalog.build("group_conv2d", {"N": 1, "C": 6, "H": 9, "W": 7, "F": 4, "KH": 5, "KW": 5, "stride": 1, "pad": 2,
+                                   "groups": 2}),
+    _matmul(13, trans_a=True, trans_b=True),
+    catalog.build("matmul", {"M": 7, "N": 5, "K": 9, "B": 3}),
+    catalog.build("gemv", {"M": 17, "K": 11}),
+]
+
+
+@pytest.mark.parametrize("expr", _ONNX_CASES, ids=lambda e: e.op)
+def test_onnxruntime_single_operator_matches_the_numpy_reference(expr):
+    pytest.importorskip("onnxruntime")
+    from workbench.ops.reference import random_inputs
+    from workbench.profile.runner import quiet_reference
+
+    inputs = random_inputs(expr, 3)
+    (out,) = baselines.onnxruntime_session(expr, threads=1).run(None, {f"x{i}": a for i, a in enumerate(inputs)})
+    ref = quiet_reference(expr, inputs).value
+    assert out.size == ref.size
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_onnxruntime_times_a_small_convolution(cpu):
+    pytest.importorskip("onnxruntime")
+    result = Baseline("onnxruntime").measure(_ONNX_CASES[0], cpu)
+    assert result.error == "" and result.seconds > 0
+    assert "one Conv node" in result.note and f"{baselines.cores(cpu)} intra-op threads" in result.note
+
+
+def test_onnxruntime_refuses_what_one_node_cannot_say(cpu):
+    relu = catalog.build("relu", {"shape": (8, 8)})
+    assert "no one-node ONNX formulation of relu" in Baseline("onnxruntime").measure(relu, cpu).error
+    batched = catalog.build("matmul", {"M": 4, "N": 4, "K": 4, "B": 2, "trans_a": True})
+    assert "batched transposed matmul" in Baseline("onnxruntime").measure(batched, cpu).error
+    assert "runs on the CPU" in Baseline("onnxruntime").measure(_ONNX_CASES[0], load_spec("v100")).error

@@ -403,6 +403,31 @@ def test_bench_kernels_measures_baselines_in_the_same_run(capsys, tmp_path):
     assert doc["policy_speed_ratio_geomean"]["markov/roller"] > 0
 
 
+def test_bench_kernels_goes_on_past_a_workload_without_candidates(capsys, tmp_path, monkeypatch):
+    """A construction that finds nothing (seen on drawn shapes) is that row's failure, not the run's."""
+    import dataclasses
+
+    from workbench import pipeline
+
+    suite = tmp_path / "two.toml"
+    suite.write_text('[suite]\nname = "two"\n[[workload]]\nid = "empty"\nop = "matmul"\nM = 8\nN = 8\nK = 8\n'
+                     '[[workload]]\nid = "mm"\nop = "matmul"\nM = 64\nN = 64\nK = 64\n')
+    construct = pipeline.construct
+
+    def nothing_for_empty(request):
+        c = construct(request)
+        return dataclasses.replace(c, candidates=()) if request.label == "two:empty" else c
+
+    monkeypatch.setattr(pipeline, "construct", nothing_for_empty)
+    code, out, _ = run(capsys, "bench", "kernels", "--suite", str(suite), "--topk", "1", "--db", str(tmp_path / "r.db"),
+                       "--json")
+    assert code == 0
+    empty, mm = json.loads(out)["results"]
+    assert (empty["error"], empty["best_seconds"], empty["rank1_seconds"]) == ("the construction found no candidates", None, None)
+    assert empty["baselines"]["numpy"] > 0 and empty["speed_ratio"]["numpy"] is None
+    assert mm["error"] == "" and mm["best_seconds"] > 0 and json.loads(out)["model"]["workloads"] == 2
+
+
 def test_model_reports_operators_and_waves(capsys):
     from pathlib import Path
 

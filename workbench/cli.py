@@ -64,10 +64,18 @@ def _integer(text: str, low: int, high: int) -> int:
     return value
 
 
-def _policy_args(p: argparse.ArgumentParser, topk: int = 10) -> None:
+SUITE_HELP = ("a suite of specs/suites (cpu-core, ...), a suite TOML path, or shapes drawn per seed: random:N "
+              "(matmuls) or random-conv:N (conv2ds), N from 1 to 1000")
+
+
+def _policy_args(p: argparse.ArgumentParser, topk: int = 10, suite: bool = False) -> None:
     p.add_argument("--policy", default="roller", help="construction policy: roller or markov")
     p.add_argument("--topk", type=_topk, default=topk, help=f"how many programs to construct (1 to {MAX_TOPK})")
-    p.add_argument("--seed", type=_seed, default=0, help="the Markov walk's seed; with `model --run`, also its random inputs' (0 to 2^64-1)")
+    if suite:  # None: not given, so that a random suite draws a fresh seed (`_bench_suite`)
+        p.add_argument("--seed", type=_seed, default=None, help="a random suite's draw and the Markov walk's seed "
+                       "(0 to 2^64-1; default: a fresh one for random:N and random-conv:N, reported; else 0)")
+    else:
+        p.add_argument("--seed", type=_seed, default=0, help="the Markov walk's seed; with `model --run`, also its random inputs' (0 to 2^64-1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,16 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     b = bsub.add_parser("construct", help="construction time over a suite")
-    b.add_argument("--suite", required=True)
+    b.add_argument("--suite", required=True, help=SUITE_HELP)
     b.add_argument("--device", default="local-cpu")
-    _policy_args(b)
+    _policy_args(b, suite=True)
     b.add_argument("--json", action="store_true")
     b = bsub.add_parser("kernels", help="measured best-of-top-K against baselines, same run (--policy roller,markov compares both)")
-    b.add_argument("--suite", required=True)
+    b.add_argument("--suite", required=True, help=SUITE_HELP)
     b.add_argument("--device", default="local-cpu")
-    _policy_args(b, topk=5)
+    _policy_args(b, topk=5, suite=True)
     _profile_args(b)
-    b.add_argument("--baselines", default="numpy", help="e.g. numpy,torch,metaschedule:64")
+    b.add_argument("--baselines", help="e.g. numpy,torch,onnxruntime,metaschedule:64 (default: onnxruntime for "
+                   "random-conv:N, else numpy)")
     _label_arg(b)
     b.add_argument("--json", action="store_true")
     b = bsub.add_parser("dynamic", help="Vortex beside a per-shape oracle, numpy and DietCode over values of one dyn extent")
@@ -422,17 +431,51 @@ def cmd_export(args) -> int:
     return _emit(args, data, f"exported candidate {cand.rank} to {result.path}: {result.summary()}")
 
 
-def cmd_bench_construct(args) -> int:
+def _bench_suite(args):
+    """(suite name, workloads) of `--suite` with the run's seed: `--seed`, else a fresh one for a
+    random suite, else 0; `args.seed` is set to it, so the constructions' Markov walks take it
+    too. A random suite's seed is printed at once (stdout, or stderr with --json), so that a run
+    that fails or is stopped half-way can still be reproduced."""
     from workbench import pipeline
 
-    _, workloads = pipeline.suite(args.suite)
+    random = pipeline.is_random_suite(args.suite)  # a malformed random name is refused here, first
+    drawn = random and args.seed is None
+    seed = pipeline.fresh_seed() if drawn else args.seed or 0
+    name, workloads = pipeline.suite(args.suite, seed)
+    args.seed, args.seed_drawn = seed, drawn
+    if random:
+        how = "a fresh seed" if drawn else "seed"
+        print(f"{args.suite} drawn with {how} {seed} (labels {name}:rI; reproduce with --seed {seed})",
+              file=sys.stderr if args.json else sys.stdout, flush=True)
+    return name, workloads
+
+
+def _workload_text(doc: dict) -> str:
+    """A row's workload (`TensorExpr.workload_dict()`) in one line, in the catalog's parameter
+    order, those at the catalog's defaults (no batch, no transpose, dilation 1) left out."""
+    from workbench import pipeline
+
+    info = {i.name: i for i in pipeline.operators()}.get(doc["op"])
+    order = {p.name: i for i, p in enumerate(info.params)} if info else {}
+    defaults = {p.name: p.default for p in info.params} if info else {}
+    params = sorted((k for k in doc if k not in ("op", "dtype")), key=lambda k: (order.get(k, len(order)), k))
+    shown = [f"{k}={doc[k]}" for k in params if doc[k] != defaults.get(k)]
+    return f"{doc['op']} {','.join(shown)}"
+
+
+def cmd_bench_construct(args) -> int:
+    name, workloads = _bench_suite(args)
     results = []
     for w in workloads:
         c = _construct(args, w)
-        results.append({"id": w.label.split(":", 1)[1], "construct_seconds": c.seconds, "candidates": len(c.candidates)})
+        results.append({"id": w.label.split(":", 1)[1], "workload": c.expr.workload_dict(),
+                        "construct_seconds": c.seconds, "candidates": len(c.candidates)})
     times = [r["construct_seconds"] for r in results]
     data = {
         "suite": args.suite,
+        "suite_name": name,
+        "seed": args.seed,
+        "seed_drawn": args.seed_drawn,
         "device": args.device,
         "policy": args.policy,
         "topk": args.topk,
@@ -440,7 +483,8 @@ def cmd_bench_construct(args) -> int:
         "median_seconds": statistics.median(times),
         "max_seconds": max(times),
     }
-    lines = [f"{r['id']:14s} {r['construct_seconds'] * 1e3:8.2f} ms  {r['candidates']} candidates" for r in results]
+    lines = [f"{r['id']:14s} {r['construct_seconds'] * 1e3:8.2f} ms  {r['candidates']} candidates  "
+              f"{_workload_text(r['workload'])}" for r in results]
     lines.append(f"median {data['median_seconds'] * 1e3:.2f} ms, max {data['max_seconds'] * 1e3:.2f} ms")
     return _emit(args, data, "\n".join(lines))
 
@@ -492,25 +536,37 @@ def cmd_bench_kernels(args) -> int:
     from workbench.fmt import duration
     from workbench.profile.baselines import parse_baselines
 
+    if args.baselines is None:  # a conv suite has no numpy formulation: ONNX Runtime's single operator
+        args.baselines = "onnxruntime" if args.suite.partition(":")[0] == "random-conv" else "numpy"
     baselines = parse_baselines(args.baselines) if args.baselines else ()
-    _, workloads = pipeline.suite(args.suite)
+    name, workloads = _bench_suite(args)
     _calibrate_first_use(args)
     device = pipeline.load_device(args.device)
     with pipeline.RunStore(args.db) as store:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         data = bench_suite(workloads, device, policies=policies, topk=args.topk, baselines=baselines, store=store,
-                           progress=_progress(args), label=args.label)
-    data["suite"] = args.suite
+                           seed=args.seed, progress=_progress(args), label=args.label)
+    data.update(suite=args.suite, suite_name=name, seed=args.seed, seed_drawn=args.seed_drawn)
     names = [b.name for b in baselines]
-    lines = [f"{'id':14s} {'best':>10s} rank " + " ".join(f"{n:>16s}" for n in names)]
+    lines = [f"{'id':14s} {'best':>10s} rank {'rank 1':>10s} "
+             + " ".join(f"{n:>16s} {'speed best,#1':>13s}" for n in names) + "  workload"]
     for r in data["results"]:
-        best = f"{duration(r['best_seconds']):>10s}" if r["best_seconds"] else f"{'failed':>10s}"
-        cells = [f"{duration(r['baselines'][n]):>16s}" if r["baselines"][n] else f"{'-':>16s}" for n in names]
-        lines.append(f"{r['id']:14s} {best} {r['best_rank'] or '-':>4} " + " ".join(cells))
-    lines.append("speed vs baselines (geomean of baseline/workbench): " + ", ".join(f"{n} {v:.2f}x" if v else f"{n} -" for n, v in data["speed_ratio_geomean"].items()))
+        best, rank1 = (f"{duration(r[k]) if r[k] else 'failed':>10s}" for k in ("best_seconds", "rank1_seconds"))
+        cells = [f"{duration(r['baselines'][n]) if r['baselines'][n] else '-':>16s} "
+                 f"{_ratio_text(r['speed_ratio'][n]):>6s},{_ratio_text(r['rank1_speed_ratio'][n]):>6s}" for n in names]
+        lines.append(f"{r['id']:14s} {best} {r['best_rank'] or '-':>4} {rank1} " + " ".join(cells)
+                     + f"  {_workload_text(r['workload'])}")
+    lines.append("speed vs baselines (geomean of baseline/workbench where both have a time): " + ", ".join(
+                     f"{n} {_ratio_text(v)} best of top {args.topk}, {_ratio_text(data['rank1_speed_ratio_geomean'][n])} "
+                     f"rank 1" for n, v in data["speed_ratio_geomean"].items()))
+    lines += [f"{r['id']}: {r['error']}" for r in data["results"] if r["error"]]
     for pair, v in data["policy_speed_ratio_geomean"].items():
         lines.append(f"speed {pair} (geomean): {v:.2f}x" if v else f"speed {pair}: -")
     return _emit(args, data, "\n".join(lines))
+
+
+def _ratio_text(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"
 
 
 def cmd_model(args) -> int:

@@ -53,6 +53,7 @@ from workbench.models.execute import operator_runner
 from workbench.models.onnx_import import MAX_MODEL_BYTES, ImportedModel, import_model, symbolic_dim_names
 from workbench.models.run import run_model_report
 from workbench.models.symbolic import parse_dims
+from workbench.ops import random_suite
 from workbench.ops.catalog import DYNAMIC_PARAMS, OpInfo, list_ops
 from workbench.ops.shapes import DTYPES
 from workbench.ops.tensor_expr import TensorExpr
@@ -84,6 +85,7 @@ __all__ = [
     "calibrate_device", "calibrate_first_use", "calibration_size", "check_model_upload", "default_store_path", "detect_local_device",
     "device_from_toml", "device_presets", "device_summary", "has_nvcc", "model_bytes", "operators",
     "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
+    "random_suites", "is_random_suite", "fresh_seed", "MAX_RANDOM_COUNT",
 ]
 
 
@@ -394,10 +396,33 @@ def suites() -> tuple[str, ...]:
     return list_suites()
 
 
-def suite(name: str) -> tuple[str, tuple[Workload, ...]]:
-    """Suite `name` (or a suite TOML path): its name and its workloads in file order; UserError
-    for an unknown or bad one."""
-    return load_suite(name)
+def suite(name: str, seed: int | None = None) -> tuple[str, tuple[Workload, ...]]:
+    """Suite `name` (or a suite TOML path): its name and its workloads in file order; a random
+    suite (`random:N`, `random-conv:N`) drawn with `seed`, named `KIND@SEED`. UserError for an
+    unknown or bad one, or a random one without a seed."""
+    return load_suite(name, seed)
+
+
+MAX_RANDOM_COUNT = random_suite.MAX_COUNT  # shapes a random suite may draw: ids r0 .. r(MAX - 1)
+
+
+def random_suites() -> tuple[str, ...]:
+    """The kinds of random suite (`random`, `random-conv`): `KIND:N` draws N shapes per seed."""
+    return tuple(random_suite.KINDS)
+
+
+def is_random_suite(name: str) -> bool:
+    """True when suite `name` is drawn at random (it needs a seed); UserError for a malformed
+    random name (`random:`, `random:0`, `random-foo:3`)."""
+    if not random_suite.is_random(name):
+        return False
+    random_suite.parse_name(name)
+    return True
+
+
+def fresh_seed() -> int:
+    """A seed for a random suite from the operating system's randomness, 0 to 2^64-1."""
+    return random_suite.fresh_seed()
 
 
 def operators() -> tuple[OpInfo, ...]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from workbench.errors import UserError
 from workbench.files import read_user_text
+from workbench.ops import random_suite
 from workbench.ops.tensor_expr import TensorExpr
 
 if sys.version_info >= (3, 11):
@@ -131,11 +132,19 @@ def list_suites() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in SUITES_DIR.glob("*.toml")))
 
 
-def load_suite(name: str) -> tuple[str, tuple[Workload, ...]]:
-    """(suite name, workloads) of `specs/suites/NAME.toml` or a TOML path."""
+def load_suite(name: str, seed: int | None = None) -> tuple[str, tuple[Workload, ...]]:
+    """(suite name, workloads) of `specs/suites/NAME.toml`, a TOML path, or a random suite
+    `random:N` / `random-conv:N` drawn with `seed` (`ops.random_suite`; its name is then
+    `KIND@SEED` and its ids r0 ..; UserError without a seed). `seed` is ignored for a TOML suite."""
+    if random_suite.is_random(name):
+        parsed = random_suite.parse_name(name)
+        if seed is None:
+            raise UserError(f"suite '{name}' is drawn at random: give its seed")
+        suite = random_suite.suite_name(parsed.kind, seed)
+        return suite, tuple(_entry_workload(suite, e) for e in random_suite.draw(parsed.kind, parsed.count, seed))
     path = suite_path(name)
     if not path.exists():
-        raise UserError(f"suite '{name}' not found (known: {', '.join(list_suites())})")
+        raise UserError(f"suite '{name}' not found (known: {', '.join(list_suites() + tuple(random_suite.KINDS))})")
     text = read_user_text(path, "suite", MAX_SUITE_BYTES)
     try:
         doc = tomllib.loads(text)
@@ -145,13 +154,13 @@ def load_suite(name: str) -> tuple[str, tuple[Workload, ...]]:
         suite, entries = _suite_doc(doc, path.stem)
     except UserError as err:
         raise UserError(f"suite '{name}': {err}") from None
-    workloads = []
-    for entry in entries:
-        params = tuple(sorted((k, _freeze(v)) for k, v in entry.items() if k not in _SUITE_KEYS))
-        workloads.append(
-            Workload(op=entry["op"], params=params, dtype=entry.get("dtype", "float32"), label=f"{suite}:{entry['id']}")
-        )
-    return suite, tuple(workloads)
+    return suite, tuple(_entry_workload(suite, entry) for entry in entries)
+
+
+def _entry_workload(suite: str, entry: dict) -> Workload:
+    """The Workload of one checked [[workload]] table (or a drawn entry of the same form)."""
+    params = tuple(sorted((k, _freeze(v)) for k, v in entry.items() if k not in _SUITE_KEYS))
+    return Workload(op=entry["op"], params=params, dtype=entry.get("dtype", "float32"), label=f"{suite}:{entry['id']}")
 
 
 def _suite_doc(doc: dict, default_name: str) -> tuple[str, list[dict]]:
@@ -190,10 +199,17 @@ def _plain(value) -> bool:
 
 
 def suite_workload(ref: str) -> Workload:
-    """`SUITE:ID` or `PATH.toml:ID`."""
+    """`SUITE:ID`, `PATH.toml:ID`, or a drawn workload `KIND@SEED:rI` (as `bench` labels it)."""
     suite, sep, wid = ref.rpartition(":")
     if not sep or not suite or not wid:
         raise UserError(f"--workload '{ref}': expected SUITE:ID (e.g. cpu-core:mm-512)")
+    if random_suite.is_random(suite):
+        try:
+            kind, seed = random_suite.parse_suite_name(suite)
+            index = random_suite.parse_index(wid)
+        except UserError as err:
+            raise UserError(f"--workload '{ref:.80}': {err}") from None
+        return _entry_workload(suite, random_suite.draw_one(kind, seed, index))
     name, workloads = load_suite(suite)
     for w in workloads:
         if w.label == f"{name}:{wid}":

@@ -23,13 +23,30 @@ def _source_index(w: Workload) -> int:
 
 
 def _suite_controls(current: Workload) -> Workload:
-    suites = pipeline.suites()
+    suites = pipeline.suites() + pipeline.random_suites()
     now = current.label.split(":", 1)[0] if current.label else "cpu-core"
-    suite = st.selectbox("Suite", suites, index=suites.index(now) if now in suites else 0)
+    kind = now.partition("@")[0]  # a drawn shape's suite is KIND@SEED
+    suite = st.selectbox("Suite", suites, index=suites.index(kind) if kind in suites else 0,
+                         help="random and random-conv: shapes drawn per seed, as `workbench bench kernels --suite "
+                         "random:N` draws them")
+    if suite in pipeline.random_suites():
+        return _drawn_controls(suite, current)
     _, workloads = pipeline.suite(suite)
     labels = [w.label for w in workloads]
     chosen = st.selectbox("Workload", labels, index=labels.index(current.label) if current.label in labels else 0)
     return workloads[labels.index(chosen)]
+
+
+def _drawn_controls(kind: str, current: Workload) -> Workload:
+    """Shape rI of a random suite's seed, the workload `bench` labels KIND@SEED:rI."""
+    suite, _, wid = current.label.rpartition(":")
+    same = suite.partition("@")[0] == kind
+    cols = st.columns(2)
+    seed = cols[0].text_input("Seed", value=suite.partition("@")[2] if same else "0",
+                              help="0 to 2^64-1: the seed a `bench` run reports")
+    index = int(cols[1].number_input("Shape", min_value=0, max_value=pipeline.MAX_RANDOM_COUNT - 1,
+                                     value=int(wid[1:]) if same else 0, step=1, help="rI: the I-th shape drawn"))
+    return pipeline.parse_workload(None, None, None, f"{kind}@{seed.strip()}:r{index}", "float32")
 
 
 def _catalog_controls(current: Workload) -> Workload:

@@ -13,6 +13,13 @@ compiler, measured in the same run as the workbench's kernels so the comparison 
   `cudnn.benchmark` on so cuDNN times its algorithms and keeps its fastest. A repeat's calls are
   queued back to back and the GPU synchronised once at its end, so the host's wait is not counted
   per call. "no GPU" when torch cannot see one (a CPU-only build, or no device here).
+- `onnxruntime` (matmul, gemv, conv2d, depthwise_conv2d, group_conv2d): ONNX Runtime's
+  single-operator time: a one-node ONNX model of the same operator (built in memory with the
+  `onnx` helper API: MatMul, Gemm for a transposed 2-D matmul, Conv with its group count) in an
+  InferenceSession on the CPU execution provider, intra-op threads = the device's cores (as
+  `model --run` sets them), graph optimisations at ORT's default; each timed call is one
+  `session.run`, its call overhead included as a user's would be. "onnxruntime not installed"
+  when `onnx` or `onnxruntime` cannot be imported.
 - `metaschedule:N`: TVM MetaSchedule tuning `expr.func` with N trials for the device's target,
   then the best schedule compiled, checked and timed like a workbench kernel. It runs in a spawned
   worker whose TVM thread pool has the device's cores (as the local runner's), builds and times
@@ -46,7 +53,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Timing, quiet_reference
 
-BASELINES = ("numpy", "torch", "metaschedule", "dlight")
+BASELINES = ("numpy", "torch", "onnxruntime", "metaschedule", "dlight")
 # Every repeat, none stopped early (`Timing.settle`): a baseline's best of fewer repeats could
 # only be slower, flattering the workbench's ratios to it.
 TIMING = Timing(settle=0)
@@ -74,14 +81,14 @@ class BaselineResult:
 
 @dataclass(frozen=True)
 class Baseline:
-    """A baseline by name: `numpy`, `torch`, `metaschedule:N` (N trials) or `dlight`."""
+    """A baseline by name: `numpy`, `torch`, `onnxruntime`, `metaschedule:N` (N trials) or `dlight`."""
 
     name: str
 
     def __post_init__(self):
         kind, sep, trials = self.name.partition(":")
         if kind not in BASELINES:
-            raise UserError(f"unknown baseline {self.name!r}: choose from numpy, torch, metaschedule:N, dlight")
+            raise UserError(f"unknown baseline {self.name!r}: choose from numpy, torch, onnxruntime, metaschedule:N, dlight")
         if kind == "metaschedule" and not (trials.isdigit() and int(trials) > 0):
             raise UserError(f"baseline {self.name!r}: give MetaSchedule's trial budget, e.g. metaschedule:64")
         if kind != "metaschedule" and sep:
@@ -261,6 +268,82 @@ _TORCH_OPS: dict[str, Callable] = {
     "gelu": _torch_gelu,
     "reduce_sum": lambda p, x: x.sum(dim=tuple(p["axes"])),
     "reduce_mean": lambda p, x: x.mean(dim=tuple(p["axes"])),
+}
+
+
+# ---- onnxruntime: a one-node ONNX model in this process ------------------------------------
+
+ONNX_OPSET = 17  # Conv, MatMul and Gemm (C optional) as used here are unchanged since opset 13
+ONNX_IR_VERSION = 8  # the IR version of opset 17, which every onnxruntime since 1.13 reads
+
+
+def _onnxruntime(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
+    if not device.runs_on_cpu:
+        return BaselineResult(baseline.name, error=f"the onnxruntime baseline runs on the CPU, the device is a {device.kind}")
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        return BaselineResult(baseline.name, error="onnxruntime not installed")
+    if expr.op not in _ONNX_OPS:
+        return BaselineResult(baseline.name, error=f"no one-node ONNX formulation of {expr.op}")
+    import onnxruntime
+
+    threads = cores(device)
+    session = onnxruntime_session(expr, threads)
+    inputs = _inputs(expr)
+    feeds = {f"x{i}": a for i, a in enumerate(inputs)}
+    run = partial(session.run, None, feeds)
+    node_type = _ONNX_OPS[expr.op](_params(expr))[0]
+    note = f"onnxruntime {onnxruntime.__version__}: one {node_type} node, {threads} intra-op threads"
+    return _checked_time(baseline.name, expr, inputs, run, note, to_host=lambda outs: outs[0])
+
+
+def onnxruntime_session(expr: TensorExpr, threads: int):
+    """An ONNX Runtime session (CPU provider, `threads` intra-op threads, one inter-op) of a
+    one-node model computing `expr` from inputs x0, x1 (the catalog's input order) to y.
+    Raises KeyError for an operator without a one-node formulation, ValueError for a batched
+    transposed matmul (ONNX's MatMul has no transpose flags and Gemm is 2-D only)."""
+    import numpy as np
+    import onnxruntime
+    from onnx import helper
+
+    from workbench.ops.reference import input_shapes
+
+    node_type, attributes = _ONNX_OPS[expr.op](_params(expr))
+    shapes = input_shapes(expr)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(expr.dtype))
+    graph = helper.make_graph(
+        [helper.make_node(node_type, [f"x{i}" for i in range(len(shapes))], ["y"], **attributes)],
+        expr.op,
+        [helper.make_tensor_value_info(f"x{i}", elem, list(s)) for i, s in enumerate(shapes)],
+        [helper.make_tensor_value_info("y", elem, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    model.ir_version = ONNX_IR_VERSION
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _onnx_matmul(p: dict) -> tuple[str, dict]:
+    if not (p["trans_a"] or p["trans_b"]):
+        return "MatMul", {}
+    if p["B"]:
+        raise ValueError("no single ONNX node for a batched transposed matmul")
+    return "Gemm", {"transA": int(p["trans_a"]), "transB": int(p["trans_b"])}
+
+
+def _onnx_conv(p: dict, groups: int = 1) -> tuple[str, dict]:
+    return "Conv", {"kernel_shape": [p["KH"], p["KW"]], "strides": [p["stride"]] * 2, "pads": [p["pad"]] * 4,
+                    "dilations": [p.get("dilation", 1)] * 2, "group": groups}
+
+
+_ONNX_OPS: dict[str, Callable[[dict], tuple[str, dict]]] = {
+    "matmul": _onnx_matmul,
+    "gemv": lambda p: ("MatMul", {}),
+    "conv2d": _onnx_conv,
+    # the catalog's depthwise kernel is [C*multiplier, 1, KH, KW]: ONNX's with group = C, and its
+    # [N, C*multiplier, OH, OW] output the layout of the catalog's [N, C, multiplier, OH, OW]
+    "depthwise_conv2d": lambda p: _onnx_conv(p, p["C"]),
+    "group_conv2d": lambda p: _onnx_conv(p, p["groups"]),
 }
 
 
@@ -451,4 +534,5 @@ def _in_process_builder_and_runner():
     return InProcessBuilder(), InProcessRunner()
 
 
-_MEASURE = {"numpy": _numpy, "torch": _torch, "metaschedule": _metaschedule, "dlight": _dlight}
+_MEASURE = {"numpy": _numpy, "torch": _torch, "onnxruntime": _onnxruntime, "metaschedule": _metaschedule,
+            "dlight": _dlight}
