@@ -125,7 +125,8 @@ def test_the_exported_file_scores_as_the_store_it_came_from(tmp_path):
     assert _exported(db, tmp_path / "again.json.gz").read_bytes() == packed.read_bytes()  # no timestamp in it
     from_store, from_plain, from_packed = load_runs(db), load_runs(plain), load_runs(packed)
     assert from_plain == from_packed == from_store
-    assert [(m.rank, m.measured_seconds) for m in from_store[0].candidates] == [(1, 4e-3), (2, 1e-3), (3, 3e-3), (4, 2e-3)]
+    fastest = [(m.rank, m.measured_seconds) for m in from_store[0].candidates]
+    assert fastest == [(1, 4e-3), (2, 1e-3), (3, 3e-3), (4, 2e-3)]
     assert from_store[0].spec == c.device
     assert from_store[0].machine == f"xeon-avx512 ({c.device.target_dict()['mcpu']}, {c.device.compute_units} cores)"
     [a], [b] = score(from_plain), score(from_store)

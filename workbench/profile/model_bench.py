@@ -184,7 +184,8 @@ def report_text(scores: Sequence[MachineScore]) -> str:
 
 
 def machine_label(spec: DeviceSpec) -> str:
-    """A machine's name: the spec's name, and for a CPU its LLVM CPU and cores (`local-cpu` on an AVX2 and an AVX-512 machine are different machines)."""
+    """A machine's name: the spec's name, and for a CPU its LLVM CPU and cores (`local-cpu` on
+    an AVX2 and an AVX-512 machine are different machines)."""
     target = spec.target_dict()
     if spec.runs_on_cpu and "mcpu" in target:
         return f"{spec.name} ({target['mcpu']}, {spec.compute_units} cores)"
