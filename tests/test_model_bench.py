@@ -1,7 +1,10 @@
 """The offline model benchmark (`workbench bench model`, `profile/model_bench.py`): its scores
-against closed forms on hand-made runs, the runs JSON against the store it is exported from, and
-the committed runs files' structure (never a threshold on any machine's speed)."""
+against closed forms on hand-made runs stored in a runs store and read back from the file
+`runs export` writes of it, that file against the store it came from, and the committed runs
+files' structure (never a threshold on any machine's speed)."""
 
+import dataclasses
+import gzip
 import json
 import math
 from pathlib import Path
@@ -12,23 +15,13 @@ from helpers import device
 from workbench import pipeline
 from workbench.errors import UserError
 from workbench.cli import main
-from workbench.hardware.write import spec_to_toml
-from workbench.profile.model_bench import (
-    FORMAT,
-    VERSION,
-    export_runs,
-    load_runs,
-    predicted_seconds,
-    runs_from_json,
-    score,
-    score_workload,
-    store_runs,
-)
+from workbench.profile import store as store_module
+from workbench.profile.model_bench import load_runs, predicted_seconds, score, score_workload
 from workbench.profile.compare import spearman
 from workbench.profile.runner import Measurement
-from workbench.profile.store import RunStore
+from workbench.profile.store import EXCHANGE_FORMAT, RunStore, read_runs_file
 
-FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("runs-*.json"))
+FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("runs-*.json*"))
 
 
 def _spearman_closed_form(d: list[int]) -> float:
@@ -59,94 +52,134 @@ def _constructed(workload="cpu-core:bmm-attn", dev="xeon-avx512", topk=3):
     return c, {"label": workload, **c.expr.workload_dict()}
 
 
-def _runs_doc(spec, workload, programs, measured, machine="hand-made"):
-    return {"format": FORMAT, "version": VERSION,
-            "devices": {"x": {"machine": machine, "spec": spec_to_toml(spec)}},
-            "runs": [{"device": "x", "workload": workload,
-                      "candidates": [{"rank": r + 1, "program": p, "measured_seconds": s}
-                                     for r, (p, s) in enumerate(zip(programs, measured))]}]}
+def _store(path, spec, workload, runs):
+    """A runs store at `path` holding one finished run of `workload` on `spec` per (candidates,
+    seconds) of `runs`: each candidate stored at its `rank` and measured correct, fastest repeat
+    its `seconds`."""
+    with RunStore(path) as store:
+        for candidates, seconds in runs:
+            run = store.start_run(workload=workload, device=spec, policy="roller", runner="local",
+                                  candidates=candidates)
+            for cand, s in zip(candidates, seconds):
+                store.add_measurement(run, Measurement(cand.rank, "local", (1.5 * s, s), True))
+            store.finish_run(run)
+    return path
+
+
+def _exported(db, out):
+    """The `runs export` file of every run in store `db`, written to `out`."""
+    assert main(["runs", "export", "--db", str(db), "--runs", "device=xeon-avx512", "--out", str(out)]) == 0
+    return out
 
 
 def test_a_hand_made_runs_file_scores_its_known_ranks(tmp_path):
-    """Measured times set to a known permutation of the current model's order: the benchmark
-    reports the closed-form Spearman and the measured best's predicted place."""
+    """Measured times set to a known permutation of the current model's order, stored and
+    exported: the benchmark reports the closed-form Spearman and the measured best's predicted
+    place, from the exported file as from the store."""
     spec = device("xeon-avx512")
     c, workload = _constructed("cpu-core:gemv-4096", topk=10)
-    by_time = {predicted_seconds(spec, workload, cand.program.to_dict()): cand.program.to_dict()
-               for cand in c.candidates}
+    by_time = {predicted_seconds(spec, workload, cand.program.to_dict()): cand for cand in c.candidates}
     assert len(by_time) >= 6  # one program per predicted time, so the ranks are known exactly
-    programs = [by_time[t] for t in sorted(by_time)[:6]][::-1]  # listed slowest first: order is not rank
-    predicted = [predicted_seconds(spec, workload, p) for p in programs]
-    order = sorted(range(len(programs)), key=lambda i: predicted[i])  # order[r]: the r-th predicted
-    measured_rank = [3, 1, 2, 6, 5, 4][:len(programs)]  # the r-th predicted is the measured_rank[r]-th fastest
-    measured = [0.0] * len(programs)
+    # the six predicted fastest, stored slowest first as ranks 1..6: stored order is not predicted order
+    chosen = [dataclasses.replace(by_time[t], rank=r + 1) for r, t in enumerate(sorted(by_time)[:6][::-1])]
+    predicted = [predicted_seconds(spec, workload, cand.program.to_dict()) for cand in chosen]
+    order = sorted(range(len(chosen)), key=lambda i: predicted[i])  # order[r]: the r-th predicted
+    measured_rank = [3, 1, 2, 6, 5, 4]  # the r-th predicted is the measured_rank[r]-th fastest
+    measured = [0.0] * len(chosen)
     for r, i in enumerate(order):
         measured[i] = 1e-3 * measured_rank[r]
-    path = tmp_path / "runs.json"
-    path.write_text(json.dumps(_runs_doc(spec, workload, programs, measured)))
-    [machine] = score(load_runs(path))
-    [w] = machine.workloads
+    db = _store(tmp_path / "runs.sqlite3", spec, workload, [(chosen, measured)])
     d = [m - (r + 1) for r, m in enumerate(measured_rank)]
-    assert w.spearman == pytest.approx(_spearman_closed_form(d))
-    assert w.best_predicted_rank == measured_rank.index(1) + 1 == 2
-    assert machine.mean_spearman == pytest.approx(w.spearman) and machine.best_in_top_share == 1.0
+    for path in (_exported(db, tmp_path / "runs.json"), db):
+        [machine] = score(load_runs(path))
+        [w] = machine.workloads
+        assert w.candidates == 6
+        assert w.spearman == pytest.approx(_spearman_closed_form(d)) == pytest.approx(1 - 6 * 14 / 210)
+        assert w.best_predicted_rank == measured_rank.index(1) + 1 == 2
+        assert machine.mean_spearman == pytest.approx(w.spearman) and machine.best_in_top_share == 1.0
 
 
 def test_a_program_measured_in_two_runs_counts_once_at_its_fastest(tmp_path):
     spec = device("xeon-avx512")
     c, workload = _constructed(topk=3)
-    programs = [cand.program.to_dict() for cand in c.candidates]
-    doc = _runs_doc(spec, workload, programs, [3e-3, 2e-3, 1e-3])
-    doc["runs"].append({"device": "x", "workload": workload,
-                        "candidates": [{"rank": 1, "program": programs[0], "measured_seconds": 0.5e-3}]})
-    [machine] = score(runs_from_json(json.dumps(doc)))
+    db = _store(tmp_path / "runs.sqlite3", spec, workload,
+                [(c.candidates, [3e-3, 2e-3, 1e-3]), (c.candidates[:1], [0.5e-3])])
+    [machine] = score(load_runs(_exported(db, tmp_path / "runs.json")))
     [w] = machine.workloads
     assert w.candidates == 3
-    predicted = [predicted_seconds(spec, workload, p) for p in programs]
+    predicted = [predicted_seconds(spec, workload, cand.program.to_dict()) for cand in c.candidates]
     assert w.spearman == pytest.approx(spearman(predicted, [0.5e-3, 2e-3, 1e-3]))
 
 
-def test_the_exported_json_scores_as_the_store_it_came_from(tmp_path):
+def test_the_exported_file_scores_as_the_store_it_came_from(tmp_path):
+    """The JSON `runs export` writes and its gzip-compressed form (`--out *.gz`) read as the store
+    they came from; a measurement without a time is left out of all three."""
+    spec = device("xeon-avx512")
     c, workload = _constructed("cpu-core:gemv-4096", topk=4)
-    db = tmp_path / "runs.sqlite3"
+    db = _store(tmp_path / "runs.sqlite3", spec, workload, [(c.candidates, (4e-3, 1e-3, 3e-3, 2e-3))])
     with RunStore(db) as store:
-        run = store.start_run(workload=workload, device=c.device, policy="roller", runner="local",
-                              candidates=c.candidates)
-        for cand, seconds in zip(c.candidates, (4e-3, 1e-3, 3e-3, 2e-3)):
-            store.add_measurement(run, Measurement(cand.rank, "local", (seconds, seconds * 1.1), True))
-        store.add_measurement(run, Measurement(1, "local", (), None, "build failed"))  # no time: left out
-        store.finish_run(run)
-    out = tmp_path / "runs.json"
-    assert main(["runs", "export", "--db", str(db), "--machine", "a machine", "--out", str(out)]) == 0
-    from_json, from_store = load_runs(out), load_runs(db)
-    assert [r.candidates for r in from_json] == [r.candidates for r in from_store]
-    assert from_json[0].spec == c.device and from_json[0].machine == "a machine"
+        [run] = store.runs()
+        store.add_measurement(run.id, Measurement(1, "local", (), None, "build failed"))
+    plain, packed = _exported(db, tmp_path / "runs.json"), _exported(db, tmp_path / "runs.json.gz")
+    assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+    assert _exported(db, tmp_path / "again.json.gz").read_bytes() == packed.read_bytes()  # no timestamp in it
+    from_store, from_plain, from_packed = load_runs(db), load_runs(plain), load_runs(packed)
+    assert from_plain == from_packed == from_store
+    fastest = [(m.rank, m.measured_seconds) for m in from_store[0].candidates]
+    assert fastest == [(1, 4e-3), (2, 1e-3), (3, 3e-3), (4, 2e-3)]
+    assert from_store[0].spec == c.device
     assert from_store[0].machine == f"xeon-avx512 ({c.device.target_dict()['mcpu']}, {c.device.compute_units} cores)"
-    [a], [b] = score(from_json), score(from_store)
-    assert a.workloads[0].spearman == pytest.approx(b.workloads[0].spearman)
-    assert a.workloads[0].best_predicted_rank == b.workloads[0].best_predicted_rank
+    [a], [b] = score(from_plain), score(from_store)
+    assert a.to_dict() == b.to_dict()
+
+
+def test_runs_import_reads_a_compressed_export(tmp_path):
+    spec = device("xeon-avx512")
+    c, workload = _constructed(topk=3)
+    db = _store(tmp_path / "runs.sqlite3", spec, workload, [(c.candidates, [3e-3, 2e-3, 1e-3])])
+    packed = _exported(db, tmp_path / "runs.json.gz")
+    assert main(["runs", "import", str(packed), "--db", str(tmp_path / "theirs.sqlite3")]) == 0
+    assert load_runs(tmp_path / "theirs.sqlite3") == load_runs(db)
 
 
 def test_export_refuses_a_store_that_does_not_exist(tmp_path, capsys):
-    assert main(["runs", "export", "--db", str(tmp_path / "none.sqlite3"), "--out", str(tmp_path / "o.json")]) == 2
+    assert main(["runs", "export", "--db", str(tmp_path / "none.sqlite3"), "--runs", "device=x",
+                 "--out", str(tmp_path / "o.json")]) == 2
     assert "no runs store there" in capsys.readouterr().err
     assert not (tmp_path / "none.sqlite3").exists()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{", "neither a runs store nor runs JSON"),
-    ('{"format": "other"}', "not a tile-workbench runs file"),
-    (json.dumps({"format": FORMAT, "version": 99}), "runs file version 99"),
-    (json.dumps({"format": FORMAT, "version": VERSION, "devices": {}, "runs": [{"device": "x"}]}), "malformed runs file"),
+@pytest.mark.parametrize("content, message", [
+    (b"{", "not JSON"),
+    (b'{"format": "other"}', "not a tile-workbench runs file"),
+    (json.dumps({"format": EXCHANGE_FORMAT, "runs": [{"label": "x"}]}).encode(), "a run lacks a field"),
+    (gzip.compress(json.dumps({"format": EXCHANGE_FORMAT, "runs": []}).encode())[:-12], "gzip cut short"),
+    (b"\x1f\x8b not deflate", "not gzip"),
+    (gzip.compress(b"{"), "not JSON"),
 ])
-def test_a_malformed_runs_file_is_one_user_error(text, message):
-    with pytest.raises(UserError, match=message):
-        runs_from_json(text)
+def test_a_malformed_runs_file_is_one_user_error(tmp_path, content, message):
+    path = tmp_path / "runs.json"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=message) as err:
+        load_runs(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
-def test_the_committed_runs_files_exist_and_are_small():
-    assert FIXTURES, "tests/fixtures/runs-*.json: the stored runs of at least one machine"
+def test_a_compressed_runs_file_is_read_only_up_to_the_cap(tmp_path, monkeypatch):
+    """A small gzip file that inflates past the cap is refused, not inflated in full."""
+    path = tmp_path / "runs.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"format": EXCHANGE_FORMAT, "runs": [], "pad": " " * 4096}).encode()))
+    monkeypatch.setattr(store_module, "MAX_RUNS_FILE_BYTES", 1024)
+    with pytest.raises(UserError, match="uncompressed.*over the 1,024-byte limit"):
+        read_runs_file(path)
+
+
+def test_the_committed_runs_files_are_small_runs_exports():
+    assert FIXTURES, "tests/fixtures/runs-*.json[.gz]: the stored runs of at least one machine"
     assert sum(p.stat().st_size for p in FIXTURES) < 300 * 1024
+    for path in FIXTURES:
+        doc = read_runs_file(path)
+        assert doc["format"] == EXCHANGE_FORMAT and doc["runs"]
 
 
 def test_bench_model_reports_every_machine_of_the_committed_runs(capsys):
@@ -171,11 +204,11 @@ def test_bench_model_reports_every_machine_of_the_committed_runs(capsys):
     assert all(f"{name}: mean Spearman" in text for name in machines)
 
 
-def test_a_workload_this_version_cannot_rebuild_is_skipped_and_named():
+def test_a_workload_this_version_cannot_rebuild_is_skipped_and_named(tmp_path):
     spec = device("xeon-avx512")
     c, workload = _constructed(topk=3)
-    programs = [cand.program.to_dict() for cand in c.candidates]
-    doc = _runs_doc(spec, dict(workload, op="no_such_op", label="gone"), programs, [1e-3, 2e-3, 3e-3])
-    [machine] = score(runs_from_json(json.dumps(doc)))
+    db = _store(tmp_path / "runs.sqlite3", spec, dict(workload, op="no_such_op", label="gone"),
+                [(c.candidates, [1e-3, 2e-3, 3e-3])])
+    [machine] = score(load_runs(_exported(db, tmp_path / "runs.json")))
     assert machine.workloads == () and [w for w, _ in machine.skipped] == ["gone"]
     assert "no_such_op" in machine.skipped[0][1] and machine.to_dict()["skipped"][0]["workload"] == "gone"

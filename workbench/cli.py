@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("model", help="re-predict stored measurements with the current model: Spearman and "
                         "best-in-predicted-top-3 per machine")
     b.add_argument("--runs", nargs="+", required=True, metavar="FILE",
-                   help="runs stores (SQLite) or runs JSON files (`workbench runs export`)")
+                   help="runs stores (SQLite) or files written by `workbench runs export`")
     b.add_argument("--json", action="store_true")
 
     p = sub.add_parser("vortex", help="dynamic shapes: compile kernels for every value of one dyn extent, run one")
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r = rsub.add_parser("export", help="write the runs a selector picks (with candidates and measurements) to a file")
     r.add_argument("--runs", required=True, metavar="SEL", help="the runs: " + SELECTOR_HELP)
-    r.add_argument("--out", required=True, help="the JSON file to write")
+    r.add_argument("--out", required=True, help="the JSON file to write (gzip-compressed where its name ends in .gz)")
     _profile_args(r)
     r.add_argument("--json", action="store_true")
     r = rsub.add_parser("import", help="merge the runs of an exported file into the store (new ids; runs it holds are skipped)")
@@ -213,8 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# A runs file holds every repeat of every candidate: 10 000 runs of 10 candidates fit in this.
-MAX_RUNS_FILE_BYTES = 256 * 2**20
 SELECTOR_HELP = ("runs by KEY=VALUE[,KEY=VALUE...]: label, device, commit (prefix), policy, workload, since / until "
                  "(YYYY-MM-DD), run (ID or FIRST-LAST); one key repeated: any of its values")
 
@@ -599,7 +597,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_runs_export(args) -> int:
-    from workbench.files import write_user_file
+    from workbench.profile.store import write_runs_file
     from workbench.profile.versus import Selector
 
     selector = Selector.parse(args.runs, "--runs")
@@ -608,19 +606,15 @@ def cmd_runs_export(args) -> int:
         if not runs:
             raise UserError(f"--runs {args.runs!r}: no run in {store.path} matches")
         doc = store.dump_runs([r.id for r in runs])
-    write_user_file(args.out, json.dumps(doc), "--out")
+    write_runs_file(args.out, doc)
     return _emit(args, {"path": args.out, "runs": [r.id for r in runs]}, f"wrote {len(runs)} runs to {args.out}")
 
 
 def cmd_runs_import(args) -> int:
     from workbench import pipeline
-    from workbench.files import read_user_file
+    from workbench.profile.store import read_runs_file
 
-    data = read_user_file(args.path, "runs file", MAX_RUNS_FILE_BYTES)
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"runs file {args.path}: not JSON ({err})") from None
+    doc = read_runs_file(args.path)
     with pipeline.RunStore(args.db) as store:
         added, skipped = store.load_runs(doc, f"runs file {args.path}")
     return _emit(args, {"added": added, "skipped": skipped, "db": str(store.path)},

@@ -1,17 +1,11 @@
 """The offline model benchmark (`workbench bench model`): stored measurements re-predicted by the
 current model, scored per machine.
 
-A *runs file* is either a runs store (SQLite, `profile.store`) or the JSON `export_runs` writes
-from one (`workbench runs export`, small enough to commit as a test fixture):
-
-    {"format": "tile-workbench runs", "version": 1,
-     "devices": {KEY: {"machine": LABEL, "spec": TOML}},
-     "runs": [{"device": KEY, "workload": {"label", "op", "dtype", parameters...},
-               "candidates": [{"rank", "program": RProgram.to_dict(), "measured_seconds"}]}]}
-
-`measured_seconds` is a candidate's fastest correct repeat (the time `profile` compares). The
-spec is the TOML `hardware.write.spec_to_toml` writes, so the model reads the machine as it was
-when it was measured (calibrated bandwidths and micro-kernels included).
+A *runs file* is either a runs store (SQLite, `profile.store`) or a file `workbench runs export`
+writes from one (`RunStore.dump_runs`, JSON or gzip-compressed JSON: small enough to commit as a
+test fixture). Each run is read with the device spec it was measured with (calibrated bandwidths
+and micro-kernels included) and each candidate at its fastest correct repeat (the time `profile`
+compares).
 
 Scoring (`score`): a workload's candidates on one machine (every stored run of it, a program
 measured in several runs counted once at its fastest) are predicted afresh with
@@ -27,24 +21,17 @@ import functools
 import json
 import math
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.errors import UserError
-from workbench.files import read_user_text
-from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec
-from workbench.hardware.write import spec_to_toml
 from workbench.profile.compare import spearman
-from workbench.profile.store import RunStore
+from workbench.profile.store import RunStore, read_runs_file
 
-FORMAT = "tile-workbench runs"
-VERSION = 1
 TOP = 3  # "best in the predicted top 3"
-# A run of a 13-workload suite's top 10 takes about 45 KB of runs JSON; 64 MiB is far past any
-# runs file, and reading stops there.
-MAX_RUNS_JSON_BYTES = 64 * 2**20
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -193,12 +180,12 @@ def report_text(scores: Sequence[MachineScore]) -> str:
     return "\n".join(lines) if lines else "no measured runs in these files"
 
 
-# -- reading and writing runs files ---------------------------------------------------------------
+# -- reading runs files -----------------------------------------------------------------------------
 
 
 def machine_label(spec: DeviceSpec) -> str:
-    """A machine's name where the runs store holds none: the spec's name, and for a CPU its LLVM
-    CPU and cores (`local-cpu` on an AVX2 and an AVX-512 machine are different machines)."""
+    """A machine's name: the spec's name, and for a CPU its LLVM CPU and cores (`local-cpu` on
+    an AVX2 and an AVX-512 machine are different machines)."""
     target = spec.target_dict()
     if spec.runs_on_cpu and "mcpu" in target:
         return f"{spec.name} ({target['mcpu']}, {spec.compute_units} cores)"
@@ -206,7 +193,8 @@ def machine_label(spec: DeviceSpec) -> str:
 
 
 def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
-    """The runs of a runs store (SQLite) or of a runs JSON file; UserError names what is wrong."""
+    """The runs of a runs store (SQLite) or of a `runs export` file (read through a temporary
+    store, so both are read alike); UserError names what is wrong."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -216,14 +204,17 @@ def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
     if head == SQLITE_MAGIC:
         with RunStore(path) as store:
             return store_runs(store)
-    return runs_from_json(read_user_text(path, "--runs", MAX_RUNS_JSON_BYTES), str(path))
+    doc = read_runs_file(path, "--runs")
+    with tempfile.TemporaryDirectory() as folder, RunStore(Path(folder) / "runs.sqlite3") as store:
+        store.load_runs(doc, f"--runs {path}")
+        return store_runs(store)
 
 
-def store_runs(store: RunStore, device: str | None = None, machine: str | None = None) -> tuple[StoredRun, ...]:
-    """The runs of `store` (of device `device` where given) with at least one correct measurement,
-    each named `machine` or its spec's `machine_label`."""
+def store_runs(store: RunStore) -> tuple[StoredRun, ...]:
+    """The runs of `store` with at least one correct measurement, each named by its spec's
+    `machine_label`."""
     out = []
-    for run in store.runs(device=device):
+    for run in store.runs():
         fastest: dict[int, float] = {}
         for m in store.measurements_of(run.id):
             if m.measurement.ok and m.measurement.best_seconds > 0:
@@ -233,55 +224,9 @@ def store_runs(store: RunStore, device: str | None = None, machine: str | None =
         programs = store.programs_of(run.id)
         spec = store.device_of(run.id)
         workload = {"label": run.workload, "op": run.op, "dtype": run.dtype, **dict(run.params)}
-        out.append(StoredRun(machine or machine_label(spec), spec, workload,
+        out.append(StoredRun(machine_label(spec), spec, workload,
                              tuple(Measured(rank, programs[rank], s) for rank, s in sorted(fastest.items()))))
     return tuple(out)
-
-
-def export_runs(runs: Sequence[StoredRun]) -> dict:
-    """`runs` as a runs JSON document (module docstring); each distinct spec written once."""
-    devices: dict[str, dict] = {}
-    keys: dict[tuple[str, str], str] = {}
-    docs = []
-    for run in runs:
-        toml = spec_to_toml(run.spec)
-        key = keys.setdefault((run.machine, toml), f"d{len(keys)}")
-        devices.setdefault(key, {"machine": run.machine, "spec": toml})
-        docs.append({"device": key, "workload": run.workload,
-                     "candidates": [{"rank": c.rank, "program": c.program, "measured_seconds": c.measured_seconds}
-                                    for c in run.candidates]})
-    return {"format": FORMAT, "version": VERSION, "devices": devices, "runs": docs}
-
-
-def runs_json_text(doc: dict) -> str:
-    """A runs JSON document as text, one run a line: compact enough to commit, and a diff shows
-    which runs changed."""
-    head = json.dumps({k: v for k, v in doc.items() if k != "runs"})[:-1]
-    return head + ', "runs": [\n' + ",\n".join(json.dumps(r) for r in doc["runs"]) + "\n]}\n"
-
-
-def runs_from_json(text: str, label: str = "runs") -> tuple[StoredRun, ...]:
-    """The runs of a runs JSON document (`export_runs`); UserError names what is malformed."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{label}: neither a runs store nor runs JSON ({err.msg}, line {err.lineno})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise UserError(f"{label}: not a tile-workbench runs file (no \"format\": \"{FORMAT}\")")
-    if doc.get("version") != VERSION:
-        raise UserError(f"{label}: runs file version {doc.get('version')!r}, this workbench reads {VERSION}")
-    try:
-        devices = {key: (str(d["machine"]), spec_from_toml_text(d["spec"], label=f"{label} device {key}",
-                                                                 check_target=False))
-                   for key, d in doc["devices"].items()}
-        return tuple(
-            StoredRun(*devices[r["device"]], dict(r["workload"]),
-                      tuple(Measured(int(c["rank"]), dict(c["program"]), float(c["measured_seconds"]))
-                            for c in r["candidates"]))
-            for r in doc["runs"]
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise UserError(f"{label}: malformed runs file ({type(err).__name__}: {err})") from None
 
 
 def _describe(workload: dict) -> str:

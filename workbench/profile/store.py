@@ -13,24 +13,31 @@ UserError rather than written to.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
 import sqlite3
 import threading
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from workbench.errors import UserError
+from workbench.files import check_size, read_user_file, write_user_file
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.correction import Correction, Evaluation, Row, evaluate, fit, stages_of
 from workbench.profile.runner import Measurement
 
 APPLICATION_ID = 0x54574B42  # "TWKB": marks a file as a tile-workbench runs store
 EXCHANGE_FORMAT = "tile-workbench runs"  # `dump_runs` documents: `workbench runs export/import` files
+# A runs file holds every repeat of every candidate: 10 000 runs of 10 candidates fit in this
+# (uncompressed; a compressed file is read up to it too).
+MAX_RUNS_FILE_BYTES = 256 * 2**20
+GZIP_MAGIC = b"\x1f\x8b"
 BUSY_TIMEOUT_MS = 30_000  # a writer waits this long for another process's transaction
 
 # MIGRATIONS[i] brings schema version i to i + 1 (statements run in one transaction).
@@ -518,6 +525,38 @@ class RunStore:
         key = (device.name, device.kind, _dumps(dataclasses.asdict(device)))
         db.execute("INSERT OR IGNORE INTO devices (name, kind, spec) VALUES (?, ?, ?)", key)
         return db.execute("SELECT id FROM devices WHERE name = ? AND kind = ? AND spec = ?", key).fetchone()[0]
+
+
+# -- runs files: `dump_runs` documents on disk ------------------------------------------------------
+
+
+def write_runs_file(path: str | os.PathLike, doc: Mapping, what: str = "--out") -> None:
+    """Write a `dump_runs` document to `path` as JSON, gzip-compressed where the name ends in
+    `.gz` (with no timestamp, so the same runs give the same bytes)."""
+    data = json.dumps(doc).encode("utf-8")
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    write_user_file(path, data, what)
+
+
+def read_runs_file(path: str | os.PathLike, what: str = "runs file") -> object:
+    """The JSON value of the runs file `path` (as `write_runs_file` writes it, gzip-compressed or
+    not; `RunStore.load_runs` checks it is a runs document); UserError as "<what> <path>: ..."."""
+    label = f"{what} {path}"
+    data = read_user_file(path, what, MAX_RUNS_FILE_BYTES)
+    if data[:2] == GZIP_MAGIC:
+        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # a gzip header and trailer around deflate
+        try:
+            data = inflate.decompress(data, MAX_RUNS_FILE_BYTES + 1)  # one byte more tells one too large
+        except zlib.error as err:
+            raise UserError(f"{label}: not gzip ({err})") from None
+        check_size(len(data), f"{label} (uncompressed)", MAX_RUNS_FILE_BYTES)
+        if not inflate.eof:
+            raise UserError(f"{label}: gzip cut short")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{label}: not JSON ({err})") from None
 
 
 # -- the model's correction, fitted on the stored runs (`profile/correction.py`) ---------------------
