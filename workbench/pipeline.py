@@ -369,7 +369,7 @@ def gpu_pack(suites: Sequence[str], workloads: Sequence[str], device: DeviceSpec
     (cubin and PTX), with their launches and predictions, written to the new directory `out`
     with the runner (`gpu.pack`); `progress` gets a line per workload. UserError for bad input."""
     chosen = gpu_packs.pack_workloads(suites, workloads)
-    return gpu_packs.write_pack(chosen, load_device(device), topk, out, suites=suites, progress=progress)
+    return gpu_packs.write_pack(chosen, load_device(device), topk, out, progress=progress)
 
 
 def gpu_ingest(result: str | Path, store: RunStore) -> tuple[gpu_results.Ingested, ...]:

@@ -69,7 +69,7 @@ def pack_workloads(suites: Sequence[str], workloads: Sequence[str]) -> list[tupl
         suite_name, entries = (SAMPLE_GEMMS, sample_gemms()) if name == SAMPLE_GEMMS else load_suite(name)
         chosen += [(suite_name, w.label.split(":", 1)[1], w) for w in entries]
     for ref in workloads:
-        suite_name, _, wid = ref.partition(":")
+        suite_name, _, wid = ref.rpartition(":")
         entries = sample_gemms() if suite_name == SAMPLE_GEMMS else load_suite(suite_name)[1]
         found = [w for w in entries if w.label.split(":", 1)[1] == wid]
         if not found:
@@ -99,7 +99,7 @@ def key_of(workload_id: str, rank: int) -> str:
 
 
 def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, topk: int, out: str | Path, *,
-               suites: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> PackResult:
+               progress: Callable[[str], None] | None = None) -> PackResult:
     """Build the pack of `chosen` (`pack_workloads`) on the GPU `device` at top-`topk` into the
     new directory `out`: a `PackResult`. UserError for a CPU device, an `out` that exists and is
     not an empty directory, or a pack over MAX_PACK_BYTES (nothing is left then)."""
@@ -125,7 +125,8 @@ def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, 
                 entries.append(_workload_entry(w, suite_name, wid, device, topk, compiled_arch, staging, worker))
         finally:
             worker.close()
-        manifest = _manifest(device, arch, compiled_arch, suites or sorted({s for s, _, _ in chosen}), topk, entries)
+        suites = list(dict.fromkeys(s for s, _, _ in chosen))  # their names, in order
+        manifest = _manifest(device, arch, compiled_arch, suites, topk, entries)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if RUNNER.exists():
             shutil.copyfile(RUNNER, staging / "run.py")
@@ -176,7 +177,7 @@ def build_candidate(expr, program, device: DeviceSpec) -> dict:
     """Runs in a build worker: the candidate's CUDA source, template and launches as plain data,
     or `ok` False and the one-line error."""
     from workbench.codegen.build import build_kernel, target_dict
-    from workbench.codegen.cuda import ASYNC_COPY_CONFIG, block_threads
+    from workbench.codegen.cuda import ASYNC_COPY_CONFIG
     from workbench.codegen.rules import apply_rules
     from workbench.gpu.launch import lower_launches
 
@@ -193,7 +194,6 @@ def build_candidate(expr, program, device: DeviceSpec) -> dict:
     if missing:
         return {"ok": False, "error": f"launch: kernel {missing[0]} is not in the CUDA source"}
     return {"ok": True, "template": kernel.template, "source": kernel.source, "build_seconds": kernel.build_seconds,
-            "threads": block_threads(expr, program, device),
             "launches": [l.to_dict() for l in launches], "scratch": [s.to_dict() for s in scratch]}
 
 
@@ -216,7 +216,7 @@ def _candidate_entry(cand, key: str, done: dict, compiled, folder: Path) -> dict
     }
     if not done["ok"]:
         return entry | {"error": done["error"]}
-    entry |= {"threads": done["threads"], "launches": done["launches"], "scratch": done["scratch"],
+    entry |= {"launches": done["launches"], "scratch": done["scratch"],
               "build_seconds": done["build_seconds"]}
     if not compiled.ok or not compiled.cubin:
         return entry | {"error": f"nvcc: {compiled.error or 'no cubin'}"}
