@@ -15,10 +15,12 @@ its one-line error, without files. Everything is written into a staging director
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -41,6 +43,9 @@ MANIFEST = "manifest.json"
 RUNNER = Path(__file__).resolve().parent / "runner.py"  # copied into the pack as `run.py`
 MAX_PACK_BYTES = 48 * 2**20  # what the GPU machine's copy takes (GPU-PACK.md)
 POLICY = "roller"
+# nvcc processes at once: one per core up to 4 (a large unrolled kernel takes nvcc seconds, the
+# build of the next candidate in the worker about one)
+NVCC_JOBS = max(1, min(os.cpu_count() or 1, 4))
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -99,10 +104,12 @@ def key_of(workload_id: str, rank: int) -> str:
 
 
 def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, topk: int, out: str | Path, *,
-               progress: Callable[[str], None] | None = None) -> PackResult:
+               progress: Callable[[str], None] | None = None, jobs: int | None = None) -> PackResult:
     """Build the pack of `chosen` (`pack_workloads`) on the GPU `device` at top-`topk` into the
-    new directory `out`: a `PackResult`. UserError for a CPU device, an `out` that exists and is
-    not an empty directory, or a pack over MAX_PACK_BYTES (nothing is left then)."""
+    new directory `out`: a `PackResult`. Candidates are built one after another in one worker
+    while nvcc compiles those built before, `jobs` (default NVCC_JOBS) at a time. UserError for
+    a CPU device, an `out` that exists and is not an empty directory, or a pack over
+    MAX_PACK_BYTES (nothing is left then)."""
     if device.runs_on_cpu:
         raise UserError(f"a GPU pack needs a GPU device, got {device.name} ({device.kind})")
     out = Path(out)
@@ -116,13 +123,17 @@ def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, 
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would travel with the pack
         (staging / "kernels").mkdir()
-        entries = []
         worker = Worker()
         try:
-            for (suite_name, _, w), wid in zip(chosen, workload_ids(chosen)):
-                if progress:
-                    progress(f"{wid}: constructing and building top-{topk}")
-                entries.append(_workload_entry(w, suite_name, wid, device, topk, compiled_arch, staging, worker))
+            with ThreadPoolExecutor(max_workers=jobs or NVCC_JOBS) as compiler:
+                built = []
+                for (suite_name, _, w), wid in zip(chosen, workload_ids(chosen)):
+                    if progress:
+                        progress(f"{wid}: constructing and building top-{topk}")
+                    built.append(_build_workload(w, suite_name, wid, device, topk, compiled_arch, worker, compiler))
+                entries = [entry | {"candidates": [_candidate_entry(cand, key, done, compiled.result() if compiled else None, staging)
+                                                   for cand, key, done, compiled in candidates]}
+                           for entry, candidates in built]
         finally:
             worker.close()
         suites = list(dict.fromkeys(s for s, _, _ in chosen))  # their names, in order
@@ -142,8 +153,10 @@ def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, 
     return PackResult(out, manifest, size, time.perf_counter() - start)
 
 
-def _workload_entry(w: Workload, suite_name: str, wid: str, device: DeviceSpec, topk: int, arch: str,
-                    folder: Path, worker: Worker) -> dict:
+def _build_workload(w: Workload, suite_name: str, wid: str, device: DeviceSpec, topk: int, arch: str,
+                    worker: Worker, compiler: ThreadPoolExecutor) -> tuple[dict, list]:
+    """The workload's manifest entry without its candidates, and (candidate, key, what the build
+    gave, the future of its nvcc result or None) per candidate."""
     expr = w.build()
     construction = Stepper(expr, device, POLICY, Options(topk=topk)).finish()
     params = {k: list(v) if isinstance(v, tuple) else v for k, v in expr.params}
@@ -158,19 +171,14 @@ def _workload_entry(w: Workload, suite_name: str, wid: str, device: DeviceSpec, 
         "args": [a.to_dict() for a in expr.args],
         "reference": reference(expr.op, params, expr.args),
         "construct_seconds": construction.seconds,
-        "candidates": [],
     }
-    built = []
+    candidates = []
     for cand in construction.candidates:
-        key = key_of(wid, cand.rank)
         outcome = worker.call(build_candidate, (construction.expr, cand.program, device), BUILD_TIMEOUT_S)
         done = outcome.value if not outcome.error else {"ok": False, "error": f"build: {outcome.error}"}
-        built.append((cand, key, done))
-    sources = [d["source"] for _, _, d in built if d["ok"]]
-    compiled = iter(nvcc.compile_ptx_many(sources, arch) if sources else ())
-    for cand, key, done in built:
-        entry["candidates"].append(_candidate_entry(cand, key, done, next(compiled) if done["ok"] else None, folder))
-    return entry
+        compiled = compiler.submit(nvcc.compile_ptx, done["source"], arch) if done["ok"] else None
+        candidates.append((cand, key_of(wid, cand.rank), done, compiled))
+    return entry, candidates
 
 
 def build_candidate(expr, program, device: DeviceSpec) -> dict:
