@@ -367,3 +367,24 @@ def test_ingest_refuses_bad_input_in_one_line(content, message, tmp_path, capsys
     if db.exists():
         with RunStore(db) as store:
             assert not store.runs()
+
+
+def test_ptxas_reports_each_kernel_of_a_file():
+    """Split-K's file holds two kernels: each gets its own report, the file the most registers
+    and shared memory of either and the spills of both."""
+    from workbench.codegen import nvcc
+
+    text = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'main_kernel_1' for 'sm_90a'
+ptxas info    : Function properties for main_kernel_1
+    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers
+ptxas info    : Compiling entry function 'main_kernel' for 'sm_90a'
+ptxas info    : Function properties for main_kernel
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 512 bytes smem
+"""
+    kernels = dict(nvcc._kernel_reports(text))
+    assert kernels["main_kernel_1"] == nvcc.PtxasReport(8, 8, 4, 0, 0)
+    assert kernels["main_kernel"] == nvcc.PtxasReport(40, 0, 0, 16, 512)
+    assert nvcc._total(list(kernels.items())) == nvcc.PtxasReport(40, 8, 4, 16, 512)

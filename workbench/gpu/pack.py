@@ -35,7 +35,7 @@ from workbench.gpu.reference import reference
 from workbench.gpu.sample_gemms import SAMPLE_GEMMS, sample_gemms
 from workbench.hardware.spec import DeviceSpec
 from workbench.hardware.write import spec_summary
-from workbench.workers import BUILD_TIMEOUT_S, Worker
+from workbench.workers import Worker
 from workbench.workload import Workload, load_suite
 
 FORMAT = 1
@@ -46,11 +46,18 @@ POLICY = "roller"
 # nvcc processes at once: one per core up to 4 (a large unrolled kernel takes nvcc seconds, the
 # build of the next candidate in the worker about one)
 NVCC_JOBS = max(1, min(os.cpu_count() or 1, 4))
+# One candidate's build and the lowering its launches are read from, in the worker. TVM takes
+# 13 s to build the fp16 4096^3 matmul's WMMA kernel with a 128 x 256 block tile on an idle core,
+# and the build and lowering of two of those went past `workers.BUILD_TIMEOUT_S` (60 s) on a
+# loaded 2-core machine; a pack is built offline, once, and a hung compiler still ends.
+BUILD_TIMEOUT_S = 300.0
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
 class PackResult:
+    """A pack written: where, its manifest, its size in bytes and how long it took."""
+
     path: Path
     manifest: dict
     bytes: int
@@ -59,10 +66,6 @@ class PackResult:
     @property
     def candidates(self) -> int:
         return sum(len(w["candidates"]) for w in self.manifest["workloads"])
-
-    @property
-    def failed(self) -> int:
-        return sum(not c["ok"] for w in self.manifest["workloads"] for c in w["candidates"])
 
 
 def pack_workloads(suites: Sequence[str], workloads: Sequence[str]) -> list[tuple[str, str, Workload]]:
