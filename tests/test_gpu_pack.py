@@ -388,3 +388,38 @@ ptxas info    : Used 40 registers, used 1 barriers, 512 bytes smem
     assert kernels["main_kernel_1"] == nvcc.PtxasReport(8, 8, 4, 0, 0)
     assert kernels["main_kernel"] == nvcc.PtxasReport(40, 0, 0, 16, 512)
     assert nvcc._total(list(kernels.items())) == nvcc.PtxasReport(40, 8, 4, 16, 512)
+
+
+def test_workloads_are_named_once_and_keys_are_file_names(tiny_suite):
+    chosen = pack.pack_workloads([str(tiny_suite), "roller-table1"], [f"{tiny_suite}:mm", "roller-table1:M0"])
+    assert [(s, wid) for s, wid, _ in chosen][:4] == [("tiny", "mm"), ("tiny", "splitk"), ("tiny", "mm-fp16"),
+                                                      ("roller-table1", "M0")]
+    assert len(chosen) == 3 + 18  # the --workload entries were in the suites already
+    twice = [("a", "M0", None), ("b", "M0", None), ("b", "x", None)]
+    assert pack.workload_ids(twice) == ["a/M0", "b/M0", "x"]
+    assert pack.key_of("a/M0", 3) == "a_M0-r3" and KEY.match(pack.key_of("s p/ä:1", 1))
+    from workbench.errors import UserError
+
+    with pytest.raises(UserError, match="no workload 'nope'"):
+        pack.pack_workloads([], ["roller-table1:nope"])
+    with pytest.raises(UserError, match="nothing to pack"):
+        pack.pack_workloads([], [])
+
+
+@pytest.mark.parametrize("op, params, expected", [
+    ("conv2d", {"N": 1, "C": 4, "H": 8, "W": 8, "F": 8, "KH": 3, "KW": 3, "stride": 2, "pad": 1, "dilation": 1},
+     {"inputs": ["data", "kernel"], "output": "O", "stride": 2, "padding": 1, "groups": 1, "output_shape": [1, 8, 4, 4]}),
+    ("depthwise_conv2d", {"N": 1, "C": 4, "H": 8, "W": 8, "KH": 3, "KW": 3, "stride": 1, "pad": 1, "multiplier": 2},
+     {"groups": 4, "output_shape": [1, 4, 2, 8, 8]}),
+    ("avgpool", {"N": 1, "C": 4, "H": 8, "W": 8, "K": 2, "stride": 2, "pad": 0},
+     {"inputs": ["data"], "kernel_size": 2, "stride": 2, "padding": 0, "count_include_pad": True}),
+    ("reduce_mean", {"shape": (2, 8, 3, 3), "axes": (2, 3)}, {"inputs": ["X"], "output": "Y", "dims": [2, 3]}),
+    ("relu", {"shape": (4, 8)}, {"inputs": ["X"], "output": "Y"}),
+])
+def test_the_reference_names_the_torch_call(op, params, expected):
+    from workbench.gpu.reference import reference
+    from workbench.ops import catalog
+
+    expr = catalog.build(op, params)
+    ref = reference(op, dict(expr.params), expr.args)
+    assert ref["kind"] == op and ref["torch"] and ref == ref | expected

@@ -77,8 +77,8 @@ def pack_workloads(suites: Sequence[str], workloads: Sequence[str]) -> list[tupl
         suite_name, entries = (SAMPLE_GEMMS, sample_gemms()) if name == SAMPLE_GEMMS else load_suite(name)
         chosen += [(suite_name, w.label.split(":", 1)[1], w) for w in entries]
     for ref in workloads:
-        suite_name, _, wid = ref.rpartition(":")
-        entries = sample_gemms() if suite_name == SAMPLE_GEMMS else load_suite(suite_name)[1]
+        suite, _, wid = ref.rpartition(":")
+        suite_name, entries = (SAMPLE_GEMMS, sample_gemms()) if suite == SAMPLE_GEMMS else load_suite(suite)
         found = [w for w in entries if w.label.split(":", 1)[1] == wid]
         if not found:
             raise UserError(f"--workload {ref}: no workload {wid!r} in suite {suite_name}")
