@@ -252,8 +252,9 @@ def test_roller_table1_top5_compiles_without_spills(tmp_path):
     result = pack.write_pack(chosen, load_spec("h200"), 5, tmp_path / "pack")
     assert result.bytes < pack.MAX_PACK_BYTES
     limit = load_spec("h200").target_dict()["max_shared_memory_per_block"]
+    assert len(result.manifest["workloads"]) == 18
     for w in result.manifest["workloads"]:
-        assert len(w["candidates"]) == 5, w["id"]
+        assert 1 <= len(w["candidates"]) <= 5, w["id"]  # R2's space holds one program
         for c in w["candidates"]:
             assert c["ok"], f"{c['key']}: {c['error']}"
             assert c["ptxas"]["spill_store_bytes"] == c["ptxas"]["spill_load_bytes"] == 0, c["key"]
