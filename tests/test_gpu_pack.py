@@ -296,7 +296,8 @@ def handmade_result(device: str = "h200") -> dict:
                           "torch": {"seconds": 2e-5, "samples": [2e-5] * 3, "what": "torch.matmul (cuBLAS), TF32 off"},
                           "candidates": candidates})
     return {"format": 1, "pack": {"device": device, "created": "2026-11-28T18:00:00Z", "git_commit": "abc"},
-            "machine": {"gpu": "NVIDIA H200", "driver": "570.1", "cuda_runtime": "12.8", "torch": "2.6", "cupy": "13.4"},
+            "machine": {"gpu": "NVIDIA H200", "driver": "570.1", "cuda_runtime": "12.8", "torch": "2.6",
+                        "cupy": "13.4"},
             "microbench": {}, "timing": {"warmup": 3, "repeats": 3, "l2_flush_bytes": 2**27,
                                          "method": "CUDA events, median"},
             "workloads": workloads}
@@ -409,7 +410,8 @@ def test_workloads_are_named_once_and_keys_are_file_names(tiny_suite):
 
 @pytest.mark.parametrize("op, params, expected", [
     ("conv2d", {"N": 1, "C": 4, "H": 8, "W": 8, "F": 8, "KH": 3, "KW": 3, "stride": 2, "pad": 1, "dilation": 1},
-     {"inputs": ["data", "kernel"], "output": "O", "stride": 2, "padding": 1, "groups": 1, "output_shape": [1, 8, 4, 4]}),
+     {"inputs": ["data", "kernel"], "output": "O", "stride": 2, "padding": 1, "groups": 1,
+      "output_shape": [1, 8, 4, 4]}),
     ("depthwise_conv2d", {"N": 1, "C": 4, "H": 8, "W": 8, "KH": 3, "KW": 3, "stride": 1, "pad": 1, "multiplier": 2},
      {"groups": 4, "output_shape": [1, 4, 2, 8, 8]}),
     ("avgpool", {"N": 1, "C": 4, "H": 8, "W": 8, "K": 2, "stride": 2, "pad": 0},

@@ -101,8 +101,8 @@ def _ingest_workload(w: dict, device, versions: dict, store: RunStore) -> Ingest
                             f"candidate {c['rank']}: this construction does not give the pack's program "
                             "(the construction changed since the pack was made)")
     chosen = [built[r] for r in ranks]
-    run_versions = versions | ({"baseline_torch_seconds": repr(torch), "baseline_torch": str(w["torch"].get("what", ""))}
-                               if torch is not None else {})
+    baseline = {"baseline_torch_seconds": repr(torch), "baseline_torch": str(w["torch"].get("what", ""))}
+    run_versions = versions | (baseline if torch is not None else {})
     run_id = store.start_run(workload={"label": label, **expr.workload_dict()}, device=device, policy=POLICY,
                              runner=RUNNER, candidates=chosen, topk=max(ranks), versions=run_versions)
     for c in w["candidates"]:
@@ -147,6 +147,7 @@ def _versions(doc: dict) -> dict[str, str]:
     """What produced the numbers: the GPU machine and its software, and the pack's origin."""
     machine = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
     pack = doc["pack"]
-    found = {f"gpu_{k}" if k != "gpu" else k: machine.get(k) for k in ("gpu", "driver", "cuda_runtime", "torch", "cupy")}
+    found = {"gpu": machine.get("gpu")}
+    found |= {f"gpu_{k}": machine.get(k) for k in ("driver", "cuda_runtime", "torch", "cupy")}
     found |= {"pack_created": pack.get("created"), "pack_git_commit": pack.get("git_commit")}
     return {k: str(v) for k, v in found.items() if v is not None}

@@ -59,7 +59,8 @@ class Scratch:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
-def lower_launches(mod, target: dict, config: dict, params: tuple[str, ...]) -> tuple[tuple[Launch, ...], tuple[Scratch, ...]]:
+def lower_launches(mod, target: dict, config: dict,
+                   params: tuple[str, ...]) -> tuple[tuple[Launch, ...], tuple[Scratch, ...]]:
     """The launches (in order) and scratch buffers of the scheduled module `mod` compiled for the
     TVM target `target` under PassContext `config` (as `codegen.build` compiles it); `params`
     are the PrimFunc's buffer names, every other buffer a launch names is scratch. LaunchError

@@ -134,9 +134,9 @@ def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, 
                     if progress:
                         progress(f"{wid}: constructing and building top-{topk}")
                     built.append(_build_workload(w, suite_name, wid, device, topk, compiled_arch, worker, compiler))
-                entries = [entry | {"candidates": [_candidate_entry(cand, key, done, compiled.result() if compiled else None, staging)
-                                                   for cand, key, done, compiled in candidates]}
-                           for entry, candidates in built]
+                entries = [entry | {"candidates": [
+                    _candidate_entry(cand, key, done, compiled.result() if compiled else None, staging)
+                    for cand, key, done, compiled in candidates]} for entry, candidates in built]
         finally:
             worker.close()
         suites = list(dict.fromkeys(s for s, _, _ in chosen))  # their names, in order
@@ -146,7 +146,8 @@ def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, 
             shutil.copyfile(RUNNER, staging / "run.py")
         size = _tree_bytes(staging)
         if size > MAX_PACK_BYTES:
-            raise UserError(f"the pack is {size / 2**20:.1f} MiB, over {MAX_PACK_BYTES // 2**20} MiB: pack fewer workloads or a smaller --topk")
+            raise UserError(f"the pack is {size / 2**20:.1f} MiB, over {MAX_PACK_BYTES // 2**20} MiB: "
+                            "pack fewer workloads or a smaller --topk")
         if out.exists():
             out.rmdir()
         staging.rename(out)
