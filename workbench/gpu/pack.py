@@ -126,18 +126,18 @@ def write_pack(chosen: Sequence[tuple[str, str, Workload]], device: DeviceSpec, 
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would travel with the pack
         (staging / "kernels").mkdir()
-        worker = Worker()
+        worker, compiler = Worker(), ThreadPoolExecutor(max_workers=jobs or NVCC_JOBS)
         try:
-            with ThreadPoolExecutor(max_workers=jobs or NVCC_JOBS) as compiler:
-                built = []
-                for (suite_name, _, w), wid in zip(chosen, workload_ids(chosen)):
-                    if progress:
-                        progress(f"{wid}: constructing and building top-{topk}")
-                    built.append(_build_workload(w, suite_name, wid, device, topk, compiled_arch, worker, compiler))
-                entries = [entry | {"candidates": [
-                    _candidate_entry(cand, key, done, compiled.result() if compiled else None, staging)
-                    for cand, key, done, compiled in candidates]} for entry, candidates in built]
+            built = []
+            for (suite_name, _, w), wid in zip(chosen, workload_ids(chosen)):
+                if progress:
+                    progress(f"{wid}: constructing and building top-{topk}")
+                built.append(_build_workload(w, suite_name, wid, device, topk, compiled_arch, worker, compiler))
+            entries = [entry | {"candidates": [
+                _candidate_entry(cand, key, done, compiled.result() if compiled else None, staging)
+                for cand, key, done, compiled in candidates]} for entry, candidates in built]
         finally:
+            compiler.shutdown(cancel_futures=True)  # on Ctrl-C, the queued compiles do not run
             worker.close()
         suites = list(dict.fromkeys(s for s, _, _ in chosen))  # their names, in order
         manifest = _manifest(device, arch, compiled_arch, suites, topk, entries)
