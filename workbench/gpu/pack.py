@@ -218,8 +218,8 @@ def _candidate_entry(cand, key: str, done: dict, compiled, folder: Path) -> dict
         "error": "",
         "template": done.get("template", ""),
         "plan": cand.plan_text,
-        "tiles": {"grid": program.grid, "split": program.split,
-                  "layers": {name: program.tile_dict(l) for l, name in enumerate(program.layers)},
+        "tiles": {"grid": program.grid, "split": program.split,  # as `construct --json` shows them
+                  "layers": [{"name": name, "tile": program.tile_dict(l)} for l, name in enumerate(program.layers)],
                   "vthreads": dict(program.vthreads)},
         "predicted_seconds": cand.predicted_seconds,
         "bound": cand.estimate.bottleneck,
