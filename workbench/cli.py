@@ -534,7 +534,8 @@ def cmd_gpu(args) -> int:
             path = store.path
         doc = {"db": str(path), "workloads": [d.to_dict() for d in done]}
         lines = [f"{d.label:36s} " + (f"run {d.run_id}: {d.candidates} candidates, best {duration(d.best_seconds)}, "
-                                      f"torch {duration(d.torch_seconds)}" if d.run_id is not None else f"skipped: {d.reason}")
+                                      f"torch {duration(d.torch_seconds)}" if d.run_id is not None
+                                      else f"skipped: {d.reason}")
                  for d in done]
         lines.append(f"stored {sum(d.run_id is not None for d in done)} of {len(done)} workloads in {path}")
         return _emit(args, doc, "\n".join(lines))
@@ -543,7 +544,8 @@ def cmd_gpu(args) -> int:
     m = result.manifest
     doc = {"path": str(result.path), "bytes": result.bytes, "seconds": result.seconds, "device": m["device"],
            "arch": m["arch"], "workloads": len(m["workloads"]), "candidates": result.candidates,
-           "failed": [{"key": c["key"], "error": c["error"]} for w in m["workloads"] for c in w["candidates"] if not c["ok"]]}
+           "failed": [{"key": c["key"], "error": c["error"]}
+                      for w in m["workloads"] for c in w["candidates"] if not c["ok"]]}
     lines = [f"wrote {result.path}: {doc['workloads']} workloads, {result.candidates} candidates "
              f"({len(doc['failed'])} failed), {result.bytes / 2**20:.1f} MiB, {m['arch']}, in {result.seconds:.0f} s"]
     lines += [f"{f['key']}: {f['error']}" for f in doc["failed"]]

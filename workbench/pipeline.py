@@ -44,9 +44,9 @@ from workbench.construct.stepper import Construction, Stepper
 from workbench.errors import UserError
 from workbench.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.files import check_size, read_user_file
+from workbench.fmt import shape_text, time_columns
 from workbench.gpu import ingest as gpu_results
 from workbench.gpu import pack as gpu_packs
-from workbench.fmt import shape_text, time_columns
 from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.write import spec_summary
