@@ -4,7 +4,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast fixtures app bench chromium
+.PHONY: test test-fast fixtures app bench chromium gpu-pack
 
 # The fast lane first, so that `make test` (and CI, through .ci/run) fails whenever `make
 # test-fast` would: a core test that needs an expression missing from the fixtures, or a core
@@ -33,6 +33,14 @@ app: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/workbench bench construct --suite cpu-core
+
+# The kernels for the GPU machine (docs/gpu.md): roller-table1 and the sample models' GEMMs on
+# the h200 at top 5, built and compiled here (needs nvcc), into $(GPU_PACK), ready to send.
+GPU_PACK := gpu-pack
+
+gpu-pack: $(STAMP)
+	rm -rf $(GPU_PACK)
+	$(VENV)/bin/workbench gpu pack --suite roller-table1 --suite sample-gemms --device h200 --topk 5 --out $(GPU_PACK)
 
 # tests/test_browser.py drives Debian's chromium (Playwright's Python package, no downloaded
 # browser). CI runs as root and gets it here; elsewhere a missing chromium only skips that test.

@@ -180,6 +180,22 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=_seed, default=0, help="the random inputs' seed (0 to 2^64-1)")
     v.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("gpu", help="kernels for a GPU machine without TVM: pack them here, ingest its results (docs/gpu.md)")
+    gsub = p.add_subparsers(dest="gpu_command", required=True, parser_class=_Parser)
+    g = gsub.add_parser("pack", help="build the top-K of suites for a GPU device: cubins, PTX, launches, "
+                        "predictions and the runner, in one directory")
+    g.add_argument("--suite", action="append", default=[], help="a suite (name or TOML path), or sample-gemms "
+                   "(the sample models' GEMMs and fp16 matmuls); repeatable")
+    g.add_argument("--workload", action="append", default=[], help="SUITE:ID, one workload; repeatable")
+    g.add_argument("--device", required=True, help="a GPU preset or spec file, e.g. h200")
+    g.add_argument("--topk", type=_topk, default=5, help="candidates per workload (default 5)")
+    g.add_argument("--out", required=True, help="the pack's directory (new or empty)")
+    g.add_argument("--json", action="store_true")
+    g = gsub.add_parser("ingest", help="store a GPU runner's result JSON as runs")
+    g.add_argument("result", help="RESULT.json written by the pack's run.py")
+    _profile_args(g)
+    g.add_argument("--json", action="store_true")
+
     p = sub.add_parser("runs", help="the runs store")
     rsub = p.add_subparsers(dest="runs_command", required=True, parser_class=_Parser)
     r = rsub.add_parser("fit", help="fit the model's correction for a device on its stored measurements; show before/after")
@@ -751,6 +767,34 @@ def cmd_bench_dynamic(args) -> int:
     return _emit(args, data, "\n".join(lines))
 
 
+def cmd_gpu(args) -> int:
+    from workbench import pipeline
+    from workbench.fmt import duration
+
+    if args.gpu_command == "ingest":
+        with pipeline.RunStore(args.db) as store:
+            done = pipeline.gpu_ingest(args.result, store)
+            path = store.path
+        doc = {"db": str(path), "workloads": [d.to_dict() for d in done]}
+        lines = [f"{d.label:36s} " + (f"run {d.run_id}: {d.candidates} candidates, best {duration(d.best_seconds)}, "
+                                      f"torch {duration(d.torch_seconds)}" if d.run_id is not None
+                                      else f"skipped: {d.reason}")
+                 for d in done]
+        lines.append(f"stored {sum(d.run_id is not None for d in done)} of {len(done)} workloads in {path}")
+        return _emit(args, doc, "\n".join(lines))
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = pipeline.gpu_pack(args.suite, args.workload, args.device, args.topk, args.out, progress=progress)
+    m = result.manifest
+    doc = {"path": str(result.path), "bytes": result.bytes, "seconds": result.seconds, "device": m["device"],
+           "arch": m["arch"], "workloads": len(m["workloads"]), "candidates": result.candidates,
+           "failed": [{"key": c["key"], "error": c["error"]}
+                      for w in m["workloads"] for c in w["candidates"] if not c["ok"]]}
+    lines = [f"wrote {result.path}: {doc['workloads']} workloads, {result.candidates} candidates "
+             f"({len(doc['failed'])} failed), {result.bytes / 2**20:.1f} MiB, {m['arch']}, in {result.seconds:.0f} s"]
+    lines += [f"{f['key']}: {f['error']}" for f in doc["failed"]]
+    return _emit(args, doc, "\n".join(lines))
+
+
 def cmd_bench_dispatch(args) -> int:
     if args.bench_command == "dynamic":
         return cmd_bench_dynamic(args)
@@ -771,6 +815,7 @@ COMMANDS = {
     "runs": cmd_runs,
     "report": cmd_report,
     "vortex": cmd_vortex,
+    "gpu": cmd_gpu,
 }
 
 

@@ -14,6 +14,8 @@ assembles the pipeline itself.
     vortex_plan(workload with dyn, device, max)     Vortex's kernels for a dynamic extent, priced over it
       -> vortex_pick(plan, value)                    the dispatcher's kernel for one value
       -> vortex_compile / vortex_load / vortex_run   the bundle on disk, run and verified per value
+    gpu_pack(suites, workloads, device, topk, out)   kernels built here for a GPU machine without TVM
+      -> gpu_ingest(result, store)                   its runner's result stored as runs (docs/gpu.md)
     and what a face offers to choose from or shows beside them: the workloads (`suites`,
     `operators`, `parse_workload`), the devices (`device_presets`, `device_from_toml`,
     `calibrate_device`, `device_summary`), the runs store (`RunStore`, `default_store_path`),
@@ -43,6 +45,8 @@ from workbench.errors import UserError
 from workbench.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.files import check_size, read_user_file
 from workbench.fmt import shape_text, time_columns
+from workbench.gpu import ingest as gpu_results
+from workbench.gpu import pack as gpu_packs
 from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.write import spec_summary
@@ -78,7 +82,7 @@ __all__ = [
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
     "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit", "rank_by_correction",
     "run_model_report", "DIETCODE_SAMPLES", "VortexPlan", "vortex_compile", "vortex_load", "vortex_pick",
-    "vortex_plan", "vortex_run", "vortex_value_of", "import_onnx", "model_symbolic_dims",
+    "vortex_plan", "vortex_run", "vortex_value_of", "import_onnx", "model_symbolic_dims", "gpu_pack", "gpu_ingest",
     # what the faces choose from and show beside a construction
     "ConstructionGraph", "ImportedModel", "Measurement", "ProgressEvent", "Step", "TensorExpr", "Workload",
     "DTYPES", "DYNAMIC_PARAMS", "LOCAL_CPU", "OpInfo", "PtxResult", "RunStore",
@@ -386,6 +390,24 @@ def vortex_pick(plan: VortexPlan, value: int) -> tuple[str, float]:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UserError(f"{plan.dyn.param} must be a positive integer, got {value!r}")
     return dispatch(plan.table, value)
+
+
+# GPU packs (docs/gpu.md; the format: docs/gpu.md).
+
+def gpu_pack(suites: Sequence[str], workloads: Sequence[str], device: DeviceSpec | str | Path, topk: int, out,
+             progress=None) -> gpu_packs.PackResult:
+    """The top-`topk` kernels of every workload of `suites` (names, suite files or
+    `sample-gemms`) and `workloads` (`SUITE:ID`) on the GPU `device`, built and compiled here
+    (cubin and PTX), with their launches and predictions, written to the new directory `out`
+    with the runner (`gpu.pack`); `progress` gets a line per workload. UserError for bad input."""
+    chosen = gpu_packs.pack_workloads(suites, workloads)
+    return gpu_packs.write_pack(chosen, load_device(device), topk, out, progress=progress)
+
+
+def gpu_ingest(result: str | Path, store: RunStore) -> tuple[gpu_results.Ingested, ...]:
+    """The GPU runner's result file `result` stored in `store` as one run per workload
+    (`gpu.ingest`); UserError in one line for a missing, non-JSON or malformed file."""
+    return gpu_results.ingest(gpu_results.load_result(result), store)
 
 
 # What a face offers to choose from, and shows beside a construction: the same functions for the

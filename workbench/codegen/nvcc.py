@@ -21,7 +21,8 @@ _TOOL_SECONDS = 300  # nvcc on a large unrolled kernel takes seconds; a hang sho
 
 @dataclass(frozen=True)
 class PtxasReport:
-    """`ptxas -v` on one kernel: registers per thread and local-memory spills."""
+    """`ptxas -v` on one kernel: registers per thread and local-memory spills (for a file of
+    several entry functions: the most registers, stack and shared memory of any, the spills of all)."""
 
     registers: int
     spill_store_bytes: int
@@ -39,6 +40,8 @@ class PtxResult:
     ptxas_report: PtxasReport | None = None
     error: str = ""
     arch: str = ""  # the architecture compiled for (see `ptx_arch`)
+    cubin: bytes = b""  # ptxas's output for `arch`, what a CUDA driver loads without JIT
+    kernels: tuple[tuple[str, PtxasReport], ...] = ()  # each entry function's report, in ptxas's order
 
 
 def nvcc_path() -> str | None:
@@ -115,7 +118,10 @@ def _ptxas(ptx_file: Path, arch: str) -> PtxResult:
     done = subprocess.run(command, capture_output=True, text=True, timeout=_TOOL_SECONDS)
     if done.returncode != 0:
         return PtxResult(False, ptx, None, f"ptxas: {_errors(done)}", arch)
-    return PtxResult(True, ptx, _parse_ptxas(done.stderr + done.stdout), "", arch)
+    text = done.stderr + done.stdout
+    kernels = _kernel_reports(text)
+    return PtxResult(True, ptx, _total(kernels) if kernels else _parse_ptxas(text), "", arch,
+                     ptx_file.with_suffix(".cubin").read_bytes(), kernels)
 
 
 def _parse_ptxas(text: str) -> PtxasReport:
@@ -129,6 +135,29 @@ def _parse_ptxas(text: str) -> PtxasReport:
         spill_load_bytes=number(r"(\d+) bytes spill loads"),
         stack_bytes=number(r"(\d+) bytes stack frame"),
         shared_bytes=number(r"(\d+) bytes smem"),
+    )
+
+
+# ptxas -v reports each entry function in a section opened by this line.
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+
+
+def _kernel_reports(text: str) -> tuple[tuple[str, PtxasReport], ...]:
+    """(entry function, its report) for each section of `ptxas -v` output."""
+    starts = list(_ENTRY.finditer(text))
+    ends = [m.start() for m in starts[1:]] + [len(text)]
+    return tuple((m.group(1), _parse_ptxas(text[m.start():end])) for m, end in zip(starts, ends))
+
+
+def _total(kernels: Sequence[tuple[str, PtxasReport]]) -> PtxasReport:
+    """One report for a file of several kernels (see `PtxasReport`)."""
+    reports = [r for _, r in kernels]
+    return PtxasReport(
+        registers=max(r.registers for r in reports),
+        spill_store_bytes=sum(r.spill_store_bytes for r in reports),
+        spill_load_bytes=sum(r.spill_load_bytes for r in reports),
+        stack_bytes=max(r.stack_bytes for r in reports),
+        shared_bytes=max(r.shared_bytes for r in reports),
     )
 
 

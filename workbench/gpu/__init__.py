@@ -1,1 +1,2 @@
-"""GPU packs: kernels built here, run on a GPU machine by a standalone runner."""
+"""GPU kernels measured elsewhere: a pack of built kernels for a GPU machine without TVM, and its
+results brought back into the runs store (docs/gpu.md; the format there)."""

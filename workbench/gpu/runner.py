@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Run a GPU pack on the machine that has the GPU: verify and time every candidate kernel
-against torch, measure the machine, write one result JSON (docs: GPU-PACK contract, issue 41).
+against torch, measure the machine, write one result JSON (docs: docs/gpu.md, issue 41).
 
 Copied verbatim into each pack as `run.py` and run there:
 
@@ -440,7 +440,7 @@ def workload_entry(workload: dict, torch_result: dict | None, candidates: list[d
 
 
 def build_result(manifest: dict, machine: dict, microbench: dict, timing: dict, workloads: list[dict]) -> dict:
-    """The runner's output (GPU-PACK.md): the pack's identity, the machine, the
+    """The runner's output (docs/gpu.md): the pack's identity, the machine, the
     micro-benchmarks, how times were taken, the workloads."""
     pack = {k: manifest.get(k) for k in ("device", "created", "git_commit")}
     return {"format": FORMAT, "pack": pack, "machine": machine, "microbench": microbench, "timing": timing,
