@@ -365,13 +365,14 @@ def _vector_width(extent: int, lanes: int) -> int:
 
 
 def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> None:
-    """Pad the spatial axes up to whole unit tiles (`pad_einsum`: inputs read as zero past their
-    end, the padded output copied back), where the plan says so (`CpuPlan.padded_tails`), so the
+    """Pad every axis up to whole unit tiles (`pad_einsum`: inputs read as zero past their end,
+    the padded output copied back), where the plan says so (`CpuPlan.padded_tails`), so the
     micro-kernel runs without a guard on every tile (a 6-row register tile on 512 rows has a
     tail in every column of tiles otherwise, and a guarded accumulator row stays in memory, not
-    a register). Only the packs read the ragged edge, under their own guard."""
-    unit = program.unit_tile
-    factors = [int(unit[a]) if axis.kind == "spatial" else 1 for a, axis in enumerate(expr.axes)]
+    a register; a ragged K, 999 in K-steps of 336, guards every FMA). The plan pads a ragged
+    reduction only where its zero terms add nothing (`TensorExpr.pads_reduction`). Only the
+    packs read the ragged edge, under their own guard; the micro-kernel runs over whole panels."""
+    factors = [int(extent) for extent in program.unit_tile]
     common.primitive("pad to whole tiles", sch.pad_einsum, sch.get_sblock(expr.main_block), factors)
 
 
