@@ -84,6 +84,9 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     plan = cpu_plan(kept, dev)
     assert plan.packed == () and not plan.padded_tails and plan.path == SCALAR and plan.guarded_row
     assert guard_slowdown(kept, dev) == GUARDED_MICRO_KERNEL
+    # an epilogue keeps the tails guarded, so a ragged K is not padded and gets no panels either
+    fused = replace(k_only, expr=replace(k_only.expr, epilogues=("T_add",)))
+    assert packed_inputs(fused.expr, fused, dev) == () and not cpu_plan(fused, dev).padded_tails
 
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)

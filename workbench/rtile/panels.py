@@ -173,7 +173,7 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     the program caches a layer below the registers, the expression reduces, and every input is
     a plain projection (each dimension one whole unfused axis, as in matmul, batched or
     transposed) whose reduction axes the tiles divide, or which pad with zeros
-    (`TensorExpr.pads_reduction`: a sum of products), and which the unit tile reuses (it spans
+    (`TensorExpr.pads_reduction`: a sum of products, with no epilogue), and which the unit tile reuses (it spans
     more than one index of a spatial axis the input ignores); () otherwise (convolutions,
     strided or offset reads, a ragged K that zeros would change, and gemv, whose matrix is read
     once: a copy only doubles its traffic; evidence: docs/evidence.md#panel-inputs). Where
@@ -188,7 +188,10 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
             used = [a for a, c in enumerate(coeffs) if c]
             if const or len(used) != 1 or coeffs[used[0]] != 1 or len(expr.axes[used[0]].fused_from) > 1:
                 return ()
-            if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]) and not expr.pads_reduction:
+            # a ragged K is padded with zeros where they add nothing and no epilogue keeps the
+            # tails guarded (`rtile.plan.cpu_plan`); a guarded K-tile would reach the panels
+            if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]) and (
+                    not expr.pads_reduction or expr.epilogues):
                 return ()
     if any(ragged(expr, program, a) for a in range(len(expr.axes))):
         return tuple(t.name for t in expr.inputs)
