@@ -115,6 +115,7 @@ def plain_matmul(m: int, n: int, k: int) -> TensorExpr:
         "args": [{"name": name, "shape": list(shape), "dtype": "float32", "role": role}
                  for name, shape, role in (("A", (m, k), "input"), ("B", (k, n), "input"), ("C", (m, n), "output"))],
         "epilogues": [],
+        "pads_reduction": True,
     })
 
 

@@ -273,6 +273,46 @@ def test_cached_matmul_tiles_become_packed_panels_and_an_unguarded_micro_kernel(
     assert "T.where" in _block(script, "C_pad")  # the write-back skips the padding rows
 
 
+HINT = 'annotations={"pragma_loop_partition_hint": 1}'
+RAGGED_K = {
+    # M, N and K all ragged; K = 37 in K-steps of 16 pads with zeros (a sum of products)
+    "every-axis": (expr("matmul", M=50, N=45, K=37), dict(i=(6, 12, 24), j=(16, 16, 32), k=(1, 16, 16))),
+    # only K ragged: the inputs are padded, the output is not (it accumulates in a cache_write buffer)
+    "k-only": (expr("matmul", M=48, N=64, K=37), dict(i=(6, 12, 24), j=(16, 16, 32), k=(1, 16, 16))),
+    # the whole (padded) reduction in one L1 tile: accumulators stored straight from registers
+    "direct-stores": (expr("matmul", M=50, N=45, K=13), dict(i=(6, 6, 24), j=(16, 16, 32), k=(1, 16, 16))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAGGED_K))
+def test_a_ragged_k_is_padded_with_zeros_and_the_micro_kernel_runs_unguarded(case):
+    """A ragged K of a sum of products pads with zeros like the spatial tails (`pad_einsum`):
+    the micro-kernel has no predicate and reads padded panels; the padding copies carry TVM's
+    loop-partition hint on their loops, so that lowering copies the interior in unguarded
+    vectors and tests only the edge; the kernel matches numpy."""
+    e, chains = RAGGED_K[case]
+    kernel = _local_kernel(e, chains)
+    script = kernel.tvmscript
+    update = _block(script, "C_update")
+    assert "T.where" not in update and "A_pad[" in update and "B_pad[" in update
+    assert all(loop in script for loop in vectorised_16())
+    for pack in ("A_pad", "B_pad"):
+        # its loop over rows carries the hint (and over vectors, unless of one vector), the vector loop not
+        loops = script[:script.index(f'T.sblock("{pack}")')].splitlines()[-4:-1]
+        assert HINT in loops[0] and "T.vectorized" in loops[-1] and HINT not in loops[-1]
+    assert ('T.sblock("C_pad")' in script) == (case != "k-only")
+
+
+def test_a_ragged_k_that_zeros_would_change_keeps_its_guard():
+    """`max=` over a ragged K: zero inputs would win the max, so nothing is padded: no panels,
+    the guarded row, and the right answer."""
+    e = build_expr("C[i,j] max= A[i,k] * B[k,j]", dict(i=13, j=32, k=19))
+    chains = dict(i=(6, 6, 12), j=(16, 16, 32), k=(1, 8, 16))
+    assert not e.pads_reduction and cpu_plan(_program(e, chains), device(CPU)).packed == ()
+    kernel = _local_kernel(e, chains)
+    assert "_pad" not in kernel.tvmscript and "T.where" in _block(kernel.tvmscript, "C_update")
+
+
 PACKED = {
     "trans-a-b": (build_expr("C[i,j] += A[k,i] * B[j,k]", dict(i=13, j=40, k=16)),
                   dict(i=(4, 4, 8), j=(16, 16, 32), k=(1, 8, 16))),
@@ -325,7 +365,8 @@ def test_a_register_tile_holding_the_whole_reduction_stores_its_accumulators_to_
     lanes = min(16, simd_lanes(device(CPU), 4))  # this machine's: 16 on AVX-512, 8 on AVX2
     assert f"T.vectorized({lanes})" in _store_loop(_local_kernel(e, chains).tvmscript)
     split = expr("matmul", M=m, N=64, K=96, **batch)  # two L1 tiles of K: the unit tile's buffer
-    assert "T.grid" in _store_loop(_local_kernel(split, dict(chains, k=(1, 48, 96))).tvmscript)
+    # plain loops (a padded output's marked for partitioning at the padding rows)
+    assert re.search(r"T\.(grid|serial)\(", _store_loop(_local_kernel(split, dict(chains, k=(1, 48, 96))).tvmscript))
 
 
 def _store_loop(script: str) -> str:

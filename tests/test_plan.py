@@ -3,9 +3,10 @@ staging, made once from the rules and read by codegen, the model and the faces; 
 specs, never only this machine's."""
 
 from dataclasses import replace
+from math import ceil
 
 import pytest
-from helpers import TINY_CPU, device, expr
+from helpers import TINY_CPU, device, expr, plain_matmul
 from test_alignment import AVX2, AVX512
 
 from workbench.construct.stepper import construct
@@ -55,6 +56,52 @@ def test_epilogues_keep_the_guard_and_the_model_prices_it(dev):
     assert plan.vector_axis == vector_loop_axis(program.expr, program, dev, True, False)
     assert guard_slowdown(program, dev) == GUARDED_MICRO_KERNEL
     assert estimate(program, dev).predicted_seconds != estimate(_ragged_matmul(), dev).predicted_seconds
+
+
+def _ragged_k_matmul(pads_reduction=True):
+    """1000x999x1001 on 144x144x336 unit tiles: every axis ragged, K (999 in 3 K-steps of 336)
+    too; `pads_reduction` False stands for a reduction zeros would change (`max=`)."""
+    e = replace(plain_matmul(1000, 1001, 999), pads_reduction=pads_reduction)
+    return _program(e, [(6, 16, 1), (6, 16, 336), (144, 144, 336)])
+
+
+@pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
+def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_unguarded(dev):
+    """Zeros past K's end add nothing to a sum of products: the plan packs and pads every axis
+    (K included) and vectorises the row, where a ragged K used to leave panels out and the row
+    scalar behind its guard (1000x999x1001 ran 0.06x numpy). A reduction zeros would change
+    keeps that guarded scalar row."""
+    program = _ragged_k_matmul()
+    plan = cpu_plan(program, dev)
+    assert plan.path == PANELS and plan.vector_axis == 1 and plan.padded_tails and not plan.guarded_row
+    assert plan.packed == ("A", "B") and guard_slowdown(program, dev) == 1.0
+    assert describe(plan, program).startswith("A, B packed in 6x16 panels, lanes along j, tails padded")
+    # only K ragged: still padded (the inputs only)
+    k_only = _program(plain_matmul(1008, 1008, 999), [(6, 16, 1), (6, 16, 336), (144, 144, 336)])
+    assert pads_tails(k_only.expr, k_only, packed_inputs(k_only.expr, k_only, dev))
+    assert cpu_plan(k_only, dev).padded_tails and cpu_plan(k_only, dev).path == PANELS
+    kept = _ragged_k_matmul(pads_reduction=False)
+    plan = cpu_plan(kept, dev)
+    assert plan.packed == () and not plan.padded_tails and plan.path == SCALAR and plan.guarded_row
+    assert guard_slowdown(kept, dev) == GUARDED_MICRO_KERNEL
+    # an epilogue keeps the tails guarded, so a ragged K is not padded and gets no panels either
+    fused = replace(k_only, expr=replace(k_only.expr, epilogues=("T_add",)))
+    assert packed_inputs(fused.expr, fused, dev) == () and not cpu_plan(fused, dev).padded_tails
+
+
+@pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
+def test_the_model_prices_the_padded_ragged_k_as_closed_forms(dev):
+    """The padded flops are those of the 1008^3 the kernel runs, the panel copies move A's and
+    B's unit-tile slices (144 x 336 each way) once per K-step (3) per unit tile, for the
+    ceil(49 / cores) unit tiles of the busiest core, and the compute is not slowed by a guard."""
+    program = _ragged_k_matmul()
+    est = estimate(program, dev)
+    assert est.padded_flops == 2 * 1008 ** 3
+    assert program.grid == 49
+    per_copy = (144 * 336 + 336 * 144) * 4
+    assert packed_bytes(program, dev) == ceil(49 / dev.compute_units) * 3 * per_copy
+    # the guarded scalar row it replaces is priced at least `lanes` times slower
+    assert estimate(_ragged_k_matmul(False), dev).compute_seconds >= dev.warp_size * est.compute_seconds * 0.99
 
 
 def test_a_gemv_sums_lanes_along_k_and_a_conv_vectorises_its_filters():

@@ -38,6 +38,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.panels import ragged
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
 
@@ -75,8 +76,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
     staged = _stage_producers(sch, expr, plan)
-    if plan.padded_tails:
-        _pad_tails(sch, expr, program)
+    padded_output = plan.padded_tails and _pad_tails(sch, expr, program)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, block)
     vector_axis, whole = plan.vector_axis, plan.direct_stores
@@ -92,9 +92,11 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         # one register tile's accumulators go straight to the output when the whole reduction
         # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
         tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
-        _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, plan.padded_tails)
+        _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, padded_output)
         if tile_loop is not None:
             _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes)
+        if padded_output and (tile_loop or grid) is not None:
+            _partition_edges(sch, sch.get_consumers(block)[0], tile_loop or grid)
         if plan.packed:
             level = _pack_level(program, plan)
             # under R(level), or where `whole` moved it inward, under the S(level) it followed
@@ -294,7 +296,7 @@ def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:
     """Accumulate in a local buffer of one unit (L2) output tile written back once at `at_loop`
     (the grid loop), fold epilogues into the write-back, and split off the initialisation.
-    After `_pad_tails` the padded output is that buffer already (compacted to one tile per grid
+    After `_pad_tails` padded the output (`padded`) the padded output is that buffer already (compacted to one tile per grid
     iteration when lowered) and its copy into the output is the write-back. Where `at_loop` is
     the loop over register tiles instead (`CpuPlan.direct_stores`), the buffer is one register
     tile's, initialised under it."""
@@ -364,15 +366,37 @@ def _vector_width(extent: int, lanes: int) -> int:
     return width
 
 
-def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> None:
-    """Pad the spatial axes up to whole unit tiles (`pad_einsum`: inputs read as zero past their
-    end, the padded output copied back), where the plan says so (`CpuPlan.padded_tails`), so the
+def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> bool:
+    """Pad every axis up to whole unit tiles (`pad_einsum`: inputs read as zero past their end,
+    the padded output copied back), where the plan says so (`CpuPlan.padded_tails`), so the
     micro-kernel runs without a guard on every tile (a 6-row register tile on 512 rows has a
     tail in every column of tiles otherwise, and a guarded accumulator row stays in memory, not
-    a register). Only the packs read the ragged edge, under their own guard."""
-    unit = program.unit_tile
-    factors = [int(unit[a]) if axis.kind == "spatial" else 1 for a, axis in enumerate(expr.axes)]
+    a register; a ragged K, 999 in K-steps of 336, guards every FMA). The plan pads a ragged
+    reduction only where its zero terms add nothing (`TensorExpr.pads_reduction`). Only the
+    packs read the ragged edge, under their own guard; the micro-kernel runs over whole panels.
+    Returns whether the output was padded too (a spatial axis ragged; a ragged K alone pads
+    only the inputs)."""
+    factors = [int(extent) for extent in program.unit_tile]
     common.primitive("pad to whole tiles", sch.pad_einsum, sch.get_sblock(expr.main_block), factors)
+    return any(ragged(expr, program, a) for a in expr.spatial)
+
+
+def _partition_edges(sch, block, at) -> None:
+    """Mark the loops of `block` under `at` (a padding copy into a panel, or the padded
+    output's copy back) for TVM's loop partitioning (`pragma_loop_partition_hint`), so that
+    lowering splits each at its guard's bound: the interior runs unguarded and stays vectorised,
+    and only the tile's ragged edge tests each element (unrolled loops, a register tile's
+    stores, keep their guard). Left guarded, the test on the
+    contiguous axis varies across a vector's lanes, and TVM scalarises the whole copy
+    (evidence: docs/evidence.md#cpu-partition-edges)."""
+    from tvm.tirx import ForKind
+
+    loops = sch.get_loops(block)
+    start = next(k for k, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(at))) + 1
+    for loop in loops[start:]:
+        # an unrolled loop needs its constant extent, which partitioning takes away
+        if sch.get(loop).kind == ForKind.SERIAL:
+            sch.annotate(loop, "pragma_loop_partition_hint", 1)
 
 
 def _pack_level(program: RProgram, plan: CpuPlan) -> int:
@@ -400,7 +424,8 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
     vector_axis = plan.vector_axis
     for name in plan.packed:
         reads = [str(r.source.name) for r in sch.get(block).reads]
-        if f"{name}_pad" in reads:  # `_pad_tails` made a padding copy: it becomes the pack
+        padding = f"{name}_pad" in reads
+        if padding:  # `_pad_tails` made a padding copy: it becomes the pack
             pack = next(p for p in sch.get_producers(block) if str(sch.get(p).writes[0].source.name) == f"{name}_pad")
         else:
             pack = common.primitive(f"pack {name}", sch.cache_read, block, reads.index(name), "global")
@@ -411,6 +436,8 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
         _vectorise_copy(sch, pack, expr, program, by_name[name], vector_axis, layout is not None,
                         plan.lanes)
+        if padding:
+            _partition_edges(sch, pack, at)
 
 
 def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vector_axis: int, laid_out: bool,

@@ -97,7 +97,8 @@ def gemm_view(expr: TensorExpr) -> GemmView | None:
     out = access(expr.output, (big_m, big_n), (0, 1))
     view_expr = TensorExpr(
         op=expr.op, params=expr.params, axes=axes, tensors=inputs + (out,), dtype=expr.dtype, flops=expr.flops,
-        main_block=expr.main_block, args=expr.args, epilogues=expr.epilogues, func=expr.func,
+        main_block=expr.main_block, args=expr.args, epilogues=expr.epilogues, pads_reduction=expr.pads_reduction,
+        func=expr.func,
     )
     return GemmView(*groups, image, 1 - image, view_expr)
 

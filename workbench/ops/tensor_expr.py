@@ -92,6 +92,9 @@ class TensorExpr:
     # the blocks after the main block (a pooling's division, a fused bias or activation), in
     # program order: the CPU template keeps its guards where they follow (`rtile.plan`)
     epilogues: tuple[str, ...] = ()
+    # whether inputs read as zero past the end of the reduction axes leave the output unchanged
+    # (`zero_padded_reduction`): the CPU template may then pad a ragged reduction (`rtile.panels`)
+    pads_reduction: bool = False
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     @property
@@ -163,6 +166,7 @@ class TensorExpr:
             "main_block": self.main_block,
             "args": [a.to_dict() for a in self.args],
             "epilogues": list(self.epilogues),
+            "pads_reduction": self.pads_reduction,
         }
 
     @classmethod
@@ -184,6 +188,7 @@ class TensorExpr:
             main_block=data["main_block"],
             args=tuple(KernelArg(a["name"], tuple(a["shape"]), a["dtype"], a["role"]) for a in data["args"]),
             epilogues=tuple(data["epilogues"]),
+            pads_reduction=bool(data.get("pads_reduction", False)),  # not recorded: never padded
         )
 
 
@@ -241,8 +246,48 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         main_block=str(main.name_hint),
         args=_kernel_args(func, param_names),
         epilogues=tuple(str(b.name_hint) for b in blocks[blocks.index(main) + 1:]),
+        pads_reduction=zero_padded_reduction(main),
         func=func,
     )
+
+
+def zero_padded_reduction(block) -> bool:
+    """Whether `block` sums products into a zero-initialised output (`out = 0`, then
+    `out = out + f1 * f2 * ...`, each factor a load, a constant or a cast of one) and every one
+    of its reduction axes indexes some factor: a reduction padded with zero inputs then adds only
+    zero terms (matmul's A[i, k] * B[k, j]), where a max, a sum of sums or a product that ignores
+    an axis would change."""
+    from tvm import tirx
+    from tvm.ir.expr import TensorLoad  # what `tirx.BufferLoad(...)` builds in TVM 0.27
+
+    init, body = block.init, block.body
+    if not isinstance(init, tirx.BufferStore) or not isinstance(body, tirx.BufferStore):
+        return False
+    if not isinstance(init.value, (tirx.FloatImm, tirx.IntImm)) or float(init.value.value) != 0.0:
+        return False
+    update = body.value
+    if not isinstance(update, tirx.Add) or not _loads(update.a, body.buffer):
+        return False
+    factors, stack = [], [update.b]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, tirx.Mul):
+            stack += [node.a, node.b]
+        elif isinstance(node, tirx.Cast):
+            stack.append(node.value)
+        elif isinstance(node, (TensorLoad, tirx.FloatImm, tirx.IntImm)):
+            factors.append(node)
+        else:
+            return False
+    used = [v for f in factors if isinstance(f, TensorLoad) for i in f.indices for v in tirx.analysis.undefined_vars(i)]
+    return all(any(v.same_as(iv.var) for v in used) for iv in block.iter_vars if int(iv.iter_type) == 2)
+
+
+def _loads(node, buffer) -> bool:
+    """Whether `node` is a load of `buffer`."""
+    from tvm.ir.expr import TensorLoad
+
+    return isinstance(node, TensorLoad) and node.source.same_as(buffer)
 
 
 def split_div_mod(func):

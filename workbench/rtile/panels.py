@@ -81,13 +81,14 @@ def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
 
 
 def pads_tails(expr: TensorExpr, program: RProgram, panels: tuple[str, ...]) -> bool:
-    """Whether the template pads the spatial axes up to whole unit tiles (`codegen/cpu._pad_tails`):
-    a panel-packed expression (`panels`: its `packed_inputs`) of unfused axes whose unit tile
-    leaves a tail. (The schedule also keeps the guard where epilogues follow the main block,
+    """Whether the template pads the axes up to whole unit tiles (`codegen/cpu._pad_tails`): a
+    panel-packed expression (`panels`: its `packed_inputs`, which take a ragged reduction only
+    where zero inputs add nothing to it) of unfused axes whose unit tile leaves a tail, spatial
+    or reduction. (The schedule also keeps the guard where epilogues follow the main block,
     which the expression does not record.)"""
     if any(len(a.fused_from) > 1 for a in expr.axes) or not panels:
         return False
-    return any(ragged(expr, program, a) for a in expr.spatial)
+    return any(ragged(expr, program, a) for a in range(len(expr.axes)))
 
 
 def whole_reduction(expr: TensorExpr, program: RProgram) -> bool:
@@ -171,11 +172,13 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     """The inputs `_pack_panels` copies into panels: those a panel serves (`_panel_pays`), when
     the program caches a layer below the registers, the expression reduces, and every input is
     a plain projection (each dimension one whole unfused axis, as in matmul, batched or
-    transposed) whose reduction axes the tiles divide and which the unit tile reuses (it spans
+    transposed) whose reduction axes the tiles divide, or which pad with zeros
+    (`TensorExpr.pads_reduction`: a sum of products, with no epilogue), and which the unit tile reuses (it spans
     more than one index of a spatial axis the input ignores); () otherwise (convolutions,
-    strided or offset reads, ragged K, and gemv, whose matrix is read once: a copy only doubles
-    its traffic; evidence: docs/evidence.md#panel-inputs). Where `_pad_tails` will pad, every input is
-    copied anyway (the padding copy is the panel)."""
+    strided or offset reads, a ragged K that zeros would change, and gemv, whose matrix is read
+    once: a copy only doubles its traffic; evidence: docs/evidence.md#panel-inputs). Where
+    `_pad_tails` will pad (any axis ragged), every input is copied anyway (the padding copy is
+    the panel)."""
     if not expr.reduce or not any(program.cached[1:]):
         return ()
     for tensor in expr.inputs:
@@ -185,9 +188,12 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
             used = [a for a, c in enumerate(coeffs) if c]
             if const or len(used) != 1 or coeffs[used[0]] != 1 or len(expr.axes[used[0]].fused_from) > 1:
                 return ()
-            if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]):
+            # a ragged K is padded with zeros where they add nothing and no epilogue keeps the
+            # tails guarded (`rtile.plan.cpu_plan`); a guarded K-tile would reach the panels
+            if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]) and (
+                    not expr.pads_reduction or expr.epilogues):
                 return ()
-    if any(ragged(expr, program, a) for a in expr.spatial):
+    if any(ragged(expr, program, a) for a in range(len(expr.axes))):
         return tuple(t.name for t in expr.inputs)
     return tuple(t.name for t in expr.inputs if _panel_pays(expr, program, device, t))
 

@@ -40,8 +40,8 @@ class CpuPlan:
     `vector_axis` is the loop vectorised in the register tile (the filters, the reduction axis
     of a lanes-along-K reduction, or the output row), None for scalar code; `lanes` the vector's
     elements; `packed` the inputs copied into panels at the tile of layer `pack_layer`;
-    `padded_tails` whether the spatial axes are padded to whole unit tiles (`pad_einsum`), so
-    the micro-kernel runs unguarded; `guarded_row` whether a ragged tail that nothing pads
+    `padded_tails` whether the axes are padded to whole unit tiles (`pad_einsum`: the spatial
+    ones, and a ragged reduction of zero-padded terms), so the micro-kernel runs unguarded; `guarded_row` whether a ragged tail that nothing pads
     leaves the row that would be vectorised scalar; `direct_stores` whether each register
     tile's accumulators go straight to the output (the whole reduction inside one L1 tile);
     `staged_padding` whether padding producers stay stages of their own (computed per tile at
