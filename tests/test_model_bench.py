@@ -1,4 +1,4 @@
-"""The offline model benchmark (`workbench bench model`, `profile/model_bench.py`): its scores
+"""The offline model benchmark (`workbench bench model`, `workbench/model_bench.py`): its scores
 against closed forms on hand-made runs stored in a runs store and read back from the file
 `runs export` writes of it, that file against the store it came from, and the committed runs
 files' structure (never a threshold on any machine's speed)."""
@@ -16,7 +16,7 @@ from workbench import pipeline
 from workbench.errors import UserError
 from workbench.cli import main
 from workbench.profile import store as store_module
-from workbench.profile.model_bench import load_runs, predicted_seconds, score, score_workload
+from workbench.model_bench import load_runs, predicted_seconds, score, score_workload
 from workbench.profile.compare import spearman
 from workbench.profile.runner import Measurement
 from workbench.profile.store import EXCHANGE_FORMAT, RunStore, read_runs_file

@@ -708,7 +708,7 @@ def cmd_runs_fit(args) -> int:
 
 
 def cmd_bench_model(args) -> int:
-    from workbench.profile.model_bench import load_runs, report_dict, report_text, score
+    from workbench.model_bench import load_runs, report_dict, report_text, score
 
     runs = [run for path in args.runs for run in load_runs(path)]
     scores = score(runs)

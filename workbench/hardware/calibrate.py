@@ -17,6 +17,7 @@ from datetime import date
 
 from workbench.errors import UserError
 from workbench.hardware import microbench
+from workbench.hardware.bounds import MICRO_KERNEL_SLACK
 from workbench.hardware.calibrated import apply_measurements, calibrated_spec_path
 from workbench.hardware.detect import LOCAL_CPU_NAME
 from workbench.hardware.microbench import LLC, Probe, ProbeResult, Progress
@@ -28,10 +29,6 @@ from workbench.hardware.spec import DeviceSpec
 DEFAULT_BUDGET_S = 30.0
 # Quick: 0.1 s for each bandwidth and peak probe, 0.33 s for each of the three micro-kernels.
 QUICK_BUDGET_S = 2.5
-# A micro-kernel is the FMA probe's work plus loads and broadcasts on the same cores, so it can at
-# most match the measured FMA peak; more than 10 % above it is noise no best-of-N run shows
-# (repeated FMA probes agree within a few per cent). The spec loader refuses the same.
-MICRO_KERNEL_SLACK = 1.1
 # Widest micro-kernel measured, in vector registers: BLAS kernels are 2-4 vectors wide (AVX2's
 # 6 x 16 fp32 is 2, AVX-512's 6 x 64 is 4); wider tiles leave too few rows for the FMA latency.
 MICRO_VECTORS = 4

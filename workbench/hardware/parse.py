@@ -9,8 +9,7 @@ import re
 import sys
 
 from workbench.errors import UserError
-from workbench.hardware.bounds import check_bounds
-from workbench.hardware.calibrate import MICRO_KERNEL_SLACK
+from workbench.hardware.bounds import MICRO_KERNEL_SLACK, check_bounds
 from workbench.hardware.detect import DEFAULT_CPU_LAUNCH_US, DEFAULT_FMA
 from workbench.hardware.spec import DEVICE_KINDS, LAYER_SCOPES, DeviceSpec, MemoryLayer, MicroKernel
 from workbench.hardware.targets import target_problem
