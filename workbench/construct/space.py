@@ -138,12 +138,19 @@ class Space:
         self._aligned: dict[tuple, bool] = {}
         self._shrunk: dict[tuple, tuple | None] = {}
         self._no_reuse: dict[float, bool] = {}
+        self._contexts: dict[tuple, AlignContext] = {}
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
 
     def context(self, layer: int, upper: Tile, eps: float) -> AlignContext:
-        return AlignContext(self.expr, self.device, layer, upper, eps)
+        """The alignment context of `layer` under `upper` at `eps`: one object per key, whose
+        hash the memoised rules (`alignment`) then compute once."""
+        key = (layer, upper, eps)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps)
+        return ctx
 
     def upper_of(self, state: State) -> Tile:
         return state.recorded[-1] if state.recorded else self.ones()

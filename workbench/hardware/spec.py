@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.frozen import hash_once
+
 LAYER_SCOPES = ("thread", "unit", "device")
 DEVICE_KINDS = ("gpu", "cpu")
 
@@ -54,6 +56,7 @@ class MicroKernel:
         return f"{self.rows}x{self.cols}"
 
 
+@hash_once
 @dataclass(frozen=True)
 class DeviceSpec:
     """A device the workbench constructs for. Every number has a `source` in its TOML file."""

@@ -10,10 +10,12 @@ read/write regions give, per tensor dimension, an affine map of the block's iter
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 from typing import Mapping, Sequence
 
 from workbench.errors import UserError
+from workbench.frozen import hash_once
 
 SPATIAL, REDUCE = "spatial", "reduce"
 # Rounds of `split_div_mod`: a round is needed per level of division nested in a sum (a reshape
@@ -44,7 +46,7 @@ class TensorAccess:
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-    @property
+    @cached_property
     def strides(self) -> tuple[int, ...]:
         """Elements between neighbours along each dimension (row-major)."""
         return tuple(prod(self.shape[d + 1 :]) for d in range(len(self.shape)))
@@ -70,6 +72,7 @@ class KernelArg:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
 
 
+@hash_once
 @dataclass(frozen=True)
 class TensorExpr:
     """An operator: axes (spatial first in loop order, then reduce) and its tensors.
@@ -94,7 +97,9 @@ class TensorExpr:
     epilogues: tuple[str, ...] = ()
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
-    @property
+    # Views of the frozen fields, computed once per expression: construction asks for them on
+    # every tile size it tries.
+    @cached_property
     def inputs(self) -> tuple[TensorAccess, ...]:
         return tuple(t for t in self.tensors if t.role == "input")
 
@@ -109,19 +114,19 @@ class TensorExpr:
         by_name = {a.name: a for a in self.args}
         return tuple(by_name[t.name] for t in self.inputs)
 
-    @property
+    @cached_property
     def output(self) -> TensorAccess:
         return self.tensors[-1]
 
-    @property
+    @cached_property
     def extents(self) -> tuple[int, ...]:
         return tuple(a.extent for a in self.axes)
 
-    @property
+    @cached_property
     def spatial(self) -> tuple[int, ...]:
         return tuple(i for i, a in enumerate(self.axes) if a.kind == SPATIAL)
 
-    @property
+    @cached_property
     def reduce(self) -> tuple[int, ...]:
         return tuple(i for i, a in enumerate(self.axes) if a.kind == REDUCE)
 

@@ -159,9 +159,22 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
-    return all(r.axis_ok(ctx, a, s) for r in rules for a, s in enumerate(tile)) and all(
-        r.tile_ok(ctx, tile) for r in rules
-    )
+    return all(_axis_ok(ctx, a, s, rules) for a, s in enumerate(tile)) and _tile_ok(ctx, tile, rules)
+
+
+# The rules are pure functions of their context; a construction asks them about the same sizes
+# again and again (every scan of an axis starts from the sizes the last one passed over, every
+# descent scans the layer below afresh), so their answers are kept.
+@lru_cache(maxsize=1 << 16)
+def _axis_ok(ctx: AlignContext, axis: int, size: int, rules) -> bool:
+    """Whether every rule of `rules` accepts `size` along `axis` at `ctx`."""
+    return all(r.axis_ok(ctx, axis, size) for r in rules)
+
+
+@lru_cache(maxsize=1 << 16)
+def _tile_ok(ctx: AlignContext, tile: Tile, rules) -> bool:
+    """Whether every rule of `rules` accepts the whole `tile` at `ctx`."""
+    return all(r.tile_ok(ctx, tile) for r in rules)
 
 
 def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True) -> int | None:
@@ -174,10 +187,10 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
         if multiple < 1 or multiple > limit:
             return None
         size = multiple * base
-        if not all(r.axis_ok(ctx, axis, size) for r in rules):
+        if not _axis_ok(ctx, axis, size, rules):
             continue
         grown = tile[:axis] + (size,) + tile[axis + 1 :]
-        if not whole_tile or all(r.tile_ok(ctx, grown) for r in rules):
+        if not whole_tile or _tile_ok(ctx, grown, rules):
             return size
     return None
 
@@ -237,11 +250,11 @@ def _per_axis_start(ctx: AlignContext, rules) -> Tile | None:
         for a, size in zip(filled, sizes):
             tile[a] = size
     for a in range(len(tile)):
-        if a not in filled and not all(r.axis_ok(ctx, a, tile[a]) for r in rules):
+        if a not in filled and not _axis_ok(ctx, a, tile[a], rules):
             size = _scan(ctx, tuple(tile), a, +1, rules, whole_tile=False)
             if size is None and ctx.device.lanes_are_threads:  # the whole axis, if the rules take it
                 whole = ceil(ctx.expr.axes[a].extent / ctx.upper[a]) * ctx.upper[a]
-                size = whole if all(r.axis_ok(ctx, a, whole) for r in rules) else None
+                size = whole if _axis_ok(ctx, a, whole, rules) else None
             if size is None:
                 return None
             tile[a] = size
@@ -277,7 +290,7 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     def ok(i: int, m: int) -> bool:
         if (i, m) not in accepted:
             a = spatial[i]
-            accepted[i, m] = m <= rooms[i] and all(r.axis_ok(ctx, a, m * upper[a]) for r in rules)
+            accepted[i, m] = m <= rooms[i] and _axis_ok(ctx, a, m * upper[a], rules)
         return accepted[i, m]
 
     def waste(ms) -> float:
@@ -327,7 +340,7 @@ def _reduce_fill(ctx: AlignContext, rules, axis: int) -> int | None:
     room = ceil(extent / upper)  # threads that cover the axis in one step
 
     def ok(threads: int) -> bool:
-        return all(r.axis_ok(ctx, axis, threads * upper) for r in rules)
+        return _axis_ok(ctx, axis, threads * upper, rules)
 
     if room <= want:
         return room * upper if ok(room) else None

@@ -18,6 +18,7 @@ from itertools import product
 from math import ceil, gcd, lcm, prod
 from typing import Protocol
 
+from workbench.frozen import hash_once
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
@@ -36,6 +37,7 @@ REGISTER_STEPS = (1, 2, 4, 8, 16, 32)
 MAX_SCAN = 128
 
 
+@hash_once  # the key of every memoised rule answer (`alignment`)
 @dataclass(frozen=True)
 class AlignContext:
     expr: TensorExpr
