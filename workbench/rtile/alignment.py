@@ -165,10 +165,21 @@ def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
 # The rules are pure functions of their context; a construction asks them about the same sizes
 # again and again (every scan of an axis starts from the sizes the last one passed over, every
 # descent scans the layer below afresh), so their answers are kept.
-@lru_cache(maxsize=1 << 16)
-def _axis_ok(ctx: AlignContext, axis: int, size: int, rules) -> bool:
-    """Whether every rule of `rules` accepts `size` along `axis` at `ctx`."""
-    return all(r.axis_ok(ctx, axis, size) for r in rules)
+@lru_cache(maxsize=4096)
+def _axis_answers(ctx: AlignContext, rules) -> dict[tuple[int, int], bool]:
+    """The per-axis answers of `rules` at `ctx` found so far, by (axis, size) (`_axis_ok`)."""
+    return {}
+
+
+def _axis_ok(ctx: AlignContext, axis: int, size: int, rules, answers=None) -> bool:
+    """Whether every rule of `rules` accepts `size` along `axis` at `ctx` (`answers`: the
+    context's `_axis_answers`, where the caller holds them)."""
+    if answers is None:
+        answers = _axis_answers(ctx, rules)
+    ok = answers.get((axis, size))
+    if ok is None:
+        ok = answers[axis, size] = all(r.axis_ok(ctx, axis, size) for r in rules)
+    return ok
 
 
 @lru_cache(maxsize=1 << 16)
@@ -182,12 +193,16 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
     extent = ctx.expr.axes[axis].extent
     multiple = tile[axis] // base
     limit = ceil(extent / base)  # one tile covering the whole axis
+    answers = _axis_answers(ctx, rules)
     for _ in range(MAX_SCAN):
         multiple += direction
         if multiple < 1 or multiple > limit:
             return None
         size = multiple * base
-        if not _axis_ok(ctx, axis, size, rules):
+        ok = answers.get((axis, size))
+        if ok is None:
+            ok = _axis_ok(ctx, axis, size, rules, answers)
+        if not ok:
             continue
         grown = tile[:axis] + (size,) + tile[axis + 1 :]
         if not whole_tile or _tile_ok(ctx, grown, rules):
