@@ -32,6 +32,7 @@ class Axis:
     fused_from: tuple[str, ...] = ()  # original axes, outermost first, after axis fusion
 
 
+@hash_once
 @dataclass(frozen=True)
 class TensorAccess:
     """One tensor of the expression: `index[d] = (coeffs, const)`, one coefficient per axis."""
@@ -56,7 +57,18 @@ class TensorAccess:
         return tuple(a for a, c in enumerate(self.index[dim][0]) if c != 0)
 
     def uses_axis(self, axis: int) -> bool:
-        return any(coeffs[axis] != 0 for coeffs, _ in self.index)
+        return bool(self.index) and self._used_axes[axis]
+
+    @cached_property
+    def terms(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per dimension, (axis, |coefficient|) of every axis its index reads."""
+        return tuple(tuple((a, abs(c)) for a, c in enumerate(coeffs) if c) for coeffs, _ in self.index)
+
+    @cached_property
+    def _used_axes(self) -> tuple[bool, ...]:
+        """Per axis, whether some dimension's index reads it (computed once: the rules and the
+        model ask on every tile)."""
+        return tuple(any(c != 0 for c in column) for column in zip(*(coeffs for coeffs, _ in self.index)))
 
 
 @dataclass(frozen=True)
@@ -143,11 +155,8 @@ class TensorExpr:
         values of each axis spans `sum(|c_a| * (t_a - 1)) + 1` elements, clipped to the extent.
         """
         access = self.tensors[tensor]
-        out = []
-        for (coeffs, _), extent in zip(access.index, access.shape):
-            span = 1 + sum(abs(c) * (t - 1) for c, t in zip(coeffs, tile) if c)
-            out.append(min(span, extent))
-        return tuple(out)
+        return tuple(min(1 + sum(c * (tile[a] - 1) for a, c in terms), extent)
+                     for terms, extent in zip(access.terms, access.shape))
 
     def workload_dict(self) -> dict:
         return {"op": self.op, "dtype": self.dtype, **{k: _jsonable(v) for k, v in self.params}}

@@ -13,6 +13,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 
 
+@lru_cache(maxsize=1024)  # the transaction rule asks on every size it judges
 def leading_axis(tensor) -> int | None:
     """The axis that alone (coefficient 1) indexes a tensor's contiguous dimension, if any."""
     if not tensor.index:  # a scalar (a reduction over every axis)
