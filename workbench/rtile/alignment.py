@@ -50,6 +50,7 @@ RULES: tuple[AlignmentRule, ...] = (
 )
 
 
+@lru_cache(maxsize=4096)  # asked by the accumulator rule on every tile it judges
 def required_accumulators(ctx: AlignContext) -> int:
     """Vector accumulators a register tile at `ctx` must hold (0: no such requirement).
 
@@ -161,14 +162,15 @@ def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
 
 
 class _Answers:
-    """The rules' answers at one context found so far: per (axis, size) and per whole tile,
-    with the rules that can refuse each (`rules.refusing`)."""
+    """The rules' answers at one context found so far: per (axis, upper size along it, size),
+    shared by every context of the layer and eps (`_axis_answers`), and per whole tile, with
+    the rules that can refuse each (`rules.refusing`)."""
 
     __slots__ = ("per_axis", "whole", "axes", "tiles")
 
-    def __init__(self, rules):
+    def __init__(self, rules, axes: dict):
         self.per_axis, self.whole = refusing(rules)
-        self.axes: dict[tuple[int, int], bool] = {}
+        self.axes: dict[tuple[int, int, int], bool] = axes
         self.tiles: dict[Tile, bool] = {}
 
 
@@ -178,14 +180,22 @@ class _Answers:
 @lru_cache(maxsize=4096)
 def _answers(ctx: AlignContext, rules) -> _Answers:
     """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
-    return _Answers(rules)
+    return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules))
+
+
+@lru_cache(maxsize=1024)
+def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float, rules) -> dict:
+    """The per-axis answers of `rules` at a layer and eps, by (axis, upper size, size): a
+    per-axis rule reads the tile above along its own axis only (`rules.AlignmentRule`)."""
+    return {}
 
 
 def _axis_ok(ctx: AlignContext, axis: int, size: int, answers: _Answers) -> bool:
     """Whether every rule accepts `size` along `axis` at `ctx` (`answers`: its `_answers`)."""
-    ok = answers.axes.get((axis, size))
+    key = (axis, ctx.upper[axis], size)
+    ok = answers.axes.get(key)
     if ok is None:
-        ok = answers.axes[axis, size] = all(r.axis_ok(ctx, axis, size) for r in answers.per_axis)
+        ok = answers.axes[key] = all(r.axis_ok(ctx, axis, size) for r in answers.per_axis)
     return ok
 
 
@@ -209,7 +219,7 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
         if multiple < 1 or multiple > limit:
             return None
         size = multiple * base
-        ok = known.get((axis, size))
+        ok = known.get((axis, base, size))
         if ok is None:
             ok = _axis_ok(ctx, axis, size, answers)
         if not ok:

@@ -3,7 +3,9 @@
 
 Rules see an `AlignContext` (expression, device, layer, the tile one layer up, eps) and answer
 `axis_ok(ctx, axis, size)` for per-axis rules and `tile_ok(ctx, tile)` for rules over the whole
-tile (the thread count of a GPU block, the lines a CPU register tile puts in one L1 set).
+tile (the thread count of a GPU block, the lines a CPU register tile puts in one L1 set). A
+per-axis answer reads the tile one layer up along its own axis only (`ctx.upper[axis]`): the
+scans keep it for every upper tile of that size there (`alignment._axis_ok`).
 
 Memory transactions at the cache layers are 64 B lines on CPUs (each layer's
 `transaction_bytes`, `TransactionRule`), and a CPU cache tile leaves no ragged edge along the
@@ -54,7 +56,9 @@ class AlignContext:
 class AlignmentRule(Protocol):
     name: str
 
-    def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool: ...
+    def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool:
+        """Whether `size` along `axis` is aligned; reads `ctx.upper` at `axis` only."""
+        ...
 
     def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool: ...
 
