@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import product
 from math import ceil, gcd, lcm, prod
 from typing import Protocol
 
@@ -240,12 +239,14 @@ def l1_set_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
             continue
         axes = [a for a in range(len(expr.axes)) if tensor.uses_axis(a) and (a == lane or expr.axes[a].kind != "reduce")]
         strides = [prod(tensor.shape[d + 1 :]) * tensor.itemsize for d in range(len(tensor.shape))]
+        # a point's byte address is linear in its coordinates: the sum over the axes of the
+        # coordinate times the axis's bytes per step (its coefficients times the strides)
+        addresses = {0}
+        for a in axes:
+            step = sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, strides))
+            addresses = {x + v * step for x in addresses for v in range(tile[a])}
         counts: dict[int, set[int]] = {}
-        point = [0] * len(expr.axes)
-        for values in product(*(range(tile[a]) for a in axes)):
-            for a, v in zip(axes, values):
-                point[a] = v
-            address = sum(sum(c * point[a] for a, c in enumerate(coeffs)) * stride for (coeffs, _), stride in zip(tensor.index, strides))
+        for address in addresses:
             line = address // l1.transaction_bytes
             counts.setdefault(line % sets, set()).add(line)
         total += max(len(lines) for lines in counts.values())
