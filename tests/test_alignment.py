@@ -10,7 +10,7 @@ from itertools import product
 from math import ceil, gcd, lcm, prod
 
 import pytest
-from helpers import TINY_CPU, device, expr, matmul, suite_workloads, workload_expr
+from helpers import TINY_CPU, device, expr, matmul, suite_workloads, unique_workloads, workload_expr
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_invariants import conv_filters, simd_lane_axis, spread_reduce_axis
@@ -772,3 +772,29 @@ def test_a_short_reduction_axis_is_covered_by_one_block_step():
     ctx = AlignContext(e, device("v100"), 1, (1,), 0.05)
     assert cross_thread_axis(e, device("v100")) == 0
     assert initial_tile(ctx) == (60,) and is_aligned(ctx, (60,))
+
+
+# -- the per-axis contract the scans' memo relies on ----------------------------------------------
+
+
+@pytest.mark.parametrize("dev", ["v100", "a100", "local-cpu", "xeon-avx512", AVX2, AVX512],
+                         ids=lambda d: d if isinstance(d, str) else d.name)
+@pytest.mark.parametrize("wid, workload", unique_workloads("roller-table1", "cpu-core"))
+def test_a_per_axis_rule_reads_the_tile_above_along_its_own_axis_only(dev, wid, workload):
+    """`alignment._axis_ok` keeps a per-axis answer for every upper tile of the same size along
+    that axis: each rule's `axis_ok` must answer alike under upper tiles that differ elsewhere
+    (here: the other axes at 1, or at up to 16)."""
+    dev = device(dev) if isinstance(dev, str) else dev
+    e = fuse_axes(workload_expr(workload))
+    for layer in range(len(dev.layers) - 1):
+        for a, axis in enumerate(e.axes):
+            for base in (1, 4):
+                if base > axis.extent:
+                    continue
+                ones = tuple(base if b == a else 1 for b in range(len(e.axes)))
+                other = tuple(base if b == a else min(x.extent, 16) for b, x in enumerate(e.axes))
+                for eps in (0.05, 1.0):
+                    here, there = AlignContext(e, dev, layer, ones, eps), AlignContext(e, dev, layer, other, eps)
+                    for rule in RULES:
+                        for size in range(base, min(axis.extent, 24 * base) + 1, base):
+                            assert rule.axis_ok(here, a, size) == rule.axis_ok(there, a, size), (rule.name, wid, a, size)

@@ -55,7 +55,6 @@ T ~ 2^-16 .. 2^-30 (notes: issue 16).
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from math import exp, inf
 from typing import Iterator
 
@@ -102,6 +101,7 @@ class MarkovPolicy(Policy):
         self.rng = random.Random(options.seed)
         self._moves: dict = {}
         self._times: dict = {}
+        self._program_times: dict = {}
         self.n = space.n_tile_layers
 
     # -- public questions ----------------------------------------------------------------------
@@ -112,7 +112,8 @@ class MarkovPolicy(Policy):
         weights = [alt.score * (T0 / temperature if alt.action.kind in ANNEALED else 1.0) if ok else 0.0 for alt, ok in moves]
         total = sum(weights)
         return tuple(
-            replace(alt, probability=(w / total if total > 0 else 0.0)) for (alt, _), w in zip(moves, weights)
+            Alternative(alt.action, alt.tile, alt.score, w / total if total > 0 else 0.0, alt.note)
+            for (alt, _), w in zip(moves, weights)
         )
 
     def probability(self, state: State, action: Action, temperature: float = T0) -> float:
@@ -131,8 +132,15 @@ class MarkovPolicy(Policy):
         if key not in self._times:
             tiles = self._completion(state)
             program = self.space.scaled_out(tiles, state.eps) if tiles else None
-            self._times[key] = estimate(program, self.space.device).predicted_seconds if program else inf
+            self._times[key] = self._program_seconds(program) if program else inf
         return self._times[key]
+
+    def _program_seconds(self, program) -> float:
+        """The predicted time of `program`, estimated once: states that differ in the tiles the
+        walk has fixed so far complete to the same programs (`_completion`)."""
+        if program not in self._program_times:
+            self._program_times[program] = estimate(program, self.space.device).predicted_seconds
+        return self._program_times[program]
 
     # -- driver --------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
@@ -158,7 +166,8 @@ class MarkovPolicy(Policy):
                 return False
             alts = self.transitions(state, temperature)
             if spent >= budget:
-                alts = tuple(replace(a, probability=1.0 if a.action.kind == Kind.DESCEND and a.probability else 0.0) for a in alts)
+                alts = tuple(Alternative(a.action, a.tile, a.score, 1.0 if a.action.kind == Kind.DESCEND and a.probability else 0.0, a.note)
+                         for a in alts)
             chosen = self._roulette(alts)
             if chosen is None:
                 yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), self.describe("stuck"), temperature)
@@ -178,7 +187,7 @@ class MarkovPolicy(Policy):
 
     def _move(self, state: State, chosen: Alternative, alts, temperature: float) -> tuple[Step, bool]:
         nxt = apply(self.space, state, chosen.action)
-        alts = tuple(replace(a, note="chosen") if a is chosen else a for a in alts)
+        alts = tuple(Alternative(a.action, a.tile, a.score, a.probability, "chosen") if a is chosen else a for a in alts)
         what = chosen.action.describe(self.space.axes, self.space.layer_names)
         before, after = self.predicted_seconds(state), self.predicted_seconds(nxt)
         delta = (after - before) / before if before not in (0, inf) else 0.0

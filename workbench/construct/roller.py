@@ -239,7 +239,8 @@ class RollerPolicy(Policy):
         chose among, the one at `tile` marked chosen."""
         node = self.node(state, status, tile, score) if nxt is None else self.node(nxt, status, None, score)
         edge = Edge(self.key(state), node.key, action.describe(self.space.axes, self.space.layer_names), score)
-        alts = tuple(Alternative(a.action, a.tile, a.score, None, "chosen" if a.tile == tile else "") for a in alternatives)
+        # the options as `_enlarge` built them (no probability, no note), the one at `tile` marked
+        alts = tuple(Alternative(a.action, a.tile, a.score, None, "chosen") if a.tile == tile else a for a in alternatives)
         return self.record(Step(action, nxt if nxt is not None else state, node, edge, alts, note))
 
     def _layer_label(self, layer: int) -> str:

@@ -78,6 +78,8 @@ class Action:
     eps: float = 0.0
 
     def __post_init__(self):
+        if type(self.kind) is Kind:  # built by the policies: nothing to check
+            return
         try:
             object.__setattr__(self, "kind", Kind(self.kind))
         except ValueError:
@@ -138,12 +140,20 @@ class Space:
         self._aligned: dict[tuple, bool] = {}
         self._shrunk: dict[tuple, tuple | None] = {}
         self._no_reuse: dict[float, bool] = {}
+        self._contexts: dict[tuple, AlignContext] = {}
+        self._footprints: dict[tuple, int] = {}
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
 
     def context(self, layer: int, upper: Tile, eps: float) -> AlignContext:
-        return AlignContext(self.expr, self.device, layer, upper, eps)
+        """The alignment context of `layer` under `upper` at `eps`: one object per key, whose
+        hash the memoised rules (`alignment`) then compute once."""
+        key = (layer, upper, eps)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps)
+        return ctx
 
     def upper_of(self, state: State) -> Tile:
         return state.recorded[-1] if state.recorded else self.ones()
@@ -160,8 +170,13 @@ class Space:
         return State(0, tile, (), eps, actions=(Action(Kind.START, 0, eps=eps),))
 
     def footprint(self, layer: int, tile: Tile, upper: Tile) -> int:
-        pad = storage_padding(self.calc, self.device, layer, tile, upper)
-        return layer_footprint(self.calc, self.device, layer, tile, pad)
+        """Bytes `tile` under `upper` occupies at `layer` (`rprogram.layer_footprint`); memoised."""
+        key = (layer, tile, upper)
+        size = self._footprints.get(key)
+        if size is None:
+            pad = storage_padding(self.calc, self.device, layer, tile, upper)
+            size = self._footprints[key] = layer_footprint(self.calc, self.device, layer, tile, pad)
+        return size
 
     def capacity(self, layer: int) -> int:
         return layer_capacity(self.device, layer)

@@ -7,7 +7,10 @@ Roller's `MemLayer(0)`) to the *bottom* (global memory / DRAM), as in Roller's F
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Mapping
+
+from workbench.frozen import hash_once
 
 LAYER_SCOPES = ("thread", "unit", "device")
 DEVICE_KINDS = ("gpu", "cpu")
@@ -55,6 +58,7 @@ class MicroKernel:
         return f"{self.rows}x{self.cols}"
 
 
+@hash_once
 @dataclass(frozen=True)
 class DeviceSpec:
     """A device the workbench constructs for. Every number has a `source` in its TOML file."""
@@ -133,7 +137,7 @@ class DeviceSpec:
         """Kernels launch as a grid of thread blocks (a GPU target: CUDA, ROCm)."""
         return self.kind == "gpu"
 
-    @property
+    @cached_property  # asked for on every rule check of a GPU block tile
     def unit_layer_index(self) -> int:
         """Index of the last per-unit layer: its tile is one SM's / core's work item (the grid tile)."""
         return max(i for i, layer in enumerate(self.layers) if layer.scope == "unit")

@@ -31,6 +31,7 @@ why they keep the direct loop nest.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec
@@ -118,11 +119,19 @@ def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
 def view_of(expr: TensorExpr) -> GemmView | None:
     """The GemmView whose `expr` is `expr` (a GEMM-view expression, as `construction_expr`
     returns it), recovered from its PrimFunc; None for any other expression."""
+    return _view_of(expr, expr.func)
+
+
+# Memoised per expression and PrimFunc (a PrimFunc hashes and compares by identity; equality of
+# TensorExprs leaves it out): reading the PrimFunc back through TVM takes tens of milliseconds,
+# and the GPU model asks for every conv program it prices (`staging.pipelined`).
+@lru_cache(maxsize=256)
+def _view_of(expr: TensorExpr, func) -> GemmView | None:
     from workbench.ops.tensor_expr import from_prim_func
 
-    if expr.func is None or len(expr.axes) != 3 or not any(a.fused_from for a in expr.axes):
+    if func is None or len(expr.axes) != 3 or not any(a.fused_from for a in expr.axes):
         return None
-    original = from_prim_func(expr.func, expr.op, dict(expr.params), expr.dtype, n_inputs=len(expr.inputs))
+    original = from_prim_func(func, expr.op, dict(expr.params), expr.dtype, n_inputs=len(expr.inputs))
     view = gemm_view(original)
     return view if view is not None and view.expr == expr else None
 

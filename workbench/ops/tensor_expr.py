@@ -10,10 +10,12 @@ read/write regions give, per tensor dimension, an affine map of the block's iter
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 from typing import Mapping, Sequence
 
 from workbench.errors import UserError
+from workbench.frozen import hash_once
 
 SPATIAL, REDUCE = "spatial", "reduce"
 # Rounds of `split_div_mod`: a round is needed per level of division nested in a sum (a reshape
@@ -30,6 +32,7 @@ class Axis:
     fused_from: tuple[str, ...] = ()  # original axes, outermost first, after axis fusion
 
 
+@hash_once
 @dataclass(frozen=True)
 class TensorAccess:
     """One tensor of the expression: `index[d] = (coeffs, const)`, one coefficient per axis."""
@@ -44,7 +47,7 @@ class TensorAccess:
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-    @property
+    @cached_property
     def strides(self) -> tuple[int, ...]:
         """Elements between neighbours along each dimension (row-major)."""
         return tuple(prod(self.shape[d + 1 :]) for d in range(len(self.shape)))
@@ -54,7 +57,18 @@ class TensorAccess:
         return tuple(a for a, c in enumerate(self.index[dim][0]) if c != 0)
 
     def uses_axis(self, axis: int) -> bool:
-        return any(coeffs[axis] != 0 for coeffs, _ in self.index)
+        return bool(self.index) and self._used_axes[axis]
+
+    @cached_property
+    def terms(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per dimension, (axis, |coefficient|) of every axis its index reads."""
+        return tuple(tuple((a, abs(c)) for a, c in enumerate(coeffs) if c) for coeffs, _ in self.index)
+
+    @cached_property
+    def _used_axes(self) -> tuple[bool, ...]:
+        """Per axis, whether some dimension's index reads it (computed once: the rules and the
+        model ask on every tile)."""
+        return tuple(any(c != 0 for c in column) for column in zip(*(coeffs for coeffs, _ in self.index)))
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class KernelArg:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
 
 
+@hash_once
 @dataclass(frozen=True)
 class TensorExpr:
     """An operator: axes (spatial first in loop order, then reduce) and its tensors.
@@ -97,7 +112,9 @@ class TensorExpr:
     pads_reduction: bool = False
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
-    @property
+    # Views of the frozen fields, computed once per expression: construction asks for them on
+    # every tile size it tries.
+    @cached_property
     def inputs(self) -> tuple[TensorAccess, ...]:
         return tuple(t for t in self.tensors if t.role == "input")
 
@@ -112,19 +129,19 @@ class TensorExpr:
         by_name = {a.name: a for a in self.args}
         return tuple(by_name[t.name] for t in self.inputs)
 
-    @property
+    @cached_property
     def output(self) -> TensorAccess:
         return self.tensors[-1]
 
-    @property
+    @cached_property
     def extents(self) -> tuple[int, ...]:
         return tuple(a.extent for a in self.axes)
 
-    @property
+    @cached_property
     def spatial(self) -> tuple[int, ...]:
         return tuple(i for i, a in enumerate(self.axes) if a.kind == SPATIAL)
 
-    @property
+    @cached_property
     def reduce(self) -> tuple[int, ...]:
         return tuple(i for i, a in enumerate(self.axes) if a.kind == REDUCE)
 
@@ -141,11 +158,8 @@ class TensorExpr:
         values of each axis spans `sum(|c_a| * (t_a - 1)) + 1` elements, clipped to the extent.
         """
         access = self.tensors[tensor]
-        out = []
-        for (coeffs, _), extent in zip(access.index, access.shape):
-            span = 1 + sum(abs(c) * (t - 1) for c, t in zip(coeffs, tile) if c)
-            out.append(min(span, extent))
-        return tuple(out)
+        return tuple(min(1 + sum(c * (tile[a] - 1) for a, c in terms), extent)
+                     for terms, extent in zip(access.terms, access.shape))
 
     def workload_dict(self) -> dict:
         return {"op": self.op, "dtype": self.dtype, **{k: _jsonable(v) for k, v in self.params}}

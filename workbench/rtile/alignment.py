@@ -25,22 +25,19 @@ from workbench.rtile.registers import accumulators, micro_kernel_registers, resi
 from workbench.rtile.rules import (
     MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, TailRule,
     TensorCoreAlignment, TensorShapeRule, ThreadTileRule, TransactionRule, VectorLanesRule, WarpGroupRule,
-    block_thread_multiple, l1_set_lines,
+    WholeTileRule, block_thread_multiple, l1_set_lines, refusing,
 )
 from workbench.rtile.traffic import calculus
 
 Tile = tuple[int, ...]
 
 
-class AccumulatorRule:
+class AccumulatorRule(WholeTileRule):
     """Execution unit, a CPU core's FMA pipes x their latency (ALGORITHMS.md §7, not one
     vector): a reduction's register tile holds at least `required_accumulators` vector
     accumulators, so that the pipes never wait on an FMA latency."""
 
     name = "accumulators"
-
-    def axis_ok(self, ctx, axis, size):
-        return True
 
     def tile_ok(self, ctx, tile):
         need = required_accumulators(ctx)
@@ -53,6 +50,7 @@ RULES: tuple[AlignmentRule, ...] = (
 )
 
 
+@lru_cache(maxsize=4096)  # asked by the accumulator rule on every tile it judges
 def required_accumulators(ctx: AlignContext) -> int:
     """Vector accumulators a register tile at `ctx` must hold (0: no such requirement).
 
@@ -159,9 +157,54 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
-    return all(r.axis_ok(ctx, a, s) for r in rules for a, s in enumerate(tile)) and all(
-        r.tile_ok(ctx, tile) for r in rules
-    )
+    answers = _answers(ctx, rules)
+    return all(_axis_ok(ctx, a, s, answers) for a, s in enumerate(tile)) and _tile_ok(ctx, tile, answers)
+
+
+class _Answers:
+    """The rules' answers at one context found so far: per (axis, upper size along it, size),
+    shared by every context of the layer and eps (`_axis_answers`), and per whole tile, with
+    the rules that can refuse each (`rules.refusing`)."""
+
+    __slots__ = ("per_axis", "whole", "axes", "tiles")
+
+    def __init__(self, rules, axes: dict):
+        self.per_axis, self.whole = refusing(rules)
+        self.axes: dict[tuple[int, int, int], bool] = axes
+        self.tiles: dict[Tile, bool] = {}
+
+
+# The rules are pure functions of their context; a construction asks them about the same sizes
+# again and again (every scan of an axis starts from the sizes the last one passed over, every
+# descent scans the layer below afresh), so their answers are kept.
+@lru_cache(maxsize=4096)
+def _answers(ctx: AlignContext, rules) -> _Answers:
+    """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
+    return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules))
+
+
+@lru_cache(maxsize=1024)
+def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float, rules) -> dict:
+    """The per-axis answers of `rules` at a layer and eps, by (axis, upper size, size): a
+    per-axis rule reads the tile above along its own axis only (`rules.AlignmentRule`)."""
+    return {}
+
+
+def _axis_ok(ctx: AlignContext, axis: int, size: int, answers: _Answers) -> bool:
+    """Whether every rule accepts `size` along `axis` at `ctx` (`answers`: its `_answers`)."""
+    key = (axis, ctx.upper[axis], size)
+    ok = answers.axes.get(key)
+    if ok is None:
+        ok = answers.axes[key] = all(r.axis_ok(ctx, axis, size) for r in answers.per_axis)
+    return ok
+
+
+def _tile_ok(ctx: AlignContext, tile: Tile, answers: _Answers) -> bool:
+    """Whether every rule accepts the whole `tile` at `ctx` (`answers`: its `_answers`)."""
+    ok = answers.tiles.get(tile)
+    if ok is None:
+        ok = answers.tiles[tile] = all(r.tile_ok(ctx, tile) for r in answers.whole)
+    return ok
 
 
 def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True) -> int | None:
@@ -169,15 +212,20 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
     extent = ctx.expr.axes[axis].extent
     multiple = tile[axis] // base
     limit = ceil(extent / base)  # one tile covering the whole axis
+    answers = _answers(ctx, rules)
+    known = answers.axes
     for _ in range(MAX_SCAN):
         multiple += direction
         if multiple < 1 or multiple > limit:
             return None
         size = multiple * base
-        if not all(r.axis_ok(ctx, axis, size) for r in rules):
+        ok = known.get((axis, base, size))
+        if ok is None:
+            ok = _axis_ok(ctx, axis, size, answers)
+        if not ok:
             continue
         grown = tile[:axis] + (size,) + tile[axis + 1 :]
-        if not whole_tile or all(r.tile_ok(ctx, grown) for r in rules):
+        if not whole_tile or _tile_ok(ctx, grown, answers):
             return size
     return None
 
@@ -207,7 +255,15 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
     accumulators (`_accumulator_fill`). None when no aligned tile exists (e.g. eps too small
     for the shape; on a GPU block layer, none within a block's thread limit).
     """
-    if required_accumulators(ctx) and rules is RULES:
+    return _initial_tile(ctx, rules, rules is RULES)
+
+
+# Memoised: every descent and every capacity check of the layer below asks for the tile one
+# layer down, and a Markov walk's predicted time completes each state with them.
+@lru_cache(maxsize=1 << 14)
+def _initial_tile(ctx: AlignContext, rules, standard: bool) -> Tile | None:
+    """`initial_tile`; `standard`: `rules` is `RULES` itself (the accumulator fill applies)."""
+    if required_accumulators(ctx) and standard:
         result = _accumulator_fill(ctx.expr, ctx.device, ctx.eps)
         return result if result is not None and is_aligned(ctx, result, rules) else None
     result = _per_axis_start(ctx, rules)
@@ -237,11 +293,11 @@ def _per_axis_start(ctx: AlignContext, rules) -> Tile | None:
         for a, size in zip(filled, sizes):
             tile[a] = size
     for a in range(len(tile)):
-        if a not in filled and not all(r.axis_ok(ctx, a, tile[a]) for r in rules):
+        if a not in filled and not _axis_ok(ctx, a, tile[a], _answers(ctx, rules)):
             size = _scan(ctx, tuple(tile), a, +1, rules, whole_tile=False)
             if size is None and ctx.device.lanes_are_threads:  # the whole axis, if the rules take it
                 whole = ceil(ctx.expr.axes[a].extent / ctx.upper[a]) * ctx.upper[a]
-                size = whole if all(r.axis_ok(ctx, a, whole) for r in rules) else None
+                size = whole if _axis_ok(ctx, a, whole, _answers(ctx, rules)) else None
             if size is None:
                 return None
             tile[a] = size
@@ -277,7 +333,7 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     def ok(i: int, m: int) -> bool:
         if (i, m) not in accepted:
             a = spatial[i]
-            accepted[i, m] = m <= rooms[i] and all(r.axis_ok(ctx, a, m * upper[a]) for r in rules)
+            accepted[i, m] = m <= rooms[i] and _axis_ok(ctx, a, m * upper[a], _answers(ctx, rules))
         return accepted[i, m]
 
     def waste(ms) -> float:
@@ -291,8 +347,13 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
             tile[a] = m * upper[a]
         return calc.traffic_bytes(tuple(tile))
 
-    def key(ms) -> tuple:
-        return (prod(ms), waste(ms), traffic(ms), tuple(-m for m in reversed(ms)))
+    def best(found) -> tuple[int, ...]:
+        """The first of `found` least by (threads, waste, traffic, innermost threads): the
+        traffic, a data tile per tensor, is counted only for the blocks tied on the first two."""
+        heads = [(prod(ms), waste(ms)) for ms in found]
+        least = min(heads)
+        tied = [ms for ms, head in zip(found, heads) if head == least]
+        return min(tied, key=lambda ms: (traffic(ms), tuple(-m for m in reversed(ms))))
 
     most = max(need, ctx.device.max_threads_per_block // lanes)
     cover = tuple(rooms) if prod(rooms) <= most and all(ok(i, m) for i, m in enumerate(rooms)) else None
@@ -301,7 +362,7 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
         if cover is not None and prod(cover) <= threads:
             found.append(cover)
         if found:
-            return tuple(m * upper[a] for a, m in zip(spatial, min(found, key=key)))
+            return tuple(m * upper[a] for a, m in zip(spatial, best(found)))
     return tuple(m * upper[a] for a, m in zip(spatial, cover)) if cover is not None else None
 
 
@@ -327,7 +388,7 @@ def _reduce_fill(ctx: AlignContext, rules, axis: int) -> int | None:
     room = ceil(extent / upper)  # threads that cover the axis in one step
 
     def ok(threads: int) -> bool:
-        return all(r.axis_ok(ctx, axis, threads * upper) for r in rules)
+        return _axis_ok(ctx, axis, threads * upper, _answers(ctx, rules))
 
     if room <= want:
         return room * upper if ok(room) else None

@@ -13,6 +13,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 
 
+@lru_cache(maxsize=1024)  # the transaction rule asks on every size it judges
 def leading_axis(tensor) -> int | None:
     """The axis that alone (coefficient 1) indexes a tensor's contiguous dimension, if any."""
     if not tensor.index:  # a scalar (a reduction over every axis)
@@ -27,6 +28,7 @@ def dim_axis(tensor, dim: int) -> int | None:
     return used[0] if len(used) == 1 and coeffs[used[0]] == 1 else None
 
 
+@lru_cache(maxsize=1024)
 def mma_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, int, int] | None:
     """(i, j, k) covered by an MMA fragment, or None where tensor cores do not apply: the device
     has no MMA unit for the dtype, or the operator is not a contraction C[.., i, j] += A[.., i, k]
@@ -130,9 +132,10 @@ def is_projection(tensor, expr: TensorExpr) -> bool:
     return True
 
 
-# Cached: the CPU rules ask for it on every size they scan (cpu-tails, vector-lanes), and a
-# convolution's answer walks every output dimension's readers; `lane_axis`, whose key also hashes
-# the device spec, got slower cached (evidence: docs/model-evidence.md#filter-axis).
+# Cached, as `lane_axis`, `mma_axes` and `autovector_axis`: the rules ask for them on every size
+# they scan (cpu-tails, vector-lanes, thread-tile), and a convolution's answer walks every output
+# dimension's readers. Expressions and device specs keep their hashes (`frozen.hash_once`), so a
+# lookup costs less than the answer.
 @lru_cache(maxsize=256)
 def filter_axis(expr: TensorExpr) -> int | None:
     """The output-channel axis of a convolution-like reduction, or None.
@@ -166,6 +169,7 @@ def _windowed(tensor, axis: int) -> bool:
     return any(coeffs[axis] and sum(1 for c in coeffs if c) > 1 for coeffs, _ in tensor.index)
 
 
+@lru_cache(maxsize=1024)
 def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     """The axis a CPU register micro-kernel fills its SIMD lanes along, or None (scalar code).
 
@@ -195,6 +199,7 @@ def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     return k if all(streams(t, k) for t in expr.inputs) else None
 
 
+@lru_cache(maxsize=1024)
 def autovector_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     """The output row LLVM vectorises on its own in a CPU micro-kernel without a `lane_axis`: the
     output's contiguous axis where an input reads it strided (a stride-2 pooling), or None. The

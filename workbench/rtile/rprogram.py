@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from math import ceil
 from typing import Sequence
 
+from workbench.frozen import hash_once
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, is_micro_kernel_layer, mma_axes, tile_lanes
@@ -27,6 +28,7 @@ from workbench.rtile.wmma_shared import wmma_shared_bytes
 Tile = tuple[int, ...]
 
 
+@hash_once
 @dataclass(frozen=True)
 class RProgram:
     axes: tuple[str, ...]

@@ -3,7 +3,9 @@
 
 Rules see an `AlignContext` (expression, device, layer, the tile one layer up, eps) and answer
 `axis_ok(ctx, axis, size)` for per-axis rules and `tile_ok(ctx, tile)` for rules over the whole
-tile (the thread count of a GPU block, the lines a CPU register tile puts in one L1 set).
+tile (the thread count of a GPU block, the lines a CPU register tile puts in one L1 set). A
+per-axis answer reads the tile one layer up along its own axis only (`ctx.upper[axis]`): the
+scans keep it for every upper tile of that size there (`alignment._axis_ok`).
 
 Memory transactions at the cache layers are 64 B lines on CPUs (each layer's
 `transaction_bytes`, `TransactionRule`), and a CPU cache tile leaves no ragged edge along the
@@ -14,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import product
 from math import ceil, gcd, lcm, prod
 from typing import Protocol
 
+from workbench.frozen import hash_once
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
@@ -36,6 +38,7 @@ REGISTER_STEPS = (1, 2, 4, 8, 16, 32)
 MAX_SCAN = 128
 
 
+@hash_once  # the key of every memoised rule answer (`alignment`)
 @dataclass(frozen=True)
 class AlignContext:
     expr: TensorExpr
@@ -52,17 +55,36 @@ class AlignContext:
 class AlignmentRule(Protocol):
     name: str
 
-    def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool: ...
+    def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool:
+        """Whether `size` along `axis` is aligned; reads `ctx.upper` at `axis` only."""
+        ...
 
     def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool: ...
 
 
-class _PerAxis:
+class PerAxisRule:
+    """A rule over single axes: every whole tile of accepted sizes is accepted."""
+
     def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool:
         return True
 
 
-class TensorShapeRule(_PerAxis):
+class WholeTileRule:
+    """A rule over whole tiles: every size of an axis is accepted on its own."""
+
+    def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool:
+        return True
+
+
+def refusing(rules) -> tuple[tuple[AlignmentRule, ...], tuple[AlignmentRule, ...]]:
+    """The rules of `rules` whose per-axis check, and those whose whole-tile check, can refuse
+    anything (those not inheriting the always-true one of `PerAxisRule` / `WholeTileRule`), in
+    their order: the scans skip the rest."""
+    return (tuple(r for r in rules if type(r).axis_ok is not WholeTileRule.axis_ok),
+            tuple(r for r in rules if type(r).tile_ok is not PerAxisRule.tile_ok))
+
+
+class TensorShapeRule(PerAxisRule):
     """Tensor shape: a size S on an axis of extent N wastes (S - N % S) / N when padded; allowed
     only if that fraction is <= eps (Roller raises eps up to 1.0 when too few programs exist)."""
 
@@ -73,7 +95,7 @@ class TensorShapeRule(_PerAxis):
         return (ceil(extent / size) * size - extent) / extent <= ctx.eps + 1e-12
 
 
-class TransactionRule(_PerAxis):
+class TransactionRule(PerAxisRule):
     """Memory transaction: the contiguous (leading) dimension of every input data tile is a whole
     number of transactions of the layer it is loaded from (32 B from NVIDIA global memory, a
     64 B line on CPUs). Applies where one axis alone indexes that dimension; a window such as
@@ -95,7 +117,7 @@ class TransactionRule(_PerAxis):
         return True
 
 
-class ThreadTileRule(_PerAxis):
+class ThreadTileRule(PerAxisRule):
     """Execution unit, a GPU thread's tile (Roller §3.1): Roller's register steps along each axis
     (or the whole axis); an MMA fragment's axes are left to `TensorCoreAlignment`. A cross-thread
     reduction's thread (`cross_thread_axis`) sums for one output (spatial tiles of 1) and its
@@ -147,7 +169,7 @@ class BlockThreadsRule:
         return threads % ctx.device.warp_size == 0 or covers
 
 
-class VectorLanesRule(_PerAxis):
+class VectorLanesRule(PerAxisRule):
     """Execution unit, a CPU register tile: along the axis the SIMD lanes run along (`lane_axis`)
     a multiple of the lanes, or the whole axis when it is shorter, and along a reduction a whole
     number of cache lines as well (`_lane_step`; our rule: each K-step of gemv then advances
@@ -161,7 +183,7 @@ class VectorLanesRule(_PerAxis):
         return size == ctx.expr.axes[axis].extent or size % _lane_step(ctx.expr, ctx.device, axis) == 0
 
 
-class AutovectorRowRule(_PerAxis):
+class AutovectorRowRule(PerAxisRule):
     """Execution unit, a CPU row LLVM vectorises on its own (`autovector_axis`: a stride-2
     pooling): whole 4-lane pieces, or 1 or 2 (its loop vectoriser then packs neighbouring tiles),
     or the whole axis; and its register tile unrolls one window row: 1 along every reduce axis
@@ -181,7 +203,7 @@ class AutovectorRowRule(_PerAxis):
         return True
 
 
-class CacheSetRule:
+class CacheSetRule(WholeTileRule):
     """L1 sets (our rule): a CPU micro-kernel that runs its lanes along a reduction (gemv, row
     sums) reads one line of every row of its tile per step, straight from the input (that template
     packs nothing), and rows whose stride is a multiple of the L1's way size (4 KiB on a 64-set
@@ -190,9 +212,6 @@ class CacheSetRule:
     within the ways (evidence: docs/model-evidence.md#cache-set-rule)."""
 
     name = "l1-sets"
-
-    def axis_ok(self, ctx, axis, size):
-        return True
 
     def tile_ok(self, ctx, tile):
         if not is_micro_kernel_layer(ctx.device, ctx.layer) or len(ctx.device.layers) < 2:
@@ -220,19 +239,21 @@ def l1_set_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
             continue
         axes = [a for a in range(len(expr.axes)) if tensor.uses_axis(a) and (a == lane or expr.axes[a].kind != "reduce")]
         strides = [prod(tensor.shape[d + 1 :]) * tensor.itemsize for d in range(len(tensor.shape))]
+        # a point's byte address is linear in its coordinates: the sum over the axes of the
+        # coordinate times the axis's bytes per step (its coefficients times the strides)
+        addresses = {0}
+        for a in axes:
+            step = sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, strides))
+            addresses = {x + v * step for x in addresses for v in range(tile[a])}
         counts: dict[int, set[int]] = {}
-        point = [0] * len(expr.axes)
-        for values in product(*(range(tile[a]) for a in axes)):
-            for a, v in zip(axes, values):
-                point[a] = v
-            address = sum(sum(c * point[a] for a, c in enumerate(coeffs)) * stride for (coeffs, _), stride in zip(tensor.index, strides))
+        for address in addresses:
             line = address // l1.transaction_bytes
             counts.setdefault(line % sets, set()).add(line)
         total += max(len(lines) for lines in counts.values())
     return total
 
 
-class WarpGroupRule:
+class WarpGroupRule(WholeTileRule):
     """Execution-unit groups (Roller section 4: a unit's TEU group is its warp schedulers): a GPU
     block with a thread per output runs a whole number of groups of `teu_per_unit` warps
     (`block_thread_multiple`: 4 x 32 = 128 threads on NVIDIA V100, A100 and H100, whose SMs
@@ -250,9 +271,6 @@ class WarpGroupRule:
     artifact builds no such block."""
 
     name = "warp-group"
-
-    def axis_ok(self, ctx, axis, size):
-        return True
 
     def tile_ok(self, ctx, tile):
         device, expr = ctx.device, ctx.expr
@@ -274,7 +292,7 @@ def block_thread_multiple(device: DeviceSpec) -> int:
     return group if 4 * group <= device.max_threads_per_block else device.warp_size
 
 
-class TensorCoreAlignment(_PerAxis):
+class TensorCoreAlignment(PerAxisRule):
     """Tensor cores: where the device has MMA units for the dtype and the operator contracts a
     reduce axis into a 2-D output (matmul-like), the top-layer tile is one warp's fragment tile
     and its (i, j, k) sizes are multiples of the MMA fragment (16 x 16 x 16 on NVIDIA)."""
@@ -288,7 +306,7 @@ class TensorCoreAlignment(_PerAxis):
         return size % ctx.device.tensor_core_fragment[mma.index(axis)] == 0
 
 
-class TailRule(_PerAxis):
+class TailRule(PerAxisRule):
     """CPU tails (our rule): below the registers, a tile along a spatial `lane_axis` or a reduce
     axis divides the axis wherever the tile one layer up does, so that no cache tile leaves a
     ragged edge where the template pays for one. Along the vectors: the template pads a ragged

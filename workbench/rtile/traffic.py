@@ -36,7 +36,7 @@ def bank_padding(n_big: int, n_small: int, banks: int, bank_width: int) -> int:
 
 
 class TileCalculus:
-    """Q, F and data tiles of one TensorExpr, memoised per tile shape."""
+    """Q, F and data tiles of one TensorExpr, memoised per tile shape (and padding, lines)."""
 
     def __init__(self, expr: TensorExpr):
         self.expr = expr
@@ -44,6 +44,7 @@ class TileCalculus:
         self._spatial = expr.spatial
         self._shapes: dict[Tile, tuple[tuple[int, ...], ...]] = {}
         self._traffic: dict[tuple[Tile, int, frozenset[int]], int] = {}
+        self._footprints: dict[tuple, int] = {}
 
     def data_tiles(self, tile: Tile) -> tuple[tuple[int, ...], ...]:
         """Data-tile shape of every tensor (inputs then output) for one tile."""
@@ -151,17 +152,23 @@ class TileCalculus:
         """F(T): bytes one tile occupies; `padding[t]` extra elements on tensor t's leading dim;
         without padding, the inputs numbered in `in_lines` in the whole lines of `line` bytes
         they touch (`input_bytes`)."""
+        key = (tile, tuple(padding), with_output, line, in_lines)
+        total = self._footprints.get(key)
+        if total is not None:
+            return total
         shapes = self.data_tiles(tile)
         if line > 0 and in_lines:
             out = prod(shapes[-1]) * self.expr.tensors[-1].itemsize if with_output else 0
-            return sum(self.input_bytes(shapes, line, in_lines)) + out
-        count = len(shapes) if with_output else len(shapes) - 1
-        total = 0
-        for t in range(count):
-            shape = shapes[t]
-            pad = padding[t] if t < len(padding) else 0
-            elems = prod(shape[:-1]) * (shape[-1] + pad) if shape else 1
-            total += elems * self.expr.tensors[t].itemsize
+            total = sum(self.input_bytes(shapes, line, in_lines)) + out
+        else:
+            count = len(shapes) if with_output else len(shapes) - 1
+            total = 0
+            for t in range(count):
+                shape = shapes[t]
+                pad = padding[t] if t < len(padding) else 0
+                elems = prod(shape[:-1]) * (shape[-1] + pad) if shape else 1
+                total += elems * self.expr.tensors[t].itemsize
+        self._footprints[key] = total
         return total
 
     def padded_volume(self, tile: Tile) -> int:

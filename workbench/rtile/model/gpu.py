@@ -7,7 +7,6 @@ pass; `price` assembles them."""
 from __future__ import annotations
 
 from functools import lru_cache
-from itertools import product
 from math import ceil, log2, prod
 
 from workbench.hardware.spec import DeviceSpec
@@ -248,12 +247,17 @@ def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) 
     sector = device.layers[-1].transaction_bytes
     found = []
     for tensor in expr.inputs:
-        elements = set()
-        for start in starts:
-            for point in product(*offsets):
-                coord = [s + o for s, o in zip(start, point)]
-                elements.add(sum((sum(c * x for c, x in zip(coeffs, coord)) + const) * stride
-                                 for (coeffs, const), stride in zip(tensor.index, tensor.strides)))
+        # An element's offset is affine in its coordinates: base + sum over axes of coord x
+        # weight (the axis's coefficient times the dimension's stride, summed over dimensions),
+        # so the warp's elements are the sums of a lane's start and a register tile's offset.
+        weights = [sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, tensor.strides))
+                   for a in range(len(expr.axes))]
+        base = sum(const * stride for (_, const), stride in zip(tensor.index, tensor.strides))
+        tile = {base}
+        for axis_offsets, weight in zip(offsets, weights):
+            tile = {e + o * weight for e in tile for o in axis_offsets}
+        firsts = {sum(c * w for c, w in zip(start, weights)) for start in starts}
+        elements = {f + e for f in firsts for e in tile}
         touched = len({e * tensor.itemsize // sector for e in elements})
         found.append((touched, ceil(len(elements) * tensor.itemsize / sector)))
     return tuple(found)
