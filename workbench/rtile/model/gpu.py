@@ -23,15 +23,15 @@ from workbench.rtile.traffic import calculus
 
 def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float) -> Pricing:
     """A GPU program's `Pricing` (Roller §3.3): compute at the fraction of peak its resident
-    warps keep (one per scheduler), per staged layer Q(tile) plus the wasted sectors of unstaged
-    loads at the source's bandwidth (`transfer_seconds`), stages overlapped by `gpu_stages`; a
+    warps keep (one per scheduler) and their lanes fill (`lane_fraction`), per staged layer
+    Q(tile) plus the wasted sectors of unstaged loads at the source's bandwidth (`transfer_seconds`), stages overlapped by `gpu_stages`; a
     cross-thread reduction's trees and a split-K program's second pass added after the
     scale-out."""
     expr = program.expr
     calc = calculus(expr)
     threads, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
     n_waves = waves(program.grid, device.compute_units * bpu)
-    eff = min(1.0, warps_per_scheduler(program, device, threads, bpu))
+    eff = min(1.0, warps_per_scheduler(program, device, threads, bpu)) * lane_fraction(device, threads)
     compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff)
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
@@ -52,6 +52,15 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         occupancy=min(1.0, threads * bpu / device.max_threads_per_unit), reduction_seconds=tree,
         **provenance(program, device, (False, "compute: warps per scheduler"), False),
     )
+
+
+def lane_fraction(device: DeviceSpec, threads: int) -> float:
+    """Fraction of its warps' lanes a block of `threads` threads fills: a partial warp issues
+    as a whole one (SIMT), so a block of 4 threads computes at 4/32 of a warp's peak. 1 on a
+    CPU (one thread a block in the model); tensor-core blocks count whole warps."""
+    if not device.lanes_are_threads or threads <= 0:
+        return 1.0
+    return threads / (ceil(threads / device.warp_size) * device.warp_size)
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) -> float:
@@ -116,19 +125,26 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
     return overlapped(inner, global_load, resident_blocks(program, device, bpu))
 
 
+# Bytes of global loads one GPU thread keeps outstanding at most: our fit to the first H200 run
+# (docs/gpu.md), where blocks of 1, 4 and 5 threads copying 80-136 KB into shared memory
+# reached 0.12, 0.92 and 0.6 GB/s: 90-160 B a thread over the spec's 500 ns latency.
+THREAD_BYTES_IN_FLIGHT = 128
+
+
 def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
     """Bytes of global-memory loads a busy GPU unit has outstanding at once: each resident block
     (`resident_blocks`) issues the loads of one step of its block tile, its inputs' data tiles
     (a staged copy of a shared step, or the register tiles its threads read), before the first
     returns: the copy loop and the register tile have constant trip counts, the register tile
     is unrolled by the template and nvcc unrolls small loops with a known trip count by default
-    (CUDA C++ Programming Guide, `#pragma unroll`), and no load depends on another. Our
-    simplification: a thread's outstanding loads are not capped by its registers or the
-    unit's miss-handling resources."""
+    (CUDA C++ Programming Guide, `#pragma unroll`), and no load depends on another; but no more
+    than `THREAD_BYTES_IN_FLIGHT` a thread (a block of a few threads copies its step in many
+    rounds). Our simplification: the unit's miss-handling resources do not cap it."""
     calc = calculus(program.expr)
     shapes = calc.data_tiles(program.unit_tile)
     block = sum(prod(shape) * t.itemsize for shape, t in zip(shapes, program.expr.tensors) if t.role == "input")
-    return resident_blocks(program, device, bpu) * block
+    threads = blocks_per_unit(program, device, gpu_plan(program, device).stages)[0]
+    return resident_blocks(program, device, bpu) * min(block, threads * THREAD_BYTES_IN_FLIGHT)
 
 
 def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
