@@ -103,7 +103,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
     if across:
         nest, anchor = _tile_cross_thread(sch, expr, program, part, loops, axis)
     else:
-        nest = _tile(sch, expr, program, part, loops, axis, dict(program.vthreads))
+        nest = _tile(sch, expr, program, part, loops, axis, dict(gpu_plan(program, device).vthreads))
         anchor = nest.thread
     local = sch.cache_write(rf, 0, "local")  # partial sums in registers, stored once per output
     sch.reverse_compute_at(local, anchor)

@@ -172,7 +172,7 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
     on CPUs, where the register tile is not read from banked shared memory (nothing staged,
     tensor-core fragments, cross-thread reductions) and for operators without a reduce axis."""
     expr = program.expr
-    if not program.vthreads or not device.lanes_are_threads or not expr.reduce:
+    if not gpu_plan(program, device).vthreads or not device.lanes_are_threads or not expr.reduce:
         return 1.0
     unit, plan = device.unit_layer_index, gpu_plan(program, device)
     if (
@@ -180,7 +180,7 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
         or plan.mma_axes is not None or plan.cross_thread_axis is not None
     ):
         return 1.0
-    split = dict(program.vthreads)
+    split = dict(gpu_plan(program, device).vthreads)
     vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
     block, reg = program.unit_tile, program.register_tile
     with_split = shared_wavefronts(expr, device, block, reg, vthreads)[0]
@@ -291,7 +291,7 @@ def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
     if plan.staged or plan.mma_axes is not None:
         return 0
     calc, reg = calculus(expr), program.register_tile
-    sectors = warp_sectors(expr, device, program.unit_tile, reg, program.vthreads)
+    sectors = warp_sectors(expr, device, program.unit_tile, reg, plan.vthreads)
     shapes, tiles = calc.data_tiles(reg), calc.num_tiles(reg)
     extra = 0
     for (touched, needed), shape, tensor in zip(sectors, shapes, expr.inputs):
