@@ -30,7 +30,7 @@ from workbench.rtile.model.cpu_compute import (
 )
 from workbench.rtile.model.gpu import (
     bytes_in_flight, gpu_stages, overlapped, reachable_gbps, tree_reduction_seconds, uncoalesced_bytes,
-    shared_wavefronts, vthread_conflict_ratio, warp_sectors,
+    shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
     async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
@@ -976,6 +976,23 @@ def test_virtual_threads_price_the_wavefronts_they_save():
     quantization = ceil(1024 / 80) * 80 / 1024
     tied = est[four].predicted_seconds == est[eight].predicted_seconds == est[plain].predicted_seconds
     assert tied and est[four].predicted_seconds == pytest.approx(compute * quantization, rel=1e-12)
+
+
+def test_a_strided_write_back_is_priced_by_the_sectors_it_wastes():
+    """A 65536 x 2 x 1024 matmul (M0: memory-bound on its output) over 8 x 8 register tiles in
+    128 x 256 blocks: written back interleaved (`plan.store_vthreads`: 8 along j) a warp's
+    store takes 4 sectors; with the construction's virtual threads along i instead, lanes 8
+    elements (32 B) apart take 32 (8x), and 2 along j leave 16 B apart (4x). Only the output
+    bytes are charged the extra sectors."""
+    dev = device("h200")
+    calc, tiles = TileCalculus(matmul(65536, 1024, 2)), [(8, 8, 1), (128, 256, 2)]
+    plain, rows, pairs = (make_program(calc, dev, tiles, (True, True), 0.05, vthreads=v)
+                          for v in ((), (("i", 2),), (("j", 2),)))
+    assert [store_sector_ratio(p, dev) for p in (plain, rows, pairs)] == [1.0, 8.0, 4.0]
+    output = 65536 * 1024 * 4
+    loads = {p: dict(estimate(p, dev).load_seconds)["global"] for p in (plain, rows, pairs)}
+    assert loads[rows] - loads[plain] == pytest.approx(7 * output / 4800e9, rel=1e-9)
+    assert loads[pairs] - loads[plain] == pytest.approx(3 * output / 4800e9, rel=1e-9)
 
 
 def test_virtual_threads_change_nothing_where_nothing_is_read_from_banks():

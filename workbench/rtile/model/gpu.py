@@ -12,7 +12,7 @@ from math import ceil, log2, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis
+from workbench.rtile.axes import cross_thread_axis, vector_axis
 from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
@@ -68,18 +68,43 @@ def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) 
     unit busy: register tiles read from shared memory take the wavefronts their virtual threads
     add or save (`vthread_conflict_ratio`), and loads from global memory reach only
     `reachable_gbps`; their output stores (Q's `stores` part) are posted, no register waits for
-    them, so they stream at the spec's bandwidth."""
+    them, so they stream at the spec's bandwidth, with the sectors a strided write-back wastes
+    (`store_sector_ratio`)."""
     src = source_layer(program, layer, len(device.layers))
     bandwidth = layer_gbps(program, device, src) * GB
     if layer == 0 and src == device.unit_layer_index:
         return q * vthread_conflict_ratio(program, device) / bandwidth
     reach = reachable_gbps(program, device, src) * GB
-    if reach >= bandwidth:
-        return q / bandwidth
     calc = calculus(program.expr)
     tile, output = program.tiles[layer], program.expr.tensors[-1]
     stores = calc.spatial_tiles(tile) * prod(calc.data_tiles(tile)[-1]) * output.itemsize
-    return (q - stores) / reach + stores / bandwidth
+    wasted = stores * (store_sector_ratio(program, device) - 1) if src == len(device.layers) - 1 else 0
+    if reach >= bandwidth:
+        return (q + wasted) / bandwidth
+    return (q - stores) / reach + (stores + wasted) / bandwidth
+
+
+def store_sector_ratio(program: RProgram, device: DeviceSpec) -> float:
+    """Sectors a warp's store of one register-tile element touches over the fewest its bytes
+    need: the template writes the register tile back one element at a time, neighbouring lanes
+    along the output's contiguous axis `v` the thread's tile along `v` over its virtual threads
+    apart (`plan.store_vthreads` interleaves it: 1). 8 x 8 register tiles without it: 32
+    sectors for 128 B (8), as the H200 wrote a 64K x 1024 output at 470 GB/s of 4.25 TB/s. 1 on
+    CPUs, for tensor-core fragments and cross-thread reductions (one output a block)."""
+    expr, plan = program.expr, gpu_plan(program, device)
+    v = vector_axis(expr)
+    if not device.lanes_are_threads or plan.mma_axes is not None or plan.cross_thread_axis is not None:
+        return 1.0
+    if v is None or expr.axes[v].kind != "spatial":
+        return 1.0
+    reg = program.register_tile[v]
+    threads = ceil(program.unit_tile[v] / reg)
+    step = reg // dict(plan.vthreads).get(expr.axes[v].name, 1)
+    if threads < 2 or step <= 1:
+        return 1.0
+    lanes, size, sector = min(device.warp_size, threads), expr.output.itemsize, device.layers[-1].transaction_bytes
+    touched = len({lane * step * size // sector for lane in range(lanes)})
+    return touched / ceil(lanes * size / sector)
 
 
 def overlapped(a: float, b: float, agents: float) -> float:
