@@ -24,6 +24,7 @@ from workbench.ops.expr_lang import build_expr
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
 from workbench.rtile.axes import cross_thread_axis
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram
 
 GPUS = ("v100", "h100")
@@ -170,6 +171,23 @@ def test_vthreads_stride_the_register_tile_without_changing_threads():
         apply_rules(fused, replace(program, vthreads=(("k", 2),)), spec)
     with pytest.raises(ScheduleError, match="do not divide"):
         apply_rules(fused, replace(program, vthreads=(("j", 3),)), spec)
+
+
+def test_register_tiles_are_written_back_coalesced():
+    """`plan.store_vthreads`: a thread's 8 outputs along j are interleaved over the block's 4
+    threads along j, so neighbouring lanes store neighbouring elements (j = lane + 4 v, not
+    8 lane + v), and the kernel still equals numpy."""
+    fused, program = pinned("matmul", *MATMUL_64)
+    spec = device("v100")
+    assert program.vthreads == () and gpu_plan(program, spec).vthreads == (("j", 8),)
+    stores = re.findall(r"C_ptr\[(.*)\] = C_local_ptr", pinned_source(fused, program))
+    assert len(stores) == 32
+    assert all("(((int)threadIdx.x) & 3)" in index and "(((int)threadIdx.x) & 3) * " not in index for index in stores)
+    inputs = random_inputs(fused, seed=0)
+    ref = inputs[0].astype(np.float64) @ inputs[1]
+    np.testing.assert_allclose(run_serially(fused, program, spec, inputs), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    pool, pool_program = candidate("v100", "avgpool")  # a windowed input along the output row: none
+    assert gpu_plan(pool_program, spec).vthreads == pool_program.vthreads == ()
 
 
 def test_programs_beyond_the_target_limits_are_refused():

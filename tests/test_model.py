@@ -30,13 +30,13 @@ from workbench.rtile.model.cpu_compute import (
 )
 from workbench.rtile.model.gpu import (
     bytes_in_flight, gpu_stages, overlapped, reachable_gbps, tree_reduction_seconds, uncoalesced_bytes,
-    vthread_conflict_ratio, warp_sectors,
+    shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
     async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
 )
 from workbench.rtile.panels import pack_layer
-from workbench.rtile.plan import cpu_plan
+from workbench.rtile.plan import cpu_plan, gpu_plan
 from workbench.rtile.registers import block_thread_count, partial_sums
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
 from workbench.rtile.staging import pipelined, register_prefetch, shared_buffers
@@ -953,27 +953,46 @@ def test_virtual_threads_price_the_wavefronts_they_save():
     """matmul 512^3 on the V100, blocks 1 x 256 x 1 over register tiles 1 x 8 x 1 (test_banks:
     the first warp's reads take 65 wavefronts, 17 with 4 virtual threads along j, 9 with 8): its
     register tiles' reads from shared memory take 17/65 and 9/65 of the time they take without.
-    With global memory made fast enough not to matter, the plain program is bound by its
-    conflicted reads, while 4 and 8 virtual threads hide theirs under the compute and tie,
-    as the hardware would: 26 warps a scheduler overlap the reads and the FMAs."""
+    A program without virtual threads is written back interleaved (`plan.store_vthreads`: 8
+    along j), so it is priced as 8. With global memory made fast enough not to matter, 4 and 8
+    virtual threads hide their reads under the compute and tie, as the hardware would: 26
+    warps a scheduler overlap the reads and the FMAs."""
     dev = device("v100")
     fast = replace(dev.layers[2], bandwidth_gbps=750e3, latency_ns=1.0)
     quick = replace(dev, layers=dev.layers[:2] + (fast,))
     tiles = [(1, 8, 1), (1, 256, 1)]
     plain, four, eight = (_v100_matmul(512, 512, 512, tiles, v)[1] for v in ((), (("j", 4),), (("j", 8),)))
-    assert vthread_conflict_ratio(plain, dev) == 1.0
+    assert shared_wavefronts(plain.expr, dev, plain.unit_tile, plain.register_tile, (1, 1, 1))[0] == 65
+    assert gpu_plan(plain, dev).vthreads == (("j", 8),)
+    assert vthread_conflict_ratio(plain, dev) == pytest.approx(9 / 65, rel=1e-12)
     assert vthread_conflict_ratio(four, dev) == pytest.approx(17 / 65, rel=1e-12)
     assert vthread_conflict_ratio(eight, dev) == pytest.approx(9 / 65, rel=1e-12)
     reads = {p: dict(estimate(p, quick).load_seconds)["shared"] for p in (plain, four, eight)}
-    assert reads[four] == pytest.approx(reads[plain] * 17 / 65, rel=1e-12)
-    assert reads[eight] == pytest.approx(reads[plain] * 9 / 65, rel=1e-12)
+    assert reads[eight] == pytest.approx(reads[four] * 9 / 17, rel=1e-12)
+    assert reads[plain] == pytest.approx(reads[eight], rel=1e-12)
     est = {p: estimate(p, quick) for p in (plain, four, eight)}
-    compute = est[plain].compute_seconds
-    assert reads[eight] < reads[four] < compute < reads[plain]
+    compute = est[eight].compute_seconds
+    assert reads[eight] < reads[four] < compute
     quantization = ceil(1024 / 80) * 80 / 1024
-    assert est[plain].predicted_seconds == pytest.approx(reads[plain] * quantization, rel=1e-12)
-    tied = est[four].predicted_seconds == est[eight].predicted_seconds
+    tied = est[four].predicted_seconds == est[eight].predicted_seconds == est[plain].predicted_seconds
     assert tied and est[four].predicted_seconds == pytest.approx(compute * quantization, rel=1e-12)
+
+
+def test_a_strided_write_back_is_priced_by_the_sectors_it_wastes():
+    """A 65536 x 2 x 1024 matmul (M0: memory-bound on its output) over 8 x 8 register tiles in
+    128 x 256 blocks: written back interleaved (`plan.store_vthreads`: 8 along j) a warp's
+    store takes 4 sectors; with the construction's virtual threads along i instead, lanes 8
+    elements (32 B) apart take 32 (8x), and 2 along j leave 16 B apart (4x). Only the output
+    bytes are charged the extra sectors."""
+    dev = device("h200")
+    calc, tiles = TileCalculus(matmul(65536, 1024, 2)), [(8, 8, 1), (128, 256, 2)]
+    plain, rows, pairs = (make_program(calc, dev, tiles, (True, True), 0.05, vthreads=v)
+                          for v in ((), (("i", 2),), (("j", 2),)))
+    assert [store_sector_ratio(p, dev) for p in (plain, rows, pairs)] == [1.0, 8.0, 4.0]
+    output = 65536 * 1024 * 4
+    loads = {p: dict(estimate(p, dev).load_seconds)["global"] for p in (plain, rows, pairs)}
+    assert loads[rows] - loads[plain] == pytest.approx(7 * output / 4800e9, rel=1e-9)
+    assert loads[pairs] - loads[plain] == pytest.approx(3 * output / 4800e9, rel=1e-9)
 
 
 def test_virtual_threads_change_nothing_where_nothing_is_read_from_banks():

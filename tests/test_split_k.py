@@ -20,7 +20,7 @@ from workbench.codegen.build import build_kernel
 from workbench.codegen.nvcc import compile_ptx_many, nvcc_path
 from workbench.codegen.rules import apply_rules
 from workbench.construct.policy import split_k
-from workbench.construct.space import Space, replay
+from workbench.construct.space import Options, Space, replay
 from workbench.construct.stepper import construct
 from workbench.ops.reference import random_inputs
 from workbench.ops.tensor_expr import from_te
@@ -130,6 +130,31 @@ def test_a_short_long_k_matmul_is_split_on_a_gpu_and_never_on_a_cpu():
     assert all(c.program.split == 1 for c in cpu.candidates)
 
 
+@pytest.mark.parametrize("M, K, N", [(1, 256, 128), (1, 2048, 10)])  # mlp_dynamic-mm1, shufflenet_block-mm0
+def test_a_single_row_gemm_fills_its_warps_and_is_split(M, K, N):
+    """A one-row GEMM's block fills a warp, or has a thread per output where it has fewer than
+    a warp's (`rules.BlockThreadsRule`); its few threads' loads in flight make one block slow
+    (`model.gpu.THREAD_BYTES_IN_FLIGHT`), so the top programs split K over blocks."""
+    h200 = device("h200")
+    found = construct(expr("matmul", M=M, N=N, K=K), h200, options=Options(topk=5))
+    assert len(found.candidates) == 5
+    for cand in found.candidates:
+        assert cand.estimate.threads >= min(h200.warp_size, M * N)
+    top = found.candidates[0].program
+    assert top.split > 1
+    unsplit = replace(top, split=1, grid=top.grid // top.split)
+    assert found.candidates[0].predicted_seconds < estimate(unsplit, h200).predicted_seconds
+    assert build_kernel(found.expr, top, h200).ok
+
+
+def test_a_partial_warp_computes_at_its_lanes_share_of_the_peak():
+    from workbench.rtile.model.gpu import lane_fraction
+
+    h200 = device("h200")
+    assert [lane_fraction(h200, t) for t in (4, 32, 40, 128)] == [4 / 32, 1.0, 40 / 64, 1.0]
+    assert lane_fraction(TINY_CPU, 1) == 1.0
+
+
 def test_a_program_filling_the_units_is_not_split():
     e = expr("matmul", M=1024, N=1024, K=1024)
     p = program(e, ((4, 4, 1), (64, 64, 16)), True)  # 256 blocks on 80 SMs
@@ -160,6 +185,8 @@ def test_unsplit_programs_take_the_other_rules():
     [
         ("matmul", dict(M=64, N=64, K=4096), ((2, 2, 1), (32, 32, 16)), True, 4),
         ("matmul", dict(M=33, N=40, K=1000), ((2, 2, 1), (16, 32, 16)), True, 5),  # 63 steps: 5 x 13, tails guarded
+        # the final pass's 128 threads exactly one row of outputs (mlp-mm1: TVM divided by zero)
+        ("matmul", dict(M=8, N=128, K=256), ((8, 8, 1), (8, 128, 64)), True, 4),
         ("reduce_sum", dict(shape=(8, 8192), axes=(1,)), ((1, 4), (1, 512)), False, 4),
         ("reduce_mean", dict(shape=(8, 8192), axes=(1,)), ((1, 4), (1, 512)), False, 8),
     ],

@@ -79,7 +79,7 @@ def schedule_cuda_cores(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     check_gpu_program(expr, program)
     program = lane_program(expr, program, device)
     return within_block_limits(
-        block_threads(expr, program, device), lambda: _schedule(expr, program, device, dict(program.vthreads)), device
+        block_threads(expr, program, device), lambda: _schedule(expr, program, device, dict(gpu_plan(program, device).vthreads)), device
     )
 
 

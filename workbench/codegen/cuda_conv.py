@@ -70,7 +70,7 @@ def gemm_schedule(view: GemmView, program: RProgram, device: DeviceSpec):
     producers, epilogues = producer_names(sch, expr), epilogue_names(sch, expr)
     main = sch.get_sblock(expr.main_block)
     a_copy, b_copy, writeback = _as_gemm(sch, main, view)
-    grid_thread, steps, register = _tile(sch, main, expr, program)
+    grid_thread, steps, register = _tile(sch, main, expr, program, dict(gpu_plan(program, device).vthreads))
     primitive("keep the accumulator in registers", sch.set_scope, main, 0, "local")
     primitive("write back per thread", sch.reverse_compute_at, writeback, grid_thread)
     inline_epilogues(sch, epilogues)
@@ -161,11 +161,10 @@ def _uses(region, name: str, iter_vars, names) -> bool:
     return bool(hits)
 
 
-def _tile(sch, main, expr: TensorExpr, program: RProgram):
+def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads):
     """Split m, n, k by their chains; returns (thread loop, innermost shared step, register
     loops). Order: grid m, n; [vthreads;] threads m, n; k steps; k register steps; register
     tiles k, m, n (Roller's order, as `codegen.cuda` tiles a matmul)."""
-    vthreads = dict(program.vthreads)
     m, n, k = split_levels(sch, sch.get_loops(main), expr, program, vthreads)
     virtual = [*m[1:-2], *n[1:-2]]
     order = [m[0], n[0], *virtual, m[-2], n[-2], k[0], k[1], k[2], m[-1], n[-1]]

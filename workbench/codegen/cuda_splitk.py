@@ -103,7 +103,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
     if across:
         nest, anchor = _tile_cross_thread(sch, expr, program, part, loops, axis)
     else:
-        nest = _tile(sch, expr, program, part, loops, axis, dict(program.vthreads))
+        nest = _tile(sch, expr, program, part, loops, axis, dict(gpu_plan(program, device).vthreads))
         anchor = nest.thread
     local = sch.cache_write(rf, 0, "local")  # partial sums in registers, stored once per output
     sch.reverse_compute_at(local, anchor)
@@ -193,8 +193,15 @@ def _final_pass(sch, expr: TensorExpr, epilogues) -> None:
     inline_epilogues(sch, epilogues)
     *spatial, part = sch.get_loops(final)
     outputs = prod(int(sch.get(loop).extent) for loop in spatial)
-    flat = sch.fuse(*spatial) if spatial else sch.add_unit_loop(part)
-    blocks, thread = sch.split(flat, factors=[None, min(FINAL_THREADS, outputs)], preserve_unit_iters=True)
+    threads = min(FINAL_THREADS, outputs)
+    if spatial and int(sch.get(spatial[-1]).extent) % threads == 0:
+        # the threads within the last axis: fusing all axes and splitting at an axis boundary
+        # makes TVM 0.27's FlattenBuffer divide by zero on the register's indices (M=8, N=128)
+        rows, thread = sch.split(spatial[-1], factors=[None, threads], preserve_unit_iters=True)
+        blocks = sch.fuse(*spatial[:-1], rows)
+    else:
+        flat = sch.fuse(*spatial) if spatial else sch.add_unit_loop(part)
+        blocks, thread = sch.split(flat, factors=[None, threads], preserve_unit_iters=True)
     sch.bind(blocks, "blockIdx.x")
     sch.bind(thread, "threadIdx.x")
     sch.reverse_compute_at(local, thread)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.axes import cross_thread_axis, mma_axes
+from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
     filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_tails, simd_lanes,
     vector_loop_axis, whole_reduction,
@@ -160,7 +160,31 @@ def gpu_plan(program: RProgram, device: DeviceSpec) -> GpuPlan:
     deep = pipelined(program, device)
     return GpuPlan(staged, 2 if deep else 1, deep and register_prefetch(program, device),
                    pipelined_axis(program, device) if deep else None, cross_thread_axis(expr, device),
-                   mma_axes(expr, device), program.split, program.vthreads)
+                   mma_axes(expr, device), program.split, program.vthreads or store_vthreads(program, device))
+
+
+def store_vthreads(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], ...]:
+    """Virtual threads that make a GPU program's register-tile write-back coalesced, for a
+    program whose construction set none: along the output's contiguous axis `v`, a thread's r
+    elements are interleaved across the block's threads along `v` (Gensor's setVthread with V =
+    r), so that each of the template's scalar stores (TVM writes the register tile back one
+    element at a time) has a warp's lanes on consecutive elements, whole 32 B sectors, rather
+    than r elements apart (a 64K x 1024 output of 8 x 8 register tiles was written at 470 GB/s
+    of the H200's 4.25 TB/s so). Only where every input reading `v` reads it as its
+    contiguous axis (`streams`) or not at all (matmul's B[k, j]: a lane's fragment reads from
+    shared memory become consecutive across the warp, conflict-free; not a conv's windowed
+    input), on CUDA cores (not tensor-core fragments, not a cross-thread reduction, whose
+    block writes one output), with r > 1 and at least two threads along `v`; else none."""
+    expr = program.expr
+    if not device.lanes_are_threads or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
+        return ()
+    v = vector_axis(expr)
+    if v is None or expr.axes[v].kind != "spatial" or not all(streams(t, v) for t in expr.inputs):
+        return ()
+    reg, block = program.register_tile[v], program.unit_tile[v]
+    if reg <= 1 or block % reg or block // reg < 2:
+        return ()
+    return ((expr.axes[v].name, reg),)
 
 
 def loop_nest_key(program: RProgram, device: DeviceSpec) -> tuple:

@@ -11,7 +11,7 @@ from math import ceil, log2, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis
+from workbench.rtile.axes import cross_thread_axis, vector_axis
 from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
@@ -22,15 +22,15 @@ from workbench.rtile.traffic import calculus
 
 def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float) -> Pricing:
     """A GPU program's `Pricing` (Roller §3.3): compute at the fraction of peak its resident
-    warps keep (one per scheduler), per staged layer Q(tile) plus the wasted sectors of unstaged
-    loads at the source's bandwidth (`transfer_seconds`), stages overlapped by `gpu_stages`; a
+    warps keep (one per scheduler) and their lanes fill (`lane_fraction`), per staged layer
+    Q(tile) plus the wasted sectors of unstaged loads at the source's bandwidth (`transfer_seconds`), stages overlapped by `gpu_stages`; a
     cross-thread reduction's trees and a split-K program's second pass added after the
     scale-out."""
     expr = program.expr
     calc = calculus(expr)
     threads, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
     n_waves = waves(program.grid, device.compute_units * bpu)
-    eff = min(1.0, warps_per_scheduler(program, device, threads, bpu))
+    eff = min(1.0, warps_per_scheduler(program, device, threads, bpu)) * lane_fraction(device, threads)
     compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff)
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
@@ -53,23 +53,57 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     )
 
 
+def lane_fraction(device: DeviceSpec, threads: int) -> float:
+    """Fraction of its warps' lanes a block of `threads` threads fills: a partial warp issues
+    as a whole one (SIMT), so a block of 4 threads computes at 4/32 of a warp's peak. 1 on a
+    CPU (one thread a block in the model); tensor-core blocks count whole warps."""
+    if not device.lanes_are_threads or threads <= 0:
+        return 1.0
+    return threads / (ceil(threads / device.warp_size) * device.warp_size)
+
+
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) -> float:
     """Time to move `q` bytes for a GPU program's tiles at `layer` from the layer below with every
     unit busy: register tiles read from shared memory take the wavefronts their virtual threads
     add or save (`vthread_conflict_ratio`), and loads from global memory reach only
     `reachable_gbps`; their output stores (Q's `stores` part) are posted, no register waits for
-    them, so they stream at the spec's bandwidth."""
+    them, so they stream at the spec's bandwidth, with the sectors a strided write-back wastes
+    (`store_sector_ratio`)."""
     src = source_layer(program, layer, len(device.layers))
     bandwidth = layer_gbps(program, device, src) * GB
     if layer == 0 and src == device.unit_layer_index:
         return q * vthread_conflict_ratio(program, device) / bandwidth
     reach = reachable_gbps(program, device, src) * GB
-    if reach >= bandwidth:
-        return q / bandwidth
     calc = calculus(program.expr)
     tile, output = program.tiles[layer], program.expr.tensors[-1]
     stores = calc.spatial_tiles(tile) * prod(calc.data_tiles(tile)[-1]) * output.itemsize
-    return (q - stores) / reach + stores / bandwidth
+    wasted = stores * (store_sector_ratio(program, device) - 1) if src == len(device.layers) - 1 else 0
+    if reach >= bandwidth:
+        return (q + wasted) / bandwidth
+    return (q - stores) / reach + (stores + wasted) / bandwidth
+
+
+def store_sector_ratio(program: RProgram, device: DeviceSpec) -> float:
+    """Sectors a warp's store of one register-tile element touches over the fewest its bytes
+    need: the template writes the register tile back one element at a time, neighbouring lanes
+    along the output's contiguous axis `v` the thread's tile along `v` over its virtual threads
+    apart (`plan.store_vthreads` interleaves it: 1). 8 x 8 register tiles without it: 32
+    sectors for 128 B (8), as the H200 wrote a 64K x 1024 output at 470 GB/s of 4.25 TB/s. 1 on
+    CPUs, for tensor-core fragments and cross-thread reductions (one output a block)."""
+    expr, plan = program.expr, gpu_plan(program, device)
+    v = vector_axis(expr)
+    if not device.lanes_are_threads or plan.mma_axes is not None or plan.cross_thread_axis is not None:
+        return 1.0
+    if v is None or expr.axes[v].kind != "spatial":
+        return 1.0
+    reg = program.register_tile[v]
+    threads = ceil(program.unit_tile[v] / reg)
+    step = reg // dict(plan.vthreads).get(expr.axes[v].name, 1)
+    if threads < 2 or step <= 1:
+        return 1.0
+    lanes, size, sector = min(device.warp_size, threads), expr.output.itemsize, device.layers[-1].transaction_bytes
+    touched = len({lane * step * size // sector for lane in range(lanes)})
+    return touched / ceil(lanes * size / sector)
 
 
 def overlapped(a: float, b: float, agents: float) -> float:
@@ -115,19 +149,26 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
     return overlapped(inner, global_load, resident_blocks(program, device, bpu))
 
 
+# Bytes of global loads one GPU thread keeps outstanding at most: our fit to the first H200 run
+# (docs/gpu.md), where blocks of 1, 4 and 5 threads copying 80-136 KB into shared memory
+# reached 0.12, 0.92 and 0.6 GB/s: 90-160 B a thread over the spec's 500 ns latency.
+THREAD_BYTES_IN_FLIGHT = 128
+
+
 def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
     """Bytes of global-memory loads a busy GPU unit has outstanding at once: each resident block
     (`resident_blocks`) issues the loads of one step of its block tile, its inputs' data tiles
     (a staged copy of a shared step, or the register tiles its threads read), before the first
     returns: the copy loop and the register tile have constant trip counts, the register tile
     is unrolled by the template and nvcc unrolls small loops with a known trip count by default
-    (CUDA C++ Programming Guide, `#pragma unroll`), and no load depends on another. Our
-    simplification: a thread's outstanding loads are not capped by its registers or the
-    unit's miss-handling resources."""
+    (CUDA C++ Programming Guide, `#pragma unroll`), and no load depends on another; but no more
+    than `THREAD_BYTES_IN_FLIGHT` a thread (a block of a few threads copies its step in many
+    rounds). Our simplification: the unit's miss-handling resources do not cap it."""
     calc = calculus(program.expr)
     shapes = calc.data_tiles(program.unit_tile)
     block = sum(prod(shape) * t.itemsize for shape, t in zip(shapes, program.expr.tensors) if t.role == "input")
-    return resident_blocks(program, device, bpu) * block
+    threads = blocks_per_unit(program, device, gpu_plan(program, device).stages)[0]
+    return resident_blocks(program, device, bpu) * min(block, threads * THREAD_BYTES_IN_FLIGHT)
 
 
 def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
@@ -155,7 +196,7 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
     on CPUs, where the register tile is not read from banked shared memory (nothing staged,
     tensor-core fragments, cross-thread reductions) and for operators without a reduce axis."""
     expr = program.expr
-    if not program.vthreads or not device.lanes_are_threads or not expr.reduce:
+    if not gpu_plan(program, device).vthreads or not device.lanes_are_threads or not expr.reduce:
         return 1.0
     unit, plan = device.unit_layer_index, gpu_plan(program, device)
     if (
@@ -163,7 +204,7 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
         or plan.mma_axes is not None or plan.cross_thread_axis is not None
     ):
         return 1.0
-    split = dict(program.vthreads)
+    split = dict(gpu_plan(program, device).vthreads)
     vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
     block, reg = program.unit_tile, program.register_tile
     with_split = shared_wavefronts(expr, device, block, reg, vthreads)[0]
@@ -279,7 +320,7 @@ def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
     if plan.staged or plan.mma_axes is not None:
         return 0
     calc, reg = calculus(expr), program.register_tile
-    sectors = warp_sectors(expr, device, program.unit_tile, reg, program.vthreads)
+    sectors = warp_sectors(expr, device, program.unit_tile, reg, plan.vthreads)
     shapes, tiles = calc.data_tiles(reg), calc.num_tiles(reg)
     extra = 0
     for (touched, needed), shape, tensor in zip(sectors, shapes, expr.inputs):
