@@ -174,7 +174,8 @@ def store_vthreads(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, in
     contiguous axis (`streams`) or not at all (matmul's B[k, j]: a lane's fragment reads from
     shared memory become consecutive across the warp, conflict-free; not a conv's windowed
     input), on CUDA cores (not tensor-core fragments, not a cross-thread reduction, whose
-    block writes one output), with r > 1 and at least two threads along `v`; else none."""
+    block writes one output), with r > 1, at least two threads along `v` and blocks that tile
+    the output exactly; else none."""
     expr = program.expr
     if not device.lanes_are_threads or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
         return ()
@@ -184,6 +185,8 @@ def store_vthreads(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, in
     reg, block = program.register_tile[v], program.unit_tile[v]
     if reg <= 1 or block % reg or block // reg < 2:
         return ()
+    if any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial):
+        return ()  # guarded tails: the replicated bodies made ptxas spill (M0's 96-row blocks, sm_90a)
     return ((expr.axes[v].name, reg),)
 
 
