@@ -55,6 +55,9 @@ TOLERANCE = {"float32": 1e-4, "float16": 1e-2}
 DEFAULT_REPEATS, DEFAULT_WARMUP, DEFAULT_BUDGET_S = 20, 3, 300.0
 MIN_REPEATS = 3
 # Time one kernel's (or torch's) timing may take: repeats are cut to fit it (slow kernels).
+# GPU cycles a spin kernel holds the stream before each timed repeat: 200k cycles are 0.1 ms at
+# the H200's 1980 MHz, past any one host dispatch (torch's Python and dispatcher: tens of us).
+HOST_LEAD_CYCLES = 200_000
 TIMING_BUDGET_S = 1.0
 # A kernel slower than TIMING_BUDGET_S / (warm-up + MIN_REPEATS) gets what fits in this instead.
 SLOW_BUDGET_S = 10.0
@@ -867,15 +870,19 @@ class Gpu:
 
     def time(self, run, warmup: int, repeats: int) -> list[float]:
         """Seconds of `run()` per repeat, by CUDA events around it, the L2 flushed before each.
-        The flush is queued before the start event, so the GPU is still busy with it while the
-        host queues the kernel: launch latency is not timed."""
+        The flush and a spin of `HOST_LEAD_CYCLES` are queued before the start event, so the GPU
+        is still busy with them while the host queues the kernel: launch latency is not timed.
+        (Without the spin, a torch call whose host dispatch outlasts the flush's ~30 us was timed
+        with its dispatch: the same 32x128x128 matmul read 9 us in one run and 23 us in the next.)"""
         Event = self.torch.cuda.Event
+        spin = getattr(self.torch.cuda, "_sleep", lambda cycles: None)  # a private torch helper: kept optional
         for _ in range(warmup):
             self.flush()
             run()
         events = [(Event(enable_timing=True), Event(enable_timing=True)) for _ in range(repeats)]
         for start, end in events:
             self.flush()
+            spin(HOST_LEAD_CYCLES)
             start.record()
             run()
             end.record()
