@@ -341,18 +341,16 @@ def cmd_devices(args) -> int:
 def cmd_device(args) -> int:
     from workbench import pipeline
     from workbench.files import write_user_file
-    from workbench.hardware.calibrate import store_calibrated
-    from workbench.hardware.write import spec_to_toml
 
     spec = pipeline.detect_local_device()
     out = args.out
     if args.calibrate:
         # Calibrate the fresh detection, never a calibrated spec: sources would nest otherwise.
         spec = pipeline.calibrate_device(spec, progress=None if args.json else lambda line: print(line, file=sys.stderr))
-        out = str(store_calibrated(spec, out))
+        out = str(pipeline.store_calibrated(spec, out))
     elif out:
-        write_user_file(out, spec_to_toml(spec), "--out")
-    return _emit(args, pipeline.device_summary(spec), spec_to_toml(spec) if not out else f"wrote {out}")
+        write_user_file(out, pipeline.spec_to_toml(spec), "--out")
+    return _emit(args, pipeline.device_summary(spec), pipeline.spec_to_toml(spec) if not out else f"wrote {out}")
 
 
 def _calibrate_first_use(args) -> None:
@@ -613,24 +611,22 @@ def cmd_runs(args) -> int:
 
 
 def cmd_runs_export(args) -> int:
-    from workbench.profile.store import write_runs_file
-    from workbench.profile.versus import Selector
+    from workbench import pipeline
 
-    selector = Selector.parse(args.runs, "--runs")
+    selector = pipeline.Selector.parse(args.runs, "--runs")
     with _existing_store(args) as store:
         runs = selector.select(store.runs())
         if not runs:
             raise UserError(f"--runs {args.runs!r}: no run in {store.path} matches")
         doc = store.dump_runs([r.id for r in runs])
-    write_runs_file(args.out, doc)
+    pipeline.write_runs_file(args.out, doc)
     return _emit(args, {"path": args.out, "runs": [r.id for r in runs]}, f"wrote {len(runs)} runs to {args.out}")
 
 
 def cmd_runs_import(args) -> int:
     from workbench import pipeline
-    from workbench.profile.store import read_runs_file
 
-    doc = read_runs_file(args.path)
+    doc = pipeline.read_runs_file(args.path)
     with pipeline.RunStore(args.db) as store:
         added, skipped = store.load_runs(doc, f"runs file {args.path}")
     return _emit(args, {"added": added, "skipped": skipped, "db": str(store.path)},
@@ -639,12 +635,11 @@ def cmd_runs_import(args) -> int:
 
 def cmd_runs_compare(args) -> int:
     from workbench import pipeline
-    from workbench.profile.versus import Selector, compare_runs, text
 
-    a, b = Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")  # before the store is opened
+    a, b = pipeline.Selector.parse(args.a, "--a"), pipeline.Selector.parse(args.b, "--b")  # before the store is opened
     with _existing_store(args) as store:
-        comparison = compare_runs(store, a, b, args.confidence)
-    _emit(args, comparison.to_dict(args.fail_on_regression), text(comparison, args.fail_on_regression))
+        comparison = pipeline.compare_runs(store, a, b, args.confidence)
+    _emit(args, comparison.to_dict(args.fail_on_regression), pipeline.comparison_text(comparison, args.fail_on_regression))
     if args.fail_on_regression is not None and comparison.regressions(args.fail_on_regression):
         return EXIT_REGRESSION
     return 0
@@ -662,8 +657,8 @@ def _existing_store(args):
 
 
 def cmd_report(args) -> int:
+    from workbench import pipeline
     from workbench.files import write_user_file
-    from workbench.profile.versus import Selector, compare_runs
     from workbench.report import comparison_report, run_report, runs_report
 
     given = [args.run is not None, args.runs is not None, args.a is not None or args.b is not None]
@@ -671,11 +666,11 @@ def cmd_report(args) -> int:
         raise UserError("report: give one of --run ID, --runs SEL, or both --a SEL and --b SEL")
     if given[2] and (args.a is None or args.b is None):
         raise UserError("report: a comparison needs both --a SEL and --b SEL")
-    selectors = (Selector.parse(args.a, "--a"), Selector.parse(args.b, "--b")) if given[2] else None
-    several = Selector.parse(args.runs, "--runs") if given[1] else None
+    selectors = (pipeline.Selector.parse(args.a, "--a"), pipeline.Selector.parse(args.b, "--b")) if given[2] else None
+    several = pipeline.Selector.parse(args.runs, "--runs") if given[1] else None
     with _existing_store(args) as store:
         if selectors is not None:
-            page = comparison_report(store, compare_runs(store, *selectors, args.confidence))
+            page = comparison_report(store, pipeline.compare_runs(store, *selectors, args.confidence))
         elif several is not None:
             page = runs_report(store, several)
         else:

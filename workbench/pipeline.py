@@ -49,7 +49,7 @@ from workbench.gpu import ingest as gpu_results
 from workbench.gpu import pack as gpu_packs
 from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec
 from workbench.hardware.parse import spec_from_toml_text
-from workbench.hardware.write import spec_summary
+from workbench.hardware.write import spec_summary, spec_to_toml
 from workbench.hardware.spec import DeviceSpec
 from workbench.models import construction as whole_model
 from workbench.models.construction import ModelConstruction, report_dict, report_text
@@ -67,7 +67,8 @@ from workbench.profile.diagnose import diagnose
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
 from workbench.profile.session import Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates
-from workbench.profile.store import RunStore, default_path, refit
+from workbench.profile.store import RunStore, default_path, read_runs_file, refit, write_runs_file
+from workbench.profile.versus import Selector, compare_runs, text as comparison_text
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
@@ -90,6 +91,8 @@ __all__ = [
     "device_from_toml", "device_presets", "device_summary", "has_nvcc", "model_bytes", "operators",
     "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
     "random_suites", "is_random_suite", "fresh_seed", "MAX_RANDOM_COUNT",
+    # the runs store between machines and runs: `runs export/import/compare`
+    "read_runs_file", "write_runs_file", "Selector", "compare_runs", "comparison_text", "spec_to_toml", "store_calibrated",
 ]
 
 
@@ -509,6 +512,13 @@ def calibrate_device(spec: DeviceSpec, *, quick: bool = False, progress=None) ->
     from workbench.hardware import calibrate
 
     return calibrate.calibrate(spec, quick=quick, progress=progress)
+
+
+def store_calibrated(spec: DeviceSpec, path=None):
+    """Write a calibrated spec where `local-cpu` loads it from (or to `path`); returns the path."""
+    from workbench.hardware import calibrate
+
+    return calibrate.store_calibrated(spec, path)
 
 
 def calibrate_first_use(announce=None) -> str:
