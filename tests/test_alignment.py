@@ -73,6 +73,9 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
         covers = all(tile[a] >= e.axes[a].extent for a in (e.spatial if k is None else [k]))
         if threads % dev.warp_size and not covers:
             out.append("threads not a multiple of the warp")
+        outputs = prod(min(tile[a], e.axes[a].extent) for a in e.spatial)
+        if k is None and threads % dev.warp_size and covers and threads < min(dev.warp_size, outputs):
+            out.append("a whole-output block of fewer than a warp's threads, or than its outputs")
         # a block with a thread per output: a warp per scheduler, 4 x 32 threads on the NVIDIA
         # presets, where the block cap holds four such groups (not the MI50's 4 x 64 of 512)
         group = dev.teu_per_unit * dev.warp_size
