@@ -40,6 +40,7 @@ from workbench.export import (
 from workbench.hardware.detect import CpuInfo, local_cpu_info
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.ops.reference import random_inputs
+from workbench.rtile.plan import store_vthreads
 from workbench.workers import Outcome
 
 CPU = "local-cpu"
@@ -392,9 +393,11 @@ def test_tbaa_names_taken_from_addresses_are_renamed_with_their_access_widths():
 
 @lru_cache(maxsize=None)
 def _markov_gpu():
-    """A Markov candidate for a V100 with virtual threads (as in tests/test_profile_session.py)."""
+    """A Markov candidate for a V100 with virtual threads (as in tests/test_profile_session.py)
+    other than those the plan interleaves a program without them by (`plan.store_vthreads`)."""
     c = construct(matmul(512, 512, 512), device("v100"), "markov", Options(topk=4))
-    return c, next(x for x in c.candidates if x.program.vthreads)
+    return c, next(x for x in c.candidates if x.program.vthreads
+                   and x.program.vthreads != store_vthreads(replace(x.program, vthreads=()), c.device))
 
 
 def test_a_markov_gpu_bundle_rebuilds_with_its_virtual_threads(tmp_path):
