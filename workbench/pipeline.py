@@ -16,6 +16,10 @@ assembles the pipeline itself.
       -> vortex_compile / vortex_load / vortex_run   the bundle on disk, run and verified per value
     gpu_pack(suites, workloads, device, topk, out)   kernels built here for a GPU machine without TVM
       -> gpu_ingest(result, store)                   its runner's result stored as runs (docs/gpu.md)
+    edit_device(device, ["L2.capacity_bytes=2MiB"])  what-if hardware: an edited spec (`hardware.edit`)
+      -> whatif(workloads, edited, policy, options)  each workload's top-1 on both specs, diffed (`whatif`)
+      -> whatif_measure(diff)                        base and edited top-1 built and timed here
+    whatif_sweep(workloads, device, "FIELD=LO:HI:N")  one field swept: curves and top-1 change points
     and what a face offers to choose from or shows beside them: the workloads (`suites`,
     `operators`, `parse_workload`), the devices (`device_presets`, `device_from_toml`,
     `calibrate_device`, `device_summary`), the runs store (`RunStore`, `default_store_path`),
@@ -31,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 from workbench.codegen.build import Kernel
@@ -47,6 +52,7 @@ from workbench.files import check_size, read_user_file
 from workbench.fmt import shape_text, time_columns
 from workbench.gpu import ingest as gpu_results
 from workbench.gpu import pack as gpu_packs
+from workbench.hardware.edit import Edit, EditedSpec, FieldInfo, Sweep, editable_fields, parse_edit, parse_sweep
 from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, load_spec
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.write import spec_summary, spec_to_toml
@@ -74,6 +80,7 @@ from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost a
 from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
 from workbench.vortex.select import DispatchTable, cost_table, dispatch
 from workbench.workers import WorkerPool
+from workbench import whatif as what_if
 from workbench.workload import Workload, imported_model, list_suites, load_suite, parse_shape, suite_workload, workload_from_args
 
 __all__ = [
@@ -93,6 +100,9 @@ __all__ = [
     "random_suites", "is_random_suite", "fresh_seed", "MAX_RANDOM_COUNT",
     # the runs store between machines and runs: `runs export/import/compare`
     "read_runs_file", "write_runs_file", "Selector", "compare_runs", "comparison_text", "spec_to_toml", "store_calibrated",
+    # what-if hardware: `workbench whatif`, the dashboard's device editor
+    "Edit", "EditedSpec", "FieldInfo", "Sweep", "editable_fields", "parse_edit", "parse_sweep", "edit_device",
+    "whatif", "whatif_sweep", "whatif_unrealisable", "whatif_measure", "WhatIfMeasured",
 ]
 
 
@@ -568,3 +578,84 @@ def model_bytes(path: str | Path) -> bytes:
 def check_model_upload(data: bytes, name: str) -> None:
     """Refuse an uploaded model `name` over MAX_MODEL_BYTES before a face writes it anywhere."""
     check_size(len(data), f"model {name}", MAX_MODEL_BYTES)
+
+
+# What-if hardware (docs/cli.md `workbench whatif`): a spec edited field by field, the workloads
+# constructed on both, one field swept, and where this CPU can make an edit real, both timed.
+
+def edit_device(device: DeviceSpec | str | Path, edits: Sequence[str | Edit]) -> EditedSpec:
+    """`device` (a spec, preset name or spec file) with `edits` (`FIELD=VALUE` texts or Edits,
+    `hardware.edit`) applied: the edited spec, named after its edits, its changes and the fields
+    derived from them; UserError in one line naming a bad field or value."""
+    parsed = tuple(e if isinstance(e, Edit) else parse_edit(e) for e in edits)
+    if not parsed:
+        raise UserError("no edit: give FIELD=VALUE, such as L2.capacity_bytes=2MiB")
+    return what_if.apply_edits(load_device(device), parsed)
+
+
+def whatif(workloads: Sequence[Workload | TensorExpr | str], edited: EditedSpec, policy: str = "roller",
+           options: Options = Options()) -> what_if.SuiteDiff:
+    """Each workload (a `Workload`, TensorExpr or `SUITE:ID`) constructed on `edited.base` and
+    `edited.spec` and compared (`whatif.compare`): top-K, top-1 diff, the step where the walks
+    diverge, the change in words. Constructions are kept for the process, so a base is built once."""
+    policy_class(policy)
+    return what_if.compare_suite(_labelled(workloads), edited, policy, options)
+
+
+def whatif_sweep(workloads: Sequence[Workload | TensorExpr | str], device: DeviceSpec | str | Path,
+                 sweep: str | Sweep, policy: str = "roller", options: Options = Options()) -> what_if.SweepResult:
+    """Each workload constructed on `device` with one field over a range (`FIELD=LO:HI:N` or a
+    Sweep): predicted seconds per value and the values where the top-1 program changes."""
+    policy_class(policy)
+    parsed = sweep if isinstance(sweep, Sweep) else parse_sweep(sweep)
+    return what_if.sweep(_labelled(workloads), load_device(device), parsed, policy, options)
+
+
+def whatif_unrealisable(edited: EditedSpec) -> str:
+    """Why `whatif_measure` cannot make `edited` real on this machine ("" when it can)."""
+    return what_if.unrealisable(edited, LOCAL_CPU)
+
+
+@dataclass(frozen=True)
+class WhatIfMeasured:
+    """The base and the edited top-1 of one workload, timed here: best repeats in seconds, or
+    why a kernel failed (`error`); `measured_speedup` = base seconds / edited seconds."""
+
+    base_seconds: float | None
+    edited_seconds: float | None
+    error: str = ""
+
+    @property
+    def measured_speedup(self) -> float | None:
+        if self.base_seconds is None or not self.edited_seconds:
+            return None
+        return self.base_seconds / self.edited_seconds
+
+
+def whatif_measure(diff: what_if.WorkloadDiff, timing: Timing = Timing(), pool: WorkerPool | None = None) -> WhatIfMeasured:
+    """The base and the edited top-1 of `diff` built, verified and timed on this machine (the
+    edited one with the edited spec's threads and target: fewer cores, a narrower ISA), nothing
+    stored. The caller checks `whatif_unrealisable` first."""
+    seconds, errors = [], []
+    for c in (diff.base, diff.edited):
+        result = profile(c, "local", ranks=(1,), timing=timing, pool=pool)
+        m = result.measurements[0]
+        seconds.append(m.best_seconds if m.ok else None)
+        if not m.ok:
+            errors.append(f"{c.device.name}: {m.error}")
+    return WhatIfMeasured(seconds[0], seconds[1], "; ".join(errors))
+
+
+def _labelled(workloads: Sequence[Workload | TensorExpr | str]) -> tuple[tuple[str, TensorExpr], ...]:
+    """(label, expression) of each workload: a `SUITE:ID` text resolved, a Workload built once
+    for the process (a slider's every move asks again)."""
+    out = []
+    for w in workloads:
+        w = suite_workload(w) if isinstance(w, str) else w
+        out.append((expr_label(w), w) if isinstance(w, TensorExpr) else (w.describe(), _built(w)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _built(workload: Workload) -> TensorExpr:
+    return workload.build()
