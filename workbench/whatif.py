@@ -27,9 +27,10 @@ from workbench.hardware.edit import X86_ISAS, Edit, EditedSpec, Sweep, apply_edi
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 
-# Constructions kept for the process: the base and edited spec of a suite of 13 workloads at a
-# sweep's 8 points is 13 x 9; a construction holds its top-K and graph, tens of kilobytes.
-CACHED_CONSTRUCTIONS = 256
+# Constructions kept for the process: a suite of 13 workloads swept over 8 points and its base is
+# 13 x 9 = 117. One holds its top-K, graph and walk: 0.5 MB (mm-512 on a 2-core AVX2 CPU, 325
+# steps) to 2.5 MB (the same with a 2 MiB L2, 1811 steps), so at most about 300 MB in all.
+CACHED_CONSTRUCTIONS = 128
 
 
 @dataclass(frozen=True)
