@@ -91,22 +91,28 @@ class TopOne:
 @dataclass(frozen=True)
 class WorkloadDiff:
     """One workload on the base and the edited spec: both constructions (their top-K, graphs),
-    both top-1s, whether the top-1 program changed, the first step (1-based, a `Stepper`
-    position) where the walks differ (None when they are the same step for step) and the
-    difference in words."""
+    both top-1s, the first step (1-based, a `Stepper` position) where the two walks differ
+    (`walks_part_at`: None when they are the same step for step), and the difference in words."""
 
     label: str
     base: Construction
     edited: Construction
     base_top: TopOne
     edited_top: TopOne
-    diverges_at_step: int | None
+    walks_part_at: int | None
     explanation: tuple[str, ...]
 
     @property
     def changed(self) -> bool:
         """The top-1 program differs (its tiles, grid, virtual threads or split)."""
         return self.base_top.program_key != self.edited_top.program_key
+
+    @property
+    def diverges_at_step(self) -> int | None:
+        """Where the construction of the changed top-1 leaves the base's walk: `walks_part_at`
+        when the top-1 program changed, None when it did not (the walks may still part on the way
+        to the same program; the contract's `diverges_at_step` is null when unchanged)."""
+        return self.walks_part_at if self.changed else None
 
     @property
     def predicted_speedup(self) -> float:
