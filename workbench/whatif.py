@@ -5,8 +5,8 @@
 
 For each workload: the top-K under both specs, whether the top-1 program changed, the first
 construction step where the two walks differ (a `Stepper` position: `seek(n)` shows that step
-on both), and what changed in words ("L2 tile grows 128 -> 256 along j: the bigger L2 holds
-it; now bound by compute (was DRAM)"). A construction is kept per (expression, spec, policy,
+on both; the contract's `diverges_at_step` where the top-1 changed), and what changed in words
+("L2 tile grows 128 -> 256 along j: the bigger L2 holds it; now bound by compute (was DRAM)"). A construction is kept per (expression, spec, policy,
 options) for the process (`construction`), so a base spec is constructed once however many
 edits and sweep points are compared with it.
 """
