@@ -1,7 +1,7 @@
-"""Comparing two sets of stored runs (`profile/versus.py`): selectors, the Mann-Whitney null
-distribution and the Hodges-Lehmann interval, verdicts, and how often a comparison of the same
-code cries wolf against how surely it catches a 5 % slowdown, on synthetic repeats drawn as timing
-noise on a shared machine is."""
+"""Comparing two sets of stored runs (`profile/versus.py`): selectors, Student's t, the run-level
+interval and its noise models, verdicts, and how often a comparison of the same code cries wolf
+against how surely it catches a 5 % slowdown, on synthetic runs whose whole time drifts from run to
+run and whose repeats are drawn as timing noise on a shared machine is (fixed seeds)."""
 
 from __future__ import annotations
 

@@ -43,9 +43,14 @@ from workbench.profile.store import RunRecord, RunStore
 
 MARGIN = SETTLE  # a ratio within 1 +- 1 % is "no detectable change" whatever the interval
 CONFIDENCE = 0.99
-# The sd of a run's log time about the code's true time, and the degrees of freedom it is worth as
-# a prior (`Noise`): DRIFT_PLACEHOLDER
-DRIFT = 0.05
+# The sd of a run's log time about the code's true time: the prior a comparison of one run a side
+# leans on. Measured on this project's shared 2-core AVX2 EPYC (2026-11-28 20:33-20:55 UTC, commit
+# eff2e92, load average 2.7 to 17): six same-code `bench kernels --suite cpu-core --topk 3` runs,
+# the spread of each workload's run times pooled over its 13 workloads, 0.83 with 65 degrees of
+# freedom (docs/benchmarks.md, "Same code, two runs"). A quiet machine drifts far less: `--drift`.
+DRIFT = 0.83
+# The degrees of freedom the prior is worth beside a workload's own runs: as much as three runs a side
+# (4), so that a workload's own spread outweighs it from four runs a side on.
 DRIFT_DF = 4
 RUNS, FLOOR = "between-run spread", "drift floor"  # the noise models: the sides' own runs, or the prior alone
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no detectable change", "not comparable"
