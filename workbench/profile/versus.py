@@ -11,9 +11,9 @@ The model is hierarchical: a run's log time is the code's true log time plus a b
 sd sigma (the run's own repeat noise folded in). B / A is exp of the difference of the sides' mean
 log run times, and its interval Student's t on sigma * sqrt(1/m + 1/n) for m and n runs a side.
 sigma is moderated (`Noise`): each workload's spread of its runs within each side, pooled over the
-two sides, joins a prior worth DRIFT_DF degrees of freedom; the prior is the spread pooled over
-every compared workload whose sides hold several runs, or, with too few, the drift measured on a
-shared host (DRIFT), or `--drift`. With one run a side the prior alone sets the width (the "drift
+two sides, joins a prior worth DRIFT_DF degrees of freedom; the prior is `--drift` where given,
+else the spread pooled over every compared workload whose sides hold several runs, else (too few)
+the drift measured on a shared host (DRIFT). With one run a side the prior alone sets the width (the "drift
 floor" model); the output says which model each workload used and how many runs each side pooled.
 The stated confidence is the interval's coverage under this model.
 
@@ -44,11 +44,11 @@ from workbench.profile.store import RunRecord, RunStore
 MARGIN = SETTLE  # a ratio within 1 +- 1 % is "no detectable change" whatever the interval
 CONFIDENCE = 0.99
 # The sd of a run's log time about the code's true time: the prior a comparison of one run a side
-# leans on. Measured on this project's shared 2-core AVX2 EPYC (2026-11-28 20:33-20:55 UTC, commit
-# eff2e92, load average 2.7 to 17): six same-code `bench kernels --suite cpu-core --topk 3` runs,
-# the spread of each workload's run times pooled over its 13 workloads, 0.83 with 65 degrees of
+# leans on. Measured on this project's shared 2-core AVX2 EPYC (2026-11-28 20:33-21:23 UTC, commit
+# eff2e92, load average 2.7 to 20): twelve same-code `bench kernels --suite cpu-core --topk 3` runs,
+# the spread of each workload's run times pooled over its 13 workloads, 0.70 with 143 degrees of
 # freedom (docs/benchmarks.md, "Same code, two runs"). A quiet machine drifts far less: `--drift`.
-DRIFT = 0.83
+DRIFT = 0.70
 # The degrees of freedom the prior is worth beside a workload's own runs: as much as three runs a side
 # (4), so that a workload's own spread outweighs it from four runs a side on.
 DRIFT_DF = 4
