@@ -1011,3 +1011,27 @@ def test_dynamic_page_on_a_gpu_device_predicts_and_does_not_compile():
     assert dynamic_chart(at)["dispatcher (lower envelope)"]
     assert not [b for b in at.button if b.label.startswith("Compile")]
     assert any("needs a CPU device that runs here; v100 is a gpu" in i.value for i in at.info)
+
+
+def test_the_compare_view_says_how_many_runs_each_side_pooled_and_the_noise_model(tmp_path, monkeypatch):
+    """Three runs a side of one workload (fake runs: the same kernels, 10 % slower on B): the table
+    gives the runs pooled a side and the model, the caption the prior pooled over the runs."""
+    from workbench.profile.fake import FakeRunner
+    from workbench.profile.store import RunStore
+
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    construction = pipeline.construct(small(topk=2))
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        for side, scale in (("a", 2.0), ("b", 2.2)):
+            for seed in range(3):
+                pipeline.profile(construction, FakeRunner(scale=scale, noise=0.01 * (seed + 1), seed=5), label="mm-64",
+                                 run_label=side, store=store)
+    at = goto(app(small()), "Runs")
+    at.multiselect(key="compare_a_label").set_value(["a"]).run()
+    at.multiselect(key="compare_b_label").set_value(["b"]).run()
+    assert not errors(at) and not at.exception
+    assert any("Noise: runs are the unit" in c.value and "pooled over the compared runs: 4 degrees of freedom" in c.value
+               for c in at.caption), [c.value for c in at.caption]
+    (row,) = [r for frame in at.dataframe if "noise model" in frame.value.columns for r in table_rows(frame.value)]
+    assert row["runs A / B"] == "3 / 3" and row["noise model"] == "between-run spread"
+    assert row["B/A"] == pytest.approx(1.1, rel=0.02) and row["verdict"] == "slower"

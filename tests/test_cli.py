@@ -736,26 +736,35 @@ def compared_store(tmp_path_factory):
 
 
 def test_runs_compare_json_contract_and_fail_on_regression(capsys, compared_store):
+    """Fake runs do not drift between runs: `--drift 0.3` says so; by default one run a side leans
+    on the drift measured on a shared host, too wide to call a 10 % slowdown."""
     db = str(compared_store)
     code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=same",
-                       "--fail-on-regression", "5", "--json")
+                       "--fail-on-regression", "5", "--drift", "0.3", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert set(doc) == {"a", "b", "confidence", "margin", "workloads", "counts", "busy_runs", "fail_on_regression",
-                        "regressions"}
+    assert set(doc) == {"a", "b", "confidence", "margin", "noise", "workloads", "counts", "busy_runs",
+                        "fail_on_regression", "regressions"}
     assert doc["busy_runs"] == []  # fake runs time nothing on this machine
-    assert doc["confidence"] == 0.95 and doc["counts"]["no detectable change"] == 2 and doc["regressions"] == []
+    assert doc["confidence"] == 0.99 and doc["counts"]["no detectable change"] == 2 and doc["regressions"] == []
+    assert doc["noise"] == {"drift": 0.003, "drift_df": 4, "source": "--drift 0.3"}
     row = doc["workloads"][0]
-    assert set(row) == {"workload", "device", "a", "b", "ratio", "ratio_low", "ratio_high", "ratio_level", "verdict", "why"}
-    assert set(row["a"]) == {"runs", "kernels", "samples", "best_seconds", "median_seconds", "median_low",
-                             "median_high", "median_level", "predicted_seconds"}
+    assert set(row) == {"workload", "device", "a", "b", "ratio", "ratio_low", "ratio_high", "ratio_level",
+                        "noise_model", "run_spread", "run_spread_df", "verdict", "why"}
+    assert row["noise_model"] == "drift floor" and row["run_spread_df"] == 4
+    assert set(row["a"]) == {"runs", "kernels", "run_seconds", "samples", "best_seconds", "median_seconds",
+                             "median_low", "median_high", "median_level", "predicted_seconds"}
     code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",
-                       "--fail-on-regression", "5")
+                       "--fail-on-regression", "5", "--drift", "0.3")
     assert code == 1
     assert "2 slower" in out and "regressions beyond 5 %: mm-32, mm-48" in out
+    assert "drift prior of 0.3% worth 4 degrees of freedom (--drift 0.3)" in out and " 1/1 " in out
     code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",
-                       "--fail-on-regression", "25", "--confidence", "0.99")
-    assert code == 0 and "regressions beyond 25 %: none" in out and "confidence 99%" in out
+                       "--fail-on-regression", "25", "--confidence", "0.95", "--drift", "0.3")
+    assert code == 0 and "regressions beyond 25 %: none" in out and "confidence 95%" in out
+    code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",
+                       "--fail-on-regression", "5")
+    assert code == 0 and "2 no detectable change" in out and "(default)" in out
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -764,6 +773,7 @@ def test_runs_compare_json_contract_and_fail_on_regression(capsys, compared_stor
     (("--a", "label=base", "--b", "label=nothing"), "no finished run"),
     (("--a", "label=base", "--b", "label=slow", "--confidence", "2"), "--confidence"),
     (("--a", "label=base", "--b", "label=slow", "--fail-on-regression", "x"), "--fail-on-regression"),
+    (("--a", "label=base", "--b", "label=slow", "--drift", "0"), "--drift"),
     (("--a", "label=base"), "--b"),
 ])
 def test_runs_compare_bad_input_is_one_line_exit_2(capsys, compared_store, argv, needle):
@@ -816,7 +826,8 @@ def test_runs_export_and_import_merge_a_subset_without_duplicates(capsys, compar
             assert [m.measurement for m in store.measurements_of(r.id)] == [m.measurement for m in measured]
             assert store.estimates_of(r.id) == estimates and r.provenance == provenance
             assert r.started_at == mine[r.workload].started_at and r.status == "finished"
-    code, text, _ = run(capsys, "runs", "compare", "--db", str(theirs), "--a", "label=base", "--b", "label=slow", "--json")
+    code, text, _ = run(capsys, "runs", "compare", "--db", str(theirs), "--a", "label=base", "--b", "label=slow",
+                        "--drift", "0.3", "--json")
     doc = json.loads(text)
     assert [(w["workload"], w["verdict"]) for w in doc["workloads"]] == [
         ("mm-48", "slower"), ("mm-64", "not comparable"), ("mm-32", "not comparable")]

@@ -83,11 +83,12 @@ def test_a_run_report_is_one_file_chromium_draws_offline(capsys, store_path, tmp
 def test_a_comparison_report_draws_the_forest_plot_offline(capsys, store_path, tmp_path):
     out = tmp_path / "compare.html"
     code, text, _ = run(capsys, "report", "--db", str(store_path), "--a", "label=base", "--b", "label=slow",
-                        "--out", str(out), "--json")
+                        "--drift", "0.3", "--out", str(out), "--json")  # fake runs do not drift
     assert code == 0 and '"bytes"' in text
     page = out.read_text()
     self_contained(page)
     assert page.count("<td>slower</td>") == 2 and "B / A per workload" in page
+    assert "drift prior of 0.3%" in page and page.count("<td>1 / 1</td>") == 2 and page.count("<td>drift floor</td>") == 2
     if not CHROMIUM.exists():
         pytest.skip("no /usr/bin/chromium (`make test` installs it)")
     dom = rendered(out, tmp_path)

@@ -553,11 +553,13 @@ def test_micro_kernel_grid_has_a_row_per_row_count_and_a_column_per_width():
 
 
 def test_the_forest_plot_draws_each_comparable_workload_by_verdict():
-    from workbench.profile.versus import NOT_COMPARABLE, SAME, SLOWER, RatioInterval, WorkloadComparison
+    from workbench.profile.versus import FLOOR, NOT_COMPARABLE, RUNS, SAME, SLOWER, RatioInterval, WorkloadComparison
     from workbench.viz.figures import forest_figure
 
-    rows = [WorkloadComparison("mm-32", "d", None, None, RatioInterval(1.1, 1.05, 1.15, 0.97), SLOWER, ""),
-            WorkloadComparison("mm-48", "d", None, None, RatioInterval(1.0, 0.98, 1.01, 0.97), SAME, ""),
+    rows = [WorkloadComparison("mm-32", "d", None, None, RatioInterval(1.1, 1.05, 1.15, 0.99, 3, 3, 0.02, 8, RUNS),
+                               SLOWER, ""),
+            WorkloadComparison("mm-48", "d", None, None, RatioInterval(1.0, 0.98, 1.01, 0.99, 1, 1, 0.005, 4, FLOOR),
+                               SAME, ""),
             WorkloadComparison("mm-64", "d", None, None, None, NOT_COMPARABLE, "no correct measurement in B")]
     fig = forest_figure(rows)
     by_name = {t.name: t for t in fig.data}
@@ -567,3 +569,5 @@ def test_the_forest_plot_draws_each_comparable_workload_by_verdict():
     assert list(slower.error_x.array) == pytest.approx([0.05]) and list(slower.error_x.arrayminus) == pytest.approx([0.05])
     assert "(1 not comparable, not drawn)" in fig.layout.title.text
     assert fig.layout.xaxis.type == "log" and list(fig.layout.yaxis.categoryarray) == ["mm-48", "mm-32"]
+    assert "runs 3 / 3, between-run spread 2.0%" in slower.hovertext[0]
+    assert "runs 1 / 1, drift floor 0.5%" in by_name["no detectable change"].hovertext[0]

@@ -251,7 +251,27 @@ SELECTOR_HELP = ("runs by KEY=VALUE[,KEY=VALUE...]: label, device, commit (prefi
 def _selector_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--a", required=required, metavar="SEL", help="the baseline: " + SELECTOR_HELP)
     p.add_argument("--b", required=required, metavar="SEL", help="compared with A: " + SELECTOR_HELP)
-    p.add_argument("--confidence", type=_confidence, default=0.95, help="the intervals' coverage (default 0.95)")
+    p.add_argument("--confidence", type=_confidence,
+                   help="the intervals' coverage (default: profile.versus.CONFIDENCE, docs/cli.md)")
+    p.add_argument("--drift", type=_drift, metavar="PCT",
+                   help="the sd of a run's time between runs of the same code, in percent: the prior a side of one "
+                   "run leans on (default: profile.versus.DRIFT, measured on a shared host, docs/cli.md)")
+
+
+def _comparing(args) -> dict:
+    """The keyword arguments of `compare_runs` the options give: the confidence and the noise model
+    (`--drift`, else None: pooled over the compared runs where they can, else the default)."""
+    from workbench.profile.versus import CONFIDENCE, Noise
+
+    noise = Noise(drift=args.drift / 100, source=f"--drift {args.drift:g}") if args.drift is not None else None
+    return {"confidence": CONFIDENCE if args.confidence is None else args.confidence, "noise": noise}
+
+
+def _drift(text: str) -> float:
+    value = _percent(text)
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage above 0 and at most 100, got {text[:40]}")
+    return value
 
 
 def _percent(text: str) -> float:
@@ -653,7 +673,7 @@ def cmd_runs_compare(args) -> int:
 
     a, b = pipeline.Selector.parse(args.a, "--a"), pipeline.Selector.parse(args.b, "--b")  # before the store is opened
     with _existing_store(args) as store:
-        comparison = pipeline.compare_runs(store, a, b, args.confidence)
+        comparison = pipeline.compare_runs(store, a, b, **_comparing(args))
     _emit(args, comparison.to_dict(args.fail_on_regression), pipeline.comparison_text(comparison, args.fail_on_regression))
     if args.fail_on_regression is not None and comparison.regressions(args.fail_on_regression):
         return EXIT_REGRESSION
@@ -685,7 +705,7 @@ def cmd_report(args) -> int:
     several = pipeline.Selector.parse(args.runs, "--runs") if given[1] else None
     with _existing_store(args) as store:
         if selectors is not None:
-            page = comparison_report(store, pipeline.compare_runs(store, *selectors, args.confidence))
+            page = comparison_report(store, pipeline.compare_runs(store, *selectors, **_comparing(args)))
         elif several is not None:
             page = runs_report(store, several)
         else:

@@ -25,7 +25,7 @@ from workbench.profile.diagnose import Diagnosis, diagnose
 from workbench.profile.noise import median_interval
 from workbench.profile.store import RunRecord, RunStore, StoredMeasurement
 from workbench.errors import UserError
-from workbench.profile.versus import RunsComparison, Selector
+from workbench.profile.versus import RunsComparison, Selector, noise_text
 from workbench.rtile.model import Estimate
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
 from workbench.viz.roofline import roofline_figure, roofline_points
@@ -272,6 +272,7 @@ def comparison_report(store: RunStore, comparison: RunsComparison) -> str:
     counts = c.counts()
     page.note(f"confidence {c.confidence:.0%}; a change under {c.margin:.0%} counts as none. "
               + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(c.workloads)} workloads.")
+    page.note(f"Noise: {noise_text(c.noise)}.")
     if c.busy_runs:
         page.note(f"Warning: {c.busy_note()}.")
     for name, selector, ids in (("A", c.a, c.a_runs), ("B", c.b, c.b_runs)):
@@ -289,6 +290,9 @@ def comparison_report(store: RunStore, comparison: RunsComparison) -> str:
             row[f"{name} kernels (run#rank)"] = ", ".join(f"{r}#{k}" for r, k in side.kernels) if side else "-"
         row["B/A [interval]"] = (f"{w.interval.ratio:.3f} [{w.interval.low:.3f}, {w.interval.high:.3f}]"
                                  if w.interval else "-")
+        row["runs A / B"] = f"{w.interval.runs_a} / {w.interval.runs_b}" if w.interval else "-"
+        row["noise model"] = w.interval.model if w.interval else "-"
+        row["run sd"] = f"{w.interval.spread:.1%}" if w.interval else "-"
         row["verdict"] = w.verdict + (f" ({w.why})" if w.why else "")
         rows.append(row)
     page.add(_table(rows))

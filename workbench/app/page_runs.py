@@ -6,7 +6,7 @@ them, and parallel coordinates of all; and the model's correction learnt from a 
 measurements (`pipeline.refit`): its verdict, before and after per held-out workload, its
 coefficients. A Compare view sets two sets of runs (by label, device, commit, policy) against each
 other workload by workload (`profile.versus`): a forest plot of the ratios with their intervals,
-the table filtered to changes if asked, and each side's candidates of a chosen workload; the
+the table (with the runs each side pooled and the noise model) filtered to changes if asked, and each side's candidates of a chosen workload; the
 report of a run or of the comparison downloads as one HTML file (`workbench.report`)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from workbench.app.messages import message
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
 from workbench.pipeline import RunStore, importance, slice_points, stored_trials
-from workbench.profile.versus import FASTER, SLOWER, compare_runs, mapping_selector
+from workbench.profile.versus import FASTER, SLOWER, compare_runs, mapping_selector, noise_text
 from workbench.report import comparison_report, run_html, stored_run
 from workbench.viz.figures import (
     ComparedPoint,
@@ -107,8 +107,7 @@ def _compare(store: RunStore, runs) -> None:
     st.caption(f"A: {comparison.a.text} ({len(comparison.a_runs)} runs); B: {comparison.b.text} "
                f"({len(comparison.b_runs)} runs). " + ", ".join(f"{n} {v}" for v, n in counts.items())
                + f" at {comparison.confidence:.0%} confidence; a change under {comparison.margin:.0%} counts as none. "
-               "A side's time is its best kernel's repeats over its runs; the ratio's interval is rank-based "
-               "(Hodges-Lehmann).")
+               f"Noise: {noise_text(comparison.noise)}.")
     if comparison.busy_runs:
         st.warning(comparison.busy_note())
     changes_only = st.checkbox("only workloads that changed", key="compare_changes_only")
@@ -120,6 +119,9 @@ def _compare(store: RunStore, runs) -> None:
                       "B/A": w.interval.ratio if w.interval else None,
                       "low": w.interval.low if w.interval else None,
                       "high": w.interval.high if w.interval else None,
+                      "runs A / B": f"{w.interval.runs_a} / {w.interval.runs_b}" if w.interval else None,
+                      "noise model": w.interval.model if w.interval else None,
+                      "run sd %": w.interval.spread * 100 if w.interval else None,
                       "verdict": w.verdict + (f" ({w.why})" if w.why else "")} for w in shown])
     st.download_button("Download the comparison report (HTML)", partial(_comparison_html, store.path, a, b),
                        file_name="comparison-report.html", mime="text/html", key="compare_report", on_click="ignore")

@@ -1,26 +1,32 @@
 """Two sets of stored runs compared workload by workload: what got faster, what got slower, and
-whether the repeats can tell (`workbench runs compare`, the Runs page's Compare view, the
-comparison report).
+whether the runs can tell (`workbench runs compare`, the Runs page's Compare view, the comparison
+report).
 
-A side's time for a workload is its best kernel's: in each of the side's runs of the workload,
-the correct candidate with the lowest median repeat, the repeats of those kernels pooled over the
-side's runs (so run-to-run drift widens the side's spread instead of hiding). Its interval is the
-order-statistics interval of their median (`profile.noise`).
+A side's time for a workload is its best kernel's: in each of the side's runs of the workload, the
+correct candidate with the lowest median repeat; that median is the run's time. Runs are the unit:
+a host drifts between runs by more than a run's repeats show (within-run repeats share the run's
+load, clock and placement), so the repeats only make each run's time; the ratio compares runs.
 
-The ratio B / A is the Hodges-Lehmann estimate of the shift between the two sides' log times
-(the median of all pairwise differences), and its interval the distribution-free one that
-inverts the Mann-Whitney test: [d(k), d(mn+1-k)] of the m x n sorted differences, k chosen from
-the exact null distribution of U (Hollander, Wolfe & Chicken, Nonparametric Statistical Methods,
-3rd ed., chapter 4: the two-sample location problem). It assumes only that noise acts alike on both sides, as timing noise on one machine
-does (a repeat is only ever slowed down, by the same kinds of interference).
+The model is hierarchical: a run's log time is the code's true log time plus a between-run drift of
+sd sigma (the run's own repeat noise folded in). B / A is exp of the difference of the sides' mean
+log run times, and its interval Student's t on sigma * sqrt(1/m + 1/n) for m and n runs a side.
+sigma is moderated (`Noise`): each workload's spread of its runs within each side, pooled over the
+two sides, joins a prior worth DRIFT_DF degrees of freedom; the prior is `--drift` where given,
+else the spread pooled over every compared workload whose sides hold several runs, else (too few)
+the drift measured on a shared host (DRIFT). With one run a side the prior alone sets the width (the "drift
+floor" model); the output says which model each workload used and how many runs each side pooled.
+The stated confidence is the interval's coverage under this model.
 
 A verdict claims a change only when the whole interval lies beyond MARGIN: a change smaller than
-that is below what the benchmarks resolve (`noise.SETTLE`), and without the margin a comparison of
-the same code would call one workload in 1 / (1 - confidence) slower or faster by chance.
+that is below what the benchmarks resolve (`noise.SETTLE`). The default confidence is 99 %: a
+same-code comparison may then flag at most 1 % of workloads, which is the false-alarm target; 95 %
+would allow 5 %. How many runs a side a 5 % slowdown needs depends on the host's drift
+(docs/benchmarks.md, "Same code, two runs").
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,10 +42,17 @@ from workbench.profile.provenance import busy
 from workbench.profile.store import RunRecord, RunStore
 
 MARGIN = SETTLE  # a ratio within 1 +- 1 % is "no detectable change" whatever the interval
-CONFIDENCE = 0.95
-# The exact levels are fractions (3 vs 3 repeats: 1 - 2/20 = 0.9); one asked for at exactly such a
-# level is reached, whatever the last bit of its floating-point sum.
-LEVEL_TOLERANCE = 1e-9
+CONFIDENCE = 0.99
+# The sd of a run's log time about the code's true time: the prior a comparison of one run a side
+# leans on. Measured on this project's shared 2-core AVX2 EPYC (2026-11-28 20:33-21:23 UTC, commit
+# eff2e92, load average 2.7 to 20): twelve same-code `bench kernels --suite cpu-core --topk 3` runs,
+# the spread of each workload's run times pooled over its 13 workloads, 0.70 with 143 degrees of
+# freedom (docs/benchmarks.md, "Same code, two runs"). A quiet machine drifts far less: `--drift`.
+DRIFT = 0.70
+# The degrees of freedom the prior is worth beside a workload's own runs: as much as three runs a side
+# (4), so that a workload's own spread outweighs it from four runs a side on.
+DRIFT_DF = 4
+RUNS, FLOOR = "between-run spread", "drift floor"  # the noise models: the sides' own runs, or the prior alone
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "faster", "slower", "no detectable change", "not comparable"
 VERDICTS = (FASTER, SLOWER, SAME, NOT_COMPARABLE)
 KEYS = ("label", "device", "commit", "policy", "workload", "since", "until", "run")
@@ -134,63 +147,127 @@ def select_runs(store: RunStore, selector: Selector, option: str) -> tuple[RunRe
     return runs
 
 
-# -- the Hodges-Lehmann interval ----------------------------------------------------------------
+# -- the run-level interval ----------------------------------------------------------------------
+
+
+def t_two_sided(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's T with `df` (a positive integer) degrees of freedom, in closed form
+    (Abramowitz & Stegun, Handbook of Mathematical Functions, 26.7.3 and 26.7.4)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be a positive integer, got {df}")
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2 4/(3 5) cos^4 + ...)), the sum's last power cos^(df-3)
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for j in range(1, (df - 1) // 2):
+            term *= 2 * j / (2 * j + 1) * c2
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin (1 + 1/2 cos^2 + 1 3/(2 4) cos^4 + ...), the last power cos^(df-2)
+    for j in range(1, df // 2):
+        term *= (2 * j - 1) / (2 * j) * c2
+        total += term
+    return math.sin(theta) * total
 
 
 @lru_cache(maxsize=256)
-def mann_whitney_cdf(m: int, n: int) -> np.ndarray:
-    """P(U <= u) for u = 0 .. m n under the null (no shift), U the Mann-Whitney count of pairs
-    (x, y) with y < x of m x's and n y's, by the recurrence p(u; m, n) = m/(m+n) p(u-n; m-1, n) +
-    n/(m+n) p(u; m, n-1) (the largest of the m + n values is an x or a y)."""
-    # rows[j]: the distribution for (i, j) at the current i, as an array over u
-    rows = [np.ones(1) for _ in range(n + 1)]  # i = 0: U = 0 for any n
-    for i in range(1, m + 1):
-        new = [np.ones(1)]  # j = 0: U = 0
-        for j in range(1, n + 1):
-            p = np.zeros(i * j + 1)
-            p[j:j + len(rows[j])] += i / (i + j) * rows[j]  # the largest is an x: it beats all j y's
-            p[:len(new[j - 1])] += j / (i + j) * new[j - 1]  # the largest is a y
-            new.append(p)
-        rows = new
-    return np.cumsum(rows[n])
+def t_quantile(confidence: float, df: int) -> float:
+    """The t with P(|T| <= t) = `confidence` under `df` degrees of freedom (bisection to 1e-12)."""
+    low, high = 0.0, 1.0
+    while t_two_sided(high, df) < confidence:
+        high *= 2
+    while high - low > 1e-12 * high:
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_two_sided(mid, df) < confidence else (low, mid)
+    return (low + high) / 2
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How much a run's time of a workload moves from one run of the same code to the next.
+
+    `drift` is the prior standard deviation of a run's log time (its best kernel's median repeat)
+    about the code's true time, and `drift_df` the degrees of freedom it is worth: it joins each
+    workload's own run-to-run spread as a prior joins a sample variance (Smyth, Linear models and
+    empirical Bayes methods for assessing differential expression, 2004: the moderated variance).
+    With one run a side the prior alone sets the interval's width."""
+
+    drift: float = DRIFT
+    drift_df: int = DRIFT_DF
+    source: str = "default"  # "default" (DRIFT), "pooled ..." (`pooled`), or the option that set it
+
+    @staticmethod
+    def pooled(sides: Sequence[tuple[Sequence[float], Sequence[float]]], fallback: "Noise") -> "Noise":
+        """The prior estimated from every workload's sides (per-run log times of A and of B): the
+        sides' run-to-run spreads pooled over the workloads, the hierarchical model's between-run
+        variance, worth DRIFT_DF; `fallback` when they hold fewer than DRIFT_DF degrees of freedom
+        (too few sides of several runs)."""
+        parts = [_spread(x) for pair in sides for x in pair]
+        ss, d = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        if d < DRIFT_DF or ss <= 0:
+            return fallback
+        workloads = sum(any(len(x) > 1 for x in pair) for pair in sides)
+        return Noise(math.sqrt(ss / d), DRIFT_DF, f"pooled over the compared runs: {d} degrees of freedom from "
+                                                  f"{workloads} workloads")
+
+    def spread(self, runs_a: Sequence[float], runs_b: Sequence[float]) -> tuple[float, int, str]:
+        """(sd of one run's log time, its degrees of freedom, the model's name) for two sides'
+        per-run log times: the within-side spreads pooled with the prior."""
+        (ss_a, d_a), (ss_b, d_b) = _spread(runs_a), _spread(runs_b)
+        d, ss = d_a + d_b, ss_a + ss_b
+        df = self.drift_df + d
+        if df < 1:
+            raise UserError("a comparison of one run a side needs a between-run drift above 0 worth at least one "
+                            "degree of freedom")
+        return math.sqrt((self.drift_df * self.drift ** 2 + ss) / df), df, RUNS if d else FLOOR
+
+    def to_dict(self) -> dict:
+        return {"drift": self.drift, "drift_df": self.drift_df, "source": self.source}
+
+
+def _spread(logs: Sequence[float]) -> tuple[float, int]:
+    """(sum of squared deviations from their mean, degrees of freedom) of one side's per-run logs."""
+    x = np.asarray(logs, dtype=float)
+    return (float(((x - x.mean()) ** 2).sum()), len(x) - 1) if len(x) else (0.0, 0)
 
 
 @dataclass(frozen=True)
 class RatioInterval:
-    ratio: float  # the Hodges-Lehmann estimate of B / A
+    ratio: float  # B / A: exp of the difference of the sides' mean log run times
     low: float
     high: float
-    level: float  # the interval's exact coverage under the model
+    level: float  # the interval's coverage under the noise model (the confidence asked for)
+    runs_a: int
+    runs_b: int
+    spread: float  # the sd of one run's log time used
+    df: int
+    model: str  # RUNS or FLOOR
 
     def to_dict(self) -> dict:
-        return {"ratio": self.ratio, "low": self.low, "high": self.high, "level": self.level}
+        return {"ratio": self.ratio, "low": self.low, "high": self.high, "level": self.level, "runs_a": self.runs_a,
+                "runs_b": self.runs_b, "spread": self.spread, "df": self.df, "model": self.model}
 
 
-def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> RatioInterval | None:
-    """The Hodges-Lehmann estimate of the ratio of `b`'s times to `a`'s and the narrowest
-    rank-based interval covering it with at least `confidence` (the widest, [min, max] of the
-    ratios, with its own lower level when the samples are too few); None when a side is empty."""
+def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE,
+                   noise: Noise = Noise()) -> RatioInterval | None:
+    """B / A from each side's per-run times (`a`, `b`: one time per run, its best kernel's median
+    repeat) with the Student-t interval of the difference of their mean logs at `confidence`: the
+    sd of one run's log time from `noise.spread`, each side's mean over its runs; None when a side
+    is empty."""
     if not len(a) or not len(b):
         return None
     x, y = np.log(np.asarray(a, dtype=float)), np.log(np.asarray(b, dtype=float))
-    d = np.sort((y[None, :] - x[:, None]).ravel())
-    m, n = len(x), len(y)
-    cdf = mann_whitney_cdf(m, n)  # cached: read only
-    k = 1  # 1-based: [d(k), d(mn+1-k)] has coverage 1 - 2 P(U <= k-1)
-    while k + 1 <= (m * n + 1) // 2 and 1 - 2 * cdf[k] >= confidence - LEVEL_TOLERANCE:
-        k += 1
-    level = 1 - 2 * cdf[k - 1] if m * n > 1 else 0.0
-    return RatioInterval(float(np.exp(np.median(d))), float(np.exp(d[k - 1])), float(np.exp(d[m * n - k])),
-                         float(level))
+    sd, df, model = noise.spread(x, y)
+    shift = float(y.mean() - x.mean())
+    half = t_quantile(confidence, df) * sd * math.sqrt(1 / len(x) + 1 / len(y))
+    return RatioInterval(math.exp(shift), math.exp(shift - half), math.exp(shift + half), confidence,
+                         len(x), len(y), sd, df, model)
 
 
-def verdict(interval: RatioInterval | None, confidence: float, margin: float = MARGIN) -> tuple[str, str]:
-    """(verdict, why) for a ratio interval at `confidence`."""
+def verdict(interval: RatioInterval | None, margin: float = MARGIN) -> tuple[str, str]:
+    """(verdict, why) for a ratio interval."""
     if interval is None:
         return NOT_COMPARABLE, "no correct measurement on one side"
-    if interval.level < confidence - LEVEL_TOLERANCE:
-        return NOT_COMPARABLE, (f"too few repeats: the widest interval covers {interval.level:.1%}, less than "
-                                f"{confidence:.0%}; pool more runs a side, or lower --confidence")
     if interval.low > 1 + margin:
         return SLOWER, ""
     if interval.high < 1 / (1 + margin):
@@ -203,10 +280,12 @@ def verdict(interval: RatioInterval | None, confidence: float, margin: float = M
 
 @dataclass(frozen=True)
 class Side:
-    """One side's best kernel of a workload: which (run, rank) per run, its pooled repeats, the
-    median with its order-statistics interval."""
+    """One side's best kernel of a workload: which (run, rank) per run, each run's time (its best
+    kernel's median repeat), and their repeats pooled (for the median's order-statistics interval
+    shown beside it; the ratio's interval treats the runs as the unit)."""
 
     kernels: tuple[tuple[int, int], ...]  # (run id, candidate rank), one per run with a correct kernel
+    run_seconds: tuple[float, ...]  # per run of `kernels`: its best kernel's median repeat
     seconds: tuple[float, ...]
     predicted_seconds: float  # the predicted time of the first run's best kernel
 
@@ -221,7 +300,7 @@ class Side:
     def to_dict(self, confidence: float) -> dict:
         iv = median_interval(self.seconds, confidence)
         return {"runs": [r for r, _ in self.kernels], "kernels": [{"run": r, "rank": k} for r, k in self.kernels],
-                "samples": len(self.seconds), "best_seconds": self.best_seconds,
+                "run_seconds": list(self.run_seconds), "samples": len(self.seconds), "best_seconds": self.best_seconds,
                 "median_seconds": self.median_seconds, "median_low": iv.low, "median_high": iv.high,
                 "median_level": iv.level, "predicted_seconds": self.predicted_seconds}
 
@@ -248,6 +327,9 @@ class WorkloadComparison:
                 "ratio_low": self.interval.low if self.interval else None,
                 "ratio_high": self.interval.high if self.interval else None,
                 "ratio_level": self.interval.level if self.interval else None,
+                "noise_model": self.interval.model if self.interval else None,
+                "run_spread": self.interval.spread if self.interval else None,
+                "run_spread_df": self.interval.df if self.interval else None,
                 "verdict": self.verdict, "why": self.why}
 
 
@@ -261,6 +343,7 @@ class RunsComparison:
     margin: float
     workloads: tuple[WorkloadComparison, ...]
     busy_runs: tuple[int, ...] = ()  # runs that started on a busy machine (`provenance.busy`)
+    noise: Noise = Noise()
 
     def busy_note(self) -> str:
         """A sentence when runs of either side started on a busy machine, "" otherwise."""
@@ -272,8 +355,9 @@ class RunsComparison:
         which = f"all {total} runs" if len(self.busy_runs) == total > 1 else f"runs {named}"
         return (f"{which} started on a busy machine (load average at least "
                 f"half its CPUs): other work slowed them by amounts that differ from run to run, which their "
-                f"repeats cannot show, so verdicts involving them may be false alarms; compare runs made on a "
-                f"quiet machine")
+                f"repeats cannot show; a side of one run leans on the drift prior alone "
+                f"({self.noise.drift:.1%}), so verdicts involving them may be false alarms: pool several runs a "
+                f"side, or compare runs made on a quiet machine")
 
     def counts(self) -> dict[str, int]:
         return {v: sum(w.verdict == v for w in self.workloads) for v in VERDICTS}
@@ -288,6 +372,7 @@ class RunsComparison:
             "b": {"selector": self.b.text, "runs": list(self.b_runs)},
             "confidence": self.confidence,
             "margin": self.margin,
+            "noise": self.noise.to_dict(),
             "workloads": [w.to_dict(self.confidence) for w in self.workloads],
             "counts": self.counts(),
             "busy_runs": list(self.busy_runs),
@@ -309,47 +394,52 @@ def best_kernel(store: RunStore, run: RunRecord) -> tuple[int, tuple[float, ...]
 
 
 def side_of(store: RunStore, runs: Sequence[RunRecord]) -> Side | None:
-    kernels, seconds, predicted = [], [], None
+    kernels, per_run, seconds, predicted = [], [], [], None
     for run in runs:
         found = best_kernel(store, run)
         if found is None:
             continue
         rank, repeats, p = found
         kernels.append((run.id, rank))
+        per_run.append(float(np.median(repeats)))
         seconds.extend(repeats)
         predicted = p if predicted is None else predicted
-    return Side(tuple(kernels), tuple(seconds), predicted) if kernels else None
+    return Side(tuple(kernels), tuple(per_run), tuple(seconds), predicted) if kernels else None
 
 
 def compare_sides(workload: str, device: str, a: Side | None, b: Side | None, confidence: float,
-                  margin: float = MARGIN) -> WorkloadComparison:
-    interval = ratio_interval(a.seconds, b.seconds, confidence) if a and b else None
+                  margin: float = MARGIN, noise: Noise = Noise()) -> WorkloadComparison:
     if a is None or b is None:
         why = "no correct measurement in " + ("A" if a is None and b is not None else "B" if b is None and a is not None
                                                else "either side")
         return WorkloadComparison(workload, device, a, b, None, NOT_COMPARABLE, why)
-    v, why = verdict(interval, confidence, margin)
+    interval = ratio_interval(a.run_seconds, b.run_seconds, confidence, noise)
+    v, why = verdict(interval, margin)
     return WorkloadComparison(workload, device, a, b, interval, v, why)
 
 
 def compare_runs(store: RunStore, a: Selector, b: Selector, confidence: float = CONFIDENCE,
-                 margin: float = MARGIN) -> RunsComparison:
-    """Every workload either side ran, compared (see the module's docstring); UserError when a
-    selector picks no finished run or the confidence is not in (0, 1)."""
+                 margin: float = MARGIN, noise: Noise | None = None) -> RunsComparison:
+    """Every workload either side ran, compared (see the module's docstring) under `noise`, by
+    default the prior pooled over the compared runs (`Noise.pooled`), else `Noise()`; UserError
+    when a selector picks no finished run or the confidence is not in (0, 1)."""
     if not 0 < confidence < 1:
         raise UserError(f"--confidence must be between 0 and 1 (exclusive), got {confidence}")
     runs_a, runs_b = select_runs(store, a, "--a"), select_runs(store, b, "--b")
     labels = list(dict.fromkeys([r.workload for r in runs_a] + [r.workload for r in runs_b]))
-    rows = []
+    sides = []
     for label in labels:
         mine = [r for r in runs_a if r.workload == label]
         theirs = [r for r in runs_b if r.workload == label]
         devices = list(dict.fromkeys(r.device for r in mine + theirs))
-        rows.append(compare_sides(label, " / ".join(devices), side_of(store, mine), side_of(store, theirs),
-                                  confidence, margin))
+        sides.append((label, " / ".join(devices), side_of(store, mine), side_of(store, theirs)))
+    if noise is None:
+        noise = Noise.pooled([(np.log(sa.run_seconds), np.log(sb.run_seconds)) for *_, sa, sb in sides if sa and sb],
+                             Noise())
+    rows = [compare_sides(label, device, sa, sb, confidence, margin, noise) for label, device, sa, sb in sides]
     busy_runs = tuple(r.id for r in runs_a + runs_b if busy(dict(r.provenance)))
     return RunsComparison(a, b, tuple(r.id for r in runs_a), tuple(r.id for r in runs_b), confidence, margin,
-                          tuple(rows), tuple(sorted(set(busy_runs))))
+                          tuple(rows), tuple(sorted(set(busy_runs))), noise)
 
 
 def text(comparison: RunsComparison, fail_on_regression: float | None = None) -> str:
@@ -357,7 +447,9 @@ def text(comparison: RunsComparison, fail_on_regression: float | None = None) ->
     c = comparison
     lines = [f"A: {c.a.text} ({len(c.a_runs)} runs)   B: {c.b.text} ({len(c.b_runs)} runs)   "
              f"confidence {c.confidence:.0%}, changes under {c.margin:.0%} count as none",
-             f"{'workload':24s} {'A median [interval]':>30s} {'B median [interval]':>30s} {'B/A [interval]':>22s}  verdict"]
+             f"noise: {noise_text(c.noise)}",
+             f"{'workload':24s} {'A median [interval]':>30s} {'B median [interval]':>30s} {'B/A [interval]':>22s} "
+             f"{'runs':>5s} {'run sd':>6s}  verdict"]
     for w in c.workloads:
         cells = []
         for side in (w.a, w.b):
@@ -367,7 +459,9 @@ def text(comparison: RunsComparison, fail_on_regression: float | None = None) ->
             iv = median_interval(side.seconds, c.confidence)
             cells.append(f"{duration(side.median_seconds):>9s} [{duration(iv.low)}, {duration(iv.high)}]".rjust(30))
         ratio = (f"{w.interval.ratio:.3f} [{w.interval.low:.3f}, {w.interval.high:.3f}]" if w.interval else "-")
-        lines.append(f"{w.workload[:24]:24s} {cells[0]} {cells[1]} {ratio:>22s}  {w.verdict}"
+        runs = f"{w.interval.runs_a}/{w.interval.runs_b}" if w.interval else "-"
+        sd = f"{w.interval.spread:.1%}" + ("*" if w.interval.model == FLOOR else "") if w.interval else "-"
+        lines.append(f"{w.workload[:24]:24s} {cells[0]} {cells[1]} {ratio:>22s} {runs:>5s} {sd:>6s}  {w.verdict}"
                      + (f" ({w.why})" if w.why else ""))
     counts = c.counts()
     lines.append(", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(c.workloads)} workloads")
@@ -377,6 +471,14 @@ def text(comparison: RunsComparison, fail_on_regression: float | None = None) ->
         bad = c.regressions(fail_on_regression)
         lines.append(f"regressions beyond {fail_on_regression:g} %: " + (", ".join(w.workload for w in bad) or "none"))
     return "\n".join(lines)
+
+
+def noise_text(noise: Noise) -> str:
+    """The noise model in a sentence, as the text, the report and the Runs page state it."""
+    return (f"runs are the unit: B/A is the ratio of the sides' mean log run times (a run's time: its best "
+            f"kernel's median repeat), its interval Student's t on the sd of one run's log time, the sides' "
+            f"run-to-run spread pooled with a drift prior of {noise.drift:.1%} worth {noise.drift_df} degrees of "
+            f"freedom ({noise.source}); with one run a side the prior alone sets it (run sd marked *)")
 
 
 def mapping_selector(values: Mapping[str, str | Sequence[str]], text: str = "") -> Selector:

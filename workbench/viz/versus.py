@@ -17,7 +17,7 @@ FRAME_PX = 120  # title, axis and legend
 
 def forest_figure(rows: Sequence[WorkloadComparison], title: str = "") -> go.Figure:
     """One row per comparable workload (first at the top): the ratio B / A (log scale) with its
-    interval as error bars, a trace per verdict, the line of no change and the band of changes
+    interval as error bars (the hover names the runs pooled a side and the noise model), a trace per verdict, the line of no change and the band of changes
     too small to count (`versus.MARGIN`). Rows without a ratio are left out; the title says how
     many."""
     shown = [w for w in rows if w.interval is not None]
@@ -34,7 +34,8 @@ def forest_figure(rows: Sequence[WorkloadComparison], title: str = "") -> go.Fig
                      "arrayminus": [w.interval.ratio - w.interval.low for w in mine]},
             hoverinfo="text",
             hovertext=[f"{w.workload}: B/A {w.interval.ratio:.3f} [{w.interval.low:.3f}, {w.interval.high:.3f}] "
-                       f"({w.interval.level:.1%}): {w.verdict}" for w in mine],
+                       f"({w.interval.level:.1%}; runs {w.interval.runs_a} / {w.interval.runs_b}, "
+                       f"{w.interval.model} {w.interval.spread:.1%}): {w.verdict}" for w in mine],
         ))
     left = [w.interval.low for w in shown] or [1 / 1.1]
     right = [w.interval.high for w in shown] or [1.1]
