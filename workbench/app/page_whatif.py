@@ -168,7 +168,7 @@ def _workload_diff(sel: Request, edit: EditedSpec) -> None:
         st.error(message(err))
         return
     verdict = "the top-1 program changes" if d.changed else "the top-1 program stays"
-    st.markdown(f"**{d.label}**: {verdict}; predicted speed-up {d.predicted_speedup:.3g}x")
+    st.markdown(f"**{d.label}**: {verdict}")
     st.markdown("\n".join(f"- {line}" for line in d.explanation))
     if d.diverges_at_step is None:
         st.caption(f"The two constructions take the same {d.base.steps} steps.")
