@@ -98,3 +98,6 @@ def test_sweep_view_draws_the_core_curves_with_their_change_points():
     w.low.value = "200KiB"
     w.sweep_button.click()
     assert w.result is None and "LO must be below HI" in w.message_html.value and w.figure_view.figure is None
+    w.low.value, w.points.value = "8KiB", 1000
+    w.sweep_button.click()
+    assert w.result is None and "N must be an integer from 2 to" in w.message_html.value

@@ -18,9 +18,8 @@ from workbench.app import views
 from workbench.app.messages import message
 from workbench.app.state import edited, in_workspace, selection, set_selection, step_link
 from workbench.errors import UserError
-from workbench.hardware.edit import MAX_SWEEP_POINTS
-from workbench.pipeline import DeviceSpec, EditedSpec, FieldInfo, Request, Sweep, Workload
-from workbench.viz.whatif import field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
+from workbench.pipeline import DeviceSpec, EditedSpec, FieldInfo, Request, Workload
+from workbench.viz.figures import field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
 
 PEAKS = ("peak_gflops", "tensor_core_gflops", "micro_kernels")
 INPUTS_PER_ROW = 3
@@ -224,15 +223,14 @@ def _sweep(sel: Request, base: DeviceSpec) -> None:
     field = cols[0].selectbox("Field", names, index=names.index(SWEPT) if SWEPT in names else 0, key="sweep_field")
     low = cols[1].text_input("from", value=SWEEP_RANGE[0], key="sweep_low", help="a value, a size (256KiB) or a factor of the base (0.5x)")
     high = cols[2].text_input("to", value=SWEEP_RANGE[1], key="sweep_high")
-    points = int(cols[3].number_input("points", min_value=2, max_value=MAX_SWEEP_POINTS, value=SWEEP_POINTS, step=1,
-                                      key="sweep_points"))
+    points = int(cols[3].number_input("points", min_value=2, value=SWEEP_POINTS, step=1, key="sweep_points"))
     names_, index = _suite_names(sel)
     over = st.radio("Over", ("this workload", f"the {names_[index]} suite"), horizontal=True, key="sweep_over")
     unit = next(f.unit for f in numeric if f.name == field)
-    asked = (Sweep(field, low.strip(), high.strip(), points), over, base, sel.workload, sel.policy, sel.options)
+    asked = (f"{field}={low.strip()}:{high.strip()}:{points}", over, base, sel.workload, sel.policy, sel.options)
     held = st.session_state.get("whatif_sweep")
     if st.button("Sweep"):
-        try:
+        try:  # the core checks the range and the number of points (`pipeline.parse_sweep`)
             workloads = [sel.workload] if over == "this workload" else list(pipeline.suite(names_[index])[1])
             with st.spinner(f"constructing {len(workloads)} workload(s) at {points} values..."):
                 result = pipeline.whatif_sweep(workloads, base, asked[0], sel.policy, sel.options)

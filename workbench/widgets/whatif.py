@@ -24,9 +24,8 @@ import traitlets
 from workbench import pipeline
 from workbench.errors import UserError
 from workbench.fmt import time_columns
-from workbench.hardware.edit import MAX_SWEEP_POINTS
-from workbench.pipeline import DeviceSpec, EditedSpec, FieldInfo, Options, Sweep
-from workbench.viz.whatif import field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
+from workbench.pipeline import DeviceSpec, EditedSpec, FieldInfo, Options
+from workbench.viz.figures import field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
 from workbench.widgets.plot import PlotView
 from workbench.widgets.stepper import ConstructionStepper
 from workbench.widgets.tables import html_table, message
@@ -238,7 +237,7 @@ class SweepView(widgets.VBox):
         names = list(self.units)
         self.field = widgets.Dropdown(options=names, value=field if field in names else names[0], description="field")
         self.low, self.high = widgets.Text(low, description="from"), widgets.Text(high, description="to")
-        self.points = widgets.BoundedIntText(points, min=2, max=MAX_SWEEP_POINTS, description="points")
+        self.points = widgets.IntText(points, description="points")
         self.sweep_button = widgets.Button(description="Sweep", icon="line-chart")
         self.message_html, self.table = widgets.HTML(), widgets.HTML()
         self.figure_view = PlotView()
@@ -250,8 +249,9 @@ class SweepView(widgets.VBox):
 
     def run(self) -> SweepResult | None:
         """Sweep with the inputs' values; the result (None, with the reason shown, when refused)."""
-        sweep = Sweep(self.field.value, self.low.value.strip(), self.high.value.strip(), self.points.value)
-        try:
+        text = f"{self.field.value}={self.low.value.strip()}:{self.high.value.strip()}:{self.points.value}"
+        try:  # the core checks the range and the number of points (`pipeline.parse_sweep`)
+            sweep = pipeline.parse_sweep(text)
             result = pipeline.whatif_sweep(self.workloads, self.base, sweep, self.policy, self.options)
         except UserError as err:
             self.set_trait("result", None)
