@@ -28,6 +28,7 @@ CORE_TESTS = frozenset({
     "test_gpu_runner.py",
     "test_graph.py",
     "test_hardware_detect.py",
+    "test_hardware_edit.py",
     "test_invariants.py",
     "test_layers.py",
     "test_markov.py",
@@ -45,6 +46,7 @@ CORE_TESTS = frozenset({
     "test_stepper.py",
     "test_traffic.py",
     "test_viz_dataflow.py",
+    "test_whatif.py",
 })
 
 
@@ -61,6 +63,7 @@ FULL_LANE_ONLY = {
     "test_markov.py::test_the_gensor_suite_constructs_within_the_limits_on_the_v100": None,
     "test_roller.py::test_every_suite_workload_constructs_within_the_limits":
         lambda p: p["dev"] in ("local-cpu", "v100"),
+    "test_whatif.py::test_one_unit_never_predicts_faster": lambda p: p["preset"] == "v100",
 }
 
 

@@ -133,6 +133,22 @@ def build_parser() -> argparse.ArgumentParser:
     _label_arg(p)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("whatif", help="edit a device spec and compare the constructions on both, or sweep one field")
+    p.add_argument("--device", default="local-cpu", help="the base: preset name or spec file (default: local-cpu)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="edit a spec field by its TOML name: compute_units=40, L2.capacity_bytes=2MiB, "
+                   "global.bandwidth_gbps=2x, peak_gflops.float32=20000, target.mcpu=x86-64-v2 (repeatable)")
+    p.add_argument("--sweep", metavar="FIELD=LO:HI:N", help="construct at N values of one field from LO to HI "
+                   "(geometric where HI/LO >= 4, else linear) instead of --set")
+    p.add_argument("--workload", help="SUITE:ID or PATH.toml:ID")
+    p.add_argument("--suite", help="every workload of a suite (cpu-core, ...) or a suite TOML path")
+    _policy_args(p)
+    p.add_argument("--measure", action="store_true", help="build and time the base and edited top-1 on this CPU "
+                   "(--device local-cpu; fewer compute_units, a narrower target.mcpu)")
+    p.add_argument("--repeat", type=int, default=5, help="timing repeats per kernel with --measure (default 5)")
+    p.add_argument("--out", help="write the edited spec as a TOML spec file here")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench_command", required=True, parser_class=_Parser)
     b = bsub.add_parser("construct", help="construction time over a suite")
@@ -789,6 +805,88 @@ def cmd_gpu(args) -> int:
     return _emit(args, doc, "\n".join(lines))
 
 
+# --measure: a predicted speed-up counts as confirmed where it lands within this share of the
+# measured one (issue 39's acceptance: within 25 %).
+MEASURE_TOLERANCE = 0.25
+
+
+def cmd_whatif(args) -> int:
+    from workbench import pipeline
+    from workbench.files import write_user_file
+    from workbench.fmt import duration
+
+    if (args.workload is None) == (args.suite is None):
+        raise UserError("give one of --workload SUITE:ID or --suite NAME")
+    if bool(args.set) == bool(args.sweep):
+        raise UserError("give --set FIELD=VALUE (repeatable) or --sweep FIELD=LO:HI:N")
+    if args.sweep and (args.measure or args.out):
+        raise UserError(f"{'--measure' if args.measure else '--out'} takes --set edits, not a --sweep")
+    if args.repeat < 1:
+        raise UserError(f"--repeat must be >= 1, got {args.repeat}")
+    workloads = [args.workload] if args.workload else list(pipeline.suite(args.suite)[1])
+    options = pipeline.Options(topk=args.topk, seed=args.seed)
+    if args.sweep:
+        result = pipeline.whatif_sweep(workloads, args.device, args.sweep, args.policy, options)
+        doc = result.to_dict() | {"policy": args.policy, "topk": args.topk}
+        return _emit(args, doc, _sweep_text(doc))
+    edited = pipeline.edit_device(args.device, args.set)
+    if args.measure and (why := pipeline.whatif_unrealisable(edited)):
+        raise UserError(why)
+    if args.out:
+        write_user_file(args.out, edited.toml, "--out")
+    diff = pipeline.whatif(workloads, edited, args.policy, options)
+    entries = [r.to_dict() for r in diff.results]
+    if args.measure:
+        progress = _progress(args)
+        with pipeline.WorkerPool() as pool:
+            for i, (r, entry) in enumerate(zip(diff.results, entries)):
+                if progress:
+                    progress(f"measuring {r.label} ({i + 1}/{len(entries)})")
+                m = pipeline.whatif_measure(r, pipeline.Timing(repeat=args.repeat), pool)
+                entry |= {"measured_speedup": m.measured_speedup, "base_measured_seconds": m.base_seconds,
+                          "edited_measured_seconds": m.edited_seconds, "measure_error": m.error}
+        if progress:
+            print(file=sys.stderr)
+    doc = {"device": edited.base.name, "edited_device": edited.spec.name, "edits": [str(e) for e in edited.edits],
+           "changes": [vars(c) for c in edited.changes], "derived": [vars(c) for c in edited.derived],
+           "policy": args.policy, "topk": args.topk, "results": entries,
+           "geomean_predicted_speedup": diff.geomean_speedup}
+    lines = [f"{edited.base.name} -> {edited.spec.name} ({args.policy}, top-{args.topk})"]
+    if edited.derived:
+        lines.append("derived: " + ", ".join(f"{c.field} {c.before} -> {c.after}" for c in edited.derived))
+    for r, entry in zip(diff.results, entries):
+        where = f"diverges at step {r.diverges_at_step}" if r.diverges_at_step else "same walk"
+        line = (f"{r.label:28s} {duration(r.base_top.predicted_seconds):>9s} -> {duration(r.edited_top.predicted_seconds):>9s}"
+                f"  predicted {r.predicted_speedup:.2f}x")
+        if args.measure:
+            line += f", measured {_ratio_text(entry['measured_speedup'])}" + (f" ({entry['measure_error']})"
+                                                                              if entry["measure_error"] else "")
+        lines += [line, f"    {'changed' if r.changed else 'unchanged'}, {where}: {r.text}"]
+    if args.measure:
+        pairs = [(e["predicted_speedup"], e["measured_speedup"]) for e in entries if e["measured_speedup"]]
+        within = sum(abs(p / m - 1) <= MEASURE_TOLERANCE for p, m in pairs)
+        doc["measured_within_tolerance"] = {"tolerance": MEASURE_TOLERANCE, "within": within, "measured": len(pairs)}
+        lines.append(f"predicted speed-up within {MEASURE_TOLERANCE:.0%} of the measured one: {within} of {len(pairs)}")
+    lines.append(f"geomean predicted speed-up {diff.geomean_speedup:.2f}x" + (f"; wrote {args.out}" if args.out else ""))
+    return _emit(args, doc, "\n".join(lines))
+
+
+def _sweep_text(doc: dict) -> str:
+    """A sweep as a table: one row per workload, its predicted time at each value, `*` where
+    the top-1 program changes."""
+    from workbench.fmt import duration
+
+    values = doc["values"]
+    lines = [f"{doc['device']}: {doc['field']} over {len(values)} values ({doc['spacing']}), base {doc['base_value']}",
+             f"{'workload':28s} " + " ".join(f"{v:>11}" for v in values)]
+    for r in doc["results"]:
+        changed = {c["value"] for c in r["changes"]}
+        cells = [f"{'*' if v in changed else ''}{duration(t)}" for v, t in zip(values, r["predicted_seconds"])]
+        lines.append(f"{r['workload']:28s} " + " ".join(f"{c:>11s}" for c in cells))
+    lines.append("* the top-1 program changes at this value")
+    return "\n".join(lines)
+
+
 def cmd_bench_dispatch(args) -> int:
     if args.bench_command == "dynamic":
         return cmd_bench_dynamic(args)
@@ -810,6 +908,7 @@ COMMANDS = {
     "report": cmd_report,
     "vortex": cmd_vortex,
     "gpu": cmd_gpu,
+    "whatif": cmd_whatif,
 }
 
 

@@ -27,9 +27,10 @@ from workbench.hardware.edit import X86_ISAS, Edit, EditedSpec, Sweep, apply_edi
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 
-# Constructions kept for the process: the base and edited spec of a suite of 13 workloads at a
-# sweep's 8 points is 13 x 9; a construction holds its top-K and graph, tens of kilobytes.
-CACHED_CONSTRUCTIONS = 256
+# Constructions kept for the process: a suite of 13 workloads swept over 8 points and its base is
+# 13 x 9 = 117. One holds its top-K, graph and walk: 0.5 MB (mm-512 on a 2-core AVX2 CPU, 325
+# steps) to 2.5 MB (the same with a 2 MiB L2, 1811 steps), so at most about 300 MB in all.
+CACHED_CONSTRUCTIONS = 128
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,14 @@ class TopOne:
     bound: str
     vthreads: tuple[tuple[str, int], ...] = ()
     split: int = 1
+    footprints: tuple[int, ...] = ()  # bytes each layer's tile occupies (`Estimate.footprints`)
 
     @classmethod
     def of(cls, candidate: Candidate) -> "TopOne":
         p = candidate.program
         tiles = tuple((name, tuple(zip(p.axes, tile))) for name, tile in zip(p.layers, p.tiles))
-        return cls(tiles, p.grid, candidate.predicted_seconds, candidate.estimate.bottleneck, p.vthreads, p.split)
+        return cls(tiles, p.grid, candidate.predicted_seconds, candidate.estimate.bottleneck, p.vthreads, p.split,
+                   tuple(candidate.estimate.footprints))
 
     @property
     def program_key(self) -> tuple:
@@ -76,7 +79,8 @@ class TopOne:
 
     def to_dict(self) -> dict:
         data = {"tiles": {layer: dict(tile) for layer, tile in self.tiles}, "grid": self.grid,
-                "predicted_seconds": self.predicted_seconds, "bound": self.bound}
+                "predicted_seconds": self.predicted_seconds, "bound": self.bound,
+                "footprint_bytes": {layer: b for (layer, _), b in zip(self.tiles, self.footprints)}}
         if self.vthreads:
             data["vthreads"] = dict(self.vthreads)
         if self.split > 1:
@@ -166,20 +170,19 @@ def divergence(a: Sequence, b: Sequence) -> int | None:
 
 def explain(base: TopOne, edited: TopOne, spec: EditedSpec) -> tuple[str, ...]:
     """What changed from the base top-1 to the edited one, in words: each layer's tile that grew
-    or shrank along an axis (and why, where the edit changed that layer's capacity), the grid,
-    the bound and the predicted time."""
+    or shrank along an axis (and why, where the edit changed that layer's capacity and the tile's
+    bytes moved with it), the grid, the bound and the predicted time."""
     words = []
     capacities = {l.name: (l.capacity_bytes, e.capacity_bytes) for l, e in zip(spec.base.layers, spec.spec.layers)}
-    for (layer, before), (_, after) in zip(base.tiles, edited.tiles):
+    for at, ((layer, before), (_, after)) in enumerate(zip(base.tiles, edited.tiles)):
         moves = [(axis, x, y) for (axis, x), (_, y) in zip(before, after) if x != y]
         if not moves:
             continue
         text = ", ".join(f"{'grows' if y > x else 'shrinks'} {x} -> {y} along {axis}" for axis, x, y in moves)
         old_cap, new_cap = capacities.get(layer, (0, 0))
-        grew = all(y > x for _, x, y in moves)
-        shrank = all(y < x for _, x, y in moves)
-        why = (f": the bigger {layer} holds it" if new_cap > old_cap and grew else
-               f": the smaller {layer} no longer holds the old one" if new_cap < old_cap and shrank else "")
+        old_bytes, new_bytes = (t.footprints[at] if at < len(t.footprints) else 0 for t in (base, edited))
+        why = (f": the bigger {layer} holds it" if new_cap > old_cap and new_bytes > old_bytes else
+               f": the smaller {layer} no longer holds the old one" if new_cap < old_cap and old_bytes > new_cap else "")
         words.append(f"{layer} tile {text}{why}")
     if edited.vthreads != base.vthreads:
         words.append(f"virtual threads {_pairs(base.vthreads)} -> {_pairs(edited.vthreads)}")
@@ -300,5 +303,7 @@ def _narrower_isas(base: DeviceSpec) -> tuple[str, ...]:
 
 
 def _narrower(base: DeviceSpec) -> str:
-    names = _narrower_isas(base)
-    return ", ".join(f"{n} {X86_ISAS[n].name}" for n in names) or "none: the target's mcpu is not an x86 ISA the workbench knows"
+    first = {}  # one name per ISA: the generic level where there is one (X86_ISAS lists it first)
+    for name in _narrower_isas(base):
+        first.setdefault(X86_ISAS[name], name)
+    return ", ".join(f"{n} = {isa.name}" for isa, n in first.items()) or "none: the target's mcpu is not an x86 ISA the workbench knows"

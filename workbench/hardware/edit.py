@@ -287,7 +287,7 @@ def sweep_values(base: DeviceSpec, sweep: Sweep) -> tuple[tuple[object, ...], bo
     else:
         raw = [low + (high - low) * i / (n - 1) for i in range(n)]
     raw[0], raw[-1] = low, high
-    values = [round(v) if info.kind == "int" else v for v in raw]
+    values = [round(v) if info.kind == "int" else _round(v) for v in raw]
     return tuple(dict.fromkeys(values)), geometric
 
 

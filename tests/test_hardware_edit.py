@@ -1,0 +1,149 @@
+"""What-if edits of a spec (`hardware.edit`): fields by their TOML names, values with units and
+factors, bounds in one line naming the field, the fields an edit of units or ISA derives, the
+edited spec's name and TOML, and sweeps' values."""
+
+from dataclasses import replace
+
+import pytest
+from helpers import device
+
+from workbench.errors import UserError
+from workbench.hardware.bounds import NAME, NAME_MAX
+from workbench.hardware.edit import (
+    X86_ISAS, Edit, apply_edits, derived_name, editable_fields, field_info, parse_edit, parse_sweep, sweep_values,
+)
+from workbench.hardware.parse import spec_from_toml_text
+
+
+def edit(spec, *texts):
+    return apply_edits(spec, [parse_edit(t) for t in texts])
+
+
+@pytest.mark.parametrize("text, field, value", [
+    ("L2.capacity_bytes=2MiB", "L2.capacity_bytes", 2 * 2**20),
+    ("L1.capacity_bytes=48KiB", "L1.capacity_bytes", 48 * 2**10),
+    ("l2.capacity_bytes=1.5mib", "L2.capacity_bytes", 3 * 2**19),  # a layer's name and the unit in any case
+    ("DRAM.bandwidth_gbps=2x", "DRAM.bandwidth_gbps", 256.0),
+    ("compute_units=14", "compute_units", 14),
+    ("device.launch_overhead_us=2.5", "launch_overhead_us", 2.5),
+    ("peak_gflops.float32=20000", "peak_gflops.float32", 20000.0),
+    ("target.mcpu=cascadelake", "target.mcpu", "cascadelake"),
+])
+def test_an_edit_sets_the_field_it_names(text, field, value):
+    done = edit(device("xeon-avx512"), text)
+    assert [(c.field, c.after) for c in done.changes] == [(field, value)]
+    assert field_info(done.spec, field).value == value
+
+
+def test_the_edited_spec_is_named_after_its_edits_and_its_toml_reads_back_to_it():
+    base = device("xeon-avx512")
+    done = edit(base, "L2.capacity_bytes=2MiB", "DRAM.bandwidth_gbps=200")
+    assert done.spec.name == "xeon-avx512-L2.capacity_bytes-2MiB-DRAM.bandwidth_gbps-200"
+    assert spec_from_toml_text(done.toml, check_target=False) == done.spec
+    assert done.spec.layer("L2").capacity_bytes == 2**21 and done.spec.layer("DRAM").bandwidth_gbps == 200.0
+    assert replace(done.spec, name=base.name, source=base.source, layers=base.layers) == base  # nothing else moved
+    many = tuple(Edit("L2.latency_ns", f"{8 + i}") for i in range(12))
+    name = derived_name(base, many)
+    assert len(name) <= NAME_MAX and NAME.fullmatch(name) and "whatif" in name
+    assert derived_name(base, many) == name != derived_name(base, many[:-1])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("L2.capacity_bytes=0", "L2.capacity_bytes=0: L2.capacity_bytes must be at least 1"),
+    ("L3.capacity_bytes=1MiB", "L3.capacity_bytes: no such field of xeon-avx512"),
+    ("compute_units=1.5", "compute_units must be a whole number"),
+    ("compute_units=9000", "compute_units must be at most 8192"),
+    ("compute_units=2MiB", "compute_units is not a size in bytes"),
+    ("warp_size=wide", "'wide' is not a number"),
+    ("peak_gflops.float16=100", "peak_gflops.float16: no such field"),
+    ("DRAM.bandwidth_gbps=inf", "DRAM.bandwidth_gbps must be a finite number"),
+    ("target.mcpu=../x", "target.mcpu must be a name"),
+    # a check across fields: the loader's, with the layer's name instead of its index
+    ("L1.capacity_bytes=4MiB", "L2.capacity_bytes (1048576) must be larger than L1's (4194304)"),
+    ("L2", "an edit is FIELD=VALUE"),
+    ("a b=1", "is not a field name"),
+])
+def test_a_bad_edit_is_one_line_naming_the_field(text, message):
+    with pytest.raises(UserError) as err:
+        edit(device("xeon-avx512"), text)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert "layer[" not in str(err.value)
+
+
+def test_every_editable_field_can_be_set_to_its_own_value():
+    for name in ("xeon-avx512", "v100", "h100"):
+        spec = device(name)
+        for info in editable_fields(spec):
+            done = apply_edits(spec, [Edit(info.name, str(info.value))])
+            assert field_info(done.spec, info.name).value == info.value, info.name
+            if info.low is not None:
+                assert info.low <= info.value <= info.high, info.name
+
+
+def test_fewer_units_scale_the_rates_that_are_per_unit():
+    cpu = device("xeon-avx512")
+    done = edit(cpu, "compute_units=7")  # a quarter of the cores
+    spec = done.spec
+    assert spec.compute_units == 7 and dict(spec.target)["num-cores"] == 7
+    assert dict(spec.peak_gflops)["float32"] == pytest.approx(dict(cpu.peak_gflops)["float32"] / 4, rel=1e-5)
+    for before, after in zip(cpu.layers, spec.layers):  # a CPU core streams DRAM at its own rate too
+        assert after.bandwidth_gbps == pytest.approx(before.bandwidth_gbps / 4, rel=1e-5)
+        assert after.capacity_bytes == before.capacity_bytes
+    assert {c.field for c in done.derived} >= {"peak_gflops.float32", "L1.bandwidth_gbps", "target.num-cores"}
+    gpu = device("v100")
+    half = edit(gpu, "compute_units=40").spec
+    assert half.layer("global").bandwidth_gbps == gpu.layer("global").bandwidth_gbps  # the memory controllers'
+    assert half.layer("shared").bandwidth_gbps == pytest.approx(gpu.layer("shared").bandwidth_gbps * 40 / 80, rel=1e-5)
+    assert dict(half.tensor_core_gflops)["float16"] == pytest.approx(dict(gpu.tensor_core_gflops)["float16"] / 2, rel=1e-5)
+
+
+def test_a_field_the_edits_name_is_never_derived_over():
+    done = edit(device("xeon-avx512"), "peak_gflops.float32=1000", "compute_units=14")
+    assert dict(done.spec.peak_gflops)["float32"] == 1000.0
+    assert "peak_gflops.float32" not in {c.field for c in done.derived}
+
+
+def test_a_narrower_isa_sets_the_vector_width_registers_and_peak():
+    cpu = device("xeon-avx512")  # Intel, AVX-512 with FMA
+    avx2 = edit(cpu, "target.mcpu=haswell").spec
+    assert (avx2.warp_size, avx2.registers_per_unit) == (8, 16)
+    assert avx2.layers[0].capacity_bytes == 16 * 32 and avx2.layers[0].transaction_bytes == 32
+    assert dict(avx2.peak_gflops)["float32"] == pytest.approx(dict(cpu.peak_gflops)["float32"] / 2, rel=1e-5)
+    sse = edit(cpu, "target.mcpu=x86-64-v2").spec  # a quarter of the lanes, and no FMA: Intel's adds share its ports
+    assert sse.warp_size == 4
+    assert dict(sse.peak_gflops)["float32"] == pytest.approx(dict(cpu.peak_gflops)["float32"] / 8, rel=1e-5)
+    amd = replace(cpu, vendor="amd")  # Zen issues its adds on pipes of their own: no FMA, the same flops a lane
+    assert dict(edit(amd, "target.mcpu=x86-64-v2").spec.peak_gflops)["float32"] == pytest.approx(
+        dict(cpu.peak_gflops)["float32"] / 4, rel=1e-5)
+    assert set(X86_ISAS.values()) >= {X86_ISAS["haswell"], X86_ISAS["x86-64-v2"]}
+
+
+def test_an_isa_edit_keeps_the_micro_kernels_that_still_fit_scaled():
+    from workbench.hardware.spec import MicroKernel
+
+    cpu = replace(device("xeon-avx512"), micro_kernels=(MicroKernel("float32", 6, 16, 2000.0),
+                                                        MicroKernel("float32", 14, 32, 2500.0)))
+    done = edit(cpu, "target.mcpu=haswell")  # 14 x 32 at 8 lanes is 56 ymm accumulators: no longer fits
+    assert done.spec.micro_kernels == (MicroKernel("float32", 6, 16, 1000.0),)
+
+
+def test_a_sweep_is_geometric_over_octaves_and_linear_otherwise():
+    spec = device("xeon-avx512")
+    values, geometric = sweep_values(spec, parse_sweep("L2.capacity_bytes=256KiB:8MiB:6"))
+    assert geometric and values == tuple(2**18 * 2**i for i in range(6))
+    values, geometric = sweep_values(spec, parse_sweep("DRAM.bandwidth_gbps=1x:2x:5"))
+    assert not geometric and values == (128.0, 160.0, 192.0, 224.0, 256.0)
+    values, _ = sweep_values(spec, parse_sweep("compute_units=1:3:5"))  # whole numbers, repeats dropped
+    assert values == (1, 2, 3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("L2.capacity_bytes=8MiB:256KiB:4", "LO must be below HI"),
+    ("L2.capacity_bytes=1:2", "a sweep is FIELD=LO:HI:N"),
+    ("L2.capacity_bytes=1:2:1", "N must be an integer from 2 to 64"),
+    ("target.mcpu=a:b:3", "target.mcpu is text"),
+    ("compute_units=0:4:3", "compute_units must be at least 1"),
+])
+def test_a_bad_sweep_is_one_line(text, message):
+    with pytest.raises(UserError, match=message):
+        sweep_values(device("xeon-avx512"), parse_sweep(text))
