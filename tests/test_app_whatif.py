@@ -173,3 +173,14 @@ def test_a_sweep_draws_each_curve_with_its_change_points_and_a_table():
     at.text_input(key="sweep_low").set_value("96KiB").run()
     button(at, "Sweep").click().run()
     assert any("LO must be below HI" in e for e in errors(at))
+
+
+def test_apply_on_the_workload_page_keeps_the_edited_device_for_another_workload():
+    at = url_app(page="workbench/app/page_workload.py", **LINK, set=EDIT)
+    assert at.radio[1].value == "Edited on the What-if page" and not errors(at)
+    next(n for n in at.number_input if n.label == "M").set_value(128).run()
+    button(at, "Apply").click().run()
+    assert not errors(at), errors(at)
+    sel = at.session_state["selection"]
+    assert dict(sel.workload.params)["M"] == 128 and sel.device == pipeline.edit_device("a100", [EDIT]).spec
+    assert shared(at)["set"] == EDIT and shared(at)["device"] == "a100"
