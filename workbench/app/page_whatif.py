@@ -162,7 +162,8 @@ def _links(sel: Request, edit: EditedSpec, step: int) -> str:
 def _workload_diff(sel: Request, edit: EditedSpec) -> None:
     st.subheader("This workload")
     try:
-        d = pipeline.whatif([sel.workload], edit, sel.policy, sel.options).results[0]
+        with st.spinner("constructing on both specs..."):  # instant where the core kept both constructions
+            d = pipeline.whatif([sel.workload], edit, sel.policy, sel.options).results[0]
     except UserError as err:
         st.error(message(err))
         return
