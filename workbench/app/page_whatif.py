@@ -19,25 +19,22 @@ from workbench.app.messages import message
 from workbench.app.state import edited, in_workspace, selection, set_selection, step_link
 from workbench.errors import UserError
 from workbench.pipeline import DeviceSpec, EditedSpec, FieldInfo, Request, Workload
-from workbench.viz.figures import field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
+from workbench.viz.figures import field_groups, field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
 
-PEAKS = ("peak_gflops", "tensor_core_gflops", "micro_kernels")
 INPUTS_PER_ROW = 3
 SWEPT = "L2.capacity_bytes"  # the field a sweep starts on where the device has it (the issue's example)
 SWEEP_RANGE = ("0.25x", "4x")  # a factor of the base value either way: two octaves
 SWEEP_POINTS = 5
 
 
+def groups(base: DeviceSpec) -> dict[str, list[FieldInfo]]:
+    """The editable fields of `base` by group (`viz.whatif.field_groups`)."""
+    return field_groups(pipeline.editable_fields(base))
+
+
 def fields(base: DeviceSpec) -> list[FieldInfo]:
-    """The editable fields of `base`, each name once (the last entry of a name wins)."""
-    return list({f.name: f for f in pipeline.editable_fields(base)}.values())
-
-
-def _group(f: FieldInfo) -> str:
-    head = f.name.split(".", 1)[0] if "." in f.name else "device"
-    if head in PEAKS:
-        return "peak compute"
-    return head if head in ("device", "target") else f"layer {head}"
+    """The editable fields of `base`, each name once."""
+    return [f for members in groups(base).values() for f in members]
 
 
 def _key(base: DeviceSpec, name: str) -> str:
@@ -112,11 +109,8 @@ def _input(base: DeviceSpec, f: FieldInfo, edit: EditedSpec | None) -> None:
 
 
 def _editor(base: DeviceSpec, edit: EditedSpec | None) -> None:
-    groups: dict[str, list[FieldInfo]] = {}
-    for f in fields(base):
-        groups.setdefault(_group(f), []).append(f)
     touched = {c.field for c in edit.changes} if edit else set()
-    for name, members in groups.items():
+    for name, members in groups(base).items():
         mine = any(f.name in touched for f in members)
         with st.expander(name + (" (edited)" if mine else ""), expanded=mine or name == "device"):
             for start in range(0, len(members), INPUTS_PER_ROW):

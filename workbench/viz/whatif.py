@@ -11,12 +11,27 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from workbench.fmt import duration, gbps, gflops, human_bytes, significant
+from workbench.hardware.edit import FieldInfo
 from workbench.viz.axes import legend_below, legend_height, log_axis
 from workbench.whatif import TopOne
 
 PLOT_PX = 380  # the plotting area and the title; the axis and the legend below add theirs
+PEAKS = ("peak_gflops", "tensor_core_gflops", "micro_kernels")  # the tables of compute rates
 CHANGED = "top-1 changes"  # the legend entry of the change markers
 MARKER = "star"
+
+
+def field_groups(fields: Sequence[FieldInfo]) -> dict[str, list[FieldInfo]]:
+    """A spec's editable fields (`hardware.edit.editable_fields`) as an editor groups them, each
+    name once (the last entry of a name wins), in the spec file's order: "device" ([device]
+    numbers), "peak compute" (the peak, tensor-core and micro-kernel tables), "target", and
+    "layer NAME" for each memory layer."""
+    groups: dict[str, list[FieldInfo]] = {}
+    for f in {f.name: f for f in fields}.values():
+        head = f.name.split(".", 1)[0] if "." in f.name else "device"
+        group = "peak compute" if head in PEAKS else head if head in ("device", "target") else f"layer {head}"
+        groups.setdefault(group, []).append(f)
+    return groups
 
 
 def field_text(value: object, unit: str) -> str:

@@ -25,7 +25,7 @@ from workbench import pipeline
 from workbench.errors import UserError
 from workbench.fmt import time_columns
 from workbench.pipeline import DeviceSpec, EditedSpec, FieldInfo, Options
-from workbench.viz.figures import field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
+from workbench.viz.figures import field_groups, field_text, suite_figure, suite_rows, sweep_figure, sweep_rows, top_rows
 from workbench.widgets.plot import PlotView
 from workbench.widgets.stepper import ConstructionStepper
 from workbench.widgets.tables import html_table, message
@@ -34,21 +34,8 @@ if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import TensorExpr, Workload
     from workbench.whatif import SweepResult, WorkloadDiff
 
-PEAKS = ("peak_gflops", "tensor_core_gflops", "micro_kernels")
 _WIDE = widgets.Layout(width="340px")
 _DESCRIPTION = {"description_width": "190px"}
-
-
-def fields(base: DeviceSpec) -> list[FieldInfo]:
-    """The editable fields of `base` (`hardware.edit.editable_fields`), each name once."""
-    return list({f.name: f for f in pipeline.editable_fields(base)}.values())
-
-
-def _group(f: FieldInfo) -> str:
-    head = f.name.split(".", 1)[0] if "." in f.name else "device"
-    if head in PEAKS:
-        return "peak compute"
-    return head if head in ("device", "target") else f"layer {head}"
 
 
 def _text(value: object) -> str:
@@ -65,6 +52,12 @@ def _input(f: FieldInfo) -> widgets.Widget:
     kind = int if f.kind == "int" else float
     box = widgets.BoundedIntText if f.kind == "int" else widgets.BoundedFloatText
     return box(min=kind(f.low), max=kind(f.high), continuous_update=False, **common)
+
+
+def _note(f: FieldInfo) -> widgets.HTML:
+    """A field's base value, and its bounds where the loader bounds it."""
+    bounds = f" ({field_text(f.low, f.unit)} .. {field_text(f.high, f.unit)})" if f.low is not None else ""
+    return widgets.HTML(f"<small>base {escape(field_text(f.value, f.unit))}{escape(bounds)}</small>")
 
 
 def _workloads(workloads) -> tuple:
@@ -86,14 +79,11 @@ class DeviceEditor(widgets.VBox):
 
     def __init__(self, device: DeviceSpec | str, edits: Sequence[str] = ()):
         self.base = pipeline.load_device(device)
-        self.fields = {f.name: f for f in fields(self.base)}
+        groups = field_groups(pipeline.editable_fields(self.base))
+        self.fields = {f.name: f for members in groups.values() for f in members}
         self.inputs = {name: _input(f) for name, f in self.fields.items()}
-        groups: dict[str, list[widgets.Widget]] = {}
-        for name, f in self.fields.items():
-            bounds = f" ({field_text(f.low, f.unit)} .. {field_text(f.high, f.unit)})" if f.low is not None else ""
-            note = widgets.HTML(f"<small>base {escape(field_text(f.value, f.unit))}{escape(bounds)}</small>")
-            groups.setdefault(_group(f), []).append(widgets.HBox([self.inputs[name], note]))
-        self.accordion = widgets.Accordion([widgets.VBox(rows) for rows in groups.values()], titles=tuple(groups))
+        boxes = [widgets.VBox([widgets.HBox([self.inputs[f.name], _note(f)]) for f in members]) for members in groups.values()]
+        self.accordion = widgets.Accordion(boxes, titles=tuple(groups))
         self.name_html, self.message_html = widgets.HTML(), widgets.HTML()
         self.reset_button = widgets.Button(description="Reset to the base spec", layout=widgets.Layout(width="auto"))
         super().__init__(children=[self.name_html, self.accordion, self.reset_button, self.message_html])
@@ -233,7 +223,8 @@ class SweepView(widgets.VBox):
                  run: bool = True):
         self.workloads, self.policy, self.options = _workloads(workloads), policy, options
         self.base = pipeline.load_device(device)
-        self.units = {f.name: f.unit for f in fields(self.base) if f.kind != "text"}
+        self.units = {f.name: f.unit for members in field_groups(pipeline.editable_fields(self.base)).values()
+                      for f in members if f.kind != "text"}
         names = list(self.units)
         self.field = widgets.Dropdown(options=names, value=field if field in names else names[0], description="field")
         self.low, self.high = widgets.Text(low, description="from"), widgets.Text(high, description="to")
