@@ -41,7 +41,10 @@ def test_the_edited_spec_is_named_after_its_edits_and_its_toml_reads_back_to_it(
     assert done.spec.name == "xeon-avx512-L2.capacity_bytes-2MiB-DRAM.bandwidth_gbps-200"
     assert spec_from_toml_text(done.toml, check_target=False) == done.spec
     assert done.spec.layer("L2").capacity_bytes == 2**21 and done.spec.layer("DRAM").bandwidth_gbps == 200.0
+    assert not done.spec.calibrated  # what-if numbers measure no machine
     assert replace(done.spec, name=base.name, source=base.source, layers=base.layers) == base  # nothing else moved
+    calibrated = edit(replace(base, calibrated=True), "compute_units=14").spec
+    assert not calibrated.calibrated
     many = tuple(Edit("L2.latency_ns", f"{8 + i}") for i in range(12))
     name = derived_name(base, many)
     assert len(name) <= NAME_MAX and NAME.fullmatch(name) and "whatif" in name

@@ -46,7 +46,7 @@ def test_one_unit_never_predicts_faster(preset):
 def test_an_edit_the_construction_does_not_read_leaves_the_walk_alone():
     spec = device("xeon-avx512")
     diff = whatif.compare("mm", matmul(512, 512, 512), edit(spec, "L2.latency_ns=9"))
-    assert not diff.changed and diff.diverges_at_step is None
+    assert not diff.changed and diff.diverges_at_step is None and diff.walks_part_at is None
     assert diff.base_top == diff.edited_top and diff.explanation[0] == "same program"
     doc = diff.to_dict()
     assert doc["changed"] is False and doc["diverges_at_step"] is None and doc["predicted_speedup"] == 1.0
@@ -56,12 +56,20 @@ def test_the_walks_part_at_the_step_divergence_names():
     spec = device("xeon-avx512")
     expr, edited = matmul(1024, 1024, 1024), edit(spec, "L2.capacity_bytes=2x")
     diff = whatif.compare("mm", expr, edited)
-    n = diff.diverges_at_step
+    n = diff.walks_part_at
+    assert n is not None
     a, b = Stepper(expr, spec), Stepper(expr, edited.spec)
     a.seek(n - 1), b.seek(n - 1)
     assert [(s.action, s.state) for s in a.steps[: n - 1]] == [(s.action, s.state) for s in b.steps[: n - 1]]
     x, y = a.next(), b.next()
     assert (x.action, x.state) != (y.action, y.state)
+
+
+def test_a_top_one_reached_by_another_walk_has_no_divergence_step():
+    spec = device("v100")  # a bigger shared memory: the walks part, the best program stays (roller-table1 M1)
+    diff = whatif.compare("mm", matmul(128, 1000, 4032), edit(spec, "shared.capacity_bytes=96KiB"))
+    assert diff.walks_part_at is not None and not diff.changed
+    assert diff.diverges_at_step is None and diff.to_dict()["diverges_at_step"] is None
 
 
 def test_divergence_of_walks():

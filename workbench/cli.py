@@ -855,13 +855,13 @@ def cmd_whatif(args) -> int:
     if edited.derived:
         lines.append("derived: " + ", ".join(f"{c.field} {c.before} -> {c.after}" for c in edited.derived))
     for r, entry in zip(diff.results, entries):
-        where = f"diverges at step {r.diverges_at_step}" if r.diverges_at_step else "same walk"
+        where = f"the walks part at step {r.walks_part_at}" if r.walks_part_at else "the same walk"
         line = (f"{r.label:28s} {duration(r.base_top.predicted_seconds):>9s} -> {duration(r.edited_top.predicted_seconds):>9s}"
                 f"  predicted {r.predicted_speedup:.2f}x")
         if args.measure:
             line += f", measured {_ratio_text(entry['measured_speedup'])}" + (f" ({entry['measure_error']})"
                                                                               if entry["measure_error"] else "")
-        lines += [line, f"    {'changed' if r.changed else 'unchanged'}, {where}: {r.text}"]
+        lines += [line, f"    {'changed' if r.changed else 'unchanged'} ({where}): {r.text}"]
     if args.measure:
         pairs = [(e["predicted_speedup"], e["measured_speedup"]) for e in entries if e["measured_speedup"]]
         within = sum(abs(p / m - 1) <= MEASURE_TOLERANCE for p, m in pairs)

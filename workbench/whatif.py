@@ -5,8 +5,8 @@
 
 For each workload: the top-K under both specs, whether the top-1 program changed, the first
 construction step where the two walks differ (a `Stepper` position: `seek(n)` shows that step
-on both), and what changed in words ("L2 tile grows 128 -> 256 along j: the bigger L2 holds
-it; now bound by compute (was DRAM)"). A construction is kept per (expression, spec, policy,
+on both; the contract's `diverges_at_step` where the top-1 changed), and what changed in words
+("L2 tile grows 128 -> 256 along j: the bigger L2 holds it; now bound by compute (was DRAM)"). A construction is kept per (expression, spec, policy,
 options) for the process (`construction`), so a base spec is constructed once however many
 edits and sweep points are compared with it.
 """
@@ -91,22 +91,28 @@ class TopOne:
 @dataclass(frozen=True)
 class WorkloadDiff:
     """One workload on the base and the edited spec: both constructions (their top-K, graphs),
-    both top-1s, whether the top-1 program changed, the first step (1-based, a `Stepper`
-    position) where the walks differ (None when they are the same step for step) and the
-    difference in words."""
+    both top-1s, the first step (1-based, a `Stepper` position) where the two walks differ
+    (`walks_part_at`: None when they are the same step for step), and the difference in words."""
 
     label: str
     base: Construction
     edited: Construction
     base_top: TopOne
     edited_top: TopOne
-    diverges_at_step: int | None
+    walks_part_at: int | None
     explanation: tuple[str, ...]
 
     @property
     def changed(self) -> bool:
         """The top-1 program differs (its tiles, grid, virtual threads or split)."""
         return self.base_top.program_key != self.edited_top.program_key
+
+    @property
+    def diverges_at_step(self) -> int | None:
+        """Where the construction of the changed top-1 leaves the base's walk: `walks_part_at`
+        when the top-1 program changed, None when it did not (the walks may still part on the way
+        to the same program; the contract's `diverges_at_step` is null when unchanged)."""
+        return self.walks_part_at if self.changed else None
 
     @property
     def predicted_speedup(self) -> float:

@@ -203,7 +203,8 @@ def field_info(spec: DeviceSpec, field: str) -> FieldInfo:
 def apply_edits(base: DeviceSpec, edits: tuple[Edit, ...] | list[Edit]) -> EditedSpec:
     """`base` with `edits` applied (a later edit of the same field wins), the derived changes of
     `compute_units` and `target.mcpu` made (module docstring), renamed `derived_name(base,
-    edits)` and validated as a spec file is; UserError in one line naming the field otherwise."""
+    edits)`, not `calibrated`, and validated as a spec file is; UserError in one line naming the
+    field otherwise."""
     edits = tuple(edits)
     values: dict[str, object] = {}
     for edit in edits:
@@ -217,7 +218,8 @@ def apply_edits(base: DeviceSpec, edits: tuple[Edit, ...] | list[Edit]) -> Edite
             derived.update({c.field: c for c in more})
     for name, value in values.items():
         spec = _set(spec, name, value)
-    spec = replace(spec, name=derived_name(base, edits),
+    # what-if numbers are not measurements of a machine, even where the base's were
+    spec = replace(spec, name=derived_name(base, edits), calibrated=False,
                    source=f"{base.name} with what-if edits {' '.join(map(str, edits))}; base: {base.source}"[:2000])
     try:
         spec = spec_from_toml_text(spec_to_toml(spec), label="edited spec", check_target=False)
