@@ -56,7 +56,7 @@ def test_an_edited_field_becomes_the_device_and_the_page_shows_both_construction
     core = pipeline.whatif([SMALL], expected, "roller", pipeline.Options(topk=3)).results[0]
     shown = "\n".join(m.value for m in at.markdown)
     assert core.changed and all(line in shown for line in core.explanation)
-    assert f"diverge at **step {core.diverges_at_step}**" in shown
+    assert f"diverge at **step {core.walks_part_at}**" in shown and core.walks_part_at == core.diverges_at_step
     base, edited = at.dataframe[1].value, at.dataframe[2].value  # after the changed fields
     assert len(base) == len(core.base.candidates) and len(edited) == len(core.edited.candidates)
     assert base["shared"][0] != edited["shared"][0] and list(base["grid"]) == [c.program.grid for c in core.base.candidates]
@@ -146,7 +146,7 @@ def test_the_suite_comparison_marks_the_workloads_whose_top_one_changed(monkeypa
     core = pipeline.whatif(small, pipeline.edit_device("a100", [EDIT]), "roller", pipeline.Options(topk=3)).results
     table = at.dataframe[-1].value
     assert list(table["top-1"]) == ["changed" if d.changed else "same" for d in core]
-    assert list(table["diverges at step"].fillna(0)) == [d.diverges_at_step or 0 for d in core]
+    assert list(table["walks part at step"].fillna(0)) == [d.walks_part_at or 0 for d in core]
     (chart,) = [c for c in charts(at) if title(c).startswith("Predicted time per workload")]
     stars = next(t for t in chart["data"] if t["name"] == "top-1 changed")
     assert list(stars["x"]) == [d.label for d in core if d.changed]

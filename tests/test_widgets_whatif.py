@@ -68,11 +68,11 @@ def test_whatif_shows_both_top_k_the_divergence_and_the_words_of_the_core_diff()
     d = w.diff
     assert d.to_dict() == core.results[0].to_dict() and d.changed
     assert all(escape(line) in w.summary.value for line in d.explanation)
-    assert f"diverge at step {d.diverges_at_step}" in w.summary.value
+    assert f"diverge at step {d.walks_part_at}" in w.summary.value and d.walks_part_at == d.diverges_at_step
     for table, construction in ((w.base_table.value, d.base), (w.edited_table.value, d.edited)):
         assert table.count("<tr") == len(construction.candidates) + 1 and table.count("background-color") == 1
     stepper = w.stepper()
-    assert stepper.position == d.diverges_at_step and stepper.stepper.space.device == w.editor.edited.spec
+    assert stepper.position == d.walks_part_at and stepper.stepper.space.device == w.editor.edited.spec
     assert w.stepper(edited=False).stepper.space.device == load_spec("a100")
 
 

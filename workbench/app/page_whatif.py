@@ -164,10 +164,12 @@ def _workload_diff(sel: Request, edit: EditedSpec) -> None:
     verdict = "the top-1 program changes" if d.changed else "the top-1 program stays"
     st.markdown(f"**{d.label}**: {verdict}")
     st.markdown("\n".join(f"- {line}" for line in d.explanation))
-    if d.diverges_at_step is None:
+    step = d.walks_part_at
+    if step is None:
         st.caption(f"The two constructions take the same {d.base.steps} steps.")
     else:
-        st.markdown(f"The constructions diverge at **step {d.diverges_at_step}**: {_links(sel, edit, d.diverges_at_step)}")
+        same = "" if d.changed else " (and still reach the same top-1)"
+        st.markdown(f"The constructions diverge at **step {step}**{same}: {_links(sel, edit, step)}")
     left, right = st.columns(2)
     for col, name, construction in ((left, f"base: {edit.base.name}", d.base), (right, f"edited: {edit.spec.name}", d.edited)):
         with col:

@@ -72,12 +72,13 @@ def top_rows(construction) -> list[dict]:
 
 def suite_rows(diffs: Sequence) -> list[dict]:
     """One row per `whatif.WorkloadDiff`: predicted time on both specs (`base us`, `edited us`),
-    the speed-up, whether the top-1 changed, both top-1s' tiles and the divergence step."""
+    the speed-up, whether the top-1 changed, both top-1s' tiles and the step where the two
+    walks part (`walks_part_at`: also where they part on the way to the same top-1)."""
     return [{"workload": d.label, "base us": d.base_top.predicted_seconds * 1e6,
              "edited us": d.edited_top.predicted_seconds * 1e6, "speed-up": d.predicted_speedup,
              "top-1": "changed" if d.changed else "same", "base tiles": tiles_text(d.base_top),
              "edited tiles": tiles_text(d.edited_top) if d.changed else "",
-             "diverges at step": d.diverges_at_step} for d in diffs]
+             "walks part at step": d.walks_part_at} for d in diffs]
 
 
 def suite_figure(diffs: Sequence, base_name: str, edited_name: str) -> go.Figure:

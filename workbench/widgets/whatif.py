@@ -166,12 +166,12 @@ class WhatIf(widgets.VBox):
 
     def stepper(self, edited: bool = True) -> ConstructionStepper:
         """A ConstructionStepper of the one workload on the edited (or the base) spec, at the
-        step where the two constructions diverge (at the end where they do not)."""
+        step where the two walks part (`walks_part_at`; at the end where they do not)."""
         d = self.diff
         if d is None:
             raise UserError("edit a field of one workload's device first")
         spec = self.editor.edited.spec if edited else self.editor.base
-        step = d.diverges_at_step if d.diverges_at_step is not None else (d.edited if edited else d.base).steps
+        step = d.walks_part_at if d.walks_part_at is not None else (d.edited if edited else d.base).steps
         return ConstructionStepper(self.workloads[0], spec, self.policy, self.options, position=step)
 
     def _render(self) -> None:
@@ -200,8 +200,8 @@ class WhatIf(widgets.VBox):
 
     def _one(self, d: WorkloadDiff, edited: EditedSpec) -> None:
         verdict = "the top-1 program changes" if d.changed else "the top-1 program stays"
-        step = (f"the constructions diverge at step {d.diverges_at_step} (<code>stepper()</code> opens there)"
-                if d.diverges_at_step is not None else f"the constructions take the same {d.base.steps} steps")
+        step = (f"the constructions diverge at step {d.walks_part_at} (<code>stepper()</code> opens there)"
+                if d.walks_part_at is not None else f"the constructions take the same {d.base.steps} steps")
         items = "".join(f"<li>{escape(line)}</li>" for line in d.explanation)
         self.summary.value = f"<p><b>{escape(d.label)}</b>: {verdict}; {step}</p><ul>{items}</ul>"
         for box, name, construction in ((self.base_table, f"base: {edited.base.name}", d.base),
