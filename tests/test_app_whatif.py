@@ -97,11 +97,13 @@ def test_the_url_carries_the_edit_and_restores_it():
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("shared.size=1", "shared.size: no such field of a100"),
-    ("compute_units=0", "compute_units"),
+    ({"set": "shared.size=1"}, "shared.size: no such field of a100"),
+    ({"set": "compute_units=0"}, "compute_units"),
+    ({"set": "compute_units"}, "an edit is FIELD=VALUE"),
+    ({"step": "-3"}, "step must be a whole number of steps"),
 ])
-def test_a_bad_edit_in_a_link_says_why_and_opens_the_sample(bad, message):
-    at = url_app(page="", **LINK, set=bad)
+def test_a_bad_edit_or_step_in_a_link_says_why_and_opens_the_sample(bad, message):
+    at = url_app(page="", **LINK, **bad)
     assert any(message in e for e in errors(at)), errors(at)
     assert at.session_state["selection"].workload.label == "cpu-core:mm-512"
 
