@@ -90,6 +90,10 @@ def test_the_url_carries_the_edit_and_restores_it():
     again = url_app(**link)
     assert again.session_state["selection"] == at.session_state["selection"] and not errors(again)
     assert field(again, "compute_units").value == 54 and shared(again) == link
+    # The peak follows the units: its input stays at the base value, its caption gives the edited one.
+    assert field(again, "peak_gflops.float32").value == 19500.0
+    assert any(c.value.startswith("**9.75 TFLOP/s** on the edited device (follows the edit), base 19.5 TFLOP/s")
+               for c in again.caption)
     # Edits the page did not write itself, a factor among them, read back to the same spec.
     both = url_app(**LINK, set=f"{EDIT},global.bandwidth_gbps=2x")
     expected = pipeline.edit_device("a100", [EDIT, "global.bandwidth_gbps=2x"])

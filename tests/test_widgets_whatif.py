@@ -39,6 +39,8 @@ def test_an_input_change_is_the_core_edit_and_reset_undoes_it(tmp_path):
     expected = pipeline.edit_device("a100", ["compute_units=54"])
     assert w.edits == ("compute_units=54",) and w.edited == expected
     assert escape(expected.spec.name) in w.name_html.value
+    assert w.inputs["peak_gflops.float32"].value == 19500.0  # follows the units: its note says so
+    assert w.notes["peak_gflops.float32"].value.startswith("<small><b>9.75 TFLOP/s</b> on the edited device")
     w.save(tmp_path / "edited.toml")
     assert load_spec(tmp_path / "edited.toml") == expected.spec
     w.set("shared.capacity_bytes", "0.25x")  # an edit's text, resolved against the base

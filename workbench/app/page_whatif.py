@@ -89,8 +89,9 @@ def _on_reset() -> None:
 
 
 def _input(base: DeviceSpec, f: FieldInfo, edit: EditedSpec | None) -> None:
-    """One field's input, set to its value on the selection's device (the edit's where it set
-    the field), with the base value, unit and bounds beside it."""
+    """One field's input, set to the value the edit gave it (the base value where it gave none),
+    with the base value, unit and bounds beside it; a field that follows from the edit (`derived`:
+    the peaks of fewer units) says its value on the edited device, its input staying free."""
     key = _key(base, f.name)
     now = {c.field: c.after for c in edit.changes} if edit else {}
     st.session_state[key] = now.get(f.name, f.value)  # the selection's value wins over a refused input
@@ -104,7 +105,10 @@ def _input(base: DeviceSpec, f: FieldInfo, edit: EditedSpec | None) -> None:
         st.number_input(label, min_value=low, max_value=high, step=1 if kind is int else None,
                         format="%d" if kind is int else "%g", key=key, on_change=_on_edit)
         bounds = f"; {field_text(low, f.unit)} .. {field_text(high, f.unit)}" if low is not None else ""
-    marked = "**edited**, " if f.name in now else ""
+    follows = {c.field: c.after for c in edit.derived} if edit else {}
+    marked = ("**edited**, " if f.name in now else
+              f"**{field_text(follows[f.name], f.unit)}** on the edited device (follows the edit), " if f.name in follows
+              else "")
     st.caption(f"{marked}base {field_text(f.value, f.unit)}{bounds}")
 
 

@@ -54,10 +54,12 @@ def _input(f: FieldInfo) -> widgets.Widget:
     return box(min=kind(f.low), max=kind(f.high), continuous_update=False, **common)
 
 
-def _note(f: FieldInfo) -> widgets.HTML:
-    """A field's base value, and its bounds where the loader bounds it."""
+def _note(f: FieldInfo, follows: object = None) -> str:
+    """A field's base value and its bounds where the loader bounds it; first its value on the
+    edited device where it follows from the edit (`follows`, an `EditedSpec.derived` value)."""
     bounds = f" ({field_text(f.low, f.unit)} .. {field_text(f.high, f.unit)})" if f.low is not None else ""
-    return widgets.HTML(f"<small>base {escape(field_text(f.value, f.unit))}{escape(bounds)}</small>")
+    now = f"<b>{escape(field_text(follows, f.unit))}</b> on the edited device (follows the edit), " if follows is not None else ""
+    return f"<small>{now}base {escape(field_text(f.value, f.unit))}{escape(bounds)}</small>"
 
 
 def _workloads(workloads) -> tuple:
@@ -82,7 +84,9 @@ class DeviceEditor(widgets.VBox):
         groups = field_groups(pipeline.editable_fields(self.base))
         self.fields = {f.name: f for members in groups.values() for f in members}
         self.inputs = {name: _input(f) for name, f in self.fields.items()}
-        boxes = [widgets.VBox([widgets.HBox([self.inputs[f.name], _note(f)]) for f in members]) for members in groups.values()]
+        self.notes = {name: widgets.HTML(_note(f)) for name, f in self.fields.items()}
+        boxes = [widgets.VBox([widgets.HBox([self.inputs[f.name], self.notes[f.name]]) for f in members])
+                 for members in groups.values()]
         self.accordion = widgets.Accordion(boxes, titles=tuple(groups))
         self.name_html, self.message_html = widgets.HTML(), widgets.HTML()
         self.reset_button = widgets.Button(description="Reset to the base spec", layout=widgets.Layout(width="auto"))
@@ -129,6 +133,9 @@ class DeviceEditor(widgets.VBox):
         self.set_trait("error", "")
         self.message_html.value = ""
         self.set_trait("edited", edited)
+        follows = {c.field: c.after for c in edited.derived} if edited else {}
+        for name, note in self.notes.items():
+            note.value = _note(self.fields[name], follows.get(name))
         self.name_html.value = (f"<b>{escape(edited.spec.name)}</b>: {escape(', '.join(edits))}" if edited
                                 else f"<b>{escape(self.base.name)}</b> (no field edited)")
 
