@@ -4,7 +4,9 @@ click re-renders the construction, and a screenshot of each page lands in tests/
 page shows (captions, tables' accessible text, chart labels; not kernel sources, which are code)
 holds no "nan", no "Traceback" and no Python dictionary text. The server's workspace holds a runs
 store with fake-profiled runs and a fitted correction, so the Runs page draws its history and the
-correction, and the Candidates page its corrected column.
+correction, and the Candidates page its corrected column. On the What-if page one edit, typed into
+a field's input, renders the diff of the two constructions with its links into the Construction
+page.
 
 `make test` installs /usr/bin/chromium where it is missing (CI runs as root), so the skip below
 only happens on a machine where that install was not possible.
@@ -41,7 +43,11 @@ PAGES = (
     ("runs", "Runs", 3, "text=Stored correction of"),  # best so far, predicted vs measured, before/after
     ("models", "Models", 2, "[data-testid='stDataFrame']"),
     ("dynamic", "Dynamic shapes", 1, "[data-testid='stDataFrame']"),
+    ("whatif", "What-if", 0, "text=Edit a field above"),
 )
+# The What-if page's edit: a 64^3 matmul on the A100 (a construction of about a second), whose top-1
+# changes when the shared memory per SM drops to a quarter.
+WHATIF_LINK = "whatif?op=matmul&shape=K%3D64%2CM%3D64%2CN%3D64&device=a100&policy=roller&topk=3"
 
 # What a page must never show: a missing number printed as such, a Python error, a dict's repr.
 FORBIDDEN = (re.compile(r"\bnan\b", re.IGNORECASE), re.compile(r"Traceback"), re.compile(r"\{'"))
@@ -197,3 +203,36 @@ def _select_on_the_roofline(page, server: str) -> None:
     assert "10" in picker.inner_text()
     page.screenshot(path=str(ARTIFACTS / "candidates-selected.png"), full_page=True)
     _shows_no_raw_values(page, "Candidates with a selection")
+
+
+def test_a_what_if_edit_renders_the_diff_in_chromium(server):
+    """Type a quarter of the A100's shared memory into its input: the edited device is named, the
+    walks' divergence links into the Construction page on both specs, and both top-Ks are drawn."""
+    from playwright.sync_api import sync_playwright
+
+    server, _ = server
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 2200})
+            page.goto(f"{server}/{WHATIF_LINK}")
+            _rendered(page, "What-if", 0, "text=Edit a field above")
+            page.get_by_text("layer shared", exact=True).click()  # open the layer's group
+            box = page.get_by_label("shared.capacity_bytes (bytes)")
+            box.fill("12288")
+            box.press("Enter")
+            page.wait_for_selector("text=Edited device: a100-shared.capacity_bytes-12288", timeout=RENDER_TIMEOUT_MS)
+            page.wait_for_selector("text=the top-1 program changes", timeout=RENDER_TIMEOUT_MS)
+            _rendered(page, "What-if", 0, "text=The constructions diverge at")
+            links = page.locator("a[href*='construction?']")
+            assert links.count() == 2
+            hrefs = [links.nth(i).get_attribute("href") for i in range(2)]
+            assert all("step=" in h for h in hrefs) and "set=shared.capacity_bytes" in hrefs[1]
+            assert page.locator("[data-testid='stDataFrame']").count() >= 3  # the changes, both top-Ks
+            assert page.locator("[data-testid='stException']").count() == 0
+            assert page.locator("[data-testid='stAlertContentError']").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "whatif-edited.png"), full_page=True)
+            _shows_no_raw_values(page, "What-if after an edit")
+        finally:
+            browser.close()

@@ -20,7 +20,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300  # one cell; profiling builds kernels in spawned workers (tens of seconds)
 LESSONS = ("01_tensor_expressions_and_rtiles", "02_roller_step_through", "03_markov_transitions",
            "04_predicted_vs_profiled", "05_export_kernels", "06_irregular_shapes", "07_whole_models",
-           "08_dynamic_shapes")
+           "08_dynamic_shapes", "09_design_a_device")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Device controls of the Workload page: a preset, this machine (detected, or calibrated in this
-session), or an uploaded spec TOML validated by the same loader as `specs/devices/*.toml`."""
+session), or an uploaded spec TOML validated by the same loader as `specs/devices/*.toml`; and,
+where the What-if page edited the device, that edited spec."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import streamlit as st
 
 from workbench import pipeline
 from workbench.app.messages import message
-from workbench.app.state import preset
+from workbench.app.state import edited, preset
 from workbench.errors import UserError, first_line
 from workbench.fmt import duration, gbps, gflops, human_bytes, micro_kernel_grid
 from workbench.pipeline import LOCAL_CPU
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import DeviceSpec
 
 SOURCES = ("Preset", "This machine (local-cpu)", "Upload a spec TOML")
+EDITED = "Edited on the What-if page"
 
 
 def _source_of(current: DeviceSpec) -> int:
@@ -30,8 +32,15 @@ def _source_of(current: DeviceSpec) -> int:
 
 def device_controls(current: DeviceSpec) -> DeviceSpec | None:
     """The device the user chose (None, with the reason shown, when there is none yet)."""
-    source = st.radio("Device", SOURCES, index=_source_of(current), horizontal=True)
-    if source == SOURCES[0]:
+    edit = edited()
+    if edit is not None and edit.spec == current:
+        source = st.radio("Device", SOURCES + (EDITED,), index=len(SOURCES), horizontal=True)
+    else:
+        source = st.radio("Device", SOURCES, index=_source_of(current), horizontal=True)
+    if source == EDITED:
+        st.caption(f"{edit.base.name} with {', '.join(map(str, edit.edits))}")
+        spec = edit.spec
+    elif source == SOURCES[0]:
         names = pipeline.device_presets()
         index = names.index(current.name) if current.name in names else 0
         spec = preset(st.selectbox("Preset", names, index=index))

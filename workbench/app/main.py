@@ -14,6 +14,7 @@ PAGES = (
     ("page_runs.py", "Runs", "runs"),
     ("page_models.py", "Models", "models"),
     ("page_dynamic.py", "Dynamic shapes", "dynamic"),
+    ("page_whatif.py", "What-if", "whatif"),
 )
 
 

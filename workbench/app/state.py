@@ -1,6 +1,7 @@
 """Session state holds core values only: the selection (a `pipeline.Request`: workload, device
-spec, policy, options), its stepper and finished construction, the last profile result and the
-candidates picked for the Kernel and Export pages.
+spec, policy, options), the what-if edit that made its device where the What-if page edited it
+(`edited`, a `pipeline.EditedSpec`), its stepper and finished construction, the last profile
+result and the candidates picked for the Kernel and Export pages.
 
 Every browser session has its own `st.session_state`; what is shared between sessions is cached
 by value (`st.cache_resource` keyed by frozen core values), so sharing is never visible.
@@ -12,7 +13,9 @@ can reach the page can type a path, and the server must not write wherever its a
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -23,7 +26,7 @@ from workbench.errors import UserError
 from workbench.pipeline import Construction, Request, Stepper, Workload
 
 if TYPE_CHECKING:  # annotations only
-    from workbench.pipeline import DeviceSpec, TensorExpr
+    from workbench.pipeline import DeviceSpec, EditedSpec, TensorExpr
 
 DEFAULT_WORKLOAD = "cpu-core:mm-512"  # the sample workload `make app` opens on
 DEFAULT_DEVICE = "local-cpu"
@@ -74,13 +77,17 @@ def preset(name: str) -> DeviceSpec:
 
 def selection() -> Request:
     """The session's selection: on a new session the one the URL names (a shared link, a
-    reload), else the sample workload on this machine; a URL that names nothing valid shows
-    why and opens the sample."""
+    reload; with its what-if edits and the construction step it opens at), else the sample
+    workload on this machine; a URL that names nothing valid shows why and opens the sample."""
     if "selection" not in st.session_state:
         sel = pipeline.request(DEFAULT_WORKLOAD, preset(DEFAULT_DEVICE))
         if st.query_params:
             try:
-                sel = request_from_query(st.query_params.to_dict())
+                link = request_from_query(st.query_params.to_dict())
+                sel = link.request
+                st.session_state.edited = link.edited
+                if link.step is not None:
+                    st.session_state.open_step = link.step
             except UserError as err:
                 st.error(f"the link's selection: {message(err)}")
         st.session_state.selection = sel
@@ -88,11 +95,22 @@ def selection() -> Request:
     return st.session_state.selection
 
 
-def set_selection(new: Request) -> None:
-    """Replace the selection; the stepper, construction, profile and picks of the old one go with it."""
+def edited() -> EditedSpec | None:
+    """The what-if edit whose spec is the selection's device (None when the device is not an
+    edited one)."""
+    e = st.session_state.get("edited")
+    return e if e is not None and e.spec == selection().device else None
+
+
+def set_selection(new: Request, edit: EditedSpec | None = None) -> None:
+    """Replace the selection; the stepper, construction, profile and picks of the old one go with
+    it. `edit` is the what-if edit whose spec is `new.device`; without one, the session's edit
+    stays where it is still the device (another workload on the same edited device)."""
+    edit = edit or st.session_state.get("edited")
+    st.session_state.edited = edit if edit is not None and edit.spec == new.device else None
     st.session_state.selection = new
     _to_url(new)
-    for key in ("stepper", "construction", "stepper_for", "profile", "picked", "bundle", "pending"):
+    for key in ("stepper", "construction", "stepper_for", "profile", "picked", "bundle", "pending", "open_step"):
         st.session_state.pop(key, None)
 
 
@@ -102,11 +120,25 @@ _DEFAULT_OPTIONS = pipeline.Options()
 # construction of a million steps on the server).
 OPTION_BOUNDS = {"topk": (1, 100), "eps": (0.0, 1.0), "seed": (0, 2**31 - 1), "max_steps": (10, 100_000)}
 _OPTION_KEYS = tuple(OPTION_BOUNDS)
+# What-if edits travel as one parameter, `set=FIELD=VALUE,FIELD=VALUE` (the CLI's `--set`s): a
+# field name and a value (a number, a size, a factor or a name) never hold a comma.
+EDITS_SEPARATOR = ","
 
 
-def request_query(req: Request) -> dict[str, str]:
+@dataclass(frozen=True)
+class Link:
+    """What a URL names: the selection (its device edited where the URL carries `set`), the
+    what-if edit that made that device, and the construction step to open at (`step`)."""
+
+    request: Request
+    edited: EditedSpec | None = None
+    step: int | None = None
+
+
+def request_query(req: Request, edit: EditedSpec | None = None) -> dict[str, str]:
     """The selection as URL query parameters, in the CLI's words (`workload` or `op`/`expr` with
-    `shape`, `dtype`, `device`, `policy`, options). A model's operator and an uploaded or
+    `shape`, `dtype`, `device`, `policy`, options); a device that is the what-if `edit` of a
+    named one as that name and the edits (`set`). A model's operator and an uploaded or
     calibrated device spec have no name a URL could carry: they are left out (the link then
     opens the sample workload, or the workload on this machine)."""
     w = req.workload
@@ -122,6 +154,9 @@ def request_query(req: Request) -> dict[str, str]:
         query["dtype"] = w.dtype
     if req.device == _named_device(req.device.name):
         query["device"] = req.device.name
+    elif edit is not None and edit.spec == req.device and edit.base == _named_device(edit.base.name):
+        query["device"] = edit.base.name
+        query["set"] = EDITS_SEPARATOR.join(map(str, edit.edits))
     query["policy"] = req.policy
     for key in _OPTION_KEYS:
         if getattr(req.options, key) != getattr(_DEFAULT_OPTIONS, key):
@@ -129,9 +164,20 @@ def request_query(req: Request) -> dict[str, str]:
     return query
 
 
-def request_from_query(query: dict[str, str]) -> Request:
-    """The selection a URL's query parameters name (`request_query`); UserError naming what is wrong."""
-    unknown = sorted(set(query) - {"workload", "op", "expr", "shape", "dtype", "device", "policy", *_OPTION_KEYS})
+def step_link(req: Request, edit: EditedSpec | None, step: int) -> str:
+    """A relative link to the Construction page opening `req` (its device `edit.spec` where
+    `edit` is given) at construction step `step`; "" when the URL cannot name the device."""
+    query = request_query(req, edit)
+    if "device" not in query:
+        return ""
+    return "construction?" + urlencode({**query, "step": str(step)})
+
+
+def request_from_query(query: dict[str, str]) -> Link:
+    """The selection a URL's query parameters name (`request_query`, `step_link`); UserError
+    naming what is wrong."""
+    unknown = sorted(set(query) - {"workload", "op", "expr", "shape", "dtype", "device", "policy", "set", "step",
+                                   *_OPTION_KEYS})
     if unknown:
         raise UserError(f"unknown parameter {unknown[0]!r}")
     workload = pipeline.parse_workload(query.get("op"), query.get("shape"), query.get("expr"), query.get("workload"),
@@ -150,7 +196,17 @@ def request_from_query(query: dict[str, str]) -> Request:
     name = query.get("device", DEFAULT_DEVICE)
     if name not in _device_names():  # a URL names presets only: never a file on the server
         raise UserError(f"unknown device {name!r:.40} (known: {', '.join(_device_names())})")
-    return pipeline.request(workload, preset(name), query.get("policy", "roller"), pipeline.Options(**options))
+    device, edit = preset(name), None
+    if query.get("set"):
+        edit = pipeline.edit_device(device, query["set"].split(EDITS_SEPARATOR))
+        device = edit.spec
+    step = None
+    if "step" in query:
+        if not query["step"].isdigit() or int(query["step"]) > OPTION_BOUNDS["max_steps"][1]:
+            raise UserError(f"step must be a whole number of steps, got {query['step']!r:.40}")
+        step = int(query["step"])
+    req = pipeline.request(workload, device, query.get("policy", "roller"), pipeline.Options(**options))
+    return Link(req, edit, step)
 
 
 def _device_names() -> tuple[str, ...]:
@@ -162,7 +218,7 @@ def _named_device(name: str):
 
 
 def _to_url(req: Request) -> None:
-    query = request_query(req)
+    query = request_query(req, st.session_state.get("edited"))
     if dict(st.query_params) != query:
         st.query_params.from_dict(query)
 
@@ -196,6 +252,9 @@ def stepper() -> Stepper | None:
         except UserError as err:
             st.error(message(err))
             return None
+        step = st.session_state.pop("open_step", None)  # a link's step (`step_link`)
+        if step is not None:
+            st.session_state.stepper.seek(min(step, len(st.session_state.stepper.steps)))
     return st.session_state.stepper
 
 

@@ -27,6 +27,16 @@ from workbench.viz.runs import best_so_far_figure
 from workbench.viz.source import entry_line
 from workbench.viz.tiles import footprint_figure, rtile_figure, state_tiles
 from workbench.viz.versus import forest_figure
+from workbench.viz.whatif import (
+    field_groups,
+    field_text,
+    suite_figure,
+    suite_rows,
+    sweep_figure,
+    sweep_rows,
+    tiles_text,
+    top_rows,
+)
 
 __all__ = [
     "ComparedPoint", "compared_points", "live_figure", "predicted_vs_measured_figure", "ranks_from_selection",
@@ -43,4 +53,5 @@ __all__ = [
     "entry_line",
     "footprint_figure", "rtile_figure", "state_tiles",
     "forest_figure",
+    "field_groups", "field_text", "suite_figure", "suite_rows", "sweep_figure", "sweep_rows", "tiles_text", "top_rows",
 ]

@@ -12,7 +12,9 @@ from workbench.widgets.model_view import ModelView
 from workbench.widgets.plot import PlotView
 from workbench.widgets.stepper import ConstructionStepper
 from workbench.widgets.tiles import TileView
+from workbench.widgets.whatif import DeviceEditor, SweepView, WhatIf
 
 __all__ = [
-    "CandidateTable", "ConstructionStepper", "ExportButton", "ModelView", "PlotView", "PredictedVsMeasured", "TileView",
+    "CandidateTable", "ConstructionStepper", "DeviceEditor", "ExportButton", "ModelView", "PlotView", "PredictedVsMeasured",
+    "SweepView", "TileView", "WhatIf",
 ]
