@@ -76,6 +76,8 @@ def test_a_bad_edit_is_one_line_naming_the_field(text, message):
 def test_every_editable_field_can_be_set_to_its_own_value():
     for name in ("xeon-avx512", "v100", "h100"):
         spec = device(name)
+        names = [info.name for info in editable_fields(spec)]
+        assert len(names) == len(set(names)), name
         for info in editable_fields(spec):
             done = apply_edits(spec, [Edit(info.name, str(info.value))])
             assert field_info(done.spec, info.name).value == info.value, info.name

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from workbench.errors import UserError
 from workbench.hardware.bounds import (
-    CAPACITY_BYTES, DEVICE_GBPS, DEVICE_INTS, LAYER_INTS, MAX_LATENCY_NS, MAX_LLC_BYTES, MIN_GBPS, MIN_GFLOPS,
+    CAPACITY_BYTES, DEVICE_GBPS, DEVICE_INTS, LAYER_INTS, MAX_LATENCY_NS, MIN_GBPS, MIN_GFLOPS,
     MAX_GFLOPS, MIN_LATENCY_NS, NAME, NAME_MAX, ON_CHIP_GBPS,
 )
 from workbench.hardware.parse import LAYER_KEYS, MAX_LAUNCH_US, spec_from_toml_text
@@ -163,8 +163,7 @@ def editable_fields(spec: DeviceSpec) -> tuple[FieldInfo, ...]:
         unit = "bytes" if key.endswith("_bytes") else ""
         out.append(FieldInfo(key, getattr(spec, key), "int", unit, low, high))
     out.append(FieldInfo("launch_overhead_us", spec.launch_overhead_us, "float", "us", 0.0, MAX_LAUNCH_US))
-    if spec.llc_bytes:
-        out.append(FieldInfo("llc_bytes", spec.llc_bytes, "int", "bytes", 1, MAX_LLC_BYTES))
+    if spec.llc_bytes:  # llc_bytes itself is one of DEVICE_INTS above
         out.append(FieldInfo("llc_gbps", spec.llc_gbps, "float", "GB/s", MIN_GBPS, ON_CHIP_GBPS))
     for table, entries in (("peak_gflops", spec.peak_gflops), ("tensor_core_gflops", spec.tensor_core_gflops)):
         out += [FieldInfo(f"{table}.{dtype}", value, "float", "GFLOP/s", MIN_GFLOPS, MAX_GFLOPS) for dtype, value in entries]

@@ -22,12 +22,12 @@ MARKER = "star"
 
 
 def field_groups(fields: Sequence[FieldInfo]) -> dict[str, list[FieldInfo]]:
-    """A spec's editable fields (`hardware.edit.editable_fields`) as an editor groups them, each
-    name once (the last entry of a name wins), in the spec file's order: "device" ([device]
+    """A spec's editable fields (`hardware.edit.editable_fields`) as an editor groups them, in the
+    spec file's order: "device" ([device]
     numbers), "peak compute" (the peak, tensor-core and micro-kernel tables), "target", and
     "layer NAME" for each memory layer."""
     groups: dict[str, list[FieldInfo]] = {}
-    for f in {f.name: f for f in fields}.values():
+    for f in fields:
         head = f.name.split(".", 1)[0] if "." in f.name else "device"
         group = "peak compute" if head in PEAKS else head if head in ("device", "target") else f"layer {head}"
         groups.setdefault(group, []).append(f)
