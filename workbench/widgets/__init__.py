@@ -7,6 +7,7 @@ and draws with the plotly builders of `workbench.viz`; none computes a model qua
 """
 
 from workbench.widgets.candidates import CandidateTable, PredictedVsMeasured
+from workbench.widgets.dynamic import DispatchSlider
 from workbench.widgets.export import ExportButton
 from workbench.widgets.model_view import ModelView
 from workbench.widgets.plot import PlotView
@@ -14,5 +15,5 @@ from workbench.widgets.stepper import ConstructionStepper
 from workbench.widgets.tiles import TileView
 
 __all__ = [
-    "CandidateTable", "ConstructionStepper", "ExportButton", "ModelView", "PlotView", "PredictedVsMeasured", "TileView",
+    "CandidateTable", "ConstructionStepper", "DispatchSlider", "ExportButton", "ModelView", "PlotView", "PredictedVsMeasured", "TileView",
 ]
