@@ -10,8 +10,10 @@ of the run (its HTML parts, its figures, its controls greyed out), rebuilt from 
 the execution recorded; a solution cell is folded into a <details>.
 
 `--save` writes each executed notebook back with light outputs, for GitHub's and JupyterLab's
-views before anyone runs it: the same widget snapshots (as HTML), figures as Plotly's own JSON
-unless one is over FIGURE_BUDGET (then its title only: the book has it), no widget state.
+views before anyone runs it: no widget state, the same widget snapshots (as HTML, their figures
+as PNG images), every figure as a PNG image (GitHub) and as Plotly's own JSON (JupyterLab)
+unless that is over FIGURE_BUDGET. The images are drawn by plotly.js in Debian's Chromium
+(`FigureImages`); without it the figures keep their JSON, and a widget's its titles.
 
 The kernel is this interpreter (a `python3` kernel spec in a temporary JUPYTER_PATH, as
 tests/test_notebooks.py does), with PYTHONPATH the checkout and PLOTLY_RENDERER=plotly_mimetype,
@@ -21,6 +23,7 @@ so a figure is saved as its JSON and not with plotly.js inlined (megabytes per n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import html
 import itertools
@@ -63,21 +66,25 @@ def kernel_env(tmp: Path) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
 
 
-def execute(path: Path, env: dict[str, str]) -> nbformat.NotebookNode:
+@contextlib.contextmanager
+def environment(env: dict[str, str]):
+    """`env` set in this process while the block runs: the kernel spec is looked up here, and the
+    kernel inherits the rest."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def execute(path: Path) -> nbformat.NotebookNode:
     """The notebook at `path`, run top to bottom in its folder, with its widget state recorded;
     CellExecutionError on the first failing cell."""
     nb = nbformat.read(path, as_version=4)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel manager starts the kernel with this process's environment
-    try:
-        NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", store_widget_state=True, record_timing=False,
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", store_widget_state=True, record_timing=False,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
     return nb
 
 
@@ -87,12 +94,8 @@ def _ref(value) -> str | None:
     return value[len("IPY_MODEL_"):] if isinstance(value, str) and value.startswith("IPY_MODEL_") else None
 
 
-def figure_html(figure: dict, interactive: bool) -> str:
-    """A Plotly figure (its JSON) as a div drawn by plotly.js (`interactive`, for the book) or,
-    for a saved notebook, as nothing but its title."""
-    title = ((figure.get("layout") or {}).get("title") or {}).get("text") or "figure"
-    if not interactive:
-        return f'<p class="widget-note"><i>figure: {html.escape(title)} (drawn when the cell runs, and in the book)</i></p>'
+def plotly_div(figure: dict) -> str:
+    """A Plotly figure (its JSON) as a div that plotly.js draws: the book's form."""
     div = f"figure-{next(_FIGURE_IDS)}"
     payload = json.dumps(figure).replace("</", "<\\/")  # no "</script>" inside the script
     return (f'<div class="plotly-figure" id="{div}"></div>'
@@ -100,8 +103,66 @@ def figure_html(figure: dict, interactive: bool) -> str:
             f'Plotly.newPlot("{div}", f.data || [], f.layout || {{}}, {{responsive: true}}); }})();</script>')
 
 
-def output_html(output: dict, interactive: bool, states: dict) -> str:
-    """One output (a notebook's or an Output widget's) as HTML."""
+def figure_title(figure: dict) -> str:
+    return ((figure.get("layout") or {}).get("title") or {}).get("text") or "figure"
+
+
+class FigureImages:
+    """PNG images (base64) of Plotly figures, drawn by plotly.js in Debian's headless Chromium
+    through Playwright, offline, for the saved notebooks: GitHub's view draws no Plotly JSON.
+    `png` is None where Chromium or Playwright is missing; the saved figures then keep their
+    JSON (or title) only."""
+
+    CHROMIUM = Path("/usr/bin/chromium")
+    WIDTH_PX = 760  # the width of a notebook's output area; the height is the figure's own
+
+    def __init__(self, folder: Path):
+        self.folder, self.png = folder, None
+
+    def __enter__(self) -> FigureImages:
+        try:
+            from playwright.sync_api import sync_playwright
+        except ImportError:
+            return self
+        if not self.CHROMIUM.exists():
+            return self
+        page = self.folder / "render.html"
+        page.write_text(f'<!DOCTYPE html><html><head><script src="{PLOTLY_JS.as_uri()}"></script></head><body></body></html>')
+        self._playwright = sync_playwright().start()
+        self._browser = self._playwright.chromium.launch(executable_path=str(self.CHROMIUM),
+                                                         args=["--headless", "--no-sandbox", "--disable-gpu"])
+        self._page = self._browser.new_context(offline=True).new_page()
+        self._page.goto(page.as_uri())
+        self.png = self._png
+        return self
+
+    def _png(self, figure: dict) -> str:
+        script = """async ([f, width]) => {
+            const layout = Object.assign({}, f.layout || {});
+            const url = await Plotly.toImage({data: f.data || [], layout: layout},
+                                             {format: "png", width: width, height: layout.height || 450});
+            return url.split(",")[1];
+        }"""
+        return self._page.evaluate(script, [figure, self.WIDTH_PX])
+
+    def __exit__(self, *exc) -> None:
+        if self.png is not None:
+            self._browser.close()
+            self._playwright.stop()
+
+
+def saved_figure(png):
+    """How a saved notebook's widget snapshot shows a figure: its PNG image where `png` draws
+    one, else its title."""
+    def draw(figure: dict) -> str:
+        if png is not None:
+            return f'<img alt="{html.escape(figure_title(figure))}" src="data:image/png;base64,{png(figure)}">'
+        return f'<p class="widget-note"><i>figure: {html.escape(figure_title(figure))} (drawn when the cell runs)</i></p>'
+    return draw
+
+
+def output_html(output: dict, states: dict, draw) -> str:
+    """One output (a notebook's or an Output widget's) as HTML, figures drawn by `draw`."""
     kind = output.get("output_type")
     if kind == "stream":
         return f"<pre>{html.escape(output.get('text', ''))}</pre>"
@@ -109,9 +170,9 @@ def output_html(output: dict, interactive: bool, states: dict) -> str:
         return f"<pre>{html.escape(output.get('ename', ''))}: {html.escape(output.get('evalue', ''))}</pre>"
     data = output.get("data", {})
     if WIDGET_VIEW in data:
-        return widget_html(states, data[WIDGET_VIEW]["model_id"], interactive)
+        return widget_html(states, data[WIDGET_VIEW]["model_id"], draw)
     if PLOTLY_MIME in data:
-        return figure_html(data[PLOTLY_MIME], interactive)
+        return draw(data[PLOTLY_MIME])
     if "text/html" in data:
         return "".join(data["text/html"])
     if "image/png" in data:
@@ -119,23 +180,24 @@ def output_html(output: dict, interactive: bool, states: dict) -> str:
     return f"<pre>{html.escape(''.join(data.get('text/plain', '')))}</pre>"
 
 
-def widget_html(states: dict, model_id: str, interactive: bool) -> str:
+def widget_html(states: dict, model_id: str, draw) -> str:
     """The view of widget `model_id` from the recorded `states` (model id -> model): boxes as
-    boxes, HTML as its HTML, an Output widget's outputs, controls drawn disabled at their value."""
+    boxes, HTML as its HTML, an Output widget's outputs (figures drawn by `draw`: JSON -> HTML),
+    controls drawn disabled at their value."""
     model = states.get(model_id)
     if model is None:
         return '<p class="widget-note">(a widget whose state was not recorded)</p>'
     name, state = model.get("model_name", ""), model.get("state", {})
     label = html.escape(state.get("description") or "")
     if name in ("VBoxModel", "HBoxModel", "BoxModel", "GridBoxModel"):
-        inner = "".join(widget_html(states, _ref(c), interactive) for c in state.get("children", ()) if _ref(c))
+        inner = "".join(widget_html(states, _ref(c), draw) for c in state.get("children", ()) if _ref(c))
         return f'<div class="{"widget-hbox" if name == "HBoxModel" else "widget-vbox"}">{inner}</div>'
     if name in ("HTMLModel", "HTMLMathModel"):
         return (f"<b>{label}</b> " if label else "") + state.get("value", "")
     if name == "LabelModel":
         return f"<span>{html.escape(str(state.get('value', '')))}</span>"
     if name == "OutputModel":
-        return "".join(output_html(o, interactive, states) for o in state.get("outputs", ()))
+        return "".join(output_html(o, states, draw) for o in state.get("outputs", ()))
     if name in ("ButtonModel", "ToggleButtonModel"):
         return f"<button disabled>{label or html.escape(state.get('tooltip') or '')}</button>"
     if name in ("IntSliderModel", "FloatSliderModel", "PlayModel", "IntProgressModel", "FloatProgressModel"):
@@ -154,18 +216,20 @@ def widget_html(states: dict, model_id: str, interactive: bool) -> str:
     return f'<span class="widget-note">({html.escape(name)})</span>'
 
 
-def snapshot(states: dict, model_id: str, interactive: bool) -> str:
+def snapshot(states: dict, model_id: str, draw) -> str:
     """A widget's static view, framed and labelled as such."""
-    return (f'<div class="widget-snapshot">{widget_html(states, model_id, interactive)}'
+    return (f'<div class="widget-snapshot">{widget_html(states, model_id, draw)}'
             f'<p class="widget-note">A snapshot of the widget at the end of the run: run the notebook to use it.</p></div>')
 
 
-def rendered(nb: nbformat.NotebookNode, interactive: bool) -> nbformat.NotebookNode:
-    """A copy of an executed notebook whose widget outputs are snapshots (HTML) and, when
-    `interactive`, whose figures are plotly.js divs; figures over FIGURE_BUDGET become their
-    title otherwise. No widget state is left in it."""
+def rendered(nb: nbformat.NotebookNode, book: bool, png=None) -> nbformat.NotebookNode:
+    """A copy of an executed notebook with its widget outputs as snapshots (HTML) and no widget
+    state. For the `book`, figures are plotly.js divs. For a saved notebook, a figure keeps its
+    JSON (JupyterLab draws it) up to FIGURE_BUDGET, plus its PNG image where `png` draws one
+    (GitHub shows that); a widget's figures are its images, or their titles."""
     nb = copy.deepcopy(nb)
     states = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    draw = plotly_div if book else saved_figure(png)
     for cell in nb.cells:
         for out in cell.get("outputs", ()):
             data = out.get("data")
@@ -173,11 +237,18 @@ def rendered(nb: nbformat.NotebookNode, interactive: bool) -> nbformat.NotebookN
                 continue
             if WIDGET_VIEW in data:
                 kind = "".join(data.get("text/plain", "")).split("(", 1)[0] or "widget"
-                out["data"] = {"text/html": snapshot(states, data[WIDGET_VIEW]["model_id"], interactive),
+                out["data"] = {"text/html": snapshot(states, data[WIDGET_VIEW]["model_id"], draw),
                                "text/plain": f"<{kind}: run the cell to use it>"}
-            elif PLOTLY_MIME in data and (interactive or len(json.dumps(data[PLOTLY_MIME])) > FIGURE_BUDGET):
-                out["data"] = {"text/html": figure_html(data[PLOTLY_MIME], interactive),
-                               "text/plain": "".join(data.get("text/plain", "")) or "<plotly figure>"}
+            elif PLOTLY_MIME in data:
+                figure, text = data[PLOTLY_MIME], f"<plotly figure: {figure_title(data[PLOTLY_MIME])}>"
+                if book:
+                    out["data"] = {"text/html": plotly_div(figure), "text/plain": text}
+                    continue
+                out["data"] = {"text/plain": text}
+                if len(json.dumps(figure)) <= FIGURE_BUDGET:
+                    out["data"][PLOTLY_MIME] = figure
+                if png is not None:
+                    out["data"]["image/png"] = png(figure)
     return nb
 
 
@@ -226,17 +297,19 @@ def build(paths: list[Path], out: Path, save: bool = False, log=print) -> dict[s
     shutil.copyfile(PLOTLY_JS, out / "plotly.min.js")
     executed = {}
     with tempfile.TemporaryDirectory(prefix="workbench-book-") as tmp:
-        env = kernel_env(Path(tmp))
-        for path in paths:
-            start = time.monotonic()
-            executed[path.stem] = nb = execute(path, env)
-            log(f"{path.name}: ran in {time.monotonic() - start:.0f} s")
-            if save:
-                nbformat.write(rendered(nb, interactive=False), path)
+        with environment(kernel_env(Path(tmp))):
+            for path in paths:
+                start = time.monotonic()
+                executed[path.stem] = execute(path)
+                log(f"{path.name}: ran in {time.monotonic() - start:.0f} s")
+        if save:  # after every run: Chromium does not share the 2 cores with a kernel
+            with FigureImages(Path(tmp)) as images:
+                for path in paths:
+                    nbformat.write(rendered(executed[path.stem], book=False, png=images.png), path)
     names = list(executed)
     titles = {n: title_of(nb) for n, nb in executed.items()}
     for i, name in enumerate(names):
-        (out / f"{name}.html").write_text(page(rendered(executed[name], interactive=True), name, nav_html(names, titles, i)))
+        (out / f"{name}.html").write_text(page(rendered(executed[name], book=True), name, nav_html(names, titles, i)))
     (out / "index.html").write_text(index_html(names, titles, {n: len(exercises_of(nb)) for n, nb in executed.items()}))
     return executed
 
