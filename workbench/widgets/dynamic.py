@@ -19,7 +19,7 @@ class DispatchSlider(widgets.VBox):
     that shows the kernel `pipeline.vortex_pick` chooses at `value` and its predicted time, the
     plan's kernels at that value (the pick highlighted), and the curves with the pick as a star.
 
-    With `bundle` (`pipeline.vortex_compile` / `vortex_load` of the same workload), **Run**
+    With `bundle` (`pipeline.vortex_compile` / `vortex_load`; its plan: `pipeline.vortex_bundle_plan`), **Run**
     (or `run()`) runs the bundle at the value (`pipeline.vortex_run`: dispatched, verified,
     timed); every run stays on the figure as a measured point, and `measured` maps each value
     run to its measured seconds (None when the result was wrong).
@@ -44,10 +44,10 @@ class DispatchSlider(widgets.VBox):
         self.figure_view = PlotView()
         super().__init__(children=[widgets.HBox([self.slider, self.run_button]), self.pick_html, self.status,
                                    self.figure_view, self.kernels_html])
+        self.value = value  # clamped by `_clamp`; drawn once, below
         traitlets.link((self, "value"), (self.slider, "value"))
         self.run_button.on_click(lambda _: self.run())
         self.observe(lambda _: self._render(), names="value")
-        self.value = value
         self._render()
 
     @traitlets.validate("value")
