@@ -187,13 +187,14 @@ def most_visited(stepper, layer: str, predicted: Sequence[int] | None) -> Verdic
 
 # Lesson 4: predicted against profiled.
 
-def bottleneck(candidate, predicted: str | None) -> Verdict:
-    """`predicted` is the stage the model says limits the candidate: "compute" or the name of
-    the layer whose loads are slowest (Estimate.bottleneck)."""
+def bottleneck(candidate, device, predicted: str | None) -> Verdict:
+    """`predicted` is the stage the model says limits the candidate on `device`: "compute" or
+    the name of the memory layer whose loads are slowest (Estimate.bottleneck; a CPU's packing
+    copy is priced after that choice, so it is not a stage here)."""
     if (none := _unanswered(predicted)) is not None:
         return none
-    est = candidate.estimate
-    stages = [("compute", est.compute_seconds), *est.load_seconds]
+    est, layers = candidate.estimate, {layer.name for layer in device.layers}
+    stages = [("compute", est.compute_seconds), *((n, s) for n, s in est.load_seconds if n in layers)]
     why = "; ".join(f"{n} {duration(s)}" for n, s in stages)
     return Verdict(predicted == est.bottleneck, f"bound by {est.bottleneck}: {why}")
 
