@@ -4,7 +4,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast fixtures app bench chromium gpu-pack
+.PHONY: test test-fast fixtures app bench book lessons chromium gpu-pack
 
 # The fast lane first, so that `make test` (and CI, through .ci/run) fails whenever `make
 # test-fast` would: a core test that needs an expression missing from the fixtures, or a core
@@ -33,6 +33,15 @@ app: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/workbench bench construct --suite cpu-core
+
+# The lessons as a static site (scripts/book.py): every notebook run here, one at a time, then one
+# page per lesson and an index in book/, read from the files (no server, no network: plotly.js is
+# written once beside the pages). `make lessons` also saves the outputs into notebooks/*.ipynb.
+book: $(STAMP)
+	$(PYTHON) scripts/book.py --out book
+
+lessons: $(STAMP)
+	$(PYTHON) scripts/book.py --out book --save
 
 # The kernels for the GPU machine (docs/gpu.md): roller-table1 and the sample models' GEMMs on
 # the h200 at top 5, built and compiled here (needs nvcc), into $(GPU_PACK), ready to send.

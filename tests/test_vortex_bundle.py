@@ -54,6 +54,28 @@ def test_a_reloaded_bundle_dispatches_the_same(small):
     assert again.table == small.table and again.manifest == small.manifest
 
 
+def test_the_bundle_plan_prices_the_bundle_kernels(small):
+    plan = pipeline.vortex_bundle_plan(small)
+    assert plan.table == small.table and plan.candidates is None
+    assert plan.values[0] == 1 and plan.values[-1] == 256
+    for row, (kernel, _) in zip(plan.curves, plan.table.kernels):
+        assert list(row) == [plan.seconds(kernel, v) for v in plan.values]
+    for value in (1, 13, 200):
+        assert pipeline.vortex_pick(plan, value) == vortex.dispatch(small.table, value)
+
+
+def test_the_dispatch_slider_runs_the_bundle_at_its_value(small):
+    from workbench.widgets import DispatchSlider
+
+    slider = DispatchSlider(pipeline.vortex_bundle_plan(small), small, value=13)
+    assert not slider.run_button.disabled and slider.measured == {}
+    result = slider.run()
+    assert result["correct"], result["error"]
+    assert result["kernel"] == slider.kernel and slider.measured == {13: result["measured_seconds"]}
+    assert "measured" in slider.pick_html.value and "verified against numpy" in slider.status.value
+    assert [t.name for t in slider.figure_view.figure.data].count("measured") == 1
+
+
 @pytest.mark.parametrize(
     "shape, message",
     [

@@ -90,7 +90,7 @@ __all__ = [
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
     "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit", "rank_by_correction",
     "run_model_report", "DIETCODE_SAMPLES", "VortexPlan", "vortex_compile", "vortex_load", "vortex_pick",
-    "vortex_plan", "vortex_run", "vortex_value_of", "import_onnx", "model_symbolic_dims", "gpu_pack", "gpu_ingest",
+    "vortex_plan", "vortex_bundle_plan", "vortex_run", "vortex_value_of", "import_onnx", "model_symbolic_dims", "gpu_pack", "gpu_ingest",
     # what the faces choose from and show beside a construction
     "ConstructionGraph", "ImportedModel", "Measurement", "ProgressEvent", "Step", "TensorExpr", "Workload",
     "DTYPES", "DYNAMIC_PARAMS", "LOCAL_CPU", "OpInfo", "PtxResult", "RunStore",
@@ -354,11 +354,12 @@ vortex_value_of = vortex_bundle.value_of
 class VortexPlan:
     """What `vortex compile` chooses for a workload with one `dyn` extent, before anything is
     built: the dispatch table (kernels `k0`, `k1`, ... in the order compile names them), how many
-    candidates the hierarchy offered, and each kernel's predicted seconds at `values` (every
-    value where one kernel's padded extent changes, so the curves are exact steps)."""
+    candidates the hierarchy offered (None for a compiled bundle's plan: a bundle does not keep
+    that count), and each kernel's predicted seconds at `values` (every value where one kernel's
+    padded extent changes, so the curves are exact steps)."""
 
     table: DispatchTable
-    candidates: int
+    candidates: int | None
     values: tuple[int, ...]
     curves: tuple[tuple[float, ...], ...]  # one row per kernel of the table, one entry per value
 
@@ -390,11 +391,23 @@ def vortex_plan(workload: Workload, device: DeviceSpec | str | Path,
         raise UserError(f"the largest value must be a positive integer, got {max_extent!r}")
     op, dtype, param, static = vortex_bundle.dynamic_workload(workload)
     dyn, offered, chosen = vortex_bundle.choose_kernels(op, dtype, param, static, device, max_extent)
-    steps = {1, max_extent} | {v for p in chosen for n in range(0, max_extent, outer_tile(p, dyn)) for v in (n, n + 1)}
-    values = tuple(sorted(v for v in steps if 1 <= v <= max_extent))
-    curves = tuple(tuple(row) for row in cost_table(chosen, device, dyn, values))
-    return VortexPlan(DispatchTable(dyn, device, tuple((f"k{n}", p) for n, p in enumerate(chosen))), offered,
-                      values, curves)
+    return _priced(DispatchTable(dyn, device, tuple((f"k{n}", p) for n, p in enumerate(chosen))), offered)
+
+
+def vortex_bundle_plan(bundle: vortex_bundle.Bundle) -> VortexPlan:
+    """The plan of a compiled bundle (`vortex_compile`, `vortex_load`): its kernels priced over
+    1..the largest value it was compiled for, as `vortex_plan` prices its choice, without choosing
+    the kernels again."""
+    return _priced(bundle.table, None)
+
+
+def _priced(table: DispatchTable, offered: int | None) -> VortexPlan:
+    """The table's kernels priced at every value of 1..its bound where a padded extent changes."""
+    dyn, chosen = table.dyn, tuple(p for _, p in table.kernels)
+    steps = {1, dyn.max_extent} | {v for p in chosen for n in range(0, dyn.max_extent, outer_tile(p, dyn)) for v in (n, n + 1)}
+    values = tuple(sorted(v for v in steps if 1 <= v <= dyn.max_extent))
+    curves = tuple(tuple(row) for row in cost_table(chosen, table.device, dyn, values))
+    return VortexPlan(table, offered, values, curves)
 
 
 def vortex_pick(plan: VortexPlan, value: int) -> tuple[str, float]:

@@ -7,6 +7,7 @@ and draws with the plotly builders of `workbench.viz`; none computes a model qua
 """
 
 from workbench.widgets.candidates import CandidateTable, PredictedVsMeasured
+from workbench.widgets.dynamic import DispatchSlider
 from workbench.widgets.export import ExportButton
 from workbench.widgets.model_view import ModelView
 from workbench.widgets.plot import PlotView
@@ -15,6 +16,6 @@ from workbench.widgets.tiles import TileView
 from workbench.widgets.whatif import DeviceEditor, SweepView, WhatIf
 
 __all__ = [
-    "CandidateTable", "ConstructionStepper", "DeviceEditor", "ExportButton", "ModelView", "PlotView", "PredictedVsMeasured",
-    "SweepView", "TileView", "WhatIf",
+    "CandidateTable", "ConstructionStepper", "DeviceEditor", "DispatchSlider", "ExportButton", "ModelView", "PlotView",
+    "PredictedVsMeasured", "SweepView", "TileView", "WhatIf",
 ]
