@@ -224,3 +224,22 @@ def test_lesson8_dispatcher_checks_and_slider():
     assert any(t.name.startswith(f"picked at M={plan.values[-1]}") for t in slider.figure_view.figure.data)
     assert slider.run() is None and "No compiled bundle" in slider.status.value
     assert slider.run_button.disabled
+
+
+def test_lesson9_whatif_checks():
+    a100 = pipeline.load_device("a100")
+    options = Options(topk=3)
+    half = pipeline.whatif([mm(1024)], pipeline.edit_device(a100, ["compute_units=54"]), options=options).results[0]
+    truth = half.edited_top.predicted_seconds / half.base_top.predicted_seconds
+    assert truth > 1  # half the SMs is never predicted faster
+    right(ex.slowdown(half, 1.5))  # the lesson's solution: two rounds of blocks either way, 1.5x the work per block
+    right(ex.slowdown(half, truth * 1.04))
+    wrong(ex.slowdown(half, truth * 1.06), "slower")
+    wrong(ex.slowdown(half, 2.0), "you said 2x")  # the lesson's trap: half the peak
+    wrong(ex.slowdown(half, None), NOT_ANSWERED)
+
+    faster = pipeline.whatif([mm(256)], pipeline.edit_device(a100, ["global.bandwidth_gbps=2x"]), options=options).results[0]
+    right(ex.top1_changes(faster, faster.changed))
+    right(ex.top1_changes(faster, False))  # the lesson's solution
+    wrong(ex.top1_changes(faster, True), "stays")
+    wrong(ex.top1_changes(faster, None), NOT_ANSWERED)

@@ -307,3 +307,25 @@ def padded_rows(plan, kernel: str, value: int, predicted: int | None) -> Verdict
     outer, rows = plan.outer(kernel), plan.padded(kernel, value)
     why = f"{kernel}'s outer tile is {outer}: ceil({value} / {outer}) x {outer} = {rows}"
     return Verdict(predicted == rows, why if predicted == rows else f"you said {predicted}; {why}")
+
+
+# Lesson 9: design a device.
+
+def slowdown(diff, predicted: float | None, rel: float = 0.05) -> Verdict:
+    """`predicted` is how many times slower the edited device runs the workload of `diff` (a
+    `whatif.WorkloadDiff`): the edited top-1's predicted time over the base top-1's, within `rel`."""
+    if (none := _unanswered(predicted)) is not None:
+        return none
+    base, edited = diff.base_top.predicted_seconds, diff.edited_top.predicted_seconds
+    truth = edited / base
+    why = f"base {duration(base)}, edited {duration(edited)}: {truth:.3g}x slower"
+    return Verdict(_close(predicted, truth, rel), why if _close(predicted, truth, rel) else f"you said {predicted:.3g}x; {why}")
+
+
+def top1_changes(diff, predicted: bool | None) -> Verdict:
+    """`predicted` says whether the edit of `diff` (a `whatif.WorkloadDiff`) changes the top-1
+    program (`WorkloadDiff.changed`)."""
+    if (none := _unanswered(predicted)) is not None:
+        return none
+    why = f"the top-1 {'changes' if diff.changed else 'stays'}: {diff.text}"
+    return Verdict(predicted == diff.changed, why)
