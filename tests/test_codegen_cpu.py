@@ -303,6 +303,32 @@ def test_a_ragged_k_is_padded_with_zeros_and_the_micro_kernel_runs_unguarded(cas
     assert ('T.sblock("C_pad")' in script) == (case != "k-only")
 
 
+SPLIT_EDGES = {
+    # one row over a ragged N: 100 = 64 + 2 x 16 + 4, the last 4 columns a cut register tile
+    "one-row": (expr("matmul", M=1, N=100, K=64), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 64))),
+    # the whole reduction in one L1 tile: each register tile stored straight from registers
+    "direct-stores": (expr("matmul", M=1, N=100, K=24), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 24, 24))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLIT_EDGES))
+def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
+    """A one-row matmul over a ragged N packs nothing, so nothing pads its tail: the plan splits
+    the edge off (`CpuPlan.split_edges`). The row is vectorised under its guard, the N loops
+    between the grid and the register tile carry the loop-partition hint, and lowering leaves
+    the interior's FMAs whole vectors (the guarded row was scalar: no vector FMA at all); the
+    kernel matches numpy."""
+    e, chains = SPLIT_EDGES[case]
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.split_edges and plan.path == ROW and plan.packed == ()
+    kernel = _local_kernel(e, chains)
+    script = kernel.tvmscript
+    assert "T.where" in _block(script, "C_update") and HINT in script
+    assert all(loop in script for loop in vectorised_16())
+    lanes = simd_lanes(device(CPU), 4)
+    assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
+
+
 def test_a_ragged_k_that_zeros_would_change_keeps_its_guard():
     """`max=` over a ragged K: zero inputs would win the max, so nothing is padded: no panels,
     the guarded row, and the right answer."""

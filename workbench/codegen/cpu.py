@@ -95,7 +95,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, padded_output)
         if tile_loop is not None:
             _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes)
-        if padded_output and (tile_loop or grid) is not None:
+        if (padded_output or plan.split_edges) and (tile_loop or grid) is not None:
             _partition_edges(sch, sch.get_consumers(block)[0], tile_loop or grid)
         if plan.packed:
             level = _pack_level(program, plan)
@@ -104,7 +104,22 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
             _pack_panels(sch, expr, program, plan, block, levels, at)
     elif epilogues:
         common.inline_epilogues(sch, epilogues)
+    if plan.split_edges:
+        _split_edges(sch, levels[vector_axis])
     return sch
+
+
+def _split_edges(sch, loops: list) -> None:
+    """Mark the vector axis's loops between the grid and the register tile (`loops`: its
+    levels) for loop partitioning (`CpuPlan.split_edges`), so that lowering splits them where
+    the axis ends: the register tiles inside it run the vector micro-kernel without the guard,
+    and only the tile the end cuts keeps it (its vectors scalarised). The write-back's loops are
+    marked as padded outputs' are (`_partition_edges`)."""
+    from tvm.tirx import ForKind
+
+    for loop in loops[1:-1]:
+        if sch.get(loop).kind == ForKind.SERIAL and int(sch.get(loop).extent) > 1:
+            sch.annotate(loop, "pragma_loop_partition_hint", 1)
 
 
 def _stage_producers(sch, expr: TensorExpr, plan: CpuPlan) -> tuple[str, ...]:

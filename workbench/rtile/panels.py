@@ -168,6 +168,23 @@ def vector_loop_axis(
     return axis
 
 
+def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the template vectorises a row whose unit tile leaves a tail that nothing pads
+    (no panels: a one-row tile reuses no B, so a copy would only double its traffic) by
+    splitting its loops at the axis's end (`codegen/cpu._split_edges`): the register tiles
+    inside the extent run the unguarded vector micro-kernel and the one the end cuts runs its
+    guard, scalar (the BLIS main block and fringe). It needs the row `vector_loop_axis` allows
+    once padded, ragged only along itself (the guard is the axis's alone; a guard on another
+    axis too would keep every tile's), and a loop to split below the grid: more than one register
+    tile along it in a unit tile."""
+    v = vector_loop_axis(expr, program, device, False, True)
+    if v is None or not ragged(expr, program, v) or len(expr.axes[v].fused_from) > 1:
+        return False
+    if any(ragged(expr, program, a) for a in range(len(expr.axes)) if a != v):
+        return False
+    return program.unit_tile[v] > program.register_tile[v]
+
+
 def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
     """The inputs `_pack_panels` copies into panels: those a panel serves (`_panel_pays`), when
     the program caches a layer below the registers, the expression reduces, and every input is
