@@ -12,7 +12,7 @@ from test_alignment import AVX2, AVX512
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.model import estimate
-from workbench.rtile.model.cpu import packed_bytes
+from workbench.rtile.model.cpu import packed_bytes, stream_runs, stream_seconds, streamed_inputs
 from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, edge_slowdown, guard_slowdown
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -150,6 +150,25 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
         estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
     # 4096 columns of 128: nothing ragged, nothing split
     assert not cpu_plan(_one_row(tiles=((1, 64, 1), (1, 128, 64), (1, 128, 1024)), dev=dev), dev).split_edges
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
+    """1x2048x1001: the row reads B in place, once (`streamed_inputs`), in runs of its L1
+    tile's rows: 64 x 112 tiles are 64 runs each, 9 x 32 tiles of them; 4 x 1008 tiles cover
+    whole rows, one run each, 512 tiles. Each run costs the bottom layer's latency, the runs
+    dealt over the cores (`stream_seconds`), so the long rows are predicted faster though they
+    move more accumulators. A's rows are reused by the 112 columns: not streamed. A packed
+    matmul streams nothing."""
+    short = _program(plain_matmul(1, 1001, 2048), [(1, 56, 2), (1, 112, 64), (1, 336, 128)], dev)
+    long = _program(plain_matmul(1, 1001, 2048), [(1, 56, 1), (1, 1008, 4), (1, 1008, 2048)], dev)
+    assert streamed_inputs(short, dev) == streamed_inputs(long, dev) == (1,)
+    assert stream_runs(short, dev) == 9 * 32 * 64 and stream_runs(long, dev) == 512
+    busy = min(1.0, short.grid / dev.compute_units)
+    latency = dev.layers[-1].latency_ns * 1e-9
+    assert stream_seconds(short, dev, busy) == pytest.approx(9 * 32 * 64 * latency / (dev.compute_units * busy))
+    assert estimate(long, dev).predicted_seconds < estimate(short, dev).predicted_seconds
+    assert stream_runs(_ragged_k_matmul(), dev) == 0
 
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
