@@ -318,6 +318,8 @@ SPLIT_EDGES = {
     "one-row": (expr("matmul", M=1, N=100, K=64), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 64))),
     # the whole reduction in one L1 tile: each register tile stored straight from registers
     "direct-stores": (expr("matmul", M=1, N=100, K=24), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 24, 24))),
+    # K ragged too (37 in K-steps of 16 and 32), over register tiles of one K-step
+    "ragged-k": (expr("matmul", M=1, N=100, K=37), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 32))),
 }
 
 

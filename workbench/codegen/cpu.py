@@ -109,7 +109,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     elif epilogues:
         common.inline_epilogues(sch, epilogues)
     if plan.split_edges:
-        _split_edges(sch, levels[vector_axis][1:-1])
+        _split_edges(sch, [loop for a in (vector_axis, *expr.reduce) for loop in levels[a][1:-1]])
     return sch
 
 
@@ -117,7 +117,7 @@ def _split_edges(sch, loops: list) -> None:
     """Mark `loops`, loops over register tiles between the grid and the register tile, for
     loop partitioning, so that lowering splits them where the guarded axes end: the register
     tiles inside the extents run without the guard, and only the tiles an end cuts keep it
-    (their vectors scalarised). For the vector axis's loops of a ragged row
+    (their vectors scalarised). For the loops of a ragged row's vector axis and reductions
     (`CpuPlan.split_edges`), that is its micro-kernel (the write-back's loops are marked as
     padded outputs' are, `_partition_edges`); for a padded output stored straight from the
     registers (`CpuPlan.direct_stores`), its stores, which otherwise test every element of

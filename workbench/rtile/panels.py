@@ -174,13 +174,16 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
     splitting its loops at the axis's end (`codegen/cpu._split_edges`): the register tiles
     inside the extent run the unguarded vector micro-kernel and the one the end cuts runs its
     guard, scalar (the BLIS main block and fringe). It needs the row `vector_loop_axis` allows
-    once padded, ragged only along itself (the guard is the axis's alone; a guard on another
-    axis too would keep every tile's), and a loop to split below the grid: more than one register
-    tile along it in a unit tile."""
+    once padded, no other spatial axis ragged (its guard would stay in every tile's stores), a
+    ragged reduction only over register tiles of 1 along it (its loops split at its end, no
+    register tile cut), and a loop to split below the grid: more than one register tile along
+    the row in a unit tile."""
     v = vector_loop_axis(expr, program, device, False, True)
     if v is None or not ragged(expr, program, v) or len(expr.axes[v].fused_from) > 1:
         return False
-    if any(ragged(expr, program, a) for a in range(len(expr.axes)) if a != v):
+    if any(ragged(expr, program, a) for a in expr.spatial if a != v):
+        return False
+    if any(ragged(expr, program, a) and program.register_tile[a] > 1 for a in expr.reduce):
         return False
     return program.unit_tile[v] > program.register_tile[v]
 
