@@ -248,6 +248,11 @@ def _block(script: str, name: str) -> str:
     return script[start:] if end < 0 else script[start:end]
 
 
+def _line(script: str, text: str) -> str:
+    """The first line of `script` that holds `text`."""
+    return next(line for line in script.splitlines() if text in line)
+
+
 def _local_kernel(e, chains: dict):
     kernel = build_kernel(e, _program(e, chains), device(CPU))
     assert kernel.ok, kernel.error
@@ -301,6 +306,39 @@ def test_a_ragged_k_is_padded_with_zeros_and_the_micro_kernel_runs_unguarded(cas
         loops = script[:script.index(f'T.sblock("{pack}")')].splitlines()[-4:-1]
         assert HINT in loops[0] and "T.vectorized" in loops[-1] and HINT not in loops[-1]
     assert ('T.sblock("C_pad")' in script) == (case != "k-only")
+    if case == "direct-stores":
+        # each register tile's unrolled stores sit under its guard: the loops over register
+        # tiles carry the hint instead, so the tiles inside the output store whole vectors
+        assert all(f"for {loop} in T.serial" in script and HINT in _line(script, f"for {loop} in")
+                   for loop in ("i_1", "j_1"))
+
+
+SPLIT_EDGES = {
+    # one row over a ragged N: 100 = 64 + 2 x 16 + 4, the last 4 columns a cut register tile
+    "one-row": (expr("matmul", M=1, N=100, K=64), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 64))),
+    # the whole reduction in one L1 tile: each register tile stored straight from registers
+    "direct-stores": (expr("matmul", M=1, N=100, K=24), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 24, 24))),
+    # K ragged too (37 in K-steps of 16 and 32), over register tiles of one K-step
+    "ragged-k": (expr("matmul", M=1, N=100, K=37), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 32))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLIT_EDGES))
+def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
+    """A one-row matmul over a ragged N packs nothing, so nothing pads its tail: the plan splits
+    the edge off (`CpuPlan.split_edges`). The row is vectorised under its guard, the N loops
+    between the grid and the register tile carry the loop-partition hint, and lowering leaves
+    the interior's FMAs whole vectors (the guarded row was scalar: no vector FMA at all); the
+    kernel matches numpy."""
+    e, chains = SPLIT_EDGES[case]
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.split_edges and plan.path == ROW and plan.packed == ()
+    kernel = _local_kernel(e, chains)
+    script = kernel.tvmscript
+    assert "T.where" in _block(script, "C_update") and HINT in script
+    assert all(loop in script for loop in vectorised_16())
+    lanes = simd_lanes(device(CPU), 4)
+    assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
 
 
 def test_a_ragged_k_that_zeros_would_change_keeps_its_guard():

@@ -12,11 +12,11 @@ from test_alignment import AVX2, AVX512
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.model import estimate
-from workbench.rtile.model.cpu import packed_bytes
-from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, guard_slowdown
+from workbench.rtile.model.cpu import packed_bytes, stream_runs, stream_seconds, streamed_inputs
+from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, edge_slowdown, guard_slowdown
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
-    FILTERS, LANES, PANELS, SCALAR, CpuPlan, GpuPlan, cpu_plan, describe, gpu_plan, plan_for,
+    FILTERS, LANES, PANELS, ROW, SCALAR, CpuPlan, GpuPlan, cpu_plan, describe, gpu_plan, plan_for,
 )
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
@@ -114,11 +114,77 @@ def test_a_gemv_sums_lanes_along_k_and_a_conv_vectorises_its_filters():
     assert plan.packed == tuple(t.name for t in conv.inputs if t.uses_axis(plan.vector_axis))
 
 
-def test_a_ragged_tail_nothing_pads_leaves_the_row_scalar():
+def test_a_ragged_tail_nothing_pads_or_splits_leaves_the_row_scalar():
+    """A unit tile of one register tile leaves no loop below the grid to split at the end."""
     relu = expr("relu", shape=(100,))
-    plan = cpu_plan(_program(relu, [(16,), (96,)]), TINY_CPU)
-    assert plan.path == SCALAR and plan.vector_axis is None and plan.guarded_row
-    assert "scalar row (a guarded tail)" in describe(plan, _program(relu, [(16,), (96,)]))
+    plan = cpu_plan(_program(relu, [(16,), (16,)]), TINY_CPU)
+    assert plan.path == SCALAR and plan.vector_axis is None and plan.guarded_row and not plan.split_edges
+    assert "scalar row (a guarded tail)" in describe(plan, _program(relu, [(16,), (16,)]))
+
+
+def _one_row(n=4096, k=1024, tiles=((1, 56, 1), (1, 112, 64), (1, 112, 1024)), dev=TINY_CPU):
+    """A one-row matmul over a ragged N (Vortex's M = 1 kernel): no panels (B is read once)."""
+    return _program(plain_matmul(1, n, k), list(tiles), dev)
+
+
+@pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
+def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
+    """1x1024x4096 on 1x56 registers, 112-column unit tiles: nothing pads (a one-row tile packs
+    no panel), so the plan splits the edge off (`split_edges`): the row vectorised, not guarded
+    scalar, and the model prices the split as a closed form (`edge_slowdown`): of 4096 columns
+    4088 in whole 56-column tiles run in vectors, the last 8 scalar, over the 4144 columns of
+    whole unit tiles that the compute term counts."""
+    program = _one_row(dev=dev)
+    plan = cpu_plan(program, dev)
+    assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
+    assert plan.split_edges and not plan.guarded_row
+    assert "edge tiles split off" in describe(plan, program)
+    assert plan.to_dict(program.expr)["split_edges"] is True
+    lanes = dev.register_bytes // 4
+    assert edge_slowdown(program, dev) == pytest.approx((4088 + 8 * lanes) / 4144)
+    assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
+    # the compute of the same tiles over 4144 columns (no edge: the padded flops alike) times it
+    whole = _one_row(n=4144, dev=dev)
+    assert not cpu_plan(whole, dev).split_edges
+    assert estimate(program, dev).compute_seconds == pytest.approx(
+        estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
+    # 4096 columns of 128: nothing ragged, nothing split
+    assert not cpu_plan(_one_row(tiles=((1, 64, 1), (1, 128, 64), (1, 128, 1024)), dev=dev), dev).split_edges
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
+    """1x2048x1001: the row reads B in place, once (`streamed_inputs`), in runs of its L1
+    tile's rows: 64 x 112 tiles are 64 runs each, 9 x 32 tiles of them; 4 x 1008 tiles cover
+    whole rows, one run each, 512 tiles. Each run costs the bottom layer's latency, the runs
+    dealt over the cores (`stream_seconds`), so the long rows are predicted faster though they
+    move more accumulators. A's rows are reused by the 112 columns: not streamed. A packed
+    matmul streams nothing."""
+    short = _program(plain_matmul(1, 1001, 2048), [(1, 56, 2), (1, 112, 64), (1, 336, 128)], dev)
+    long = _program(plain_matmul(1, 1001, 2048), [(1, 56, 1), (1, 1008, 4), (1, 1008, 2048)], dev)
+    assert streamed_inputs(short, dev) == streamed_inputs(long, dev) == (1,)
+    assert stream_runs(short, dev) == 9 * 32 * 64 and stream_runs(long, dev) == 512
+    busy = min(1.0, short.grid / dev.compute_units)
+    latency = dev.layers[-1].latency_ns * 1e-9
+    assert stream_seconds(short, dev, busy) == pytest.approx(9 * 32 * 64 * latency / (dev.compute_units * busy))
+    assert estimate(long, dev).predicted_seconds < estimate(short, dev).predicted_seconds
+    assert stream_runs(_ragged_k_matmul(), dev) == 0
+
+
+@pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
+def test_a_split_edge_needs_a_loop_below_the_grid_and_no_cut_register_tile_elsewhere(dev):
+    """A ragged K splits too where its register tile is 1 (its loops end where K does, no
+    register tile cut): the model's edge stays the row's. A ragged K over register tiles of 2
+    (the cut one would run guarded inside every row tile) or a unit tile of one register tile
+    (no loop to split below the parallel grid) keeps the guarded scalar row."""
+    ragged_k = _one_row(k=1000)
+    assert cpu_plan(ragged_k, dev).split_edges
+    assert edge_slowdown(ragged_k, dev) == edge_slowdown(_one_row(dev=dev), dev)
+    ragged_k2 = _one_row(k=1001, tiles=((1, 56, 2), (1, 112, 64), (1, 112, 1024)))
+    assert not cpu_plan(ragged_k2, dev).split_edges and cpu_plan(ragged_k2, dev).guarded_row
+    one_tile = _one_row(tiles=((1, 56, 1), (1, 56, 64), (1, 56, 1024)))
+    assert not cpu_plan(one_tile, dev).split_edges and cpu_plan(one_tile, dev).guarded_row
+    assert guard_slowdown(one_tile, dev) == GUARDED_MICRO_KERNEL
 
 
 def test_a_plan_reads_in_words_and_as_json():

@@ -168,6 +168,26 @@ def vector_loop_axis(
     return axis
 
 
+def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the template vectorises a row whose unit tile leaves a tail that nothing pads
+    (no panels: a one-row tile reuses no B, so a copy would only double its traffic) by
+    splitting its loops at the axis's end (`codegen/cpu._split_edges`): the register tiles
+    inside the extent run the unguarded vector micro-kernel and the one the end cuts runs its
+    guard, scalar (the BLIS main block and fringe). It needs the row `vector_loop_axis` allows
+    once padded, no other spatial axis ragged (its guard would stay in every tile's stores), a
+    ragged reduction only over register tiles of 1 along it (its loops split at its end, no
+    register tile cut), and a loop to split below the grid: more than one register tile along
+    the row in a unit tile."""
+    v = vector_loop_axis(expr, program, device, False, True)
+    if v is None or not ragged(expr, program, v) or len(expr.axes[v].fused_from) > 1:
+        return False
+    if any(ragged(expr, program, a) for a in expr.spatial if a != v):
+        return False
+    if any(ragged(expr, program, a) and program.register_tile[a] > 1 for a in expr.reduce):
+        return False
+    return program.unit_tile[v] > program.register_tile[v]
+
+
 def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
     """The inputs `_pack_panels` copies into panels: those a panel serves (`_panel_pays`), when
     the program caches a layer below the registers, the expression reduces, and every input is

@@ -16,7 +16,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
     filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_tails, simd_lanes,
-    vector_loop_axis, whole_reduction,
+    splits_edges, vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -41,9 +41,13 @@ class CpuPlan:
     of a lanes-along-K reduction, or the output row), None for scalar code; `lanes` the vector's
     elements; `packed` the inputs copied into panels at the tile of layer `pack_layer`;
     `padded_tails` whether the axes are padded to whole unit tiles (`pad_einsum`: the spatial
-    ones, and a ragged reduction of zero-padded terms), so the micro-kernel runs unguarded; `guarded_row` whether a ragged tail that nothing pads
-    leaves the row that would be vectorised scalar; `direct_stores` whether each register
-    tile's accumulators go straight to the output (the whole reduction inside one L1 tile);
+    ones, and a ragged reduction of zero-padded terms), so the micro-kernel runs unguarded;
+    `split_edges` whether a ragged row that nothing pads is vectorised anyway, its loops split
+    by lowering into whole register tiles, unguarded, and the one the axis's end cuts, scalar
+    (`panels.splits_edges`: the BLIS main block and fringe); `guarded_row` whether a ragged
+    tail that neither pads nor splits leaves the row that would be vectorised scalar;
+    `direct_stores` whether each register tile's accumulators go straight to the output (the
+    whole reduction inside one L1 tile);
     `staged_padding` whether padding producers stay stages of their own (computed per tile at
     level `pad_level`) rather than inlined; `accumulators` where a reduction's partial sums live.
     """
@@ -59,6 +63,7 @@ class CpuPlan:
     staged_padding: bool = False
     pad_level: int = 0
     accumulators: str = ""
+    split_edges: bool = False
 
     def to_dict(self, expr) -> dict:
         return {
@@ -74,6 +79,7 @@ class CpuPlan:
             "staged_padding": self.staged_padding,
             "pad_level": self.pad_level,
             "accumulators": self.accumulators,
+            "split_edges": self.split_edges,
         }
 
 
@@ -128,7 +134,8 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     where `lane_reduction_axis` does, else the plain template, which pads the tails of a
     panel-packed expression (`pads_tails`) unless epilogues follow its main block (their
     blocks read the unpadded output), vectorises the output row where `vector_loop_axis`
-    allows, and packs the panels only for a vectorised row."""
+    allows, or, for a ragged row with no panels, where `splits_edges` does, and packs the panels
+    only for a vectorised row."""
     expr = program.expr
     lanes = simd_lanes(device, expr.output.itemsize)
     staged = any(tuple(t.shape) != tuple(a.shape) for t, a in zip(expr.inputs, expr.input_args))
@@ -142,13 +149,16 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     panels = packed_inputs(expr, program, device)
     padded = pads_tails(expr, program, panels) and not expr.epilogues
     vector = vector_loop_axis(expr, program, device, bool(panels), padded)
+    split = vector is None and not panels and splits_edges(expr, program, device)
+    if split:
+        vector = vector_loop_axis(expr, program, device, False, True)
     whole = vector is not None and whole_reduction(expr, program)
     guarded = vector is None and vector_loop_axis(expr, program, device, bool(panels), True) is not None
     packed = panels if vector is not None else ()
     path = SCALAR if vector is None else PANELS if packed else ROW
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
-                   staged, pad_level(expr, program) if staged else 0, home)
+                   staged, pad_level(expr, program) if staged else 0, home, split)
 
 
 @lru_cache(maxsize=65536)
@@ -244,6 +254,8 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts.insert(0, f"{', '.join(plan.packed)} packed in {shape} panels")
     if plan.padded_tails:
         parts.append("tails padded")
+    elif plan.split_edges:
+        parts.append("edge tiles split off, scalar")
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial):
         parts.append("tails guarded")
     if plan.accumulators:

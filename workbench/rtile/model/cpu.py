@@ -17,7 +17,7 @@ from workbench.rtile.model.cpu_compute import (
     compute_efficiency, compute_provenance, guard_slowdown, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import packed_tile_bytes
-from workbench.rtile.plan import cpu_plan
+from workbench.rtile.plan import PANELS, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
@@ -49,6 +49,10 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
                                    partial_sums(expr, device, program.register_tile)) + buffer_bytes(program, device)
         moved[home.name] = moved.get(home.name, 0) + q
         loads[home.name] = loads.get(home.name, 0.0) + q / (layer_gbps(program, device, at) * GB * busy)
+    runs = stream_seconds(program, device, busy)
+    if runs:
+        bottom = device.layers[-1].name
+        loads[bottom] = loads.get(bottom, 0.0) + runs
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(through, device, compute, loads)
@@ -61,6 +65,61 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
         after=(packing,), **provenance(program, device, compute_provenance(program, device), bool(packed)),
     )
+
+
+def streamed_inputs(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
+    """The inputs (numbered) a CPU reduction reads in place from the bottom layer, every element
+    once per unit tile: on a path that packs nothing (`CpuPlan.packed`: panels copy their tiles
+    in order), the plain projections (`_projection`) the unit tile does not reuse (every spatial
+    axis it ignores has a unit tile of 1: a one-row matmul's B, the row family's)."""
+    expr = program.expr
+    plan = cpu_plan(program, device)
+    if not device.runs_on_cpu or not expr.reduce or plan.packed or plan.path == PANELS or len(program.tiles) < 2:
+        return ()
+    unit = program.unit_tile
+    return tuple(t for t, tensor in enumerate(expr.inputs) if _projection(tensor)
+                 and not any(not tensor.uses_axis(a) and unit[a] > 1 for a in expr.spatial))
+
+
+def _projection(tensor) -> bool:
+    """Whether every dimension of `tensor` is read by one axis with stride 1 and no offset (a
+    matmul's operands): a window's rows (a pooling's, a depthwise conv's) overlap from one
+    output row to the next, which the prefetchers follow (evidence: as for `stream_seconds`)."""
+    return all(const == 0 and sum(1 for c in coeffs if c) == 1 and max(coeffs) == 1 for coeffs, const in tensor.index)
+
+
+def stream_runs(program: RProgram, device: DeviceSpec) -> int:
+    """Contiguous runs the `streamed_inputs` are read in: per L1 tile (the first cache tile,
+    which the micro-kernel walks), the runs of each one's data tile, as `TileCalculus.input_bytes`
+    counts them (its innermost dimension narrower than the tensor's, every dimension inside it
+    whole: a 64 x 112 tile of a 2048 x 1001 B is 64 runs of 448 bytes, a 4 x 1008 tile one run of
+    4 whole rows), times the L1 tiles of the iteration space."""
+    streamed = streamed_inputs(program, device)
+    if not streamed:
+        return 0
+    calc = calculus(program.expr)
+    tile = program.tiles[1]
+    shapes = calc.data_tiles(tile)
+    runs = 0
+    for t in streamed:
+        shape, full = shapes[t], program.expr.inputs[t].shape
+        inner = next((d for d in reversed(range(len(shape))) if shape[d] < full[d]), 0)
+        runs += prod(shape[:inner])
+    return calc.num_tiles(tile) * runs
+
+
+def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
+    """What starting the `stream_runs` costs the busiest core beyond their bytes: the bottom
+    layer's latency once per run, the runs dealt over the busy cores. A run that jumps to
+    another row starts a new stream the hardware prefetchers have not yet followed (and, rows
+    4 KiB apart and more, a new page); only a long one hides it (1x2048x1001 on one Zen 3
+    core, L1 tiles of 64 rows x 448 B, 1344 B and whole rows: 950, 430 and 188 us, about 40 ns
+    a run; evidence: docs/model-evidence.md#stream-runs). Priced at the bottom layer's
+    latency, also where the operator stays in the last-level cache (faster to start)."""
+    runs = stream_runs(program, device)
+    if not runs:
+        return 0.0
+    return runs * device.layers[-1].latency_ns * 1e-9 / (device.compute_units * busy)
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:

@@ -218,7 +218,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     docs/model-evidence.md#guard-slowdown). Elsewhere GUARDED_MICRO_KERNEL where a register tile
     along a spatial axis does not divide the axis and the plan does not pad the tails: the
     template then guards the micro-kernel with the block predicate TVM adds, and the whole loop
-    nest runs with it, not only the cut tile."""
+    nest runs with it, not only the cut tile. Where the plan splits the edges off instead
+    (`CpuPlan.split_edges`), `edge_slowdown`."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -226,5 +227,22 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
     if plan.padded_tails:
         return 1.0
+    if plan.split_edges:
+        return edge_slowdown(program, device)
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in expr.spatial) else 1.0
+
+
+def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
+    """How much slower than the padded, unguarded micro-kernel a CPU program runs whose plan
+    splits the ragged row's edge off (`CpuPlan.split_edges`): of the row's E columns, the
+    I = E // r * r in whole register tiles of r run the vector micro-kernel, and the E - I
+    the axis's end cuts run scalar, one lane of `scalar_lanes` L; the compute term prices the
+    P = ceil(E / U) * U columns of whole unit tiles of U, so the factor is
+    (I + (E - I) * L) / P (1x1024x4096 on 1x56 registers, 112-column unit tiles, AVX2:
+    (4088 + 8 * 8) / 4144)."""
+    expr = program.expr
+    v = cpu_plan(program, device).vector_axis
+    extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
+    whole = extent // reg * reg
+    return (whole + (extent - whole) * scalar_lanes(program, device)) / (-(-extent // unit) * unit)
