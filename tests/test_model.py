@@ -29,7 +29,8 @@ from workbench.rtile.model.cpu_compute import (
     step_loads, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
-    bytes_in_flight, gpu_stages, overlapped, reachable_gbps, tree_reduction_seconds, uncoalesced_bytes,
+    bytes_in_flight, copy_sector_bytes, gpu_stages, overlapped, reachable_gbps, tree_reduction_seconds,
+    uncoalesced_bytes,
     shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
@@ -993,6 +994,50 @@ def test_a_strided_write_back_is_priced_by_the_sectors_it_wastes():
     loads = {p: dict(estimate(p, dev).load_seconds)["global"] for p in (plain, rows, pairs)}
     assert loads[rows] - loads[plain] == pytest.approx(7 * output / (gbps * 1e9), rel=1e-9)
     assert loads[pairs] - loads[plain] == pytest.approx(3 * output / (gbps * 1e9), rel=1e-9)
+
+
+def roller_d2():
+    """roller-table1 D2: a 1x1 depthwise convolution, 4 outputs per input channel."""
+    return expr("depthwise_conv2d", N=128, C=84, H=21, W=21, KH=1, KW=1, multiplier=4, stride=1, pad=0)
+
+
+def test_a_write_back_along_no_contiguous_axis_takes_a_sector_a_lane():
+    """roller-table1 D2's construction put a block's threads over images and channels, one
+    pixel each (the H200 ran those programs at 12x their prediction): a warp's store of one
+    element puts its 32 lanes in 32 sectors for 128 B (8x); threads along the output's rows
+    (21 floats, w) store a warp's 32 floats in 5 sectors: a row's 84 B in 3, the next
+    channel's 11 floats in 2."""
+    e, dev = roller_d2(), device("h200")
+    calc = TileCalculus(e)
+    names = [a.name for a in e.axes]
+
+    def tiles(reg, block):
+        return [tuple(reg.get(n, 1) for n in names), tuple(block.get(n, 1) for n in names)]
+
+    across = make_program(calc, dev, tiles({"n": 4, "j": 4}, {"n": 128, "c": 4, "j": 4}), (True, True), 0.05)
+    rows = make_program(calc, dev, tiles({"j": 4}, {"j": 4, "h": 1, "w": 21, "c": 2, "n": 2}), (True, True), 0.05)
+    assert store_sector_ratio(across, dev) == 8.0
+    assert store_sector_ratio(rows, dev) == 5 / 4
+
+
+def test_a_copy_of_one_element_runs_takes_a_sector_an_element():
+    """A staged copy from global memory moves whole sectors of each contiguous run of its data
+    tiles: D2's tile of 128 images x 4 channels x 1 pixel reads a float a 32 B sector, 7x the
+    data tile's bytes beyond Q; its kernel tile (4 channels x 4 whole rows of 1) one run of 64 B
+    (2 sectors, nothing wasted). A matmul's 64 x 8 tile of A, 32 B rows, wastes nothing."""
+    e, dev = roller_d2(), device("h200")
+    calc = TileCalculus(e)
+    names = [a.name for a in e.axes]
+    reg = tuple({"n": 4, "j": 4}.get(n, 1) for n in names)
+    block = tuple({"n": 128, "c": 4, "j": 4}.get(n, 1) for n in names)
+    program = make_program(calc, dev, [reg, block], (True, True), 0.05)
+    data = 128 * 4 * 4  # bytes of one data tile
+    assert copy_sector_bytes(program, dev, 1) == calc.num_tiles(block) * 7 * data
+    assert copy_sector_bytes(program, dev, 0) == 0  # registers read shared memory
+    gemm = make_program(TileCalculus(matmul(65536, 4096, 1024)), dev, [(8, 8, 1), (64, 256, 8)], (True, True), 0.05)
+    assert copy_sector_bytes(gemm, dev, 1) == 0
+    cpu = make_program(calc, TINY_CPU, [reg, block], (True, True), 0.05)
+    assert copy_sector_bytes(cpu, TINY_CPU, 1) == 0
 
 
 def test_virtual_threads_change_nothing_where_nothing_is_read_from_banks():
