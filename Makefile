@@ -40,7 +40,7 @@ GPU_PACK := gpu-pack
 
 gpu-pack: $(STAMP)
 	rm -rf $(GPU_PACK)
-	$(VENV)/bin/workbench gpu pack --suite roller-table1 --suite sample-gemms --device h200 --topk 5 --out $(GPU_PACK)
+	$(VENV)/bin/workbench gpu pack --suite roller-table1 --suite sample-gemms --device h200 --topk 10 --out $(GPU_PACK)
 
 # tests/test_browser.py drives Debian's chromium (Playwright's Python package, no downloaded
 # browser). CI runs as root and gets it here; elsewhere a missing chromium only skips that test.

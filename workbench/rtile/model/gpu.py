@@ -38,7 +38,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         if not program.cached[layer]:
             continue
         src = device.layers[source_layer(program, layer, len(device.layers))]
-        q = calc.traffic_bytes(tile) + (uncoalesced_bytes(program, device) if layer == 0 else copy_sector_bytes(program, device, layer))
+        q = calc.traffic_bytes(tile) + (uncoalesced_bytes(program, device) if layer == 0 else 0)
         moved[src.name] = moved.get(src.name, 0) + q
         loads[src.name] = loads.get(src.name, 0.0) + transfer_seconds(program, device, layer, q) / busy
     stages = {"compute": compute, **loads}
@@ -349,24 +349,6 @@ def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
         if touched > needed:
             extra += tiles * prod(shape) * tensor.itemsize * (touched - needed) // needed
     return extra
-
-
-def copy_sector_bytes(program: RProgram, device: DeviceSpec, layer: int) -> int:
-    """Bytes a GPU program's cooperative copies of its block tiles from global memory into
-    shared memory (layer `layer`, staged) move beyond Q(tile): consecutive threads copy
-    consecutive elements of a data tile, so each run of it contiguous in global memory (its
-    innermost dimension narrower than the tensor's, every dimension inside it whole) takes
-    whole sectors (`TileCalculus.input_bytes` at the bottom layer's `transaction_bytes`). A
-    depthwise convolution's tile of 128 images x 4 channels x 1 x 1 pixel reads one float a
-    sector (8x), as the H200 ran roller-table1 D2's such tiles at 12x their prediction. 0 on
-    CPUs and for layers not read from global memory."""
-    if not device.lanes_are_threads or not program.cached[layer]:
-        return 0
-    if source_layer(program, layer, len(device.layers)) != len(device.layers) - 1:
-        return 0
-    calc, tile = calculus(program.expr), program.tiles[layer]
-    inputs = frozenset(range(len(program.expr.inputs)))
-    return calc.traffic_bytes(tile, device.layers[-1].transaction_bytes, inputs) - calc.traffic_bytes(tile)
 
 
 @lru_cache(maxsize=65536)
