@@ -29,8 +29,8 @@ from workbench.rtile.model.cpu_compute import (
     step_loads, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
-    bytes_in_flight, gpu_stages, overlapped, reachable_gbps, tree_reduction_seconds, uncoalesced_bytes,
-    shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
+    bytes_in_flight, gpu_stages, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
+    uncoalesced_bytes, shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
     async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
@@ -98,9 +98,11 @@ def check_consistent(calc, dev, program, est):
             packing = loads.pop(f"packing into {dev.layers[pack_layer(program)].name}")
         assert packing == packing_seconds(program, dev)
         unit_time = max(est.compute_seconds, loads.get(first, 0.0)) + sum(t for n, t in loads.items() if n != first)
-    # a cross-thread reduction's trees follow the pipeline (closed forms below); 0 for the rest
+    # a cross-thread reduction's trees follow the pipeline (closed forms below), and a split-K
+    # program's second pass (test_split_k); 0 for the rest
     assert est.reduction_seconds == tree_reduction_seconds(program, dev, est.threads, est.waves)
-    assert est.predicted_seconds == pytest.approx(unit_time * imbalance + est.reduction_seconds + packing)
+    second = split_k_seconds(program, dev) if dev.kind == "gpu" else 0.0
+    assert est.predicted_seconds == pytest.approx(unit_time * imbalance + est.reduction_seconds + second + packing)
     assert est.flops == calc.expr.flops <= est.padded_flops
     moved = {}
     through = replace(program, cached=(True,) * len(program.cached)) if dev.kind == "cpu" else program
@@ -995,6 +997,30 @@ def test_a_strided_write_back_is_priced_by_the_sectors_it_wastes():
     loads = {p: dict(estimate(p, dev).load_seconds)["global"] for p in (plain, rows, pairs)}
     assert loads[rows] - loads[plain] == pytest.approx(7 * output / (gbps * 1e9), rel=1e-9)
     assert loads[pairs] - loads[plain] == pytest.approx(3 * output / (gbps * 1e9), rel=1e-9)
+
+
+def roller_d2():
+    """roller-table1 D2: a 1x1 depthwise convolution, 4 outputs per input channel."""
+    return expr("depthwise_conv2d", N=128, C=84, H=21, W=21, KH=1, KW=1, multiplier=4, stride=1, pad=0)
+
+
+def test_a_write_back_along_no_contiguous_axis_takes_a_sector_a_lane():
+    """roller-table1 D2's construction put a block's threads over images and channels, one
+    pixel each (the H200 ran those programs at 12x their prediction): a warp's store of one
+    element puts its 32 lanes in 32 sectors for 128 B (8x); threads along the output's rows
+    (21 floats, w) store a warp's 32 floats in 5 sectors: a row's 84 B in 3, the next
+    channel's 11 floats in 2."""
+    e, dev = roller_d2(), device("h200")
+    calc = TileCalculus(e)
+    names = [a.name for a in e.axes]
+
+    def tiles(reg, block):
+        return [tuple(reg.get(n, 1) for n in names), tuple(block.get(n, 1) for n in names)]
+
+    across = make_program(calc, dev, tiles({"n": 4, "j": 4}, {"n": 128, "c": 4, "j": 4}), (True, True), 0.05)
+    rows = make_program(calc, dev, tiles({"j": 4}, {"j": 4, "h": 1, "w": 21, "c": 2, "n": 2}), (True, True), 0.05)
+    assert store_sector_ratio(across, dev) == 8.0
+    assert store_sector_ratio(rows, dev) == 5 / 4
 
 
 def test_virtual_threads_change_nothing_where_nothing_is_read_from_banks():

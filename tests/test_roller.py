@@ -214,15 +214,31 @@ def test_cpu_l1_tiles_are_recorded_full_along_k(wid, spec):
 
 
 def test_small_matmul_is_shrunk_until_it_fills_the_v100():
-    stepper = Stepper(matmul(128, 1000, 4032), device("v100"))  # Roller Table 1, M1
+    stepper = Stepper(matmul(256, 1024, 128), device("v100"))  # a short reduction: nothing to split
     stepper.run_to_end()
     candidates = stepper.candidates()
     assert len(candidates) >= 5
-    assert all(c.program.grid >= 80 for c in candidates), [c.program.grid for c in candidates]
+    assert all(c.program.grid >= 80 and c.program.split == 1 for c in candidates), [c.program.grid for c in candidates]
     shrinks = [s for s in stepper.steps if s.action.kind == "shrink"]
     assert shrinks and all(s.action.layer == 1 for s in shrinks)
     for cand in candidates:
         assert_within_limits(stepper.space, cand.program)
+
+
+def test_long_reduction_fills_the_v100_by_split_k_instead_of_shrinking():
+    """Roller Table 1's M1 (128 x 4032 x 1000): Roller-S shrank its tiles to 2 x 2 outputs a
+    thread to fill the units, which the H200 ran at 0.42x torch; split over K its whole tiles
+    fill them (`policy.Policy._split_unshrunk`), predicted faster, each program's grid split
+    at least to the units."""
+    stepper = Stepper(matmul(128, 1000, 4032), device("v100"))
+    stepper.run_to_end()
+    candidates = stepper.candidates()
+    assert len(candidates) >= 5
+    assert all(c.program.grid >= 80 and c.program.split > 1 for c in candidates), [c.program.grid for c in candidates]
+    assert not [s for s in stepper.steps if s.action.kind == "shrink"]
+    for cand in candidates:
+        assert_within_limits(stepper.space, cand.program)
+        assert cand.program.grid == cand.program.split * stepper.space.calc.spatial_tiles(cand.program.unit_tile)
 
 
 def test_long_gemv_reaches_many_cores_in_few_shrinks():

@@ -165,7 +165,7 @@ def test_a_program_filling_the_units_is_not_split():
 
 
 def kernels(source: str) -> list[str]:
-    return re.findall(r'extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(', source)
+    return re.findall(r'extern "C" __global__ void __launch_bounds__\(\d+(?:, \d+)?\) (\w+)\(', source)
 
 
 def built(e, p, gpu="v100"):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from workbench.codegen import targets
-from workbench.codegen.cuda import ASYNC_COPY_CONFIG
+from workbench.codegen.cuda import ASYNC_COPY_CONFIG, bound_occupancy
 from workbench.codegen.rules import RULES, apply_rules
 from workbench.codegen.template import Rule, ScheduleError
 from workbench.errors import first_line
@@ -88,6 +88,8 @@ def build_kernel(
         stage = "compile"
         executable = _compile(sch.mod, target)
         texts = _sources(executable, target) if sources else ()
+        if texts and texts[0][0] == "cu":  # what nvcc compiles asks for the model's occupancy
+            texts = ((texts[0][0], bound_occupancy(texts[0][1], program, device)),) + texts[1:]
     except Exception as err:  # TVM raises many error types; every one is this candidate's failure
         return Kernel(ok=False, error=f"{stage}: {first_line(err)}", target=json.dumps(target, sort_keys=True),
                       build_seconds=time.perf_counter() - start)

@@ -30,6 +30,7 @@ the checks below (`check_gpu_program`, `within_block_limits`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from math import prod
 from typing import Callable, Mapping
@@ -50,6 +51,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.occupancy import blocks_per_unit
 from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -81,6 +83,29 @@ def schedule_cuda_cores(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     return within_block_limits(
         block_threads(expr, program, device), lambda: _schedule(expr, program, device, dict(gpu_plan(program, device).vthreads)), device
     )
+
+
+# Registers a thread keeps at least where `bound_occupancy` asks ptxas for resident blocks:
+# the WMMA programs that lost a block to 129-148 registers fitted 128 without spilling, while
+# asking one of 128 threads for 6 blocks (85 registers) spilled (sm_90, nvcc 13).
+MIN_BOUND_REGISTERS = 128
+
+
+def bound_occupancy(source: str, program: RProgram, device: DeviceSpec) -> str:
+    """The CUDA C `source` of `program`'s kernels with the blocks per unit the model prices
+    (`occupancy.blocks_per_unit`, B) asked of nvcc: each kernel launched with the program's
+    block of T threads declares `__launch_bounds__(T, B')` instead of TVM's
+    `__launch_bounds__(T)`, B' = B up to the blocks that leave a thread `MIN_BOUND_REGISTERS`,
+    so ptxas fits a thread in the registers B' resident blocks leave (CUDA C++ Programming
+    Guide, "Launch Bounds"). Without it ptxas took 129-148 registers a thread for WMMA
+    programs the model had at 2 blocks of 256 threads, and their one resident block ran
+    1.5-1.8x the time of a 128-register twin's two on the H200 (docs/gpu.md). Unchanged where
+    B' is 1; other kernels (split-K's final pass) keep theirs."""
+    threads, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
+    blocks = min(bpu, device.registers_per_unit // (threads * MIN_BOUND_REGISTERS))
+    if blocks <= 1:
+        return source
+    return re.sub(rf"__launch_bounds__\({threads}\)", f"__launch_bounds__({threads}, {blocks})", source)
 
 
 def check_gpu_program(expr: TensorExpr, program: RProgram) -> None:

@@ -90,6 +90,21 @@ class Policy:
             if finished:
                 return
 
+    def _split_unshrunk(self, state: State, shrinks) -> bool:
+        """Whether the program of `state` as it arrived, split over its reduce axis until its
+        blocks fill the units (`split_k`), is predicted faster than the program Roller-S's
+        `shrinks` make of it (split too where that one's grid still leaves units idle): a
+        long reduction over few outputs (roller-table1 M1, 128 x 4032 x 1000) keeps a tile
+        with reuse instead of shrinking it to a few outputs a thread."""
+        space = self.space
+        whole = split_k(space.program_of(state), space.device)
+        if whole[0].split <= 1:
+            return False
+        for axis, tiles in shrinks:  # as `emit` applies them
+            state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
+        shrunk = split_k(space.program_of(state), space.device)
+        return whole[1].predicted_seconds < shrunk[1].predicted_seconds
+
     @property
     def enough(self) -> bool:
         return len(self.candidates) >= self.options.topk
@@ -107,7 +122,10 @@ class Policy:
         tiles, less a CPU L1 tile's K where that only splits a loop) and its virtual threads."""
         space, arrived = self.space, state
         units, grid = space.device.compute_units, space.calc.spatial_tiles
-        for axis, tiles in space.shrinks(state.recorded, state.eps):
+        shrinks = space.shrinks(state.recorded, state.eps)
+        if shrinks and self._split_unshrunk(state, shrinks):
+            shrinks = ()  # split-K fills the units with the whole tile (`_split_unshrunk`)
+        for axis, tiles in shrinks:
             before = grid(state.recorded[-1])
             state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
             note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))

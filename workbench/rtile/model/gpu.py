@@ -11,7 +11,7 @@ from math import ceil, log2, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis, vector_axis
+from workbench.rtile.axes import cross_thread_axis
 from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
@@ -85,25 +85,55 @@ def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) 
 
 def store_sector_ratio(program: RProgram, device: DeviceSpec) -> float:
     """Sectors a warp's store of one register-tile element touches over the fewest its bytes
-    need: the template writes the register tile back one element at a time, neighbouring lanes
-    along the output's contiguous axis `v` the thread's tile along `v` over its virtual threads
-    apart (`plan.store_vthreads` interleaves it: 1). 8 x 8 register tiles without it: 32
-    sectors for 128 B (8), as the H200 wrote a 64K x 1024 output at 470 GB/s of 4.25 TB/s. 1 on
-    CPUs, for tensor-core fragments and cross-thread reductions (one output a block)."""
+    need (`warp_sectors` of the output at one element: the template writes the register tile
+    back one element at a time, the warp's lanes over the block's threads, the last spatial
+    axis fastest, neighbouring threads of an axis its tile over its virtual threads apart;
+    `plan.store_vthreads` interleaves the contiguous axis's tile: 1). 8 x 8 register tiles
+    without it: 32 sectors for 128 B (8), as the H200 wrote a 64K x 1024 output at 470 GB/s of
+    4.25 TB/s; lanes that run along no contiguous axis at all (a depthwise convolution's
+    threads over batch and channels, a thread per output row) each take a sector of their own.
+    1 on CPUs, for tensor-core fragments and cross-thread reductions (one output a block)."""
     expr, plan = program.expr, gpu_plan(program, device)
-    v = vector_axis(expr)
     if not device.lanes_are_threads or plan.mma_axes is not None or plan.cross_thread_axis is not None:
         return 1.0
-    if v is None or expr.axes[v].kind != "spatial":
-        return 1.0
-    reg = program.register_tile[v]
-    threads = ceil(program.unit_tile[v] / reg)
-    step = reg // dict(plan.vthreads).get(expr.axes[v].name, 1)
-    if threads < 2 or step <= 1:
-        return 1.0
-    lanes, size, sector = min(device.warp_size, threads), expr.output.itemsize, device.layers[-1].transaction_bytes
-    touched = len({lane * step * size // sector for lane in range(lanes)})
-    return touched / ceil(lanes * size / sector)
+    touched, needed = output_sectors(expr, device, program.unit_tile, program.register_tile, plan.vthreads)
+    return touched / needed
+
+
+@lru_cache(maxsize=65536)
+def output_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) -> tuple[int, int]:
+    """(sectors, needed) of the first warp's store of one element of its threads' register
+    tiles of the output (each thread's first), lanes bound as `warp_sectors` binds them."""
+    starts = _lane_starts(expr, device, block, reg, vthreads, None)
+    out, sector = expr.output, device.layers[-1].transaction_bytes
+    weights = _weights(out, len(expr.axes))
+    addresses = {sum(c * w for c, w in zip(start, weights)) * out.itemsize for start in starts}
+    return len({a // sector for a in addresses}), ceil(len(addresses) * out.itemsize / sector)
+
+
+def _weights(tensor, n_axes: int) -> list[int]:
+    """Per axis, the elements one step along it moves in the row-major `tensor`: its
+    coefficient times the dimension's stride, summed over dimensions (the index is affine)."""
+    return [sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, tensor.strides)) for a in range(n_axes)]
+
+
+def _lane_starts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, across) -> list[list[int]]:
+    """The first warp's lanes as coordinates of their register tiles' first elements: along a
+    cross-thread reduction's axis `across` thread t at t; else threads over the block's spatial
+    axes, the last fastest, thread t of an axis at t x (register tile / its virtual threads)."""
+    split = dict(vthreads)
+    if across is not None:
+        counts, steps = {across: ceil(block[across] / reg[across])}, {across: 1}
+    else:
+        counts = {a: ceil(block[a] / reg[a]) for a in expr.spatial}
+        steps = {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial}
+    starts = []
+    for lane in range(min(device.warp_size, prod(counts.values()))):
+        coord, rest = [0] * len(expr.axes), lane
+        for a in reversed(list(counts)):
+            coord[a], rest = rest % counts[a] * steps[a], rest // counts[a]
+        starts.append(coord)
+    return starts
 
 
 def overlapped(a: float, b: float, agents: float) -> float:
@@ -264,8 +294,7 @@ def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) 
     across = cross_thread_axis(expr, device)
     split = dict(vthreads)
     if across is not None:
-        counts = {across: ceil(block[across] / reg[across])}
-        steps = {across: 1}
+        counts, steps = {across: ceil(block[across] / reg[across])}, {across: 1}
     else:
         counts = {a: ceil(block[a] / reg[a]) for a in expr.spatial}
         steps = {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial}
@@ -278,21 +307,14 @@ def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) 
             offsets.append([v * counts[a] * steps[a] + r for v in range(pieces) for r in range(steps[a])])
         else:
             offsets.append(list(range(reg[a])))
-    lanes = min(device.warp_size, prod(counts.values()))
-    starts = []
-    for lane in range(lanes):
-        coord, rest = [0] * len(expr.axes), lane
-        for a in reversed(list(counts)):
-            coord[a], rest = rest % counts[a] * steps[a], rest // counts[a]
-        starts.append(coord)
+    starts = _lane_starts(expr, device, block, reg, vthreads, across)
     sector = device.layers[-1].transaction_bytes
     found = []
     for tensor in expr.inputs:
         # An element's offset is affine in its coordinates: base + sum over axes of coord x
         # weight (the axis's coefficient times the dimension's stride, summed over dimensions),
         # so the warp's elements are the sums of a lane's start and a register tile's offset.
-        weights = [sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, tensor.strides))
-                   for a in range(len(expr.axes))]
+        weights = _weights(tensor, len(expr.axes))
         base = sum(const * stride for (_, const), stride in zip(tensor.index, tensor.strides))
         tile = {base}
         for axis_offsets, weight in zip(offsets, weights):
