@@ -54,6 +54,9 @@ class AlignContext:
 
 class AlignmentRule(Protocol):
     name: str
+    # whether `axis_ok` reads `ctx.eps` (its answers are then kept per eps, the others' for
+    # every eps: `alignment._Answers`); a rule without the attribute reads none
+    reads_eps: bool
 
     def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool:
         """Whether `size` along `axis` is aligned; reads `ctx.upper` at `axis` only."""
@@ -89,6 +92,7 @@ class TensorShapeRule(PerAxisRule):
     only if that fraction is <= eps (Roller raises eps up to 1.0 when too few programs exist)."""
 
     name = "tensor-shape"
+    reads_eps = True
 
     def axis_ok(self, ctx, axis, size):
         extent = ctx.expr.axes[axis].extent
