@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from math import ceil, gcd
 
+from workbench.construct.graph import node_key
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -143,6 +144,7 @@ class Space:
         self._contexts: dict[tuple, AlignContext] = {}
         self._footprints: dict[tuple, int] = {}
         self._reuse: dict[tuple, float] = {}
+        self._keys: dict[tuple, str] = {}
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
@@ -155,6 +157,14 @@ class Space:
         if ctx is None:
             ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps)
         return ctx
+
+    def node_key(self, layer: int, tile: Tile, recorded: tuple[Tile, ...]) -> str:
+        """`graph.node_key`, memoised: every step names its node, most of them seen before."""
+        key = (layer, tile, recorded)
+        text = self._keys.get(key)
+        if text is None:
+            text = self._keys[key] = node_key(layer, tile, recorded)
+        return text
 
     def upper_of(self, state: State) -> Tile:
         return state.recorded[-1] if state.recorded else self.ones()
