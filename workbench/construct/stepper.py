@@ -143,8 +143,8 @@ def collector_paused():
     allocates hundreds of thousands of small acyclic values (tiles, states, steps), which
     reference counting frees, and makes no garbage cycles, while each allocation count past the
     collector's threshold has it walk the young objects, and now and then the whole heap, TVM's
-    objects included (a full pass took 150-250 ms of a `bench construct` run on the 2-core
-    machine). The collector runs again at the next allocations after the block."""
+    objects included (what that cost: docs/benchmarks.md, "Construction time"). The collector
+    runs again at the next allocations after the block."""
     enabled = gc.isenabled()
     gc.disable()
     try:
