@@ -24,6 +24,7 @@ LANE = os.environ.get("WORKBENCH_TEST_LANE", "")
 CORE_TESTS = frozenset({
     "test_alignment.py",
     "test_banks.py",
+    "test_construction_snapshot.py",
     "test_expr_syntax.py",
     "test_gpu_runner.py",
     "test_graph.py",

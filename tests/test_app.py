@@ -110,6 +110,8 @@ def test_markov_construction_shows_temperature_and_visits():
     assert "temperature" in at.markdown[1].value
     assert any("Visits" in m.value for m in at.markdown)
     assert at.dataframe[-1].value["visits"].sum() > 0
+    said = [m.value for m in (*at.warning, *at.info)]  # Markov's pick against Roller's, in words
+    assert any("Roller's" in text for text in said), said
 
 
 def test_bad_workloads_show_errors_and_keep_the_selection():

@@ -854,3 +854,14 @@ def test_runs_export_of_nothing_is_refused(capsys, compared_store, tmp_path):
     code, _, err = run(capsys, "runs", "export", "--db", str(compared_store), "--runs", "label=none",
                        "--out", str(tmp_path / "x.json"))
     assert code == 2 and "no run in" in err and not (tmp_path / "x.json").exists()
+
+
+def test_construct_markov_says_how_its_pick_compares_with_rollers(capsys):
+    code, out, _ = run(capsys, "construct", "--workload", "cpu-core:mm-skinny", "--device", "xeon-avx512", "--policy", "markov",
+                       "--topk", "3", "--json")
+    assert code == 0
+    v = json.loads(out)["versus_roller"]
+    assert v["ratio"] == pytest.approx(v["markov_seconds"] / v["roller_seconds"])
+    assert "Roller's" in v["text"]
+    code, out, _ = run(capsys, "construct", "--workload", "cpu-core:mm-skinny", "--device", "xeon-avx512", "--topk", "3", "--json")
+    assert "versus_roller" not in json.loads(out)  # Roller's own construction compares with nothing

@@ -30,6 +30,7 @@ from workbench.hardware.detect import build_local_spec, detect_local_cpu, parse_
 from workbench.hardware.loader import list_presets
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.write import spec_to_toml
+from workbench.ops import random_suite
 from workbench.ops.tensor_expr import Axis, TensorAccess, TensorExpr
 from workbench.rtile.alignment import is_aligned
 from workbench.rtile.axes import mma_axes
@@ -555,3 +556,35 @@ def test_this_machine_keeps_every_invariant(policy):
     for wid in FAILED_ON_AVX2 + ("cpu-core:mm-512", "cpu-core:conv-3x3-s2"):
         stepper = construct_within_limits(workload_expr(WORKLOADS[wid]), dev, policy, Options(topk=4))
         assert stepper.candidates(), wid
+
+
+# -- every drawn shape constructs ----------------------------------------------------------------
+# The random suites' shapes (`ops.random_suite`: prime and odd extents, skinny M, channels not a
+# multiple of 8) on an AVX2-like and an AVX-512-like core, as detection builds them: each gets a
+# program. A construction finds its first program in the same rounds whatever its K, so top-1
+# says whether top-10 has any.
+DRAWN_CPUS = {"avx2": detected_cpu("avx2", 2, 32 * KIB, 512 * KIB), "avx512": detected_cpu("avx512", 2, 48 * KIB, 2048 * KIB)}
+
+
+def _drawn_expr(entry: dict):
+    return expr(entry["op"], entry["dtype"], **{k: v for k, v in entry.items() if k not in ("id", "op", "dtype")})
+
+
+@pytest.mark.tvm  # the drawn convs are built by TVM
+@pytest.mark.parametrize("isa", sorted(DRAWN_CPUS))
+@pytest.mark.parametrize("entry", [
+    # no multiple of 8 lanes divides 356 = 4 x 89 or 180 = 4 x 45 filters, and the register tile
+    # may not be ragged where a dividing tile exists: no register tile was aligned (0 candidates)
+    {"op": "conv2d", "dtype": "float32", "N": 1, "C": 152, "H": 13, "W": 37, "F": f, "KH": 1, "KW": 1, "stride": 1, "pad": 0}
+    for f in (356, 180)
+], ids=["F356", "F180"])
+def test_a_conv_whose_filters_no_vector_divides_constructs(entry, isa):
+    assert construct_within_limits(_drawn_expr(entry), DRAWN_CPUS[isa], "roller").candidates()
+
+
+@pytest.mark.tvm  # the drawn convs are built by TVM
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["random", "random-conv"]), st.integers(0, 2**64 - 1), st.integers(0, 11), st.sampled_from(sorted(DRAWN_CPUS)))
+def test_every_drawn_shape_constructs_on_avx2_and_avx512(kind, seed, index, isa):
+    e = _drawn_expr(random_suite.draw_one(kind, seed, index))
+    assert construct_within_limits(e, DRAWN_CPUS[isa], "roller", Options(topk=1)).candidates(), (kind, seed, index, isa)

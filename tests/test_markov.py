@@ -3,6 +3,7 @@ candidates within every limit, and the same stepper / CLI faces as Roller."""
 
 import json
 from collections import deque
+from dataclasses import replace
 from functools import cache
 from itertools import product
 from math import fsum
@@ -12,7 +13,7 @@ from helpers import device, expr, matmul, suite_workloads, workload_expr
 from test_invariants import assert_within_limits
 
 from workbench.cli import main
-from workbench.construct import markov
+from workbench.construct import markov, versus
 from workbench.construct.markov import MarkovPolicy
 from workbench.construct.space import Action, IllegalAction, Options, Space, apply
 from workbench.construct.stepper import Stepper, construct
@@ -339,3 +340,30 @@ def test_the_annealing_not_the_cap_makes_the_walk_descend(name):
     temps = sorted(st.temperature for st in s.steps if st.action.kind == "descend")
     assert temps and temps[0] > 2.0**-cap
     assert temps[len(temps) // 2] >= 2.0**-10, temps
+
+
+def test_markov_versus_roller_says_where_a_pick_is_predicted_slower_and_why():
+    """The ratio of the rank-1 predictions; slower by more than 1 % is `worse` and says why (the
+    first layer whose tiles differ, how full each leaves it); faster says that it is only
+    predicted. Read both ways round (Roller's construction as the walk's), so both texts occur
+    unless the picks tie."""
+    e, dev = matmul(257, 127, 509), device("tiny-cpu")
+    walk, greedy = construct(e, dev, "markov", Options(topk=5)), construct(e, dev, "roller", Options(topk=5))
+    for a, b in ((walk, greedy), (greedy, walk)):
+        v = versus.markov_versus_roller(a, b)
+        ratio = a.candidates[0].predicted_seconds / b.candidates[0].predicted_seconds
+        assert v.ratio == pytest.approx(ratio) and v.worse == (ratio >= 1 + versus.SAME)
+        if v.worse:
+            assert "slower than Roller's" in v.text and "Why: " in v.text and "filling" in v.text
+        elif ratio <= 1 - versus.SAME:
+            assert "faster than Roller's" in v.text and versus.CAUTION in v.text
+        else:
+            assert "as fast as Roller's" in v.text
+
+
+def test_markov_versus_roller_without_candidates():
+    e, dev = matmul(257, 127, 509), device("tiny-cpu")
+    walk = construct(e, dev, "markov", Options(topk=5))
+    empty = replace(walk, candidates=())
+    assert versus.markov_versus_roller(empty, walk).worse and "no program" in versus.markov_versus_roller(empty, walk).text
+    assert versus.markov_versus_roller(walk, empty).ratio is None

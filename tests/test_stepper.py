@@ -1,5 +1,6 @@
 """The stepper: stepping forward and back is replay, and what it reports matches what it built."""
 
+import gc
 import json
 import re
 from functools import cache
@@ -207,3 +208,15 @@ def test_construction_candidate_by_rank():
     for bad in (0, len(c.candidates) + 1):
         with pytest.raises(UserError, match=f"rank {bad}: the construction has {len(c.candidates)} candidates"):
             c.candidate(bad)
+
+
+@pytest.mark.parametrize("policy", ["roller", "markov"])
+def test_a_construction_leaves_no_garbage_cycles(policy):
+    """`Stepper.finish` pauses the cyclic collector (`stepper.collector_paused`): what a
+    construction allocates must then be freed by reference counting alone."""
+    e, dev = matmul(257, 127, 509), device("tiny-cpu")
+    construct(e, dev, policy, Options(topk=4, seed=1))  # first calls: caches and imports settle
+    gc.collect()
+    finished = Stepper(e, dev, policy, Options(topk=4, seed=2)).finish()
+    assert finished.candidates and gc.collect() == 0
+    assert gc.isenabled()

@@ -429,7 +429,8 @@ def cmd_construct(args) -> int:
     from workbench.fmt import duration
 
     workload = pipeline.parse_workload(args.op, args.shape, args.expr, args.workload, args.dtype)
-    c = _construct(args, workload)
+    req = _request(args, workload)
+    c = pipeline.construct(req)
     if args.graph:
         c.graph.save(args.graph, what="--graph")
     lines = [f"{workload.describe()} on {c.device.name} ({c.policy}): {len(c.candidates)} candidates in {c.seconds * 1e3:.1f} ms"]
@@ -439,7 +440,12 @@ def cmd_construct(args) -> int:
         lines.append("     " + _compute_source(cand.estimate))
     if c.candidates:
         lines.append(_model_parts(c.candidates[0].estimate))
-    return _emit(args, construction_dict(c, workload), "\n".join(lines))
+    doc = construction_dict(c, workload)
+    versus = pipeline.markov_versus_roller(req, c)
+    if versus is not None:  # a Markov pick says where Roller's is predicted faster, and why
+        lines.append(("note: " if versus.worse else "") + versus.text)
+        doc["versus_roller"] = versus.to_dict()
+    return _emit(args, doc, "\n".join(lines))
 
 
 def _compute_source(est) -> str:

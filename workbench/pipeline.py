@@ -7,6 +7,7 @@ assembles the pipeline itself.
            -> profile(construction, ...)             build, verify, time, store: a ProfileResult
            -> export(construction, rank, out)        build, verify, write one bundle: the only export
            -> build(construction, rank)              one kernel's sources and schedule, to read
+           -> markov_versus_roller(request, c)       a Markov pick against Roller's, and why
     Candidate.to_dict(measurement) / candidate_rows  a candidate as JSON / as a table row
     import_onnx(path, dims)                          an ONNX model, its symbolic dims bound (--dim)
     construct_model(model, device, policy, options)   every operator of an ONNX model, co-scheduled
@@ -46,6 +47,7 @@ from workbench.construct.policies import POLICIES, policy_class
 from workbench.construct.space import Options
 from workbench.construct.step import Candidate, Step
 from workbench.construct.stepper import Construction, Stepper
+from workbench.construct.versus import Versus, markov_versus_roller as versus
 from workbench.errors import UserError
 from workbench.export import ExportResult, KernelRejected, build_apart, bundle_name, check_out, export_candidate
 from workbench.files import check_size, read_user_file
@@ -88,7 +90,7 @@ __all__ = [
     "cannot_profile_here", "check_export_path", "construct", "construct_model", "Construction", "DeviceSpec",
     "diagnosis_rows", "export", "importance", "slice_points", "stored_trials", "ExportResult", "Kernel", "KernelRejected", "load_device",
     "ModelConstruction", "Options", "profile", "ProfileResult", "report_dict", "report_text", "Request",
-    "request", "stepper", "Stepper", "Timing", "WorkerPool", "Correction", "refit", "rank_by_correction",
+    "request", "stepper", "Stepper", "Timing", "markov_versus_roller", "Versus", "WorkerPool", "Correction", "refit", "rank_by_correction",
     "run_model_report", "DIETCODE_SAMPLES", "VortexPlan", "vortex_compile", "vortex_load", "vortex_pick",
     "vortex_plan", "vortex_bundle_plan", "vortex_run", "vortex_value_of", "import_onnx", "model_symbolic_dims", "gpu_pack", "gpu_ingest",
     # what the faces choose from and show beside a construction
@@ -166,6 +168,15 @@ def stepper(req: Request) -> Stepper:
 def construct(req: Request) -> Construction:
     """The finished construction of `req`: its top-K, graph, step count and time."""
     return stepper(req).finish()
+
+
+def markov_versus_roller(req: Request, construction: Construction) -> Versus | None:
+    """For a Markov construction of `req`, its rank 1 against Roller's on the same workload,
+    device and options (`construct.versus`: the predicted ratio, and why where Markov's is
+    slower); None for any other policy."""
+    if construction.policy != "markov":
+        return None
+    return versus(construction, construct(replace(req, policy="roller")))
 
 
 def profile(

@@ -2,7 +2,9 @@
 
 Controls move the core stepper (Reset, Back, Next, Play to end, a step slider); the page shows the
 step's action and every alternative it chose among, the graph, the rTiles against the tensors
-and each layer's footprint against its capacity; for Markov also the temperature and visits.
+and each layer's footprint against its capacity; for Markov also the temperature and visits, and
+its pick against Roller's (predicted slower, and why; or predicted faster, and why that is only
+predicted).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import streamlit as st
 from workbench.app import views
 from workbench.app.state import construction, finish_with_progress, selection, stepper
 from workbench.fmt import duration, estimate_parts, tile_text
-from workbench.pipeline import Stepper
+from workbench.pipeline import Stepper, markov_versus_roller
 from workbench.viz.figures import LAYOUT_NOTE, footprint_figure, rtile_figure, state_tiles
 
 VISITS_SHOWN = 15  # most-visited states listed for a Markov walk
@@ -138,12 +140,26 @@ def _visits(s: Stepper, graph) -> None:
                  column_config={"share": st.column_config.NumberColumn(format="percent")})
 
 
+def _versus_roller() -> None:
+    """A Markov construction's pick against Roller's, in words (`pipeline.markov_versus_roller`):
+    a warning where it is predicted slower, a caution where it is predicted faster."""
+    sel, c = selection(), construction()
+    if c is None or c.policy != "markov":
+        return
+    key = ("versus_roller", sel)
+    if st.session_state.get("versus_for") != key:
+        st.session_state.versus, st.session_state.versus_for = markov_versus_roller(sel, c), key
+    v = st.session_state.versus
+    (st.warning if v.worse or v.ratio is not None and v.ratio < 1 else st.info)(v.text)
+
+
 def page() -> None:
     st.title("Construction")
     s = stepper()
     if s is None:
         return
     st.caption(selection().describe())
+    _versus_roller()
     _controls(s)
     _step_text(s)
     graph, figure = views.graph_view(selection(), s.position, s)

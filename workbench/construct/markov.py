@@ -100,6 +100,7 @@ class MarkovPolicy(Policy):
         super().__init__(space, options)
         self.rng = random.Random(options.seed)
         self._moves: dict = {}
+        self._transitions: dict = {}
         self._times: dict = {}
         self._program_times: dict = {}
         self.n = space.n_tile_layers
@@ -108,13 +109,17 @@ class MarkovPolicy(Policy):
     def transitions(self, state: State, temperature: float = T0) -> tuple[Alternative, ...]:
         """Every action offered at `state` with its benefit (`score`) and probability at
         `temperature`; illegal ones have probability 0 and say why in `note`."""
-        moves = self._moves_of(state)
-        weights = [alt.score * (T0 / temperature if alt.action.kind in ANNEALED else 1.0) if ok else 0.0 for alt, ok in moves]
-        total = sum(weights)
-        return tuple(
-            Alternative(alt.action, alt.tile, alt.score, w / total if total > 0 else 0.0, alt.note)
-            for (alt, _), w in zip(moves, weights)
-        )
+        key = (state.layer, state.tile, state.recorded, state.vthreads, state.eps, temperature)
+        found = self._transitions.get(key)  # every walk starts from the same state at T0
+        if found is None:
+            moves = self._moves_of(state)
+            weights = [alt.score * (T0 / temperature if alt.action.kind in ANNEALED else 1.0) if ok else 0.0 for alt, ok in moves]
+            total = sum(weights)
+            found = self._transitions[key] = tuple(
+                Alternative(alt.action, alt.tile, alt.score, w / total if total > 0 else 0.0, alt.note)
+                for (alt, _), w in zip(moves, weights)
+            )
+        return found
 
     def probability(self, state: State, action: Action, temperature: float = T0) -> float:
         """P(action | state); 0 for anything not offered (misaligned sizes, other layers)."""

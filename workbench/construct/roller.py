@@ -89,6 +89,7 @@ class RollerPolicy(Policy):
         self._descended: set = set()
         self.no_reuse = False
         self._fill = False  # the eps ladder's last round: the lowest cache layer's chain are programs too
+        self._scores: dict[tuple, float] = {}  # `_reuse` at a CPU's first cache layer
 
     # -- driver ------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
@@ -184,10 +185,16 @@ class RollerPolicy(Policy):
         if not (space.device.runs_on_cpu and state.layer == 1 and space.expr.reduce):
             return space.reuse(state.layer, state.tile, grown, upper)
         register = state.recorded[0]
-        trips = space.calc.accumulator_reuse(register, state.tile, grown, partial_sums(space.expr, space.device, register))
-        if is_load_hidden(space.calc, space.device, state.tile, state.layer + 1):
-            return trips
-        return space.reuse(state.layer, state.tile, grown, upper) + trips
+        key = (register, state.tile, grown, upper)  # memoised: the eps ladder's rounds score them again
+        score = self._scores.get(key)
+        if score is None:
+            trips = space.calc.accumulator_reuse(register, state.tile, grown, partial_sums(space.expr, space.device, register))
+            if is_load_hidden(space.calc, space.device, state.tile, state.layer + 1):
+                score = trips
+            else:
+                score = space.reuse(state.layer, state.tile, grown, upper) + trips
+            self._scores[key] = score
+        return score
 
     def _seen(self, state: State, grown) -> bool:
         """visited(T'), marking T' visited."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from math import ceil, gcd
 
+from workbench.construct.graph import node_key
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -142,6 +143,8 @@ class Space:
         self._no_reuse: dict[float, bool] = {}
         self._contexts: dict[tuple, AlignContext] = {}
         self._footprints: dict[tuple, int] = {}
+        self._reuse: dict[tuple, float] = {}
+        self._keys: dict[tuple, str] = {}
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
@@ -154,6 +157,14 @@ class Space:
         if ctx is None:
             ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps)
         return ctx
+
+    def node_key(self, layer: int, tile: Tile, recorded: tuple[Tile, ...]) -> str:
+        """`graph.node_key`, memoised: every step names its node, most of them seen before."""
+        key = (layer, tile, recorded)
+        text = self._keys.get(key)
+        if text is None:
+            text = self._keys[key] = node_key(layer, tile, recorded)
+        return text
 
     def upper_of(self, state: State) -> Tile:
         return state.recorded[-1] if state.recorded else self.ones()
@@ -233,9 +244,16 @@ class Space:
         return is_compute_bound(self.calc, self.device, layer, tile, layer + 1)
 
     def reuse(self, layer: int, tile: Tile, grown: Tile, upper: Tile) -> float:
-        pad = storage_padding(self.calc, self.device, layer, tile, upper)
-        gpad = storage_padding(self.calc, self.device, layer, grown, upper)
-        return self.calc.reuse_score(tile, grown, pad, gpad, holds_output(self.device, layer))
+        """Roller's data-reuse score of growing `tile` to `grown` at `layer` under `upper`
+        (`TileCalculus.reuse_score`, bank padding included); memoised: the eps ladder's rounds
+        score the same growths again."""
+        key = (layer, tile, grown, upper)
+        score = self._reuse.get(key)
+        if score is None:
+            pad = storage_padding(self.calc, self.device, layer, tile, upper)
+            gpad = storage_padding(self.calc, self.device, layer, grown, upper)
+            score = self._reuse[key] = self.calc.reuse_score(tile, grown, pad, gpad, holds_output(self.device, layer))
+        return score
 
     def program(self, tiles: tuple[Tile, ...], eps: float, vthreads: tuple[int, ...] = ()) -> RProgram:
         """The rProgram of `tiles` at `eps` (staging as `cached` says) with per-axis virtual
@@ -375,17 +393,17 @@ def apply(space: Space, state: State, action: Action) -> State:
             raise IllegalAction(f"{kind}: size {action.size} of axis {space.axes[action.axis]} is not aligned")
         if state.layer == 0 and state.vthreads and action.size % state.vthreads[action.axis]:
             raise IllegalAction(f"{kind}: {state.vthreads[action.axis]} virtual threads do not divide {action.size}")
-        return replace(state, tile=tile, actions=acts)
+        return State(state.layer, tile, state.recorded, state.eps, state.vthreads, acts)
     if kind == Kind.DESCEND:
         if state.layer + 1 > space.n_tile_layers:
             raise IllegalAction("descend: already at the lowest layer")
         recorded = state.recorded + (state.tile,)
         if state.layer + 1 == space.n_tile_layers:
-            return replace(state, layer=state.layer + 1, recorded=recorded, actions=acts)
+            return State(state.layer + 1, state.tile, recorded, state.eps, state.vthreads, acts)
         tile = initial_tile(space.context(state.layer + 1, state.tile, state.eps))
         if tile is None:
             raise IllegalAction(f"descend: no aligned tile at {space.layer_names[state.layer + 1]}")
-        return replace(state, layer=state.layer + 1, tile=tile, recorded=recorded, actions=acts)
+        return State(state.layer + 1, tile, recorded, state.eps, state.vthreads, acts)
     if kind == Kind.SET_VTHREAD:
         _check_vthread(space, state, action)
         v = list(state.vthreads or (1,) * len(state.tile))

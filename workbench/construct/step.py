@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.construct.graph import Edge, Node, node_key
+from workbench.construct.graph import Edge, Node
 from workbench.construct.space import Action, Space, State
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -116,7 +116,7 @@ def make_node(space: Space, state: State, status: str, tile: Tile | None = None,
         footprint = space.footprint(layer, tile, space.upper_of(state))
         capacity = space.capacity(layer)
     return Node(
-        key=node_key(layer, tile, recorded),
+        key=space.node_key(layer, tuple(tile), recorded),
         layer=layer,
         layer_name=space.layer_names[layer],
         tile=tuple(tile),
@@ -131,5 +131,5 @@ def make_node(space: Space, state: State, status: str, tile: Tile | None = None,
 
 def state_key(space: Space, state: State) -> str:
     if state.layer >= space.n_tile_layers:
-        return node_key(space.n_tile_layers, state.recorded[-1], state.recorded[:-1])
-    return node_key(state.layer, state.tile, state.recorded)
+        return space.node_key(space.n_tile_layers, state.recorded[-1], state.recorded[:-1])
+    return space.node_key(state.layer, state.tile, state.recorded)

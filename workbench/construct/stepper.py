@@ -11,7 +11,9 @@ steps), generated to the end without moving the cursor.
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -117,9 +119,11 @@ class Stepper:
 
     def finish(self) -> "Construction":
         """The finished construction (top-K over every step), generated to the end if need be;
-        the cursor stays where it is."""
-        for _ in self.generate():
-            pass
+        the cursor stays where it is. The cyclic garbage collector is paused meanwhile
+        (`collector_paused`)."""
+        with collector_paused():
+            for _ in self.generate():
+                pass
         return Construction(self.space.expr, self.space.device, self.policy_name, self.options,
                             tuple(_ranked(self.steps, self.options.topk)), _graph(self.space, self.steps),
                             len(self.steps), self._seconds)
@@ -131,6 +135,23 @@ class Stepper:
     def candidates(self) -> list[Candidate]:
         """Programs emitted up to the cursor, ranked by predicted time (rank 1 = fastest), top-K."""
         return _ranked(self.steps[: self.position], self.options.topk)
+
+
+@contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off for the block, as it was after it. Construction
+    allocates hundreds of thousands of small acyclic values (tiles, states, steps), which
+    reference counting frees, and makes no garbage cycles, while each allocation count past the
+    collector's threshold has it walk the young objects, and now and then the whole heap, TVM's
+    objects included (what that cost: docs/benchmarks.md, "Construction time"). The collector
+    runs again at the next allocations after the block."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _graph(space: Space, steps: list[Step]) -> ConstructionGraph:

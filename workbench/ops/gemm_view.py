@@ -113,22 +113,38 @@ def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     if not device.launches_thread_blocks or device.has_tensor_cores(expr.dtype):
         return expr
     view = gemm_view(expr)
-    return expr if view is None else view.expr
+    if view is None:
+        return expr
+    if view.expr.func is not None:
+        _MADE[view.expr, view.expr.func] = view
+        while len(_MADE) > MAX_MADE:
+            del _MADE[next(iter(_MADE))]
+    return view.expr
 
 
 def view_of(expr: TensorExpr) -> GemmView | None:
     """The GemmView whose `expr` is `expr` (a GEMM-view expression, as `construction_expr`
-    returns it), recovered from its PrimFunc; None for any other expression."""
+    returns it): the one `construction_expr` made, else recovered from its PrimFunc; None for
+    any other expression."""
     return _view_of(expr, expr.func)
 
 
+# The views `construction_expr` made, by (view expression, PrimFunc), oldest first: the GPU model
+# asks `view_of` about every conv program it prices (`staging.pipelined`), and reading the
+# PrimFunc back through TVM took 26 ms of a 180 ms construction of roller-table1's C2 on the V100.
+_MADE: dict[tuple, GemmView] = {}
+MAX_MADE = 256
+
+
 # Memoised per expression and PrimFunc (a PrimFunc hashes and compares by identity; equality of
-# TensorExprs leaves it out): reading the PrimFunc back through TVM takes tens of milliseconds,
-# and the GPU model asks for every conv program it prices (`staging.pipelined`).
+# TensorExprs leaves it out): reading the PrimFunc back through TVM takes tens of milliseconds.
 @lru_cache(maxsize=256)
 def _view_of(expr: TensorExpr, func) -> GemmView | None:
     from workbench.ops.tensor_expr import from_prim_func
 
+    made = _MADE.get((expr, func))
+    if made is not None:
+        return made
     if func is None or len(expr.axes) != 3 or not any(a.fused_from for a in expr.axes):
         return None
     original = from_prim_func(func, expr.op, dict(expr.params), expr.dtype, n_inputs=len(expr.inputs))

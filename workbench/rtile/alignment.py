@@ -163,14 +163,18 @@ def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
 
 class _Answers:
     """The rules' answers at one context found so far: per (axis, upper size along it, size),
-    shared by every context of the layer and eps (`_axis_answers`), and per whole tile, with
-    the rules that can refuse each (`rules.refusing`)."""
+    shared by every context of the layer and eps (`axes`), and below that, for the per-axis rules
+    that do not read eps, by every eps as well (`steady`: the eps ladder's rounds scan the same
+    sizes again); and per whole tile, with the rules that can refuse each (`rules.refusing`)."""
 
-    __slots__ = ("per_axis", "whole", "axes", "tiles")
+    __slots__ = ("per_axis", "whole", "axes", "steady", "steady_rules", "eps_rules", "tiles")
 
-    def __init__(self, rules, axes: dict):
+    def __init__(self, rules, axes: dict, steady: dict):
         self.per_axis, self.whole = refusing(rules)
+        self.steady_rules = tuple(r for r in self.per_axis if not getattr(r, "reads_eps", False))
+        self.eps_rules = tuple(r for r in self.per_axis if getattr(r, "reads_eps", False))
         self.axes: dict[tuple[int, int, int], bool] = axes
+        self.steady: dict[tuple[int, int, int], bool] = steady
         self.tiles: dict[Tile, bool] = {}
 
 
@@ -180,13 +184,15 @@ class _Answers:
 @lru_cache(maxsize=4096)
 def _answers(ctx: AlignContext, rules) -> _Answers:
     """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
-    return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules))
+    return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules),
+                    _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules))
 
 
 @lru_cache(maxsize=1024)
-def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float, rules) -> dict:
-    """The per-axis answers of `rules` at a layer and eps, by (axis, upper size, size): a
-    per-axis rule reads the tile above along its own axis only (`rules.AlignmentRule`)."""
+def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float | None, rules) -> dict:
+    """The per-axis answers of `rules` at a layer and eps (None: of those rules that do not read
+    eps), by (axis, upper size, size): a per-axis rule reads the tile above along its own axis
+    only (`rules.AlignmentRule`)."""
     return {}
 
 
@@ -195,7 +201,10 @@ def _axis_ok(ctx: AlignContext, axis: int, size: int, answers: _Answers) -> bool
     key = (axis, ctx.upper[axis], size)
     ok = answers.axes.get(key)
     if ok is None:
-        ok = answers.axes[key] = all(r.axis_ok(ctx, axis, size) for r in answers.per_axis)
+        ok = answers.steady.get(key)
+        if ok is None:
+            ok = answers.steady[key] = all(r.axis_ok(ctx, axis, size) for r in answers.steady_rules)
+        ok = answers.axes[key] = ok and all(r.axis_ok(ctx, axis, size) for r in answers.eps_rules)
     return ok
 
 

@@ -18,7 +18,7 @@ address: the "thread -> (row, col)" mapping of a 2-D tile is the special case of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import product
+from functools import lru_cache
 from math import prod
 from typing import Iterable, Sequence
 
@@ -64,7 +64,8 @@ def axis_offset(coord: int, threads: int, size: int, vthreads: int, element: int
     return (element // run) * threads * run + coord * run + element % run
 
 
-def lane_coords(threads: Sequence[int], lanes: int) -> tuple[tuple[int, ...], ...]:
+@lru_cache(maxsize=4096)
+def lane_coords(threads: tuple[int, ...], lanes: int) -> tuple[tuple[int, ...], ...]:
     """Per-axis thread coordinates of the first `lanes` threads (fewer if the block is smaller),
     row-major with the last axis fastest."""
     out = []
@@ -87,17 +88,21 @@ def conflict_degree(addresses: Iterable[int], banks: int, bank_width: int) -> in
 
 
 def access_degree(tile: StoredTile, binding: ThreadBinding, element: Sequence[int], banks: int, bank_width: int, lanes: int = 32) -> int:
-    """Conflict degree of one access: every lane of the first warp reads its `element`."""
+    """Conflict degree of one access: every lane of the first warp reads its `element` (a
+    lane's offset is its own part, `coord * run` per axis, plus the element's, the same for
+    every lane: `axis_offset`)."""
     weights = tile.axis_weights()
-    addresses = []
-    for coord in lane_coords(binding.threads, lanes):
-        offset = sum(
-            w * axis_offset(c, n, s, v, e)
-            for w, c, n, s, v, e in zip(weights, coord, binding.threads, binding.tile, binding.vthreads, element)
-            if w
-        )
-        addresses.append(offset * tile.itemsize)
-    return conflict_degree(addresses, banks, bank_width)
+    shift = sum(w * axis_offset(0, n, s, v, e)
+                for w, n, s, v, e in zip(weights, binding.threads, binding.tile, binding.vthreads, element) if w)
+    bases = _lane_offsets(weights, tuple(binding.threads), tuple(binding.tile), tuple(binding.vthreads), lanes)
+    return conflict_degree(((b + shift) * tile.itemsize for b in bases), banks, bank_width)
+
+
+@lru_cache(maxsize=4096)
+def _lane_offsets(weights, threads, tile, vthreads, lanes: int) -> tuple[int, ...]:
+    """Each lane's own part of its offset (`access_degree`), for the first `lanes` threads."""
+    runs = [s // v for s, v in zip(tile, vthreads)]
+    return tuple(sum(w * c * r for w, c, r in zip(weights, coord, runs) if w) for coord in lane_coords(threads, lanes))
 
 
 def requests(tile: StoredTile, binding: ThreadBinding) -> int:
@@ -113,14 +118,22 @@ def wavefronts(tile: StoredTile, binding: ThreadBinding, banks: int, bank_width:
     A lane's offset along an axis is `coord * run` plus a part that depends on the element only
     (`axis_offset`), so moving to another element shifts every lane's address by the same amount;
     a shift by whole bank words only renames the banks. The degree is therefore computed once per
-    residue of the shift modulo the bank width, at the first element with that residue."""
-    weights = tile.axis_weights()
-    ranges = [range(s) if w else range(1) for w, s in zip(weights, binding.tile)]
-    first: dict[int, tuple[int, ...]] = {}
-    count: dict[int, int] = {}
-    for element in product(*ranges):
-        shift = sum(w * axis_offset(0, n, s, v, e) for w, n, s, v, e in zip(weights, binding.threads, binding.tile, binding.vthreads, element) if w)
-        residue = shift * tile.itemsize % bank_width
-        first.setdefault(residue, element)
-        count[residue] = count.get(residue, 0) + 1
-    return sum(n * access_degree(tile, binding, first[r], banks, bank_width, lanes) for r, n in count.items())
+    residue of the shift modulo the bank width, at one element with that residue. The shift is a
+    sum over the axes, so the elements per residue are counted axis by axis (the residues of each
+    axis's part combined), not element by element: a thread's tile has up to thousands."""
+    weights, size = tile.axis_weights(), tile.itemsize
+    found: dict[int, tuple[int, tuple[int, ...]]] = {0: (1, ())}  # residue -> (elements, one of them)
+    for w, n, s, v in zip(weights, binding.threads, binding.tile, binding.vthreads):
+        part: dict[int, tuple[int, int]] = {}  # this axis's residue -> (elements, the first)
+        for e in range(s) if w else range(1):
+            residue = w * axis_offset(0, n, s, v, e) * size % bank_width
+            count, first = part.get(residue, (0, e))
+            part[residue] = (count + 1, first)
+        combined: dict[int, tuple[int, tuple[int, ...]]] = {}
+        for r0, (c0, element) in found.items():
+            for r1, (c1, e1) in part.items():
+                r = (r0 + r1) % bank_width
+                count, one = combined.get(r, (0, element + (e1,)))
+                combined[r] = (count + c0 * c1, one)
+        found = combined
+    return sum(n * access_degree(tile, binding, one, banks, bank_width, lanes) for n, one in found.values())

@@ -92,7 +92,7 @@ def storage_padding(
     """Bank-conflict padding of every input data tile stored at `layer` (0 where no banks)."""
     spec = device.layers[layer]
     if spec.banks <= 0 or layer == 0:
-        return tuple(0 for _ in calc.expr.tensors)
+        return (0,) * len(calc.expr.tensors)
     big, small = calc.data_tiles(tile), calc.data_tiles(upper)
     out = []
     for t, tensor in enumerate(calc.expr.tensors):

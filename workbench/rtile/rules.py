@@ -54,6 +54,9 @@ class AlignContext:
 
 class AlignmentRule(Protocol):
     name: str
+    # whether `axis_ok` reads `ctx.eps` (its answers are then kept per eps, the others' for
+    # every eps: `alignment._Answers`); a rule without the attribute reads none
+    reads_eps: bool
 
     def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool:
         """Whether `size` along `axis` is aligned; reads `ctx.upper` at `axis` only."""
@@ -89,6 +92,7 @@ class TensorShapeRule(PerAxisRule):
     only if that fraction is <= eps (Roller raises eps up to 1.0 when too few programs exist)."""
 
     name = "tensor-shape"
+    reads_eps = True
 
     def axis_ok(self, ctx, axis, size):
         extent = ctx.expr.axes[axis].extent
@@ -362,12 +366,19 @@ def _lane_step(expr: TensorExpr, device: DeviceSpec, lane: int) -> int:
     return lcm(device.warp_size, *(line // gcd(line, t.itemsize) for t in expr.inputs if t.uses_axis(lane)))
 
 
+# The per-axis rules besides the tensor shape's (which any dividing size passes) that a CPU tile
+# size must meet at any eps: a dividing size they refuse is no whole tile.
+_SIZE_RULES = (TransactionRule(), VectorLanesRule(), AutovectorRowRule())
+
+
 @lru_cache(maxsize=4096)
 def _whole_tiles_exist(ctx: AlignContext, axis: int) -> bool:
     """Whether a tile along `axis` shorter than the axis, a multiple of the tile above within
-    `MAX_SCAN` multiples, divides the axis and is a whole number of transactions."""
+    `MAX_SCAN` multiples, divides the axis and is a size the other per-axis rules accept (whole
+    transactions; along a register tile's lanes whole vectors: a conv's 356 filters, 4 x 89,
+    have no dividing multiple of 8 lanes, so there a ragged register tile is the only kind)."""
     extent, upper = ctx.expr.axes[axis].extent, ctx.upper[axis]
     if extent % upper:
         return False
     sizes = (m * upper for m in range(1, min(extent // upper - 1, MAX_SCAN) + 1))
-    return any(extent % s == 0 and TransactionRule().axis_ok(ctx, axis, s) for s in sizes)
+    return any(extent % s == 0 and all(r.axis_ok(ctx, axis, s) for r in _SIZE_RULES) for s in sizes)

@@ -45,13 +45,24 @@ class TileCalculus:
         self._shapes: dict[Tile, tuple[tuple[int, ...], ...]] = {}
         self._traffic: dict[tuple[Tile, int, frozenset[int]], int] = {}
         self._footprints: dict[tuple, int] = {}
+        self._dims = tuple(tuple(zip(t.terms, t.shape)) for t in expr.tensors)  # `data_tiles`
 
     def data_tiles(self, tile: Tile) -> tuple[tuple[int, ...], ...]:
-        """Data-tile shape of every tensor (inputs then output) for one tile."""
+        """Data-tile shape of every tensor (inputs then output) for one tile: per dimension
+        `TensorExpr.data_tile_shape`'s bounding box, `1 + sum(|c_a| (t_a - 1))` clipped to the
+        extent, written out in loops (construction asks for thousands of new tiles)."""
         shapes = self._shapes.get(tile)
         if shapes is None:
-            shapes = tuple(self.expr.data_tile_shape(t, tile) for t in range(len(self.expr.tensors)))
-            self._shapes[tile] = shapes
+            out = []
+            for dims in self._dims:
+                shape = []
+                for terms, extent in dims:
+                    n = 1
+                    for a, c in terms:
+                        n += c * (tile[a] - 1)
+                    shape.append(n if n < extent else extent)
+                out.append(tuple(shape))
+            shapes = self._shapes[tile] = tuple(out)
         return shapes
 
     def num_tiles(self, tile: Tile) -> int:
