@@ -83,6 +83,14 @@ def inline_epilogues(sch, names: Sequence[str]) -> None:
         primitive(f"inline epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
 
 
+def row_passes(sch, names: Sequence[str]) -> bool:
+    """Whether the blocks `names` after the main block hold a reduction of their own (softmax's
+    sum, layer norm's variance): then they are passes over the main block's rows, which
+    `reverse_compute_inline` cannot fold into one write-back (it fails on softmax's exp, which
+    reads the input beside the row's maximum)."""
+    return any(any(int(iv.iter_type) == 2 for iv in sch.get(sch.get_sblock(n)).iter_vars) for n in names)
+
+
 def axis_loops(sch, block, expr: TensorExpr) -> list:
     """One loop per axis of `expr` (in `expr.axes` order).
 
