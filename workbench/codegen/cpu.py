@@ -93,7 +93,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         # one register tile's accumulators go straight to the output when the whole reduction
         # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
         tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
-        passes = epilogues if common.row_passes(sch, epilogues) else ()
+        passes = epilogues if common.row_passes(sch, expr.main_block, epilogues) else ()
         _accumulate(sch, expr, block, tile_loop or grid, () if passes else epilogues, levels, padded_output)
         if tile_loop is not None:
             _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes)

@@ -63,20 +63,22 @@ def profile(path: str | Path, inputs: Mapping[str, np.ndarray], threads: int, ru
     import onnx
     import onnxruntime
 
+    model = _named(onnx.load(str(path)))
     with tempfile.TemporaryDirectory(prefix="workbench-ort-") as tmp:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "profile")
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        options.log_severity_level = 3  # not its warning that an optimised model is for this machine only
+        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         session.run(None, dict(inputs))  # warm-up, as the timed runs are
         for _ in range(runs):
             session.run(None, dict(inputs))
         trace = json.loads(Path(session.end_profiling()).read_text())
         optimized = onnx.load(str(Path(tmp) / "optimized.onnx"), load_external_data=False)
     nodes = _node_times(trace, runs + 1)
-    values = _intermediates(path, inputs)
+    values = _intermediates(model, inputs)
     owner = _owners(outputs, values)
     return OrtProfile(nodes, _assign(optimized.graph, [n.name for n in nodes], owner, [name for name, _ in outputs]))
 
@@ -95,13 +97,28 @@ def _node_times(trace: list, runs: int) -> tuple[OrtNode, ...]:
     return tuple(OrtNode(n, ops[n], min(t[1:] if len(t) >= runs else t)) for n, t in times.items())
 
 
-def _intermediates(path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every node output of the original model on `inputs`, by tensor name (ONNX Runtime with
-    all of them made graph outputs, graph optimisations off so that none is fused away)."""
+def _named(model):
+    """`model` with a name on every node: ONNX Runtime names an unnamed node in its profile but
+    not in the optimised graph it writes, where the profile's names are looked up."""
+    used = {n.name for n in model.graph.node if n.name}
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{i}"
+            while name in used:
+                name += "_"
+            node.name = name
+            used.add(name)
+    return model
+
+
+def _intermediates(model, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every node output of `model` (an `onnx.ModelProto`, left as it is) on `inputs`, by tensor
+    name (ONNX Runtime with all of them made graph outputs, graph optimisations off so that none
+    is fused away)."""
     import onnx
     import onnxruntime
 
-    model = onnx.load(str(path))
+    model = onnx.ModelProto.FromString(model.SerializeToString())
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
     declared = {o.name for o in model.graph.output}
