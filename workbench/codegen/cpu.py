@@ -11,8 +11,11 @@ unrolled. A reduction accumulates into a local buffer of one L2 output tile (`ca
 laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
 where the whole reduction fits one L1 tile, of one register tile, stored to the output in
 vectors right after its K-loop (`CpuPlan.direct_stores`); an epilogue (avgpool / reduce_mean
-division) is folded into that write-back and producers are inlined, but for a padding copy,
-computed per unit tile on the core that reads it (`_pad_per_tile`).
+division, a bias and GELU) is folded into that write-back, while blocks that are passes over
+the reduced rows of their own (softmax's exp, sum and division, a norm's normalisation:
+`common.row_passes`) are computed per grid tile after it, vectorised (`_row_passes`); producers
+are inlined, but for a padding copy, computed per unit tile on the core that reads it
+(`_pad_per_tile`).
 
 Cached layers become buffers where the micro-kernel gains from them: a reduction whose inputs
 are plain projections (matmul, batched, transposed) packs an input's tile of the outermost

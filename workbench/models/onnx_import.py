@@ -246,7 +246,9 @@ def fast_math() -> dict:
     the model is held to against ONNX Runtime, whose MLAS evaluates such polynomials too).
     LLVM has no vector `expf`/`erff`/`tanhf`: TVM's own lowering calls libm once per lane, so
     a GELU matmul's epilogue outweighed its matmul (docs/models.md#epilogues), where a
-    polynomial vectorises with the write-back. Other dtypes keep TVM's own lowering."""
+    polynomial vectorises with the write-back. A power by a constant in ROOT_POWERS is
+    square roots and products (LRN's x^0.75). Other dtypes and exponents keep TVM's own
+    lowering."""
     import tvm
     from tvm import topi
 
@@ -269,6 +271,16 @@ def fast_math() -> dict:
     def softmax(x, axis):
         return topi.nn.fast_softmax(x, int(axis))
 
+    def power(bb, call):
+        exponent = call.args[1]
+        value = (float(exponent.value.numpy()) if isinstance(exponent, tvm.ir.expr.Constant)
+                 and exponent.value.numpy().size == 1 else None)
+        if str(call.args[0].ty.dtype) != "float32" or value not in ROOT_POWERS:
+            return default_power(bb, call)
+        return bb.call_te(lambda x: _root_power(topi, x, value), call.args[0], primfunc_name_hint="power")
+
+    default_power = tvm.ir.Op.get("relax.power").get_attr("FLegalize")
+
     def override(op: str, fn, attrs=()):
         default = tvm.ir.Op.get(op).get_attr("FLegalize")
 
@@ -289,7 +301,27 @@ def fast_math() -> dict:
         "relax.nn.gelu": override("relax.nn.gelu", gelu),
         "relax.nn.gelu_tanh": override("relax.nn.gelu_tanh", gelu_tanh),
         "relax.nn.silu": override("relax.nn.silu", silu),
+        "relax.power": power,
     }
+
+
+# Constant exponents a power is computed for with square roots and multiplies (vectorised
+# `sqrt`), not libm's `powf` per lane: LRN's x^0.75 (AlexNet, GoogLeNet, ZFNet), x^0.5, x^1.5.
+ROOT_POWERS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+def _root_power(topi, x, value: float):
+    """x ** value for `value` in ROOT_POWERS, from sqrt(x), sqrt(sqrt(x)) and products (the same
+    NaN for a negative base as `powf`, within a few ulps of it)."""
+    whole, rest = int(value), value - int(value)
+    parts = [x] * whole
+    if rest:
+        root = topi.sqrt(x)
+        parts += {0.25: [topi.sqrt(root)], 0.5: [root], 0.75: [root, topi.sqrt(root)]}[rest]
+    out = parts[0]
+    for part in parts[1:]:
+        out = topi.multiply(out, part)
+    return out
 
 
 def _inference_mode(main):
@@ -528,7 +560,12 @@ def _mapped(func, name: str, dtype: str, n_inputs: int):
     from workbench.ops.tensor_expr import from_prim_func
 
     try:
-        return from_prim_func(func, name, {}, dtype, n_inputs=n_inputs), ""
+        expr = from_prim_func(func, name, {}, dtype, n_inputs=n_inputs)
+        names = {a.name for a in expr.args}
+        inner = [t.name for t in expr.inputs if names and t.name not in names]
+        if inner:  # the main block reads a block of the function that is no parameter's copy
+            return None, f"{name}: the main block reads {inner[0]}, computed inside the function, not a parameter"
+        return expr, ""
     except UserError as err:
         return None, str(err)
     except Exception as err:  # TVM analyses raise their own error classes
