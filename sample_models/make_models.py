@@ -5,7 +5,9 @@ Rammer): an MLP, a BERT-style encoder layer, a ResNet-style block, a MobileNet-s
 residual block, ShuffleNet-style units with grouped convolutions, channel shuffles and a
 classifier head (Flatten, Dropout), and a transformer feed-forward block whose input has
 symbolic `batch` and `seq` dims. Widths are kept small (hidden 128-256) so that all six
-together stay under 2 MB and a whole model constructs and runs in seconds.
+together stay under 2 MB and a whole model constructs and runs in seconds. A GPT-2-style
+decoder block with a causal mask (`decoder_block`, sizes unlike these) is written on request only
+(`--decoder PATH`): at 1.8 MB it is not committed.
 
 The files are reproducible byte for byte: weights come from a seeded `numpy.random.RandomState`
 (whose stream numpy keeps stable across releases), and the IR version, opset, producer and every
@@ -206,6 +208,32 @@ def mlp_dynamic(hidden: int = 128, ffn: int = 256) -> onnx.ModelProto:
     return g.model("x", ("batch", "seq", hidden), y, ("batch", "seq", hidden))
 
 
+def decoder_block(seq: int = 48, hidden: int = 192, heads: int = 3, ffn: int = 768) -> onnx.ModelProto:
+    """A GPT-2-style decoder block, sizes unlike the samples' (not a committed sample: 1.8 MB at
+    the default sizes; `python sample_models/make_models.py --decoder PATH` writes it): pre-
+    LayerNorm, Q/K/V projections, scaled scores with a causal mask applied by Where (as GPT-2's
+    export does), softmax, context, output projection + residual, LayerNorm, erf-GELU MLP +
+    residual."""
+    g = Graph("decoder_block", seed=7)
+    dh = hidden // heads
+    h = layer_norm(g, "x", hidden)
+    split = g.ints((1, seq, heads, dh))
+    q, k, v = (g.op("Reshape", linear(g, h, hidden, hidden), split) for _ in range(3))
+    q = g.op("Transpose", q, perm=(0, 2, 1, 3))
+    k = g.op("Transpose", k, perm=(0, 2, 3, 1))
+    v = g.op("Transpose", v, perm=(0, 2, 1, 3))
+    scores = g.op("Mul", g.op("MatMul", q, k), g.const(1.0 / np.sqrt(dh)))
+    causal = f"w{len(g.inits)}"
+    g.inits.append(numpy_helper.from_array(np.tril(np.ones((seq, seq), dtype=bool)), causal))
+    scores = g.op("Where", causal, scores, g.const(-1e4))
+    ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+    ctx = g.op("Reshape", g.op("Transpose", ctx, perm=(0, 2, 1, 3)), g.ints((1, seq, hidden)))
+    h1 = g.op("Add", "x", linear(g, ctx, hidden, hidden))
+    ff = linear(g, gelu(g, linear(g, layer_norm(g, h1, hidden), hidden, ffn)), ffn, hidden)
+    y = g.op("Add", h1, ff)
+    return g.model("x", (1, seq, hidden), y, (1, seq, hidden))
+
+
 MODELS = {
     "mlp": mlp,
     "bert_layer": bert_layer,
@@ -228,6 +256,10 @@ def write_all(out_dir: Path) -> tuple[Path, ...]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--decoder"]:
+        Path(sys.argv[2]).write_bytes(decoder_block().SerializeToString(deterministic=True))
+        print(f"wrote {sys.argv[2]}")
+        sys.exit(0)
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
     for written in write_all(target):
         print(f"wrote {written} ({written.stat().st_size} bytes)")

@@ -800,6 +800,7 @@ def test_models_page_shows_the_rammer_gain_with_launches_and_runs_the_model_on_t
     (table,) = [d.value for d in at.dataframe if "kernel" in d.value.columns]
     assert list(table["operator"]) == [r.operator.name for r in mc.results]
     assert set(table["kernel"]) == {"scheduled"}  # every mlp operator is a matmul the CPU template schedules
+    assert all(table["ORT nodes"]) and table["ORT / ours"].notna().all()  # ONNX Runtime's profile, per operator
     (bars,) = at.get("vega_lite_chart")  # the per-operator bar chart, measured beside predicted
     assert '"mark": {"type": "bar"}' in bars.proto.spec and "operator (dataflow order)" in bars.proto.spec
     assert b"measured us" in bars.proto.SerializeToString() and b"predicted us" in bars.proto.SerializeToString()

@@ -5,8 +5,9 @@ Rammer co-schedule as a Gantt chart and its gain over one kernel at a time with 
 launch overhead; an operator opens in Construction. On a CPU device that runs here, a button runs the whole model (`workbench model
 --run`, with each operator's rank 1 or the measured best of its top K, `--pick measured`, whose
 profiles go to the runs store of the Candidates and Runs pages): outputs against ONNX Runtime,
-per-operator time measured beside predicted and the rank run, end to end beside ONNX Runtime and
-TVM's default build."""
+per-operator time measured beside predicted, beside ONNX Runtime's profiled nodes of the same
+operator, and the rank run, a warning naming every operator that ran TVM's default lowering and
+why, end to end beside ONNX Runtime and TVM's default build."""
 
 from __future__ import annotations
 
@@ -166,14 +167,22 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
     st.bar_chart({"measured us": [o.measured_seconds * 1e6 for o in run.operators],
                   "predicted us": [(o.predicted_seconds or 0.0) * 1e6 for o in run.operators]},
                  x_label="operator (dataflow order)", y_label="us", stack=False)
+    fell_back = run.not_scheduled
+    if fell_back:
+        st.warning(f"{len(fell_back)} operators ran TVM's default lowering instead of a constructed kernel:\n"
+                   + "\n".join(f"- {o.name}: {o.reason}" for o in fell_back))
+    st.caption("ours against ONNX Runtime per operator: ONNX Runtime's own per-node profile, its nodes mapped "
+               "to the operator that computes their outputs")
     views.time_table([{"#": i, "operator": n, "measured us": o.measured_seconds * 1e6,
                        "predicted us": None if o.predicted_seconds is None else o.predicted_seconds * 1e6,
+                       "ORT us": None if o.onnxruntime_seconds is None else o.onnxruntime_seconds * 1e6,
+                       "ORT / ours": None if o.onnxruntime_seconds is None else o.onnxruntime_seconds / o.measured_seconds,
+                       "ORT nodes": ", ".join(o.onnxruntime_nodes),
                        "kernel": "scheduled" if o.scheduled else "TVM default lowering", "rank": o.rank}
                       for i, (n, o) in enumerate(zip(names, run.operators))])
-    fell_back = [o.name for o in run.operators if not o.scheduled]
-    if fell_back:
-        st.warning(f"{len(fell_back)} operators ran TVM's default lowering instead of a constructed kernel: "
-                   + ", ".join(fell_back))
+    if run.onnxruntime_unmatched:
+        st.caption(f"ONNX Runtime nodes no operator computes: "
+                   + ", ".join(f"{n} ({t}, {duration(sec)})" for n, t, sec in run.onnxruntime_unmatched))
 
 
 def page() -> None:

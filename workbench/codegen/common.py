@@ -83,6 +83,22 @@ def inline_epilogues(sch, names: Sequence[str]) -> None:
         primitive(f"inline epilogue {name}", sch.reverse_compute_inline, sch.get_sblock(name))
 
 
+def row_passes(sch, main: str, names: Sequence[str]) -> bool:
+    """Whether the blocks `names` after the main block `main` are passes over its rows of their
+    own rather than an epilogue one write-back can absorb: one holds a reduction (softmax's
+    sum, layer norm's variance) or iterates over more elements than `main` writes (RMS norm's
+    `x / rms`, which reads the reduced row back). `reverse_compute_inline` cannot fold them
+    (it fails on softmax's exp: "Cannot dispatch a null expression")."""
+    outputs = prod(int(e) for e in sch.get(sch.get_sblock(main)).writes[0].source.shape)
+    for name in names:
+        block = sch.get(sch.get_sblock(name))
+        if any(int(iv.iter_type) == 2 for iv in block.iter_vars):
+            return True
+        if prod(int(iv.dom.extent) for iv in block.iter_vars) > outputs:
+            return True
+    return False
+
+
 def axis_loops(sch, block, expr: TensorExpr) -> list:
     """One loop per axis of `expr` (in `expr.axes` order).
 

@@ -11,8 +11,11 @@ unrolled. A reduction accumulates into a local buffer of one L2 output tile (`ca
 laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
 where the whole reduction fits one L1 tile, of one register tile, stored to the output in
 vectors right after its K-loop (`CpuPlan.direct_stores`); an epilogue (avgpool / reduce_mean
-division) is folded into that write-back and producers are inlined, but for a padding copy,
-computed per unit tile on the core that reads it (`_pad_per_tile`).
+division, a bias and GELU) is folded into that write-back, while blocks that are passes over
+the reduced rows of their own (softmax's exp, sum and division, a norm's normalisation:
+`common.row_passes`) are computed per grid tile after it, vectorised (`_row_passes`); producers
+are inlined, but for a padding copy, computed per unit tile on the core that reads it
+(`_pad_per_tile`).
 
 Cached layers become buffers where the micro-kernel gains from them: a reduction whose inputs
 are plain projections (matmul, batched, transposed) packs an input's tile of the outermost
@@ -78,6 +81,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     staged = _stage_producers(sch, expr, plan)
     padded_output = plan.padded_tails and _pad_tails(sch, expr, program)
     block = sch.get_sblock(expr.main_block)
+    shape = tuple(int(s) for s in sch.get(block).writes[0].source.shape)
     levels = _split(sch, expr, program, block)
     vector_axis, whole = plan.vector_axis, plan.direct_stores
     order = _loop_order(expr, levels, vector_axis, whole)
@@ -92,10 +96,17 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         # one register tile's accumulators go straight to the output when the whole reduction
         # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
         tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
-        _accumulate(sch, expr, block, tile_loop or grid, epilogues, levels, padded_output)
+        passes = epilogues if common.row_passes(sch, expr.main_block, epilogues) else ()
+        _accumulate(sch, expr, block, tile_loop or grid, () if passes else epilogues, levels, padded_output)
         if tile_loop is not None:
             _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes)
+<<<<<<< HEAD
         if (padded_output or plan.split_edges) and (tile_loop or grid) is not None:
+=======
+        if passes:
+            _row_passes(sch, expr, program, passes, grid, shape, plan.lanes)
+        if padded_output and (tile_loop or grid) is not None:
+>>>>>>> s4-models
             _partition_edges(sch, sch.get_consumers(block)[0], tile_loop or grid)
         if padded_output and tile_loop is not None:
             # each register tile's stores are unrolled under their guard: split the loops over
@@ -189,14 +200,8 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     loops = sch.get_loops(partial)
     _micro_kernel(sch, loops[-len(levels):], loops[-1], plan.lanes, _reduce_positions(expr, levels, order))
     if grid is not None:
-        # Epilogues index the output dimension by dimension (layer norm's mean, variance and
-        # normalisation): attached under a tile they span the enclosing box, which on a tile
-        # that is no box holds elements a parallel tile is still summing (mlp_dynamic's layer
-        # norm at batch 3, seq 7 on 12-row tiles of 21 was wrong). There they stay after the
-        # grid, one pass over the whole output.
-        attached = epilogues if common.fused_tiles_are_boxes(expr, program, shape) else ()
-        for final in (block, *(sch.get_sblock(name) for name in attached)):
-            common.primitive("sum the lanes per tile", sch.reverse_compute_at, final, loops[0], True)
+        common.primitive("sum the lanes per tile", sch.reverse_compute_at, block, loops[0], True)
+    _row_passes(sch, expr, program, epilogues, loops[0] if grid is not None else None, shape, plan.lanes)
     # counted from the innermost loop: fusing the grid shortened the nest at its outer end
     first_reduce = loops[len(loops) - len(order) + order.index(levels[expr.reduce[0]][0])]
     common.primitive("decompose_reduction", sch.decompose_reduction, partial, first_reduce)
@@ -313,6 +318,60 @@ def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
     for loop in own:
         if int(sch.get(loop).extent) > 1:
             sch.unroll(loop)
+
+
+def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, lanes: int) -> None:
+    """The blocks after the main block that are passes over its rows of their own (softmax's
+    exp, sum and division, layer norm's variance and normalisation: `common.row_passes`),
+    computed per grid tile on the core that computed the tile's rows, each elementwise pass
+    vectorised along its innermost loop; a block with one consumer (softmax's `x - max`) is
+    inlined into it first. `shape`: the main block's output, unfused.
+
+    The passes index the output dimension by dimension: attached under a tile they span the
+    enclosing box, which on a tile that is no box holds elements a parallel tile is still
+    summing (mlp_dynamic's layer norm at batch 3, seq 7 on 12-row tiles of 21 was wrong).
+    There they stay after the grid, one pass over the whole output."""
+    if not names:
+        return
+    names = [n for n in names if not _inline_single_use(sch, n)]
+    attach = grid is not None and common.fused_tiles_are_boxes(expr, program, shape)
+    for name in names:
+        block = sch.get_sblock(name)
+        if attach:
+            common.primitive(f"compute {name} per tile", sch.reverse_compute_at, block, grid, True)
+        if not _is_reduction(sch.get(block)):
+            _vectorise_pass(sch, block, lanes)
+
+
+def _inline_single_use(sch, name: str) -> bool:
+    """Inline the elementwise block `name` into its one consumer; False when it has several
+    consumers (softmax's exp, read by the sum and the division, is computed once) or writes an
+    output."""
+    block = sch.get_sblock(name)
+    if _is_reduction(sch.get(block)) or len(sch.get_consumers(block)) != 1:
+        return False
+    try:
+        sch.compute_inline(block)
+    except Exception:  # an output block, or an index TVM cannot substitute: keep the pass
+        return False
+    return True
+
+
+def _is_reduction(block) -> bool:
+    return any(int(iv.iter_type) == 2 for iv in block.iter_vars)
+
+
+def _vectorise_pass(sch, block, lanes: int) -> None:
+    """Vectorise an elementwise pass along its innermost loop, in vectors of `_vector_width`
+    lanes where they divide the loop (a ragged row stays scalar)."""
+    inner = sch.get_loops(block)[-1]
+    extent = sch.get(inner).extent
+    if not hasattr(extent, "value"):
+        return
+    width = _vector_width(int(extent.value), lanes)
+    if width >= 4 and int(extent.value) % width == 0:
+        _, vector = sch.split(inner, [None, width])
+        common.primitive("vectorise a row pass", sch.vectorize, vector)
 
 
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:

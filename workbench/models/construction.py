@@ -230,8 +230,9 @@ def report_text(doc: dict) -> str:
                  f"a launch {duration(launch['seconds_per_launch'])} included in both")
     missing = doc["not_constructed"]
     if missing:
-        lines.append(f"{len(missing)} of {len(ops)} operators not constructed and left out of the predicted times: "
-                     + ", ".join(m["name"] for m in missing))
+        lines.append(f"WARNING: {len(missing)} of {len(ops)} operators not constructed and left out of the predicted "
+                     "times; they run TVM's default lowering:")
+        lines += [f"WARNING:   {m['name']}: {m['reason']}" for m in missing]
     return "\n".join(lines)
 
 

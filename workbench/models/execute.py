@@ -266,6 +266,11 @@ def run_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) 
     return tuple(calls[op][1][item].numpy() for op, item in mc.model.outputs)
 
 
+def operator_outputs(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Each operator's first output when `kernels` run the model on `inputs`, in dataflow order."""
+    return tuple(outs[0].numpy() for _, outs in _run(mc.model, kernels, inputs))
+
+
 def time_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
                repeat: int = 5) -> tuple[float, tuple[float, ...]]:
     """The whole model's time and each operator's own time, on the real arguments of one run on

@@ -225,7 +225,7 @@ def fused_module(proto, label: str):
     passes = [
         relax.transform.CanonicalizeBindings(),  # `(x, mask)[0]` after `_inference_mode` is x
         relax.transform.DeadCodeElimination(),  # the masks nothing reads
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(fast_math()),
         relax.transform.FoldConstant(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FuseOps(),
@@ -239,6 +239,91 @@ def fused_module(proto, label: str):
         raise UserError(f"{label}: TVM cannot lower the model to kernels: {_first_line(err)}") from None
 
 
+def fast_math() -> dict:
+    """LegalizeOps overrides for float32 exp, erf, tanh and what is built on them (sigmoid,
+    softmax, GELU, SiLU): TOPI's `fast_exp` / `fast_erf` / `fast_tanh`, polynomials of plain
+    arithmetic (Cephes' exp, Eigen's erf and tanh; relative error about 1e-7, within the 1e-4
+    the model is held to against ONNX Runtime, whose MLAS evaluates such polynomials too).
+    LLVM has no vector `expf`/`erff`/`tanhf`: TVM's own lowering calls libm once per lane, so
+    a GELU matmul's epilogue outweighed its matmul (docs/models.md#epilogues), where a
+    polynomial vectorises with the write-back. A power by a constant in ROOT_POWERS is
+    square roots and products (LRN's x^0.75). Other dtypes and exponents keep TVM's own
+    lowering."""
+    import tvm
+    from tvm import topi
+
+    def sigmoid(x):
+        one = tvm.tirx.const(1.0, x.dtype)
+        return topi.divide(one, topi.add(one, topi.fast_exp(topi.negative(x))))
+
+    def gelu(x):
+        half = tvm.tirx.const(0.5, x.dtype)
+        return topi.multiply(x, topi.add(half, topi.multiply(topi.fast_erf(topi.multiply(x, 0.5**0.5)), half)))
+
+    def gelu_tanh(x):
+        cube = topi.multiply(topi.multiply(topi.multiply(x, x), x), 0.044715)
+        inner = topi.multiply(topi.add(x, cube), (2 / 3.141592653589793) ** 0.5)
+        return topi.multiply(topi.multiply(x, 0.5), topi.add(topi.fast_tanh(inner), 1.0))
+
+    def silu(x):
+        return topi.multiply(x, sigmoid(x))
+
+    def softmax(x, axis):
+        return topi.nn.fast_softmax(x, int(axis))
+
+    def power(bb, call):
+        exponent = call.args[1]
+        value = (float(exponent.value.numpy()) if isinstance(exponent, tvm.ir.expr.Constant)
+                 and exponent.value.numpy().size == 1 else None)
+        if str(call.args[0].ty.dtype) != "float32" or value not in ROOT_POWERS:
+            return default_power(bb, call)
+        return bb.call_te(lambda x: _root_power(topi, x, value), call.args[0], primfunc_name_hint="power")
+
+    default_power = tvm.ir.Op.get("relax.power").get_attr("FLegalize")
+
+    def override(op: str, fn, attrs=()):
+        default = tvm.ir.Op.get(op).get_attr("FLegalize")
+
+        def legalize(bb, call):
+            if str(call.args[0].ty.dtype) != "float32":
+                return default(bb, call)
+            extra = [getattr(call.attrs, a) for a in attrs]
+            return bb.call_te(fn, call.args[0], *extra, primfunc_name_hint=op.rsplit(".", 1)[1])
+
+        return legalize
+
+    return {
+        "relax.exp": override("relax.exp", topi.fast_exp),
+        "relax.erf": override("relax.erf", topi.fast_erf),
+        "relax.tanh": override("relax.tanh", topi.fast_tanh),
+        "relax.sigmoid": override("relax.sigmoid", sigmoid),
+        "relax.nn.softmax": override("relax.nn.softmax", softmax, ("axis",)),
+        "relax.nn.gelu": override("relax.nn.gelu", gelu),
+        "relax.nn.gelu_tanh": override("relax.nn.gelu_tanh", gelu_tanh),
+        "relax.nn.silu": override("relax.nn.silu", silu),
+        "relax.power": power,
+    }
+
+
+# Constant exponents a power is computed for with square roots and multiplies (vectorised
+# `sqrt`), not libm's `powf` per lane: LRN's x^0.75 (AlexNet, GoogLeNet, ZFNet), x^0.5, x^1.5.
+ROOT_POWERS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+def _root_power(topi, x, value: float):
+    """x ** value for `value` in ROOT_POWERS, from sqrt(x), sqrt(sqrt(x)) and products (the same
+    NaN for a negative base as `powf`, within a few ulps of it)."""
+    whole, rest = int(value), value - int(value)
+    parts = [x] * whole
+    if rest:
+        root = topi.sqrt(x)
+        parts += {0.25: [topi.sqrt(root)], 0.5: [root], 0.75: [root, topi.sqrt(root)]}[rest]
+    out = parts[0]
+    for part in parts[1:]:
+        out = topi.multiply(out, part)
+    return out
+
+
 def _inference_mode(main):
     """`main` with the operators that return several tensors rewritten into single-output ones,
     so that every fused kernel has one output, as the tile model needs:
@@ -246,6 +331,9 @@ def _inference_mode(main):
     - Dropout is the identity at inference (its ratio and training flag are ignored): the call
       becomes `(x, ones_like(x))`, and the mask, which nothing reads in an inference graph, is
       then removed as dead code (an ONNX model that outputs the mask gets a kernel of ones);
+    - ONNX Sum, which TVM imports as a reduction over a stack of its (broadcast) inputs, becomes
+      a chain of adds: elementwise operators that fuse with their neighbours, where the stack
+      was a copy the reduction could not read as a parameter;
     - Split becomes one strided slice per part, each a kernel of its own (or fused with its
       consumer) instead of one kernel writing every part;
     - BatchNormalization at inference (`training=False`: the stored mean and variance, which it
@@ -286,6 +374,19 @@ def _inference_mode(main):
         out = relax.op.add(relax.op.multiply(data, scale), relax.op.subtract(beta, relax.op.multiply(mean_c, scale)))
         return relax.Tuple([out, mean, var])
 
+    def stacked_sum(call, matches):
+        stack = matches[stacked]
+        axes = call.attrs.axis
+        if call.attrs.keepdims or axes is None or [int(a) for a in axes] != [int(stack.attrs.axis)]:
+            return call
+        parts = stack.args[0].fields
+        out = parts[0]
+        for part in parts[1:]:
+            out = relax.op.add(out, part)
+        return out
+
+    stacked = is_op("relax.stack")(wildcard())
+    main = rewrite_call(is_op("relax.sum")(stacked), stacked_sum, main)
     main = rewrite_call(is_op("relax.nn.dropout")(wildcard()), dropout, main)
     main = rewrite_call(is_op("relax.nn.batch_norm")(wildcard(), wildcard(), wildcard(), wildcard(), wildcard()),
                         batch_norm, main)
@@ -459,7 +560,12 @@ def _mapped(func, name: str, dtype: str, n_inputs: int):
     from workbench.ops.tensor_expr import from_prim_func
 
     try:
-        return from_prim_func(func, name, {}, dtype, n_inputs=n_inputs), ""
+        expr = from_prim_func(func, name, {}, dtype, n_inputs=n_inputs)
+        names = {a.name for a in expr.args}
+        inner = [t.name for t in expr.inputs if names and t.name not in names]
+        if inner:  # the main block reads a block of the function that is no parameter's copy
+            return None, f"{name}: the main block reads {inner[0]}, computed inside the function, not a parameter"
+        return expr, ""
     except UserError as err:
         return None, str(err)
     except Exception as err:  # TVM analyses raise their own error classes

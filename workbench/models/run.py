@@ -19,8 +19,9 @@ from workbench.codegen.build import target_dict
 from workbench.errors import UserError, first_line
 from workbench.fmt import duration
 from workbench.models.construction import ModelConstruction
+from workbench.models import ort_profile
 from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
-                                      run_model, time_model)
+                                      operator_outputs, run_model, time_model)
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds
 from workbench.profile.local import pool_threads
@@ -40,10 +41,15 @@ class OperatorTime:
     scheduled: bool  # False: TVM's default lowering ran instead of the candidate
     rank: int | None = None  # the candidate run; None when TVM's default lowering ran
     pick: OperatorPick | None = None  # the measured pick that chose it (pick "measured" only)
+    reason: str = ""  # why TVM's default lowering ran ("" when scheduled)
+    onnxruntime_seconds: float | None = None  # ONNX Runtime's nodes mapped to it (`ort_profile`); None: none
+    onnxruntime_nodes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "measured_seconds": self.measured_seconds,
-               "predicted_seconds": self.predicted_seconds, "scheduled": self.scheduled, "rank": self.rank}
+               "predicted_seconds": self.predicted_seconds, "scheduled": self.scheduled, "rank": self.rank,
+               "reason": self.reason, "onnxruntime_seconds": self.onnxruntime_seconds,
+               "onnxruntime_nodes": list(self.onnxruntime_nodes)}
         if self.pick is not None:  # each candidate tried, its best repeat (None: failed, `error` says why)
             out["profile_run_id"] = self.pick.profile.run_id
             out["candidates_tried"] = [{"rank": m.rank, "seconds": m.best_seconds if m.ok else None, "error": m.error}
@@ -65,6 +71,13 @@ class ModelRun:
     pick: str = "rank1"  # which candidate each operator ran (PICKS)
     pick_seconds: float = 0.0  # wall time of the measured pick (0 for rank 1)
     picks: tuple[OperatorPick, ...] = ()  # one per distinct workload profiled (pick "measured")
+    # ONNX Runtime's profiled nodes that no operator computes: (node, op type, seconds)
+    onnxruntime_unmatched: tuple[tuple[str, str, float], ...] = ()
+
+    @property
+    def not_scheduled(self) -> tuple[OperatorTime, ...]:
+        """The operators that ran TVM's default lowering instead of a constructed kernel."""
+        return tuple(o for o in self.operators if not o.scheduled)
 
     def to_dict(self) -> dict:
         return {"outputs_match": self.outputs_match, "max_abs_error": self.max_abs_error, "rtol": RTOL,
@@ -72,7 +85,10 @@ class ModelRun:
                 "tvm_default_seconds": self.tvm_default_seconds, "tvm_default_error": self.tvm_default_error,
                 "threads": {"workbench": self.kernel_threads, "onnxruntime": self.threads},
                 "pick": self.pick, "pick_seconds": self.pick_seconds,
-                "operators": [o.to_dict() for o in self.operators]}
+                "operators": [o.to_dict() for o in self.operators],
+                "not_scheduled": [{"name": o.name, "reason": o.reason} for o in self.not_scheduled],
+                "onnxruntime_unmatched": [{"node": n, "op_type": t, "seconds": sec}
+                                          for n, t, sec in self.onnxruntime_unmatched]}
 
     def pick_text(self) -> str:
         """How the kernels were chosen, in one line."""
@@ -86,10 +102,19 @@ class ModelRun:
                 f"in {self.pick_seconds:.1f} s{stored}")
 
     def text(self) -> str:
-        lines = [f"{'operator':40s} {'measured':>10s} {'predicted':>10s} kernel"]
+        lines = [f"{'operator':40s} {'measured':>10s} {'predicted':>10s} {'ORT':>10s} {'ORT/ours':>8s} kernel"]
         for o in self.operators:  # duration: "-" for an operator without a prediction
+            ratio = f"{o.onnxruntime_seconds / o.measured_seconds:.2f}" if o.onnxruntime_seconds else "-"
             lines.append(f"{o.name[:40]:40s} {duration(o.measured_seconds):>10s} {duration(o.predicted_seconds):>10s} "
-                         + (f"scheduled, rank {o.rank}" if o.scheduled else "TVM default lowering"))
+                         f"{duration(o.onnxruntime_seconds):>10s} {ratio:>8s} "
+                         + (f"scheduled, rank {o.rank}" if o.scheduled else "TVM DEFAULT LOWERING"))
+        if self.onnxruntime_unmatched:
+            lines.append(f"ONNX Runtime nodes no operator computes: {len(self.onnxruntime_unmatched)}, "
+                         f"{duration(sum(s for _, _, s in self.onnxruntime_unmatched))} in all: "
+                         + ", ".join(f"{n} ({t})" for n, t, _ in self.onnxruntime_unmatched[:8])
+                         + (", ..." if len(self.onnxruntime_unmatched) > 8 else ""))
+        for o in self.not_scheduled:
+            lines.append(f"WARNING: {o.name} ran TVM's default lowering, not a constructed kernel: {o.reason}")
         lines.append(self.pick_text())
         match = "match" if self.outputs_match else "DO NOT match"
         lines.append(f"outputs {match} ONNX Runtime (max abs error {self.max_abs_error:.2e}; "
@@ -145,12 +170,18 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     seconds, each = time_model(mc, kernels, inputs, REPEAT)
     ort_seconds = _best(lambda: session.run(None, inputs))
     tvm_seconds, tvm_error = _tvm_default(mc, path, inputs)
+    names = [r.operator.name for r in mc.results]
+    ort = ort_profile.profile(path, inputs, mc.device.compute_units, REPEAT,
+                              list(zip(names, operator_outputs(mc, kernels, inputs))))
     picked = {name: p for p in picks for name in p.func_names}
     operators = tuple(OperatorTime(r.operator.name, t, r.predicted_seconds, k.scheduled, k.rank if k.scheduled else None,
-                                   picked.get(r.operator.func_name))
+                                   picked.get(r.operator.func_name), "" if k.scheduled else k.error,
+                                   ort.seconds(r.operator.name), ort.nodes_of(r.operator.name))
                       for r, k, t in zip(mc.results, kernels, each))
+    times = {n.name: n for n in ort.nodes}
+    unmatched = tuple((n, times[n].op_type, times[n].seconds) for n in ort.nodes_of(ort_profile.UNMATCHED))
     return ModelRun(match, max(errors, default=0.0), seconds, ort_seconds, tvm_seconds, tvm_error, operators,
-                    mc.device.compute_units, kernel_threads, pick, pick_seconds, picks)
+                    mc.device.compute_units, kernel_threads, pick, pick_seconds, picks, unmatched)
 
 
 def _tvm_default(mc: ModelConstruction, path: Path, inputs: dict) -> tuple[float | None, str]:

@@ -110,6 +110,9 @@ class TensorExpr:
     # whether inputs read as zero past the end of the reduction axes leave the output unchanged
     # (`zero_padded_reduction`): the CPU template may then pad a ragged reduction (`rtile.panels`)
     pads_reduction: bool = False
+    # arithmetic operations of the blocks after the main block in all (`epilogue_ops`): a GELU's
+    # erf polynomial per output, softmax's exp, sum and division passes; priced by the CPU model
+    epilogue_ops: int = 0
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     # Views of the frozen fields, computed once per expression: construction asks for them on
@@ -181,6 +184,7 @@ class TensorExpr:
             "args": [a.to_dict() for a in self.args],
             "epilogues": list(self.epilogues),
             "pads_reduction": self.pads_reduction,
+            "epilogue_ops": self.epilogue_ops,
         }
 
     @classmethod
@@ -203,6 +207,7 @@ class TensorExpr:
             args=tuple(KernelArg(a["name"], tuple(a["shape"]), a["dtype"], a["role"]) for a in data["args"]),
             epilogues=tuple(data["epilogues"]),
             pads_reduction=bool(data.get("pads_reduction", False)),  # not recorded: never padded
+            epilogue_ops=int(data.get("epilogue_ops", 0)),  # not recorded: not priced
         )
 
 
@@ -261,8 +266,47 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         args=_kernel_args(func, param_names),
         epilogues=tuple(str(b.name_hint) for b in blocks[blocks.index(main) + 1:]),
         pads_reduction=zero_padded_reduction(main),
+        epilogue_ops=sum(block_ops(b) for b in blocks[blocks.index(main) + 1:]),
         func=func,
     )
+
+
+# Issue slots of one float operation in a vector ALU, relative to an add or a multiply: a vector
+# division's reciprocal throughput is about 4-5 cycles on Zen 3 and Skylake against 0.5 for an
+# add or a multiply (Agner Fog's instruction tables), the rest (min, max, floor, casts, shifts,
+# selects) take one slot like an add.
+_DIVIDE_SLOTS = 8
+
+
+def block_ops(block) -> int:
+    """The arithmetic operations one TIR block performs over all its iterations: the distinct
+    operations of its stored value (an expression repeated by inlining, as TOPI's polynomials
+    repeat their clamped argument, is computed once after LLVM's common-subexpression
+    elimination), a division counted as `_DIVIDE_SLOTS`, times its iterations."""
+    from tvm import tirx
+    from tvm.ir.expr import Expr
+    from tvm_ffi import structural_hash
+
+    body = block.body
+    if not isinstance(body, tirx.BufferStore):
+        return 0
+    seen: set[int] = set()
+
+    def ops(node) -> int:
+        key = structural_hash(node)
+        if key in seen:
+            return 0
+        seen.add(key)
+        children = [getattr(node, name) for name in ("a", "b", "value", "condition", "true_value", "false_value")
+                    if isinstance(getattr(node, name, None), Expr)]
+        children += [arg for arg in getattr(node, "args", ()) if isinstance(arg, Expr)]
+        own = 0 if isinstance(node, (tirx.FloatImm, tirx.IntImm, tirx.Var)) or hasattr(node, "indices") else (
+            _DIVIDE_SLOTS if isinstance(node, tirx.Div) else 1)
+        if hasattr(node, "indices"):  # a load: its indices are address arithmetic, not the epilogue's
+            return 0
+        return own + sum(ops(c) for c in children)
+
+    return ops(body.value) * prod(int(iv.dom.extent) for iv in block.iter_vars)
 
 
 def zero_padded_reduction(block) -> bool:

@@ -28,7 +28,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     register tile reaches, slowed by its guards; per cache layer `cache_traffic` at the layer
     below's bandwidth (every layer: `hardware_caches`); the accumulators' trips and the output
     buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
-    copies added after the scale-out."""
+    copies and the epilogue's arithmetic (`epilogue_seconds`) added after the scale-out."""
     expr = program.expr
     calc = calculus(expr)
     eff = compute_efficiency(program, device)
@@ -63,7 +63,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         moved[stage], loads[stage] = packed, packing
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
-        after=(packing,), **provenance(program, device, compute_provenance(program, device), bool(packed)),
+        after=(packing, epilogue_seconds(program, device, busy)), **provenance(program, device, compute_provenance(program, device), bool(packed)),
     )
 
 
@@ -120,6 +120,17 @@ def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     if not runs:
         return 0.0
     return runs * device.layers[-1].latency_ns * 1e-9 / (device.compute_units * busy)
+
+
+def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
+    """The blocks after the main block (`TensorExpr.epilogue_ops`: a GELU's erf per output,
+    softmax's exp, sum and division passes over each row), on the cores the grid keeps busy,
+    vectorised (`codegen.cpu` stores epilogues and elementwise row passes in vectors): one
+    operation per lane per FMA pipe and cycle, half the fp32 peak, which counts an FMA as two."""
+    ops = program.expr.epilogue_ops
+    if not ops:
+        return 0.0
+    return ops / (device.peak(program.expr.dtype) / 2 * GB * busy)
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:

@@ -1,0 +1,152 @@
+"""Each operator class of real models (transformer blocks, the ONNX light models) as a tiny
+one- or few-node ONNX model: every operator gets a constructed kernel that builds (none falls
+back to TVM's default lowering), and the model run with those kernels matches ONNX Runtime.
+Tiny shapes and one candidate per operator: speed is measured in benchmarks, not here."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from workbench import pipeline
+from workbench.codegen.build import build_kernel
+from workbench.models.execute import ATOL, RTOL, build_model_kernels, model_inputs, run_model
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.RandomState(0)
+
+
+def _weight(*shape):
+    return (RNG.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+
+def _model(nodes, x_shape, y_shape, inits=None):
+    graph = helper.make_graph(
+        nodes, "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _node(op, inputs, output="y", **attrs):
+    return helper.make_node(op, inputs, [output], **attrs)
+
+
+S = 12  # a sequence length unlike the sample models' (32), below one register tile's rows
+CAUSAL = np.tril(np.ones((S, S), dtype=bool))
+
+
+def _rms_norm():
+    return [_node("Mul", ["x", "x"], "sq"), _node("ReduceMean", ["sq"], "ms", axes=[-1]),
+            _node("Add", ["ms", "eps"], "mse"), _node("Sqrt", ["mse"], "rms"), _node("Div", ["x", "rms"], "n"),
+            _node("Mul", ["n", "g"])]
+
+
+CASES = {
+    # attention scores: scaled, causal mask by Where (GPT-2's export) or an additive mask, softmax
+    "softmax_causal_where": (
+        [_node("Mul", ["x", "scale"], "s"), _node("Where", ["mask", "s", "ninf"], "m"), _node("Softmax", ["m"], axis=-1)],
+        (1, 2, S, S), (1, 2, S, S), {"scale": np.float32(0.125), "mask": CAUSAL, "ninf": np.float32(-1e4)}),
+    "softmax_additive_mask": (
+        [_node("Add", ["x", "mask"], "m"), _node("Softmax", ["m"], axis=-1)], (2, S, S), (2, S, S),
+        {"mask": np.triu(np.full((S, S), -1e4, np.float32), 1)}),
+    "softmax_axis1": ([_node("Softmax", ["x"], axis=1)], (2, S, 7), (2, S, 7), {}),
+    "layer_norm": ([_node("LayerNormalization", ["x", "g", "b"], axis=-1, epsilon=1e-5)], (1, 10, 24), (1, 10, 24),
+                   {"g": 1 + _weight(24), "b": _weight(24)}),
+    "rms_norm": (_rms_norm(), (1, 10, 24), (1, 10, 24), {"eps": np.float32(1e-6), "g": 1 + _weight(24)}),
+    "matmul_gelu_erf": (
+        [_node("MatMul", ["x", "w"], "h"), _node("Div", ["h", "sqrt2"], "d"), _node("Erf", ["d"], "e"),
+         _node("Add", ["e", "one"], "e1"), _node("Mul", ["h", "e1"], "p"), _node("Mul", ["p", "half"])],
+        (1, 10, 24), (1, 10, 40),
+        {"w": _weight(24, 40), "sqrt2": np.float32(np.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5)}),
+    "matmul_silu": ([_node("MatMul", ["x", "w"], "h"), _node("Sigmoid", ["h"], "s"), _node("Mul", ["h", "s"])],
+                    (10, 24), (10, 40), {"w": _weight(24, 40)}),
+    "tanh": ([_node("Tanh", ["x"])], (3, 50), (3, 50), {}),
+    "lrn": ([_node("LRN", ["x"], size=5, alpha=1e-4, beta=0.75, bias=1.0)], (1, 16, 6, 6), (1, 16, 6, 6), {}),
+    "grouped_conv": ([_node("Conv", ["x", "w", "b"], group=4, pads=[1, 1, 1, 1])], (1, 16, 7, 7), (1, 8, 7, 7),
+                     {"w": _weight(8, 4, 3, 3), "b": _weight(8)}),
+    "depthwise_conv_relu": ([_node("Conv", ["x", "w"], "c", group=16, pads=[1, 1, 1, 1], strides=[2, 2]),
+                             _node("Relu", ["c"])], (1, 16, 9, 9), (1, 16, 5, 5), {"w": _weight(16, 1, 3, 3)}),
+    "channel_shuffle": ([_node("Reshape", ["x", "s1"], "r"), _node("Transpose", ["r"], "t", perm=[0, 2, 1, 3, 4]),
+                         _node("Reshape", ["t", "s2"])], (1, 12, 5, 5), (1, 12, 5, 5),
+                        {"s1": np.array([1, 3, 4, 5, 5], np.int64), "s2": np.array([1, 12, 5, 5], np.int64)}),
+    "split_concat": ([helper.make_node("Split", ["x", "parts"], ["a", "b"], axis=1), _node("Relu", ["b"], "rb"),
+                      _node("Concat", ["rb", "a"], axis=1)], (1, 10, 4, 4), (1, 10, 4, 4),
+                     {"parts": np.array([4, 6], np.int64)}),
+    "max_pool": ([_node("MaxPool", ["x"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
+                 (1, 8, 9, 9), (1, 8, 5, 5), {}),
+    "average_pool": ([_node("AveragePool", ["x"], kernel_shape=[2, 2], strides=[2, 2])], (1, 8, 8, 8), (1, 8, 4, 4), {}),
+    "global_average_pool": ([_node("GlobalAveragePool", ["x"])], (1, 8, 5, 5), (1, 8, 1, 1), {}),
+    "reduce_max": ([_node("ReduceMax", ["x"], axes=[1], keepdims=0)], (4, 9, 6), (4, 6), {}),
+    "reduce_sum_of_squares": ([_node("ReduceSumSquare", ["x"], axes=[2], keepdims=1)], (4, 6, 9), (4, 6, 1), {}),
+    "transpose": ([_node("Transpose", ["x"], perm=[0, 2, 3, 1])], (1, 6, 5, 7), (1, 5, 7, 6), {}),
+    "sum_of_three": ([_node("Sum", ["x", "a", "b"])], (1, 4, 5, 5), (1, 4, 5, 5),
+                     {"a": _weight(1, 4, 5, 5), "b": _weight(4, 1, 1)}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_operator_is_scheduled_and_matches_onnxruntime(tmp_path, name):
+    nodes, x_shape, y_shape, inits = CASES[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
+    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    kernels = build_model_kernels(mc)
+    assert [(k.name, k.error) for k in kernels if not k.scheduled] == []
+    inputs = model_inputs(mc.model, 0)
+    (ours,) = run_model(mc, kernels, inputs)
+    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert ours.shape == expected.shape
+    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))
+
+
+@pytest.mark.parametrize("name", ["softmax_axis1", "matmul_gelu_erf", "matmul_silu", "tanh", "lrn"])
+def test_transcendentals_are_polynomials_not_libm_calls(tmp_path, name):
+    """exp, erf, tanh and LRN's x^0.75 become arithmetic that vectorises with the kernel
+    (`onnx_import.fast_math`): LLVM has no vector `expf`, `erff`, `tanhf` or `powf` and calls libm
+    once per lane. Softmax's passes after its maximum are scheduled per tile, not inlined into one
+    write-back (which TVM refused: "inline epilogue T_softmax_exp: Cannot dispatch a null
+    expression"). The model prices the epilogue's arithmetic (`TensorExpr.epilogue_ops`)."""
+    nodes, x_shape, y_shape, inits = CASES[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
+    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    for r in mc.results:
+        kernel = build_kernel(r.construction.expr, r.candidates[0].program, pipeline.load_device("local-cpu"))
+        assert kernel.ok, kernel.error
+        texts = "\n".join(text for _, text in kernel.sources)  # LLVM IR and assembly
+        calls = {f for f in ("expf", "erff", "tanhf", "powf", "llvm.exp", "llvm.pow") if f in texts}
+        assert not calls, (r.operator.name, calls)
+    reductions = [r.operator.expr for r in mc.results if r.operator.expr.reduce]
+    assert all(expr.epilogue_ops > 0 for expr in reductions)
+
+
+def test_the_run_report_warns_of_every_fallback_and_maps_onnxruntime_nodes(tmp_path, monkeypatch):
+    """An operator without a built kernel is named with its reason in the JSON's `not_scheduled`
+    and a WARNING line of the text; ONNX Runtime's profiled nodes go to the operators computing
+    their outputs (its MatMul and Relu fused into one FusedMatMul-style node or two, all mapped)."""
+    from workbench.models import execute, run
+
+    nodes = [_node("MatMul", ["x", "w"], "h"), _node("Relu", ["h"], "r"), _node("Softmax", ["r"], axis=-1)]
+    path = tmp_path / "mlp_softmax.onnx"
+    onnx.save(_model(nodes, (8, 16), (8, 24), {"w": _weight(16, 24)}), path)
+    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    refused = mc.results[-1].operator.name
+    build = execute._build
+
+    def failing(r, mc, rank):
+        return (execute._unscheduled(r.operator, mc.device, "schedule: refused here")
+                if r.operator.name == refused else build(r, mc, rank))
+
+    monkeypatch.setattr(execute, "_build", failing)
+    report = run.run_model_report(mc, path)
+    doc = report.to_dict()
+    assert report.outputs_match
+    assert doc["not_scheduled"] == [{"name": refused, "reason": "schedule: refused here"}]
+    assert f"WARNING: {refused} ran TVM's default lowering, not a constructed kernel: schedule: refused here" in report.text()
+    assert all(o["onnxruntime_seconds"] and o["onnxruntime_nodes"] for o in doc["operators"]), doc["operators"]
+    mapped = [n for o in doc["operators"] for n in o["onnxruntime_nodes"]]
+    assert len(mapped) == len(set(mapped)) and doc["onnxruntime_unmatched"] == []
