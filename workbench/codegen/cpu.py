@@ -100,13 +100,9 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         _accumulate(sch, expr, block, tile_loop or grid, () if passes else epilogues, levels, padded_output)
         if tile_loop is not None:
             _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes)
-<<<<<<< HEAD
-        if (padded_output or plan.split_edges) and (tile_loop or grid) is not None:
-=======
         if passes:
             _row_passes(sch, expr, program, passes, grid, shape, plan.lanes)
-        if padded_output and (tile_loop or grid) is not None:
->>>>>>> s4-models
+        if (padded_output or plan.split_edges) and (tile_loop or grid) is not None:
             _partition_edges(sch, sch.get_consumers(block)[0], tile_loop or grid)
         if padded_output and tile_loop is not None:
             # each register tile's stores are unrolled under their guard: split the loops over
