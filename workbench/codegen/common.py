@@ -89,14 +89,26 @@ def row_passes(sch, main: str, names: Sequence[str]) -> bool:
     sum, layer norm's variance) or iterates over more elements than `main` writes (RMS norm's
     `x / rms`, which reads the reduced row back). `reverse_compute_inline` cannot fold them
     (it fails on softmax's exp: "Cannot dispatch a null expression")."""
-    outputs = prod(int(e) for e in sch.get(sch.get_sblock(main)).writes[0].source.shape)
+    outputs = _static_prod(sch.get(sch.get_sblock(main)).writes[0].source.shape)
     for name in names:
         block = sch.get(sch.get_sblock(name))
         if any(int(iv.iter_type) == 2 for iv in block.iter_vars):
             return True
-        if prod(int(iv.dom.extent) for iv in block.iter_vars) > outputs:
+        extents = _static_prod(iv.dom.extent for iv in block.iter_vars)
+        if outputs is not None and extents is not None and extents > outputs:
             return True
     return False
+
+
+def _static_prod(extents) -> int | None:
+    """The product of `extents`, None where one is symbolic (a dynamic shape's Var or product:
+    a bundle's kernel, whose epilogue blocks are then compared by their reductions alone)."""
+    out = 1
+    for e in extents:
+        if not hasattr(e, "value") and not isinstance(e, int):
+            return None
+        out *= int(e)
+    return out
 
 
 def axis_loops(sch, block, expr: TensorExpr) -> list:
@@ -189,7 +201,10 @@ def fused_tiles_are_boxes(expr: TensorExpr, program: RProgram, shape: Sequence[i
     for (coeffs, const), n in zip(expr.output.index, _fused_groups(expr)):
         if n > 1:
             axis = next(a for a, c in enumerate(coeffs) if c)
-            if not _tile_is_box(int(axis_chain(program, axis)[-1]), [int(e) for e in shape[d:d + n]]):
+            extents = shape[d:d + n]
+            if _static_prod(extents) is None:  # a symbolic extent: whether tiles stay boxes is unknown
+                return False
+            if not _tile_is_box(int(axis_chain(program, axis)[-1]), [int(e) for e in extents]):
                 return False
         d += n
     return True

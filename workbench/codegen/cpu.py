@@ -81,7 +81,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     staged = _stage_producers(sch, expr, plan)
     padded_output = plan.padded_tails and _pad_tails(sch, expr, program)
     block = sch.get_sblock(expr.main_block)
-    shape = tuple(int(s) for s in sch.get(block).writes[0].source.shape)
+    shape = tuple(sch.get(block).writes[0].source.shape)
     levels = _split(sch, expr, program, block)
     vector_axis, whole = plan.vector_axis, plan.direct_stores
     order = _loop_order(expr, levels, vector_axis, whole)
@@ -132,7 +132,8 @@ def _split_edges(sch, loops: list) -> None:
     from tvm.tirx import ForKind
 
     for loop in loops:
-        if sch.get(loop).kind == ForKind.SERIAL and int(sch.get(loop).extent) > 1:
+        extent = sch.get(loop).extent  # symbolic in a dynamic-shape bundle's kernel: partitioned too
+        if sch.get(loop).kind == ForKind.SERIAL and not (hasattr(extent, "value") and int(extent) <= 1):
             sch.annotate(loop, "pragma_loop_partition_hint", 1)
 
 
