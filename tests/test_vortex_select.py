@@ -51,14 +51,16 @@ def test_choose_starts_with_the_least_at_the_smallest_value():
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_bert_gemm_dispatches_one_row_at_m1_and_packed_rows_at_m1904(dev):
     """The BERT GEMM's kernel set on generated AVX2 and AVX-512 specs: at M = 1 the dispatcher
-    takes the single-row kernel (one row at every level, nothing packed), at M = 1904 a kernel
-    of many rows whose A and B panels the template packs."""
+    takes a kernel whose unit tile is one register tile of rows, the fewest rows any kernel of
+    the set pads M = 1 to (the one-row kernels' narrow L1 tiles stream B in short runs,
+    `model.cpu.stream_runs`, and are not in the set), at M = 1904 a kernel of many rows whose A
+    and B panels the template packs."""
     template = expr("matmul", **BERT)
     dyn = Dynamic("M", "i", 2048)
     chosen = select(candidates(template, dev, "i"), dev, dyn)
     table = DispatchTable(dyn, dev, tuple((f"k{n}", p) for n, p in enumerate(chosen)))
     small = table.program(dispatch(table, 1)[0])
-    assert all(t[0] == 1 for t in small.tiles) and packed_inputs(small.expr, small, dev) == ()
+    assert small.unit_tile[0] == small.register_tile[0] == min(p.unit_tile[0] for _, p in table.kernels)
     large = table.program(dispatch(table, 1904)[0])
     assert large.unit_tile[0] >= 12 and packed_inputs(large.expr, large, dev) == ("A", "B")
 
