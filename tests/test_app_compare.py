@@ -41,6 +41,11 @@ def test_the_compare_view_shows_verdicts_filters_changes_and_each_sides_candidat
     assert [d for d in downloads(at) if d.startswith("Download the report of run")]
     at.multiselect(key="compare_a_label").set_value(["base"]).run()
     at.multiselect(key="compare_b_label").set_value(["same"]).run()
+    # one run a side: the default drift (a loaded host's) hides a 10% change; these fake runs
+    # drift by their 0.3% repeat noise, so 1% is what this machine would be told
+    assert "default" in next(c.value for c in at.caption if c.value.startswith("A: "))
+    at.number_input(key="compare_drift").set_value(1.0).run()
+    assert "drift 1% set on this page" in next(c.value for c in at.caption if c.value.startswith("A: "))
     assert not at.exception and not errors(at), errors(at)
     traces = forest(at)["data"]
     assert [t["name"] for t in traces] == ["no detectable change"] and len(values(traces[0]["x"])) == 2

@@ -23,7 +23,7 @@ from workbench.app.messages import message
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
 from workbench.pipeline import RunStore, importance, slice_points, stored_trials
-from workbench.profile.versus import FASTER, SLOWER, compare_runs, mapping_selector, noise_text
+from workbench.profile.versus import FASTER, SLOWER, Noise, compare_runs, mapping_selector, noise_text
 from workbench.report import comparison_report, run_html, stored_run
 from workbench.viz.figures import (
     ComparedPoint,
@@ -98,8 +98,13 @@ def _compare(store: RunStore, runs) -> None:
     if not a or not b:
         st.info("Pick runs for both sides (A: the baseline) to compare them workload by workload.")
         return
+    drift = st.number_input("run-to-run drift, % (empty: pooled from the runs where each side has "
+                            "several, else the default)", min_value=0.01, max_value=1000.0, value=None,
+                            key="compare_drift", help="as `runs compare --drift PCT`: what this machine's time "
+                            "of the same code moves by from one run to the next (one standard deviation)")
+    noise = Noise(drift=drift / 100, source=f"drift {drift:g}% set on this page") if drift else None
     try:
-        comparison = compare_runs(store, mapping_selector(a), mapping_selector(b))
+        comparison = compare_runs(store, mapping_selector(a), mapping_selector(b), noise=noise)
     except UserError as err:
         st.error(message(err))
         return
@@ -123,7 +128,7 @@ def _compare(store: RunStore, runs) -> None:
                       "noise model": w.interval.model if w.interval else None,
                       "run sd %": w.interval.spread * 100 if w.interval else None,
                       "verdict": w.verdict + (f" ({w.why})" if w.why else "")} for w in shown])
-    st.download_button("Download the comparison report (HTML)", partial(_comparison_html, store.path, a, b),
+    st.download_button("Download the comparison report (HTML)", partial(_comparison_html, store.path, a, b, noise),
                        file_name="comparison-report.html", mime="text/html", key="compare_report", on_click="ignore")
     if not shown:
         return
@@ -148,10 +153,10 @@ def _run_report(store: RunStore, runs) -> None:
                        file_name=f"run-{run_id}-report.html", mime="text/html", key="run_report", on_click="ignore")
 
 
-def _comparison_html(path: Path, a: dict, b: dict) -> str:
+def _comparison_html(path: Path, a: dict, b: dict, noise: Noise | None) -> str:
     """The comparison report, made when the download is clicked (in a thread of its own)."""
     with RunStore(path) as store:
-        return comparison_report(store, compare_runs(store, mapping_selector(a), mapping_selector(b)))
+        return comparison_report(store, compare_runs(store, mapping_selector(a), mapping_selector(b), noise=noise))
 
 
 def _charts(store: RunStore, runs, measured: dict) -> None:
