@@ -117,16 +117,21 @@ def _weights(tensor, n_axes: int) -> list[int]:
     return [sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, tensor.strides)) for a in range(n_axes)]
 
 
-def _lane_starts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, across) -> list[list[int]]:
-    """The first warp's lanes as coordinates of their register tiles' first elements: along a
+def _lane_layout(expr: TensorExpr, block, reg, vthreads, across) -> tuple[dict[int, int], dict[int, int]]:
+    """(threads per axis, a thread's step along it) as the CUDA template binds them: along a
     cross-thread reduction's axis `across` thread t at t; else threads over the block's spatial
-    axes, the last fastest, thread t of an axis at t x (register tile / its virtual threads)."""
+    axes, thread t of an axis at t x (register tile / its virtual threads)."""
     split = dict(vthreads)
     if across is not None:
-        counts, steps = {across: ceil(block[across] / reg[across])}, {across: 1}
-    else:
-        counts = {a: ceil(block[a] / reg[a]) for a in expr.spatial}
-        steps = {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial}
+        return {across: ceil(block[across] / reg[across])}, {across: 1}
+    return ({a: ceil(block[a] / reg[a]) for a in expr.spatial},
+            {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial})
+
+
+def _lane_starts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, across) -> list[list[int]]:
+    """The first warp's lanes as coordinates of their register tiles' first elements, laid out
+    by `_lane_layout`, the last axis fastest."""
+    counts, steps = _lane_layout(expr, block, reg, vthreads, across)
     starts = []
     for lane in range(min(device.warp_size, prod(counts.values()))):
         coord, rest = [0] * len(expr.axes), lane
@@ -292,12 +297,7 @@ def warp_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) 
     tile). R1's rows with a thread per row and 2 elements a thread touch 32 sectors for 256
     useful bytes (needed: 8); rows of 8 with 8 elements a thread use every sector they touch."""
     across = cross_thread_axis(expr, device)
-    split = dict(vthreads)
-    if across is not None:
-        counts, steps = {across: ceil(block[across] / reg[across])}, {across: 1}
-    else:
-        counts = {a: ceil(block[a] / reg[a]) for a in expr.spatial}
-        steps = {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial}
+    counts, steps = _lane_layout(expr, block, reg, vthreads, across)
     offsets = []  # per axis, a thread's register tile as offsets from its first element
     for a, axis in enumerate(expr.axes):
         if a == across:
