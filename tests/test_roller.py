@@ -29,7 +29,8 @@ from test_invariants import KIB, assert_within_limits, detected_cpu
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes
-from workbench.rtile.rules import AlignContext, l1_set_lines
+from workbench.rtile.axes import always_streamed
+from workbench.rtile.rules import LONG_RUN, AlignContext, l1_set_lines
 from workbench.rtile.traffic import TileCalculus
 
 WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))
@@ -438,3 +439,38 @@ def test_a_growth_chain_longer_than_python_recursion_allows_is_cut_and_still_giv
     stepper.run_to_end()
     assert stepper.candidates()
     assert any(f"{MAX_CHAIN} growth steps on this chain" in s.note for s in stepper.steps)
+
+
+@pytest.mark.parametrize("isa, l1", [("avx2", 32), ("avx512", 48)])
+def test_a_one_row_matmul_reads_b_in_long_runs_shared_by_the_cores(isa, l1):
+    """A one-row matmul (1 x 2048 x 1001) reads B once: no tile reuses it, so Roller's Q saved
+    nothing by growing N and the L1 tile stopped at 112 columns over 64 K-steps, B read in
+    448-byte runs, the L1 tile's K held to whole lines of A (0.44x numpy on a Zen 3). The runs
+    a growth saves (`Space.stream_reuse`) and A left out of the transaction rule (`TransactionRule`)
+    now grow the first program's L1 tile along N to its unit tile's width: each core streams
+    its share of B's rows, in runs of at least LONG_RUN lines (over 4 K-steps on the AVX2 core,
+    16 on the AVX-512 core's 48 KiB L1)."""
+    dev = detected_cpu(isa, 2, l1 * KIB, 1024 * KIB)
+    stepper = Stepper(matmul(1, 1001, 2048), dev)
+    stepper.run_to_end()
+    space = stepper.space
+    assert space.streamed == (1,)  # B; A is read again by every tile along N
+    first = stepper.candidates()[0].program
+    j = space.axes.index("j")
+    register, l1_tile, unit = first.tiles
+    assert first.grid == dev.compute_units, first.tiles
+    assert l1_tile[j] == unit[j] >= 1001 / dev.compute_units, first.tiles
+    assert l1_tile[j] * 4 >= LONG_RUN * 64, first.tiles
+    # every growth of the L1 tile along N saved runs: no step of it was scored 0
+    grows = [s for s in stepper.steps if s.action.kind == "grow" and s.action.layer == 1 and s.action.axis == j]
+    assert grows and all(s.edge.score > 0 for s in grows if s.edge is not None)
+
+
+def test_no_input_is_streamed_whatever_the_tiles_where_a_tile_can_reuse_it():
+    """`axes.always_streamed` is the one-row case only: a matmul of two rows reuses B across
+    them, and gemv's matrix ignores no axis (its rows are long already)."""
+    dev = detected_cpu("avx2", 2, 32 * KIB, 512 * KIB)
+    assert always_streamed(matmul(1, 1001, 2048), dev) == (1,)
+    assert always_streamed(matmul(2, 1001, 2048), dev) == ()
+    assert always_streamed(workload_expr(WORKLOADS["cpu-core:gemv-4096"]), dev) == ()
+    assert always_streamed(matmul(1, 1001, 2048), device("v100")) == ()

@@ -193,6 +193,7 @@ class RollerPolicy(Policy):
                 score = trips
             else:
                 score = space.reuse(state.layer, state.tile, grown, upper) + trips
+            score += space.stream_reuse(state.tile, grown)
             self._scores[key] = score
         return score
 

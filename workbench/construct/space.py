@@ -18,7 +18,9 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
+from workbench.rtile.axes import always_streamed
 from workbench.rtile.model.common import is_compute_bound
+from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
 from workbench.rtile.rules import AlignContext
@@ -145,6 +147,7 @@ class Space:
         self._footprints: dict[tuple, int] = {}
         self._reuse: dict[tuple, float] = {}
         self._keys: dict[tuple, str] = {}
+        self.streamed = always_streamed(expr, device)
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
@@ -254,6 +257,24 @@ class Space:
             gpad = storage_padding(self.calc, self.device, layer, grown, upper)
             score = self._reuse[key] = self.calc.reuse_score(tile, grown, pad, gpad, holds_output(self.device, layer))
         return score
+
+    def stream_reuse(self, tile: Tile, grown: Tile) -> float:
+        """The term a CPU's first cache tile adds to its reuse score for the input runs (`model.cpu.
+        tile_stream_runs` of the `streamed` inputs) that growing `tile` to `grown` saves: each run
+        costs the bottom layer's latency (`model.cpu.stream_seconds`), counted as the bytes the
+        layer below moves per core in that time, per byte of footprint the growth adds (as
+        `TileCalculus.reuse_score`). Without it a one-row matmul's L1 tile stops at 112 columns
+        (growing N saves no byte of B), which is read in 448-byte runs; whole rows run 5x faster
+        (docs/model-evidence.md#stream-runs)."""
+        if not self.streamed:
+            return 0.0
+        saved = tile_stream_runs(self.calc, tile, self.streamed) - tile_stream_runs(self.calc, grown, self.streamed)
+        df = self.calc.footprint_bytes(grown) - self.calc.footprint_bytes(tile)
+        if saved <= 0 or df <= 0:
+            return 0.0
+        bottom, below = self.device.layers[-1], self.device.layers[2]
+        run_bytes = bottom.latency_ns * below.bandwidth_gbps / self.device.compute_units
+        return saved * run_bytes / df
 
     def program(self, tiles: tuple[Tile, ...], eps: float, vthreads: tuple[int, ...] = ()) -> RProgram:
         """The rProgram of `tiles` at `eps` (staging as `cached` says) with per-axis virtual

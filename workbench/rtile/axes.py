@@ -121,6 +121,30 @@ def streams(tensor, axis: int) -> bool:
     return dims == [last] and tensor.index[last][0][axis] == 1
 
 
+def plain_projection(tensor) -> bool:
+    """Whether every dimension of `tensor` is read by one axis with stride 1 and no offset (a
+    matmul's operands): a window's rows (a pooling's, a depthwise conv's) overlap from one
+    output row to the next, which the prefetchers follow (evidence: docs/model-evidence.md#stream-runs)."""
+    return all(const == 0 and sum(1 for c in coeffs if c) == 1 and max(coeffs) == 1 for coeffs, const in tensor.index)
+
+
+@lru_cache(maxsize=1024)
+def always_streamed(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
+    """The inputs every CPU program of a reduction `expr` reads in place from the bottom layer,
+    whatever its tiles (`model.cpu.streamed_inputs` for any unit tile): plain projections that
+    ignore spatial axes, each of extent 1 (a one-row matmul's B), which no tile reuses and no
+    plan packs. What construction knows of the streams before a unit tile exists. (gemv's
+    matrix, which ignores no axis, streams too, but its tiles' rows are long already.)"""
+    if not device.runs_on_cpu or not expr.reduce:
+        return ()
+    out = []
+    for t, tensor in enumerate(expr.inputs):
+        ignored = [a for a in expr.spatial if not tensor.uses_axis(a)]
+        if ignored and plain_projection(tensor) and all(expr.axes[a].extent == 1 for a in ignored):
+            out.append(t)
+    return tuple(out)
+
+
 def is_projection(tensor, expr: TensorExpr) -> bool:
     """Whether every dimension of `tensor` is indexed by one whole unfused axis with coefficient
     1 and no offset (matmul's operands, a conv's filters; not a conv's input windows): a tile of

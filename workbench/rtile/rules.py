@@ -23,7 +23,7 @@ from workbench.frozen import hash_once
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
-    autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
+    always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
     reduce_lanes,
 )
 from workbench.rtile.registers import block_thread_count
@@ -36,6 +36,9 @@ REGISTER_STEPS = (1, 2, 4, 8, 16, 32)
 # Scan bound for `next_aligned_sizes`: enough multiples to find a transaction- or warp-aligned
 # size from any start (the strictest granularity is 64 B / 1 B = 64 steps).
 MAX_SCAN = 128
+# Transactions in a streamed run that may end mid-transaction (`TransactionRule`): partial ends
+# add at most 1/8 to its bytes.
+LONG_RUN = 16
 
 
 @hash_once  # the key of every memoised rule answer (`alignment`)
@@ -105,7 +108,13 @@ class TransactionRule(PerAxisRule):
     64 B line on CPUs). Applies where one axis alone indexes that dimension; a window such as
     `w*stride + s` cannot be aligned by choosing one axis and is left to the other rules. Not
     applied at the top layer: registers are filled by vector / word loads (the execution-unit
-    rule's business)."""
+    rule's business). Beside an input that every program streams (`always_streamed`: a one-row
+    matmul's B) the others are vectors every tile reads again (its A, 8 KiB for K = 2048): their
+    lines stay in the layers above after the first read, so they are left out, which lets the
+    streamed rows be long (a 1 x 1008 x 4 L1 tile, where whole lines of A ask for 16 K-steps).
+    A streamed run of at least LONG_RUN transactions may end inside one: its two partial ends
+    add at most 2 / LONG_RUN to its bytes, and it lets the cores split a row that is a whole
+    number of lines but not of two (504 columns of 1001, two per row of B)."""
 
     name = "memory-transaction"
 
@@ -114,9 +123,13 @@ class TransactionRule(PerAxisRule):
             return True
         source = ctx.device.layers[ctx.layer + 1]
         extent = ctx.expr.axes[axis].extent
-        for tensor in ctx.expr.inputs:
+        streamed = always_streamed(ctx.expr, ctx.device)
+        for t, tensor in enumerate(ctx.expr.inputs):
+            if streamed and t not in streamed:
+                continue
             if leading_axis(tensor) == axis and size < extent:
-                if (size * tensor.itemsize) % source.transaction_bytes:
+                run = size * tensor.itemsize
+                if run % source.transaction_bytes and not (streamed and run >= LONG_RUN * source.transaction_bytes):
                     return False
         return True
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.axes import lane_axis
+from workbench.rtile.axes import lane_axis, plain_projection
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, layer_gbps, peak_gflops, provenance, source_layer,
 )
@@ -70,39 +70,35 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
 def streamed_inputs(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
     """The inputs (numbered) a CPU reduction reads in place from the bottom layer, every element
     once per unit tile: on a path that packs nothing (`CpuPlan.packed`: panels copy their tiles
-    in order), the plain projections (`_projection`) the unit tile does not reuse (every spatial
+    in order), the plain projections (`axes.plain_projection`) the unit tile does not reuse (every spatial
     axis it ignores has a unit tile of 1: a one-row matmul's B, the row family's)."""
     expr = program.expr
     plan = cpu_plan(program, device)
     if not device.runs_on_cpu or not expr.reduce or plan.packed or plan.path == PANELS or len(program.tiles) < 2:
         return ()
     unit = program.unit_tile
-    return tuple(t for t, tensor in enumerate(expr.inputs) if _projection(tensor)
+    return tuple(t for t, tensor in enumerate(expr.inputs) if plain_projection(tensor)
                  and not any(not tensor.uses_axis(a) and unit[a] > 1 for a in expr.spatial))
 
 
-def _projection(tensor) -> bool:
-    """Whether every dimension of `tensor` is read by one axis with stride 1 and no offset (a
-    matmul's operands): a window's rows (a pooling's, a depthwise conv's) overlap from one
-    output row to the next, which the prefetchers follow (evidence: as for `stream_seconds`)."""
-    return all(const == 0 and sum(1 for c in coeffs if c) == 1 and max(coeffs) == 1 for coeffs, const in tensor.index)
-
-
 def stream_runs(program: RProgram, device: DeviceSpec) -> int:
-    """Contiguous runs the `streamed_inputs` are read in: per L1 tile (the first cache tile,
-    which the micro-kernel walks), the runs of each one's data tile, as `TileCalculus.input_bytes`
-    counts them (its innermost dimension narrower than the tensor's, every dimension inside it
-    whole: a 64 x 112 tile of a 2048 x 1001 B is 64 runs of 448 bytes, a 4 x 1008 tile one run of
-    4 whole rows), times the L1 tiles of the iteration space."""
+    """Contiguous runs the `streamed_inputs` are read in: `tile_stream_runs` of the L1 tile (the
+    first cache tile, which the micro-kernel walks)."""
     streamed = streamed_inputs(program, device)
     if not streamed:
         return 0
-    calc = calculus(program.expr)
-    tile = program.tiles[1]
+    return tile_stream_runs(calculus(program.expr), program.tiles[1], streamed)
+
+
+def tile_stream_runs(calc, tile, streamed: tuple[int, ...]) -> int:
+    """Per tile, the runs of each `streamed` input's data tile, as `TileCalculus.input_bytes`
+    counts them (its innermost dimension narrower than the tensor's, every dimension inside it
+    whole: a 64 x 112 tile of a 2048 x 1001 B is 64 runs of 448 bytes, a 4 x 1008 tile one run of
+    4 whole rows), times the tiles of the iteration space."""
     shapes = calc.data_tiles(tile)
     runs = 0
     for t in streamed:
-        shape, full = shapes[t], program.expr.inputs[t].shape
+        shape, full = shapes[t], calc.expr.inputs[t].shape
         inner = next((d for d in reversed(range(len(shape))) if shape[d] < full[d]), 0)
         runs += prod(shape[:inner])
     return calc.num_tiles(tile) * runs
