@@ -25,8 +25,7 @@ the edits name themselves is never derived over):
 - `target.mcpu` on an x86 CPU spec, between the ISAs of `X86_ISAS`: the SIMD width
   (`warp_size`), vector registers, the register layer's bytes, transaction and bandwidth, and
   the peaks (the lanes' ratio; without FMA, half on Intel cores, whose adds issue on the FMA
-  ports, and the same on AMD's Zen, whose FADD pipes FP2 and FP3 issue beside the FMUL ones: AMD
-  family 17h-1Ah optimization guides), and
+  ports, and two thirds on AMD's Zen (`AMD_NO_FMA`), and
   the micro-kernels scaled alike, those whose accumulators no longer fit the registers dropped.
 
 The edited spec is the one its TOML (`hardware.write.spec_to_toml`) reads back to: every edit is
@@ -88,6 +87,13 @@ X86_ISAS = {
     "x86-64-v4": _AVX512, "skylake-avx512": _AVX512, "cascadelake": _AVX512, "icelake-server": _AVX512,
     "sapphirerapids": _AVX512, "znver4": _AVX512, "znver5": _AVX512,
 }
+
+# The flops a lane keeps without FMA on AMD's Zen, measured: its FADD pipes issue beside the FMA
+# ones (family 17h-1Ah optimization guides), so a multiply and an add could run each cycle, but
+# the kernels of the cpu-core suite on a Zen 3 ran 0.30-0.39x their AVX2+FMA speed as SSE4.2
+# code (half the lanes) and 0.59-0.71x as AVX (sandybridge): about two thirds of the flops
+# (docs/benchmarks.md, "What-if measured"; twice the instructions to dispatch per FMA).
+AMD_NO_FMA = 2 / 3
 
 
 @dataclass(frozen=True)
@@ -390,7 +396,8 @@ def _isa_changes(spec: DeviceSpec, mcpu: str) -> dict[str, object]:
     old, new = X86_ISAS.get(str(dict(spec.target).get("mcpu"))), X86_ISAS.get(mcpu)
     if not spec.runs_on_cpu or old is None or new is None or old == new:
         return {}
-    fma = 1.0 if new.fma == old.fma or spec.vendor == "amd" else 0.5 if old.fma else 2.0
+    without = AMD_NO_FMA if spec.vendor == "amd" else 0.5
+    fma = 1.0 if new.fma == old.fma else without if old.fma else 1 / without
     ratio = new.lanes / old.lanes * fma
     kept_back = spec.registers_per_unit - spec.registers_per_thread_cap  # registers a spec keeps from micro-kernels
     cap = max(1, new.registers - kept_back)
