@@ -30,6 +30,7 @@ from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes
 from workbench.rtile.axes import always_streamed
+from workbench.rtile.plan import cpu_plan
 from workbench.rtile.rules import LONG_RUN, AlignContext, l1_set_lines
 from workbench.rtile.traffic import TileCalculus
 
@@ -474,3 +475,24 @@ def test_no_input_is_streamed_whatever_the_tiles_where_a_tile_can_reuse_it():
     assert always_streamed(matmul(2, 1001, 2048), dev) == ()
     assert always_streamed(workload_expr(WORKLOADS["cpu-core:gemv-4096"]), dev) == ()
     assert always_streamed(matmul(1, 1001, 2048), device("v100")) == ()
+
+
+@pytest.mark.parametrize("k", [3001, 999])
+def test_a_one_row_matmul_keeps_its_row_vectorised_over_a_ragged_k(k):
+    """1 x K x 777: a one-row matmul packs no panels, so a register K that does not divide K
+    guards the whole row, scalar (`TailRule`); it divides K (3001 is prime: 1), and over K-steps
+    of 1 the cache tiles' K may be ragged (the template splits K's loops at its end), where
+    no multiple of the tile above divides K: so every program runs the vector row
+    (`CpuPlan.path`), and a prime K's L1 tile still takes several K-steps."""
+    dev = detected_cpu("avx2", 2, 32 * KIB, 512 * KIB)
+    stepper = Stepper(matmul(1, 777, k), dev)
+    stepper.run_to_end()
+    space = stepper.space
+    kk = space.axes.index("k")
+    programs = [c.program for c in stepper.candidates()]
+    assert programs
+    for program in programs:
+        assert k % program.register_tile[kk] == 0, program.tiles
+        assert cpu_plan(program, dev).path == "row", program.tiles
+    if k == 3001:
+        assert max(p.tiles[1][kk] for p in programs) > 1

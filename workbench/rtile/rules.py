@@ -344,7 +344,13 @@ class TailRule(PerAxisRule):
     then unrolls and unswitches it or not by the row count. So its register tile's rows divide
     as well, where a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K,
     where a multiple of whole lines of whole vectors does: the template vectorises K only for a
-    dividing tile (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule)."""
+    dividing tile (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
+    A one-row matmul (`always_streamed`) pads nothing, having no panels, and splits the edge
+    of a ragged K off its vector row only over a register K of 1 (`panels.splits_edges`): any
+    other register K that does not divide K guards the whole row, scalar (1 x 3001 x 777 ran
+    10x slower than numpy so), so there its register K divides K (1 always does); its cache
+    tiles' K divides K where a multiple of the tile above other than itself does, and otherwise
+    need not (a prime K over K-steps of 1: the split runs them past the last whole tile)."""
 
     name = "cpu-tails"
 
@@ -355,6 +361,9 @@ class TailRule(PerAxisRule):
         filters = filter_lanes(ctx.expr, lane)
         kind, extent = ctx.expr.axes[axis].kind, ctx.expr.axes[axis].extent
         along_k = ctx.layer == 0 and not filters and reduce_lanes(ctx.expr, lane)
+        if kind == "reduce" and always_streamed(ctx.expr, ctx.device):
+            upper = ctx.upper[axis]
+            return ctx.layer > 0 and not any(extent % (m * upper) == 0 for m in range(2, min(extent // upper, MAX_SCAN) + 1))
         if ctx.layer == 0 and not (filters or along_k):
             return True
         if along_k and kind == "spatial":  # a row of 1 always divides: ragged where nothing longer does
