@@ -496,3 +496,18 @@ def test_a_one_row_matmul_keeps_its_row_vectorised_over_a_ragged_k(k):
         assert cpu_plan(program, dev).path == "row", program.tiles
     if k == 3001:
         assert max(p.tiles[1][kk] for p in programs) > 1
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_narrow_matmul_gets_register_rows_the_template_vectorises(isa):
+    """2087 x 335 x 53: a register row of the whole 53 columns is no whole number of 4-lane
+    pieces, so the template left it to LLVM, which ran it scalar, while the model priced it as
+    7 vectors (0.10x numpy); `VectorLanesRule` now takes the whole axis only where it is shorter
+    than the lanes or whole pieces, so every program's row is vectorised."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 512 * KIB)
+    stepper = Stepper(matmul(2087, 53, 335), dev)
+    stepper.run_to_end()
+    programs = [c.program for c in stepper.candidates()]
+    assert programs
+    for program in programs:
+        assert cpu_plan(program, dev).vector_axis is not None, program.tiles
