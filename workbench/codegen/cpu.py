@@ -41,7 +41,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.panels import ragged
+from workbench.rtile.panels import ragged, row_vector, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
 
@@ -307,7 +307,7 @@ def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
     if not own:
         return
     extent = int(sch.get(own[-1]).extent)
-    width = _vector_width(extent, lanes)
+    width = vector_width(extent, lanes)
     if width >= 4 and extent % width == 0:
         outer, inner = sch.split(own[-1], [extent // width, width])
         sch.vectorize(inner)
@@ -334,10 +334,12 @@ def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, la
     attach = grid is not None and common.fused_tiles_are_boxes(expr, program, shape)
     for name in names:
         block = sch.get_sblock(name)
+        if _is_reduction(sch.get(block)):
+            _vectorise_reduction(sch, block, grid if attach else None, lanes)
+            continue
         if attach:
             common.primitive(f"compute {name} per tile", sch.reverse_compute_at, block, grid, True)
-        if not _is_reduction(sch.get(block)):
-            _vectorise_pass(sch, block, lanes)
+        _vectorise_pass(sch, block, lanes)
 
 
 def _inline_single_use(sch, name: str) -> bool:
@@ -359,16 +361,52 @@ def _is_reduction(block) -> bool:
 
 
 def _vectorise_pass(sch, block, lanes: int) -> None:
-    """Vectorise an elementwise pass along its innermost loop, in vectors of `_vector_width`
-    lanes where they divide the loop (a ragged row stays scalar)."""
+    """Vectorise an elementwise pass along its innermost loop where `panels.row_vector` says so
+    (a ragged row stays scalar)."""
     inner = sch.get_loops(block)[-1]
     extent = sch.get(inner).extent
     if not hasattr(extent, "value"):
         return
-    width = _vector_width(int(extent.value), lanes)
-    if width >= 4 and int(extent.value) % width == 0:
+    width = row_vector(int(extent.value), lanes).width
+    if width > 1:
         _, vector = sch.split(inner, [None, width])
         common.primitive("vectorise a row pass", sch.vectorize, vector)
+
+
+def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
+    """Compute the row pass `block`, a reduction over its innermost loop (softmax's sum, layer
+    norm's variance), under `grid` (None: where it is), vectorised where `row_vector` says so:
+    the loop split into vectors of `width` lanes, each lane its own partial result (`rfactor`:
+    a local buffer of `width` per row, one register), then one short scalar reduction across
+    the lanes per row.
+
+    `rfactor` refuses a block attached under the grid (not the first block under its outermost
+    loop), so the partials are split off first and attached after; TVM then derives their
+    loops from the region of the row they read, which it does exactly only when the vectors
+    cover the row (12 elements in vectors of 8 became 2 x 4 lanes, the guard dropped, summing 8
+    of 12): a ragged row keeps its scalar loop (`row_vector`)."""
+    loops = sch.get_loops(block)
+    extent = sch.get(loops[-1]).extent
+    width = row_vector(int(extent.value), lanes, reduction=True).width if hasattr(extent, "value") else 1
+    if width == 1:
+        if grid is not None:
+            common.primitive("compute a row sum per tile", sch.reverse_compute_at, block, grid, True)
+        return
+    _, vector = sch.split(loops[-1], [None, width])
+    ndim = len(sch.get(block).writes[0].source.shape)
+    partial = common.primitive("split a row's lanes off", sch.rfactor, vector, ndim)
+    common.primitive("keep a row's lanes local", sch.set_scope, partial, 0, "local")
+    if grid is not None:
+        common.primitive("compute a row's lanes per tile", sch.reverse_compute_at, partial, grid, True)
+        # the loops follow the partials' iterators: the lane first, the rows, the vectors
+        lane, *rows = sch.get_loops(partial)[1:]
+        sch.reorder(*rows, lane)
+    *_, row, steps, lane = sch.get_loops(partial)
+    if int(sch.get(lane).extent) != width:
+        raise ScheduleError(f"the lanes of a row's partial results are {sch.get(lane).extent}, not {width}")
+    common.primitive("vectorise a row's lanes", sch.vectorize, lane)
+    common.primitive("sum a row's lanes", sch.reverse_compute_at, block, row, True)
+    common.primitive("decompose a row's lanes", sch.decompose_reduction, partial, steps)
 
 
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:
@@ -405,12 +443,12 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
     reduction loops (those at `reduce_positions` of `register`) within MAX_CHAIN.
 
     A vector loop longer than a register is split into an unrolled loop over vectors of
-    `_vector_width` lanes around one vectorised vector, so that each vector's panel index is a
+    `panels.vector_width` lanes around one vectorised vector, so that each vector's panel index is a
     plain ramp: vectorised whole, a row over a panel of strips reads its operand through
     `j // r, j % r` per lane, which TVM lowers to gathers (evidence: docs/evidence.md#cpu-micro-kernel)."""
     if vector_loop is not None:
         extent = int(sch.get(vector_loop).extent)
-        width = _vector_width(extent, lanes)
+        width = vector_width(extent, lanes)
         if width < extent:
             at = next(k for k, loop in enumerate(register) if loop is vector_loop)
             registers, vector_loop = sch.split(vector_loop, [extent // width, width])
@@ -430,18 +468,6 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
             unrolled *= extent
             chain *= extent if is_reduce else 1
             sch.unroll(loop)
-
-
-def _vector_width(extent: int, lanes: int) -> int:
-    """Lanes of the vectors a register row of `extent` elements is computed in: the whole row
-    when it fits one register, else the largest power of two dividing it, at most `lanes`
-    (24 on 8 lanes: 3 x 8; on 16 lanes: 3 x 8 as well, 8-lane halves, rather than 16 + 8)."""
-    if extent <= lanes:
-        return extent
-    width = 1
-    while width * 2 <= lanes and extent % (width * 2) == 0:
-        width *= 2
-    return width
 
 
 def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> bool:
@@ -521,7 +547,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
 def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vector_axis: int, laid_out: bool,
                     lanes: int) -> None:
     """Vectorise a panel copy along the tensor's contiguous dimension, where the panel keeps it
-    contiguous: a row-major copy (A) in vectors of `_vector_width` lanes, a strip layout (B's
+    contiguous: a row-major copy (A) in vectors of `panels.vector_width` lanes, a strip layout (B's
     [j // r, k, j % r]) in vectors within one strip's row of r. A copy that transposes (a filter
     panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies run scalar
     (evidence: docs/evidence.md#cpu-vectorise-copy)."""
@@ -531,7 +557,7 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     inner = sch.get_loops(pack)[-1]
     extent = int(sch.get(inner).extent)
     row = int(program.register_tile[vector_axis]) if laid_out else extent
-    width = _vector_width(min(row, extent), lanes)
+    width = vector_width(min(row, extent), lanes)
     if width < 4 or extent % width or row % width:
         return
     common.primitive("vectorise the copy", sch.vectorize, sch.split(inner, [extent // width, width])[1])
