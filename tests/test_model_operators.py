@@ -150,3 +150,48 @@ def test_the_run_report_warns_of_every_fallback_and_maps_onnxruntime_nodes(tmp_p
     assert all(o["onnxruntime_seconds"] and o["onnxruntime_nodes"] for o in doc["operators"]), doc["operators"]
     mapped = [n for o in doc["operators"] for n in o["onnxruntime_nodes"]]
     assert len(mapped) == len(set(mapped)) and doc["onnxruntime_unmatched"] == []
+
+
+ROW_REDUCTIONS = {
+    # (nodes, shape, initialisers, the row pass's reduction block)
+    "softmax": ([_node("Softmax", ["x"], axis=-1)], (6, 64), {}, "T_softmax_expsum"),
+    "layer_norm": ([_node("LayerNormalization", ["x", "g", "b"], axis=-1, epsilon=1e-5)], (1, 6, 48),
+                   {"g": 1 + _weight(48), "b": _weight(48)}, "x_var_sum"),
+    "softmax_ragged": ([_node("Softmax", ["x"], axis=-1)], (6, 61), {}, "T_softmax_expsum"),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_REDUCTIONS))
+def test_a_row_pass_reduction_is_vectorised_where_vectors_divide_the_row(tmp_path, name):
+    """Softmax's row sum and layer norm's variance, passes over the rows after the main block's
+    reduction, accumulate in per-row lanes under a vectorised loop (`rfactor`), summed across
+    the lanes per row; a ragged row (61) keeps the scalar loop, and the model prices it one
+    instruction an element (`panels.row_vector`). Either way the model matches ONNX Runtime
+    within the usual tolerance: the lanes reassociate the sum, which changes it by rounding."""
+    import re
+
+    from workbench.codegen.cpu import schedule_cpu
+    from workbench.rtile.panels import row_vector
+    from workbench.rtile.plan import cpu_plan
+
+    nodes, shape, inits, reduction = ROW_REDUCTIONS[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model(nodes, shape, shape, inits), path)
+    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    (r,) = mc.results
+    expr, program = r.construction.expr, r.candidates[0].program
+    lanes = cpu_plan(program, mc.device).lanes
+    (row,) = [p for p in expr.row_passes if p.reduction]
+    assert row.extent == shape[-1] and row.contiguous
+    width = row_vector(row.extent, lanes, reduction=True).width
+    assert (width > 1) == (name != "softmax_ragged")
+    script = schedule_cpu(expr, program, mc.device).mod.script()
+    vectorised = re.search(rf'for \w+ in T\.vectorized\((?:T\.int64\()?{width}\)?\):\s+with T\.sblock\("{reduction}_rf_update"\)', script)
+    assert bool(vectorised) == (width > 1), script
+    assert (f'T.sblock("{reduction}_rf' in script) == (width > 1)
+    kernels = build_model_kernels(mc)
+    assert all(k.scheduled for k in kernels)
+    inputs = model_inputs(mc.model, 0)
+    (ours,) = run_model(mc, kernels, inputs)
+    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))

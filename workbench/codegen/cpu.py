@@ -40,7 +40,7 @@ from workbench.codegen import common
 from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.tensor_expr import TensorExpr, reads_along_rows
 from workbench.rtile.panels import ragged, row_vector, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
@@ -384,10 +384,12 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
     loop), so the partials are split off first and attached after; TVM then derives their
     loops from the region of the row they read, which it does exactly only when the vectors
     cover the row (12 elements in vectors of 8 became 2 x 4 lanes, the guard dropped, summing 8
-    of 12): a ragged row keeps its scalar loop (`row_vector`)."""
+    of 12): a ragged row keeps its scalar loop (`row_vector`), as does a row strided in memory
+    (`reads_along_rows`: softmax over axis 1)."""
     loops = sch.get_loops(block)
     extent = sch.get(loops[-1]).extent
-    width = row_vector(int(extent.value), lanes, reduction=True).width if hasattr(extent, "value") else 1
+    static = hasattr(extent, "value") and reads_along_rows(sch.get(block))
+    width = row_vector(int(extent.value), lanes, reduction=True).width if static else 1
     if width == 1:
         if grid is not None:
             common.primitive("compute a row sum per tile", sch.reverse_compute_at, block, grid, True)
