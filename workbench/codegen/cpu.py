@@ -13,7 +13,8 @@ where the whole reduction fits one L1 tile, of one register tile, stored to the 
 vectors right after its K-loop (`CpuPlan.direct_stores`); an epilogue (avgpool / reduce_mean
 division, a bias and GELU) is folded into that write-back, while blocks that are passes over
 the reduced rows of their own (softmax's exp, sum and division, a norm's normalisation:
-`common.row_passes`) are computed per grid tile after it, vectorised (`_row_passes`); producers
+`common.row_passes`) are computed per grid tile after it, vectorised where vectors divide the
+row (`_row_passes`; a reduction in per-row lanes, `_vectorise_reduction`); producers
 are inlined, but for a padding copy, computed per unit tile on the core that reads it
 (`_pad_per_tile`).
 
