@@ -333,6 +333,7 @@ def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, la
         return
     names = [n for n in names if not _inline_single_use(sch, n)]
     attach = grid is not None and common.fused_tiles_are_boxes(expr, program, shape)
+    elementwise = []
     for name in names:
         block = sch.get_sblock(name)
         if _is_reduction(sch.get(block)):
@@ -340,7 +341,12 @@ def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, la
             continue
         if attach:
             common.primitive(f"compute {name} per tile", sch.reverse_compute_at, block, grid, True)
-        _vectorise_pass(sch, block, lanes)
+        elementwise.append(name)
+    # once every pass is attached: a ragged row's tail partitioned off wraps its pass in opaque
+    # blocks, whose region is the whole buffer, and the next pass attached after it would then
+    # compute every row under every tile
+    for name in elementwise:
+        _vectorise_pass(sch, sch.get_sblock(name), lanes)
 
 
 def _inline_single_use(sch, name: str) -> bool:
@@ -362,16 +368,22 @@ def _is_reduction(block) -> bool:
 
 
 def _vectorise_pass(sch, block, lanes: int) -> None:
-    """Vectorise an elementwise pass along its innermost loop where `panels.row_vector` says so
-    (a ragged row stays scalar)."""
+    """Vectorise an elementwise pass along its innermost loop as `panels.row_vector` says: a
+    ragged row's whole vectors first, its last `extent % width` elements after them in a
+    scalar loop of their own (`loop_partition`: a guard inside the vector loop would scalarise
+    all of it)."""
     inner = sch.get_loops(block)[-1]
     extent = sch.get(inner).extent
     if not hasattr(extent, "value"):
         return
-    width = row_vector(int(extent.value), lanes).width
-    if width > 1:
-        _, vector = sch.split(inner, [None, width])
-        common.primitive("vectorise a row pass", sch.vectorize, vector)
+    row = row_vector(int(extent.value), lanes)
+    if row.width == 1:
+        return
+    body = int(extent.value) - int(extent.value) % row.width
+    if body < int(extent.value):
+        inner, _ = common.primitive("split a row's tail off", sch.loop_partition, inner, [body, None])
+    _, vector = sch.split(inner, [None, row.width])
+    common.primitive("vectorise a row pass", sch.vectorize, vector)
 
 
 def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
