@@ -321,14 +321,17 @@ def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
 def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, lanes: int) -> None:
     """The blocks after the main block that are passes over its rows of their own (softmax's
     exp, sum and division, layer norm's variance and normalisation: `common.row_passes`),
-    computed per grid tile on the core that computed the tile's rows, each elementwise pass
-    vectorised along its innermost loop; a block with one consumer (softmax's `x - max`) is
-    inlined into it first. `shape`: the main block's output, unfused.
+    computed per grid tile on the core that computed the tile's rows, each vectorised along its
+    innermost loop as `panels.row_vector` says (`_vectorise_pass`, `_vectorise_reduction`); a
+    block with one consumer (softmax's `x - max`) is inlined into it first. `shape`: the main
+    block's output, unfused.
 
     The passes index the output dimension by dimension: attached under a tile they span the
     enclosing box, which on a tile that is no box holds elements a parallel tile is still
     summing (mlp_dynamic's layer norm at batch 3, seq 7 on 12-row tiles of 21 was wrong).
-    There they stay after the grid, one pass over the whole output."""
+    There they stay after the grid, one pass over the whole output. A reduction over a ragged
+    row cannot be vectorised under a tile (`_vectorise_reduction`): from it on, the passes run
+    after the grid, each on all cores over its rows."""
     if not names:
         return
     names = [n for n in names if not _inline_single_use(sch, n)]
@@ -336,7 +339,12 @@ def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, la
     elementwise = []
     for name in names:
         block = sch.get_sblock(name)
-        if _is_reduction(sch.get(block)):
+        reduction = _is_reduction(sch.get(block))
+        if reduction and attach and _ragged(sch, block, lanes):
+            attach = False
+        if grid is not None and not attach:
+            _rows_on_all_cores(sch, block)
+        if reduction:
             _vectorise_reduction(sch, block, grid if attach else None, lanes)
             continue
         if attach:
@@ -347,6 +355,26 @@ def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, la
     # compute every row under every tile
     for name in elementwise:
         _vectorise_pass(sch, sch.get_sblock(name), lanes)
+
+
+def _rows_on_all_cores(sch, block) -> None:
+    """Fuse the loops over the rows of a pass left after the grid (`block`'s spatial loops but
+    its innermost, its own nest still) and run them on all cores."""
+    loops = sch.get_loops(block)
+    spatial = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 0)
+    rows = loops[:min(spatial, len(loops) - 1)]
+    if not rows:
+        return
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    if int(sch.get(row).extent) > 1:
+        common.primitive("run a row pass on all cores", sch.parallel, row)
+
+
+def _ragged(sch, block, lanes: int) -> bool:
+    """Whether `block`'s innermost loop is a row `row_vector` vectorises with a ragged tail."""
+    extent = sch.get(sch.get_loops(block)[-1]).extent
+    return hasattr(extent, "value") and row_vector(int(extent.value), lanes, reduction=True).width > 1 \
+        and int(extent.value) % row_vector(int(extent.value), lanes, reduction=True).width != 0
 
 
 def _inline_single_use(sch, name: str) -> bool:
@@ -397,8 +425,11 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
     loop), so the partials are split off first and attached after; TVM then derives their
     loops from the region of the row they read, which it does exactly only when the vectors
     cover the row (12 elements in vectors of 8 became 2 x 4 lanes, the guard dropped, summing 8
-    of 12): a ragged row keeps its scalar loop (`row_vector`), as does a row strided in memory
-    (`reads_along_rows`: softmax over axis 1)."""
+    of 12). A ragged row is therefore vectorised only where it stays (`grid` None, as
+    `_row_passes` leaves it): its whole vectors, then the last one in a loop of its own
+    (`loop_partition` of the lanes' update, after their initialisation is split off, which it
+    would otherwise copy into the tail), its lanes guarded one by one. A row strided in memory
+    (`reads_along_rows`: softmax over axis 1) keeps its scalar loop."""
     loops = sch.get_loops(block)
     extent = sch.get(loops[-1]).extent
     static = hasattr(extent, "value") and reads_along_rows(sch.get(block))
@@ -410,7 +441,10 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
     _, vector = sch.split(loops[-1], [None, width])
     ndim = len(sch.get(block).writes[0].source.shape)
     partial = common.primitive("split a row's lanes off", sch.rfactor, vector, ndim)
+    tail = int(extent.value) % width
     common.primitive("keep a row's lanes local", sch.set_scope, partial, 0, "local")
+    if tail and grid is not None:
+        raise ScheduleError("a ragged row's lanes cannot be computed per tile")
     if grid is not None:
         common.primitive("compute a row's lanes per tile", sch.reverse_compute_at, partial, grid, True)
         # the loops follow the partials' iterators: the lane first, the rows, the vectors
@@ -422,6 +456,8 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
     common.primitive("vectorise a row's lanes", sch.vectorize, lane)
     common.primitive("sum a row's lanes", sch.reverse_compute_at, block, row, True)
     common.primitive("decompose a row's lanes", sch.decompose_reduction, partial, steps)
+    if tail:  # whole vectors, then the last one, guarded lane by lane, in a loop of its own
+        common.primitive("split a row's tail off", sch.loop_partition, steps, [int(extent.value) // width, None])
 
 
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:

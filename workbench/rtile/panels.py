@@ -164,15 +164,17 @@ class RowVector:
 
 def row_vector(extent: int, lanes: int, reduction: bool = False) -> RowVector:
     """A row pass over rows of `extent` contiguous elements on `lanes`-lane vectors: in
-    vectors of `vector_width` lanes, at least 4, that divide the row. A ragged row's
-    elementwise pass runs whole `lanes`-wide vectors, then its last `extent % lanes` elements
-    one at a time; a ragged row's reduction stays scalar (attached per tile, its split loses
-    the guard: `codegen.cpu._vectorise_reduction`). A reduction ends each row with a scalar sum
-    across the lanes, one instruction a lane, and stays scalar where that takes as many as the
-    row."""
+    vectors of `vector_width` lanes, at least 4, that divide the row. A ragged row runs whole
+    `lanes`-wide vectors, then, in an elementwise pass, its last `extent % lanes` elements one
+    at a time, in a reduction its last vector guarded lane by lane (`lanes` scalar steps; the
+    template then runs the reduction and the passes after it after the grid:
+    `codegen.cpu._row_passes`). A reduction ends each row with a scalar sum across the lanes,
+    one instruction a lane, and stays scalar where that takes as many as the row."""
     width = vector_width(extent, lanes)
-    if not reduction and width < 4 and extent > lanes:  # ragged: whole vectors, then a scalar tail
-        return RowVector(lanes, extent // lanes + extent % lanes)
+    if width < 4 and extent > lanes:  # ragged: whole vectors, then a scalar tail
+        tail = lanes if reduction else extent % lanes  # a reduction's last vector, guarded lane by lane
+        slots = extent // lanes + tail + (lanes if reduction else 0)
+        return RowVector(lanes, slots) if slots < extent else RowVector(1, extent)
     if width < 4:
         return RowVector(1, extent)
     slots = extent // width + (width if reduction else 0)
