@@ -373,10 +373,12 @@ def _rows_on_all_cores(sch, block) -> None:
 
 
 def _ragged(sch, block, lanes: int) -> bool:
-    """Whether `block`'s innermost loop is a row `row_vector` vectorises with a ragged tail."""
+    """Whether the reduction `block` is one `_vectorise_reduction` vectorises with a ragged tail."""
     extent = sch.get(sch.get_loops(block)[-1]).extent
-    return hasattr(extent, "value") and row_vector(int(extent.value), lanes, reduction=True).width > 1 \
-        and int(extent.value) % row_vector(int(extent.value), lanes, reduction=True).width != 0
+    if not hasattr(extent, "value") or not reads_along_rows(sch.get(block)):
+        return False
+    width = row_vector(int(extent.value), lanes, reduction=True).width
+    return width > 1 and int(extent.value) % width != 0
 
 
 def _inline_single_use(sch, name: str) -> bool:
@@ -440,13 +442,13 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
         if grid is not None:
             common.primitive("compute a row sum per tile", sch.reverse_compute_at, block, grid, True)
         return
+    tail = int(extent.value) % width
+    if tail and grid is not None:
+        raise ScheduleError("a ragged row's lanes cannot be computed per tile")
     _, vector = sch.split(loops[-1], [None, width])
     ndim = len(sch.get(block).writes[0].source.shape)
     partial = common.primitive("split a row's lanes off", sch.rfactor, vector, ndim)
-    tail = int(extent.value) % width
     common.primitive("keep a row's lanes local", sch.set_scope, partial, 0, "local")
-    if tail and grid is not None:
-        raise ScheduleError("a ragged row's lanes cannot be computed per tile")
     if grid is not None:
         common.primitive("compute a row's lanes per tile", sch.reverse_compute_at, partial, grid, True)
         # the loops follow the partials' iterators: the lane first, the rows, the vectors
