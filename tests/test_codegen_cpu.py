@@ -439,10 +439,10 @@ def test_a_register_row_of_several_vectors_is_unrolled_over_whole_vectors(spec):
 
 
 def test_vector_width_is_a_register_or_a_power_of_two_dividing_the_row():
-    from workbench.codegen.cpu import _vector_width
+    from workbench.rtile.panels import vector_width
 
-    assert [_vector_width(n, 8) for n in (4, 8, 12, 16, 24, 40)] == [4, 8, 4, 8, 8, 8]
-    assert [_vector_width(n, 16) for n in (16, 24, 32, 48)] == [16, 8, 16, 16]
+    assert [vector_width(n, 8) for n in (4, 8, 12, 16, 24, 40)] == [4, 8, 4, 8, 8, 8]
+    assert [vector_width(n, 16) for n in (16, 24, 32, 48)] == [16, 8, 16, 16]
 
 
 LANES = {

@@ -150,3 +150,59 @@ def test_the_run_report_warns_of_every_fallback_and_maps_onnxruntime_nodes(tmp_p
     assert all(o["onnxruntime_seconds"] and o["onnxruntime_nodes"] for o in doc["operators"]), doc["operators"]
     mapped = [n for o in doc["operators"] for n in o["onnxruntime_nodes"]]
     assert len(mapped) == len(set(mapped)) and doc["onnxruntime_unmatched"] == []
+
+
+ROW_REDUCTIONS = {
+    # (nodes, shape, initialisers, the row pass's reduction block)
+    "softmax": ([_node("Softmax", ["x"], axis=-1)], (6, 64), {}, "T_softmax_expsum"),
+    "layer_norm": ([_node("LayerNormalization", ["x", "g", "b"], axis=-1, epsilon=1e-5)], (1, 6, 48),
+                   {"g": 1 + _weight(48), "b": _weight(48)}, "x_var_sum"),
+    "softmax_ragged": ([_node("Softmax", ["x"], axis=-1)], (6, 61), {}, "T_softmax_expsum"),
+    "layer_norm_ragged": ([_node("LayerNormalization", ["x", "g", "b"], axis=-1, epsilon=1e-5)], (1, 6, 45),
+                          {"g": 1 + _weight(45), "b": _weight(45)}, "x_var_sum"),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_REDUCTIONS))
+def test_a_row_pass_reduction_is_vectorised_with_its_ragged_tail_apart(tmp_path, name):
+    """Softmax's row sum and layer norm's variance, passes over the rows after the main block's
+    reduction, accumulate in per-row lanes under a vectorised loop (`rfactor`), summed across
+    the lanes per row. A ragged row (61, 45) runs its whole vectors, then its last vector in a
+    loop of its own (a guard inside the vector loop would scalarise all of it), and its passes
+    from the reduction on after the grid, on all cores; its elementwise passes run whole
+    vectors and a scalar tail. Either way the model matches ONNX Runtime within the usual
+    tolerance: the lanes reassociate the sum, which changes it by rounding."""
+    import re
+
+    from workbench.codegen.cpu import schedule_cpu
+    from workbench.rtile.panels import row_vector
+    from workbench.rtile.plan import cpu_plan
+
+    nodes, shape, inits, reduction = ROW_REDUCTIONS[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model(nodes, shape, shape, inits), path)
+    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    (r,) = mc.results
+    expr, program = r.construction.expr, r.candidates[0].program
+    lanes = cpu_plan(program, mc.device).lanes
+    (row,) = [p for p in expr.row_passes if p.reduction]
+    assert row.extent == shape[-1] and row.contiguous
+    width = row_vector(row.extent, lanes, reduction=True).width
+    assert width > 1
+    script = schedule_cpu(expr, program, mc.device).mod.script()
+    num = r"(?:T\.int64\()?{}\)?"  # how the script spells an extent
+    vector = rf'for \w+ in T\.vectorized\({num.format(width)}\):\s+with T\.sblock\("{reduction}_rf_update\w*"\)'
+    assert re.search(vector, script), script
+    ragged = shape[-1] % width != 0
+    body = shape[-1] // width
+    tail = rf'for \w+ in range\({num.format(body)}, {num.format(body + 1)}\):\s+for \w+ in T\.vectorized'
+    assert bool(re.search(tail, script)) == ragged
+    if ragged:  # the division: whole vectors, then the last `extent % lanes` elements
+        last = shape[-1] - shape[-1] % lanes
+        assert re.search(rf'for \w+ in range\({num.format(last)}, {num.format(shape[-1])}\):', script)
+    kernels = build_model_kernels(mc)
+    assert all(k.scheduled for k in kernels)
+    inputs = model_inputs(mc.model, 0)
+    (ours,) = run_model(mc, kernels, inputs)
+    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))

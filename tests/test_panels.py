@@ -217,3 +217,16 @@ def test_a_scalar_row_fills_one_lane_and_reads_l1_one_element_a_load(dev):
         expected = dict(e.bytes_per_layer)["L1"] * factor / bandwidth / busy
         assert dict(e.load_seconds)["L1"] == pytest.approx(expected, rel=1e-9)
     assert "a guarded tail leaves the row scalar" in " ".join(estimate(tail, dev).modelled)
+
+
+def test_a_row_pass_runs_in_vectors_a_ragged_tail_apart_and_a_reduction_pays_its_lanes_sum():
+    from workbench.rtile.panels import RowVector, row_vector
+
+    assert row_vector(1000, 8) == RowVector(8, 125)
+    assert row_vector(1000, 8, reduction=True) == RowVector(8, 125 + 8)  # then 8 scalar adds a row
+    assert row_vector(1000, 16, reduction=True) == RowVector(8, 125 + 8)  # 1000 = 125 x 8, not 16s
+    assert row_vector(50257, 8) == RowVector(8, 6282 + 1)  # ragged: whole vectors, then 1 element
+    assert row_vector(50257, 8, reduction=True) == RowVector(8, 6282 + 8 + 8)  # the last vector lane by lane
+    assert row_vector(7, 8) == RowVector(7, 1)  # one register
+    assert row_vector(8, 8, reduction=True) == RowVector(1, 8)  # one vector, then 8 adds: no gain
+    assert row_vector(12, 8, reduction=True) == RowVector(4, 3 + 4)

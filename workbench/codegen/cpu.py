@@ -13,7 +13,8 @@ where the whole reduction fits one L1 tile, of one register tile, stored to the 
 vectors right after its K-loop (`CpuPlan.direct_stores`); an epilogue (avgpool / reduce_mean
 division, a bias and GELU) is folded into that write-back, while blocks that are passes over
 the reduced rows of their own (softmax's exp, sum and division, a norm's normalisation:
-`common.row_passes`) are computed per grid tile after it, vectorised (`_row_passes`); producers
+`common.row_passes`) are computed per grid tile after it, vectorised where vectors divide the
+row (`_row_passes`; a reduction in per-row lanes, `_vectorise_reduction`); producers
 are inlined, but for a padding copy, computed per unit tile on the core that reads it
 (`_pad_per_tile`).
 
@@ -40,8 +41,8 @@ from workbench.codegen import common
 from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.panels import ragged
+from workbench.ops.tensor_expr import TensorExpr, reads_along_rows
+from workbench.rtile.panels import ragged, row_vector, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
 
@@ -307,7 +308,7 @@ def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
     if not own:
         return
     extent = int(sch.get(own[-1]).extent)
-    width = _vector_width(extent, lanes)
+    width = vector_width(extent, lanes)
     if width >= 4 and extent % width == 0:
         outer, inner = sch.split(own[-1], [extent // width, width])
         sch.vectorize(inner)
@@ -320,24 +321,64 @@ def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
 def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, lanes: int) -> None:
     """The blocks after the main block that are passes over its rows of their own (softmax's
     exp, sum and division, layer norm's variance and normalisation: `common.row_passes`),
-    computed per grid tile on the core that computed the tile's rows, each elementwise pass
-    vectorised along its innermost loop; a block with one consumer (softmax's `x - max`) is
-    inlined into it first. `shape`: the main block's output, unfused.
+    computed per grid tile on the core that computed the tile's rows, each vectorised along its
+    innermost loop as `panels.row_vector` says (`_vectorise_pass`, `_vectorise_reduction`); a
+    block with one consumer (softmax's `x - max`) is inlined into it first. `shape`: the main
+    block's output, unfused.
 
     The passes index the output dimension by dimension: attached under a tile they span the
     enclosing box, which on a tile that is no box holds elements a parallel tile is still
     summing (mlp_dynamic's layer norm at batch 3, seq 7 on 12-row tiles of 21 was wrong).
-    There they stay after the grid, one pass over the whole output."""
+    There they stay after the grid, one pass over the whole output. A reduction over a ragged
+    row cannot be vectorised under a tile (`_vectorise_reduction`): from it on, the passes run
+    after the grid, each on all cores over its rows."""
     if not names:
         return
     names = [n for n in names if not _inline_single_use(sch, n)]
     attach = grid is not None and common.fused_tiles_are_boxes(expr, program, shape)
+    elementwise, detached = [], False
     for name in names:
         block = sch.get_sblock(name)
+        reduction = _is_reduction(sch.get(block))
+        if reduction and attach and _ragged(sch, block, lanes):
+            attach, detached = False, True
+        # not the passes after the grid for want of a box: launched on all cores, the decoder
+        # block's three softmax passes over 3 x 48 rows of 48 took 17 us instead of 9 (one thread)
+        if detached:
+            _rows_on_all_cores(sch, block)
+        if reduction:
+            _vectorise_reduction(sch, block, grid if attach else None, lanes)
+            continue
         if attach:
             common.primitive(f"compute {name} per tile", sch.reverse_compute_at, block, grid, True)
-        if not _is_reduction(sch.get(block)):
-            _vectorise_pass(sch, block, lanes)
+        elementwise.append(name)
+    # once every pass is attached: a ragged row's tail partitioned off wraps its pass in opaque
+    # blocks, whose region is the whole buffer, and the next pass attached after it would then
+    # compute every row under every tile
+    for name in elementwise:
+        _vectorise_pass(sch, sch.get_sblock(name), lanes)
+
+
+def _rows_on_all_cores(sch, block) -> None:
+    """Fuse the loops over the rows of a pass left after the grid (`block`'s spatial loops but
+    its innermost, its own nest still) and run them on all cores."""
+    loops = sch.get_loops(block)
+    spatial = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 0)
+    rows = loops[:min(spatial, len(loops) - 1)]
+    if not rows:
+        return
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    if int(sch.get(row).extent) > 1:
+        common.primitive("run a row pass on all cores", sch.parallel, row)
+
+
+def _ragged(sch, block, lanes: int) -> bool:
+    """Whether the reduction `block` is one `_vectorise_reduction` vectorises with a ragged tail."""
+    extent = sch.get(sch.get_loops(block)[-1]).extent
+    if not hasattr(extent, "value") or not reads_along_rows(sch.get(block)):
+        return False
+    width = row_vector(int(extent.value), lanes, reduction=True).width
+    return width > 1 and int(extent.value) % width != 0
 
 
 def _inline_single_use(sch, name: str) -> bool:
@@ -359,16 +400,68 @@ def _is_reduction(block) -> bool:
 
 
 def _vectorise_pass(sch, block, lanes: int) -> None:
-    """Vectorise an elementwise pass along its innermost loop, in vectors of `_vector_width`
-    lanes where they divide the loop (a ragged row stays scalar)."""
+    """Vectorise an elementwise pass along its innermost loop as `panels.row_vector` says: a
+    ragged row's whole vectors first, its last `extent % width` elements after them in a
+    scalar loop of their own (`loop_partition`: a guard inside the vector loop would scalarise
+    all of it)."""
     inner = sch.get_loops(block)[-1]
     extent = sch.get(inner).extent
     if not hasattr(extent, "value"):
         return
-    width = _vector_width(int(extent.value), lanes)
-    if width >= 4 and int(extent.value) % width == 0:
-        _, vector = sch.split(inner, [None, width])
-        common.primitive("vectorise a row pass", sch.vectorize, vector)
+    row = row_vector(int(extent.value), lanes)
+    if row.width == 1:
+        return
+    body = int(extent.value) - int(extent.value) % row.width
+    if body < int(extent.value):
+        inner, _ = common.primitive("split a row's tail off", sch.loop_partition, inner, [body, None])
+    _, vector = sch.split(inner, [None, row.width])
+    common.primitive("vectorise a row pass", sch.vectorize, vector)
+
+
+def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
+    """Compute the row pass `block`, a reduction over its innermost loop (softmax's sum, layer
+    norm's variance), under `grid` (None: where it is), vectorised where `row_vector` says so:
+    the loop split into vectors of `width` lanes, each lane its own partial result (`rfactor`:
+    a local buffer of `width` per row, one register), then one short scalar reduction across
+    the lanes per row.
+
+    `rfactor` refuses a block attached under the grid (not the first block under its outermost
+    loop), so the partials are split off first and attached after; TVM then derives their
+    loops from the region of the row they read, which it does exactly only when the vectors
+    cover the row (12 elements in vectors of 8 became 2 x 4 lanes, the guard dropped, summing 8
+    of 12). A ragged row is therefore vectorised only where it stays (`grid` None, as
+    `_row_passes` leaves it): its whole vectors, then the last one in a loop of its own
+    (`loop_partition` of the lanes' update, after their initialisation is split off, which it
+    would otherwise copy into the tail), its lanes guarded one by one. A row strided in memory
+    (`reads_along_rows`: softmax over axis 1) keeps its scalar loop."""
+    loops = sch.get_loops(block)
+    extent = sch.get(loops[-1]).extent
+    static = hasattr(extent, "value") and reads_along_rows(sch.get(block))
+    width = row_vector(int(extent.value), lanes, reduction=True).width if static else 1
+    if width == 1:
+        if grid is not None:
+            common.primitive("compute a row sum per tile", sch.reverse_compute_at, block, grid, True)
+        return
+    tail = int(extent.value) % width
+    if tail and grid is not None:
+        raise ScheduleError("a ragged row's lanes cannot be computed per tile")
+    _, vector = sch.split(loops[-1], [None, width])
+    ndim = len(sch.get(block).writes[0].source.shape)
+    partial = common.primitive("split a row's lanes off", sch.rfactor, vector, ndim)
+    common.primitive("keep a row's lanes local", sch.set_scope, partial, 0, "local")
+    if grid is not None:
+        common.primitive("compute a row's lanes per tile", sch.reverse_compute_at, partial, grid, True)
+        # the loops follow the partials' iterators: the lane first, the rows, the vectors
+        lane, *rows = sch.get_loops(partial)[1:]
+        sch.reorder(*rows, lane)
+    *_, row, steps, lane = sch.get_loops(partial)
+    if int(sch.get(lane).extent) != width:
+        raise ScheduleError(f"the lanes of a row's partial results are {sch.get(lane).extent}, not {width}")
+    common.primitive("vectorise a row's lanes", sch.vectorize, lane)
+    common.primitive("sum a row's lanes", sch.reverse_compute_at, block, row, True)
+    common.primitive("decompose a row's lanes", sch.decompose_reduction, partial, steps)
+    if tail:  # whole vectors, then the last one, guarded lane by lane, in a loop of its own
+        common.primitive("split a row's tail off", sch.loop_partition, steps, [int(extent.value) // width, None])
 
 
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:
@@ -405,12 +498,12 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
     reduction loops (those at `reduce_positions` of `register`) within MAX_CHAIN.
 
     A vector loop longer than a register is split into an unrolled loop over vectors of
-    `_vector_width` lanes around one vectorised vector, so that each vector's panel index is a
+    `panels.vector_width` lanes around one vectorised vector, so that each vector's panel index is a
     plain ramp: vectorised whole, a row over a panel of strips reads its operand through
     `j // r, j % r` per lane, which TVM lowers to gathers (evidence: docs/evidence.md#cpu-micro-kernel)."""
     if vector_loop is not None:
         extent = int(sch.get(vector_loop).extent)
-        width = _vector_width(extent, lanes)
+        width = vector_width(extent, lanes)
         if width < extent:
             at = next(k for k, loop in enumerate(register) if loop is vector_loop)
             registers, vector_loop = sch.split(vector_loop, [extent // width, width])
@@ -430,18 +523,6 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
             unrolled *= extent
             chain *= extent if is_reduce else 1
             sch.unroll(loop)
-
-
-def _vector_width(extent: int, lanes: int) -> int:
-    """Lanes of the vectors a register row of `extent` elements is computed in: the whole row
-    when it fits one register, else the largest power of two dividing it, at most `lanes`
-    (24 on 8 lanes: 3 x 8; on 16 lanes: 3 x 8 as well, 8-lane halves, rather than 16 + 8)."""
-    if extent <= lanes:
-        return extent
-    width = 1
-    while width * 2 <= lanes and extent % (width * 2) == 0:
-        width *= 2
-    return width
 
 
 def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> bool:
@@ -521,7 +602,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
 def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vector_axis: int, laid_out: bool,
                     lanes: int) -> None:
     """Vectorise a panel copy along the tensor's contiguous dimension, where the panel keeps it
-    contiguous: a row-major copy (A) in vectors of `_vector_width` lanes, a strip layout (B's
+    contiguous: a row-major copy (A) in vectors of `panels.vector_width` lanes, a strip layout (B's
     [j // r, k, j % r]) in vectors within one strip's row of r. A copy that transposes (a filter
     panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies run scalar
     (evidence: docs/evidence.md#cpu-vectorise-copy)."""
@@ -531,7 +612,7 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     inner = sch.get_loops(pack)[-1]
     extent = int(sch.get(inner).extent)
     row = int(program.register_tile[vector_axis]) if laid_out else extent
-    width = _vector_width(min(row, extent), lanes)
+    width = vector_width(min(row, extent), lanes)
     if width < 4 or extent % width or row % width:
         return
     common.primitive("vectorise the copy", sch.vectorize, sch.split(inner, [extent // width, width])[1])

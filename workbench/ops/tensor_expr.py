@@ -84,6 +84,25 @@ class KernelArg:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "role": self.role}
 
 
+@dataclass(frozen=True)
+class RowPass:
+    """A block after the main block that the CPU template runs as a pass over rows of its own
+    (`codegen.common.row_passes`: softmax's exp, sum and division), vectorised or not along its
+    innermost loop by the row's length (`rtile.panels.row_vector`)."""
+
+    rows: int  # iterations of its loops outside the innermost one
+    extent: int  # iterations of its innermost loop: one row
+    ops: int  # arithmetic operations per iteration (`block_ops`)
+    reduction: bool  # a reduction over the row (softmax's sum), else elementwise
+    # whether the row is contiguous in every tensor it reads (`reads_along_rows`); a reduction
+    # over a strided row (softmax over axis 1) stays scalar
+    contiguous: bool = True
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "extent": self.extent, "ops": self.ops, "reduction": self.reduction,
+                "contiguous": self.contiguous}
+
+
 @hash_once
 @dataclass(frozen=True)
 class TensorExpr:
@@ -113,6 +132,10 @@ class TensorExpr:
     # arithmetic operations of the blocks after the main block in all (`epilogue_ops`): a GELU's
     # erf polynomial per output, softmax's exp, sum and division passes; priced by the CPU model
     epilogue_ops: int = 0
+    # the blocks after the main block when the CPU template runs them as passes over rows of
+    # their own (`row_passes`), in program order; () when they fold into the main block's
+    # write-back. Priced by the CPU model, row by row
+    row_passes: tuple[RowPass, ...] = ()
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     # Views of the frozen fields, computed once per expression: construction asks for them on
@@ -185,6 +208,8 @@ class TensorExpr:
             "epilogues": list(self.epilogues),
             "pads_reduction": self.pads_reduction,
             "epilogue_ops": self.epilogue_ops,
+            # only where there are some: the recorded fixtures of other operators stay as they were
+            **({"row_passes": [p.to_dict() for p in self.row_passes]} if self.row_passes else {}),
         }
 
     @classmethod
@@ -208,6 +233,8 @@ class TensorExpr:
             epilogues=tuple(data["epilogues"]),
             pads_reduction=bool(data.get("pads_reduction", False)),  # not recorded: never padded
             epilogue_ops=int(data.get("epilogue_ops", 0)),  # not recorded: not priced
+            row_passes=tuple(RowPass(int(p["rows"]), int(p["extent"]), int(p["ops"]), bool(p["reduction"]),
+                                     bool(p["contiguous"])) for p in data.get("row_passes", ())),  # not recorded: priced as vectorised
         )
 
 
@@ -267,6 +294,7 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         epilogues=tuple(str(b.name_hint) for b in blocks[blocks.index(main) + 1:]),
         pads_reduction=zero_padded_reduction(main),
         epilogue_ops=sum(block_ops(b) for b in blocks[blocks.index(main) + 1:]),
+        row_passes=row_passes(main, blocks[blocks.index(main) + 1:]),
         func=func,
     )
 
@@ -307,6 +335,46 @@ def block_ops(block) -> int:
         return own + sum(ops(c) for c in children)
 
     return ops(body.value) * prod(int(iv.dom.extent) for iv in block.iter_vars)
+
+
+def row_passes(main, after) -> tuple[RowPass, ...]:
+    """The blocks `after` the main block `main` as `RowPass`es where one of them holds a
+    reduction or iterates over more elements than `main` writes (the rule of
+    `codegen.common.row_passes`, on the PrimFunc's static extents), else ()."""
+    outputs = prod(int(e) for e in main.writes[0].source.shape)
+
+    def extents(block):
+        return [int(iv.dom.extent) for iv in block.iter_vars]
+
+    if not any(_is_reduction(b) or prod(extents(b)) > outputs for b in after):
+        return ()
+    out = []
+    for block in after:
+        ext = extents(block) or [1]
+        out.append(RowPass(prod(ext[:-1]), ext[-1], block_ops(block) // max(1, prod(ext)), _is_reduction(block),
+                           reads_along_rows(block)))
+    return tuple(out)
+
+
+def reads_along_rows(block) -> bool:
+    """Whether `block`'s innermost iterator (its row) indexes only the last dimension of every
+    tensor it reads: consecutive iterations then read consecutive elements, which vector loads
+    need (a strided row would be gathered)."""
+    from tvm import tirx
+
+    if not block.iter_vars:
+        return True
+    row = block.iter_vars[-1].var
+    for region in block.reads:
+        for d, r in enumerate(region.region):
+            uses = any(v.same_as(row) for v in tirx.analysis.undefined_vars(r.min))
+            if uses and d != len(region.region) - 1:
+                return False
+    return True
+
+
+def _is_reduction(block) -> bool:
+    return any(int(iv.iter_type) == 2 for iv in block.iter_vars)
 
 
 def zero_padded_reduction(block) -> bool:

@@ -6,6 +6,7 @@ model (`rtile.model`) read that plan, not these rules.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
@@ -139,6 +140,45 @@ def _data_tiles(expr: TensorExpr, tile) -> dict[str, tuple[int, ...]]:
 def simd_lanes(device: DeviceSpec, dtype_bytes: int) -> int:
     """Elements of `dtype_bytes` per vector register (`warp_size` counts 32-bit lanes on CPUs)."""
     return max(1, device.warp_size * 4 // dtype_bytes)
+
+
+def vector_width(extent: int, lanes: int) -> int:
+    """Lanes of the vectors a row of `extent` elements is computed in: the whole row when it
+    fits one register, else the largest power of two dividing it, at most `lanes` (24 on 8
+    lanes: 3 x 8; on 16 lanes: 3 x 8 as well, 8-lane halves, rather than 16 + 8)."""
+    if extent <= lanes:
+        return extent
+    width = 1
+    while width * 2 <= lanes and extent % (width * 2) == 0:
+        width *= 2
+    return width
+
+
+@dataclass(frozen=True)
+class RowVector:
+    """How the CPU template runs one row of a row pass (`codegen.cpu._row_passes`)."""
+
+    width: int  # lanes of its vectors; 1: the row stays scalar
+    slots: int  # vector or scalar instructions per operation of the pass and row
+
+
+def row_vector(extent: int, lanes: int, reduction: bool = False) -> RowVector:
+    """A row pass over rows of `extent` contiguous elements on `lanes`-lane vectors: in
+    vectors of `vector_width` lanes, at least 4, that divide the row. A ragged row runs whole
+    `lanes`-wide vectors, then, in an elementwise pass, its last `extent % lanes` elements one
+    at a time, in a reduction its last vector guarded lane by lane (`lanes` scalar steps; the
+    template then runs the reduction and the passes after it after the grid:
+    `codegen.cpu._row_passes`). A reduction ends each row with a scalar sum across the lanes,
+    one instruction a lane, and stays scalar where that takes as many as the row."""
+    width = vector_width(extent, lanes)
+    if width < 4 and extent > lanes:  # ragged: whole vectors, then a scalar tail
+        tail = lanes if reduction else extent % lanes  # a reduction's last vector, guarded lane by lane
+        slots = extent // lanes + tail + (lanes if reduction else 0)
+        return RowVector(lanes, slots) if slots < extent else RowVector(1, extent)
+    if width < 4:
+        return RowVector(1, extent)
+    slots = extent // width + (width if reduction else 0)
+    return RowVector(width, slots) if slots < extent else RowVector(1, extent)
 
 
 def vector_loop_axis(

@@ -16,7 +16,7 @@ from workbench.rtile.model.common import (
 from workbench.rtile.model.cpu_compute import (
     compute_efficiency, compute_provenance, guard_slowdown, scalar_lanes, scalar_row,
 )
-from workbench.rtile.panels import packed_tile_bytes
+from workbench.rtile.panels import packed_tile_bytes, row_vector
 from workbench.rtile.plan import PANELS, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
@@ -120,13 +120,20 @@ def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
 
 def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     """The blocks after the main block (`TensorExpr.epilogue_ops`: a GELU's erf per output,
-    softmax's exp, sum and division passes over each row), on the cores the grid keeps busy,
-    vectorised (`codegen.cpu` stores epilogues and elementwise row passes in vectors): one
-    operation per lane per FMA pipe and cycle, half the fp32 peak, which counts an FMA as two."""
-    ops = program.expr.epilogue_ops
-    if not ops:
+    softmax's exp, sum and division passes over each row), on the cores the grid keeps busy:
+    one instruction per FMA pipe and cycle, half the fp32 peak, which counts an FMA as two.
+    An epilogue folded into the write-back runs in full vectors (`codegen.cpu` stores it so); a
+    pass over rows of its own (`TensorExpr.row_passes`) takes the instructions `row_vector`
+    counts per row: vectors of the width that divides the row, a reduction's scalar sum across
+    its lanes, and one instruction an element where the row stays scalar (ragged or strided)."""
+    expr = program.expr
+    if not expr.epilogue_ops:
         return 0.0
-    return ops / (device.peak(program.expr.dtype) / 2 * GB * busy)
+    lanes = cpu_plan(program, device).lanes
+    rows = sum(p.ops * p.rows * p.extent for p in expr.row_passes)
+    slots = sum(p.ops * p.rows * (row_vector(p.extent, lanes, p.reduction).slots if p.contiguous else p.extent)
+                for p in expr.row_passes)
+    return (expr.epilogue_ops - rows + slots * lanes) / (device.peak(expr.dtype) / 2 * GB * busy)
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:
