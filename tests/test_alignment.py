@@ -23,7 +23,7 @@ from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
-    REGISTER_STEPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule, block_thread_multiple,
+    MAX_SCAN, REGISTER_STEPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule, block_thread_multiple,
     l1_set_lines,
 )
 from workbench.rtile.traffic import bank_padding, calculus
@@ -187,7 +187,9 @@ def test_walk_stays_aligned_and_neighbours_are_the_nearest_aligned_sizes(case):
             assert size <= ceil(e.axes[a].extent / upper[a]) * upper[a]
             moved = tile[:a] + (size,) + tile[a + 1 :]
             assert violations(e, dev, layer, upper, moved, eps) == [], (a, size)
-            for between in range(tile[a] + step * upper[a], size, step * upper[a]):
+            # past MAX_SCAN steps up, the next size is the whole axis (`alignment._scan`)
+            end = size if abs(size - tile[a]) <= MAX_SCAN * upper[a] else tile[a] + MAX_SCAN * upper[a] + 1
+            for between in range(tile[a] + step * upper[a], end, step * upper[a]):
                 skipped = tile[:a] + (between,) + tile[a + 1 :]
                 assert violations(e, dev, layer, upper, skipped, eps), (a, between)
 
@@ -471,8 +473,8 @@ def test_cpu_cache_tiles_divide_the_vector_axis_where_the_tile_above_does(dev):
     does not divide, is left to the tensor-shape rule; registers and GPUs are untouched."""
     e = matmul(512, 512, 512)
     ctx = AlignContext(e, dev, 1, (6, 16, 1), 0.1)
-    # K over a register K of 1: 512 lies beyond the scan's 128 steps from 256
-    for axis, expected in ((1, [32, 64, 128, 256, 512]), (2, [32, 64, 128, 256])):
+    # K over a register K of 1: 512 lies beyond the scan's 128 steps from 256, and is the whole axis
+    for axis, expected in ((1, [32, 64, 128, 256, 512]), (2, [32, 64, 128, 256, 512])):
         sizes, tile = [], (6, 16, 16)
         while (nxt := next_aligned_sizes(ctx, tile)[axis]) is not None:
             sizes.append(nxt)
