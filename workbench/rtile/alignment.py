@@ -38,6 +38,7 @@ class AccumulatorRule(WholeTileRule):
     accumulators, so that the pipes never wait on an FMA latency."""
 
     name = "accumulators"
+    reads_eps = True  # through `required_accumulators`
 
     def tile_ok(self, ctx, tile):
         need = required_accumulators(ctx)
@@ -165,17 +166,23 @@ class _Answers:
     """The rules' answers at one context found so far: per (axis, upper size along it, size),
     shared by every context of the layer and eps (`axes`), and below that, for the per-axis rules
     that do not read eps, by every eps as well (`steady`: the eps ladder's rounds scan the same
-    sizes again); and per whole tile, with the rules that can refuse each (`rules.refusing`)."""
+    sizes again); and per whole tile (`tiles`), with the rules that can refuse each
+    (`rules.refusing`), below that, for the whole-tile rules that do not read eps, per (upper
+    tile, tile) for every eps of the layer (`steady_tiles`)."""
 
-    __slots__ = ("per_axis", "whole", "axes", "steady", "steady_rules", "eps_rules", "tiles")
+    __slots__ = ("per_axis", "whole", "axes", "steady", "steady_rules", "eps_rules", "tiles", "steady_tiles",
+                 "steady_whole", "eps_whole")
 
-    def __init__(self, rules, axes: dict, steady: dict):
+    def __init__(self, rules, axes: dict, steady: dict, steady_tiles: dict):
         self.per_axis, self.whole = refusing(rules)
         self.steady_rules = tuple(r for r in self.per_axis if not getattr(r, "reads_eps", False))
         self.eps_rules = tuple(r for r in self.per_axis if getattr(r, "reads_eps", False))
+        self.steady_whole = tuple(r for r in self.whole if not getattr(r, "reads_eps", False))
+        self.eps_whole = tuple(r for r in self.whole if getattr(r, "reads_eps", False))
         self.axes: dict[tuple[int, int, int], bool] = axes
         self.steady: dict[tuple[int, int, int], bool] = steady
         self.tiles: dict[Tile, bool] = {}
+        self.steady_tiles: dict[tuple[Tile, Tile], bool] = steady_tiles
 
 
 # The rules are pure functions of their context; a construction asks them about the same sizes
@@ -185,7 +192,7 @@ class _Answers:
 def _answers(ctx: AlignContext, rules) -> _Answers:
     """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
     return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules),
-                    _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules))
+                    _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules), _tile_answers(ctx.expr, ctx.device, ctx.layer, rules))
 
 
 @lru_cache(maxsize=1024)
@@ -193,6 +200,13 @@ def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float |
     """The per-axis answers of `rules` at a layer and eps (None: of those rules that do not read
     eps), by (axis, upper size, size): a per-axis rule reads the tile above along its own axis
     only (`rules.AlignmentRule`)."""
+    return {}
+
+
+@lru_cache(maxsize=1024)
+def _tile_answers(expr: TensorExpr, device: DeviceSpec, layer: int, rules) -> dict:
+    """The whole-tile answers of those of `rules` that do not read eps at a layer, by (upper
+    tile, tile)."""
     return {}
 
 
@@ -212,7 +226,11 @@ def _tile_ok(ctx: AlignContext, tile: Tile, answers: _Answers) -> bool:
     """Whether every rule accepts the whole `tile` at `ctx` (`answers`: its `_answers`)."""
     ok = answers.tiles.get(tile)
     if ok is None:
-        ok = answers.tiles[tile] = all(r.tile_ok(ctx, tile) for r in answers.whole)
+        key = (ctx.upper, tile)
+        ok = answers.steady_tiles.get(key)
+        if ok is None:
+            ok = answers.steady_tiles[key] = all(r.tile_ok(ctx, tile) for r in answers.steady_whole)
+        ok = answers.tiles[tile] = ok and all(r.tile_ok(ctx, tile) for r in answers.eps_whole)
     return ok
 
 
