@@ -94,7 +94,6 @@ class RollerPolicy(Policy):
         # step records the eps ladder's rounds make again (`_alternatives`, `_step`)
         self._alts: dict[tuple, tuple[Alternative, ...]] = {}
         self._marked: dict[tuple, tuple[Alternative, ...]] = {}
-        self._edges: dict[tuple, Edge] = {}
         self._log: list | None = None  # the eps-dependent answers of the round running (`ask`)
         self._round_steps: list[Step] | None = None  # and its steps (`record`)
         self._last: _Round | None = None  # the last round a later one may replay (`_replayable`)
@@ -324,11 +323,7 @@ class RollerPolicy(Policy):
         """A step that moves from `state` (to `nxt`, or tries `tile` there), with the options it
         chose among, the one at `tile` marked chosen."""
         node = self.node(state, status, tile, score) if nxt is None else self.node(nxt, status, None, score)
-        src = self.key(state)
-        made = (src, node.key, action, score)
-        edge = self._edges.get(made)
-        if edge is None:
-            edge = self._edges[made] = Edge(src, node.key, action.describe(self.space.axes, self.space.layer_names), score)
+        edge = Edge(self.key(state), node.key, action.describe(self.space.axes, self.space.layer_names), score)
         # the options as `_enlarge` built them (no probability, no note), the one at `tile` marked;
         # by the options' identity (`_alternatives` keeps each tuple alive)
         marked = (id(alternatives), tile)

@@ -356,12 +356,23 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     group = block_thread_multiple(ctx.device) if grouped else ctx.device.warp_size
     need = max(1, group // lanes)  # threads per group of warps, a fragment tile counting as a warp
     accepted: dict[tuple[int, int], bool] = {}
+    answers = _answers(ctx, rules)
 
     def ok(i: int, m: int) -> bool:
-        if (i, m) not in accepted:
+        found = accepted.get((i, m))
+        if found is None:
             a = spatial[i]
-            accepted[i, m] = m <= rooms[i] and _axis_ok(ctx, a, m * upper[a], _answers(ctx, rules))
-        return accepted[i, m]
+            found = accepted[i, m] = m <= rooms[i] and _axis_ok(ctx, a, m * upper[a], answers)
+        return found
+
+    def factorizations(n: int, i: int = 0) -> list[tuple[int, ...]]:
+        """Every ordered way of writing n as a product of one multiple per spatial axis from the
+        i-th on that `ok` accepts, by the first axis's multiple, smallest first, then the next's."""
+        if i == len(spatial):
+            return [()] if n == 1 else []
+        if i == len(spatial) - 1:
+            return [(n,)] if ok(i, n) else []
+        return [(d,) + rest for d in _divisors(n) if ok(i, d) for rest in factorizations(n // d, i + 1)]
 
     def waste(ms) -> float:
         return prod(ceil(ctx.expr.axes[a].extent / (m * upper[a])) * m * upper[a] / ctx.expr.axes[a].extent for a, m in zip(spatial, ms))
@@ -385,7 +396,7 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     most = max(need, ctx.device.max_threads_per_block // lanes)
     cover = tuple(rooms) if prod(rooms) <= most and all(ok(i, m) for i, m in enumerate(rooms)) else None
     for threads in range(need, most + 1, need):
-        found = [ms for ms in _factorizations(threads, len(spatial)) if all(ok(i, m) for i, m in enumerate(ms))]
+        found = factorizations(threads)
         if cover is not None and prod(cover) <= threads:
             found.append(cover)
         if found:
@@ -426,8 +437,6 @@ def _reduce_fill(ctx: AlignContext, rules, axis: int) -> int | None:
 
 
 @lru_cache(maxsize=1024)
-def _factorizations(n: int, parts: int) -> tuple[tuple[int, ...], ...]:
-    """Every ordered way of writing n as a product of `parts` positive integers."""
-    if parts <= 1:
-        return ((n,),) if parts == 1 else (((),) if n == 1 else ())
-    return tuple((d,) + rest for d in range(1, n + 1) if n % d == 0 for rest in _factorizations(n // d, parts - 1))
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of n, smallest first."""
+    return tuple(d for d in range(1, n + 1) if n % d == 0)

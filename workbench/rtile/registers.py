@@ -5,6 +5,7 @@ layer's footprint, `rprogram.layer_footprint`) and the threads of a GPU block. P
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
@@ -46,6 +47,7 @@ def partial_sums(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     return tile[axis] if axis is not None and expr.axes[axis].kind == "reduce" else 1
 
 
+@lru_cache(maxsize=65536)  # asked by every capacity check of a register tile and the fill's scans
 def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     """Vector registers a CPU register micro-kernel of `tile` needs: its `accumulators`, one row
     of vectors along the `lane_axis` for every input the axis indexes (loaded once per
