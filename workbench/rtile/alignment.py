@@ -159,7 +159,10 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
     answers = _answers(ctx, rules)
-    return all(_axis_ok(ctx, a, s, answers) for a, s in enumerate(tile)) and _tile_ok(ctx, tile, answers)
+    for a, s in enumerate(tile):
+        if not _axis_ok(ctx, a, s, answers):
+            return False
+    return _tile_ok(ctx, tile, answers)
 
 
 class _Answers:
@@ -218,7 +221,11 @@ def _axis_ok(ctx: AlignContext, axis: int, size: int, answers: _Answers) -> bool
         ok = answers.steady.get(key)
         if ok is None:
             ok = answers.steady[key] = all(r.axis_ok(ctx, axis, size) for r in answers.steady_rules)
-        ok = answers.axes[key] = ok and all(r.axis_ok(ctx, axis, size) for r in answers.eps_rules)
+        for rule in answers.eps_rules if ok else ():
+            if not rule.axis_ok(ctx, axis, size):
+                ok = False
+                break
+        answers.axes[key] = ok
     return ok
 
 
@@ -230,16 +237,23 @@ def _tile_ok(ctx: AlignContext, tile: Tile, answers: _Answers) -> bool:
         ok = answers.steady_tiles.get(key)
         if ok is None:
             ok = answers.steady_tiles[key] = all(r.tile_ok(ctx, tile) for r in answers.steady_whole)
-        ok = answers.tiles[tile] = ok and all(r.tile_ok(ctx, tile) for r in answers.eps_whole)
+        for rule in answers.eps_whole if ok else ():
+            if not rule.tile_ok(ctx, tile):
+                ok = False
+                break
+        answers.tiles[tile] = ok
     return ok
 
 
-def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True) -> int | None:
+def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True, answers=None) -> int | None:
+    """The next aligned size of `axis` from `tile` in `direction` (`answers`: `_answers(ctx,
+    rules)`, where the caller has it)."""
     base = ctx.upper[axis]
     extent = ctx.expr.axes[axis].extent
     multiple = tile[axis] // base
     limit = ceil(extent / base)  # one tile covering the whole axis
-    answers = _answers(ctx, rules)
+    if answers is None:
+        answers = _answers(ctx, rules)
     known = answers.axes
     for _ in range(MAX_SCAN):
         multiple += direction
@@ -261,10 +275,10 @@ def next_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES, starts=None) 
     """Per axis, the next larger aligned size (None when the axis cannot grow), scanning up from
     `starts[a]` where given instead of `tile[a]`; the rest of the tile is `tile` either way, so
     the whole-tile rules judge the tile that growing one axis makes."""
-    return tuple(
-        _scan(ctx, tile if starts is None else tile[:a] + (starts[a],) + tile[a + 1 :], a, +1, rules)
-        for a in range(len(tile))
-    )
+    answers = _answers(ctx, rules)
+    if starts is None:
+        return tuple([_scan(ctx, tile, a, +1, rules, True, answers) for a in range(len(tile))])
+    return tuple([_scan(ctx, tile[:a] + (starts[a],) + tile[a + 1 :], a, +1, rules, True, answers) for a in range(len(tile))])
 
 
 def prev_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES) -> tuple[int | None, ...]:
