@@ -177,15 +177,20 @@ class _Answers:
                  "steady_whole", "eps_whole")
 
     def __init__(self, rules, axes: dict, steady: dict, steady_tiles: dict):
-        self.per_axis, self.whole = refusing(rules)
-        self.steady_rules = tuple(r for r in self.per_axis if not getattr(r, "reads_eps", False))
-        self.eps_rules = tuple(r for r in self.per_axis if getattr(r, "reads_eps", False))
-        self.steady_whole = tuple(r for r in self.whole if not getattr(r, "reads_eps", False))
-        self.eps_whole = tuple(r for r in self.whole if getattr(r, "reads_eps", False))
+        self.per_axis, self.whole, self.steady_rules, self.eps_rules, self.steady_whole, self.eps_whole = _partition(rules)
         self.axes: dict[tuple[int, int, int], bool] = axes
         self.steady: dict[tuple[int, int, int], bool] = steady
         self.tiles: dict[Tile, bool] = {}
         self.steady_tiles: dict[tuple[Tile, Tile], bool] = steady_tiles
+
+
+@lru_cache(maxsize=64)
+def _partition(rules) -> tuple[tuple[AlignmentRule, ...], ...]:
+    """`rules` as `_Answers` asks them: those that can refuse a size, those that can refuse a
+    tile (`rules.refusing`), then of each, those that do not read eps and those that do."""
+    per_axis, whole = refusing(rules)
+    return (per_axis, whole, *(tuple(r for r in group if getattr(r, "reads_eps", False) == reads)
+                               for group in (per_axis, whole) for reads in (False, True)))
 
 
 # The rules are pure functions of their context; a construction asks them about the same sizes
