@@ -103,6 +103,7 @@ def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1, acro
     return prod(ceil(tile[a] / upper[a]) for a in expr.spatial) * lanes * spread
 
 
+@lru_cache(maxsize=65536)  # asked by two rules on every block tile they judge, then by the capacity checks
 def block_thread_count(expr: TensorExpr, device: DeviceSpec, tile: Tile, upper: Tile) -> int:
     """`thread_count` of a GPU block tile over the register tile `upper` on `device`."""
     return thread_count(expr, tile, upper, tile_lanes(expr, device), cross_thread_axis(expr, device))
