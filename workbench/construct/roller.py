@@ -279,7 +279,7 @@ class RollerPolicy(Policy):
         space, layer, upper = self.space, state.layer, self.space.upper_of(state)
         if space.over_thread_limits(layer, grown, upper):
             return self.describe("threads", layer=space.layer_names[layer])
-        if space.over_capacity(layer, grown, upper):
+        if space.footprint(layer, grown, upper) > space.capacity(layer):  # `over_capacity`, its thread limits just checked
             return self.describe("capacity", layer=space.layer_names[layer])
         if not self.no_reuse and not self.ask(_fits_below, state.eps, layer, grown):
             return self.describe("below", layer=space.layer_names[layer + 1])
