@@ -26,6 +26,7 @@ from helpers import (
 from test_alignment import AVX2, AVX512
 from test_invariants import KIB, assert_within_limits, detected_cpu
 
+from workbench.construct.roller import RollerPolicy
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes
@@ -316,6 +317,25 @@ def test_the_eps_ladder_keeps_steps_for_its_last_round():
     assert ran[0] == 0.05 and ran[-1] == 1.0 and not {s.action.eps for s in kept} & set(ran)
     for cand in stepper.candidates():
         assert_within_limits(stepper.space, cand.program)
+
+
+@pytest.mark.parametrize("wid, dev", [("roller-table1:R2", "v100"), ("cpu-core:relu", "avx2")])
+def test_a_replayed_round_takes_the_steps_a_search_takes(monkeypatch, wid, dev):
+    """A round of the eps ladder that asks the last round's eps-dependent questions and gets the
+    same answers replays that round's steps (`RollerPolicy._replay`): the construction's steps are
+    those of searching every round, action for action, state for state (the round's eps in it),
+    node, edge, alternatives and note, and so are its candidates."""
+    spec = device(dev) if dev == "v100" else detected_cpu("avx2", 2, 32 * KIB, 512 * KIB)
+    e = workload_expr(WORKLOADS[wid])
+    replays, replay = [], RollerPolicy._replay
+    monkeypatch.setattr(RollerPolicy, "_replay", lambda self, eps, start: replays.append(eps) or replay(self, eps, start))
+    replayed = Stepper(e, spec)
+    replayed.run_to_end()
+    monkeypatch.setattr(RollerPolicy, "_replayable", lambda self, eps, start: False)
+    searched = Stepper(e, spec)
+    searched.run_to_end()
+    assert len(replays) >= 3  # rounds at 0.2, 0.4, 0.7 take the steps of the one at 0.1
+    assert replayed.steps == searched.steps and replayed.candidates() == searched.candidates()
 
 
 def test_prime_matmul_gets_candidates_by_widening_eps():

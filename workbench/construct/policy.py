@@ -63,6 +63,11 @@ class Policy:
         self._emitted: set = set()
         self._count = 0
         self._visits: Counter = Counter()
+        self._priced: dict[RProgram, tuple[RProgram, Estimate]] = {}  # `priced`
+        # graph keys and nodes by what makes them (`key`, `node`): the eps ladder's rounds and a
+        # walk's revisits record the same ones again
+        self._keys: dict[tuple, str] = {}
+        self._nodes: dict[tuple, Node] = {}
 
     def round(self, eps: float) -> Iterator[Step]:
         raise NotImplementedError
@@ -97,12 +102,12 @@ class Policy:
         long reduction over few outputs (roller-table1 M1, 128 x 4032 x 1000) keeps a tile
         with reuse instead of shrinking it to a few outputs a thread."""
         space = self.space
-        whole = split_k(space.program_of(state), space.device)
+        whole = self.priced(space.program_of(state))
         if whole[0].split <= 1:
             return False
         for axis, tiles in shrinks:  # as `emit` applies them
             state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
-        shrunk = split_k(space.program_of(state), space.device)
+        shrunk = self.priced(space.program_of(state))
         return whole[1].predicted_seconds < shrunk[1].predicted_seconds
 
     @property
@@ -122,7 +127,7 @@ class Policy:
         tiles, less a CPU L1 tile's K where that only splits a loop) and its virtual threads."""
         space, arrived = self.space, state
         units, grid = space.device.compute_units, space.calc.spatial_tiles
-        shrinks = space.shrinks(state.recorded, state.eps)
+        shrinks = self.ask(shrinks_at, state.eps, state.recorded)
         if shrinks and self._split_unshrunk(state, shrinks):
             shrinks = ()  # split-K fills the units with the whole tile (`_split_unshrunk`)
         for axis, tiles in shrinks:
@@ -136,7 +141,7 @@ class Policy:
             yield from self.repeated(state)
             return
         self._emitted.add(key)
-        program, est = split_k(program, space.device)
+        program, est = self.priced(program)
         split = program.split if program.split > 1 else 0  # recorded so that `replay` splits it too
         done = replace(state, tile=(), actions=state.actions + (Action(Kind.EMIT, space.n_tile_layers, count=split),))
         cand = Candidate(program, est, space.device, done.actions)
@@ -148,9 +153,22 @@ class Policy:
                              predicted=duration(est.predicted_seconds), bottleneck=est.bottleneck)
         yield self.record(Step(done.actions[-1], done, node, edge, note=note, candidate=cand, temperature=self.marker_temperature))
 
+    def priced(self, program: RProgram) -> tuple[RProgram, Estimate]:
+        """`split_k` of `program` on the space's device, memoised: `_split_unshrunk` prices the
+        program that `emit` then emits."""
+        found = self._priced.get(program)
+        if found is None:
+            found = self._priced[program] = split_k(program, self.space.device)
+        return found
+
     def repeated(self, state: State) -> Iterator[Step]:
         """Steps taken when `emit` meets a program emitted before: none by default."""
         return iter(())
+
+    def ask(self, query, eps: float, *args):
+        """`query(space, eps, *args)`: an answer of the space that depends on eps (a policy that
+        replays rounds keeps them: `roller.RollerPolicy`)."""
+        return query(self.space, eps, *args)
 
     # -- step records --------------------------------------------------------------------------
     def describe(self, event: str, **facts) -> str:
@@ -172,13 +190,21 @@ class Policy:
 
     def key(self, state: State) -> str:
         """The graph key of a state: its tiles, plus its virtual threads where any are set."""
-        return state_key(self.space, state) + _vthread_suffix(state)
+        found = (state.layer, state.tile, state.recorded, state.vthreads)
+        key = self._keys.get(found)
+        if key is None:
+            key = self._keys[found] = state_key(self.space, state) + _vthread_suffix(state)
+        return key
 
     def node(self, state: State, status: str, tile=None, score=None, predicted=None) -> Node:
         """The graph node of `state` (of `tile` at its layer, where given)."""
-        node = make_node(self.space, state, status, tile, score, predicted)
-        suffix = _vthread_suffix(state)
-        return replace(node, key=node.key + suffix) if suffix else node
+        made = (state.layer, state.tile if tile is None else tile, state.recorded, state.vthreads, status, score, predicted)
+        node = self._nodes.get(made)
+        if node is None:
+            node = make_node(self.space, state, status, tile, score, predicted)
+            suffix = _vthread_suffix(state)
+            node = self._nodes[made] = replace(node, key=node.key + suffix) if suffix else node
+        return node
 
 
 def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:
@@ -206,6 +232,11 @@ def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:
         if split_est.predicted_seconds < best[0]:
             best = (split_est.predicted_seconds, split, split_est)
     return best[1], best[2]
+
+
+def shrinks_at(space: Space, eps: float, tiles) -> tuple:
+    """`Space.shrinks` of `tiles` at `eps` (a query for `Policy.ask`)."""
+    return space.shrinks(tiles, eps)
 
 
 def _vthread_suffix(state: State) -> str:

@@ -40,6 +40,7 @@ two top tiles, 8 x 16 and 8 x 32, and the start's four programs).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 from workbench.construct.graph import Edge
@@ -90,6 +91,12 @@ class RollerPolicy(Policy):
         self.no_reuse = False
         self._fill = False  # the eps ladder's last round: the lowest cache layer's chain are programs too
         self._scores: dict[tuple, float] = {}  # `_reuse` at a CPU's first cache layer
+        # step records the eps ladder's rounds make again (`_alternatives`, `_step`)
+        self._alts: dict[tuple, tuple[Alternative, ...]] = {}
+        self._marked: dict[tuple, tuple[Alternative, ...]] = {}
+        self._log: list | None = None  # the eps-dependent answers of the round running (`ask`)
+        self._round_steps: list[Step] | None = None  # and its steps (`record`)
+        self._last: _Round | None = None  # the last round a later one may replay (`_replayable`)
 
     # -- driver ------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
@@ -104,11 +111,68 @@ class RollerPolicy(Policy):
         mode = self.describe("no_reuse") if self.no_reuse else ""
         note = self.describe("start", tile="x".join(map(str, state.tile)), axes=" x ".join(self.space.axes), layer=self.space.layer_names[0],
                              eps=eps, mode=mode)
-        yield self.record(Step(state.actions[-1], state, self.node(state, "start"), None, note=note))
+        start = Step(state.actions[-1], state, self.node(state, "start"), None, note=note)
+        if self._replayable(eps, state):
+            yield from self._replay(eps, start)
+            return self._done()
+        found, self._log, self._round_steps = len(self.candidates), [], []
+        yield self.record(start)
         yield from self._enlarge(state)
         if self.no_reuse and self._fill:  # the start tile is on the growth chain too (module docstring)
             yield from self._descend(state)
+        self._last = None
+        if len(self.candidates) == found and not self._done():
+            self._last = _Round(state.tile, self.no_reuse, self._fill, tuple(self._round_steps), tuple(self._log),
+                                frozenset(self._visited), frozenset(self._descended))
+        self._log = self._round_steps = None
         return self._done()
+
+    # -- replaying a round -------------------------------------------------------------------
+    # A round at a larger eps often takes the very steps of the one before it (gemv-4096 on an
+    # AVX2 core: the rounds at eps 0.1 to 0.7, 424 steps each): eps reaches a round only through
+    # the answers `ask` keeps (aligned sizes, fits, descents, Roller-S's shrinks) and the start
+    # (its tile, whether the operator has reuse), so where each of them is the same at the new
+    # eps, and the last round emitted nothing new, the new round is the last one's steps with
+    # the new eps in their states, and is replayed so rather than searched again.
+    def ask(self, query, eps: float, *args):
+        answer = query(self.space, eps, *args)
+        self._keep(query, args, answer)
+        return answer
+
+    def _keep(self, query, args: tuple, answer) -> None:
+        """Keep `query`'s answer for `args` in the log of the round running, if any (`ask`)."""
+        if self._log is not None:
+            self._log.append((query, args, answer))
+
+    def record(self, step: Step) -> Step:
+        if self._round_steps is not None:
+            self._round_steps.append(step)
+        return super().record(step)
+
+    def _replayable(self, eps: float, start: State) -> bool:
+        """Whether the round at `eps` from `start` takes the steps of the last round kept
+        (`_Round`): the same start, the same eps-free choices of the driver, room for its steps,
+        and every answer it asked the same at `eps`."""
+        last = self._last
+        if last is None or (last.tile, last.no_reuse, last.fill) != (start.tile, self.no_reuse, self._fill):
+            return False
+        if self._count + len(last.steps) >= self.options.max_steps:
+            return False
+        return all(query(self.space, eps, *args) == answer for query, args, answer in last.log)
+
+    def _replay(self, eps: float, start: Step) -> Iterator[Step]:
+        """The last round's steps again, from `start`, each state at `eps` (`_replayable`)."""
+        last, first = self._last, start.state.actions[0]
+        self._visited, self._descended = set(last.visited), set(last.descended)
+        yield self.record(start)
+        states: dict[int, State] = {}  # by the identity of the last round's state (steps share them)
+        for step in last.steps[1:]:
+            old, new = step.state, None
+            if old is not None:
+                new = states.get(id(old))
+                if new is None:
+                    new = states[id(old)] = State(old.layer, old.tile, old.recorded, eps, old.vthreads, (first,) + old.actions[1:])
+            yield self.record(Step(step.action, new, step.node, step.edge, step.alternatives, step.note, step.candidate, step.temperature))
 
     def _done(self) -> bool:
         return self.enough or self.out_of_steps
@@ -129,7 +193,7 @@ class RollerPolicy(Policy):
             yield self.marker(state, Action(Kind.LAYER_FULL, state.layer), self.describe("no_growth"))
             yield from self._descend(state, depth)
             return
-        alternatives = tuple(Alternative(Action(Kind.GROW, state.layer, a, t[a]), t, s) for a, t, s in options)
+        alternatives = self._alternatives(state.layer, options)
         for axis, grown, score in options:
             if self._done():  # stop after TopK programs
                 return
@@ -144,6 +208,7 @@ class RollerPolicy(Policy):
                 yield from self._descend(state, depth)
                 continue
             nxt = apply(self.space, state, Action(Kind.GROW, state.layer, axis, size))
+            self._keep(_aligned, (state.layer, grown, self.space.upper_of(state)), True)  # what `apply` asked
             note = self.describe("grow", axis=self.space.axes[axis], size=size, score=score)
             yield self._step(state, nxt.actions[-1], "explored", grown, score, alternatives, note, nxt)
             if self.no_reuse and state.layer == 0:  # no reuse: every top tile is a program (module doc)
@@ -166,7 +231,7 @@ class RollerPolicy(Policy):
             # Nothing to gain per step without reuse: double (next aligned size >= 2x) so a
             # lower layer fills in log steps rather than one transaction at a time.
             starts = tuple(max(t, 2 * t - u) for t, u in zip(state.tile, upper))
-        sizes = next_aligned_sizes(space.context(state.layer, upper, state.eps), state.tile, starts=starts)
+        sizes = self.ask(_aligned_sizes, state.eps, state.layer, upper, state.tile, starts)
         options = []
         for axis, size in enumerate(sizes):
             if size is not None:
@@ -215,9 +280,9 @@ class RollerPolicy(Policy):
         space, layer, upper = self.space, state.layer, self.space.upper_of(state)
         if space.over_thread_limits(layer, grown, upper):
             return self.describe("threads", layer=space.layer_names[layer])
-        if space.over_capacity(layer, grown, upper):
+        if space.footprint(layer, grown, upper) > space.capacity(layer):  # `over_capacity`, its thread limits just checked
             return self.describe("capacity", layer=space.layer_names[layer])
-        if not self.no_reuse and not space.fits_below(layer, grown, state.eps):
+        if not self.no_reuse and not self.ask(_fits_below, state.eps, layer, grown):
             return self.describe("below", layer=space.layer_names[layer + 1])
         if space.device.runs_on_cpu and not self.no_reuse and score <= 0 and layer < space.n_tile_layers - 1:
             return self.describe("no_gain")
@@ -229,27 +294,82 @@ class RollerPolicy(Policy):
         if key in self._descended or self._done():
             return
         self._descended.add(key)
+        asked = (state.layer, state.tile, state.recorded, state.vthreads)
         try:
             nxt = descend_within_limits(self.space, state)
-        except OverCapacity:
+        except OverCapacity as err:
+            self._keep(_descent, asked, (type(err).__name__, str(err)))
             note = self.describe("no_fit_below", layer=self._layer_label(state.layer + 1))
             yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), note)
             return
         except IllegalAction as err:
+            self._keep(_descent, asked, (type(err).__name__, str(err)))
             yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), str(err))
             return
+        self._keep(_descent, asked, (nxt.layer, nxt.tile, nxt.recorded))
         yield self._step(state, nxt.actions[-1], "explored", None, None, (), self.describe("descend", layer=self._layer_label(nxt.layer)), nxt)
         yield from self._enlarge(nxt, depth + 1)
 
     # -- step records ------------------------------------------------------------------------
+    def _alternatives(self, layer: int, options) -> tuple[Alternative, ...]:
+        """The options of `_options` at `layer` as a step records them; one tuple per distinct
+        options, which the eps ladder's rounds meet again."""
+        key = (layer, tuple(options))
+        alternatives = self._alts.get(key)
+        if alternatives is None:
+            alternatives = self._alts[key] = tuple(Alternative(Action(Kind.GROW, layer, a, t[a]), t, s) for a, t, s in options)
+        return alternatives
+
     def _step(self, state, action, status, tile, score, alternatives, note, nxt=None) -> Step:
         """A step that moves from `state` (to `nxt`, or tries `tile` there), with the options it
         chose among, the one at `tile` marked chosen."""
         node = self.node(state, status, tile, score) if nxt is None else self.node(nxt, status, None, score)
         edge = Edge(self.key(state), node.key, action.describe(self.space.axes, self.space.layer_names), score)
-        # the options as `_enlarge` built them (no probability, no note), the one at `tile` marked
-        alts = tuple(Alternative(a.action, a.tile, a.score, None, "chosen") if a.tile == tile else a for a in alternatives)
+        # the options as `_enlarge` built them (no probability, no note), the one at `tile` marked;
+        # by the options' identity (`_alternatives` keeps each tuple alive)
+        marked = (id(alternatives), tile)
+        alts = self._marked.get(marked)
+        if alts is None:
+            alts = self._marked[marked] = tuple(Alternative(a.action, a.tile, a.score, None, "chosen") if a.tile == tile else a
+                                                for a in alternatives)
         return self.record(Step(action, nxt if nxt is not None else state, node, edge, alts, note))
 
     def _layer_label(self, layer: int) -> str:
         return self.space.layer_names[min(layer, len(self.space.layer_names) - 1)]
+
+
+@dataclass(frozen=True)
+class _Round:
+    """A finished round that emitted nothing new, as `RollerPolicy._replayable` compares a
+    later one with it: its start tile and driver flags, its steps, the eps-dependent answers it
+    asked (`ask`: query, arguments, answer) and the tiles it visited and recorded."""
+
+    tile: tuple[int, ...]
+    no_reuse: bool
+    fill: bool
+    steps: tuple[Step, ...]
+    log: tuple[tuple, ...]
+    visited: frozenset
+    descended: frozenset
+
+
+# The eps-dependent questions a round asks (`RollerPolicy.ask`), each (space, eps, *arguments).
+def _aligned_sizes(space, eps: float, layer: int, upper, tile, starts):
+    return next_aligned_sizes(space.context(layer, upper, eps), tile, starts=starts)
+
+
+def _fits_below(space, eps: float, layer: int, tile) -> bool:
+    return space.fits_below(layer, tile, eps)
+
+
+def _aligned(space, eps: float, layer: int, tile, upper) -> bool:
+    return space.aligned(layer, tile, upper, eps)
+
+
+def _descent(space, eps: float, layer: int, tile, recorded, vthreads) -> tuple:
+    """Where `descend_within_limits` takes the state: its layer and tiles, or the refusal."""
+    try:
+        nxt = descend_within_limits(space, State(layer, tile, recorded, eps, vthreads))
+    except IllegalAction as err:
+        return type(err).__name__, str(err)
+    return nxt.layer, nxt.tile, nxt.recorded

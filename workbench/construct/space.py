@@ -90,11 +90,12 @@ class Action:
 
     def describe(self, axes: tuple[str, ...], layers: tuple[str, ...]) -> str:
         where = f" at {layers[self.layer]}" if 0 <= self.layer < len(layers) else ""
+        kind = self.kind.value  # its `str` (formatting the member goes through Enum.__format__)
         if self.kind in RESIZES:
-            return f"{self.kind} {axes[self.axis]} to {self.size}{where}"
+            return f"{kind} {axes[self.axis]} to {self.size}{where}"
         if self.kind == Kind.SET_VTHREAD:
             return f"set_vthread {axes[self.axis]} x{self.count}{where}"
-        return f"{self.kind}{where}"
+        return f"{kind}{where}"
 
 
 @dataclass(frozen=True)

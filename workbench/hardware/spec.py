@@ -127,12 +127,12 @@ class DeviceSpec:
                 return layer
         raise KeyError(name)
 
-    @property
+    @cached_property  # a fact of the kind, asked on every rule check and capacity check
     def runs_on_cpu(self) -> bool:
         """Kernels run on CPU cores (an LLVM target, TVM's thread pool), not on an accelerator."""
         return self.kind == "cpu"
 
-    @property
+    @cached_property
     def launches_thread_blocks(self) -> bool:
         """Kernels launch as a grid of thread blocks (a GPU target: CUDA, ROCm)."""
         return self.kind == "gpu"
@@ -146,7 +146,7 @@ class DeviceSpec:
     # Each is a fact of the hardware (or of how the workbench's code generators drive it); the
     # answers follow from `kind` today, but callers ask the question, not the kind.
 
-    @property
+    @cached_property
     def lanes_are_threads(self) -> bool:
         """The `warp_size` lanes are threads (SIMT: a warp of 32 on NVIDIA, a wavefront of 64 on
         AMD), each with its own 32-bit registers and its own register tile, scheduled a warp at a
@@ -155,14 +155,14 @@ class DeviceSpec:
         rule (§3.1) aligns to the parallel width the tile runs on: the warp, or the SIMD width."""
         return self.kind == "gpu"
 
-    @property
+    @cached_property
     def register_bytes(self) -> int:
         """Bytes of one register a thread's tile lives in: a 32-bit register per SIMT lane
         (`registers_per_unit` counts them), or a vector register of `warp_size` 32-bit lanes on
         a CPU core; `registers_per_thread_cap` counts registers of this size."""
         return 4 if self.lanes_are_threads else 4 * self.warp_size
 
-    @property
+    @cached_property
     def fma_accumulators(self) -> int:
         """Independent vector accumulators a CPU core's register micro-kernel needs to keep
         every FMA pipe busy: a reduction's FMA into one accumulator waits for the previous one

@@ -43,7 +43,7 @@ class TensorAccess:
     role: str  # "input" | "output"
     index: tuple[tuple[tuple[int, ...], int], ...]
 
-    @property
+    @cached_property
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 

@@ -38,6 +38,7 @@ class AccumulatorRule(WholeTileRule):
     accumulators, so that the pipes never wait on an FMA latency."""
 
     name = "accumulators"
+    reads_eps = True  # through `required_accumulators`
 
     def tile_ok(self, ctx, tile):
         need = required_accumulators(ctx)
@@ -158,24 +159,38 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
     answers = _answers(ctx, rules)
-    return all(_axis_ok(ctx, a, s, answers) for a, s in enumerate(tile)) and _tile_ok(ctx, tile, answers)
+    for a, s in enumerate(tile):
+        if not _axis_ok(ctx, a, s, answers):
+            return False
+    return _tile_ok(ctx, tile, answers)
 
 
 class _Answers:
     """The rules' answers at one context found so far: per (axis, upper size along it, size),
     shared by every context of the layer and eps (`axes`), and below that, for the per-axis rules
     that do not read eps, by every eps as well (`steady`: the eps ladder's rounds scan the same
-    sizes again); and per whole tile, with the rules that can refuse each (`rules.refusing`)."""
+    sizes again); and per whole tile (`tiles`), with the rules that can refuse each
+    (`rules.refusing`), below that, for the whole-tile rules that do not read eps, per (upper
+    tile, tile) for every eps of the layer (`steady_tiles`)."""
 
-    __slots__ = ("per_axis", "whole", "axes", "steady", "steady_rules", "eps_rules", "tiles")
+    __slots__ = ("per_axis", "whole", "axes", "steady", "steady_rules", "eps_rules", "tiles", "steady_tiles",
+                 "steady_whole", "eps_whole")
 
-    def __init__(self, rules, axes: dict, steady: dict):
-        self.per_axis, self.whole = refusing(rules)
-        self.steady_rules = tuple(r for r in self.per_axis if not getattr(r, "reads_eps", False))
-        self.eps_rules = tuple(r for r in self.per_axis if getattr(r, "reads_eps", False))
+    def __init__(self, rules, axes: dict, steady: dict, steady_tiles: dict):
+        self.per_axis, self.whole, self.steady_rules, self.eps_rules, self.steady_whole, self.eps_whole = _partition(rules)
         self.axes: dict[tuple[int, int, int], bool] = axes
         self.steady: dict[tuple[int, int, int], bool] = steady
         self.tiles: dict[Tile, bool] = {}
+        self.steady_tiles: dict[tuple[Tile, Tile], bool] = steady_tiles
+
+
+@lru_cache(maxsize=64)
+def _partition(rules) -> tuple[tuple[AlignmentRule, ...], ...]:
+    """`rules` as `_Answers` asks them: those that can refuse a size, those that can refuse a
+    tile (`rules.refusing`), then of each, those that do not read eps and those that do."""
+    per_axis, whole = refusing(rules)
+    return (per_axis, whole, *(tuple(r for r in group if getattr(r, "reads_eps", False) == reads)
+                               for group in (per_axis, whole) for reads in (False, True)))
 
 
 # The rules are pure functions of their context; a construction asks them about the same sizes
@@ -185,7 +200,7 @@ class _Answers:
 def _answers(ctx: AlignContext, rules) -> _Answers:
     """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
     return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules),
-                    _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules))
+                    _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules), _tile_answers(ctx.expr, ctx.device, ctx.layer, rules))
 
 
 @lru_cache(maxsize=1024)
@@ -193,6 +208,13 @@ def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float |
     """The per-axis answers of `rules` at a layer and eps (None: of those rules that do not read
     eps), by (axis, upper size, size): a per-axis rule reads the tile above along its own axis
     only (`rules.AlignmentRule`)."""
+    return {}
+
+
+@lru_cache(maxsize=1024)
+def _tile_answers(expr: TensorExpr, device: DeviceSpec, layer: int, rules) -> dict:
+    """The whole-tile answers of those of `rules` that do not read eps at a layer, by (upper
+    tile, tile)."""
     return {}
 
 
@@ -204,7 +226,11 @@ def _axis_ok(ctx: AlignContext, axis: int, size: int, answers: _Answers) -> bool
         ok = answers.steady.get(key)
         if ok is None:
             ok = answers.steady[key] = all(r.axis_ok(ctx, axis, size) for r in answers.steady_rules)
-        ok = answers.axes[key] = ok and all(r.axis_ok(ctx, axis, size) for r in answers.eps_rules)
+        for rule in answers.eps_rules if ok else ():
+            if not rule.axis_ok(ctx, axis, size):
+                ok = False
+                break
+        answers.axes[key] = ok
     return ok
 
 
@@ -212,16 +238,27 @@ def _tile_ok(ctx: AlignContext, tile: Tile, answers: _Answers) -> bool:
     """Whether every rule accepts the whole `tile` at `ctx` (`answers`: its `_answers`)."""
     ok = answers.tiles.get(tile)
     if ok is None:
-        ok = answers.tiles[tile] = all(r.tile_ok(ctx, tile) for r in answers.whole)
+        key = (ctx.upper, tile)
+        ok = answers.steady_tiles.get(key)
+        if ok is None:
+            ok = answers.steady_tiles[key] = all(r.tile_ok(ctx, tile) for r in answers.steady_whole)
+        for rule in answers.eps_whole if ok else ():
+            if not rule.tile_ok(ctx, tile):
+                ok = False
+                break
+        answers.tiles[tile] = ok
     return ok
 
 
-def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True) -> int | None:
+def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True, answers=None) -> int | None:
+    """The next aligned size of `axis` from `tile` in `direction` (`answers`: `_answers(ctx,
+    rules)`, where the caller has it)."""
     base = ctx.upper[axis]
     extent = ctx.expr.axes[axis].extent
     multiple = tile[axis] // base
     limit = ceil(extent / base)  # one tile covering the whole axis
-    answers = _answers(ctx, rules)
+    if answers is None:
+        answers = _answers(ctx, rules)
     known = answers.axes
     for _ in range(MAX_SCAN):
         multiple += direction
@@ -251,10 +288,10 @@ def next_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES, starts=None) 
     """Per axis, the next larger aligned size (None when the axis cannot grow), scanning up from
     `starts[a]` where given instead of `tile[a]`; the rest of the tile is `tile` either way, so
     the whole-tile rules judge the tile that growing one axis makes."""
-    return tuple(
-        _scan(ctx, tile if starts is None else tile[:a] + (starts[a],) + tile[a + 1 :], a, +1, rules)
-        for a in range(len(tile))
-    )
+    answers = _answers(ctx, rules)
+    if starts is None:
+        return tuple([_scan(ctx, tile, a, +1, rules, True, answers) for a in range(len(tile))])
+    return tuple([_scan(ctx, tile[:a] + (starts[a],) + tile[a + 1 :], a, +1, rules, True, answers) for a in range(len(tile))])
 
 
 def prev_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES) -> tuple[int | None, ...]:
@@ -346,12 +383,23 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     group = block_thread_multiple(ctx.device) if grouped else ctx.device.warp_size
     need = max(1, group // lanes)  # threads per group of warps, a fragment tile counting as a warp
     accepted: dict[tuple[int, int], bool] = {}
+    answers = _answers(ctx, rules)
 
     def ok(i: int, m: int) -> bool:
-        if (i, m) not in accepted:
+        found = accepted.get((i, m))
+        if found is None:
             a = spatial[i]
-            accepted[i, m] = m <= rooms[i] and _axis_ok(ctx, a, m * upper[a], _answers(ctx, rules))
-        return accepted[i, m]
+            found = accepted[i, m] = m <= rooms[i] and _axis_ok(ctx, a, m * upper[a], answers)
+        return found
+
+    def factorizations(n: int, i: int = 0) -> list[tuple[int, ...]]:
+        """Every ordered way of writing n as a product of one multiple per spatial axis from the
+        i-th on that `ok` accepts, by the first axis's multiple, smallest first, then the next's."""
+        if i == len(spatial):
+            return [()] if n == 1 else []
+        if i == len(spatial) - 1:
+            return [(n,)] if ok(i, n) else []
+        return [(d,) + rest for d in _divisors(n) if ok(i, d) for rest in factorizations(n // d, i + 1)]
 
     def waste(ms) -> float:
         return prod(ceil(ctx.expr.axes[a].extent / (m * upper[a])) * m * upper[a] / ctx.expr.axes[a].extent for a, m in zip(spatial, ms))
@@ -375,7 +423,7 @@ def _warp_fill(ctx: AlignContext, rules) -> tuple[int, ...] | None:
     most = max(need, ctx.device.max_threads_per_block // lanes)
     cover = tuple(rooms) if prod(rooms) <= most and all(ok(i, m) for i, m in enumerate(rooms)) else None
     for threads in range(need, most + 1, need):
-        found = [ms for ms in _factorizations(threads, len(spatial)) if all(ok(i, m) for i, m in enumerate(ms))]
+        found = factorizations(threads)
         if cover is not None and prod(cover) <= threads:
             found.append(cover)
         if found:
@@ -416,8 +464,6 @@ def _reduce_fill(ctx: AlignContext, rules, axis: int) -> int | None:
 
 
 @lru_cache(maxsize=1024)
-def _factorizations(n: int, parts: int) -> tuple[tuple[int, ...], ...]:
-    """Every ordered way of writing n as a product of `parts` positive integers."""
-    if parts <= 1:
-        return ((n,),) if parts == 1 else (((),) if n == 1 else ())
-    return tuple((d,) + rest for d in range(1, n + 1) if n % d == 0 for rest in _factorizations(n // d, parts - 1))
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of n, smallest first."""
+    return tuple(d for d in range(1, n + 1) if n % d == 0)

@@ -7,6 +7,7 @@ asks what a second buffer of the staged tiles costs; `buffers` is always the cal
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import ceil
 
 from workbench.hardware.spec import DeviceSpec
@@ -18,6 +19,7 @@ STAGES = 2  # copy of step s + 1, compute of step s: two buffers of every staged
 ASYNC_ARCH = 80  # cp.async: sm_80 (Ampere) and later
 
 
+@lru_cache(maxsize=64)  # asked by every occupancy count of every program
 def async_copies(device: DeviceSpec) -> bool:
     """Whether the device copies global to shared memory asynchronously: CUDA `cp.async`, which
     needs sm_80 or later (PTX ISA 7.0, `cp.async`: "Requires sm_80 or higher")."""
@@ -97,6 +99,9 @@ def occupancy_limits(program: RProgram, device: DeviceSpec, buffers: int) -> dic
     return limits
 
 
+# Memoised: the pricing of one program asks for it at every stage it prices, and the pipelining
+# rule with one and two buffers.
+@lru_cache(maxsize=65536)
 def blocks_per_unit(program: RProgram, device: DeviceSpec, buffers: int) -> tuple[int, int]:
     """(threads per block, blocks resident per unit) on a GPU: the fewest that any of the
     unit's resources allows (`occupancy_limits`, the staged tiles in `buffers` copies:

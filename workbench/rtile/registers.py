@@ -5,6 +5,7 @@ layer's footprint, `rprogram.layer_footprint`) and the threads of a GPU block. P
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
@@ -46,6 +47,7 @@ def partial_sums(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     return tile[axis] if axis is not None and expr.axes[axis].kind == "reduce" else 1
 
 
+@lru_cache(maxsize=65536)  # asked by every capacity check of a register tile and the fill's scans
 def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     """Vector registers a CPU register micro-kernel of `tile` needs: its `accumulators`, one row
     of vectors along the `lane_axis` for every input the axis indexes (loaded once per
@@ -101,6 +103,7 @@ def thread_count(expr: TensorExpr, tile: Tile, upper: Tile, lanes: int = 1, acro
     return prod(ceil(tile[a] / upper[a]) for a in expr.spatial) * lanes * spread
 
 
+@lru_cache(maxsize=65536)  # asked by two rules on every block tile they judge, then by the capacity checks
 def block_thread_count(expr: TensorExpr, device: DeviceSpec, tile: Tile, upper: Tile) -> int:
     """`thread_count` of a GPU block tile over the register tile `upper` on `device`."""
     return thread_count(expr, tile, upper, tile_lanes(expr, device), cross_thread_axis(expr, device))

@@ -57,8 +57,8 @@ class AlignContext:
 
 class AlignmentRule(Protocol):
     name: str
-    # whether `axis_ok` reads `ctx.eps` (its answers are then kept per eps, the others' for
-    # every eps: `alignment._Answers`); a rule without the attribute reads none
+    # whether `axis_ok` or `tile_ok` reads `ctx.eps` (its answers are then kept per eps, the
+    # others' for every eps: `alignment._Answers`); a rule without the attribute reads none
     reads_eps: bool
 
     def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool:
