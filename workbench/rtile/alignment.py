@@ -251,8 +251,9 @@ def _tile_ok(ctx: AlignContext, tile: Tile, answers: _Answers) -> bool:
 
 
 def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True, answers=None) -> int | None:
-    """The next aligned size of `axis` from `tile` in `direction` (`answers`: `_answers(ctx,
-    rules)`, where the caller has it)."""
+    """The next aligned size of `axis` from `tile` in `direction` within `MAX_SCAN` steps of
+    the tile above, else, growing, the whole axis where that is aligned (`answers`:
+    `_answers(ctx, rules)`, where the caller has it)."""
     base = ctx.upper[axis]
     extent = ctx.expr.axes[axis].extent
     multiple = tile[axis] // base
