@@ -182,14 +182,19 @@ class VectorLanesRule(PerAxisRule):
     """Execution unit, a CPU register tile: along the axis the SIMD lanes run along (`lane_axis`)
     a multiple of the lanes, or the whole axis when it is shorter, and along a reduction a whole
     number of cache lines as well (`_lane_step`; our rule: each K-step of gemv then advances
-    every row's stream by whole lines; evidence: docs/model-evidence.md#execution-unit-rules)."""
+    every row's stream by whole lines; evidence: docs/model-evidence.md#execution-unit-rules).
+    A convolution's filters (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12,
+    not 11): the template vectorises no other (`panels.filter_vector_axis`), and pads filters
+    that no multiple of the lanes divides to whole tiles instead (`panels.pads_filters`)."""
 
     name = "vector-lanes"
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or ctx.device.lanes_are_threads or axis != lane_axis(ctx.expr, ctx.device):
             return True
-        return size == ctx.expr.axes[axis].extent or size % _lane_step(ctx.expr, ctx.device, axis) == 0
+        if size % _lane_step(ctx.expr, ctx.device, axis) == 0:
+            return True
+        return size == ctx.expr.axes[axis].extent and not (filter_lanes(ctx.expr, axis) and size % 4)
 
 
 class AutovectorRowRule(PerAxisRule):
