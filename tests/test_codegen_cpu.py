@@ -533,6 +533,39 @@ def test_convolutions_along_their_filters_match_numpy(case):
         assert f"< {params['F']})" not in _block(script, "O_update")  # whole vectors, no filter guard
 
 
+def test_padded_filters_keep_a_fused_epilogue_on_the_real_filters(tmp_path):
+    """resnet_block's conv + bias, batch norm and relu (64 filters) in unit tiles of three
+    register rows of a vector (24 filters on 8 lanes): the filters are padded to whole unit
+    tiles (72 on 8 lanes, 96 on 16), the epilogue is folded into the
+    write-back of the padded accumulator, which keeps the 64 real filters (a guard on the last
+    tile), and the kernel matches TVM's default lowering in a run of the model."""
+    from tests.test_models_pick import SAMPLES
+    from workbench.models.execute import measure_operator, model_inputs, operator_references
+    from workbench.models.construction import construct_model
+    from workbench.models.onnx_import import import_model
+    from workbench.profile.runner import Timing
+    from workbench.profile.session import build_library
+
+    mc = construct_model(import_model(SAMPLES / "resnet_block.onnx"), device(CPU))
+    name = "fused_conv2d_add_multiply_add_relu"
+    (op,) = [r for r in mc.results if r.operator.func_name == name]
+    e = op.construction.expr
+    lanes = simd_lanes(device(CPU), 4)
+    chains = dict(nn=(1, 1, 1), ff=(lanes, lanes, 3 * lanes), yy=(2, 4, 16), xx=(1, 16, 16), rc=(1, 8, 64),
+                  ry=(1, 3, 3), rx=(1, 3, 3))
+    program = _program(e, chains)
+    assert cpu_plan(program, device(CPU)).padded_filters
+    script = schedule_cpu(e, program, device(CPU)).mod.script()
+    assert f"v_ff = T.axis.spatial(T.int64({-(-64 // (3 * lanes)) * 3 * lanes})," in _block(script, "conv2d_nchw_update")
+    writeback = _block(script, "conv2d_nchw_intermediate_pad")
+    assert "T.max(" in writeback and "< T.int64(64))" in writeback
+    built = build_library(e, program, device(CPU), 1, 0.0, str(tmp_path / "k.so"))
+    assert built.ok, built.error
+    args, expected = operator_references(mc.model, mc.device, model_inputs(mc.model, 0))[name]
+    got = measure_operator(built, args, expected, Timing(repeat=1, min_repeat_ms=0))
+    assert got.correct, got.error
+
+
 @pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
 def test_a_convolution_vectorises_its_filters_from_packed_panels(spec):
     """32 filters in 16-wide register rows (two 8-lane vectors or one 16-lane one) over a
