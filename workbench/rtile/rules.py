@@ -331,7 +331,10 @@ class TailRule(PerAxisRule):
     divisors 40 and 200 are not whole 64 B lines), the axis is ragged anyway and left to the
     tensor-shape rule. A convolution vectorised along its filters (`filter_axis`) guards its
     whole unrolled micro-kernel for a ragged output row or column, so there every axis, the
-    register tile's included, divides where a dividing tile exists. A reduction vectorised
+    register tile's included, divides where a dividing tile exists, but for the register tile's
+    output rows and columns a tile of 1 does not count: along a prime extent (23 x 13 outputs)
+    it would leave one accumulator per vector of filters, a latency-bound chain that the
+    guard's cost does not approach (evidence: docs/model-evidence.md#tail-rule). A reduction vectorised
     along its K (gemv) guards its unrolled micro-kernel the same way for a ragged row, and LLVM
     then unrolls and unswitches it or not by the row count. So its register tile's rows divide
     as well, where a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K,
@@ -349,7 +352,8 @@ class TailRule(PerAxisRule):
         along_k = ctx.layer == 0 and not filters and reduce_lanes(ctx.expr, lane)
         if ctx.layer == 0 and not (filters or along_k):
             return True
-        if along_k and kind == "spatial":  # a row of 1 always divides: ragged where nothing longer does
+        if (along_k or filters) and ctx.layer == 0 and kind == "spatial" and axis != lane:
+            # a row of 1 always divides: ragged where nothing longer does
             return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
         if along_k and axis == lane:  # whole lines of whole vectors
             step = _lane_step(ctx.expr, ctx.device, axis)
