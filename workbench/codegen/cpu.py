@@ -29,7 +29,8 @@ nothing here decides on its own. A reduction with no
 vectorisable output axis (gemv, row sums) vectorises its innermost reduction axis instead:
 per-lane partial sums, summed once per tile (`_schedule_lanes`). A convolution with a vector of
 filters vectorises them instead of its output row: the filters packed into panels, the data
-broadcast, the accumulator filters-last (`_schedule_filters`). Elsewhere (depthwise convs,
+broadcast, the accumulator filters-last (`_schedule_filters`), filters the unit tile leaves
+ragged padded with zero filters (`_pad_filters`). Elsewhere (depthwise convs,
 pooling, elementwise) the hardware-managed caches need no buffer: the tiling alone realises
 the program's footprints, and storage padding emits nothing. Other tiles that do not divide an
 extent leave a guarded tail (TVM adds a block predicate), so prime extents stay correct.
@@ -260,7 +261,8 @@ def _pad_filters(sch, expr: TensorExpr, block, axis: int, unit: int) -> None:
     the filter panel) and accumulates into a padded output copied back, the real filters only
     (the write-back). `pad_einsum` takes only plain accesses (every index one iterator), so a
     windowed read (the data's `y*stride + r`) is first re-indexed by the block's iterators
-    (`reindex`: a copy of the windows) and that copy inlined back once the block is padded."""
+    (`reindex`: a copy of the windows) and that copy inlined back once the block is padded
+    (evidence: docs/evidence.md#cpu-padded-filters)."""
     from tvm.tirx import IntImm, Var
 
     def plain(region) -> bool:

@@ -65,7 +65,8 @@ def pads_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
     a tail along them (31 filters in tiles of 16, 347 in 32), as oneDNN pads its output-channel
     blocks. Every register tile then holds whole vectors of filters and runs unguarded; the
     padded filters' outputs are computed and dropped by the write-back, which the model prices
-    as the padded volume's flops (`model.estimate`'s `padded_flops`)."""
+    as the padded volume's flops (`model.estimate`'s `padded_flops`; evidence:
+    docs/evidence.md#cpu-padded-filters)."""
     axis = filter_vector_axis(expr, program, device)
     return axis is not None and ragged(expr, program, axis)
 
