@@ -556,7 +556,8 @@ def test_padded_filters_keep_a_fused_epilogue_on_the_real_filters(tmp_path):
     program = _program(e, chains)
     assert cpu_plan(program, device(CPU)).padded_filters
     script = schedule_cpu(e, program, device(CPU)).mod.script()
-    assert f"v_ff = T.axis.spatial(T.int64({-(-64 // (3 * lanes)) * 3 * lanes})," in _block(script, "conv2d_nchw_update")
+    padded = -(-64 // (3 * lanes)) * 3 * lanes
+    assert f"v_ff = T.axis.spatial(T.int64({padded})," in _block(script, "conv2d_nchw_update")
     writeback = _block(script, "conv2d_nchw_intermediate_pad")
     assert "T.max(" in writeback and "< T.int64(64))" in writeback
     built = build_library(e, program, device(CPU), 1, 0.0, str(tmp_path / "k.so"))

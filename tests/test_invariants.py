@@ -217,9 +217,9 @@ def conv_filters(e) -> int | None:
 
 def simd_lane_axis(e, dev) -> int | None:
     """The axis a CPU register tile fills its SIMD lanes along: a convolution's filters
-    (`conv_filters`) when they hold a vector (a ragged rest is padded with zero filters); else the output's contiguous axis if
-    every input reads consecutive values along it from its own contiguous dimension (or does
-    not read it), else a reduction's innermost axis of at least one vector of lanes that some
+    (`conv_filters`) when they hold a vector (a ragged rest is padded with zero filters); else
+    the output's contiguous axis if every input reads consecutive values along it from its own
+    contiguous dimension (or does not read it), else a reduction's innermost axis of at least one vector of lanes that some
     input reads and every input reads that way (per-lane partial sums), else none (scalar)."""
     def contiguous(t, a):
         dims = [d for d, (coeffs, _) in enumerate(t.index) if coeffs[a]]
