@@ -436,7 +436,8 @@ def test_convolutions_vectorise_their_filters(dev):
     row of filter vectors and one register per data element of a reduction step (rows x
     columns at stride 1 and 2 alike, the window axes at 1). Depthwise convs, pooling and
     matmul keep their axes; 6 filters (fewer than a vector) do not qualify, 20 do (a register
-    row of the whole 20 is five 4-lane pieces)."""
+    row of the whole 20 is five 4-lane pieces), and so do a vector and 3 (11 or 19: the
+    template pads them with zero filters)."""
     lanes = dev.warp_size
     for stride in (1, 2):
         conv = expr("conv2d", N=1, C=24, H=28, W=28, F=2 * lanes, KH=3, KW=3, stride=stride, pad=1)
@@ -449,6 +450,8 @@ def test_convolutions_vectorise_their_filters(dev):
     assert filter_axis(ragged) == 1 and lane_axis(ragged, dev) == 1
     few = expr("conv2d", N=1, C=24, H=28, W=28, F=6, KH=3, KW=3, stride=1, pad=1)
     assert filter_axis(few) == 1 and lane_axis(few, dev) == 3  # the output row, as before
+    prime = expr("conv2d", N=1, C=24, H=28, W=28, F=lanes + 3, KH=3, KW=3, stride=2, pad=1)
+    assert filter_axis(prime) == 1 and lane_axis(prime, dev) == 1  # padded to whole tiles
     dw = expr("depthwise_conv2d", N=1, C=64, H=28, W=28, KH=3, KW=3, stride=1, pad=1)
     pool = EXPRS["avgpool"]()
     assert filter_axis(dw) is None and filter_axis(pool) is None and filter_axis(matmul(64, 64, 64)) is None
@@ -803,3 +806,16 @@ def test_a_per_axis_rule_reads_the_tile_above_along_its_own_axis_only(dev, wid, 
                     for rule in RULES:
                         for size in range(base, min(axis.extent, 24 * base) + 1, base):
                             assert rule.axis_ok(here, a, size) == rule.axis_ok(there, a, size), (rule.name, wid, a, size)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_register_row_of_filters_is_whole_vectors_or_whole_4_lane_pieces(dev):
+    """Along a conv's filters a register tile is a multiple of the lanes, or the whole axis
+    where that is whole 4-lane pieces: 20 filters may be one register row of 20, 19 may not
+    (no template vectorises 19 lanes: they are padded to whole vectors instead)."""
+    lanes = dev.warp_size
+    for f, whole in ((20, True), (19, False), (lanes + 3, False)):
+        conv = expr("conv2d", N=1, C=8, H=14, W=14, F=f, KH=3, KW=3, stride=1, pad=1)
+        ctx = AlignContext(conv, dev, 0, (1,) * 7, 0.05)
+        sizes = [k for k in range(1, f + 1) if VectorLanesRule().axis_ok(ctx, 1, k)]
+        assert sizes == [k for k in range(lanes, f + 1, lanes)] + ([f] if whole and f % lanes else []), f

@@ -489,9 +489,15 @@ FILTERS = {
     # 24 filters in one register row (3 x 8 lanes), C = 13 channels, a 5 x 3 window, pad 2
     "f24-c13": (dict(N=2, C=13, H=9, W=11, F=24, KH=5, KW=3, stride=1, pad=2),
                 dict(n=(1, 1, 2), f=(24, 24, 24), h=(1, 3, 9), w=(4, 4, 12), c=(1, 13, 13), r=(1, 5, 5), s=(3, 3, 3))),
-    # 40 filters: 16-wide register rows leave a ragged filter tile: the plain template takes it
+    # 40 filters in a 48-filter unit tile of 16-wide register rows: padded with 8 zero filters
     "f40-ragged": (dict(N=1, C=8, H=6, W=6, F=40, KH=3, KW=3, stride=1, pad=1),
                    dict(n=(1, 1, 1), f=(16, 16, 48), h=(1, 2, 6), w=(2, 6, 6), c=(1, 8, 8), r=(1, 3, 3), s=(1, 3, 3))),
+    # 31 filters (prime), two images, stride 2: 8-wide register rows, 16-filter unit tiles (32)
+    "f31-prime-s2": (dict(N=2, C=5, H=11, W=9, F=31, KH=3, KW=3, stride=2, pad=1),
+                     dict(n=(1, 1, 2), f=(8, 16, 16), h=(2, 2, 6), w=(1, 5, 5), c=(1, 5, 5), r=(1, 3, 3), s=(1, 3, 3))),
+    # 11 filters, a 1x1 window: one 8-wide register row, padded to 16 in one unit tile
+    "f11-1x1": (dict(N=1, C=9, H=7, W=13, F=11, KH=1, KW=1, stride=1, pad=0),
+                dict(n=(1, 1, 1), f=(8, 16, 16), h=(1, 7, 7), w=(4, 4, 12), c=(1, 9, 9), r=(1, 1, 1), s=(1, 1, 1))),
     # 3 filters, fewer than a vector: the output row is vectorised, as before
     "f3": (dict(N=1, C=6, H=10, W=16, F=3, KH=3, KW=3, stride=1, pad=1),
            dict(n=(1, 1, 1), f=(1, 3, 3), h=(1, 2, 10), w=(8, 16, 16), c=(1, 6, 6), r=(1, 3, 3), s=(1, 3, 3))),
@@ -501,18 +507,64 @@ FILTERS = {
 @pytest.mark.parametrize("case", sorted(FILTERS))
 def test_convolutions_along_their_filters_match_numpy(case):
     """Filters packed into panels, data broadcast, accumulators filters-last: stride 2, padding,
-    ragged rows, 24 filters, 13 channels and two images verify against numpy; a ragged filter
-    tile and 3 filters fall back to the plain template and verify too."""
+    ragged rows, 24 filters, 13 channels and two images verify against numpy; so do filters
+    that the unit tile leaves ragged (40 in 48, 31 and 11 in 16), padded with zero filters: the
+    panel is the padding copy and the accumulator the padded output, the write-back keeps the
+    real filters. 3 filters fall back to the plain template and verify too."""
     params, chains = FILTERS[case]
     e = expr("conv2d", **params)
     kernel = _local_kernel(e, chains)
+    script = kernel.tvmscript
     lanes = simd_lanes(device(CPU), 4)
-    filters = chains["f"][0] >= lanes and chains["f"][0] % 4 == 0 and params["F"] % chains["f"][2] == 0
-    assert ("kernel_global" in kernel.tvmscript) == filters
+    filters = chains["f"][0] >= lanes and chains["f"][0] % 4 == 0
+    padded = filters and params["F"] % chains["f"][2] != 0
+    assert ("kernel_global" in script) == (filters and not padded)
+    assert ("kernel_pad" in script) == padded
     if filters:
+        panel = "kernel_pad" if padded else "kernel_global"
         # the filter axis innermost in the panel (`v0 % r`, or `v0` where r is every filter)
-        assert re.search(r"kernel_global\[[^]]*, v0( % \d+)?\] = kernel\[v0, v1, v2, v3\]", kernel.tvmscript)
-        assert "O_local[v_n, v_h, v_w, v_f]" in _block(kernel.tvmscript, "O_update")
+        assert re.search(rf"{panel}\[[^]]*, v0( % \d+)?\] = ", script)
+        accumulator = "O_pad_local" if padded else "O_local"
+        assert f"{accumulator}[v_n, v_h, v_w, v_f]" in _block(script, "O_update")
+    if padded:
+        whole = -(-params["F"] // chains["f"][2]) * chains["f"][2]
+        assert f"T.if_then_else(v0 < {params['F']}, kernel[v0, v1, v2, v3], T.float32(0.0))" in script
+        assert f"v_f = T.axis.spatial({whole}," in _block(script, "O_update")
+        assert f"< {params['F']})" not in _block(script, "O_update")  # whole vectors, no filter guard
+
+
+def test_padded_filters_keep_a_fused_epilogue_on_the_real_filters(tmp_path):
+    """resnet_block's conv + bias, batch norm and relu (64 filters) in unit tiles of three
+    register rows of a vector (24 filters on 8 lanes): the filters are padded to whole unit
+    tiles (72 on 8 lanes, 96 on 16), the epilogue is folded into the
+    write-back of the padded accumulator, which keeps the 64 real filters (a guard on the last
+    tile), and the kernel matches TVM's default lowering in a run of the model."""
+    from tests.test_models_pick import SAMPLES
+    from workbench.models.execute import measure_operator, model_inputs, operator_references
+    from workbench.models.construction import construct_model
+    from workbench.models.onnx_import import import_model
+    from workbench.profile.runner import Timing
+    from workbench.profile.session import build_library
+
+    mc = construct_model(import_model(SAMPLES / "resnet_block.onnx"), device(CPU))
+    name = "fused_conv2d_add_multiply_add_relu"
+    (op,) = [r for r in mc.results if r.operator.func_name == name]
+    e = op.construction.expr
+    lanes = simd_lanes(device(CPU), 4)
+    chains = dict(nn=(1, 1, 1), ff=(lanes, lanes, 3 * lanes), yy=(2, 4, 16), xx=(1, 16, 16), rc=(1, 8, 64),
+                  ry=(1, 3, 3), rx=(1, 3, 3))
+    program = _program(e, chains)
+    assert cpu_plan(program, device(CPU)).padded_filters
+    script = schedule_cpu(e, program, device(CPU)).mod.script()
+    padded = -(-64 // (3 * lanes)) * 3 * lanes
+    assert f"v_ff = T.axis.spatial(T.int64({padded})," in _block(script, "conv2d_nchw_update")
+    writeback = _block(script, "conv2d_nchw_intermediate_pad")
+    assert "T.max(" in writeback and "< T.int64(64))" in writeback
+    built = build_library(e, program, device(CPU), 1, 0.0, str(tmp_path / "k.so"))
+    assert built.ok, built.error
+    args, expected = operator_references(mc.model, mc.device, model_inputs(mc.model, 0))[name]
+    got = measure_operator(built, args, expected, Timing(repeat=1, min_repeat_ms=0))
+    assert got.correct, got.error
 
 
 @pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])

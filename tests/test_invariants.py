@@ -217,16 +217,16 @@ def conv_filters(e) -> int | None:
 
 def simd_lane_axis(e, dev) -> int | None:
     """The axis a CPU register tile fills its SIMD lanes along: a convolution's filters
-    (`conv_filters`) when they hold a vector and whole 4-lane pieces; else the output's contiguous axis if
-    every input reads consecutive values along it from its own contiguous dimension (or does
-    not read it), else a reduction's innermost axis of at least one vector of lanes that some
+    (`conv_filters`) when they hold a vector (a ragged rest is padded with zero filters); else
+    the output's contiguous axis if every input reads consecutive values along it from its own
+    contiguous dimension (or does not read it), else a reduction's innermost axis of at least one vector of lanes that some
     input reads and every input reads that way (per-lane partial sums), else none (scalar)."""
     def contiguous(t, a):
         dims = [d for d, (coeffs, _) in enumerate(t.index) if coeffs[a]]
         return not dims or (dims == [len(t.index) - 1] and t.index[-1][0][a] == 1)
 
     f = conv_filters(e)
-    if f is not None and e.axes[f].extent >= dev.warp_size and e.axes[f].extent % 4 == 0:
+    if f is not None and e.axes[f].extent >= dev.warp_size:
         return f
     v = vectorised_axis(e)
     if v is not None and e.axes[v].kind == "spatial" and all(contiguous(t, v) for t in e.inputs):
@@ -328,8 +328,9 @@ def assert_within_limits(space: Space, program) -> None:
         _, vectors = micro_kernel_vectors(e, dev, register)
         assert vectors <= min(dev.registers_per_thread_cap, dev.layers[0].capacity_bytes // vector), (register, vectors)
         v = simd_lane_axis(e, dev)
-        if v is not None:
-            assert register[v] % dev.warp_size == 0 or register[v] == e.axes[v].extent, register
+        if v is not None:  # whole vectors, or the whole axis (filters only in whole 4-lane pieces)
+            whole = register[v] == e.axes[v].extent and not (v == conv_filters(e) and register[v] % 4)
+            assert register[v] % dev.warp_size == 0 or whole, register
     # a split-K program (GPUs only) launches `split` blocks per unit tile, its grid counts them all
     assert program.split == 1 or dev.kind == "gpu"
     assert program.grid == prod(ceil(e.axes[a].extent / unit[a]) for a in e.spatial) * program.split >= 1

@@ -114,6 +114,28 @@ def test_a_gemv_sums_lanes_along_k_and_a_conv_vectorises_its_filters():
     assert plan.packed == tuple(t.name for t in conv.inputs if t.uses_axis(plan.vector_axis))
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_filters_the_unit_tile_leaves_ragged_are_padded_and_priced_as_whole_tiles(dev):
+    """31 filters in unit tiles of two register rows of a vector each: the plan pads them to
+    ceil(31 / 2v) x 2v (32 on 8 lanes, 32 on 16), vectorises them, and says so; the model
+    prices the padded filters' flops (31 -> 32: 32 / 31 of the work) and no guard, while a
+    ragged output row still costs GUARDED_MICRO_KERNEL. 32 filters pad nothing."""
+    v = dev.warp_size
+    for f, oh in ((31, 8), (31, 7), (32, 8)):
+        conv = expr("conv2d", N=1, C=8, H=oh, W=8, F=f, KH=3, KW=3, stride=1, pad=1)
+        program = _program(conv, [(1, v, 2, 1, 1, 3, 3), (1, 2 * v, 2, 8, 8, 3, 3), (1, 2 * v, 4, 8, 8, 3, 3)], dev)
+        plan = cpu_plan(program, dev)
+        ragged = f % (2 * v) != 0
+        assert plan.path == FILTERS and plan.vector_axis == 1 and plan.padded_filters is ragged
+        assert plan.to_dict(conv)["padded_filters"] is ragged
+        words = describe(plan, program)
+        assert ("filters padded" in words) is ragged and ("tails guarded" in words) is (oh % 4 != 0)
+        assert guard_slowdown(program, dev) == (GUARDED_MICRO_KERNEL if oh % 2 else 1.0)
+        padded_f = -(-f // (2 * v)) * 2 * v
+        padded_h = -(-oh // 4) * 4
+        assert estimate(program, dev).padded_flops == pytest.approx(conv.flops * padded_f * padded_h / (f * oh), abs=1)
+
+
 def test_a_ragged_tail_nothing_pads_or_splits_leaves_the_row_scalar():
     """A unit tile of one register tile leaves no loop below the grid to split at the end."""
     relu = expr("relu", shape=(100,))

@@ -30,7 +30,8 @@ nothing here decides on its own. A reduction with no
 vectorisable output axis (gemv, row sums) vectorises its innermost reduction axis instead:
 per-lane partial sums, summed once per tile (`_schedule_lanes`). A convolution with a vector of
 filters vectorises them instead of its output row: the filters packed into panels, the data
-broadcast, the accumulator filters-last (`_schedule_filters`). Elsewhere (depthwise convs,
+broadcast, the accumulator filters-last (`_schedule_filters`), filters the unit tile leaves
+ragged padded with zero filters (`_pad_filters`). Elsewhere (depthwise convs,
 pooling, elementwise) the hardware-managed caches need no buffer: the tiling alone realises
 the program's footprints, and storage padding emits nothing. Other tiles that do not divide an
 extent leave a guarded tail (TVM adds a block predicate), so prime extents stay correct.
@@ -223,14 +224,19 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     epilogues = common.epilogue_names(sch, expr)
     staged = _stage_producers(sch, expr, plan)
     block = sch.get_sblock(expr.main_block)
-    levels = _split(sch, expr, program, block)
     axis = plan.vector_axis
+    if plan.padded_filters:
+        _pad_filters(sch, expr, block, axis, int(program.unit_tile[axis]))
+    levels = _split(sch, expr, program, block)
     order = _loop_order(expr, levels, axis)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
     _pad_per_tile(sch, staged, grid)
     _micro_kernel(sch, order[-len(levels):], levels[axis][-1], plan.lanes, _reduce_positions(expr, levels, order))
-    common.primitive("cache_write", sch.cache_write, block, 0, "local")
+    if plan.padded_filters:  # the padded output is the accumulator buffer, its copy out the write-back
+        common.primitive("accumulate locally", sch.set_scope, block, 0, "local")
+    else:
+        common.primitive("cache_write", sch.cache_write, block, 0, "local")
     common.inline_epilogues(sch, epilogues)
     dim = next(d for d, (coeffs, _) in enumerate(expr.output.index) if coeffs[axis])
     ndim = len(expr.output.index)
@@ -247,6 +253,32 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     common.primitive("decompose_reduction", sch.decompose_reduction, block, levels[expr.reduce[0]][0])
     _pack_panels(sch, expr, program, plan, block, levels)
     return sch
+
+
+def _pad_filters(sch, expr: TensorExpr, block, axis: int, unit: int) -> None:
+    """Pad the filter axis `axis` of the main `block` with zero filters up to whole unit tiles
+    of `unit` (`CpuPlan.padded_filters`; oneDNN pads its output-channel blocks the same way):
+    `pad_einsum` copies the filters into a zero-padded buffer (`_pack_panels` makes that copy
+    the filter panel) and accumulates into a padded output copied back, the real filters only
+    (the write-back). `pad_einsum` takes only plain accesses (every index one iterator), so a
+    windowed read (the data's `y*stride + r`) is first re-indexed by the block's iterators
+    (`reindex`: a copy of the windows) and that copy inlined back once the block is padded
+    (evidence: docs/evidence.md#cpu-padded-filters)."""
+    from tvm.tirx import IntImm, Var
+
+    def plain(region) -> bool:
+        return all(isinstance(r.min, (Var, IntImm)) for r in region.region)
+
+    windows = []
+    for name in [str(r.source.name) for r in sch.get(block).reads if not plain(r)]:
+        reads = [str(r.source.name) for r in sch.get(block).reads]
+        copy = common.primitive(f"re-index {name}'s windows", sch.reindex, block, ("read", reads.index(name)))
+        windows.append(sch.get(copy).name_hint)
+    names = [str(iv.var.name).removeprefix("v_") for iv in sch.get(block).iter_vars]
+    factors = [unit if n == expr.axes[axis].name else 1 for n in names]
+    common.primitive("pad the filters to whole tiles", sch.pad_einsum, block, factors)
+    for name in windows:
+        common.primitive(f"inline {name}", sch.compute_inline, sch.get_sblock(name))
 
 
 def _transpose_in_blocks(sch, writeback, dim: int, ndim: int, lanes: int) -> None:

@@ -197,11 +197,12 @@ def _windowed(tensor, axis: int) -> bool:
 def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     """The axis a CPU register micro-kernel fills its SIMD lanes along, or None (scalar code).
 
-    A convolution's `filter_axis` when it holds a whole number of 4-lane pieces and at least a
-    vector (oneDNN's direct-convolution idea: the filters, packed into panels with the filter
-    axis innermost, stream as vectors; each input element is broadcast, so the stride does not
-    matter; the accumulators keep the filter axis innermost; evidence:
-    docs/model-evidence.md#lane-axis).
+    A convolution's `filter_axis` when it holds at least a vector (oneDNN's direct-convolution
+    idea: the filters, packed into panels with the filter axis innermost, stream as vectors;
+    each input element is broadcast, so the stride does not matter; the accumulators keep the
+    filter axis innermost; evidence: docs/model-evidence.md#lane-axis). Filters that no whole
+    vectors divide (31, 347) are padded with zero filters to whole tiles, as oneDNN pads its
+    output-channel blocks (`panels.pads_filters`), rather than left to a scalar row.
     Else the output's contiguous axis (`vector_axis`) when every input streams along it or
     ignores it (a strided or transposed access turns a vector load into a gather); else, for a
     reduction, its innermost reduce axis when an input reads it, every input streams along it
@@ -210,7 +211,7 @@ def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     template's rfactor path). Else none (a stride-2 pooling's output row is a gather).
     """
     f = filter_axis(expr)
-    if f is not None and expr.axes[f].extent >= device.warp_size and expr.axes[f].extent % 4 == 0:
+    if f is not None and expr.axes[f].extent >= device.warp_size:
         return f
     v = vector_axis(expr)
     if v is not None and expr.axes[v].kind == "spatial" and all(streams(t, v) for t in expr.inputs):

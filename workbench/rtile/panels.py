@@ -49,17 +49,27 @@ def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec)
 def filter_vector_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int | None:
     """The filter axis a convolution vectorises (`alignment.filter_axis`, when it is the
     `lane_axis`), or None: also when its register tile is not a whole number of 4-lane pieces of
-    at least a vector, or its tiles leave a guarded tail (the filters' panels would be ragged);
-    such a program takes the plain template."""
+    at least a vector; such a program takes the plain template. Filters the unit tile leaves
+    ragged are padded (`pads_filters`)."""
     axis = lane_axis(expr, device)
     if axis is None or axis != filter_axis(expr):
         return None
     tile = program.register_tile[axis]
     if tile < simd_lanes(device, expr.output.itemsize) or tile % 4:
         return None
-    if ragged(expr, program, axis):
-        return None
     return axis
+
+
+def pads_filters(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether a convolution vectorised along its filters (`filter_vector_axis`) pads them with
+    zero filters up to whole unit tiles (`codegen/cpu._pad_filters`): where the unit tile leaves
+    a tail along them (31 filters in tiles of 16, 347 in 32), as oneDNN pads its output-channel
+    blocks. Every register tile then holds whole vectors of filters and runs unguarded; the
+    padded filters' outputs are computed and dropped by the write-back, which the model prices
+    as the padded volume's flops (`model.estimate`'s `padded_flops`; evidence:
+    docs/evidence.md#cpu-padded-filters)."""
+    axis = filter_vector_axis(expr, program, device)
+    return axis is not None and ragged(expr, program, axis)
 
 
 def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:

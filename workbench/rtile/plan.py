@@ -15,8 +15,8 @@ from functools import lru_cache
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_tails, simd_lanes,
-    splits_edges, vector_loop_axis, whole_reduction,
+    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_filters, pads_tails,
+    simd_lanes, splits_edges, vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -49,7 +49,9 @@ class CpuPlan:
     `direct_stores` whether each register tile's accumulators go straight to the output (the
     whole reduction inside one L1 tile);
     `staged_padding` whether padding producers stay stages of their own (computed per tile at
-    level `pad_level`) rather than inlined; `accumulators` where a reduction's partial sums live.
+    level `pad_level`) rather than inlined; `accumulators` where a reduction's partial sums live;
+    `padded_filters` whether a convolution vectorised along its filters computes them padded
+    with zero filters to whole unit tiles (`panels.pads_filters`).
     """
 
     path: str
@@ -64,6 +66,7 @@ class CpuPlan:
     pad_level: int = 0
     accumulators: str = ""
     split_edges: bool = False
+    padded_filters: bool = False
 
     def to_dict(self, expr) -> dict:
         return {
@@ -80,6 +83,7 @@ class CpuPlan:
             "pad_level": self.pad_level,
             "accumulators": self.accumulators,
             "split_edges": self.split_edges,
+            "padded_filters": self.padded_filters,
         }
 
 
@@ -142,7 +146,8 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
         return CpuPlan(FILTERS, filters, lanes, packed_inputs(expr, program, device), pack_layer(program),
-                       staged_padding=staged, accumulators=FILTERS_LAST)
+                       staged_padding=staged, accumulators=FILTERS_LAST,
+                       padded_filters=pads_filters(expr, program, device))
     k = lane_reduction_axis(expr, program, device)
     if k is not None:
         return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS)
@@ -248,6 +253,8 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts = [f"lanes along the reduction {axis(plan.vector_axis)}"]
     elif plan.path == FILTERS:
         parts = [f"filters {axis(plan.vector_axis)} as lanes"]
+        if plan.padded_filters:
+            parts.append("filters padded")
     else:
         parts = [f"lanes along {axis(plan.vector_axis)}"]
     if plan.packed:
@@ -256,7 +263,8 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts.append("tails padded")
     elif plan.split_edges:
         parts.append("edge tiles split off, scalar")
-    elif any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial):
+    elif any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial
+             if not (plan.padded_filters and a == plan.vector_axis)):
         parts.append("tails guarded")
     if plan.accumulators:
         parts.append(f"accumulators: {plan.accumulators}")

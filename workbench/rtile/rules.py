@@ -198,7 +198,10 @@ class VectorLanesRule(PerAxisRule):
     every row's stream by whole lines; evidence: docs/model-evidence.md#execution-unit-rules).
     A whole spatial axis longer than the lanes only in whole 4-lane pieces, which the template
     vectorises (`panels.vector_loop_axis`): a row of 53 it leaves to LLVM, which ran it scalar
-    (2087 x 335 x 53 at 0.10x numpy, predicted vectorised)."""
+    (2087 x 335 x 53 at 0.10x numpy, predicted vectorised). A convolution's filters
+    (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12, not 11), however short:
+    the template vectorises no other (`panels.filter_vector_axis`), and pads filters that no
+    multiple of the lanes divides to whole tiles instead (`panels.pads_filters`)."""
 
     name = "vector-lanes"
 
@@ -208,8 +211,12 @@ class VectorLanesRule(PerAxisRule):
         step = _lane_step(ctx.expr, ctx.device, axis)
         if size % step == 0:
             return True
-        extent, spatial = ctx.expr.axes[axis].extent, ctx.expr.axes[axis].kind == "spatial"
-        return size == extent and (not spatial or extent < step or extent % 4 == 0)
+        extent = ctx.expr.axes[axis].extent
+        if size != extent:
+            return False
+        if filter_lanes(ctx.expr, axis):
+            return size % 4 == 0
+        return ctx.expr.axes[axis].kind != "spatial" or extent < step or extent % 4 == 0
 
 
 class AutovectorRowRule(PerAxisRule):
@@ -346,7 +353,10 @@ class TailRule(PerAxisRule):
     divisors 40 and 200 are not whole 64 B lines), the axis is ragged anyway and left to the
     tensor-shape rule. A convolution vectorised along its filters (`filter_axis`) guards its
     whole unrolled micro-kernel for a ragged output row or column, so there every axis, the
-    register tile's included, divides where a dividing tile exists. A reduction vectorised
+    register tile's included, divides where a dividing tile exists, but for the register tile's
+    output rows and columns a tile of 1 does not count: along a prime extent (23 x 13 outputs)
+    it would leave one accumulator per vector of filters, a latency-bound chain that the
+    guard's cost does not approach (evidence: docs/model-evidence.md#tail-rule). A reduction vectorised
     along its K (gemv) guards its unrolled micro-kernel the same way for a ragged row, and LLVM
     then unrolls and unswitches it or not by the row count. So its register tile's rows divide
     as well, where a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K,
@@ -373,7 +383,8 @@ class TailRule(PerAxisRule):
             return ctx.layer > 0 and not any(extent % (m * upper) == 0 for m in range(2, min(extent // upper, MAX_SCAN) + 1))
         if ctx.layer == 0 and not (filters or along_k):
             return True
-        if along_k and kind == "spatial":  # a row of 1 always divides: ragged where nothing longer does
+        if (along_k or filters) and ctx.layer == 0 and kind == "spatial" and axis != lane:
+            # a row of 1 always divides: ragged where nothing longer does
             return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
         if along_k and axis == lane:  # whole lines of whole vectors
             step = _lane_step(ctx.expr, ctx.device, axis)

@@ -218,8 +218,9 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     docs/model-evidence.md#guard-slowdown). Elsewhere GUARDED_MICRO_KERNEL where a register tile
     along a spatial axis does not divide the axis and the plan does not pad the tails: the
     template then guards the micro-kernel with the block predicate TVM adds, and the whole loop
-    nest runs with it, not only the cut tile. Where the plan splits the edges off instead
-    (`CpuPlan.split_edges`), `edge_slowdown`."""
+    nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
+    tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
+    the edges off instead (`CpuPlan.split_edges`), `edge_slowdown`."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -230,7 +231,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if plan.split_edges:
         return edge_slowdown(program, device)
     reg = program.register_tile
-    return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in expr.spatial) else 1.0
+    guarded = [a for a in expr.spatial if not (plan.padded_filters and a == plan.vector_axis)]
+    return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in guarded) else 1.0
 
 
 def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
