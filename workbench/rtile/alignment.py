@@ -252,7 +252,7 @@ def _tile_ok(ctx: AlignContext, tile: Tile, answers: _Answers) -> bool:
 
 def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True, answers=None) -> int | None:
     """The next aligned size of `axis` from `tile` in `direction` within `MAX_SCAN` steps of
-    the tile above, else, growing, the whole axis where that is aligned (`answers`:
+    the tile above, else, growing a cache tile, the whole axis where that is aligned (`answers`:
     `_answers(ctx, rules)`, where the caller has it)."""
     base = ctx.upper[axis]
     extent = ctx.expr.axes[axis].extent
@@ -274,10 +274,11 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
         grown = tile[:axis] + (size,) + tile[axis + 1 :]
         if not whole_tile or _tile_ok(ctx, grown, answers):
             return size
-    if direction > 0 and multiple < limit:
-        # past the scan, the tile covering the whole axis, which a tile may always grow to:
-        # a prime K of 293 over a register K of 1 and 16-step L1 tiles found no size up to 145
-        # that wastes at most eps, and its L1 tile stayed at 16 K-steps (0.59x numpy)
+    if direction > 0 and multiple < limit and ctx.layer > 0:
+        # past the scan, the tile covering the whole axis, which a cache tile may always grow
+        # to: a prime K of 293 over a register K of 1 and 16-step L1 tiles found no size up to
+        # 145 that wastes at most eps, and its L1 tile stayed at 16 K-steps (0.59x numpy). Not
+        # a register tile: its loops are unrolled (a one-row matmul's K of 6,637 was)
         size = limit * base
         grown = tile[:axis] + (size,) + tile[axis + 1 :]
         if _axis_ok(ctx, axis, size, answers) and (not whole_tile or _tile_ok(ctx, grown, answers)):
