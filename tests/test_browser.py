@@ -229,7 +229,9 @@ def test_a_what_if_edit_renders_the_diff_in_chromium(server):
             assert links.count() == 2
             hrefs = [links.nth(i).get_attribute("href") for i in range(2)]
             assert all("step=" in h for h in hrefs) and "set=shared.capacity_bytes" in hrefs[1]
-            assert page.locator("[data-testid='stDataFrame']").count() >= 3  # the changes, both top-Ks
+            # the changes and both top-Ks: tables draw after the text and links of the same run
+            page.locator("[data-testid='stDataFrame']").nth(2).wait_for(timeout=RENDER_TIMEOUT_MS)
+            assert page.locator("[data-testid='stDataFrame']").count() >= 3
             assert page.locator("[data-testid='stException']").count() == 0
             assert page.locator("[data-testid='stAlertContentError']").count() == 0
             page.screenshot(path=str(ARTIFACTS / "whatif-edited.png"), full_page=True)
