@@ -12,7 +12,7 @@ from typing import Sequence
 
 from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
-from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.tensor_expr import TensorExpr, is_reduction
 from workbench.rtile.rprogram import RProgram
 
 
@@ -92,7 +92,7 @@ def row_passes(sch, main: str, names: Sequence[str]) -> bool:
     outputs = _static_prod(sch.get(sch.get_sblock(main)).writes[0].source.shape)
     for name in names:
         block = sch.get(sch.get_sblock(name))
-        if any(int(iv.iter_type) == 2 for iv in block.iter_vars):
+        if is_reduction(block):
             return True
         extents = _static_prod(iv.dom.extent for iv in block.iter_vars)
         if outputs is not None and extents is not None and extents > outputs:

@@ -42,7 +42,7 @@ from workbench.codegen import common
 from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr, reads_along_rows
+from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
 from workbench.rtile.panels import ragged, row_vector, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
@@ -371,7 +371,7 @@ def _row_passes(sch, expr: TensorExpr, program: RProgram, names, grid, shape, la
     elementwise, detached = [], False
     for name in names:
         block = sch.get_sblock(name)
-        reduction = _is_reduction(sch.get(block))
+        reduction = is_reduction(sch.get(block))
         if reduction and attach and _ragged(sch, block, lanes):
             attach, detached = False, True
         # not the passes after the grid for want of a box: launched on all cores, the decoder
@@ -406,11 +406,20 @@ def _rows_on_all_cores(sch, block) -> None:
 
 def _ragged(sch, block, lanes: int) -> bool:
     """Whether the reduction `block` is one `_vectorise_reduction` vectorises with a ragged tail."""
+    width, extent = _reduction_row(sch, block, lanes)
+    return width > 1 and extent % width != 0
+
+
+def _reduction_row(sch, block, lanes: int) -> tuple[int, int]:
+    """(vector width, row length) of the reduction `block`'s innermost loop as
+    `_vectorise_reduction` sums it: `row_vector`'s width for a static row read along memory
+    (`reads_along_rows`), else 1 (scalar; the length then 0 where it is symbolic)."""
     extent = sch.get(sch.get_loops(block)[-1]).extent
-    if not hasattr(extent, "value") or not reads_along_rows(sch.get(block)):
-        return False
-    width = row_vector(int(extent.value), lanes, reduction=True).width
-    return width > 1 and int(extent.value) % width != 0
+    if not hasattr(extent, "value"):
+        return 1, 0
+    if not reads_along_rows(sch.get(block)):
+        return 1, int(extent.value)
+    return row_vector(int(extent.value), lanes, reduction=True).width, int(extent.value)
 
 
 def _inline_single_use(sch, name: str) -> bool:
@@ -418,17 +427,13 @@ def _inline_single_use(sch, name: str) -> bool:
     consumers (softmax's exp, read by the sum and the division, is computed once) or writes an
     output."""
     block = sch.get_sblock(name)
-    if _is_reduction(sch.get(block)) or len(sch.get_consumers(block)) != 1:
+    if is_reduction(sch.get(block)) or len(sch.get_consumers(block)) != 1:
         return False
     try:
         sch.compute_inline(block)
     except Exception:  # an output block, or an index TVM cannot substitute: keep the pass
         return False
     return True
-
-
-def _is_reduction(block) -> bool:
-    return any(int(iv.iter_type) == 2 for iv in block.iter_vars)
 
 
 def _vectorise_pass(sch, block, lanes: int) -> None:
@@ -467,14 +472,12 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
     would otherwise copy into the tail), its lanes guarded one by one. A row strided in memory
     (`reads_along_rows`: softmax over axis 1) keeps its scalar loop."""
     loops = sch.get_loops(block)
-    extent = sch.get(loops[-1]).extent
-    static = hasattr(extent, "value") and reads_along_rows(sch.get(block))
-    width = row_vector(int(extent.value), lanes, reduction=True).width if static else 1
+    width, extent = _reduction_row(sch, block, lanes)
     if width == 1:
         if grid is not None:
             common.primitive("compute a row sum per tile", sch.reverse_compute_at, block, grid, True)
         return
-    tail = int(extent.value) % width
+    tail = extent % width
     if tail and grid is not None:
         raise ScheduleError("a ragged row's lanes cannot be computed per tile")
     _, vector = sch.split(loops[-1], [None, width])
@@ -493,7 +496,7 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
     common.primitive("sum a row's lanes", sch.reverse_compute_at, block, row, True)
     common.primitive("decompose a row's lanes", sch.decompose_reduction, partial, steps)
     if tail:  # whole vectors, then the last one, guarded lane by lane, in a loop of its own
-        common.primitive("split a row's tail off", sch.loop_partition, steps, [int(extent.value) // width, None])
+        common.primitive("split a row's tail off", sch.loop_partition, steps, [extent // width, None])
 
 
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:

@@ -298,15 +298,15 @@ class RollerPolicy(Policy):
         try:
             nxt = descend_within_limits(self.space, state)
         except OverCapacity as err:
-            self._keep(_descent, asked, (type(err).__name__, str(err)))
+            self._keep(_descent, asked, _descent_answer(err))
             note = self.describe("no_fit_below", layer=self._layer_label(state.layer + 1))
             yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), note)
             return
         except IllegalAction as err:
-            self._keep(_descent, asked, (type(err).__name__, str(err)))
+            self._keep(_descent, asked, _descent_answer(err))
             yield self.marker(state, Action(Kind.PRUNE_VISITED, state.layer), str(err))
             return
-        self._keep(_descent, asked, (nxt.layer, nxt.tile, nxt.recorded))
+        self._keep(_descent, asked, _descent_answer(nxt))
         yield self._step(state, nxt.actions[-1], "explored", None, None, (), self.describe("descend", layer=self._layer_label(nxt.layer)), nxt)
         yield from self._enlarge(nxt, depth + 1)
 
@@ -369,7 +369,13 @@ def _aligned(space, eps: float, layer: int, tile, upper) -> bool:
 def _descent(space, eps: float, layer: int, tile, recorded, vthreads) -> tuple:
     """Where `descend_within_limits` takes the state: its layer and tiles, or the refusal."""
     try:
-        nxt = descend_within_limits(space, State(layer, tile, recorded, eps, vthreads))
+        return _descent_answer(descend_within_limits(space, State(layer, tile, recorded, eps, vthreads)))
     except IllegalAction as err:
-        return type(err).__name__, str(err)
-    return nxt.layer, nxt.tile, nxt.recorded
+        return _descent_answer(err)
+
+
+def _descent_answer(outcome: State | IllegalAction) -> tuple:
+    """What `_descent` answers for a descent's outcome, as `RollerPolicy._descend` keeps it."""
+    if isinstance(outcome, IllegalAction):
+        return type(outcome).__name__, str(outcome)
+    return outcome.layer, outcome.tile, outcome.recorded

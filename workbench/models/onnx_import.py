@@ -44,7 +44,7 @@ from workbench.errors import UserError
 from workbench.files import read_user_file
 from workbench.models import symbolic
 from workbench.ops.shapes import check_elements
-from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.tensor_expr import TensorExpr, is_reduction
 
 # Refuse models above this size before parsing them: protobuf parses the whole file in memory
 # (several times its size), and weights beyond this are far outside what a workbench session
@@ -582,7 +582,7 @@ def _schedule(func):
 
 def _reduction_blocks(func) -> int:
     sch, blocks = _schedule(func)
-    return sum(any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars) for b in blocks)
+    return sum(is_reduction(sch.get(b)) for b in blocks)
 
 
 def _only_copies(func) -> bool:
@@ -598,7 +598,7 @@ def _inline_epilogue_chain(func):
     the epilogue is one block (GELU's `x * 0.5 * (1 + erf(x / sqrt 2))` reads the reduction
     twice, which the codegen's `reverse_compute_inline` refuses over a chain of blocks)."""
     sch, blocks = _schedule(func)
-    reducing = [i for i, b in enumerate(blocks) if any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)]
+    reducing = [i for i, b in enumerate(blocks) if is_reduction(sch.get(b))]
     try:
         for block in reversed(blocks[reducing[0] + 1 : -1]):
             sch.compute_inline(block)

@@ -346,12 +346,12 @@ def row_passes(main, after) -> tuple[RowPass, ...]:
     def extents(block):
         return [int(iv.dom.extent) for iv in block.iter_vars]
 
-    if not any(_is_reduction(b) or prod(extents(b)) > outputs for b in after):
+    if not any(is_reduction(b) or prod(extents(b)) > outputs for b in after):
         return ()
     out = []
     for block in after:
         ext = extents(block) or [1]
-        out.append(RowPass(prod(ext[:-1]), ext[-1], block_ops(block) // max(1, prod(ext)), _is_reduction(block),
+        out.append(RowPass(prod(ext[:-1]), ext[-1], block_ops(block) // max(1, prod(ext)), is_reduction(block),
                            reads_along_rows(block)))
     return tuple(out)
 
@@ -373,7 +373,8 @@ def reads_along_rows(block) -> bool:
     return True
 
 
-def _is_reduction(block) -> bool:
+def is_reduction(block) -> bool:
+    """Whether a TIR block reduces: one of its iterators is a reduce axis."""
     return any(int(iv.iter_type) == 2 for iv in block.iter_vars)
 
 
@@ -573,7 +574,7 @@ def _kernel_args(func, param_names) -> tuple[KernelArg, ...]:
 
 
 def _main_block(blocks):
-    reducing = [b for b in blocks if any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
+    reducing = [b for b in blocks if is_reduction(b)]
     if reducing:
         return max(reducing, key=lambda b: prod(int(iv.dom.extent) for iv in b.iter_vars))
     return blocks[-1]

@@ -68,6 +68,11 @@ class CpuPlan:
     split_edges: bool = False
     padded_filters: bool = False
 
+    def guarded_axes(self, expr) -> tuple[int, ...]:
+        """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
+        padded to whole unit tiles (`padded_filters`), whose register tiles are all whole."""
+        return tuple(a for a in expr.spatial if not (self.padded_filters and a == self.vector_axis))
+
     def to_dict(self, expr) -> dict:
         return {
             "template": "cpu",
@@ -263,8 +268,7 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts.append("tails padded")
     elif plan.split_edges:
         parts.append("edge tiles split off, scalar")
-    elif any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial
-             if not (plan.padded_filters and a == plan.vector_axis)):
+    elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.accumulators:
         parts.append(f"accumulators: {plan.accumulators}")

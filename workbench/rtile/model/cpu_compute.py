@@ -231,8 +231,7 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if plan.split_edges:
         return edge_slowdown(program, device)
     reg = program.register_tile
-    guarded = [a for a in expr.spatial if not (plan.padded_filters and a == plan.vector_axis)]
-    return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in guarded) else 1.0
+    return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in plan.guarded_axes(expr)) else 1.0
 
 
 def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
