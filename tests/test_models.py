@@ -533,6 +533,47 @@ def test_the_symbolic_sample_runs_against_onnxruntime_at_its_bound_shapes(dims):
     assert run.tvm_default_seconds is not None, run.tvm_default_error  # built at the same shapes
 
 
+DECODER = SAMPLES / "decoder_dynamic.onnx"
+
+
+@cache
+def decoder(seq):
+    return import_model(DECODER, {"seq": seq})
+
+
+@pytest.mark.parametrize("seq", [5, 77])
+def test_the_decoder_sample_imports_at_any_length_and_matches_onnxruntime(seq):
+    """The head split's shape (Shape, Slice, Concat), the merge's [0, -1, 96] and the causal
+    mask (ConstantOfShape, Trilu) follow the bound `seq`; every operator depends on it, is
+    constructed and runs as ONNX Runtime does."""
+    ort = pytest.importorskip("onnxruntime")
+    model = decoder(seq)
+    assert model.inputs == (("x", (1, seq, 96), "float32"),)
+    (dim,) = model.dims
+    assert (dim.name, dim.value, dim.default) == ("seq", seq, False)
+    assert dim.operators == tuple(op.name for op in model.operators)
+    mc = construct_model(model, device("local-cpu"))
+    assert [r.reason for r in mc.results if not r.supported] == []
+    x = np.random.default_rng(seq).uniform(-1, 1, (1, seq, 96)).astype(np.float32)
+    (out,) = run_model(mc, build_model_kernels(mc), {"x": x})
+    (expected,) = ort.InferenceSession(str(DECODER)).run(None, {"x": x})
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dims, message", [
+    ({"len": 8}, "decoder_dynamic.onnx: --dim len: the model has no symbolic dim 'len' (its symbolic dims are seq)"),
+    ({"seq": 0}, "--dim seq=0: seq must be a positive integer"),
+    ({"seq": 2**31}, "--dim seq=2147483648: over the limit of 2147483647 elements of a tensor (int32 indexing)"),
+    # the attention scores [1, heads, seq, seq], which the file declares nowhere
+    ({"seq": 300_000}, "decoder_dynamic.onnx: tensor lv12 (computed by the model) has shape 1x4x300000x300000 = "
+                       "360000000000 elements, over the limit of 2147483647 (int32 indexing)"),
+])
+def test_bad_decoder_lengths_are_one_line_errors(dims, message):
+    with pytest.raises(UserError) as err:
+        import_model(DECODER, dims)
+    assert str(err.value) == message
+
+
 def test_an_unmappable_operator_is_listed_and_the_rest_constructed(tmp_path):
     inits = [
         numpy_helper.from_array(np.array([3, 1, 0], dtype=np.int64), "idx"),
