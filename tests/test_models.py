@@ -205,12 +205,13 @@ def test_padded_3x3_conv_reads_a_halo_and_depthwise_reads_its_own_channel():
 def test_layout_and_row_operators_of_the_encoder_layer():
     kinds = {op.name: op.kind for op in imported("bert_layer").operators}
     assert kinds["softmax"] == kinds["layer_norm"] == "multi-reduction"
-    assert kinds["fused_reshape_transpose"] == "layout"
-    # transpose then reshape: only the reverse-inlined form (iterating over the input) is affine
-    merge = operator("bert_layer", "fused_transpose2_reshape1").expr
-    assert merge.output.index[-1][0] == (0, 0, 64, 1)
+    assert kinds["fused_reshape_transpose"] == "layout"  # K's transpose to [b, heads, dh, s]
+    # the head merge (transpose then reshape) is the P V matmul's epilogue, writing [1, 32, 128]
+    merge = operator("bert_layer", "batch_matmul1")
+    assert merge.expr.main_block == "matmul" and merge.expr.epilogues == ("T_layout",)
+    assert merge.outputs == (((1, 32, 128), "float32"),)
     # the GELU epilogue chain is inlined into one block after the matmul
-    gelu = operator("bert_layer", "fused_matmul3_add2_divide_erf_multiply1_add3_multiply2")
+    gelu = operator("bert_layer", "fused_matmul1_add2_divide_erf_multiply1_add3_multiply2")
     assert gelu.expr.main_block == "matmul" and len(_blocks(gelu.func)) == 2
 
 
@@ -558,6 +559,37 @@ def test_the_decoder_sample_imports_at_any_length_and_matches_onnxruntime(seq):
     (out,) = run_model(mc, build_model_kernels(mc), {"x": x})
     (expected,) = ort.InferenceSession(str(DECODER)).run(None, {"x": x})
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_head_split_and_merge_fuse_into_the_attention_matmuls(monkeypatch):
+    """Q's and V's head split (Reshape + Transpose) become index remaps of the batched matmuls'
+    reads, the head merge the P V matmul's write: 15 operators become 12, one copy left (K's
+    transpose to [b, heads, dh, s], which a fused read would stride along the vectorised N)."""
+    from workbench.models import onnx_import
+    from workbench.models.symbolic import matmul_params
+
+    fused = decoder(77)
+    assert len(fused.operators) == 12
+    assert [op.name for op in fused.operators if op.kind == "layout"] == ["fused_reshape_transpose"]
+    scores, context = (op for op in fused.operators if "batch_matmul" in op.name)
+    assert scores.name == "fused_batch_matmul_multiply_where"  # scale and causal mask as its epilogue
+    assert [a.shape for a in scores.args[:2]] == [(1, 77, 96), (1, 4, 24, 77)]  # Q read from its projection
+    assert [a.shape for a in context.args] == [(1, 4, 77, 77), (1, 77, 96)]  # V read from its projection
+    assert context.outputs == (((1, 77, 96), "float32"),)  # heads merged in the write
+    q = scores.expr.inputs[0]
+    assert q.index[-1] == ((0, 24, 0, 0, 1), 0)  # q[b, i, h * 24 + k]
+    assert [{k: matmul_params(op.expr)[k] for k in ("B", "M", "N", "K")} for op in (scores, context)] == [
+        {"B": 4, "M": 77, "N": 77, "K": 24}, {"B": 4, "M": 77, "N": 24, "K": 77}]  # one operator over the heads
+    assert [op.kind for op in decoder(1).operators] == [op.kind for op in fused.operators]  # at a length of 1 too
+    monkeypatch.setattr(onnx_import, "fuse_matmul_layouts", lambda mod: mod)
+    unfused = import_model(DECODER, {"seq": 77})
+    assert len(unfused.operators) == 15 and sum(op.kind == "layout" for op in unfused.operators) == 4
+
+
+def test_a_flatten_before_a_matmul_is_not_fused():
+    """No transpose in the chain: shufflenet's Flatten stays its classifier's own copy."""
+    kinds = [op.kind for op in imported("shufflenet_block").operators]
+    assert kinds.count("layout") == 3 and imported("shufflenet_block").operators[-1].expr.main_block == "matmul"
 
 
 @pytest.mark.parametrize("dims, message", [

@@ -43,6 +43,7 @@ from pathlib import Path
 from workbench.errors import UserError
 from workbench.files import read_user_file
 from workbench.models import symbolic
+from workbench.models.layout_fusion import fuse_matmul_layouts
 from workbench.ops.shapes import check_elements
 from workbench.ops.tensor_expr import TensorExpr, is_reduction
 
@@ -234,7 +235,7 @@ def fused_module(proto, label: str):
     ]
     try:
         mod["main"] = _inference_mode(mod["main"])
-        return tvm.transform.Sequential(passes)(mod)
+        return tvm.transform.Sequential(passes)(fuse_matmul_layouts(mod))
     except Exception as err:  # a Relax operator without a TIR lowering, or a pass refusing the module
         raise UserError(f"{label}: TVM cannot lower the model to kernels: {_first_line(err)}") from None
 
