@@ -586,6 +586,39 @@ def test_the_head_split_and_merge_fuse_into_the_attention_matmuls(monkeypatch):
     assert len(unfused.operators) == 15 and sum(op.kind == "layout" for op in unfused.operators) == 4
 
 
+def test_a_merge_that_is_the_models_output_and_a_transposed_write_back(tmp_path):
+    """The merged heads as the graph's output (a var outside the dataflow) are written by the
+    matmul; a transpose that moves the product's last dimension stays a copy (its write-back
+    would store along a strided dimension). Both run as numpy computes them."""
+    node = helper.make_node
+    nodes = [node("MatMul", ["a", "b"], ["p"]), node("Transpose", ["p"], ["t"], perm=[0, 2, 1, 3]),
+             node("Reshape", ["t", "shape"], ["y"]),
+             node("MatMul", ["a", "b"], ["p2"]), node("Transpose", ["p2"], ["z"], perm=[0, 1, 3, 2])]
+    path = _save(tmp_path / "merge.onnx", nodes, [_tensor("a", [1, 2, 4, 3]), _tensor("b", [1, 2, 3, 5])],
+                 [_tensor("y", [1, 4, 10]), _tensor("z", [1, 2, 5, 4])], [_ints("shape", [1, 4, 10])])
+    mc = construct_model(import_model(path), device("local-cpu"))
+    assert [(r.operator.kind, r.operator.outputs[0][0]) for r in mc.results] == [
+        ("reduction", (1, 4, 10)), ("reduction", (1, 2, 4, 5)), ("layout", (1, 2, 5, 4))]
+    rng = np.random.default_rng(4)
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((1, 2, 4, 3), (1, 2, 3, 5)))
+    y, z = run_model(mc, build_model_kernels(mc), {"a": a, "b": b})
+    np.testing.assert_allclose(y, (a @ b).transpose(0, 2, 1, 3).reshape(1, 4, 10), rtol=1e-6)
+    np.testing.assert_allclose(z, (a @ b).transpose(0, 1, 3, 2), rtol=1e-6)
+
+
+def test_a_fused_qkv_split_is_a_slice_offset_in_the_attention_reads(tmp_path):
+    """A QKV projection split in three (Split: strided slices) then split into heads: Q and V
+    are read from the one projection at their offsets; only K's copy is left."""
+    model = import_model(_gpt_block(tmp_path / "gpt.onnx"))
+    layouts = [op for op in model.operators if op.kind == "layout"]
+    assert [op.args[0].shape for op in layouts] == [(1, 8, 96)]  # K's slice and transpose, one copy
+    scores = next(op for op in model.operators if "batch_matmul" in op.name)
+    q = scores.expr.inputs[0]
+    assert q.shape == (1, 8, 96) and q.index[-1] == ((0, 16, 0, 0, 1), 0)  # q[b, i, h * 16 + k], offset 0
+    context = [op for op in model.operators if "batch_matmul" in op.name][1]
+    assert context.expr.inputs[1].index[-1] == ((0, 16, 0, 1, 0), 64)  # v at offset 2 * 32
+
+
 def test_a_flatten_before_a_matmul_is_not_fused():
     """No transpose in the chain: shufflenet's Flatten stays its classifier's own copy."""
     kinds = [op.kind for op in imported("shufflenet_block").operators]
