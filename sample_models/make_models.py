@@ -1,13 +1,14 @@
 """Write the sample ONNX models of `workbench model` (run: python sample_models/make_models.py [DIR]).
 
-Six small networks in the shape of the ones the construction papers evaluate on (Roller,
+Seven small networks in the shape of the ones the construction papers evaluate on (Roller,
 Rammer): an MLP, a BERT-style encoder layer, a ResNet-style block, a MobileNet-style inverted
 residual block, ShuffleNet-style units with grouped convolutions, channel shuffles and a
-classifier head (Flatten, Dropout), and a transformer feed-forward block whose input has
-symbolic `batch` and `seq` dims. Widths are kept small (hidden 128-256) so that all six
-together stay under 2 MB and a whole model constructs and runs in seconds. A GPT-2-style
-decoder block with a causal mask (`decoder_block`, sizes unlike these) is written on request only
-(`--decoder PATH`): at 1.8 MB it is not committed.
+classifier head (Flatten, Dropout), a transformer feed-forward block whose input has
+symbolic `batch` and `seq` dims, and a GPT-2-style decoder block whose input has a symbolic
+`seq` (causal mask and head reshapes computed from it). Widths are kept small (hidden 96-256)
+so that all seven together stay under 2.5 MB and a whole model constructs and runs in seconds.
+A larger GPT-2-style decoder block with a fixed length (`decoder_block`, sequence 48, hidden
+192) is written on request only (`--decoder PATH`): at 1.8 MB it is not committed.
 
 The files are reproducible byte for byte: weights come from a seeded `numpy.random.RandomState`
 (whose stream numpy keeps stable across releases), and the IR version, opset, producer and every
@@ -234,6 +235,33 @@ def decoder_block(seq: int = 48, hidden: int = 192, heads: int = 3, ffn: int = 7
     return g.model("x", (1, seq, hidden), y, (1, seq, hidden))
 
 
+def decoder_dynamic(hidden: int = 96, heads: int = 4, ffn: int = 384) -> onnx.ModelProto:
+    """A GPT-2-style decoder block on x[1, seq, hidden] with a symbolic `seq` (sizes unlike the
+    other samples': hidden 96 in 4 heads of 24, FFN 384): pre-LayerNorm, Q/K/V projections split
+    into heads by a Reshape whose shape is computed from the input's (Shape, Slice, Concat, as
+    exporters write a dynamic axis), scaled scores with a causal mask of the input's length
+    (ConstantOfShape + Trilu, applied by Where), softmax, context, heads merged by a Reshape to
+    [0, -1, hidden], output projection + residual, LayerNorm, erf-GELU MLP + residual."""
+    g = Graph("decoder_dynamic", seed=8)
+    dh = hidden // heads
+    h = layer_norm(g, "x", hidden)
+    split = g.op("Concat", g.op("Slice", g.op("Shape", h), g.ints([0]), g.ints([2])), g.ints((heads, dh)), axis=0)
+    q, k, v = (g.op("Reshape", linear(g, h, hidden, hidden), split) for _ in range(3))
+    q = g.op("Transpose", q, perm=(0, 2, 1, 3))
+    k = g.op("Transpose", k, perm=(0, 2, 3, 1))
+    v = g.op("Transpose", v, perm=(0, 2, 1, 3))
+    scores = g.op("Mul", g.op("MatMul", q, k), g.const(1.0 / np.sqrt(dh)))
+    seq = g.op("Slice", g.op("Shape", h), g.ints([1]), g.ints([2]))
+    ones = g.op("ConstantOfShape", g.op("Concat", seq, seq, axis=0), value=numpy_helper.from_array(np.ones(1, bool)))
+    scores = g.op("Where", g.op("Trilu", ones, upper=0), scores, g.const(-1e4))
+    ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+    ctx = g.op("Reshape", g.op("Transpose", ctx, perm=(0, 2, 1, 3)), g.ints((0, -1, hidden)))
+    h1 = g.op("Add", "x", linear(g, ctx, hidden, hidden))
+    ff = linear(g, gelu(g, linear(g, layer_norm(g, h1, hidden), hidden, ffn)), ffn, hidden)
+    y = g.op("Add", h1, ff)
+    return g.model("x", (1, "seq", hidden), y, (1, "seq", hidden))
+
+
 MODELS = {
     "mlp": mlp,
     "bert_layer": bert_layer,
@@ -241,6 +269,7 @@ MODELS = {
     "mobilenet_block": mobilenet_block,
     "shufflenet_block": shufflenet_block,
     "mlp_dynamic": mlp_dynamic,
+    "decoder_dynamic": decoder_dynamic,
 }
 
 

@@ -205,12 +205,13 @@ def test_padded_3x3_conv_reads_a_halo_and_depthwise_reads_its_own_channel():
 def test_layout_and_row_operators_of_the_encoder_layer():
     kinds = {op.name: op.kind for op in imported("bert_layer").operators}
     assert kinds["softmax"] == kinds["layer_norm"] == "multi-reduction"
-    assert kinds["fused_reshape_transpose"] == "layout"
-    # transpose then reshape: only the reverse-inlined form (iterating over the input) is affine
-    merge = operator("bert_layer", "fused_transpose2_reshape1").expr
-    assert merge.output.index[-1][0] == (0, 0, 64, 1)
+    assert kinds["fused_reshape_transpose"] == "layout"  # K's transpose to [b, heads, dh, s]
+    # the head merge (transpose then reshape) is the P V matmul's epilogue, writing [1, 32, 128]
+    merge = operator("bert_layer", "batch_matmul1")
+    assert merge.expr.main_block == "matmul" and merge.expr.epilogues == ("T_layout",)
+    assert merge.outputs == (((1, 32, 128), "float32"),)
     # the GELU epilogue chain is inlined into one block after the matmul
-    gelu = operator("bert_layer", "fused_matmul3_add2_divide_erf_multiply1_add3_multiply2")
+    gelu = operator("bert_layer", "fused_matmul1_add2_divide_erf_multiply1_add3_multiply2")
     assert gelu.expr.main_block == "matmul" and len(_blocks(gelu.func)) == 2
 
 
@@ -531,6 +532,111 @@ def test_the_symbolic_sample_runs_against_onnxruntime_at_its_bound_shapes(dims):
     run = run_model_report(construct_model(model, device("local-cpu")), SAMPLES / "mlp_dynamic.onnx")
     assert run.outputs_match and run.max_abs_error <= 1e-4
     assert run.tvm_default_seconds is not None, run.tvm_default_error  # built at the same shapes
+
+
+DECODER = SAMPLES / "decoder_dynamic.onnx"
+
+
+@cache
+def decoder(seq):
+    return import_model(DECODER, {"seq": seq})
+
+
+@pytest.mark.parametrize("seq", [5, 77])
+def test_the_decoder_sample_imports_at_any_length_and_matches_onnxruntime(seq):
+    """The head split's shape (Shape, Slice, Concat), the merge's [0, -1, 96] and the causal
+    mask (ConstantOfShape, Trilu) follow the bound `seq`; every operator depends on it, is
+    constructed and runs as ONNX Runtime does."""
+    ort = pytest.importorskip("onnxruntime")
+    model = decoder(seq)
+    assert model.inputs == (("x", (1, seq, 96), "float32"),)
+    (dim,) = model.dims
+    assert (dim.name, dim.value, dim.default) == ("seq", seq, False)
+    assert dim.operators == tuple(op.name for op in model.operators)
+    mc = construct_model(model, device("local-cpu"))
+    assert [r.reason for r in mc.results if not r.supported] == []
+    x = np.random.default_rng(seq).uniform(-1, 1, (1, seq, 96)).astype(np.float32)
+    (out,) = run_model(mc, build_model_kernels(mc), {"x": x})
+    (expected,) = ort.InferenceSession(str(DECODER)).run(None, {"x": x})
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_head_split_and_merge_fuse_into_the_attention_matmuls(monkeypatch):
+    """Q's and V's head split (Reshape + Transpose) become index remaps of the batched matmuls'
+    reads, the head merge the P V matmul's write: 15 operators become 12, one copy left (K's
+    transpose to [b, heads, dh, s], which a fused read would stride along the vectorised N)."""
+    from workbench.models import onnx_import
+    from workbench.models.symbolic import matmul_params
+
+    fused = decoder(77)
+    assert len(fused.operators) == 12
+    assert [op.name for op in fused.operators if op.kind == "layout"] == ["fused_reshape_transpose"]
+    scores, context = (op for op in fused.operators if "batch_matmul" in op.name)
+    assert scores.name == "fused_batch_matmul_multiply_where"  # scale and causal mask as its epilogue
+    assert [a.shape for a in scores.args[:2]] == [(1, 77, 96), (1, 4, 24, 77)]  # Q read from its projection
+    assert [a.shape for a in context.args] == [(1, 4, 77, 77), (1, 77, 96)]  # V read from its projection
+    assert context.outputs == (((1, 77, 96), "float32"),)  # heads merged in the write
+    q = scores.expr.inputs[0]
+    assert q.index[-1] == ((0, 24, 0, 0, 1), 0)  # q[b, i, h * 24 + k]
+    assert [{k: matmul_params(op.expr)[k] for k in ("B", "M", "N", "K")} for op in (scores, context)] == [
+        {"B": 4, "M": 77, "N": 77, "K": 24}, {"B": 4, "M": 77, "N": 24, "K": 77}]  # one operator over the heads
+    assert [op.kind for op in decoder(1).operators] == [op.kind for op in fused.operators]  # at a length of 1 too
+    monkeypatch.setattr(onnx_import, "fuse_matmul_layouts", lambda mod: mod)
+    unfused = import_model(DECODER, {"seq": 77})
+    assert len(unfused.operators) == 15 and sum(op.kind == "layout" for op in unfused.operators) == 4
+
+
+def test_a_merge_that_is_the_models_output_and_a_transposed_write_back(tmp_path):
+    """The merged heads as the graph's output (a var outside the dataflow) are written by the
+    matmul; a transpose that moves the product's last dimension stays a copy (its write-back
+    would store along a strided dimension). Both run as numpy computes them."""
+    node = helper.make_node
+    nodes = [node("MatMul", ["a", "b"], ["p"]), node("Transpose", ["p"], ["t"], perm=[0, 2, 1, 3]),
+             node("Reshape", ["t", "shape"], ["y"]),
+             node("MatMul", ["a", "b"], ["p2"]), node("Transpose", ["p2"], ["z"], perm=[0, 1, 3, 2])]
+    path = _save(tmp_path / "merge.onnx", nodes, [_tensor("a", [1, 2, 4, 3]), _tensor("b", [1, 2, 3, 5])],
+                 [_tensor("y", [1, 4, 10]), _tensor("z", [1, 2, 5, 4])], [_ints("shape", [1, 4, 10])])
+    mc = construct_model(import_model(path), device("local-cpu"))
+    assert [(r.operator.kind, r.operator.outputs[0][0]) for r in mc.results] == [
+        ("reduction", (1, 4, 10)), ("reduction", (1, 2, 4, 5)), ("layout", (1, 2, 5, 4))]
+    rng = np.random.default_rng(4)
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((1, 2, 4, 3), (1, 2, 3, 5)))
+    y, z = run_model(mc, build_model_kernels(mc), {"a": a, "b": b})
+    np.testing.assert_allclose(y, (a @ b).transpose(0, 2, 1, 3).reshape(1, 4, 10), rtol=1e-6)
+    np.testing.assert_allclose(z, (a @ b).transpose(0, 1, 3, 2), rtol=1e-6)
+
+
+def test_a_fused_qkv_split_is_a_slice_offset_in_the_attention_reads(tmp_path):
+    """A QKV projection split in three (Split: strided slices) then split into heads: Q and V
+    are read from the one projection at their offsets; only K's copy is left."""
+    model = import_model(_gpt_block(tmp_path / "gpt.onnx"))
+    layouts = [op for op in model.operators if op.kind == "layout"]
+    assert [op.args[0].shape for op in layouts] == [(1, 8, 96)]  # K's slice and transpose, one copy
+    scores = next(op for op in model.operators if "batch_matmul" in op.name)
+    q = scores.expr.inputs[0]
+    assert q.shape == (1, 8, 96) and q.index[-1] == ((0, 16, 0, 0, 1), 0)  # q[b, i, h * 16 + k], offset 0
+    context = [op for op in model.operators if "batch_matmul" in op.name][1]
+    assert context.expr.inputs[1].index[-1] == ((0, 16, 0, 1, 0), 64)  # v at offset 2 * 32
+
+
+def test_a_flatten_before_a_matmul_is_not_fused():
+    """No transpose in the chain: shufflenet's Flatten stays its classifier's own copy."""
+    kinds = [op.kind for op in imported("shufflenet_block").operators]
+    assert kinds.count("layout") == 3 and imported("shufflenet_block").operators[-1].expr.main_block == "matmul"
+
+
+@pytest.mark.parametrize("dims, message", [
+    ({"len": 8}, "decoder_dynamic.onnx: --dim len: the model has no symbolic dim 'len' (its symbolic dims are seq)"),
+    ({"seq": 0}, "--dim seq=0: seq must be a positive integer"),
+    ({"seq": 2**31}, "--dim seq=2147483648: over the limit of 2147483647 elements of a tensor (int32 indexing)"),
+    # the attention scores [1, heads, seq, seq], which the file declares nowhere
+    ({"seq": 300_000}, "decoder_dynamic.onnx: tensor lv12 (computed by the model) has shape 1x4x300000x300000 = "
+                       "360000000000 elements, over the limit of 2147483647 (int32 indexing)"),
+])
+def test_bad_decoder_lengths_are_one_line_errors(dims, message):
+    with pytest.raises(UserError) as err:
+        import_model(DECODER, dims)
+    assert str(err.value) == message
 
 
 def test_an_unmappable_operator_is_listed_and_the_rest_constructed(tmp_path):

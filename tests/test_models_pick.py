@@ -35,13 +35,15 @@ def fastest_ok(pick):
 
 
 def test_the_pick_keeps_the_fastest_verified_candidate_of_each_distinct_workload(tmp_path):
-    """bert_layer: its three projections share one workload, as do its two layer norms and two
-    head reshapes; each is profiled once, stored as a run, and its kept rank is the fastest of
+    """bert_layer: its three projections share one workload, as do its two layer norms; each is
+    profiled once, stored as a run, and its kept rank is the fastest of
     those measured correct. Ranks 1 and 3 are reported wrong by the fake runner: never kept.
     Constructed for a preset CPU, so that the fake's times (made from the predictions) and the
     ranks they make fastest are the same on every machine; nothing is built or run."""
     mc = constructed("bert_layer", "xeon-avx512")
-    runner = FakeRunner(incorrect=frozenset({1, 3}))
+    # seed 2: per-rank factors under which bert_layer's workloads do not all keep one rank (with
+    # seeds 0 and 1 rank 2 is the fastest verified one of every workload)
+    runner = FakeRunner(incorrect=frozenset({1, 3}), seed=2)
     with RunStore(tmp_path / "runs.sqlite3") as store:
         picks = measured_pick(mc, {}, runner=runner, store=store, run_label="bert v1")
         runs = store.runs()

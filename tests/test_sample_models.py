@@ -23,7 +23,7 @@ def test_regenerating_gives_the_committed_bytes(tmp_path):
     written = _generator().write_all(tmp_path)
     assert [p.name for p in written] == [
         "mlp.onnx", "bert_layer.onnx", "resnet_block.onnx", "mobilenet_block.onnx", "shufflenet_block.onnx",
-        "mlp_dynamic.onnx",
+        "mlp_dynamic.onnx", "decoder_dynamic.onnx",
     ]  # fmt: skip
     for path in written:
         assert path.read_bytes() == (SAMPLES / path.name).read_bytes(), path.name
@@ -32,8 +32,9 @@ def test_regenerating_gives_the_committed_bytes(tmp_path):
 def test_models_are_small_checked_onnx_with_fixed_header():
     gen = _generator()
     paths = sorted(SAMPLES.glob("*.onnx"))
-    assert len(paths) == 6
+    assert len(paths) == 7
     assert sum(p.stat().st_size for p in paths) < 4 * 2**20
+    assert (SAMPLES / "decoder_dynamic.onnx").stat().st_size < 2**20 / 2
     for path in paths:
         model = onnx.load(path)
         onnx.checker.check_model(model)
@@ -50,6 +51,7 @@ def test_models_are_small_checked_onnx_with_fixed_header():
         ("mobilenet_block", {"Conv", "Clip", "GlobalAveragePool", "Add"}),
         ("shufflenet_block", {"Conv", "Reshape", "Transpose", "Split", "Concat", "Flatten", "Dropout", "Gemm"}),
         ("mlp_dynamic", {"MatMul", "Add", "Relu", "LayerNormalization"}),
+        ("decoder_dynamic", {"LayerNormalization", "MatMul", "Reshape", "Transpose", "Trilu", "Where", "Softmax", "Erf"}),
     ],
 )
 def test_models_hold_the_operators_of_their_kind(name, ops):
@@ -95,3 +97,35 @@ def test_mlp_dynamic_declares_symbolic_batch_and_seq_dims():
     assert [dims(i) for i in model.graph.input] == [["batch", "seq", 128]]
     assert [dims(o) for o in model.graph.output] == [["batch", "seq", 128]]
     assert not [n for n in model.graph.node if n.op_type == "Reshape"]  # any binding of the two is valid
+
+
+def _dims(info):
+    return [d.dim_param or d.dim_value for d in info.type.tensor_type.shape.dim]
+
+
+def test_decoder_dynamic_declares_a_symbolic_seq_and_computes_its_shapes_from_the_input():
+    model = onnx.load(SAMPLES / "decoder_dynamic.onnx")
+    assert [_dims(i) for i in model.graph.input] == [[1, "seq", 96]]
+    assert [_dims(o) for o in model.graph.output] == [[1, "seq", 96]]
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    shapes = [consts.get(n.input[1]) for n in model.graph.node if n.op_type == "Reshape"]
+    # the head split's shape is computed (Shape, Slice, Concat); the merge's is [0, -1, 96]
+    assert [s is None for s in shapes] == [True] * 3 + [False] and list(shapes[-1]) == [0, -1, 96]
+    assert sum(n.op_type == "Shape" for n in model.graph.node) == 2  # the heads' shape, the mask's length
+
+
+@pytest.mark.parametrize("seq", [5, 77])
+def test_decoder_dynamic_is_causal_at_any_length_under_onnxruntime(seq):
+    """Changing the inputs after position t leaves the outputs up to t as they were: the mask
+    has the input's length and hides the future from every head."""
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(SAMPLES / "decoder_dynamic.onnx"))
+    x = np.random.default_rng(seq).uniform(-1, 1, (1, seq, 96)).astype(np.float32)
+    t = seq // 2
+    changed = x.copy()
+    changed[:, t + 1:] += 1.0
+    (y,) = session.run(None, {"x": x})
+    (y2,) = session.run(None, {"x": changed})
+    assert y.shape == (1, seq, 96)
+    np.testing.assert_allclose(y2[:, : t + 1], y[:, : t + 1], rtol=1e-5, atol=1e-6)
+    assert np.abs(y2[:, t + 1:] - y[:, t + 1:]).min() > 0

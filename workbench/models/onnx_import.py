@@ -4,8 +4,9 @@ The inputs' symbolic dims (`dim_param`) are bound to integers first (`symbolic.p
 imports a static model and the element caps apply to the bound shapes.
 `from_onnx` gives a Relax module. Before lowering, the graph is put in inference form
 (`_inference_mode`): Dropout becomes the identity and its mask dead code, Split one slice per
-part, so that every kernel has one output. `LegalizeOps` lowers every Relax operator to a TIR
-PrimFunc, `FoldConstant` evaluates what depends on weights only (a Gemm's `transB` transpose of a constant
+part, so that every kernel has one output, and the reshapes and transposes around a matmul (a
+transformer's head split and merge) are fused into it (`layout_fusion.py`). `LegalizeOps`
+lowers every Relax operator to a TIR PrimFunc, `FoldConstant` evaluates what depends on weights only (a Gemm's `transB` transpose of a constant
 weight would otherwise be a kernel of its own), `AnnotateTIROpPattern` + `FuseOps` + `FuseTIR`
 fuse each reduction with its elementwise neighbours (conv + bias + relu) into one PrimFunc, and
 `RemoveUnusedOutputs` drops the outputs of a fused function that nothing reads. Each `call_tir`
@@ -43,6 +44,7 @@ from pathlib import Path
 from workbench.errors import UserError
 from workbench.files import read_user_file
 from workbench.models import symbolic
+from workbench.models.layout_fusion import fuse_matmul_layouts
 from workbench.ops.shapes import check_elements
 from workbench.ops.tensor_expr import TensorExpr, is_reduction
 
@@ -234,7 +236,7 @@ def fused_module(proto, label: str):
     ]
     try:
         mod["main"] = _inference_mode(mod["main"])
-        return tvm.transform.Sequential(passes)(mod)
+        return tvm.transform.Sequential(passes)(fuse_matmul_layouts(mod))
     except Exception as err:  # a Relax operator without a TIR lowering, or a pass refusing the module
         raise UserError(f"{label}: TVM cannot lower the model to kernels: {_first_line(err)}") from None
 
