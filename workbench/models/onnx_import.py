@@ -319,13 +319,13 @@ ROUND_MAGIC = 12582912.0
 
 
 def fast_exp(x):
-    """e^x for a float32 tensor, vectorisable (Cephes' expf as TOPI's `fast_exp`, within 2
-    ulp): n = round(x / ln 2) by the ROUND_MAGIC addition, r = x - n ln 2, e^r by
-    EXP_POLYNOMIAL in Estrin's scheme (r^2, then three independent pairs: a chain of 4
-    multiply-adds where Horner's has 7), times 2^n built in the exponent bits. TOPI's chain of
-    about 20 dependent operations a vector left its exp pass latency-bound (the pass over
-    128 x 1000 ran at 2.7 cycles an element on a Zen 3, 8 independent vectors its scheduler
-    could not overlap)."""
+    """e^x for a float32 tensor in plain vectorisable arithmetic, within 1e-5 relative of the
+    exact value where it is a normal float (Cephes' expf as TOPI's `fast_exp` evaluates it):
+    n = round(x / ln 2) by the ROUND_MAGIC addition, r = x - n ln 2, e^r by EXP_POLYNOMIAL in
+    Estrin's scheme (r^2, then independent pairs: a chain of 4 multiply-adds where Horner's
+    has 7), times 2^n built in the exponent bits; no floor and no float-to-int conversion, so
+    a vector's chain of dependent operations is about half TOPI's (evidence:
+    docs/benchmarks.md, the softmax A/B)."""
     from tvm import te, tirx
 
     f32 = "float32"
