@@ -465,6 +465,49 @@ def test_reductions_along_contiguous_k_vectorise_in_lanes(case):
     assert "_rf_local" in kernel.tvmscript
 
 
+RAGGED_LANES = {
+    # K of 100 in 64-wide unit tiles: a whole unit tile, then 2 whole register tiles and 4 left
+    "max": (build_expr("M[i] max= A[i,j]", dict(i=7, j=100)), {"spatial": (1, 7, 7), "reduce": (16, 32, 64)}),
+    # K of 61 inside one unit tile (softmax's row maximum over a ragged row)
+    "min": (build_expr("M[b,i] min= X[b,i,j]", dict(b=2, i=3, j=61)), {"spatial": (1, 3, 3), "reduce": (16, 64, 64)}),
+    "mean": (expr("reduce_mean", shape=(3, 4, 203), axes=(2,)), {"spatial": (2, 4, 12), "reduce": (16, 64, 128)}),
+}
+
+
+def _lowered(sch, dev) -> str:
+    """`sch`'s module through lowering up to vectorisation, as `tvm.compile` runs it (its loop
+    partitioning included)."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    passes = [s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+              s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation(),
+              s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(), tirx.transform.NarrowDataType(32),
+              s_tir.transform.LoopPartition(), tirx.transform.VectorizeLoop(True), tirx.transform.StmtSimplify()]
+    with tvm.target.Target(target_dict(dev)):
+        return tvm.transform.Sequential(passes)(sch.mod).script()
+
+
+@pytest.mark.parametrize("case", sorted(RAGGED_LANES))
+def test_a_ragged_k_in_lanes_runs_whole_vectors_and_its_edge_apart(case):
+    """A K the unit tile leaves ragged still runs in lanes (`CpuPlan.split_edges`): lowering
+    splits K's loops over tiles where K ends, so the register tiles inside it update their
+    lanes as whole vectors, unguarded, and only the one K's end cuts tests each lane, scalar;
+    the partial results stay correct (numpy) for max, min and a mean's sum."""
+    e, by_kind = RAGGED_LANES[case]
+    e = fuse_axes(e)
+    program = _program(e, {a.name: by_kind[a.kind] for a in e.axes})
+    plan = cpu_plan(program, device(CPU))
+    assert plan.path == "lanes" and plan.split_edges
+    _local_kernel(e, {a.name: by_kind[a.kind] for a in e.axes})
+    lowered = _lowered(schedule_cpu(e, program, device(CPU)), device(CPU))
+    k = e.axes[e.reduce[-1]].extent
+    assert re.search(r"_rf_local\[[^\]]* \+ 16\] = ", lowered), lowered  # a 16-lane vector store
+    # one guarded scalar register tile: the lanes of the last one below K's end
+    guards = re.findall(r"if (\w+) < (\d+):", lowered)
+    assert [int(bound) for _, bound in guards if int(bound) < 16] == [k % 16], lowered
+
+
 def test_lanes_need_a_whole_vector_of_k():
     """8 K-values fill an 8-lane vector but half a 16-lane one: only the 8-lane CPU splits lanes."""
     e = expr("gemv", M=64, K=256)

@@ -206,3 +206,66 @@ def test_a_row_pass_reduction_is_vectorised_with_its_ragged_tail_apart(tmp_path,
     (ours,) = run_model(mc, kernels, inputs)
     (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
     assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))
+
+
+ROW_MAXIMA = {
+    # (Softmax's input shape and axis, whether its row maximum runs in lanes, ragged)
+    "whole_rows": ((6, 64), -1, True, False),
+    "ragged_rows": ((6, 61), -1, True, True),
+    "long_ragged_rows": ((3, 1000), -1, True, True),
+    "strided_axis": ((2, S, 7), 1, False, False),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_MAXIMA))
+def test_softmax_row_maximum_runs_in_lanes(tmp_path, name):
+    """Softmax's main block, the maximum over each row, keeps one vector of partial maxima per
+    row (`rfactor`, the lanes path of the plan), combined once per row; a ragged row (61, 1000)
+    runs its whole register tiles as vectors and the last one apart (`CpuPlan.split_edges`). A
+    maximum over a strided axis (softmax over axis 1) has no contiguous lanes and stays on the
+    plan's scalar path. Either way the model matches ONNX Runtime."""
+    from workbench.codegen.cpu import schedule_cpu
+    from workbench.rtile.plan import LANES, cpu_plan
+
+    shape, axis, lanes, ragged = ROW_MAXIMA[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model([_node("Softmax", ["x"], axis=axis)], shape, shape), path)
+    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    (r,) = mc.results
+    expr, program = r.construction.expr, r.candidates[0].program
+    plan = cpu_plan(program, mc.device)
+    assert (plan.path == LANES) == lanes and plan.split_edges == ragged, plan
+    script = schedule_cpu(expr, program, mc.device).mod.script()
+    rf = f'T.sblock("{expr.main_block}_rf'
+    assert (rf in script) == lanes
+    if lanes:  # the partial maxima's update under a vectorised loop, over K's register tile
+        update = script[script.index(rf + '_update"'):]
+        loops = script[:script.index(rf + '_update"')].rsplit("for ", 2)[-1]
+        assert "T.vectorized" in loops and "T.max" in update.split("T.sblock(")[1]
+    kernels = build_model_kernels(mc)
+    assert all(k.scheduled for k in kernels)
+    inputs = model_inputs(mc.model, 0)
+    (ours,) = run_model(mc, kernels, inputs)
+    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))
+
+
+def test_fast_exp_matches_numpy_and_stays_finite():
+    """`onnx_import.fast_exp`, Cephes' polynomial with the exponent rounded by a magic addition:
+    within 1e-5 relative of float64 exp where e^x is a normal float (the reduction by a one-part
+    ln 2 costs about 2^-17 at |x| = 88, as TOPI's `fast_exp`), a normal float below, finite
+    above (no infinity for softmax to divide by)."""
+    import tvm
+    from tvm import te
+
+    from workbench.models.onnx_import import fast_exp
+
+    x = te.placeholder((4096,), "float32", name="x")
+    kernel = tvm.compile(te.create_prim_func([x, fast_exp(x)]), target="llvm")
+    xs = np.concatenate([np.linspace(-100, 100, 4000), RNG.uniform(-1, 1, 96)]).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    kernel(tvm.runtime.tensor(xs), out)
+    got, ref = out.numpy().astype(np.float64), np.exp(xs.astype(np.float64))
+    normal = (xs > -87.3) & (xs < 88.3)
+    assert np.max(np.abs(got[normal] - ref[normal]) / ref[normal]) < 1e-5
+    assert np.all(np.isfinite(got)) and np.all(got[xs < -87.4] < 1.2e-38) and np.all(got > 0)

@@ -16,14 +16,22 @@ from workbench.ops.tensor_expr import TensorExpr, is_reduction
 from workbench.rtile.rprogram import RProgram
 
 
-def new_schedule(expr: TensorExpr):
-    """A traced schedule over `expr.func` (module function name `main`)."""
+def new_schedule(expr: TensorExpr, int32: bool = False):
+    """A traced schedule over `expr.func` (module function name `main`); with `int32`, its
+    indices narrowed to 32 bits first (`ForceNarrowIndexToInt32`): lowering narrows them anyway
+    (`NarrowDataType`), but renames the loop variables and leaves a loop's
+    `pragma_loop_partition_hint` on the old one, so a 64-bit loop is never partitioned."""
     import tvm
     from tvm import s_tir
 
     if expr.func is None:
         raise ScheduleError(f"{expr.op}: the expression carries no PrimFunc")
-    return s_tir.Schedule(tvm.IRModule({"main": expr.func}))
+    mod = tvm.IRModule({"main": expr.func})
+    if int32:
+        # on a copy: the schedule rewrites the pass's output in place, statements it shares
+        # with `expr.func` included
+        mod = tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.ir.load_json(tvm.ir.save_json(mod)))
+    return s_tir.Schedule(mod)
 
 
 def check_program(expr: TensorExpr, program: RProgram) -> None:

@@ -27,8 +27,9 @@ whole tiles so the micro-kernel needs no guard (`_pad_tails`). Every such decisi
 the vectorised loop, the packed inputs, padded tails, direct stores, where the padding copies
 go) is the kernel's `rtile.plan.CpuPlan`, which this module carries out and the model prices;
 nothing here decides on its own. A reduction with no
-vectorisable output axis (gemv, row sums) vectorises its innermost reduction axis instead:
-per-lane partial sums, summed once per tile (`_schedule_lanes`). A convolution with a vector of
+vectorisable output axis (gemv, row sums, softmax's row maximum) vectorises its innermost
+reduction axis instead: per-lane partial results, combined once per tile, a ragged K's whole
+register tiles unguarded and its last one scalar (`_schedule_lanes`). A convolution with a vector of
 filters vectorises them instead of its output row: the filters packed into panels, the data
 broadcast, the accumulator filters-last (`_schedule_filters`), filters the unit tile leaves
 ragged padded with zero filters (`_pad_filters`). Elsewhere (depthwise convs,
@@ -178,8 +179,11 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     K x unit-tile outputs), and each grid iteration ends with the horizontal sum over the lanes
     and the epilogues. A register tile of r rows and K = 2 vectors keeps 2r independent vector
     accumulators, where the plain template keeps r scalar ones. (`rfactor` knows the combiners
-    of the expression language: sum, product, min and max.)"""
-    sch = common.new_schedule(expr)
+    of the expression language: sum, product, min and max.) A ragged K (`CpuPlan.split_edges`)
+    keeps the guard of its split, and lowering partitions its loops over tiles where K ends
+    (`_split_edges`): the register tiles inside K run the unguarded vector loop, the one K's end
+    cuts its guarded copy."""
+    sch = common.new_schedule(expr, int32=plan.split_edges)
     epilogues = common.epilogue_names(sch, expr)
     common.inline_producers(sch, expr)
     block = sch.get_sblock(expr.main_block)
@@ -197,13 +201,22 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     common.flatten_fused_output(sch, partial, None, expr, trailing=1)
     # the loop handles now name the lane-sum's loops; the partial sums own the tiled nest
     loops = sch.get_loops(partial)
-    _micro_kernel(sch, loops[-len(levels):], loops[-1], plan.lanes, _reduce_positions(expr, levels, order))
+    # counted from the innermost loop: fusing the grid shortened the nest at its outer end
+    at = lambda loop: loops[len(loops) - len(order) + order.index(loop)]  # noqa: E731
+    # a ragged K (`CpuPlan.split_edges`) guards the partial sums across all of K's loops, and
+    # TVM takes a block so guarded for a reduction only while its lane is one loop: the
+    # register tile's K then stays one vector loop (LLVM splits it into registers), and
+    # lowering splits K's loops over tiles where K ends
+    width = int(sch.get(loops[-1]).extent) if plan.split_edges else plan.lanes
+    _micro_kernel(sch, loops[-len(levels):], loops[-1], width, _reduce_positions(expr, levels, order))
     if grid is not None:
         common.primitive("sum the lanes per tile", sch.reverse_compute_at, block, loops[0], True)
+    # before the row passes: attached after the guarded partial sums, they make TVM find its
+    # bindings no longer affine
+    common.primitive("decompose_reduction", sch.decompose_reduction, partial, at(levels[expr.reduce[0]][0]))
+    if plan.split_edges:
+        _split_edges(sch, [at(loop) for loop in levels[plan.vector_axis][:-1]])
     _row_passes(sch, expr, program, epilogues, loops[0] if grid is not None else None, shape, plan.lanes)
-    # counted from the innermost loop: fusing the grid shortened the nest at its outer end
-    first_reduce = loops[len(loops) - len(order) + order.index(levels[expr.reduce[0]][0])]
-    common.primitive("decompose_reduction", sch.decompose_reduction, partial, first_reduce)
     return sch
 
 

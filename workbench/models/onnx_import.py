@@ -243,20 +243,21 @@ def fused_module(proto, label: str):
 
 def fast_math() -> dict:
     """LegalizeOps overrides for float32 exp, erf, tanh and what is built on them (sigmoid,
-    softmax, GELU, SiLU): TOPI's `fast_exp` / `fast_erf` / `fast_tanh`, polynomials of plain
-    arithmetic (Cephes' exp, Eigen's erf and tanh; relative error about 1e-7, within the 1e-4
-    the model is held to against ONNX Runtime, whose MLAS evaluates such polynomials too).
-    LLVM has no vector `expf`/`erff`/`tanhf`: TVM's own lowering calls libm once per lane, so
-    a GELU matmul's epilogue outweighed its matmul (docs/models.md#epilogues), where a
-    polynomial vectorises with the write-back. A power by a constant in ROOT_POWERS is
-    square roots and products (LRN's x^0.75). Other dtypes and exponents keep TVM's own
-    lowering."""
+    softmax, GELU, SiLU): polynomials of plain arithmetic, `fast_exp` (Cephes' exp, as TOPI's
+    `fast_exp` evaluates it but for a shorter dependency chain) and TOPI's `fast_erf` /
+    `fast_tanh` (Eigen's erf and tanh); relative error about 1e-7, within the 1e-4 the model is
+    held to against ONNX Runtime, whose MLAS evaluates such polynomials too. LLVM has no vector
+    `expf`/`erff`/`tanhf`: TVM's own lowering calls libm once per lane, so a GELU matmul's
+    epilogue outweighed its matmul (docs/models.md#epilogues), where a polynomial vectorises
+    with the write-back. Softmax is TOPI's `fast_softmax` over `fast_exp` (`softmax`). A power
+    by a constant in ROOT_POWERS is square roots and products (LRN's x^0.75). Other dtypes and
+    exponents keep TVM's own lowering."""
     import tvm
     from tvm import topi
 
     def sigmoid(x):
         one = tvm.tirx.const(1.0, x.dtype)
-        return topi.divide(one, topi.add(one, topi.fast_exp(topi.negative(x))))
+        return topi.divide(one, topi.add(one, fast_exp(topi.negative(x))))
 
     def gelu(x):
         half = tvm.tirx.const(0.5, x.dtype)
@@ -270,8 +271,8 @@ def fast_math() -> dict:
     def silu(x):
         return topi.multiply(x, sigmoid(x))
 
-    def softmax(x, axis):
-        return topi.nn.fast_softmax(x, int(axis))
+    def softmax_(x, axis):
+        return softmax(x, int(axis))
 
     def power(bb, call):
         exponent = call.args[1]
@@ -295,16 +296,88 @@ def fast_math() -> dict:
         return legalize
 
     return {
-        "relax.exp": override("relax.exp", topi.fast_exp),
+        "relax.exp": override("relax.exp", fast_exp),
         "relax.erf": override("relax.erf", topi.fast_erf),
         "relax.tanh": override("relax.tanh", topi.fast_tanh),
         "relax.sigmoid": override("relax.sigmoid", sigmoid),
-        "relax.nn.softmax": override("relax.nn.softmax", softmax, ("axis",)),
+        "relax.nn.softmax": override("relax.nn.softmax", softmax_, ("axis",)),
         "relax.nn.gelu": override("relax.nn.gelu", gelu),
         "relax.nn.gelu_tanh": override("relax.nn.gelu_tanh", gelu_tanh),
         "relax.nn.silu": override("relax.nn.silu", silu),
         "relax.power": power,
     }
+
+
+# Cephes' expf polynomial (TOPI's `fast_exp` takes the same): e^r ~ 1 + r + r^2 * P(r) on
+# |r| <= ln 2 / 2, P's coefficients highest degree first.
+EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                  5.0000001201e-1)
+# Inputs clamped to [EXP_LOW, EXP_HIGH]: e^x stays a normal float (2^-126 .. 2^128 x (1 - 2^-24)),
+# so n = round(x / ln 2) + 127 is a valid biased exponent; below, e^x < 1.2e-38 reads as that.
+EXP_LOW, EXP_HIGH = -87.33654, 88.37626
+# 1.5 x 2^23: added to t in [-2^22, 2^22], it leaves round(t) in the mantissa's low bits (the
+# addition rounds to nearest), so n and its exponent bits come without a floor or a conversion.
+ROUND_MAGIC = 12582912.0
+
+
+def fast_exp(x):
+    """e^x for a float32 tensor in plain vectorisable arithmetic, within 1e-5 relative of the
+    exact value where it is a normal float (Cephes' expf as TOPI's `fast_exp` evaluates it):
+    n = round(x / ln 2) by the ROUND_MAGIC addition, r = x - n ln 2, e^r by EXP_POLYNOMIAL in
+    Estrin's scheme (r^2, then independent pairs: a chain of 4 multiply-adds where Horner's
+    has 7), times 2^n built in the exponent bits; no floor and no float-to-int conversion, so
+    a vector's chain of dependent operations is about half TOPI's (evidence:
+    docs/benchmarks.md, the softmax A/B)."""
+    from tvm import te, tirx
+
+    f32 = "float32"
+
+    def c(v):
+        return tirx.const(v, f32)
+
+    def exp(*i):
+        v = te.max(te.min(x(*i), c(EXP_HIGH)), c(EXP_LOW))
+        t = v * c(1.4426950408889634) + c(ROUND_MAGIC)
+        # n from t's bits (its low mantissa bits hold n + 2^22, the magic's own 0x400000): the
+        # simplifier would cancel a float `t - ROUND_MAGIC` back to the unrounded product
+        n = tirx.reinterpret("int32", t) - tirx.const(0x4B400000, "int32")
+        r = v - tirx.Cast(f32, n) * c(0.6931471805599453)
+        r2 = r * r
+        p0, p1, p2, p3, p4, p5 = (c(p) for p in EXP_POLYNOMIAL)
+        poly = (p5 + p4 * r) + r2 * ((p3 + p2 * r) + r2 * (p1 + p0 * r))
+        scale = tirx.reinterpret(f32, (n + tirx.const(127, "int32")) << tirx.const(23, "int32"))
+        return (r + c(1.0) + r2 * poly) * scale
+
+    return te.compute(x.shape, exp, name="T_exp", tag="elemwise")
+
+
+def softmax(x, axis: int):
+    """Softmax of a float32 tensor along `axis` as TOPI's `fast_softmax` builds it (its blocks
+    T_softmax_maxelem, T_softmax_delta, T_softmax_expsum, T_softmax_norm), its exp `fast_exp`
+    and its division a multiply by the row sum's reciprocal."""
+    from tvm import te, tirx
+
+    axis = axis % len(x.shape)
+    reduced = tuple(d for i, d in enumerate(x.shape) if i != axis)
+
+    def along(indices, k):
+        return indices[:axis] + (k,) + indices[axis:]
+
+    def others(indices):
+        return tuple(v for i, v in enumerate(indices) if i != axis)
+
+    k1 = te.reduce_axis((0, x.shape[axis]), name="k")
+    k2 = te.reduce_axis((0, x.shape[axis]), name="k")
+    maxelem = te.compute(reduced, lambda *i: te.max(x[along(i, k1)], axis=k1), name="T_softmax_maxelem")
+    delta = te.compute(x.shape, lambda *i: x[i] - maxelem[others(i)], name="T_softmax_delta")
+    exp = fast_exp(delta)
+    expsum = te.compute(reduced, lambda *i: te.sum(exp[along(i, k2)], axis=k2), name="T_softmax_expsum")
+    # times the row's reciprocal, which LLVM hoists out of the row: a multiply an element where
+    # a division (a vector every 5 cycles on a Zen 3) was a sixth of the kernel over 128 x 1000;
+    # within 2 ulp of the quotient, as MLAS scales its rows
+    one = tirx.const(1.0, x.dtype)
+    return te.compute(x.shape, lambda *i: exp[i] * (one / expsum[others(i)]), name="T_softmax_norm",
+                      attrs={"axis": axis})
 
 
 # Constant exponents a power is computed for with square roots and multiplies (vectorised

@@ -29,7 +29,9 @@ def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     (`vector_loop_axis`, with panels where `_panel_inputs` would pack: a transposed matmul
     vectorises its output rows after packing rather than its K), every input reading it
     streams along it (`streams`) and at least one does, it is not a fused axis, and its
-    register tile is a whole number of vectors that divides its extent.
+    register tile is a whole number of vectors. Where the unit tile leaves a tail along it (a
+    row of 1000 in tiles of 1024, GPT-2's 50257), the template splits the edge off
+    (`splits_reduction_edge`).
     """
     packed = bool(_panel_inputs(expr, program, device))
     if not expr.reduce or vector_loop_axis(expr, program, device, packed, packed) is not None:
@@ -39,11 +41,21 @@ def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     lanes = simd_lanes(device, expr.output.itemsize)
     if tile % lanes or len(expr.axes[axis].fused_from) > 1:
         return None
-    if ragged(expr, program, axis):
+    if ragged(expr, program, axis) and not splits_reduction_edge(expr, program, axis):
         return None
     if not any(t.uses_axis(axis) for t in expr.inputs) or not all(streams(t, axis) for t in expr.inputs):
         return None
     return axis
+
+
+def splits_reduction_edge(expr: TensorExpr, program: RProgram, axis: int) -> bool:
+    """Whether a reduction vectorised along its K (`lane_reduction_axis`) whose unit tile leaves
+    a tail along it runs its whole register tiles unguarded and the one K's end cuts guarded,
+    scalar (`codegen/cpu._split_edges` on its loops over tiles, the BLIS main block and fringe):
+    where there is a loop over register tiles to split, more than one register tile along K in
+    the unit tile or more than one unit tile along K."""
+    extent, unit, reg = expr.axes[axis].extent, program.unit_tile[axis], program.register_tile[axis]
+    return ragged(expr, program, axis) and (unit > reg or extent > unit)
 
 
 def filter_vector_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int | None:

@@ -16,7 +16,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
     filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_filters, pads_tails,
-    simd_lanes, splits_edges, vector_loop_axis, whole_reduction,
+    ragged, simd_lanes, splits_edges, vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -44,7 +44,8 @@ class CpuPlan:
     ones, and a ragged reduction of zero-padded terms), so the micro-kernel runs unguarded;
     `split_edges` whether a ragged row that nothing pads is vectorised anyway, its loops split
     by lowering into whole register tiles, unguarded, and the one the axis's end cuts, scalar
-    (`panels.splits_edges`: the BLIS main block and fringe); `guarded_row` whether a ragged
+    (`panels.splits_edges`: the BLIS main block and fringe; on the lanes path the ragged K,
+    `panels.splits_reduction_edge`); `guarded_row` whether a ragged
     tail that neither pads nor splits leaves the row that would be vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
     whole reduction inside one L1 tile);
@@ -140,7 +141,7 @@ def plan_for(program: RProgram, device: DeviceSpec) -> Plan:
 def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     """The CPU template's decisions (module docstring of `codegen.cpu`), from `rtile.panels`'s
     rules: the filters template where `filter_vector_axis` holds, the lanes-along-K template
-    where `lane_reduction_axis` does, else the plain template, which pads the tails of a
+    where `lane_reduction_axis` does (its edge split off where K is ragged), else the plain template, which pads the tails of a
     panel-packed expression (`pads_tails`) unless epilogues follow its main block (their
     blocks read the unpadded output), vectorises the output row where `vector_loop_axis`
     allows, or, for a ragged row with no panels, where `splits_edges` does, and packs the panels
@@ -155,7 +156,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
                        padded_filters=pads_filters(expr, program, device))
     k = lane_reduction_axis(expr, program, device)
     if k is not None:
-        return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS)
+        return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k))
     panels = packed_inputs(expr, program, device)
     padded = pads_tails(expr, program, panels) and not expr.epilogues
     vector = vector_loop_axis(expr, program, device, bool(panels), padded)

@@ -360,8 +360,9 @@ class TailRule(PerAxisRule):
     along its K (gemv) guards its unrolled micro-kernel the same way for a ragged row, and LLVM
     then unrolls and unswitches it or not by the row count. So its register tile's rows divide
     as well, where a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K,
-    where a multiple of whole lines of whole vectors does: the template vectorises K only for a
-    dividing tile (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
+    where a multiple of whole lines of whole vectors does: the template vectorises K whole on a
+    dividing tile and otherwise splits the edge off, its last register tile scalar
+    (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
     A one-row matmul (`always_streamed`) pads nothing, having no panels, and splits the edge
     of a ragged K off its vector row only over a register K of 1 (`panels.splits_edges`): any
     other register K that does not divide K guards the whole row, scalar (1 x 3001 x 777 ran

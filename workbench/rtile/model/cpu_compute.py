@@ -213,14 +213,15 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
 
     A reduction whose lanes the alignment rules put along its reduce axis (`lane_axis`: gemv,
     row sums) that the template leaves without any vector (the plan's `SCALAR` path: it takes
-    the lanes along K only on whole tiles) sums one output at a time: one chain of dependent
+    the lanes along K only for a register tile of whole vectors) sums one output at a time: one chain of dependent
     adds instead of lanes x FMA pipes x FMA latency independent ones (evidence:
     docs/model-evidence.md#guard-slowdown). Elsewhere GUARDED_MICRO_KERNEL where a register tile
     along a spatial axis does not divide the axis and the plan does not pad the tails: the
     template then guards the micro-kernel with the block predicate TVM adds, and the whole loop
     nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
-    the edges off instead (`CpuPlan.split_edges`), `edge_slowdown`."""
+    the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
+    `edge_slowdown`."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -236,12 +237,13 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
 
 def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     """How much slower than the padded, unguarded micro-kernel a CPU program runs whose plan
-    splits the ragged row's edge off (`CpuPlan.split_edges`): of the row's E columns, the
-    I = E // r * r in whole register tiles of r run the vector micro-kernel, and the E - I
-    the axis's end cuts run scalar, one lane of `scalar_lanes` L; the compute term prices the
-    P = ceil(E / U) * U columns of whole unit tiles of U, so the factor is
-    (I + (E - I) * L) / P (1x1024x4096 on 1x56 registers, 112-column unit tiles, AVX2:
-    (4088 + 8 * 8) / 4144)."""
+    splits the edge of its vectorised axis off (`CpuPlan.split_edges`: a ragged row, or a
+    ragged K vectorised in lanes): of the axis's E elements, the I = E // r * r in whole
+    register tiles of r run the vector micro-kernel, and the E - I the axis's end cuts run
+    scalar, one lane of `scalar_lanes` L; the compute term prices the P = ceil(E / U) * U
+    elements of whole unit tiles of U, so the factor is (I + (E - I) * L) / P (1x1024x4096 on
+    1x56 registers, 112-column unit tiles, AVX2: (4088 + 8 * 8) / 4144; a softmax row maximum
+    over 1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024)."""
     expr = program.expr
     v = cpu_plan(program, device).vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
