@@ -15,21 +15,22 @@ A tensor of constant value (all zeros) matches by accident and is never used as 
 Each of ONNX Runtime's nodes is then tied to the tensor of the original graph it computes, by
 the graph's structure (`_computed`): a tensor it writes under its original name; else, for a
 Conv or pool its CPU provider moved to the NCHWc domain (outputs renamed `reorder_token_N`,
-blocked [N, C/8, H, W, 8]), the tensor its name carries (ONNX Runtime names it after the
-output it replaces, `r2` -> `r2_nchwc`), taken only when the tensor its first input carries
-(followed through the ReorderInput/ReorderOutput layout changes and the nodes already tied) is
-upstream of that tensor in the original graph; else, for a node rewritten in place (a Concat
-or Sum moved onto blocked tensors keeps its name), the original node of its name and type.
-Blocked tensors are not matched by value: the optimised model is written for its session, not
-to be run again (the light models' `__SHAPE` inputs, which initializers give in the original,
-are inputs without them there); nor by initializer names, which ConvBnFusion renames and shares
-across convs. The names ONNX Runtime gives are what is left to follow, and the upstream check
-refuses a name that does not fit the graph. The node goes to the operator owning that tensor,
-or, when the tensor was fused away inside a larger group (a Conv's output before its Relu, a
-Conv whose Sum and Relu ONNX Runtime fused into it), to that of the first owned tensor
-downstream of it in the original graph. A node tied to no tensor (a ReorderInput, a Reshape
-ONNX Runtime inserted) is a layout change for its consumers and goes to the operator of its
-first mapped consumer. A node mapped to nothing is listed apart with the reason.
+blocked [N, C/b, H, W, b], b 8 or 16 by the CPU's vectors), the tensor its name carries (ONNX
+Runtime names it after the output it replaces, `r2` -> `r2_nchwc`), taken only when the tensor
+its first input carries (followed through the ReorderInput/ReorderOutput layout changes and the
+nodes already tied) is upstream of that tensor in the original graph; else, for a node
+rewritten in place (a Concat or Sum moved onto blocked tensors keeps its name), the original
+node of its name and type. Blocked tensors are not matched by value: the optimised model is
+written for its session, not to be run again (the light models' `__SHAPE` inputs, which
+initializers give in the original, are inputs without them there); nor by initializer names,
+which ConvBnFusion renames and shares across convs. The names ONNX Runtime gives are what is
+left to follow, and the upstream check refuses a name that does not fit the graph. The node
+goes to the operator owning that tensor, or, when the tensor was fused away inside a larger
+group (a Conv's output before its Relu, a Conv whose Sum and Relu ONNX Runtime fused into it),
+to that of the first owned tensor downstream of it in the original graph. A node tied to no
+tensor (a ReorderInput, a Reshape ONNX Runtime inserted) is a layout change for its consumers
+and goes to the operator of its first mapped consumer. A node mapped to nothing is listed apart
+with the reason.
 """
 
 from __future__ import annotations
