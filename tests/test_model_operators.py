@@ -152,6 +152,68 @@ def test_the_run_report_warns_of_every_fallback_and_maps_onnxruntime_nodes(tmp_p
     assert len(mapped) == len(set(mapped)) and doc["onnxruntime_unmatched"] == []
 
 
+def _conv(out_channels, in_channels, k):
+    return (RNG.standard_normal((out_channels, in_channels, k, k)) / np.sqrt(in_channels * k * k)).astype(np.float32)
+
+
+def test_onnxruntime_nchwc_nodes_map_to_the_operators_computing_them(tmp_path):
+    """ONNX Runtime's CPU provider moves convs and pools whose channels are a multiple of its
+    NCHWc block (8 or 16, by the CPU's vectors) to its NCHWc domain: blocked outputs under new names (`reorder_token_N`), ReorderInput/ReorderOutput
+    at the edges, a residual Add and its Relu fused into the conv before them, a Concat left in
+    place on blocked inputs. Each node still goes to the operator computing the tensor it
+    replaces, a ReorderInput to that of its consumer; none lands on the last operator, where
+    following the blocked outputs downstream to the only tensor under its original name (`y`)
+    would put them all."""
+    from workbench.models import ort_profile
+    from workbench.models.execute import operator_outputs
+
+    nodes = [_node("Conv", ["x", "w1", "b1"], "c1", pads=[1, 1, 1, 1]), _node("Relu", ["c1"], "r1"),
+             _node("Conv", ["r1", "w2"], "c2", pads=[1, 1, 1, 1]), _node("Add", ["c2", "r1"], "s"),
+             _node("Relu", ["s"], "r2"), _node("Conv", ["r2", "w3"], "c3"),
+             _node("Concat", ["r2", "c3"], "cat", axis=1), _node("MaxPool", ["cat"], kernel_shape=[2, 2], strides=[2, 2])]
+    # 16 input channels: a block's multiple either way, so the first conv reads a ReorderInput
+    # (fewer than a block, ONNX Runtime's conv reads the NCHW input itself)
+    inits = {"w1": _conv(16, 16, 3), "b1": _weight(16), "w2": _conv(16, 16, 3), "w3": _conv(16, 16, 1)}
+    path = tmp_path / "conv_chain.onnx"
+    onnx.save(_model(nodes, (1, 16, 8, 8), (1, 32, 4, 4), inits), path)
+    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    inputs = model_inputs(mc.model, 0)
+    names = [r.operator.name for r in mc.results]
+    outputs = operator_outputs(mc, build_model_kernels(mc), inputs)
+    profile = ort_profile.profile(path, inputs, 1, 1, list(zip(names, outputs)))
+    if not any(n.name.endswith("_nchwc") for n in profile.nodes):
+        pytest.skip("ONNX Runtime keeps NCHW convs on this CPU (no NCHWc kernels)")
+    # TVM's groups, in dataflow order: conv+bias+relu, conv+add+relu, conv, concatenate, max pool
+    assert len(names) == 5, names
+    expected = {"ReorderInput": 0, "r1_nchwc": 0, "c2_nchwc": 1, "c3_nchwc": 2, "Concat": 3, "y_nchwc": 4,
+                "ReorderOutput": 4}
+    got = {n.name if n.name.endswith("_nchwc") else n.op_type: names.index(op)
+           for op, ort_nodes in profile.by_operator if op for n in profile.nodes if n.name in ort_nodes}
+    assert got == expected, profile.by_operator
+    assert profile.unmatched == () and not profile.nodes_of(ort_profile.UNMATCHED)
+
+
+def test_an_nchwc_name_that_does_not_fit_the_graph_is_refused():
+    """An NCHWc node's name gives the tensor it computes only when the tensor its input carries
+    is upstream of that one in the original graph: `b_nchwc` reading `a`'s blocked copy is `b`,
+    `a_nchwc` reading `b`'s is nothing (and its ReorderInput computes nothing of its own)."""
+    from workbench.models.ort_profile import NCHWC_DOMAIN, _computed
+
+    original = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["a"], name="n0"), helper.make_node("Conv", ["a", "w"], ["b"], name="n1")],
+        "original", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])], [])
+
+    def optimised(first, second):
+        return helper.make_graph([
+            helper.make_node("ReorderInput", ["x"], ["t0"], name="ReorderInput", domain=NCHWC_DOMAIN),
+            helper.make_node("Conv", ["t0", "w"], ["t1"], name=f"{first}_nchwc", domain=NCHWC_DOMAIN),
+            helper.make_node("Conv", ["t1", "w"], ["t2"], name=f"{second}_nchwc_token_3", domain=NCHWC_DOMAIN)],
+            "optimised", [], [])
+
+    assert _computed(optimised("a", "b"), original) == {"a_nchwc": "a", "b_nchwc_token_3": "b"}
+    assert _computed(optimised("b", "a"), original) == {"b_nchwc": "b"}
+
+
 ROW_REDUCTIONS = {
     # (nodes, shape, initialisers, the row pass's reduction block)
     "softmax": ([_node("Softmax", ["x"], axis=-1)], (6, 64), {}, "T_softmax_expsum"),

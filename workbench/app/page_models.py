@@ -182,7 +182,7 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
                       for i, (n, o) in enumerate(zip(names, run.operators))])
     if run.onnxruntime_unmatched:
         st.caption(f"ONNX Runtime nodes no operator computes: "
-                   + ", ".join(f"{n} ({t}, {duration(sec)})" for n, t, sec in run.onnxruntime_unmatched))
+                   + ", ".join(f"{n} ({t}, {duration(sec)}: {why})" for n, t, sec, why in run.onnxruntime_unmatched))
 
 
 def page() -> None:

@@ -10,16 +10,33 @@ The workbench's operators come from TVM's fusion, which names no ONNX node. An o
 matched to the ONNX tensors it computes by value: the original model is run once more by ONNX
 Runtime with every node output made a graph output, and an operator's output is each tensor
 of the same shape whose values agree within the model's tolerance (`execute.RTOL`, `ATOL`).
-Each of ONNX Runtime's nodes goes to the operator whose output it writes, or, when its
-outputs were fused away inside a larger group (a Conv's output before its Relu), to the
-operator of the first node downstream that is matched; a node matched to nothing is listed
-apart. A tensor of constant value (all zeros) matches by accident and is never used as a
-match.
+A tensor of constant value (all zeros) matches by accident and is never used as a match.
+
+Each of ONNX Runtime's nodes is then tied to the tensor of the original graph it computes, by
+the graph's structure (`_computed`): a tensor it writes under its original name; else, for a
+Conv or pool its CPU provider moved to the NCHWc domain (outputs renamed `reorder_token_N`,
+blocked [N, C/b, H, W, b], b 8 or 16 by the CPU's vectors), the tensor its name carries (ONNX
+Runtime names it after the output it replaces, `r2` -> `r2_nchwc`), taken only when the tensor
+its first input carries (followed through the ReorderInput/ReorderOutput layout changes and the
+nodes already tied) is upstream of that tensor in the original graph; else, for a node
+rewritten in place (a Concat or Sum moved onto blocked tensors keeps its name), the original
+node of its name and type. Blocked tensors are not matched by value: the optimised model is
+written for its session, not to be run again (the light models' `__SHAPE` inputs, which
+initializers give in the original, are inputs without them there); nor by initializer names,
+which ConvBnFusion renames and shares across convs. The names ONNX Runtime gives are what is
+left to follow, and the upstream check refuses a name that does not fit the graph. The node
+goes to the operator owning that tensor, or, when the tensor was fused away inside a larger
+group (a Conv's output before its Relu, a Conv whose Sum and Relu ONNX Runtime fused into it),
+to that of the first owned tensor downstream of it in the original graph. A node tied to no
+tensor (a ReorderInput, a Reshape ONNX Runtime inserted) is a layout change for its consumers
+and goes to the operator of its first mapped consumer. A node mapped to nothing is listed apart
+with the reason.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
@@ -42,6 +59,7 @@ class OrtNode:
 class OrtProfile:
     nodes: tuple[OrtNode, ...]  # in the order ONNX Runtime ran them
     by_operator: tuple[tuple[str, tuple[str, ...]], ...]  # operator name -> its ORT nodes (UNMATCHED: none)
+    unmatched: tuple[tuple[str, str], ...]  # (ORT node, why no operator computes it), those under UNMATCHED
 
     def seconds(self, operator: str) -> float | None:
         """ONNX Runtime's time for the nodes mapped to `operator`, None when none is."""
@@ -80,7 +98,10 @@ def profile(path: str | Path, inputs: Mapping[str, np.ndarray], threads: int, ru
     nodes = _node_times(trace, runs + 1)
     values = _intermediates(model, inputs)
     owner = _owners(outputs, values)
-    return OrtProfile(nodes, _assign(optimized.graph, [n.name for n in nodes], owner, [name for name, _ in outputs]))
+    unmatchable = {tensor for tensor, value in values.items() if not _matchable(value)}
+    by_operator, unmatched = _assign(optimized.graph, model.graph, [n.name for n in nodes], owner, unmatchable,
+                                     [name for name, _ in outputs])
+    return OrtProfile(nodes, by_operator, unmatched)
 
 
 def _node_times(trace: list, runs: int) -> tuple[OrtNode, ...]:
@@ -143,7 +164,7 @@ def _owners(outputs: Sequence[tuple[str, np.ndarray]], values: Mapping[str, np.n
     owner: dict[str, str] = {}
     for tensor, value in values.items():
         value = np.asarray(value)
-        if value.size == 0 or not np.issubdtype(value.dtype, np.floating) or np.ptp(value) <= ATOL:
+        if not _matchable(value):
             continue
         for name, out in outputs:
             if out.size == value.size and out.dtype == value.dtype and np.allclose(
@@ -153,20 +174,49 @@ def _owners(outputs: Sequence[tuple[str, np.ndarray]], values: Mapping[str, np.n
     return owner
 
 
-def _assign(graph, order: Sequence[str], owner: Mapping[str, str], operators: Sequence[str]):
-    """Operator -> the optimised graph's nodes (of `order`, the profiled ones) mapped to it."""
+def _matchable(value: np.ndarray) -> bool:
+    """Whether a tensor can be matched by value: floating, not empty and not constant (a
+    constant tensor, all zeros say, agrees with any operator output of its size and value)."""
+    from workbench.models.execute import ATOL
+
+    return value.size > 0 and np.issubdtype(value.dtype, np.floating) and float(np.ptp(value)) > ATOL
+
+
+def _assign(graph, original, order: Sequence[str], owner: Mapping[str, str], unmatchable: set,
+            operators: Sequence[str]):
+    """Operator -> the optimised graph's nodes (of `order`, the profiled ones) mapped to it, and
+    (node, why) for each node mapped to none (`graph`: the optimised graph, `original`: the graph
+    it was optimised from, `unmatchable`: its tensors that `_matchable` refuses; module
+    docstring)."""
     consumers: dict[str, list] = defaultdict(list)
-    for node in graph.node:
+    for node in original.node:
         for name in node.input:
             consumers[name].append(node)
+    computed = _computed(graph, original)
+    graph_consumers: dict[str, list] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            graph_consumers[name].append(node)
     by_name = {node.name: node for node in graph.node}
 
+    def downstream(tensor: str) -> str:
+        """The operator owning `tensor`, else that of the first owned tensor downstream of it in
+        the original graph, depth first (`tensor` fused away inside a larger group)."""
+        stack, seen = [tensor], {tensor}
+        while stack:
+            name = stack.pop()
+            if name in owner:
+                return owner[name]
+            after = [out for nxt in consumers.get(name, ()) for out in nxt.output if out and out not in seen]
+            seen.update(after)
+            stack.extend(reversed(after))
+        return UNMATCHED
+
     def operator_of(node, seen: set) -> str:
-        for out in node.output:
-            if out in owner:
-                return owner[out]
-        for out in node.output:  # fused away: the first matched node downstream
-            for nxt in consumers.get(out, ()):
+        if node.name in computed:
+            return downstream(computed[node.name])
+        for out in node.output:  # a node of ONNX Runtime's own (a layout change): its first mapped consumer
+            for nxt in graph_consumers.get(out, ()):
                 if nxt.name not in seen:
                     seen.add(nxt.name)
                     found = operator_of(nxt, seen)
@@ -176,7 +226,64 @@ def _assign(graph, order: Sequence[str], owner: Mapping[str, str], operators: Se
 
     groups: dict[str, list[str]] = {name: [] for name in operators}
     groups[UNMATCHED] = []
+    why: list[tuple[str, str]] = []
     for name in order:
         node = by_name.get(name)
-        groups[operator_of(node, {name}) if node is not None else UNMATCHED].append(name)
-    return tuple((name, tuple(nodes)) for name, nodes in groups.items())
+        operator = operator_of(node, {name}) if node is not None else UNMATCHED
+        groups[operator].append(name)
+        if operator == UNMATCHED:
+            tensor = computed.get(name)
+            why.append((name, "not in the optimised graph ONNX Runtime wrote" if node is None else
+                        "computes no tensor of the model, and no node it feeds is mapped" if tensor is None else
+                        f"computes {tensor}, constant or not floating, so matched by no value, nor any tensor"
+                        " downstream" if tensor in unmatchable else
+                        f"computes {tensor}, which no operator's output matches, nor any tensor downstream"))
+    return tuple((name, tuple(nodes)) for name, nodes in groups.items()), tuple(why)
+
+
+NCHWC_DOMAIN = "com.microsoft.nchwc"
+# ONNX Runtime's name of a Conv or pool it moved to NCHWc: the name of the tensor it computes with
+# "_nchwc" appended (`NchwcTransformerImpl::TransformConv`, `TransformPool`), with "_token_N" after
+# it when that name is taken (`Graph::GenerateNodeName`).
+NCHWC_NAME = re.compile(r"(.+)_nchwc(?:_token_\d+)?")
+LAYOUT_OPS = ("ReorderInput", "ReorderOutput")  # NCHWc's layout changes: the same values, reordered
+
+
+def _computed(graph, original) -> dict[str, str]:
+    """The optimised graph's node name -> the tensor of the original graph it computes (what is
+    fused into it after that tensor is found downstream), for each node where one is known: a
+    tensor it writes under its original name; for a node moved to the NCHWc domain, whose
+    outputs are renamed blocked copies, the tensor its name gives when the tensor its first input
+    carries is upstream of that one (`NCHWC_NAME`); for a node rewritten in place (a Concat or Sum
+    on blocked inputs, a FusedConv), the first output of the original node of its name and type."""
+    producer = {out: node for node in original.node for out in node.output if out}
+    originals = {node.name: node for node in original.node}
+    carries = {name: name for name in producer}  # optimised tensor -> the original tensor whose values it holds
+    carries.update((i.name, i.name) for i in original.input)
+
+    def upstream(tensor: str | None, of: str) -> bool:
+        stack, seen = [of], set()
+        while stack:
+            name = stack.pop()
+            if name == tensor:
+                return True
+            if name in producer and name not in seen:
+                seen.add(name)
+                stack.extend(producer[name].input)
+        return False
+
+    computed: dict[str, str] = {}
+    for node in graph.node:  # in topological order, as ONNX Runtime writes it
+        tensor = next((out for out in node.output if out in producer), None)
+        nchwc = NCHWC_NAME.fullmatch(node.name)
+        same = originals.get(node.name)
+        if tensor is None and node.domain == NCHWC_DOMAIN and nchwc and nchwc[1] in producer:
+            tensor = nchwc[1] if upstream(carries.get(node.input[0]), nchwc[1]) else None
+        elif tensor is None and same is not None and node.op_type in (same.op_type, "Fused" + same.op_type):
+            tensor = same.output[0]
+        if tensor is not None:
+            computed[node.name] = tensor
+            carries.setdefault(node.output[0], tensor)
+        elif node.domain == NCHWC_DOMAIN and node.op_type in LAYOUT_OPS and node.input[0] in carries:
+            carries[node.output[0]] = carries[node.input[0]]  # ReorderInput: computes nothing of its own
+    return computed

@@ -71,8 +71,8 @@ class ModelRun:
     pick: str = "rank1"  # which candidate each operator ran (PICKS)
     pick_seconds: float = 0.0  # wall time of the measured pick (0 for rank 1)
     picks: tuple[OperatorPick, ...] = ()  # one per distinct workload profiled (pick "measured")
-    # ONNX Runtime's profiled nodes that no operator computes: (node, op type, seconds)
-    onnxruntime_unmatched: tuple[tuple[str, str, float], ...] = ()
+    # ONNX Runtime's profiled nodes that no operator computes: (node, op type, seconds, why)
+    onnxruntime_unmatched: tuple[tuple[str, str, float, str], ...] = ()
 
     @property
     def not_scheduled(self) -> tuple[OperatorTime, ...]:
@@ -87,8 +87,8 @@ class ModelRun:
                 "pick": self.pick, "pick_seconds": self.pick_seconds,
                 "operators": [o.to_dict() for o in self.operators],
                 "not_scheduled": [{"name": o.name, "reason": o.reason} for o in self.not_scheduled],
-                "onnxruntime_unmatched": [{"node": n, "op_type": t, "seconds": sec}
-                                          for n, t, sec in self.onnxruntime_unmatched]}
+                "onnxruntime_unmatched": [{"node": n, "op_type": t, "seconds": sec, "reason": why}
+                                          for n, t, sec, why in self.onnxruntime_unmatched]}
 
     def pick_text(self) -> str:
         """How the kernels were chosen, in one line."""
@@ -110,8 +110,8 @@ class ModelRun:
                          + (f"scheduled, rank {o.rank}" if o.scheduled else "TVM DEFAULT LOWERING"))
         if self.onnxruntime_unmatched:
             lines.append(f"ONNX Runtime nodes no operator computes: {len(self.onnxruntime_unmatched)}, "
-                         f"{duration(sum(s for _, _, s in self.onnxruntime_unmatched))} in all: "
-                         + ", ".join(f"{n} ({t})" for n, t, _ in self.onnxruntime_unmatched[:8])
+                         f"{duration(sum(s for _, _, s, _ in self.onnxruntime_unmatched))} in all: "
+                         + ", ".join(f"{n} ({t}: {why})" for n, t, _, why in self.onnxruntime_unmatched[:8])
                          + (", ..." if len(self.onnxruntime_unmatched) > 8 else ""))
         for o in self.not_scheduled:
             lines.append(f"WARNING: {o.name} ran TVM's default lowering, not a constructed kernel: {o.reason}")
@@ -179,7 +179,7 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
                                    ort.seconds(r.operator.name), ort.nodes_of(r.operator.name))
                       for r, k, t in zip(mc.results, kernels, each))
     times = {n.name: n for n in ort.nodes}
-    unmatched = tuple((n, times[n].op_type, times[n].seconds) for n in ort.nodes_of(ort_profile.UNMATCHED))
+    unmatched = tuple((n, times[n].op_type, times[n].seconds, why) for n, why in ort.unmatched)
     return ModelRun(match, max(errors, default=0.0), seconds, ort_seconds, tvm_seconds, tvm_error, operators,
                     mc.device.compute_units, kernel_threads, pick, pick_seconds, picks, unmatched)
 
