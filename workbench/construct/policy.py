@@ -61,6 +61,7 @@ class Policy:
         self.space = space
         self.options = options
         self.candidates: list[Candidate] = []
+        self._balanced_count = 0  # candidates that are balanced cuts of another (`emit`): extras
         self._emitted: set = set()
         self._count = 0
         self._visits: Counter = Counter()
@@ -83,7 +84,7 @@ class Policy:
         used = 0  # steps the last round took
         for i, eps in enumerate(schedule):
             if i:
-                found, topk, left = len(self.candidates), self.options.topk, self.options.max_steps - self._count
+                found, topk, left = self.found, self.options.topk, self.options.max_steps - self._count
                 keep = i < len(schedule) - 1 and left < ROUNDS_KEPT * used
                 note = (self.describe("keep_steps", found=found, topk=topk, left=left, eps=eps, last=schedule[-1])
                         if keep else self.describe("widen_eps", found=found, topk=topk, eps=eps))
@@ -113,7 +114,13 @@ class Policy:
 
     @property
     def enough(self) -> bool:
-        return len(self.candidates) >= self.options.topk
+        return self.found >= self.options.topk
+
+    @property
+    def found(self) -> int:
+        """Programs emitted, less the balanced cuts emitted beside them: those are extras, so a
+        round searches as far as it would without them (the top K is taken over all)."""
+        return len(self.candidates) - self._balanced_count
 
     @property
     def out_of_steps(self) -> bool:
@@ -146,7 +153,8 @@ class Policy:
             state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis], eps=bound))
             note = self.describe("balance", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
             yield self.marker(state, state.actions[-1], note)
-            yield from self._emit_program(state, arrived)
+            if (yield from self._emit_program(state, arrived)) is not None:
+                self._balanced_count += 1
 
     def _balanced(self, state: State) -> tuple[int, tuple, float, float] | None:
         """The fastest predicted of `Space.balances` of the program of `state` (axis, tiles,
