@@ -269,6 +269,47 @@ def test_long_gemv_reaches_many_cores_in_few_shrinks():
         assert_within_limits(stepper.space, cand.program)
 
 
+@pytest.mark.parametrize("isa, cores", [("avx2", 2), ("avx512", 2), ("avx2", 4)])
+def test_an_uneven_cpu_grid_gets_a_balanced_cut(isa, cores):
+    """A batch of 3 matrices that each fit one unit tile (3 x 291 x 320 x 227) leaves a core idle
+    in the grid's last wave (3 tiles on 2 or 4 cores). `Space.balances` cuts the unit tile along
+    one spatial axis into whole register tiles so that the grid is a multiple of the cores,
+    padding at most the idle share it wins back, and the construction emits that program too
+    (a `balance` step) where the model predicts it faster. The balanced programs are within the
+    limits, aligned at the bound their state carries, and lead the predicted ranking."""
+    dev = detected_cpu(isa, cores, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(expr("matmul", M=291, K=320, N=227, B=3), dev, options=Options(topk=5))
+    stepper.run_to_end()
+    space = stepper.space
+    balanced = [s for s in stepper.steps if s.action.kind == "shrink" and s.action.eps > 0]
+    assert balanced, [s.note for s in stepper.steps if s.action.kind == "shrink"]
+    for step in balanced:
+        tiles = step.state.recorded
+        assert space.calc.spatial_tiles(tiles[-1]) % cores == 0, tiles
+        assert step.state.eps == step.action.eps >= 0.05
+    top = stepper.candidates()[0]
+    assert top.program.grid % cores == 0, top.program.tiles
+    for cand in stepper.candidates():
+        assert_within_limits(space, cand.program)
+
+
+def test_balances_rounds_to_whole_tiles_and_pads_no_more_than_it_wins():
+    """`Space.balances` on 2 cores of 3 unit tiles of 294 rows (one batch each, 14-row register
+    tiles): the fewest more tiles along M, 2 a batch, are 154 rows (146 rounded up to whole
+    14-row tiles), padding 291 rows to 308 (5.8 %, within the quarter of the cores' time the
+    idle core wastes); an even grid, and a GPU, get none."""
+    dev = detected_cpu("avx2", 2, 32 * KIB, 1024 * KIB)
+    from workbench.construct.space import Space
+
+    space = Space(expr("matmul", M=291, K=320, N=227, B=3), dev)
+    tiles = ((1, 14, 8, 1), (1, 14, 232, 16), (1, 294, 232, 16))
+    found = {axis: (new, bound) for axis, new, bound in space.balances(tiles, 0.05)}
+    assert found[1] == (((1, 14, 8, 1), (1, 14, 232, 16), (1, 154, 232, 16)), 0.25)
+    even = ((1, 14, 8, 1), (1, 14, 232, 16), (2, 294, 232, 16))
+    assert space.balances(even, 0.05) == ()
+    assert Space(expr("matmul", M=291, K=320, N=227, B=3), device("v100")).balances(tiles, 0.05) == ()
+
+
 @pytest.mark.parametrize("ways, rows", [(12, 8), (8, 4), (0, 16)])
 def test_gemv_register_rows_divide_and_fit_the_l1_ways(ways, rows):
     """gemv-4096 on a detected AVX-512 CPU whose L1d has `ways` (0: not stated) of 64 sets: the

@@ -52,6 +52,7 @@ class Policy:
         "keep_steps": "too few programs ({found} < {topk}), and {left} steps left: skip eps {eps}, keep them for "
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
+        "balance": "grid {before} leaves some of the {units} cores idle in its last wave: also cut {axis} to {size}: grid {after}",
         "emit": "emit rProgram #{number}: grid {grid}, {predicted} predicted, bound by {bottleneck}",
     }
     marker_temperature: float | None = None  # the temperature recorded with markers (annealing policies)
@@ -60,6 +61,7 @@ class Policy:
         self.space = space
         self.options = options
         self.candidates: list[Candidate] = []
+        self._balanced_count = 0  # candidates that are balanced cuts of another (`emit`): extras
         self._emitted: set = set()
         self._count = 0
         self._visits: Counter = Counter()
@@ -82,7 +84,7 @@ class Policy:
         used = 0  # steps the last round took
         for i, eps in enumerate(schedule):
             if i:
-                found, topk, left = len(self.candidates), self.options.topk, self.options.max_steps - self._count
+                found, topk, left = self.found, self.options.topk, self.options.max_steps - self._count
                 keep = i < len(schedule) - 1 and left < ROUNDS_KEPT * used
                 note = (self.describe("keep_steps", found=found, topk=topk, left=left, eps=eps, last=schedule[-1])
                         if keep else self.describe("widen_eps", found=found, topk=topk, eps=eps))
@@ -112,7 +114,13 @@ class Policy:
 
     @property
     def enough(self) -> bool:
-        return len(self.candidates) >= self.options.topk
+        return self.found >= self.options.topk
+
+    @property
+    def found(self) -> int:
+        """Programs emitted, less the balanced cuts emitted beside them: those are extras, so a
+        round searches as far as it would without them (the top K is taken over all)."""
+        return len(self.candidates) - self._balanced_count
 
     @property
     def out_of_steps(self) -> bool:
@@ -122,7 +130,9 @@ class Policy:
     def emit(self, state: State) -> Iterator[Step]:
         """Emit the program of `state` (at the bottom layer): scaled out over the units, its unit
         tile shrunk along the axis of smallest reuse while the grid has fewer tiles than the
-        device has units (Roller-S, §3.2), each shrink a step. A program emitted before is not
+        device has units (Roller-S, §3.2), each shrink a step; then, on a CPU whose cores the
+        grid's last wave leaves idle, the fastest predicted of its balanced cuts
+        (`Space.balances`) as well, where it is predicted faster. A program emitted before is not
         emitted again (`repeated`); a program is its loop nest (`plan.loop_nest_key`: its
         tiles, less a CPU L1 tile's K where that only splits a loop) and its virtual threads."""
         space, arrived = self.space, state
@@ -135,11 +145,33 @@ class Policy:
             state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
             note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
             yield self.marker(state, state.actions[-1], note)
+        est = yield from self._emit_program(state, arrived)
+        balanced = self._balanced(state) if est is not None else None
+        if balanced is not None and balanced[3] < est.predicted_seconds:
+            axis, tiles, bound, _ = balanced
+            before = grid(state.recorded[-1])
+            state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis], eps=bound))
+            note = self.describe("balance", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
+            yield self.marker(state, state.actions[-1], note)
+            if (yield from self._emit_program(state, arrived)) is not None:
+                self._balanced_count += 1
+
+    def _balanced(self, state: State) -> tuple[int, tuple, float, float] | None:
+        """The fastest predicted of `Space.balances` of the program of `state` (axis, tiles,
+        padding bound, predicted seconds), or None where it has none."""
+        priced = [(axis, tiles, bound, self.priced(self.space.program(tiles, bound, state.vthreads))[1].predicted_seconds)
+                  for axis, tiles, bound in self.ask(balances_at, state.eps, state.recorded)]
+        return min(priced, key=lambda b: (b[3], b[0]), default=None)
+
+    def _emit_program(self, state: State, arrived: State):
+        """Emit the program of `state` (its unit tile final) as a candidate; returns its estimate,
+        or None where the same loop nest was emitted before."""
+        space = self.space
         program = space.program_of(state)
         key = (loop_nest_key(program, space.device), program.vthreads)
         if key in self._emitted:
             yield from self.repeated(state)
-            return
+            return None
         self._emitted.add(key)
         program, est = self.priced(program)
         split = program.split if program.split > 1 else 0  # recorded so that `replay` splits it too
@@ -152,6 +184,7 @@ class Policy:
         note = self.describe("emit", number=len(self.candidates), grid=grid,
                              predicted=duration(est.predicted_seconds), bottleneck=est.bottleneck)
         yield self.record(Step(done.actions[-1], done, node, edge, note=note, candidate=cand, temperature=self.marker_temperature))
+        return est
 
     def priced(self, program: RProgram) -> tuple[RProgram, Estimate]:
         """`split_k` of `program` on the space's device, memoised: `_split_unshrunk` prices the
@@ -237,6 +270,11 @@ def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:
 def shrinks_at(space: Space, eps: float, tiles) -> tuple:
     """`Space.shrinks` of `tiles` at `eps` (a query for `Policy.ask`)."""
     return space.shrinks(tiles, eps)
+
+
+def balances_at(space: Space, eps: float, tiles) -> tuple:
+    """`Space.balances` of `tiles` at `eps` (a query for `Policy.ask`)."""
+    return space.balances(tiles, eps)
 
 
 def _vthread_suffix(state: State) -> str:
