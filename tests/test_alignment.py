@@ -20,7 +20,7 @@ from workbench.rtile.alignment import (
     RULES, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, required_accumulators,
 )
 from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_axes
-from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums
+from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
     MAX_SCAN, REGISTER_STEPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule, block_thread_multiple,
@@ -589,15 +589,36 @@ def test_initial_cpu_register_tile_covers_the_fma_latency(dev):
             assert accumulators(e, dev, tile[:a] + (size,) + tile[a + 1 :]) >= need
 
 
+@pytest.mark.parametrize("base, widths", [
+    (AVX2, {6: 1, 8: 1, 12: 3, 16: 2, 20: 5, 24: 3, 36: 9, 40: 5, 44: 11}),
+    (AVX512, {12: 1, 16: 1, 20: 5, 24: 3, 36: 9, 40: 5, 48: 3}),
+], ids=lambda v: getattr(v, "name", ""))
+def test_a_row_that_is_not_whole_vectors_takes_llvms_pieces(base, widths):
+    """A register row longer than a vector and not a whole number of them is split by LLVM into
+    pieces of the largest power of two dividing it (`row_vectors`: 36 fp32 on AVX2 is 9 xmm of
+    4, not 4 ymm + 1 xmm); a row of whole vectors, or one shorter than a vector, fills as many
+    as it needs. The matmul's accumulators count rows that way; gemv's partial sums along its
+    reduce axis keep whole vectors (`simd_vectors`)."""
+    for width, vectors in widths.items():
+        assert row_vectors(width, 4, base) == vectors, width
+        assert accumulators(matmul(64, width, 64), base, (2, width, 1)) == 2 * vectors
+    assert accumulators(expr("gemv", M=4096, K=1000), AVX2, (2, 12)) == 2 * 2
+
+
 def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float) -> int:
     """The closed form of the fallback for C[i, j] += A[i, k] B[k, j]: the most accumulators
     r x c over row counts r and row widths (c vectors) that the tensor-shape and SIMD-lane rules
-    accept, with r c + c + 1 <= budget (accumulators, a row of B, a broadcast of A)."""
+    accept, with r c + c + 1 <= budget (accumulators, a row of B, a broadcast of A). A whole row
+    longer than a vector and not a whole number of them is c pieces of the largest power of two
+    dividing it (LLVM's split: 20 on 8 lanes, 5 pieces of 4)."""
     def waste_ok(size, extent):
         return (ceil(extent / size) * size - extent) / extent <= eps + 1e-12
 
+    def vectors(w):
+        return ceil(w / lanes) if w <= lanes or w % lanes == 0 else w // min(w & -w, lanes)
+
     rows = [r for r in range(1, m + 1) if waste_ok(r, m)]
-    widths = [ceil(w / lanes) for w in range(1, n + 1) if waste_ok(w, n) and (w % lanes == 0 or w == n)]
+    widths = [vectors(w) for w in range(1, n + 1) if waste_ok(w, n) and (w % lanes == 0 or w == n)]
     fits = [r * c for r in rows for c in widths if r * c + c + 1 <= budget]
     return max(fits, default=0)
 

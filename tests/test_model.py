@@ -334,7 +334,7 @@ def closed_compute_seconds(dev, e, program, efficiency):
         (AVX2, (2, 8, 1), 2 / 10 * 2 / 3),
         (AVX2, (4, 16, 1), 8 / 10),  # 2 + 4 loads per 8 FMAs
         (AVX2, (6, 16, 1), 1.0),  # 12 >= 10
-        (AVX2, (5, 12, 1), 12 / 16),  # 10 accumulators, but a 12-wide row fills 12 of 16 lanes
+        (AVX2, (5, 12, 1), 12 / 24),  # 15 accumulators, but LLVM splits a 12-wide row into 3 xmm of 4 lanes
         (AVX2, (8, 4, 1), 8 / 10 * 4 / 8 * 8 / 9),  # half a vector per row, 8 accumulators, 1 + 8 loads
         (AVX512, (2, 16, 1), 2 / 8 * 2 / 3),  # 4 cycles x 2 pipes
         (AVX512, (8, 16, 1), 8 / 9),  # 8 chains cover 4 x 2, but 1 + 8 loads per 8 FMAs

@@ -22,6 +22,26 @@ def simd_vectors(elements: int, itemsize: int, device: DeviceSpec) -> int:
     return ceil(elements * itemsize / device.register_bytes)
 
 
+def row_vectors(elements: int, itemsize: int, device: DeviceSpec) -> int:
+    """Vector registers a register tile's row of `elements` outputs along a spatial lane axis
+    takes: `simd_vectors`, except that a row longer than one vector and not a whole number of
+    them is split by LLVM into pieces of the largest power of two dividing it: a 36-wide fp32
+    row on AVX2 is 9 xmm registers of 4, not 4 ymm and one xmm (the assembly of 2-row matmul
+    register tiles 12, 20, 36 and 44 wide: xmm FMAs only; 16, 24, 40, 48 and 56: ymm only)."""
+    lanes = max(1, device.register_bytes // itemsize)
+    if elements <= lanes or elements % lanes == 0:
+        return simd_vectors(elements, itemsize, device)
+    return elements // min(elements & -elements, lanes)
+
+
+def lane_vectors(expr: TensorExpr, device: DeviceSpec, axis: int, elements: int, itemsize: int) -> int:
+    """Vector registers `elements` values along the lane axis `axis` take: `row_vectors` along a
+    spatial axis, `simd_vectors` along a reduce one (a vector of per-lane partial sums)."""
+    if expr.axes[axis].kind == "reduce":
+        return simd_vectors(elements, itemsize, device)
+    return row_vectors(elements, itemsize, device)
+
+
 def accumulators(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     """Vector registers a CPU register tile's output occupies, its accumulators: one vector per
     output row along a spatial `lane_axis` (the contiguous axis, or a conv's filters); a vector
@@ -35,7 +55,7 @@ def accumulators(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     if expr.axes[axis].kind == "reduce":
         return elements * simd_vectors(tile[axis], expr.output.itemsize, device)
     dim = next(d for d in range(len(shape)) if dim_axis(expr.output, d) == axis)
-    return elements // shape[dim] * simd_vectors(shape[dim], expr.output.itemsize, device)
+    return elements // shape[dim] * row_vectors(shape[dim], expr.output.itemsize, device)
 
 
 def partial_sums(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
@@ -66,7 +86,7 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     rows, broadcast = 0, 0
     for tensor in expr.inputs:
         if v is not None and tensor.uses_axis(v):
-            rows += simd_vectors(tile[v], tensor.itemsize, device) * _live_rows(expr, tensor, tile, v)
+            rows += lane_vectors(expr, device, v, tile[v], tensor.itemsize) * _live_rows(expr, tensor, tile, v)
         elif filters:
             broadcast = max(broadcast, _step_elements(expr, tensor, tile))
         else:

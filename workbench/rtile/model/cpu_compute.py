@@ -12,7 +12,7 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.plan import SCALAR, cpu_plan
-from workbench.rtile.registers import accumulators, simd_vectors
+from workbench.rtile.registers import accumulators, lane_vectors
 from workbench.rtile.rprogram import RProgram
 
 
@@ -93,9 +93,9 @@ def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
 
 def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     """Fraction of the vector lanes a CPU register tile fills. The peak counts every lane of
-    every FMA; a tile of `size` values along the `lane_axis` issues `simd_vectors` whole
+    every FMA; a tile of `size` values along the `lane_axis` issues `lane_vectors` whole
     vectors for them, so it fills `size / (vectors x lanes)` of the lanes (a 12-wide fp32 row on
-    8-lane AVX2: 12 / 16). An operator with no lane axis (its output row a gather, as a
+    8-lane AVX2, 3 xmm pieces of 4: 12 / 24). An operator with no lane axis (its output row a gather, as a
     stride-2 pooling's, or a stride-2 conv's with fewer filters than a vector) runs scalar
     code: one lane of `register_bytes / itemsize`."""
     lanes = max(1, device.register_bytes // expr.output.itemsize)
@@ -103,7 +103,7 @@ def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     if axis is None:
         return 1.0 / lanes
     size = tile[axis]
-    return size / (simd_vectors(size, expr.output.itemsize, device) * lanes)
+    return size / (lane_vectors(expr, device, axis, size, expr.output.itemsize) * lanes)
 
 
 def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
@@ -121,7 +121,7 @@ def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
 
 def step_loads(expr: TensorExpr, device: DeviceSpec, tile) -> int:
     """Loads a CPU register tile issues per reduction step: for every input, one vector per
-    `simd_vectors` of its `lane_axis` extent times the tile's sizes along the other spatial axes
+    `lane_vectors` of its `lane_axis` extent times the tile's sizes along the other spatial axes
     that index it (rows of that input), or, where the lane axis does not index it, one broadcast
     per element those axes select (matmul 6 x 16: 2 vectors of B + 6 broadcasts of A; bmm 3 x 4 x
     8: the batch axis indexes both inputs, 3 vectors of B + 12 broadcasts of A)."""
@@ -129,7 +129,7 @@ def step_loads(expr: TensorExpr, device: DeviceSpec, tile) -> int:
     loads = 0
     for tensor in expr.inputs:
         rows = prod(tile[a] for a in expr.spatial if a != v and tensor.uses_axis(a))
-        loads += rows * simd_vectors(tile[v], tensor.itemsize, device) if tensor.uses_axis(v) else rows
+        loads += rows * lane_vectors(expr, device, v, tile[v], tensor.itemsize) if tensor.uses_axis(v) else rows
     return loads
 
 
