@@ -35,6 +35,19 @@ def _node(op, inputs, output="y", **attrs):
     return helper.make_node(op, inputs, [output], **attrs)
 
 
+def _assert_scheduled_and_matches_onnxruntime(mc, path):
+    """Every operator of `mc` (constructed from the model at `path`) builds its constructed
+    kernel, none falls back to TVM's default lowering, and the model run with them gives ONNX
+    Runtime's output."""
+    kernels = build_model_kernels(mc)
+    assert [(k.name, k.error) for k in kernels if not k.scheduled] == []
+    inputs = model_inputs(mc.model, 0)
+    (ours,) = run_model(mc, kernels, inputs)
+    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert ours.shape == expected.shape
+    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))
+
+
 S = 12  # a sequence length unlike the sample models' (32), below one register tile's rows
 CAUSAL = np.tril(np.ones((S, S), dtype=bool))
 
@@ -94,13 +107,7 @@ def test_every_operator_is_scheduled_and_matches_onnxruntime(tmp_path, name):
     path = tmp_path / f"{name}.onnx"
     onnx.save(_model(nodes, x_shape, y_shape, inits), path)
     mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
-    kernels = build_model_kernels(mc)
-    assert [(k.name, k.error) for k in kernels if not k.scheduled] == []
-    inputs = model_inputs(mc.model, 0)
-    (ours,) = run_model(mc, kernels, inputs)
-    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
-    assert ours.shape == expected.shape
-    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))
+    _assert_scheduled_and_matches_onnxruntime(mc, path)
 
 
 @pytest.mark.parametrize("name", ["softmax_axis1", "matmul_gelu_erf", "matmul_silu", "tanh", "lrn"])
@@ -262,12 +269,7 @@ def test_a_row_pass_reduction_is_vectorised_with_its_ragged_tail_apart(tmp_path,
     if ragged:  # the division: whole vectors, then the last `extent % lanes` elements
         last = shape[-1] - shape[-1] % lanes
         assert re.search(rf'for \w+ in range\({num.format(last)}, {num.format(shape[-1])}\):', script)
-    kernels = build_model_kernels(mc)
-    assert all(k.scheduled for k in kernels)
-    inputs = model_inputs(mc.model, 0)
-    (ours,) = run_model(mc, kernels, inputs)
-    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
-    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))
+    _assert_scheduled_and_matches_onnxruntime(mc, path)
 
 
 ROW_MAXIMA = {
@@ -304,12 +306,7 @@ def test_softmax_row_maximum_runs_in_lanes(tmp_path, name):
         update = script[script.index(rf + '_update"'):]
         loops = script[:script.index(rf + '_update"')].rsplit("for ", 2)[-1]
         assert "T.vectorized" in loops and "T.max" in update.split("T.sblock(")[1]
-    kernels = build_model_kernels(mc)
-    assert all(k.scheduled for k in kernels)
-    inputs = model_inputs(mc.model, 0)
-    (ours,) = run_model(mc, kernels, inputs)
-    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
-    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))
+    _assert_scheduled_and_matches_onnxruntime(mc, path)
 
 
 def test_fast_exp_matches_numpy_and_stays_finite():
