@@ -93,6 +93,18 @@ def test_the_cli_says_so_in_one_line_for_a_local_profile_only(device, runner, ca
         assert err == [] and fake_calibration == []
 
 
+def test_whatif_measure_calibrates_before_it_edits(fake_calibration, capsys):
+    # the edit here cannot be made real (a bigger L2): one line, exit 2, after the calibration,
+    # since the base and the edited spec derive from the calibrated one
+    code = cli.main(["whatif", "--device", "local-cpu", "--set", "L2.capacity_bytes=2x",
+                     "--workload", "cpu-core:relu", "--measure"])
+    err = capsys.readouterr().err
+    assert code == 2 and fake_calibration == [True] and "calibrated this CPU (quick)" in err
+    assert cli.main(["whatif", "--device", "local-cpu", "--set", "L2.capacity_bytes=2x",
+                     "--workload", "cpu-core:relu"]) == 0
+    assert fake_calibration == [True]  # once
+
+
 def test_the_dashboard_says_so_in_one_line_the_first_time_this_machine_is_chosen(fake_calibration):
     from test_app import app
 

@@ -2,11 +2,13 @@
 `--measure` on this CPU, and one-line errors with exit code 2."""
 
 import json
+import statistics
 
 import pytest
 
 from workbench.cli import main
 from workbench.hardware.loader import load_spec
+from workbench.profile.session import TURNS
 
 
 def run(capsys, *argv):
@@ -105,4 +107,9 @@ def test_measure_times_both_top_ones_here(capsys, tmp_path):
     assert entry["measure_error"] == ""
     for key in ("predicted_speedup", "measured_speedup", "base_measured_seconds", "edited_measured_seconds"):
         assert entry[key] > 0, key
+    # timed in turns: one time per side and round, the speed-up the median of the rounds' ratios
+    base, edited = entry["base_measured_rounds"], entry["edited_measured_rounds"]
+    assert len(base) == len(edited) == TURNS
+    assert entry["measured_speedup"] == pytest.approx(statistics.median(b / e for b, e in zip(base, edited)))
+    assert entry["base_measured_seconds"] == pytest.approx(statistics.median(base))
     assert doc["measured_within_tolerance"]["measured"] == 1

@@ -125,13 +125,22 @@ def test_a_narrower_isa_sets_the_vector_width_registers_and_peak():
     assert set(X86_ISAS.values()) >= {X86_ISAS["haswell"], X86_ISAS["x86-64-v2"]}
 
 
-def test_an_isa_edit_keeps_the_micro_kernels_that_still_fit_scaled():
+def test_an_isa_edit_maps_each_micro_kernel_to_the_same_vectors_at_the_new_width():
     from workbench.hardware.spec import MicroKernel
 
-    cpu = replace(device("xeon-avx512"), micro_kernels=(MicroKernel("float32", 6, 16, 2000.0),
+    cpu = replace(device("xeon-avx512"), micro_kernels=(MicroKernel("float32", 6, 32, 2000.0),
                                                         MicroKernel("float32", 14, 32, 2500.0)))
-    done = edit(cpu, "target.mcpu=haswell")  # 14 x 32 at 8 lanes is 56 ymm accumulators: no longer fits
+    done = edit(cpu, "target.mcpu=haswell")  # 6 x 2 zmm -> 6 x 2 ymm; 14 x 2 = 28 ymm no longer fit 16
     assert done.spec.micro_kernels == (MicroKernel("float32", 6, 16, 1000.0),)
+    # a calibrated AVX2 Zen's float64 3 x 12 is 9 ymm; as SSE4.2 code 3 x 6, still 9 (2 doubles an
+    # xmm): the loader's own check of the edited spec passes, at half the lanes and AMD_NO_FMA
+    zen = replace(done.spec, vendor="amd", micro_kernels=(MicroKernel("float64", 3, 12, 90.0),
+                                                          MicroKernel("float32", 6, 16, 200.0)))
+    sse = edit(zen, "target.mcpu=x86-64-v2").spec
+    kernels = {(k.dtype, k.rows, k.cols): k.gflops for k in sse.micro_kernels}
+    assert kernels == {("float64", 3, 6): pytest.approx(45.0 * AMD_NO_FMA, rel=1e-5),
+                       ("float32", 6, 8): pytest.approx(100.0 * AMD_NO_FMA, rel=1e-5)}
+    assert sorted(k.vectors(sse.warp_size) for k in sse.micro_kernels) == [9, 12]
 
 
 def test_a_sweep_is_geometric_over_octaves_and_linear_otherwise():

@@ -851,6 +851,8 @@ def cmd_whatif(args) -> int:
         raise UserError(f"--repeat must be >= 1, got {args.repeat}")
     workloads = [args.workload] if args.workload else list(pipeline.suite(args.suite)[1])
     options = pipeline.Options(topk=args.topk, seed=args.seed)
+    if args.measure:
+        _calibrate_first_use(args)  # it times on this CPU: base and edit derive from the calibrated spec
     if args.sweep:
         result = pipeline.whatif_sweep(workloads, args.device, args.sweep, args.policy, options)
         doc = result.to_dict() | {"policy": args.policy, "topk": args.topk}
@@ -870,7 +872,8 @@ def cmd_whatif(args) -> int:
                     progress(f"measuring {r.label} ({i + 1}/{len(entries)})")
                 m = pipeline.whatif_measure(r, pipeline.Timing(repeat=args.repeat), pool)
                 entry |= {"measured_speedup": m.measured_speedup, "base_measured_seconds": m.base_seconds,
-                          "edited_measured_seconds": m.edited_seconds, "measure_error": m.error}
+                          "edited_measured_seconds": m.edited_seconds, "base_measured_rounds": list(m.base_rounds),
+                          "edited_measured_rounds": list(m.edited_rounds), "measure_error": m.error}
         if progress:
             print(file=sys.stderr)
     doc = {"device": edited.base.name, "edited_device": edited.spec.name, "edits": [str(e) for e in edited.edits],

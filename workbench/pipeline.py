@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from statistics import median
 
 from workbench.codegen.build import Kernel
 from workbench.codegen.nvcc import PtxResult, compile_ptx, nvcc_path
@@ -74,7 +75,9 @@ from workbench.profile.correction import Correction, corrected_seconds, earned
 from workbench.profile.diagnose import diagnose
 from workbench.profile.runner import Measurement, Runner, Timing
 from workbench.profile.importance import importance, slice_points, stored_trials
-from workbench.profile.session import Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates
+from workbench.profile.session import (
+    TURNS, Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates, time_in_turns,
+)
 from workbench.profile.store import RunStore, default_path, read_runs_file, refit, write_runs_file
 from workbench.profile.versus import Selector, compare_runs, text as comparison_text
 from workbench.vortex import bundle as vortex_bundle
@@ -642,32 +645,43 @@ def whatif_unrealisable(edited: EditedSpec) -> str:
 
 @dataclass(frozen=True)
 class WhatIfMeasured:
-    """The base and the edited top-1 of one workload, timed here: best repeats in seconds, or
-    why a kernel failed (`error`); `measured_speedup` = base seconds / edited seconds."""
+    """The base and the edited top-1 of one workload, timed here in turns (`time_in_turns`):
+    each one's best repeats of the rounds, or why a kernel failed (`error`)."""
 
-    base_seconds: float | None
-    edited_seconds: float | None
+    base_rounds: tuple[float, ...]
+    edited_rounds: tuple[float, ...]
     error: str = ""
 
     @property
+    def base_seconds(self) -> float | None:
+        return float(median(self.base_rounds)) if self.base_rounds else None
+
+    @property
+    def edited_seconds(self) -> float | None:
+        return float(median(self.edited_rounds)) if self.edited_rounds else None
+
+    @property
     def measured_speedup(self) -> float | None:
-        if self.base_seconds is None or not self.edited_seconds:
+        """The median over rounds of base seconds / edited seconds: the ratio of two times a
+        few seconds apart, which the host's drift moves alike."""
+        if not self.base_rounds or len(self.base_rounds) != len(self.edited_rounds):
             return None
-        return self.base_seconds / self.edited_seconds
+        return float(median(b / e for b, e in zip(self.base_rounds, self.edited_rounds)))
 
 
-def whatif_measure(diff: what_if.WorkloadDiff, timing: Timing = Timing(), pool: WorkerPool | None = None) -> WhatIfMeasured:
-    """The base and the edited top-1 of `diff` built, verified and timed on this machine (the
-    edited one with the edited spec's threads and target: fewer cores, a narrower ISA), nothing
-    stored. The caller checks `whatif_unrealisable` first."""
-    seconds, errors = [], []
-    for c in (diff.base, diff.edited):
-        result = profile(c, "local", ranks=(1,), timing=timing, pool=pool)
-        m = result.measurements[0]
-        seconds.append(m.best_seconds if m.ok else None)
-        if not m.ok:
-            errors.append(f"{c.device.name}: {m.error}")
-    return WhatIfMeasured(seconds[0], seconds[1], "; ".join(errors))
+def whatif_measure(diff: what_if.WorkloadDiff, timing: Timing = Timing(), pool: WorkerPool | None = None,
+                   rounds: int = TURNS) -> WhatIfMeasured:
+    """The base and the edited top-1 of `diff` built, verified and timed on this machine in
+    turns, `rounds` times each (the edited one with the edited spec's threads and target: fewer
+    cores, a narrower ISA), nothing stored. The caller checks `whatif_unrealisable` first."""
+    sides = [(c.expr, c.device, c.candidate(1)) for c in (diff.base, diff.edited)]
+    measured = time_in_turns(sides, timing, rounds, pool)
+    errors = [f"{c.device.name}: {next(m.error for m in ms if not m.ok)}"
+              for c, ms in zip((diff.base, diff.edited), measured) if not all(m.ok for m in ms)]
+    if errors:
+        return WhatIfMeasured((), (), "; ".join(errors))
+    base, edited = (tuple(m.best_seconds for m in ms) for ms in measured)
+    return WhatIfMeasured(base, edited)
 
 
 def _labelled(workloads: Sequence[Workload | TensorExpr | str]) -> tuple[tuple[str, TensorExpr], ...]:

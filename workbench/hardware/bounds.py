@@ -12,7 +12,6 @@ real device. The parser checks types and signs first (`hardware.parse`).
 from __future__ import annotations
 
 import re
-from math import ceil
 
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
@@ -122,8 +121,7 @@ def check_bounds(spec: DeviceSpec) -> None:
         _within(size, 1, MAX_FRAGMENT, f"tensor_core.fragment[{i}]")
     for kernel in spec.micro_kernels:
         # its accumulators live in the core's vector registers: rows x the vectors of a row
-        lanes = max(1, spec.warp_size * 32 // _bits(kernel.dtype))
-        vectors = kernel.rows * ceil(kernel.cols / lanes)
+        vectors = kernel.vectors(spec.warp_size)
         if vectors > spec.registers_per_unit:
             raise UserError(f"micro_kernels.{kernel.dtype}.{kernel.shape}: {vectors} vector accumulators do not fit "
                             f"in device.registers_per_unit ({spec.registers_per_unit})")
@@ -143,8 +141,3 @@ def _within(value: float, low: float, high: float, field: str, unit: str = "") -
 
 def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _bits(dtype: str) -> int:
-    """Bits of a dtype name the loader accepted (`float16` -> 16)."""
-    return int(re.sub(r"\D", "", dtype))

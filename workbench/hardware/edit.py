@@ -412,9 +412,13 @@ def _isa_changes(spec: DeviceSpec, mcpu: str) -> dict[str, object]:
         if top.transaction_bytes == 4 * old.lanes:
             changes[f"{top.name}.transaction_bytes"] = vector
     if spec.micro_kernels:
-        # a kernel's rows x vectors of accumulators at the new width must fit the registers
-        fits = [k for k in spec.micro_kernels if k.rows * math.ceil(k.cols / new.lanes) <= new.registers]
-        changes["micro_kernels"] = tuple(replace(k, gflops=_round(k.gflops * ratio)) for k in fits)
+        # A measured kernel becomes the one of the same rows x vectors at the new width: the same
+        # accumulators, loads and broadcasts per FMA, so the same share of the FMA pipes (6x16 on
+        # AVX2 is 6x8 on SSE4.2: twelve accumulators each), at the lanes' and FMA's ratio of its
+        # flops; those whose accumulators no longer fit the registers are dropped.
+        kernels = (replace(k, cols=k.cols * new.lanes // old.lanes, gflops=_round(k.gflops * ratio))
+                   for k in spec.micro_kernels if k.cols * new.lanes % old.lanes == 0)
+        changes["micro_kernels"] = tuple(k for k in kernels if k.vectors(new.lanes) <= new.registers)
     return changes
 
 

@@ -57,6 +57,12 @@ class MicroKernel:
         """`rows`x`cols`, as the spec file's key writes it ("6x16")."""
         return f"{self.rows}x{self.cols}"
 
+    def vectors(self, warp_size: int) -> int:
+        """Vector registers its accumulators take on a core of `warp_size` fp32 lanes: rows x the
+        vectors of a row, a vector holding `warp_size` x 32 bits of `dtype`."""
+        lanes = max(1, warp_size * 32 // int("".join(c for c in self.dtype if c.isdigit())))
+        return self.rows * -(-self.cols // lanes)
+
 
 @hash_once
 @dataclass(frozen=True)

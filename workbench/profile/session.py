@@ -21,7 +21,7 @@ from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import Comparison, compare
 from workbench.profile.diagnose import Diagnosis, diagnose
-from workbench.profile.local import LocalRunner
+from workbench.profile.local import LocalRunner, measure_library
 from workbench.profile.noise import indistinguishable, within_noise
 from workbench.profile.provenance import BUSY_LOAD, collect
 from workbench.profile.runner import BuiltCandidate, Measurement, Runner, Timing, best_measured
@@ -266,6 +266,38 @@ def _build_and_measure(expr, device, candidates, chosen, timing, recorder, jobs,
             if not b.ok:
                 recorder(Measurement(b.rank, chosen.name, error=f"build: {b.error}"))
         chosen.measure(expr, [b for b in built if b.ok], timing, recorder)
+
+
+# Rounds of `time_in_turns`: each side timed this many times, in turns with the others.
+TURNS = 5
+
+
+def time_in_turns(sides: Sequence[tuple[object, DeviceSpec, Candidate]], timing: Timing = Timing(),
+                  rounds: int = TURNS, pool: WorkerPool | None = None) -> tuple[tuple[Measurement, ...], ...]:
+    """Each side (expression, device, candidate) built once, then checked and timed here in
+    turns, `rounds` times over: A, B, A, B, ... on the local runner, each side in a worker of
+    its own device's threads. One measurement per side and round (a failed build or check:
+    one failed measurement). A shared host drifts by tens of per cent from one minute to the
+    next (docs/benchmarks.md, "Same code, two runs"); timed in turns a few seconds apart, the
+    sides share the drift, and the ratios of one round's times cancel it."""
+    if pool is None:
+        with WorkerPool() as own:
+            return time_in_turns(sides, timing, rounds, own)
+    with tempfile.TemporaryDirectory(prefix="workbench-turns-") as folder:
+        built = []
+        for i, (expr, device, candidate) in enumerate(sides):
+            (Path(folder) / str(i)).mkdir()
+            built.append(build_candidates(expr, device, (candidate,), Path(folder) / str(i), pool=pool)[0])
+        workers = [pool.workers(1, worker_env(device))[0] for _, device, _ in sides]
+        out: list[list[Measurement]] = [[] for _ in sides]
+        for _ in range(rounds):
+            for i, ((expr, _, _), b, worker) in enumerate(zip(sides, built, workers)):
+                if not b.ok:
+                    out[i].append(Measurement(b.rank, "local", error=f"build: {b.error}"))
+                    continue
+                outcome = worker.call(measure_library, (b, expr, timing, "local", None), timing.timeout_s)
+                out[i].append(outcome.value if not outcome.error else Measurement(b.rank, "local", error=f"run: {outcome.error}"))
+    return tuple(tuple(m) for m in out)
 
 
 def cannot_run_locally(device: DeviceSpec, pool: WorkerPool | None = None) -> str:
