@@ -23,8 +23,8 @@ from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
-    MAX_SCAN, REGISTER_STEPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule, block_thread_multiple,
-    l1_set_lines,
+    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule,
+    block_thread_multiple, l1_set_lines, whole_vector_waste,
 )
 from workbench.rtile.traffic import bank_padding, calculus
 
@@ -605,20 +605,57 @@ def test_a_row_that_is_not_whole_vectors_takes_llvms_pieces(base, widths):
     assert accumulators(expr("gemv", M=4096, K=1000), AVX2, (2, 12)) == 2 * 2
 
 
+@pytest.mark.parametrize("base, wastes", [
+    (AVX2, {6: None, 12: 4 / 12, 20: 4 / 20, 24: None, 28: 4 / 28, 36: 4 / 36, 44: 4 / 44, 84: 4 / 84}),
+    (AVX512, {12: None, 20: 12 / 20, 24: 8 / 24, 28: 4 / 28, 40: 8 / 40, 48: None, 84: 12 / 84}),
+], ids=lambda v: getattr(v, "name", ""))
+def test_a_whole_row_of_llvms_pieces_gives_way_to_whole_vectors_where_eps_pads_them(base, wastes):
+    """A whole output row that LLVM splits into more pieces than whole vectors would take (28 on
+    8 lanes: 7 xmm, where 32 is 4 ymm) is refused by the vector-lanes rule wherever eps admits
+    the least padding of a row of whole vectors (`whole_vector_waste`: 28 pads to 32, 1/7), up
+    to WHOLE_VECTOR_EPS; a row of 12 on AVX2 pads by a third and stays. The construction then
+    runs one more round at the first of EPS_STEPS admitting them (`Space.whole_vector_eps`)."""
+    from workbench.construct.space import Space
+
+    for n, waste in wastes.items():
+        e = matmul(64, n, 64)
+        assert whole_vector_waste(e, base) == (pytest.approx(waste) if waste is not None else None), n
+        for eps in (0.05, 0.1, 0.2, 0.4, 1.0):
+            whole = VectorLanesRule().axis_ok(AlignContext(e, base, 0, (1, 1, 1), eps), 1, n)
+            gives_way = waste is not None and waste <= min(eps, WHOLE_VECTOR_EPS) + 1e-12
+            assert whole == (not gives_way), (n, eps)
+        due = Space(e, base).whole_vector_eps(0.05)
+        assert due == (None if waste is None or waste <= 0.05 or waste > WHOLE_VECTOR_EPS
+                       else min(x for x in (0.1, 0.2) if waste <= x + 1e-12)), n
+    assert whole_vector_waste(matmul(64, 28, 64), device("v100")) is None  # a GPU's lanes are threads
+
+
 def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float) -> int:
     """The closed form of the fallback for C[i, j] += A[i, k] B[k, j]: the most accumulators
     r x c over row counts r and row widths (c vectors) that the tensor-shape and SIMD-lane rules
     accept, with r c + c + 1 <= budget (accumulators, a row of B, a broadcast of A). A whole row
     longer than a vector and not a whole number of them is c pieces of the largest power of two
-    dividing it (LLVM's split: 20 on 8 lanes, 5 pieces of 4)."""
+    dividing it (LLVM's split: 20 on 8 lanes, 5 pieces of 4), and where that is more than whole
+    vectors would take, it gives way to them once eps admits their padding, up to 0.2 (20 pads
+    to 24: from eps 0.2 on, rows of 8 or 24 only)."""
+    def waste(size, extent):
+        return (ceil(extent / size) * size - extent) / extent
+
     def waste_ok(size, extent):
-        return (ceil(extent / size) * size - extent) / extent <= eps + 1e-12
+        return waste(size, extent) <= eps + 1e-12
 
     def vectors(w):
         return ceil(w / lanes) if w <= lanes or w % lanes == 0 else w // min(w & -w, lanes)
 
+    def whole_row_ok(w):
+        if vectors(w) <= ceil(w / lanes):
+            return True
+        padding = min(waste(size, w) for size in range(lanes, ceil(w / lanes) * lanes + 1, lanes))
+        return padding > min(eps, 0.2) + 1e-12
+
     rows = [r for r in range(1, m + 1) if waste_ok(r, m)]
-    widths = [vectors(w) for w in range(1, n + 1) if waste_ok(w, n) and (w % lanes == 0 or w == n)]
+    widths = [vectors(w) for w in range(1, n + 1)
+              if waste_ok(w, n) and (w % lanes == 0 or (w == n and whole_row_ok(w)))]
     fits = [r * c for r in rows for c in widths if r * c + c + 1 <= budget]
     return max(fits, default=0)
 

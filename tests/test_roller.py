@@ -293,6 +293,26 @@ def test_an_uneven_cpu_grid_gets_a_balanced_cut(isa, cores):
         assert_within_limits(space, cand.program)
 
 
+@pytest.mark.parametrize("isa, extra_round", [("avx512", True), ("avx2", False)])
+def test_rows_of_llvms_pieces_compete_with_padded_whole_vectors(isa, extra_round):
+    """300 x 400 x 28: every register row at eps 0.05 is the whole 28, which LLVM splits into 7
+    xmm pieces. On AVX-512 the ladder finishes at eps 0.1 with those rows only, so one more
+    round runs at 0.2 (a `widen_eps` step saying why), where rows of whole zmm pad 28 to 32; on
+    AVX2 the ladder reaches 0.2 by itself. Either way rows of whole vectors are emitted beside
+    the pieced ones, the model ranks both, and every program is within the limits."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(matmul(300, 28, 400), dev, options=Options(topk=5))
+    stepper.run_to_end()
+    notes = [s.note for s in stepper.steps if s.action.kind == "widen_eps" and "whole vectors" in s.note]
+    assert len(notes) == int(extra_round), notes
+    emitted = [s.candidate.program for s in stepper.steps if s.candidate is not None]
+    rows = {p.register_tile[1] for p in emitted}
+    assert 28 in rows and any(r % dev.warp_size == 0 for r in rows), rows
+    assert stepper.candidates()[0].program.register_tile[1] % dev.warp_size == 0
+    for program in emitted:
+        assert_within_limits(stepper.space, program)
+
+
 def test_balances_rounds_to_whole_tiles_and_pads_no_more_than_it_wins():
     """`Space.balances` on 2 cores of 3 unit tiles of 294 rows (one batch each, 14-row register
     tiles): the fewest more tiles along M, 2 a batch, are 154 rows (146 rounded up to whole

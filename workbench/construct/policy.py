@@ -29,6 +29,7 @@ from workbench.construct.step import Candidate, Step, make_node, state_key
 from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model import Estimate, estimate
+from workbench.rtile.axes import lane_axis
 from workbench.rtile.plan import loop_nest_key
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
@@ -49,6 +50,8 @@ class Policy:
     name = ""
     NOTES = {
         "widen_eps": "too few programs ({found} < {topk}): raise eps to {eps}",
+        "whole_vectors": "every register row along {axis} is the whole axis in LLVM's narrower pieces: one more "
+                         "round at eps {eps}, where whole vectors pad it; the model prices both",
         "keep_steps": "too few programs ({found} < {topk}), and {left} steps left: skip eps {eps}, keep them for "
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
@@ -62,6 +65,7 @@ class Policy:
         self.options = options
         self.candidates: list[Candidate] = []
         self._balanced_count = 0  # candidates that are balanced cuts of another (`emit`): extras
+        self._found_before = 0  # programs of the rounds before the whole-vector round (`_whole_vector_round`)
         self._emitted: set = set()
         self._count = 0
         self._visits: Counter = Counter()
@@ -95,7 +99,20 @@ class Policy:
             finished = yield from self.round(eps)
             used = self._count - start
             if finished:
+                yield from self._whole_vector_round(eps)
                 return
+
+    def _whole_vector_round(self, eps: float) -> Iterator[Step]:
+        """One more round, at `Space.whole_vector_eps`, where the round at `eps` could run its
+        register rows only as LLVM's pieces: it searches as far as a round of its own (its
+        programs are counted from none), and the top K is taken over both rounds'."""
+        wider = self.space.whole_vector_eps(eps)
+        if wider is None or self.out_of_steps:
+            return
+        axis = self.space.axes[lane_axis(self.space.expr, self.space.device)]
+        yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), self.describe("whole_vectors", axis=axis, eps=wider))
+        self._found_before = self.found
+        yield from self.round(wider)
 
     def _split_unshrunk(self, state: State, shrinks) -> bool:
         """Whether the program of `state` as it arrived, split over its reduce axis until its
@@ -120,7 +137,7 @@ class Policy:
     def found(self) -> int:
         """Programs emitted, less the balanced cuts emitted beside them: those are extras, so a
         round searches as far as it would without them (the top K is taken over all)."""
-        return len(self.candidates) - self._balanced_count
+        return len(self.candidates) - self._balanced_count - self._found_before
 
     @property
     def out_of_steps(self) -> bool:

@@ -26,7 +26,7 @@ from workbench.rtile.axes import (
     always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
     reduce_lanes,
 )
-from workbench.rtile.registers import block_thread_count
+from workbench.rtile.registers import block_thread_count, row_vectors
 
 Tile = tuple[int, ...]
 
@@ -191,6 +191,15 @@ class BlockThreadsRule:
         return covers and threads >= min(ctx.device.warp_size, outputs)
 
 
+# The most a register row along the lane axis pads to whole vectors before a whole axis that
+# LLVM splits into pieces gives way to it (`VectorLanesRule`, `whole_vector_waste`). A row of 28
+# over 8 lanes runs as 7 xmm pieces where padded to 32 it takes 4 ymm: 2 x 300 x 400 x 28 ran
+# 776 us so and 207 us padded, 2 x 119 x 1169 x 28 459 and 249 us (one thread, AVX2 Zen 3);
+# it pads by a seventh. A row of 12 pads by a third: padded, two random matmuls over N = 12 ran
+# 0.75x as fast, so no further.
+WHOLE_VECTOR_EPS = 0.2
+
+
 class VectorLanesRule(PerAxisRule):
     """Execution unit, a CPU register tile: along the axis the SIMD lanes run along (`lane_axis`)
     a multiple of the lanes, or the whole axis when it is shorter, and along a reduction a whole
@@ -201,9 +210,12 @@ class VectorLanesRule(PerAxisRule):
     (2087 x 335 x 53 at 0.10x numpy, predicted vectorised). A convolution's filters
     (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12, not 11), however short:
     the template vectorises no other (`panels.filter_vector_axis`), and pads filters that no
-    multiple of the lanes divides to whole tiles instead (`panels.pads_filters`)."""
+    multiple of the lanes divides to whole tiles instead (`panels.pads_filters`). A whole axis
+    that LLVM splits into more pieces than whole vectors would take (`whole_vector_waste`) gives
+    way to them wherever eps admits their padding, up to WHOLE_VECTOR_EPS."""
 
     name = "vector-lanes"
+    reads_eps = True  # through `whole_vector_waste`
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or ctx.device.lanes_are_threads or axis != lane_axis(ctx.expr, ctx.device):
@@ -213,6 +225,9 @@ class VectorLanesRule(PerAxisRule):
             return True
         extent = ctx.expr.axes[axis].extent
         if size != extent:
+            return False
+        waste = whole_vector_waste(ctx.expr, ctx.device)
+        if waste is not None and waste <= min(ctx.eps, WHOLE_VECTOR_EPS) + 1e-12:
             return False
         if filter_lanes(ctx.expr, axis):
             return size % 4 == 0
@@ -395,6 +410,23 @@ class TailRule(PerAxisRule):
         if kind != "reduce" and axis != lane and not filters:
             return True
         return not _whole_tiles_exist(ctx, axis)
+
+
+@lru_cache(maxsize=1024)
+def whole_vector_waste(expr: TensorExpr, device: DeviceSpec) -> float | None:
+    """Where a CPU register row along a spatial lane axis (`lane_axis`) can be the whole axis
+    only in LLVM's pieces, more vectors than whole ones would take (`registers.row_vectors`: a
+    row of 28 over 8 lanes, 7 xmm where 32 is 4 ymm), the least share of the axis a row of whole
+    vectors pads it by (28: rows of 8, 16 or 32 pad to 32, 1/7); None elsewhere."""
+    axis = lane_axis(expr, device) if device.runs_on_cpu and not device.lanes_are_threads else None
+    if axis is None or expr.axes[axis].kind != "spatial":
+        return None
+    extent, itemsize = expr.axes[axis].extent, expr.output.itemsize
+    lanes = max(1, device.register_bytes // itemsize)
+    vectors = -(-extent // lanes)
+    if extent <= lanes or extent % lanes == 0 or row_vectors(extent, itemsize, device) <= vectors:
+        return None
+    return min((-(-extent // size) * size - extent) / extent for size in range(lanes, vectors * lanes + 1, lanes))
 
 
 def _lane_step(expr: TensorExpr, device: DeviceSpec, lane: int) -> int:
