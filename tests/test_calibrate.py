@@ -11,11 +11,15 @@ from helpers import matmul
 from test_alignment import AVX2, AVX512
 
 from workbench.errors import UserError
-from workbench.hardware.calibrate import CACHE_FILL, calibrate, impossible, micro_kernel_probes, micro_kernel_shapes, probes
+from workbench.hardware.calibrate import (
+    CACHE_FILL, calibrate, impossible, micro_kernel_probes, micro_kernel_shapes, one_core_probe, probes,
+)
 from workbench.hardware.calibrated import apply_measurements, calibrated_spec_path
 from workbench.hardware.detect import detect_local_cpu
 from workbench.hardware.loader import load_spec
-from workbench.hardware.microbench import MICRO_KERNEL_SHARE, MICRO_ROUNDS, STARTUP_S, Probe, ProbeResult, schedule, slot_seconds
+from workbench.hardware.microbench import (
+    MICRO_KERNEL_SHARE, MICRO_ROUNDS, ONE_CORE_DRAM, STARTUP_S, Probe, ProbeResult, schedule, slot_seconds,
+)
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
@@ -46,9 +50,14 @@ def test_quick_calibration_measures_positive_ordered_numbers(calibrated):
     last = [i for i, line in enumerate(lines) if line.startswith("impossible results")][-1:]
     kept = lines[last[0] + 1:] if last else lines
     llc = ["LLC"] if detect_local_cpu().llc_bytes else []  # where sysfs names an L3
-    assert [line.split(":")[0] for line in kept] == ["L1", "L2"] + llc + ["DRAM", "float32", "float64"] + micro + ["launch"]
+    one_core = ["DRAM, one core"] if spec.compute_units > 1 else []  # apart, on one thread
+    assert [line.split(":")[0] for line in kept] == (["L1", "L2"] + llc + ["DRAM", "float32", "float64"] + micro
+                                                     + ["launch"] + one_core)
     if llc:
         assert spec.llc_gbps > 0 and dict(spec.sources)["llc_gbps"].startswith("measured by workbench calibrate")
+    if one_core:  # one core streams no more than all of them (a faster run is cut to theirs)
+        assert 0 < spec.core_dram_gbps <= bandwidth["DRAM"]
+        assert dict(spec.sources)["core_dram_gbps"].startswith("measured by workbench calibrate")
 
 
 def test_quick_calibration_measures_a_kernel_launch(calibrated):
@@ -56,7 +65,8 @@ def test_quick_calibration_measures_a_kernel_launch(calibrated):
     machine (a function call and a thread pool's fork and join), and its source says how."""
     spec, lines = calibrated
     assert 0 < spec.launch_overhead_us < 1000
-    assert lines[-1].startswith("launch: ") and lines[-1].endswith(" us a call")
+    [launch] = [line for line in lines if line.startswith("launch: ")][-1:]
+    assert launch.endswith(" us a call")
     source = dict(spec.sources)["launch_overhead_us"]
     assert source.startswith("measured by workbench calibrate on ") and "empty TVM-built parallel kernel" in source
 
@@ -110,6 +120,29 @@ def _results(spec, quick=False, **changed):
     )
 
 
+def _measured(answers):
+    """A stand-in for `microbench.measure`: the all-core runs answer from `answers` in turn (a
+    tuple of results: that one every time), the one-core DRAM read (one thread) 25 GB/s."""
+    def measure(spec, todo, threads, *args, **kw):
+        if threads == 1 and todo[0].label == ONE_CORE_DRAM:
+            return (ProbeResult(todo[0], 25.0, runs=5, threads=1),)
+        return answers if isinstance(answers, tuple) else answers.pop(0)
+    return measure
+
+
+def test_one_core_reads_dram_apart_and_no_faster_than_all():
+    """The calibration reads DRAM once more on one thread, in a process of its own, the whole
+    working set (`core_dram_gbps`); a run faster than all cores' (a quieter moment) is cut to it."""
+    spec = load_spec("xeon-avx512")
+    one = one_core_probe(spec, probes(spec, 2, quick=True), 2)
+    dram = next(p for p in probes(spec, 2, quick=True) if p.label == "DRAM")
+    assert one.label == ONE_CORE_DRAM and one.bytes_per_core == 2 * dram.bytes_per_core
+    assert one_core_probe(spec, probes(spec, 1, quick=True), 1) is None  # one core: the DRAM probe is it
+    assert apply_measurements(spec, _results(spec) + (ProbeResult(one, 25.0, 5, 1),), "d").core_dram_gbps == 25.0
+    assert apply_measurements(spec, _results(spec) + (ProbeResult(one, 55.0, 5, 1),), "d").core_dram_gbps == 40.0
+    assert apply_measurements(spec, _results(spec), "d").core_dram_gbps == spec.core_dram_gbps == 0.0
+
+
 def test_plausible_results_pass_the_sanity_check():
     spec = load_spec("xeon-avx512")
     assert impossible(_results(spec)) == []
@@ -151,7 +184,7 @@ def test_calibration_keeps_a_plausible_second_measurement(monkeypatch):
 
     spec = load_spec("xeon-avx512")
     answers = [_results(spec, float32=9.0, float64=31.0), _results(spec)]
-    monkeypatch.setattr(microbench, "measure", lambda *args, **kw: answers.pop(0))
+    monkeypatch.setattr(microbench, "measure", _measured(answers))
     assert dict(calibrate(spec).peak_gflops) == {"float32": 300.0, "float64": 150.0} and answers == []
 
 
@@ -163,11 +196,11 @@ def test_an_impossible_micro_kernel_is_measured_again_then_refused(monkeypatch):
     spec = load_spec("xeon-avx512")
     fast = _results(spec, quick=True, **{"float32 14x32": 420.0})
     answers = [fast, _results(spec, quick=True, **{"float32 14x32": 280.0})]
-    monkeypatch.setattr(microbench, "measure", lambda *args, **kw: answers.pop(0))
+    monkeypatch.setattr(microbench, "measure", _measured(answers))
     kernel = calibrate(spec, quick=True).micro_kernel("float32", 14, 32)
     assert kernel == MicroKernel("float32", 14, 32, 280.0) and answers == []
 
-    monkeypatch.setattr(microbench, "measure", lambda *args, **kw: fast)
+    monkeypatch.setattr(microbench, "measure", _measured(fast))
     lines = []
     with pytest.raises(UserError, match="calibration refused, nothing stored: float32 14x32 micro-kernel at 420.0 GFLOP/s"):
         calibrate(spec, quick=True, progress=lines.append)

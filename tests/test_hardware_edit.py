@@ -102,6 +102,20 @@ def test_fewer_units_scale_the_rates_that_are_per_unit():
     assert dict(half.tensor_core_gflops)["float16"] == pytest.approx(dict(gpu.tensor_core_gflops)["float16"] / 2, rel=1e-5)
 
 
+def test_fewer_cores_read_dram_at_most_at_their_own_streams():
+    """Where the spec knows one core's DRAM stream (`core_dram_gbps`), n fewer cores read DRAM
+    at min(n x that, all cores' bandwidth): the memory saturates before every core streams. More
+    cores, or no such figure, scale it with the cores as before."""
+    cpu = replace(device("xeon-avx512"), core_dram_gbps=12.0)  # 28 cores, DRAM 100 GB/s
+    dram = cpu.layers[-1].bandwidth_gbps
+    for cores, expected in ((1, 12.0), (4, 48.0), (14, min(dram, 14 * 12.0)), (28, dram)):
+        assert edit(cpu, f"compute_units={cores}").spec.layers[-1].bandwidth_gbps == pytest.approx(expected), cores
+    assert edit(cpu, "compute_units=56").spec.layers[-1].bandwidth_gbps == pytest.approx(2 * dram)
+    assert edit(replace(cpu, core_dram_gbps=0.0), "compute_units=1").spec.layers[-1].bandwidth_gbps == pytest.approx(dram / 28)
+    assert edit(cpu, "core_dram_gbps=6").spec.core_dram_gbps == 6.0  # editable, and written back
+    assert "core_dram_gbps = 6.0" in edit(cpu, "core_dram_gbps=6").toml
+
+
 def test_a_field_the_edits_name_is_never_derived_over():
     done = edit(device("xeon-avx512"), "peak_gflops.float32=1000", "compute_units=14")
     assert dict(done.spec.peak_gflops)["float32"] == 1000.0

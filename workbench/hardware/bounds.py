@@ -104,6 +104,8 @@ def check_bounds(spec: DeviceSpec) -> None:
         _within(spec.launch_overhead_us, MIN_LAUNCH_US, float("inf"), "device.launch_overhead_us", " us")
     if spec.llc_gbps:
         _within(spec.llc_gbps, MIN_GBPS, ON_CHIP_GBPS, "device.llc_gbps", " GB/s")
+    if spec.core_dram_gbps:
+        _within(spec.core_dram_gbps, MIN_GBPS, DEVICE_GBPS, "device.core_dram_gbps", " GB/s")
     for i, layer in enumerate(spec.layers):
         where = f"layer[{i}]"
         _name(layer.name, f"{where}.name")

@@ -20,7 +20,7 @@ from workbench.hardware import microbench
 from workbench.hardware.bounds import MICRO_KERNEL_SLACK
 from workbench.hardware.calibrated import apply_measurements, calibrated_spec_path
 from workbench.hardware.detect import LOCAL_CPU_NAME
-from workbench.hardware.microbench import LLC, Probe, ProbeResult, Progress
+from workbench.hardware.microbench import LLC, ONE_CORE_DRAM, STARTUP_S, Probe, ProbeResult, Progress
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 
@@ -86,14 +86,37 @@ def calibrate(
     if problems:
         raise UserError(f"calibration refused, nothing stored: {'; '.join(problems)} "
                         f"(is another program using the CPU? run it again on a quiet machine)")
+    one = one_core_probe(spec, todo, threads)
+    if one is not None:  # in a process of its own: one thread
+        results += microbench.measure(spec, (one,), 1, STARTUP_S + _slot(todo, budget), progress)
     return apply_measurements(spec, results, date.today().isoformat())
+
+
+def one_core_probe(spec: DeviceSpec, todo: tuple[Probe, ...], threads: int) -> Probe | None:
+    """One core's streaming read of the whole DRAM working set (`DeviceSpec.core_dram_gbps`),
+    where the spec has more cores than one and `todo` reads DRAM; else None."""
+    bottom = spec.layers[-1].name
+    dram = next((p for p in todo if p.kind == "stream" and p.label == bottom), None)
+    if threads < 2 or dram is None or spec.layers[-1].scope != "device":
+        return None
+    return Probe("stream", ONE_CORE_DRAM, dram.bytes_per_core * threads)
+
+
+def _slot(todo: tuple[Probe, ...], budget: float) -> float:
+    """The time slot of `todo`'s last streaming read (DRAM's) within `budget`: the one-core
+    probe's as well."""
+    return microbench.slot_seconds(todo, budget)[max(i for i, p in enumerate(todo) if p.kind == "stream")]
 
 
 def quick_seconds(spec: DeviceSpec) -> float:
     """About how long `calibrate(spec, quick=True)` takes on an idle machine: its budget plus
     building each probe's kernel."""
     threads = max(1, min(spec.compute_units, os.cpu_count() or 1))
-    return QUICK_BUDGET_S + BUILD_SECONDS_PER_PROBE * len(probes(spec, threads, quick=True))
+    todo = probes(spec, threads, quick=True)
+    seconds = QUICK_BUDGET_S + BUILD_SECONDS_PER_PROBE * len(todo)
+    if one_core_probe(spec, todo, threads) is not None:
+        seconds += STARTUP_S + _slot(todo, QUICK_BUDGET_S) + BUILD_SECONDS_PER_PROBE
+    return seconds
 
 
 def refusal_path():

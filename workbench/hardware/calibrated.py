@@ -13,7 +13,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from workbench.hardware.microbench import ACCUMULATORS, FMA_ACCUMULATORS, LLC, MICRO_ROUNDS, ProbeResult
+from workbench.hardware.microbench import ACCUMULATORS, FMA_ACCUMULATORS, LLC, MICRO_ROUNDS, ONE_CORE_DRAM, ProbeResult
 from workbench.hardware.spec import DeviceSpec, MemoryLayer, MicroKernel
 
 
@@ -50,6 +50,12 @@ def apply_measurements(spec: DeviceSpec, results: tuple[ProbeResult, ...], day: 
     if llc is not None:
         llc_gbps = round(llc.value, 1)
         new_sources["llc_gbps"] = f"measured by workbench calibrate on {day}: {_stream_method(llc)}"
+    core_dram = spec.core_dram_gbps
+    one = by_label.get(ONE_CORE_DRAM)
+    if one is not None:  # one core reads no faster than all: a faster run was a quieter moment
+        core_dram = round(min(one.value, layers[-1].bandwidth_gbps), 1)
+        new_sources["core_dram_gbps"] = (f"measured by workbench calibrate on {day}: {_stream_method(one)}; "
+                                         f"at most the bottom layer's all-core figure")
     launch = by_label.get("launch")
     launch_us = spec.launch_overhead_us
     if launch is not None:
@@ -61,7 +67,7 @@ def apply_measurements(spec: DeviceSpec, results: tuple[ProbeResult, ...], day: 
     source = f"{what} measured by workbench calibrate on {day}; before that: {spec.source}"
     return replace(
         spec, layers=layers, peak_gflops=peak, micro_kernels=kernels, sources=sources, source=source, calibrated=True,
-        launch_overhead_us=launch_us, llc_gbps=llc_gbps,
+        launch_overhead_us=launch_us, llc_gbps=llc_gbps, core_dram_gbps=core_dram,
     )
 
 

@@ -21,7 +21,9 @@ the edits name themselves is never derived over):
   units: peak (plain, tensor-core, micro-kernels), the bandwidth of every per-thread and per-unit
   layer, a CPU's LLC bandwidth and its DRAM bandwidth (a CPU core streams from DRAM at its own
   rate, as `hardware.detect` estimates it; a GPU's memory bandwidth belongs to its memory
-  controllers, not its SMs), and a CPU target's `num-cores`;
+  controllers, not its SMs), and a CPU target's `num-cores`. Where the spec knows one core's
+  DRAM stream (`core_dram_gbps`, calibrated), fewer cores read DRAM at the lesser of what they
+  stream and what all did: the memory saturates before every core streams;
 - `target.mcpu` on an x86 CPU spec, between the ISAs of `X86_ISAS`: the SIMD width
   (`warp_size`), vector registers, the register layer's bytes, transaction and bandwidth, and
   the peaks (the lanes' ratio; without FMA, half on Intel cores, whose adds issue on the FMA
@@ -54,7 +56,7 @@ SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30}
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmg]ib)", re.I)
 _FACTOR = re.compile(r"([0-9]+(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)x", re.I)
 _FIELD = re.compile(r"[A-Za-z0-9_.-]+")
-_DEVICE_FLOATS = ("launch_overhead_us", "llc_gbps")
+_DEVICE_FLOATS = ("launch_overhead_us", "llc_gbps", "core_dram_gbps")
 _LAYER_NUMBERS = tuple(k for k in LAYER_KEYS if k not in ("name", "scope", "source"))
 _LAYER_FLOATS = ("bandwidth_gbps", "latency_ns")
 # The points of a sweep: at least 2 (its ends), at most this many constructions per workload.
@@ -171,6 +173,8 @@ def editable_fields(spec: DeviceSpec) -> tuple[FieldInfo, ...]:
     out.append(FieldInfo("launch_overhead_us", spec.launch_overhead_us, "float", "us", 0.0, MAX_LAUNCH_US))
     if spec.llc_bytes:  # llc_bytes itself is one of DEVICE_INTS above
         out.append(FieldInfo("llc_gbps", spec.llc_gbps, "float", "GB/s", MIN_GBPS, ON_CHIP_GBPS))
+    if spec.core_dram_gbps:
+        out.append(FieldInfo("core_dram_gbps", spec.core_dram_gbps, "float", "GB/s", MIN_GBPS, DEVICE_GBPS))
     for table, entries in (("peak_gflops", spec.peak_gflops), ("tensor_core_gflops", spec.tensor_core_gflops)):
         out += [FieldInfo(f"{table}.{dtype}", value, "float", "GFLOP/s", MIN_GFLOPS, MAX_GFLOPS) for dtype, value in entries]
     out += [FieldInfo(f"micro_kernels.{k.dtype}.{k.shape}", k.gflops, "float", "GFLOP/s", MIN_GFLOPS, MAX_GFLOPS)
@@ -360,6 +364,9 @@ def _derive(spec: DeviceSpec, name: str, value, explicit: set[str]) -> tuple[Dev
         for layer in spec.layers:
             if layer.scope != "device" or spec.runs_on_cpu:
                 changes[f"{layer.name}.bandwidth_gbps"] = _round(layer.bandwidth_gbps * ratio)
+        bottom = spec.layers[-1]
+        if spec.core_dram_gbps and ratio < 1:  # fewer cores stream at most what each one can
+            changes[f"{bottom.name}.bandwidth_gbps"] = _round(min(bottom.bandwidth_gbps, value * spec.core_dram_gbps))
         if spec.llc_gbps:
             changes["llc_gbps"] = _round(spec.llc_gbps * ratio)
         if "num-cores" in dict(spec.target):

@@ -59,6 +59,9 @@ MIN_SLOT_S = 0.05
 MICRO_ROUNDS = 4
 # The stream probe's label for the last-level cache (not a layer of the spec: `DeviceSpec.llc_gbps`).
 LLC = "LLC"
+# The stream probe's label for one core's read from DRAM, run apart on one thread
+# (`DeviceSpec.core_dram_gbps`).
+ONE_CORE_DRAM = "DRAM, one core"
 # Vector accumulators of the streaming read: enough independent chains to hide 4-cycle add
 # latency on two pipes (4 x 2 = 8) with margin; its loads fold into the adds, so all 16 of AVX2's
 # registers may hold sums.

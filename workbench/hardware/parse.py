@@ -49,9 +49,12 @@ DEVICE_OCCUPANCY = ("max_blocks_per_unit", "shared_bytes_per_unit", "l2_bytes")
 # written before the fields load: absent, the rTile model reads everything below the last cache
 # layer from the bottom layer. Both or neither, 0 on a GPU.
 DEVICE_LLC = ("llc_bytes", "llc_gbps")
+# One CPU core's streaming read from DRAM (`DeviceSpec.core_dram_gbps`). Optional: absent (0), a
+# what-if with fewer cores scales the bottom layer's bandwidth with them. A CPU's only.
+CORE_DRAM_KEY = "core_dram_gbps"
 _DEVICE_KEYS = (
     ("name", "kind", "vendor", "source", "calibrated", LAUNCH_KEY) + DEVICE_INTS + DEVICE_FMA + DEVICE_OCCUPANCY
-    + DEVICE_LLC
+    + DEVICE_LLC + (CORE_DRAM_KEY,)
 )
 LAYER_KEYS = (
     "name",
@@ -66,7 +69,7 @@ LAYER_KEYS = (
     "source",
 )
 _SOURCE_KEYS = DEVICE_INTS + DEVICE_FMA + DEVICE_OCCUPANCY + DEVICE_LLC + (
-    LAUNCH_KEY, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels"
+    CORE_DRAM_KEY, LAUNCH_KEY, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels"
 )
 _TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "micro_kernels", "target", "layer")
 _DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
@@ -94,6 +97,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     ints.update(_fma(device))
     ints.update(_occupancy(device))
     llc = _llc(device)
+    llc["core_dram_gbps"] = _core_dram(device)
     peak = _gflops(doc, "peak_gflops", required=True)
     tensor_core = _gflops(doc, "tensor_core_gflops", required=False)
     launch_us, launch_note = _launch(device)
@@ -165,6 +169,15 @@ def _llc(device: dict) -> dict:
                         "device.l2_bytes")
     return {"llc_bytes": _int(device["llc_bytes"], "device.llc_bytes"),
             "llc_gbps": _number(device["llc_gbps"], "device.llc_gbps")}
+
+
+def _core_dram(device: dict) -> float:
+    """core_dram_gbps (a number > 0, a CPU's only), or 0.0 where absent."""
+    if CORE_DRAM_KEY not in device:
+        return 0.0
+    if device.get("kind") != "cpu":
+        raise UserError(f"device.{CORE_DRAM_KEY} is one CPU core's DRAM stream: a CPU's only")
+    return _number(device[CORE_DRAM_KEY], f"device.{CORE_DRAM_KEY}")
 
 
 def _launch(device: dict) -> tuple[float, str]:

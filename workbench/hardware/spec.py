@@ -120,6 +120,12 @@ class DeviceSpec:
     # (`rtile.model.common.layer_gbps`): each timing repeat, a model's next kernel.
     llc_bytes: int = 0
     llc_gbps: float = 0.0
+    # One CPU core's streaming read from the bottom layer (DRAM), GB/s; 0 where the spec does not
+    # say. A core's own misses in flight bound it, not the memory controllers: on the 2-core
+    # Zen 3, one core streams about two thirds of what both do. `hardware.edit` bounds the bottom
+    # layer's bandwidth by it when a what-if takes cores away; measured by `device detect
+    # --calibrate`.
+    core_dram_gbps: float = 0.0
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property

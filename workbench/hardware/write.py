@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-from workbench.hardware.parse import DEVICE_FMA, DEVICE_INTS, DEVICE_LLC, DEVICE_OCCUPANCY, LAUNCH_KEY, LAYER_KEYS
+from workbench.hardware.parse import (
+    CORE_DRAM_KEY, DEVICE_FMA, DEVICE_INTS, DEVICE_LLC, DEVICE_OCCUPANCY, LAUNCH_KEY, LAYER_KEYS,
+)
 from workbench.hardware.spec import DeviceSpec
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -17,6 +19,8 @@ def spec_to_toml(spec: DeviceSpec) -> str:
     device += [(key, getattr(spec, key)) for key in DEVICE_INTS + DEVICE_FMA + DEVICE_OCCUPANCY + (LAUNCH_KEY,)]
     if spec.llc_bytes:
         device += [(key, getattr(spec, key)) for key in DEVICE_LLC]
+    if spec.core_dram_gbps:
+        device += [(CORE_DRAM_KEY, spec.core_dram_gbps)]
     device += [("calibrated", spec.calibrated)]
     parts = [_section("[device]", device)]
     if spec.sources:
@@ -91,6 +95,7 @@ def spec_summary(spec: DeviceSpec) -> dict:
         "launch_overhead_us": spec.launch_overhead_us,
         "llc_bytes": spec.llc_bytes,
         "llc_gbps": spec.llc_gbps,
+        "core_dram_gbps": spec.core_dram_gbps,
         "calibrated": spec.calibrated,
         "layers": [
             {
