@@ -12,7 +12,8 @@ from test_alignment import AVX2, AVX512
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.rtile.model import estimate
-from workbench.rtile.model.cpu import packed_bytes, stream_runs, stream_seconds, streamed_inputs
+from workbench.rtile.model.common import is_stream_bound
+from workbench.rtile.model.cpu import packed_bytes, packed_runs, stream_runs, stream_seconds, streamed_inputs
 from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, edge_slowdown, guard_slowdown
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -191,6 +192,27 @@ def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
     assert stream_seconds(short, dev, busy) == pytest.approx(9 * 32 * 64 * latency / (dev.compute_units * busy))
     assert estimate(long, dev).predicted_seconds < estimate(short, dev).predicted_seconds
     assert stream_runs(_ragged_k_matmul(), dev) == 0
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_panels_copied_from_dram_pay_the_bottom_layers_latency_per_run(dev):
+    """5 x 3491 x 3681 on a CPU without a last-level cache: reading its 51 MB once from DRAM
+    takes longer than computing it (`is_stream_bound`), so the panel copies' reads start a
+    stream per run of each packed tile at the pack layer, once per tile of the iteration space
+    (`packed_runs`): B's 704 x 144 tiles are 704 runs each, A's 5 x 704 tiles 5, 26 x 5 tiles
+    of each; B's 64 x 1856 tiles 64 runs each, 2 x 55 tiles. The long runs are predicted faster
+    (measured 5.3 against 12.3 ms on the 2-core Zen 3). A 512-cube matmul is bound by its
+    compute: no runs counted."""
+    e = plain_matmul(5, 3681, 3491)
+    assert is_stream_bound(calculus(e), dev) and not is_stream_bound(calculus(plain_matmul(512, 512, 512)), dev)
+    short = _program(e, [(5, 16, 1), (5, 16, 352), (5, 144, 704)], dev)
+    wide = _program(e, [(5, 16, 1), (5, 16, 64), (5, 1856, 64)], dev)
+    assert set(cpu_plan(short, dev).packed) == set(cpu_plan(wide, dev).packed) == {"A", "B"}
+    assert packed_runs(short, dev) == 26 * 5 * (704 + 5) and packed_runs(wide, dev) == 2 * 55 * (64 + 5)
+    assert stream_runs(short, dev) == packed_runs(short, dev)  # nothing streamed in place
+    assert estimate(wide, dev).predicted_seconds < estimate(short, dev).predicted_seconds
+    square = _program(plain_matmul(512, 512, 512), [(6, 16, 1), (6, 16, 128), (174, 256, 128)], dev)
+    assert cpu_plan(square, dev).packed and packed_runs(square, dev) == 0
 
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)

@@ -135,8 +135,12 @@ def closed_form_score(e, dev, layer, upper, tile, grown) -> float:
     def trips(t):
         return 2 * (ceil(k / t[2]) - 1) * ceil(m / upper[0]) * ceil(n / upper[1]) * ri * rj * 4
 
+    compute = 2 * m * n * k / (dev.peak(e.dtype) * 1e9)
+    whole, inputs = (m * k + k * n + m * n) * 4, (m * k + k * n) * 4
+    if not (dev.llc_bytes and whole <= dev.llc_bytes / 2) and inputs / (dev.layers[-1].bandwidth_gbps * 1e9) > compute:
+        return roller  # bound by its inputs' DRAM stream, under which the trips hide as well (roller.py)
     saved = score(trips(tile) - trips(grown), f(grown) - f(tile))
-    floor = max(2 * m * n * k / (dev.peak(e.dtype) * 1e9), (m * k + k * n + m * n) * 4 / (dev.layers[-1].bandwidth_gbps * 1e9))
+    floor = max(compute, whole / (dev.layers[-1].bandwidth_gbps * 1e9))
     hidden = q(tile) / (dev.layers[2].bandwidth_gbps * 1e9) <= floor
     return saved if hidden else roller + saved
 
@@ -311,6 +315,25 @@ def test_rows_of_llvms_pieces_compete_with_padded_whole_vectors(isa, extra_round
     assert stepper.candidates()[0].program.register_tile[1] % dev.warp_size == 0
     for program in emitted:
         assert_within_limits(stepper.space, program)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_matmul_bound_by_its_dram_stream_spends_l1_on_columns(isa):
+    """5 x 3491 x 3681: reading its 51 MB once from DRAM takes longer than computing it
+    (`is_stream_bound`), and the L1 tile's accumulator trips hide under that stream as its loads
+    do, so L1 grows by Roller's own score, along N rather than K. The unit tile then holds wide
+    rows of B, which its panel copies read in long runs (`packed_runs`): the top-1 spans at
+    least 1024 columns in K-steps of at most 96 (before: 144 x 704, measured 2.2x slower on the
+    2-core Zen 3). A 512-cube matmul is bound by its compute: not stream-bound."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 512 * KIB)
+    stepper = Stepper(matmul(5, 3681, 3491), dev, options=Options(topk=5))
+    stepper.run_to_end()
+    assert stepper.space.stream_bound
+    top = stepper.candidates()[0].program
+    assert top.unit_tile[1] >= 1024 and top.unit_tile[2] <= 96, top.tiles
+    for cand in stepper.candidates():
+        assert_within_limits(stepper.space, cand.program)
+    assert not Stepper(matmul(512, 512, 512), dev).space.stream_bound
 
 
 def test_balances_rounds_to_whole_tiles_and_pads_no_more_than_it_wins():

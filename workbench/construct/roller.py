@@ -21,7 +21,11 @@ registers after every L1 K-step, which Roller's Q does not see), and once that t
 the layer below hide under the operator's floor (its compute, or reading each byte once from the
 bottom layer: `model.is_load_hidden`, Roller's own compute-bound test where compute is the floor)
 only those count, while each accumulator trip still stalls the FMA chains (a load before the
-first FMA, a store after the last). matmul on AVX2 gets BLIS's blocking: 6x16x1 registers under
+first FMA, a store after the last). Where the floor is the inputs' stream from DRAM
+(`model.is_stream_bound`: a matmul of 5 rows over a 51 MB B) the trips hide under it as well,
+and that L1 tile grows by Roller's own score: along the columns rather than K, which leaves
+the lowest cache tile room for wide rows of B that its panel copies read in long runs
+(`model.cpu.packed_runs`; 5 x 3491 x 3681: 12.5 -> 8.4 ms on the 2-core Zen 3). matmul on AVX2 gets BLIS's blocking: 6x16x1 registers under
 6x16x256 L1 tiles (kc = 256). Evidence: docs/evidence.md#roller-cpu-tile-recording.
 
 A CPU tile recorded only when full leaves few programs where growth has one path: roller-table1's
@@ -254,7 +258,11 @@ class RollerPolicy(Policy):
         score = self._scores.get(key)
         if score is None:
             trips = space.calc.accumulator_reuse(register, state.tile, grown, partial_sums(space.expr, space.device, register))
-            if is_load_hidden(space.calc, space.device, state.tile, state.layer + 1):
+            if space.stream_bound and space.plain and not space.streamed:
+                # the trips hide under the DRAM stream as the L1's loads do: Roller's own score,
+                # which spends L1 on the contiguous axis rather than on K (module docstring)
+                score = space.reuse(state.layer, state.tile, grown, upper)
+            elif is_load_hidden(space.calc, space.device, state.tile, state.layer + 1):
                 score = trips
             else:
                 score = space.reuse(state.layer, state.tile, grown, upper) + trips

@@ -18,8 +18,8 @@ from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
-from workbench.rtile.axes import always_streamed, plain_projection
-from workbench.rtile.model.common import is_compute_bound
+from workbench.rtile.axes import always_streamed, lane_axis, plain_projection
+from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
@@ -157,6 +157,11 @@ class Space:
         self._reuse: dict[tuple, float] = {}
         self._keys: dict[tuple, str] = {}
         self.streamed = always_streamed(expr, device)
+        self.stream_bound = is_stream_bound(self.calc, device)
+        # a reduction over plain projections vectorised along an output axis (the matmul class)
+        lane = lane_axis(expr, device) if device.runs_on_cpu else None
+        self.plain = (lane is not None and expr.axes[lane].kind == "spatial"
+                      and all(plain_projection(t) for t in expr.inputs))
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)

@@ -90,6 +90,22 @@ def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, s
     return load <= compute
 
 
+def is_stream_bound(calc: TileCalculus, device: DeviceSpec) -> bool:
+    """Whether a CPU operator's floor is the stream of its inputs from DRAM: its tensors do not
+    stay in the last-level cache (LLC_FILL of it, `layer_gbps`) and reading each input byte once
+    from the bottom layer takes longer than computing it (a matmul of 5 rows over a 51 MB B; not
+    roller-table1's M0, 65536 x 1024 over K = 2, whose inputs are 0.5 MB and whose floor is
+    writing its output)."""
+    if not device.runs_on_cpu:
+        return False
+    extents = tuple(calc.extents)
+    if device.llc_bytes and calc.traffic_bytes(extents) <= device.llc_bytes * LLC_FILL:
+        return False
+    inputs = sum(calc.input_bytes(calc.data_tiles(extents)))
+    compute = calc.expr.flops / (peak_gflops(calc.expr, device) * GB)
+    return inputs / (device.layers[-1].bandwidth_gbps * GB) > compute
+
+
 def is_load_hidden(calc: TileCalculus, device: DeviceSpec, tile, source: int) -> bool:
     """Whether loading the operator in tiles T from `source` takes no longer than the operator's
     floor: computing it, or moving each byte of it once from the bottom layer (its compulsory
