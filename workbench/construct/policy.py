@@ -28,8 +28,8 @@ from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, S
 from workbench.construct.step import Candidate, Step, make_node, state_key
 from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
-from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.axes import lane_axis
+from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.plan import loop_nest_key
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps

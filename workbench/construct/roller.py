@@ -21,12 +21,13 @@ registers after every L1 K-step, which Roller's Q does not see), and once that t
 the layer below hide under the operator's floor (its compute, or reading each byte once from the
 bottom layer: `model.is_load_hidden`, Roller's own compute-bound test where compute is the floor)
 only those count, while each accumulator trip still stalls the FMA chains (a load before the
-first FMA, a store after the last). Where the floor is the inputs' stream from DRAM
-(`model.is_stream_bound`: a matmul of 5 rows over a 51 MB B) the trips hide under it as well,
-and that L1 tile grows by Roller's own score: along the columns rather than K, which leaves
-the lowest cache tile room for wide rows of B that its panel copies read in long runs
-(`model.cpu.packed_runs`; 5 x 3491 x 3681: 12.5 -> 8.4 ms on the 2-core Zen 3). matmul on AVX2 gets BLIS's blocking: 6x16x1 registers under
-6x16x256 L1 tiles (kc = 256). Evidence: docs/evidence.md#roller-cpu-tile-recording.
+first FMA, a store after the last). matmul on AVX2 gets BLIS's blocking: 6x16x1 registers under
+6x16x256 L1 tiles (kc = 256). Evidence: docs/evidence.md#roller-cpu-tile-recording. Where the
+floor is the inputs' stream from DRAM (`model.is_stream_bound`: a matmul of 5 rows over a 51 MB
+B) the trips hide under it as well, and that L1 tile grows by Roller's own score: along the
+columns rather than K, which leaves the lowest cache tile room for wide rows of B that its panel
+copies read in long runs (`model.cpu.packed_runs`; 5 x 3491 x 3681: 12.5 -> 8.4 ms on the 2-core
+Zen 3).
 
 A CPU tile recorded only when full leaves few programs where growth has one path: roller-table1's
 M0 (65536 x 1024, K = 2) on an AVX2 core with a 1 MiB L2 reached two full L2 tiles (252 x 1024 x 2

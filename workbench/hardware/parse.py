@@ -97,7 +97,6 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
     ints.update(_fma(device))
     ints.update(_occupancy(device))
     llc = _llc(device)
-    llc["core_dram_gbps"] = _core_dram(device)
     peak = _gflops(doc, "peak_gflops", required=True)
     tensor_core = _gflops(doc, "tensor_core_gflops", required=False)
     launch_us, launch_note = _launch(device)
@@ -120,6 +119,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
         launch_overhead_us=launch_us,
         **ints,
         **llc,
+        core_dram_gbps=_core_dram(device),
     )
     check_bounds(spec)
     _check_consistency(spec)
