@@ -157,7 +157,7 @@ class Space:
         self._reuse: dict[tuple, float] = {}
         self._keys: dict[tuple, str] = {}
         self.streamed = always_streamed(expr, device)
-        self.stream_bound = is_stream_bound(self.calc, device)
+        self.stream_bound = is_stream_bound(expr, device)
         # a reduction over plain projections vectorised along an output axis (the matmul class)
         lane = lane_axis(expr, device) if device.runs_on_cpu else None
         self.plain = (lane is not None and expr.axes[lane].kind == "spatial"

@@ -5,6 +5,7 @@ that layer, the peak compute, Roller's stop tests, and the `Pricing` each target
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -90,14 +91,17 @@ def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, s
     return load <= compute
 
 
-def is_stream_bound(calc: TileCalculus, device: DeviceSpec) -> bool:
+@lru_cache(maxsize=1024)
+def is_stream_bound(expr: TensorExpr, device: DeviceSpec) -> bool:
     """Whether a CPU operator's floor is the stream of its inputs from DRAM: its tensors do not
     stay in the last-level cache (LLC_FILL of it, `layer_gbps`) and reading each input byte once
     from the bottom layer takes longer than computing it (a matmul of 5 rows over a 51 MB B; not
     roller-table1's M0, 65536 x 1024 over K = 2, whose inputs are 0.5 MB and whose floor is
-    writing its output)."""
+    writing its output). Cached, as `axes.lane_axis` is: every CPU estimate of a packed program
+    asks (`cpu.packed_runs`)."""
     if not device.runs_on_cpu:
         return False
+    calc = calculus(expr)
     extents = tuple(calc.extents)
     if device.llc_bytes and calc.traffic_bytes(extents) <= device.llc_bytes * LLC_FILL:
         return False

@@ -102,11 +102,10 @@ def packed_runs(program: RProgram, device: DeviceSpec) -> int:
     if not device.runs_on_cpu or not program.expr.reduce or len(program.tiles) < 2:
         return 0
     plan = cpu_plan(program, device)
-    calc = calculus(program.expr)
-    if not plan.packed or not is_stream_bound(calc, device):
+    if not plan.packed or not is_stream_bound(program.expr, device):
         return 0
-    packed = tuple(t for t, tensor in enumerate(program.expr.inputs) if tensor.name in set(plan.packed))
-    return tile_stream_runs(calc, program.tiles[min(plan.pack_layer, len(program.tiles) - 1)], packed)
+    packed = tuple(t for t, tensor in enumerate(program.expr.inputs) if tensor.name in plan.packed)
+    return tile_stream_runs(calculus(program.expr), program.tiles[min(plan.pack_layer, len(program.tiles) - 1)], packed)
 
 
 def tile_stream_runs(calc, tile, streamed: tuple[int, ...]) -> int:
