@@ -158,10 +158,10 @@ class Space:
         self._keys: dict[tuple, str] = {}
         self.streamed = always_streamed(expr, device)
         self.stream_bound = is_stream_bound(expr, device)
+        self.projections = all(plain_projection(t) for t in expr.inputs)  # no windowed reads
         # a reduction over plain projections vectorised along an output axis (the matmul class)
         lane = lane_axis(expr, device) if device.runs_on_cpu else None
-        self.plain = (lane is not None and expr.axes[lane].kind == "spatial"
-                      and all(plain_projection(t) for t in expr.inputs))
+        self.plain = self.projections and lane is not None and expr.axes[lane].kind == "spatial"
 
     def ones(self) -> Tile:
         return tuple(1 for _ in self.expr.axes)
@@ -346,7 +346,7 @@ class Space:
         grid = self.calc.spatial_tiles(unit)
         if not self.device.runs_on_cpu or grid < units or grid % units == 0 or grid >= BALANCE_WAVES * units:
             return ()
-        if not all(plain_projection(t) for t in self.expr.inputs):
+        if not self.projections:
             return ()  # see BALANCE_WAVES: windowed reads (convs, poolings) measured no gain
         slots = ceil(grid / units) * units
         bound = max(eps, (slots - grid) / slots)
