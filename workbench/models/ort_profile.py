@@ -188,15 +188,8 @@ def _assign(graph, original, order: Sequence[str], owner: Mapping[str, str], unm
     (node, why) for each node mapped to none (`graph`: the optimised graph, `original`: the graph
     it was optimised from, `unmatchable`: its tensors that `_matchable` refuses; module
     docstring)."""
-    consumers: dict[str, list] = defaultdict(list)
-    for node in original.node:
-        for name in node.input:
-            consumers[name].append(node)
+    consumers, graph_consumers = _consumers(original), _consumers(graph)
     computed = _computed(graph, original)
-    graph_consumers: dict[str, list] = defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            graph_consumers[name].append(node)
     by_name = {node.name: node for node in graph.node}
 
     def downstream(tensor: str) -> str:
@@ -239,6 +232,15 @@ def _assign(graph, original, order: Sequence[str], owner: Mapping[str, str], unm
                         " downstream" if tensor in unmatchable else
                         f"computes {tensor}, which no operator's output matches, nor any tensor downstream"))
     return tuple((name, tuple(nodes)) for name, nodes in groups.items()), tuple(why)
+
+
+def _consumers(graph) -> dict[str, list]:
+    """Tensor name -> the nodes of `graph` that read it."""
+    out: dict[str, list] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            out[name].append(node)
+    return out
 
 
 NCHWC_DOMAIN = "com.microsoft.nchwc"
