@@ -81,6 +81,10 @@ CASES = {
     "lrn": ([_node("LRN", ["x"], size=5, alpha=1e-4, beta=0.75, bias=1.0)], (1, 16, 6, 6), (1, 16, 6, 6), {}),
     "grouped_conv": ([_node("Conv", ["x", "w", "b"], group=4, pads=[1, 1, 1, 1])], (1, 16, 7, 7), (1, 8, 7, 7),
                      {"w": _weight(8, 4, 3, 3), "b": _weight(8)}),
+    # a 1x1 conv as the GEMM over its 35 pixels (ops.pixel_gemm), ragged, its bias and ReLU
+    # folded into the padded output's copy-back
+    "pointwise_conv_relu": ([_node("Conv", ["x", "w", "b"], "c"), _node("Relu", ["c"])], (1, 12, 5, 7), (1, 10, 5, 7),
+                            {"w": _weight(10, 12, 1, 1), "b": _weight(10)}),
     "depthwise_conv_relu": ([_node("Conv", ["x", "w"], "c", group=16, pads=[1, 1, 1, 1], strides=[2, 2]),
                              _node("Relu", ["c"])], (1, 16, 9, 9), (1, 16, 5, 5), {"w": _weight(16, 1, 3, 3)}),
     "channel_shuffle": ([_node("Reshape", ["x", "s1"], "r"), _node("Transpose", ["r"], "t", perm=[0, 2, 1, 3, 4]),

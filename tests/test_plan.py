@@ -11,6 +11,7 @@ from test_alignment import AVX2, AVX512
 
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
+from workbench.ops.tensor_expr import RowPass
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import is_stream_bound
 from workbench.rtile.model.cpu import packed_bytes, packed_runs, stream_runs, stream_seconds, streamed_inputs
@@ -46,11 +47,19 @@ def test_a_ragged_matmul_packs_pads_and_vectorises_its_row(dev):
 
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
-def test_epilogues_keep_the_guard_and_the_model_prices_it(dev):
-    """An epilogue block reads the unpadded output, so the template does not pad the tails:
-    the 6-row register tiles keep their guard over 100 rows, and the model prices the guarded
-    micro-kernel the template builds, not the padded one."""
+def test_epilogues_fold_into_the_padded_copy_back_but_row_passes_keep_the_guard(dev):
+    """An elementwise epilogue (a bias, a ReLU) is folded into the padded output's copy-back, so
+    ragged tails are padded as without it (a 1x1 conv's pixel row with its bias and ReLU ran
+    scalar behind the guard); passes over rows of their own (softmax's) read the unpadded
+    output, so there the 6-row register tiles keep their guard over 100 rows, and the model
+    prices the guarded micro-kernel the template builds."""
     program = _ragged_matmul(("T_add",))
+    plan = cpu_plan(program, dev)
+    assert plan.path == PANELS and plan.padded_tails and not plan.guarded_row
+    assert guard_slowdown(program, dev) == 1.0
+    passes = (RowPass(rows=100, extent=64, ops=1, reduction=False),)
+    e = replace(program.expr, row_passes=passes)
+    program = _program(e, [(6, 16, 1), (6, 16, 64), (102, 64, 64)])
     assert pads_tails(program.expr, program, ("A", "B"))  # the rule alone would pad
     plan = cpu_plan(program, dev)
     assert not plan.padded_tails and plan.vector_axis == 1  # the row (64 columns) is not ragged

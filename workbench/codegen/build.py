@@ -19,6 +19,7 @@ from workbench.codegen.rules import RULES, apply_rules
 from workbench.codegen.template import Rule, ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.pixel_gemm import with_call_shapes
 from workbench.ops.tensor_expr import KernelArg, TensorExpr
 from workbench.rtile.rprogram import RProgram
 
@@ -86,7 +87,8 @@ def build_kernel(
     try:
         chosen, sch = apply_rules(expr, program, device, rules)
         stage = "compile"
-        executable = _compile(sch.mod, target)
+        mod = with_call_shapes(sch.mod, expr.args)  # a pixel-GEMM view's buffers as the caller's
+        executable = _compile(mod, target)
         texts = _sources(executable, target) if sources else ()
         if texts and texts[0][0] == "cu":  # what nvcc compiles asks for the model's occupancy
             texts = ((texts[0][0], bound_occupancy(texts[0][1], program, device)),) + texts[1:]
@@ -98,7 +100,7 @@ def build_kernel(
         template=chosen.name,
         target=json.dumps(target, sort_keys=True),
         args=expr.args,
-        tvmscript=sch.mod.script(),
+        tvmscript=mod.script(),
         trace_python="\n".join(sch.trace.as_python()),
         sources=texts,
         build_seconds=time.perf_counter() - start,

@@ -516,14 +516,14 @@ def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded
     """Accumulate in a local buffer of one unit (L2) output tile written back once at `at_loop`
     (the grid loop), fold epilogues into the write-back, and split off the initialisation.
     After `_pad_tails` padded the output (`padded`) the padded output is that buffer already (compacted to one tile per grid
-    iteration when lowered) and its copy into the output is the write-back. Where `at_loop` is
+    iteration when lowered) and its copy into the output, epilogues folded in, is the write-back. Where `at_loop` is
     the loop over register tiles instead (`CpuPlan.direct_stores`), the buffer is one register
     tile's, initialised under it."""
     if padded:
         common.primitive("accumulate locally", sch.set_scope, block, 0, "local")
     else:
         common.primitive("cache_write", sch.cache_write, block, 0, "local")
-        common.inline_epilogues(sch, epilogues)
+    common.inline_epilogues(sch, epilogues)
     if at_loop is not None:
         writeback = sch.get_consumers(block)[0]
         if not padded:

@@ -37,7 +37,9 @@ class Stepper:
     def __init__(self, expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options()):
         cls = policy_class(policy)
         self.original = expr
-        self.space = Space(fuse_axes(construction_expr(expr, device)), device)
+        viewed = construction_expr(expr, device)
+        self.viewed = viewed is not expr  # a conv seen as a GEMM (ops.gemm_view, ops.pixel_gemm)
+        self.space = Space(fuse_axes(viewed), device)
         self.options = options
         self.policy = cls(self.space, options)
         self.policy_name = policy
@@ -54,8 +56,10 @@ class Stepper:
             action = Action(Kind.FUSE_AXES)
             state = State(0, (), (), self.options.eps, actions=(action,))
             why = "Roller §3.2 axis fusion"
-            if len(self.space.expr.axes) == 3 and construction_expr(self.original, self.space.device) is not self.original:
+            if self.viewed and self.space.device.launches_thread_blocks:
                 why = "conv as implicit GEMM M x N x K, ops.gemm_view"
+            elif self.viewed:
+                why = "a 1x1 conv as the GEMM over its pixels, ops.pixel_gemm"
             yield Step(action, state, None, None, note=f"fuse axes: [{before}] -> [{after}] ({why})")
         yield from self.policy.steps()
 

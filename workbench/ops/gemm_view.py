@@ -35,10 +35,8 @@ from functools import lru_cache
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import REDUCE, SPATIAL, Axis, TensorAccess, TensorExpr
-
-SUM_OF_PRODUCTS = ("conv2d", "group_conv2d", "depthwise_conv2d")  # catalog ops whose block is O += x * y
-
+from workbench.ops.pixel_gemm import pixel_gemm
+from workbench.ops.tensor_expr import REDUCE, SPATIAL, Axis, TensorAccess, TensorExpr, read_through_window, sum_of_products
 
 @dataclass(frozen=True)
 class GemmView:
@@ -64,9 +62,9 @@ def gemm_view(expr: TensorExpr) -> GemmView | None:
     (or its axes were already fused: the view is taken on the expression as built)."""
     if any(a.fused_from for a in expr.axes) or len(expr.inputs) != 2 or not expr.reduce:
         return None
-    if not _sum_of_products(expr):
+    if not sum_of_products(expr):
         return None
-    windowed = [_read_through_window(expr, t) for t in expr.inputs]
+    windowed = [read_through_window(expr, t) for t in expr.inputs]
     if windowed.count(True) != 1:
         return None
     image = windowed.index(True)
@@ -106,11 +104,14 @@ def gemm_view(expr: TensorExpr) -> GemmView | None:
 
 def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     """What the construction tiles: a conv's GEMM view on a device that launches thread blocks
-    (CUDA), the expression itself everywhere else (the CPU path is unchanged). A dtype the
+    (CUDA); on a CPU, a pointwise conv's GEMM over its pixels (`ops.pixel_gemm`), the
+    expression itself everywhere else. A dtype the
     device has tensor cores for keeps the direct nest: the view would be modelled as an MMA
     contraction (`rtile.axes.mma_axes`) while the WMMA template declines fused axes and
     `codegen.cuda_conv` runs on the CUDA cores, so the model would price the wrong units."""
-    if not device.launches_thread_blocks or device.has_tensor_cores(expr.dtype):
+    if not device.launches_thread_blocks:
+        return pixel_gemm(expr) or expr
+    if device.has_tensor_cores(expr.dtype):
         return expr
     view = gemm_view(expr)
     if view is None:
@@ -150,27 +151,3 @@ def _view_of(expr: TensorExpr, func) -> GemmView | None:
     original = from_prim_func(func, expr.op, dict(expr.params), expr.dtype, n_inputs=len(expr.inputs))
     view = gemm_view(original)
     return view if view is not None and view.expr == expr else None
-
-
-def _read_through_window(expr: TensorExpr, tensor: TensorAccess) -> bool:
-    """Some dimension of `tensor` is indexed by a spatial and a reduce axis together."""
-    kinds = lambda d: {expr.axes[a].kind for a in tensor.axes_of_dim(d)}  # noqa: E731
-    return any(kinds(d) >= {SPATIAL, REDUCE} for d in range(len(tensor.index)))
-
-
-def _sum_of_products(expr: TensorExpr) -> bool:
-    """The main block updates `O = O + x * y` (a max or any other combiner is no GEMM). An
-    expression read back from JSON has no PrimFunc to look at: it is taken by its catalog name
-    (the test fast lane's fixtures, `TensorExpr.from_dict`)."""
-    if expr.func is None:
-        return expr.op in SUM_OF_PRODUCTS
-    import tvm
-    from tvm import s_tir, tirx
-
-    sch = s_tir.Schedule(tvm.IRModule({"main": expr.func}))
-    body = sch.get(sch.get_sblock(expr.main_block)).body
-    value = getattr(body, "value", None)
-    if not (isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul)):
-        return False
-    accumulator = getattr(value.a, "source", None)  # the update reads the buffer it stores
-    return accumulator is not None and accumulator.same_as(body.buffer)

@@ -622,3 +622,30 @@ def _order_inputs(tensors, input_names):
 
 def _freeze(value):
     return tuple(value) if isinstance(value, list) else value
+
+
+SUM_OF_PRODUCTS = ("conv2d", "group_conv2d", "depthwise_conv2d")  # catalog ops whose block is O += x * y
+
+
+def read_through_window(expr: TensorExpr, tensor: TensorAccess) -> bool:
+    """Some dimension of `tensor` is indexed by a spatial and a reduce axis together."""
+    kinds = lambda d: {expr.axes[a].kind for a in tensor.axes_of_dim(d)}  # noqa: E731
+    return any(kinds(d) >= {SPATIAL, REDUCE} for d in range(len(tensor.index)))
+
+
+def sum_of_products(expr: TensorExpr) -> bool:
+    """The main block updates `O = O + x * y` (a max or any other combiner is no GEMM). An
+    expression read back from JSON has no PrimFunc to look at: it is taken by its catalog name
+    (the test fast lane's fixtures, `TensorExpr.from_dict`)."""
+    if expr.func is None:
+        return expr.op in SUM_OF_PRODUCTS
+    import tvm
+    from tvm import s_tir, tirx
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": expr.func}))
+    body = sch.get(sch.get_sblock(expr.main_block)).body
+    value = getattr(body, "value", None)
+    if not (isinstance(value, tirx.Add) and isinstance(value.b, tirx.Mul)):
+        return False
+    accumulator = getattr(value.a, "source", None)  # the update reads the buffer it stores
+    return accumulator is not None and accumulator.same_as(body.buffer)

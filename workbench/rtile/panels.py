@@ -107,8 +107,7 @@ def pads_tails(expr: TensorExpr, program: RProgram, panels: tuple[str, ...]) -> 
     """Whether the template pads the axes up to whole unit tiles (`codegen/cpu._pad_tails`): a
     panel-packed expression (`panels`: its `packed_inputs`, which take a ragged reduction only
     where zero inputs add nothing to it) of unfused axes whose unit tile leaves a tail, spatial
-    or reduction. (The schedule also keeps the guard where epilogues follow the main block,
-    which the expression does not record.)"""
+    or reduction. (The schedule also keeps the guard where row passes follow the main block.)"""
     if any(len(a.fused_from) > 1 for a in expr.axes) or not panels:
         return False
     return any(ragged(expr, program, a) for a in range(len(expr.axes)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from math import prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
@@ -142,13 +143,15 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     """The CPU template's decisions (module docstring of `codegen.cpu`), from `rtile.panels`'s
     rules: the filters template where `filter_vector_axis` holds, the lanes-along-K template
     where `lane_reduction_axis` does (its edge split off where K is ragged), else the plain template, which pads the tails of a
-    panel-packed expression (`pads_tails`) unless epilogues follow its main block (their
-    blocks read the unpadded output), vectorises the output row where `vector_loop_axis`
+    panel-packed expression (`pads_tails`) unless row passes follow its main block (they
+    read the unpadded output; an elementwise epilogue folds into the padded output's copy-back
+    instead), vectorises the output row where `vector_loop_axis`
     allows, or, for a ragged row with no panels, where `splits_edges` does, and packs the panels
     only for a vectorised row."""
     expr = program.expr
     lanes = simd_lanes(device, expr.output.itemsize)
-    staged = any(tuple(t.shape) != tuple(a.shape) for t, a in zip(expr.inputs, expr.input_args))
+    # a padding copy makes the read tensor larger than the argument; a view (`ops.pixel_gemm`) does not
+    staged = any(prod(t.shape) > prod(a.shape) for t, a in zip(expr.inputs, expr.input_args))
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
         return CpuPlan(FILTERS, filters, lanes, packed_inputs(expr, program, device), pack_layer(program),
@@ -158,7 +161,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     if k is not None:
         return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k))
     panels = packed_inputs(expr, program, device)
-    padded = pads_tails(expr, program, panels) and not expr.epilogues
+    padded = pads_tails(expr, program, panels) and not expr.row_passes
     vector = vector_loop_axis(expr, program, device, bool(panels), padded)
     split = vector is None and not panels and splits_edges(expr, program, device)
     if split:

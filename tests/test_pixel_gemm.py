@@ -1,0 +1,71 @@
+"""A pointwise conv as the GEMM over its pixels (`ops.pixel_gemm`): the view, the rewritten
+PrimFunc it carries, the kernel that takes the caller's buffers, and the plan it gets."""
+
+import pytest
+from test_alignment import AVX2, AVX512
+
+from tests.helpers import device
+from workbench.codegen.build import build_kernel
+from workbench.codegen.verify import verify
+from workbench.construct.space import Options
+from workbench.construct.stepper import Stepper, construct
+from workbench.ops.gemm_view import construction_expr
+from workbench.ops.pixel_gemm import pixel_gemm
+from workbench.ops.tensor_expr import from_prim_func
+from workbench.rtile.plan import PANELS, cpu_plan
+from workbench.workload import Workload
+
+
+def _conv(n=1, c=31, h=15, w=13, f=41, k=1, stride=1, pad=0):
+    params = {"N": n, "C": c, "H": h, "W": w, "F": f, "KH": k, "KW": k, "stride": stride, "pad": pad}
+    return Workload(op="conv2d", params=tuple(params.items())).build()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_pointwise_conv_is_the_gemm_over_its_pixels(n):
+    e = _conv(n=n)
+    view = pixel_gemm(e)
+    assert [(a.name, a.extent, a.kind) for a in view.axes] == [
+        ("n", n, "spatial"), ("f", 41, "spatial"), ("p", 15 * 13, "spatial"), ("c", 31, "reduce")]
+    assert [t.shape for t in view.tensors] == [(n, 31, 195), (41, 31), (n, 41, 195)]
+    # the pure view is what TVM reads off the rewritten function, and the caller's buffers stay
+    read = from_prim_func(view.func, e.op, dict(e.params), e.dtype, n_inputs=2)
+    assert (read.axes, read.tensors, read.flops) == (view.axes, view.tensors, e.flops)
+    assert view.args == e.args and [a.shape for a in e.args] == [(n, 31, 15, 13), (41, 31, 1, 1), (n, 41, 15, 13)]
+
+
+@pytest.mark.parametrize("params", [{"k": 3}, {"stride": 2}, {"pad": 1}, {"h": 1, "w": 1}])
+def test_other_convs_keep_their_nest(params):
+    """A window wider than one pixel, a stride, a padding copy, or no pixels to speak of."""
+    assert pixel_gemm(_conv(**params)) is None
+
+
+def test_the_view_is_the_cpus_and_the_gpu_keeps_its_implicit_gemm():
+    e = _conv()
+    assert construction_expr(e, device("local-cpu")).axes == pixel_gemm(e).axes
+    gpu = construction_expr(e, device("v100"))
+    assert [a.name for a in gpu.axes] == ["nhw", "f", "crs"]  # ops.gemm_view: M, N, K
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_pixels_are_packed_and_vectorised_like_a_matmuls_row(dev):
+    e = _conv(c=31, h=149, w=149, f=41)
+    stepper = Stepper(e, dev)
+    assert "GEMM over its pixels" in next(stepper._generate()).note
+    top = construct(e, dev, options=Options(topk=3)).candidates[0].program
+    assert cpu_plan(top, dev).path == PANELS and cpu_plan(top, dev).vector_axis == 2  # the pixels
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_the_kernel_takes_the_callers_buffers_and_matches_numpy(n):
+    """Ragged pixels (195 in tiles of 16) and filters (41), every candidate of the top 3."""
+    e = _conv(n=n)
+    dev = device("local-cpu")
+    c = construct(e, dev, options=Options(topk=3))
+    for cand in c.candidates:
+        kernel = build_kernel(cand.program.expr, cand.program, dev)
+        assert kernel.ok, kernel.error
+        assert [a.shape for a in kernel.args] == [a.shape for a in e.args]
+        result = verify(kernel, cand.program.expr)
+        assert result.correct, result
+        assert "T.Buffer((%d, 31, 15, 13)" % n in kernel.tvmscript

@@ -1,0 +1,226 @@
+"""A pointwise (1x1, stride 1, unpadded) convolution as the GEMM over its pixels, for CPUs.
+
+`O[n, f, h, w] += data[n, c, h + r, w + s] * kernel[f, c, r, s]` with r and s of extent 1 reads
+`data` as a plain matrix: per image, O[f, p] = kernel[f, c] x data[c, p] over the H x W pixels p
+(ONNX Runtime hands such a conv to its GEMM the same way, MLAS). Row-major buffers need no copy
+for it: `data`'s (h, w) are its two innermost dimensions, so (N, C, H, W) *is* (N, C, H*W), and
+the output likewise. What the view changes is what the construction sees: three axes (n, f, p)
+and the reduction c, every tensor a plain projection, so the CPU template packs panels and
+vectorises the output row of pixels as it does a matmul's, instead of the filters template's
+broadcast data and filters-last accumulators, written back transposed one element at a time (a
+reduction of 31 per output spent most of its time there: docs/benchmarks.md).
+
+`pixel_gemm` rewrites the PrimFunc itself (TensorIR `transform_layout` on every buffer whose two
+innermost dimensions are the output's pixels, `transform_block_layout` on every block, the unit
+r and s dropped), so epilogues a model fused into the conv (a bias, a ReLU, BN's scale) follow
+the same pixels; the function then takes (N, C, H*W) buffers, and `with_call_shapes` gives the
+compiled kernel back the caller's (N, C, H, W) ones, over the same memory. The GPU keeps its
+implicit GEMM (`ops.gemm_view`), which covers every conv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+from workbench.ops.tensor_expr import SPATIAL, TensorAccess, TensorExpr, read_through_window, sum_of_products
+
+
+def pixel_gemm(expr: TensorExpr) -> TensorExpr | None:
+    """The pixel-GEMM view of `expr` (module docstring), None where `expr` is no pointwise conv
+    or TVM cannot re-lay out one of its blocks (then it is constructed as it is). A pure
+    function of the expression, as `gemm_view` is (the test fast lane's expressions carry no
+    PrimFunc); where `expr` has one, the view carries the rewritten function, and its `args`
+    stay the caller's."""
+    found = _pointwise(expr)
+    if found is None:
+        return None
+    pixels, unit = found
+    view = _view(expr, pixels, unit)
+    if expr.func is None:
+        return view
+    try:
+        return replace(view, func=_rewrite(expr, pixels, unit))
+    except Exception:  # a block TVM cannot re-lay out (a proof it cannot make): no view
+        return None
+
+
+def _view(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]) -> TensorExpr:
+    """`expr` over the axes n, f, p, c: the unit reduce axes dropped, (h, w) one axis p; every
+    tensor's pixel dimensions one, the weight's unit trailing ones gone."""
+    h, w = pixels
+    gone = set(unit) | {w}
+    keep = [a for a in range(len(expr.axes)) if a not in gone]
+    height, width = expr.output.shape[-2:]
+    axes = tuple(replace(expr.axes[a], name="p", extent=height * width) if a == h else expr.axes[a] for a in keep)
+
+    def tensor(t: TensorAccess) -> TensorAccess:
+        index, shape = list(t.index), list(t.shape)
+        if tuple(shape[-2:]) == (height, width) and t.uses_axis(h):
+            index, shape = index[:-1], shape[:-2] + [height * width]
+        elif tuple(shape[-2:]) == (1, 1):
+            index, shape = index[:-2], shape[:-2]
+        coeffs = tuple((tuple(c[a] for a in keep), const) for c, const in index)
+        return replace(t, shape=tuple(shape), index=coeffs)
+
+    return replace(expr, axes=axes, tensors=tuple(tensor(t) for t in expr.tensors))
+
+
+def _pointwise(expr: TensorExpr):
+    """(the output's pixel axes (h, w), the unit reduce axes) when `expr` is a sum of products
+    of two inputs, one read through a window whose reduce axes all have extent 1 at stride 1 and
+    offset 0 (the other, the weight, reading them only in trailing dimensions of extent 1), its
+    pixels the two innermost dimensions of both it and the output; else None."""
+    if len(expr.inputs) != 2 or not expr.reduce or any(a.fused_from for a in expr.axes):
+        return None
+    windowed = [read_through_window(expr, t) for t in expr.inputs]
+    if windowed.count(True) != 1 or not sum_of_products(expr):
+        return None
+    image, weight = expr.inputs[windowed.index(True)], expr.inputs[windowed.index(False)]
+    arg = {a.name: a for a in expr.args}.get(image.name)
+    if arg is None or tuple(arg.shape) != tuple(image.shape):  # padded: the view would read the padding copy
+        return None
+    out = expr.output
+    if len(out.shape) < 3 or len(image.shape) < 3 or prod(out.shape[-2:]) == 1 or image.shape[-2:] != out.shape[-2:]:
+        return None
+    pixels = tuple(_plain_axis(expr, out, d) for d in (-2, -1))
+    if None in pixels:
+        return None
+    unit = tuple(r for r in expr.reduce if expr.axes[r].extent == 1)
+    for d, pixel in zip((-2, -1), pixels):
+        coeffs, const = image.index[d]
+        others = [a for a, c in enumerate(coeffs) if c and a != pixel]
+        if const or coeffs[pixel] != 1 or any(a not in unit for a in others):
+            return None
+    if any(coeffs[a] for coeffs, _ in image.index[:-2] for a in unit):
+        return None
+    if len(weight.shape) < 3 or weight.shape[-2:] != (1, 1) or any(
+            coeffs[a] for coeffs, _ in weight.index[:-2] for a in unit):
+        return None
+    return pixels, unit
+
+
+def _plain_axis(expr: TensorExpr, tensor: TensorAccess, dim: int) -> int | None:
+    """The spatial axis indexing `tensor`'s dimension `dim` alone, coefficient 1, offset 0."""
+    coeffs, const = tensor.index[dim]
+    used = [a for a, c in enumerate(coeffs) if c]
+    if const or len(used) != 1 or coeffs[used[0]] != 1 or expr.axes[used[0]].kind != SPATIAL:
+        return None
+    return used[0]
+
+
+def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
+    """`expr.func` over (.., H*W) buffers and blocks whose (h, w) iterators are one p."""
+    import tvm
+    from tvm import s_tir
+    from tvm.tirx import IndexMap
+
+    height, width = expr.output.shape[-2:]
+    sch = s_tir.Schedule(tvm.IRModule({"main": expr.func}))
+    handles = list(sch.get_child_blocks(sch.get_sblock("root")))
+    main = sch.get_sblock(expr.main_block)
+    # per block, the positions of its iterators that walk the pixels, read off what it writes
+    # before any layout changes (after, the pixels are one index h * W + w)
+    plans = []
+    for handle in handles:
+        block = sch.get(handle)
+        variables = [iv.var for iv in block.iter_vars]
+        region = block.writes[0].region
+        at = [next((i for i, v in enumerate(variables) if v.same_as(r.min)), None) for r in region[-2:]]
+        if None in at or len(region) < 2 or at[0] + 1 != at[1]:
+            raise ValueError(f"block {block.name_hint} does not write pixels in its own iterators")
+        drop = unit if str(block.name_hint) == expr.main_block else ()
+        plans.append((handle, len(variables), at[0], drop))
+    # every buffer with the output's pixels innermost, parameters and intermediates alike
+    done = set()
+    for handle in handles:
+        block = sch.get(handle)
+        for kind, regions in (("read", block.reads), ("write", block.writes)):
+            for i, region in enumerate(regions):
+                buffer = region.source
+                name = str(buffer.name)
+                if name in done:
+                    continue
+                shape = tuple(int(s) for s in buffer.shape)
+                dtype = str(sch.get(handle).iter_vars[0].var.ty)
+                if len(shape) >= 3 and shape[-2:] == (height, width):
+                    flat = IndexMap.from_func(lambda *i: (*i[:-2], i[-2] * width + i[-1]), ndim=len(shape), index_dtype=dtype)
+                elif str(block.name_hint) == expr.main_block and kind == "read" and len(shape) >= 3 and shape[-2:] == (1, 1):
+                    flat = IndexMap.from_func(lambda *i: i[:-2], ndim=len(shape), index_dtype=dtype)
+                else:
+                    continue
+                sch.transform_layout(handle, (kind, i), flat)
+                done.add(name)
+    for handle, n, h, drop in plans:
+        keep = [i for i in range(n) if i not in drop]
+        dtype = str(sch.get(handle).iter_vars[0].var.ty)
+
+        sch.transform_block_layout(handle, IndexMap.from_func(_merge(keep, h, width), ndim=n, index_dtype=dtype))
+    return _name_axes(sch.mod["main"], sch.get(main), expr, pixels, unit)
+
+
+def _merge(keep: list[int], h: int, width: int):
+    """The iterator map of one block: iterators `keep`, those at h and h + 1 merged into one."""
+    return lambda *i: tuple(i[k] * width + i[k + 1] if k == h else i[k] for k in keep if k != h + 1)
+
+
+def _name_axes(func, block, expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
+    """The main block's new iterators named after the axes they came from, the pixels `p`
+    (TVM names them v0, v1, ...): the construction shows n, f, p, c."""
+    import tvm_ffi
+    from tvm.tirx import IterVar, Var
+
+    names = [a.name for i, a in enumerate(expr.axes) if i not in unit and i != pixels[1]]
+    names[names.index(expr.axes[pixels[0]].name)] = "p"
+    renamed = [(iv.var, Var(f"v_{name}", str(iv.var.ty))) for iv, name in zip(block.iter_vars, names)]
+
+    def var(v):
+        return next((ours for theirs, ours in renamed if theirs.same_as(v)), v)
+
+    def iter_var(iv):
+        for theirs, ours in renamed:
+            if theirs.same_as(iv.var):
+                return IterVar(iv.dom, ours, iv.iter_type)
+        return iv
+
+    return tvm_ffi.structural_map(func, [(Var, var), (IterVar, iter_var)])
+
+
+def with_call_shapes(mod, args):
+    """`mod` whose function takes the buffers of `args` (the caller's shapes) where it declared
+    other shapes of as many elements (a pixel-GEMM view's (N, C, H*W) for (N, C, H, W)): each
+    declared buffer becomes a view of the parameter's memory; `mod` itself where nothing differs."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    func = mod["main"]
+    shapes = {a.name: tuple(a.shape) for a in args}
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    buffers = {}
+    stack = list(sch.get_child_blocks(sch.get_sblock("root")))
+    while stack:
+        handle = stack.pop()
+        block = sch.get(handle)
+        for region in list(block.reads) + list(block.writes):
+            buffers.setdefault(str(region.source.name), region.source)
+        stack.extend(sch.get_child_blocks(handle))
+    params, views = [], []
+    for param in func.params:
+        name = str(param.name)
+        buffer = buffers.get(name)
+        declared = tuple(int(s) for s in param.ty.shape)
+        wanted = shapes.get(name, declared)
+        if buffer is None or wanted == declared:
+            if buffer is None and wanted != declared:
+                raise ValueError(f"parameter {name}: no block reads or writes it")
+            params.append(buffer if buffer is not None else param)
+            continue
+        if prod(wanted) != prod(declared):
+            raise ValueError(f"parameter {name}: {list(wanted)} is not a view of {list(declared)}")
+        outer = tirx.decl_buffer(wanted, buffer.dtype, name)
+        params.append(outer)
+        views.append(tirx.DeclBuffer(buffer, data=outer.data))
+    if not views:
+        return mod
+    body = tirx.SeqStmt(views + [func.body])
+    return tvm.IRModule({"main": tirx.PrimFunc(params, body, func.ret_type, func.attrs)})
