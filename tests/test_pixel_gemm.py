@@ -40,6 +40,12 @@ def test_other_convs_keep_their_nest(params):
     assert pixel_gemm(_conv(**params)) is None
 
 
+def test_a_grouped_pointwise_conv_keeps_its_nest():
+    """Its channel `g * C/G + c` is no plain matmul dimension: no panels for it."""
+    params = {"N": 1, "C": 24, "H": 7, "W": 7, "F": 24, "KH": 1, "KW": 1, "stride": 1, "pad": 0, "groups": 3}
+    assert pixel_gemm(Workload(op="group_conv2d", params=tuple(params.items())).build()) is None
+
+
 def test_the_view_is_the_cpus_and_the_gpu_keeps_its_implicit_gemm():
     e = _conv()
     assert construction_expr(e, device("local-cpu")).axes == pixel_gemm(e).axes
