@@ -213,3 +213,14 @@ def test_a_workload_this_version_cannot_rebuild_is_skipped_and_named(tmp_path):
     [machine] = score(load_runs(_exported(db, tmp_path / "runs.json")))
     assert machine.workloads == () and [w for w, _ in machine.skipped] == ["gone"]
     assert "no_such_op" in machine.skipped[0][1] and machine.to_dict()["skipped"][0]["workload"] == "gone"
+
+
+def test_a_program_stored_over_other_axes_than_the_construction_is_refused():
+    """A pointwise conv stored before its pixel-GEMM view (`ops.pixel_gemm`) names seven axes;
+    the construction now tiles four: its prediction would read the wrong tiles, so it is an
+    error `score` skips and names, not a number."""
+    workload = {"label": "conv-1x1", "op": "conv2d", "dtype": "float32",
+                "N": 1, "C": 8, "H": 5, "W": 5, "F": 8, "KH": 1, "KW": 1, "stride": 1, "pad": 0}
+    program = {"axes": ["n", "f", "h", "w", "c", "r", "s"]}
+    with pytest.raises(ValueError, match=r"axes \['n', 'f', 'h', 'w', 'c', 'r', 's'\] are not the construction's \['n', 'f', 'p', 'c'\]"):
+        predicted_seconds(device("xeon-avx512"), workload, program)

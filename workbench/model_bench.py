@@ -113,6 +113,9 @@ def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float:
     from workbench.rtile.rprogram import RProgram
 
     expr = _construction_expr(json.dumps({k: v for k, v in workload.items() if k != "label"}, sort_keys=True), spec)
+    names = [a.name for a in expr.axes]
+    if list(program["axes"]) != names:  # constructed over other axes then (a view since added)
+        raise ValueError(f"the stored program's axes {list(program['axes'])} are not the construction's {names}")
     return estimate(RProgram.from_dict(program, expr), spec).predicted_seconds
 
 
