@@ -75,3 +75,20 @@ def test_the_kernel_takes_the_callers_buffers_and_matches_numpy(n):
         result = verify(kernel, cand.program.expr)
         assert result.correct, result
         assert "T.Buffer((%d, 31, 15, 13)" % n in kernel.tvmscript
+
+
+def test_the_images_loop_inside_the_filters_in_the_register_tile():
+    """2 images x 6 filters x 8 pixels: the broadcast of a filter's weight feeds both images'
+    FMAs at once (`codegen.cpu._streamed_only`); with the images outside, six broadcasts stayed
+    live across them and LLVM spilled (19 of 16 ymm registers). A batched matmul's batch, which
+    both inputs read, keeps its place."""
+    from workbench.codegen.cpu import _loop_order, _streamed_only
+    from workbench.ops.catalog import build
+
+    view = pixel_gemm(_conv(n=2))
+    assert [_streamed_only(view, 2, a) for a in (0, 1)] == [True, False]  # n only in the data; f in the weight
+    levels = [[("n", m) for m in range(4)], [("f", m) for m in range(4)], [("p", m) for m in range(4)],
+              [("c", m) for m in range(4)]]
+    assert _loop_order(view, levels, 2)[-3:] == [("f", 3), ("n", 3), ("p", 3)]
+    bmm = build("matmul", {"B": 4, "M": 16, "K": 8, "N": 32}, "float32")
+    assert not _streamed_only(bmm, 2, 0) and not _streamed_only(bmm, 2, 1)  # the batch and the rows
