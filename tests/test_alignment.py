@@ -90,6 +90,19 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
         v = simd_lane_axis(e, dev)
         if v is not None and tile[v] % dev.warp_size and tile[v] != e.axes[v].extent:
             out.append("lane axis not a multiple of the SIMD lanes")
+        if v is not None and tile[v] % dev.warp_size and tile[v] == e.axes[v].extent:
+            # the whole axis: in whole 4-lane pieces where the template vectorises it (a conv's
+            # filters however short, a spatial row longer than the lanes), and not in LLVM's
+            # pieces where eps admits padding it to whole vectors (`whole_vector_waste`)
+            if v == conv_filters(e):
+                pieces = tile[v] % 4 == 0
+            else:
+                pieces = e.axes[v].kind != "spatial" or e.axes[v].extent < dev.warp_size or tile[v] % 4 == 0
+            if not pieces:
+                out.append("a whole row not in whole 4-lane pieces")
+            waste = whole_vector_waste(e, dev)
+            if waste is not None and waste <= min(eps, WHOLE_VECTOR_EPS) + 1e-12:
+                out.append("a whole row of LLVM's pieces where eps pads it to whole vectors")
         # no lane axis, but an output row read strided: LLVM vectorises it in 4-lane pieces, or
         # packs neighbouring rows of 1 or 2; its register tile unrolls one window row
         row = e.output.index[-1][0] if e.output.index else ()
