@@ -196,18 +196,28 @@ def _name_axes(func, block, expr: TensorExpr, pixels: tuple[int, int], unit: tup
 def with_call_shapes(mod, args):
     """`mod` whose function takes the buffers of `args` (the caller's shapes) where it declared
     other shapes of as many elements (a pixel-GEMM view's (N, C, H*W) for (N, C, H, W)): each
-    declared buffer becomes a view of the parameter's memory; `mod` itself where nothing differs."""
+    declared buffer becomes a view of the parameter's memory; `mod` itself where nothing differs
+    (every other kernel, symbolic ones included: a view needs static pixels)."""
+    func = mod["main"]
+    shapes = {a.name: tuple(a.shape) for a in args}
+    differ = {}
+    for param in func.params:
+        declared = _static(getattr(param.ty, "shape", None))  # a scalar parameter has none
+        wanted = shapes.get(str(param.name), declared)
+        if declared is not None and wanted != declared:
+            if prod(wanted) != prod(declared):
+                raise ValueError(f"parameter {param.name}: {list(wanted)} is not a view of {list(declared)}")
+            differ[str(param.name)] = wanted
+    if not differ:
+        return mod
     import tvm
     from tvm import s_tir, tirx
 
-    func = mod["main"]
-    shapes = {a.name: tuple(a.shape) for a in args}
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     buffers = {}
     stack = list(sch.get_child_blocks(sch.get_sblock("root")))
     while stack:
-        handle = stack.pop()
-        block = sch.get(handle)
+        block = sch.get(handle := stack.pop())
         for region in list(block.reads) + list(block.writes):
             buffers.setdefault(str(region.source.name), region.source)
         stack.extend(sch.get_child_blocks(handle))
@@ -215,19 +225,26 @@ def with_call_shapes(mod, args):
     for param in func.params:
         name = str(param.name)
         buffer = buffers.get(name)
-        declared = tuple(int(s) for s in param.ty.shape)
-        wanted = shapes.get(name, declared)
-        if buffer is None or wanted == declared:
-            if buffer is None and wanted != declared:
+        if buffer is None:
+            if name in differ:
                 raise ValueError(f"parameter {name}: no block reads or writes it")
-            params.append(buffer if buffer is not None else param)
-            continue
-        if prod(wanted) != prod(declared):
-            raise ValueError(f"parameter {name}: {list(wanted)} is not a view of {list(declared)}")
-        outer = tirx.decl_buffer(wanted, buffer.dtype, name)
-        params.append(outer)
-        views.append(tirx.DeclBuffer(buffer, data=outer.data))
-    if not views:
-        return mod
+            params.append(param)
+        elif name in differ:
+            outer = tirx.decl_buffer(differ[name], buffer.dtype, name)
+            params.append(outer)
+            views.append(tirx.DeclBuffer(buffer, data=outer.data))
+        else:
+            params.append(buffer)
     body = tirx.SeqStmt(views + [func.body])
     return tvm.IRModule({"main": tirx.PrimFunc(params, body, func.ret_type, func.attrs)})
+
+
+def _static(shape) -> tuple[int, ...] | None:
+    """`shape` as integers, None where a dimension is symbolic (a Vortex kernel's) or there is
+    no shape."""
+    if shape is None:
+        return None
+    try:
+        return tuple(int(s) for s in shape)
+    except TypeError:
+        return None
