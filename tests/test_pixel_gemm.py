@@ -92,3 +92,18 @@ def test_the_images_loop_inside_the_filters_in_the_register_tile():
     assert _loop_order(view, levels, 2)[-3:] == [("f", 3), ("n", 3), ("p", 3)]
     bmm = build("matmul", {"B": 4, "M": 16, "K": 8, "N": 32}, "float32")
     assert not _streamed_only(bmm, 2, 0) and not _streamed_only(bmm, 2, 1)  # the batch and the rows
+
+
+def test_the_exported_bundle_takes_nchw_and_its_schedule_says_it_replays_the_view(tmp_path):
+    import json
+
+    from workbench import pipeline
+
+    e = _conv(c=16, h=9, w=11, f=24)
+    c = construct(e, device("local-cpu"), options=Options(topk=1))
+    result = pipeline.export(c, 1, tmp_path / "bundle")
+    assert result.verified
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert [a["shape"] for a in manifest["args"]] == [[1, 16, 9, 11], [24, 16, 1, 1], [1, 24, 9, 11]]
+    script = (tmp_path / "bundle" / "schedule.py").read_text()
+    assert "data [1, 16, 99] for [1, 16, 9, 11]" in script and "ops/pixel_gemm.py" in script

@@ -76,7 +76,7 @@ METHOD = ("workbench.codegen.verify.verify: one run on random_inputs(expr, seed)
 _SCHEDULE_SCRIPT = '''"""Replay of the workbench schedule of {workload}.
 
 Rebuilds the unscheduled PrimFunc from its TVMScript and applies the recorded schedule trace.
-Run it to print the scheduled TVMScript; import it and call `schedule()` for the Schedule.
+Run it to print the scheduled TVMScript; import it and call `schedule()` for the Schedule.{view}
 """
 
 import tvm
@@ -440,7 +440,25 @@ def schedule_script(kernel: Kernel, expr: TensorExpr) -> str:
     unscheduled = tvm.IRModule({"main": expr.func}).script()
     trace = "\n".join("    " + line for line in kernel.trace_python.splitlines())
     workload = json.dumps(expr.workload_dict(), sort_keys=True)
-    return _SCHEDULE_SCRIPT.format(workload=workload.replace('"""', "'''"), unscheduled=_py_string(unscheduled), trace=trace)
+    return _SCHEDULE_SCRIPT.format(workload=workload.replace('"""', "'''"), unscheduled=_py_string(unscheduled),
+                                   trace=trace, view=_view_note(kernel, expr))
+
+
+def _view_note(kernel: Kernel, expr: TensorExpr) -> str:
+    """A paragraph for `schedule.py` where the unscheduled PrimFunc declares other buffer shapes
+    than the shipped kernel takes (a pixel-GEMM view, `ops.pixel_gemm`); '' elsewhere."""
+    declared = {str(p.name): tuple(p.ty.shape) for p in expr.func.params if hasattr(p.ty, "shape")}
+    views = []
+    for arg in kernel.args:
+        shape = declared.get(arg.name)
+        if shape is not None and all(hasattr(s, "value") or isinstance(s, int) for s in shape):
+            if tuple(int(s) for s in shape) != tuple(arg.shape):
+                views.append(f"{arg.name} {[int(s) for s in shape]} for {list(arg.shape)}")
+    if not views:
+        return ""
+    return ("\n\nIts PrimFunc is the workbench's view of the operator (ops/pixel_gemm.py: a pointwise conv as\n"
+            "the GEMM over its pixels), over the caller's buffers reshaped without a copy: " + "; ".join(views)
+            + ".\nThe shipped kernel takes the caller's shapes (manifest.json's args).")
 
 
 def _py_string(text: str) -> str:
