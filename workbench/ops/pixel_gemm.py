@@ -1,4 +1,4 @@
-"""A pointwise (1x1, stride 1, unpadded) convolution as the GEMM over its pixels, for CPUs.
+"""A pointwise (1x1, stride 1, unpadded, ungrouped) convolution as the GEMM over its pixels, for CPUs.
 
 `O[n, f, h, w] += data[n, c, h + r, w + s] * kernel[f, c, r, s]` with r and s of extent 1 reads
 `data` as a plain matrix: per image, O[f, p] = kernel[f, c] x data[c, p] over the H x W pixels p
@@ -74,7 +74,7 @@ def _pointwise(expr: TensorExpr):
     if len(expr.inputs) != 2 or not expr.reduce or any(a.fused_from for a in expr.axes):
         return None
     windowed = [read_through_window(expr, t) for t in expr.inputs]
-    if windowed.count(True) != 1 or not sum_of_products(expr):
+    if windowed.count(True) != 1:
         return None
     image, weight = expr.inputs[windowed.index(True)], expr.inputs[windowed.index(False)]
     arg = {a.name: a for a in expr.args}.get(image.name)
@@ -93,14 +93,15 @@ def _pointwise(expr: TensorExpr):
         if const or coeffs[pixel] != 1 or any(a not in unit for a in others):
             return None
     # every other dimension one whole axis, as a matmul's: a grouped conv's channel, `g * C/G + c`,
-    # would leave the GEMM without panels, and its pixel row scalar (ShuffleNet's grouped 1x1
-    # convs ran 2x slower so than in their own nest)
+    # would leave the GEMM without panels and its pixel row scalar (ShuffleNet's grouped 1x1
+    # convs ran 2x slower as views than in their own nest)
     if any(_plain(t, d) is None for t in (image, weight) for d in range(len(t.shape) - 2)):
         return None
     if len(weight.shape) < 3 or weight.shape[-2:] != (1, 1) or any(
             coeffs[a] for coeffs, _ in weight.index[:-2] for a in unit):
         return None
-    return pixels, unit
+    # last: it reads the PrimFunc's body, which every conv with a window would pay for
+    return (pixels, unit) if sum_of_products(expr) else None
 
 
 def _plain(tensor: TensorAccess, dim: int) -> int | None:
@@ -142,6 +143,7 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
     done = set()
     for handle in handles:
         block = sch.get(handle)
+        dtype = str(block.iter_vars[0].var.ty)
         for kind, regions in (("read", block.reads), ("write", block.writes)):
             for i, region in enumerate(regions):
                 buffer = region.source
@@ -149,7 +151,6 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
                 if name in done:
                     continue
                 shape = tuple(int(s) for s in buffer.shape)
-                dtype = str(sch.get(handle).iter_vars[0].var.ty)
                 if len(shape) >= 3 and shape[-2:] == (height, width):
                     flat = IndexMap.from_func(lambda *i: (*i[:-2], i[-2] * width + i[-1]), ndim=len(shape), index_dtype=dtype)
                 elif str(block.name_hint) == expr.main_block and kind == "read" and len(shape) >= 3 and shape[-2:] == (1, 1):
@@ -161,7 +162,6 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
     for handle, n, h, drop in plans:
         keep = [i for i in range(n) if i not in drop]
         dtype = str(sch.get(handle).iter_vars[0].var.ty)
-
         sch.transform_block_layout(handle, IndexMap.from_func(_merge(keep, h, width), ndim=n, index_dtype=dtype))
     return _name_axes(sch.mod["main"], sch.get(main), expr, pixels, unit)
 
