@@ -47,6 +47,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.hardware.write import spec_to_toml
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
+from workbench.ops.pixel_gemm import reshaped_params
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
 from workbench.versions import versions
@@ -447,13 +448,8 @@ def schedule_script(kernel: Kernel, expr: TensorExpr) -> str:
 def _view_note(kernel: Kernel, expr: TensorExpr) -> str:
     """A paragraph for `schedule.py` where the unscheduled PrimFunc declares other buffer shapes
     than the shipped kernel takes (a pixel-GEMM view, `ops.pixel_gemm`); '' elsewhere."""
-    declared = {str(p.name): tuple(p.ty.shape) for p in expr.func.params if hasattr(p.ty, "shape")}
-    views = []
-    for arg in kernel.args:
-        shape = declared.get(arg.name)
-        if shape is not None and all(hasattr(s, "value") or isinstance(s, int) for s in shape):
-            if tuple(int(s) for s in shape) != tuple(arg.shape):
-                views.append(f"{arg.name} {[int(s) for s in shape]} for {list(arg.shape)}")
+    views = [f"{name} {list(declared)} for {list(wanted)}"
+             for name, (declared, wanted) in reshaped_params(expr.func, kernel.args).items()]
     if not views:
         return ""
     return ("\n\nIts PrimFunc is the workbench's view of the operator (ops/pixel_gemm.py: a pointwise conv as\n"

@@ -38,6 +38,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import pixel_gemm
 from workbench.ops.tensor_expr import REDUCE, SPATIAL, Axis, TensorAccess, TensorExpr, read_through_window, sum_of_products
 
+
 @dataclass(frozen=True)
 class GemmView:
     """A conv as O[M, N] = A[M, K] x B[K, N]. `m`, `n`, `k` name the original axes fused into

@@ -193,21 +193,28 @@ def _name_axes(func, block, expr: TensorExpr, pixels: tuple[int, int], unit: tup
     return tvm_ffi.structural_map(func, [(Var, var), (IterVar, iter_var)])
 
 
-def with_call_shapes(mod, args):
-    """`mod` whose function takes the buffers of `args` (the caller's shapes) where it declared
-    other shapes of as many elements (a pixel-GEMM view's (N, C, H*W) for (N, C, H, W)): each
-    declared buffer becomes a view of the parameter's memory; `mod` itself where nothing differs
-    (every other kernel, symbolic ones included: a view needs static pixels)."""
-    func = mod["main"]
+def reshaped_params(func, args) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Per parameter of `func` whose static shape is not its argument's in `args` (a pixel-GEMM
+    view's (N, C, H*W) for (N, C, H, W)): (declared, the caller's); none for symbolic or scalar
+    parameters (a view needs static pixels). ValueError where the two differ in elements."""
     shapes = {a.name: tuple(a.shape) for a in args}
-    differ = {}
+    out = {}
     for param in func.params:
         declared = _static(getattr(param.ty, "shape", None))  # a scalar parameter has none
         wanted = shapes.get(str(param.name), declared)
         if declared is not None and wanted != declared:
             if prod(wanted) != prod(declared):
                 raise ValueError(f"parameter {param.name}: {list(wanted)} is not a view of {list(declared)}")
-            differ[str(param.name)] = wanted
+            out[str(param.name)] = (declared, wanted)
+    return out
+
+
+def with_call_shapes(mod, args):
+    """`mod` whose function takes the buffers of `args` (the caller's shapes) where it declared
+    other shapes of as many elements (`reshaped_params`): each declared buffer becomes a view of
+    the parameter's memory; `mod` itself where nothing differs."""
+    func = mod["main"]
+    differ = {name: wanted for name, (_, wanted) in reshaped_params(func, args).items()}
     if not differ:
         return mod
     import tvm
