@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
-from workbench.ops.tensor_expr import SPATIAL, TensorAccess, TensorExpr, read_through_window, sum_of_products
+from workbench.ops.tensor_expr import (
+    SPATIAL, TensorAccess, TensorExpr, read_through_window, rename_iter_vars, sum_of_products,
+)
 
 
 def pixel_gemm(expr: TensorExpr) -> TensorExpr | None:
@@ -174,23 +176,11 @@ def _merge(keep: list[int], h: int, width: int):
 def _name_axes(func, block, expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
     """The main block's new iterators named after the axes they came from, the pixels `p`
     (TVM names them v0, v1, ...): the construction shows n, f, p, c."""
-    import tvm_ffi
-    from tvm.tirx import IterVar, Var
+    from tvm.tirx import Var
 
     names = [a.name for i, a in enumerate(expr.axes) if i not in unit and i != pixels[1]]
     names[names.index(expr.axes[pixels[0]].name)] = "p"
-    renamed = [(iv.var, Var(f"v_{name}", str(iv.var.ty))) for iv, name in zip(block.iter_vars, names)]
-
-    def var(v):
-        return next((ours for theirs, ours in renamed if theirs.same_as(v)), v)
-
-    def iter_var(iv):
-        for theirs, ours in renamed:
-            if theirs.same_as(iv.var):
-                return IterVar(iv.dom, ours, iv.iter_type)
-        return iv
-
-    return tvm_ffi.structural_map(func, [(Var, var), (IterVar, iter_var)])
+    return rename_iter_vars(func, [(iv.var, Var(f"v_{name}", str(iv.var.ty)), None) for iv, name in zip(block.iter_vars, names)])
 
 
 def reshaped_params(func, args) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -528,10 +528,9 @@ def _name_digits(func, block, old_vars, radices):
     """Name the new iterators after the ones they split (`ff` -> `ff_0`, `ff_1`) with the same
     kind (TVM names them v0, v1, ... and calls a digit of extent 1 spatial), and simplify the
     indices under their bounds (`(ff_0 * 8 + ff_1) // 8` -> `ff_0`)."""
-    import tvm_ffi
     from tvm.sym import Analyzer
     from tvm.ir import Range
-    from tvm.tirx import FloorDiv, FloorMod, IterVar, Var
+    from tvm.tirx import FloorDiv, FloorMod, Var
 
     renamed = []  # (TVM's new var, ours, kind)
     new_vars = list(block.iter_vars)
@@ -546,19 +545,26 @@ def _name_digits(func, block, old_vars, radices):
     analyzer = Analyzer()
     for (_, ours, _), new in zip(renamed, new_vars):
         analyzer.bind(ours, Range.from_min_extent(0, new.dom.extent))
+    return rename_iter_vars(func, renamed, [((FloorDiv, FloorMod), analyzer.simplify)])
+
+
+def rename_iter_vars(func, renamed, more=()):
+    """`func` with each of TVM's block iterators `theirs` replaced by `ours`, of `kind` where
+    given, else of its own (`renamed`: (theirs, ours, kind or None)), and `more` (node types,
+    function) applied as well; for the names a schedule's transforms leave (v0, v1, ...)."""
+    import tvm_ffi
+    from tvm.tirx import IterVar, Var
 
     def var(v):
         return next((ours for theirs, ours, _ in renamed if theirs.same_as(v)), v)
 
-    def iter_var(iv):
+    def iter_var(iv):  # the map is post-order: `iv.var` is ours already
         for _, ours, kind in renamed:
             if ours.same_as(iv.var):
-                return IterVar(iv.dom, ours, kind)
+                return IterVar(iv.dom, ours, iv.iter_type if kind is None else kind)
         return iv
 
-    return tvm_ffi.structural_map(
-        func, [(Var, var), (IterVar, iter_var), ((FloorDiv, FloorMod), analyzer.simplify)]
-    )
+    return tvm_ffi.structural_map(func, [(Var, var), (IterVar, iter_var), *more])
 
 
 def _kernel_args(func, param_names) -> tuple[KernelArg, ...]:
