@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_alignment import AVX2, AVX512
 
 from workbench import pipeline
 from workbench.codegen.build import build_kernel
@@ -133,6 +134,32 @@ def test_transcendentals_are_polynomials_not_libm_calls(tmp_path, name):
         assert not calls, (r.operator.name, calls)
     reductions = [r.operator.expr for r in mc.results if r.operator.expr.reduce]
     assert all(expr.epilogue_ops > 0 for expr in reductions)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_ragged_tiles_guarded_stores_are_split_off_whole_vectors(tmp_path, dev):
+    """SqueezeNet's expand conv (16 -> 64 channels over 55 x 55 pixels, bias and ReLU) as a
+    pixel GEMM: 3025 pixels leave the last unit tile ragged, so its register tiles store under a
+    guard. A model's PrimFunc indexes in int64, and lowering's int32 narrowing used to leave the
+    template's loop-partition hints naming loops that no longer existed: every store tested every
+    lane and the ReLU ran scalar. Indexed in int32 (`build.narrow_indices`), lowering splits the
+    tiles inside the output off, whose ReLU compares whole vectors. The fcmp counts are LLVM's
+    IR, whatever the ISA; the kernel's output is checked against ONNX Runtime on this CPU."""
+    import re
+
+    path = tmp_path / "expand.onnx"
+    inits = {"w": _weight(64, 16, 1, 1), "b": _weight(64)}
+    onnx.save(_model([_node("Conv", ["x", "w", "b"], "c"), _node("Relu", ["c"])], (1, 16, 55, 55), (1, 64, 55, 55), inits), path)
+    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=1))
+    (r,) = mc.results
+    expr, program = r.construction.expr, r.candidates[0].program
+    assert any(expr.axes[a].extent % program.tiles[-1][a] for a in expr.spatial)  # a ragged unit tile
+    kernel = build_kernel(expr, program, dev)
+    assert kernel.ok, kernel.error
+    ir = dict(kernel.sources)["ll"]
+    assert re.search(r"fcmp \w+ <\d+ x float>", ir), "the ReLU compares no whole vector"
+    local = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    _assert_scheduled_and_matches_onnxruntime(local, path)
 
 
 def test_the_run_report_warns_of_every_fallback_and_maps_onnxruntime_nodes(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import platform
 import re
 import time
 from dataclasses import dataclass, field
+from math import prod
 from typing import Sequence
 
 from workbench.codegen import targets
@@ -87,7 +88,7 @@ def build_kernel(
     try:
         chosen, sch = apply_rules(expr, program, device, rules)
         stage = "compile"
-        mod = with_call_shapes(sch.mod, expr.args)  # a pixel-GEMM view's buffers as the caller's
+        mod = narrow_indices(with_call_shapes(sch.mod, expr.args), expr, device)  # a pixel-GEMM view's buffers as the caller's
         executable = _compile(mod, target)
         texts = _sources(executable, target) if sources else ()
         if texts and texts[0][0] == "cu":  # what nvcc compiles asks for the model's occupancy
@@ -132,6 +133,32 @@ def _is_x86(triple: str) -> bool:
     """Whether an LLVM triple (empty: the host's, which TVM's wheel was built for) is x86."""
     arch = (triple or platform.machine()).split("-")[0].lower()
     return arch in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+# Elements below which a kernel's buffers are indexed in int32 (`narrow_indices`): half of int32's
+# range, so that a padded buffer (up to one unit tile longer per axis) and an offset one element
+# past a row still fit.
+INT32_ELEMENTS = 2**30
+
+
+def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
+    """`mod` with its int64 indices narrowed to int32 (TVM's `ForceNarrowIndexToInt32`), for a
+    CPU kernel of static shapes whose every argument has fewer than `INT32_ELEMENTS` elements.
+    A Relax model's PrimFuncs index in int64; lowering's NarrowDataType then gives their loops
+    new int32 variables while the `pragma_loop_partition_hint` attributes the CPU template sets
+    still name the old ones, so LoopPartition splits none of the loops they mark, and every
+    guarded vector loop (a ragged tile's stores, its padding copies) stays scalar (SqueezeNet's
+    1x1 conv of 64 filters over 55 x 55 pixels ran 150-280 us against 71 predicted; evidence:
+    docs/evidence.md#build-narrow-indices)."""
+    if not device.runs_on_cpu:
+        return mod
+    if not all(isinstance(d, int) for a in expr.args for d in a.shape):
+        return mod  # a symbolic (Vortex) kernel's shape variables stay as the caller binds them
+    if any(prod(a.shape) >= INT32_ELEMENTS for a in expr.args):
+        return mod
+    from tvm.tirx.transform import ForceNarrowIndexToInt32
+
+    return ForceNarrowIndexToInt32()(mod)
 
 
 def _compile(mod, target: dict):
