@@ -143,7 +143,9 @@ INT32_ELEMENTS = 2**30
 
 def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
     """`mod` with its int64 indices narrowed to int32 (TVM's `ForceNarrowIndexToInt32`), for a
-    CPU kernel of static shapes whose every argument has fewer than `INT32_ELEMENTS` elements.
+    CPU kernel of static shapes whose every argument has fewer than `INT32_ELEMENTS` elements
+    and none holds int64 data (the pass would narrow that buffer too, and the caller's tensor
+    would no longer match it).
     A Relax model's PrimFuncs index in int64; lowering's NarrowDataType then gives their loops
     new int32 variables while the `pragma_loop_partition_hint` attributes the CPU template sets
     still name the old ones, so LoopPartition splits none of the loops they mark, and every
@@ -154,7 +156,7 @@ def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
         return mod
     if not all(isinstance(d, int) for a in expr.args for d in a.shape):
         return mod  # a symbolic (Vortex) kernel's shape variables stay as the caller binds them
-    if any(prod(a.shape) >= INT32_ELEMENTS for a in expr.args):
+    if any(prod(a.shape) >= INT32_ELEMENTS or a.dtype == "int64" for a in expr.args):
         return mod
     from tvm.tirx.transform import ForceNarrowIndexToInt32
 
