@@ -148,7 +148,7 @@ def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
     would no longer match it).
     A Relax model's PrimFuncs index in int64; lowering's NarrowDataType then gives their loops
     new int32 variables while the `pragma_loop_partition_hint` attributes the CPU template sets
-    still name the old ones, so LoopPartition splits none of the loops they mark, and every
+    still name the old ones, so LoopPartition misses the loops they mark, and every
     guarded vector loop (a ragged tile's stores, its padding copies) stays scalar (SqueezeNet's
     1x1 conv of 64 filters over 55 x 55 pixels ran 150-280 us against 71 predicted; evidence:
     docs/evidence.md#build-narrow-indices)."""
