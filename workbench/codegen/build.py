@@ -21,6 +21,7 @@ from workbench.codegen.template import Rule, ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import with_call_shapes
+from workbench.ops.shapes import MAX_ELEMENTS
 from workbench.ops.tensor_expr import KernelArg, TensorExpr
 from workbench.rtile.rprogram import RProgram
 
@@ -136,9 +137,9 @@ def _is_x86(triple: str) -> bool:
 
 
 # Elements below which a kernel's buffers are indexed in int32 (`narrow_indices`): half of int32's
-# range, so that a padded buffer (up to one unit tile longer per axis) and an offset one element
-# past a row still fit.
-INT32_ELEMENTS = 2**30
+# range (`shapes.MAX_ELEMENTS`), so that a padded buffer (up to one unit tile longer per axis) and
+# an offset one element past a row still fit.
+INT32_ELEMENTS = (MAX_ELEMENTS + 1) // 2
 
 
 def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
