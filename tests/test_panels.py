@@ -177,14 +177,19 @@ def test_an_l1_tile_of_one_register_tile_is_one_loop_nest_whatever_its_k():
 
 @pytest.mark.parametrize("dev", [TINY_CPU, AVX2, AVX512])
 def test_a_guarded_tail_leaves_the_row_scalar_where_nothing_pads_it(dev):
-    """relu over 192 elements: 128-element unit tiles leave a tail of 64, whose guard sits in the
-    vector loop (the row runs scalar); 192 divides. A matmul whose unit tile leaves a tail along
-    its vector axis N is padded to whole tiles (`pads_tails`), so its row stays vectorised."""
+    """relu over 192 elements (its three axes fused into one): a 128-element unit tile of one
+    register tile leaves a tail of 64 and no loop below the grid to split at the end
+    (`splits_edges`), so the guard sits in the vector loop (the row runs scalar); 192 divides;
+    128-element unit tiles of smaller register tiles split the edge off. A matmul whose unit
+    tile leaves a tail along its vector axis N is padded to whole tiles (`pads_tails`), so its
+    row stays vectorised."""
     relu = fuse_axes(expr("relu", shape=(4, 8, 6)))
     lanes = dev.warp_size  # float32 lanes
-    tail = _program(relu, [(lanes,), (32,), (128,)], dev)
+    tail = _program(relu, [(128,), (128,), (128,)], dev)
     whole = _program(relu, [(lanes,), (64,), (192,)], dev)
     assert ragged(relu, tail, 0) and cpu_plan(tail, dev).guarded_row and scalar_row(tail, dev)
+    split = _program(relu, [(lanes,), (32,), (128,)], dev)
+    assert cpu_plan(split, dev).split_edges and not cpu_plan(split, dev).guarded_row and not scalar_row(split, dev)
     assert not ragged(relu, whole, 0) and not cpu_plan(whole, dev).guarded_row
     mm = expr("matmul", M=64, N=96, K=64)
     padded = _program(mm, [(4, lanes, 1), (8, 32, 64), (64, 64, 64)], dev)
@@ -200,7 +205,7 @@ def test_a_scalar_row_fills_one_lane_and_reads_l1_one_element_a_load(dev):
     times as long as vector loads at the layer's bandwidth; a dividing row pays neither."""
     relu = fuse_axes(expr("relu", shape=(4, 8, 6)))
     lanes = dev.register_bytes // 4
-    tail = _program(relu, [(dev.warp_size,), (32,), (128,)], dev)
+    tail = _program(relu, [(128,), (128,), (128,)], dev)  # one register tile a unit tile: no edge to split off
     whole = _program(relu, [(dev.warp_size,), (64,), (192,)], dev)
     assert compute_efficiency(tail, dev) == pytest.approx(1 / lanes, rel=1e-12)
     assert compute_efficiency(whole, dev) == pytest.approx(1.0, rel=1e-12)

@@ -234,13 +234,15 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
     (no panels: a one-row tile reuses no B, so a copy would only double its traffic) by
     splitting its loops at the axis's end (`codegen/cpu._split_edges`): the register tiles
     inside the extent run the unguarded vector micro-kernel and the one the end cuts runs its
-    guard, scalar (the BLIS main block and fringe). It needs the row `vector_loop_axis` allows
+    guard, scalar (the BLIS main block and fringe). A row fused from several axes (a model's
+    elementwise operator or concatenation over its flattened dimensions, `ops.fusion`) splits
+    alike: its divided indices flatten back to the row's own. It needs the row `vector_loop_axis` allows
     once padded, no other spatial axis ragged (its guard would stay in every tile's stores), a
     ragged reduction only over register tiles of 1 along it (its loops split at its end, no
     register tile cut), and a loop to split below the grid: more than one register tile along
     the row in a unit tile."""
     v = vector_loop_axis(expr, program, device, False, True)
-    if v is None or not ragged(expr, program, v) or len(expr.axes[v].fused_from) > 1:
+    if v is None or not ragged(expr, program, v):
         return False
     if any(ragged(expr, program, a) for a in expr.spatial if a != v):
         return False
