@@ -26,6 +26,7 @@ CORE_TESTS = frozenset({
     "test_banks.py",
     "test_construction_snapshot.py",
     "test_expr_syntax.py",
+    "test_frozen.py",
     "test_gpu_runner.py",
     "test_graph.py",
     "test_hardware_detect.py",

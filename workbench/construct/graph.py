@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from workbench.files import write_user_file
+from workbench.frozen import direct_init
 
 STATUSES = ("explored", "over_capacity", "compute_bound", "emitted", "pruned_visited", "start")
 
 
+@direct_init
 @dataclass(frozen=True)
 class Node:
     key: str
@@ -30,6 +32,7 @@ class Node:
     predicted_seconds: float | None = None
 
 
+@direct_init
 @dataclass(frozen=True)
 class Edge:
     src: str

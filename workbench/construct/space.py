@@ -15,6 +15,7 @@ from math import ceil, gcd
 
 from workbench.construct.graph import node_key
 from workbench.errors import UserError
+from workbench.frozen import direct_init
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
@@ -66,6 +67,7 @@ class OverCapacity(IllegalAction):
         self.state = state
 
 
+@direct_init
 @dataclass(frozen=True, order=True)
 class Action:
     """One move. `size`: the new size of `axis` (grow, shrink, inv_tile; the size a Roller
@@ -98,6 +100,7 @@ class Action:
         return f"{kind}{where}"
 
 
+@direct_init
 @dataclass(frozen=True)
 class State:
     layer: int

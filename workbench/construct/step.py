@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from workbench.construct.graph import Edge, Node
 from workbench.construct.space import Action, Space, State
+from workbench.frozen import direct_init
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.model import Estimate
@@ -15,6 +16,7 @@ from workbench.rtile.rprogram import RProgram
 Tile = tuple[int, ...]
 
 
+@direct_init
 @dataclass(frozen=True)
 class Alternative:
     """One option a step chose among: its action, resulting tile and score or probability."""
@@ -92,6 +94,7 @@ class Candidate:
         return data
 
 
+@direct_init
 @dataclass(frozen=True)
 class Step:
     action: Action
