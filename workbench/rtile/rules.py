@@ -14,6 +14,7 @@ vectors or a reduction where the register tile does not (`TailRule`).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, gcd, lcm, prod
@@ -296,11 +297,8 @@ def l1_set_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
         for a in axes:
             step = sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, strides))
             addresses = {x + v * step for x in addresses for v in range(tile[a])}
-        counts: dict[int, set[int]] = {}
-        for address in addresses:
-            line = address // l1.transaction_bytes
-            counts.setdefault(line % sets, set()).add(line)
-        total += max(len(lines) for lines in counts.values())
+        lines = {address // l1.transaction_bytes for address in addresses}
+        total += max(Counter(line % sets for line in lines).values())  # the distinct lines per set
     return total
 
 
