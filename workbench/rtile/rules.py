@@ -293,12 +293,19 @@ def l1_set_lines(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
         strides = [prod(tensor.shape[d + 1 :]) * tensor.itemsize for d in range(len(tensor.shape))]
         # a point's byte address is linear in its coordinates: the sum over the axes of the
         # coordinate times the axis's bytes per step (its coefficients times the strides)
-        addresses = {0}
+        steps = {a: sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, strides)) for a in axes}
+        # along the axis of the shortest step, if no longer than a line, the addresses from each
+        # point of the others' run through every line between the first and the last: those
+        # lines are counted without the addresses in them (a gemv row's K is thousands of floats)
+        line = l1.transaction_bytes
+        run = min((a for a in axes if 0 < steps[a] <= line), key=lambda a: steps[a], default=None)
+        starts = {0}
         for a in axes:
-            step = sum(coeffs[a] * stride for (coeffs, _), stride in zip(tensor.index, strides))
-            addresses = {x + v * step for x in addresses for v in range(tile[a])}
-        lines = {address // l1.transaction_bytes for address in addresses}
-        total += max(Counter(line % sets for line in lines).values())  # the distinct lines per set
+            if a != run:
+                starts = {x + v * steps[a] for x in starts for v in range(tile[a])}
+        span = (tile[run] - 1) * steps[run] if run is not None else 0
+        lines = {n for x in starts for n in range(x // line, (x + span) // line + 1)}
+        total += max(Counter(n % sets for n in lines).values())  # the distinct lines per set
     return total
 
 
