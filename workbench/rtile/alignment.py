@@ -159,10 +159,13 @@ def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
     answers = _answers(ctx, rules)
+    known, upper = answers.axes, ctx.upper
     for a, s in enumerate(tile):
-        if not _axis_ok(ctx, a, s, answers):
+        ok = known.get((a, upper[a], s))  # most are known: `_axis_ok` only for the others
+        if not (_axis_ok(ctx, a, s, answers) if ok is None else ok):
             return False
-    return _tile_ok(ctx, tile, answers)
+    ok = answers.tiles.get(tile)
+    return _tile_ok(ctx, tile, answers) if ok is None else ok
 
 
 class _Answers:

@@ -20,7 +20,7 @@ from functools import lru_cache
 from math import ceil, gcd, lcm, prod
 from typing import Protocol
 
-from workbench.frozen import hash_once
+from workbench.frozen import direct_init, hash_once
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
@@ -43,6 +43,7 @@ LONG_RUN = 16
 
 
 @hash_once  # the key of every memoised rule answer (`alignment`)
+@direct_init
 @dataclass(frozen=True)
 class AlignContext:
     expr: TensorExpr
