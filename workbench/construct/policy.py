@@ -295,4 +295,6 @@ def balances_at(space: Space, eps: float, tiles) -> tuple:
 
 
 def _vthread_suffix(state: State) -> str:
+    if not state.vthreads:  # none set (every Roller state)
+        return ""
     return "+v" + "x".join(map(str, state.vthreads)) if any(v > 1 for v in state.vthreads) else ""
