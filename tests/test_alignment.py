@@ -19,7 +19,7 @@ from workbench.ops.fusion import fuse_axes
 from workbench.rtile.alignment import (
     RULES, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, required_accumulators,
 )
-from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_axes
+from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
@@ -396,12 +396,12 @@ def test_micro_kernel_registers_count_vectors_not_scalar_bytes(dev, tile, acc, r
 def test_micro_kernel_registers_of_other_operators():
     """gemv y[i] = A[i, k] x[k]: A's rows are strided along i (a gather), so its lanes run along
     k, each output a vector of partial sums: r rows x c vectors of k accumulators, a row of c
-    vectors of A and of x. relu: one row of its input, no broadcast. A stride-2 conv with 6
-    filters (fewer than a vector) gathers every other input along its output row and its
+    vectors of A and of x. relu: one row of its input, no broadcast. A stride-2 conv with 4
+    filters (half a vector, too few to pad to one) gathers every other input along its output row and its
     window (3) is shorter than a vector: scalar code, a register per output. A 12-wide fp32
     row takes 2 ymm (12 of 16 lanes)."""
     gemv, relu = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3))
-    conv = expr("conv2d", N=1, C=64, H=30, W=30, F=6, KH=3, KW=3, stride=2, pad=1)
+    conv = expr("conv2d", N=1, C=64, H=30, W=30, F=4, KH=3, KW=3, stride=2, pad=1)
     assert [lane_axis(e, AVX2) for e in (gemv, relu, conv)] == [1, 2, None]
     assert (accumulators(gemv, AVX2, (4, 16)), micro_kernel_registers(gemv, AVX2, (4, 16))) == (8, 8 + 2 + 2)
     assert (accumulators(gemv, AVX2, (6, 12)), micro_kernel_registers(gemv, AVX2, (6, 12))) == (12, 12 + 2 + 2)
@@ -448,9 +448,10 @@ def test_convolutions_vectorise_their_filters(dev):
     n f y x c r s): accumulators are rows x columns x vectors of filters, registers add one
     row of filter vectors and one register per data element of a reduction step (rows x
     columns at stride 1 and 2 alike, the window axes at 1). Depthwise convs, pooling and
-    matmul keep their axes; 6 filters (fewer than a vector) do not qualify, 20 do (a register
+    matmul keep their axes; half a vector of filters (4 or 8) does not qualify, 20 do (a register
     row of the whole 20 is five 4-lane pieces), and so do a vector and 3 (11 or 19: the
-    template pads them with zero filters)."""
+    template pads them with zero filters) and a vector less 3 (5 or 13: one whole vector of
+    filters, padded, the register tile's only size along them)."""
     lanes = dev.warp_size
     for stride in (1, 2):
         conv = expr("conv2d", N=1, C=24, H=28, W=28, F=2 * lanes, KH=3, KW=3, stride=stride, pad=1)
@@ -461,8 +462,12 @@ def test_convolutions_vectorise_their_filters(dev):
             assert micro_kernel_registers(conv, dev, tile) == rows * cols * 2 + 2 + rows * cols
     ragged = expr("conv2d", N=1, C=24, H=28, W=28, F=20, KH=3, KW=3, stride=1, pad=1)
     assert filter_axis(ragged) == 1 and lane_axis(ragged, dev) == 1
-    few = expr("conv2d", N=1, C=24, H=28, W=28, F=6, KH=3, KW=3, stride=1, pad=1)
+    few = expr("conv2d", N=1, C=24, H=28, W=28, F=lanes // 2, KH=3, KW=3, stride=1, pad=1)
     assert filter_axis(few) == 1 and lane_axis(few, dev) == 3  # the output row, as before
+    short = expr("conv2d", N=1, C=24, H=28, W=28, F=lanes - 3, KH=3, KW=3, stride=2, pad=1)
+    assert filter_axis(short) == 1 and lane_axis(short, dev) == 1 and short_filter_axis(short, dev) == 1
+    assert initial_tile(AlignContext(short, dev, 0, (1,) * 7, 1.0))[1] == lanes  # 3 of 16 (8) lanes padding
+    assert short_filter_axis(conv, dev) is None and short_filter_axis(few, dev) is None
     prime = expr("conv2d", N=1, C=24, H=28, W=28, F=lanes + 3, KH=3, KW=3, stride=2, pad=1)
     assert filter_axis(prime) == 1 and lane_axis(prime, dev) == 1  # padded to whole tiles
     dw = expr("depthwise_conv2d", N=1, C=64, H=28, W=28, KH=3, KW=3, stride=1, pad=1)

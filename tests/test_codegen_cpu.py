@@ -559,6 +559,10 @@ FILTERS = {
     # 11 filters, a 1x1 window: one 8-wide register row, padded to 16 in one unit tile
     "f11-1x1": (dict(N=1, C=9, H=7, W=13, F=11, KH=1, KW=1, stride=1, pad=0),
                 dict(n=(1, 1, 1), f=(8, 16, 16), h=(1, 7, 7), w=(4, 4, 12), c=(1, 9, 9), r=(1, 1, 1), s=(1, 1, 1))),
+    # 13 filters, stride 2, in a register tile of 16 longer than the axis (one AVX-512 vector,
+    # `axes.short_filter_axis`; two AVX2 ones): padded with 3 zero filters
+    "f13-short-s2": (dict(N=1, C=7, H=9, W=10, F=13, KH=3, KW=3, stride=2, pad=1),
+                     dict(n=(1, 1, 1), f=(16, 16, 16), h=(1, 5, 5), w=(1, 5, 5), c=(1, 7, 7), r=(1, 3, 3), s=(1, 3, 3))),
     # 3 filters, fewer than a vector: the output row is vectorised, as before
     "f3": (dict(N=1, C=6, H=10, W=16, F=3, KH=3, KW=3, stride=1, pad=1),
            dict(n=(1, 1, 1), f=(1, 3, 3), h=(1, 2, 10), w=(8, 16, 16), c=(1, 6, 6), r=(1, 3, 3), s=(1, 3, 3))),
@@ -569,7 +573,7 @@ FILTERS = {
 def test_convolutions_along_their_filters_match_numpy(case):
     """Filters packed into panels, data broadcast, accumulators filters-last: stride 2, padding,
     ragged rows, 24 filters, 13 channels and two images verify against numpy; so do filters
-    that the unit tile leaves ragged (40 in 48, 31 and 11 in 16), padded with zero filters: the
+    that the unit tile leaves ragged (40 in 48, 31, 13 and 11 in 16), padded with zero filters: the
     panel is the padding copy and the accumulator the padded output, the write-back keeps the
     real filters. 3 filters fall back to the plain template and verify too."""
     params, chains = FILTERS[case]

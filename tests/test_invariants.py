@@ -215,6 +215,14 @@ def conv_filters(e) -> int | None:
     return found
 
 
+def short_filters(e, dev) -> int | None:
+    """A convolution's filters (`conv_filters`) on a CPU shorter than a vector of lanes and
+    longer than half of one: the lanes run along them anyway, one whole vector of filters in a
+    register tile (the only tile longer than its axis), the rest padded with zero filters."""
+    f = conv_filters(e) if dev.kind == "cpu" else None
+    return f if f is not None and dev.warp_size < 2 * e.axes[f].extent < 2 * dev.warp_size else None
+
+
 def simd_lane_axis(e, dev) -> int | None:
     """The axis a CPU register tile fills its SIMD lanes along: a convolution's filters
     (`conv_filters`) when they hold a vector (a ragged rest is padded with zero filters); else
@@ -226,7 +234,7 @@ def simd_lane_axis(e, dev) -> int | None:
         return not dims or (dims == [len(t.index) - 1] and t.index[-1][0][a] == 1)
 
     f = conv_filters(e)
-    if f is not None and e.axes[f].extent >= dev.warp_size:
+    if f is not None and (e.axes[f].extent >= dev.warp_size or f == short_filters(e, dev)):
         return f
     v = vectorised_axis(e)
     if v is not None and e.axes[v].kind == "spatial" and all(contiguous(t, v) for t in e.inputs):
@@ -300,9 +308,13 @@ def assert_within_limits(space: Space, program) -> None:
     assert len(program.tiles) == n_tiles and program.cached[0], program
     assert program.layers == tuple(layer.name for layer in dev.layers[:n_tiles])
     upper = tuple(1 for _ in e.axes)
+    short = short_filters(e, dev)
     for layer, tile in enumerate(program.tiles):
-        for size, above, axis in zip(tile, upper, e.axes):
-            assert size % above == 0 and above <= size <= ceil(axis.extent / above) * above, (layer, tile, upper)
+        for a, (size, above, axis) in enumerate(zip(tile, upper, e.axes)):
+            most = ceil(axis.extent / above) * above
+            if a == short:  # one whole vector of filters, at every layer
+                most = max(most, ceil(dev.warp_size / above) * above)
+            assert size % above == 0 and above <= size <= most, (layer, tile, upper)
         assert is_aligned(AlignContext(e, dev, layer, upper, program.eps), tile), (layer, tile)
         if program.cached[layer] and not (dev.kind == "cpu" and layer == 0):  # CPU registers: below
             used = staged_bytes(e, dev, layer, tile, program.padding[layer])

@@ -20,7 +20,7 @@ from math import ceil, prod
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis, is_micro_kernel_layer, lane_axis, tile_lanes
+from workbench.rtile.axes import cross_thread_axis, is_micro_kernel_layer, lane_axis, short_filter_axis, tile_lanes
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
 from workbench.rtile.rules import (
     MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, TailRule,
@@ -261,6 +261,8 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
     extent = ctx.expr.axes[axis].extent
     multiple = tile[axis] // base
     limit = ceil(extent / base)  # one tile covering the whole axis
+    if ctx.layer == 0 and axis == short_filter_axis(ctx.expr, ctx.device):
+        limit = ceil(ctx.device.warp_size / base)  # one whole vector of filters, padded
     if answers is None:
         answers = _answers(ctx, rules)
     known = answers.axes
