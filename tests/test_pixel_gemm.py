@@ -41,7 +41,8 @@ def test_other_convs_keep_their_nest(params):
 
 
 def test_a_grouped_pointwise_conv_keeps_its_nest():
-    """Its channel `g * C/G + c` is no plain matmul dimension: no panels for it."""
+    """Its channel `g * C/G + c` is no plain matmul dimension: no panels for it, until
+    `ops.group_view` splits it (tests/test_group_view.py)."""
     params = {"N": 1, "C": 24, "H": 7, "W": 7, "F": 24, "KH": 1, "KW": 1, "stride": 1, "pad": 0, "groups": 3}
     assert pixel_gemm(Workload(op="group_conv2d", params=tuple(params.items())).build()) is None
 

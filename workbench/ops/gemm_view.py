@@ -35,6 +35,7 @@ from functools import lru_cache
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.group_view import group_view
 from workbench.ops.pixel_gemm import pixel_gemm
 from workbench.ops.tensor_expr import REDUCE, SPATIAL, Axis, TensorAccess, TensorExpr, read_through_window, sum_of_products
 
@@ -105,13 +106,15 @@ def gemm_view(expr: TensorExpr) -> GemmView | None:
 
 def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     """What the construction tiles: a conv's GEMM view on a device that launches thread blocks
-    (CUDA); on a CPU, a pointwise conv's GEMM over its pixels (`ops.pixel_gemm`), the
+    (CUDA); on a CPU, a grouped conv with its groups a dimension of every tensor
+    (`ops.group_view`) and a pointwise conv's GEMM over its pixels (`ops.pixel_gemm`), the
     expression itself everywhere else. A dtype the
     device has tensor cores for keeps the direct nest: the view would be modelled as an MMA
     contraction (`rtile.axes.mma_axes`) while the WMMA template declines fused axes and
     `codegen.cuda_conv` runs on the CUDA cores, so the model would price the wrong units."""
     if not device.launches_thread_blocks:
-        return pixel_gemm(expr) or expr
+        grouped = group_view(expr) or expr
+        return pixel_gemm(grouped) or grouped
     if device.has_tensor_cores(expr.dtype):
         return expr
     view = gemm_view(expr)

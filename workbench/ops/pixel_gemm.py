@@ -1,4 +1,4 @@
-"""A pointwise (1x1, stride 1, unpadded, ungrouped) convolution as the GEMM over its pixels, for CPUs.
+"""A pointwise (1x1, stride 1, unpadded) convolution as the GEMM over its pixels, for CPUs.
 
 `O[n, f, h, w] += data[n, c, h + r, w + s] * kernel[f, c, r, s]` with r and s of extent 1 reads
 `data` as a plain matrix: per image, O[f, p] = kernel[f, c] x data[c, p] over the H x W pixels p
@@ -75,18 +75,24 @@ def _pointwise(expr: TensorExpr):
     pixels the two innermost dimensions of both it and the output; else None."""
     if len(expr.inputs) != 2 or not expr.reduce or any(a.fused_from for a in expr.axes):
         return None
+    out = expr.output
+    pixels = tuple(_plain_axis(expr, out, d) for d in (-2, -1)) if len(out.shape) >= 3 else (None,)
+    if None in pixels:
+        return None
+    # the image: read through the window, or, where TVM folded the unit window away (a
+    # grouped 1x1 conv's `h`, not `h + r`), the one input that reads the pixels
     windowed = [read_through_window(expr, t) for t in expr.inputs]
+    if not any(windowed):
+        windowed = [t.uses_axis(pixels[0]) for t in expr.inputs]
     if windowed.count(True) != 1:
         return None
     image, weight = expr.inputs[windowed.index(True)], expr.inputs[windowed.index(False)]
     arg = {a.name: a for a in expr.args}.get(image.name)
-    if arg is None or tuple(arg.shape) != tuple(image.shape):  # padded: the view would read the padding copy
+    # padded: the view would read the padding copy (a group view, `ops.group_view`, reshapes the
+    # argument's dimensions, not its elements)
+    if arg is None or prod(arg.shape) != prod(image.shape):
         return None
-    out = expr.output
-    if len(out.shape) < 3 or len(image.shape) < 3 or prod(out.shape[-2:]) == 1 or image.shape[-2:] != out.shape[-2:]:
-        return None
-    pixels = tuple(_plain_axis(expr, out, d) for d in (-2, -1))
-    if None in pixels:
+    if len(image.shape) < 3 or prod(out.shape[-2:]) == 1 or image.shape[-2:] != out.shape[-2:]:
         return None
     unit = tuple(r for r in expr.reduce if expr.axes[r].extent == 1)
     for d, pixel in zip((-2, -1), pixels):
@@ -96,7 +102,7 @@ def _pointwise(expr: TensorExpr):
             return None
     # every other dimension one whole axis, as a matmul's: a grouped conv's channel, `g * C/G + c`,
     # would leave the GEMM without panels and its pixel row scalar (ShuffleNet's grouped 1x1
-    # convs ran 2x slower as views than in their own nest)
+    # convs ran 2x slower as views than in their own nest); `ops.group_view` splits it first
     if any(_plain(t, d) is None for t in (image, weight) for d in range(len(t.shape) - 2)):
         return None
     if len(weight.shape) < 3 or weight.shape[-2:] != (1, 1) or any(
