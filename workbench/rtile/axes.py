@@ -216,7 +216,8 @@ def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     each input element is broadcast, so the stride does not matter; the accumulators keep the
     filter axis innermost; evidence: docs/model-evidence.md#lane-axis). Filters that no whole
     vectors divide (31, 347) are padded with zero filters to whole tiles, as oneDNN pads its
-    output-channel blocks (`panels.pads_filters`), rather than left to a scalar row.
+    output-channel blocks (`panels.pads_filters`), rather than left to a scalar row; so are
+    filters shorter than a vector but longer than half of one (`short_filter_axis`).
     Else the output's contiguous axis (`vector_axis`) when every input streams along it or
     ignores it (a strided or transposed access turns a vector load into a gather); else, for a
     reduction, its innermost reduce axis when an input reads it, every input streams along it
