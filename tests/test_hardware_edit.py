@@ -139,6 +139,23 @@ def test_a_narrower_isa_sets_the_vector_width_registers_and_peak():
     assert set(X86_ISAS.values()) >= {X86_ISAS["haswell"], X86_ISAS["x86-64-v2"]}
 
 
+def test_a_double_pumped_core_keeps_its_fma_lanes_in_narrower_code():
+    """Zen 4 runs a zmm FMA on its two 256-bit pipes (one FMA pipe at 16 lanes): its AVX2 code
+    issues on both, the same lanes a cycle; SSE4.2 half of them and no FMA; back to znver4, one
+    pipe again. A core with 512-bit pipes (the Xeon) halves its peak with the lanes."""
+    xeon = device("xeon-avx512")
+    zen4 = replace(xeon, vendor="amd", fma_pipes=1, target=tuple(
+        (k, "znver4" if k == "mcpu" else v) for k, v in xeon.target))
+    peak = dict(zen4.peak_gflops)["float32"]
+    avx2 = edit(zen4, "target.mcpu=x86-64-v3").spec
+    assert (avx2.warp_size, avx2.fma_pipes) == (8, 2) and dict(avx2.peak_gflops)["float32"] == pytest.approx(peak)
+    sse = edit(zen4, "target.mcpu=x86-64-v2").spec
+    assert sse.fma_pipes == 2 and dict(sse.peak_gflops)["float32"] == pytest.approx(peak / 2 * AMD_NO_FMA, rel=1e-5)
+    back = edit(avx2, "target.mcpu=znver4").spec
+    assert back.fma_pipes == 1 and dict(back.peak_gflops)["float32"] == pytest.approx(peak)
+    assert edit(xeon, "target.mcpu=x86-64-v3").spec.fma_pipes == xeon.fma_pipes
+
+
 def test_an_isa_edit_maps_each_micro_kernel_to_the_same_vectors_at_the_new_width():
     from workbench.hardware.spec import MicroKernel
 

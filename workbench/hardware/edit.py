@@ -97,6 +97,13 @@ X86_ISAS = {
 # (docs/benchmarks.md, "What-if measured"; twice the instructions to dispatch per FMA).
 AMD_NO_FMA = 2 / 3
 
+# Cores (LLVM CPU names) that run a 512-bit FMA on two 256-bit pipes, one zmm FMA a cycle: Zen 4
+# (AMD family 19h optimization guide; `hardware.detect` gives it one FMA pipe at 16 lanes). Its
+# AVX2 or SSE code issues on both pipes, so a narrower ISA keeps its FMA lanes per cycle: AVX2
+# code ran the cpu-core matmuls at 0.83-0.86x their AVX-512 speed on a 2-core Zen 4, where
+# halving the peak with the lanes predicted 0.51 (docs/benchmarks.md, "What-if measured").
+DOUBLE_PUMPED = frozenset({"znver4"})
+
 
 @dataclass(frozen=True)
 class Edit:
@@ -403,13 +410,17 @@ def _isa_changes(spec: DeviceSpec, mcpu: str) -> dict[str, object]:
     old, new = X86_ISAS.get(str(dict(spec.target).get("mcpu"))), X86_ISAS.get(mcpu)
     if not spec.runs_on_cpu or old is None or new is None or old == new:
         return {}
+    old_mcpu = str(dict(spec.target).get("mcpu"))
     without = AMD_NO_FMA if spec.vendor == "amd" else 0.5
     fma = 1.0 if new.fma == old.fma else without if old.fma else 1 / without
-    ratio = new.lanes / old.lanes * fma
+    pipes = _fma_pipes(spec.fma_pipes, old_mcpu, mcpu, old, new)
+    ratio = new.lanes * pipes / (old.lanes * spec.fma_pipes) * fma
     kept_back = spec.registers_per_unit - spec.registers_per_thread_cap  # registers a spec keeps from micro-kernels
     cap = max(1, new.registers - kept_back)
     changes: dict[str, object] = {"warp_size": new.lanes, "registers_per_unit": new.registers,
                                   "registers_per_thread_cap": cap}
+    if pipes != spec.fma_pipes:
+        changes["fma_pipes"] = pipes
     changes |= {k: v for k, v in _scaled_peaks(spec, ratio).items() if k != "micro_kernels"}
     top = spec.layers[0]
     if top.scope == "thread":  # the vector registers: their bytes, one register a transaction, operands per cycle
@@ -427,6 +438,17 @@ def _isa_changes(spec: DeviceSpec, mcpu: str) -> dict[str, object]:
                    for k in spec.micro_kernels if k.cols * new.lanes % old.lanes == 0)
         changes["micro_kernels"] = tuple(k for k in kernels if k.vectors(new.lanes) <= new.registers)
     return changes
+
+
+def _fma_pipes(pipes: int, old_mcpu: str, new_mcpu: str, old: Isa, new: Isa) -> int:
+    """The FMA pipes of a core whose code moves from ISA `old` to `new`: the same, but on a core
+    that runs its AVX-512 FMAs double-pumped (`DOUBLE_PUMPED`), narrower code issues on both
+    halves, twice the pipes, and moving back to its AVX-512 halves them again."""
+    if old_mcpu in DOUBLE_PUMPED and old.lanes == 16 and new.lanes < 16:
+        return pipes * 2
+    if new_mcpu in DOUBLE_PUMPED and new.lanes == 16 and old.lanes < 16:
+        return max(1, pipes // 2)
+    return pipes
 
 
 def _round(value: float) -> float:
