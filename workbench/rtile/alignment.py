@@ -261,7 +261,7 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
     extent = ctx.expr.axes[axis].extent
     multiple = tile[axis] // base
     limit = ceil(extent / base)  # one tile covering the whole axis
-    if ctx.layer == 0 and axis == short_filter_axis(ctx.expr, ctx.device):
+    if ctx.layer == 0 and extent < ctx.device.warp_size and axis == short_filter_axis(ctx.expr, ctx.device):
         limit = ceil(ctx.device.warp_size / base)  # one whole vector of filters, padded
     if answers is None:
         answers = _answers(ctx, rules)
