@@ -656,6 +656,8 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
         _vectorise_copy(sch, pack, expr, program, by_name[name], vector_axis, layout is not None,
                         plan.lanes)
+        if layout is None:
+            _stagger_rows(sch, pack)
         if padding:
             _partition_edges(sch, pack, at)
 
@@ -677,6 +679,28 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     if width < 4 or extent % width or row % width:
         return
     common.primitive("vectorise the copy", sch.vectorize, sch.split(inner, [extent // width, width])[1])
+
+
+# An x86 L1d holds 4 KiB a way (its sets x 64-byte lines: a VIPT cache indexed within the page),
+# so rows a multiple of 4 KiB apart share a set.
+L1_WAY_BYTES = 4096
+LINE_BYTES = 64
+
+
+def _stagger_rows(sch, pack) -> None:
+    """Pad each row of a row-major panel (an input the micro-kernel broadcasts from, matmul's A)
+    by one cache line where the rows would be a multiple of `L1_WAY_BYTES` long: the register
+    tile's rows read one element each per K-step, and rows so spaced all fall into one L1d set,
+    more of them than its ways (16 rows of 2048 floats on an 8-way L1d), evicting each other
+    every step. A line apart they spread over the sets (512 x 49 x 2048 on a Zen 4 core: 16 x 16
+    register tiles 2.6 -> 1.3 ms; evidence: docs/evidence.md#cpu-stagger-rows)."""
+    buffer = sch.get(pack).writes[0].source
+    if len(buffer.shape) < 2:
+        return
+    itemsize = buffer.dtype.bits // 8
+    if int(buffer.shape[-1]) * itemsize % L1_WAY_BYTES == 0:
+        common.primitive("stagger the panel's rows", sch.storage_align, pack, 0, len(buffer.shape) - 2,
+                         L1_WAY_BYTES // itemsize, LINE_BYTES // itemsize)
 
 
 def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int):
@@ -709,3 +733,4 @@ def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int)
 
 def _index_dtype(sch, block) -> str:
     return str(sch.get(block).iter_vars[0].var.ty)
+
