@@ -733,4 +733,3 @@ def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int)
 
 def _index_dtype(sch, block) -> str:
     return str(sch.get(block).iter_vars[0].var.ty)
-

@@ -60,15 +60,25 @@ def _splits(expr: TensorExpr) -> tuple[tuple[Split, ...], ...] | None:
 
 def _digit_pair(expr: TensorExpr, tensor: TensorAccess, dim: int) -> Split | None:
     coeffs, const = tensor.index[dim]
+    found = _group_and_inner(coeffs, const, [a.extent for a in expr.axes])
+    if found is None or expr.axes[found[0]].kind != SPATIAL:
+        return None
+    group, inner = found
+    k = coeffs[group]
+    return (dim, group, inner, k) if tensor.shape[dim] % k == 0 else None
+
+
+def _group_and_inner(coeffs, const: int, extents) -> tuple[int, int] | None:
+    """(group, inner) where the index `coeffs . axes + const` is `group * k + inner` with k the
+    inner axis's extent (the two digits of one split axis); else None."""
     used = [a for a, c in enumerate(coeffs) if c]
     if const or len(used) != 2:
         return None
     inner = next((a for a in used if coeffs[a] == 1), None)
     group = next((a for a in used if a != inner), None)
-    if inner is None or group is None or expr.axes[group].kind != SPATIAL:
+    if inner is None or group is None or coeffs[group] != extents[inner]:
         return None
-    k = coeffs[group]
-    return (dim, group, inner, k) if expr.axes[inner].extent == k and tensor.shape[dim] % k == 0 else None
+    return group, inner
 
 
 def _split_tensor(tensor: TensorAccess, splits: tuple[Split, ...]) -> TensorAccess:
@@ -120,15 +130,14 @@ def _rewrite(func, main_block: str):
                 continue
             block = sch.get(handle)
             own = [iv.var for iv in block.iter_vars]
-            regions = [(str(r.source.name), d, x.min) for r in list(block.reads) + list(block.writes)
-                       for d, x in enumerate(r.region)]
-            for buffer, d, index in regions:
-                at = next((i for i, v in enumerate(own) if v.same_as(index)), None)
+            # (buffer, dimension, the iterator indexing it alone or None)
+            regions = [(str(r.source.name), d, next((i for i, v in enumerate(own) if v.same_as(x.min)), None))
+                       for r in list(block.reads) + list(block.writes) for d, x in enumerate(r.region)]
+            for buffer, d, at in regions:
                 k = dims.get(buffer, {}).get(d)
                 if at is not None and k and iters.setdefault(name, {}).get(at) != k:
                     iters[name][at], changed = k, True
-            for buffer, d, index in regions:
-                at = next((i for i, v in enumerate(own) if v.same_as(index)), None)
+            for buffer, d, at in regions:
                 k = iters.get(name, {}).get(at) if at is not None else None
                 if k and dims.setdefault(buffer, {}).get(d) != k:
                     dims[buffer][d], changed = k, True
@@ -161,14 +170,8 @@ def _group_factor(index, variables, extents) -> int:
     if len(coeffs) != len(variables) + 1:
         return 0
     values = [int(c) for c in coeffs]
-    used = [i for i, c in enumerate(values[:-1]) if c]
-    if values[-1] or len(used) != 2:
-        return 0
-    inner = next((i for i in used if values[i] == 1), None)
-    group = next((i for i in used if i != inner), None)
-    if inner is None or group is None or values[group] != extents[inner]:
-        return 0
-    return values[group]
+    found = _group_and_inner(values[:-1], values[-1], extents)
+    return values[found[0]] if found is not None else 0
 
 
 def _split_map(splits: dict[int, int]):
