@@ -136,6 +136,28 @@ def test_best_seconds_waits_for_queued_work_once_per_repeat(monkeypatch):
     assert syncs[0] == 2 * 4  # before and after each of the 4 repeats (the first one too short)
 
 
+def test_runs_timed_in_turn_share_the_machine_s_slow_spell(monkeypatch):
+    """The host slows 1.5x after 16 ms and stays slow: timed one after the
+    other, the second run sees only the slow machine and the ratio is off by 1.5x; in turn, each
+    run's best repeat comes from the same (fast) first round, so the ratio is the true 2x."""
+    clock = [0.0]
+    monkeypatch.setattr(baselines.time, "perf_counter", lambda: clock[0])
+
+    def work(ms):
+        def run():
+            clock[0] += ms * 1e-3 * (1.5 if clock[0] >= 0.016 else 1.0)
+        return run
+
+    timing = Timing(repeat=3, number=1, min_repeat_ms=5)
+    clock[0] = 0.0
+    apart = best_seconds(work(1), timing), best_seconds(work(2), timing)
+    assert apart[1] / apart[0] == pytest.approx(3.0)
+    clock[0] = 0.0
+    fast, slow = baselines.best_seconds_in_turn((work(1), work(2)), timing)
+    assert (fast, slow) == (pytest.approx(0.001), pytest.approx(0.002))
+    assert slow / fast == pytest.approx(2.0)
+
+
 def test_torch_on_a_gpu_device_needs_an_nvidia_gpu_torch_can_see():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

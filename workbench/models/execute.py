@@ -28,12 +28,13 @@ docs/evidence.md#execute-thread-pool).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from workbench.codegen.build import build_kernel, target_dict
 from workbench.errors import UserError, first_line
+from workbench.models import memory_plan
 from workbench.models.construction import ModelConstruction
 from workbench.models.onnx_import import ImportedModel
 from workbench.profile.runner import (BuiltCandidate, Measurement, Report, Runner, Timing, evaluator_repeats,
@@ -261,8 +262,9 @@ def _unscheduled(op, device, reason: str) -> OperatorKernel:
 
 
 def run_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """The model's outputs for `inputs` (by input name), running `kernels` in dataflow order."""
-    calls = _run(mc.model, kernels, inputs)
+    """The model's outputs for `inputs` (by input name), running `kernels` in dataflow order on
+    the buffers `whole_model` times them on (`memory_plan`), so the check covers the plan too."""
+    calls = _run(mc.model, kernels, inputs, shared=True)
     return tuple(calls[op][1][item].numpy() for op, item in mc.model.outputs)
 
 
@@ -271,36 +273,40 @@ def operator_outputs(mc: ModelConstruction, kernels, inputs: Mapping[str, np.nda
     return tuple(outs[0].numpy() for _, outs in _run(mc.model, kernels, inputs))
 
 
-def time_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
-               repeat: int = 5) -> tuple[float, tuple[float, ...]]:
-    """The whole model's time and each operator's own time, on the real arguments of one run on
-    `inputs`. The whole model: every kernel in dataflow order on buffers already in place (as a
-    runtime holds its weights), so that copying the inputs and weights in is not counted, timed
-    as the baselines are (`profile.baselines.best_seconds`, `repeat` repeats). An operator: the
-    best of `repeat` runs of at least 5 ms each, so that a microsecond kernel is timed over many
-    calls."""
-    import tvm
-
-    from workbench.profile.baselines import best_seconds
-    from workbench.profile.runner import Timing
-
-    calls = _run(mc.model, kernels, inputs)  # also the warm-up
+def whole_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
+    """A call that runs the whole model: every kernel in dataflow order on the real arguments of
+    one run on `inputs` (also the warm-up), on buffers already in place (as a runtime holds its
+    weights), so that copying the inputs and weights in is not counted, the intermediate values
+    sharing buffers as a runtime's memory planner shares them (`memory_plan`)."""
+    shared = _run(mc.model, kernels, inputs, shared=True)
     mains = [k.module["main"] for k in kernels]
 
-    def whole_model():
-        for main, (args, outs) in zip(mains, calls):
+    def call():
+        for main, (args, outs) in zip(mains, shared):
             main(*args, *outs)
 
-    whole = best_seconds(whole_model, Timing(repeat=repeat))
+    return call
+
+
+def operator_seconds(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
+                     repeat: int = 5) -> tuple[float, ...]:
+    """Each operator's own time on the real arguments of one run on `inputs`, every value in a
+    buffer of its own: the best of `repeat` runs of at least 5 ms each, so that a microsecond
+    kernel is timed over many calls."""
+    import tvm
+
     each = []
-    for kernel, (args, outs) in zip(kernels, calls):
+    for kernel, (args, outs) in zip(kernels, _run(mc.model, kernels, inputs)):
         timer = kernel.module.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=5)
         each.append(min(timer(*args, *outs).results))
-    return whole, tuple(each)
+    return tuple(each)
 
 
-def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray]) -> list[tuple[list, list]]:
-    """Run the model; per operator, the tensors it read and the ones it wrote."""
+def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray],
+         shared: bool = False) -> list[tuple[list, list]]:
+    """Run the model; per operator, the tensors it read and the ones it wrote: each output in a
+    buffer of its own, or with `shared` where `memory_plan` puts it (a value read after the run
+    may then hold a later one's data)."""
     import tvm
 
     dev = tvm.cpu()
@@ -316,9 +322,16 @@ def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray]) -> lis
     weights = [tvm.runtime.tensor(np.array(c, order="C"), dev) for c in model.constants]
     results: list[list] = []  # per operator, its output tensors
     calls = []
-    for op, kernel in zip(model.operators, kernels):
+    if shared:
+        plan = memory_plan.plan(model)
+        slots = [tvm.runtime.empty((max(size, 1),), "uint8", dev) for size in plan.slots]
+    for i, (op, kernel) in enumerate(zip(model.operators, kernels)):
         args = [_value(a, feeds, weights, results) for a in op.args]
-        outs = [tvm.runtime.tensor(np.zeros(shape, dtype=dtype), dev) for shape, dtype in op.outputs]
+        if shared:  # a view of its slot's bytes (TVM's own VM places its planned values the same way)
+            outs = [slots[plan.where[(i, item)]]._create_view(shape, dtype) for item, (shape, dtype) in
+                    enumerate(op.outputs)]
+        else:
+            outs = [tvm.runtime.tensor(np.zeros(shape, dtype=dtype), dev) for shape, dtype in op.outputs]
         try:
             kernel.module["main"](*args, *outs)
         except Exception as err:  # a TVM runtime error names this operator, not the model

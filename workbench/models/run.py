@@ -21,9 +21,9 @@ from workbench.fmt import duration
 from workbench.models.construction import ModelConstruction
 from workbench.models import ort_profile
 from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
-                                      operator_outputs, run_model, time_model)
+                                      operator_outputs, operator_seconds, run_model, whole_model)
 from workbench.models.onnx_import import fused_module, read_onnx
-from workbench.profile.baselines import best_seconds
+from workbench.profile.baselines import best_seconds, best_seconds_in_turn
 from workbench.profile.local import pool_threads
 from workbench.profile.runner import Runner, Timing
 from workbench.profile.session import Progress, cannot_run_locally
@@ -167,8 +167,10 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     expected = session.run(None, inputs)
     errors = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, expected)]
     match = all(a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(ours, expected))
-    seconds, each = time_model(mc, kernels, inputs, REPEAT)
-    ort_seconds = _best(lambda: session.run(None, inputs))
+    # in turn, so that a spell of the shared host's slowness slows both alike (`best_seconds_in_turn`)
+    seconds, ort_seconds = best_seconds_in_turn((whole_model(mc, kernels, inputs), lambda: session.run(None, inputs)),
+                                                Timing(repeat=REPEAT))
+    each = operator_seconds(mc, kernels, inputs, REPEAT)
     tvm_seconds, tvm_error = _tvm_default(mc, path, inputs)
     names = [r.operator.name for r in mc.results]
     ort = ort_profile.profile(path, inputs, mc.device.compute_units, REPEAT,

@@ -42,7 +42,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -130,16 +130,30 @@ def best_seconds(run: Callable[[], object], timing: Timing = TIMING, sync: Calla
     """Best mean seconds per call over `timing.repeat` repeats, each at least `min_repeat_ms`
     long (as TVM's `time_evaluator` does it); the caller has warmed `run` up. `sync` waits for
     the work `run` queued (a GPU stream), once before and once at the end of each repeat."""
-    number = timing.number
-    while True:
-        elapsed = _time_calls(run, number, sync)
-        if elapsed * 1000 >= timing.min_repeat_ms:
-            break
-        number = max(2 * number, int(number * timing.min_repeat_ms / max(elapsed * 1000, 1e-3)) + 1)
-    best = elapsed / number
+    return best_seconds_in_turn((run,), timing, sync)[0]
+
+
+def best_seconds_in_turn(runs: Sequence[Callable[[], object]], timing: Timing = TIMING,
+                         sync: Callable[[], object] = lambda: None) -> tuple[float, ...]:
+    """`best_seconds` of each of `runs`, their repeats taken in turn (a repeat of each, then the
+    next round). A shared host slows for seconds to minutes at a time (a 512-cube matmul 1.32 ms,
+    then 1.87 ms for the next 12 s, no steal time counted: evidence:
+    docs/evidence.md#timing-in-turn): timed one after the other, two runs can fall either side of
+    such a change and their ratio moves by 40 %; in turn, both see it."""
+    numbers, best = [], []
+    for run in runs:  # the first repeat finds each run's number of calls
+        number = timing.number
+        while True:
+            elapsed = _time_calls(run, number, sync)
+            if elapsed * 1000 >= timing.min_repeat_ms:
+                break
+            number = max(2 * number, int(number * timing.min_repeat_ms / max(elapsed * 1000, 1e-3)) + 1)
+        numbers.append(number)
+        best.append(elapsed / number)
     for _ in range(timing.repeat - 1):
-        best = min(best, _time_calls(run, number, sync) / number)
-    return best
+        for i, (run, number) in enumerate(zip(runs, numbers)):
+            best[i] = min(best[i], _time_calls(run, number, sync) / number)
+    return tuple(best)
 
 
 def _time_calls(run: Callable[[], object], number: int, sync: Callable[[], object]) -> float:
