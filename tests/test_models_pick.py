@@ -127,6 +127,35 @@ def test_a_candidate_is_checked_against_its_operators_reference_before_it_is_tim
     assert bad.error.startswith("wrong result: output 0 off by up to ")
 
 
+def test_an_operator_behind_constant_weights_is_checked_on_its_inputs_drawn_again(tmp_path):
+    """x @ 0 -> softmax, as the light models' classifiers sit behind constant weights: the matmul's
+    own reference stays constant (its weight is kept, so it verifies nothing and is refused), the
+    softmax gets its input drawn again and the outputs of that input, so its candidates can be
+    checked."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from workbench.models.execute import model_inputs, operator_references
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Softmax", ["y"], ["z"], axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 16])],
+                              [numpy_helper.from_array(np.zeros((8, 16), np.float32), "w")])
+    path = tmp_path / "zero_head.onnx"
+    path.write_bytes(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+                     .SerializeToString())
+    model = import_model(path)
+    refs = operator_references(model, device("local-cpu"), model_inputs(model, 0))
+    matmul, softmax = model.operators
+    (x, w), (y,) = refs[matmul.func_name]
+    assert not w.any() and not y.any()
+    assert output_mismatch((y,), (y,)).startswith("the reference output is constant")
+    (scores,), (probabilities,) = refs[softmax.func_name]
+    assert np.ptp(scores) > 0.5 and np.abs(scores).max() <= 1
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(probabilities, e / e.sum(axis=-1, keepdims=True), rtol=RTOL, atol=1e-6)
+    assert output_mismatch((probabilities,), (probabilities,)) == ""
+
+
 def test_a_constant_reference_verifies_nothing_and_is_refused():
     zeros = (np.zeros((4, 4), dtype=np.float32),)
     assert output_mismatch(zeros, zeros) == ("the reference output is constant, so it cannot tell a right kernel "
