@@ -158,6 +158,25 @@ def test_runs_timed_in_turn_share_the_machine_s_slow_spell(monkeypatch):
     assert slow / fast == pytest.approx(2.0)
 
 
+def test_each_run_in_turn_waits_for_the_one_before_it_to_settle(monkeypatch):
+    """Every repeat of each run starts after `settle_s` of sleep (the other runtime's thread pool
+    spinning down), and the sleep is not timed."""
+    clock, events = [0.0], []
+    monkeypatch.setattr(baselines.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(baselines.time, "sleep", lambda s: (events.append(("sleep", s)), clock.__setitem__(0, clock[0] + s)))
+
+    def work(name):
+        def run():
+            events.append(name)
+            clock[0] += 0.01
+        return run
+
+    best = baselines.best_seconds_in_turn((work("a"), work("b")), Timing(repeat=3, number=1, min_repeat_ms=5),
+                                          settle_s=0.25)
+    assert best == (pytest.approx(0.01), pytest.approx(0.01))
+    assert events == [("sleep", 0.25), "a", ("sleep", 0.25), "b"] * 3
+
+
 def test_torch_on_a_gpu_device_needs_an_nvidia_gpu_torch_can_see():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

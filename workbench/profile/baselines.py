@@ -134,14 +134,17 @@ def best_seconds(run: Callable[[], object], timing: Timing = TIMING, sync: Calla
 
 
 def best_seconds_in_turn(runs: Sequence[Callable[[], object]], timing: Timing = TIMING,
-                         sync: Callable[[], object] = lambda: None) -> tuple[float, ...]:
+                         sync: Callable[[], object] = lambda: None, settle_s: float = 0.0) -> tuple[float, ...]:
     """`best_seconds` of each of `runs`, their repeats taken in turn (a repeat of each, then the
     next round). A shared host slows for seconds to minutes at a time (a 512-cube matmul 1.32 ms,
     then 1.87 ms for the next 12 s, no steal time counted: evidence:
     docs/evidence.md#timing-in-turn): timed one after the other, two runs can fall either side of
-    such a change and their ratio moves by 40 %; in turn, both see it."""
+    such a change and their ratio moves by 40 %; in turn, both see it. `settle_s`: a pause before
+    each run's repeats, so that the threads of the run before it have stopped spinning (a thread
+    pool's workers keep a core busy for a while after their last task)."""
     numbers, best = [], []
     for run in runs:  # the first repeat finds each run's number of calls
+        time.sleep(settle_s)
         number = timing.number
         while True:
             elapsed = _time_calls(run, number, sync)
@@ -152,6 +155,7 @@ def best_seconds_in_turn(runs: Sequence[Callable[[], object]], timing: Timing = 
         best.append(elapsed / number)
     for _ in range(timing.repeat - 1):
         for i, (run, number) in enumerate(zip(runs, numbers)):
+            time.sleep(settle_s)
             best[i] = min(best[i], _time_calls(run, number, sync) / number)
     return tuple(best)
 
