@@ -17,6 +17,7 @@ name are fixed here rather than taken from the installed onnx package.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -284,11 +285,21 @@ def write_all(out_dir: Path) -> tuple[Path, ...]:
     return tuple(paths)
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--decoder"]:
-        Path(sys.argv[2]).write_bytes(decoder_block().SerializeToString(deterministic=True))
-        print(f"wrote {sys.argv[2]}")
-        sys.exit(0)
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
-    for written in write_all(target):
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="Write the sample ONNX models.")
+    parser.add_argument("dir", nargs="?", type=Path, default=Path(__file__).resolve().parent,
+                        help="where to write the samples (default: this folder)")
+    parser.add_argument("--decoder", type=Path, metavar="PATH",
+                        help="write only the larger fixed-length decoder block, to PATH")
+    args = parser.parse_args(argv)  # a wrong option: usage and exit 2, never a folder named after it
+    if args.decoder is not None:
+        args.decoder.write_bytes(decoder_block().SerializeToString(deterministic=True))
+        print(f"wrote {args.decoder}")
+        return 0
+    for written in write_all(args.dir):
         print(f"wrote {written} ({written.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

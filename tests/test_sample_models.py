@@ -29,6 +29,16 @@ def test_regenerating_gives_the_committed_bytes(tmp_path):
         assert path.read_bytes() == (SAMPLES / path.name).read_bytes(), path.name
 
 
+def test_the_generator_refuses_an_unknown_option_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        _generator().main(["--bogus"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    assert _generator().main([str(tmp_path / "out")]) == 0
+    assert len(list((tmp_path / "out").glob("*.onnx"))) == 7
+
+
 def test_models_are_small_checked_onnx_with_fixed_header():
     gen = _generator()
     paths = sorted(SAMPLES.glob("*.onnx"))
