@@ -221,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     _selector_args(r)
     r.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
                    help="exit 1 when a workload is slower beyond noise by more than PCT percent")
+    r.add_argument("--remeasure", action="store_true",
+                   help="rebuild each workload's fastest kernel of A and of B and time them here in turn: "
+                   "the verdicts from those rounds, which a host's drift between runs cannot move")
+    r.add_argument("--rounds", type=int, metavar="N",
+                   help="with --remeasure: how many times each kernel is timed (default: profile.remeasure.ROUNDS)")
     _profile_args(r)
     r.add_argument("--json", action="store_true")
     r = rsub.add_parser("export", help="write the runs a selector picks (with candidates and measurements) to a file")
@@ -677,9 +682,14 @@ def cmd_runs_import(args) -> int:
 def cmd_runs_compare(args) -> int:
     from workbench import pipeline
 
+    if args.rounds is not None and not args.remeasure:
+        raise UserError("--rounds needs --remeasure")
     a, b = pipeline.Selector.parse(args.a, "--a"), pipeline.Selector.parse(args.b, "--b")  # before the store is opened
     with _existing_store(args) as store:
         comparison = pipeline.compare_runs(store, a, b, **_comparing(args))
+        if args.remeasure:
+            comparison = pipeline.remeasure(store, comparison, pipeline.REMEASURE_ROUNDS if args.rounds is None
+                                            else args.rounds, progress=_progress(args))
     _emit(args, comparison.to_dict(args.fail_on_regression), pipeline.comparison_text(comparison, args.fail_on_regression))
     if args.fail_on_regression is not None and comparison.regressions(args.fail_on_regression):
         return EXIT_REGRESSION

@@ -45,14 +45,12 @@ from workbench.files import read_user_text
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec
 from workbench.hardware.write import spec_to_toml
-from workbench.ops.fusion import fuse_axes
-from workbench.ops.gemm_view import construction_expr
 from workbench.ops.pixel_gemm import reshaped_params
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
 from workbench.versions import versions
 from workbench.workers import BUILD_TIMEOUT_S, RUN_TIMEOUT_S, Outcome, Worker, thread_env
-from workbench.workload import Workload
+from workbench.workload import construction_expr_of
 
 MANIFEST = "manifest.json"
 # A manifest is a few kilobytes (the device spec, the rProgram, the verification); a bigger file
@@ -510,7 +508,7 @@ def bundle_program(bundle) -> tuple[RProgram, DeviceSpec]:
             raise UserError(f"{label}: no {key} ({'a JSON object' if kind is dict else 'the spec as TOML text'})")
     device = spec_from_toml_text(manifest["device_spec"], label=f"{label}: device_spec")
     try:  # the expression the construction tiled (a conv's GEMM view on a GPU)
-        expr = fuse_axes(construction_expr(Workload.from_dict(manifest["workload"]).build(), device))
+        expr = construction_expr_of(manifest["workload"], device)
     except UserError as err:
         raise UserError(f"{label}: {err}") from None
     try:

@@ -17,7 +17,6 @@ workloads where it is defined and the share of its workloads with the best in th
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -111,23 +110,13 @@ def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float:
     """The current model's time of `program` (`RProgram.to_dict`) for `workload` on `spec`."""
     from workbench.rtile.model import estimate
     from workbench.rtile.rprogram import RProgram
+    from workbench.workload import construction_expr_of
 
-    expr = _construction_expr(json.dumps({k: v for k, v in workload.items() if k != "label"}, sort_keys=True), spec)
+    expr = construction_expr_of(workload, spec)
     names = [a.name for a in expr.axes]
     if list(program["axes"]) != names:  # constructed over other axes then (a view since added)
         raise ValueError(f"the stored program's axes {list(program['axes'])} are not the construction's {names}")
     return estimate(RProgram.from_dict(program, expr), spec).predicted_seconds
-
-
-@functools.lru_cache(maxsize=64)
-def _construction_expr(workload_json: str, spec: DeviceSpec):
-    """The expression a construction of the workload on `spec` tiles (its GEMM view on a CPU, its
-    axes fused, as `construct.stepper.Stepper` makes it): the axes the stored programs name."""
-    from workbench.ops.fusion import fuse_axes
-    from workbench.ops.gemm_view import construction_expr
-    from workbench.workload import Workload
-
-    return fuse_axes(construction_expr(Workload.from_dict(json.loads(workload_json)).build(), spec))
 
 
 def score_workload(machine: str, workload: str, ranks: Sequence[int], predicted: Sequence[float],

@@ -79,6 +79,7 @@ from workbench.profile.session import (
     TURNS, Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates, time_in_turns,
 )
 from workbench.profile.store import RunStore, default_path, read_runs_file, refit, write_runs_file
+from workbench.profile.remeasure import ROUNDS as REMEASURE_ROUNDS, remeasure
 from workbench.profile.versus import Selector, compare_runs, text as comparison_text
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
@@ -104,7 +105,7 @@ __all__ = [
     "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
     "random_suites", "is_random_suite", "fresh_seed", "MAX_RANDOM_COUNT",
     # the runs store between machines and runs: `runs export/import/compare`
-    "read_runs_file", "write_runs_file", "Selector", "compare_runs", "comparison_text", "spec_to_toml", "store_calibrated",
+    "read_runs_file", "write_runs_file", "Selector", "compare_runs", "comparison_text", "remeasure", "REMEASURE_ROUNDS", "spec_to_toml", "store_calibrated",
     # what-if hardware: `workbench whatif`, the dashboard's device editor
     "Edit", "EditedSpec", "FieldInfo", "Sweep", "editable_fields", "parse_edit", "parse_sweep", "edit_device",
     "whatif", "whatif_sweep", "whatif_unrealisable", "whatif_measure", "WhatIfMeasured",

@@ -6,6 +6,7 @@ notebook cell hold); `Workload.build()` turns it into a TensorExpr.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -253,3 +254,19 @@ def parse_shape(text: str) -> dict[str, object]:
     if both:
         raise UserError(f"--shape: {both[0]} is given twice")
     return {**static, **dynamic}
+
+
+def construction_expr_of(workload: dict, spec) -> TensorExpr:
+    """The expression a construction of a stored `workload` (op, dtype and parameters, as
+    `TensorExpr.workload_dict` writes them; a label is ignored) tiles on `spec`: its GEMM view on a
+    CPU, its axes fused, as `construct.stepper.Stepper` makes it, so the axes the stored programs
+    name. UserError when the workload is malformed."""
+    return _construction_expr(json.dumps({k: v for k, v in workload.items() if k != "label"}, sort_keys=True), spec)
+
+
+@lru_cache(maxsize=64)
+def _construction_expr(workload_json: str, spec) -> TensorExpr:
+    from workbench.ops.fusion import fuse_axes
+    from workbench.ops.gemm_view import construction_expr
+
+    return fuse_axes(construction_expr(Workload.from_dict(json.loads(workload_json)).build(), spec))

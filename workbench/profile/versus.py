@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from workbench.fmt import duration
 from workbench.profile.noise import SETTLE, median_interval
 from workbench.profile.provenance import busy
 from workbench.profile.store import RunRecord, RunStore
+
+if TYPE_CHECKING:
+    from workbench.profile.remeasure import Remeasured
 
 MARGIN = SETTLE  # a ratio within 1 +- 1 % is "no detectable change" whatever the interval
 CONFIDENCE = 0.99
@@ -314,6 +317,7 @@ class WorkloadComparison:
     interval: RatioInterval | None
     verdict: str
     why: str
+    remeasured: "Remeasured | None" = None  # the two kernels timed here in turn (`remeasure`), when asked
 
     def slower_by_more_than(self, share: float) -> bool:
         """Slower beyond noise (the verdict) with even the interval's low end more than `share` slower."""
@@ -330,7 +334,8 @@ class WorkloadComparison:
                 "noise_model": self.interval.model if self.interval else None,
                 "run_spread": self.interval.spread if self.interval else None,
                 "run_spread_df": self.interval.df if self.interval else None,
-                "verdict": self.verdict, "why": self.why}
+                "verdict": self.verdict, "why": self.why,
+                "remeasured": self.remeasured.to_dict() if self.remeasured else None}
 
 
 @dataclass(frozen=True)
@@ -344,6 +349,7 @@ class RunsComparison:
     workloads: tuple[WorkloadComparison, ...]
     busy_runs: tuple[int, ...] = ()  # runs that started on a busy machine (`provenance.busy`)
     noise: Noise = Noise()
+    rounds: int = 0  # > 0: the workloads' kernels were timed here in turn, this many rounds (`remeasure`)
 
     def busy_note(self) -> str:
         """A sentence when runs of either side started on a busy machine, "" otherwise."""
@@ -373,6 +379,7 @@ class RunsComparison:
             "confidence": self.confidence,
             "margin": self.margin,
             "noise": self.noise.to_dict(),
+            "remeasured_rounds": self.rounds,
             "workloads": [w.to_dict(self.confidence) for w in self.workloads],
             "counts": self.counts(),
             "busy_runs": list(self.busy_runs),
@@ -447,17 +454,19 @@ def text(comparison: RunsComparison, fail_on_regression: float | None = None) ->
     c = comparison
     lines = [f"A: {c.a.text} ({len(c.a_runs)} runs)   B: {c.b.text} ({len(c.b_runs)} runs)   "
              f"confidence {c.confidence:.0%}, changes under {c.margin:.0%} count as none",
-             f"noise: {noise_text(c.noise)}",
+             f"noise: {remeasured_text(c.rounds) if c.rounds else noise_text(c.noise)}",
              f"{'workload':24s} {'A median [interval]':>30s} {'B median [interval]':>30s} {'B/A [interval]':>22s} "
              f"{'runs':>5s} {'run sd':>6s}  verdict"]
     for w in c.workloads:
         cells = []
-        for side in (w.a, w.b):
+        here = (w.remeasured.seconds_a, w.remeasured.seconds_b) if w.remeasured else (None, None)
+        for side, remeasured in zip((w.a, w.b), here):
             if side is None:
                 cells.append(f"{'-':>30s}")
                 continue
-            iv = median_interval(side.seconds, c.confidence)
-            cells.append(f"{duration(side.median_seconds):>9s} [{duration(iv.low)}, {duration(iv.high)}]".rjust(30))
+            seconds = remeasured or side.seconds  # the rounds timed here, when remeasured
+            iv = median_interval(seconds, c.confidence)
+            cells.append(f"{duration(float(np.median(seconds))):>9s} [{duration(iv.low)}, {duration(iv.high)}]".rjust(30))
         ratio = (f"{w.interval.ratio:.3f} [{w.interval.low:.3f}, {w.interval.high:.3f}]" if w.interval else "-")
         runs = f"{w.interval.runs_a}/{w.interval.runs_b}" if w.interval else "-"
         sd = f"{w.interval.spread:.1%}" + ("*" if w.interval.model == FLOOR else "") if w.interval else "-"
@@ -479,6 +488,14 @@ def noise_text(noise: Noise) -> str:
             f"kernel's median repeat), its interval Student's t on the sd of one run's log time, the sides' "
             f"run-to-run spread pooled with a drift prior of {noise.drift:.1%} worth {noise.drift_df} degrees of "
             f"freedom ({noise.source}); with one run a side the prior alone sets it (run sd marked *)")
+
+
+def remeasured_text(rounds: int) -> str:
+    """How a remeasured comparison decides, in a sentence (`remeasure`)."""
+    return (f"remeasured here in turn: each workload's fastest stored kernel of A and of B rebuilt, checked and timed "
+            f"A, B, A, B, ... ({rounds} rounds; a time: the kernel's median repeat); B/A is exp of the mean of the "
+            f"rounds' log ratios, its interval Student's t on their spread (rounds in the runs column, the rounds' sd "
+            f"in the run sd column)")
 
 
 def mapping_selector(values: Mapping[str, str | Sequence[str]], text: str = "") -> Selector:

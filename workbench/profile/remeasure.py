@@ -1,0 +1,150 @@
+"""A comparison's kernels measured again here, in turn (`workbench runs compare --remeasure`).
+
+Stored runs are compared run against run (`versus`), and a shared host drifts between runs by far
+more than a change worth catching: the run-to-run sd of a log time was 0.70 on a loaded host, and
+a run of a workload's kernels can fall into a spell that slows everything by 40 % (evidence:
+docs/evidence.md#timing-in-turn). Timed in turn, a few hundred milliseconds apart, two kernels
+share the spell, and the ratio of one round's two times cancels it. So for each compared workload
+the kernel each side ran fastest (in its fastest run) is rebuilt from the store, both are checked
+and timed A, B, A, B, ... (`session.time_in_turns`), and B/A is exp of the mean of the rounds' log
+ratios, its interval Student's t on their spread (rounds - 1 degrees of freedom); verdicts as
+`versus.verdict`, with its margin and confidence.
+
+What this compares is the two programs, built by this checkout on this machine: a change in which
+program a run chose (a spec, a policy, the model's ranking) is what it confirms or refutes, not a
+change in code generation between two commits (both are rebuilt by the same code), and the two
+sides' kernels must run here. Runs whose devices this machine cannot run, or whose stored
+programs no longer build, are not comparable, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from workbench.errors import UserError
+from workbench.profile.runner import Measurement, Timing
+from workbench.profile.store import RunStore
+from workbench.profile.versus import NOT_COMPARABLE, RatioInterval, RunsComparison, Side, WorkloadComparison, \
+    t_quantile, verdict
+
+ROUNDS = 10  # each side's kernel timed 10 times, in turn with the other's
+MAX_ROUNDS = 100
+IN_TURN = "in turn"  # the noise model of a remeasured workload (beside versus.RUNS and versus.FLOOR)
+
+# (expression, device, candidate) per side, rounds -> per side, one Measurement per round
+Measure = Callable[[Sequence[tuple], int], Sequence[Sequence[Measurement]]]
+
+
+@dataclass(frozen=True)
+class Remeasured:
+    """One workload's two kernels timed here in turn: which stored kernel each side rebuilt (run,
+    rank), and per round each one's median repeat."""
+
+    kernel_a: tuple[int, int]
+    kernel_b: tuple[int, int]
+    seconds_a: tuple[float, ...]
+    seconds_b: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return {"a": {"run": self.kernel_a[0], "rank": self.kernel_a[1], "round_seconds": list(self.seconds_a)},
+                "b": {"run": self.kernel_b[0], "rank": self.kernel_b[1], "round_seconds": list(self.seconds_b)}}
+
+
+def fastest_kernel(side: Side) -> tuple[int, int]:
+    """(run, rank) of the side's kernel in its fastest run (`Side.run_seconds`)."""
+    return side.kernels[int(np.argmin(side.run_seconds))]
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float) -> RatioInterval:
+    """B / A from times taken in turn (round i: a[i], then b[i]): exp of the mean of the rounds'
+    log ratios, with its Student-t interval at `confidence` (at least two rounds)."""
+    d = np.log(np.asarray(b, dtype=float)) - np.log(np.asarray(a, dtype=float))
+    n = len(d)
+    if n < 2:
+        raise ValueError(f"a paired interval needs at least two rounds, got {n}")
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
+    return RatioInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), confidence, n, n, sd, n - 1,
+                         IN_TURN)
+
+
+def stored_side(store: RunStore, run_id: int, rank: int) -> tuple:
+    """(expression, device, candidate) of stored candidate `rank` of run `run_id`, for
+    `session.time_in_turns`: the workload's construction expression and the run's device spec as
+    stored, the program re-estimated by the current model. UserError when it cannot be rebuilt."""
+    from workbench.construct.step import Candidate
+    from workbench.rtile.model import estimate
+    from workbench.rtile.rprogram import RProgram
+    from workbench.workload import construction_expr_of
+
+    run = store.run(run_id)
+    spec = store.device_of(run_id)
+    programs = store.programs_of(run_id)
+    if rank not in programs:
+        raise UserError(f"run {run_id} stored no candidate of rank {rank}")
+    expr = construction_expr_of({"op": run.op, "dtype": run.dtype, **dict(run.params)}, spec)
+    try:
+        program = RProgram.from_dict(programs[rank], expr)
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"run {run_id} rank {rank}: its stored program does not fit the workload's construction "
+                        f"today ({type(err).__name__}: {err})") from None
+    return expr, spec, Candidate(program, estimate(program, spec), spec, (), rank)
+
+
+def remeasure(store: RunStore, comparison: RunsComparison, rounds: int = ROUNDS, timing: Timing = Timing(),
+              measure: Measure | None = None, cannot_run: Callable[[object], str] | None = None,
+              progress: Callable[[str], None] | None = None) -> RunsComparison:
+    """`comparison` with each workload both sides measured re-decided from its two fastest kernels
+    timed here in turn, `rounds` times each (module docstring). `measure` and `cannot_run` default
+    to the local runner's (`session.time_in_turns`, `session.cannot_run_locally`); tests pass
+    deterministic ones. A workload whose kernels cannot be rebuilt, run here or verified is not
+    comparable, with the reason."""
+    if not 2 <= rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds must be 2 to {MAX_ROUNDS}, got {rounds}")
+    if measure is None or cannot_run is None:
+        from workbench.profile.session import cannot_run_locally, time_in_turns
+        from workbench.workers import WorkerPool
+
+        with WorkerPool() as pool:
+            return remeasure(store, comparison, rounds, timing,
+                             measure or (lambda sides, n: time_in_turns(sides, timing, n, pool)),
+                             cannot_run or (lambda spec: cannot_run_locally(spec, pool)), progress)
+    notify = progress or (lambda text: None)
+    rows = []
+    for i, w in enumerate(comparison.workloads):
+        if w.a is None or w.b is None:
+            rows.append(w)
+            continue
+        notify(f"remeasure {i + 1}/{len(comparison.workloads)}: {w.workload}")
+        rows.append(_remeasured(store, w, rounds, comparison.confidence, comparison.margin, measure, cannot_run))
+    return replace(comparison, workloads=tuple(rows), rounds=rounds)
+
+
+def _remeasured(store: RunStore, w: WorkloadComparison, rounds: int, confidence: float, margin: float,
+                measure: Measure, cannot_run: Callable[[object], str]) -> WorkloadComparison:
+    kernels = fastest_kernel(w.a), fastest_kernel(w.b)
+    try:
+        sides = [stored_side(store, run, rank) for run, rank in kernels]
+    except UserError as err:
+        return _not_comparable(w, f"cannot rebuild: {err}")
+    for _, spec, _ in sides:
+        problem = cannot_run(spec)
+        if problem:
+            return _not_comparable(w, f"cannot run {spec.name}'s kernels here: {problem}")
+    measured = measure(sides, rounds)
+    for name, (run, rank), ms in zip("AB", kernels, measured):
+        failed = next((m for m in ms if not m.ok), None)
+        if failed is not None:
+            return _not_comparable(w, f"{name}'s kernel (run {run}, rank {rank}) failed here: {failed.error}")
+    a, b = (tuple(m.median_seconds for m in ms) for ms in measured)
+    interval = paired_interval(a, b, confidence)
+    v, why = verdict(interval, margin)
+    return replace(w, interval=interval, verdict=v, why=why, remeasured=Remeasured(*kernels, a, b))
+
+
+def _not_comparable(w: WorkloadComparison, why: str) -> WorkloadComparison:
+    return replace(w, interval=None, verdict=NOT_COMPARABLE, why=why)
