@@ -142,7 +142,8 @@ def operator_references(model: ImportedModel, device, inputs: Mapping[str, np.nd
     variance or a softmax's row stays what the model feeds it, not random numbers). Where those
     outputs are constant and so verify nothing (a classifier behind constant weights, as in the
     ONNX light models), the arguments that come from the model's inputs and operators are drawn
-    again, uniform in [-1, 1], the weights kept, and the default lowering run on them. Runs the
+    again, uniform in [-1, 1], the weights kept (and drawn too where the outputs stay constant,
+    `_redrawn`), and the default lowering run on them. Runs the
     kernels in this process: `device` must be one this machine runs."""
     lowered: dict[str, OperatorKernel] = {}
     for op in model.operators:
@@ -159,18 +160,29 @@ def operator_references(model: ImportedModel, device, inputs: Mapping[str, np.nd
 
 def _redrawn(op, kernel: OperatorKernel, args: tuple, outs: tuple) -> tuple:
     """`op`'s call with its activations drawn again (seeded by its index) and the outputs
-    `kernel` computes from them."""
+    `kernel` computes from them; where those are still constant (a classifier whose weights are
+    one value: every output the same sum), its floating weights drawn as well, unless that makes
+    an output non-finite (a variance drawn negative), which no check could pass."""
     import tvm
 
-    rng = np.random.default_rng(op.index)
-    args = tuple(rng.uniform(-1, 1, a.shape).astype(a.dtype)
-                 if arg.source != "constant" and np.issubdtype(a.dtype, np.floating) else a
-                 for arg, a in zip(op.args, args))
     dev = tvm.cpu()
-    tensors = [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args]
-    results = [tvm.runtime.tensor(np.zeros_like(o), dev) for o in outs]
-    kernel.module["main"](*tensors, *results)
-    return args, tuple(r.numpy() for r in results)
+
+    def drawn(sources: tuple[str, ...]) -> tuple:
+        rng = np.random.default_rng(op.index)
+        new = tuple(rng.uniform(-1, 1, a.shape).astype(a.dtype)
+                    if arg.source in sources and np.issubdtype(a.dtype, np.floating) else a
+                    for arg, a in zip(op.args, args))
+        tensors = [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in new]
+        results = [tvm.runtime.tensor(np.zeros_like(o), dev) for o in outs]
+        kernel.module["main"](*tensors, *results)
+        return new, tuple(r.numpy() for r in results)
+
+    call = drawn(("input", "operator"))
+    if constant_outputs(call[1]):
+        everything = drawn(("input", "operator", "constant"))
+        if all(np.isfinite(o).all() for o in everything[1] if np.issubdtype(o.dtype, np.floating)):
+            return everything
+    return call
 
 
 def operator_runner(model: ImportedModel, index: int, device, pool: WorkerPool, seed: int = 0) -> "_OperatorRunner":
