@@ -743,15 +743,16 @@ def test_runs_compare_json_contract_and_fail_on_regression(capsys, compared_stor
                        "--fail-on-regression", "5", "--drift", "0.3", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert set(doc) == {"a", "b", "confidence", "margin", "noise", "workloads", "counts", "busy_runs",
-                        "fail_on_regression", "regressions"}
+    assert set(doc) == {"a", "b", "confidence", "margin", "noise", "remeasured_rounds", "workloads", "counts",
+                        "busy_runs", "fail_on_regression", "regressions"}
+    assert doc["remeasured_rounds"] == 0  # stored runs compared, nothing timed again
     assert doc["busy_runs"] == []  # fake runs time nothing on this machine
     assert doc["confidence"] == 0.99 and doc["counts"]["no detectable change"] == 2 and doc["regressions"] == []
     assert doc["noise"] == {"drift": 0.003, "drift_df": 4, "source": "--drift 0.3"}
     row = doc["workloads"][0]
     assert set(row) == {"workload", "device", "a", "b", "ratio", "ratio_low", "ratio_high", "ratio_level",
-                        "noise_model", "run_spread", "run_spread_df", "verdict", "why"}
-    assert row["noise_model"] == "drift floor" and row["run_spread_df"] == 4
+                        "noise_model", "run_spread", "run_spread_df", "verdict", "why", "remeasured"}
+    assert row["noise_model"] == "drift floor" and row["run_spread_df"] == 4 and row["remeasured"] is None
     assert set(row["a"]) == {"runs", "kernels", "run_seconds", "samples", "best_seconds", "median_seconds",
                              "median_low", "median_high", "median_level", "predicted_seconds"}
     code, out, _ = run(capsys, "runs", "compare", "--db", db, "--a", "label=base", "--b", "label=slow",

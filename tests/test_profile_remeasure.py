@@ -15,7 +15,8 @@ from tests.helpers import fake_runs_store
 from workbench.cli import main
 from workbench.errors import UserError
 from workbench.profile.fake import FakeRunner
-from workbench.profile.remeasure import IN_TURN, fastest_kernel, paired_interval, remeasure, stored_side
+from workbench.pipeline import stored_kernel
+from workbench.profile.remeasure import IN_TURN, fastest_kernel, paired_interval, remeasure
 from workbench.profile.runner import Measurement
 from workbench.profile.store import RunStore
 from workbench.profile.versus import CONFIDENCE, NOT_COMPARABLE, SAME, SLOWER, Selector, compare_runs, t_quantile
@@ -63,6 +64,10 @@ class Turns:
         return out
 
 
+def rebuild(store):
+    return lambda run, rank: stored_kernel(store, run, rank)
+
+
 def compared(store_path):
     with RunStore(store_path) as store:
         return compare_runs(store, Selector.parse("label=base"), Selector.parse("label=again"))
@@ -71,9 +76,9 @@ def compared(store_path):
 def test_the_fastest_stored_kernels_are_rebuilt_and_a_five_percent_change_is_told_through_drift(store_path):
     base = compared(store_path)
     with RunStore(store_path) as store:
-        same = remeasure(store, base, 10, measure=Turns((1e-3, 1e-3)), cannot_run=lambda spec: "")
+        same = remeasure(base, rebuild(store), 10, measure=Turns((1e-3, 1e-3)), cannot_run=lambda spec: "")
         turns = Turns((1e-3, 1.05e-3))
-        slower = remeasure(store, base, 10, measure=turns, cannot_run=lambda spec: "")
+        slower = remeasure(base, rebuild(store), 10, measure=turns, cannot_run=lambda spec: "")
         for w, sides in zip(base.workloads, turns.calls):
             for side, (run, rank) in zip(sides, (fastest_kernel(w.a), fastest_kernel(w.b))):
                 expr, spec, candidate = side
@@ -95,13 +100,13 @@ def test_the_fastest_stored_kernels_are_rebuilt_and_a_five_percent_change_is_tol
 def test_kernels_that_cannot_run_here_or_fail_are_not_comparable_with_the_reason(store_path):
     base = compared(store_path)
     with RunStore(store_path) as store:
-        away = remeasure(store, base, 3, measure=Turns((1e-3, 1e-3)), cannot_run=lambda spec: "no AVX-512 here")
-        failed = remeasure(store, base, 3, measure=Turns((1e-3, 1e-3), fail="wrong result: off by 1"),
+        away = remeasure(base, rebuild(store), 3, measure=Turns((1e-3, 1e-3)), cannot_run=lambda spec: "no AVX-512 here")
+        failed = remeasure(base, rebuild(store), 3, measure=Turns((1e-3, 1e-3), fail="wrong result: off by 1"),
                            cannot_run=lambda spec: "")
         with pytest.raises(UserError, match="--rounds must be 2 to 100, got 1"):
-            remeasure(store, base, 1, measure=Turns((1, 1)), cannot_run=lambda spec: "")
+            remeasure(base, rebuild(store), 1, measure=Turns((1, 1)), cannot_run=lambda spec: "")
         with pytest.raises(UserError, match="stored no candidate of rank 99"):
-            stored_side(store, base.a_runs[0], 99)
+            stored_kernel(store, base.a_runs[0], 99)
     assert {w.verdict for w in away.workloads} == {NOT_COMPARABLE}
     assert away.workloads[0].why == "cannot run tiny-cpu's kernels here: no AVX-512 here"
     assert failed.workloads[0].verdict == NOT_COMPARABLE and "failed here: wrong result: off by 1" in failed.workloads[0].why

@@ -688,8 +688,8 @@ def cmd_runs_compare(args) -> int:
     with _existing_store(args) as store:
         comparison = pipeline.compare_runs(store, a, b, **_comparing(args))
         if args.remeasure:
-            comparison = pipeline.remeasure(store, comparison, pipeline.REMEASURE_ROUNDS if args.rounds is None
-                                            else args.rounds, progress=_progress(args))
+            comparison = pipeline.remeasure_runs(store, comparison, pipeline.REMEASURE_ROUNDS if args.rounds is None
+                                                 else args.rounds, progress=_progress(args))
     _emit(args, comparison.to_dict(args.fail_on_regression), pipeline.comparison_text(comparison, args.fail_on_regression))
     if args.fail_on_regression is not None and comparison.regressions(args.fail_on_regression):
         return EXIT_REGRESSION

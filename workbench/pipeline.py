@@ -79,7 +79,8 @@ from workbench.profile.session import (
     TURNS, Progress, ProfileResult, ProgressEvent, cannot_run_locally, expr_label, profile_candidates, time_in_turns,
 )
 from workbench.profile.store import RunStore, default_path, read_runs_file, refit, write_runs_file
-from workbench.profile.remeasure import ROUNDS as REMEASURE_ROUNDS, remeasure
+from workbench.profile import remeasure
+from workbench.profile.remeasure import ROUNDS as REMEASURE_ROUNDS
 from workbench.profile.versus import Selector, compare_runs, text as comparison_text
 from workbench.vortex import bundle as vortex_bundle
 from workbench.vortex.analyzer import Dynamic, outer_tile, padded_extent, cost as vortex_cost
@@ -87,7 +88,7 @@ from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
 from workbench.vortex.select import DispatchTable, cost_table, dispatch
 from workbench.workers import WorkerPool
 from workbench import whatif as what_if
-from workbench.workload import Workload, imported_model, list_suites, load_suite, parse_shape, suite_workload, workload_from_args
+from workbench.workload import Workload, construction_expr_of, imported_model, list_suites, load_suite, parse_shape, suite_workload, workload_from_args
 
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "build", "bundle_name_for", "Candidate", "candidate_rows",
@@ -105,7 +106,7 @@ __all__ = [
     "parse_shape", "parse_workload", "ptx_report", "source_label", "suite", "suites",
     "random_suites", "is_random_suite", "fresh_seed", "MAX_RANDOM_COUNT",
     # the runs store between machines and runs: `runs export/import/compare`
-    "read_runs_file", "write_runs_file", "Selector", "compare_runs", "comparison_text", "remeasure", "REMEASURE_ROUNDS", "spec_to_toml", "store_calibrated",
+    "read_runs_file", "write_runs_file", "Selector", "compare_runs", "comparison_text", "REMEASURE_ROUNDS", "spec_to_toml", "store_calibrated",
     # what-if hardware: `workbench whatif`, the dashboard's device editor
     "Edit", "EditedSpec", "FieldInfo", "Sweep", "editable_fields", "parse_edit", "parse_sweep", "edit_device",
     "whatif", "whatif_sweep", "whatif_unrealisable", "whatif_measure", "WhatIfMeasured",
@@ -668,6 +669,34 @@ class WhatIfMeasured:
         if not self.base_rounds or len(self.base_rounds) != len(self.edited_rounds):
             return None
         return float(median(b / e for b, e in zip(self.base_rounds, self.edited_rounds)))
+
+
+def stored_kernel(store: RunStore, run_id: int, rank: int) -> tuple:
+    """(expression, device, candidate) of stored candidate `rank` of run `run_id`, for
+    `session.time_in_turns`: the workload's construction expression and the run's device spec as
+    stored, the program re-estimated by the current model. UserError when it cannot be rebuilt."""
+    from workbench.rtile.model import estimate
+    from workbench.rtile.rprogram import RProgram
+
+    run = store.run(run_id)
+    spec = store.device_of(run_id)
+    programs = store.programs_of(run_id)
+    if rank not in programs:
+        raise UserError(f"run {run_id} stored no candidate of rank {rank}")
+    expr = construction_expr_of({"op": run.op, "dtype": run.dtype, **dict(run.params)}, spec)
+    try:
+        program = RProgram.from_dict(programs[rank], expr)
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"run {run_id} rank {rank}: its stored program does not fit the workload's construction "
+                        f"today ({type(err).__name__}: {err})") from None
+    return expr, spec, Candidate(program, estimate(program, spec), spec, (), rank)
+
+
+def remeasure_runs(store: RunStore, comparison, rounds: int = REMEASURE_ROUNDS, progress=None):
+    """`comparison` (`compare_runs`) re-decided from each workload's two fastest stored kernels
+    rebuilt from `store` and timed here in turn (`profile.remeasure`)."""
+    return remeasure.remeasure(comparison, lambda run, rank: stored_kernel(store, run, rank), rounds,
+                               progress=progress)
 
 
 def whatif_measure(diff: what_if.WorkloadDiff, timing: Timing = Timing(), pool: WorkerPool | None = None,

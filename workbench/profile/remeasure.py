@@ -20,16 +20,15 @@ programs no longer build, are not comparable, with the reason.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from workbench.errors import UserError
 from workbench.profile.runner import Measurement, Timing
-from workbench.profile.store import RunStore
-from workbench.profile.versus import NOT_COMPARABLE, RatioInterval, RunsComparison, Side, WorkloadComparison, \
-    t_quantile, verdict
+from workbench.profile.versus import NOT_COMPARABLE, RatioInterval, Remeasured, RunsComparison, Side, \
+    WorkloadComparison, t_quantile, verdict
 
 ROUNDS = 10  # each side's kernel timed 10 times, in turn with the other's
 MAX_ROUNDS = 100
@@ -37,21 +36,7 @@ IN_TURN = "in turn"  # the noise model of a remeasured workload (beside versus.R
 
 # (expression, device, candidate) per side, rounds -> per side, one Measurement per round
 Measure = Callable[[Sequence[tuple], int], Sequence[Sequence[Measurement]]]
-
-
-@dataclass(frozen=True)
-class Remeasured:
-    """One workload's two kernels timed here in turn: which stored kernel each side rebuilt (run,
-    rank), and per round each one's median repeat."""
-
-    kernel_a: tuple[int, int]
-    kernel_b: tuple[int, int]
-    seconds_a: tuple[float, ...]
-    seconds_b: tuple[float, ...]
-
-    def to_dict(self) -> dict:
-        return {"a": {"run": self.kernel_a[0], "rank": self.kernel_a[1], "round_seconds": list(self.seconds_a)},
-                "b": {"run": self.kernel_b[0], "rank": self.kernel_b[1], "round_seconds": list(self.seconds_b)}}
+Rebuild = Callable[[int, int], tuple]  # (run id, rank) -> (expression, device, candidate)
 
 
 def fastest_kernel(side: Side) -> tuple[int, int]:
@@ -72,37 +57,16 @@ def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float) -
                          IN_TURN)
 
 
-def stored_side(store: RunStore, run_id: int, rank: int) -> tuple:
-    """(expression, device, candidate) of stored candidate `rank` of run `run_id`, for
-    `session.time_in_turns`: the workload's construction expression and the run's device spec as
-    stored, the program re-estimated by the current model. UserError when it cannot be rebuilt."""
-    from workbench.construct.step import Candidate
-    from workbench.rtile.model import estimate
-    from workbench.rtile.rprogram import RProgram
-    from workbench.workload import construction_expr_of
-
-    run = store.run(run_id)
-    spec = store.device_of(run_id)
-    programs = store.programs_of(run_id)
-    if rank not in programs:
-        raise UserError(f"run {run_id} stored no candidate of rank {rank}")
-    expr = construction_expr_of({"op": run.op, "dtype": run.dtype, **dict(run.params)}, spec)
-    try:
-        program = RProgram.from_dict(programs[rank], expr)
-    except (KeyError, TypeError, ValueError) as err:
-        raise UserError(f"run {run_id} rank {rank}: its stored program does not fit the workload's construction "
-                        f"today ({type(err).__name__}: {err})") from None
-    return expr, spec, Candidate(program, estimate(program, spec), spec, (), rank)
-
-
-def remeasure(store: RunStore, comparison: RunsComparison, rounds: int = ROUNDS, timing: Timing = Timing(),
+def remeasure(comparison: RunsComparison, rebuild: Rebuild, rounds: int = ROUNDS, timing: Timing = Timing(),
               measure: Measure | None = None, cannot_run: Callable[[object], str] | None = None,
               progress: Callable[[str], None] | None = None) -> RunsComparison:
     """`comparison` with each workload both sides measured re-decided from its two fastest kernels
-    timed here in turn, `rounds` times each (module docstring). `measure` and `cannot_run` default
-    to the local runner's (`session.time_in_turns`, `session.cannot_run_locally`); tests pass
-    deterministic ones. A workload whose kernels cannot be rebuilt, run here or verified is not
-    comparable, with the reason."""
+    timed here in turn, `rounds` times each (module docstring). `rebuild(run, rank)` gives a
+    stored kernel's (expression, device, candidate), UserError when it cannot
+    (`pipeline.stored_kernel`: the workload's expression needs `workload.py`, a room above this
+    one). `measure` and `cannot_run` default to the local runner's (`session.time_in_turns`,
+    `session.cannot_run_locally`); tests pass deterministic ones. A workload whose kernels cannot
+    be rebuilt, run here or verified is not comparable, with the reason."""
     if not 2 <= rounds <= MAX_ROUNDS:
         raise UserError(f"--rounds must be 2 to {MAX_ROUNDS}, got {rounds}")
     if measure is None or cannot_run is None:
@@ -110,7 +74,7 @@ def remeasure(store: RunStore, comparison: RunsComparison, rounds: int = ROUNDS,
         from workbench.workers import WorkerPool
 
         with WorkerPool() as pool:
-            return remeasure(store, comparison, rounds, timing,
+            return remeasure(comparison, rebuild, rounds, timing,
                              measure or (lambda sides, n: time_in_turns(sides, timing, n, pool)),
                              cannot_run or (lambda spec: cannot_run_locally(spec, pool)), progress)
     notify = progress or (lambda text: None)
@@ -120,15 +84,15 @@ def remeasure(store: RunStore, comparison: RunsComparison, rounds: int = ROUNDS,
             rows.append(w)
             continue
         notify(f"remeasure {i + 1}/{len(comparison.workloads)}: {w.workload}")
-        rows.append(_remeasured(store, w, rounds, comparison.confidence, comparison.margin, measure, cannot_run))
+        rows.append(_remeasured(w, rebuild, rounds, comparison.confidence, comparison.margin, measure, cannot_run))
     return replace(comparison, workloads=tuple(rows), rounds=rounds)
 
 
-def _remeasured(store: RunStore, w: WorkloadComparison, rounds: int, confidence: float, margin: float,
+def _remeasured(w: WorkloadComparison, rebuild: Rebuild, rounds: int, confidence: float, margin: float,
                 measure: Measure, cannot_run: Callable[[object], str]) -> WorkloadComparison:
     kernels = fastest_kernel(w.a), fastest_kernel(w.b)
     try:
-        sides = [stored_side(store, run, rank) for run, rank in kernels]
+        sides = [rebuild(run, rank) for run, rank in kernels]
     except UserError as err:
         return _not_comparable(w, f"cannot rebuild: {err}")
     for _, spec, _ in sides:

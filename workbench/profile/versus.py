@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -40,9 +40,6 @@ from workbench.fmt import duration
 from workbench.profile.noise import SETTLE, median_interval
 from workbench.profile.provenance import busy
 from workbench.profile.store import RunRecord, RunStore
-
-if TYPE_CHECKING:
-    from workbench.profile.remeasure import Remeasured
 
 MARGIN = SETTLE  # a ratio within 1 +- 1 % is "no detectable change" whatever the interval
 CONFIDENCE = 0.99
@@ -309,6 +306,21 @@ class Side:
 
 
 @dataclass(frozen=True)
+class Remeasured:
+    """One workload's two kernels timed here in turn (`profile.remeasure`): which stored kernel
+    each side rebuilt (run, rank), and per round each one's median repeat."""
+
+    kernel_a: tuple[int, int]
+    kernel_b: tuple[int, int]
+    seconds_a: tuple[float, ...]
+    seconds_b: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return {"a": {"run": self.kernel_a[0], "rank": self.kernel_a[1], "round_seconds": list(self.seconds_a)},
+                "b": {"run": self.kernel_b[0], "rank": self.kernel_b[1], "round_seconds": list(self.seconds_b)}}
+
+
+@dataclass(frozen=True)
 class WorkloadComparison:
     workload: str
     device: str  # the devices the two sides ran on, "A / B" when they differ
@@ -317,7 +329,7 @@ class WorkloadComparison:
     interval: RatioInterval | None
     verdict: str
     why: str
-    remeasured: "Remeasured | None" = None  # the two kernels timed here in turn (`remeasure`), when asked
+    remeasured: Remeasured | None = None  # the two kernels timed here in turn (`remeasure`), when asked
 
     def slower_by_more_than(self, share: float) -> bool:
         """Slower beyond noise (the verdict) with even the interval's low end more than `share` slower."""
