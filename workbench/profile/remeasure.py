@@ -30,7 +30,10 @@ from workbench.profile.runner import Measurement, Timing
 from workbench.profile.versus import NOT_COMPARABLE, RatioInterval, Remeasured, RunsComparison, Side, \
     WorkloadComparison, t_quantile, verdict
 
-ROUNDS = 10  # each side's kernel timed 10 times, in turn with the other's
+# Each side's kernel timed 20 times, in turn with the other's: with 10, a round or two that a
+# change of the host's speed split widened the t interval past 7-13 % slowdowns (2 of 7 missed on
+# the Zen 4); with 20 none of 6 (docs/benchmarks.md, "Remeasured in turn").
+ROUNDS = 20
 MAX_ROUNDS = 100
 IN_TURN = "in turn"  # the noise model of a remeasured workload (beside versus.RUNS and versus.FLOOR)
 
