@@ -137,7 +137,7 @@ def best_seconds_in_turn(runs: Sequence[Callable[[], object]], timing: Timing = 
                          sync: Callable[[], object] = lambda: None, settle_s: float = 0.0) -> tuple[float, ...]:
     """`best_seconds` of each of `runs`, their repeats taken in turn (a repeat of each, then the
     next round). A shared host slows for seconds to minutes at a time (a 512-cube matmul 1.32 ms,
-    then 1.87 ms for the next 12 s, no steal time counted: evidence:
+    then 1.8-1.9 ms for the next 13 s, no steal time counted: evidence:
     docs/evidence.md#timing-in-turn): timed one after the other, two runs can fall either side of
     such a change and their ratio moves by 40 %; in turn, both see it. `settle_s`: a pause before
     each run's repeats, so that the threads of the run before it have stopped spinning (a thread
