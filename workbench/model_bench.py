@@ -109,14 +109,9 @@ class MachineScore:
 def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float:
     """The current model's time of `program` (`RProgram.to_dict`) for `workload` on `spec`."""
     from workbench.rtile.model import estimate
-    from workbench.rtile.rprogram import RProgram
-    from workbench.workload import construction_expr_of
+    from workbench.workload import stored_program
 
-    expr = construction_expr_of(workload, spec)
-    names = [a.name for a in expr.axes]
-    if list(program["axes"]) != names:  # constructed over other axes then (a view since added)
-        raise ValueError(f"the stored program's axes {list(program['axes'])} are not the construction's {names}")
-    return estimate(RProgram.from_dict(program, expr), spec).predicted_seconds
+    return estimate(stored_program(workload, program, spec), spec).predicted_seconds
 
 
 def score_workload(machine: str, workload: str, ranks: Sequence[int], predicted: Sequence[float],
@@ -215,8 +210,7 @@ def store_runs(store: RunStore) -> tuple[StoredRun, ...]:
             continue
         programs = store.programs_of(run.id)
         spec = store.device_of(run.id)
-        workload = {"label": run.workload, "op": run.op, "dtype": run.dtype, **dict(run.params)}
-        out.append(StoredRun(machine_label(spec), spec, workload,
+        out.append(StoredRun(machine_label(spec), spec, run.workload_dict,
                              tuple(Measured(rank, programs[rank], s) for rank, s in sorted(fastest.items()))))
     return tuple(out)
 

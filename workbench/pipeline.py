@@ -88,7 +88,7 @@ from workbench.vortex.dietcode import DEFAULT_SAMPLES as DIETCODE_SAMPLES
 from workbench.vortex.select import DispatchTable, cost_table, dispatch
 from workbench.workers import WorkerPool
 from workbench import whatif as what_if
-from workbench.workload import Workload, construction_expr_of, imported_model, list_suites, load_suite, parse_shape, suite_workload, workload_from_args
+from workbench.workload import Workload, imported_model, list_suites, load_suite, parse_shape, stored_program, suite_workload, workload_from_args
 
 __all__ = [
     "MAX_MODEL_BYTES", "POLICIES", "build", "bundle_name_for", "Candidate", "candidate_rows",
@@ -676,20 +676,19 @@ def stored_kernel(store: RunStore, run_id: int, rank: int) -> tuple:
     `session.time_in_turns`: the workload's construction expression and the run's device spec as
     stored, the program re-estimated by the current model. UserError when it cannot be rebuilt."""
     from workbench.rtile.model import estimate
-    from workbench.rtile.rprogram import RProgram
 
-    run = store.run(run_id)
     spec = store.device_of(run_id)
     programs = store.programs_of(run_id)
     if rank not in programs:
         raise UserError(f"run {run_id} stored no candidate of rank {rank}")
-    expr = construction_expr_of({"op": run.op, "dtype": run.dtype, **dict(run.params)}, spec)
     try:
-        program = RProgram.from_dict(programs[rank], expr)
+        program = stored_program(store.run(run_id).workload_dict, programs[rank], spec)
+    except UserError:
+        raise
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"run {run_id} rank {rank}: its stored program does not fit the workload's construction "
                         f"today ({type(err).__name__}: {err})") from None
-    return expr, spec, Candidate(program, estimate(program, spec), spec, (), rank)
+    return program.expr, spec, Candidate(program, estimate(program, spec), spec, (), rank)
 
 
 def remeasure_runs(store: RunStore, comparison, rounds: int = REMEASURE_ROUNDS, progress=None):

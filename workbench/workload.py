@@ -264,6 +264,20 @@ def construction_expr_of(workload: dict, spec) -> TensorExpr:
     return _construction_expr(json.dumps({k: v for k, v in workload.items() if k != "label"}, sort_keys=True), spec)
 
 
+def stored_program(workload: dict, program: dict, spec):
+    """The stored `program` (`RProgram.to_dict`) of `workload` rebuilt for its construction
+    expression on `spec` (`construction_expr_of`); ValueError when the program names other axes
+    (constructed over another view, since changed), KeyError or TypeError when it is malformed,
+    UserError when the workload is."""
+    from workbench.rtile.rprogram import RProgram
+
+    expr = construction_expr_of(workload, spec)
+    names = [a.name for a in expr.axes]
+    if list(program["axes"]) != names:
+        raise ValueError(f"the stored program's axes {list(program['axes'])} are not the construction's {names}")
+    return RProgram.from_dict(program, expr)
+
+
 @lru_cache(maxsize=64)
 def _construction_expr(workload_json: str, spec) -> TensorExpr:
     from workbench.ops.fusion import fuse_axes

@@ -115,6 +115,11 @@ class RunRecord:
                                            "provenance": dict(self.provenance), "status": self.status}
 
     @property
+    def workload_dict(self) -> dict:
+        """The run's workload as `TensorExpr.workload_dict` writes it, with its label."""
+        return {"label": self.workload, "op": self.op, "dtype": self.dtype, **dict(self.params)}
+
+    @property
     def commit(self) -> str:
         """The checkout's commit the run was made from ("" when unknown)."""
         return str(dict(self.provenance).get("git_commit", ""))
