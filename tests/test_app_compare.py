@@ -89,3 +89,26 @@ def test_a_profiled_run_offers_its_report_on_the_candidates_page(tmp_path, monke
     assert f"Download the report of run {run_id} (HTML)" in downloads(at)
     page = run_html(tmp_path / "runs.sqlite3", run_id)  # what the button sends when clicked
     assert page.startswith("<!DOCTYPE html>") and "<h2>Roofline</h2>" in page
+
+
+def test_the_compare_view_remeasures_the_kernels_here_and_keeps_the_result_for_its_pickers(workspace):
+    """The Remeasure button rebuilds each side's stored kernels and times them here (2 rounds: what
+    was timed and how the page tells it are asserted, never how fast). "base" and "same" stored
+    the same programs, so each is one kernel for both sides: no change, whatever the timings."""
+    at = goto(app(small()), "Runs")
+    at.multiselect(key="compare_a_label").set_value(["base"]).run()
+    at.multiselect(key="compare_b_label").set_value(["same"]).run()
+    at.number_input(key="compare_rounds").set_value(2).run()
+    button(at, "Remeasure here in turn").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    caption = next(c.value for c in at.caption if c.value.startswith("A: "))
+    assert "Noise: remeasured here in turn" in caption and "2 rounds" in caption
+    table = at.dataframe[1].value
+    assert list(table["verdict"]) == ["no detectable change (both sides' fastest here is the same program)"] * 2
+    assert all(k.split(" / ")[0].split("#")[1] == k.split(" / ")[1].split("#")[1] for k in table["kernels here (run#rank)"])
+    here = [c for c in table.columns if c.startswith(("A here (", "B here ("))]  # in the unit the data chose
+    assert len(here) == 2 and (table[here[0]] == table[here[1]]).all() and (table[here[0]] > 0).all()
+    # other picks: the stored comparison again, until remeasured
+    at.multiselect(key="compare_b_label").set_value(["slow"]).run()
+    assert "runs are the unit" in next(c.value for c in at.caption if c.value.startswith("A: "))
+    assert "kernels here (run#rank)" not in at.dataframe[1].value.columns

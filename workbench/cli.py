@@ -221,11 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     _selector_args(r)
     r.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
                    help="exit 1 when a workload is slower beyond noise by more than PCT percent")
-    r.add_argument("--remeasure", action="store_true",
-                   help="rebuild each workload's fastest kernel of A and of B and time them here in turn: "
-                   "the verdicts from those rounds, which a host's drift between runs cannot move")
-    r.add_argument("--rounds", type=int, metavar="N",
-                   help="with --remeasure: how many times each kernel is timed (default: profile.remeasure.ROUNDS)")
+    _remeasure_args(r)
     _profile_args(r)
     r.add_argument("--json", action="store_true")
     r = rsub.add_parser("export", help="write the runs a selector picks (with candidates and measurements) to a file")
@@ -243,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", metavar="SEL", help="several stored runs, a section each (a whole model's operators: "
                    "`model --run --pick measured --label NAME`, then --runs label=NAME): " + SELECTOR_HELP)
     _selector_args(p, required=False)
+    _remeasure_args(p)
     p.add_argument("--out", required=True, help="the HTML file to write")
     _profile_args(p)
     p.add_argument("--json", action="store_true")
@@ -251,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 SELECTOR_HELP = ("runs by KEY=VALUE[,KEY=VALUE...]: label, device, commit (prefix), policy, workload, since / until "
                  "(YYYY-MM-DD), run (ID or FIRST-LAST); one key repeated: any of its values")
+
+
+def _remeasure_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remeasure", action="store_true",
+                   help="rebuild each workload's fastest stored kernels of A and of B (each run's three fastest) and "
+                   "time them here in turn: the verdicts from those rounds, which a host's drift between runs cannot move")
+    p.add_argument("--rounds", type=int, metavar="N",
+                   help="with --remeasure: how many times each kernel is timed (default: profile.remeasure.ROUNDS)")
 
 
 def _selector_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -682,18 +687,30 @@ def cmd_runs_import(args) -> int:
 def cmd_runs_compare(args) -> int:
     from workbench import pipeline
 
-    if args.rounds is not None and not args.remeasure:
-        raise UserError("--rounds needs --remeasure")
+    _check_remeasure(args)
     a, b = pipeline.Selector.parse(args.a, "--a"), pipeline.Selector.parse(args.b, "--b")  # before the store is opened
     with _existing_store(args) as store:
-        comparison = pipeline.compare_runs(store, a, b, **_comparing(args))
-        if args.remeasure:
-            comparison = pipeline.remeasure_runs(store, comparison, pipeline.REMEASURE_ROUNDS if args.rounds is None
-                                                 else args.rounds, progress=_progress(args))
+        comparison = _compared(store, a, b, args)
     _emit(args, comparison.to_dict(args.fail_on_regression), pipeline.comparison_text(comparison, args.fail_on_regression))
     if args.fail_on_regression is not None and comparison.regressions(args.fail_on_regression):
         return EXIT_REGRESSION
     return 0
+
+
+def _check_remeasure(args) -> None:
+    if args.rounds is not None and not args.remeasure:
+        raise UserError("--rounds needs --remeasure")
+
+
+def _compared(store, a, b, args):
+    """`compare_runs` of the selectors under the options, remeasured here where --remeasure asks."""
+    from workbench import pipeline
+
+    comparison = pipeline.compare_runs(store, a, b, **_comparing(args))
+    if args.remeasure:
+        comparison = pipeline.remeasure_runs(store, comparison, pipeline.REMEASURE_ROUNDS if args.rounds is None
+                                             else args.rounds, progress=_progress(args))
+    return comparison
 
 
 def _existing_store(args):
@@ -717,11 +734,14 @@ def cmd_report(args) -> int:
         raise UserError("report: give one of --run ID, --runs SEL, or both --a SEL and --b SEL")
     if given[2] and (args.a is None or args.b is None):
         raise UserError("report: a comparison needs both --a SEL and --b SEL")
+    if args.remeasure and not given[2]:
+        raise UserError("report: --remeasure needs a comparison (--a SEL and --b SEL)")
+    _check_remeasure(args)
     selectors = (pipeline.Selector.parse(args.a, "--a"), pipeline.Selector.parse(args.b, "--b")) if given[2] else None
     several = pipeline.Selector.parse(args.runs, "--runs") if given[1] else None
     with _existing_store(args) as store:
         if selectors is not None:
-            page = comparison_report(store, pipeline.compare_runs(store, *selectors, **_comparing(args)))
+            page = comparison_report(store, _compared(store, *selectors, args))
         elif several is not None:
             page = runs_report(store, several)
         else:

@@ -692,8 +692,8 @@ def stored_kernel(store: RunStore, run_id: int, rank: int) -> tuple:
 
 
 def remeasure_runs(store: RunStore, comparison, rounds: int = REMEASURE_ROUNDS, progress=None):
-    """`comparison` (`compare_runs`) re-decided from each workload's two fastest stored kernels
-    rebuilt from `store` and timed here in turn (`profile.remeasure`)."""
+    """`comparison` (`compare_runs`) re-decided from each workload's fastest stored kernels of
+    either side rebuilt from `store` and timed here in turn (`profile.remeasure`)."""
     return remeasure.remeasure(comparison, lambda run, rank: stored_kernel(store, run, rank), rounds,
                                progress=progress)
 

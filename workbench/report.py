@@ -25,7 +25,7 @@ from workbench.profile.diagnose import Diagnosis, diagnose
 from workbench.profile.noise import median_interval
 from workbench.profile.store import RunRecord, RunStore, StoredMeasurement
 from workbench.errors import UserError
-from workbench.profile.versus import RunsComparison, Selector, noise_text
+from workbench.profile.versus import RunsComparison, Selector, noise_text, remeasured_text
 from workbench.rtile.model import Estimate
 from workbench.viz.compare import ComparedPoint, predicted_vs_measured_figure
 from workbench.viz.roofline import roofline_figure, roofline_points
@@ -264,6 +264,15 @@ def _side_rows(runs: Sequence[RunRecord]) -> list[dict]:
     return rows
 
 
+def _here(w, side: str) -> tuple[tuple[int, int] | None, tuple]:
+    """(the kernel a side ran fastest here, its contenders with their times) of a remeasured
+    workload; (None, ()) where it was not remeasured."""
+    r = w.remeasured
+    if r is None:
+        return None, ()
+    return (r.kernel_a, r.contenders_a) if side == "a" else (r.kernel_b, r.contenders_b)
+
+
 def comparison_report(store: RunStore, comparison: RunsComparison) -> str:
     """The HTML report of `comparison` (`versus.compare_runs` on `store`)."""
     c = comparison
@@ -272,7 +281,7 @@ def comparison_report(store: RunStore, comparison: RunsComparison) -> str:
     counts = c.counts()
     page.note(f"confidence {c.confidence:.0%}; a change under {c.margin:.0%} counts as none. "
               + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(c.workloads)} workloads.")
-    page.note(f"Noise: {noise_text(c.noise)}.")
+    page.note(f"Noise: {remeasured_text(c.rounds) if c.rounds else noise_text(c.noise)}.")
     if c.busy_runs:
         page.note(f"Warning: {c.busy_note()}.")
     for name, selector, ids in (("A", c.a, c.a_runs), ("B", c.b, c.b_runs)):
@@ -288,6 +297,10 @@ def comparison_report(store: RunStore, comparison: RunsComparison) -> str:
             row[f"{name} median [interval]"] = (f"{duration(side.median_seconds)} [{duration(iv.low)}, "
                                                 f"{duration(iv.high)}]" if side else "-")
             row[f"{name} kernels (run#rank)"] = ", ".join(f"{r}#{k}" for r, k in side.kernels) if side else "-"
+        if c.rounds:  # the kernels timed here in turn: each side's contenders, its fastest here first
+            for name, kernel, tried in (("A", *_here(w, "a")), ("B", *_here(w, "b"))):
+                row[f"{name} here (run#rank: geometric mean)"] = ", ".join(
+                    f"{r}#{k}: {duration(t)}" for r, k, t in sorted(tried, key=lambda t: (t[:2] != kernel, t[2]))) or "-"
         row["B/A [interval]"] = (f"{w.interval.ratio:.3f} [{w.interval.low:.3f}, {w.interval.high:.3f}]"
                                  if w.interval else "-")
         row["runs A / B"] = f"{w.interval.runs_a} / {w.interval.runs_b}" if w.interval else "-"

@@ -6,8 +6,10 @@ them, and parallel coordinates of all; and the model's correction learnt from a 
 measurements (`pipeline.refit`): its verdict, before and after per held-out workload, its
 coefficients. A Compare view sets two sets of runs (by label, device, commit, policy) against each
 other workload by workload (`profile.versus`): a forest plot of the ratios with their intervals,
-the table (with the runs each side pooled and the noise model) filtered to changes if asked, and each side's candidates of a chosen workload; the
-report of a run or of the comparison downloads as one HTML file (`workbench.report`)."""
+the table (with the runs each side pooled and the noise model) filtered to changes if asked, and
+each side's candidates of a chosen workload; a button remeasures the comparison here in turn
+(`profile.remeasure`, as `runs compare --remeasure`); the report of a run or of the comparison
+downloads as one HTML file (`workbench.report`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import streamlit as st
 
 from workbench import pipeline
@@ -23,7 +26,9 @@ from workbench.app.messages import message
 from workbench.app.profile_controls import store_path, store_path_input
 from workbench.errors import UserError
 from workbench.pipeline import RunStore, importance, slice_points, stored_trials
-from workbench.profile.versus import FASTER, SLOWER, Noise, compare_runs, mapping_selector, noise_text
+from workbench.profile.remeasure import MAX_ROUNDS, ROUNDS
+from workbench.profile.versus import FASTER, SLOWER, Noise, RunsComparison, compare_runs, mapping_selector, noise_text, \
+    remeasured_text
 from workbench.report import comparison_report, run_html, stored_run
 from workbench.viz.figures import (
     ComparedPoint,
@@ -108,11 +113,12 @@ def _compare(store: RunStore, runs) -> None:
     except UserError as err:
         st.error(message(err))
         return
+    comparison = _remeasured(store, comparison, (a, b, drift))
     counts = comparison.counts()
     st.caption(f"A: {comparison.a.text} ({len(comparison.a_runs)} runs); B: {comparison.b.text} "
                f"({len(comparison.b_runs)} runs). " + ", ".join(f"{n} {v}" for v, n in counts.items())
                + f" at {comparison.confidence:.0%} confidence; a change under {comparison.margin:.0%} counts as none. "
-               f"Noise: {noise_text(comparison.noise)}.")
+               f"Noise: {remeasured_text(comparison.rounds) if comparison.rounds else noise_text(comparison.noise)}.")
     if comparison.busy_runs:
         st.warning(comparison.busy_note())
     changes_only = st.checkbox("only workloads that changed", key="compare_changes_only")
@@ -120,7 +126,11 @@ def _compare(store: RunStore, runs) -> None:
     st.plotly_chart(forest_figure(shown), key="forest_chart")
     views.time_table([{"workload": w.workload, "device": w.device,
                       "A median us": w.a.median_seconds * 1e6 if w.a else None,
-                      "B median us": w.b.median_seconds * 1e6 if w.b else None,
+                      "B median us": w.b.median_seconds * 1e6 if w.b else None}
+                     | ({"A here us": _geomean(w.remeasured.seconds_a) * 1e6 if w.remeasured else None,
+                         "B here us": _geomean(w.remeasured.seconds_b) * 1e6 if w.remeasured else None,
+                         "kernels here (run#rank)": f"{_kernel(w.remeasured.kernel_a)} / {_kernel(w.remeasured.kernel_b)}"
+                         if w.remeasured else None} if comparison.rounds else {}) | {
                       "B/A": w.interval.ratio if w.interval else None,
                       "low": w.interval.low if w.interval else None,
                       "high": w.interval.high if w.interval else None,
@@ -128,7 +138,8 @@ def _compare(store: RunStore, runs) -> None:
                       "noise model": w.interval.model if w.interval else None,
                       "run sd %": w.interval.spread * 100 if w.interval else None,
                       "verdict": w.verdict + (f" ({w.why})" if w.why else "")} for w in shown])
-    st.download_button("Download the comparison report (HTML)", partial(_comparison_html, store.path, a, b, noise),
+    st.download_button("Download the comparison report (HTML)",
+                       partial(_comparison_html, store.path, a, b, noise, comparison if comparison.rounds else None),
                        file_name="comparison-report.html", mime="text/html", key="compare_report", on_click="ignore")
     if not shown:
         return
@@ -153,10 +164,44 @@ def _run_report(store: RunStore, runs) -> None:
                        file_name=f"run-{run_id}-report.html", mime="text/html", key="run_report", on_click="ignore")
 
 
-def _comparison_html(path: Path, a: dict, b: dict, noise: Noise | None) -> str:
-    """The comparison report, made when the download is clicked (in a thread of its own)."""
+def _comparison_html(path: Path, a: dict, b: dict, noise: Noise | None, remeasured: RunsComparison | None) -> str:
+    """The comparison report (the remeasured one where the page holds it), made when the download
+    is clicked (in a thread of its own)."""
     with RunStore(path) as store:
-        return comparison_report(store, compare_runs(store, mapping_selector(a), mapping_selector(b), noise=noise))
+        return comparison_report(store, remeasured or compare_runs(store, mapping_selector(a), mapping_selector(b),
+                                                                    noise=noise))
+
+
+def _remeasured(store: RunStore, comparison: RunsComparison, picked: tuple) -> RunsComparison:
+    """The Remeasure control: each workload's stored kernels of both sides rebuilt and timed here
+    in turn when the button is pressed (`pipeline.remeasure_runs`, as `runs compare --remeasure`);
+    the page keeps showing that comparison while the pickers (`picked`) and rounds stay as they were."""
+    left, right = st.columns([1, 3])
+    rounds = left.number_input("rounds", min_value=2, max_value=MAX_ROUNDS, value=ROUNDS, step=1,
+                               key="compare_rounds", help="how many times each kernel is timed here")
+    key = (repr(picked), rounds)
+    with right:
+        st.write("")  # align the button with the number's box
+        pressed = st.button("Remeasure here in turn", key="compare_remeasure",
+                            help="rebuild each workload's fastest stored kernels of A and of B (each run's three "
+                            "fastest) and time them one after another on this machine: verdicts that a host's drift "
+                            "between runs cannot move")
+    if pressed:
+        try:
+            with st.spinner(f"rebuilding and timing each workload's kernels here, {rounds} rounds"):
+                st.session_state["compare_remeasured"] = (key, pipeline.remeasure_runs(store, comparison, int(rounds)))
+        except UserError as err:
+            st.error(message(err))
+    held = st.session_state.get("compare_remeasured")
+    return held[1] if held and held[0] == key else comparison
+
+
+def _geomean(seconds) -> float:
+    return float(np.exp(np.mean(np.log(seconds))))
+
+
+def _kernel(kernel: tuple[int, int]) -> str:
+    return f"{kernel[0]}#{kernel[1]}"
 
 
 def _charts(store: RunStore, runs, measured: dict) -> None:

@@ -3,15 +3,19 @@
 Stored runs are compared run against run (`versus`), and a shared host drifts between runs by far
 more than a change worth catching: the run-to-run sd of a log time was 0.70 on a loaded host, and
 a run of a workload's kernels can fall into a spell that slows everything by 40 % (evidence:
-docs/evidence.md#timing-in-turn). Timed in turn, a few hundred milliseconds apart, two kernels
-share the spell, and the ratio of one round's two times cancels it. So for each compared workload
-the kernel each side ran fastest (in its fastest run) is rebuilt from the store, both are checked
-and timed A, B, A, B, ... (`session.time_in_turns`), and B/A is exp of the mean of the rounds' log
-ratios, its interval Student's t on their spread (rounds - 1 degrees of freedom); verdicts as
-`versus.verdict`, with its margin and confidence.
+docs/evidence.md#timing-in-turn). Timed in turn, a few hundred milliseconds apart, kernels
+share the spell, and the ratio of one round's times cancels it. So for each compared workload each
+side's stored kernels (each run's `versus.CONTENDERS` fastest: a run's fastest few are near ties,
+and which of them its drift put first says nothing of the code) are rebuilt from the store, checked
+and timed one after another, round after round (`session.time_in_turns`); a program both sides
+stored is built and timed once, for both. Each side's fastest here is the contender with the least
+geometric mean over the rounds, and B/A is exp of the mean of the rounds' log ratios of those two,
+its interval Student's t on their spread (rounds - 1 degrees of freedom); verdicts as
+`versus.verdict`, with its margin and confidence. When both sides' fastest is one program the ratio
+is 1 in every round: the two sides hold the same kernel.
 
-What this compares is the two programs, built by this checkout on this machine: a change in which
-program a run chose (a spec, a policy, the model's ranking) is what it confirms or refutes, not a
+What this compares is the programs, built by this checkout on this machine: a change in which
+programs a run stored (a spec, a policy, the model's ranking) is what it confirms or refutes, not a
 change in code generation between two commits (both are rebuilt by the same code), and the two
 sides' kernels must run here. Runs whose devices this machine cannot run, or whose stored
 programs no longer build, are not comparable, with the reason.
@@ -37,14 +41,14 @@ ROUNDS = 20
 MAX_ROUNDS = 100
 IN_TURN = "in turn"  # the noise model of a remeasured workload (beside versus.RUNS and versus.FLOOR)
 
-# (expression, device, candidate) per side, rounds -> per side, one Measurement per round
+# (expression, device, candidate) per kernel, rounds -> per kernel, one Measurement per round
 Measure = Callable[[Sequence[tuple], int], Sequence[Sequence[Measurement]]]
 Rebuild = Callable[[int, int], tuple]  # (run id, rank) -> (expression, device, candidate)
 
 
-def fastest_kernel(side: Side) -> tuple[int, int]:
-    """(run, rank) of the side's kernel in its fastest run (`Side.run_seconds`)."""
-    return side.kernels[int(np.argmin(side.run_seconds))]
+def contenders(side: Side) -> tuple[tuple[int, int], ...]:
+    """(run, rank) of the kernels the remeasure times for `side`: its runs' few fastest."""
+    return side.contenders or side.kernels
 
 
 def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float) -> RatioInterval:
@@ -63,8 +67,8 @@ def paired_interval(a: Sequence[float], b: Sequence[float], confidence: float) -
 def remeasure(comparison: RunsComparison, rebuild: Rebuild, rounds: int = ROUNDS, timing: Timing = Timing(),
               measure: Measure | None = None, cannot_run: Callable[[object], str] | None = None,
               progress: Callable[[str], None] | None = None) -> RunsComparison:
-    """`comparison` with each workload both sides measured re-decided from its two fastest kernels
-    timed here in turn, `rounds` times each (module docstring). `rebuild(run, rank)` gives a
+    """`comparison` with each workload both sides measured re-decided from the sides' fastest
+    stored kernels timed here in turn, `rounds` times each (module docstring). `rebuild(run, rank)` gives a
     stored kernel's (expression, device, candidate), UserError when it cannot
     (`pipeline.stored_kernel`: the workload's expression needs `workload.py`, a room above this
     one). `measure` and `cannot_run` default to the local runner's (`session.time_in_turns`,
@@ -93,24 +97,44 @@ def remeasure(comparison: RunsComparison, rebuild: Rebuild, rounds: int = ROUNDS
 
 def _remeasured(w: WorkloadComparison, rebuild: Rebuild, rounds: int, confidence: float, margin: float,
                 measure: Measure, cannot_run: Callable[[object], str]) -> WorkloadComparison:
-    kernels = fastest_kernel(w.a), fastest_kernel(w.b)
-    try:
-        sides = [rebuild(run, rank) for run, rank in kernels]
-    except UserError as err:
-        return _not_comparable(w, f"cannot rebuild: {err}")
-    for _, spec, _ in sides:
+    kernels = contenders(w.a), contenders(w.b)
+    programs: list[tuple] = []  # distinct (expression, device, candidate), each timed once
+    where: list[list[int]] = [[], []]  # per side, its contenders' indices into `programs`
+    for side, stored in zip(where, kernels):
+        for run, rank in stored:
+            try:
+                built = rebuild(run, rank)
+            except UserError as err:
+                return _not_comparable(w, f"cannot rebuild: {err}")
+            key = (built[2].program, built[1])  # the same schedule of the same expression on the same spec
+            found = next((i for i, p in enumerate(programs) if (p[2].program, p[1]) == key), None)
+            if found is None:
+                programs.append(built)
+                found = len(programs) - 1
+            side.append(found)
+    for spec in dict.fromkeys(spec for _, spec, _ in programs):
         problem = cannot_run(spec)
         if problem:
             return _not_comparable(w, f"cannot run {spec.name}'s kernels here: {problem}")
-    measured = measure(sides, rounds)
-    for name, (run, rank), ms in zip("AB", kernels, measured):
-        failed = next((m for m in ms if not m.ok), None)
-        if failed is not None:
-            return _not_comparable(w, f"{name}'s kernel (run {run}, rank {rank}) failed here: {failed.error}")
-    a, b = (tuple(m.median_seconds for m in ms) for ms in measured)
+    measured = measure(programs, rounds)
+    for name, side, stored in zip("AB", where, kernels):
+        for i, (run, rank) in zip(side, stored):
+            failed = next((m for m in measured[i] if not m.ok), None)
+            if failed is not None:
+                return _not_comparable(w, f"{name}'s kernel (run {run}, rank {rank}) failed here: {failed.error}")
+    rounds_of = [tuple(m.median_seconds for m in ms) for ms in measured]
+    geomean = [math.exp(float(np.mean(np.log(t)))) for t in rounds_of]
+    fastest = [min(range(len(side)), key=lambda k: (geomean[side[k]], k)) for side in where]
+    a, b = (rounds_of[side[k]] for side, k in zip(where, fastest))
     interval = paired_interval(a, b, confidence)
     v, why = verdict(interval, margin)
-    return replace(w, interval=interval, verdict=v, why=why, remeasured=Remeasured(*kernels, a, b))
+    same = where[0][fastest[0]] == where[1][fastest[1]]
+    if same:
+        why = "both sides' fastest here is the same program"
+    tried = [tuple((run, rank, geomean[i]) for i, (run, rank) in zip(side, stored)) for side, stored in zip(where, kernels)]
+    chosen = [stored[k] for stored, k in zip(kernels, fastest)]
+    return replace(w, interval=interval, verdict=v, why=why,
+                   remeasured=Remeasured(chosen[0], chosen[1], a, b, tried[0], tried[1], same))
 
 
 def _not_comparable(w: WorkloadComparison, why: str) -> WorkloadComparison:

@@ -288,6 +288,8 @@ class Side:
     run_seconds: tuple[float, ...]  # per run of `kernels`: its best kernel's median repeat
     seconds: tuple[float, ...]
     predicted_seconds: float  # the predicted time of the first run's best kernel
+    # (run id, rank): each run's CONTENDERS fastest correct kernels, which `remeasure` times again
+    contenders: tuple[tuple[int, int], ...] = ()
 
     @property
     def best_seconds(self) -> float:
@@ -307,17 +309,24 @@ class Side:
 
 @dataclass(frozen=True)
 class Remeasured:
-    """One workload's two kernels timed here in turn (`profile.remeasure`): which stored kernel
-    each side rebuilt (run, rank), and per round each one's median repeat."""
+    """One workload's kernels timed here in turn (`profile.remeasure`): each side's contenders
+    (run, rank, the geometric mean of its rounds), the one each side ran fastest here, and per
+    round that one's median repeat. A program both sides stored is timed once, for both."""
 
     kernel_a: tuple[int, int]
     kernel_b: tuple[int, int]
     seconds_a: tuple[float, ...]
     seconds_b: tuple[float, ...]
+    contenders_a: tuple[tuple[int, int, float], ...] = ()
+    contenders_b: tuple[tuple[int, int, float], ...] = ()
+    same_program: bool = False  # both sides' fastest here is one program
 
     def to_dict(self) -> dict:
-        return {"a": {"run": self.kernel_a[0], "rank": self.kernel_a[1], "round_seconds": list(self.seconds_a)},
-                "b": {"run": self.kernel_b[0], "rank": self.kernel_b[1], "round_seconds": list(self.seconds_b)}}
+        return {side: {"run": kernel[0], "rank": kernel[1], "round_seconds": list(seconds),
+                       "contenders": [{"run": r, "rank": k, "seconds": t} for r, k, t in contenders]}
+                for side, kernel, seconds, contenders in (("a", self.kernel_a, self.seconds_a, self.contenders_a),
+                                                          ("b", self.kernel_b, self.seconds_b, self.contenders_b))} \
+            | {"same_program": self.same_program}
 
 
 @dataclass(frozen=True)
@@ -401,29 +410,34 @@ class RunsComparison:
         }
 
 
-def best_kernel(store: RunStore, run: RunRecord) -> tuple[int, tuple[float, ...], float] | None:
-    """(rank, repeats, predicted seconds) of the run's correct candidate with the lowest median
-    repeat (ties: the lower rank); None when none was correct and timed."""
-    found = [(m.measurement.median_seconds, m.rank, m.measurement.seconds, m.predicted_seconds)
+# A run's fastest few kernels are near ties more often than not (two same-code runs of cpu-core on
+# the Zen 4 kept different ones of their top three on 4 of 13 workloads, and timed in turn the one
+# a run kept was up to 5 % slower: docs/benchmarks.md, "Remeasured in turn"), so the remeasure
+# times each run's three fastest again, not the one its drift picked.
+CONTENDERS = 3
+
+
+def ranked_kernels(store: RunStore, run: RunRecord) -> list[tuple[int, tuple[float, ...], float]]:
+    """(rank, repeats, predicted seconds) of the run's correct, timed candidates, fastest median
+    repeat first (ties: the lower rank)."""
+    found = [(m.measurement.median_seconds, m.rank, tuple(m.measurement.seconds), m.predicted_seconds)
              for m in store.measurements_of(run.id) if m.measurement.ok and m.measurement.seconds]
-    if not found:
-        return None
-    _, rank, seconds, predicted = min(found, key=lambda f: (f[0], f[1]))
-    return rank, tuple(seconds), predicted
+    return [(rank, seconds, predicted) for _, rank, seconds, predicted in sorted(found, key=lambda f: (f[0], f[1]))]
 
 
 def side_of(store: RunStore, runs: Sequence[RunRecord]) -> Side | None:
-    kernels, per_run, seconds, predicted = [], [], [], None
+    kernels, per_run, seconds, predicted, contenders = [], [], [], None, []
     for run in runs:
-        found = best_kernel(store, run)
-        if found is None:
+        ranked = ranked_kernels(store, run)
+        if not ranked:
             continue
-        rank, repeats, p = found
+        rank, repeats, p = ranked[0]
         kernels.append((run.id, rank))
+        contenders.extend((run.id, r) for r, _, _ in ranked[:CONTENDERS])
         per_run.append(float(np.median(repeats)))
         seconds.extend(repeats)
         predicted = p if predicted is None else predicted
-    return Side(tuple(kernels), tuple(per_run), tuple(seconds), predicted) if kernels else None
+    return Side(tuple(kernels), tuple(per_run), tuple(seconds), predicted, tuple(contenders)) if kernels else None
 
 
 def compare_sides(workload: str, device: str, a: Side | None, b: Side | None, confidence: float,
@@ -504,10 +518,11 @@ def noise_text(noise: Noise) -> str:
 
 def remeasured_text(rounds: int) -> str:
     """How a remeasured comparison decides, in a sentence (`remeasure`)."""
-    return (f"remeasured here in turn: each workload's fastest stored kernel of A and of B rebuilt, checked and timed "
-            f"A, B, A, B, ... ({rounds} rounds; a time: the kernel's median repeat); B/A is exp of the mean of the "
-            f"rounds' log ratios, its interval Student's t on their spread (rounds in the runs column, the rounds' sd "
-            f"in the run sd column)")
+    return (f"remeasured here in turn: each side's stored kernels (each run's {CONTENDERS} fastest) rebuilt, checked "
+            f"and timed one after another, {rounds} rounds (a time: the kernel's median repeat; a program both sides "
+            f"stored timed once); each side's fastest here by the geometric mean of its rounds; B/A is exp of the mean "
+            f"of the rounds' log ratios of those two, its interval Student's t on their spread (rounds in the runs "
+            f"column, the rounds' sd in the run sd column)")
 
 
 def mapping_selector(values: Mapping[str, str | Sequence[str]], text: str = "") -> Selector:
