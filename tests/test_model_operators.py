@@ -203,7 +203,7 @@ def test_onnxruntime_nchwc_nodes_map_to_the_operators_computing_them(tmp_path):
     following the blocked outputs downstream to the only tensor under its original name (`y`)
     would put them all."""
     from workbench.models import ort_profile
-    from workbench.models.execute import operator_outputs
+    from workbench.models.execute import operators_alone
 
     nodes = [_node("Conv", ["x", "w1", "b1"], "c1", pads=[1, 1, 1, 1]), _node("Relu", ["c1"], "r1"),
              _node("Conv", ["r1", "w2"], "c2", pads=[1, 1, 1, 1]), _node("Add", ["c2", "r1"], "s"),
@@ -217,7 +217,7 @@ def test_onnxruntime_nchwc_nodes_map_to_the_operators_computing_them(tmp_path):
     mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
     inputs = model_inputs(mc.model, 0)
     names = [r.operator.name for r in mc.results]
-    outputs = operator_outputs(mc, build_model_kernels(mc), inputs)
+    outputs, _ = operators_alone(mc, build_model_kernels(mc), inputs, repeat=1)
     profile = ort_profile.profile(path, inputs, 1, 1, list(zip(names, outputs)))
     if not any(n.name.endswith("_nchwc") for n in profile.nodes):
         pytest.skip("ONNX Runtime keeps NCHW convs on this CPU (no NCHWc kernels)")

@@ -19,7 +19,7 @@ from workbench.construct.stepper import construct
 from workbench.errors import UserError
 from workbench.fmt import duration
 from workbench.models.construction import OperatorResult, construct_model, report_dict, report_text, roperators
-from workbench.models.execute import build_model_kernels, model_inputs, run_model
+from workbench.models.execute import build_model_kernels, model_inputs, planned_run, run_model
 from workbench.models.onnx_import import MAX_MODEL_BYTES, MAX_MODEL_ELEMENTS, Operator, import_model
 from workbench.models.rammer import schedule
 from workbench.ops.shapes import MAX_ELEMENTS
@@ -830,7 +830,11 @@ def test_run_report_finds_outputs_off_by_more_than_the_tolerance(monkeypatch):
     good = run.run_model_report(mc, SAMPLES / "mlp.onnx")
     assert good.outputs_match and len(good.operators) == len(mc.results)
     off = 10 * (run.ATOL + run.RTOL)  # beyond the tolerance on every output of magnitude <= 9
-    monkeypatch.setattr(run, "run_model", lambda *a: tuple(o + off for o in run_model(*a)))
+    def off_by(*args):
+        outputs, call = planned_run(*args)
+        return tuple(o + off for o in outputs), call
+
+    monkeypatch.setattr(run, "planned_run", off_by)
     bad = run.run_model_report(mc, SAMPLES / "mlp.onnx")
     assert not bad.outputs_match and bad.max_abs_error == pytest.approx(off, rel=1e-2)
     assert "outputs DO NOT match ONNX Runtime" in bad.text()

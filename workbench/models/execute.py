@@ -300,44 +300,43 @@ def _unscheduled(op, device, reason: str) -> OperatorKernel:
 
 
 def run_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """The model's outputs for `inputs` (by input name), running `kernels` in dataflow order on
-    the buffers `whole_model` times them on (`memory_plan`), so the check covers the plan too."""
-    calls = _run(mc.model, kernels, inputs, shared=True)
-    return tuple(calls[op][1][item].numpy() for op, item in mc.model.outputs)
+    """The model's outputs for `inputs` (by input name), as `planned_run` gives them."""
+    return planned_run(mc, kernels, inputs)[0]
 
 
-def operator_outputs(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """Each operator's first output when `kernels` run the model on `inputs`, in dataflow order."""
-    return tuple(outs[0].numpy() for _, outs in _run(mc.model, kernels, inputs))
-
-
-def whole_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> Callable[[], None]:
-    """A call that runs the whole model: every kernel in dataflow order on the real arguments of
-    one run on `inputs` (also the warm-up), on buffers already in place (as a runtime holds its
-    weights), so that copying the inputs and weights in is not counted, the intermediate values
-    sharing buffers as a runtime's memory planner shares them (`memory_plan`)."""
+def planned_run(mc: ModelConstruction, kernels,
+                inputs: Mapping[str, np.ndarray]) -> tuple[tuple[np.ndarray, ...], Callable[[], None]]:
+    """The model's outputs for `inputs`, running `kernels` in dataflow order with the intermediate
+    values sharing buffers as a runtime's memory planner shares them (`memory_plan`), and a call
+    that runs the whole model again on those buffers, already in place (as a runtime holds its
+    weights), so that timing it counts no copy of the inputs and weights: the outputs checked are
+    those of the buffers timed, so the check covers the plan too."""
     shared = _run(mc.model, kernels, inputs, shared=True)
+    outputs = tuple(shared[op][1][item].numpy() for op, item in mc.model.outputs)
     mains = [k.module["main"] for k in kernels]
 
     def call():
         for main, (args, outs) in zip(mains, shared):
             main(*args, *outs)
 
-    return call
+    return outputs, call
 
 
-def operator_seconds(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
-                     repeat: int = 5) -> tuple[float, ...]:
-    """Each operator's own time on the real arguments of one run on `inputs`, every value in a
-    buffer of its own: the best of `repeat` runs of at least 5 ms each, so that a microsecond
-    kernel is timed over many calls."""
+def operators_alone(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
+                    repeat: int = 5) -> tuple[tuple[np.ndarray, ...], tuple[float, ...]]:
+    """Each operator's first output in dataflow order, and its own time on the real arguments of
+    the run on `inputs`, every value in a buffer of its own (ONNX Runtime's per-node profile is set
+    beside these): the best of `repeat` runs of at least 5 ms each, so that a microsecond kernel
+    is timed over many calls."""
     import tvm
 
+    calls = _run(mc.model, kernels, inputs)
+    outputs = tuple(outs[0].numpy() for _, outs in calls)  # before the timing runs them again
     each = []
-    for kernel, (args, outs) in zip(kernels, _run(mc.model, kernels, inputs)):
+    for kernel, (args, outs) in zip(kernels, calls):
         timer = kernel.module.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat, min_repeat_ms=5)
         each.append(min(timer(*args, *outs).results))
-    return tuple(each)
+    return outputs, tuple(each)
 
 
 def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray],

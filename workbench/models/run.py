@@ -21,7 +21,7 @@ from workbench.fmt import duration
 from workbench.models.construction import ModelConstruction
 from workbench.models import ort_profile
 from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
-                                      operator_outputs, operator_seconds, run_model, whole_model)
+                                      operators_alone, planned_run)
 from workbench.models.onnx_import import fused_module, read_onnx
 from workbench.profile.baselines import best_seconds, best_seconds_in_turn
 from workbench.profile.local import pool_threads
@@ -164,7 +164,7 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
              if pick == "measured" else ())
     pick_seconds = time.perf_counter() - start if pick == "measured" else 0.0
     kernels = build_model_kernels(mc, rank, picks)
-    ours = run_model(mc, kernels, inputs)
+    ours, whole_model = planned_run(mc, kernels, inputs)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = mc.device.compute_units
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -172,13 +172,13 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     errors = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, expected)]
     match = all(a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(ours, expected))
     # in turn, so that a spell of the shared host's slowness slows both alike (`best_seconds_in_turn`)
-    seconds, ort_seconds = best_seconds_in_turn((whole_model(mc, kernels, inputs), lambda: session.run(None, inputs)),
+    seconds, ort_seconds = best_seconds_in_turn((whole_model, lambda: session.run(None, inputs)),
                                                 Timing(repeat=REPEAT), settle_s=SETTLE_S)
-    each = operator_seconds(mc, kernels, inputs, REPEAT)
+    outputs, each = operators_alone(mc, kernels, inputs, REPEAT)
     tvm_seconds, tvm_error = _tvm_default(mc, path, inputs)
     names = [r.operator.name for r in mc.results]
     ort = ort_profile.profile(path, inputs, mc.device.compute_units, REPEAT,
-                              list(zip(names, operator_outputs(mc, kernels, inputs))))
+                              list(zip(names, outputs)))
     picked = {name: p for p in picks for name in p.func_names}
     operators = tuple(OperatorTime(r.operator.name, t, r.predicted_seconds, k.scheduled, k.rank if k.scheduled else None,
                                    picked.get(r.operator.func_name), "" if k.scheduled else k.error,

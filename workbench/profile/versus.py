@@ -410,10 +410,10 @@ class RunsComparison:
         }
 
 
-# A run's fastest few kernels are near ties more often than not (two same-code runs of cpu-core on
-# the Zen 4 kept different ones of their top three on 4 of 13 workloads, and timed in turn the one
-# a run kept was up to 5 % slower: docs/benchmarks.md, "Remeasured in turn"), so the remeasure
-# times each run's three fastest again, not the one its drift picked.
+# A run's fastest few kernels are near ties more often than not (against one same-code run of
+# cpu-core on the Zen 4, three others kept another of their top three on 3 to 10 of 13 workloads,
+# and timed in turn the one a run kept was up to 5 % slower: docs/benchmarks.md, "Remeasured in
+# turn"), so the remeasure times each run's three fastest again, not the one its drift picked.
 CONTENDERS = 3
 
 
