@@ -178,7 +178,8 @@ def _run_section(mc, path: str, digest: str, dims: str, sel: Request) -> None:
                        "ORT us": None if o.onnxruntime_seconds is None else o.onnxruntime_seconds * 1e6,
                        "ORT / ours": None if o.onnxruntime_seconds is None else o.onnxruntime_seconds / o.measured_seconds,
                        "ORT nodes": ", ".join(o.onnxruntime_nodes),
-                       "kernel": "scheduled" if o.scheduled else "TVM default lowering", "rank": o.rank}
+                       "kernel": ("scheduled" if o.scheduled else "TVM default lowering")
+                       + (", in place: not run in the whole model" if o.in_place else ""), "rank": o.rank}
                       for i, (n, o) in enumerate(zip(names, run.operators))])
     if run.onnxruntime_unmatched:
         st.caption(f"ONNX Runtime nodes no operator computes: "

@@ -301,25 +301,61 @@ def _unscheduled(op, device, reason: str) -> OperatorKernel:
 
 def run_model(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     """The model's outputs for `inputs` (by input name), as `planned_run` gives them."""
-    return planned_run(mc, kernels, inputs)[0]
+    return planned_run(mc, kernels, inputs).outputs
 
 
-def planned_run(mc: ModelConstruction, kernels,
-                inputs: Mapping[str, np.ndarray]) -> tuple[tuple[np.ndarray, ...], Callable[[], None]]:
+@dataclass(frozen=True)
+class PlannedRun:
+    outputs: tuple[np.ndarray, ...]
+    call: Callable[[], None]  # the whole model again, on the same buffers
+    in_place: frozenset  # the operators that do not run: concatenations their parts were written into
+
+
+def planned_run(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray]) -> PlannedRun:
     """The model's outputs for `inputs`, running `kernels` in dataflow order with the intermediate
-    values sharing buffers as a runtime's memory planner shares them (`memory_plan`), and a call
-    that runs the whole model again on those buffers, already in place (as a runtime holds its
-    weights), so that timing it counts no copy of the inputs and weights: the outputs checked are
-    those of the buffers timed, so the check covers the plan too."""
-    shared = _run(mc.model, kernels, inputs, shared=True)
+    values sharing buffers as a runtime's memory planner shares them (`memory_plan`, with the
+    concatenations `concat_axes` finds placed in place where they can be), and a call that runs
+    the whole model again on those buffers, already in place (as a runtime holds its weights), so
+    that timing it counts no copy of the inputs and weights: the outputs checked are those of the
+    buffers timed, so the check covers the plan too."""
+    planned = memory_plan.plan(mc.model, concat_axes(mc.model, kernels))
+    shared = _run(mc.model, kernels, inputs, planned)
     outputs = tuple(shared[op][1][item].numpy() for op, item in mc.model.outputs)
-    mains = [k.module["main"] for k in kernels]
+    calls = [(k.module["main"], args, outs) for i, (k, (args, outs)) in enumerate(zip(kernels, shared))
+             if i not in planned.in_place]
 
     def call():
-        for main, (args, outs) in zip(mains, shared):
+        for main, args, outs in calls:
             main(*args, *outs)
 
-    return outputs, call
+    return PlannedRun(outputs, call, planned.in_place)
+
+
+def concat_axes(model: ImportedModel, kernels) -> dict[int, int]:
+    """The operators that concatenate other operators' outputs, each with its axis: of those whose
+    output's shape is their parts' joined along one axis, the ones whose own kernel, run on random
+    parts, gives exactly numpy's concatenation of them (what the kernel does, not what its name
+    says: a concatenation fused with an activation is not one). For `memory_plan.plan`."""
+    import tvm
+
+    found = {}
+    for i, (op, kernel) in enumerate(zip(model.operators, kernels)):
+        if len(op.outputs) != 1 or len(op.args) < 2 or any(a.source != "operator" for a in op.args):
+            continue
+        (shape, dtype), = op.outputs
+        shapes = [a.shape for a in op.args]
+        axes = [d for d in range(len(shape)) if all(len(s) == len(shape) for s in shapes)
+                and all(s[k] == shape[k] for s in shapes for k in range(len(shape)) if k != d)
+                and sum(s[d] for s in shapes) == shape[d]]
+        if len(axes) != 1 or any(a.dtype != dtype for a in op.args):
+            continue
+        rng = np.random.default_rng(i)
+        parts = [rng.uniform(-1, 1, s).astype(dtype) for s in shapes]
+        out = tvm.runtime.tensor(np.zeros(shape, dtype=dtype), tvm.cpu())
+        kernel.module["main"](*[tvm.runtime.tensor(p, tvm.cpu()) for p in parts], out)
+        if np.array_equal(out.numpy(), np.concatenate(parts, axis=axes[0])):
+            found[i] = axes[0]
+    return found
 
 
 def operators_alone(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndarray],
@@ -340,10 +376,10 @@ def operators_alone(mc: ModelConstruction, kernels, inputs: Mapping[str, np.ndar
 
 
 def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray],
-         shared: bool = False) -> list[tuple[list, list]]:
+         planned: memory_plan.MemoryPlan | None = None) -> list[tuple[list, list]]:
     """Run the model; per operator, the tensors it read and the ones it wrote: each output in a
-    buffer of its own, or with `shared` where `memory_plan` puts it (a value read after the run
-    may then hold a later one's data)."""
+    buffer of its own, or where `planned` puts it (a value read after the run may then hold a
+    later one's data; a concatenation placed in place does not run, its parts written into it)."""
     import tvm
 
     dev = tvm.cpu()
@@ -359,23 +395,35 @@ def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray],
     weights = [tvm.runtime.tensor(np.array(c, order="C"), dev) for c in model.constants]
     results: list[list] = []  # per operator, its output tensors
     calls = []
-    if shared:
-        plan = memory_plan.plan(model)
-        slots = [tvm.runtime.empty((max(size, 1),), "uint8", dev) for size in plan.slots]
+    if planned is not None:
+        slots = [tvm.runtime.empty((max(size, 1),), "uint8", dev) for size in planned.slots]
     for i, (op, kernel) in enumerate(zip(model.operators, kernels)):
         args = [_value(a, feeds, weights, results) for a in op.args]
-        if shared:  # a view of its slot's bytes (TVM's own VM places its planned values the same way)
-            outs = [slots[plan.where[(i, item)]]._create_view(shape, dtype) for item, (shape, dtype) in
-                    enumerate(op.outputs)]
+        if planned is not None:  # a view of its slot's bytes (TVM's own VM places its planned values the same way)
+            outs = [_view(slots[planned.where[(i, item)]], shape, dtype, planned.offset((i, item)))
+                    for item, (shape, dtype) in enumerate(op.outputs)]
         else:
             outs = [tvm.runtime.tensor(np.zeros(shape, dtype=dtype), dev) for shape, dtype in op.outputs]
         try:
-            kernel.module["main"](*args, *outs)
+            if planned is None or i not in planned.in_place:
+                kernel.module["main"](*args, *outs)
         except Exception as err:  # a TVM runtime error names this operator, not the model
             raise RuntimeError(f"operator {op.name}: {first_line(err)}") from err
         results.append(outs)
         calls.append((args, outs))
     return calls
+
+
+def _view(slot, shape: tuple[int, ...], dtype: str, offset: int):
+    """A `shape` x `dtype` tensor over `slot`'s bytes from `offset` on. A kernel refuses a tensor
+    with a byte offset (its buffers are declared without one), so past the start the view is
+    numpy's over the same bytes, handed back through DLPack: its data pointer moved instead."""
+    if not offset:
+        return slot._create_view(shape, dtype)
+    import tvm
+
+    size = memory_plan.value_bytes(shape, dtype)
+    return tvm.runtime.from_dlpack(np.from_dlpack(slot)[offset:offset + size].view(dtype).reshape(shape))
 
 
 def _value(arg, feeds: dict, weights: list, results: list):

@@ -48,12 +48,18 @@ class OperatorTime:
     reason: str = ""  # why TVM's default lowering ran ("" when scheduled)
     onnxruntime_seconds: float | None = None  # ONNX Runtime's nodes mapped to it (`ort_profile`); None: none
     onnxruntime_nodes: tuple[str, ...] = ()
+    in_place: bool = False  # a concatenation its parts were written into: the whole run does not run it
+
+    @property
+    def kernel_text(self) -> str:
+        what = f"scheduled, rank {self.rank}" if self.scheduled else "TVM DEFAULT LOWERING"
+        return what + (" (in place: not run in the whole model)" if self.in_place else "")
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "measured_seconds": self.measured_seconds,
                "predicted_seconds": self.predicted_seconds, "scheduled": self.scheduled, "rank": self.rank,
                "reason": self.reason, "onnxruntime_seconds": self.onnxruntime_seconds,
-               "onnxruntime_nodes": list(self.onnxruntime_nodes)}
+               "onnxruntime_nodes": list(self.onnxruntime_nodes), "in_place": self.in_place}
         if self.pick is not None:  # each candidate tried, its best repeat (None: failed, `error` says why)
             out["profile_run_id"] = self.pick.profile.run_id
             out["candidates_tried"] = [{"rank": m.rank, "seconds": m.best_seconds if m.ok else None, "error": m.error}
@@ -110,8 +116,7 @@ class ModelRun:
         for o in self.operators:  # duration: "-" for an operator without a prediction
             ratio = f"{o.onnxruntime_seconds / o.measured_seconds:.2f}" if o.onnxruntime_seconds else "-"
             lines.append(f"{o.name[:40]:40s} {duration(o.measured_seconds):>10s} {duration(o.predicted_seconds):>10s} "
-                         f"{duration(o.onnxruntime_seconds):>10s} {ratio:>8s} "
-                         + (f"scheduled, rank {o.rank}" if o.scheduled else "TVM DEFAULT LOWERING"))
+                         f"{duration(o.onnxruntime_seconds):>10s} {ratio:>8s} " + o.kernel_text)
         if self.onnxruntime_unmatched:
             lines.append(f"ONNX Runtime nodes no operator computes: {len(self.onnxruntime_unmatched)}, "
                          f"{duration(sum(s for _, _, s, _ in self.onnxruntime_unmatched))} in all: "
@@ -164,7 +169,8 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
              if pick == "measured" else ())
     pick_seconds = time.perf_counter() - start if pick == "measured" else 0.0
     kernels = build_model_kernels(mc, rank, picks)
-    ours, whole_model = planned_run(mc, kernels, inputs)
+    planned = planned_run(mc, kernels, inputs)
+    ours = planned.outputs
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = mc.device.compute_units
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -172,7 +178,7 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     errors = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, expected)]
     match = all(a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(ours, expected))
     # in turn, so that a spell of the shared host's slowness slows both alike (`best_seconds_in_turn`)
-    seconds, ort_seconds = best_seconds_in_turn((whole_model, lambda: session.run(None, inputs)),
+    seconds, ort_seconds = best_seconds_in_turn((planned.call, lambda: session.run(None, inputs)),
                                                 Timing(repeat=REPEAT), settle_s=SETTLE_S)
     outputs, each = operators_alone(mc, kernels, inputs, REPEAT)
     tvm_seconds, tvm_error = _tvm_default(mc, path, inputs)
@@ -182,8 +188,8 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     picked = {name: p for p in picks for name in p.func_names}
     operators = tuple(OperatorTime(r.operator.name, t, r.predicted_seconds, k.scheduled, k.rank if k.scheduled else None,
                                    picked.get(r.operator.func_name), "" if k.scheduled else k.error,
-                                   ort.seconds(r.operator.name), ort.nodes_of(r.operator.name))
-                      for r, k, t in zip(mc.results, kernels, each))
+                                   ort.seconds(r.operator.name), ort.nodes_of(r.operator.name), i in planned.in_place)
+                      for i, (r, k, t) in enumerate(zip(mc.results, kernels, each)))
     times = {n.name: n for n in ort.nodes}
     unmatched = tuple((n, times[n].op_type, times[n].seconds, why) for n, why in ort.unmatched)
     return ModelRun(match, max(errors, default=0.0), seconds, ort_seconds, tvm_seconds, tvm_error, operators,
