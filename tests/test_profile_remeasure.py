@@ -116,6 +116,8 @@ def test_a_five_percent_slower_best_is_told_through_drift(store_path):
         assert w.interval.ratio == pytest.approx(1.05, rel=0.01) and w.interval.model == IN_TURN
         assert (w.remeasured.kernel_a[1], w.remeasured.kernel_b[1], w.remeasured.same_program) == (1, 2, False)
         assert [k for _, k, _ in w.remeasured.contenders_b] == [k for _, k in w.b.contenders if k != 1]
+        here = [math.exp(np.mean(np.log(t))) for t in (w.remeasured.seconds_a, w.remeasured.seconds_b)]
+        assert w.remeasured.here_seconds == pytest.approx(here)  # the chosen kernels' own rounds
     doc = slower.to_dict(3.0)
     assert doc["remeasured_rounds"] == 10 and doc["regressions"] == ["mm-32", "mm-48"]
     row = doc["workloads"][0]

@@ -17,7 +17,6 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import streamlit as st
 
 from workbench import pipeline
@@ -127,8 +126,8 @@ def _compare(store: RunStore, runs) -> None:
     views.time_table([{"workload": w.workload, "device": w.device,
                       "A median us": w.a.median_seconds * 1e6 if w.a else None,
                       "B median us": w.b.median_seconds * 1e6 if w.b else None}
-                     | ({"A here us": _geomean(w.remeasured.seconds_a) * 1e6 if w.remeasured else None,
-                         "B here us": _geomean(w.remeasured.seconds_b) * 1e6 if w.remeasured else None,
+                     | ({"A here us": w.remeasured.here_seconds[0] * 1e6 if w.remeasured else None,
+                         "B here us": w.remeasured.here_seconds[1] * 1e6 if w.remeasured else None,
                          "kernels here (run#rank)": f"{_kernel(w.remeasured.kernel_a)} / {_kernel(w.remeasured.kernel_b)}"
                          if w.remeasured else None} if comparison.rounds else {}) | {
                       "B/A": w.interval.ratio if w.interval else None,
@@ -194,10 +193,6 @@ def _remeasured(store: RunStore, comparison: RunsComparison, picked: tuple) -> R
             st.error(message(err))
     held = st.session_state.get("compare_remeasured")
     return held[1] if held and held[0] == key else comparison
-
-
-def _geomean(seconds) -> float:
-    return float(np.exp(np.mean(np.log(seconds))))
 
 
 def _kernel(kernel: tuple[int, int]) -> str:

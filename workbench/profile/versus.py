@@ -321,6 +321,12 @@ class Remeasured:
     contenders_b: tuple[tuple[int, int, float], ...] = ()
     same_program: bool = False  # both sides' fastest here is one program
 
+    @property
+    def here_seconds(self) -> tuple[float, float]:
+        """The geometric mean of the rounds of the kernel each side ran fastest here (A, B)."""
+        return tuple(next(t for r, k, t in contenders if (r, k) == kernel)
+                     for kernel, contenders in ((self.kernel_a, self.contenders_a), (self.kernel_b, self.contenders_b)))
+
     def to_dict(self) -> dict:
         return {side: {"run": kernel[0], "rank": kernel[1], "round_seconds": list(seconds),
                        "contenders": [{"run": r, "rank": k, "seconds": t} for r, k, t in contenders]}
