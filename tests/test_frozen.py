@@ -7,8 +7,10 @@ from dataclasses import FrozenInstanceError, dataclass, field, replace
 
 import pytest
 
-from workbench.construct.space import Action, Kind
-from workbench.frozen import direct_init
+from helpers import device, matmul
+
+from workbench.construct.space import Action, Kind, Space
+from workbench.frozen import direct_init, interned
 
 
 @dataclass(frozen=True, order=True)
@@ -51,3 +53,24 @@ def test_direct_init_refuses_fields_it_does_not_take():
 
     with pytest.raises(TypeError):
         direct_init(Factory)
+
+
+def test_interned_returns_the_first_equal_object_with_the_same_extra():
+    first, again = Plain(1, (2, 3)), Plain(1, (2, 3))
+    assert again == first and again is not first
+    assert interned(first, "x") is first
+    assert interned(again, "x") is first
+    assert interned(again, "y") is again  # what equality leaves out is kept apart
+    assert interned(Plain(2), "x") == Plain(2)
+
+
+def test_a_space_keys_its_caches_by_one_device_object():
+    # a second construction on an equal spec loaded again (a notebook asking by name) finds the
+    # memoised answers by identity, not by comparing the specs' trees; a spec whose provenance
+    # differs keeps its own
+    spec = device("tiny-cpu")
+    again = replace(spec)
+    assert again is not spec
+    assert Space(matmul(64, 48, 32), again).device is Space(matmul(64, 48, 32), spec).device
+    elsewhere = replace(spec, sources=(("name", "a test"),))
+    assert Space(matmul(64, 48, 32), elsewhere).device.sources == (("name", "a test"),)

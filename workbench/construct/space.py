@@ -15,7 +15,7 @@ from math import ceil, gcd
 
 from workbench.construct.graph import node_key
 from workbench.errors import UserError
-from workbench.frozen import direct_init
+from workbench.frozen import direct_init, interned
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
@@ -146,6 +146,7 @@ class Space:
     """An expression on a device: alignment contexts, capacity and the pure `apply`."""
 
     def __init__(self, expr: TensorExpr, device: DeviceSpec):
+        device = interned(device, device.sources)
         self.expr = expr
         self.device = device
         self.calc = calculus(expr)
