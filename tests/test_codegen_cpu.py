@@ -590,7 +590,9 @@ def test_convolutions_along_their_filters_match_numpy(case):
     ragged rows, 24 filters, 13 channels and two images verify against numpy; so do filters
     that the unit tile leaves ragged (40 in 48, 31, 13 and 11 in 16), padded with zero filters: the
     panel is the padding copy and the accumulator the padded output, the write-back keeps the
-    real filters. 3 filters fall back to the plain template and verify too."""
+    real filters. Output rows and columns that the unit tile leaves ragged (7 in 8, 11 in 12)
+    have their loops over register tiles split where they end (the partition hint). 3 filters
+    fall back to the plain template and verify too."""
     params, chains = FILTERS[case]
     e = expr("conv2d", **params)
     kernel = _local_kernel(e, chains)
@@ -598,6 +600,10 @@ def test_convolutions_along_their_filters_match_numpy(case):
     lanes = simd_lanes(device(CPU), 4)
     filters = chains["f"][0] >= lanes and chains["f"][0] % 4 == 0
     padded = filters and params["F"] % chains["f"][2] != 0
+    out = {a: (params[d] + 2 * params["pad"] - params[k]) // params["stride"] + 1 for a, d, k in (("h", "H", "KH"), ("w", "W", "KW"))}
+    edges = filters and any(extent % chains[a][2] for a, extent in (("n", params["N"]), *out.items()))
+    split = re.findall(r"for (\w)_\d+ in T\.serial\(\d+, annotations=\{\"pragma_loop_partition_hint\": 1\}\)", script)
+    assert bool(split) is edges and set(split) <= {"n", "h", "w"}
     assert ("kernel_global" in script) == (filters and not padded)
     assert ("kernel_pad" in script) == padded
     if filters:

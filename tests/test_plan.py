@@ -128,8 +128,10 @@ def test_a_gemv_sums_lanes_along_k_and_a_conv_vectorises_its_filters():
 def test_filters_the_unit_tile_leaves_ragged_are_padded_and_priced_as_whole_tiles(dev):
     """31 filters in unit tiles of two register rows of a vector each: the plan pads them to
     ceil(31 / 2v) x 2v (32 on 8 lanes, 32 on 16), vectorises them, and says so; the model
-    prices the padded filters' flops (31 -> 32: 32 / 31 of the work) and no guard, while a
-    ragged output row still costs GUARDED_MICRO_KERNEL. 32 filters pad nothing."""
+    prices the padded filters' flops (31 -> 32: 32 / 31 of the work) and no guard. A ragged
+    output row (7 in unit tiles of 4) has its edge split off: of the 7 rows, the 6 in whole
+    register tiles of 2 run unguarded, the 7th under the guard (GUARDED_MICRO_KERNEL), over
+    the 8 rows of whole unit tiles the compute term counts. 32 filters pad nothing."""
     v = dev.warp_size
     for f, oh in ((31, 8), (31, 7), (32, 8)):
         conv = expr("conv2d", N=1, C=8, H=oh, W=8, F=f, KH=3, KW=3, stride=1, pad=1)
@@ -139,8 +141,10 @@ def test_filters_the_unit_tile_leaves_ragged_are_padded_and_priced_as_whole_tile
         assert plan.path == FILTERS and plan.vector_axis == 1 and plan.padded_filters is ragged
         assert plan.to_dict(conv)["padded_filters"] is ragged
         words = describe(plan, program)
-        assert ("filters padded" in words) is ragged and ("tails guarded" in words) is (oh % 4 != 0)
-        assert guard_slowdown(program, dev) == (GUARDED_MICRO_KERNEL if oh % 2 else 1.0)
+        edges = oh % 4 != 0
+        assert plan.split_edges is edges and "tails guarded" not in words
+        assert ("filters padded" in words) is ragged and ("edge tiles split off, guarded" in words) is edges
+        assert guard_slowdown(program, dev) == pytest.approx((6 + 1 * GUARDED_MICRO_KERNEL) / 8 if edges else 1.0)
         padded_f = -(-f // (2 * v)) * 2 * v
         padded_h = -(-oh // 4) * 4
         assert estimate(program, dev).padded_flops == pytest.approx(conv.flops * padded_f * padded_h / (f * oh), abs=1)

@@ -228,7 +228,9 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     time, so a stride-2 window costs nothing extra, and the accumulator of one unit tile keeps
     the filter axis innermost ([n, y, x, f]), transposed back to the output's layout once per
     grid iteration in the write-back (O(output) beside O(output x C x KH x KW) compute), a
-    block of filters at a time (`_transpose_in_blocks`).
+    block of filters at a time (`_transpose_in_blocks`). Ragged output rows and columns have
+    their loops over register tiles split where the axis ends (`CpuPlan.split_edges`,
+    `_split_edges`): the interior tiles run without TVM's guard, the edge tiles keep it.
 
     The reduction keeps its order (c, r, s) (evidence: docs/evidence.md#cpu-filters)."""
     from tvm.tirx import IndexMap
@@ -246,6 +248,8 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
     _pad_per_tile(sch, staged, grid)
     _micro_kernel(sch, order[-len(levels):], levels[axis][-1], plan.lanes, _reduce_positions(expr, levels, order))
+    if plan.split_edges:  # the ragged pixel axes: interior register tiles run without the guard
+        _split_edges(sch, [loop for a in expr.spatial if a != axis and ragged(expr, program, a) for loop in levels[a][1:-1]])
     if plan.padded_filters:  # the padded output is the accumulator buffer, its copy out the write-back
         common.primitive("accumulate locally", sch.set_scope, block, 0, "local")
     else:

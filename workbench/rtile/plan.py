@@ -46,7 +46,8 @@ class CpuPlan:
     `split_edges` whether a ragged row that nothing pads is vectorised anyway, its loops split
     by lowering into whole register tiles, unguarded, and the one the axis's end cuts, scalar
     (`panels.splits_edges`: the BLIS main block and fringe; on the lanes path the ragged K,
-    `panels.splits_reduction_edge`); `guarded_row` whether a ragged
+    `panels.splits_reduction_edge`; on the filters path the ragged output rows and columns,
+    whose edge tiles keep their guard and their vectors of filters); `guarded_row` whether a ragged
     tail that neither pads nor splits leaves the row that would be vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
     whole reduction inside one L1 tile);
@@ -154,8 +155,11 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     staged = any(prod(t.shape) > prod(a.shape) for t, a in zip(expr.inputs, expr.input_args))
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
+        # the ragged pixel axes' edges split off: TVM's guard left in every register tile cost
+        # 1.6-1.9x on 23 x 23 outputs (docs/model-evidence.md#filters-edges)
+        edges = any(ragged(expr, program, a) for a in expr.spatial if a != filters)
         return CpuPlan(FILTERS, filters, lanes, packed_inputs(expr, program, device), pack_layer(program),
-                       staged_padding=staged, accumulators=FILTERS_LAST,
+                       staged_padding=staged, accumulators=FILTERS_LAST, split_edges=edges,
                        padded_filters=pads_filters(expr, program, device))
     k = lane_reduction_axis(expr, program, device)
     if k is not None:
@@ -271,7 +275,7 @@ def describe(plan: Plan, program: RProgram) -> str:
     if plan.padded_tails:
         parts.append("tails padded")
     elif plan.split_edges:
-        parts.append("edge tiles split off, scalar")
+        parts.append("edge tiles split off" + (", guarded" if plan.path == FILTERS else ", scalar"))
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.accumulators:

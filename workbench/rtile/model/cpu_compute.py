@@ -11,7 +11,7 @@ from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis
 from workbench.rtile.model.common import peak_gflops
-from workbench.rtile.plan import SCALAR, cpu_plan
+from workbench.rtile.plan import FILTERS, SCALAR, CpuPlan, cpu_plan
 from workbench.rtile.registers import accumulators, lane_vectors
 from workbench.rtile.rprogram import RProgram
 
@@ -221,7 +221,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
     the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
-    `edge_slowdown`."""
+    `edge_slowdown`; a convolution's ragged pixel axes on the filters path,
+    `filters_edge_slowdown`."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -229,10 +230,30 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
     if plan.padded_tails:
         return 1.0
+    if plan.split_edges and plan.path == FILTERS:
+        return filters_edge_slowdown(program, plan)
     if plan.split_edges:
         return edge_slowdown(program, device)
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in plan.guarded_axes(expr)) else 1.0
+
+
+def filters_edge_slowdown(program: RProgram, plan: CpuPlan) -> float:
+    """How much slower than the padded, unguarded micro-kernel a convolution vectorised along its
+    filters runs whose ragged output rows and columns have their edges split off (`CpuPlan.
+    split_edges` on the filters path): of the E = prod(E_a) outputs over the pixel axes, the
+    I = prod(E_a // r_a * r_a) in register tiles whole along every axis run unguarded, the rest
+    in the edge tiles under the guard (GUARDED_MICRO_KERNEL: still vectors of filters), over the
+    P = prod(ceil(E_a / U_a) * U_a) outputs of whole unit tiles that the compute term counts
+    (23 x 23 outputs on 2 x 6 register tiles in 12 x 24 unit tiles: (22 x 18 + (529 - 396) x
+    1.4) / (24 x 24))."""
+    expr = program.expr
+    axes = [a for a in expr.spatial if a != plan.vector_axis]
+    reg, unit = program.register_tile, program.unit_tile
+    extents = [expr.axes[a].extent for a in axes]
+    inner = prod(e // reg[a] * reg[a] for a, e in zip(axes, extents))
+    padded = prod(-(-e // unit[a]) * unit[a] for a, e in zip(axes, extents))
+    return (inner + (prod(extents) - inner) * GUARDED_MICRO_KERNEL) / padded
 
 
 def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
