@@ -341,6 +341,21 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
     assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
 
 
+def test_a_conv_row_ragged_both_ways_splits_every_edge_off():
+    """3 filters (fewer than a vector: the output row takes the lanes) over 23 x 23 outputs in
+    16-wide register rows of 2 output rows: both pixel axes ragged in their unit tiles (12 and
+    32). The plan splits the edges off along both (`panels.splits_edges`), the row and the rows'
+    loops over register tiles carry the partition hint, and the kernel matches numpy (the rows'
+    ragged end kept the whole row scalar behind the guard before)."""
+    e = expr("conv2d", N=1, C=5, H=23, W=23, F=3, KH=3, KW=3, stride=1, pad=1)
+    chains = dict(n=(1, 1, 1), f=(1, 3, 3), h=(2, 4, 12), w=(16, 16, 32), c=(1, 5, 5), r=(1, 3, 3), s=(1, 3, 3))
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.path == ROW and plan.split_edges and not plan.guarded_row
+    script = _local_kernel(e, chains).tvmscript
+    split = re.findall(r"for (\w)_\d+ in T\.serial\(\d+, annotations=\{\"pragma_loop_partition_hint\": 1\}\)", script)
+    assert {"h", "w"} <= set(split)
+
+
 def test_a_ragged_fused_row_splits_its_edge_off_and_stores_vectors():
     """relu over (2, 5, 67), its axes fused into one row of 670 (`fuse_axes`, as a model's
     elementwise operators and concatenations are read): 670 = 2 x 256 + 158 leaves a tail in

@@ -119,7 +119,8 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     elif epilogues:
         common.inline_epilogues(sch, epilogues)
     if plan.split_edges:
-        _split_edges(sch, [loop for a in (vector_axis, *expr.reduce) for loop in levels[a][1:-1]])
+        others = [a for a in expr.spatial if a != vector_axis and ragged(expr, program, a)]
+        _split_edges(sch, [loop for a in (*others, vector_axis, *expr.reduce) for loop in levels[a][1:-1]])
     return sch
 
 

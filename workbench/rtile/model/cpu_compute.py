@@ -241,14 +241,18 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
 def filters_edge_slowdown(program: RProgram, plan: CpuPlan) -> float:
     """How much slower than the padded, unguarded micro-kernel a convolution vectorised along its
     filters runs whose ragged output rows and columns have their edges split off (`CpuPlan.
-    split_edges` on the filters path): of the E = prod(E_a) outputs over the pixel axes, the
-    I = prod(E_a // r_a * r_a) in register tiles whole along every axis run unguarded, the rest
-    in the edge tiles under the guard (GUARDED_MICRO_KERNEL: still vectors of filters), over the
-    P = prod(ceil(E_a / U_a) * U_a) outputs of whole unit tiles that the compute term counts
-    (23 x 23 outputs on 2 x 6 register tiles in 12 x 24 unit tiles: (22 x 18 + (529 - 396) x
-    1.4) / (24 x 24))."""
+    split_edges` on the filters path): `guarded_edges` over its pixel axes."""
+    return guarded_edges(program, [a for a in program.expr.spatial if a != plan.vector_axis])
+
+
+def guarded_edges(program: RProgram, axes) -> float:
+    """The factor of split-off edges along `axes` whose edge tiles keep a guard the same for
+    every lane: of the E = prod(E_a) elements, the I = prod(E_a // r_a * r_a) in register tiles
+    whole along every axis run unguarded, the rest in the edge tiles at GUARDED_MICRO_KERNEL's
+    rate, over the P = prod(ceil(E_a / U_a) * U_a) of whole unit tiles that the compute term
+    counts (23 x 23 outputs on 2 x 6 register tiles in 12 x 24 unit tiles: (22 x 18 + (529 -
+    396) x 1.4) / (24 x 24)). 1 over no axes."""
     expr = program.expr
-    axes = [a for a in expr.spatial if a != plan.vector_axis]
     reg, unit = program.register_tile, program.unit_tile
     extents = [expr.axes[a].extent for a in axes]
     inner = prod(e // reg[a] * reg[a] for a, e in zip(axes, extents))
@@ -264,9 +268,14 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     scalar, one lane of `scalar_lanes` L; the compute term prices the P = ceil(E / U) * U
     elements of whole unit tiles of U, so the factor is (I + (E - I) * L) / P (1x1024x4096 on
     1x56 registers, 112-column unit tiles, AVX2: (4088 + 8 * 8) / 4144; a softmax row maximum
-    over 1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024)."""
+    over 1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024). A row's
+    other ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by their
+    `guarded_edges`."""
     expr = program.expr
     v = cpu_plan(program, device).vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
     whole = extent // reg * reg
-    return (whole + (extent - whole) * scalar_lanes(program, device)) / (-(-extent // unit) * unit)
+    row = (whole + (extent - whole) * scalar_lanes(program, device)) / (-(-extent // unit) * unit)
+    if expr.axes[v].kind != "spatial":  # a ragged K in lanes: its rows are not split
+        return row
+    return row * guarded_edges(program, [a for a in expr.spatial if a != v and expr.axes[a].extent % program.unit_tile[a]])
