@@ -156,7 +156,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
         # the ragged pixel axes' edges split off: TVM's guard left in every register tile cost
-        # 1.6-1.9x on 23 x 23 outputs (docs/model-evidence.md#filters-edges)
+        # 1.4-1.9x on 17 x 17 and 23 x 23 outputs (docs/model-evidence.md#filters-edges)
         edges = any(ragged(expr, program, a) for a in expr.spatial if a != filters)
         return CpuPlan(FILTERS, filters, lanes, packed_inputs(expr, program, device), pack_layer(program),
                        staged_padding=staged, accumulators=FILTERS_LAST, split_edges=edges,
