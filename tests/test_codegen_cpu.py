@@ -374,19 +374,22 @@ def test_a_ragged_fused_row_splits_its_edge_off_and_stores_vectors():
     assert f"store <{lanes} x float>" in dict(kernel.sources)["ll"]
 
 
-@pytest.mark.parametrize("k, staggered", [(2048, True), (1536, False)])
-def test_a_row_major_panel_whose_rows_share_an_l1_set_is_staggered(k, staggered):
-    """A's panel keeps the L2 tile's rows: 2048 floats (8 KiB) put the register tile's 16 rows
-    into one L1d set, so each row is padded by a line (`storage_align` to 16 modulo 1024
-    floats); 1536 floats (6 KiB) alternate between two sets and stay unpadded. Both verify. (A
-    16 x 128 tile of either spans more than any L1d, 32 to 64 KiB, so A is packed on any CPU.)"""
-    e = expr("matmul", M=64, N=64, K=k)
-    chains = dict(i=(16, 16, 32), j=(16, 16, 64), k=(1, 128, k))
+@pytest.mark.parametrize("k, rows, factor", [(2048, 16, 1024), (1536, 16, None), (1280, 16, None), (512, 24, 512)])
+def test_a_row_major_panel_whose_rows_share_an_l1_set_is_staggered(k, rows, factor):
+    """A's panel keeps the L2 tile's rows, `rows` of them read per K-step: 2048 floats (8 KiB)
+    put the register tile's 16 rows into one L1d set, so each row is padded by a line
+    (`storage_align` to 16 modulo 1024 floats); 1536 floats (6 KiB) alternate between two sets,
+    8 rows each, within an 8-way L1d, and 1280 floats (5 KiB) cycle through four, and both stay
+    unpadded; 512 floats (2 KiB) alternate between two sets too, and 24 rows put 12 lines into
+    each: those rows are padded to 16 modulo 512 floats. All verify. (The L2 tile's rows span
+    more than any L1d, 32 to 48 KiB, so A is packed on any CPU.)"""
+    e = expr("matmul", M=2 * rows, N=64, K=k)
+    chains = dict(i=(rows, rows, 2 * rows), j=(16, 16, 64), k=(1, 128, k))
     assert cpu_plan(_program(e, chains), device(CPU)).packed == ("A",)
     kernel = _local_kernel(e, chains)
     aligned = [line for line in kernel.trace_python.splitlines() if "storage_align" in line]
-    assert len(aligned) == int(staggered)
-    assert not staggered or aligned[0].endswith("axis=0, factor=1024, offset=16)")
+    assert len(aligned) == (factor is not None)
+    assert factor is None or aligned[0].endswith(f"axis=0, factor={factor}, offset=16)")
 
 
 def test_a_ragged_k_that_zeros_would_change_keeps_its_guard():

@@ -39,6 +39,8 @@ extent leave a guarded tail (TVM adds a block predicate), so prime extents stay 
 """
 from __future__ import annotations
 
+from math import gcd, prod
+
 from workbench.codegen import common
 from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
@@ -662,7 +664,8 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
         _vectorise_copy(sch, pack, expr, program, by_name[name], vector_axis, layout is not None,
                         plan.lanes)
         if layout is None:
-            _stagger_rows(sch, pack)
+            tensor = by_name[name]
+            _stagger_rows(sch, pack, prod(int(program.register_tile[a]) for a in expr.spatial if tensor.uses_axis(a)))
         if padding:
             _partition_edges(sch, pack, at)
 
@@ -690,22 +693,31 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
 # so rows a multiple of 4 KiB apart share a set.
 L1_WAY_BYTES = 4096
 LINE_BYTES = 64
+# The fewest ways an x86 L1d has (Zen 2 to 5: 8 of 32 KiB; Intel since Ice Lake: 12 of 48 KiB):
+# `_stagger_rows` keeps one K-step's lines of a panel within them.
+L1_WAYS = 8
 
 
-def _stagger_rows(sch, pack) -> None:
+def _stagger_rows(sch, pack, rows: int) -> None:
     """Pad each row of a row-major panel (an input the micro-kernel broadcasts from, matmul's A)
-    by one cache line where the rows would be a multiple of `L1_WAY_BYTES` long: the register
-    tile's rows read one element each per K-step, and rows so spaced all fall into one L1d set,
-    more of them than its ways (16 rows of 2048 floats on an 8-way L1d), evicting each other
-    every step. A line apart they spread over the sets (512 x 49 x 2048 on a Zen 4 core: 16 x 16
-    register tiles 2.6 -> 1.3 ms; evidence: docs/evidence.md#cpu-stagger-rows)."""
+    by one cache line where the register tile's `rows` rows, read one element each per K-step,
+    would put more lines into one L1d set than it has ways (`L1_WAYS`), evicting each other
+    every step: rows whose length is a multiple of `L1_WAY_BYTES` all fall into one set (16 rows
+    of 2048 floats), rows of 512 floats into two (23 to 30 rows of a pointwise conv's 512
+    channels). A line apart they spread over the sets (512 x 49 x 2048 on a Zen 4 core: 16 x 16
+    register tiles 2.6 -> 1.3 ms; 2048 filters of 512 channels over 7 x 7 pixels: 30-row tiles
+    1.55 -> 0.8 ms; evidence: docs/evidence.md#cpu-stagger-rows)."""
     buffer = sch.get(pack).writes[0].source
     if len(buffer.shape) < 2:
         return
     itemsize = buffer.dtype.bits // 8
-    if int(buffer.shape[-1]) * itemsize % L1_WAY_BYTES == 0:
+    row = int(buffer.shape[-1]) * itemsize
+    if row % LINE_BYTES:
+        return  # rows that end mid-line start in successive sets already
+    period = gcd(row, L1_WAY_BYTES)  # rows this far apart land in L1_WAY_BYTES // period sets
+    if period == L1_WAY_BYTES or -(-rows // (L1_WAY_BYTES // period)) > L1_WAYS:
         common.primitive("stagger the panel's rows", sch.storage_align, pack, 0, len(buffer.shape) - 2,
-                         L1_WAY_BYTES // itemsize, LINE_BYTES // itemsize)
+                         period // itemsize, LINE_BYTES // itemsize)
 
 
 def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int):
