@@ -49,12 +49,12 @@ def interned(value, *extra):
     time in one process on a spec loaded again took 1.6x the first's time before the spec was
     interned here. `extra`: what equality leaves out but the caller keeps (a spec's `sources`),
     so that the object returned carries the caller's own."""
-    return _interned(value, extra)[0]
+    return _interned(value, extra)
 
 
 @lru_cache(maxsize=256)
-def _interned(value, extra: tuple) -> tuple:
-    return value, extra
+def _interned(value, extra: tuple):
+    return value  # the cache answers an equal (value, extra) with the value it kept first
 
 
 def direct_init(cls):

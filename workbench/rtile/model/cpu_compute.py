@@ -11,7 +11,7 @@ from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis
 from workbench.rtile.model.common import peak_gflops
-from workbench.rtile.plan import FILTERS, SCALAR, CpuPlan, cpu_plan
+from workbench.rtile.plan import FILTERS, SCALAR, cpu_plan
 from workbench.rtile.registers import accumulators, lane_vectors
 from workbench.rtile.rprogram import RProgram
 
@@ -221,8 +221,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
     the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
-    `edge_slowdown`; a convolution's ragged pixel axes on the filters path,
-    `filters_edge_slowdown`."""
+    `edge_slowdown`; a convolution's ragged pixel axes on the filters path, `guarded_edges`
+    over them."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -231,18 +231,11 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if plan.padded_tails:
         return 1.0
     if plan.split_edges and plan.path == FILTERS:
-        return filters_edge_slowdown(program, plan)
+        return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis])
     if plan.split_edges:
         return edge_slowdown(program, device)
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in plan.guarded_axes(expr)) else 1.0
-
-
-def filters_edge_slowdown(program: RProgram, plan: CpuPlan) -> float:
-    """How much slower than the padded, unguarded micro-kernel a convolution vectorised along its
-    filters runs whose ragged output rows and columns have their edges split off (`CpuPlan.
-    split_edges` on the filters path): `guarded_edges` over its pixel axes."""
-    return guarded_edges(program, [a for a in program.expr.spatial if a != plan.vector_axis])
 
 
 def guarded_edges(program: RProgram, axes) -> float:
@@ -251,7 +244,7 @@ def guarded_edges(program: RProgram, axes) -> float:
     whole along every axis run unguarded, the rest in the edge tiles at GUARDED_MICRO_KERNEL's
     rate, over the P = prod(ceil(E_a / U_a) * U_a) of whole unit tiles that the compute term
     counts (23 x 23 outputs on 2 x 6 register tiles in 12 x 24 unit tiles: (22 x 18 + (529 -
-    396) x 1.4) / (24 x 24)). 1 over no axes."""
+    396) x 1.4) / (24 x 24)). 1 over no axes, or axes the unit tiles divide."""
     expr = program.expr
     reg, unit = program.register_tile, program.unit_tile
     extents = [expr.axes[a].extent for a in axes]
@@ -278,4 +271,4 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     row = (whole + (extent - whole) * scalar_lanes(program, device)) / (-(-extent // unit) * unit)
     if expr.axes[v].kind != "spatial":  # a ragged K in lanes: its rows are not split
         return row
-    return row * guarded_edges(program, [a for a in expr.spatial if a != v and expr.axes[a].extent % program.unit_tile[a]])
+    return row * guarded_edges(program, [a for a in expr.spatial if a != v])
