@@ -359,3 +359,35 @@ def test_fast_exp_matches_numpy_and_stays_finite():
     normal = (xs > -87.3) & (xs < 88.3)
     assert np.max(np.abs(got[normal] - ref[normal]) / ref[normal]) < 1e-5
     assert np.all(np.isfinite(got)) and np.all(got[xs < -87.4] < 1.2e-38) and np.all(got > 0)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_models_weights_are_laid_out_once_before_the_calls(tmp_path, dev):
+    """A conv vectorised along its filters reads its weights in panels of whole filter vectors:
+    a weight's panels are laid out once, before the calls (`CpuPlan.prepacked`), as ONNX
+    Runtime packs its weights when the session starts. The importer names the parameter a
+    weight fills (`TensorExpr.constants`); the kernel takes it laid out (its argument has the
+    panels' shape, as many elements), lays out nothing of it per call (no copy priced), and the
+    library's own function lays it out; the model run that way matches ONNX Runtime."""
+    from workbench.rtile.model.cpu import packed_bytes
+    from workbench.rtile.plan import cpu_plan
+
+    path = tmp_path / "conv.onnx"
+    inits = {"w": _conv(32, 16, 3), "b": _weight(32)}
+    onnx.save(_model([_node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], (1, 16, 8, 8), (1, 32, 8, 8), inits), path)
+    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=3))
+    (r,) = mc.results
+    expr = r.construction.expr
+    weight = expr.args[1].name
+    assert expr.constants == (weight, expr.args[2].name)  # the filters and the bias; not x
+    prepacked = [c.program for c in r.candidates if cpu_plan(c.program, dev).prepacked == (weight,)]
+    assert prepacked, [cpu_plan(c.program, dev) for c in r.candidates]
+    for program in prepacked:
+        assert packed_bytes(program, dev) == 0
+        kernel = build_kernel(expr, program, dev)
+        assert kernel.ok, kernel.error
+        (p,) = kernel.prepacked
+        assert p.index == 1 and p.shape != expr.args[1].shape and np.prod(p.shape) == np.prod(expr.args[1].shape)
+    local = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    assert build_model_kernels(local)[0].prepacked
+    _assert_scheduled_and_matches_onnxruntime(local, path)

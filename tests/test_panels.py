@@ -17,8 +17,8 @@ from workbench.rtile.model.cpu import (
 )
 from workbench.rtile.model.cpu_compute import compute_efficiency, scalar_row
 from workbench.rtile.panels import (
-    PAD_OVERLAP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level,
-    padded_inputs, pads_tails, ragged, whole_reduction,
+    PAD_OVERLAP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, packed_tile_bytes,
+    pad_level, padded_inputs, pads_tails, ragged, whole_reduction,
 )
 from workbench.rtile.plan import cpu_plan, loop_nest_key
 from workbench.rtile.rprogram import make_program
@@ -235,3 +235,35 @@ def test_a_row_pass_runs_in_vectors_a_ragged_tail_apart_and_a_reduction_pays_its
     assert row_vector(7, 8) == RowVector(7, 1)  # one register
     assert row_vector(8, 8, reduction=True) == RowVector(1, 8)  # one vector, then 8 adds: no gain
     assert row_vector(12, 8, reduction=True) == RowVector(4, 3 + 4)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_weight_read_in_panels_is_laid_out_once_and_copied_by_no_call(dev):
+    """An input whose value is fixed before the first call (`TensorExpr.constants`, a model's
+    weight) and which gets a panel layout of its own is laid out ahead (`prepacked_inputs`): the
+    conv's filters (read along the vector of filters), the matmul's B (read along the vector
+    of columns). The copy priced per call is then the other inputs' alone: the conv copies
+    nothing, the matmul A's panels only. A's panels keep its rows (it is broadcast from, no
+    layout of its own), filters ragged in the unit tile would need padding laid out, and an
+    expression without constants copies all as before."""
+    lanes = dev.warp_size
+    conv = expr("conv2d", N=1, C=16, H=8, W=8, F=4 * lanes, KH=3, KW=3, stride=1, pad=1)
+    tiles = [(1, 2 * lanes, 1, 2, 1, 1, 1), (1, 2 * lanes, 2, 8, 16, 3, 3), (1, 4 * lanes, 8, 8, 16, 3, 3)]
+    plain, weights = _program(conv, tiles, dev), _program(replace(conv, constants=("kernel",)), tiles, dev)
+    assert cpu_plan(plain, dev).packed == cpu_plan(weights, dev).packed == ("kernel",)
+    assert cpu_plan(plain, dev).prepacked == () and cpu_plan(weights, dev).prepacked == ("kernel",)
+    assert packed_bytes(plain, dev) > 0 and packed_bytes(weights, dev) == 0
+    assert estimate(weights, dev).predicted_seconds < estimate(plain, dev).predicted_seconds
+    odd = replace(expr("conv2d", N=1, C=16, H=8, W=8, F=3 * lanes, KH=3, KW=3, stride=1, pad=1), constants=("kernel",))
+    program = _program(odd, [(1, 2 * lanes, 1, 2, 1, 1, 1), (1, 2 * lanes, 2, 8, 16, 3, 3), (1, 2 * lanes, 8, 8, 16, 3, 3)], dev)
+    assert cpu_plan(program, dev).packed == ("kernel",) and cpu_plan(program, dev).padded_filters
+    assert cpu_plan(program, dev).prepacked == () and packed_bytes(program, dev) > 0
+
+    mm = expr("matmul", M=256, K=512, N=256)
+    tiles = [(6, 2 * lanes, 1), (6, 4 * lanes, 256), (96, 256, 512)]
+    for constants, ahead in ((("B",), ("B",)), (("A",), ()), (("A", "B"), ("B",))):
+        program = _program(replace(mm, constants=constants), tiles, dev)
+        plan = cpu_plan(program, dev)
+        assert plan.packed == ("A", "B") and plan.prepacked == ahead
+        copied = tuple(name for name in plan.packed if name not in ahead)
+        assert packed_bytes(program, dev) == packed_tile_bytes(program, dev, copied, plan.pack_layer)

@@ -474,6 +474,9 @@ def _manifest(kernel, expr, program, device, files, policy, rank, predicted, mea
         "measured_seconds": None if measured is None else float(measured),
         "entry": kernel.entry,
         "args": [arg.to_dict() for arg in kernel.args],
+        # arguments the entry takes laid out by the library's own function (a model's weights,
+        # `codegen.build.Prepacked`): call it once on the argument, pass its result every call
+        "prepacked": [p.to_dict() for p in kernel.prepacked],
         "files": files,
         "target": json.loads(kernel.target),
         "template": kernel.template,

@@ -10,7 +10,7 @@ import json
 import platform
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Sequence
 
@@ -36,6 +36,34 @@ _TBAA_ADDRESS = re.compile(r'!"(0x[0-9a-f]+)((?:\.w[0-9]+\.b[0-9]+)?)"')
 
 
 @dataclass(frozen=True)
+class Prepacked:
+    """A kernel argument the kernel takes laid out in panels (`CpuPlan.prepacked`, a model's
+    weight): its caller lays the value out once, with the library's function `function`
+    (argument, then the laid-out tensor of `shape`), and passes the laid-out tensor in place
+    `index` of every call (`laid_out_args`)."""
+
+    index: int
+    shape: tuple[int, ...]
+    function: str
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "shape": list(self.shape), "function": self.function}
+
+
+def laid_out_args(module, prepacked: Sequence[Prepacked], tensors: Sequence, dev) -> list:
+    """`tensors` (a call's arguments) with each `prepacked` one replaced by its value laid out by
+    `module`'s function for it; as they were where there is none."""
+    import tvm
+
+    out = list(tensors)
+    for p in prepacked:
+        panels = tvm.runtime.empty(p.shape, out[p.index].dtype, dev)
+        module[p.function](out[p.index], panels)
+        out[p.index] = panels
+    return out
+
+
+@dataclass(frozen=True)
 class Kernel:
     """A built (or failed) kernel.
 
@@ -54,6 +82,7 @@ class Kernel:
     trace_python: str = ""
     sources: tuple[tuple[str, str], ...] = ()
     build_seconds: float = 0.0
+    prepacked: tuple[Prepacked, ...] = ()
     executable: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -89,7 +118,12 @@ def build_kernel(
     try:
         chosen, sch = apply_rules(expr, program, device, rules)
         stage = "compile"
-        mod = narrow_indices(with_call_shapes(sch.mod, expr.args), expr, device)  # a pixel-GEMM view's buffers as the caller's
+        packs = _prepacks(expr, program, device, sch.mod["main"])
+        shapes = {expr.args[p.index].name: p.shape for p, _ in packs}
+        call_args = tuple(replace(a, shape=shapes.get(a.name, a.shape)) for a in expr.args)
+        mod = narrow_indices(with_call_shapes(sch.mod, call_args), expr, device)  # a pixel-GEMM view's buffers as the caller's
+        for p, func in packs:
+            mod[p.function] = func.with_attr("global_symbol", p.function)
         executable = _compile(mod, target)
         texts = _sources(executable, target) if sources else ()
         if texts and texts[0][0] == "cu":  # what nvcc compiles asks for the model's occupancy
@@ -106,8 +140,27 @@ def build_kernel(
         trace_python="\n".join(sch.trace.as_python()),
         sources=texts,
         build_seconds=time.perf_counter() - start,
+        prepacked=tuple(p for p, _ in packs),
         executable=executable,
     )
+
+
+def _prepacks(expr: TensorExpr, program: RProgram, device: DeviceSpec, func) -> tuple[tuple[Prepacked, object], ...]:
+    """Per input the CPU plan lays out ahead (`CpuPlan.prepacked`): how the scheduled `func`
+    takes it, and the PrimFunc that lays it out (`codegen.cpu.prepack_function`)."""
+    if not device.runs_on_cpu:
+        return ()
+    from workbench.codegen.cpu import prepack_function
+    from workbench.rtile.plan import cpu_plan
+
+    plan = cpu_plan(program, device)
+    names = [str(p.name) for p in func.params]
+    out = []
+    for name in plan.prepacked:
+        index = names.index(name)
+        shape = tuple(int(d) for d in func.params[index].ty.shape)
+        out.append((Prepacked(index, shape, f"pack{index}"), prepack_function(expr, program, plan, name)))
+    return tuple(out)
 
 
 # LLVM features every x86 CPU kernel is compiled with: no gathers or scatters from LLVM's own

@@ -651,6 +651,12 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
     vector_axis = plan.vector_axis
     for name in plan.packed:
         reads = [str(r.source.name) for r in sch.get(block).reads]
+        if name in plan.prepacked:  # the caller passes it laid out (`prepack_function`)
+            layout = _panel_layout(expr, program, by_name[name], vector_axis)
+            index_map = IndexMap.from_func(layout, ndim=len(by_name[name].index), index_dtype=_index_dtype(sch, block))
+            common.primitive(f"take {name} laid out in panels", sch.transform_layout, block, ("read", reads.index(name)),
+                             index_map)
+            continue
         padding = f"{name}_pad" in reads
         if padding:  # `_pad_tails` made a padding copy: it becomes the pack
             pack = next(p for p in sch.get_producers(block) if str(sch.get(p).writes[0].source.name) == f"{name}_pad")
@@ -668,6 +674,23 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
             _stagger_rows(sch, pack, prod(int(program.register_tile[a]) for a in expr.spatial if tensor.uses_axis(a)))
         if padding:
             _partition_edges(sch, pack, at)
+
+
+def prepack_function(expr: TensorExpr, program: RProgram, plan: CpuPlan, name: str):
+    """The PrimFunc that lays input `name` out in its panels (`CpuPlan.prepacked`), the layout
+    `_pack_panels` has the kernel read it in: a copy of the argument into that layout, run by
+    the caller once, before the kernel's first call."""
+    from tvm import s_tir, te
+    from tvm.tirx import IndexMap
+
+    tensor = next(t for t in expr.inputs if t.name == name)
+    source = te.placeholder(tensor.shape, tensor.dtype, name=name)
+    panels = te.compute(tensor.shape, lambda *i: source[i], name=f"{name}_panels")
+    sch = s_tir.Schedule(te.create_prim_func([source, panels]))
+    layout = _panel_layout(expr, program, tensor, plan.vector_axis)
+    sch.transform_layout(sch.get_sblock(f"{name}_panels"), ("write", 0),
+                         IndexMap.from_func(layout, ndim=len(tensor.shape), index_dtype="int32"))
+    return sch.mod["main"]
 
 
 def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vector_axis: int, laid_out: bool,

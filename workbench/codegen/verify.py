@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from workbench.codegen import targets
-from workbench.codegen.build import Kernel
+from workbench.codegen.build import Kernel, laid_out_args
 from workbench.errors import first_line
 from workbench.ops.reference import Reference, random_inputs, reference_with_scale
 from workbench.ops.tensor_expr import TensorExpr
@@ -206,9 +206,10 @@ def run_kernel(kernel: Kernel, inputs: Sequence[np.ndarray]) -> np.ndarray:
 
     dev = targets.runtime_device(kernel.target_kind)
     out_arg = kernel.args[-1]
-    arrays = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    module = kernel.runtime()
+    arrays = laid_out_args(module, kernel.prepacked, [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], dev)
     out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
-    kernel.runtime()[kernel.entry](*arrays, out)
+    module[kernel.entry](*arrays, out)
     return out.numpy()
 
 

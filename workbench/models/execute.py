@@ -27,12 +27,12 @@ docs/evidence.md#execute-thread-pool).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import numpy as np
 
-from workbench.codegen.build import build_kernel, target_dict
+from workbench.codegen.build import Prepacked, build_kernel, laid_out_args, target_dict
 from workbench.errors import UserError, first_line
 from workbench.models import memory_plan
 from workbench.models.construction import ModelConstruction
@@ -59,6 +59,7 @@ class OperatorKernel:
     rank: int  # the candidate built (0 when not scheduled)
     error: str = ""  # why the candidate's schedule was not used
     module: object = field(default=None, compare=False, repr=False)  # runtime module with `main`
+    prepacked: tuple[Prepacked, ...] = ()  # weights `main` takes laid out by the module (`codegen.build.Prepacked`)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ def measure_operator(built: BuiltCandidate, args: tuple, expected: tuple, timing
 
     dev = tvm.cpu()
     module = tvm.runtime.load_module(built.library)
-    tensors = [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args]
+    tensors = laid_out_args(module, built.prepacked, [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args], dev)
     outs = [tvm.runtime.tensor(np.zeros_like(e), dev) for e in expected]
     module[built.entry](*tensors, *outs)
     problem = output_mismatch(tuple(o.numpy() for o in outs), expected)
@@ -277,7 +278,7 @@ def build_model_kernels(mc: ModelConstruction, rank: int = 1,
             else:
                 built[op.func_name] = _build(r, mc, pick.rank if pick is not None else rank)
         kernel = built[op.func_name]
-        out.append(OperatorKernel(op.name, kernel.scheduled, kernel.rank, kernel.error, kernel.module))
+        out.append(replace(kernel, name=op.name))
     return tuple(out)
 
 
@@ -288,7 +289,7 @@ def _build(r, mc: ModelConstruction, rank: int) -> OperatorKernel:
     kernel = build_kernel(r.construction.expr, r.candidates[rank - 1].program, mc.device)
     if not kernel.ok:
         return _unscheduled(r.operator, mc.device, kernel.error)
-    return OperatorKernel(name, True, rank, "", kernel.runtime())
+    return OperatorKernel(name, True, rank, "", kernel.runtime(), kernel.prepacked)
 
 
 def _unscheduled(op, device, reason: str) -> OperatorKernel:
@@ -402,6 +403,8 @@ def _run(model: ImportedModel, kernels, inputs: Mapping[str, np.ndarray],
         slots = [tvm.runtime.empty((max(size, 1),), "uint8", dev) for size in planned.slots]
     for i, (op, kernel) in enumerate(zip(model.operators, kernels)):
         args = [_value(a, feeds, weights, results) for a in op.args]
+        if kernel.prepacked:  # laid out once per run, before its timed calls, as a runtime lays out its weights
+            args = laid_out_args(kernel.module, kernel.prepacked, args, dev)
         if planned is not None:  # a view of its slot's bytes (TVM's own VM places its planned values the same way)
             outs = [_view(slots[planned.where[(i, item)]], shape, dtype, planned.offset((i, item)))
                     for item, (shape, dtype) in enumerate(op.outputs)]

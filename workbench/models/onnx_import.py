@@ -522,7 +522,21 @@ def _walk(mod, name: str) -> ImportedModel:
             operators.append(_operator(len(operators), label, func_name, mod[func_name], args, binding.var.ty))
             producer[binding.var] = ("operator", len(operators) - 1, 0)
     outputs = _outputs(_entry(main.body.body, producer, name), name)
-    return ImportedModel(name, inputs, tuple(operators), outputs, tuple(constants))
+    return ImportedModel(name, inputs, _with_constants(operators), outputs, tuple(constants))
+
+
+def _with_constants(operators: list[Operator]) -> tuple[Operator, ...]:
+    """The operators, each expression naming its `constants`: the parameters a weight fills in
+    every call of its PrimFunc (the calls share one construction and one kernel)."""
+    fixed: dict[str, set[int]] = {}
+    for op in operators:
+        weights = {i for i, a in enumerate(op.args) if a.source == "constant"}
+        fixed[op.func_name] = fixed.get(op.func_name, weights) & weights
+    out = []
+    for op in operators:
+        names = tuple(op.expr.args[i].name for i in sorted(fixed[op.func_name])) if op.expr is not None else ()
+        out.append(replace(op, expr=replace(op.expr, constants=names)) if names else op)
+    return tuple(out)
 
 
 def _entry(value, producer: dict, name: str):

@@ -136,6 +136,9 @@ class TensorExpr:
     # their own (`row_passes`), in program order; () when they fold into the main block's
     # write-back. Priced by the CPU model, row by row
     row_passes: tuple[RowPass, ...] = ()
+    # the inputs whose values are fixed before the first call (a model's weights, by name): the
+    # CPU template lays out their panels once, ahead of the calls (`rtile.panels.prepacked_inputs`)
+    constants: tuple[str, ...] = ()
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     # Views of the frozen fields, computed once per expression: construction asks for them on
@@ -210,6 +213,7 @@ class TensorExpr:
             "epilogue_ops": self.epilogue_ops,
             # only where there are some: the recorded fixtures of other operators stay as they were
             **({"row_passes": [p.to_dict() for p in self.row_passes]} if self.row_passes else {}),
+            **({"constants": list(self.constants)} if self.constants else {}),
         }
 
     @classmethod
@@ -235,6 +239,7 @@ class TensorExpr:
             epilogue_ops=int(data.get("epilogue_ops", 0)),  # not recorded: not priced
             row_passes=tuple(RowPass(int(p["rows"]), int(p["extent"]), int(p["ops"]), bool(p["reduction"]),
                                      bool(p["contiguous"])) for p in data.get("row_passes", ())),  # not recorded: priced as vectorised
+            constants=tuple(data.get("constants", ())),  # not recorded: every input passed per call
         )
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from workbench.codegen import targets
-from workbench.codegen.build import ENTRY, KernelArg
+from workbench.codegen.build import ENTRY, KernelArg, Prepacked, laid_out_args
 from workbench.errors import UserError
 from workbench.profile.noise import (
     RACE,
@@ -94,6 +94,7 @@ class BuiltCandidate:
     entry: str = ENTRY
     args: tuple[KernelArg, ...] = ()
     build_seconds: float = 0.0
+    prepacked: tuple[Prepacked, ...] = ()  # arguments the kernel takes laid out (`codegen.build.Prepacked`)
 
     @property
     def target_kind(self) -> str:
@@ -180,7 +181,7 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing, bes
 
     entry, out_arg = built.entry, built.args[-1]
     inputs, ref = inputs_and_reference(expr, timing.seed)
-    arrays = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    arrays = laid_out_args(module, built.prepacked, [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], dev)
     out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
     module[entry](*arrays, out)
     dev.sync()

@@ -416,7 +416,8 @@ def build_library(expr, program, device: DeviceSpec, rank: int, predicted: float
         return BuiltCandidate(rank, predicted, ok=False, error=f"export: {first_line(err)}",
                               build_seconds=kernel.build_seconds)
     return BuiltCandidate(rank, predicted, ok=True, library=path, target=kernel.target, entry=kernel.entry,
-                          args=kernel.args, build_seconds=kernel.build_seconds + time.perf_counter() - start)
+                          args=kernel.args, build_seconds=kernel.build_seconds + time.perf_counter() - start,
+                          prepacked=kernel.prepacked)
 
 
 def expr_label(expr) -> str:

@@ -17,7 +17,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
     filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_filters, pads_tails,
-    ragged, simd_lanes, splits_edges, vector_loop_axis, whole_reduction,
+    prepacked_inputs, ragged, simd_lanes, splits_edges, vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -54,7 +54,9 @@ class CpuPlan:
     `staged_padding` whether padding producers stay stages of their own (computed per tile at
     level `pad_level`) rather than inlined; `accumulators` where a reduction's partial sums live;
     `padded_filters` whether a convolution vectorised along its filters computes them padded
-    with zero filters to whole unit tiles (`panels.pads_filters`).
+    with zero filters to whole unit tiles (`panels.pads_filters`); `prepacked` the packed inputs
+    laid out in their panels once, before the first call (a model's weights,
+    `panels.prepacked_inputs`): the kernel takes them so laid out and copies nothing of them.
     """
 
     path: str
@@ -70,6 +72,7 @@ class CpuPlan:
     accumulators: str = ""
     split_edges: bool = False
     padded_filters: bool = False
+    prepacked: tuple[str, ...] = ()
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -92,6 +95,7 @@ class CpuPlan:
             "accumulators": self.accumulators,
             "split_edges": self.split_edges,
             "padded_filters": self.padded_filters,
+            "prepacked": list(self.prepacked),
         }
 
 
@@ -158,9 +162,11 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
         # the ragged pixel axes' edges split off: TVM's guard left in every register tile cost
         # 1.4-1.9x on 17 x 17 and 23 x 23 outputs (docs/model-evidence.md#filters-edges)
         edges = any(ragged(expr, program, a) for a in expr.spatial if a != filters)
-        return CpuPlan(FILTERS, filters, lanes, packed_inputs(expr, program, device), pack_layer(program),
+        packed = packed_inputs(expr, program, device)
+        return CpuPlan(FILTERS, filters, lanes, packed, pack_layer(program),
                        staged_padding=staged, accumulators=FILTERS_LAST, split_edges=edges,
-                       padded_filters=pads_filters(expr, program, device))
+                       padded_filters=pads_filters(expr, program, device),
+                       prepacked=prepacked_inputs(expr, program, packed, filters))
     k = lane_reduction_axis(expr, program, device)
     if k is not None:
         return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k))
@@ -176,7 +182,8 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     path = SCALAR if vector is None else PANELS if packed else ROW
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
-                   staged, pad_level(expr, program) if staged else 0, home, split)
+                   staged, pad_level(expr, program) if staged else 0, home, split,
+                   prepacked=prepacked_inputs(expr, program, packed, vector))
 
 
 @lru_cache(maxsize=65536)
@@ -271,7 +278,8 @@ def describe(plan: Plan, program: RProgram) -> str:
     else:
         parts = [f"lanes along {axis(plan.vector_axis)}"]
     if plan.packed:
-        parts.insert(0, f"{', '.join(plan.packed)} packed in {shape} panels")
+        ahead = f" ({', '.join(plan.prepacked)} once, before the calls)" if plan.prepacked else ""
+        parts.insert(0, f"{', '.join(plan.packed)} packed in {shape} panels{ahead}")
     if plan.padded_tails:
         parts.append("tails padded")
     elif plan.split_edges:

@@ -98,13 +98,15 @@ def packed_runs(program: RProgram, device: DeviceSpec) -> int:
     that jumps to the next row of its tile starts a stream, as the micro-kernel's streamed reads
     do: 5 x 3491 x 3681, whose B (51 MB) is read from DRAM, ran 12.3 ms with unit tiles of 144
     columns x 704 K-steps (576-byte runs) and 5.3 ms with 1856 x 64 (7.4 KB runs), predicted
-    alike without it (two threads, AVX2 Zen 3)."""
+    alike without it (two threads, AVX2 Zen 3). An input laid out before the first call
+    (`CpuPlan.prepacked`) is copied by no call."""
     if not device.runs_on_cpu or not program.expr.reduce or len(program.tiles) < 2:
         return 0
     plan = cpu_plan(program, device)
     if not plan.packed or not is_stream_bound(program.expr, device):
         return 0
-    packed = tuple(t for t, tensor in enumerate(program.expr.inputs) if tensor.name in plan.packed)
+    packed = tuple(t for t, tensor in enumerate(program.expr.inputs)
+                   if tensor.name in plan.packed and tensor.name not in plan.prepacked)
     return tile_stream_runs(calculus(program.expr), program.tiles[min(plan.pack_layer, len(program.tiles) - 1)], packed)
 
 
@@ -285,11 +287,13 @@ PACK_BYTES_PER_CYCLE = 16
 
 def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
     """Bytes the busiest core writes into panels: the plan's packed inputs (`CpuPlan.packed`)
-    at its pack layer's tile (`panels.packed_tile_bytes`), 0 where it packs none or on GPUs."""
+    at its pack layer's tile (`panels.packed_tile_bytes`), 0 where it packs none or on GPUs.
+    Those laid out before the first call (`CpuPlan.prepacked`) are copied by no call."""
     if not device.runs_on_cpu:
         return 0
     plan = cpu_plan(program, device)
-    return packed_tile_bytes(program, device, plan.packed, plan.pack_layer) if plan.packed else 0
+    copied = tuple(name for name in plan.packed if name not in plan.prepacked)
+    return packed_tile_bytes(program, device, copied, plan.pack_layer) if copied else 0
 
 
 def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
