@@ -777,3 +777,45 @@ def test_the_plan_decides_the_code():
     }
     for field, other in variants.items():
         assert script(other) != same, f"a plan that differs in {field} built the same schedule"
+
+
+def _pointwise_view(constants):
+    from workbench.ops.pixel_gemm import pixel_gemm
+
+    conv = expr("conv2d", N=1, C=4096, H=16, W=16, F=96, KH=1, KW=1, stride=1, pad=0)
+    return replace(pixel_gemm(conv), constants=constants)
+
+
+@pytest.mark.parametrize("case", ["matmul", "pointwise"])
+def test_weights_laid_out_ahead_are_taken_in_their_strips_and_verify(case):
+    """A matmul whose A and B are both weights (`TensorExpr.constants`), and a pointwise conv's
+    GEMM over its pixels whose [F, C] filters (a view of the caller's [F, C, 1, 1]) are, all
+    packed (a 6-row L1 tile of the broadcast operand spans rows 16 KiB apart, more than any
+    L1d; B is read along the vector): the kernel takes each weight laid out in register-tile
+    strips (`CpuPlan.prepacked`), the broadcast one as [i // 6, k, i % 6], B as
+    [j // r, k, j % r]; its entry refuses them as the caller holds them, and laid out by the
+    library's own functions (`codegen.build.laid_out_args`, which `verify` applies; the view's
+    from the caller's shape) the result is numpy's."""
+    import numpy as np
+    import tvm
+
+    dev = device(CPU)
+    lanes = simd_lanes(dev, 4)
+    if case == "matmul":
+        e = replace(expr("matmul", M=288, K=4096, N=256), constants=("A", "B"))
+        tiles = [(6, 2 * lanes, 1), (6, 4 * lanes, 256), (96, 256, 512)]
+        laid_out = [(0, (48, 4096, 6)), (1, (256 // (2 * lanes), 4096, 2 * lanes))]
+    else:
+        e = _pointwise_view(("kernel",))
+        tiles = [(1, 6, 2 * lanes, 1), (1, 6, 4 * lanes, 256), (1, 96, 256, 512)]
+        laid_out = [(1, (16, 4096, 6))]
+    program = make_program(calculus(e), dev, tiles, [True] * 3, 0.0)
+    assert cpu_plan(program, dev).prepacked == e.constants
+    kernel = build_kernel(e, program, dev)
+    assert kernel.ok, kernel.error
+    assert [(p.index, p.shape) for p in kernel.prepacked] == laid_out
+    check = verify(kernel, e)
+    assert check.correct, check.error
+    held = [tvm.runtime.tensor(np.zeros(a.shape, dtype=a.dtype)) for a in e.args]
+    with pytest.raises(Exception):
+        kernel.runtime()[kernel.entry](*held)

@@ -361,33 +361,52 @@ def test_fast_exp_matches_numpy_and_stays_finite():
     assert np.all(np.isfinite(got)) and np.all(got[xs < -87.4] < 1.2e-38) and np.all(got > 0)
 
 
+WEIGHTED = {
+    # along its filters: the filters in vectors of filters
+    "conv3x3": ([_node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], (1, 16, 8, 8), (1, 32, 8, 8),
+                {"w": _conv(32, 16, 3), "b": _weight(32)}),
+    # B in strips of column vectors
+    "matmul": ([_node("MatMul", ["x", "w"])], (48, 256), (48, 128), {"w": _weight(256, 128)}),
+}
+
+
+@pytest.mark.parametrize("name", list(WEIGHTED))
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
-def test_a_models_weights_are_laid_out_once_before_the_calls(tmp_path, dev):
-    """A conv vectorised along its filters reads its weights in panels of whole filter vectors:
-    a weight's panels are laid out once, before the calls (`CpuPlan.prepacked`), as ONNX
-    Runtime packs its weights when the session starts. The importer names the parameter a
-    weight fills (`TensorExpr.constants`); the kernel takes it laid out (its argument has the
-    panels' shape, as many elements), lays out nothing of it per call (no copy priced), and the
-    library's own function lays it out; the model run that way matches ONNX Runtime."""
+def test_a_models_weights_are_laid_out_once_before_the_calls(tmp_path, dev, name):
+    """A model's weights are laid out in their register-tile strips once, before the calls
+    (`CpuPlan.prepacked`), as ONNX Runtime packs its weights when the session starts. The
+    importer names the parameters a weight fills (`TensorExpr.constants`); a kernel laying one
+    out takes it laid out (its argument has the strips' shape, as many elements), copies none
+    of it per call (no copy priced), and the library's own function lays it out; the model run
+    that way matches ONNX Runtime."""
     from workbench.rtile.model.cpu import packed_bytes
     from workbench.rtile.plan import cpu_plan
 
-    path = tmp_path / "conv.onnx"
-    inits = {"w": _conv(32, 16, 3), "b": _weight(32)}
-    onnx.save(_model([_node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], (1, 16, 8, 8), (1, 32, 8, 8), inits), path)
-    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=3))
+    nodes, x_shape, y_shape, inits = WEIGHTED[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
+    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=5))
     (r,) = mc.results
     expr = r.construction.expr
-    weight = expr.args[1].name
-    assert expr.constants == (weight, expr.args[2].name)  # the filters and the bias; not x
-    prepacked = [c.program for c in r.candidates if cpu_plan(c.program, dev).prepacked == (weight,)]
-    assert prepacked, [cpu_plan(c.program, dev) for c in r.candidates]
-    for program in prepacked:
-        assert packed_bytes(program, dev) == 0
+    assert expr.constants == tuple(a.name for a in expr.args[1:-1])  # the weights (and bias); not x
+    laid_out = [(c.program, cpu_plan(c.program, dev)) for c in r.candidates if cpu_plan(c.program, dev).prepacked]
+    assert laid_out, [cpu_plan(c.program, dev) for c in r.candidates]
+    for program, plan in laid_out:
+        if set(plan.packed) <= set(plan.prepacked):
+            assert packed_bytes(program, dev) == 0
         kernel = build_kernel(expr, program, dev)
         assert kernel.ok, kernel.error
-        (p,) = kernel.prepacked
-        assert p.index == 1 and p.shape != expr.args[1].shape and np.prod(p.shape) == np.prod(expr.args[1].shape)
-    local = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
-    assert build_model_kernels(local)[0].prepacked
-    _assert_scheduled_and_matches_onnxruntime(local, path)
+        assert len(kernel.prepacked) == len(plan.prepacked)
+        for p in kernel.prepacked:
+            assert expr.args[p.index].name in plan.prepacked
+            assert p.shape != expr.args[p.index].shape and np.prod(p.shape) == np.prod(expr.args[p.index].shape)
+    local = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=5))
+    (r,) = local.results
+    rank = next((c.rank for c in r.candidates if cpu_plan(c.program, local.device).prepacked), None)
+    assert rank is not None
+    kernels = build_model_kernels(local, rank=rank)
+    assert kernels[0].prepacked and kernels[0].scheduled, kernels[0].error
+    inputs = model_inputs(local.model, 0)
+    (ours,) = run_model(local, kernels, inputs)
+    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+    assert np.allclose(ours, expected, rtol=RTOL, atol=ATOL), float(np.max(np.abs(ours - expected)))

@@ -652,7 +652,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
     for name in plan.packed:
         reads = [str(r.source.name) for r in sch.get(block).reads]
         if name in plan.prepacked:  # the caller passes it laid out (`prepack_function`)
-            layout = _panel_layout(expr, program, by_name[name], vector_axis)
+            layout = _panel_layout(expr, program, by_name[name], vector_axis, ahead=True)
             index_map = IndexMap.from_func(layout, ndim=len(by_name[name].index), index_dtype=_index_dtype(sch, block))
             common.primitive(f"take {name} laid out in panels", sch.transform_layout, block, ("read", reads.index(name)),
                              index_map)
@@ -678,16 +678,23 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
 
 def prepack_function(expr: TensorExpr, program: RProgram, plan: CpuPlan, name: str):
     """The PrimFunc that lays input `name` out in its panels (`CpuPlan.prepacked`), the layout
-    `_pack_panels` has the kernel read it in: a copy of the argument into that layout, run by
-    the caller once, before the kernel's first call."""
+    `_pack_panels` has the kernel read it in: a copy of the argument (the caller's shape, of
+    which the expression's tensor may be a view: a pointwise conv's [F, C] filters of
+    [F, C, 1, 1]) into that layout, run by the caller once, before the kernel's first call."""
     from tvm import s_tir, te
     from tvm.tirx import IndexMap
 
     tensor = next(t for t in expr.inputs if t.name == name)
-    source = te.placeholder(tensor.shape, tensor.dtype, name=name)
-    panels = te.compute(tensor.shape, lambda *i: source[i], name=f"{name}_panels")
+    arg = next(a for a in expr.input_args if a.name == name)
+    source = te.placeholder(arg.shape, tensor.dtype, name=name)
+
+    def element(*index):  # the view's element `index` in the argument, both row-major
+        flat = sum(i * stride for i, stride in zip(index, tensor.strides))
+        return source[tuple(flat // prod(arg.shape[d + 1:]) % n for d, n in enumerate(arg.shape))]
+
+    panels = te.compute(tensor.shape, element, name=f"{name}_panels")
     sch = s_tir.Schedule(te.create_prim_func([source, panels]))
-    layout = _panel_layout(expr, program, tensor, plan.vector_axis)
+    layout = _panel_layout(expr, program, tensor, plan.vector_axis, ahead=True)
     sch.transform_layout(sch.get_sblock(f"{name}_panels"), ("write", 0),
                          IndexMap.from_func(layout, ndim=len(tensor.shape), index_dtype="int32"))
     return sch.mod["main"]
@@ -743,7 +750,7 @@ def _stagger_rows(sch, pack, rows: int) -> None:
                          period // itemsize, LINE_BYTES // itemsize)
 
 
-def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int):
+def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int, ahead: bool = False):
     """The index map (a function of the tensor's indices) of `tensor`'s panel, or None to keep
     the tile's own row-major layout.
 
@@ -754,9 +761,10 @@ def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int)
     rows, the vector axis last): matmul's B[k, j] becomes [j // 16, k, j % 16]. The broadcast
     operand (A) keeps rows: its copy is then a plain vectorised one, while 6-row strips
     ([i // 6, k, i % 6]) need a scalar transposing copy, which is no faster
-    (evidence: docs/evidence.md#cpu-panel-layout).
+    (evidence: docs/evidence.md#cpu-panel-layout), except laid out once, `ahead` of the calls
+    (`CpuPlan.prepacked`): then A gets its strips too.
     """
-    if not tensor.uses_axis(vector_axis):
+    if not ahead and not tensor.uses_axis(vector_axis):
         return None
     axes = [next(a for a, c in enumerate(coeffs) if c) for coeffs, _ in tensor.index]
     regs = [int(program.register_tile[a]) for a in axes]

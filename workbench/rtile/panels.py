@@ -106,29 +106,30 @@ def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
 def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...], vector: int | None) -> tuple[str, ...]:
     """The `packed` inputs whose panels are laid out once, before the first call, rather than
     copied per tile in every call, as ONNX Runtime and oneDNN pack a model's weights when the
-    session starts: the expression's `constants` that get a panel layout of their own (read
-    along the `vector` axis, `codegen/cpu._panel_layout`) and that the kernel reads as its
-    caller passes them: the argument itself (no padding copy, no view of another shape), each
-    dimension one axis, whose register tile divides it and whose unit tile leaves no tail (no
-    padding to lay out). Their copy is no part of the kernel's time: ResNet-50's 512-filter 3x3
-    conv over 7 x 7 pixels ran 1.84 ms with its 9.4 MB of filters copied per call and 1.03 ms
-    with them laid out ahead (two Zen 4 cores; ONNX Runtime 1.2; evidence:
-    docs/evidence.md#cpu-prepacked)."""
+    session starts: the expression's `constants` that the kernel reads as its caller passes
+    them (the argument or a view of it with as many elements, no padding copy), each dimension
+    one axis, whose register tile divides it and whose unit tile leaves no tail (no padding to
+    lay out), with a register tile over one element along some dimension (a layout to give:
+    register-tile strips, `codegen/cpu._panel_layout`, which a copy per call gives only inputs
+    read along the `vector` axis, the others' transposing copy costing what it saves). Their
+    copy is no part of the kernel's time: ResNet-50's 512-filter 3x3 conv over 7 x 7 pixels ran
+    1.84 ms with its 9.4 MB of filters copied per call and 1.03 ms with them laid out ahead (two
+    Zen 4 cores; ONNX Runtime 1.2; evidence: docs/evidence.md#cpu-prepacked)."""
     if vector is None or not expr.constants:
         return ()
     args = {a.name: a for a in expr.input_args}
     out = []
     for t in expr.inputs:
         arg = args.get(t.name)
-        if t.name not in packed or t.name not in expr.constants or arg is None or arg.shape != t.shape:
-            continue
-        if not t.uses_axis(vector):
+        if t.name not in packed or t.name not in expr.constants or arg is None or prod(arg.shape) != prod(t.shape):
             continue
         axes = [[a for a, c in enumerate(coeffs) if c] for coeffs, _ in t.index]
         if any(len(used) != 1 or const or t.index[d][0][used[0]] != 1 for d, (used, (_, const)) in enumerate(zip(axes, t.index))):
             continue
-        if any(extent % int(program.register_tile[used[0]]) or ragged(expr, program, used[0])
-               for extent, used in zip(t.shape, axes)):
+        regs = [int(program.register_tile[used[0]]) for used in axes]
+        if any(extent % r or ragged(expr, program, used[0]) for extent, r, used in zip(t.shape, regs, axes)):
+            continue
+        if all(r == 1 for r in regs):
             continue
         out.append(t.name)
     return tuple(out)
