@@ -14,11 +14,12 @@ from workbench.rtile.model import estimate
 from workbench.rtile.model.common import GB, source_layer
 from workbench.rtile.model.cpu import (
     buffer_bytes, BUFFER_PASSES, core_ghz, PACK_BYTES_PER_CYCLE, packed_bytes, packing_seconds, transfer_seconds,
+    TRANSPOSED_BYTES_PER_CYCLE,
 )
 from workbench.rtile.model.cpu_compute import compute_efficiency, scalar_row
 from workbench.rtile.panels import (
     PAD_OVERLAP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, packed_tile_bytes,
-    pad_level, padded_inputs, pads_tails, ragged, whole_reduction,
+    pad_level, padded_inputs, pads_tails, ragged, transposes, whole_reduction,
 )
 from workbench.rtile.plan import cpu_plan, loop_nest_key
 from workbench.rtile.rprogram import make_program
@@ -92,6 +93,36 @@ def test_the_copies_run_at_four_elements_per_cycle_where_the_bandwidth_would_all
     assert core_ghz(timed) == pytest.approx(ghz, rel=1e-12)
     assert packing_seconds(program, timed) == pytest.approx(max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)), rel=1e-12)
     assert packing_seconds(program, timed) > streamed
+    assert packed_bytes(program, timed, transposed=True) == 0  # B's strips end along its rows
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_transposing_copy_runs_at_its_own_bytes_per_cycle(dev):
+    """A conv's filters [f, c, r, s] copied into vectors of filters (`transposes`: laid out along
+    f, innermost s) move at TRANSPOSED_BYTES_PER_CYCLE, the matmul's B [k, j] into strips
+    along j (innermost j) at PACK_BYTES_PER_CYCLE; the rows of A keep their layout and never
+    transpose. A conv whose pixel tiles copy the filters again each time pays each copy."""
+    lanes = dev.warp_size
+    conv = expr("conv2d", N=1, C=16, H=8, W=8, F=4 * lanes, KH=3, KW=3, stride=1, pad=1)
+    kernel = next(t for t in conv.inputs if t.name == "kernel")
+    f = conv.axis_index("f")
+    assert transposes(kernel, f) and not transposes(conv.inputs[0], f)
+    mm = expr("matmul", M=64, N=64, K=64)
+    assert not transposes(next(t for t in mm.inputs if t.name == "B"), 1)
+    assert not transposes(next(t for t in mm.inputs if t.name == "A"), 1)
+    ghz = core_ghz(dev)
+    once = [(1, 2 * lanes, 1, 2, 1, 1, 1), (1, 2 * lanes, 2, 8, 16, 3, 3), (1, 4 * lanes, 8, 8, 16, 3, 3)]
+    again = [(1, 2 * lanes, 1, 2, 1, 1, 1), (1, 2 * lanes, 2, 8, 16, 3, 3), (1, 4 * lanes, 2, 8, 16, 3, 3)]
+    for tiles, grid in ((once, 1), (again, 4)):  # unit tiles of 2 of the 8 rows: the filters copied per row pair
+        program = _program(conv, tiles, dev)
+        moved = packed_bytes(program, dev)
+        # every filter (4 x lanes of 16 x 3 x 3) once per unit tile the busiest of the 2 cores runs
+        assert program.grid == grid and moved == packed_bytes(program, dev, transposed=True) == (
+            -(-grid // dev.compute_units) * 4 * lanes * 16 * 9 * 4)
+        layer = dev.layers[pack_layer(program)]
+        streamed = moved / (layer.bandwidth_gbps * GB / dev.compute_units)
+        assert packing_seconds(program, dev) == pytest.approx(
+            max(streamed, moved / (TRANSPOSED_BYTES_PER_CYCLE * ghz * GB)), rel=1e-12)
 
 
 @pytest.mark.parametrize("k_tile", [64, 32, 16])

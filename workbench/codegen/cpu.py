@@ -46,7 +46,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
-from workbench.rtile.panels import ragged, row_vector, vector_width
+from workbench.rtile.panels import ragged, row_vector, transposes, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
 
@@ -708,7 +708,7 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies run scalar
     (evidence: docs/evidence.md#cpu-vectorise-copy)."""
     last = next((a for a, c in enumerate(tensor.index[-1][0]) if c), None)
-    if last is None or (laid_out and last != vector_axis):
+    if last is None or (laid_out and transposes(tensor, vector_axis)):
         return
     inner = sch.get_loops(pack)[-1]
     extent = int(sch.get(inner).extent)

@@ -135,6 +135,17 @@ def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...
     return tuple(out)
 
 
+def transposes(tensor, vector: int | None) -> bool:
+    """Whether the panel copy of `tensor` transposes, and so runs scalar
+    (`codegen/cpu._vectorise_copy`): an input laid out along the `vector` axis (its panels end in
+    a vector's lanes of it, `_panel_layout`) whose innermost dimension is another axis: a conv's
+    filters [f, c, r, s] copied to [.., f % r]. Its copy moves an element at a time, at
+    `model.cpu.TRANSPOSED_BYTES_PER_CYCLE`."""
+    if vector is None or not tensor.uses_axis(vector) or not tensor.index:
+        return False
+    return next((a for a, c in enumerate(tensor.index[-1][0]) if c), None) != vector
+
+
 def pads_tails(expr: TensorExpr, program: RProgram, panels: tuple[str, ...]) -> bool:
     """Whether the template pads the axes up to whole unit tiles (`codegen/cpu._pad_tails`): a
     panel-packed expression (`panels`: its `packed_inputs`, which take a ragged reduction only

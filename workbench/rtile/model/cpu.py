@@ -16,7 +16,7 @@ from workbench.rtile.model.common import (
 from workbench.rtile.model.cpu_compute import (
     compute_efficiency, compute_provenance, guard_slowdown, scalar_lanes, scalar_row,
 )
-from workbench.rtile.panels import packed_tile_bytes, row_vector
+from workbench.rtile.panels import packed_tile_bytes, row_vector, transposes
 from workbench.rtile.plan import PANELS, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
@@ -57,7 +57,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(through, device, compute, loads)
     packed = packed_bytes(program, device)
-    packing = _copy_seconds(program, device, packed)
+    packing = _copy_seconds(program, device, packed, packed_bytes(program, device, transposed=True))
     if packed:
         stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
@@ -283,16 +283,23 @@ def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
 # Bytes a core's panel copy moves per cycle: four fp32 elements, fitted to bmm-attn's copies
 # (evidence: docs/model-evidence.md#pack-bytes-per-cycle).
 PACK_BYTES_PER_CYCLE = 16
+# ... and a transposing copy (`panels.transposes`: a conv's filters into vectors of filters),
+# scalar, whose every store lands in another line: 1.6 B, the median of 13 filter panels of three
+# convs timed with and without their copy (0.45-3.7 B a cycle; evidence:
+# docs/model-evidence.md#transposed-bytes-per-cycle).
+TRANSPOSED_BYTES_PER_CYCLE = 1.6
 
 
-def packed_bytes(program: RProgram, device: DeviceSpec) -> int:
+def packed_bytes(program: RProgram, device: DeviceSpec, transposed: bool = False) -> int:
     """Bytes the busiest core writes into panels: the plan's packed inputs (`CpuPlan.packed`)
     at its pack layer's tile (`panels.packed_tile_bytes`), 0 where it packs none or on GPUs.
-    Those laid out before the first call (`CpuPlan.prepacked`) are copied by no call."""
+    Those laid out before the first call (`CpuPlan.prepacked`) are copied by no call.
+    `transposed`: those of them whose copy transposes (`panels.transposes`) only."""
     if not device.runs_on_cpu:
         return 0
     plan = cpu_plan(program, device)
-    copied = tuple(name for name in plan.packed if name not in plan.prepacked)
+    copied = tuple(t.name for t in program.expr.inputs if t.name in plan.packed and t.name not in plan.prepacked
+                   and (not transposed or transposes(t, plan.vector_axis)))
     return packed_tile_bytes(program, device, copied, plan.pack_layer) if copied else 0
 
 
@@ -304,18 +311,22 @@ def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
     as the transfers below the first cache layer do (`combine_stages`). What it decides: a
     6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs nothing
     (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to 130, so
-    every input is copied, where 8 rows divide it and copy nothing."""
-    return _copy_seconds(program, device, packed_bytes(program, device))
+    every input is copied, where 8 rows divide it and copy nothing. A transposing copy's bytes
+    (a conv's filters) move at `TRANSPOSED_BYTES_PER_CYCLE`: a 3x3 conv whose pixel tiles each
+    copy the 2.4 MB of filters again ran 2.4 ms against 0.64 copying them once."""
+    return _copy_seconds(program, device, packed_bytes(program, device), packed_bytes(program, device, transposed=True))
 
 
-def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int) -> float:
-    """`packing_seconds` of `moved` = `packed_bytes(program, device)` (computed once by `price`)."""
+def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int, transposed: int) -> float:
+    """`packing_seconds` of `moved` = `packed_bytes(program, device)`, `transposed` of them by
+    transposing copies (both computed once by `price`)."""
     if not moved:
         return 0.0
     layer = device.layers[cpu_plan(program, device).pack_layer]
     streamed = moved / (layer.bandwidth_gbps * GB / device.compute_units)
     ghz = core_ghz(device)
-    return max(streamed, moved / (PACK_BYTES_PER_CYCLE * ghz * GB)) if ghz else streamed
+    cycles = (moved - transposed) / PACK_BYTES_PER_CYCLE + transposed / TRANSPOSED_BYTES_PER_CYCLE
+    return max(streamed, cycles / (ghz * GB)) if ghz else streamed
 
 
 def core_ghz(device: DeviceSpec) -> float:
