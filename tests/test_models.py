@@ -130,6 +130,25 @@ def test_batch_norm_at_inference_folds_into_the_convolution_before_it(tmp_path):
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_parameter_is_constant_only_where_every_call_passes_a_weight(tmp_path):
+    """Two matmuls of one shape share one PrimFunc (and one kernel): where both pass a weight as
+    B, that parameter is one of the expression's `constants` (laid out ahead, `CpuPlan.prepacked`);
+    where one passes an activation, it is not, for either call. x is never constant."""
+    rng = np.random.default_rng(3)
+    node = helper.make_node
+    both = [node("MatMul", ["x", "w1"], ["h"]), node("MatMul", ["h", "w2"], ["y"])]
+    path = _save(tmp_path / "both.onnx", both, [_tensor("x", [8, 8])], [_tensor("y", [8, 8])],
+                 _weights(rng, w1=(8, 8), w2=(8, 8)))
+    first, second = import_model(path).operators
+    assert first.func_name == second.func_name
+    assert first.expr.constants == second.expr.constants == (first.expr.args[1].name,)
+    mixed = [node("MatMul", ["x", "w1"], ["h"]), node("MatMul", ["h", "x"], ["y"])]
+    path = _save(tmp_path / "mixed.onnx", mixed, [_tensor("x", [8, 8])], [_tensor("y", [8, 8])], _weights(rng, w1=(8, 8)))
+    first, second = import_model(path).operators
+    assert first.func_name == second.func_name
+    assert first.expr.constants == second.expr.constants == ()
+
+
 @pytest.mark.parametrize("opset", [7, 10, 13])
 @pytest.mark.parametrize("outputs", [("d",), ("d", "mask")])
 def test_dropout_is_the_identity_at_inference(tmp_path, opset, outputs):
