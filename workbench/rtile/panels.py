@@ -103,7 +103,7 @@ def packed_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     return _panel_inputs(expr, program, device)
 
 
-def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...], vector: int | None) -> tuple[str, ...]:
+def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...]) -> tuple[str, ...]:
     """The `packed` inputs whose panels are laid out once, before the first call, rather than
     copied per tile in every call, as ONNX Runtime and oneDNN pack a model's weights when the
     session starts: the expression's `constants` that the kernel reads as its caller passes
@@ -111,11 +111,11 @@ def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...
     one axis, whose register tile divides it and whose unit tile leaves no tail (no padding to
     lay out), with a register tile over one element along some dimension (a layout to give:
     register-tile strips, `codegen/cpu._panel_layout`, which a copy per call gives only inputs
-    read along the `vector` axis, the others' transposing copy costing what it saves). Their
+    read along the vector axis, the others' transposing copy costing what it saves). Their
     copy is no part of the kernel's time: ResNet-50's 512-filter 3x3 conv over 7 x 7 pixels ran
     1.84 ms with its 9.4 MB of filters copied per call and 1.03 ms with them laid out ahead (two
     Zen 4 cores; ONNX Runtime 1.2; evidence: docs/evidence.md#cpu-prepacked)."""
-    if vector is None or not expr.constants:
+    if not packed or not expr.constants:
         return ()
     args = {a.name: a for a in expr.input_args}
     out = []
@@ -124,7 +124,7 @@ def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...
         if t.name not in packed or t.name not in expr.constants or arg is None or prod(arg.shape) != prod(t.shape):
             continue
         axes = [[a for a, c in enumerate(coeffs) if c] for coeffs, _ in t.index]
-        if any(len(used) != 1 or const or t.index[d][0][used[0]] != 1 for d, (used, (_, const)) in enumerate(zip(axes, t.index))):
+        if any(len(used) != 1 or const or coeffs[used[0]] != 1 for used, (coeffs, const) in zip(axes, t.index)):
             continue
         regs = [int(program.register_tile[used[0]]) for used in axes]
         if any(extent % r or ragged(expr, program, used[0]) for extent, r, used in zip(t.shape, regs, axes)):

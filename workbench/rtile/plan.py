@@ -166,7 +166,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
         return CpuPlan(FILTERS, filters, lanes, packed, pack_layer(program),
                        staged_padding=staged, accumulators=FILTERS_LAST, split_edges=edges,
                        padded_filters=pads_filters(expr, program, device),
-                       prepacked=prepacked_inputs(expr, program, packed, filters))
+                       prepacked=prepacked_inputs(expr, program, packed))
     k = lane_reduction_axis(expr, program, device)
     if k is not None:
         return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k))
@@ -183,7 +183,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program) if staged else 0, home, split,
-                   prepacked=prepacked_inputs(expr, program, packed, vector))
+                   prepacked=prepacked_inputs(expr, program, packed))
 
 
 @lru_cache(maxsize=65536)
