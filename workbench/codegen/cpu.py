@@ -644,16 +644,14 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
     the micro-kernel's two vector loads per K-step advance linearly through one strip. (evidence:
     docs/evidence.md#cpu-pack-panels).
     """
-    from tvm.tirx import IndexMap
-
     at = at if at is not None else levels[expr.reduce[-1]][_pack_level(program, plan)]
     by_name = {t.name: t for t in expr.inputs}
     vector_axis = plan.vector_axis
     for name in plan.packed:
+        tensor = by_name[name]
         reads = [str(r.source.name) for r in sch.get(block).reads]
         if name in plan.prepacked:  # the caller passes it laid out (`prepack_function`)
-            layout = _panel_layout(expr, program, by_name[name], vector_axis, ahead=True)
-            index_map = IndexMap.from_func(layout, ndim=len(by_name[name].index), index_dtype=_index_dtype(sch, block))
+            index_map = _panel_map(expr, program, tensor, vector_axis, _index_dtype(sch, block), ahead=True)
             common.primitive(f"take {name} laid out in panels", sch.transform_layout, block, ("read", reads.index(name)),
                              index_map)
             continue
@@ -663,14 +661,11 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
         else:
             pack = common.primitive(f"pack {name}", sch.cache_read, block, reads.index(name), "global")
         common.primitive(f"pack {name} per tile", sch.compute_at, pack, at, True)
-        layout = _panel_layout(expr, program, by_name[name], vector_axis)
-        if layout is not None:
-            index_map = IndexMap.from_func(layout, ndim=len(by_name[name].index), index_dtype=_index_dtype(sch, pack))
+        index_map = _panel_map(expr, program, tensor, vector_axis, _index_dtype(sch, pack))
+        if index_map is not None:
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
-        _vectorise_copy(sch, pack, expr, program, by_name[name], vector_axis, layout is not None,
-                        plan.lanes)
-        if layout is None:
-            tensor = by_name[name]
+        _vectorise_copy(sch, pack, expr, program, tensor, vector_axis, index_map is not None, plan.lanes)
+        if index_map is None:
             _stagger_rows(sch, pack, prod(int(program.register_tile[a]) for a in expr.spatial if tensor.uses_axis(a)))
         if padding:
             _partition_edges(sch, pack, at)
@@ -682,7 +677,6 @@ def prepack_function(expr: TensorExpr, program: RProgram, plan: CpuPlan, name: s
     which the expression's tensor may be a view: a pointwise conv's [F, C] filters of
     [F, C, 1, 1]) into that layout, run by the caller once, before the kernel's first call."""
     from tvm import s_tir, te
-    from tvm.tirx import IndexMap
 
     tensor = next(t for t in expr.inputs if t.name == name)
     arg = next(a for a in expr.input_args if a.name == name)
@@ -694,9 +688,8 @@ def prepack_function(expr: TensorExpr, program: RProgram, plan: CpuPlan, name: s
 
     panels = te.compute(tensor.shape, element, name=f"{name}_panels")
     sch = s_tir.Schedule(te.create_prim_func([source, panels]))
-    layout = _panel_layout(expr, program, tensor, plan.vector_axis, ahead=True)
     sch.transform_layout(sch.get_sblock(f"{name}_panels"), ("write", 0),
-                         IndexMap.from_func(layout, ndim=len(tensor.shape), index_dtype="int32"))
+                         _panel_map(expr, program, tensor, plan.vector_axis, "int32", ahead=True))
     return sch.mod["main"]
 
 
@@ -777,6 +770,16 @@ def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int,
         return tuple(x[d] // regs[d] if d in split else x[d] for d in outer) + tuple(x[d] % regs[d] for d in inner)
 
     return panel
+
+
+def _panel_map(expr: TensorExpr, program: RProgram, tensor, vector_axis: int, index_dtype: str, ahead: bool = False):
+    """`_panel_layout` as TVM's IndexMap over `tensor`'s indices of `index_dtype`, None where the
+    tile keeps its own layout: what the per-call pack, the kernel's read of a weight laid out
+    ahead and `prepack_function` lay the tensor out by."""
+    from tvm.tirx import IndexMap
+
+    layout = _panel_layout(expr, program, tensor, vector_axis, ahead)
+    return None if layout is None else IndexMap.from_func(layout, ndim=len(tensor.index), index_dtype=index_dtype)
 
 
 def _index_dtype(sch, block) -> str:
