@@ -568,6 +568,23 @@ def test_an_operator_opened_from_the_models_page_profiles_against_its_run_in_the
     assert result.measurements and all(m.ok for m in result.measurements), [m.error for m in result.measurements]
 
 
+def test_an_operator_opened_from_the_models_page_exports_checked_in_its_run_in_the_model(tmp_path, monkeypatch):
+    """Export writes a model's operator as it writes any kernel, checked against the operator's
+    TVM default lowering in a run of the model (refused as a kernel that "failed when run" before:
+    numpy has no reference of a fused PrimFunc), the manifest naming the model."""
+    monkeypatch.setenv("WORKBENCH_WORKSPACE", str(tmp_path))
+    at = goto(app(small()), "Models")
+    button(at, "Open in Construction").click().run()
+    goto(at, "Export")
+    at.text_input[0].set_value("op")
+    button(at, "Write the bundle").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    manifest = json.loads((tmp_path / "op" / "manifest.json").read_text())
+    sel = at.session_state["selection"]
+    assert manifest["verified"] and manifest["model"]["operator"] == sel.workload.operator
+    assert "default lowering" in at.success[0].value
+
+
 def test_models_page_rejects_a_corrupt_upload():
     at = goto(app(small()), "Models")
     at.radio[0].set_value("Upload").run()

@@ -6,12 +6,14 @@ kernels for a machine other than this one never run here."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import runpy
 import zipfile
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from tvm.target import codegen
 
 from tests.helpers import device, expr, matmul
 from workbench import export as export_module
+from workbench import pipeline
 from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.host import ISA_FLAGS, cpu_mismatch
 from workbench.codegen.verify import Verification, run_kernel
@@ -39,9 +42,11 @@ from workbench.export import (
 )
 from workbench.hardware.detect import CpuInfo, local_cpu_info
 from workbench.hardware.parse import spec_from_toml_text
+from workbench.models import execute
 from workbench.ops.reference import random_inputs
 from workbench.rtile.plan import store_vthreads
 from workbench.workers import Outcome
+from workbench.workload import Workload, imported_model
 
 CPU = "local-cpu"
 CASES = {
@@ -354,8 +359,8 @@ def _bundle_sources(path) -> list[tuple[str, bytes]]:
     return [(name, (path / name).read_bytes()) for name in names]
 
 
-def _rebuilt_sources(path) -> list[tuple[str, bytes]]:
-    kernel = rebuild(path)
+def _rebuilt_sources(path, model=None) -> list[tuple[str, bytes]]:
+    kernel = rebuild(path, model)
     assert kernel.ok, kernel.error
     assert json.loads(kernel.target) == _manifest(path)["target"]
     return [(f"kernel.{suffix}", text.encode()) for suffix, text in kernel.sources]
@@ -465,3 +470,58 @@ def test_a_missing_or_unreadable_manifest_is_a_user_error(tmp_path):
     (tmp_path / "manifest.json").write_text("[]")
     with pytest.raises(UserError, match="not a JSON object"):
         rebuild(tmp_path)
+
+
+# -- an operator of a model ------------------------------------------------------------------------
+
+MODEL = Path(__file__).resolve().parents[1] / "sample_models" / "resnet_block.onnx"
+
+
+@lru_cache(maxsize=None)
+def _model_operator(index: int = 0):
+    """(workload, construction) of operator `index` of the sample ResNet block: a conv with its
+    batch norm and ReLU fused, whose filters are a weight of every call (laid out ahead)."""
+    w = Workload(model=str(MODEL), operator=index)
+    return w, pipeline.construct(pipeline.request(w, CPU, "roller", pipeline.Options(topk=2)))
+
+
+def test_an_operator_of_a_model_is_checked_in_a_run_of_the_model_and_rebuilds_from_that_model(tmp_path):
+    w, c = _model_operator()
+    result = pipeline.export(c, 1, tmp_path / "b", workload=w)
+    m = _manifest(result.path)
+    assert result.verified and m["verification"]["correct"]
+    assert m["verification"]["method"] == export_module.MODEL_METHOD and "default lowering" in result.summary()
+    assert m["model"] == {"file": MODEL.name, "sha256": hashlib.sha256(MODEL.read_bytes()).hexdigest(), "operator": 0,
+                          "function": imported_model(str(MODEL)).operators[0].func_name, "dims": {}}
+    assert [p["index"] for p in m["prepacked"]] == [1]  # the filters, laid out by the library's pack0
+    program, _ = bundle_program(result.path, MODEL)
+    assert program == c.candidate(1).program
+    assert _rebuilt_sources(result.path, MODEL) == _bundle_sources(result.path)
+    with pytest.raises(UserError, match="needs the model file"):
+        rebuild(result.path)
+    with pytest.raises(UserError, match="is not the one the kernel was built for"):
+        rebuild(result.path, MODEL.parent / "mlp.onnx")
+
+
+def test_an_operator_of_a_model_exported_without_its_model_is_refused_before_building(tmp_path, no_build):
+    _, c = _model_operator()
+    with pytest.raises(UserError, match="no numpy reference"):
+        pipeline.export(c, 1, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_model_operators_check_can_fail(monkeypatch):
+    """verify_operator compares the kernel with the default lowering's outputs: moved by 0.01 (100x
+    its tolerance at these magnitudes), the same kernel is wrong."""
+    w, c = _model_operator()
+    model = imported_model(str(MODEL))
+    kernel = build_kernel(c.expr, c.candidate(1).program, c.device)
+    assert execute.verify_operator(kernel, model, 0, c.device).correct
+    real = execute.operator_references
+
+    def moved(*args):
+        return {name: (call[0], tuple(o + np.float32(0.01) for o in call[1])) for name, call in real(*args).items()}
+
+    monkeypatch.setattr(execute, "operator_references", moved)
+    v = execute.verify_operator(kernel, model, 0, c.device)
+    assert not v.correct and "off by up to 1.00e-02" in v.error

@@ -27,6 +27,7 @@ The manifest follows `shared/design/CLI.md` (`workbench export`), plus `verified
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -45,12 +46,16 @@ from workbench.files import read_user_text
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec
 from workbench.hardware.write import spec_to_toml
+from workbench.models.execute import verify_operator
+from workbench.ops.catalog import normalize_params
+from workbench.ops.fusion import fuse_axes
+from workbench.ops.gemm_view import construction_expr
 from workbench.ops.pixel_gemm import reshaped_params
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.rprogram import RProgram
 from workbench.versions import versions
 from workbench.workers import BUILD_TIMEOUT_S, RUN_TIMEOUT_S, Outcome, Worker, thread_env
-from workbench.workload import construction_expr_of
+from workbench.workload import Workload, construction_expr_of, imported_model, model_operator_expr
 
 MANIFEST = "manifest.json"
 # A manifest is a few kilobytes (the device spec, the rProgram, the verification); a bigger file
@@ -66,7 +71,12 @@ NAME_MAX = 255
 STAGING_STEM = 64
 # Characters of a bundle name made by `bundle_name`.
 BUNDLE_NAME_CHARS = 120
-# How the kernel is checked (the manifest's `verification.method`).
+# How the kernel is checked (the manifest's `verification.method`): an operator of a model, and
+# (METHOD) any other workload.
+MODEL_METHOD = ("workbench.models.execute.verify_operator: one run on the arguments the operator gets in a run "
+                "of the model on model_inputs(model, seed) with TVM's default lowering of every operator, "
+                "|out - ref| <= atol + rtol * |ref| against that lowering's outputs; a constant reference "
+                "verifies nothing and is refused (docs/models.md)")
 METHOD = ("workbench.codegen.verify.verify: one run on random_inputs(expr, seed) (drawn per combiner) "
           "against the float64 numpy reference, |out - ref| <= atol_i + rtol * |ref| per output, atol_i "
           "from that output's error scale (the reported atol is the largest); a degenerate reference "
@@ -124,9 +134,12 @@ class ExportResult:
     def summary(self) -> str:
         """One line on how the kernel was checked."""
         v = self.verification
+        checked = v if self.verified else v.get("host_check", {})
+        against = ("its operator's TVM default lowering in a run of the model"
+                   if checked.get("method") == MODEL_METHOD else "numpy")
         if self.verified:
-            return f"checked against numpy on this machine (max abs error {v['max_abs_err']:.3g})"
-        host = " (its schedule, built for this CPU, matches numpy)" if "host_check" in v else ""
+            return f"checked against {against} on this machine (max abs error {v['max_abs_err']:.3g})"
+        host = f" (its schedule, built for this CPU, matches {against})" if "host_check" in v else ""
         return f"not run here: {v['reason']}{host}"
 
 
@@ -140,23 +153,32 @@ def export_candidate(
     measured_seconds: float | None = None,
     zip: bool = False,
     seed: int = 0,
+    operator: Workload | None = None,
 ) -> ExportResult:
     """Build `candidate` (of the constructed `expr`) for `device`, check it, and write its bundle
-    to `out` (a new or empty directory; with `zip`, the file `out`.zip).
+    to `out` (a new or empty directory; with `zip`, the file `out`.zip). `operator`, where `expr`
+    is an operator of an ONNX model (a `Workload` naming the model and the operator), has it
+    checked against the operator's TVM default lowering in a run of the model, as a measured
+    pick's candidates are (numpy knows no fused PrimFunc of a model), and named in the manifest.
 
     UserError for a bad `out` (before anything is built); KernelRejected, with nothing written,
     for a kernel that does not build, crashes or gives wrong results."""
     target = check_out(out, zip)
+    if operator is None:
+        _check_numpy_reference(expr)
+    model = _model_doc(operator) if operator is not None else None
     with _Staging(target) as staging:
         worker = Worker(thread_env(device))
         try:
             kernel, files = _build(worker, expr, candidate, device, staging.folder)
-            check = _check(worker, kernel, expr, candidate, device, staging.folder / LIBRARY, seed)
+            check = _check(worker, kernel, expr, candidate, device, staging.folder / LIBRARY, seed, operator)
         finally:
             worker.close()
-        verification = _verification_dict(check, seed)
+        verification = _verification_dict(check, seed, MODEL_METHOD if operator is not None else METHOD)
         manifest = _manifest(kernel, expr, candidate.program, device, files, policy, candidate.rank,
                              candidate.predicted_seconds, measured_seconds)
+        if model is not None:
+            manifest["model"] = model
         manifest |= {"verified": check.verification is not None, "verification": verification}
         try:
             (staging.folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -337,9 +359,13 @@ def _build(worker: Worker, expr, candidate, device, folder: Path) -> tuple[Kerne
     return kernel, files
 
 
-def _check(worker: Worker, kernel: Kernel, expr, candidate, device, library: Path, seed: int) -> Check:
-    outcome = worker.call(check_here, (kernel, str(library), expr, candidate, device, seed),
-                          BUILD_TIMEOUT_S + RUN_TIMEOUT_S)
+def _check(worker: Worker, kernel: Kernel, expr, candidate, device, library: Path, seed: int,
+           operator: Workload | None) -> Check:
+    # a model's operator is checked after a run of the whole model on TVM's default lowering,
+    # whose every operator is built first (`operator_references`): a build's allowance more
+    extra = BUILD_TIMEOUT_S if operator is not None else 0.0
+    outcome = worker.call(check_here, (kernel, str(library), expr, candidate, device, seed, operator),
+                          BUILD_TIMEOUT_S + RUN_TIMEOUT_S + extra)
     return accept(candidate.rank, outcome)
 
 
@@ -369,33 +395,65 @@ def _build_files(expr, candidate, device, folder: str) -> tuple[Kernel, dict]:
     return replace(kernel, executable=None), files
 
 
-def check_here(kernel: Kernel, library: str, expr, candidate, device: DeviceSpec, seed: int) -> Check:
-    """Runs in the worker: the exported `library` against the reference if this machine can run
-    it; else the reason, and for another CPU the same schedule built for this CPU, checked."""
+def check_here(kernel: Kernel, library: str, expr, candidate, device: DeviceSpec, seed: int,
+               operator: Workload | None = None) -> Check:
+    """Runs in the worker: the exported `library` against the reference (numpy's, or for a
+    model's `operator` its TVM default lowering's) if this machine can run it; else the reason,
+    and for another CPU the same schedule built for this CPU, checked."""
     import tvm
 
     from workbench.codegen.host import cannot_run_here, host_target
 
+    def checked(built: Kernel, spec: DeviceSpec) -> Verification:
+        if operator is None:
+            return verify(built, expr, seed)
+        return verify_operator(built, imported_model(operator.model, operator.dims), operator.operator, spec, seed)
+
     reason = cannot_run_here(json.loads(kernel.target))
     if not reason:
         module = tvm.runtime.load_module(library)
-        return Check(verify(replace(kernel, executable=tvm.runtime.Executable(module)), expr, seed))
+        return Check(checked(replace(kernel, executable=tvm.runtime.Executable(module)), device))
     if not device.runs_on_cpu:
         return Check(None, reason)
     here = host_target(device.target_dict())
     hosted = replace(device, target=tuple(sorted(here.items())))
-    return Check(None, reason, verify(build_kernel(expr, candidate.program, hosted), expr, seed), json.dumps(here, sort_keys=True))
+    return Check(None, reason, checked(build_kernel(expr, candidate.program, hosted), hosted), json.dumps(here, sort_keys=True))
 
 
-def _verification_dict(check: Check, seed: int) -> dict:
+def _verification_dict(check: Check, seed: int, method: str) -> dict:
     """The manifest's `verification`: how the kernel was checked, or why it was not run."""
     if check.verification is not None:
-        return {"ran": True, "method": METHOD, "seed": seed, **_numbers(check.verification)}
+        return {"ran": True, "method": method, "seed": seed, **_numbers(check.verification)}
     doc = {"ran": False, "reason": check.reason}
     if check.host is not None:
-        doc["host_check"] = {"target": json.loads(check.host_target), "method": METHOD, "seed": seed,
+        doc["host_check"] = {"target": json.loads(check.host_target), "method": method, "seed": seed,
                              **_numbers(check.host)}
     return doc
+
+
+def _check_numpy_reference(expr: TensorExpr) -> None:
+    """UserError, before anything is built, for an expression numpy has no reference of: an
+    operator of a model (a fused PrimFunc, named by TVM, with no catalog parameters), which is
+    checked in a run of its model, so the export needs to know which model and operator."""
+    if expr.op == "expr":
+        return
+    try:
+        normalize_params(expr.op, dict(expr.params))
+    except UserError:
+        raise UserError(f"{expr.op} has no numpy reference (an operator of a model is checked in a run of "
+                        "the model): export it with its workload, the model and the operator's index") from None
+
+
+def _model_doc(operator: Workload) -> dict:
+    """The manifest's `model`: the ONNX file (its name and SHA-256: a path does not travel), the
+    operator's index and PrimFunc, and the symbolic dims as bound."""
+    model = imported_model(operator.model, operator.dims)
+    try:
+        digest = hashlib.sha256(Path(operator.model).read_bytes()).hexdigest()
+    except OSError as err:
+        raise UserError(f"model {operator.model}: {err.strerror}") from None
+    return {"file": Path(operator.model).name, "sha256": digest, "operator": operator.operator,
+            "function": model.operators[operator.operator].func_name, "dims": dict(operator.dims)}
 
 
 def _numbers(v: Verification) -> dict:
@@ -487,17 +545,21 @@ def _manifest(kernel, expr, program, device, files, policy, rank, predicted, mea
 # -- rebuilding from the manifest ------------------------------------------------------------------
 
 
-def rebuild(bundle) -> Kernel:
+def rebuild(bundle, model=None) -> Kernel:
     """The kernel of the bundle directory `bundle`, built again from its manifest alone
-    (`bundle_program`); its sources equal the bundle's."""
-    program, device = bundle_program(bundle)
+    (`bundle_program`; for an operator of a model, from the manifest and that `model`); its
+    sources equal the bundle's."""
+    program, device = bundle_program(bundle, model)
     return build_kernel(program.expr, program, device)
 
 
-def bundle_program(bundle) -> tuple[RProgram, DeviceSpec]:
+def bundle_program(bundle, model=None) -> tuple[RProgram, DeviceSpec]:
     """The rProgram (virtual threads included, carrying the workload's expression with its axes
     fused as construction fuses them) and the device spec that the manifest of the bundle
-    directory `bundle` records. UserError names a missing or malformed manifest or field."""
+    directory `bundle` records. The kernel of an operator of a model (the manifest's `model`)
+    takes its expression from that model, which the manifest names but does not hold: `model`,
+    the ONNX file's path, whose SHA-256 must be the manifest's. UserError names a missing or
+    malformed manifest or field, or a missing or other model."""
     path = Path(bundle) / MANIFEST
     label = f"manifest {path}"
     try:
@@ -511,7 +573,10 @@ def bundle_program(bundle) -> tuple[RProgram, DeviceSpec]:
             raise UserError(f"{label}: no {key} ({'a JSON object' if kind is dict else 'the spec as TOML text'})")
     device = spec_from_toml_text(manifest["device_spec"], label=f"{label}: device_spec")
     try:  # the expression the construction tiled (a conv's GEMM view on a GPU)
-        expr = construction_expr_of(manifest["workload"], device)
+        if "model" in manifest:
+            expr = _model_operator_expr(manifest["model"], model, device)
+        else:
+            expr = construction_expr_of(manifest["workload"], device)
     except UserError as err:
         raise UserError(f"{label}: {err}") from None
     try:
@@ -519,3 +584,22 @@ def bundle_program(bundle) -> tuple[RProgram, DeviceSpec]:
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise UserError(f"{label}: rprogram is malformed ({type(err).__name__}: {err})") from None
     return program, device
+
+
+def _model_operator_expr(doc, path, device: DeviceSpec) -> TensorExpr:
+    """The construction expression of the manifest's `model` entry (`_model_doc`), from the ONNX
+    file at `path`."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("operator"), int) or not isinstance(doc.get("dims", {}), dict):
+        raise UserError("model is malformed (an object with the operator's index and the dims)")
+    if path is None:
+        raise UserError(f"the kernel of operator {doc['operator']} of the model {doc.get('file')}: its expression is "
+                        "that model's, so rebuilding it needs the model file")
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as err:
+        raise UserError(f"model {path}: {err.strerror}") from None
+    if digest != doc.get("sha256"):
+        raise UserError(f"model {path} is not the one the kernel was built for (SHA-256 {digest[:12]}..., "
+                        f"the manifest's {str(doc.get('sha256'))[:12]}...)")
+    dims = tuple(sorted((str(k), int(v)) for k, v in doc.get("dims", {}).items()))
+    return fuse_axes(construction_expr(model_operator_expr(str(path), doc["operator"], dims), device))

@@ -239,13 +239,16 @@ def cannot_profile_here(device: DeviceSpec) -> str:
 
 
 def export(construction: Construction, rank: int, out, *, zip: bool = False,
-           measured_seconds: float | None = None) -> ExportResult:
+           measured_seconds: float | None = None, workload: Workload | TensorExpr | None = None) -> ExportResult:
     """Build candidate `rank`, verify it and write its bundle to `out` (`workbench.export`): an
-    `ExportResult`. UserError for a bad `out` or rank (before anything is built);
+    `ExportResult`. When `workload` (the request's) is an operator of an ONNX model, the kernel
+    is checked against the operator's TVM default lowering in a run of the model, as `profile`
+    checks it. UserError for a bad `out` or rank (before anything is built);
     `KernelRejected` (a UserError) with nothing written for a kernel that fails."""
     cand = construction.candidate(rank)
     return export_candidate(construction.expr, cand, construction.device, out, policy=construction.policy,
-                            measured_seconds=measured_seconds, zip=zip)
+                            measured_seconds=measured_seconds, zip=zip,
+                            operator=workload if _model_operator(workload) else None)
 
 
 def build(construction: Construction, rank: int) -> Kernel:

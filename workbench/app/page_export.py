@@ -21,18 +21,18 @@ if TYPE_CHECKING:  # annotations only
     from workbench.pipeline import ExportResult
 
 
-def export(construction: Construction, rank: int, out: Path, zip: bool) -> ExportResult:
+def export(sel: Request, construction: Construction, rank: int, out: Path, zip: bool) -> ExportResult:
     """Build, check and export candidate `rank` to `out`, with its measured time if the session's
-    profile has one; UserError (KernelRejected included) when the path or
-    the kernel is refused."""
+    profile has one (an operator of a model checked in a run of the model); UserError
+    (KernelRejected included) when the path or the kernel is refused."""
     measured = {m.rank: m.best_seconds for m in profile().measurements if m.ok} if profile() else {}
-    return pipeline.export(construction, rank, out, zip=zip, measured_seconds=measured.get(rank))
+    return pipeline.export(construction, rank, out, zip=zip, measured_seconds=measured.get(rank), workload=sel.workload)
 
 
 def _zip_bytes(sel: Request, construction: Construction, rank: int) -> tuple[str, bytes]:
     """The zipped bundle, made in a temporary directory of the server's (nothing typed)."""
     with tempfile.TemporaryDirectory(prefix="workbench-bundle-") as folder:
-        result = export(construction, rank, Path(folder) / pipeline.bundle_name_for(construction, rank, sel.label), zip=True)
+        result = export(sel, construction, rank, Path(folder) / pipeline.bundle_name_for(construction, rank, sel.label), zip=True)
         return result.path.name, result.path.read_bytes()
 
 
@@ -65,7 +65,7 @@ def _write(sel: Request, construction: Construction, rank: int) -> None:
         try:
             path = in_workspace(out)
             with st.spinner(f"building and checking candidate {rank}..."):
-                result = export(construction, rank, path, zip=False)
+                result = export(sel, construction, rank, path, zip=False)
         except UserError as err:
             st.error(message(err))
             return

@@ -32,7 +32,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from workbench.codegen.build import Prepacked, build_kernel, laid_out_args, target_dict
+from workbench.codegen.build import Kernel, Prepacked, build_kernel, laid_out_args, target_dict
+from workbench.codegen.verify import Verification
 from workbench.errors import UserError, first_line
 from workbench.models import memory_plan
 from workbench.models.construction import ModelConstruction
@@ -237,6 +238,35 @@ def measure_operator(built: BuiltCandidate, args: tuple, expected: tuple, timing
                            versions=runtime_versions())
     seconds = timed_repeats(evaluator_repeats(module, built.entry, dev, (*tensors, *outs), timing), timing)
     return Measurement(built.rank, "local", seconds, correct=True, versions=runtime_versions())
+
+
+def verify_operator(kernel: Kernel, model: ImportedModel, index: int, device, seed: int = 0) -> Verification:
+    """`kernel` (built for `device`, a CPU this machine runs) of operator `index` of `model` checked as a measured pick's
+    candidates are: run on the arguments the operator gets in a run of the model on
+    `model_inputs(model, seed)` with TVM's default lowering of every operator, its outputs against
+    that lowering's within RTOL and ATOL (`output_mismatch`; an export's check, in its worker). A
+    crash or a wrong result is recorded in the Verification, never raised."""
+    import tvm
+
+    if not kernel.ok:
+        return Verification(False, error=f"not built: {kernel.error}")
+    try:
+        args, expected = operator_references(model, device, model_inputs(model, seed))[model.operators[index].func_name]
+        dev = tvm.cpu()
+        module = kernel.runtime()
+        tensors = laid_out_args(module, kernel.prepacked, [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args], dev)
+        outs = [tvm.runtime.tensor(np.zeros_like(e), dev) for e in expected]
+        module[kernel.entry](*tensors, *outs)
+        got = tuple(o.numpy() for o in outs)
+    except Exception as err:  # a TVM runtime error of any kind is this kernel's failure
+        return Verification(False, error=f"run: {first_line(err)}")
+    problem = output_mismatch(got, expected)
+    if problem or any(o.shape != e.shape for o, e in zip(got, expected)):
+        return Verification(False, error=problem or "an output of another shape", atol=ATOL, rtol=RTOL)
+    diff = [np.abs(o.astype(np.float64) - e) for o, e in zip(got, expected)]
+    return Verification(True, max(float(d.max(initial=0.0)) for d in diff),
+                        max(float((d / (ATOL + RTOL * np.abs(e))).max(initial=0.0)) for d, e in zip(diff, expected)),
+                        atol=ATOL, rtol=RTOL)
 
 
 def output_mismatch(outs: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> str:

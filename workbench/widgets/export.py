@@ -11,7 +11,7 @@ import traitlets
 
 from workbench import pipeline
 from workbench.errors import UserError
-from workbench.pipeline import Construction, ExportResult, Kernel
+from workbench.pipeline import Construction, ExportResult, Kernel, Workload
 from workbench.widgets.candidates import candidates_of, rank_options
 from workbench.widgets.tables import message
 
@@ -20,15 +20,17 @@ class ExportButton(widgets.VBox):
     """Pick a candidate (`rank`), press Export: the bundle lands in `folder`/<bundle name> (the
     operator, device, policy and rank: `pipeline.bundle_name_for`; a zip with `zip`); `path` is where it went, `verified` whether the kernel itself ran here and
     matched numpy (a kernel for a GPU or CPU not here is exported unverified, and its manifest
-    says why). `measured` (rank -> seconds) goes into the manifest."""
+    says why). `measured` (rank -> seconds) goes into the manifest. `workload`, the request's
+    where it is an operator of an ONNX model, has the kernel checked in a run of the model."""
 
     rank = traitlets.Int(1)
     path = traitlets.Unicode("")
     verified = traitlets.Bool(False)
     measured = traitlets.Dict()
 
-    def __init__(self, construction: Construction, rank: int = 1, folder: str | Path = "bundles", zip: bool = False):
-        self.construction = construction
+    def __init__(self, construction: Construction, rank: int = 1, folder: str | Path = "bundles", zip: bool = False,
+                 workload: Workload | None = None):
+        self.construction, self.workload = construction, workload
         self.by_rank = {c.rank: c for c in candidates_of(construction)}
         self.kernel: Kernel | None = None  # the last exported kernel, as built (no executable)
         self.picker = widgets.Dropdown(options=rank_options(self.by_rank.values()), description="candidate")
@@ -53,7 +55,7 @@ class ExportButton(widgets.VBox):
             name = pipeline.bundle_name_for(c, cand.rank, c.expr.op)
             out = Path(self.folder.value.strip() or ".").expanduser() / name
             result = pipeline.export(c, cand.rank, out, zip=self.zip_box.value,
-                                     measured_seconds=self.measured.get(cand.rank))
+                                     measured_seconds=self.measured.get(cand.rank), workload=self.workload)
         except UserError as err:  # a refused path, or a kernel refused (KernelRejected)
             self.status.value = message(str(err), "error")
             return None
