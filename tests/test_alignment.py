@@ -15,7 +15,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_invariants import conv_filters, simd_lane_axis, spread_reduce_axis
 
+from workbench.construct.space import Options, with_axis
+from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
+from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.alignment import (
     RULES, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, required_accumulators,
 )
@@ -24,6 +27,7 @@ from workbench.rtile.registers import accumulators, micro_kernel_registers, part
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
     MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule,
+    WeightsAheadRule,
     block_thread_multiple, l1_set_lines, whole_vector_waste,
 )
 from workbench.rtile.traffic import bank_padding, calculus
@@ -577,6 +581,48 @@ def test_a_reduction_micro_kernel_rows_divide_the_rows():
     assert [k for k in range(16, 129, 16) if TailRule().axis_ok(gemv, 1, k)] == [16, 32, 64, 128]
     assert TailRule().axis_ok(AlignContext(expr("gemv", M=4096, K=1000), AVX512, 0, (1, 1), 0.05), 1, 48)
     assert TailRule().axis_ok(AlignContext(matmul(512, 512, 512), AVX512, 0, (1, 1, 1), 0.05), 0, 14)
+
+
+def _pointwise(f: int, constants: tuple[str, ...], dev):
+    """A pointwise conv of `f` filters over 7 x 7 pixels as the construction tiles it on a CPU
+    (the GEMM over its pixels: axes n, f, p, c), its filters a weight or not."""
+    e = fuse_axes(construction_expr(expr("conv2d", N=1, C=512, H=7, W=7, F=f, KH=1, KW=1, stride=1, pad=0), dev))
+    return replace(e, constants=constants)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_tiles_along_a_weights_axis_divide_it_where_a_dividing_tile_exists(dev):
+    """cpu-weights-ahead: 2,048 filters, a weight read along f (not the lanes, which run along
+    the pixels): register rows divide 2,048 (1 to 32: the powers of two), cache tiles over rows
+    of 16 are the dividing multiples of 16; the pixels' axis and an operator without weights
+    keep every size, and a prime filter count (2,039) any size over rows of 16, having no
+    dividing tile."""
+    weighted = _pointwise(2048, ("kernel",), dev)
+    f, p = ([a.name for a in weighted.axes].index(n) for n in ("f", "p"))
+    assert lane_axis(weighted, dev) == p
+    rule = WeightsAheadRule()
+    top = (1,) * len(weighted.axes)
+    rows = with_axis(top, f, 16)
+    assert [r for r in range(1, 33) if rule.axis_ok(AlignContext(weighted, dev, 0, top, 0.05), f, r)] == [1, 2, 4, 8, 16, 32]
+    cache = AlignContext(weighted, dev, 1, rows, 0.05)
+    assert [s for s in range(16, 2049, 16) if rule.axis_ok(cache, f, s)] == [16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert all(rule.axis_ok(cache, p, s) for s in range(1, 50))
+    plain = _pointwise(2048, (), dev)
+    assert all(rule.axis_ok(AlignContext(plain, dev, layer, top, 0.05), f, s) for layer in (0, 1) for s in range(1, 300))
+    prime = _pointwise(2039, ("kernel",), dev)
+    assert all(rule.axis_ok(AlignContext(prime, dev, 0, top, 0.05), f, r) for r in range(1, 33))
+    assert all(rule.axis_ok(AlignContext(prime, dev, 1, rows, 0.05), f, s) for s in range(16, 2040, 16))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_weight_whose_tiles_divide_its_axes_is_laid_out_ahead(dev):
+    """The rule's purpose, end to end on a generated spec: every candidate of the pointwise conv
+    with 2,048 filters (a weight) takes its filters laid out ahead; the same conv whose filters
+    are passed per call copies them per call."""
+    weighted = construct(_pointwise(2048, ("kernel",), dev), dev, options=Options(topk=5))
+    assert all(c.plan.prepacked == ("kernel",) for c in weighted.candidates)
+    plain = construct(_pointwise(2048, (), dev), dev, options=Options(topk=5))
+    assert all(c.plan.prepacked == () for c in plain.candidates)
 
 
 def test_the_standard_avx2_micro_kernel_is_aligned_and_fits():

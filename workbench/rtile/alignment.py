@@ -24,7 +24,7 @@ from workbench.rtile.axes import cross_thread_axis, is_micro_kernel_layer, lane_
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
 from workbench.rtile.rules import (
     MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, TailRule,
-    TensorCoreAlignment, TensorShapeRule, ThreadTileRule, TransactionRule, VectorLanesRule, WarpGroupRule,
+    TensorCoreAlignment, TensorShapeRule, ThreadTileRule, TransactionRule, VectorLanesRule, WarpGroupRule, WeightsAheadRule,
     WholeTileRule, block_thread_multiple, l1_set_lines, refusing,
 )
 from workbench.rtile.traffic import calculus
@@ -47,7 +47,7 @@ class AccumulatorRule(WholeTileRule):
 
 RULES: tuple[AlignmentRule, ...] = (
     TensorShapeRule(), TransactionRule(), ThreadTileRule(), BlockThreadsRule(), VectorLanesRule(), AutovectorRowRule(),
-    AccumulatorRule(), WarpGroupRule(), TensorCoreAlignment(), TailRule(), CacheSetRule(),
+    AccumulatorRule(), WarpGroupRule(), TensorCoreAlignment(), TailRule(), WeightsAheadRule(), CacheSetRule(),
 )
 
 

@@ -418,6 +418,39 @@ class TailRule(PerAxisRule):
         return not _whole_tiles_exist(ctx, axis)
 
 
+class WeightsAheadRule(PerAxisRule):
+    """CPU weights laid out ahead (our rule): along a spatial axis that an input fixed before
+    the first call reads (a model's weight, `TensorExpr.constants`) and that is not the lanes',
+    every tile divides the axis where a dividing tile exists, as `TailRule` has the tiles along
+    the lanes and a reduction do: the template lays such an input's panels out once, before the
+    calls, only where no tile leaves a tail along its axes (`panels.prepacked_inputs`); a ragged
+    tile has them copied, padded, in every call. ResNet-50's 2048 filters of 512 channels over
+    7 x 7 pixels, a pointwise conv whose filters are the broadcast operand, ran 0.68 ms in
+    register tiles of 30 filters (its 4 MB of filters copied per call) and 0.60 in tiles of 16
+    and unit tiles of 256, laid out ahead (two Zen 4 cores; evidence:
+    docs/model-evidence.md#weights-ahead-rule). Register tiles: a row of 1 does not count, as in
+    `TailRule` (a dividing row from 2 up, where one exists)."""
+
+    name = "cpu-weights-ahead"
+
+    def axis_ok(self, ctx, axis, size):
+        expr = ctx.expr
+        if ctx.device.lanes_are_threads or not expr.constants or expr.axes[axis].extent % size == 0:
+            return True
+        if axis not in _weight_axes(expr) or axis == lane_axis(expr, ctx.device):
+            return True
+        extent = expr.axes[axis].extent
+        if ctx.layer == 0:
+            return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
+        return not _whole_tiles_exist(ctx, axis)
+
+
+@lru_cache(maxsize=1024)
+def _weight_axes(expr: TensorExpr) -> frozenset[int]:
+    """The spatial axes the expression's constant inputs (`constants`) read."""
+    return frozenset(a for t in expr.inputs if t.name in expr.constants for a in expr.spatial if t.uses_axis(a))
+
+
 @lru_cache(maxsize=1024)
 def whole_vector_waste(expr: TensorExpr, device: DeviceSpec) -> float | None:
     """Where a CPU register row along a spatial lane axis (`lane_axis`) can be the whole axis
