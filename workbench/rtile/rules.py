@@ -8,8 +8,9 @@ per-axis answer reads the tile one layer up along its own axis only (`ctx.upper[
 scans keep it for every upper tile of that size there (`alignment._axis_ok`).
 
 Memory transactions at the cache layers are 64 B lines on CPUs (each layer's
-`transaction_bytes`, `TransactionRule`), and a CPU cache tile leaves no ragged edge along the
-vectors or a reduction where the register tile does not (`TailRule`).
+`transaction_bytes`, `TransactionRule`), a CPU cache tile leaves no ragged edge along the
+vectors or a reduction where the register tile does not (`TailRule`), and no CPU tile leaves one
+along a model weight's axes where a dividing tile exists (`WeightsAheadRule`).
 """
 
 from __future__ import annotations
