@@ -448,12 +448,16 @@ def _model_doc(operator: Workload) -> dict:
     """The manifest's `model`: the ONNX file (its name and SHA-256: a path does not travel), the
     operator's index and PrimFunc, and the symbolic dims as bound."""
     model = imported_model(operator.model, operator.dims)
-    try:
-        digest = hashlib.sha256(Path(operator.model).read_bytes()).hexdigest()
-    except OSError as err:
-        raise UserError(f"model {operator.model}: {err.strerror}") from None
-    return {"file": Path(operator.model).name, "sha256": digest, "operator": operator.operator,
+    return {"file": Path(operator.model).name, "sha256": _sha256(operator.model), "operator": operator.operator,
             "function": model.operators[operator.operator].func_name, "dims": dict(operator.dims)}
+
+
+def _sha256(path) -> str:
+    """The SHA-256 of the model file at `path` (hex); UserError when it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as err:
+        raise UserError(f"model {path}: {err.strerror}") from None
 
 
 def _numbers(v: Verification) -> dict:
@@ -594,10 +598,7 @@ def _model_operator_expr(doc, path, device: DeviceSpec) -> TensorExpr:
     if path is None:
         raise UserError(f"the kernel of operator {doc['operator']} of the model {doc.get('file')}: its expression is "
                         "that model's, so rebuilding it needs the model file")
-    try:
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as err:
-        raise UserError(f"model {path}: {err.strerror}") from None
+    digest = _sha256(path)
     if digest != doc.get("sha256"):
         raise UserError(f"model {path} is not the one the kernel was built for (SHA-256 {digest[:12]}..., "
                         f"the manifest's {str(doc.get('sha256'))[:12]}...)")

@@ -229,9 +229,7 @@ def measure_operator(built: BuiltCandidate, args: tuple, expected: tuple, timing
 
     dev = tvm.cpu()
     module = tvm.runtime.load_module(built.library)
-    tensors = laid_out_args(module, built.prepacked, [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args], dev)
-    outs = [tvm.runtime.tensor(np.zeros_like(e), dev) for e in expected]
-    module[built.entry](*tensors, *outs)
+    tensors, outs = _called(module, built.entry, built.prepacked, args, expected)
     problem = output_mismatch(tuple(o.numpy() for o in outs), expected)
     if problem:
         return Measurement(built.rank, "local", correct=False, error=f"wrong result: {problem}",
@@ -246,17 +244,11 @@ def verify_operator(kernel: Kernel, model: ImportedModel, index: int, device, se
     of the model on `model_inputs(model, seed)` with TVM's default lowering of every operator, its
     outputs against that lowering's within RTOL and ATOL (`output_mismatch`; an export's check, in
     its worker). A crash or a wrong result is recorded in the Verification, never raised."""
-    import tvm
-
     if not kernel.ok:
         return Verification(False, error=f"not built: {kernel.error}")
     try:
         args, expected = operator_references(model, device, model_inputs(model, seed))[model.operators[index].func_name]
-        dev = tvm.cpu()
-        module = kernel.runtime()
-        tensors = laid_out_args(module, kernel.prepacked, [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args], dev)
-        outs = [tvm.runtime.tensor(np.zeros_like(e), dev) for e in expected]
-        module[kernel.entry](*tensors, *outs)
+        _, outs = _called(kernel.runtime(), kernel.entry, kernel.prepacked, args, expected)
         got = tuple(o.numpy() for o in outs)
     except Exception as err:  # a TVM runtime error of any kind is this kernel's failure
         return Verification(False, error=f"run: {first_line(err)}")
@@ -267,6 +259,18 @@ def verify_operator(kernel: Kernel, model: ImportedModel, index: int, device, se
     return Verification(True, max(float(d.max(initial=0.0)) for d in diff),
                         max(float((d / (ATOL + RTOL * np.abs(e))).max(initial=0.0)) for d, e in zip(diff, expected)),
                         atol=ATOL, rtol=RTOL)
+
+
+def _called(module, entry: str, prepacked: tuple[Prepacked, ...], args: tuple, expected: tuple) -> tuple[list, list]:
+    """(arguments, outputs) as TVM tensors on this CPU after one call of `module`'s `entry` on
+    `args` (its weights laid out first: `laid_out_args`), into outputs shaped as `expected`."""
+    import tvm
+
+    dev = tvm.cpu()
+    tensors = laid_out_args(module, prepacked, [tvm.runtime.tensor(np.array(a, order="C"), dev) for a in args], dev)
+    outs = [tvm.runtime.tensor(np.zeros_like(e), dev) for e in expected]
+    module[entry](*tensors, *outs)
+    return tensors, outs
 
 
 def output_mismatch(outs: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> str:

@@ -407,8 +407,7 @@ class TailRule(PerAxisRule):
         if ctx.layer == 0 and not (filters or along_k):
             return True
         if (along_k or filters) and ctx.layer == 0 and kind == "spatial" and axis != lane:
-            # a row of 1 always divides: ragged where nothing longer does
-            return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
+            return _no_dividing_row(extent)
         if along_k and axis == lane:  # whole lines of whole vectors
             step = _lane_step(ctx.expr, ctx.device, axis)
             return not any(extent % s == 0 for s in range(step, extent, step))
@@ -442,8 +441,14 @@ class WeightsAheadRule(PerAxisRule):
             return True
         extent = expr.axes[axis].extent
         if ctx.layer == 0:
-            return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
+            return _no_dividing_row(extent)
         return not _whole_tiles_exist(ctx, axis)
+
+
+def _no_dividing_row(extent: int) -> bool:
+    """Whether no register row from 2 up (to `MAX_SCAN`) divides `extent`: a row of 1 always
+    does, so a register tile that must divide is ragged where nothing longer does."""
+    return not any(extent % s == 0 for s in range(2, min(extent, MAX_SCAN + 1)))
 
 
 @lru_cache(maxsize=1024)
