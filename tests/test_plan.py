@@ -14,7 +14,9 @@ from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import RowPass
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import is_stream_bound
-from workbench.rtile.model.cpu import packed_bytes, packed_runs, stream_runs, stream_seconds, streamed_inputs
+from workbench.rtile.model.cpu import (
+    packed_bytes, packed_runs, stream_rounds, stream_runs, stream_seconds, streamed_inputs,
+)
 from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, edge_slowdown, guard_slowdown
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -200,7 +202,8 @@ def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
     tile's rows: 64 x 112 tiles are 64 runs each, 9 x 32 tiles of them; 4 x 1008 tiles cover
     whole rows, one run each, 512 tiles. Each run costs the bottom layer's latency, the runs
     dealt over the cores (`stream_seconds`), so the long rows are predicted faster though they
-    move more accumulators. A's rows are reused by the 112 columns: not streamed. A packed
+    move more accumulators; the short tiles' register tiles read 2 rows of B a step, which start
+    together (`stream_rounds`). A's rows are reused by the 112 columns: not streamed. A packed
     matmul streams nothing."""
     short = _program(plain_matmul(1, 1001, 2048), [(1, 56, 2), (1, 112, 64), (1, 336, 128)], dev)
     long = _program(plain_matmul(1, 1001, 2048), [(1, 56, 1), (1, 1008, 4), (1, 1008, 2048)], dev)
@@ -208,9 +211,28 @@ def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
     assert stream_runs(short, dev) == 9 * 32 * 64 and stream_runs(long, dev) == 512
     busy = min(1.0, short.grid / dev.compute_units)
     latency = dev.layers[-1].latency_ns * 1e-9
-    assert stream_seconds(short, dev, busy) == pytest.approx(9 * 32 * 64 * latency / (dev.compute_units * busy))
+    assert stream_rounds(short, dev) == 9 * 32 * 64 / 2 and stream_rounds(long, dev) == 512
+    assert stream_seconds(short, dev, busy) == pytest.approx(9 * 32 * 64 / 2 * latency / (dev.compute_units * busy))
     assert estimate(long, dev).predicted_seconds < estimate(short, dev).predicted_seconds
     assert stream_runs(_ragged_k_matmul(), dev) == 0
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_rows_a_register_tile_reads_together_start_their_streams_together(dev):
+    """reduce-rows (256 x 4096) reads its input in place, each L1 tile's rows a run: 8 x 512
+    tiles start 8 runs each, 256 of them, 4 x 1024 tiles 4 runs each, also 256; register tiles of
+    8 and 4 rows read their L1 tile's rows together, so both start their runs in 256 rounds of
+    one latency and are priced alike, where counting runs would price the first twice the other.
+    Register tiles of one row read the 4 rows one after another: 4 rounds a tile."""
+    e = fuse_axes(expr("reduce_mean", shape=(256, 4096), axes=(1,)))
+    eight = _program(e, [(8, 16), (8, 512), (32, 4096)], dev)
+    four = _program(e, [(4, 32), (4, 1024), (32, 4096)], dev)
+    single = _program(e, [(1, 32), (4, 1024), (32, 4096)], dev)
+    assert streamed_inputs(eight, dev) == streamed_inputs(four, dev) == (0,)
+    assert stream_runs(eight, dev) == 2 * stream_runs(four, dev) == 2 * 1024
+    assert stream_rounds(eight, dev) == stream_rounds(four, dev) == 256
+    assert stream_rounds(single, dev) == stream_runs(single, dev) == 1024
+    assert estimate(eight, dev).predicted_seconds == pytest.approx(estimate(four, dev).predicted_seconds)
 
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)

@@ -116,12 +116,33 @@ def tile_stream_runs(calc, tile, streamed: tuple[int, ...]) -> int:
     whole: a 64 x 112 tile of a 2048 x 1001 B is 64 runs of 448 bytes, a 4 x 1008 tile one run of
     4 whole rows), times the tiles of the iteration space."""
     shapes = calc.data_tiles(tile)
-    runs = 0
-    for t in streamed:
-        shape, full = shapes[t], calc.expr.inputs[t].shape
-        inner = next((d for d in reversed(range(len(shape))) if shape[d] < full[d]), 0)
-        runs += prod(shape[:inner])
-    return calc.num_tiles(tile) * runs
+    return calc.num_tiles(tile) * sum(prod(shapes[t][:_run_dim(shapes[t], calc.expr.inputs[t].shape)]) for t in streamed)
+
+
+def _run_dim(shape, full) -> int:
+    """The dimension a data tile of `shape` in a tensor of `full` runs along: its innermost one
+    narrower than the tensor's (0 when it is the whole tensor)."""
+    return next((d for d in reversed(range(len(shape))) if shape[d] < full[d]), 0)
+
+
+def stream_rounds(program: RProgram, device: DeviceSpec) -> float:
+    """The `stream_runs` as the latencies they cost one after another: the runs of a streamed
+    input that one register tile reads together (a reduction's rows, a K-unrolled step's rows of
+    B) have their first misses outstanding at once, so they start in one latency; a panel copy
+    reads its runs one after another. reduce-rows (256 x 4096, the 2-core Zen 4 of the committed
+    runs): register tiles of 8 rows over L1 tiles of 8 x 512 start twice the runs of 4 over 4 x
+    1024 and ran as fast (26.8-30.5 us against 28.5-29.7, 4 MB at the last-level cache's 155 GB/s)
+    where one latency a run priced them at 150 against 104 us (docs/model-evidence.md#stream-runs)."""
+    streamed = streamed_inputs(program, device)
+    rounds = 0.0
+    if streamed:
+        calc = calculus(program.expr)
+        shapes, registers = calc.data_tiles(program.tiles[1]), calc.data_tiles(program.tiles[0])
+        for t in streamed:
+            run = _run_dim(shapes[t], calc.expr.inputs[t].shape)
+            rounds += prod(shapes[t][:run]) / max(1, prod(registers[t][:run]))
+        rounds *= calc.num_tiles(program.tiles[1])
+    return rounds + packed_runs(program, device)
 
 
 def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
@@ -131,11 +152,12 @@ def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     4 KiB apart and more, a new page); only a long one hides it (1x2048x1001 on one Zen 3
     core, L1 tiles of 64 rows x 448 B, 1344 B and whole rows: 950, 430 and 188 us, about 40 ns
     a run; evidence: docs/model-evidence.md#stream-runs). Priced at the bottom layer's
-    latency, also where the operator stays in the last-level cache (faster to start)."""
-    runs = stream_runs(program, device)
-    if not runs:
+    latency, also where the operator stays in the last-level cache (faster to start); runs read
+    together start together (`stream_rounds`)."""
+    rounds = stream_rounds(program, device)
+    if not rounds:
         return 0.0
-    return runs * device.layers[-1].latency_ns * 1e-9 / (device.compute_units * busy)
+    return rounds * device.layers[-1].latency_ns * 1e-9 / (device.compute_units * busy)
 
 
 def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
