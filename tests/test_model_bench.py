@@ -16,7 +16,7 @@ from workbench import pipeline
 from workbench.errors import UserError
 from workbench.cli import main
 from workbench.profile import store as store_module
-from workbench.model_bench import load_runs, predicted_seconds, score, score_workload
+from workbench.model_bench import load_runs, predicted_seconds, runs_agree, score, score_workload
 from workbench.profile.compare import spearman
 from workbench.profile.runner import Measurement
 from workbench.profile.store import EXCHANGE_FORMAT, RunStore, read_runs_file
@@ -111,6 +111,23 @@ def test_a_program_measured_in_two_runs_counts_once_at_its_fastest(tmp_path):
     assert w.spearman == pytest.approx(spearman(predicted, [0.5e-3, 2e-3, 1e-3]))
 
 
+def test_runs_agree_is_the_mean_spearman_of_every_two_runs_over_their_shared_programs(tmp_path):
+    """Three runs of the same three programs: the first and second in the same order (+1), the
+    third reversed (-1 against each): the mean of the three pairs is -1/3; a run of one program
+    shares too few with the others to compare, and one run alone has nothing to agree with."""
+    assert runs_agree([{"a": 1, "b": 2, "c": 3}, {"a": 2, "b": 3, "c": 4}, {"a": 3, "b": 2, "c": 1}]) == pytest.approx(-1 / 3)
+    assert math.isnan(runs_agree([{"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 2, "d": 3}]))
+    assert math.isnan(runs_agree([{"a": 1, "b": 2, "c": 3}]))
+    spec = device("xeon-avx512")
+    c, workload = _constructed(topk=3)
+    db = _store(tmp_path / "runs.sqlite3", spec, workload,
+                [(c.candidates, [1e-3, 2e-3, 3e-3]), (c.candidates, [1e-3, 3e-3, 2e-3]), (c.candidates[:1], [1e-3])])
+    [machine] = score(load_runs(db))
+    [w] = machine.workloads
+    assert w.runs_spearman == pytest.approx(0.5) == machine.mean_runs_spearman  # 1 - 6 x 2 / 24
+    assert w.to_dict()["runs_spearman"] == pytest.approx(0.5)
+
+
 def test_the_exported_file_scores_as_the_store_it_came_from(tmp_path):
     """The JSON `runs export` writes and its gzip-compressed form (`--out *.gz`) read as the store
     they came from; a measurement without a time is left out of all three."""
@@ -197,6 +214,8 @@ def test_bench_model_reports_every_machine_of_the_committed_runs(capsys):
         spearmen = [r["spearman"] for r in m["results"] if r["spearman"] is not None]
         assert m["mean_spearman"] == pytest.approx(sum(spearmen) / len(spearmen))
         assert m["best_in_top3"] == pytest.approx(sum(r["best_in_top3"] for r in m["results"]) / len(m["results"]))
+        agree = [r["runs_spearman"] for r in m["results"] if r["runs_spearman"] is not None]
+        assert m["mean_runs_spearman"] == (pytest.approx(sum(agree) / len(agree)) if agree else None)
         for r in m["results"]:
             assert 1 <= r["best_predicted_rank"] <= r["candidates"]
             assert r["best_in_top3"] == (r["best_predicted_rank"] <= 3)

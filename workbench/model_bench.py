@@ -13,6 +13,11 @@ measured in several runs counted once at its fastest) are predicted afresh with
 fastest is among the first three in predicted order (predicted seconds, then the stored rank, so
 ties break as the construction ranked them). A machine's score is the mean Spearman over its
 workloads where it is defined and the share of its workloads with the best in the top 3.
+
+Beside it, how far the measurements agree with themselves (`runs_agree`): Spearman between two
+stored runs of a workload over the programs both measured, the mean over every pair of its runs.
+No model can be expected to rank a workload better than its own runs rank each other: where its
+programs run within the host's noise of one another, both are low.
 """
 
 from __future__ import annotations
@@ -61,13 +66,15 @@ class StoredRun:
 @dataclass(frozen=True)
 class WorkloadScore:
     """One workload on one machine: Spearman(predicted, measured) (NaN: undefined), the measured
-    fastest's place in predicted order (1-based) and how many candidates were scored."""
+    fastest's place in predicted order (1-based), how many candidates were scored, and how well
+    its runs agree with each other (`runs_agree`; NaN with fewer than two runs to compare)."""
 
     machine: str
     workload: str
     candidates: int
     spearman: float
     best_predicted_rank: int
+    runs_spearman: float = math.nan
 
     @property
     def best_in_top(self) -> bool:
@@ -75,7 +82,8 @@ class WorkloadScore:
 
     def to_dict(self) -> dict:
         return {"workload": self.workload, "candidates": self.candidates, "spearman": _json(self.spearman),
-                "best_predicted_rank": self.best_predicted_rank, f"best_in_top{TOP}": self.best_in_top}
+                "best_predicted_rank": self.best_predicted_rank, f"best_in_top{TOP}": self.best_in_top,
+                "runs_spearman": _json(self.runs_spearman)}
 
 
 @dataclass(frozen=True)
@@ -89,8 +97,11 @@ class MachineScore:
 
     @property
     def mean_spearman(self) -> float:
-        defined = [w.spearman for w in self.workloads if not math.isnan(w.spearman)]
-        return math.fsum(defined) / len(defined) if defined else math.nan
+        return _mean_defined(w.spearman for w in self.workloads)
+
+    @property
+    def mean_runs_spearman(self) -> float:
+        return _mean_defined(w.runs_spearman for w in self.workloads)
 
     @property
     def best_in_top_share(self) -> float:
@@ -99,6 +110,7 @@ class MachineScore:
     def to_dict(self) -> dict:
         return {"machine": self.machine, "workloads": len(self.workloads),
                 "mean_spearman": _json(self.mean_spearman), f"best_in_top{TOP}": _json(self.best_in_top_share),
+                "mean_runs_spearman": _json(self.mean_runs_spearman),
                 "results": [w.to_dict() for w in self.workloads],
                 "skipped": [{"workload": w, "why": why} for w, why in self.skipped]}
 
@@ -115,24 +127,42 @@ def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float:
 
 
 def score_workload(machine: str, workload: str, ranks: Sequence[int], predicted: Sequence[float],
-                   measured: Sequence[float]) -> WorkloadScore:
+                   measured: Sequence[float], runs_spearman: float = math.nan) -> WorkloadScore:
     """The score of one workload's candidates (module docstring) from their stored ranks and
     predicted and measured seconds."""
     order = sorted(range(len(ranks)), key=lambda i: (predicted[i], ranks[i]))
     best = min(range(len(measured)), key=lambda i: (measured[i], ranks[i]))
-    return WorkloadScore(machine, workload, len(ranks), spearman(predicted, measured), order.index(best) + 1)
+    return WorkloadScore(machine, workload, len(ranks), spearman(predicted, measured), order.index(best) + 1,
+                         runs_spearman)
+
+
+def runs_agree(runs: Sequence[dict[str, float]]) -> float:
+    """The mean Spearman between every two of a workload's `runs` (each its programs' measured
+    seconds by program) over the programs both measured, pairs sharing fewer than three left
+    out; NaN where no pair is left or none is defined."""
+    pairs = []
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            shared = [p for p in a if p in b]
+            if len(shared) >= 3:
+                pairs.append(spearman([a[p] for p in shared], [b[p] for p in shared]))
+    return _mean_defined(pairs)
 
 
 def score(runs: Iterable[StoredRun]) -> tuple[MachineScore, ...]:
     """Every machine's score over `runs` (module docstring), machines and workloads in first-seen
     order. A workload with fewer than two measured candidates has nothing to rank and is left out."""
     groups: dict[tuple[str, str], dict[str, tuple[Measured, StoredRun]]] = {}
+    each_run: dict[tuple[str, str], list[dict[str, float]]] = {}
     for run in runs:
         by_program = groups.setdefault((run.machine, run.label), {})
+        this_run = {}
         for c in run.candidates:
             key = json.dumps(c.program, sort_keys=True)
+            this_run[key] = c.measured_seconds
             if key not in by_program or c.measured_seconds < by_program[key][0].measured_seconds:
                 by_program[key] = (c, run)
+        each_run.setdefault((run.machine, run.label), []).append(this_run)
     machines: dict[str, list[WorkloadScore]] = {}
     skipped: dict[str, list[tuple[str, str]]] = {}
     for (machine, label), by_program in groups.items():
@@ -146,7 +176,7 @@ def score(runs: Iterable[StoredRun]) -> tuple[MachineScore, ...]:
             skipped.setdefault(machine, []).append((label, f"{type(err).__name__}: {err}"))
             continue
         scored.append(score_workload(machine, label, [c.rank for c, _ in kept], predicted,
-                                     [c.measured_seconds for c, _ in kept]))
+                                     [c.measured_seconds for c, _ in kept], runs_agree(each_run[machine, label])))
     return tuple(MachineScore(m, tuple(ws), tuple(skipped.get(m, ()))) for m, ws in machines.items())
 
 
@@ -159,10 +189,11 @@ def report_text(scores: Sequence[MachineScore]) -> str:
     lines = []
     for s in scores:
         lines.append(f"{s.machine}: mean Spearman {_text(s.mean_spearman)}, best in predicted top {TOP} "
-                     f"{sum(w.best_in_top for w in s.workloads)}/{len(s.workloads)} workloads")
+                     f"{sum(w.best_in_top for w in s.workloads)}/{len(s.workloads)} workloads; "
+                     f"its runs agree {_text(s.mean_runs_spearman)}")
         for w in s.workloads:
             lines.append(f"  {w.workload:28s} {w.candidates:3d} candidates  spearman {_text(w.spearman):>6s}  "
-                         f"best at predicted #{w.best_predicted_rank}")
+                         f"best at predicted #{w.best_predicted_rank:<3d} runs agree {_text(w.runs_spearman):>6s}")
         lines += [f"  {w:28s} skipped: {why}" for w, why in s.skipped]
     return "\n".join(lines) if lines else "no measured runs in these files"
 
@@ -217,6 +248,11 @@ def store_runs(store: RunStore) -> tuple[StoredRun, ...]:
 
 def _describe(workload: dict) -> str:
     return f"{workload.get('op')} " + ",".join(f"{k}={v}" for k, v in workload.items() if k not in ("op", "dtype"))
+
+
+def _mean_defined(values: Iterable[float]) -> float:
+    defined = [v for v in values if not math.isnan(v)]
+    return math.fsum(defined) / len(defined) if defined else math.nan
 
 
 def _json(value: float) -> float | None:
