@@ -26,7 +26,8 @@ from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
-    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, TailRule, VectorLanesRule, WarpGroupRule,
+    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, TailRule, TensorShapeRule, VectorLanesRule,
+    WarpGroupRule,
     WeightsAheadRule,
     block_thread_multiple, l1_set_lines, whole_vector_waste,
 )
@@ -400,19 +401,19 @@ def test_micro_kernel_registers_count_vectors_not_scalar_bytes(dev, tile, acc, r
 def test_micro_kernel_registers_of_other_operators():
     """gemv y[i] = A[i, k] x[k]: A's rows are strided along i (a gather), so its lanes run along
     k, each output a vector of partial sums: r rows x c vectors of k accumulators, a row of c
-    vectors of A and of x. relu: one row of its input, no broadcast. A stride-2 conv with 4
-    filters (half a vector, too few to pad to one) gathers every other input along its output row and its
-    window (3) is shorter than a vector: scalar code, a register per output. A 12-wide fp32
-    row takes 2 ymm (12 of 16 lanes)."""
+    vectors of A and of x. relu: one row of its input, no broadcast. A stride-2 conv of one
+    filter (under a quarter of a vector, too few to pad to one) gathers every other input along
+    its output row and its window (3) is shorter than a vector: scalar code, a register per
+    output. A 12-wide fp32 row takes 2 ymm (12 of 16 lanes)."""
     gemv, relu = expr("gemv", M=4096, K=1000), expr("relu", shape=(17, 11, 3))
-    conv = expr("conv2d", N=1, C=64, H=30, W=30, F=4, KH=3, KW=3, stride=2, pad=1)
+    conv = expr("conv2d", N=1, C=64, H=30, W=30, F=1, KH=3, KW=3, stride=2, pad=1)
     assert [lane_axis(e, AVX2) for e in (gemv, relu, conv)] == [1, 2, None]
     assert (accumulators(gemv, AVX2, (4, 16)), micro_kernel_registers(gemv, AVX2, (4, 16))) == (8, 8 + 2 + 2)
     assert (accumulators(gemv, AVX2, (6, 12)), micro_kernel_registers(gemv, AVX2, (6, 12))) == (12, 12 + 2 + 2)
     assert (accumulators(relu, AVX2, (2, 3, 3)), micro_kernel_registers(relu, AVX2, (2, 3, 3))) == (6, 6 + 1)
-    outputs = prod(conv.data_tile_shape(len(conv.tensors) - 1, (1, 2, 1, 4) + (1, 1, 1)))
-    assert outputs == 8 and accumulators(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8
-    assert micro_kernel_registers(conv, AVX2, (1, 2, 1, 4, 1, 1, 1)) == 8 + 1  # both inputs scalar: one register
+    outputs = prod(conv.data_tile_shape(len(conv.tensors) - 1, (1, 1, 2, 4) + (1, 1, 1)))
+    assert outputs == 8 and accumulators(conv, AVX2, (1, 1, 2, 4, 1, 1, 1)) == 8
+    assert micro_kernel_registers(conv, AVX2, (1, 1, 2, 4, 1, 1, 1)) == 8 + 1  # both inputs scalar: one register
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
@@ -444,6 +445,54 @@ def test_the_accumulator_fill_does_not_grow_a_batch(dev):
     assert tile[0] == 1 and accumulators(bmm, dev, tile) >= dev.fma_accumulators
     dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
     assert initial_tile(AlignContext(dw, dev, 0, (1,) * 6, 0.05))[1] == 1
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_quarter_to_half_a_vector_of_filters_is_padded_where_the_row_cannot_take_the_lanes(dev):
+    """Filters from a quarter of a vector to half of one (2 to 4 on AVX2, 4 to 8 on AVX-512) are
+    the lane axis, one whole vector padded with zero filters, where the output row cannot run
+    in whole 4-lane pieces (`axes.row_fills_lanes`): a row of 23, or a stride-2 row that gathers
+    its input; a row of 28 keeps the lanes. Fewer than a quarter stay scalar on a strided row.
+    The one vector is the register tile's only size along the filters, at any eps (`TensorShapeRule`:
+    it wastes 100 % of 4 or 8 filters, over the eps ladder's 5 %), and so the cache tiles'."""
+    lanes = dev.warp_size
+    ragged = expr("conv2d", N=1, C=29, H=23, W=23, F=lanes // 2, KH=7, KW=7, stride=1, pad=3)
+    strided = expr("conv2d", N=1, C=16, H=65, W=65, F=lanes // 4, KH=3, KW=3, stride=2, pad=1)
+    whole = expr("conv2d", N=1, C=24, H=28, W=28, F=lanes // 2, KH=3, KW=3, stride=1, pad=1)
+    fewer = expr("conv2d", N=1, C=16, H=65, W=65, F=lanes // 4 - 1, KH=3, KW=3, stride=2, pad=1)
+    assert [short_filter_axis(e, dev) for e in (ragged, strided, whole, fewer)] == [1, 1, None, None]
+    assert [lane_axis(e, dev) for e in (ragged, strided, whole, fewer)] == [1, 1, 3, None]
+    for e in (ragged, strided):
+        start = AlignContext(e, dev, 0, (1,) * 7, 0.05)
+        assert initial_tile(start)[1] == lanes
+        assert TensorShapeRule().axis_ok(start, 1, lanes) and VectorLanesRule().axis_ok(start, 1, lanes)
+        assert not VectorLanesRule().axis_ok(start, 1, e.axes[1].extent)  # the whole axis: not a vector
+        below = AlignContext(e, dev, 1, with_axis((1,) * 7, 1, lanes), 0.05)
+        assert TensorShapeRule().axis_ok(below, 1, lanes)
+        assert next_aligned_sizes(below, with_axis((1,) * 7, 1, lanes))[1] is None  # nothing past one vector
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_convs_register_rows_and_columns_need_not_divide_its_prime_output_at_small_eps(dev):
+    """48 channels, 5x5 filters over 19 x 19 outputs: at eps 0.05 the tensor-shape rule admits
+    no size along 19 but 1 and 19 (2 wastes 1/19 > 5 %). In one vector of filters (a quarter
+    to a half of one, padded: `short_filter_axis`) the output rows and columns are the register
+    tile's only accumulators, and their ragged edges are split off rather than padded, so there
+    they take any size, and the tile covers more than one accumulator; its cache tiles keep the
+    rule, and so do the rows of a conv of two vectors of filters, or of a matmul."""
+    e = expr("conv2d", N=1, C=48, H=19, W=19, F=dev.warp_size // 2, KH=5, KW=5, stride=1, pad=2)
+    assert lane_axis(e, dev) == 1 == short_filter_axis(e, dev)
+    start = AlignContext(e, dev, 0, (1,) * 7, 0.05)
+    assert all(TensorShapeRule().axis_ok(start, a, size) for a in (2, 3) for size in range(1, 20))
+    tile = initial_tile(start)
+    assert tile[1] == dev.warp_size and tile[2] * tile[3] > 1 and accumulators(e, dev, tile) == tile[2] * tile[3]
+    cache = AlignContext(e, dev, 1, (1, dev.warp_size, 1, 1, 1, 1, 1), 0.05)
+    assert [s for s in range(1, 20) if TensorShapeRule().axis_ok(cache, 2, s)] == [1, 19]
+    wide = AlignContext(expr("conv2d", N=1, C=48, H=19, W=19, F=2 * dev.warp_size, KH=5, KW=5, stride=1, pad=2),
+                        dev, 0, (1,) * 7, 0.05)
+    assert [s for s in range(1, 20) if TensorShapeRule().axis_ok(wide, 2, s)] == [1, 19]
+    matmul_rows = AlignContext(matmul(19, 64, 64), dev, 0, (1, 1, 1), 0.05)
+    assert not TensorShapeRule().axis_ok(matmul_rows, 0, 3)  # a matmul's rows: padded, the rule holds
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
@@ -750,7 +799,7 @@ def test_no_accumulator_rule_without_a_reduction_a_lane_axis_or_fma_facts():
     (cpu-tails), so r = 4 holds 8 of the 10 the FMAs want (the fallback), where r = 5 held 10
     before rows had to divide; a spec without FMA facts (TINY_CPU, a GPU) asks for none."""
     relu, gemv, mm = expr("relu", shape=(17, 11, 3)), expr("gemv", M=4096, K=1000), matmul(512, 512, 512)
-    conv = expr("conv2d", N=8, C=64, H=30, W=30, F=6, KH=3, KW=3, stride=2, pad=1)  # scalar: 6 filters
+    conv = expr("conv2d", N=8, C=64, H=30, W=30, F=1, KH=3, KW=3, stride=2, pad=1)  # scalar: one filter
     assert required_accumulators(AlignContext(relu, AVX2, 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(conv, AVX2, 0, (1,) * 7, 0.05)) == 0
     # 96 filters, vectorised; 15 x 15 outputs tile by 1, 3, 5 (cpu-tails), and a tile of a

@@ -596,6 +596,11 @@ FILTERS = {
     # `axes.short_filter_axis`; two AVX2 ones): padded with 3 zero filters
     "f13-short-s2": (dict(N=1, C=7, H=9, W=10, F=13, KH=3, KW=3, stride=2, pad=1),
                      dict(n=(1, 1, 1), f=(16, 16, 16), h=(1, 5, 5), w=(1, 5, 5), c=(1, 7, 7), r=(1, 3, 3), s=(1, 3, 3))),
+    # 5 filters, a quarter of an AVX-512 vector, over a prime 11 x 11 output (`axes.short_filter_axis`):
+    # one vector of 16, padded with 11 zero filters; register rows and columns of 3 x 5 leave
+    # both output axes ragged, their edges split off
+    "f5-quarter": (dict(N=1, C=6, H=11, W=11, F=5, KH=5, KW=5, stride=1, pad=2),
+                   dict(n=(1, 1, 1), f=(16, 16, 16), h=(3, 6, 12), w=(5, 5, 15), c=(1, 6, 6), r=(1, 5, 5), s=(1, 5, 5))),
     # 3 filters, fewer than a vector: the output row is vectorised, as before
     "f3": (dict(N=1, C=6, H=10, W=16, F=3, KH=3, KW=3, stride=1, pad=1),
            dict(n=(1, 1, 1), f=(1, 3, 3), h=(1, 2, 10), w=(8, 16, 16), c=(1, 6, 6), r=(1, 3, 3), s=(1, 3, 3))),
@@ -606,7 +611,7 @@ FILTERS = {
 def test_convolutions_along_their_filters_match_numpy(case):
     """Filters packed into panels, data broadcast, accumulators filters-last: stride 2, padding,
     ragged rows, 24 filters, 13 channels and two images verify against numpy; so do filters
-    that the unit tile leaves ragged (40 in 48, 31, 13 and 11 in 16), padded with zero filters: the
+    that the unit tile leaves ragged (40 in 48, 31, 13, 11 and 5 in 16), padded with zero filters: the
     panel is the padding copy and the accumulator the padded output, the write-back keeps the
     real filters. Output rows and columns that the unit tile leaves ragged (7 in 8, 11 in 12)
     have their loops over register tiles split where they end (the partition hint). 3 filters

@@ -195,16 +195,35 @@ def _windowed(tensor, axis: int) -> bool:
 
 @lru_cache(maxsize=1024)
 def short_filter_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
-    """A convolution's `filter_axis` shorter than a CPU vector but longer than half of one (9 to
-    15 filters over AVX-512's 16 lanes, 5 to 7 over AVX2's 8), or None. Its register tile is one
-    whole vector of filters, padded with zero filters (`panels.pads_filters`, the only tile
-    longer than its axis, `alignment._scan`): at most half the lanes wasted, where the output
+    """A convolution's `filter_axis` shorter than a CPU vector that the micro-kernel fills one
+    whole vector of, padded with zero filters (`panels.pads_filters`, the only tile longer than
+    its axis, `alignment._scan`), or None: filters longer than half a vector (9 to 15 over
+    AVX-512's 16 lanes, 5 to 7 over AVX2's 8), at most half the lanes wasted, where the output
     row left to the lanes instead ran scalar (13 filters of 239 x 5 x 5 over 17 x 17 outputs ran
-    at 0.12x ONNX Runtime's speed on an AVX-512 Zen 4)."""
+    at 0.12x ONNX Runtime's speed on an AVX-512 Zen 4); and down to a quarter of a vector (4 to 8
+    over 16 lanes, 2 to 4 over 8) where the output row cannot take the lanes in whole 4-lane
+    pieces either (`row_fills_lanes`): 8 filters of 29 x 7 x 7 over a row of 23 ran its 7-column
+    end scalar, 0.19x ONNX Runtime (docs/model-evidence.md#lane-axis)."""
     if not device.runs_on_cpu or device.lanes_are_threads:
         return None
     f = filter_axis(expr)
-    return f if f is not None and device.warp_size < 2 * expr.axes[f].extent < 2 * device.warp_size else None
+    if f is None or expr.axes[f].extent >= device.warp_size:
+        return None
+    filters = expr.axes[f].extent
+    if 2 * filters > device.warp_size:
+        return f
+    return f if 4 * filters >= device.warp_size and not row_fills_lanes(expr, device) else None
+
+
+def row_fills_lanes(expr: TensorExpr, device: DeviceSpec) -> bool:
+    """Whether a CPU micro-kernel can run `expr`'s output row (`vector_axis`) in its SIMD lanes
+    without a scalar end: every input streams along it (`streams`: no stride) and it is a whole
+    number of vectors or of the 4-lane pieces the template vectorises a whole row in
+    (`rules.VectorLanesRule`)."""
+    v = vector_axis(expr)
+    if v is None or expr.axes[v].kind != "spatial" or not all(streams(t, v) for t in expr.inputs):
+        return False
+    return expr.axes[v].extent % min(4, device.warp_size) == 0
 
 
 @lru_cache(maxsize=1024)

@@ -26,7 +26,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
     always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
-    reduce_lanes,
+    reduce_lanes, short_filter_axis,
 )
 from workbench.rtile.registers import block_thread_count, row_vectors
 
@@ -95,13 +95,29 @@ def refusing(rules) -> tuple[tuple[AlignmentRule, ...], tuple[AlignmentRule, ...
 
 class TensorShapeRule(PerAxisRule):
     """Tensor shape: a size S on an axis of extent N wastes (S - N % S) / N when padded; allowed
-    only if that fraction is <= eps (Roller raises eps up to 1.0 when too few programs exist)."""
+    only if that fraction is <= eps (Roller raises eps up to 1.0 when too few programs exist).
+    A CPU convolution in one vector of filters (`axes.short_filter_axis`) is exempt in its register
+    tile: that vector, padded with zero filters, is the only size along the filters (the model
+    prices their flops), and its output rows and columns, whose ragged edges the template splits
+    off and runs guarded (`plan.cpu_plan`, priced by `cpu_compute.guard_slowdown`), are its
+    accumulators' only source: at eps 0.05 an output of 19 x 19 took no row or column but 1 and
+    19, and the register tile its one accumulator vector, a latency-bound chain, 0.36x ONNX
+    Runtime (48 channels, 5 5x5 filters; with rows and columns of 3 x 5, 1.07x). Exempting the
+    rows and columns of every conv in vectors of filters lost as much elsewhere (192 channels,
+    89 7x7 filters over 11 x 11: 1.23 -> 1.64 ms, the walk's path through the wider choice
+    ending at programs it predicted slower; docs/model-evidence.md#lane-axis)."""
 
     name = "tensor-shape"
     reads_eps = True
 
     def axis_ok(self, ctx, axis, size):
         extent = ctx.expr.axes[axis].extent
+        if size == ctx.device.warp_size > extent and axis == short_filter_axis(ctx.expr, ctx.device):
+            return True  # at every layer: the register tile's one vector is the cache tiles' as well
+        if ctx.layer == 0 and ctx.expr.axes[axis].kind == "spatial":
+            short = short_filter_axis(ctx.expr, ctx.device)
+            if short is not None and axis != short:
+                return True  # an output row or column of a conv in one vector of filters: its edge is split off
         return (ceil(extent / size) * size - extent) / extent <= ctx.eps + 1e-12
 
 
@@ -233,7 +249,9 @@ class VectorLanesRule(PerAxisRule):
         if waste is not None and waste <= min(ctx.eps, WHOLE_VECTOR_EPS) + 1e-12:
             return False
         if filter_lanes(ctx.expr, axis):
-            return size % 4 == 0
+            # a short filter axis of at most half a vector: one whole vector, padded, or nothing
+            # (`axes.short_filter_axis`: its row would not fill the lanes either)
+            return size % 4 == 0 and 2 * extent > ctx.device.warp_size
         return ctx.expr.axes[axis].kind != "spatial" or extent < step or extent % 4 == 0
 
 
