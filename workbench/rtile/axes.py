@@ -203,7 +203,7 @@ def short_filter_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     at 0.12x ONNX Runtime's speed on an AVX-512 Zen 4); and down to a quarter of a vector (4 to 8
     over 16 lanes, 2 to 4 over 8) where the output row cannot take the lanes in whole 4-lane
     pieces either (`row_fills_lanes`): 8 filters of 29 x 7 x 7 over a row of 23 ran its 7-column
-    end scalar, 0.19x ONNX Runtime (docs/model-evidence.md#lane-axis)."""
+    end scalar, 0.19-0.22x ONNX Runtime (docs/model-evidence.md#lane-axis)."""
     if not device.runs_on_cpu or device.lanes_are_threads:
         return None
     f = filter_axis(expr)

@@ -101,8 +101,8 @@ class TensorShapeRule(PerAxisRule):
     prices their flops), and its output rows and columns, whose ragged edges the template splits
     off and runs guarded (`plan.cpu_plan`, priced by `cpu_compute.guard_slowdown`), are its
     accumulators' only source: at eps 0.05 an output of 19 x 19 took no row or column but 1 and
-    19, and the register tile its one accumulator vector, a latency-bound chain, 0.36x ONNX
-    Runtime (48 channels, 5 5x5 filters; with rows and columns of 3 x 5, 1.07x). Exempting the
+    19, and the register tile its one accumulator vector, a latency-bound chain, 0.32-0.36x ONNX
+    Runtime (48 channels, 5 5x5 filters; with rows and columns of 3 x 5, 1.02-1.07x). Exempting the
     rows and columns of every conv in vectors of filters lost as much elsewhere (192 channels,
     89 7x7 filters over 11 x 11: 1.23 -> 1.64 ms, the walk's path through the wider choice
     ending at programs it predicted slower; docs/model-evidence.md#lane-axis)."""
