@@ -217,10 +217,21 @@ def conv_filters(e) -> int | None:
 
 def short_filters(e, dev) -> int | None:
     """A convolution's filters (`conv_filters`) on a CPU shorter than a vector of lanes and
-    longer than half of one: the lanes run along them anyway, one whole vector of filters in a
-    register tile (the only tile longer than its axis), the rest padded with zero filters."""
+    longer than half of one, or at least a quarter of one where the output row cannot run in
+    whole 4-lane pieces (an input reads it strided, or its extent is no multiple of 4): the
+    lanes run along them anyway, one whole vector of filters in a register tile (the only tile
+    longer than its axis), the rest padded with zero filters."""
     f = conv_filters(e) if dev.kind == "cpu" else None
-    return f if f is not None and dev.warp_size < 2 * e.axes[f].extent < 2 * dev.warp_size else None
+    if f is None or not e.axes[f].extent < dev.warp_size:
+        return None
+    if 2 * e.axes[f].extent > dev.warp_size:
+        return f
+    v = vectorised_axis(e)
+    row = v is not None and e.axes[v].kind == "spatial" and all(
+        not dims or (dims == [len(t.index) - 1] and t.index[-1][0][v] == 1)
+        for t in e.inputs for dims in [[d for d, (coeffs, _) in enumerate(t.index) if coeffs[v]]])
+    fills = row and e.axes[v].extent % min(4, dev.warp_size) == 0
+    return f if 4 * e.axes[f].extent >= dev.warp_size and not fills else None
 
 
 def simd_lane_axis(e, dev) -> int | None:
