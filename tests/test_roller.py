@@ -336,6 +336,30 @@ def test_a_matmul_bound_by_its_dram_stream_spends_l1_on_columns(isa):
     assert not Stepper(matmul(512, 512, 512), dev).space.stream_bound
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_unit_tile_roller_s_cuts_into_many_tiles_is_balanced_from_where_it_arrived(isa):
+    """64 x 11239 x 449 on 2 cores arrives as one unit tile of every row and column (a grid of
+    1). At eps 0.05 the only smaller aligned N that pads 449 little is one register tile, so
+    Roller-S cuts N into some 29 tiles, each copying A's panel again. The balanced cut of the
+    program as it arrived (`Space.balances`, padding up to the idle core's half) cuts N in two
+    instead; the model prices it faster and it leads, its grid even and small, every program
+    within the limits."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(matmul(64, 449, 11239), dev, options=Options(topk=5))
+    stepper.run_to_end()
+    shrinks = [s for s in stepper.steps if s.action.kind == "shrink"]
+    grid = stepper.space.calc.spatial_tiles
+    plain = [s for s in shrinks if s.action.eps == 0]
+    assert plain and max(grid(s.state.recorded[-1]) for s in plain) > 2 * dev.compute_units
+    arrived = [s for s in shrinks if s.action.eps > 0 and grid(s.state.recorded[-1]) <= 2 * dev.compute_units]
+    assert arrived, [s.note for s in shrinks]
+    top = stepper.candidates()[0].program
+    assert top.grid % dev.compute_units == 0 and top.grid <= 2 * dev.compute_units, top.tiles
+    assert top.unit_tile[1] >= 449 / 2, top.tiles
+    for cand in stepper.candidates():
+        assert_within_limits(stepper.space, cand.program)
+
+
 def test_balances_rounds_to_whole_tiles_and_pads_no_more_than_it_wins():
     """`Space.balances` on 2 cores of 3 unit tiles of 294 rows (one batch each, 14-row register
     tiles): the fewest more tiles along M, 2 a batch, are 154 rows (146 rounded up to whole

@@ -64,7 +64,7 @@ class Policy:
         self.space = space
         self.options = options
         self.candidates: list[Candidate] = []
-        self._balanced_count = 0  # candidates that are balanced cuts of another (`emit`): extras
+        self._extras = 0  # candidates that are balanced cuts of another (`emit`): extras
         self._found_before = 0  # programs of the rounds before the whole-vector round (`_whole_vector_round`)
         self._emitted: set = set()
         self._count = 0
@@ -137,7 +137,7 @@ class Policy:
     def found(self) -> int:
         """Programs emitted, less the balanced cuts emitted beside them: those are extras, so a
         round searches as far as it would without them (the top K is taken over all)."""
-        return len(self.candidates) - self._balanced_count - self._found_before
+        return len(self.candidates) - self._extras - self._found_before
 
     @property
     def out_of_steps(self) -> bool:
@@ -148,37 +148,53 @@ class Policy:
         """Emit the program of `state` (at the bottom layer): scaled out over the units, its unit
         tile shrunk along the axis of smallest reuse while the grid has fewer tiles than the
         device has units (Roller-S, §3.2), each shrink a step; then, on a CPU whose cores the
-        grid's last wave leaves idle, the fastest predicted of its balanced cuts
-        (`Space.balances`) as well, where it is predicted faster. A program emitted before is not
-        emitted again (`repeated`); a program is its loop nest (`plan.loop_nest_key`: its
-        tiles, less a CPU L1 tile's K where that only splits a loop) and its virtual threads."""
-        space, arrived = self.space, state
-        units, grid = space.device.compute_units, space.calc.spatial_tiles
+        grid leaves idle, the fastest predicted of the balanced cuts (`Space.balances`) as well,
+        where it is predicted faster: of the program Roller-S made, and of the program as it
+        arrived where Roller-S cut it into more than twice the cores' tiles (it pads at most eps:
+        64 x 11239 x 449 on 2 cores arrived as one 66 x 464 unit tile and shrank N to 16, 29
+        tiles, A's panel copied 29 times, 0.4-0.5x numpy, where two tiles of 240, padding 7 %,
+        keep A's reuse: 0.9x; where it cut no more than that, the cuts only trade its padding
+        for other register tiles, which cpu-core's conv-1x1 measured 3-6 % slower). A program
+        emitted before is not emitted again (`repeated`); a program is its loop nest
+        (`plan.loop_nest_key`: its tiles, less a CPU L1 tile's K where that only splits a loop)
+        and its virtual threads."""
+        arrived = state
         shrinks = self.ask(shrinks_at, state.eps, state.recorded)
         if shrinks and self._split_unshrunk(state, shrinks):
             shrinks = ()  # split-K fills the units with the whole tile (`_split_unshrunk`)
+        state = yield from self._shrunk(state, shrinks, "shrink")
+        est = yield from self._emit_program(state, arrived)
+        if est is None:
+            return
+        cuts = [(cut, state) for cut in self._balanced(state)]
+        if shrinks and self.space.calc.spatial_tiles(state.recorded[-1]) > 2 * self.space.device.compute_units:
+            cuts += [(cut, arrived) for cut in self._balanced(arrived)]
+        if not cuts:
+            return
+        (axis, tiles, bound, predicted), start = min(cuts, key=lambda c: (c[0][3], c[0][0]))
+        if predicted < est.predicted_seconds:
+            state = yield from self._shrunk(start, ((axis, tiles),), "balance", bound)
+            if (yield from self._emit_program(state, arrived)) is not None:
+                self._extras += 1
+
+    def _shrunk(self, state: State, shrinks, event: str, bound: float = 0.0):
+        """`state` after `shrinks` ((axis, tiles) each, padding up to `bound` where that is more
+        than its eps), each a step noted as `event`; returns the state."""
+        space, units, grid = self.space, self.space.device.compute_units, self.space.calc.spatial_tiles
         for axis, tiles in shrinks:
             before = grid(state.recorded[-1])
-            state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
-            note = self.describe("shrink", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
-            yield self.marker(state, state.actions[-1], note)
-        est = yield from self._emit_program(state, arrived)
-        balanced = self._balanced(state) if est is not None else None
-        if balanced is not None and balanced[3] < est.predicted_seconds:
-            axis, tiles, bound, _ = balanced
-            before = grid(state.recorded[-1])
             state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis], eps=bound))
-            note = self.describe("balance", before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis], after=grid(tiles[-1]))
+            note = self.describe(event, before=before, units=units, axis=space.axes[axis], size=tiles[-1][axis],
+                                 after=grid(tiles[-1]), bound=bound)
             yield self.marker(state, state.actions[-1], note)
-            if (yield from self._emit_program(state, arrived)) is not None:
-                self._balanced_count += 1
+        return state
 
-    def _balanced(self, state: State) -> tuple[int, tuple, float, float] | None:
+    def _balanced(self, state: State) -> list[tuple[int, tuple, float, float]]:
         """The fastest predicted of `Space.balances` of the program of `state` (axis, tiles,
-        padding bound, predicted seconds), or None where it has none."""
+        padding bound, predicted seconds), in a list, or none."""
         priced = [(axis, tiles, bound, self.priced(self.space.program(tiles, bound, state.vthreads))[1].predicted_seconds)
                   for axis, tiles, bound in self.ask(balances_at, state.eps, state.recorded)]
-        return min(priced, key=lambda b: (b[3], b[0]), default=None)
+        return [min(priced, key=lambda b: (b[3], b[0]))] if priced else []
 
     def _emit_program(self, state: State, arrived: State):
         """Emit the program of `state` (its unit tile final) as a candidate; returns its estimate,

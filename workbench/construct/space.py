@@ -337,18 +337,18 @@ class Space:
         """CPU scale-out past Roller-S: (axis, tiles, bound) for each spatial axis along which
         the unit tile can be cut into more, even tiles so that the grid fills the cores' last
         wave (its tile count a multiple of the cores), where the grid now leaves cores idle in
-        its last wave and has fewer than BALANCE_WAVES waves. Along an axis of extent E now cut
-        into n tiles, the fewest m > n tiles that balance the grid, each ceil(E / m) rounded up
-        to whole tiles of the layer above (3 x 291 x 320 x 227 on 2 cores: 3 unit tiles of 294
-        rows, one batch each, leave a core idle a quarter of the time; 2 x 154 rows a batch fill
-        both). The cut may pad up to `bound`: eps, or the idle share of the cores' time it wins
-        back where that is more (154-row tiles pad 291 rows by 5.8 %). Empty on GPUs (a
-        streaming multiprocessor holds several blocks at once, and Roller's scale-out is the
-        paper's there), for operators with windowed reads, and where the grid fills its last
-        wave."""
+        its last wave (or has fewer tiles than cores: a program before Roller-S) and has fewer
+        than BALANCE_WAVES waves. Along an axis of extent E now cut into n tiles, the fewest
+        m > n tiles that balance the grid, each ceil(E / m) rounded up to whole tiles of the
+        layer above (3 x 291 x 320 x 227 on 2 cores: 3 unit tiles of 294 rows, one batch each,
+        leave a core idle a quarter of the time; 2 x 154 rows a batch fill both). The cut may
+        pad up to `bound`: eps, or the idle share of the cores' time it wins back where that is
+        more (154-row tiles pad 291 rows by 5.8 %). Empty on GPUs (a streaming multiprocessor
+        holds several blocks at once, and Roller's scale-out is the paper's there), for
+        operators with windowed reads, and where the grid fills its last wave."""
         units, unit = self.device.compute_units, tiles[-1]
         grid = self.calc.spatial_tiles(unit)
-        if not self.device.runs_on_cpu or grid < units or grid % units == 0 or grid >= BALANCE_WAVES * units:
+        if not self.device.runs_on_cpu or grid % units == 0 or grid >= BALANCE_WAVES * units:
             return ()
         if not self.projections:
             return ()  # see BALANCE_WAVES: windowed reads (convs, poolings) measured no gain
