@@ -166,9 +166,10 @@ class Policy:
         est = yield from self._emit_program(state, arrived)
         if est is None:
             return
-        cuts = [(cut, state) for cut in self._balanced(state)]
+        cuts = [(self._balanced(state), state)]
         if shrinks and self.space.calc.spatial_tiles(state.recorded[-1]) > 2 * self.space.device.compute_units:
-            cuts += [(cut, arrived) for cut in self._balanced(arrived)]
+            cuts.append((self._balanced(arrived), arrived))
+        cuts = [c for c in cuts if c[0] is not None]
         if not cuts:
             return
         (axis, tiles, bound, predicted), start = min(cuts, key=lambda c: (c[0][3], c[0][0]))
@@ -189,12 +190,12 @@ class Policy:
             yield self.marker(state, state.actions[-1], note)
         return state
 
-    def _balanced(self, state: State) -> list[tuple[int, tuple, float, float]]:
+    def _balanced(self, state: State) -> tuple[int, tuple, float, float] | None:
         """The fastest predicted of `Space.balances` of the program of `state` (axis, tiles,
-        padding bound, predicted seconds), in a list, or none."""
+        padding bound, predicted seconds), or None where it has none."""
         priced = [(axis, tiles, bound, self.priced(self.space.program(tiles, bound, state.vthreads))[1].predicted_seconds)
                   for axis, tiles, bound in self.ask(balances_at, state.eps, state.recorded)]
-        return [min(priced, key=lambda b: (b[3], b[0]))] if priced else []
+        return min(priced, key=lambda b: (b[3], b[0]), default=None)
 
     def _emit_program(self, state: State, arrived: State):
         """Emit the program of `state` (its unit tile final) as a candidate; returns its estimate,
