@@ -112,11 +112,11 @@ class TensorShapeRule(PerAxisRule):
 
     def axis_ok(self, ctx, axis, size):
         extent = ctx.expr.axes[axis].extent
-        if size == ctx.device.warp_size > extent and axis == short_filter_axis(ctx.expr, ctx.device):
-            return True  # at every layer: the register tile's one vector is the cache tiles' as well
-        if ctx.layer == 0 and ctx.expr.axes[axis].kind == "spatial":
-            short = short_filter_axis(ctx.expr, ctx.device)
-            if short is not None and axis != short:
+        short = short_filter_axis(ctx.expr, ctx.device)
+        if short is not None:
+            if axis == short and size == ctx.device.warp_size > extent:
+                return True  # at every layer: the register tile's one vector is the cache tiles' as well
+            if axis != short and ctx.layer == 0 and ctx.expr.axes[axis].kind == "spatial":
                 return True  # an output row or column of a conv in one vector of filters: its edge is split off
         return (ceil(extent / size) * size - extent) / extent <= ctx.eps + 1e-12
 
