@@ -22,11 +22,11 @@ from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.alignment import (
     RULES, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, required_accumulators,
 )
-from workbench.rtile.axes import cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis
+from workbench.rtile.axes import STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
-    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, TailRule, TensorShapeRule, VectorLanesRule,
+    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, StreamRowsRule, TailRule, TensorShapeRule, VectorLanesRule,
     WarpGroupRule,
     WeightsAheadRule,
     block_thread_multiple, l1_set_lines, whole_vector_waste,
@@ -630,6 +630,35 @@ def test_a_reduction_micro_kernel_rows_divide_the_rows():
     assert [k for k in range(16, 129, 16) if TailRule().axis_ok(gemv, 1, k)] == [16, 32, 64, 128]
     assert TailRule().axis_ok(AlignContext(expr("gemv", M=4096, K=1000), AVX512, 0, (1, 1), 0.05), 1, 48)
     assert TailRule().axis_ok(AlignContext(matmul(512, 512, 512), AVX512, 0, (1, 1, 1), 0.05), 0, 14)
+
+
+def test_stream_rows_is_the_divisor_of_k_nearest_sixteen():
+    """`stream_rows`: the divisor of K up to twice STREAM_ROWS nearest it on a log scale, the
+    larger of two equally near; 1 where K has none but 1 (a prime past 32)."""
+    assert STREAM_ROWS == 16
+    assert [stream_rows(k) for k in (2048, 1853, 1000, 2315, 4907, 6475, 23, 1847, 1)] == [16, 17, 20, 5, 7, 25, 23, 1, 1]
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
+    """cpu-stream-rows: a one-row matmul's tiles take `stream_rows` K-steps at every layer, no
+    other size (its register tile would keep K at 1: the rows save no byte); where that is 1 (a
+    prime K of 1847) the register tile takes 1 and the cache tiles are left to the other rules.
+    Two rows reuse B, so a two-row matmul's K is free; so is a gemv's (its lanes run along K)."""
+    rule = StreamRowsRule()
+    one_row = matmul(1, 5737, 1853)
+    k = 2
+    for layer in range(len(dev.layers) - 1):
+        ctx = AlignContext(one_row, dev, layer, (1, 1, 1), 0.05)
+        assert [s for s in range(1, 129) if rule.axis_ok(ctx, k, s)] == [17]
+        assert rule.axis_ok(ctx, 1, 96)  # N: not its business
+    prime = matmul(1, 5737, 1847)
+    assert [s for s in range(1, 40) if rule.axis_ok(AlignContext(prime, dev, 0, (1, 1, 1), 0.05), k, s)] == [1]
+    assert rule.axis_ok(AlignContext(prime, dev, 1, (1, 1, 1), 0.05), k, 64)
+    assert rule.axis_ok(AlignContext(matmul(2, 5737, 1853), dev, 0, (1, 1, 1), 0.05), k, 1)
+    assert rule.axis_ok(AlignContext(matmul(2, 5737, 1853), dev, 0, (1, 1, 1), 0.05), k, 2)
+    start = initial_tile(AlignContext(one_row, dev, 0, (1, 1, 1), 0.05))
+    assert start is not None and start[k] == 17
 
 
 def _pointwise(f: int, constants: tuple[str, ...], dev):

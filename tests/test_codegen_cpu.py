@@ -320,6 +320,8 @@ SPLIT_EDGES = {
     "direct-stores": (expr("matmul", M=1, N=100, K=24), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 24, 24))),
     # K ragged too (37 in K-steps of 16 and 32), over register tiles of one K-step
     "ragged-k": (expr("matmul", M=1, N=100, K=37), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 32))),
+    # rows in flight (`axes.stream_rows`): 6 rows of B per register tile, at every layer
+    "rows-in-flight": (expr("matmul", M=1, N=100, K=24), dict(i=(1, 1, 1), j=(16, 32, 64), k=(6, 6, 6))),
 }
 
 
@@ -339,6 +341,10 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
     assert all(loop in script for loop in vectorised_16())
     lanes = simd_lanes(device(CPU), 4)
     assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
+    if chains["k"][0] > 1:
+        # the K-steps stay a loop: unrolled, each copied the edge tile's scalarised body
+        # (one-row matmuls of 7 rows over 80-wide rows compiled 31 s so)
+        assert not re.search(r"for k_\d+ in T\.unroll", script)
 
 
 def test_a_conv_row_ragged_both_ways_splits_every_edge_off():

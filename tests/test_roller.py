@@ -30,9 +30,9 @@ from workbench.construct.roller import RollerPolicy
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes
-from workbench.rtile.axes import always_streamed
+from workbench.rtile.axes import always_streamed, stream_rows
 from workbench.rtile.plan import cpu_plan
-from workbench.rtile.rules import LONG_RUN, AlignContext, l1_set_lines
+from workbench.rtile.rules import AlignContext, l1_set_lines
 from workbench.rtile.traffic import TileCalculus
 
 WORKLOADS = dict(unique_workloads("roller-table1", "gensor-table4", "cpu-core"))
@@ -574,22 +574,23 @@ def test_a_growth_chain_longer_than_python_recursion_allows_is_cut_and_still_giv
 def test_a_one_row_matmul_reads_b_in_long_runs_shared_by_the_cores(isa, l1):
     """A one-row matmul (1 x 2048 x 1001) reads B once: no tile reuses it, so Roller's Q saved
     nothing by growing N and the L1 tile stopped at 112 columns over 64 K-steps, B read in
-    448-byte runs, the L1 tile's K held to whole lines of A (0.44x numpy on a Zen 3). The runs
-    a growth saves (`Space.stream_reuse`) and A left out of the transaction rule (`TransactionRule`)
-    now grow the first program's L1 tile along N to its unit tile's width: each core streams
-    its share of B's rows, in runs of at least LONG_RUN lines (over 4 K-steps on the AVX2 core,
-    16 on the AVX-512 core's 48 KiB L1)."""
+    448-byte runs (0.44x numpy on a Zen 3). The runs a growth saves (`Space.stream_reuse`) grow
+    the L1 tile along N, and every tile takes `stream_rows` K-steps (16 of 2048): the register
+    tiles along N continue the same 16 rows, so each core streams its share of them in runs as
+    wide as its unit tile (with L2 tiles of 256 K-steps over L1 tiles of 16, every 224-column L1
+    tile restarted them)."""
     dev = detected_cpu(isa, 2, l1 * KIB, 1024 * KIB)
     stepper = Stepper(matmul(1, 1001, 2048), dev)
     stepper.run_to_end()
     space = stepper.space
     assert space.streamed == (1,)  # B; A is read again by every tile along N
+    j, k = space.axes.index("j"), space.axes.index("k")
+    assert stream_rows(2048) == 16
+    for candidate in stepper.candidates():
+        assert {tile[k] for tile in candidate.program.tiles} == {16}, candidate.program.tiles
     first = stepper.candidates()[0].program
-    j = space.axes.index("j")
-    register, l1_tile, unit = first.tiles
     assert first.grid == dev.compute_units, first.tiles
-    assert l1_tile[j] == unit[j] >= 1001 / dev.compute_units, first.tiles
-    assert l1_tile[j] * 4 >= LONG_RUN * 64, first.tiles
+    assert first.unit_tile[j] >= 1001 / dev.compute_units, first.tiles
     # every growth of the L1 tile along N saved runs: no step of it was scored 0
     grows = [s for s in stepper.steps if s.action.kind == "grow" and s.action.layer == 1 and s.action.axis == j]
     assert grows and all(s.edge.score > 0 for s in grows if s.edge is not None)

@@ -96,7 +96,11 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
     # refuses to vectorise a loop over a block that is neither complete nor a reduction
     vector_loop = levels[vector_axis][-1] if vector_axis is not None else None
-    _micro_kernel(sch, order[-len(levels):], vector_loop, plan.lanes, _reduce_positions(expr, levels, order))
+    # where a ragged row's edge tile runs guarded (`CpuPlan.split_edges`), its scalarised body is
+    # copied once per unrolled K-step: one-row matmuls of 7 rows in flight (`axes.stream_rows`)
+    # over 80- and 96-wide rows took 31 and 99 s to compile so, 1 s with the K-steps a loop
+    chain = 1 if plan.split_edges else MAX_CHAIN
+    _micro_kernel(sch, order[-len(levels):], vector_loop, plan.lanes, _reduce_positions(expr, levels, order), chain)
     if expr.reduce:
         # one register tile's accumulators go straight to the output when the whole reduction
         # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
@@ -560,10 +564,11 @@ def _reduce_positions(expr: TensorExpr, levels: list, order: list) -> frozenset[
     return frozenset(k for k, loop in enumerate(register) if any(loop is r for r in reduce_loops))
 
 
-def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions: frozenset[int] = frozenset()) -> None:
+def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions: frozenset[int] = frozenset(),
+                  max_chain: int = MAX_CHAIN) -> None:
     """Vectorise `vector_loop` (if any) and unroll the other register-tile loops, innermost
     first, while the unrolled body stays within MAX_UNROLL iterations and the unrolled
-    reduction loops (those at `reduce_positions` of `register`) within MAX_CHAIN.
+    reduction loops (those at `reduce_positions` of `register`) within `max_chain`.
 
     A vector loop longer than a register is split into an unrolled loop over vectors of
     `panels.vector_width` lanes around one vectorised vector, so that each vector's panel index is a
@@ -585,7 +590,7 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
             continue
         extent = int(sch.get(loop).extent)
         is_reduce = k in reduce_positions
-        if unrolled * extent > MAX_UNROLL or (is_reduce and chain * extent > MAX_CHAIN):
+        if unrolled * extent > MAX_UNROLL or (is_reduce and chain * extent > max_chain):
             break
         if extent > 1:
             unrolled *= extent

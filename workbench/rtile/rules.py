@@ -26,7 +26,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
     always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
-    reduce_lanes, short_filter_axis,
+    reduce_lanes, short_filter_axis, stream_rows,
 )
 from workbench.rtile.registers import block_thread_count, row_vectors
 
@@ -434,6 +434,29 @@ class TailRule(PerAxisRule):
         if kind != "reduce" and axis != lane and not filters:
             return True
         return not _whole_tiles_exist(ctx, axis)
+
+
+class StreamRowsRule(PerAxisRule):
+    """CPU rows in flight (our rule): a one-row matmul (`always_streamed`: its B is read once, in
+    place, from the bottom layer) reads `axes.stream_rows` rows of B in each step of its register
+    tile, no more and no fewer, each row a stream of its own started at once (`model.cpu.
+    stream_rounds`). Roller's score cannot ask for it: the rows unroll over the same registers and
+    save no byte, so K stayed 1 and one row streamed at a time (1 x 1853 x 5737 at 0.4x numpy;
+    17 rows: 0.9-1.0x, evidence at `axes.STREAM_ROWS`). Its cache tiles take the same K, so
+    that the register tiles after one another along N continue the same rows: each core streams
+    its share of those rows in runs as long as its unit tile is wide (with a cache tile of more
+    K, every L1 tile along N restarted them, 224 columns at a time on a 32 KiB L1). Where the
+    rows in flight are 1 (a prime K past twice STREAM_ROWS) the cache tiles are `TailRule`'s."""
+
+    name = "cpu-stream-rows"
+
+    def axis_ok(self, ctx, axis, size):
+        if not ctx.device.runs_on_cpu or ctx.device.lanes_are_threads or ctx.expr.axes[axis].kind != "reduce":
+            return True
+        if len(ctx.expr.reduce) != 1 or not always_streamed(ctx.expr, ctx.device):
+            return True
+        rows = stream_rows(ctx.expr.axes[axis].extent)
+        return size == rows or (ctx.layer > 0 and rows == 1)
 
 
 class WeightsAheadRule(PerAxisRule):
