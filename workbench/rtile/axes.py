@@ -150,8 +150,9 @@ def always_streamed(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 # of them at once keeps more misses in flight. Two Zen 4 cores, B read from DRAM and the
 # last-level cache, 1 x 2048 x 4096: 1, 4, 8, 16 and 32 rows 1.03, 0.53, 0.44-0.51, 0.46-0.60 and
 # 0.64-0.82 ms; 1 x 1853 x 5737: 1, 2, 4, 8 and 17 rows 1.5-1.8, 1.41-1.46, 1.14-1.5, 0.89-1.07 and
-# 0.69-1.07 ms (numpy 0.65-0.9). Past 16 the streams outnumber what the core follows, and LLVM
-# takes longer to compile each unrolled row (109 rows: over 15 minutes).
+# 0.69-1.07 ms (numpy 0.65-0.9). 32 rows ran slower (our reading, not measured: more streams than
+# the core's prefetchers follow), and each row unrolled lengthens the compile (109 rows had not
+# compiled after 15 minutes).
 STREAM_ROWS = 16
 
 

@@ -9,8 +9,9 @@ scans keep it for every upper tile of that size there (`alignment._axis_ok`).
 
 Memory transactions at the cache layers are 64 B lines on CPUs (each layer's
 `transaction_bytes`, `TransactionRule`), a CPU cache tile leaves no ragged edge along the
-vectors or a reduction where the register tile does not (`TailRule`), and no CPU tile leaves one
-along a model weight's axes where a dividing tile exists (`WeightsAheadRule`).
+vectors or a reduction where the register tile does not (`TailRule`), a one-row matmul's tiles
+read several rows of B at once (`StreamRowsRule`), and no CPU tile leaves one along a model
+weight's axes where a dividing tile exists (`WeightsAheadRule`).
 """
 
 from __future__ import annotations
@@ -441,8 +442,8 @@ class StreamRowsRule(PerAxisRule):
     place, from the bottom layer) reads `axes.stream_rows` rows of B in each step of its register
     tile, no more and no fewer, each row a stream of its own started at once (`model.cpu.
     stream_rounds`). Roller's score cannot ask for it: the rows unroll over the same registers and
-    save no byte, so K stayed 1 and one row streamed at a time (1 x 1853 x 5737 at 0.4x numpy;
-    17 rows: 0.9-1.0x, evidence at `axes.STREAM_ROWS`). Its cache tiles take the same K, so
+    save no byte, so K stayed 1 and one row streamed at a time (1 x 1853 x 5737 at 0.37x numpy;
+    17 rows: 0.71-0.84x, evidence at `axes.STREAM_ROWS`). Its cache tiles take the same K, so
     that the register tiles after one another along N continue the same rows: each core streams
     its share of those rows in runs as long as its unit tile is wide (with a cache tile of more
     K, every L1 tile along N restarted them, 224 columns at a time on a 32 KiB L1). Where the
