@@ -634,17 +634,19 @@ def test_a_reduction_micro_kernel_rows_divide_the_rows():
 
 def test_stream_rows_is_the_divisor_of_k_nearest_sixteen():
     """`stream_rows`: the divisor of K up to twice STREAM_ROWS nearest it on a log scale, the
-    larger of two equally near; 1 where K has none but 1 (a prime past 32)."""
+    larger of two equally near, where it is at least half STREAM_ROWS; else STREAM_ROWS over a
+    ragged K (a prime past 32; 2315 = 5 x 463), or the whole of a shorter K."""
     assert STREAM_ROWS == 16
-    assert [stream_rows(k) for k in (2048, 1853, 1000, 2315, 4907, 6475, 23, 1847, 1)] == [16, 17, 20, 5, 7, 25, 23, 1, 1]
+    ks = (2048, 1853, 1000, 2315, 4907, 6475, 23, 1847, 37, 12, 1)
+    assert [stream_rows(k) for k in ks] == [16, 17, 20, 16, 16, 25, 23, 16, 16, 12, 1]
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
 def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
     """cpu-stream-rows: a one-row matmul's tiles take `stream_rows` K-steps at every layer, no
-    other size (its register tile would keep K at 1: the rows save no byte); where that is 1 (a
-    prime K of 1847) the register tile takes 1 and the cache tiles are left to the other rules.
-    Two rows reuse B, so a two-row matmul's K is free; so is a gemv's (its lanes run along K)."""
+    other size (its register tile would keep K at 1: the rows save no byte), also where they do
+    not divide K (a prime K of 1847: 16, K's end cutting the last step). Two rows reuse B, so a two-row matmul's
+    K is free. `cpu-tails` leaves a one-row matmul's K to it, ragged or not."""
     rule = StreamRowsRule()
     one_row = matmul(1, 5737, 1853)
     k = 2
@@ -653,8 +655,10 @@ def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
         assert [s for s in range(1, 129) if rule.axis_ok(ctx, k, s)] == [17]
         assert rule.axis_ok(ctx, 1, 96)  # N: not its business
     prime = matmul(1, 5737, 1847)
-    assert [s for s in range(1, 40) if rule.axis_ok(AlignContext(prime, dev, 0, (1, 1, 1), 0.05), k, s)] == [1]
-    assert rule.axis_ok(AlignContext(prime, dev, 1, (1, 1, 1), 0.05), k, 64)
+    for layer in range(len(dev.layers) - 1):
+        ctx = AlignContext(prime, dev, layer, (1, 1, 16), 0.05)
+        assert [s for s in range(1, 129) if rule.axis_ok(ctx, k, s)] == [16]
+        assert TailRule().axis_ok(ctx, k, 16)
     assert rule.axis_ok(AlignContext(matmul(2, 5737, 1853), dev, 0, (1, 1, 1), 0.05), k, 1)
     assert rule.axis_ok(AlignContext(matmul(2, 5737, 1853), dev, 0, (1, 1, 1), 0.05), k, 2)
     start = initial_tile(AlignContext(one_row, dev, 0, (1, 1, 1), 0.05))

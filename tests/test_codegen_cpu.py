@@ -322,6 +322,8 @@ SPLIT_EDGES = {
     "ragged-k": (expr("matmul", M=1, N=100, K=37), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 32))),
     # rows in flight (`axes.stream_rows`): 6 rows of B per register tile, at every layer
     "rows-in-flight": (expr("matmul", M=1, N=100, K=24), dict(i=(1, 1, 1), j=(16, 32, 64), k=(6, 6, 6))),
+    # 16 rows over a K of 37 (`stream_rows`): K's end cuts the third step, guarded per step
+    "rows-in-flight-ragged-k": (expr("matmul", M=1, N=100, K=37), dict(i=(1, 1, 1), j=(16, 32, 64), k=(16, 16, 16))),
 }
 
 

@@ -158,10 +158,13 @@ STREAM_ROWS = 16
 
 def stream_rows(extent: int) -> int:
     """The register K of a one-row matmul over a reduction of `extent`: the divisor of it nearest
-    `STREAM_ROWS` on a log scale, up to twice that (a K of 1853 = 17 x 109 reads 17 rows; a prime
-    K one: the template splits a ragged K's edge off only over a register K of 1, `TailRule`)."""
+    `STREAM_ROWS` on a log scale, up to twice that (a K of 1853 = 17 x 109 reads 17 rows), where
+    that divisor is at least half STREAM_ROWS; else STREAM_ROWS (or the whole of a shorter K),
+    the last step of rows cut by K's end and guarded (`panels.splits_edges`: a prime K of 1847, or
+    2315 = 5 x 463, reads 16 rows at a time)."""
     divisors = [d for d in range(1, 2 * STREAM_ROWS + 1) if extent % d == 0]
-    return min(divisors, key=lambda d: (abs(log(d / STREAM_ROWS)), -d))
+    best = min(divisors, key=lambda d: (abs(log(d / STREAM_ROWS)), -d))
+    return best if 2 * best >= STREAM_ROWS else min(STREAM_ROWS, extent)
 
 
 def is_projection(tensor, expr: TensorExpr) -> bool:

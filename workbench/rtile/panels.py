@@ -11,7 +11,7 @@ from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import filter_axis, lane_axis, streams, vector_axis
+from workbench.rtile.axes import always_streamed, filter_axis, lane_axis, stream_rows, streams, vector_axis
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
 
@@ -290,9 +290,18 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
     v = vector_loop_axis(expr, program, device, False, True)
     if v is None or not ragged(expr, program, v):
         return False
-    if any(ragged(expr, program, a) and program.register_tile[a] > 1 for a in expr.reduce):
+    if any(ragged(expr, program, a) and program.register_tile[a] > 1 and not _rows_in_flight(expr, program, device, a)
+           for a in expr.reduce):
         return False
     return program.unit_tile[v] > program.register_tile[v]
+
+
+def _rows_in_flight(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int) -> bool:
+    """Whether a one-row matmul's register tile reads its `stream_rows` rows of B along the
+    reduction `axis` (`StreamRowsRule`): K's end then cuts a whole step of rows, whose guard is
+    the same for every lane, so the vector row runs under it (1 x 1847 x 2011: 16 rows over a
+    prime K)."""
+    return bool(always_streamed(expr, device)) and program.register_tile[axis] == stream_rows(expr.axes[axis].extent)
 
 
 def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:

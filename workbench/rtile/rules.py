@@ -404,12 +404,13 @@ class TailRule(PerAxisRule):
     where a multiple of whole lines of whole vectors does: the template vectorises K whole on a
     dividing tile and otherwise splits the edge off, its last register tile scalar
     (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
-    A one-row matmul (`always_streamed`) pads nothing, having no panels, and splits the edge
-    of a ragged K off its vector row only over a register K of 1 (`panels.splits_edges`): any
-    other register K that does not divide K guards the whole row, scalar (1 x 3001 x 777 ran
-    10x slower than numpy so), so there its register K divides K (1 always does); its cache
-    tiles' K divides K where a multiple of the tile above other than itself does, and otherwise
-    need not (a prime K over K-steps of 1: the split runs them past the last whole tile)."""
+    A one-row matmul (`always_streamed`) pads nothing, having no panels: its one reduction's
+    tiles are `StreamRowsRule`'s. Over several reductions it splits the edge of a ragged K off
+    its vector row only over a register K of 1 (`panels.splits_edges`): any other register K
+    that does not divide K guards the whole row, scalar (1 x 3001 x 777 ran 10x slower than
+    numpy so), so there its register K divides K (1 always does); its cache tiles' K divides K
+    where a multiple of the tile above other than itself does, and otherwise need not (a prime
+    K over K-steps of 1: the split runs them past the last whole tile)."""
 
     name = "cpu-tails"
 
@@ -421,6 +422,8 @@ class TailRule(PerAxisRule):
         kind, extent = ctx.expr.axes[axis].kind, ctx.expr.axes[axis].extent
         along_k = ctx.layer == 0 and not filters and reduce_lanes(ctx.expr, lane)
         if kind == "reduce" and always_streamed(ctx.expr, ctx.device):
+            if len(ctx.expr.reduce) == 1:
+                return True  # `StreamRowsRule` has every tile's K
             upper = ctx.upper[axis]
             return ctx.layer > 0 and not any(extent % (m * upper) == 0 for m in range(2, min(extent // upper, MAX_SCAN) + 1))
         if ctx.layer == 0 and not (filters or along_k):
@@ -447,7 +450,8 @@ class StreamRowsRule(PerAxisRule):
     that the register tiles after one another along N continue the same rows: each core streams
     its share of those rows in runs as long as its unit tile is wide (with a cache tile of more
     K, every L1 tile along N restarted them, 224 columns at a time on a 32 KiB L1). Where the
-    rows in flight are 1 (a prime K past twice STREAM_ROWS) the cache tiles are `TailRule`'s."""
+    rows do not divide K (`stream_rows` of a prime K), K's end cuts the last step of rows, which
+    runs under a guard the same for every lane (`panels.splits_edges`)."""
 
     name = "cpu-stream-rows"
 
@@ -456,8 +460,7 @@ class StreamRowsRule(PerAxisRule):
             return True
         if len(ctx.expr.reduce) != 1 or not always_streamed(ctx.expr, ctx.device):
             return True
-        rows = stream_rows(ctx.expr.axes[axis].extent)
-        return size == rows or (ctx.layer > 0 and rows == 1)
+        return size == stream_rows(ctx.expr.axes[axis].extent)
 
 
 class WeightsAheadRule(PerAxisRule):
