@@ -167,6 +167,21 @@ def stream_rows(extent: int) -> int:
     return best if 2 * best >= STREAM_ROWS else min(STREAM_ROWS, extent)
 
 
+@lru_cache(maxsize=1024)  # asked by two rules on every size they scan
+def stream_rows_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The reduction whose every tile takes `stream_rows` K-steps (`StreamRowsRule`): the one
+    reduction of a one-row matmul (`always_streamed`) vectorised along an output axis that the
+    streamed inputs read (B's rows along N); None elsewhere (an RMS norm's mean of 10 rows of 24,
+    whose lane axis, of extent 1, no input reads: a row reduction)."""
+    streamed = always_streamed(expr, device)
+    if len(expr.reduce) != 1 or not streamed:
+        return None
+    lane = lane_axis(expr, device)
+    if lane is None or expr.axes[lane].kind != "spatial" or not all(expr.inputs[t].uses_axis(lane) for t in streamed):
+        return None
+    return expr.reduce[0]
+
+
 def is_projection(tensor, expr: TensorExpr) -> bool:
     """Whether every dimension of `tensor` is indexed by one whole unfused axis with coefficient
     1 and no offset (matmul's operands, a conv's filters; not a conv's input windows): a tile of

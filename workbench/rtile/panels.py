@@ -11,7 +11,7 @@ from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import always_streamed, filter_axis, lane_axis, stream_rows, streams, vector_axis
+from workbench.rtile.axes import filter_axis, lane_axis, stream_rows, stream_rows_axis, streams, vector_axis
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
 
@@ -301,7 +301,7 @@ def _rows_in_flight(expr: TensorExpr, program: RProgram, device: DeviceSpec, axi
     reduction `axis` (`StreamRowsRule`): K's end then cuts a whole step of rows, whose guard is
     the same for every lane, so the vector row runs under it (1 x 1847 x 2011: 16 rows over a
     prime K)."""
-    return bool(always_streamed(expr, device)) and program.register_tile[axis] == stream_rows(expr.axes[axis].extent)
+    return axis == stream_rows_axis(expr, device) and program.register_tile[axis] == stream_rows(expr.axes[axis].extent)
 
 
 def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:

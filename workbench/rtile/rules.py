@@ -27,7 +27,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
     always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
-    reduce_lanes, short_filter_axis, stream_rows,
+    reduce_lanes, short_filter_axis, stream_rows, stream_rows_axis,
 )
 from workbench.rtile.registers import block_thread_count, row_vectors
 
@@ -405,7 +405,7 @@ class TailRule(PerAxisRule):
     dividing tile and otherwise splits the edge off, its last register tile scalar
     (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
     A one-row matmul (`always_streamed`) pads nothing, having no panels: its one reduction's
-    tiles are `StreamRowsRule`'s. Over several reductions it splits the edge of a ragged K off
+    tiles are `StreamRowsRule`'s (`stream_rows_axis`). Otherwise it splits the edge of a ragged K off
     its vector row only over a register K of 1 (`panels.splits_edges`): any other register K
     that does not divide K guards the whole row, scalar (1 x 3001 x 777 ran 10x slower than
     numpy so), so there its register K divides K (1 always does); its cache tiles' K divides K
@@ -422,7 +422,7 @@ class TailRule(PerAxisRule):
         kind, extent = ctx.expr.axes[axis].kind, ctx.expr.axes[axis].extent
         along_k = ctx.layer == 0 and not filters and reduce_lanes(ctx.expr, lane)
         if kind == "reduce" and always_streamed(ctx.expr, ctx.device):
-            if len(ctx.expr.reduce) == 1:
+            if axis == stream_rows_axis(ctx.expr, ctx.device):
                 return True  # `StreamRowsRule` has every tile's K
             upper = ctx.upper[axis]
             return ctx.layer > 0 and not any(extent % (m * upper) == 0 for m in range(2, min(extent // upper, MAX_SCAN) + 1))
@@ -458,7 +458,7 @@ class StreamRowsRule(PerAxisRule):
     def axis_ok(self, ctx, axis, size):
         if not ctx.device.runs_on_cpu or ctx.device.lanes_are_threads or ctx.expr.axes[axis].kind != "reduce":
             return True
-        if len(ctx.expr.reduce) != 1 or not always_streamed(ctx.expr, ctx.device):
+        if axis != stream_rows_axis(ctx.expr, ctx.device):
             return True
         return size == stream_rows(ctx.expr.axes[axis].extent)
 
