@@ -285,8 +285,8 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
     guard, 0.12-0.15 ms against ONNX Runtime's 0.04-0.06; split, 0.02-0.03: docs/model-evidence.md
     #filters-edges). It needs the row `vector_loop_axis` allows once padded, a
     ragged reduction only over register tiles of 1 along it (its loops split at its end, no
-    register tile cut), and a loop to split below the grid: more than one register tile along
-    the row in a unit tile."""
+    register tile cut) or of a one-row matmul's rows in flight (`_rows_in_flight`), and a loop
+    to split below the grid: more than one register tile along the row in a unit tile."""
     v = vector_loop_axis(expr, program, device, False, True)
     if v is None or not ragged(expr, program, v):
         return False
