@@ -646,14 +646,19 @@ def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
     """cpu-stream-rows: a one-row matmul's tiles take `stream_rows` K-steps at every layer, no
     other size (its register tile would keep K at 1: the rows save no byte), also where they do
     not divide K (a prime K of 1847: 16, K's end cutting the last step). Two rows reuse B, so a two-row matmul's
-    K is free. `cpu-tails` leaves a one-row matmul's K to it, ragged or not."""
+    K is free. `cpu-tails` leaves a one-row matmul's K to it, ragged or not. Along N the first
+    cache tile is the register tile, or the fewest that make whole 64 B lines (7 AVX2 vectors: 2)."""
     rule = StreamRowsRule()
     one_row = matmul(1, 5737, 1853)
     k = 2
     for layer in range(len(dev.layers) - 1):
         ctx = AlignContext(one_row, dev, layer, (1, 1, 1), 0.05)
         assert [s for s in range(1, 129) if rule.axis_ok(ctx, k, s)] == [17]
-        assert rule.axis_ok(ctx, 1, 96)  # N: not its business
+    # N: free in the register tile and below L1; L1 takes the register tile's, in whole lines
+    assert rule.axis_ok(AlignContext(one_row, dev, 0, (1, 1, 1), 0.05), 1, 96)
+    assert rule.axis_ok(AlignContext(one_row, dev, 2, (1, 96, 17), 0.05), 1, 2880)
+    l1 = AlignContext(one_row, dev, 1, (1, 56, 17), 0.05)
+    assert [s for s in range(56, 1000, 56) if rule.axis_ok(l1, 1, s)] == [56, 112]
     prime = matmul(1, 5737, 1847)
     for layer in range(len(dev.layers) - 1):
         ctx = AlignContext(prime, dev, layer, (1, 1, 16), 0.05)
