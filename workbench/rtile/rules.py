@@ -454,10 +454,10 @@ class StreamRowsRule(PerAxisRule):
     runs under a guard the same for every lane (`panels.splits_edges`).
 
     Along N its first cache tile is the register tile (or the fewest of them that make whole
-    lines, `TransactionRule`): holding the same rows, a wider one holds
-    nothing more the next step reads, and between the register and the unit tile it left the
-    last L1 tile that a ragged row cuts guarded whole (lowering splits the loop over L1 tiles at
-    the row's end, not the register tiles inside the cut one). Two Zen 4 cores, 16 rows, L1
+    lines, `TransactionRule`): holding the same rows, a wider one holds nothing more the next
+    step reads, and between the register and the unit tile it left the last L1 tile that a
+    ragged row cuts guarded whole (lowering splits the loop over L1 tiles at the row's end, not
+    the register tiles inside the cut one). Two Zen 4 cores, 16 rows, L1
     tiles of 96 columns, 192 or 384, and the unit tile's: 1 x 2315 x 1309 (unit tiles of 768)
     330, 450-480, 440-740 and 330-350 us; 1 x 4907 x 2254 (1152) 1.10-1.34, -, 1.97-2.40 and
     1.13-1.40 ms; the model put the middle ones first."""
