@@ -22,11 +22,14 @@ from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.alignment import (
     RULES, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, required_accumulators,
 )
-from workbench.rtile.axes import STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows
+from workbench.rtile.axes import (
+    STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows,
+)
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
-    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, StreamRowsRule, TailRule, TensorShapeRule, VectorLanesRule,
+    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, StreamRowsRule, TailRule, TensorShapeRule,
+    VectorLanesRule,
     WarpGroupRule,
     WeightsAheadRule,
     block_thread_multiple, l1_set_lines, whole_vector_waste,
@@ -645,9 +648,10 @@ def test_stream_rows_is_the_divisor_of_k_nearest_sixteen():
 def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
     """cpu-stream-rows: a one-row matmul's tiles take `stream_rows` K-steps at every layer, no
     other size (its register tile would keep K at 1: the rows save no byte), also where they do
-    not divide K (a prime K of 1847: 16, K's end cutting the last step). Two rows reuse B, so a two-row matmul's
-    K is free. `cpu-tails` leaves a one-row matmul's K to it, ragged or not. Along N the first
-    cache tile is the register tile, or the fewest that make whole 64 B lines (7 AVX2 vectors: 2)."""
+    not divide K (a prime K of 1847: 16, K's end cutting the last step). Two rows reuse B, so a
+    two-row matmul's K is free. `cpu-tails` leaves a one-row matmul's K to it, ragged or not.
+    Along N the first cache tile is the register tile, or the fewest that make whole 64 B lines
+    (7 AVX2 vectors: 2)."""
     rule = StreamRowsRule()
     one_row = matmul(1, 5737, 1853)
     k = 2

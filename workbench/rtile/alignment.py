@@ -23,9 +23,9 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, is_micro_kernel_layer, lane_axis, short_filter_axis, tile_lanes
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
 from workbench.rtile.rules import (
-    MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, StreamRowsRule, TailRule,
-    TensorCoreAlignment, TensorShapeRule, ThreadTileRule, TransactionRule, VectorLanesRule, WarpGroupRule, WeightsAheadRule,
-    WholeTileRule, block_thread_multiple, l1_set_lines, refusing,
+    MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, StreamRowsRule,
+    TailRule, TensorCoreAlignment, TensorShapeRule, ThreadTileRule, TransactionRule, VectorLanesRule, WarpGroupRule,
+    WeightsAheadRule, WholeTileRule, block_thread_multiple, l1_set_lines, refusing,
 )
 from workbench.rtile.traffic import calculus
 
@@ -47,7 +47,8 @@ class AccumulatorRule(WholeTileRule):
 
 RULES: tuple[AlignmentRule, ...] = (
     TensorShapeRule(), TransactionRule(), ThreadTileRule(), BlockThreadsRule(), VectorLanesRule(), AutovectorRowRule(),
-    AccumulatorRule(), WarpGroupRule(), TensorCoreAlignment(), TailRule(), StreamRowsRule(), WeightsAheadRule(), CacheSetRule(),
+    AccumulatorRule(), WarpGroupRule(), TensorCoreAlignment(), TailRule(), StreamRowsRule(), WeightsAheadRule(),
+    CacheSetRule(),
 )
 
 
