@@ -281,9 +281,12 @@ class Space:
         tile_stream_runs` of the `streamed` inputs) that growing `tile` to `grown` saves: each run
         costs the bottom layer's latency (`model.cpu.stream_seconds`), counted as the bytes the
         layer below moves per core in that time, per byte of footprint the growth adds (as
-        `TileCalculus.reuse_score`). Without it a one-row matmul's L1 tile stops at 112 columns
+        `TileCalculus.reuse_score`). Without it a one-row matmul's L1 tile stopped at 112 columns
         (growing N saves no byte of B), which is read in 448-byte runs; whole rows run 5x faster
-        (docs/model-evidence.md#stream-runs)."""
+        (docs/model-evidence.md#stream-runs). Since `StreamRowsRule` a one-row matmul's L1 tile
+        along N is its register tile's width in whole lines, and this term only takes it there
+        (7 AVX2 vectors to two of them); an operator that streams an input along no vector row
+        (a row reduction over one row) still grows by it."""
         if not self.streamed:
             return 0.0
         saved = tile_stream_runs(self.calc, tile, self.streamed) - tile_stream_runs(self.calc, grown, self.streamed)

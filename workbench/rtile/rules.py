@@ -405,12 +405,13 @@ class TailRule(PerAxisRule):
     dividing tile and otherwise splits the edge off, its last register tile scalar
     (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
     A one-row matmul (`always_streamed`) pads nothing, having no panels: its one reduction's
-    tiles are `StreamRowsRule`'s (`stream_rows_axis`). Otherwise it splits the edge of a ragged K off
-    its vector row only over a register K of 1 (`panels.splits_edges`): any other register K
-    that does not divide K guards the whole row, scalar (1 x 3001 x 777 ran 10x slower than
-    numpy so), so there its register K divides K (1 always does); its cache tiles' K divides K
-    where a multiple of the tile above other than itself does, and otherwise need not (a prime
-    K over K-steps of 1: the split runs them past the last whole tile)."""
+    tiles are `StreamRowsRule`'s (`stream_rows_axis`). Another operator that streams an input
+    splits the edge of a ragged K off its vector row only over a register K of 1
+    (`panels.splits_edges`): any other register K that does not divide K guards the whole row,
+    scalar (1 x 3001 x 777 ran 10x slower than numpy so), so there its register K divides K (1
+    always does); its cache tiles' K divides K where a multiple of the tile above other than
+    itself does, and otherwise need not (a prime K over K-steps of 1: the split runs them past
+    the last whole tile)."""
 
     name = "cpu-tails"
 
@@ -457,10 +458,10 @@ class StreamRowsRule(PerAxisRule):
     lines, `TransactionRule`): holding the same rows, a wider one holds nothing more the next
     step reads, and between the register and the unit tile it left the last L1 tile that a
     ragged row cuts guarded whole (lowering splits the loop over L1 tiles at the row's end, not
-    the register tiles inside the cut one). Two Zen 4 cores, 16 rows, L1
-    tiles of 96 columns, 192 or 384, and the unit tile's: 1 x 2315 x 1309 (unit tiles of 768)
-    330, 450-480, 440-740 and 330-350 us; 1 x 4907 x 2254 (1152) 1.10-1.34, -, 1.97-2.40 and
-    1.13-1.40 ms; the model put the middle ones first."""
+    the register tiles inside the cut one). Two Zen 4 cores, 16 rows, L1 tiles of 96 columns,
+    192 or 384, and the unit tile's: 1 x 2315 x 1309 (unit tiles of 768) 330, 450-480, 440-740
+    and 330-350 us; 1 x 4907 x 2254 (1152) 1.10-1.34, -, 1.97-2.40 and 1.13-1.40 ms; the model
+    put the middle ones first."""
 
     name = "cpu-stream-rows"
 
