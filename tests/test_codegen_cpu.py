@@ -349,6 +349,43 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
         assert not re.search(r"for k_\d+ in T\.unroll", script)
 
 
+EDGE_VECTORS = {
+    # 180 = 96 + 48 + 36: the tile N's end cuts holds whole vectors (36 = 2 x 16 + 4, 4 x 8 + 4)
+    "whole-k": (expr("matmul", M=1, N=180, K=64), dict(i=(1, 1, 1), j=(48, 48, 96), k=(1, 16, 64))),
+    # with 16 rows in flight over a K of 37 (`stream_rows`), as one-row matmuls are constructed
+    "rows-in-flight": (expr("matmul", M=1, N=180, K=37), dict(i=(1, 1, 1), j=(48, 48, 96), k=(16, 16, 16))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EDGE_VECTORS))
+def test_a_one_row_edge_tile_runs_its_whole_vectors_in_vectors(case):
+    """A one-row register tile of several vectors whose unit tiles leave no register tile wholly
+    past N's end (192 - 180 < 48): the plan splits the loop over the register tile's vectors
+    at the end (`CpuPlan.edge_vectors`), not the loop over register tiles, so that loop stays a
+    loop with the partition hint and the register tiles' loop has none; the kernel matches numpy
+    (random inputs: a cut tile that added its neighbours' columns twice would not)."""
+    e, chains = EDGE_VECTORS[case]
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.split_edges and plan.edge_vectors and plan.path == ROW
+    script = _local_kernel(e, chains).tvmscript
+    width = min(simd_lanes(device(CPU), 4), 16)
+    assert re.search(rf"for j_\d+_0 in T\.serial\({48 // width}, {re.escape(HINT)}\)", script)
+    assert not re.search(rf"for j_\d+ in T\.serial\(\d+, {re.escape(HINT)}\)", script)
+    assert f"T.vectorized({width})" in script
+
+
+def test_a_register_tile_wholly_past_the_end_keeps_the_register_tiles_split():
+    """100 columns in unit tiles of 96 pad to 192, so the second unit tile's second register
+    tile of 48 lies wholly past the end: TVM would bound the split vector loop's scalar rest by
+    a negative count of whole vectors, unclamped, and add the tile before it twice. The plan
+    splits the loop over register tiles there instead (no `edge_vectors`); the kernel matches."""
+    e, chains = expr("matmul", M=1, N=100, K=64), dict(i=(1, 1, 1), j=(48, 48, 96), k=(1, 16, 64))
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.split_edges and not plan.edge_vectors
+    script = _local_kernel(e, chains).tvmscript
+    assert re.search(rf"for j_\d+ in T\.serial\(\d+, {re.escape(HINT)}\)", script)
+
+
 def test_a_conv_row_ragged_both_ways_splits_every_edge_off():
     """3 filters (fewer than a vector: the output row takes the lanes) over 23 x 23 outputs in
     16-wide register rows of 2 output rows: both pixel axes ragged in their unit tiles (12 and

@@ -21,8 +21,8 @@ from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
-    ACCUMULATOR_FILL, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic, epilogue_seconds, packed_bytes,
-    packing_seconds, scattered_inputs, stream_runs,
+    ACCUMULATOR_FILL, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic, edge_seconds, epilogue_seconds,
+    packed_bytes, packing_seconds, scattered_inputs, stream_runs,
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape,
@@ -100,6 +100,8 @@ def check_consistent(calc, dev, program, est):
         # the epilogue's arithmetic (reduce_mean's division) on the busy cores, after them too
         packing += epilogue_seconds(program, dev, min(1.0, grid / units))
         assert (epilogue_seconds(program, dev, 1.0) > 0) == (program.expr.epilogue_ops > 0)
+        # and a split row's scalar edge, on the core that holds it (closed forms in test_plan)
+        packing += edge_seconds(program, dev)
         unit_time = max(est.compute_seconds, loads.get(first, 0.0)) + sum(t for n, t in loads.items() if n != first)
     # a cross-thread reduction's trees follow the pipeline (closed forms below), and a split-K
     # program's second pass (test_split_k); 0 for the rest

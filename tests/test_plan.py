@@ -15,9 +15,10 @@ from workbench.ops.tensor_expr import RowPass
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import is_stream_bound
 from workbench.rtile.model.cpu import (
-    packed_bytes, packed_runs, stream_rounds, stream_runs, stream_seconds, streamed_inputs,
+    EDGE_LANE_CYCLES, core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs, stream_seconds,
+    streamed_inputs,
 )
-from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, edge_slowdown, guard_slowdown
+from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, edge_slowdown, edge_split, guard_slowdown
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
     FILTERS, LANES, PANELS, ROW, SCALAR, CpuPlan, GpuPlan, cpu_plan, describe, gpu_plan, plan_for,
@@ -84,8 +85,11 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     scalar behind its guard (1000x999x1001 ran 0.06x numpy). A reduction zeros would change
     gets no panels: its row has its edges split off instead, the rows' ragged end as well
     (`panels.splits_edges`), priced as closed forms: of N's 1001 columns 992 in whole 16-column
-    register tiles run in vectors, 9 scalar; of M's 1000 rows 996 in whole 6-row tiles run
-    unguarded, 4 under the guard; over the 1008 of whole unit tiles each."""
+    register tiles run in vectors; of M's 1000 rows 996 in whole 6-row tiles run unguarded, 4
+    under the guard; over the 1008 of whole unit tiles each. The tile N's end cuts runs its 16
+    lanes scalar (a 6-row tile: its vectors stay unrolled) on the 1002 rows of register tiles
+    and 999 K-steps, EDGE_LANE_CYCLES each, on the cores that hold the 7 unit tiles of that
+    column: ceil(7 / cores) of 7 on the busiest."""
     program = _ragged_k_matmul()
     plan = cpu_plan(program, dev)
     assert plan.path == PANELS and plan.vector_axis == 1 and plan.padded_tails and not plan.guarded_row
@@ -99,9 +103,11 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     plan = cpu_plan(kept, dev)
     assert plan.packed == () and not plan.padded_tails and plan.path == ROW and plan.split_edges
     assert not plan.guarded_row and "edge tiles split off, scalar" in describe(plan, kept)
-    lanes = dev.register_bytes // 4
-    row, rows = (992 + 9 * lanes) / 1008, (996 + 4 * GUARDED_MICRO_KERNEL) / 1008
+    assert not plan.edge_vectors
+    row, rows = 992 / 1008, (996 + 4 * GUARDED_MICRO_KERNEL) / 1008
     assert guard_slowdown(kept, dev) == pytest.approx(row * rows)
+    share = ceil(7 / dev.compute_units) / 7
+    assert edge_seconds(kept, dev) == pytest.approx(16 * 1002 * 999 * share * EDGE_LANE_CYCLES / (_clock_ghz(dev) * 1e9))
     # an epilogue keeps the tails guarded, so a ragged K is not padded and gets no panels either
     fused = replace(k_only, expr=replace(k_only.expr, epilogues=("T_add",)))
     assert packed_inputs(fused.expr, fused, dev) == () and not cpu_plan(fused, dev).padded_tails
@@ -119,7 +125,7 @@ def test_the_model_prices_the_padded_ragged_k_as_closed_forms(dev):
     per_copy = (144 * 336 + 336 * 144) * 4
     assert packed_bytes(program, dev) == ceil(49 / dev.compute_units) * 3 * per_copy
     # the split edges of a reduction that cannot pad cost more than the padding
-    assert estimate(_ragged_k_matmul(False), dev).compute_seconds > est.compute_seconds
+    assert estimate(_ragged_k_matmul(False), dev).predicted_seconds > est.predicted_seconds
 
 
 def test_a_gemv_sums_lanes_along_k_and_a_conv_vectorises_its_filters():
@@ -171,27 +177,48 @@ def _one_row(n=4096, k=1024, tiles=((1, 56, 1), (1, 112, 64), (1, 112, 1024)), d
     return _program(plain_matmul(1, n, k), list(tiles), dev)
 
 
+def _clock_ghz(dev) -> float:
+    """The clock `edge_seconds` prices a core's cycles at: `core_ghz`, or for a spec without FMA
+    facts (tiny-cpu) the one its peak implies with one pipe."""
+    return core_ghz(dev) or dev.peak("float32") / (dev.compute_units * (dev.register_bytes // 4) * 2)
+
+
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
 def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
-    """1x1024x4096 on 1x56 registers, 112-column unit tiles: nothing pads (a one-row tile packs
-    no panel), so the plan splits the edge off (`split_edges`): the row vectorised, not guarded
-    scalar, and the model prices the split as a closed form (`edge_slowdown`): of 4096 columns
-    4088 in whole 56-column tiles run in vectors, the last 8 scalar, over the 4144 columns of
-    whole unit tiles that the compute term counts."""
+    """1x1024x4096 on 1x56 registers (7 vectors of 8 lanes), 112-column unit tiles: nothing pads
+    (a one-row tile packs no panel), so the plan splits the edge off (`split_edges`): the row
+    vectorised, not guarded scalar. Its register tile is one row of several vectors and none lies
+    wholly past the end (4144 - 4096 < 56), so the loop over the cut tile's vectors splits too
+    (`edge_vectors`): of 4096 columns, 4088 in whole tiles and the cut tile's one whole vector of
+    8 run in vectors, over the 4144 columns of whole unit tiles that the compute term counts
+    (`edge_slowdown`); the cut tile's other 48 lanes run scalar on the one core that holds it,
+    for each of the 1024 K-steps, EDGE_LANE_CYCLES each (`edge_seconds`)."""
     program = _one_row(dev=dev)
     plan = cpu_plan(program, dev)
     assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
-    assert plan.split_edges and not plan.guarded_row
-    assert "edge tiles split off" in describe(plan, program)
-    assert plan.to_dict(program.expr)["split_edges"] is True
-    lanes = dev.register_bytes // 4
-    assert edge_slowdown(program, dev) == pytest.approx((4088 + 8 * lanes) / 4144)
+    assert plan.split_edges and plan.edge_vectors and not plan.guarded_row
+    assert "edge tiles split off, their whole vectors vectorised" in describe(plan, program)
+    assert plan.to_dict(program.expr)["split_edges"] is True and plan.to_dict(program.expr)["edge_vectors"] is True
+    assert edge_split(program, dev) == (4096, 48)
+    assert edge_slowdown(program, dev) == pytest.approx(4096 / 4144)
     assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
+    assert edge_seconds(program, dev) == pytest.approx(48 * 1024 * EDGE_LANE_CYCLES / (_clock_ghz(dev) * 1e9))
     # the compute of the same tiles over 4144 columns (no edge: the padded flops alike) times it
     whole = _one_row(n=4144, dev=dev)
-    assert not cpu_plan(whole, dev).split_edges
+    assert not cpu_plan(whole, dev).split_edges and edge_seconds(whole, dev) == 0
     assert estimate(program, dev).compute_seconds == pytest.approx(
         estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
+    # unit tiles of 336 columns pad 4096 to 4368, so a register tile lies wholly past the end:
+    # the loop over register tiles splits instead, and the cut tile runs all its 56 lanes scalar
+    wide = _one_row(tiles=((1, 56, 1), (1, 112, 64), (1, 336, 1024)), dev=dev)
+    assert cpu_plan(wide, dev).split_edges and not cpu_plan(wide, dev).edge_vectors
+    assert edge_split(wide, dev) == (4088, 56)
+    assert edge_seconds(wide, dev) == pytest.approx(56 * 1024 * EDGE_LANE_CYCLES / (_clock_ghz(dev) * 1e9))
+    # a register tile of one vector has no loop over vectors to split (and here no cut tile)
+    lanes = dev.register_bytes // 4
+    single = _one_row(tiles=((1, lanes, 1), (1, 112, 64), (1, 112, 1024)), dev=dev)
+    assert cpu_plan(single, dev).split_edges and not cpu_plan(single, dev).edge_vectors
+    assert edge_split(single, dev) == (4096, 0) and edge_seconds(single, dev) == 0
     # 4096 columns of 128: nothing ragged, nothing split
     assert not cpu_plan(_one_row(tiles=((1, 64, 1), (1, 128, 64), (1, 128, 1024)), dev=dev), dev).split_edges
 

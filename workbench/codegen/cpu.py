@@ -101,7 +101,8 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     # over 80- and 96-wide rows took 31 and 99 s to compile so; with the K-steps a loop, the 80-wide
     # one took 1.6 s and a 144-wide one 2.1 s
     chain = 1 if plan.split_edges else MAX_CHAIN
-    _micro_kernel(sch, order[-len(levels):], vector_loop, plan.lanes, _reduce_positions(expr, levels, order), chain)
+    _micro_kernel(sch, order[-len(levels):], vector_loop, plan.lanes, _reduce_positions(expr, levels, order), chain,
+                  plan.edge_vectors)
     if expr.reduce:
         # one register tile's accumulators go straight to the output when the whole reduction
         # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
@@ -127,7 +128,9 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         common.inline_epilogues(sch, epilogues)
     if plan.split_edges:
         others = [a for a in expr.spatial if a != vector_axis and ragged(expr, program, a)]
-        _split_edges(sch, [loop for a in (*others, vector_axis, *expr.reduce) for loop in levels[a][1:-1]])
+        # with `edge_vectors` the row splits inside its register tiles instead (`_micro_kernel`)
+        row = () if plan.edge_vectors else (vector_axis,)
+        _split_edges(sch, [loop for a in (*others, *row, *expr.reduce) for loop in levels[a][1:-1]])
     return sch
 
 
@@ -566,7 +569,7 @@ def _reduce_positions(expr: TensorExpr, levels: list, order: list) -> frozenset[
 
 
 def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions: frozenset[int] = frozenset(),
-                  max_chain: int = MAX_CHAIN) -> None:
+                  max_chain: int = MAX_CHAIN, edge_vectors: bool = False) -> None:
     """Vectorise `vector_loop` (if any) and unroll the other register-tile loops, innermost
     first, while the unrolled body stays within MAX_UNROLL iterations and the unrolled
     reduction loops (those at `reduce_positions` of `register`) within `max_chain`.
@@ -574,7 +577,10 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
     A vector loop longer than a register is split into an unrolled loop over vectors of
     `panels.vector_width` lanes around one vectorised vector, so that each vector's panel index is a
     plain ramp: vectorised whole, a row over a panel of strips reads its operand through
-    `j // r, j % r` per lane, which TVM lowers to gathers (evidence: docs/evidence.md#cpu-micro-kernel)."""
+    `j // r, j % r` per lane, which TVM lowers to gathers (evidence: docs/evidence.md#cpu-micro-kernel).
+    With `edge_vectors` (`CpuPlan.edge_vectors`) that loop over vectors stays a loop, marked for
+    loop partitioning where the row ends: the edge tile's whole vectors run vectorised, and
+    partitioning takes the constant extent an unrolled loop needs."""
     if vector_loop is not None:
         extent = int(sch.get(vector_loop).extent)
         width = vector_width(extent, lanes)
@@ -583,6 +589,9 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
             registers, vector_loop = sch.split(vector_loop, [extent // width, width])
             register = [*register[:at], registers, *register[at + 1:], vector_loop]
             reduce_positions = reduce_positions - {at}
+            if edge_vectors:
+                sch.annotate(registers, "pragma_loop_partition_hint", 1)
+                register = [loop for loop in register if loop is not registers]
         sch.vectorize(vector_loop)
     unrolled = chain = 1
     for k in reversed(range(len(register))):

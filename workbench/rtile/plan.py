@@ -17,7 +17,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
     filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_filters, pads_tails,
-    prepacked_inputs, ragged, simd_lanes, splits_edges, vector_loop_axis, whole_reduction,
+    prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges, vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -47,7 +47,9 @@ class CpuPlan:
     by lowering into whole register tiles, unguarded, and the one the axis's end cuts, scalar
     (`panels.splits_edges`: the BLIS main block and fringe; on the lanes path the ragged K,
     `panels.splits_reduction_edge`; on the filters path the ragged output rows and columns,
-    whose edge tiles keep their guard and their vectors of filters); `guarded_row` whether a ragged
+    whose edge tiles keep their guard and their vectors of filters); `edge_vectors` whether a
+    split row's edge tile runs its whole vectors vectorised and only the rest scalar
+    (`panels.splits_edge_vectors`), rather than every lane; `guarded_row` whether a ragged
     tail that neither pads nor splits leaves the row that would be vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
     whole reduction inside one L1 tile);
@@ -73,6 +75,7 @@ class CpuPlan:
     split_edges: bool = False
     padded_filters: bool = False
     prepacked: tuple[str, ...] = ()
+    edge_vectors: bool = False
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -96,6 +99,7 @@ class CpuPlan:
             "split_edges": self.split_edges,
             "padded_filters": self.padded_filters,
             "prepacked": list(self.prepacked),
+            "edge_vectors": self.edge_vectors,
         }
 
 
@@ -183,7 +187,8 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program) if staged else 0, home, split,
-                   prepacked=prepacked_inputs(expr, program, packed))
+                   prepacked=prepacked_inputs(expr, program, packed),
+                   edge_vectors=split and splits_edge_vectors(expr, program, device))
 
 
 @lru_cache(maxsize=65536)
@@ -283,7 +288,8 @@ def describe(plan: Plan, program: RProgram) -> str:
     if plan.padded_tails:
         parts.append("tails padded")
     elif plan.split_edges:
-        parts.append("edge tiles split off" + (", guarded" if plan.path == FILTERS else ", scalar"))
+        parts.append("edge tiles split off" + (", guarded" if plan.path == FILTERS else
+                                               ", their whole vectors vectorised" if plan.edge_vectors else ", scalar"))
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.accumulators:

@@ -14,10 +14,10 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    compute_efficiency, compute_provenance, guard_slowdown, scalar_lanes, scalar_row,
+    compute_efficiency, compute_provenance, edge_split, guard_slowdown, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import packed_tile_bytes, row_vector, transposes
-from workbench.rtile.plan import PANELS, cpu_plan
+from workbench.rtile.plan import PANELS, ROW, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
@@ -28,7 +28,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     register tile reaches, slowed by its guards; per cache layer `cache_traffic` at the layer
     below's bandwidth (every layer: `hardware_caches`); the accumulators' trips and the output
     buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
-    copies and the epilogue's arithmetic (`epilogue_seconds`) added after the scale-out."""
+    copies, the epilogue's arithmetic (`epilogue_seconds`) and a split row's scalar edge
+    (`edge_seconds`) added after the scale-out."""
     expr = program.expr
     calc = calculus(expr)
     eff = compute_efficiency(program, device)
@@ -63,7 +64,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         moved[stage], loads[stage] = packed, packing
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
-        after=(packing, epilogue_seconds(program, device, busy)), **provenance(program, device, compute_provenance(program, device), bool(packed)),
+        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device)), **provenance(program, device, compute_provenance(program, device), bool(packed)),
     )
 
 
@@ -176,6 +177,42 @@ def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> floa
     slots = sum(p.ops * p.rows * (row_vector(p.extent, lanes, p.reduction).slots if p.contiguous else p.extent)
                 for p in expr.row_passes)
     return (expr.epilogue_ops - rows + slots * lanes) / (device.peak(expr.dtype) / 2 * GB * busy)
+
+
+# Cycles a core spends on one lane of a split row's edge tile that runs scalar (`edge_seconds`):
+# a guarded scalar FMA with its accumulator's load and store. Fitted to one-row matmuls on two
+# Zen 4 cores whose edge tiles ran 0.1-0.5 M lanes scalar: 1.5-3.2 cycles a lane (evidence:
+# docs/model-evidence.md#edge-lane-cycles).
+EDGE_LANE_CYCLES = 2.0
+
+
+def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What the tiles a ragged row's end cuts (`CpuPlan.split_edges` on the row path, a spatial
+    vector axis) cost the core that holds them beyond their vectors: the S lanes each runs
+    scalar (`cpu_compute.edge_split`), along each of the register tiles' rows and each reduction
+    step, at EDGE_LANE_CYCLES of the core's clock (`core_ghz`; a spec without FMA facts: the
+    clock its peak implies with one pipe). They sit in the last unit tile along the row, so the
+    cores share them only as they share the unit tiles of that column: a one-row matmul's edge
+    is all one core's, while the other cores stream their columns (1 x 2304 x 1309 in 1 x 224
+    tiles of 672 columns, 2304 x 224 lanes scalar: 343 us against 91 for 1344 columns). The
+    compute term keeps only the vectors (`cpu_compute.edge_slowdown`)."""
+    expr = program.expr
+    if not device.runs_on_cpu:
+        return 0.0
+    plan = cpu_plan(program, device)
+    if plan.path != ROW or not plan.split_edges or expr.axes[plan.vector_axis].kind != "spatial":
+        return 0.0
+    _, lanes = edge_split(program, device)
+    if not lanes:
+        return 0.0
+    reg, unit = program.register_tile, program.unit_tile
+    others = [a for a in expr.spatial if a != plan.vector_axis]
+    rows = prod(-(-expr.axes[a].extent // reg[a]) * reg[a] for a in others)
+    steps = prod(expr.axes[a].extent for a in expr.reduce)
+    column = prod(-(-expr.axes[a].extent // unit[a]) for a in others)  # the unit tiles an edge cuts
+    share = -(-column // device.compute_units) / column
+    ghz = core_ghz(device) or device.peak(expr.dtype) / (device.compute_units * plan.lanes * 2)
+    return lanes * rows * steps * share * EDGE_LANE_CYCLES / (ghz * GB)
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:

@@ -11,6 +11,7 @@ from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis
 from workbench.rtile.model.common import peak_gflops
+from workbench.rtile.panels import vector_width
 from workbench.rtile.plan import FILTERS, SCALAR, cpu_plan
 from workbench.rtile.registers import accumulators, lane_vectors
 from workbench.rtile.rprogram import RProgram
@@ -254,21 +255,50 @@ def guarded_edges(program: RProgram, axes) -> float:
 
 
 def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
-    """How much slower than the padded, unguarded micro-kernel a CPU program runs whose plan
-    splits the edge of its vectorised axis off (`CpuPlan.split_edges`: a ragged row, or a
-    ragged K vectorised in lanes): of the axis's E elements, the I = E // r * r in whole
-    register tiles of r run the vector micro-kernel, and the E - I the axis's end cuts run
-    scalar, one lane of `scalar_lanes` L; the compute term prices the P = ceil(E / U) * U
-    elements of whole unit tiles of U, so the factor is (I + (E - I) * L) / P (1x1024x4096 on
-    1x56 registers, 112-column unit tiles, AVX2: (4088 + 8 * 8) / 4144; a softmax row maximum
-    over 1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024). A row's
-    other ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by their
-    `guarded_edges`."""
+    """How much of the padded, unguarded micro-kernel's time a CPU program spends in vectors
+    whose plan splits the edge of its vectorised axis off (`CpuPlan.split_edges`).
+
+    A ragged row: of the axis's E elements the `edge_split` V run the vector micro-kernel, and
+    the compute term prices the P = ceil(E / U) * U elements of whole unit tiles of U, so the
+    factor is V / P (1x1024x4096 on 1x56 registers, 112-column unit tiles: 4088 / 4144); the
+    lanes the edge tile runs scalar cost the core that holds it `model.cpu.edge_seconds`. A
+    row's other ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by
+    their `guarded_edges`.
+
+    A ragged K vectorised in lanes (its rows are not split): the E - I elements past the
+    I = E // r * r in whole register tiles of r run scalar, one lane of `scalar_lanes` L, so
+    the factor is (I + (E - I) * L) / P (a softmax row maximum over 1000 in 16-lane register
+    tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024)."""
     expr = program.expr
     v = cpu_plan(program, device).vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
-    whole = extent // reg * reg
-    row = (whole + (extent - whole) * scalar_lanes(program, device)) / (-(-extent // unit) * unit)
-    if expr.axes[v].kind != "spatial":  # a ragged K in lanes: its rows are not split
-        return row
-    return row * guarded_edges(program, [a for a in expr.spatial if a != v])
+    padded = -(-extent // unit) * unit
+    if expr.axes[v].kind != "spatial":
+        whole = extent // reg * reg
+        return (whole + (extent - whole) * scalar_lanes(program, device)) / padded
+    vectors, _ = edge_split(program, device)
+    return vectors / padded * guarded_edges(program, [a for a in expr.spatial if a != v])
+
+
+def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
+    """(V, S) of a CPU program that splits the edge of its spatial vector axis off
+    (`CpuPlan.split_edges`): V of the axis's E elements run in vectors, and the tile the end
+    cuts runs S of its lanes scalar, each under its guard, along every row of the tile and
+    every reduction step. The register tiles before the end run whole (V = E // r * r for
+    register tiles of r); lowering splits the loop over register tiles at the end, so the cut
+    tile runs every lane scalar (S = r), or, with `CpuPlan.edge_vectors`, the loop over its
+    vectors of w lanes (`panels.vector_width`), so its whole vectors run in vectors too and
+    only the rest of the tile scalar (V + c // w * w, S = r - c // w * w for c = E - V).
+    1 x 1309 in tiles of 112 (16 lanes): (1232, 112), with edge vectors (1296, 48)."""
+    expr = program.expr
+    plan = cpu_plan(program, device)
+    v = plan.vector_axis
+    extent, reg = expr.axes[v].extent, program.register_tile[v]
+    start = extent // reg * reg
+    cut = extent - start
+    if not cut:
+        return extent, 0
+    if not plan.edge_vectors:
+        return start, reg
+    whole = cut // vector_width(reg, plan.lanes) * vector_width(reg, plan.lanes)
+    return start + whole, reg - whole
