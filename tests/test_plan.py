@@ -15,8 +15,8 @@ from workbench.ops.tensor_expr import RowPass
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import is_stream_bound
 from workbench.rtile.model.cpu import (
-    EDGE_LANE_CYCLES, core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs, stream_seconds,
-    streamed_inputs,
+    EDGE_LANE_CYCLES, EDGE_SKIP_CYCLES, core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs,
+    stream_seconds, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import GUARDED_MICRO_KERNEL, edge_slowdown, edge_split, guard_slowdown
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
@@ -86,9 +86,10 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     gets no panels: its row has its edges split off instead, the rows' ragged end as well
     (`panels.splits_edges`), priced as closed forms: of N's 1001 columns 992 in whole 16-column
     register tiles run in vectors; of M's 1000 rows 996 in whole 6-row tiles run unguarded, 4
-    under the guard; over the 1008 of whole unit tiles each. The tile N's end cuts runs its 16
-    lanes scalar (a 6-row tile: its vectors stay unrolled) on the 1002 rows of register tiles
-    and 999 K-steps, EDGE_LANE_CYCLES each, on the cores that hold the 7 unit tiles of that
+    under the guard; over the 1008 of whole unit tiles each. The tile N's end cuts runs its 9
+    columns as scalar FMAs and tests the guard of the 7 lanes past the end (a 6-row tile: its
+    vectors stay unrolled), on the 1002 rows of register tiles and 999 K-steps, at
+    EDGE_LANE_CYCLES and EDGE_SKIP_CYCLES, on the cores that hold the 7 unit tiles of that
     column: ceil(7 / cores) of 7 on the busiest."""
     program = _ragged_k_matmul()
     plan = cpu_plan(program, dev)
@@ -107,7 +108,9 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     row, rows = 992 / 1008, (996 + 4 * GUARDED_MICRO_KERNEL) / 1008
     assert guard_slowdown(kept, dev) == pytest.approx(row * rows)
     share = ceil(7 / dev.compute_units) / 7
-    assert edge_seconds(kept, dev) == pytest.approx(16 * 1002 * 999 * share * EDGE_LANE_CYCLES / (_clock_ghz(dev) * 1e9))
+    assert edge_split(kept, dev) == (992, 9, 7)
+    cycles = 9 * EDGE_LANE_CYCLES + 7 * EDGE_SKIP_CYCLES
+    assert edge_seconds(kept, dev) == pytest.approx(cycles * 1002 * 999 * share / (_clock_ghz(dev) * 1e9))
     # an epilogue keeps the tails guarded, so a ragged K is not padded and gets no panels either
     fused = replace(k_only, expr=replace(k_only.expr, epilogues=("T_add",)))
     assert packed_inputs(fused.expr, fused, dev) == () and not cpu_plan(fused, dev).padded_tails
@@ -191,36 +194,58 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     wholly past the end (4144 - 4096 < 56), so the loop over the cut tile's vectors splits too
     (`edge_vectors`): of 4096 columns, 4088 in whole tiles and the cut tile's one whole vector of
     8 run in vectors, over the 4144 columns of whole unit tiles that the compute term counts
-    (`edge_slowdown`); the cut tile's other 48 lanes run scalar on the one core that holds it,
-    for each of the 1024 K-steps, EDGE_LANE_CYCLES each (`edge_seconds`)."""
+    (`edge_slowdown`); the cut tile's other 48 lanes lie past the end, and the one core that
+    holds it tests their guard for each of the 1024 K-steps, EDGE_SKIP_CYCLES each
+    (`edge_seconds`)."""
     program = _one_row(dev=dev)
     plan = cpu_plan(program, dev)
     assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
     assert plan.split_edges and plan.edge_vectors and not plan.guarded_row
     assert "edge tiles split off, their whole vectors vectorised" in describe(plan, program)
     assert plan.to_dict(program.expr)["split_edges"] is True and plan.to_dict(program.expr)["edge_vectors"] is True
-    assert edge_split(program, dev) == (4096, 48)
+    assert edge_split(program, dev) == (4096, 0, 48)
     assert edge_slowdown(program, dev) == pytest.approx(4096 / 4144)
     assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
-    assert edge_seconds(program, dev) == pytest.approx(48 * 1024 * EDGE_LANE_CYCLES / (_clock_ghz(dev) * 1e9))
+    assert edge_seconds(program, dev) == pytest.approx(48 * 1024 * EDGE_SKIP_CYCLES / (_clock_ghz(dev) * 1e9))
     # the compute of the same tiles over 4144 columns (no edge: the padded flops alike) times it
     whole = _one_row(n=4144, dev=dev)
     assert not cpu_plan(whole, dev).split_edges and edge_seconds(whole, dev) == 0
     assert estimate(program, dev).compute_seconds == pytest.approx(
         estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
     # unit tiles of 336 columns pad 4096 to 4368, so a register tile lies wholly past the end:
-    # the loop over register tiles splits instead, and the cut tile runs all its 56 lanes scalar
+    # the loops over tiles split instead, the outermost below the grid (over L1 tiles of 112):
+    # from the L1 tile the end cuts to the unit tile's end every lane runs scalar, 64 of them
+    # FMAs, 272 past the end
     wide = _one_row(tiles=((1, 56, 1), (1, 112, 64), (1, 336, 1024)), dev=dev)
     assert cpu_plan(wide, dev).split_edges and not cpu_plan(wide, dev).edge_vectors
-    assert edge_split(wide, dev) == (4088, 56)
-    assert edge_seconds(wide, dev) == pytest.approx(56 * 1024 * EDGE_LANE_CYCLES / (_clock_ghz(dev) * 1e9))
-    # a register tile of one vector has no loop over vectors to split (and here no cut tile)
+    assert edge_split(wide, dev) == (4032, 64, 272)
+    cycles = 64 * EDGE_LANE_CYCLES + 272 * EDGE_SKIP_CYCLES
+    assert edge_seconds(wide, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
+    assert estimate(wide, dev).predicted_seconds > estimate(program, dev).predicted_seconds
+    # a register tile of one vector has no loop over vectors to split (nor here a cut tile: only
+    # the 48 lanes past the end)
     lanes = dev.register_bytes // 4
     single = _one_row(tiles=((1, lanes, 1), (1, 112, 64), (1, 112, 1024)), dev=dev)
     assert cpu_plan(single, dev).split_edges and not cpu_plan(single, dev).edge_vectors
-    assert edge_split(single, dev) == (4096, 0) and edge_seconds(single, dev) == 0
+    assert edge_split(single, dev) == (4096, 0, 48)
     # 4096 columns of 128: nothing ragged, nothing split
     assert not cpu_plan(_one_row(tiles=((1, 64, 1), (1, 128, 64), (1, 128, 1024)), dev=dev), dev).split_edges
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_split_row_runs_scalar_from_the_outermost_tile_its_end_cuts(dev):
+    """relu over (2, 5, 67) fused into a row of 670, in register tiles of 16, L1 tiles of 64 and
+    unit tiles of 256: lowering splits the loop over L1 tiles (the outermost below the grid)
+    where the row ends, so the 640 columns of whole L1 tiles run in vectors and the cut L1
+    tile's 30 columns and the 98 lanes past the end up to 768 run scalar (`edge_split`), not
+    only the cut register tile's; no reduction, so no `edge_vectors`."""
+    e = fuse_axes(expr("relu", shape=(2, 5, 67)))
+    program = _program(e, [(16,), (64,), (256,)], dev)
+    plan = cpu_plan(program, dev)
+    assert plan.split_edges and not plan.edge_vectors
+    assert edge_split(program, dev) == (640, 30, 98)
+    cycles = 30 * EDGE_LANE_CYCLES + 98 * EDGE_SKIP_CYCLES
+    assert edge_seconds(program, dev) == pytest.approx(cycles / (_clock_ghz(dev) * 1e9))
 
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)

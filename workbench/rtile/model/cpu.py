@@ -179,22 +179,25 @@ def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> floa
     return (expr.epilogue_ops - rows + slots * lanes) / (device.peak(expr.dtype) / 2 * GB * busy)
 
 
-# Cycles a core spends on one lane of a split row's edge tile that runs scalar (`edge_seconds`):
-# a guarded scalar FMA with its accumulator's load and store. Fitted to one-row matmuls on two
-# Zen 4 cores whose edge tiles ran 0.1-0.5 M lanes scalar: 1.5-3.2 cycles a lane (evidence:
-# docs/model-evidence.md#edge-lane-cycles).
+# Cycles a core spends on one lane of a split row's edge that runs scalar (`edge_seconds`): a
+# guarded scalar FMA with its accumulator's load and store, 1.6-2.1 cycles fitted; and on one
+# lane past the row's end, where only the guard is tested, 1.2-1.3 (one-row matmuls on two
+# Zen 4 cores; evidence: docs/model-evidence.md#edge-lane-cycles).
 EDGE_LANE_CYCLES = 2.0
+EDGE_SKIP_CYCLES = 1.2
 
 
 def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
-    """What the tiles a ragged row's end cuts (`CpuPlan.split_edges` on the row path, a spatial
-    vector axis) cost the core that holds them beyond their vectors: the S lanes each runs
-    scalar (`cpu_compute.edge_split`), along each of the register tiles' rows and each reduction
-    step, at EDGE_LANE_CYCLES of the core's clock (`core_ghz`; a spec without FMA facts: the
-    clock its peak implies with one pipe). They sit in the last unit tile along the row, so the
-    cores share them only as they share the unit tiles of that column: a one-row matmul's edge
-    is all one core's, while the other cores stream their columns (1 x 2304 x 1309 in 1 x 224
-    tiles of 672 columns, 2304 x 224 lanes scalar: 343 us against 91 for 1344 columns). The
+    """What a ragged row's edge (`CpuPlan.split_edges` on the row path, a spatial vector axis)
+    costs the core that holds it beyond its vectors: the S lanes it runs as guarded scalar FMAs
+    and the X past the row's end whose guard it tests (`cpu_compute.edge_split`), along each of
+    the register tiles' rows and each reduction step, at EDGE_LANE_CYCLES and EDGE_SKIP_CYCLES
+    of the core's clock (`core_ghz`; a spec without FMA facts: the clock its peak implies with
+    one pipe). The edge lies in the last unit tile along the row, so the cores share it only as
+    they share the unit tiles of that column: a one-row matmul's edge is all one core's, while
+    the other cores stream their columns (1 x 2304 x 1309 in 1 x 224 tiles of 672 columns, all
+    224 lanes of the cut tile scalar: 343 us against 91 for 1344 columns; 1 x 3001 x 777 in 80
+    columns of 720, 663 of the edge's 720 lanes past the end: 721 us against 117 in 400). The
     compute term keeps only the vectors (`cpu_compute.edge_slowdown`)."""
     expr = program.expr
     if not device.runs_on_cpu:
@@ -202,17 +205,16 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     plan = cpu_plan(program, device)
     if plan.path != ROW or not plan.split_edges or expr.axes[plan.vector_axis].kind != "spatial":
         return 0.0
-    _, lanes = edge_split(program, device)
-    if not lanes:
-        return 0.0
+    _, scalar, past = edge_split(program, device)
     reg, unit = program.register_tile, program.unit_tile
     others = [a for a in expr.spatial if a != plan.vector_axis]
     rows = prod(-(-expr.axes[a].extent // reg[a]) * reg[a] for a in others)
     steps = prod(expr.axes[a].extent for a in expr.reduce)
-    column = prod(-(-expr.axes[a].extent // unit[a]) for a in others)  # the unit tiles an edge cuts
+    column = prod(-(-expr.axes[a].extent // unit[a]) for a in others)  # the unit tiles holding the edge
     share = -(-column // device.compute_units) / column
     ghz = core_ghz(device) or device.peak(expr.dtype) / (device.compute_units * plan.lanes * 2)
-    return lanes * rows * steps * share * EDGE_LANE_CYCLES / (ghz * GB)
+    cycles = scalar * EDGE_LANE_CYCLES + past * EDGE_SKIP_CYCLES
+    return cycles * rows * steps * share / (ghz * GB)
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:

@@ -261,7 +261,7 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     A ragged row: of the axis's E elements the `edge_split` V run the vector micro-kernel, and
     the compute term prices the P = ceil(E / U) * U elements of whole unit tiles of U, so the
     factor is V / P (1x1024x4096 on 1x56 registers, 112-column unit tiles: 4088 / 4144); the
-    lanes the edge tile runs scalar cost the core that holds it `model.cpu.edge_seconds`. A
+    lanes the edge runs scalar cost the core that holds them `model.cpu.edge_seconds`. A
     row's other ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by
     their `guarded_edges`.
 
@@ -276,29 +276,37 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if expr.axes[v].kind != "spatial":
         whole = extent // reg * reg
         return (whole + (extent - whole) * scalar_lanes(program, device)) / padded
-    vectors, _ = edge_split(program, device)
+    vectors, _, _ = edge_split(program, device)
     return vectors / padded * guarded_edges(program, [a for a in expr.spatial if a != v])
 
 
-def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int]:
-    """(V, S) of a CPU program that splits the edge of its spatial vector axis off
-    (`CpuPlan.split_edges`): V of the axis's E elements run in vectors, and the tile the end
-    cuts runs S of its lanes scalar, each under its guard, along every row of the tile and
-    every reduction step. The register tiles before the end run whole (V = E // r * r for
-    register tiles of r); lowering splits the loop over register tiles at the end, so the cut
-    tile runs every lane scalar (S = r), or, with `CpuPlan.edge_vectors`, the loop over its
-    vectors of w lanes (`panels.vector_width`), so its whole vectors run in vectors too and
-    only the rest of the tile scalar (V + c // w * w, S = r - c // w * w for c = E - V).
-    1 x 1309 in tiles of 112 (16 lanes): (1232, 112), with edge vectors (1296, 48)."""
+def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int, int]:
+    """(V, S, X) of a CPU program that splits the edge of its spatial vector axis off
+    (`CpuPlan.split_edges`): of the axis's E elements V run in vectors and S scalar, each a
+    guarded FMA, and X = P - E lanes past the end, up to the P = ceil(E / U) * U of whole unit
+    tiles of U, only test their guard; S and X along every row of the register tiles and every
+    reduction step.
+
+    Lowering splits the outermost loop below the grid that the template marks
+    (`codegen.cpu._split_edges`: over tiles of T, the largest tile below the unit tile that it
+    holds more than once) where the row ends, not the loops inside it: the tiles of T before
+    the one the end cuts run whole (V = E // T * T), and every lane from there to the unit
+    tile's end runs scalar. With `CpuPlan.edge_vectors` it splits the loop over each register
+    tile's vectors of w lanes (`panels.vector_width`) instead, so the cut register tile's whole
+    vectors run in vectors too (V = E // r * r + c // w * w for c = E - E // r * r; the plan
+    takes it only where the cut tile ends the unit tile). 1 x 1309 in tiles of 112 (L1 tiles
+    alike) and unit tiles of 672 (16 lanes): (1232, 77, 35), with edge vectors (1296, 13, 35);
+    relu over 670 in register tiles of 16, L1 tiles of 64, unit tiles of 256: (640, 30, 98)."""
     expr = program.expr
     plan = cpu_plan(program, device)
     v = plan.vector_axis
-    extent, reg = expr.axes[v].extent, program.register_tile[v]
-    start = extent // reg * reg
-    cut = extent - start
-    if not cut:
-        return extent, 0
-    if not plan.edge_vectors:
-        return start, reg
-    whole = cut // vector_width(reg, plan.lanes) * vector_width(reg, plan.lanes)
-    return start + whole, reg - whole
+    extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
+    if plan.edge_vectors:
+        vectors = extent // reg * reg
+        width = vector_width(reg, plan.lanes)
+        vectors += (extent - vectors) // width * width
+    else:
+        sizes = [tile[v] for tile in program.tiles]
+        cut = next(sizes[l] for l in reversed(range(len(sizes) - 1)) if sizes[l + 1] > sizes[l])
+        vectors = extent // cut * cut
+    return vectors, extent - vectors, -(-extent // unit) * unit - extent
