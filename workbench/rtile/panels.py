@@ -275,9 +275,10 @@ def vector_loop_axis(
 def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
     """Whether the template vectorises a row whose unit tile leaves a tail that nothing pads
     (no panels: a one-row tile reuses no B, so a copy would only double its traffic) by
-    splitting its loops at the axis's end (`codegen/cpu._split_edges`): the register tiles
-    inside the extent run the unguarded vector micro-kernel and the one the end cuts runs its
-    guard, scalar (the BLIS main block and fringe). A row fused from several axes (a model's
+    splitting its loops at the axis's end (`codegen/cpu._split_edges`): the tiles inside the
+    extent run the unguarded vector micro-kernel and the rest of the unit tile from the one the
+    end cuts runs its guard, scalar (the BLIS main block and fringe; `splits_edge_vectors` keeps
+    the cut tile's whole vectors in vectors). A row fused from several axes (a model's
     elementwise operator or concatenation over its flattened dimensions, `ops.fusion`) splits
     alike: its divided indices flatten back to the row's own. Other ragged spatial axes split
     at their ends as well, their edge tiles keeping the guard, the same for every lane (3 filters

@@ -14,7 +14,7 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    compute_efficiency, compute_provenance, edge_split, guard_slowdown, scalar_lanes, scalar_row,
+    compute_efficiency, compute_provenance, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import packed_tile_bytes, row_vector, transposes
 from workbench.rtile.plan import PANELS, ROW, cpu_plan
@@ -64,7 +64,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         moved[stage], loads[stage] = packed, packing
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
-        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device)), **provenance(program, device, compute_provenance(program, device), bool(packed)),
+        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device)),
+        **provenance(program, device, compute_provenance(program, device), bool(packed)),
     )
 
 
@@ -188,8 +189,9 @@ EDGE_SKIP_CYCLES = 1.2
 
 
 def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
-    """What a ragged row's edge (`CpuPlan.split_edges` on the row path, a spatial vector axis)
-    costs the core that holds it beyond its vectors: the S lanes it runs as guarded scalar FMAs
+    """What a ragged row's edge (`CpuPlan.split_edges` on the row path, priced lane by lane:
+    `cpu_compute.lane_priced_edge`, a one-row reduction) costs the core that holds it beyond
+    its vectors: the S lanes it runs as guarded scalar FMAs
     and the X past the row's end whose guard it tests (`cpu_compute.edge_split`), along each of
     the register tiles' rows and each reduction step, at EDGE_LANE_CYCLES and EDGE_SKIP_CYCLES
     of the core's clock (`core_ghz`; a spec without FMA facts: the clock its peak implies with
@@ -203,7 +205,7 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     if not device.runs_on_cpu:
         return 0.0
     plan = cpu_plan(program, device)
-    if plan.path != ROW or not plan.split_edges or expr.axes[plan.vector_axis].kind != "spatial":
+    if plan.path != ROW or not lane_priced_edge(program, device):
         return 0.0
     _, scalar, past = edge_split(program, device)
     reg, unit = program.register_tile, program.unit_tile

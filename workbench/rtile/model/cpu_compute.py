@@ -255,29 +255,48 @@ def guarded_edges(program: RProgram, axes) -> float:
 
 
 def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
-    """How much of the padded, unguarded micro-kernel's time a CPU program spends in vectors
-    whose plan splits the edge of its vectorised axis off (`CpuPlan.split_edges`).
+    """How much of the padded, unguarded micro-kernel's time a CPU program spends on its vectors
+    and, where the edge is not priced lane by lane, its edge, whose plan splits the edge of its
+    vectorised axis off (`CpuPlan.split_edges`); the compute term prices the P = ceil(E / U) * U
+    elements of the axis's whole unit tiles of U.
 
-    A ragged row: of the axis's E elements the `edge_split` V run the vector micro-kernel, and
-    the compute term prices the P = ceil(E / U) * U elements of whole unit tiles of U, so the
-    factor is V / P (1x1024x4096 on 1x56 registers, 112-column unit tiles: 4088 / 4144); the
-    lanes the edge runs scalar cost the core that holds them `model.cpu.edge_seconds`. A
-    row's other ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by
-    their `guarded_edges`.
-
-    A ragged K vectorised in lanes (its rows are not split): the E - I elements past the
-    I = E // r * r in whole register tiles of r run scalar, one lane of `scalar_lanes` L, so
-    the factor is (I + (E - I) * L) / P (a softmax row maximum over 1000 in 16-lane register
-    tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024)."""
+    A one-row reduction (`lane_priced_edge`): the `edge_split` V of the axis's E elements run the
+    vector micro-kernel, the factor is V / P (1x1024x4096 on 1x56 registers, 112-column unit
+    tiles: 4096 / 4144), and the edge's lanes cost the core that holds them
+    `model.cpu.edge_seconds`. Any other row, and a ragged K vectorised in lanes (whose rows are
+    not split): the I = E // r * r elements in whole register tiles of r run in vectors and the
+    E - I the end cuts scalar, one lane of `scalar_lanes` L each, so the factor is
+    (I + (E - I) * L) / P (a softmax row maximum over 1000 in 16-lane register tiles and
+    1024-wide unit tiles: (992 + 8 * 8) / 1024). A row's other ragged spatial axes, split off as
+    well (`panels.splits_edges`), multiply it by their `guarded_edges`."""
     expr = program.expr
     v = cpu_plan(program, device).vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
     padded = -(-extent // unit) * unit
-    if expr.axes[v].kind != "spatial":
+    if lane_priced_edge(program, device):
+        row = edge_split(program, device)[0] / padded
+    else:
         whole = extent // reg * reg
-        return (whole + (extent - whole) * scalar_lanes(program, device)) / padded
-    vectors, _, _ = edge_split(program, device)
-    return vectors / padded * guarded_edges(program, [a for a in expr.spatial if a != v])
+        row = (whole + (extent - whole) * scalar_lanes(program, device)) / padded
+    if expr.axes[v].kind != "spatial":  # a ragged K in lanes: its rows are not split
+        return row
+    return row * guarded_edges(program, [a for a in expr.spatial if a != v])
+
+
+def lane_priced_edge(program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the model prices a split row's edge lane by lane on the core that holds it
+    (`model.cpu.edge_seconds`): a reduction whose register tiles are one row along a spatial
+    vector axis (a one-row matmul's), where it was measured: each lane of the edge a guarded
+    scalar FMA that loads and stores its accumulator at every reduction step (the template keeps
+    a split row's reduction steps a loop). A convolution's rows of several filters and output
+    rows keep the vector micro-kernel's price per lane (5 channels, 3 3x3 filters over 73 x 73
+    in 3 x 3 x 16 register tiles: 19.9 us predicted so, 19.3 measured; lane by lane 44), and so
+    does an elementwise row."""
+    expr = program.expr
+    plan = cpu_plan(program, device)
+    v = plan.vector_axis
+    return (plan.split_edges and v is not None and expr.axes[v].kind == "spatial" and bool(expr.reduce)
+            and all(program.register_tile[a] == 1 for a in expr.spatial if a != v))
 
 
 def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int, int]:
