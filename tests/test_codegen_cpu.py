@@ -109,11 +109,11 @@ def test_expression_kernels_match_numpy(text, extents):
     _assert_correct(build_expr(text, extents))
 
 
-def _program(e, chains: dict) -> RProgram:
+def _program(e, chains: dict, cached: tuple[bool, ...] = (True,) * 3) -> RProgram:
     """A (registers, L1, L2) program with the given tile chain per axis (top first)."""
     tiles = tuple(tuple(chains[a.name][layer] for a in e.axes) for layer in range(3))
     zeros = tuple(0 for _ in e.tensors)
-    return RProgram(tuple(a.name for a in e.axes), ("registers", "L1", "L2"), tiles, (zeros,) * 3, (True,) * 3, 1, 0.0, e)
+    return RProgram(tuple(a.name for a in e.axes), ("registers", "L1", "L2"), tiles, (zeros,) * 3, cached, 1, 0.0, e)
 
 
 _CHAIN = st.tuples(st.integers(1, 6), st.integers(1, 3), st.integers(1, 4)).map(
@@ -253,8 +253,8 @@ def _line(script: str, text: str) -> str:
     return next(line for line in script.splitlines() if text in line)
 
 
-def _local_kernel(e, chains: dict):
-    kernel = build_kernel(e, _program(e, chains), device(CPU))
+def _local_kernel(e, chains: dict, cached: tuple[bool, ...] = (True,) * 3):
+    kernel = build_kernel(e, _program(e, chains, cached), device(CPU))
     assert kernel.ok, kernel.error
     check = verify(kernel, e)
     assert check.correct, check.error
@@ -324,6 +324,8 @@ SPLIT_EDGES = {
     "rows-in-flight": (expr("matmul", M=1, N=100, K=24), dict(i=(1, 1, 1), j=(16, 32, 64), k=(6, 6, 6))),
     # 16 rows over a K of 37 (`stream_rows`): K's end cuts the third step, guarded per step
     "rows-in-flight-ragged-k": (expr("matmul", M=1, N=100, K=37), dict(i=(1, 1, 1), j=(16, 32, 64), k=(16, 16, 16))),
+    # register K-steps of 2 over a K of 37: K's end cuts a register tile, guarded per step
+    "cut-register-k": (expr("matmul", M=1, N=100, K=37), dict(i=(1, 1, 1), j=(16, 32, 64), k=(2, 16, 32))),
 }
 
 
@@ -347,6 +349,22 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
         # the K-steps stay a loop: unrolled, each copied the edge tile's scalarised body
         # (one-row matmuls of 7 rows over 80-wide rows compiled 31 s so)
         assert not re.search(r"for k_\d+ in T\.unroll", script)
+
+
+def test_a_few_row_matmul_over_a_ragged_k_with_no_panels_splits_its_edges_and_runs_vectors():
+    """Four rows over a K of 37 in register K-steps of 2 and N = 100, the cache tiles left
+    unstaged (Roller staged nothing: no panels), as few-row matmuls over a long ragged K are
+    constructed (4 x 4537 x 109): K's end cuts a register tile. Its guard is the same for every
+    lane, so the plan splits the edges off (`panels.splits_edges`) and the row runs in vector
+    FMAs under it, where it ran scalar behind the guard; the kernel matches numpy."""
+    e, chains = expr("matmul", M=4, N=100, K=37), dict(i=(4, 4, 4), j=(16, 32, 64), k=(2, 16, 32))
+    cached = (True, False, False)
+    plan = cpu_plan(_program(e, chains, cached), device(CPU))
+    assert plan.split_edges and plan.path == ROW and plan.packed == () and not plan.guarded_row
+    kernel = _local_kernel(e, chains, cached)
+    assert HINT in kernel.tvmscript
+    lanes = simd_lanes(device(CPU), 4)
+    assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
 
 
 EDGE_VECTORS = {

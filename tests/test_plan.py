@@ -306,16 +306,18 @@ def test_panels_copied_from_dram_pay_the_bottom_layers_latency_per_run(dev):
 
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
-def test_a_split_edge_needs_a_loop_below_the_grid_and_no_cut_register_tile_elsewhere(dev):
-    """A ragged K splits too where its register tile is 1 (its loops end where K does, no
-    register tile cut): the model's edge stays the row's. A ragged K over register tiles of 2
-    (the cut one would run guarded inside every row tile) or a unit tile of one register tile
-    (no loop to split below the parallel grid) keeps the guarded scalar row."""
+def test_a_split_edge_needs_a_loop_below_the_grid_whatever_cuts_the_reduction(dev):
+    """A ragged K splits too, at its end: where its register tile is 1 (its loops end where K
+    does) and where K's end cuts a register tile of 2 (the cut tile's guard is the same for
+    every lane, so its vector row runs under it; it ran scalar behind the guard before). A unit
+    tile of one register tile (no loop to split below the parallel grid) keeps the guarded
+    scalar row."""
     ragged_k = _one_row(k=1000)
     assert cpu_plan(ragged_k, dev).split_edges
     assert edge_slowdown(ragged_k, dev) == edge_slowdown(_one_row(dev=dev), dev)
     ragged_k2 = _one_row(k=1001, tiles=((1, 56, 2), (1, 112, 64), (1, 112, 1024)))
-    assert not cpu_plan(ragged_k2, dev).split_edges and cpu_plan(ragged_k2, dev).guarded_row
+    assert cpu_plan(ragged_k2, dev).split_edges and not cpu_plan(ragged_k2, dev).guarded_row
+    assert cpu_plan(ragged_k2, dev).path == ROW
     one_tile = _one_row(tiles=((1, 56, 1), (1, 56, 64), (1, 56, 1024)))
     assert not cpu_plan(one_tile, dev).split_edges and cpu_plan(one_tile, dev).guarded_row
     assert guard_slowdown(one_tile, dev) == GUARDED_MICRO_KERNEL
