@@ -12,14 +12,16 @@ from test_alignment import AVX2, AVX512
 from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import RowPass
+from workbench.hardware.spec import MicroKernel
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import is_stream_bound
 from workbench.rtile.model.cpu import (
-    EDGE_LANE_CYCLES, EDGE_SKIP_CYCLES, core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs,
+    EDGE_SKIP_CYCLES, core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs,
     stream_seconds, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
-    GUARDED_MICRO_KERNEL, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge,
+    GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_slowdown, edge_split, guard_slowdown,
+    lane_priced_edge,
 )
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -216,7 +218,7 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     wide = _one_row(tiles=((1, 56, 1), (1, 112, 64), (1, 336, 1024)), dev=dev)
     assert cpu_plan(wide, dev).split_edges and not cpu_plan(wide, dev).edge_vectors
     assert edge_split(wide, dev) == (4032, 64, 272)
-    cycles = 64 * EDGE_LANE_CYCLES + 272 * EDGE_SKIP_CYCLES
+    cycles = 64 * GUARDED_LANE_CYCLES + 272 * EDGE_SKIP_CYCLES
     assert edge_seconds(wide, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
     assert estimate(wide, dev).predicted_seconds > estimate(program, dev).predicted_seconds
     # a register tile of one vector has no loop over vectors to split (nor here a cut tile: only
@@ -321,6 +323,22 @@ def test_a_split_edge_needs_a_loop_below_the_grid_whatever_cuts_the_reduction(de
     one_tile = _one_row(tiles=((1, 56, 1), (1, 56, 64), (1, 56, 1024)))
     assert not cpu_plan(one_tile, dev).split_edges and cpu_plan(one_tile, dev).guarded_row
     assert guard_slowdown(one_tile, dev) == GUARDED_MICRO_KERNEL
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_reduction_left_scalar_by_its_guard_runs_one_guarded_fma_at_a_time(dev):
+    """3 x 3664 x 355 in 3 x 16 register tiles and unit tiles of one register tile along N (no
+    loop to split below the grid): the guard leaves the row scalar (`guarded_row`), and its
+    compute runs one guarded scalar FMA per GUARDED_LANE_CYCLES, of the peak's FMA pipes x lanes
+    a cycle, whatever the tile's chains or a measured vector micro-kernel of its shape say."""
+    e = plain_matmul(3, 355, 3664)  # its cache tiles left unstaged, as Roller built them: no panels
+    program = make_program(calculus(e), dev, [(3, 16, 2), (3, 16, 16), (3, 16, 16)], [True, False, False], 0.0)
+    assert cpu_plan(program, dev).guarded_row
+    lanes = dev.register_bytes // 4
+    expected = 1 / (GUARDED_LANE_CYCLES * dev.fma_pipes * lanes)
+    assert compute_efficiency(program, dev) == pytest.approx(expected)
+    measured = replace(dev, micro_kernels=(MicroKernel("float32", 3, 16, 100.0),))
+    assert compute_efficiency(program, measured) == pytest.approx(expected)
 
 
 def test_a_plan_reads_in_words_and_as_json():

@@ -14,7 +14,8 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    compute_efficiency, compute_provenance, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
+    GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_split, guard_slowdown, lane_priced_edge,
+    scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import packed_tile_bytes, row_vector, transposes
 from workbench.rtile.plan import PANELS, ROW, cpu_plan
@@ -180,11 +181,9 @@ def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> floa
     return (expr.epilogue_ops - rows + slots * lanes) / (device.peak(expr.dtype) / 2 * GB * busy)
 
 
-# Cycles a core spends on one lane of a split row's edge that runs scalar (`edge_seconds`): a
-# guarded scalar FMA with its accumulator's load and store, 1.6-2.1 cycles fitted; and on one
-# lane past the row's end, where only the guard is tested, 1.2-1.3 (one-row matmuls on two
-# Zen 4 cores; evidence: docs/model-evidence.md#edge-lane-cycles).
-EDGE_LANE_CYCLES = 2.0
+# Cycles a core spends on one lane past a split row's end, where only the guard is tested
+# (`edge_seconds`; a lane that computes costs `cpu_compute.GUARDED_LANE_CYCLES`): 1.2-1.3 fitted
+# on one-row matmuls on two Zen 4 cores (evidence: docs/model-evidence.md#edge-lane-cycles).
 EDGE_SKIP_CYCLES = 1.2
 
 
@@ -193,7 +192,7 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     `cpu_compute.lane_priced_edge`, a one-row reduction) costs the core that holds it beyond
     its vectors: the S lanes it runs as guarded scalar FMAs
     and the X past the row's end whose guard it tests (`cpu_compute.edge_split`), along each of
-    the register tiles' rows and each reduction step, at EDGE_LANE_CYCLES and EDGE_SKIP_CYCLES
+    the register tiles' rows and each reduction step, at GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES
     of the core's clock (`core_ghz`; a spec without FMA facts: the clock its peak implies with
     one pipe). The edge lies in the last unit tile along the row, so the cores share it only as
     they share the unit tiles of that column: a one-row matmul's edge is all one core's, while
@@ -215,7 +214,7 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     column = prod(-(-expr.axes[a].extent // unit[a]) for a in others)  # the unit tiles holding the edge
     share = -(-column // device.compute_units) / column
     ghz = core_ghz(device) or device.peak(expr.dtype) / (device.compute_units * plan.lanes * 2)
-    cycles = scalar * EDGE_LANE_CYCLES + past * EDGE_SKIP_CYCLES
+    cycles = scalar * GUARDED_LANE_CYCLES + past * EDGE_SKIP_CYCLES
     return cycles * rows * steps * share / (ghz * GB)
 
 

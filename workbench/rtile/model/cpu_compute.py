@@ -22,7 +22,10 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
     micro-kernel over the peak where the spec has one (`measured_micro_kernel`; at most 1:
     calibration lets a measurement exceed the FMA peak by its noise slack), else
     `autovector_efficiency` for a row LLVM vectorises, else `simd_utilisation` (one lane where a
-    guarded tail leaves the row scalar, `scalar_row`) x `latency_coverage` x `load_coverage`."""
+    guarded tail leaves the row scalar, `scalar_row`) x `latency_coverage` x `load_coverage`.
+    A reduction whose row a guarded tail leaves scalar runs neither: `guarded_scalar_efficiency`."""
+    if scalar_row(program, device) and program.expr.reduce:
+        return guarded_scalar_efficiency(program, device)
     kernel = measured_micro_kernel(program, device)
     if kernel is not None:
         return min(1.0, kernel.gflops / peak_gflops(program.expr, device))
@@ -43,6 +46,23 @@ def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
     its compute fills one lane (`compute_efficiency`) and its reads from L1 into registers move
     one element a load (`transfer_seconds`)."""
     return device.runs_on_cpu and cpu_plan(program, device).guarded_row
+
+
+# Cycles a core spends on one guarded scalar FMA of a reduction's row that runs scalar, with its
+# accumulator's load and store (`guarded_scalar_efficiency`, `model.cpu.edge_seconds`): fitted
+# 1.6-2.1 on one-row matmuls' split edges on two Zen 4 cores (evidence:
+# docs/model-evidence.md#edge-lane-cycles).
+GUARDED_LANE_CYCLES = 2.0
+
+
+def guarded_scalar_efficiency(program: RProgram, device: DeviceSpec) -> float:
+    """Fraction of the FMA peak a reduction's register tile reaches whose row a guarded tail
+    leaves scalar (`scalar_row`): one guarded scalar FMA, with its accumulator's load and store,
+    per GUARDED_LANE_CYCLES, where the peak counts `fma_pipes` x `scalar_lanes` FMAs a cycle (a
+    spec without FMA facts: one pipe). Neither a measured vector micro-kernel nor the tile's
+    FMA chains apply: 3 x 3664 x 355 in 3 x 16 tiles of one register tile along N (no loop to
+    split) ran 0.27-2.9 ms on two Zen 4 cores where lanes x chains priced 0.31 and this 1.07."""
+    return 1.0 / (GUARDED_LANE_CYCLES * max(1, device.fma_pipes) * scalar_lanes(program, device))
 
 
 def scalar_lanes(program: RProgram, device: DeviceSpec) -> int:
