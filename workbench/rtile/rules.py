@@ -405,13 +405,11 @@ class TailRule(PerAxisRule):
     dividing tile and otherwise splits the edge off, its last register tile scalar
     (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
     A one-row matmul (`always_streamed`) pads nothing, having no panels: its one reduction's
-    tiles are `StreamRowsRule`'s (`stream_rows_axis`). Another operator that streams an input
-    splits the edge of a ragged K off its vector row only over a register K of 1
-    (`panels.splits_edges`): any other register K that does not divide K guards the whole row,
-    scalar (1 x 3001 x 777 ran 10x slower than numpy so), so there its register K divides K (1
-    always does); its cache tiles' K divides K where a multiple of the tile above other than
-    itself does, and otherwise need not (a prime K over K-steps of 1: the split runs them past
-    the last whole tile)."""
+    tiles are `StreamRowsRule`'s (`stream_rows_axis`). Another reduction with no panels splits
+    the edge of a ragged K off its vector row whatever register K it cuts (`panels.splits_edges`:
+    the guard K's end puts there is the same for every lane); its cache tiles' K divides K where
+    a multiple of the tile above other than itself does, and otherwise need not (a prime K over
+    K-steps of 1: the split runs them past the last whole tile)."""
 
     name = "cpu-tails"
 
