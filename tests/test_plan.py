@@ -90,9 +90,11 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     gets no panels: its row has its edges split off instead, the rows' ragged end as well
     (`panels.splits_edges`), priced as closed forms: of N's 1001 columns 992 in whole 16-column
     register tiles run in vectors; of M's 1000 rows 996 in whole 6-row tiles run unguarded, 4
-    under the guard, 9 scalar, one lane of the vector micro-kernel each; over the 1008 of whole
-    unit tiles each. A 6-row tile's edge is not priced lane by lane (`lane_priced_edge`: that
-    is a one-row reduction's)."""
+    under the guard; over the 1008 of whole unit tiles each. The tile N's end cuts runs its 9
+    columns as guarded scalar FMAs and tests the guard of the 7 lanes past the end (a 6-row
+    tile: its vectors stay unrolled, no `edge_vectors`), on the 1002 rows of register tiles and
+    999 K-steps, at GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES, on the cores that hold the 7 unit
+    tiles of that column: ceil(7 / cores) of 7 on the busiest."""
     program = _ragged_k_matmul()
     plan = cpu_plan(program, dev)
     assert plan.path == PANELS and plan.vector_axis == 1 and plan.padded_tails and not plan.guarded_row
@@ -106,10 +108,13 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     plan = cpu_plan(kept, dev)
     assert plan.packed == () and not plan.padded_tails and plan.path == ROW and plan.split_edges
     assert not plan.guarded_row and "edge tiles split off, scalar" in describe(plan, kept)
-    assert not plan.edge_vectors and not lane_priced_edge(kept, dev) and edge_seconds(kept, dev) == 0
-    lanes = dev.register_bytes // 4
-    row, rows = (992 + 9 * lanes) / 1008, (996 + 4 * GUARDED_MICRO_KERNEL) / 1008
+    assert not plan.edge_vectors and lane_priced_edge(kept, dev)
+    row, rows = 992 / 1008, (996 + 4 * GUARDED_MICRO_KERNEL) / 1008
     assert guard_slowdown(kept, dev) == pytest.approx(row * rows)
+    assert edge_split(kept, dev) == (992, 9, 7)
+    share = ceil(7 / dev.compute_units) / 7
+    cycles = 9 * GUARDED_LANE_CYCLES + 7 * EDGE_SKIP_CYCLES
+    assert edge_seconds(kept, dev) == pytest.approx(cycles * 1002 * 999 * share / (_clock_ghz(dev) * 1e9))
     # an epilogue keeps the tails guarded, so a ragged K is not padded and gets no panels either
     fused = replace(k_only, expr=replace(k_only.expr, epilogues=("T_add",)))
     assert packed_inputs(fused.expr, fused, dev) == () and not cpu_plan(fused, dev).padded_tails
@@ -127,7 +132,7 @@ def test_the_model_prices_the_padded_ragged_k_as_closed_forms(dev):
     per_copy = (144 * 336 + 336 * 144) * 4
     assert packed_bytes(program, dev) == ceil(49 / dev.compute_units) * 3 * per_copy
     # the split edges of a reduction that cannot pad cost more than the padding
-    assert estimate(_ragged_k_matmul(False), dev).compute_seconds > est.compute_seconds
+    assert estimate(_ragged_k_matmul(False), dev).predicted_seconds > est.predicted_seconds
 
 
 def test_a_gemv_sums_lanes_along_k_and_a_conv_vectorises_its_filters():
@@ -238,7 +243,7 @@ def test_a_split_row_runs_scalar_from_the_outermost_tile_its_end_cuts(dev):
     where the row ends, so the 640 columns of whole L1 tiles run in vectors and the cut L1
     tile's 30 columns and the 98 lanes past the end up to 768 run scalar (`edge_split`), not
     only the cut register tile's; no reduction, so no `edge_vectors`, and the edge keeps the
-    vector micro-kernel's price per lane (`lane_priced_edge`: measured on one-row reductions)."""
+    vector micro-kernel's price per lane (`lane_priced_edge`: measured on matmuls)."""
     e = fuse_axes(expr("relu", shape=(2, 5, 67)))
     program = _program(e, [(16,), (64,), (256,)], dev)
     plan = cpu_plan(program, dev)

@@ -189,8 +189,7 @@ EDGE_SKIP_CYCLES = 1.2
 
 def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     """What a ragged row's edge (`CpuPlan.split_edges` on the row path, priced lane by lane:
-    `cpu_compute.lane_priced_edge`, a one-row reduction) costs the core that holds it beyond
-    its vectors: the S lanes it runs as guarded scalar FMAs
+    `cpu_compute.lane_priced_edge`, a matmul's) costs the core that holds it beyond its vectors: the S lanes it runs as guarded scalar FMAs
     and the X past the row's end whose guard it tests (`cpu_compute.edge_split`), along each of
     the register tiles' rows and each reduction step, at GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES
     of the core's clock (`core_ghz`; a spec without FMA facts: the clock its peak implies with

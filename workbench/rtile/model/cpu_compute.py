@@ -9,7 +9,7 @@ from math import prod
 
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import autovector_axis, lane_axis
+from workbench.rtile.axes import autovector_axis, lane_axis, plain_projection
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import vector_width
 from workbench.rtile.plan import FILTERS, SCALAR, cpu_plan
@@ -280,7 +280,7 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     vectorised axis off (`CpuPlan.split_edges`); the compute term prices the P = ceil(E / U) * U
     elements of the axis's whole unit tiles of U.
 
-    A one-row reduction (`lane_priced_edge`): the `edge_split` V of the axis's E elements run the
+    A matmul's row (`lane_priced_edge`): the `edge_split` V of the axis's E elements run the
     vector micro-kernel, the factor is V / P (1x1024x4096 on 1x56 registers, 112-column unit
     tiles: 4096 / 4144), and the edge's lanes cost the core that holds them
     `model.cpu.edge_seconds`. Any other row, and a ragged K vectorised in lanes (whose rows are
@@ -305,18 +305,22 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
 
 def lane_priced_edge(program: RProgram, device: DeviceSpec) -> bool:
     """Whether the model prices a split row's edge lane by lane on the core that holds it
-    (`model.cpu.edge_seconds`): a reduction whose register tiles are one row along a spatial
-    vector axis (a one-row matmul's), where it was measured: each lane of the edge a guarded
-    scalar FMA that loads and stores its accumulator at every reduction step (the template keeps
-    a split row's reduction steps a loop). A convolution's rows of several filters and output
-    rows keep the vector micro-kernel's price per lane (5 channels, 3 3x3 filters over 73 x 73
-    in 3 x 3 x 16 register tiles: 19.9 us predicted so, 19.3 measured; lane by lane 44), and so
-    does an elementwise row."""
+    (`model.cpu.edge_seconds`): a reduction over plain projections (`axes.plain_projection`: a
+    matmul's, batched or not) along a spatial vector axis, where it was measured: each lane of
+    the edge a guarded scalar FMA per row of the register tile that loads and stores its
+    accumulator at every reduction step (the template keeps a split row's reduction steps a
+    loop). One-row matmuls fit it (1 x 2048 x 1001: Spearman 0.96 over the top 10), and so do
+    few rows: 4 x 4537 x 109 in 4 x 16 register tiles, 242 of its 282 us predicted the edge's,
+    measured 217-411 us (73 predicted without); 3 x 1 x 670 x 1384's three-batch register tiles
+    (3 x 112 columns) come after one-batch ones, as they measure (285-362 us against 195-222). A
+    convolution's row path keeps the vector micro-kernel's price per
+    lane (5 channels, 3 3x3 filters over 73 x 73 in 3 x 3 x 16 register tiles: 19.9 us predicted
+    so, 19.3 measured; lane by lane 44), and so does an elementwise row."""
     expr = program.expr
     plan = cpu_plan(program, device)
     v = plan.vector_axis
     return (plan.split_edges and v is not None and expr.axes[v].kind == "spatial" and bool(expr.reduce)
-            and all(program.register_tile[a] == 1 for a in expr.spatial if a != v))
+            and all(plain_projection(t) for t in expr.inputs))
 
 
 def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int, int]:
