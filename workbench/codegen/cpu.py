@@ -135,16 +135,16 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
 
 
 def _split_edges(sch, loops: list) -> None:
-    """Mark `loops`, loops over tiles between the grid and the register tile, for loop
-    partitioning, so that lowering splits them where the guarded axes end: the tiles inside the
-    extents run without the guard, and the tiles from the one an end cuts to the unit tile's end
-    keep it (their vectors scalarised). Of one axis's marked loops lowering splits the outermost
-    whose iterations the end divides, not the loops inside its cut part (a row's edge runs
-    scalar from the L1 tile its end cuts: `model.cpu_compute.edge_split`). For the loops of a ragged row's vector axis and reductions
-    (`CpuPlan.split_edges`), that is its micro-kernel (the write-back's loops are marked as
-    padded outputs' are, `_partition_edges`); for a padded output stored straight from the
-    registers (`CpuPlan.direct_stores`), its stores, which otherwise test every element of
-    every tile, scalar (704x44x515 ran 2x slower than 708x44x528)."""
+    """Mark `loops`, loops over tiles between the grid and the register tile, for loop partitioning,
+    so that lowering splits them where the guarded axes end: the tiles inside the extents run
+    without the guard, and the tiles from the one an end cuts to the unit tile's end keep it (their
+    vectors scalarised). Of one axis's marked loops lowering splits the outermost whose iterations
+    the end divides, not the loops inside its cut part (a row's edge runs scalar from the L1 tile
+    its end cuts: `model.cpu_compute.edge_split`). For the loops of a ragged row's vector axis and
+    reductions (`CpuPlan.split_edges`), that is its micro-kernel (the write-back's loops are marked
+    as padded outputs' are, `_partition_edges`); for a padded output stored straight from the
+    registers (`CpuPlan.direct_stores`), its stores, which otherwise test every element of every
+    tile, scalar (704x44x515 ran 2x slower than 708x44x528)."""
     from tvm.tirx import ForKind
 
     for loop in loops:

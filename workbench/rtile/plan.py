@@ -43,14 +43,15 @@ class CpuPlan:
     elements; `packed` the inputs copied into panels at the tile of layer `pack_layer`;
     `padded_tails` whether the axes are padded to whole unit tiles (`pad_einsum`: the spatial
     ones, and a ragged reduction of zero-padded terms), so the micro-kernel runs unguarded;
-    `split_edges` whether a ragged row that nothing pads is vectorised anyway, its loops split
-    by lowering into whole tiles, unguarded, and from the one the axis's end cuts to the unit
-    tile's end, scalar (`model.cpu_compute.edge_split`; `panels.splits_edges`: the BLIS main block and fringe; on the lanes path the ragged K,
-    `panels.splits_reduction_edge`; on the filters path the ragged output rows and columns,
-    whose edge tiles keep their guard and their vectors of filters); `edge_vectors` whether a
-    split row's edge tile runs its whole vectors vectorised and only the rest scalar
-    (`panels.splits_edge_vectors`), rather than every lane; `guarded_row` whether a ragged
-    tail that neither pads nor splits leaves the row that would be vectorised scalar;
+    `split_edges` whether a ragged row that nothing pads is vectorised anyway, its loops split by
+    lowering into whole tiles, unguarded, and from the one the axis's end cuts to the unit tile's
+    end, scalar (`model.cpu_compute.edge_split`; `panels.splits_edges`: the BLIS main block and
+    fringe; on the lanes path the ragged K, `panels.splits_reduction_edge`; on the filters path the
+    ragged output rows and columns, whose edge tiles keep their guard and their vectors of
+    filters); `edge_vectors` whether a split row's edge tile runs its whole vectors vectorised
+    and only the rest scalar (`panels.splits_edge_vectors`), rather than every lane;
+    `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
+    vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
     whole reduction inside one L1 tile);
     `staged_padding` whether padding producers stay stages of their own (computed per tile at

@@ -189,16 +189,16 @@ EDGE_SKIP_CYCLES = 1.2
 
 def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     """What a ragged row's edge (`CpuPlan.split_edges` on the row path, priced lane by lane:
-    `cpu_compute.lane_priced_edge`, a matmul's) costs the core that holds it beyond its vectors: the S lanes it runs as guarded scalar FMAs
-    and the X past the row's end whose guard it tests (`cpu_compute.edge_split`), along each of
-    the register tiles' rows and each reduction step, at GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES
-    of the core's clock (`core_ghz`; a spec without FMA facts: the clock its peak implies with
-    one pipe). The edge lies in the last unit tile along the row, so the cores share it only as
-    they share the unit tiles of that column: a one-row matmul's edge is all one core's, while
-    the other cores stream their columns (1 x 2304 x 1309 in 1 x 224 tiles of 672 columns, all
-    224 lanes of the cut tile scalar: 343 us against 91 for 1344 columns; 1 x 3001 x 777 in 80
-    columns of 720, 663 of the edge's 720 lanes past the end: 721 us against 117 in 400). The
-    compute term keeps only the vectors (`cpu_compute.edge_slowdown`)."""
+    `cpu_compute.lane_priced_edge`, a matmul's) costs the core that holds it beyond its vectors: the
+    S lanes it runs as guarded scalar FMAs and the X past the row's end whose guard it tests
+    (`cpu_compute.edge_split`), along each of the register tiles' rows and each reduction step, at
+    GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES of the core's clock (`core_ghz`; a spec without FMA
+    facts: the clock its peak implies with one pipe). The edge lies in the last unit tile along the
+    row, so the cores share it only as they share the unit tiles of that column: a one-row matmul's
+    edge is all one core's, while the other cores stream their columns (1 x 2304 x 1309 in 1 x 224
+    tiles of 672 columns, all 224 lanes of the cut tile scalar: 343 us against 91 for 1344 columns;
+    1 x 3001 x 777 in 80 columns of 720, 663 of the edge's 720 lanes past the end: 721 us against
+    117 in 400). The compute term keeps only the vectors (`cpu_compute.edge_slowdown`)."""
     expr = program.expr
     if not device.runs_on_cpu:
         return 0.0

@@ -61,7 +61,7 @@ def guarded_scalar_efficiency(program: RProgram, device: DeviceSpec) -> float:
     per GUARDED_LANE_CYCLES, where the peak counts `fma_pipes` x `scalar_lanes` FMAs a cycle (a
     spec without FMA facts: one pipe). Neither a measured vector micro-kernel nor the tile's
     FMA chains apply: 3 x 3664 x 355 in 3 x 16 tiles of one register tile along N (no loop to
-    split) ran 0.27-2.9 ms on two Zen 4 cores where lanes x chains priced 0.31 and this 1.07."""
+    split) ran 0.27-2.9 ms on two Zen 4 cores; priced by its lanes and chains 0.31 ms, so 1.68."""
     return 1.0 / (GUARDED_LANE_CYCLES * max(1, device.fma_pipes) * scalar_lanes(program, device))
 
 
@@ -313,9 +313,9 @@ def lane_priced_edge(program: RProgram, device: DeviceSpec) -> bool:
     few rows: 4 x 4537 x 109 in 4 x 16 register tiles, 242 of its 282 us predicted the edge's,
     measured 217-411 us (73 predicted without); 3 x 1 x 670 x 1384's three-batch register tiles
     (3 x 112 columns) come after one-batch ones, as they measure (285-362 us against 195-222). A
-    convolution's row path keeps the vector micro-kernel's price per
-    lane (5 channels, 3 3x3 filters over 73 x 73 in 3 x 3 x 16 register tiles: 19.9 us predicted
-    so, 19.3 measured; lane by lane 44), and so does an elementwise row."""
+    convolution's row path keeps the vector micro-kernel's price per lane (5 channels, 3 3x3
+    filters over 73 x 73 in 3 x 3 x 16 register tiles: 19.9 us predicted so, 19.3 measured; lane
+    by lane 44), and so does an elementwise row."""
     expr = program.expr
     plan = cpu_plan(program, device)
     v = plan.vector_axis
