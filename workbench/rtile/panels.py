@@ -296,9 +296,9 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
     return program.unit_tile[v] > program.register_tile[v]
 
 
-def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
-    """Whether a row whose edges split off (`splits_edges`) also runs the whole vectors of its
-    edge tile vectorised: the loop over the register tile's vectors stays a loop (not unrolled)
+def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec, v: int) -> bool:
+    """Whether a row along `v` whose edges split off (`splits_edges`, which the caller has
+    checked) also runs the whole vectors of its edge tile vectorised: the loop over the register tile's vectors stays a loop (not unrolled)
     and is split where the row ends, instead of the loop over register tiles, so that only the
     vectors from the one the end cuts to the tile's end run scalar. TVM's loop partitioning
     splits one of the two nested loops, not both. With the register tiles' loop split, the edge
@@ -311,8 +311,7 @@ def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     registers cost no time) where no register tile lies wholly past the row's end: TVM bounds the
     partitioned loop's scalar rest by the whole vectors' count without clamping it at zero, so
     such a tile's rest would run over the tiles before it and add their columns twice."""
-    v = vector_loop_axis(expr, program, device, False, True)
-    if v is None or not expr.reduce or not splits_edges(expr, program, device):
+    if not expr.reduce:
         return False
     reg = program.register_tile
     if any(reg[a] > 1 for a in expr.spatial if a != v):
