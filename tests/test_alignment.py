@@ -499,6 +499,23 @@ def test_a_convs_register_rows_and_columns_need_not_divide_its_prime_output_at_s
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_convs_cache_tile_over_register_columns_of_one_need_not_divide_a_prime_output(dev):
+    """cpu-tails along a conv's output columns (vectorised along its filters): 127 columns (prime)
+    under a tile of 1 column above. A tile of 1 divides every extent, but then the columns could
+    take 1 or all 127 only; no edge cuts a register tile of 1 column, so the cache tile takes any
+    size the other rules allow (16: 8 tiles, the last of 15). Where a longer tile divides (126:
+    2, 3, 6, 7, ...) the dividing sizes stay the only ones."""
+    conv = expr("conv2d", N=1, C=7, H=127, W=127, F=4 * dev.warp_size, KH=3, KW=3, stride=1, pad=1)
+    assert lane_axis(conv, dev) == 1
+    ones = AlignContext(conv, dev, 2, (1, 4 * dev.warp_size, 5, 1, 7, 3, 3), 0.05)
+    assert TailRule().axis_ok(ones, 3, 16) and TailRule().axis_ok(ones, 3, 43)
+    assert next_aligned_sizes(ones, (1, 4 * dev.warp_size, 10, 1, 7, 3, 3))[3] < 127
+    even = expr("conv2d", N=1, C=7, H=126, W=126, F=4 * dev.warp_size, KH=3, KW=3, stride=1, pad=1)
+    dividing = AlignContext(even, dev, 2, (1, 4 * dev.warp_size, 5, 1, 7, 3, 3), 0.05)
+    assert TailRule().axis_ok(dividing, 3, 14) and not TailRule().axis_ok(dividing, 3, 16)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_convolutions_vectorise_their_filters(dev):
     """A conv (stride 1 or 2) with at least a vector of filters runs its lanes along f (axis 1 of
     n f y x c r s): accumulators are rows x columns x vectors of filters, registers add one

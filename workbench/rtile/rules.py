@@ -397,7 +397,10 @@ class TailRule(PerAxisRule):
     register tile's included, divides where a dividing tile exists, but for the register tile's
     output rows and columns a tile of 1 does not count: along a prime extent (23 x 13 outputs)
     it would leave one accumulator per vector of filters, a latency-bound chain that the
-    guard's cost does not approach (evidence: docs/model-evidence.md#tail-rule). A reduction vectorised
+    guard's cost does not approach; nor for a cache tile over register tiles of 1 there, whose
+    edge cuts none: over 127 columns (prime) it could otherwise be 1 or 127 columns only, and the
+    walk's first ten programs of 64 filters over 127 x 127 outputs all had unit tiles one column
+    wide (evidence: docs/model-evidence.md#tail-rule). A reduction vectorised
     along its K (gemv) guards its unrolled micro-kernel the same way for a ragged row, and LLVM
     then unrolls and unswitches it or not by the row count. So its register tile's rows divide
     as well, where a size from 2 to `MAX_SCAN` does (a prime row count takes any), and its K,
@@ -428,6 +431,8 @@ class TailRule(PerAxisRule):
         if ctx.layer == 0 and not (filters or along_k):
             return True
         if (along_k or filters) and ctx.layer == 0 and kind == "spatial" and axis != lane:
+            return _no_dividing_row(extent)
+        if filters and kind == "spatial" and axis != lane and ctx.upper[axis] == 1:
             return _no_dividing_row(extent)
         if along_k and axis == lane:  # whole lines of whole vectors
             step = _lane_step(ctx.expr, ctx.device, axis)
