@@ -229,6 +229,33 @@ def test_a_guarded_tail_leaves_the_row_scalar_where_nothing_pads_it(dev):
     assert not scalar_row(_program(relu, [(32,), (128,)], device("v100")), device("v100"))
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512])
+def test_a_ragged_matmul_staging_nothing_below_the_registers_is_padded_all_the_same(dev):
+    """17 x 1259 x 29 (three primes), as Roller built it where its start tile covers the rows and
+    columns in two register tiles each (no reuse to grow for: nothing staged below the
+    registers): unit tiles of one register tile along N leave no loop to split the tail at, and
+    left unpadded the row ran scalar behind the guard (147 us on two Zen 5 cores, numpy 14). The
+    unit tile still reuses both inputs, so the padding copy is the panel and the row runs
+    vectorised (9-11 us). Where the tail can be split off instead (unit tiles of several
+    register tiles along N) the inputs stay in place: two rows over a long K would copy all of B
+    for them (2 x 8527 x 1297: 0.64 ms split, 1.47 padded). A one-row tile reuses no B and stays
+    unpadded."""
+    lanes = dev.warp_size
+    mm = expr("matmul", M=17, N=29, K=1259)
+    tiles = [(9, lanes, 2), (9, lanes, 256), (18, lanes, 1280)]
+    unstaged = make_program(calculus(mm), dev, tiles, [True, False, False], 0.2)
+    assert packed_inputs(mm, unstaged, dev) == ("A", "B") and pads_tails(mm, unstaged, ("A", "B"))
+    plan = cpu_plan(unstaged, dev)
+    assert plan.padded_tails and plan.vector_axis == 1 and not plan.guarded_row and not scalar_row(unstaged, dev)
+    two = expr("matmul", M=2, N=97, K=1259)
+    split = make_program(calculus(two), dev, [(2, lanes, 2), (2, 4 * lanes, 256), (2, 4 * lanes, 1280)],
+                         [True, False, False], 0.2)
+    assert packed_inputs(two, split, dev) == () and cpu_plan(split, dev).split_edges
+    row = expr("matmul", M=1, N=29, K=1259)
+    one = make_program(calculus(row), dev, [(1, lanes, 2), (1, lanes, 256), (1, lanes, 1280)], [True, False, False], 0.2)
+    assert packed_inputs(row, one, dev) == ()
+
+
 @pytest.mark.parametrize("dev", [TINY_CPU, AVX2, AVX512])
 def test_a_scalar_row_fills_one_lane_and_reads_l1_one_element_a_load(dev):
     """The model's price of a guarded row: compute at one lane of the register's float32 lanes

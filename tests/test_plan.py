@@ -332,17 +332,18 @@ def test_a_split_edge_needs_a_loop_below_the_grid_whatever_cuts_the_reduction(de
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
 def test_a_reduction_left_scalar_by_its_guard_runs_one_guarded_fma_at_a_time(dev):
-    """3 x 3664 x 355 in 3 x 16 register tiles and unit tiles of one register tile along N (no
-    loop to split below the grid): the guard leaves the row scalar (`guarded_row`), and its
-    compute runs one guarded scalar FMA per GUARDED_LANE_CYCLES, of the peak's FMA pipes x lanes
-    a cycle, whatever the tile's chains or a measured vector micro-kernel of its shape say."""
-    e = plain_matmul(3, 355, 3664)  # its cache tiles left unstaged, as Roller built them: no panels
-    program = make_program(calculus(e), dev, [(3, 16, 2), (3, 16, 16), (3, 16, 16)], [True, False, False], 0.0)
+    """1 x 3664 x 355 in 1 x 16 register tiles and unit tiles of one register tile along N (no
+    loop to split below the grid, and a one-row tile reuses no B: no panels to pad): the guard
+    leaves the row scalar (`guarded_row`), and its compute runs one guarded scalar FMA per
+    GUARDED_LANE_CYCLES, of the peak's FMA pipes x lanes a cycle, whatever the tile's chains or a
+    measured vector micro-kernel of its shape say."""
+    e = plain_matmul(1, 355, 3664)
+    program = make_program(calculus(e), dev, [(1, 16, 2), (1, 16, 16), (1, 16, 16)], [True, False, False], 0.0)
     assert cpu_plan(program, dev).guarded_row
     lanes = dev.register_bytes // 4
     expected = 1 / (GUARDED_LANE_CYCLES * dev.fma_pipes * lanes)
     assert compute_efficiency(program, dev) == pytest.approx(expected)
-    measured = replace(dev, micro_kernels=(MicroKernel("float32", 3, 16, 100.0),))
+    measured = replace(dev, micro_kernels=(MicroKernel("float32", 1, 16, 100.0),))
     assert compute_efficiency(program, measured) == pytest.approx(expected)
 
 

@@ -324,7 +324,7 @@ def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec,
 
 def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
     """The inputs `_pack_panels` copies into panels: those a panel serves (`_panel_pays`), when
-    the program caches a layer below the registers, the expression reduces, and every input is
+    the program has a layer below the registers, the expression reduces, and every input is
     a plain projection (each dimension one whole unfused axis, as in matmul, batched or
     transposed) whose reduction axes the tiles divide, or which pad with zeros
     (`TensorExpr.pads_reduction`: a sum of products, with no epilogue), and which the unit tile reuses (it spans
@@ -332,8 +332,15 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     strided or offset reads, a ragged K that zeros would change, and gemv, whose matrix is read
     once: a copy only doubles its traffic; evidence: docs/evidence.md#panel-inputs). Where
     `_pad_tails` will pad (any axis ragged), every input is copied anyway (the padding copy is
-    the panel)."""
-    if not expr.reduce or not any(program.cached[1:]):
+    the panel). Where Roller staged nothing below the registers (`Space.cached`: its start tile
+    saw no reuse to grow for) the inputs are read in place, but for a ragged tail that cannot be
+    split off (`splits_edges`), which only the padding keeps vectorised: 17 x 1259 x 29, two
+    register tiles covering the rows and the columns, ran its row scalar behind the guard
+    (evidence: docs/evidence.md#panel-inputs)."""
+    if not expr.reduce or len(program.tiles) < 2:
+        return ()
+    if not any(program.cached[1:]) and (splits_edges(expr, program, device)
+                                         or not any(ragged(expr, program, a) for a in range(len(expr.axes)))):
         return ()
     for tensor in expr.inputs:
         if not any(not tensor.uses_axis(a) and program.unit_tile[a] > 1 for a in expr.spatial):
