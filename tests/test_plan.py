@@ -20,8 +20,8 @@ from workbench.rtile.model.cpu import (
     stream_seconds, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
-    GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_slowdown, edge_split, guard_slowdown,
-    lane_priced_edge,
+    GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces, edge_pieces, edge_slowdown,
+    edge_split, guard_slowdown, lane_priced_edge,
 )
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -250,6 +250,29 @@ def test_a_split_row_runs_scalar_from_the_outermost_tile_its_end_cuts(dev):
     assert plan.split_edges and not plan.edge_vectors
     assert edge_split(program, dev) == (640, 30, 98)
     assert not lane_priced_edge(program, dev) and edge_seconds(program, dev) == 0
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_split_edge_at_a_constant_column_runs_in_llvms_pieces(dev):
+    """2 x 1259 x 97 in 2 x 64 register tiles, nothing staged below them (no panels), its edge
+    split off: in one unit tile of 128 columns the row ends at column 97 in every call, so LLVM
+    vectorises the cut tile's 33 lanes in pieces (`edge_in_pieces`): 64 columns in whole tiles
+    and `edge_pieces`(33) vector slots (two whole vectors and one scalar on 16 lanes; four and
+    one on 8) over the 128 columns the compute term counts, and no lane priced one by one. In
+    unit tiles of 64 columns the end lies in the second, at a column the grid's index decides:
+    lane by lane, as before (`model.cpu.edge_seconds`)."""
+    lanes = dev.register_bytes // 4
+    e = plain_matmul(2, 97, 1259)
+    one = make_program(calculus(e), dev, [(2, 64, 1), (2, 64, 128), (2, 128, 1280)], [True, False, False], 0.4)
+    assert cpu_plan(one, dev).split_edges and lane_priced_edge(one, dev) and edge_in_pieces(one, dev)
+    assert edge_split(one, dev) == (64, 33, 31)
+    assert edge_pieces(33, lanes) == 33 // lanes + 1
+    assert edge_slowdown(one, dev) == pytest.approx((64 + edge_pieces(33, lanes) * lanes) / 128)
+    assert edge_seconds(one, dev) == 0
+    two = make_program(calculus(e), dev, [(2, 16, 1), (2, 16, 128), (2, 64, 1280)], [True, False, False], 0.4)
+    assert cpu_plan(two, dev).split_edges and not edge_in_pieces(two, dev)
+    assert edge_split(two, dev) == (96, 1, 31) and edge_seconds(two, dev) > 0
+    assert edge_pieces(63, 16) == 3 + 1 + 1 + 3 and edge_pieces(63, 8) == 7 + 1 + 3 and edge_pieces(16, 16) == 1
 
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)

@@ -14,8 +14,8 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_split, guard_slowdown, lane_priced_edge,
-    scalar_lanes, scalar_row,
+    GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split, guard_slowdown,
+    lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import packed_tile_bytes, row_vector, transposes
 from workbench.rtile.plan import PANELS, ROW, cpu_plan
@@ -203,8 +203,8 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     if not device.runs_on_cpu:
         return 0.0
     plan = cpu_plan(program, device)
-    if plan.path != ROW or not lane_priced_edge(program, device):
-        return 0.0
+    if plan.path != ROW or not lane_priced_edge(program, device) or edge_in_pieces(program, device):
+        return 0.0  # in pieces, the compute term's (`cpu_compute.edge_slowdown`)
     _, scalar, past = edge_split(program, device)
     reg, unit = program.register_tile, program.unit_tile
     others = [a for a in expr.spatial if a != plan.vector_axis]

@@ -283,7 +283,8 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     A matmul's row (`lane_priced_edge`): the `edge_split` V of the axis's E elements run the
     vector micro-kernel, the factor is V / P (1x1024x4096 on 1x56 registers, 112-column unit
     tiles: 4096 / 4144), and the edge's lanes cost the core that holds them
-    `model.cpu.edge_seconds`. Any other row, and a ragged K vectorised in lanes (whose rows are
+    `model.cpu.edge_seconds`; where they run in LLVM's pieces (`edge_in_pieces`) each piece is a
+    vector's slot instead, (V + `edge_pieces`(S) x lanes) / P. Any other row, and a ragged K vectorised in lanes (whose rows are
     not split): the I = E // r * r elements in whole register tiles of r run in vectors and the
     E - I the end cuts scalar, one lane of `scalar_lanes` L each, so the factor is
     (I + (E - I) * L) / P (a softmax row maximum over 1000 in 16-lane register tiles and
@@ -294,7 +295,10 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
     padded = -(-extent // unit) * unit
     if lane_priced_edge(program, device):
-        row = edge_split(program, device)[0] / padded
+        vectors, scalar, _ = edge_split(program, device)
+        lanes = cpu_plan(program, device).lanes
+        pieces = edge_pieces(scalar, lanes) * lanes if edge_in_pieces(program, device) else 0
+        row = (vectors + pieces) / padded
     else:
         whole = extent // reg * reg
         row = (whole + (extent - whole) * scalar_lanes(program, device)) / padded
@@ -321,6 +325,31 @@ def lane_priced_edge(program: RProgram, device: DeviceSpec) -> bool:
     v = plan.vector_axis
     return (plan.split_edges and v is not None and expr.axes[v].kind == "spatial" and bool(expr.reduce)
             and all(plain_projection(t) for t in expr.inputs))
+
+
+def edge_in_pieces(program: RProgram, device: DeviceSpec) -> bool:
+    """Whether a lane-priced split edge (`lane_priced_edge`) runs in LLVM's vector pieces rather
+    than lane by lane: where one unit tile spans the whole row, the loop lowering splits ends at
+    the same column in every call, a constant, and LLVM vectorises the edge's S lanes in vectors
+    of the widths that sum to S (63 columns on 16 lanes: three of 16, one of 8, one of 4, three
+    scalar), with nothing past the end to test. Where several unit tiles lie along the row the
+    end falls in the last one only, its position depends on the grid's index, and the edge runs
+    scalar. Two Zen 5 cores: 3 batches of 2 x 1777 x 127 in 2 x 64 register tiles, 23-25 us in
+    one 128-column unit tile against 49-70 in two of 64; 4 x 4537 x 109 in 4 x 16, 33-38 us in
+    one of 112 or 128 columns against 168-173 in 64 (docs/model-evidence.md#edge-lane-cycles)."""
+    if not lane_priced_edge(program, device):
+        return False
+    v = cpu_plan(program, device).vector_axis
+    return program.unit_tile[v] >= program.expr.axes[v].extent
+
+
+def edge_pieces(elements: int, lanes: int) -> int:
+    """Vector instructions LLVM covers a constant run of `elements` lanes with: whole vectors of
+    `lanes`, then one of each power of two from half a vector down to 4 that the rest holds, then
+    the last 0-3 lanes one at a time (the assembly of 63 columns over 16 lanes: 3 zmm, 1 ymm, 1
+    xmm and 3 scalar FMAs)."""
+    whole, rest = divmod(elements, lanes)
+    return whole + bin(rest & ~3).count("1") + rest % 4
 
 
 def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int, int]:
