@@ -584,10 +584,14 @@ def test_cpu_cache_tiles_divide_the_vector_axis_where_the_tile_above_does(dev):
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_a_register_tile_along_a_reduction_is_whole_cache_lines(dev):
     """gemv vectorised along K: the register tile's K is a multiple of the lanes and of a 64 B
-    line (16 fp32), or the whole axis; a matmul's spatial lane axis needs the lanes only."""
+    line (16 fp32), or the whole of a K shorter than that; a K of 61 is not taken whole (61
+    lanes are no whole vectors: the lanes template would leave the tile scalar), only in whole
+    steps, the edge split off; a matmul's spatial lane axis needs the lanes only."""
     gemv = expr("gemv", M=4096, K=4096)
     ctx = AlignContext(gemv, dev, 0, (1, 1), 0.05)
     assert [k for k in range(1, 65) if VectorLanesRule().axis_ok(ctx, 1, k)] == [16, 32, 48, 64]
+    prime = AlignContext(expr("gemv", M=6, K=61), dev, 0, (1, 1), 0.05)
+    assert [k for k in range(1, 62) if VectorLanesRule().axis_ok(prime, 1, k)] == [16, 32, 48]
     short = expr("gemv", M=4096, K=12)
     assert VectorLanesRule().axis_ok(AlignContext(short, dev, 0, (1, 1), 0.05), 1, 12)  # the whole axis
     mm = AlignContext(matmul(512, 512, 512), dev, 0, (1, 1, 1), 0.05)

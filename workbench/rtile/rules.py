@@ -227,7 +227,10 @@ class VectorLanesRule(PerAxisRule):
     every row's stream by whole lines; evidence: docs/model-evidence.md#execution-unit-rules).
     A whole spatial axis longer than the lanes only in whole 4-lane pieces, which the template
     vectorises (`panels.vector_loop_axis`): a row of 53 it leaves to LLVM, which ran it scalar
-    (2087 x 335 x 53 at 0.10x numpy, predicted vectorised). A convolution's filters
+    (2087 x 335 x 53 at 0.10x numpy, predicted vectorised). A whole reduction longer than a step
+    not at all: the lanes template takes whole vectors only (`panels.lane_reduction_axis`), and a
+    register tile of softmax's whole 61-wide row maximum ran it scalar, 11 us predicted against
+    0.7 for 48 lanes with the edge split off, and a construction of one program ended there. A convolution's filters
     (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12, not 11), however short:
     the template vectorises no other (`panels.filter_vector_axis`), and pads filters that no
     multiple of the lanes divides to whole tiles instead (`panels.pads_filters`). A whole axis
@@ -253,7 +256,9 @@ class VectorLanesRule(PerAxisRule):
             # a short filter axis of at most half a vector: one whole vector, padded, or nothing
             # (`axes.short_filter_axis`: its row would not fill the lanes either)
             return size % 4 == 0 and 2 * extent > ctx.device.warp_size
-        return ctx.expr.axes[axis].kind != "spatial" or extent < step or extent % 4 == 0
+        if ctx.expr.axes[axis].kind != "spatial":
+            return extent < step  # a K longer than a step: whole steps, its edge split off
+        return extent < step or extent % 4 == 0
 
 
 class AutovectorRowRule(PerAxisRule):
