@@ -311,21 +311,39 @@ def _pad_filters(sch, expr: TensorExpr, block, axis: int, unit: int) -> None:
         common.primitive(f"inline {name}", sch.compute_inline, sch.get_sblock(name))
 
 
+# Widths of the output row's pieces the filters-last write-back stores as vectors
+# (`_transpose_in_blocks`), the first that divides the row: 4 or 2 pixels a store, each gathered
+# from the block's filters by inserts (evidence: docs/evidence.md#cpu-transpose-in-blocks).
+TRANSPOSE_WIDTHS = (4, 2)
+
+
 def _transpose_in_blocks(sch, writeback, dim: int, ndim: int, lanes: int) -> None:
     """Write a filters-last accumulator buffer back to an output whose filter dimension `dim`
     is not its last in blocks of `lanes` filters: the loops go (other dims, filters // lanes,
     filters % lanes, last dim), so one block reads a row of the buffer's lines and writes
     `lanes` rows of the output, both in L1. The write-back's default order (filters outside
     the pixels) reads the buffer a float per line, a line per pixel, once per filter: 16 times
-    the buffer's lines from L2 for a buffer L1 does not hold.
+    the buffer's lines from L2 for a buffer L1 does not hold. Where the row is a whole number of
+    `TRANSPOSE_WIDTHS` pieces, each piece of the row is one vector store for every filter of the
+    block (the filters' loop unrolled inside the pieces' loop), rather than a store per element.
 
     (Evidence: docs/evidence.md#cpu-transpose-in-blocks.)"""
+    from tvm.tirx import IntImm
+
     if dim == ndim - 1:
         return
     loops = sch.get_loops(writeback)[-ndim:]
     outer, inner = common.primitive("split the write-back's filters", sch.split, loops[dim], [None, lanes])
     rest = [l for d, l in enumerate(loops) if d != dim]
     common.primitive("reorder the write-back", sch.reorder, *rest[:-1], outer, inner, rest[-1])
+    extent = sch.get(rest[-1]).extent
+    row = extent.value if isinstance(extent, IntImm) else 0
+    width = next((w for w in TRANSPOSE_WIDTHS if row > w and row % w == 0), None)
+    if width is not None:
+        pixels, piece = common.primitive("split the write-back's row", sch.split, rest[-1], [None, width])
+        common.primitive("reorder the write-back's block", sch.reorder, pixels, inner, piece)
+        common.primitive("unroll the write-back's filters", sch.unroll, inner)
+        common.primitive("vectorise the write-back's row", sch.vectorize, piece)
 
 
 def _loop_order(expr: TensorExpr, levels: list, vector_axis: int | None, whole: bool = False) -> list:
