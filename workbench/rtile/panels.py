@@ -339,8 +339,8 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     (evidence: docs/evidence.md#panel-inputs)."""
     if not expr.reduce or len(program.tiles) < 2:
         return ()
-    if not any(program.cached[1:]) and (splits_edges(expr, program, device)
-                                         or not any(ragged(expr, program, a) for a in range(len(expr.axes)))):
+    tails = any(ragged(expr, program, a) for a in range(len(expr.axes)))
+    if not any(program.cached[1:]) and (not tails or splits_edges(expr, program, device)):
         return ()
     for tensor in expr.inputs:
         if not any(not tensor.uses_axis(a) and program.unit_tile[a] > 1 for a in expr.spatial):
@@ -354,7 +354,7 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
             if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]) and (
                     not expr.pads_reduction or expr.epilogues):
                 return ()
-    if any(ragged(expr, program, a) for a in range(len(expr.axes))):
+    if tails:
         return tuple(t.name for t in expr.inputs)
     return tuple(t.name for t in expr.inputs if _panel_pays(expr, program, device, t))
 

@@ -230,10 +230,11 @@ class VectorLanesRule(PerAxisRule):
     (2087 x 335 x 53 at 0.10x numpy, predicted vectorised). A whole reduction longer than a step
     not at all: the lanes template takes whole vectors only (`panels.lane_reduction_axis`), and a
     register tile of softmax's whole 61-wide row maximum ran it scalar, 11 us predicted against
-    0.7 for 48 lanes with the edge split off, and a construction of one program ended there. A convolution's filters
-    (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12, not 11), however short:
-    the template vectorises no other (`panels.filter_vector_axis`), and pads filters that no
-    multiple of the lanes divides to whole tiles instead (`panels.pads_filters`). A whole axis
+    0.7 for 48 lanes with the edge split off, and a construction of one program ended there. A
+    convolution's filters (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12,
+    not 11), however short: the template vectorises no other (`panels.filter_vector_axis`), and
+    pads filters that no multiple of the lanes divides to whole tiles instead
+    (`panels.pads_filters`). A whole axis
     that LLVM splits into more pieces than whole vectors would take (`whole_vector_waste`) gives
     way to them wherever eps admits their padding, up to WHOLE_VECTOR_EPS."""
 

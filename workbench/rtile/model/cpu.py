@@ -198,13 +198,15 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     edge is all one core's, while the other cores stream their columns (1 x 2304 x 1309 in 1 x 224
     tiles of 672 columns, all 224 lanes of the cut tile scalar: 343 us against 91 for 1344 columns;
     1 x 3001 x 777 in 80 columns of 720, 663 of the edge's 720 lanes past the end: 721 us against
-    117 in 400). The compute term keeps only the vectors (`cpu_compute.edge_slowdown`)."""
+    117 in 400). The compute term keeps only the vectors (`cpu_compute.edge_slowdown`). None
+    where the edge runs in LLVM's vector pieces (`cpu_compute.edge_in_pieces`: one unit tile
+    spans the row), which the compute term prices."""
     expr = program.expr
     if not device.runs_on_cpu:
         return 0.0
     plan = cpu_plan(program, device)
     if plan.path != ROW or not lane_priced_edge(program, device) or edge_in_pieces(program, device):
-        return 0.0  # in pieces, the compute term's (`cpu_compute.edge_slowdown`)
+        return 0.0
     _, scalar, past = edge_split(program, device)
     reg, unit = program.register_tile, program.unit_tile
     others = [a for a in expr.spatial if a != plan.vector_axis]

@@ -284,9 +284,10 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     vector micro-kernel, the factor is V / P (1x1024x4096 on 1x56 registers, 112-column unit
     tiles: 4096 / 4144), and the edge's lanes cost the core that holds them
     `model.cpu.edge_seconds`; where they run in LLVM's pieces (`edge_in_pieces`) each piece is a
-    vector's slot instead, (V + `edge_pieces`(S) x lanes) / P. Any other row, and a ragged K vectorised in lanes (whose rows are
-    not split): the I = E // r * r elements in whole register tiles of r run in vectors and the
-    E - I the end cuts scalar, one lane of `scalar_lanes` L each, so the factor is
+    vector's slot instead, (V + `edge_pieces`(S) x lanes) / P. Any other row, and a ragged K
+    vectorised in lanes (whose rows are not split): the I = E // r * r elements in whole
+    register tiles of r run in vectors and the E - I the end cuts scalar, one lane of
+    `scalar_lanes` L each, so the factor is
     (I + (E - I) * L) / P (a softmax row maximum over 1000 in 16-lane register tiles and
     1024-wide unit tiles: (992 + 8 * 8) / 1024). A row's other ragged spatial axes, split off as
     well (`panels.splits_edges`), multiply it by their `guarded_edges`."""
