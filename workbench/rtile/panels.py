@@ -298,13 +298,14 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
 
 def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec, v: int) -> bool:
     """Whether a row along `v` whose edges split off (`splits_edges`, which the caller has
-    checked) also runs the whole vectors of its edge tile vectorised: the loop over the register tile's vectors stays a loop (not unrolled)
-    and is split where the row ends, instead of the loop over register tiles, so that only the
-    vectors from the one the end cuts to the tile's end run scalar. TVM's loop partitioning
-    splits one of the two nested loops, not both. With the register tiles' loop split, the edge
-    tile runs every one of its lanes scalar, each a guarded FMA with its accumulator's load and
-    store: 1 x 2304 x 1309 on two Zen 4 cores, 1 x 224 register tiles in unit tiles of 672
-    columns, 343 us against 148 with its vectors' loop split (91 us for 1344 columns, no edge).
+    checked) also runs the whole vectors of its edge tile vectorised: the loop over the register
+    tile's vectors stays a loop (not unrolled) and is split where the row ends, instead of the
+    loop over register tiles, so that only the vectors from the one the end cuts to the tile's
+    end run scalar. TVM's loop partitioning splits one of the two nested loops, not both. With the
+    register tiles' loop split, the edge tile runs every one of its lanes scalar, each a guarded
+    FMA with its accumulator's load and store: 1 x 2304 x 1309 on two Zen 4 cores, 1 x 224
+    register tiles in unit tiles of 672 columns, 343 us against 148 with its vectors' loop split
+    (91 us for 1344 columns, no edge).
 
     Taken for a reduction over one-row register tiles of more than one vector (a one-row
     matmul's: memory-bound, so the accumulators a loop over vectors keeps in memory instead of

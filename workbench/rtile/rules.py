@@ -234,9 +234,9 @@ class VectorLanesRule(PerAxisRule):
     convolution's filters (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12,
     not 11), however short: the template vectorises no other (`panels.filter_vector_axis`), and
     pads filters that no multiple of the lanes divides to whole tiles instead
-    (`panels.pads_filters`). A whole axis
-    that LLVM splits into more pieces than whole vectors would take (`whole_vector_waste`) gives
-    way to them wherever eps admits their padding, up to WHOLE_VECTOR_EPS."""
+    (`panels.pads_filters`). A whole axis that LLVM splits into more pieces than whole vectors
+    would take (`whole_vector_waste`) gives way to them wherever eps admits their padding, up to
+    WHOLE_VECTOR_EPS."""
 
     name = "vector-lanes"
     reads_eps = True  # through `whole_vector_waste`
@@ -436,10 +436,9 @@ class TailRule(PerAxisRule):
             return ctx.layer > 0 and not any(extent % (m * upper) == 0 for m in range(2, min(extent // upper, MAX_SCAN) + 1))
         if ctx.layer == 0 and not (filters or along_k):
             return True
-        if (along_k or filters) and ctx.layer == 0 and kind == "spatial" and axis != lane:
-            return _no_dividing_row(extent)
-        if filters and kind == "spatial" and axis != lane and ctx.upper[axis] == 1:
-            return _no_dividing_row(extent)
+        if kind == "spatial" and axis != lane and (
+                (along_k or filters) and ctx.layer == 0 or filters and ctx.upper[axis] == 1):
+            return _no_dividing_row(extent)  # a register tile's rows, or cache tiles over rows of 1
         if along_k and axis == lane:  # whole lines of whole vectors
             step = _lane_step(ctx.expr, ctx.device, axis)
             return not any(extent % s == 0 for s in range(step, extent, step))

@@ -287,10 +287,10 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     vector's slot instead, (V + `edge_pieces`(S) x lanes) / P. Any other row, and a ragged K
     vectorised in lanes (whose rows are not split): the I = E // r * r elements in whole
     register tiles of r run in vectors and the E - I the end cuts scalar, one lane of
-    `scalar_lanes` L each, so the factor is
-    (I + (E - I) * L) / P (a softmax row maximum over 1000 in 16-lane register tiles and
-    1024-wide unit tiles: (992 + 8 * 8) / 1024). A row's other ragged spatial axes, split off as
-    well (`panels.splits_edges`), multiply it by their `guarded_edges`."""
+    `scalar_lanes` L each, so the factor is (I + (E - I) * L) / P (a softmax row maximum over
+    1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024). A row's other
+    ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by their
+    `guarded_edges`."""
     expr = program.expr
     v = cpu_plan(program, device).vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
@@ -335,9 +335,10 @@ def edge_in_pieces(program: RProgram, device: DeviceSpec) -> bool:
     of the widths that sum to S (63 columns on 16 lanes: three of 16, one of 8, one of 4, three
     scalar), with nothing past the end to test. Where several unit tiles lie along the row the
     end falls in the last one only, its position depends on the grid's index, and the edge runs
-    scalar. Two Zen 5 cores: 3 batches of 2 x 1777 x 127 in 2 x 64 register tiles, 23-25 us in
-    one 128-column unit tile against 49-70 in two of 64; 4 x 4537 x 109 in 4 x 16, 33-38 us in
-    one of 112 or 128 columns against 168-173 in 64 (docs/model-evidence.md#edge-lane-cycles)."""
+    scalar. Two Zen 5 cores: 3 batches of 2 x 1777 x 127 in 2 x 16 to 2 x 64 register tiles,
+    22-30 us in one 128-column unit tile against 46-70 in two of 64; 4 x 4537 x 109 in 4 x 16,
+    33-38 us in one of 112 or 128 columns against 168-173 in 64
+    (docs/model-evidence.md#edge-lane-cycles)."""
     if not lane_priced_edge(program, device):
         return False
     v = cpu_plan(program, device).vector_axis
