@@ -86,6 +86,9 @@ CASES = {
     # folded into the padded output's copy-back
     "pointwise_conv_relu": ([_node("Conv", ["x", "w", "b"], "c"), _node("Relu", ["c"])], (1, 12, 5, 7), (1, 10, 5, 7),
                             {"w": _weight(10, 12, 1, 1), "b": _weight(10)}),
+    # strided: the GEMM over the pixels gathered first (ops.pixel_gemm), a stride per dimension
+    "strided_pointwise_conv_relu": ([_node("Conv", ["x", "w", "b"], "c", strides=[2, 3]), _node("Relu", ["c"])],
+                                    (1, 12, 9, 11), (1, 10, 5, 4), {"w": _weight(10, 12, 1, 1), "b": _weight(10)}),
     "depthwise_conv_relu": ([_node("Conv", ["x", "w"], "c", group=16, pads=[1, 1, 1, 1], strides=[2, 2]),
                              _node("Relu", ["c"])], (1, 16, 9, 9), (1, 16, 5, 5), {"w": _weight(16, 1, 3, 3)}),
     "channel_shuffle": ([_node("Reshape", ["x", "s1"], "r"), _node("Transpose", ["r"], "t", perm=[0, 2, 1, 3, 4]),

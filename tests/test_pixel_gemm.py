@@ -12,6 +12,7 @@ from workbench.construct.stepper import Stepper, construct
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.pixel_gemm import pixel_gemm
 from workbench.ops.tensor_expr import from_prim_func
+from workbench.rtile.panels import gathered_inputs
 from workbench.rtile.plan import PANELS, cpu_plan
 from workbench.workload import Workload
 
@@ -34,10 +35,44 @@ def test_a_pointwise_conv_is_the_gemm_over_its_pixels(n):
     assert view.args == e.args and [a.shape for a in e.args] == [(n, 31, 15, 13), (41, 31, 1, 1), (n, 41, 15, 13)]
 
 
-@pytest.mark.parametrize("params", [{"k": 3}, {"stride": 2}, {"pad": 1}, {"h": 1, "w": 1}])
+@pytest.mark.parametrize("params", [{"k": 3}, {"pad": 1}, {"stride": 2, "pad": 1}, {"h": 1, "w": 1}])
 def test_other_convs_keep_their_nest(params):
-    """A window wider than one pixel, a stride, a padding copy, or no pixels to speak of."""
+    """A window wider than one pixel, a padding copy, or no pixels to speak of."""
     assert pixel_gemm(_conv(**params)) is None
+
+
+@pytest.mark.parametrize("n,stride", [(1, 2), (2, 3)])
+def test_a_strided_pointwise_conv_is_the_gemm_over_its_gathered_pixels(n, stride):
+    """The image read every stride-th pixel is gathered into the output's pixels first: the GEMM
+    reads that copy at stride 1 (its name the argument's, as a padded input's is), and the
+    caller still passes the whole image."""
+    e = _conv(n=n, stride=stride)
+    view = pixel_gemm(e)
+    oh, ow = 14 // stride + 1, 12 // stride + 1
+    assert [(a.name, a.extent, a.kind) for a in view.axes] == [
+        ("n", n, "spatial"), ("f", 41, "spatial"), ("p", oh * ow, "spatial"), ("c", 31, "reduce")]
+    assert [t.shape for t in view.tensors] == [(n, 31, oh * ow), (41, 31), (n, 41, oh * ow)]
+    read = from_prim_func(view.func, e.op, dict(e.params), e.dtype, n_inputs=2)
+    assert (read.axes, read.tensors, read.flops) == (view.axes, view.tensors, e.flops)
+    assert view.args == e.args and [a.shape for a in e.args][0] == (n, 31, 15, 13)
+    assert gathered_inputs(view) == ("data",) and gathered_inputs(pixel_gemm(_conv(n=n))) == ()
+    assert "gathered pixels" in next(Stepper(e, device("local-cpu"))._generate()).note
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_gather_is_priced_as_a_copy_of_the_lines_it_reads_and_writes(dev):
+    """2 images x 13 channels x 15 strided rows of 31 pixels (124 B, within 16 lines) read, and
+    the 2 x 13 x 240 gathered pixels written, at a panel copy's 16 B a cycle on every core."""
+    from workbench.rtile.model.cpu import PACK_BYTES_PER_CYCLE, core_ghz, gather_seconds, price
+
+    view = pixel_gemm(_conv(n=2, c=13, h=29, w=31, f=20, stride=2))
+    moved = 2 * 13 * 15 * 31 * 4 + 2 * 13 * 15 * 16 * 4
+    assert gather_seconds(view, dev) == pytest.approx(
+        moved / (PACK_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9))
+    program = construct(view, dev, options=Options(topk=1)).candidates[0].program
+    pricing = price(program, dev, program.expr.flops, 1.0)
+    assert pricing.after[-1] == gather_seconds(view, dev)
+    assert dict(pricing.moved)["gathering the strided pixels"] == moved
 
 
 def test_a_grouped_pointwise_conv_keeps_its_nest():
@@ -54,19 +89,23 @@ def test_the_view_is_the_cpus_and_the_gpu_keeps_its_implicit_gemm():
     assert [a.name for a in gpu.axes] == ["nhw", "f", "crs"]  # ops.gemm_view: M, N, K
 
 
+@pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
-def test_the_pixels_are_packed_and_vectorised_like_a_matmuls_row(dev):
-    e = _conv(c=31, h=149, w=149, f=41)
+def test_the_pixels_are_packed_and_vectorised_like_a_matmuls_row(dev, stride):
+    e = _conv(c=31, h=149, w=149, f=41, stride=stride)
     stepper = Stepper(e, dev)
-    assert "GEMM over its pixels" in next(stepper._generate()).note
+    assert "GEMM over its" in next(stepper._generate()).note
     top = construct(e, dev, options=Options(topk=3)).candidates[0].program
-    assert cpu_plan(top, dev).path == PANELS and cpu_plan(top, dev).vector_axis == 2  # the pixels
+    plan = cpu_plan(top, dev)
+    assert plan.path == PANELS and plan.vector_axis == 2  # the pixels
+    assert plan.staged_padding == (stride > 1)  # the gather, a stage of its own
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_the_kernel_takes_the_callers_buffers_and_matches_numpy(n):
-    """Ragged pixels (195 in tiles of 16) and filters (41), every candidate of the top 3."""
-    e = _conv(n=n)
+@pytest.mark.parametrize("n,stride", [(1, 1), (2, 1), (1, 2), (2, 3)])
+def test_the_kernel_takes_the_callers_buffers_and_matches_numpy(n, stride):
+    """Ragged pixels (195 in tiles of 16, or 40 and 25 gathered at a stride) and filters (41),
+    every candidate of the top 3."""
+    e = _conv(n=n, stride=stride)
     dev = device("local-cpu")
     c = construct(e, dev, options=Options(topk=3))
     for cand in c.candidates:

@@ -45,6 +45,7 @@ from workbench.codegen import common
 from workbench.codegen.template import ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.pixel_gemm import gathered_name
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
 from workbench.rtile.panels import ragged, row_vector, transposes, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
@@ -160,9 +161,32 @@ def _stage_producers(sch, expr: TensorExpr, plan: CpuPlan) -> tuple[str, ...]:
     Inlined, its bounds test is evaluated per lane inside the vectorised micro-kernel, which
     LLVM can only scalarise (evidence: docs/evidence.md#cpu-stage-producers)."""
     if plan.staged_padding:
-        return common.producer_names(sch, expr)
+        names = common.producer_names(sch, expr)
+        for name in names:
+            if _gathers(sch, name):
+                _gather_first(sch, name)
+        return tuple(name for name in names if not _gathers(sch, name))
     common.inline_producers(sch, expr)
     return ()
+
+
+def _gather_first(sch, name: str) -> None:
+    """Run the producer `name` that gathers a strided image's pixels (`ops.pixel_gemm`) before
+    the loop nest, over all cores, a row of pixels at a time, its innermost loop walking the
+    image at a constant stride. Inside each tile's panel copy instead, every pixel's row and
+    column came from the flat pixel index: 31 channels over 161 x 161 at stride 2 ran 71 us
+    so, 40 us gathered first (evidence: docs/evidence.md#gathered-pixels)."""
+    loops = sch.get_loops(sch.get_sblock(name))
+    common.primitive(f"gather {name} on all cores", sch.parallel, sch.fuse(*loops[:-1]) if len(loops) > 1 else loops[0])
+
+
+def _gathers(sch, name: str) -> str:
+    """The image argument whose pixels the producer block `name` gathers (`ops.pixel_gemm` at a
+    stride), '' for any other producer."""
+    block = sch.get(sch.get_sblock(name))
+    written, reads = str(block.writes[0].source.name), block.reads
+    source = str(reads[0].source.name) if len(reads) == 1 else ""
+    return source if source and written == gathered_name(source) else ""
 
 
 def _pad_per_tile(sch, staged: tuple[str, ...], at) -> None:
@@ -690,11 +714,13 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
             common.primitive(f"take {name} laid out in panels", sch.transform_layout, block, ("read", reads.index(name)),
                              index_map)
             continue
-        padding = f"{name}_pad" in reads
+        # the main block reads a gathered image's copy (`ops.pixel_gemm`), made before the loop nest
+        source = name if name in reads or f"{name}_pad" in reads else gathered_name(name)
+        padding = f"{source}_pad" in reads
         if padding:  # `_pad_tails` made a padding copy: it becomes the pack
-            pack = next(p for p in sch.get_producers(block) if str(sch.get(p).writes[0].source.name) == f"{name}_pad")
+            pack = next(p for p in sch.get_producers(block) if str(sch.get(p).writes[0].source.name) == f"{source}_pad")
         else:
-            pack = common.primitive(f"pack {name}", sch.cache_read, block, reads.index(name), "global")
+            pack = common.primitive(f"pack {name}", sch.cache_read, block, reads.index(source), "global")
         common.primitive(f"pack {name} per tile", sch.compute_at, pack, at, True)
         index_map = _panel_map(expr, program, tensor, vector_axis, _index_dtype(sch, pack))
         if index_map is not None:

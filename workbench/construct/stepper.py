@@ -27,6 +27,7 @@ from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.model.common import peak_gflops
+from workbench.rtile.panels import gathered_inputs
 
 __all__ = ["POLICIES", "Construction", "Stepper", "construct"]
 
@@ -58,6 +59,8 @@ class Stepper:
             why = "Roller §3.2 axis fusion"
             if self.viewed and self.space.device.launches_thread_blocks:
                 why = "conv as implicit GEMM M x N x K, ops.gemm_view"
+            elif self.viewed and gathered_inputs(self.space.expr):
+                why = "a strided 1x1 conv as the GEMM over its gathered pixels, ops.pixel_gemm"
             elif self.viewed:
                 why = "a 1x1 conv as the GEMM over its pixels, ops.pixel_gemm"
             yield Step(action, state, None, None, note=f"fuse axes: [{before}] -> [{after}] ({why})")

@@ -1,4 +1,4 @@
-"""A pointwise (1x1, stride 1, unpadded) convolution as the GEMM over its pixels, for CPUs.
+"""A pointwise (1x1, unpadded) convolution as the GEMM over its pixels, for CPUs.
 
 `O[n, f, h, w] += data[n, c, h + r, w + s] * kernel[f, c, r, s]` with r and s of extent 1 reads
 `data` as a plain matrix: per image, O[f, p] = kernel[f, c] x data[c, p] over the H x W pixels p
@@ -14,8 +14,9 @@ reduction of 31 per output spent most of its time there: docs/benchmarks.md).
 innermost dimensions are the output's pixels, `transform_block_layout` on every block, the unit
 r and s dropped), so epilogues a model fused into the conv (a bias, a ReLU, BN's scale) follow
 the same pixels; the function then takes (N, C, H*W) buffers, and `with_call_shapes` gives the
-compiled kernel back the caller's (N, C, H, W) ones, over the same memory. The GPU keeps its
-implicit GEMM (`ops.gemm_view`), which covers every conv.
+compiled kernel back the caller's (N, C, H, W) ones, over the same memory. At a stride the
+image's pixels are not a matrix: a copy of every stride-th pixel comes first (`_gather`), and the
+GEMM reads that. The GPU keeps its implicit GEMM (`ops.gemm_view`), which covers every conv.
 """
 
 from __future__ import annotations
@@ -37,28 +38,34 @@ def pixel_gemm(expr: TensorExpr) -> TensorExpr | None:
     found = _pointwise(expr)
     if found is None:
         return None
-    pixels, unit = found
-    view = _view(expr, pixels, unit)
+    pixels, unit, image = found
+    view = _view(expr, pixels, unit, image)
     if expr.func is None:
         return view
     try:
-        return replace(view, func=_rewrite(expr, pixels, unit))
+        return replace(view, func=_rewrite(expr, pixels, unit, image))
     except Exception:  # a block TVM cannot re-lay out (a proof it cannot make): no view
         return None
 
 
-def _view(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]) -> TensorExpr:
+def _view(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...], image: int | None) -> TensorExpr:
     """`expr` over the axes n, f, p, c: the unit reduce axes dropped, (h, w) one axis p; every
-    tensor's pixel dimensions one, the weight's unit trailing ones gone."""
+    tensor's pixel dimensions one, the weight's unit trailing ones gone. The image read at a
+    stride (input `image`) is read as its gathered copy, the output's pixels in a row (under the
+    argument's name, as a padded input is: the main block reads the copy)."""
     h, w = pixels
     gone = set(unit) | {w}
     keep = [a for a in range(len(expr.axes)) if a not in gone]
     height, width = expr.output.shape[-2:]
     axes = tuple(replace(expr.axes[a], name="p", extent=height * width) if a == h else expr.axes[a] for a in keep)
+    gathered = None if image is None else expr.inputs[image].name
 
     def tensor(t: TensorAccess) -> TensorAccess:
         index, shape = list(t.index), list(t.shape)
-        if tuple(shape[-2:]) == (height, width) and t.uses_axis(h):
+        if t.role == "input" and t.name == gathered:
+            pixel = tuple(int(a == h) for a in range(len(expr.axes)))
+            index, shape = index[:-2] + [(pixel, 0)], shape[:-2] + [height * width]
+        elif tuple(shape[-2:]) == (height, width) and t.uses_axis(h):
             index, shape = index[:-1], shape[:-2] + [height * width]
         elif tuple(shape[-2:]) == (1, 1):
             index, shape = index[:-2], shape[:-2]
@@ -69,10 +76,11 @@ def _view(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]) -> T
 
 
 def _pointwise(expr: TensorExpr):
-    """(the output's pixel axes (h, w), the unit reduce axes) when `expr` is a sum of products
-    of two inputs, one read through a window whose reduce axes all have extent 1 at stride 1 and
-    offset 0 (the other, the weight, reading them only in trailing dimensions of extent 1), its
-    pixels the two innermost dimensions of both it and the output; else None."""
+    """(the output's pixel axes (h, w), the unit reduce axes, the position among the inputs of
+    an image read at a stride, None at stride 1) when `expr` is a sum of products of two inputs,
+    one read through a window whose reduce axes all have extent 1 at offset 0 (the other, the
+    weight, reading them only in trailing dimensions of extent 1), its pixels the two innermost
+    dimensions of both it and the output; else None."""
     if len(expr.inputs) != 2 or not expr.reduce or any(a.fused_from for a in expr.axes):
         return None
     out = expr.output
@@ -92,14 +100,18 @@ def _pointwise(expr: TensorExpr):
     # argument's dimensions, not its elements)
     if arg is None or prod(arg.shape) != prod(image.shape):
         return None
-    if len(image.shape) < 3 or prod(out.shape[-2:]) == 1 or image.shape[-2:] != out.shape[-2:]:
+    if len(image.shape) < 3 or prod(out.shape[-2:]) == 1:
         return None
     unit = tuple(r for r in expr.reduce if expr.axes[r].extent == 1)
+    strides = []
     for d, pixel in zip((-2, -1), pixels):
         coeffs, const = image.index[d]
         others = [a for a, c in enumerate(coeffs) if c and a != pixel]
-        if const or coeffs[pixel] != 1 or any(a not in unit for a in others):
+        if const or coeffs[pixel] < 1 or any(a not in unit for a in others):
             return None
+        strides.append(coeffs[pixel])
+    if strides == [1, 1] and image.shape[-2:] != out.shape[-2:]:
+        return None
     # every other dimension one whole axis, as a matmul's: a grouped conv's channel, `g * C/G + c`,
     # would leave the GEMM without panels and its pixel row scalar (ShuffleNet's grouped 1x1
     # convs ran 2x slower as views than in their own nest); `ops.group_view` splits it first
@@ -109,7 +121,9 @@ def _pointwise(expr: TensorExpr):
             coeffs[a] for coeffs, _ in weight.index[:-2] for a in unit):
         return None
     # last: it reads the PrimFunc's body, which every conv with a window would pay for
-    return (pixels, unit) if sum_of_products(expr) else None
+    if not sum_of_products(expr):
+        return None
+    return pixels, unit, None if strides == [1, 1] else expr.inputs.index(image)
 
 
 def _plain(tensor: TensorAccess, dim: int) -> int | None:
@@ -125,16 +139,18 @@ def _plain_axis(expr: TensorExpr, tensor: TensorAccess, dim: int) -> int | None:
     return axis if axis is not None and expr.axes[axis].kind == SPATIAL else None
 
 
-def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
-    """`expr.func` over (.., H*W) buffers and blocks whose (h, w) iterators are one p."""
+def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...], image: int | None):
+    """`expr.func` over (.., H*W) buffers and blocks whose (h, w) iterators are one p; an image
+    read at a stride (input `image`) first gathered (`_gather`)."""
     import tvm
     from tvm import s_tir
     from tvm.tirx import IndexMap
 
     height, width = expr.output.shape[-2:]
     sch = s_tir.Schedule(tvm.IRModule({"main": expr.func}))
-    handles = list(sch.get_child_blocks(sch.get_sblock("root")))
     main = sch.get_sblock(expr.main_block)
+    copy = _gather(sch, main, expr.inputs[image].name) if image is not None else None
+    handles = list(sch.get_child_blocks(sch.get_sblock("root")))
     # per block, the positions of its iterators that walk the pixels, read off what it writes
     # before any layout changes (after, the pixels are one index h * W + w)
     plans = []
@@ -146,7 +162,8 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
         if None in at or len(region) < 2 or at[0] + 1 != at[1]:
             raise ValueError(f"block {block.name_hint} does not write pixels in its own iterators")
         drop = unit if str(block.name_hint) == expr.main_block else ()
-        plans.append((handle, len(variables), at[0], drop))
+        if str(block.name_hint) != copy:  # the gather walks the image's rows: its pixels stay two loops
+            plans.append((handle, len(variables), at[0], drop))
     # every buffer with the output's pixels innermost, parameters and intermediates alike
     done = set()
     for handle in handles:
@@ -172,6 +189,72 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...]):
         dtype = str(sch.get(handle).iter_vars[0].var.ty)
         sch.transform_block_layout(handle, IndexMap.from_func(_merge(keep, h, width), ndim=n, index_dtype=dtype))
     return _name_axes(sch.mod["main"], sch.get(main), expr, pixels, unit)
+
+
+def gathered_name(name: str) -> str:
+    """The buffer `_gather` copies the image argument `name` into (TVM's `reindex` names it)."""
+    return f"{name}_reindex"
+
+
+def _gather(sch, main, name: str) -> str:
+    """Copy the pixels the main block reads of the image `name` (every stride-th) into a buffer
+    of the image's dimensions over the output's pixels, which the main block then reads at
+    stride 1: ONNX Runtime runs a strided pointwise conv as a GEMM over such a copy (MLAS), where
+    the conv's own nest read the image at the stride (13 channels, 223 x 223 pixels at stride 2:
+    0.41x ONNX Runtime's speed in the filters template: docs/evidence.md#gathered-pixels). TVM's
+    `reindex` makes the copy, its buffer and iterators in the main block's iterator order; both
+    are put in the image's dimension order, its pixels innermost."""
+    import tvm
+    from tvm.tirx import IndexMap
+
+    _read_in_place(sch, main, name)
+    reads = [str(r.source.name) for r in sch.get(main).reads]
+    copy = sch.reindex(main, ("read", reads.index(name)))
+    block = sch.get(copy)
+    variables = [iv.var for iv in block.iter_vars]
+    # per dimension of the image, the copy's iterator that walks it, None for a dimension of
+    # one element (TVM leaves an axis of extent 1, the image's one batch, out of the copy)
+    order = []
+    for r in block.reads[0].region:
+        used = [i for i, v in enumerate(variables) if _uses(r.min, v)]
+        if len(used) > 1:
+            raise ValueError(f"{name}'s dimension {len(order)} walks {len(used)} iterators")
+        order.append(used[0] if used else None)
+    if sorted(i for i in order if i is not None) != list(range(len(variables))):
+        raise ValueError(f"{name}'s copy has iterators no dimension walks")
+    dtype = str(variables[0].ty)
+    zero = tvm.tirx.const(0, dtype)
+    permute = IndexMap.from_func(lambda *i: tuple(zero if k is None else i[k] for k in order),
+                                 ndim=len(variables), index_dtype=dtype)
+    sch.transform_layout(copy, ("write", 0), permute)
+    sch.transform_block_layout(copy, permute)
+    return str(sch.get(copy).name_hint)
+
+
+def _read_in_place(sch, main, name: str) -> None:
+    """Inline the copies between argument `name` and the main block (an imported conv reads its
+    image through TOPI's `pad_temp`, a copy where the padding is 0), so the main block reads the
+    argument itself."""
+    while name not in [str(r.source.name) for r in sch.get(main).reads]:
+        copies = [p for p in sch.get_producers(main) if len(sch.get(p).reads) == 1 and _copies(sch, p, name)]
+        if not copies:
+            raise ValueError(f"the main block does not read {name}")
+        sch.compute_inline(copies[0])
+
+
+def _copies(sch, block, name: str) -> bool:
+    """Whether `block`, of one read, reads argument `name` or a copy of it."""
+    source = str(sch.get(block).reads[0].source.name)
+    if source == name:
+        return True
+    producers = [p for p in sch.get_producers(block) if len(sch.get(p).reads) == 1]
+    return any(_copies(sch, p, name) for p in producers)
+
+
+def _uses(index, var) -> bool:
+    from tvm import tirx
+
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(index))
 
 
 def _merge(keep: list[int], h: int, width: int):

@@ -178,6 +178,13 @@ def padded_inputs(expr: TensorExpr) -> tuple[str, ...]:
     return tuple(t.name for t, arg in zip(expr.inputs, expr.input_args) if prod(t.shape) > prod(arg.shape))
 
 
+def gathered_inputs(expr: TensorExpr) -> tuple[str, ...]:
+    """The inputs the main block reads under a smaller shape than the caller passes: a strided
+    pointwise conv's image, gathered into the output's pixels before the loop nest
+    (`ops.pixel_gemm`, `codegen/cpu._gather_first`)."""
+    return tuple(t.name for t, arg in zip(expr.inputs, expr.input_args) if prod(t.shape) < prod(arg.shape))
+
+
 def pad_level(expr: TensorExpr, program: RProgram) -> int:
     """The tile level the padding copies are made at, counted from the unit tile (0) inwards:
     per L1 tile (the level inside the unit tile) where those tiles read the padded inputs

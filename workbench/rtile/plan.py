@@ -160,8 +160,9 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     only for a vectorised row."""
     expr = program.expr
     lanes = simd_lanes(device, expr.output.itemsize)
-    # a padding copy makes the read tensor larger than the argument; a view (`ops.pixel_gemm`) does not
-    staged = any(prod(t.shape) > prod(a.shape) for t, a in zip(expr.inputs, expr.input_args))
+    # a padding copy makes the read tensor larger than the argument, a gathered image
+    # (`ops.pixel_gemm` at a stride) smaller; a view of the argument's elements does neither
+    staged = any(prod(t.shape) != prod(a.shape) for t, a in zip(expr.inputs, expr.input_args))
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
         # the ragged pixel axes' edges split off: TVM's guard left in every register tile cost

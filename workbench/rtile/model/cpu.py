@@ -9,6 +9,7 @@ from __future__ import annotations
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import lane_axis, plain_projection
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
@@ -17,7 +18,7 @@ from workbench.rtile.model.cpu_compute import (
     GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split, guard_slowdown,
     lane_priced_edge, scalar_lanes, scalar_row,
 )
-from workbench.rtile.panels import packed_tile_bytes, row_vector, transposes
+from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes
 from workbench.rtile.plan import PANELS, ROW, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
@@ -63,9 +64,13 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     if packed:
         stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
+    gathered = gathered_bytes(program.expr, device)
+    gathering = gather_seconds(program.expr, device)
+    if gathered:
+        moved["gathering the strided pixels"], loads["gathering the strided pixels"] = gathered, gathering
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
-        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device)),
+        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device), gathering),
         **provenance(program, device, compute_provenance(program, device), bool(packed)),
     )
 
@@ -390,6 +395,37 @@ def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int, transposed:
     ghz = core_ghz(device)
     cycles = (moved - transposed) / PACK_BYTES_PER_CYCLE + transposed / TRANSPOSED_BYTES_PER_CYCLE
     return max(streamed, cycles / (ghz * GB)) if ghz else streamed
+
+
+def gathered_bytes(expr: TensorExpr, device: DeviceSpec) -> int:
+    """Bytes the gather of a strided pointwise conv's image moves (`panels.gathered_inputs`): the
+    image's lines its strided rows touch (every line of a row at a stride shorter than a line)
+    and the copy it writes, the output's pixels in a row. 0 where nothing is gathered."""
+    names = gathered_inputs(expr)
+    if not names:
+        return 0
+    height, width = next(a for a in expr.args if a.role == "output").shape[-2:]
+    line = device.layers[-1].transaction_bytes
+    moved = 0
+    for tensor, arg in zip(expr.inputs, expr.input_args):
+        if tensor.name in names:
+            rows = prod(arg.shape[:-2]) * height
+            moved += rows * min(arg.shape[-1] * tensor.itemsize, width * line) + prod(tensor.shape) * tensor.itemsize
+    return moved
+
+
+def gather_seconds(expr: TensorExpr, device: DeviceSpec) -> float:
+    """The gather's time (`gathered_bytes`), a copy over every core before the loop nest at a
+    panel copy's `PACK_BYTES_PER_CYCLE`, or at the bottom layer's bandwidth where the spec has
+    no clock: 15, 18 and 2 us predicted for gathers measured at about 13, 15 and 3-4 (evidence:
+    docs/evidence.md#gathered-pixels)."""
+    moved = gathered_bytes(expr, device)
+    if not moved:
+        return 0.0
+    ghz = core_ghz(device)
+    if not ghz:
+        return moved / (device.layers[-1].bandwidth_gbps * GB)
+    return moved / (PACK_BYTES_PER_CYCLE * device.compute_units * ghz * GB)
 
 
 def core_ghz(device: DeviceSpec) -> float:
