@@ -360,6 +360,24 @@ def test_a_unit_tile_roller_s_cuts_into_many_tiles_is_balanced_from_where_it_arr
         assert_within_limits(stepper.space, cand.program)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_an_even_grid_whose_last_tile_is_mostly_padding_gets_an_even_cut(isa):
+    """907 x 397 x 17 on 2 cores: Roller's scale-up grows the unit tile's rows as far as the L2
+    holds, two tiles of 600-900 rows, the second mostly padding (the template pads the tails).
+    `Space.balances` offers the even cut of an even grid too (as many tiles, each half the rows
+    rounded up to whole L1 tiles); the model prices it faster and it leads, padding the rows
+    by under a tile of the layer above, every program within the limits."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(matmul(907, 17, 397), dev, options=Options(topk=5))
+    stepper.run_to_end()
+    top = stepper.candidates()[0].program
+    rows, base = top.unit_tile[0], top.tiles[-2][0]
+    assert top.grid == 2 and 2 * rows - 907 < 2 * base, top.tiles
+    assert any(s.action.kind == "shrink" and "evenly" in s.note for s in stepper.steps)
+    for cand in stepper.candidates():
+        assert_within_limits(stepper.space, cand.program)
+
+
 def test_balances_rounds_to_whole_tiles_and_pads_no_more_than_it_wins():
     """`Space.balances` on 2 cores of 3 unit tiles of 294 rows (one batch each, 14-row register
     tiles): the fewest more tiles along M, 2 a batch, are 154 rows (146 rounded up to whole

@@ -56,6 +56,7 @@ class Policy:
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
         "balance": "grid {before} leaves some of the {units} cores idle in its last wave: also cut {axis} to {size}: grid {after}",
+        "even": "grid {before}'s tiles pad {axis} more than as many even tiles would: also cut {axis} evenly to {size}: grid {after}",
         "emit": "emit rProgram #{number}: grid {grid}, {predicted} predicted, bound by {bottleneck}",
     }
     marker_temperature: float | None = None  # the temperature recorded with markers (annealing policies)
@@ -148,7 +149,8 @@ class Policy:
         """Emit the program of `state` (at the bottom layer): scaled out over the units, its unit
         tile shrunk along the axis of smallest reuse while the grid has fewer tiles than the
         device has units (Roller-S, §3.2), each shrink a step; then, on a CPU whose cores the
-        grid leaves idle, the fastest predicted of the balanced cuts (`Space.balances`) as well,
+        grid leaves idle (or whose tiles pad an axis more than as many even ones would), the
+        fastest predicted of the balanced (or even) cuts (`Space.balances`) as well,
         where it is predicted faster: of the program Roller-S made, and of the program as it
         arrived where Roller-S cut it into more than twice the cores' tiles (it pads at most eps:
         64 x 11239 x 449 on 2 cores arrived as one 66 x 464 unit tile and shrank N to 16, 29
@@ -174,7 +176,8 @@ class Policy:
             return
         (axis, tiles, bound, predicted), start = min(cuts, key=lambda c: (c[0][3], c[0][0]))
         if predicted < est.predicted_seconds:
-            state = yield from self._shrunk(start, ((axis, tiles),), "balance", bound)
+            even = self.space.calc.spatial_tiles(start.recorded[-1]) % self.space.device.compute_units == 0
+            state = yield from self._shrunk(start, ((axis, tiles),), "even" if even else "balance", bound)
             if (yield from self._emit_program(state, arrived)) is not None:
                 self._extras += 1
 

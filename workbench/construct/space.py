@@ -348,13 +348,22 @@ class Space:
         pad up to `bound`: eps, or the idle share of the cores' time it wins back where that is
         more (154-row tiles pad 291 rows by 5.8 %). Empty on GPUs (a streaming multiprocessor
         holds several blocks at once, and Roller's scale-out is the paper's there), for
-        operators with windowed reads, and where the grid fills its last wave."""
+        operators with windowed reads, and where the grid fills its last wave.
+
+        A grid that fills its last wave gets the even cut of each axis instead, where that pads
+        less: as many tiles, each ceil(E / n) rounded up to whole tiles of the layer above (the
+        state's eps bounds its padding). Roller's scale-up grows a unit tile as far as the cache holds, whatever the rest
+        it leaves: 907 x 397 x 17 arrived as two tiles of 720 rows on 2 cores, the second one
+        187 rows padded to 720 (the template pads the tails), 122-138 us, where two of 480 pad
+        5.8 %, 79-100 us (evidence: docs/evidence.md#even-cuts)."""
         units, unit = self.device.compute_units, tiles[-1]
         grid = self.calc.spatial_tiles(unit)
-        if not self.device.runs_on_cpu or grid % units == 0 or grid >= BALANCE_WAVES * units:
+        if not self.device.runs_on_cpu or grid >= BALANCE_WAVES * units:
             return ()
         if not self.projections:
             return ()  # see BALANCE_WAVES: windowed reads (convs, poolings) measured no gain
+        if grid % units == 0:
+            return self._even_cuts(tiles, eps)
         slots = ceil(grid / units) * units
         bound = max(eps, (slots - grid) / slots)
         cached, out = self.cached(len(tiles), bound), []
@@ -370,6 +379,21 @@ class Space:
                 if new is not None:
                     out.append((axis, new, bound))
                     break
+        return tuple(out)
+
+    def _even_cuts(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...], float], ...]:
+        """`balances` of an even grid: per spatial axis, the tiles with the unit tile's n tiles
+        along it cut into n even tiles of whole tiles of the layer above, where those are
+        smaller (they pad less)."""
+        unit, cached, out = tiles[-1], self.cached(len(tiles), eps), []
+        for axis in self.expr.spatial:
+            extent, size = self.expr.axes[axis].extent, unit[axis]
+            n = ceil(extent / size)
+            base = tiles[-2][axis] if len(tiles) > 1 else 1
+            even = ceil(ceil(extent / n) / base) * base
+            new = _shrunk_stack(self, tiles, axis, even, eps, cached) if even < size else None
+            if new is not None:
+                out.append((axis, new, eps))
         return tuple(out)
 
     def whole_vector_eps(self, eps: float) -> float | None:
