@@ -147,3 +147,19 @@ def test_the_exported_bundle_takes_nchw_and_its_schedule_says_it_replays_the_vie
     assert [a["shape"] for a in manifest["args"]] == [[1, 16, 9, 11], [24, 16, 1, 1], [1, 24, 9, 11]]
     script = (tmp_path / "bundle" / "schedule.py").read_text()
     assert "data [1, 16, 99] for [1, 16, 9, 11]" in script and "ops/pixel_gemm.py" in script
+    assert "gathered" not in script
+
+
+def test_a_strided_views_bundle_takes_the_whole_image_and_says_it_gathers(tmp_path):
+    import json
+
+    from workbench import pipeline
+
+    e = _conv(c=16, h=9, w=11, f=24, stride=2)
+    c = construct(e, device("local-cpu"), options=Options(topk=1))
+    result = pipeline.export(c, 1, tmp_path / "bundle")
+    assert result.verified
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert [a["shape"] for a in manifest["args"]] == [[1, 16, 9, 11], [24, 16, 1, 1], [1, 24, 5, 6]]
+    script = (tmp_path / "bundle" / "schedule.py").read_text()
+    assert "O [1, 24, 30] for [1, 24, 5, 6]" in script and "data's strided pixels gathered" in script
