@@ -352,10 +352,10 @@ class Space:
 
         A grid that fills its last wave gets the even cut of each axis instead, where that pads
         less: as many tiles, each ceil(E / n) rounded up to whole tiles of the layer above (the
-        state's eps bounds its padding). Roller's scale-up grows a unit tile as far as the cache holds, whatever the rest
-        it leaves: 907 x 397 x 17 arrived as two tiles of 720 rows on 2 cores, the second one
-        187 rows padded to 720 (the template pads the tails), 122-138 us, where two of 480 pad
-        5.8 %, 79-100 us (evidence: docs/evidence.md#even-cuts)."""
+        state's eps bounds its padding). Roller's scale-up grows a unit tile as far as the cache
+        holds, whatever the rest it leaves: 907 x 397 x 17 arrived as two tiles of 720 rows on 2
+        cores, the second one 187 rows padded to 720 (the template pads the tails), 122-138 us,
+        where two of 480 pad 5.8 %, 79-100 us (evidence: docs/evidence.md#even-cuts)."""
         units, unit = self.device.compute_units, tiles[-1]
         grid = self.calc.spatial_tiles(unit)
         if not self.device.runs_on_cpu or grid >= BALANCE_WAVES * units:

@@ -1,8 +1,9 @@
 """A CPU program's memory pricing: the bytes each cache layer loads (`cache_traffic`, in whole
 lines for `scattered_inputs`), their transfer times, the accumulators' trips to the layer that
 keeps them (`accumulator_home`, `accumulator_steps`) and the output buffer's passes
-(`buffer_bytes`), the panel copies (`packing_seconds`), and how the stages add up
-(`combine_stages`); `price` assembles them with the compute term (`model.cpu_compute`)."""
+(`buffer_bytes`), the panel copies (`packing_seconds`), a strided image's gather
+(`gather_seconds`), and how the stages add up (`combine_stages`); `price` assembles them with the
+compute term (`model.cpu_compute`)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     register tile reaches, slowed by its guards; per cache layer `cache_traffic` at the layer
     below's bandwidth (every layer: `hardware_caches`); the accumulators' trips and the output
     buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
-    copies, the epilogue's arithmetic (`epilogue_seconds`) and a split row's scalar edge
-    (`edge_seconds`) added after the scale-out."""
+    copies, the epilogue's arithmetic (`epilogue_seconds`), a split row's scalar edge
+    (`edge_seconds`) and a strided image's gather (`gather_seconds`) added after the scale-out."""
     expr = program.expr
     calc = calculus(expr)
     eff = compute_efficiency(program, device)
