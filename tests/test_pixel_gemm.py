@@ -134,32 +134,22 @@ def test_the_images_loop_inside_the_filters_in_the_register_tile():
     assert not _streamed_only(bmm, 2, 0) and not _streamed_only(bmm, 2, 1)  # the batch and the rows
 
 
-def test_the_exported_bundle_takes_nchw_and_its_schedule_says_it_replays_the_view(tmp_path):
+@pytest.mark.parametrize("stride, output, view, gathered", [
+    (1, [1, 24, 9, 11], "data [1, 16, 99] for [1, 16, 9, 11]", False),
+    (2, [1, 24, 5, 6], "O [1, 24, 30] for [1, 24, 5, 6]", True),  # the whole image passed, gathered
+])
+def test_the_exported_bundle_takes_nchw_and_its_schedule_says_it_replays_the_view(tmp_path, stride, output, view,
+                                                                                   gathered):
     import json
 
     from workbench import pipeline
 
-    e = _conv(c=16, h=9, w=11, f=24)
+    e = _conv(c=16, h=9, w=11, f=24, stride=stride)
     c = construct(e, device("local-cpu"), options=Options(topk=1))
     result = pipeline.export(c, 1, tmp_path / "bundle")
     assert result.verified
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    assert [a["shape"] for a in manifest["args"]] == [[1, 16, 9, 11], [24, 16, 1, 1], [1, 24, 9, 11]]
+    assert [a["shape"] for a in manifest["args"]] == [[1, 16, 9, 11], [24, 16, 1, 1], output]
     script = (tmp_path / "bundle" / "schedule.py").read_text()
-    assert "data [1, 16, 99] for [1, 16, 9, 11]" in script and "ops/pixel_gemm.py" in script
-    assert "gathered" not in script
-
-
-def test_a_strided_views_bundle_takes_the_whole_image_and_says_it_gathers(tmp_path):
-    import json
-
-    from workbench import pipeline
-
-    e = _conv(c=16, h=9, w=11, f=24, stride=2)
-    c = construct(e, device("local-cpu"), options=Options(topk=1))
-    result = pipeline.export(c, 1, tmp_path / "bundle")
-    assert result.verified
-    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    assert [a["shape"] for a in manifest["args"]] == [[1, 16, 9, 11], [24, 16, 1, 1], [1, 24, 5, 6]]
-    script = (tmp_path / "bundle" / "schedule.py").read_text()
-    assert "O [1, 24, 30] for [1, 24, 5, 6]" in script and "data's strided pixels gathered" in script
+    assert view in script and "ops/pixel_gemm.py" in script
+    assert ("data's strided pixels gathered" in script) == gathered
