@@ -162,10 +162,10 @@ def _stage_producers(sch, expr: TensorExpr, plan: CpuPlan) -> tuple[str, ...]:
     LLVM can only scalarise (evidence: docs/evidence.md#cpu-stage-producers)."""
     if plan.staged_padding:
         names = common.producer_names(sch, expr)
-        for name in names:
-            if _gathers(sch, name):
-                _gather_first(sch, name)
-        return tuple(name for name in names if not _gathers(sch, name))
+        gathers = [name for name in names if _gathers(sch, name)]
+        for name in gathers:
+            _gather_first(sch, name)
+        return tuple(name for name in names if name not in gathers)
     common.inline_producers(sch, expr)
     return ()
 
@@ -180,13 +180,12 @@ def _gather_first(sch, name: str) -> None:
     common.primitive(f"gather {name} on all cores", sch.parallel, sch.fuse(*loops[:-1]) if len(loops) > 1 else loops[0])
 
 
-def _gathers(sch, name: str) -> str:
-    """The image argument whose pixels the producer block `name` gathers (`ops.pixel_gemm` at a
-    stride), '' for any other producer."""
+def _gathers(sch, name: str) -> bool:
+    """Whether the producer block `name` gathers a strided image's pixels (`ops.pixel_gemm`): it
+    reads one buffer and writes that buffer's gathered copy."""
     block = sch.get(sch.get_sblock(name))
-    written, reads = str(block.writes[0].source.name), block.reads
-    source = str(reads[0].source.name) if len(reads) == 1 else ""
-    return source if source and written == gathered_name(source) else ""
+    reads = block.reads
+    return len(reads) == 1 and str(block.writes[0].source.name) == gathered_name(str(reads[0].source.name))
 
 
 def _pad_per_tile(sch, staged: tuple[str, ...], at) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, pad_level, pads_filters, pads_tails,
-    prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges, vector_loop_axis, whole_reduction,
+    filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer, packed_inputs, pad_level, padded_inputs,
+    pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges,
+    vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -160,9 +160,9 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     only for a vectorised row."""
     expr = program.expr
     lanes = simd_lanes(device, expr.output.itemsize)
-    # a padding copy makes the read tensor larger than the argument, a gathered image
-    # (`ops.pixel_gemm` at a stride) smaller; a view of the argument's elements does neither
-    staged = any(prod(t.shape) != prod(a.shape) for t, a in zip(expr.inputs, expr.input_args))
+    # a padding copy, or a gathered image (`ops.pixel_gemm` at a stride), is a stage of its own;
+    # a view of the argument's elements is neither
+    staged = bool(padded_inputs(expr) or gathered_inputs(expr))
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
         # the ragged pixel axes' edges split off: TVM's guard left in every register tile cost

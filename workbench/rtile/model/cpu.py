@@ -66,7 +66,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
     gathered = gathered_bytes(program.expr, device)
-    gathering = gather_seconds(program.expr, device)
+    gathering = _gather_time(device, gathered)
     if gathered:
         moved["gathering the strided pixels"], loads["gathering the strided pixels"] = gathered, gathering
     return Pricing(
@@ -420,7 +420,11 @@ def gather_seconds(expr: TensorExpr, device: DeviceSpec) -> float:
     panel copy's `PACK_BYTES_PER_CYCLE`, or at the bottom layer's bandwidth where the spec has
     no clock: 15, 18 and 2 us predicted for gathers measured at about 13, 15 and 3-4 (evidence:
     docs/evidence.md#gathered-pixels)."""
-    moved = gathered_bytes(expr, device)
+    return _gather_time(device, gathered_bytes(expr, device))
+
+
+def _gather_time(device: DeviceSpec, moved: int) -> float:
+    """`gather_seconds` of `moved` = `gathered_bytes` (computed once by `price`)."""
     if not moved:
         return 0.0
     ghz = core_ghz(device)
