@@ -3,7 +3,7 @@ staging, made once from the rules and read by codegen, the model and the faces; 
 specs, never only this machine's."""
 
 from dataclasses import replace
-from math import ceil
+from math import ceil, prod
 
 import pytest
 from helpers import TINY_CPU, device, expr, plain_matmul
@@ -20,7 +20,7 @@ from workbench.rtile.model.cpu import (
     stream_seconds, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
-    GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces, edge_pieces, edge_slowdown,
+    GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces, edge_pieces, edge_slowdown,
     edge_split, guard_slowdown, lane_priced_edge,
 )
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
@@ -150,25 +150,77 @@ def test_filters_the_unit_tile_leaves_ragged_are_padded_and_priced_as_whole_tile
     """31 filters in unit tiles of two register rows of a vector each: the plan pads them to
     ceil(31 / 2v) x 2v (32 on 8 lanes, 32 on 16), vectorises them, and says so; the model
     prices the padded filters' flops (31 -> 32: 32 / 31 of the work) and no guard. A ragged
-    output row (7 in unit tiles of 4) has its edge split off: of the 7 rows, the 6 in whole
+    output row (7 in one unit tile of 8) has its edge split off: of the 7 rows, the 6 in whole
     register tiles of 2 run unguarded, the 7th under the guard (GUARDED_MICRO_KERNEL), over
-    the 8 rows of whole unit tiles the compute term counts. 32 filters pad nothing."""
+    the 8 rows of the whole unit tile the compute term counts. 32 filters pad nothing."""
     v = dev.warp_size
     for f, oh in ((31, 8), (31, 7), (32, 8)):
         conv = expr("conv2d", N=1, C=8, H=oh, W=8, F=f, KH=3, KW=3, stride=1, pad=1)
-        program = _program(conv, [(1, v, 2, 1, 1, 3, 3), (1, 2 * v, 2, 8, 8, 3, 3), (1, 2 * v, 4, 8, 8, 3, 3)], dev)
+        program = _program(conv, [(1, v, 2, 1, 1, 3, 3), (1, 2 * v, 2, 8, 8, 3, 3), (1, 2 * v, 8, 8, 8, 3, 3)], dev)
         plan = cpu_plan(program, dev)
         ragged = f % (2 * v) != 0
         assert plan.path == FILTERS and plan.vector_axis == 1 and plan.padded_filters is ragged
         assert plan.to_dict(conv)["padded_filters"] is ragged
         words = describe(plan, program)
-        edges = oh % 4 != 0
+        edges = oh % 8 != 0
         assert plan.split_edges is edges and "tails guarded" not in words
         assert ("filters padded" in words) is ragged and ("edge tiles split off, guarded" in words) is edges
         assert guard_slowdown(program, dev) == pytest.approx((6 + 1 * GUARDED_MICRO_KERNEL) / 8 if edges else 1.0)
         padded_f = -(-f // (2 * v)) * 2 * v
-        padded_h = -(-oh // 4) * 4
-        assert estimate(program, dev).padded_flops == pytest.approx(conv.flops * padded_f * padded_h / (f * oh), abs=1)
+        assert estimate(program, dev).padded_flops == pytest.approx(conv.flops * padded_f * 8 / (f * oh), abs=1)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_filters_an_edge_the_grid_splits_off_is_priced_on_the_core_that_holds_it(dev):
+    """The same 31 filters over 7 rows, in unit tiles of 4 rows: the grid splits the rows, so
+    the 7th row's guard depends on the grid's index and runs at GRID_GUARDED_TILE, on the cores
+    whose unit tiles end the rows. Two cores (TINY_CPU's). On 16 lanes the grid is the two row
+    tiles, a core each: the second's rows 4 and 5 whole, row 6 guarded, over 4 rows, (2 + G) /
+    4. On 8 lanes the filters take two unit tiles too, the grid (filters, rows) is 4 tiles, two
+    a core, each core one whole row tile and one last: (4 + 2 + G) / 8."""
+    v = dev.warp_size
+    conv = expr("conv2d", N=1, C=8, H=7, W=8, F=31, KH=3, KW=3, stride=1, pad=1)
+    program = _program(conv, [(1, v, 2, 1, 1, 3, 3), (1, 2 * v, 2, 8, 8, 3, 3), (1, 2 * v, 4, 8, 8, 3, 3)], dev)
+    assert cpu_plan(program, dev).split_edges and dev.compute_units == 2
+    expected = (2 + GRID_GUARDED_TILE) / 4 if v == 16 else (6 + GRID_GUARDED_TILE) / 8
+    assert guard_slowdown(program, dev) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_busiest_core_of_a_split_edge_agrees_with_visiting_every_tile(seed):
+    """`busiest_share` reads each core's sum off the grid's digits; visiting every unit tile in
+    the grid's order, costing each element (1 in whole register tiles, GUARDED_MICRO_KERNEL in
+    an edge along an axis one unit tile spans, GRID_GUARDED_TILE in one along an axis the grid
+    splits, 0 past an axis's end) and dealing ceil(G / cores) tiles a core, gives the same."""
+    import itertools
+    import random
+
+    from workbench.rtile.model.cpu_compute import busiest_share
+
+    rng = random.Random(seed)
+    dims = {a: rng.randint(5, 23) for a in ("H", "W")}
+    conv = fuse_axes(expr("conv2d", N=rng.randint(1, 3), C=4, F=rng.choice((16, 32, 48)), KH=3, KW=3, stride=1, pad=1, **dims))
+    reg = (1, 16, rng.randint(1, 4), rng.randint(1, 4), 1, 3, 3)
+    unit = (1, 16 * rng.randint(1, 2), reg[2] * rng.randint(1, 3), reg[3] * rng.randint(1, 3), 4, 3, 3)
+    program = _program(conv, [reg, (1, 16, reg[2], reg[3], 4, 3, 3), unit], AVX512)
+    axes = [2, 3]
+    split = [a for a in axes if conv.axes[a].extent % reg[a] and unit[a] < conv.axes[a].extent]
+    cores = rng.choice((2, 3, 4))
+    spatial = conv.spatial
+    counts = [range(-(-conv.axes[a].extent // unit[a])) for a in spatial]
+    costs = []
+    for index in itertools.product(*counts):
+        cost = 0.0
+        for point in itertools.product(*(range(i * unit[a], (i + 1) * unit[a]) for a, i in zip(spatial, index))):
+            at = dict(zip(spatial, point))
+            if any(at[a] >= conv.axes[a].extent for a in axes):
+                continue
+            edge = [a for a in axes if at[a] >= conv.axes[a].extent // reg[a] * reg[a]]
+            cost += GRID_GUARDED_TILE if set(edge) & set(split) else GUARDED_MICRO_KERNEL if edge else 1.0
+        costs.append(cost)
+    step = -(-len(costs) // cores)
+    worst = max(sum(costs[i:i + step]) for i in range(0, len(costs), step))
+    assert busiest_share(program, axes, split, cores) == pytest.approx(worst / (step * prod(unit[a] for a in spatial)))
 
 
 def test_a_ragged_tail_nothing_pads_or_splits_leaves_the_row_scalar():

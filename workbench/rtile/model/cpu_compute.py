@@ -243,7 +243,7 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
     the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
     `edge_slowdown`; a convolution's ragged pixel axes on the filters path, `guarded_edges`
-    over them."""
+    over them, on the busiest core where the grid splits one of them."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -252,26 +252,94 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if plan.padded_tails:
         return 1.0
     if plan.split_edges and plan.path == FILTERS:
-        return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis])
+        return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units)
     if plan.split_edges:
         return edge_slowdown(program, device)
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in plan.guarded_axes(expr)) else 1.0
 
 
-def guarded_edges(program: RProgram, axes) -> float:
+def guarded_edges(program: RProgram, axes, cores: int = 0) -> float:
     """The factor of split-off edges along `axes` whose edge tiles keep a guard the same for
     every lane: of the E = prod(E_a) elements, the I = prod(E_a // r_a * r_a) in register tiles
     whole along every axis run unguarded, the rest in the edge tiles at GUARDED_MICRO_KERNEL's
     rate, over the P = prod(ceil(E_a / U_a) * U_a) of whole unit tiles that the compute term
     counts (23 x 23 outputs on 2 x 6 register tiles in 12 x 24 unit tiles: (22 x 18 + (529 -
-    396) x 1.4) / (24 x 24)). 1 over no axes, or axes the unit tiles divide."""
+    396) x 1.4) / (24 x 24)). 1 over no axes, or axes the unit tiles divide.
+
+    Given the `cores` (the filters path), an edge along an axis the grid splits into more than
+    one unit tile runs at GRID_GUARDED_TILE's rate instead, and only on the cores whose unit
+    tiles hold it: the factor is then the busiest core's (`busiest_share`)."""
     expr = program.expr
     reg, unit = program.register_tile, program.unit_tile
     extents = [expr.axes[a].extent for a in axes]
+    split = [a for a, e in zip(axes, extents) if e % reg[a] and unit[a] < e] if cores else []
+    if split:
+        return busiest_share(program, axes, split, cores)
     inner = prod(e // reg[a] * reg[a] for a, e in zip(axes, extents))
     padded = prod(-(-e // unit[a]) * unit[a] for a, e in zip(axes, extents))
     return (inner + (prod(extents) - inner) * GUARDED_MICRO_KERNEL) / padded
+
+
+# How much longer a filters-path register tile's elements run than a whole tile's where the tile
+# holds the ragged end of an axis the grid splits into several unit tiles (`guarded_edges`): the
+# end then lies in the last of them only, its guard depends on the grid's index, loop
+# partitioning cannot lift it as a constant, and every unrolled statement of the cut tile keeps
+# it, its accumulator loaded and stored in memory around each FMA. Fitted on two Zen 5 cores, 11
+# channels to 257 filters over 19 x 19 (3 x 3): 16 x 5 x 2 register tiles under 272 x 10 x 20
+# unit tiles (the rows split) 131-137 us, under 272 x 20 x 10 (the columns) 79-82, 16 x 4 x 2
+# under 272 x 20 x 10 85-88: 112, 78 and 80 predicted with 4, 68-70 before (evidence:
+# docs/model-evidence.md#grid-guarded-tile).
+GRID_GUARDED_TILE = 4.0
+
+
+def busiest_share(program: RProgram, axes, split, cores: int) -> float:
+    """`guarded_edges` on the busiest of `cores`, whose grid splits the ragged `split` axes
+    (among the guarded `axes`): per unit tile, the elements in register tiles whole along every
+    axis at 1, those in the edge tiles of `axes` not split at GUARDED_MICRO_KERNEL, those in
+    the edge tiles of a `split` axis at GRID_GUARDED_TILE; the padding past an axis's end at 0
+    (along the other spatial axes, the padded unit tile's every element at 1). The grid, fused
+    over the spatial axes in order, runs ceil(G / cores) unit tiles per core one after another
+    (TVM's parallel loop); the factor is the most any core's tiles cost over as many whole ones.
+    Each of the three counts is a product of per-axis counts, so a core's sum is read off the
+    grid's mixed-radix digits (`_grid_prefix`) without visiting its tiles."""
+    expr = program.expr
+    unit = program.unit_tile
+    counts = []  # per spatial axis: its unit tiles, a whole one's extent, and the last one's three counts
+    for a in expr.spatial:
+        extent, u, r = expr.axes[a].extent, unit[a], program.register_tile[a]
+        tiles = -(-extent // u)
+        if a not in axes:
+            counts.append((tiles, u, (u, u, u)))
+            continue
+        valid = extent - (tiles - 1) * u
+        inner = max(0, extent // r * r - (tiles - 1) * u)
+        counts.append((tiles, u, (inner, inner if a in split else valid, valid)))
+    grid = prod(c[0] for c in counts)
+    step = -(-grid // cores)
+    rates = (1.0 - GUARDED_MICRO_KERNEL, GUARDED_MICRO_KERNEL - GRID_GUARDED_TILE, GRID_GUARDED_TILE)
+    worst = 0.0
+    for start in range(0, grid, step):
+        end = min(grid, start + step)
+        worst = max(worst, sum(rate * (_grid_prefix(counts, k, end) - _grid_prefix(counts, k, start))
+                               for k, rate in enumerate(rates)))
+    return worst / (step * prod(unit[a] for a in expr.spatial))
+
+
+def _grid_prefix(counts, k: int, flat: int) -> int:
+    """The sum over the grid's first `flat` unit tiles (row-major over `counts`' axes) of the
+    product over axes of the k-th count (the last tile along an axis its last value, every other
+    the whole tile's extent)."""
+    totals = [(c[0] - 1) * c[1] + c[2][k] for c in counts]
+    total, head = 0, 1
+    for j, (tiles, whole, last) in enumerate(counts):
+        inner = prod(c[0] for c in counts[j + 1:])
+        digit, flat = divmod(flat, inner)
+        if digit >= tiles:  # the whole grid
+            return head * totals[j] * prod(totals[j + 1:])
+        total += head * digit * whole * prod(totals[j + 1:])
+        head *= last[k] if digit == tiles - 1 else whole
+    return total
 
 
 def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
