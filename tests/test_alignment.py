@@ -672,7 +672,8 @@ def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
     not divide K (a prime K of 1847: 16, K's end cutting the last step). Two rows reuse B, so a
     two-row matmul's K is free. `cpu-tails` leaves a one-row matmul's K to it, ragged or not.
     Along N the first cache tile is the register tile, or the fewest that make whole 64 B lines
-    (7 AVX2 vectors: 2)."""
+    (7 AVX2 vectors: 2), or a core's even share of N in whole register tiles (5737 over two
+    cores: 2869 columns, 52 tiles of 56)."""
     rule = StreamRowsRule()
     one_row = matmul(1, 5737, 1853)
     k = 2
@@ -683,7 +684,8 @@ def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
     assert rule.axis_ok(AlignContext(one_row, dev, 0, (1, 1, 1), 0.05), 1, 96)
     assert rule.axis_ok(AlignContext(one_row, dev, 2, (1, 96, 17), 0.05), 1, 2880)
     l1 = AlignContext(one_row, dev, 1, (1, 56, 17), 0.05)
-    assert [s for s in range(56, 1000, 56) if rule.axis_ok(l1, 1, s)] == [56, 112]
+    assert dev.compute_units == 2
+    assert [s for s in range(56, 5737 + 56, 56) if rule.axis_ok(l1, 1, s)] == [56, 112, 52 * 56]
     prime = matmul(1, 5737, 1847)
     for layer in range(len(dev.layers) - 1):
         ctx = AlignContext(prime, dev, layer, (1, 1, 16), 0.05)
@@ -860,11 +862,14 @@ def test_no_accumulator_rule_without_a_reduction_a_lane_axis_or_fma_facts():
     its lanes; gemv's partial sums along k hold what they can: r rows x c vectors of whole 64 B
     lines (c >= 2 on AVX2) need r c + 2c <= 16 registers, and r divides the 4,096 rows
     (cpu-tails), so r = 4 holds 8 of the 10 the FMAs want (the fallback), where r = 5 held 10
-    before rows had to divide; a spec without FMA facts (TINY_CPU, a GPU) asks for none."""
+    before rows had to divide; a spec without FMA facts (TINY_CPU, a GPU) asks for none. Nor
+    does a one-row matmul, whose B streams: each vector of it feeds one FMA."""
     relu, gemv, mm = expr("relu", shape=(17, 11, 3)), expr("gemv", M=4096, K=1000), matmul(512, 512, 512)
     conv = expr("conv2d", N=8, C=64, H=30, W=30, F=1, KH=3, KW=3, stride=2, pad=1)  # scalar: one filter
     assert required_accumulators(AlignContext(relu, AVX2, 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(conv, AVX2, 0, (1,) * 7, 0.05)) == 0
+    assert required_accumulators(AlignContext(matmul(1, 5737, 1853), AVX2, 0, (1, 1, 1), 0.05)) == 0
+    assert required_accumulators(AlignContext(matmul(2, 5737, 1853), AVX2, 0, (1, 1, 1), 0.05)) > 0
     # 96 filters, vectorised; 15 x 15 outputs tile by 1, 3, 5 (cpu-tails), and a tile of a
     # filter vectors x b outputs needs a b + a + b of 16 registers: at most 9 (3 x 3, 15 registers)
     filters = AlignContext(EXPRS["conv-s2"](), AVX2, 0, (1,) * 7, 0.05)

@@ -20,7 +20,9 @@ from math import ceil, prod
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import cross_thread_axis, is_micro_kernel_layer, lane_axis, short_filter_axis, tile_lanes
+from workbench.rtile.axes import (
+    cross_thread_axis, is_micro_kernel_layer, lane_axis, short_filter_axis, stream_rows_axis, tile_lanes,
+)
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
 from workbench.rtile.rules import (
     MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, StreamRowsRule,
@@ -60,7 +62,12 @@ def required_accumulators(ctx: AlignContext) -> int:
     FMAs into one accumulator form a dependency chain across the reduction, so the core's
     `fma_pipes` stay busy only with `DeviceSpec.fma_accumulators` (latency x pipes) chains in
     flight. Elementwise operators carry no chain (out-of-order execution overlaps their
-    independent vectors), and scalar code (no lane axis) is bound by its lanes.
+    independent vectors), and scalar code (no lane axis) is bound by its lanes. Nor has a one-row
+    matmul (`axes.stream_rows_axis`): each vector of B it reads once, from below L1, feeds one
+    FMA, so the stream, not the chains, bounds it, and its register tile is what divides a core's
+    share of N (`rules.StreamRowsRule`): 1 x 1151 x 671 in register tiles of 1, 3 and 7 vectors
+    under 336-column unit tiles 28-38 us, in the 8-vector fill's 9 (144 columns, unit tiles of
+    432) 103-107 (docs/evidence.md#one-row-shares).
 
     Our fallback where that many cannot exist (tiny extents, an operator with few output rows,
     a small register budget, eps too small to pad): the most accumulators any register tile
@@ -71,6 +78,8 @@ def required_accumulators(ctx: AlignContext) -> int:
     if not is_micro_kernel_layer(device, ctx.layer) or not device.fma_accumulators:
         return 0
     if not expr.reduce or lane_axis(expr, device) is None:
+        return 0
+    if stream_rows_axis(expr, device) is not None:
         return 0
     filled = _accumulator_fill(expr, device, ctx.eps)
     if filled is None or not _within_budget(expr, device, filled, register_budget(device)):

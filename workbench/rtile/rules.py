@@ -463,13 +463,19 @@ class StreamRowsRule(PerAxisRule):
     runs under a guard the same for every lane (`panels.splits_edges`).
 
     Along N its first cache tile is the register tile (or the fewest of them that make whole
-    lines, `TransactionRule`): holding the same rows, a wider one holds nothing more the next
-    step reads, and between the register and the unit tile it left the last L1 tile that a
-    ragged row cuts guarded whole (lowering splits the loop over L1 tiles at the row's end, not
-    the register tiles inside the cut one). Two Zen 4 cores, 16 rows, L1 tiles of 96 columns,
-    192 or 384, and the unit tile's: 1 x 2315 x 1309 (unit tiles of 768) 330, 450-480, 440-740
-    and 330-350 us; 1 x 4907 x 2254 (1152) 1.10-1.34, -, 1.97-2.40 and 1.13-1.40 ms; the model
-    put the middle ones first."""
+    lines, `TransactionRule`), or a core's even share of N in whole register tiles
+    (`even_share`): holding the same rows, a wider one holds nothing more the next step reads,
+    and between the register and the unit tile it left the last L1 tile that a ragged row cuts
+    guarded whole (lowering splits the loop over L1 tiles at the row's end, not the register
+    tiles inside the cut one). Two Zen 4 cores, 16 rows, L1 tiles of 96 columns, 192 or 384,
+    and the unit tile's: 1 x 2315 x 1309 (unit tiles of 768) 330, 450-480, 440-740 and 330-350
+    us; 1 x 4907 x 2254 (1152) 1.10-1.34, -, 1.97-2.40 and 1.13-1.40 ms; the model put the
+    middle ones first. The even share is an L1 tile that is the unit tile, the row's split
+    falls among its register tiles, and it lets the unit tile be no wider than a core's share:
+    with L1 tiles of one register tile, Roller's unit tile grew in whole L1 tiles, 1 x 1151 x
+    671 in register tiles of 144 to unit tiles of 432 (one core's 432 columns against the
+    other's 239), 103-107 us, where tiles of 112 columns under unit tiles of 336 ran 28-30
+    (numpy 23-31; two Zen 5 cores, docs/evidence.md#one-row-shares)."""
 
     name = "cpu-stream-rows"
 
@@ -484,8 +490,15 @@ class StreamRowsRule(PerAxisRule):
         if ctx.layer == 1 and axis == lane_axis(ctx.expr, ctx.device):
             # in whole lines: a register row of 7 AVX2 vectors (224 B) under L1 tiles of two
             line = max(1, ctx.device.layers[1].transaction_bytes // ctx.expr.output.itemsize)
-            return size <= lcm(ctx.upper[axis], line)
+            return size <= lcm(ctx.upper[axis], line) or size == even_share(ctx, axis)
         return True
+
+
+def even_share(ctx: AlignContext, axis: int) -> int:
+    """A core's even share of `axis` in whole tiles of the layer above (`ctx.upper`):
+    ceil(E / cores) rounded up to them (`StreamRowsRule`)."""
+    step = ctx.upper[axis]
+    return -(-(-(-ctx.expr.axes[axis].extent // ctx.device.compute_units)) // step) * step
 
 
 class WeightsAheadRule(PerAxisRule):
