@@ -863,13 +863,16 @@ def test_no_accumulator_rule_without_a_reduction_a_lane_axis_or_fma_facts():
     lines (c >= 2 on AVX2) need r c + 2c <= 16 registers, and r divides the 4,096 rows
     (cpu-tails), so r = 4 holds 8 of the 10 the FMAs want (the fallback), where r = 5 held 10
     before rows had to divide; a spec without FMA facts (TINY_CPU, a GPU) asks for none. Nor
-    does a one-row matmul, whose B streams: each vector of it feeds one FMA."""
+    does a one-row matmul whose L1 tile can be a core's share of N (each vector of its B feeds
+    one FMA): 16 rows of 226 columns and the outputs, 15.4 KB of the 32 KiB L1; 18 rows of 2869
+    columns overflow it."""
     relu, gemv, mm = expr("relu", shape=(17, 11, 3)), expr("gemv", M=4096, K=1000), matmul(512, 512, 512)
     conv = expr("conv2d", N=8, C=64, H=30, W=30, F=1, KH=3, KW=3, stride=2, pad=1)  # scalar: one filter
     assert required_accumulators(AlignContext(relu, AVX2, 0, (1, 1, 1), 0.05)) == 0
     assert required_accumulators(AlignContext(conv, AVX2, 0, (1,) * 7, 0.05)) == 0
-    assert required_accumulators(AlignContext(matmul(1, 5737, 1853), AVX2, 0, (1, 1, 1), 0.05)) == 0
-    assert required_accumulators(AlignContext(matmul(2, 5737, 1853), AVX2, 0, (1, 1, 1), 0.05)) > 0
+    assert required_accumulators(AlignContext(matmul(1, 451, 2927), AVX2, 0, (1, 1, 1), 0.05)) == 0
+    assert required_accumulators(AlignContext(matmul(1, 5737, 1853), AVX2, 0, (1, 1, 1), 0.05)) > 0
+    assert required_accumulators(AlignContext(matmul(2, 451, 2927), AVX2, 0, (1, 1, 1), 0.05)) > 0
     # 96 filters, vectorised; 15 x 15 outputs tile by 1, 3, 5 (cpu-tails), and a tile of a
     # filter vectors x b outputs needs a b + a + b of 16 registers: at most 9 (3 x 3, 15 registers)
     filters = AlignContext(EXPRS["conv-s2"](), AVX2, 0, (1,) * 7, 0.05)
