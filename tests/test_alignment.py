@@ -697,6 +697,29 @@ def test_a_one_row_matmul_reads_stream_rows_of_b_at_every_layer(dev):
     assert start is not None and start[k] == 17
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_one_row_register_tile_divides_a_cores_share_where_it_fits_l1(dev):
+    """cpu-stream-rows, the register tile: where 16 rows of a core's share of N and its outputs
+    fit L1 (`share_streams_from_l1`: 451 columns over 2 cores, 226, (16 + 1) x 226 x 4 bytes of
+    the 32 KiB), its width along N is whole vectors that divide the share in vectors, two tiles
+    or more to it (15 AVX-512 vectors: 1, 3 and 5; 29 AVX2 ones: 1); where they do not (5737
+    columns), any width."""
+    from workbench.rtile.axes import share_streams_from_l1
+
+    rule, n = StreamRowsRule(), 1
+    fits = matmul(1, 451, 2927)
+    assert share_streams_from_l1(fits, dev)
+    ctx = AlignContext(fits, dev, 0, (1, 1, 1), 0.05)
+    lanes = dev.warp_size
+    share = -(-(-(-451 // 2)) // lanes)
+    expected = [d * lanes for d in range(1, share) if share % d == 0] or [lanes]
+    assert [s for s in range(1, 481) if rule.axis_ok(ctx, n, s)] == expected
+    assert expected == ([16, 48, 80] if lanes == 16 else [8])
+    wide = matmul(1, 5737, 1853)
+    assert not share_streams_from_l1(wide, dev)
+    assert all(rule.axis_ok(AlignContext(wide, dev, 0, (1, 1, 1), 0.05), n, s) for s in (8, 24, 96, 144))
+
+
 def _pointwise(f: int, constants: tuple[str, ...], dev):
     """A pointwise conv of `f` filters over 7 x 7 pixels as the construction tiles it on a CPU
     (the GEMM over its pixels: axes n, f, p, c), its filters a weight or not."""

@@ -36,6 +36,12 @@ round that still runs because fewer than K programs came out, the lowest cache l
 the growth chain are programs as well, recorded after the chain's full tile (largest first), so
 the full tiles keep their places and the model ranks the rest.
 
+A one-row matmul whose core's share of N fits L1 (`axes.share_streams_from_l1`) reads B once, so
+no growth of its register tile saves a byte; it grows by the FMA chains it adds instead, through
+the widths that divide a core's share (`rules.StreamRowsRule`), to the widest the registers hold:
+1 x 1151 x 671 in 7 vectors under its 21-vector share ran 28-30 us, in 3 (where growth stopped
+when it scored the bytes saved) 34-38 (docs/evidence.md#one-row-shares).
+
 Operators without reuse (elementwise, most reductions: every score is 0) build the top tile only
 and load straight from the bottom (§3.2). Our choice, since scores cannot rank them: every
 aligned top tile on the growth chain is a program, so K candidates exist for the model to rank;
@@ -56,7 +62,8 @@ from workbench.construct.space import (
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes
 from workbench.rtile.model.common import is_load_hidden
-from workbench.rtile.registers import partial_sums
+from workbench.rtile.axes import share_streams_from_l1
+from workbench.rtile.registers import accumulators, partial_sums
 
 # Most growth steps on one chain of EnlargeTile (all layers): each is a nested generator, and
 # Python stops at 1,000 frames (with a caller's frames below). A layer whose tile is still
@@ -252,6 +259,9 @@ class RollerPolicy(Policy):
         first cache layer over a reduction's micro-kernel the accumulator trips saved as well,
         or those alone once its loads hide under the operator's floor (module docstring)."""
         space = self.space
+        if state.layer == 0 and space.device.runs_on_cpu and share_streams_from_l1(space.expr, space.device):
+            # B read once: no growth saves a byte; the FMA chains it adds (module docstring)
+            return float(accumulators(space.expr, space.device, grown) - accumulators(space.expr, space.device, state.tile))
         if not (space.device.runs_on_cpu and state.layer == 1 and space.expr.reduce):
             return space.reuse(state.layer, state.tile, grown, upper)
         register = state.recorded[0]

@@ -21,7 +21,7 @@ from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
-    cross_thread_axis, is_micro_kernel_layer, lane_axis, short_filter_axis, stream_rows, stream_rows_axis, tile_lanes,
+    cross_thread_axis, is_micro_kernel_layer, lane_axis, share_streams_from_l1, short_filter_axis, tile_lanes,
 )
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
 from workbench.rtile.rules import (
@@ -63,7 +63,7 @@ def required_accumulators(ctx: AlignContext) -> int:
     `fma_pipes` stay busy only with `DeviceSpec.fma_accumulators` (latency x pipes) chains in
     flight. Elementwise operators carry no chain (out-of-order execution overlaps their
     independent vectors), and scalar code (no lane axis) is bound by its lanes. Nor has a one-row
-    matmul whose L1 tile can be a core's share of N (`share_streams_from_l1`): each vector of B
+    matmul whose L1 tile can be a core's share of N (`axes.share_streams_from_l1`): each vector of B
     it reads once, from below L1, feeds one FMA, so the stream, not the chains, bounds it, and
     its register tile is what divides that share: 1 x 1151 x 671 in register tiles of 1, 3 and
     7 vectors under 336-column unit tiles 28-38 us, in the 8-vector fill's 9 (144 columns, unit
@@ -87,18 +87,6 @@ def required_accumulators(ctx: AlignContext) -> int:
     if filled is None or not _within_budget(expr, device, filled, register_budget(device)):
         return 0  # no tile fits the registers at this eps: the capacity check refuses them all
     return min(device.fma_accumulators, accumulators(expr, device, filled))
-
-
-def share_streams_from_l1(expr: TensorExpr, device: DeviceSpec) -> bool:
-    """Whether a one-row matmul (`axes.stream_rows_axis`) can take a core's even share of N as
-    its L1 tile (`rules.StreamRowsRule`): its `stream_rows` rows of B and its row of outputs fit
-    the first cache layer."""
-    rows_axis = stream_rows_axis(expr, device)
-    if rows_axis is None or len(device.layers) < 2:
-        return False
-    share = -(-expr.axes[lane_axis(expr, device)].extent // device.compute_units)
-    rows = stream_rows(expr.axes[rows_axis].extent)
-    return (rows + 1) * share * expr.output.itemsize <= device.layers[1].capacity_bytes
 
 
 @lru_cache(maxsize=256)

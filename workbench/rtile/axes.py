@@ -182,6 +182,19 @@ def stream_rows_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     return expr.reduce[0]
 
 
+@lru_cache(maxsize=1024)  # asked by the accumulator and stream-rows rules on every size they scan
+def share_streams_from_l1(expr: TensorExpr, device: DeviceSpec) -> bool:
+    """Whether a one-row matmul (`axes.stream_rows_axis`) can take a core's even share of N as
+    its L1 tile (`rules.StreamRowsRule`): its `stream_rows` rows of B and its row of outputs fit
+    the first cache layer."""
+    rows_axis = stream_rows_axis(expr, device)
+    if rows_axis is None or len(device.layers) < 2:
+        return False
+    share = -(-expr.axes[lane_axis(expr, device)].extent // device.compute_units)
+    rows = stream_rows(expr.axes[rows_axis].extent)
+    return (rows + 1) * share * expr.output.itemsize <= device.layers[1].capacity_bytes
+
+
 def is_projection(tensor, expr: TensorExpr) -> bool:
     """Whether every dimension of `tensor` is indexed by one whole unfused axis with coefficient
     1 and no offset (matmul's operands, a conv's filters; not a conv's input windows): a tile of

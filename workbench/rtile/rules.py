@@ -27,7 +27,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
     always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
-    reduce_lanes, short_filter_axis, stream_rows, stream_rows_axis,
+    reduce_lanes, share_streams_from_l1, short_filter_axis, stream_rows, stream_rows_axis,
 )
 from workbench.rtile.registers import block_thread_count, row_vectors
 
@@ -475,7 +475,11 @@ class StreamRowsRule(PerAxisRule):
     with L1 tiles of one register tile, Roller's unit tile grew in whole L1 tiles, 1 x 1151 x
     671 in register tiles of 144 to unit tiles of 432 (one core's 432 columns against the
     other's 239), 103-107 us, where tiles of 112 columns under unit tiles of 336 ran 28-30
-    (numpy 23-31; two Zen 5 cores, docs/evidence.md#one-row-shares)."""
+    (numpy 23-31; two Zen 5 cores, docs/evidence.md#one-row-shares). Where that share fits L1
+    (`axes.share_streams_from_l1`) the register tile takes whole vectors that divide it, two
+    tiles or more to a share, so that the share is whole register tiles and its edge the one
+    the row's end cuts (1 x 2315 x 1309's share of 41 vectors in register tiles of 2 pads it to
+    42, and ran 134-140 us; of 1 vector 98-107)."""
 
     name = "cpu-stream-rows"
 
@@ -491,6 +495,11 @@ class StreamRowsRule(PerAxisRule):
             # in whole lines: a register row of 7 AVX2 vectors (224 B) under L1 tiles of two
             line = max(1, ctx.device.layers[1].transaction_bytes // ctx.expr.output.itemsize)
             return size <= lcm(ctx.upper[axis], line) or size == even_share(ctx, axis)
+        if ctx.layer == 0 and axis == lane_axis(ctx.expr, ctx.device) and share_streams_from_l1(ctx.expr, ctx.device):
+            # whole vectors that divide a core's share, two register tiles or more to it
+            lanes = ctx.device.warp_size
+            share = -(-(-(-ctx.expr.axes[axis].extent // ctx.device.compute_units)) // lanes)
+            return size % lanes == 0 and share % (size // lanes) == 0 and (size // lanes < share or share == 1)
         return True
 
 
