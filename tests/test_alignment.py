@@ -703,7 +703,8 @@ def test_a_one_row_register_tile_divides_a_cores_share_where_it_fits_l1(dev):
     fit L1 (`share_streams_from_l1`: 451 columns over 2 cores, 226, (16 + 1) x 226 x 4 bytes of
     the 32 KiB), its width along N is whole vectors that divide the share in vectors, two tiles
     or more to it (15 AVX-512 vectors: 1, 3 and 5; 29 AVX2 ones: 1); where they do not (5737
-    columns), any width."""
+    columns), or the share is one vector or less (a classifier's 10 columns: 5 a core, read in a
+    register row of 10), any width."""
     from workbench.rtile.axes import share_streams_from_l1
 
     rule, n = StreamRowsRule(), 1
@@ -718,6 +719,10 @@ def test_a_one_row_register_tile_divides_a_cores_share_where_it_fits_l1(dev):
     wide = matmul(1, 5737, 1853)
     assert not share_streams_from_l1(wide, dev)
     assert all(rule.axis_ok(AlignContext(wide, dev, 0, (1, 1, 1), 0.05), n, s) for s in (8, 24, 96, 144))
+    narrow = matmul(1, 10, 2048)
+    assert share_streams_from_l1(narrow, dev)
+    assert rule.axis_ok(AlignContext(narrow, dev, 0, (1, 1, 1), 0.05), n, 10)
+    assert construct(narrow, dev, options=Options(topk=3)).candidates
 
 
 def _pointwise(f: int, constants: tuple[str, ...], dev):

@@ -496,10 +496,11 @@ class StreamRowsRule(PerAxisRule):
             line = max(1, ctx.device.layers[1].transaction_bytes // ctx.expr.output.itemsize)
             return size <= lcm(ctx.upper[axis], line) or size == even_share(ctx, axis)
         if ctx.layer == 0 and axis == lane_axis(ctx.expr, ctx.device) and share_streams_from_l1(ctx.expr, ctx.device):
-            # whole vectors that divide a core's share, two register tiles or more to it
+            # whole vectors that divide a core's share, two register tiles or more to it; a
+            # share of one vector or less leaves the row to the other rules (10 columns: 10)
             lanes = ctx.device.warp_size
             share = -(-(-(-ctx.expr.axes[axis].extent // ctx.device.compute_units)) // lanes)
-            return size % lanes == 0 and share % (size // lanes) == 0 and (size // lanes < share or share == 1)
+            return share <= 1 or size % lanes == 0 and share % (size // lanes) == 0 and size // lanes < share
         return True
 
 
