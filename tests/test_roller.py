@@ -629,14 +629,17 @@ def test_a_one_row_matmul_reads_b_in_long_runs_shared_by_the_cores(isa, l1):
 def test_a_one_row_register_tile_grows_by_its_fma_chains_to_divide_a_cores_share():
     """1 x 2927 x 451 on the AVX-512-like spec: 16 rows of a core's 226 columns fit its L1, so
     no growth of the register tile saves a byte of B; it grows by the FMA chains it adds through
-    the widths that divide the share of 15 vectors (1, 3, 5) to 5, and the rank 1 takes the
-    share, 240 columns, as its L1 and unit tile."""
+    the widths that divide the share of 15 vectors (1, 3, 5) to 5, each width a program under
+    the share, and the rank 1 takes the share, 240 columns, as its L1 and unit tile."""
     stepper = Stepper(matmul(1, 451, 2927), AVX512)
     stepper.run_to_end()
     j = stepper.space.axes.index("j")
-    first = stepper.candidates()[0].program
+    candidates = [c.program for c in stepper.candidates()]
+    first = candidates[0]
     assert (first.register_tile[j], first.tiles[1][j], first.unit_tile[j]) == (80, 240, 240), first.tiles
     assert any("grow j to 80" in step.note for step in stepper.steps)
+    under_share = {p.register_tile[j] for p in candidates if p.tiles[1][j] == p.unit_tile[j] == 240}
+    assert under_share == {16, 48, 80}, [p.tiles for p in candidates]
 
 
 def test_no_input_is_streamed_whatever_the_tiles_where_a_tile_can_reuse_it():

@@ -40,7 +40,9 @@ A one-row matmul whose core's share of N fits L1 (`axes.share_streams_from_l1`) 
 no growth of its register tile saves a byte; it grows by the FMA chains it adds instead, through
 the widths that divide a core's share (`rules.StreamRowsRule`), to the widest the registers hold:
 1 x 1151 x 671 in 7 vectors under its 21-vector share ran 28-30 us, in 3 (where growth stopped
-when it scored the bytes saved) 34-38 (docs/evidence.md#one-row-shares).
+when it scored the bytes saved) 34-38 (docs/evidence.md#one-row-shares). Each width on that
+chain is a program, the widest first, for the model to rank: the chains stop paying before the
+widest (1 x 2927 x 451's 1 vector under its 15-vector share ran 38-49 us, its 5 vectors 55-66).
 
 Operators without reuse (elementwise, most reductions: every score is 0) build the top tile only
 and load straight from the bottom (§3.2). Our choice, since scores cannot rank them: every
@@ -102,6 +104,7 @@ class RollerPolicy(Policy):
         self._descended: set = set()
         self.no_reuse = False
         self._fill = False  # the eps ladder's last round: the lowest cache layer's chain are programs too
+        self._share_chain = False  # a one-row matmul's register widths are programs each (module docstring)
         self._scores: dict[tuple, float] = {}  # `_reuse` at a CPU's first cache layer
         # step records the eps ladder's rounds make again (`_alternatives`, `_step`)
         self._alts: dict[tuple, tuple[Alternative, ...]] = {}
@@ -120,6 +123,7 @@ class RollerPolicy(Policy):
         self._visited, self._descended = set(), set()
         self.no_reuse = not self.space.stages_below(eps)
         self._fill = self.space.device.runs_on_cpu and eps >= max(self.options.eps, *EPS_STEPS)
+        self._share_chain = self.space.device.runs_on_cpu and share_streams_from_l1(self.space.expr, self.space.device)
         mode = self.describe("no_reuse") if self.no_reuse else ""
         note = self.describe("start", tile="x".join(map(str, state.tile)), axes=" x ".join(self.space.axes), layer=self.space.layer_names[0],
                              eps=eps, mode=mode)
@@ -233,6 +237,9 @@ class RollerPolicy(Policy):
             yield from self._enlarge(nxt, depth + 1)  # EnlargeTile(T', mem, P)
             if self._fill and state.layer == self.space.n_tile_layers - 1:
                 yield from self._descend(nxt, depth + 1)  # after the chain's full tile (module docstring)
+            if state.layer == 0 and self._share_chain:  # every width on the chain, widest first (module docstring)
+                yield from self._descend(nxt, depth + 1)
+                yield from self._descend(state, depth)
 
     def _options(self, state: State):
         """(axis, T', reuse score) for the next aligned shapes T' of the state's tile, best score
