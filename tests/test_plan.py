@@ -20,8 +20,8 @@ from workbench.rtile.model.cpu import (
     stream_seconds, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
-    GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces, edge_pieces, edge_slowdown,
-    edge_split, guard_slowdown, lane_priced_edge,
+    GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces, edge_pieces,
+    edge_slowdown, edge_split, guard_slowdown, lane_priced_edge,
 )
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -199,7 +199,8 @@ def test_the_busiest_core_of_a_split_edge_agrees_with_visiting_every_tile(seed):
 
     rng = random.Random(seed)
     dims = {a: rng.randint(5, 23) for a in ("H", "W")}
-    conv = fuse_axes(expr("conv2d", N=rng.randint(1, 3), C=4, F=rng.choice((16, 32, 48)), KH=3, KW=3, stride=1, pad=1, **dims))
+    params = dict(N=rng.randint(1, 3), C=4, F=rng.choice((16, 32, 48)), KH=3, KW=3, stride=1, pad=1, **dims)
+    conv = fuse_axes(expr("conv2d", **params))
     reg = (1, 16, rng.randint(1, 4), rng.randint(1, 4), 1, 3, 3)
     unit = (1, 16 * rng.randint(1, 2), reg[2] * rng.randint(1, 3), reg[3] * rng.randint(1, 3), 4, 3, 3)
     program = _program(conv, [reg, (1, 16, reg[2], reg[3], 4, 3, 3), unit], AVX512)

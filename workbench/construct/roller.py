@@ -268,7 +268,8 @@ class RollerPolicy(Policy):
         space = self.space
         if state.layer == 0 and space.device.runs_on_cpu and share_streams_from_l1(space.expr, space.device):
             # B read once: no growth saves a byte; the FMA chains it adds (module docstring)
-            return float(accumulators(space.expr, space.device, grown) - accumulators(space.expr, space.device, state.tile))
+            expr, device = space.expr, space.device
+            return float(accumulators(expr, device, grown) - accumulators(expr, device, state.tile))
         if not (space.device.runs_on_cpu and state.layer == 1 and space.expr.reduce):
             return space.reuse(state.layer, state.tile, grown, upper)
         register = state.recorded[0]
