@@ -123,7 +123,7 @@ class RollerPolicy(Policy):
         self._visited, self._descended = set(), set()
         self.no_reuse = not self.space.stages_below(eps)
         self._fill = self.space.device.runs_on_cpu and eps >= max(self.options.eps, *EPS_STEPS)
-        self._share_chain = self.space.device.runs_on_cpu and share_streams_from_l1(self.space.expr, self.space.device)
+        self._share_chain = share_streams_from_l1(self.space.expr, self.space.device)  # a CPU's one-row matmul
         mode = self.describe("no_reuse") if self.no_reuse else ""
         note = self.describe("start", tile="x".join(map(str, state.tile)), axes=" x ".join(self.space.axes), layer=self.space.layer_names[0],
                              eps=eps, mode=mode)
@@ -266,7 +266,7 @@ class RollerPolicy(Policy):
         first cache layer over a reduction's micro-kernel the accumulator trips saved as well,
         or those alone once its loads hide under the operator's floor (module docstring)."""
         space = self.space
-        if state.layer == 0 and space.device.runs_on_cpu and share_streams_from_l1(space.expr, space.device):
+        if state.layer == 0 and self._share_chain:
             # B read once: no growth saves a byte; the FMA chains it adds (module docstring)
             expr, device = space.expr, space.device
             return float(accumulators(expr, device, grown) - accumulators(expr, device, state.tile))

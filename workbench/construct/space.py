@@ -19,7 +19,7 @@ from workbench.frozen import direct_init, interned
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
-from workbench.rtile.axes import always_streamed, lane_axis, plain_projection
+from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projection
 from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
@@ -372,7 +372,7 @@ class Space:
             n = ceil(extent / size)
             rest, base = grid // n, tiles[-2][axis] if len(tiles) > 1 else 1
             for m in range(n + 1, extent + 1):
-                new_size = ceil(ceil(extent / m) / base) * base
+                new_size = even_tile(extent, m, base)
                 if new_size >= size or ceil(extent / new_size) * rest % units:
                     continue
                 new = _shrunk_stack(self, tiles, axis, new_size, bound, cached)
@@ -390,7 +390,7 @@ class Space:
             extent, size = self.expr.axes[axis].extent, unit[axis]
             n = ceil(extent / size)
             base = tiles[-2][axis] if len(tiles) > 1 else 1
-            even = ceil(ceil(extent / n) / base) * base
+            even = even_tile(extent, n, base)
             new = _shrunk_stack(self, tiles, axis, even, eps, cached) if even < size else None
             if new is not None:
                 out.append((axis, new, eps))

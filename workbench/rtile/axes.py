@@ -182,6 +182,13 @@ def stream_rows_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     return expr.reduce[0]
 
 
+def even_tile(extent: int, parts: int, step: int = 1) -> int:
+    """The tile that cuts `extent` into `parts` even tiles, rounded up to whole multiples of
+    `step`: ceil(ceil(E / parts) / step) x step (a core's share of a row in whole register tiles,
+    `rules.StreamRowsRule`; an even cut in whole tiles of the layer above, `Space.balances`)."""
+    return -(-(-(-extent // parts)) // step) * step
+
+
 @lru_cache(maxsize=1024)  # asked by the accumulator and stream-rows rules on every size they scan
 def share_streams_from_l1(expr: TensorExpr, device: DeviceSpec) -> bool:
     """Whether a one-row matmul (`axes.stream_rows_axis`) can take a core's even share of N as
@@ -190,7 +197,7 @@ def share_streams_from_l1(expr: TensorExpr, device: DeviceSpec) -> bool:
     rows_axis = stream_rows_axis(expr, device)
     if rows_axis is None or len(device.layers) < 2:
         return False
-    share = -(-expr.axes[lane_axis(expr, device)].extent // device.compute_units)
+    share = even_tile(expr.axes[lane_axis(expr, device)].extent, device.compute_units)
     rows = stream_rows(expr.axes[rows_axis].extent)
     return (rows + 1) * share * expr.output.itemsize <= device.layers[1].capacity_bytes
 

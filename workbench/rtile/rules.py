@@ -27,7 +27,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
     always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
-    reduce_lanes, share_streams_from_l1, short_filter_axis, stream_rows, stream_rows_axis,
+    even_tile, reduce_lanes, share_streams_from_l1, short_filter_axis, stream_rows, stream_rows_axis,
 )
 from workbench.rtile.registers import block_thread_count, row_vectors
 
@@ -464,7 +464,7 @@ class StreamRowsRule(PerAxisRule):
 
     Along N its first cache tile is the register tile (or the fewest of them that make whole
     lines, `TransactionRule`), or a core's even share of N in whole register tiles
-    (`even_share`): holding the same rows, a wider one holds nothing more the next step reads,
+    (`axes.even_tile`): holding the same rows, a wider one holds nothing more the next step reads,
     and between the register and the unit tile it left the last L1 tile that a ragged row cuts
     guarded whole (lowering splits the loop over L1 tiles at the row's end, not the register
     tiles inside the cut one). Two Zen 4 cores, 16 rows, L1 tiles of 96 columns, 192 or 384,
@@ -494,21 +494,15 @@ class StreamRowsRule(PerAxisRule):
         if ctx.layer == 1 and axis == lane_axis(ctx.expr, ctx.device):
             # in whole lines: a register row of 7 AVX2 vectors (224 B) under L1 tiles of two
             line = max(1, ctx.device.layers[1].transaction_bytes // ctx.expr.output.itemsize)
-            return size <= lcm(ctx.upper[axis], line) or size == even_share(ctx, axis)
+            share = even_tile(ctx.expr.axes[axis].extent, ctx.device.compute_units, ctx.upper[axis])
+            return size <= lcm(ctx.upper[axis], line) or size == share  # a core's share, `axes.even_tile`
         if ctx.layer == 0 and axis == lane_axis(ctx.expr, ctx.device) and share_streams_from_l1(ctx.expr, ctx.device):
             # whole vectors that divide a core's share, two register tiles or more to it; a
             # share of one vector or less leaves the row to the other rules (10 columns: 10)
             lanes = ctx.device.warp_size
-            share = -(-(-(-ctx.expr.axes[axis].extent // ctx.device.compute_units)) // lanes)
+            share = even_tile(ctx.expr.axes[axis].extent, ctx.device.compute_units, lanes) // lanes
             return share <= 1 or size % lanes == 0 and share % (size // lanes) == 0 and size // lanes < share
         return True
-
-
-def even_share(ctx: AlignContext, axis: int) -> int:
-    """A core's even share of `axis` in whole tiles of the layer above (`ctx.upper`):
-    ceil(E / cores) rounded up to them (`StreamRowsRule`)."""
-    step = ctx.upper[axis]
-    return -(-(-(-ctx.expr.axes[axis].extent // ctx.device.compute_units)) // step) * step
 
 
 class WeightsAheadRule(PerAxisRule):
