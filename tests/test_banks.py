@@ -58,6 +58,13 @@ def test_lane_coords_are_row_major_and_stop_at_the_block():
     assert len(lane_coords((4, 64), 32)) == 32 and lane_coords((4, 64), 32)[-1] == (0, 31)
 
 
+def test_lane_coords_of_a_warp_laid_out_as_a_box():
+    """`plan.warp_lanes`: 8 x 32 threads whose warps are 4 x 8 boxes: the first warp's lanes
+    are row-major within the box, never past its 8 columns."""
+    assert lane_coords((8, 32), 32, (4, 8)) == tuple((t // 8, t % 8) for t in range(32))
+    assert lane_coords((1, 8, 32), 32, (1, 4, 8))[9] == (0, 1, 1)
+
+
 @pytest.mark.parametrize("ld_extra", [0, 1, 4, 8])
 @pytest.mark.parametrize("tile", [(1, 1), (2, 4), (4, 8), (8, 2), (1, 16)])
 @pytest.mark.parametrize("grid", [(32, 1), (4, 8), (2, 16), (1, 32), (8, 8)])

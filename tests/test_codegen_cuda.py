@@ -191,6 +191,26 @@ def test_register_tiles_are_written_back_coalesced():
     assert gpu_plan(pool_program, spec).vthreads == pool_program.vthreads == ()
 
 
+def test_a_warp_is_laid_out_in_rows_of_8_lanes_storing_16_bytes():
+    """`plan.warp_lanes`: 4 x 4 register tiles in 16 x 64 blocks have 16 threads along j; the
+    first warp is 4 rows of 8 of them (lane j = t & 7, lane i = (t & 31) >> 3), not 2 rows of
+    16, and each thread's run of 4 outputs is stored as one float4 (`vector_stores`; a run of
+    4 needs no virtual threads). The kernel, its threads run serially here, equals numpy.
+    With 8 threads along j a row-major warp is already 4 x 8: nothing to lay out."""
+    fused, program = pinned("matmul", ((4, 4, 1), (16, 64, 64)), ((0, 0, 0), (1, 4, 0)))
+    spec = device("v100")
+    plan = gpu_plan(program, spec)
+    assert (plan.warp_lanes, plan.vthreads, plan.vector_stores) == ((("i", 4), ("j", 8)), (), True)
+    source = pinned_source(fused, program)
+    assert "(((int)threadIdx.x) & 7) * 4)" in source and "((((int)threadIdx.x) & 31) >> 3)" in source
+    assert len(re.findall(r"\*\(float4\*\)\(C_ptr \+", source)) == 4  # 4 rows of one run
+    inputs = random_inputs(fused, seed=0)
+    ref = inputs[0].astype(np.float64) @ inputs[1]
+    np.testing.assert_allclose(run_serially(fused, program, spec, inputs), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    _, narrow = pinned("matmul", ((4, 4, 1), (32, 32, 64)), ((0, 0, 0), (1, 4, 0)))
+    assert gpu_plan(narrow, spec).warp_lanes == () and not gpu_plan(narrow, spec).vector_stores
+
+
 def test_programs_beyond_the_target_limits_are_refused():
     fused, program = pinned("matmul", *MATMUL_64)
     spec = device("v100")

@@ -29,7 +29,7 @@ from workbench.rtile.model.cpu_compute import (
     step_loads, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
-    bytes_in_flight, gpu_stages, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
+    bytes_in_flight, gpu_stages, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
     uncoalesced_bytes, shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
@@ -998,6 +998,13 @@ def test_a_strided_write_back_is_priced_by_the_sectors_it_wastes():
     plain, rows, pairs = (make_program(calc, dev, tiles, (True, True), 0.05, vthreads=v)
                           for v in ((), (("i", 2),), (("j", 2),)))
     assert [store_sector_ratio(p, dev) for p in (plain, rows, pairs)] == [1.0, 8.0, 4.0]
+    # `plan.warp_lanes`: the plain program's warp is 4 rows of 8 lanes, each storing a run of 4
+    # along j as one 16-byte vector: 4 rows x 128 B, 16 whole sectors; were the run stored one
+    # element at a time, each store's 8 lanes would be 16 B apart: 16 sectors for 4 sectors' bytes
+    assert gpu_plan(plain, dev).warp_lanes == (("i", 4), ("j", 8)) and gpu_plan(plain, dev).vector_stores
+    block, reg, split = plain.unit_tile, plain.register_tile, gpu_plan(plain, dev).vthreads
+    assert output_sectors(calc.expr, dev, block, reg, split, (("i", 4), ("j", 8)), 4) == (16, 16)
+    assert output_sectors(calc.expr, dev, block, reg, split, (("i", 4), ("j", 8)), 1) == (16, 4)
     output, gbps = 65536 * 1024 * 4, dev.layers[-1].bandwidth_gbps  # global memory's
     loads = {p: dict(estimate(p, dev).load_seconds)["global"] for p in (plain, rows, pairs)}
     assert loads[rows] - loads[plain] == pytest.approx(7 * output / (gbps * 1e9), rel=1e-9)

@@ -259,6 +259,8 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads:
         init = sch.decompose_reduction(main, nest.reduce_steps[0])
         for block in (init, local):
             _unroll_below(sch, block, nest.thread)
+        if gpu_plan(program, device).vector_stores:
+            sch.vectorize(sch.get_loops(local)[-1])
     return sch
 
 
@@ -346,10 +348,33 @@ def _tile(sch, main, expr: TensorExpr, program: RProgram, device: DeviceSpec, vt
     sch.bind(sch.fuse(*grid), "blockIdx.x")
     if virtual:
         sch.bind(sch.fuse(*virtual), "vthread.x")
-    thread = sch.fuse(*threads)
+    thread = fuse_threads(sch, threads, [expr.axes[a].name for a in expr.spatial], gpu_plan(program, device).warp_lanes)
     sch.bind(thread, "threadIdx.x")
     register = [levels[k][2] for k in expr.reduce] + spatial_regs
     return _Nest(thread, tuple(steps), tuple(register))
+
+
+def fuse_threads(sch, loops, names, lanes) -> object:
+    """The block's thread loops (one per spatial axis, named `names`, outermost first) fused
+    into the one loop bound to `threadIdx.x`. Where the plan lays a warp's lanes out as a box
+    (`rtile.plan.warp_lanes`: `lanes` = ((axis, lanes along it), ..)), each of those loops is
+    split into (warps, lanes) and the lanes' parts go innermost: thread t's warp, t / 32, is
+    row-major over the warps' loops, its lane, t % 32, row-major over the box (the last axis
+    fastest), as `rtile.banks.lane_coords` reads it. Unit-extent loops (a reduction to a
+    scalar's) fuse as they are."""
+    box = dict(lanes)
+    if not box or len(loops) != len(names):
+        return sch.fuse(*loops)
+    outer, inner = [], []
+    for loop, name in zip(loops, names):
+        if box.get(name, 1) > 1:
+            warps, lane = sch.split(loop, factors=[None, box[name]])
+            outer.append(warps)
+            inner.append(lane)
+        else:
+            outer.append(loop)
+    sch.reorder(*outer, *inner)
+    return sch.fuse(*outer, *inner)
 
 
 def _static_extent(sch, loop) -> int | None:

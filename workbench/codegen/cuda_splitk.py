@@ -43,6 +43,7 @@ from workbench.codegen.cuda import (
     _unroll_below,
     block_threads,
     check_gpu_program,
+    fuse_threads,
     lane_program,
     pipeline_shared_copies,
     split_levels,
@@ -103,7 +104,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
     if across:
         nest, anchor = _tile_cross_thread(sch, expr, program, part, loops, axis)
     else:
-        nest = _tile(sch, expr, program, part, loops, axis, dict(gpu_plan(program, device).vthreads))
+        nest = _tile(sch, expr, program, device, part, loops, axis, dict(gpu_plan(program, device).vthreads))
         anchor = nest.thread
     local = sch.cache_write(rf, 0, "local")  # partial sums in registers, stored once per output
     sch.reverse_compute_at(local, anchor)
@@ -127,7 +128,7 @@ def _schedule(expr: TensorExpr, program: RProgram, device: DeviceSpec, axis: int
     return sch
 
 
-def _tile(sch, expr: TensorExpr, program: RProgram, part, loops, axis: int, vthreads) -> _Nest:
+def _tile(sch, expr: TensorExpr, program: RProgram, device: DeviceSpec, part, loops, axis: int, vthreads) -> _Nest:
     """`codegen.cuda._tile` on the partial-sum block: every axis split by its tile chain (the
     split axis's steps are its part's), the split loop outermost in the grid."""
     levels = split_levels(sch, loops, expr, program, vthreads, keep=axis)
@@ -149,7 +150,7 @@ def _tile(sch, expr: TensorExpr, program: RProgram, part, loops, axis: int, vthr
     sch.bind(sch.fuse(*grid), "blockIdx.x")
     if virtual:
         sch.bind(sch.fuse(*virtual), "vthread.x")
-    thread = sch.fuse(*threads)
+    thread = fuse_threads(sch, threads, [expr.axes[a].name for a in expr.spatial], gpu_plan(program, device).warp_lanes)
     sch.bind(thread, "threadIdx.x")
     return _Nest(thread, tuple(steps), tuple([levels[k][2] for k in expr.reduce] + spatial_regs))
 

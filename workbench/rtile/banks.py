@@ -7,7 +7,9 @@ one broadcast): that count is the access's *conflict degree*, 1 when conflict-fr
 
 Which address each lane reads follows from the thread binding of the CUDA template
 (codegen/cuda.py): the threads of a block are laid over the spatial axes row-major (the last axis
-fastest, as `threadIdx.x` fuses them) and the first `lanes` threads form the first warp. A thread
+fastest, as `threadIdx.x` fuses them) and the first `lanes` threads form the first warp, or, where
+the plan lays a warp out as a box (`rtile.plan.warp_lanes`: 4 x 8 lanes), the first warp is that
+box of the block's first threads along each axis. A thread
 owns a run of `tile[a]` consecutive elements along axis `a`, or, with V virtual threads on that
 axis, V runs of `tile[a] / V` elements, one in each of V equal strips of the block tile (TVM's
 `vthread` split). The data tile is stored row-major with its leading dimension padded against
@@ -30,6 +32,7 @@ class ThreadBinding:
     threads: tuple[int, ...]  # threads of the block along each axis
     tile: tuple[int, ...]  # elements one thread computes along each axis (its register tile)
     vthreads: tuple[int, ...]  # virtual threads along each axis (1 = none); each divides `tile`
+    warp: tuple[int, ...] = ()  # a warp's lanes along each axis (`lane_coords`); () = row-major
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,15 @@ def axis_offset(coord: int, threads: int, size: int, vthreads: int, element: int
 
 
 @lru_cache(maxsize=4096)
-def lane_coords(threads: tuple[int, ...], lanes: int) -> tuple[tuple[int, ...], ...]:
+def lane_coords(threads: tuple[int, ...], lanes: int, warp: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
     """Per-axis thread coordinates of the first `lanes` threads (fewer if the block is smaller),
-    row-major with the last axis fastest."""
+    row-major with the last axis fastest; with `warp` (lanes along each axis, their product
+    `lanes`) those of the box of `warp[a]` threads along each axis, row-major within it."""
+    box = warp or threads
     out = []
-    for lane in range(min(lanes, prod(threads))):
+    for lane in range(min(lanes, prod(box), prod(threads))):
         coord, rest = [], lane
-        for n in reversed(threads):
+        for n in reversed(box):
             coord.append(rest % n)
             rest //= n
         out.append(tuple(reversed(coord)))
@@ -94,15 +99,17 @@ def access_degree(tile: StoredTile, binding: ThreadBinding, element: Sequence[in
     weights = tile.axis_weights()
     shift = sum(w * axis_offset(0, n, s, v, e)
                 for w, n, s, v, e in zip(weights, binding.threads, binding.tile, binding.vthreads, element) if w)
-    bases = _lane_offsets(weights, tuple(binding.threads), tuple(binding.tile), tuple(binding.vthreads), lanes)
+    bases = _lane_offsets(weights, tuple(binding.threads), tuple(binding.tile), tuple(binding.vthreads), lanes,
+                          tuple(binding.warp))
     return conflict_degree(((b + shift) * tile.itemsize for b in bases), banks, bank_width)
 
 
 @lru_cache(maxsize=4096)
-def _lane_offsets(weights, threads, tile, vthreads, lanes: int) -> tuple[int, ...]:
-    """Each lane's own part of its offset (`access_degree`), for the first `lanes` threads."""
+def _lane_offsets(weights, threads, tile, vthreads, lanes: int, warp=()) -> tuple[int, ...]:
+    """Each lane's own part of its offset (`access_degree`), for the first warp's lanes."""
     runs = [s // v for s, v in zip(tile, vthreads)]
-    return tuple(sum(w * c * r for w, c, r in zip(weights, coord, runs) if w) for coord in lane_coords(threads, lanes))
+    return tuple(sum(w * c * r for w, c, r in zip(weights, coord, runs) if w)
+                 for coord in lane_coords(threads, lanes, warp))
 
 
 def requests(tile: StoredTile, binding: ThreadBinding) -> int:

@@ -110,7 +110,9 @@ class GpuPlan:
     pipeline depth (`stages`: 2 double-buffers the staged tiles) and whether the next step's
     copy passes through registers (`register_prefetch`, no `cp.async`), the reduce axis a block
     spreads its threads along (`cross_thread_axis`), the reduce axis whose step loop is
-    pipelined, the MMA fragment's (i, j, k) axes, the split-K factor and the virtual threads."""
+    pipelined, the MMA fragment's (i, j, k) axes, the split-K factor, the virtual threads, the
+    lanes of a warp along each spatial axis (`warp_lanes`; empty: the block's threads row-major)
+    and whether a thread's run of the output is written back in one vector (`vector_stores`)."""
 
     staged: tuple[str, ...]
     stages: int
@@ -120,6 +122,8 @@ class GpuPlan:
     mma_axes: tuple[int, int, int] | None
     split: int
     vthreads: tuple[tuple[str, int], ...]
+    warp_lanes: tuple[tuple[str, int], ...] = ()
+    vector_stores: bool = False
 
     @property
     def pipelined(self) -> bool:
@@ -137,6 +141,8 @@ class GpuPlan:
             "mma_axes": None if self.mma_axes is None else [name(a) for a in self.mma_axes],
             "split": self.split,
             "vthreads": dict(self.vthreads),
+            "warp_lanes": dict(self.warp_lanes),
+            "vector_stores": self.vector_stores,
         }
 
 
@@ -200,36 +206,98 @@ def gpu_plan(program: RProgram, device: DeviceSpec) -> GpuPlan:
     unit = device.unit_layer_index
     staged = tuple(t.name for t in expr.inputs) if program.cached[unit] else ()
     deep = pipelined(program, device)
+    lanes = warp_lanes(program, device)
+    # split-K's partial sums are written back by their own template, one element at a time
+    vectors = bool(lanes) and not program.vthreads and program.split <= 1 and _whole_runs(program, device)
     return GpuPlan(staged, 2 if deep else 1, deep and register_prefetch(program, device),
                    pipelined_axis(program, device) if deep else None, cross_thread_axis(expr, device),
-                   mma_axes(expr, device), program.split, program.vthreads or store_vthreads(program, device))
+                   mma_axes(expr, device), program.split, program.vthreads or store_vthreads(program, device, vectors),
+                   lanes, vectors)
 
 
-def store_vthreads(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], ...]:
+# A warp's lanes along the output's contiguous axis where `warp_lanes` lays them out: 8 lanes
+# reading 16 B each of a staged row are one 128 B shared-memory wavefront (32 banks x 4 B), and
+# write 128 B of an output row, four whole 32 B sectors.
+ROW_LANES = 8
+# Elements of a thread's run along that axis (float32): one 16-byte vector, the widest access.
+VECTOR_RUN = 4
+
+
+def warp_lanes(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], ...]:
+    """How the first warp's lanes lie over a block's threads: ((u, W / 8), (v, 8)), a box of
+    W / 8 rows of 8 threads, v the output's contiguous axis and u the spatial axis with threads
+    next to it; () for the template's plain row-major order (the last axis fastest). Each k-step
+    a thread of an r_u x r_v register tile reads r_u elements of the staged input along u (A's
+    column of a matmul) and r_v along v (B's row); a warp of 32 threads along v reads its B row
+    in r_v / 4 16-byte loads of 32 x 16 B, four wavefronts each, and each scalar load of A is
+    one wavefront however few distinct words it reads: 8 + 8 = 16 wavefronts for 8 x 8's 64
+    FMAs a warp, and the H200's shared memory serves one wavefront a cycle an SM against four
+    warps' FMAs a cycle, so shared memory binds as much as the FMAs (M2 ran at 33 of 61
+    TFLOP/s, docs/gpu.md). Laid as 4 x 8, the warp's B loads cover 128 B: 8 + 2 = 10. Only for
+    a staged CUDA-core program with a reduction whose inputs read v contiguously or not at all
+    (`streams`: matmul's A and B, not a conv's windows), more than 8 threads along v (8 or fewer
+    are already rows of at most 8 lanes), and threads along u in whole multiples of W / 8; not
+    over fused axes: a conv seen as a GEMM (`ops.gemm_view`: n, h, w fused into one) has a
+    template of its own (`codegen.cuda_conv`) that keeps the row-major order, its view's
+    contiguous axis f not being the NCHW output's."""
+    expr, warp = program.expr, device.warp_size
+    if not device.lanes_are_threads or warp % ROW_LANES or not expr.reduce or not program.cached[device.unit_layer_index]:
+        return ()
+    if any(axis.fused_from for axis in expr.axes):
+        return ()
+    if mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
+        return ()
+    v = vector_axis(expr)
+    if v is None or expr.axes[v].kind != "spatial" or not all(streams(t, v) for t in expr.inputs):
+        return ()
+    threads = {a: program.unit_tile[a] // program.register_tile[a] for a in expr.spatial}
+    others = [a for a in expr.spatial if a != v and threads[a] > 1]
+    if threads[v] <= ROW_LANES or threads[v] % ROW_LANES or not others or threads[others[-1]] % (warp // ROW_LANES):
+        return ()
+    return ((expr.axes[others[-1]].name, warp // ROW_LANES), (expr.axes[v].name, ROW_LANES))
+
+
+def store_vthreads(program: RProgram, device: DeviceSpec, vectors: bool = False) -> tuple[tuple[str, int], ...]:
     """Virtual threads that make a GPU program's register-tile write-back coalesced, for a
     program whose construction set none: along the output's contiguous axis `v`, a thread's r
     elements are interleaved across the block's threads along `v` (Gensor's setVthread with V =
     r), so that each of the template's scalar stores (TVM writes the register tile back one
     element at a time) has a warp's lanes on consecutive elements, whole 32 B sectors, rather
     than r elements apart (a 64K x 1024 output of 8 x 8 register tiles was written at 470 GB/s
-    of the H200's 4.25 TB/s so). Only where every input reading `v` reads it as its
-    contiguous axis (`streams`) or not at all (matmul's B[k, j]: a lane's fragment reads from
-    shared memory become consecutive across the warp, conflict-free; not a conv's windowed
-    input), on CUDA cores (not tensor-core fragments, not a cross-thread reduction, whose
-    block writes one output), with r > 1, at least two threads along `v` and blocks that tile
-    the output exactly; else none."""
+    of the H200's 4.25 TB/s so). Where the write-back stores whole vectors (`vectors`,
+    `GpuPlan.vector_stores`), in runs of `VECTOR_RUN` instead (V = r / 4, none for r = 4): each
+    run is one 16-byte load of B from shared memory and one 16-byte store, 8 lanes' runs a whole
+    128 B row (`warp_lanes`). Only where `_whole_runs` holds: r > 1, at least two threads along
+    `v`, every input reading `v` reading it as its contiguous axis (`streams`) or not at all
+    (matmul's B[k, j]: a lane's fragment reads from shared memory become consecutive across the
+    warp, conflict-free; not a conv's windowed input), on CUDA cores (not tensor-core
+    fragments, not a cross-thread reduction, whose block writes one output) and blocks that
+    tile the output exactly; else none."""
+    if not _whole_runs(program, device, 1):
+        return ()
+    v = vector_axis(program.expr)
+    reg = program.register_tile[v]
+    if vectors:
+        return ((program.expr.axes[v].name, reg // VECTOR_RUN),) if reg > VECTOR_RUN else ()
+    return ((program.expr.axes[v].name, reg),)
+
+
+def _whole_runs(program: RProgram, device: DeviceSpec, run: int = VECTOR_RUN) -> bool:
+    """Whether a GPU program's write-back can be cut into runs of `run` elements along the
+    output's contiguous axis `v`, each a whole run of every thread's register tile, all starting
+    at multiples of `run` (so that a 16-byte store is aligned): `store_vthreads`'s conditions,
+    with r and v's extent multiples of `run`."""
     expr = program.expr
     if not device.lanes_are_threads or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
-        return ()
+        return False
     v = vector_axis(expr)
     if v is None or expr.axes[v].kind != "spatial" or not all(streams(t, v) for t in expr.inputs):
-        return ()
+        return False
     reg, block = program.register_tile[v], program.unit_tile[v]
-    if reg <= 1 or block % reg or block // reg < 2:
-        return ()
-    if any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial):
-        return ()  # guarded tails: the replicated bodies made ptxas spill (M0's 96-row blocks, sm_90a)
-    return ((expr.axes[v].name, reg),)
+    if reg <= 1 or block % reg or block // reg < 2 or reg % run or expr.axes[v].extent % run:
+        return False
+    # guarded tails: the replicated bodies made ptxas spill (M0's 96-row blocks, sm_90a)
+    return not any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial)
 
 
 def loop_nest_key(program: RProgram, device: DeviceSpec) -> tuple:
@@ -271,6 +339,10 @@ def describe(plan: Plan, program: RProgram) -> str:
             parts.append(f"split-K x{plan.split}")
         if plan.vthreads:
             parts.append("vthreads " + ", ".join(f"{a}x{v}" for a, v in plan.vthreads))
+        if plan.warp_lanes:
+            parts.append("warps of " + " x ".join(f"{n} {a}" for a, n in plan.warp_lanes) + " lanes")
+        if plan.vector_stores:
+            parts.append(f"outputs stored {VECTOR_RUN} at a time")
         return ", ".join(parts)
     reg = program.register_tile
     shape = "x".join(str(reg[a]) for a in expr.spatial) or "1"

@@ -12,10 +12,10 @@ from math import ceil, log2, prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis
-from workbench.rtile.banks import ThreadBinding, requests, stored_tile, wavefronts
+from workbench.rtile.banks import ThreadBinding, lane_coords, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
-from workbench.rtile.plan import gpu_plan
+from workbench.rtile.plan import VECTOR_RUN, gpu_plan
 from workbench.rtile.rprogram import RProgram, storage_padding, waves
 from workbench.rtile.traffic import calculus
 
@@ -88,7 +88,8 @@ def store_sector_ratio(program: RProgram, device: DeviceSpec) -> float:
     need (`warp_sectors` of the output at one element: the template writes the register tile
     back one element at a time, the warp's lanes over the block's threads, the last spatial
     axis fastest, neighbouring threads of an axis its tile over its virtual threads apart;
-    `plan.store_vthreads` interleaves the contiguous axis's tile: 1). 8 x 8 register tiles
+    `plan.store_vthreads` interleaves the contiguous axis's tile: 1; a warp laid out in rows
+    of 8 lanes storing runs of 4 in 16-byte vectors, `plan.warp_lanes`: 1). 8 x 8 register tiles
     without it: 32 sectors for 128 B (8), as the H200 wrote a 64K x 1024 output at 470 GB/s of
     4.25 TB/s; lanes that run along no contiguous axis at all (a depthwise convolution's
     threads over batch and channels, a thread per output row) each take a sector of their own.
@@ -96,18 +97,24 @@ def store_sector_ratio(program: RProgram, device: DeviceSpec) -> float:
     expr, plan = program.expr, gpu_plan(program, device)
     if not device.lanes_are_threads or plan.mma_axes is not None or plan.cross_thread_axis is not None:
         return 1.0
-    touched, needed = output_sectors(expr, device, program.unit_tile, program.register_tile, plan.vthreads)
+    run = VECTOR_RUN if plan.vector_stores else 1
+    touched, needed = output_sectors(expr, device, program.unit_tile, program.register_tile, plan.vthreads,
+                                     plan.warp_lanes, run)
     return touched / needed
 
 
 @lru_cache(maxsize=65536)
-def output_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=()) -> tuple[int, int]:
+def output_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=(), warp=(), run: int = 1) -> tuple[int, int]:
     """(sectors, needed) of the first warp's store of one element of its threads' register
-    tiles of the output (each thread's first), lanes bound as `warp_sectors` binds them."""
-    starts = _lane_starts(expr, device, block, reg, vthreads, None)
+    tiles of the output (each thread's first; its first `run` along the output's contiguous
+    axis where the template stores them as one vector), lanes bound as `warp_sectors` binds
+    them (in the box `warp` where the plan lays the warp out so)."""
+    starts = _lane_starts(expr, device, block, reg, vthreads, None, warp)
     out, sector = expr.output, device.layers[-1].transaction_bytes
     weights = _weights(out, len(expr.axes))
-    addresses = {sum(c * w for c, w in zip(start, weights)) * out.itemsize for start in starts}
+    # a run lies along the output's contiguous axis: its e-th element is e elements on
+    addresses = {(sum(c * w for c, w in zip(start, weights)) + e) * out.itemsize
+                 for start in starts for e in range(run)}
     return len({a // sector for a in addresses}), ceil(len(addresses) * out.itemsize / sector)
 
 
@@ -128,16 +135,19 @@ def _lane_layout(expr: TensorExpr, block, reg, vthreads, across) -> tuple[dict[i
             {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial})
 
 
-def _lane_starts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, across) -> list[list[int]]:
+def _lane_starts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, across, warp=()) -> list[list[int]]:
     """The first warp's lanes as coordinates of their register tiles' first elements, laid out
-    by `_lane_layout`, the last axis fastest."""
+    by `_lane_layout`, the last axis fastest (`banks.lane_coords`; in the box `warp`, ((axis
+    name, lanes), ..), where the plan lays the warp out so: `plan.warp_lanes`)."""
     counts, steps = _lane_layout(expr, block, reg, vthreads, across)
+    axes, box = list(counts), dict(warp)
+    lanes = tuple(box.get(expr.axes[a].name, 1) for a in axes) if box else ()
     starts = []
-    for lane in range(min(device.warp_size, prod(counts.values()))):
-        coord, rest = [0] * len(expr.axes), lane
-        for a in reversed(list(counts)):
-            coord[a], rest = rest % counts[a] * steps[a], rest // counts[a]
-        starts.append(coord)
+    for coord in lane_coords(tuple(counts[a] for a in axes), device.warp_size, lanes):
+        start = [0] * len(expr.axes)
+        for a, c in zip(axes, coord):
+            start[a] = c * steps[a]
+        starts.append(start)
     return starts
 
 
@@ -242,8 +252,8 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
     split = dict(gpu_plan(program, device).vthreads)
     vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
     block, reg = program.unit_tile, program.register_tile
-    with_split = shared_wavefronts(expr, device, block, reg, vthreads)[0]
-    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes))[0]
+    with_split = shared_wavefronts(expr, device, block, reg, vthreads, plan.warp_lanes)[0]
+    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes), plan.warp_lanes)[0]
     return with_split / without if without else 1.0
 
 
@@ -352,15 +362,18 @@ def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
 
 
 @lru_cache(maxsize=65536)
-def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads) -> tuple[int, int]:
+def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, warp=()) -> tuple[int, int]:
     """(wavefronts, requests) of the first warp of a GPU block tile `block` reading its
     threads' register tiles `reg` of every input from shared memory (bank padding included),
     each thread's tile split into per-axis `vthreads`: counted exactly from the 32 lane
     addresses (`rtile.banks`) under the CUDA template's binding, one thread per register
-    tile along each spatial axis. wavefronts == requests when conflict-free."""
+    tile along each spatial axis, the warp a box of lanes where the plan says (`warp`,
+    `plan.warp_lanes`). wavefronts == requests when conflict-free."""
     calc, smem = calculus(expr), device.layers[device.unit_layer_index]
     threads = tuple(b // r if a in expr.spatial else 1 for a, (b, r) in enumerate(zip(block, reg)))
-    binding = ThreadBinding(threads, reg, vthreads)
+    box = dict(warp)
+    lanes = tuple(box.get(axis.name, 1) for axis in expr.axes) if box else ()
+    binding = ThreadBinding(threads, reg, vthreads, lanes)
     shapes, pads = calc.data_tiles(block), storage_padding(calc, device, device.unit_layer_index, block, reg)
     served = reqs = 0
     for t, tensor in enumerate(expr.tensors):
