@@ -4,7 +4,8 @@ The construction tiles a conv on a GPU in its implicit-GEMM view (`ops.gemm_view
 N = F, K = C*KH*KW). This template realises such a program without a new compute definition:
 TensorIR's `reindex` gives the conv block's two reads and its write buffers indexed by the
 block's own iterators (the read of `pad` becomes the im2col buffer [n, h, w, c, r, s]),
-`transform_layout` lays them out as A[M, K], B[K, N] and O[M, N], and `transform_block_layout`
+`transform_layout` lays them out as A[K, M] (k-major, unpadded: `rtile.plan.kmajor_inputs`),
+B[K, N] and O[M, N], and `transform_block_layout`
 turns the 7-axis block into an (m, n, k) matmul block (the reindex copy blocks too, so each of
 them iterates over a rectangle of its matrix). From there the steps are the matmul template's
 (`codegen.cuda`): every axis split into (grid, threads, register tile) or (shared steps,
@@ -16,8 +17,8 @@ padding is a predicate on the load and the input is read straight from the kerne
 B's reindex block is staged the same way. The accumulator is the O reindex buffer in `local`
 scope; its copy block writes the NCHW output from registers and absorbs the epilogues (bias,
 relu, as ONNX import fuses them). Copy order: A is copied with m innermost (consecutive threads
-take consecutive output pixels, i.e. consecutive input columns at stride 1), B with k innermost
-(the weight's contiguous c, r, s); the shared rows are padded as the program's `padding` says
+take consecutive output pixels, i.e. consecutive input columns at stride 1, into consecutive
+words of a shared row), B with k innermost (the weight's contiguous c, r, s); the shared rows are padded as the program's `padding` says
 (the footprint the model counted). Those column-wise stores into shared memory may conflict
 where the padding does not spread them: the model does not price that (docs/architecture.md).
 """
@@ -37,6 +38,7 @@ from workbench.codegen.cuda import (
     _unroll_below,
     block_threads,
     check_gpu_program,
+    fuse_threads,
     lane_program,
     pipeline_shared_copies,
     prefetch_in_registers,
@@ -69,16 +71,17 @@ def gemm_schedule(view: GemmView, program: RProgram, device: DeviceSpec):
     sch = new_schedule(expr)
     producers, epilogues = producer_names(sch, expr), epilogue_names(sch, expr)
     main = sch.get_sblock(expr.main_block)
-    a_copy, b_copy, writeback = _as_gemm(sch, main, view)
-    grid_thread, steps, register = _tile(sch, main, expr, program, dict(gpu_plan(program, device).vthreads))
+    a_copy, b_copy, writeback = _as_gemm(sch, main, view, gpu_plan(program, device).kmajor)
+    grid_thread, steps, register = _tile(sch, main, expr, program, device, dict(gpu_plan(program, device).vthreads))
     primitive("keep the accumulator in registers", sch.set_scope, main, 0, "local")
     primitive("write back per thread", sch.reverse_compute_at, writeback, grid_thread)
     inline_epilogues(sch, epilogues)
     for t, copy in ((view.image, a_copy), (view.weight, b_copy)):
         primitive("stage a tile", sch.set_scope, copy, 0, "shared")
         primitive("stage a tile", sch.compute_at, copy, steps)
-        align = _bank_alignment(expr, program, device, t, expr.tensors[t].shape)
-        _cooperative(sch, copy, steps, block_threads(expr, program, device), align)
+        kmajor = expr.tensors[t].name in gpu_plan(program, device).kmajor  # its rows: one k, unpadded
+        align = None if kmajor else _bank_alignment(expr, program, device, t, expr.tensors[t].shape)
+        _cooperative(sch, copy, steps, block_threads(expr, program, device), align, swap=not kmajor)
     plan = gpu_plan(program, device)
     if plan.pipelined:  # one reduce axis (k): its step loop is the one pipelined
         prefetch = plan.register_prefetch
@@ -95,8 +98,9 @@ def gemm_schedule(view: GemmView, program: RProgram, device: DeviceSpec):
     return sch
 
 
-def _as_gemm(sch, main, view: GemmView):
-    """Re-lay the conv block out as the GEMM of `view`: (A copy, B copy, write-back) blocks."""
+def _as_gemm(sch, main, view: GemmView, kmajor=()):
+    """Re-lay the conv block out as the GEMM of `view`: (A copy, B copy, write-back) blocks; A
+    as [K, M] where its name is in `kmajor` (the plan's)."""
     from tvm.tirx import IndexMap
 
     iter_vars = sch.get(main).iter_vars
@@ -104,7 +108,7 @@ def _as_gemm(sch, main, view: GemmView):
     extents = {name: int(iv.dom.extent) for name, iv in zip(names, iter_vars)}
     dtype = str(iter_vars[0].var.ty)
     groups = view.groups()
-    reads = {view.image: "mk", view.weight: "kn"}
+    reads = {view.image: "km" if view.expr.tensors[view.image].name in kmajor else "mk", view.weight: "kn"}
     weight = str(sch.get(main).reads[view.weight].source.name)
     if weight != view.expr.inputs[view.weight].name:  # the block reads its inputs in call order
         raise ScheduleError(f"block {view.expr.main_block} reads {weight} where the weight is expected")
@@ -161,7 +165,7 @@ def _uses(region, name: str, iter_vars, names) -> bool:
     return bool(hits)
 
 
-def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads):
+def _tile(sch, main, expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads):
     """Split m, n, k by their chains; returns (thread loop, innermost shared step, register
     loops). Order: grid m, n; [vthreads;] threads m, n; k steps; k register steps; register
     tiles k, m, n (Roller's order, as `codegen.cuda` tiles a matmul)."""
@@ -169,7 +173,8 @@ def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads):
     virtual = [*m[1:-2], *n[1:-2]]
     order = [m[0], n[0], *virtual, m[-2], n[-2], k[0], k[1], k[2], m[-1], n[-1]]
     sch.reorder(*order)
-    grid, thread = sch.fuse(m[0], n[0]), sch.fuse(m[-2], n[-2])
+    names = [expr.axes[a].name for a in expr.spatial]
+    grid, thread = sch.fuse(m[0], n[0]), fuse_threads(sch, [m[-2], n[-2]], names, gpu_plan(program, device).warp_lanes)
     sch.bind(grid, "blockIdx.x")
     if virtual:
         sch.bind(sch.fuse(*virtual), "vthread.x")
@@ -177,14 +182,16 @@ def _tile(sch, main, expr: TensorExpr, program: RProgram, vthreads):
     return thread, k[0], (k[2], m[-1], n[-1])
 
 
-def _cooperative(sch, copy, anchor, threads: int, align) -> None:
-    """All threads of the block copy the staged tile, column by column (A[m, k]: m innermost,
-    consecutive output pixels; B[k, n]: k innermost, the weight's contiguous c, r, s): its two
-    loops swapped, fused, split over the threads; the shared rows padded as the program says
-    (`align`: `codegen.cuda._bank_alignment`'s storage_align, None when unpadded). A unit loop
-    `compute_at` dropped leaves one loop, copied as it is."""
+def _cooperative(sch, copy, anchor, threads: int, align, swap: bool) -> None:
+    """All threads of the block copy the staged tile, the input's contiguous dimension innermost
+    (A: m, consecutive output pixels, row by row where it is stored [k, m], else column by
+    column; B[k, n]: k, the weight's contiguous c, r, s, column by column: the two loops
+    swapped, `swap`), fused, split over the threads;
+    the shared rows padded as the program says (`align`: `codegen.cuda._bank_alignment`'s
+    storage_align, None when unpadded). A unit loop `compute_at` dropped leaves one loop,
+    copied as it is."""
     loops = sch.get_loops(copy)[_depth(sch, copy, anchor) :]
-    if len(loops) == 2:
+    if len(loops) == 2 and swap:
         loops = loops[::-1]
         sch.reorder(*loops)
     elif not loops:

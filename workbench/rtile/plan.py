@@ -111,8 +111,9 @@ class GpuPlan:
     copy passes through registers (`register_prefetch`, no `cp.async`), the reduce axis a block
     spreads its threads along (`cross_thread_axis`), the reduce axis whose step loop is
     pipelined, the MMA fragment's (i, j, k) axes, the split-K factor, the virtual threads, the
-    lanes of a warp along each spatial axis (`warp_lanes`; empty: the block's threads row-major)
-    and whether a thread's run of the output is written back in one vector (`vector_stores`)."""
+    lanes of a warp along each spatial axis (`warp_lanes`; empty: the block's threads row-major),
+    whether a thread's run of the output is written back in one vector (`vector_stores`) and the
+    inputs staged transposed, their reduce axis outermost (`kmajor`: `kmajor_inputs`)."""
 
     staged: tuple[str, ...]
     stages: int
@@ -124,6 +125,7 @@ class GpuPlan:
     vthreads: tuple[tuple[str, int], ...]
     warp_lanes: tuple[tuple[str, int], ...] = ()
     vector_stores: bool = False
+    kmajor: tuple[str, ...] = ()
 
     @property
     def pipelined(self) -> bool:
@@ -143,6 +145,7 @@ class GpuPlan:
             "vthreads": dict(self.vthreads),
             "warp_lanes": dict(self.warp_lanes),
             "vector_stores": self.vector_stores,
+            "kmajor": list(self.kmajor),
         }
 
 
@@ -207,12 +210,15 @@ def gpu_plan(program: RProgram, device: DeviceSpec) -> GpuPlan:
     staged = tuple(t.name for t in expr.inputs) if program.cached[unit] else ()
     deep = pipelined(program, device)
     lanes = warp_lanes(program, device)
-    # split-K's partial sums are written back by their own template, one element at a time
-    vectors = bool(lanes) and not program.vthreads and program.split <= 1 and _whole_runs(program, device)
+    runs = bool(lanes) and _whole_runs(program, device)
+    # split-K's partial sums are written back by their own template, one element at a time, and
+    # a fused output (a conv's GEMM view: NCHW, not its view's [M, N]) by its copy block
+    fused = any(axis.fused_from for axis in expr.axes)
+    vectors = runs and not program.vthreads and program.split <= 1 and not fused
     return GpuPlan(staged, 2 if deep else 1, deep and register_prefetch(program, device),
                    pipelined_axis(program, device) if deep else None, cross_thread_axis(expr, device),
-                   mma_axes(expr, device), program.split, program.vthreads or store_vthreads(program, device, vectors),
-                   lanes, vectors)
+                   mma_axes(expr, device), program.split, program.vthreads or store_vthreads(program, device, runs),
+                   lanes, vectors, kmajor_inputs(program, device))
 
 
 # A warp's lanes along the output's contiguous axis where `warp_lanes` lays them out: 8 lanes
@@ -236,14 +242,11 @@ def warp_lanes(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], 
     TFLOP/s, docs/gpu.md). Laid as 4 x 8, the warp's B loads cover 128 B: 8 + 2 = 10. Only for
     a staged CUDA-core program with a reduction whose inputs read v contiguously or not at all
     (`streams`: matmul's A and B, not a conv's windows), more than 8 threads along v (8 or fewer
-    are already rows of at most 8 lanes), and threads along u in whole multiples of W / 8; not
-    over fused axes: a conv seen as a GEMM (`ops.gemm_view`: n, h, w fused into one) has a
-    template of its own (`codegen.cuda_conv`) that keeps the row-major order, its view's
-    contiguous axis f not being the NCHW output's."""
+    are already rows of at most 8 lanes), and threads along u in whole multiples of W / 8. A
+    conv seen as a GEMM (`ops.gemm_view`) is laid out over its view's (m, n): its k-major A
+    and B both read 16 bytes a lane, 4 + 4 wavefronts for 8 x 8."""
     expr, warp = program.expr, device.warp_size
     if not device.lanes_are_threads or warp % ROW_LANES or not expr.reduce or not program.cached[device.unit_layer_index]:
-        return ()
-    if any(axis.fused_from for axis in expr.axes):
         return ()
     if mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
         return ()
@@ -257,17 +260,39 @@ def warp_lanes(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], 
     return ((expr.axes[others[-1]].name, warp // ROW_LANES), (expr.axes[v].name, ROW_LANES))
 
 
-def store_vthreads(program: RProgram, device: DeviceSpec, vectors: bool = False) -> tuple[tuple[str, int], ...]:
+def kmajor_inputs(program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
+    """Inputs of a staged CUDA-core program stored in shared memory transposed, [K, M]: a conv
+    seen as a GEMM (`ops.gemm_view`) has A[m, k] with m the output pixels fused from (n, h, w);
+    stored [m][k], a thread's register tile of A (8 pixels at one k) is 8 scalar loads each k-step
+    (one shared-memory wavefront each); stored [k][m], unpadded, two 16-byte loads, the lanes of
+    a warp all on one row (conflict-free whatever the row's length), and the gather, consecutive
+    threads on consecutive pixels, writes the row in order (`codegen.cuda_conv`). The model
+    keeps tiling the view's A as [M, K] (its traffic and footprint are the same bytes); its
+    wavefronts (`model.gpu.shared_wavefronts`) read the transposed layout."""
+    expr = program.expr
+    if not device.lanes_are_threads or not program.cached[device.unit_layer_index] or mma_axes(expr, device) is not None:
+        return ()
+    out = []
+    for tensor in expr.inputs:
+        dims = [[a for a, c in enumerate(coeffs) if c] for coeffs, _ in tensor.index]
+        if len(dims) == 2 and all(len(d) == 1 for d in dims):
+            m, k = dims[0][0], dims[1][0]
+            if expr.axes[m].kind == "spatial" and expr.axes[m].fused_from and expr.axes[k].kind == "reduce":
+                out.append(tensor.name)
+    return tuple(out)
+
+
+def store_vthreads(program: RProgram, device: DeviceSpec, runs: bool = False) -> tuple[tuple[str, int], ...]:
     """Virtual threads that make a GPU program's register-tile write-back coalesced, for a
     program whose construction set none: along the output's contiguous axis `v`, a thread's r
     elements are interleaved across the block's threads along `v` (Gensor's setVthread with V =
     r), so that each of the template's scalar stores (TVM writes the register tile back one
     element at a time) has a warp's lanes on consecutive elements, whole 32 B sectors, rather
     than r elements apart (a 64K x 1024 output of 8 x 8 register tiles was written at 470 GB/s
-    of the H200's 4.25 TB/s so). Where the write-back stores whole vectors (`vectors`,
-    `GpuPlan.vector_stores`), in runs of `VECTOR_RUN` instead (V = r / 4, none for r = 4): each
-    run is one 16-byte load of B from shared memory and one 16-byte store, 8 lanes' runs a whole
-    128 B row (`warp_lanes`). Only where `_whole_runs` holds: r > 1, at least two threads along
+    of the H200's 4.25 TB/s so). Where a warp is laid out in rows of 8 lanes (`warp_lanes`) and
+    the tiles allow (`runs`: `_whole_runs`), in runs of `VECTOR_RUN` instead (V = r / 4, none
+    for r = 4): each run is one 16-byte load of B from shared memory and, where the plan stores
+    vectors (`GpuPlan.vector_stores`), one 16-byte store, 8 lanes' runs a whole 128 B row. Only where `_whole_runs` holds: r > 1, at least two threads along
     `v`, every input reading `v` reading it as its contiguous axis (`streams`) or not at all
     (matmul's B[k, j]: a lane's fragment reads from shared memory become consecutive across the
     warp, conflict-free; not a conv's windowed input), on CUDA cores (not tensor-core
@@ -277,7 +302,7 @@ def store_vthreads(program: RProgram, device: DeviceSpec, vectors: bool = False)
         return ()
     v = vector_axis(program.expr)
     reg = program.register_tile[v]
-    if vectors:
+    if runs:
         return ((program.expr.axes[v].name, reg // VECTOR_RUN),) if reg > VECTOR_RUN else ()
     return ((program.expr.axes[v].name, reg),)
 

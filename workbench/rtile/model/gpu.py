@@ -252,8 +252,8 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
     split = dict(gpu_plan(program, device).vthreads)
     vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
     block, reg = program.unit_tile, program.register_tile
-    with_split = shared_wavefronts(expr, device, block, reg, vthreads, plan.warp_lanes)[0]
-    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes), plan.warp_lanes)[0]
+    with_split = shared_wavefronts(expr, device, block, reg, vthreads, plan.warp_lanes, plan.kmajor)[0]
+    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes), plan.warp_lanes, plan.kmajor)[0]
     return with_split / without if without else 1.0
 
 
@@ -362,13 +362,14 @@ def uncoalesced_bytes(program: RProgram, device: DeviceSpec) -> int:
 
 
 @lru_cache(maxsize=65536)
-def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, warp=()) -> tuple[int, int]:
+def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, warp=(), kmajor=()) -> tuple[int, int]:
     """(wavefronts, requests) of the first warp of a GPU block tile `block` reading its
     threads' register tiles `reg` of every input from shared memory (bank padding included),
     each thread's tile split into per-axis `vthreads`: counted exactly from the 32 lane
     addresses (`rtile.banks`) under the CUDA template's binding, one thread per register
     tile along each spatial axis, the warp a box of lanes where the plan says (`warp`,
-    `plan.warp_lanes`). wavefronts == requests when conflict-free."""
+    `plan.warp_lanes`), the inputs named in `kmajor` stored transposed and unpadded
+    (`plan.kmajor_inputs`). wavefronts == requests when conflict-free."""
     calc, smem = calculus(expr), device.layers[device.unit_layer_index]
     threads = tuple(b // r if a in expr.spatial else 1 for a, (b, r) in enumerate(zip(block, reg)))
     box = dict(warp)
@@ -379,7 +380,11 @@ def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads
     for t, tensor in enumerate(expr.tensors):
         if tensor.role != "input":
             continue
-        tile = stored_tile([c for c, _ in tensor.index], shapes[t], pads[t], tensor.itemsize)
+        coeffs = [c for c, _ in tensor.index]
+        if tensor.name in kmajor:
+            tile = stored_tile(coeffs[::-1], shapes[t][::-1], 0, tensor.itemsize)
+        else:
+            tile = stored_tile(coeffs, shapes[t], pads[t], tensor.itemsize)
         served += wavefronts(tile, binding, smem.banks, smem.bank_width_bytes, device.warp_size)
         reqs += requests(tile, binding)
     return served, reqs
