@@ -25,7 +25,7 @@ from workbench.ops.fusion import fuse_axes
 from workbench.ops.reference import random_inputs
 from workbench.rtile.axes import cross_thread_axis
 from workbench.rtile.occupancy import blocks_per_unit
-from workbench.rtile.plan import gpu_plan, kmajor_pad
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram
 
 GPUS = ("v100", "h100")
@@ -195,17 +195,13 @@ def test_a_warp_is_laid_out_in_rows_of_8_lanes_storing_16_bytes():
     """`plan.warp_lanes`: 4 x 4 register tiles in 16 x 64 blocks have 16 threads along j; the
     first warp is 4 rows of 8 of them (lane j = t & 7, lane i = (t & 31) >> 3), not 2 rows of
     16, and each thread's run of 4 outputs is stored as one float4 (`vector_stores`; a run of
-    4 needs no virtual threads). A is staged k-major (`kmajor_inputs`): 64 rows of its 16
-    block rows, each padded to 36 words (`kmajor_pad`: 4 modulo the 32 banks). The kernel,
-    its threads run serially here, equals numpy. With 8 threads along j a row-major warp is
-    already 4 x 8: nothing to lay out, and A stays [i][k]."""
+    4 needs no virtual threads). The kernel, its threads run serially here, equals numpy.
+    With 8 threads along j a row-major warp is already 4 x 8: nothing to lay out."""
     fused, program = pinned("matmul", ((4, 4, 1), (16, 64, 64)), ((0, 0, 0), (1, 4, 0)))
     spec = device("v100")
     plan = gpu_plan(program, spec)
     assert (plan.warp_lanes, plan.vthreads, plan.vector_stores) == ((("i", 4), ("j", 8)), (), True)
-    assert plan.kmajor == ("A",) and kmajor_pad(fused, "A", 16, 32) == 20
     source = pinned_source(fused, program)
-    assert "A_shared_ptr[2304];" in source  # 64 x 36
     assert "(((int)threadIdx.x) & 7) * 4)" in source and "((((int)threadIdx.x) & 31) >> 3)" in source
     assert len(re.findall(r"\*\(float4\*\)\(C_ptr \+", source)) == 4  # 4 rows of one run
     inputs = random_inputs(fused, seed=0)
@@ -213,7 +209,6 @@ def test_a_warp_is_laid_out_in_rows_of_8_lanes_storing_16_bytes():
     np.testing.assert_allclose(run_serially(fused, program, spec, inputs), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     _, narrow = pinned("matmul", ((4, 4, 1), (32, 32, 64)), ((0, 0, 0), (1, 4, 0)))
     assert gpu_plan(narrow, spec).warp_lanes == () and not gpu_plan(narrow, spec).vector_stores
-    assert gpu_plan(narrow, spec).kmajor == ()
 
 
 def test_programs_beyond_the_target_limits_are_refused():

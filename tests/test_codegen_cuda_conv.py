@@ -25,7 +25,6 @@ from workbench.construct.stepper import construct
 from workbench.ops.gemm_view import gemm_view
 from workbench.ops.reference import random_inputs
 from workbench.ops.tensor_expr import from_prim_func
-from workbench.rtile.plan import gpu_plan, kmajor_pad
 from workbench.rtile.rprogram import RProgram
 
 CONV = dict(N=2, C=8, H=10, W=10, F=16, KH=3, KW=3, stride=2, pad=1)
@@ -137,11 +136,6 @@ def test_table1_convs_build_as_one_gemm_kernel(gpu, wid):
     assert sorted(staged) == ["data", "kernel"]  # table 1 convs are unpadded: A is gathered from data itself
     registers = program.tiles[0][0] * program.tiles[0][1]
     assert f"float O_reindex_local_ptr[{registers}];" in kernel.source
-    # A staged k-major and unpadded (`plan.kmajor_inputs`): BK rows of BM pixels
-    bm, _, bk = program.tiles[1]
-    assert gpu_plan(program, device(gpu)).kmajor == ("data",) and kmajor_pad(fused, "data", bm, 32) == 0
-    stages = gpu_plan(program, device(gpu)).stages
-    assert f"data_reindex_shared_ptr[{stages * bk * bm}];" in kernel.source
 
 
 @pytest.mark.parametrize("gpu", ("v100", "a100", "h100"))

@@ -52,7 +52,7 @@ from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.occupancy import blocks_per_unit
-from workbench.rtile.plan import gpu_plan, kmajor_pad
+from workbench.rtile.plan import gpu_plan
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
 
@@ -429,15 +429,11 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     if not copy:  # a one-element tile (C[q], q of extent 1): compute_at left no loop to split
         copy = [sch.add_unit_loop(cache)]
     source = _template_shape(sch.get(cache).reads[0].source.shape, expr.tensors[tensor].shape)
+    align = _bank_alignment(expr, program, device, tensor, source)
+    if align is not None:
+        sch.storage_align(cache, 0, len(source) - 2, *align)
     plain = buffer == expr.tensors[tensor].name  # not a padded copy made by a producer block
-    if plain and expr.tensors[tensor].name in gpu_plan(program, device).kmajor:
-        _transpose(sch, cache, expr, program, device, tensor)  # scalar copies: a column at a time
-        align, width = None, 1
-    else:
-        align = _bank_alignment(expr, program, device, tensor, source)
-        if align is not None:
-            sch.storage_align(cache, 0, len(source) - 2, *align)
-        width = _vector_width(expr, program, tensor, source, int(sch.get(copy[-1]).extent), align) if plain else 1
+    width = _vector_width(expr, program, tensor, source, int(sch.get(copy[-1]).extent), align) if plain else 1
     fused = sch.fuse(*copy)
     if width > 1:
         _, thread, lanes = sch.split(fused, factors=[None, threads, width])
@@ -448,20 +444,6 @@ def _stage_in_shared(sch, main, buffer: str, tensor: int, expr, program, device,
     if gpu_plan(program, device).register_prefetch:
         prefetch_in_registers(sch, cache)
     return cache
-
-
-def _transpose(sch, cache, expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor: int) -> None:
-    """Store a staged A[m, k] k-major (`rtile.plan.kmajor_inputs`): the shared buffer laid out
-    [k][m], its rows padded as `kmajor_pad` says; the copy still walks A's rows along k (global
-    reads coalesced), so it writes the tile a column at a time."""
-    from tvm.tirx import IndexMap
-
-    layer = device.layers[SHARED]
-    row = expr.data_tile_shape(tensor, program.tiles[SHARED])[0]
-    pad = kmajor_pad(expr, expr.tensors[tensor].name, row, layer.banks)
-    sch.transform_layout(cache, ("write", 0), IndexMap.from_func(lambda m, k: (k, m), ndim=2))
-    if pad:
-        sch.storage_align(cache, 0, 0, layer.banks, (row + pad) % layer.banks)
 
 
 def _copy_loop(expr: TensorExpr, program: RProgram, device: DeviceSpec, nest: _Nest):

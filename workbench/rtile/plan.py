@@ -261,50 +261,25 @@ def warp_lanes(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], 
 
 
 def kmajor_inputs(program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
-    """Inputs of a staged CUDA-core program stored in shared memory transposed, [K, M]: an
-    input A[m, k] read by a spatial axis m (its first dimension) and a reduce axis k (its last),
-    stored [m][k], gives each thread's register tile of A (8 rows at one k) as 8 scalar loads a
-    k-step (a shared-memory wavefront each); stored [k][m], as two 16-byte loads. For a conv seen
-    as a GEMM (`ops.gemm_view`: m the output pixels fused from n, h, w) always: its gather,
-    consecutive threads on consecutive pixels, writes the transposed rows in order; for a
-    matmul's A where the warp is laid out (`warp_lanes`: 4 of its lanes along m, so a 16-byte
-    load of A serves them in one wavefront) and float32, whose copy reads A's rows along k and
-    writes the transposed tile a column at a time (`kmajor_pad`). The model keeps tiling A as
-    [M, K] (the same bytes move); its wavefronts (`model.gpu.shared_wavefronts`) read the
-    transposed layout."""
+    """Inputs of a staged CUDA-core program stored in shared memory transposed, [K, M]: a conv
+    seen as a GEMM (`ops.gemm_view`) has A[m, k] with m the output pixels fused from (n, h, w);
+    stored [m][k], a thread's register tile of A (8 pixels at one k) is 8 scalar loads each k-step
+    (one shared-memory wavefront each); stored [k][m], unpadded, two 16-byte loads, the lanes of
+    a warp all on one row (conflict-free whatever the row's length), and the gather, consecutive
+    threads on consecutive pixels, writes the row in order (`codegen.cuda_conv`). The model
+    keeps tiling the view's A as [M, K] (its traffic and footprint are the same bytes); its
+    wavefronts (`model.gpu.shared_wavefronts`) read the transposed layout."""
     expr = program.expr
     if not device.lanes_are_threads or not program.cached[device.unit_layer_index] or mma_axes(expr, device) is not None:
         return ()
-    laid_out = bool(warp_lanes(program, device))
-    gemm = len(expr.inputs) == 2 and len(expr.reduce) == 1 and len(expr.spatial) == 2  # a matmul or a conv's view
     out = []
-    for tensor in expr.inputs if gemm else ():
+    for tensor in expr.inputs:
         dims = [[a for a, c in enumerate(coeffs) if c] for coeffs, _ in tensor.index]
-        if len(dims) != 2 or any(len(d) != 1 for d in dims):
-            continue
-        m, k = dims[0][0], dims[1][0]
-        if expr.axes[m].kind != "spatial" or expr.axes[k].kind != "reduce":
-            continue
-        if expr.axes[m].fused_from or (laid_out and tensor.itemsize == 4):
-            out.append(tensor.name)
+        if len(dims) == 2 and all(len(d) == 1 for d in dims):
+            m, k = dims[0][0], dims[1][0]
+            if expr.axes[m].kind == "spatial" and expr.axes[m].fused_from and expr.axes[k].kind == "reduce":
+                out.append(tensor.name)
     return tuple(out)
-
-
-# Bank rows of a transposed copy's shared tile: a row stride of 4 words modulo the 32 banks keeps
-# the copy's column of 8 consecutive k (a warp's lanes) on 8 distinct bank quads, the 4 rows of
-# the warp's other lanes on the quad's 4 banks: conflict-free, and rows stay 16-byte aligned.
-KMAJOR_ROW_WORDS = 4
-
-
-def kmajor_pad(expr, name: str, row: int, banks: int) -> int:
-    """Elements padding each row (of `row` elements, one k) of input `name`'s transposed shared
-    tile (`kmajor_inputs`): none where the copy writes rows in order (a conv view's gather: its
-    m fused), else to a stride of `KMAJOR_ROW_WORDS` modulo `banks`."""
-    tensor = next(t for t in expr.inputs if t.name == name)
-    m = next(a for a, c in enumerate(tensor.index[0][0]) if c)
-    if expr.axes[m].fused_from:
-        return 0
-    return (KMAJOR_ROW_WORDS - row) % banks
 
 
 def store_vthreads(program: RProgram, device: DeviceSpec, runs: bool = False) -> tuple[tuple[str, int], ...]:
@@ -381,8 +356,6 @@ def describe(plan: Plan, program: RProgram) -> str:
     if isinstance(plan, GpuPlan):
         parts = ["tensor cores" if plan.mma_axes else "CUDA cores"]
         parts.append(f"{', '.join(plan.staged)} staged in shared memory" if plan.staged else "nothing staged")
-        if plan.kmajor:
-            parts.append(f"{', '.join(plan.kmajor)} k-major")
         if plan.pipelined:
             parts.append("double-buffered" + (" through registers" if plan.register_prefetch else " (cp.async)"))
         if plan.cross_thread_axis is not None:

@@ -15,7 +15,7 @@ from workbench.rtile.axes import cross_thread_axis
 from workbench.rtile.banks import ThreadBinding, lane_coords, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
-from workbench.rtile.plan import VECTOR_RUN, gpu_plan, kmajor_pad
+from workbench.rtile.plan import VECTOR_RUN, gpu_plan
 from workbench.rtile.rprogram import RProgram, storage_padding, waves
 from workbench.rtile.traffic import calculus
 
@@ -382,8 +382,7 @@ def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads
             continue
         coeffs = [c for c, _ in tensor.index]
         if tensor.name in kmajor:
-            pad = kmajor_pad(expr, tensor.name, shapes[t][0], smem.banks)
-            tile = stored_tile(coeffs[::-1], shapes[t][::-1], pad, tensor.itemsize)
+            tile = stored_tile(coeffs[::-1], shapes[t][::-1], 0, tensor.itemsize)
         else:
             tile = stored_tile(coeffs, shapes[t], pads[t], tensor.itemsize)
         served += wavefronts(tile, binding, smem.banks, smem.bank_width_bytes, device.warp_size)
