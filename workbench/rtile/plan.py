@@ -356,6 +356,8 @@ def describe(plan: Plan, program: RProgram) -> str:
     if isinstance(plan, GpuPlan):
         parts = ["tensor cores" if plan.mma_axes else "CUDA cores"]
         parts.append(f"{', '.join(plan.staged)} staged in shared memory" if plan.staged else "nothing staged")
+        if plan.kmajor:
+            parts.append(f"{', '.join(plan.kmajor)} k-major")
         if plan.pipelined:
             parts.append("double-buffered" + (" through registers" if plan.register_prefetch else " (cp.async)"))
         if plan.cross_thread_axis is not None:
