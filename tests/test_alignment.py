@@ -975,7 +975,10 @@ CROSS_CASES = {
     # many outputs, nothing reused: a thread per output row would read rows a row apart (R0-R2)
     "reduce_mean-R0": (("reduce_mean", dict(shape=(128, 512, 1024), axes=(2,))), 1),
     "reduce_mean-R1": (("reduce_mean", dict(shape=(65536, 1024), axes=(1,))), 1),
-    "reduce_mean-R2": (("reduce_mean", dict(shape=(128, 4032, 11, 11), axes=(2, 3))), 1),  # 11 x 11 fused: 121
+    # R2's 516,096 rows outnumber the V100's resident threads (80 x 2048), but its 96 KiB a unit
+    # hold one sector a thread, not two: a block a row still (an H100: a thread a row)
+    "reduce_mean-R2": (("reduce_mean", dict(shape=(128, 4032, 11, 11), axes=(2, 3))), 1),
+    "reduce_mean-121": (("reduce_mean", dict(shape=(128, 40, 11, 11), axes=(2, 3))), 1),  # 11 x 11 fused: 121
     "reduce_sum-middle": (("reduce_sum", dict(shape=(8, 64, 32), axes=(1,))), None),  # not contiguous
     # axis 0 of a row-major matrix: neighbouring outputs read neighbouring elements (coalesced)
     "reduce_sum-outer": (("reduce_sum", dict(shape=(4096, 1024), axes=(0,))), None),
@@ -1030,10 +1033,11 @@ def test_cross_thread_block_fills_the_schedulers_with_warps_along_the_reduction(
 
 
 def test_a_thread_of_a_cross_thread_reduction_leaves_a_warp_of_threads_along_the_row():
-    """R2's rows of 121 (11 x 11 fused): on the V100 a thread may take 2 elements (61 threads,
-    2 warps) but not 4 (31 threads: blocks of 4 threads x 32 elements were once emitted); on the
-    MI50, whose wavefronts are 64 lanes, only 1 (2 elements leave 61 threads)."""
-    (op, params), _ = CROSS_CASES["reduce_mean-R2"]
+    """Rows of 121 (11 x 11 fused, as R2's, 5,120 of them): on the V100 a thread may take 2
+    elements (61 threads, 2 warps) but not 4 (31 threads: blocks of 4 threads x 32 elements were
+    once emitted); on the MI50, whose wavefronts are 64 lanes, only 1 (2 elements leave 61
+    threads)."""
+    (op, params), _ = CROSS_CASES["reduce_mean-121"]
     e = fuse_axes(expr(op, **params))
     k = e.reduce[-1]
     ok = {

@@ -291,7 +291,8 @@ def spread_reduce_axis(e, dev):
     innermost reduce axis is at least a warp long and indexes,
     alone and with stride 1, the contiguous dimension of every input that reads it (and no
     other dimension: a thread per output would read rows a row apart) spreads a block's
-    threads along that axis."""
+    threads along that axis; unless its outputs are as many as the SMs' resident threads (a
+    thread per output fills them) and a unit's L1 holds two 32 B sectors for each of them."""
     if dev.kind != "gpu" or not e.reduce or mma_axes(e, dev) is not None:
         return None
     k = e.reduce[-1]
@@ -304,6 +305,9 @@ def spread_reduce_axis(e, dev):
     few = prod(e.axes[a].extent for a in e.spatial) < dev.compute_units * dev.warp_size
     reader_once = any(o for o, t in zip(once, e.inputs) if any(c[k] for c, _ in t.index))
     if not (all(once) or (few and reader_once)):
+        return None
+    many = prod(e.axes[a].extent for a in e.spatial) >= dev.compute_units * dev.max_threads_per_unit
+    if many and 2 * dev.max_threads_per_unit * dev.layers[-1].transaction_bytes <= dev.unit_shared_bytes:
         return None
     for t in readers:
         if [d for d, (c, _) in enumerate(t.index) if c[k]] != [len(t.index) - 1]:

@@ -81,7 +81,11 @@ def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     our threshold) and an input read once runs along `k` (gemv 64 x 8192's A: one block a row,
     as the classic gemv; not A x B^T, both of whose inputs are reused).
     `k` must be at least a warp long (a shorter row shares its sectors between neighbouring
-    threads' rows anyway). A thread per output stays where neighbouring outputs read
+    threads' rows anyway). Nor where the outputs are as many as every unit's resident threads
+    (`compute_units x max_threads_per_unit`): a thread per output fills the device, and the L1
+    keeps each thread's row sectors between its steps (`model.gpu.l1_keeps_sectors`), where a
+    block a row makes that many tiny blocks: roller-table1 R2's 516,096 rows of 121 ran 315 us
+    so on the H200, 130 us at a thread a row (torch 147). A thread per output stays where neighbouring outputs read
     neighbouring elements: a reduction over an outer axis (axis 0 of a row-major matrix, whose
     output axis is the input's contiguous one), pooling windows (`x*stride + s`), a matmul's
     B[k, j] (k with a stride of N), and contractions on tensor cores."""
@@ -92,8 +96,12 @@ def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     if expr.axes[k].extent < device.warp_size or not readers:
         return None
     streamed = [_read_once(expr, t) for t in expr.inputs]
-    few = prod(expr.axes[a].extent for a in expr.spatial) < device.compute_units * device.warp_size
+    outputs = prod(expr.axes[a].extent for a in expr.spatial)
+    few = outputs < device.compute_units * device.warp_size
     if not (all(streamed) or (few and any(s for s, t in zip(streamed, expr.inputs) if t.uses_axis(k)))):
+        return None
+    resident = device.max_threads_per_unit
+    if outputs >= device.compute_units * resident and 2 * resident * device.layers[-1].transaction_bytes <= device.unit_shared_bytes:
         return None
     return k if all(leading_axis(t) == k and streams(t, k) for t in readers) else None
 
