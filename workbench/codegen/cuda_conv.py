@@ -5,9 +5,9 @@ N = F, K = C*KH*KW). This template realises such a program without a new compute
 TensorIR's `reindex` gives the conv block's two reads and its write buffers indexed by the
 block's own iterators (the read of `pad` becomes the im2col buffer [n, h, w, c, r, s]),
 `transform_layout` lays them out as A[K, M] (k-major, unpadded: `rtile.plan.kmajor_inputs`),
-B[K, N] and O[M, N], and `transform_block_layout`
-turns the 7-axis block into an (m, n, k) matmul block (the reindex copy blocks too, so each of
-them iterates over a rectangle of its matrix). From there the steps are the matmul template's
+B[K, N] and O[M, N], and `transform_block_layout` turns the 7-axis block into an (m, n, k)
+matmul block (the reindex copy blocks too, so each of them iterates over a rectangle of its
+matrix). From there the steps are the matmul template's
 (`codegen.cuda`): every axis split into (grid, threads, register tile) or (shared steps,
 register steps, register tile), grid and threads fused and bound, partial sums in registers.
 
@@ -18,9 +18,10 @@ B's reindex block is staged the same way. The accumulator is the O reindex buffe
 scope; its copy block writes the NCHW output from registers and absorbs the epilogues (bias,
 relu, as ONNX import fuses them). Copy order: A is copied with m innermost (consecutive threads
 take consecutive output pixels, i.e. consecutive input columns at stride 1, into consecutive
-words of a shared row), B with k innermost (the weight's contiguous c, r, s); the shared rows are padded as the program's `padding` says
-(the footprint the model counted). Those column-wise stores into shared memory may conflict
-where the padding does not spread them: the model does not price that (docs/architecture.md).
+words of a shared row), B with k innermost (the weight's contiguous c, r, s); B's shared rows
+are padded as the program's `padding` says (the footprint the model counted). Those column-wise
+stores into shared memory may conflict where the padding does not spread them: the model does
+not price that (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -186,10 +187,9 @@ def _cooperative(sch, copy, anchor, threads: int, align, swap: bool) -> None:
     """All threads of the block copy the staged tile, the input's contiguous dimension innermost
     (A: m, consecutive output pixels, row by row where it is stored [k, m], else column by
     column; B[k, n]: k, the weight's contiguous c, r, s, column by column: the two loops
-    swapped, `swap`), fused, split over the threads;
-    the shared rows padded as the program says (`align`: `codegen.cuda._bank_alignment`'s
-    storage_align, None when unpadded). A unit loop `compute_at` dropped leaves one loop,
-    copied as it is."""
+    swapped, `swap`), fused, split over the threads; the shared rows padded as the program says
+    (`align`: `codegen.cuda._bank_alignment`'s storage_align, None when unpadded). A unit loop
+    `compute_at` dropped leaves one loop, copied as it is."""
     loops = sch.get_loops(copy)[_depth(sch, copy, anchor) :]
     if len(loops) == 2 and swap:
         loops = loops[::-1]

@@ -12,9 +12,10 @@ such a program by re-laying the conv block out as that GEMM (TensorIR `reindex`,
 
 How the model counts A (stated once, here): the view's A is a plain [M, K] matrix, so a block
 tile moves BM x BK elements of A per shared step, read from global memory through shared memory
-as an im2col tile (which the CUDA template stores k-major: `rtile.plan.kmajor_inputs`). Elements that neighbouring windows share (the halo: a 3x3 window at stride 1
-reads each input up to 9 times) are counted once per use: the gather makes one load per
-im2col element, which is what the template issues. B's view is [K, N] (the weight, the
+as an im2col tile (which the CUDA template stores k-major: `rtile.plan.kmajor_inputs`).
+Elements that neighbouring windows share (the halo: a 3x3 window at stride 1 reads each input
+up to 9 times) are counted once per use: the gather makes one load per im2col element, which is
+what the template issues. B's view is [K, N] (the weight, the
 reduction outermost as in a row-major GEMM's B), the output's [M, N]; every other formula of
 the model is unchanged.
 

@@ -82,13 +82,16 @@ def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     as the classic gemv; not A x B^T, both of whose inputs are reused).
     `k` must be at least a warp long (a shorter row shares its sectors between neighbouring
     threads' rows anyway). Nor where the outputs are as many as every unit's resident threads
-    (`compute_units x max_threads_per_unit`): a thread per output fills the device, and the L1
-    keeps each thread's row sectors between its steps (`model.gpu.l1_keeps_sectors`), where a
-    block a row makes that many tiny blocks: roller-table1 R2's 516,096 rows of 121 ran 315 us
-    so on the H200, 130 us at a thread a row (torch 147). A thread per output stays where neighbouring outputs read
-    neighbouring elements: a reduction over an outer axis (axis 0 of a row-major matrix, whose
-    output axis is the input's contiguous one), pooling windows (`x*stride + s`), a matmul's
-    B[k, j] (k with a stride of N), and contractions on tensor cores."""
+    (`compute_units x max_threads_per_unit`) and a unit's L1 holds two sectors for each of them
+    (a row's current sector and the next, rows not starting on a sector): a thread per output
+    fills the device, and the L1 keeps each thread's row sectors between its steps
+    (`model.gpu.l1_keeps_sectors`), where a block a row makes that many tiny blocks:
+    roller-table1 R2's 516,096 rows of 121 ran 315 us so on the H200, 130 us at a thread a row
+    (torch 147); the V100's 96 KiB hold one sector for each of its 2048 threads, not two. A
+    thread per output stays where neighbouring outputs read neighbouring elements: a reduction
+    over an outer axis (axis 0 of a row-major matrix, whose output axis is the input's
+    contiguous one), pooling windows (`x*stride + s`), a matmul's B[k, j] (k with a stride of
+    N), and contractions on tensor cores."""
     if not device.lanes_are_threads or not expr.reduce or mma_axes(expr, device) is not None:
         return None
     k = expr.reduce[-1]
@@ -101,7 +104,8 @@ def cross_thread_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     if not (all(streamed) or (few and any(s for s, t in zip(streamed, expr.inputs) if t.uses_axis(k)))):
         return None
     resident = device.max_threads_per_unit
-    if outputs >= device.compute_units * resident and 2 * resident * device.layers[-1].transaction_bytes <= device.unit_shared_bytes:
+    l1_holds = 2 * resident * device.layers[-1].transaction_bytes <= device.unit_shared_bytes
+    if outputs >= device.compute_units * resident and l1_holds:
         return None
     return k if all(leading_axis(t) == k and streams(t, k) for t in readers) else None
 

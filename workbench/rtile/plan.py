@@ -239,14 +239,16 @@ def warp_lanes(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], 
     one wavefront however few distinct words it reads: 8 + 8 = 16 wavefronts for 8 x 8's 64
     FMAs a warp, and the H200's shared memory serves one wavefront a cycle an SM against four
     warps' FMAs a cycle, so shared memory binds as much as the FMAs (M2 ran at 33 of 61
-    TFLOP/s, docs/gpu.md). Laid as 4 x 8, the warp's B loads cover 128 B: 8 + 2 = 10. Only for
+    TFLOP/s, docs/gpu.md). Laid as 4 x 8, the warp's B loads cover 128 B: 8 + 2 = 10 (M2's
+    best of 5 17.5 -> 14.6 ms on the H200, M1 87 -> 79 us; docs/gpu.md). Only for
     a staged CUDA-core program with a reduction whose inputs read v contiguously or not at all
     (`streams`: matmul's A and B, not a conv's windows), more than 8 threads along v (8 or fewer
     are already rows of at most 8 lanes), and threads along u in whole multiples of W / 8. A
     conv seen as a GEMM (`ops.gemm_view`) is laid out over its view's (m, n): its k-major A
     and B both read 16 bytes a lane, 4 + 4 wavefronts for 8 x 8."""
     expr, warp = program.expr, device.warp_size
-    if not device.lanes_are_threads or warp % ROW_LANES or not expr.reduce or not program.cached[device.unit_layer_index]:
+    staged = program.cached[device.unit_layer_index]
+    if not device.lanes_are_threads or warp % ROW_LANES or not expr.reduce or not staged:
         return ()
     if mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
         return ()
@@ -270,8 +272,11 @@ def kmajor_inputs(program: RProgram, device: DeviceSpec) -> tuple[str, ...]:
     keeps tiling the view's A as [M, K] (its traffic and footprint are the same bytes); its
     wavefronts (`model.gpu.shared_wavefronts`) read the transposed layout."""
     expr = program.expr
-    if not device.lanes_are_threads or not program.cached[device.unit_layer_index] or mma_axes(expr, device) is not None:
+    staged = program.cached[device.unit_layer_index]
+    if not device.lanes_are_threads or not staged or mma_axes(expr, device) is not None:
         return ()
+    if len(expr.inputs) != 2 or len(expr.spatial) != 2 or len(expr.reduce) != 1:
+        return ()  # not GEMM-shaped, as the view is
     out = []
     for tensor in expr.inputs:
         dims = [[a for a, c in enumerate(coeffs) if c] for coeffs, _ in tensor.index]
@@ -292,12 +297,13 @@ def store_vthreads(program: RProgram, device: DeviceSpec, runs: bool = False) ->
     of the H200's 4.25 TB/s so). Where a warp is laid out in rows of 8 lanes (`warp_lanes`) and
     the tiles allow (`runs`: `_whole_runs`), in runs of `VECTOR_RUN` instead (V = r / 4, none
     for r = 4): each run is one 16-byte load of B from shared memory and, where the plan stores
-    vectors (`GpuPlan.vector_stores`), one 16-byte store, 8 lanes' runs a whole 128 B row. Only where `_whole_runs` holds: r > 1, at least two threads along
-    `v`, every input reading `v` reading it as its contiguous axis (`streams`) or not at all
-    (matmul's B[k, j]: a lane's fragment reads from shared memory become consecutive across the
-    warp, conflict-free; not a conv's windowed input), on CUDA cores (not tensor-core
-    fragments, not a cross-thread reduction, whose block writes one output) and blocks that
-    tile the output exactly; else none."""
+    vectors (`GpuPlan.vector_stores`), one 16-byte store, 8 lanes' runs a whole 128 B row. Only
+    where `_whole_runs` holds: r > 1, at least two threads along `v`, every input reading `v`
+    reading it as its contiguous axis (`streams`) or not at all (matmul's B[k, j]: a lane's
+    fragment reads from shared memory become consecutive across the warp, conflict-free; not a
+    conv's windowed input), on CUDA cores (not tensor-core fragments, not a cross-thread
+    reduction, whose block writes one output) and blocks that tile the output exactly; else
+    none."""
     if not _whole_runs(program, device, 1):
         return ()
     v = vector_axis(program.expr)

@@ -104,7 +104,8 @@ def store_sector_ratio(program: RProgram, device: DeviceSpec) -> float:
 
 
 @lru_cache(maxsize=65536)
-def output_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=(), warp=(), run: int = 1) -> tuple[int, int]:
+def output_sectors(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads=(), warp=(),
+                   run: int = 1) -> tuple[int, int]:
     """(sectors, needed) of the first warp's store of one element of its threads' register
     tiles of the output (each thread's first; its first `run` along the output's contiguous
     axis where the template stores them as one vector), lanes bound as `warp_sectors` binds
@@ -135,7 +136,8 @@ def _lane_layout(expr: TensorExpr, block, reg, vthreads, across) -> tuple[dict[i
             {a: max(1, reg[a] // split.get(expr.axes[a].name, 1)) for a in expr.spatial})
 
 
-def _lane_starts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, across, warp=()) -> list[list[int]]:
+def _lane_starts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, across,
+                 warp=()) -> list[list[int]]:
     """The first warp's lanes as coordinates of their register tiles' first elements, laid out
     by `_lane_layout`, the last axis fastest (`banks.lane_coords`; in the box `warp`, ((axis
     name, lanes), ..), where the plan lays the warp out so: `plan.warp_lanes`)."""
@@ -252,8 +254,9 @@ def vthread_conflict_ratio(program: RProgram, device: DeviceSpec) -> float:
     split = dict(gpu_plan(program, device).vthreads)
     vthreads = tuple(split.get(axis.name, 1) for axis in expr.axes)
     block, reg = program.unit_tile, program.register_tile
-    with_split = shared_wavefronts(expr, device, block, reg, vthreads, plan.warp_lanes, plan.kmajor)[0]
-    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes), plan.warp_lanes, plan.kmajor)[0]
+    layout = (plan.warp_lanes, plan.kmajor)
+    with_split = shared_wavefronts(expr, device, block, reg, vthreads, *layout)[0]
+    without = shared_wavefronts(expr, device, block, reg, tuple(1 for _ in expr.axes), *layout)[0]
     return with_split / without if without else 1.0
 
 
@@ -369,12 +372,13 @@ def l1_keeps_sectors(program: RProgram, device: DeviceSpec, tensor, touched: int
     elements of the same sectors, so each sector comes from global memory once, provided every
     resident warp's sectors fit at once. The L1 is the unit's on-chip array, which L1 and shared
     memory split (NVIDIA since Volta); a program that stages nothing leaves it to L1. Measured on
-    the H200 (one run, 2026-11-30): R2 at a thread per row, 2 or 4 rows a thread over 1 or 2
-    elements a step (128 KiB of a unit's sectors), ran 130-180 us, against 315 us for a block a
-    row and 81-283 us predicted before; 8 and 16 rows a thread ran 370-1165 us, predicted alike
-    (their grids leave 8-16 warps a unit, which the model does not charge here)."""
+    the H200 (2026-12-01): R2 at a thread per row, 2 or 4 rows a thread over 1 or 2 elements a
+    step (128 KiB of a unit's sectors), ran 130-180 us where a block a row ran 315 (predicted 81;
+    the thread-a-row programs 280-283 before this); 8 and 16 rows a thread ran 370-1165 us,
+    predicted alike (their grids leave 8-16 warps a unit, which the model does not charge here)."""
     k = leading_axis(tensor)
-    if k is None or program.expr.axes[k].kind != "reduce" or program.register_tile[k] >= program.expr.axes[k].extent:
+    axis = None if k is None else program.expr.axes[k]
+    if axis is None or axis.kind != "reduce" or program.register_tile[k] >= axis.extent:
         return False
     threads, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
     warps = ceil(threads / device.warp_size) * resident_blocks(program, device, bpu)
@@ -383,7 +387,8 @@ def l1_keeps_sectors(program: RProgram, device: DeviceSpec, tensor, touched: int
 
 
 @lru_cache(maxsize=65536)
-def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, warp=(), kmajor=()) -> tuple[int, int]:
+def shared_wavefronts(expr: TensorExpr, device: DeviceSpec, block, reg, vthreads, warp=(),
+                      kmajor=()) -> tuple[int, int]:
     """(wavefronts, requests) of the first warp of a GPU block tile `block` reading its
     threads' register tiles `reg` of every input from shared memory (bank padding included),
     each thread's tile split into per-axis `vthreads`: counted exactly from the 32 lane
