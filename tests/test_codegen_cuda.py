@@ -209,6 +209,12 @@ def test_a_warp_is_laid_out_in_rows_of_8_lanes_storing_16_bytes():
     np.testing.assert_allclose(run_serially(fused, program, spec, inputs), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     _, narrow = pinned("matmul", ((4, 4, 1), (32, 32, 64)), ((0, 0, 0), (1, 4, 0)))
     assert gpu_plan(narrow, spec).warp_lanes == () and not gpu_plan(narrow, spec).vector_stores
+    # 40 rows in blocks of 16: the tail guards whole rows, whose runs are still stored whole
+    # (`plan._whole_runs`: M0's 192-row blocks on the H200 554 -> 142 us so, no spills)
+    rows = fuse_axes(build_expr("C[i,j] += A[i,k] * B[k,j]", dict(i=40, j=64, k=64)))
+    guarded = _gpu_program(rows, {"i": (4, 16), "j": (4, 64), "k": (1, 64)}, True)
+    assert gpu_plan(guarded, spec).vector_stores and gpu_plan(guarded, spec).warp_lanes == (("i", 4), ("j", 8))
+    assert "*(float4*)(C_ptr +" in _built_and_checked(rows, guarded)
 
 
 def test_programs_beyond_the_target_limits_are_refused():

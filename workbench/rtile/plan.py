@@ -327,8 +327,10 @@ def _whole_runs(program: RProgram, device: DeviceSpec, run: int = VECTOR_RUN) ->
     reg, block = program.register_tile[v], program.unit_tile[v]
     if reg <= 1 or block % reg or block // reg < 2 or reg % run or expr.axes[v].extent % run:
         return False
-    # guarded tails: the replicated bodies made ptxas spill (M0's 96-row blocks, sm_90a)
-    return not any(expr.axes[a].extent % program.unit_tile[a] for a in expr.spatial)
+    # guarded tails: r replicated bodies made ptxas spill (M0's 96-row blocks, sm_90a, V = 8);
+    # runs of 4 replicate the body r / 4 times, and a tail along another axis guards whole runs
+    guarded = [a for a in expr.spatial if expr.axes[a].extent % program.unit_tile[a]]
+    return not guarded if run < VECTOR_RUN else v not in guarded
 
 
 def loop_nest_key(program: RProgram, device: DeviceSpec) -> tuple:
