@@ -50,7 +50,7 @@ from workbench.codegen.template import ScheduleError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.gemm_view import GemmView, view_of
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.plan import gpu_plan
+from workbench.rtile.plan import GpuPlan, gpu_plan
 from workbench.rtile.rprogram import RProgram
 
 
@@ -72,18 +72,18 @@ def gemm_schedule(view: GemmView, program: RProgram, device: DeviceSpec):
     sch = new_schedule(expr)
     producers, epilogues = producer_names(sch, expr), epilogue_names(sch, expr)
     main = sch.get_sblock(expr.main_block)
-    a_copy, b_copy, writeback = _as_gemm(sch, main, view, gpu_plan(program, device).kmajor)
-    grid_thread, steps, register = _tile(sch, main, expr, program, device, dict(gpu_plan(program, device).vthreads))
+    plan = gpu_plan(program, device)
+    a_copy, b_copy, writeback = _as_gemm(sch, main, view, plan.kmajor)
+    grid_thread, steps, register = _tile(sch, main, expr, program, plan)
     primitive("keep the accumulator in registers", sch.set_scope, main, 0, "local")
     primitive("write back per thread", sch.reverse_compute_at, writeback, grid_thread)
     inline_epilogues(sch, epilogues)
     for t, copy in ((view.image, a_copy), (view.weight, b_copy)):
         primitive("stage a tile", sch.set_scope, copy, 0, "shared")
         primitive("stage a tile", sch.compute_at, copy, steps)
-        kmajor = expr.tensors[t].name in gpu_plan(program, device).kmajor  # its rows: one k, unpadded
+        kmajor = expr.tensors[t].name in plan.kmajor  # its rows: one k, unpadded
         align = None if kmajor else _bank_alignment(expr, program, device, t, expr.tensors[t].shape)
         _cooperative(sch, copy, steps, block_threads(expr, program, device), align, swap=not kmajor)
-    plan = gpu_plan(program, device)
     if plan.pipelined:  # one reduce axis (k): its step loop is the one pipelined
         prefetch = plan.register_prefetch
         for copy in (a_copy, b_copy) if prefetch else ():
@@ -166,16 +166,17 @@ def _uses(region, name: str, iter_vars, names) -> bool:
     return bool(hits)
 
 
-def _tile(sch, main, expr: TensorExpr, program: RProgram, device: DeviceSpec, vthreads):
-    """Split m, n, k by their chains; returns (thread loop, innermost shared step, register
-    loops). Order: grid m, n; [vthreads;] threads m, n; k steps; k register steps; register
-    tiles k, m, n (Roller's order, as `codegen.cuda` tiles a matmul)."""
-    m, n, k = split_levels(sch, sch.get_loops(main), expr, program, vthreads)
+def _tile(sch, main, expr: TensorExpr, program: RProgram, plan: GpuPlan):
+    """Split m, n, k by their chains (m and n by the plan's virtual threads, the threads fused
+    by its warp lanes); returns (thread loop, innermost shared step, register loops). Order:
+    grid m, n; [vthreads;] threads m, n; k steps; k register steps; register tiles k, m, n
+    (Roller's order, as `codegen.cuda` tiles a matmul)."""
+    m, n, k = split_levels(sch, sch.get_loops(main), expr, program, dict(plan.vthreads))
     virtual = [*m[1:-2], *n[1:-2]]
     order = [m[0], n[0], *virtual, m[-2], n[-2], k[0], k[1], k[2], m[-1], n[-1]]
     sch.reorder(*order)
     names = [expr.axes[a].name for a in expr.spatial]
-    grid, thread = sch.fuse(m[0], n[0]), fuse_threads(sch, [m[-2], n[-2]], names, gpu_plan(program, device).warp_lanes)
+    grid, thread = sch.fuse(m[0], n[0]), fuse_threads(sch, [m[-2], n[-2]], names, plan.warp_lanes)
     sch.bind(grid, "blockIdx.x")
     if virtual:
         sch.bind(sch.fuse(*virtual), "vthread.x")

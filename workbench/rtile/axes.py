@@ -198,7 +198,8 @@ def even_tile(extent: int, parts: int, step: int = 1) -> int:
     """The tile that cuts `extent` into `parts` even tiles, rounded up to whole multiples of
     `step`: ceil(ceil(E / parts) / step) x step (a core's share of a row in whole register tiles,
     `rules.StreamRowsRule`; an even cut in whole tiles of the layer above, `Space.balances`)."""
-    return -(-(-(-extent // parts)) // step) * step
+    share = -(-extent // parts)
+    return -(-share // step) * step
 
 
 @lru_cache(maxsize=1024)  # asked by the accumulator and stream-rows rules on every size they scan

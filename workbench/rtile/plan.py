@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from workbench.hardware.spec import DeviceSpec
+from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
     filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer, packed_inputs, pad_level, padded_inputs,
@@ -248,12 +249,8 @@ def warp_lanes(program: RProgram, device: DeviceSpec) -> tuple[tuple[str, int], 
     and B both read 16 bytes a lane, 4 + 4 wavefronts for 8 x 8."""
     expr, warp = program.expr, device.warp_size
     staged = program.cached[device.unit_layer_index]
-    if not device.lanes_are_threads or warp % ROW_LANES or not expr.reduce or not staged:
-        return ()
-    if mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
-        return ()
-    v = vector_axis(expr)
-    if v is None or expr.axes[v].kind != "spatial" or not all(streams(t, v) for t in expr.inputs):
+    v = _streamed_row(expr, device)
+    if v is None or warp % ROW_LANES or not expr.reduce or not staged:
         return ()
     threads = {a: program.unit_tile[a] // program.register_tile[a] for a in expr.spatial}
     others = [a for a in expr.spatial if a != v and threads[a] > 1]
@@ -319,10 +316,8 @@ def _whole_runs(program: RProgram, device: DeviceSpec, run: int = VECTOR_RUN) ->
     at multiples of `run` (so that a 16-byte store is aligned): `store_vthreads`'s conditions,
     with r and v's extent multiples of `run`."""
     expr = program.expr
-    if not device.lanes_are_threads or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
-        return False
-    v = vector_axis(expr)
-    if v is None or expr.axes[v].kind != "spatial" or not all(streams(t, v) for t in expr.inputs):
+    v = _streamed_row(expr, device)
+    if v is None:
         return False
     reg, block = program.register_tile[v], program.unit_tile[v]
     if reg <= 1 or block % reg or block // reg < 2 or reg % run or expr.axes[v].extent % run:
@@ -331,6 +326,19 @@ def _whole_runs(program: RProgram, device: DeviceSpec, run: int = VECTOR_RUN) ->
     # runs of 4 replicate the body r / 4 times, and a tail along another axis guards whole runs
     guarded = [a for a in expr.spatial if expr.axes[a].extent % program.unit_tile[a]]
     return not guarded if run < VECTOR_RUN else v not in guarded
+
+
+def _streamed_row(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The output's contiguous axis v where the CUDA-core templates may lay a warp and its
+    write-back along it (`warp_lanes`, `_whole_runs`): a spatial axis every input reads as its
+    contiguous one or not at all (`streams`), on CUDA cores (not tensor-core fragments, not a
+    cross-thread reduction, whose block writes one output); else None."""
+    if not device.lanes_are_threads or mma_axes(expr, device) is not None or cross_thread_axis(expr, device) is not None:
+        return None
+    v = vector_axis(expr)
+    if v is None or expr.axes[v].kind != "spatial" or not all(streams(t, v) for t in expr.inputs):
+        return None
+    return v
 
 
 def loop_nest_key(program: RProgram, device: DeviceSpec) -> tuple:
