@@ -516,6 +516,23 @@ def test_a_convs_cache_tile_over_register_columns_of_one_need_not_divide_a_prime
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_convs_cache_tile_over_a_ragged_register_row_leaves_no_register_tile_past_the_end(dev):
+    """cpu-tails along a conv's output columns (vectorised along its filters) under register
+    tiles of 5 columns that 83 (prime) leaves ragged: the cache tiles divide the 85 columns of
+    whole register tiles (5, or the whole row), so the last of them holds the cut register tile
+    and nothing past it; 65 would leave 47 columns past the end in the second (the guarded
+    tiles `model.cpu_compute.busiest_share` prices). Along rows of 3 the 84 rows' divisors."""
+    conv = expr("conv2d", N=1, C=97, H=83, W=83, F=19, KH=5, KW=5, stride=1, pad=2)
+    assert lane_axis(conv, dev) == 1
+    register = (1, dev.warp_size, 3, 5, 1, 1, 5)
+    ctx = AlignContext(conv, dev, 1, register, 0.05)
+    assert [s for s in range(5, 100, 5) if TailRule().axis_ok(ctx, 3, s)] == [5, 85]
+    assert [s for s in range(3, 100, 3) if TailRule().axis_ok(ctx, 2, s)] == [3, 6, 12, 21, 42, 84]
+    above = AlignContext(conv, dev, 2, (1, dev.warp_size, 6, 85, 1, 5, 5), 0.05)  # over L1 tiles
+    assert TailRule().axis_ok(above, 3, 85) and TailRule().axis_ok(above, 2, 42) and not TailRule().axis_ok(above, 2, 30)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_convolutions_vectorise_their_filters(dev):
     """A conv (stride 1 or 2) with at least a vector of filters runs its lanes along f (axis 1 of
     n f y x c r s): accumulators are rows x columns x vectors of filters, registers add one

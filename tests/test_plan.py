@@ -16,12 +16,12 @@ from workbench.hardware.spec import MicroKernel
 from workbench.rtile.model import estimate
 from workbench.rtile.model.common import is_stream_bound
 from workbench.rtile.model.cpu import (
-    EDGE_SKIP_CYCLES, core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs,
+    core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs,
     stream_seconds, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
-    GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces, edge_pieces,
-    edge_slowdown, edge_split, guard_slowdown, lane_priced_edge,
+    EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces,
+    edge_pieces, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge, past_rate,
 )
 from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -174,15 +174,18 @@ def test_filters_the_unit_tile_leaves_ragged_are_padded_and_priced_as_whole_tile
 def test_filters_an_edge_the_grid_splits_off_is_priced_on_the_core_that_holds_it(dev):
     """The same 31 filters over 7 rows, in unit tiles of 4 rows: the grid splits the rows, so
     the 7th row's guard depends on the grid's index and runs at GRID_GUARDED_TILE, on the cores
-    whose unit tiles end the rows. Two cores (TINY_CPU's). On 16 lanes the grid is the two row
-    tiles, a core each: the second's rows 4 and 5 whole, row 6 guarded, over 4 rows, (2 + G) /
-    4. On 8 lanes the filters take two unit tiles too, the grid (filters, rows) is 4 tiles, two
-    a core, each core one whole row tile and one last: (4 + 2 + G) / 8."""
+    whose unit tiles end the rows, and the 8th row, past the end in the cut register tile, tests
+    its guards at `past_rate` (P). Two cores (TINY_CPU's). On 16 lanes the grid is the two row
+    tiles, a core each: the second's rows 4 and 5 whole, row 6 guarded, row 7 past, over 4
+    rows, (2 + G + P) / 4. On 8 lanes the filters take two unit tiles too, the grid (filters,
+    rows) is 4 tiles, two a core, each core one whole row tile and one last: (4 + 2 + G + P) / 8."""
     v = dev.warp_size
     conv = expr("conv2d", N=1, C=8, H=7, W=8, F=31, KH=3, KW=3, stride=1, pad=1)
     program = _program(conv, [(1, v, 2, 1, 1, 3, 3), (1, 2 * v, 2, 8, 8, 3, 3), (1, 2 * v, 4, 8, 8, 3, 3)], dev)
     assert cpu_plan(program, dev).split_edges and dev.compute_units == 2
-    expected = (2 + GRID_GUARDED_TILE) / 4 if v == 16 else (6 + GRID_GUARDED_TILE) / 8
+    past = past_rate(dev)
+    assert past == pytest.approx(EDGE_SKIP_CYCLES * dev.fma_pipes)
+    expected = (2 + GRID_GUARDED_TILE + past) / 4 if v == 16 else (6 + GRID_GUARDED_TILE + past) / 8
     assert guard_slowdown(program, dev) == pytest.approx(expected)
 
 
@@ -191,7 +194,8 @@ def test_the_busiest_core_of_a_split_edge_agrees_with_visiting_every_tile(seed):
     """`busiest_share` reads each core's sum off the grid's digits; visiting every unit tile in
     the grid's order, costing each element (1 in whole register tiles, GUARDED_MICRO_KERNEL in
     an edge along an axis one unit tile spans, GRID_GUARDED_TILE in one along an axis the grid
-    splits, 0 past an axis's end) and dealing ceil(G / cores) tiles a core, gives the same."""
+    splits, `past` past the end of an axis the grid splits and within the others', 0 past any
+    other end) and dealing ceil(G / cores) tiles a core, gives the same."""
     import itertools
     import random
 
@@ -207,6 +211,7 @@ def test_the_busiest_core_of_a_split_edge_agrees_with_visiting_every_tile(seed):
     axes = [2, 3]
     split = [a for a in axes if conv.axes[a].extent % reg[a] and unit[a] < conv.axes[a].extent]
     cores = rng.choice((2, 3, 4))
+    past = rng.choice((0.0, 2.4))
     spatial = conv.spatial
     counts = [range(-(-conv.axes[a].extent // unit[a])) for a in spatial]
     costs = []
@@ -214,14 +219,16 @@ def test_the_busiest_core_of_a_split_edge_agrees_with_visiting_every_tile(seed):
         cost = 0.0
         for point in itertools.product(*(range(i * unit[a], (i + 1) * unit[a]) for a, i in zip(spatial, index))):
             at = dict(zip(spatial, point))
-            if any(at[a] >= conv.axes[a].extent for a in axes):
+            beyond = {a for a in axes if at[a] >= conv.axes[a].extent}
+            if beyond:
+                cost += past if beyond <= set(split) else 0.0
                 continue
             edge = [a for a in axes if at[a] >= conv.axes[a].extent // reg[a] * reg[a]]
             cost += GRID_GUARDED_TILE if set(edge) & set(split) else GUARDED_MICRO_KERNEL if edge else 1.0
         costs.append(cost)
     step = -(-len(costs) // cores)
     worst = max(sum(costs[i:i + step]) for i in range(0, len(costs), step))
-    assert busiest_share(program, axes, split, cores) == pytest.approx(worst / (step * prod(unit[a] for a in spatial)))
+    assert busiest_share(program, axes, split, cores, past) == pytest.approx(worst / (step * prod(unit[a] for a in spatial)))
 
 
 def test_a_ragged_tail_nothing_pads_or_splits_leaves_the_row_scalar():

@@ -16,7 +16,7 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split, guard_slowdown,
+    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split, guard_slowdown,
     lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes
@@ -185,12 +185,6 @@ def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> floa
     slots = sum(p.ops * p.rows * (row_vector(p.extent, lanes, p.reduction).slots if p.contiguous else p.extent)
                 for p in expr.row_passes)
     return (expr.epilogue_ops - rows + slots * lanes) / (device.peak(expr.dtype) / 2 * GB * busy)
-
-
-# Cycles a core spends on one lane past a split row's end, where only the guard is tested
-# (`edge_seconds`; a lane that computes costs `cpu_compute.GUARDED_LANE_CYCLES`): 1.2-1.3 fitted
-# on one-row matmuls on two Zen 4 cores (evidence: docs/model-evidence.md#edge-lane-cycles).
-EDGE_SKIP_CYCLES = 1.2
 
 
 def edge_seconds(program: RProgram, device: DeviceSpec) -> float:

@@ -54,6 +54,13 @@ def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
 # docs/model-evidence.md#edge-lane-cycles).
 GUARDED_LANE_CYCLES = 2.0
 
+# Cycles a core spends on one lane past a split row's end, where only the guard is tested
+# (`model.cpu.edge_seconds`; a lane that computes costs GUARDED_LANE_CYCLES): 1.2-1.3 fitted on
+# one-row matmuls on two Zen 4 cores (evidence: docs/model-evidence.md#edge-lane-cycles); a
+# filters-path register tile past an axis's end tests each unrolled statement's guard alike
+# (`busiest_share`).
+EDGE_SKIP_CYCLES = 1.2
+
 
 def guarded_scalar_efficiency(program: RProgram, device: DeviceSpec) -> float:
     """Fraction of the FMA peak a reduction's register tile reaches whose row a guarded tail
@@ -252,14 +259,23 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if plan.padded_tails:
         return 1.0
     if plan.split_edges and plan.path == FILTERS:
-        return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units)
+        return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units,
+                             past=past_rate(device))
     if plan.split_edges:
         return edge_slowdown(program, device)
     reg = program.register_tile
     return GUARDED_MICRO_KERNEL if any(expr.axes[a].extent % reg[a] for a in plan.guarded_axes(expr)) else 1.0
 
 
-def guarded_edges(program: RProgram, axes, cores: int = 0) -> float:
+def past_rate(device: DeviceSpec) -> float:
+    """What a filters-path register tile's element past an axis's end costs against a whole
+    tile's (`busiest_share`): it tests its guard, EDGE_SKIP_CYCLES, once for every statement a
+    whole tile's element spends an FMA on, which a core issues `fma_pipes` a cycle (a spec
+    without FMA facts: one)."""
+    return EDGE_SKIP_CYCLES * max(1, device.fma_pipes)
+
+
+def guarded_edges(program: RProgram, axes, cores: int = 0, past: float = 0.0) -> float:
     """The factor of split-off edges along `axes` whose edge tiles keep a guard the same for
     every lane: of the E = prod(E_a) elements, the I = prod(E_a // r_a * r_a) in register tiles
     whole along every axis run unguarded, the rest in the edge tiles at GUARDED_MICRO_KERNEL's
@@ -269,13 +285,14 @@ def guarded_edges(program: RProgram, axes, cores: int = 0) -> float:
 
     Given the `cores` (the filters path), an edge along an axis the grid splits into more than
     one unit tile runs at GRID_GUARDED_TILE's rate instead, and only on the cores whose unit
-    tiles hold it: the factor is then the busiest core's (`busiest_share`)."""
+    tiles hold it: the factor is then the busiest core's (`busiest_share`), the register tiles
+    past the end in that last unit tile at `past` each (`past_rate`)."""
     expr = program.expr
     reg, unit = program.register_tile, program.unit_tile
     extents = [expr.axes[a].extent for a in axes]
     split = [a for a, e in zip(axes, extents) if e % reg[a] and unit[a] < e] if cores else []
     if split:
-        return busiest_share(program, axes, split, cores)
+        return busiest_share(program, axes, split, cores, past)
     inner = prod(e // reg[a] * reg[a] for a, e in zip(axes, extents))
     padded = prod(-(-e // unit[a]) * unit[a] for a, e in zip(axes, extents))
     return (inner + (prod(extents) - inner) * GUARDED_MICRO_KERNEL) / padded
@@ -285,7 +302,8 @@ def guarded_edges(program: RProgram, axes, cores: int = 0) -> float:
 # holds the ragged end of an axis the grid splits into several unit tiles (`guarded_edges`): the
 # end then lies in the last of them only, its guard depends on the grid's index, loop
 # partitioning cannot lift it as a constant, and every unrolled statement of the cut tile keeps
-# it, its accumulator loaded and stored in memory around each FMA. Fitted on two Zen 5 cores, 11
+# it, its accumulator loaded and stored in memory around each FMA; the register tiles from there
+# to the unit tile's end run too, every statement testing its guard (`past_rate`). Fitted on two Zen 5 cores, 11
 # channels to 257 filters over 19 x 19 (3 x 3): 16 x 5 x 2 register tiles under 272 x 10 x 20
 # unit tiles (the rows split) 131-137 us, under 272 x 20 x 10 (the columns) 79-82, 16 x 4 x 2
 # under 272 x 20 x 10 85-88: 112, 78 and 80 predicted with 4, 68-70 before (evidence:
@@ -293,12 +311,18 @@ def guarded_edges(program: RProgram, axes, cores: int = 0) -> float:
 GRID_GUARDED_TILE = 4.0
 
 
-def busiest_share(program: RProgram, axes, split, cores: int) -> float:
+def busiest_share(program: RProgram, axes, split, cores: int, past: float = 0.0) -> float:
     """`guarded_edges` on the busiest of `cores`, whose grid splits the ragged `split` axes
     (among the guarded `axes`): per unit tile, the elements in register tiles whole along every
     axis at 1, those in the edge tiles of `axes` not split at GUARDED_MICRO_KERNEL, those in
-    the edge tiles of a `split` axis at GRID_GUARDED_TILE; the padding past an axis's end at 0
-    (along the other spatial axes, the padded unit tile's every element at 1). The grid, fused
+    the edge tiles of a `split` axis at GRID_GUARDED_TILE, those past a `split` axis's end (in
+    the last unit tile along it, inside the other axes' ends) at `past`; the padding past the
+    end of an axis not split at 0 (along the other spatial axes, the padded unit tile's every
+    element at 1). 97 channels to 19 5x5 filters over 83 x 83 in 16 x 3 x 5 register tiles
+    under 32 x 21 x 65 unit tiles: the second column of unit tiles holds 18 columns, 3 in the
+    cut tile, and 47 past them, 9 whole register tiles among them, which ran 5.3 ms against 2.6
+    for unit tiles of 85 columns (one along the row, none past it; 2026-12-01, two Zen 5 cores:
+    docs/model-evidence.md#grid-guarded-tile). The grid, fused
     over the spatial axes in order, runs ceil(G / cores) unit tiles per core one after another
     (TVM's parallel loop); the factor is the most any core's tiles cost over as many whole ones.
     Each of the three counts is a product of per-axis counts, so a core's sum is read off the
@@ -310,14 +334,14 @@ def busiest_share(program: RProgram, axes, split, cores: int) -> float:
         extent, u, r = expr.axes[a].extent, unit[a], program.register_tile[a]
         tiles = -(-extent // u)
         if a not in axes:
-            counts.append((tiles, u, (u, u, u)))
+            counts.append((tiles, u, (u, u, u, u)))
             continue
         valid = extent - (tiles - 1) * u
         inner = max(0, extent // r * r - (tiles - 1) * u)
-        counts.append((tiles, u, (inner, inner if a in split else valid, valid)))
+        counts.append((tiles, u, (inner, inner if a in split else valid, valid, u if a in split else valid)))
     grid = prod(c[0] for c in counts)
     step = -(-grid // cores)
-    rates = (1.0 - GUARDED_MICRO_KERNEL, GUARDED_MICRO_KERNEL - GRID_GUARDED_TILE, GRID_GUARDED_TILE)
+    rates = (1.0 - GUARDED_MICRO_KERNEL, GUARDED_MICRO_KERNEL - GRID_GUARDED_TILE, GRID_GUARDED_TILE - past, past)
     worst = 0.0
     for start in range(0, grid, step):
         end = min(grid, start + step)
