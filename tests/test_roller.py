@@ -297,6 +297,45 @@ def test_an_uneven_cpu_grid_gets_a_balanced_cut(isa, cores):
         assert_within_limits(space, cand.program)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_cpu_also_emits_the_fastest_predicted_shrink_along_another_axis(isa):
+    """16 channels to 21 5x5 filters over 19 x 19 on 2 cores: the unit tile arrives as the whole
+    output (grid 1) and Roller-S shrinks the axis of smallest reuse (`Space.shrink_unit`, the
+    first of `Space.shrink_choices`). The construction prices Roller-S's shrinks started along
+    each other axis as well and emits the fastest of them right after Roller-S's program (a
+    `reshrink` step), where the model predicts it faster; every such program is within the
+    limits and its grid fills the cores."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(expr("conv2d", N=1, C=16, H=19, W=19, F=21, KH=5, KW=5, stride=1, pad=2), dev,
+                      options=Options(topk=5))
+    stepper.run_to_end()
+    space, steps = stepper.space, stepper.steps
+    emitted = [k for k, s in enumerate(steps) if s.candidate is not None]
+    also = [k for k, s in enumerate(steps) if "also shrink" in (s.note or "")]
+    assert also, [s.note for s in steps if "shrink" in (s.note or "")]
+    for k in also:
+        ours = next(e for e in emitted if e > k)
+        roller = max(e for e in emitted if e < k)
+        assert steps[ours].candidate.estimate.predicted_seconds < steps[roller].candidate.estimate.predicted_seconds
+        assert steps[ours].candidate.program.grid >= dev.compute_units
+        assert_within_limits(space, steps[ours].candidate.program)
+
+
+def test_roller_s_shrinks_along_the_first_of_its_choices():
+    """`Space.shrink_unit` (Roller-S) is the first of `Space.shrink_choices`: one shrink per
+    spatial axis that can shrink, each smaller along its own axis only, smallest reuse first."""
+    dev = detected_cpu("avx512", 4, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(expr("conv2d", N=1, C=16, H=19, W=19, F=21, KH=5, KW=5, stride=1, pad=2), dev)
+    space = stepper.space
+    tiles = ((1, 16, 3, 5, 1, 1, 5), (1, 16, 3, 5, 16, 5, 5), (1, 32, 21, 20, 16, 5, 5))
+    choices = space.shrink_choices(tiles, 0.7)
+    assert choices and space.shrink_unit(tiles, 0.7) == choices[0]
+    assert len({axis for axis, _ in choices}) == len(choices)
+    for axis, shrunk in choices:
+        assert axis in space.expr.spatial and shrunk[-1][axis] < tiles[-1][axis]
+        assert all(u == t for a, (u, t) in enumerate(zip(shrunk[-1], tiles[-1])) if a != axis)
+
+
 @pytest.mark.parametrize("isa, extra_round", [("avx512", True), ("avx2", False)])
 def test_rows_of_llvms_pieces_compete_with_padded_whole_vectors(isa, extra_round):
     """300 x 400 x 28: every register row at eps 0.05 is the whole 28, which LLVM splits into 7

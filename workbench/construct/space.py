@@ -154,7 +154,7 @@ class Space:
         self.axes = tuple(a.name for a in expr.axes)
         self.layer_names = tuple(l.name for l in device.layers)
         self._aligned: dict[tuple, bool] = {}
-        self._shrunk: dict[tuple, tuple | None] = {}
+        self._choices: dict[tuple, tuple] = {}  # `shrink_choices`
         self._no_reuse: dict[float, bool] = {}
         self._contexts: dict[tuple, AlignContext] = {}
         self._footprints: dict[tuple, int] = {}
@@ -319,10 +319,16 @@ class Space:
         along the spatial axis of smallest reuse score (by `_reach`: to double the tiles along
         it while the grid stays within the units, else one aligned step), or None when none can
         shrink. Shared by every policy that emits programs; memoised."""
+        choices = self.shrink_choices(tiles, eps)
+        return choices[0] if choices else None
+
+    def shrink_choices(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...]], ...]:
+        """The first shrink of the unit tile along each spatial axis that can shrink, (axis,
+        tiles) each, Roller-S's (`shrink_unit`) first: a CPU's `Policy.emit` prices the others."""
         key = (tiles, eps)
-        if key not in self._shrunk:
-            self._shrunk[key] = _shrink_once(self, tiles, eps, self.cached(len(tiles), eps))
-        return self._shrunk[key]
+        if key not in self._choices:
+            self._choices[key] = _shrink_options(self, tiles, eps, self.cached(len(tiles), eps))
+        return self._choices[key]
 
     def shrinks(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...]], ...]:
         """Roller-S: the shrinks (axis, tiles after it) of the unit tile (`shrink_unit`) while
@@ -412,7 +418,9 @@ class Space:
         return self.program(shrinks[-1][1] if shrinks else tiles, eps)
 
 
-def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]):
+def _shrink_options(space: Space, tiles: tuple[Tile, ...], eps: float, cached: tuple[bool, ...]):
+    """(axis, tiles) of the first aligned shrink along each spatial axis that has one, smallest
+    reuse score first (Roller-S's choice), ties to the outer axis."""
     unit, ranked = tiles[-1], []
     grid = space.calc.spatial_tiles(unit)
     for axis in space.expr.spatial:
@@ -423,10 +431,7 @@ def _shrink_once(space: Space, tiles: tuple[Tile, ...], eps: float, cached: tupl
             if new is not None:
                 ranked.append((space.reuse(len(tiles) - 1, new[-1], unit, new[-2] if len(new) > 1 else space.ones()), axis, new))
                 break
-    if not ranked:
-        return None
-    _, axis, new = min(ranked, key=lambda r: (r[0], r[1]))
-    return axis, new
+    return tuple((axis, new) for _, axis, new in sorted(ranked, key=lambda r: (r[0], r[1])))
 
 
 def _shrunk_stack(space: Space, tiles, axis: int, size: int, eps: float, cached):
