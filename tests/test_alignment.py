@@ -28,11 +28,11 @@ from workbench.rtile.axes import (
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
-    MAX_SCAN, REGISTER_STEPS, WHOLE_VECTOR_EPS, AlignContext, CacheSetRule, StreamRowsRule, TailRule, TensorShapeRule,
+    MAX_SCAN, REGISTER_STEPS, AlignContext, CacheSetRule, StreamRowsRule, TailRule, TensorShapeRule,
     VectorLanesRule,
     WarpGroupRule,
     WeightsAheadRule,
-    block_thread_multiple, l1_set_lines, whole_vector_waste,
+    block_thread_multiple, l1_set_lines, whole_vector_bound, whole_vector_waste,
 )
 from workbench.rtile.traffic import bank_padding, calculus
 
@@ -109,7 +109,7 @@ def violations(e, dev, layer, upper, tile, eps) -> list[str]:
             if not pieces:
                 out.append("a whole row not in whole 4-lane pieces")
             waste = whole_vector_waste(e, dev)
-            if waste is not None and waste <= min(eps, WHOLE_VECTOR_EPS) + 1e-12:
+            if waste is not None and waste <= min(eps, whole_vector_bound(e, dev)) + 1e-12:
                 out.append("a whole row of LLVM's pieces where eps pads it to whole vectors")
         # no lane axis, but an output row read strided: LLVM vectorises it in 4-lane pieces, or
         # packs neighbouring rows of 1 or 2; its register tile unrolls one window row
@@ -830,26 +830,32 @@ def test_a_row_that_is_not_whole_vectors_takes_llvms_pieces(base, widths):
 
 @pytest.mark.parametrize("base, wastes", [
     (AVX2, {6: None, 12: 4 / 12, 20: 4 / 20, 24: None, 28: 4 / 28, 36: 4 / 36, 44: 4 / 44, 84: 4 / 84}),
-    (AVX512, {12: None, 20: 12 / 20, 24: 8 / 24, 28: 4 / 28, 40: 8 / 40, 48: None, 84: 12 / 84}),
+    (AVX512, {12: None, 20: 12 / 20, 24: 8 / 24, 28: 4 / 28, 36: 12 / 36, 40: 8 / 40, 48: None, 52: 12 / 52,
+              84: 12 / 84}),
 ], ids=lambda v: getattr(v, "name", ""))
 def test_a_whole_row_of_llvms_pieces_gives_way_to_whole_vectors_where_eps_pads_them(base, wastes):
     """A whole output row that LLVM splits into more pieces than whole vectors would take (28 on
     8 lanes: 7 xmm, where 32 is 4 ymm) is refused by the vector-lanes rule wherever eps admits
     the least padding of a row of whole vectors (`whole_vector_waste`: 28 pads to 32, 1/7), up
-    to WHOLE_VECTOR_EPS; a row of 12 on AVX2 pads by a third and stays. The construction then
-    runs one more round at the first of EPS_STEPS admitting them (`Space.whole_vector_eps`)."""
+    to WHOLE_VECTOR_EPS (0.2); a row of 12 on AVX2 pads by a third and stays. Where the pieces
+    take at least 3 times the vectors (`whole_vector_bound`: 36 on 16 lanes, 9 xmm against 3
+    zmm; 52, 13 against 4), up to 0.4. The construction then runs one more round at the first
+    of EPS_STEPS admitting them (`Space.whole_vector_eps`)."""
     from workbench.construct.space import Space
 
+    lanes = base.warp_size
     for n, waste in wastes.items():
         e = matmul(64, n, 64)
+        pieces = n // min(n & -n, lanes)  # LLVM's split: the largest power of two dividing the row
+        bound = 0.4 if n % 4 == 0 and pieces >= 3 * ceil(n / lanes) else 0.2
         assert whole_vector_waste(e, base) == (pytest.approx(waste) if waste is not None else None), n
         for eps in (0.05, 0.1, 0.2, 0.4, 1.0):
             whole = VectorLanesRule().axis_ok(AlignContext(e, base, 0, (1, 1, 1), eps), 1, n)
-            gives_way = waste is not None and waste <= min(eps, WHOLE_VECTOR_EPS) + 1e-12
+            gives_way = waste is not None and waste <= min(eps, bound) + 1e-12
             assert whole == (not gives_way), (n, eps)
         due = Space(e, base).whole_vector_eps(0.05)
-        assert due == (None if waste is None or waste <= 0.05 or waste > WHOLE_VECTOR_EPS
-                       else min(x for x in (0.1, 0.2) if waste <= x + 1e-12)), n
+        assert due == (None if waste is None or waste <= 0.05 or waste > bound
+                       else min(x for x in (0.1, 0.2, 0.4) if waste <= x + 1e-12)), n
     assert whole_vector_waste(matmul(64, 28, 64), device("v100")) is None  # a GPU's lanes are threads
 
 
@@ -860,7 +866,8 @@ def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float
     longer than a vector and not a whole number of them is c pieces of the largest power of two
     dividing it (LLVM's split: 20 on 8 lanes, 5 pieces of 4), and where that is more than whole
     vectors would take, it gives way to them once eps admits their padding, up to 0.2 (20 pads
-    to 24: from eps 0.2 on, rows of 8 or 24 only)."""
+    to 24: from eps 0.2 on, rows of 8 or 24 only), or 0.4 where the pieces are at least 3 times
+    the vectors."""
     def waste(size, extent):
         return (ceil(extent / size) * size - extent) / extent
 
@@ -874,7 +881,8 @@ def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float
         if vectors(w) <= ceil(w / lanes):
             return True
         padding = min(waste(size, w) for size in range(lanes, ceil(w / lanes) * lanes + 1, lanes))
-        return padding > min(eps, 0.2) + 1e-12
+        bound = 0.4 if w % 4 == 0 and vectors(w) >= 3 * ceil(w / lanes) else 0.2
+        return padding > min(eps, bound) + 1e-12
 
     rows = [r for r in range(1, m + 1) if waste_ok(r, m)]
     widths = [vectors(w) for w in range(1, n + 1)
@@ -884,7 +892,7 @@ def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float
 
 
 @pytest.mark.parametrize("base", [AVX2, AVX512], ids=lambda d: d.name)
-@pytest.mark.parametrize("m, n", [(512, 512), (3, 512), (512, 8), (17, 40), (7, 20)])
+@pytest.mark.parametrize("m, n", [(512, 512), (3, 512), (512, 8), (17, 40), (7, 20), (9, 52)])
 @pytest.mark.parametrize("eps", [0.05, 0.2, 1.0])
 def test_required_accumulators_fall_back_to_the_most_the_registers_hold(base, m, n, eps):
     """Where latency x pipes accumulators cannot exist (few rows, a narrow output, a small

@@ -356,6 +356,26 @@ def test_rows_of_llvms_pieces_compete_with_padded_whole_vectors(isa, extra_round
         assert_within_limits(stepper.space, program)
 
 
+def test_a_row_of_xmm_pieces_three_times_the_zmm_vectors_gives_way_at_eps_04():
+    """272 channels to 52 3x3 filters at stride 2 on AVX-512: a register row of all 52 filters
+    is 13 xmm pieces, padded to 64 it is 4 zmm vectors (a quarter more), so whole vectors may pad
+    it by up to 0.4 (`rules.whole_vector_bound`): the ladder finishes at eps 0.05 with the
+    pieces, one more round at 0.4 admits whole vectors (a `widen_eps` step saying why), the
+    filters padded to whole unit tiles, and the model puts those first."""
+    dev = detected_cpu("avx512", 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(expr("conv2d", N=1, C=272, H=27, W=27, F=52, KH=3, KW=3, stride=2, pad=1), dev,
+                      options=Options(topk=5))
+    stepper.run_to_end()
+    notes = [s.note for s in stepper.steps if s.action.kind == "widen_eps"]
+    assert len(notes) == 1 and "whole vectors" in notes[0] and "eps 0.4" in notes[0], notes
+    emitted = [s.candidate.program for s in stepper.steps if s.candidate is not None]
+    assert {p.register_tile[1] for p in emitted} >= {52, 32}
+    top = stepper.candidates()[0].program
+    assert top.register_tile[1] % dev.warp_size == 0 and cpu_plan(top, dev).padded_filters
+    for program in emitted:
+        assert_within_limits(stepper.space, program)
+
+
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_a_matmul_bound_by_its_dram_stream_spends_l1_on_columns(isa):
     """5 x 3491 x 3681: reading its 51 MB once from DRAM takes longer than computing it

@@ -201,13 +201,13 @@ class Policy:
         return state
 
     def _reshrunk(self, arrived: State, shrinks) -> tuple[tuple, float] | None:
-        """On a CPU, the fastest predicted program of Roller-S's shrinks started along another
-        axis than the smallest reuse's (`Space.shrink_choices`), then Roller-S's (the shrinks,
-        predicted seconds), or None where there is no other axis. The reuse score does not see
-        what a cut costs the template: 16 channels to 21 5x5 filters over 19 x 19 on two cores
-        shrank its 20 columns to 10 (the grid then splits a row its 5-column register tiles
-        leave ragged: every statement of the cut tile guarded, 57 us) where halving its 32
-        filters ran 21 us."""
+        """On a CPU, Roller-S's shrinks of the program that arrived, started along each axis but
+        the smallest reuse's (`Space.shrink_choices`) and continued as Roller-S's: the fastest
+        predicted, as (shrinks, predicted seconds), or None where no other axis can shrink. The
+        reuse score does not see what a cut costs the template: 16 channels to 21 5x5 filters
+        over 19 x 19 on two cores shrank its 20 columns to 10 (the grid then splits a row its
+        5-column register tiles leave ragged: every statement of the cut tile guarded, 57 us)
+        where halving its 32 filters ran 21 us."""
         if not (shrinks and self.space.device.runs_on_cpu):
             return None
         eps, best = arrived.eps, None

@@ -24,7 +24,7 @@ from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
-from workbench.rtile.rules import WHOLE_VECTOR_EPS, AlignContext, whole_vector_waste
+from workbench.rtile.rules import AlignContext, whole_vector_bound, whole_vector_waste
 from workbench.rtile.traffic import calculus
 
 Tile = tuple[int, ...]
@@ -405,10 +405,10 @@ class Space:
     def whole_vector_eps(self, eps: float) -> float | None:
         """The eps of one more round after a round at `eps` finished with its register rows in
         LLVM's pieces (`rules.whole_vector_waste`): the first of EPS_STEPS that admits whole
-        vectors, up to WHOLE_VECTOR_EPS; None where no such round is due. Its programs and
-        those of the rounds before compete, the model pricing pieces against padding."""
+        vectors, up to `rules.whole_vector_bound`; None where no such round is due. Its programs
+        and those of the rounds before compete, the model pricing pieces against padding."""
         waste = whole_vector_waste(self.expr, self.device)
-        if waste is None or waste <= eps + 1e-12 or waste > WHOLE_VECTOR_EPS + 1e-12:
+        if waste is None or waste <= eps + 1e-12 or waste > whole_vector_bound(self.expr, self.device) + 1e-12:
             return None
         return next(e for e in EPS_STEPS if waste <= e + 1e-12)
 

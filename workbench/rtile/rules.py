@@ -218,6 +218,14 @@ class BlockThreadsRule:
 # it pads by a seventh. A row of 12 pads by a third: padded, two random matmuls over N = 12 ran
 # 0.75x as fast, so no further.
 WHOLE_VECTOR_EPS = 0.2
+# Where LLVM's pieces take at least PIECES_RATIO times the vector instructions of whole vectors,
+# whole vectors may pad the row by up to PIECES_EPS instead: 52 filters over 16 lanes run as 13
+# xmm pieces, padded to 64 (a quarter more) as 4 zmm vectors (272 channels to 52 3x3 filters at
+# stride 2 over 27 x 27: pieces 464-624 us, padded 145-163, ONNX Runtime 214-282;
+# docs/model-evidence.md#whole-vector-bound). The row of 12 above took 1.5 times the
+# instructions, and lost.
+PIECES_RATIO = 3
+PIECES_EPS = 0.4
 
 
 class VectorLanesRule(PerAxisRule):
@@ -236,7 +244,7 @@ class VectorLanesRule(PerAxisRule):
     pads filters that no multiple of the lanes divides to whole tiles instead
     (`panels.pads_filters`). A whole axis that LLVM splits into more pieces than whole vectors
     would take (`whole_vector_waste`) gives way to them wherever eps admits their padding, up to
-    WHOLE_VECTOR_EPS."""
+    `whole_vector_bound`."""
 
     name = "vector-lanes"
     reads_eps = True  # through `whole_vector_waste`
@@ -251,7 +259,7 @@ class VectorLanesRule(PerAxisRule):
         if size != extent:
             return False
         waste = whole_vector_waste(ctx.expr, ctx.device)
-        if waste is not None and waste <= min(ctx.eps, WHOLE_VECTOR_EPS) + 1e-12:
+        if waste is not None and waste <= min(ctx.eps, whole_vector_bound(ctx.expr, ctx.device)) + 1e-12:
             return False
         if filter_lanes(ctx.expr, axis):
             # a short filter axis of at most half a vector: one whole vector, padded, or nothing
@@ -565,6 +573,20 @@ def whole_vector_waste(expr: TensorExpr, device: DeviceSpec) -> float | None:
     if extent <= lanes or extent % lanes == 0 or row_vectors(extent, itemsize, device) <= vectors:
         return None
     return min((-(-extent // size) * size - extent) / extent for size in range(lanes, vectors * lanes + 1, lanes))
+
+
+@lru_cache(maxsize=1024)
+def whole_vector_bound(expr: TensorExpr, device: DeviceSpec) -> float:
+    """The most whole vectors may pad a CPU register row that LLVM would split into pieces
+    (`whole_vector_waste`) and replace it: WHOLE_VECTOR_EPS, or PIECES_EPS where the row is one
+    of whole 4-lane pieces (`VectorLanesRule`; no other row of the whole axis is a register
+    row) that take at least PIECES_RATIO times the vectors (`row_vectors` against whole ones)."""
+    axis = lane_axis(expr, device)
+    extent, itemsize = expr.axes[axis].extent, expr.output.itemsize
+    lanes = max(1, device.register_bytes // itemsize)
+    if extent % 4 == 0 and row_vectors(extent, itemsize, device) >= PIECES_RATIO * -(-extent // lanes):
+        return PIECES_EPS
+    return WHOLE_VECTOR_EPS
 
 
 def _lane_step(expr: TensorExpr, device: DeviceSpec, lane: int) -> int:

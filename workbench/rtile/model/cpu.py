@@ -16,8 +16,8 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split, guard_slowdown,
-    lane_priced_edge, scalar_lanes, scalar_row,
+    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split,
+    guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes
 from workbench.rtile.plan import PANELS, ROW, cpu_plan

@@ -303,10 +303,10 @@ def guarded_edges(program: RProgram, axes, cores: int = 0, past: float = 0.0) ->
 # end then lies in the last of them only, its guard depends on the grid's index, loop
 # partitioning cannot lift it as a constant, and every unrolled statement of the cut tile keeps
 # it, its accumulator loaded and stored in memory around each FMA; the register tiles from there
-# to the unit tile's end run too, every statement testing its guard (`past_rate`). Fitted on two Zen 5 cores, 11
-# channels to 257 filters over 19 x 19 (3 x 3): 16 x 5 x 2 register tiles under 272 x 10 x 20
-# unit tiles (the rows split) 131-137 us, under 272 x 20 x 10 (the columns) 79-82, 16 x 4 x 2
-# under 272 x 20 x 10 85-88: 112, 78 and 80 predicted with 4, 68-70 before (evidence:
+# to the unit tile's end run too, every statement testing its guard (`past_rate`). Fitted on two
+# Zen 5 cores, 11 channels to 257 filters over 19 x 19 (3 x 3): 16 x 5 x 2 register tiles under
+# 272 x 10 x 20 unit tiles (the rows split) 131-137 us, under 272 x 20 x 10 (the columns) 79-82,
+# 16 x 4 x 2 under 272 x 20 x 10 85-88: 112, 78 and 80 predicted with 4, 68-70 before (evidence:
 # docs/model-evidence.md#grid-guarded-tile).
 GRID_GUARDED_TILE = 4.0
 
@@ -322,14 +322,14 @@ def busiest_share(program: RProgram, axes, split, cores: int, past: float = 0.0)
     under 32 x 21 x 65 unit tiles: the second column of unit tiles holds 18 columns, 3 in the
     cut tile, and 47 past them, 9 whole register tiles among them, which ran 5.3 ms against 2.6
     for unit tiles of 85 columns (one along the row, none past it; 2026-12-01, two Zen 5 cores:
-    docs/model-evidence.md#grid-guarded-tile). The grid, fused
-    over the spatial axes in order, runs ceil(G / cores) unit tiles per core one after another
-    (TVM's parallel loop); the factor is the most any core's tiles cost over as many whole ones.
-    Each of the three counts is a product of per-axis counts, so a core's sum is read off the
-    grid's mixed-radix digits (`_grid_prefix`) without visiting its tiles."""
+    docs/model-evidence.md#grid-guarded-tile). The grid, fused over the spatial axes in order,
+    runs ceil(G / cores) unit tiles per core one after another (TVM's parallel loop); the factor
+    is the most any core's tiles cost over as many whole ones. Each of the four counts is a
+    product of per-axis counts, so a core's sum is read off the grid's mixed-radix digits
+    (`_grid_prefix`) without visiting its tiles."""
     expr = program.expr
     unit = program.unit_tile
-    counts = []  # per spatial axis: its unit tiles, a whole one's extent, and the last one's three counts
+    counts = []  # per spatial axis: its unit tiles, a whole one's extent, and the last one's four counts
     for a in expr.spatial:
         extent, u, r = expr.axes[a].extent, unit[a], program.register_tile[a]
         tiles = -(-extent // u)
