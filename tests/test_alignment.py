@@ -20,7 +20,7 @@ from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.alignment import (
-    RULES, initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes, required_accumulators,
+    RULES, initial_tile, is_aligned, next_aligned_sizes, padded_row_axis, prev_aligned_sizes, required_accumulators,
 )
 from workbench.rtile.axes import (
     STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows,
@@ -205,7 +205,9 @@ def test_walk_stays_aligned_and_neighbours_are_the_nearest_aligned_sizes(case):
             if size is None:
                 continue
             assert (size - tile[a]) * step > 0 and size % upper[a] == 0
-            assert size <= ceil(e.axes[a].extent / upper[a]) * upper[a]
+            # a register row past the axis's end in whole vectors only (`alignment.padded_row_axis`)
+            end = ceil(e.axes[a].extent / dev.warp_size) * dev.warp_size if padded_row_axis(e, dev) == a and layer == 0 else 0
+            assert size <= max(end, ceil(e.axes[a].extent / upper[a]) * upper[a])
             moved = tile[:a] + (size,) + tile[a + 1 :]
             assert violations(e, dev, layer, upper, moved, eps) == [], (a, size)
             # past MAX_SCAN steps up, the next size is the whole axis (`alignment._scan`)
@@ -859,6 +861,27 @@ def test_a_whole_row_of_llvms_pieces_gives_way_to_whole_vectors_where_eps_pads_t
     assert whole_vector_waste(matmul(64, 28, 64), device("v100")) is None  # a GPU's lanes are threads
 
 
+@pytest.mark.parametrize("dev, row", [(AVX2, 24), (AVX512, 32)], ids=lambda v: getattr(v, "name", str(v)))
+def test_a_register_row_may_cover_a_ragged_lane_axis_in_whole_vectors_past_its_end(dev, row):
+    """47 x 1684 x 23: a register row along N grows from 16 to the 23 columns in whole vectors,
+    past the axis's end (24 on 8 lanes, 32 on 16: `padded_row_axis`), where it pads N within eps;
+    its accumulators are those vectors, not the 23 one-lane pieces of the clamped row. Only a
+    matmul's (or a filters-path conv's) lane axis, whose template pads it: not an elementwise
+    row's, not a pooling's, nor a GPU's, nor an axis a whole number of vectors long."""
+    e = matmul(47, 23, 1684)
+    assert padded_row_axis(e, dev) == 1
+    ctx = AlignContext(e, dev, 0, (1, 1, 1), 0.4)
+    assert next_aligned_sizes(ctx, (8, 16, 1))[1] == row
+    assert accumulators(e, dev, (8, row, 1)) == 8 * row // dev.warp_size
+    assert micro_kernel_registers(e, dev, (8, row, 1)) == 8 * row // dev.warp_size + row // dev.warp_size + 1
+    assert padded_row_axis(matmul(47, 48, 1684), dev) is None
+    assert padded_row_axis(expr("relu", shape=(2, 5, 67)), dev) is None
+    assert padded_row_axis(expr("avgpool", N=128, C=42, H=83, W=83, K=3, stride=1, pad=1), dev) is None
+    assert padded_row_axis(e, device("v100")) is None
+    conv = expr("conv2d", N=1, C=8, H=9, W=9, F=dev.warp_size + 1, KH=3, KW=3, stride=1, pad=1)
+    assert padded_row_axis(conv, dev) == 1
+
+
 def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float) -> int:
     """The closed form of the fallback for C[i, j] += A[i, k] B[k, j]: the most accumulators
     r x c over row counts r and row widths (c vectors) that the tensor-shape and SIMD-lane rules
@@ -885,7 +908,8 @@ def most_matmul_accumulators(m: int, n: int, lanes: int, budget: int, eps: float
         return padding > min(eps, bound) + 1e-12
 
     rows = [r for r in range(1, m + 1) if waste_ok(r, m)]
-    widths = [vectors(w) for w in range(1, n + 1)
+    padded = ceil(n / lanes) * lanes if n > lanes else n  # a row past n in whole vectors
+    widths = [vectors(w) for w in range(1, padded + 1)
               if waste_ok(w, n) and (w % lanes == 0 or (w == n and whole_row_ok(w)))]
     fits = [r * c for r in rows for c in widths if r * c + c + 1 <= budget]
     return max(fits, default=0)

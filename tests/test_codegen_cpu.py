@@ -278,6 +278,20 @@ def test_cached_matmul_tiles_become_packed_panels_and_an_unguarded_micro_kernel(
     assert "T.where" in _block(script, "C_pad")  # the write-back skips the padding rows
 
 
+def test_a_register_row_past_a_ragged_n_runs_whole_vectors_over_padded_panels():
+    """47 x 64 x 23 in register tiles of 8 rows x 32 columns, past N's end in whole vectors
+    (`alignment.padded_row_axis`), under 24 x 32 unit tiles: the tails pad (B's panel is 32
+    columns wide, zero past the 23rd), so the micro-kernel has no predicate and runs whole
+    vectors, and only the write-back skips the padding; the kernel matches numpy."""
+    e = expr("matmul", M=47, N=23, K=64)
+    kernel = _local_kernel(e, dict(i=(8, 8, 24), j=(32, 32, 32), k=(1, 32, 64)))
+    script = kernel.tvmscript
+    update = _block(script, "C_update")
+    assert "T.where" not in update and "B_pad[" in update
+    assert all(loop in script for loop in vectorised_16())
+    assert "T.where" in _block(script, "C_pad")
+
+
 HINT = 'annotations={"pragma_loop_partition_hint": 1}'
 RAGGED_K = {
     # M, N and K all ragged; K = 37 in K-steps of 16 pads with zeros (a sum of products)

@@ -32,7 +32,7 @@ from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.write import spec_to_toml
 from workbench.ops import random_suite
 from workbench.ops.tensor_expr import Axis, TensorAccess, TensorExpr
-from workbench.rtile.alignment import is_aligned
+from workbench.rtile.alignment import is_aligned, padded_row_axis
 from workbench.rtile.axes import mma_axes
 from workbench.rtile.rules import AlignContext
 from workbench.rtile.wmma_shared import wmma_shared_bytes
@@ -324,11 +324,14 @@ def assert_within_limits(space: Space, program) -> None:
     assert program.layers == tuple(layer.name for layer in dev.layers[:n_tiles])
     upper = tuple(1 for _ in e.axes)
     short = short_filters(e, dev)
+    padded = padded_row_axis(e, dev)
     for layer, tile in enumerate(program.tiles):
         for a, (size, above, axis) in enumerate(zip(tile, upper, e.axes)):
             most = ceil(axis.extent / above) * above
             if a == short:  # one whole vector of filters, at every layer
                 most = max(most, ceil(dev.warp_size / above) * above)
+            if a == padded:  # a register row padded to whole vectors, and the tiles above it
+                most = max(most, ceil(ceil(axis.extent / dev.warp_size) * dev.warp_size / above) * above)
             assert size % above == 0 and above <= size <= most, (layer, tile, upper)
         assert is_aligned(AlignContext(e, dev, layer, upper, program.eps), tile), (layer, tile)
         if program.cached[layer] and not (dev.kind == "cpu" and layer == 0):  # CPU registers: below

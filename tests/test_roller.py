@@ -377,6 +377,23 @@ def test_a_row_of_xmm_pieces_three_times_the_zmm_vectors_gives_way_at_eps_04():
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_narrow_ragged_n_runs_in_padded_whole_vectors(isa):
+    """47 x 1684 x 23 on 2 cores: a register row of 16 columns leaves a 7-column edge, which runs
+    scalar, and the grid's split of the 47 rows cuts a register tile that runs scalar under both
+    guards (108-123 us on the Zen 5, numpy 41); a row of the 23 columns in whole vectors past
+    the end (`alignment.padded_row_axis`) with its tails padded into the panels ran 14-15. The
+    top-1 is such a row, its tails padded, and every program is within the limits."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(matmul(47, 23, 1684), dev, options=Options(topk=5))
+    stepper.run_to_end()
+    top = stepper.candidates()[0].program
+    assert top.register_tile[1] == -(-23 // dev.warp_size) * dev.warp_size, top.tiles
+    assert cpu_plan(top, dev).padded_tails
+    for cand in stepper.candidates():
+        assert_within_limits(stepper.space, cand.program)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_a_matmul_bound_by_its_dram_stream_spends_l1_on_columns(isa):
     """5 x 3491 x 3681: reading its 51 MB once from DRAM takes longer than computing it
     (`is_stream_bound`), and the L1 tile's accumulator trips hide under that stream as its loads

@@ -21,7 +21,8 @@ from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
-    cross_thread_axis, is_micro_kernel_layer, lane_axis, share_streams_from_l1, short_filter_axis, tile_lanes,
+    cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, plain_projection, share_streams_from_l1,
+    short_filter_axis, tile_lanes,
 )
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
 from workbench.rtile.rules import (
@@ -130,18 +131,21 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
 def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Tile]:
     """Every register tile that grows `start` along `_accumulator_axes` to sizes the per-axis
     rules accept and fits `budget` (`_within_budget`). Neither registers nor lines a set fall as
-    an axis grows, so each axis is scanned only while the tile fits: a few hundred tiles at most."""
+    an axis grows, so each axis is scanned only while the tile fits: a few hundred tiles at most;
+    but for a row padded past its axis's end (`padded_row_axis`), whose whole vectors can take
+    fewer registers than the whole axis in LLVM's pieces (20 on 16 lanes: 5 pieces, 32 padded:
+    2 vectors), scanned to its end."""
     expr, device = ctx.expr, ctx.device
+    padded = padded_row_axis(expr, device)
     found: list[Tile] = []
 
     def visit(tile: Tile, axes: tuple[int, ...]) -> None:
-        if not _within_budget(expr, device, tile, budget):
-            return
         if not axes:
-            found.append(tile)
+            if _within_budget(expr, device, tile, budget):
+                found.append(tile)
             return
         a, rest = axes[0], axes[1:]
-        while tile is not None and _within_budget(expr, device, tile, budget):
+        while tile is not None and (a == padded or _within_budget(expr, device, tile, budget)):
             visit(tile, rest)
             size = _scan(ctx, tile, a, +1, RULES, whole_tile=False)
             tile = None if size is None else tile[:a] + (size,) + tile[a + 1 :]
@@ -275,6 +279,8 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
     limit = ceil(extent / base)  # one tile covering the whole axis
     if ctx.layer == 0 and extent < ctx.device.warp_size and axis == short_filter_axis(ctx.expr, ctx.device):
         limit = ceil(ctx.device.warp_size / base)  # one whole vector of filters, padded
+    elif ctx.layer == 0 and padded_row_axis(ctx.expr, ctx.device) == axis:
+        limit = ceil(extent / ctx.device.warp_size) * ctx.device.warp_size // base  # the row in whole vectors
     if answers is None:
         answers = _answers(ctx, rules)
     known = answers.axes
@@ -301,6 +307,25 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
         if _axis_ok(ctx, axis, size, answers) and (not whole_tile or _tile_ok(ctx, grown, answers)):
             return size
     return None
+
+
+@lru_cache(maxsize=1024)
+def padded_row_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The axis a CPU register row may cover padded to whole vectors, past its extent (`_scan`):
+    a spatial lane axis longer than a vector and not a whole number of them, of a reduction
+    whose template pads it (a matmul's, batched or not: its tails padded with its panels, or
+    its edge split off; a convolution's filters, padded to whole unit tiles). 47 x 1684 x 23 on
+    two Zen 5 cores: its rows of 16 columns and a 7-column edge ran 108-123 us, rows of 32
+    (padded panels) 14-15, numpy 41 (docs/model-evidence.md#whole-vector-bound)."""
+    if not device.runs_on_cpu or device.lanes_are_threads:
+        return None
+    axis = lane_axis(expr, device)
+    if axis is None or expr.axes[axis].kind != "spatial" or not expr.reduce:
+        return None
+    if not (filter_lanes(expr, axis) or all(plain_projection(t) for t in expr.inputs)):
+        return None
+    extent = expr.axes[axis].extent
+    return axis if extent > device.warp_size and extent % device.warp_size else None
 
 
 def next_aligned_sizes(ctx: AlignContext, tile: Tile, rules=RULES, starts=None) -> tuple[int | None, ...]:
