@@ -55,7 +55,7 @@ def accumulators(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
     if expr.axes[axis].kind == "reduce":
         return elements * simd_vectors(tile[axis], expr.output.itemsize, device)
     dim = next(d for d in range(len(shape)) if dim_axis(expr.output, d) == axis)
-    if tile[axis] > expr.axes[axis].extent:  # a row padded to whole vectors (`alignment._scan`)
+    if tile[axis] > expr.axes[axis].extent:  # a row past the end in whole vectors (`alignment.padded_row_axis`)
         return elements // shape[dim] * simd_vectors(tile[axis], expr.output.itemsize, device)
     return elements // shape[dim] * row_vectors(shape[dim], expr.output.itemsize, device)
 
