@@ -406,6 +406,20 @@ def test_a_one_row_edge_tile_runs_its_whole_vectors_in_vectors(case):
     assert f"T.vectorized({width})" in script
 
 
+def test_a_row_that_ends_on_a_vector_keeps_the_register_tiles_split():
+    """176 columns (11 vectors of 16, 22 of 8) in register tiles of 48 and unit tiles of 96: the
+    end cuts the second unit tile's second register tile on a vector (`panels.ends_on_vector`),
+    so the plan splits the loop over register tiles (no `edge_vectors`): the tiles inside the row
+    keep their unrolled micro-kernel, the cut one runs its vectors under a guard the same for
+    each vector's lanes, and the kernel matches numpy (random inputs)."""
+    e, chains = expr("matmul", M=1, N=176, K=64), dict(i=(1, 1, 1), j=(48, 48, 96), k=(1, 16, 64))
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.split_edges and not plan.edge_vectors
+    script = _local_kernel(e, chains).tvmscript
+    assert re.search(rf"for j_\d+ in T\.serial\(\d+, {re.escape(HINT)}\)", script)
+    assert not re.search(rf"for j_\d+_0 in T\.serial\(\d+, {re.escape(HINT)}\)", script)
+
+
 def test_a_register_tile_wholly_past_the_end_keeps_the_register_tiles_split():
     """100 columns in unit tiles of 96 pad to 192, so the second unit tile's second register
     tile of 48 lies wholly past the end: TVM would bound the split vector loop's scalar rest by

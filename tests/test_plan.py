@@ -23,7 +23,7 @@ from workbench.rtile.model.cpu_compute import (
     EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces,
     edge_pieces, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge, past_rate,
 )
-from workbench.rtile.panels import packed_inputs, pads_tails, vector_loop_axis
+from workbench.rtile.panels import ends_on_vector, packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
     FILTERS, LANES, PANELS, ROW, SCALAR, CpuPlan, GpuPlan, cpu_plan, describe, gpu_plan, plan_for,
 )
@@ -252,48 +252,72 @@ def _clock_ghz(dev) -> float:
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
 def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
-    """1x1024x4096 on 1x56 registers (7 vectors of 8 lanes), 112-column unit tiles: nothing pads
+    """1x1024x4100 on 1x56 registers (7 vectors of 8 lanes), 112-column unit tiles: nothing pads
     (a one-row tile packs no panel), so the plan splits the edge off (`split_edges`): the row
-    vectorised, not guarded scalar. Its register tile is one row of several vectors and none lies
-    wholly past the end (4144 - 4096 < 56), so the loop over the cut tile's vectors splits too
-    (`edge_vectors`): of 4096 columns, 4088 in whole tiles and the cut tile's one whole vector of
-    8 run in vectors, over the 4144 columns of whole unit tiles that the compute term counts
-    (`edge_slowdown`); the cut tile's other 48 lanes lie past the end, and the one core that
-    holds it tests their guard for each of the 1024 K-steps, EDGE_SKIP_CYCLES each
-    (`edge_seconds`)."""
-    program = _one_row(dev=dev)
+    vectorised, not guarded scalar. Its register tile is one row of several vectors, none lies
+    wholly past the end (4144 - 4100 < 56) and the row ends inside a vector, so the loop over
+    the cut tile's vectors splits too (`edge_vectors`): of 4100 columns, 4088 in whole tiles and
+    the cut tile's one whole vector of 8 run in vectors, over the 4144 columns of whole unit
+    tiles that the compute term counts (`edge_slowdown`); its last 4 lanes run as guarded scalar
+    FMAs and the other 44 lie past the end, and the one core that holds it runs and tests them
+    for each of the 1024 K-steps, GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES each (`edge_seconds`)."""
+    program = _one_row(n=4100, dev=dev)
     plan = cpu_plan(program, dev)
     assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
     assert plan.split_edges and plan.edge_vectors and not plan.guarded_row
     assert "edge tiles split off, their whole vectors vectorised" in describe(plan, program)
     assert plan.to_dict(program.expr)["split_edges"] is True and plan.to_dict(program.expr)["edge_vectors"] is True
-    assert edge_split(program, dev) == (4096, 0, 48)
+    assert edge_split(program, dev) == (4096, 4, 44)
     assert edge_slowdown(program, dev) == pytest.approx(4096 / 4144)
     assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
-    assert edge_seconds(program, dev) == pytest.approx(48 * 1024 * EDGE_SKIP_CYCLES / (_clock_ghz(dev) * 1e9))
+    cycles = 4 * GUARDED_LANE_CYCLES + 44 * EDGE_SKIP_CYCLES
+    assert edge_seconds(program, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
     # the compute of the same tiles over 4144 columns (no edge: the padded flops alike) times it
     whole = _one_row(n=4144, dev=dev)
     assert not cpu_plan(whole, dev).split_edges and edge_seconds(whole, dev) == 0
     assert estimate(program, dev).compute_seconds == pytest.approx(
         estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
-    # unit tiles of 336 columns pad 4096 to 4368, so a register tile lies wholly past the end:
+    # unit tiles of 336 columns pad 4100 to 4368, so a register tile lies wholly past the end:
     # the loops over tiles split instead, the outermost below the grid (over L1 tiles of 112):
-    # from the L1 tile the end cuts to the unit tile's end every lane runs scalar, 64 of them
-    # FMAs, 272 past the end
-    wide = _one_row(tiles=((1, 56, 1), (1, 112, 64), (1, 336, 1024)), dev=dev)
+    # from the L1 tile the end cuts to the unit tile's end every lane runs scalar, 68 of them
+    # FMAs, 268 past the end
+    wide = _one_row(n=4100, tiles=((1, 56, 1), (1, 112, 64), (1, 336, 1024)), dev=dev)
     assert cpu_plan(wide, dev).split_edges and not cpu_plan(wide, dev).edge_vectors
-    assert edge_split(wide, dev) == (4032, 64, 272)
-    cycles = 64 * GUARDED_LANE_CYCLES + 272 * EDGE_SKIP_CYCLES
+    assert edge_split(wide, dev) == (4032, 68, 268)
+    cycles = 68 * GUARDED_LANE_CYCLES + 268 * EDGE_SKIP_CYCLES
     assert edge_seconds(wide, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
     assert estimate(wide, dev).predicted_seconds > estimate(program, dev).predicted_seconds
-    # a register tile of one vector has no loop over vectors to split (nor here a cut tile: only
-    # the 48 lanes past the end)
+    # a register tile of one vector has no loop over vectors to split: its tiles' loop splits,
+    # and the cut tile (a vector, the end inside it) runs scalar
     lanes = dev.register_bytes // 4
-    single = _one_row(tiles=((1, lanes, 1), (1, 112, 64), (1, 112, 1024)), dev=dev)
+    single = _one_row(n=4100, tiles=((1, lanes, 1), (1, 112, 64), (1, 112, 1024)), dev=dev)
     assert cpu_plan(single, dev).split_edges and not cpu_plan(single, dev).edge_vectors
-    assert edge_split(single, dev) == (4096, 0, 48)
+    assert edge_split(single, dev) == (4096, 4, 44)
     # 4096 columns of 128: nothing ragged, nothing split
     assert not cpu_plan(_one_row(tiles=((1, 64, 1), (1, 128, 64), (1, 128, 1024)), dev=dev), dev).split_edges
+
+
+@pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
+def test_a_row_that_ends_on_a_vector_runs_its_cut_tile_in_vectors(dev):
+    """1x1024x4096 on 1x56 registers (vectors of 8) in 112-column unit tiles: ragged in its unit
+    tiles, but 4096 ends on a vector (`ends_on_vector`), so each vector of the tile the end cuts
+    lies wholly inside the row or past it, its guard the same for its lanes: the register tiles'
+    loop splits (no `edge_vectors`, whose loop over vectors would keep every tile's accumulators
+    in memory), the cut tile's vectors run vectorised (V = E, S = 0) and the 48 lanes past the
+    end test their guard once per vector of 8, 6 per K-step. With 4 columns more the row ends
+    inside a vector and the cut tile's last lanes run scalar (the test above)."""
+    program = _one_row(dev=dev)
+    plan = cpu_plan(program, dev)
+    assert plan.split_edges and not plan.edge_vectors and not plan.guarded_row
+    assert "edge tiles split off, in whole vectors" in describe(plan, program)
+    assert edge_split(program, dev) == (4096, 0, 48)
+    assert edge_slowdown(program, dev) == pytest.approx(4096 / 4144)
+    assert edge_seconds(program, dev) == pytest.approx(6 * 1024 * EDGE_SKIP_CYCLES / (_clock_ghz(dev) * 1e9))
+    ragged = _one_row(n=4100, dev=dev)
+    assert edge_seconds(ragged, dev) > edge_seconds(program, dev)
+    assert ends_on_vector(4096, 56, 16) and ends_on_vector(4096, 56, 8) and not ends_on_vector(4100, 56, 8)
+    assert ends_on_vector(4096, 24, 16)  # 24 in vectors of 8: 4096 ends on one
+    assert not ends_on_vector(1309, 224, 16)
 
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)

@@ -16,8 +16,8 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer, packed_inputs, pad_level, padded_inputs,
-    pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges,
+    ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer, packed_inputs, pad_level,
+    padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges,
     vector_loop_axis, whole_reduction,
 )
 from workbench.rtile.rprogram import RProgram
@@ -50,7 +50,8 @@ class CpuPlan:
     fringe; on the lanes path the ragged K, `panels.splits_reduction_edge`; on the filters path the
     ragged output rows and columns, whose edge tiles keep their guard and their vectors of
     filters); `edge_vectors` whether a split row's edge tile runs its whole vectors vectorised
-    and only the rest scalar (`panels.splits_edge_vectors`), rather than every lane;
+    and only the rest scalar (`panels.splits_edge_vectors`), rather than every lane (a row that
+    ends on a vector runs its cut tile in vectors without it: `panels.ends_on_vector`);
     `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
     vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
@@ -405,8 +406,11 @@ def describe(plan: Plan, program: RProgram) -> str:
     if plan.padded_tails:
         parts.append("tails padded")
     elif plan.split_edges:
-        parts.append("edge tiles split off" + (", guarded" if plan.path == FILTERS else
-                                               ", their whole vectors vectorised" if plan.edge_vectors else ", scalar"))
+        v = plan.vector_axis
+        parts.append("edge tiles split off" + (
+            ", guarded" if plan.path == FILTERS else ", their whole vectors vectorised" if plan.edge_vectors
+            else ", in whole vectors" if ends_on_vector(expr.axes[v].extent, program.register_tile[v], plan.lanes)
+            else ", scalar"))
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.accumulators:
