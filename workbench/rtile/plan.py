@@ -407,10 +407,10 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts.append("tails padded")
     elif plan.split_edges:
         v = plan.vector_axis
+        whole = plan.path == ROW and ends_on_vector(expr.axes[v].extent, program.register_tile[v], plan.lanes)
         parts.append("edge tiles split off" + (
             ", guarded" if plan.path == FILTERS else ", their whole vectors vectorised" if plan.edge_vectors
-            else ", in whole vectors" if ends_on_vector(expr.axes[v].extent, program.register_tile[v], plan.lanes)
-            else ", scalar"))
+            else ", in whole vectors" if whole else ", scalar"))
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.accumulators:
