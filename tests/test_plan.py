@@ -264,7 +264,7 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     program = _one_row(n=4100, dev=dev)
     plan = cpu_plan(program, dev)
     assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
-    assert plan.split_edges and plan.edge_vectors and not plan.guarded_row
+    assert plan.split_edges and plan.edge_vectors and not plan.edge_in_vectors and not plan.guarded_row
     assert "edge tiles split off, their whole vectors vectorised" in describe(plan, program)
     assert plan.to_dict(program.expr)["split_edges"] is True and plan.to_dict(program.expr)["edge_vectors"] is True
     assert edge_split(program, dev) == (4096, 4, 44)
@@ -308,7 +308,8 @@ def test_a_row_that_ends_on_a_vector_runs_its_cut_tile_in_vectors(dev):
     inside a vector and the cut tile's last lanes run scalar (the test above)."""
     program = _one_row(dev=dev)
     plan = cpu_plan(program, dev)
-    assert plan.split_edges and not plan.edge_vectors and not plan.guarded_row
+    assert plan.split_edges and not plan.edge_vectors and plan.edge_in_vectors and not plan.guarded_row
+    assert plan.to_dict(program.expr)["edge_in_vectors"] is True
     assert "edge tiles split off, in whole vectors" in describe(plan, program)
     assert edge_split(program, dev) == (4096, 0, 48)
     assert edge_slowdown(program, dev) == pytest.approx(4096 / 4144)

@@ -50,8 +50,10 @@ class CpuPlan:
     fringe; on the lanes path the ragged K, `panels.splits_reduction_edge`; on the filters path the
     ragged output rows and columns, whose edge tiles keep their guard and their vectors of
     filters); `edge_vectors` whether a split row's edge tile runs its whole vectors vectorised
-    and only the rest scalar (`panels.splits_edge_vectors`), rather than every lane (a row that
-    ends on a vector runs its cut tile in vectors without it: `panels.ends_on_vector`);
+    and only the rest scalar (`panels.splits_edge_vectors`), rather than every lane;
+    `edge_in_vectors` whether a split row ends on a vector (`panels.ends_on_vector`), so that
+    its cut tile runs every vector vectorised under the register tiles' split, without
+    `edge_vectors`;
     `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
     vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
@@ -79,6 +81,7 @@ class CpuPlan:
     padded_filters: bool = False
     prepacked: tuple[str, ...] = ()
     edge_vectors: bool = False
+    edge_in_vectors: bool = False
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -103,6 +106,7 @@ class CpuPlan:
             "padded_filters": self.padded_filters,
             "prepacked": list(self.prepacked),
             "edge_vectors": self.edge_vectors,
+            "edge_in_vectors": self.edge_in_vectors,
         }
 
 
@@ -198,10 +202,12 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     packed = panels if vector is not None else ()
     path = SCALAR if vector is None else PANELS if packed else ROW
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
+    in_vectors = split and ends_on_vector(expr.axes[vector].extent, program.register_tile[vector], lanes)
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
-                   edge_vectors=split and splits_edge_vectors(expr, program, device, vector))
+                   edge_vectors=split and splits_edge_vectors(expr, program, device, vector),
+                   edge_in_vectors=in_vectors)
 
 
 @lru_cache(maxsize=65536)
@@ -406,11 +412,9 @@ def describe(plan: Plan, program: RProgram) -> str:
     if plan.padded_tails:
         parts.append("tails padded")
     elif plan.split_edges:
-        v = plan.vector_axis
-        whole = plan.path == ROW and ends_on_vector(expr.axes[v].extent, program.register_tile[v], plan.lanes)
         parts.append("edge tiles split off" + (
             ", guarded" if plan.path == FILTERS else ", their whole vectors vectorised" if plan.edge_vectors
-            else ", in whole vectors" if whole else ", scalar"))
+            else ", in whole vectors" if plan.edge_in_vectors else ", scalar"))
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.accumulators:

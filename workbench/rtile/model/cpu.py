@@ -19,9 +19,7 @@ from workbench.rtile.model.cpu_compute import (
     EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split,
     guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
-from workbench.rtile.panels import (
-    ends_on_vector, gathered_inputs, packed_tile_bytes, row_vector, transposes, vector_width,
-)
+from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes, vector_width
 from workbench.rtile.plan import PANELS, ROW, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
@@ -203,7 +201,7 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     117 in 400). The compute term keeps only the vectors (`cpu_compute.edge_slowdown`). None
     where the edge runs in LLVM's vector pieces (`cpu_compute.edge_in_pieces`: one unit tile
     spans the row), which the compute term prices. A row that ends on a vector
-    (`panels.ends_on_vector`) tests the guard once per vector past its end, not per lane."""
+    (`CpuPlan.edge_in_vectors`) tests the guard once per vector past its end, not per lane."""
     expr = program.expr
     if not device.runs_on_cpu:
         return 0.0
@@ -218,7 +216,7 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     column = prod(-(-expr.axes[a].extent // unit[a]) for a in others)  # the unit tiles holding the edge
     share = -(-column // device.compute_units) / column
     ghz = core_ghz(device) or device.peak(expr.dtype) / (device.compute_units * plan.lanes * 2)
-    if ends_on_vector(expr.axes[plan.vector_axis].extent, program.register_tile[plan.vector_axis], plan.lanes):
+    if plan.edge_in_vectors:
         past //= vector_width(program.register_tile[plan.vector_axis], plan.lanes)
     cycles = scalar * GUARDED_LANE_CYCLES + past * EDGE_SKIP_CYCLES
     return cycles * rows * steps * share / (ghz * GB)

@@ -11,7 +11,7 @@ from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis, plain_projection
 from workbench.rtile.model.common import peak_gflops
-from workbench.rtile.panels import ends_on_vector, vector_width
+from workbench.rtile.panels import vector_width
 from workbench.rtile.plan import FILTERS, SCALAR, cpu_plan
 from workbench.rtile.registers import accumulators, lane_vectors
 from workbench.rtile.rprogram import RProgram
@@ -461,7 +461,7 @@ def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int, int]:
     tile's vectors of w lanes (`panels.vector_width`) instead, so the cut register tile's whole
     vectors run in vectors too (V = E // r * r + c // w * w for c = E - E // r * r; the plan
     takes it only where the cut tile ends the unit tile). A row that ends on a vector
-    (`panels.ends_on_vector`) runs the cut tile's vectors vectorised, each under a guard the
+    (`CpuPlan.edge_in_vectors`) runs the cut tile's vectors vectorised, each under a guard the
     same for its lanes: V = E, S = 0. 1 x 1309 in tiles of 112 (L1 tiles alike) and unit tiles
     of 672 (16 lanes): (1232, 77, 35), with edge vectors (1296, 13, 35); relu over 670 in
     register tiles of 16, L1 tiles of 64, unit tiles of 256: (640, 30, 98)."""
@@ -469,7 +469,7 @@ def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int, int]:
     plan = cpu_plan(program, device)
     v = plan.vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
-    if ends_on_vector(extent, reg, plan.lanes):
+    if plan.edge_in_vectors:
         vectors = extent
     elif plan.edge_vectors:
         vectors = extent // reg * reg
