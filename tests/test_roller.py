@@ -27,7 +27,7 @@ from test_alignment import AVX2, AVX512
 from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.construct.roller import RollerPolicy
-from workbench.construct.space import Options
+from workbench.construct.space import EPS_STEPS, Options
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes
 from workbench.rtile.axes import always_streamed, stream_rows
@@ -501,6 +501,42 @@ def test_a_cpu_round_without_reuse_emits_its_start_tile_in_the_last_round():
     candidates = stepper.candidates()
     assert {c.program.register_tile for c in candidates} == {(8, 16), (8, 32)}
     assert len(candidates) == 8
+
+
+@pytest.mark.parametrize("isa, n", [("avx2", 361), ("avx512", 355)])
+def test_a_round_without_reuse_is_followed_by_one_with_it_where_a_larger_eps_has_reuse(isa, n):
+    """2 x 3520 x N: at eps 0.05 the start tile's one aligned growth is along K (its next vector
+    of columns pads N by more than 5 %), which saves nothing in registers, so that round runs
+    without reuse and stages nothing below them, and it finds its K programs. The matmul has
+    reuse from a larger eps (`Space.reuse_eps`), where one more round runs; the top K is taken
+    over both: the model ranks the first round's unstaged programs with that round's, staged over
+    wider register rows. (On the Zen 5, 2 x 3520 x 355's ten 2 x 16 programs ran 172-247 us, the
+    reuse round's 2 x 96 70 us.)"""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(matmul(2, n, 3520), dev)
+    stepper.run_to_end()
+    space = stepper.space
+    wider = space.reuse_eps(0.05)
+    assert not space.stages_below(0.05) and wider is not None and space.stages_below(wider)
+    assert all(not space.stages_below(e) for e in EPS_STEPS if e < wider)
+    programs = [c.program for c in stepper.candidates()]
+    first = [p for p in programs if p.eps == 0.05]
+    assert first and all(not any(p.cached[1:]) for p in first)
+    reusing = [p for p in programs if p.eps == wider]
+    assert reusing and all(all(p.cached) for p in reusing)
+    assert max(p.register_tile[1] for p in reusing) > max(p.register_tile[1] for p in first)
+    assert len(programs) == stepper.policy.options.topk
+    times = [c.estimate.predicted_seconds for c in stepper.candidates()]
+    assert times == sorted(times)  # one ranking over both rounds
+
+
+@pytest.mark.parametrize("wid", ["cpu-core:mm-512", "cpu-core:relu", "cpu-core:reduce-rows"])
+def test_a_round_with_reuse_or_an_operator_without_any_has_no_reuse_round(wid):
+    """`Space.reuse_eps` is None where the first round had reuse (a square matmul) and where
+    no eps gives any (elementwise, a row reduction: Roller's operators without reuse)."""
+    space = Stepper(workload_expr(WORKLOADS[wid]), detected_cpu("avx512", 2, 32 * KIB, 1024 * KIB)).space
+    assert space.reuse_eps(0.05) is None
+    assert space.stages_below(0.05) == (wid == "cpu-core:mm-512")
 
 
 def test_the_eps_ladder_keeps_steps_for_its_last_round():

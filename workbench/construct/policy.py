@@ -10,7 +10,8 @@ A policy is a class with
 
 `Policy` supplies the rest, the same for every policy: the eps schedule (`steps`: Roller raises eps
 in EPS_STEPS while fewer than K programs came out, keeping steps for the last round,
-`ROUNDS_KEPT`), emission (`emit`: scale-out over the units,
+`ROUNDS_KEPT`; one more round where a finished one ran its register rows in LLVM's pieces or
+without reuse that a larger eps has, `_extra_round`), emission (`emit`: scale-out over the units,
 Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
 units idle (`split_k`), the estimate, the `Candidate`) and the
 step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a
@@ -52,6 +53,8 @@ class Policy:
         "widen_eps": "too few programs ({found} < {topk}): raise eps to {eps}",
         "whole_vectors": "every register row along {axis} is the whole axis in LLVM's narrower pieces: one more "
                          "round at eps {eps}, where whole vectors pad it; the model prices both",
+        "reuse": "no growth eps {eps} aligns saves a byte, so that round staged nothing below the registers; "
+                 "from eps {wider} growth saves: one more round there; the model prices both",
         "keep_steps": "too few programs ({found} < {topk}), and {left} steps left: skip eps {eps}, keep them for "
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
@@ -68,7 +71,7 @@ class Policy:
         self.options = options
         self.candidates: list[Candidate] = []
         self._extras = 0  # candidates that are balanced cuts of another (`emit`): extras
-        self._found_before = 0  # programs of the rounds before the whole-vector round (`_whole_vector_round`)
+        self._found_before = 0  # programs of the rounds before an extra round (`_extra_round`)
         self._emitted: set = set()
         self._count = 0
         self._visits: Counter = Counter()
@@ -103,6 +106,7 @@ class Policy:
             used = self._count - start
             if finished:
                 yield from self._whole_vector_round(eps)
+                yield from self._reuse_round(eps)
                 return
 
     def _whole_vector_round(self, eps: float) -> Iterator[Step]:
@@ -114,8 +118,20 @@ class Policy:
             return
         axis = self.space.axes[lane_axis(self.space.expr, self.space.device)]
         yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), self.describe("whole_vectors", axis=axis, eps=wider))
-        self._found_before = self.found
-        yield from self.round(wider)
+        yield from self._extra_round(wider)
+
+    def _reuse_round(self, eps: float) -> Iterator[Step]:
+        """One more round, at `Space.reuse_eps`, where the round at `eps` ran without reuse
+        though the operator has it at a larger eps; counted and taken as `_whole_vector_round`'s."""
+        wider = self.space.reuse_eps(eps)
+        if wider is None or self.out_of_steps:
+            return
+        yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), self.describe("reuse", eps=eps, wider=wider))
+        yield from self._extra_round(wider)
+
+    def _extra_round(self, eps: float) -> Iterator[Step]:
+        self._found_before += self.found  # the rounds before keep theirs; this one counts from none
+        yield from self.round(eps)
 
     def _split_unshrunk(self, state: State, shrinks) -> bool:
         """Whether the program of `state` as it arrived, split over its reduce axis until its

@@ -402,6 +402,20 @@ class Space:
                 out.append((axis, new, eps))
         return tuple(out)
 
+    def reuse_eps(self, eps: float) -> float | None:
+        """The eps of one more round after a round at `eps` ran without reuse (`stages_below`
+        false: no growth of its start tile that eps aligns saves a byte) where a larger eps of
+        EPS_STEPS starts a round with reuse: the first such; None where the round had reuse or no
+        larger eps has. A matmul of 2 rows whose next vector of columns pads N by 8 % grows
+        only along K at eps 0.05, which saves nothing in registers; its round without reuse
+        filled the top K with one register tile differing in K alone (2 x 3520 x 355: ten 2 x 16
+        tiles, 172-247 us), where 2 x 96 from eps 0.1 ran 70. A round without reuse stages
+        nothing below the registers, which is what some want (5 batches of 5 x 4480 x 163:
+        171 us unstaged, 295 staged in panels), so both rounds' programs compete."""
+        if self.stages_below(eps):
+            return None
+        return next((e for e in EPS_STEPS if e > eps + 1e-12 and self.stages_below(e)), None)
+
     def whole_vector_eps(self, eps: float) -> float | None:
         """The eps of one more round after a round at `eps` finished with its register rows in
         LLVM's pieces (`rules.whole_vector_waste`): the first of EPS_STEPS that admits whole
