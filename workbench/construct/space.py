@@ -410,8 +410,8 @@ class Space:
         only along K at eps 0.05, which saves nothing in registers; its round without reuse
         filled the top K with one register tile differing in K alone (2 x 3520 x 355: ten 2 x 16
         tiles, 172-247 us), where 2 x 96 from eps 0.1 ran 70. A round without reuse stages
-        nothing below the registers, which is what some want (5 batches of 5 x 4480 x 163:
-        171 us unstaged, 295 staged in panels), so both rounds' programs compete."""
+        nothing below the registers, which is what small batched matmuls want, so both rounds'
+        programs compete (evidence: docs/evidence.md#reuse-round)."""
         if self.stages_below(eps):
             return None
         return next((e for e in EPS_STEPS if e > eps + 1e-12 and self.stages_below(e)), None)
