@@ -252,31 +252,40 @@ def _clock_ghz(dev) -> float:
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
 def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
-    """1x1024x4100 on 1x56 registers (7 vectors of 8 lanes), 112-column unit tiles: nothing pads
+    """1x1024x212 on 1x56 registers (7 vectors of 8 lanes), 112-column unit tiles: nothing pads
     (a one-row tile packs no panel), so the plan splits the edge off (`split_edges`): the row
     vectorised, not guarded scalar. Its register tile is one row of several vectors, none lies
-    wholly past the end (4144 - 4100 < 56) and the row ends inside a vector, so the loop over
-    the cut tile's vectors splits too (`edge_vectors`): of 4100 columns, 4088 in whole tiles and
-    the cut tile's one whole vector of 8 run in vectors, over the 4144 columns of whole unit
-    tiles that the compute term counts (`edge_slowdown`); its last 4 lanes run as guarded scalar
-    FMAs and the other 44 lie past the end, and the one core that holds it runs and tests them
-    for each of the 1024 K-steps, GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES each (`edge_seconds`)."""
-    program = _one_row(n=4100, dev=dev)
+    wholly past the end (224 - 212 < 56), the row ends inside a vector, and the tile the end
+    cuts holds 44 of the 212 columns, more than the whole row's worth of vectors were they run
+    scalar (44 x 8 lanes > 212), so the loop over the cut tile's vectors splits too
+    (`edge_vectors`): of 212 columns, 208 in whole tiles and the cut tile's whole vectors run in
+    vectors, over the 224 columns of whole unit tiles that the compute term counts
+    (`edge_slowdown`); its last 4 lanes run as guarded scalar FMAs and the other 12 lie past the
+    end, and the one core that holds it runs and tests them for each of the 1024 K-steps,
+    GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES each (`edge_seconds`)."""
+    program = _one_row(n=212, dev=dev)
     plan = cpu_plan(program, dev)
     assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
     assert plan.split_edges and plan.edge_vectors and not plan.edge_in_vectors and not plan.guarded_row
     assert "edge tiles split off, their whole vectors vectorised" in describe(plan, program)
     assert plan.to_dict(program.expr)["split_edges"] is True and plan.to_dict(program.expr)["edge_vectors"] is True
-    assert edge_split(program, dev) == (4096, 4, 44)
-    assert edge_slowdown(program, dev) == pytest.approx(4096 / 4144)
+    assert edge_split(program, dev) == (208, 4, 12)
+    assert edge_slowdown(program, dev) == pytest.approx(208 / 224)
     assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
-    cycles = 4 * GUARDED_LANE_CYCLES + 44 * EDGE_SKIP_CYCLES
+    cycles = 4 * GUARDED_LANE_CYCLES + 12 * EDGE_SKIP_CYCLES
     assert edge_seconds(program, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
-    # the compute of the same tiles over 4144 columns (no edge: the padded flops alike) times it
-    whole = _one_row(n=4144, dev=dev)
+    # the compute of the same tiles over 224 columns (no edge: the padded flops alike) times it
+    whole = _one_row(n=224, dev=dev)
     assert not cpu_plan(whole, dev).split_edges and edge_seconds(whole, dev) == 0
     assert estimate(program, dev).compute_seconds == pytest.approx(
         estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
+    # 4100 columns: the cut tile holds 12, less than the row's worth run scalar (96 lanes' work
+    # against 4100), so the register tiles' loop splits instead and every tile inside the row
+    # keeps its unrolled micro-kernel; the cut tile runs its 12 columns scalar
+    long = _one_row(n=4100, dev=dev)
+    assert cpu_plan(long, dev).split_edges and not cpu_plan(long, dev).edge_vectors
+    assert edge_split(long, dev) == (4088, 12, 44)
+    assert "edge tiles split off, scalar" in describe(cpu_plan(long, dev), long)
     # unit tiles of 336 columns pad 4100 to 4368, so a register tile lies wholly past the end:
     # the loops over tiles split instead, the outermost below the grid (over L1 tiles of 112):
     # from the L1 tile the end cuts to the unit tile's end every lane runs scalar, 68 of them
@@ -286,13 +295,13 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     assert edge_split(wide, dev) == (4032, 68, 268)
     cycles = 68 * GUARDED_LANE_CYCLES + 268 * EDGE_SKIP_CYCLES
     assert edge_seconds(wide, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
-    assert estimate(wide, dev).predicted_seconds > estimate(program, dev).predicted_seconds
+    assert estimate(wide, dev).predicted_seconds > estimate(long, dev).predicted_seconds
     # a register tile of one vector has no loop over vectors to split: its tiles' loop splits,
     # and the cut tile (a vector, the end inside it) runs scalar
     lanes = dev.register_bytes // 4
-    single = _one_row(n=4100, tiles=((1, lanes, 1), (1, 112, 64), (1, 112, 1024)), dev=dev)
+    single = _one_row(n=212, tiles=((1, lanes, 1), (1, 112, 64), (1, 112, 1024)), dev=dev)
     assert cpu_plan(single, dev).split_edges and not cpu_plan(single, dev).edge_vectors
-    assert edge_split(single, dev) == (4096, 4, 44)
+    assert edge_split(single, dev) == (208, 4, 12)
     # 4096 columns of 128: nothing ragged, nothing split
     assert not cpu_plan(_one_row(tiles=((1, 64, 1), (1, 128, 64), (1, 128, 1024)), dev=dev), dev).split_edges
 

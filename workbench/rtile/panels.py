@@ -323,7 +323,12 @@ def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec,
     cut tile's vectors vectorised as well, and the tiles inside the row their unrolled
     micro-kernel, where the loop over vectors bounded by the row's end keeps every tile's
     accumulators in memory: 1 x 4096 x 4096 in 160- and 208-column tiles of 2080 columns ran
-    1.43-1.72 ms so against 0.90-1.02 ms (two Zen 5 cores, B from DRAM, one process, interleaved)."""
+    1.43-1.72 ms so against 0.90-1.02 ms (two Zen 5 cores, B from DRAM, one process, interleaved).
+    That slows every tile, so it is taken only where the cut tile's columns run scalar would cost
+    more than the whole row in vectors (columns x lanes > the row): 1 x 2304 x 1309's cut tile
+    holds 189 of the 1309 columns, and its vectors' split ran 91 us against 266 with the
+    register tiles' split, while 1 x 1500 x 3001 (121 of 3001) ran 212 against 152 and
+    1 x 3380 x 15210 (26 of 15210) 5.8 against 3.7 ms (evidence: docs/evidence.md#edge-vectors)."""
     if not expr.reduce:
         return False
     reg = program.register_tile
@@ -335,7 +340,11 @@ def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec,
     extent, unit = expr.axes[v].extent, program.unit_tile[v]
     if ends_on_vector(extent, reg[v], lanes):
         return False
-    return -(-extent // unit) * unit - extent < reg[v]
+    if -(-extent // unit) * unit - extent >= reg[v]:
+        return False
+    # the cut tile's columns inside the row, which the register tiles' split runs scalar
+    cut = (extent - (-(-extent // unit) - 1) * unit) % reg[v]
+    return cut * lanes > extent
 
 
 def ends_on_vector(extent: int, register: int, lanes: int) -> bool:
