@@ -19,6 +19,7 @@ from workbench.ops.fusion import fuse_axes
 from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis
 from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate
+from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic, edge_seconds, epilogue_seconds,
@@ -29,7 +30,7 @@ from workbench.rtile.model.cpu_compute import (
     step_loads, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
-    bytes_in_flight, gpu_stages, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
+    GUARDED_SLOWDOWN, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
     uncoalesced_bytes, shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
@@ -247,6 +248,25 @@ def test_blocks_per_unit_limited_by_threads_registers_and_shared_memory():
     regs = footprint_at(dev, program, 0) // 4
     smem = footprint_at(dev, program, 1)
     assert bpu == min(2048 // 256, 65536 // (256 * regs), 49152 // smem)
+
+
+@pytest.mark.parametrize("dev", ["v100", "h200"])
+def test_a_gpu_block_tile_that_leaves_a_tail_computes_under_its_guards(dev, monkeypatch):
+    """A block tile that does not divide an axis (96 of 65,536 rows, 384 of 4,096 columns, 24 of
+    1,024 K-steps) leaves TVM's tail test on every accumulator update, in every block: its
+    compute is `GUARDED_SLOWDOWN` times what the same tiles cost unguarded; a dividing tile's is
+    not slowed."""
+    dev = device(dev)
+    calc = TileCalculus(matmul(65536, 4096, 1024))
+    for block in ((96, 256, 8), (64, 384, 8), (128, 256, 24)):
+        program = make_program(calc, dev, [(8, 8, 1), block], (True, True), 0.05)
+        assert guarded_slowdown(program, dev) == GUARDED_SLOWDOWN > 1
+        guarded = estimate(program, dev).compute_seconds
+        monkeypatch.setattr(gpu_model, "GUARDED_SLOWDOWN", 1.0)
+        assert guarded == pytest.approx(estimate(program, dev).compute_seconds * GUARDED_SLOWDOWN)
+        monkeypatch.undo()
+    exact = make_program(calc, dev, [(8, 8, 1), (64, 256, 8)], (True, True), 0.05)
+    assert guarded_slowdown(exact, dev) == 1.0
 
 
 def test_compute_bound_test_compares_load_time_with_compute_time():

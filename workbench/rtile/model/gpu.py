@@ -23,7 +23,8 @@ from workbench.rtile.traffic import calculus
 def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float) -> Pricing:
     """A GPU program's `Pricing` (Roller §3.3): compute at the fraction of peak its resident
     warps keep (one per scheduler) and their lanes fill (`lane_fraction`), per staged layer
-    Q(tile) plus the wasted sectors of unstaged loads at the source's bandwidth (`transfer_seconds`), stages overlapped by `gpu_stages`; a
+    Q(tile) plus the wasted sectors of unstaged loads at the source's bandwidth (`transfer_seconds`), stages overlapped by `gpu_stages`,
+    the compute slowed where the block tile leaves a guarded tail (`guarded_slowdown`); a
     cross-thread reduction's trees and a split-K program's second pass added after the
     scale-out."""
     expr = program.expr
@@ -31,7 +32,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     threads, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
     n_waves = waves(program.grid, device.compute_units * bpu)
     eff = min(1.0, warps_per_scheduler(program, device, threads, bpu)) * lane_fraction(device, threads)
-    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff)
+    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff) * guarded_slowdown(program, device)
     loads: dict[str, float] = {}
     moved: dict[str, int] = {}
     for layer, tile in enumerate(program.tiles):
@@ -51,6 +52,27 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         occupancy=min(1.0, threads * bpu / device.max_threads_per_unit), reduction_seconds=tree,
         **provenance(program, device, (False, "compute: warps per scheduler"), False),
     )
+
+
+# A GPU program's compute where its block tile does not divide an axis: TVM's predicated split
+# leaves the tail's test on every accumulator update of the register tile (the CUDA source of
+# roller-table1 M2's 96 x 256 x 8 blocks: 221 tests, the 64-row blocks' 1), in every block, not
+# only the tail's. On the H200 (the committed runs, 2026-12-01) such programs ran 1.47-1.71x
+# their dividing neighbours along M or N, 1.23x along K, where the model priced them alike;
+# the middle of that range (docs/model-evidence.md#gpu-guarded-tiles).
+GUARDED_SLOWDOWN = 1.5
+
+
+def guarded_slowdown(program: RProgram, device: DeviceSpec) -> float:
+    """`GUARDED_SLOWDOWN` for a contraction's register tiles (a reduction over two or more
+    inputs: matmul, convolution; not a cross-thread reduction) where the unit (block) tile leaves
+    a tail along some axis, else 1."""
+    expr = program.expr
+    if not expr.reduce or len(expr.inputs) < 2 or gpu_plan(program, device).cross_thread_axis is not None:
+        return 1.0
+    if any(axis.extent % tile for axis, tile in zip(expr.axes, program.unit_tile)):
+        return GUARDED_SLOWDOWN
+    return 1.0
 
 
 def lane_fraction(device: DeviceSpec, threads: int) -> float:
