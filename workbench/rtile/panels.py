@@ -304,10 +304,10 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
 
 
 def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec, v: int) -> bool:
-    """Whether a row along `v` whose edges split off (`splits_edges`, which the caller has
-    checked) also runs the whole vectors of its edge tile vectorised: the loop over the register
-    tile's vectors stays a loop (not unrolled) and is split where the row ends, instead of the
-    loop over register tiles, so that only the vectors from the one the end cuts to the tile's
+    """Whether a row along `v` whose edges split off (`splits_edges`) and that does not end on a
+    vector (`ends_on_vector`), both of which the caller has checked, also runs the whole vectors
+    of its edge tile vectorised: the loop over the register tile's vectors stays a loop (not
+    unrolled) and is split where the row ends, instead of the loop over register tiles, so that only the vectors from the one the end cuts to the tile's
     end run scalar. TVM's loop partitioning splits one of the two nested loops, not both. With the
     register tiles' loop split, the edge tile runs every one of its lanes scalar, each a guarded
     FMA with its accumulator's load and store: 1 x 2304 x 1309 on two Zen 4 cores, 1 x 224
@@ -338,13 +338,11 @@ def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec,
     if vector_width(reg[v], lanes) >= reg[v]:
         return False  # one vector: no loop over vectors to split
     extent, unit = expr.axes[v].extent, program.unit_tile[v]
-    if ends_on_vector(extent, reg[v], lanes):
-        return False
     if -(-extent // unit) * unit - extent >= reg[v]:
         return False
-    # the cut tile's columns inside the row, which the register tiles' split runs scalar
-    cut = (extent - (-(-extent // unit) - 1) * unit) % reg[v]
-    return cut * lanes > extent
+    # the cut tile's columns inside the row (unit tiles are whole register tiles), which the
+    # register tiles' split runs scalar
+    return extent % reg[v] * lanes > extent
 
 
 def ends_on_vector(extent: int, register: int, lanes: int) -> bool:

@@ -206,7 +206,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
-                   edge_vectors=split and splits_edge_vectors(expr, program, device, vector),
+                   edge_vectors=split and not in_vectors and splits_edge_vectors(expr, program, device, vector),
                    edge_in_vectors=in_vectors)
 
 
