@@ -365,6 +365,19 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
         assert not re.search(r"for k_\d+ in T\.unroll", script)
 
 
+def test_a_ragged_k_is_split_where_its_end_lies_above_the_l1_tile():
+    """16 rows in flight over K = 37 (`axes.stream_rows`) at every layer: K's end cuts the third
+    step of rows, in the loop over the unit tile's K-steps, above the loops over tiles. That
+    loop carries the partition hint as well, so lowering runs the first two steps without K's
+    guard; with K = 48 (nothing ragged) it carries none. The kernels match numpy."""
+    hinted = re.compile(rf"for k_0 in T\.serial\(\d+, {re.escape(HINT)}\)")
+    ragged_k = _local_kernel(*SPLIT_EDGES["rows-in-flight-ragged-k"])
+    assert hinted.search(ragged_k.tvmscript)
+    e, chains = expr("matmul", M=1, N=100, K=48), dict(i=(1, 1, 1), j=(16, 32, 64), k=(16, 16, 16))
+    assert cpu_plan(_program(e, chains), device(CPU)).split_edges
+    assert not hinted.search(_local_kernel(e, chains).tvmscript)
+
+
 def test_a_few_row_matmul_over_a_ragged_k_with_no_panels_splits_its_edges_and_runs_vectors():
     """Four rows over a K of 37 in register K-steps of 2 and N = 100, the cache tiles left
     unstaged (Roller staged nothing: no panels), as few-row matmuls over a long ragged K are
