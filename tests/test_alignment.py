@@ -25,6 +25,7 @@ from workbench.rtile.alignment import (
 from workbench.rtile.axes import (
     STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows,
 )
+from workbench.rtile.plan import cpu_plan
 from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
@@ -1129,6 +1130,26 @@ def test_a_per_axis_rule_reads_the_tile_above_along_its_own_axis_only(dev, wid, 
                     for rule in RULES:
                         for size in range(base, min(axis.extent, 24 * base) + 1, base):
                             assert rule.axis_ok(here, a, size) == rule.axis_ok(there, a, size), (rule.name, wid, a, size)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_twelve_filters_are_one_register_row_only_where_it_is_a_vector_or_more(dev):
+    """12 filters, whole 4-lane pieces: on AVX2's 8 lanes the register row of all 12 is
+    vectorised (`panels.filter_vector_axis`: at least a vector); on AVX-512's 16 it is shorter
+    than a vector, which the template would run scalar, so the only register row is one whole
+    vector of padded filters (`axes.short_filter_axis`), and every program the construction
+    builds has it, the filters padded (`CpuPlan.padded_filters`)."""
+    conv = expr("conv2d", N=1, C=13, H=9, W=37, F=12, KH=7, KW=7, stride=2, pad=3)
+    ctx = AlignContext(conv, dev, 0, (1,) * 7, 0.05)
+    lanes = dev.warp_size
+    assert VectorLanesRule().axis_ok(ctx, 1, 12) == (lanes <= 12)
+    assert initial_tile(ctx)[1] == (12 if lanes <= 12 else lanes)
+    programs = [c.program for c in construct(conv, dev, options=Options(topk=3)).candidates]
+    assert programs
+    for program in programs:
+        plan = cpu_plan(program, dev)
+        assert plan.vector_axis == 1 and program.register_tile[1] >= lanes, program.tiles
+        assert plan.padded_filters == (lanes > 12), program.tiles
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

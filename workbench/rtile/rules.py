@@ -239,10 +239,12 @@ class VectorLanesRule(PerAxisRule):
     not at all: the lanes template takes whole vectors only (`panels.lane_reduction_axis`), and a
     register tile of softmax's whole 61-wide row maximum ran it scalar, 11 us predicted against
     0.7 for 48 lanes with the edge split off, and a construction of one program ended there. A
-    convolution's filters (`filter_lanes`) are the whole axis only in whole 4-lane pieces (12,
-    not 11), however short: the template vectorises no other (`panels.filter_vector_axis`), and
-    pads filters that no multiple of the lanes divides to whole tiles instead
-    (`panels.pads_filters`). A whole axis that LLVM splits into more pieces than whole vectors
+    convolution's filters (`filter_lanes`) are the whole axis only in whole 4-lane pieces of at
+    least a vector (12 on AVX2's 8 lanes, not 11): the template vectorises no other
+    (`panels.filter_vector_axis`: 12 filters in a register tile of 12 on AVX-512 ran its plain
+    template, scalar, 20-114 us where a vector of 16 padded filters ran 10-14; 13 channels, 7x7
+    filters at stride 2 over 9 x 37, two Zen 5 cores), and pads filters that no multiple of the
+    lanes divides to whole tiles instead (`panels.pads_filters`). A whole axis that LLVM splits into more pieces than whole vectors
     would take (`whole_vector_waste`) gives way to them wherever eps admits their padding, up to
     `whole_vector_bound`."""
 
@@ -262,9 +264,10 @@ class VectorLanesRule(PerAxisRule):
         if waste is not None and waste <= min(ctx.eps, whole_vector_bound(ctx.expr, ctx.device)) + 1e-12:
             return False
         if filter_lanes(ctx.expr, axis):
-            # a short filter axis of at most half a vector: one whole vector, padded, or nothing
-            # (`axes.short_filter_axis`: its row would not fill the lanes either)
-            return size % 4 == 0 and 2 * extent > ctx.device.warp_size
+            # the whole axis in 4-lane pieces of at least a vector, which the template vectorises
+            # (`panels.filter_vector_axis`); a shorter one takes one whole vector, padded
+            # (`axes.short_filter_axis`), or nothing
+            return size % 4 == 0 and size * ctx.expr.output.itemsize >= ctx.device.warp_size * 4
         if ctx.expr.axes[axis].kind != "spatial":
             return extent < step  # a K longer than a step: whole steps, its edge split off
         return extent < step or extent % 4 == 0
