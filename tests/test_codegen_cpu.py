@@ -327,6 +327,19 @@ def test_a_ragged_k_is_padded_with_zeros_and_the_micro_kernel_runs_unguarded(cas
                    for loop in ("i_1", "j_1"))
 
 
+@pytest.mark.parametrize("k, staggered", [(256, True), (288, False)])
+def test_a_strip_panel_whose_strips_share_an_l1_set_is_staggered(k, staggered):
+    """B's 16 strips of 16 columns: of 256 K-steps they lie 16 KiB apart, a multiple of the
+    L1d's 4 KiB way, so the copy puts a line of every strip, for each row of B it reads, into
+    one set, more than `L1_WAYS`: it pads each strip by a line (`_stagger_strips`: storage_align
+    on the strip dimension). Of 288 K-steps (18 KiB) they alternate between two sets, 8 each:
+    no pad. The kernels match numpy."""
+    e, chains = expr("matmul", M=16, N=256, K=k), dict(i=(4, 4, 16), j=(16, 16, 256), k=(1, k // 4, k))
+    script = _local_kernel(e, chains).tvmscript
+    assert f"B_global = T.sblock_alloc_buffer((16, {k}, 16))" in script
+    assert ('"buffer_dim_align": [[0, 0, 1024, 16]]' in script) == staggered
+
+
 SPLIT_EDGES = {
     # one row over a ragged N: 100 = 64 + 2 x 16 + 4, the last 4 columns a cut register tile
     "one-row": (expr("matmul", M=1, N=100, K=64), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 64))),

@@ -731,6 +731,8 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
         _vectorise_copy(sch, pack, expr, program, tensor, vector_axis, index_map is not None, plan.lanes)
         if index_map is None:
             _stagger_rows(sch, pack, prod(int(program.register_tile[a]) for a in expr.spatial if tensor.uses_axis(a)))
+        else:
+            _stagger_strips(sch, pack, _strip_dim(expr, tensor, program, vector_axis))
         if padding:
             _partition_edges(sch, pack, at)
 
@@ -780,8 +782,9 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
 # so rows a multiple of 4 KiB apart share a set.
 L1_WAY_BYTES = 4096
 LINE_BYTES = 64
-# The fewest ways an x86 L1d has (Zen 2 to 5: 8 of 32 KiB; Intel since Ice Lake: 12 of 48 KiB):
-# `_stagger_rows` keeps one K-step's lines of a panel within them.
+# The fewest ways an x86 L1d has (Zen 2 to 4: 8 of 32 KiB; Zen 5 and Intel since Ice Lake: 12 of
+# 48 KiB): `_stagger_rows` keeps one K-step's lines of a panel within them, `_stagger_strips` one
+# copied row's lines of the strips.
 L1_WAYS = 8
 
 
@@ -805,6 +808,39 @@ def _stagger_rows(sch, pack, rows: int) -> None:
     if period == L1_WAY_BYTES or -(-rows // (L1_WAY_BYTES // period)) > L1_WAYS:
         common.primitive("stagger the panel's rows", sch.storage_align, pack, 0, len(buffer.shape) - 2,
                          period // itemsize, LINE_BYTES // itemsize)
+
+
+def _strip_dim(expr: TensorExpr, tensor, program: RProgram, vector_axis: int) -> int | None:
+    """The dimension of `tensor`'s strip panel (`_panel_layout`) that numbers its strips: the
+    vector axis's outer part, after the other spatial axes' dimensions (matmul's B as [j // 16,
+    k, j % 16]: 0); None where the tensor is not split along the vector axis."""
+    axes = [next(a for a, c in enumerate(coeffs) if c) for coeffs, _ in tensor.index]
+    if vector_axis not in axes or int(program.register_tile[vector_axis]) <= 1:
+        return None
+    return sum(1 for a in axes if a not in expr.reduce and a != vector_axis)
+
+
+def _stagger_strips(sch, pack, dim: int | None) -> None:
+    """Pad each strip of a strip panel (matmul's B, a pixel GEMM's image) by one cache line
+    where the copy's strips, a multiple of `L1_WAY_BYTES` apart, put more lines of one source
+    row into an L1d set than it has ways (`L1_WAYS`): the copy writes one row of every strip per
+    source row, and without the pad the tile ran up to twice as slow (two Zen 5 cores,
+    2026-12-01, the same program both ways in one process: 160 channels to 11 1x1 filters over
+    167 x 167 in 32-pixel strips of 160 channels, 47 to a unit tile, 845 -> 434 us; 84 x 960 x
+    1472 in 14 x 16 register tiles, B's strips of 960 K-steps copied 64 K-steps at a time, 705
+    -> 538 us, 48 at a time 544 both ways; evidence: docs/evidence.md#cpu-stagger-rows). The
+    micro-kernel reads one strip at a time, front to back, which the pad does not change."""
+    if dim is None:
+        return
+    buffer = sch.get(pack).writes[0].source
+    itemsize = buffer.dtype.bits // 8
+    stride = prod(int(n) for n in buffer.shape[dim + 1:]) * itemsize
+    if stride % LINE_BYTES:
+        return  # strips that end mid-line start in successive sets already
+    period = gcd(stride, L1_WAY_BYTES)  # strips this far apart land in L1_WAY_BYTES // period sets
+    if -(-int(buffer.shape[dim]) // (L1_WAY_BYTES // period)) > L1_WAYS:
+        common.primitive("stagger the panel's strips", sch.storage_align, pack, 0, dim, period // itemsize,
+                         LINE_BYTES // itemsize)
 
 
 def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int, ahead: bool = False):
