@@ -340,6 +340,22 @@ def test_a_strip_panel_whose_strips_share_an_l1_set_is_staggered(k, staggered):
     assert ('"buffer_dim_align": [[0, 0, 1024, 16]]' in script) == staggered
 
 
+@pytest.mark.parametrize("c, along_panel", [(416, True), (512, False)])
+def test_a_filter_panel_copy_writes_its_rows_whole_where_its_reads_spread(c, along_panel):
+    """32 filters of C channels x 3 x 3 copied into one panel of 32-filter rows per unit tile:
+    the copy runs strip by strip with the strip's 32 filters innermost (`_copy_along_panel`),
+    each panel row written whole, where the 32 source rows it then reads at once spread over the
+    L1d's sets (416 channels: rows 14,976 bytes apart, 32 sets); 512 channels' rows, 18 KiB
+    apart, fall into two sets, and that copy keeps the source's order. The kernels match numpy."""
+    e = expr("conv2d", N=1, C=c, H=7, W=13, F=32, KH=3, KW=3, stride=1, pad=1)
+    chains = dict(n=(1, 1, 1), f=(32, 32, 32), h=(1, 1, 7), w=(4, 4, 12), c=(1, 16, c), r=(1, 3, 3), s=(1, 3, 3))
+    assert cpu_plan(_program(e, chains), device(CPU)).path == "filters"
+    script = _local_kernel(e, chains).tvmscript
+    copy = script[:script.index('T.sblock("kernel')].splitlines()[-2]
+    assert (f"T.grid(1, {c}, 3, 3, 32)" in copy) == along_panel, copy
+    assert (f"T.grid(32, {c}, 3, 3)" in copy) == (not along_panel), copy
+
+
 SPLIT_EDGES = {
     # one row over a ragged N: 100 = 64 + 2 x 16 + 4, the last 4 columns a cut register tile
     "one-row": (expr("matmul", M=1, N=100, K=64), dict(i=(1, 1, 1), j=(16, 32, 64), k=(1, 16, 64))),
