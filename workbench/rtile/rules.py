@@ -29,6 +29,7 @@ from workbench.rtile.axes import (
     always_streamed, autovector_axis, cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, leading_axis, mma_axes,
     even_tile, reduce_lanes, share_streams_from_l1, short_filter_axis, stream_rows, stream_rows_axis,
 )
+from workbench.rtile.panels import simd_lanes
 from workbench.rtile.registers import block_thread_count, row_vectors
 
 Tile = tuple[int, ...]
@@ -244,9 +245,9 @@ class VectorLanesRule(PerAxisRule):
     (`panels.filter_vector_axis`: 12 filters in a register tile of 12 on AVX-512 ran its plain
     template, scalar, 20-114 us where a vector of 16 padded filters ran 10-14; 13 channels, 7x7
     filters at stride 2 over 9 x 37, two Zen 5 cores), and pads filters that no multiple of the
-    lanes divides to whole tiles instead (`panels.pads_filters`). A whole axis that LLVM splits into more pieces than whole vectors
-    would take (`whole_vector_waste`) gives way to them wherever eps admits their padding, up to
-    `whole_vector_bound`."""
+    lanes divides to whole tiles instead (`panels.pads_filters`). A whole axis that LLVM splits
+    into more pieces than whole vectors would take (`whole_vector_waste`) gives way to them
+    wherever eps admits their padding, up to `whole_vector_bound`."""
 
     name = "vector-lanes"
     reads_eps = True  # through `whole_vector_waste`
@@ -267,7 +268,7 @@ class VectorLanesRule(PerAxisRule):
             # the whole axis in 4-lane pieces of at least a vector, which the template vectorises
             # (`panels.filter_vector_axis`); a shorter one takes one whole vector, padded
             # (`axes.short_filter_axis`), or nothing
-            return size % 4 == 0 and size * ctx.expr.output.itemsize >= ctx.device.warp_size * 4
+            return size % 4 == 0 and size >= simd_lanes(ctx.device, ctx.expr.output.itemsize)
         if ctx.expr.axes[axis].kind != "spatial":
             return extent < step  # a K longer than a step: whole steps, its edge split off
         return extent < step or extent % 4 == 0
