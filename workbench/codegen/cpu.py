@@ -754,7 +754,7 @@ def _copy_along_panel(sch, pack, at, tensor, vector_axis: int, width: int) -> No
     dim = next(d for d, (coeffs, _) in enumerate(tensor.index) if coeffs[vector_axis])
     source = sch.get(pack).reads[0].source
     stride = prod(int(n) for n in source.shape[dim + 1:]) * (source.dtype.bits // 8)
-    if -(-width // (L1_WAY_BYTES // gcd(stride, L1_WAY_BYTES))) > L1_WAYS:
+    if _crowds_a_set(width, stride):
         return
     loops = sch.get_loops(pack)
     start = next(k for k, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(at))) + 1
@@ -817,6 +817,12 @@ LINE_BYTES = 64
 L1_WAYS = 8
 
 
+def _crowds_a_set(count: int, stride: int) -> bool:
+    """Whether `count` lines `stride` bytes apart put more of them into one L1d set than
+    `L1_WAYS`: they land in L1_WAY_BYTES // gcd(stride, L1_WAY_BYTES) sets."""
+    return -(-count // (L1_WAY_BYTES // gcd(stride, L1_WAY_BYTES))) > L1_WAYS
+
+
 def _stagger_rows(sch, pack, rows: int) -> None:
     """Pad each row of a row-major panel (an input the micro-kernel broadcasts from, matmul's A)
     by one cache line where the register tile's `rows` rows, read one element each per K-step,
@@ -833,8 +839,8 @@ def _stagger_rows(sch, pack, rows: int) -> None:
     row = int(buffer.shape[-1]) * itemsize
     if row % LINE_BYTES:
         return  # rows that end mid-line start in successive sets already
-    period = gcd(row, L1_WAY_BYTES)  # rows this far apart land in L1_WAY_BYTES // period sets
-    if period == L1_WAY_BYTES or -(-rows // (L1_WAY_BYTES // period)) > L1_WAYS:
+    period = gcd(row, L1_WAY_BYTES)
+    if period == L1_WAY_BYTES or _crowds_a_set(rows, row):
         common.primitive("stagger the panel's rows", sch.storage_align, pack, 0, len(buffer.shape) - 2,
                          period // itemsize, LINE_BYTES // itemsize)
 
@@ -866,10 +872,9 @@ def _stagger_strips(sch, pack, dim: int | None) -> None:
     stride = prod(int(n) for n in buffer.shape[dim + 1:]) * itemsize
     if stride % LINE_BYTES:
         return  # strips that end mid-line start in successive sets already
-    period = gcd(stride, L1_WAY_BYTES)  # strips this far apart land in L1_WAY_BYTES // period sets
-    if -(-int(buffer.shape[dim]) // (L1_WAY_BYTES // period)) > L1_WAYS:
-        common.primitive("stagger the panel's strips", sch.storage_align, pack, 0, dim, period // itemsize,
-                         LINE_BYTES // itemsize)
+    if _crowds_a_set(int(buffer.shape[dim]), stride):
+        common.primitive("stagger the panel's strips", sch.storage_align, pack, 0, dim,
+                         gcd(stride, L1_WAY_BYTES) // itemsize, LINE_BYTES // itemsize)
 
 
 def _panel_layout(expr: TensorExpr, program: RProgram, tensor, vector_axis: int, ahead: bool = False):
