@@ -43,6 +43,8 @@ def test_timing_refuses_nonsense():
         Timing(timeout_s=0)
     with pytest.raises(UserError, match="settle >= 0"):
         Timing(settle=-0.01)
+    with pytest.raises(UserError, match="revisit >= 0"):
+        Timing(revisit=-1)
 
 
 def test_the_inputs_and_reference_are_those_of_the_check_and_kept_for_the_last_expression():

@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,6 +56,25 @@ def test_a_run_round_trips(tmp_path):
     assert rows[1].measurement.best_seconds == 3e-6 and rows[1].measurement.correct is True
     assert rows[1].predicted_seconds == candidates()[1].predicted_seconds
     assert dict(rows[0].measurement.versions) == {"threads": "2"}
+
+
+def test_a_measurement_reported_again_replaces_the_first(tmp_path):
+    """The local runner's second look reports a candidate again: the store keeps one row for it,
+    the second, and leaves the other candidates' rows and a run without that row alone."""
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        run_id, other = start(store), start(store)
+        store.add_measurement(run_id, measured(1, 5e-6))
+        store.add_measurement(run_id, measured(2, 3e-6))
+        store.add_measurement(other, measured(1, 7e-6))
+        again = replace(measured(1, 5e-6), seconds=measured(1, 5e-6).seconds + (4e-6,))
+        store.replace_measurement(run_id, again)
+        store.replace_measurement(other, measured(2, 6e-6))  # none before: recorded
+        with pytest.raises(UserError, match="no candidate of rank 9"):
+            store.replace_measurement(run_id, measured(9, 1e-6))
+        rows = store.measurements_of(run_id)
+        assert [(r.rank, r.measurement.best_seconds) for r in rows] == [(1, 4e-6), (2, 3e-6)]
+        assert rows[0].measurement == again
+        assert [(r.rank, r.measurement.best_seconds) for r in store.measurements_of(other)] == [(1, 7e-6), (2, 6e-6)]
 
 
 def test_runs_filter_and_best_so_far_ignores_incorrect(tmp_path):

@@ -5,7 +5,9 @@ starts: TVM reads TVM_NUM_THREADS once, and without it uses half the logical cor
 assumes hyper-threading). Candidates are timed one after another, never in parallel with each
 other or with builds, so they do not disturb each other's numbers. Building the next candidates
 while one is timed would not keep that on a 2-core machine: the kernel's pool takes every core,
-so a build would share one with the timing. Checking each kernel in its build worker as the
+so a build would share one with the timing. After every kernel was timed, each correct one gets
+a second look (`Timing.revisit` more repeats, in the same order): a kernel timed while the host
+slowed it gets a time from outside that spell. Checking each kernel in its build worker as the
 build ends (tried for issue 14) lengthened the build phase of the cpu-core suite by more than it
 took from the serial one (each build worker then computes the reference and compares on its
 own, beside the other's build), so the timing worker checks, and remembers (`runner.verified`).
@@ -15,6 +17,7 @@ It draws the inputs and computes their reference while the others build (`prepar
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from workbench.codegen import targets
@@ -27,6 +30,7 @@ from workbench.profile.runner import (
     check_and_time,
     measurement_from_check,
     prepare_reference,
+    retime,
     runtime_versions,
 )
 from workbench.workers import Worker, WorkerPool, thread_env
@@ -58,9 +62,19 @@ def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str, be
     return measurement_from_check(built.rank, runner, check, seconds, runtime_versions())
 
 
+def revisit_library(built: BuiltCandidate, expr, timing: Timing, fastest: float) -> tuple[float, ...]:
+    """`runner.retime` of `built.library`, which `measure_library` checked and timed (`fastest`:
+    its fastest repeat then); runs in the worker."""
+    import tvm
+
+    module = tvm.runtime.load_module(built.library)
+    return retime(module, built, targets.runtime_device(built.target_kind), expr, timing, fastest)
+
+
 class LocalRunner:
     """Times kernels on this machine, one at a time, in one worker process; each kernel after the
-    first races the fastest repeat so far (`Timing.race`)."""
+    first races the fastest repeat so far (`Timing.race`); then each correct one is reported
+    again with its second look's repeats (`Timing.revisit`) added."""
 
     name = "local"
     needs_library = True
@@ -80,7 +94,7 @@ class LocalRunner:
 
     def measure(self, expr, built: Sequence[BuiltCandidate], timing: Timing, report: Report) -> None:
         worker = self.pool.workers(1, self.env)[0] if self.pool is not None else Worker(self.env)
-        best = None
+        best, timed = None, []
         try:
             for candidate in built:
                 outcome = worker.call(measure_library, (candidate, expr, timing, self.name, best), timing.timeout_s)
@@ -91,6 +105,14 @@ class LocalRunner:
                 report(measured)
                 if measured.ok:
                     best = measured.best_seconds if best is None else min(best, measured.best_seconds)
+                    timed.append((candidate, measured))
+            for candidate, measured in timed if timing.revisit else ():
+                args = (candidate, expr, timing, measured.best_seconds)
+                outcome = worker.call(revisit_library, args, timing.timeout_s)
+                if outcome.error:  # it ran before: failing now is the kernel's failure all the same
+                    report(Measurement(candidate.rank, self.name, error=f"run (second look): {outcome.error}"))
+                else:
+                    report(replace(measured, seconds=measured.seconds + outcome.value))
         finally:
             if self.pool is None:
                 worker.close()

@@ -44,6 +44,13 @@ REPEAT_MARGIN = 1.1
 # of `number` from one run): a single run after the check pays the runtime's thread pool waking
 # up, and repeats sized from it come out short (evidence: docs/evidence.md#runner-probe-ms).
 PROBE_MS = 1
+# Repeats of a kernel's second look (`Timing.revisit`), after the session timed every kernel once:
+# a shared 2-core host now and then gives a kernel one core's speed for seconds, through all its
+# repeats, which agree, so the timing settles (11 x 760 x 1109's first three kernels at 139-153 us
+# in one run, 71-76 in the next). Under a hog of one core for 1 s in every 4, 14 of 120 kernels
+# were recorded over 1.2x their quiet time without it, none with it, for 10 % more profile time
+# (docs/evidence.md#runner-revisit).
+REVISIT = 1
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,8 @@ class Timing:
     timed after others stops after 2 repeats (`noise.RACE_MIN_REPEATS`) when even the faster of
     them is more than `race` slower than their fastest repeat (`noise.outpaced`; later repeats
     could only lower its fastest): it cannot be the best, and its `seconds` say how many repeats
-    it got. `flush_cache` flushes the
+    it got. `revisit`: repeats each correct kernel gets in a second pass, after every kernel of
+    the session was timed (`LocalRunner.measure`; 0: none). `flush_cache` flushes the
     CPU caches before each repeat (TVM's `cache_flush_cpu_non_first_arg`, which leaves the
     first argument warm). `timeout_s` bounds one candidate's check and timing.
     """
@@ -71,14 +79,15 @@ class Timing:
     seed: int = 0  # seed of the verification inputs (`random_inputs`)
     settle: float = SETTLE
     race: float = RACE
+    revisit: int = REVISIT
 
     def __post_init__(self):
         for name in ("repeat", "number"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.min_repeat_ms < 0 or self.timeout_s <= 0 or self.settle < 0 or self.race < 0:
-            raise UserError(f"timing needs min_repeat_ms >= 0, timeout_s > 0, settle >= 0 and race >= 0, "
-                            f"got {self.min_repeat_ms}, {self.timeout_s}, {self.settle} and {self.race}")
+        if self.min_repeat_ms < 0 or self.timeout_s <= 0 or self.settle < 0 or self.race < 0 or self.revisit < 0:
+            raise UserError(f"timing needs min_repeat_ms >= 0, timeout_s > 0, settle >= 0, race >= 0 and revisit >= 0, "
+                            f"got {self.min_repeat_ms}, {self.timeout_s}, {self.settle}, {self.race} and {self.revisit}")
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,9 @@ class Runner(Protocol):
     needs_library: bool
 
     def measure(self, expr, built: Sequence[BuiltCandidate], timing: Timing, report: Report) -> None:
-        """Call `report` once per candidate of `built` (any order), in the caller's thread."""
+        """Call `report` once per candidate of `built` (any order), in the caller's thread; a
+        runner may report a candidate again (the local runner's second look, `Timing.revisit`),
+        which replaces its first report."""
 
 
 def best_measured(measurements: Sequence[Measurement]) -> Measurement | None:
@@ -177,19 +188,39 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing, bes
     Returns `(Verification, seconds)`; `seconds` is empty when the result is wrong. The checking
     run doubles as the warm-up before timing.
     """
-    import tvm
-
-    entry, out_arg = built.entry, built.args[-1]
     inputs, ref = inputs_and_reference(expr, timing.seed)
-    arrays = laid_out_args(module, built.prepacked, [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], dev)
-    out = tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev)
-    module[entry](*arrays, out)
-    dev.sync()
-    check = verified(out.numpy(), expr, ref, timing.seed)
+    args = _first_run(module, built, dev, inputs)
+    check = verified(args[-1].numpy(), expr, ref, timing.seed)
     if not check.correct:
         return check, ()
+    return check, timed_repeats(_evaluator(module, built, dev, args, timing), timing, best)
+
+
+def retime(module, built: BuiltCandidate, dev, expr, timing: Timing, fastest: float) -> tuple[float, ...]:
+    """`timing.revisit` more repeats of a kernel `check_and_time` checked and timed (`fastest`:
+    its fastest repeat then), after one run that warms the caches as the check did."""
+    args = _first_run(module, built, dev, inputs_and_reference(expr, timing.seed)[0])
+    return tuple(_evaluator(module, built, dev, args, timing)(timing.revisit, fastest))
+
+
+def _first_run(module, built: BuiltCandidate, dev, inputs) -> tuple:
+    """The arguments of `built`'s entry on `dev` (`inputs` laid out as the kernel reads them, and
+    a zeroed output), after one run of the entry on them."""
+    import tvm
+
+    arrays = laid_out_args(module, built.prepacked, [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs], dev)
+    out_arg = built.args[-1]
+    args = (*arrays, tvm.runtime.tensor(np.zeros(out_arg.shape, dtype=out_arg.dtype), dev))
+    module[built.entry](*args)
+    dev.sync()
+    return args
+
+
+def _evaluator(module, built: BuiltCandidate, dev, args: Sequence, timing: Timing):
+    """`evaluator_repeats` of `built`'s entry, the caches flushed where `timing` asks and the
+    kernel runs on the host."""
     flush = timing.flush_cache and targets.target(built.target_kind).on_host
-    return check, timed_repeats(evaluator_repeats(module, entry, dev, (*arrays, out), timing, flush), timing, best)
+    return evaluator_repeats(module, built.entry, dev, args, timing, flush)
 
 
 def evaluator_repeats(module, entry: str, dev, args: Sequence, timing: Timing, flush: bool = False):

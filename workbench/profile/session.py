@@ -327,7 +327,9 @@ def worker_env(device: DeviceSpec) -> dict[str, str]:
 
 
 class _Recorder:
-    """The runners' report callback: attaches build times, stores, and reports progress."""
+    """The runners' report callback: attaches build times, stores, and reports progress. A
+    candidate reported again (the local runner's second look) replaces its measurement, here and
+    in the store, without a progress event: the faces drew it when it first arrived."""
 
     def __init__(self, store: RunStore | None, run_id: int | None, total: int, progress: Progress | None):
         self.store, self.run_id, self.total = store, run_id, total
@@ -337,9 +339,12 @@ class _Recorder:
 
     def __call__(self, m: Measurement) -> None:
         m = replace(m, build_seconds=self.build_seconds.get(m.rank, 0.0))
+        again = m.rank in self.measured
         self.measured[m.rank] = m
         if self.store is not None:
-            self.store.add_measurement(self.run_id, m)
+            (self.store.replace_measurement if again else self.store.add_measurement)(self.run_id, m)
+        if again:
+            return
         outcome = f"{m.best_seconds * 1e6:.2f} us" if m.ok else m.error or "not checked"
         self.notify(ProgressEvent("measure", len(self.measured), self.total, m.rank, outcome, m))
 

@@ -226,16 +226,17 @@ class RunStore:
     def add_measurement(self, run_id: int, m: Measurement) -> None:
         """Record the measurement of candidate `m.rank` of run `run_id`."""
         with self._write() as db:
-            row = db.execute("SELECT id FROM candidates WHERE run = ? AND rank = ?", (run_id, m.rank)).fetchone()
-            if row is None:
-                raise UserError(f"run {run_id} has no candidate of rank {m.rank}")
-            db.execute(
-                """INSERT INTO measurements (candidate, runner, seconds, best_seconds, median_seconds, correct,
-                   error, build_seconds, created_at, versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (row[0], m.runner, _dumps(list(m.seconds)), m.best_seconds, m.median_seconds,
-                 None if m.correct is None else int(m.correct), m.error, m.build_seconds, m.created_at,
-                 _dumps(dict(m.versions))),
-            )
+            _insert_measurement(db, run_id, m)
+
+    def replace_measurement(self, run_id: int, m: Measurement) -> None:
+        """Replace the last measurement recorded of candidate `m.rank` of run `run_id` by `m` (a
+        runner's second report of it: `Timing.revisit`), in one transaction; record it where
+        there is none."""
+        with self._write() as db:
+            db.execute("""DELETE FROM measurements WHERE id = (SELECT m.id FROM measurements m JOIN candidates c
+                          ON c.id = m.candidate WHERE c.run = ? AND c.rank = ? ORDER BY m.id DESC LIMIT 1)""",
+                       (run_id, m.rank))
+            _insert_measurement(db, run_id, m)
 
     def finish_run(self, run_id: int, cancelled: bool = False) -> None:
         """Close a run: done, or `cancelled` part-way (its measurements so far are kept)."""
@@ -602,3 +603,17 @@ def refit(store: RunStore, device: str) -> tuple[Correction, Evaluation]:
 def _dumps(value) -> str:
     """Canonical JSON (sorted keys), so equal values are equal strings for the UNIQUE columns."""
     return json.dumps(value, sort_keys=True)
+
+
+def _insert_measurement(db, run_id: int, m: Measurement) -> None:
+    """Insert `m` as a measurement of candidate `m.rank` of run `run_id` (inside a `_write`)."""
+    row = db.execute("SELECT id FROM candidates WHERE run = ? AND rank = ?", (run_id, m.rank)).fetchone()
+    if row is None:
+        raise UserError(f"run {run_id} has no candidate of rank {m.rank}")
+    db.execute(
+        """INSERT INTO measurements (candidate, runner, seconds, best_seconds, median_seconds, correct,
+           error, build_seconds, created_at, versions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (row[0], m.runner, _dumps(list(m.seconds)), m.best_seconds, m.median_seconds,
+         None if m.correct is None else int(m.correct), m.error, m.build_seconds, m.created_at,
+         _dumps(dict(m.versions))),
+    )
