@@ -1,14 +1,23 @@
-"""The target table: every preset's target kind is in it, and builds keep the texts it names."""
+"""The target table: every preset's target kind is in it, builds keep the texts it names, and a
+convolution's direct kernel is compiled with LLVM's loop-unswitch threshold raised."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
-from tests.helpers import TINY_CPU, device, expr
+from tests.helpers import TINY_CPU, device, expr, matmul
 from workbench.codegen import targets
-from workbench.codegen.build import build_kernel, target_dict
+from workbench.codegen.build import UNSWITCH_THRESHOLD, build_kernel, kernel_target, target_dict
+from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.hardware.loader import list_presets
+from workbench.rtile.plan import FILTERS, cpu_plan
+
+# TINY_CPU has 16 fp32 lanes (AVX-512-like), this one 8 (AVX2-like).
+AVX2_LIKE = replace(TINY_CPU, name="tiny-avx2", warp_size=8, registers_per_thread_cap=12, registers_per_unit=16)
 
 
 @pytest.mark.parametrize("name", list_presets())
@@ -44,3 +53,21 @@ def test_a_build_keeps_the_texts_its_target_names(name):
     assert kernel.ok, kernel.error
     assert [suffix for suffix, _ in kernel.sources] == [s for s, _ in targets.target(kernel.target_kind).sources]
     assert all(text.strip() for _, text in kernel.sources)
+
+
+@pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
+def test_a_direct_convolution_unswitches_its_grid_guard_and_a_matmul_keeps_llvms_default(spec):
+    """A conv's edge tiles keep a guard on the grid index inside large unrolled bodies (the
+    filters path), which LLVM's default cost limit never unswitches; a matmul's kernels gained
+    nothing from it and keep the default (`build.UNSWITCH_THRESHOLD`)."""
+    flag = f"-unswitch-threshold:int={UNSWITCH_THRESHOLD}"
+    conv = construct(expr("conv2d", N=1, C=7, H=9, W=9, F=11, KH=3, KW=3, stride=2, pad=0), spec, options=Options(topk=2))
+    mm = construct(matmul(37, 29, 53), spec, options=Options(topk=2))
+    for c in conv.candidates:
+        assert cpu_plan(c.program, spec).path == FILTERS
+        assert kernel_target(c.program, spec) == target_dict(spec) | {"cl-opt": [flag]}
+    for c in mm.candidates:
+        assert cpu_plan(c.program, spec).path != FILTERS and kernel_target(c.program, spec) == target_dict(spec)
+    kernel = build_kernel(conv.expr, conv.candidates[0].program, spec, sources=False)
+    assert kernel.ok, kernel.error
+    assert json.loads(kernel.target)["cl-opt"] == [flag]  # compiled with it, and the bundle says so

@@ -113,7 +113,7 @@ def build_kernel(
     `sources=False` leaves `Kernel.sources` empty: rendering LLVM IR and assembly costs about as
     much as compiling a small kernel, wasted where the kernel is only run (profile builds)."""
     start = time.perf_counter()
-    target = target_dict(device)
+    target = kernel_target(program, device)
     stage = "schedule"
     try:
         chosen, sch = apply_rules(expr, program, device, rules)
@@ -180,6 +180,29 @@ def target_dict(device: DeviceSpec) -> dict:
     target = {"kind": "llvm", "num-cores": device.compute_units} | device.target_dict()
     if _is_x86(target.get("mtriple", "")):
         target["mattr"] = [*target.get("mattr", ()), *(f for f in X86_FEATURES if f not in target.get("mattr", ()))]
+    return target
+
+
+# LLVM's cost limit for unswitching a loop-invariant branch out of a loop (its default is 50),
+# for a convolution's direct kernel (`CpuPlan` path `filters`): its edge tiles keep a guard on the
+# grid index (`CpuPlan.split_edges`) inside loop bodies of unrolled filter vectors and window
+# taps, far above 50, so every tile tested it. 479 ch -> 11 3x3 filters at stride 2 over 12 x 12:
+# rank 1 37-39 us built plainly, 17 with it (at 200 as at 2000); the other 15 of 16 random convs
+# of two seeds within the host's noise (0.97-1.06), builds 8-10 % longer; random matmuls gained
+# nothing and built 22 % longer, so their kernels keep LLVM's default
+# (docs/evidence.md#build-unswitch).
+UNSWITCH_THRESHOLD = 2000
+
+
+def kernel_target(program: RProgram, device: DeviceSpec) -> dict:
+    """The target `program`'s kernel is compiled for: `target_dict(device)`, with LLVM's
+    `UNSWITCH_THRESHOLD` on a CPU convolution's direct kernel."""
+    target = target_dict(device)
+    if device.runs_on_cpu:
+        from workbench.rtile.plan import FILTERS, cpu_plan
+
+        if cpu_plan(program, device).path == FILTERS:
+            target["cl-opt"] = [*target.get("cl-opt", ()), f"-unswitch-threshold:int={UNSWITCH_THRESHOLD}"]
     return target
 
 
