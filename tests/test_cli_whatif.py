@@ -86,6 +86,26 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_base_set_edits_the_base_before_the_comparison(capsys):
+    """AVX2 code against SSE4.2 on an AVX-512 spec: the base is the spec narrowed by --base-set
+    (named after that edit, listed as base_edits), the same construction a plain --set of it
+    gives, and the edit applies on top of it."""
+    argv = ("--workload", "cpu-core:mm-512", "--json")
+    code, out, err = run(capsys, "whatif", "--device", "xeon-avx512", "--base-set", "target.mcpu=x86-64-v3",
+                         "--set", "target.mcpu=x86-64-v2", *argv)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["device"] == "xeon-avx512-target.mcpu-x86-64-v3" and doc["base_edits"] == ["target.mcpu=x86-64-v3"]
+    assert doc["base_changes"] == [{"field": "target.mcpu", "before": "skylake-avx512", "after": "x86-64-v3"}]
+    assert doc["edits"] == ["target.mcpu=x86-64-v2"] and doc["changes"][0]["before"] == "x86-64-v3"
+    (entry,) = doc["results"]
+    assert entry["predicted_speedup"] < 1  # half the lanes and no FMA
+    code, out, _ = run(capsys, "whatif", "--device", "xeon-avx512", "--set", "target.mcpu=x86-64-v3", *argv)
+    assert code == 0 and json.loads(out)["results"][0]["edited"] == entry["base"]
+    code, out, _ = run(capsys, "whatif", "--device", "local-cpu", "--set", "target.mcpu=x86-64-v2", *argv)
+    assert code == 0 and json.loads(out)["base_edits"] == []
+
+
 def test_measure_needs_this_machine(capsys):
     code, _, err = run(capsys, "whatif", "--device", "v100", "--set", "compute_units=1", "--workload", "cpu-core:mm-512",
                        "--measure")
@@ -93,13 +113,24 @@ def test_measure_needs_this_machine(capsys):
     code, _, err = run(capsys, "whatif", "--device", "local-cpu", "--set", "L2.capacity_bytes=2x",
                        "--workload", "cpu-core:mm-512", "--measure")
     assert code == 2 and "L2.capacity_bytes=" in err and "not realisable on this machine" in err and err.count("\n") == 1
+    # a --base-set is held to the same: an edit this CPU can make real, from local-cpu
+    code, _, err = run(capsys, "whatif", "--device", "local-cpu", "--base-set", "L2.capacity_bytes=2x",
+                       "--set", "compute_units=1", "--workload", "cpu-core:mm-512", "--measure")
+    assert code == 2 and "L2.capacity_bytes=" in err and "not realisable on this machine" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "whatif", "--device", "v100", "--base-set", "compute_units=1", "--set", "compute_units=1",
+                       "--workload", "cpu-core:mm-512", "--measure")
+    assert code == 2 and "give --device local-cpu" in err and err.count("\n") == 1
 
 
-def test_measure_times_both_top_ones_here(capsys, tmp_path):
+@pytest.mark.parametrize("edits", [("--set", "compute_units=1"),
+                                   ("--base-set", "target.mcpu=x86-64-v3", "--set", "target.mcpu=x86-64-v2")],
+                         ids=["one-core", "avx2-to-sse4.2"])
+def test_measure_times_both_top_ones_here(capsys, tmp_path, edits):
+    """One core against all, and (on any x86 CPU with AVX2) AVX2 code against SSE4.2 code."""
     suite = tmp_path / "tiny.toml"
     suite.write_text('[suite]\nname = "tiny"\nsource = "a test"\n\n'
                      '[[workload]]\nid = "mm"\nop = "matmul"\ndtype = "float32"\nM = 64\nK = 64\nN = 64\n')
-    code, out, err = run(capsys, "whatif", "--device", "local-cpu", "--set", "compute_units=1",
+    code, out, err = run(capsys, "whatif", "--device", "local-cpu", *edits,
                          "--workload", f"{suite}:mm", "--topk", "2", "--measure", "--repeat", "1", "--json")
     assert code == 0, err
     doc = json.loads(out)

@@ -138,13 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="edit a spec field by its TOML name: compute_units=40, L2.capacity_bytes=2MiB, "
                    "global.bandwidth_gbps=2x, peak_gflops.float32=20000, target.mcpu=x86-64-v2 (repeatable)")
+    p.add_argument("--base-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="edit the base first (repeatable), to compare two edited devices: "
+                   "--base-set target.mcpu=x86-64-v3 --set target.mcpu=x86-64-v2 is AVX2 code against SSE4.2")
     p.add_argument("--sweep", metavar="FIELD=LO:HI:N", help="construct at N values of one field from LO to HI "
                    "(geometric where HI/LO >= 4, else linear) instead of --set")
     p.add_argument("--workload", help="SUITE:ID or PATH.toml:ID")
     p.add_argument("--suite", help="every workload of a suite (cpu-core, ...) or a suite TOML path")
     _policy_args(p)
     p.add_argument("--measure", action="store_true", help="build and time the base and edited top-1 on this CPU "
-                   "(--device local-cpu; fewer compute_units, a narrower target.mcpu)")
+                   "(--device local-cpu; fewer compute_units, a narrower target.mcpu, in --base-set too)")
     p.add_argument("--repeat", type=int, default=5, help="timing repeats per kernel with --measure (default 5)")
     p.add_argument("--out", help="write the edited spec as a TOML spec file here")
     p.add_argument("--json", action="store_true")
@@ -883,12 +886,16 @@ def cmd_whatif(args) -> int:
     options = pipeline.Options(topk=args.topk, seed=args.seed)
     if args.measure:
         _calibrate_first_use(args)  # it times on this CPU: base and edit derive from the calibrated spec
+    base_edit = pipeline.edit_device(args.device, args.base_set) if args.base_set else None
+    base = base_edit.spec if base_edit else args.device
+    base_edits = {"base_edits": [str(e) for e in base_edit.edits] if base_edit else [],
+                  "base_changes": [vars(c) for c in base_edit.changes] if base_edit else []}
     if args.sweep:
-        result = pipeline.whatif_sweep(workloads, args.device, args.sweep, args.policy, options)
-        doc = result.to_dict() | {"policy": args.policy, "topk": args.topk}
+        result = pipeline.whatif_sweep(workloads, base, args.sweep, args.policy, options)
+        doc = result.to_dict() | base_edits | {"policy": args.policy, "topk": args.topk}
         return _emit(args, doc, _sweep_text(doc))
-    edited = pipeline.edit_device(args.device, args.set)
-    if args.measure and (why := pipeline.whatif_unrealisable(edited)):
+    edited = pipeline.edit_device(base, args.set)
+    if args.measure and (why := pipeline.whatif_unrealisable(edited, base_edit)):
         raise UserError(why)
     if args.out:
         write_user_file(args.out, edited.toml, "--out")
@@ -906,7 +913,8 @@ def cmd_whatif(args) -> int:
                           "edited_measured_rounds": list(m.edited_rounds), "measure_error": m.error}
         if progress:
             print(file=sys.stderr)
-    doc = {"device": edited.base.name, "edited_device": edited.spec.name, "edits": [str(e) for e in edited.edits],
+    doc = {"device": edited.base.name, "edited_device": edited.spec.name, **base_edits,
+           "edits": [str(e) for e in edited.edits],
            "changes": [vars(c) for c in edited.changes], "derived": [vars(c) for c in edited.derived],
            "policy": args.policy, "topk": args.topk, "results": entries,
            "geomean_predicted_speedup": diff.geomean_speedup}

@@ -643,9 +643,10 @@ def whatif_sweep(workloads: Sequence[Workload | TensorExpr | str], device: Devic
     return what_if.sweep(_labelled(workloads), load_device(device), parsed, policy, options)
 
 
-def whatif_unrealisable(edited: EditedSpec) -> str:
-    """Why `whatif_measure` cannot make `edited` real on this machine ("" when it can)."""
-    return what_if.unrealisable(edited, LOCAL_CPU)
+def whatif_unrealisable(edited: EditedSpec, base_edit: EditedSpec | None = None) -> str:
+    """Why `whatif_measure` cannot make `edited` real on this machine ("" when it can);
+    `base_edit` the edits that made its base from `local-cpu` (`--base-set`), if any."""
+    return what_if.unrealisable(edited, LOCAL_CPU, base_edit)
 
 
 @dataclass(frozen=True)

@@ -282,14 +282,25 @@ def _text(value) -> str:
 # ---- what this machine can make real -----------------------------------------------------------
 
 
-def unrealisable(edited: EditedSpec, local_name: str) -> str:
+def unrealisable(edited: EditedSpec, local_name: str, base_edit: EditedSpec | None = None) -> str:
     """Why `--measure` cannot make `edited` real on this machine ("" when it can): the base must
-    be this machine's CPU (`local_name`, the `local-cpu` spec) and every edit one of fewer cores
-    (`compute_units`, run with that many threads) or a narrower x86 ISA (`target.mcpu` of
-    `X86_ISAS` with no more lanes and FMA only where the base has it: code this CPU runs)."""
+    be this machine's CPU (`local_name`, the `local-cpu` spec), or that CPU with `base_edit`
+    (`--base-set`, whose `spec` is `edited`'s base) realisable the same way, and every edit one
+    of fewer cores (`compute_units`, run with that many threads) or a narrower x86 ISA
+    (`target.mcpu` of `X86_ISAS` with no more lanes and FMA only where the base has it: code
+    this CPU runs)."""
+    if base_edit is not None:
+        return unrealisable(base_edit, local_name) or _unrealisable_changes(edited)
     base = edited.base
     if base.name != local_name or not base.runs_on_cpu:
         return f"--measure runs the kernels on this machine: give --device {local_name}, not {base.name}"
+    return _unrealisable_changes(edited)
+
+
+def _unrealisable_changes(edited: EditedSpec) -> str:
+    """The first of `edited`'s changes that is not fewer cores or a narrower ISA than its base
+    (`unrealisable`), "" when there is none."""
+    base = edited.base
     allowed = f"compute_units up to {base.compute_units}, target.mcpu of a narrower ISA ({_narrower(base)})"
     for change in edited.changes:
         if change.field == "compute_units" and 1 <= change.after <= base.compute_units:
