@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from math import prod
 
 import pytest
 
@@ -56,18 +57,25 @@ def test_a_build_keeps_the_texts_its_target_names(name):
 
 
 @pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
-def test_a_direct_convolution_unswitches_its_grid_guard_and_a_matmul_keeps_llvms_default(spec):
-    """A conv's edge tiles keep a guard on the grid index inside large unrolled bodies (the
-    filters path), which LLVM's default cost limit never unswitches; a matmul's kernels gained
-    nothing from it and keep the default (`build.UNSWITCH_THRESHOLD`)."""
-    flag = f"-unswitch-threshold:int={UNSWITCH_THRESHOLD}"
-    conv = construct(expr("conv2d", N=1, C=7, H=9, W=9, F=11, KH=3, KW=3, stride=2, pad=0), spec, options=Options(topk=2))
-    mm = construct(matmul(37, 29, 53), spec, options=Options(topk=2))
+def test_a_direct_convolution_unswitches_its_grid_guard_and_the_rest_keep_llvms_default(spec):
+    """A conv's edge tiles keep a guard on the grid index (the filters path's split edges) inside
+    a register tile that unrolls window taps too, a body LLVM's default cost limit never
+    unswitches: those kernels get `build.UNSWITCH_THRESHOLD`; a conv's tile over one tap and a
+    matmul's kernels gained nothing from it and keep the default."""
+    flag = {"cl-opt": [f"-unswitch-threshold:int={UNSWITCH_THRESHOLD}"]}
+    conv = construct(expr("conv2d", N=1, C=479, H=12, W=12, F=11, KH=3, KW=3, stride=2, pad=0), spec,
+                     options=Options(topk=10))
+    flagged = []
     for c in conv.candidates:
-        assert cpu_plan(c.program, spec).path == FILTERS
-        assert kernel_target(c.program, spec) == target_dict(spec) | {"cl-opt": [flag]}
-    for c in mm.candidates:
+        plan, reg = cpu_plan(c.program, spec), c.program.register_tile
+        taps = plan.path == FILTERS and plan.split_edges and prod(reg[a] for a in conv.expr.reduce) > 1
+        assert kernel_target(c.program, spec) == target_dict(spec) | (flag if taps else {})
+        flagged += [c] if taps else []
+    one_tap = replace(flagged[0].program, tiles=(tuple(1 if a in conv.expr.reduce else t for a, t in
+                                                       enumerate(flagged[0].program.tiles[0])), *flagged[0].program.tiles[1:]))
+    assert cpu_plan(one_tap, spec).split_edges and kernel_target(one_tap, spec) == target_dict(spec)
+    for c in construct(matmul(37, 29, 53), spec, options=Options(topk=2)).candidates:
         assert cpu_plan(c.program, spec).path != FILTERS and kernel_target(c.program, spec) == target_dict(spec)
-    kernel = build_kernel(conv.expr, conv.candidates[0].program, spec, sources=False)
+    kernel = build_kernel(conv.expr, flagged[0].program, spec, sources=False)
     assert kernel.ok, kernel.error
-    assert json.loads(kernel.target)["cl-opt"] == [flag]  # compiled with it, and the bundle says so
+    assert json.loads(kernel.target)["cl-opt"] == flag["cl-opt"]  # compiled with it, and the bundle says so

@@ -184,24 +184,27 @@ def target_dict(device: DeviceSpec) -> dict:
 
 
 # LLVM's cost limit for unswitching a loop-invariant branch out of a loop (its default is 50),
-# for a convolution's direct kernel (`CpuPlan` path `filters`): its edge tiles keep a guard on the
-# grid index (`CpuPlan.split_edges`) inside loop bodies of unrolled filter vectors and window
-# taps, far above 50, so every tile tested it. 479 ch -> 11 3x3 filters at stride 2 over 12 x 12:
-# rank 1 37-39 us built plainly, 17 with it (at 200 as at 2000); the other 15 of 16 random convs
-# of two seeds within the host's noise (0.97-1.06), builds 8-10 % longer; random matmuls gained
-# nothing and built 22 % longer, so their kernels keep LLVM's default
-# (docs/evidence.md#build-unswitch).
+# for a convolution's direct kernel (`CpuPlan` path `filters`) whose edge tiles keep a guard on
+# the grid index (`CpuPlan.split_edges`) inside a register tile that unrolls reduction steps
+# (window taps) as well as its filter vectors: a body far above 50, so every tile tested the
+# guard. 479 ch -> 11 3x3 filters at stride 2 over 12 x 12: rank 1 37-39 us built plainly, 17
+# with it (at 200 as at 2000); the other convs of four seeds within the host's noise. Given to
+# every direct conv it built AVX2 code 38-78 % longer and gained nothing more, and matmuls built
+# 22 % longer for nothing (docs/evidence.md#build-unswitch).
 UNSWITCH_THRESHOLD = 2000
 
 
 def kernel_target(program: RProgram, device: DeviceSpec) -> dict:
     """The target `program`'s kernel is compiled for: `target_dict(device)`, with LLVM's
-    `UNSWITCH_THRESHOLD` on a CPU convolution's direct kernel."""
+    `UNSWITCH_THRESHOLD` on a CPU convolution's direct kernel whose guarded edge tiles unroll
+    reduction steps."""
     target = target_dict(device)
     if device.runs_on_cpu:
         from workbench.rtile.plan import FILTERS, cpu_plan
 
-        if cpu_plan(program, device).path == FILTERS:
+        plan = cpu_plan(program, device)
+        unrolled = prod(program.register_tile[a] for a in program.expr.reduce)
+        if plan.path == FILTERS and plan.split_edges and unrolled > 1:
             target["cl-opt"] = [*target.get("cl-opt", ()), f"-unswitch-threshold:int={UNSWITCH_THRESHOLD}"]
     return target
 
