@@ -7,7 +7,7 @@ from functools import cache
 from math import ceil, prod
 
 import pytest
-from helpers import TINY_CPU, device, expr, matmul
+from helpers import TINY_CPU, device, expr, matmul, plain_matmul
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_alignment import AVX2, AVX512
@@ -16,14 +16,16 @@ from test_invariants import plain_expr
 from workbench.construct.stepper import construct
 from workbench.hardware.spec import MicroKernel
 from workbench.ops.fusion import fuse_axes
+from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis
 from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate
 from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
-    ACCUMULATOR_FILL, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic, edge_seconds, epilogue_seconds,
-    packed_bytes, packing_seconds, scattered_inputs, stream_runs,
+    ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
+    clock_ghz, edge_seconds, epilogue_seconds, packed_bytes, packing_seconds, scattered_inputs, shared_output_lines,
+    stream_runs,
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape,
@@ -103,6 +105,11 @@ def check_consistent(calc, dev, program, est):
         assert (epilogue_seconds(program, dev, 1.0) > 0) == (program.expr.epilogue_ops > 0)
         # and a split row's scalar edge, on the core that holds it (closed forms in test_plan)
         packing += edge_seconds(program, dev)
+        # and the output lines two cores write (closed forms at the end of this file)
+        sharing = loads.pop("output lines two cores write", 0.0)
+        shared = shared_output_lines(program, dev)
+        assert sharing == pytest.approx(shared * SHARED_LINE_CYCLES / (clock_ghz(program, dev) * 1e9) if shared else 0.0)
+        packing += sharing
         unit_time = max(est.compute_seconds, loads.get(first, 0.0)) + sum(t for n, t in loads.items() if n != first)
     # a cross-thread reduction's trees follow the pipeline (closed forms below), and a split-K
     # program's second pass (test_split_k); 0 for the rest
@@ -131,6 +138,8 @@ def check_consistent(calc, dev, program, est):
         moved[home] += buffer_bytes(program, dev)  # the output buffer's passes (closed forms in test_panels)
     if packed_bytes(program, dev):
         moved[f"packing into {dev.layers[pack_layer(program)].name}"] = packed_bytes(program, dev)
+    if shared_output_lines(program, dev):
+        moved["output lines two cores write"] = shared_output_lines(program, dev) * dev.layers[-1].transaction_bytes
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
@@ -1371,3 +1380,82 @@ def test_a_reduction_whose_tiles_cut_its_lane_axis_is_priced_as_one_dependent_ch
     assert guard_slowdown(program(48, 4224), AVX512) == (4080 + 16 * 16) / 4224
     assert guard_slowdown(program(16, 4096), AVX512) == 1.0
     assert estimate(program(40, 4400), AVX512).compute_seconds > 50 * estimate(program(16, 4096), AVX512).compute_seconds
+
+
+def _pointwise_conv(dev, **shape):
+    """A 1x1 convolution as a CPU construction tiles it (`ops.pixel_gemm`: images, filters,
+    pixels, channels), its output NCHW."""
+    return fuse_axes(construction_expr(expr("conv2d", KH=1, KW=1, stride=1, pad=0, **shape), dev))
+
+
+def _unit(e, unit, dev):
+    """A program of unit tiles `unit` (register tiles of one element: the split is the grid's)."""
+    return make_program(TileCalculus(e), dev, [tuple(1 for _ in unit), unit], (True, True), 0.0)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_grid_split_inside_the_output_rows_shares_their_lines_between_the_cores(dev):
+    """4 images x 17 channels -> 176 1x1 filters over 7 x 7 (49 pixels a plane of 196 bytes) on
+    two cores. Unit tiles of 32 of the 49 pixels: the cores split every one of the 704 planes, a
+    line at pixel 32 and one at the plane's end, less the planes whose start puts them on a
+    line's start (gcd(64, 196) = 4 bytes: one in 16 of each): 2 x (704 - 44) lines, priced at
+    SHARED_LINE_CYCLES each. Unit tiles of 88 whole-plane filters meet in 4 rows (one per image,
+    each 88 x 196 bytes: the boundary 17,248 bytes in, not on a line: 4 lines); of 2 whole
+    images, not at all (one row: a line per core, left out)."""
+    e = _pointwise_conv(dev, N=4, C=17, H=7, W=7, F=176)
+    assert e.output.shape == (4, 176, 49) and dev.compute_units == 2
+    pixels = _unit(e, (4, 176, 32, 17), dev)
+    assert shared_output_lines(pixels, dev) == 2 * (704 - 704 // 16)
+    assert shared_output_lines(_unit(e, (4, 88, 49, 17), dev), dev) == 4
+    assert shared_output_lines(_unit(e, (2, 176, 49, 17), dev), dev) == 0
+    seconds = dict(estimate(pixels, dev).load_seconds)["output lines two cores write"]
+    assert seconds == pytest.approx(2 * (704 - 44) * SHARED_LINE_CYCLES / (clock_ghz(pixels, dev) * 1e9))
+    one_core = replace(dev, compute_units=1)
+    assert shared_output_lines(pixels, one_core) == 0
+    assert "output lines two cores write" not in dict(estimate(pixels, one_core).load_seconds)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_matmuls_rows_split_at_a_line_share_only_their_ends(dev):
+    """C (64 x 256) on two cores in unit tiles of 64 x 128: every row of 1,024 bytes is cut at
+    512 bytes, a line's start, and ends on one: nothing shared. 64 x 125 of a 64 x 250 C: cut at
+    500 bytes, never a line's start (rows of 1,000 bytes start on multiples of gcd(64, 1000) = 8
+    bytes, and 500 is none), the row ends shared in 7 of 8: 64 + 56 lines."""
+    assert shared_output_lines(_unit(plain_matmul(64, 256, 32), (64, 128, 32), dev), dev) == 0
+    assert shared_output_lines(_unit(plain_matmul(64, 250, 32), (64, 125, 32), dev), dev) == 64 + 56
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_shared_output_lines_agree_with_visiting_every_element(seed):
+    """Each output element's core (its unit tile's place in the fused grid, dealt in chunks of
+    ceil(tiles / cores)) and line, counted: the lines two cores write. The closed form is within
+    a fifth of that with two or three cores (its rows' alignment is a share, not each row's),
+    and within a third with four, where boundaries of two axes meeting at one row end count it
+    twice. Rows at least a line long (the template's contiguous axis carries its lanes)."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(seed)
+    for _ in range(12):
+        cores = rng.choice((2, 3, 4))
+        dev = replace(rng.choice((AVX2, AVX512)), compute_units=cores)
+        if rng.random() < 0.5:
+            m, n = rng.randint(2, 90), rng.randint(16, 300)
+            e = plain_matmul(m, n, 8)
+            unit = (rng.randint(1, m), rng.randint(1, n), 8)
+        else:
+            e = fuse_axes(expr("conv2d", N=rng.randint(1, 4), C=3, H=rng.randint(3, 12), W=rng.randint(16, 40),
+                               F=rng.randint(1, 40), KH=1, KW=1, stride=1, pad=0))
+            unit = tuple(rng.randint(1, x) if a in e.spatial else x for a, x in enumerate(e.extents))
+        program = _unit(e, unit, dev)
+        spatial, out = e.spatial, e.output
+        grid = [ceil(e.extents[a] / unit[a]) for a in spatial]
+        coords = np.indices([e.extents[a] for a in spatial]).reshape(len(spatial), -1)
+        core = np.ravel_multi_index([coords[i] // unit[a] for i, a in enumerate(spatial)], grid) // ceil(prod(grid) / cores)
+        element = sum((sum(coeffs[a] * coords[i] for i, a in enumerate(spatial)) + const) * out.strides[d]
+                      for d, (coeffs, const) in enumerate(out.index))
+        lines = np.unique(np.stack([element * out.itemsize // dev.layers[-1].transaction_bytes, core]), axis=1)[0]
+        visited = int((np.unique(lines, return_counts=True)[1] > 1).sum())
+        share = 0.35 if cores == 4 else 0.2
+        assert abs(shared_output_lines(program, dev) - visited) <= share * visited + 2 * cores, (e.extents, unit, cores)

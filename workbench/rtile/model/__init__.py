@@ -41,7 +41,8 @@ blocks per unit))` is reported as the number of rounds of resident blocks. A cro
 reduction adds, after its pipeline, the trees that combine its threads' partial sums, once per
 wave (`gpu.tree_reduction_seconds`). A split-K program adds its partial sums' traffic and its
 second kernel (`gpu.split_k_seconds`), a CPU program the copies of the inputs its template packs
-into panels (`cpu.packing_seconds`).
+into panels (`cpu.packing_seconds`) and the output lines two of its cores write, where the grid's
+split between them falls inside the output's rows (`cpu.shared_output_lines`).
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 lines for `scattered_inputs`), their transfer times, the accumulators' trips to the layer that
 keeps them (`accumulator_home`, `accumulator_steps`) and the output buffer's passes
 (`buffer_bytes`), the panel copies (`packing_seconds`), a strided image's gather
-(`gather_seconds`), and how the stages add up (`combine_stages`); `price` assembles them with the
-compute term (`model.cpu_compute`)."""
+(`gather_seconds`), the output lines two cores write (`shared_output_lines`), and how the stages
+add up (`combine_stages`); `price` assembles them with the compute term (`model.cpu_compute`)."""
 
 from __future__ import annotations
 
-from math import prod
+from math import ceil, gcd, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -32,7 +32,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     below's bandwidth (every layer: `hardware_caches`); the accumulators' trips and the output
     buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
     copies, the epilogue's arithmetic (`epilogue_seconds`), a split row's scalar edge
-    (`edge_seconds`) and a strided image's gather (`gather_seconds`) added after the scale-out."""
+    (`edge_seconds`), a strided image's gather (`gather_seconds`) and the output lines two cores
+    write (`shared_output_lines`, SHARED_LINE_CYCLES each) added after the scale-out."""
     expr = program.expr
     calc = calculus(expr)
     eff = compute_efficiency(program, device)
@@ -69,9 +70,14 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     gathering = _gather_time(device, gathered)
     if gathered:
         moved["gathering the strided pixels"], loads["gathering the strided pixels"] = gathered, gathering
+    shared = shared_output_lines(program, device)
+    sharing = shared * SHARED_LINE_CYCLES / (clock_ghz(program, device) * GB) if shared else 0.0
+    if shared:
+        stage = "output lines two cores write"
+        moved[stage], loads[stage] = shared * device.layers[-1].transaction_bytes, sharing
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
-        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device), gathering),
+        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device), gathering, sharing),
         **provenance(program, device, compute_provenance(program, device), bool(packed)),
     )
 
@@ -215,11 +221,80 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     steps = prod(expr.axes[a].extent for a in expr.reduce)
     column = prod(-(-expr.axes[a].extent // unit[a]) for a in others)  # the unit tiles holding the edge
     share = -(-column // device.compute_units) / column
-    ghz = core_ghz(device) or device.peak(expr.dtype) / (device.compute_units * plan.lanes * 2)
     if plan.edge_in_vectors:
         past //= vector_width(program.register_tile[plan.vector_axis], plan.lanes)
     cycles = scalar * GUARDED_LANE_CYCLES + past * EDGE_SKIP_CYCLES
-    return cycles * rows * steps * share / (ghz * GB)
+    return cycles * rows * steps * share / (clock_ghz(program, device) * GB)
+
+
+# What one output line written by two cores costs the program: the line moves from one core's
+# cache to the other's (and back) while both write it. Measured on the 2-core Zen 5 host (4
+# images x 17 channels -> 176 1x1 filters over 7 x 7, unit tiles of 32 of the 49 pixels: 1,320
+# lines shared a call): 2.2 ns a line more than unit tiles of whole planes in one state of the
+# host, 26 ns in the other, which lasted seconds to whole processes; 40 cycles (10 ns at its
+# 3.97 GHz) lies between (docs/model-evidence.md#shared-output-lines).
+SHARED_LINE_CYCLES = 40
+
+
+def shared_output_lines(program: RProgram, device: DeviceSpec) -> int:
+    """Output cache lines that two cores write, where the grid's split between the cores falls
+    inside the output's rows. The CPU template fuses the unit tiles' loops in the order of the
+    spatial axes and runs them on all cores (`codegen.cpu._parallelise`); TVM deals the fused
+    tiles in contiguous chunks of ceil(grid / cores) (its static schedule). At a chunk boundary
+    whose tile differs from the one before first along axis m (the innermost nonzero digit of
+    the fused index), the two cores share every row of that tile's outer axes (the axes before m:
+    each row runs over m and the axes inside it, contiguous): one core writes the row up to the
+    tile boundary along m, the other the rest, and the first the start of the next row again.
+    That is a line at the boundary and one at the row's end per row, less those on a line's
+    start (rows and boundary offsets whose bytes the line divides: the share follows from the
+    gcd of the rows' strides and the line), and never more lines than the rows span. A boundary
+    with one row (a one-row block, a split between whole rows) costs a line or two per core and
+    is left out, as are outputs laid out against the loop order (not made by the catalog). With
+    two cores this is within 20 % of visiting every element (tests/test_model.py); with more,
+    boundaries of different axes that meet at one row end count it twice (up to a third more)."""
+    expr = program.expr
+    units = device.compute_units
+    if not device.runs_on_cpu or units < 2 or program.grid < 2:
+        return 0
+    out, unit, extents, spatial = expr.output, program.unit_tile, expr.extents, expr.spatial
+    stride = [abs(sum(coeffs[a] * out.strides[d] for d, (coeffs, _) in enumerate(out.index))) for a in spatial]
+    if any(later > earlier for earlier, later in zip(stride, stride[1:])):
+        return 0
+    grid = [-(-extents[a] // unit[a]) for a in spatial]
+    fused = prod(grid)
+    chunk = ceil(fused / units)
+    line, size = device.layers[-1].transaction_bytes, out.itemsize
+    shared, blocks = 0, set()
+    for boundary in range(chunk, fused, chunk):
+        digits, rest = [], boundary
+        for g in reversed(grid):
+            digits.append(rest % g)
+            rest //= g
+        digits.reverse()
+        m = max(d for d, digit in enumerate(digits) if digit)
+        rows = prod(min(unit[a], extents[a] - digit * unit[a]) for a, digit in zip(spatial[:m], digits))
+        if rows < 2:
+            continue
+        span = extents[spatial[m]] * stride[m] * size  # a row's bytes
+        offset = digits[m] * unit[spatial[m]] * stride[m] * size  # the boundary's within its row
+        step = gcd(line, *(stride[d] * size for d in range(m)))
+        cycle = line // step  # rows before their starts repeat their place in a line
+        spanned = -(-rows * span // line)
+        if span < line:  # rows shorter than a line: both cores write in every line of the block
+            shared += spanned
+            continue
+        # per row: the boundary's line unless it starts one (rows whose start puts the boundary on
+        # a line's start: one in `cycle`, where the gcd allows it), the row end's unless it ends
+        # one or an earlier boundary of these rows counted it; a boundary less than a line from
+        # its row's start or end shares that line with the end as often as one line holds both
+        inside = 1 - (1 / cycle if offset % step == 0 else 0)
+        end = 1 - 1 / cycle
+        counted = 0 if (m, *digits[:m]) in blocks else end  # rows another boundary cut already
+        blocks.add((m, *digits[:m]))
+        near = max(0.0, 1 - offset / line) + max(0.0, 1 - (span - offset) / line)
+        lines = rows * (inside + counted - (end * min(1.0, near) if inside else 0))
+        shared += min(round(lines), spanned)
+    return shared
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:
@@ -440,6 +515,12 @@ def _gather_time(device: DeviceSpec, moved: int) -> float:
     if not ghz:
         return moved / (device.layers[-1].bandwidth_gbps * GB)
     return moved / (PACK_BYTES_PER_CYCLE * device.compute_units * ghz * GB)
+
+
+def clock_ghz(program: RProgram, device: DeviceSpec) -> float:
+    """The clock a CPU program's cycles are priced at: `core_ghz`, or for a spec without FMA
+    facts the clock its peak implies with one pipe of the plan's lanes."""
+    return core_ghz(device) or device.peak(program.expr.dtype) / (device.compute_units * cpu_plan(program, device).lanes * 2)
 
 
 def core_ghz(device: DeviceSpec) -> float:
