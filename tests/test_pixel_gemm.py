@@ -71,7 +71,8 @@ def test_the_gather_is_priced_as_a_copy_of_the_lines_it_reads_and_writes(dev):
         moved / (PACK_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9))
     program = construct(view, dev, options=Options(topk=1)).candidates[0].program
     pricing = price(program, dev, program.expr.flops, 1.0)
-    assert pricing.after[-1] == gather_seconds(view, dev)
+    *_, gathering, _ = pricing.after  # the output lines two cores write come last (tests/test_model.py)
+    assert gathering == gather_seconds(view, dev)
     assert dict(pricing.moved)["gathering the strided pixels"] == moved
 
 
