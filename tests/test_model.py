@@ -75,6 +75,7 @@ def check_consistent(calc, dev, program, est):
     # share is grid / units (a grid smaller than the units only leaves units idle)
     imbalance = ceil(grid / units) * units / grid if grid >= units else 1.0
     packing = 0.0
+    shared_lines = shared_output_lines(program, dev)  # 0 on a GPU
     if dev.kind == "gpu":  # stages overlap only as far as other warps / blocks hide them
         loads = dict(est.load_seconds)
         resident = min(est.blocks_per_unit, ceil(grid / units))  # the grid may not fill a unit
@@ -107,8 +108,7 @@ def check_consistent(calc, dev, program, est):
         packing += edge_seconds(program, dev)
         # and the output lines two cores write (closed forms at the end of this file)
         sharing = loads.pop("output lines two cores write", 0.0)
-        shared = shared_output_lines(program, dev)
-        assert sharing == pytest.approx(shared * SHARED_LINE_CYCLES / (clock_ghz(program, dev) * 1e9) if shared else 0.0)
+        assert sharing == pytest.approx(shared_lines * SHARED_LINE_CYCLES / (clock_ghz(program, dev) * 1e9) if shared_lines else 0.0)
         packing += sharing
         unit_time = max(est.compute_seconds, loads.get(first, 0.0)) + sum(t for n, t in loads.items() if n != first)
     # a cross-thread reduction's trees follow the pipeline (closed forms below), and a split-K
@@ -138,8 +138,8 @@ def check_consistent(calc, dev, program, est):
         moved[home] += buffer_bytes(program, dev)  # the output buffer's passes (closed forms in test_panels)
     if packed_bytes(program, dev):
         moved[f"packing into {dev.layers[pack_layer(program)].name}"] = packed_bytes(program, dev)
-    if shared_output_lines(program, dev):
-        moved["output lines two cores write"] = shared_output_lines(program, dev) * dev.layers[-1].transaction_bytes
+    if shared_lines:
+        moved["output lines two cores write"] = shared_lines * dev.layers[-1].transaction_bytes
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
