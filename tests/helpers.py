@@ -173,3 +173,24 @@ def fake_runs_store(path, runs, sizes=(32, 48), topk: int = 3):
                 profile_candidates(c.expr, TINY_CPU, c.candidates, runner=runner, store=store, workload_label=f"mm-{n}",
                                    run_label=label, options=c.options, timing=Timing(repeat=7))
     return path
+
+
+def built_view_kernels(expr, topk: int = 3) -> list:
+    """The kernels of `expr`'s top `topk` on the local CPU, constructed over its view (a conv as a
+    GEMM: `ops.pixel_gemm`, `ops.window_gemm`), each asserted to build, to take the caller's
+    buffers and to match numpy; with the construction's candidates, in order."""
+    from workbench.codegen.build import build_kernel
+    from workbench.codegen.verify import verify
+    from workbench.construct.space import Options
+    from workbench.construct.stepper import construct
+
+    dev = device("local-cpu")
+    built = []
+    for cand in construct(expr, dev, options=Options(topk=topk)).candidates:
+        kernel = build_kernel(cand.program.expr, cand.program, dev)
+        assert kernel.ok, kernel.error
+        assert [a.shape for a in kernel.args] == [a.shape for a in expr.args]
+        result = verify(kernel, cand.program.expr)
+        assert result.correct, result
+        built.append((cand, kernel))
+    return built

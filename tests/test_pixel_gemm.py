@@ -4,9 +4,7 @@ PrimFunc it carries, the kernel that takes the caller's buffers, and the plan it
 import pytest
 from test_alignment import AVX2, AVX512
 
-from tests.helpers import device
-from workbench.codegen.build import build_kernel
-from workbench.codegen.verify import verify
+from tests.helpers import built_view_kernels, device
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper, construct
 from workbench.ops.gemm_view import construction_expr
@@ -106,15 +104,7 @@ def test_the_pixels_are_packed_and_vectorised_like_a_matmuls_row(dev, stride):
 def test_the_kernel_takes_the_callers_buffers_and_matches_numpy(n, stride):
     """Ragged pixels (195 in tiles of 16, or 40 and 25 gathered at a stride) and filters (41),
     every candidate of the top 3."""
-    e = _conv(n=n, stride=stride)
-    dev = device("local-cpu")
-    c = construct(e, dev, options=Options(topk=3))
-    for cand in c.candidates:
-        kernel = build_kernel(cand.program.expr, cand.program, dev)
-        assert kernel.ok, kernel.error
-        assert [a.shape for a in kernel.args] == [a.shape for a in e.args]
-        result = verify(kernel, cand.program.expr)
-        assert result.correct, result
+    for _, kernel in built_view_kernels(_conv(n=n, stride=stride)):
         assert "T.Buffer((%d, 31, 15, 13)" % n in kernel.tvmscript
 
 

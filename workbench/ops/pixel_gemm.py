@@ -72,7 +72,7 @@ def _view(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...], imag
         coeffs = tuple((tuple(c[a] for a in keep), const) for c, const in index)
         return replace(t, shape=tuple(shape), index=coeffs)
 
-    return replace(expr, axes=axes, tensors=tuple(tensor(t) for t in expr.tensors))
+    return replace(expr, axes=axes, tensors=tuple(tensor(t) for t in expr.tensors), gathered=() if gathered is None else (gathered,))
 
 
 def _pointwise(expr: TensorExpr):
@@ -84,7 +84,7 @@ def _pointwise(expr: TensorExpr):
     if len(expr.inputs) != 2 or not expr.reduce or any(a.fused_from for a in expr.axes):
         return None
     out = expr.output
-    pixels = tuple(_plain_axis(expr, out, d) for d in (-2, -1)) if len(out.shape) >= 3 else (None,)
+    pixels = tuple(plain_axis(expr, out, d) for d in (-2, -1)) if len(out.shape) >= 3 else (None,)
     if None in pixels:
         return None
     # the image: read through the window, or, where TVM folded the unit window away (a
@@ -115,7 +115,7 @@ def _pointwise(expr: TensorExpr):
     # every other dimension one whole axis, as a matmul's: a grouped conv's channel, `g * C/G + c`,
     # would leave the GEMM without panels and its pixel row scalar (ShuffleNet's grouped 1x1
     # convs ran 2x slower as views than in their own nest); `ops.group_view` splits it first
-    if any(_plain(t, d) is None for t in (image, weight) for d in range(len(t.shape) - 2)):
+    if any(plain_dim(t, d) is None for t in (image, weight) for d in range(len(t.shape) - 2)):
         return None
     if len(weight.shape) < 3 or weight.shape[-2:] != (1, 1) or any(
             coeffs[a] for coeffs, _ in weight.index[:-2] for a in unit):
@@ -126,16 +126,16 @@ def _pointwise(expr: TensorExpr):
     return pixels, unit, None if strides == [1, 1] else expr.inputs.index(image)
 
 
-def _plain(tensor: TensorAccess, dim: int) -> int | None:
+def plain_dim(tensor: TensorAccess, dim: int) -> int | None:
     """The axis indexing `tensor`'s dimension `dim` alone, coefficient 1, offset 0; else None."""
     coeffs, const = tensor.index[dim]
     used = [a for a, c in enumerate(coeffs) if c]
     return used[0] if not const and len(used) == 1 and coeffs[used[0]] == 1 else None
 
 
-def _plain_axis(expr: TensorExpr, tensor: TensorAccess, dim: int) -> int | None:
+def plain_axis(expr: TensorExpr, tensor: TensorAccess, dim: int) -> int | None:
     """The spatial axis indexing `tensor`'s dimension `dim` alone, coefficient 1, offset 0."""
-    axis = _plain(tensor, dim)
+    axis = plain_dim(tensor, dim)
     return axis if axis is not None and expr.axes[axis].kind == SPATIAL else None
 
 
@@ -144,28 +144,42 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...], i
     read at a stride (input `image`) first gathered (`_gather`)."""
     import tvm
     from tvm import s_tir
-    from tvm.tirx import IndexMap
 
-    height, width = expr.output.shape[-2:]
     sch = s_tir.Schedule(tvm.IRModule({"main": expr.func}))
     main = sch.get_sblock(expr.main_block)
     copy = _gather(sch, main, expr.inputs[image].name) if image is not None else None
+    # the gather walks the image's rows: its pixels stay two loops
+    func = flatten_pixels(sch, expr, skip=() if copy is None else (copy,), unit=unit)
+    return _name_axes(func, sch.get(main), expr, pixels, unit)
+
+
+def flatten_pixels(sch, expr: TensorExpr, skip: tuple[str, ...] = (), kept: tuple[str, ...] = (), unit: tuple[int, ...] = (),
+                   main_map=None):
+    """The function `sch` schedules with every buffer whose two innermost dimensions are the
+    output's pixels (H, W) laid out (.., H*W) (parameters and intermediates alike, but the
+    buffers named in `kept`), the main block's reads of trailing (1, 1) dimensions dropped, and
+    every block's (h, w) iterators merged into one p (the main block's `unit` reduce axes
+    dropped), but the blocks named in `skip`; `main_map`, where given, is the main block's
+    iterator map instead. A pointwise conv's view (`pixel_gemm`) and a window's
+    (`ops.window_gemm`) both end so."""
+    from tvm.tirx import IndexMap
+
+    height, width = expr.output.shape[-2:]
     handles = list(sch.get_child_blocks(sch.get_sblock("root")))
     # per block, the positions of its iterators that walk the pixels, read off what it writes
     # before any layout changes (after, the pixels are one index h * W + w)
     plans = []
     for handle in handles:
         block = sch.get(handle)
+        if str(block.name_hint) in skip:
+            continue
         variables = [iv.var for iv in block.iter_vars]
         region = block.writes[0].region
         at = [next((i for i, v in enumerate(variables) if v.same_as(r.min)), None) for r in region[-2:]]
         if None in at or len(region) < 2 or at[0] + 1 != at[1]:
             raise ValueError(f"block {block.name_hint} does not write pixels in its own iterators")
-        drop = unit if str(block.name_hint) == expr.main_block else ()
-        if str(block.name_hint) != copy:  # the gather walks the image's rows: its pixels stay two loops
-            plans.append((handle, len(variables), at[0], drop))
-    # every buffer with the output's pixels innermost, parameters and intermediates alike
-    done = set()
+        plans.append((handle, len(variables), at[0], str(block.name_hint) == expr.main_block))
+    done = set(kept)
     for handle in handles:
         block = sch.get(handle)
         dtype = str(block.iter_vars[0].var.ty)
@@ -184,11 +198,14 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...], i
                     continue
                 sch.transform_layout(handle, (kind, i), flat)
                 done.add(name)
-    for handle, n, h, drop in plans:
-        keep = [i for i in range(n) if i not in drop]
+    for handle, n, h, is_main in plans:
         dtype = str(sch.get(handle).iter_vars[0].var.ty)
-        sch.transform_block_layout(handle, IndexMap.from_func(_merge(keep, h, width), ndim=n, index_dtype=dtype))
-    return _name_axes(sch.mod["main"], sch.get(main), expr, pixels, unit)
+        if is_main and main_map is not None:
+            sch.transform_block_layout(handle, main_map)
+            continue
+        keep = [i for i in range(n) if not (is_main and i in unit)]
+        sch.transform_block_layout(handle, IndexMap.from_func(merged_map(keep, h, width), ndim=n, index_dtype=dtype))
+    return sch.mod["main"]
 
 
 def gathered_name(name: str) -> str:
@@ -242,6 +259,17 @@ def _read_in_place(sch, main, name: str) -> None:
         sch.compute_inline(copies[0])
 
 
+def source_read(sch, main, name: str) -> int:
+    """The position among the main block's reads of argument `name` or the copy of it it reads
+    (a zero border, TOPI's `pad_temp`)."""
+    for i, region in enumerate(sch.get(main).reads):
+        source = str(region.source.name)
+        if source == name or any(_copies(sch, p, name) for p in sch.get_producers(main) if len(sch.get(p).reads) == 1
+                                 and str(sch.get(p).writes[0].source.name) == source):
+            return i
+    raise ValueError(f"the main block does not read {name}")
+
+
 def _copies(sch, block, name: str) -> bool:
     """Whether `block`, of one read, reads argument `name` or a copy of it."""
     source = str(sch.get(block).reads[0].source.name)
@@ -257,7 +285,7 @@ def _uses(index, var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(index))
 
 
-def _merge(keep: list[int], h: int, width: int):
+def merged_map(keep: list[int], h: int, width: int):
     """The iterator map of one block: iterators `keep`, those at h and h + 1 merged into one."""
     return lambda *i: tuple(i[k] * width + i[k + 1] if k == h else i[k] for k in keep if k != h + 1)
 

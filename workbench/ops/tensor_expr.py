@@ -139,6 +139,9 @@ class TensorExpr:
     # the inputs whose values are fixed before the first call (a model's weights, by name): the
     # CPU template lays out their panels once, ahead of the calls (`rtile.panels.prepacked_inputs`)
     constants: tuple[str, ...] = ()
+    # the inputs the main block reads as a copy gathered before the loop nest (by name): a
+    # strided pointwise conv's pixels (`ops.pixel_gemm`), a window's im2col (`ops.window_gemm`)
+    gathered: tuple[str, ...] = ()
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     # Views of the frozen fields, computed once per expression: construction asks for them on
@@ -214,6 +217,7 @@ class TensorExpr:
             # only where there are some: the recorded fixtures of other operators stay as they were
             **({"row_passes": [p.to_dict() for p in self.row_passes]} if self.row_passes else {}),
             **({"constants": list(self.constants)} if self.constants else {}),
+            **({"gathered": list(self.gathered)} if self.gathered else {}),
         }
 
     @classmethod
@@ -240,6 +244,7 @@ class TensorExpr:
             row_passes=tuple(RowPass(int(p["rows"]), int(p["extent"]), int(p["ops"]), bool(p["reduction"]),
                                      bool(p["contiguous"])) for p in data.get("row_passes", ())),  # not recorded: priced as vectorised
             constants=tuple(data.get("constants", ())),  # not recorded: every input passed per call
+            gathered=tuple(data.get("gathered", ())),  # not recorded: none gathered
         )
 
 

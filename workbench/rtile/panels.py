@@ -174,15 +174,17 @@ PAD_OVERLAP = 1.1
 def padded_inputs(expr: TensorExpr) -> tuple[str, ...]:
     """The inputs the main block reads under a larger shape than the caller passes (a conv's or a
     pooling's zero border): the template copies each into a padded buffer (`codegen/cpu.py`). An
-    input read under another shape of the same size (a fused elementwise operator's) is not."""
-    return tuple(t.name for t, arg in zip(expr.inputs, expr.input_args) if prod(t.shape) > prod(arg.shape))
+    input read under another shape of the same size (a fused elementwise operator's) is not, nor
+    is a gathered copy (`gathered_inputs`: a window's im2col is larger, its border inside the copy)."""
+    return tuple(t.name for t, arg in zip(expr.inputs, expr.input_args)
+                 if prod(t.shape) > prod(arg.shape) and t.name not in expr.gathered)
 
 
 def gathered_inputs(expr: TensorExpr) -> tuple[str, ...]:
-    """The inputs the main block reads under a smaller shape than the caller passes: a strided
-    pointwise conv's image, gathered into the output's pixels before the loop nest
-    (`ops.pixel_gemm`, `codegen/cpu._gather_first`)."""
-    return tuple(t.name for t, arg in zip(expr.inputs, expr.input_args) if prod(t.shape) < prod(arg.shape))
+    """The inputs the main block reads as a copy gathered before the loop nest
+    (`TensorExpr.gathered`, `codegen/cpu._gather_first`): a strided pointwise conv's image
+    gathered into the output's pixels (`ops.pixel_gemm`), a window's im2col (`ops.window_gemm`)."""
+    return tuple(t.name for t in expr.inputs if t.name in expr.gathered)
 
 
 def pad_level(expr: TensorExpr, program: RProgram) -> int:
