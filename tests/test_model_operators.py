@@ -89,6 +89,10 @@ CASES = {
     # strided: the GEMM over the pixels gathered first (ops.pixel_gemm), a stride per dimension
     "strided_pointwise_conv_relu": ([_node("Conv", ["x", "w", "b"], "c", strides=[2, 3]), _node("Relu", ["c"])],
                                     (1, 12, 9, 11), (1, 10, 5, 4), {"w": _weight(10, 12, 1, 1), "b": _weight(10)}),
+    # a first layer, 3 channels 3x3 to 24 filters, as the GEMM over its pixels of its gathered
+    # windows (ops.window_gemm), the zero border inside the copy, its bias and ReLU folded in
+    "window_conv_relu": ([_node("Conv", ["x", "w", "b"], "c", pads=[1, 1, 1, 1]), _node("Relu", ["c"])],
+                         (1, 3, 9, 11), (1, 24, 9, 11), {"w": _weight(24, 3, 3, 3), "b": _weight(24)}),
     "depthwise_conv_relu": ([_node("Conv", ["x", "w"], "c", group=16, pads=[1, 1, 1, 1], strides=[2, 2]),
                              _node("Relu", ["c"])], (1, 16, 9, 9), (1, 16, 5, 5), {"w": _weight(16, 1, 3, 3)}),
     "channel_shuffle": ([_node("Reshape", ["x", "s1"], "r"), _node("Transpose", ["r"], "t", perm=[0, 2, 1, 3, 4]),

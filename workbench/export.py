@@ -52,6 +52,7 @@ from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.pixel_gemm import reshaped_params
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.window_gemm import is_window_view
 from workbench.rtile.panels import gathered_inputs
 from workbench.rtile.rprogram import RProgram
 from workbench.versions import versions
@@ -513,11 +514,15 @@ def _view_note(kernel: Kernel, expr: TensorExpr) -> str:
              for name, (declared, wanted) in reshaped_params(expr.func, kernel.args).items()]
     if not views:
         return ""
-    gathered = [f"{name}'s" for name in gathered_inputs(expr)]
-    return ("\n\nIts PrimFunc is the workbench's view of the operator (ops/pixel_gemm.py: a pointwise conv as\n"
-            "the GEMM over its pixels), over the caller's buffers reshaped without a copy: " + "; ".join(views)
-            + (f" ({', '.join(gathered)} strided pixels gathered into a buffer of its own first)" if gathered else "")
-            + ".\nThe shipped kernel takes the caller's shapes (manifest.json's args).")
+    gathered = ", ".join(f"{name}'s" for name in gathered_inputs(expr))
+    if is_window_view(expr):
+        what = "ops/window_gemm.py: a conv of few channels as\nthe GEMM over its pixels of its gathered windows"
+        copy = f" ({gathered} windows gathered into a buffer of its own first, im2col)"
+    else:
+        what = "ops/pixel_gemm.py: a pointwise conv as\nthe GEMM over its pixels"
+        copy = f" ({gathered} strided pixels gathered into a buffer of its own first)" if gathered else ""
+    return (f"\n\nIts PrimFunc is the workbench's view of the operator ({what}), over the caller's buffers reshaped"
+            " without a copy: " + "; ".join(views) + copy + ".\nThe shipped kernel takes the caller's shapes (manifest.json's args).")
 
 
 def _py_string(text: str) -> str:

@@ -26,6 +26,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.window_gemm import is_window_view
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import gathered_inputs
 
@@ -59,6 +60,8 @@ class Stepper:
             why = "Roller §3.2 axis fusion"
             if self.viewed and self.space.device.launches_thread_blocks:
                 why = "conv as implicit GEMM M x N x K, ops.gemm_view"
+            elif self.viewed and is_window_view(self.space.expr):
+                why = "a conv of few channels as the GEMM over its pixels of its gathered windows (im2col), ops.window_gemm"
             elif self.viewed and gathered_inputs(self.space.expr):
                 why = "a strided 1x1 conv as the GEMM over its gathered pixels, ops.pixel_gemm"
             elif self.viewed:

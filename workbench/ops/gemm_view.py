@@ -38,6 +38,7 @@ from math import prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.group_view import group_view
 from workbench.ops.pixel_gemm import pixel_gemm
+from workbench.ops.window_gemm import window_gemm
 from workbench.ops.tensor_expr import REDUCE, SPATIAL, Axis, TensorAccess, TensorExpr, read_through_window, sum_of_products
 
 
@@ -115,7 +116,7 @@ def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     `codegen.cuda_conv` runs on the CUDA cores, so the model would price the wrong units."""
     if not device.launches_thread_blocks:
         grouped = group_view(expr) or expr
-        return pixel_gemm(grouped) or grouped
+        return pixel_gemm(grouped) or window_gemm(grouped) or grouped
     if device.has_tensor_cores(expr.dtype):
         return expr
     view = gemm_view(expr)

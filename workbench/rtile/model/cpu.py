@@ -483,8 +483,9 @@ def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int, transposed:
 
 
 def gathered_bytes(expr: TensorExpr, device: DeviceSpec) -> int:
-    """Bytes the gather of a strided pointwise conv's image moves (`panels.gathered_inputs`): the
-    image's lines its strided rows touch (every line of a row at a stride shorter than a line)
+    """Bytes the gather of a conv's image moves (`panels.gathered_inputs`): the image's lines its
+    rows touch, once per row of the copy (a strided pointwise conv's: every line of a row at a
+    stride shorter than a line; a window's im2col reads each row once per tap of the window),
     and the copy it writes, the output's pixels in a row. 0 where nothing is gathered."""
     names = gathered_inputs(expr)
     if not names:
@@ -494,7 +495,7 @@ def gathered_bytes(expr: TensorExpr, device: DeviceSpec) -> int:
     moved = 0
     for tensor, arg in zip(expr.inputs, expr.input_args):
         if tensor.name in names:
-            rows = prod(arg.shape[:-2]) * height
+            rows = prod(tensor.shape[:-1]) * height  # (images, channels x taps) of the copy
             moved += rows * min(arg.shape[-1] * tensor.itemsize, width * line) + prod(tensor.shape) * tensor.itemsize
     return moved
 

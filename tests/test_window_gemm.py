@@ -1,0 +1,121 @@
+"""A conv of few channels as the GEMM over its pixels of its gathered windows (`ops.window_gemm`):
+when the view is taken, the view and the rewritten PrimFunc it carries, the kernel that takes the
+caller's buffers, the gather's price, and what the stepper and the export say."""
+
+import pytest
+from test_alignment import AVX2, AVX512
+
+from tests.helpers import built_view_kernels, device
+from workbench.construct.space import Options
+from workbench.construct.stepper import Stepper, construct
+from workbench.ops.gemm_view import construction_expr
+from workbench.ops.pixel_gemm import pixel_gemm
+from workbench.ops.tensor_expr import from_prim_func
+from workbench.ops.window_gemm import MAX_COPIES_PER_OUTPUT, MAX_WINDOW_REDUCTION, is_window_view, window_gemm
+from workbench.rtile.panels import gathered_inputs, padded_inputs
+from workbench.rtile.plan import PANELS, cpu_plan
+from workbench.workload import Workload
+
+
+def _conv(n=1, c=5, h=13, w=11, f=24, k=3, stride=1, pad=1, dilation=1):
+    params = {"N": n, "C": c, "H": h, "W": w, "F": f, "KH": k, "KW": k, "stride": stride, "pad": pad,
+              "dilation": dilation}
+    return Workload(op="conv2d", params=tuple(params.items())).build()
+
+
+@pytest.mark.parametrize("n,pad", [(1, 1), (2, 0)])
+def test_a_few_channel_conv_is_the_gemm_over_its_gathered_windows(n, pad):
+    """(n, f, p, k): the window's 5 x 3 x 3 one reduce axis, the 13 x 11 pixels (or 11 x 9
+    without the border) one spatial axis; the image read as its copy (n, k, p) under the
+    argument's name, gathered and not padded (the border is inside the copy)."""
+    e = _conv(n=n, pad=pad)
+    view = window_gemm(e)
+    oh, ow = (13, 11) if pad else (11, 9)
+    assert [(a.name, a.extent, a.kind) for a in view.axes] == [
+        ("n", n, "spatial"), ("f", 24, "spatial"), ("p", oh * ow, "spatial"), ("k", 45, "reduce")]
+    assert [t.shape for t in view.tensors] == [(n, 45, oh * ow), (24, 45), (n, 24, oh * ow)]
+    assert gathered_inputs(view) == ("data",) and padded_inputs(view) == () and is_window_view(view)
+    # the pure view is what TVM reads off the rewritten function, and the caller's buffers stay
+    read = from_prim_func(view.func, e.op, dict(e.params), e.dtype, n_inputs=2)
+    assert (read.axes, read.tensors, read.flops) == (view.axes, view.tensors, e.flops)
+    assert view.args == e.args and [a.shape for a in e.args] == [(n, 5, 13, 11), (24, 5, 3, 3), (n, 24, oh, ow)]
+
+
+@pytest.mark.parametrize("params, why", [
+    ({"stride": 2}, "a strided copy reads an element a load"),
+    ({"c": 8}, "72 multiply-adds per output"),
+    ({"k": 5, "pad": 2}, "125 multiply-adds per output"),
+    ({"f": 22}, "45 copied values for 22 filters: more than two an output"),
+    ({"k": 1, "pad": 0}, "a pointwise conv: ops.pixel_gemm's"),
+])
+def test_other_convs_keep_their_nest(params, why):
+    assert window_gemm(_conv(**params)) is None, why
+
+
+def test_the_limits_are_the_documented_ones():
+    """At the edge of both limits (7 x 3 x 3 = 63 per output, 32 filters: 1.97 an output) the view
+    is taken; a filter fewer than half the window, or a channel more, and it is not."""
+    assert (MAX_WINDOW_REDUCTION, MAX_COPIES_PER_OUTPUT) == (64, 2)
+    assert window_gemm(_conv(c=7, f=32)) is not None
+    assert window_gemm(_conv(c=7, f=31)) is None  # 63 > 2 x 31
+    assert window_gemm(_conv(c=4, k=4, pad=1, f=32)) is not None  # 64
+    assert window_gemm(_conv(c=5, k=4, pad=1, f=40)) is None  # 80
+
+
+def test_a_dilated_window_is_gathered_alike():
+    view = window_gemm(_conv(dilation=2, pad=2))
+    assert view is not None and view.tensors[0].shape == (1, 45, 13 * 11)
+
+
+def test_the_view_is_the_cpus_and_the_gpu_keeps_its_implicit_gemm():
+    e = _conv()
+    assert construction_expr(e, device("local-cpu")).axes == window_gemm(e).axes
+    assert [a.name for a in construction_expr(e, device("v100")).axes] == ["nhw", "f", "crs"]
+    assert pixel_gemm(e) is None
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_windows_are_packed_and_vectorised_like_a_matmuls_row(dev):
+    e = _conv(h=61, w=67, f=48)
+    assert "gathered windows (im2col)" in next(Stepper(e, dev)._generate()).note
+    top = construct(e, dev, options=Options(topk=3)).candidates[0].program
+    plan = cpu_plan(top, dev)
+    assert plan.path == PANELS and plan.vector_axis == 2  # the pixels
+    assert plan.staged_padding  # the gather, a stage of its own
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_gather_is_priced_as_a_copy_of_the_rows_it_reads_and_writes(dev):
+    """2 images x 5 channels x 3 x 3 taps x 13 rows of the 13 x 11 output: each tap reads a row
+    of the image (11 pixels, 44 B) and writes one of the copy; at a panel copy's 16 B a cycle on
+    every core."""
+    from workbench.rtile.model.cpu import PACK_BYTES_PER_CYCLE, core_ghz, gather_seconds
+
+    view = window_gemm(_conv(n=2))
+    rows = 2 * 45 * 13
+    moved = rows * 11 * 4 + 2 * 45 * 13 * 11 * 4
+    assert gather_seconds(view, dev) == pytest.approx(
+        moved / (PACK_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9))
+
+
+@pytest.mark.parametrize("params", [{}, {"n": 2, "pad": 0}, {"dilation": 2, "pad": 2}, {"c": 3, "f": 29, "h": 17, "w": 7}])
+def test_the_kernel_takes_the_callers_buffers_and_matches_numpy(params):
+    """Ragged pixels and filters, a border, none, a dilation: every candidate of the top 3."""
+    built = built_view_kernels(_conv(**params))
+    assert len(built) == 3 and all(is_window_view(cand.program.expr) for cand, _ in built)
+
+
+def test_the_exported_bundle_takes_nchw_and_its_schedule_says_it_replays_the_view(tmp_path):
+    import json
+
+    from workbench import pipeline
+
+    e = _conv()
+    c = construct(e, device("local-cpu"), options=Options(topk=1))
+    result = pipeline.export(c, 1, tmp_path / "bundle")
+    assert result.verified
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert [a["shape"] for a in manifest["args"]] == [[1, 5, 13, 11], [24, 5, 3, 3], [1, 24, 13, 11]]
+    script = (tmp_path / "bundle" / "schedule.py").read_text()
+    assert "ops/window_gemm.py" in script and "data's windows gathered" in script
+    assert "kernel [24, 45] for [24, 5, 3, 3]" in script
