@@ -119,3 +119,18 @@ def test_the_exported_bundle_takes_nchw_and_its_schedule_says_it_replays_the_vie
     script = (tmp_path / "bundle" / "schedule.py").read_text()
     assert "ops/window_gemm.py" in script and "data's windows gathered" in script
     assert "kernel [24, 45] for [24, 5, 3, 3]" in script
+
+
+@pytest.mark.parametrize("w, unrolled", [(29, True), (129, False)])
+def test_the_copy_walks_the_output_rows_outermost_and_unrolls_a_short_row(w, unrolled):
+    """Rows outside the taps, so each core copies the pixels its own unit tiles read
+    (`window_gemm._rewrite`); a row of at most MAX_UNROLLED_GATHER_ROW unrolled
+    (`codegen.cpu._gather_first`)."""
+    from workbench.codegen.cpu import MAX_UNROLLED_GATHER_ROW
+
+    (_, kernel), = built_view_kernels(_conv(h=9, w=w, f=23), topk=1)
+    script = kernel.tvmscript
+    # 9 rows x 5 x 3 x 3 taps fused and dealt out to the cores, the row the outermost
+    gather = script[script.index("T.parallel(405)"):script.index("T.if_then_else")]
+    assert "T.axis.spatial(9, " in gather and "// 45)" in gather
+    assert (f"T.unroll({w})" in gather) == unrolled == (w <= MAX_UNROLLED_GATHER_ROW)

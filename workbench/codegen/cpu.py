@@ -174,14 +174,24 @@ def _stage_producers(sch, expr: TensorExpr, plan: CpuPlan) -> tuple[str, ...]:
     return ()
 
 
+# The longest row of a gather (`_gather_first`) unrolled: unrolled, LLVM folds the zero border's
+# test of each column (a window's copy, `ops.window_gemm`) where the loop kept it per element.
+# Rows of 17-128 ran 1.1-2.2x faster so, 160 as fast (evidence: docs/evidence.md#window-gemm).
+MAX_UNROLLED_GATHER_ROW = 128
+
+
 def _gather_first(sch, name: str) -> None:
-    """Run the producer `name` that gathers a strided image's pixels (`ops.pixel_gemm`) before
-    the loop nest, over all cores, a row of pixels at a time, its innermost loop walking the
-    image at a constant stride. Inside each tile's panel copy instead, every pixel's row and
+    """Run the producer `name` that gathers an image's pixels (a strided pointwise conv's,
+    `ops.pixel_gemm`; a window's, `ops.window_gemm`) before the loop nest, over all cores, a row
+    of pixels at a time, its innermost loop walking the image at a constant stride, unrolled up
+    to MAX_UNROLLED_GATHER_ROW. Inside each tile's panel copy instead, every pixel's row and
     column came from the flat pixel index: 31 channels over 161 x 161 at stride 2 ran 71 us
     so, 40 us gathered first (evidence: docs/evidence.md#gathered-pixels)."""
     loops = sch.get_loops(sch.get_sblock(name))
     common.primitive(f"gather {name} on all cores", sch.parallel, sch.fuse(*loops[:-1]) if len(loops) > 1 else loops[0])
+    row = sch.get(loops[-1]).extent
+    if len(loops) > 1 and hasattr(row, "value") and int(row) <= MAX_UNROLLED_GATHER_ROW:
+        common.primitive(f"unroll {name}'s row", sch.unroll, loops[-1])
 
 
 def _gathers(sch, name: str) -> bool:

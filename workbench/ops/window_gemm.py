@@ -166,7 +166,11 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], window: tuple[int, int, 
     batch = [used.index(a) for a in used if a not in window and a not in pixels]
     taps = [used.index(a) for a in window]
     rows = [used.index(a) for a in pixels]
-    order = batch + taps + rows
+    # the output's rows outside the taps: `codegen.cpu._gather_first` deals the fused loops out to
+    # the cores in chunks, so each core copies the pixels of the rows the GEMM's grid gives it
+    # (its unit tiles run along the pixels), not a share of the taps of every pixel, which the
+    # other core then reads from its cache (docs/evidence.md#window-gemm)
+    order = batch + rows[:1] + taps + rows[1:]
     sch.transform_block_layout(copy, IndexMap.from_func(lambda *i: tuple(i[k] for k in order), ndim=len(order), index_dtype=dtype))
     flat = IndexMap.from_func(
         lambda *i: (*(i[k] for k in batch), (i[taps[0]] * kh + i[taps[1]]) * kw + i[taps[2]], i[rows[0]] * width + i[rows[1]]),
