@@ -52,6 +52,18 @@ def test_other_convs_keep_their_nest(params, why):
     assert window_gemm(_conv(**params)) is None, why
 
 
+def test_an_input_of_fewer_dimensions_than_a_window_is_no_conv():
+    """Three reduce axes, but a kernel of one dimension (a draw of tests/test_invariants.py's
+    expressions once reached `plain_dim` past its end): no view, no error."""
+    from dataclasses import replace
+
+    e = _conv()
+    kernel = e.inputs[1]
+    c = e.reduce[0]
+    flat = replace(kernel, shape=(5,), index=((tuple(int(a == c) for a in range(len(e.axes))), 0),))
+    assert window_gemm(replace(e, tensors=(e.inputs[0], flat, e.output), func=None)) is None
+
+
 def test_the_limits_are_the_documented_ones():
     """At the edge of both limits (7 x 3 x 3 = 63 per output, 32 filters: 1.97 an output) the view
     is taken; a filter fewer than half the window, or a channel more, and it is not."""

@@ -81,11 +81,13 @@ def _windowed(expr: TensorExpr):
         return None
     pixels = (plain_axis(expr, out, -2), plain_axis(expr, out, -1))
     for image_at, (image, kernel) in enumerate((expr.inputs, expr.inputs[::-1])):
+        if len(kernel.shape) < 4 or len(image.shape) != len(out.shape):
+            continue
         window = tuple(plain_dim(kernel, d) for d in (-3, -2, -1))
-        if len(kernel.shape) < 4 or None in window or sorted(window) != sorted(expr.reduce):
+        if None in window or sorted(window) != sorted(expr.reduce):
             continue
         c, r, s = window
-        if plain_dim(image, -3) != c or len(image.shape) != len(out.shape):
+        if plain_dim(image, -3) != c:
             continue
         if any(not _pixel_index(image.index[d], p, q) for d, p, q in ((-2, pixels[0], r), (-1, pixels[1], s))):
             continue
