@@ -38,8 +38,8 @@ from math import prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.group_view import group_view
 from workbench.ops.pixel_gemm import pixel_gemm
-from workbench.ops.window_gemm import window_gemm
 from workbench.ops.tensor_expr import REDUCE, SPATIAL, Axis, TensorAccess, TensorExpr, read_through_window, sum_of_products
+from workbench.ops.window_gemm import window_gemm
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ def _view(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...], imag
         coeffs = tuple((tuple(c[a] for a in keep), const) for c, const in index)
         return replace(t, shape=tuple(shape), index=coeffs)
 
-    return replace(expr, axes=axes, tensors=tuple(tensor(t) for t in expr.tensors), gathered=() if gathered is None else (gathered,))
+    return replace(expr, axes=axes, tensors=tuple(tensor(t) for t in expr.tensors),
+                   gathered=() if gathered is None else (gathered,))
 
 
 def _pointwise(expr: TensorExpr):

@@ -13,10 +13,10 @@ pixels as the output row, in whole vectors (`window_gemm` says when the view is 
 
 The rewrite is TensorIR's, as `ops.pixel_gemm`'s: `reindex` copies what the main block reads of
 the image into a buffer over its own iterators, the zero border's producer is inlined into that
-copy, the copy is laid out (n, c, r, s, h, w) with (c, r, s) and (h, w) flattened, the kernel's
-(c, r, s) flattened alike, and the main block's iterators merged to (n, f, p, k); epilogues a
-model fused in follow the output's pixels (`pixel_gemm.flatten_pixels`). The caller still
-passes (N, C, H, W), (F, C, KH, KW) and (N, F, OH, OW) buffers (`pixel_gemm.with_call_shapes`).
+copy, the copy is laid out (n, c*KH*KW + r*KW + s, h*OW + w) and walks (n, h, c, r, s, w), the
+kernel's (c, r, s) flattened alike, and the main block's iterators merged to (n, f, p, k);
+epilogues a model fused in follow the output's pixels (`pixel_gemm.flatten_pixels`). The caller
+still passes (N, C, H, W), (F, C, KH, KW) and (N, F, OH, OW) buffers (`with_call_shapes`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _windowed(expr: TensorExpr):
     if len(out.shape) < 3 or any(plain_axis(expr, out, d) is None for d in range(len(out.shape))):
         return None
     pixels = (plain_axis(expr, out, -2), plain_axis(expr, out, -1))
-    for image_at, (image, kernel) in enumerate((expr.inputs, expr.inputs[::-1])):
+    for image, kernel in (expr.inputs, expr.inputs[::-1]):
         if len(kernel.shape) < 4 or len(image.shape) != len(out.shape):
             continue
         window = tuple(plain_dim(kernel, d) for d in (-3, -2, -1))
@@ -138,7 +138,8 @@ def _view(expr: TensorExpr, pixels: tuple[int, int], window: tuple[int, int, int
     source, kernel, out = expr.inputs[image], expr.inputs[1 - image], expr.output
     col = replace(source, shape=source.shape[:-3] + (depth, height * width),
                   index=tuple(keep(source, len(source.shape) - 3) + [unit(n - 1), unit(at(h))]))
-    weights = replace(kernel, shape=kernel.shape[:-3] + (depth,), index=tuple(keep(kernel, len(kernel.shape) - 3) + [unit(n - 1)]))
+    weights = replace(kernel, shape=kernel.shape[:-3] + (depth,),
+                      index=tuple(keep(kernel, len(kernel.shape) - 3) + [unit(n - 1)]))
     output = replace(out, shape=out.shape[:-2] + (height * width,), index=tuple(keep(out, len(out.shape) - 2) + [unit(at(h))]))
     inputs = (col, weights) if image == 0 else (weights, col)
     return replace(expr, axes=axes, tensors=inputs + (output,), gathered=(source.name,))
@@ -173,13 +174,14 @@ def _rewrite(expr: TensorExpr, pixels: tuple[int, int], window: tuple[int, int, 
     # (its unit tiles run along the pixels), not a share of the taps of every pixel, which the
     # other core then reads from its cache (docs/evidence.md#window-gemm)
     order = batch + rows[:1] + taps + rows[1:]
-    sch.transform_block_layout(copy, IndexMap.from_func(lambda *i: tuple(i[k] for k in order), ndim=len(order), index_dtype=dtype))
+    permute = IndexMap.from_func(lambda *i: tuple(i[k] for k in order), ndim=len(order), index_dtype=dtype)
+    sch.transform_block_layout(copy, permute)
     flat = IndexMap.from_func(
         lambda *i: (*(i[k] for k in batch), (i[taps[0]] * kh + i[taps[1]]) * kw + i[taps[2]], i[rows[0]] * width + i[rows[1]]),
         ndim=len(order), index_dtype=dtype)
     sch.transform_layout(copy, ("write", 0), flat)
     reads = [str(region.source.name) for region in sch.get(main).reads]
-    kernel = next(i for i, n in enumerate(reads) if n != str(sch.get(copy).writes[0].source.name))
+    kernel = next(i for i, read in enumerate(reads) if read != str(sch.get(copy).writes[0].source.name))
     ndim = len(expr.inputs[1 - image].shape)
     sch.transform_layout(main, ("read", kernel), IndexMap.from_func(
         lambda *i: (*i[:-3], (i[-3] * kh + i[-2]) * kw + i[-1]), ndim=ndim, index_dtype=dtype))
