@@ -79,6 +79,22 @@ def test_a_dilated_window_is_gathered_alike():
     assert view is not None and view.tensors[0].shape == (1, 45, 13 * 11)
 
 
+@pytest.mark.parametrize("channels, filters, taken", [(6, 32, True), (12, 24, False)])
+def test_a_grouped_conv_is_viewed_per_group(channels, filters, taken):
+    """After `ops.group_view` the groups are a dimension of every tensor; a copied value serves
+    the filters of its group only (2 groups: 3 x 3 x 3 = 27 for 16 filters, taken; 3 groups: 36
+    for 8, more than two an output, not)."""
+    groups = 2 if taken else 3
+    params = {"N": 1, "C": channels, "H": 13, "W": 11, "F": filters, "KH": 3, "KW": 3, "stride": 1, "pad": 1,
+              "groups": groups}
+    e = Workload(op="group_conv2d", params=tuple(params.items())).build()
+    view = construction_expr(e, device("local-cpu"))
+    assert is_window_view(view) == taken
+    if taken:
+        assert [t.shape for t in view.tensors] == [(1, 2, 27, 143), (2, 16, 27), (1, 2, 16, 143)]
+        assert len(built_view_kernels(e)) == 3
+
+
 def test_the_view_is_the_cpus_and_the_gpu_keeps_its_implicit_gemm():
     e = _conv()
     assert construction_expr(e, device("local-cpu")).axes == window_gemm(e).axes

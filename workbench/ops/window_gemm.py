@@ -96,7 +96,8 @@ def _windowed(expr: TensorExpr):
         if expr.axes[r].extent * expr.axes[s].extent == 1:
             return None  # a pointwise conv: `pixel_gemm`
         depth = prod(expr.axes[a].extent for a in window)
-        filters = prod(expr.axes[a].extent for a in expr.spatial if kernel.uses_axis(a))
+        # the outputs that share a copied value: the filters of its group (a group is the image's)
+        filters = prod(expr.axes[a].extent for a in expr.spatial if kernel.uses_axis(a) and not image.uses_axis(a))
         if depth > MAX_WINDOW_REDUCTION or depth > MAX_COPIES_PER_OUTPUT * filters:
             return None
         args = {a.name: a for a in expr.args}
