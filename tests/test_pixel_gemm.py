@@ -71,7 +71,7 @@ def test_the_gather_is_priced_as_a_copy_of_the_lines_it_reads_and_writes(dev):
     pricing = price(program, dev, program.expr.flops, 1.0)
     *_, gathering, _ = pricing.after  # the output lines two cores write come last (tests/test_model.py)
     assert gathering == gather_seconds(view, dev)
-    assert dict(pricing.moved)["gathering the strided pixels"] == moved
+    assert dict(pricing.moved)["gathering the image's pixels"] == moved
 
 
 def test_a_grouped_pointwise_conv_keeps_its_nest():

@@ -117,6 +117,7 @@ def test_the_gather_is_priced_as_a_copy_of_the_rows_it_reads_and_writes(dev):
     """2 images x 5 channels x 3 x 3 taps x 13 rows of the 13 x 11 output: each tap reads a row
     of the image (11 pixels, 44 B) and writes one of the copy; at a panel copy's 16 B a cycle on
     every core."""
+    from workbench.rtile.model import estimate
     from workbench.rtile.model.cpu import PACK_BYTES_PER_CYCLE, core_ghz, gather_seconds
 
     view = window_gemm(_conv(n=2))
@@ -124,6 +125,8 @@ def test_the_gather_is_priced_as_a_copy_of_the_rows_it_reads_and_writes(dev):
     moved = rows * 11 * 4 + 2 * 45 * 13 * 11 * 4
     assert gather_seconds(view, dev) == pytest.approx(
         moved / (PACK_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9))
+    program = construct(view, dev, options=Options(topk=1)).candidates[0].program
+    assert dict(estimate(program, dev).bytes_per_layer)["gathering the image's pixels"] == moved
 
 
 @pytest.mark.parametrize("params", [{}, {"n": 2, "pad": 0}, {"dilation": 2, "pad": 2}, {"c": 3, "f": 29, "h": 17, "w": 7}])

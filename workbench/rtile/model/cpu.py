@@ -69,7 +69,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     gathered = gathered_bytes(program.expr, device)
     gathering = _gather_time(device, gathered)
     if gathered:
-        moved["gathering the strided pixels"], loads["gathering the strided pixels"] = gathered, gathering
+        moved["gathering the image's pixels"], loads["gathering the image's pixels"] = gathered, gathering
     shared = shared_output_lines(program, device)
     sharing = shared * SHARED_LINE_CYCLES / (clock_ghz(program, device) * GB) if shared else 0.0
     if shared:
