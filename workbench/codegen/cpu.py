@@ -361,10 +361,12 @@ def _transpose_in_blocks(sch, writeback, dim: int, ndim: int, lanes: int) -> Non
     `lanes` rows of the output, both in L1. The write-back's default order (filters outside
     the pixels) reads the buffer a float per line, a line per pixel, once per filter: 16 times
     the buffer's lines from L2 for a buffer L1 does not hold. Where the row is a whole number of
-    `TRANSPOSE_WIDTHS` pieces, each piece of the row is one vector store for every filter of the
-    block (the filters' loop unrolled inside the pieces' loop), rather than a store per element.
-
-    (Evidence: docs/evidence.md#cpu-transpose-in-blocks.)"""
+    `TRANSPOSE_WIDTHS` pieces, each filter's row is stored a piece a vector, rather than a store
+    per element. A filter's row is written whole before the next filter's: the output's filter
+    planes lie a plane apart, and where that stride is a multiple of the L1's way (224 x 224
+    pixels, 49 pages), the block's rows fall in one set; written piece by piece across the
+    block's filters, each line left before it was whole was evicted and fetched again (VGG-16's
+    conv1_1 2x slower). (Evidence: docs/evidence.md#cpu-transpose-in-blocks.)"""
     from tvm.tirx import IntImm
 
     if dim == ndim - 1:
@@ -377,9 +379,7 @@ def _transpose_in_blocks(sch, writeback, dim: int, ndim: int, lanes: int) -> Non
     row = extent.value if isinstance(extent, IntImm) else 0
     width = next((w for w in TRANSPOSE_WIDTHS if row > w and row % w == 0), None)
     if width is not None:
-        pixels, piece = common.primitive("split the write-back's row", sch.split, rest[-1], [None, width])
-        common.primitive("reorder the write-back's block", sch.reorder, pixels, inner, piece)
-        common.primitive("unroll the write-back's filters", sch.unroll, inner)
+        _, piece = common.primitive("split the write-back's row", sch.split, rest[-1], [None, width])
         common.primitive("vectorise the write-back's row", sch.vectorize, piece)
 
 
