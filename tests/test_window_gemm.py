@@ -7,11 +7,13 @@ from test_alignment import AVX2, AVX512
 
 from tests.helpers import built_view_kernels, device
 from workbench.construct.space import Options
-from workbench.construct.stepper import Stepper, construct
-from workbench.ops.gemm_view import construction_expr
+from workbench.construct.stepper import Stepper, ViewChoice, construct, construction_view
+from workbench.ops.gemm_view import construction_expr, window_alternative
 from workbench.ops.pixel_gemm import pixel_gemm
 from workbench.ops.tensor_expr import from_prim_func
-from workbench.ops.window_gemm import MAX_COPIES_PER_OUTPUT, MAX_WINDOW_REDUCTION, is_window_view, window_gemm
+from workbench.ops.window_gemm import (
+    MAX_COPIES_PER_OUTPUT, MAX_PRICED_REDUCTION, MAX_WINDOW_REDUCTION, is_window_view, window_gemm,
+)
 from workbench.rtile.panels import gathered_inputs, padded_inputs
 from workbench.rtile.plan import PANELS, cpu_plan
 from workbench.workload import Workload
@@ -72,6 +74,63 @@ def test_the_limits_are_the_documented_ones():
     assert window_gemm(_conv(c=7, f=31)) is None  # 63 > 2 x 31
     assert window_gemm(_conv(c=4, k=4, pad=1, f=32)) is not None  # 64
     assert window_gemm(_conv(c=5, k=4, pad=1, f=40)) is None  # 80
+
+
+@pytest.mark.parametrize("params, priced", [
+    ({"c": 8}, True),  # 72 per output
+    ({"f": 22}, True),  # 45 copied values for 22 filters
+    ({"c": 56, "f": 8}, True),  # 504, seven an output
+    ({"c": 57}, False),  # 513: above MAX_PRICED_REDUCTION
+    ({"c": 8, "stride": 2}, False),  # a strided copy
+    ({}, False),  # within the limits: the view, taken outright
+    ({"k": 1, "pad": 0}, False),  # a pointwise conv: ops.pixel_gemm's
+])
+def test_beyond_the_limits_the_view_is_priced_against_the_nest_up_to_512(params, priced):
+    """`window_gemm(priced=True)`: the view of a stride-1 conv the limits leave to its nest, up to
+    MAX_PRICED_REDUCTION multiply-adds per output; `window_alternative` offers it on a CPU only."""
+    assert MAX_PRICED_REDUCTION == 512
+    e = _conv(**params)
+    view = window_gemm(e, priced=True)
+    assert (view is not None) == priced
+    if priced:
+        assert window_gemm(e) is None and is_window_view(view)
+        assert window_alternative(e, device("local-cpu")).axes == view.axes
+        assert window_alternative(e, device("v100")) is None
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("params", [{"c": 11, "f": 40, "h": 29, "w": 31}, {"c": 8, "f": 7, "h": 41, "w": 23}],
+                         ids=["99-per-output", "72-for-7-filters"])
+def test_the_construction_tiles_whichever_of_nest_and_view_rank_1_is_priced_faster(dev, params):
+    """Both prices are Roller's rank 1 over each expression; the one tiled is the faster, the
+    choice the same on a second call, and a construction says it in its first step."""
+    e = _conv(**params)
+    nest, view = construction_expr(e, dev), window_gemm(e, priced=True)
+    prices = [Stepper(e, dev, options=Options(topk=1), view=ViewChoice(x)).finish().candidates[0].predicted_seconds
+              for x in (nest, view)]
+    choice = construction_view(e, dev)
+    assert (choice.nest_seconds, choice.view_seconds) == tuple(prices)
+    assert choice.expr == (view if prices[1] < prices[0] else nest)
+    assert construction_view(e, dev) == choice
+    c = construct(e, dev, options=Options(topk=2))
+    assert c.view == choice and is_window_view(c.expr) == (prices[1] < prices[0])
+    if is_window_view(c.expr):
+        assert "priced as the GEMM over its gathered windows" in next(Stepper(e, dev)._generate()).note
+
+
+def test_a_priced_view_builds_and_matches_numpy():
+    """A conv beyond the limits (11 x 3 x 3 = 99 per output) as the view, whatever the local
+    CPU's model chooses: its top 2 built and verified."""
+    from workbench.codegen.build import build_kernel
+    from workbench.codegen.verify import verify
+
+    e = _conv(c=11, f=40, h=29, w=31)
+    dev = device("local-cpu")
+    view = ViewChoice(window_gemm(e, priced=True))
+    for cand in Stepper(e, dev, options=Options(topk=2), view=view).finish().candidates:
+        kernel = build_kernel(cand.program.expr, cand.program, dev)
+        assert kernel.ok, kernel.error
+        assert verify(kernel, cand.program.expr).correct
 
 
 def test_a_dilated_window_is_gathered_alike():

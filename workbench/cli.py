@@ -426,8 +426,9 @@ def _construct(args, workload):
 
 
 def construction_dict(c, workload) -> dict:
-    """The JSON document of `workbench construct` (CLI.md)."""
-    return {
+    """The JSON document of `workbench construct` (CLI.md; `view` where a conv's window view was
+    priced against its nest, docs/cli.md)."""
+    doc = {
         "workload": {"label": workload.describe(), **c.expr.workload_dict()},
         "device": c.device.name,
         "policy": c.policy,
@@ -435,6 +436,9 @@ def construction_dict(c, workload) -> dict:
         "candidates": [cand.to_dict() for cand in c.candidates],
         "graph": c.graph.counts(),
     }
+    if c.view is not None and c.view.priced:
+        doc["view"] = c.view.to_dict()
+    return doc
 
 
 def cmd_construct(args) -> int:
@@ -453,6 +457,8 @@ def cmd_construct(args) -> int:
         lines.append("     " + _compute_source(cand.estimate))
     if c.candidates:
         lines.append(_model_parts(c.candidates[0].estimate))
+    if c.view is not None and c.view.priced:
+        lines.append(f"view: {c.view.text()}")
     doc = construction_dict(c, workload)
     versus = pipeline.markov_versus_roller(req, c)
     if versus is not None:  # a Markov pick says where Roller's is predicted faster, and why

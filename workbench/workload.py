@@ -280,7 +280,7 @@ def stored_program(workload: dict, program: dict, spec):
 
 @lru_cache(maxsize=64)
 def _construction_expr(workload_json: str, spec) -> TensorExpr:
+    from workbench.construct.stepper import construction_view
     from workbench.ops.fusion import fuse_axes
-    from workbench.ops.gemm_view import construction_expr
 
-    return fuse_axes(construction_expr(Workload.from_dict(json.loads(workload_json)).build(), spec))
+    return fuse_axes(construction_view(Workload.from_dict(json.loads(workload_json)).build(), spec).expr)

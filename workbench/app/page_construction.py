@@ -160,6 +160,8 @@ def page() -> None:
         return
     st.caption(selection().describe())
     _versus_roller()
+    if s.view.priced:  # a conv priced as its nest and as the GEMM over its gathered windows
+        st.info(f"View: {s.view.text()}.")
     _controls(s)
     _step_text(s)
     graph, figure = views.graph_view(selection(), s.position, s)

@@ -24,22 +24,53 @@ from workbench.construct.step import Candidate, Step
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
-from workbench.ops.gemm_view import construction_expr
+from workbench.ops.gemm_view import construction_expr, window_alternative
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.window_gemm import is_window_view
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import gathered_inputs
 
-__all__ = ["POLICIES", "Construction", "Stepper", "construct"]
+__all__ = ["POLICIES", "Construction", "Stepper", "ViewChoice", "construct", "construction_view"]
+
+
+@dataclass(frozen=True)
+class ViewChoice:
+    """What a construction tiles (`expr`: `ops.gemm_view.construction_expr`'s choice) and, where
+    a conv's window view is priced against its nest (`ops.gemm_view.window_alternative`), the
+    predicted time of Roller's rank 1 over each; 0 where nothing was priced."""
+
+    expr: TensorExpr
+    nest_seconds: float = 0.0
+    view_seconds: float = 0.0
+
+    @property
+    def priced(self) -> bool:
+        return self.view_seconds > 0
+
+    def text(self) -> str:
+        """One line for the faces: which the model chose, at what prices; "" where nothing was priced."""
+        if not self.priced:
+            return ""
+        taken = "the GEMM over its gathered windows" if is_window_view(self.expr) else "its own loop nest"
+        return (f"priced as the GEMM over its gathered windows (im2col) {self.view_seconds * 1e6:.1f} us and in its own "
+                f"loop nest {self.nest_seconds * 1e6:.1f} us (Roller's rank 1 of each): constructed as {taken}")
+
+    def to_dict(self) -> dict:
+        return {"window_view": is_window_view(self.expr), "nest_seconds": self.nest_seconds,
+                "view_seconds": self.view_seconds}
 
 
 class Stepper:
     """Construction of one workload on one device by one policy, steppable both ways."""
 
-    def __init__(self, expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options()):
+    def __init__(self, expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options(),
+                 view: ViewChoice | None = None):
         cls = policy_class(policy)
         self.original = expr
-        viewed = construction_expr(expr, device)
+        start = time.perf_counter()
+        self.view = construction_view(expr, device) if view is None else view
+        chose = time.perf_counter() - start  # pricing a conv's two views is part of its construction
+        viewed = self.view.expr
         self.viewed = viewed is not expr  # a conv seen as a GEMM (ops.gemm_view, ops.pixel_gemm)
         self.space = Space(fuse_axes(viewed), device)
         self.options = options
@@ -49,7 +80,7 @@ class Stepper:
         self.position = 0
         self._source: Iterator[Step] = self._generate()
         self._exhausted = False
-        self._seconds = 0.0  # time spent generating steps: the construction's own time
+        self._seconds = chose  # choosing the view and generating the steps: the construction's own time
 
     def _generate(self) -> Iterator[Step]:
         if self.space.expr.axes != self.original.axes:
@@ -62,6 +93,8 @@ class Stepper:
                 why = "conv as implicit GEMM M x N x K, ops.gemm_view"
             elif self.viewed and is_window_view(self.space.expr):
                 why = "a conv of few channels as the GEMM over its pixels of its gathered windows (im2col), ops.window_gemm"
+                if self.view.priced:
+                    why = f"a conv as the GEMM over its pixels of its gathered windows, ops.window_gemm, {self.view.text()}"
             elif self.viewed and gathered_inputs(self.space.expr):
                 why = "a strided 1x1 conv as the GEMM over its gathered pixels, ops.pixel_gemm"
             elif self.viewed:
@@ -136,7 +169,7 @@ class Stepper:
                 pass
         return Construction(self.space.expr, self.space.device, self.policy_name, self.options,
                             tuple(_ranked(self.steps, self.options.topk)), _graph(self.space, self.steps),
-                            len(self.steps), self._seconds)
+                            len(self.steps), self._seconds, self.view)
 
     def graph(self) -> ConstructionGraph:
         """The construction graph of the steps up to the cursor."""
@@ -188,7 +221,8 @@ class Construction:
     candidates: tuple[Candidate, ...]
     graph: ConstructionGraph
     steps: int
-    seconds: float  # generating the steps, nothing else
+    seconds: float  # choosing the view (`construction_view`) and generating the steps, nothing else
+    view: ViewChoice | None = None  # what was tiled, and the prices it was chosen by
 
     @property
     def peak_gflops(self) -> float:
@@ -205,3 +239,36 @@ class Construction:
 def construct(expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options()) -> Construction:
     """Run a policy to the end; `seconds` is measured around the construction alone."""
     return Stepper(expr, device, policy, options).finish()
+
+
+def construction_view(expr: TensorExpr, device: DeviceSpec) -> ViewChoice:
+    """What a construction of `expr` on `device` tiles: `ops.gemm_view.construction_expr`'s
+    choice, except where a conv has a window view to price against its nest
+    (`ops.gemm_view.window_alternative`): then whichever of the two Roller's rank 1 (default
+    options) is predicted faster over, both prices kept. A function of (expr, device) alone, so
+    that an export or a stored run re-derives the same axes; remembered (`MAX_CHOSEN`), as the
+    pricing costs two constructions."""
+    key = (expr, device)
+    if key in _CHOSEN:
+        return _CHOSEN[key]
+    viewed = construction_expr(expr, device)
+    alternative = window_alternative(expr, device)
+    choice = ViewChoice(viewed)
+    if alternative is not None:
+        nest, view = (_rank1_seconds(expr, device, e) for e in (viewed, alternative))
+        choice = ViewChoice(alternative if view < nest else viewed, nest, view)
+    _CHOSEN[key] = choice
+    while len(_CHOSEN) > MAX_CHOSEN:
+        del _CHOSEN[next(iter(_CHOSEN))]
+    return choice
+
+
+# The choices `construction_view` priced, by (expression, device), oldest first.
+_CHOSEN: dict[tuple, ViewChoice] = {}
+MAX_CHOSEN = 256
+
+
+def _rank1_seconds(expr: TensorExpr, device: DeviceSpec, tiled: TensorExpr) -> float:
+    """The predicted time of Roller's rank 1 constructing `tiled` (a view of `expr`)."""
+    found = Stepper(expr, device, options=Options(topk=1), view=ViewChoice(tiled)).finish().candidates
+    return found[0].predicted_seconds if found else float("inf")

@@ -109,8 +109,9 @@ def gemm_view(expr: TensorExpr) -> GemmView | None:
 def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     """What the construction tiles: a conv's GEMM view on a device that launches thread blocks
     (CUDA); on a CPU, a grouped conv with its groups a dimension of every tensor
-    (`ops.group_view`) and a pointwise conv's GEMM over its pixels (`ops.pixel_gemm`), the
-    expression itself everywhere else. A dtype the
+    (`ops.group_view`), a pointwise conv's GEMM over its pixels (`ops.pixel_gemm`) and a conv of
+    few channels the GEMM over its gathered windows (`ops.window_gemm`), the expression itself
+    everywhere else (`window_alternative` names what the construction prices against it). A dtype the
     device has tensor cores for keeps the direct nest: the view would be modelled as an MMA
     contraction (`rtile.axes.mma_axes`) while the WMMA template declines fused axes and
     `codegen.cuda_conv` runs on the CUDA cores, so the model would price the wrong units."""
@@ -127,6 +128,16 @@ def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
         while len(_MADE) > MAX_MADE:
             del _MADE[next(iter(_MADE))]
     return view.expr
+
+
+def window_alternative(expr: TensorExpr, device: DeviceSpec) -> TensorExpr | None:
+    """On a CPU, the window view of a conv whose nest `construction_expr` keeps but which is
+    within the limits where the view is priced against it (`window_gemm(priced=True)`); the
+    construction takes whichever the model prices faster (`construct.stepper.construction_view`).
+    None elsewhere."""
+    if device.launches_thread_blocks:
+        return None
+    return window_gemm(group_view(expr) or expr, priced=True)
 
 
 def view_of(expr: TensorExpr) -> GemmView | None:

@@ -38,6 +38,14 @@ from workbench.ops.tensor_expr import REDUCE, Axis, TensorAccess, TensorExpr, re
 #   against 0.03-0.08 at stride 1), and three of four strided convs ran slower as the view.
 MAX_WINDOW_REDUCTION = 64
 MAX_COPIES_PER_OUTPUT = 2
+# Beyond those limits, up to MAX_PRICED_REDUCTION FMAs per output, the view is the alternative
+# the construction prices against the nest (`window_gemm(priced=True)`,
+# `construct.stepper.construction_view`): of 24 stride-1 convs drawn with 99-441 per output, the
+# view ran 1.01-1.80x faster than the nest in 16, and the model chose the faster in 16, the
+# others 1-15 % slower (1.11x over the nest in geomean, of 1.13x possible); of 8 drawn with
+# 522-2375, the view was at most 3 % faster and the model chose the slower in 4 (by 1-15 %;
+# docs/evidence.md#window-gemm).
+MAX_PRICED_REDUCTION = 512
 
 # The view's reduce axis, the window's (c, r, s) flattened: what tells it from a pointwise
 # conv's view, whose reduction stays the channel `c` (the stepper's note, the export's)
@@ -49,13 +57,15 @@ def is_window_view(expr: TensorExpr) -> bool:
     return len(expr.reduce) == 1 and expr.axes[expr.reduce[0]].name == WINDOW_AXIS and bool(expr.gathered)
 
 
-def window_gemm(expr: TensorExpr) -> TensorExpr | None:
+def window_gemm(expr: TensorExpr, priced: bool = False) -> TensorExpr | None:
     """The im2col view of `expr` (module docstring), None where `expr` is no conv with a window
     at stride 1 of at most MAX_WINDOW_REDUCTION multiply-adds per output and at most
     MAX_COPIES_PER_OUTPUT copied values per output (a pointwise conv is `pixel_gemm`'s), or
-    TVM cannot re-lay out one of its blocks. Pure, as `pixel_gemm` is:
-    the view carries the rewritten function where `expr` has one."""
-    found = _windowed(expr)
+    TVM cannot re-lay out one of its blocks. `priced`: the view to price against the nest
+    instead, of a conv beyond those limits but within MAX_PRICED_REDUCTION multiply-adds per
+    output (None for one the limits take). Pure, as `pixel_gemm` is: the view carries the
+    rewritten function where `expr` has one."""
+    found = _windowed(expr, priced)
     if found is None:
         return None
     view = _view(expr, *found)
@@ -67,13 +77,14 @@ def window_gemm(expr: TensorExpr) -> TensorExpr | None:
         return None
 
 
-def _windowed(expr: TensorExpr):
+def _windowed(expr: TensorExpr, priced: bool = False):
     """(the output's pixel axes (h, w), the window's reduce axes (c, r, s) in the kernel's
     order, the image's position among the inputs) where `expr` sums products of an image read
     through a window and a kernel whose last three dimensions are (c, r, s), each plain, the
     image's channel plain and its pixels the output's at stride 1 plus the window's at a
     dilation, every other dimension of both a plain spatial axis, the window and the filters
-    within MAX_WINDOW_REDUCTION and MAX_COPIES_PER_OUTPUT; else None."""
+    within MAX_WINDOW_REDUCTION and MAX_COPIES_PER_OUTPUT (`priced`: beyond them, within
+    MAX_PRICED_REDUCTION); else None."""
     if len(expr.inputs) != 2 or len(expr.reduce) != 3 or any(a.fused_from for a in expr.axes):
         return None
     out = expr.output
@@ -98,7 +109,8 @@ def _windowed(expr: TensorExpr):
         depth = prod(expr.axes[a].extent for a in window)
         # the outputs that share a copied value: the filters of its group (a group is the image's)
         filters = prod(expr.axes[a].extent for a in expr.spatial if kernel.uses_axis(a) and not image.uses_axis(a))
-        if depth > MAX_WINDOW_REDUCTION or depth > MAX_COPIES_PER_OUTPUT * filters:
+        ruled = depth <= MAX_WINDOW_REDUCTION and depth <= MAX_COPIES_PER_OUTPUT * filters
+        if ruled == priced or depth > MAX_PRICED_REDUCTION:
             return None
         args = {a.name: a for a in expr.args}
         if kernel.name in args and prod(args[kernel.name].shape) != prod(kernel.shape):
