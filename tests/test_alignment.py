@@ -454,6 +454,18 @@ def test_the_accumulator_fill_does_not_grow_a_batch(dev):
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_accumulator_fill_does_not_grow_the_images_of_a_pixel_gemm(dev):
+    """A batched pointwise conv's GEMM over its pixels (axes n, f, p, c, the pixels the lanes):
+    the images index the only input the lanes run along, so each image's accumulators load a row
+    of pixels of their own, as a batch's do (`_accumulator_axes`); the start tile keeps one
+    image and grows the filters, which share each row of pixels."""
+    conv = fuse_axes(construction_expr(expr("conv2d", N=4, C=11, H=19, W=137, F=336, KH=1, KW=1, stride=2, pad=0), dev))
+    assert [a.name for a in conv.axes] == ["n", "f", "p", "c"]
+    tile = initial_tile(AlignContext(conv, dev, 0, (1,) * 4, 0.05))
+    assert tile[0] == 1 and tile[1] > 1 and accumulators(conv, dev, tile) >= dev.fma_accumulators
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_a_quarter_to_half_a_vector_of_filters_is_padded_where_the_row_cannot_take_the_lanes(dev):
     """Filters from a quarter of a vector to half of one (2 to 4 on AVX2, 4 to 8 on AVX-512) are
     the lane axis, one whole vector padded with zero filters, where the output row cannot run

@@ -164,13 +164,25 @@ def _within_budget(expr: TensorExpr, device: DeviceSpec, tile: Tile, budget: int
 
 def _accumulator_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
     """The axes whose growth adds accumulators: the spatial ones, and a reduce `lane_axis`;
-    less a spatial axis that indexes every input (a batch) where another remains, since each
-    accumulator it adds brings loads of its own, as many as its FMAs (bmm-attn's fill went to 12
-    batches x 16 columns: 24 loads per 12 FMAs)."""
+    less a spatial axis that indexes every input the lanes run along, each outside a window (a
+    batch, which indexes every input; a batched pixel GEMM's images), where another remains:
+    each accumulator it adds brings vector loads of its own, as many as its FMAs (bmm-attn's fill
+    went to 12 batches x 16 columns: 24 loads per 12 FMAs; a strided pointwise conv's 4 images x
+    2 filters x 32 pixels ran 72 us where 1 x 14 x 32 ran 58, both predicted, only the first
+    constructed). A depthwise conv's rows index its image through the window (h + r): the rows
+    of neighbouring outputs overlap, so they stay."""
     lane = lane_axis(expr, device)
-    grown = tuple(a for a in expr.spatial if a == lane or not all(t.uses_axis(a) for t in expr.inputs))
+    streamed = [t for t in expr.inputs if lane is not None and t.uses_axis(lane)] or list(expr.inputs)
+    grown = tuple(a for a in expr.spatial if a == lane or not all(_own_rows(expr, t, a) for t in streamed))
     grown = grown or tuple(expr.spatial)
     return grown + ((lane,) if lane is not None and lane not in expr.spatial else ())
+
+
+def _own_rows(expr: TensorExpr, tensor, axis: int) -> bool:
+    """Whether `tensor` reads different elements for every index of `axis`: it uses the axis, and
+    in no dimension together with a reduce axis (a window's h + r reads the next row's data)."""
+    dims = [coeffs for coeffs, _ in tensor.index if coeffs[axis]]
+    return bool(dims) and not any(c and expr.axes[a].kind == "reduce" for coeffs in dims for a, c in enumerate(coeffs))
 
 
 def is_aligned(ctx: AlignContext, tile: Tile, rules=RULES) -> bool:
