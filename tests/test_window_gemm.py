@@ -50,7 +50,9 @@ def test_a_few_channel_conv_is_the_gemm_over_its_gathered_windows(n, pad):
     ({"f": 22}, "45 copied values for 22 filters: more than two an output"),
     ({"k": 1, "pad": 0}, "a pointwise conv: ops.pixel_gemm's"),
 ])
-def test_other_convs_keep_their_nest(params, why):
+def test_the_rule_takes_no_other_conv(params, why):
+    """Outside the limits the view is not taken outright (beyond them, up to 512 per output, it
+    is priced against the nest: below)."""
     assert window_gemm(_conv(**params)) is None, why
 
 
@@ -112,6 +114,13 @@ def test_the_construction_tiles_whichever_of_nest_and_view_rank_1_is_priced_fast
     assert (choice.nest_seconds, choice.view_seconds) == tuple(prices)
     assert choice.expr == (view if prices[1] < prices[0] else nest)
     assert construction_view(e, dev) == choice
+    # remembered by value: an equal expression gets the same choice, and a kept nest is its own
+    # object (the stepper tells a view by identity)
+    from dataclasses import replace
+
+    copy = replace(e)
+    again = construction_view(copy, dev)
+    assert again == choice and (again.expr is copy) == (prices[1] >= prices[0])
     c = construct(e, dev, options=Options(topk=2))
     assert c.view == choice and is_window_view(c.expr) == (prices[1] < prices[0])
     if is_window_view(c.expr):

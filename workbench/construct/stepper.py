@@ -246,26 +246,27 @@ def construction_view(expr: TensorExpr, device: DeviceSpec) -> ViewChoice:
     choice, except where a conv has a window view to price against its nest
     (`ops.gemm_view.window_alternative`): then whichever of the two Roller's rank 1 (default
     options) is predicted faster over, both prices kept. A function of (expr, device) alone, so
-    that an export or a stored run re-derives the same axes; remembered (`MAX_CHOSEN`), as the
-    pricing costs two constructions."""
-    key = (expr, device)
-    if key in _CHOSEN:
-        return _CHOSEN[key]
+    that an export or a stored run re-derives the same axes; the pricing is remembered
+    (`MAX_PRICED`), as it costs two constructions, the expression kept as the caller's where the
+    nest stays (`Stepper.viewed` tells a view by identity)."""
     viewed = construction_expr(expr, device)
-    alternative = window_alternative(expr, device)
-    choice = ViewChoice(viewed)
-    if alternative is not None:
+    key = (expr, device)
+    if key not in _PRICED:
+        alternative = window_alternative(expr, device)
+        if alternative is None:
+            return ViewChoice(viewed)
         nest, view = (_rank1_seconds(expr, device, e) for e in (viewed, alternative))
-        choice = ViewChoice(alternative if view < nest else viewed, nest, view)
-    _CHOSEN[key] = choice
-    while len(_CHOSEN) > MAX_CHOSEN:
-        del _CHOSEN[next(iter(_CHOSEN))]
-    return choice
+        _PRICED[key] = (alternative if view < nest else None, nest, view)
+        while len(_PRICED) > MAX_PRICED:
+            del _PRICED[next(iter(_PRICED))]
+    taken, nest, view = _PRICED[key]
+    return ViewChoice(viewed if taken is None else taken, nest, view)
 
 
-# The choices `construction_view` priced, by (expression, device), oldest first.
-_CHOSEN: dict[tuple, ViewChoice] = {}
-MAX_CHOSEN = 256
+# The prices `construction_view` found, by (expression, device), oldest first: the view taken
+# (None where the nest stays), the nest's and the view's rank 1 seconds.
+_PRICED: dict[tuple, tuple] = {}
+MAX_PRICED = 256
 
 
 def _rank1_seconds(expr: TensorExpr, device: DeviceSpec, tiled: TensorExpr) -> float:
