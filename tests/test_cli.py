@@ -401,6 +401,8 @@ def test_bench_kernels_measures_baselines_in_the_same_run(capsys, tmp_path):
     assert doc["speed_ratio_geomean"]["numpy"] > 0
     assert row["policies"]["markov"]["best_seconds"] > 0
     assert doc["policy_speed_ratio_geomean"]["markov/roller"] > 0
+    assert row["best_rank"] in row["within_noise_of_best"]  # the best is within noise of itself
+    assert doc["model"]["best_in_top3_within_noise"] == 1.0  # two kernels: the best is in the top 3
 
 
 def test_bench_kernels_goes_on_past_a_workload_without_candidates(capsys, tmp_path, monkeypatch):

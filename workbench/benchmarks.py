@@ -30,7 +30,9 @@ class KernelBench:
     """One workload's row: the workbench's best-of-top-K per policy and each baseline, same run.
     The first policy is the row's main result; the others are measured right after it.
     `rank1_seconds` is the first policy's predicted-best kernel's time (None when it failed);
-    `error` says why the first policy has nothing to time (a construction without candidates)."""
+    `error` says why the first policy has nothing to time (a construction without candidates).
+    `tied`: the first policy's ranks its repeats cannot tell apart from its measured best, the
+    best included (`ProfileResult.within_noise_of_best`)."""
 
     id: str
     policy: str
@@ -46,6 +48,7 @@ class KernelBench:
     rank1_seconds: float | None = None
     workload: tuple[tuple[str, object], ...] = ()  # the workload as `TensorExpr.workload_dict()` has it
     error: str = ""
+    tied: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         base = {name: r["seconds"] for name, r in self.baselines}
@@ -61,6 +64,7 @@ class KernelBench:
             "rank1_seconds": self.rank1_seconds,
             "error": self.error,
             "spearman": self.spearman,
+            "within_noise_of_best": list(self.tied),
             "baselines": base,
             "speed_ratio": {name: _ratio(t, self.best_seconds) for name, t in base.items()},
             "rank1_speed_ratio": {name: _ratio(t, self.rank1_seconds) for name, t in base.items()},
@@ -123,7 +127,22 @@ def bench_workload(
         rank1_seconds=rank1.best_seconds if rank1 else None,
         workload=tuple(built.expr.workload_dict().items()),
         error="" if result else NO_CANDIDATES,
+        tied=result.within_noise_of_best if result else (),
     )
+
+
+# The top K the noise-aware count reads (`tied_share`): the acceptance's "best in the predicted top 3".
+TIED_TOP = 3
+
+
+def tied_share(rows: Sequence[KernelBench], k: int = TIED_TOP) -> float | None:
+    """The share of the measured workloads whose predicted top `k` holds the measured best or a
+    kernel its repeats cannot tell apart from it (`KernelBench.tied`): the model's misses that are
+    a measured difference, not a tie the repeats leave open. None when none was measured."""
+    measured = [r for r in rows if r.best_rank is not None]
+    if not measured:
+        return None
+    return sum(min(r.tied or (r.best_rank,)) <= k for r in measured) / len(measured)
 
 
 def _ratio(reference: float | None, ours: float | None) -> float | None:
@@ -181,7 +200,7 @@ def bench_suite(
         "speed_ratio_geomean": ratios,
         "rank1_speed_ratio_geomean": rank1,
         "policy_speed_ratio_geomean": versus,
-        "model": aggregate([r.comparison for r in rows]).to_dict(),
+        "model": aggregate([r.comparison for r in rows]).to_dict() | {f"best_in_top{TIED_TOP}_within_noise": tied_share(rows)},
         "bench_seconds": seconds,
         "workbench_seconds": seconds - sum(r.baseline_seconds for r in rows),
         "construct_profile_seconds": sum(r.construct_seconds + r.profile_seconds for r in rows),

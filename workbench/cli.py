@@ -632,9 +632,26 @@ def cmd_bench_kernels(args) -> int:
                      f"{n} {_ratio_text(v)} best of top {args.topk}, {_ratio_text(data['rank1_speed_ratio_geomean'][n])} "
                      f"rank 1" for n, v in data["speed_ratio_geomean"].items()))
     lines += [f"{r['id']}: {r['error']}" for r in data["results"] if r["error"]]
+    lines.append(_model_line(data))
     for pair, v in data["policy_speed_ratio_geomean"].items():
         lines.append(f"speed {pair} (geomean): {v:.2f}x" if v else f"speed {pair}: -")
     return _emit(args, data, "\n".join(lines))
+
+
+def _model_line(data: dict) -> str:
+    """The model's ranking over a `bench kernels` run: mean Spearman, and how often the measured best
+    is in the predicted top 3, strictly and with the kernels its repeats cannot tell from it."""
+    from workbench.benchmarks import TIED_TOP
+
+    timed = [r for r in data["results"] if r["best_rank"] is not None]
+    if not timed:
+        return "model: no workload measured"
+    model, k = data["model"], TIED_TOP
+    spearman = f"{model['spearman']:.2f}" if model["spearman"] is not None else "-"
+    strict = sum(r["best_rank"] <= k for r in timed)
+    tied = sum(min(r["within_noise_of_best"] or [r["best_rank"]]) <= k for r in timed)
+    return (f"model: mean Spearman {spearman}; measured best in the predicted top {k} for {strict} of {len(timed)} "
+            f"workloads, {tied} of {len(timed)} counting the kernels within noise of it")
 
 
 def _ratio_text(value: float | None) -> str:
