@@ -17,7 +17,7 @@ from workbench.rtile.model import estimate
 from workbench.rtile.model.common import is_stream_bound
 from workbench.rtile.model.cpu import (
     core_ghz, edge_seconds, packed_bytes, packed_runs, stream_rounds, stream_runs,
-    stream_seconds, streamed_inputs,
+    stream_seconds, stream_tile, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
     EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces,
@@ -388,6 +388,26 @@ def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
     assert stream_seconds(short, dev, busy) == pytest.approx(9 * 32 * 64 / 2 * latency / (dev.compute_units * busy))
     assert estimate(long, dev).predicted_seconds < estimate(short, dev).predicted_seconds
     assert stream_runs(_ragged_k_matmul(), dev) == 0
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_l1_tiles_that_continue_each_others_rows_read_them_as_one_run(dev):
+    """1x4096x512 in unit tiles of 2048 columns x 8 rows of B: L1 tiles of 64 columns walk the
+    unit's columns over the same 8 rows (the loop that steps runs along B's contiguous axis, no
+    reduction step between two of them), so the rows run on from one tile into the next: 8 runs
+    a unit tile, 2 x 64 unit tiles, as the unit-wide L1 tile reads them (`stream_tile`). Where
+    the unit tile holds 64 rows, each L1 tile's 8 rows are followed by the next 8 rows of the
+    same columns, not by the next columns: a run a row of every L1 tile."""
+    e = plain_matmul(1, 4096, 512)
+    narrow = _program(e, [(1, 64, 8), (1, 64, 8), (1, 2048, 8)], dev)
+    wide = _program(e, [(1, 64, 8), (1, 2048, 8), (1, 2048, 8)], dev)
+    deep = _program(e, [(1, 64, 8), (1, 64, 8), (1, 2048, 64)], dev)
+    assert streamed_inputs(narrow, dev) == streamed_inputs(deep, dev) == (1,)
+    assert stream_tile(narrow, 1) == (1, 2048, 8) and stream_tile(deep, 1) == (1, 64, 8)
+    assert stream_runs(narrow, dev) == stream_runs(wide, dev) == 8 * 2 * 64
+    assert stream_rounds(narrow, dev) == stream_rounds(wide, dev) == 2 * 64  # a register tile reads the 8 together
+    assert stream_runs(deep, dev) == 8 * 64 * 64
+    assert stream_tile(narrow, 0) == (1, 64, 8)  # A's row runs along K, which the tiles do not step
 
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)

@@ -99,11 +99,38 @@ def streamed_inputs(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
 def stream_runs(program: RProgram, device: DeviceSpec) -> int:
     """Contiguous runs a CPU program starts in the bottom layer: those the `streamed_inputs` are
     read in (`tile_stream_runs` of the L1 tile, the first cache tile, which the micro-kernel
-    walks), and those the panel copies read their tiles in where the operator streams from DRAM
+    walks, or of the run of them that continues the same rows: `stream_tile`), and those the panel copies read their tiles in where the operator streams from DRAM
     (`packed_runs`)."""
     streamed = streamed_inputs(program, device)
-    runs = tile_stream_runs(calculus(program.expr), program.tiles[1], streamed) if streamed else 0
+    calc = calculus(program.expr)
+    runs = sum(tile_stream_runs(calc, stream_tile(program, t), (t,)) for t in streamed)
     return runs + packed_runs(program, device)
+
+
+def stream_tile(program: RProgram, t: int) -> tuple[int, ...]:
+    """The tile whose data tile of streamed input `t` a run spans: the first cache tile (the
+    micro-kernel's walk), or the run of its neighbours inside the tile above (`TileCalculus.sweep`)
+    where the next of them continues the same rows: the innermost loop that steps runs along the
+    input's contiguous dimension and no reduction step lies between two of them. A one-row
+    matmul's B in L1 tiles of 8 rows x 64 columns inside a core's 4,544 columns reads 8 rows of
+    4,544 floats, not a new run every 64 (1 x 7624 x 9042 over 8 x 64 and 16 x 144 tiles ran alike,
+    4.1-4.3 and 4.3-4.4 ms, where one latency a 64-column run priced the first at 10.4 ms; evidence:
+    docs/model-evidence.md#stream-runs)."""
+    tile = program.tiles[1]
+    if len(program.tiles) < 3:
+        return tile
+    calc = calculus(program.expr)
+    sweep = calc.sweep(tile, program.tiles[2])
+    if sweep is None or sweep[0] != tile:
+        return tile
+    step = next(a for a in range(len(tile)) if sweep[1][a] != tile[a])
+    return sweep[1] if _runs_along(program.expr, t, step) else tile
+
+
+def _runs_along(expr, t: int, axis: int) -> bool:
+    """Whether input `t` of `expr` is laid out along `axis`: its last (contiguous) dimension
+    indexed by that axis alone, at a unit coefficient."""
+    return expr.inputs[t].terms[-1] == ((axis, 1),)
 
 
 def packed_runs(program: RProgram, device: DeviceSpec) -> int:
@@ -150,13 +177,13 @@ def stream_rounds(program: RProgram, device: DeviceSpec) -> float:
     where one latency a run priced them at 150 against 104 us (docs/model-evidence.md#stream-runs)."""
     streamed = streamed_inputs(program, device)
     rounds = 0.0
-    if streamed:
-        calc = calculus(program.expr)
-        shapes, registers = calc.data_tiles(program.tiles[1]), calc.data_tiles(program.tiles[0])
-        for t in streamed:
-            run = _run_dim(shapes[t], calc.expr.inputs[t].shape)
-            rounds += prod(shapes[t][:run]) / max(1, prod(registers[t][:run]))
-        rounds *= calc.num_tiles(program.tiles[1])
+    calc = calculus(program.expr)
+    registers = calc.data_tiles(program.tiles[0])
+    for t in streamed:
+        tile = stream_tile(program, t)
+        shapes = calc.data_tiles(tile)
+        run = _run_dim(shapes[t], calc.expr.inputs[t].shape)
+        rounds += prod(shapes[t][:run]) / max(1, prod(registers[t][:run])) * calc.num_tiles(tile)
     return rounds + packed_runs(program, device)
 
 
