@@ -99,8 +99,8 @@ def streamed_inputs(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
 def stream_runs(program: RProgram, device: DeviceSpec) -> int:
     """Contiguous runs a CPU program starts in the bottom layer: those the `streamed_inputs` are
     read in (`tile_stream_runs` of the L1 tile, the first cache tile, which the micro-kernel
-    walks, or of the run of them that continues the same rows: `stream_tile`), and those the panel copies read their tiles in where the operator streams from DRAM
-    (`packed_runs`)."""
+    walks, or of the run of them that continues the same rows: `stream_tile`), and those the
+    panel copies read their tiles in where the operator streams from DRAM (`packed_runs`)."""
     streamed = streamed_inputs(program, device)
     calc = calculus(program.expr)
     runs = sum(tile_stream_runs(calc, stream_tile(program, t), (t,)) for t in streamed)
@@ -176,6 +176,8 @@ def stream_rounds(program: RProgram, device: DeviceSpec) -> float:
     1024 and ran as fast (26.8-30.5 us against 28.5-29.7, 4 MB at the last-level cache's 155 GB/s)
     where one latency a run priced them at 150 against 104 us (docs/model-evidence.md#stream-runs)."""
     streamed = streamed_inputs(program, device)
+    if not streamed:
+        return packed_runs(program, device)
     rounds = 0.0
     calc = calculus(program.expr)
     registers = calc.data_tiles(program.tiles[0])
