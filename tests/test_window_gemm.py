@@ -79,17 +79,20 @@ def test_the_limits_are_the_documented_ones():
 
 
 @pytest.mark.parametrize("params, priced", [
-    ({"c": 8}, True),  # 72 per output
-    ({"f": 22}, True),  # 45 copied values for 22 filters
-    ({"c": 56, "f": 8}, True),  # 504, seven an output
-    ({"c": 57}, False),  # 513: above MAX_PRICED_REDUCTION
+    ({"c": 8, "f": 36}, True),  # 72 per output, two copied values an output
+    ({"c": 56, "f": 252}, True),  # 504, two an output
+    ({"c": 8}, False),  # 72 copied values for 24 filters: three an output
+    ({"f": 22}, False),  # 45 for 22 filters: within MAX_WINDOW_REDUCTION, but more than two an output
+    ({"c": 56, "f": 8}, False),  # 504, seven an output
+    ({"c": 57, "f": 300}, False),  # 513: above MAX_PRICED_REDUCTION
     ({"c": 8, "stride": 2}, False),  # a strided copy
     ({}, False),  # within the limits: the view, taken outright
     ({"k": 1, "pad": 0}, False),  # a pointwise conv: ops.pixel_gemm's
 ])
 def test_beyond_the_limits_the_view_is_priced_against_the_nest_up_to_512(params, priced):
-    """`window_gemm(priced=True)`: the view of a stride-1 conv the limits leave to its nest, up to
-    MAX_PRICED_REDUCTION multiply-adds per output; `window_alternative` offers it on a CPU only."""
+    """`window_gemm(priced=True)`: the view of a stride-1 conv beyond MAX_WINDOW_REDUCTION, up to
+    MAX_PRICED_REDUCTION multiply-adds and MAX_COPIES_PER_OUTPUT copied values per output (more
+    copies keep the nest, priced or not); `window_alternative` offers it on a CPU only."""
     assert MAX_PRICED_REDUCTION == 512
     e = _conv(**params)
     view = window_gemm(e, priced=True)
@@ -101,8 +104,8 @@ def test_beyond_the_limits_the_view_is_priced_against_the_nest_up_to_512(params,
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
-@pytest.mark.parametrize("params", [{"c": 11, "f": 40, "h": 29, "w": 31}, {"c": 8, "f": 7, "h": 41, "w": 23}],
-                         ids=["99-per-output", "72-for-7-filters"])
+@pytest.mark.parametrize("params", [{"c": 11, "f": 50, "h": 29, "w": 31}, {"c": 8, "f": 40, "h": 41, "w": 23}],
+                         ids=["99-per-output", "72-for-40-filters"])
 def test_the_construction_tiles_whichever_of_nest_and_view_rank_1_is_priced_faster(dev, params):
     """Both prices are Roller's rank 1 over each expression; the one tiled is the faster, the
     choice the same on a second call, and a construction says it in its first step."""
@@ -128,12 +131,12 @@ def test_the_construction_tiles_whichever_of_nest_and_view_rank_1_is_priced_fast
 
 
 def test_a_priced_view_builds_and_matches_numpy():
-    """A conv beyond the limits (11 x 3 x 3 = 99 per output) as the view, whatever the local
-    CPU's model chooses: its top 2 built and verified."""
+    """A conv beyond the limits (11 x 3 x 3 = 99 per output, 50 filters) as the view, whatever
+    the local CPU's model chooses: its top 2 built and verified."""
     from workbench.codegen.build import build_kernel
     from workbench.codegen.verify import verify
 
-    e = _conv(c=11, f=40, h=29, w=31)
+    e = _conv(c=11, f=50, h=29, w=31)
     dev = device("local-cpu")
     view = ViewChoice(window_gemm(e, priced=True))
     for cand in Stepper(e, dev, options=Options(topk=2), view=view).finish().candidates:

@@ -33,13 +33,17 @@ from workbench.ops.tensor_expr import REDUCE, Axis, TensorAccess, TensorExpr, re
 #   template's transposed store of each output; 72-175 ran as fast or faster in their own nest.
 # - MAX_COPIES_PER_OUTPUT: the copy writes C x KH x KW values per pixel for the F outputs there
 #   (F filters) to share; at most two a pixel's output, as with 9 or 8 filters (5 and 5.6 an
-#   output: 0.77x and 0.93x) the copy costs more than it saves.
+#   output: 0.77x and 0.93x) the copy costs more than it saves. It bounds the priced views too
+#   (below): of 74 stride-1 convs drawn with 18-495 per output, pricing only those with at most
+#   two copies an output took 0.966 of the faster of nest and view in geomean (the worst 0.66)
+#   where pricing them all took 0.953 (the worst 0.66); chosen on 50 of them, 0.982 against
+#   0.974 (worst 0.91 against 0.83) on the other 24.
 # - the image read at stride 1 only: a strided copy reads an element a load (0.19 ns an element
 #   against 0.03-0.08 at stride 1), and three of four strided convs ran slower as the view.
 MAX_WINDOW_REDUCTION = 64
 MAX_COPIES_PER_OUTPUT = 2
-# Beyond those limits, up to MAX_PRICED_REDUCTION FMAs per output, the view is the alternative
-# the construction prices against the nest (`window_gemm(priced=True)`,
+# Beyond MAX_WINDOW_REDUCTION, up to MAX_PRICED_REDUCTION FMAs per output and within
+# MAX_COPIES_PER_OUTPUT, the view is the alternative the construction prices against the nest (`window_gemm(priced=True)`,
 # `construct.stepper.construction_view`): of 24 stride-1 convs drawn with 99-441 per output, the
 # view ran 1.01-1.80x faster than the nest in 16, and the model chose the faster in 16, the
 # others 1-15 % slower (1.11x over the nest in geomean, of 1.13x possible); of 8 drawn with
@@ -62,8 +66,8 @@ def window_gemm(expr: TensorExpr, priced: bool = False) -> TensorExpr | None:
     at stride 1 of at most MAX_WINDOW_REDUCTION multiply-adds per output and at most
     MAX_COPIES_PER_OUTPUT copied values per output (a pointwise conv is `pixel_gemm`'s), or
     TVM cannot re-lay out one of its blocks. `priced`: the view to price against the nest
-    instead, of a conv beyond those limits but within MAX_PRICED_REDUCTION multiply-adds per
-    output (None for one the limits take). Pure, as `pixel_gemm` is: the view carries the
+    instead, of a conv beyond MAX_WINDOW_REDUCTION but within MAX_PRICED_REDUCTION multiply-adds
+    and MAX_COPIES_PER_OUTPUT copied values per output (None for one the limits take). Pure, as `pixel_gemm` is: the view carries the
     rewritten function where `expr` has one."""
     found = _windowed(expr, priced)
     if found is None:
@@ -83,8 +87,8 @@ def _windowed(expr: TensorExpr, priced: bool = False):
     through a window and a kernel whose last three dimensions are (c, r, s), each plain, the
     image's channel plain and its pixels the output's at stride 1 plus the window's at a
     dilation, every other dimension of both a plain spatial axis, the window and the filters
-    within MAX_WINDOW_REDUCTION and MAX_COPIES_PER_OUTPUT (`priced`: beyond them, within
-    MAX_PRICED_REDUCTION); else None."""
+    within MAX_WINDOW_REDUCTION and MAX_COPIES_PER_OUTPUT (`priced`: beyond the first, within
+    MAX_PRICED_REDUCTION and the second); else None."""
     if len(expr.inputs) != 2 or len(expr.reduce) != 3 or any(a.fused_from for a in expr.axes):
         return None
     out = expr.output
@@ -109,8 +113,8 @@ def _windowed(expr: TensorExpr, priced: bool = False):
         depth = prod(expr.axes[a].extent for a in window)
         # the outputs that share a copied value: the filters of its group (a group is the image's)
         filters = prod(expr.axes[a].extent for a in expr.spatial if kernel.uses_axis(a) and not image.uses_axis(a))
-        ruled = depth <= MAX_WINDOW_REDUCTION and depth <= MAX_COPIES_PER_OUTPUT * filters
-        if ruled == priced or depth > MAX_PRICED_REDUCTION:
+        shared = depth <= MAX_COPIES_PER_OUTPUT * filters
+        if not shared or (depth <= MAX_WINDOW_REDUCTION) == priced or depth > MAX_PRICED_REDUCTION:
             return None
         args = {a.name: a for a in expr.args}
         if kernel.name in args and prod(args[kernel.name].shape) != prod(kernel.shape):
