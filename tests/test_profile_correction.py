@@ -386,7 +386,7 @@ def test_an_earned_correction_ranks_the_candidates_and_an_unearned_one_does_not(
     from workbench import pipeline
     from workbench.construct.stepper import construct
 
-    c = construct(matmul(64, 64, 64), TINY_CPU, "roller", pipeline.Options(topk=6))
+    c = construct(matmul(64, 64, 64), TINY_CPU, "roller", pipeline.Options(topk=10))
     # a correction that prices the compute stage alone: its order is the compute times'
     only_compute = Correction("tiny-cpu", fit_stages_of(compute=1.0), ())
     expected = sorted(c.candidates, key=lambda x: (corrected_seconds(x.estimate, only_compute, "matmul"), x.rank))

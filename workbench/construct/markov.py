@@ -149,11 +149,11 @@ class MarkovPolicy(Policy):
 
     # -- driver --------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
-        """Annealed walks from the initial state at `eps` (WALKS_PER_TOPK per program asked for)."""
+        """Annealed walks from the initial state at `eps` (WALKS_PER_TOPK per program wanted, `wanted`)."""
         start = self.space.initial_state(eps)
         if start is None:
             return False
-        for _ in range(WALKS_PER_TOPK * self.options.topk):
+        for _ in range(WALKS_PER_TOPK * self.wanted):
             if self.out_of_steps:
                 return True
             emitted = yield from self._walk(start)

@@ -7,7 +7,8 @@ faster than computing it (MemPerf > MaxComputePerf) the tile is recorded and enl
 descends and goes on at the same layer. At the lowest layer a program is emitted, scaled out over
 the units, and shrunk along its least-reusing axis while it has too few tiles for the units
 (Roller-S). A visited tile ends its branch. The search stops at K programs (the paper's early
-exit); with fewer, eps is raised and the search runs again.
+exit), but not before `policy.MIN_PROGRAMS` (the model ranks what the search found, in the
+search's order); with fewer, eps is raised and the search runs again.
 
 On a CPU (our rule, after BLIS's cache blocking) a tile is recorded when it is full, or, above
 the lowest cache layer, when growing it saves nothing more, not at its first compute-bound size:
