@@ -148,7 +148,7 @@ def construction_steps(construction, predicted: int | None) -> Verdict:
     if (none := _unanswered(predicted)) is not None:
         return none
     steps, k = construction.steps, len(construction.candidates)
-    why = f"{steps} steps, stopping at {k} program{'s' * (k != 1)}"
+    why = f"{steps} steps, keeping the top {k} program{'s' * (k != 1)} of those it found"
     return Verdict(predicted == steps, why if predicted == steps else f"you said {predicted}; it took {why}")
 
 
