@@ -10,7 +10,7 @@ from test_invariants import KIB, detected_cpu
 
 from workbench.construct.markov import MarkovPolicy
 from workbench.construct.policies import POLICIES, policy_class
-from workbench.construct.policy import Policy
+from workbench.construct.policy import MIN_PROGRAMS, Policy
 from workbench.construct.stepper import Stepper
 from workbench.construct.space import (
     EPS_STEPS, Action, IllegalAction, Kind, Options, OverCapacity, Space, apply, descend_within_limits,
@@ -62,7 +62,7 @@ def test_eps_is_raised_through_the_schedule_while_too_few_programs_come_out():
     steps = list(policy.steps())
     assert [s.action.kind for s in steps] == [Kind.WIDEN_EPS] * 4
     assert [s.action.eps for s in steps] == [e for e in EPS_STEPS if e > 0.1]
-    assert steps[0].note == "too few programs (0 < 3): raise eps to 0.2"
+    assert steps[0].note == f"too few programs (0 < {MIN_PROGRAMS}): raise eps to 0.2"  # K = 3, but at least ten
     assert policy._count == 4 and not policy.out_of_steps
 
 
@@ -71,13 +71,14 @@ def test_shared_emission_emits_a_complete_replayable_candidate():
     policy = Descent(space, Options(topk=1))
     steps = list(policy.steps())
     (cand,) = policy.candidates
-    assert steps[-1].candidate is cand and steps[-1].action.kind == Kind.EMIT
-    assert cand.actions == steps[-1].state.actions and cand.actions[0].kind == Kind.START
+    emit = next(s for s in steps if s.candidate is not None)  # then the ladder widens eps for more
+    assert emit.candidate is cand and emit.action.kind == Kind.EMIT
+    assert cand.actions == emit.state.actions and cand.actions[0].kind == Kind.START
     assert cand.device == space.device and cand.expr == space.expr
     assert replay(space, cand.actions) == cand.program
     assert cand.estimate.footprints == tuple(space.footprint(l, t, cand.program.tiles[l - 1] if l else space.ones())
                                              for l, t in enumerate(cand.program.tiles))
-    assert steps[-1].note.startswith(f"emit rProgram #1: grid {cand.program.grid}, "
+    assert emit.note.startswith(f"emit rProgram #1: grid {cand.program.grid}, "
                                      f"{duration(cand.predicted_seconds)} predicted, bound by ")
 
 
