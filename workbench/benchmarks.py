@@ -200,7 +200,8 @@ def bench_suite(
         "speed_ratio_geomean": ratios,
         "rank1_speed_ratio_geomean": rank1,
         "policy_speed_ratio_geomean": versus,
-        "model": aggregate([r.comparison for r in rows]).to_dict() | {f"best_in_top{TIED_TOP}_within_noise": tied_share(rows)},
+        "model": aggregate([r.comparison for r in rows]).to_dict()
+        | {f"best_in_top{TIED_TOP}_within_noise": tied_share(rows)},
         "bench_seconds": seconds,
         "workbench_seconds": seconds - sum(r.baseline_seconds for r in rows),
         "construct_profile_seconds": sum(r.construct_seconds + r.profile_seconds for r in rows),

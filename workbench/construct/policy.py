@@ -10,8 +10,8 @@ A policy is a class with
 
 `Policy` supplies the rest, the same for every policy: the eps schedule (`steps`: Roller raises eps
 in EPS_STEPS while fewer than K programs, and MIN_PROGRAMS at least, came out, keeping steps for
-the last round, `ROUNDS_KEPT`; one more round where a finished one ran its register rows in LLVM's pieces or
-without reuse that a larger eps has, `_extra_round`), emission (`emit`: scale-out over the units,
+the last round, `ROUNDS_KEPT`; one more round where a finished one ran its register rows in
+LLVM's pieces or without reuse that a larger eps has, `_extra_round`), emission (`emit`: scale-out over the units,
 Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
 units idle (`split_k`), the estimate, the `Candidate`) and the
 step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a

@@ -43,12 +43,12 @@ from workbench.ops.tensor_expr import REDUCE, Axis, TensorAccess, TensorExpr, re
 MAX_WINDOW_REDUCTION = 64
 MAX_COPIES_PER_OUTPUT = 2
 # Beyond MAX_WINDOW_REDUCTION, up to MAX_PRICED_REDUCTION FMAs per output and within
-# MAX_COPIES_PER_OUTPUT, the view is the alternative the construction prices against the nest (`window_gemm(priced=True)`,
-# `construct.stepper.construction_view`): of 24 stride-1 convs drawn with 99-441 per output, the
-# view ran 1.01-1.80x faster than the nest in 16, and the model chose the faster in 16, the
-# others 1-15 % slower (1.11x over the nest in geomean, of 1.13x possible); of 8 drawn with
-# 522-2375, the view was at most 3 % faster and the model chose the slower in 4 (by 1-15 %;
-# docs/evidence.md#window-gemm).
+# MAX_COPIES_PER_OUTPUT, the view is the alternative the construction prices against the nest
+# (`window_gemm(priced=True)`, `construct.stepper.construction_view`): of 24 stride-1 convs
+# drawn with 99-441 per output, the view ran 1.01-1.80x faster than the nest in 16, and the model
+# chose the faster in 16, the others 1-15 % slower (1.11x over the nest in geomean, of 1.13x
+# possible); of 8 drawn with 522-2375, the view was at most 3 % faster and the model chose the
+# slower in 4 (by 1-15 %; docs/evidence.md#window-gemm).
 MAX_PRICED_REDUCTION = 512
 
 # The view's reduce axis, the window's (c, r, s) flattened: what tells it from a pointwise
@@ -67,8 +67,8 @@ def window_gemm(expr: TensorExpr, priced: bool = False) -> TensorExpr | None:
     MAX_COPIES_PER_OUTPUT copied values per output (a pointwise conv is `pixel_gemm`'s), or
     TVM cannot re-lay out one of its blocks. `priced`: the view to price against the nest
     instead, of a conv beyond MAX_WINDOW_REDUCTION but within MAX_PRICED_REDUCTION multiply-adds
-    and MAX_COPIES_PER_OUTPUT copied values per output (None for one the limits take). Pure, as `pixel_gemm` is: the view carries the
-    rewritten function where `expr` has one."""
+    and MAX_COPIES_PER_OUTPUT copied values per output (None for one the limits take). Pure, as
+    `pixel_gemm` is: the view carries the rewritten function where `expr` has one."""
     found = _windowed(expr, priced)
     if found is None:
         return None
