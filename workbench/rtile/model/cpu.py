@@ -102,9 +102,10 @@ def stream_runs(program: RProgram, device: DeviceSpec) -> int:
     walks, or of the run of them that continues the same rows: `stream_tile`), and those the
     panel copies read their tiles in where the operator streams from DRAM (`packed_runs`)."""
     streamed = streamed_inputs(program, device)
+    if not streamed:
+        return packed_runs(program, device)
     calc = calculus(program.expr)
-    runs = sum(tile_stream_runs(calc, stream_tile(program, t), (t,)) for t in streamed)
-    return runs + packed_runs(program, device)
+    return sum(tile_stream_runs(calc, stream_tile(program, t), (t,)) for t in streamed) + packed_runs(program, device)
 
 
 def stream_tile(program: RProgram, t: int) -> tuple[int, ...]:
