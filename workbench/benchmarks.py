@@ -135,14 +135,20 @@ def bench_workload(
 TIED_TOP = 3
 
 
+def tied_in_top(best_rank: int, tied: Sequence[int], k: int = TIED_TOP) -> bool:
+    """Whether the predicted top `k` holds the measured best (at `best_rank`) or a kernel its
+    repeats cannot tell apart from it (`tied`, the best included where it had repeats)."""
+    return min(tied or (best_rank,)) <= k
+
+
 def tied_share(rows: Sequence[KernelBench], k: int = TIED_TOP) -> float | None:
     """The share of the measured workloads whose predicted top `k` holds the measured best or a
-    kernel its repeats cannot tell apart from it (`KernelBench.tied`): the model's misses that are
-    a measured difference, not a tie the repeats leave open. None when none was measured."""
+    kernel its repeats cannot tell apart from it (`tied_in_top`): the model's misses that are a
+    measured difference, not a tie the repeats leave open. None when none was measured."""
     measured = [r for r in rows if r.best_rank is not None]
     if not measured:
         return None
-    return sum(min(r.tied or (r.best_rank,)) <= k for r in measured) / len(measured)
+    return sum(tied_in_top(r.best_rank, r.tied, k) for r in measured) / len(measured)
 
 
 def _ratio(reference: float | None, ours: float | None) -> float | None:

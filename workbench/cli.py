@@ -641,7 +641,7 @@ def cmd_bench_kernels(args) -> int:
 def _model_line(data: dict) -> str:
     """The model's ranking over a `bench kernels` run: mean Spearman, and how often the measured best
     is in the predicted top 3, strictly and with the kernels its repeats cannot tell from it."""
-    from workbench.benchmarks import TIED_TOP
+    from workbench.benchmarks import TIED_TOP, tied_in_top
 
     timed = [r for r in data["results"] if r["best_rank"] is not None]
     if not timed:
@@ -649,7 +649,7 @@ def _model_line(data: dict) -> str:
     model, k = data["model"], TIED_TOP
     spearman = f"{model['spearman']:.2f}" if model["spearman"] is not None else "-"
     strict = sum(r["best_rank"] <= k for r in timed)
-    tied = sum(min(r["within_noise_of_best"] or [r["best_rank"]]) <= k for r in timed)
+    tied = sum(tied_in_top(r["best_rank"], r["within_noise_of_best"], k) for r in timed)
     return (f"model: mean Spearman {spearman}; measured best in the predicted top {k} for {strict} of {len(timed)} "
             f"workloads, {tied} of {len(timed)} counting the kernels within noise of it")
 
