@@ -127,7 +127,38 @@ def test_the_construction_tiles_whichever_of_nest_and_view_rank_1_is_priced_fast
     c = construct(e, dev, options=Options(topk=2))
     assert c.view == choice and is_window_view(c.expr) == (prices[1] < prices[0])
     if is_window_view(c.expr):
-        assert "priced as the GEMM over its gathered windows" in next(Stepper(e, dev)._generate()).note
+        assert "priced as the GEMM over its gathered windows" in Stepper(e, dev).next().note
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("topk", [1, 5, 10])
+def test_the_construction_takes_the_search_that_priced_its_view(dev, topk, monkeypatch):
+    """Roller's rank 1 over each view is two searches; the construction that follows takes the
+    search of the one it tiles instead of a third, with the steps and top K a fresh search gives
+    (any K up to the ten-program floor searches alike). Another policy, or K above the floor,
+    searches afresh."""
+    from workbench.construct import stepper
+    from workbench.construct.roller import RollerPolicy
+
+    e = _conv(c=11, f=50, h=29, w=31)
+    searches = []
+    original = RollerPolicy.steps
+    monkeypatch.setattr(RollerPolicy, "steps", lambda self: searches.append(1) or original(self))
+    monkeypatch.setattr(stepper, "_PRICED", {})
+    monkeypatch.setattr(stepper, "_SEARCHED", {})
+    taken = construct(e, dev, options=Options(topk=topk))
+    assert len(searches) == 2
+    fresh = Stepper(e, dev, options=Options(topk=topk), view=taken.view).finish()
+    assert len(searches) == 3
+    assert [c.actions for c in taken.candidates] == [c.actions for c in fresh.candidates]
+    assert len(taken.candidates) == topk and taken.steps == fresh.steps and taken.graph.nodes == fresh.graph.nodes
+    assert [c.predicted_seconds for c in taken.candidates] == [c.predicted_seconds for c in fresh.candidates]
+    construct(e, dev, options=Options(topk=topk))  # priced before, its search taken once: afresh
+    assert len(searches) == 4
+    stepper._SEARCHED.clear()
+    stepper._PRICED.clear()
+    construct(e, dev, options=Options(topk=12))
+    assert len(searches) == 7
 
 
 def test_a_priced_view_builds_and_matches_numpy():
@@ -176,7 +207,7 @@ def test_the_view_is_the_cpus_and_the_gpu_keeps_its_implicit_gemm():
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_the_windows_are_packed_and_vectorised_like_a_matmuls_row(dev):
     e = _conv(h=61, w=67, f=48)
-    assert "gathered windows (im2col)" in next(Stepper(e, dev)._generate()).note
+    assert "gathered windows (im2col)" in Stepper(e, dev).next().note
     top = construct(e, dev, options=Options(topk=3)).candidates[0].program
     plan = cpu_plan(top, dev)
     assert plan.path == PANELS and plan.vector_axis == 2  # the pixels

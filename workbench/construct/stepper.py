@@ -19,6 +19,7 @@ from typing import Iterator
 
 from workbench.construct.graph import ConstructionGraph
 from workbench.construct.policies import POLICIES, policy_class
+from workbench.construct.policy import MIN_PROGRAMS, Policy
 from workbench.construct.space import Action, Kind, Options, Space, State
 from workbench.construct.step import Candidate, Step
 from workbench.errors import UserError
@@ -78,11 +79,16 @@ class Stepper:
         self.policy_name = policy
         self.steps: list[Step] = []
         self.position = 0
-        self._source: Iterator[Step] = self._generate()
+        searched = _SEARCHED.pop((expr, device), None) if view is None and _same_search(policy, options) else None
+        if searched is not None and searched[0].space.expr == self.space.expr:
+            self.policy, self.space = searched[0], searched[0].space
+            self._source: Iterator[Step] = self._generate(iter(searched[1]))
+        else:
+            self._source = self._generate(self.policy.steps())
         self._exhausted = False
         self._seconds = chose  # choosing the view and generating the steps: the construction's own time
 
-    def _generate(self) -> Iterator[Step]:
+    def _generate(self, policy_steps: Iterator[Step]) -> Iterator[Step]:
         if self.space.expr.axes != self.original.axes:
             before = "x".join(str(a.extent) for a in self.original.axes)
             after = "x".join(str(a.extent) for a in self.space.expr.axes)
@@ -100,7 +106,7 @@ class Stepper:
             elif self.viewed:
                 why = "a 1x1 conv as the GEMM over its pixels, ops.pixel_gemm"
             yield Step(action, state, None, None, note=f"fuse axes: [{before}] -> [{after}] ({why})")
-        yield from self.policy.steps()
+        yield from policy_steps
 
     @property
     def done(self) -> bool:
@@ -248,17 +254,21 @@ def construction_view(expr: TensorExpr, device: DeviceSpec) -> ViewChoice:
     options) is predicted faster over, both prices kept. A function of (expr, device) alone, so
     that an export or a stored run re-derives the same axes; the pricing is remembered
     (`MAX_PRICED`), as it costs two constructions, the expression kept as the caller's where the
-    nest stays (`Stepper.viewed` tells a view by identity)."""
+    nest stays (`Stepper.viewed` tells a view by identity), and the search over the expression
+    taken is kept for the construction that asked (`_SEARCHED`)."""
     viewed = construction_expr(expr, device)
     key = (expr, device)
     if key not in _PRICED:
         alternative = window_alternative(expr, device)
         if alternative is None:
             return ViewChoice(viewed)
-        nest, view = (_rank1_seconds(expr, device, e) for e in (viewed, alternative))
-        _PRICED[key] = (alternative if view < nest else None, nest, view)
-        while len(_PRICED) > MAX_PRICED:
-            del _PRICED[next(iter(_PRICED))]
+        nest, view = (_rank1(expr, device, e) for e in (viewed, alternative))
+        taken = view if view.seconds < nest.seconds else nest
+        _PRICED[key] = (alternative if taken is view else None, nest.seconds, view.seconds)
+        _SEARCHED[key] = (taken.policy, taken.policy_steps)
+        for cache, most in ((_PRICED, MAX_PRICED), (_SEARCHED, MAX_SEARCHED)):
+            while len(cache) > most:
+                del cache[next(iter(cache))]
     taken, nest, view = _PRICED[key]
     return ViewChoice(viewed if taken is None else taken, nest, view)
 
@@ -269,7 +279,39 @@ _PRICED: dict[tuple, tuple] = {}
 MAX_PRICED = 256
 
 
-def _rank1_seconds(expr: TensorExpr, device: DeviceSpec, tiled: TensorExpr) -> float:
-    """The predicted time of Roller's rank 1 constructing `tiled` (a view of `expr`)."""
-    found = Stepper(expr, device, options=Options(topk=1), view=ViewChoice(tiled)).finish().candidates
-    return found[0].predicted_seconds if found else float("inf")
+# The search that priced the view taken, by (expression, device), for the construction that
+# asked for the pricing to take rather than repeat (`Stepper`, once): the policy and the steps it
+# generated, the axis-fusion step left out (its note names the prices). A few only: a conv's
+# steps are thousands of values, and the construction asks right after the pricing.
+_SEARCHED: dict[tuple, tuple] = {}
+MAX_SEARCHED = 4
+
+
+@dataclass(frozen=True)
+class _Priced:
+    """Roller's construction of one view at the pricing's options: its rank 1's predicted
+    seconds (inf where it found none), its policy and the steps that policy generated."""
+
+    seconds: float
+    policy: Policy
+    policy_steps: tuple[Step, ...]
+
+
+def _rank1(expr: TensorExpr, device: DeviceSpec, tiled: TensorExpr) -> _Priced:
+    """Roller's rank 1 constructing `tiled` (a view of `expr`), at `PRICING` options."""
+    stepper = Stepper(expr, device, options=PRICING, view=ViewChoice(tiled))
+    found = stepper.finish().candidates
+    fused = sum(s.action.kind is Kind.FUSE_AXES for s in stepper.steps)
+    return _Priced(found[0].predicted_seconds if found else float("inf"), stepper.policy,
+                   tuple(stepper.steps[fused:]))
+
+
+PRICING = Options(topk=1)
+
+
+def _same_search(policy: str, options: Options) -> bool:
+    """Whether a construction by `policy` at `options` generates the steps of the pricing's:
+    Roller's, at the pricing's eps, steps and seed, wanting as many programs (a top K up to
+    `MIN_PROGRAMS` searches the same, `construct.policy.Policy.wanted`)."""
+    return (policy == "roller" and replace(options, topk=PRICING.topk) == PRICING
+            and max(options.topk, MIN_PROGRAMS) == max(PRICING.topk, MIN_PROGRAMS))
