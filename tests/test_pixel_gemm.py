@@ -54,7 +54,7 @@ def test_a_strided_pointwise_conv_is_the_gemm_over_its_gathered_pixels(n, stride
     assert (read.axes, read.tensors, read.flops) == (view.axes, view.tensors, e.flops)
     assert view.args == e.args and [a.shape for a in e.args][0] == (n, 31, 15, 13)
     assert gathered_inputs(view) == ("data",) and gathered_inputs(pixel_gemm(_conv(n=n))) == ()
-    assert "gathered pixels" in next(Stepper(e, device("local-cpu"))._generate()).note
+    assert "gathered pixels" in Stepper(e, device("local-cpu")).next().note
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
@@ -93,7 +93,7 @@ def test_the_view_is_the_cpus_and_the_gpu_keeps_its_implicit_gemm():
 def test_the_pixels_are_packed_and_vectorised_like_a_matmuls_row(dev, stride):
     e = _conv(c=31, h=149, w=149, f=41, stride=stride)
     stepper = Stepper(e, dev)
-    assert "GEMM over its" in next(stepper._generate()).note
+    assert "GEMM over its" in stepper.next().note
     top = construct(e, dev, options=Options(topk=3)).candidates[0].program
     plan = cpu_plan(top, dev)
     assert plan.path == PANELS and plan.vector_axis == 2  # the pixels
