@@ -68,7 +68,7 @@ class Policy:
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
         "reshrink": "grid {before}: too few tiles for {units} units, also shrink {axis} to {size} (predicted faster "
-                    "than the smallest reuse's): grid {after}",
+                    "than shrinking the axis of smallest reuse): grid {after}",
         "balance": "grid {before} leaves some of the {units} cores idle in its last wave: also cut {axis} to {size}: grid {after}",
         "even": "grid {before}'s tiles pad {axis} more than as many even tiles would: also cut {axis} evenly to {size}: grid {after}",
         "emit": "emit rProgram #{number}: grid {grid}, {predicted} predicted, bound by {bottleneck}",
