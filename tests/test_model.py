@@ -24,12 +24,12 @@ from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
-    clock_ghz, edge_seconds, epilogue_seconds, packed_bytes, packing_seconds, scattered_inputs, shared_output_lines,
-    stream_runs,
+    clock_ghz, edge_seconds, epilogue_seconds, hidden_source, packed_bytes, packing_seconds, scattered_inputs,
+    shared_output_lines, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape,
-    step_loads, vector_pieces,
+    scalar_row, step_loads, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
     GUARDED_SLOWDOWN, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
@@ -58,6 +58,11 @@ WORKLOADS = {
 @cache
 def constructed(dev: str, name: str):
     return construct(WORKLOADS[name](), device(dev))
+
+
+def constructed_on(e, dev):
+    """Roller's rank 1 of `e` on `dev` (default options)."""
+    return construct(e, dev).candidates[0].program
 
 
 def _stages(est):
@@ -92,9 +97,11 @@ def check_consistent(calc, dev, program, est):
             unit_time = hide(hide(est.compute_seconds, shared, warps), glob, resident)
         else:
             unit_time = hide(est.compute_seconds, glob, warps)
-    else:  # registers' loads overlap the FMAs; every transfer further down adds
+    else:  # registers' loads overlap the FMAs, as a plain projection's inputs' transfers into
+        # L1 do (closed forms below); every other transfer further down adds
         # on a CPU the data passes every cache layer, staged or not (`hardware_caches`)
-        first = dev.layers[source_layer(hardware_caches(program, dev), 0, len(dev.layers))].name
+        through = hardware_caches(program, dev)
+        first = dev.layers[source_layer(through, 0, len(dev.layers))].name
         loads = dict(est.load_seconds)
         # the CPU template's panel copies are the busiest core's already (closed forms in
         # test_vortex_analyzer): they add after the imbalance
@@ -110,7 +117,13 @@ def check_consistent(calc, dev, program, est):
         sharing = loads.pop("output lines two cores write", 0.0)
         assert sharing == pytest.approx(shared_lines * SHARED_LINE_CYCLES / (clock_ghz(program, dev) * 1e9) if shared_lines else 0.0)
         packing += sharing
-        unit_time = max(est.compute_seconds, loads.get(first, 0.0)) + sum(t for n, t in loads.items() if n != first)
+        hidden = 0.0
+        if (below := hidden_source(through, dev)) is not None:
+            hidden = sum(transfer_seconds(through, dev, layer, cache_traffic(program, dev, layer), scalar_row(program, dev))
+                         for layer in range(len(program.tiles))
+                         if source_layer(through, layer, len(dev.layers)) == below) / min(1.0, grid / units)
+        unit_time = (max(est.compute_seconds, loads.get(first, 0.0), hidden)
+                     + sum(t for n, t in loads.items() if n != first) - hidden)
     # a cross-thread reduction's trees follow the pipeline (closed forms below), and a split-K
     # program's second pass (test_split_k); 0 for the rest
     assert est.reduction_seconds == tree_reduction_seconds(program, dev, est.threads, est.waves)
@@ -653,20 +666,54 @@ def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
 
 
 def test_cpu_transfers_below_the_first_layer_add_to_the_overlapped_compute():
-    """CPU: max(compute, loads from L1) + loads from L2 + loads from DRAM (closed form on a
-    generated spec); the same program on a spec whose DRAM is 4x slower predicts exactly the
-    extra DRAM time more, where a pipelined maximum would hide it behind the compute."""
+    """CPU: max(compute, loads from L1, a plain projection's inputs' loads from L2) + the rest
+    of L2's (the accumulators' trips) + loads from DRAM (closed form on a generated spec); the
+    same program on a spec whose DRAM is 4x slower predicts exactly the extra DRAM time more,
+    where a pipelined maximum would hide it behind the compute. A conv's nest reads windows:
+    its L2 transfers add whole."""
     e = matmul(256, 256, 256)
     calc = TileCalculus(e)
     p = make_program(calc, TINY_CPU, [(4, 16, 1), (32, 64, 64), (64, 128, 256)], (True,) * 3, 0.0)
     est = estimate(p, TINY_CPU)
     loads = dict(est.load_seconds)
     imbalance = ceil(p.grid / TINY_CPU.compute_units) * TINY_CPU.compute_units / p.grid
+    busy = min(1.0, p.grid / TINY_CPU.compute_units)
+    l2 = TINY_CPU.layer("L2")
+    inputs = cache_traffic(p, TINY_CPU, 1) / (l2.bandwidth_gbps * 1e9 * busy)  # the L1 tiles' A and B
+    trips = loads["L2"] - inputs  # the unit-tile buffer's accumulator trips, held in L2
+    assert hidden_source(p, TINY_CPU) == 2 and inputs > 0 and trips > 0
     assert est.predicted_seconds == pytest.approx(
-        (max(est.compute_seconds, loads["L1"]) + loads["L2"] + loads["DRAM"]) * imbalance + packing_seconds(p, TINY_CPU))
+        (max(est.compute_seconds, loads["L1"], inputs) + trips + loads["DRAM"]) * imbalance + packing_seconds(p, TINY_CPU))
     slow = replace(TINY_CPU, layers=tuple(
         replace(l, bandwidth_gbps=l.bandwidth_gbps / 4) if l.name == "DRAM" else l for l in TINY_CPU.layers))
     assert estimate(p, slow).predicted_seconds - est.predicted_seconds == pytest.approx(3 * loads["DRAM"] * imbalance)
+    # an L2 slow enough that the inputs' transfers outlast the compute bounds the core by them
+    crawl = replace(TINY_CPU, layers=tuple(replace(l, bandwidth_gbps=l.bandwidth_gbps / 64) if l.name == "L2" else l
+                                           for l in TINY_CPU.layers))
+    slow_est, slow_loads = estimate(p, crawl), dict(estimate(p, crawl).load_seconds)
+    assert 64 * inputs > max(slow_est.compute_seconds, slow_loads["L1"])
+    assert slow_est.predicted_seconds == pytest.approx(
+        (64 * inputs + 64 * trips + slow_loads["DRAM"]) * imbalance + packing_seconds(p, crawl))
+    nest = constructed_on(WORKLOADS["conv"](), TINY_CPU)
+    assert hidden_source(nest, TINY_CPU) is None
+    nest_loads = dict(estimate(nest, TINY_CPU).load_seconds)
+    nest_est = estimate(nest, TINY_CPU)
+    assert nest_est.predicted_seconds >= (max(nest_est.compute_seconds, nest_loads["L1"]) + nest_loads["L2"]) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_only_plain_projections_stream_their_inputs_into_l1_under_the_compute(dev):
+    """`hidden_source`: the layer under the L1 (L2) for an operator whose every input is a plain
+    projection (matmul, batch matmul, a conv seen as the GEMM over its pixels), none for one that
+    reads windows (a conv's nest, a pooling) or a device with nothing between L1 and its bottom
+    layer (generated AVX2-like and AVX-512-like specs)."""
+    mm = constructed_on(matmul(96, 130, 200), dev)
+    assert hidden_source(mm, dev) == [l.name for l in dev.layers].index("L2")
+    pool = constructed_on(expr("avgpool", N=16, C=48, H=48, W=48, K=3, stride=2, pad=1), dev)
+    assert hidden_source(pool, dev) is None
+    assert hidden_source(constructed_on(WORKLOADS["conv"](), dev), dev) is None
+    flat = replace(dev, layers=tuple(l for l in dev.layers if l.name != "L2"))
+    assert hidden_source(replace(mm, tiles=mm.tiles[:2], cached=mm.cached[:2]), flat) is None
 
 
 def test_accumulators_live_in_the_first_cache_that_holds_the_outputs_and_the_tiles_streaming_through():

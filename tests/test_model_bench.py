@@ -77,7 +77,7 @@ def test_a_hand_made_runs_file_scores_its_known_ranks(tmp_path):
     exported: the benchmark reports the closed-form Spearman and the measured best's predicted
     place, from the exported file as from the store."""
     spec = device("xeon-avx512")
-    c, workload = _constructed("cpu-core:gemv-4096", topk=10)
+    c, workload = _constructed("cpu-core:mm-skinny", topk=10)
     by_time = {predicted_seconds(spec, workload, cand.program.to_dict()): cand for cand in c.candidates}
     assert len(by_time) >= 6  # one program per predicted time, so the ranks are known exactly
     # the six predicted fastest, stored slowest first as ranks 1..6: stored order is not predicted order

@@ -387,15 +387,16 @@ def test_an_earned_correction_ranks_the_candidates_and_an_unearned_one_does_not(
     from workbench.construct.stepper import construct
 
     c = construct(matmul(64, 64, 64), TINY_CPU, "roller", pipeline.Options(topk=10))
-    # a correction that prices the compute stage alone: its order is the compute times'
-    only_compute = Correction("tiny-cpu", fit_stages_of(compute=1.0), ())
-    expected = sorted(c.candidates, key=lambda x: (corrected_seconds(x.estimate, only_compute, "matmul"), x.rank))
+    # a correction that adds the L2 stage to the compute, which the model hides under it for a
+    # matmul's inputs (`model.cpu.hidden_source`): it orders them by their L2 transfers too
+    with_l2 = Correction("tiny-cpu", fit_stages_of(compute=1.0, loads=(("L2", 1.0),)), ())
+    expected = sorted(c.candidates, key=lambda x: (corrected_seconds(x.estimate, with_l2, "matmul"), x.rank))
     assert [x.rank for x in expected] != [x.rank for x in c.candidates]  # it reorders them
     with RunStore(tmp_path / "runs.sqlite3") as store:
         assert pipeline.rank_by_correction(c, store) == (c, "")  # none stored
-        store.save_correction(only_compute, _evaluation(0.5, 0.5))
+        store.save_correction(with_l2, _evaluation(0.5, 0.5))
         assert pipeline.rank_by_correction(c, store) == (c, "")  # not earned
-        store.save_correction(only_compute, _evaluation(0.2, 0.6))
+        store.save_correction(with_l2, _evaluation(0.2, 0.6))
         ranked, note = pipeline.rank_by_correction(c, store)
     assert [x.program for x in ranked.candidates] == [x.program for x in expected]
     assert [x.rank for x in ranked.candidates] == list(range(1, len(c.candidates) + 1))
@@ -403,7 +404,7 @@ def test_an_earned_correction_ranks_the_candidates_and_an_unearned_one_does_not(
     assert note.startswith("ranked by the runs store's correction of tiny-cpu (held-out mean Spearman +0.20 -> +0.60")
 
 
-def fit_stages_of(compute: float):
+def fit_stages_of(compute: float, loads: tuple = ()):
     from workbench.profile.correction import StageFit
 
-    return StageFit(compute, (), 0.0, measurements=100, workloads=50)
+    return StageFit(compute, loads, 0.0, measurements=100, workloads=50)
