@@ -81,6 +81,8 @@ class Stepper:
         self.position = 0
         searched = _SEARCHED.pop((expr, device), None) if view is None and _same_search(policy, options) else None
         if searched is not None and searched[0].space.expr == self.space.expr:
+            # the pricing's policy: its options differ in K alone, which its search reads only
+            # as `Policy.wanted` (the same up to MIN_PROGRAMS)
             self.policy, self.space = searched[0], searched[0].space
             self._source: Iterator[Step] = self._generate(iter(searched[1]))
         else:

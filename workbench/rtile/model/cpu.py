@@ -422,9 +422,9 @@ def hidden_source(program: RProgram, device: DeviceSpec) -> int | None:
     the FMAs: reloads of B for every few rows cost what the L2 cannot deliver in the compute's
     time, not their whole transfer. A window's reads (a conv's nest, a pooling) add, as the
     stages below L2 do. Measured, not derived: over the committed runs of three CPUs and 238
-    workloads drawn at random and measured on one, hiding them for plain projections raised or
-    kept every set's Spearman, hiding them everywhere lowered the committed runs
-    (docs/model-evidence.md#combine-stages)."""
+    workloads drawn at random and measured on one, hiding them for plain projections raised every
+    committed machine's Spearman and every random set's but one conv draw's whose runs disagree;
+    hiding them everywhere lowered the committed runs (docs/model-evidence.md#combine-stages)."""
     below = source_layer(program, 0, len(device.layers)) + 1
     if below >= len(device.layers) - 1 or not all(plain_projection(t) for t in program.expr.inputs):
         return None
