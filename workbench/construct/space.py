@@ -19,7 +19,7 @@ from workbench.frozen import direct_init, interned
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
-from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projection
+from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projections
 from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
@@ -162,7 +162,7 @@ class Space:
         self._keys: dict[tuple, str] = {}
         self.streamed = always_streamed(expr, device)
         self.stream_bound = is_stream_bound(expr, device)
-        self.projections = all(plain_projection(t) for t in expr.inputs)  # no windowed reads
+        self.projections = plain_projections(expr)  # no windowed reads
         # a reduction over plain projections vectorised along an output axis (the matmul class)
         lane = lane_axis(expr, device) if device.runs_on_cpu else None
         self.plain = self.projections and lane is not None and expr.axes[lane].kind == "spatial"

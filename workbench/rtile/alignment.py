@@ -21,7 +21,7 @@ from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
-    cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, plain_projection, share_streams_from_l1,
+    cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, plain_projections, share_streams_from_l1,
     short_filter_axis, tile_lanes,
 )
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
@@ -334,7 +334,7 @@ def padded_row_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     axis = lane_axis(expr, device)
     if axis is None or expr.axes[axis].kind != "spatial" or not expr.reduce:
         return None
-    if not (filter_lanes(expr, axis) or all(plain_projection(t) for t in expr.inputs)):
+    if not (filter_lanes(expr, axis) or plain_projections(expr)):
         return None
     extent = expr.axes[axis].extent
     return axis if extent > device.warp_size and extent % device.warp_size else None

@@ -141,6 +141,13 @@ def plain_projection(tensor) -> bool:
 
 
 @lru_cache(maxsize=1024)
+def plain_projections(expr: TensorExpr) -> bool:
+    """Whether every input of `expr` is a `plain_projection` (a matmul, a conv seen as a GEMM; not
+    a window's reads). Asked for every price of a CPU program, hence remembered."""
+    return all(plain_projection(t) for t in expr.inputs)
+
+
+@lru_cache(maxsize=1024)
 def always_streamed(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
     """The inputs every CPU program of a reduction `expr` reads in place from the bottom layer,
     whatever its tiles (`model.cpu.streamed_inputs` for any unit tile): plain projections that

@@ -11,7 +11,7 @@ from math import ceil, gcd, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import lane_axis, plain_projection
+from workbench.rtile.axes import lane_axis, plain_projection, plain_projections
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
@@ -426,7 +426,7 @@ def hidden_source(program: RProgram, device: DeviceSpec) -> int | None:
     committed machine's Spearman and every random set's but one conv draw's whose runs disagree;
     hiding them everywhere lowered the committed runs (docs/model-evidence.md#combine-stages)."""
     below = source_layer(program, 0, len(device.layers)) + 1
-    if below >= len(device.layers) - 1 or not all(plain_projection(t) for t in program.expr.inputs):
+    if below >= len(device.layers) - 1 or not plain_projections(program.expr):
         return None
     return below
 

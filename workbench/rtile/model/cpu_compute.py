@@ -9,7 +9,7 @@ from math import prod
 
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import autovector_axis, lane_axis, plain_projection
+from workbench.rtile.axes import autovector_axis, lane_axis, plain_projections
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import vector_width
 from workbench.rtile.plan import FILTERS, SCALAR, cpu_plan
@@ -417,7 +417,7 @@ def lane_priced_edge(program: RProgram, device: DeviceSpec) -> bool:
     plan = cpu_plan(program, device)
     v = plan.vector_axis
     return (plan.split_edges and v is not None and expr.axes[v].kind == "spatial" and bool(expr.reduce)
-            and all(plain_projection(t) for t in expr.inputs))
+            and plain_projections(expr))
 
 
 def edge_in_pieces(program: RProgram, device: DeviceSpec) -> bool:
