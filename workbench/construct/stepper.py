@@ -19,7 +19,7 @@ from typing import Iterator
 
 from workbench.construct.graph import ConstructionGraph
 from workbench.construct.policies import POLICIES, policy_class
-from workbench.construct.policy import MIN_PROGRAMS, Policy
+from workbench.construct.policy import Policy
 from workbench.construct.space import Action, Kind, Options, Space, State
 from workbench.construct.step import Candidate, Step
 from workbench.errors import UserError
@@ -79,10 +79,9 @@ class Stepper:
         self.policy_name = policy
         self.steps: list[Step] = []
         self.position = 0
-        searched = _SEARCHED.pop((expr, device), None) if view is None and _same_search(policy, options) else None
-        if searched is not None and searched[0].space.expr == self.space.expr:
-            # the pricing's policy: its options differ in K alone, which its search reads only
-            # as `Policy.wanted` (the same up to MIN_PROGRAMS)
+        searched = _SEARCHED.get((expr, device)) if view is None else None
+        if searched is not None and _same_search(searched[0], self.policy):
+            del _SEARCHED[expr, device]
             self.policy, self.space = searched[0], searched[0].space
             self._source: Iterator[Step] = self._generate(iter(searched[1]))
         else:
@@ -299,6 +298,10 @@ class _Priced:
     policy_steps: tuple[Step, ...]
 
 
+# The options a view is priced at: Roller's rank 1, from a search of `Policy.wanted` programs.
+PRICING = Options(topk=1)
+
+
 def _rank1(expr: TensorExpr, device: DeviceSpec, tiled: TensorExpr) -> _Priced:
     """Roller's rank 1 constructing `tiled` (a view of `expr`), at `PRICING` options."""
     stepper = Stepper(expr, device, options=PRICING, view=ViewChoice(tiled))
@@ -308,12 +311,9 @@ def _rank1(expr: TensorExpr, device: DeviceSpec, tiled: TensorExpr) -> _Priced:
                    tuple(stepper.steps[fused:]))
 
 
-PRICING = Options(topk=1)
-
-
-def _same_search(policy: str, options: Options) -> bool:
-    """Whether a construction by `policy` at `options` generates the steps of the pricing's:
-    Roller's, at the pricing's eps, steps and seed, wanting as many programs (a top K up to
-    `MIN_PROGRAMS` searches the same, `construct.policy.Policy.wanted`)."""
-    return (policy == "roller" and replace(options, topk=PRICING.topk) == PRICING
-            and max(options.topk, MIN_PROGRAMS) == max(PRICING.topk, MIN_PROGRAMS))
+def _same_search(priced: Policy, policy: Policy) -> bool:
+    """Whether `policy` generates the steps the pricing's `priced` did: the same policy over the
+    same expression, wanting as many programs (`Policy.wanted`: any K up to MIN_PROGRAMS) at the
+    same eps, steps and seed; its options then differ in K alone."""
+    return (type(policy) is type(priced) and policy.space.expr == priced.space.expr and policy.wanted == priced.wanted
+            and replace(policy.options, topk=priced.options.topk) == priced.options)
