@@ -20,13 +20,14 @@ from workbench.construct.stepper import construct
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.alignment import (
-    RULES, initial_tile, is_aligned, next_aligned_sizes, padded_row_axis, prev_aligned_sizes, required_accumulators,
+    RULES, initial_tile, is_aligned, next_aligned_sizes, padded_row_axis, port_free_tile, prev_aligned_sizes,
+    required_accumulators,
 )
 from workbench.rtile.axes import (
     STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows,
 )
 from workbench.rtile.plan import cpu_plan
-from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors
+from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors, step_loads
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
     MAX_SCAN, REGISTER_STEPS, AlignContext, CacheSetRule, StreamRowsRule, TailRule, TensorShapeRule,
@@ -451,6 +452,27 @@ def test_the_accumulator_fill_does_not_grow_a_batch(dev):
     assert tile[0] == 1 and accumulators(bmm, dev, tile) >= dev.fma_accumulators
     dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
     assert initial_tile(AlignContext(dw, dev, 0, (1,) * 6, 0.05))[1] == 1
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_start_with_more_loads_than_fmas_has_a_port_free_second(dev):
+    """71 rows pad by more than eps 0.05 at 5, so the accumulator path takes rows of one vector
+    4 -> 6 -> 8 (AVX-512: 8 broadcasts and a load for 8 FMAs) or to 12 (AVX2, 10 needed). The
+    port-free tile has as many accumulators, loads under its FMAs and the fewest registers: 4 x
+    2v (6 loads, 8 FMAs, 11 zmm), 6 x 2v (8, 12, 15 ymm; 5 rows pad). A gemv, whose matrix feeds
+    one FMA a load at any width, has none: a load more than its FMAs for each vector of x."""
+    lanes, e = dev.warp_size, expr("matmul", M=71, K=203, N=4565)
+    ctx = AlignContext(e, dev, 0, (1, 1, 1), 0.05)
+    first, second = initial_tile(ctx), port_free_tile(ctx)
+    assert first == ((8, lanes, 1) if dev is AVX512 else (12, lanes, 1))
+    assert step_loads(e, dev, first) == accumulators(e, dev, first) + 1
+    assert second == ((4, 2 * lanes, 1) if dev is AVX512 else (6, 2 * lanes, 1))
+    assert step_loads(e, dev, second) <= accumulators(e, dev, second) == accumulators(e, dev, first)
+    assert port_free_tile(AlignContext(expr("matmul", M=512, K=512, N=512), dev, 0, (1, 1, 1), 0.05)) is None
+    gemv = expr("gemv", M=4096, K=1000)
+    gctx = AlignContext(gemv, dev, 0, (1, 1), 0.05)
+    tile, vectors = initial_tile(gctx), initial_tile(gctx)[1] // lanes  # of x, and of each of A's rows
+    assert step_loads(gemv, dev, tile) == accumulators(gemv, dev, tile) + vectors and port_free_tile(gctx) is None
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -29,7 +29,7 @@ from workbench.rtile.model.cpu import (
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape,
-    scalar_row, step_loads, vector_pieces,
+    scalar_row, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
     GUARDED_SLOWDOWN, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
@@ -40,7 +40,7 @@ from workbench.rtile.occupancy import (
 )
 from workbench.rtile.panels import pack_layer
 from workbench.rtile.plan import cpu_plan, gpu_plan
-from workbench.rtile.registers import block_thread_count, partial_sums
+from workbench.rtile.registers import block_thread_count, partial_sums, step_loads
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
 from workbench.rtile.staging import pipelined, register_prefetch, shared_buffers
 from workbench.rtile.traffic import TileCalculus

@@ -28,7 +28,7 @@ from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.construct.policy import MIN_PROGRAMS
 from workbench.construct.roller import RollerPolicy
-from workbench.construct.space import EPS_STEPS, Options
+from workbench.construct.space import EPS_STEPS, Options, replay
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes
 from workbench.rtile.axes import always_streamed, stream_rows
@@ -804,3 +804,25 @@ def test_a_narrow_matmul_gets_register_rows_the_template_vectorises(isa):
     assert programs
     for program in programs:
         assert cpu_plan(program, dev).vector_axis is not None, program.tiles
+
+
+@pytest.mark.parametrize("policy", ["roller", "markov"])
+def test_a_start_with_more_loads_than_fmas_adds_a_round_from_its_port_free_tile(policy):
+    """71 x 203 x 4565 on an AVX-512 core of a 4-cycle FMA on 2 pipes (Zen 4, Zen 5) starts from
+    8 x 16 (8 broadcasts and a load for 8 FMAs, `alignment.port_free_tile`), and no growth of
+    its rows leaves the ports: one more round at the same eps starts from 4 x 32, and the model
+    ranks both rounds' programs together. A port-free candidate's start action says so (count 1)
+    and replays to its program."""
+    spec = replace(detected_cpu("avx512", 2, 48 * KIB, 1024 * KIB), fma_latency_cycles=4)
+    stepper = Stepper(expr("matmul", M=71, K=203, N=4565), spec, policy, Options(topk=10))
+    steps = stepper.run_to_end()
+    starts = [s.state.tile for s in steps if s.action.kind == "start"]
+    assert (8, 16, 1) in starts and starts[-1] == (4, 32, 1)
+    assert sum(s.note.startswith("the start 8x16x1 issues more loads than FMAs") for s in steps) == 1
+    candidates = stepper.candidates()
+    second = {c.actions[0].count for c in candidates}
+    assert second == {0, 1} if policy == "roller" else 1 in second
+    for c in candidates:
+        register = c.program.register_tile
+        assert (register[1] >= 32) if c.actions[0].count == 1 else True
+        assert replay(stepper.space, c.actions) == c.program

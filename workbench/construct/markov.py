@@ -150,7 +150,7 @@ class MarkovPolicy(Policy):
     # -- driver --------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
         """Annealed walks from the initial state at `eps` (WALKS_PER_TOPK per program wanted, `wanted`)."""
-        start = self.space.initial_state(eps)
+        start = self.start_state(eps)
         if start is None:
             return False
         for _ in range(WALKS_PER_TOPK * self.wanted):

@@ -11,7 +11,8 @@ A policy is a class with
 `Policy` supplies the rest, the same for every policy: the eps schedule (`steps`: Roller raises eps
 in EPS_STEPS while fewer than K programs, and MIN_PROGRAMS at least, came out, keeping steps for
 the last round, `ROUNDS_KEPT`; one more round where a finished one ran its register rows in
-LLVM's pieces or without reuse that a larger eps has, `_extra_round`), emission (`emit`: scale-out over the units,
+LLVM's pieces or without reuse that a larger eps has, and one from a second start where the
+first's register tile issues more loads than FMAs, `_extra_round`), emission (`emit`: scale-out over the units,
 Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
 units idle (`split_k`), the estimate, the `Candidate`) and the
 step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a
@@ -64,6 +65,8 @@ class Policy:
                          "round at eps {eps}, where whole vectors pad it; the model prices both",
         "reuse": "no growth eps {eps} aligns saves a byte, so that round staged nothing below the registers; "
                  "from eps {wider} growth saves: one more round there; the model prices both",
+        "port_free": "the start {first} issues more loads than FMAs, which no growth of its rows changes: one more "
+                     "round at eps {eps} from {tile}, its loads under its FMAs; the model prices both",
         "keep_steps": "too few programs ({found} < {topk}), and {left} steps left: skip eps {eps}, keep them for "
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
@@ -81,6 +84,7 @@ class Policy:
         self.candidates: list[Candidate] = []
         self._extras = 0  # candidates that are balanced cuts of another (`emit`): extras
         self._found_before = 0  # programs of the rounds before an extra round (`_extra_round`)
+        self._port_free = False  # the round running starts from `Space.port_free_state` (`start_state`)
         self._emitted: set = set()
         self._count = 0
         self._visits: Counter = Counter()
@@ -92,6 +96,10 @@ class Policy:
 
     def round(self, eps: float) -> Iterator[Step]:
         raise NotImplementedError
+
+    def start_state(self, eps: float) -> State | None:
+        """Where a round at `eps` starts: the initial state, or in the port-free round its other start."""
+        return self.space.port_free_state(eps) if self._port_free else self.space.initial_state(eps)
 
     # -- eps schedule --------------------------------------------------------------------------
     def steps(self) -> Iterator[Step]:
@@ -116,6 +124,7 @@ class Policy:
             if finished:
                 yield from self._whole_vector_round(eps)
                 yield from self._reuse_round(eps)
+                yield from self._port_free_round(eps)
                 return
 
     def _whole_vector_round(self, eps: float) -> Iterator[Step]:
@@ -137,6 +146,21 @@ class Policy:
             return
         yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), self.describe("reuse", eps=eps, wider=wider))
         yield from self._extra_round(wider)
+
+    def _port_free_round(self, eps: float) -> Iterator[Step]:
+        """One more round at `eps` from `Space.port_free_state`, where the initial register tile
+        issues more loads than FMAs; counted and taken as `_whole_vector_round`'s."""
+        start = self.space.port_free_state(eps)
+        if start is None or self.out_of_steps:
+            return
+        first = "x".join(map(str, self.space.initial_state(eps).tile))
+        note = self.describe("port_free", first=first, tile="x".join(map(str, start.tile)), eps=eps)
+        yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
+        self._port_free = True
+        try:
+            yield from self._extra_round(eps)
+        finally:
+            self._port_free = False
 
     def _extra_round(self, eps: float) -> Iterator[Step]:
         self._found_before += self.found  # the rounds before keep theirs; this one counts from none

@@ -118,7 +118,7 @@ class RollerPolicy(Policy):
     # -- driver ------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
         """ConstructProg(expr, dev): T = initial rTile; EnlargeTile(T, top layer, empty P)."""
-        state = self.space.initial_state(eps)
+        state = self.start_state(eps)
         if state is None:
             yield self.marker(None, Action(Kind.PRUNE_VISITED, 0), self.describe("no_start", layer=self.space.layer_names[0], eps=eps))
             return False

@@ -18,7 +18,7 @@ from workbench.errors import UserError
 from workbench.frozen import direct_init, interned
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, prev_aligned_sizes
+from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, port_free_tile, prev_aligned_sizes
 from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projections
 from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
@@ -200,6 +200,15 @@ class Space:
         if tile is None or self.over_capacity(0, tile, ones):
             return None
         return State(0, tile, (), eps, actions=(Action(Kind.START, 0, eps=eps),))
+
+    def port_free_state(self, eps: float) -> State | None:
+        """The second start at `eps` where the first one's register tile issues more loads than
+        FMAs (`alignment.port_free_tile`), or None; its start action's `count` is 1."""
+        ones = self.ones()
+        tile = port_free_tile(self.context(0, ones, eps))
+        if tile is None or self.over_capacity(0, tile, ones):
+            return None
+        return State(0, tile, (), eps, actions=(Action(Kind.START, 0, count=1, eps=eps),))
 
     def footprint(self, layer: int, tile: Tile, upper: Tile) -> int:
         """Bytes `tile` under `upper` occupies at `layer` (`rprogram.layer_footprint`); memoised."""
@@ -595,10 +604,12 @@ def legal_actions(space: Space, state: State) -> tuple[Action, ...]:
 
 def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
     """The program a candidate's actions build: from the initial state at the start action's
-    eps, every action applied in turn (a candidate's actions end at the bottom layer)."""
+    eps (the port-free one where its `count` is 1), every action applied in turn (a candidate's
+    actions end at the bottom layer)."""
     if not actions or actions[0].kind != Kind.START:
         raise UserError("replay: actions must begin with a start action")
-    state = space.initial_state(actions[0].eps)
+    first = actions[0]
+    state = space.port_free_state(first.eps) if first.count == 1 else space.initial_state(first.eps)
     if state is None:
         raise UserError(f"replay: no aligned tile fits {space.layer_names[0]} at eps {actions[0].eps}")
     for action in actions[1:]:

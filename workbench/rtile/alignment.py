@@ -24,7 +24,7 @@ from workbench.rtile.axes import (
     cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, plain_projections, share_streams_from_l1,
     short_filter_axis, tile_lanes,
 )
-from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit
+from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit, step_loads
 from workbench.rtile.rules import (
     MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, StreamRowsRule,
     TailRule, TensorCoreAlignment, TensorShapeRule, ThreadTileRule, TransactionRule, VectorLanesRule, WarpGroupRule,
@@ -103,7 +103,7 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
     accumulators + 2 vectors of B + 1 broadcast) on the way to BLAS's 6 x 16. Where that path
     stops short of the need (its next steps overflow the budget), the tile with the most
     accumulators up to the need, then the fewest registers, among all tiles within the budget
-    (`_tiles_within_budget`)."""
+    (`_tiles_within_budget`). The path can end with more loads than FMAs: `port_free_tile`."""
     ctx = AlignContext(expr, device, 0, tuple(1 for _ in expr.axes), eps)
     start = tile = _per_axis_start(ctx, RULES)
     budget, need = register_budget(device), device.fma_accumulators
@@ -126,6 +126,43 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
     if not within:
         return tile
     return min(within, key=lambda t: (-min(need, accumulators(expr, device, t)), micro_kernel_registers(expr, device, t), t))
+
+
+@lru_cache(maxsize=4096)
+def port_free_tile(ctx: AlignContext) -> Tile | None:
+    """Where the register tile `initial_tile` starts a CPU micro-kernel from issues more loads
+    per reduction step than FMAs (`registers.step_loads` against its accumulators: a core issues
+    as many vector loads a cycle as it has FMA pipes, `model.cpu_compute.load_coverage`), the
+    aligned tile within the register budget (`_tiles_within_budget`) with at least its
+    accumulators and no more loads than FMAs that takes the fewest registers (then the most
+    accumulators, then the smallest): a second start for construction (`Policy`'s port-free
+    round), whose programs the model prices against the first's. None where the start's loads
+    are under its FMAs or no such tile exists (a gemv, whose matrix feeds one FMA a load at
+    every width).
+
+    A one-vector-wide matmul tile of r rows broadcasts r elements of A and loads one vector of B
+    for its r FMAs whatever r is, so the growth of rows that the accumulator path and Roller's
+    reuse score both prefer (a broadcast takes fewer registers and moves fewer bytes than a
+    vector) never leaves the ports. The path reaches such a tile where M's divisors skip a
+    size: 71 x 203 x 4565 at eps 0.05, whose 5 rows pad M by 5.6 %, went 4 -> 6 -> 8 rows of one
+    AVX-512 vector and grew to 18 x 16 and 24 x 16, which ran 430-481 us on the Zen 5; from 4 x
+    32 it grows to 12 x 32 and 9 x 32, which ran 350-370 us (built and timed in turns; 8 x 48 and
+    6 x 64 371-385). Neither family wins everywhere: 38 x 1949 x 3643's 19 x 16 tiles ran 2.3-2.8
+    ms, and the port-free tiles 38 rows allow, 3 rows of 3 to 5 vectors (13 rows pad), 2.5-3.2
+    (the model had both orders right), so the port-free start adds its programs rather than
+    replacing the first's (docs/evidence.md#port-free-start)."""
+    expr, device = ctx.expr, ctx.device
+    tile = initial_tile(ctx)
+    if tile is None or not required_accumulators(ctx):
+        return None
+    chains = accumulators(expr, device, tile)
+    if step_loads(expr, device, tile) <= chains:
+        return None
+    covered = [t for t in _tiles_within_budget(ctx, _per_axis_start(ctx, RULES), register_budget(device))
+               if chains <= accumulators(expr, device, t) >= step_loads(expr, device, t) and is_aligned(ctx, t)]
+    if not covered:
+        return None
+    return min(covered, key=lambda t: (micro_kernel_registers(expr, device, t), -accumulators(expr, device, t), t))
 
 
 def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Tile]:

@@ -96,6 +96,20 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     return accumulators(expr, device, tile) + rows + broadcast
 
 
+def step_loads(expr: TensorExpr, device: DeviceSpec, tile) -> int:
+    """Loads a CPU register tile issues per reduction step: for every input, one vector per
+    `lane_vectors` of its `lane_axis` extent times the tile's sizes along the other spatial axes
+    that index it (rows of that input), or, where the lane axis does not index it, one broadcast
+    per element those axes select (matmul 6 x 16: 2 vectors of B + 6 broadcasts of A; bmm 3 x 4 x
+    8: the batch axis indexes both inputs, 3 vectors of B + 12 broadcasts of A)."""
+    v = lane_axis(expr, device)
+    loads = 0
+    for tensor in expr.inputs:
+        rows = prod(tile[a] for a in expr.spatial if a != v and tensor.uses_axis(a))
+        loads += rows * lane_vectors(expr, device, v, tile[v], tensor.itemsize) if tensor.uses_axis(v) else rows
+    return loads
+
+
 def _live_rows(expr: TensorExpr, tensor, tile: Tile, lane: int) -> int:
     """Rows of vectors of `tensor` (read along the `lane` axis) a register tile keeps live per
     reduction step: one per index of the other spatial axes that index it (a batched matmul's

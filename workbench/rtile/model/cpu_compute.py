@@ -13,7 +13,7 @@ from workbench.rtile.axes import autovector_axis, lane_axis, plain_projections
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import vector_width
 from workbench.rtile.plan import FILTERS, SCALAR, cpu_plan
-from workbench.rtile.registers import accumulators, lane_vectors
+from workbench.rtile.registers import accumulators, lane_vectors, step_loads
 from workbench.rtile.rprogram import RProgram
 
 
@@ -145,20 +145,6 @@ def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     if not need or not expr.reduce:
         return 1.0
     return min(1.0, accumulators(expr, device, tile) / need)
-
-
-def step_loads(expr: TensorExpr, device: DeviceSpec, tile) -> int:
-    """Loads a CPU register tile issues per reduction step: for every input, one vector per
-    `lane_vectors` of its `lane_axis` extent times the tile's sizes along the other spatial axes
-    that index it (rows of that input), or, where the lane axis does not index it, one broadcast
-    per element those axes select (matmul 6 x 16: 2 vectors of B + 6 broadcasts of A; bmm 3 x 4 x
-    8: the batch axis indexes both inputs, 3 vectors of B + 12 broadcasts of A)."""
-    v = lane_axis(expr, device)
-    loads = 0
-    for tensor in expr.inputs:
-        rows = prod(tile[a] for a in expr.spatial if a != v and tensor.uses_axis(a))
-        loads += rows * lane_vectors(expr, device, v, tile[v], tensor.itemsize) if tensor.uses_axis(v) else rows
-    return loads
 
 
 def load_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
