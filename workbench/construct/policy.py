@@ -150,11 +150,10 @@ class Policy:
     def _port_free_round(self, eps: float) -> Iterator[Step]:
         """One more round at `eps` from `Space.port_free_state`, where the initial register tile
         issues more loads than FMAs; counted and taken as `_whole_vector_round`'s."""
-        start = self.space.port_free_state(eps)
-        if start is None or self.out_of_steps:
+        start, first = self.space.port_free_state(eps), self.space.initial_state(eps)
+        if start is None or first is None or self.out_of_steps:
             return
-        first = "x".join(map(str, self.space.initial_state(eps).tile))
-        note = self.describe("port_free", first=first, tile="x".join(map(str, start.tile)), eps=eps)
+        note = self.describe("port_free", first="x".join(map(str, first.tile)), tile="x".join(map(str, start.tile)), eps=eps)
         yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
         self._port_free = True
         try:
