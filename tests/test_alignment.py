@@ -21,7 +21,7 @@ from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.alignment import (
     RULES, initial_tile, is_aligned, next_aligned_sizes, padded_row_axis, port_free_tile, prev_aligned_sizes,
-    required_accumulators,
+    required_accumulators, unfilled_tile,
 )
 from workbench.rtile.axes import (
     STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows,
@@ -473,6 +473,24 @@ def test_a_start_with_more_loads_than_fmas_has_a_port_free_second(dev):
     gctx = AlignContext(gemv, dev, 0, (1, 1), 0.05)
     tile, vectors = initial_tile(gctx), initial_tile(gctx)[1] // lanes  # of x, and of each of A's rows
     assert step_loads(gemv, dev, tile) == accumulators(gemv, dev, tile) + vectors and port_free_tile(gctx) is None
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_one_row_start_filled_for_chains_has_an_unfilled_second(dev):
+    """A one-row matmul whose core's share of N overflows the L1 (1 x 179 x 4259) starts from a
+    row of the accumulators the FMA latency asks for (or as many as the registers hold); its
+    second start is the row the per-axis
+    rules give without that need: one vector, with fewer accumulators. Not for a matmul of 2
+    rows, nor for a one-row matmul whose share fits the L1 (no need to drop: 1 x 61 x 100)."""
+    lanes, e = dev.warp_size, expr("matmul", M=1, K=179, N=4259)
+    ctx = AlignContext(e, dev, 0, (1, 1, 1), 0.1)  # at 0.05 no row of K-steps divides 179 closely enough
+    first, second = initial_tile(ctx), unfilled_tile(ctx)
+    held = 7 if dev is AVX2 else dev.fma_accumulators  # 16 ymm hold 7 vectors of a row, its B and a broadcast
+    assert accumulators(e, dev, first) == held > accumulators(e, dev, second)
+    assert second[:2] == (1, lanes) and port_free_tile(ctx) is None
+    assert initial_tile(replace(ctx, unfilled=True)) == second and required_accumulators(replace(ctx, unfilled=True)) == 0
+    for other in (expr("matmul", M=2, K=179, N=4259), expr("matmul", M=1, K=61, N=100)):
+        assert unfilled_tile(AlignContext(other, dev, 0, (1, 1, 1), 0.1)) is None
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

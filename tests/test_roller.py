@@ -32,6 +32,7 @@ from workbench.construct.space import EPS_STEPS, Options, replay
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes
 from workbench.rtile.axes import always_streamed, stream_rows
+from workbench.rtile.registers import accumulators
 from workbench.rtile.plan import cpu_plan
 from workbench.rtile.rules import AlignContext, l1_set_lines
 from workbench.rtile.traffic import TileCalculus
@@ -826,3 +827,24 @@ def test_a_start_with_more_loads_than_fmas_adds_a_round_from_its_port_free_tile(
         register = c.program.register_tile
         assert (register[1] >= 32) if c.actions[0].count == 1 else True
         assert replay(stepper.space, c.actions) == c.program
+
+
+def test_a_one_row_start_filled_for_chains_adds_a_round_without_that_need():
+    """1 x 179 x 4259 on the same core: a core's share of N overflows the L1, so the start holds
+    the 8 accumulators the FMA latency asks for (8 vectors of one row) and grows from there; one
+    more round at the same eps starts from one vector (`alignment.unfilled_tile`) and searches
+    without that need, its candidates (start count 2) replaying to their programs with fewer
+    accumulators than the first round allows. (Markov's walks here end every round short of
+    ten programs, and the extra rounds follow a finished one only.)"""
+    spec = replace(detected_cpu("avx512", 2, 48 * KIB, 1024 * KIB), fma_latency_cycles=4)
+    stepper = Stepper(expr("matmul", M=1, K=179, N=4259), spec, "roller", Options(topk=10))
+    steps = stepper.run_to_end()
+    notes = [s.note for s in steps if s.note.startswith("the start 1x128x")]
+    assert len(notes) == 1 and "a row streaming B may not need" in notes[0]
+    candidates = stepper.candidates()
+    assert {c.actions[0].count for c in candidates} <= {0, 2} and any(c.actions[0].count == 2 for c in candidates)
+    for c in candidates:
+        chains = accumulators(c.expr, spec, c.program.register_tile)
+        assert (chains < spec.fma_accumulators) if c.actions[0].count == 2 else (chains >= spec.fma_accumulators)
+        assert replay(stepper.space, c.actions) == c.program
+    assert not stepper.space.unfilled  # the round's alignment without the need ended with it

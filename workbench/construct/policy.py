@@ -12,7 +12,8 @@ A policy is a class with
 in EPS_STEPS while fewer than K programs, and MIN_PROGRAMS at least, came out, keeping steps for
 the last round, `ROUNDS_KEPT`; one more round where a finished one ran its register rows in
 LLVM's pieces or without reuse that a larger eps has, and one from a second start where the
-first's register tile issues more loads than FMAs, `_extra_round`), emission (`emit`: scale-out over the units,
+first's register tile issues more loads than FMAs or a one-row matmul's holds chains its stream
+may not need, `_extra_round`), emission (`emit`: scale-out over the units,
 Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
 units idle (`split_k`), the estimate, the `Candidate`) and the
 step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a
@@ -65,8 +66,10 @@ class Policy:
                          "round at eps {eps}, where whole vectors pad it; the model prices both",
         "reuse": "no growth eps {eps} aligns saves a byte, so that round staged nothing below the registers; "
                  "from eps {wider} growth saves: one more round there; the model prices both",
-        "port_free": "the start {first} issues more loads than FMAs, which no growth of its rows changes: one more "
-                     "round at eps {eps} from {tile}, its loads under its FMAs; the model prices both",
+        "ports": "the start {first} issues more loads than FMAs, which no growth of its rows changes: one more "
+                 "round at eps {eps} from {tile}, its loads under its FMAs; the model prices both",
+        "stream": "the start {first} holds the accumulators the FMA latency asks for, which a row streaming B may "
+                  "not need: one more round at eps {eps} from {tile}, without that need; the model prices both",
         "keep_steps": "too few programs ({found} < {topk}), and {left} steps left: skip eps {eps}, keep them for "
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
@@ -84,7 +87,7 @@ class Policy:
         self.candidates: list[Candidate] = []
         self._extras = 0  # candidates that are balanced cuts of another (`emit`): extras
         self._found_before = 0  # programs of the rounds before an extra round (`_extra_round`)
-        self._port_free = False  # the round running starts from `Space.port_free_state` (`start_state`)
+        self._second: State | None = None  # the start of the second round running (`start_state`)
         self._emitted: set = set()
         self._count = 0
         self._visits: Counter = Counter()
@@ -98,8 +101,8 @@ class Policy:
         raise NotImplementedError
 
     def start_state(self, eps: float) -> State | None:
-        """Where a round at `eps` starts: the initial state, or in the port-free round its other start."""
-        return self.space.port_free_state(eps) if self._port_free else self.space.initial_state(eps)
+        """Where a round at `eps` starts: the initial state, or in the second round its start."""
+        return self._second if self._second is not None else self.space.initial_state(eps)
 
     # -- eps schedule --------------------------------------------------------------------------
     def steps(self) -> Iterator[Step]:
@@ -124,7 +127,7 @@ class Policy:
             if finished:
                 yield from self._whole_vector_round(eps)
                 yield from self._reuse_round(eps)
-                yield from self._port_free_round(eps)
+                yield from self._second_round(eps)
                 return
 
     def _whole_vector_round(self, eps: float) -> Iterator[Step]:
@@ -147,19 +150,22 @@ class Policy:
         yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), self.describe("reuse", eps=eps, wider=wider))
         yield from self._extra_round(wider)
 
-    def _port_free_round(self, eps: float) -> Iterator[Step]:
-        """One more round at `eps` from `Space.port_free_state`, where the initial register tile
-        issues more loads than FMAs; counted and taken as `_whole_vector_round`'s."""
-        start, first = self.space.port_free_state(eps), self.space.initial_state(eps)
-        if start is None or first is None or self.out_of_steps:
+    def _second_round(self, eps: float) -> Iterator[Step]:
+        """One more round at `eps` from `Space.second_start`, where there is one (a register tile
+        with more loads than FMAs; a one-row matmul's tile filled to chains its stream does not
+        need, searched without that need); counted and taken as `_whole_vector_round`'s."""
+        second, first = self.space.second_start(eps), self.space.initial_state(eps)
+        if second is None or first is None or self.out_of_steps:
             return
-        note = self.describe("port_free", first="x".join(map(str, first.tile)), tile="x".join(map(str, start.tile)), eps=eps)
+        why, start = second
+        note = self.describe(why, first="x".join(map(str, first.tile)), tile="x".join(map(str, start.tile)), eps=eps)
         yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
-        self._port_free = True
+        self._second = start
         try:
-            yield from self._extra_round(eps)
+            with self.space.unfilled_round(why == "stream"):
+                yield from self._extra_round(eps)
         finally:
-            self._port_free = False
+            self._second = None
 
     def _extra_round(self, eps: float) -> Iterator[Step]:
         self._found_before += self.found  # the rounds before keep theirs; this one counts from none

@@ -9,6 +9,7 @@ policies ask: is a tile aligned, does it fit, is it compute-bound, what are its 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
 from math import ceil, gcd
@@ -18,7 +19,9 @@ from workbench.errors import UserError
 from workbench.frozen import direct_init, interned
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.alignment import initial_tile, is_aligned, next_aligned_sizes, port_free_tile, prev_aligned_sizes
+from workbench.rtile.alignment import (
+    initial_tile, is_aligned, next_aligned_sizes, port_free_tile, prev_aligned_sizes, unfilled_tile,
+)
 from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projections
 from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
@@ -153,9 +156,11 @@ class Space:
         self.n_tile_layers = len(device.layers) - 1  # every layer but the bottom holds a tile
         self.axes = tuple(a.name for a in expr.axes)
         self.layer_names = tuple(l.name for l in device.layers)
+        # the alignment contexts' `unfilled` (`second_start`, `unfilled_round`); the memos keyed by it
+        self.unfilled = False
         self._aligned: dict[tuple, bool] = {}
         self._choices: dict[tuple, tuple] = {}  # `shrink_choices`
-        self._no_reuse: dict[float, bool] = {}
+        self._no_reuse: dict[tuple, bool] = {}
         self._contexts: dict[tuple, AlignContext] = {}
         self._footprints: dict[tuple, int] = {}
         self._reuse: dict[tuple, float] = {}
@@ -173,10 +178,10 @@ class Space:
     def context(self, layer: int, upper: Tile, eps: float) -> AlignContext:
         """The alignment context of `layer` under `upper` at `eps`: one object per key, whose
         hash the memoised rules (`alignment`) then compute once."""
-        key = (layer, upper, eps)
+        key = (layer, upper, eps, self.unfilled)
         ctx = self._contexts.get(key)
         if ctx is None:
-            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps)
+            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps, self.unfilled)
         return ctx
 
     def node_key(self, layer: int, tile: Tile, recorded: tuple[Tile, ...]) -> str:
@@ -201,14 +206,28 @@ class Space:
             return None
         return State(0, tile, (), eps, actions=(Action(Kind.START, 0, eps=eps),))
 
-    def port_free_state(self, eps: float) -> State | None:
-        """The second start at `eps` where the first one's register tile issues more loads than
-        FMAs (`alignment.port_free_tile`), or None; its start action's `count` is 1."""
+    def second_start(self, eps: float) -> tuple[str, State] | None:
+        """The construction's second start at `eps` and why (`Policy._second_round`), or None:
+        "ports" where the initial register tile issues more loads than FMAs
+        (`alignment.port_free_tile`; its start action's `count` 1), "stream" where a one-row
+        matmul's start is filled to the accumulators its stream does not need
+        (`alignment.unfilled_tile`, searched `unfilled_round`; `count` 2)."""
         ones = self.ones()
-        tile = port_free_tile(self.context(0, ones, eps))
-        if tile is None or self.over_capacity(0, tile, ones):
-            return None
-        return State(0, tile, (), eps, actions=(Action(Kind.START, 0, count=1, eps=eps),))
+        ctx = self.context(0, ones, eps)
+        for why, tile, count in (("ports", port_free_tile(ctx), 1), ("stream", unfilled_tile(ctx), 2)):
+            if tile is not None and not self.over_capacity(0, tile, ones):
+                return why, State(0, tile, (), eps, actions=(Action(Kind.START, 0, count=count, eps=eps),))
+        return None
+
+    @contextmanager
+    def unfilled_round(self, on: bool = True):
+        """Alignment without the accumulators a register tile must hold while inside (`on`): the
+        search from a "stream" `second_start`, and its replay."""
+        before, self.unfilled = self.unfilled, on
+        try:
+            yield
+        finally:
+            self.unfilled = before
 
     def footprint(self, layer: int, tile: Tile, upper: Tile) -> int:
         """Bytes `tile` under `upper` occupies at `layer` (`rprogram.layer_footprint`); memoised."""
@@ -259,10 +278,11 @@ class Space:
         """Whether programs at `eps` stage data below the top layer: not for an operator without
         reuse (`no_reuse` at the initial tile), which loads straight from the bottom (Roller
         §3.2); then a lower layer's capacity does not bound what the top layer holds."""
-        if eps not in self._no_reuse:
+        key = (eps, self.unfilled)
+        if key not in self._no_reuse:
             start = self.initial_state(eps)
-            self._no_reuse[eps] = start is not None and self.no_reuse(start)
-        return not self._no_reuse[eps]
+            self._no_reuse[key] = start is not None and self.no_reuse(start)
+        return not self._no_reuse[key]
 
     def cached(self, n_tiles: int, eps: float) -> tuple[bool, ...]:
         """Layers a program of `n_tiles` tiles at `eps` stages data in: all, or only the top one
@@ -317,7 +337,7 @@ class Space:
         return self.program(state.recorded, state.eps, state.vthreads)
 
     def aligned(self, layer: int, tile: Tile, upper: Tile, eps: float) -> bool:
-        key = (layer, tile, upper, eps)
+        key = (layer, tile, upper, eps, self.unfilled)
         ok = self._aligned.get(key)
         if ok is None:
             ok = self._aligned[key] = is_aligned(self.context(layer, upper, eps), tile)
@@ -334,7 +354,7 @@ class Space:
     def shrink_choices(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...]], ...]:
         """The first shrink of the unit tile along each spatial axis that can shrink, (axis,
         tiles) each, Roller-S's (`shrink_unit`) first: a CPU's `Policy.emit` prices the others."""
-        key = (tiles, eps)
+        key = (tiles, eps, self.unfilled)
         if key not in self._choices:
             self._choices[key] = _shrink_options(self, tiles, eps, self.cached(len(tiles), eps))
         return self._choices[key]
@@ -604,19 +624,25 @@ def legal_actions(space: Space, state: State) -> tuple[Action, ...]:
 
 def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
     """The program a candidate's actions build: from the initial state at the start action's
-    eps (the port-free one where its `count` is 1), every action applied in turn (a candidate's
-    actions end at the bottom layer)."""
+    eps (the second one, `Space.second_start`, where its `count` says so), every action applied
+    in turn, aligned as that start's round was (a candidate's actions end at the bottom layer)."""
     if not actions or actions[0].kind != Kind.START:
         raise UserError("replay: actions must begin with a start action")
     first = actions[0]
-    state = space.port_free_state(first.eps) if first.count == 1 else space.initial_state(first.eps)
+    if first.count:  # a second start: the one `second_start` gives at its eps, if of its kind
+        second = space.second_start(first.eps)
+        state = second[1] if second is not None and second[1].actions[0] == first else None
+    else:
+        state = space.initial_state(first.eps)
     if state is None:
-        raise UserError(f"replay: no aligned tile fits {space.layer_names[0]} at eps {actions[0].eps}")
-    for action in actions[1:]:
-        state = apply(space, state, action)
-    if state.layer < space.n_tile_layers:
-        raise UserError(f"replay: the actions end at {space.layer_names[state.layer]}, not the bottom layer")
-    program, split = space.program_of(state), actions[-1].count if actions[-1].kind == Kind.EMIT else 0
+        raise UserError(f"replay: no aligned tile fits {space.layer_names[0]} at eps {first.eps}")
+    with space.unfilled_round(first.count == 2):
+        for action in actions[1:]:
+            state = apply(space, state, action)
+        if state.layer < space.n_tile_layers:
+            raise UserError(f"replay: the actions end at {space.layer_names[state.layer]}, not the bottom layer")
+        program = space.program_of(state)
+    split = actions[-1].count if actions[-1].kind == Kind.EMIT else 0
     return replace(program, split=split, grid=program.grid * split) if split > 1 else program  # split-K (policy.split_k)
 
 

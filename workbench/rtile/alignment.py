@@ -14,6 +14,7 @@ input that axis indexes and broadcasts the elements of the others into one regis
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from math import ceil, prod
 
@@ -22,7 +23,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import (
     cross_thread_axis, filter_lanes, is_micro_kernel_layer, lane_axis, plain_projections, share_streams_from_l1,
-    short_filter_axis, tile_lanes,
+    short_filter_axis, stream_rows_axis, tile_lanes,
 )
 from workbench.rtile.registers import accumulators, micro_kernel_registers, resident_block_limit, step_loads
 from workbench.rtile.rules import (
@@ -78,7 +79,7 @@ def required_accumulators(ctx: AlignContext) -> int:
     (`_accumulator_fill`), so construction still finds programs, with as many accumulators as
     they can have."""
     device, expr = ctx.device, ctx.expr
-    if not is_micro_kernel_layer(device, ctx.layer) or not device.fma_accumulators:
+    if ctx.unfilled or not is_micro_kernel_layer(device, ctx.layer) or not device.fma_accumulators:
         return 0
     if not expr.reduce or lane_axis(expr, device) is None:
         return 0
@@ -135,10 +136,11 @@ def port_free_tile(ctx: AlignContext) -> Tile | None:
     as many vector loads a cycle as it has FMA pipes, `model.cpu_compute.load_coverage`), the
     aligned tile within the register budget (`_tiles_within_budget`) with at least its
     accumulators and no more loads than FMAs that takes the fewest registers (then the most
-    accumulators, then the smallest): a second start for construction (`Policy`'s port-free
-    round), whose programs the model prices against the first's. None where the start's loads
-    are under its FMAs or no such tile exists (a gemv, whose matrix feeds one FMA a load at
-    every width).
+    accumulators, then the smallest): a second start for construction (`Policy`'s second
+    round, `Space.second_start`), whose programs the model prices against the first's. None
+    where the start's loads are under its FMAs or no such tile exists (a gemv, whose matrix
+    feeds one FMA a load at every width; a one-row matmul, whose other start is
+    `unfilled_tile`).
 
     A one-vector-wide matmul tile of r rows broadcasts r elements of A and loads one vector of B
     for its r FMAs whatever r is, so the growth of rows that the accumulator path and Roller's
@@ -150,7 +152,7 @@ def port_free_tile(ctx: AlignContext) -> Tile | None:
     6 x 64 371-385). Neither family wins everywhere: 38 x 1949 x 3643's 19 x 16 tiles ran 2.3-2.8
     ms, and the port-free tiles 38 rows allow, 3 rows of 3 to 5 vectors (13 rows pad), 2.5-3.2
     (the model had both orders right), so the port-free start adds its programs rather than
-    replacing the first's (docs/evidence.md#port-free-start)."""
+    replacing the first's (docs/evidence.md#second-start)."""
     expr, device = ctx.expr, ctx.device
     tile = initial_tile(ctx)
     if tile is None or not required_accumulators(ctx):
@@ -163,6 +165,27 @@ def port_free_tile(ctx: AlignContext) -> Tile | None:
     if not covered:
         return None
     return min(covered, key=lambda t: (micro_kernel_registers(expr, device, t), -accumulators(expr, device, t), t))
+
+
+@lru_cache(maxsize=4096)
+def unfilled_tile(ctx: AlignContext) -> Tile | None:
+    """Where `initial_tile` fills a one-row matmul's register tile (`axes.stream_rows_axis`: B
+    streamed, a row of it a reduction step) to the accumulators the FMA latency asks for, the
+    start without that need (`AlignContext.unfilled`): a second start for construction
+    (`Policy`'s second round, `Space.second_start`), whose programs the model prices against
+    the first's. None elsewhere, and where the two starts are the same tile.
+
+    Such an operator's floor is B's stream, not its FMA chains, and growth from the filled
+    tile's 8 vectors (AVX-512) never narrows: 1 x 179 x 4259 (B's 3 MB in the L3) ran register
+    rows of 160 columns in 37-39 us, rows of 64 and 112 under the same cache tiles in 25-28,
+    which the model prices 30 and 34 against 42. Dropping the need for every one-row matmul lost
+    where the filled tiles run faster (1 x 183 x 2793 14 -> 24 us, 1 x 2503 x 2493 342-363 ->
+    413-426: docs/evidence.md#one-row-shares), so both starts' programs compete
+    (docs/evidence.md#second-start)."""
+    if ctx.unfilled or stream_rows_axis(ctx.expr, ctx.device) is None or not required_accumulators(ctx):
+        return None
+    tile = initial_tile(replace(ctx, unfilled=True))
+    return None if tile is None or tile == initial_tile(ctx) else tile
 
 
 def _tiles_within_budget(ctx: AlignContext, start: Tile, budget: int) -> list[Tile]:

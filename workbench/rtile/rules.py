@@ -54,6 +54,7 @@ class AlignContext:
     layer: int  # index into device.layers, 0 = top (registers)
     upper: Tile  # the tile one layer up (all ones at the top layer)
     eps: float
+    unfilled: bool = False  # no accumulators required (a one-row matmul's second start: `alignment.unfilled_tile`)
 
     @property
     def scope(self) -> str:
