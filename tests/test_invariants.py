@@ -24,7 +24,7 @@ from helpers import device, expr, unique_workloads, workload_expr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.construct.space import Options, Space
+from workbench.construct.space import STREAM_START, Options, Space
 from workbench.construct.stepper import Stepper
 from workbench.hardware.detect import build_local_spec, detect_local_cpu, parse_cpuinfo
 from workbench.hardware.loader import list_presets
@@ -374,7 +374,7 @@ def construct_within_limits(e, dev, policy: str, options: Options = Options()) -
     stepper = Stepper(e, dev, policy, options)
     stepper.run_to_end()
     for cand in stepper.candidates():
-        assert_within_limits(stepper.space, cand.program, cand.actions[0].count == 2)
+        assert_within_limits(stepper.space, cand.program, cand.actions[0].count == STREAM_START)
     return stepper
 
 

@@ -55,6 +55,8 @@ class Kind(str, Enum):
 
 
 RESIZES = (Kind.GROW, Kind.SHRINK, Kind.INV_TILE)  # actions that set one axis of a tile to `size`
+# a start action's `count` where it starts a second round (`Space.second_start`), 0 elsewhere
+PORTS_START, STREAM_START = 1, 2
 
 
 class IllegalAction(ValueError):
@@ -209,12 +211,13 @@ class Space:
     def second_start(self, eps: float) -> tuple[str, State] | None:
         """The construction's second start at `eps` and why (`Policy._second_round`), or None:
         "ports" where the initial register tile issues more loads than FMAs
-        (`alignment.port_free_tile`; its start action's `count` 1), "stream" where a one-row
-        matmul's start is filled to the accumulators its stream does not need
-        (`alignment.unfilled_tile`, searched `unfilled_round`; `count` 2)."""
+        (`alignment.port_free_tile`; its start action's `count` PORTS_START), "stream" where a
+        one-row matmul's start is filled to the accumulators its stream does not need
+        (`alignment.unfilled_tile`, searched `unfilled_round`; STREAM_START)."""
         ones = self.ones()
         ctx = self.context(0, ones, eps)
-        for why, tile, count in (("ports", port_free_tile(ctx), 1), ("stream", unfilled_tile(ctx), 2)):
+        starts = (("ports", port_free_tile(ctx), PORTS_START), ("stream", unfilled_tile(ctx), STREAM_START))
+        for why, tile, count in starts:
             if tile is not None and not self.over_capacity(0, tile, ones):
                 return why, State(0, tile, (), eps, actions=(Action(Kind.START, 0, count=count, eps=eps),))
         return None
@@ -636,7 +639,7 @@ def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
         state = space.initial_state(first.eps)
     if state is None:
         raise UserError(f"replay: no aligned tile fits {space.layer_names[0]} at eps {first.eps}")
-    with space.unfilled_round(first.count == 2):
+    with space.unfilled_round(first.count == STREAM_START):
         for action in actions[1:]:
             state = apply(space, state, action)
         if state.layer < space.n_tile_layers:
