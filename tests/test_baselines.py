@@ -56,6 +56,30 @@ def test_numpy_times_matmul_and_gemv(cpu, expr):
     assert "threads" in result.note
 
 
+def test_numpy_names_the_blas_it_multiplies_with(cpu):
+    """The note names the library threadpoolctl finds behind numpy (this environment's wheel
+    ships OpenBLAS), as `blas_description` writes it."""
+    pytest.importorskip("threadpoolctl")
+    from threadpoolctl import threadpool_info
+
+    note = Baseline("numpy").measure(_matmul(8), cpu).note
+    assert note.startswith(baselines.blas_description(threadpool_info()) + " limited to")
+    assert not note.startswith("BLAS limited")  # a library was found and named
+
+
+def test_blas_description_prefers_numpys_own_and_names_its_kernels():
+    scipy = {"user_api": "blas", "internal_api": "openblas", "version": "0.3.21", "architecture": "Zen",
+             "filepath": "/site-packages/scipy.libs/libopenblas.so"}
+    ours = {"user_api": "blas", "internal_api": "openblas", "version": "0.3.31", "architecture": "Haswell",
+            "filepath": "/site-packages/numpy.libs/libscipy_openblas64_.so"}
+    openmp = {"user_api": "openmp", "internal_api": "openmp", "version": None, "filepath": "/lib/libgomp.so"}
+    assert baselines.blas_description([openmp, scipy, ours]) == "OpenBLAS 0.3.31 (Haswell kernels)"
+    assert baselines.blas_description([scipy]) == "OpenBLAS 0.3.21 (Zen kernels)"
+    mkl = {"user_api": "blas", "internal_api": "mkl", "version": "2024.1", "filepath": "/x/numpy/libmkl_rt.so"}
+    assert baselines.blas_description([mkl]) == "MKL 2024.1"
+    assert baselines.blas_description([openmp]) == "BLAS"
+
+
 def test_numpy_refuses_other_operators(cpu):
     relu = catalog.build("relu", {"shape": (8, 8)})
     result = Baseline("numpy").measure(relu, cpu)

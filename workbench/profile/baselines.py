@@ -4,7 +4,8 @@ compiler, measured in the same run as the workbench's kernels so the comparison 
 - `numpy` (matmul, gemv): `A @ B` through numpy's BLAS. Its threads are set to the device's cores
   with `threadpoolctl` when that is installed; without it BLAS keeps the thread count it chose
   when numpy was imported (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, read only at that moment, are
-  the way to change it), and the result's note says so.
+  the way to change it), and the result's note says so. The note names the BLAS too: library,
+  version and the kernels it chose for this CPU (`blas_description`).
 - `torch` (matmul, gemv, conv2d, depthwise_conv2d, pooling, relu/add/gelu, reductions): PyTorch on
   the CPU with `torch.set_num_threads(cores)`; "torch not installed" when it cannot be imported.
   On an NVIDIA GPU device it runs on the GPU through PyTorch's CUDA build, i.e. cuBLAS and cuDNN
@@ -192,10 +193,31 @@ def _blas_threads(threads: int):
     if importlib.util.find_spec("threadpoolctl") is None:
         yield "threadpoolctl not installed: BLAS kept the threads it chose when numpy was imported"
         return
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_info, threadpool_limits
 
     with threadpool_limits(limits=threads, user_api="blas"):
-        yield f"BLAS limited to {threads} threads by threadpoolctl"
+        yield f"{blas_description(threadpool_info())} limited to {threads} threads by threadpoolctl"
+
+
+# threadpoolctl's `internal_api` names as their libraries call themselves
+_BLAS_NAMES = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS", "flexiblas": "FlexiBLAS"}
+
+
+def blas_description(infos: list[dict]) -> str:
+    """The BLAS numpy multiplies with, from threadpoolctl's `threadpool_info()`: library, version
+    and the kernels it chose for this CPU ("OpenBLAS 0.3.31 (Haswell kernels)"), the one numpy
+    ships where several are loaded. The kernels are what a run's figures are against: OpenBLAS
+    picks them by the CPU's flags at load time, and OPENBLAS_CORETYPE (read then) overrides it,
+    as AVX2 code on an AVX-512 CPU is compared with AVX2 kernels (docs/benchmarks.md)."""
+    blas = [i for i in infos if i.get("user_api") == "blas"]
+    own = [i for i in blas if "numpy" in str(i.get("filepath", ""))] or blas
+    if not own:
+        return "BLAS"
+    info = own[0]
+    name = _BLAS_NAMES.get(str(info.get("internal_api")), str(info.get("internal_api") or "BLAS"))
+    version = f" {info['version']}" if info.get("version") else ""
+    kernels = f" ({info['architecture']} kernels)" if info.get("architecture") else ""
+    return f"{name}{version}{kernels}"
 
 
 def _torch(baseline: Baseline, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
