@@ -34,7 +34,7 @@ from workbench.rtile.rules import (
     VectorLanesRule,
     WarpGroupRule,
     WeightsAheadRule,
-    block_thread_multiple, l1_set_lines, whole_vector_bound, whole_vector_waste,
+    block_thread_multiple, dividing_axes, dividing_reduction, l1_set_lines, whole_vector_bound, whole_vector_waste,
 )
 from workbench.rtile.traffic import bank_padding, calculus
 
@@ -473,6 +473,25 @@ def test_a_start_with_more_loads_than_fmas_has_a_port_free_second(dev):
     gctx = AlignContext(gemv, dev, 0, (1, 1), 0.05)
     tile, vectors = initial_tile(gctx), initial_tile(gctx)[1] // lanes  # of x, and of each of A's rows
     assert step_loads(gemv, dev, tile) == accumulators(gemv, dev, tile) + vectors and port_free_tile(gctx) is None
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_reduction_no_whole_line_tile_divides_has_dividing_tiles_in_their_round(dev):
+    """K = 1222 = 2 x 13 x 47 (floats over 64 B lines): no multiple of 16 divides it, while 26,
+    47 and 94 do, so in the dividing round (`AlignContext.dividing`) an L1 tile along K is one of
+    those (a line or more, dividing K: 13 is under a line), and in the first round one of whole
+    lines (176, which leaves a tail). K = 1024 has whole-line divisors, K = 1021 (prime) and K =
+    13 no divisor of a line or more, and a GPU never: no round for them."""
+    e = expr("matmul", M=4, K=1222, N=64)
+    k, line = 2, dev.layers[2].transaction_bytes
+    first, dividing = AlignContext(e, dev, 1, (4, 64, 1), 0.1), AlignContext(e, dev, 1, (4, 64, 1), 0.1, dividing=True)
+    transaction = next(r for r in RULES if r.name == "memory-transaction")
+    assert [s for s in (13, 16, 26, 47, 94, 176) if transaction.axis_ok(dividing, k, s)] == [26, 47, 94]
+    assert [s for s in (13, 16, 26, 47, 94, 176) if transaction.axis_ok(first, k, s)] == [16, 176]
+    assert dividing_reduction(e, dev, k, 1, 4, line) and dividing_axes(e, dev) == (k,)
+    for other in (expr("matmul", M=4, K=1024, N=64), expr("matmul", M=4, K=1021, N=64), expr("matmul", M=4, K=13, N=64)):
+        assert not dividing_reduction(other, dev, k, 1, 4, line) and dividing_axes(other, dev) == ()
+    assert dividing_axes(e, device("v100")) == ()
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

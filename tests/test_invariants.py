@@ -24,7 +24,7 @@ from helpers import device, expr, unique_workloads, workload_expr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.construct.space import STREAM_START, Options, Space
+from workbench.construct.space import START_KINDS, Options, Space
 from workbench.construct.stepper import Stepper
 from workbench.hardware.detect import build_local_spec, detect_local_cpu, parse_cpuinfo
 from workbench.hardware.loader import list_presets
@@ -317,10 +317,11 @@ def spread_reduce_axis(e, dev):
     return k
 
 
-def assert_within_limits(space: Space, program, unfilled: bool = False) -> None:
-    """Every invariant of `program`'s tiles; `unfilled`: it comes from a one-row matmul's second
-    round, whose register tiles need not hold the accumulators the FMA latency asks for
-    (`alignment.unfilled_tile`)."""
+def assert_within_limits(space: Space, program, kind: str = "") -> None:
+    """Every invariant of `program`'s tiles, aligned as the round of `kind` that made it
+    (`Space.second_starts`): "stream", a one-row matmul's, whose register tiles need not hold
+    the accumulators the FMA latency asks for (`alignment.unfilled_tile`); "dividing", whose
+    cache tiles divide a reduction no tile of whole lines divides (`rules.dividing_reduction`)."""
     e, dev = space.expr, space.device
     n_tiles = len(dev.layers) - 1
     assert len(program.tiles) == n_tiles and program.cached[0], program
@@ -336,7 +337,8 @@ def assert_within_limits(space: Space, program, unfilled: bool = False) -> None:
             if a == padded:  # a register row padded to whole vectors, and the tiles above it
                 most = max(most, ceil(ceil(axis.extent / dev.warp_size) * dev.warp_size / above) * above)
             assert size % above == 0 and above <= size <= most, (layer, tile, upper)
-        assert is_aligned(AlignContext(e, dev, layer, upper, program.eps, unfilled), tile), (layer, tile)
+        ctx = AlignContext(e, dev, layer, upper, program.eps, kind == "stream", kind == "dividing")
+        assert is_aligned(ctx, tile), (layer, tile)
         if program.cached[layer] and not (dev.kind == "cpu" and layer == 0):  # CPU registers: below
             used = staged_bytes(e, dev, layer, tile, program.padding[layer])
             assert used <= dev.layers[layer].capacity_bytes, (dev.layers[layer].name, tile, used)
@@ -374,7 +376,7 @@ def construct_within_limits(e, dev, policy: str, options: Options = Options()) -
     stepper = Stepper(e, dev, policy, options)
     stepper.run_to_end()
     for cand in stepper.candidates():
-        assert_within_limits(stepper.space, cand.program, cand.actions[0].count == STREAM_START)
+        assert_within_limits(stepper.space, cand.program, START_KINDS.get(cand.actions[0].count, ""))
     return stepper
 
 

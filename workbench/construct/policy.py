@@ -36,6 +36,7 @@ from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.plan import loop_nest_key
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
+from workbench.rtile.rules import dividing_axes
 
 
 # A round of the eps ladder before the last runs only while the steps left would hold this many
@@ -70,6 +71,9 @@ class Policy:
                  "round at eps {eps} from {tile}, its loads under its FMAs; the model prices both",
         "stream": "the start {first} holds the accumulators the FMA latency asks for, which a row streaming B may "
                   "not need: one more round at eps {eps} from {tile}, without that need; the model prices both",
+        "dividing": "no cache tile of whole lines divides {axes}, so each leaves a tail the template pads, copying "
+                    "every input in every call: one more round at eps {eps} from {tile}, its cache tiles along "
+                    "{axes} dividing it; the model prices both",
         "keep_steps": "too few programs ({found} < {topk}), and {left} steps left: skip eps {eps}, keep them for "
                       "the last round (eps {last})",
         "shrink": "grid {before}: too few tiles for {units} units, shrink {axis} (smallest reuse) to {size}: grid {after}",
@@ -151,21 +155,25 @@ class Policy:
         yield from self._extra_round(wider)
 
     def _second_round(self, eps: float) -> Iterator[Step]:
-        """One more round at `eps` from `Space.second_start`, where there is one (a register tile
-        with more loads than FMAs; a one-row matmul's tile filled to chains its stream does not
-        need, searched without that need); counted and taken as `_whole_vector_round`'s."""
-        second, first = self.space.second_start(eps), self.space.initial_state(eps)
-        if second is None or first is None or self.out_of_steps:
-            return
-        why, start = second
-        note = self.describe(why, first="x".join(map(str, first.tile)), tile="x".join(map(str, start.tile)), eps=eps)
-        yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
-        self._second = start
-        try:
-            with self.space.unfilled_round(why == "stream"):
-                yield from self._extra_round(eps)
-        finally:
-            self._second = None
+        """One more round at `eps` from each of `Space.second_starts` (a register tile with more
+        loads than FMAs; a one-row matmul's tile filled to chains its stream does not need,
+        searched without that need; a reduction's cache tiles dividing it where no tile of whole
+        lines does), each aligned as its kind asks (`Space.round_of`); counted and taken as
+        `_whole_vector_round`'s."""
+        first = self.space.initial_state(eps)
+        for why, start in self.space.second_starts(eps) if first is not None else ():
+            if self.out_of_steps:
+                return
+            axes = ", ".join(self.space.axes[a] for a in dividing_axes(self.space.expr, self.space.device))
+            note = self.describe(why, first="x".join(map(str, first.tile)), tile="x".join(map(str, start.tile)),
+                                 eps=eps, axes=axes)
+            yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
+            self._second = start
+            try:
+                with self.space.round_of(why):
+                    yield from self._extra_round(eps)
+            finally:
+                self._second = None
 
     def _extra_round(self, eps: float) -> Iterator[Step]:
         self._found_before += self.found  # the rounds before keep theirs; this one counts from none

@@ -27,7 +27,7 @@ from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
 from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
-from workbench.rtile.rules import AlignContext, whole_vector_bound, whole_vector_waste
+from workbench.rtile.rules import AlignContext, dividing_axes, whole_vector_bound, whole_vector_waste
 from workbench.rtile.traffic import calculus
 
 Tile = tuple[int, ...]
@@ -55,8 +55,10 @@ class Kind(str, Enum):
 
 
 RESIZES = (Kind.GROW, Kind.SHRINK, Kind.INV_TILE)  # actions that set one axis of a tile to `size`
-# a start action's `count` where it starts a second round (`Space.second_start`), 0 elsewhere
-PORTS_START, STREAM_START = 1, 2
+# a start action's `count` where it starts a second round (`Space.second_starts`), 0 elsewhere,
+# and the kind of round each names
+PORTS_START, STREAM_START, DIVIDING_START = 1, 2, 3
+START_KINDS = {PORTS_START: "ports", STREAM_START: "stream", DIVIDING_START: "dividing"}
 
 
 class IllegalAction(ValueError):
@@ -158,8 +160,9 @@ class Space:
         self.n_tile_layers = len(device.layers) - 1  # every layer but the bottom holds a tile
         self.axes = tuple(a.name for a in expr.axes)
         self.layer_names = tuple(l.name for l in device.layers)
-        # the alignment contexts' `unfilled` (`second_start`, `unfilled_round`); the memos keyed by it
-        self.unfilled = False
+        # the round's alignment (`second_starts`, `round_of`): "" or a second round's kind, whose
+        # contexts are `unfilled` ("stream") or `dividing` ("dividing"); the memos keyed by it
+        self.mode = ""
         self._aligned: dict[tuple, bool] = {}
         self._choices: dict[tuple, tuple] = {}  # `shrink_choices`
         self._no_reuse: dict[tuple, bool] = {}
@@ -180,10 +183,11 @@ class Space:
     def context(self, layer: int, upper: Tile, eps: float) -> AlignContext:
         """The alignment context of `layer` under `upper` at `eps`: one object per key, whose
         hash the memoised rules (`alignment`) then compute once."""
-        key = (layer, upper, eps, self.unfilled)
+        key = (layer, upper, eps, self.mode)
         ctx = self._contexts.get(key)
         if ctx is None:
-            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps, self.unfilled)
+            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps,
+                                                     self.mode == "stream", self.mode == "dividing")
         return ctx
 
     def node_key(self, layer: int, tile: Tile, recorded: tuple[Tile, ...]) -> str:
@@ -208,29 +212,36 @@ class Space:
             return None
         return State(0, tile, (), eps, actions=(Action(Kind.START, 0, eps=eps),))
 
-    def second_start(self, eps: float) -> tuple[str, State] | None:
-        """The construction's second start at `eps` and why (`Policy._second_round`), or None:
-        "ports" where the initial register tile issues more loads than FMAs
-        (`alignment.port_free_tile`; its start action's `count` PORTS_START), "stream" where a
-        one-row matmul's start is filled to the accumulators its stream does not need
-        (`alignment.unfilled_tile`, searched `unfilled_round`; STREAM_START)."""
+    def second_starts(self, eps: float) -> tuple[tuple[str, State], ...]:
+        """The construction's second rounds' starts at `eps`, each with its kind
+        (`Policy._second_round`, which runs each under `round_of` its kind): "ports" where the
+        initial register tile issues more loads than FMAs (`alignment.port_free_tile`; its start
+        action's `count` PORTS_START), else "stream" where a one-row matmul's start is filled to
+        the accumulators its stream does not need (`alignment.unfilled_tile`; STREAM_START); and
+        "dividing", from the initial tile, where a reduction no cache tile of whole lines divides
+        has tiles of a line or more that do (`rules.dividing_axes`; DIVIDING_START)."""
         ones = self.ones()
         ctx = self.context(0, ones, eps)
-        starts = (("ports", port_free_tile(ctx), PORTS_START), ("stream", unfilled_tile(ctx), STREAM_START))
-        for why, tile, count in starts:
+        out = []
+        for why, tile, count in (("ports", port_free_tile(ctx), PORTS_START), ("stream", unfilled_tile(ctx), STREAM_START)):
             if tile is not None and not self.over_capacity(0, tile, ones):
-                return why, State(0, tile, (), eps, actions=(Action(Kind.START, 0, count=count, eps=eps),))
-        return None
+                out.append((why, State(0, tile, (), eps, actions=(Action(Kind.START, 0, count=count, eps=eps),))))
+                break
+        first = self.initial_state(eps) if dividing_axes(self.expr, self.device) else None
+        if first is not None:
+            out.append(("dividing", replace(first, actions=(Action(Kind.START, 0, count=DIVIDING_START, eps=eps),))))
+        return tuple(out)
 
     @contextmanager
-    def unfilled_round(self, on: bool = True):
-        """Alignment without the accumulators a register tile must hold while inside (`on`): the
-        search from a "stream" `second_start`, and its replay."""
-        before, self.unfilled = self.unfilled, on
+    def round_of(self, kind: str = ""):
+        """The alignment of a second round of `kind` (`second_starts`) while inside: "stream"
+        without the accumulators a register tile must hold, "dividing" with a reduction's cache
+        tiles dividing it; "" (or "ports") the first round's. The search and its replay."""
+        before, self.mode = self.mode, kind if kind in ("stream", "dividing") else ""
         try:
             yield
         finally:
-            self.unfilled = before
+            self.mode = before
 
     def footprint(self, layer: int, tile: Tile, upper: Tile) -> int:
         """Bytes `tile` under `upper` occupies at `layer` (`rprogram.layer_footprint`); memoised."""
@@ -281,7 +292,7 @@ class Space:
         """Whether programs at `eps` stage data below the top layer: not for an operator without
         reuse (`no_reuse` at the initial tile), which loads straight from the bottom (Roller
         §3.2); then a lower layer's capacity does not bound what the top layer holds."""
-        key = (eps, self.unfilled)
+        key = (eps, self.mode)
         if key not in self._no_reuse:
             start = self.initial_state(eps)
             self._no_reuse[key] = start is not None and self.no_reuse(start)
@@ -340,7 +351,7 @@ class Space:
         return self.program(state.recorded, state.eps, state.vthreads)
 
     def aligned(self, layer: int, tile: Tile, upper: Tile, eps: float) -> bool:
-        key = (layer, tile, upper, eps, self.unfilled)
+        key = (layer, tile, upper, eps, self.mode)
         ok = self._aligned.get(key)
         if ok is None:
             ok = self._aligned[key] = is_aligned(self.context(layer, upper, eps), tile)
@@ -357,7 +368,7 @@ class Space:
     def shrink_choices(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...]], ...]:
         """The first shrink of the unit tile along each spatial axis that can shrink, (axis,
         tiles) each, Roller-S's (`shrink_unit`) first: a CPU's `Policy.emit` prices the others."""
-        key = (tiles, eps, self.unfilled)
+        key = (tiles, eps, self.mode)
         if key not in self._choices:
             self._choices[key] = _shrink_options(self, tiles, eps, self.cached(len(tiles), eps))
         return self._choices[key]
@@ -627,19 +638,18 @@ def legal_actions(space: Space, state: State) -> tuple[Action, ...]:
 
 def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
     """The program a candidate's actions build: from the initial state at the start action's
-    eps (the second one, `Space.second_start`, where its `count` says so), every action applied
+    eps (a second round's, `Space.second_starts`, where its `count` says so), every action applied
     in turn, aligned as that start's round was (a candidate's actions end at the bottom layer)."""
     if not actions or actions[0].kind != Kind.START:
         raise UserError("replay: actions must begin with a start action")
     first = actions[0]
-    if first.count:  # a second start: the one `second_start` gives at its eps, if of its kind
-        second = space.second_start(first.eps)
-        state = second[1] if second is not None and second[1].actions[0] == first else None
+    if first.count:  # a second start: the one `second_starts` gives at its eps, if of its kind
+        state = next((start for _, start in space.second_starts(first.eps) if start.actions[0] == first), None)
     else:
         state = space.initial_state(first.eps)
     if state is None:
         raise UserError(f"replay: no aligned tile fits {space.layer_names[0]} at eps {first.eps}")
-    with space.unfilled_round(first.count == STREAM_START):
+    with space.round_of(START_KINDS.get(first.count, "")):
         for action in actions[1:]:
             state = apply(space, state, action)
         if state.layer < space.n_tile_layers:

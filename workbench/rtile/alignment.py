@@ -137,7 +137,7 @@ def port_free_tile(ctx: AlignContext) -> Tile | None:
     aligned tile within the register budget (`_tiles_within_budget`) with at least its
     accumulators and no more loads than FMAs that takes the fewest registers (then the most
     accumulators, then the smallest): a second start for construction (`Policy`'s second
-    round, `Space.second_start`), whose programs the model prices against the first's. None
+    round, `Space.second_starts`), whose programs the model prices against the first's. None
     where the start's loads are under its FMAs or no such tile exists (a gemv, whose matrix
     feeds one FMA a load at every width; a one-row matmul, whose other start is
     `unfilled_tile`).
@@ -172,7 +172,7 @@ def unfilled_tile(ctx: AlignContext) -> Tile | None:
     """Where `initial_tile` fills a one-row matmul's register tile (`axes.stream_rows_axis`: B
     streamed, a row of it a reduction step) to the accumulators the FMA latency asks for, the
     start without that need (`AlignContext.unfilled`): a second start for construction
-    (`Policy`'s second round, `Space.second_start`), whose programs the model prices against
+    (`Policy`'s second round, `Space.second_starts`), whose programs the model prices against
     the first's. None elsewhere, and where the two starts are the same tile.
 
     Such an operator's floor is B's stream, not its FMA chains, and growth from the filled
@@ -290,22 +290,24 @@ def _partition(rules) -> tuple[tuple[AlignmentRule, ...], ...]:
 @lru_cache(maxsize=4096)
 def _answers(ctx: AlignContext, rules) -> _Answers:
     """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
-    return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules),
-                    _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules), _tile_answers(ctx.expr, ctx.device, ctx.layer, rules))
+    mode = (ctx.unfilled, ctx.dividing)
+    return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules, mode),
+                    _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules, mode),
+                    _tile_answers(ctx.expr, ctx.device, ctx.layer, rules, mode))
 
 
 @lru_cache(maxsize=1024)
-def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float | None, rules) -> dict:
+def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float | None, rules, mode: tuple) -> dict:
     """The per-axis answers of `rules` at a layer and eps (None: of those rules that do not read
-    eps), by (axis, upper size, size): a per-axis rule reads the tile above along its own axis
-    only (`rules.AlignmentRule`)."""
+    eps) in a round's `mode` (`AlignContext.unfilled`, `.dividing`), by (axis, upper size,
+    size): a per-axis rule reads the tile above along its own axis only (`rules.AlignmentRule`)."""
     return {}
 
 
 @lru_cache(maxsize=1024)
-def _tile_answers(expr: TensorExpr, device: DeviceSpec, layer: int, rules) -> dict:
-    """The whole-tile answers of those of `rules` that do not read eps at a layer, by (upper
-    tile, tile)."""
+def _tile_answers(expr: TensorExpr, device: DeviceSpec, layer: int, rules, mode: tuple) -> dict:
+    """The whole-tile answers of those of `rules` that do not read eps at a layer in a round's
+    `mode`, by (upper tile, tile)."""
     return {}
 
 

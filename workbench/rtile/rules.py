@@ -55,6 +55,7 @@ class AlignContext:
     upper: Tile  # the tile one layer up (all ones at the top layer)
     eps: float
     unfilled: bool = False  # no accumulators required (a one-row matmul's second start: `alignment.unfilled_tile`)
+    dividing: bool = False  # a reduction's cache tiles divide it in place of whole lines (`dividing_reduction`)
 
     @property
     def scope(self) -> str:
@@ -136,7 +137,9 @@ class TransactionRule(PerAxisRule):
     streamed rows be long (a 1 x 1008 x 4 L1 tile, where whole lines of A ask for 16 K-steps).
     A streamed run of at least LONG_RUN transactions may end inside one: its two partial ends
     add at most 2 / LONG_RUN to its bytes, and it lets the cores split a row that is a whole
-    number of lines but not of two (504 columns of 1001, two per row of B)."""
+    number of lines but not of two (504 columns of 1001, two per row of B). In a round that
+    asks for it (`AlignContext.dividing`), a reduction no tile of whole lines divides takes the
+    tiles of a line or more that divide it instead (`dividing_reduction`)."""
 
     name = "memory-transaction"
 
@@ -151,9 +154,40 @@ class TransactionRule(PerAxisRule):
                 continue
             if leading_axis(tensor) == axis and size < extent:
                 run = size * tensor.itemsize
-                if run % source.transaction_bytes and not (streamed and run >= LONG_RUN * source.transaction_bytes):
+                if ctx.dividing and dividing_reduction(ctx.expr, ctx.device, axis, ctx.upper[axis], tensor.itemsize,
+                                                       source.transaction_bytes):
+                    if extent % size or run < source.transaction_bytes:
+                        return False
+                elif run % source.transaction_bytes and not (streamed and run >= LONG_RUN * source.transaction_bytes):
                     return False
         return True
+
+
+@lru_cache(maxsize=4096)
+def dividing_reduction(expr: TensorExpr, device: DeviceSpec, axis: int, upper: int, itemsize: int, line: int) -> bool:
+    """Whether CPU cache tiles over tiles of `upper` along reduction `axis` (read along an
+    input's lines of `line` bytes, elements of `itemsize`) have a dividing size of a line or more
+    where none of whole lines divides the axis (within MAX_SCAN multiples, short of the axis). A
+    tile of whole lines leaves such a K a tail, which the template pads, copying every input in
+    every call: 4 batches of 4 x 1222 x 64 (K = 2 x 13 x 47) ran 18.6-22.3 us in L1 tiles of 176
+    K-steps and 6.8-7.0 in tiles of 47 or 94, nothing copied (docs/evidence.md#dividing-round)."""
+    extent = expr.axes[axis].extent
+    if not device.runs_on_cpu or device.lanes_are_threads or expr.axes[axis].kind != "reduce" or extent % upper:
+        return False
+    sizes = [m * upper for m in range(1, min(extent // upper - 1, MAX_SCAN) + 1) if extent % (m * upper) == 0]
+    return not any(s * itemsize % line == 0 for s in sizes) and any(s * itemsize >= line for s in sizes)
+
+
+@lru_cache(maxsize=1024)
+def dividing_axes(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
+    """The reduce axes of a CPU reduction that an input reads along its lines and that
+    `dividing_reduction` holds for over steps of one: where a construction round whose cache
+    tiles divide them (`AlignContext.dividing`) finds programs the first round's cannot."""
+    if not device.runs_on_cpu or device.lanes_are_threads or len(device.layers) < 3:
+        return ()
+    line = device.layers[2].transaction_bytes  # the first cache layer's source (`TransactionRule`)
+    return tuple(sorted({a for t in expr.inputs if (a := leading_axis(t)) is not None
+                         and dividing_reduction(expr, device, a, 1, t.itemsize, line)}))
 
 
 class ThreadTileRule(PerAxisRule):
