@@ -161,10 +161,10 @@ class Policy:
         lines does), each aligned as its kind asks (`Space.round_of`); counted and taken as
         `_whole_vector_round`'s."""
         first = self.space.initial_state(eps)
+        axes = ", ".join(self.space.axes[a] for a in dividing_axes(self.space.expr, self.space.device))
         for why, start in self.space.second_starts(eps) if first is not None else ():
             if self.out_of_steps:
                 return
-            axes = ", ".join(self.space.axes[a] for a in dividing_axes(self.space.expr, self.space.device))
             note = self.describe(why, first="x".join(map(str, first.tile)), tile="x".join(map(str, start.tile)),
                                  eps=eps, axes=axes)
             yield self.marker(None, Action(Kind.WIDEN_EPS, eps=eps), note)
