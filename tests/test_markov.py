@@ -10,7 +10,7 @@ from math import fsum
 
 import pytest
 from helpers import device, expr, matmul, suite_workloads, workload_expr
-from test_invariants import assert_within_limits
+from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.cli import main
 from workbench.construct import markov, versus
@@ -114,6 +114,31 @@ def test_probabilities_sum_to_one_and_illegal_moves_get_none(name):
             if not space.aligned(state.layer, bigger, upper, state.eps):
                 assert policy.probability(state, Action("grow", state.layer, axis, size + 1)) == 0
         assert policy.probability(state, Action("grow", state.layer + 1, 0, 10**6)) == 0
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_moves_are_the_round_s_own(isa):
+    """A second round aligns the same state differently (`Space.round_of`): 4 x 1222 x 64's L1
+    tiles along K are whole lines in the first round and divide K in the dividing one. The
+    moves offered at a state are those of the round running, whichever round asked first, and
+    each applies in it (the walk's memos once kept the first round's, and a generated written
+    spec's dividing round chose an inv_tile its alignment refuses)."""
+    dev = detected_cpu(isa, 2, 48 * KIB, 1024 * KIB)
+    e, k = expr("matmul", M=4, K=1222, N=64), 2
+    space = Space(e, dev)
+    start = space.initial_state(0.1)
+    state = apply(space, start, Action("descend", 0))
+    policy = MarkovPolicy(space, Options())
+    first = policy.transitions(state)
+    with space.round_of("dividing"):
+        dividing = policy.transitions(state)
+        assert dividing == MarkovPolicy(space, Options()).transitions(state)
+        for alt in dividing:
+            if alt.probability:
+                apply(space, state, alt.action)
+    sizes = [{a.tile[k] for a in alts if a.action.axis == k and a.action.kind in ("grow", "inv_tile")} for alts in (first, dividing)]
+    assert all(s % 16 == 0 for s in sizes[0]) and sizes[1] and all(1222 % s == 0 for s in sizes[1]), sizes
+    assert policy.transitions(state) == first
 
 
 def test_cooling_makes_the_cache_action_likelier():
