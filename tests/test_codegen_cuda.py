@@ -262,19 +262,24 @@ def unbound_threads():
     """`Schedule.bind` as a no-op: the CUDA template's schedule with every block, thread and
     virtual-thread loop left serial, which LLVM compiles for this CPU (there is no GPU here).
     Each "thread" then runs in turn and does each cooperative copy whole; the tiling, guards,
-    staging and write-back are the template's own."""
+    staging and write-back are the template's own. A pipeline's asynchronous stage (cp.async on
+    sm_80+) is left synchronous: it is a CUDA lowering, and LLVM has no barrier for it (its
+    codegen stops at "not implemented"); the stages, buffers and indexing stay TVM's."""
     from tvm import s_tir
 
-    bind = s_tir.Schedule.bind
+    bind, annotate = s_tir.Schedule.bind, s_tir.Schedule.annotate
     s_tir.Schedule.bind = lambda self, loop, thread_axis: None
+    s_tir.Schedule.annotate = lambda self, block_or_loop, key, value: (
+        None if key == "software_pipeline_async_stages" else annotate(self, block_or_loop, key, value))
     try:
         yield
     finally:
-        s_tir.Schedule.bind = bind
+        s_tir.Schedule.bind, s_tir.Schedule.annotate = bind, annotate
 
 
 def run_serially(fused, program, spec, inputs) -> np.ndarray:
-    """The CUDA template's kernel for `program`, run on the CPU with its thread loops serial."""
+    """The CUDA template's kernel for `program`, run on the CPU with its thread loops serial
+    (`unbound_threads`)."""
     import tvm
 
     with unbound_threads():

@@ -183,17 +183,12 @@ def test_the_implicit_gemm_conv_pipelines_its_gather_and_weight_copies():
 
 @pytest.mark.parametrize("gpu", ["h100", "v100"])
 @pytest.mark.parametrize("case", ["matmul", "prime", "conv", "conv-gemm"])
-def test_a_pipelined_kernel_run_serially_on_this_cpu_matches_numpy(case, gpu, monkeypatch):
+def test_a_pipelined_kernel_run_serially_on_this_cpu_matches_numpy(case, gpu):
     """The pipelined schedule (prologue, steady state, epilogue, two buffers) with its threads
-    serial, compiled by LLVM for this CPU: the copies synchronous (the cp.async stage is a CUDA
-    lowering; LLVM has no barrier for it), the stage structure and the buffer indexing TVM's."""
-    from tvm import s_tir
-
+    serial, compiled by LLVM for this CPU: the copies synchronous (`run_serially`), the stage
+    structure and the buffer indexing TVM's."""
     fused, program = {"matmul": pinned, "prime": lambda: pinned(PRIME), "conv": conv, "conv-gemm": conv_gemm}[case]()
     assert pipelined(program, device(gpu)) and register_prefetch(program, device(gpu)) == (gpu == "v100")
-    annotate = s_tir.Schedule.annotate
-    monkeypatch.setattr(s_tir.Schedule, "annotate", lambda self, loop, key, value: None
-                        if key == "software_pipeline_async_stages" else annotate(self, loop, key, value))
     inputs = random_inputs(fused, seed=0)
     check = check_output(fused, inputs, run_serially(fused, program, device(gpu), inputs))
     assert check.correct, check.error

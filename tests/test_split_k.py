@@ -270,22 +270,16 @@ def test_a_direct_conv_splits_its_input_channels_and_its_padding_folds_into_the_
 
 
 @pytest.mark.parametrize("params, split", [(dict(M=64, N=64, K=4096), 4), (dict(M=33, N=40, K=1000), 5)])
-def test_a_pipelined_split_on_the_h100_double_buffers_its_parts_and_equals_numpy(params, split, monkeypatch):
+def test_a_pipelined_split_on_the_h100_double_buffers_its_parts_and_equals_numpy(params, split):
     """On sm_80+ the partial-sum kernel pipelines its copies as `codegen.cuda` does (cp.async a
     step ahead, `rtile.staging.pipelined`), each part over its own steps (64, or 13 with the
-    last part's 11 guarded). Run serially with the copies synchronous (LLVM has no barrier for
-    the async stage; tests/test_codegen_cuda_pipeline.py does the same)."""
-    from tvm import s_tir
-
+    last part's 11 guarded). Run serially, the copies synchronous (`run_serially`)."""
     from workbench.rtile.staging import pipelined
 
     e = expr("matmul", **params)
     p = program(e, ((2, 2, 1), (16, 32, 16)), True, split, "h100")
     assert pipelined(p, device("h100"))
     assert "cp.async" in built(e, p, "h100")
-    annotate = s_tir.Schedule.annotate
-    monkeypatch.setattr(s_tir.Schedule, "annotate", lambda self, loop, key, value: None
-                        if key == "software_pipeline_async_stages" else annotate(self, loop, key, value))
     inputs = random_inputs(e, seed=0)
     out = run_serially(e, p, device("h100"), inputs)
     ref = inputs[0].astype(np.float64) @ inputs[1]
