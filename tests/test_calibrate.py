@@ -30,11 +30,23 @@ from workbench.rtile.registers import micro_kernel_registers
 pytestmark = pytest.mark.quiet
 
 
+# Quick calibrations the fixture makes before it gives up: each measures twice when its numbers
+# are impossible and then refuses (`calibrate`); a neighbour on a shared host once made both of
+# a run's rounds read DRAM faster than the LLC (160 against 112 GB/s) and every test below
+# errored, where the same clone's next run passed. A refusal is still the tests' error after
+# these, and what is kept must pass every assertion below.
+CALIBRATION_ATTEMPTS = 3
+
+
 @pytest.fixture(scope="module")
 def calibrated():
-    lines = []
-    spec = calibrate(detect_local_cpu(), quick=True, progress=lines.append)
-    return spec, lines
+    for attempt in range(CALIBRATION_ATTEMPTS):
+        lines = []
+        try:
+            return calibrate(detect_local_cpu(), quick=True, progress=lines.append), lines
+        except UserError:
+            if attempt == CALIBRATION_ATTEMPTS - 1:
+                raise
 
 
 def test_quick_calibration_measures_positive_ordered_numbers(calibrated):
