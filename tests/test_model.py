@@ -28,8 +28,8 @@ from workbench.rtile.model.cpu import (
     shared_output_lines, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
-    autovector_efficiency, compute_efficiency, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape,
-    scalar_row, vector_pieces,
+    STORE_FORWARD_CYCLES, autovector_efficiency, compute_efficiency, compute_provenance, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage,
+    memory_chain_bound, micro_kernel_shape, scalar_row, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
     GUARDED_SLOWDOWN, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
@@ -511,6 +511,38 @@ def test_a_batched_register_tile_pays_for_the_loads_its_batch_axis_adds(dev, bat
     assert compute_efficiency(program, dev) == pytest.approx(latency * min(1.0, fmas / loads))
     assert estimate(program, dev).compute_seconds == pytest.approx(
         closed_compute_seconds(dev, e, program, latency * min(1.0, fmas / loads)))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("vectors", [2, 3])
+def test_accumulators_kept_in_memory_chain_through_their_stores(dev, vectors):
+    """A one-row matmul over 11 vectors and 6 lanes of columns in register tiles of 2 or 3
+    vectors and unit tiles of 6: the tile the row's end cuts splits its loop over vectors
+    (`CpuPlan.edge_vectors`), which stays a loop in every tile and keeps their accumulators in
+    memory; each vector is then a chain of one FMA per FMA latency + `STORE_FORWARD_CYCLES`
+    (its store and the next step's load), so the compute reaches vectors / ((latency + 5) x
+    pipes) of the peak where that is less than the tile's rate in registers. A tile of one
+    vector has no such loop, nor does a row of whole register tiles (its unit tiles
+    unchanged), nor a spec without FMA facts: 1."""
+    def one_row(spec, n, *tiles):
+        return make_program(TileCalculus(plain_matmul(1, n, 1024)), spec, list(tiles), (True,) * len(tiles), 0.0)
+
+    lanes = dev.warp_size
+    n = 11 * lanes + 6
+    program = one_row(dev, n, (1, vectors * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    assert cpu_plan(program, dev).edge_vectors
+    bound = vectors / ((dev.fma_latency_cycles + STORE_FORWARD_CYCLES) * dev.fma_pipes)
+    assert memory_chain_bound(program, dev) == pytest.approx(bound)
+    whole = one_row(dev, 12 * lanes, (1, vectors * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    assert not cpu_plan(whole, dev).edge_vectors and memory_chain_bound(whole, dev) == 1.0
+    assert compute_efficiency(program, dev) == pytest.approx(min(compute_efficiency(whole, dev), bound))
+    assert compute_efficiency(whole, dev) > bound  # the tile's chains in registers: the bound binds, and says so
+    assert compute_provenance(program, dev)[1].startswith("compute: accumulators kept in memory")
+    single = one_row(dev, n, (1, lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    assert not cpu_plan(single, dev).edge_vectors and memory_chain_bound(single, dev) == 1.0
+    tl = TINY_CPU.warp_size
+    tiny = one_row(TINY_CPU, 11 * tl + 6, (1, 3 * tl, 1), (1, 6 * tl, 64), (1, 6 * tl, 1024))
+    assert cpu_plan(tiny, TINY_CPU).edge_vectors and memory_chain_bound(tiny, TINY_CPU) == 1.0
 
 
 def test_load_coverage_is_1_without_a_chain_a_lane_axis_or_fma_facts():

@@ -21,7 +21,7 @@ from workbench.rtile.model.cpu import (
 )
 from workbench.rtile.model.cpu_compute import (
     EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces,
-    edge_pieces, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge, past_rate,
+    edge_pieces, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge, memory_chain_bound, past_rate,
 )
 from workbench.rtile.panels import ends_on_vector, packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -274,11 +274,15 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
     cycles = 4 * GUARDED_LANE_CYCLES + 12 * EDGE_SKIP_CYCLES
     assert edge_seconds(program, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
-    # the compute of the same tiles over 224 columns (no edge: the padded flops alike) times it
+    # the compute of the same tiles over 224 columns (no edge: the padded flops alike) times it,
+    # at the rate of accumulators kept in memory where that is less (`memory_chain_bound`: the
+    # loop over vectors keeps them there in every tile)
     whole = _one_row(n=224, dev=dev)
     assert not cpu_plan(whole, dev).split_edges and edge_seconds(whole, dev) == 0
+    rate = compute_efficiency(whole, dev)
+    assert compute_efficiency(program, dev) == pytest.approx(min(rate, memory_chain_bound(program, dev)))
     assert estimate(program, dev).compute_seconds == pytest.approx(
-        estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
+        estimate(whole, dev).compute_seconds * edge_slowdown(program, dev) * rate / compute_efficiency(program, dev))
     # 4100 columns: the cut tile holds 12, less than the row's worth run scalar (96 lanes' work
     # against 4100), so the register tiles' loop splits instead and every tile inside the row
     # keeps its unrolled micro-kernel; the cut tile runs its 12 columns scalar
