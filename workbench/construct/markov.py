@@ -99,9 +99,7 @@ class MarkovPolicy(Policy):
     def __init__(self, space, options):
         super().__init__(space, options)
         self.rng = random.Random(options.seed)
-        # keyed by the space's mode as well: a second round aligns the same state's moves and
-        # completion otherwise (`Space.round_of`)
-        self._moves: dict = {}
+        self._moves: dict = {}  # by `_key`, as `_transitions` (with the temperature) and `_times`
         self._transitions: dict = {}
         self._times: dict = {}
         self._program_times: dict = {}
@@ -111,7 +109,7 @@ class MarkovPolicy(Policy):
     def transitions(self, state: State, temperature: float = T0) -> tuple[Alternative, ...]:
         """Every action offered at `state` with its benefit (`score`) and probability at
         `temperature`; illegal ones have probability 0 and say why in `note`."""
-        key = (state.layer, state.tile, state.recorded, state.vthreads, state.eps, self.space.mode, temperature)
+        key = (*self._key(state), temperature)
         found = self._transitions.get(key)  # every walk starts from the same state at T0
         if found is None:
             moves = self._moves_of(state)
@@ -135,7 +133,7 @@ class MarkovPolicy(Policy):
     def predicted_seconds(self, state: State) -> float:
         """Predicted time of the program the state would emit: its tiles, then at every layer
         below it the smallest aligned tile (where `descend` would start)."""
-        key = (state.layer, state.tile, state.recorded, state.eps, self.space.mode)
+        key = self._key(state)
         if key not in self._times:
             tiles = self._completion(state)
             program = self.space.scaled_out(tiles, state.eps) if tiles else None
@@ -148,6 +146,11 @@ class MarkovPolicy(Policy):
         if program not in self._program_times:
             self._program_times[program] = estimate(program, self.space.device).predicted_seconds
         return self._program_times[program]
+
+    def _key(self, state: State) -> tuple:
+        """What the walk's memos key a state by: its tiles, virtual threads and eps, and the
+        space's mode, since a second round aligns the same state otherwise (`Space.round_of`)."""
+        return state.layer, state.tile, state.recorded, state.vthreads, state.eps, self.space.mode
 
     # -- driver --------------------------------------------------------------------------------
     def round(self, eps: float) -> Iterator[Step]:
@@ -221,7 +224,7 @@ class MarkovPolicy(Policy):
     # -- benefits ------------------------------------------------------------------------------
     def _moves_of(self, state: State) -> tuple[tuple[Alternative, bool], ...]:
         """(alternative, within the limits) for every legal action at `state` (`legal_actions`)."""
-        key = (state.layer, state.tile, state.recorded, state.vthreads, state.eps, self.space.mode)
+        key = self._key(state)
         if key not in self._moves:
             legal = legal_actions(self.space, state)
             if state.layer >= self.n:
