@@ -18,9 +18,16 @@ from workbench.rtile.rprogram import RProgram
 
 
 def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
-    """Fraction of the FMA peak a CPU register tile can reach: the measured rate of its register
-    micro-kernel over the peak where the spec has one (`measured_micro_kernel`; at most 1:
-    calibration lets a measurement exceed the FMA peak by its noise slack), else
+    """Fraction of the FMA peak a CPU register tile can reach: its micro-kernel's rate
+    (`register_rate`), at most what chains through accumulators the template keeps in memory
+    reach (`memory_chain_bound`)."""
+    return min(register_rate(program, device), memory_chain_bound(program, device))
+
+
+def register_rate(program: RProgram, device: DeviceSpec) -> float:
+    """Fraction of the FMA peak a CPU register tile's micro-kernel reaches: the measured rate of
+    its register micro-kernel over the peak where the spec has one (`measured_micro_kernel`; at
+    most 1: calibration lets a measurement exceed the FMA peak by its noise slack), else
     `autovector_efficiency` for a row LLVM vectorises, else `simd_utilisation` (one lane where a
     guarded tail leaves the row scalar, `scalar_row`) x `latency_coverage` x `load_coverage`.
     A reduction whose row a guarded tail leaves scalar runs neither: `guarded_scalar_efficiency`."""
@@ -28,17 +35,16 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
         return guarded_scalar_efficiency(program, device)
     kernel = measured_micro_kernel(program, device)
     if kernel is not None:
-        return min(1.0, kernel.gflops / peak_gflops(program.expr, device), memory_chain_bound(program, device))
+        return min(1.0, kernel.gflops / peak_gflops(program.expr, device))
     if autovector_axis(program.expr, device) is not None:
         return autovector_efficiency(program, device)
     tile = program.register_tile
     simd = 1.0 / scalar_lanes(program, device) if scalar_row(program, device) else simd_utilisation(
         program.expr, device, tile)
-    return min(
+    return (
         simd
         * latency_coverage(program.expr, device, tile)
-        * load_coverage(program.expr, device, tile),
-        memory_chain_bound(program, device),
+        * load_coverage(program.expr, device, tile)
     )
 
 
@@ -223,7 +229,8 @@ def measured_micro_kernel(program: RProgram, device: DeviceSpec) -> MicroKernel 
 def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str]:
     """(measured, phrase) of a CPU program's compute term for `common.provenance`: measured where
     its register tile's micro-kernel was (level 0), else how it is modelled."""
-    if compute_efficiency(program, device) == memory_chain_bound(program, device) < 1.0:
+    bound = memory_chain_bound(program, device)
+    if bound < 1.0 and bound <= register_rate(program, device):
         return False, "compute: accumulators kept in memory (a loop over vectors), a chain through each one's store and load"
     kernel = measured_micro_kernel(program, device)
     if kernel is not None:
