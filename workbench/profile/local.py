@@ -6,11 +6,12 @@ assumes hyper-threading). Candidates are timed one after another, never in paral
 other or with builds, so they do not disturb each other's numbers. Building the next candidates
 while one is timed would not keep that on a 2-core machine: the kernel's pool takes every core,
 so a build would share one with the timing. After every kernel was timed, each correct one gets
-a second look (`Timing.revisit` more repeats, in the same order): a kernel timed while the host
-slowed it gets a time from outside that spell. Checking each kernel in its build worker as the
-build ends (tried for issue 14) lengthened the build phase of the cpu-core suite by more than it
-took from the serial one (each build worker then computes the reference and compares on its
-own, beside the other's build), so the timing worker checks, and remembers (`runner.verified`).
+a second look (`Timing.revisit` rounds, each one more repeat of each, in turn): a kernel timed
+while the host slowed it gets a time from outside that spell, and kernels timed in turn share
+the host's spells. Checking each kernel in its build worker as the build ends (tried for issue
+14) lengthened the build phase of the cpu-core suite by more than it took from the serial one
+(each build worker then computes the reference and compares on its own, beside the other's
+build), so the timing worker checks, and remembers (`runner.verified`).
 It draws the inputs and computes their reference while the others build (`preparation`).
 """
 
@@ -63,8 +64,8 @@ def measure_library(built: BuiltCandidate, expr, timing: Timing, runner: str, be
 
 
 def revisit_library(built: BuiltCandidate, expr, timing: Timing, fastest: float) -> tuple[float, ...]:
-    """`runner.retime` of `built.library`, which `measure_library` checked and timed (`fastest`:
-    its fastest repeat then); runs in the worker."""
+    """`runner.retime` of `built.library` (one more repeat), which `measure_library` checked and
+    timed (`fastest`: its fastest repeat then); runs in the worker."""
     import tvm
 
     module = tvm.runtime.load_module(built.library)
@@ -74,7 +75,8 @@ def revisit_library(built: BuiltCandidate, expr, timing: Timing, fastest: float)
 class LocalRunner:
     """Times kernels on this machine, one at a time, in one worker process; each kernel after the
     first races the fastest repeat so far (`Timing.race`); then each correct one is reported
-    again with its second look's repeats (`Timing.revisit`) added."""
+    again with its second look's repeats added: `Timing.revisit` rounds, each one repeat of every
+    kernel still correct, in turn. A kernel whose second look fails is reported failed."""
 
     name = "local"
     needs_library = True
@@ -106,13 +108,21 @@ class LocalRunner:
                 if measured.ok:
                     best = measured.best_seconds if best is None else min(best, measured.best_seconds)
                     timed.append((candidate, measured))
-            for candidate, measured in timed if timing.revisit else ():
-                args = (candidate, expr, timing, measured.best_seconds)
-                outcome = worker.call(revisit_library, args, timing.timeout_s)
-                if outcome.error:  # it ran before: failing now is the kernel's failure all the same
-                    report(Measurement(candidate.rank, self.name, error=f"run (second look): {outcome.error}"))
-                else:
-                    report(replace(measured, seconds=measured.seconds + outcome.value))
+            looked = {candidate.rank: () for candidate, _ in timed} if timing.revisit else {}
+            for _ in range(timing.revisit):
+                for candidate, measured in timed:
+                    if candidate.rank not in looked:
+                        continue
+                    args = (candidate, expr, timing, measured.best_seconds)
+                    outcome = worker.call(revisit_library, args, timing.timeout_s)
+                    if outcome.error:  # it ran before: failing now is the kernel's failure all the same
+                        del looked[candidate.rank]
+                        report(Measurement(candidate.rank, self.name, error=f"run (second look): {outcome.error}"))
+                    else:
+                        looked[candidate.rank] += outcome.value
+            for candidate, measured in timed:
+                if candidate.rank in looked:
+                    report(replace(measured, seconds=measured.seconds + looked[candidate.rank]))
         finally:
             if self.pool is None:
                 worker.close()

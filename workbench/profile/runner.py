@@ -44,13 +44,17 @@ REPEAT_MARGIN = 1.1
 # of `number` from one run): a single run after the check pays the runtime's thread pool waking
 # up, and repeats sized from it come out short (evidence: docs/evidence.md#runner-probe-ms).
 PROBE_MS = 1
-# Repeats of a kernel's second look (`Timing.revisit`), after the session timed every kernel once:
-# a shared 2-core host now and then gives a kernel one core's speed for seconds, through all its
-# repeats, which agree, so the timing settles (11 x 760 x 1109's first three kernels at 139-153 us
-# in one run, 71-76 in the next). Under a hog of one core for 1 s in every 4, 14 of 120 kernels
-# were recorded over 1.2x their quiet time without it, none with it, for 10 % more profile time
+# Rounds of the second look (`Timing.revisit`), after the session timed every kernel once: each
+# round times each correct kernel once more, one after another in turn. A shared 2-core host now
+# and then gives a kernel one core's speed for seconds, through all its repeats, which agree, so
+# the timing settles (11 x 760 x 1109's first three kernels at 139-153 us in one run, 71-76 in
+# the next); timed in turn, kernels share the host's spells. With one round, under a hog of one
+# core for 1 s in every 4, 14 of 120 kernels were recorded over 1.2x their quiet time without it,
+# none with it. With four rounds, two `random:12` runs of each workload's top 10 agreed at
+# Spearman 0.80 and 0.81 where one round's agreed at 0.64 and 0.76 (a kernel's time from one run
+# to the next: 1.6 and 1.5 % against 3.8 and 2.1 %), for 10-30 % more profile time
 # (docs/evidence.md#runner-revisit).
-REVISIT = 1
+REVISIT = 4
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,10 @@ class Timing:
     timed after others stops after 2 repeats (`noise.RACE_MIN_REPEATS`) when even the faster of
     them is more than `race` slower than their fastest repeat (`noise.outpaced`; later repeats
     could only lower its fastest): it cannot be the best, and its `seconds` say how many repeats
-    it got. `revisit`: repeats each correct kernel gets in a second pass, after every kernel of
-    the session was timed (`LocalRunner.measure`; 0: none). `flush_cache` flushes the
-    CPU caches before each repeat (TVM's `cache_flush_cpu_non_first_arg`, which leaves the
-    first argument warm). `timeout_s` bounds one candidate's check and timing.
+    it got. `revisit`: rounds of a second look after every kernel of the session was timed,
+    each round one more repeat of each correct kernel, in turn (`LocalRunner.measure`; 0:
+    none). `flush_cache` flushes the CPU caches before each repeat (TVM's
+    `cache_flush_cpu_non_first_arg`, which leaves the first argument warm). `timeout_s` bounds one candidate's check and timing.
     """
 
     repeat: int = 5
@@ -197,10 +201,10 @@ def check_and_time(module, built: BuiltCandidate, dev, expr, timing: Timing, bes
 
 
 def retime(module, built: BuiltCandidate, dev, expr, timing: Timing, fastest: float) -> tuple[float, ...]:
-    """`timing.revisit` more repeats of a kernel `check_and_time` checked and timed (`fastest`:
-    its fastest repeat then), after one run that warms the caches as the check did."""
+    """One more repeat of a kernel `check_and_time` checked and timed (`fastest`: its fastest
+    repeat then), after one run that warms the caches as the check did."""
     args = _first_run(module, built, dev, inputs_and_reference(expr, timing.seed)[0])
-    return tuple(_evaluator(module, built, dev, args, timing)(timing.revisit, fastest))
+    return tuple(_evaluator(module, built, dev, args, timing)(1, fastest))
 
 
 def _first_run(module, built: BuiltCandidate, dev, inputs) -> tuple:
