@@ -70,7 +70,8 @@ class Timing:
     it got. `revisit`: rounds of a second look after every kernel of the session was timed,
     each round one more repeat of each correct kernel, in turn (`LocalRunner.measure`; 0:
     none). `flush_cache` flushes the CPU caches before each repeat (TVM's
-    `cache_flush_cpu_non_first_arg`, which leaves the first argument warm). `timeout_s` bounds one candidate's check and timing.
+    `cache_flush_cpu_non_first_arg`, which leaves the first argument warm). `timeout_s` bounds
+    one candidate's check and timing.
     """
 
     repeat: int = 5
