@@ -319,9 +319,9 @@ def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec,
     Taken for a reduction over one-row register tiles of more than one vector (a one-row
     matmul's, mostly memory-bound; the accumulators a loop over vectors keeps in memory instead
     of registers are priced, `model.cpu_compute.memory_chain_bound`) where no register tile lies
-    wholly past the row's end: TVM bounds the
-    partitioned loop's scalar rest by the whole vectors' count without clamping it at zero, so
-    such a tile's rest would run over the tiles before it and add their columns twice. Not where
+    wholly past the row's end: TVM bounds the partitioned loop's scalar rest by the whole
+    vectors' count without clamping it at zero, so such a tile's rest would run over the tiles
+    before it and add their columns twice. Not where
     the row ends on a vector (`ends_on_vector`): the register tiles' loop split there leaves the
     cut tile's vectors vectorised as well, and the tiles inside the row their unrolled
     micro-kernel, where the loop over vectors bounded by the row's end keeps every tile's
