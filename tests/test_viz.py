@@ -21,6 +21,7 @@ from workbench.fmt import (
     human_bytes,
     prefixed,
     progress_text,
+    signed,
     significant,
     table_time_unit,
     target_text,
@@ -325,6 +326,11 @@ def test_duration_chooses_the_unit_by_magnitude_with_three_figures(seconds, text
 @pytest.mark.parametrize("value, text", [(1234.5, "1230"), (0.012345, "0.0123"), (2.0, "2"), (9.996, "10"), (-1.5, "-1.5")])
 def test_significant_has_no_exponent_and_no_trailing_zeros(value, text):
     assert significant(value) == text
+
+
+def test_a_score_shows_its_sign_with_two_decimals_and_a_dash_when_undefined():
+    assert signed(0.5512) == "+0.55" and signed(-0.071) == "-0.07" and signed(0.0) == "+0.00"
+    assert signed(float("nan")) == signed(None) == "-"
 
 
 def test_rates_take_a_decimal_prefix():

@@ -63,6 +63,11 @@ def table_time_unit(seconds: Iterable[float | None]) -> tuple[str, float]:
     return time_unit(known[len(known) // 2]) if known else ("us", 1e-6)
 
 
+def signed(value: float | None) -> str:
+    """A correlation or score with its sign, two decimals (`+0.55`, `-0.07`); "-" when undefined."""
+    return f"{value:+.2f}" if _known(value) else MISSING
+
+
 def whole(n: int) -> str:
     """A count as it is (`2048`, `12544`: tile sizes and grids are exact) up to five digits, with
     a decimal prefix beyond (`1.25 M`)."""

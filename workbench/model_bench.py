@@ -32,7 +32,8 @@ from pathlib import Path
 
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
-from workbench.profile.compare import spearman
+from workbench.fmt import signed
+from workbench.profile.compare import json_float, nan_mean, spearman
 from workbench.profile.store import RunStore, read_runs_file
 
 TOP = 3  # "best in the predicted top 3"
@@ -81,9 +82,9 @@ class WorkloadScore:
         return self.best_predicted_rank <= TOP
 
     def to_dict(self) -> dict:
-        return {"workload": self.workload, "candidates": self.candidates, "spearman": _json(self.spearman),
+        return {"workload": self.workload, "candidates": self.candidates, "spearman": json_float(self.spearman),
                 "best_predicted_rank": self.best_predicted_rank, f"best_in_top{TOP}": self.best_in_top,
-                "runs_spearman": _json(self.runs_spearman)}
+                "runs_spearman": json_float(self.runs_spearman)}
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,11 @@ class MachineScore:
 
     @property
     def mean_spearman(self) -> float:
-        return _mean_defined(w.spearman for w in self.workloads)
+        return nan_mean(w.spearman for w in self.workloads)
 
     @property
     def mean_runs_spearman(self) -> float:
-        return _mean_defined(w.runs_spearman for w in self.workloads)
+        return nan_mean(w.runs_spearman for w in self.workloads)
 
     @property
     def best_in_top_share(self) -> float:
@@ -109,8 +110,8 @@ class MachineScore:
 
     def to_dict(self) -> dict:
         return {"machine": self.machine, "workloads": len(self.workloads),
-                "mean_spearman": _json(self.mean_spearman), f"best_in_top{TOP}": _json(self.best_in_top_share),
-                "mean_runs_spearman": _json(self.mean_runs_spearman),
+                "mean_spearman": json_float(self.mean_spearman), f"best_in_top{TOP}": json_float(self.best_in_top_share),
+                "mean_runs_spearman": json_float(self.mean_runs_spearman),
                 "results": [w.to_dict() for w in self.workloads],
                 "skipped": [{"workload": w, "why": why} for w, why in self.skipped]}
 
@@ -146,7 +147,7 @@ def runs_agree(runs: Sequence[dict[str, float]]) -> float:
             shared = [p for p in a if p in b]
             if len(shared) >= 3:
                 pairs.append(spearman([a[p] for p in shared], [b[p] for p in shared]))
-    return _mean_defined(pairs)
+    return nan_mean(pairs)
 
 
 def score(runs: Iterable[StoredRun]) -> tuple[MachineScore, ...]:
@@ -188,12 +189,12 @@ def report_dict(scores: Sequence[MachineScore], files: Sequence[str]) -> dict:
 def report_text(scores: Sequence[MachineScore]) -> str:
     lines = []
     for s in scores:
-        lines.append(f"{s.machine}: mean Spearman {_text(s.mean_spearman)}, best in predicted top {TOP} "
+        lines.append(f"{s.machine}: mean Spearman {signed(s.mean_spearman)}, best in predicted top {TOP} "
                      f"{sum(w.best_in_top for w in s.workloads)}/{len(s.workloads)} workloads; "
-                     f"its runs agree {_text(s.mean_runs_spearman)}")
+                     f"its runs agree {signed(s.mean_runs_spearman)}")
         for w in s.workloads:
-            lines.append(f"  {w.workload:28s} {w.candidates:3d} candidates  spearman {_text(w.spearman):>6s}  "
-                         f"best at predicted #{w.best_predicted_rank:<3d} runs agree {_text(w.runs_spearman):>6s}")
+            lines.append(f"  {w.workload:28s} {w.candidates:3d} candidates  spearman {signed(w.spearman):>6s}  "
+                         f"best at predicted #{w.best_predicted_rank:<3d} runs agree {signed(w.runs_spearman):>6s}")
         lines += [f"  {w:28s} skipped: {why}" for w, why in s.skipped]
     return "\n".join(lines) if lines else "no measured runs in these files"
 
@@ -248,16 +249,3 @@ def store_runs(store: RunStore) -> tuple[StoredRun, ...]:
 
 def _describe(workload: dict) -> str:
     return f"{workload.get('op')} " + ",".join(f"{k}={v}" for k, v in workload.items() if k not in ("op", "dtype"))
-
-
-def _mean_defined(values: Iterable[float]) -> float:
-    defined = [v for v in values if not math.isnan(v)]
-    return math.fsum(defined) / len(defined) if defined else math.nan
-
-
-def _json(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
-def _text(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:+.2f}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -80,11 +80,11 @@ class Comparison:
     def to_dict(self) -> dict:
         return {
             "n": self.n,
-            "spearman": _json_float(self.spearman),
-            "kendall": _json_float(self.kendall),
+            "spearman": json_float(self.spearman),
+            "kendall": json_float(self.kendall),
             "best_predicted_rank": self.best_predicted_rank,
             **{f"best_in_top{k}": self.best_within_top(k) for k in TOP_K},
-            "error_ratio": _json_float(self.error_ratio),
+            "error_ratio": json_float(self.error_ratio),
         }
 
 
@@ -115,10 +115,10 @@ class SuiteComparison:
     def to_dict(self) -> dict:
         return {
             "workloads": self.workloads,
-            "spearman": _json_float(self.spearman),
-            "kendall": _json_float(self.kendall),
-            **{f"best_in_top{k}": _json_float(fraction) for k, fraction in self.best_in_top},
-            "error_ratio": _json_float(self.error_ratio),
+            "spearman": json_float(self.spearman),
+            "kendall": json_float(self.kendall),
+            **{f"best_in_top{k}": json_float(fraction) for k, fraction in self.best_in_top},
+            "error_ratio": json_float(self.error_ratio),
         }
 
 
@@ -129,18 +129,19 @@ def aggregate(comparisons: Sequence[Comparison]) -> SuiteComparison:
                       for k in TOP_K)
     return SuiteComparison(
         workloads=len(comparisons),
-        spearman=_nanmean([c.spearman for c in measured]),
-        kendall=_nanmean([c.kendall for c in measured]),
+        spearman=nan_mean([c.spearman for c in measured]),
+        kendall=nan_mean([c.kendall for c in measured]),
         best_in_top=fractions,
         error_ratio=geometric_mean([c.error_ratio for c in measured if not math.isnan(c.error_ratio)]),
     )
 
 
-def _nanmean(values: Sequence[float]) -> float:
+def nan_mean(values: Iterable[float]) -> float:
+    """The mean of the defined values (NaN: an undefined statistic, left out); NaN if none is."""
     defined = [v for v in values if not math.isnan(v)]
-    return sum(defined) / len(defined) if defined else math.nan
+    return math.fsum(defined) / len(defined) if defined else math.nan
 
 
-def _json_float(value: float) -> float | None:
+def json_float(value: float) -> float | None:
     """NaN is not JSON: an undefined statistic is null."""
     return None if math.isnan(value) else value

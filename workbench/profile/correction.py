@@ -56,7 +56,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.errors import UserError
-from workbench.profile.compare import average_ranks, spearman
+from workbench.fmt import signed
+from workbench.profile.compare import average_ranks, json_float, nan_mean, spearman
 
 COMPUTE = "compute"
 CONSTANT = "constant"
@@ -294,7 +295,7 @@ class WorkloadScore:
     def to_dict(self) -> dict:
         return {"workload": self.workload, "measurements": self.measurements,
                 "before_error": self.before_error, "after_error": self.after_error,
-                "before_spearman": _json(self.before_spearman), "after_spearman": _json(self.after_spearman)}
+                "before_spearman": json_float(self.before_spearman), "after_spearman": json_float(self.after_spearman)}
 
 
 def earned(evaluation: Mapping) -> bool:
@@ -336,14 +337,14 @@ class Evaluation:
         return (f"{self.device}: {self.measurements} measurements of {len(self.workloads)} workloads, "
                 f"held-out median |log(pred/meas)| {self.before_error:.3f} -> {self.after_error:.3f} "
                 f"(x{math.exp(self.before_error):.2f} -> x{math.exp(self.after_error):.2f}), "
-                f"mean Spearman {_text(self.before_spearman)} -> {_text(self.after_spearman)}; "
+                f"mean Spearman {signed(self.before_spearman)} -> {signed(self.after_spearman)}; "
                 f"error lower in {self.improved}/{len(self.workloads)} workloads: "
                 f"{verdict(self.claim, f'{self.p_value:.3g}')}")
 
     def to_dict(self) -> dict:
         doc = {"device": self.device, "measurements": self.measurements,
-               "before": {"error": self.before_error, "spearman": _json(self.before_spearman)},
-               "after": {"error": self.after_error, "spearman": _json(self.after_spearman)},
+               "before": {"error": self.before_error, "spearman": json_float(self.before_spearman)},
+               "after": {"error": self.after_error, "spearman": json_float(self.after_spearman)},
                "improved": self.improved, "p_value": self.p_value, "claim": self.claim,
                "workloads": [w.to_dict() for w in self.workloads]}
         return doc | {"earned": earned(doc)}
@@ -374,7 +375,7 @@ def evaluate(rows: Sequence[Row], device: str) -> Evaluation:
                                     spearman(before, measured), spearman(after, measured)))
     improved = sum(s.after_error < s.before_error for s in scores)
     return Evaluation(device, len(rows), tuple(scores), float(np.median(before_all)), float(np.median(after_all)),
-                      _nanmean([s.before_spearman for s in scores]), _nanmean([s.after_spearman for s in scores]),
+                      nan_mean([s.before_spearman for s in scores]), nan_mean([s.after_spearman for s in scores]),
                       improved, signed_rank_test([s.before_error - s.after_error for s in scores]))
 
 
@@ -397,16 +398,3 @@ def signed_rank_test(gains: Sequence[float]) -> float:
 
 def _log_errors(predicted: Sequence[float], measured: Sequence[float]) -> list[float]:
     return [abs(math.log(p / m)) for p, m in zip(predicted, measured)]
-
-
-def _nanmean(values: Sequence[float]) -> float:
-    defined = [v for v in values if not math.isnan(v)]
-    return math.fsum(defined) / len(defined) if defined else math.nan
-
-
-def _json(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
-def _text(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:+.2f}"
