@@ -18,8 +18,8 @@ from tests.helpers import TINY_CPU, device, expr, suite_workloads, workload_expr
 from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_dict
 from workbench.codegen.common import chain_factors
 from workbench.codegen.cpu import schedule_cpu
-from workbench.rtile.panels import simd_lanes
-from workbench.rtile.plan import PANELS, ROW, cpu_plan, loop_nest_key
+from workbench.rtile.panels import PAD_STEP, simd_lanes
+from workbench.rtile.plan import PANELS, ROW, cpu_plan, describe, loop_nest_key
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
@@ -354,6 +354,36 @@ def test_a_filter_panel_copy_writes_its_rows_whole_where_its_reads_spread(c, alo
     copy = script[:script.index('T.sblock("kernel')].splitlines()[-2]
     assert (f"T.grid(1, {c}, 3, 3, 32)" in copy) == along_panel, copy
     assert (f"T.grid(32, {c}, 3, 3)" in copy) == (not along_panel), copy
+
+
+@pytest.mark.parametrize("f, path", [(16, "filters"), (3, "row")])
+def test_a_padding_window_that_spills_is_copied_per_reduction_step(f, path):
+    """2 images x 48 channels of 32 x 32, padded by 1: a unit tile of 8 output rows reads a
+    window of 2 x 48 x 10 x 34 x 4 B = 130,560 B over its 6 steps of 8 channels, over 60 % of a
+    128 KiB last-level cache (`panels.window_spills`): the copy is made under the unit tile's
+    reduction loop, one step's 8 channels at a time, on the filters path and on the row path (3
+    filters: the output row takes the lanes) alike, and the kernels match numpy. With a 32 MiB
+    cache the copy stays per unit tile, before the reduction loop."""
+    e = expr("conv2d", N=2, C=48, H=32, W=32, F=f, KH=3, KW=3, stride=1, pad=1)
+    pixels = dict(h=(2, 2, 8), w=(1, 8, 32)) if f == 16 else dict(h=(2, 2, 8), w=(16, 16, 32))
+    chains = dict(n=(2, 2, 2), f=(f, f, f), c=(1, 4, 8), r=(1, 3, 3), s=(1, 3, 3), **pixels)
+    dev = replace(device(CPU), llc_bytes=128 * 2**10, llc_gbps=100.0)
+    program = _program(e, chains)
+    plan = cpu_plan(program, dev)
+    assert plan.path == path and plan.pad_level == PAD_STEP
+    assert "border copied per reduction step" in describe(plan, program)
+    kernel = build_kernel(e, program, dev)
+    assert kernel.ok, kernel.error
+    check = verify(kernel, e)
+    assert check.correct, check.error
+    script = kernel.tvmscript
+    assert script.index("T.parallel") < script.index("for c_0") < script.index('T.sblock("pad")')
+    assert "T.grid(2, 8, 10, 34)" in script[:script.index('T.sblock("pad")')]  # one step's window
+    roomy = replace(dev, llc_bytes=32 * 2**20)
+    assert cpu_plan(program, roomy).pad_level == 0
+    assert "border copied per unit tile" in describe(cpu_plan(program, roomy), program)
+    roomy_script = build_kernel(e, program, roomy).tvmscript
+    assert roomy_script.index('T.sblock("pad")') < roomy_script.index("for c_0")
 
 
 SPLIT_EDGES = {

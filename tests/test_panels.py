@@ -18,8 +18,8 @@ from workbench.rtile.model.cpu import (
 )
 from workbench.rtile.model.cpu_compute import compute_efficiency, scalar_row
 from workbench.rtile.panels import (
-    PAD_OVERLAP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, packed_tile_bytes,
-    pad_level, padded_inputs, pads_tails, ragged, transposes, whole_reduction,
+    PAD_OVERLAP, PAD_STEP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, packed_tile_bytes,
+    pad_level, padded_inputs, pads_tails, ragged, transposes, whole_reduction, window_spills,
 )
 from workbench.rtile.plan import cpu_plan, loop_nest_key
 from workbench.rtile.rprogram import make_program
@@ -169,16 +169,46 @@ def test_a_padding_copy_is_made_per_l1_tile_where_those_tiles_do_not_overlap():
     calc = calculus(pool)
     assert prod(calc.data_tiles((1, 19, 56, 3, 3))[0]) == 39 * 113
     assert prod(calc.data_tiles((16, 57, 56, 3, 3))[0]) == 16 * 114 * 113
-    assert 48 * 39 * 113 <= PAD_OVERLAP * 16 * 114 * 113 and pad_level(pool, program) == 1
+    assert 48 * 39 * 113 <= PAD_OVERLAP * 16 * 114 * 113 and pad_level(pool, program, TINY_CPU) == 1
     dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
     program = _program(dw, [(1, 1, 2, 16, 3, 3), (1, 1, 2, 112, 3, 3), (1, 20, 56, 112, 3, 3)])
     assert prod(calculus(dw).data_tiles((1, 1, 2, 112, 3, 3))[0]) == 4 * 114
-    assert 560 * 4 * 114 > PAD_OVERLAP * 20 * 58 * 114 and pad_level(dw, program) == 0
-    assert pad_level(dw, _program(dw, [(1, 1, 2, 16, 3, 3), (1, 20, 56, 112, 3, 3)])) == 0
+    assert 560 * 4 * 114 > PAD_OVERLAP * 20 * 58 * 114 and pad_level(dw, program, TINY_CPU) == 0
+    assert pad_level(dw, _program(dw, [(1, 1, 2, 16, 3, 3), (1, 20, 56, 112, 3, 3)]), TINY_CPU) == 0
     relu = fuse_axes(expr("relu", shape=(4, 8, 6)))  # read as one fused axis: reshaped, not padded
     assert relu.inputs[0].shape != relu.args[0].shape and padded_inputs(relu) == ()
     mm = expr("matmul", M=64, K=64, N=64)
-    assert padded_inputs(mm) == () and pad_level(mm, _program(mm, [(4, 16, 1), (16, 32, 64), (64, 64, 64)])) == 0
+    assert padded_inputs(mm) == () and pad_level(mm, _program(mm, [(4, 16, 1), (16, 32, 64), (64, 64, 64)]), TINY_CPU) == 0
+
+
+def test_a_padding_window_that_spills_is_copied_per_reduction_step():
+    """A 3-image, 501-channel 79 x 79 conv (stride 2, pad 1) in unit tiles of 20 x 40 outputs
+    and 3 channels a step: one unit tile's window over all its 167 steps is 3 x 501 x 41 x 81
+    floats, 19,965,852 B, on each of 2 cores 39.9 MB, over 60 % of a 32 MiB last-level cache
+    (19.3 MB): the copy would go to DRAM and come back, so it is made per reduction step;
+    within 60 % of a 64 MiB one (40.3 MB) it stays per unit tile, as where a spec gives no
+    last-level cache and one unit tile's window fits the unit tile's layer (two L2s of 1 MiB
+    against 2 x 5 x 41 x 81 x 4 B). A unit tile of the whole reduction takes one step: nothing
+    to split. Its L1 tiles, each 3 x 3 x 11 x 3 of a step's 3 x 3 x 41 x 81, 160 of them, overlap
+    1.59x: no copy per L1 tile."""
+    conv = expr("conv2d", N=3, C=501, H=79, W=79, F=16, KH=3, KW=3, stride=2, pad=1)
+    tiles = [(3, 16, 5, 1, 1, 3, 1), (3, 16, 5, 1, 3, 3, 3), (3, 16, 20, 40, 3, 3, 3)]
+    program = _program(conv, tiles)
+    assert program.grid == 2
+    assert prod(calculus(conv).data_tiles((3, 16, 20, 40, 501, 3, 3))[0]) * 4 == 3 * 501 * 41 * 81 * 4 == 19_965_852
+    assert 160 * 3 * 3 * 11 * 3 > PAD_OVERLAP * 3 * 3 * 41 * 81
+    l3 = replace(TINY_CPU, llc_bytes=32 * 2**20, llc_gbps=100.0)
+    assert 2 * 19_965_852 > 0.6 * 32 * 2**20 and window_spills(conv, program, l3)
+    assert pad_level(conv, program, l3) == PAD_STEP and cpu_plan(program, l3).pad_level == PAD_STEP
+    big = replace(l3, llc_bytes=64 * 2**20)
+    assert 2 * 19_965_852 <= 0.6 * 64 * 2**20 and not window_spills(conv, program, big)
+    assert pad_level(conv, program, big) == 0
+    assert window_spills(conv, program, TINY_CPU)  # no last-level cache: 20 MB against a 1 MiB L2
+    small = expr("conv2d", N=2, C=5, H=79, W=79, F=16, KH=3, KW=3, stride=2, pad=1)
+    assert not window_spills(small, _program(small, [(2, 16, 5, 1, 1, 3, 1), (2, 16, 5, 1, 1, 3, 3),
+                                                     (2, 16, 20, 40, 1, 3, 3)]), TINY_CPU)
+    whole = _program(conv, [(3, 16, 5, 1, 1, 3, 1), (3, 16, 5, 1, 3, 3, 3), (3, 16, 20, 40, 501, 3, 3)])
+    assert not window_spills(conv, whole, l3)
 
 
 def test_an_l1_tile_of_one_register_tile_is_one_loop_nest_whatever_its_k():

@@ -15,8 +15,8 @@ division, a bias and GELU) is folded into that write-back, while blocks that are
 the reduced rows of their own (softmax's exp, sum and division, a norm's normalisation:
 `common.row_passes`) are computed per grid tile after it, vectorised where vectors divide the
 row (`_row_passes`; a reduction in per-row lanes, `_vectorise_reduction`); producers
-are inlined, but for a padding copy, computed per unit tile on the core that reads it
-(`_pad_per_tile`).
+are inlined, but for a padding copy, computed per unit tile (or per reduction step of it, or per
+L1 tile: `CpuPlan.pad_level`) on the core that reads it (`_pad_per_tile`).
 
 Cached layers become buffers where the micro-kernel gains from them: a reduction whose inputs
 are plain projections (matmul, batched, transposed) packs an input's tile of the outermost
@@ -47,7 +47,7 @@ from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import gathered_name
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
-from workbench.rtile.panels import ragged, row_vector, transposes, vector_width
+from workbench.rtile.panels import PAD_STEP, ragged, row_vector, transposes, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
 
@@ -93,7 +93,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     order = _loop_order(expr, levels, vector_axis, whole)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
-    _pad_per_tile(sch, staged, grid if plan.pad_level == 0 else levels[expr.spatial[-1]][plan.pad_level])
+    _pad_per_tile(sch, staged, _pad_loop(expr, levels, grid, plan.pad_level))
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
     # refuses to vectorise a loop over a block that is neither complete nor a reduction
     vector_loop = levels[vector_axis][-1] if vector_axis is not None else None
@@ -203,15 +203,27 @@ def _gathers(sch, name: str) -> bool:
 
 
 def _pad_per_tile(sch, staged: tuple[str, ...], at) -> None:
-    """Compute each staged padding producer under the loop `at`, the grid loop or, where the L1
-    tiles do not overlap (`CpuPlan.pad_level`), the L1 tile's innermost spatial loop: per tile,
-    the part of the padded tensor that tile reads, on the core that reads it (in parallel, and
-    in that core's caches), rather than one pass over the whole tensor on one core before the
-    loop nest (evidence: docs/evidence.md#cpu-pad-per-tile)."""
+    """Compute each staged padding producer under the loop `at` (`_pad_loop`): the grid loop,
+    the unit tile's reduction loop where its window over every step would spill, or the L1
+    tile's innermost spatial loop where the L1 tiles do not overlap: per tile, the part of the
+    padded tensor that tile reads, on the core that reads it (in parallel, and in that core's
+    caches), rather than one pass over the whole tensor on one core before the loop nest
+    (evidence: docs/evidence.md#cpu-pad-per-tile, #pad-level)."""
     if at is None:
         return
     for name in staged:
         common.primitive(f"pad {name} per tile", sch.compute_at, sch.get_sblock(name), at, True)
+
+
+def _pad_loop(expr: TensorExpr, levels: list, grid, level: int):
+    """The loop the padding copies are computed under (`CpuPlan.pad_level`): the grid's (per unit
+    tile), the first of the unit tile's reduction loops R0 (`PAD_STEP`: per reduction step, which
+    `_loop_order` puts right inside the grid), or the L1 tile's innermost spatial loop."""
+    if level == 0:
+        return grid
+    if level == PAD_STEP:
+        return levels[expr.reduce[0]][0]
+    return levels[expr.spatial[-1]][level]
 
 
 def _split(sch, expr: TensorExpr, program: RProgram, block) -> list:
@@ -296,7 +308,7 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     order = _loop_order(expr, levels, axis)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
-    _pad_per_tile(sch, staged, grid)
+    _pad_per_tile(sch, staged, _pad_loop(expr, levels, grid, plan.pad_level))
     _micro_kernel(sch, order[-len(levels):], levels[axis][-1], plan.lanes, _reduce_positions(expr, levels, order))
     if plan.split_edges:  # the ragged pixel axes: interior register tiles run without the guard
         _split_edges(sch, [loop for a in expr.spatial if a != axis and ragged(expr, program, a) for loop in levels[a][1:-1]])

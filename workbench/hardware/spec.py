@@ -16,6 +16,14 @@ LAYER_SCOPES = ("thread", "unit", "device")
 DEVICE_KINDS = ("gpu", "cpu")
 
 
+# An operator stays in a CPU's last-level cache from one run to the next when its data takes at
+# most this share of it: the rest is other processes' lines, the template's panels and buffers,
+# and replacement that is not a perfect LRU. First the half that `codegen.block_order` leaves of
+# a GPU's L2; mm-skinny's 18.1 MB (54 % of 32 MiB) ranks as its runs do on all three committed
+# CPUs with the cache's bandwidth, and 1 x 1024 x 4096 (50.0 %) ran at it (docs/model-evidence.md#layer-gbps).
+LLC_FILL = 0.6
+
+
 @dataclass(frozen=True)
 class MemoryLayer:
     """One level of the memory hierarchy.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil, prod
 
-from workbench.hardware.spec import DeviceSpec
+from workbench.hardware.spec import LLC_FILL, DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import filter_axis, lane_axis, streams, vector_axis
 from workbench.rtile.rprogram import RProgram
@@ -187,11 +187,18 @@ def gathered_inputs(expr: TensorExpr) -> tuple[str, ...]:
     return tuple(t.name for t in expr.inputs if t.name in expr.gathered)
 
 
-def pad_level(expr: TensorExpr, program: RProgram) -> int:
+# `pad_level` of a copy per reduction step of the unit tile (under its loops R0, outside its L1
+# tiles): the window of one step, where the windows of all its steps would not stay in cache
+PAD_STEP = -1
+
+
+def pad_level(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int:
     """The tile level the padding copies are made at, counted from the unit tile (0) inwards:
     per L1 tile (the level inside the unit tile) where those tiles read the padded inputs
     without overlapping beyond PAD_OVERLAP, so each copy stays in L1 and is read right after it
-    is written; else per unit tile (evidence: docs/evidence.md#pad-level)."""
+    is written; else per reduction step of the unit tile (`PAD_STEP`) where it takes several and
+    the copies of its whole window, one on each core, do not fit the caches (`window_spills`);
+    else per unit tile (evidence: docs/evidence.md#pad-level)."""
     names = padded_inputs(expr)
     if not names or not expr.spatial or len(program.tiles) < 3:
         return 0
@@ -202,7 +209,26 @@ def pad_level(expr: TensorExpr, program: RProgram) -> int:
     tiles = prod(ceil(unit[a] / inner[a]) for a in expr.spatial)
     shapes, whole = _data_tiles(expr, region), _data_tiles(expr, tuple(unit))
     read = sum(tiles * prod(shapes[n]) for n in names)
-    return 1 if read <= PAD_OVERLAP * sum(prod(whole[n]) for n in names) else 0
+    if read <= PAD_OVERLAP * sum(prod(whole[n]) for n in names):
+        return 1
+    return PAD_STEP if window_spills(expr, program, device) else 0
+
+
+def window_spills(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether a unit tile of several reduction steps pads a window, over all its steps, that does
+    not stay in cache until its compute reads it: one copy on each core, together over LLC_FILL
+    of the last-level cache (the unit tile's layer on each core where the spec gives none). Such
+    a copy goes to DRAM and comes back (a 3-image, 501-channel 79 x 79 conv: 20 MB a core)."""
+    unit = program.unit_tile
+    calc = calculus(expr)
+    if all(unit[a] >= calc.extents[a] for a in expr.reduce):
+        return False
+    steps = tuple(calc.extents[a] if a in expr.reduce else unit[a] for a in range(len(unit)))
+    shapes = _data_tiles(expr, steps)
+    window = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in padded_inputs(expr))
+    cores = min(device.compute_units, program.grid)
+    room = device.llc_bytes * LLC_FILL if device.llc_bytes else cores * device.layers[len(program.tiles) - 1].capacity_bytes
+    return cores * window > room
 
 
 def _data_tiles(expr: TensorExpr, tile) -> dict[str, tuple[int, ...]]:

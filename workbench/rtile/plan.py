@@ -16,9 +16,9 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer, packed_inputs, pad_level,
-    padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges,
-    vector_loop_axis, whole_reduction,
+    PAD_STEP, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer, packed_inputs,
+    pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes, splits_edge_vectors,
+    splits_edges, vector_loop_axis, whole_reduction, window_spills,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -184,8 +184,11 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
         # 1.4-1.9x on 17 x 17 and 23 x 23 outputs (docs/model-evidence.md#filters-edges)
         edges = any(ragged(expr, program, a) for a in expr.spatial if a != filters)
         packed = packed_inputs(expr, program, device)
-        return CpuPlan(FILTERS, filters, lanes, packed, pack_layer(program),
-                       staged_padding=staged, accumulators=FILTERS_LAST, split_edges=edges,
+        # its copy per unit tile or, where that window spills, per reduction step: an L1 tile
+        # reads every channel of its window, as every other L1 tile does (evidence: docs/evidence.md#pad-level)
+        step = staged and window_spills(expr, program, device)
+        return CpuPlan(FILTERS, filters, lanes, packed, pack_layer(program), staged_padding=staged,
+                       pad_level=PAD_STEP if step else 0, accumulators=FILTERS_LAST, split_edges=edges,
                        padded_filters=pads_filters(expr, program, device),
                        prepacked=prepacked_inputs(expr, program, packed))
     k = lane_reduction_axis(expr, program, device)
@@ -204,7 +207,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     in_vectors = split and ends_on_vector(expr.axes[vector].extent, program.register_tile[vector], lanes)
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
-                   staged, pad_level(expr, program) if staged else 0, home, split,
+                   staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
                    edge_vectors=split and not in_vectors and splits_edge_vectors(expr, program, device, vector),
                    edge_in_vectors=in_vectors)
@@ -417,6 +420,8 @@ def describe(plan: Plan, program: RProgram) -> str:
             else ", in whole vectors" if plan.edge_in_vectors else ", scalar"))
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
+    if plan.staged_padding and padded_inputs(expr):
+        parts.append("border copied per " + {PAD_STEP: "reduction step", 1: "L1 tile"}.get(plan.pad_level, "unit tile"))
     if plan.accumulators:
         parts.append(f"accumulators: {plan.accumulators}")
     return ", ".join(parts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from workbench.hardware.spec import DeviceSpec
+from workbench.hardware.spec import LLC_FILL, DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import mma_axes
 from workbench.rtile.rprogram import RProgram
@@ -60,14 +60,6 @@ def source_layer(program: RProgram, layer: int, n_layers: int) -> int:
 def peak_gflops(expr: TensorExpr, device: DeviceSpec) -> float:
     """MaxComputePerf: the MMA units' peak for tensor-core programs, else the ALUs'."""
     return device.peak(expr.dtype, tensor_core=mma_axes(expr, device) is not None)
-
-
-# An operator stays in a CPU's last-level cache from one run to the next when its data takes at
-# most this share of it: the rest is other processes' lines, the template's panels and buffers,
-# and replacement that is not a perfect LRU. First the half that `codegen.block_order` leaves of
-# a GPU's L2; mm-skinny's 18.1 MB (54 % of 32 MiB) ranks as its runs do on all three committed
-# CPUs with the cache's bandwidth, and 1 x 1024 x 4096 (50.0 %) ran at it (docs/model-evidence.md#layer-gbps).
-LLC_FILL = 0.6
 
 
 def layer_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
