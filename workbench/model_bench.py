@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.errors import UserError
-from workbench.hardware.spec import DeviceSpec
 from workbench.fmt import signed
+from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import json_float, nan_mean, spearman
 from workbench.profile.store import RunStore, read_runs_file
 
