@@ -223,9 +223,9 @@ def window_spills(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bo
     calc = calculus(expr)
     if all(unit[a] >= calc.extents[a] for a in expr.reduce):
         return False
-    steps = tuple(calc.extents[a] if a in expr.reduce else unit[a] for a in range(len(unit)))
-    shapes = _data_tiles(expr, steps)
-    window = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in padded_inputs(expr))
+    region = tuple(calc.extents[a] if a in expr.reduce else unit[a] for a in range(len(unit)))
+    shapes, names = _data_tiles(expr, region), padded_inputs(expr)
+    window = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in names)
     cores = min(device.compute_units, program.grid)
     room = device.llc_bytes * LLC_FILL if device.llc_bytes else cores * device.layers[len(program.tiles) - 1].capacity_bytes
     return cores * window > room
