@@ -189,6 +189,24 @@ def test_filters_an_edge_the_grid_splits_off_is_priced_on_the_core_that_holds_it
     assert guard_slowdown(program, dev) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_filters_uneven_unit_tiles_are_priced_on_the_busiest_core(dev):
+    """7 output rows in register tiles of one row (no register tile cut) under unit tiles of 4
+    or 3 rows: the grid's tiles hold 4 + 3 or 3 + 3 + 1 rows, dealt ceil(G / 2) a core, so the
+    first core runs 4 of its 4 rows or 6 of its 6: the compute term, which counts the padded 8
+    or 9 rows over the two cores, is the busiest core's time as it stands (factor 1), not
+    scaled down to the 7 rows' even share (7 / 8, 7 / 9), which the second core's idle rows do
+    not buy (evidence: docs/model-evidence.md#busiest-core)."""
+    v = dev.warp_size
+    conv = expr("conv2d", N=1, C=8, H=7, W=8, F=2 * v, KH=3, KW=3, stride=1, pad=1)
+    for rows, grid in ((4, 2), (3, 3)):
+        program = _program(conv, [(1, v, 1, 8, 1, 3, 3), (1, 2 * v, 1, 8, 8, 3, 3), (1, 2 * v, rows, 8, 8, 3, 3)],
+                           dev)
+        assert cpu_plan(program, dev).path == FILTERS and program.grid == grid and dev.compute_units == 2
+        assert guard_slowdown(program, dev) == 1.0
+        assert estimate(program, dev).padded_flops == pytest.approx(conv.flops * grid * rows / 7, abs=1)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_busiest_core_of_a_split_edge_agrees_with_visiting_every_tile(seed):
     """`busiest_share` reads each core's sum off the grid's digits; visiting every unit tile in

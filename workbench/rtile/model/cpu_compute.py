@@ -301,15 +301,17 @@ def guarded_edges(program: RProgram, axes, cores: int = 0, past: float = 0.0) ->
     counts (23 x 23 outputs on 2 x 6 register tiles in 12 x 24 unit tiles: (22 x 18 + (529 -
     396) x 1.4) / (24 x 24)). 1 over no axes, or axes the unit tiles divide.
 
-    Given the `cores` (the filters path), an edge along an axis the grid splits into more than
-    one unit tile runs at GRID_GUARDED_TILE's rate instead, and only on the cores whose unit
-    tiles hold it: the factor is then the busiest core's (`busiest_share`), the register tiles
-    past the end in that last unit tile at `past` each (`past_rate`)."""
+    Given the `cores` (the filters path), the factor is the busiest core's (`busiest_share`):
+    the grid deals its unit tiles ceil(G / cores) a core, so a core whose tiles are whole runs
+    them whole however few elements the last tile holds (7 rows in unit tiles of 4 on two cores:
+    4 / 4, not 7 / 8); an edge along an axis the grid splits into more than one unit tile runs
+    at GRID_GUARDED_TILE's rate, on the cores whose unit tiles hold it, the register tiles past
+    the end in that last unit tile at `past` each (`past_rate`)."""
     expr = program.expr
     reg, unit = program.register_tile, program.unit_tile
     extents = [expr.axes[a].extent for a in axes]
-    split = [a for a, e in zip(axes, extents) if e % reg[a] and unit[a] < e] if cores else []
-    if split:
+    if cores:
+        split = [a for a, e in zip(axes, extents) if e % reg[a] and unit[a] < e]
         return busiest_share(program, axes, split, cores, past)
     inner = prod(e // reg[a] * reg[a] for a, e in zip(axes, extents))
     padded = prod(-(-e // unit[a]) * unit[a] for a, e in zip(axes, extents))
