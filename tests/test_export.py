@@ -363,6 +363,7 @@ def _rebuilt_sources(path, model=None) -> list[tuple[str, bytes]]:
     kernel = rebuild(path, model)
     assert kernel.ok, kernel.error
     assert json.loads(kernel.target) == _manifest(path)["target"]
+    assert json.loads(kernel.pass_config) == _manifest(path)["pass_config"]
     return [(f"kernel.{suffix}", text.encode()) for suffix, text in kernel.sources]
 
 

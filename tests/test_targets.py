@@ -79,3 +79,59 @@ def test_a_direct_convolution_unswitches_its_grid_guard_and_the_rest_keep_llvms_
     kernel = build_kernel(conv.expr, flagged[0].program, spec, sources=False)
     assert kernel.ok, kernel.error
     assert json.loads(kernel.target)["cl-opt"] == flag["cl-opt"]  # compiled with it, and the bundle says so
+
+
+def _loops_indexing_registers(mod) -> int:
+    """Loops of the lowered `mod` whose variable indexes a buffer in registers (`T.alloc_local`),
+    read off its TVMScript (this TVM has no Python visitor of statements)."""
+    import re
+
+    text = mod.script()
+    local = set(re.findall(r"(\w+) = T\.alloc_local\(", text))
+    loops = set(re.findall(r"for (\w+) in ", text))
+    indexing = set()
+    for name, index in re.findall(r"(\w+)\[([^\]]*)\]", text):
+        if name in local:
+            indexing |= set(re.findall(r"\w+", index)) & loops
+    return len(indexing)
+
+
+@pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
+def test_register_tiles_stored_straight_to_the_output_keep_no_loop_over_their_accumulators(spec):
+    """356 x 71 x 139 in register tiles of 6 rows x 3 vectors whose whole reduction runs inside
+    them (`CpuPlan.direct_stores`): the output's end (139 columns) cuts the last tile along its
+    vectors, which the vectoriser stores lane by lane in a loop indexing the accumulators (LLVM
+    then keeps them in memory through the K-loop). Compiled under `pass_config`'s
+    `UNROLL_REGISTER_LOOPS` that loop is unrolled: the lowered kernel has no loop indexing a
+    buffer in registers, where without it it has some; the kernel and bundle say so. A program
+    that accumulates a unit tile's outputs in a buffer of its own (K split over L1 tiles) keeps
+    the plain config: unrolling the loops over that buffer would copy their bodies by the
+    thousand."""
+    import tvm
+
+    from workbench.codegen.build import UNROLL_REGISTER_LOOPS, pass_config
+    from workbench.codegen.cuda import ASYNC_COPY_CONFIG
+    from workbench.codegen.rules import apply_rules
+    from workbench.rtile.rprogram import make_program
+    from workbench.rtile.traffic import calculus
+
+    v = spec.warp_size
+    mm = matmul(356, 139, 71)
+    program = make_program(calculus(mm), spec, [(6, 3 * v, 1), (6, 3 * v, 71), (180, 144, 71)], [True] * 3, 0.0)
+    assert cpu_plan(program, spec).direct_stores and 139 % (3 * v)
+    config = pass_config(program, spec)
+    assert config == ASYNC_COPY_CONFIG | UNROLL_REGISTER_LOOPS
+    split = make_program(calculus(mm), spec, [(6, 3 * v, 1), (6, 3 * v, 16), (180, 144, 71)], [True] * 3, 0.0)
+    assert not cpu_plan(split, spec).direct_stores and pass_config(split, spec) == ASYNC_COPY_CONFIG
+    target = tvm.target.Target(kernel_target(program, spec))
+    counts = []
+    for passes in (config, ASYNC_COPY_CONFIG):
+        _, sch = apply_rules(mm, program, spec)
+        with tvm.transform.PassContext(config=passes):
+            bound = tvm.tirx.transform.BindTarget(target.with_host(target))(sch.mod)
+            lower = tvm.tirx.get_default_tir_pipeline(target)[0]  # 0.27: (pipeline, host and device finalisation)
+            counts.append(_loops_indexing_registers(lower(bound)))
+    assert counts[0] == 0 < counts[1]
+    kernel = build_kernel(mm, program, spec, sources=False)
+    assert kernel.ok, kernel.error
+    assert json.loads(kernel.pass_config) == json.loads(json.dumps(config))

@@ -549,6 +549,7 @@ def _manifest(kernel, expr, program, device, files, policy, rank, predicted, mea
         "prepacked": [p.to_dict() for p in kernel.prepacked],
         "files": files,
         "target": json.loads(kernel.target),
+        "pass_config": json.loads(kernel.pass_config),
         "template": kernel.template,
         "versions": versions(),
     }

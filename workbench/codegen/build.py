@@ -76,6 +76,7 @@ class Kernel:
     error: str = ""
     template: str = ""
     target: str = ""  # the TVM target dict as JSON
+    pass_config: str = ""  # the TVM PassContext config it was compiled under, as JSON (`pass_config`)
     entry: str = ENTRY
     args: tuple[KernelArg, ...] = ()
     tvmscript: str = ""
@@ -114,6 +115,7 @@ def build_kernel(
     much as compiling a small kernel, wasted where the kernel is only run (profile builds)."""
     start = time.perf_counter()
     target = kernel_target(program, device)
+    config = pass_config(program, device)
     stage = "schedule"
     try:
         chosen, sch = apply_rules(expr, program, device, rules)
@@ -124,17 +126,18 @@ def build_kernel(
         mod = narrow_indices(with_call_shapes(sch.mod, call_args), expr, device)  # a pixel-GEMM view's buffers as the caller's
         for p, func in packs:
             mod[p.function] = func.with_attr("global_symbol", p.function)
-        executable = _compile(mod, target)
+        executable = _compile(mod, target, config)
         texts = _sources(executable, target) if sources else ()
         if texts and texts[0][0] == "cu":  # what nvcc compiles asks for the model's occupancy
             texts = ((texts[0][0], bound_occupancy(texts[0][1], program, device)),) + texts[1:]
     except Exception as err:  # TVM raises many error types; every one is this candidate's failure
         return Kernel(ok=False, error=f"{stage}: {first_line(err)}", target=json.dumps(target, sort_keys=True),
-                      build_seconds=time.perf_counter() - start)
+                      pass_config=json.dumps(config, sort_keys=True), build_seconds=time.perf_counter() - start)
     return Kernel(
         ok=True,
         template=chosen.name,
         target=json.dumps(target, sort_keys=True),
+        pass_config=json.dumps(config, sort_keys=True),
         args=expr.args,
         tvmscript=mod.script(),
         trace_python="\n".join(sch.trace.as_python()),
@@ -209,6 +212,32 @@ def kernel_target(program: RProgram, device: DeviceSpec) -> dict:
     return target
 
 
+# TVM's UnrollLoop (after vectorisation) unrolls, under this pass config, each loop whose
+# variable indexes a buffer in registers (scope `local`). For a CPU program whose accumulators
+# are one register tile's (`CpuPlan.direct_stores`): where the output's end cuts a register tile
+# along its vectors, the vectoriser stores that tile lane by lane, in a loop over its lanes that
+# indexes the accumulators, and LLVM then kept that tile's accumulators in memory through its
+# whole K-loop unless it happened to unroll the loop itself: 356 x 71 x 139 in 48-column
+# register tiles of 5, 6 and 8 rows ran 45-60 us, 34-36 with it (evidence:
+# docs/evidence.md#lane-stores). Not for other programs: a unit tile's accumulator buffer is
+# `local` too, and unrolling the loops over it copies their bodies by the thousand (a 9 x 4800
+# unit tile's kernel did not compile in minutes).
+UNROLL_REGISTER_LOOPS = {"tirx.UnrollLoop": {"unroll_local_access": True}}
+
+
+def pass_config(program: RProgram, device: DeviceSpec) -> dict:
+    """The TVM pass config `program`'s kernel is compiled under: `ASYNC_COPY_CONFIG` (the CUDA
+    templates' pipelined copies; nothing on a CPU), and `UNROLL_REGISTER_LOOPS` for a CPU program
+    whose accumulators go straight from its register tiles to the output."""
+    config = dict(ASYNC_COPY_CONFIG)
+    if device.runs_on_cpu:
+        from workbench.rtile.plan import cpu_plan
+
+        if cpu_plan(program, device).direct_stores:
+            config |= UNROLL_REGISTER_LOOPS
+    return config
+
+
 def _is_x86(triple: str) -> bool:
     """Whether an LLVM triple (empty: the host's, which TVM's wheel was built for) is x86."""
     arch = (triple or platform.machine()).split("-")[0].lower()
@@ -243,10 +272,10 @@ def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
     return ForceNarrowIndexToInt32()(mod)
 
 
-def _compile(mod, target: dict):
+def _compile(mod, target: dict, config: dict):
     import tvm
 
-    with tvm.transform.PassContext(config=ASYNC_COPY_CONFIG):  # the CUDA templates' pipelined copies
+    with tvm.transform.PassContext(config=config):
         return tvm.compile(mod, target=tvm.target.Target(target))
 
 
