@@ -1,5 +1,6 @@
-"""The target table: every preset's target kind is in it, builds keep the texts it names, and a
-convolution's direct kernel is compiled with LLVM's loop-unswitch threshold raised."""
+"""The target table: every preset's target kind is in it, builds keep the texts it names, a
+convolution's direct kernel is compiled with LLVM's loop-unswitch threshold raised, and a program
+whose register tiles store straight to the output with TVM's unroll of the loops over them."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ import pytest
 
 from tests.helpers import TINY_CPU, device, expr, matmul
 from workbench.codegen import targets
-from workbench.codegen.build import UNSWITCH_THRESHOLD, build_kernel, kernel_target, target_dict
+from workbench.codegen.build import (
+    UNROLL_REGISTER_LOOPS, UNSWITCH_THRESHOLD, build_kernel, kernel_target, pass_config, target_dict,
+)
+from workbench.codegen.cuda import ASYNC_COPY_CONFIG
+from workbench.codegen.rules import apply_rules
 from workbench.construct.space import Options
 from workbench.construct.stepper import construct
 from workbench.hardware.loader import list_presets
 from workbench.rtile.plan import FILTERS, cpu_plan
+from workbench.rtile.rprogram import make_program
+from workbench.rtile.traffic import calculus
 
 # TINY_CPU has 16 fp32 lanes (AVX-512-like), this one 8 (AVX2-like).
 AVX2_LIKE = replace(TINY_CPU, name="tiny-avx2", warp_size=8, registers_per_thread_cap=12, registers_per_unit=16)
@@ -108,12 +115,6 @@ def test_register_tiles_stored_straight_to_the_output_keep_no_loop_over_their_ac
     the plain config: unrolling the loops over that buffer would copy their bodies by the
     thousand."""
     import tvm
-
-    from workbench.codegen.build import UNROLL_REGISTER_LOOPS, pass_config
-    from workbench.codegen.cuda import ASYNC_COPY_CONFIG
-    from workbench.codegen.rules import apply_rules
-    from workbench.rtile.rprogram import make_program
-    from workbench.rtile.traffic import calculus
 
     v = spec.warp_size
     mm = matmul(356, 139, 71)

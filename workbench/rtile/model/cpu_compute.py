@@ -268,7 +268,7 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
     the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
     `edge_slowdown`; a convolution's ragged pixel axes on the filters path, `guarded_edges`
-    over them, on the busiest core where the grid splits one of them."""
+    over them, on the busiest core."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
