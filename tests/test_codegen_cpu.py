@@ -18,7 +18,7 @@ from tests.helpers import TINY_CPU, device, expr, suite_workloads, workload_expr
 from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_dict
 from workbench.codegen.common import chain_factors
 from workbench.codegen.cpu import schedule_cpu
-from workbench.rtile.panels import PAD_STEP, simd_lanes
+from workbench.rtile.panels import PAD_STEP, simd_lanes, vector_width
 from workbench.rtile.plan import PANELS, ROW, cpu_plan, describe, loop_nest_key
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
@@ -344,16 +344,21 @@ def test_a_strip_panel_whose_strips_share_an_l1_set_is_staggered(k, staggered):
 def test_a_filter_panel_copy_writes_its_rows_whole_where_its_reads_spread(c, along_panel):
     """32 filters of C channels x 3 x 3 copied into one panel of 32-filter rows per unit tile:
     the copy runs strip by strip with the strip's 32 filters innermost (`_copy_along_panel`),
-    each panel row written whole, where the 32 source rows it then reads at once spread over the
-    L1d's sets (416 channels: rows 14,976 bytes apart, 32 sets); 512 channels' rows, 18 KiB
-    apart, fall into two sets, and that copy keeps the source's order. The kernels match numpy."""
+    each panel row written whole in vectors of filters (16 lanes: 2 x 16 filters; 8: 4 x 8),
+    where the 32 source rows it then reads at once spread over the L1d's sets (416 channels:
+    rows 14,976 bytes apart, 32 sets); 512 channels' rows, 18 KiB apart, fall into two sets, and
+    that copy keeps the source's order, element by element. The kernels match numpy."""
     e = expr("conv2d", N=1, C=c, H=7, W=13, F=32, KH=3, KW=3, stride=1, pad=1)
     chains = dict(n=(1, 1, 1), f=(32, 32, 32), h=(1, 1, 7), w=(4, 4, 12), c=(1, 16, c), r=(1, 3, 3), s=(1, 3, 3))
-    assert cpu_plan(_program(e, chains), device(CPU)).path == "filters"
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.path == "filters"
     script = _local_kernel(e, chains).tvmscript
-    copy = script[:script.index('T.sblock("kernel')].splitlines()[-2]
-    assert (f"T.grid(1, {c}, 3, 3, 32)" in copy) == along_panel, copy
-    assert (f"T.grid(32, {c}, 3, 3)" in copy) == (not along_panel), copy
+    copy = "\n".join(script[:script.index('T.sblock("kernel')].splitlines()[-4:-1])
+    vector = vector_width(32, plan.lanes)
+    assert (f"T.grid(1, {c}, 3, 3):" in copy) == along_panel, copy
+    assert (f"T.unroll({32 // vector})" in copy and f"T.vectorized({vector})" in copy) == along_panel, copy
+    assert (f"T.grid(32, {c}, 3, 3):" in copy) == (not along_panel), copy
+    assert ("T.vectorized" in copy) == along_panel, copy
 
 
 @pytest.mark.parametrize("f, path", [(16, "filters"), (3, "row")])

@@ -751,7 +751,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
         if index_map is not None:
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
         if index_map is not None and transposes(tensor, vector_axis):
-            _copy_along_panel(sch, pack, at, tensor, vector_axis, int(program.register_tile[vector_axis]))
+            _copy_along_panel(sch, pack, at, tensor, vector_axis, int(program.register_tile[vector_axis]), plan.lanes)
         _vectorise_copy(sch, pack, expr, program, tensor, vector_axis, index_map is not None, plan.lanes)
         if index_map is None:
             _stagger_rows(sch, pack, prod(int(program.register_tile[a]) for a in expr.spatial if tensor.uses_axis(a)))
@@ -761,7 +761,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
             _partition_edges(sch, pack, at)
 
 
-def _copy_along_panel(sch, pack, at, tensor, vector_axis: int, width: int) -> None:
+def _copy_along_panel(sch, pack, at, tensor, vector_axis: int, width: int, lanes: int) -> None:
     """Order a transposing panel copy (a conv's filters, kernel[f, c, r, s] into strips of
     `width` filters, [f // w, c, r, s, f % w]) strip by strip, the strip's filters innermost, so
     that it writes each panel row whole: in the source's order every filter's pass wrote one
@@ -772,7 +772,14 @@ def _copy_along_panel(sch, pack, at, tensor, vector_axis: int, width: int) -> No
     docs/evidence.md#cpu-copy-along-panel). It then reads `width` rows of the source at once, one
     element each: where those rows fall into fewer L1d sets than that takes ways (512 channels of
     3x3 filters, rows 18 KiB apart: two sets for 32 rows; 702 -> 817 us), the copy keeps the
-    source's order."""
+    source's order.
+
+    The strip's filters are then written in vectors of `panels.vector_width` lanes, unrolled: TVM
+    gathers each vector's lanes with scalar loads at constant offsets from one address and stores
+    it whole. Left a loop, LLVM vectorised it itself, computing the 16 lanes' addresses in vector
+    registers and extracting each to load it (313 channels to 424 7x7 filters over 16 x 16, 26 MB
+    of filters copied per call: ranks 1, 2, 4 and 5 1.5-1.8x faster, rank 3, a row of taps a
+    step, 0.69x; elsewhere 0.97-1.13x; evidence: docs/evidence.md#cpu-filter-vectors)."""
     dim = next(d for d, (coeffs, _) in enumerate(tensor.index) if coeffs[vector_axis])
     source = sch.get(pack).reads[0].source
     stride = prod(int(n) for n in source.shape[dim + 1:]) * (source.dtype.bits // 8)
@@ -786,6 +793,11 @@ def _copy_along_panel(sch, pack, at, tensor, vector_axis: int, width: int) -> No
         return
     strips, inner = sch.split(own[dim], [extent // width, width])
     sch.reorder(*own[:dim], strips, *own[dim + 1:], inner)
+    vector = vector_width(width, lanes)
+    if vector > 1:
+        vectors, lane = sch.split(inner, [width // vector, vector])
+        sch.unroll(vectors)
+        common.primitive("vectorise the filters' copy", sch.vectorize, lane)
 
 
 def prepack_function(expr: TensorExpr, program: RProgram, plan: CpuPlan, name: str):
@@ -815,8 +827,9 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     """Vectorise a panel copy along the tensor's contiguous dimension, where the panel keeps it
     contiguous: a row-major copy (A) in vectors of `panels.vector_width` lanes, a strip layout (B's
     [j // r, k, j % r]) in vectors within one strip's row of r. A copy that transposes (a filter
-    panel, which moves the filters innermost) stays scalar. Left to LLVM, the copies run scalar
-    (evidence: docs/evidence.md#cpu-vectorise-copy)."""
+    panel, which moves the filters innermost) is left to `_copy_along_panel`, which writes it in
+    vectors of filters where it reorders it. Left to LLVM, the copies run scalar (evidence:
+    docs/evidence.md#cpu-vectorise-copy)."""
     last = next((a for a, c in enumerate(tensor.index[-1][0]) if c), None)
     if last is None or (laid_out and transposes(tensor, vector_axis)):
         return

@@ -136,10 +136,10 @@ def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...
 
 
 def transposes(tensor, vector: int | None) -> bool:
-    """Whether the panel copy of `tensor` transposes, and so runs scalar
-    (`codegen/cpu._vectorise_copy`): an input laid out along the `vector` axis (its panels end in
-    a vector's lanes of it, `_panel_layout`) whose innermost dimension is another axis: a conv's
-    filters [f, c, r, s] copied to [.., f % r]. Its copy moves an element at a time, at
+    """Whether the panel copy of `tensor` transposes: an input laid out along the `vector` axis
+    (its panels end in a vector's lanes of it, `_panel_layout`) whose innermost dimension is
+    another axis: a conv's filters [f, c, r, s] copied to [.., f % r]. Its copy reads an element
+    at a time (`codegen/cpu._copy_along_panel` gathers each vector of filters lane by lane), at
     `model.cpu.TRANSPOSED_BYTES_PER_CYCLE`."""
     if vector is None or not tensor.uses_axis(vector) or not tensor.index:
         return False

@@ -496,8 +496,10 @@ def buffer_bytes(program: RProgram, device: DeviceSpec) -> int:
 # (evidence: docs/model-evidence.md#pack-bytes-per-cycle).
 PACK_BYTES_PER_CYCLE = 16
 # ... and a transposing copy (`panels.transposes`: a conv's filters into vectors of filters),
-# scalar, whose every store lands in another line: 1.6 B, the median of 13 filter panels of three
-# convs timed with and without their copy (0.45-3.7 B a cycle; evidence:
+# each element read on its own: 1.6 B, the median of 13 filter panels of three convs timed with
+# and without their copy when it ran scalar, element by element (0.45-3.7 B a cycle); it now
+# writes whole vectors and runs faster, but the Zen 3 runs committed for `bench model` were
+# recorded with the scalar copy and score lower at any higher rate (evidence:
 # docs/model-evidence.md#transposed-bytes-per-cycle).
 TRANSPOSED_BYTES_PER_CYCLE = 1.6
 
