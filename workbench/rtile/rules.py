@@ -257,11 +257,12 @@ WHOLE_VECTOR_EPS = 0.2
 # Where LLVM's pieces take at least PIECES_RATIO times the vector instructions of whole vectors,
 # whole vectors may pad the row by up to PIECES_EPS instead: 52 filters over 16 lanes run as 13
 # xmm pieces, padded to 64 (a quarter more) as 4 zmm vectors (272 channels to 52 3x3 filters at
-# stride 2 over 27 x 27: pieces 464-624 us, padded 145-163, ONNX Runtime 214-282;
-# docs/model-evidence.md#whole-vector-bound). The row of 12 above took 1.5 times the
-# instructions, and lost.
-PIECES_RATIO = 3
-PIECES_EPS = 0.4
+# stride 2 over 27 x 27: pieces 464-624 us, padded 145-163, ONNX Runtime 214-282); a matmul's
+# row of 20 as 5 xmm pieces, padded to 32 (by three fifths) as 2 zmm (903 x 1913 x 20: pieces
+# 680-780 us, padded 369, numpy 494; docs/model-evidence.md#whole-vector-bound). The row of 12
+# above took 1.5 times the instructions, and lost.
+PIECES_RATIO = 2
+PIECES_EPS = 0.7
 
 
 class VectorLanesRule(PerAxisRule):
@@ -619,7 +620,8 @@ def whole_vector_bound(expr: TensorExpr, device: DeviceSpec) -> float:
     """The most whole vectors may pad a CPU register row that LLVM would split into pieces
     (`whole_vector_waste`) and replace it: WHOLE_VECTOR_EPS, or PIECES_EPS where the row is one
     of whole 4-lane pieces (`VectorLanesRule`; no other row of the whole axis is a register
-    row) that take at least PIECES_RATIO times the vectors (`row_vectors` against whole ones)."""
+    row) that take at least PIECES_RATIO times the vectors (`row_vectors` against whole ones:
+    on 16 lanes rows of 20, 28, 36, 44, ...; on 8 lanes pieces of 4 are always fewer)."""
     axis = lane_axis(expr, device)
     extent, itemsize = expr.axes[axis].extent, expr.output.itemsize
     lanes = max(1, device.register_bytes // itemsize)
