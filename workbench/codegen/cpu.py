@@ -779,7 +779,7 @@ def _copy_along_panel(sch, pack, at, tensor, vector_axis: int, width: int, lanes
     it whole. Left a loop, LLVM vectorised it itself, computing the 16 lanes' addresses in vector
     registers and extracting each to load it (313 channels to 424 7x7 filters over 16 x 16, 26 MB
     of filters copied per call: ranks 1, 2, 4 and 5 1.5-1.8x faster, rank 3, a row of taps a
-    step, 0.69x; elsewhere 0.97-1.13x; evidence: docs/evidence.md#cpu-filter-vectors)."""
+    step, 0.69x; elsewhere 0.97-1.14x; evidence: docs/evidence.md#cpu-filter-vectors)."""
     dim = next(d for d, (coeffs, _) in enumerate(tensor.index) if coeffs[vector_axis])
     source = sch.get(pack).reads[0].source
     stride = prod(int(n) for n in source.shape[dim + 1:]) * (source.dtype.bits // 8)
