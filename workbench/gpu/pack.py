@@ -188,8 +188,7 @@ def _build_workload(w: Workload, suite_name: str, wid: str, device: DeviceSpec, 
 def build_candidate(expr, program, device: DeviceSpec) -> dict:
     """Runs in a build worker: the candidate's CUDA source, template and launches as plain data,
     or `ok` False and the one-line error."""
-    from workbench.codegen.build import build_kernel, target_dict
-    from workbench.codegen.cuda import ASYNC_COPY_CONFIG
+    from workbench.codegen.build import build_kernel, pass_config, target_dict
     from workbench.codegen.rules import apply_rules
     from workbench.gpu.launch import lower_launches
 
@@ -198,7 +197,7 @@ def build_candidate(expr, program, device: DeviceSpec) -> dict:
         return {"ok": False, "error": kernel.error}
     try:
         _, sch = apply_rules(expr, program, device)
-        launches, scratch = lower_launches(sch.mod, target_dict(device), ASYNC_COPY_CONFIG,
+        launches, scratch = lower_launches(sch.mod, target_dict(device), pass_config(program, device),
                                            tuple(a.name for a in kernel.args))
     except Exception as err:  # TVM raises many error types; each is this candidate's failure
         return {"ok": False, "error": f"launch: {first_line(err)}"}
