@@ -103,12 +103,17 @@ def test_expressions_whose_terms_cancel(capsys, tmp_path):
 
 
 def test_bench_construct(capsys):
+    from workbench import pipeline
+
     code, out, _ = run(capsys, "bench", "construct", "--suite", "cpu-core", "--device", "v100", "--topk", "1", "--json")
     assert code == 0
     doc = json.loads(out)
     assert len(doc["results"]) == 13
     assert all(r["candidates"] >= 1 for r in doc["results"])
     assert doc["max_seconds"] >= doc["median_seconds"] > 0
+    mm = next(r for r in doc["results"] if r["id"] == "mm-512")
+    again = pipeline.construct(pipeline.request("cpu-core:mm-512", "v100", options=pipeline.Options(topk=1)))
+    assert mm["steps"] == again.steps > 1
 
 
 @pytest.mark.parametrize(

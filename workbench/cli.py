@@ -541,7 +541,7 @@ def cmd_bench_construct(args) -> int:
     for w in workloads:
         c = _construct(args, w)
         results.append({"id": w.label.split(":", 1)[1], "workload": c.expr.workload_dict(),
-                        "construct_seconds": c.seconds, "candidates": len(c.candidates)})
+                        "construct_seconds": c.seconds, "steps": c.steps, "candidates": len(c.candidates)})
     times = [r["construct_seconds"] for r in results]
     data = {
         "suite": args.suite,
@@ -555,7 +555,7 @@ def cmd_bench_construct(args) -> int:
         "median_seconds": statistics.median(times),
         "max_seconds": max(times),
     }
-    lines = [f"{r['id']:14s} {r['construct_seconds'] * 1e3:8.2f} ms  {r['candidates']} candidates  "
+    lines = [f"{r['id']:14s} {r['construct_seconds'] * 1e3:8.2f} ms  {r['steps']:5d} steps  {r['candidates']} candidates  "
               f"{_workload_text(r['workload'])}" for r in results]
     lines.append(f"median {data['median_seconds'] * 1e3:.2f} ms, max {data['max_seconds'] * 1e3:.2f} ms")
     return _emit(args, data, "\n".join(lines))
