@@ -707,6 +707,26 @@ def _lowered(sch, dev) -> str:
         return tvm.transform.Sequential(passes)(sch.mod).script()
 
 
+@pytest.mark.parametrize("spec", [TINY_CPU, AVX2_LIKE], ids=lambda d: d.name)
+def test_a_one_vector_strip_past_a_ragged_n_is_copied_in_whole_half_vectors(spec):
+    """4 x 64 x 45 in one-vector register rows and unit tiles (three or six tiles of N, the
+    last cut by N's end): B's padding copy runs a strip row in two half vectors, so lowering
+    splits it where N ends and the tiles inside N copy whole half vectors, unguarded, only the
+    half N's end cuts testing each lane (a one-vector loop left it nothing to split: every
+    tile's copy ran scalar); the kernel matches numpy on this machine."""
+    lanes = simd_lanes(spec, 4)
+    e = expr("matmul", M=4, N=45, K=64)
+    chains = dict(i=(4, 4, 4), j=(lanes, lanes, lanes), k=(1, 64, 64))
+    program = _program(e, chains)
+    assert cpu_plan(program, spec).padded_tails
+    lowered = _lowered(schedule_cpu(e, program, spec), spec)
+    half = lanes // 2
+    assert re.search(rf"B_pad\[[^\]]*\] = B\w*\[T\.Ramp\([^)]*, 1, {half}\)\]", lowered), lowered
+    assert re.search(r"B_pad\[[^\]]*\] = T\.if_then_else\(", lowered), lowered  # the cut half, lane by lane
+    local = simd_lanes(device(CPU), 4)
+    _local_kernel(e, dict(chains, j=(local, local, local)))
+
+
 @pytest.mark.parametrize("case", sorted(RAGGED_LANES))
 def test_a_ragged_k_in_lanes_runs_whole_vectors_and_its_edge_apart(case):
     """A K the unit tile leaves ragged still runs in lanes (`CpuPlan.split_edges`): lowering

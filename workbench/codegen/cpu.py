@@ -752,7 +752,8 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
         if index_map is not None and transposes(tensor, vector_axis):
             _copy_along_panel(sch, pack, at, tensor, vector_axis, int(program.register_tile[vector_axis]), plan.lanes)
-        _vectorise_copy(sch, pack, expr, program, tensor, vector_axis, index_map is not None, plan.lanes)
+        _vectorise_copy(sch, pack, expr, program, tensor, vector_axis, index_map is not None, plan.lanes,
+                        guarded=padding and vector_axis is not None and ragged(expr, program, vector_axis))
         if index_map is None:
             _stagger_rows(sch, pack, prod(int(program.register_tile[a]) for a in expr.spatial if tensor.uses_axis(a)))
         else:
@@ -823,13 +824,20 @@ def prepack_function(expr: TensorExpr, program: RProgram, plan: CpuPlan, name: s
 
 
 def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vector_axis: int, laid_out: bool,
-                    lanes: int) -> None:
+                    lanes: int, guarded: bool = False) -> None:
     """Vectorise a panel copy along the tensor's contiguous dimension, where the panel keeps it
     contiguous: a row-major copy (A) in vectors of `panels.vector_width` lanes, a strip layout (B's
     [j // r, k, j % r]) in vectors within one strip's row of r. A copy that transposes (a filter
     panel, which moves the filters innermost) is left to `_copy_along_panel`, which writes it in
     vectors of filters where it reorders it. Left to LLVM, the copies run scalar (evidence:
-    docs/evidence.md#cpu-vectorise-copy)."""
+    docs/evidence.md#cpu-vectorise-copy).
+
+    A padding copy whose guard tests the vector axis (`guarded`: that axis ragged), along which
+    it copies rows of one vector, copies them in two half vectors: lowering splits the loop over
+    a row's vectors where the guard's bound falls (`_partition_edges`), and a loop of one vector
+    leaves it nothing to split, so every tile's copy tested each lane and ran scalar (4 x 4537 x
+    109 in one-vector strips, 7 tiles: 257 -> 94 us on the Zen 4, numpy 93; evidence:
+    docs/evidence.md#cpu-copy-halves)."""
     last = next((a for a, c in enumerate(tensor.index[-1][0]) if c), None)
     if last is None or (laid_out and transposes(tensor, vector_axis)):
         return
@@ -837,6 +845,8 @@ def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vect
     extent = int(sch.get(inner).extent)
     row = int(program.register_tile[vector_axis]) if laid_out else extent
     width = vector_width(min(row, extent), lanes)
+    if guarded and last == vector_axis and width == extent and width >= 8:
+        width //= 2
     if width < 4 or extent % width or row % width:
         return
     common.primitive("vectorise the copy", sch.vectorize, sch.split(inner, [extent // width, width])[1])
