@@ -24,11 +24,11 @@ from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
-    clock_ghz, edge_seconds, epilogue_seconds, hidden_source, packed_bytes, packing_seconds, scattered_inputs,
-    shared_output_lines, stream_runs, transfer_seconds,
+    clock_ghz, edge_seconds, epilogue_seconds, hidden_source, memory_accumulator_seconds, packed_bytes,
+    packing_seconds, scattered_inputs, shared_output_lines, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
-    STORE_FORWARD_CYCLES, autovector_efficiency, compute_efficiency, compute_provenance, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage,
+    MEMORY_ACCUMULATOR_CYCLES, STORE_FORWARD_CYCLES, autovector_efficiency, compute_efficiency, compute_provenance, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage,
     memory_chain_bound, micro_kernel_shape, scalar_row, vector_pieces,
 )
 from workbench.rtile.model.gpu import (
@@ -543,6 +543,28 @@ def test_accumulators_kept_in_memory_chain_through_their_stores(dev, vectors):
     tl = TINY_CPU.warp_size
     tiny = one_row(TINY_CPU, 11 * tl + 6, (1, 3 * tl, 1), (1, 6 * tl, 64), (1, 6 * tl, 1024))
     assert cpu_plan(tiny, TINY_CPU).edge_vectors and memory_chain_bound(tiny, TINY_CPU) == 1.0
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_accumulators_kept_in_memory_add_cycles_to_every_vector_fma(dev):
+    """The same one-row matmul (1024 K-steps, 11 vectors and 6 lanes of columns) in register tiles
+    of 3 vectors whose loop over vectors the edge splits (`CpuPlan.edge_vectors`): beyond its
+    edge, each of its ceil(n / lanes) = 12 vector FMAs a K-step adds MEMORY_ACCUMULATOR_CYCLES,
+    shared by the cores, at the clock the peak implies; the whole row of 12 vectors and the
+    tile of one vector keep their accumulators in registers: nothing."""
+    def one_row(n, *tiles):
+        return make_program(TileCalculus(plain_matmul(1, n, 1024)), dev, list(tiles), (True,) * len(tiles), 0.0)
+
+    lanes = dev.warp_size
+    program = one_row(11 * lanes + 6, (1, 3 * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    assert cpu_plan(program, dev).edge_vectors
+    cycles = 12 * 1024 / dev.compute_units * MEMORY_ACCUMULATOR_CYCLES
+    ghz = dev.peak("float32") / (dev.compute_units * dev.fma_pipes * lanes * 2)
+    assert memory_accumulator_seconds(program, dev) == pytest.approx(cycles / (ghz * 1e9))
+    assert edge_seconds(program, dev) > memory_accumulator_seconds(program, dev) > 0
+    whole = one_row(12 * lanes, (1, 3 * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    single = one_row(11 * lanes + 6, (1, lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    assert memory_accumulator_seconds(whole, dev) == memory_accumulator_seconds(single, dev) == 0.0
 
 
 def test_load_coverage_is_1_without_a_chain_a_lane_axis_or_fma_facts():

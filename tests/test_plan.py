@@ -20,8 +20,9 @@ from workbench.rtile.model.cpu import (
     stream_seconds, stream_tile, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
-    EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, compute_efficiency, edge_in_pieces,
-    edge_pieces, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge, memory_chain_bound, past_rate,
+    EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, MEMORY_ACCUMULATOR_CYCLES,
+    compute_efficiency, edge_in_pieces, edge_pieces, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge,
+    memory_chain_bound, past_rate,
 )
 from workbench.rtile.panels import ends_on_vector, packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -280,7 +281,8 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     vectors, over the 224 columns of whole unit tiles that the compute term counts
     (`edge_slowdown`); its last 4 lanes run as guarded scalar FMAs and the other 12 lie past the
     end, and the one core that holds it runs and tests them for each of the 1024 K-steps,
-    GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES each (`edge_seconds`)."""
+    GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES each (`edge_seconds`), with what the accumulators
+    its tiles keep in memory add (`memory_accumulator_seconds`)."""
     program = _one_row(n=212, dev=dev)
     plan = cpu_plan(program, dev)
     assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
@@ -291,6 +293,9 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     assert edge_slowdown(program, dev) == pytest.approx(208 / 224)
     assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
     cycles = 4 * GUARDED_LANE_CYCLES + 12 * EDGE_SKIP_CYCLES
+    # and every tile keeps its accumulators in memory: each of the row's ceil(212 / lanes) vector
+    # FMAs a K-step adds MEMORY_ACCUMULATOR_CYCLES, on the cores together
+    cycles += -(-212 // plan.lanes) * MEMORY_ACCUMULATOR_CYCLES / dev.compute_units
     assert edge_seconds(program, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
     # the compute of the same tiles over 224 columns (no edge: the padded flops alike) times it,
     # at the rate of accumulators kept in memory where that is less (`memory_chain_bound`: the

@@ -16,7 +16,7 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split,
+    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, MEMORY_ACCUMULATOR_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split,
     guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes, vector_width
@@ -246,13 +246,15 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     117 in 400). The compute term keeps only the vectors (`cpu_compute.edge_slowdown`). None
     where the edge runs in LLVM's vector pieces (`cpu_compute.edge_in_pieces`: one unit tile
     spans the row), which the compute term prices. A row that ends on a vector
-    (`CpuPlan.edge_in_vectors`) tests the guard once per vector past its end, not per lane."""
+    (`CpuPlan.edge_in_vectors`) tests the guard once per vector past its end, not per lane.
+    A row whose edge splits its register tiles' loop over vectors (`CpuPlan.edge_vectors`) adds
+    what keeping their accumulators in memory costs (`memory_accumulator_seconds`)."""
     expr = program.expr
     if not device.runs_on_cpu:
         return 0.0
     plan = cpu_plan(program, device)
     if plan.path != ROW or not lane_priced_edge(program, device) or edge_in_pieces(program, device):
-        return 0.0
+        return memory_accumulator_seconds(program, device)
     _, scalar, past = edge_split(program, device)
     reg, unit = program.register_tile, program.unit_tile
     others = [a for a in expr.spatial if a != plan.vector_axis]
@@ -263,7 +265,27 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     if plan.edge_in_vectors:
         past //= vector_width(program.register_tile[plan.vector_axis], plan.lanes)
     cycles = scalar * GUARDED_LANE_CYCLES + past * EDGE_SKIP_CYCLES
-    return cycles * rows * steps * share / (clock_ghz(program, device) * GB)
+    return cycles * rows * steps * share / (clock_ghz(program, device) * GB) + memory_accumulator_seconds(program, device)
+
+
+def memory_accumulator_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What keeping a register tile's accumulators in memory (`CpuPlan.edge_vectors`: its loop
+    over vectors stays a loop in every tile) adds to a core beyond the stream it overlaps:
+    MEMORY_ACCUMULATOR_CYCLES for each vector FMA of the operator, ceil(row / lanes) vectors per
+    row of the register tiles and reduction step, shared by the cores. The latency of its chains
+    is priced in the compute term (`cpu_compute.memory_chain_bound`), which overlaps the loads;
+    measured, such tiles ran slower than the model's loads and compute allow, by 1.2-3.7 cycles a
+    vector FMA (docs/model-evidence.md#memory-accumulators)."""
+    if not device.runs_on_cpu:
+        return 0.0
+    plan = cpu_plan(program, device)
+    if not plan.edge_vectors:
+        return 0.0
+    expr, reg = program.expr, program.register_tile
+    rows = prod(-(-expr.axes[a].extent // reg[a]) * reg[a] for a in expr.spatial if a != plan.vector_axis)
+    steps = prod(expr.axes[a].extent for a in expr.reduce)
+    vectors = -(-expr.axes[plan.vector_axis].extent // plan.lanes) * rows * steps / device.compute_units
+    return vectors * MEMORY_ACCUMULATOR_CYCLES / (clock_ghz(program, device) * GB)
 
 
 # What one output line written by two cores costs the program: the line moves from one core's

@@ -55,6 +55,13 @@ def register_rate(program: RProgram, device: DeviceSpec) -> float:
 STORE_FORWARD_CYCLES = 5
 
 
+# Cycles each vector FMA of a register tile whose accumulators stay in memory
+# (`CpuPlan.edge_vectors`) adds to its core beyond the loads and compute it overlaps
+# (`model.cpu.memory_accumulator_seconds`): 1.2-3.7 measured over four one-row matmuls on two
+# Zen 4 cores (docs/model-evidence.md#memory-accumulators).
+MEMORY_ACCUMULATOR_CYCLES = 3.0
+
+
 def memory_chain_bound(program: RProgram, device: DeviceSpec) -> float:
     """The most of the FMA peak a CPU register tile reaches whose accumulators the template
     leaves in memory (`CpuPlan.edge_vectors`: the loop over its vectors stays a loop, bounded
