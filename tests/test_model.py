@@ -551,7 +551,7 @@ def test_accumulators_kept_in_memory_add_cycles_to_every_vector_fma(dev):
     of 3 vectors whose loop over vectors the edge splits (`CpuPlan.edge_vectors`): beyond its
     edge, each of its ceil(n / lanes) = 12 vector FMAs a K-step adds MEMORY_ACCUMULATOR_CYCLES,
     shared by the cores, at the clock the peak implies; the whole row of 12 vectors and the
-    tile of one vector keep their accumulators in registers: nothing."""
+    tile of one vector keep their accumulators in registers: nothing. The estimate says so."""
     def one_row(n, *tiles):
         return make_program(TileCalculus(plain_matmul(1, n, 1024)), dev, list(tiles), (True,) * len(tiles), 0.0)
 
@@ -565,6 +565,8 @@ def test_accumulators_kept_in_memory_add_cycles_to_every_vector_fma(dev):
     whole = one_row(12 * lanes, (1, 3 * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
     single = one_row(11 * lanes + 6, (1, lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
     assert memory_accumulator_seconds(whole, dev) == memory_accumulator_seconds(single, dev) == 0.0
+    said = f"accumulators kept in memory: {MEMORY_ACCUMULATOR_CYCLES:g} cycles a vector FMA (fitted)"  # as charged
+    assert said in estimate(program, dev).modelled and said not in estimate(whole, dev).modelled
 
 
 def test_load_coverage_is_1_without_a_chain_a_lane_axis_or_fma_facts():

@@ -84,10 +84,13 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     if shared:
         stage = "output lines two cores write"
         moved[stage], loads[stage] = shared * device.layers[-1].transaction_bytes, sharing
+    said = provenance(program, device, compute_provenance(program, device), bool(packed))
+    if memory_accumulator_seconds(program, device):
+        said["modelled"] += (f"accumulators kept in memory: {MEMORY_ACCUMULATOR_CYCLES:g} cycles a vector FMA (fitted)",)
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
         after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device), gathering, sharing),
-        **provenance(program, device, compute_provenance(program, device), bool(packed)),
+        **said,
     )
 
 
