@@ -28,8 +28,9 @@ from workbench.rtile.model.cpu import (
     packing_seconds, scattered_inputs, shared_output_lines, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
-    MEMORY_ACCUMULATOR_CYCLES, STORE_FORWARD_CYCLES, autovector_efficiency, compute_efficiency, compute_provenance, guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage,
-    memory_chain_bound, micro_kernel_shape, scalar_row, vector_pieces,
+    MEMORY_ACCUMULATOR_CYCLES, STORE_FORWARD_CYCLES, autovector_efficiency, compute_efficiency, compute_provenance,
+    guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, memory_chain_bound, micro_kernel_shape, scalar_row,
+    vector_pieces,
 )
 from workbench.rtile.model.gpu import (
     GUARDED_SLOWDOWN, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,

@@ -16,8 +16,8 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, MEMORY_ACCUMULATOR_CYCLES, compute_efficiency, compute_provenance, edge_in_pieces, edge_split,
-    guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
+    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, MEMORY_ACCUMULATOR_CYCLES, compute_efficiency, compute_provenance,
+    edge_in_pieces, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes, vector_width
 from workbench.rtile.plan import PANELS, ROW, cpu_plan
@@ -86,7 +86,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         moved[stage], loads[stage] = shared * device.layers[-1].transaction_bytes, sharing
     said = provenance(program, device, compute_provenance(program, device), bool(packed))
     if memory_accumulator_seconds(program, device):
-        said["modelled"] += (f"accumulators kept in memory: {MEMORY_ACCUMULATOR_CYCLES:g} cycles a vector FMA (fitted)",)
+        said["modelled"] += (f"accumulators kept in memory: {MEMORY_ACCUMULATOR_CYCLES:g} cycles a vector FMA "
+                             "(fitted)",)
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
         after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device), gathering, sharing),
@@ -268,7 +269,8 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     if plan.edge_in_vectors:
         past //= vector_width(program.register_tile[plan.vector_axis], plan.lanes)
     cycles = scalar * GUARDED_LANE_CYCLES + past * EDGE_SKIP_CYCLES
-    return cycles * rows * steps * share / (clock_ghz(program, device) * GB) + memory_accumulator_seconds(program, device)
+    edge = cycles * rows * steps * share / (clock_ghz(program, device) * GB)
+    return edge + memory_accumulator_seconds(program, device)
 
 
 def memory_accumulator_seconds(program: RProgram, device: DeviceSpec) -> float:
