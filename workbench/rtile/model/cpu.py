@@ -253,24 +253,34 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     (`CpuPlan.edge_in_vectors`) tests the guard once per vector past its end, not per lane.
     A row whose edge splits its register tiles' loop over vectors (`CpuPlan.edge_vectors`) adds
     what keeping their accumulators in memory costs (`memory_accumulator_seconds`)."""
-    expr = program.expr
     if not device.runs_on_cpu:
         return 0.0
+    return _lane_edge_seconds(program, device) + memory_accumulator_seconds(program, device)
+
+
+def _lane_edge_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """The guarded lanes and tested lanes of `edge_seconds`, on a CPU."""
+    expr = program.expr
     plan = cpu_plan(program, device)
     if plan.path != ROW or not lane_priced_edge(program, device) or edge_in_pieces(program, device):
-        return memory_accumulator_seconds(program, device)
+        return 0.0
     _, scalar, past = edge_split(program, device)
-    reg, unit = program.register_tile, program.unit_tile
+    rows, steps = _rows_and_steps(program, plan.vector_axis)
     others = [a for a in expr.spatial if a != plan.vector_axis]
-    rows = prod(-(-expr.axes[a].extent // reg[a]) * reg[a] for a in others)
-    steps = prod(expr.axes[a].extent for a in expr.reduce)
-    column = prod(-(-expr.axes[a].extent // unit[a]) for a in others)  # the unit tiles holding the edge
+    column = prod(-(-expr.axes[a].extent // program.unit_tile[a]) for a in others)  # the unit tiles holding the edge
     share = -(-column // device.compute_units) / column
     if plan.edge_in_vectors:
         past //= vector_width(program.register_tile[plan.vector_axis], plan.lanes)
     cycles = scalar * GUARDED_LANE_CYCLES + past * EDGE_SKIP_CYCLES
-    edge = cycles * rows * steps * share / (clock_ghz(program, device) * GB)
-    return edge + memory_accumulator_seconds(program, device)
+    return cycles * rows * steps * share / (clock_ghz(program, device) * GB)
+
+
+def _rows_and_steps(program: RProgram, row_axis: int) -> tuple[int, int]:
+    """The register tiles' rows across the spatial axes but `row_axis` (each padded to whole
+    register tiles), and the operator's reduction steps."""
+    expr, reg = program.expr, program.register_tile
+    rows = prod(-(-expr.axes[a].extent // reg[a]) * reg[a] for a in expr.spatial if a != row_axis)
+    return rows, prod(expr.axes[a].extent for a in expr.reduce)
 
 
 def memory_accumulator_seconds(program: RProgram, device: DeviceSpec) -> float:
@@ -286,10 +296,8 @@ def memory_accumulator_seconds(program: RProgram, device: DeviceSpec) -> float:
     plan = cpu_plan(program, device)
     if not plan.edge_vectors:
         return 0.0
-    expr, reg = program.expr, program.register_tile
-    rows = prod(-(-expr.axes[a].extent // reg[a]) * reg[a] for a in expr.spatial if a != plan.vector_axis)
-    steps = prod(expr.axes[a].extent for a in expr.reduce)
-    vectors = -(-expr.axes[plan.vector_axis].extent // plan.lanes) * rows * steps / device.compute_units
+    rows, steps = _rows_and_steps(program, plan.vector_axis)
+    vectors = -(-program.expr.axes[plan.vector_axis].extent // plan.lanes) * rows * steps / device.compute_units
     return vectors * MEMORY_ACCUMULATOR_CYCLES / (clock_ghz(program, device) * GB)
 
 
