@@ -6,6 +6,7 @@ from helpers import expr, matmul
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workbench.ops.expr_lang import build_expr
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.tensor_expr import REDUCE, SPATIAL
 
@@ -23,6 +24,25 @@ def test_elementwise_17_11_3_becomes_one_axis_of_561():
 def test_matmul_is_not_fused():
     for e in (matmul(64, 48, 32), expr("matmul", M=8, N=8, K=8, B=4)):
         assert fuse_axes(e) == e
+
+
+def test_a_matmuls_unit_axis_stays_where_every_input_is_reused():
+    """A batch of one over a weight read without it, as an ONNX model's [1, 77, 300] x [300, 300]
+    lowers: fusing the unit axis into the rows changes no extent and would keep the CPU template
+    from packing panels (`rtile.panels` refuses fused axes), so it stays. A batch of three fuses
+    (231 rows), and so do the unit axes of an elementwise operator, of a mean (which ignores only
+    its unit axes: no input is reused) and of a matrix-vector product (the matrix ignores only
+    the vector's unit rows)."""
+    one = build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", dict(b=1, i=77, j=300, k=300))
+    assert fuse_axes(one) == one
+    three = fuse_axes(build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", dict(b=3, i=77, j=300, k=300)))
+    assert [(a.extent, a.fused_from) for a in three.axes] == [(231, ("b", "i")), (300, ()), (300, ())]
+    relu = fuse_axes(expr("relu", shape=(1, 7, 3)))
+    assert [(a.extent, a.fused_from) for a in relu.axes] == [(21, ("i0", "i1", "i2"))]
+    mean = fuse_axes(build_expr("C[b,c,x,y] += A[b,c,h,w]", dict(b=1, c=32, x=1, y=1, h=7, w=7)))
+    assert [(a.extent, a.fused_from) for a in mean.axes] == [(32, ("b", "c")), (1, ("x", "y")), (49, ("h", "w"))]
+    gemv = fuse_axes(build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", dict(b=1, i=1, j=300, k=300)))
+    assert [(a.extent, a.fused_from) for a in gemv.axes] == [(1, ("b", "i")), (300, ()), (300, ())]
 
 
 def test_reduce_over_the_last_axis_fuses_the_kept_axes_only():

@@ -355,3 +355,18 @@ def test_divisions_no_split_makes_affine_are_refused_by_name(shape_in, shape_out
 
     with pytest.raises(UserError, match="is not affine in the loop axes"):
         _layout(shape_in, shape_out, index)
+
+
+def test_a_dimension_of_one_read_at_zero_is_read_at_a_unit_axis_where_every_input_is_reused():
+    """`A[0, i, k]` under a batch of one (how a model's lowering broadcasts a batched projection's
+    activations) reads the element `A[b, i, k]` reads for the only b, 0; read so, A is a
+    projection that the CPU template packs into panels. Not where no spatial axis of extent 1
+    is left (a batch of 3), nor where some input is read at every output (a window's image)."""
+    extents = dict(b=1, i=7, j=9, k=5)
+    e = build_expr("C[b,i,j] += A[0,i,k] * B[k,j]", extents)
+    assert e.inputs[0].index == build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", extents).inputs[0].index
+    assert e.inputs[0].index[0] == ((1, 0, 0, 0), 0) and e.inputs[0].shape == (1, 7, 5)
+    three = build_expr("C[b,i,j] += A[0,i,k] * B[k,j]", dict(extents, b=3))
+    assert three.inputs[0].index[0] == ((0, 0, 0, 0), 0)
+    window = build_expr("C[b,c,h] += X[b,c,h+r] * W[c,0,r]", dict(b=1, c=4, h=6, r=3))
+    assert window.inputs[1].index[1] == ((0, 0, 0, 0), 0)
