@@ -20,9 +20,9 @@ from workbench.rtile.model.cpu import (
     stream_seconds, stream_tile, streamed_inputs,
 )
 from workbench.rtile.model.cpu_compute import (
-    EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL, MEMORY_ACCUMULATOR_CYCLES,
-    compute_efficiency, edge_in_pieces, edge_pieces, edge_slowdown, edge_split, guard_slowdown, lane_priced_edge,
-    memory_chain_bound, past_rate,
+    CUT_ROWS_SLOWDOWN, EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL,
+    MEMORY_ACCUMULATOR_CYCLES, compute_efficiency, cut_rows, edge_in_pieces, edge_pieces, edge_slowdown, edge_split,
+    guard_slowdown, guarded_edges, lane_priced_edge, memory_chain_bound, past_rate,
 )
 from workbench.rtile.panels import ends_on_vector, packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -90,8 +90,9 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     scalar behind its guard (1000x999x1001 ran 0.06x numpy). A reduction zeros would change
     gets no panels: its row has its edges split off instead, the rows' ragged end as well
     (`panels.splits_edges`), priced as closed forms: of N's 1001 columns 992 in whole 16-column
-    register tiles run in vectors; of M's 1000 rows 996 in whole 6-row tiles run unguarded, 4
-    under the guard; over the 1008 of whole unit tiles each. The tile N's end cuts runs its 9
+    register tiles run in vectors, over the 1008 of whole unit tiles; 6-row tiles cut M's 1000
+    rows, which such programs ran far slower than the cut tile's guard alone
+    (CUT_ROWS_SLOWDOWN, docs/model-evidence.md#cut-rows). The tile N's end cuts runs its 9
     columns as guarded scalar FMAs and tests the guard of the 7 lanes past the end (a 6-row
     tile: its vectors stay unrolled, no `edge_vectors`), on the 1002 rows of register tiles and
     999 K-steps, at GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES, on the cores that hold the 7 unit
@@ -110,8 +111,8 @@ def test_a_ragged_k_of_a_sum_of_products_is_padded_so_the_micro_kernel_runs_ungu
     assert plan.packed == () and not plan.padded_tails and plan.path == ROW and plan.split_edges
     assert not plan.guarded_row and "edge tiles split off, scalar" in describe(plan, kept)
     assert not plan.edge_vectors and lane_priced_edge(kept, dev)
-    row, rows = 992 / 1008, (996 + 4 * GUARDED_MICRO_KERNEL) / 1008
-    assert guard_slowdown(kept, dev) == pytest.approx(row * rows)
+    row = 992 / 1008
+    assert guard_slowdown(kept, dev) == pytest.approx(row * CUT_ROWS_SLOWDOWN)
     assert edge_split(kept, dev) == (992, 9, 7)
     share = ceil(7 / dev.compute_units) / 7
     cycles = 9 * GUARDED_LANE_CYCLES + 7 * EDGE_SKIP_CYCLES
@@ -474,6 +475,26 @@ def test_panels_copied_from_dram_pay_the_bottom_layers_latency_per_run(dev):
     assert estimate(wide, dev).predicted_seconds < estimate(short, dev).predicted_seconds
     square = _program(plain_matmul(512, 512, 512), [(6, 16, 1), (6, 16, 128), (174, 256, 128)], dev)
     assert cpu_plan(square, dev).packed and packed_runs(square, dev) == 0
+
+
+@pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
+def test_a_split_edge_whose_register_tiles_cut_the_rows_is_priced_as_measured(dev):
+    """77 x 300 x 300 with an epilogue over a K of 304 (ragged, so no panels: `_panel_inputs`)
+    splits its row's edge off (300 columns in unit tiles of 304). Register tiles of 13 rows cut
+    the 77 rows (`cut_rows`): such tiles ran 2.5-12.7x the price of their rows' `guarded_edges`,
+    where 11 rows, which divide 77, ran at it; their rows' factor is CUT_ROWS_SLOWDOWN."""
+    def program(rows, unit):
+        e = replace(plain_matmul(77, 300, 300), epilogues=("T_add",))
+        return _program(e, [(rows, 16, 1), (rows, 16, 16), (unit, 304, 304)], dev)
+
+    cut, whole = program(13, 39), program(11, 44)
+    for p in (cut, whole):
+        plan = cpu_plan(p, dev)
+        assert plan.split_edges and plan.packed == () and lane_priced_edge(p, dev)
+    assert cut_rows(cut, [0]) and not cut_rows(whole, [0])
+    assert guarded_edges(whole, [0]) == pytest.approx(77 / 88)  # 7 whole tiles, unit tiles of 44
+    columns = edge_slowdown(whole, dev) / guarded_edges(whole, [0])  # the same 16-column tiles in both
+    assert edge_slowdown(cut, dev) == pytest.approx(columns * CUT_ROWS_SLOWDOWN)
 
 
 @pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)

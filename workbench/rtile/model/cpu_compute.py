@@ -257,6 +257,14 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
 # How much slower a CPU register micro-kernel runs when its tiles carry a guard (`guard_slowdown`),
 # measured 1.3-1.5x on dwconv-3x3 (evidence: docs/model-evidence.md#guarded-micro-kernel).
 GUARDED_MICRO_KERNEL = 1.4
+# How much slower than its price a matmul whose row's edge splits off (`CpuPlan.split_edges`, the
+# edge priced lane by lane: `lane_priced_edge`) runs where its register tiles also cut its rows
+# (`cut_rows`), priced as the rows' `guarded_edges` otherwise (1.05 for 13-row tiles over 77
+# rows). A transformer block's 77 x 300 x 300 projections with an epilogue and a ragged K (no
+# panels) on two Zen 4 cores: tiles of 8, 10, 13, 16 and 20 rows ran 2.5-12.7x that price, 11
+# rows (dividing 77) 1.2-1.3x. The least of those: what ranks such a program after the padded
+# panels of the same tiles, not what it runs at (docs/model-evidence.md#cut-rows).
+CUT_ROWS_SLOWDOWN = 2.5
 
 
 def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
@@ -424,7 +432,17 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
         row = (whole + (extent - whole) * scalar_lanes(program, device)) / padded
     if expr.axes[v].kind != "spatial":  # a ragged K in lanes: its rows are not split
         return row
-    return row * guarded_edges(program, [a for a in expr.spatial if a != v])
+    others = [a for a in expr.spatial if a != v]
+    if lane_priced_edge(program, device) and cut_rows(program, others):
+        return row * CUT_ROWS_SLOWDOWN
+    return row * guarded_edges(program, others)
+
+
+def cut_rows(program: RProgram, axes) -> bool:
+    """Whether the register tiles span more than one index of one of `axes` and do not divide
+    it (13 rows of a 77-row matmul): the tile holding its end is cut (`CUT_ROWS_SLOWDOWN`)."""
+    reg = program.register_tile
+    return any(reg[a] > 1 and program.expr.axes[a].extent % reg[a] for a in axes)
 
 
 def lane_priced_edge(program: RProgram, device: DeviceSpec) -> bool:
