@@ -8,7 +8,8 @@ symbolic `batch` and `seq` dims, and a GPT-2-style decoder block whose input has
 `seq` (causal mask and head reshapes computed from it). Widths are kept small (hidden 96-256)
 so that all seven together stay under 2.5 MB and a whole model constructs and runs in seconds.
 A larger GPT-2-style decoder block with a fixed length (`decoder_block`, sequence 48, hidden
-192) is written on request only (`--decoder PATH`): at 1.8 MB it is not committed.
+192) is written on request only (`--decoder PATH`): at 1.8 MB it is not committed; `--sizes
+SEQ,HIDDEN,HEADS,FFN` writes it at other sizes (a user's odd ones: 77,300,6,1200).
 
 The files are reproducible byte for byte: weights come from a seeded `numpy.random.RandomState`
 (whose stream numpy keeps stable across releases), and the IR version, opset, producer and every
@@ -285,15 +286,30 @@ def write_all(out_dir: Path) -> tuple[Path, ...]:
     return tuple(paths)
 
 
+def _sizes(text: str) -> tuple[int, int, int, int]:
+    """`--sizes SEQ,HIDDEN,HEADS,FFN`: four positive integers, HEADS dividing HIDDEN."""
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected four positive integers SEQ,HIDDEN,HEADS,FFN, got {text!r}")
+    seq, hidden, heads, ffn = (int(p) for p in parts)
+    if hidden % heads:
+        raise argparse.ArgumentTypeError(f"HEADS ({heads}) must divide HIDDEN ({hidden})")
+    return seq, hidden, heads, ffn
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Write the sample ONNX models.")
     parser.add_argument("dir", nargs="?", type=Path, default=Path(__file__).resolve().parent,
                         help="where to write the samples (default: this folder)")
     parser.add_argument("--decoder", type=Path, metavar="PATH",
                         help="write only the larger fixed-length decoder block, to PATH")
+    parser.add_argument("--sizes", type=_sizes, metavar="SEQ,HIDDEN,HEADS,FFN",
+                        help="the decoder block's sizes (default 48,192,3,768; HEADS divides HIDDEN)")
     args = parser.parse_args(argv)  # a wrong option: usage and exit 2, never a folder named after it
+    if args.sizes is not None and args.decoder is None:
+        parser.error("--sizes sizes the decoder block: give --decoder PATH too")
     if args.decoder is not None:
-        args.decoder.write_bytes(decoder_block().SerializeToString(deterministic=True))
+        args.decoder.write_bytes(decoder_block(*(args.sizes or ())).SerializeToString(deterministic=True))
         print(f"wrote {args.decoder}")
         return 0
     for written in write_all(args.dir):

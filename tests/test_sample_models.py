@@ -39,6 +39,27 @@ def test_the_generator_refuses_an_unknown_option_and_writes_nothing(tmp_path, mo
     assert len(list((tmp_path / "out").glob("*.onnx"))) == 7
 
 
+def test_the_decoder_block_is_written_at_the_sizes_asked_and_refuses_bad_ones(tmp_path, capsys):
+    """`--decoder PATH --sizes SEQ,HIDDEN,HEADS,FFN`: a user's odd sizes (77 tokens, 300 wide, 6
+    heads of 50); sizes that are not four positive integers, heads that do not divide the width,
+    or sizes without `--decoder` are a usage error (exit 2) that writes nothing."""
+    out = tmp_path / "d.onnx"
+    assert _generator().main(["--decoder", str(out), "--sizes", "77,300,6,1200"]) == 0
+    model = onnx.load(out)
+    onnx.checker.check_model(model)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert shape == [1, 77, 300]
+    widths = {tuple(i.dims) for i in model.graph.initializer if len(i.dims) == 2}
+    assert {(300, 300), (300, 1200), (1200, 300)} <= widths
+    for bad in (["--decoder", str(tmp_path / "x.onnx"), "--sizes", "77,300,7,1200"],
+                ["--decoder", str(tmp_path / "x.onnx"), "--sizes", "77,300,6"],
+                ["--sizes", "77,300,6,1200"]):
+        with pytest.raises(SystemExit) as exit_:
+            _generator().main(bad)
+        assert exit_.value.code == 2 and "--sizes" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.onnx"]
+
+
 def test_models_are_small_checked_onnx_with_fixed_header():
     gen = _generator()
     paths = sorted(SAMPLES.glob("*.onnx"))
