@@ -27,9 +27,9 @@ def _first_fusable(expr: TensorExpr):
     """The first pair of neighbouring axes that fuse. Where the expression reuses every input
     (`reuses_every_input`: a matmul) its spatial axes of extent 1 are left alone: fusing one
     changes no extent, which is what fusion is for, while a fused axis keeps the CPU template
-    from packing panels and padding tails (`rtile.panels`). A transformer block's [1, 77, 300] x [300, 300]
-    projection fused its batch of one into the rows and ran its 300 columns' last 12 scalar:
-    115-490 us for its top 10, 75-96 us with the batch left alone (two Zen 4 cores)."""
+    from packing panels and padding tails (`rtile.panels`). A transformer block's [1, 77, 300]
+    x [300, 300] projection fused its batch of one into the rows and ran its 300 columns' last
+    12 scalar: 115-490 us for its top 10, 75-96 us with the batch left alone (two Zen 4 cores)."""
     keep_units = reuses_every_input(expr.axes, expr.inputs)
     for a in range(len(expr.axes) - 1):
         b = a + 1

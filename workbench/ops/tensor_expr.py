@@ -629,8 +629,7 @@ def _on_unit_axes(tensor: TensorAccess, axes: tuple[Axis, ...]) -> TensorAccess:
     dimension indexed by one axis, as the CPU template's panels and padding take it. A
     transformer block's [1, 77, 300] x [300, 300] projections, lowered so, ran their 12-column
     edge scalar without panels: 184 us and worse, 87-107 with them (two Zen 4 cores)."""
-    used = {a for coeffs, _ in tensor.index for a, c in enumerate(coeffs) if c}
-    free = [a for a, axis in enumerate(axes) if axis.kind == SPATIAL and axis.extent == 1 and a not in used]
+    free = [a for a, axis in enumerate(axes) if axis.kind == SPATIAL and axis.extent == 1 and not tensor.uses_axis(a)]
     index = []
     for (coeffs, const), extent in zip(tensor.index, tensor.shape):
         if free and extent == 1 and const == 0 and not any(coeffs):
