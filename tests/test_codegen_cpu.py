@@ -32,13 +32,15 @@ from workbench.rtile.traffic import calculus
 CPU = "local-cpu"
 
 
-def vectorised_16() -> str:
-    """How a 16-wide fp32 register row reads on this machine's CPU: one vector on AVX-512,
-    two unrolled 8-lane vectors on AVX2 (`_micro_kernel` vectorises one register at a time)."""
-    lanes = simd_lanes(device(CPU), 4)
-    if lanes >= 16:
-        return ("T.vectorized(16)",)
-    return f"T.unroll({16 // lanes})", f"T.vectorized({lanes})"
+def vectorised_row(columns: int = 16) -> tuple[str, ...]:
+    """How a register row of `columns` fp32 reads on this machine's CPU: vectors of the SIMD
+    width, unrolled when the row holds more than one (`_micro_kernel` vectorises one register at
+    a time), e.g. 16 columns are one vector on AVX-512 and two unrolled 8-lane vectors on AVX2."""
+    lanes = min(simd_lanes(device(CPU), 4), columns)
+    vector = f"T.vectorized({lanes})"
+    return (vector,) if columns == lanes else (f"T.unroll({columns // lanes})", vector)
+
+
 CORE = {w["id"]: w for w in suite_workloads("cpu-core")}
 
 
@@ -274,7 +276,7 @@ def test_cached_matmul_tiles_become_packed_panels_and_an_unguarded_micro_kernel(
     assert script.index("T.parallel") < script.index("for k_0") < script.index('T.sblock("A_pad")')
     update = _block(script, "C_update")
     assert "T.where" not in update and "A_pad[v_i, v_k]" in update
-    assert "T.unroll(6)" in script and all(loop in script for loop in vectorised_16())
+    assert "T.unroll(6)" in script and all(loop in script for loop in vectorised_row())
     assert "T.where" in _block(script, "C_pad")  # the write-back skips the padding rows
 
 
@@ -288,7 +290,7 @@ def test_a_register_row_past_a_ragged_n_runs_whole_vectors_over_padded_panels():
     script = kernel.tvmscript
     update = _block(script, "C_update")
     assert "T.where" not in update and "B_pad[" in update
-    assert all(loop in script for loop in vectorised_16())
+    assert all(loop in script for loop in vectorised_row(32))
     assert "T.where" in _block(script, "C_pad")
 
 
@@ -314,7 +316,7 @@ def test_a_ragged_k_is_padded_with_zeros_and_the_micro_kernel_runs_unguarded(cas
     script = kernel.tvmscript
     update = _block(script, "C_update")
     assert "T.where" not in update and "A_pad[" in update and "B_pad[" in update
-    assert all(loop in script for loop in vectorised_16())
+    assert all(loop in script for loop in vectorised_row())
     for pack in ("A_pad", "B_pad"):
         # its loop over rows carries the hint (and over vectors, unless of one vector), the vector loop not
         loops = script[:script.index(f'T.sblock("{pack}")')].splitlines()[-4:-1]
@@ -420,7 +422,7 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_runs_vectors(case):
     kernel = _local_kernel(e, chains)
     script = kernel.tvmscript
     assert "T.where" in _block(script, "C_update") and HINT in script
-    assert all(loop in script for loop in vectorised_16())
+    assert all(loop in script for loop in vectorised_row())
     lanes = simd_lanes(device(CPU), 4)
     assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
     if chains["k"][0] > 1:
@@ -587,7 +589,7 @@ def test_packed_matmul_class_kernels_match_numpy(case):
     rows never reach a max, product or batched output."""
     e, chains = PACKED[case]
     kernel = _local_kernel(e, chains)
-    assert all(loop in kernel.tvmscript for loop in vectorised_16()) and "sch.transform_layout" in kernel.trace_python
+    assert all(loop in kernel.tvmscript for loop in vectorised_row()) and "sch.transform_layout" in kernel.trace_python
     assert "T.where" not in _block(kernel.tvmscript, "C_update")
 
 
@@ -680,7 +682,7 @@ def test_reductions_along_contiguous_k_vectorise_in_lanes(case):
     e, by_kind = LANES[case]
     e = fuse_axes(e)
     kernel = _local_kernel(e, {a.name: by_kind[a.kind] for a in e.axes})
-    assert "sch.rfactor" in kernel.trace_python and all(loop in kernel.tvmscript for loop in vectorised_16())
+    assert "sch.rfactor" in kernel.trace_python and all(loop in kernel.tvmscript for loop in vectorised_row())
     assert "_rf_local" in kernel.tvmscript
 
 
