@@ -265,7 +265,7 @@ class _Answers:
     tile, tile) for every eps of the layer (`steady_tiles`)."""
 
     __slots__ = ("per_axis", "whole", "axes", "steady", "steady_rules", "eps_rules", "tiles", "steady_tiles",
-                 "steady_whole", "eps_whole")
+                 "steady_whole", "eps_whole", "limits", "next_ok")
 
     def __init__(self, rules, axes: dict, steady: dict, steady_tiles: dict):
         self.per_axis, self.whole, self.steady_rules, self.eps_rules, self.steady_whole, self.eps_whole = _partition(rules)
@@ -273,6 +273,8 @@ class _Answers:
         self.steady: dict[tuple[int, int, int], bool] = steady
         self.tiles: dict[Tile, bool] = {}
         self.steady_tiles: dict[tuple[Tile, Tile], bool] = steady_tiles
+        self.limits: dict[int, int] = {}  # `_scan_limit` per axis at this context
+        self.next_ok: dict[tuple[int, int, int, int], int | None] = {}  # `_next_ok` at this context
 
 
 @lru_cache(maxsize=64)
@@ -347,31 +349,23 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
     """The next aligned size of `axis` from `tile` in `direction` within `MAX_SCAN` steps of
     the tile above, else, growing a cache tile, the whole axis where that is aligned (`answers`:
     `_answers(ctx, rules)`, where the caller has it)."""
-    base = ctx.upper[axis]
-    extent = ctx.expr.axes[axis].extent
-    multiple = tile[axis] // base
-    limit = ceil(extent / base)  # one tile covering the whole axis
-    if ctx.layer == 0 and extent < ctx.device.warp_size and axis == short_filter_axis(ctx.expr, ctx.device):
-        limit = ceil(ctx.device.warp_size / base)  # one whole vector of filters, padded
-    elif ctx.layer == 0 and padded_row_axis(ctx.expr, ctx.device) == axis:
-        limit = ceil(extent / ctx.device.warp_size) * ctx.device.warp_size // base  # the row in whole vectors
     if answers is None:
         answers = _answers(ctx, rules)
-    known = answers.axes
-    for _ in range(MAX_SCAN):
-        multiple += direction
-        if multiple < 1 or multiple > limit:
-            return None
+    base = ctx.upper[axis]
+    limit = answers.limits.get(axis)
+    if limit is None:
+        limit = answers.limits[axis] = _scan_limit(ctx, axis)
+    start = tile[axis] // base
+    last = start + direction * MAX_SCAN  # the last multiple of `base` the scan looks at
+    multiple = start
+    while True:
+        multiple = _next_ok(ctx, axis, multiple, direction, last, limit, answers)
+        if multiple is None:
+            break
         size = multiple * base
-        ok = known.get((axis, base, size))
-        if ok is None:
-            ok = _axis_ok(ctx, axis, size, answers)
-        if not ok:
-            continue
-        grown = tile[:axis] + (size,) + tile[axis + 1 :]
-        if not whole_tile or _tile_ok(ctx, grown, answers):
+        if not whole_tile or _tile_ok(ctx, tile[:axis] + (size,) + tile[axis + 1 :], answers):
             return size
-    if direction > 0 and multiple < limit and ctx.layer > 0:
+    if direction > 0 and last < limit and ctx.layer > 0:
         # past the scan, the tile covering the whole axis, which a cache tile may always grow
         # to: a prime K of 293 over a register K of 1 and 16-step L1 tiles found no size up to
         # 145 that wastes at most eps, and its L1 tile stayed at 16 K-steps (0.59x numpy). Not
@@ -381,6 +375,41 @@ def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole
         if _axis_ok(ctx, axis, size, answers) and (not whole_tile or _tile_ok(ctx, grown, answers)):
             return size
     return None
+
+
+def _scan_limit(ctx: AlignContext, axis: int) -> int:
+    """The largest multiple of the tile above that `_scan` looks at along `axis`: one tile
+    covering the whole axis, or at the top layer a whole vector of a short filter axis, or a
+    padded row in whole vectors."""
+    base, extent = ctx.upper[axis], ctx.expr.axes[axis].extent
+    if ctx.layer == 0 and extent < ctx.device.warp_size and axis == short_filter_axis(ctx.expr, ctx.device):
+        return ceil(ctx.device.warp_size / base)  # one whole vector of filters, padded
+    if ctx.layer == 0 and padded_row_axis(ctx.expr, ctx.device) == axis:
+        return ceil(extent / ctx.device.warp_size) * ctx.device.warp_size // base  # the row in whole vectors
+    return ceil(extent / base)
+
+
+def _next_ok(ctx: AlignContext, axis: int, multiple: int, direction: int, last: int, limit: int,
+             answers: _Answers) -> int | None:
+    """The next multiple of the tile above past `multiple` in `direction`, up to `last` and
+    within 1 to `limit`, whose size every per-axis rule accepts at `ctx`; None where none is.
+    Kept per context: scans from the same size pass over the same refused sizes again."""
+    key = (axis, multiple, direction, last)
+    if key in answers.next_ok:
+        return answers.next_ok[key]
+    base, known, found = ctx.upper[axis], answers.axes, None
+    end = min(last, limit) if direction > 0 else max(last, 1)
+    for m in range(multiple + direction, end + direction, direction):
+        if m > limit:  # shrinking from past the limit: nothing to scan
+            break
+        ok = known.get((axis, base, m * base))
+        if ok is None:
+            ok = _axis_ok(ctx, axis, m * base, answers)
+        if ok:
+            found = m
+            break
+    answers.next_ok[key] = found
+    return found
 
 
 @lru_cache(maxsize=1024)
