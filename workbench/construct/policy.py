@@ -28,7 +28,7 @@ from typing import Iterator
 
 from workbench.construct.graph import Edge, Node
 from workbench.construct.space import EPS_STEPS, Action, Kind, Options, Space, State, apply
-from workbench.construct.step import Candidate, Step, make_node, state_key
+from workbench.construct.step import Candidate, Step, node_facts, state_key
 from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import lane_axis
@@ -99,7 +99,7 @@ class Policy:
         # graph keys and nodes by what makes them (`key`, `node`): the eps ladder's rounds and a
         # walk's revisits record the same ones again
         self._keys: dict[tuple, str] = {}
-        self._nodes: dict[tuple, Node] = {}
+        self._facts: dict[tuple, tuple] = {}  # `node`: what a node says whatever its status and score
 
     def round(self, eps: float) -> Iterator[Step]:
         raise NotImplementedError
@@ -360,13 +360,11 @@ class Policy:
 
     def node(self, state: State, status: str, tile=None, score=None, predicted=None) -> Node:
         """The graph node of `state` (of `tile` at its layer, where given)."""
-        made = (state.layer, state.tile if tile is None else tile, state.recorded, state.vthreads, status, score, predicted)
-        node = self._nodes.get(made)
-        if node is None:
-            node = make_node(self.space, state, status, tile, score, predicted)
-            suffix = _vthread_suffix(state)
-            node = self._nodes[made] = replace(node, key=node.key + suffix) if suffix else node
-        return node
+        where = (state.layer, state.tile if tile is None else tile, state.recorded, state.vthreads)
+        facts = self._facts.get(where)
+        if facts is None:
+            facts = self._facts[where] = node_facts(self.space, state, tile, _vthread_suffix(state))
+        return Node(*facts, score, status, predicted)
 
 
 def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:

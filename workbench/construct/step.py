@@ -107,29 +107,20 @@ class Step:
     temperature: float | None = None  # Markov walks only
 
 
-def make_node(space: Space, state: State, status: str, tile: Tile | None = None, score=None, predicted=None) -> Node:
-    """The graph node for `tile` (default: the state's tile) at the state's layer."""
-    tile = state.tile if tile is None else tile
+def node_facts(space: Space, state: State, tile: Tile | None = None, suffix: str = "") -> tuple:
+    """What the graph node of `tile` (default: the state's tile) at the state's layer says
+    whatever its status and score: key (with `suffix`), layer and its name, tile, footprint,
+    capacity and traffic, in `Node`'s field order."""
+    tile = tuple(state.tile if tile is None else tile)
     layer = state.layer
     if layer >= space.n_tile_layers:  # the bottom layer: the node is the whole program
-        layer, tile, recorded = space.n_tile_layers, state.recorded[-1], state.recorded[:-1]
-        footprint, capacity = 0, space.capacity(layer)
+        layer, tile, recorded = space.n_tile_layers, tuple(state.recorded[-1]), state.recorded[:-1]
+        footprint = 0
     else:
         recorded = state.recorded
         footprint = space.footprint(layer, tile, space.upper_of(state))
-        capacity = space.capacity(layer)
-    return Node(
-        key=space.node_key(layer, tuple(tile), recorded),
-        layer=layer,
-        layer_name=space.layer_names[layer],
-        tile=tuple(tile),
-        footprint_bytes=footprint,
-        capacity_bytes=capacity,
-        traffic_bytes=space.calc.traffic_bytes(tuple(tile)),
-        score=score,
-        status=status,
-        predicted_seconds=predicted,
-    )
+    return (space.node_key(layer, tile, recorded) + suffix, layer, space.layer_names[layer], tile, footprint,
+            space.capacity(layer), space.calc.traffic_bytes(tile))
 
 
 def state_key(space: Space, state: State) -> str:
