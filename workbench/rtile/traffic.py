@@ -46,6 +46,7 @@ class TileCalculus:
         self._traffic: dict[tuple[Tile, int, frozenset[int]], int] = {}
         self._footprints: dict[tuple, int] = {}
         self._dims = tuple(tuple(zip(t.terms, t.shape)) for t in expr.tensors)  # `data_tiles`
+        self._itemsizes = tuple(t.itemsize for t in expr.tensors)
 
     def data_tiles(self, tile: Tile) -> tuple[tuple[int, ...], ...]:
         """Data-tile shape of every tensor (inputs then output) for one tile: per dimension
@@ -66,11 +67,17 @@ class TileCalculus:
         return shapes
 
     def num_tiles(self, tile: Tile) -> int:
-        return prod(ceil(e / t) for e, t in zip(self.extents, tile))
+        n = 1
+        for e, t in zip(self.extents, tile):
+            n *= -(-e // t)  # ceil(e / t) in integers
+        return n
 
     def spatial_tiles(self, tile: Tile) -> int:
         """Number of tiles over the spatial axes: the scale-out grid of a unit tile."""
-        return prod(ceil(self.extents[a] / tile[a]) for a in self._spatial)
+        n, extents = 1, self.extents
+        for a in self._spatial:
+            n *= -(-extents[a] // tile[a])
+        return n
 
     def traffic_bytes(self, tile: Tile, line: int = 0, in_lines: frozenset[int] = frozenset()) -> int:
         """Q(T): bytes moved between a layer and the one below when the op runs in tiles T;
@@ -80,11 +87,9 @@ class TileCalculus:
         q = self._traffic.get(key)
         if q is None:
             shapes = self.data_tiles(tile)
-            tensors = self.expr.tensors
             loads = self.num_tiles(tile) * sum(self.input_bytes(shapes, line, in_lines))
-            stores = self.spatial_tiles(tile) * prod(shapes[-1]) * tensors[-1].itemsize
-            q = loads + stores
-            self._traffic[key] = q
+            stores = self.spatial_tiles(tile) * prod(shapes[-1]) * self._itemsizes[-1]
+            q = self._traffic[key] = loads + stores
         return q
 
     def input_bytes(self, shapes, line: int = 0, in_lines: frozenset[int] = frozenset()) -> tuple[int, ...]:
@@ -95,10 +100,13 @@ class TileCalculus:
         channels x 7 rows x 1 column is 896 runs of one float: 3.5 KiB of data in 56 KiB of
         lines, more than an L1 of 48 KiB holds. (An input the CPU template streams in vectors,
         packed into panels or read along its contiguous axis, loses nothing to lines.)"""
+        sizes = self._itemsizes
+        if line <= 0 or not in_lines:
+            return tuple([prod(shapes[t]) * sizes[t] for t in range(len(sizes) - 1)])
         out = []
         for t, (shape, tensor) in enumerate(zip(shapes, self.expr.inputs)):
             size = tensor.itemsize
-            if line <= 0 or t not in in_lines:
+            if t not in in_lines:
                 out.append(prod(shape) * size)
                 continue
             inner = next((d for d in reversed(range(len(shape))) if shape[d] < tensor.shape[d]), 0)
@@ -173,12 +181,12 @@ class TileCalculus:
             total = sum(self.input_bytes(shapes, line, in_lines)) + out
         else:
             count = len(shapes) if with_output else len(shapes) - 1
-            total = 0
+            total, sizes = 0, self._itemsizes
             for t in range(count):
                 shape = shapes[t]
                 pad = padding[t] if t < len(padding) else 0
-                elems = prod(shape[:-1]) * (shape[-1] + pad) if shape else 1
-                total += elems * self.expr.tensors[t].itemsize
+                elems = (prod(shape[:-1]) * (shape[-1] + pad) if pad else prod(shape)) if shape else 1
+                total += elems * sizes[t]
         self._footprints[key] = total
         return total
 
