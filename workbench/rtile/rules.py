@@ -144,23 +144,30 @@ class TransactionRule(PerAxisRule):
     name = "memory-transaction"
 
     def axis_ok(self, ctx, axis, size):
-        if ctx.layer == 0:
+        extent = ctx.expr.axes[axis].extent
+        if ctx.layer == 0 or size >= extent:
             return True
         source = ctx.device.layers[ctx.layer + 1]
-        extent = ctx.expr.axes[axis].extent
-        streamed = always_streamed(ctx.expr, ctx.device)
-        for t, tensor in enumerate(ctx.expr.inputs):
-            if streamed and t not in streamed:
-                continue
-            if leading_axis(tensor) == axis and size < extent:
-                run = size * tensor.itemsize
-                if ctx.dividing and dividing_reduction(ctx.expr, ctx.device, axis, ctx.upper[axis], tensor.itemsize,
-                                                       source.transaction_bytes):
-                    if extent % size or run < source.transaction_bytes:
-                        return False
-                elif run % source.transaction_bytes and not (streamed and run >= LONG_RUN * source.transaction_bytes):
+        streamed, itemsizes = _line_inputs(ctx.expr, ctx.device, axis)
+        for itemsize in itemsizes:
+            run = size * itemsize
+            if ctx.dividing and dividing_reduction(ctx.expr, ctx.device, axis, ctx.upper[axis], itemsize,
+                                                   source.transaction_bytes):
+                if extent % size or run < source.transaction_bytes:
                     return False
+            elif run % source.transaction_bytes and not (streamed and run >= LONG_RUN * source.transaction_bytes):
+                return False
         return True
+
+
+@lru_cache(maxsize=4096)
+def _line_inputs(expr: TensorExpr, device: DeviceSpec, axis: int) -> tuple[bool, tuple[int, ...]]:
+    """What `TransactionRule` judges along `axis`: whether some inputs are `always_streamed`,
+    and the itemsizes of the inputs whose contiguous dimension `axis` alone indexes (of the
+    streamed ones only, where there are any)."""
+    streamed = always_streamed(expr, device)
+    return bool(streamed), tuple(t.itemsize for i, t in enumerate(expr.inputs)
+                                 if (not streamed or i in streamed) and leading_axis(t) == axis)
 
 
 @lru_cache(maxsize=4096)
