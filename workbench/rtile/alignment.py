@@ -44,6 +44,10 @@ class AccumulatorRule(WholeTileRule):
     name = "accumulators"
     reads_eps = True  # through `required_accumulators`
 
+    @staticmethod
+    def applies(device) -> bool:
+        return not device.lanes_are_threads  # `is_micro_kernel_layer` is False where lanes are threads
+
     def tile_ok(self, ctx, tile):
         need = required_accumulators(ctx)
         return not need or accumulators(ctx.expr, ctx.device, tile) >= need
@@ -267,8 +271,8 @@ class _Answers:
     __slots__ = ("per_axis", "whole", "axes", "steady", "steady_rules", "eps_rules", "tiles", "steady_tiles",
                  "steady_whole", "eps_whole", "limits", "next_ok")
 
-    def __init__(self, rules, axes: dict, steady: dict, steady_tiles: dict):
-        self.per_axis, self.whole, self.steady_rules, self.eps_rules, self.steady_whole, self.eps_whole = _partition(rules)
+    def __init__(self, rules, device: DeviceSpec, axes: dict, steady: dict, steady_tiles: dict):
+        self.per_axis, self.whole, self.steady_rules, self.eps_rules, self.steady_whole, self.eps_whole = _partition(rules, device)
         self.axes: dict[tuple[int, int, int], bool] = axes
         self.steady: dict[tuple[int, int, int], bool] = steady
         self.tiles: dict[Tile, bool] = {}
@@ -278,10 +282,11 @@ class _Answers:
 
 
 @lru_cache(maxsize=64)
-def _partition(rules) -> tuple[tuple[AlignmentRule, ...], ...]:
-    """`rules` as `_Answers` asks them: those that can refuse a size, those that can refuse a
-    tile (`rules.refusing`), then of each, those that do not read eps and those that do."""
-    per_axis, whole = refusing(rules)
+def _partition(rules, device: DeviceSpec) -> tuple[tuple[AlignmentRule, ...], ...]:
+    """`rules` as `_Answers` asks them on `device`: those that can refuse a size, those that can
+    refuse a tile (`rules.refusing`, of those that apply there: `AlignmentRule.applies`), then of
+    each, those that do not read eps and those that do."""
+    per_axis, whole = refusing(tuple(r for r in rules if getattr(r, "applies", None) is None or r.applies(device)))
     return (per_axis, whole, *(tuple(r for r in group if getattr(r, "reads_eps", False) == reads)
                                for group in (per_axis, whole) for reads in (False, True)))
 
@@ -293,7 +298,7 @@ def _partition(rules) -> tuple[tuple[AlignmentRule, ...], ...]:
 def _answers(ctx: AlignContext, rules) -> _Answers:
     """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
     mode = (ctx.unfilled, ctx.dividing)
-    return _Answers(rules, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules, mode),
+    return _Answers(rules, ctx.device, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules, mode),
                     _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules, mode),
                     _tile_answers(ctx.expr, ctx.device, ctx.layer, rules, mode))
 

@@ -67,6 +67,8 @@ class AlignmentRule(Protocol):
     # whether `axis_ok` or `tile_ok` reads `ctx.eps` (its answers are then kept per eps, the
     # others' for every eps: `alignment._Answers`); a rule without the attribute reads none
     reads_eps: bool
+    # `applies(device)`, where a rule has it: False where it accepts everything on that device
+    # (a GPU thread's rule on a CPU core), so that the scans do not ask it (`alignment._partition`)
 
     def axis_ok(self, ctx: AlignContext, axis: int, size: int) -> bool:
         """Whether `size` along `axis` is aligned; reads `ctx.upper` at `axis` only."""
@@ -206,6 +208,10 @@ class ThreadTileRule(PerAxisRule):
 
     name = "thread-tile"
 
+    @staticmethod
+    def applies(device) -> bool:
+        return device.lanes_are_threads  # its `axis_ok` accepts every size elsewhere
+
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or not ctx.device.lanes_are_threads:
             return True
@@ -232,6 +238,10 @@ class BlockThreadsRule:
     partial sums meet in one tree per output, as the classic one-block-per-row gemv; our choice)."""
 
     name = "block-threads"
+
+    @staticmethod
+    def applies(device) -> bool:
+        return device.launches_thread_blocks  # `is_thread_block_layer` is False elsewhere
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer == 0 or ctx.expr.axes[axis].kind != "spatial" or not ctx.device.is_thread_block_layer(ctx.layer):
@@ -295,6 +305,10 @@ class VectorLanesRule(PerAxisRule):
     name = "vector-lanes"
     reads_eps = True  # through `whole_vector_waste`
 
+    @staticmethod
+    def applies(device) -> bool:
+        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
+
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or ctx.device.lanes_are_threads or axis != lane_axis(ctx.expr, ctx.device):
             return True
@@ -326,6 +340,10 @@ class AutovectorRowRule(PerAxisRule):
 
     name = "autovector-row"
 
+    @staticmethod
+    def applies(device) -> bool:
+        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
+
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or ctx.device.lanes_are_threads:
             return True
@@ -346,6 +364,10 @@ class CacheSetRule(WholeTileRule):
     within the ways (evidence: docs/model-evidence.md#cache-set-rule)."""
 
     name = "l1-sets"
+
+    @staticmethod
+    def applies(device) -> bool:
+        return not device.lanes_are_threads  # `is_micro_kernel_layer` is False where lanes are threads
 
     def tile_ok(self, ctx, tile):
         if not is_micro_kernel_layer(ctx.device, ctx.layer) or len(ctx.device.layers) < 2:
@@ -409,6 +431,10 @@ class WarpGroupRule(WholeTileRule):
     artifact builds no such block."""
 
     name = "warp-group"
+
+    @staticmethod
+    def applies(device) -> bool:
+        return device.launches_thread_blocks  # `is_thread_block_layer` is False elsewhere
 
     def tile_ok(self, ctx, tile):
         device, expr = ctx.device, ctx.expr
@@ -481,6 +507,10 @@ class TailRule(PerAxisRule):
 
     name = "cpu-tails"
 
+    @staticmethod
+    def applies(device) -> bool:
+        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
+
     def axis_ok(self, ctx, axis, size):
         if ctx.device.lanes_are_threads or ctx.expr.axes[axis].extent % size == 0:
             return True
@@ -544,6 +574,10 @@ class StreamRowsRule(PerAxisRule):
 
     name = "cpu-stream-rows"
 
+    @staticmethod
+    def applies(device) -> bool:
+        return device.runs_on_cpu and not device.lanes_are_threads  # its `axis_ok` accepts every size elsewhere
+
     def axis_ok(self, ctx, axis, size):
         if not ctx.device.runs_on_cpu or ctx.device.lanes_are_threads:
             return True
@@ -580,6 +614,10 @@ class WeightsAheadRule(PerAxisRule):
     `TailRule` (a dividing row from 2 up, where one exists)."""
 
     name = "cpu-weights-ahead"
+
+    @staticmethod
+    def applies(device) -> bool:
+        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
 
     def axis_ok(self, ctx, axis, size):
         expr = ctx.expr
