@@ -195,6 +195,24 @@ def aligned_state(draw):
     return e, dev, last, upper, tile, eps
 
 
+@settings(max_examples=100, deadline=None)
+@given(aligned_state(), st.data())
+def test_a_rule_left_out_where_it_does_not_apply_accepts_everything_there(case, data):
+    """The scans ask only the rules that apply on the device (`AlignmentRule.applies`,
+    `alignment._partition`): one left out accepts every size along every axis, and every tile,
+    at any context there, so leaving it out changes no answer."""
+    e, dev, layer, upper, tile, eps = case
+    ctx = AlignContext(e, dev, layer, upper, eps)
+    left_out = [r for r in RULES if hasattr(r, "applies") and not r.applies(dev)]
+    assert left_out  # every device kind leaves some out: GPU threads' rules or a CPU core's
+    for axis in range(len(tile)):
+        extent = e.axes[axis].extent
+        size = data.draw(st.integers(1, extent), label=f"size {axis}")
+        assert all(r.axis_ok(ctx, axis, size) for r in left_out)
+        assert all(r.axis_ok(ctx, axis, s) for r in left_out for s in (tile[axis], extent))
+    assert all(r.tile_ok(ctx, tile) for r in left_out)
+
+
 @settings(max_examples=150, deadline=None)
 @given(aligned_state())
 def test_walk_stays_aligned_and_neighbours_are_the_nearest_aligned_sizes(case):
