@@ -325,12 +325,8 @@ def _axis_ok(ctx: AlignContext, axis: int, size: int, answers: _Answers) -> bool
     if ok is None:
         ok = answers.steady.get(key)
         if ok is None:
-            ok = answers.steady[key] = all(r.axis_ok(ctx, axis, size) for r in answers.steady_rules)
-        for rule in answers.eps_rules if ok else ():
-            if not rule.axis_ok(ctx, axis, size):
-                ok = False
-                break
-        answers.axes[key] = ok
+            ok = answers.steady[key] = _sizes_accepted(answers.steady_rules, ctx, axis, size)
+        answers.axes[key] = ok = ok and _sizes_accepted(answers.eps_rules, ctx, axis, size)
     return ok
 
 
@@ -341,13 +337,27 @@ def _tile_ok(ctx: AlignContext, tile: Tile, answers: _Answers) -> bool:
         key = (ctx.upper, tile)
         ok = answers.steady_tiles.get(key)
         if ok is None:
-            ok = answers.steady_tiles[key] = all(r.tile_ok(ctx, tile) for r in answers.steady_whole)
-        for rule in answers.eps_whole if ok else ():
-            if not rule.tile_ok(ctx, tile):
-                ok = False
-                break
-        answers.tiles[tile] = ok
+            ok = answers.steady_tiles[key] = _tiles_accepted(answers.steady_whole, ctx, tile)
+        answers.tiles[tile] = ok = ok and _tiles_accepted(answers.eps_whole, ctx, tile)
     return ok
+
+
+def _sizes_accepted(rules, ctx: AlignContext, axis: int, size: int) -> bool:
+    """Whether every one of `rules` accepts `size` along `axis` at `ctx`: a loop, not `all` over
+    a generator, whose frame the scans paid on every size they meet first (1.9 % of the
+    instructions of `scripts/count_construction.py`, with `_tiles_accepted`)."""
+    for rule in rules:
+        if not rule.axis_ok(ctx, axis, size):
+            return False
+    return True
+
+
+def _tiles_accepted(rules, ctx: AlignContext, tile: Tile) -> bool:
+    """Whether every one of `rules` accepts the whole `tile` at `ctx` (a loop: `_sizes_accepted`)."""
+    for rule in rules:
+        if not rule.tile_ok(ctx, tile):
+            return False
+    return True
 
 
 def _scan(ctx: AlignContext, tile: Tile, axis: int, direction: int, rules, whole_tile=True, answers=None) -> int | None:
