@@ -27,7 +27,7 @@ def hash_once(cls):
         try:
             return self.__dict__[_KEY]
         except KeyError:
-            value = hash(tuple(getattr(self, n) for n in names))
+            value = hash(tuple([getattr(self, n) for n in names]))
             object.__setattr__(self, _KEY, value)
             return value
 

@@ -346,7 +346,7 @@ class RollerPolicy(Policy):
         key = (layer, tuple(options))
         alternatives = self._alts.get(key)
         if alternatives is None:
-            alternatives = self._alts[key] = tuple(Alternative(Action(Kind.GROW, layer, a, t[a]), t, s) for a, t, s in options)
+            alternatives = self._alts[key] = tuple([Alternative(Action(Kind.GROW, layer, a, t[a]), t, s) for a, t, s in options])
         return alternatives
 
     def _step(self, state, action, status, tile, score, alternatives, note, nxt=None) -> Step:
@@ -359,8 +359,8 @@ class RollerPolicy(Policy):
         marked = (id(alternatives), tile)
         alts = self._marked.get(marked)
         if alts is None:
-            alts = self._marked[marked] = tuple(Alternative(a.action, a.tile, a.score, None, "chosen") if a.tile == tile else a
-                                                for a in alternatives)
+            alts = self._marked[marked] = tuple([Alternative(a.action, a.tile, a.score, None, "chosen") if a.tile == tile else a
+                                                 for a in alternatives])
         return self.record(Step(action, nxt if nxt is not None else state, node, edge, alts, note))
 
     def _layer_label(self, layer: int) -> str:

@@ -159,6 +159,7 @@ class Space:
         self.calc = calculus(expr)
         self.n_tile_layers = len(device.layers) - 1  # every layer but the bottom holds a tile
         self.axes = tuple(a.name for a in expr.axes)
+        self._ones = (1,) * len(expr.axes)  # `ones`: the tile above the top layer's
         self.layer_names = tuple(l.name for l in device.layers)
         # the round's alignment (`second_starts`, `round_of`): "" or a second round's kind, whose
         # contexts are `unfilled` ("stream") or `dividing` ("dividing"); the memos keyed by it
@@ -178,7 +179,7 @@ class Space:
         self.plain = self.projections and lane is not None and expr.axes[lane].kind == "spatial"
 
     def ones(self) -> Tile:
-        return tuple(1 for _ in self.expr.axes)
+        return self._ones
 
     def context(self, layer: int, upper: Tile, eps: float) -> AlignContext:
         """The alignment context of `layer` under `upper` at `eps`: one object per key, whose
