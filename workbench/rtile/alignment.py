@@ -29,7 +29,7 @@ from workbench.rtile.registers import accumulators, micro_kernel_registers, resi
 from workbench.rtile.rules import (
     MAX_SCAN, AlignContext, AlignmentRule, AutovectorRowRule, BlockThreadsRule, CacheSetRule, StreamRowsRule,
     TailRule, TensorCoreAlignment, TensorShapeRule, ThreadTileRule, TransactionRule, VectorLanesRule, WarpGroupRule,
-    WeightsAheadRule, WholeTileRule, block_thread_multiple, l1_set_lines, refusing,
+    WeightsAheadRule, WholeTileRule, block_thread_multiple, l1_set_lines, lanes_are_simd, refusing,
 )
 from workbench.rtile.traffic import calculus
 
@@ -43,10 +43,7 @@ class AccumulatorRule(WholeTileRule):
 
     name = "accumulators"
     reads_eps = True  # through `required_accumulators`
-
-    @staticmethod
-    def applies(device) -> bool:
-        return not device.lanes_are_threads  # `is_micro_kernel_layer` is False where lanes are threads
+    applies = staticmethod(lanes_are_simd)  # `is_micro_kernel_layer` is False where lanes are threads
 
     def tile_ok(self, ctx, tile):
         need = required_accumulators(ctx)

@@ -77,6 +77,22 @@ class AlignmentRule(Protocol):
     def tile_ok(self, ctx: AlignContext, tile: Tile) -> bool: ...
 
 
+def lanes_are_simd(device: DeviceSpec) -> bool:
+    """Whether a device's lanes are a core's SIMD lanes (a CPU), where the CPU rules apply
+    (`AlignmentRule.applies`)."""
+    return not device.lanes_are_threads
+
+
+def lanes_are_threads(device: DeviceSpec) -> bool:
+    """Whether a device's lanes are threads (a GPU), where a GPU thread's rules apply."""
+    return device.lanes_are_threads
+
+
+def launches_thread_blocks(device: DeviceSpec) -> bool:
+    """Whether a device runs thread blocks, where a GPU block's rules apply."""
+    return device.launches_thread_blocks
+
+
 class PerAxisRule:
     """A rule over single axes: every whole tile of accepted sizes is accepted."""
 
@@ -207,10 +223,7 @@ class ThreadTileRule(PerAxisRule):
     docs/model-evidence.md#execution-unit-rules)."""
 
     name = "thread-tile"
-
-    @staticmethod
-    def applies(device) -> bool:
-        return device.lanes_are_threads  # its `axis_ok` accepts every size elsewhere
+    applies = staticmethod(lanes_are_threads)  # its `axis_ok` accepts every size elsewhere
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or not ctx.device.lanes_are_threads:
@@ -238,10 +251,7 @@ class BlockThreadsRule:
     partial sums meet in one tree per output, as the classic one-block-per-row gemv; our choice)."""
 
     name = "block-threads"
-
-    @staticmethod
-    def applies(device) -> bool:
-        return device.launches_thread_blocks  # `is_thread_block_layer` is False elsewhere
+    applies = staticmethod(launches_thread_blocks)  # `is_thread_block_layer` is False elsewhere
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer == 0 or ctx.expr.axes[axis].kind != "spatial" or not ctx.device.is_thread_block_layer(ctx.layer):
@@ -304,10 +314,7 @@ class VectorLanesRule(PerAxisRule):
 
     name = "vector-lanes"
     reads_eps = True  # through `whole_vector_waste`
-
-    @staticmethod
-    def applies(device) -> bool:
-        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
+    applies = staticmethod(lanes_are_simd)  # its `axis_ok` accepts every size where lanes are threads
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or ctx.device.lanes_are_threads or axis != lane_axis(ctx.expr, ctx.device):
@@ -339,10 +346,7 @@ class AutovectorRowRule(PerAxisRule):
     window breaks LLVM's SLP vectoriser (evidence: docs/model-evidence.md#execution-unit-rules)."""
 
     name = "autovector-row"
-
-    @staticmethod
-    def applies(device) -> bool:
-        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
+    applies = staticmethod(lanes_are_simd)  # its `axis_ok` accepts every size where lanes are threads
 
     def axis_ok(self, ctx, axis, size):
         if ctx.layer != 0 or ctx.device.lanes_are_threads:
@@ -364,10 +368,7 @@ class CacheSetRule(WholeTileRule):
     within the ways (evidence: docs/model-evidence.md#cache-set-rule)."""
 
     name = "l1-sets"
-
-    @staticmethod
-    def applies(device) -> bool:
-        return not device.lanes_are_threads  # `is_micro_kernel_layer` is False where lanes are threads
+    applies = staticmethod(lanes_are_simd)  # `is_micro_kernel_layer` is False where lanes are threads
 
     def tile_ok(self, ctx, tile):
         if not is_micro_kernel_layer(ctx.device, ctx.layer) or len(ctx.device.layers) < 2:
@@ -431,10 +432,7 @@ class WarpGroupRule(WholeTileRule):
     artifact builds no such block."""
 
     name = "warp-group"
-
-    @staticmethod
-    def applies(device) -> bool:
-        return device.launches_thread_blocks  # `is_thread_block_layer` is False elsewhere
+    applies = staticmethod(launches_thread_blocks)  # `is_thread_block_layer` is False elsewhere
 
     def tile_ok(self, ctx, tile):
         device, expr = ctx.device, ctx.expr
@@ -506,10 +504,7 @@ class TailRule(PerAxisRule):
     K-steps of 1: the split runs them past the last whole tile)."""
 
     name = "cpu-tails"
-
-    @staticmethod
-    def applies(device) -> bool:
-        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
+    applies = staticmethod(lanes_are_simd)  # its `axis_ok` accepts every size where lanes are threads
 
     def axis_ok(self, ctx, axis, size):
         if ctx.device.lanes_are_threads or ctx.expr.axes[axis].extent % size == 0:
@@ -614,10 +609,7 @@ class WeightsAheadRule(PerAxisRule):
     `TailRule` (a dividing row from 2 up, where one exists)."""
 
     name = "cpu-weights-ahead"
-
-    @staticmethod
-    def applies(device) -> bool:
-        return not device.lanes_are_threads  # its `axis_ok` accepts every size where lanes are threads
+    applies = staticmethod(lanes_are_simd)  # its `axis_ok` accepts every size where lanes are threads
 
     def axis_ok(self, ctx, axis, size):
         expr = ctx.expr
