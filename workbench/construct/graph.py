@@ -105,7 +105,12 @@ class ConstructionGraph:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def node_key(layer: int, tile: tuple[int, ...], recorded: tuple = ()) -> str:
-    """A readable, stable key: the recorded tiles of the layers above, then this layer's tile."""
-    parts = ["x".join(map(str, t)) for t in recorded] + ["x".join(map(str, tile))]
-    return f"L{layer}:" + "/".join(parts)
+def node_key(layer: int, tile: tuple[int, ...], recorded: tuple = (), prefix: str | None = None) -> str:
+    """A readable, stable key: the recorded tiles of the layers above, then this layer's tile
+    (`prefix`: `recorded_prefix(recorded)`, where the caller keeps it)."""
+    return f"L{layer}:{recorded_prefix(recorded) if prefix is None else prefix}{'x'.join(map(str, tile))}"
+
+
+def recorded_prefix(recorded: tuple) -> str:
+    """The part of `node_key` the recorded tiles make: each tile, then a slash."""
+    return "".join(["x".join(map(str, t)) + "/" for t in recorded])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from math import ceil, gcd
 
-from workbench.construct.graph import node_key
+from workbench.construct.graph import node_key, recorded_prefix
 from workbench.errors import UserError
 from workbench.frozen import direct_init, interned
 from workbench.hardware.spec import DeviceSpec
@@ -171,6 +171,7 @@ class Space:
         self._footprints: dict[tuple, int] = {}
         self._reuse: dict[tuple, float] = {}
         self._keys: dict[tuple, str] = {}
+        self._prefixes: dict[tuple, str] = {}  # `node_key`
         self.streamed = always_streamed(expr, device)
         self.stream_bound = is_stream_bound(expr, device)
         self.projections = plain_projections(expr)  # no windowed reads
@@ -192,11 +193,16 @@ class Space:
         return ctx
 
     def node_key(self, layer: int, tile: Tile, recorded: tuple[Tile, ...]) -> str:
-        """`graph.node_key`, memoised: every step names its node, most of them seen before."""
+        """`graph.node_key`, memoised, and the recorded tiles' part of it kept per recorded
+        tiles: every step names its node, most of them seen before, the rest under the same
+        recorded tiles as many others."""
         key = (layer, tile, recorded)
         text = self._keys.get(key)
         if text is None:
-            text = self._keys[key] = node_key(layer, tile, recorded)
+            prefix = self._prefixes.get(recorded)
+            if prefix is None:
+                prefix = self._prefixes[recorded] = recorded_prefix(recorded)
+            text = self._keys[key] = node_key(layer, tile, recorded, prefix)
         return text
 
     def upper_of(self, state: State) -> Tile:
