@@ -55,6 +55,7 @@ T ~ 2^-16 .. 2^-30 (notes: issue 16).
 from __future__ import annotations
 
 import random
+from collections import Counter
 from math import exp, inf
 from typing import Iterator
 
@@ -103,6 +104,7 @@ class MarkovPolicy(Policy):
         self._transitions: dict = {}
         self._times: dict = {}
         self._program_times: dict = {}
+        self._visits: Counter = Counter()  # node key -> the walk's visits (`stationary`)
         self.n = space.n_tile_layers
 
     # -- public questions ----------------------------------------------------------------------
@@ -124,6 +126,12 @@ class MarkovPolicy(Policy):
     def probability(self, state: State, action: Action, temperature: float = T0) -> float:
         """P(action | state); 0 for anything not offered (misaligned sizes, other layers)."""
         return sum(a.probability for a in self.transitions(state, temperature) if a.action == action)
+
+    def record(self, step: Step) -> Step:
+        """Count a step (`Policy.record`) and the visit of its node."""
+        if step.node is not None:
+            self._visits[step.node.key] += 1
+        return super().record(step)
 
     def stationary(self) -> dict[str, float]:
         """Empirical stationary distribution: node key -> share of the walk's visits so far."""

@@ -16,13 +16,12 @@ first's register tile issues more loads than FMAs or a one-row matmul's holds ch
 may not need, `_extra_round`), emission (`emit`: scale-out over the units,
 Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
 units idle (`split_k`), the estimate, the `Candidate`) and the
-step bookkeeping (`record` counts steps against `max_steps` and node visits, `marker` records a
+step bookkeeping (`record` counts steps against `max_steps`, `marker` records a
 step that changes no tile, `node` / `key` name graph nodes, virtual threads included).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 from typing import Iterator
 
@@ -89,12 +88,12 @@ class Policy:
         self.space = space
         self.options = options
         self.candidates: list[Candidate] = []
+        self.wanted = max(options.topk, MIN_PROGRAMS)  # programs the search collects before it stops
         self._extras = 0  # candidates that are balanced cuts of another (`emit`): extras
         self._found_before = 0  # programs of the rounds before an extra round (`_extra_round`)
         self._second: State | None = None  # the start of the second round running (`start_state`)
         self._emitted: set = set()
         self._count = 0
-        self._visits: Counter = Counter()
         self._priced: dict[RProgram, tuple[RProgram, Estimate]] = {}  # `priced`
         # graph keys and nodes by what makes them (`key`, `node`): the eps ladder's rounds and a
         # walk's revisits record the same ones again
@@ -193,11 +192,6 @@ class Policy:
             state = apply(space, state, Action(Kind.SHRINK, len(tiles) - 1, axis, tiles[-1][axis]))
         shrunk = self.priced(space.program_of(state))
         return whole[1].predicted_seconds < shrunk[1].predicted_seconds
-
-    @property
-    def wanted(self) -> int:
-        """Programs the search collects before it stops: K, and at least MIN_PROGRAMS."""
-        return max(self.options.topk, MIN_PROGRAMS)
 
     @property
     def enough(self) -> bool:
@@ -338,10 +332,8 @@ class Policy:
         return self.NOTES[event].format(**facts)
 
     def record(self, step: Step) -> Step:
-        """Count a step (against `max_steps`) and the visit of its node."""
+        """Count a step (against `max_steps`)."""
         self._count += 1
-        if step.node is not None:
-            self._visits[step.node.key] += 1
         return step
 
     def marker(self, state: State | None, action: Action, note: str, temperature: float | None = None) -> Step:
