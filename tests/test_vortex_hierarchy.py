@@ -197,6 +197,18 @@ def test_single_row_candidates_pack_nothing(dev):
     assert packed and all(inputs == (("A", "B") if BERT["M"] % p.unit_tile[0] else ("B",)) for p, inputs in packed)
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("cores", [2, 3])
+def test_single_row_family_keeps_one_unit_tile_per_core(dev, cores):
+    """A one-row GEMM's grid is its columns' alone: the family keeps the unit tile of N / cores
+    columns, one wave, which `MULTIPLIERS` alone do not reach on two cores (2,304 = 2 x 18 x 64:
+    768 left the second of two waves half idle)."""
+    dev = replace(dev, compute_units=cores)
+    e = expr("matmul", **BERT)
+    rows = [p for p in candidates(e, dev, "i") if p.register_tile[0] == 1]
+    assert BERT["N"] // cores in {p.unit_tile[1] for p in rows}
+
+
 def test_gpu_blocks_do_not_take_the_cpu_kc_rule():
     e = expr("matmul", **BERT)
     assert not deepens_reduction(e, device("a100"), 1)

@@ -115,19 +115,34 @@ def _within(expr: TensorExpr, axis: int, size: int, base: int) -> bool:
 
 
 def filter_by_multiples(expr: TensorExpr, device: DeviceSpec, layer: int, upper: Tile, dyn: int,
-                        eps: float) -> list[Tile]:
+                        eps: float, balanced: bool = False) -> list[Tile]:
     """Vortex's FilterByMultiples: the tiles at `layer` whose every axis is an integer multiple
     (`MULTIPLIERS`) of the tile one level up, aligned at `layer` and within its capacity; over a
-    CPU's register micro-kernel of a reduction, the one deepest tile of `deepest_reduction`."""
+    CPU's register micro-kernel of a reduction, the one deepest tile of `deepest_reduction`.
+    With `balanced` (the single-row family, whose grid is its static axes' alone), a static
+    spatial axis also takes the multiples that cut it into one or two tiles per unit
+    (`_balanced_multiples`)."""
     if deepens_reduction(expr, device, layer):
         return deepest_reduction(expr, device, layer, upper, dyn, eps)
     options = [
-        [base * m for m in (range(1, DYN_MULTIPLES + 1) if a == dyn else MULTIPLIERS)
+        [base * m for m in (range(1, DYN_MULTIPLES + 1) if a == dyn else
+                            _balanced_multiples(expr, device, a, base) if balanced else MULTIPLIERS)
          if _within(expr, a, base * m, base)]
         for a, base in enumerate(upper)
     ]
     return [t for t in product(*options)
             if _aligned(expr, device, layer, upper, t, dyn, eps) and _fits(expr, device, layer, upper, t)]
+
+
+def _balanced_multiples(expr: TensorExpr, device: DeviceSpec, axis: int, base: int) -> list[int]:
+    """`MULTIPLIERS`, and along a spatial axis the multiples of `base` that cut it into one or
+    two tiles per unit: a one-row GEMM's grid is its columns' alone, and the BERT GEMM's 2,304
+    columns in 64-column steps offered 768 (three tiles on two cores: two waves, the second
+    half idle) or 384 (six, three waves), never 1,152."""
+    if expr.axes[axis].kind != "spatial":
+        return list(MULTIPLIERS)
+    extent, units = expr.axes[axis].extent, device.compute_units
+    return sorted(set(MULTIPLIERS) | {ceil(extent / (k * units * base)) for k in (1, 2)})
 
 
 def deepens_reduction(expr: TensorExpr, device: DeviceSpec, layer: int) -> bool:
@@ -297,7 +312,7 @@ def _grow(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], 
     template every grid does)."""
     priced = at_extent(expr, expr.axes[dyn].name, 1) if one_row else expr
     for layer in list(unit_levels(device))[1:]:
-        grown = {chain + (t,) for chain in chains for t in filter_by_multiples(expr, device, layer, chain[-1], dyn, eps)
+        grown = {chain + (t,) for chain in chains for t in filter_by_multiples(expr, device, layer, chain[-1], dyn, eps, one_row)
                  if not one_row or t[dyn] == 1}
         chains = _least_cost(priced, device, sorted(grown), dyn, eps)
     return chains
