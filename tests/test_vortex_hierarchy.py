@@ -11,12 +11,13 @@ from workbench.rtile.panels import packed_inputs
 from workbench.rtile.registers import accumulators, micro_kernel_registers, thread_count
 from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
+from workbench.vortex.analyzer import Dynamic
 from workbench.vortex.hierarchy import (
     DYN_MULTIPLES, MULTIPLIERS, PARALLEL, TEMPORAL_REDUCTION, TEMPORAL_SPATIAL, _memory_ops_per_fma, candidates,
-    _whole_lines, deepens_reduction, deepest_reduction, filter_by_multiples, loop_class, register_tiles,
-    single_row_tiles,
+    _whole_lines, constructed_rows, deepens_reduction, deepest_reduction, filter_by_multiples, loop_class,
+    register_tiles, single_row_tiles,
 )
-
+from workbench.vortex.select import select
 
 
 def _cpu(name: str, lanes: int, registers: int, latency: int, pipes: int):
@@ -152,9 +153,13 @@ def test_gemv_l1_tile_is_the_deepest_k_row_panel(dev, register, l1):
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_cpu_candidates_keep_accumulators_over_a_deep_k(dev):
     """Every CPU candidate's L1 tile is its micro-kernel's kc tile: no shallow K (16 or 32) under
-    which the accumulators leave the registers every few steps."""
+    which the accumulators leave the registers every few steps; but Roller's own programs for one
+    row (`constructed_rows`), which keep theirs in the unit tile's buffer."""
     e = expr("matmul", **BERT)
+    constructed = set(constructed_rows(e, dev, 0))
     for p in candidates(e, dev, "i"):
+        if tuple(p.tiles) in constructed:
+            continue
         assert [p.tiles[1]] == deepest_reduction(e, dev, 1, p.register_tile, 0, p.eps)
         # the single rows' kc are the shallowest: 1 x 96 on AVX2, 4 (97K + 96) <= 32768: 64;
         # 1 x 128 on AVX-512, 4 (129K + 128) <= 32768: 48
@@ -207,6 +212,20 @@ def test_single_row_family_keeps_one_unit_tile_per_core(dev, cores):
     e = expr("matmul", **BERT)
     rows = [p for p in candidates(e, dev, "i") if p.register_tile[0] == 1]
     assert BERT["N"] // cores in {p.unit_tile[1] for p in rows}
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [BERT, dict(M=1024, K=369, N=11468)], ids=["bert", "369x11468"])
+def test_one_row_starts_from_rollers_program_for_one_row(dev, shape):
+    """Roller's programs for M = 1 (`constructed_rows`) are one row at every level, their register
+    tiles over several rows of K (B read in long runs of rows), and the cover starts from the first
+    of them: the kernel the bundle runs at M = 1."""
+    e = expr("matmul", **shape)
+    rows = constructed_rows(e, dev, 0)
+    assert rows and all(t[0] == 1 for chain in rows for t in chain)
+    assert all(chain[0][2] > 1 for chain in rows)
+    kept = select(candidates(e, dev, "i"), dev, Dynamic("M", "i", shape["M"]))
+    assert tuple(kept[0].tiles) == rows[0]
 
 
 def test_gpu_blocks_do_not_take_the_cpu_kc_rule():

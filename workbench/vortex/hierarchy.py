@@ -36,6 +36,8 @@ from __future__ import annotations
 from itertools import product
 from math import ceil, prod
 
+from workbench.construct.space import Options
+from workbench.construct.stepper import construct
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -64,6 +66,7 @@ MULTIPLIERS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DYN_MULTIPLES = 64
 KEEP_LEVEL0 = 4  # register micro-kernels kept (the most efficient, one per size along the dynamic axis)
 KEEP_PER_SIZE = 2  # tiles kept per level and per size along the dynamic axis (least predicted time)
+CONSTRUCTED_ROWS = 3  # Roller's programs for one row offered beside the single-row family (`constructed_rows`)
 # Padding allowed on the static axes, tried in order until a level has candidates (Roller's eps).
 EPS_LADDER = (0.0, 0.25, 1.0)
 
@@ -256,10 +259,9 @@ def single_row_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float)
     is dead after it (an FMA may even take it from memory), so the tile needs its accumulators,
     the broadcast of A and one vector in flight: 8 + 2 of AVX2's 16 registers for 1 x 64, where
     the shared-row count (17) refuses it."""
-    v = lane_axis(expr, device)
-    if not (is_micro_kernel_layer(device, 0) and expr.reduce and v is not None and v != dyn
-            and expr.axes[v].kind == "spatial"):
+    if not _has_single_row(expr, device, dyn):
         return []
+    v = lane_axis(expr, device)
     need, budget, lanes = max(1, device.fma_accumulators), register_budget(device), device.warp_size
     ones = tuple(1 for _ in expr.axes)
     for size in range(lanes, expr.axes[v].extent + 1, lanes):
@@ -270,6 +272,33 @@ def single_row_tiles(expr: TensorExpr, device: DeviceSpec, dyn: int, eps: float)
         if held >= need and _aligned(expr, device, 0, ones, tile, dyn, eps):
             return [tile]
     return []
+
+
+def _has_single_row(expr: TensorExpr, device: DeviceSpec, dyn: int) -> bool:
+    """Whether `expr` has a single-row family on `device`: a CPU reduction whose SIMD lanes run
+    along a spatial axis other than the dynamic one."""
+    v = lane_axis(expr, device)
+    return (is_micro_kernel_layer(device, 0) and bool(expr.reduce) and v is not None and v != dyn
+            and expr.axes[v].kind == "spatial")
+
+
+def constructed_rows(expr: TensorExpr, device: DeviceSpec, dyn: int) -> list[tuple[Tile, ...]]:
+    """The single-row family's other members: the tiles of Roller's top `CONSTRUCTED_ROWS`
+    programs for one index of the dynamic axis (a construction, priced by the model, nothing
+    measured), each one row along it at every level. Their register tiles walk several rows of
+    the reduction at a time, so a GEMM of one row reads B in long runs of rows with their first
+    misses outstanding together (`model.cpu.stream_rounds`), where `single_row_tiles`'s 1 x 64
+    starts a run for every row of B; the model prices those runs as DRAM latencies where B stays
+    in the last-level cache, so on four of five shapes drawn with seed 807332596 no 1 x 64
+    kernel was kept and M = 1 ran a 6-row kernel at 2.6-5.5x numpy's time (369 x 11468: 1.25 ms,
+    Roller's rank 1 at one row 157 us, numpy 177). [] where there is no single-row family."""
+    if not _has_single_row(expr, device, dyn):
+        return []
+    one = at_extent(expr, expr.axes[dyn].name, 1)
+    built = construct(one, device, "roller", Options(topk=CONSTRUCTED_ROWS))
+    levels = len(unit_levels(device))
+    return [tuple(c.program.tiles) for c in built.candidates
+            if len(c.program.tiles) == levels and all(len(t) == len(expr.axes) and t[dyn] == 1 for t in c.program.tiles)]
 
 
 def _measured_share(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> float | None:
@@ -297,6 +326,7 @@ def candidates(expr: TensorExpr, device: DeviceSpec, dyn_axis: str) -> tuple[RPr
         chains = _grow(expr, device, [(t,) for t in register_tiles(expr, device, dyn, eps)], dyn, eps, False)
         if chains:
             rows = _grow(expr, device, [(t,) for t in single_row_tiles(expr, device, dyn, eps)], dyn, eps, True)
+            rows += constructed_rows(expr, device, dyn)
             calc = calculus(expr)
             return tuple(make_program(calc, device, chain, [True] * len(chain), eps)
                          for chain in sorted(set(chains) | set(rows)))
