@@ -288,10 +288,11 @@ def constructed_rows(expr: TensorExpr, device: DeviceSpec, dyn: int) -> list[tup
     measured), each one row along it at every level. Their register tiles walk several rows of
     the reduction at a time, so a GEMM of one row reads B in long runs of rows with their first
     misses outstanding together (`model.cpu.stream_rounds`), where `single_row_tiles`'s 1 x 64
-    starts a run for every row of B; the model prices those runs as DRAM latencies where B stays
-    in the last-level cache, so on four of five shapes drawn with seed 807332596 no 1 x 64
-    kernel was kept and M = 1 ran a 6-row kernel at 2.6-5.5x numpy's time (369 x 11468: 1.25 ms,
-    Roller's rank 1 at one row 157 us, numpy 177). [] where there is no single-row family."""
+    starts a run for every row of B. Over the eight shapes of two random draws (docs/benchmarks.md,
+    "Dynamic shapes") M = 1 ran 1.3-5.7x numpy's time before them: the 1 x 64 kernel on five, a
+    6-row kernel on three, where the model, pricing the 1 x 64 tile's runs at DRAM's latency
+    though B stayed in the last-level cache, kept none (369 x 11468: 896 us, Roller's rank 1 at
+    one row 157, numpy 162). [] where there is no single-row family."""
     if not _has_single_row(expr, device, dyn):
         return []
     one = at_extent(expr, expr.axes[dyn].name, 1)
