@@ -20,7 +20,9 @@ Beside those, on a CPU, one family for the smallest values (`single_row_tiles`):
 the dynamic axis at every level, so the template packs nothing (`codegen/cpu.py` packs an
 input only where the unit tile spans more than one index of an axis it ignores) and a GEMM of
 one row streams B once, as BLAS's GEMV does, where a 6-row kernel pads to 6 rows and copies
-all of B into panels first (the BERT GEMM at M = 1: 300 us against numpy's 65).
+all of B into panels first (the BERT GEMM at M = 1: 300 us against numpy's 65). Its unit tiles
+cut the static axes into one or two tiles per core as well (`_balanced_multiples`), and beside
+the 1 x lanes register tiles it holds Roller's own programs for one row (`constructed_rows`).
 
 Loops are classified as Vortex classifies them (`loop_class`): spatial loops of the grid are
 parallel, spatial loops inside a unit temporal-spatial, reduce loops temporal-reduction; the
