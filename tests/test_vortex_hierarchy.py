@@ -228,6 +228,16 @@ def test_one_row_starts_from_rollers_program_for_one_row(dev, shape):
     assert tuple(kept[0].tiles) == rows[0]
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_dynamic_batch_of_one_row_matmuls_takes_the_single_row_family(dev):
+    """No register tile of several rows fits an M of 1, so no eps gives the other family: the
+    batch's candidates are the single-row family alone, one batch and one row at every level
+    (before: none, and `vortex compile` refused the workload)."""
+    e = expr("matmul", B=64, M=1, K=300, N=700)
+    progs = candidates(e, dev, "b")
+    assert progs and all(t[0] == 1 and t[1] == 1 for p in progs for t in p.tiles)
+
+
 def test_gpu_blocks_do_not_take_the_cpu_kc_rule():
     e = expr("matmul", **BERT)
     assert not deepens_reduction(e, device("a100"), 1)

@@ -323,17 +323,25 @@ def candidates(expr: TensorExpr, device: DeviceSpec, dyn_axis: str) -> tuple[RPr
     """The candidate programs of Table 1 on the template `expr` (module docstring): level-0
     micro-kernels, then at each unit layer the multiples of the layer above that fit, keeping
     per size along the dynamic axis the `KEEP_PER_SIZE` of least predicted time (`_least_cost`);
-    at the first eps of `EPS_LADDER` that gives any. Sorted by their tiles."""
+    at the first eps of `EPS_LADDER` that gives any, the single-row family beside them. Where no
+    eps gives any (a dynamic batch of one-row matmuls: no register tile of several rows fits an
+    M of 1), the single-row family alone, where before the batch was refused ("no candidate
+    kernel fits"). Sorted by their tiles."""
     dyn = expr.axis_index(dyn_axis)
+
+    def programs(chains, eps: float) -> tuple[RProgram, ...]:
+        calc = calculus(expr)
+        return tuple(make_program(calc, device, chain, [True] * len(chain), eps) for chain in sorted(set(chains)))
+
+    def rows(eps: float) -> list[tuple[Tile, ...]]:
+        return _grow(expr, device, [(t,) for t in single_row_tiles(expr, device, dyn, eps)], dyn, eps, True)
+
     for eps in EPS_LADDER:
         chains = _grow(expr, device, [(t,) for t in register_tiles(expr, device, dyn, eps)], dyn, eps, False)
         if chains:
-            rows = _grow(expr, device, [(t,) for t in single_row_tiles(expr, device, dyn, eps)], dyn, eps, True)
-            rows += constructed_rows(expr, device, dyn)
-            calc = calculus(expr)
-            return tuple(make_program(calc, device, chain, [True] * len(chain), eps)
-                         for chain in sorted(set(chains) | set(rows)))
-    return ()
+            return programs(chains + rows(eps) + constructed_rows(expr, device, dyn), eps)
+    eps, single = next(((e, found) for e in EPS_LADDER if (found := rows(e))), (EPS_LADDER[0], []))
+    return programs(single + constructed_rows(expr, device, dyn), eps)
 
 
 def _grow(expr: TensorExpr, device: DeviceSpec, chains: list[tuple[Tile, ...]], dyn: int, eps: float,
