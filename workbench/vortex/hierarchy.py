@@ -325,8 +325,7 @@ def candidates(expr: TensorExpr, device: DeviceSpec, dyn_axis: str) -> tuple[RPr
     per size along the dynamic axis the `KEEP_PER_SIZE` of least predicted time (`_least_cost`);
     at the first eps of `EPS_LADDER` that gives any, the single-row family beside them. Where no
     eps gives any (a dynamic batch of one-row matmuls: no register tile of several rows fits an
-    M of 1), the single-row family alone, where before the batch was refused ("no candidate
-    kernel fits"). Sorted by their tiles."""
+    M of 1), the single-row family alone. Sorted by their tiles."""
     dyn = expr.axis_index(dyn_axis)
 
     def programs(chains, eps: float) -> tuple[RProgram, ...]:
