@@ -865,7 +865,7 @@ def test_a_one_row_start_filled_for_chains_adds_a_round_without_that_need():
     more round at the same eps starts from one vector (`alignment.unfilled_tile`) and searches
     without that need, its candidates (start count 2) replaying to their programs with fewer
     accumulators than the first round allows. (Markov's walks here end every round short of
-    ten programs, and the extra rounds follow a finished one only.)"""
+    ten programs; the extra rounds follow their last, as the next test has.)"""
     spec = replace(detected_cpu("avx512", 2, 48 * KIB, 1024 * KIB), fma_latency_cycles=4)
     stepper = Stepper(expr("matmul", M=1, K=179, N=4259), spec, "roller", Options(topk=10))
     steps = stepper.run_to_end()
@@ -878,3 +878,24 @@ def test_a_one_row_start_filled_for_chains_adds_a_round_without_that_need():
         assert (chains < spec.fma_accumulators) if c.actions[0].count == 2 else (chains >= spec.fma_accumulators)
         assert replay(stepper.space, c.actions) == c.program
     assert stepper.space.mode == ""  # the round's alignment without the need ended with it
+
+
+@pytest.mark.parametrize("policy", ["roller", "markov"])
+def test_a_ladder_that_ends_short_still_runs_the_second_round(policy):
+    """1 x 2780 x 881 on the AVX2-like core: every eps gives the filled start's few programs (7
+    vectors of one row), so the ladder reaches its last eps short of ten; the extra rounds
+    follow that last round as they follow a finished one, and the stream round's narrower rows
+    (start count 2) join the candidates, each replaying to its program."""
+    stepper = Stepper(expr("matmul", M=1, K=2780, N=881), AVX2, policy, Options(topk=10))
+    steps = stepper.run_to_end()
+    widened = [s.action.eps for s in steps if s.action.kind == "widen_eps"]
+    assert max(EPS_STEPS) in widened
+    first = [c for c in stepper.candidates() if c.actions[0].count == 0]
+    assert first and len(first) < MIN_PROGRAMS
+    streamed = [c for c in stepper.candidates() if c.actions[0].count == 2]
+    assert streamed
+    j = stepper.space.axes.index("j")
+    narrowest = min(c.program.register_tile[j] for c in first)
+    for c in streamed:
+        assert c.program.register_tile[j] < narrowest
+        assert replay(stepper.space, c.actions) == c.program

@@ -112,7 +112,11 @@ class Policy:
         """Every step of the construction: a round at the initial eps, then one per larger eps
         of EPS_STEPS while a round ends without finishing; a round before the last is skipped,
         with a note, where the steps left would not hold `ROUNDS_KEPT` rounds as long as the one
-        before it."""
+        before it. The extra rounds (`_whole_vector_round`, `_reuse_round`, `_second_round`)
+        follow the round that finishes, or the last one where none does: a one-row matmul whose
+        every eps gives the same few programs of its filled start still gets its stream round's
+        (1 x 2780 x 881 on AVX2: rank 1 345 -> 205 us predicted, 241 -> 104-156 measured;
+        docs/evidence.md#second-start)."""
         schedule = [self.options.eps] + [e for e in EPS_STEPS if e > self.options.eps]
         used = 0  # steps the last round took
         for i, eps in enumerate(schedule):
@@ -127,7 +131,7 @@ class Policy:
             start = self._count
             finished = yield from self.round(eps)
             used = self._count - start
-            if finished:
+            if finished or i == len(schedule) - 1:
                 yield from self._whole_vector_round(eps)
                 yield from self._reuse_round(eps)
                 yield from self._second_round(eps)
