@@ -471,18 +471,23 @@ EDGE_VECTORS = {
 @pytest.mark.parametrize("case", sorted(EDGE_VECTORS))
 def test_a_one_row_edge_tile_runs_its_whole_vectors_in_vectors(case):
     """A one-row register tile of several vectors whose unit tiles leave no register tile wholly
-    past N's end (192 - 180 < 48): the plan splits the loop over the register tile's vectors
-    at the end (`CpuPlan.edge_vectors`), not the loop over register tiles, so that loop stays a
-    loop with the partition hint and the register tiles' loop has none; the kernel matches numpy
-    (random inputs: a cut tile that added its neighbours' columns twice would not)."""
+    past N's end (192 - 180 < 48): the plan runs the last register tile of each unit tile apart
+    (`CpuPlan.edge_vectors`, `codegen.cpu._edge_tile_apart`): the loop over L1 tiles is
+    partitioned before its last one, whose loop over vectors keeps the partition hint and comes
+    before its L1 tile's K-steps (each vector summed in a register of its own), while the other copy
+    unrolls its vectors inside the K-steps (the micro-kernel); the register tiles' loop has no
+    hint. The kernel matches numpy (random inputs: a cut tile that added its neighbours' columns
+    twice would not)."""
     e, chains = EDGE_VECTORS[case]
     plan = cpu_plan(_program(e, chains), device(CPU))
     assert plan.split_edges and plan.edge_vectors and plan.path == ROW
     script = _local_kernel(e, chains).tvmscript
     width = min(simd_lanes(device(CPU), 4), 16)
-    assert re.search(rf"for j_\d+_0 in T\.serial\({48 // width}, {re.escape(HINT)}\)", script)
+    vectors = 48 // width
+    assert re.search(rf"for j_\d+_0 in T\.serial\({vectors}, {re.escape(HINT)}\):\s+for k_2\b", script)
+    assert re.search(rf"for j_\d+_0 in T\.unroll\({vectors}\):\s+for j_\d+_1 in T\.vectorized\({width}\)", script)
+    assert len(re.findall(r'T\.sblock\("C_update_j_\d+_partition"\)', script)) == 2
     assert not re.search(rf"for j_\d+ in T\.serial\(\d+, {re.escape(HINT)}\)", script)
-    assert f"T.vectorized({width})" in script
 
 
 def test_a_row_that_ends_on_a_vector_keeps_the_register_tiles_split():

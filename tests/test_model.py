@@ -24,12 +24,12 @@ from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
-    clock_ghz, edge_seconds, epilogue_seconds, hidden_source, memory_accumulator_seconds, packed_bytes,
+    clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, hidden_source, packed_bytes,
     packing_seconds, scattered_inputs, shared_output_lines, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
-    MEMORY_ACCUMULATOR_CYCLES, STORE_FORWARD_CYCLES, autovector_efficiency, compute_efficiency, compute_provenance,
-    guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, memory_chain_bound, micro_kernel_shape, scalar_row,
+    autovector_efficiency, compute_efficiency, compute_provenance,
+    guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape, scalar_row,
     vector_pieces,
 )
 from workbench.rtile.model.gpu import (
@@ -516,58 +516,32 @@ def test_a_batched_register_tile_pays_for_the_loads_its_batch_axis_adds(dev, bat
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 @pytest.mark.parametrize("vectors", [2, 3])
-def test_accumulators_kept_in_memory_chain_through_their_stores(dev, vectors):
-    """A one-row matmul over 11 vectors and 6 lanes of columns in register tiles of 2 or 3
-    vectors and unit tiles of 6: the tile the row's end cuts splits its loop over vectors
-    (`CpuPlan.edge_vectors`), which stays a loop in every tile and keeps their accumulators in
-    memory; each vector is then a chain of one FMA per FMA latency + `STORE_FORWARD_CYCLES`
-    (its store and the next step's load), so the compute reaches vectors / ((latency + 5) x
-    pipes) of the peak where that is less than the tile's rate in registers. A tile of one
-    vector has no such loop, nor does a row of whole register tiles (its unit tiles
-    unchanged), nor a spec without FMA facts: 1."""
+def test_the_edge_tile_apart_adds_a_chain_of_fma_latencies_per_vector(dev, vectors):
+    """A one-row matmul over 11 vectors and 6 lanes of columns (1024 K-steps) in register tiles of
+    2 or 3 vectors and unit tiles of 6 vectors: the row's end cuts the last register tile of the
+    second unit tile (`CpuPlan.edge_vectors`), and each unit tile's last register tile runs apart,
+    each of its vectors a chain of 1024 FMAs at `fma_latency_cycles`; the two unit tiles go to two
+    cores, so the busiest core adds one tile's chains, at the clock the peak implies. The compute
+    term is the micro-kernel's, as for the whole row of 12 vectors; a whole row, a tile of one
+    vector and a spec without FMA facts add nothing."""
     def one_row(spec, n, *tiles):
         return make_program(TileCalculus(plain_matmul(1, n, 1024)), spec, list(tiles), (True,) * len(tiles), 0.0)
 
     lanes = dev.warp_size
-    n = 11 * lanes + 6
-    program = one_row(dev, n, (1, vectors * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    program = one_row(dev, 11 * lanes + 6, (1, vectors * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
     assert cpu_plan(program, dev).edge_vectors
-    bound = vectors / ((dev.fma_latency_cycles + STORE_FORWARD_CYCLES) * dev.fma_pipes)
-    assert memory_chain_bound(program, dev) == pytest.approx(bound)
+    ghz = dev.peak("float32") / (dev.compute_units * dev.fma_pipes * lanes * 2)
+    cycles = -(-2 // dev.compute_units) * vectors * 1024 * dev.fma_latency_cycles
+    assert edge_chain_seconds(program, dev) == pytest.approx(cycles / (ghz * 1e9))
+    assert edge_seconds(program, dev) > edge_chain_seconds(program, dev) > 0
     whole = one_row(dev, 12 * lanes, (1, vectors * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
-    assert not cpu_plan(whole, dev).edge_vectors and memory_chain_bound(whole, dev) == 1.0
-    assert compute_efficiency(program, dev) == pytest.approx(min(compute_efficiency(whole, dev), bound))
-    assert compute_efficiency(whole, dev) > bound  # the tile's chains in registers: the bound binds, and says so
-    assert compute_provenance(program, dev)[1].startswith("compute: accumulators kept in memory")
-    single = one_row(dev, n, (1, lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
-    assert not cpu_plan(single, dev).edge_vectors and memory_chain_bound(single, dev) == 1.0
+    assert not cpu_plan(whole, dev).edge_vectors and edge_chain_seconds(whole, dev) == 0.0
+    assert compute_efficiency(program, dev) == pytest.approx(compute_efficiency(whole, dev))
+    single = one_row(dev, 11 * lanes + 6, (1, lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
+    assert not cpu_plan(single, dev).edge_vectors and edge_chain_seconds(single, dev) == 0.0
     tl = TINY_CPU.warp_size
     tiny = one_row(TINY_CPU, 11 * tl + 6, (1, 3 * tl, 1), (1, 6 * tl, 64), (1, 6 * tl, 1024))
-    assert cpu_plan(tiny, TINY_CPU).edge_vectors and memory_chain_bound(tiny, TINY_CPU) == 1.0
-
-
-@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
-def test_accumulators_kept_in_memory_add_cycles_to_every_vector_fma(dev):
-    """The same one-row matmul (1024 K-steps, 11 vectors and 6 lanes of columns) in register tiles
-    of 3 vectors whose loop over vectors the edge splits (`CpuPlan.edge_vectors`): beyond its
-    edge, each of its ceil(n / lanes) = 12 vector FMAs a K-step adds MEMORY_ACCUMULATOR_CYCLES,
-    shared by the cores, at the clock the peak implies; the whole row of 12 vectors and the
-    tile of one vector keep their accumulators in registers: nothing. The estimate says so."""
-    def one_row(n, *tiles):
-        return make_program(TileCalculus(plain_matmul(1, n, 1024)), dev, list(tiles), (True,) * len(tiles), 0.0)
-
-    lanes = dev.warp_size
-    program = one_row(11 * lanes + 6, (1, 3 * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
-    assert cpu_plan(program, dev).edge_vectors
-    cycles = 12 * 1024 / dev.compute_units * MEMORY_ACCUMULATOR_CYCLES
-    ghz = dev.peak("float32") / (dev.compute_units * dev.fma_pipes * lanes * 2)
-    assert memory_accumulator_seconds(program, dev) == pytest.approx(cycles / (ghz * 1e9))
-    assert edge_seconds(program, dev) > memory_accumulator_seconds(program, dev) > 0
-    whole = one_row(12 * lanes, (1, 3 * lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
-    single = one_row(11 * lanes + 6, (1, lanes, 1), (1, 6 * lanes, 64), (1, 6 * lanes, 1024))
-    assert memory_accumulator_seconds(whole, dev) == memory_accumulator_seconds(single, dev) == 0.0
-    said = f"accumulators kept in memory: {MEMORY_ACCUMULATOR_CYCLES:g} cycles a vector FMA (fitted)"  # as charged
-    assert said in estimate(program, dev).modelled and said not in estimate(whole, dev).modelled
+    assert cpu_plan(tiny, TINY_CPU).edge_vectors and edge_chain_seconds(tiny, TINY_CPU) == 0.0
 
 
 def test_load_coverage_is_1_without_a_chain_a_lane_axis_or_fma_facts():

@@ -21,8 +21,8 @@ from workbench.rtile.model.cpu import (
 )
 from workbench.rtile.model.cpu_compute import (
     CUT_ROWS_SLOWDOWN, EDGE_SKIP_CYCLES, GRID_GUARDED_TILE, GUARDED_LANE_CYCLES, GUARDED_MICRO_KERNEL,
-    MEMORY_ACCUMULATOR_CYCLES, compute_efficiency, cut_rows, edge_in_pieces, edge_pieces, edge_slowdown, edge_split,
-    guard_slowdown, guarded_edges, lane_priced_edge, memory_chain_bound, past_rate,
+    compute_efficiency, cut_rows, edge_in_pieces, edge_pieces, edge_slowdown, edge_split,
+    guard_slowdown, guarded_edges, lane_priced_edge, past_rate,
 )
 from workbench.rtile.panels import ends_on_vector, packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
@@ -275,15 +275,13 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     """1x1024x212 on 1x56 registers (7 vectors of 8 lanes), 112-column unit tiles: nothing pads
     (a one-row tile packs no panel), so the plan splits the edge off (`split_edges`): the row
     vectorised, not guarded scalar. Its register tile is one row of several vectors, none lies
-    wholly past the end (224 - 212 < 56), the row ends inside a vector, and the tile the end
-    cuts holds 44 of the 212 columns, more than the whole row's worth of vectors were they run
-    scalar (44 x 8 lanes > 212), so the loop over the cut tile's vectors splits too
-    (`edge_vectors`): of 212 columns, 208 in whole tiles and the cut tile's whole vectors run in
-    vectors, over the 224 columns of whole unit tiles that the compute term counts
-    (`edge_slowdown`); its last 4 lanes run as guarded scalar FMAs and the other 12 lie past the
-    end, and the one core that holds it runs and tests them for each of the 1024 K-steps,
-    GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES each (`edge_seconds`), with what the accumulators
-    its tiles keep in memory add (`memory_accumulator_seconds`)."""
+    wholly past the end (224 - 212 < 56) and the row ends inside a vector, so each unit tile's
+    last register tile runs apart (`edge_vectors`): of 212 columns, 208 in whole tiles and the
+    cut tile's whole vectors run in vectors, over the 224 columns of whole unit tiles that the
+    compute term counts (`edge_slowdown`); its last 4 lanes run as guarded scalar FMAs and the
+    other 12 lie past the end, and the one core that holds it runs and tests them for each of
+    the 1024 K-steps, GUARDED_LANE_CYCLES and EDGE_SKIP_CYCLES each (`edge_seconds`), with the
+    chains of the 7 vectors of the tile apart on the busiest core (`edge_chain_seconds`)."""
     program = _one_row(n=212, dev=dev)
     plan = cpu_plan(program, dev)
     assert plan.path == ROW and plan.vector_axis == 1 and plan.packed == () and not plan.padded_tails
@@ -294,26 +292,21 @@ def test_a_ragged_row_with_no_panels_splits_its_edge_off_and_vectorises(dev):
     assert edge_slowdown(program, dev) == pytest.approx(208 / 224)
     assert guard_slowdown(program, dev) == edge_slowdown(program, dev)
     cycles = 4 * GUARDED_LANE_CYCLES + 12 * EDGE_SKIP_CYCLES
-    # and every tile keeps its accumulators in memory: each of the row's ceil(212 / lanes) vector
-    # FMAs a K-step adds MEMORY_ACCUMULATOR_CYCLES, on the cores together
-    cycles += -(-212 // plan.lanes) * MEMORY_ACCUMULATOR_CYCLES / dev.compute_units
-    assert edge_seconds(program, dev) == pytest.approx(cycles * 1024 / (_clock_ghz(dev) * 1e9))
-    # the compute of the same tiles over 224 columns (no edge: the padded flops alike) times it,
-    # at the rate of accumulators kept in memory where that is less (`memory_chain_bound`: the
-    # loop over vectors keeps them there in every tile)
+    # and the tile apart at each of the 2 unit tiles' ends: 7 vectors, each a chain of FMA latencies
+    chains = -(-2 // dev.compute_units) * 7 * dev.fma_latency_cycles
+    assert edge_seconds(program, dev) == pytest.approx((cycles + chains) * 1024 / (_clock_ghz(dev) * 1e9))
+    # the compute of the same tiles over 224 columns (no edge: the padded flops alike) times it:
+    # every other tile keeps its accumulators in registers
     whole = _one_row(n=224, dev=dev)
     assert not cpu_plan(whole, dev).split_edges and edge_seconds(whole, dev) == 0
-    rate = compute_efficiency(whole, dev)
-    assert compute_efficiency(program, dev) == pytest.approx(min(rate, memory_chain_bound(program, dev)))
+    assert compute_efficiency(program, dev) == pytest.approx(compute_efficiency(whole, dev))
     assert estimate(program, dev).compute_seconds == pytest.approx(
-        estimate(whole, dev).compute_seconds * edge_slowdown(program, dev) * rate / compute_efficiency(program, dev))
-    # 4100 columns: the cut tile holds 12, less than the row's worth run scalar (96 lanes' work
-    # against 4100), so the register tiles' loop splits instead and every tile inside the row
-    # keeps its unrolled micro-kernel; the cut tile runs its 12 columns scalar
+        estimate(whole, dev).compute_seconds * edge_slowdown(program, dev))
+    # 4100 columns: the cut tile holds 12, one whole vector and 4 lanes, so it runs apart as well
     long = _one_row(n=4100, dev=dev)
-    assert cpu_plan(long, dev).split_edges and not cpu_plan(long, dev).edge_vectors
-    assert edge_split(long, dev) == (4088, 12, 44)
-    assert "edge tiles split off, scalar" in describe(cpu_plan(long, dev), long)
+    assert cpu_plan(long, dev).split_edges and cpu_plan(long, dev).edge_vectors
+    assert edge_split(long, dev) == (4096, 4, 44)
+    assert "edge tiles split off, their whole vectors vectorised" in describe(cpu_plan(long, dev), long)
     # unit tiles of 336 columns pad 4100 to 4368, so a register tile lies wholly past the end:
     # the loops over tiles split instead, the outermost below the grid (over L1 tiles of 112):
     # from the L1 tile the end cuts to the unit tile's end every lane runs scalar, 68 of them
@@ -339,8 +332,8 @@ def test_a_row_that_ends_on_a_vector_runs_its_cut_tile_in_vectors(dev):
     """1x1024x4096 on 1x56 registers (vectors of 8) in 112-column unit tiles: ragged in its unit
     tiles, but 4096 ends on a vector (`ends_on_vector`), so each vector of the tile the end cuts
     lies wholly inside the row or past it, its guard the same for its lanes: the register tiles'
-    loop splits (no `edge_vectors`, whose loop over vectors would keep every tile's accumulators
-    in memory), the cut tile's vectors run vectorised (V = E, S = 0) and the 48 lanes past the
+    loop splits (no `edge_vectors`: no lane of the cut tile runs scalar, so no tile runs apart),
+    the cut tile's vectors run vectorised (V = E, S = 0) and the 48 lanes past the
     end test their guard once per vector of 8, 6 per K-step. With 4 columns more the row ends
     inside a vector and the cut tile's last lanes run scalar (the test above)."""
     program = _one_row(dev=dev)

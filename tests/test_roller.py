@@ -748,16 +748,16 @@ def test_a_one_row_register_tile_grows_by_its_fma_chains_to_divide_a_cores_share
     """1 x 2927 x 451 on the AVX-512-like spec: 16 rows of a core's 226 columns fit its L1, so
     no growth of the register tile saves a byte of B; it grows by the FMA chains it adds through
     the widths that divide the share of 15 vectors (1, 3, 5) to 5, each width a program under
-    the share, and the rank 1 takes the share, 240 columns, as its L1 and unit tile, in 48
-    columns: the 80-column tiles' edge (451 = 5 x 80 + 51) splits their loop over vectors,
-    which keeps every tile's accumulators in memory (`model.cpu.memory_accumulator_seconds`)."""
+    the share, and the rank 1 takes the share, 240 columns, as its L1 and unit tile, in 80
+    columns: the row's end (451 = 5 x 80 + 51) cuts the last tile of the second share, which runs
+    apart (`CpuPlan.edge_vectors`), its whole vectors vectorised."""
     stepper = Stepper(matmul(1, 451, 2927), AVX512)
     stepper.run_to_end()
     j = stepper.space.axes.index("j")
     candidates = [c.program for c in stepper.candidates()]
     first = candidates[0]
-    assert (first.register_tile[j], first.tiles[1][j], first.unit_tile[j]) == (48, 240, 240), first.tiles
-    assert not cpu_plan(first, AVX512).edge_vectors
+    assert (first.register_tile[j], first.tiles[1][j], first.unit_tile[j]) == (80, 240, 240), first.tiles
+    assert cpu_plan(first, AVX512).edge_vectors
     assert any("grow j to 80" in step.note for step in stepper.steps)
     under_share = {p.register_tile[j] for p in candidates if p.tiles[1][j] == p.unit_tile[j] == 240}
     assert under_share == {16, 48, 80}, [p.tiles for p in candidates]

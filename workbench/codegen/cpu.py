@@ -136,7 +136,42 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         # guard on every row of B (1 x 79 x 21843: 51 us against 39 with that loop split)
         _split_edges(sch, [loop for a in (*others, *row, *expr.reduce) for loop in levels[a][1:-1]]
                      + [levels[a][0] for a in expr.reduce if ragged(expr, program, a)])
+    if plan.edge_vectors:
+        _edge_tile_apart(sch, block, levels[vector_axis][1:-1], len(expr.reduce) + len(levels) + 1)
     return sch
+
+
+def _edge_tile_apart(sch, block, tile_loops: list, register_loops: int) -> None:
+    """Where a split row's edge runs its whole vectors vectorised (`CpuPlan.edge_vectors`: the
+    row's end cuts the last register tile of each unit tile's last L1 tile), partition the loops
+    of `block` over L1 tiles and register tiles along the row (`tile_loops`) so that that last
+    register tile is a block of its own, and unroll the vectors of every other copy again: those
+    run the micro-kernel with their accumulators in registers. In the last tile the loop over its
+    vectors comes first among its innermost `register_loops` (from the loop over its L1 tile's
+    K-steps inward, the vectors' split counted), so that each vector sums the L1 tile's K-steps
+    in a register of its own, and keeps the
+    partitioning mark that splits it where the row ends: its whole vectors vectorised, the one
+    the end cuts lane by lane. With that loop inside the K-steps in every tile, every tile kept
+    its accumulators in memory: 1 x 2780 x 881 in 1 x 56 tiles ran 256 us so, 110 apart
+    (docs/evidence.md#edge-vectors)."""
+    loops = sch.get_loops(block)
+    # by depth from the block: partitioning puts blocks, not loops, between the loops it copies
+    depths = [len(loops) - next(k for k, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(t)))
+              for t in tile_loops]
+    for depth in depths:
+        loops = sch.get_loops(block)
+        loop = loops[len(loops) - depth]
+        extent = int(sch.get(loop).extent)
+        if extent <= 1:
+            continue
+        inside, edge = common.primitive("split the edge tile off", sch.loop_partition, loop, [extent - 1, None])
+        for copy in sch.get_child_blocks(inside):
+            vectors = sch.get_loops(copy)[-2]
+            sch.unannotate(vectors, "pragma_loop_partition_hint")
+            sch.unroll(vectors)
+        block = sch.get_child_blocks(edge)[0]
+    register = sch.get_loops(block)[-register_loops:]
+    common.primitive("sum each edge vector apart", sch.reorder, register[-2], *register[:-2])
 
 
 def _split_edges(sch, loops: list) -> None:
@@ -648,8 +683,9 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
     plain ramp: vectorised whole, a row over a panel of strips reads its operand through
     `j // r, j % r` per lane, which TVM lowers to gathers (evidence: docs/evidence.md#cpu-micro-kernel).
     With `edge_vectors` (`CpuPlan.edge_vectors`) that loop over vectors stays a loop, marked for
-    loop partitioning where the row ends: the edge tile's whole vectors run vectorised, and
-    partitioning takes the constant extent an unrolled loop needs."""
+    loop partitioning where the row ends, until `_edge_tile_apart` unrolls it again in every tile
+    but the edge's: there the edge tile's whole vectors run vectorised, and partitioning takes
+    the constant extent an unrolled loop needs."""
     if vector_loop is not None:
         extent = int(sch.get(vector_loop).extent)
         width = vector_width(extent, lanes)

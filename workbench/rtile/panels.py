@@ -334,30 +334,22 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
 def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec, v: int) -> bool:
     """Whether a row along `v` whose edges split off (`splits_edges`) and that does not end on a
     vector (`ends_on_vector`), both of which the caller has checked, also runs the whole vectors
-    of its edge tile vectorised: the loop over the register tile's vectors stays a loop (not
-    unrolled) and is split where the row ends, instead of the loop over register tiles, so that only the vectors from the one the end cuts to the tile's
-    end run scalar. TVM's loop partitioning splits one of the two nested loops, not both. With the
-    register tiles' loop split, the edge tile runs every one of its lanes scalar, each a guarded
-    FMA with its accumulator's load and store: 1 x 2304 x 1309 on two Zen 4 cores, 1 x 224
-    register tiles in unit tiles of 672 columns, 343 us against 148 with its vectors' loop split
-    (91 us for 1344 columns, no edge).
+    of its edge tile vectorised: the register tile the row's end cuts becomes a block of its own
+    (`codegen.cpu._edge_tile_apart`) whose loop over vectors stays a loop, each vector summing its
+    K-steps in a register, split where the row ends, so that only the vector the end cuts runs
+    lane by lane. With the register tiles' loop split instead, the edge tile runs every one of
+    its lanes scalar, each a guarded FMA with its accumulator's load and store: 1 x 2780 x 881
+    on two Zen 3 cores in 1 x 56 tiles of 448 columns (41 of the cut tile's lanes inside the row)
+    256 us so, 110 with the cut tile apart, 85 for 896 columns (no edge; evidence:
+    docs/evidence.md#edge-vectors).
 
     Taken for a reduction over one-row register tiles of more than one vector (a one-row
-    matmul's, mostly memory-bound; the accumulators a loop over vectors keeps in memory instead
-    of registers are priced, `model.cpu_compute.memory_chain_bound`) where no register tile lies
-    wholly past the row's end: TVM bounds the partitioned loop's scalar rest by the whole
-    vectors' count without clamping it at zero, so such a tile's rest would run over the tiles
-    before it and add their columns twice. Not where
-    the row ends on a vector (`ends_on_vector`): the register tiles' loop split there leaves the
-    cut tile's vectors vectorised as well, and the tiles inside the row their unrolled
-    micro-kernel, where the loop over vectors bounded by the row's end keeps every tile's
-    accumulators in memory: 1 x 4096 x 4096 in 160- and 208-column tiles of 2080 columns ran
-    1.43-1.72 ms so against 0.90-1.02 ms (two Zen 5 cores, B from DRAM, one process, interleaved).
-    That slows every tile, so it is taken only where the cut tile's columns run scalar would cost
-    more than the whole row in vectors (columns x lanes > the row): 1 x 2304 x 1309's cut tile
-    holds 189 of the 1309 columns, and its vectors' split ran 91 us against 266 with the
-    register tiles' split, while 1 x 1500 x 3001 (121 of 3001) ran 212 against 152 and
-    1 x 3380 x 15210 (26 of 15210) 5.8 against 3.7 ms (evidence: docs/evidence.md#edge-vectors)."""
+    matmul's, mostly memory-bound) whose accumulators stay in a unit tile's buffer (not
+    `whole_reduction`'s stores straight from the registers, whose loop over tiles holds their
+    write-back), where no register tile lies wholly past the row's end: the cut tile is then the
+    last register tile of each unit tile's last L1 tile, and TVM bounds the partitioned loop's
+    scalar rest by the whole vectors' count without clamping it at zero, so a tile wholly past
+    the end would run over the tiles before it and add their columns twice."""
     if not expr.reduce:
         return False
     reg = program.register_tile
@@ -367,11 +359,7 @@ def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec,
     if vector_width(reg[v], lanes) >= reg[v]:
         return False  # one vector: no loop over vectors to split
     extent, unit = expr.axes[v].extent, program.unit_tile[v]
-    if -(-extent // unit) * unit - extent >= reg[v]:
-        return False
-    # the cut tile's columns inside the row (unit tiles are whole register tiles), which the
-    # register tiles' split runs scalar
-    return extent % reg[v] * lanes > extent
+    return -(-extent // unit) * unit - extent < reg[v]
 
 
 def ends_on_vector(extent: int, register: int, lanes: int) -> bool:

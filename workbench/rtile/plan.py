@@ -49,8 +49,9 @@ class CpuPlan:
     end, scalar (`model.cpu_compute.edge_split`; `panels.splits_edges`: the BLIS main block and
     fringe; on the lanes path the ragged K, `panels.splits_reduction_edge`; on the filters path the
     ragged output rows and columns, whose edge tiles keep their guard and their vectors of
-    filters); `edge_vectors` whether a split row's edge tile runs its whole vectors vectorised
-    and only the rest scalar (`panels.splits_edge_vectors`), rather than every lane;
+    filters); `edge_vectors` whether a split row's edge tile runs apart, its whole vectors
+    vectorised and only the rest scalar (`panels.splits_edge_vectors`,
+    `codegen.cpu._edge_tile_apart`), rather than every lane;
     `edge_in_vectors` whether a split row ends on a vector (`panels.ends_on_vector`), so that
     its cut tile runs every vector vectorised under the register tiles' split, without
     `edge_vectors`;
@@ -209,7 +210,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
-                   edge_vectors=split and not in_vectors and splits_edge_vectors(expr, program, device, vector),
+                   edge_vectors=split and not in_vectors and not whole and splits_edge_vectors(expr, program, device, vector),
                    edge_in_vectors=in_vectors)
 
 

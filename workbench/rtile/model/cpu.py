@@ -16,7 +16,7 @@ from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
-    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, MEMORY_ACCUMULATOR_CYCLES, compute_efficiency, compute_provenance,
+    EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance,
     edge_in_pieces, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes, vector_width
@@ -85,9 +85,6 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         stage = "output lines two cores write"
         moved[stage], loads[stage] = shared * device.layers[-1].transaction_bytes, sharing
     said = provenance(program, device, compute_provenance(program, device), bool(packed))
-    if memory_accumulator_seconds(program, device):
-        said["modelled"] += (f"accumulators kept in memory: {MEMORY_ACCUMULATOR_CYCLES:g} cycles a vector FMA "
-                             "(fitted)",)
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
         after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device), gathering, sharing),
@@ -251,11 +248,11 @@ def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
     where the edge runs in LLVM's vector pieces (`cpu_compute.edge_in_pieces`: one unit tile
     spans the row), which the compute term prices. A row that ends on a vector
     (`CpuPlan.edge_in_vectors`) tests the guard once per vector past its end, not per lane.
-    A row whose edge splits its register tiles' loop over vectors (`CpuPlan.edge_vectors`) adds
-    what keeping their accumulators in memory costs (`memory_accumulator_seconds`)."""
+    A row whose edge tile runs its whole vectors apart (`CpuPlan.edge_vectors`) adds their
+    chains (`edge_chain_seconds`)."""
     if not device.runs_on_cpu:
         return 0.0
-    return _lane_edge_seconds(program, device) + memory_accumulator_seconds(program, device)
+    return _lane_edge_seconds(program, device) + edge_chain_seconds(program, device)
 
 
 def _lane_edge_seconds(program: RProgram, device: DeviceSpec) -> float:
@@ -283,22 +280,26 @@ def _rows_and_steps(program: RProgram, row_axis: int) -> tuple[int, int]:
     return rows, prod(expr.axes[a].extent for a in expr.reduce)
 
 
-def memory_accumulator_seconds(program: RProgram, device: DeviceSpec) -> float:
-    """What keeping a register tile's accumulators in memory (`CpuPlan.edge_vectors`: its loop
-    over vectors stays a loop in every tile) adds to a core beyond the stream it overlaps:
-    MEMORY_ACCUMULATOR_CYCLES for each vector FMA of the operator, ceil(row / lanes) vectors per
-    row of the register tiles and reduction step, shared by the cores. The latency of its chains
-    is priced in the compute term (`cpu_compute.memory_chain_bound`), which overlaps the loads;
-    measured, such tiles ran slower than the model's loads and compute allow, by 1.2-3.7 cycles a
-    vector FMA (docs/model-evidence.md#memory-accumulators)."""
-    if not device.runs_on_cpu:
+def edge_chain_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What the register tile apart at the end of each unit tile along a split row
+    (`CpuPlan.edge_vectors`, `codegen.cpu._edge_tile_apart`) adds to the busiest core beyond the
+    stream it overlaps: each of its vectors sums its K-steps in one register, a chain of one FMA
+    per `fma_latency_cycles` with nothing but the next vector's chain beside it, for every row
+    of the register tiles in it; the cores deal the unit tiles along the row. 1 x 2780 x 881 in
+    1 x 56 tiles of 448 columns: 110 us against 85 for 896 columns (no edge, two Zen 3 cores), 7
+    vectors of 2780 4-cycle chains on each core, 22 us (docs/evidence.md#edge-vectors). None
+    without FMA facts."""
+    if not device.runs_on_cpu or not device.fma_latency_cycles:
         return 0.0
     plan = cpu_plan(program, device)
     if not plan.edge_vectors:
         return 0.0
-    rows, steps = _rows_and_steps(program, plan.vector_axis)
-    vectors = -(-program.expr.axes[plan.vector_axis].extent // plan.lanes) * rows * steps / device.compute_units
-    return vectors * MEMORY_ACCUMULATOR_CYCLES / (clock_ghz(program, device) * GB)
+    v = plan.vector_axis
+    rows, steps = _rows_and_steps(program, v)
+    tiles = rows * -(-program.expr.axes[v].extent // program.unit_tile[v])  # each unit tile's row ends in one
+    vectors = -(-program.register_tile[v] // vector_width(program.register_tile[v], plan.lanes))
+    cycles = -(-tiles // device.compute_units) * vectors * steps * device.fma_latency_cycles
+    return cycles / (clock_ghz(program, device) * GB)
 
 
 # What one output line written by two cores costs the program: the line moves from one core's

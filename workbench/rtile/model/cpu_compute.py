@@ -1,7 +1,7 @@
 """How fast a CPU core computes a register tile: the fraction of the FMA peak its micro-kernel
 reaches (measured where calibration ran it, else SIMD lanes filled x FMA latency covered x the
-loads its ports issue; a row LLVM vectorises on its own; a row left scalar; at most what chains
-through accumulators kept in memory reach) and what its guards cost."""
+loads its ports issue; a row LLVM vectorises on its own; a row left scalar) and what its guards
+cost."""
 
 from __future__ import annotations
 
@@ -18,13 +18,6 @@ from workbench.rtile.rprogram import RProgram
 
 
 def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
-    """Fraction of the FMA peak a CPU register tile can reach: its micro-kernel's rate
-    (`register_rate`), at most what chains through accumulators the template keeps in memory
-    reach (`memory_chain_bound`)."""
-    return min(register_rate(program, device), memory_chain_bound(program, device))
-
-
-def register_rate(program: RProgram, device: DeviceSpec) -> float:
     """Fraction of the FMA peak a CPU register tile's micro-kernel reaches: the measured rate of
     its register micro-kernel over the peak where the spec has one (`measured_micro_kernel`; at
     most 1: calibration lets a measurement exceed the FMA peak by its noise slack), else
@@ -46,35 +39,6 @@ def register_rate(program: RProgram, device: DeviceSpec) -> float:
         * latency_coverage(program.expr, device, tile)
         * load_coverage(program.expr, device, tile)
     )
-
-
-# Cycles the store of an accumulator and the next step's load of it add to its chain where the
-# accumulator lives in memory (`memory_chain_bound`): store-to-load forwarding of a vector, 5-6
-# cycles on Skylake and Haswell (Agner Fog's microarchitecture notes), 8 measured on Zen 2
-# (uarch-bench). 5 and 8 score alike on the stored runs (docs/evidence.md#edge-vectors).
-STORE_FORWARD_CYCLES = 5
-
-
-# Cycles each vector FMA of a register tile whose accumulators stay in memory
-# (`CpuPlan.edge_vectors`) adds to its core beyond the loads and compute it overlaps
-# (`model.cpu.memory_accumulator_seconds`): 1.2-3.7 measured over four one-row matmuls on two
-# Zen 4 cores (docs/model-evidence.md#memory-accumulators).
-MEMORY_ACCUMULATOR_CYCLES = 3.0
-
-
-def memory_chain_bound(program: RProgram, device: DeviceSpec) -> float:
-    """The most of the FMA peak a CPU register tile reaches whose accumulators the template
-    leaves in memory (`CpuPlan.edge_vectors`: the loop over its vectors stays a loop, bounded
-    where the row ends, so LLVM loads and stores each accumulator around every FMA): each
-    vector a chain of one FMA per `fma_latency_cycles` + `STORE_FORWARD_CYCLES`, as many chains
-    as vectors (Little's law, as `latency_coverage`). 1: no such tile, or no FMA facts. 1 x 2816
-    x 315's 1 x 32 tiles ran 60-68 us against 38-60 for 1 x 16, priced 62 against 74 before
-    (evidence: docs/evidence.md#edge-vectors)."""
-    need = device.fma_accumulators
-    if not need or not program.expr.reduce or not cpu_plan(program, device).edge_vectors:
-        return 1.0
-    chains = accumulators(program.expr, device, program.register_tile)
-    return min(1.0, chains / ((device.fma_latency_cycles + STORE_FORWARD_CYCLES) * device.fma_pipes))
 
 
 def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
@@ -236,9 +200,6 @@ def measured_micro_kernel(program: RProgram, device: DeviceSpec) -> MicroKernel 
 def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str]:
     """(measured, phrase) of a CPU program's compute term for `common.provenance`: measured where
     its register tile's micro-kernel was (level 0), else how it is modelled."""
-    bound = memory_chain_bound(program, device)
-    if bound < 1.0 and bound <= register_rate(program, device):
-        return False, "compute: accumulators kept in memory (a loop over vectors), a chain through each one's store and load"
     kernel = measured_micro_kernel(program, device)
     if kernel is not None:
         return True, f"compute: level-0 micro-kernel {kernel.shape} {kernel.dtype}, {kernel.gflops:g} GFLOP/s"
