@@ -28,7 +28,7 @@ from workbench.rtile.model.cpu import (
     packing_seconds, scattered_inputs, shared_output_lines, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
-    autovector_efficiency, compute_efficiency, compute_provenance,
+    autovector_efficiency, compute_efficiency,
     guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape, scalar_row,
     vector_pieces,
 )
