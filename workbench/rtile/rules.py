@@ -43,6 +43,11 @@ MAX_SCAN = 128
 # Transactions in a streamed run that may end mid-transaction (`TransactionRule`): partial ends
 # add at most 1/8 to its bytes.
 LONG_RUN = 16
+# Vectors a one-row matmul's register tiles may pad a core's share of N by where that share fits
+# L1 (`StreamRowsRule`): one, so that a share of a prime count of vectors (1 x 2340 x 268: 17)
+# has tiles of more than one vector (3 x 8 over 18: 37-39 us against 55-57 for 1 x 8, two Zen 3
+# cores; docs/evidence.md#one-row-shares).
+PAD_VECTORS = 1
 
 
 @hash_once  # the key of every memoised rule answer (`alignment`)
@@ -562,10 +567,14 @@ class StreamRowsRule(PerAxisRule):
     671 in register tiles of 144 to unit tiles of 432 (one core's 432 columns against the
     other's 239), 103-107 us, where tiles of 112 columns under unit tiles of 336 ran 28-30
     (numpy 23-31; two Zen 5 cores, docs/evidence.md#one-row-shares). Where that share fits L1
-    (`axes.share_streams_from_l1`) the register tile takes whole vectors that divide it, two
-    tiles or more to a share, so that the share is whole register tiles and its edge the one
-    the row's end cuts (1 x 2315 x 1309's share of 41 vectors in register tiles of 2 pads it to
-    42, and ran 134-140 us; of 1 vector 98-107)."""
+    (`axes.share_streams_from_l1`) the register tile takes whole vectors that divide it, or pad
+    it by at most PAD_VECTORS, two tiles or more to a share, so that the share is whole register
+    tiles and its edge the one the row's end cuts. Padding it was slower on the Zen 4 while the
+    cut tile's lanes ran scalar (1 x 2315 x 1309's share of 41 vectors in register tiles of 2
+    padded to 42, 134-140 us; of 1 vector 98-107); with that tile apart (`codegen.cpu.
+    _edge_tile_apart`) a share of a prime count of vectors needs it: 1 x 2340 x 268's 17 AVX2
+    vectors only in tiles of 1 vector, one FMA chain each, 55-57 us; in 3 vectors over 18,
+    37-39, numpy 32-63 (docs/evidence.md#one-row-shares); the model ranks the widths."""
 
     name = "cpu-stream-rows"
 
@@ -587,11 +596,13 @@ class StreamRowsRule(PerAxisRule):
             share = even_tile(ctx.expr.axes[axis].extent, ctx.device.compute_units, ctx.upper[axis])
             return size <= lcm(ctx.upper[axis], line) or size == share  # a core's share, `axes.even_tile`
         if ctx.layer == 0 and axis == lane_axis(ctx.expr, ctx.device) and share_streams_from_l1(ctx.expr, ctx.device):
-            # whole vectors that divide a core's share, two register tiles or more to it; a
-            # share of one vector or less leaves the row to the other rules (10 columns: 10)
+            # whole vectors that divide a core's share or pad it by PAD_VECTORS at most, two
+            # register tiles or more to it; a share of one vector or less leaves the row to the
+            # other rules (10 columns: 10)
             lanes = ctx.device.warp_size
             share = even_tile(ctx.expr.axes[axis].extent, ctx.device.compute_units, lanes) // lanes
-            return share <= 1 or size % lanes == 0 and share % (size // lanes) == 0 and size // lanes < share
+            vectors = size // lanes
+            return share <= 1 or size % lanes == 0 and vectors < share and -share % vectors <= PAD_VECTORS
         return True
 
 
