@@ -747,8 +747,9 @@ def test_a_one_row_matmul_reads_b_in_long_runs_shared_by_the_cores(isa, l1):
 def test_a_one_row_register_tile_grows_by_its_fma_chains_to_divide_a_cores_share():
     """1 x 2927 x 451 on the AVX-512-like spec: 16 rows of a core's 226 columns fit its L1, so
     no growth of the register tile saves a byte of B; it grows by the FMA chains it adds through
-    the widths that divide the share of 15 vectors (1, 3, 5) to 5, each width a program under
-    the share, and the rank 1 takes the share, 240 columns, as its L1 and unit tile, in 80
+    the widths that divide the share of 15 vectors or pad it by one (`rules.PAD_VECTORS`) to 5,
+    each width a program under the share (1, 3 and 5 in the top 10), and the rank 1 takes the
+    share, 240 columns, as its L1 and unit tile, in 80
     columns: the row's end (451 = 5 x 80 + 51) cuts the last tile of the second share, which runs
     apart (`CpuPlan.edge_vectors`), its whole vectors vectorised."""
     stepper = Stepper(matmul(1, 451, 2927), AVX512)
