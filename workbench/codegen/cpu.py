@@ -149,11 +149,10 @@ def _edge_tile_apart(sch, block, tile_loops: list, register_loops: int) -> None:
     run the micro-kernel with their accumulators in registers. In the last tile the loop over its
     vectors comes first among its innermost `register_loops` (from the loop over its L1 tile's
     K-steps inward, the vectors' split counted), so that each vector sums the L1 tile's K-steps
-    in a register of its own, and keeps the
-    partitioning mark that splits it where the row ends: its whole vectors vectorised, the one
-    the end cuts lane by lane. With that loop inside the K-steps in every tile, every tile kept
-    its accumulators in memory: 1 x 2780 x 881 in 1 x 56 tiles ran 256 us so, 110 apart
-    (docs/evidence.md#edge-vectors)."""
+    in a register of its own, and keeps the partitioning mark that splits it where the row ends:
+    its whole vectors vectorised, the one the end cuts lane by lane. With that loop inside the
+    K-steps in every tile, every tile kept its accumulators in memory: 1 x 2780 x 881 in 1 x 56
+    tiles ran 256 us so, 110 apart (docs/evidence.md#edge-vectors)."""
     loops = sch.get_loops(block)
     # by depth from the block: partitioning puts blocks, not loops, between the loops it copies
     depths = [len(loops) - next(k for k, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(t)))
