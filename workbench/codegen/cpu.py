@@ -136,6 +136,8 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         # guard on every row of B (1 x 79 x 21843: 51 us against 39 with that loop split)
         _split_edges(sch, [loop for a in (*others, *row, *expr.reduce) for loop in levels[a][1:-1]]
                      + [levels[a][0] for a in expr.reduce if ragged(expr, program, a)])
+    elif plan.split_others:  # as the filters path's pixel axes (`_schedule_filters`)
+        _split_edges(sch, [loop for a in expr.spatial if a != vector_axis and ragged(expr, program, a) for loop in levels[a][1:-1]])
     if plan.edge_vectors:
         _edge_tile_apart(sch, block, levels[vector_axis][1:-1], len(expr.reduce) + len(levels) + 1)
     return sch

@@ -54,7 +54,10 @@ class CpuPlan:
     `codegen.cpu._edge_tile_apart`), rather than every lane;
     `edge_in_vectors` whether a split row ends on a vector (`panels.ends_on_vector`), so that
     its cut tile runs every vector vectorised under the register tiles' split, without
-    `edge_vectors`;
+    `edge_vectors`; `split_others` whether a row read in place and vectorised whole (the row
+    path, no `split_edges`) splits off the edges of its other ragged spatial axes as the filters
+    path does its pixel axes': the register tiles inside them run without the guard, the edge
+    tiles keep it;
     `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
     vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
@@ -83,6 +86,7 @@ class CpuPlan:
     prepacked: tuple[str, ...] = ()
     edge_vectors: bool = False
     edge_in_vectors: bool = False
+    split_others: bool = False
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -108,6 +112,7 @@ class CpuPlan:
             "prepacked": list(self.prepacked),
             "edge_vectors": self.edge_vectors,
             "edge_in_vectors": self.edge_in_vectors,
+            "split_others": self.split_others,
         }
 
 
@@ -207,11 +212,14 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     path = SCALAR if vector is None else PANELS if packed else ROW
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     in_vectors = split and ends_on_vector(expr.axes[vector].extent, program.register_tile[vector], lanes)
+    # TVM's guard left in every register tile of a whole row over ragged rows cost 1.8-2x
+    # (dwconv-3x3's 6 x 16 tiles over 112 rows: docs/evidence.md#row-edges)
+    others = path == ROW and not split and not padded and any(ragged(expr, program, a) for a in expr.spatial if a != vector)
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
                    edge_vectors=split and not in_vectors and not whole and splits_edge_vectors(expr, program, device, vector),
-                   edge_in_vectors=in_vectors)
+                   edge_in_vectors=in_vectors, split_others=others)
 
 
 @lru_cache(maxsize=65536)
@@ -419,6 +427,8 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts.append("edge tiles split off" + (
             ", guarded" if plan.path == FILTERS else ", their whole vectors vectorised" if plan.edge_vectors
             else ", in whole vectors" if plan.edge_in_vectors else ", scalar"))
+    elif plan.split_others:
+        parts.append("edge tiles split off, guarded")
     elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.staged_padding and padded_inputs(expr):

@@ -243,8 +243,9 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
     the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
-    `edge_slowdown`; a convolution's ragged pixel axes on the filters path, `guarded_edges`
-    over them, on the busiest core."""
+    `edge_slowdown`; a convolution's ragged pixel axes on the filters path, and a whole row's
+    other ragged axes on the row path (`CpuPlan.split_others`), `guarded_edges` over them, on
+    the busiest core."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -252,7 +253,7 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
     if plan.padded_tails:
         return 1.0
-    if plan.split_edges and plan.path == FILTERS:
+    if plan.split_edges and plan.path == FILTERS or plan.split_others:
         return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units,
                              past=past_rate(device))
     if plan.split_edges:
