@@ -253,20 +253,25 @@ def test_the_busiest_core_of_a_split_edge_agrees_with_visiting_every_tile(seed):
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_a_whole_row_over_ragged_rows_splits_their_edges_off(dev):
-    """A depthwise conv's 16-wide rows of 4 output rows, 14 output rows in a unit tile of 16:
-    the row is whole and read in place (the row path) and the rows ragged, so the plan splits
-    their edges off (`split_others`): of the unit tile's 16 rows the 12 in whole register
-    tiles run unguarded, the 2 of the cut tile at GUARDED_MICRO_KERNEL's rate, the 2 past the
-    end at nothing (the grid splits only the channels, one unit tile a core). A unit tile of
-    12 rows that 12 rows fill guards nothing and splits nothing."""
-    for h, unit, split in ((14, 16, True), (12, 12, False)):
+    """A depthwise conv's 16-wide rows, the row whole and read in place (the row path), its
+    output rows in unit tiles of 16 (two channels' to a unit tile: the grid splits only the
+    channels, one unit tile a core). 14 rows in register tiles of 4: the plan splits the rows'
+    edge off (`split_others`); of the unit tile's 16 rows the 12 in whole register tiles run
+    unguarded, the 2 of the cut tile at GUARDED_MICRO_KERNEL's rate, the 2 past the end at
+    nothing. In tiles of 2 no tile is cut, but every row of every tile would test the guard:
+    split, 14 of 16 rows at 1. In tiles of one row the guard is one per tile: nothing split,
+    the padded rows priced as the compute term counts them. 12 rows in a unit tile of 12
+    guard nothing."""
+    cases = ((14, 4, 16, True, (12 + 2 * GUARDED_MICRO_KERNEL) / 16), (14, 2, 16, True, 14 / 16),
+             (14, 1, 16, False, 1.0), (12, 4, 12, False, 1.0))
+    for h, rows, unit, split, guard in cases:
         e = expr("depthwise_conv2d", N=1, C=4, H=h, W=16, KH=3, KW=3, stride=1, pad=1)
-        program = _program(e, [(1, 1, 4, 16, 3, 3), (1, 1, 4, 16, 3, 3), (1, 2, unit, 16, 3, 3)], dev)
+        program = _program(e, [(1, 1, rows, 16, 3, 3), (1, 1, rows, 16, 3, 3), (1, 2, unit, 16, 3, 3)], dev)
         plan = cpu_plan(program, dev)
         assert plan.path == ROW and plan.vector_axis == 3 and not plan.split_edges and plan.split_others is split
         assert plan.to_dict(e)["split_others"] is split
         assert ("edge tiles split off, guarded" in describe(plan, program)) is split
-        assert guard_slowdown(program, dev) == pytest.approx((12 + 2 * GUARDED_MICRO_KERNEL) / 16 if split else 1.0)
+        assert guard_slowdown(program, dev) == pytest.approx(guard)
 
 
 def test_a_ragged_tail_nothing_pads_or_splits_leaves_the_row_scalar():

@@ -47,7 +47,7 @@ from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import gathered_name
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
-from workbench.rtile.panels import PAD_STEP, ragged, row_vector, transposes, vector_width
+from workbench.rtile.panels import PAD_STEP, cut_other_axes, ragged, row_vector, transposes, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
 from workbench.rtile.rprogram import RProgram
 
@@ -137,7 +137,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         _split_edges(sch, [loop for a in (*others, *row, *expr.reduce) for loop in levels[a][1:-1]]
                      + [levels[a][0] for a in expr.reduce if ragged(expr, program, a)])
     elif plan.split_others:  # as the filters path's pixel axes (`_schedule_filters`)
-        _split_edges(sch, [loop for a in expr.spatial if a != vector_axis and ragged(expr, program, a) for loop in levels[a][1:-1]])
+        _split_edges(sch, [loop for a in cut_other_axes(expr, program, vector_axis) for loop in levels[a][1:-1]])
     if plan.edge_vectors:
         _edge_tile_apart(sch, block, levels[vector_axis][1:-1], len(expr.reduce) + len(levels) + 1)
     return sch

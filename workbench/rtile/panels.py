@@ -331,6 +331,19 @@ def splits_edges(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> boo
     return program.unit_tile[v] > program.register_tile[v]
 
 
+def cut_other_axes(expr: TensorExpr, program: RProgram, vector: int) -> tuple[int, ...]:
+    """The spatial axes other than a whole vectorised row `vector` that the unit tile leaves
+    ragged (`ragged`) under register tiles of more than one row: TVM's guard then tests each
+    unrolled row of every register tile, where the row path splits their loops over register
+    tiles where they end instead (`CpuPlan.split_others`). dwconv-3x3 guarded, against the tiles
+    that divide its 112 rows: on the Zen 3, 6- and 5-row tiles (the end cuts one) 1.8-2x slower;
+    on the Zen 4, 2-row tiles under 58-row unit tiles (the last one wholly past the end)
+    1.4x (docs/evidence.md#row-edges). A register tile of one row keeps one guard per tile,
+    which the compiler hoists out of its statements."""
+    reg = program.register_tile
+    return tuple(a for a in expr.spatial if a != vector and reg[a] > 1 and ragged(expr, program, a))
+
+
 def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec, v: int) -> bool:
     """Whether a row along `v` whose edges split off (`splits_edges`) and that does not end on a
     vector (`ends_on_vector`), both of which the caller has checked, also runs the whole vectors

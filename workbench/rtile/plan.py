@@ -16,9 +16,9 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    PAD_STEP, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer, packed_inputs,
-    pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes, splits_edge_vectors,
-    splits_edges, vector_loop_axis, whole_reduction, window_spills,
+    PAD_STEP, cut_other_axes, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer,
+    packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes,
+    splits_edge_vectors, splits_edges, vector_loop_axis, whole_reduction, window_spills,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -55,9 +55,9 @@ class CpuPlan:
     `edge_in_vectors` whether a split row ends on a vector (`panels.ends_on_vector`), so that
     its cut tile runs every vector vectorised under the register tiles' split, without
     `edge_vectors`; `split_others` whether a row read in place and vectorised whole (the row
-    path, no `split_edges`) splits off the edges of its other ragged spatial axes as the filters
-    path does its pixel axes': the register tiles inside them run without the guard, the edge
-    tiles keep it;
+    path, no `split_edges`) splits off the edges of the other axes its register tiles cut
+    (`panels.cut_other_axes`) as the filters path does its pixel axes': the register tiles inside
+    them run without the guard, the edge tiles keep it;
     `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
     vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
@@ -212,9 +212,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     path = SCALAR if vector is None else PANELS if packed else ROW
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     in_vectors = split and ends_on_vector(expr.axes[vector].extent, program.register_tile[vector], lanes)
-    # TVM's guard left in every register tile of a whole row over ragged rows cost 1.8-2x
-    # (dwconv-3x3's 6 x 16 tiles over 112 rows: docs/evidence.md#row-edges)
-    others = path == ROW and not split and not padded and any(ragged(expr, program, a) for a in expr.spatial if a != vector)
+    others = path == ROW and not split and not padded and bool(cut_other_axes(expr, program, vector))
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
