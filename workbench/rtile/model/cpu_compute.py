@@ -253,7 +253,7 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
     if plan.padded_tails:
         return 1.0
-    if plan.split_edges and plan.path == FILTERS or plan.split_others:
+    if (plan.split_edges and plan.path == FILTERS) or plan.split_others:
         return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units,
                              past=past_rate(device))
     if plan.split_edges:
