@@ -504,6 +504,29 @@ def test_a_row_that_ends_on_a_vector_keeps_the_register_tiles_split():
     assert not re.search(rf"for j_\d+_0 in T\.serial\(\d+, {re.escape(HINT)}\)", script)
 
 
+# A workspace allocation in a kernel's LLVM IR: TVMBackendAllocWorkspace(device type 1 (CPU),
+# device id, bytes, dtype code, dtype bits), called through the runtime's function pointer.
+WORKSPACE = re.compile(r"call ptr %[\w.]+\(i32 1, i32 %[\w.]+, i64 (\d+), i32 \d+, i32 \d+\)")
+
+
+def test_register_tile_accumulators_of_padded_panels_live_on_the_stack():
+    """Direct stores (the whole K in one L1 tile) over 20 columns padded to 32: the row ends
+    inside the second register tile's first vector, so LoopPartition gives that tile a copy of
+    its own. The accumulators of 4 x 16 floats (256 bytes) are a stack buffer that LLVM keeps in
+    registers (`CpuPlan.stack_accumulators`), not a TVM workspace: only the packed panels, too
+    big for the stack, are (`WORKSPACE`); the kernel matches numpy. Without padded tails (a K
+    split over L1 tiles into a unit tile's buffer, or a guarded tile) the plan keeps `local`."""
+    e, chains = expr("matmul", M=64, N=20, K=32), dict(i=(4, 8, 64), j=(16, 16, 32), k=(1, 32, 32))
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.direct_stores and plan.padded_tails and plan.packed and plan.stack_accumulators
+    assert "stack-allocated" in describe(plan, _program(e, chains))
+    kernel = _local_kernel(e, chains)
+    sizes = [int(n) for n in WORKSPACE.findall(dict(kernel.sources)["ll"])]
+    assert sizes and min(sizes) >= 1024, sizes  # TVM's kMaxStackAlloca: smaller buffers go on the stack
+    assert 4 * 16 * 4 not in sizes
+    assert not cpu_plan(_program(e, dict(chains, k=(1, 16, 32))), device(CPU)).stack_accumulators
+
+
 def test_a_register_tile_wholly_past_the_end_keeps_the_register_tiles_split():
     """100 columns in unit tiles of 96 pad to 192, so the second unit tile's second register
     tile of 48 lies wholly past the end: TVM would bound the split vector loop's scalar rest by

@@ -569,3 +569,21 @@ def test_a_gpu_plan_names_what_the_cuda_templates_stage_and_pipeline(name):
     data = plan.to_dict(cand.expr)
     assert data["template"] == "cuda" and data["split"] == cand.program.split
     assert describe(plan, cand.program)
+
+
+@pytest.mark.parametrize("dev", CPUS, ids=lambda d: d.name)
+def test_only_unguarded_panel_tiles_stored_from_registers_keep_their_accumulators_on_the_stack(dev):
+    """`stack_accumulators` (docs/evidence.md#accumulator-scope): 100 x 64 x 64 on 6 x 16
+    register tiles over the whole K packs panels and pads its 100 rows, so every tile computes
+    unguarded and stores its registers: on the stack. The same over two K-steps accumulates a
+    unit tile's buffer (no direct stores); a one-row matmul over a ragged N reads B in place and
+    guards its split edge tile (the row path): both `local`."""
+    padded = _ragged_matmul()
+    plan = cpu_plan(padded, dev)
+    assert plan.path == "panels" and plan.padded_tails and plan.direct_stores and plan.stack_accumulators
+    assert plan.to_dict(padded.expr)["stack_accumulators"] is True
+    assert describe(plan, padded).endswith("accumulators: registers, stack-allocated")
+    split_k = cpu_plan(_program(padded.expr, [(6, 16, 1), (6, 16, 32), (102, 64, 64)]), dev)
+    assert not split_k.direct_stores and not split_k.stack_accumulators
+    one_row = cpu_plan(_one_row(n=4100, dev=dev), dev)
+    assert one_row.path == "row" and one_row.split_edges and not one_row.stack_accumulators

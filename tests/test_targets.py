@@ -88,19 +88,28 @@ def test_a_direct_convolution_unswitches_its_grid_guard_and_the_rest_keep_llvms_
     assert json.loads(kernel.target)["cl-opt"] == flag["cl-opt"]  # compiled with it, and the bundle says so
 
 
-def _loops_indexing_registers(mod) -> int:
-    """Loops of the lowered `mod` whose variable indexes a buffer in registers (`T.alloc_local`),
-    read off its TVMScript (this TVM has no Python visitor of statements)."""
+def _loops_indexing(mod, buffer: str) -> int:
+    """Loops of the lowered `mod` whose variable indexes `buffer` (or a copy of it that loop
+    partitioning made, `buffer_1`, ...), read off its TVMScript (this TVM has no Python visitor
+    of statements)."""
     import re
 
     text = mod.script()
-    local = set(re.findall(r"(\w+) = T\.alloc_local\(", text))
     loops = set(re.findall(r"for (\w+) in ", text))
     indexing = set()
     for name, index in re.findall(r"(\w+)\[([^\]]*)\]", text):
-        if name in local:
+        if re.fullmatch(rf"{buffer}(_\d+)?", name):
             indexing |= set(re.findall(r"\w+", index)) & loops
     return len(indexing)
+
+
+def _lowered(mod, target, config: dict):
+    import tvm
+
+    with tvm.transform.PassContext(config=config):
+        bound = tvm.tirx.transform.BindTarget(target.with_host(target))(mod)
+        lower = tvm.tirx.get_default_tir_pipeline(target)[0]  # 0.27: (pipeline, host and device finalisation)
+        return lower(bound)
 
 
 @pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
@@ -108,31 +117,55 @@ def test_register_tiles_stored_straight_to_the_output_keep_no_loop_over_their_ac
     """356 x 71 x 139 in register tiles of 6 rows x 3 vectors whose whole reduction runs inside
     them (`CpuPlan.direct_stores`): the output's end (139 columns) cuts the last tile along its
     vectors, which the vectoriser stores lane by lane in a loop indexing the accumulators (LLVM
-    then keeps them in memory through the K-loop). Compiled under `pass_config`'s
-    `UNROLL_REGISTER_LOOPS` that loop is unrolled: the lowered kernel has no loop indexing a
-    buffer in registers, where without it it has some; the kernel and bundle say so. A program
-    that accumulates a unit tile's outputs in a buffer of its own (K split over L1 tiles) keeps
-    the plain config: unrolling the loops over that buffer would copy their bodies by the
-    thousand."""
+    then keeps them in memory through the K-loop). Its panels pad the tails, so the accumulators
+    are a stack buffer (`CpuPlan.stack_accumulators`), which `pass_config`'s
+    `UNROLL_REGISTER_LOOPS` (for `local` buffers) does not see: the write-back's
+    `pragma_auto_unroll_max_step` has TVM unroll that loop. Lowered under the config, the kernel
+    has no loop indexing the accumulators, where without the pragma it has some; the kernel and
+    bundle carry the config, which the `local` accumulators of the row path need. A program that
+    accumulates a unit tile's outputs in a buffer of its own (K split over L1 tiles) keeps the
+    plain config: unrolling the loops over that buffer would copy their bodies by the thousand."""
     import tvm
 
     v = spec.warp_size
     mm = matmul(356, 139, 71)
     program = make_program(calculus(mm), spec, [(6, 3 * v, 1), (6, 3 * v, 71), (180, 144, 71)], [True] * 3, 0.0)
-    assert cpu_plan(program, spec).direct_stores and 139 % (3 * v)
+    plan = cpu_plan(program, spec)
+    assert plan.direct_stores and plan.stack_accumulators and 139 % (3 * v)
     config = pass_config(program, spec)
     assert config == ASYNC_COPY_CONFIG | UNROLL_REGISTER_LOOPS
     split = make_program(calculus(mm), spec, [(6, 3 * v, 1), (6, 3 * v, 16), (180, 144, 71)], [True] * 3, 0.0)
     assert not cpu_plan(split, spec).direct_stores and pass_config(split, spec) == ASYNC_COPY_CONFIG
     target = tvm.target.Target(kernel_target(program, spec))
-    counts = []
-    for passes in (config, ASYNC_COPY_CONFIG):
-        _, sch = apply_rules(mm, program, spec)
-        with tvm.transform.PassContext(config=passes):
-            bound = tvm.tirx.transform.BindTarget(target.with_host(target))(sch.mod)
-            lower = tvm.tirx.get_default_tir_pipeline(target)[0]  # 0.27: (pipeline, host and device finalisation)
-            counts.append(_loops_indexing_registers(lower(bound)))
+    _, sch = apply_rules(mm, program, spec)
+    accumulator = sch.get(sch.get_sblock("C_update")).writes[0].source.name
+    plain = sch.copy()
+    for loop in plain.get_loops(plain.get_consumers(plain.get_sblock("C_update"))[0]):
+        if "pragma_auto_unroll_max_step" in plain.get(loop).annotations:
+            plain.unannotate(loop, "pragma_auto_unroll_max_step")
+    counts = [_loops_indexing(_lowered(s.mod, target, config), accumulator) for s in (sch, plain)]
     assert counts[0] == 0 < counts[1]
     kernel = build_kernel(mm, program, spec, sources=False)
     assert kernel.ok, kernel.error
     assert json.loads(kernel.pass_config) == json.loads(json.dumps(config))
+
+
+@pytest.mark.parametrize("spec", [AVX2_LIKE, TINY_CPU], ids=["8-lane", "16-lane"])
+def test_local_accumulators_of_a_split_row_are_unrolled_by_the_pass_config(spec):
+    """One row of 100 columns (96 + 4) over K = 24 in 16-column register tiles, no panels: the
+    edge tile's lanes are split off and guarded (`CpuPlan.split_edges`, the row path), its
+    accumulators `local`, and `UNROLL_REGISTER_LOOPS` unrolls the loops over them: none left in
+    the lowered kernel under the config, some without it."""
+    import tvm
+
+    mm = matmul(1, 100, 24)
+    program = make_program(calculus(mm), spec, [(1, 16, 1), (1, 32, 24), (1, 64, 24)], [True] * 3, 0.0)
+    plan = cpu_plan(program, spec)
+    assert plan.direct_stores and plan.split_edges and not plan.stack_accumulators
+    config = pass_config(program, spec)
+    assert config == ASYNC_COPY_CONFIG | UNROLL_REGISTER_LOOPS
+    target = tvm.target.Target(kernel_target(program, spec))
+    _, sch = apply_rules(mm, program, spec)
+    accumulator = sch.get(sch.get_sblock("C_update")).writes[0].source.name
+    counts = [_loops_indexing(_lowered(sch.mod, target, c), accumulator) for c in (config, ASYNC_COPY_CONFIG)]
+    assert counts[0] == 0 < counts[1]

@@ -109,9 +109,10 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
         tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
         passes = epilogues if common.row_passes(sch, expr.main_block, epilogues) else ()
-        _accumulate(sch, expr, block, tile_loop or grid, () if passes else epilogues, levels, padded_output)
+        scope = "global" if plan.stack_accumulators else "local"
+        _accumulate(sch, expr, block, tile_loop or grid, () if passes else epilogues, levels, padded_output, scope)
         if tile_loop is not None:
-            _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes)
+            _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes, plan.stack_accumulators)
         if passes:
             _row_passes(sch, expr, program, passes, grid, shape, plan.lanes)
         if (padded_output or plan.split_edges) and (tile_loop or grid) is not None:
@@ -477,14 +478,25 @@ def _parallelise(sch, outer: list):
     return grid
 
 
-def _store_registers(sch, writeback, tile_loop, lanes: int) -> None:
+def _store_registers(sch, writeback, tile_loop, lanes: int, stack: bool) -> None:
     """Make the write-back of one register tile (under `tile_loop`) vector stores of whole
     registers, its other loops unrolled, so that the tile's accumulator buffer has constant
-    indices only and LLVM keeps it in registers."""
+    indices only and LLVM keeps it in registers.
+
+    Where the output's end cuts a tile along its vectors, the guard varies across the lanes and
+    TVM's vectoriser stores that tile lane by lane, in a loop indexing the accumulators, which
+    LLVM then kept in memory through the tile's whole K-loop unless it unrolled that loop itself
+    (docs/evidence.md#lane-stores). TVM's UnrollLoop, after the vectoriser, unrolls it: for
+    `local` accumulators under `build.pass_config`; for accumulators on the stack
+    (`CpuPlan.stack_accumulators`), which that config does not see, under the write-back's
+    `pragma_auto_unroll_max_step`, every loop of at most `lanes` stores, which by then is that
+    lane loop alone."""
     loops = sch.get_loops(writeback)
     own = loops[next(k for k, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(tile_loop))) + 1:]
     if not own:
         return
+    if stack:
+        sch.annotate(own[0], "pragma_auto_unroll_max_step", lanes)
     extent = int(sch.get(own[-1]).extent)
     width = vector_width(extent, lanes)
     if width >= 4 and extent % width == 0:
@@ -645,17 +657,18 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
         common.primitive("split a row's tail off", sch.loop_partition, steps, [extent // width, None])
 
 
-def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool) -> None:
-    """Accumulate in a local buffer of one unit (L2) output tile written back once at `at_loop`
-    (the grid loop), fold epilogues into the write-back, and split off the initialisation.
-    After `_pad_tails` padded the output (`padded`) the padded output is that buffer already (compacted to one tile per grid
-    iteration when lowered) and its copy into the output, epilogues folded in, is the write-back. Where `at_loop` is
-    the loop over register tiles instead (`CpuPlan.direct_stores`), the buffer is one register
-    tile's, initialised under it."""
+def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool, scope: str) -> None:
+    """Accumulate in a buffer of one unit (L2) output tile in storage `scope` (`global` for
+    `CpuPlan.stack_accumulators`, else `local`)
+    written back once at `at_loop` (the grid loop), fold epilogues into the write-back, and split
+    off the initialisation. After `_pad_tails` padded the output (`padded`) the padded output is
+    that buffer already (compacted to one tile per grid iteration when lowered) and its copy into
+    the output, epilogues folded in, is the write-back. Where `at_loop` is the loop over register
+    tiles instead (`CpuPlan.direct_stores`), the buffer is one register tile's, initialised under it."""
     if padded:
-        common.primitive("accumulate locally", sch.set_scope, block, 0, "local")
+        common.primitive("accumulate locally", sch.set_scope, block, 0, scope)
     else:
-        common.primitive("cache_write", sch.cache_write, block, 0, "local")
+        common.primitive("cache_write", sch.cache_write, block, 0, scope)
     common.inline_epilogues(sch, epilogues)
     if at_loop is not None:
         writeback = sch.get_consumers(block)[0]

@@ -64,6 +64,10 @@ class CpuPlan:
     whole reduction inside one L1 tile);
     `staged_padding` whether padding producers stay stages of their own (computed per tile at
     level `pad_level`) rather than inlined; `accumulators` where a reduction's partial sums live;
+    `stack_accumulators` whether a register tile's accumulators are a buffer of TVM's `global`
+    scope, which its lowering puts on the stack (under 1 KiB), rather than `local`, a TVM
+    workspace: a panel-packed reduction storing its registers directly whose register tiles all
+    compute unguarded (`codegen.cpu._accumulate`);
     `padded_filters` whether a convolution vectorised along its filters computes them padded
     with zero filters to whole unit tiles (`panels.pads_filters`); `prepacked` the packed inputs
     laid out in their panels once, before the first call (a model's weights,
@@ -87,6 +91,7 @@ class CpuPlan:
     edge_vectors: bool = False
     edge_in_vectors: bool = False
     split_others: bool = False
+    stack_accumulators: bool = False
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -113,6 +118,7 @@ class CpuPlan:
             "edge_vectors": self.edge_vectors,
             "edge_in_vectors": self.edge_in_vectors,
             "split_others": self.split_others,
+            "stack_accumulators": self.stack_accumulators,
         }
 
 
@@ -213,11 +219,19 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     home = "" if not expr.reduce else IN_REGISTERS if whole else UNIT_BUFFER
     in_vectors = split and ends_on_vector(expr.axes[vector].extent, program.register_tile[vector], lanes)
     others = path == ROW and not split and not padded and bool(cut_other_axes(expr, program, vector))
+    # TVM's lowering takes a `local` buffer from a workspace, whose contents LLVM keeps: it holds
+    # a register tile's accumulators live across every loop around the tile, and where loop
+    # partitioning copies the tile (a row ending inside a vector) the copies' accumulators spill
+    # in the K-loop (1024 x 256 x 196 in 4 x 16 tiles: 749 us, 593 on the stack). A tile computing
+    # under a guard keeps `local`: its lanes' loops index the accumulators, and only TVM's unroll of
+    # loops over `local` buffers unrolls them (`build.pass_config`; depthwise convs with split
+    # edges ran 1.1-3.6x slower on the stack). Evidence: docs/evidence.md#accumulator-scope
+    stack = path == PANELS and whole and (padded or not any(ragged(expr, program, a) for a in range(len(expr.axes))))
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
                    edge_vectors=split and not in_vectors and not whole and splits_edge_vectors(expr, program, device, vector),
-                   edge_in_vectors=in_vectors, split_others=others)
+                   edge_in_vectors=in_vectors, split_others=others, stack_accumulators=stack)
 
 
 @lru_cache(maxsize=65536)
@@ -432,5 +446,5 @@ def describe(plan: Plan, program: RProgram) -> str:
     if plan.staged_padding and padded_inputs(expr):
         parts.append("border copied per " + {PAD_STEP: "reduction step", 1: "L1 tile"}.get(plan.pad_level, "unit tile"))
     if plan.accumulators:
-        parts.append(f"accumulators: {plan.accumulators}")
+        parts.append(f"accumulators: {plan.accumulators}" + (", stack-allocated" if plan.stack_accumulators else ""))
     return ", ".join(parts)
