@@ -658,13 +658,13 @@ def _vectorise_reduction(sch, block, grid, lanes: int) -> None:
 
 
 def _accumulate(sch, expr: TensorExpr, block, at_loop, epilogues, levels, padded: bool, scope: str) -> None:
-    """Accumulate in a buffer of one unit (L2) output tile in storage `scope` (`global` for
-    `CpuPlan.stack_accumulators`, else `local`)
-    written back once at `at_loop` (the grid loop), fold epilogues into the write-back, and split
-    off the initialisation. After `_pad_tails` padded the output (`padded`) the padded output is
-    that buffer already (compacted to one tile per grid iteration when lowered) and its copy into
-    the output, epilogues folded in, is the write-back. Where `at_loop` is the loop over register
-    tiles instead (`CpuPlan.direct_stores`), the buffer is one register tile's, initialised under it."""
+    """Accumulate in a buffer of one unit (L2) output tile, of storage `scope` (`global` for
+    `CpuPlan.stack_accumulators`, else `local`), written back once at `at_loop` (the grid loop),
+    fold epilogues into the write-back, and split off the initialisation. After `_pad_tails`
+    padded the output (`padded`) the padded output is that buffer already (compacted to one tile
+    per grid iteration when lowered) and its copy into the output, epilogues folded in, is the
+    write-back. Where `at_loop` is the loop over register tiles instead (`CpuPlan.direct_stores`),
+    the buffer is one register tile's, initialised under it."""
     if padded:
         common.primitive("accumulate locally", sch.set_scope, block, 0, scope)
     else:
