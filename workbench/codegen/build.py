@@ -221,7 +221,9 @@ def kernel_target(program: RProgram, device: DeviceSpec) -> dict:
 # register tiles of 5, 6 and 8 rows ran 45-60 us, 34-36 with it (evidence:
 # docs/evidence.md#lane-stores). Not for other programs: a unit tile's accumulator buffer is
 # `local` too, and unrolling the loops over it copies their bodies by the thousand (a 9 x 4800
-# unit tile's kernel did not compile in minutes).
+# unit tile's kernel did not compile in minutes). Accumulators on the stack
+# (`CpuPlan.stack_accumulators`) are not `local`: their write-back carries its own unroll pragma
+# (`codegen.cpu._store_registers`).
 UNROLL_REGISTER_LOOPS = {"tirx.UnrollLoop": {"unroll_local_access": True}}
 
 
