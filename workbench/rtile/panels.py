@@ -21,6 +21,11 @@ def ragged(expr: TensorExpr, program: RProgram, axis: int) -> bool:
     return expr.axes[axis].extent % int(program.unit_tile[axis]) != 0
 
 
+def any_ragged(expr: TensorExpr, program: RProgram) -> bool:
+    """Whether the unit tile leaves a tail along any axis, spatial or reduction (`ragged`)."""
+    return any(ragged(expr, program, a) for a in range(len(expr.axes)))
+
+
 def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> int | None:
     """The reduction axis a reduction without a vectorisable output axis (gemv, row sums)
     vectorises instead, or None.
@@ -153,7 +158,7 @@ def pads_tails(expr: TensorExpr, program: RProgram, panels: tuple[str, ...]) -> 
     or reduction. (The schedule also keeps the guard where row passes follow the main block.)"""
     if any(len(a.fused_from) > 1 for a in expr.axes) or not panels:
         return False
-    return any(ragged(expr, program, a) for a in range(len(expr.axes)))
+    return any_ragged(expr, program)
 
 
 def whole_reduction(expr: TensorExpr, program: RProgram) -> bool:
@@ -401,7 +406,7 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     (evidence: docs/evidence.md#panel-inputs)."""
     if not expr.reduce or len(program.tiles) < 2:
         return ()
-    tails = any(ragged(expr, program, a) for a in range(len(expr.axes)))
+    tails = any_ragged(expr, program)
     if not any(program.cached[1:]) and (not tails or splits_edges(expr, program, device)):
         return ()
     for tensor in expr.inputs:

@@ -16,9 +16,9 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    PAD_STEP, cut_other_axes, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis, pack_layer,
-    packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged, simd_lanes,
-    splits_edge_vectors, splits_edges, vector_loop_axis, whole_reduction, window_spills,
+    PAD_STEP, any_ragged, cut_other_axes, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis,
+    pack_layer, packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged,
+    simd_lanes, splits_edge_vectors, splits_edges, vector_loop_axis, whole_reduction, window_spills,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -226,7 +226,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     # under a guard keeps `local`: its lanes' loops index the accumulators, and only TVM's unroll of
     # loops over `local` buffers unrolls them (`build.pass_config`; depthwise convs with split
     # edges ran 1.1-3.6x slower on the stack). Evidence: docs/evidence.md#accumulator-scope
-    stack = path == PANELS and whole and (padded or not any(ragged(expr, program, a) for a in range(len(expr.axes))))
+    stack = path == PANELS and whole and (padded or not any_ragged(expr, program))
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),

@@ -15,7 +15,7 @@ from workbench.rtile.axes import cross_thread_axis, leading_axis
 from workbench.rtile.banks import ThreadBinding, lane_coords, requests, stored_tile, wavefronts
 from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
-from workbench.rtile.panels import ragged
+from workbench.rtile.panels import any_ragged
 from workbench.rtile.plan import VECTOR_RUN, gpu_plan
 from workbench.rtile.rprogram import RProgram, storage_padding, waves
 from workbench.rtile.traffic import calculus
@@ -71,7 +71,7 @@ def guarded_slowdown(program: RProgram, device: DeviceSpec) -> float:
     expr = program.expr
     if not expr.reduce or len(expr.inputs) < 2 or gpu_plan(program, device).cross_thread_axis is not None:
         return 1.0
-    return GUARDED_SLOWDOWN if any(ragged(expr, program, a) for a in range(len(expr.axes))) else 1.0
+    return GUARDED_SLOWDOWN if any_ragged(expr, program) else 1.0
 
 
 def lane_fraction(device: DeviceSpec, threads: int) -> float:
