@@ -72,6 +72,15 @@ ACCUMULATORS = 16
 # at 205 (2-core EPYC).
 FMA_ACCUMULATORS = 12
 MIN_RUNS = 3
+# Before its first probe the child runs empty parallel kernels for this long (startup transients
+# of a fresh process and its thread pool: on a 16-core Intel Xeon under KVM, the first probe of
+# three of four fresh processes, an L1 read, ran 1,000x slow through its whole slot, where the
+# next process read L1 at 1,858 GB/s; evidence: docs/evidence.md#calibrate-warm-up).
+WARM_UP_S = 0.2
+# A probe's repetitions are an int32 kernel argument.
+MAX_REPS = 2**31 - 1
+# Doubling at least, 40 steps reach any count up to MAX_REPS from 1.
+MAX_SIZING_STEPS = 40
 RUNS_PER_SLOT = 8  # each timed call lasts about 1/8 of a measurement's time slot
 
 Progress = Callable[[str], None]
@@ -125,6 +134,7 @@ def measure(
     last = {i: step for step, i in enumerate(order)}  # a probe's last round, which reports it
     best: dict[int, tuple[float, int]] = {}  # probe index -> (best value, timed runs so far)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_set_threads, initargs=(threads,)) as pool:
+        pool.submit(_run_launch, target, spec.warp_size, threads, WARM_UP_S).result()
         for step, i in enumerate(order):
             probe = todo[i]
             rounds = MICRO_ROUNDS if probe.kind == "micro" else 1
@@ -218,20 +228,31 @@ def _target_key(target: dict) -> tuple:
 
 
 def _best_seconds(call: Callable[[int], None], slot_s: float) -> tuple[float, int, int]:
-    """(best seconds of one call, repetitions per call, timed calls): the repetitions are sized in
-    two steps so a call lasts about slot/RUNS_PER_SLOT; the sizing calls double as warm-up."""
+    """(best seconds of one call, repetitions per call, timed calls): the repetitions grow until
+    a call lasts at least half of slot/RUNS_PER_SLOT; the sizing calls double as warm-up."""
     start = time.perf_counter()
     call(1)  # the first call also starts TVM's thread pool
-    wanted = slot_s / RUNS_PER_SLOT
-    reps = 1
-    for _ in range(2):
-        seconds = _time_call(call, reps)
-        reps = max(1, math.ceil(reps * wanted / max(seconds, 1e-7)))
+    reps = sized_reps(lambda reps: _time_call(call, reps), slot_s / RUNS_PER_SLOT)
     best, runs = math.inf, 0
     while runs < MIN_RUNS or time.perf_counter() - start < slot_s:
         best = min(best, _time_call(call, reps))
         runs += 1
     return best, reps, runs
+
+
+def sized_reps(timed: Callable[[int], float], wanted_s: float) -> int:
+    """Repetitions for which `timed(reps)` (seconds of one call) lasts at least `wanted_s` / 2,
+    at most MAX_REPS. Each step scales by wanted / measured, which undershoots while a call's
+    fixed cost (waking the thread pool) outweighs its work, so it steps again until the call is
+    long enough (two fixed steps measured a 16-core Xeon's float32 FMA peak at 0.1 GFLOP/s:
+    docs/evidence.md#calibrate-sizing)."""
+    reps = 1
+    for _ in range(MAX_SIZING_STEPS):
+        seconds = timed(reps)
+        if seconds >= wanted_s / 2 or reps == MAX_REPS:
+            break
+        reps = min(MAX_REPS, max(2 * reps, math.ceil(reps * wanted_s / max(seconds, 1e-7))))
+    return reps
 
 
 def _time_call(call: Callable[[int], None], reps: int) -> float:
