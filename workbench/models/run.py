@@ -23,16 +23,12 @@ from workbench.models import ort_profile
 from workbench.models.execute import (ATOL, RTOL, OperatorPick, build_model_kernels, measured_pick, model_inputs,
                                       operators_alone, planned_run)
 from workbench.models.onnx_import import fused_module, read_onnx
-from workbench.profile.baselines import best_seconds, best_seconds_in_turn
+from workbench.profile.baselines import SETTLE_S, best_seconds, best_seconds_in_turn
 from workbench.profile.local import pool_threads
 from workbench.profile.runner import Runner, Timing
 from workbench.profile.session import Progress, cannot_run_locally
 
 REPEAT = 5  # best of 5: the fastest run is the one least disturbed by other work on the machine
-# After their last task, TVM's pool keeps a core busy for about 150 ms (its workers yield in a loop
-# before they sleep) and ONNX Runtime's for about 40 ms, which took the core from the other
-# runtime's next repeat when the two were timed in turn (evidence: docs/evidence.md#timing-in-turn).
-SETTLE_S = 0.25
 # Which candidate each operator runs: rank 1 of the model, or the fastest verified of its top K.
 PICKS = ("rank1", "measured")
 

@@ -58,6 +58,11 @@ BASELINES = ("numpy", "torch", "onnxruntime", "metaschedule", "dlight")
 # Every repeat, none stopped early (`Timing.settle`): a baseline's best of fewer repeats could
 # only be slower, flattering the workbench's ratios to it.
 TIMING = Timing(settle=0)
+# After their last task, TVM's pool keeps a core busy for about 150 ms (its workers yield in a loop
+# before they sleep) and ONNX Runtime's for about 40 ms, which took the core from the other
+# runtime's next repeat when the two were timed in turn (evidence: docs/evidence.md#timing-in-turn);
+# a baseline waits as long before its repeats (#baseline-settle).
+SETTLE_S = 0.25
 # MetaSchedule's measurements of its candidates only rank them: shorter than TIMING.
 TUNE_NUMBER, TUNE_MIN_REPEAT_MS = 3, 20
 # Worker time limit: startup and the tensor-intrinsic import, then about 1-2 s per trial (2 cores).
@@ -402,7 +407,8 @@ def _inputs(expr: TensorExpr):
 def _checked_time(name: str, expr: TensorExpr, inputs, run: Callable, note: str, to_host: Callable = lambda out: out,
                   sync: Callable[[], object] = lambda: None) -> BaselineResult:
     """Check `run()` (on `inputs`; `to_host` brings its result to a numpy array) against the
-    reference, then time it (the check is the warm-up; `sync` as `best_seconds` takes it)."""
+    reference, then time it (the check is the warm-up; `sync` as `best_seconds` takes it) once
+    the threads of whatever ran before it (the workbench's kernels, another baseline) sleep."""
     import numpy as np
 
     from workbench.codegen.verify import compare
@@ -411,6 +417,7 @@ def _checked_time(name: str, expr: TensorExpr, inputs, run: Callable, note: str,
     check = compare(np.asarray(to_host(run())).reshape(ref.value.shape), ref, expr.dtype)
     if not check.correct:
         return BaselineResult(name, error=f"wrong result: {check.error}", note=note)
+    time.sleep(SETTLE_S)
     return BaselineResult(name, seconds=best_seconds(run, sync=sync), note=note)
 
 
