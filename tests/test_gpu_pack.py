@@ -330,7 +330,8 @@ def test_ingest_stores_runs_as_profile_does(tmp_path, capsys):
         assert not failed.ok and failed.correct is False and failed.error == "CUDA_ERROR_LAUNCH_FAILED: launch failed"
         built = construction_of({"op": "matmul", "params": dict(run.params), "dtype": "float32"}, "h200", 3)
         assert measured[3].predicted_seconds == built.candidates[2].predicted_seconds
-        assert store.programs_of(run.id)[1] == built.candidates[0].program.to_dict()
+        first = built.candidates[0]
+        assert store.programs_of(run.id)[1] == first.program.to_dict() | {"plan": first.plan.to_dict(first.expr)}
         rows = stored_rows(store, "h200")  # what `runs fit` fits on: the correct, timed candidates
         assert sorted((r.workload, r.rank) for r in rows) == [("tiny:mm", 1), ("tiny:mm", 3), ("tiny:mm2", 1),
                                                               ("tiny:mm2", 3)]

@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import json
 import math
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,49 @@ def test_a_program_measured_in_two_runs_counts_once_at_its_fastest(tmp_path):
     assert w.candidates == 3
     predicted = [predicted_seconds(spec, workload, cand.program.to_dict()) for cand in c.candidates]
     assert w.spearman == pytest.approx(spearman(predicted, [0.5e-3, 2e-3, 1e-3]))
+
+
+def _built_otherwise(db, ranks):
+    """`db` with the stored plan of each candidate of `ranks` changed (one more lane), as a
+    template changed since the run would leave it."""
+    with sqlite3.connect(db) as conn:
+        for rank in ranks:
+            (text,) = conn.execute("SELECT rprogram FROM candidates WHERE rank = ?", (rank,)).fetchone()
+            program = json.loads(text)
+            program["plan"]["lanes"] += 1
+            conn.execute("UPDATE candidates SET rprogram = ? WHERE rank = ?", (json.dumps(program), rank))
+    return db
+
+
+def test_a_program_whose_stored_plan_is_not_the_templates_now_is_left_out_and_counted(tmp_path, capsys):
+    """Three programs stored with their plans; the second's plan as an older template made it:
+    its time is of another kernel, so the workload scores the other two and says one was left
+    out, in the store, in its export and in both outputs."""
+    spec = device("xeon-avx512")
+    c, workload = _constructed(topk=3)
+    db = _built_otherwise(_store(tmp_path / "runs.sqlite3", spec, workload, [(c.candidates, [3e-3, 1e-3, 2e-3])]), [2])
+    kept = [c.candidates[0], c.candidates[2]]
+    predicted = [predicted_seconds(spec, workload, cand.program.to_dict()) for cand in kept]
+    for path in (db, _exported(db, tmp_path / "runs.json")):
+        [machine] = score(load_runs(path))
+        [w] = machine.workloads
+        assert (w.candidates, w.stale, machine.skipped) == (2, 1, ())
+        assert w.spearman == pytest.approx(spearman(predicted, [3e-3, 2e-3]))
+        assert w.best_predicted_rank == sorted(predicted).index(predicted[1]) + 1  # rank 3, at 2 ms
+    capsys.readouterr()  # what `runs export` printed
+    assert main(["bench", "model", "--runs", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["machines"][0]["results"][0]["stale"] == 1
+    assert main(["bench", "model", "--runs", str(db)]) == 0
+    assert "(1 built otherwise now, left out)" in capsys.readouterr().out
+
+
+def test_a_workload_with_fewer_than_two_programs_built_as_stored_is_skipped_and_says_why(tmp_path):
+    spec = device("xeon-avx512")
+    c, workload = _constructed(topk=3)
+    db = _built_otherwise(_store(tmp_path / "runs.sqlite3", spec, workload, [(c.candidates, [3e-3, 1e-3, 2e-3])]), [1, 2])
+    [machine] = score(load_runs(db))
+    assert machine.workloads == () and [w for w, _ in machine.skipped] == [workload["label"]]
+    assert "2 of its 3 programs are built otherwise now" in machine.skipped[0][1]
 
 
 def test_runs_agree_is_the_mean_spearman_of_every_two_runs_over_their_shared_programs(tmp_path):

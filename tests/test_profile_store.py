@@ -246,10 +246,15 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     assert first[0] < second[1] and second[0] < first[1]
 
 
-def test_programs_of_gives_each_candidates_stored_rprogram(tmp_path):
+def test_programs_of_gives_each_candidates_stored_rprogram_and_plan(tmp_path):
+    """Each program as `RProgram.to_dict` wrote it, with the plan its kernel is built from under
+    "plan" (what `bench model` checks a stored time against)."""
     with RunStore(tmp_path / "runs.sqlite3") as store:
         run_id = start(store)
-        assert store.programs_of(run_id) == {c.rank: json.loads(json.dumps(c.program.to_dict())) for c in candidates()}
+        stored = {c.rank: json.loads(json.dumps(c.program.to_dict() | {"plan": c.plan.to_dict(c.expr)}))
+                  for c in candidates()}
+        assert store.programs_of(run_id) == stored
+        assert all(p["plan"]["template"] == "cpu" for p in stored.values())
         assert store.programs_of(run_id + 1) == {}  # no such run
 
 

@@ -14,6 +14,11 @@ fastest is among the first three in predicted order (predicted seconds, then the
 ties break as the construction ranked them). A machine's score is the mean Spearman over its
 workloads where it is defined and the share of its workloads with the best in the top 3.
 
+A candidate stored with the plan its kernel was built from (`rtile.plan`, under the program's
+"plan": `RunStore.start_run` writes it) whose plan the template would now make otherwise is left
+out (`WorkloadScore.stale`): its time is of a kernel this version no longer builds for it.
+Candidates stored without a plan (runs recorded before plans were stored) are all scored.
+
 Beside it, how far the measurements agree with themselves (`runs_agree`): Spearman between two
 stored runs of a workload over the programs both measured, the mean over every pair of its runs.
 No model can be expected to rank a workload better than its own runs rank each other: where its
@@ -67,8 +72,9 @@ class StoredRun:
 @dataclass(frozen=True)
 class WorkloadScore:
     """One workload on one machine: Spearman(predicted, measured) (NaN: undefined), the measured
-    fastest's place in predicted order (1-based), how many candidates were scored, and how well
-    its runs agree with each other (`runs_agree`; NaN with fewer than two runs to compare)."""
+    fastest's place in predicted order (1-based), how many candidates were scored, how well
+    its runs agree with each other (`runs_agree`; NaN with fewer than two runs to compare) and
+    how many stored candidates were left out as built otherwise now (`stale`)."""
 
     machine: str
     workload: str
@@ -76,6 +82,7 @@ class WorkloadScore:
     spearman: float
     best_predicted_rank: int
     runs_spearman: float = math.nan
+    stale: int = 0
 
     @property
     def best_in_top(self) -> bool:
@@ -84,7 +91,7 @@ class WorkloadScore:
     def to_dict(self) -> dict:
         return {"workload": self.workload, "candidates": self.candidates, "spearman": json_float(self.spearman),
                 "best_predicted_rank": self.best_predicted_rank, f"best_in_top{TOP}": self.best_in_top,
-                "runs_spearman": json_float(self.runs_spearman)}
+                "runs_spearman": json_float(self.runs_spearman), "stale": self.stale}
 
 
 @dataclass(frozen=True)
@@ -119,22 +126,28 @@ class MachineScore:
 # -- scoring (pure but for the model it calls) ------------------------------------------------------
 
 
-def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float:
-    """The current model's time of `program` (`RProgram.to_dict`) for `workload` on `spec`."""
+def predicted_seconds(spec: DeviceSpec, workload: dict, program: dict) -> float | None:
+    """The current model's time of `program` (`RProgram.to_dict`, with its "plan" where it was
+    stored with one) for `workload` on `spec`; None where the stored plan is not the one the
+    template makes of the program now (module docstring)."""
     from workbench.rtile.model import estimate
+    from workbench.rtile.plan import plan_for
     from workbench.workload import stored_program
 
-    return estimate(stored_program(workload, program, spec), spec).predicted_seconds
+    rebuilt = stored_program(workload, program, spec)
+    if "plan" in program and json.loads(json.dumps(plan_for(rebuilt, spec).to_dict(rebuilt.expr))) != program["plan"]:
+        return None  # compared as stored: JSON has lists where a plan may hold tuples
+    return estimate(rebuilt, spec).predicted_seconds
 
 
 def score_workload(machine: str, workload: str, ranks: Sequence[int], predicted: Sequence[float],
-                   measured: Sequence[float], runs_spearman: float = math.nan) -> WorkloadScore:
+                   measured: Sequence[float], runs_spearman: float = math.nan, stale: int = 0) -> WorkloadScore:
     """The score of one workload's candidates (module docstring) from their stored ranks and
     predicted and measured seconds."""
     order = sorted(range(len(ranks)), key=lambda i: (predicted[i], ranks[i]))
     best = min(range(len(measured)), key=lambda i: (measured[i], ranks[i]))
     return WorkloadScore(machine, workload, len(ranks), spearman(predicted, measured), order.index(best) + 1,
-                         runs_spearman)
+                         runs_spearman, stale)
 
 
 def runs_agree(runs: Sequence[dict[str, float]]) -> float:
@@ -170,14 +183,21 @@ def score(runs: Iterable[StoredRun]) -> tuple[MachineScore, ...]:
         scored = machines.setdefault(machine, [])
         if len(by_program) < 2:
             continue
-        kept = list(by_program.values())
         try:
-            predicted = [predicted_seconds(run.spec, run.workload, c.program) for c, run in kept]
+            priced = [(c, predicted_seconds(run.spec, run.workload, c.program)) for c, run in by_program.values()]
         except (UserError, KeyError, ValueError, IndexError) as err:  # an operator or axis this version lacks
             skipped.setdefault(machine, []).append((label, f"{type(err).__name__}: {err}"))
             continue
-        scored.append(score_workload(machine, label, [c.rank for c, _ in kept], predicted,
-                                     [c.measured_seconds for c, _ in kept], runs_agree(each_run[machine, label])))
+        kept = [(c, p) for c, p in priced if p is not None]
+        stale = len(priced) - len(kept)
+        if len(kept) < 2:
+            skipped.setdefault(machine, []).append(
+                (label, f"{stale} of its {len(priced)} programs are built otherwise now (their stored plans are "
+                        f"not the template's): too few left to rank"))
+            continue
+        scored.append(score_workload(machine, label, [c.rank for c, _ in kept], [p for _, p in kept],
+                                     [c.measured_seconds for c, _ in kept], runs_agree(each_run[machine, label]),
+                                     stale))
     return tuple(MachineScore(m, tuple(ws), tuple(skipped.get(m, ()))) for m, ws in machines.items())
 
 
@@ -194,7 +214,8 @@ def report_text(scores: Sequence[MachineScore]) -> str:
                      f"its runs agree {signed(s.mean_runs_spearman)}")
         for w in s.workloads:
             lines.append(f"  {w.workload:28s} {w.candidates:3d} candidates  spearman {signed(w.spearman):>6s}  "
-                         f"best at predicted #{w.best_predicted_rank:<3d} runs agree {signed(w.runs_spearman):>6s}")
+                         f"best at predicted #{w.best_predicted_rank:<3d} runs agree {signed(w.runs_spearman):>6s}"
+                         + (f"  ({w.stale} built otherwise now, left out)" if w.stale else ""))
         lines += [f"  {w:28s} skipped: {why}" for w, why in s.skipped]
     return "\n".join(lines) if lines else "no measured runs in these files"
 

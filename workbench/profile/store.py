@@ -218,7 +218,7 @@ class RunStore:
             ).lastrowid
             db.executemany(
                 "INSERT INTO candidates (run, rank, rprogram, predicted_seconds, estimate) VALUES (?, ?, ?, ?, ?)",
-                [(run_id, c.rank, _dumps(c.program.to_dict()), c.estimate.predicted_seconds,
+                [(run_id, c.rank, _dumps(_stored_program(c)), c.estimate.predicted_seconds,
                   _dumps(c.estimate.to_dict())) for c in candidates],
             )
         return run_id
@@ -603,6 +603,15 @@ def refit(store: RunStore, device: str) -> tuple[Correction, Evaluation]:
 def _dumps(value) -> str:
     """Canonical JSON (sorted keys), so equal values are equal strings for the UNIQUE columns."""
     return json.dumps(value, sort_keys=True)
+
+
+def _stored_program(candidate) -> dict:
+    """A candidate's program as stored: `RProgram.to_dict`, and the plan its kernel was built
+    from (`Candidate.plan`, where the candidate has one) under "plan", so that `bench model` can
+    leave out a program the template now builds otherwise (`model_bench.score`)."""
+    program = candidate.program.to_dict()
+    plan = getattr(candidate, "plan", None)
+    return program if plan is None else program | {"plan": plan.to_dict(candidate.program.expr)}
 
 
 def _insert_measurement(db, run_id: int, m: Measurement) -> None:
