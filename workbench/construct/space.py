@@ -509,7 +509,7 @@ def _shrunk_stack(space: Space, tiles, axis: int, size: int, eps: float, cached)
     unit = with_axis(tiles[-1], axis, size)
     # The layers from the third down neither hold the register tile nor sit right under it, so
     # no `r` below changes their checks: where one fails, every `r` fails. Checked once, first
-    # (on 16 cores most sizes tried fail there: mm-512's shrinks made 10,644 checks of the stack).
+    # (on a many-core spec most of the sizes tried fail there).
     if not _all_within(space, tuple(above) + (unit,), eps, cached, start=2):
         return None
     top = above[0][axis]
