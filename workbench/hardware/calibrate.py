@@ -20,7 +20,7 @@ from workbench.hardware import microbench
 from workbench.hardware.bounds import MICRO_KERNEL_SLACK
 from workbench.hardware.calibrated import apply_measurements, calibrated_spec_path
 from workbench.hardware.detect import LOCAL_CPU_NAME
-from workbench.hardware.microbench import LLC, ONE_CORE_DRAM, STARTUP_S, Probe, ProbeResult, Progress
+from workbench.hardware.microbench import LLC, ONE_CORE_DRAM, STARTUP_S, WARM_UP_S, Probe, ProbeResult, Progress
 from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec
 
@@ -110,12 +110,12 @@ def _slot(todo: tuple[Probe, ...], budget: float) -> float:
 
 def quick_seconds(spec: DeviceSpec) -> float:
     """About how long `calibrate(spec, quick=True)` takes on an idle machine: its budget plus
-    building each probe's kernel."""
+    building each probe's kernel, and each process's warm-up (`microbench.WARM_UP_S`)."""
     threads = max(1, min(spec.compute_units, os.cpu_count() or 1))
     todo = probes(spec, threads, quick=True)
-    seconds = QUICK_BUDGET_S + BUILD_SECONDS_PER_PROBE * len(todo)
+    seconds = QUICK_BUDGET_S + BUILD_SECONDS_PER_PROBE * len(todo) + WARM_UP_S
     if one_core_probe(spec, todo, threads) is not None:
-        seconds += STARTUP_S + _slot(todo, QUICK_BUDGET_S) + BUILD_SECONDS_PER_PROBE
+        seconds += STARTUP_S + _slot(todo, QUICK_BUDGET_S) + BUILD_SECONDS_PER_PROBE + WARM_UP_S
     return seconds
 
 
