@@ -147,8 +147,8 @@ def test_best_seconds_repeats_until_a_repeat_is_long_enough(monkeypatch):
     calls_before = clock[0]
     seconds = best_seconds(run, Timing(repeat=3, number=1, min_repeat_ms=5))
     assert seconds == pytest.approx(0.001)
-    # 1 call (too short) -> 6 calls per repeat; then 2 more repeats of 6
-    assert round((clock[0] - calls_before) / 0.001) == 1 + 6 + 6 + 6
+    # 1 call (too short) -> 5 calls per repeat, the fewest that last 5 ms; then 2 more repeats of 5
+    assert round((clock[0] - calls_before) / 0.001) == 1 + 5 + 5 + 5
 
 
 def test_best_seconds_waits_for_queued_work_once_per_repeat(monkeypatch):

@@ -20,8 +20,8 @@ from workbench.hardware.detect import detect_local_cpu
 from workbench.hardware import microbench
 from workbench.hardware.loader import load_spec
 from workbench.hardware.microbench import (
-    MAX_REPS, MICRO_KERNEL_SHARE, MICRO_ROUNDS, ONE_CORE_DRAM, STARTUP_S, Probe, ProbeResult, schedule,
-    sized_reps, slot_seconds,
+    MICRO_KERNEL_SHARE, MICRO_ROUNDS, ONE_CORE_DRAM, STARTUP_S, Probe, ProbeResult, schedule,
+    slot_seconds,
 )
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.registers import register_budget
@@ -327,23 +327,6 @@ def test_micro_kernels_share_two_thirds_of_the_budget():
     assert min(slot_seconds(todo, 1.0)) == 0.05  # a budget smaller than the startup: the minimum
 
 
-@pytest.mark.parametrize("overhead_s", [0.0, 1e-4, 5e-3])
-def test_repetitions_grow_until_a_call_outlasts_its_fixed_cost(overhead_s):
-    """A probe's call costs a fixed `overhead_s` (the thread pool's wake-up) plus 1 ns a
-    repetition. Its repetitions must make the call last at least half the wanted 10 ms whatever
-    the overhead, so the work, not the wake-up, is what the probe divides by."""
-    calls = []
-
-    def timed(reps):
-        calls.append(reps)
-        return overhead_s + reps * 1e-9
-
-    reps = sized_reps(timed, 0.01)
-    assert timed(reps) >= 0.005 and reps * 1e-9 >= 0.005 - overhead_s
-    assert reps <= 2 * 10**7  # no more than twice what 10 ms of work needs
-    assert all(b >= 2 * a for a, b in zip(calls, calls[1:-1]))  # grows at least twofold a step
-
-
 def test_the_child_warms_its_thread_pool_before_the_first_probe(monkeypatch):
     """The child's first call is WARM_UP_S of empty parallel kernels, whose result is not kept."""
     submitted = []
@@ -367,10 +350,6 @@ def test_the_child_warms_its_thread_pool_before_the_first_probe(monkeypatch):
     results = microbench.measure(AVX2, todo, 2, 3.0)
     assert submitted[0] == ("_run_launch", microbench.WARM_UP_S) and len(submitted) == 1 + len(todo)
     assert [r.probe for r in results] == list(todo)
-
-
-def test_repetitions_stop_at_the_int32_argument_limit():
-    assert sized_reps(lambda reps: 0.0, 1.0) == MAX_REPS  # a call too fast to time
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512])

@@ -45,6 +45,7 @@ from functools import cache
 from multiprocessing import get_context
 
 from workbench.hardware.spec import DeviceSpec
+from workbench.repetitions import sized_count
 
 # Spawning the child, importing TVM and compiling both kernels: about a second (2-core machine).
 STARTUP_S = 1.0
@@ -77,10 +78,6 @@ MIN_RUNS = 3
 # three of four fresh processes, an L1 read, ran 1,000x slow through its whole slot, where the
 # next process read L1 at 1,858 GB/s; evidence: docs/evidence.md#calibrate-warm-up).
 WARM_UP_S = 0.2
-# A probe's repetitions are an int32 kernel argument.
-MAX_REPS = 2**31 - 1
-# Doubling at least, 40 steps reach any count up to MAX_REPS from 1.
-MAX_SIZING_STEPS = 40
 RUNS_PER_SLOT = 8  # each timed call lasts about 1/8 of a measurement's time slot
 
 Progress = Callable[[str], None]
@@ -232,27 +229,12 @@ def _best_seconds(call: Callable[[int], None], slot_s: float) -> tuple[float, in
     a call lasts at least half of slot/RUNS_PER_SLOT; the sizing calls double as warm-up."""
     start = time.perf_counter()
     call(1)  # the first call also starts TVM's thread pool
-    reps = sized_reps(lambda reps: _time_call(call, reps), slot_s / RUNS_PER_SLOT)
+    reps, _ = sized_count(lambda reps: _time_call(call, reps), slot_s / RUNS_PER_SLOT, enough=0.5)
     best, runs = math.inf, 0
     while runs < MIN_RUNS or time.perf_counter() - start < slot_s:
         best = min(best, _time_call(call, reps))
         runs += 1
     return best, reps, runs
-
-
-def sized_reps(timed: Callable[[int], float], wanted_s: float) -> int:
-    """Repetitions for which `timed(reps)` (seconds of one call) lasts at least `wanted_s` / 2,
-    at most MAX_REPS. Each step scales by wanted / measured, which undershoots while a call's
-    fixed cost (waking the thread pool) outweighs its work, so it steps again until the call is
-    long enough (two fixed steps measured a 16-core Xeon's float32 FMA peak at 0.1 GFLOP/s:
-    docs/evidence.md#calibrate-sizing)."""
-    reps = 1
-    for _ in range(MAX_SIZING_STEPS):
-        seconds = timed(reps)
-        if seconds >= wanted_s / 2 or reps == MAX_REPS:
-            break
-        reps = min(MAX_REPS, max(2 * reps, math.ceil(reps * wanted_s / max(seconds, 1e-7))))
-    return reps
 
 
 def _time_call(call: Callable[[int], None], reps: int) -> float:

@@ -53,6 +53,7 @@ from workbench.errors import UserError, first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.profile.runner import Timing, quiet_reference
+from workbench.repetitions import sized_count
 
 BASELINES = ("numpy", "torch", "onnxruntime", "metaschedule", "dlight")
 # Every repeat, none stopped early (`Timing.settle`): a baseline's best of fewer repeats could
@@ -149,14 +150,10 @@ def best_seconds_in_turn(runs: Sequence[Callable[[], object]], timing: Timing = 
     each run's repeats, so that the threads of the run before it have stopped spinning (a thread
     pool's workers keep a core busy for a while after their last task)."""
     numbers, best = [], []
-    for run in runs:  # the first repeat finds each run's number of calls
+    for run in runs:  # the first repeat finds each run's number of calls (`repetitions.sized_count`)
         time.sleep(settle_s)
-        number = timing.number
-        while True:
-            elapsed = _time_calls(run, number, sync)
-            if elapsed * 1000 >= timing.min_repeat_ms:
-                break
-            number = max(2 * number, int(number * timing.min_repeat_ms / max(elapsed * 1000, 1e-3)) + 1)
+        number, elapsed = sized_count(partial(_time_calls, run, sync=sync), timing.min_repeat_ms / 1000,
+                                      start=timing.number)
         numbers.append(number)
         best.append(elapsed / number)
     for _ in range(timing.repeat - 1):
