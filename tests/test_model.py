@@ -29,7 +29,7 @@ from workbench.rtile.model.cpu import (
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency,
-    guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, micro_kernel_shape, scalar_row,
+    guard_slowdown, GUARDED_MICRO_KERNEL, load_coverage, measured_ceiling, micro_kernel_shape, scalar_row,
     vector_pieces,
 )
 from workbench.rtile.model.gpu import (
@@ -588,17 +588,38 @@ def test_a_measured_micro_kernel_gives_the_compute_term():
 
 def test_without_its_measured_micro_kernel_the_compute_term_is_analytic():
     """A tile with no measurement of its shape or dtype keeps simd_utilisation x
-    latency_coverage (4 x 16 on AVX2: 8 of 10 chains), and says so."""
+    latency_coverage (4 x 16 on AVX2: 8 of 10 chains), at most the fastest measured micro-kernel's
+    share of the peak (`measured_ceiling`: 6 x 16 at 120 of 200 GFLOP/s), and says so."""
     dev = with_kernels(AVX2, ("float32", 6, 16, 120.0), ("float64", 4, 16, 50.0))
     program = cpu_program(dev, matmul(64, 64, 64), (4, 16, 1))
-    assert compute_efficiency(program, dev) == pytest.approx(8 / 10)
+    assert compute_efficiency(program, dev) == pytest.approx(8 / 10 * 120 / 200)
     est = estimate(program, dev)
-    assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, program.expr, program, 8 / 10))
-    assert "compute: SIMD lanes filled x FMA latency covered, no measured 4x16 micro-kernel" in est.modelled
+    assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, program.expr, program, 8 / 10 * 120 / 200))
+    assert ("compute: SIMD lanes filled x FMA latency covered x 0.6, the fastest measured micro-kernel's share of "
+            "the peak, no measured 4x16 micro-kernel") in est.modelled
     assert est.measured == ()
-    without = estimate(program, AVX2)  # the spec without kernels: the same times, nothing said about kernels
-    assert (without.compute_seconds, without.predicted_seconds) == (est.compute_seconds, est.predicted_seconds)
+    without = estimate(program, AVX2)  # the spec without kernels: lanes and chains alone, nothing said about kernels
+    assert without.compute_seconds == pytest.approx(closed_compute_seconds(AVX2, program.expr, program, 8 / 10))
     assert without.modelled[0] == "compute: SIMD lanes filled x FMA latency covered"
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512])
+def test_an_unmeasured_tile_reaches_at_most_the_fastest_measured_micro_kernel(dev):
+    """`measured_ceiling` = min(1, fastest measured micro-kernel of the dtype / peak): 1 without
+    a measurement in the dtype, and where one reached the peak (its noise above it included);
+    the analytic figure of an unmeasured tile is multiplied by it, a measured tile keeps its own."""
+    e = matmul(64, 64, 64)
+    peak = dev.peak("float32")
+    lanes = dev.register_bytes // 4
+    assert measured_ceiling(e, dev) == 1.0
+    assert measured_ceiling(e, with_kernels(dev, ("float64", 6, lanes, 0.1 * peak))) == 1.0  # another dtype
+    assert measured_ceiling(e, with_kernels(dev, ("float32", 6, lanes, 1.05 * peak))) == 1.0
+    slow = with_kernels(dev, ("float32", 6, lanes, 0.9 * peak), ("float32", 2, lanes, 0.4 * peak))
+    assert measured_ceiling(e, slow) == pytest.approx(0.9)
+    tile = (4, lanes, 1)
+    analytic = compute_efficiency(cpu_program(dev, e, tile), dev)
+    assert compute_efficiency(cpu_program(slow, e, tile), slow) == pytest.approx(0.9 * analytic)
+    assert compute_efficiency(cpu_program(slow, e, (2, lanes, 1)), slow) == pytest.approx(0.4)  # measured: its own
 
 
 def test_a_measurement_within_the_noise_above_peak_counts_as_peak():

@@ -22,7 +22,8 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
     its register micro-kernel over the peak where the spec has one (`measured_micro_kernel`; at
     most 1: calibration lets a measurement exceed the FMA peak by its noise slack), else
     `autovector_efficiency` for a row LLVM vectorises, else `simd_utilisation` (one lane where a
-    guarded tail leaves the row scalar, `scalar_row`) x `latency_coverage` x `load_coverage`.
+    guarded tail leaves the row scalar, `scalar_row`) x `latency_coverage` x `load_coverage` x
+    `measured_ceiling`.
     A reduction whose row a guarded tail leaves scalar runs neither: `guarded_scalar_efficiency`."""
     if scalar_row(program, device) and program.expr.reduce:
         return guarded_scalar_efficiency(program, device)
@@ -38,7 +39,20 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
         simd
         * latency_coverage(program.expr, device, tile)
         * load_coverage(program.expr, device, tile)
+        * measured_ceiling(program.expr, device)
     )
+
+
+def measured_ceiling(expr: TensorExpr, device: DeviceSpec) -> float:
+    """The most of the FMA peak an unmeasured register tile reaches on a spec whose calibration
+    measured micro-kernels in `expr`'s dtype: the fastest of them over the peak, at most 1
+    (without any: 1). The peak is a register-only kernel's; a micro-kernel also loads its
+    operands and runs its loop, and where the fastest measured one reached 0.963 of the peak (the
+    quick calibration's 6 x 16 on two Zen 3 cores), lanes, chains and ports all filled would
+    price an unmeasured 4 x 16 at 1.0, ahead of the measured 6 x 16 by the measured shortfall
+    alone (evidence: docs/model-evidence.md#measured-ceiling)."""
+    rates = [k.gflops for k in device.micro_kernels if k.dtype == expr.dtype]
+    return min(1.0, max(rates) / peak_gflops(expr, device)) if rates else 1.0
 
 
 def scalar_row(program: RProgram, device: DeviceSpec) -> bool:
@@ -211,7 +225,9 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
         shape = micro_kernel_shape(program.expr, device, program.register_tile)
         # said only where calibration measured micro-kernels, just not this one
         unmeasured = f", no measured {shape[0]}x{shape[1]} micro-kernel" if shape and device.micro_kernels else ""
-        how = f"SIMD lanes filled x FMA latency covered{unmeasured}"
+        ceiling = measured_ceiling(program.expr, device)
+        capped = f" x {ceiling:.3g}, the fastest measured micro-kernel's share of the peak" if ceiling < 1 else ""
+        how = f"SIMD lanes filled x FMA latency covered{capped}{unmeasured}"
     return False, f"compute: {how}"
 
 
