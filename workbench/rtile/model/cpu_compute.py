@@ -48,10 +48,10 @@ def measured_ceiling(expr: TensorExpr, device: DeviceSpec) -> float:
     measured micro-kernels in `expr`'s dtype: the fastest of them over the peak, at most 1
     (without any: 1). The peak and each micro-kernel are measured apart, and where the fastest
     measured micro-kernel fell short of the peak, by its own loads or by the host's speed while
-    it ran (the quick calibration's 6 x 16 on two Zen 3 cores: 0.963; every AVX2 shape measured
-    there a day later, 4 x 16, 5 x 16 and 6 x 16 included: 1.0), lanes, chains and ports all
-    filled would rank an unmeasured 4 x 16 ahead of the measured 6 x 16 by that shortfall alone
-    (evidence: docs/model-evidence.md#measured-ceiling)."""
+    it ran (on two Zen 3 cores a quick calibration's 6 x 16 read 0.963 of it, a full one's 4 x 16,
+    5 x 16 and 6 x 16 all 1.0), lanes, chains and ports all filled would rank an unmeasured
+    4 x 16 ahead of the measured 6 x 16 by that shortfall alone (evidence:
+    docs/model-evidence.md#measured-ceiling)."""
     rates = [k.gflops for k in device.micro_kernels if k.dtype == expr.dtype]
     return min(1.0, max(rates) / peak_gflops(expr, device)) if rates else 1.0
 
