@@ -607,8 +607,9 @@ def _dumps(value) -> str:
 
 def _stored_program(candidate) -> dict:
     """A candidate's program as stored: `RProgram.to_dict`, and the plan its kernel was built
-    from (`Candidate.plan`, where the candidate has one) under "plan", so that `bench model` can
-    leave out a program the template now builds otherwise (`model_bench.score`)."""
+    from (`Candidate.plan`; a `report.StoredCandidate` read back from a store has none) under "plan", so
+    that `bench model` can leave out a program the template now builds otherwise
+    (`model_bench.score`)."""
     program = candidate.program.to_dict()
     plan = getattr(candidate, "plan", None)
     return program if plan is None else program | {"plan": plan.to_dict(candidate.program.expr)}
