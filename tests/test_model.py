@@ -24,7 +24,8 @@ from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
-    clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, hidden_source, packed_bytes,
+    GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
+    hidden_source, packed_bytes,
     packing_seconds, scattered_inputs, shared_output_lines, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
@@ -542,6 +543,32 @@ def test_the_edge_tile_apart_adds_a_chain_of_fma_latencies_per_vector(dev, vecto
     tl = TINY_CPU.warp_size
     tiny = one_row(TINY_CPU, 11 * tl + 6, (1, 3 * tl, 1), (1, 6 * tl, 64), (1, 6 * tl, 1024))
     assert cpu_plan(tiny, TINY_CPU).edge_vectors and edge_chain_seconds(tiny, TINY_CPU) == 0.0
+
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_cut_register_tiles_store_their_elements_one_at_a_time(dev):
+    """213 rows x K 13 in register tiles of 18 rows x 2 vectors, unit tiles of 108 rows (two
+    along the rows: the end lies in the second) over a row of 100 vectors and 9 columns in one
+    unit tile: the 15 rows of the cut tiles store each of their 15 x N elements alone, on the
+    core holding the second unit tile, at GUARDED_STORE_CYCLES and the clock the peak implies.
+    Nothing where the rows divide (216), where the row ends on a whole tile (no lane test), or
+    where one unit tile spans the rows (the end a constant)."""
+    lanes = dev.warp_size
+
+    def program(m, n, unit_rows):
+        tiles = ((18, 2 * lanes, 1), (18, 2 * lanes, 13), (unit_rows, 51 * 2 * lanes, 13))
+        return make_program(TileCalculus(plain_matmul(m, n, 13)), dev, tiles, (True,) * 3, 0.05)
+
+    n = 50 * 2 * lanes + 9
+    cut = program(213, n, 108)
+    plan = cpu_plan(cut, dev)
+    assert plan.padded_tails and plan.direct_stores
+    ghz = dev.peak("float32") / (dev.compute_units * dev.fma_pipes * lanes * 2)
+    assert guarded_store_seconds(cut, dev) == pytest.approx(15 * n * GUARDED_STORE_CYCLES / (ghz * 1e9))
+    assert guarded_store_seconds(program(216, n, 108), dev) == 0.0
+    assert guarded_store_seconds(program(213, 51 * 2 * lanes, 108), dev) == 0.0
+    assert guarded_store_seconds(program(213, n, 216), dev) == 0.0
 
 
 def test_load_coverage_is_1_without_a_chain_a_lane_axis_or_fma_facts():

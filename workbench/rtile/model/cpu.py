@@ -32,8 +32,9 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     below's bandwidth (every layer: `hardware_caches`); the accumulators' trips and the output
     buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
     copies, the epilogue's arithmetic (`epilogue_seconds`), a split row's scalar edge
-    (`edge_seconds`), a strided image's gather (`gather_seconds`) and the output lines two cores
-    write (`shared_output_lines`, SHARED_LINE_CYCLES each) added after the scale-out."""
+    (`edge_seconds`), the output elements stored one at a time (`guarded_store_seconds`), a strided
+    image's gather (`gather_seconds`) and the output lines two cores write (`shared_output_lines`,
+    SHARED_LINE_CYCLES each) added after the scale-out."""
     expr = program.expr
     calc = calculus(expr)
     eff = compute_efficiency(program, device)
@@ -87,7 +88,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     said = provenance(program, device, compute_provenance(program, device), bool(packed))
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
-        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device), gathering, sharing),
+        after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device),
+               guarded_store_seconds(program, device), gathering, sharing),
         **said,
     )
 
@@ -301,6 +303,52 @@ def edge_chain_seconds(program: RProgram, device: DeviceSpec) -> float:
     cycles = -(-tiles // device.compute_units) * vectors * steps * device.fma_latency_cycles
     return cycles / (clock_ghz(program, device) * GB)
 
+
+
+# Cycles a core spends storing one output element on its own: a register tile whose write-back
+# TVM scalarises (`guarded_store_seconds`) moves its accumulators through a buffer on the stack
+# and stores them an element at a time (`vmovss`, `vextractps`). Fitted on two Zen 4 cores,
+# 213 x 13 x 809 against 216 x 13 x 809 (ten programs of 4-27 rows in 16 or 32 columns): the cut
+# tiles cost 0.9-1.9 cycles a valid element beyond their price, 1.7-1.8 for 18 to 27 rows
+# (docs/model-evidence.md#guarded-store-cycles).
+GUARDED_STORE_CYCLES = 1.7
+
+
+def guarded_store_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What the output elements a CPU program stores one at a time cost its busiest core, at
+    GUARDED_STORE_CYCLES each. A padded program storing its register tiles straight to the
+    output (`CpuPlan.padded_tails` and `direct_stores`) stores each tile under TVM's guard of
+    every spatial axis's end, one predicate inside the loop over the vector's lanes; where the
+    vector axis is ragged, the lane test varies across the lanes. Loop partitioning lifts the
+    guard from the tiles inside the output. An axis's end that one unit tile spans is a constant
+    there; an end that lies in one of several unit tiles along the axis depends on the grid's
+    index, and the register tiles it cuts keep the predicate: their valid elements are stored
+    one at a time, on the cores holding the unit tiles at that end (213 x 13 x 809 in 18 x 16
+    tiles under unit tiles of 108 x 816: the 15 rows of the cut tiles, on the second core, ran
+    30 us against 25 over 216 rows; 161 filters in one unit tile of 162 cost nothing). The
+    vector axis's own cut tile is left out: it holds a handful of columns, and where several
+    unit tiles lie along it the measurements disagree (114 x 9 x 1000 in unit tiles of 512
+    columns ran 2-8x slower than in 1008; 3 x 541 x 47 x 1087 in 544 as priced)."""
+    if not device.runs_on_cpu:
+        return 0.0
+    plan = cpu_plan(program, device)
+    v = plan.vector_axis
+    if not (plan.padded_tails and plan.direct_stores) or v is None or v not in program.expr.spatial:
+        return 0.0
+    expr, reg, unit, cores = program.expr, program.register_tile, program.unit_tile, device.compute_units
+    extents = {a: expr.axes[a].extent for a in expr.spatial}
+    if extents[v] % reg[v] == 0:
+        return 0.0  # no lane test: a cut tile's row test is the same for every lane
+    tiles = {a: -(-extents[a] // unit[a]) for a in expr.spatial}
+    elements = 0.0
+    for a in expr.spatial:
+        if a == v or tiles[a] < 2 or not extents[a] % reg[a]:
+            continue
+        # the cut tiles along `a` lie in the unit tiles at its end, which the grid deals over the cores
+        holding = prod(t for b, t in tiles.items() if b != a)
+        others = prod(e for b, e in extents.items() if b != a)
+        elements += extents[a] % reg[a] * others * -(-holding // cores) / holding
+    return elements * GUARDED_STORE_CYCLES / (clock_ghz(program, device) * GB)
 
 # What one output line written by two cores costs the program: the line moves from one core's
 # cache to the other's (and back) while both write it. Measured on the 2-core Zen 5 host (4
