@@ -545,7 +545,6 @@ def test_the_edge_tile_apart_adds_a_chain_of_fma_latencies_per_vector(dev, vecto
     assert cpu_plan(tiny, TINY_CPU).edge_vectors and edge_chain_seconds(tiny, TINY_CPU) == 0.0
 
 
-
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_cut_register_tiles_store_their_elements_one_at_a_time(dev):
     """213 rows x K 13 in register tiles of 18 rows x 2 vectors, unit tiles of 108 rows (two

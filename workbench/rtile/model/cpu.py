@@ -304,7 +304,6 @@ def edge_chain_seconds(program: RProgram, device: DeviceSpec) -> float:
     return cycles / (clock_ghz(program, device) * GB)
 
 
-
 # Cycles a core spends storing one output element on its own: a register tile whose write-back
 # TVM scalarises (`guarded_store_seconds`) moves its accumulators through a buffer on the stack
 # and stores them an element at a time (`vmovss`, `vextractps`). Fitted on two Zen 4 cores,
@@ -349,6 +348,7 @@ def guarded_store_seconds(program: RProgram, device: DeviceSpec) -> float:
         others = prod(e for b, e in extents.items() if b != a)
         elements += extents[a] % reg[a] * others * -(-holding // cores) / holding
     return elements * GUARDED_STORE_CYCLES / (clock_ghz(program, device) * GB)
+
 
 # What one output line written by two cores costs the program: the line moves from one core's
 # cache to the other's (and back) while both write it. Measured on the 2-core Zen 5 host (4
