@@ -325,9 +325,9 @@ def guarded_store_seconds(program: RProgram, device: DeviceSpec) -> float:
     one at a time, on the cores holding the unit tiles at that end (213 x 13 x 809 in 18 x 16
     tiles under unit tiles of 108 x 816: the 15 rows of the cut tiles, on the second core, ran
     30 us against 25 over 216 rows; 161 filters in one unit tile of 162 cost nothing). The
-    vector axis's own cut tile is left out: it holds a handful of columns, and where several
-    unit tiles lie along it the measurements disagree (114 x 9 x 1000 in unit tiles of 512
-    columns ran 2-8x slower than in 1008; 3 x 541 x 47 x 1087 in 544 as priced)."""
+    vector axis's own cut tile is left out: it holds a handful of columns. Where several unit
+    tiles lie along the vector axis and too few along the rows, the grid deals each core a part
+    of every output row, a cost of its own that is not priced (docs/model-evidence.md#split-rows)."""
     if not device.runs_on_cpu:
         return 0.0
     plan = cpu_plan(program, device)
@@ -374,7 +374,9 @@ def shared_output_lines(program: RProgram, device: DeviceSpec) -> int:
     with one row (a one-row block, a split between whole rows) costs a line or two per core and
     is left out, as are outputs laid out against the loop order (not made by the catalog). With
     two cores this is within 20 % of visiting every element (tests/test_model.py); with more,
-    boundaries of different axes that meet at one row end count it twice (up to a third more)."""
+    boundaries of different axes that meet at one row end count it twice (up to a third more).
+    A split on a line's start shares no line, yet long parts of a row cost the stores more on
+    two cores; that is not priced (docs/model-evidence.md#split-rows)."""
     expr = program.expr
     units = device.compute_units
     if not device.runs_on_cpu or units < 2 or program.grid < 2:
