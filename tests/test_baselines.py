@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -80,6 +83,29 @@ def test_blas_description_prefers_numpys_own_and_names_its_kernels():
     assert baselines.blas_description([openmp]) == "BLAS"
 
 
+def _other_threads_ticks() -> int:
+    """CPU clock ticks (user + system) this process's threads but the calling one have used."""
+    own, ticks = str(threading.get_native_id()), 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid != own:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads' CPU times are read from Linux's /proc")
+def test_a_baseline_returns_once_its_threads_have_stopped_spinning(cpu):
+    """After its last call a multi-threaded BLAS keeps its threads spinning (OpenBLAS for 2^28
+    cycles, about 0.1 s), on the cores the caller's next kernel is timed on: `measure` returns
+    only after they sleep. In the 0.2 s after it, the other threads use at most a tick of CPU,
+    where a spinning one uses 10 or more (a core for 0.1 s, at 100 ticks a second)."""
+    Baseline("numpy").measure(_matmul(256), cpu)
+    before = _other_threads_ticks()
+    time.sleep(0.2)
+    assert _other_threads_ticks() - before <= 1
+
+
 def test_numpy_refuses_other_operators(cpu):
     relu = catalog.build("relu", {"shape": (8, 8)})
     result = Baseline("numpy").measure(relu, cpu)
@@ -128,12 +154,14 @@ def test_gpu_baselines_need_a_gpu(cpu):
 
 def test_a_baseline_is_timed_only_after_the_threads_before_it_had_time_to_sleep(monkeypatch, cpu):
     """The workbench's kernels (TVM's pool) or another baseline spin on the cores for up to
-    ~150 ms after their last call: a baseline checks its result, waits SETTLE_S, then times."""
+    ~150 ms after their last call: a baseline checks its result, waits SETTLE_S, then times,
+    and waits SETTLE_S again before it returns, for its own threads."""
     events = []
     monkeypatch.setattr(baselines.time, "sleep", lambda s: events.append(("sleep", s)))
     monkeypatch.setattr(baselines, "best_seconds", lambda run, **kw: events.append(("timed",)) or 1e-3)
     result = Baseline("numpy").measure(_matmul(), cpu)
-    assert result.seconds == 1e-3 and events == [("sleep", baselines.SETTLE_S), ("timed",)]
+    settle = ("sleep", baselines.SETTLE_S)
+    assert result.seconds == 1e-3 and events == [settle, ("timed",), settle]
     assert baselines.SETTLE_S >= 0.15
 
 

@@ -110,11 +110,16 @@ class Baseline:
         return int(self.name.partition(":")[2] or 0)
 
     def measure(self, expr: TensorExpr, device: DeviceSpec) -> BaselineResult:
-        """Run and time `expr` on this machine for `device`; failures come back as `error`."""
+        """Run and time `expr` on this machine for `device`; failures come back as `error`.
+        Returns SETTLE_S after the baseline's last call, once the threads it woke (its BLAS's,
+        ONNX Runtime's, a tuning worker's TVM pool) have stopped spinning: a kernel its caller
+        times next would share the cores with them (evidence: docs/evidence.md#baseline-spin)."""
         try:
             return _MEASURE[self.kind](self, expr, device)
         except Exception as err:  # a library failing on one workload is that baseline's result
             return BaselineResult(self.name, error=f"{type(err).__name__}: {first_line(err)}")
+        finally:
+            time.sleep(SETTLE_S)
 
 
 def parse_baselines(text: str) -> tuple[Baseline, ...]:
