@@ -142,6 +142,14 @@ def unique_workloads(*suites: str) -> list[tuple[str, dict]]:
     return out
 
 
+def stat_cpu_ticks(path: str | Path, children: bool = False) -> int:
+    """User + system CPU clock ticks in a /proc `stat` file (a process's or a thread's), with its
+    waited-for children's where `children`. The fields after the command name, which may hold
+    spaces and parentheses, are read past its last ')'."""
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15 if children else 13])
+
+
 def user_error_in_child(module: str, call: str, path, timeout: int = 120) -> str:
     """The UserError message of `module.call(path)` run in a child process with a time limit
     (empty when it raises none): should a regression block on a FIFO, read /dev/zero without end

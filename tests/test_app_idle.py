@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from helpers import stat_cpu_ticks
 from test_browser import server  # noqa: F401  (the fixture: `streamlit run app.py` on a free port)
 
 IDLE_S = 30.0
@@ -24,9 +25,7 @@ BURST_FILES = 20_000
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` and its waited-for children (/proc/PID/stat)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-    return (utime + stime + cutime + cstime) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_ticks(f"/proc/{pid}/stat", children=True) / os.sysconf("SC_CLK_TCK")
 
 
 def file_burst() -> None:

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import stat_cpu_ticks
 
 from workbench.errors import UserError
 from workbench.hardware.loader import load_spec
@@ -85,13 +86,8 @@ def test_blas_description_prefers_numpys_own_and_names_its_kernels():
 
 def _other_threads_ticks() -> int:
     """CPU clock ticks (user + system) this process's threads but the calling one have used."""
-    own, ticks = str(threading.get_native_id()), 0
-    for tid in os.listdir("/proc/self/task"):
-        if tid != own:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks
+    own = str(threading.get_native_id())
+    return sum(stat_cpu_ticks(f"/proc/self/task/{tid}/stat") for tid in os.listdir("/proc/self/task") if tid != own)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads' CPU times are read from Linux's /proc")
