@@ -34,6 +34,8 @@ from workbench.ops import random_suite
 from workbench.ops.tensor_expr import Axis, TensorAccess, TensorExpr
 from workbench.rtile.alignment import is_aligned, padded_row_axis
 from workbench.rtile.axes import mma_axes
+from workbench.rtile.plan import splits_reduction
+from workbench.rtile.rprogram import split_axis
 from workbench.rtile.rules import AlignContext
 from workbench.rtile.wmma_shared import wmma_shared_bytes
 
@@ -366,8 +368,11 @@ def assert_within_limits(space: Space, program, kind: str = "") -> None:
         if v is not None:  # whole vectors, or the whole axis (filters only in whole 4-lane pieces)
             whole = register[v] == e.axes[v].extent and not (v == conv_filters(e) and register[v] % 4)
             assert register[v] % dev.warp_size == 0 or whole, register
-    # a split-K program (GPUs only) launches `split` blocks per unit tile, its grid counts them all
-    assert program.split == 1 or dev.kind == "gpu"
+    # a split-K program deals its reduction over `split` blocks (a CPU's over cores) per unit tile,
+    # only where its grid alone leaves units idle and the template realises the split; its grid counts them all
+    if program.split > 1:
+        assert program.grid // program.split < dev.compute_units, program
+        assert split_axis(e, dev) is not None and splits_reduction(replace(program, split=1), dev), program
     assert program.grid == prod(ceil(e.axes[a].extent / unit[a]) for a in e.spatial) * program.split >= 1
 
 

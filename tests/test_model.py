@@ -19,14 +19,16 @@ from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis
 from workbench.rtile.model import cpu_compute
-from workbench.rtile.model import estimate
+from workbench.rtile.model import estimate, part_imbalance
 from workbench.rtile.model import gpu as gpu_model
-from workbench.rtile.model.common import hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, source_layer
+from workbench.rtile.model.common import (
+    hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, partial_sum_bytes, source_layer,
+)
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
     GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
     hidden_source, packed_bytes,
-    packing_seconds, scattered_inputs, shared_output_lines, stream_runs, transfer_seconds,
+    packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency,
@@ -40,7 +42,7 @@ from workbench.rtile.model.gpu import (
 from workbench.rtile.occupancy import (
     async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
 )
-from workbench.rtile.panels import pack_layer
+from workbench.rtile.panels import pack_layer, packed_tile_bytes
 from workbench.rtile.plan import cpu_plan, gpu_plan
 from workbench.rtile.registers import block_thread_count, partial_sums, step_loads
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
@@ -81,6 +83,7 @@ def check_consistent(calc, dev, program, est):
     # tiles dealt round-robin: the busiest unit runs ceil(grid / units) of them, the balanced
     # share is grid / units (a grid smaller than the units only leaves units idle)
     imbalance = ceil(grid / units) * units / grid if grid >= units else 1.0
+    imbalance *= part_imbalance(program, dev)  # a split program's longest part (closed forms in test_split_k)
     packing = 0.0
     shared_lines = shared_output_lines(program, dev)  # 0 on a GPU
     if dev.kind == "gpu":  # stages overlap only as far as other warps / blocks hide them
@@ -119,6 +122,10 @@ def check_consistent(calc, dev, program, est):
         sharing = loads.pop("output lines two cores write", 0.0)
         assert sharing == pytest.approx(shared_lines * SHARED_LINE_CYCLES / (clock_ghz(program, dev) * 1e9) if shared_lines else 0.0)
         packing += sharing
+        # and a split program's sum on one core (closed forms in test_split_k)
+        summing = loads.pop(f"summing {program.split} parts' partial sums", 0.0)
+        assert summing == split_sum_seconds(program, dev)
+        packing += summing
         hidden = 0.0
         if (below := hidden_source(through, dev)) is not None:
             hidden = sum(transfer_seconds(through, dev, layer, cache_traffic(program, dev, layer), scalar_row(program, dev))
@@ -155,6 +162,8 @@ def check_consistent(calc, dev, program, est):
         moved[f"packing into {dev.layers[pack_layer(program)].name}"] = packed_bytes(program, dev)
     if shared_lines:
         moved["output lines two cores write"] = shared_lines * dev.layers[-1].transaction_bytes
+    if dev.kind == "cpu" and program.split > 1:
+        moved[f"summing {program.split} parts' partial sums"] = partial_sum_bytes(program)
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
@@ -1587,3 +1596,32 @@ def test_shared_output_lines_agree_with_visiting_every_element(seed):
         visited = int((np.unique(lines, return_counts=True)[1] > 1).sum())
         share = 0.35 if cores == 4 else 0.2
         assert abs(shared_output_lines(program, dev) - visited) <= share * visited + 2 * cores, (e.extents, unit, cores)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_cpu_split_program_prices_its_parts_and_their_sum_in_closed_form(dev):
+    """4 x 4096 x 300 in one unit tile (4 x 304 x 256: 16 K-steps), split over K in two parts
+    of 8 steps: the compute spread over both cores instead of one, the partial sums (2 x 4 x 300
+    floats where the unsplit program stores 4 x 300, read back, the results written) at the
+    bottom layer's bandwidth on one core, after the parallel loop (`cpu.split_sum_seconds`).
+    A K of 4100 makes 17 steps, parts of 9 and 8: the longer sets the time, 18/17 of an even
+    share (`part_imbalance`)."""
+    tiles = [(4, 16, 16), (4, 64, 16), (4, 304, 256)]
+    whole = make_program(TileCalculus(plain_matmul(4, 300, 4096)), dev, tiles, (True,) * 3, 0.0)
+    split = replace(whole, split=2, grid=2)
+    out = 4 * 300 * 4
+    assert partial_sum_bytes(split) == out + 2 * out + out and partial_sum_bytes(whole) == 0
+    bottom = layer_gbps(split, dev, len(dev.layers) - 1) * 1e9
+    assert split_sum_seconds(split, dev) == pytest.approx(4 * out / bottom, rel=1e-12)
+    assert split_sum_seconds(whole, dev) == 0.0
+    one, both = estimate(whole, dev), estimate(split, dev)
+    assert both.compute_seconds == pytest.approx(one.compute_seconds / 2, rel=1e-12)
+    assert part_imbalance(split, dev) == part_imbalance(whole, dev) == 1.0
+    assert both.predicted_seconds < one.predicted_seconds
+    # each core copies the panels of its part's 8 K-steps, half of the unsplit core's 16
+    plan = cpu_plan(whole, dev)
+    assert plan.packed and packed_tile_bytes(split, dev, plan.packed, plan.pack_layer) * 2 == packed_tile_bytes(
+        whole, dev, plan.packed, plan.pack_layer)
+    ragged = make_program(TileCalculus(plain_matmul(4, 300, 4100)), dev, tiles, (True,) * 3, 0.0)
+    assert part_imbalance(replace(ragged, split=2, grid=2), dev) == pytest.approx(18 / 17, rel=1e-12)
+    assert part_imbalance(replace(ragged, split=2, grid=2), device("v100")) == 1.0  # a GPU's waves: unpriced

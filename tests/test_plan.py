@@ -26,7 +26,7 @@ from workbench.rtile.model.cpu_compute import (
 )
 from workbench.rtile.panels import ends_on_vector, packed_inputs, pads_tails, vector_loop_axis
 from workbench.rtile.plan import (
-    FILTERS, LANES, PANELS, ROW, SCALAR, CpuPlan, GpuPlan, cpu_plan, describe, gpu_plan, plan_for,
+    FILTERS, LANES, PANELS, ROW, SCALAR, CpuPlan, GpuPlan, cpu_plan, describe, gpu_plan, plan_for, splits_reduction,
 )
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
@@ -587,3 +587,26 @@ def test_only_unguarded_panel_tiles_stored_from_registers_keep_their_accumulator
     assert not split_k.direct_stores and not split_k.stack_accumulators
     one_row = cpu_plan(_one_row(n=4100, dev=dev), dev)
     assert one_row.path == "row" and one_row.split_edges and not one_row.stack_accumulators
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_plain_template_splits_a_reduction_the_lanes_and_filters_templates_do_not(dev):
+    """A split program (`RProgram.split`) is the plain template's only (`splits_reduction`,
+    `codegen.cpu._split_k`): the gemv's lanes along K and the conv's filters as lanes run
+    loop nests of their own, and a whole reduction in one register tile has one K-step."""
+    one_row = _program(plain_matmul(1, 512, 4096), [(1, 16, 16), (1, 64, 16), (1, 512, 256)], dev)
+    assert cpu_plan(one_row, dev).path in (PANELS, ROW) and splits_reduction(one_row, dev)
+    split = replace(one_row, split=2, grid=2)
+    plan = cpu_plan(split, dev)
+    assert plan.split == 2 and plan.to_dict(split.expr)["split"] == 2
+    assert describe(plan, split).endswith("split-K x2 over the cores, the parts summed on one")
+    assert "split-K" not in describe(cpu_plan(one_row, dev), one_row)
+    assert "split" not in cpu_plan(one_row, dev).to_dict(one_row.expr)  # as stored before split-K
+    gemv = construct(fuse_axes(expr("gemv", M=4096, K=4096)), dev).candidates[0].program
+    conv = fuse_axes(expr("conv2d", N=1, C=64, H=56, W=56, F=64, KH=3, KW=3, stride=1, pad=1))
+    filters = construct(conv, dev).candidates[0].program
+    whole = _program(plain_matmul(64, 64, 32), [(4, 16, 32), (64, 64, 32), (64, 64, 32)], dev)
+    assert cpu_plan(whole, dev).direct_stores
+    for program in (gemv, filters, whole):
+        assert not splits_reduction(program, dev), cpu_plan(program, dev)
+    assert splits_reduction(one_row, device("v100"))  # a GPU's splits are `split_counts`'s alone

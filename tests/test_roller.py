@@ -34,7 +34,9 @@ from workbench.rtile.alignment import initial_tile, next_aligned_sizes
 from workbench.rtile.axes import always_streamed, stream_rows
 from workbench.rtile.registers import accumulators
 from workbench.rtile.panels import ragged
+from workbench.rtile.model import estimate
 from workbench.rtile.plan import cpu_plan
+from workbench.rtile.rprogram import CPU_MIN_PART_STEPS, split_steps
 from workbench.rtile.rules import AlignContext, l1_set_lines
 from workbench.rtile.traffic import TileCalculus
 
@@ -417,14 +419,14 @@ def test_a_matmul_bound_by_its_dram_stream_spends_l1_on_columns(isa):
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_a_unit_tile_roller_s_cuts_into_many_tiles_is_balanced_from_where_it_arrived(isa):
-    """64 x 11239 x 449 on 2 cores arrives as one unit tile of every row and column (a grid of
-    1). At eps 0.05 the only smaller aligned N that pads 449 little is one register tile, so
+    """64 x 256 x 449 on 2 cores arrives as one unit tile of every row and column (a grid of
+    1), its K one step: nothing for split-K to deal (`rprogram.split_counts`). At eps 0.05 the only smaller aligned N that pads 449 little is one register tile, so
     Roller-S cuts N into some 29 tiles, each copying A's panel again. The balanced cut of the
     program as it arrived (`Space.balances`, padding up to the idle core's half) cuts N in two
     instead; the model prices it faster and it leads, its grid even and small, every program
     within the limits."""
     dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
-    stepper = Stepper(matmul(64, 449, 11239), dev, options=Options(topk=5))
+    stepper = Stepper(matmul(64, 449, 256), dev, options=Options(topk=5))
     stepper.run_to_end()
     shrinks = [s for s in stepper.steps if s.action.kind == "shrink"]
     grid = stepper.space.calc.spatial_tiles
@@ -719,8 +721,9 @@ def test_a_one_row_matmul_reads_b_in_long_runs_shared_by_the_cores(isa, l1):
     same 16 rows and each core streams its share of them in runs as wide as its unit tile, at
     least a third of the row. Where 16 rows of a core's share fit L1 (501 columns, 34 KB, in
     AVX-512's 48 KiB) the register tile needs no FMA chains filled (the stream bounds it:
-    `alignment.required_accumulators`) and the rank 1's L1 and unit tile are that share in whole
-    register tiles. Where they do not (AVX2's 32 KiB), the model ranks unit tiles that cut the
+    `alignment.required_accumulators`) and the rank 1's L1 tile is that share in whole register
+    tiles, its unit tile the whole row, split over K (`policy.split_k`: each core streams whole
+    rows of B for half of K). Where they do not (AVX2's 32 KiB), the model ranks unit tiles that cut the
     row into two or three, whose edges run scalar on the core that holds them (`edge_seconds`)."""
     dev = detected_cpu(isa, 2, l1 * KIB, 1024 * KIB)
     stepper = Stepper(matmul(1, 1001, 2048), dev)
@@ -741,14 +744,15 @@ def test_a_one_row_matmul_reads_b_in_long_runs_shared_by_the_cores(isa, l1):
     assert first.unit_tile[j] >= 1001 / 3, first.tiles
     if isa == "avx512":
         share = ceil(ceil(1001 / 2) / first.register_tile[j]) * first.register_tile[j]
-        assert first.tiles[1][j] == first.unit_tile[j] == share, first.tiles
+        assert first.tiles[1][j] == share and first.unit_tile[j] >= 1001 and first.split == 2, first.tiles
 
 
 def test_a_one_row_register_tile_grows_by_its_fma_chains_to_divide_a_cores_share():
     """1 x 2927 x 451 on the AVX-512-like spec: 16 rows of a core's 226 columns fit its L1, so
     no growth of the register tile saves a byte of B; it grows by the FMA chains it adds through
     the widths that divide the share of 15 vectors or pad it by one (`rules.PAD_VECTORS`) to 5,
-    each width a program under the share (1, 3 and 5 in the top 10), and the rank 1 takes the
+    each width a program under the share (3 and 5 in the top 10, beside split-K programs of the
+    whole row, the rank 1 among them: `policy.split_k`), and the first unsplit program takes the
     share, 240 columns, as its L1 and unit tile, in 80
     columns: the row's end (451 = 5 x 80 + 51) cuts the last tile of the second share, which runs
     apart (`CpuPlan.edge_vectors`), its whole vectors vectorised."""
@@ -756,12 +760,45 @@ def test_a_one_row_register_tile_grows_by_its_fma_chains_to_divide_a_cores_share
     stepper.run_to_end()
     j = stepper.space.axes.index("j")
     candidates = [c.program for c in stepper.candidates()]
-    first = candidates[0]
+    assert candidates[0].split == 2 and candidates[0].unit_tile[j] >= 451, candidates[0].tiles
+    first = next(p for p in candidates if p.split == 1)
     assert (first.register_tile[j], first.tiles[1][j], first.unit_tile[j]) == (80, 240, 240), first.tiles
     assert cpu_plan(first, AVX512).edge_vectors
     assert any("grow j to 80" in step.note for step in stepper.steps)
     under_share = {p.register_tile[j] for p in candidates if p.tiles[1][j] == p.unit_tile[j] == 240}
-    assert under_share == {16, 48, 80}, [p.tiles for p in candidates]
+    assert under_share == {48, 80}, [p.tiles for p in candidates]
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_long_reduction_over_few_outputs_is_split_over_the_cores(isa):
+    """1 x 8192 x 64 on 2 cores: one row of 64 outputs, one unit tile. Cut along N, each core
+    would read half of every row of B; split over K (`policy.split_k`, the CPU template's
+    `codegen.cpu._split_k`), each core streams whole rows for half of K and one core sums the
+    two rows of partial sums after, which the model prices faster (on two Zen 4 cores 12.8 us
+    against 15.3 cut in columns, 22.6 on one core: docs/model-evidence.md#cpu-split-parts).
+    The split replays from the construction's actions. 907 x 397 x 17 splits nowhere: its K is
+    two steps of the unit tile, parts shorter than `CPU_MIN_PART_STEPS`; nor does a construction
+    whose options turn split-K off."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(matmul(1, 64, 8192), dev)
+    stepper.run_to_end()
+    j, k = stepper.space.axes.index("j"), stepper.space.axes.index("k")
+    top = stepper.candidates()[0]
+    program = top.program
+    assert program.split == 2 and program.grid == 2 and program.unit_tile[j] == 64, program.tiles
+    assert split_steps(program, k) >= CPU_MIN_PART_STEPS
+    assert cpu_plan(program, dev).split == 2
+    assert replay(stepper.space, top.actions) == program
+    unsplit = replace(program, split=1, grid=1)
+    assert top.predicted_seconds < estimate(unsplit, dev).predicted_seconds
+    short = Stepper(matmul(907, 17, 397), dev)
+    short.run_to_end()
+    assert all(c.program.split == 1 for c in short.candidates())
+    off = Stepper(matmul(1, 64, 8192), dev, options=Options(split_k=False))  # a Vortex bundle's
+    off.run_to_end()
+    assert off.candidates() and all(c.program.split == 1 for c in off.candidates())
+    for cand in stepper.candidates():
+        assert_within_limits(stepper.space, cand.program)
 
 
 def test_no_input_is_streamed_whatever_the_tiles_where_a_tile_can_reuse_it():

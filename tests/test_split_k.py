@@ -1,5 +1,6 @@
 """Split-K (issue 16): the `RProgram.split` field, its price in the model (`split_k_seconds`),
-its choice at emission (`policy.split_k`) and its CUDA template (`codegen.cuda_splitk`).
+its choice at emission (`policy.split_k`), its CUDA template (`codegen.cuda_splitk`) and, on a
+CPU, its cores' parts in the plain template (`codegen.cpu._split_k`, run here against numpy).
 
 There is no GPU here: the template's kernels are checked as CUDA source (two kernels, bound
 blocks and threads, a tree over the threads), compiled with nvcc where it is installed, and run
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from math import prod
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from tests.test_codegen_cuda import run_serially
 from workbench.codegen.build import build_kernel
 from workbench.codegen.nvcc import compile_ptx_many, nvcc_path
 from workbench.codegen.rules import apply_rules
+from workbench.codegen.verify import verify
 from workbench.construct.policy import split_k
 from workbench.construct.space import Options, Space, replay
 from workbench.construct.stepper import construct
@@ -26,7 +29,9 @@ from workbench.ops.reference import random_inputs
 from workbench.ops.tensor_expr import from_te
 from workbench.rtile.model import estimate
 from workbench.rtile.model.gpu import split_k_seconds
-from workbench.rtile.rprogram import RProgram, make_program, split_axis, split_counts, split_steps
+from workbench.rtile.panels import simd_lanes
+from workbench.rtile.plan import cpu_plan, splits_reduction
+from workbench.rtile.rprogram import CPU_MIN_PART_STEPS, RProgram, make_program, split_axis, split_counts, split_steps
 from workbench.rtile.traffic import TileCalculus
 
 
@@ -52,7 +57,7 @@ def test_split_round_trips_and_unsplit_programs_keep_their_stored_form():
     assert RProgram.from_dict(stored, e) == unsplit and RProgram.from_dict(stored, e).split == 1
 
 
-def test_split_counts_deal_whole_steps_and_none_on_a_cpu_or_tensor_cores():
+def test_split_counts_deal_whole_steps_on_a_cpu_in_long_parts_and_none_on_tensor_cores():
     e = expr("matmul", M=64, N=64, K=1000)
     p = program(e, ((2, 2, 1), (32, 32, 16)), True)  # 63 steps of 16, the last 8 long
     counts = split_counts(p, device("v100"))
@@ -60,9 +65,13 @@ def test_split_counts_deal_whole_steps_and_none_on_a_cpu_or_tensor_cores():
     # every count makes parts of ceil(63 / S') steps, the last part the rest: S = 5 -> 13 steps x 5
     assert all(-(-63 // split_steps(replace(p, split=s), 2)) == s for s in counts)
     assert 33 not in counts  # ceil(63 / 33) = 2 steps a part make 32 parts, not 33
-    assert split_axis(e, TINY_CPU) is None
-    cpu = make_program(TileCalculus(e), TINY_CPU, ((1, 8, 1), (8, 64, 64), (64, 64, 1000)), (True,) * 3, 0.0)
-    assert split_counts(cpu, TINY_CPU) == ()
+    # on a CPU the cores take parts of CPU_MIN_PART_STEPS steps or more: 63 in at most 7
+    assert split_axis(e, TINY_CPU) == 2
+    cpu = make_program(TileCalculus(e), TINY_CPU, ((1, 8, 1), (8, 64, 16), (64, 64, 16)), (True,) * 3, 0.0)
+    assert split_counts(cpu, TINY_CPU) == (2, 3, 4, 5, 6, 7)
+    assert all(split_steps(replace(cpu, split=s), 2) >= CPU_MIN_PART_STEPS for s in split_counts(cpu, TINY_CPU))
+    whole = make_program(TileCalculus(e), TINY_CPU, ((1, 8, 1), (8, 64, 64), (64, 64, 1000)), (True,) * 3, 0.0)
+    assert split_counts(whole, TINY_CPU) == ()  # one step: nothing to deal
     assert split_axis(expr("matmul", "float16", M=64, N=64, K=4096), device("v100")) is None  # WMMA
     assert split_axis(expr("relu", shape=(64, 64)), device("v100")) is None  # nothing to reduce
 
@@ -118,7 +127,7 @@ def test_reduce_sum_64x1m_split_fills_the_v100():
 # -- emission ------------------------------------------------------------------------------------
 
 
-def test_a_short_long_k_matmul_is_split_on_a_gpu_and_never_on_a_cpu():
+def test_a_short_long_k_matmul_is_split_on_a_gpu_and_its_rows_fill_two_cpu_cores():
     e = expr("matmul", M=64, N=64, K=8192)
     gpu = construct(e, device("v100"))
     top = gpu.candidates[0]
@@ -126,7 +135,8 @@ def test_a_short_long_k_matmul_is_split_on_a_gpu_and_never_on_a_cpu():
     unsplit = replace(top.program, split=1, grid=top.program.grid // top.program.split)
     assert top.predicted_seconds < estimate(unsplit, device("v100")).predicted_seconds
     assert replay(Space(gpu.expr, device("v100")), top.actions) == top.program
-    cpu = construct(e, TINY_CPU)
+    cpu = construct(e, TINY_CPU)  # two cores: 64 rows in two tiles already keep both busy
+    assert cpu.candidates[0].program.grid >= TINY_CPU.compute_units
     assert all(c.program.split == 1 for c in cpu.candidates)
 
 
@@ -284,3 +294,56 @@ def test_a_pipelined_split_on_the_h100_double_buffers_its_parts_and_equals_numpy
     out = run_serially(e, p, device("h100"), inputs)
     ref = inputs[0].astype(np.float64) @ inputs[1]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+# -- on a CPU ------------------------------------------------------------------------------------
+
+
+def cpu_split(e, tiles, split: int):
+    """`e` in (registers, L1, L2) `tiles` on this machine's CPU, its first reduce axis in `split` parts."""
+    p = make_program(TileCalculus(e), device("local-cpu"), tiles, (True,) * 3, 0.0)
+    return replace(p, split=split, grid=p.grid * split)
+
+
+@pytest.mark.parametrize("params, tiles, split", [
+    # one row whose end cuts the last register tile (edges split off): the sum covers 451 outputs, not 512
+    (dict(M=1, K=2927, N=451), ((1, 32, 16), (1, 256, 16), (1, 512, 16)), 2),
+    # 63 steps of 16 (the last 8 long) in parts of 32 and 31: the split's predicate and K's
+    (dict(M=3, K=1000, N=96), ((3, 32, 1), (3, 32, 16), (3, 96, 16)), 2),
+    (dict(M=3, K=1000, N=96), ((3, 32, 1), (3, 32, 16), (3, 96, 16)), 3),
+    # ragged rows and columns padded to whole tiles, packed panels: the parts sum the padded output
+    (dict(M=13, K=2000, N=170), ((13, 32, 1), (13, 32, 16), (13, 192, 160)), 2),
+    (dict(B=3, M=5, K=700, N=40), ((1, 5, 16, 1), (1, 5, 48, 16), (3, 5, 48, 32)), 2),
+])
+def test_cpu_split_kernels_equal_numpy(params, tiles, split):
+    """Each core's part sums its K-steps into its own row of partial sums, under the grid's
+    parallel loop; one core then adds the rows into the output, its loop over the outputs
+    spanning them exactly (TVM's rfactor keeps no predicate of a ragged tile on that sum)."""
+    e = expr("matmul", **params)
+    dev = device("local-cpu")
+    p = cpu_split(e, tiles, split)
+    assert splits_reduction(replace(p, split=1, grid=p.grid // split), dev)
+    kernel = build_kernel(e, p, dev)
+    assert kernel.ok, kernel.error
+    check = verify(kernel, e)
+    assert check.correct, check.error
+    script = kernel.tvmscript
+    assert "T.parallel(" in script and f"T.sblock_alloc_buffer(({split}," in script  # a row of partial sums a part
+    final = script[script.index('T.sblock("C_update")'):]
+    # the sum over the parts, into the output or, where the tails are padded, the padded output
+    padded = cpu_plan(p, dev).padded_tails
+    outputs = prod(-(-e.axes[a].extent // p.unit_tile[a]) * p.unit_tile[a] if padded else e.axes[a].extent
+                   for a in e.spatial)
+    assert f"T.axis.reduce({split}," in final
+    assert ("T.where(" in final) == (outputs % simd_lanes(dev, 4) != 0)  # the last vector guarded
+
+
+def test_a_cpu_template_that_cannot_split_refuses_a_split_program():
+    """gemv sums lanes along K (`plan.LANES`): a split program of it is refused with one line,
+    recorded as a failed kernel, never built unsplit under a split program's name."""
+    e = expr("gemv", M=64, K=4096)
+    dev = device("local-cpu")
+    program = construct(e, dev).candidates[0].program
+    split = replace(program, split=2, grid=program.grid * 2)
+    kernel = build_kernel(e, split, dev)
+    assert not kernel.ok and "does not split" in kernel.error and "\n" not in kernel.error

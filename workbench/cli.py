@@ -453,6 +453,7 @@ def cmd_construct(args) -> int:
     lines = [f"{workload.describe()} on {c.device.name} ({c.policy}): {len(c.candidates)} candidates in {c.seconds * 1e3:.1f} ms"]
     for cand in c.candidates:
         tiles = "  ".join(f"{n}={'x'.join(map(str, t))}" for n, t in zip(cand.program.layers, cand.program.tiles))
+        tiles += f"  split-K={cand.program.split}" if cand.program.split > 1 else ""
         lines.append(f"#{cand.rank:<3d} {duration(cand.predicted_seconds):>9s}  {cand.estimate.bottleneck:9s} grid {cand.program.grid:<6d} {tiles}")
         lines.append("     " + _compute_source(cand.estimate))
     if c.candidates:

@@ -7,8 +7,11 @@ tiles per L1 tile, register tile]` (level 0 outermost), and the loops are ordere
 
 so one core owns an L2 tile and walks the reduction in the L2 tile's K-steps, the L1 tiles
 inside one K-step reuse what that step brought into L2, and the register micro-kernel is
-unrolled. A reduction accumulates into a local buffer of one L2 output tile (`cache_write`,
-laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
+unrolled. A split program (`RProgram.split` = S, where the grid alone leaves cores idle) deals
+those K-steps over S cores instead: TVM's `rfactor` makes each part's partial sums a block of
+their own, tiled as above with the loop over the parts joining the grid, and one core adds the
+S rows of partial sums after the parallel loop (`_split_k`, `_final_sum`). A reduction
+accumulates into a local buffer of one L2 output tile (`cache_write`, laid out along fused axes, written back once per grid iteration by `reverse_compute_at`), or,
 where the whole reduction fits one L1 tile, of one register tile, stored to the output in
 vectors right after its K-loop (`CpuPlan.direct_stores`); an epilogue (avgpool / reduce_mean
 division, a bias and GELU) is folded into that write-back, while blocks that are passes over
@@ -48,8 +51,8 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import gathered_name
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
 from workbench.rtile.panels import PAD_STEP, cut_other_axes, ragged, row_vector, transposes, vector_width
-from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan
-from workbench.rtile.rprogram import RProgram
+from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan, splits_reduction
+from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 
 # Most iterations of the non-vectorised register loops unrolled into straight-line code (the
 # vectorised loop counts once): enough for a 6-row tile over 16 K-steps or a 3x3 window row of 56
@@ -69,6 +72,8 @@ def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec, plan: 
     common.check_program(expr, program)
     if len(program.tiles) < 2:
         raise ScheduleError(f"a CPU program needs register and cache tiles, got {len(program.tiles)} layer(s)")
+    if program.split > 1 and (split_axis(expr, device) is None or not splits_reduction(program, device)):
+        raise ScheduleError(f"{expr.op}: this CPU template does not split this program's reduction over cores")
     try:
         return _schedule(expr, program, plan or cpu_plan(program, device))
     except ScheduleError:
@@ -88,11 +93,15 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     padded_output = plan.padded_tails and _pad_tails(sch, expr, program)
     block = sch.get_sblock(expr.main_block)
     shape = tuple(sch.get(block).writes[0].source.shape)
-    levels = _split(sch, expr, program, block)
+    loops, final, parts = common.axis_loops(sch, block, expr), None, []
+    if program.split > 1:  # split-K: the block tiled below computes the partial sums, `final` adds them
+        final, (block, loops, part) = block, _split_k(sch, expr, program, block, loops)
+        parts = [part]
+    levels = _split(sch, expr, program, loops)
     vector_axis, whole = plan.vector_axis, plan.direct_stores
     order = _loop_order(expr, levels, vector_axis, whole)
-    sch.reorder(*order)
-    grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
+    sch.reorder(*parts, *order)
+    grid = _parallelise(sch, parts + [levels[a][0] for a in expr.spatial])
     _pad_per_tile(sch, staged, _pad_loop(expr, levels, grid, plan.pad_level))
     # vectorise and unroll before decompose_reduction: its update block has no init, and TVM
     # refuses to vectorise a loop over a block that is neither complete nor a reduction
@@ -110,7 +119,9 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
         passes = epilogues if common.row_passes(sch, expr.main_block, epilogues) else ()
         scope = "global" if plan.stack_accumulators else "local"
-        _accumulate(sch, expr, block, tile_loop or grid, () if passes else epilogues, levels, padded_output, scope)
+        # a split program's partial sums go to a buffer of their own, the padded output's its final sum
+        _accumulate(sch, expr, block, tile_loop or grid, () if passes else epilogues, levels,
+                    padded_output and final is None, scope)
         if tile_loop is not None:
             _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes, plan.stack_accumulators)
         if passes:
@@ -141,7 +152,50 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
         _split_edges(sch, [loop for a in cut_other_axes(expr, program, vector_axis) for loop in levels[a][1:-1]])
     if plan.edge_vectors:
         _edge_tile_apart(sch, block, levels[vector_axis][1:-1], len(expr.reduce) + len(levels) + 1)
+    if final is not None:
+        _final_sum(sch, final, plan.lanes)
     return sch
+
+
+def _split_k(sch, expr: TensorExpr, program: RProgram, block, loops: list):
+    """Deal the first reduce axis (`split_axis`) over `program.split` parts of `split_steps` of
+    the unit tile's K-steps each, the last part the rest (a predicate), by TVM's `rfactor`: a
+    partial-sum block writing `<output>_rf[part, outputs]`, whose loops (`loops`, one per axis,
+    the split axis's a part's elements) are then tiled as the unsplit block's would be, and the
+    original block, now the sum over the parts (`_final_sum`). Split before the tiling, so that
+    the sum's loops span the outputs exactly (TVM's rfactor keeps no predicate of a ragged tile
+    on them). Returns the partial-sum block, its loops and the loop over the parts."""
+    axis = expr.reduce[0]
+    length = split_steps(program, axis) * program.unit_tile[axis]
+    part, inner = sch.split(loops[axis], factors=[None, length], preserve_unit_iters=True)
+    loops = [inner if a == axis else loop for a, loop in enumerate(loops)]
+    # rfactor rebuilds the loop nest in the same order around the partial-sum block: the loops
+    # are found again by their places in it
+    nest = [sch.get_sref(loop) for loop in sch.get_loops(block)]
+    place = [next(n for n, ref in enumerate(nest) if ref.same_as(sch.get_sref(loop))) for loop in (*loops, part)]
+    rf = common.primitive("rfactor the split axis", sch.rfactor, part, 0)
+    rebuilt = sch.get_loops(rf)
+    *loops, part = [rebuilt[n] for n in place]
+    return rf, loops, part
+
+
+def _final_sum(sch, block, lanes: int) -> None:
+    """Schedule the sum of a split program's partial sums (`_split_k`) on one core after the
+    parallel loop: rfactor leaves it one loop per output axis, in order, and the loop over the
+    parts innermost; that loop goes outermost and the outputs' loops, fused, walk the output in
+    order, vectorised in `lanes` where they divide it, the initialisation a pass of its own."""
+    *outputs, part = sch.get_loops(block)
+    sch.reorder(part, *outputs)
+    fused = sch.fuse(*outputs) if len(outputs) > 1 else outputs[0]
+    # before decompose_reduction, as in `_schedule`: TVM vectorises no update block without its
+    # init; where the vectors do not divide the outputs, lowering splits the last one off
+    # (`_partition_edges`), the rest unguarded
+    ragged = int(sch.get(fused).extent) % lanes
+    vectors, lane = sch.split(fused, factors=[None, lanes])
+    if ragged:
+        sch.annotate(vectors, "pragma_loop_partition_hint", 1)
+    sch.vectorize(lane)
+    common.primitive("initialise the sum", sch.decompose_reduction, block, part)
 
 
 def _edge_tile_apart(sch, block, tile_loops: list, register_loops: int) -> None:
@@ -263,9 +317,9 @@ def _pad_loop(expr: TensorExpr, levels: list, grid, level: int):
     return levels[expr.spatial[-1]][level]
 
 
-def _split(sch, expr: TensorExpr, program: RProgram, block) -> list:
-    """Every axis's loop split by its tile chain: `levels[axis][level]`, level 0 outermost."""
-    loops = common.axis_loops(sch, block, expr)
+def _split(sch, expr: TensorExpr, program: RProgram, loops: list) -> list:
+    """Every axis's loop (`loops`, in `expr.axes` order) split by its tile chain:
+    `levels[axis][level]`, level 0 outermost."""
     return [
         common.split_by_chain(sch, loop, axis.extent, common.axis_chain(program, a))
         for a, (axis, loop) in enumerate(zip(expr.axes, loops))
@@ -286,7 +340,7 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     epilogues = common.epilogue_names(sch, expr)
     common.inline_producers(sch, expr)
     block = sch.get_sblock(expr.main_block)
-    levels = _split(sch, expr, program, block)
+    levels = _split(sch, expr, program, common.axis_loops(sch, block, expr))
     order = _loop_order(expr, levels, None)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
@@ -341,7 +395,7 @@ def _schedule_filters(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     axis = plan.vector_axis
     if plan.padded_filters:
         _pad_filters(sch, expr, block, axis, int(program.unit_tile[axis]))
-    levels = _split(sch, expr, program, block)
+    levels = _split(sch, expr, program, common.axis_loops(sch, block, expr))
     order = _loop_order(expr, levels, axis)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])

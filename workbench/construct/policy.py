@@ -32,7 +32,7 @@ from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import lane_axis
 from workbench.rtile.model import Estimate, estimate
-from workbench.rtile.plan import loop_nest_key
+from workbench.rtile.plan import loop_nest_key, splits_reduction
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 from workbench.rtile.rules import dividing_axes
@@ -314,11 +314,13 @@ class Policy:
         return est
 
     def priced(self, program: RProgram) -> tuple[RProgram, Estimate]:
-        """`split_k` of `program` on the space's device, memoised: `_split_unshrunk` prices the
-        program that `emit` then emits."""
+        """`split_k` of `program` on the space's device (the program unsplit where the options
+        turn split-K off), memoised: `_split_unshrunk` prices the program that `emit` then emits."""
         found = self._priced.get(program)
         if found is None:
-            found = self._priced[program] = split_k(program, self.space.device)
+            device = self.space.device
+            found = split_k(program, device) if self.options.split_k else (program, estimate(program, device))
+            self._priced[program] = found
         return found
 
     def repeated(self, state: State) -> Iterator[Step]:
@@ -365,15 +367,15 @@ class Policy:
 
 def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:
     """`program` and its estimate, or, where its grid leaves units idle, the same program split
-    over its reduce axis (`RProgram.split`; a GPU's programs only: `rprogram.split_counts` offers
-    none on a CPU) and the split's estimate. Priced by the model: the splits from the smallest
-    that fills the units up to the most whose blocks are all resident at once (the unsplit
-    program's blocks per unit; the wave quantisation of each in between differs), the fastest
-    kept where it beats the unsplit program (its partial sums and second kernel,
-    `model.split_k_seconds`, against the busier units)."""
+    over its reduce axis (`RProgram.split`: `rprogram.split_counts`, where the template realises
+    a split, `plan.splits_reduction`) and the split's estimate. Priced by the model: the splits
+    from the smallest that fills the units up to the most whose blocks are all resident at once
+    (the unsplit program's blocks per unit; the wave quantisation of each in between differs), the fastest
+    kept where it beats the unsplit program (its partial sums and their sum,
+    `gpu.split_k_seconds` and `cpu.split_sum_seconds`, against the busier units)."""
     est = estimate(program, device)
     units = device.compute_units
-    counts = split_counts(program, device) if program.grid < units else ()
+    counts = split_counts(program, device) if program.grid < units and splits_reduction(program, device) else ()
     if not counts:
         return program, est
     resident = units * est.blocks_per_unit

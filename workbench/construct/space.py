@@ -128,6 +128,9 @@ class Options:
     eps: float = 0.05  # initial tensor-shape waste bound (raised in EPS_STEPS when too few programs)
     max_steps: int = 4000  # hard bound on construction steps per run
     seed: int = 0
+    # whether emission may split a reduction over idle units (`policy.split_k`); off for a
+    # dynamic-shape bundle's programs, whose kernels run unsplit (`vortex.hierarchy.constructed_rows`)
+    split_k: bool = True
 
 
 # Roller raises eps "up to 1.0 in steps" when fewer than K programs come out. Its artifact

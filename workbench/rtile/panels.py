@@ -12,7 +12,7 @@ from math import ceil, prod
 from workbench.hardware.spec import LLC_FILL, DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import filter_axis, lane_axis, streams, vector_axis
-from workbench.rtile.rprogram import RProgram
+from workbench.rtile.rprogram import RProgram, split_steps
 from workbench.rtile.traffic import calculus
 
 
@@ -454,11 +454,15 @@ def packed_tile_bytes(program: RProgram, device: DeviceSpec, inputs: tuple[str, 
     """Bytes the busiest core writes into panels of `inputs` packed at the tile of `layer`: per
     copy their data tiles at that tile; one copy per such tile in a unit tile (its K-steps, and
     its spatial steps when the layer lies below the unit's), for each of the
-    `ceil(grid / units)` unit tiles that core runs."""
+    `ceil(grid / units)` unit tiles that core runs (a split program's parts, each over its part
+    of the split axis, `split_steps` unit tiles' K-steps)."""
     expr = program.expr
     tile, unit = program.tiles[layer], program.unit_tile
     shapes = _data_tiles(expr, tuple(tile))
     per_copy = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
-    steps = prod(ceil(expr.axes[a].extent / tile[a]) for a in expr.reduce)
+    extents = [expr.axes[a].extent for a in expr.reduce]
+    if program.split > 1:  # a part walks `split_steps` of the unit tile's K-steps (`split_axis`: the first)
+        extents[0] = min(extents[0], split_steps(program, expr.reduce[0]) * unit[expr.reduce[0]])
+    steps = prod(ceil(extent / tile[a]) for extent, a in zip(extents, expr.reduce))
     steps *= prod(unit[a] // tile[a] for a in expr.spatial)
     return ceil(program.grid / device.compute_units) * steps * per_copy

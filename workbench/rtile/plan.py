@@ -71,7 +71,9 @@ class CpuPlan:
     `padded_filters` whether a convolution vectorised along its filters computes them padded
     with zero filters to whole unit tiles (`panels.pads_filters`); `prepacked` the packed inputs
     laid out in their panels once, before the first call (a model's weights,
-    `panels.prepacked_inputs`): the kernel takes them so laid out and copies nothing of them.
+    `panels.prepacked_inputs`): the kernel takes them so laid out and copies nothing of them;
+    `split` the parts its reduce axis is dealt over (`RProgram.split`, `splits_reduction`), each
+    part's partial sums summed on one core after the parallel loop (`codegen.cpu._split_k`).
     """
 
     path: str
@@ -92,6 +94,7 @@ class CpuPlan:
     edge_in_vectors: bool = False
     split_others: bool = False
     stack_accumulators: bool = False
+    split: int = 1
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -119,6 +122,9 @@ class CpuPlan:
             "edge_in_vectors": self.edge_in_vectors,
             "split_others": self.split_others,
             "stack_accumulators": self.stack_accumulators,
+            # written only where set: an unsplit kernel's plan reads as it was stored before
+            # split-K (`model_bench` compares stored plans with the template's)
+            **({"split": self.split} if self.split > 1 else {}),
         }
 
 
@@ -231,7 +237,21 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
                    edge_vectors=split and not in_vectors and not whole and splits_edge_vectors(expr, program, device, vector),
-                   edge_in_vectors=in_vectors, split_others=others, stack_accumulators=stack)
+                   edge_in_vectors=in_vectors, split_others=others, stack_accumulators=stack, split=program.split)
+
+
+def splits_reduction(program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the template can deal `program`'s reduce axis (`rprogram.split_axis`) over parts:
+    every GPU program (`rprogram.split_counts` decides); on a CPU the plain template's
+    (`codegen.cpu._split_k`), not the filters' or the lanes' (their own loop nests), nor a
+    program whose whole reduction runs in one register tile (one K-step: nothing to deal), whose
+    split row's edge tile runs apart (`edge_vectors`: TVM partitions no loop under the parts'
+    loop fused with the grid, whose index is no longer affine), or whose inputs come packed
+    ahead (`prepacked`: their panels are laid out for the whole axis)."""
+    if not device.runs_on_cpu:
+        return True
+    plan = cpu_plan(program, device)
+    return plan.path in (PANELS, ROW, SCALAR) and not (plan.direct_stores or plan.edge_vectors or plan.prepacked)
 
 
 @lru_cache(maxsize=65536)
@@ -447,4 +467,6 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts.append("border copied per " + {PAD_STEP: "reduction step", 1: "L1 tile"}.get(plan.pad_level, "unit tile"))
     if plan.accumulators:
         parts.append(f"accumulators: {plan.accumulators}" + (", stack-allocated" if plan.stack_accumulators else ""))
+    if plan.split > 1:
+        parts.append(f"split-K x{plan.split} over the cores, the parts summed on one")
     return ", ".join(parts)

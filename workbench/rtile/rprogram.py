@@ -5,9 +5,10 @@ tile is the unit tile (one SM's thread block / one core's work item) and `grid` 
 over the spatial axes. `cached[l]` is False where the program does not stage data in layer l
 (Roller: operators without reuse build the top tile only and load straight from the bottom).
 `vthreads` pairs a spatial axis with the virtual threads a GPU thread's tile is split into
-(Gensor's setVthread). `split` > 1 (split-K, GPUs only) deals the steps of one reduce axis
-(`split_axis`) over that many blocks per unit tile, whose partial sums a second pass adds; `grid`
-then counts every block launched, `split` per spatial unit tile. A program carries its
+(Gensor's setVthread). `split` > 1 (split-K) deals the steps of one reduce axis
+(`split_axis`) over that many blocks per unit tile (on a CPU, that many cores), whose partial
+sums a second pass adds; `grid` then counts every block launched (every work item a core
+takes), `split` per spatial unit tile. A program carries its
 expression, so the model and codegen need nothing beside it and the device.
 """
 
@@ -40,7 +41,7 @@ class RProgram:
     eps: float
     expr: TensorExpr = field(repr=False)  # as constructed (after axis fusion)
     vthreads: tuple[tuple[str, int], ...] = ()  # (spatial axis, V > 1) of a GPU thread's tile
-    split: int = 1  # blocks sharing one unit tile's reduction (split-K); grid includes them
+    split: int = 1  # blocks (cores) sharing one unit tile's reduction (split-K); grid includes them
 
     @property
     def unit_tile(self) -> Tile:
@@ -173,18 +174,33 @@ def waves(grid: int, slots: int) -> int:
 
 
 def split_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
-    """The reduce axis a split-K program deals over blocks, or None where `expr` is not split
-    on `device`: CPUs (one work item per core already), operators without a reduce axis,
-    tensor-core contractions (their WMMA template keeps one block per output tile) and
-    operators whose axes were fused (the partial-sum buffer is laid out over the expression's
-    own axes). A cross-thread reduction splits the axis its threads run along (`cross_thread_axis`),
-    every other operator its outermost reduce axis (the outermost shared-step loop)."""
-    if not device.launches_thread_blocks or not expr.reduce or mma_axes(expr, device) is not None:
+    """The reduce axis a split-K program deals over blocks (a CPU's over cores), or None where
+    `expr` is not split on `device`: operators without a reduce axis, tensor-core contractions
+    (their WMMA template keeps one block per output tile), operators whose axes were fused (the
+    partial-sum buffer is laid out over the expression's own axes) and, on a CPU, operators
+    with blocks after the main one (`codegen.cpu` folds an epilogue into the accumulators'
+    write-back and runs row passes per unit tile, which for a split program would act on each
+    part's partial sums). A cross-thread reduction
+    splits the axis its threads run along (`cross_thread_axis`), every other operator its
+    outermost reduce axis (the outermost shared-step loop; a CPU's loop over the unit tile's
+    K-steps)."""
+    if not expr.reduce or mma_axes(expr, device) is not None:
         return None
     if any(axis.fused_from for axis in expr.axes):
         return None
+    if device.runs_on_cpu and (expr.epilogues or expr.row_passes):
+        return None
     across = cross_thread_axis(expr, device)
     return expr.reduce[0] if across is None else across
+
+
+# Fewest of the unit tile's K-steps a CPU split program's part walks. A part keeps the unit tile
+# the scale-up sized for one core's whole reduction and pays that tile's accumulator buffer and
+# panels once per part; of 15 splits timed against the unsplit rank 1 on two Zen 4 cores (each
+# construction's rank 1; docs/model-evidence.md#cpu-split-parts), the 10 whose parts walked 10
+# steps or more ran 1.00-2.3x as fast, the 5 of 1-4 steps 0.71-1.02x (907 x 397 x 17 in parts of
+# one step: 223 us against 158).
+CPU_MIN_PART_STEPS = 8
 
 
 def split_counts(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
@@ -195,8 +211,8 @@ def split_counts(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
     A cross-thread reduction takes only S dividing its steps, over an extent its tile divides
     (no predicate at all): TVM 0.27 lowers the rfactor block of a reduce loop bound to threads
     under a predicate as a plain loop, every thread then writing its own partial sum
-    (`codegen.cuda_splitk` refuses it). Empty where the program
-    cannot be split (or is split already)."""
+    (`codegen.cuda_splitk` refuses it). On a CPU only parts of CPU_MIN_PART_STEPS steps or more.
+    Empty where the program cannot be split (or is split already)."""
     axis = split_axis(program.expr, device)
     if axis is None or program.split != 1:
         return ()
@@ -204,7 +220,8 @@ def split_counts(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
     steps = ceil(extent / step)
     if axis == cross_thread_axis(program.expr, device):
         return tuple(s for s in range(2, steps + 1) if steps % s == 0) if extent % step == 0 else ()
-    return tuple(sorted({ceil(steps / ceil(steps / s)) for s in range(2, steps + 1)}))
+    least = CPU_MIN_PART_STEPS if device.runs_on_cpu else 1
+    return tuple(sorted({ceil(steps / ceil(steps / s)) for s in range(2, steps // least + 1)}))
 
 
 def split_steps(program: RProgram, axis: int) -> int:

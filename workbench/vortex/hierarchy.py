@@ -294,11 +294,13 @@ def constructed_rows(expr: TensorExpr, device: DeviceSpec, dyn: int) -> list[tup
     "Dynamic shapes") M = 1 ran 1.3-5.7x numpy's time before them: the 1 x 64 kernel on five, a
     6-row kernel on three, where the model, pricing the 1 x 64 tile's runs at DRAM's latency
     though B stayed in the last-level cache, kept none (369 x 11468: 896 us, Roller's rank 1 at
-    one row 157, numpy 162). [] where there is no single-row family."""
+    one row 157, numpy 162). Constructed without split-K: a bundle's kernels run unsplit, and a
+    tile sized to be split over the cores would leave one idle. [] where there is no single-row
+    family."""
     if not _has_single_row(expr, device, dyn):
         return []
     one = at_extent(expr, expr.axes[dyn].name, 1)
-    built = construct(one, device, "roller", Options(topk=CONSTRUCTED_ROWS))
+    built = construct(one, device, "roller", Options(topk=CONSTRUCTED_ROWS, split_k=False))
     levels = len(unit_levels(device))
     return [tuple(c.program.tiles) for c in built.candidates
             if len(c.program.tiles) == levels and all(len(t) == len(expr.axes) and t[dyn] == 1 for t in c.program.tiles)]

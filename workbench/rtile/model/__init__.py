@@ -40,8 +40,9 @@ resident tiles of a unit share its throughput, so blocks per unit raise compute 
 blocks per unit))` is reported as the number of rounds of resident blocks. A cross-thread
 reduction adds, after its pipeline, the trees that combine its threads' partial sums, once per
 wave (`gpu.tree_reduction_seconds`). A split-K program adds its partial sums' traffic and its
-second kernel (`gpu.split_k_seconds`), a CPU program the copies of the inputs its template packs
-into panels (`cpu.packing_seconds`) and the output lines two of its cores write, where the grid's
+second kernel (`gpu.split_k_seconds`; on a CPU their sum on one core, `cpu.split_sum_seconds`,
+its longest part setting the time, `part_imbalance`), a CPU program the copies of the inputs its
+template packs into panels (`cpu.packing_seconds`) and the output lines two of its cores write, where the grid's
 split between them falls inside the output's rows (`cpu.shared_output_lines`).
 """
 
@@ -54,7 +55,7 @@ from math import ceil, prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.model.cpu import price as cpu_price
 from workbench.rtile.model.gpu import price as gpu_price
-from workbench.rtile.rprogram import RProgram, footprint_at, waves
+from workbench.rtile.rprogram import RProgram, footprint_at, split_axis, split_steps, waves
 from workbench.rtile.traffic import calculus
 
 
@@ -114,6 +115,20 @@ class Estimate:
                    tuple(data.get("measured", ())), tuple(data.get("modelled", ())))
 
 
+def part_imbalance(program: RProgram, device: DeviceSpec) -> float:
+    """How much longer a CPU split program's longest part runs than an even share: parts walk
+    `split_steps` whole steps of the split axis each, the last the rest, so of T steps in S
+    parts the busiest walks ceil(T / S) where an even share is T / S (3 steps in 2 parts: 2 and
+    1, 4/3 of the even share). A CPU splits only where its grid leaves cores idle, so its parts run at once,
+    one a core, and the longest sets the time; a GPU's blocks of short parts give their SM to
+    the next wave's blocks, which the waves priced as whole do not follow (1 there). 1 unsplit."""
+    if program.split <= 1 or not device.runs_on_cpu:
+        return 1.0
+    axis = split_axis(program.expr, device)
+    steps = ceil(program.expr.axes[axis].extent / program.unit_tile[axis])
+    return split_steps(program, axis) * program.split / steps
+
+
 def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     """Predicted time and its parts for `program` on `device`: the target's `Pricing`
     (`cpu.price` or `gpu.price`), scaled out over the units."""
@@ -123,6 +138,7 @@ def estimate(program: RProgram, device: DeviceSpec) -> Estimate:
     units = device.compute_units
     busy = min(1.0, program.grid / units)
     quantization = ceil(program.grid / units) * units / program.grid if program.grid >= units else 1.0
+    quantization *= part_imbalance(program, device)
     volume = prod(calc.extents)
     padded = calc.padded_volume(program.unit_tile)
     padded_flops = int(expr.flops * padded / volume)

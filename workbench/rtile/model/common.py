@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from math import prod
 
 from workbench.hardware.spec import LLC_FILL, DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -35,6 +36,19 @@ class Pricing:
     reduction_seconds: float = 0.0
     measured: tuple[str, ...] = ()
     modelled: tuple[str, ...] = ()
+
+
+def partial_sum_bytes(program: RProgram) -> int:
+    """Bytes a split-K program (`RProgram.split` = S > 1) moves beyond the unsplit one's, O the
+    output's bytes: its parts store S x O partial sums where the unsplit program stores O, and
+    their sum reads the S x O back and writes the O results, (S - 1) O + S O + O. Partial sums
+    have the output's dtype (TVM's rfactor buffer). 0 for unsplit programs."""
+    split = program.split
+    if split <= 1:
+        return 0
+    out = program.expr.output
+    size = prod(out.shape) * out.itemsize
+    return (split - 1) * size + split * size + size
 
 
 def hardware_caches(program: RProgram, device: DeviceSpec) -> RProgram:

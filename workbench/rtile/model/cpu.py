@@ -2,8 +2,9 @@
 lines for `scattered_inputs`), their transfer times, the accumulators' trips to the layer that
 keeps them (`accumulator_home`, `accumulator_steps`) and the output buffer's passes
 (`buffer_bytes`), the panel copies (`packing_seconds`), a strided image's gather
-(`gather_seconds`), the output lines two cores write (`shared_output_lines`), and how the stages
-add up (`combine_stages`); `price` assembles them with the compute term (`model.cpu_compute`)."""
+(`gather_seconds`), the output lines two cores write (`shared_output_lines`), a split program's
+sum (`split_sum_seconds`), and how the stages add up (`combine_stages`); `price` assembles them
+with the compute term (`model.cpu_compute`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import lane_axis, plain_projection, plain_projections
 from workbench.rtile.model.common import (
-    GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, peak_gflops, provenance, source_layer,
+    GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
+    source_layer,
 )
 from workbench.rtile.model.cpu_compute import (
     EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance,
@@ -33,8 +35,9 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
     copies, the epilogue's arithmetic (`epilogue_seconds`), a split row's scalar edge
     (`edge_seconds`), the output elements stored one at a time (`guarded_store_seconds`), a strided
-    image's gather (`gather_seconds`) and the output lines two cores write (`shared_output_lines`,
-    SHARED_LINE_CYCLES each) added after the scale-out."""
+    image's gather (`gather_seconds`), the output lines two cores write (`shared_output_lines`,
+    SHARED_LINE_CYCLES each) and a split program's sum (`split_sum_seconds`) added after the
+    scale-out."""
     expr = program.expr
     calc = calculus(expr)
     eff = compute_efficiency(program, device)
@@ -85,11 +88,15 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     if shared:
         stage = "output lines two cores write"
         moved[stage], loads[stage] = shared * device.layers[-1].transaction_bytes, sharing
+    summing = split_sum_seconds(program, device)
+    if summing:
+        stage = f"summing {program.split} parts' partial sums"
+        moved[stage], loads[stage] = partial_sum_bytes(program), summing
     said = provenance(program, device, compute_provenance(program, device), bool(packed))
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
         after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device),
-               guarded_store_seconds(program, device), gathering, sharing),
+               guarded_store_seconds(program, device), gathering, sharing, summing),
         **said,
     )
 
@@ -420,6 +427,17 @@ def shared_output_lines(program: RProgram, device: DeviceSpec) -> int:
         lines = rows * (inside + counted - (end * min(1.0, near) if inside else 0))
         shared += min(round(lines), spanned)
     return shared
+
+
+def split_sum_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What a split program (`RProgram.split` = S > 1: its grid counts S parts per unit tile,
+    each over 1/S of the reduce axis, so its loads and compute are the unsplit program's spread
+    over more cores) adds after its parallel loop: the partial sums' bytes (`partial_sum_bytes`)
+    at the bottom layer's bandwidth (`layer_gbps`: the last-level cache's where the operator
+    fits it), the sum running on one core (`codegen.cpu._final_sum`) over partial sums the
+    other cores left in their caches. The same kernel: no launch. 0 for unsplit programs."""
+    moved = partial_sum_bytes(program)
+    return moved / (layer_gbps(program, device, len(device.layers) - 1) * GB) if moved else 0.0
 
 
 def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int, scalar: bool = False) -> float:

@@ -13,7 +13,9 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, leading_axis
 from workbench.rtile.banks import ThreadBinding, lane_coords, requests, stored_tile, wavefronts
-from workbench.rtile.model.common import GB, Pricing, layer_gbps, peak_gflops, provenance, source_layer
+from workbench.rtile.model.common import (
+    GB, Pricing, layer_gbps, partial_sum_bytes, peak_gflops, provenance, source_layer,
+)
 from workbench.rtile.occupancy import blocks_per_unit, resident_blocks, warps_per_scheduler
 from workbench.rtile.panels import any_ragged
 from workbench.rtile.plan import VECTOR_RUN, gpu_plan
@@ -300,19 +302,15 @@ def split_k_seconds(program: RProgram, device: DeviceSpec) -> float:
     """What a split-K program (`RProgram.split` = S > 1) adds to its first pass: that pass's
     grid already counts its S blocks per unit tile (`RProgram.grid`), each walking 1/S of the
     reduce axis, so its loads and compute are the unsplit program's spread over more units;
-    beyond them, its blocks store S x O partial sums (O outputs) where the unsplit program
-    stores O, and a second kernel reads the S x O partial sums back and writes the O results.
+    beyond them, its blocks store partial sums that a second kernel adds (`partial_sum_bytes`).
     Priced at the bottom layer's bandwidth (both passes stream: consecutive threads,
     consecutive outputs), plus the second kernel's launch (`DeviceSpec.launch_seconds`) and
     one memory latency before its first loads return (it has nothing to overlap them with).
-    Partial sums have the output's dtype (TVM's rfactor buffer). 0 for unsplit programs."""
-    split = program.split
-    if split <= 1:
+    0 for unsplit programs."""
+    moved = partial_sum_bytes(program)
+    if not moved:
         return 0.0
-    out = program.expr.output
-    size = prod(out.shape) * out.itemsize
     bottom = device.layers[-1]
-    moved = (split - 1) * size + split * size + size  # extra partial stores; pass 2 reads S x O, writes O
     return device.launch_seconds + bottom.latency_ns * 1e-9 + moved / (bottom.bandwidth_gbps * GB)
 
 
