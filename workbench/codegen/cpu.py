@@ -75,14 +75,16 @@ def schedule_cpu(expr: TensorExpr, program: RProgram, device: DeviceSpec, plan: 
     if program.split > 1 and (split_axis(expr, device) is None or not splits_reduction(program, device)):
         raise ScheduleError(f"{expr.op}: this CPU template does not split this program's reduction over cores")
     try:
-        return _schedule(expr, program, plan or cpu_plan(program, device))
+        return _schedule(expr, program, plan or cpu_plan(program, device), split_axis(expr, device))
     except ScheduleError:
         raise
     except Exception as err:  # a TVM primitive refused the program
         raise ScheduleError(first_line(err)) from err
 
 
-def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
+def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan, split: int | None):
+    """The schedule of `plan` (`schedule_cpu`); `split` the axis a split program deals over its
+    parts (`rprogram.split_axis`; None where the operator splits none)."""
     if plan.path == FILTERS:
         return _schedule_filters(expr, program, plan)
     if plan.path == LANES:
@@ -95,7 +97,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     shape = tuple(sch.get(block).writes[0].source.shape)
     loops, final, parts = common.axis_loops(sch, block, expr), None, []
     if program.split > 1:  # split-K: the block tiled below computes the partial sums, `final` adds them
-        final, (block, loops, part) = block, _split_k(sch, expr, program, block, loops)
+        final, (block, loops, part) = block, _split_k(sch, program, split, block, loops)
         parts = [part]
     levels = _split(sch, expr, program, loops)
     vector_axis, whole = plan.vector_axis, plan.direct_stores
@@ -157,15 +159,14 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     return sch
 
 
-def _split_k(sch, expr: TensorExpr, program: RProgram, block, loops: list):
-    """Deal the first reduce axis (`split_axis`) over `program.split` parts of `split_steps` of
+def _split_k(sch, program: RProgram, axis: int, block, loops: list):
+    """Deal reduce `axis` (`rprogram.split_axis`) over `program.split` parts of `split_steps` of
     the unit tile's K-steps each, the last part the rest (a predicate), by TVM's `rfactor`: a
     partial-sum block writing `<output>_rf[part, outputs]`, whose loops (`loops`, one per axis,
     the split axis's a part's elements) are then tiled as the unsplit block's would be, and the
     original block, now the sum over the parts (`_final_sum`). Split before the tiling, so that
     the sum's loops span the outputs exactly (TVM's rfactor keeps no predicate of a ragged tile
     on them). Returns the partial-sum block, its loops and the loop over the parts."""
-    axis = expr.reduce[0]
     length = split_steps(program, axis) * program.unit_tile[axis]
     part, inner = sch.split(loops[axis], factors=[None, length], preserve_unit_iters=True)
     loops = [inner if a == axis else loop for a, loop in enumerate(loops)]

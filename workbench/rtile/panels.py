@@ -12,7 +12,7 @@ from math import ceil, prod
 from workbench.hardware.spec import LLC_FILL, DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import filter_axis, lane_axis, streams, vector_axis
-from workbench.rtile.rprogram import RProgram, split_steps
+from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 from workbench.rtile.traffic import calculus
 
 
@@ -460,9 +460,10 @@ def packed_tile_bytes(program: RProgram, device: DeviceSpec, inputs: tuple[str, 
     tile, unit = program.tiles[layer], program.unit_tile
     shapes = _data_tiles(expr, tuple(tile))
     per_copy = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
-    extents = [expr.axes[a].extent for a in expr.reduce]
-    if program.split > 1:  # a part walks `split_steps` of the unit tile's K-steps (`split_axis`: the first)
-        extents[0] = min(extents[0], split_steps(program, expr.reduce[0]) * unit[expr.reduce[0]])
-    steps = prod(ceil(extent / tile[a]) for extent, a in zip(extents, expr.reduce))
+    extents = {a: expr.axes[a].extent for a in expr.reduce}
+    if program.split > 1:  # a part walks `split_steps` of the unit tile's K-steps
+        axis = split_axis(expr, device)
+        extents[axis] = min(extents[axis], split_steps(program, axis) * unit[axis])
+    steps = prod(ceil(extent / tile[a]) for a, extent in extents.items())
     steps *= prod(unit[a] // tile[a] for a in expr.spatial)
     return ceil(program.grid / device.compute_units) * steps * per_copy
