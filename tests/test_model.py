@@ -27,7 +27,7 @@ from workbench.rtile.model.common import (
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
     GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
-    hidden_source, packed_bytes,
+    hidden_source, lane_sum_seconds, packed_bytes,
     packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
@@ -118,6 +118,8 @@ def check_consistent(calc, dev, program, est):
         assert (epilogue_seconds(program, dev, 1.0) > 0) == (program.expr.epilogue_ops > 0)
         # and a split row's scalar edge, on the core that holds it (closed forms in test_plan)
         packing += edge_seconds(program, dev)
+        # and a K-vectorised reduction's sums across lanes (closed forms in test_transposed_gemm)
+        packing += lane_sum_seconds(program, dev)
         # and the output lines two cores write (closed forms at the end of this file)
         sharing = loads.pop("output lines two cores write", 0.0)
         assert sharing == pytest.approx(shared_lines * SHARED_LINE_CYCLES / (clock_ghz(program, dev) * 1e9) if shared_lines else 0.0)

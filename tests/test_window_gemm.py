@@ -8,7 +8,7 @@ from test_alignment import AVX2, AVX512
 from tests.helpers import built_view_kernels, device
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper, ViewChoice, construct, construction_view
-from workbench.ops.gemm_view import construction_expr, window_alternative
+from workbench.ops.gemm_view import construction_expr, view_alternative
 from workbench.ops.pixel_gemm import pixel_gemm
 from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.window_gemm import (
@@ -92,15 +92,15 @@ def test_the_limits_are_the_documented_ones():
 def test_beyond_the_limits_the_view_is_priced_against_the_nest_up_to_512(params, priced):
     """`window_gemm(priced=True)`: the view of a stride-1 conv beyond MAX_WINDOW_REDUCTION, up to
     MAX_PRICED_REDUCTION multiply-adds and MAX_COPIES_PER_OUTPUT copied values per output (more
-    copies keep the nest, priced or not); `window_alternative` offers it on a CPU only."""
+    copies keep the nest, priced or not); `view_alternative` offers it on a CPU only."""
     assert MAX_PRICED_REDUCTION == 512
     e = _conv(**params)
     view = window_gemm(e, priced=True)
     assert (view is not None) == priced
     if priced:
         assert window_gemm(e) is None and is_window_view(view)
-        assert window_alternative(e, device("local-cpu")).axes == view.axes
-        assert window_alternative(e, device("v100")) is None
+        assert view_alternative(e, device("local-cpu")).axes == view.axes
+        assert view_alternative(e, device("v100")) is None
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

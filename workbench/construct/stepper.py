@@ -25,7 +25,7 @@ from workbench.construct.step import Candidate, Step
 from workbench.errors import UserError
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.fusion import fuse_axes
-from workbench.ops.gemm_view import construction_expr, window_alternative
+from workbench.ops.gemm_view import construction_expr, view_alternative
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.window_gemm import is_window_view
 from workbench.rtile.model.common import peak_gflops
@@ -37,12 +37,14 @@ __all__ = ["POLICIES", "Construction", "Stepper", "ViewChoice", "construct", "co
 @dataclass(frozen=True)
 class ViewChoice:
     """What a construction tiles (`expr`: `ops.gemm_view.construction_expr`'s choice) and, where
-    a conv's window view is priced against its nest (`ops.gemm_view.window_alternative`), the
-    predicted time of Roller's rank 1 over each; 0 where nothing was priced."""
+    a view is priced against the nest (`ops.gemm_view.view_alternative`: a conv's window view, a
+    GEMM's over its transposed operand's copy), the predicted time of Roller's rank 1 over each;
+    0 where nothing was priced."""
 
     expr: TensorExpr
     nest_seconds: float = 0.0
     view_seconds: float = 0.0
+    view: str = ""  # what the view priced was, in words ("" where nothing was priced)
 
     @property
     def priced(self) -> bool:
@@ -52,13 +54,13 @@ class ViewChoice:
         """One line for the faces: which the model chose, at what prices; "" where nothing was priced."""
         if not self.priced:
             return ""
-        taken = "the GEMM over its gathered windows" if is_window_view(self.expr) else "its own loop nest"
-        return (f"priced as the GEMM over its gathered windows (im2col) {self.view_seconds * 1e6:.1f} us and in its own "
+        taken = self.view if is_window_view(self.expr) or self.expr.transposed else "its own loop nest"
+        return (f"priced as {self.view} {self.view_seconds * 1e6:.1f} us and in its own "
                 f"loop nest {self.nest_seconds * 1e6:.1f} us (Roller's rank 1 of each): constructed as {taken}")
 
     def to_dict(self) -> dict:
-        return {"window_view": is_window_view(self.expr), "nest_seconds": self.nest_seconds,
-                "view_seconds": self.view_seconds}
+        return {"window_view": is_window_view(self.expr), "transposed_view": bool(self.expr.transposed),
+                "nest_seconds": self.nest_seconds, "view_seconds": self.view_seconds}
 
 
 class Stepper:
@@ -107,6 +109,10 @@ class Stepper:
             elif self.viewed:
                 why = "a 1x1 conv as the GEMM over its pixels, ops.pixel_gemm"
             yield Step(action, state, None, None, note=f"fuse axes: [{before}] -> [{after}] ({why})")
+        elif self.viewed and self.space.expr.transposed:  # the axes stay; an input is read as its copy
+            action = Action(Kind.FUSE_AXES)
+            state = State(0, (), (), self.options.eps, actions=(action,))
+            yield Step(action, state, None, None, note=f"view: {self.view.text()}")
         yield from policy_steps
 
     @property
@@ -250,8 +256,8 @@ def construct(expr: TensorExpr, device: DeviceSpec, policy: str = "roller", opti
 
 def construction_view(expr: TensorExpr, device: DeviceSpec) -> ViewChoice:
     """What a construction of `expr` on `device` tiles: `ops.gemm_view.construction_expr`'s
-    choice, except where a conv has a window view to price against its nest
-    (`ops.gemm_view.window_alternative`): then whichever of the two Roller's rank 1 (default
+    choice, except where a view is priced against the nest (`ops.gemm_view.view_alternative`: a
+    conv's window view, a GEMM's over its transposed operand's copy): then whichever of the two Roller's rank 1 (default
     options) is predicted faster over, both prices kept. A function of (expr, device) alone, so
     that an export or a stored run re-derives the same axes; the pricing is remembered
     (`MAX_PRICED`), as it costs two constructions, the expression kept as the caller's where the
@@ -260,22 +266,30 @@ def construction_view(expr: TensorExpr, device: DeviceSpec) -> ViewChoice:
     viewed = construction_expr(expr, device)
     key = (expr, device)
     if key not in _PRICED:
-        alternative = window_alternative(expr, device)
+        alternative = view_alternative(expr, device)
         if alternative is None:
             return ViewChoice(viewed)
         nest, view = (_rank1(expr, device, e) for e in (viewed, alternative))
         taken = view if view.seconds < nest.seconds else nest
-        _PRICED[key] = (alternative if taken is view else None, nest.seconds, view.seconds)
+        _PRICED[key] = (alternative if taken is view else None, nest.seconds, view.seconds, _view_words(alternative))
         _SEARCHED[key] = (taken.policy, taken.policy_steps)
         for cache, most in ((_PRICED, MAX_PRICED), (_SEARCHED, MAX_SEARCHED)):
             while len(cache) > most:
                 del cache[next(iter(cache))]
-    taken, nest, view = _PRICED[key]
-    return ViewChoice(viewed if taken is None else taken, nest, view)
+    taken, nest, view, words = _PRICED[key]
+    return ViewChoice(viewed if taken is None else taken, nest, view, words)
+
+
+def _view_words(view: TensorExpr) -> str:
+    """What a view priced against the nest is (`ops.gemm_view.view_alternative`), in words."""
+    if view.transposed:
+        names = " and ".join(view.transposed)
+        return f"the GEMM over a copy of {names} laid along the output's rows (ops.transposed_gemm)"
+    return "the GEMM over its gathered windows (im2col)"
 
 
 # The prices `construction_view` found, by (expression, device), oldest first: the view taken
-# (None where the nest stays), the nest's and the view's rank 1 seconds.
+# (None where the nest stays), the nest's and the view's rank 1 seconds, the view in words.
 _PRICED: dict[tuple, tuple] = {}
 MAX_PRICED = 256
 

@@ -39,6 +39,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.group_view import group_view
 from workbench.ops.pixel_gemm import pixel_gemm
 from workbench.ops.tensor_expr import REDUCE, SPATIAL, Axis, TensorAccess, TensorExpr, read_through_window, sum_of_products
+from workbench.ops.transposed_gemm import transposed_gemm
 from workbench.ops.window_gemm import window_gemm
 
 
@@ -111,7 +112,7 @@ def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     (CUDA); on a CPU, a grouped conv with its groups a dimension of every tensor
     (`ops.group_view`), a pointwise conv's GEMM over its pixels (`ops.pixel_gemm`) and a conv of
     few channels the GEMM over its gathered windows (`ops.window_gemm`), the expression itself
-    everywhere else (`window_alternative` names what the construction prices against it). A dtype the
+    everywhere else (`view_alternative` names what the construction prices against it). A dtype the
     device has tensor cores for keeps the direct nest: the view would be modelled as an MMA
     contraction (`rtile.axes.mma_axes`) while the WMMA template declines fused axes and
     `codegen.cuda_conv` runs on the CUDA cores, so the model would price the wrong units."""
@@ -130,14 +131,16 @@ def construction_expr(expr: TensorExpr, device: DeviceSpec) -> TensorExpr:
     return view.expr
 
 
-def window_alternative(expr: TensorExpr, device: DeviceSpec) -> TensorExpr | None:
-    """On a CPU, the window view of a conv whose nest `construction_expr` keeps but which is
-    within the limits where the view is priced against it (`window_gemm(priced=True)`); the
-    construction takes whichever the model prices faster (`construct.stepper.construction_view`).
-    None elsewhere."""
+def view_alternative(expr: TensorExpr, device: DeviceSpec) -> TensorExpr | None:
+    """On a CPU, a view priced against the nest `construction_expr` keeps: a conv's window view
+    within the limits where it is priced (`window_gemm(priced=True)`), or a GEMM's over a copy
+    of its transposed operand (`ops.transposed_gemm`: the copy pays only where the operand is
+    reused enough); the construction takes whichever the model prices faster
+    (`construct.stepper.construction_view`). None elsewhere."""
     if device.launches_thread_blocks:
         return None
-    return window_gemm(group_view(expr) or expr, priced=True)
+    grouped = group_view(expr) or expr
+    return window_gemm(grouped, priced=True) or transposed_gemm(grouped)
 
 
 def view_of(expr: TensorExpr) -> GemmView | None:

@@ -15,7 +15,7 @@ innermost dimensions are the output's pixels, `transform_block_layout` on every 
 r and s dropped), so epilogues a model fused into the conv (a bias, a ReLU, BN's scale) follow
 the same pixels; the function then takes (N, C, H*W) buffers, and `with_call_shapes` gives the
 compiled kernel back the caller's (N, C, H, W) ones, over the same memory. At a stride the
-image's pixels are not a matrix: a copy of every stride-th pixel comes first (`_gather`), and the
+image's pixels are not a matrix: a copy of every stride-th pixel comes first (`gather`), and the
 GEMM reads that. The GPU keeps its implicit GEMM (`ops.gemm_view`), which covers every conv.
 """
 
@@ -142,13 +142,13 @@ def plain_axis(expr: TensorExpr, tensor: TensorAccess, dim: int) -> int | None:
 
 def _rewrite(expr: TensorExpr, pixels: tuple[int, int], unit: tuple[int, ...], image: int | None):
     """`expr.func` over (.., H*W) buffers and blocks whose (h, w) iterators are one p; an image
-    read at a stride (input `image`) first gathered (`_gather`)."""
+    read at a stride (input `image`) first gathered (`gather`)."""
     import tvm
     from tvm import s_tir
 
     sch = s_tir.Schedule(tvm.IRModule({"main": expr.func}))
     main = sch.get_sblock(expr.main_block)
-    copy = _gather(sch, main, expr.inputs[image].name) if image is not None else None
+    copy = gather(sch, main, expr.inputs[image].name) if image is not None else None
     # the gather walks the image's rows: its pixels stay two loops
     func = flatten_pixels(sch, expr, skip=() if copy is None else (copy,), unit=unit)
     return _name_axes(func, sch.get(main), expr, pixels, unit)
@@ -210,18 +210,20 @@ def flatten_pixels(sch, expr: TensorExpr, skip: tuple[str, ...] = (), kept: tupl
 
 
 def gathered_name(name: str) -> str:
-    """The buffer `_gather` copies the image argument `name` into (TVM's `reindex` names it)."""
+    """The buffer `gather` copies argument `name` into (TVM's `reindex` names it)."""
     return f"{name}_reindex"
 
 
-def _gather(sch, main, name: str) -> str:
-    """Copy the pixels the main block reads of the image `name` (every stride-th) into a buffer
-    of the image's dimensions over the output's pixels, which the main block then reads at
-    stride 1: ONNX Runtime runs a strided pointwise conv as a GEMM over such a copy (MLAS), where
-    the conv's own nest read the image at the stride (13 channels, 223 x 223 pixels at stride 2:
-    0.41x ONNX Runtime's speed in the filters template: docs/evidence.md#gathered-pixels). TVM's
-    `reindex` makes the copy, its buffer and iterators in the main block's iterator order; both
-    are put in the image's dimension order, its pixels innermost."""
+def gather(sch, main, name: str, dims: tuple[int, ...] | None = None) -> str:
+    """Copy the elements the main block reads of argument `name` into a buffer the main block
+    then reads instead, before the loop nest; returns the copy block's name. A strided pointwise
+    conv's image: the pixels read (every stride-th) over the output's pixels, which the main
+    block then reads at stride 1: ONNX Runtime runs a strided pointwise conv as a GEMM over such
+    a copy (MLAS), where the conv's own nest read the image at the stride (13 channels, 223 x 223
+    pixels at stride 2: 0.41x ONNX Runtime's speed in the filters template:
+    docs/evidence.md#gathered-pixels). TVM's `reindex` makes the copy, its buffer and iterators
+    in the main block's iterator order; both are put in the argument's dimension order, or in
+    the order `dims` lists its dimensions (`ops.transposed_gemm`: a transposed operand's copy)."""
     import tvm
     from tvm.tirx import IndexMap
 
@@ -240,6 +242,8 @@ def _gather(sch, main, name: str) -> str:
         order.append(used[0] if used else None)
     if sorted(i for i in order if i is not None) != list(range(len(variables))):
         raise ValueError(f"{name}'s copy has iterators no dimension walks")
+    if dims is not None:
+        order = [order[d] for d in dims]
     dtype = str(variables[0].ty)
     zero = tvm.tirx.const(0, dtype)
     permute = IndexMap.from_func(lambda *i: tuple(zero if k is None else i[k] for k in order),

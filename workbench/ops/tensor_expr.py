@@ -142,6 +142,9 @@ class TensorExpr:
     # the inputs the main block reads as a copy gathered before the loop nest (by name): a
     # strided pointwise conv's pixels (`ops.pixel_gemm`), a window's im2col (`ops.window_gemm`)
     gathered: tuple[str, ...] = ()
+    # the inputs the main block reads as a copy made before the loop nest with their dimensions
+    # permuted, the output's row innermost (by name): a matmul's B stored [N, K] (`ops.transposed_gemm`)
+    transposed: tuple[str, ...] = ()
     func: object = field(default=None, compare=False, repr=False, hash=False)
 
     # Views of the frozen fields, computed once per expression: construction asks for them on
@@ -218,6 +221,7 @@ class TensorExpr:
             **({"row_passes": [p.to_dict() for p in self.row_passes]} if self.row_passes else {}),
             **({"constants": list(self.constants)} if self.constants else {}),
             **({"gathered": list(self.gathered)} if self.gathered else {}),
+            **({"transposed": list(self.transposed)} if self.transposed else {}),
         }
 
     @classmethod
@@ -245,6 +249,7 @@ class TensorExpr:
                                      bool(p["contiguous"])) for p in data.get("row_passes", ())),  # not recorded: priced as vectorised
             constants=tuple(data.get("constants", ())),  # not recorded: every input passed per call
             gathered=tuple(data.get("gathered", ())),  # not recorded: none gathered
+            transposed=tuple(data.get("transposed", ())),  # not recorded: none transposed
         )
 
 

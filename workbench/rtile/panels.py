@@ -126,7 +126,8 @@ def prepacked_inputs(expr: TensorExpr, program: RProgram, packed: tuple[str, ...
     out = []
     for t in expr.inputs:
         arg = args.get(t.name)
-        if t.name not in packed or t.name not in expr.constants or arg is None or prod(arg.shape) != prod(t.shape):
+        if t.name not in packed or t.name not in expr.constants or arg is None or prod(arg.shape) != prod(t.shape) \
+                or t.name in expr.transposed:  # read as a copy made in the call
             continue
         axes = [[a for a, c in enumerate(coeffs) if c] for coeffs, _ in t.index]
         if any(len(used) != 1 or const or coeffs[used[0]] != 1 for used, (coeffs, const) in zip(axes, t.index)):

@@ -193,9 +193,9 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     only for a vectorised row."""
     expr = program.expr
     lanes = simd_lanes(device, expr.output.itemsize)
-    # a padding copy, or a gathered image (`ops.pixel_gemm` at a stride), is a stage of its own;
-    # a view of the argument's elements is neither
-    staged = bool(padded_inputs(expr) or gathered_inputs(expr))
+    # a padding copy, a gathered image (`ops.pixel_gemm` at a stride) or a transposed operand's
+    # copy (`ops.transposed_gemm`) is a stage of its own; a view of the argument's elements is neither
+    staged = bool(padded_inputs(expr) or gathered_inputs(expr) or expr.transposed)
     filters = filter_vector_axis(expr, program, device)
     if filters is not None:
         # the ragged pixel axes' edges split off: TVM's guard left in every register tile cost

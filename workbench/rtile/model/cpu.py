@@ -12,6 +12,7 @@ from math import ceil, gcd, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.transposed_gemm import copied_bytes
 from workbench.rtile.axes import lane_axis, plain_projection, plain_projections
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
@@ -22,7 +23,7 @@ from workbench.rtile.model.cpu_compute import (
     edge_in_pieces, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes, vector_width
-from workbench.rtile.plan import PANELS, ROW, cpu_plan
+from workbench.rtile.plan import LANES, PANELS, ROW, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
@@ -83,6 +84,11 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     gathering = _gather_time(device, gathered)
     if gathered:
         moved["gathering the image's pixels"], loads["gathering the image's pixels"] = gathered, gathering
+    copied = copied_bytes(program.expr)
+    if copied:  # before the loop nest as a gather is: added to it
+        stage = f"copying {' and '.join(program.expr.transposed)} transposed"
+        moved[stage], loads[stage] = copied, transpose_seconds(program, device)
+        gathering += loads[stage]
     shared = shared_output_lines(program, device)
     sharing = shared * SHARED_LINE_CYCLES / (clock_ghz(program, device) * GB) if shared else 0.0
     if shared:
@@ -96,7 +102,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     return Pricing(
         compute=compute, moved=tuple(moved.items()), loads=tuple(loads.items()), bottleneck=bottleneck, core=core,
         after=(packing, epilogue_seconds(program, device, busy), edge_seconds(program, device),
-               guarded_store_seconds(program, device), gathering, sharing, summing),
+               lane_sum_seconds(program, device), guarded_store_seconds(program, device), gathering, sharing,
+               summing),
         **said,
     )
 
@@ -671,6 +678,54 @@ def gather_seconds(expr: TensorExpr, device: DeviceSpec) -> float:
     no clock: 15, 18 and 2 us predicted for gathers measured at about 13, 15 and 3-4 (evidence:
     docs/evidence.md#gathered-pixels)."""
     return _gather_time(device, gathered_bytes(expr, device))
+
+
+# Bytes a core's copy of a transposed operand moves per cycle (`codegen.cpu._transpose_first`:
+# blocks of a vector's lanes square, each row of a block one vector store): 2.4 and 3.7 on two
+# Zen 4 cores, a 4 and a 6 MB operand, each the view's time less its GEMM's predicted time
+# (evidence: docs/model-evidence.md#transpose-bytes-per-cycle).
+TRANSPOSE_BYTES_PER_CYCLE = 3.0
+
+
+def transpose_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """The copies of a GEMM's transposed operands (`ops.transposed_gemm.copied_bytes`: each
+    operand read and written once), over every core before the loop nest: at
+    TRANSPOSE_BYTES_PER_CYCLE, or the bottom layer's bandwidth where that is slower (an operand
+    the last-level cache does not hold) or the spec has no clock."""
+    moved = copied_bytes(program.expr)
+    if not moved:
+        return 0.0
+    streamed = moved / (layer_gbps(program, device, len(device.layers) - 1) * GB)
+    ghz = core_ghz(device)
+    if not ghz:
+        return streamed
+    return max(streamed, moved / (TRANSPOSE_BYTES_PER_CYCLE * device.compute_units * ghz * GB))
+
+
+# Cycles a core spends per output of a reduction vectorised along its K (`CpuPlan.path` LANES)
+# summing the output's vector of per-lane partial sums into one value, its store included: 53
+# fitted on attention scores (12 x 128 x 64 x 128, B transposed) on two Zen 4 cores, whose
+# 196,608 outputs ran 1.55 ms where their FMAs are priced 0.13 ms (evidence:
+# docs/model-evidence.md#lane-sum-cycles).
+LANE_SUM_CYCLES = 53
+
+
+def lane_sum_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What a reduction vectorised along its K (`CpuPlan.path` LANES: gemv, row sums, a GEMM
+    whose operands both stream along K) spends beyond its FMAs: per output, the sum across its
+    lanes after the grid iteration's whole K (`codegen.cpu._schedule_lanes`, LANE_SUM_CYCLES), and
+    where the unit tile leaves K ragged (`CpuPlan.split_edges`) the K % lanes guarded scalar FMAs
+    of its edge (GUARDED_LANE_CYCLES), over the cores the grid keeps busy. Beside a gemv's K-long rows
+    little (4096 outputs of 4096: 0.03 of its time); beside a GEMM's short K most of it."""
+    plan = cpu_plan(program, device)
+    if not device.runs_on_cpu or plan.path != LANES:
+        return 0.0
+    expr, k = program.expr, plan.vector_axis
+    extent = expr.axes[k].extent
+    outputs = prod(expr.axes[a].extent for a in expr.spatial)
+    edge = extent % plan.lanes if plan.split_edges else 0
+    cycles = outputs * (LANE_SUM_CYCLES + edge * GUARDED_LANE_CYCLES)
+    return cycles / (min(program.grid, device.compute_units) * clock_ghz(program, device) * GB)
 
 
 def _gather_time(device: DeviceSpec, moved: int) -> float:

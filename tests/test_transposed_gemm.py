@@ -1,0 +1,132 @@
+"""A GEMM whose B is stored transposed, as the GEMM over a copy of B laid along the output's rows
+(`ops.transposed_gemm`): the view, which operators have one, its price against the nest (the copy
+and the nest's sums across lanes, closed forms on generated specs), the kernel over the caller's
+buffers, and the construction's choice between the two."""
+
+import pytest
+from test_alignment import AVX2, AVX512
+
+from tests.helpers import device
+from workbench.codegen.build import build_kernel
+from workbench.codegen.verify import verify
+from workbench.construct.space import Options
+from workbench.construct.stepper import Stepper, ViewChoice, construct, construction_view
+from workbench.ops.gemm_view import view_alternative
+from workbench.ops.tensor_expr import from_prim_func
+from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
+from workbench.rtile.model.common import layer_gbps
+from workbench.rtile.model.cpu import (
+    GUARDED_LANE_CYCLES, LANE_SUM_CYCLES, TRANSPOSE_BYTES_PER_CYCLE, clock_ghz, core_ghz, lane_sum_seconds, price,
+    transpose_seconds,
+)
+from workbench.rtile.plan import LANES, PANELS, cpu_plan
+from workbench.workload import Workload
+
+
+def _matmul(m, k, n, b=0, **flags):
+    params = {"M": m, "K": k, "N": n, "B": b, **flags}
+    return Workload(op="matmul", params=tuple(params.items())).build()
+
+
+@pytest.mark.parametrize("b", [0, 3])
+def test_b_stored_transposed_is_read_as_its_copy_laid_along_the_rows(b):
+    e = _matmul(45, 67, 29, b, trans_b=True)
+    view = transposed_gemm(e)
+    lead = (b,) if b else ()
+    # the axes and the flops stay; B is read as [.., K, N], the caller still passes [.., N, K]
+    assert view.axes == e.axes and view.flops == e.flops and view.transposed == ("B",)
+    assert [t.shape for t in view.tensors] == [lead + (45, 67), lead + (67, 29), lead + (45, 29)]
+    assert view.args == e.args and e.args[1].shape == lead + (29, 67)
+    # the PrimFunc it carries reads the copy, whose TVM-read expression is the view's
+    read = from_prim_func(view.func, e.op, dict(e.params), e.dtype, n_inputs=2)
+    assert read.axes == view.axes
+    assert [t.shape for t in read.tensors] == [t.shape for t in view.tensors]
+    assert "B_reindex" in view.func.script()
+
+
+@pytest.mark.parametrize("m,k,n,flags", [
+    (45, 67, 29, {}),  # B streams along the row already
+    (45, 67, 29, {"trans_a": True}),  # A ignores the row: broadcast, nothing to copy
+    (1, 67, 29, {"trans_b": True}),  # B read once: a copy only adds its traffic (gemv's template)
+])
+def test_other_matmuls_have_no_such_view(m, k, n, flags):
+    assert transposed_gemm(_matmul(m, k, n, **flags)) is None
+
+
+def test_gemv_and_convs_have_no_such_view():
+    gemv = Workload(op="gemv", params=(("M", 64), ("K", 96))).build()
+    conv = Workload(op="conv2d", params=tuple({"N": 1, "C": 8, "H": 9, "W": 9, "F": 16, "KH": 3, "KW": 3,
+                                               "stride": 1, "pad": 1}.items())).build()
+    assert transposed_gemm(gemv) is None and transposed_gemm(conv) is None
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_copy_is_priced_per_byte_on_every_core_or_at_the_bottom_layers_bandwidth(dev):
+    """B read once and its copy written once, 2 N K x 4 bytes, at TRANSPOSE_BYTES_PER_CYCLE on
+    every core, or streamed at the bottom layer's rate where that is slower; added before the
+    loop nest as a gather is (the slot `tests/test_pixel_gemm.py` reads)."""
+    view = transposed_gemm(_matmul(128, 200, 300, 4, trans_b=True))
+    moved = 2 * 4 * 200 * 300 * 4
+    assert copied_bytes(view) == moved
+    program = construct(view, dev, options=Options(topk=1)).candidates[0].program
+    cycles = moved / (TRANSPOSE_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9)
+    streamed = moved / (layer_gbps(program, dev, len(dev.layers) - 1) * 1e9)
+    assert transpose_seconds(program, dev) == pytest.approx(max(cycles, streamed))
+    pricing = price(program, dev, program.expr.flops, 1.0)
+    assert dict(pricing.moved)["copying B transposed"] == moved
+    *_, gathering, _, _ = pricing.after
+    assert gathering == pytest.approx(transpose_seconds(program, dev))
+    assert cpu_plan(program, dev).path == PANELS and cpu_plan(program, dev).staged_padding
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("k", [64, 75])
+def test_a_reduction_along_its_lanes_pays_one_sum_across_them_per_output(dev, k):
+    """The nest of a transposed B vectorises K (`CpuPlan.path` LANES): per output one sum across
+    the lanes, and where K is ragged its K % lanes scalar FMAs, over the cores the grid keeps busy."""
+    e = _matmul(24, k, 40, 2, trans_b=True)
+    program = Stepper(e, dev, options=Options(topk=1), view=ViewChoice(e)).finish().candidates[0].program
+    plan = cpu_plan(program, dev)
+    assert plan.path == LANES and plan.vector_axis == 3
+    edge = k % plan.lanes if plan.split_edges else 0
+    assert plan.split_edges == bool(k % plan.lanes)
+    cycles = 2 * 24 * 40 * (LANE_SUM_CYCLES + edge * GUARDED_LANE_CYCLES)
+    busy = min(program.grid, dev.compute_units)
+    assert lane_sum_seconds(program, dev) == pytest.approx(cycles / (busy * clock_ghz(program, dev) * 1e9))
+    assert lane_sum_seconds(transposed_program(e, dev), dev) == 0.0  # the view's plain template has none
+
+
+def transposed_program(e, dev):
+    return construct(transposed_gemm(e), dev, options=Options(topk=1)).candidates[0].program
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_the_construction_takes_the_view_where_it_prices_faster(dev):
+    """Attention's scores (Q x K^T, K = 64): each output of the nest a short dot product and its
+    sum across lanes, the copy a few KB: the view. Two rows over a 4096 x 4096 B read once by the
+    nest: copying 64 MB costs more than the GEMM, so the nest stays."""
+    scores = _matmul(128, 64, 128, 12, trans_b=True)
+    chosen = construction_view(scores, dev)
+    assert chosen.priced and chosen.expr.transposed == ("B",) and chosen.view_seconds < chosen.nest_seconds
+    assert "copy of B" in chosen.text() and chosen.to_dict()["transposed_view"]
+    first = Stepper(scores, dev).next()
+    assert first.note.startswith("view: priced as the GEMM over a copy of B")
+    two_rows = _matmul(2, 4096, 4096, trans_b=True)
+    kept = construction_view(two_rows, dev)
+    assert kept.priced and kept.expr is two_rows and kept.nest_seconds < kept.view_seconds
+    assert view_alternative(scores, device("v100")) is None  # the GPU's templates read B as stored
+
+
+@pytest.mark.parametrize("m,k,n,b", [(45, 67, 29, 0), (37, 129, 77, 3)])
+def test_the_view_kernels_take_the_callers_b_and_match_numpy(m, k, n, b):
+    """Ragged extents on every axis; the copy runs before the loop nest, over all cores, in blocks
+    of a vector's lanes (`codegen.cpu._transpose_first`)."""
+    e = _matmul(m, k, n, b, trans_b=True)
+    dev = device("local-cpu")
+    view = transposed_gemm(e)
+    for cand in construct(view, dev, options=Options(topk=2)).candidates:
+        kernel = build_kernel(cand.program.expr, cand.program, dev)
+        assert kernel.ok, kernel.error
+        assert [a.shape for a in kernel.args] == [a.shape for a in e.args]
+        result = verify(kernel, cand.program.expr)
+        assert result.correct, result
