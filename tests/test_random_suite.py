@@ -35,7 +35,7 @@ def _conv_cost(e: dict) -> tuple[int, int]:
     return flops, max(e["N"] * e["C"] * e["H"] * e["W"], e["F"] * e["C"] * e["KH"] * e["KW"], e["N"] * e["F"] * oh * ow)
 
 
-@pytest.mark.parametrize("kind", ["random", "random-conv"])
+@pytest.mark.parametrize("kind", ["random", "random-tb", "random-conv"])
 def test_a_draw_is_the_same_for_a_seed_and_differs_across_seeds(kind):
     assert draw(kind, 12, 7) == draw(kind, 12, 7)
     assert draw(kind, 12, 7) != draw(kind, 12, 8)
@@ -43,9 +43,12 @@ def test_a_draw_is_the_same_for_a_seed_and_differs_across_seeds(kind):
     assert [e["id"] for e in draw(kind, 4, 2**64 - 1)] == ["r0", "r1", "r2", "r3"]
 
 
-def test_matmul_shapes_are_inside_the_stated_distributions():
-    shapes = [e for s in SEEDS for e in draw("random", 12, s)]
-    bounds = BOUNDS["random"]
+@pytest.mark.parametrize("kind", ["random", "random-tb"])
+def test_matmul_shapes_are_inside_the_stated_distributions(kind):
+    shapes = [e for s in SEEDS for e in draw(kind, 12, s)]
+    bounds = BOUNDS[kind]
+    # random-tb's B is stored transposed, every shape; random's never
+    assert all(e.get("trans_b", False) == (kind == "random-tb") and "trans_a" not in e for e in shapes)
     for e in shapes:
         normalize_params("matmul", {k: v for k, v in e.items() if k not in ("id", "op", "dtype")})
         flops, elements = _matmul_cost(e)
@@ -86,7 +89,7 @@ def test_conv_shapes_are_inside_the_stated_distributions():
         ("random:1001", "N must be an integer from 1 to 1000, got '1001'"),
         ("random:x", "N must be an integer from 1 to 1000, got 'x'"),
         ("random:-3", "N must be an integer from 1 to 1000"),
-        ("random-foo:3", "unknown random suite 'random-foo' (known: random, random-conv)"),
+        ("random-foo:3", "unknown random suite 'random-foo' (known: random, random-tb, random-conv)"),
     ],
 )
 def test_malformed_random_names_are_refused(name, message):

@@ -64,7 +64,7 @@ def _integer(text: str, low: int, high: int) -> int:
 
 
 SUITE_HELP = ("a suite of specs/suites (cpu-core, ...), a suite TOML path, or shapes drawn per seed: random:N "
-              "(matmuls) or random-conv:N (conv2ds), N from 1 to 1000")
+              "(matmuls), random-tb:N (matmuls with B stored transposed) or random-conv:N (conv2ds), N from 1 to 1000")
 
 
 def _policy_args(p: argparse.ArgumentParser, topk: int = 10, suite: bool = False) -> None:
@@ -72,7 +72,7 @@ def _policy_args(p: argparse.ArgumentParser, topk: int = 10, suite: bool = False
     p.add_argument("--topk", type=_topk, default=topk, help=f"how many programs to construct (1 to {MAX_TOPK})")
     if suite:  # None: not given, so that a random suite draws a fresh seed (`_bench_suite`)
         p.add_argument("--seed", type=_seed, default=None, help="a random suite's draw and the Markov walk's seed "
-                       "(0 to 2^64-1; default: a fresh one for random:N and random-conv:N, reported; else 0)")
+                       "(0 to 2^64-1; default: a fresh one for a random suite, reported; else 0)")
     else:
         p.add_argument("--seed", type=_seed, default=0, help="the Markov walk's seed; with `model --run`, also its random inputs' (0 to 2^64-1)")
 

@@ -1,11 +1,13 @@
 """Random suites: workloads drawn per run from distributions of real layers, so that no fixed list
 can be tuned to (issue 37: "judge every change on fresh seeds").
 
-`random:N` draws N matmuls, `random-conv:N` N conv2ds. Shape `rI` of a seed depends only on
+`random:N` draws N matmuls, `random-tb:N` N matmuls whose B is stored transposed, [N, K] (a
+Linear layer's weight as PyTorch keeps it, attention's keys in Q x K^T), `random-conv:N` N
+conv2ds. Shape `rI` of a seed depends only on
 (kind, seed, I), never on N: `random:3` is the first three shapes of `random:12` with the same
 seed, and the label `KIND@SEED:rI` names one shape for good (`--workload random@SEED:r3`).
 
-Matmul extents (each drawn log-uniformly in its range, then given a flavour: PRIME, ODD, ROUND or
+Matmul extents (both matmul kinds; each drawn log-uniformly in its range, then given a flavour: PRIME, ODD, ROUND or
 ANY, mostly ragged on purpose):
 - M: skinny 1-64 with probability 0.4 (decode steps, small batches), else 65-4096;
 - K: small 8-128 (0.25: head dims, small channel counts), medium 129-2048 (0.5), huge 2049-16384
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from workbench.errors import UserError
 
 # kind -> the catalog operator its shapes are
-KINDS = {"random": "matmul", "random-conv": "conv2d"}
+KINDS = {"random": "matmul", "random-tb": "matmul", "random-conv": "conv2d"}
 PREFIX = "random"  # suite names that start with it are random suites (or malformed ones)
 MAX_COUNT = 1000  # the CLI's --topk bound too: a suite is a benchmark, not a sweep
 MAX_SEED = 2**64 - 1  # as `--seed` everywhere in the CLI
@@ -67,10 +69,14 @@ class Bounds:
 # the float64 reference) lets a GPT-2 head (768 x 50257) in while a 23 GiB machine shared by
 # several runs keeps room. Convs: ORT is slower per FLOP on them than BLAS on matmuls (and
 # codegen builds take longer), so half the FLOPs a decade fewer elements.
+_MATMULS = Bounds(min_flops=2**20, max_flops=2**31, max_elements=2**26)
 BOUNDS = {
-    "random": Bounds(min_flops=2**20, max_flops=2**31, max_elements=2**26),
+    "random": _MATMULS,
+    "random-tb": _MATMULS,
     "random-conv": Bounds(min_flops=2**20, max_flops=2**30, max_elements=2**24),
 }
+# kind -> parameters every shape of it carries beside its drawn extents
+LAYOUT = {"random-tb": {"trans_b": True}}
 # A draw lands inside BOUNDS about two times in three (matmuls 0.68, convs 0.72 over 20,000
 # draws), so 10,000 tries run out with probability below 3^-10000: a loop that did would be a
 # bug in the ranges above.
@@ -140,11 +146,11 @@ def draw_one(kind: str, seed: int, index: int) -> dict:
     """Shape `rINDEX` of `kind` and `seed`: a suite entry inside BOUNDS[kind]."""
     rng = random.Random(f"{kind}:{seed}:{index}")
     bounds = BOUNDS[kind]
-    shape = _matmul if kind == "random" else _conv
+    shape = _matmul if KINDS[kind] == "matmul" else _conv
     for _ in range(MAX_TRIES):
         params, flops, elements = shape(rng)
         if bounds.min_flops <= flops <= bounds.max_flops and max(elements) <= bounds.max_elements:
-            return {"id": f"r{index}", "op": KINDS[kind], "dtype": DTYPE, **params}
+            return {"id": f"r{index}", "op": KINDS[kind], "dtype": DTYPE, **params, **LAYOUT.get(kind, {})}
     raise RuntimeError(f"{kind}: no shape inside {bounds} in {MAX_TRIES} draws of seed {seed}, index {index}")
 
 
