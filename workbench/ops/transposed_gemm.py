@@ -53,6 +53,8 @@ def _transposed(expr: TensorExpr) -> tuple[int, tuple[int, ...]] | None:
             or expr.transposed:
         return None
     out = expr.output
+    if not out.shape:  # a scalar output (a dot product) has no row
+        return None
     row = _axis_of(out, len(out.shape) - 1)
     if row is None or expr.axes[row].kind != SPATIAL:
         return None
