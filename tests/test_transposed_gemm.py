@@ -130,3 +130,26 @@ def test_the_view_kernels_take_the_callers_b_and_match_numpy(m, k, n, b):
         assert [a.shape for a in kernel.args] == [a.shape for a in e.args]
         result = verify(kernel, cand.program.expr)
         assert result.correct, result
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("b,k", [(0, 841), (8, 841), (0, 4097)])
+def test_one_row_over_a_transposed_b_finds_register_tiles_along_a_ragged_k(dev, b, k):
+    """A Linear layer at decode time: one row over B [N, K], no view (B read once), the nest's K
+    vectorised as a gemv's. Its register K was refused at every size that does not divide K (the
+    one-row rule of `rules.TailRule`), so a K of 841 = 29 x 29 found no register tile at all."""
+    e = _matmul(1, k, 457, b, trans_b=True)
+    assert transposed_gemm(e) is None
+    found = construct(e, dev, options=Options(topk=3)).candidates
+    assert found and all(cpu_plan(c.program, dev).path == LANES for c in found)
+    assert all(c.program.register_tile[-1] % cpu_plan(c.program, dev).lanes == 0 for c in found)
+
+
+def test_one_row_over_a_transposed_b_with_a_ragged_k_matches_numpy():
+    e = _matmul(1, 841, 457, 3, trans_b=True)
+    dev = device("local-cpu")
+    cand = construct(e, dev, options=Options(topk=1)).candidates[0]
+    kernel = build_kernel(cand.program.expr, cand.program, dev)
+    assert kernel.ok, kernel.error
+    result = verify(kernel, cand.program.expr)
+    assert result.correct, result

@@ -294,7 +294,7 @@ def _transpose_first(sch, name: str, lanes: int) -> None:
     (`ops.transposed_gemm`) before the loop nest, over all cores, in blocks of `lanes` x `lanes`
     elements: a block reads `lanes` lines of the operand and writes `lanes` lines of the copy,
     each row of it one vector store, where a row at a time read every element from a line of
-    its own (1 x 4096 x 4096: 66 ms for the copy)."""
+    its own (2 x 4096 x 4096's B: 66 ms copied so, 18 ms in blocks)."""
     *outer, row, col = sch.get_loops(sch.get_sblock(name))
     rows, row_in = sch.split(row, factors=[None, lanes])
     cols, col_in = sch.split(col, factors=[None, lanes])

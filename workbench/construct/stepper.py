@@ -257,8 +257,8 @@ def construct(expr: TensorExpr, device: DeviceSpec, policy: str = "roller", opti
 def construction_view(expr: TensorExpr, device: DeviceSpec) -> ViewChoice:
     """What a construction of `expr` on `device` tiles: `ops.gemm_view.construction_expr`'s
     choice, except where a view is priced against the nest (`ops.gemm_view.view_alternative`: a
-    conv's window view, a GEMM's over its transposed operand's copy): then whichever of the two Roller's rank 1 (default
-    options) is predicted faster over, both prices kept. A function of (expr, device) alone, so
+    conv's window view, a GEMM's over its transposed operand's copy): then whichever of the two
+    Roller's rank 1 (default options) is predicted faster over, both prices kept. A function of (expr, device) alone, so
     that an export or a stored run re-derives the same axes; the pricing is remembered
     (`MAX_PRICED`), as it costs two constructions, the expression kept as the caller's where the
     nest stays (`Stepper.viewed` tells a view by identity), and the search over the expression

@@ -3,12 +3,12 @@ can be tuned to (issue 37: "judge every change on fresh seeds").
 
 `random:N` draws N matmuls, `random-tb:N` N matmuls whose B is stored transposed, [N, K] (a
 Linear layer's weight as PyTorch keeps it, attention's keys in Q x K^T), `random-conv:N` N
-conv2ds. Shape `rI` of a seed depends only on
-(kind, seed, I), never on N: `random:3` is the first three shapes of `random:12` with the same
-seed, and the label `KIND@SEED:rI` names one shape for good (`--workload random@SEED:r3`).
+conv2ds. Shape `rI` of a seed depends only on (kind, seed, I), never on N: `random:3` is the first
+three shapes of `random:12` with the same seed, and the label `KIND@SEED:rI` names one shape for
+good (`--workload random@SEED:r3`).
 
-Matmul extents (both matmul kinds; each drawn log-uniformly in its range, then given a flavour: PRIME, ODD, ROUND or
-ANY, mostly ragged on purpose):
+Matmul extents (both matmul kinds; each drawn log-uniformly in its range, then given a flavour:
+PRIME, ODD, ROUND or ANY, mostly ragged on purpose):
 - M: skinny 1-64 with probability 0.4 (decode steps, small batches), else 65-4096;
 - K: small 8-128 (0.25: head dims, small channel counts), medium 129-2048 (0.5), huge 2049-16384
   (0.25: MLP down-projections);

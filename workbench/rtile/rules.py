@@ -502,7 +502,9 @@ class TailRule(PerAxisRule):
     dividing tile and otherwise splits the edge off, its last register tile scalar
     (`panels.lane_reduction_axis`; evidence: docs/model-evidence.md#tail-rule).
     A one-row matmul (`always_streamed`) pads nothing, having no panels: its one reduction's
-    tiles are `StreamRowsRule`'s (`stream_rows_axis`). Another reduction with no panels splits
+    tiles are `StreamRowsRule`'s (`stream_rows_axis`), but for a register tile vectorised along K
+    (B stored transposed, [N, K]), whose K is a gemv's (1 x 841 x 457 found no register tile:
+    every size of K but 29 and 841 refused). Another reduction with no panels splits
     the edge of a ragged K off its vector row whatever register K it cuts (`panels.splits_edges`:
     the guard K's end puts there is the same for every lane); its cache tiles' K divides K where
     a multiple of the tile above other than itself does, and otherwise need not (a prime K over
@@ -518,7 +520,7 @@ class TailRule(PerAxisRule):
         filters = filter_lanes(ctx.expr, lane)
         kind, extent = ctx.expr.axes[axis].kind, ctx.expr.axes[axis].extent
         along_k = ctx.layer == 0 and not filters and reduce_lanes(ctx.expr, lane)
-        if kind == "reduce" and always_streamed(ctx.expr, ctx.device):
+        if kind == "reduce" and always_streamed(ctx.expr, ctx.device) and not along_k:
             if axis == stream_rows_axis(ctx.expr, ctx.device):
                 return True  # `StreamRowsRule` has every tile's K
             upper = ctx.upper[axis]
