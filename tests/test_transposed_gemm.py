@@ -16,7 +16,7 @@ from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
 from workbench.rtile.model.common import layer_gbps
 from workbench.rtile.model.cpu import (
-    GUARDED_LANE_CYCLES, LANE_SUM_CYCLES, TRANSPOSE_BYTES_PER_CYCLE, clock_ghz, core_ghz, lane_sum_seconds, price,
+    GUARDED_LANE_CYCLES, LANE_SUM_CYCLES, TRANSPOSE_BYTES_PER_CYCLE, TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz, lane_sum_seconds, price,
     transpose_seconds,
 )
 from workbench.rtile.plan import LANES, PANELS, cpu_plan
@@ -70,13 +70,30 @@ def test_the_copy_is_priced_per_byte_on_every_core_or_at_the_bottom_layers_bandw
     assert copied_bytes(view) == moved
     program = construct(view, dev, options=Options(topk=1)).candidates[0].program
     cycles = moved / (TRANSPOSE_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9)
-    streamed = moved / (layer_gbps(program, dev, len(dev.layers) - 1) * 1e9)
+    bottom = dev.layers[-1].bandwidth_gbps
+    gbps = layer_gbps(program, dev, len(dev.layers) - 1)
+    streamed = moved * (TRANSPOSE_DRAM_SLOWDOWN if gbps == bottom else 1.0) / (gbps * 1e9)
     assert transpose_seconds(program, dev) == pytest.approx(max(cycles, streamed))
     pricing = price(program, dev, program.expr.flops, 1.0)
     assert dict(pricing.moved)["copying B transposed"] == moved
     *_, gathering, _, _ = pricing.after
     assert gathering == pytest.approx(transpose_seconds(program, dev))
     assert cpu_plan(program, dev).path == PANELS and cpu_plan(program, dev).staged_padding
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_copy_from_dram_is_priced_at_a_fraction_of_its_bandwidth(dev):
+    """A 109 MB B (GPT-2's head over 541 inputs) is no operator the last-level cache holds: read
+    and written from DRAM, 2 x 4 x 541 x 50257 bytes at TRANSPOSE_DRAM_SLOWDOWN times its
+    streamed time where that is slower than the copy's cycles."""
+    view = transposed_gemm(_matmul(19, 541, 50257, trans_b=True))
+    program = construct(view, dev, options=Options(topk=1)).candidates[0].program
+    bottom = len(dev.layers) - 1
+    assert layer_gbps(program, dev, bottom) == dev.layers[bottom].bandwidth_gbps
+    moved = 2 * 4 * 541 * 50257
+    cycles = moved / (TRANSPOSE_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9)
+    streamed = moved * TRANSPOSE_DRAM_SLOWDOWN / (dev.layers[bottom].bandwidth_gbps * 1e9)
+    assert transpose_seconds(program, dev) == pytest.approx(max(cycles, streamed))
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -685,17 +685,27 @@ def gather_seconds(expr: TensorExpr, device: DeviceSpec) -> float:
 # Zen 4 cores, a 4 and a 6 MB operand, each the view's time less its GEMM's predicted time
 # (evidence: docs/model-evidence.md#transpose-bytes-per-cycle).
 TRANSPOSE_BYTES_PER_CYCLE = 3.0
+# ... and from DRAM, where the last-level cache does not hold the operand: each block's lines
+# read from and written to rows apart (and each written line read first), the copy moves at
+# about a quarter of the bottom layer's bandwidth: 3.3, 4.1 and 5.7 times its streamed time for
+# an 87, a 64 and a 109 MB operand on two Zen 4 cores (evidence:
+# docs/model-evidence.md#lane-sum-cycles).
+TRANSPOSE_DRAM_SLOWDOWN = 4.0
 
 
 def transpose_seconds(program: RProgram, device: DeviceSpec) -> float:
     """The copies of a GEMM's transposed operands (`ops.transposed_gemm.copied_bytes`: each
     operand read and written once), over every core before the loop nest: at
-    TRANSPOSE_BYTES_PER_CYCLE, or the bottom layer's bandwidth where that is slower (an operand
-    the last-level cache does not hold) or the spec has no clock."""
+    TRANSPOSE_BYTES_PER_CYCLE, or the bottom layer's bandwidth where that is slower (or the spec
+    has no clock), TRANSPOSE_DRAM_SLOWDOWN times slower where that layer is DRAM (an operator
+    the last-level cache does not hold, `layer_gbps`)."""
     moved = copied_bytes(program.expr)
     if not moved:
         return 0.0
-    streamed = moved / (layer_gbps(program, device, len(device.layers) - 1) * GB)
+    bottom = len(device.layers) - 1
+    gbps = layer_gbps(program, device, bottom)
+    slowdown = TRANSPOSE_DRAM_SLOWDOWN if gbps == device.layers[bottom].bandwidth_gbps else 1.0
+    streamed = moved * slowdown / (gbps * GB)
     ghz = core_ghz(device)
     if not ghz:
         return streamed
