@@ -16,8 +16,8 @@ from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
 from workbench.rtile.model.common import layer_gbps
 from workbench.rtile.model.cpu import (
-    GUARDED_LANE_CYCLES, LANE_SUM_CYCLES, TRANSPOSE_BYTES_PER_CYCLE, TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz, lane_sum_seconds, price,
-    transpose_seconds,
+    GUARDED_LANE_CYCLES, LANE_SUM_CYCLES, TRANSPOSE_BYTES_PER_CYCLE, TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz,
+    lane_sum_seconds, price, transpose_seconds,
 )
 from workbench.rtile.plan import LANES, PANELS, cpu_plan
 from workbench.workload import Workload

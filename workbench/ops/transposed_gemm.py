@@ -8,7 +8,7 @@ stream along it (`rtile.axes.lane_axis`), falls back to vectors along K, each ou
 lanes (the gemv template): 0.08-0.65x numpy's speed on random shapes, 0.15x on attention scores.
 BLIS and OpenBLAS pack B's panels whichever way it is stored; here a copy of B with its dimensions
 in the order the output row streams (`Bt[k, j]`) is made once, before the loop nest, over all
-cores (`codegen.cpu._gather_first`), and the plain template then tiles, packs and vectorises the
+cores (`codegen.cpu._transpose_first`), and the plain template then tiles, packs and vectorises the
 GEMM over it as it does a matmul's. The copy reads B once and writes it once: O(N K) against the
 GEMM's O(M N K).
 

@@ -683,7 +683,7 @@ def gather_seconds(expr: TensorExpr, device: DeviceSpec) -> float:
 # Bytes a core's copy of a transposed operand moves per cycle (`codegen.cpu._transpose_first`:
 # blocks of a vector's lanes square, each row of a block one vector store): 2.4 and 3.7 on two
 # Zen 4 cores, a 4 and a 6 MB operand, each the view's time less its GEMM's predicted time
-# (evidence: docs/model-evidence.md#transpose-bytes-per-cycle).
+# (evidence: docs/model-evidence.md#lane-sum-cycles).
 TRANSPOSE_BYTES_PER_CYCLE = 3.0
 # ... and from DRAM, where the last-level cache does not hold the operand: each block's lines
 # read from and written to rows apart (and each written line read first), the copy moves at
