@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
-from workbench.ops.tensor_expr import SPATIAL, TensorAccess, TensorExpr, sum_of_products
+from workbench.ops.pixel_gemm import gather, plain_dim
+from workbench.ops.tensor_expr import SPATIAL, TensorExpr, sum_of_products
 
 
 def transposed_gemm(expr: TensorExpr) -> TensorExpr | None:
@@ -55,7 +56,7 @@ def _transposed(expr: TensorExpr) -> tuple[int, tuple[int, ...]] | None:
     out = expr.output
     if not out.shape:  # a scalar output (a dot product) has no row
         return None
-    row = _axis_of(out, len(out.shape) - 1)
+    row = plain_dim(out, len(out.shape) - 1)
     if row is None or expr.axes[row].kind != SPATIAL:
         return None
     readers = [n for n, t in enumerate(expr.inputs) if t.uses_axis(row)]
@@ -64,7 +65,7 @@ def _transposed(expr: TensorExpr) -> tuple[int, tuple[int, ...]] | None:
     operand = expr.inputs[readers[0]]
     if not any(not operand.uses_axis(a) and expr.axes[a].extent > 1 for a in expr.spatial):
         return None  # read once (a gemv's matrix, a one-row matmul's B): a copy only adds its traffic
-    axes = [_axis_of(operand, d) for d in range(len(operand.shape))]
+    axes = [plain_dim(operand, d) for d in range(len(operand.shape))]
     if None in axes or axes.count(row) != 1 or axes[-1] == row:
         return None
     args = {a.name: a for a in expr.args}
@@ -75,13 +76,6 @@ def _transposed(expr: TensorExpr) -> tuple[int, tuple[int, ...]] | None:
         return None
     at = axes.index(row)
     return readers[0], tuple(d for d in range(len(axes)) if d != at) + (at,)
-
-
-def _axis_of(tensor: TensorAccess, dim: int) -> int | None:
-    """The axis indexing `tensor`'s dimension `dim` alone, coefficient 1, offset 0; else None."""
-    coeffs, const = tensor.index[dim]
-    used = [a for a, c in enumerate(coeffs) if c]
-    return used[0] if not const and len(used) == 1 and coeffs[used[0]] == 1 else None
 
 
 def _view(expr: TensorExpr, operand: int, dims: tuple[int, ...]) -> TensorExpr:
@@ -97,8 +91,6 @@ def _rewrite(expr: TensorExpr, operand: int, dims: tuple[int, ...]):
     order `dims` (`pixel_gemm.gather`)."""
     import tvm
     from tvm import s_tir
-
-    from workbench.ops.pixel_gemm import gather
 
     sch = s_tir.Schedule(tvm.IRModule({"main": expr.func}))
     gather(sch, sch.get_sblock(expr.main_block), expr.inputs[operand].name, dims)
