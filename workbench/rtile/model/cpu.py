@@ -723,19 +723,15 @@ LANE_SUM_CYCLES = 53
 def lane_sum_seconds(program: RProgram, device: DeviceSpec) -> float:
     """What a reduction vectorised along its K (`CpuPlan.path` LANES: gemv, row sums, a GEMM
     whose operands both stream along K) spends beyond its FMAs: per output, the sum across its
-    lanes after the grid iteration's whole K (`codegen.cpu._schedule_lanes`, LANE_SUM_CYCLES), and
-    where the unit tile leaves K ragged (`CpuPlan.split_edges`) the K % lanes guarded scalar FMAs
-    of its edge (GUARDED_LANE_CYCLES), over the cores the grid keeps busy. Beside a gemv's K-long rows
+    lanes after the grid iteration's whole K (`codegen.cpu._schedule_lanes`, LANE_SUM_CYCLES), over
+    the cores the grid keeps busy. A ragged K's scalar edge is the compute term's
+    (`cpu_compute.edge_slowdown`: a vector's slot per edge element). Beside a gemv's K-long rows
     little (4096 outputs of 4096: 0.03 of its time); beside a GEMM's short K most of it."""
     plan = cpu_plan(program, device)
     if not device.runs_on_cpu or plan.path != LANES:
         return 0.0
-    expr, k = program.expr, plan.vector_axis
-    extent = expr.axes[k].extent
-    outputs = prod(expr.axes[a].extent for a in expr.spatial)
-    edge = extent % plan.lanes if plan.split_edges else 0
-    cycles = outputs * (LANE_SUM_CYCLES + edge * GUARDED_LANE_CYCLES)
-    return cycles / (min(program.grid, device.compute_units) * clock_ghz(program, device) * GB)
+    outputs = prod(program.expr.axes[a].extent for a in program.expr.spatial)
+    return outputs * LANE_SUM_CYCLES / (min(program.grid, device.compute_units) * clock_ghz(program, device) * GB)
 
 
 def _gather_time(device: DeviceSpec, moved: int) -> float:
