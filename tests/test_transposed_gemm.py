@@ -3,6 +3,8 @@
 and the nest's sums across lanes, closed forms on generated specs), the kernel over the caller's
 buffers, and the construction's choice between the two."""
 
+from math import prod
+
 import pytest
 from test_alignment import AVX2, AVX512
 
@@ -16,10 +18,12 @@ from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
 from workbench.rtile.model.common import layer_gbps
 from workbench.rtile.model.cpu import (
-    LANE_SUM_CYCLES, TRANSPOSE_BYTES_PER_CYCLE, TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz,
-    lane_sum_seconds, price, transpose_seconds,
+    LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROWS_DOWN_STRIPS_BYTES_PER_CYCLE, TRANSPOSE_BYTES_PER_CYCLE,
+    TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz, lane_sum_seconds, packed_bytes, packing_seconds, price,
+    transpose_seconds,
 )
-from workbench.rtile.plan import LANES, PANELS, cpu_plan
+from workbench.rtile.panels import packed_tile_bytes
+from workbench.rtile.plan import LANES, PANELS, cpu_plan, describe
 from workbench.workload import Workload
 
 
@@ -64,11 +68,13 @@ def test_gemv_and_convs_have_no_such_view():
 def test_the_copy_is_priced_per_byte_on_every_core_or_at_the_bottom_layers_bandwidth(dev):
     """B read once and its copy written once, 2 N K x 4 bytes, at TRANSPOSE_BYTES_PER_CYCLE on
     every core, or streamed at the bottom layer's rate where that is slower; added before the
-    loop nest as a gather is (the slot `tests/test_pixel_gemm.py` reads)."""
-    view = transposed_gemm(_matmul(128, 200, 300, 4, trans_b=True))
+    loop nest as a gather is (the slot `tests/test_pixel_gemm.py` reads). 1000 rows are dealt
+    over unit tiles, each copying B's panels from the copy."""
+    view = transposed_gemm(_matmul(1000, 200, 300, 4, trans_b=True))
     moved = 2 * 4 * 200 * 300 * 4
     assert copied_bytes(view) == moved
     program = construct(view, dev, options=Options(topk=1)).candidates[0].program
+    assert not cpu_plan(program, dev).transposed_in_panels
     cycles = moved / (TRANSPOSE_BYTES_PER_CYCLE * dev.compute_units * core_ghz(dev) * 1e9)
     bottom = dev.layers[-1].bandwidth_gbps
     gbps = layer_gbps(program, dev, len(dev.layers) - 1)
@@ -85,9 +91,11 @@ def test_the_copy_is_priced_per_byte_on_every_core_or_at_the_bottom_layers_bandw
 def test_a_copy_from_dram_is_priced_at_a_fraction_of_its_bandwidth(dev):
     """A 109 MB B (GPT-2's head over 541 inputs) is no operator the last-level cache holds: read
     and written from DRAM, 2 x 4 x 541 x 50257 bytes at TRANSPOSE_DRAM_SLOWDOWN times its
-    streamed time where that is slower than the copy's cycles."""
-    view = transposed_gemm(_matmul(19, 541, 50257, trans_b=True))
+    streamed time where that is slower than the copy's cycles (1000 rows, dealt over unit tiles
+    that each copy B's panels from the copy)."""
+    view = transposed_gemm(_matmul(1000, 541, 50257, trans_b=True))
     program = construct(view, dev, options=Options(topk=1)).candidates[0].program
+    assert not cpu_plan(program, dev).transposed_in_panels
     bottom = len(dev.layers) - 1
     assert layer_gbps(program, dev, bottom) == dev.layers[bottom].bandwidth_gbps
     moved = 2 * 4 * 541 * 50257
@@ -133,13 +141,51 @@ def test_the_construction_takes_the_view_where_it_prices_faster(dev):
     assert view_alternative(scores, device("v100")) is None  # the GPU's templates read B as stored
 
 
-@pytest.mark.parametrize("m,k,n,b", [(45, 67, 29, 0), (37, 129, 77, 3)])
-def test_the_view_kernels_take_the_callers_b_and_match_numpy(m, k, n, b):
-    """Ragged extents on every axis; the copy runs before the loop nest, over all cores, in blocks
-    of a vector's lanes (`codegen.cpu._transpose_first`)."""
-    view = transposed_gemm(_matmul(m, k, n, b, trans_b=True))
-    built = built_view_kernels(view, topk=2)  # each built over the caller's buffers and checked
-    assert len(built) == 2 and all(cand.program.expr.transposed == ("B",) for cand, _ in built)
+def test_the_view_kernels_take_the_callers_b_and_match_numpy():
+    """Ragged extents on every axis. 45 rows over 29 columns are dealt to the cores along M, so B's
+    panels are copied per unit tile of rows, from the copy made before the loop nest
+    (`codegen.cpu._transpose_first`); 5 rows are one unit tile, whose panel copy reads B as
+    stored (`codegen.cpu._copy_rows_down_strips`). Both ways are built."""
+    ways = set()
+    for m, k, n, b in [(45, 67, 29, 0), (37, 129, 77, 3), (5, 67, 70, 2)]:
+        view = transposed_gemm(_matmul(m, k, n, b, trans_b=True))
+        built = built_view_kernels(view, topk=2)  # each built over the caller's buffers and checked
+        assert len(built) == 2 and all(cand.program.expr.transposed == ("B",) for cand, _ in built)
+        ways |= {cpu_plan(cand.program, device("local-cpu")).transposed_in_panels for cand, _ in built}
+    assert ways == {(), ("B",)}
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_b_whose_panels_are_copied_once_is_copied_into_them_as_stored(dev):
+    """Where the unit tile spans every row (5 rows of 6 batches), B's panel copy reads B as
+    stored and there is no copy before the loop nest; those bytes of the panels are priced at
+    ROWS_DOWN_STRIPS_BYTES_PER_CYCLE. Where the rows are dealt over unit tiles (4049 rows), each copies B's panels again,
+    from the copy made first."""
+    ways = set()
+    for e in (_matmul(5, 64, 6895, 6, trans_b=True), _matmul(4049, 989, 37, trans_b=True)):
+        view = transposed_gemm(e)
+        b = next(t for t in view.inputs if t.name == "B")
+        for cand in construct(view, dev, options=Options(topk=5)).candidates:
+            program, plan = cand.program, cpu_plan(cand.program, dev)
+            once = "B" in plan.packed and all(program.unit_tile[a] >= view.axes[a].extent
+                                              for a in view.spatial if not b.uses_axis(a))
+            assert plan.transposed_in_panels == (("B",) if once else ())
+            assert copied_bytes(view, plan.transposed_in_panels) == (0 if once else 2 * prod(b.shape) * 4)
+            assert (transpose_seconds(program, dev) == 0) == once
+            words = describe(plan, program)
+            assert ("(B from its rows as stored)" in words) == once
+            assert ("B copied transposed before the loop nest" in words) == (not once)
+            panels = packed_tile_bytes(program, dev, ("B",), plan.pack_layer)
+            assert packed_bytes(program, dev, rows=True) == (panels if once else 0)
+            assert packed_bytes(program, dev, transposed=True) == 0  # no filters' copy
+            if once:  # the copy's bytes at their own rate, the rest of the panels at a plain copy's
+                plain = packed_bytes(program, dev) - panels
+                cycles = plain / PACK_BYTES_PER_CYCLE + panels / ROWS_DOWN_STRIPS_BYTES_PER_CYCLE
+                layer = dev.layers[plan.pack_layer]
+                streamed = packed_bytes(program, dev) / (layer.bandwidth_gbps * 1e9 / dev.compute_units)
+                assert packing_seconds(program, dev) == pytest.approx(max(streamed, cycles / (core_ghz(dev) * 1e9)))
+            ways.add(once)
+    assert ways == {True, False}
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -260,6 +260,8 @@ def _stage_producers(sch, expr: TensorExpr, plan: CpuPlan) -> tuple[str, ...]:
         names = common.producer_names(sch, expr)
         gathers = [name for name in names if _gathers(sch, name)]
         for name in gathers:
+            if _copied(sch, name) in plan.transposed_in_panels:
+                continue  # its panel copy reads the operand as stored (`_pack_panels`)
             if _copied(sch, name) in expr.transposed:
                 _transpose_first(sch, name, plan.lanes)
             else:
@@ -874,9 +876,14 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
         else:
             pack = common.primitive(f"pack {name}", sch.cache_read, block, reads.index(source), "global")
         common.primitive(f"pack {name} per tile", sch.compute_at, pack, at, True)
+        if name in plan.transposed_in_panels:
+            common.primitive(f"copy {name} as stored into its panels", sch.compute_inline, sch.get_producers(pack)[0])
         index_map = _panel_map(expr, program, tensor, vector_axis, _index_dtype(sch, pack))
         if index_map is not None:
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
+        if name in plan.transposed_in_panels:
+            _copy_rows_down_strips(sch, pack)
+            continue
         if index_map is not None and transposes(tensor, vector_axis):
             _copy_along_panel(sch, pack, at, tensor, vector_axis, int(program.register_tile[vector_axis]), plan.lanes)
         _vectorise_copy(sch, pack, expr, program, tensor, vector_axis, index_map is not None, plan.lanes,
@@ -948,6 +955,18 @@ def prepack_function(expr: TensorExpr, program: RProgram, plan: CpuPlan, name: s
     sch.transform_layout(sch.get_sblock(f"{name}_panels"), ("write", 0),
                          _panel_map(expr, program, tensor, plan.vector_axis, "int32", ahead=True))
     return sch.mod["main"]
+
+
+def _copy_rows_down_strips(sch, pack) -> None:
+    """Order the panel copy of a transposed operand read as stored
+    (`CpuPlan.transposed_in_panels`: B[j, k] into strips [j // r, k, j % r]) by the operand's
+    rows: each row read in one contiguous run and written down its strip, a line per K-step,
+    the lines in order. In the panel's order each vector of a strip's row gathered its lanes
+    from r rows K elements apart, which share an L1d set where K x 4 bytes is a multiple of 4
+    KiB (2 x 4096 x 4096: 66 ms so, 4.6 by rows; 8 x 1024 x 1000: 1.58 ms, 0.38-0.43; evidence:
+    docs/model-evidence.md#transposed-in-panels)."""
+    *_, k, j = sch.get_loops(pack)
+    common.primitive("copy the operand's rows down the strips", sch.reorder, j, k)
 
 
 def _vectorise_copy(sch, pack, expr: TensorExpr, program: RProgram, tensor, vector_axis: int, laid_out: bool,

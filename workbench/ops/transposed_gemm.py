@@ -10,7 +10,8 @@ BLIS and OpenBLAS pack B's panels whichever way it is stored; here a copy of B w
 in the order the output row streams (`Bt[k, j]`) is made once, before the loop nest, over all
 cores (`codegen.cpu._transpose_first`), and the plain template then tiles, packs and vectorises the
 GEMM over it as it does a matmul's. The copy reads B once and writes it once: O(N K) against the
-GEMM's O(M N K).
+GEMM's O(M N K). Where B's panels are copied once (`rtile.panels.transposed_in_panels`) the copy
+is B's panel copy itself, which reads B as stored.
 
 The view is the expression with that input's dimensions permuted, under the argument's name
 (`TensorExpr.transposed` names it); its PrimFunc has the copy block (`pixel_gemm.gather`, TVM's
@@ -97,7 +98,8 @@ def _rewrite(expr: TensorExpr, operand: int, dims: tuple[int, ...]):
     return sch.mod["main"]
 
 
-def copied_bytes(expr: TensorExpr) -> int:
-    """Bytes the copies of the transposed operands (`TensorExpr.transposed`) move: each read once
-    and written once."""
-    return sum(2 * prod(t.shape) * t.itemsize for t in expr.inputs if t.name in expr.transposed)
+def copied_bytes(expr: TensorExpr, but: tuple[str, ...] = ()) -> int:
+    """Bytes the copies of the transposed operands (`TensorExpr.transposed`) made before the loop
+    nest move, each read once and written once; `but`: those copied into their panels instead
+    (`CpuPlan.transposed_in_panels`)."""
+    return sum(2 * prod(t.shape) * t.itemsize for t in expr.inputs if t.name in expr.transposed and t.name not in but)

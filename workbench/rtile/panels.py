@@ -152,6 +152,23 @@ def transposes(tensor, vector: int | None) -> bool:
     return next((a for a, c in enumerate(tensor.index[-1][0]) if c), None) != vector
 
 
+def transposed_in_panels(expr: TensorExpr, program: RProgram, packed: tuple[str, ...]) -> tuple[str, ...]:
+    """The transposed operands (`ops.transposed_gemm`: a copy of B laid along the output's row)
+    among the `packed` inputs whose copy is their panel copy (`codegen.cpu._pack_panels`), made
+    per tile from the operand as stored rather than before the loop nest: those whose panels
+    are copied once, the unit tile spanning every spatial axis the operand ignores (a matmul's
+    M). The copy before the nest reads the operand and writes it whole, and the panels then
+    read it again: three passes where one does, which from DRAM cost most of the time (16 x 163
+    x 21843: 3.7 ms so, 1.6 in one pass; numpy 1.9). Where the panels are copied more than
+    once, each copy that transposes costs more than the plain copy it replaces (4049 x 989 x 37,
+    19 copies, and 512 x 768 x 768, 2: 1.00-1.05x the time so) and the copy before the nest stays.
+    Evidence: docs/model-evidence.md#transposed-in-panels."""
+    if not expr.transposed:
+        return ()
+    return tuple(t.name for t in expr.inputs if t.name in expr.transposed and t.name in packed and all(
+        program.unit_tile[a] >= expr.axes[a].extent for a in expr.spatial if not t.uses_axis(a)))
+
+
 def pads_tails(expr: TensorExpr, program: RProgram, panels: tuple[str, ...]) -> bool:
     """Whether the template pads the axes up to whole unit tiles (`codegen/cpu._pad_tails`): a
     panel-packed expression (`panels`: its `packed_inputs`, which take a ragged reduction only

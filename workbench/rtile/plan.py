@@ -18,7 +18,8 @@ from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_ax
 from workbench.rtile.panels import (
     PAD_STEP, any_ragged, cut_other_axes, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis,
     pack_layer, packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged,
-    simd_lanes, splits_edge_vectors, splits_edges, vector_loop_axis, whole_reduction, window_spills,
+    simd_lanes, splits_edge_vectors, splits_edges, transposed_in_panels, vector_loop_axis, whole_reduction,
+    window_spills,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
@@ -72,6 +73,8 @@ class CpuPlan:
     with zero filters to whole unit tiles (`panels.pads_filters`); `prepacked` the packed inputs
     laid out in their panels once, before the first call (a model's weights,
     `panels.prepacked_inputs`): the kernel takes them so laid out and copies nothing of them;
+    `transposed_in_panels` the transposed operands (`ops.transposed_gemm`) copied straight into
+    their panels, not before the loop nest (`panels.transposed_in_panels`);
     `split` the parts its reduce axis is dealt over (`RProgram.split`, `splits_reduction`), each
     part's partial sums summed on one core after the parallel loop (`codegen.cpu._split_k`).
     """
@@ -95,6 +98,7 @@ class CpuPlan:
     split_others: bool = False
     stack_accumulators: bool = False
     split: int = 1
+    transposed_in_panels: tuple[str, ...] = ()
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -237,7 +241,8 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
                    edge_vectors=split and not in_vectors and not whole and splits_edge_vectors(expr, program, device, vector),
-                   edge_in_vectors=in_vectors, split_others=others, stack_accumulators=stack, split=program.split)
+                   edge_in_vectors=in_vectors, split_others=others, stack_accumulators=stack, split=program.split,
+                   transposed_in_panels=transposed_in_panels(expr, program, packed))
 
 
 def splits_reduction(program: RProgram, device: DeviceSpec) -> bool:
@@ -452,7 +457,11 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts = [f"lanes along {axis(plan.vector_axis)}"]
     if plan.packed:
         ahead = f" ({', '.join(plan.prepacked)} once, before the calls)" if plan.prepacked else ""
-        parts.insert(0, f"{', '.join(plan.packed)} packed in {shape} panels{ahead}")
+        rows = f" ({', '.join(plan.transposed_in_panels)} from its rows as stored)" if plan.transposed_in_panels else ""
+        parts.insert(0, f"{', '.join(plan.packed)} packed in {shape} panels{ahead}{rows}")
+    first = [name for name in expr.transposed if name not in plan.transposed_in_panels]
+    if first:
+        parts.append(f"{', '.join(first)} copied transposed before the loop nest")
     if plan.padded_tails:
         parts.append("tails padded")
     elif plan.split_edges:

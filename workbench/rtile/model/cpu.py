@@ -76,7 +76,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(through, device, compute, adding, hidden)
     packed = packed_bytes(program, device)
-    packing = _copy_seconds(program, device, packed, packed_bytes(program, device, transposed=True))
+    packing = _copy_seconds(program, device, packed, packed_bytes(program, device, transposed=True),
+                            packed_bytes(program, device, rows=True) if packed else 0)
     if packed:
         stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
@@ -84,7 +85,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     gathering = _gather_time(device, gathered)
     if gathered:
         moved["gathering the image's pixels"], loads["gathering the image's pixels"] = gathered, gathering
-    copied = copied_bytes(program.expr)
+    copied = copied_bytes(program.expr, cpu_plan(program, device).transposed_in_panels)
     if copied:  # before the loop nest as a gather is: added to it
         stage = f"copying {' and '.join(program.expr.transposed)} transposed"
         moved[stage], loads[stage] = copied, transpose_seconds(program, device)
@@ -613,18 +614,26 @@ PACK_BYTES_PER_CYCLE = 16
 # recorded with the scalar copy and score lower at any higher rate (evidence:
 # docs/model-evidence.md#transposed-bytes-per-cycle).
 TRANSPOSED_BYTES_PER_CYCLE = 1.6
+# ... and a transposed operand copied into its panels as stored (`CpuPlan.transposed_in_panels`:
+# each row read in one run, written down its strip a line per K-step,
+# `codegen.cpu._copy_rows_down_strips`): 2.3 B, the median of 13 matmuls on two Zen 4 cores, each
+# timed against its price without the copy (1.6-4.6 B a cycle; evidence:
+# docs/model-evidence.md#transposed-in-panels).
+ROWS_DOWN_STRIPS_BYTES_PER_CYCLE = 2.3
 
 
-def packed_bytes(program: RProgram, device: DeviceSpec, transposed: bool = False) -> int:
+def packed_bytes(program: RProgram, device: DeviceSpec, transposed: bool = False, rows: bool = False) -> int:
     """Bytes the busiest core writes into panels: the plan's packed inputs (`CpuPlan.packed`)
     at its pack layer's tile (`panels.packed_tile_bytes`), 0 where it packs none or on GPUs.
     Those laid out before the first call (`CpuPlan.prepacked`) are copied by no call.
-    `transposed`: those of them whose copy transposes (`panels.transposes`) only."""
+    `transposed`: those of them whose copy transposes (`panels.transposes`) only; `rows`: the
+    transposed operands copied into their panels as stored (`CpuPlan.transposed_in_panels`) only."""
     if not device.runs_on_cpu:
         return 0
     plan = cpu_plan(program, device)
     copied = tuple(t.name for t in program.expr.inputs if t.name in plan.packed and t.name not in plan.prepacked
-                   and (not transposed or transposes(t, plan.vector_axis)))
+                   and (not transposed or transposes(t, plan.vector_axis))
+                   and (not rows or t.name in plan.transposed_in_panels))
     return packed_tile_bytes(program, device, copied, plan.pack_layer) if copied else 0
 
 
@@ -638,19 +647,23 @@ def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
     (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to 130, so
     every input is copied, where 8 rows divide it and copy nothing. A transposing copy's bytes
     (a conv's filters) move at `TRANSPOSED_BYTES_PER_CYCLE`: a 3x3 conv whose pixel tiles copy its
-    1.2 MB of filters 8 times in all ran 2.4 ms against 0.64 for one that copies them once."""
-    return _copy_seconds(program, device, packed_bytes(program, device), packed_bytes(program, device, transposed=True))
+    1.2 MB of filters 8 times in all ran 2.4 ms against 0.64 for one that copies them once; a
+    transposed operand's rows copied down its strips at `ROWS_DOWN_STRIPS_BYTES_PER_CYCLE`."""
+    return _copy_seconds(program, device, packed_bytes(program, device), packed_bytes(program, device, transposed=True),
+                         packed_bytes(program, device, rows=True))
 
 
-def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int, transposed: int) -> float:
+def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int, transposed: int, rows: int) -> float:
     """`packing_seconds` of `moved` = `packed_bytes(program, device)`, `transposed` of them by
-    transposing copies (both computed once by `price`)."""
+    transposing copies, `rows` a transposed operand's rows copied down its strips (all three
+    computed once by `price`)."""
     if not moved:
         return 0.0
     layer = device.layers[cpu_plan(program, device).pack_layer]
     streamed = moved / (layer.bandwidth_gbps * GB / device.compute_units)
     ghz = core_ghz(device)
-    cycles = (moved - transposed) / PACK_BYTES_PER_CYCLE + transposed / TRANSPOSED_BYTES_PER_CYCLE
+    cycles = ((moved - transposed - rows) / PACK_BYTES_PER_CYCLE + transposed / TRANSPOSED_BYTES_PER_CYCLE
+              + rows / ROWS_DOWN_STRIPS_BYTES_PER_CYCLE)
     return max(streamed, cycles / (ghz * GB)) if ghz else streamed
 
 
@@ -695,11 +708,12 @@ TRANSPOSE_DRAM_SLOWDOWN = 4.0
 
 def transpose_seconds(program: RProgram, device: DeviceSpec) -> float:
     """The copies of a GEMM's transposed operands (`ops.transposed_gemm.copied_bytes`: each
-    operand read and written once), over every core before the loop nest: at
+    operand read and written once), over every core before the loop nest, but for those copied
+    into their panels instead (`CpuPlan.transposed_in_panels`, `packing_seconds`): at
     TRANSPOSE_BYTES_PER_CYCLE, or the bottom layer's bandwidth where that is slower (or the spec
     has no clock), TRANSPOSE_DRAM_SLOWDOWN times slower where that layer is DRAM (an operator
     the last-level cache does not hold, `layer_gbps`)."""
-    moved = copied_bytes(program.expr)
+    moved = copied_bytes(program.expr, cpu_plan(program, device).transposed_in_panels)
     if not moved:
         return 0.0
     bottom = len(device.layers) - 1
