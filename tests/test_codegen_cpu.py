@@ -957,7 +957,8 @@ def test_a_multi_block_epilogue_is_correct_on_tiles_that_straddle_fused_rows(row
     e = op.construction.expr
     program = _program(e, {"ax0ax1": rows, "k2": (32, 128, 128)})
     script = schedule_cpu(e, program, TINY_CPU).mod.script()
-    assert "lv5_sum_rf_local = T.sblock_alloc_buffer((T.int64(21), T.int64(32))" in script
+    # 32-bit indices where the 12-row tiles' edge is split off (`common.new_schedule`)
+    assert re.search(r"lv5_sum_rf_local = T\.sblock_alloc_buffer\(\((T\.int64\(21\)|21), (T\.int64\(32\)|32)\)", script)
     assert ("ax0_0" in _block(script, "T_layer_norm")) is attached
     built = build_library(e, program, TINY_CPU, 1, 0.0, str(tmp_path / "k.so"))
     assert built.ok, built.error

@@ -274,6 +274,31 @@ def test_a_whole_row_over_ragged_rows_splits_their_edges_off(dev):
         assert guard_slowdown(program, dev) == pytest.approx(guard)
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("m,k,rows,unit_k", [(96, 1024, 7, 1024), (4096, 1000, 6, 1008)])
+def test_a_reduction_in_lanes_splits_its_ragged_outputs_edges_off(dev, m, k, rows, unit_k):
+    """A gemv, K in lanes, in register tiles of 7 (6) rows under one unit tile of 98 (4098): the
+    plan splits the rows' edge off (`split_others`), so the 91 (4092) rows in whole register
+    tiles run unguarded and the 5 (4) of the cut tile at GUARDED_MICRO_KERNEL's rate, of the 98
+    (4098) the compute term counts; a ragged K's edge (`split_edges`) multiplies that by its
+    scalar lanes' share (`edge_slowdown`: the unit K's whole vectors and its K % lanes lanes a
+    vector's slot each). Register tiles of one row keep one guard per tile: nothing split."""
+    lanes = dev.warp_size
+    e = expr("gemv", M=m, K=k)
+    unit = -(-m // rows) * rows
+    whole = k // lanes * lanes
+    along_k = (whole + (k - whole) * lanes) / unit_k
+    for reg, split in ((rows, True), (1, False)):
+        program = _program(e, [(reg, lanes), (reg, 256), (unit, unit_k)], dev)
+        plan = cpu_plan(program, dev)
+        assert plan.path == LANES and plan.split_edges is (k % unit_k > 0) and plan.split_others is split
+        assert ("edge tiles split off, guarded" in describe(plan, program)) is split
+        inner = m // rows * rows
+        # one row a tile: its one guard hoisted, the rows to the unit tile's end as the compute term counts them
+        edge = (inner + (m - inner) * GUARDED_MICRO_KERNEL) / unit if split else 1.0
+        assert guard_slowdown(program, dev) == pytest.approx(edge * along_k)
+
+
 def test_a_ragged_tail_nothing_pads_or_splits_leaves_the_row_scalar():
     """A unit tile of one register tile leaves no loop below the grid to split at the end."""
     relu = expr("relu", shape=(100,))

@@ -201,6 +201,21 @@ def test_one_row_over_a_transposed_b_finds_register_tiles_along_a_ragged_k(dev, 
     assert all(c.program.register_tile[-1] % cpu_plan(c.program, dev).lanes == 0 for c in found)
 
 
+def test_the_nest_over_ragged_rows_and_columns_matches_numpy():
+    """The nest (K in lanes) of 29 x 679 x 1009, every axis ragged: its register tiles' loops split
+    where the rows and columns end (`CpuPlan.split_others`) and where K does (`split_edges`)."""
+    e = _matmul(29, 679, 1009, trans_b=True)
+    dev = device("local-cpu")
+    found = Stepper(e, dev, options=Options(topk=2), view=ViewChoice(e)).finish().candidates
+    assert any(cpu_plan(c.program, dev).split_others and cpu_plan(c.program, dev).split_edges for c in found)
+    for cand in found:
+        assert cpu_plan(cand.program, dev).path == LANES
+        kernel = build_kernel(cand.program.expr, cand.program, dev)
+        assert kernel.ok, kernel.error
+        result = verify(kernel, cand.program.expr)
+        assert result.correct, result
+
+
 def test_one_row_over_a_transposed_b_with_a_ragged_k_matches_numpy():
     e = _matmul(1, 841, 457, 3, trans_b=True)
     dev = device("local-cpu")

@@ -360,8 +360,9 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     of the expression language: sum, product, min and max.) A ragged K (`CpuPlan.split_edges`)
     keeps the guard of its split, and lowering partitions its loops over tiles where K ends
     (`_split_edges`): the register tiles inside K run the unguarded vector loop, the one K's end
-    cuts its guarded copy."""
-    sch = common.new_schedule(expr, int32=plan.split_edges)
+    cuts its guarded copy. The output's ragged axes (`CpuPlan.split_others`) have their loops
+    over register tiles split where they end as well."""
+    sch = common.new_schedule(expr, int32=plan.split_edges or plan.split_others)
     epilogues = common.epilogue_names(sch, expr)
     common.inline_producers(sch, expr)
     block = sch.get_sblock(expr.main_block)
@@ -394,6 +395,8 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     common.primitive("decompose_reduction", sch.decompose_reduction, partial, at(levels[expr.reduce[0]][0]))
     if plan.split_edges:
         _split_edges(sch, [at(loop) for loop in levels[plan.vector_axis][:-1]])
+    if plan.split_others:  # the output's ragged axes, as the row path's (`_schedule`)
+        _split_edges(sch, [at(loop) for a in cut_other_axes(expr, program, plan.vector_axis) for loop in levels[a][1:-1]])
     _row_passes(sch, expr, program, epilogues, loops[0] if grid is not None else None, shape, plan.lanes)
     return sch
 

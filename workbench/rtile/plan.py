@@ -56,7 +56,8 @@ class CpuPlan:
     `edge_in_vectors` whether a split row ends on a vector (`panels.ends_on_vector`), so that
     its cut tile runs every vector vectorised under the register tiles' split, without
     `edge_vectors`; `split_others` whether a row read in place and vectorised whole (the row
-    path, no `split_edges`) splits off the edges of the other axes its register tiles cut
+    path, no `split_edges`; on the lanes path, the output's axes beside a K split or not) splits
+    off the edges of the other axes its register tiles cut
     (`panels.cut_other_axes`) as the filters path does its pixel axes': the register tiles inside
     them run without the guard, the edge tiles keep it;
     `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
@@ -215,7 +216,11 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
                        prepacked=prepacked_inputs(expr, program, packed))
     k = lane_reduction_axis(expr, program, device)
     if k is not None:
-        return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k))
+        # the ragged output axes' edges split off as well: TVM's guard left on every unrolled
+        # output of every register tile cost 2.9-3.5x (64 x 2579 x 1423 with B transposed:
+        # 10.3 ms so, 3.3 split; docs/evidence.md#lanes-edges)
+        return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k),
+                       split_others=bool(cut_other_axes(expr, program, k)))
     panels = packed_inputs(expr, program, device)
     padded = pads_tails(expr, program, panels) and not expr.row_passes
     vector = vector_loop_axis(expr, program, device, bool(panels), padded)
@@ -468,9 +473,10 @@ def describe(plan: Plan, program: RProgram) -> str:
         parts.append("edge tiles split off" + (
             ", guarded" if plan.path == FILTERS else ", their whole vectors vectorised" if plan.edge_vectors
             else ", in whole vectors" if plan.edge_in_vectors else ", scalar"))
-    elif plan.split_others:
-        parts.append("edge tiles split off, guarded")
-    elif any(expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
+    if plan.split_others:  # never beside padded tails
+        parts.append(("the outputs' " if plan.split_edges else "") + "edge tiles split off, guarded")
+    elif not (plan.padded_tails or plan.split_edges) and any(
+            expr.axes[a].extent % program.unit_tile[a] for a in plan.guarded_axes(expr)):
         parts.append("tails guarded")
     if plan.staged_padding and padded_inputs(expr):
         parts.append("border copied per " + {PAD_STEP: "reduction step", 1: "L1 tile"}.get(plan.pad_level, "unit tile"))

@@ -12,7 +12,7 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis, plain_projections
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import vector_width
-from workbench.rtile.plan import FILTERS, SCALAR, cpu_plan
+from workbench.rtile.plan import FILTERS, LANES, SCALAR, cpu_plan
 from workbench.rtile.registers import accumulators, lane_vectors, step_loads
 from workbench.rtile.rprogram import RProgram
 
@@ -262,7 +262,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
     `edge_slowdown`; a convolution's ragged pixel axes on the filters path, and a whole row's
     other ragged axes on the row path (`CpuPlan.split_others`), `guarded_edges` over them, on
-    the busiest core."""
+    the busiest core; on the lanes path, the output's ragged axes so (`split_others`) times a
+    ragged K's `edge_slowdown`."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
@@ -271,8 +272,9 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if plan.padded_tails:
         return 1.0
     if (plan.split_edges and plan.path == FILTERS) or plan.split_others:
-        return guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units,
-                             past=past_rate(device))
+        others = guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units,
+                               past=past_rate(device))
+        return others * edge_slowdown(program, device) if plan.split_edges and plan.path == LANES else others
     if plan.split_edges:
         return edge_slowdown(program, device)
     reg = program.register_tile
