@@ -159,8 +159,8 @@ def test_the_view_kernels_take_the_callers_b_and_match_numpy():
 def test_b_whose_panels_are_copied_once_is_copied_into_them_as_stored(dev):
     """Where the unit tile spans every row (5 rows of 6 batches), B's panel copy reads B as
     stored and there is no copy before the loop nest; those bytes of the panels are priced at
-    ROWS_DOWN_STRIPS_BYTES_PER_CYCLE. Where the rows are dealt over unit tiles (4049 rows), each copies B's panels again,
-    from the copy made first."""
+    ROWS_DOWN_STRIPS_BYTES_PER_CYCLE. Where the rows are dealt over unit tiles (4049 rows), each
+    copies B's panels again, from the copy made first."""
     ways = set()
     for e in (_matmul(5, 64, 6895, 6, trans_b=True), _matmul(4049, 989, 37, trans_b=True)):
         view = transposed_gemm(e)
@@ -172,6 +172,7 @@ def test_b_whose_panels_are_copied_once_is_copied_into_them_as_stored(dev):
             assert plan.transposed_in_panels == (("B",) if once else ())
             assert copied_bytes(view, plan.transposed_in_panels) == (0 if once else 2 * prod(b.shape) * 4)
             assert (transpose_seconds(program, dev) == 0) == once
+            assert plan.to_dict(view).get("transposed_in_panels") == (["B"] if once else None)
             words = describe(plan, program)
             assert ("(B from its rows as stored)" in words) == once
             assert ("B copied transposed before the loop nest" in words) == (not once)

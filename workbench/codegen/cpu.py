@@ -396,7 +396,8 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     if plan.split_edges:
         _split_edges(sch, [at(loop) for loop in levels[plan.vector_axis][:-1]])
     if plan.split_others:  # the output's ragged axes, as the row path's (`_schedule`)
-        _split_edges(sch, [at(loop) for a in cut_other_axes(expr, program, plan.vector_axis) for loop in levels[a][1:-1]])
+        cut = cut_other_axes(expr, program, plan.vector_axis)
+        _split_edges(sch, [at(loop) for a in cut for loop in levels[a][1:-1]])
     _row_passes(sch, expr, program, epilogues, loops[0] if grid is not None else None, shape, plan.lanes)
     return sch
 

@@ -128,8 +128,10 @@ class CpuPlan:
             "split_others": self.split_others,
             "stack_accumulators": self.stack_accumulators,
             # written only where set: an unsplit kernel's plan reads as it was stored before
-            # split-K (`model_bench` compares stored plans with the template's)
+            # split-K, or B copied into its panels (`model_bench` compares stored plans with the
+            # template's)
             **({"split": self.split} if self.split > 1 else {}),
+            **({"transposed_in_panels": list(self.transposed_in_panels)} if self.transposed_in_panels else {}),
         }
 
 
