@@ -77,7 +77,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     core = combine_stages(through, device, compute, adding, hidden)
     packed = packed_bytes(program, device)
     packing = _copy_seconds(program, device, packed, packed_bytes(program, device, transposed=True),
-                            packed_bytes(program, device, rows=True) if packed else 0)
+                            packed_bytes(program, device, rows=True))
     if packed:
         stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
