@@ -144,10 +144,11 @@ def test_the_construction_takes_the_view_where_it_prices_faster(dev):
 def test_the_view_kernels_take_the_callers_b_and_match_numpy():
     """Ragged extents on every axis. 45 rows over 29 columns are dealt to the cores along M, so B's
     panels are copied per unit tile of rows, from the copy made before the loop nest
-    (`codegen.cpu._transpose_first`); 5 rows are one unit tile, whose panel copy reads B as
-    stored (`codegen.cpu._copy_rows_down_strips`). Both ways are built."""
+    (`codegen.cpu._transpose_first`); 5 rows of 16 batches are one unit tile, the batches dealt
+    over the cores (up to 16 of them), whose panel copy reads B as stored
+    (`codegen.cpu._copy_rows_down_strips`). Both ways are built."""
     ways = set()
-    for m, k, n, b in [(45, 67, 29, 0), (37, 129, 77, 3), (5, 67, 70, 2)]:
+    for m, k, n, b in [(45, 67, 29, 0), (37, 129, 77, 3), (5, 67, 70, 16)]:
         view = transposed_gemm(_matmul(m, k, n, b, trans_b=True))
         built = built_view_kernels(view, topk=2)  # each built over the caller's buffers and checked
         assert len(built) == 2 and all(cand.program.expr.transposed == ("B",) for cand, _ in built)
