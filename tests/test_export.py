@@ -43,6 +43,7 @@ from workbench.export import (
 from workbench.hardware.detect import CpuInfo, local_cpu_info
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.models import execute
+from workbench.ops.pixel_gemm import with_call_shapes
 from workbench.ops.reference import random_inputs
 from workbench.rtile.plan import store_vthreads
 from workbench.workers import Outcome
@@ -165,7 +166,9 @@ def test_schedule_script_replays_to_the_kernels_tvmscript(case, tmp_path):
     path = tmp_path / "schedule.py"
     path.write_text(schedule_script(kernel, fused))
     replayed = runpy.run_path(str(path))["schedule"]()
-    assert replayed.mod.script() == kernel.tvmscript
+    # the shipped kernel takes the caller's shapes where the schedule laid buffers out otherwise
+    assert with_call_shapes(replayed.mod, kernel.args).script() == kernel.tvmscript
+    assert ("lays buffers out along the operator's fused axes" in path.read_text()) == bool(kernel.views)
 
 
 def test_kernel_that_does_not_build_is_refused_and_nothing_is_left(tmp_path):

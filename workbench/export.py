@@ -509,11 +509,17 @@ def schedule_script(kernel: Kernel, expr: TensorExpr) -> str:
 
 def _view_note(kernel: Kernel, expr: TensorExpr) -> str:
     """A paragraph for `schedule.py` where the unscheduled PrimFunc declares other buffer shapes
-    than the shipped kernel takes (a pixel-GEMM view, `ops.pixel_gemm`); '' elsewhere."""
+    than the shipped kernel takes (a pixel-GEMM view, `ops.pixel_gemm`), or the schedule lays
+    buffers out along fused axes (`Kernel.views`); '' elsewhere."""
     views = [f"{name} {list(declared)} for {list(wanted)}"
              for name, (declared, wanted) in reshaped_params(expr.func, kernel.args).items()]
     if not views:
-        return ""
+        laid_out = [f"{name} {list(declared)} for {list(wanted)}" for name, (declared, wanted) in kernel.views]
+        if not laid_out:
+            return ""
+        return ("\n\nThe schedule lays buffers out along the operator's fused axes (codegen/common.py, axis_loops),"
+                " over the caller's memory without a copy: " + "; ".join(laid_out) + ".\nThe shipped kernel takes"
+                " the caller's shapes (manifest.json's args); the replayed module declares the laid-out ones.")
     gathered = ", ".join(f"{name}'s" for name in gathered_inputs(expr))
     if is_window_view(expr):
         what = "ops/window_gemm.py: a conv of few channels as\nthe GEMM over its pixels of its gathered windows"

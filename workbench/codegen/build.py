@@ -20,7 +20,7 @@ from workbench.codegen.rules import RULES, apply_rules
 from workbench.codegen.template import Rule, ScheduleError
 from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.pixel_gemm import with_call_shapes
+from workbench.ops.pixel_gemm import reshaped_params, with_call_shapes
 from workbench.ops.shapes import MAX_ELEMENTS
 from workbench.ops.tensor_expr import KernelArg, TensorExpr
 from workbench.rtile.rprogram import RProgram
@@ -84,6 +84,10 @@ class Kernel:
     sources: tuple[tuple[str, str], ...] = ()
     build_seconds: float = 0.0
     prepacked: tuple[Prepacked, ...] = ()
+    # the parameters the schedule declares in shapes other than the caller's, of as many elements
+    # (`ops.pixel_gemm.reshaped_params`: a pixel-GEMM view's, buffers laid out along fused axes),
+    # which the compiled function takes as the caller's (`with_call_shapes`): name -> (declared, the caller's)
+    views: tuple[tuple[str, tuple[tuple[int, ...], tuple[int, ...]]], ...] = ()
     executable: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -123,7 +127,8 @@ def build_kernel(
         packs = _prepacks(expr, program, device, sch.mod["main"])
         shapes = {expr.args[p.index].name: p.shape for p, _ in packs}
         call_args = tuple(replace(a, shape=shapes.get(a.name, a.shape)) for a in expr.args)
-        mod = narrow_indices(with_call_shapes(sch.mod, call_args), expr, device)  # a pixel-GEMM view's buffers as the caller's
+        views = tuple(reshaped_params(sch.mod["main"], call_args).items())
+        mod = narrow_indices(with_call_shapes(sch.mod, call_args), expr, device)  # the `views` as the caller's buffers
         for p, func in packs:
             mod[p.function] = func.with_attr("global_symbol", p.function)
         executable = _compile(mod, target, config)
@@ -144,6 +149,7 @@ def build_kernel(
         sources=texts,
         build_seconds=time.perf_counter() - start,
         prepacked=tuple(p for p, _ in packs),
+        views=views,
         executable=executable,
     )
 

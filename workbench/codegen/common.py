@@ -119,7 +119,7 @@ def _static_prod(extents) -> int | None:
     return out
 
 
-def axis_loops(sch, block, expr: TensorExpr) -> list:
+def axis_loops(sch, block, expr: TensorExpr, flat_buffers: bool = False) -> list:
     """One loop per axis of `expr` (in `expr.axes` order).
 
     `block` must still have its original loop nest (one loop per block iterator, as
@@ -156,7 +156,41 @@ def axis_loops(sch, block, expr: TensorExpr) -> list:
         return tuple(out)
 
     primitive("iterate over the fused axes", sch.transform_block_layout, block, _index_map(sch, block, fused, len(names)))
+    if flat_buffers:
+        _flatten_fused_buffers(sch, block, expr)
     return list(sch.get_loops(block))
+
+
+def _flatten_fused_buffers(sch, block, expr: TensorExpr) -> None:
+    """Lay every buffer `block` reads or writes out along the fused axes (`axis_loops` with
+    `flat_buffers`: one dimension per fused group, `build.with_call_shapes` hands the kernel the
+    caller's shapes back over the same memory), so that the block indexes it by the fused
+    iterator itself. Left as it is, the buffer is indexed by that iterator's divisions and
+    remainders by the inner dimensions, and once a tile loop's term is substituted in, TVM's
+    simplifier may no longer fold them back into one contiguous index: the vectorised loop then
+    moves its elements one at a time (evidence: docs/evidence.md#fused-flat-buffers)."""
+    for kind in ("read", "write"):
+        for k, region in enumerate(list(getattr(sch.get(block), kind + "s"))):
+            tensor = next((t for t in expr.tensors if t.name == str(region.source.name)), None)
+            shape = tuple(region.source.shape)
+            groups = _groups(expr, tensor) if tensor is not None else ()
+            static = _static_prod(shape) is not None  # `with_call_shapes` gives only static buffers back
+            if static and len(groups) < len(shape) and sum(groups) == len(shape):
+                primitive("lay out a buffer along the fused axes", sch.transform_layout, block, (kind, k),
+                          _index_map(sch, block, lambda *index: _merged(groups, shape, index), len(shape)))
+
+
+def _merged(groups: Sequence[int], shape: Sequence, index: Sequence) -> tuple:
+    """`index` into a buffer of `shape` with each run of `groups` dimensions merged into one
+    row-major index (dimensions past the groups, rfactor's vector lanes, kept as they are)."""
+    out, d = [], 0
+    for n in groups:
+        flat = index[d]
+        for m in range(d + 1, d + n):
+            flat = flat * shape[m] + index[m]
+        out.append(flat)
+        d += n
+    return tuple(out) + tuple(index[d:])
 
 
 def flatten_fused_output(sch, block, writeback, expr: TensorExpr, trailing: int = 0) -> None:
@@ -177,17 +211,7 @@ def flatten_fused_output(sch, block, writeback, expr: TensorExpr, trailing: int 
     if sum(groups) + trailing != len(shape):
         raise ScheduleError(f"output dims {list(shape)} do not match the fused output {list(expr.output.shape)}")
 
-    def linear(*index):
-        out, d = [], 0
-        for n in groups:
-            flat = index[d]
-            for m in range(d + 1, d + n):
-                flat = flat * shape[m] + index[m]
-            out.append(flat)
-            d += n
-        return tuple(out) + tuple(index[d:])
-
-    index_map = _index_map(sch, block, linear, len(shape))
+    index_map = _index_map(sch, block, lambda *index: _merged(groups, shape, index), len(shape))
     primitive("lay out the accumulator along the fused axes", sch.transform_layout, block, ("write", 0), index_map)
     if writeback is not None:
         primitive("iterate the write-back over the fused axes", sch.transform_block_layout, writeback, index_map)
@@ -239,9 +263,16 @@ def _index_map(sch, block, fn, ndim: int):
 
 def _fused_groups(expr: TensorExpr) -> tuple[int, ...]:
     """Per dimension of the (fused) output: how many dimensions of the original buffer it merges
-    (`len(fused_from)` of the axis indexing it alone, as `ops.fusion` fuses; 1 otherwise)."""
+    (`_groups`)."""
+    return _groups(expr, expr.output)
+
+
+def _groups(expr: TensorExpr, tensor) -> tuple[int, ...]:
+    """Per dimension of `tensor` of the (fused) `expr`: how many dimensions of its original
+    buffer it merges (`len(fused_from)` of the axis indexing it alone, as `ops.fusion` fuses; 1
+    otherwise)."""
     groups = []
-    for coeffs, const in expr.output.index:
+    for coeffs, const in tensor.index:
         used = [a for a, c in enumerate(coeffs) if c]
         sole = len(used) == 1 and coeffs[used[0]] == 1 and const == 0
         groups.append(max(1, len(expr.axes[used[0]].fused_from)) if sole else 1)
