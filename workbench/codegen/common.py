@@ -208,6 +208,8 @@ def flatten_fused_output(sch, block, writeback, expr: TensorExpr, trailing: int 
     if all(n == 1 for n in groups):
         return
     shape = tuple(int(s) for s in sch.get(block).writes[0].source.shape)
+    if len(groups) + trailing == len(shape):  # laid out so already (`axis_loops`' `flat_buffers`)
+        return
     if sum(groups) + trailing != len(shape):
         raise ScheduleError(f"output dims {list(shape)} do not match the fused output {list(expr.output.shape)}")
 

@@ -95,9 +95,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan, split: int | N
     padded_output = plan.padded_tails and _pad_tails(sch, expr, program)
     block = sch.get_sblock(expr.main_block)
     shape = tuple(sch.get(block).writes[0].source.shape)
-    # an element-wise block reads and writes its fused buffers by the fused index itself; a
-    # reduction's accumulator and write-back are laid out by `flatten_fused_output` instead
-    loops, final, parts = common.axis_loops(sch, block, expr, flat_buffers=not expr.reduce), None, []
+    loops, final, parts = common.axis_loops(sch, block, expr, flat_buffers=True), None, []
     if program.split > 1:  # split-K: the block tiled below computes the partial sums, `final` adds them
         final, (block, loops, part) = block, _split_k(sch, program, split, block, loops)
         parts = [part]
