@@ -511,10 +511,9 @@ def _view_note(kernel: Kernel, expr: TensorExpr) -> str:
     """A paragraph for `schedule.py` where the unscheduled PrimFunc declares other buffer shapes
     than the shipped kernel takes (a pixel-GEMM view, `ops.pixel_gemm`), or the schedule lays
     buffers out along fused axes (`Kernel.views`); '' elsewhere."""
-    views = [f"{name} {list(declared)} for {list(wanted)}"
-             for name, (declared, wanted) in reshaped_params(expr.func, kernel.args).items()]
+    views = _shapes(reshaped_params(expr.func, kernel.args).items())
     if not views:
-        laid_out = [f"{name} {list(declared)} for {list(wanted)}" for name, (declared, wanted) in kernel.views]
+        laid_out = _shapes(kernel.views)
         if not laid_out:
             return ""
         return ("\n\nThe schedule lays buffers out along the operator's fused axes (codegen/common.py, axis_loops),"
@@ -529,6 +528,11 @@ def _view_note(kernel: Kernel, expr: TensorExpr) -> str:
         copy = f" ({gathered} strided pixels gathered into a buffer of its own first)" if gathered else ""
     return (f"\n\nIts PrimFunc is the workbench's view of the operator ({what}), over the caller's buffers reshaped"
             " without a copy: " + "; ".join(views) + copy + ".\nThe shipped kernel takes the caller's shapes (manifest.json's args).")
+
+
+def _shapes(pairs) -> list[str]:
+    """"X [declared] for [the caller's]" per (name, (declared, the caller's)) of `pairs`."""
+    return [f"{name} {list(declared)} for {list(wanted)}" for name, (declared, wanted) in pairs]
 
 
 def _py_string(text: str) -> str:
