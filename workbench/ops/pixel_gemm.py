@@ -333,17 +333,17 @@ def with_call_shapes(mod, args):
     from tvm import s_tir, tirx
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    buffers = {}
+    buffers = []
     stack = list(sch.get_child_blocks(sch.get_sblock("root")))
     while stack:
         block = sch.get(handle := stack.pop())
-        for region in list(block.reads) + list(block.writes):
-            buffers.setdefault(str(region.source.name), region.source)
+        buffers.extend(region.source for region in list(block.reads) + list(block.writes))
         stack.extend(sch.get_child_blocks(handle))
     params, views = [], []
     for param in func.params:
         name = str(param.name)
-        buffer = buffers.get(name)
+        # a parameter is its buffer (by identity, not by name: `x * x` from a model takes two `x`)
+        buffer = next((b for b in buffers if b.same_as(param)), None)
         if buffer is None:
             if name in differ:
                 raise ValueError(f"parameter {name}: no block reads or writes it")
