@@ -171,13 +171,47 @@ def _flatten_fused_buffers(sch, block, expr: TensorExpr) -> None:
     moves its elements one at a time (evidence: docs/evidence.md#fused-flat-buffers)."""
     for kind in ("read", "write"):
         for k, region in enumerate(list(getattr(sch.get(block), kind + "s"))):
-            tensor = next((t for t in expr.tensors if t.name == str(region.source.name)), None)
             shape = tuple(region.source.shape)
-            groups = _groups(expr, tensor) if tensor is not None else ()
-            static = _static_prod(shape) is not None  # `with_call_shapes` gives only static buffers back
-            if static and len(groups) < len(shape) and sum(groups) == len(shape):
-                primitive("lay out a buffer along the fused axes", sch.transform_layout, block, (kind, k),
-                          _index_map(sch, block, lambda *index: _merged(groups, shape, index), len(shape)))
+            groups = _buffer_groups(expr, region.source)
+            if groups is None:
+                continue
+            primitive("lay out a buffer along the fused axes", sch.transform_layout, block, (kind, k),
+                      _index_map(sch, block, lambda *index: _merged(groups, shape, index), len(shape)))
+            if kind == "read":
+                _fuse_producers(sch, block, region.source.name, groups, expr)
+
+
+def _buffer_groups(expr: TensorExpr, buffer) -> tuple[int, ...] | None:
+    """How `buffer` merges along the fused axes (`_groups` of its tensor in `expr`: the one of its
+    name, or the input whose padded shape it is, a padding copy's), None where it merges none
+    or has a symbolic dimension (`with_call_shapes` gives only static buffers back)."""
+    shape = tuple(buffer.shape)
+    if _static_prod(shape) is None:
+        return None
+    named = [t for t in expr.tensors if t.name == str(buffer.name)]
+    for tensor in named or [t for t in expr.inputs if _merged_shape(_groups(expr, t), shape) == tuple(t.shape)]:
+        groups = _groups(expr, tensor)
+        if len(groups) < len(shape) and sum(groups) == len(shape):
+            return groups
+    return None
+
+
+def _fuse_producers(sch, block, name, groups: Sequence[int], expr: TensorExpr) -> None:
+    """Let the block that writes buffer `name` (a padding copy, `codegen.cpu._stage_producers`)
+    iterate over the fused index too, and lay out what it reads alike: computed under a tile of
+    the fused axis, it then copies exactly that tile's elements, where over separate iterators
+    TVM relaxes the tile to the box of whole rows around it (a batched max pooling's tiles of 36
+    of 4 x 90 channels copied 90-180 channels each). Left as it is where TVM cannot re-lay it out."""
+    for producer in sch.get_producers(block):
+        stmt = sch.get(producer)
+        if [str(w.source.name) for w in stmt.writes] != [str(name)] or len(stmt.iter_vars) != sum(groups):
+            continue
+        try:
+            shape = [int(iv.dom.extent) for iv in stmt.iter_vars]
+            sch.transform_block_layout(producer, _index_map(sch, producer, lambda *i: _merged(groups, shape, i), len(shape)))
+        except Exception:  # a producer TVM cannot re-lay out: correct as it is, copying the box
+            continue
+        _flatten_fused_buffers(sch, producer, expr)
 
 
 def _merged(groups: Sequence[int], shape: Sequence, index: Sequence) -> tuple:
@@ -191,6 +225,15 @@ def _merged(groups: Sequence[int], shape: Sequence, index: Sequence) -> tuple:
         out.append(flat)
         d += n
     return tuple(out) + tuple(index[d:])
+
+
+def _merged_shape(groups: Sequence[int], shape: Sequence) -> tuple[int, ...]:
+    """`shape` with each run of `groups` dimensions merged into one (`_merged`)."""
+    out, d = [], 0
+    for n in groups:
+        out.append(prod(int(e) for e in shape[d:d + n]))
+        d += n
+    return tuple(out) + tuple(int(e) for e in shape[d:])
 
 
 def flatten_fused_output(sch, block, writeback, expr: TensorExpr, trailing: int = 0) -> None:
