@@ -168,7 +168,9 @@ def _flatten_fused_buffers(sch, block, expr: TensorExpr) -> None:
     iterator itself. Left as it is, the buffer is indexed by that iterator's divisions and
     remainders by the inner dimensions, and once a tile loop's term is substituted in, TVM's
     simplifier may no longer fold them back into one contiguous index: the vectorised loop then
-    moves its elements one at a time (evidence: docs/evidence.md#fused-flat-buffers)."""
+    moves its elements one at a time (evidence: docs/evidence.md#fused-flat-buffers). A buffer
+    it reads that another block writes (a padding copy) has that block iterate over the fused
+    index too (`_fuse_producers`)."""
     for kind in ("read", "write"):
         for k, region in enumerate(list(getattr(sch.get(block), kind + "s"))):
             shape = tuple(region.source.shape)
