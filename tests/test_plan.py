@@ -299,6 +299,27 @@ def test_a_reduction_in_lanes_splits_its_ragged_outputs_edges_off(dev, m, k, row
         assert guard_slowdown(program, dev) == pytest.approx(edge * along_k)
 
 
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_whole_row_shorter_than_a_vector_is_vectorised_in_pieces(dev):
+    """A whole output row shorter than a vector (a late depthwise layer's 7 or 13 columns, a
+    matmul's 6 outputs) runs in LLVM's pieces of at least 4 lanes, as the model prices it
+    (`registers.row_vectors`), rather than scalar; a row of 2 or 3 stays scalar."""
+    lanes = dev.warp_size
+    for width in sorted({4, 7, lanes - 1}):
+        e = fuse_axes(expr("depthwise_conv2d", N=1, C=32, H=9, W=width, KH=3, KW=3, stride=1, pad=1))
+        w = [a.name for a in e.axes].index("w")
+        program = _program(e, [tuple({w: width}.get(a, 1) for a in range(len(e.axes))),
+                               tuple({w: width}.get(a, e.axes[a].extent) for a in range(len(e.axes)))], dev)
+        plan = cpu_plan(program, dev)
+        assert plan.path == ROW and plan.vector_axis == w, (width, plan)
+        assert "lanes along w" in describe(plan, program)
+    for n in (lanes - 2, 4, 3, 2):
+        program = _program(plain_matmul(100, n, 64), [(5, n, 1), (5, n, 64), (100, n, 64)], dev)
+        plan = cpu_plan(program, dev)
+        vectorised = plan.path in (ROW, PANELS) and plan.vector_axis == 1
+        assert vectorised is (n >= 4) and (vectorised or plan.path == SCALAR), (n, plan)
+
+
 def test_a_ragged_tail_nothing_pads_or_splits_leaves_the_row_scalar():
     """A unit tile of one register tile leaves no loop below the grid to split at the end."""
     relu = expr("relu", shape=(100,))

@@ -311,7 +311,11 @@ def vector_loop_axis(
     It is the output's contiguous axis, when its register tile holds at least one vector and a
     whole number of 4-lane pieces (LLVM splits a 56-wide vector into 3.5 AVX-512 registers,
     which measured 2-3x faster than leaving the unrolled tile to LLVM's SLP vectoriser on a 3x3
-    conv), when every input streams along it or ignores it (a strided or transposed access
+    conv) or is the whole axis, shorter than a vector but at least a 4-lane piece, in LLVM's
+    pieces as the model prices it (`registers.row_vectors`; left scalar, 120 5x5 depthwise
+    filters over 16 x 13 outputs ran 77 us on two Zen 4 cores where 18 vectorised, a 500 x 300
+    x 12 matmul 48 us where 22; a row of 2 ran slower in a vector: docs/evidence.md#short-rows),
+    when every input streams along it or ignores it (a strided or transposed access
     would turn each vector load into a gather, which measured slower than scalar code on gemv;
     `packed`: `_pack_panels` lays every input out so that the axis is innermost), and when the
     axis needs no guarded tail (a predicate inside the vector loop scalarises it; `padded`:
@@ -321,7 +325,8 @@ def vector_loop_axis(
     if axis is None or expr.axes[axis].kind != "spatial":
         return None
     tile = program.register_tile[axis]
-    if tile < simd_lanes(device, expr.output.itemsize) or tile % 4:
+    short = 4 <= tile == expr.axes[axis].extent < simd_lanes(device, expr.output.itemsize)
+    if not short and (tile < simd_lanes(device, expr.output.itemsize) or tile % 4):
         return None
     if not packed and not all(streams(t, axis) for t in expr.inputs):
         return None
