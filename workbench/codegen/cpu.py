@@ -50,7 +50,7 @@ from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import gathered_name
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
-from workbench.rtile.panels import PAD_STEP, cut_other_axes, ragged, row_vector, transposes, vector_width
+from workbench.rtile.panels import PAD_STEP, cut_other_axes, cut_register_axes, ragged, row_vector, transposes, vector_width
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan, splits_reduction
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 
@@ -396,7 +396,7 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     if plan.split_edges:
         _split_edges(sch, [at(loop) for loop in levels[plan.vector_axis][:-1]])
     if plan.split_others:  # the output's ragged axes, as the row path's (`_schedule`)
-        cut = cut_other_axes(expr, program, plan.vector_axis)
+        cut = cut_register_axes(expr, program, plan.vector_axis)
         _split_edges(sch, [at(loop) for a in cut for loop in levels[a][1:-1]])
     _row_passes(sch, expr, program, epilogues, loops[0] if grid is not None else None, shape, plan.lanes)
     return sch

@@ -372,6 +372,16 @@ def cut_other_axes(expr: TensorExpr, program: RProgram, vector: int) -> tuple[in
     return tuple(a for a in expr.spatial if a != vector and reg[a] > 1 and ragged(expr, program, a))
 
 
+def cut_register_axes(expr: TensorExpr, program: RProgram, vector: int) -> tuple[int, ...]:
+    """The axes of `cut_other_axes` whose end cuts a register tile (the register tile does not
+    divide the extent): those the lanes path splits (`CpuPlan.split_others`). Where the register
+    tiles divide the axis, its guard tests whole tiles, and split there it kept lowering from
+    partitioning a ragged K's loops in every tile: gemv 816 x 1837 on 24-row register tiles
+    under 72- and 96-row unit tiles ran 70 and 64 us split, 43 and 47 not, 41 under 48-row
+    tiles, which divide it (two Zen 4 cores; docs/evidence.md#lanes-edges)."""
+    return tuple(a for a in cut_other_axes(expr, program, vector) if expr.axes[a].extent % program.register_tile[a])
+
+
 def splits_edge_vectors(expr: TensorExpr, program: RProgram, device: DeviceSpec, v: int) -> bool:
     """Whether a row along `v` whose edges split off (`splits_edges`) and that does not end on a
     vector (`ends_on_vector`), both of which the caller has checked, also runs the whole vectors

@@ -16,7 +16,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    PAD_STEP, any_ragged, cut_other_axes, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis,
+    PAD_STEP, any_ragged, cut_other_axes, cut_register_axes, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis,
     pack_layer, packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged,
     simd_lanes, splits_edge_vectors, splits_edges, transposed_in_panels, vector_loop_axis, whole_reduction,
     window_spills,
@@ -58,7 +58,8 @@ class CpuPlan:
     `edge_vectors`; `split_others` whether a row read in place and vectorised whole (the row
     path, no `split_edges`; on the lanes path, the output's axes beside a K split or not) splits
     off the edges of the other axes its register tiles cut
-    (`panels.cut_other_axes`) as the filters path does its pixel axes': the register tiles inside
+    (`panels.cut_other_axes`; on the lanes path those whose end cuts a register tile,
+    `panels.cut_register_axes`) as the filters path does its pixel axes': the register tiles inside
     them run without the guard, the edge tiles keep it;
     `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
     vectorised scalar;
@@ -220,9 +221,9 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     if k is not None:
         # the ragged output axes' edges split off as well: TVM's guard left on every unrolled
         # output of every register tile cost 2.9-3.5x (64 x 2579 x 1423 with B transposed:
-        # 10.3 ms so, 3.3 split; docs/evidence.md#lanes-edges)
+        # 10.3 ms so, 3.3 split), where the end cuts a register tile (docs/evidence.md#lanes-edges)
         return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k),
-                       split_others=bool(cut_other_axes(expr, program, k)))
+                       split_others=bool(cut_register_axes(expr, program, k)))
     panels = packed_inputs(expr, program, device)
     padded = pads_tails(expr, program, panels) and not expr.row_passes
     vector = vector_loop_axis(expr, program, device, bool(panels), padded)
