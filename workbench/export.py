@@ -504,7 +504,17 @@ def schedule_script(kernel: Kernel, expr: TensorExpr) -> str:
     trace = "\n".join("    " + line for line in kernel.trace_python.splitlines())
     workload = json.dumps(expr.workload_dict(), sort_keys=True)
     return _SCHEDULE_SCRIPT.format(workload=workload.replace('"""', "'''"), unscheduled=_py_string(unscheduled),
-                                   trace=trace, view=_view_note(kernel, expr))
+                                   trace=trace, view=_view_note(kernel, expr) + _math_note(kernel))
+
+
+def _math_note(kernel: Kernel) -> str:
+    """A paragraph for `schedule.py` where a CPU kernel computes exp or tanh, which the shipped
+    library lowers with the workbench's rules (`codegen.vector_math`); '' elsewhere."""
+    if not targets.target(kernel.target_kind).on_host or not re.search(r"T\.(exp|tanh)\(", kernel.tvmscript):
+        return ""
+    return ("\n\nThe shipped library computes float32 exp and tanh from multiplies and adds, in vectors"
+            " (workbench/codegen/vector_math.py); tvm.compile on its own lowers them to a libm call per lane:"
+            " call vector_math.register() first to build the same code.")
 
 
 def _view_note(kernel: Kernel, expr: TensorExpr) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Sequence
 
-from workbench.codegen import targets
+from workbench.codegen import targets, vector_math
 from workbench.codegen.cuda import ASYNC_COPY_CONFIG, bound_occupancy
 from workbench.codegen.rules import RULES, apply_rules
 from workbench.codegen.template import Rule, ScheduleError
@@ -283,6 +283,7 @@ def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
 def _compile(mod, target: dict, config: dict):
     import tvm
 
+    vector_math.register()  # exp and tanh in vectors on CPUs
     with tvm.transform.PassContext(config=config):
         return tvm.compile(mod, target=tvm.target.Target(target))
 

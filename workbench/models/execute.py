@@ -32,6 +32,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from workbench.codegen import vector_math
 from workbench.codegen.build import Kernel, Prepacked, build_kernel, laid_out_args, target_dict
 from workbench.codegen.verify import Verification
 from workbench.errors import UserError, first_line
@@ -329,6 +330,7 @@ def _build(r, mc: ModelConstruction, rank: int) -> OperatorKernel:
 def _unscheduled(op, device, reason: str) -> OperatorKernel:
     import tvm
 
+    vector_math.register()  # exp and tanh as the scheduled kernels lower them
     mod = tvm.IRModule({"main": op.func})
     executable = tvm.compile(mod, target=tvm.target.Target(target_dict(device)))
     return OperatorKernel(op.name, False, 0, reason, executable.jit())

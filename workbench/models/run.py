@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.codegen import vector_math
 from workbench.codegen.build import target_dict
 from workbench.errors import UserError, first_line
 from workbench.fmt import duration
@@ -194,10 +195,12 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
 
 def _tvm_default(mc: ModelConstruction, path: Path, inputs: dict) -> tuple[float | None, str]:
     """TVM's own build of the model's fused Relax module (the one the operators come from) for
-    the device's LLVM target with its default schedules; (None, why) when it fails."""
+    the device's LLVM target with its default schedules, exp and tanh lowered as our kernels'
+    are (`codegen.vector_math`, whatever ran first in the process); (None, why) when it fails."""
     import tvm
     from tvm import relax
 
+    vector_math.register()
     try:
         proto, _ = read_onnx(path, mc.model.dim_values)  # symbolic dims bound as the model's
         mod = fused_module(proto, path.name)
