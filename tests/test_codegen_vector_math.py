@@ -1,4 +1,4 @@
-"""exp and tanh on CPUs from multiplies and adds (`codegen.vector_math`), against numpy over their
+"""exp, tanh and erf on CPUs from multiplies and adds (`codegen.vector_math`), against numpy over their
 whole float32 range, in a kernel's vectors and in its scalar code."""
 
 from __future__ import annotations
@@ -26,6 +26,22 @@ def _run(fn: str, x: np.ndarray, vector: bool) -> tuple[np.ndarray, str]:
     """`fn` over `x` (N float32 values) by a kernel whose register tile is 16 values (vectorised)
     or 1 (scalar), and its assembly."""
     e = build_expr(f"Y[i] = {fn}(X[i])", {"i": N})
+    top = 16 if vector else 1
+    program = make_program(calculus(e), device("local-cpu"), [(top,), (256,), (N,)], [True] * 3, 0.0)
+    kernel = build_kernel(e, program, device("local-cpu"))
+    assert kernel.ok, kernel.error
+    return run_kernel(kernel, [x.astype(np.float32)]), dict(kernel.sources)["s"]
+
+
+def _run_te(fn: str, x: np.ndarray, vector: bool) -> tuple[np.ndarray, str]:
+    """As `_run`, for a function the expression language does not name (erf): built in TE."""
+    from tvm import te, tirx
+
+    from workbench.ops.tensor_expr import from_te
+
+    X = te.placeholder((N,), "float32", name="X")
+    Y = te.compute((N,), lambda i: getattr(tirx, fn)(X[i]), name="Y")
+    e = from_te("expr", {"expr": f"Y[i] = {fn}(X[i])", "i": N}, [X], Y, "float32")
     top = 16 if vector else 1
     program = make_program(calculus(e), device("local-cpu"), [(top,), (256,), (N,)], [True] * 3, 0.0)
     kernel = build_kernel(e, program, device("local-cpu"))
@@ -75,3 +91,17 @@ def test_an_exported_schedule_says_how_its_library_lowers_exp():
         kernel = build_kernel(e, program, device("local-cpu"))
         assert kernel.ok, kernel.error
         assert ("vector_math.register()" in schedule_script(kernel, e)) is noted
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["vectors", "scalar"])
+def test_erf_matches_numpy_to_a_few_ulps(vector):
+    """erf (a BERT layer's gelu): its series below 0.9, Abramowitz and Stegun's 7.1.26 above."""
+    from math import erf
+
+    x = _spread((-6, 6), (-1, 1), (-0.91, 0.91), (-1e-6, 1e-6))
+    x[:5] = (0.0, 1e-30, vector_math.ERF_SERIES, -vector_math.ERF_SERIES, np.inf)
+    out, asm = _run_te("erf", x, vector)
+    assert not re.search(r"call\w*\s+(expf|erff)", asm)
+    ref = np.array([erf(v) for v in x.astype(np.float64)])
+    assert out[0] == 0.0 and out[4] == 1.0
+    assert np.all(np.abs(out - ref) <= 4 * EPS * np.abs(ref) + TINY)

@@ -283,7 +283,7 @@ def narrow_indices(mod, expr: TensorExpr, device: DeviceSpec):
 def _compile(mod, target: dict, config: dict):
     import tvm
 
-    vector_math.register()  # exp and tanh in vectors on CPUs
+    vector_math.register()  # exp, tanh and erf in vectors on CPUs
     with tvm.transform.PassContext(config=config):
         return tvm.compile(mod, target=tvm.target.Target(target))
 

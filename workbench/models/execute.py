@@ -330,7 +330,7 @@ def _build(r, mc: ModelConstruction, rank: int) -> OperatorKernel:
 def _unscheduled(op, device, reason: str) -> OperatorKernel:
     import tvm
 
-    vector_math.register()  # exp and tanh as the scheduled kernels lower them
+    vector_math.register()  # exp, tanh and erf as the scheduled kernels lower them
     mod = tvm.IRModule({"main": op.func})
     executable = tvm.compile(mod, target=tvm.target.Target(target_dict(device)))
     return OperatorKernel(op.name, False, 0, reason, executable.jit())
