@@ -50,7 +50,9 @@ from workbench.errors import first_line
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import gathered_name
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
-from workbench.rtile.panels import PAD_STEP, cut_other_axes, cut_register_axes, ragged, row_vector, transposes, vector_width
+from workbench.rtile.panels import (
+    PAD_STEP, cut_other_axes, cut_register_axes, ragged, row_vector, transposes, vector_width,
+)
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan, splits_reduction
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 

@@ -2,7 +2,7 @@
 
 TVM lowers `exp` to LLVM's `llvm.exp` (and `tanh` to exps), which LLVM compiles into one libm
 `expf` call per lane: a gelu register tile of 32 elements made 64 scalar calls, and gelu over 77 x
-3072 ran 658 us on two Zen 4 cores where numpy's unfused formula takes 295
+3072 ran 663 us on two Zen 4 cores where numpy's unfused formula takes 266
 (docs/evidence.md#vector-math); erf called libm's `erff` alike. These rules build them from
 multiplies and adds, which vectorise:
 
@@ -21,8 +21,8 @@ multiplies and adds, which vectorise:
   Stegun's 7.1.26 (Hastings), at most 1.5e-7 off, under 2 ulp of erf's 0.8 and more there; |x|
   clamped to 4, where float32's erf is 1.
 
-Only float32 (scalar or vector) is rewritten; other dtypes keep LLVM's intrinsics (`_rule`). Registered
-once per process for the `llvm` target, before the first compile of a kernel (`build._compile`),
+Only float32 (scalar or vector) is rewritten; other dtypes keep LLVM's intrinsics (`_rule`).
+Registered once per process for the `llvm` target, before the first compile of a kernel (`build._compile`),
 of a model's unscheduled operator and of TVM's default build of a model (`models.run`), so the
 whole-model comparisons lower them alike; the MetaSchedule and DLight baselines, built in worker
 processes of their own, keep TVM's lowering. CUDA keeps its own."""
@@ -33,7 +33,7 @@ import math
 
 # Above TVM's own LLVM lowering rules (registered at level 10), so that these take their place.
 LEVEL = 99
-LN2_HI = 0.693359375  # ln 2 to 10 bits: n x LN2_HI is exact for |n| < 2^14
+LN2_HI = 0.693359375  # ln 2 in 9 bits: n x LN2_HI is exact for |n| < 2^15
 LN2_LO = math.log(2.0) - LN2_HI
 EXP_MIN, EXP_MAX = math.log(2.0**-126), math.log((2 - 2.0**-23) * 2.0**127)
 TANH_CLAMP = 10.0

@@ -196,7 +196,7 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
 def _tvm_default(mc: ModelConstruction, path: Path, inputs: dict) -> tuple[float | None, str]:
     """TVM's own build of the model's fused Relax module (the one the operators come from) for
     the device's LLVM target with its default schedules, exp, tanh and erf lowered as our kernels'
-    are (`codegen.vector_math`, whatever ran first in the process); (None, why) when it fails."""
+    are (`codegen.vector_math`); (None, why) when it fails."""
     import tvm
     from tvm import relax
 

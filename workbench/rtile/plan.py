@@ -16,10 +16,10 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
-    PAD_STEP, any_ragged, cut_other_axes, cut_register_axes, ends_on_vector, filter_vector_axis, gathered_inputs, lane_reduction_axis,
-    pack_layer, packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails, prepacked_inputs, ragged,
-    simd_lanes, splits_edge_vectors, splits_edges, transposed_in_panels, vector_loop_axis, whole_reduction,
-    window_spills,
+    PAD_STEP, any_ragged, cut_other_axes, cut_register_axes, ends_on_vector, filter_vector_axis, gathered_inputs,
+    lane_reduction_axis, pack_layer, packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails,
+    prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges, transposed_in_panels, vector_loop_axis,
+    whole_reduction, window_spills,
 )
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.staging import pipelined, pipelined_axis, register_prefetch
