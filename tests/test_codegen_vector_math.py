@@ -84,13 +84,15 @@ def test_tanh_matches_numpy_to_a_few_ulps_near_zero_and_saturates_far_from_it(ve
 
 def test_an_exported_schedule_says_how_its_library_lowers_exp():
     """Replayed and built by plain `tvm.compile`, the schedule would call libm per lane: the
-    exported `schedule.py` says so where the kernel computes exp or tanh, and only there."""
-    for fn, noted in (("exp", True), ("tanh", True), ("abs", False)):
+    exported `schedule.py` says so where the kernel computes exp, tanh or sigmoid (through exp),
+    and only there."""
+    for fn, noted in (("exp", True), ("tanh", True), ("sigmoid", True), ("abs", False)):
         e = build_expr(f"Y[i] = {fn}(X[i])", {"i": N})
         program = make_program(calculus(e), device("local-cpu"), [(16,), (256,), (N,)], [True] * 3, 0.0)
         kernel = build_kernel(e, program, device("local-cpu"))
         assert kernel.ok, kernel.error
         assert ("vector_math.register()" in schedule_script(kernel, e)) is noted
+        assert "expf" not in dict(kernel.sources)["s"]
 
 
 @pytest.mark.parametrize("vector", [True, False], ids=["vectors", "scalar"])

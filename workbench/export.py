@@ -508,9 +508,10 @@ def schedule_script(kernel: Kernel, expr: TensorExpr) -> str:
 
 
 def _math_note(kernel: Kernel) -> str:
-    """A paragraph for `schedule.py` where a CPU kernel computes exp, tanh or erf, which the shipped
-    library lowers with the workbench's rules (`codegen.vector_math`); '' elsewhere."""
-    if not targets.target(kernel.target_kind).on_host or not re.search(r"T\.(exp|tanh|erf)\(", kernel.tvmscript):
+    """A paragraph for `schedule.py` where a CPU kernel computes exp, tanh or erf (or sigmoid, which
+    TVM lowers through exp), which the shipped library lowers with the workbench's rules
+    (`codegen.vector_math`); '' elsewhere."""
+    if not targets.target(kernel.target_kind).on_host or not re.search(r"T\.(exp|tanh|erf|sigmoid)\(", kernel.tvmscript):
         return ""
     return ("\n\nThe shipped library computes float32 exp, tanh and erf from multiplies and adds, in vectors"
             " (workbench/codegen/vector_math.py); tvm.compile on its own lowers them to a libm call per lane:"

@@ -30,6 +30,7 @@ processes of their own, keep TVM's lowering. CUDA keeps its own."""
 from __future__ import annotations
 
 import math
+from functools import cache
 
 # Above TVM's own LLVM lowering rules (registered at level 10), so that these take their place.
 LEVEL = 99
@@ -147,17 +148,12 @@ def _rule(fn, intrinsic: str = ""):
     return lower
 
 
-_REGISTERED: list[bool] = []
-
-
+@cache
 def register() -> None:
     """The rules, for the `llvm` target, once per process (`build._compile` calls it before
     every compile)."""
-    if _REGISTERED:
-        return
     from tvm.tirx import register_intrin_lowering
 
-    _REGISTERED.append(True)
     register_intrin_lowering("tirx.exp", target="llvm", f=_rule(exp, "llvm.exp"), level=LEVEL)
     register_intrin_lowering("tirx.tanh", target="llvm", f=_rule(tanh, "llvm.tanh"), level=LEVEL)
     register_intrin_lowering("tirx.erf", target="llvm", f=_rule(erf), level=LEVEL)
