@@ -615,11 +615,11 @@ PACK_BYTES_PER_CYCLE = 16
 # docs/model-evidence.md#transposed-bytes-per-cycle).
 TRANSPOSED_BYTES_PER_CYCLE = 1.6
 # ... and a transposed operand copied into its panels as stored (`CpuPlan.transposed_in_panels`:
-# each row read in one run, written down its strip a line per K-step,
-# `codegen.cpu._copy_rows_down_strips`): 2.3 B, the median of 13 matmuls on two Zen 4 cores, each
-# timed against its price without the copy (1.6-4.6 B a cycle; evidence:
+# its rows staged in registers in blocks of a vector's lanes square, then written down its strip,
+# `codegen.cpu._copy_rows_down_strips`): 5.9 B, the median of 34 programs of 12 matmuls on two
+# Zen 4 cores, each timed against its price without the copy (3.1-11.3 B a cycle; evidence:
 # docs/model-evidence.md#transposed-in-panels).
-ROWS_DOWN_STRIPS_BYTES_PER_CYCLE = 2.3
+ROWS_DOWN_STRIPS_BYTES_PER_CYCLE = 5.9
 
 
 def packed_bytes(program: RProgram, device: DeviceSpec, transposed: bool = False, rows: bool = False) -> int:
