@@ -20,11 +20,12 @@ from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
 from workbench.rtile.model.common import layer_gbps
 from workbench.rtile.model.cpu import (
-    LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROWS_DOWN_STRIPS_BYTES_PER_CYCLE, TRANSPOSE_BYTES_PER_CYCLE,
+    LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROW_BLOCKS_BYTES_PER_CYCLE, ROWS_DOWN_STRIPS_BYTES_PER_CYCLE,
+    TRANSPOSE_BYTES_PER_CYCLE,
     TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz, lane_sum_seconds, packed_bytes, packing_seconds, price,
     transpose_seconds,
 )
-from workbench.rtile.panels import packed_tile_bytes
+from workbench.rtile.panels import packed_tile_bytes, row_block_width
 from workbench.rtile.plan import LANES, PANELS, cpu_plan, describe
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
@@ -164,8 +165,9 @@ def test_the_view_kernels_take_the_callers_b_and_match_numpy():
 def test_b_whose_panels_are_copied_once_is_copied_into_them_as_stored(dev):
     """Where the unit tile spans every row (5 rows of 6 batches), B's panel copy reads B as
     stored and there is no copy before the loop nest; those bytes of the panels are priced at
-    ROWS_DOWN_STRIPS_BYTES_PER_CYCLE. Where the rows are dealt over unit tiles (4049 rows), each
-    copies B's panels again, from the copy made first."""
+    ROW_BLOCKS_BYTES_PER_CYCLE where the template copies them in blocks (`row_block_width`), else
+    at ROWS_DOWN_STRIPS_BYTES_PER_CYCLE. Where the rows are dealt over unit tiles (4049 rows),
+    each copies B's panels again, from the copy made first."""
     ways = set()
     for e in (_matmul(5, 64, 6895, 6, trans_b=True), _matmul(4049, 989, 37, trans_b=True)):
         view = transposed_gemm(e)
@@ -186,7 +188,9 @@ def test_b_whose_panels_are_copied_once_is_copied_into_them_as_stored(dev):
             assert packed_bytes(program, dev, transposed=True) == 0  # no filters' copy
             if once:  # the copy's bytes at their own rate, the rest of the panels at a plain copy's
                 plain = packed_bytes(program, dev) - panels
-                cycles = plain / PACK_BYTES_PER_CYCLE + panels / ROWS_DOWN_STRIPS_BYTES_PER_CYCLE
+                blocks = row_block_width(int(program.register_tile[plan.vector_axis]), plan.lanes)
+                rate = ROW_BLOCKS_BYTES_PER_CYCLE if blocks else ROWS_DOWN_STRIPS_BYTES_PER_CYCLE
+                cycles = plain / PACK_BYTES_PER_CYCLE + panels / rate
                 layer = dev.layers[plan.pack_layer]
                 streamed = packed_bytes(program, dev) / (layer.bandwidth_gbps * 1e9 / dev.compute_units)
                 assert packing_seconds(program, dev) == pytest.approx(max(streamed, cycles / (core_ghz(dev) * 1e9)))
@@ -218,6 +222,27 @@ def test_b_copied_as_stored_goes_through_registers_in_square_blocks(mcpu, lanes,
     assert load and store, kernel.tvmscript
     for blocks in (688 // width, -(-123 // width)):  # the rows' and K-steps' blocks
         assert f'T.serial({blocks}, annotations={{"pragma_loop_partition_hint": 1}})' in kernel.tvmscript
+
+
+@pytest.mark.parametrize("dev, n, columns, width", [(AVX2, 1367, 16, 8), (AVX2, 1367, 12, 4), (AVX512, 1367, 16, 16),
+                                                     (AVX512, 12, 12, 0), (AVX2, 6, 6, 0)],
+                         ids=["avx2-16", "avx2-12", "avx512-16", "avx512-12", "avx2-6"])
+def test_b_copied_in_blocks_is_priced_at_their_rate_and_a_row_at_a_time_at_its_own(dev, n, columns, width):
+    """B's panel bytes at the rate of the copy the template makes of them: strips of 16 columns
+    in blocks of 8 on AVX2 and of 16 on AVX-512, of 12 in blocks of 4 (three 4-lane pieces) on
+    AVX2. A whole row shorter than a vector (12 on AVX-512, 6 on AVX2), packed because the 27
+    rows pad to 28, is written in one vector of 12 or 6 lanes and copied a row at a time."""
+    view = transposed_gemm(_matmul(27, 123, n, trans_b=True))
+    program = make_program(calculus(view), dev, ((4, columns, 1), (4, columns, 123), (28, min(48, n), 123)), [True] * 3, 0.0)
+    plan = cpu_plan(program, dev)
+    assert plan.transposed_in_panels == ("B",)
+    assert row_block_width(columns, plan.lanes) == width
+    rate = ROW_BLOCKS_BYTES_PER_CYCLE if width else ROWS_DOWN_STRIPS_BYTES_PER_CYCLE
+    panels = packed_bytes(program, dev, rows=True)
+    cycles = (packed_bytes(program, dev) - panels) / PACK_BYTES_PER_CYCLE + panels / rate
+    layer = dev.layers[plan.pack_layer]
+    streamed = packed_bytes(program, dev) / (layer.bandwidth_gbps * 1e9 / dev.compute_units)
+    assert panels and packing_seconds(program, dev) == pytest.approx(max(streamed, cycles / (core_ghz(dev) * 1e9)))
 
 
 @pytest.mark.parametrize("m,k,n,b", [(9, 37, 70, 0), (6, 53, 41, 2)])

@@ -51,7 +51,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.pixel_gemm import gathered_name
 from workbench.ops.tensor_expr import TensorExpr, is_reduction, reads_along_rows
 from workbench.rtile.panels import (
-    PAD_STEP, cut_other_axes, cut_register_axes, ragged, row_vector, transposes, vector_width,
+    PAD_STEP, cut_other_axes, cut_register_axes, ragged, row_block_width, row_vector, transposes, vector_width,
 )
 from workbench.rtile.plan import FILTERS, LANES, CpuPlan, cpu_plan, splits_reduction
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
@@ -888,7 +888,7 @@ def _pack_panels(sch, expr: TensorExpr, program: RProgram, plan: CpuPlan, block,
         if index_map is not None:
             common.primitive(f"lay out {name} in panels", sch.transform_layout, pack, ("write", 0), index_map)
         if name in plan.transposed_in_panels:
-            _copy_rows_down_strips(sch, pack, vector_width(int(program.register_tile[vector_axis]), plan.lanes))
+            _copy_rows_down_strips(sch, pack, row_block_width(int(program.register_tile[vector_axis]), plan.lanes))
             continue
         if index_map is not None and transposes(tensor, vector_axis):
             _copy_along_panel(sch, pack, at, tensor, vector_axis, int(program.register_tile[vector_axis]), plan.lanes)
@@ -972,8 +972,8 @@ def _copy_rows_down_strips(sch, pack, width: int) -> None:
     KiB (2 x 4096 x 4096: 66 ms so, 4.6 by rows; 8 x 1024 x 1000: 1.58 ms, 0.38-0.43; evidence:
     docs/model-evidence.md#transposed-in-panels).
 
-    Where the strip's rows are written in vectors of `width` lanes (`panels.vector_width`), a
-    power of two from 4 that divides the tile's rows, the copy goes in blocks of `width` rows by
+    Where the strip's rows are written in vectors of `width` lanes, a power of two from 4
+    (`panels.row_block_width`; 0: a row at a time), the copy goes in blocks of `width` rows by
     `width` K-steps staged in registers: each row's piece read as one vector, the strip's rows
     then written a vector per K-step, gathered from the staged block. Row by row, every element
     was its own scalar load and store (27 x 123 x 1367: the copy about 45 of the kernel's 95 us;
@@ -983,7 +983,7 @@ def _copy_rows_down_strips(sch, pack, width: int) -> None:
     by row; evidence: docs/evidence.md#transposed-blocks)."""
     *_, k, j = sch.get_loops(pack)
     common.primitive("copy the operand's rows down the strips", sch.reorder, j, k)
-    if width < 4 or width & (width - 1) or int(sch.get(j).extent) % width:
+    if not width:
         return
     rows, row = sch.split(j, [None, width])
     steps, step = sch.split(k, [None, width])

@@ -276,6 +276,16 @@ def vector_width(extent: int, lanes: int) -> int:
     return width
 
 
+def row_block_width(columns: int, lanes: int) -> int:
+    """The side of the square blocks in which a transposed operand read as stored is copied into
+    strips of `columns` (`CpuPlan.transposed_in_panels`, `codegen.cpu._copy_rows_down_strips`):
+    the lanes the strip's rows are written in (`vector_width`), where that is a power of two from
+    4, which then divides the strip; 0 where the copy goes a row at a time (a strip of 12
+    columns on 16 lanes, written in one 12-lane vector; strips of 6 or 2)."""
+    width = vector_width(columns, lanes)
+    return width if width >= 4 and width & (width - 1) == 0 else 0
+
+
 @dataclass(frozen=True)
 class RowVector:
     """How the CPU template runs one row of a row pass (`codegen.cpu._row_passes`)."""

@@ -22,7 +22,9 @@ from workbench.rtile.model.cpu_compute import (
     EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance,
     edge_in_pieces, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
-from workbench.rtile.panels import gathered_inputs, packed_tile_bytes, row_vector, transposes, vector_width
+from workbench.rtile.panels import (
+    gathered_inputs, packed_tile_bytes, row_block_width, row_vector, transposes, vector_width,
+)
 from workbench.rtile.plan import LANES, PANELS, ROW, cpu_plan
 from workbench.rtile.registers import partial_sums
 from workbench.rtile.rprogram import RProgram
@@ -614,12 +616,15 @@ PACK_BYTES_PER_CYCLE = 16
 # recorded with the scalar copy and score lower at any higher rate (evidence:
 # docs/model-evidence.md#transposed-bytes-per-cycle).
 TRANSPOSED_BYTES_PER_CYCLE = 1.6
-# ... and a transposed operand copied into its panels as stored (`CpuPlan.transposed_in_panels`:
-# its rows staged in registers in blocks of a vector's lanes square, then written down its strip,
-# `codegen.cpu._copy_rows_down_strips`): 5.9 B, the median of 34 programs of 12 matmuls on two
-# Zen 4 cores, each timed against its price without the copy (3.1-11.3 B a cycle; evidence:
+# ... and a transposed operand copied into its panels as stored (`CpuPlan.transposed_in_panels`),
+# a row at a time (each row read in one run, written down its strip an element a K-step): 2.3 B,
+# the median of 13 matmuls on two Zen 4 cores, each timed against its price without the copy
+# (1.6-4.6 B a cycle) ...
+ROWS_DOWN_STRIPS_BYTES_PER_CYCLE = 2.3
+# ... or in blocks staged in registers (`panels.row_block_width`, `codegen.cpu._copy_rows_down_strips`):
+# 5.9 B, the median of 34 programs of 12 matmuls timed the same way (3.1-11.3; evidence:
 # docs/model-evidence.md#transposed-in-panels).
-ROWS_DOWN_STRIPS_BYTES_PER_CYCLE = 5.9
+ROW_BLOCKS_BYTES_PER_CYCLE = 5.9
 
 
 def packed_bytes(program: RProgram, device: DeviceSpec, transposed: bool = False, rows: bool = False) -> int:
@@ -648,7 +653,7 @@ def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
     every input is copied, where 8 rows divide it and copy nothing. A transposing copy's bytes
     (a conv's filters) move at `TRANSPOSED_BYTES_PER_CYCLE`: a 3x3 conv whose pixel tiles copy its
     1.2 MB of filters 8 times in all ran 2.4 ms against 0.64 for one that copies them once; a
-    transposed operand's rows copied down its strips at `ROWS_DOWN_STRIPS_BYTES_PER_CYCLE`."""
+    transposed operand's rows copied down its strips at `rows_bytes_per_cycle`."""
     return _copy_seconds(program, device, packed_bytes(program, device), packed_bytes(program, device, transposed=True),
                          packed_bytes(program, device, rows=True))
 
@@ -662,9 +667,20 @@ def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int, transposed:
     layer = device.layers[cpu_plan(program, device).pack_layer]
     streamed = moved / (layer.bandwidth_gbps * GB / device.compute_units)
     ghz = core_ghz(device)
-    cycles = ((moved - transposed - rows) / PACK_BYTES_PER_CYCLE + transposed / TRANSPOSED_BYTES_PER_CYCLE
-              + rows / ROWS_DOWN_STRIPS_BYTES_PER_CYCLE)
+    cycles = (moved - transposed - rows) / PACK_BYTES_PER_CYCLE + transposed / TRANSPOSED_BYTES_PER_CYCLE
+    if rows:
+        cycles += rows / rows_bytes_per_cycle(program, device)
     return max(streamed, cycles / (ghz * GB)) if ghz else streamed
+
+
+def rows_bytes_per_cycle(program: RProgram, device: DeviceSpec) -> float:
+    """Bytes a core copies per cycle of a transposed operand read as stored into its strips
+    (`CpuPlan.transposed_in_panels`): ROW_BLOCKS_BYTES_PER_CYCLE where the template copies it in
+    blocks staged in registers (`panels.row_block_width` of the strips' columns), else
+    ROWS_DOWN_STRIPS_BYTES_PER_CYCLE, a row at a time."""
+    plan = cpu_plan(program, device)
+    blocks = row_block_width(int(program.register_tile[plan.vector_axis]), plan.lanes)
+    return ROW_BLOCKS_BYTES_PER_CYCLE if blocks else ROWS_DOWN_STRIPS_BYTES_PER_CYCLE
 
 
 def gathered_bytes(expr: TensorExpr, device: DeviceSpec) -> int:
