@@ -334,9 +334,9 @@ def vector_loop_axis(
     axis = vector_axis(expr)
     if axis is None or expr.axes[axis].kind != "spatial":
         return None
-    tile = program.register_tile[axis]
-    short = 4 <= tile == expr.axes[axis].extent < simd_lanes(device, expr.output.itemsize)
-    if not short and (tile < simd_lanes(device, expr.output.itemsize) or tile % 4):
+    tile, lanes = program.register_tile[axis], simd_lanes(device, expr.output.itemsize)
+    short = 4 <= tile == expr.axes[axis].extent < lanes
+    if not short and (tile < lanes or tile % 4):
         return None
     if not packed and not all(streams(t, axis) for t in expr.inputs):
         return None
