@@ -19,7 +19,7 @@ from workbench.rtile.model.cpu import (
 from workbench.rtile.model.cpu_compute import compute_efficiency, scalar_row
 from workbench.rtile.panels import (
     PAD_OVERLAP, PAD_STEP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, packed_tile_bytes,
-    pad_level, padded_inputs, pads_tails, ragged, transposes, whole_reduction, window_spills,
+    pad_level, padded_inputs, pads_tails, ragged, read_once, transposes, whole_reduction, window_spills,
 )
 from workbench.rtile.plan import cpu_plan, loop_nest_key
 from workbench.rtile.rprogram import make_program
@@ -67,6 +67,25 @@ def test_an_input_is_copied_where_its_l1_tile_spans_more_than_the_l1(n, k):
     a_span, b_span = _span(8, k, 64), _span(64, n, 16)
     expected = tuple(name for name, span in (("A", a_span), ("B", b_span)) if span > L1)
     assert packed_inputs(e, program, TINY_CPU) == expected
+
+
+@pytest.mark.parametrize("dev", [TINY_CPU, AVX2, AVX512])
+def test_an_input_one_register_tile_reads_is_read_in_place_however_wide_its_span(dev):
+    """A's 8 rows of 2048 span (7 x 2048 + 64) x 4 B = 57 KiB, more than the 32 KiB L1. Where
+    the unit tile's 16 columns are one register tile's (N = 16), each element of its panel would
+    be read once, so A is read in place (`panels.read_once`) and the model prices no copy; at N =
+    32 two register tiles read each row of the panel, and A is copied as its span asks. B's 64
+    rows of 16 or 32 span 4-8 KiB: in place both times."""
+    e = expr("matmul", M=64, N=16, K=2048)
+    once = _program(e, [(8, 16, 1), (8, 16, 64), (64, 16, 64)], dev)
+    a = next(t for t in e.inputs if t.name == "A")
+    assert _span(8, 2048, 64) > dev.layers[1].capacity_bytes
+    assert read_once(e, once, a) and packed_inputs(e, once, dev) == ()
+    assert packing_seconds(once, dev) == 0.0
+    wide = expr("matmul", M=64, N=32, K=2048)
+    twice = _program(wide, [(8, 16, 1), (8, 16, 64), (64, 32, 64)], dev)
+    assert not read_once(wide, twice, a) and packed_inputs(wide, twice, dev) == ("A",)
+    assert packing_seconds(twice, dev) > 0.0
 
 
 def test_an_input_read_across_the_vector_axis_is_always_copied():

@@ -25,7 +25,8 @@ Cached layers become buffers where the micro-kernel gains from them: a reduction
 are plain projections (matmul, batched, transposed) packs an input's tile of the outermost
 cached layer into a per-core panel once per K-step, laid out in register-tile strips so the
 micro-kernel streams it (`_pack_panels`, the BLIS/oneDNN idea), where its layout must change
-or its L1 tile, read in place, would span more than the L1, and pads ragged spatial axes to
+or its L1 tile, read in place, would span more than the L1 and more than one register tile
+reads the panel (`panels.read_once`), and pads ragged spatial axes to
 whole tiles so the micro-kernel needs no guard (`_pad_tails`). Every such decision (the path,
 the vectorised loop, the packed inputs, padded tails, direct stores, where the padding copies
 go) is the kernel's `rtile.plan.CpuPlan`, which this module carries out and the model prices;

@@ -471,18 +471,33 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
 
 def _panel_pays(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor) -> bool:
     """Whether a panel of `tensor` gains anything: its layout has to change (an input read
-    across the vector axis, as a transposed matmul's), or the addresses its L1 tile reads in
-    place span more than the L1 holds. A span within the L1 cannot conflict in it (a contiguous
-    range of at most the capacity puts at most `ways` lines in any set), so its copy is pure
-    overhead; a wider span (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets,
-    which the copy avoids (evidence: docs/evidence.md#panel-pays)."""
+    across the vector axis, as a transposed matmul's), or more than one register tile reads the
+    panel (not `read_once`) and the addresses its L1 tile reads in place span more than the L1
+    holds. A span within the L1 cannot conflict in it (a contiguous range of at most the
+    capacity puts at most `ways` lines in any set), so its copy is pure overhead; a wider span
+    (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets, which the copy avoids
+    (evidence: docs/evidence.md#panel-pays)."""
     vector = vector_axis(expr)
     if vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector):
         return True
+    if read_once(expr, program, tensor):
+        return False
     tile = program.tiles[1]
     axes = [next(a for a, c in enumerate(coeffs) if c) for coeffs, _ in tensor.index]
     span = 1 + sum((int(tile[a]) - 1) * stride for a, stride in zip(axes, tensor.strides))
     return span * tensor.itemsize > device.layers[1].capacity_bytes
+
+
+def read_once(expr: TensorExpr, program: RProgram, tensor) -> bool:
+    """Whether one register tile reads each element of `tensor`'s panel, the tile of the pack
+    layer (`pack_layer`) no wider than the register tile along every spatial axis the input
+    ignores (a matmul's A where the unit tile's columns are one register tile's: N = 48 in
+    8 x 48 register tiles). Its copy then reads the input, writes the panel and the micro-kernel
+    reads that once more, where it could have read the input in place as the copy does: 4 x 384
+    x 3584 x 48 in those tiles ran 1.44-1.54 ms with A copied and 1.02-1.05 ms read in place
+    (two Zen 5 cores; ONNX Runtime 1.13-1.19; evidence: docs/evidence.md#panel-read-once)."""
+    tile, register = program.tiles[pack_layer(program)], program.register_tile
+    return all(tile[a] <= register[a] for a in expr.spatial if not tensor.uses_axis(a))
 
 
 def pack_layer(program: RProgram) -> int:
