@@ -76,20 +76,22 @@ def test_a_smaller_outer_tile_wastes_less_at_small_values():
 
 @pytest.mark.parametrize("value", [1, 8, 9, 77, 512])
 @pytest.mark.parametrize("k_tile", [64, 32])
-def test_packing_is_one_copy_of_both_panels_per_unit_tile_and_k_step(value, k_tile, monkeypatch):
-    """The CPU template packs A's 8 x kc and B's kc x 16 tile per unit tile and K-step (K = 1536
-    in 1536 / kc steps; both L1 tiles span more than TINY_CPU's 32 KiB L1 in place: A's 8 rows
-    6 KiB apart, B's kc rows 3 KiB apart): the busiest of the 2 cores runs ceil(grid / 2) unit
-    tiles, each copying 1536 / kc x 4 (8 kc + 16 kc) bytes, written at its half of L2's 200
-    GB/s; the cost is the model's estimate, that time included."""
+def test_packing_is_one_copy_of_the_panels_per_unit_tile_and_k_step(value, k_tile, monkeypatch):
+    """The CPU template packs B's kc x 16 tile per unit tile and K-step (K = 1536 in 1536 / kc
+    steps; B's kc rows 3 KiB apart span more than TINY_CPU's 32 KiB L1 in place, and the unit
+    tile's two 4-row register tiles read it). A's 8 x kc tile spans more too (8 rows 6 KiB
+    apart), but its 16 columns are one register tile's, which reads each element once: read in
+    place (`panels.read_once`). The busiest of the 2 cores runs ceil(grid / 2) unit tiles, each
+    copying 1536 / kc x 4 x 16 kc bytes, written at its half of L2's 200 GB/s; the cost is the
+    model's estimate, that time included."""
     dev = TINY_CPU
     template = expr("matmul", M=512, N=768, K=1536)
     program = _program(template, dev, [(4, 16, 1), (8, 16, 16), (8, 16, k_tile)])
     dyn = Dynamic("M", "i", 512)
     at = program_at(program, dev, dyn, value)
-    assert packed_inputs(at.expr, at, dev) == ("A", "B") and pack_layer(at) == 2
+    assert packed_inputs(at.expr, at, dev) == ("B",) and pack_layer(at) == 2
     grid = ceil(value / 8) * 768 // 16
-    moved = ceil(grid / 2) * (1536 // k_tile) * 4 * (8 * k_tile + k_tile * 16)
+    moved = ceil(grid / 2) * (1536 // k_tile) * 4 * (k_tile * 16)
     assert packed_bytes(at, dev) == moved
     assert packing_seconds(at, dev) == pytest.approx(moved / (200e9 / 2), rel=1e-12)
     est = cost(program, dev, dyn, value)

@@ -7,7 +7,7 @@ from helpers import TINY_CPU, device, expr
 
 from workbench.hardware.spec import MicroKernel
 from workbench.rtile.axes import lane_axis, tile_lanes
-from workbench.rtile.panels import packed_inputs
+from workbench.rtile.panels import packed_inputs, read_once
 from workbench.rtile.registers import accumulators, micro_kernel_registers, thread_count
 from workbench.rtile.rprogram import footprint_at, layer_capacity, make_program
 from workbench.rtile.traffic import calculus
@@ -190,16 +190,25 @@ def test_no_single_row_tile_where_it_cannot_be_one():
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_single_row_candidates_pack_nothing(dev):
     """The single-row family is one row at every level, so the CPU template packs no panel;
-    every other candidate packs B (its L1 tile's rows lie 9 KiB apart, spanning more than the L1)
-    and A only where the unit tile leaves a tail of M (padded: every input is copied), since
-    A's L1 tile of a few rows 3 KiB apart fits the L1 in place (`panels._panel_pays`)."""
+    every other candidate packs B where more than one register tile reads its panel (its L1
+    tile's rows lie 9 KiB apart, spanning more than the L1; a unit tile of one register tile's
+    rows reads it once, in place: `panels.read_once`), and A only where the unit tile leaves a
+    tail of M (padded: every input is copied), since A's L1 tile of a few rows 3 KiB apart fits
+    the L1 in place (`panels._panel_pays`)."""
     e = expr("matmul", **BERT)
     progs = candidates(e, dev, "i")
     rows = [p for p in progs if p.register_tile[0] == 1]
     assert rows and all(t[0] == 1 for p in rows for t in p.tiles)
     assert all(packed_inputs(p.expr, p, dev) == () for p in rows)
+    b = next(t for t in e.inputs if t.name == "B")
+
+    def expected(p):
+        if BERT["M"] % p.unit_tile[0]:
+            return ("A", "B")
+        return () if read_once(p.expr, p, b) else ("B",)
+
     packed = [(p, packed_inputs(p.expr, p, dev)) for p in progs if p.unit_tile[0] > 1]
-    assert packed and all(inputs == (("A", "B") if BERT["M"] % p.unit_tile[0] else ("B",)) for p, inputs in packed)
+    assert packed and all(inputs == expected(p) for p, inputs in packed)
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
