@@ -37,6 +37,17 @@ def _matmul(m, k, n, b=0, **flags):
     return Workload(op="matmul", params=tuple(params.items())).build()
 
 
+def _rows_copy_seconds(program, dev, panels: int, rate: float) -> float:
+    """The closed form of the panel copies where `panels` of their bytes are B's rows copied
+    down its strips at `rate` bytes a cycle and the rest a plain copy's: the slower of those
+    cycles on one core and the whole copy at the core's share of the pack layer's bandwidth."""
+    moved = packed_bytes(program, dev)
+    cycles = (moved - panels) / PACK_BYTES_PER_CYCLE + panels / rate
+    layer = dev.layers[cpu_plan(program, dev).pack_layer]
+    streamed = moved / (layer.bandwidth_gbps * 1e9 / dev.compute_units)
+    return max(streamed, cycles / (core_ghz(dev) * 1e9))
+
+
 @pytest.mark.parametrize("b", [0, 3])
 def test_b_stored_transposed_is_read_as_its_copy_laid_along_the_rows(b):
     e = _matmul(45, 67, 29, b, trans_b=True)
@@ -186,14 +197,10 @@ def test_b_whose_panels_are_copied_once_is_copied_into_them_as_stored(dev):
             panels = packed_tile_bytes(program, dev, ("B",), plan.pack_layer)
             assert packed_bytes(program, dev, rows=True) == (panels if once else 0)
             assert packed_bytes(program, dev, transposed=True) == 0  # no filters' copy
-            if once:  # the copy's bytes at their own rate, the rest of the panels at a plain copy's
-                plain = packed_bytes(program, dev) - panels
+            if once:
                 blocks = row_block_width(int(program.register_tile[plan.vector_axis]), plan.lanes)
                 rate = ROW_BLOCKS_BYTES_PER_CYCLE if blocks else ROWS_DOWN_STRIPS_BYTES_PER_CYCLE
-                cycles = plain / PACK_BYTES_PER_CYCLE + panels / rate
-                layer = dev.layers[plan.pack_layer]
-                streamed = packed_bytes(program, dev) / (layer.bandwidth_gbps * 1e9 / dev.compute_units)
-                assert packing_seconds(program, dev) == pytest.approx(max(streamed, cycles / (core_ghz(dev) * 1e9)))
+                assert packing_seconds(program, dev) == pytest.approx(_rows_copy_seconds(program, dev, panels, rate))
             ways.add(once)
     assert ways == {True, False}
 
@@ -239,10 +246,7 @@ def test_b_copied_in_blocks_is_priced_at_their_rate_and_a_row_at_a_time_at_its_o
     assert row_block_width(columns, plan.lanes) == width
     rate = ROW_BLOCKS_BYTES_PER_CYCLE if width else ROWS_DOWN_STRIPS_BYTES_PER_CYCLE
     panels = packed_bytes(program, dev, rows=True)
-    cycles = (packed_bytes(program, dev) - panels) / PACK_BYTES_PER_CYCLE + panels / rate
-    layer = dev.layers[plan.pack_layer]
-    streamed = packed_bytes(program, dev) / (layer.bandwidth_gbps * 1e9 / dev.compute_units)
-    assert panels and packing_seconds(program, dev) == pytest.approx(max(streamed, cycles / (core_ghz(dev) * 1e9)))
+    assert panels and packing_seconds(program, dev) == pytest.approx(_rows_copy_seconds(program, dev, panels, rate))
 
 
 @pytest.mark.parametrize("m,k,n,b", [(9, 37, 70, 0), (6, 53, 41, 2)])
