@@ -36,7 +36,7 @@ from workbench.rtile.model.cpu_compute import (
     vector_pieces,
 )
 from workbench.rtile.model.gpu import (
-    GUARDED_SLOWDOWN, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
+    GUARDED_SLOWDOWN, LOADED_LATENCY, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
     uncoalesced_bytes, shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
@@ -849,13 +849,13 @@ def _reduce_sum_64x1m(register_k: int, threads: int) -> RProgram:
     return make_program(TileCalculus(e), dev, [(1, register_k), (1, register_k * threads)], (True, False), 0.05)
 
 
-@pytest.mark.parametrize("threads, steps", [(32, 5), (160, 8), (320, 9), (512, 9)])
+@pytest.mark.parametrize("threads, steps", [(32, 5), (160, 8), (320, 9), (512, 9), (1024, 10)])
 def test_reduce_sum_64x1m_on_the_v100_reads_what_its_loads_in_flight_allow_then_reduces_in_a_tree(threads, steps):
     """reduce_sum over 64 x 2^20 fp32 on the V100 as a cross-thread reduction, in closed form:
     64 blocks (one row each) over 80 SMs keep 64 / 80 of them busy, one block an SM. A block
     has one step of its row in flight, 2 floats a thread (8 T bytes), so Little's law caps the
-    read at 80 x 8 T B / 400 ns = 1.6 T GB/s: 51 GB/s for one warp, the 750 GB/s from 469
-    threads on. The one output a row is stored at 750 GB/s. The warps of a scheduler (T / 128)
+    read at 80 x 8 T B over the loaded latency (400 ns x `LOADED_LATENCY`, 500 ns) = 1.28 T
+    GB/s: 41 GB/s for one warp, the 750 GB/s from 586 threads on. The one output a row is stored at 750 GB/s. The warps of a scheduler (T / 128)
     overlap the adds with the loads, one warp alone serialises them. Then a tree of
     ceil(log2(threads)) exchanges at the shared layer's 12.4 ns, one wave. It was 14.3 ms with
     a thread per row (2 blocks of 32 threads)."""
@@ -866,7 +866,7 @@ def test_reduce_sum_64x1m_on_the_v100_reads_what_its_loads_in_flight_allow_then_
     tree = steps * 12.4e-9
     assert tree_reduction_seconds(program, dev, threads, 1) == pytest.approx(tree, rel=1e-12)
     assert est.reduction_seconds == pytest.approx(tree, rel=1e-12)
-    reach = min(750.0, 1.6 * threads)  # GB/s
+    reach = min(750.0, 80 * 8 * threads / (400 * LOADED_LATENCY))  # GB/s
     assert reachable_gbps(program, dev, 2) == pytest.approx(reach, rel=1e-12)
     read = (64 * 2**20 * 4 / (reach * 1e9) + 64 * 4 / 750e9) / (64 / 80)  # the matrix once, the outputs once
     assert dict(est.bytes_per_layer) == {"global": (64 * 2**20 + 64) * 4}
@@ -876,9 +876,9 @@ def test_reduce_sum_64x1m_on_the_v100_reads_what_its_loads_in_flight_allow_then_
     assert est.compute_seconds == pytest.approx(adds, rel=1e-9)
     unit = max(adds, read, (adds + read) / max(1.0, warps))
     assert est.predicted_seconds == pytest.approx(unit + tree, rel=1e-9)
-    if threads == 512:  # the bandwidth bound, against the 14.3 ms of a thread per row
+    if threads == 1024:  # the bandwidth bound, against the 14.3 ms of a thread per row
         assert est.predicted_seconds == pytest.approx(64 * 2**20 * 4 / (750e9 * 64 / 80), rel=1e-3)
-    if threads == 32:  # one warp an SM: 256 B in flight, not the 3.75 KB the bandwidth needs
+    if threads == 32:  # one warp an SM: 256 B in flight, not the 4.7 KB the bandwidth needs
         assert est.predicted_seconds > 10 * (64 * 2**20 * 4 / (750e9 * 64 / 80))
 
 
@@ -1109,7 +1109,7 @@ def test_one_resident_block_with_a_warp_per_scheduler_hides_nothing():
     and the FMAs add up. The template prefetches step s + 1 in registers while it computes step
     s (sm_70's register prefetch, `staging.register_prefetch`), so the copy from global memory
     overlaps them: max(compute + shared, global). A step's copy (64 x 16 + 16 x 32 floats, 6 KiB) keeps 80 x 6144 B
-    / 400 ns = 1229 GB/s in flight: the 750 GB/s is reached."""
+    / 500 ns (the loaded latency) = 983 GB/s in flight: the 750 GB/s is reached."""
     dev, program = _v100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
     est = estimate(program, dev)
     assert (est.threads, program.grid) == (128, 32)
@@ -1139,19 +1139,45 @@ def test_two_resident_blocks_hide_the_shorter_stage_under_the_longer():
 
 def test_one_small_block_an_sm_cannot_keep_enough_loads_in_flight():
     """matmul 2560 x 32 x 256 on the V100 in blocks of 32 x 32 x 1: 80 blocks, one an SM, each
-    step copying 32 + 32 floats (256 B). Little's law: 80 x 256 B / 400 ns = 51.2 GB/s, not 750;
-    the output's stores (posted, nothing waits for them) still stream at 750 GB/s."""
+    step copying 32 + 32 floats (256 B). Little's law at the loaded latency (400 ns x
+    `LOADED_LATENCY`): 80 x 256 B / 500 ns = 40.96 GB/s, not 750; the output's stores (posted, nothing waits for them) still stream at 750 GB/s."""
     dev, program = _v100_matmul(2560, 32, 256, [(4, 4, 1), (32, 32, 1)])
     est = estimate(program, dev)
     assert program.grid == 80
     assert bytes_in_flight(program, dev, est.blocks_per_unit) == 256
-    assert reachable_gbps(program, dev, 2) == pytest.approx(51.2, rel=1e-12)
+    reach = 80 * 256 / (400 * LOADED_LATENCY)
+    assert reach == pytest.approx(40.96, rel=1e-12)
+    assert reachable_gbps(program, dev, 2) == pytest.approx(reach, rel=1e-12)
     loads = 80 * 256 * 256  # 80 blocks x 256 steps x 256 B
     stores = 2560 * 32 * 4
-    assert dict(est.load_seconds)["global"] == pytest.approx(loads / 51.2e9 + stores / 750e9, rel=1e-12)
+    assert dict(est.load_seconds)["global"] == pytest.approx(loads / (reach * 1e9) + stores / 750e9, rel=1e-12)
     # twice the latency halves what a unit's 256 B in flight deliver
     slow = replace(dev, layers=dev.layers[:2] + (replace(dev.layers[2], latency_ns=800.0),))
-    assert reachable_gbps(program, slow, 2) == pytest.approx(25.6, rel=1e-12)
+    assert reachable_gbps(program, slow, 2) == pytest.approx(reach / 2, rel=1e-12)
+
+
+def test_a_relu_of_two_floats_a_thread_reads_at_its_loads_in_flight_over_the_loaded_latency():
+    """relu over 128 x 1008 x 42 x 42 fp32 on the H200 (roller-table1 E0) in blocks of 512
+    threads, 4 resident an SM. Threads of 2 floats keep 4 x 512 x 8 B = 16 KiB an SM in flight:
+    132 x 16,384 B over the idle 500 ns would just reach the 4,250 GB/s, over the loaded latency
+    (500 ns x `LOADED_LATENCY`, 625 ns) they read at 3,460 GB/s. Threads of 4 floats keep twice
+    that and read at the bandwidth. The output is stored at the bandwidth either way."""
+    dev = device("h200")
+    e = fuse_axes(expr("relu", shape=(128, 1008, 42, 42)))
+    n = 128 * 1008 * 42 * 42
+    assert dev.compute_units == 132 and dev.layers[2].latency_ns == 500.0 and dev.layers[2].bandwidth_gbps == 4250.0
+    seconds = {}
+    for floats in (2, 4):
+        program = make_program(TileCalculus(e), dev, [(floats,), (512 * floats,)], (True, False), 0.05)
+        est = estimate(program, dev)
+        assert (est.threads, est.blocks_per_unit) == (512, 4)
+        assert bytes_in_flight(program, dev, est.blocks_per_unit) == 4 * 512 * floats * 4
+        reach = min(4250.0, 132 * 4 * 512 * floats * 4 / (500 * LOADED_LATENCY))
+        assert reachable_gbps(program, dev, 2) == pytest.approx(reach, rel=1e-12)
+        seconds[floats] = dict(est.load_seconds)["global"]
+        assert seconds[floats] == pytest.approx(n * 4 / (reach * 1e9) + n * 4 / 4250e9, rel=1e-9)
+    assert 132 * 16384 / 500 > 4250 > 132 * 16384 / (500 * LOADED_LATENCY)
+    assert seconds[2] > 1.1 * seconds[4]
 
 
 def test_virtual_threads_price_the_wavefronts_they_save():

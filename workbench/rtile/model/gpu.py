@@ -221,8 +221,18 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
 
 # Bytes of global loads one GPU thread keeps outstanding at most: our fit to the first H200 run
 # (docs/gpu.md), where blocks of 1, 4 and 5 threads copying 80-136 KB into shared memory
-# reached 0.12, 0.92 and 0.6 GB/s: 90-160 B a thread over the spec's 500 ns latency.
+# reached 0.12, 0.92 and 0.6 GB/s: 90-160 B a thread over the spec's 500 ns latency, 110-200 B
+# over the LOADED_LATENCY that prices them.
 THREAD_BYTES_IN_FLIGHT = 128
+
+# The latency a GPU's global loads wait under a kernel's load, over the spec's (an idle latency):
+# Little's law holds at the latency the requests see, which queues above the idle one as the
+# bandwidth fills. Our fit to the H200's relus (roller-table1 E0-E2, five runs of the pack on
+# 2026-11-28 and 2026-12-01, agreeing at 0.78-1.0): in register tiles of 2 floats (8 B a thread
+# in flight, 2,048 threads an SM: 132 x 16 KiB over 500 ns, the 4,250 GB/s just reached) they ran
+# 1.08-1.15x the tiles of 4, which 1.22-1.24x the spec's latency prices (evidence:
+# docs/model-evidence.md#loaded-latency).
+LOADED_LATENCY = 1.25
 
 
 def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
@@ -244,14 +254,16 @@ def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
 def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
     """Bandwidth a program reaches reading from `layer`: `layer_gbps`, except from a GPU's global
     memory, where Little's law bounds it by the bytes in flight over the memory latency
-    (throughput = concurrency / latency): units x `bytes_in_flight` / `latency_ns`. The V100
-    (750 GB/s, 400 ns) needs 300 KB in flight, 3.75 KB an SM, to reach its bandwidth: 29
-    warps each with one 128 B load outstanding. Few small blocks cannot."""
+    (throughput = concurrency / latency): units x `bytes_in_flight` / (`latency_ns` x
+    `LOADED_LATENCY`). The V100 (750 GB/s, 400 ns idle, 500 loaded) needs 375 KB in flight,
+    4.7 KB an SM, to reach its bandwidth: 37 warps each with one 128 B load outstanding. Few
+    small blocks cannot."""
     spec = device.layers[layer]
     if not device.lanes_are_threads or layer != len(device.layers) - 1 or spec.latency_ns <= 0:
         return layer_gbps(program, device, layer)
     _, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
-    little = device.compute_units * bytes_in_flight(program, device, bpu) / spec.latency_ns  # B/ns = GB/s
+    loaded = spec.latency_ns * LOADED_LATENCY
+    little = device.compute_units * bytes_in_flight(program, device, bpu) / loaded  # B/ns = GB/s
     return min(spec.bandwidth_gbps, little)
 
 
