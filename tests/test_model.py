@@ -36,7 +36,7 @@ from workbench.rtile.model.cpu_compute import (
     vector_pieces,
 )
 from workbench.rtile.model.gpu import (
-    GUARDED_SLOWDOWN, LOADED_LATENCY, bytes_in_flight, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
+    GUARDED_SLOWDOWN, L2_HIT_LATENCY, LOADED_LATENCY, bytes_in_flight, hbm_share, gpu_stages, guarded_slowdown, output_sectors, overlapped, reachable_gbps, split_k_seconds, tree_reduction_seconds,
     uncoalesced_bytes, shared_wavefronts, store_sector_ratio, vthread_conflict_ratio, warp_sectors,
 )
 from workbench.rtile.occupancy import (
@@ -1140,7 +1140,10 @@ def test_two_resident_blocks_hide_the_shorter_stage_under_the_longer():
 def test_one_small_block_an_sm_cannot_keep_enough_loads_in_flight():
     """matmul 2560 x 32 x 256 on the V100 in blocks of 32 x 32 x 1: 80 blocks, one an SM, each
     step copying 32 + 32 floats (256 B). Little's law at the loaded latency (400 ns x
-    `LOADED_LATENCY`): 80 x 256 B / 500 ns = 40.96 GB/s, not 750; the output's stores (posted, nothing waits for them) still stream at 750 GB/s."""
+    `LOADED_LATENCY`): 80 x 256 B / 500 ns = 40.96 GB/s, not 750, for loads from the HBM. The
+    blocks load A's 2,560 x 256 floats and B's 256 x 32 once, 2.65 MB of their 5.24 (`hbm_share`
+    0.506); the rest hit the L2 at `L2_HIT_LATENCY`, so they wait 400 ns x (0.506 x 1.25 + 0.494
+    / 3) = 319 ns on average and read at 64.2 GB/s. The output's stores (posted, nothing waits for them) still stream at 750 GB/s."""
     dev, program = _v100_matmul(2560, 32, 256, [(4, 4, 1), (32, 32, 1)])
     est = estimate(program, dev)
     assert program.grid == 80
@@ -1150,7 +1153,12 @@ def test_one_small_block_an_sm_cannot_keep_enough_loads_in_flight():
     assert reachable_gbps(program, dev, 2) == pytest.approx(reach, rel=1e-12)
     loads = 80 * 256 * 256  # 80 blocks x 256 steps x 256 B
     stores = 2560 * 32 * 4
-    assert dict(est.load_seconds)["global"] == pytest.approx(loads / (reach * 1e9) + stores / 750e9, rel=1e-12)
+    share = (2560 * 256 + 256 * 32) * 4 / loads
+    assert hbm_share(program, loads) == pytest.approx(share, rel=1e-12) and 0.5 < share < 0.51
+    mixed = 80 * 256 / (400 * (share * LOADED_LATENCY + (1 - share) * L2_HIT_LATENCY))
+    assert mixed == pytest.approx(64.2, rel=1e-3)
+    assert reachable_gbps(program, dev, 2, share) == pytest.approx(mixed, rel=1e-12)
+    assert dict(est.load_seconds)["global"] == pytest.approx(loads / (mixed * 1e9) + stores / 750e9, rel=1e-12)
     # twice the latency halves what a unit's 256 B in flight deliver
     slow = replace(dev, layers=dev.layers[:2] + (replace(dev.layers[2], latency_ns=800.0),))
     assert reachable_gbps(program, slow, 2) == pytest.approx(reach / 2, rel=1e-12)

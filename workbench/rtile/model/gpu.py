@@ -89,17 +89,17 @@ def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) 
     """Time to move `q` bytes for a GPU program's tiles at `layer` from the layer below with every
     unit busy: register tiles read from shared memory take the wavefronts their virtual threads
     add or save (`vthread_conflict_ratio`), and loads from global memory reach only
-    `reachable_gbps`; their output stores (Q's `stores` part) are posted, no register waits for
-    them, so they stream at the spec's bandwidth, with the sectors a strided write-back wastes
-    (`store_sector_ratio`)."""
+    `reachable_gbps` (`hbm_share` of them from the HBM); their output stores (Q's `stores`
+    part) are posted, no register waits for them, so they stream at the spec's bandwidth, with
+    the sectors a strided write-back wastes (`store_sector_ratio`)."""
     src = source_layer(program, layer, len(device.layers))
     bandwidth = layer_gbps(program, device, src) * GB
     if layer == 0 and src == device.unit_layer_index:
         return q * vthread_conflict_ratio(program, device) / bandwidth
-    reach = reachable_gbps(program, device, src) * GB
     calc = calculus(program.expr)
     tile, output = program.tiles[layer], program.expr.tensors[-1]
     stores = calc.spatial_tiles(tile) * prod(calc.data_tiles(tile)[-1]) * output.itemsize
+    reach = reachable_gbps(program, device, src, hbm_share(program, q - stores)) * GB
     wasted = stores * (store_sector_ratio(program, device) - 1) if src == len(device.layers) - 1 else 0
     if reach >= bandwidth:
         return (q + wasted) / bandwidth
@@ -234,6 +234,22 @@ THREAD_BYTES_IN_FLIGHT = 128
 # docs/model-evidence.md#loaded-latency).
 LOADED_LATENCY = 1.25
 
+# The latency of a global load that hits the GPU's L2, over the spec's global-memory latency:
+# published microbenchmarks put an H100's L2 hit near 200 cycles against some 600 for its HBM.
+# `bench model` over the five H200 runs reads the same from 0.25 to 1.0, lower at 0.1
+# (evidence: docs/model-evidence.md#loaded-latency).
+L2_HIT_LATENCY = 1 / 3
+
+
+def hbm_share(program: RProgram, loads: int) -> float:
+    """The share of a GPU program's `loads` bytes from global memory that come from the HBM: its
+    inputs' bytes once (their compulsory misses) over the bytes it loads, at most 1. Our
+    simplification: every read of an input element after its first hits the L2 (a pooling's
+    overlapping windows, a tile's neighbours' halo, a matmul's panels read again by the next
+    blocks), whatever the L2's size."""
+    unique = sum(prod(t.shape) * t.itemsize for t in program.expr.tensors if t.role == "input")
+    return min(1.0, unique / loads) if loads > 0 else 1.0
+
 
 def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
     """Bytes of global-memory loads a busy GPU unit has outstanding at once: each resident block
@@ -251,18 +267,19 @@ def bytes_in_flight(program: RProgram, device: DeviceSpec, bpu: int) -> int:
     return resident_blocks(program, device, bpu) * min(block, threads * THREAD_BYTES_IN_FLIGHT)
 
 
-def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
+def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int, share: float = 1.0) -> float:
     """Bandwidth a program reaches reading from `layer`: `layer_gbps`, except from a GPU's global
     memory, where Little's law bounds it by the bytes in flight over the memory latency
-    (throughput = concurrency / latency): units x `bytes_in_flight` / (`latency_ns` x
-    `LOADED_LATENCY`). The V100 (750 GB/s, 400 ns idle, 500 loaded) needs 375 KB in flight,
-    4.7 KB an SM, to reach its bandwidth: 37 warps each with one 128 B load outstanding. Few
-    small blocks cannot."""
+    (throughput = concurrency / latency): units x `bytes_in_flight` / latency, the latency
+    `latency_ns` x (`share` x `LOADED_LATENCY` + (1 - share) x `L2_HIT_LATENCY`) where `share` of
+    the loads go to the HBM (`hbm_share`) and the rest hit the L2. The V100 (750 GB/s, 400 ns
+    idle, 500 loaded) needs 375 KB of loads from its HBM in flight, 4.7 KB an SM, to reach its
+    bandwidth: 37 warps each with one 128 B load outstanding. Few small blocks cannot."""
     spec = device.layers[layer]
     if not device.lanes_are_threads or layer != len(device.layers) - 1 or spec.latency_ns <= 0:
         return layer_gbps(program, device, layer)
     _, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
-    loaded = spec.latency_ns * LOADED_LATENCY
+    loaded = spec.latency_ns * (share * LOADED_LATENCY + (1 - share) * L2_HIT_LATENCY)
     little = device.compute_units * bytes_in_flight(program, device, bpu) / loaded  # B/ns = GB/s
     return min(spec.bandwidth_gbps, little)
 
