@@ -221,8 +221,8 @@ def gpu_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dic
 
 # Bytes of global loads one GPU thread keeps outstanding at most: our fit to the first H200 run
 # (docs/gpu.md), where blocks of 1, 4 and 5 threads copying 80-136 KB into shared memory
-# reached 0.12, 0.92 and 0.6 GB/s: 90-160 B a thread over the spec's 500 ns latency, 110-200 B
-# over the LOADED_LATENCY that prices them.
+# reached 0.12, 0.92 and 0.6 GB/s: 90-160 B a thread over the spec's 500 ns latency (fitted
+# before `reachable_gbps` priced the latency loads see under load: LOADED_LATENCY).
 THREAD_BYTES_IN_FLIGHT = 128
 
 # The latency a GPU's global loads wait under a kernel's load, over the spec's (an idle latency):
@@ -279,8 +279,8 @@ def reachable_gbps(program: RProgram, device: DeviceSpec, layer: int, share: flo
     if not device.lanes_are_threads or layer != len(device.layers) - 1 or spec.latency_ns <= 0:
         return layer_gbps(program, device, layer)
     _, bpu = blocks_per_unit(program, device, gpu_plan(program, device).stages)
-    loaded = spec.latency_ns * (share * LOADED_LATENCY + (1 - share) * L2_HIT_LATENCY)
-    little = device.compute_units * bytes_in_flight(program, device, bpu) / loaded  # B/ns = GB/s
+    latency = spec.latency_ns * (share * LOADED_LATENCY + (1 - share) * L2_HIT_LATENCY)
+    little = device.compute_units * bytes_in_flight(program, device, bpu) / latency  # B/ns = GB/s
     return min(spec.bandwidth_gbps, little)
 
 
