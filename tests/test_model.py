@@ -27,7 +27,7 @@ from workbench.rtile.model.common import (
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
     GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
-    hidden_source, lane_sum_seconds, packed_bytes,
+    combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
     packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs, transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
@@ -133,8 +133,14 @@ def check_consistent(calc, dev, program, est):
             hidden = sum(transfer_seconds(through, dev, layer, cache_traffic(program, dev, layer), scalar_row(program, dev))
                          for layer in range(len(program.tiles))
                          if source_layer(through, layer, len(dev.layers)) == below) / min(1.0, grid / units)
-        unit_time = (max(est.compute_seconds, loads.get(first, 0.0), hidden)
-                     + sum(t for n, t in loads.items() if n != first) - hidden)
+        # on the lanes path (a dot product per output along K) the register loads add to the
+        # FMAs rather than overlap them (closed form below)
+        register = loads.get(first, 0.0)
+        if cpu_plan(program, dev).path == "lanes":
+            core = max(est.compute_seconds + register, hidden)
+        else:
+            core = max(est.compute_seconds, register, hidden)
+        unit_time = core + sum(t for n, t in loads.items() if n != first) - hidden
     # a cross-thread reduction's trees follow the pipeline (closed forms below), and a split-K
     # program's second pass (test_split_k); 0 for the rest
     assert est.reduction_seconds == tree_reduction_seconds(program, dev, est.threads, est.waves)
@@ -788,6 +794,23 @@ def test_cpu_transfers_below_the_first_layer_add_to_the_overlapped_compute():
     nest_loads = dict(estimate(nest, TINY_CPU).load_seconds)
     nest_est = estimate(nest, TINY_CPU)
     assert nest_est.predicted_seconds >= (max(nest_est.compute_seconds, nest_loads["L1"]) + nest_loads["L2"]) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_lanes_register_tile_pays_its_loads_after_its_fmas(dev):
+    """`combine_stages` on the lanes path (gemv: a dot product per output along K, both inputs
+    read along the lanes): the register loads from L1 add to the FMAs, and the inputs' hidden
+    transfers into L1 overlap that sum; off it they overlap the FMAs; the layers further down
+    add either way (generated AVX2-like and AVX-512-like specs)."""
+    gemv = constructed_on(expr("gemv", M=4096, K=4096), dev)
+    assert cpu_plan(gemv, dev).path == "lanes"
+    through = hardware_caches(gemv, dev)  # as `price` combines them
+    assert dev.layers[source_layer(through, 0, len(dev.layers))].name == "L1"
+    loads = {"L1": 3.0, "DRAM": 5.0}
+    assert combine_stages(through, dev, 2.0, loads, 1.0, lanes=True) == 2.0 + 3.0 + 5.0
+    assert combine_stages(through, dev, 2.0, loads, 6.0, lanes=True) == 6.0 + 5.0
+    assert combine_stages(through, dev, 2.0, loads, 1.0) == 3.0 + 5.0
+    assert combine_stages(through, dev, 4.0, loads, 1.0) == 4.0 + 5.0
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -76,7 +76,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         transfer(device.layers[-1].name, 0, runs)
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
-    core = combine_stages(through, device, compute, adding, hidden)
+    core = combine_stages(through, device, compute, adding, hidden, cpu_plan(program, device).path == LANES)
     packed = packed_bytes(program, device)
     packing = _copy_seconds(program, device, packed, packed_bytes(program, device, transposed=True),
                             packed_bytes(program, device, rows=True))
@@ -514,7 +514,7 @@ def scattered_inputs(program: RProgram, device: DeviceSpec) -> frozenset[int]:
 
 
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float],
-                   hidden: float = 0.0) -> float:
+                   hidden: float = 0.0, lanes: bool = False) -> float:
     """One CPU core's time from its stage times: the register tile's loads from the layer right
     below the registers issue in the FMAs' shadow (same instruction stream, separate ports), so
     they overlap the compute, as do the `hidden` seconds of the inputs' transfers into that layer
@@ -523,9 +523,16 @@ def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads:
     micro-kernel runs, its accumulators' trips wait on the FMAs that fill them, and the hardware
     prefetchers hide only part of a stream (the Execution-Cache-Memory model's observation,
     Treibig & Hager 2010, that x86 cache-level transfers do not overlap one another;
-    ALGORITHMS.md §7; evidence: docs/model-evidence.md#combine-stages)."""
+    ALGORITHMS.md §7; evidence: docs/model-evidence.md#combine-stages). On the `lanes` path (a
+    dot product per output along K, its register tile's inputs both read along the lanes: a
+    gemv, a matmul whose B is read transposed in place) the register loads add to the FMAs
+    instead: 1 x 13 x 16 tiles of 53 x 15437 x 481 with B transposed, a load for each FMA, ran
+    the sum of the two on two Zen 5 cores, twice their overlap (evidence:
+    docs/model-evidence.md#lanes-loads)."""
     first = device.layers[source_layer(program, 0, len(device.layers))].name
-    return max(compute, loads.get(first, 0.0), hidden) + sum(t for name, t in loads.items() if name != first)
+    register = loads.get(first, 0.0)
+    core = max(compute + register, hidden) if lanes else max(compute, register, hidden)
+    return core + sum(t for name, t in loads.items() if name != first)
 
 
 def hidden_source(program: RProgram, device: DeviceSpec) -> int | None:
