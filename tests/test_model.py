@@ -878,8 +878,9 @@ def test_reduce_sum_64x1m_on_the_v100_reads_what_its_loads_in_flight_allow_then_
     64 blocks (one row each) over 80 SMs keep 64 / 80 of them busy, one block an SM. A block
     has one step of its row in flight, 2 floats a thread (8 T bytes), so Little's law caps the
     read at 80 x 8 T B over the loaded latency (400 ns x `LOADED_LATENCY`, 500 ns) = 1.28 T
-    GB/s: 41 GB/s for one warp, the 750 GB/s from 586 threads on. The one output a row is stored at 750 GB/s. The warps of a scheduler (T / 128)
-    overlap the adds with the loads, one warp alone serialises them. Then a tree of
+    GB/s: 41 GB/s for one warp, the 750 GB/s from 586 threads on. The one output a row is
+    stored at 750 GB/s. The warps of a scheduler (T / 128) overlap the adds with the loads, one
+    warp alone serialises them. Then a tree of
     ceil(log2(threads)) exchanges at the shared layer's 12.4 ns, one wave. It was 14.3 ms with
     a thread per row (2 blocks of 32 threads)."""
     dev = device("v100")
@@ -1131,8 +1132,9 @@ def test_one_resident_block_with_a_warp_per_scheduler_hides_nothing():
     of 128 threads over 80 SMs, one an SM, one warp per scheduler: the reads from shared memory
     and the FMAs add up. The template prefetches step s + 1 in registers while it computes step
     s (sm_70's register prefetch, `staging.register_prefetch`), so the copy from global memory
-    overlaps them: max(compute + shared, global). A step's copy (64 x 16 + 16 x 32 floats, 6 KiB) keeps 80 x 6144 B
-    / 500 ns (the loaded latency) = 983 GB/s in flight: the 750 GB/s is reached."""
+    overlaps them: max(compute + shared, global). A step's copy (64 x 16 + 16 x 32 floats, 6
+    KiB) keeps 80 x 6144 B / 500 ns (the loaded latency) = 983 GB/s in flight: the 750 GB/s is
+    reached."""
     dev, program = _v100_matmul(256, 256, 256, [(4, 4, 1), (64, 32, 16)])
     est = estimate(program, dev)
     assert (est.threads, program.grid) == (128, 32)
@@ -1166,7 +1168,8 @@ def test_one_small_block_an_sm_cannot_keep_enough_loads_in_flight():
     `LOADED_LATENCY`): 80 x 256 B / 500 ns = 40.96 GB/s, not 750, for loads from the HBM. The
     blocks load A's 2,560 x 256 floats and B's 256 x 32 once, 2.65 MB of their 5.24 (`hbm_share`
     0.506); the rest hit the L2 at `L2_HIT_LATENCY`, so they wait 400 ns x (0.506 x 1.25 + 0.494
-    / 3) = 319 ns on average and read at 64.2 GB/s. The output's stores (posted, nothing waits for them) still stream at 750 GB/s."""
+    / 3) = 319 ns on average and read at 64.2 GB/s. The output's stores (posted, nothing waits
+    for them) still stream at 750 GB/s."""
     dev, program = _v100_matmul(2560, 32, 256, [(4, 4, 1), (32, 32, 1)])
     est = estimate(program, dev)
     assert program.grid == 80
