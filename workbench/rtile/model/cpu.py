@@ -43,6 +43,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     scale-out."""
     expr = program.expr
     calc = calculus(expr)
+    plan = cpu_plan(program, device)
     eff = compute_efficiency(program, device)
     compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff) * guard_slowdown(program, device)
     loads: dict[str, float] = {}  # every transfer, by the layer it comes from
@@ -76,18 +77,18 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         transfer(device.layers[-1].name, 0, runs)
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
-    core = combine_stages(through, device, compute, adding, hidden, cpu_plan(program, device).path == LANES)
+    core = combine_stages(through, device, compute, adding, hidden, plan.path == LANES)
     packed = packed_bytes(program, device)
     packing = _copy_seconds(program, device, packed, packed_bytes(program, device, transposed=True),
                             packed_bytes(program, device, rows=True))
     if packed:
-        stage = f"packing into {device.layers[cpu_plan(program, device).pack_layer].name}"
+        stage = f"packing into {device.layers[plan.pack_layer].name}"
         moved[stage], loads[stage] = packed, packing
     gathered = gathered_bytes(program.expr, device)
     gathering = _gather_time(device, gathered)
     if gathered:
         moved["gathering the image's pixels"], loads["gathering the image's pixels"] = gathered, gathering
-    copied = copied_bytes(program.expr, cpu_plan(program, device).transposed_in_panels)
+    copied = copied_bytes(program.expr, plan.transposed_in_panels)
     if copied:  # before the loop nest as a gather is: added to it
         stage = f"copying {' and '.join(program.expr.transposed)} transposed"
         moved[stage], loads[stage] = copied, transpose_seconds(program, device)

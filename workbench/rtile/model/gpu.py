@@ -99,8 +99,9 @@ def transfer_seconds(program: RProgram, device: DeviceSpec, layer: int, q: int) 
     calc = calculus(program.expr)
     tile, output = program.tiles[layer], program.expr.tensors[-1]
     stores = calc.spatial_tiles(tile) * prod(calc.data_tiles(tile)[-1]) * output.itemsize
-    reach = reachable_gbps(program, device, src, hbm_share(program, q - stores)) * GB
-    wasted = stores * (store_sector_ratio(program, device) - 1) if src == len(device.layers) - 1 else 0
+    bottom = src == len(device.layers) - 1  # global memory: Little's law and the stores' sectors
+    reach = reachable_gbps(program, device, src, hbm_share(program, q - stores) if bottom else 1.0) * GB
+    wasted = stores * (store_sector_ratio(program, device) - 1) if bottom else 0
     if reach >= bandwidth:
         return (q + wasted) / bandwidth
     return (q - stores) / reach + (stores + wasted) / bandwidth
