@@ -28,7 +28,8 @@ from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
     GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
     combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
-    packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs, transfer_seconds,
+    RESIDENT_SHARE, packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs,
+    transfer_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency,
@@ -1044,6 +1045,28 @@ def test_no_tree_without_a_cross_thread_reduction():
     mm = matmul(256, 256, 256)
     program = make_program(TileCalculus(mm), dev, [(4, 4, 1), (64, 32, 16)], (True, True), 0.05)
     assert tree_reduction_seconds(program, dev, 128, 1) == 0.0 == estimate(program, dev).reduction_seconds
+
+
+@pytest.mark.parametrize("spec", [AVX2, AVX512], ids=lambda d: d.name)
+def test_an_input_that_fits_the_top_cache_layer_is_loaded_once_per_core(spec):
+    """gemv 4096 x 4096 in unit tiles of `rows` x 1024: Roller's Q(tile) loads x's 4 KiB slice
+    once per tile, 16 KiB x 4096 / rows in all; x (16 KiB) takes under RESIDENT_SHARE of the
+    1 MiB L2, so each of the two cores loads it once and the top layer's traffic is A once, x
+    twice and the outputs, whatever the rows. Where the L2 holds 16 KiB, x does not stay."""
+    calc = TileCalculus(expr("gemv", M=4096, K=4096))
+
+    def program(dev, rows):
+        return make_program(calc, dev, [(1, 16), (8, 1024), (rows, 1024)], (True,) * 3, 0.0)
+
+    a, x, out = 4096 * 4096 * 4, 4096 * 4, 4096 * 4
+    assert x <= RESIDENT_SHARE * spec.layers[2].capacity_bytes and spec.compute_units == 2
+    for rows in (8, 128):
+        p = program(spec, rows)
+        assert calc.traffic_bytes(p.tiles[2]) == a + 4096 // rows * x + out
+        assert cache_traffic(p, spec, 2) == a + 2 * x + out
+    small = replace(spec, layers=(*spec.layers[:2], replace(spec.layers[2], capacity_bytes=x), spec.layers[3]))
+    p = program(small, 8)
+    assert cache_traffic(p, small, 2) == calc.traffic_bytes(p.tiles[2]) > cache_traffic(program(spec, 8), spec, 2)
 
 
 def test_cpu_cache_tiles_share_with_their_neighbours_what_one_step_leaves_in_the_layer():

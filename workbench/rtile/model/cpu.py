@@ -478,7 +478,8 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     of the innermost stepping spatial loop, over all the reduction steps of the tile above,
     fits the layer, the run of neighbours loads `traffic_bytes(swept)` (a conv's packed filter
     panel is loaded once per row of output tiles, not once per tile); where it does not, that
-    plus SPILL_RELOAD of the rest of Q(tile). GPU tiles are explicit copies per tile, and the
+    plus SPILL_RELOAD of the rest of Q(tile); at the top layer, less the inputs that stay
+    (`resident_reloads`). GPU tiles are explicit copies per tile, and the
     unit tile's neighbours are other cores' work: Q(tile) (evidence:
     docs/model-evidence.md#cache-traffic)."""
     calc = calculus(program.expr)
@@ -488,7 +489,7 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     line, scattered = device.layers[layer].transaction_bytes, scattered_inputs(program, device)
     q = calc.traffic_bytes(tile, line, scattered)
     if layer + 1 >= len(program.tiles):
-        return q
+        return q - resident_reloads(program, device, line, scattered)
     sweep = calc.sweep(tile, program.tiles[layer + 1])
     if sweep is None:
         return q
@@ -496,6 +497,34 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     if calc.footprint_bytes(sweep[0], line=line, in_lines=scattered) > device.layers[layer].capacity_bytes:
         return shared + round(SPILL_RELOAD * (q - shared))
     return shared
+
+
+# The share of a core's top cache layer an input read in place may take and stay there while the
+# tiles stream the rest through it: half (0.25 and 1.0 gave the same `bench model` scores;
+# docs/model-evidence.md#resident-inputs).
+RESIDENT_SHARE = 0.5
+
+
+def resident_reloads(program: RProgram, device: DeviceSpec, line: int, scattered: frozenset[int]) -> int:
+    """Bytes of Q(top tile) that stay in a core's top cache layer: an input read in place (not
+    packed into panels, whose copies are made per tile) whose whole tensor takes at most
+    RESIDENT_SHARE of the layer is loaded once by each core that runs tiles (or its tiles' data
+    tiles, where those are less), not once per tile. gemv's x (16 KiB) was priced as read from
+    DRAM once per tile of rows, the more the narrower the tiles: 10 % of the time at 8 rows
+    against 128, where the runs measured no such order."""
+    calc, top = calculus(program.expr), len(program.tiles) - 1
+    tile, packed = program.tiles[top], cpu_plan(program, device).packed
+    tiles = calc.num_tiles(tile)
+    cores = min(tiles, device.compute_units)
+    per_tile = calc.input_bytes(calc.data_tiles(tile), line, scattered)
+    kept = 0
+    for t, tensor in enumerate(program.expr.inputs):
+        whole = prod(tensor.shape) * tensor.itemsize
+        if tensor.name in packed or whole > RESIDENT_SHARE * device.layers[top].capacity_bytes:
+            continue
+        once = cores * min(whole, -(-tiles // cores) * per_tile[t])
+        kept += max(0, tiles * per_tile[t] - once)
+    return kept
 
 
 def scattered_inputs(program: RProgram, device: DeviceSpec) -> frozenset[int]:
