@@ -370,15 +370,37 @@ def test_cached_matmul_tiles_become_packed_panels_and_an_unguarded_micro_kernel(
 def test_a_register_row_past_a_ragged_n_runs_whole_vectors_over_padded_panels():
     """47 x 64 x 23 in register tiles of 8 rows x 32 columns, past N's end in whole vectors
     (`alignment.padded_row_axis`), under 24 x 32 unit tiles: the tails pad (B's panel is 32
-    columns wide, zero past the 23rd), so the micro-kernel has no predicate and runs whole
-    vectors, and only the write-back skips the padding; the kernel matches numpy."""
+    columns wide, zero past the 23rd; A's, though one register tile reads it, takes the rows'
+    tail, whose cut tile the grid would guard: `panels.GRID_CUT_SHARE`), so the micro-kernel
+    has no predicate and runs whole vectors, and only the write-back skips the padding; the
+    kernel matches numpy."""
     e = expr("matmul", M=47, N=23, K=64)
     kernel = _local_kernel(e, dict(i=(8, 8, 24), j=(32, 32, 32), k=(1, 32, 64)))
     script = kernel.tvmscript
     update = _block(script, "C_update")
-    assert "T.where" not in update and "B_pad[" in update
+    assert "T.where" not in update and "B_pad[" in update and "A_pad[" in update
     assert all(loop in script for loop in vectorised_row(32))
     assert "T.where" in _block(script, "C_pad")
+
+
+def test_a_padded_program_reads_in_place_the_input_one_register_tile_reads():
+    """50 x 37 x 45 in 6 x 16 register tiles under 60 x 16 unit tiles, one register tile across
+    N: every axis ragged. B reads N, the vector axis: its padding copy is its panel (zero past
+    the 45th column), so the vectors stay whole. A's panel would be read by one register tile
+    only (`panels.read_once`), and one unit tile holds every row: A is read in place, unpadded
+    (`CpuPlan.edge_axes`: its rows and K), and the loops over its tiles carry the
+    loop-partition hint, so that lowering runs the tiles inside the rows and K unguarded and
+    keeps the guard in the tiles their ends cut. The kernel matches numpy."""
+    e = expr("matmul", M=50, N=45, K=37)
+    chains = dict(i=(6, 12, 60), j=(16, 16, 16), k=(1, 16, 16))
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.padded_tails and plan.packed == ("B",) and plan.edge_axes == (0, 2)
+    script = _local_kernel(e, chains).tvmscript
+    update = _block(script, "C_update")
+    assert "A_pad" not in script and "A[v_i, v_k]" in update and "B_pad[" in update
+    assert "T.where" in update  # the rows' and K's guard, lifted by the partitioning
+    assert all(loop in script for loop in vectorised_row())
+    assert all(HINT in _line(script, f"for {loop} in") for loop in ("k_0", "i_1", "i_2", "k_2"))
 
 
 HINT = 'annotations={"pragma_loop_partition_hint": 1}'

@@ -1,12 +1,13 @@
 """The CPU template's panel decisions (`rtile.panels`) and their price in the model, as closed
 forms on generated specs: an input is packed where its layout must change, where the unit tile
-pads (the padding copy is the panel), or where its L1 tile spans more than the L1 in place."""
+pads (the padding copy is the panel; but for one that a single register tile reads, read in
+place with its ragged edges split off), or where its L1 tile spans more than the L1 in place."""
 
 from dataclasses import replace
 from math import prod
 
 import pytest
-from helpers import TINY_CPU, device, expr
+from helpers import TINY_CPU, device, expr, matmul
 from test_alignment import AVX2, AVX512
 
 from workbench.ops.fusion import fuse_axes
@@ -16,9 +17,12 @@ from workbench.rtile.model.cpu import (
     buffer_bytes, BUFFER_PASSES, core_ghz, PACK_BYTES_PER_CYCLE, packed_bytes, packing_seconds, transfer_seconds,
     TRANSPOSED_BYTES_PER_CYCLE,
 )
-from workbench.rtile.model.cpu_compute import compute_efficiency, scalar_row
+from workbench.rtile.model.cpu_compute import (
+    GRID_GUARDED_TILE, compute_efficiency, guard_slowdown, past_rate, scalar_row,
+)
 from workbench.rtile.panels import (
-    PAD_OVERLAP, PAD_STEP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer, packed_inputs, packed_tile_bytes,
+    GRID_CUT_SHARE, PAD_OVERLAP, PAD_STEP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer,
+    packed_inputs, packed_tile_bytes,
     pad_level, padded_inputs, pads_tails, ragged, read_once, transposes, whole_reduction, window_spills,
 )
 from workbench.rtile.plan import cpu_plan, loop_nest_key
@@ -86,6 +90,53 @@ def test_an_input_one_register_tile_reads_is_read_in_place_however_wide_its_span
     twice = _program(wide, [(8, 16, 1), (8, 16, 64), (64, 32, 64)], dev)
     assert not read_once(wide, twice, a) and packed_inputs(wide, twice, dev) == ("A",)
     assert packing_seconds(twice, dev) > 0.0
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_padded_program_reads_in_place_the_input_one_register_tile_reads(dev):
+    """1693 x 7853 x 45 in 9 x 48 register tiles under 171 x 48 x 1040 unit tiles: every axis
+    is ragged, so the tails pad. B reads N, the vector axis, ragged: its padding copy is its
+    panel. One register tile reads each element of A's panel (`read_once`), so A is read in
+    place, its ragged rows and K left unpadded (`CpuPlan.edge_axes`), their edge tiles split off
+    under their guard: `guard_slowdown` is `guarded_edges` over them on the busiest core, the
+    second, whose five unit tiles end in the last of the ten: 153 whole rows, the cut one at
+    GRID_GUARDED_TILE, 17 past the end at `past_rate` (K's register tile of 1 cuts nothing). The
+    model prices B's copy alone. Two register tiles across N read A's panel twice: A is copied,
+    nothing left unpadded. Where no input would stay copied (N = 48, B read once as well), both
+    are, as before; so in a split program, whose parts' K is its own loop."""
+    e = matmul(1693, 45, 7853)
+    once = _program(e, [(9, 48, 1), (9, 48, 208), (171, 48, 1040)], dev)
+    plan = cpu_plan(once, dev)
+    assert plan.padded_tails and plan.packed == ("B",) and plan.edge_axes == (0, 2)
+    whole, last = 5 * 171, 4 * 171 + 153 + GRID_GUARDED_TILE + 17 * past_rate(dev)
+    assert guard_slowdown(once, dev) == pytest.approx(max(whole, last) / whole)
+    assert packed_bytes(once, dev) == packed_tile_bytes(once, dev, ("B",), pack_layer(once)) > 0
+    twice = _program(e, [(9, 16, 1), (9, 48, 208), (171, 48, 1040)], dev)
+    assert cpu_plan(twice, dev).packed == ("A", "B") and cpu_plan(twice, dev).edge_axes == ()
+    assert guard_slowdown(twice, dev) == 1.0
+    whole = matmul(1693, 48, 7853)
+    both = _program(whole, [(9, 48, 1), (9, 48, 208), (9, 48, 1040)], dev)
+    a, b = whole.inputs
+    assert read_once(whole, both, a) and read_once(whole, both, b)
+    assert cpu_plan(both, dev).packed == ("A", "B") and cpu_plan(both, dev).edge_axes == ()
+    assert cpu_plan(replace(once, split=2), dev).packed == ("A", "B")
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_an_input_whose_cut_tile_the_grid_would_guard_is_copied_with_its_padding(dev):
+    """31 x 797 x 23 in 8 x 32 register tiles, one across N: A is read once. Under 16-row unit
+    tiles the grid splits the rows in two and the second's last register tile is cut (31 = 3 x 8
+    + 7): one in four of the rows' register tiles, past GRID_CUT_SHARE, so A is copied, padded.
+    Under one unit tile of all 32 rows the guard is the same on every core and A is read in
+    place; so where the register tiles divide the rows (8 x 32 over 32 rows in units of 16)."""
+    e = matmul(31, 23, 797)
+    split = _program(e, [(8, 32, 1), (8, 32, 160), (16, 32, 800)], dev)
+    assert 1 / 4 > GRID_CUT_SHARE and packed_inputs(e, split, dev) == ("A", "B")
+    assert cpu_plan(split, dev).edge_axes == ()
+    one = _program(e, [(8, 32, 1), (8, 32, 160), (32, 32, 800)], dev)
+    assert packed_inputs(e, one, dev) == ("B",) and cpu_plan(one, dev).edge_axes == (0, 2)
+    even = matmul(32, 23, 797)
+    assert packed_inputs(even, _program(even, [(8, 32, 1), (8, 32, 160), (16, 32, 800)], dev), dev) == ("B",)
 
 
 def test_an_input_read_across_the_vector_axis_is_always_copied():
@@ -284,8 +335,9 @@ def test_a_ragged_matmul_staging_nothing_below_the_registers_is_padded_all_the_s
     columns in two register tiles each (no reuse to grow for: nothing staged below the
     registers): unit tiles of one register tile along N leave no loop to split the tail at, and
     left unpadded the row ran scalar behind the guard (147 us on two Zen 5 cores, numpy 14). The
-    unit tile still reuses both inputs, so the padding copy is the panel and the row runs
-    vectorised (9-11 us). Where the tail can be split off instead (unit tiles of several
+    unit tile still reuses B, so B's padding copy is the panel and the row runs vectorised
+    (9-11 us); A, which one register tile reads, is read in place, its rows and K left unpadded
+    (`CpuPlan.edge_axes`: one unit tile holds every row). Where the tail can be split off instead (unit tiles of several
     register tiles along N) the inputs stay in place: two rows over a long K would copy all of B
     for them (2 x 8527 x 1297: 0.64 ms split, 1.47 padded). A one-row tile reuses no B and stays
     unpadded."""
@@ -293,9 +345,10 @@ def test_a_ragged_matmul_staging_nothing_below_the_registers_is_padded_all_the_s
     mm = expr("matmul", M=17, N=29, K=1259)
     tiles = [(9, lanes, 2), (9, lanes, 256), (18, lanes, 1280)]
     unstaged = make_program(calculus(mm), dev, tiles, [True, False, False], 0.2)
-    assert packed_inputs(mm, unstaged, dev) == ("A", "B") and pads_tails(mm, unstaged, ("A", "B"))
+    assert packed_inputs(mm, unstaged, dev) == ("B",) and pads_tails(mm, unstaged, ("B",))
     plan = cpu_plan(unstaged, dev)
     assert plan.padded_tails and plan.vector_axis == 1 and not plan.guarded_row and not scalar_row(unstaged, dev)
+    assert plan.edge_axes == (0, 2)
     two = expr("matmul", M=2, N=97, K=1259)
     split = make_program(calculus(two), dev, [(2, lanes, 2), (2, 4 * lanes, 256), (2, 4 * lanes, 1280)],
                          [True, False, False], 0.2)

@@ -421,10 +421,12 @@ def test_a_matmul_bound_by_its_dram_stream_spends_l1_on_columns(isa):
 def test_a_unit_tile_roller_s_cuts_into_many_tiles_is_balanced_from_where_it_arrived(isa):
     """64 x 256 x 449 on 2 cores arrives as one unit tile of every row and column (a grid of
     1), its K one step: nothing for split-K to deal (`rprogram.split_counts`). At eps 0.05 the only smaller aligned N that pads 449 little is one register tile, so
-    Roller-S cuts N into some 29 tiles, each copying A's panel again. The balanced cut of the
-    program as it arrived (`Space.balances`, padding up to the idle core's half) cuts N in two
-    instead; the model prices it faster and it leads, its grid even and small, every program
-    within the limits."""
+    Roller-S cuts N into some 29 tiles. The balanced cut of the program as it arrived
+    (`Space.balances`, padding up to the idle core's half) cuts N in two instead, its grid even
+    and small, and is among the candidates, every program within the limits. The many tiles
+    lead only where each reads A in place (one register tile across N: `panels.read_once`),
+    with no copy of A's panel to repeat (41.7 against 42.9 us for the balanced cut's copies,
+    two Zen 5 cores: docs/evidence.md#panel-read-once)."""
     dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
     stepper = Stepper(matmul(64, 449, 256), dev, options=Options(topk=5))
     stepper.run_to_end()
@@ -434,11 +436,13 @@ def test_a_unit_tile_roller_s_cuts_into_many_tiles_is_balanced_from_where_it_arr
     assert plain and max(grid(s.state.recorded[-1]) for s in plain) > 2 * dev.compute_units
     arrived = [s for s in shrinks if s.action.eps > 0 and grid(s.state.recorded[-1]) <= 2 * dev.compute_units]
     assert arrived, [s.note for s in shrinks]
-    top = stepper.candidates()[0].program
-    assert top.grid % dev.compute_units == 0 and top.grid <= 2 * dev.compute_units, top.tiles
-    assert top.unit_tile[1] >= 449 / 2, top.tiles
-    for cand in stepper.candidates():
-        assert_within_limits(stepper.space, cand.program)
+    programs = [c.program for c in stepper.candidates()]
+    balanced = [p for p in programs if p.grid % dev.compute_units == 0 and p.grid <= 2 * dev.compute_units
+                and p.unit_tile[1] >= 449 / 2]
+    assert balanced, [p.tiles for p in programs]
+    assert programs[0] in balanced or "A" not in cpu_plan(programs[0], dev).packed, programs[0].tiles
+    for program in programs:
+        assert_within_limits(stepper.space, program)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])

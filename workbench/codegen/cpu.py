@@ -95,7 +95,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan, split: int | N
     sch = common.new_schedule(expr)
     epilogues = common.epilogue_names(sch, expr)
     staged = _stage_producers(sch, expr, plan)
-    padded_output = plan.padded_tails and _pad_tails(sch, expr, program)
+    padded_output = plan.padded_tails and _pad_tails(sch, expr, program, plan.edge_axes)
     block = sch.get_sblock(expr.main_block)
     shape = tuple(sch.get(block).writes[0].source.shape)
     loops, final, parts = common.axis_loops(sch, block, expr, flat_buffers=True), None, []
@@ -131,7 +131,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan, split: int | N
             _store_registers(sch, sch.get_consumers(block)[0], tile_loop, plan.lanes, plan.stack_accumulators)
         if passes:
             _row_passes(sch, expr, program, passes, grid, shape, plan.lanes)
-        if (padded_output or plan.split_edges) and (tile_loop or grid) is not None:
+        if (padded_output or plan.split_edges or plan.edge_axes) and (tile_loop or grid) is not None:
             _partition_edges(sch, sch.get_consumers(block)[0], tile_loop or grid)
         if padded_output and tile_loop is not None:
             # each register tile's stores are unrolled under their guard: split the loops over
@@ -144,6 +144,9 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan, split: int | N
             _pack_panels(sch, expr, program, plan, block, levels, at)
     elif epilogues:
         common.inline_epilogues(sch, epilogues)
+    if plan.edge_axes:  # as a ragged row's: the loops over tiles, and a ragged K's over unit K-steps
+        _split_edges(sch, [loop for a in plan.edge_axes for loop in levels[a][1:-1]]
+                     + [levels[a][0] for a in plan.edge_axes if a in expr.reduce])
     if plan.split_edges:
         others = [a for a in expr.spatial if a != vector_axis and ragged(expr, program, a)]
         # with `edge_vectors` the row splits inside its register tiles instead (`_micro_kernel`)
@@ -813,7 +816,7 @@ def _micro_kernel(sch, register: list, vector_loop, lanes: int, reduce_positions
             sch.unroll(loop)
 
 
-def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> bool:
+def _pad_tails(sch, expr: TensorExpr, program: RProgram, edges: tuple[int, ...] = ()) -> bool:
     """Pad every axis up to whole unit tiles (`pad_einsum`: inputs read as zero past their end,
     the padded output copied back), where the plan says so (`CpuPlan.padded_tails`), so the
     micro-kernel runs without a guard on every tile (a 6-row register tile on 512 rows has a
@@ -821,11 +824,15 @@ def _pad_tails(sch, expr: TensorExpr, program: RProgram) -> bool:
     a register; a ragged K, 999 in K-steps of 336, guards every FMA). The plan pads a ragged
     reduction only where its zero terms add nothing (`TensorExpr.pads_reduction`). Only the
     packs read the ragged edge, under their own guard; the micro-kernel runs over whole panels.
-    Returns whether the output was padded too (a spatial axis ragged; a ragged K alone pads
-    only the inputs)."""
-    factors = [int(extent) for extent in program.unit_tile]
+    The `edges` (`CpuPlan.edge_axes`: those an input read in place reads) are not padded: their
+    edge tiles split off instead (`_split_edges`). Returns whether the output was padded too (a
+    padded spatial axis ragged; a ragged K alone pads only the inputs)."""
+    padded = [a for a in range(len(expr.axes)) if a not in edges and ragged(expr, program, a)]
+    if not padded:
+        return False
+    factors = [int(extent) if a in padded else 1 for a, extent in enumerate(program.unit_tile)]
     common.primitive("pad to whole tiles", sch.pad_einsum, sch.get_sblock(expr.main_block), factors)
-    return any(ragged(expr, program, a) for a in expr.spatial)
+    return any(a in padded for a in expr.spatial)
 
 
 def _partition_edges(sch, block, at) -> None:

@@ -441,9 +441,10 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     more than one index of a spatial axis the input ignores); () otherwise (convolutions,
     strided or offset reads, a ragged K that zeros would change, and gemv, whose matrix is read
     once: a copy only doubles its traffic; evidence: docs/evidence.md#panel-inputs). Where
-    `_pad_tails` will pad (any axis ragged), every input is copied anyway (the padding copy is
-    the panel). Where Roller staged nothing below the registers (`Space.cached`: its start tile
-    saw no reuse to grow for) the inputs are read in place, but for a ragged tail that cannot be
+    `_pad_tails` will pad (any axis ragged), every input is copied (the padding copy is the
+    panel) but one that one register tile reads while another input is copied
+    (`_read_in_place`). Where Roller staged nothing below the registers (`Space.cached`: its
+    start tile saw no reuse to grow for) the inputs are read in place, but for a ragged tail that cannot be
     split off (`splits_edges`), which only the padding keeps vectorised: 17 x 1259 x 29, two
     register tiles covering the rows and the columns, ran its row scalar behind the guard
     (evidence: docs/evidence.md#panel-inputs)."""
@@ -465,8 +466,53 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
                     not expr.pads_reduction or expr.epilogues):
                 return ()
     if tails:
-        return tuple(t.name for t in expr.inputs)
+        copied = [t for t in expr.inputs if not _read_in_place(expr, program, device, t)]
+        return tuple(t.name for t in (copied or expr.inputs))
     return tuple(t.name for t in expr.inputs if _panel_pays(expr, program, device, t))
+
+
+def _read_in_place(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor) -> bool:
+    """Whether an input of a padded program is read in place rather than copied with its padding
+    (`edge_axes`): one register tile reads each element of its panel (`read_once`), which needs
+    no other layout (`_panel_pays`), it does not read a ragged vector axis, whose padding keeps
+    the micro-kernel's vectors whole, and no axis it reads has a cut tile the grid makes costly
+    (`_costly_cut`); not in a split program (`RProgram.split`), whose parts' K is their own loop
+    (`codegen/cpu._split_k`). 1693 x 7853 x 45 in 9 x 48 register tiles copied A (53 MB) only to
+    pad its rows and K: 4.4-4.9 ms, 2.9-3.1 with A read in place (ONNX Runtime 2.9; evidence:
+    docs/evidence.md#panel-read-once)."""
+    vector = vector_axis(expr)
+    if vector is None or program.split > 1 or (tensor.uses_axis(vector) and ragged(expr, program, vector)):
+        return False
+    if any(_costly_cut(expr, program, a) for a in expr.spatial if tensor.uses_axis(a)):
+        return False
+    return read_once(expr, program, tensor) and not _panel_pays(expr, program, device, tensor)
+
+
+# The most of an axis's register tiles one cut tile may be where the grid splits the axis into
+# several unit tiles and the input is read in place. Its guard then depends on the grid's index,
+# loop partitioning cannot lift it, and the cut tile runs about 4x a whole one's time
+# (`model.cpu_compute.GRID_GUARDED_TILE`): at 1 in 30, a tenth more along the axis. Two Zen 5
+# cores, 60 fresh random matmuls read in place against copied: every shape whose cut tile was
+# 1 in 21 to 1 in 3 of such an axis ran 0.56-0.97x (31 x 797 x 23 in 8-row tiles under 16-row
+# units: 5.6 -> 10.0 us), at 1 in 30 or fewer 1.05-1.59x; the bound lies between the two
+# (evidence: docs/evidence.md#panel-read-once).
+GRID_CUT_SHARE = 1 / 30
+
+
+def _costly_cut(expr: TensorExpr, program: RProgram, axis: int) -> bool:
+    """Whether `axis`'s edge, left unpadded, would cost more than GRID_CUT_SHARE allows: the grid
+    splits it into several unit tiles and its end cuts a register tile."""
+    extent, register, unit = expr.axes[axis].extent, program.register_tile[axis], program.unit_tile[axis]
+    return extent > unit and extent % register != 0 and 1 / -(-extent // register) > GRID_CUT_SHARE
+
+
+def edge_axes(expr: TensorExpr, program: RProgram, packed: tuple[str, ...]) -> tuple[int, ...]:
+    """The ragged axes a padded program (`pads_tails`) leaves unpadded: those an input read in
+    place (not in `packed`: `_read_in_place`) reads. The schedule splits their edges off
+    (`codegen/cpu._split_edges`): the tiles inside the extents run unguarded, the tile an end
+    cuts keeps TVM's guard, the same for every lane of a vector (the vector axis is padded)."""
+    inplace = [t for t in expr.inputs if t.name not in packed]
+    return tuple(a for a in range(len(expr.axes)) if ragged(expr, program, a) and any(t.uses_axis(a) for t in inplace))
 
 
 def _panel_pays(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor) -> bool:

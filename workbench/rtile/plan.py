@@ -17,7 +17,7 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import cross_thread_axis, mma_axes, streams, vector_axis
 from workbench.rtile.panels import (
     PAD_STEP, any_ragged, cut_other_axes, cut_register_axes, ends_on_vector, filter_vector_axis, gathered_inputs,
-    lane_reduction_axis, pack_layer, packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails,
+    edge_axes, lane_reduction_axis, pack_layer, packed_inputs, pad_level, padded_inputs, pads_filters, pads_tails,
     prepacked_inputs, ragged, simd_lanes, splits_edge_vectors, splits_edges, transposed_in_panels, vector_loop_axis,
     whole_reduction, window_spills,
 )
@@ -44,7 +44,9 @@ class CpuPlan:
     of a lanes-along-K reduction, or the output row), None for scalar code; `lanes` the vector's
     elements; `packed` the inputs copied into panels at the tile of layer `pack_layer`;
     `padded_tails` whether the axes are padded to whole unit tiles (`pad_einsum`: the spatial
-    ones, and a ragged reduction of zero-padded terms), so the micro-kernel runs unguarded;
+    ones, and a ragged reduction of zero-padded terms), so the micro-kernel runs unguarded, but
+    `edge_axes`, the ragged axes of an input read in place (`panels.edge_axes`), whose edges
+    split off as `split_edges` splits a row's, the tile an end cuts keeping its guard;
     `split_edges` whether a ragged row that nothing pads is vectorised anyway, its loops split by
     lowering into whole tiles, unguarded, and from the one the axis's end cuts to the unit tile's
     end, scalar (`model.cpu_compute.edge_split`; `panels.splits_edges`: the BLIS main block and
@@ -101,6 +103,7 @@ class CpuPlan:
     stack_accumulators: bool = False
     split: int = 1
     transposed_in_panels: tuple[str, ...] = ()
+    edge_axes: tuple[int, ...] = ()
 
     def guarded_axes(self, expr) -> tuple[int, ...]:
         """The spatial axes of `expr` whose ragged tails TVM's predicate guards: all but filters
@@ -133,6 +136,7 @@ class CpuPlan:
             # template's)
             **({"split": self.split} if self.split > 1 else {}),
             **({"transposed_in_panels": list(self.transposed_in_panels)} if self.transposed_in_panels else {}),
+            **({"edge_axes": [expr.axes[a].name for a in self.edge_axes]} if self.edge_axes else {}),
         }
 
 
@@ -244,13 +248,15 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     # under a guard keeps `local`: its lanes' loops index the accumulators, and only TVM's unroll of
     # loops over `local` buffers unrolls them (`build.pass_config`; depthwise convs with split
     # edges ran 1.1-3.6x slower on the stack). Evidence: docs/evidence.md#accumulator-scope
-    stack = path == PANELS and whole and (padded or not any_ragged(expr, program))
+    edges = edge_axes(expr, program, packed) if padded and packed else ()
+    stack = path == PANELS and whole and (padded and not edges or not any_ragged(expr, program))
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
                    edge_vectors=split and not in_vectors and not whole and splits_edge_vectors(expr, program, device, vector),
                    edge_in_vectors=in_vectors, split_others=others, stack_accumulators=stack, split=program.split,
-                   transposed_in_panels=transposed_in_panels(expr, program, packed))
+                   transposed_in_panels=transposed_in_panels(expr, program, packed),
+                   edge_axes=edges)
 
 
 def splits_reduction(program: RProgram, device: DeviceSpec) -> bool:
@@ -471,7 +477,8 @@ def describe(plan: Plan, program: RProgram) -> str:
     if first:
         parts.append(f"{', '.join(first)} copied transposed before the loop nest")
     if plan.padded_tails:
-        parts.append("tails padded")
+        edges = ", ".join(expr.axes[a].name for a in plan.edge_axes)
+        parts.append("tails padded" + (f" but {edges}'s, whose edge tiles split off, guarded" if edges else ""))
     elif plan.split_edges:
         parts.append("edge tiles split off" + (
             ", guarded" if plan.path == FILTERS else ", their whole vectors vectorised" if plan.edge_vectors

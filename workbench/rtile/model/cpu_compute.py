@@ -258,9 +258,10 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     along a spatial axis does not divide the axis and the plan does not pad the tails: the
     template then guards the micro-kernel with the block predicate TVM adds, and the whole loop
     nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
-    tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. Where the plan splits
-    the edges off instead (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes),
-    `edge_slowdown`; a convolution's ragged pixel axes on the filters path, and a whole row's
+    tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. A padded program's
+    axes left unpadded for an input read in place (`CpuPlan.edge_axes`): `guarded_edges` over
+    them, on the busiest core. Where the plan splits the edges off instead (`CpuPlan.split_edges`:
+    a ragged row, or a ragged K in lanes), `edge_slowdown`; a convolution's ragged pixel axes on the filters path, and a whole row's
     other ragged axes on the row path (`CpuPlan.split_others`), `guarded_edges` over them, on
     the busiest core; on the lanes path, the output's ragged axes so (`split_others`) times a
     ragged K's `edge_slowdown`."""
@@ -270,7 +271,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     if lanes is not None and expr.axes[lanes].kind == "reduce" and plan.path == SCALAR:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
     if plan.padded_tails:
-        return 1.0
+        edges = plan.edge_axes
+        return guarded_edges(program, edges, device.compute_units, past=past_rate(device)) if edges else 1.0
     if (plan.split_edges and plan.path == FILTERS) or plan.split_others:
         others = guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units,
                                past=past_rate(device))
