@@ -139,6 +139,21 @@ def test_an_input_whose_cut_tile_the_grid_would_guard_is_copied_with_its_padding
     assert packed_inputs(even, _program(even, [(8, 32, 1), (8, 32, 160), (16, 32, 800)], dev), dev) == ("B",)
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_an_axis_another_panel_splits_into_register_tiles_is_padded_for_both(dev):
+    """2 x 395 x 1973 in 2 x 144 x 9 register tiles (K-unrolled): B's panel splits K into runs of
+    9 (`codegen/cpu._panel_layout`), so K is padded for it, and A, which reads K, is copied with
+    its padding though one register tile reads it; with a K step of 1 (or a K that the unit
+    tile divides) A is read in place."""
+    e = matmul(2, 1973, 395)
+    unrolled = _program(e, [(2, 144, 9), (2, 144, 396), (2, 144, 396)], dev)
+    assert packed_inputs(e, unrolled, dev) == ("A", "B") and cpu_plan(unrolled, dev).edge_axes == ()
+    single = _program(e, [(2, 144, 1), (2, 144, 396), (2, 144, 396)], dev)
+    assert packed_inputs(e, single, dev) == ("B",) and cpu_plan(single, dev).edge_axes == (2,)
+    whole = matmul(2, 1973, 396)
+    assert packed_inputs(whole, _program(whole, [(2, 144, 9), (2, 144, 396), (2, 144, 396)], dev), dev) == ("B",)
+
+
 def test_an_input_read_across_the_vector_axis_is_always_copied():
     """A transposed B (out[i, j] = sum_k A[i, k] B[j, k]): j runs along B's rows, so the vector
     loop needs B laid out again, however small its span."""

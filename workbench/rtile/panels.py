@@ -475,15 +475,22 @@ def _read_in_place(expr: TensorExpr, program: RProgram, device: DeviceSpec, tens
     """Whether an input of a padded program is read in place rather than copied with its padding
     (`edge_axes`): one register tile reads each element of its panel (`read_once`), which needs
     no other layout (`_panel_pays`), it does not read a ragged vector axis, whose padding keeps
-    the micro-kernel's vectors whole, and no axis it reads has a cut tile the grid makes costly
-    (`_costly_cut`); not in a split program (`RProgram.split`), whose parts' K is their own loop
-    (`codegen/cpu._split_k`). 1693 x 7853 x 45 in 9 x 48 register tiles copied A (53 MB) only to
-    pad its rows and K: 4.4-4.9 ms, 2.9-3.1 with A read in place (ONNX Runtime 2.9; evidence:
+    the micro-kernel's vectors whole, and no ragged axis it reads has a cut tile the grid makes
+    costly (`_costly_cut`) or is split into register tiles in another input's panel; not in a
+    split program (`RProgram.split`), whose parts' K is their own loop (`codegen/cpu._split_k`).
+    1693 x 7853 x 45 in 9 x 48 register tiles copied A (53 MB) only to pad its rows and K:
+    4.4-4.9 ms, 2.9-3.1 with A read in place (ONNX Runtime 2.9; evidence:
     docs/evidence.md#panel-read-once)."""
     vector = vector_axis(expr)
     if vector is None or program.split > 1 or (tensor.uses_axis(vector) and ragged(expr, program, vector)):
         return False
     if any(_costly_cut(expr, program, a) for a in expr.spatial if tensor.uses_axis(a)):
+        return False
+    # an axis another input's panel splits into register tiles (`codegen/cpu._panel_layout`: B's
+    # K in K-unrolled register tiles) is padded for that panel, and so for this input too
+    others = [t for t in expr.inputs if t is not tensor]
+    if any(tensor.uses_axis(a) and ragged(expr, program, a) and program.register_tile[a] > 1
+           and any(t.uses_axis(a) for t in others) for a in range(len(expr.axes))):
         return False
     return read_once(expr, program, tensor) and not _panel_pays(expr, program, device, tensor)
 
