@@ -444,10 +444,10 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     `_pad_tails` will pad (any axis ragged), every input is copied (the padding copy is the
     panel) but one that one register tile reads while another input is copied
     (`_read_in_place`). Where Roller staged nothing below the registers (`Space.cached`: its
-    start tile saw no reuse to grow for) the inputs are read in place, but for a ragged tail that cannot be
-    split off (`splits_edges`), which only the padding keeps vectorised: 17 x 1259 x 29, two
-    register tiles covering the rows and the columns, ran its row scalar behind the guard
-    (evidence: docs/evidence.md#panel-inputs)."""
+    start tile saw no reuse to grow for) the inputs are read in place, but for a ragged tail
+    that cannot be split off (`splits_edges`), which only the padding keeps vectorised: 17 x
+    1259 x 29, two register tiles covering the rows and the columns, ran its row scalar behind
+    the guard (evidence: docs/evidence.md#panel-inputs)."""
     if not expr.reduce or len(program.tiles) < 2:
         return ()
     tails = any_ragged(expr, program)
@@ -478,9 +478,9 @@ def _read_in_place(expr: TensorExpr, program: RProgram, device: DeviceSpec, tens
     the micro-kernel's vectors whole, and no ragged axis it reads has a cut tile the grid makes
     costly (`_costly_cut`) or is split into register tiles in another input's panel; not in a
     split program (`RProgram.split`), whose parts' K is their own loop (`codegen/cpu._split_k`).
-    1693 x 7853 x 45 in 9 x 48 register tiles copied A (53 MB) only to pad its rows and K:
-    4.4-4.9 ms, 2.9-3.1 with A read in place (ONNX Runtime 2.9; evidence:
-    docs/evidence.md#panel-read-once)."""
+    1693 x 7853 x 45 in 9 x 48 register tiles, A copied (53 MB) only to pad its rows and K,
+    runs 4.4-4.9 ms on two Zen 5 cores, 2.9-3.1 with A read in place (ONNX Runtime 2.9;
+    evidence: docs/evidence.md#panel-read-once)."""
     vector = vector_axis(expr)
     if vector is None or program.split > 1 or (tensor.uses_axis(vector) and ragged(expr, program, vector)):
         return False

@@ -479,9 +479,8 @@ def cache_traffic(program: RProgram, device: DeviceSpec, layer: int) -> int:
     fits the layer, the run of neighbours loads `traffic_bytes(swept)` (a conv's packed filter
     panel is loaded once per row of output tiles, not once per tile); where it does not, that
     plus SPILL_RELOAD of the rest of Q(tile); at the top layer, less the inputs that stay
-    (`resident_reloads`). GPU tiles are explicit copies per tile, and the
-    unit tile's neighbours are other cores' work: Q(tile) (evidence:
-    docs/model-evidence.md#cache-traffic)."""
+    (`resident_reloads`). GPU tiles are explicit copies per tile, and the unit tile's neighbours
+    are other cores' work: Q(tile) (evidence: docs/model-evidence.md#cache-traffic)."""
     calc = calculus(program.expr)
     tile = program.tiles[layer]
     if not device.runs_on_cpu or layer == 0:
@@ -509,9 +508,9 @@ def resident_reloads(program: RProgram, device: DeviceSpec, line: int, scattered
     """Bytes of Q(top tile) that stay in a core's top cache layer: an input read in place (not
     packed into panels, whose copies are made per tile) whose whole tensor takes at most
     RESIDENT_SHARE of the layer is loaded once by each core that runs tiles (or its tiles' data
-    tiles, where those are less), not once per tile. gemv's x (16 KiB) was priced as read from
-    DRAM once per tile of rows, the more the narrower the tiles: 10 % of the time at 8 rows
-    against 128, where the runs measured no such order."""
+    tiles, where those are less), not once per tile. Q reloads gemv-4096's x (16 KiB) from DRAM
+    for each tile of rows: 10 % more time at 8 rows than at 128, an order its runs do not show
+    (evidence: docs/model-evidence.md#resident-inputs)."""
     calc, top = calculus(program.expr), len(program.tiles) - 1
     tile, packed = program.tiles[top], cpu_plan(program, device).packed
     tiles = calc.num_tiles(tile)

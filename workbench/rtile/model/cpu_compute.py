@@ -260,11 +260,12 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. A padded program's
     axes left unpadded for an input read in place (`CpuPlan.edge_axes`): `guarded_edges` over
-    them, on the busiest core. Where the plan splits the edges off instead (`CpuPlan.split_edges`:
-    a ragged row, or a ragged K in lanes), `edge_slowdown`; a convolution's ragged pixel axes on the filters path, and a whole row's
-    other ragged axes on the row path (`CpuPlan.split_others`), `guarded_edges` over them, on
-    the busiest core; on the lanes path, the output's ragged axes so (`split_others`) times a
-    ragged K's `edge_slowdown`."""
+    them, on the busiest core. Where the plan splits the edges off instead
+    (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes), `edge_slowdown`; a
+    convolution's ragged pixel axes on the filters path, and a whole row's other ragged axes on
+    the row path (`CpuPlan.split_others`), `guarded_edges` over them, on the busiest core; on
+    the lanes path, the output's ragged axes so (`split_others`) times a ragged K's
+    `edge_slowdown`."""
     expr = program.expr
     plan = cpu_plan(program, device)
     lanes = lane_axis(expr, device)
