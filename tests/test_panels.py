@@ -350,9 +350,10 @@ def test_a_ragged_matmul_staging_nothing_below_the_registers_is_padded_all_the_s
     columns in two register tiles each (no reuse to grow for: nothing staged below the
     registers): unit tiles of one register tile along N leave no loop to split the tail at, and
     left unpadded the row ran scalar behind the guard (147 us on two Zen 5 cores, numpy 14). The
-    unit tile still reuses B, so B's padding copy is the panel and the row runs vectorised
-    (9-11 us); A, which one register tile reads, is read in place, its rows and K left unpadded
-    (`CpuPlan.edge_axes`: one unit tile holds every row). Where the tail can be split off instead (unit tiles of several
+    unit tile still reuses both inputs, so the padding copy is the panel and the row runs
+    vectorised (9-11 us); A is copied though one register tile reads it, since B's panel splits
+    K into the register tile's 2-step runs and K is padded for it (`panels._read_in_place`).
+    Where the tail can be split off instead (unit tiles of several
     register tiles along N) the inputs stay in place: two rows over a long K would copy all of B
     for them (2 x 8527 x 1297: 0.64 ms split, 1.47 padded). A one-row tile reuses no B and stays
     unpadded."""
@@ -360,10 +361,10 @@ def test_a_ragged_matmul_staging_nothing_below_the_registers_is_padded_all_the_s
     mm = expr("matmul", M=17, N=29, K=1259)
     tiles = [(9, lanes, 2), (9, lanes, 256), (18, lanes, 1280)]
     unstaged = make_program(calculus(mm), dev, tiles, [True, False, False], 0.2)
-    assert packed_inputs(mm, unstaged, dev) == ("B",) and pads_tails(mm, unstaged, ("B",))
+    assert packed_inputs(mm, unstaged, dev) == ("A", "B") and pads_tails(mm, unstaged, ("A", "B"))
     plan = cpu_plan(unstaged, dev)
     assert plan.padded_tails and plan.vector_axis == 1 and not plan.guarded_row and not scalar_row(unstaged, dev)
-    assert plan.edge_axes == (0, 2)
+    assert plan.edge_axes == ()
     two = expr("matmul", M=2, N=97, K=1259)
     split = make_program(calculus(two), dev, [(2, lanes, 2), (2, 4 * lanes, 256), (2, 4 * lanes, 1280)],
                          [True, False, False], 0.2)
