@@ -218,6 +218,9 @@ def test_axes_kinds_and_tensor_roles():
     with pytest.raises(KeyError):
         e.axis_index("zz")
     assert e.flops == 2 * 1 * 3 * 4 * 4 * 2 * 3 * 3
+    # whole tensors' bytes: the padded 1 x 2 x 6 x 6 data, 3 x 2 x 3 x 3 filters, 1 x 3 x 4 x 4 out
+    assert [t.nbytes for t in e.tensors] == [72 * 4, 54 * 4, 48 * 4]
+    assert expr("matmul", M=3, N=5, K=7, dtype="float64").inputs[1].nbytes == 7 * 5 * 8
 
 
 def test_batched_transposed_matmul_reads_the_transposed_layout():

@@ -48,6 +48,11 @@ class TensorAccess:
         return DTYPE_BYTES[self.dtype]
 
     @cached_property
+    def nbytes(self) -> int:
+        """The whole tensor's bytes."""
+        return prod(self.shape) * self.itemsize
+
+    @cached_property
     def strides(self) -> tuple[int, ...]:
         """Elements between neighbours along each dimension (row-major)."""
         return tuple(prod(self.shape[d + 1 :]) for d in range(len(self.shape)))

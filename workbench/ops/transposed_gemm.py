@@ -21,7 +21,6 @@ The view is the expression with that input's dimensions permuted, under the argu
 from __future__ import annotations
 
 from dataclasses import replace
-from math import prod
 
 from workbench.ops.pixel_gemm import gather, plain_dim
 from workbench.ops.tensor_expr import SPATIAL, TensorExpr, sum_of_products
@@ -102,4 +101,4 @@ def copied_bytes(expr: TensorExpr, but: tuple[str, ...] = ()) -> int:
     """Bytes the copies of the transposed operands (`TensorExpr.transposed`) made before the loop
     nest move, each read once and written once; `but`: those copied into their panels instead
     (`CpuPlan.transposed_in_panels`)."""
-    return sum(2 * prod(t.shape) * t.itemsize for t in expr.inputs if t.name in expr.transposed and t.name not in but)
+    return sum(2 * t.nbytes for t in expr.inputs if t.name in expr.transposed and t.name not in but)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from math import prod
 
 from workbench.hardware.spec import LLC_FILL, DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -47,7 +46,7 @@ def partial_sum_bytes(program: RProgram) -> int:
     if split <= 1:
         return 0
     out = program.expr.output
-    size = prod(out.shape) * out.itemsize
+    size = out.nbytes
     return (split - 1) * size + split * size + size
 
 

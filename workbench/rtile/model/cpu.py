@@ -518,7 +518,7 @@ def resident_reloads(program: RProgram, device: DeviceSpec, line: int, scattered
     per_tile = calc.input_bytes(calc.data_tiles(tile), line, scattered)
     kept = 0
     for t, tensor in enumerate(program.expr.inputs):
-        whole = prod(tensor.shape) * tensor.itemsize
+        whole = tensor.nbytes
         if tensor.name in packed or whole > RESIDENT_SHARE * device.layers[top].capacity_bytes:
             continue
         once = cores * min(whole, -(-tiles // cores) * per_tile[t])
@@ -733,7 +733,7 @@ def gathered_bytes(expr: TensorExpr, device: DeviceSpec) -> int:
     for tensor, arg in zip(expr.inputs, expr.input_args):
         if tensor.name in names:
             rows = prod(tensor.shape[:-1]) * height  # (images, channels x taps) of the copy
-            moved += rows * min(arg.shape[-1] * tensor.itemsize, width * line) + prod(tensor.shape) * tensor.itemsize
+            moved += rows * min(arg.shape[-1] * tensor.itemsize, width * line) + tensor.nbytes
     return moved
 
 

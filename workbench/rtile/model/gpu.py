@@ -248,7 +248,7 @@ def hbm_share(program: RProgram, loads: int) -> float:
     simplification: every read of an input element after its first hits the L2 (a pooling's
     overlapping windows, a tile's neighbours' halo, a matmul's panels read again by the next
     blocks), whatever the L2's size."""
-    unique = sum(prod(t.shape) * t.itemsize for t in program.expr.inputs)
+    unique = sum(t.nbytes for t in program.expr.inputs)
     return min(1.0, unique / loads) if loads > 0 else 1.0
 
 
