@@ -437,7 +437,7 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     the program has a layer below the registers, the expression reduces, and every input is
     a plain projection (each dimension one whole unfused axis, as in matmul, batched or
     transposed) whose reduction axes the tiles divide, or which pad with zeros
-    (`TensorExpr.pads_reduction`: a sum of products, with no epilogue), and which the unit tile reuses (it spans
+    (`TensorExpr.pads_reduction`: a sum of products, no row passes after it), and which the unit tile reuses (it spans
     more than one index of a spatial axis the input ignores); () otherwise (convolutions,
     strided or offset reads, a ragged K that zeros would change, and gemv, whose matrix is read
     once: a copy only doubles its traffic; evidence: docs/evidence.md#panel-inputs). Where
@@ -460,10 +460,11 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
             used = [a for a, c in enumerate(coeffs) if c]
             if const or len(used) != 1 or coeffs[used[0]] != 1 or len(expr.axes[used[0]].fused_from) > 1:
                 return ()
-            # a ragged K is padded with zeros where they add nothing and no epilogue keeps the
-            # tails guarded (`rtile.plan.cpu_plan`); a guarded K-tile would reach the panels
+            # a ragged K is padded with zeros where they add nothing and no row passes keep the
+            # tails guarded (`rtile.plan.cpu_plan`; an elementwise epilogue reads the finished sums
+            # in the padded output's copy-back); a guarded K-tile would reach the panels
             if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]) and (
-                    not expr.pads_reduction or expr.epilogues):
+                    not expr.pads_reduction or expr.row_passes):
                 return ()
     if tails:
         copied = [t for t in expr.inputs if not _read_in_place(expr, program, device, t)]
