@@ -27,16 +27,16 @@ def test_matmul_is_not_fused():
 
 
 def test_a_matmuls_unit_axis_stays_where_every_input_is_reused():
-    """A batch of one over a weight read without it, as an ONNX model's [1, 77, 300] x [300, 300]
-    lowers: fusing the unit axis into the rows changes no extent and would keep the CPU template
-    from packing panels (`rtile.panels` refuses fused axes), so it stays. A batch of three fuses
-    (231 rows), and so do the unit axes of an elementwise operator, of a mean (which ignores only
-    its unit axes: no input is reused) and of a matrix-vector product (the matrix ignores only
-    the vector's unit rows)."""
-    one = build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", dict(b=1, i=77, j=300, k=300))
-    assert fuse_axes(one) == one
-    three = fuse_axes(build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", dict(b=3, i=77, j=300, k=300)))
-    assert [(a.extent, a.fused_from) for a in three.axes] == [(231, ("b", "i")), (300, ()), (300, ())]
+    """A batch over a weight read without it, as an ONNX model's [B, 77, 300] x [300, 300]
+    lowers: fused into the rows it would keep the CPU template from packing panels and padding
+    tails (`rtile.panels` refuses fused axes), so it stays, of one or of three (a register tile
+    spans rows of several batches instead: 3 x 37 x 333 x 517 with a bias and a ReLU ran 124 us
+    so fused, 92 apart; ONNX Runtime 113). The unit axes of an elementwise operator fuse, and so
+    do those of a mean (which ignores only its unit axes: no input is reused) and of a
+    matrix-vector product (the matrix ignores only the vector's unit rows)."""
+    for batch in (1, 3):
+        e = build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", dict(b=batch, i=77, j=300, k=300))
+        assert fuse_axes(e) == e
     relu = fuse_axes(expr("relu", shape=(1, 7, 3)))
     assert [(a.extent, a.fused_from) for a in relu.axes] == [(21, ("i0", "i1", "i2"))]
     mean = fuse_axes(build_expr("C[b,c,x,y] += A[b,c,h,w]", dict(b=1, c=32, x=1, y=1, h=7, w=7)))
