@@ -26,7 +26,7 @@ def test_matmul_is_not_fused():
         assert fuse_axes(e) == e
 
 
-def test_a_matmuls_unit_axis_stays_where_every_input_is_reused():
+def test_a_matmuls_batch_stays_apart_where_every_input_is_reused():
     """A batch over a weight read without it, as an ONNX model's [B, 77, 300] x [300, 300]
     lowers: fused into the rows it would keep the CPU template from packing panels and padding
     tails (`rtile.panels` refuses fused axes), so it stays, of one or of three (a register tile
