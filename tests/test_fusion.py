@@ -37,6 +37,9 @@ def test_a_matmuls_batch_stays_apart_where_every_input_is_reused():
     for batch in (1, 3):
         e = build_expr("C[b,i,j] += A[b,i,k] * B[k,j]", dict(b=batch, i=77, j=300, k=300))
         assert fuse_axes(e) == e
+    # axes only the output reads fuse: no input dimension is over them
+    outer = fuse_axes(build_expr("C[x,y,j] += A[k] * B[k,j]", dict(x=5, y=7, j=300, k=30)))
+    assert [(a.extent, a.fused_from) for a in outer.axes] == [(35, ("x", "y")), (300, ()), (30, ())]
     relu = fuse_axes(expr("relu", shape=(1, 7, 3)))
     assert [(a.extent, a.fused_from) for a in relu.axes] == [(21, ("i0", "i1", "i2"))]
     mean = fuse_axes(build_expr("C[b,c,x,y] += A[b,c,h,w]", dict(b=1, c=32, x=1, y=1, h=7, w=7)))

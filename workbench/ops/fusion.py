@@ -27,11 +27,11 @@ def _first_fusable(expr: TensorExpr):
     """The first pair of neighbouring axes that fuse. Where the expression reuses every input
     (`reuses_every_input`: a matmul) the spatial axes its inputs read are left alone: an input
     dimension over a fused axis keeps the CPU template from packing panels and padding tails
-    (`rtile.panels`), while a register tile may span rows of several batches as it is. A transformer block's [1, 77, 300] x [300, 300]
-    projection fused its batch of one into the rows and ran its 300 columns' last 12 scalar:
-    115-490 us for its top 10, 75-96 us with the batch left alone (two Zen 4 cores); a [2, 9,
-    973] x [973, 75] one with its bias and ReLU 26.6 us fused, 11.6 apart (ONNX Runtime 20;
-    two Zen 5 cores, docs/evidence.md#panel-inputs)."""
+    (`rtile.panels`), while a register tile may span rows of several batches as it is. A
+    transformer block's [1, 77, 300] x [300, 300] projection fused its batch of one into the
+    rows and ran its 300 columns' last 12 scalar: 115-490 us for its top 10, 75-96 us with the
+    batch left alone (two Zen 4 cores); a [2, 9, 973] x [973, 75] one with its bias and ReLU
+    26.6 us fused, 11.6 apart (ONNX Runtime 20; two Zen 5 cores, docs/evidence.md#panel-inputs)."""
     apart = reuses_every_input(expr.axes, expr.inputs)
     for a in range(len(expr.axes) - 1):
         b = a + 1
