@@ -633,4 +633,5 @@ def _model_operator_expr(doc, path, device: DeviceSpec) -> TensorExpr:
         raise UserError(f"model {path} is not the one the kernel was built for (SHA-256 {digest[:12]}..., "
                         f"the manifest's {str(doc.get('sha256'))[:12]}...)")
     dims = tuple(sorted((str(k), int(v)) for k, v in doc.get("dims", {}).items()))
-    return fuse_axes(construction_view(model_operator_expr(str(path), doc["operator"], dims), device).expr)
+    return fuse_axes(construction_view(model_operator_expr(str(path), doc["operator"], dims), device).expr,
+                     device.runs_on_cpu)

@@ -283,4 +283,5 @@ def _construction_expr(workload_json: str, spec) -> TensorExpr:
     from workbench.construct.stepper import construction_view
     from workbench.ops.fusion import fuse_axes
 
-    return fuse_axes(construction_view(Workload.from_dict(json.loads(workload_json)).build(), spec).expr)
+    expr = construction_view(Workload.from_dict(json.loads(workload_json)).build(), spec).expr
+    return fuse_axes(expr, spec.runs_on_cpu)

@@ -75,7 +75,7 @@ class Stepper:
         chose = time.perf_counter() - start  # pricing a conv's two views is part of its construction
         viewed = self.view.expr
         self.viewed = viewed is not expr  # a conv seen as a GEMM (ops.gemm_view, ops.pixel_gemm)
-        self.space = Space(fuse_axes(viewed), device)
+        self.space = Space(fuse_axes(viewed, device.runs_on_cpu), device)
         self.options = options
         self.policy = cls(self.space, options)
         self.policy_name = policy

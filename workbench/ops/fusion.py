@@ -14,28 +14,34 @@ from dataclasses import replace
 from workbench.ops.tensor_expr import SPATIAL, Axis, TensorAccess, TensorExpr, reuses_every_input
 
 
-def fuse_axes(expr: TensorExpr) -> TensorExpr:
-    """Merge fusable neighbouring axes until none are left."""
+def fuse_axes(expr: TensorExpr, panels: bool = False) -> TensorExpr:
+    """Merge fusable neighbouring axes until none are left. `panels`: for a template that
+    packs its inputs into panels and pads their tails (a CPU's, `rtile.panels`), which a fused
+    input dimension keeps it from (`_first_fusable`)."""
     while True:
-        pair = _first_fusable(expr)
+        pair = _first_fusable(expr, panels)
         if pair is None:
             return expr
         expr = _fuse(expr, *pair)
 
 
-def _first_fusable(expr: TensorExpr):
+def _first_fusable(expr: TensorExpr, panels: bool = False):
     """The first pair of neighbouring axes that fuse. Where the expression reuses every input
-    (`reuses_every_input`: a matmul) the spatial axes its inputs read are left alone: an input
-    dimension over a fused axis keeps the CPU template from packing panels and padding tails
-    (`rtile.panels`), while a register tile may span rows of several batches as it is. A
-    transformer block's [1, 77, 300] x [300, 300] projection fused its batch of one into the
-    rows and ran its 300 columns' last 12 scalar: 115-490 us for its top 10, 75-96 us with the
-    batch left alone (two Zen 4 cores); a [2, 9, 973] x [973, 75] one with its bias and ReLU
-    26.6 us fused, 11.6 apart (ONNX Runtime 20; two Zen 5 cores, docs/evidence.md#panel-inputs)."""
-    apart = reuses_every_input(expr.axes, expr.inputs)
+    (`reuses_every_input`: a matmul) its spatial axes of extent 1 are left alone: fusing one
+    changes no extent, which is what fusion is for, while a fused axis keeps the CPU template
+    from packing panels and padding tails (`rtile.panels`). A transformer block's [1, 77, 300]
+    x [300, 300] projection fused its batch of one into the rows and ran its 300 columns' last
+    12 scalar: 115-490 us for its top 10, 75-96 us with the batch left alone (two Zen 4 cores).
+    For such a template (`panels`) every spatial axis its inputs read stays apart, a register
+    tile spanning rows of several batches as it is: a [2, 9, 973] x [973, 75] projection with
+    its bias and ReLU ran 26.6 us fused, 11.6 apart (ONNX Runtime 20; two Zen 5 cores,
+    docs/evidence.md#panel-inputs). The GPU templates keep fusing a batch into the rows (their
+    tensor-core path takes no fused axis; unmeasured either way)."""
+    reused = reuses_every_input(expr.axes, expr.inputs)
     for a in range(len(expr.axes) - 1):
         b = a + 1
-        if apart and expr.axes[a].kind == SPATIAL and any(t.uses_axis(a) or t.uses_axis(b) for t in expr.inputs):
+        read = panels and any(t.uses_axis(a) or t.uses_axis(b) for t in expr.inputs)
+        if reused and expr.axes[a].kind == SPATIAL and (read or 1 in (expr.axes[a].extent, expr.axes[b].extent)):
             continue
         if expr.axes[a].kind == expr.axes[b].kind and all(_adjacent_or_absent(t, a, b) for t in expr.tensors):
             return a, b
