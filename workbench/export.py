@@ -41,7 +41,7 @@ from pathlib import Path
 from workbench.codegen import targets
 from workbench.codegen.build import Kernel, build_kernel
 from workbench.codegen.verify import Verification, verify
-from workbench.construct.stepper import construction_view
+from workbench.construct.stepper import construction_view, tiled_expr
 from workbench.errors import UserError, first_line
 from workbench.files import read_user_text
 from workbench.hardware.parse import spec_from_toml_text
@@ -49,7 +49,6 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.hardware.write import spec_to_toml
 from workbench.models.execute import verify_operator
 from workbench.ops.catalog import normalize_params
-from workbench.ops.fusion import fuse_axes
 from workbench.ops.pixel_gemm import reshaped_params
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.window_gemm import is_window_view
@@ -633,5 +632,4 @@ def _model_operator_expr(doc, path, device: DeviceSpec) -> TensorExpr:
         raise UserError(f"model {path} is not the one the kernel was built for (SHA-256 {digest[:12]}..., "
                         f"the manifest's {str(doc.get('sha256'))[:12]}...)")
     dims = tuple(sorted((str(k), int(v)) for k, v in doc.get("dims", {}).items()))
-    return fuse_axes(construction_view(model_operator_expr(str(path), doc["operator"], dims), device).expr,
-                     device.runs_on_cpu)
+    return tiled_expr(construction_view(model_operator_expr(str(path), doc["operator"], dims), device).expr, device)

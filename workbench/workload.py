@@ -280,8 +280,6 @@ def stored_program(workload: dict, program: dict, spec):
 
 @lru_cache(maxsize=64)
 def _construction_expr(workload_json: str, spec) -> TensorExpr:
-    from workbench.construct.stepper import construction_view
-    from workbench.ops.fusion import fuse_axes
+    from workbench.construct.stepper import construction_view, tiled_expr
 
-    expr = construction_view(Workload.from_dict(json.loads(workload_json)).build(), spec).expr
-    return fuse_axes(expr, spec.runs_on_cpu)
+    return tiled_expr(construction_view(Workload.from_dict(json.loads(workload_json)).build(), spec).expr, spec)

@@ -31,7 +31,7 @@ from workbench.ops.window_gemm import is_window_view
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import gathered_inputs
 
-__all__ = ["POLICIES", "Construction", "Stepper", "ViewChoice", "construct", "construction_view"]
+__all__ = ["POLICIES", "Construction", "Stepper", "ViewChoice", "construct", "construction_view", "tiled_expr"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Stepper:
         chose = time.perf_counter() - start  # pricing a conv's two views is part of its construction
         viewed = self.view.expr
         self.viewed = viewed is not expr  # a conv seen as a GEMM (ops.gemm_view, ops.pixel_gemm)
-        self.space = Space(fuse_axes(viewed, device.runs_on_cpu), device)
+        self.space = Space(tiled_expr(viewed, device), device)
         self.options = options
         self.policy = cls(self.space, options)
         self.policy_name = policy
@@ -252,6 +252,13 @@ class Construction:
 def construct(expr: TensorExpr, device: DeviceSpec, policy: str = "roller", options: Options = Options()) -> Construction:
     """Run a policy to the end; `seconds` is measured around the construction alone."""
     return Stepper(expr, device, policy, options).finish()
+
+
+def tiled_expr(viewed: TensorExpr, device: DeviceSpec) -> TensorExpr:
+    """The expression a construction on `device` tiles, from the one it views (`construction_view`):
+    its neighbouring axes fused (`ops.fusion.fuse_axes`), those a CPU's panels need kept apart.
+    The stepper, an export and a stored run's re-prediction all take their axes from here."""
+    return fuse_axes(viewed, device.runs_on_cpu)
 
 
 def construction_view(expr: TensorExpr, device: DeviceSpec) -> ViewChoice:
