@@ -3,6 +3,9 @@ one- or few-node ONNX model: every operator gets a constructed kernel that build
 back to TVM's default lowering), and the model run with those kernels matches ONNX Runtime.
 Tiny shapes and one candidate per operator: speed is measured in benchmarks, not here."""
 
+from dataclasses import replace
+from math import prod
+
 import numpy as np
 import onnx
 import pytest
@@ -12,6 +15,9 @@ from test_alignment import AVX2, AVX512
 from workbench import pipeline
 from workbench.codegen.build import build_kernel
 from workbench.models.execute import ATOL, RTOL, build_model_kernels, model_inputs, run_model
+from workbench.rtile.model import estimate
+from workbench.rtile.model.cpu import epilogue_seconds
+from workbench.rtile.model.cpu_compute import micro_kernel_shape
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -141,6 +147,28 @@ def test_transcendentals_are_polynomials_not_libm_calls(tmp_path, name):
         assert not calls, (r.operator.name, calls)
     reductions = [r.operator.expr for r in mc.results if r.operator.expr.reduce]
     assert all(expr.epilogue_ops > 0 for expr in reductions)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+@pytest.mark.parametrize("name", ["matmul_gelu_erf", "matmul_silu", "pointwise_conv_relu"])
+def test_an_epilogues_flops_stay_out_of_the_main_blocks_compute(tmp_path, dev, name):
+    """TVM counts a fused operator's flops over all its blocks, an epilogue's as inlined (a
+    SiLU's exp polynomial once for each use of its argument): the main block's share
+    (`TensorExpr.main_flops`) is the multiply-add reduction's, two flops an iteration point, so
+    its register tile runs the micro-kernel calibration measures (`micro_kernel_shape`) and its
+    compute is that of the same program without the epilogue's flops; `epilogue_seconds` alone
+    prices the epilogue."""
+    nodes, x_shape, y_shape, inits = CASES[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
+    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=1))
+    (r,) = [r for r in mc.results if r.operator.expr.reduce]
+    expr, program = r.construction.expr, r.candidates[0].program
+    assert expr.epilogue_flops > 0 and expr.main_flops == 2 * prod(expr.extents) < expr.flops
+    assert micro_kernel_shape(expr, dev, program.register_tile) is not None
+    bare = replace(program, expr=replace(expr, flops=expr.main_flops, epilogue_flops=0))
+    assert estimate(program, dev).compute_seconds == pytest.approx(estimate(bare, dev).compute_seconds)
+    assert epilogue_seconds(program, dev, 1.0) > 0
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -245,6 +245,20 @@ def test_to_dict_round_trips_every_field_but_the_prim_func():
     assert back.args == e.args and back.args[0].shape == (1, 3, 9, 9)
 
 
+def test_an_epilogues_flops_are_counted_apart_from_the_main_blocks():
+    """TVM counts the flops of every block (`flops`); the blocks after the main block are
+    `epilogue_flops` (a pooling's division, a mean's), so `main_flops` is the window's or the
+    row's sums alone; an operator of one block has none."""
+    pool = expr("avgpool", N=1, C=8, H=14, W=14, K=3, stride=2, pad=1)
+    outputs = prod(pool.output.shape)
+    assert pool.epilogues and pool.epilogue_flops == outputs  # one division an output
+    assert pool.main_flops == 9 * outputs == pool.flops - outputs  # nine adds a window
+    mean = expr("reduce_mean", shape=(256, 4096), axes=(1,))
+    assert (mean.epilogue_flops, mean.main_flops) == (256, 256 * 4096)
+    mm = expr("matmul", M=5, N=6, K=7)
+    assert (mm.epilogue_flops, mm.main_flops) == (0, mm.flops) == (0, 2 * 5 * 6 * 7)
+
+
 def _args(e):
     return [(a.name, a.shape, a.dtype, a.role) for a in e.args]
 

@@ -102,6 +102,7 @@ def gemm_view(expr: TensorExpr) -> GemmView | None:
     view_expr = TensorExpr(
         op=expr.op, params=expr.params, axes=axes, tensors=inputs + (out,), dtype=expr.dtype, flops=expr.flops,
         main_block=expr.main_block, args=expr.args, epilogues=expr.epilogues, pads_reduction=expr.pads_reduction,
+        epilogue_flops=expr.epilogue_flops,
         func=expr.func,
     )
     return GemmView(*groups, image, 1 - image, view_expr)

@@ -137,6 +137,10 @@ class TensorExpr:
     # arithmetic operations of the blocks after the main block in all (`epilogue_ops`): a GELU's
     # erf polynomial per output, softmax's exp, sum and division passes; priced by the CPU model
     epilogue_ops: int = 0
+    # the part of `flops` that is those blocks' as TVM counts it (`estimate_tir_flops`, an
+    # expression repeated by inlining counted each time): what the main block leaves is
+    # `main_flops`, which a CPU prices at its register tile's rate; the epilogue it prices apart
+    epilogue_flops: int = 0
     # the blocks after the main block when the CPU template runs them as passes over rows of
     # their own (`row_passes`), in program order; () when they fold into the main block's
     # write-back. Priced by the CPU model, row by row
@@ -172,6 +176,11 @@ class TensorExpr:
     @cached_property
     def output(self) -> TensorAccess:
         return self.tensors[-1]
+
+    @property
+    def main_flops(self) -> int:
+        """The main block's flops: `flops` less the blocks' after it (`epilogue_flops`)."""
+        return self.flops - self.epilogue_flops
 
     @cached_property
     def extents(self) -> tuple[int, ...]:
@@ -222,6 +231,7 @@ class TensorExpr:
             "epilogues": list(self.epilogues),
             "pads_reduction": self.pads_reduction,
             "epilogue_ops": self.epilogue_ops,
+            **({"epilogue_flops": self.epilogue_flops} if self.epilogue_flops else {}),
             # only where there are some: the recorded fixtures of other operators stay as they were
             **({"row_passes": [p.to_dict() for p in self.row_passes]} if self.row_passes else {}),
             **({"constants": list(self.constants)} if self.constants else {}),
@@ -250,6 +260,7 @@ class TensorExpr:
             epilogues=tuple(data["epilogues"]),
             pads_reduction=bool(data.get("pads_reduction", False)),  # not recorded: never padded
             epilogue_ops=int(data.get("epilogue_ops", 0)),  # not recorded: not priced
+            epilogue_flops=int(data.get("epilogue_flops", 0)),  # not recorded: none
             row_passes=tuple(RowPass(int(p["rows"]), int(p["extent"]), int(p["ops"]), bool(p["reduction"]),
                                      bool(p["contiguous"])) for p in data.get("row_passes", ())),  # not recorded: priced as vectorised
             constants=tuple(data.get("constants", ())),  # not recorded: every input passed per call
@@ -304,6 +315,8 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         inputs = [_on_unit_axes(t, axes) for t in inputs]
     out = _access(param_names[-1], main.writes[0], variables, dtype, "output")
     flops = int(s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
+    after = blocks[blocks.index(main) + 1:]
+    passes = row_passes(main, after)
     return TensorExpr(
         op=op,
         params=tuple(sorted((k, _freeze(v)) for k, v in params.items())),
@@ -315,8 +328,9 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         args=_kernel_args(func, param_names),
         epilogues=tuple(str(b.name_hint) for b in blocks[blocks.index(main) + 1:]),
         pads_reduction=zero_padded_reduction(main),
-        epilogue_ops=sum(block_ops(b) for b in blocks[blocks.index(main) + 1:]),
-        row_passes=row_passes(main, blocks[blocks.index(main) + 1:]),
+        epilogue_ops=sum(block_ops(b, hoists=bool(passes)) for b in after),
+        epilogue_flops=sum(_nest_flops(sch, b) for b in after),
+        row_passes=passes,
         func=func,
     )
 
@@ -328,35 +342,64 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
 _DIVIDE_SLOTS = 8
 
 
-def block_ops(block) -> int:
+def block_ops(block, hoists: bool = False) -> int:
     """The arithmetic operations one TIR block performs over all its iterations: the distinct
     operations of its stored value (an expression repeated by inlining, as TOPI's polynomials
     repeat their clamped argument, is computed once after LLVM's common-subexpression
-    elimination), a division counted as `_DIVIDE_SLOTS`, times its iterations."""
+    elimination), a division counted as `_DIVIDE_SLOTS`, times its iterations. Where the block
+    runs its own loops, in its iterators' order (`hoists`: a row pass), an operation whose
+    operands stay fixed along its inner loops is computed once per iteration of the loops it
+    depends on: LLVM hoists loop invariants out of a loop (an SE block's sigmoid of a channel's
+    value, broadcast over the channel's pixels, once a channel)."""
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    last = len(extents) - 1
+    return sum(own * prod(extents[:(depth if hoists else last) + 1]) for own, depth in _operations(block))
+
+
+def _operations(block) -> list[tuple[int, int]]:
+    """The distinct operations of `block`'s stored value (`block_ops`), each as (issue slots,
+    the position of the innermost of the block's iterators its operands depend on; -1: none)."""
     from tvm import tirx
     from tvm.ir.expr import Expr
     from tvm_ffi import structural_hash
 
     body = block.body
     if not isinstance(body, tirx.BufferStore):
-        return 0
-    seen: set[int] = set()
+        return []
+    iterators = [iv.var for iv in block.iter_vars]
+    depths: dict[int, int] = {}
+    out: list[tuple[int, int]] = []
 
-    def ops(node) -> int:
+    def depth(node) -> int:
         key = structural_hash(node)
-        if key in seen:
-            return 0
-        seen.add(key)
-        children = [getattr(node, name) for name in ("a", "b", "value", "condition", "true_value", "false_value")
-                    if isinstance(getattr(node, name, None), Expr)]
-        children += [arg for arg in getattr(node, "args", ()) if isinstance(arg, Expr)]
-        own = 0 if isinstance(node, (tirx.FloatImm, tirx.IntImm, tirx.Var)) or hasattr(node, "indices") else (
-            _DIVIDE_SLOTS if isinstance(node, tirx.Div) else 1)
-        if hasattr(node, "indices"):  # a load: its indices are address arithmetic, not the epilogue's
-            return 0
-        return own + sum(ops(c) for c in children)
+        if key in depths:
+            return depths[key]
+        if isinstance(node, tirx.Var):
+            found = next((i for i, v in enumerate(iterators) if v.same_as(node)), -1)
+        elif hasattr(node, "indices"):  # a load: its indices are address arithmetic, not the block's
+            found = max((depth(i) for i in node.indices), default=-1)
+        else:
+            children = [getattr(node, name) for name in ("a", "b", "value", "condition", "true_value", "false_value")
+                        if isinstance(getattr(node, name, None), Expr)]
+            children += [arg for arg in getattr(node, "args", ()) if isinstance(arg, Expr)]
+            found = max((depth(c) for c in children), default=-1)
+            if not isinstance(node, (tirx.FloatImm, tirx.IntImm)):
+                out.append((_DIVIDE_SLOTS if isinstance(node, tirx.Div) else 1, found))
+        depths[key] = found
+        return found
 
-    return ops(body.value) * prod(int(iv.dom.extent) for iv in block.iter_vars)
+    depth(body.value)
+    return out
+
+
+def _nest_flops(sch, block) -> int:
+    """TVM's flop count (`estimate_tir_flops`) of `block`'s own loop nest in `sch`, an
+    unscheduled PrimFunc's, where every block has a nest of its own."""
+    from tvm import s_tir
+
+    rv = sch.get_sblock(str(block.name_hint))
+    loops = sch.get_loops(rv)
+    return int(s_tir.analysis.estimate_tir_flops(sch.get(loops[0]) if loops else block))
 
 
 def row_passes(main, after) -> tuple[RowPass, ...]:
@@ -373,8 +416,8 @@ def row_passes(main, after) -> tuple[RowPass, ...]:
     out = []
     for block in after:
         ext = extents(block) or [1]
-        out.append(RowPass(prod(ext[:-1]), ext[-1], block_ops(block) // max(1, prod(ext)), is_reduction(block),
-                           reads_along_rows(block)))
+        along = sum(own for own, depth in _operations(block) if depth == len(ext) - 1)  # the rest hoisted
+        out.append(RowPass(prod(ext[:-1]), ext[-1], along, is_reduction(block), reads_along_rows(block)))
     return tuple(out)
 
 

@@ -32,8 +32,8 @@ from workbench.rtile.traffic import calculus
 
 
 def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float) -> Pricing:
-    """A CPU program's `Pricing` (Roller §3.3 on a core): compute at the fraction of peak its
-    register tile reaches, slowed by its guards; per cache layer `cache_traffic` at the layer
+    """A CPU program's `Pricing` (Roller §3.3 on a core): the main block's flops at the fraction
+    of peak its register tile reaches, slowed by its guards; per cache layer `cache_traffic` at the layer
     below's bandwidth (every layer: `hardware_caches`); the accumulators' trips and the output
     buffer's passes in the layer that holds them; stages combined by `combine_stages`; the panel
     copies, the epilogue's arithmetic (`epilogue_seconds`), a split row's scalar edge
@@ -45,7 +45,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     calc = calculus(expr)
     plan = cpu_plan(program, device)
     eff = compute_efficiency(program, device)
-    compute = padded_flops / (peak_gflops(expr, device) * GB * busy * eff) * guard_slowdown(program, device)
+    main_flops = padded_flops * expr.main_flops / expr.flops  # the epilogue's: `epilogue_seconds`
+    compute = main_flops / (peak_gflops(expr, device) * GB * busy * eff) * guard_slowdown(program, device)
     loads: dict[str, float] = {}  # every transfer, by the layer it comes from
     adding: dict[str, float] = {}  # those that do not hide under the compute (`combine_stages`)
     moved: dict[str, int] = {}

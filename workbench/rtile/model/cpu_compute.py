@@ -130,7 +130,7 @@ def autovector_efficiency(program: RProgram, device: DeviceSpec) -> float:
         row = program.tiles[min(1, len(program.tiles) - 1)][axis]
         filled = row / ((row // lanes + row % lanes) * lanes)
     stride = max((abs(t.index[-1][0][axis]) for t in expr.inputs if t.uses_axis(axis)), default=1)
-    flops = min(1.0, expr.flops / (2 * prod(expr.extents)))
+    flops = min(1.0, expr.main_flops / (2 * prod(expr.extents)))
     return filled / max(1, stride) * flops
 
 
@@ -192,7 +192,7 @@ def micro_kernel_shape(expr: TensorExpr, device: DeviceSpec, tile) -> tuple[int,
     v = lane_axis(expr, device)
     if v is None or expr.axes[v].kind != "spatial" or not expr.reduce or len(expr.inputs) != 2:
         return None
-    if expr.flops != 2 * prod(expr.extents):
+    if expr.main_flops != 2 * prod(expr.extents):
         return None
     streamed = [t for t in expr.inputs if t.uses_axis(v)]
     if len(streamed) != 1:
