@@ -15,9 +15,11 @@ from test_alignment import AVX2, AVX512
 from workbench import pipeline
 from workbench.codegen.build import build_kernel
 from workbench.models.execute import ATOL, RTOL, build_model_kernels, model_inputs, run_model
+from workbench.rtile.axes import lane_axis, vector_axis
 from workbench.rtile.model import estimate
 from workbench.rtile.model.cpu import epilogue_seconds
 from workbench.rtile.model.cpu_compute import micro_kernel_shape
+from workbench.rtile.plan import LANES, cpu_plan
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -111,6 +113,8 @@ CASES = {
                  (1, 8, 9, 9), (1, 8, 5, 5), {}),
     "average_pool": ([_node("AveragePool", ["x"], kernel_shape=[2, 2], strides=[2, 2])], (1, 8, 8, 8), (1, 8, 4, 4), {}),
     "global_average_pool": ([_node("GlobalAveragePool", ["x"])], (1, 8, 5, 5), (1, 8, 1, 1), {}),
+    # its output kept to [N, C, 1, 1]; 13 x 13 pixels fuse into one K of 169, ragged in vectors
+    "global_average_pool_ragged": ([_node("GlobalAveragePool", ["x"])], (2, 24, 13, 13), (2, 24, 1, 1), {}),
     "reduce_max": ([_node("ReduceMax", ["x"], axes=[1], keepdims=0)], (4, 9, 6), (4, 6), {}),
     "reduce_sum_of_squares": ([_node("ReduceSumSquare", ["x"], axes=[2], keepdims=1)], (4, 6, 9), (4, 6, 1), {}),
     "transpose": ([_node("Transpose", ["x"], perm=[0, 2, 3, 1])], (1, 6, 5, 7), (1, 5, 7, 6), {}),
@@ -169,6 +173,26 @@ def test_an_epilogues_flops_stay_out_of_the_main_blocks_compute(tmp_path, dev, n
     bare = replace(program, expr=replace(expr, flops=expr.main_flops, epilogue_flops=0))
     assert estimate(program, dev).compute_seconds == pytest.approx(estimate(bare, dev).compute_seconds)
     assert epilogue_seconds(program, dev, 1.0) > 0
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_pool_kept_to_one_pixel_sums_its_fused_pixels_in_lanes(tmp_path, dev):
+    """A global average pool's output is kept to [2, 24, 1, 1]: its contiguous axis, the unit
+    pixels, holds one element, so each channel's 13 x 13 pixels, one fused K, are summed in
+    vector lanes instead (`axes.lane_axis`), K's ragged edge split off (`plan.LANES`); taken for
+    the row to vectorise, the unit axis left the sums scalar (docs/evidence.md#pool-lanes). The
+    kernel is checked against ONNX Runtime in
+    `test_every_operator_is_scheduled_and_matches_onnxruntime`."""
+    nodes, x_shape, y_shape, inits = CASES["global_average_pool_ragged"]
+    path = tmp_path / "gap.onnx"
+    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
+    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=3))
+    (r,) = mc.results
+    expr = r.construction.expr
+    k = expr.reduce[-1]
+    assert expr.axes[k].fused_from and expr.axes[k].extent == 169 and lane_axis(expr, dev) == k
+    assert expr.axes[vector_axis(expr)].extent == 1
+    assert r.candidates and all(cpu_plan(c.program, dev).path == LANES for c in r.candidates)
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -319,14 +319,22 @@ def lane_axis(expr: TensorExpr, device: DeviceSpec) -> int | None:
     reduction, its innermost reduce axis when an input reads it, every input streams along it
     or ignores it, and it has at least a vector of lanes: each output then keeps a vector of
     per-lane partial sums, summed across lanes once per tile (gemv, row sums: the CPU
-    template's rfactor path). Else none (a stride-2 pooling's output row is a gather).
+    template's rfactor path). That reduce axis also where the output's contiguous axis holds
+    one element (a pool's output kept to [C, 1], whose pixels would otherwise be summed one at
+    a time). Else none (a stride-2 pooling's output row is a gather).
     """
     f = filter_axis(expr)
     if f is not None and (expr.axes[f].extent >= device.warp_size or f == short_filter_axis(expr, device)):
         return f
     v = vector_axis(expr)
     if v is not None and expr.axes[v].kind == "spatial" and all(streams(t, v) for t in expr.inputs):
-        return v
+        k = _reduce_lanes(expr, device)
+        return v if expr.axes[v].extent > 1 or k is None else k
+    return _reduce_lanes(expr, device)
+
+
+def _reduce_lanes(expr: TensorExpr, device: DeviceSpec) -> int | None:
+    """The innermost reduce axis, where `lane_axis` may fill the lanes along it, else None."""
     if not expr.reduce:
         return None
     k = expr.reduce[-1]

@@ -33,8 +33,9 @@ def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     It is the innermost reduction axis, when no spatial axis can be vectorised
     (`vector_loop_axis`, with panels where `_panel_inputs` would pack: a transposed matmul
     vectorises its output rows after packing rather than its K), every input reading it
-    streams along it (`streams`) and at least one does, it is not a fused axis, and its
-    register tile is a whole number of vectors. Where the unit tile leaves a tail along it (a
+    streams along it (`streams`) and at least one does, and its register tile is a whole
+    number of vectors. A fused K (a pool's pixels) is one contiguous run: the template lays the
+    buffers out along it (`codegen.common.axis_loops`' `flat_buffers`). Where the unit tile leaves a tail along it (a
     row of 1000 in tiles of 1024, GPT-2's 50257), the template splits the edge off
     (`splits_reduction_edge`).
     """
@@ -44,7 +45,7 @@ def lane_reduction_axis(expr: TensorExpr, program: RProgram, device: DeviceSpec)
     axis = expr.reduce[-1]
     tile = program.register_tile[axis]
     lanes = simd_lanes(device, expr.output.itemsize)
-    if tile % lanes or len(expr.axes[axis].fused_from) > 1:
+    if tile % lanes:
         return None
     if ragged(expr, program, axis) and not splits_reduction_edge(expr, program, axis):
         return None
