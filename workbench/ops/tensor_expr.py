@@ -326,7 +326,7 @@ def from_prim_func(func, op: str, params: Mapping[str, object], dtype: str, n_in
         flops=max(flops, 1),
         main_block=str(main.name_hint),
         args=_kernel_args(func, param_names),
-        epilogues=tuple(str(b.name_hint) for b in blocks[blocks.index(main) + 1:]),
+        epilogues=tuple(str(b.name_hint) for b in after),
         pads_reduction=zero_padded_reduction(main),
         epilogue_ops=sum(block_ops(b, hoists=bool(passes)) for b in after),
         epilogue_flops=sum(_nest_flops(sch, b) for b in after),
