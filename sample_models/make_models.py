@@ -9,7 +9,10 @@ symbolic `batch` and `seq` dims, and a GPT-2-style decoder block whose input has
 so that all seven together stay under 2.5 MB and a whole model constructs and runs in seconds.
 A larger GPT-2-style decoder block with a fixed length (`decoder_block`, sequence 48, hidden
 192) is written on request only (`--decoder PATH`): at 1.8 MB it is not committed; `--sizes
-SEQ,HIDDEN,HEADS,FFN` writes it at other sizes (a user's odd ones: 77,300,6,1200).
+SEQ,HIDDEN,HEADS,FFN` writes it at other sizes (a user's odd ones: 77,300,6,1200). `--odd DIR`
+writes eight more, not committed either, of sizes and operators the samples lack (`ODD_MODELS`:
+squeeze-excite, hard-swish, grouped and dilated convs, 1-D convs, pools with `ceil_mode`, a
+classifier's pooler), for judging a change on models nobody tuned for.
 
 The files are reproducible byte for byte: weights come from a seeded `numpy.random.RandomState`
 (whose stream numpy keeps stable across releases), and the IR version, opset, producer and every
@@ -275,11 +278,118 @@ MODELS = {
 }
 
 
-def write_all(out_dir: Path) -> tuple[Path, ...]:
-    """Write every sample model as `out_dir/NAME.onnx`; returns the paths."""
+def _conv(g: Graph, x: str, c_in: int, c_out: int, k: int, stride: int = 1, group: int = 1, **attrs) -> str:
+    """A k x k conv (k-wide for 1-D, `dims=1`) with a bias, padded to keep the size at stride 1."""
+    dims = attrs.pop("dims", 2)
+    kernel = (c_out, c_in // group) + (k,) * dims
+    pads = attrs.pop("pads", (k // 2,) * 2 * dims)
+    return g.op("Conv", x, g.weight(kernel, c_in // group * k ** dims), g.const(0.1 * g.rng.standard_normal(c_out)),
+                kernel_shape=(k,) * dims, strides=(stride,) * dims, pads=pads, group=group, **attrs)
+
+
+def _silu(g: Graph, x: str) -> str:
+    return g.op("Mul", x, g.op("Sigmoid", x))
+
+
+def se_block(c: int = 24, expand: int = 88, out: int = 37, hw: int = 41) -> onnx.ModelProto:
+    """EfficientNet-style MBConv: 1x1 expand + SiLU, 5x5 depthwise stride 2 + SiLU, squeeze and
+    excite (global pool, 1x1 to 6 + SiLU, 1x1 back + sigmoid, scale), 1x1 project."""
+    g = Graph("se_block", seed=11)
+    h = _silu(g, _conv(g, "x", c, expand, 1))
+    h = _silu(g, _conv(g, h, expand, expand, 5, stride=2, group=expand))
+    s = _silu(g, _conv(g, g.op("GlobalAveragePool", h), expand, 6, 1))
+    h = g.op("Mul", h, g.op("Sigmoid", _conv(g, s, 6, expand, 1)))
+    side = (hw + 1) // 2
+    return g.model("x", (1, c, hw, hw), _conv(g, h, expand, out, 1), (1, out, side, side))
+
+
+def mobilenet_v3(hw: int = 111, classes: int = 1000) -> onnx.ModelProto:
+    """MobileNetV3-style: 3x3 stride-2 stem + hard-swish; an inverted residual 16 -> 72 -> 24
+    (ReLU, 3x3 depthwise stride 2); one 24 -> 96 -> 24 with hard-swish, a 5x5 depthwise and
+    squeeze-excite by a hard sigmoid, + identity; global pool and a 1000-class Gemm."""
+    g = Graph("mobilenet_v3", seed=12)
+    h = g.op("HardSwish", _conv(g, "x", 3, 16, 3, stride=2))
+    h = g.op("Relu", _conv(g, g.op("Relu", _conv(g, h, 16, 72, 1)), 72, 72, 3, stride=2, group=72))
+    p = _conv(g, h, 72, 24, 1)
+    h = g.op("HardSwish", _conv(g, g.op("HardSwish", _conv(g, p, 24, 96, 1)), 96, 96, 5, group=96))
+    s = _conv(g, g.op("Relu", _conv(g, g.op("GlobalAveragePool", h), 96, 24, 1)), 24, 96, 1)
+    h = g.op("Mul", h, g.op("HardSigmoid", s, alpha=1 / 6, beta=0.5))
+    h = g.op("Flatten", g.op("GlobalAveragePool", g.op("Add", _conv(g, h, 96, 24, 1), p)))
+    y = g.op("Gemm", h, g.weight((24, classes), 24), g.const(0.1 * g.rng.standard_normal(classes)))
+    return g.model("x", (1, 3, hw, hw), y, (1, classes))
+
+
+def resnext_block(n: int = 2, c: int = 200, width: int = 104, groups: int = 8, hw: int = 19) -> onnx.ModelProto:
+    """ResNeXt bottleneck without biases: 1x1, 3x3 in groups, 1x1, each batch norm unfolded, + x."""
+    g = Graph("resnext_block", seed=13)
+    h = g.op("Relu", batch_norm(g, g.op("Conv", "x", g.weight((width, c, 1, 1), c)), width))
+    w = g.weight((width, width // groups, 3, 3), 9 * width // groups)
+    h = g.op("Relu", batch_norm(g, g.op("Conv", h, w, pads=(1, 1, 1, 1), group=groups), width))
+    h = batch_norm(g, g.op("Conv", h, g.weight((c, width, 1, 1), width)), c)
+    return g.model("x", (n, c, hw, hw), g.op("Relu", g.op("Add", h, "x")), (n, c, hw, hw))
+
+
+def segmentation_head(c: int = 45, hw: int = 33, classes: int = 21) -> onnx.ModelProto:
+    """A dilated 3x3 conv to 64 + ReLU6 (Clip), a 1x1 conv to the classes, softmax over them."""
+    g = Graph("segmentation_head", seed=14)
+    h = g.op("Clip", _conv(g, "x", c, 64, 3, pads=(2, 2, 2, 2), dilations=(2, 2)), g.const(0.0), g.const(6.0))
+    y = g.op("Softmax", _conv(g, h, 64, classes, 1), axis=1)
+    return g.model("x", (1, c, hw, hw), y, (1, classes, hw, hw))
+
+
+def conv1d_stack(n: int = 2, c: int = 40, steps: int = 997) -> onnx.ModelProto:
+    """Audio-style 1-D convs: width 5 to 96 + ReLU, width 3 stride 2 to 128 + ReLU, mean over time."""
+    g = Graph("conv1d_stack", seed=15)
+    h = g.op("Relu", _conv(g, "x", c, 96, 5, dims=1))
+    h = g.op("Relu", _conv(g, h, 96, 128, 3, stride=2, dims=1))
+    return g.model("x", (n, c, steps), g.op("ReduceMean", h, axes=(2,), keepdims=0), (n, 128))
+
+
+def norm_ffn(seq: int = 61, hidden: int = 300, ffn: int = 1111) -> onnx.ModelProto:
+    """LayerNorm, then MatMul + bias, erf GELU, MatMul + bias, + x."""
+    g = Graph("norm_ffn", seed=16)
+    h = gelu(g, linear(g, layer_norm(g, "x", hidden), hidden, ffn))
+    return g.model("x", (1, seq, hidden), g.op("Add", linear(g, h, ffn, hidden), "x"), (1, seq, hidden))
+
+
+def pools(n: int = 3, c: int = 29, hw: int = 57) -> onnx.ModelProto:
+    """A 3x3 stride-2 conv + ReLU, 3x3 stride-2 max pooling rounding up (`ceil_mode`), 2x2 average
+    pooling padded at the bottom and right."""
+    g = Graph("pools", seed=17)
+    h = g.op("Relu", _conv(g, "x", c, 31, 3, stride=2, pads=(0, 0, 0, 0)))
+    h = g.op("MaxPool", h, kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1)
+    y = g.op("AveragePool", h, kernel_shape=(2, 2), strides=(2, 2), pads=(0, 0, 1, 1))
+    return g.model("x", (n, c, hw, hw), y, (n, 31, 7, 7))
+
+
+def pooler(batch: int = 5, seq: int = 23, hidden: int = 144, classes: int = 7) -> onnx.ModelProto:
+    """A sequence classifier's head: mean over the sequence, Gemm + tanh, Gemm, LogSoftmax."""
+    g = Graph("pooler", seed=18)
+    h = g.op("ReduceMean", "x", axes=(1,), keepdims=0)
+    h = g.op("Tanh", g.op("Gemm", h, g.weight((hidden, hidden), hidden), g.const(0.1 * g.rng.standard_normal(hidden)), transB=1))
+    y = g.op("Gemm", h, g.weight((classes, hidden), hidden), g.const(0.1 * g.rng.standard_normal(classes)), transB=1)
+    return g.model("x", (batch, seq, hidden), g.op("LogSoftmax", y, axis=-1), (batch, classes))
+
+
+# Written on request only (`--odd DIR`), not committed: sizes and operators the samples lack,
+# for judging a change on models nobody tuned for (docs/benchmarks.md, whole models)
+ODD_MODELS = {
+    "se_block": se_block,
+    "mobilenet_v3": mobilenet_v3,
+    "resnext_block": resnext_block,
+    "segmentation_head": segmentation_head,
+    "conv1d_stack": conv1d_stack,
+    "norm_ffn": norm_ffn,
+    "pools": pools,
+    "pooler": pooler,
+}
+
+
+def write_all(out_dir: Path, models: dict = MODELS) -> tuple[Path, ...]:
+    """Write every model of `models` (default: the samples) as `out_dir/NAME.onnx`; returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, make in MODELS.items():
+    for name, make in models.items():
         path = out_dir / f"{name}.onnx"
         path.write_bytes(make().SerializeToString(deterministic=True))
         paths.append(path)
@@ -305,9 +415,15 @@ def main(argv: list[str]) -> int:
                         help="write only the larger fixed-length decoder block, to PATH")
     parser.add_argument("--sizes", type=_sizes, metavar="SEQ,HIDDEN,HEADS,FFN",
                         help="the decoder block's sizes (default 48,192,3,768; HEADS divides HIDDEN)")
+    parser.add_argument("--odd", type=Path, metavar="DIR",
+                        help="write only the eight models of odd sizes and operators (ODD_MODELS), into DIR")
     args = parser.parse_args(argv)  # a wrong option: usage and exit 2, never a folder named after it
     if args.sizes is not None and args.decoder is None:
         parser.error("--sizes sizes the decoder block: give --decoder PATH too")
+    if args.odd is not None:
+        for written in write_all(args.odd, ODD_MODELS):
+            print(f"wrote {written} ({written.stat().st_size} bytes)")
+        return 0
     if args.decoder is not None:
         args.decoder.write_bytes(decoder_block(*(args.sizes or ())).SerializeToString(deterministic=True))
         print(f"wrote {args.decoder}")
