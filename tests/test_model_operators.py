@@ -116,6 +116,10 @@ CASES = {
     # its output kept to [N, C, 1, 1]; 13 x 13 pixels fuse into one K of 169, ragged in vectors
     "global_average_pool_ragged": ([_node("GlobalAveragePool", ["x"])], (2, 24, 13, 13), (2, 24, 1, 1), {}),
     "reduce_max": ([_node("ReduceMax", ["x"], axes=[1], keepdims=0)], (4, 9, 6), (4, 6), {}),
+    # squeeze-excite's scale: a 1x1 conv on the pooled channels, its sigmoid broadcast over the
+    # pixels it multiplies (a pass over rows after the conv)
+    "se_scale": ([_node("GlobalAveragePool", ["x"], "g"), _node("Conv", ["g", "w", "b"], "c"), _node("Sigmoid", ["c"], "s"),
+                  _node("Mul", ["x", "s"])], (1, 16, 6, 5), (1, 16, 6, 5), {"w": _weight(16, 16, 1, 1), "b": _weight(16)}),
     "reduce_sum_of_squares": ([_node("ReduceSumSquare", ["x"], axes=[2], keepdims=1)], (4, 6, 9), (4, 6, 1), {}),
     "transpose": ([_node("Transpose", ["x"], perm=[0, 2, 3, 1])], (1, 6, 5, 7), (1, 5, 7, 6), {}),
     "sum_of_three": ([_node("Sum", ["x", "a", "b"])], (1, 4, 5, 5), (1, 4, 5, 5),
@@ -173,6 +177,26 @@ def test_an_epilogues_flops_stay_out_of_the_main_blocks_compute(tmp_path, dev, n
     bare = replace(program, expr=replace(expr, flops=expr.main_flops, epilogue_flops=0))
     assert estimate(program, dev).compute_seconds == pytest.approx(estimate(bare, dev).compute_seconds)
     assert epilogue_seconds(program, dev, 1.0) > 0
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_row_pass_counts_what_its_rows_do_not_change_once_a_row_of_rows(tmp_path, dev):
+    """Squeeze-excite's scale `x * sigmoid(conv)`: the conv writes one value a channel and the
+    multiply, a row pass, runs over the channel's 6 x 5 pixels. The sigmoid depends on the
+    channel alone, so LLVM computes it once a channel (`tensor_expr.block_ops` with `hoists`):
+    the row pass's per-pixel operations are the multiply's one, and the epilogue's operations
+    are the 480 multiplies and, for each of the 16 channels, one bias add and sigmoid (the exp
+    polynomial and a division: some 40 operations, where counted per pixel they were 30 times
+    as many)."""
+    nodes, x_shape, y_shape, inits = CASES["se_scale"]
+    path = tmp_path / "se.onnx"
+    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
+    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=1))
+    (expr,) = [r.construction.expr for r in mc.results if r.construction.expr.row_passes]
+    (scale,) = expr.row_passes
+    assert scale.rows * scale.extent == 16 * 6 * 5 and scale.ops == 1 and not scale.reduction
+    per_channel = expr.epilogue_ops - 16 * 6 * 5
+    assert per_channel % 16 == 0 and 10 <= per_channel // 16 <= 60
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
