@@ -44,6 +44,15 @@ def _node(op, inputs, output="y", **attrs):
     return helper.make_node(op, inputs, [output], **attrs)
 
 
+def _constructed(tmp_path, name: str, device="local-cpu", topk: int = 1):
+    """`CASES[name]` written as an ONNX model under `tmp_path` and constructed on `device`:
+    (the model's path, its construction)."""
+    nodes, x_shape, y_shape, inits = CASES[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
+    return path, pipeline.construct_model(path, device, options=pipeline.Options(topk=topk))
+
+
 def _assert_scheduled_and_matches_onnxruntime(mc, path):
     """Every operator of `mc` (constructed from the model at `path`) builds its constructed
     kernel, none falls back to TVM's default lowering, and the model run with them gives ONNX
@@ -129,10 +138,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_operator_is_scheduled_and_matches_onnxruntime(tmp_path, name):
-    nodes, x_shape, y_shape, inits = CASES[name]
-    path = tmp_path / f"{name}.onnx"
-    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
-    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    path, mc = _constructed(tmp_path, name)
     _assert_scheduled_and_matches_onnxruntime(mc, path)
 
 
@@ -143,10 +149,7 @@ def test_transcendentals_are_polynomials_not_libm_calls(tmp_path, name):
     once per lane. Softmax's passes after its maximum are scheduled per tile, not inlined into one
     write-back (which TVM refused: "inline epilogue T_softmax_exp: Cannot dispatch a null
     expression"). The model prices the epilogue's arithmetic (`TensorExpr.epilogue_ops`)."""
-    nodes, x_shape, y_shape, inits = CASES[name]
-    path = tmp_path / f"{name}.onnx"
-    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
-    mc = pipeline.construct_model(path, "local-cpu", options=pipeline.Options(topk=1))
+    _, mc = _constructed(tmp_path, name)
     for r in mc.results:
         kernel = build_kernel(r.construction.expr, r.candidates[0].program, pipeline.load_device("local-cpu"))
         assert kernel.ok, kernel.error
@@ -166,10 +169,7 @@ def test_an_epilogues_flops_stay_out_of_the_main_blocks_compute(tmp_path, dev, n
     its register tile runs the micro-kernel calibration measures (`micro_kernel_shape`) and its
     compute is that of the same program without the epilogue's flops; `epilogue_seconds` alone
     prices the epilogue."""
-    nodes, x_shape, y_shape, inits = CASES[name]
-    path = tmp_path / f"{name}.onnx"
-    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
-    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=1))
+    _, mc = _constructed(tmp_path, name, dev)
     (r,) = [r for r in mc.results if r.operator.expr.reduce]
     expr, program = r.construction.expr, r.candidates[0].program
     assert expr.epilogue_flops > 0 and expr.main_flops == 2 * prod(expr.extents) < expr.flops
@@ -188,10 +188,7 @@ def test_a_row_pass_counts_what_its_rows_do_not_change_once_a_row_of_rows(tmp_pa
     are the 480 multiplies and, for each of the 16 channels, one bias add and sigmoid (the exp
     polynomial and a division: some 40 operations, where counted per pixel they were 30 times
     as many)."""
-    nodes, x_shape, y_shape, inits = CASES["se_scale"]
-    path = tmp_path / "se.onnx"
-    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
-    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=1))
+    _, mc = _constructed(tmp_path, "se_scale", dev)
     (expr,) = [r.construction.expr for r in mc.results if r.construction.expr.row_passes]
     (scale,) = expr.row_passes
     assert scale.rows * scale.extent == 16 * 6 * 5 and scale.ops == 1 and not scale.reduction
@@ -207,10 +204,7 @@ def test_a_pool_kept_to_one_pixel_sums_its_fused_pixels_in_lanes(tmp_path, dev):
     the row to vectorise, the unit axis left the sums scalar (docs/evidence.md#pool-lanes). The
     kernel is checked against ONNX Runtime in
     `test_every_operator_is_scheduled_and_matches_onnxruntime`."""
-    nodes, x_shape, y_shape, inits = CASES["global_average_pool_ragged"]
-    path = tmp_path / "gap.onnx"
-    onnx.save(_model(nodes, x_shape, y_shape, inits), path)
-    mc = pipeline.construct_model(path, dev, options=pipeline.Options(topk=3))
+    _, mc = _constructed(tmp_path, "global_average_pool_ragged", dev, topk=3)
     (r,) = mc.results
     expr = r.construction.expr
     k = expr.reduce[-1]
