@@ -591,6 +591,22 @@ def test_a_convs_register_rows_and_columns_need_not_divide_its_prime_output_at_s
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_convs_register_rows_need_not_divide_its_output_in_a_ragged_round(dev):
+    """cpu-tails along a conv's output rows, vectorised along its 208 filters: over 38 x 38
+    outputs (2 x 19) rows of 2 divide, so the first round's register rows are 1, 2, 19 or 38;
+    a round with `AlignContext.ragged` (`Space.chains_eps`) takes any, and its cache tiles
+    over them still divide the rows padded to whole register tiles."""
+    conv = expr("conv2d", N=1, C=56, H=38, W=38, F=208, KH=3, KW=3, stride=1, pad=1)
+    assert lane_axis(conv, dev) == 1 and conv.axes[2].extent == 38
+    first = AlignContext(conv, dev, 0, (1,) * 7, 0.05)
+    ragged = AlignContext(conv, dev, 0, (1,) * 7, 0.05, ragged=True)
+    assert [s for s in range(1, 39) if TailRule().axis_ok(first, 2, s)] == [1, 2, 19, 38]
+    assert all(TailRule().axis_ok(ragged, a, s) for a in (2, 3) for s in range(1, 39))
+    over = AlignContext(conv, dev, 1, (1, dev.warp_size, 3, 3, 1, 1, 3), 0.05, ragged=True)
+    assert [s for s in range(3, 40, 3) if TailRule().axis_ok(over, 2, s)] == [3, 39]
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_a_convs_cache_tile_over_register_columns_of_one_need_not_divide_a_prime_output(dev):
     """cpu-tails along a conv's output columns (vectorised along its filters): 127 columns (prime)
     under a tile of 1 column above. A tile of 1 divides every extent, but then the columns could

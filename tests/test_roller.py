@@ -28,9 +28,9 @@ from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.construct.policy import MIN_PROGRAMS
 from workbench.construct.roller import RollerPolicy
-from workbench.construct.space import EPS_STEPS, Options, replay
+from workbench.construct.space import EPS_STEPS, Options, Space, replay
 from workbench.construct.stepper import Stepper
-from workbench.rtile.alignment import initial_tile, next_aligned_sizes
+from workbench.rtile.alignment import initial_tile, next_aligned_sizes, required_accumulators
 from workbench.rtile.axes import always_streamed, stream_rows
 from workbench.rtile.registers import accumulators
 from workbench.rtile.panels import ragged
@@ -546,6 +546,67 @@ def test_a_round_with_reuse_or_an_operator_without_any_has_no_reuse_round(wid):
     space = Stepper(workload_expr(WORKLOADS[wid]), detected_cpu("avx512", 2, 32 * KIB, 1024 * KIB)).space
     assert space.reuse_eps(0.05) is None
     assert space.stages_below(0.05) == (wid == "cpu-core:mm-512")
+
+
+CHAINS_CONVS = {  # 208 filters: 13 vectors of 16, 26 of 8, a prime count either way
+    "19 x 19 outputs": dict(N=1, C=56, H=38, W=38, F=208, KH=3, KW=3, stride=2, pad=1),
+    "38 x 38 outputs": dict(N=1, C=56, H=38, W=38, F=208, KH=3, KW=3, stride=1, pad=1),
+}
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_round_short_of_the_fma_chains_is_followed_by_one_that_holds_more(isa):
+    """208 filters over 19 x 19 outputs (prime): at eps 0.05 the output rows and columns align
+    at 1 or 19 only, and 19 overflow the registers, so the first round's register tiles hold
+    fewer accumulators than the core's FMA chains ask for (`required_accumulators`' fallback).
+    One more round runs at `Space.chains_eps`, the first eps at which a tile holds more (0.1:
+    rows of 4 or 5 pad 19 to 20), and its programs compete with the first round's; here they
+    take the whole top K. (On the Zen 5 the first round's rank 1 ran 0.55 ms, the chains
+    round's 0.21, ONNX Runtime 0.21.)"""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    e = expr("conv2d", **CHAINS_CONVS["19 x 19 outputs"])
+    stepper = Stepper(e, dev)
+    stepper.run_to_end()
+    space, ones = stepper.space, stepper.space.ones()
+    held = required_accumulators(AlignContext(e, dev, 0, ones, 0.05))
+    assert 0 < held < dev.fma_accumulators
+    wider = space.chains_eps(0.05)
+    assert wider == 0.1 and required_accumulators(AlignContext(e, dev, 0, ones, wider, ragged=True)) > held
+    assert any("FMA chains" in s.note for s in stepper.steps)
+    candidates = stepper.candidates()
+    assert all(c.program.eps == wider and accumulators(e, dev, c.program.register_tile) > held for c in candidates)
+    assert all(replay(Space(e, dev), c.actions) == c.program for c in candidates)  # from the candidate alone
+    times = [c.estimate.predicted_seconds for c in candidates]
+    assert times == sorted(times) and len(candidates) == stepper.policy.options.topk
+
+
+def test_a_ragged_round_holds_more_chains_than_the_dividing_rows_at_the_same_eps():
+    """208 filters over 38 x 38 outputs on AVX-512: rows and columns of 2 divide 38 (2 x 19),
+    so the first round's register tiles hold 2 x 2 accumulators; ragged rows
+    (`AlignContext.ragged`) hold more at eps 0.05 itself, where the chains round runs. On AVX2
+    2 x 2 pixels of two vectors of filters are already what the 16 registers hold: no round."""
+    e = expr("conv2d", **CHAINS_CONVS["38 x 38 outputs"])
+    dev = detected_cpu("avx512", 2, 32 * KIB, 1024 * KIB)
+    stepper = Stepper(e, dev)
+    stepper.run_to_end()
+    assert required_accumulators(AlignContext(e, dev, 0, stepper.space.ones(), 0.05)) == 4
+    assert stepper.space.chains_eps(0.05) == 0.05
+    rank1 = stepper.candidates()[0]
+    tile = rank1.program.register_tile
+    assert accumulators(e, dev, tile) > 4 and any(38 % tile[a] for a in (2, 3))
+    assert replay(Space(e, dev), rank1.actions) == rank1.program
+    avx2 = Stepper(e, detected_cpu("avx2", 2, 32 * KIB, 1024 * KIB)).space
+    assert avx2.chains_eps(0.05) is None
+
+
+@pytest.mark.parametrize("wid", ["cpu-core:mm-512", "cpu-core:conv-3x3", "cpu-core:relu"])
+def test_a_round_that_fills_the_chains_or_has_none_has_no_chains_round(wid):
+    """`Space.chains_eps` is None where the first round's register tiles hold the accumulators
+    the chains ask for (a square matmul, a conv of 64 filters over 56 x 56), where the operator
+    has no chains (elementwise), and on a GPU."""
+    e = workload_expr(WORKLOADS[wid])
+    assert Stepper(e, detected_cpu("avx512", 2, 32 * KIB, 1024 * KIB)).space.chains_eps(0.05) is None
+    assert Stepper(expr("conv2d", **CHAINS_CONVS["19 x 19 outputs"]), device("v100")).space.chains_eps(0.05) is None
 
 
 def test_the_eps_ladder_keeps_steps_for_its_last_round():

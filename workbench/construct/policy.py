@@ -11,7 +11,8 @@ A policy is a class with
 `Policy` supplies the rest, the same for every policy: the eps schedule (`steps`: Roller raises eps
 in EPS_STEPS while fewer than K programs, and MIN_PROGRAMS at least, came out, keeping steps for
 the last round, `ROUNDS_KEPT`; one more round where a finished one ran its register rows in
-LLVM's pieces or without reuse that a larger eps has, and one from a second start where the
+LLVM's pieces or without reuse that a larger eps has, one where its register tiles hold fewer
+accumulators than the FMA chains ask for, and one from a second start where the
 first's register tile issues more loads than FMAs or a one-row matmul's holds chains its stream
 may not need, `_extra_round`), emission (`emit`: scale-out over the units,
 Roller-S shrinking while the grid is smaller than the units, split-K where the grid still leaves
@@ -35,7 +36,8 @@ from workbench.rtile.model import Estimate, estimate
 from workbench.rtile.plan import loop_nest_key, splits_reduction
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
-from workbench.rtile.rules import dividing_axes
+from workbench.rtile.alignment import required_accumulators
+from workbench.rtile.rules import AlignContext, dividing_axes
 
 
 # A round of the eps ladder before the last runs only while the steps left would hold this many
@@ -66,6 +68,9 @@ class Policy:
                          "round at eps {eps}, where whole vectors pad it; the model prices both",
         "reuse": "no growth eps {eps} aligns saves a byte, so that round staged nothing below the registers; "
                  "from eps {wider} growth saves: one more round there; the model prices both",
+        "chains": "no register tile eps {eps} aligns holds the {need} accumulators the FMA chains ask for (the most: "
+                  "{held}): one more round at eps {wider}, its output rows and columns ragged where they may be; "
+                  "the model prices both",
         "ports": "the start {first} issues more loads than FMAs, which no growth of its rows changes: one more "
                  "round at eps {eps} from {tile}, its loads under its FMAs; the model prices both",
         "stream": "the start {first} holds the accumulators the FMA latency asks for, which a row streaming B may "
@@ -112,8 +117,8 @@ class Policy:
         """Every step of the construction: a round at the initial eps, then one per larger eps
         of EPS_STEPS while a round ends without finishing; a round before the last is skipped,
         with a note, where the steps left would not hold `ROUNDS_KEPT` rounds as long as the one
-        before it. The extra rounds (`_whole_vector_round`, `_reuse_round`, `_second_round`)
-        follow the round that finishes, or the last one where none does: a one-row matmul whose
+        before it. The extra rounds (`_whole_vector_round`, `_reuse_round`, `_chains_round`,
+        `_second_round`) follow the round that finishes, or the last one where none does: a one-row matmul whose
         every eps gives the same few programs of its filled start still gets its stream round's
         (1 x 2780 x 881 on AVX2: rank 1 345 -> 205 us predicted, 241 -> 104-156 measured;
         docs/evidence.md#second-start)."""
@@ -134,6 +139,7 @@ class Policy:
             if finished or i == len(schedule) - 1:
                 yield from self._whole_vector_round(eps)
                 yield from self._reuse_round(eps)
+                yield from self._chains_round(eps)
                 yield from self._second_round(eps)
                 return
 
@@ -156,6 +162,24 @@ class Policy:
             return
         yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), self.describe("reuse", eps=eps, wider=wider))
         yield from self._extra_round(wider)
+
+    def _chains_round(self, eps: float) -> Iterator[Step]:
+        """One more round, at `Space.chains_eps`, where the round at `eps` could align no register
+        tile holding the accumulators the FMA chains ask for; counted and taken as
+        `_whole_vector_round`'s."""
+        wider = self.space.chains_eps(eps)
+        if wider is None or self.out_of_steps:
+            return
+        ctx = AlignContext(self.space.expr, self.space.device, 0, self.space.ones(), eps)
+        note = self.describe("chains", eps=eps, need=self.space.device.fma_accumulators,
+                             held=required_accumulators(ctx), wider=wider)
+        yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), note)
+        self._second = self.space.chains_start(wider)
+        try:
+            with self.space.round_of("chains"):
+                yield from self._extra_round(wider)
+        finally:
+            self._second = None
 
     def _second_round(self, eps: float) -> Iterator[Step]:
         """One more round at `eps` from each of `Space.second_starts` (a register tile with more

@@ -20,7 +20,8 @@ from workbench.frozen import direct_init, interned
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.alignment import (
-    initial_tile, is_aligned, next_aligned_sizes, port_free_tile, prev_aligned_sizes, unfilled_tile,
+    initial_tile, is_aligned, next_aligned_sizes, port_free_tile, prev_aligned_sizes, required_accumulators,
+    unfilled_tile,
 )
 from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projections
 from workbench.rtile.model.common import is_compute_bound, is_stream_bound
@@ -55,10 +56,10 @@ class Kind(str, Enum):
 
 
 RESIZES = (Kind.GROW, Kind.SHRINK, Kind.INV_TILE)  # actions that set one axis of a tile to `size`
-# a start action's `count` where it starts a second round (`Space.second_starts`), 0 elsewhere,
-# and the kind of round each names
-PORTS_START, STREAM_START, DIVIDING_START = 1, 2, 3
-START_KINDS = {PORTS_START: "ports", STREAM_START: "stream", DIVIDING_START: "dividing"}
+# a start action's `count` where it starts a second round (`Space.second_starts`) or a chains
+# round (`Space.chains_start`), 0 elsewhere, and the kind of round each names
+PORTS_START, STREAM_START, DIVIDING_START, CHAINS_START = 1, 2, 3, 4
+START_KINDS = {PORTS_START: "ports", STREAM_START: "stream", DIVIDING_START: "dividing", CHAINS_START: "chains"}
 
 
 class IllegalAction(ValueError):
@@ -191,8 +192,8 @@ class Space:
         key = (layer, upper, eps, self.mode)
         ctx = self._contexts.get(key)
         if ctx is None:
-            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps,
-                                                     self.mode == "stream", self.mode == "dividing")
+            ctx = self._contexts[key] = AlignContext(self.expr, self.device, layer, upper, eps, self.mode == "stream",
+                                                     self.mode == "dividing", self.mode == "chains")
         return ctx
 
     def node_key(self, layer: int, tile: Tile, recorded: tuple[Tile, ...]) -> str:
@@ -244,10 +245,12 @@ class Space:
 
     @contextmanager
     def round_of(self, kind: str = ""):
-        """The alignment of a second round of `kind` (`second_starts`) while inside: "stream"
-        without the accumulators a register tile must hold, "dividing" with a reduction's cache
-        tiles dividing it; "" (or "ports") the first round's. The search and its replay."""
-        before, self.mode = self.mode, kind if kind in ("stream", "dividing") else ""
+        """The alignment of a second round of `kind` (`second_starts`, `chains_eps`) while inside:
+        "stream" without the accumulators a register tile must hold, "dividing" with a
+        reduction's cache tiles dividing it, "chains" with a conv's register rows ragged where
+        they may be (`AlignContext.ragged`); "" (or "ports") the first round's. The search and
+        its replay."""
+        before, self.mode = self.mode, kind if kind in ("stream", "dividing", "chains") else ""
         try:
             yield
         finally:
@@ -469,6 +472,32 @@ class Space:
             return None
         return next((e for e in EPS_STEPS if e > eps + 1e-12 and self.stages_below(e)), None)
 
+    def chains_eps(self, eps: float) -> float | None:
+        """The eps of one more round, with a conv's register rows ragged (`round_of("chains")`),
+        after a round at `eps` whose register tiles hold fewer accumulators than the core's FMA
+        chains ask for because no larger tile is aligned (`alignment.required_accumulators`'
+        fallback): `eps` or the first larger of EPS_STEPS at which that round's register tiles
+        hold more; None where the round at `eps` filled the chains or nothing holds more. Over
+        an output of 19 x 19 (prime) at eps 0.05 only rows and columns of 1 and 19 align, and 19
+        overflow the registers (208 filters, stride 2: ten programs of one accumulator,
+        predicted 1.27 ms, 0.2-0.9 ms measured); at 0.1, 5 x 2 pad 19 to 20. Over 38 x 38 only
+        rows of 2 divide (four accumulators); ragged, 3 x 3 hold nine (1.12-1.31 -> 0.76 ms,
+        ONNX Runtime 0.70; evidence: docs/evidence.md#chains-round). Both rounds' programs
+        compete, the model pricing the chains against the padding and guards."""
+        need = self.device.fma_accumulators if self.device.runs_on_cpu else 0
+        held = required_accumulators(AlignContext(self.expr, self.device, 0, self.ones(), eps))
+        if not need or not held or held >= need:
+            return None
+        return next((e for e in EPS_STEPS if e > eps - 1e-12 and required_accumulators(
+            AlignContext(self.expr, self.device, 0, self.ones(), e, ragged=True)) > held), None)
+
+    def chains_start(self, eps: float) -> State | None:
+        """Where the chains round at `eps` (`chains_eps`) starts: the initial state aligned as
+        that round is (`round_of("chains")`), its start action's `count` CHAINS_START."""
+        with self.round_of("chains"):
+            first = self.initial_state(eps)
+        return None if first is None else replace(first, actions=(Action(Kind.START, 0, count=CHAINS_START, eps=eps),))
+
     def whole_vector_eps(self, eps: float) -> float | None:
         """The eps of one more round after a round at `eps` finished with its register rows in
         LLVM's pieces (`rules.whole_vector_waste`): the first of EPS_STEPS that admits whole
@@ -655,12 +684,15 @@ def legal_actions(space: Space, state: State) -> tuple[Action, ...]:
 
 def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
     """The program a candidate's actions build: from the initial state at the start action's
-    eps (a second round's, `Space.second_starts`, where its `count` says so), every action applied
+    eps (a second round's, `Space.second_starts`, or a chains round's, `Space.chains_start`, where
+    its `count` says so), every action applied
     in turn, aligned as that start's round was (a candidate's actions end at the bottom layer)."""
     if not actions or actions[0].kind != Kind.START:
         raise UserError("replay: actions must begin with a start action")
     first = actions[0]
-    if first.count:  # a second start: the one `second_starts` gives at its eps, if of its kind
+    if first.count == CHAINS_START:
+        state = space.chains_start(first.eps)
+    elif first.count:  # a second start: the one `second_starts` gives at its eps, if of its kind
         state = next((start for _, start in space.second_starts(first.eps) if start.actions[0] == first), None)
     else:
         state = space.initial_state(first.eps)

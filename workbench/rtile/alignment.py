@@ -86,14 +86,14 @@ def required_accumulators(ctx: AlignContext) -> int:
         return 0
     if share_streams_from_l1(expr, device):
         return 0
-    filled = _accumulator_fill(expr, device, ctx.eps)
+    filled = _accumulator_fill(expr, device, ctx.eps, ctx.ragged)
     if filled is None or not _within_budget(expr, device, filled, register_budget(device)):
         return 0  # no tile fits the registers at this eps: the capacity check refuses them all
     return min(device.fma_accumulators, accumulators(expr, device, filled))
 
 
 @lru_cache(maxsize=256)
-def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile | None:
+def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float, ragged: bool = False) -> Tile | None:
     """The register tile a CPU micro-kernel starts from (`initial_tile`): the per-axis aligned
     tile grown to `fma_accumulators` accumulators within the register budget, or to as many as
     any tile can hold there (None when no tile meets the per-axis rules at `eps`).
@@ -106,7 +106,7 @@ def _accumulator_fill(expr: TensorExpr, device: DeviceSpec, eps: float) -> Tile 
     stops short of the need (its next steps overflow the budget), the tile with the most
     accumulators up to the need, then the fewest registers, among all tiles within the budget
     (`_tiles_within_budget`). The path can end with more loads than FMAs: `port_free_tile`."""
-    ctx = AlignContext(expr, device, 0, tuple(1 for _ in expr.axes), eps)
+    ctx = AlignContext(expr, device, 0, tuple(1 for _ in expr.axes), eps, ragged=ragged)
     start = tile = _per_axis_start(ctx, RULES)
     budget, need = register_budget(device), device.fma_accumulators
     while tile is not None and accumulators(expr, device, tile) < need:
@@ -294,7 +294,7 @@ def _partition(rules, device: DeviceSpec) -> tuple[tuple[AlignmentRule, ...], ..
 @lru_cache(maxsize=4096)
 def _answers(ctx: AlignContext, rules) -> _Answers:
     """The answers of `rules` at `ctx` found so far (`_axis_ok`, `_tile_ok`)."""
-    mode = (ctx.unfilled, ctx.dividing)
+    mode = (ctx.unfilled, ctx.dividing, ctx.ragged)
     return _Answers(rules, ctx.device, _axis_answers(ctx.expr, ctx.device, ctx.layer, ctx.eps, rules, mode),
                     _axis_answers(ctx.expr, ctx.device, ctx.layer, None, rules, mode),
                     _tile_answers(ctx.expr, ctx.device, ctx.layer, rules, mode))
@@ -303,7 +303,7 @@ def _answers(ctx: AlignContext, rules) -> _Answers:
 @lru_cache(maxsize=1024)
 def _axis_answers(expr: TensorExpr, device: DeviceSpec, layer: int, eps: float | None, rules, mode: tuple) -> dict:
     """The per-axis answers of `rules` at a layer and eps (None: of those rules that do not read
-    eps) in a round's `mode` (`AlignContext.unfilled`, `.dividing`), by (axis, upper size,
+    eps) in a round's `mode` (`AlignContext.unfilled`, `.dividing`, `.ragged`), by (axis, upper size,
     size): a per-axis rule reads the tile above along its own axis only (`rules.AlignmentRule`)."""
     return {}
 
@@ -477,7 +477,7 @@ def initial_tile(ctx: AlignContext, rules=RULES) -> Tile | None:
 def _initial_tile(ctx: AlignContext, rules, standard: bool) -> Tile | None:
     """`initial_tile`; `standard`: `rules` is `RULES` itself (the accumulator fill applies)."""
     if required_accumulators(ctx) and standard:
-        result = _accumulator_fill(ctx.expr, ctx.device, ctx.eps)
+        result = _accumulator_fill(ctx.expr, ctx.device, ctx.eps, ctx.ragged)
         return result if result is not None and is_aligned(ctx, result, rules) else None
     result = _per_axis_start(ctx, rules)
     return result if result is not None and is_aligned(ctx, result, rules) else None

@@ -61,6 +61,7 @@ class AlignContext:
     eps: float
     unfilled: bool = False  # no accumulators required (a one-row matmul's second start: `alignment.unfilled_tile`)
     dividing: bool = False  # a reduction's cache tiles divide it in place of whole lines (`dividing_reduction`)
+    ragged: bool = False  # a conv's register rows in vectors of filters need not divide the output (`TailRule`)
 
     @property
     def scope(self) -> str:
@@ -490,7 +491,10 @@ class TailRule(PerAxisRule):
     guard's cost does not approach; nor for a cache tile over register tiles of 1 there, whose
     edge cuts none: over 127 columns (prime) it could otherwise be 1 or 127 columns only, and the
     walk's first ten programs of 64 filters over 127 x 127 outputs all had unit tiles one column
-    wide (evidence: docs/model-evidence.md#tail-rule). Over register tiles the axis's end cuts,
+    wide (evidence: docs/model-evidence.md#tail-rule). Where the dividing rows cannot hold the
+    accumulators the FMA chains ask for, a round of its own takes ragged ones as well
+    (`AlignContext.ragged`, `Space.chains_eps`): over 38 x 38 outputs (2 x 19) only rows of 2
+    divide, four accumulators a vector of filters. Over register tiles the axis's end cuts,
     its cache tiles divide the axis padded to whole register tiles (83 columns in tiles of 5: 5
     or all 85 columns), so the last one holds the cut tile and no whole one past the end, which
     would run anyway, each statement testing its guard (`model.cpu_compute.busiest_share`: 65
@@ -529,6 +533,8 @@ class TailRule(PerAxisRule):
             return True
         if kind == "spatial" and axis != lane and (
                 (along_k or filters) and ctx.layer == 0 or filters and ctx.upper[axis] == 1):
+            if filters and ctx.layer == 0 and ctx.ragged:
+                return True
             return _no_dividing_row(extent)  # a register tile's rows, or cache tiles over rows of 1
         if along_k and axis == lane:  # whole lines of whole vectors
             step = _lane_step(ctx.expr, ctx.device, axis)
