@@ -37,7 +37,7 @@ from workbench.rtile.plan import loop_nest_key, splits_reduction
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 from workbench.rtile.alignment import required_accumulators
-from workbench.rtile.rules import AlignContext, dividing_axes
+from workbench.rtile.rules import dividing_axes
 
 
 # A round of the eps ladder before the last runs only while the steps left would hold this many
@@ -170,9 +170,8 @@ class Policy:
         wider = self.space.chains_eps(eps)
         if wider is None or self.out_of_steps:
             return
-        ctx = AlignContext(self.space.expr, self.space.device, 0, self.space.ones(), eps)
-        note = self.describe("chains", eps=eps, need=self.space.device.fma_accumulators,
-                             held=required_accumulators(ctx), wider=wider)
+        held = required_accumulators(self.space.context(0, self.space.ones(), eps))
+        note = self.describe("chains", eps=eps, need=self.space.device.fma_accumulators, held=held, wider=wider)
         yield self.marker(None, Action(Kind.WIDEN_EPS, eps=wider), note)
         self._second = self.space.chains_start(wider)
         try:

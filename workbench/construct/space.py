@@ -485,7 +485,7 @@ class Space:
         ONNX Runtime 0.70; evidence: docs/evidence.md#chains-round). Both rounds' programs
         compete, the model pricing the chains against the padding and guards."""
         need = self.device.fma_accumulators if self.device.runs_on_cpu else 0
-        held = required_accumulators(AlignContext(self.expr, self.device, 0, self.ones(), eps))
+        held = required_accumulators(self.context(0, self.ones(), eps))
         if not need or not held or held >= need:
             return None
         return next((e for e in EPS_STEPS if e > eps - 1e-12 and required_accumulators(
