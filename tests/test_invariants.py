@@ -323,7 +323,8 @@ def assert_within_limits(space: Space, program, kind: str = "") -> None:
     """Every invariant of `program`'s tiles, aligned as the round of `kind` that made it
     (`Space.second_starts`): "stream", a one-row matmul's, whose register tiles need not hold
     the accumulators the FMA latency asks for (`alignment.unfilled_tile`); "dividing", whose
-    cache tiles divide a reduction no tile of whole lines divides (`rules.dividing_reduction`)."""
+    cache tiles divide a reduction no tile of whole lines divides (`rules.dividing_reduction`);
+    "chains", a conv's whose register rows need not divide its output (`Space.chains_eps`)."""
     e, dev = space.expr, space.device
     n_tiles = len(dev.layers) - 1
     assert len(program.tiles) == n_tiles and program.cached[0], program
@@ -339,7 +340,7 @@ def assert_within_limits(space: Space, program, kind: str = "") -> None:
             if a == padded:  # a register row padded to whole vectors, and the tiles above it
                 most = max(most, ceil(ceil(axis.extent / dev.warp_size) * dev.warp_size / above) * above)
             assert size % above == 0 and above <= size <= most, (layer, tile, upper)
-        ctx = AlignContext(e, dev, layer, upper, program.eps, kind == "stream", kind == "dividing")
+        ctx = AlignContext(e, dev, layer, upper, program.eps, kind == "stream", kind == "dividing", kind == "chains")
         assert is_aligned(ctx, tile), (layer, tile)
         if program.cached[layer] and not (dev.kind == "cpu" and layer == 0):  # CPU registers: below
             used = staged_bytes(e, dev, layer, tile, program.padding[layer])
