@@ -324,7 +324,7 @@ def assert_within_limits(space: Space, program, kind: str = "") -> None:
     (`Space.second_starts`): "stream", a one-row matmul's, whose register tiles need not hold
     the accumulators the FMA latency asks for (`alignment.unfilled_tile`); "dividing", whose
     cache tiles divide a reduction no tile of whole lines divides (`rules.dividing_reduction`);
-    "chains", a conv's whose register rows need not divide its output (`Space.chains_eps`)."""
+    "chains", a conv's, whose register rows need not divide its output (`Space.chains_eps`)."""
     e, dev = space.expr, space.device
     n_tiles = len(dev.layers) - 1
     assert len(program.tiles) == n_tiles and program.cached[0], program
