@@ -488,8 +488,9 @@ class Space:
         held = required_accumulators(self.context(0, self.ones(), eps))
         if not need or not held or held >= need:
             return None
-        return next((e for e in EPS_STEPS if e > eps - 1e-12 and required_accumulators(
-            AlignContext(self.expr, self.device, 0, self.ones(), e, ragged=True)) > held), None)
+        with self.round_of("chains"):
+            return next((e for e in EPS_STEPS
+                         if e > eps - 1e-12 and required_accumulators(self.context(0, self.ones(), e)) > held), None)
 
     def chains_start(self, eps: float) -> State | None:
         """Where the chains round at `eps` (`chains_eps`) starts: the initial state aligned as
