@@ -666,6 +666,33 @@ def test_an_unmeasured_tile_reaches_at_most_the_fastest_measured_micro_kernel(de
     assert compute_efficiency(cpu_program(slow, e, (2, lanes, 1)), slow) == pytest.approx(0.4)  # measured: its own
 
 
+@pytest.mark.parametrize("dev", [AVX2, AVX512])
+def test_an_unmeasured_tile_covers_its_chains_as_the_measured_tiles_of_as_many_accumulators(dev):
+    """`latency_coverage` of a tile of the measured kind whose shape calibration did not run (a
+    2 x 5-vector matmul tile) = the fastest measured micro-kernel of as many accumulators over the
+    fastest of all (`measured_chains`), not Little's law's step; a measured kernel that waits on
+    its loads (10 x 1 vector: 10 FMAs, 11 loads a step) does not count; elsewhere the step stays."""
+    lanes = dev.register_bytes // 4
+    peak = dev.peak("float32")
+    need = dev.fma_accumulators
+    e = matmul(64, 5 * lanes, 64)
+    loaded = with_kernels(dev, ("float32", 6, 2 * lanes, 0.9 * peak), ("float32", 10, lanes, 0.3 * peak))
+    assert cpu_compute.measured_chains("float32", loaded) == {12: 1.0}
+    assert cpu_compute.latency_coverage(e, loaded, (2, 5 * lanes, 1)) == pytest.approx(min(1.0, 10 / need))
+    dev = with_kernels(dev, ("float32", 6, 2 * lanes, 0.9 * peak), ("float32", 5, 2 * lanes, 0.81 * peak),
+                       ("float32", 10, lanes, 0.3 * peak))
+    assert cpu_compute.measured_chains("float32", dev) == {12: 1.0, 10: pytest.approx(0.9)}
+    program = cpu_program(dev, e, (2, 5 * lanes, 1))
+    assert cpu_compute.latency_coverage(e, dev, (2, 5 * lanes, 1)) == pytest.approx(0.9)
+    assert compute_efficiency(program, dev) == pytest.approx(0.9 * 0.9)  # x measured_ceiling: 6 x 2 vectors at 0.9
+    assert "compute: SIMD lanes filled x FMA latency covered as measured with 10 accumulators x 0.9, the fastest " \
+           f"measured micro-kernel's share of the peak, no measured 2x{5 * lanes} micro-kernel" in estimate(program, dev).modelled
+    assert cpu_compute.latency_coverage(e, dev, (1, 5 * lanes, 1)) == pytest.approx(min(1.0, 5 / need))  # 5: none measured
+    gemv = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"i": 1}, {"k": 1}]), ("x", [{"k": 1}]), ("y", [{"i": 1}])])
+    assert cpu_compute.latency_coverage(gemv, dev, (10, lanes)) == pytest.approx(min(1.0, 10 / need))  # not that kind
+    assert cpu_compute.measured_chains("float64", dev) == {}
+
+
 def test_a_measurement_within_the_noise_above_peak_counts_as_peak():
     dev = with_kernels(AVX2, ("float32", 6, 16, 210.0))  # 1.05 x the 200 GFLOP/s peak
     assert compute_efficiency(cpu_program(dev, matmul(64, 64, 64), (6, 16, 1)), dev) == 1.0

@@ -5,6 +5,7 @@ cost."""
 
 from __future__ import annotations
 
+from functools import cache
 from math import prod
 
 from workbench.hardware.spec import DeviceSpec, MicroKernel
@@ -150,16 +151,42 @@ def simd_utilisation(expr: TensorExpr, device: DeviceSpec, tile) -> float:
 
 
 def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
-    """Fraction of the FMA pipes a CPU reduction's register tile keeps busy:
-    min(1, accumulators / (latency x pipes)). Each accumulator is a dependency chain that issues
-    one FMA per `fma_latency_cycles`, so `a` accumulators issue a / latency FMAs per cycle out of
-    the `fma_pipes` the peak assumes (Little's law; ALGORITHMS.md §7): 2 accumulators on Zen 2
-    (5 cycles x 2 pipes) reach 2 / 10 of peak. Operators without a reduce axis carry no chain
-    (out-of-order execution overlaps independent vectors): 1. A spec without FMA facts: 1."""
+    """Fraction of the FMA pipes a CPU reduction's register tile keeps busy. Each accumulator is
+    a dependency chain that issues one FMA per `fma_latency_cycles`, so `a` accumulators issue
+    a / latency FMAs per cycle out of the `fma_pipes` the peak assumes (Little's law;
+    ALGORITHMS.md §7): min(1, a / (latency x pipes)), 2 accumulators on Zen 2 (5 cycles x 2
+    pipes) reaching 2 / 10 of peak. Where calibration measured micro-kernels of `a` accumulators
+    in `expr`'s dtype, their coverage instead (`measured_chains`). Operators without a reduce
+    axis carry no chain (out-of-order execution overlaps independent vectors): 1. A spec without
+    FMA facts: 1."""
     need = device.fma_accumulators
     if not need or not expr.reduce:
         return 1.0
-    return min(1.0, accumulators(expr, device, tile) / need)
+    chains = accumulators(expr, device, tile)
+    measured = measured_chains(expr.dtype, device).get(chains) if micro_kernel_shape(expr, device, tile) else None
+    return measured if measured is not None else min(1.0, chains / need)
+
+
+@cache
+def measured_chains(dtype: str, device: DeviceSpec) -> dict[int, float]:
+    """Per accumulator count, the FMA pipes' coverage calibration measured on `device` in
+    `dtype`: the fastest micro-kernel of that many accumulators over the fastest of all (the
+    share of the peak that `measured_ceiling` puts on top). Little's law is the ideal a core
+    approaches, not a step it reaches: on two Zen 5 cores 8 accumulators (4 cycles x 2 pipes)
+    ran 0.85-0.88 of the fastest micro-kernel, 10 ran 0.93, 12 ran 0.98-0.99; on Zen 4's 4
+    chains 0.87 (evidence: docs/model-evidence.md#measured-chains). A tile of more vectors than
+    calibration measures (a 2 x 5-vector matmul tile: 10 accumulators) is priced at its count's
+    measured coverage, not the step's 1."""
+    rates = [k for k in device.micro_kernels if k.dtype == dtype]
+    if not rates:
+        return {}
+    fastest = max(k.gflops for k in rates)
+    out: dict[int, float] = {}
+    for k in rates:
+        chains = k.vectors(device.warp_size)
+        if chains >= chains // k.rows + k.rows:  # not waiting on its loads (`load_coverage`)
+            out[chains] = max(out.get(chains, 0.0), k.gflops / fastest)
+    return out
 
 
 def load_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
@@ -223,12 +250,16 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
     elif scalar_row(program, device):
         how = "a guarded tail leaves the row scalar: one lane, one element a load from L1"
     else:
-        shape = micro_kernel_shape(program.expr, device, program.register_tile)
+        expr, tile = program.expr, program.register_tile
+        shape = micro_kernel_shape(expr, device, tile)
         # said only where calibration measured micro-kernels, just not this one
         unmeasured = f", no measured {shape[0]}x{shape[1]} micro-kernel" if shape and device.micro_kernels else ""
-        ceiling = measured_ceiling(program.expr, device)
+        ceiling = measured_ceiling(expr, device)
         capped = f" x {ceiling:.3g}, the fastest measured micro-kernel's share of the peak" if ceiling < 1 else ""
-        how = f"SIMD lanes filled x FMA latency covered{capped}{unmeasured}"
+        chains = accumulators(expr, device, tile)
+        covered = f" as measured with {chains} accumulators" \
+            if shape and device.fma_accumulators and chains in measured_chains(expr.dtype, device) else ""
+        how = f"SIMD lanes filled x FMA latency covered{covered}{capped}{unmeasured}"
     return False, f"compute: {how}"
 
 
