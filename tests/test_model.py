@@ -378,8 +378,7 @@ def test_rprogram_carries_its_virtual_threads_through_json():
 
 def cpu_program(dev, e, register_tile):
     """A CPU program of `e` whose register tile is `register_tile` and whose L1 and L2 tiles are
-    the whole operator on one core (the compute term depends on them only through a visit's
-    reduction steps, `overlapped_coverage`: the whole reduction here)."""
+    the whole operator on one core (the compute term does not depend on them)."""
     whole = tuple(ceil(x / t) * t for x, t in zip(e.extents, register_tile))
     return make_program(TileCalculus(e), dev, [register_tile, whole, whole], (True, True, True), 1.0)
 
@@ -394,25 +393,22 @@ def closed_compute_seconds(dev, e, program, efficiency):
 @pytest.mark.parametrize(
     "dev, tile, efficiency",
     [
-        # 2 accumulators of the 10 that 5 cycles x 2 pipes need, and the next tile's chain that a
-        # visit of 64 K-steps lets out-of-order execution start (OVERLAPPED_FMAS / 64); 1 vector
-        # of B + 2 broadcasts of A per 2 FMAs: the load ports allow 2 / 3 of them
-        (AVX2, (2, 8, 1), (2 + 1) / 10 * 2 / 3),
-        (AVX2, (4, 16, 1), (8 + 1) / 10),  # 2 + 4 loads per 8 FMAs
+        # 2 accumulators of the 10 that 5 cycles x 2 pipes need; 1 vector of B + 2 broadcasts of A
+        # per 2 FMAs: the load ports allow 2 / 3 of them
+        (AVX2, (2, 8, 1), 2 / 10 * 2 / 3),
+        (AVX2, (4, 16, 1), 8 / 10),  # 2 + 4 loads per 8 FMAs
         (AVX2, (6, 16, 1), 1.0),  # 12 >= 10
         (AVX2, (5, 12, 1), 12 / 24),  # 15 accumulators, but LLVM splits a 12-wide row into 3 xmm of 4 lanes
-        (AVX2, (8, 4, 1), (8 + 1) / 10 * 4 / 8 * 8 / 9),  # half a vector per row, 8 accumulators, 1 + 8 loads
-        (AVX512, (2, 16, 1), (2 + 1) / 8 * 2 / 3),  # 4 cycles x 2 pipes
+        (AVX2, (8, 4, 1), 8 / 10 * 4 / 8 * 8 / 9),  # half a vector per row, 8 accumulators, 1 + 8 loads
+        (AVX512, (2, 16, 1), 2 / 8 * 2 / 3),  # 4 cycles x 2 pipes
         (AVX512, (8, 16, 1), 8 / 9),  # 8 chains cover 4 x 2, but 1 + 8 loads per 8 FMAs
         (AVX512, (8, 32, 1), 1.0),  # 2 + 8 loads per 16 FMAs
         (AVX512, (14, 32, 1), 1.0),  # 2 + 14 loads per 28 FMAs
     ],
 )
 def test_cpu_compute_efficiency_is_lanes_used_times_latency_covered(dev, tile, efficiency):
-    """compute = padded flops / (peak x busy units x min(1, chains / (latency x pipes)) x lanes
-    filled / lanes issued x min(1, accumulators / loads per reduction step)), chains = the
-    accumulators + OVERLAPPED_FMAS / the visit's 64 K-steps where the accumulators are short."""
-    assert cpu_compute.OVERLAPPED_FMAS == 64  # the closed forms above: one more chain
+    """compute = padded flops / (peak x busy units x min(1, accumulators / (latency x pipes)) x
+    lanes filled / lanes issued x min(1, accumulators / loads per reduction step))."""
     e = matmul(64, 64, 64)
     program = cpu_program(dev, e, tile)
     assert compute_efficiency(program, dev) == pytest.approx(efficiency)
@@ -440,10 +436,7 @@ def test_cpu_compute_efficiency_without_a_chain_or_a_lane_axis():
     # 120 rows, which tiles of 40 and 6 divide: a ragged row would be guarded, and scalar
     wide = plain_expr({"i": (120, "spatial"), "k": (64, "reduce")}, [("A", [{"k": 1}, {"i": 1}]), ("y", [{"i": 1}])], "float64")
     assert compute_efficiency(cpu_program(AVX2, wide, (40, 1)), AVX2) == pytest.approx(10 / 10 * 1.0)
-    # 6 rows issue 3 vectors (12 lanes) as 3 accumulators, and a visit of 64 K-steps lets
-    # OVERLAPPED_FMAS / 64 more chains run
-    assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2) == pytest.approx(
-        (3 + cpu_compute.OVERLAPPED_FMAS / 64) / 10 * 6 / 12)
+    assert compute_efficiency(cpu_program(AVX2, wide, (6, 1)), AVX2) == pytest.approx(2 / 10 * 6 / 8)
 
 
 @pytest.mark.parametrize("elements, lanes, pieces", [(56, 16, 4), (28, 16, 3), (14, 16, 3), (8, 16, 1), (7, 16, 3),
@@ -524,9 +517,7 @@ def test_a_batched_register_tile_pays_for_the_loads_its_batch_axis_adds(dev, bat
     """bmm C[b, i, j] = sum_k A[b, i, k] B[b, k, j], lanes along j: per reduction step a b x i x
     (vectors x lanes) tile issues b x i x vectors FMAs and loads b x vectors vectors of B plus
     b x i broadcasts of A, so its load ports allow min(1, FMAs / loads) of the FMA pipes (as many
-    loads as FMAs per cycle). The compute term is lanes x latency covered x that, the chains
-    the accumulators and, short of the FMA latency, OVERLAPPED_FMAS / 8 more: a visit is k's 8
-    steps."""
+    loads as FMAs per cycle). The compute term is lanes x latency covered x that."""
     lanes = dev.warp_size
     e = plain_expr(
         {"b": (4, "spatial"), "i": (12, "spatial"), "j": (4 * lanes, "spatial"), "k": (8, "reduce")},
@@ -536,8 +527,7 @@ def test_a_batched_register_tile_pays_for_the_loads_its_batch_axis_adds(dev, bat
     fmas, loads = batches * rows * vectors, batches * vectors + batches * rows
     assert (step_loads(e, dev, tile), load_coverage(e, dev, tile)) == (loads, pytest.approx(min(1.0, fmas / loads)))
     program = cpu_program(dev, e, tile)
-    need = dev.fma_accumulators
-    latency = 1.0 if fmas >= need else min(1.0, (fmas + cpu_compute.OVERLAPPED_FMAS / 8) / need)
+    latency = min(1.0, fmas / dev.fma_accumulators)
     assert compute_efficiency(program, dev) == pytest.approx(latency * min(1.0, fmas / loads))
     assert estimate(program, dev).compute_seconds == pytest.approx(
         closed_compute_seconds(dev, e, program, latency * min(1.0, fmas / loads)))
@@ -624,11 +614,9 @@ def with_kernels(dev, *kernels, calibrated=False):
 
 def test_a_measured_micro_kernel_gives_the_compute_term():
     """compute = padded flops / (measured GFLOP/s x busy units): the efficiency is the measured
-    rate over the peak (AVX2's generated spec: 200 GFLOP/s), whatever lanes and chains say. (Over
-    visits of 1024 K-steps: the chains out-of-order execution overlaps, 64 / 1024 more, lift 2 x 8
-    to 2.06 / 10 x 0.6, below its measurement.)"""
+    rate over the peak (AVX2's generated spec: 200 GFLOP/s), whatever lanes and chains say."""
     dev = with_kernels(AVX2, ("float32", 6, 16, 120.0), ("float32", 2, 8, 31.0))
-    e = matmul(64, 64, 1024)
+    e = matmul(64, 64, 64)
     for tile, gflops in (((6, 16, 1), 120.0), ((2, 8, 1), 31.0), ((6, 16, 4), 120.0)):
         program = cpu_program(dev, e, tile)
         assert compute_efficiency(program, dev) == pytest.approx(gflops / 200.0)
@@ -644,24 +632,19 @@ def test_a_measured_micro_kernel_gives_the_compute_term():
 
 def test_without_its_measured_micro_kernel_the_compute_term_is_analytic():
     """A tile with no measurement of its shape or dtype keeps simd_utilisation x
-    latency_coverage (4 x 16 on AVX2: 8 of 10 chains, and the next tiles' that out-of-order
-    execution overlaps over visits of 64 K-steps, `overlapped_coverage`), at most the fastest
-    measured micro-kernel's share of the peak (`measured_ceiling`: 6 x 16 at 120 of 200 GFLOP/s),
-    and says so."""
+    latency_coverage (4 x 16 on AVX2: 8 of 10 chains), at most the fastest measured micro-kernel's
+    share of the peak (`measured_ceiling`: 6 x 16 at 120 of 200 GFLOP/s), and says so."""
     dev = with_kernels(AVX2, ("float32", 6, 16, 120.0), ("float64", 4, 16, 50.0))
     program = cpu_program(dev, matmul(64, 64, 64), (4, 16, 1))
-    chains = (8 + cpu_compute.OVERLAPPED_FMAS / 64) / 10
-    assert compute_efficiency(program, dev) == pytest.approx(chains * 120 / 200)
+    assert compute_efficiency(program, dev) == pytest.approx(8 / 10 * 120 / 200)
     est = estimate(program, dev)
-    assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, program.expr, program, chains * 120 / 200))
-    assert ("compute: SIMD lanes filled x FMA latency covered, its chains overlapped out of order over visits of 64 "
-            "FMAs an accumulator x 0.6, the fastest measured micro-kernel's share of the peak, no measured 4x16 "
-            "micro-kernel") in est.modelled
+    assert est.compute_seconds == pytest.approx(closed_compute_seconds(dev, program.expr, program, 8 / 10 * 120 / 200))
+    assert ("compute: SIMD lanes filled x FMA latency covered x 0.6, the fastest measured micro-kernel's share of "
+            "the peak, no measured 4x16 micro-kernel") in est.modelled
     assert est.measured == ()
     without = estimate(program, AVX2)  # the spec without kernels: lanes and chains alone, nothing said about kernels
-    assert without.compute_seconds == pytest.approx(closed_compute_seconds(AVX2, program.expr, program, chains))
-    assert without.modelled[0] == ("compute: SIMD lanes filled x FMA latency covered, its chains overlapped out of "
-                                   "order over visits of 64 FMAs an accumulator")
+    assert without.compute_seconds == pytest.approx(closed_compute_seconds(AVX2, program.expr, program, 8 / 10))
+    assert without.modelled[0] == "compute: SIMD lanes filled x FMA latency covered"
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512])

@@ -24,15 +24,13 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
     most 1: calibration lets a measurement exceed the FMA peak by its noise slack), else
     `autovector_efficiency` for a row LLVM vectorises, else `simd_utilisation` (one lane where a
     guarded tail leaves the row scalar, `scalar_row`) x `latency_coverage` x `load_coverage` x
-    `measured_ceiling`; either at least what the chains of short visits reach
-    (`overlapped_coverage`).
+    `measured_ceiling`.
     A reduction whose row a guarded tail leaves scalar runs neither: `guarded_scalar_efficiency`."""
     if scalar_row(program, device) and program.expr.reduce:
         return guarded_scalar_efficiency(program, device)
     kernel = measured_micro_kernel(program, device)
     if kernel is not None:
-        rate = kernel.gflops / peak_gflops(program.expr, device)
-        return min(1.0, max(rate, overlapped_coverage(program, device) * measured_ceiling(program.expr, device)))
+        return min(1.0, kernel.gflops / peak_gflops(program.expr, device))
     if autovector_axis(program.expr, device) is not None:
         return autovector_efficiency(program, device)
     tile = program.register_tile
@@ -40,7 +38,7 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
         program.expr, device, tile)
     return (
         simd
-        * max(latency_coverage(program.expr, device, tile), overlapped_coverage(program, device))
+        * latency_coverage(program.expr, device, tile)
         * load_coverage(program.expr, device, tile)
         * measured_ceiling(program.expr, device)
     )
@@ -169,37 +167,6 @@ def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     return measured if measured is not None else min(1.0, chains / need)
 
 
-# FMAs out-of-order execution holds waiting for their chains beyond those of the register tile
-# it runs (`overlapped_coverage`): what a core's floating-point schedulers queue. Fitted on two Zen
-# 5 cores running AVX2 code, a conv's one-accumulator register tiles (2 vectors of 8 filters) over
-# L1 steps of 2 to 32 channels x 3 taps, 6 to 96 FMAs a visit: 142-345 us measured, all priced
-# 496 as one chain; with 64, 148-379 in the measured order (evidence:
-# docs/model-evidence.md#overlapped-fmas).
-OVERLAPPED_FMAS = 64
-
-
-def overlapped_coverage(program: RProgram, device: DeviceSpec) -> float:
-    """Fraction of the FMA pipes a CPU register tile of fewer accumulators than
-    `fma_accumulators` keeps busy where its visits are short: each visit (the register tile's
-    pass over its L1 tile's reduction steps, `visit` FMAs per accumulator) ends its chains, and the
-    next register tiles' chains, independent of them, start while they run, as many as
-    OVERLAPPED_FMAS / visit more: min(1, (accumulators + OVERLAPPED_FMAS / visit) / (latency x
-    pipes)). 0 where it does not apply: accumulators enough, no L1 tile, a spec without FMA facts,
-    no reduction, or a lane axis that is not spatial (scalar code, a reduction along the lanes)."""
-    need = device.fma_accumulators
-    expr = program.expr
-    if not need or not expr.reduce or len(program.tiles) < 2:
-        return 0.0
-    lanes = lane_axis(expr, device)
-    if lanes is None or expr.axes[lanes].kind != "spatial":
-        return 0.0
-    chains = accumulators(expr, device, program.register_tile)
-    if chains >= need:
-        return 0.0
-    visit = prod(program.tiles[1][a] for a in expr.reduce)
-    return min(1.0, (chains + OVERLAPPED_FMAS / visit) / need)
-
-
 @cache
 def measured_chains(dtype: str, device: DeviceSpec) -> dict[int, float]:
     """Per accumulator count, the FMA pipes' coverage calibration measured on `device` in
@@ -217,7 +184,8 @@ def measured_chains(dtype: str, device: DeviceSpec) -> dict[int, float]:
     out: dict[int, float] = {}
     for k in rates:
         chains = k.vectors(device.warp_size)
-        if chains >= chains // k.rows + k.rows:  # not waiting on its loads (`load_coverage`)
+        loads = chains // k.rows + k.rows  # a row of B's vectors and a broadcast per row
+        if chains >= loads:  # not waiting on its loads (`load_coverage`)
             out[chains] = max(out.get(chains, 0.0), k.gflops / fastest)
     return out
 
@@ -276,13 +244,8 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
     """(measured, phrase) of a CPU program's compute term for `common.provenance`: measured where
     its register tile's micro-kernel was (level 0), else how it is modelled."""
     kernel = measured_micro_kernel(program, device)
-    overlapped = overlapped_coverage(program, device)
-    visit = prod(program.tiles[1][a] for a in program.expr.reduce) if overlapped else 0
-    short = f", its chains overlapped out of order over visits of {visit} FMAs an accumulator"
     if kernel is not None:
-        measured = f"compute: level-0 micro-kernel {kernel.shape} {kernel.dtype}, {kernel.gflops:g} GFLOP/s"
-        raised = overlapped * measured_ceiling(program.expr, device) > kernel.gflops / peak_gflops(program.expr, device)
-        return (False, f"{measured}{short}") if raised else (True, measured)
+        return True, f"compute: level-0 micro-kernel {kernel.shape} {kernel.dtype}, {kernel.gflops:g} GFLOP/s"
     if autovector_axis(program.expr, device) is not None:
         how = "the row LLVM vectorises: lanes filled over the strided loads"
     elif scalar_row(program, device):
@@ -297,8 +260,6 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
         chains = accumulators(expr, device, tile)
         covered = f" as measured with {chains} accumulators" \
             if shape and device.fma_accumulators and chains in measured_chains(expr.dtype, device) else ""
-        if overlapped > latency_coverage(expr, device, tile):
-            covered = short
         how = f"SIMD lanes filled x FMA latency covered{covered}{capped}{unmeasured}"
     return False, f"compute: {how}"
 
@@ -580,4 +541,3 @@ def edge_split(program: RProgram, device: DeviceSpec) -> tuple[int, int, int]:
         cut = next(sizes[l] for l in reversed(range(len(sizes) - 1)) if sizes[l + 1] > sizes[l])
         vectors = extent // cut * cut
     return vectors, extent - vectors, -(-extent // unit) * unit - extent
-
