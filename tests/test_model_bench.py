@@ -155,6 +155,19 @@ def test_a_workload_with_fewer_than_two_programs_built_as_stored_is_skipped_and_
     assert "2 of its 3 programs are built otherwise now" in machine.skipped[0][1]
 
 
+def test_a_store_of_an_older_schema_is_scored_and_left_as_it_was(tmp_path):
+    """Scoring reads a store of schema 3 (tests/fixtures/runs-v3.sqlite: two runs of one workload
+    on tiny-cpu) through a migrated copy: its runs score, and the file keeps its bytes and its
+    schema, as its older code wrote them."""
+    path = tmp_path / "old.sqlite3"
+    path.write_bytes((Path(__file__).parent / "fixtures" / "runs-v3.sqlite").read_bytes())
+    before = path.read_bytes()
+    [machine] = score(load_runs(path))
+    assert machine.machine == "tiny-cpu" and [w.workload for w in machine.workloads] == ["t:mm-64"]
+    assert path.read_bytes() == before
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 3
+
+
 def test_runs_agree_is_the_mean_spearman_of_every_two_runs_over_their_shared_programs(tmp_path):
     """Three runs of the same three programs: the first and second in the same order (+1), the
     third reversed (-1 against each): the mean of the three pairs is -1/3; a run of one program

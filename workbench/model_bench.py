@@ -30,8 +30,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
 import tempfile
 from collections.abc import Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from workbench.errors import UserError
 from workbench.fmt import signed
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import json_float, nan_mean, spearman
-from workbench.profile.store import RunStore, read_runs_file
+from workbench.profile.store import APPLICATION_ID, SCHEMA_VERSION, RunStore, read_runs_file
 
 TOP = 3  # "best in the predicted top 3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -234,7 +236,8 @@ def machine_label(spec: DeviceSpec) -> str:
 
 def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
     """The runs of a runs store (SQLite) or of a `runs export` file (read through a temporary
-    store, so both are read alike); UserError names what is wrong."""
+    store, so both are read alike); a store of an older schema is read through a migrated copy,
+    never rewritten. UserError names what is wrong."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -242,12 +245,33 @@ def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
     except OSError as err:
         raise UserError(f"--runs {path}: cannot read ({err.strerror})") from None
     if head == SQLITE_MAGIC:
-        with RunStore(path) as store:
-            return store_runs(store)
+        if not _older_store(path):
+            with RunStore(path) as store:
+                return store_runs(store)
+        # read through a migrated copy: scoring another machine's store never rewrites it
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / "runs.sqlite3"
+            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as source, \
+                    closing(sqlite3.connect(copy)) as target:
+                source.backup(target)
+            with RunStore(copy) as store:
+                return store_runs(store)
     doc = read_runs_file(path, "--runs")
     with tempfile.TemporaryDirectory() as folder, RunStore(Path(folder) / "runs.sqlite3") as store:
         store.load_runs(doc, f"--runs {path}")
         return store_runs(store)
+
+
+def _older_store(path: Path) -> bool:
+    """Whether `path` is a runs store of an older schema (which opening it would migrate in
+    place); anything else, a store of this schema or a file that is none, opens as it is."""
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error:
+        return False
+    return app_id == APPLICATION_ID and version < SCHEMA_VERSION
 
 
 def store_runs(store: RunStore) -> tuple[StoredRun, ...]:
