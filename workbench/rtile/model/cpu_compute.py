@@ -173,7 +173,7 @@ def measured_chains(dtype: str, device: DeviceSpec) -> dict[int, float]:
     `dtype`: the fastest micro-kernel of that many accumulators over the fastest of all (the
     share of the peak that `measured_ceiling` puts on top). Little's law is the ideal a core
     approaches, not a step it reaches: on two Zen 5 cores 8 accumulators (4 cycles x 2 pipes)
-    ran 0.85-0.88 of the fastest micro-kernel, 10 ran 0.93, 12 ran 0.98-0.99; on Zen 4's 4
+    ran 0.84-0.86 of the fastest micro-kernel, 10 ran 0.93, 12 ran 0.98-0.99; on Zen 4's 4
     chains 0.87 (evidence: docs/model-evidence.md#measured-chains). A tile of more vectors than
     calibration measures (a 2 x 5-vector matmul tile: 10 accumulators) is priced at its count's
     measured coverage, not the step's 1."""
