@@ -251,9 +251,12 @@ def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
         # read through a migrated copy: scoring another machine's store never rewrites it
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / "runs.sqlite3"
-            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as source, \
-                    closing(sqlite3.connect(copy)) as target:
-                source.backup(target)
+            try:
+                with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as source, \
+                        closing(sqlite3.connect(copy)) as target:
+                    source.backup(target)
+            except sqlite3.Error as err:
+                raise UserError(f"--runs {path}: cannot read ({err})") from None
             with RunStore(copy) as store:
                 return store_runs(store)
     doc = read_runs_file(path, "--runs")
