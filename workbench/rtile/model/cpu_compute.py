@@ -162,9 +162,17 @@ def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     need = device.fma_accumulators
     if not need or not expr.reduce:
         return 1.0
-    chains = accumulators(expr, device, tile)
-    measured = measured_chains(expr.dtype, device).get(chains) if micro_kernel_shape(expr, device, tile) else None
-    return measured if measured is not None else min(1.0, chains / need)
+    measured = measured_coverage(expr, device, tile)
+    return measured if measured is not None else min(1.0, accumulators(expr, device, tile) / need)
+
+
+def measured_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float | None:
+    """`measured_chains`' coverage for a register tile of the kind calibration measures
+    (`micro_kernel_shape`) at its accumulator count, or None (another kind, no FMA facts, or no
+    measured micro-kernel of that count)."""
+    if not device.fma_accumulators or micro_kernel_shape(expr, device, tile) is None:
+        return None
+    return measured_chains(expr.dtype, device).get(accumulators(expr, device, tile))
 
 
 @cache
@@ -257,9 +265,8 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
         unmeasured = f", no measured {shape[0]}x{shape[1]} micro-kernel" if shape and device.micro_kernels else ""
         ceiling = measured_ceiling(expr, device)
         capped = f" x {ceiling:.3g}, the fastest measured micro-kernel's share of the peak" if ceiling < 1 else ""
-        chains = accumulators(expr, device, tile)
-        covered = f" as measured with {chains} accumulators" \
-            if shape and device.fma_accumulators and chains in measured_chains(expr.dtype, device) else ""
+        covered = f" as measured with {accumulators(expr, device, tile)} accumulators" \
+            if measured_coverage(expr, device, tile) is not None else ""
         how = f"SIMD lanes filled x FMA latency covered{covered}{capped}{unmeasured}"
     return False, f"compute: {how}"
 
