@@ -41,7 +41,7 @@ from workbench.errors import UserError
 from workbench.fmt import signed
 from workbench.hardware.spec import DeviceSpec
 from workbench.profile.compare import json_float, nan_mean, spearman
-from workbench.profile.store import APPLICATION_ID, SCHEMA_VERSION, RunStore, read_runs_file
+from workbench.profile.store import RunStore, older_schema, read_only, read_runs_file
 
 TOP = 3  # "best in the predicted top 3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -245,15 +245,14 @@ def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
     except OSError as err:
         raise UserError(f"--runs {path}: cannot read ({err.strerror})") from None
     if head == SQLITE_MAGIC:
-        if not _older_store(path):
+        if not older_schema(path):
             with RunStore(path) as store:
                 return store_runs(store)
         # read through a migrated copy: scoring another machine's store never rewrites it
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / "runs.sqlite3"
             try:
-                with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as source, \
-                        closing(sqlite3.connect(copy)) as target:
+                with closing(read_only(path)) as source, closing(sqlite3.connect(copy)) as target:
                     source.backup(target)
             except sqlite3.Error as err:
                 raise UserError(f"--runs {path}: cannot read ({err})") from None
@@ -263,18 +262,6 @@ def load_runs(path: str | os.PathLike) -> tuple[StoredRun, ...]:
     with tempfile.TemporaryDirectory() as folder, RunStore(Path(folder) / "runs.sqlite3") as store:
         store.load_runs(doc, f"--runs {path}")
         return store_runs(store)
-
-
-def _older_store(path: Path) -> bool:
-    """Whether `path` is a runs store of an older schema (which opening it would migrate in
-    place); anything else, a store of this schema or a file that is none, opens as it is."""
-    try:
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-    except sqlite3.Error:
-        return False
-    return app_id == APPLICATION_ID and version < SCHEMA_VERSION
 
 
 def store_runs(store: RunStore) -> tuple[StoredRun, ...]:

@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -534,6 +534,24 @@ class RunStore:
 
 
 # -- runs files: `dump_runs` documents on disk ------------------------------------------------------
+
+
+def read_only(path: str | os.PathLike) -> sqlite3.Connection:
+    """A connection to the SQLite file at `path` that cannot write it."""
+    return sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+
+
+def older_schema(path: str | os.PathLike) -> bool:
+    """Whether the file at `path` is a runs store of an older schema, which opening it as a
+    `RunStore` migrates in place; read without writing it. False for anything else: a store of
+    this schema, a file that is none (`RunStore` names what it is)."""
+    try:
+        with closing(read_only(path)) as db:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error:
+        return False
+    return app_id == APPLICATION_ID and version < SCHEMA_VERSION
 
 
 def write_runs_file(path: str | os.PathLike, doc: Mapping, what: str = "--out") -> None:
