@@ -201,6 +201,24 @@ def test_filters_an_edge_the_grid_splits_off_is_priced_on_the_core_that_holds_it
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_panels_rows_past_the_end_cost_nothing(dev):
+    """263 x 191 x 75 in 5 x 80 register tiles under U x 80 x 192 unit tiles: one register tile
+    across N reads A's panel, so A is read in place, its rows left unpadded
+    (`CpuPlan.edge_axes`), and the grid's two row tiles go to two cores. The second core's last
+    register tile is cut (3 of its 5 rows, at GRID_GUARDED_TILE) and the rows from there to U lie
+    past the end, which on the panels path cost nothing (evidence:
+    docs/model-evidence.md#panels-past-end): the factor is max(U, 263 - U - 3 + 3 G) / U, where
+    the filters path's `past_rate` would add the 2U - 263 rows past the end to the second core."""
+    e = fuse_axes(expr("matmul", M=263, K=191, N=75))
+    for unit in (135, 140, 180):
+        program = _program(e, [(5, 80, 1), (5, 80, 96), (unit, 80, 192)], dev)
+        plan = cpu_plan(program, dev)
+        assert plan.path == PANELS and plan.packed == ("B",) and 0 in plan.edge_axes and program.grid == 2
+        last = 263 - unit - 3 + 3 * GRID_GUARDED_TILE
+        assert guard_slowdown(program, dev) == pytest.approx(max(unit, last) / unit)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_filters_uneven_unit_tiles_are_priced_on_the_busiest_core(dev):
     """7 output rows in register tiles of one row (no register tile cut) under unit tiles of 4
     or 3 rows: the grid's tiles hold 4 + 3 or 3 + 3 + 1 rows, dealt ceil(G / 2) a core, so the

@@ -13,7 +13,7 @@ from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis, plain_projections
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import vector_width
-from workbench.rtile.plan import FILTERS, LANES, SCALAR, cpu_plan
+from workbench.rtile.plan import FILTERS, LANES, PANELS, SCALAR, cpu_plan
 from workbench.rtile.registers import accumulators, lane_vectors, step_loads
 from workbench.rtile.rprogram import RProgram
 
@@ -299,7 +299,8 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
     nest runs with it, not only the cut tile; not along filters the plan pads to whole unit
     tiles (`CpuPlan.padded_filters`), whose register tiles are all whole. A padded program's
     axes left unpadded for an input read in place (`CpuPlan.edge_axes`): `guarded_edges` over
-    them, on the busiest core. Where the plan splits the edges off instead
+    them, on the busiest core, the register tiles past an end free on the panels path (a
+    matmul's) and at `past_rate` on the others. Where the plan splits the edges off instead
     (`CpuPlan.split_edges`: a ragged row, or a ragged K in lanes), `edge_slowdown`; a
     convolution's ragged pixel axes on the filters path, and a whole row's other ragged axes on
     the row path (`CpuPlan.split_others`), `guarded_edges` over them, on the busiest core; on
@@ -312,7 +313,10 @@ def guard_slowdown(program: RProgram, device: DeviceSpec) -> float:
         return float(device.warp_size * max(1, device.fma_pipes) * max(1, device.fma_latency_cycles))
     if plan.padded_tails:
         edges = plan.edge_axes
-        return guarded_edges(program, edges, device.compute_units, past=past_rate(device)) if edges else 1.0
+        # a matmul's register tiles past the rows' end cost nothing measurable, unlike those
+        # past a conv's pixel axis on the filters path (evidence: docs/model-evidence.md#panels-past-end)
+        past = 0.0 if plan.path == PANELS else past_rate(device)
+        return guarded_edges(program, edges, device.compute_units, past=past) if edges else 1.0
     if (plan.split_edges and plan.path == FILTERS) or plan.split_others:
         others = guarded_edges(program, [a for a in expr.spatial if a != plan.vector_axis], device.compute_units,
                                past=past_rate(device))
