@@ -6,7 +6,7 @@ from dataclasses import replace
 from math import ceil, prod
 
 import pytest
-from helpers import TINY_CPU, device, expr, plain_matmul
+from helpers import TINY_CPU, device, expr, matmul, plain_matmul
 from test_alignment import AVX2, AVX512
 
 from workbench.construct.stepper import construct
@@ -209,7 +209,7 @@ def test_panels_rows_past_the_end_cost_nothing(dev):
     past the end, which on the panels path cost nothing (evidence:
     docs/model-evidence.md#panels-past-end): the factor is max(U, 263 - U - 3 + 3 G) / U, where
     the filters path's `past_rate` would add the 2U - 263 rows past the end to the second core."""
-    e = fuse_axes(expr("matmul", M=263, K=191, N=75))
+    e = fuse_axes(matmul(263, 75, 191))
     for unit in (135, 140, 180):
         program = _program(e, [(5, 80, 1), (5, 80, 96), (unit, 80, 192)], dev)
         plan = cpu_plan(program, dev)
