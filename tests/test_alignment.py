@@ -27,7 +27,9 @@ from workbench.rtile.axes import (
     STREAM_ROWS, cross_thread_axis, filter_axis, lane_axis, mma_axes, short_filter_axis, stream_rows,
 )
 from workbench.rtile.plan import cpu_plan
-from workbench.rtile.registers import accumulators, micro_kernel_registers, partial_sums, row_vectors, step_loads
+from workbench.rtile.registers import (
+    HOISTED_WINDOW, accumulators, live_registers, micro_kernel_registers, partial_sums, row_vectors, step_loads,
+)
 from workbench.rtile.rprogram import layer_capacity, layer_footprint
 from workbench.rtile.rules import (
     MAX_SCAN, PAD_VECTORS, REGISTER_STEPS, AlignContext, CacheSetRule, StreamRowsRule, TailRule, TensorShapeRule,
@@ -457,6 +459,28 @@ def test_a_batch_in_the_register_tile_keeps_a_row_of_b_per_batch(dev):
     assert lane_axis(dw, dev) == 3
     tile = (1, 3, 2, lanes, 1, 1)
     assert micro_kernel_registers(dw, dev, tile) == 3 * 2 + 1 + 1  # data row + broadcast weight
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_3x3_depthwise_window_keeps_its_nine_weights_live(dev):
+    """A depthwise conv's register tile of one channel reads the weights along its 3 x 3 window
+    alone, the same for every tile of the channel: LLVM broadcasts the 9 once and keeps them
+    (HOISTED_WINDOW), whether the register tile spans the window or its L1 tile's unrolled loops
+    do, so 4 rows of one vector keep 4 + 1 + 9 registers live (`live_registers`), where the
+    budget the tiles are built to counts one broadcast (`micro_kernel_registers`: 4 + 1 + 1). A
+    tile of two channels (the weights change from tile to tile) and a 5 x 5 window (walked a
+    row at a time) keep one broadcast live, as a matmul's A does."""
+    lanes = dev.warp_size
+    dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
+    assert HOISTED_WINDOW == 9
+    for window in ((3, 3), (1, 3), (1, 1)):
+        tile = (1, 1, 4, lanes) + window
+        assert (micro_kernel_registers(dw, dev, tile), live_registers(dw, dev, tile)) == (4 + 1 + 1, 4 + 1 + 9)
+    assert live_registers(dw, dev, (1, 2, 4, lanes, 3, 3)) == micro_kernel_registers(dw, dev, (1, 2, 4, lanes, 3, 3))
+    dw5 = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=5, KW=5, stride=1, pad=2)
+    assert live_registers(dw5, dev, (1, 1, 4, lanes, 5, 5)) == 4 + 1 + 1
+    mm = matmul(512, 512, 512)
+    assert live_registers(mm, dev, (6, 2 * lanes, 1)) == micro_kernel_registers(mm, dev, (6, 2 * lanes, 1)) == 12 + 2 + 1
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -14,6 +14,7 @@ from test_alignment import AVX2, AVX512
 from test_invariants import plain_expr
 
 from workbench.construct.stepper import construct
+from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
@@ -691,6 +692,34 @@ def test_an_unmeasured_tile_covers_its_chains_as_the_measured_tiles_of_as_many_a
     gemv = plain_expr({"i": (64, "spatial"), "k": (64, "reduce")}, [("A", [{"i": 1}, {"k": 1}]), ("x", [{"k": 1}]), ("y", [{"i": 1}])])
     assert cpu_compute.latency_coverage(gemv, dev, (10, lanes)) == pytest.approx(min(1.0, 10 / need))  # not that kind
     assert cpu_compute.measured_chains("float64", dev) == {}
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_depthwise_tile_over_its_registers_spills_and_one_spanning_its_window_overlaps_its_chains(dev):
+    """`spill_coverage`: a 3 x 3 depthwise tile of r rows x v vectors needs r v + v + 9
+    registers (its weights kept live); past the budget each register short spills an
+    accumulator: a / (a + over); past the budget on its own count, only the weights' 8 more
+    registers count. `latency_coverage`: a tile spanning its whole reduction (the
+    window) ends its chains with it, and the next tile's start while they run: a +
+    OVERLAPPED_FMAS / 9 chains; a tile of one window row keeps Little's law's step."""
+    lanes, budget, need = dev.warp_size, register_budget(dev), dev.fma_accumulators
+    dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
+    fits = (1, 1, 2, 2 * lanes, 3, 3)
+    assert cpu_compute.spill_coverage(dw, dev, fits) == 1.0
+    rows = (budget - 3) // 2  # 2 vectors a row: rows x 2 accumulators + 2 + 1 fit the budget, + 2 + 9 do not
+    over = rows * 2 + 2 + 9 - budget
+    assert over > 0 and rows * 2 + 2 + 1 <= budget
+    spilling = (1, 1, rows, 2 * lanes, 3, 3)
+    assert cpu_compute.spill_coverage(dw, dev, spilling) == pytest.approx(2 * rows / (2 * rows + over))
+    program = cpu_program(dev, dw, spilling)
+    phrase = f"x {cpu_compute.spill_coverage(dw, dev, spilling):.3g} for the accumulators it spills"
+    past = (1, 1, budget, 2 * lanes, 3, 3)
+    assert cpu_compute.spill_coverage(dw, dev, past) == pytest.approx(2 * budget / (2 * budget + 8))
+    assert any(phrase in said for said in estimate(program, dev).modelled)
+    assert cpu_compute.OVERLAPPED_FMAS == 64
+    assert cpu_compute.latency_coverage(dw, dev, (1, 1, 2, lanes, 3, 3)) == pytest.approx(min(1.0, (2 + 64 / 9) / need))
+    assert cpu_compute.latency_coverage(dw, dev, (1, 1, 2, lanes, 1, 3)) == pytest.approx(2 / need)
+    assert cpu_compute.latency_coverage(matmul(64, 64, 64), dev, (1, lanes, 1)) == pytest.approx(1 / need)  # K in steps
 
 
 def test_a_measurement_within_the_noise_above_peak_counts_as_peak():

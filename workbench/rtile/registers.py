@@ -96,6 +96,18 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     return accumulators(expr, device, tile) + rows + broadcast
 
 
+def live_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
+    """Vector registers a CPU register micro-kernel keeps live as LLVM compiles it: its
+    `micro_kernel_registers`, and, for a vectorised tile, the elements of a broadcast input LLVM
+    hoists out of the loops over the tiles beyond the one broadcast register counted there
+    (`_hoisted_elements`). Those it may load again instead of keeping them, so the budget the
+    tiles are built to is `micro_kernel_registers`; the pressure past it is priced
+    (`model.cpu_compute.spill_coverage`)."""
+    v = lane_axis(expr, device)
+    hoisted = [_hoisted_elements(expr, t, tile) for t in expr.inputs if v is not None and not t.uses_axis(v)]
+    return micro_kernel_registers(expr, device, tile) + max(hoisted, default=1) - 1
+
+
 def step_loads(expr: TensorExpr, device: DeviceSpec, tile) -> int:
     """Loads a CPU register tile issues per reduction step: for every input, one vector per
     `lane_vectors` of its `lane_axis` extent times the tile's sizes along the other spatial axes
@@ -120,6 +132,37 @@ def _live_rows(expr: TensorExpr, tensor, tile: Tile, lane: int) -> int:
     if not any(tile[a] > 1 and not tensor.uses_axis(a) for a in others):
         return 1
     return prod(tile[a] for a in others if tensor.uses_axis(a))
+
+
+# The largest window whose weights LLVM broadcasts once and keeps (`_hoisted_elements`): it
+# unrolls a 3 x 3 depthwise window whole and hoists its 9 broadcasts out of the loops over the
+# register tiles, and walks a 5 x 5 or 7 x 7 window a row at a time, broadcasting a row's
+# weights in the loop (x86 code for AVX2 and AVX-512, 2026-12-06: docs/model-evidence.md#hoisted-broadcasts).
+HOISTED_WINDOW = 9
+
+
+def _hoisted_elements(expr: TensorExpr, tensor, tile: Tile) -> int:
+    """Registers a broadcast input takes in a vectorised register micro-kernel: 1 (each element
+    broadcast as its reduction step comes), or one per element for an input read only along a window's
+    reduce axes (`_window_axes`) of at most HOISTED_WINDOW elements and along no spatial axis
+    the tile spans (a depthwise conv's 3 x 3 weights of one channel): the same for every
+    register tile of the channel, they are broadcast once and kept live."""
+    reduce = [a for a in range(len(expr.axes)) if tensor.uses_axis(a) and expr.axes[a].kind == "reduce"]
+    window = prod(expr.axes[a].extent for a in reduce)
+    if not reduce or not set(reduce) <= _window_axes(expr) or window > HOISTED_WINDOW:
+        return 1
+    if any(tensor.uses_axis(a) and tile[a] > 1 for a in expr.spatial):
+        return 1
+    return window
+
+
+@lru_cache(maxsize=1024)  # asked for every price of a vectorised CPU tile
+def _window_axes(expr: TensorExpr) -> frozenset[int]:
+    """Reduce axes some input reads together with a spatial axis in one dimension (a conv's or
+    pooling's window `h*stride + r`)."""
+    return frozenset(a for tensor in expr.inputs for coeffs, _ in tensor.index
+                     if any(c and expr.axes[b].kind != "reduce" for b, c in enumerate(coeffs))
+                     for a, c in enumerate(coeffs) if c and expr.axes[a].kind == "reduce")
 
 
 def _step_elements(expr: TensorExpr, tensor, tile: Tile) -> int:

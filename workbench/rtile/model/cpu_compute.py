@@ -8,13 +8,14 @@ from __future__ import annotations
 from functools import cache
 from math import prod
 
+from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import DeviceSpec, MicroKernel
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.rtile.axes import autovector_axis, lane_axis, plain_projections
 from workbench.rtile.model.common import peak_gflops
 from workbench.rtile.panels import vector_width
 from workbench.rtile.plan import FILTERS, LANES, PANELS, SCALAR, cpu_plan
-from workbench.rtile.registers import accumulators, lane_vectors, step_loads
+from workbench.rtile.registers import accumulators, lane_vectors, live_registers, micro_kernel_registers, step_loads
 from workbench.rtile.rprogram import RProgram
 
 
@@ -40,6 +41,7 @@ def compute_efficiency(program: RProgram, device: DeviceSpec) -> float:
         simd
         * latency_coverage(program.expr, device, tile)
         * load_coverage(program.expr, device, tile)
+        * spill_coverage(program.expr, device, tile)
         * measured_ceiling(program.expr, device)
     )
 
@@ -156,14 +158,44 @@ def latency_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
     a / latency FMAs per cycle out of the `fma_pipes` the peak assumes (Little's law;
     ALGORITHMS.md §7): min(1, a / (latency x pipes)), 2 accumulators on Zen 2 (5 cycles x 2
     pipes) reaching 2 / 10 of peak. Where calibration measured micro-kernels of `a` accumulators
-    in `expr`'s dtype, their coverage instead (`measured_chains`). Operators without a reduce
-    axis carry no chain (out-of-order execution overlaps independent vectors): 1. A spec without
-    FMA facts: 1."""
+    in `expr`'s dtype, their coverage instead (`measured_chains`). A tile spanning its whole
+    reduction (a depthwise conv's window) ends its chains with it, and the next tile's, which
+    out-of-order execution starts meanwhile, add OVERLAPPED_FMAS / (the reduction's elements).
+    Operators without a reduce axis carry no chain (out-of-order execution overlaps independent
+    vectors): 1. A spec without FMA facts: 1."""
     need = device.fma_accumulators
     if not need or not expr.reduce:
         return 1.0
     measured = measured_coverage(expr, device, tile)
-    return measured if measured is not None else min(1.0, accumulators(expr, device, tile) / need)
+    if measured is not None:
+        return measured
+    chains = accumulators(expr, device, tile)
+    if all(tile[a] >= expr.axes[a].extent for a in expr.reduce):
+        chains += OVERLAPPED_FMAS / prod(expr.axes[a].extent for a in expr.reduce)
+    return min(1.0, chains / need)
+
+
+# FMAs out-of-order execution issues from the register tiles after the one running, where each
+# tile spans its whole reduction (a depthwise conv's 3 x 3 window): the tile's chains end with it
+# and the next tile's are independent. About a core's floating-point scheduler queue; on two Zen
+# 5 cores, 3 x 3 depthwise tiles of 4 accumulators ran as fast as 8 or faster, as AVX2 and as
+# AVX-512 code (evidence: docs/model-evidence.md#hoisted-broadcasts).
+OVERLAPPED_FMAS = 64
+
+
+def spill_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float:
+    """Fraction of its rate a CPU register tile keeps whose micro-kernel keeps more vector
+    registers live than the core has (`register_budget`) because LLVM holds a broadcast input
+    it hoisted (`live_registers`: a 3 x 3 depthwise window's 9 weights, where the budget the
+    tiles are built to counts one): each register short spills an accumulator, whose FMAs then
+    wait on a store and a load: a / (a + over) of a accumulators; 1 where they fit. A tile past
+    the budget on its own counts (`micro_kernel_registers`) is not priced here: construction
+    makes none, and what LLVM keeps of such a tile was not measured."""
+    over = live_registers(expr, device, tile) - max(register_budget(device), micro_kernel_registers(expr, device, tile))
+    if over <= 0:
+        return 1.0
+    chains = accumulators(expr, device, tile)
+    return chains / (chains + over)
 
 
 def measured_coverage(expr: TensorExpr, device: DeviceSpec, tile) -> float | None:
@@ -267,7 +299,9 @@ def compute_provenance(program: RProgram, device: DeviceSpec) -> tuple[bool, str
         capped = f" x {ceiling:.3g}, the fastest measured micro-kernel's share of the peak" if ceiling < 1 else ""
         covered = f" as measured with {accumulators(expr, device, tile)} accumulators" \
             if measured_coverage(expr, device, tile) is not None else ""
-        how = f"SIMD lanes filled x FMA latency covered{covered}{capped}{unmeasured}"
+        spill = spill_coverage(expr, device, tile)
+        spilled = f" x {spill:.3g} for the accumulators it spills" if spill < 1 else ""
+        how = f"SIMD lanes filled x FMA latency covered{covered}{spilled}{capped}{unmeasured}"
     return False, f"compute: {how}"
 
 
