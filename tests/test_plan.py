@@ -466,6 +466,21 @@ def test_a_row_that_ends_on_a_vector_runs_its_cut_tile_in_vectors(dev):
 
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_depthwise_row_that_ends_on_a_vector_runs_its_cut_tile_in_vectors(dev):
+    """A 3 x 3 depthwise conv over 112 columns in register tiles of 4 vectors (64 columns on 16
+    lanes, 32 on 8; unit tiles padded to whole ones, 128 columns): the row ends on a vector (`ends_on_vector`), so the tile the end cuts
+    runs its whole vectors vectorised, and the row path's factor is E / P, not its edge lanes at
+    one lane each (a conv's row path is not priced lane by lane: `lane_priced_edge`)."""
+    lanes = dev.warp_size
+    dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
+    padded = -(-112 // (4 * lanes)) * 4 * lanes
+    program = _program(dw, [(1, 1, 2, 4 * lanes, 3, 3), (1, 1, 2, 4 * lanes, 3, 3), (1, 8, 56, padded, 3, 3)], dev)
+    plan = cpu_plan(program, dev)
+    assert plan.path == ROW and plan.split_edges and plan.edge_in_vectors and not lane_priced_edge(program, dev)
+    assert 112 % (4 * lanes) and edge_slowdown(program, dev) == pytest.approx(112 / padded)
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
 def test_a_split_row_runs_scalar_from_the_outermost_tile_its_end_cuts(dev):
     """relu over (2, 5, 67) fused into a row of 670, in register tiles of 16, L1 tiles of 64 and
     unit tiles of 256: lowering splits the loop over L1 tiles (the outermost below the grid)

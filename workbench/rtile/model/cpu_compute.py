@@ -476,7 +476,10 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     vectorised in lanes (whose rows are not split): the I = E // r * r elements in whole
     register tiles of r run in vectors and the E - I the end cuts scalar, one lane of
     `scalar_lanes` L each, so the factor is (I + (E - I) * L) / P (a softmax row maximum over
-    1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024). A row's other
+    1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024); a row that
+    ends on a vector (`CpuPlan.edge_in_vectors`) runs its cut tile's vectors whole: E / P (a 3 x 3
+    depthwise conv over 112 columns in 64-column tiles ran 82 us, as fast as in 112-column ones,
+    79, where the edge's 48 columns priced scalar made it 3.9x: docs/model-evidence.md#hoisted-broadcasts). A row's other
     ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by their
     `guarded_edges`."""
     expr = program.expr
@@ -489,7 +492,7 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
         pieces = edge_pieces(scalar, lanes) * lanes if edge_in_pieces(program, device) else 0
         row = (vectors + pieces) / padded
     else:
-        whole = extent // reg * reg
+        whole = extent if cpu_plan(program, device).edge_in_vectors else extent // reg * reg
         row = (whole + (extent - whole) * scalar_lanes(program, device)) / padded
     if expr.axes[v].kind != "spatial":  # a ragged K in lanes: its rows are not split
         return row
