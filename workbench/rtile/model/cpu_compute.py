@@ -479,9 +479,9 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     1000 in 16-lane register tiles and 1024-wide unit tiles: (992 + 8 * 8) / 1024); a row that
     ends on a vector (`CpuPlan.edge_in_vectors`) runs its cut tile's vectors whole: E / P (a 3 x 3
     depthwise conv over 112 columns in 64-column tiles ran 82 us, as fast as in 112-column ones,
-    79, where the edge's 48 columns priced scalar made it 3.9x: docs/model-evidence.md#hoisted-broadcasts). A row's other
-    ragged spatial axes, split off as well (`panels.splits_edges`), multiply it by their
-    `guarded_edges`."""
+    79, where the edge's 48 columns priced scalar made it 3.9x; evidence:
+    docs/model-evidence.md#hoisted-broadcasts). A row's other ragged spatial axes, split off as
+    well (`panels.splits_edges`), multiply it by their `guarded_edges`."""
     expr = program.expr
     v = cpu_plan(program, device).vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
