@@ -468,9 +468,10 @@ def test_a_row_that_ends_on_a_vector_runs_its_cut_tile_in_vectors(dev):
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
 def test_a_depthwise_row_that_ends_on_a_vector_runs_its_cut_tile_in_vectors(dev):
     """A 3 x 3 depthwise conv over 112 columns in register tiles of 4 vectors (64 columns on 16
-    lanes, 32 on 8; unit tiles padded to whole ones, 128 columns): the row ends on a vector (`ends_on_vector`), so the tile the end cuts
-    runs its whole vectors vectorised, and the row path's factor is E / P, not its edge lanes at
-    one lane each (a conv's row path is not priced lane by lane: `lane_priced_edge`)."""
+    lanes, 32 on 8; unit tiles padded to whole ones, 128 columns): the row ends on a vector
+    (`ends_on_vector`), so the tile the end cuts runs its whole vectors vectorised, and the row
+    path's factor is E / P, not its edge lanes at one lane each (a conv's row path is not priced
+    lane by lane: `lane_priced_edge`)."""
     lanes = dev.warp_size
     dw = expr("depthwise_conv2d", N=1, C=96, H=112, W=112, KH=3, KW=3, stride=1, pad=1)
     padded = -(-112 // (4 * lanes)) * 4 * lanes
