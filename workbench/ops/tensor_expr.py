@@ -727,8 +727,18 @@ SUM_OF_PRODUCTS = ("conv2d", "group_conv2d", "depthwise_conv2d")  # catalog ops 
 
 def read_through_window(expr: TensorExpr, tensor: TensorAccess) -> bool:
     """Some dimension of `tensor` is indexed by a spatial and a reduce axis together."""
-    kinds = lambda d: {expr.axes[a].kind for a in tensor.axes_of_dim(d)}  # noqa: E731
-    return any(kinds(d) >= {SPATIAL, REDUCE} for d in range(len(tensor.index)))
+    return bool(window_axes(expr, tensor))
+
+
+def window_axes(expr: TensorExpr, tensor: TensorAccess) -> tuple[int, ...]:
+    """The reduce axes that index a dimension of `tensor` together with a spatial axis (a conv's
+    or pooling's window `h*stride + r`: r), in order."""
+    found: set[int] = set()
+    for d in range(len(tensor.index)):
+        axes = tensor.axes_of_dim(d)
+        if {expr.axes[a].kind for a in axes} >= {SPATIAL, REDUCE}:
+            found.update(a for a in axes if expr.axes[a].kind == REDUCE)
+    return tuple(sorted(found))
 
 
 def sum_of_products(expr: TensorExpr) -> bool:

@@ -9,7 +9,7 @@ from functools import lru_cache
 from math import ceil, prod
 
 from workbench.hardware.spec import DeviceSpec
-from workbench.ops.tensor_expr import TensorExpr
+from workbench.ops.tensor_expr import TensorExpr, window_axes
 from workbench.rtile.axes import cross_thread_axis, dim_axis, filter_lanes, lane_axis, tile_lanes
 from workbench.rtile.traffic import calculus
 
@@ -160,9 +160,7 @@ def _hoisted_elements(expr: TensorExpr, tensor, tile: Tile) -> int:
 def _window_axes(expr: TensorExpr) -> frozenset[int]:
     """Reduce axes some input reads together with a spatial axis in one dimension (a conv's or
     pooling's window `h*stride + r`)."""
-    return frozenset(a for tensor in expr.inputs for coeffs, _ in tensor.index
-                     if any(c and expr.axes[b].kind != "reduce" for b, c in enumerate(coeffs))
-                     for a, c in enumerate(coeffs) if c and expr.axes[a].kind == "reduce")
+    return frozenset(a for tensor in expr.inputs for a in window_axes(expr, tensor))
 
 
 def _step_elements(expr: TensorExpr, tensor, tile: Tile) -> int:

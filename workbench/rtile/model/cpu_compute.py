@@ -482,17 +482,17 @@ def edge_slowdown(program: RProgram, device: DeviceSpec) -> float:
     79, where the edge's 48 columns priced scalar made it 3.9x; evidence:
     docs/model-evidence.md#hoisted-broadcasts). A row's other ragged spatial axes, split off as
     well (`panels.splits_edges`), multiply it by their `guarded_edges`."""
-    expr = program.expr
-    v = cpu_plan(program, device).vector_axis
+    expr, plan = program.expr, cpu_plan(program, device)
+    v = plan.vector_axis
     extent, reg, unit = expr.axes[v].extent, program.register_tile[v], program.unit_tile[v]
     padded = -(-extent // unit) * unit
     if lane_priced_edge(program, device):
         vectors, scalar, _ = edge_split(program, device)
-        lanes = cpu_plan(program, device).lanes
+        lanes = plan.lanes
         pieces = edge_pieces(scalar, lanes) * lanes if edge_in_pieces(program, device) else 0
         row = (vectors + pieces) / padded
     else:
-        whole = extent if cpu_plan(program, device).edge_in_vectors else extent // reg * reg
+        whole = extent if plan.edge_in_vectors else extent // reg * reg
         row = (whole + (extent - whole) * scalar_lanes(program, device)) / padded
     if expr.axes[v].kind != "spatial":  # a ragged K in lanes: its rows are not split
         return row
