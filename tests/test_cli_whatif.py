@@ -79,6 +79,11 @@ def test_sweep_reports_the_curve_and_the_change_points(capsys):
     (("--set", "compute_units=2"), "give one of --workload"),
     (("--sweep", "compute_units=1:4:1", "--suite", "cpu-core"), "N must be an integer from 2 to 64"),
     (("--sweep", "compute_units=1:4:4", "--suite", "cpu-core", "--measure"), "--measure takes --set edits"),
+    # a CPU LLVM does not know is refused as a spec file naming it is, not compared by name alone
+    (("--set", "target.mcpu=znver44", "--workload", "cpu-core:mm-512"),
+     "target.mcpu=znver44: target.mcpu 'znver44' is not a CPU this LLVM knows"),
+    (("--base-set", "target.mcpu=haswel", "--set", "compute_units=2", "--workload", "cpu-core:mm-512"),
+     "target.mcpu=haswel: target.mcpu 'haswel' is not a CPU this LLVM knows"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, "whatif", "--device", "xeon-avx512", *argv)

@@ -60,6 +60,7 @@ from workbench.hardware.loader import LOCAL_CPU, MAX_SPEC_BYTES, list_presets, l
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.write import spec_summary, spec_to_toml
 from workbench.hardware.spec import DeviceSpec
+from workbench.hardware.targets import target_problem
 from workbench.models import construction as whole_model
 from workbench.models.construction import ModelConstruction, report_dict, report_text
 from workbench.models.execute import operator_runner
@@ -622,7 +623,13 @@ def edit_device(device: DeviceSpec | str | Path, edits: Sequence[str | Edit]) ->
     parsed = tuple(e if isinstance(e, Edit) else parse_edit(e) for e in edits)
     if not parsed:
         raise UserError("no edit: give FIELD=VALUE, such as L2.capacity_bytes=2MiB")
-    return what_if.apply_edits(load_device(device), parsed)
+    edited = what_if.apply_edits(load_device(device), parsed)
+    # an edited target is asked of TVM and LLVM as a spec file's is when it loads (the pure
+    # `apply_edits` asks neither): a CPU LLVM does not know would otherwise be compared by name
+    # alone, and the spec `--out` writes would not load
+    if edited.spec.target != edited.base.target and (problem := target_problem(edited.spec.target)):
+        raise UserError(f"{' '.join(str(e) for e in parsed if e.field.startswith('target'))}: {problem}")
+    return edited
 
 
 def whatif(workloads: Sequence[Workload | TensorExpr | str], edited: EditedSpec, policy: str = "roller",
