@@ -129,6 +129,10 @@ def test_bench_construct(capsys):
         (["construct", "--expr", "C[i] = __import__('os').system('echo hi')", "--shape", "i=4"], "expression"),
         (["construct", "--expr", "C[i,j] += A[i,k] * Z[k*j]", "--shape", "i=4,j=4,k=4"], "affine"),
         (["construct"], "workload"),
+        # no --shape: what the workload needs, not the parser's view of an empty string
+        (["construct", "--expr", "C[i,j] += A[i,k] * B[k,j]"], "--expr needs --shape with each index's extent"),
+        (["construct", "--op", "relu"], "relu: missing parameter shape"),
+        (["construct", "--op", "nosuchop"], "unknown operator 'nosuchop'"),
         (["construct", "--workload", "cpu-core:mm-512", "--topk", "0"], "topk"),
         (["construct", "--workload", "cpu-core:mm-512", "--topk", "1000000000"], "argument --topk: must be an integer from 1 to 1000"),
         (["profile", "--workload", "cpu-core:mm-512", "--topk", "1001"], "argument --topk: must be an integer from 1 to 1000"),

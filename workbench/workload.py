@@ -227,6 +227,12 @@ def workload_from_args(op: str | None, shape: str | None, expr: str | None, work
     if workload:
         w = suite_workload(workload)
         return w if dtype == "float32" else Workload(w.op, w.params, w.expr, dtype, w.label)
+    if not (shape or "").strip():
+        if expr:
+            raise UserError("--expr needs --shape with each index's extent, such as i=64,j=64,k=64")
+        from workbench.ops.catalog import normalize_params
+
+        normalize_params(op, {})  # an unknown operator, or the first parameter it needs, in one line
     params = tuple(sorted(parse_shape(shape or "").items()))
     if expr:
         return Workload(expr=expr, params=params, dtype=dtype)
