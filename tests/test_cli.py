@@ -547,7 +547,14 @@ def test_runs_fit_refuses_a_foreign_db_and_a_store_without_measurements(capsys, 
     bad.write_text("not a database")
     code, _, err = run(capsys, "runs", "fit", "--db", str(bad))
     assert code == 2 and "--db" in err and len(err.strip().splitlines()) == 1
-    code, out, err = run(capsys, "runs", "fit", "--device", "local-cpu", "--db", str(tmp_path / "new.sqlite3"), "--json")
+    missing = tmp_path / "typo" / "new.sqlite3"
+    code, out, err = run(capsys, "runs", "fit", "--device", "local-cpu", "--db", str(missing), "--json")
+    assert code == 2 and out == "" and "no runs store there" in err and len(err.strip().splitlines()) == 1
+    assert not missing.parent.exists()  # a mistyped --db is not made into an empty store
+    from workbench.profile.store import RunStore
+
+    RunStore(tmp_path / "empty.sqlite3").close()
+    code, out, err = run(capsys, "runs", "fit", "--device", "local-cpu", "--db", str(tmp_path / "empty.sqlite3"), "--json")
     assert code == 2 and out == "" and "no correct measurements" in err and len(err.strip().splitlines()) == 1
 
 

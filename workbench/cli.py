@@ -781,7 +781,7 @@ def cmd_report(args) -> int:
 def cmd_runs_fit(args) -> int:
     from workbench import pipeline
 
-    with pipeline.RunStore(args.db) as store:
+    with _existing_store(args) as store:  # it fits on the store's measurements: none in a new one
         correction, evaluation = pipeline.refit(store, args.device)
         stored = store.correction(args.device)
     fit = correction.overall
