@@ -49,6 +49,11 @@ MALFORMED = [
     (GOOD.replace("[[workload]]", "[workload]"), "no [[workload]] entries"),
     ('workload = [1]\n[suite]\nname = "tiny"\n', "workload[0] needs 'id' and 'op'"),
     ("[suite\n", "invalid TOML"),
+    # each entry's operator, parameters and dtype, before a bench runs any entry
+    (GOOD.replace("K = 4\n", ""), "workload 'mm': matmul: missing parameter K (reduction length)"),
+    (GOOD.replace('op = "matmul"', 'op = "matmul"\ndtype = "int8"'), "workload 'mm': unsupported dtype 'int8'"),
+    (GOOD.replace("M = 4", "M = true"), "workload 'mm': matmul: M must be a positive integer, got True"),
+    (GOOD.replace('op = "matmul"', 'op = "conv3d"'), "workload 'mm': unknown operator 'conv3d'"),
 ]
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from workbench.errors import UserError
 from workbench.files import read_user_text
 from workbench.ops import random_suite
+from workbench.ops.catalog import normalize_params
+from workbench.ops.shapes import check_dtype
 from workbench.ops.tensor_expr import TensorExpr
 
 if sys.version_info >= (3, 11):
@@ -155,7 +157,14 @@ def load_suite(name: str, seed: int | None = None) -> tuple[str, tuple[Workload,
         suite, entries = _suite_doc(doc, path.stem)
     except UserError as err:
         raise UserError(f"suite '{name}': {err}") from None
-    return suite, tuple(_entry_workload(suite, entry) for entry in entries)
+    workloads = tuple(_entry_workload(suite, entry) for entry in entries)
+    for w, entry in zip(workloads, entries):
+        try:  # every entry's operator, parameters and dtype, before a bench runs any of them
+            normalize_params(w.op, dict(w.params))
+            check_dtype(w.dtype)
+        except UserError as err:
+            raise UserError(f"suite '{name}': workload '{entry['id']}': {err}") from None
+    return suite, workloads
 
 
 def _entry_workload(suite: str, entry: dict) -> Workload:
@@ -230,8 +239,6 @@ def workload_from_args(op: str | None, shape: str | None, expr: str | None, work
     if not (shape or "").strip():
         if expr:
             raise UserError("--expr needs --shape with each index's extent, such as i=64,j=64,k=64")
-        from workbench.ops.catalog import normalize_params
-
         normalize_params(op, {})  # an unknown operator, or the first parameter it needs, in one line
     params = tuple(sorted(parse_shape(shape or "").items()))
     if expr:
