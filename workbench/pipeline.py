@@ -628,7 +628,8 @@ def edit_device(device: DeviceSpec | str | Path, edits: Sequence[str | Edit]) ->
     # `apply_edits` asks neither): a CPU LLVM does not know would otherwise be compared by name
     # alone, and the spec `--out` writes would not load
     if edited.spec.target != edited.base.target and (problem := target_problem(edited.spec.target)):
-        raise UserError(f"{' '.join(str(e) for e in parsed if e.field.startswith('target'))}: {problem}")
+        named = [e for e in parsed if e.field.startswith("target")] or parsed  # or compute_units' num-cores
+        raise UserError(f"{' '.join(map(str, named))}: {problem}")
     return edited
 
 
