@@ -223,6 +223,9 @@ def test_the_url_carries_the_selection_and_restores_it():
     ({"workload": "cpu-core:mm-512", "max_steps": "100000000"}, "max_steps must be within 10..100000"),
     ({"workload": "cpu-core:nope"}, "no workload 'nope'"),
     ({"workload": "cpu-core:mm-512", "colour": "red"}, "unknown parameter 'colour'"),
+    # as a device, a workload never reads a file on the server: no path, no way out of the suites
+    ({"workload": f"{ROOT}/specs/suites/cpu-core.toml:mm-1024"}, "not a suite file"),
+    ({"workload": "../../specs/suites/cpu-core:mm-1024"}, "not a suite file"),
 ])
 def test_a_bad_link_says_why_and_opens_the_sample(query, message):
     at = url_app(**query)

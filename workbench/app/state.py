@@ -180,6 +180,10 @@ def request_from_query(query: dict[str, str]) -> Link:
                                    *_OPTION_KEYS})
     if unknown:
         raise UserError(f"unknown parameter {unknown[0]!r}")
+    suite = query.get("workload", "").rpartition(":")[0]
+    if "/" in suite or suite.endswith(".toml"):  # as a device: never a file on the server
+        raise UserError(f"workload {query['workload']!r:.60}: a link names a workload of a shipped or random suite, "
+                        f"not a suite file")
     workload = pipeline.parse_workload(query.get("op"), query.get("shape"), query.get("expr"), query.get("workload"),
                                        query.get("dtype", "float32"))
     options = {}
