@@ -225,8 +225,9 @@ def test_export_zip_to_an_existing_directory_is_refused(capsys, tmp_path, full):
 
 
 def test_export_refuses_bad_rank_and_existing_directory(capsys, tmp_path):
-    code, _, err = run(capsys, "export", "--workload", "cpu-core:relu", "--rank", "99", "--out", str(tmp_path / "x"))
-    assert code == 2 and "rank" in err
+    for rank in ("99", "0"):
+        code, _, err = run(capsys, "export", "--workload", "cpu-core:relu", "--rank", rank, "--out", str(tmp_path / "x"))
+        assert code == 2 and re.search(rf"--rank {rank}: the construction has (\d+) candidates, ranks 1 to \1$", err.strip())
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
     code, _, err = run(capsys, "export", "--op", "relu", "--shape", "shape=8x8", "--out", str(tmp_path / "full"))

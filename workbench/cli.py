@@ -492,7 +492,8 @@ def cmd_export(args) -> int:
     pipeline.check_export_path(args.out, args.zip)  # a bad --out fails before anything is constructed or built
     c = _construct(args, workload)
     if not 1 <= args.rank <= len(c.candidates):
-        raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates")
+        raise UserError(f"--rank {args.rank}: the construction has {len(c.candidates)} candidates, ranks 1 to "
+                        f"{len(c.candidates)}")
     try:
         result = pipeline.export(c, args.rank, args.out, zip=args.zip)
     except pipeline.KernelRejected as err:
