@@ -23,9 +23,10 @@ from workbench.rtile.model.cpu_compute import (
 from workbench.rtile.panels import (
     GRID_CUT_SHARE, PAD_OVERLAP, PAD_STEP, _panel_pays, filter_vector_axis, lane_reduction_axis, pack_layer,
     packed_inputs, packed_tile_bytes,
-    pad_level, padded_inputs, pads_tails, ragged, read_once, transposes, whole_reduction, window_spills,
+    pad_level, padded_inputs, pads_tails, ragged, read_once, reads_in_place, transposes, whole_reduction,
+    window_spills,
 )
-from workbench.rtile.plan import cpu_plan, loop_nest_key
+from workbench.rtile.plan import ROW, cpu_plan, loop_nest_key
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
 
@@ -121,6 +122,35 @@ def test_a_padded_program_reads_in_place_the_input_one_register_tile_reads(dev):
     assert read_once(whole, both, a) and read_once(whole, both, b)
     assert cpu_plan(both, dev).packed == ("A", "B") and cpu_plan(both, dev).edge_axes == ()
     assert cpu_plan(replace(once, split=2), dev).packed == ("A", "B")
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_few_row_program_that_pads_only_for_its_tails_may_read_in_place(dev):
+    """5 x 1536 x 1521 in 5 x 32 register tiles under 5 x 1536 x 192 unit tiles: N's tail pads, so
+    both inputs are copied, though no panel gains more: one register tile reads B's (`read_once`)
+    and A's L1 tile, 5 rows 6 KiB apart, spans (4 x 1536 + 32) x 4 B < 32 KiB. Its variant that
+    reads them in place (`RProgram.in_place`) copies nothing and splits the row's edge off, the
+    interior unguarded. Not where K is ragged (its guarded last step runs scalar), nor where
+    two register tiles read B's panel, whose 32 rows 6 KiB apart span more than the L1, nor
+    where the unit tile is one register tile along the row (no loop to split below the grid;
+    A, read once, is read in place there already)."""
+    e = matmul(5, 1521, 1536)
+    tiles = [(5, 32, 1), (5, 64, 32), (5, 1536, 192)]
+    padded = _program(e, tiles, dev)
+    plan = cpu_plan(padded, dev)
+    assert plan.packed == ("A", "B") and plan.padded_tails and not plan.split_edges
+    assert _span(5, 1536, 32) < 32 * 1024 and reads_in_place(e, padded, dev)
+    variant = replace(padded, in_place=True)
+    plan = cpu_plan(variant, dev)
+    assert plan.path == ROW and plan.split_edges and plan.packed == () and not plan.padded_tails
+    assert packing_seconds(variant, dev) == 0.0 < packing_seconds(padded, dev)
+    assert not reads_in_place(matmul(5, 1521, 1537), _program(matmul(5, 1521, 1537), tiles, dev), dev)
+    twice = _program(matmul(10, 1521, 1536), [(5, 32, 1), (10, 64, 32), (10, 1536, 192)], dev)
+    assert _span(32, 1521, 64) > 32 * 1024 and not reads_in_place(twice.expr, twice, dev)
+    narrow = _program(e, [(5, 32, 1), (5, 32, 32), (5, 32, 192)], dev)
+    assert cpu_plan(narrow, dev).packed == ("B",) and not reads_in_place(e, narrow, dev)
+    whole = matmul(5, 1536, 1536)
+    assert not reads_in_place(whole, _program(whole, tiles, dev), dev)  # nothing pads
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

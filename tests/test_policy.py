@@ -10,7 +10,7 @@ from test_invariants import KIB, detected_cpu
 
 from workbench.construct.markov import MarkovPolicy
 from workbench.construct.policies import POLICIES, policy_class
-from workbench.construct.policy import MIN_PROGRAMS, Policy
+from workbench.construct.policy import MIN_PROGRAMS, Policy, in_place, split_k
 from workbench.construct.stepper import Stepper
 from workbench.construct.space import (
     EPS_STEPS, Action, IllegalAction, Kind, Options, OverCapacity, Space, apply, descend_within_limits,
@@ -19,6 +19,7 @@ from workbench.construct.space import (
 from workbench.errors import UserError
 from workbench.fmt import duration
 from workbench.rtile.plan import loop_nest_key
+from workbench.rtile.rprogram import RProgram
 
 
 CORE = {w["id"]: w for w in suite_workloads("cpu-core")}
@@ -80,6 +81,31 @@ def test_shared_emission_emits_a_complete_replayable_candidate():
                                              for l, t in enumerate(cand.program.tiles))
     assert emit.note.startswith(f"emit rProgram #1: grid {cand.program.grid}, "
                                      f"{duration(cand.predicted_seconds)} predicted, bound by ")
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_program_that_pads_only_for_its_tails_is_emitted_as_the_faster_of_it_and_its_in_place_variant(isa):
+    """5 x 2880 x 1521 on two detected cores: its ragged N pads every program's inputs, B's 17 MB
+    read by 5 rows. Emission prices each such program and its variant that reads the inputs in
+    place (`policy.in_place`) and keeps the faster; its emit action records which, so replay
+    and the stored form rebuild it."""
+    dev = detected_cpu(isa, 2, 48 * KIB, 1024 * KIB)
+    space = Space(matmul(5, 1521, 2880), dev)
+    policy = policy_class("roller")(space, Options(topk=10))
+    steps = list(policy.steps())
+    emits = [s for s in steps if s.candidate is not None]
+    kept = [s.candidate.program for s in emits if s.candidate.program.in_place]
+    assert kept and all(s.action.size == int(s.candidate.program.in_place) for s in emits)
+    for step in emits:
+        program = step.candidate.program
+        assert replay(space, step.candidate.actions) == program
+        assert RProgram.from_dict(program.to_dict(), space.expr) == program
+        assert ("in_place" in program.to_dict()) == program.in_place
+        padded = replace(program, in_place=False, split=1, grid=program.grid // program.split)
+        variant = in_place(padded, dev)
+        assert (variant is not None) >= program.in_place and ("inputs read in place" in step.note) == program.in_place
+        times = [split_k(p, dev)[1].predicted_seconds for p in (padded, variant) if p is not None]
+        assert step.candidate.predicted_seconds == min(times)
 
 
 def test_roller_s_shrinks_grow_the_grid_while_it_is_smaller_than_the_units():

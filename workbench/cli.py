@@ -454,6 +454,7 @@ def cmd_construct(args) -> int:
     for cand in c.candidates:
         tiles = "  ".join(f"{n}={'x'.join(map(str, t))}" for n, t in zip(cand.program.layers, cand.program.tiles))
         tiles += f"  split-K={cand.program.split}" if cand.program.split > 1 else ""
+        tiles += "  in-place" if cand.program.in_place else ""
         lines.append(f"#{cand.rank:<3d} {duration(cand.predicted_seconds):>9s}  {cand.estimate.bottleneck:9s} grid {cand.program.grid:<6d} {tiles}")
         lines.append("     " + _compute_source(cand.estimate))
     if c.candidates:

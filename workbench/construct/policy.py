@@ -33,7 +33,8 @@ from workbench.fmt import duration
 from workbench.hardware.spec import DeviceSpec
 from workbench.rtile.axes import lane_axis
 from workbench.rtile.model import Estimate, estimate
-from workbench.rtile.plan import loop_nest_key, splits_reduction
+from workbench.rtile.panels import reads_in_place
+from workbench.rtile.plan import cpu_plan, loop_nest_key, splits_reduction
 from workbench.rtile.staging import pipelined, pipelined_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_counts, split_steps
 from workbench.rtile.alignment import required_accumulators
@@ -325,12 +326,15 @@ class Policy:
         self._emitted.add(key)
         program, est = self.priced(program)
         split = program.split if program.split > 1 else 0  # recorded so that `replay` splits it too
-        done = replace(state, tile=(), actions=state.actions + (Action(Kind.EMIT, space.n_tile_layers, count=split),))
+        emit = Action(Kind.EMIT, space.n_tile_layers, size=int(program.in_place), count=split)  # and reads in place
+        done = replace(state, tile=(), actions=state.actions + (emit,))
         cand = Candidate(program, est, space.device, done.actions)
         self.candidates.append(cand)
         node = self.node(done, "emitted", predicted=est.predicted_seconds)
         edge = Edge(self.key(arrived), node.key, "emit") if node.key != self.key(arrived) else None
-        grid = f"{program.grid} ({program.split}-way split-K)" if program.split > 1 else program.grid
+        grid = f"{program.grid} ({program.split}-way split-K)" if program.split > 1 else str(program.grid)
+        if program.in_place:
+            grid += ", inputs read in place, edges split off"
         note = self.describe("emit", number=len(self.candidates), grid=grid,
                              predicted=duration(est.predicted_seconds), bottleneck=est.bottleneck)
         yield self.record(Step(done.actions[-1], done, node, edge, note=note, candidate=cand, temperature=self.marker_temperature))
@@ -338,13 +342,23 @@ class Policy:
 
     def priced(self, program: RProgram) -> tuple[RProgram, Estimate]:
         """`split_k` of `program` on the space's device (the program unsplit where the options
-        turn split-K off), memoised: `_split_unshrunk` prices the program that `emit` then emits."""
+        turn split-K off), or of its variant that reads its inputs in place (`in_place`) where
+        that is predicted faster; memoised: `_split_unshrunk` prices the program that `emit` then
+        emits."""
         found = self._priced.get(program)
         if found is None:
-            device = self.space.device
-            found = split_k(program, device) if self.options.split_k else (program, estimate(program, device))
+            found = self._split(program)
+            variant = in_place(program, self.space.device)
+            if variant is not None:
+                other = self._split(variant)
+                if other[1].predicted_seconds < found[1].predicted_seconds:
+                    found = other
             self._priced[program] = found
         return found
+
+    def _split(self, program: RProgram) -> tuple[RProgram, Estimate]:
+        device = self.space.device
+        return split_k(program, device) if self.options.split_k else (program, estimate(program, device))
 
     def repeated(self, state: State) -> Iterator[Step]:
         """Steps taken when `emit` meets a program emitted before: none by default."""
@@ -386,6 +400,17 @@ class Policy:
         if facts is None:
             facts = self._facts[where] = node_facts(self.space, state, tile, _vthread_suffix(state))
         return Node(*facts, score, status, predicted)
+
+
+def in_place(program: RProgram, device: DeviceSpec) -> RProgram | None:
+    """The variant of a CPU `program` that reads its inputs as stored where its tiles leave tails
+    (`RProgram.in_place`, `panels.reads_in_place`), its row's edges split off rather than padded
+    (`CpuPlan.split_edges`); None where it has none. Which of the two is faster depends on what
+    the copy costs against the guarded edge, which the model prices (`Policy.priced`)."""
+    if not device.runs_on_cpu or not reads_in_place(program.expr, program, device):
+        return None
+    variant = replace(program, in_place=True)
+    return variant if cpu_plan(variant, device).split_edges else None
 
 
 def split_k(program: RProgram, device: DeviceSpec) -> tuple[RProgram, Estimate]:

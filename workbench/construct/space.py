@@ -79,7 +79,8 @@ class OverCapacity(IllegalAction):
 @dataclass(frozen=True, order=True)
 class Action:
     """One move. `size`: the new size of `axis` (grow, shrink, inv_tile; the size a Roller
-    branch tried for layer_full / prune_visited); `count`: V of set_vthread, S of a split-K emit
+    branch tried for layer_full / prune_visited; 1 on an emit whose program reads its inputs in
+    place, `RProgram.in_place`); `count`: V of set_vthread, S of a split-K emit
     (`RProgram.split`; 0 unsplit); `eps`: the padding bound a round starts at (start) or is
     raised to (widen_eps), or a balancing shrink may reach (`Space.balances`)."""
 
@@ -705,7 +706,10 @@ def replay(space: Space, actions: tuple[Action, ...]) -> RProgram:
         if state.layer < space.n_tile_layers:
             raise UserError(f"replay: the actions end at {space.layer_names[state.layer]}, not the bottom layer")
         program = space.program_of(state)
-    split = actions[-1].count if actions[-1].kind == Kind.EMIT else 0
+    emit = actions[-1] if actions[-1].kind == Kind.EMIT else Action(Kind.EMIT)
+    if emit.size:  # inputs read in place (policy.in_place)
+        program = replace(program, in_place=True)
+    split = emit.count
     return replace(program, split=split, grid=program.grid * split) if split > 1 else program  # split-K (policy.split_k)
 
 

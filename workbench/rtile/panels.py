@@ -6,7 +6,7 @@ model (`rtile.model`) read that plan, not these rules.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, prod
 
 from workbench.hardware.spec import LLC_FILL, DeviceSpec
@@ -444,7 +444,8 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     once: a copy only doubles its traffic; evidence: docs/evidence.md#panel-inputs). Where
     `_pad_tails` will pad (any axis ragged), every input is copied (the padding copy is the
     panel) but one that one register tile reads while another input is copied
-    (`_read_in_place`). Where Roller staged nothing below the registers (`Space.cached`: its
+    (`_read_in_place`), and none in a program's variant that reads them in place
+    (`RProgram.in_place`, `reads_in_place`). Where Roller staged nothing below the registers (`Space.cached`: its
     start tile saw no reuse to grow for) the inputs are read in place, but for a ragged tail
     that cannot be split off (`splits_edges`), which only the padding keeps vectorised: 17 x
     1259 x 29, two register tiles covering the rows and the columns, ran its row scalar behind
@@ -467,10 +468,37 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
             if expr.axes[used[0]].kind != "spatial" and ragged(expr, program, used[0]) and (
                     not expr.pads_reduction or expr.row_passes):
                 return ()
+    if tails and program.in_place and reads_in_place(expr, program, device):
+        return ()
     if tails:
         copied = [t for t in expr.inputs if not _read_in_place(expr, program, device, t)]
         return tuple(t.name for t in (copied or expr.inputs))
     return tuple(t.name for t in expr.inputs if _panel_pays(expr, program, device, t))
+
+
+def reads_in_place(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> bool:
+    """Whether `program` has a variant that reads its inputs as stored (`RProgram.in_place`)
+    where its unit tile leaves tails that `_panel_inputs` would pad by copying every input into
+    panels: no panel gains anything but the padding (`_panel_pays`), and the row's edges split
+    off instead (`splits_edges`: the interior runs the unguarded micro-kernel, the tile the end
+    cuts keeps its guard). The construction prices both and keeps the faster
+    (`construct.policy.Policy.priced`), since what decides is a copy of every input against the
+    edge's guarded lanes (`model.cpu.edge_seconds`): where few rows read a large B once, its
+    copy doubles the traffic (two Zen 5 cores, best of the top 5: 5 x 2880 x 1521 279-296 us
+    padded, 114-172 with the variant; 4 x 1024 x 10001 1.54-1.57 ms and 0.71-0.96; 3 x 768 x
+    7919 0.65-0.71 and 0.25-0.35), where a 5 x 48 register tile in 96-column unit tiles of the
+    first ran 390-400 us in place, each unit tile's 33 edge columns scalar, against 290 padded. A
+    ragged reduction stays padded: the last K-step of a split row's tiles ran every lane scalar
+    under K's guard (5 x 2753 x 1521: 171-280 us as the remainder grew from 17 to 65 K-steps;
+    evidence: docs/evidence.md#in-place-tails)."""
+    if any(ragged(expr, program, a) for a in expr.reduce) or not splits_edges(expr, program, device):
+        return False
+    # (plain projections only, which `_panel_pays` reads) where a model's weights are laid out
+    # ahead (`prepacked_inputs`), no call pays their copy: not measured
+    padded = _panel_inputs(expr, replace(program, in_place=False), device)
+    if not padded or prepacked_inputs(expr, program, padded):
+        return False
+    return not any(_panel_pays(expr, program, device, t) for t in expr.inputs)
 
 
 def _read_in_place(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor) -> bool:

@@ -8,7 +8,9 @@ over the spatial axes. `cached[l]` is False where the program does not stage dat
 (Gensor's setVthread). `split` > 1 (split-K) deals the steps of one reduce axis
 (`split_axis`) over that many blocks per unit tile (on a CPU, that many cores), whose partial
 sums a second pass adds; `grid` then counts every block launched (every work item a core
-takes), `split` per spatial unit tile. A program carries its
+takes), `split` per spatial unit tile. `in_place` (CPU) reads the inputs as stored where the
+unit tile leaves tails that the template would otherwise pad by copying them into panels: the
+row's edges split off instead (`rtile.panels.reads_in_place`). A program carries its
 expression, so the model and codegen need nothing beside it and the device.
 """
 
@@ -42,6 +44,7 @@ class RProgram:
     expr: TensorExpr = field(repr=False)  # as constructed (after axis fusion)
     vthreads: tuple[tuple[str, int], ...] = ()  # (spatial axis, V > 1) of a GPU thread's tile
     split: int = 1  # blocks (cores) sharing one unit tile's reduction (split-K); grid includes them
+    in_place: bool = False  # tails left unpadded, inputs read as stored (`panels.reads_in_place`)
 
     @property
     def unit_tile(self) -> Tile:
@@ -66,6 +69,7 @@ class RProgram:
             "vthreads": dict(self.vthreads),
             # written only where set: unsplit programs (all CPU ones) keep their stored form
             **({"split": self.split} if self.split > 1 else {}),
+            **({"in_place": True} if self.in_place else {}),
         }
 
     @classmethod
@@ -84,6 +88,7 @@ class RProgram:
             expr=expr,
             vthreads=tuple((str(a), int(v)) for a, v in data.get("vthreads", {}).items()),
             split=int(data.get("split", 1)),  # programs stored before split-K: unsplit
+            in_place=data.get("in_place") is True,
         )
 
 
