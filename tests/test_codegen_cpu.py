@@ -569,15 +569,16 @@ def test_a_few_row_matmul_over_a_ragged_k_with_no_panels_splits_its_edges_and_ru
     assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
 
 
-@pytest.mark.parametrize("split", [1, 2])
-def test_a_few_row_program_read_in_place_splits_its_edge_off_instead_of_padding(split):
+@pytest.mark.parametrize("k, split", [(64, 1), (64, 2), (37, 1)])
+def test_a_few_row_program_read_in_place_splits_its_edge_off_instead_of_padding(k, split):
     """Five rows over N = 100 in 5 x 16 register tiles under 64-column unit tiles: N's tail pads
     the program, every input copied (`panels._panel_inputs`). Its in-place variant
     (`RProgram.in_place`, `panels.reads_in_place`) copies nothing: the kernel reads A and B as
     stored, the loops over N's tiles carry the partition hint and keep the guard in the tile the
     end cuts, the interior in vector FMAs; so with its reduction split over two cores (split-K,
-    as emission may take it). The kernels match numpy."""
-    e, chains = expr("matmul", M=5, N=100, K=64), dict(i=(5, 5, 5), j=(16, 32, 64), k=(1, 16, 32))
+    as emission may take it), and over a ragged K (37 in unit K-steps of 32), whose last step
+    keeps K's guard. The kernels match numpy."""
+    e, chains = expr("matmul", M=5, N=100, K=k), dict(i=(5, 5, 5), j=(16, 32, 64), k=(1, 16, 32))
     padded = _program(e, chains)
     assert cpu_plan(padded, device(CPU)).packed == ("A", "B")
     program = replace(padded, in_place=True, split=split)

@@ -26,7 +26,7 @@ from workbench.rtile.panels import (
     pad_level, padded_inputs, pads_tails, ragged, read_once, reads_in_place, transposes, whole_reduction,
     window_spills,
 )
-from workbench.rtile.plan import ROW, cpu_plan, loop_nest_key
+from workbench.rtile.plan import ROW, cpu_plan, describe, loop_nest_key, splits_reduction
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
 
@@ -130,8 +130,8 @@ def test_a_few_row_program_that_pads_only_for_its_tails_may_read_in_place(dev):
     both inputs are copied, though no panel gains more: one register tile reads B's (`read_once`)
     and A's L1 tile, 5 rows 6 KiB apart, spans (4 x 1536 + 32) x 4 B < 32 KiB. Its variant that
     reads them in place (`RProgram.in_place`) copies nothing and splits the row's edge off, the
-    interior unguarded. Not where K is ragged (its guarded last step runs scalar), nor where
-    two register tiles read B's panel, whose 32 rows 6 KiB apart span more than the L1, nor
+    interior unguarded; over a ragged K as well, but then on one core (`splits_reduction`: K's
+    edge would stay guarded under split-K's parts). Not where two register tiles read B's panel, whose 32 rows 6 KiB apart span more than the L1, nor
     where the unit tile is one register tile along the row (no loop to split below the grid;
     A, read once, is read in place there already)."""
     e = matmul(5, 1521, 1536)
@@ -143,8 +143,11 @@ def test_a_few_row_program_that_pads_only_for_its_tails_may_read_in_place(dev):
     variant = replace(padded, in_place=True)
     plan = cpu_plan(variant, dev)
     assert plan.path == ROW and plan.split_edges and plan.packed == () and not plan.padded_tails
+    assert describe(plan, variant).startswith("inputs read in place, not padded, lanes along j, edge tiles split off")
     assert packing_seconds(variant, dev) == 0.0 < packing_seconds(padded, dev)
-    assert not reads_in_place(matmul(5, 1521, 1537), _program(matmul(5, 1521, 1537), tiles, dev), dev)
+    ragged_k = _program(matmul(5, 1521, 1537), tiles, dev)
+    assert reads_in_place(ragged_k.expr, ragged_k, dev) and splits_reduction(padded, dev)
+    assert splits_reduction(variant, dev) and not splits_reduction(replace(ragged_k, in_place=True), dev)
     twice = _program(matmul(10, 1521, 1536), [(5, 32, 1), (10, 64, 32), (10, 1536, 192)], dev)
     assert _span(32, 1521, 64) > 32 * 1024 and not reads_in_place(twice.expr, twice, dev)
     narrow = _program(e, [(5, 32, 1), (5, 32, 32), (5, 32, 192)], dev)

@@ -487,11 +487,9 @@ def reads_in_place(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> b
     copy doubles the traffic (two Zen 5 cores, best of the top 5: 5 x 2880 x 1521 279-296 us
     padded, 114-172 with the variant; 4 x 1024 x 10001 1.54-1.57 ms and 0.71-0.96; 3 x 768 x
     7919 0.65-0.71 and 0.25-0.35), where a 5 x 48 register tile in 96-column unit tiles of the
-    first ran 390-400 us in place, each unit tile's 33 edge columns scalar, against 290 padded. A
-    ragged reduction stays padded: the last K-step of a split row's tiles ran every lane scalar
-    under K's guard (5 x 2753 x 1521: 171-280 us as the remainder grew from 17 to 65 K-steps;
-    evidence: docs/evidence.md#in-place-tails)."""
-    if any(ragged(expr, program, a) for a in expr.reduce) or not splits_edges(expr, program, device):
+    first ran 390-400 us in place, each unit tile's 33 edge columns scalar, against 290 padded
+    (evidence: docs/evidence.md#in-place-tails)."""
+    if not splits_edges(expr, program, device):
         return False
     # (plain projections only, which `_panel_pays` reads) where a model's weights are laid out
     # ahead (`prepacked_inputs`), no call pays their copy: not measured

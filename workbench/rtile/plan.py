@@ -266,10 +266,15 @@ def splits_reduction(program: RProgram, device: DeviceSpec) -> bool:
     program whose whole reduction runs in one register tile (one K-step: nothing to deal), whose
     split row's edge tile runs apart (`edge_vectors`: TVM partitions no loop under the parts'
     loop fused with the grid, whose index is no longer affine), or whose inputs come packed
-    ahead (`prepacked`: their panels are laid out for the whole axis)."""
+    ahead (`prepacked`: their panels are laid out for the whole axis); nor an in-place variant
+    over a ragged K (`RProgram.in_place`), whose K-edge lowering does not split under the parts'
+    loop either: 5 x 2753 x 1521 in one 5 x 1536 x 128 unit tile ran 326 us over two parts, 322
+    on one core (docs/evidence.md#in-place-tails)."""
     if not device.runs_on_cpu:
         return True
     plan = cpu_plan(program, device)
+    if program.in_place and any(ragged(program.expr, program, a) for a in program.expr.reduce):
+        return False
     return plan.path in (PANELS, ROW, SCALAR) and not (plan.direct_stores or plan.edge_vectors or plan.prepacked)
 
 
@@ -469,6 +474,8 @@ def describe(plan: Plan, program: RProgram) -> str:
             parts.append("filters padded")
     else:
         parts = [f"lanes along {axis(plan.vector_axis)}"]
+    if program.in_place and not plan.packed:
+        parts.insert(0, "inputs read in place, not padded")
     if plan.packed:
         ahead = f" ({', '.join(plan.prepacked)} once, before the calls)" if plan.prepacked else ""
         rows = f" ({', '.join(plan.transposed_in_panels)} from its rows as stored)" if plan.transposed_in_panels else ""
