@@ -131,9 +131,10 @@ def test_a_few_row_program_that_pads_only_for_its_tails_may_read_in_place(dev):
     and A's L1 tile, 5 rows 6 KiB apart, spans (4 x 1536 + 32) x 4 B < 32 KiB. Its variant that
     reads them in place (`RProgram.in_place`) copies nothing and splits the row's edge off, the
     interior unguarded; over a ragged K as well, but then on one core (`splits_reduction`: K's
-    edge would stay guarded under split-K's parts). Not where two register tiles read B's panel, whose 32 rows 6 KiB apart span more than the L1, nor
-    where the unit tile is one register tile along the row (no loop to split below the grid;
-    A, read once, is read in place there already)."""
+    edge would stay guarded under split-K's parts). Not where two register tiles read B's
+    panel, whose 32 rows 6 KiB apart span more than the L1, nor where the unit tile is one
+    register tile along the row (no loop to split below the grid; A, read once, is read in
+    place there already)."""
     e = matmul(5, 1521, 1536)
     tiles = [(5, 32, 1), (5, 64, 32), (5, 1536, 192)]
     padded = _program(e, tiles, dev)

@@ -445,11 +445,11 @@ def _panel_inputs(expr: TensorExpr, program: RProgram, device: DeviceSpec) -> tu
     `_pad_tails` will pad (any axis ragged), every input is copied (the padding copy is the
     panel) but one that one register tile reads while another input is copied
     (`_read_in_place`), and none in a program's variant that reads them in place
-    (`RProgram.in_place`, `reads_in_place`). Where Roller staged nothing below the registers (`Space.cached`: its
-    start tile saw no reuse to grow for) the inputs are read in place, but for a ragged tail
-    that cannot be split off (`splits_edges`), which only the padding keeps vectorised: 17 x
-    1259 x 29, two register tiles covering the rows and the columns, ran its row scalar behind
-    the guard (evidence: docs/evidence.md#panel-inputs)."""
+    (`RProgram.in_place`, `reads_in_place`). Where Roller staged nothing below the registers
+    (`Space.cached`: its start tile saw no reuse to grow for) the inputs are read in place, but
+    for a ragged tail that cannot be split off (`splits_edges`), which only the padding keeps
+    vectorised: 17 x 1259 x 29, two register tiles covering the rows and the columns, ran its
+    row scalar behind the guard (evidence: docs/evidence.md#panel-inputs)."""
     if not expr.reduce or len(program.tiles) < 2:
         return ()
     tails = any_ragged(expr, program)
