@@ -15,6 +15,7 @@ from workbench.codegen.build import build_kernel
 from workbench.codegen.verify import verify
 from workbench.construct.space import Options
 from workbench.construct.stepper import Stepper, ViewChoice, construct, construction_view
+from workbench.hardware.registers import register_budget
 from workbench.ops.gemm_view import view_alternative
 from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
@@ -27,6 +28,7 @@ from workbench.rtile.model.cpu import (
 )
 from workbench.rtile.panels import packed_tile_bytes, row_block_width
 from workbench.rtile.plan import LANES, PANELS, cpu_plan, describe
+from workbench.rtile.registers import micro_kernel_registers
 from workbench.rtile.rprogram import make_program
 from workbench.rtile.traffic import calculus
 from workbench.workload import Workload
@@ -301,4 +303,20 @@ def test_one_row_over_a_transposed_b_with_a_ragged_k_matches_numpy():
     kernel = build_kernel(cand.program.expr, cand.program, dev)
     assert kernel.ok, kernel.error
     result = verify(kernel, cand.program.expr)
+    assert result.correct, result
+
+
+def test_a_nest_tile_streaming_the_rows_of_a_matches_numpy():
+    """A register tile of the nest that fits only with A's rows streamed (`registers._streamed_rows`:
+    11 rows by 2 of B in 16 lanes, 5 by 2 in 8), over ragged rows, columns and K, on this machine."""
+    e = _matmul(23, 203, 37, trans_b=True)
+    dev = device("local-cpu")
+    lanes = dev.warp_size
+    rows = 11 if lanes >= 16 else 5
+    program = make_program(calculus(e), dev, ((rows, 2, lanes), (rows, 4, 4 * lanes), (2 * rows, 20, 16 * lanes)), [True] * 3, 0.0)
+    plan = cpu_plan(program, dev)
+    assert plan.path == LANES and micro_kernel_registers(e, dev, (rows, 2, lanes)) <= register_budget(dev)
+    kernel = build_kernel(e, program, dev)
+    assert kernel.ok, kernel.error
+    result = verify(kernel, e)
     assert result.correct, result

@@ -82,18 +82,44 @@ def micro_kernel_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> 
     element that one reduction step of the tile broadcasts (`_step_elements`): LLVM loads each
     once and keeps it live across the window's unrolled steps (`x*stride + s` meets the same
     element again), so a tile that leaves fewer registers spills them (evidence:
-    docs/model-evidence.md#micro-kernel-registers)."""
+    docs/model-evidence.md#micro-kernel-registers).
+
+    Where two inputs are read along the lane axis and each row of both feeds several
+    accumulators (a matmul with B stored transposed, its lanes along K: r rows of A by c rows of
+    B), the micro-kernel's outer loop streams one input's rows (`_streamed_rows`)."""
     v = lane_axis(expr, device)
     filters = filter_lanes(expr, v)
-    rows, broadcast = 0, 0
+    rows, broadcast = [], 0
     for tensor in expr.inputs:
         if v is not None and tensor.uses_axis(v):
-            rows += lane_vectors(expr, device, v, tile[v], tensor.itemsize) * _live_rows(expr, tensor, tile, v)
+            vectors = lane_vectors(expr, device, v, tile[v], tensor.itemsize)
+            rows.append((tensor, _live_rows(expr, tensor, tile, v), vectors))
         elif filters:
             broadcast = max(broadcast, _step_elements(expr, tensor, tile))
         else:
             broadcast = max(broadcast, 1)
-    return accumulators(expr, device, tile) + rows + broadcast
+    return accumulators(expr, device, tile) + _streamed_rows(expr, tile, v, rows) + broadcast
+
+
+def _streamed_rows(expr: TensorExpr, tile: Tile, lane: int | None, rows: list) -> int:
+    """Vector registers the inputs read along the lane axis take, given each one's (tensor,
+    live rows, vectors a row): every row of each, except that where two inputs keep several
+    rows, the one indexed by the outermost of the tile's spatial axes that only it reads (the
+    register loops run in the axes' order: A's rows over i, B's over j) is streamed: LLVM keeps
+    as many of its rows in flight as the other input keeps live, not all of them. B stored
+    transposed, lanes along K, AVX-512 (docs/model-evidence.md#micro-kernel-registers): 11 rows
+    of A by 2 of B take 22 accumulators + 2 + 2 rows = 26 registers, and LLVM's code spills none
+    (1.45x the 11 x 1 tile's speed); 6 by 4 take 32, no spill; 3 by 8 (35) spills and ran 1.5x
+    the 3 by 7 tile's time, 5 by 5 (35) 1.8x the 5 by 4 tile's."""
+    held = [live * n for _, live, n in rows]
+    if sum(1 for _, live, _ in rows if live > 1) < 2:
+        return sum(held)
+    own = [a for a in expr.spatial if a != lane and tile[a] > 1 and sum(t.uses_axis(a) for t, _, _ in rows) == 1]
+    if not own:
+        return sum(held)
+    streamed = next(i for i, (t, _, _) in enumerate(rows) if t.uses_axis(own[0]))
+    kept = max(live for i, (_, live, _) in enumerate(rows) if i != streamed)
+    return sum(held) - held[streamed] + min(rows[streamed][1], kept) * rows[streamed][2]
 
 
 def live_registers(expr: TensorExpr, device: DeviceSpec, tile: Tile) -> int:
