@@ -920,10 +920,36 @@ def test_a_ragged_k_in_lanes_runs_whole_vectors_and_its_edge_apart(case):
     _local_kernel(e, {a.name: by_kind[a.kind] for a in e.axes})
     lowered = _lowered(schedule_cpu(e, program, device(CPU)), device(CPU))
     k = e.axes[e.reduce[-1]].extent
-    assert re.search(r"_rf_local\[[^\]]* \+ 16\] = ", lowered), lowered  # a 16-lane vector store
+    # a 16-lane vector store (into a register tile's own partial sums where the L1 tile spans K)
+    assert re.search(r"_rf_local\[(?:[^\]]* \+ 16|0:16)\] = ", lowered), lowered
     # one guarded scalar register tile: the lanes of the last one below K's end
     guards = re.findall(r"if (\w+) < (\d+):", lowered)
     assert [int(bound) for _, bound in guards if int(bound) < 16] == [k % 16], lowered
+
+
+@pytest.mark.parametrize("spec", [TINY_CPU, AVX2_LIKE], ids=lambda d: d.name)
+def test_lanes_whose_l1_tile_spans_k_are_summed_per_register_tile(spec):
+    """A gemv in 3-row register tiles under 12-row unit tiles, K ragged (203): where the L1 tile
+    spans K (`CpuPlan.direct_stores` on the lanes path) the partial sums are one register tile's
+    (3 outputs x lanes), summed right after its K-loop; where the L1 tile cuts K, the unit
+    tile's (12 x lanes), summed after the unit tile's K. Both kernels match numpy on this
+    machine."""
+    e = expr("gemv", M=37, K=203)
+
+    def chains(lanes: int, whole: bool) -> dict:
+        padded = -(-203 // lanes) * lanes
+        return dict(i=(3, 3, 12), k=(lanes, padded if whole else lanes, padded))
+
+    lanes = simd_lanes(spec, 4)
+    for whole, sums in ((True, 3 * lanes), (False, 12 * lanes)):
+        program = _program(e, chains(lanes, whole))
+        plan = cpu_plan(program, spec)
+        assert plan.path == "lanes" and plan.direct_stores == whole
+        lowered = _lowered(schedule_cpu(e, program, spec), spec)
+        assert re.search(rf"y_rf_local = T\.alloc_local\(\({sums},\)", lowered), lowered
+    local = simd_lanes(device(CPU), 4)
+    for whole in (True, False):
+        _local_kernel(e, chains(local, whole))
 
 
 def test_lanes_need_a_whole_vector_of_k():

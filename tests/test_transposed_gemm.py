@@ -21,7 +21,7 @@ from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
 from workbench.rtile.model.common import layer_gbps
 from workbench.rtile.model.cpu import (
-    LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROW_BLOCKS_BYTES_PER_CYCLE, ROWS_DOWN_STRIPS_BYTES_PER_CYCLE,
+    LANE_ADDS_PER_CYCLE, LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROW_BLOCKS_BYTES_PER_CYCLE, ROWS_DOWN_STRIPS_BYTES_PER_CYCLE,
     TRANSPOSE_BYTES_PER_CYCLE,
     TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz, lane_sum_seconds, packed_bytes, packing_seconds, price,
     transpose_seconds,
@@ -126,15 +126,25 @@ def test_a_copy_from_dram_is_priced_at_a_fraction_of_its_bandwidth(dev):
 @pytest.mark.parametrize("k", [64, 75])
 def test_a_reduction_along_its_lanes_pays_one_sum_across_them_per_output(dev, k):
     """The nest of a transposed B vectorises K (`CpuPlan.path` LANES): per output one sum across
-    the lanes, over the cores the grid keeps busy; a ragged K's edge is the compute term's alone."""
+    the lanes, over the cores the grid keeps busy; a ragged K's edge is the compute term's alone.
+    Where the L1 tile spans K (`CpuPlan.direct_stores`) each register tile's are summed after its
+    K-loop, the register tile's K at LANE_ADDS_PER_CYCLE; where it cuts K, after the unit tile's
+    whole K, from a buffer, at LANE_SUM_CYCLES."""
     e = _matmul(24, k, 40, 2, trans_b=True)
-    program = Stepper(e, dev, options=Options(topk=1), view=ViewChoice(e)).finish().candidates[0].program
-    plan = cpu_plan(program, dev)
-    assert plan.path == LANES and plan.vector_axis == 3
-    assert plan.split_edges == bool(k % plan.lanes)
-    cycles = 2 * 24 * 40 * LANE_SUM_CYCLES
-    busy = min(program.grid, dev.compute_units)
-    assert lane_sum_seconds(program, dev) == pytest.approx(cycles / (busy * clock_ghz(program, dev) * 1e9))
+    nest = Stepper(e, dev, options=Options(topk=1), view=ViewChoice(e)).finish().candidates[0].program
+    lanes = cpu_plan(nest, dev).lanes
+    padded = -(-k // lanes) * lanes
+    calc = calculus(nest.expr)
+    for l1_k, whole in ((padded, True), (lanes, False)):
+        program = make_program(calc, dev, [(1, 2, 4, lanes), (1, 2, 4, l1_k), (2, 12, 8, padded)], [True] * 3, 0.0)
+        plan = cpu_plan(program, dev)
+        assert plan.path == LANES and plan.vector_axis == 3
+        assert plan.split_edges == bool(k % plan.lanes)
+        assert plan.direct_stores == whole
+        per_output = lanes / LANE_ADDS_PER_CYCLE if whole else LANE_SUM_CYCLES
+        busy = min(program.grid, dev.compute_units)
+        expected = 2 * 24 * 40 * per_output / (busy * clock_ghz(program, dev) * 1e9)
+        assert lane_sum_seconds(program, dev) == pytest.approx(expected)
     assert lane_sum_seconds(transposed_program(e, dev), dev) == 0.0  # the view's plain template has none
 
 

@@ -225,8 +225,10 @@ def kernel_target(program: RProgram, device: DeviceSpec) -> dict:
 # indexes the accumulators, and LLVM then kept that tile's accumulators in memory through its
 # whole K-loop unless it happened to unroll the loop itself: 356 x 71 x 139 in 48-column
 # register tiles of 5, 6 and 8 rows ran 45-60 us, 34-36 with it (evidence:
-# docs/evidence.md#lane-stores). Not for other programs: a unit tile's accumulator buffer is
-# `local` too, and unrolling the loops over it copies their bodies by the thousand (a 9 x 4800
+# docs/evidence.md#lane-stores). On the lanes path its partial sums are one register tile's too,
+# and their sum across the lanes unrolled took 5 x 177 x 3459's nest from 52-63 to 40 us
+# (docs/evidence.md#lane-sums-per-tile). Not for other programs: a unit tile's accumulator
+# buffer is `local` too, and unrolling the loops over it copies their bodies by the thousand (a 9 x 4800
 # unit tile's kernel did not compile in minutes). Accumulators on the stack
 # (`CpuPlan.stack_accumulators`) are not `local`: their write-back carries its own unroll pragma
 # (`codegen.cpu._store_registers`).

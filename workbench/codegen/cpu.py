@@ -32,8 +32,9 @@ the vectorised loop, the packed inputs, padded tails, direct stores, where the p
 go) is the kernel's `rtile.plan.CpuPlan`, which this module carries out and the model prices;
 nothing here decides on its own. A reduction with no
 vectorisable output axis (gemv, row sums, softmax's row maximum) vectorises its innermost
-reduction axis instead: per-lane partial results, combined once per tile, a ragged K's whole
-register tiles unguarded and its last one scalar (`_schedule_lanes`). A convolution with a vector of
+reduction axis instead: per-lane partial results, combined once per register tile where its L1
+tile spans K and once per unit tile where not, a ragged K's whole register tiles unguarded and
+its last one scalar (`_schedule_lanes`). A convolution with a vector of
 filters vectorises them instead of its output row: the filters packed into panels, the data
 broadcast, the accumulator filters-last (`_schedule_filters`), filters the unit tile leaves
 ragged padded with zero filters (`_pad_filters`). Elsewhere (depthwise convs,
@@ -360,9 +361,14 @@ def _split(sch, expr: TensorExpr, program: RProgram, loops: list) -> list:
 def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     """A reduction vectorised along its reduction `axis`: the register tile's K-slice becomes
     vector lanes, each lane its own partial sum (`rfactor`: a local buffer of register-tile
-    K x unit-tile outputs), and each grid iteration ends with the horizontal sum over the lanes
-    and the epilogues. A register tile of r rows and K = 2 vectors keeps 2r independent vector
-    accumulators, where the plain template keeps r scalar ones. (`rfactor` knows the combiners
+    K x outputs). Where the L1 tile spans the whole reduction (`CpuPlan.direct_stores`), the
+    loops go as the plain template's then (R0 .. R(n-2), one step each, inside the register
+    tiles' loop) and each register tile's lanes are summed right after its K-loop: lowering
+    keeps the partial sums of one register tile, the compiler keeps them in registers, and the
+    sum is unrolled (`build.UNROLL_REGISTER_LOOPS`); else each grid iteration ends with the
+    sum over the lanes of its outputs, from a buffer of them all. Then the epilogues. A register
+    tile of r rows and K = 2 vectors keeps 2r independent vector accumulators, where the plain
+    template keeps r scalar ones. (`rfactor` knows the combiners
     of the expression language: sum, product, min and max.) A ragged K (`CpuPlan.split_edges`)
     keeps the guard of its split, and lowering partitions its loops over tiles where K ends
     (`_split_edges`): the register tiles inside K run the unguarded vector loop, the one K's end
@@ -373,7 +379,7 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     common.inline_producers(sch, expr)
     block = sch.get_sblock(expr.main_block)
     levels = _split(sch, expr, program, common.axis_loops(sch, block, expr))
-    order = _loop_order(expr, levels, None)
+    order = _loop_order(expr, levels, None, plan.direct_stores)
     sch.reorder(*order)
     grid = _parallelise(sch, [levels[a][0] for a in expr.spatial])
     # the lanes as the partial sums' last dimension: one vector per output, contiguous
@@ -394,7 +400,10 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     # lowering splits K's loops over tiles where K ends
     width = int(sch.get(loops[-1]).extent) if plan.split_edges else plan.lanes
     _micro_kernel(sch, loops[-len(levels):], loops[-1], width, _reduce_positions(expr, levels, order))
-    if grid is not None:
+    if plan.direct_stores:  # the whole reduction in the L1 tile: after each register tile's K-loop
+        common.primitive("sum the lanes per register tile", sch.reverse_compute_at, block,
+                         at(levels[expr.spatial[-1]][len(levels[0]) - 2]), True)
+    elif grid is not None:
         common.primitive("sum the lanes per tile", sch.reverse_compute_at, block, loops[0], True)
     # before the row passes: attached after the guarded partial sums, they make TVM find its
     # bindings no longer affine

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from math import prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -33,6 +34,7 @@ FILTERS, LANES, PANELS, ROW, SCALAR = "filters", "lanes", "panels", "row", "scal
 IN_REGISTERS = "registers"  # stored straight to the output after the whole reduction
 UNIT_BUFFER = "unit-tile buffer"  # a local buffer of the unit tile's outputs, written back once
 LANE_SUMS = "per-lane partial sums"  # summed across the lanes once per unit tile
+TILE_LANE_SUMS = "per-lane partial sums, summed per register tile"  # the whole reduction in the L1 tile
 FILTERS_LAST = "filters-last buffer"  # the unit tile's outputs, filters innermost, transposed back
 
 
@@ -226,8 +228,13 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
         # the ragged output axes' edges split off as well: TVM's guard left on every unrolled
         # output of every register tile cost 2.9-3.5x (64 x 2579 x 1423 with B transposed:
         # 10.3 ms so, 3.3 split), where the end cuts a register tile (docs/evidence.md#lanes-edges)
-        return CpuPlan(LANES, k, lanes, accumulators=LANE_SUMS, split_edges=ragged(expr, program, k),
-                       split_others=bool(cut_register_axes(expr, program, k)))
+        # where the L1 tile spans a reduction of products (a multiply-add a point: gemv, a GEMM
+        # whose B is stored transposed), each register tile's lanes are summed right after its
+        # K-loop, from registers, rather than from a buffer of the unit tile's outputs x lanes
+        # after all of them; row sums, maxima and means keep the buffer (docs/evidence.md#lane-sums-per-tile)
+        whole = whole_reduction(expr, program) and expr.main_flops == 2 * prod(expr.extents)
+        return CpuPlan(LANES, k, lanes, direct_stores=whole, accumulators=TILE_LANE_SUMS if whole else LANE_SUMS,
+                       split_edges=ragged(expr, program, k), split_others=bool(cut_register_axes(expr, program, k)))
     panels = packed_inputs(expr, program, device)
     padded = pads_tails(expr, program, panels) and not expr.row_passes
     vector = vector_loop_axis(expr, program, device, bool(panels), padded)

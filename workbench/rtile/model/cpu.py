@@ -785,20 +785,32 @@ def transpose_seconds(program: RProgram, device: DeviceSpec) -> float:
 # 196,608 outputs ran 1.55 ms where their FMAs are priced 0.13 ms (evidence:
 # docs/model-evidence.md#lane-sum-cycles).
 LANE_SUM_CYCLES = 53
+# Partial sums a core adds per cycle where a register tile's lanes are summed right after its
+# K-loop (`CpuPlan.direct_stores` on the lanes path), from registers, in code unrolled over the
+# tile's outputs and lanes: two, the FP adders of Haswell to Sapphire Rapids and Zen 1 to Zen 5.
+# 5 x K x 3459 with B transposed in 5 x 3-output tiles on two Zen 5 cores ran 15.6 us beyond
+# its K-steps as AVX-512 code (16 lanes an output: 7.2 cycles) and 7.7 as AVX2 code (8 lanes:
+# 3.5 cycles; evidence: docs/model-evidence.md#lane-sum-cycles).
+LANE_ADDS_PER_CYCLE = 2
 
 
 def lane_sum_seconds(program: RProgram, device: DeviceSpec) -> float:
     """What a reduction vectorised along its K (`CpuPlan.path` LANES: gemv, row sums, a GEMM
     whose operands both stream along K) spends beyond its FMAs: per output, the sum across its
-    lanes after the grid iteration's whole K (`codegen.cpu._schedule_lanes`, LANE_SUM_CYCLES), over
-    the cores the grid keeps busy. A ragged K's scalar edge is the compute term's
-    (`cpu_compute.edge_slowdown`: a vector's slot per edge element). Beside a gemv's K-long rows
-    little (4096 outputs of 4096: 0.03 of its time); beside a GEMM's short K most of it."""
+    lanes, over the cores the grid keeps busy. Where the L1 tile spans the whole reduction
+    (`CpuPlan.direct_stores`), each register tile's are summed after its K-loop from registers:
+    the register tile's K (the lanes it keeps per output) at LANE_ADDS_PER_CYCLE; else after
+    the grid iteration's whole K, from a buffer of the unit tile's outputs x lanes
+    (`codegen.cpu._schedule_lanes`): LANE_SUM_CYCLES. A ragged K's scalar edge is the compute
+    term's (`cpu_compute.edge_slowdown`: a vector's slot per edge element). Beside a gemv's
+    K-long rows little (4096 outputs of 4096: 0.03 of its time); beside a GEMM's short K most
+    of it, unless summed per register tile."""
     plan = cpu_plan(program, device)
     if not device.runs_on_cpu or plan.path != LANES:
         return 0.0
     outputs = prod(program.expr.axes[a].extent for a in program.expr.spatial)
-    return outputs * LANE_SUM_CYCLES / (min(program.grid, device.compute_units) * clock_ghz(program, device) * GB)
+    cycles = program.register_tile[plan.vector_axis] / LANE_ADDS_PER_CYCLE if plan.direct_stores else LANE_SUM_CYCLES
+    return outputs * cycles / (min(program.grid, device.compute_units) * clock_ghz(program, device) * GB)
 
 
 def _gather_time(device: DeviceSpec, moved: int) -> float:
