@@ -1002,3 +1002,36 @@ def test_a_ladder_that_ends_short_still_runs_the_second_round(policy):
     for c in streamed:
         assert c.program.register_tile[j] < narrowest
         assert replay(stepper.space, c.actions) == c.program
+
+
+
+@pytest.mark.parametrize("isa, m, k, n", [("avx512", 8, 207, 6842), ("avx2", 8, 118, 2750)])
+def test_a_first_round_that_runs_out_of_steps_leaves_some_for_the_second_round(monkeypatch, isa, m, k, n):
+    """The nest of a few-row matmul with B stored transposed (K in lanes) over a long N: its first
+    round grows the L2 tile along N a few rows of B a step and would spend the whole step limit,
+    so its "ports" round (from a tile with its loads under its FMAs) never came. A round of the
+    ladder now stops SECOND_ROUNDS_SHARE of the limit short where the construction has second
+    starts: the ports round's programs (start count 1) join the candidates, each replaying to
+    its program; with no share kept none does."""
+    from workbench.construct import policy as policy_module
+    from workbench.construct.stepper import ViewChoice
+
+    spec = replace(detected_cpu(isa, 2, 48 * KIB, 1024 * KIB), fma_latency_cycles=4)
+    e = expr("matmul", M=m, K=k, N=n, trans_b=True)
+
+    def construct():
+        stepper = Stepper(e, spec, "roller", Options(topk=10), view=ViewChoice(e))
+        stepper.run_to_end()
+        return stepper
+
+    monkeypatch.setattr(policy_module, "SECOND_ROUNDS_SHARE", 0.0)
+    starved = construct()
+    assert len(starved.steps) >= starved.options.max_steps
+    assert {c.actions[0].count for c in starved.candidates()} == {0}
+    monkeypatch.undo()
+    stepper = construct()
+    assert len(stepper.steps) <= stepper.options.max_steps
+    ports = [c for c in stepper.candidates() if c.actions[0].count == 1]
+    assert ports
+    for c in ports:
+        assert replay(stepper.space, c.actions) == c.program

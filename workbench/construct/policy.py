@@ -57,6 +57,13 @@ ROUNDS_KEPT = 3
 # rank 1 of 10. Ten is the default K, whose construction time the targets bound (20 ms median on
 # the CPU suites); the rank 1 of every K up to it is the same program.
 MIN_PROGRAMS = 10
+# The share of the step limit a round of the eps ladder leaves for the rounds after it where the
+# construction has second starts (`Space.second_starts`). A round that runs out of steps ends the
+# construction, and the second rounds never came: the nest of 5 x 177 x 3459 with B transposed
+# spent all 4,000 steps growing its L2 tile along N two rows of B a step, and its "ports" start
+# (5 x 3 x 16, priced 46 us against the first round's best 93, run 32 against 61) built nothing
+# (docs/evidence.md#second-rounds-kept).
+SECOND_ROUNDS_SHARE = 0.25
 
 
 class Policy:
@@ -100,6 +107,7 @@ class Policy:
         self._second: State | None = None  # the start of the second round running (`start_state`)
         self._emitted: set = set()
         self._count = 0
+        self._limit = options.max_steps  # steps the round running may reach (`steps`)
         self._priced: dict[RProgram, tuple[RProgram, Estimate]] = {}  # `priced`
         # graph keys and nodes by what makes them (`key`, `node`): the eps ladder's rounds and a
         # walk's revisits record the same ones again
@@ -122,7 +130,8 @@ class Policy:
         `_second_round`) follow the round that finishes, or the last one where none does: a one-row matmul whose
         every eps gives the same few programs of its filled start still gets its stream round's
         (1 x 2780 x 881 on AVX2: rank 1 345 -> 205 us predicted, 241 -> 104-156 measured;
-        docs/evidence.md#second-start)."""
+        docs/evidence.md#second-start). A round of the ladder stops `_kept_steps` short of the
+        step limit, so that a round which runs out of steps leaves the second rounds some."""
         schedule = [self.options.eps] + [e for e in EPS_STEPS if e > self.options.eps]
         used = 0  # steps the last round took
         for i, eps in enumerate(schedule):
@@ -135,7 +144,11 @@ class Policy:
                 if keep:
                     continue
             start = self._count
-            finished = yield from self.round(eps)
+            self._limit = self.options.max_steps - self._kept_steps(eps)
+            try:
+                finished = yield from self.round(eps)
+            finally:
+                self._limit = self.options.max_steps
             used = self._count - start
             if finished or i == len(schedule) - 1:
                 yield from self._whole_vector_round(eps)
@@ -233,7 +246,14 @@ class Policy:
 
     @property
     def out_of_steps(self) -> bool:
-        return self._count >= self.options.max_steps
+        return self._count >= self._limit
+
+    def _kept_steps(self, eps: float) -> int:
+        """Steps a round at `eps` leaves for the rounds after it: SECOND_ROUNDS_SHARE of the
+        limit where the construction has second starts at `eps`, else none."""
+        if self.space.initial_state(eps) is None or not self.space.second_starts(eps):
+            return 0
+        return int(SECOND_ROUNDS_SHARE * self.options.max_steps)
 
     # -- emission ------------------------------------------------------------------------------
     def emit(self, state: State) -> Iterator[Step]:

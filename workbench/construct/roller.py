@@ -174,7 +174,7 @@ class RollerPolicy(Policy):
         last = self._last
         if last is None or (last.tile, last.no_reuse, last.fill) != (start.tile, self.no_reuse, self._fill):
             return False
-        if self._count + len(last.steps) >= self.options.max_steps:
+        if self._count + len(last.steps) >= self._limit:
             return False
         return all(query(self.space, eps, *args) == answer for query, args, answer in last.log)
 
