@@ -228,8 +228,8 @@ def kernel_target(program: RProgram, device: DeviceSpec) -> dict:
 # docs/evidence.md#lane-stores). On the lanes path its partial sums are one register tile's too,
 # and their sum across the lanes unrolled took 5 x 177 x 3459's nest from 52-63 to 40 us
 # (docs/evidence.md#lane-sums-per-tile). Not for other programs: a unit tile's accumulator
-# buffer is `local` too, and unrolling the loops over it copies their bodies by the thousand (a 9 x 4800
-# unit tile's kernel did not compile in minutes). Accumulators on the stack
+# buffer is `local` too, and unrolling the loops over it copies their bodies by the thousand
+# (a 9 x 4800 unit tile's kernel did not compile in minutes). Accumulators on the stack
 # (`CpuPlan.stack_accumulators`) are not `local`: their write-back carries its own unroll pragma
 # (`codegen.cpu._store_registers`).
 UNROLL_REGISTER_LOOPS = {"tirx.UnrollLoop": {"unroll_local_access": True}}

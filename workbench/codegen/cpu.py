@@ -368,8 +368,8 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     sum is unrolled (`build.UNROLL_REGISTER_LOOPS`); else each grid iteration ends with the
     sum over the lanes of its outputs, from a buffer of them all. Then the epilogues. A register
     tile of r rows and K = 2 vectors keeps 2r independent vector accumulators, where the plain
-    template keeps r scalar ones. (`rfactor` knows the combiners
-    of the expression language: sum, product, min and max.) A ragged K (`CpuPlan.split_edges`)
+    template keeps r scalar ones. (`rfactor` knows the combiners of the expression language:
+    sum, product, min and max.) A ragged K (`CpuPlan.split_edges`)
     keeps the guard of its split, and lowering partitions its loops over tiles where K ends
     (`_split_edges`): the register tiles inside K run the unguarded vector loop, the one K's end
     cuts its guarded copy. The output's ragged axes (`CpuPlan.split_others`) have their loops

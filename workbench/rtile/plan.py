@@ -68,7 +68,8 @@ class CpuPlan:
     `guarded_row` whether a ragged tail that neither pads nor splits leaves the row that would be
     vectorised scalar;
     `direct_stores` whether each register tile's accumulators go straight to the output (the
-    whole reduction inside one L1 tile);
+    whole reduction inside one L1 tile; on the lanes path, where it is a reduction of products,
+    each register tile's lanes summed right after its K-loop);
     `staged_padding` whether padding producers stay stages of their own (computed per tile at
     level `pad_level`) rather than inlined; `accumulators` where a reduction's partial sums live;
     `stack_accumulators` whether a register tile's accumulators are a buffer of TVM's `global`
@@ -231,7 +232,8 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
         # where the L1 tile spans a reduction of products (a multiply-add a point: gemv, a GEMM
         # whose B is stored transposed), each register tile's lanes are summed right after its
         # K-loop, from registers, rather than from a buffer of the unit tile's outputs x lanes
-        # after all of them; row sums, maxima and means keep the buffer (docs/evidence.md#lane-sums-per-tile)
+        # after all of them; row sums, maxima and means keep the buffer
+        # (docs/evidence.md#lane-sums-per-tile)
         whole = whole_reduction(expr, program) and expr.main_flops == 2 * prod(expr.extents)
         return CpuPlan(LANES, k, lanes, direct_stores=whole, accumulators=TILE_LANE_SUMS if whole else LANE_SUMS,
                        split_edges=ragged(expr, program, k), split_others=bool(cut_register_axes(expr, program, k)))
