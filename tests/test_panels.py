@@ -260,16 +260,26 @@ def test_a_register_tile_over_the_whole_reduction_stores_straight_to_the_output(
 
 
 def test_templates_that_always_buffer_store_nothing_directly():
-    """A convolution along its filters transposes its accumulators on the way out and a
-    reduction along its K sums lanes: both go through a buffer whatever the L1 tile's K; so
-    does a micro-kernel without a vector axis (a register row narrower than a vector)."""
+    """A convolution along its filters transposes its accumulators on the way out: it goes
+    through a buffer whatever the L1 tile's K. A reduction along its K sums lanes: through the
+    unit tile's buffer where the L1 tile cuts K, or where it is not a multiply-add a point (a
+    row sum); a gemv whose L1 tile spans K sums each register tile's lanes and stores them
+    directly. So does a micro-kernel without a vector axis (a register row narrower than a
+    vector) go through a buffer."""
     conv = expr("conv2d", N=1, C=16, H=8, W=8, F=32, KH=3, KW=3, stride=1, pad=1)
     program = _program(conv, [(1, 16, 1, 2, 1, 1, 1), (1, 16, 2, 8, 16, 3, 3), (1, 32, 8, 8, 16, 3, 3)])
     assert filter_vector_axis(conv, program, TINY_CPU) is not None and whole_reduction(conv, program)
     assert not cpu_plan(program, TINY_CPU).direct_stores and buffer_bytes(program, TINY_CPU) > 0
     gemv = expr("gemv", M=64, K=256)
-    program = _program(gemv, [(1, 16), (4, 256), (64, 256)])
-    assert lane_reduction_axis(gemv, program, TINY_CPU) is not None and not cpu_plan(program, TINY_CPU).direct_stores
+    for l1_k, direct in ((128, False), (256, True)):
+        program = _program(gemv, [(1, 16), (4, l1_k), (64, 256)])
+        assert lane_reduction_axis(gemv, program, TINY_CPU) is not None
+        assert cpu_plan(program, TINY_CPU).direct_stores == direct
+        assert (buffer_bytes(program, TINY_CPU) == 0) == direct
+    rows = expr("reduce_sum", shape=(64, 256), axes=(1,))
+    program = _program(rows, [(1, 16), (4, 256), (64, 256)])
+    assert lane_reduction_axis(rows, program, TINY_CPU) is not None and whole_reduction(rows, program)
+    assert not cpu_plan(program, TINY_CPU).direct_stores
     narrow = expr("matmul", M=64, N=64, K=64)
     program = _program(narrow, [(4, 2, 1), (8, 8, 64), (64, 64, 64)])
     assert whole_reduction(narrow, program) and not cpu_plan(program, TINY_CPU).direct_stores
