@@ -21,8 +21,8 @@ from workbench.ops.tensor_expr import from_prim_func
 from workbench.ops.transposed_gemm import copied_bytes, transposed_gemm
 from workbench.rtile.model.common import layer_gbps
 from workbench.rtile.model.cpu import (
-    LANE_ADDS_PER_CYCLE, LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROW_BLOCKS_BYTES_PER_CYCLE, ROWS_DOWN_STRIPS_BYTES_PER_CYCLE,
-    TRANSPOSE_BYTES_PER_CYCLE,
+    LANE_ADDS_PER_CYCLE, LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROW_BLOCKS_BYTES_PER_CYCLE,
+    ROWS_DOWN_STRIPS_BYTES_PER_CYCLE, TRANSPOSE_BYTES_PER_CYCLE,
     TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz, lane_sum_seconds, packed_bytes, packing_seconds, price,
     transpose_seconds,
 )

@@ -122,7 +122,7 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan, split: int | N
     if expr.reduce:
         # one register tile's accumulators go straight to the output when the whole reduction
         # runs inside it (`CpuPlan.direct_stores`); the loop over register tiles is then the last S(n-1)
-        tile_loop = levels[expr.spatial[-1]][len(levels[0]) - 2] if whole else None
+        tile_loop = _register_tiles_loop(expr, levels) if whole else None
         passes = epilogues if common.row_passes(sch, expr.main_block, epilogues) else ()
         scope = "global" if plan.stack_accumulators else "local"
         # a split program's partial sums go to a buffer of their own, the padded output's its final sum
@@ -402,7 +402,7 @@ def _schedule_lanes(expr: TensorExpr, program: RProgram, plan: CpuPlan):
     _micro_kernel(sch, loops[-len(levels):], loops[-1], width, _reduce_positions(expr, levels, order))
     if plan.direct_stores:  # the whole reduction in the L1 tile: after each register tile's K-loop
         common.primitive("sum the lanes per register tile", sch.reverse_compute_at, block,
-                         at(levels[expr.spatial[-1]][len(levels[0]) - 2]), True)
+                         at(_register_tiles_loop(expr, levels)), True)
     elif grid is not None:
         common.primitive("sum the lanes per tile", sch.reverse_compute_at, block, loops[0], True)
     # before the row passes: attached after the guarded partial sums, they make TVM find its
@@ -553,6 +553,12 @@ def _loop_order(expr: TensorExpr, levels: list, vector_axis: int | None, whole: 
         return order + [lv[n] for lv in spatial] + [lv[n] for lv in reduce]
     others = sorted((a for a in expr.spatial if a != vector_axis), key=lambda a: _streamed_only(expr, vector_axis, a))
     return order + [lv[n] for lv in reduce] + [levels[a][n] for a in others] + [levels[vector_axis][n]]
+
+
+def _register_tiles_loop(expr: TensorExpr, levels: list):
+    """The innermost loop over register tiles in `_loop_order`'s order with direct stores (the
+    last S(n-1)): a register tile's whole reduction lies under it."""
+    return levels[expr.spatial[-1]][len(levels[0]) - 2]
 
 
 def _streamed_only(expr: TensorExpr, vector_axis: int, axis: int) -> bool:

@@ -202,7 +202,7 @@ class Policy:
         `_whole_vector_round`'s."""
         first = self.space.initial_state(eps)
         axes = ", ".join(self.space.axes[a] for a in dividing_axes(self.space.expr, self.space.device))
-        for why, start in self.space.second_starts(eps) if first is not None else ():
+        for why, start in self._second_starts(eps):
             if self.out_of_steps:
                 return
             note = self.describe(why, first="x".join(map(str, first.tile)), tile="x".join(map(str, start.tile)),
@@ -248,12 +248,14 @@ class Policy:
     def out_of_steps(self) -> bool:
         return self._count >= self._limit
 
+    def _second_starts(self, eps: float) -> tuple:
+        """`Space.second_starts` at `eps` where a round there has a start, else none."""
+        return self.space.second_starts(eps) if self.space.initial_state(eps) is not None else ()
+
     def _kept_steps(self, eps: float) -> int:
         """Steps a round at `eps` leaves for the rounds after it: SECOND_ROUNDS_SHARE of the
-        limit where the construction has second starts at `eps`, else none."""
-        if self.space.initial_state(eps) is None or not self.space.second_starts(eps):
-            return 0
-        return int(SECOND_ROUNDS_SHARE * self.options.max_steps)
+        limit where the construction has second starts at `eps` (`_second_starts`), else none."""
+        return int(SECOND_ROUNDS_SHARE * self.options.max_steps) if self._second_starts(eps) else 0
 
     # -- emission ------------------------------------------------------------------------------
     def emit(self, state: State) -> Iterator[Step]:

@@ -182,6 +182,13 @@ class TensorExpr:
         """The main block's flops: `flops` less the blocks' after it (`epilogue_flops`)."""
         return self.flops - self.epilogue_flops
 
+    @property
+    def multiply_adds(self) -> bool:
+        """Whether the main block is one multiply-add an iteration point (two flops a point: the
+        pure expression carries no body, only its flop count): a matmul, gemv or conv, not a row
+        sum, maximum or mean."""
+        return self.main_flops == 2 * prod(self.extents)
+
     @cached_property
     def extents(self) -> tuple[int, ...]:
         return tuple(a.extent for a in self.axes)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -234,7 +233,7 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
         # K-loop, from registers, rather than from a buffer of the unit tile's outputs x lanes
         # after all of them; row sums, maxima and means keep the buffer
         # (docs/evidence.md#lane-sums-per-tile)
-        whole = whole_reduction(expr, program) and expr.main_flops == 2 * prod(expr.extents)
+        whole = whole_reduction(expr, program) and expr.multiply_adds
         return CpuPlan(LANES, k, lanes, direct_stores=whole, accumulators=TILE_LANE_SUMS if whole else LANE_SUMS,
                        split_edges=ragged(expr, program, k), split_others=bool(cut_register_axes(expr, program, k)))
     panels = packed_inputs(expr, program, device)

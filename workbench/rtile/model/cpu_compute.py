@@ -260,7 +260,7 @@ def micro_kernel_shape(expr: TensorExpr, device: DeviceSpec, tile) -> tuple[int,
     v = lane_axis(expr, device)
     if v is None or expr.axes[v].kind != "spatial" or not expr.reduce or len(expr.inputs) != 2:
         return None
-    if expr.main_flops != 2 * prod(expr.extents):
+    if not expr.multiply_adds:
         return None
     streamed = [t for t in expr.inputs if t.uses_axis(v)]
     if len(streamed) != 1:
