@@ -18,7 +18,7 @@ from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
-from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis
+from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis, plain_projections
 from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate, part_imbalance
 from workbench.rtile.model import gpu as gpu_model
@@ -26,7 +26,7 @@ from workbench.rtile.model.common import (
     hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, partial_sum_bytes, source_layer,
 )
 from workbench.rtile.model.cpu import (
-    ACCUMULATOR_FILL, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
+    ACCUMULATOR_FILL, BOTTOM_ADDED_SHARE, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
     GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
     combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
     RESIDENT_SHARE, packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs,
@@ -142,7 +142,13 @@ def check_consistent(calc, dev, program, est):
             core = max(est.compute_seconds + register, hidden)
         else:
             core = max(est.compute_seconds, register, hidden)
-        unit_time = core + sum(t for n, t in loads.items() if n != first) - hidden
+        # the bottom layer's transfers add whole, or for a plain projection overlap the core's
+        # time but for BOTTOM_ADDED_SHARE of the shorter (closed forms below)
+        bottom = dev.layers[-1].name if first != dev.layers[-1].name else None
+        unit_time = core + sum(t for n, t in loads.items() if n not in (first, bottom)) - hidden
+        streamed = loads.get(bottom, 0.0)
+        overlap = (1 - BOTTOM_ADDED_SHARE) * min(unit_time, streamed) if plain_projections(program.expr) else 0.0
+        unit_time += streamed - overlap
     # a cross-thread reduction's trees follow the pipeline (closed forms below), and a split-K
     # program's second pass (test_split_k); 0 for the rest
     assert est.reduction_seconds == tree_reduction_seconds(program, dev, est.threads, est.waves)
@@ -819,10 +825,11 @@ def test_a_cpu_register_tile_under_a_short_k_tile_pays_for_its_accumulators():
 
 def test_cpu_transfers_below_the_first_layer_add_to_the_overlapped_compute():
     """CPU: max(compute, loads from L1, a plain projection's inputs' loads from L2) + the rest
-    of L2's (the accumulators' trips) + loads from DRAM (closed form on a generated spec); the
-    same program on a spec whose DRAM is 4x slower predicts exactly the extra DRAM time more,
-    where a pipelined maximum would hide it behind the compute. A conv's nest reads windows:
-    its L2 transfers add whole."""
+    of L2's (the accumulators' trips), combined with the loads from DRAM, all but
+    BOTTOM_ADDED_SHARE of the shorter overlapping the longer (closed form on a generated spec); the
+    same program on a spec whose DRAM is 4x slower predicts the slower stream plus that share of
+    the core, more than twice the old DRAM time more, where a pipelined maximum would hide the
+    stream behind the compute. A conv's nest reads windows: its L2 transfers add whole."""
     e = matmul(256, 256, 256)
     calc = TileCalculus(e)
     p = make_program(calc, TINY_CPU, [(4, 16, 1), (32, 64, 64), (64, 128, 256)], (True,) * 3, 0.0)
@@ -834,18 +841,25 @@ def test_cpu_transfers_below_the_first_layer_add_to_the_overlapped_compute():
     inputs = cache_traffic(p, TINY_CPU, 1) / (l2.bandwidth_gbps * 1e9 * busy)  # the L1 tiles' A and B
     trips = loads["L2"] - inputs  # the unit-tile buffer's accumulator trips, held in L2
     assert hidden_source(p, TINY_CPU) == 2 and inputs > 0 and trips > 0
-    assert est.predicted_seconds == pytest.approx(
-        (max(est.compute_seconds, loads["L1"], inputs) + trips + loads["DRAM"]) * imbalance + packing_seconds(p, TINY_CPU))
+    core = max(est.compute_seconds, loads["L1"], inputs) + trips
+
+    def combined(core, streamed):  # all but BOTTOM_ADDED_SHARE of the shorter overlaps the longer
+        return max(core, streamed) + BOTTOM_ADDED_SHARE * min(core, streamed)
+
+    assert loads["DRAM"] < core < 4 * loads["DRAM"]  # the core the longer, then the stream
+    assert est.predicted_seconds == pytest.approx(combined(core, loads["DRAM"]) * imbalance + packing_seconds(p, TINY_CPU))
     slow = replace(TINY_CPU, layers=tuple(
         replace(l, bandwidth_gbps=l.bandwidth_gbps / 4) if l.name == "DRAM" else l for l in TINY_CPU.layers))
-    assert estimate(p, slow).predicted_seconds - est.predicted_seconds == pytest.approx(3 * loads["DRAM"] * imbalance)
+    assert estimate(p, slow).predicted_seconds == pytest.approx(
+        combined(core, 4 * loads["DRAM"]) * imbalance + packing_seconds(p, slow))
+    assert estimate(p, slow).predicted_seconds > est.predicted_seconds + 2 * loads["DRAM"] * imbalance
     # an L2 slow enough that the inputs' transfers outlast the compute bounds the core by them
     crawl = replace(TINY_CPU, layers=tuple(replace(l, bandwidth_gbps=l.bandwidth_gbps / 64) if l.name == "L2" else l
                                            for l in TINY_CPU.layers))
     slow_est, slow_loads = estimate(p, crawl), dict(estimate(p, crawl).load_seconds)
     assert 64 * inputs > max(slow_est.compute_seconds, slow_loads["L1"])
     assert slow_est.predicted_seconds == pytest.approx(
-        (64 * inputs + 64 * trips + slow_loads["DRAM"]) * imbalance + packing_seconds(p, crawl))
+        (64 * inputs + 64 * trips + BOTTOM_ADDED_SHARE * slow_loads["DRAM"]) * imbalance + packing_seconds(p, crawl))
     nest = constructed_on(WORKLOADS["conv"](), TINY_CPU)
     assert hidden_source(nest, TINY_CPU) is None
     nest_loads = dict(estimate(nest, TINY_CPU).load_seconds)
@@ -858,16 +872,40 @@ def test_a_lanes_register_tile_pays_its_loads_after_its_fmas(dev):
     """`combine_stages` on the lanes path (gemv: a dot product per output along K, both inputs
     read along the lanes): the register loads from L1 add to the FMAs, and the inputs' hidden
     transfers into L1 overlap that sum; off it they overlap the FMAs; the layers further down
-    add either way (generated AVX2-like and AVX-512-like specs)."""
+    add either way, the bottom one in part (generated AVX2-like and AVX-512-like specs)."""
     gemv = constructed_on(expr("gemv", M=4096, K=4096), dev)
     assert cpu_plan(gemv, dev).path == "lanes"
     through = hardware_caches(gemv, dev)  # as `price` combines them
     assert dev.layers[source_layer(through, 0, len(dev.layers))].name == "L1"
-    loads = {"L1": 3.0, "DRAM": 5.0}
-    assert combine_stages(through, dev, 2.0, loads, 1.0, lanes=True) == 2.0 + 3.0 + 5.0
-    assert combine_stages(through, dev, 2.0, loads, 6.0, lanes=True) == 6.0 + 5.0
-    assert combine_stages(through, dev, 2.0, loads, 1.0) == 3.0 + 5.0
-    assert combine_stages(through, dev, 4.0, loads, 1.0) == 4.0 + 5.0
+    loads = {"L1": 3.0, "DRAM": 2.5}
+    added = BOTTOM_ADDED_SHARE * 2.5  # a gemv's inputs are plain projections (test below)
+    assert combine_stages(through, dev, 2.0, loads, 1.0, lanes=True) == pytest.approx(2.0 + 3.0 + added)
+    assert combine_stages(through, dev, 2.0, loads, 6.0, lanes=True) == pytest.approx(6.0 + added)
+    assert combine_stages(through, dev, 2.0, loads, 1.0) == pytest.approx(3.0 + added)
+    assert combine_stages(through, dev, 4.0, loads, 1.0) == pytest.approx(4.0 + added)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_plain_projection_hides_part_of_its_bottom_layer_transfers(dev):
+    """`combine_stages`: where every input is a plain projection (a matmul), the core's time
+    (the layers between the first and the bottom adding to it whole) and the transfers from the
+    bottom layer overlap but for BOTTOM_ADDED_SHARE of the shorter, whichever that is; a
+    pooling's window reads add the bottom layer's whole (generated AVX2-like and AVX-512-like
+    specs)."""
+    assert 0.0 < BOTTOM_ADDED_SHARE < 1.0
+    mm = hardware_caches(constructed_on(matmul(96, 130, 200), dev), dev)
+    first = dev.layers[source_layer(mm, 0, len(dev.layers))].name
+    bottom = dev.layers[-1].name
+    assert plain_projections(mm.expr) and first != bottom
+    assert combine_stages(mm, dev, 6.0, {first: 1.0, "L2": 0.5, bottom: 4.0}) == pytest.approx(
+        6.0 + 0.5 + BOTTOM_ADDED_SHARE * 4.0)
+    assert combine_stages(mm, dev, 2.0, {first: 1.0, "L2": 0.5, bottom: 40.0}) == pytest.approx(
+        40.0 + BOTTOM_ADDED_SHARE * 2.5)
+    assert combine_stages(mm, dev, 2.0, {first: 3.0, bottom: 40.0}) > combine_stages(mm, dev, 2.0, {first: 1.0, bottom: 40.0})
+    pool = hardware_caches(constructed_on(expr("avgpool", N=16, C=48, H=48, W=48, K=3, stride=2, pad=1), dev), dev)
+    assert not plain_projections(pool.expr)
+    first = dev.layers[source_layer(pool, 0, len(dev.layers))].name
+    assert combine_stages(pool, dev, 2.0, {first: 1.0, bottom: 4.0}) == 2.0 + 4.0
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -14,8 +14,9 @@ On a CPU (our rule, after BLIS's cache blocking) a tile is recorded when it is f
 the lowest cache layer, when growing it saves nothing more, not at its first compute-bound size:
 below the registers a core's transfers add to its compute rather than overlap it (the model's
 `combine_stages`, but for a plain projection's inputs streaming into L1, which hide only up to
-the L2's rate), so growth that saves traffic keeps paying until the layer is full, while
-growth that saves nothing only takes capacity. The lowest cache layer loads from DRAM, where a
+the L2's rate, and the part of its reads from the bottom layer that the L2's streamer hides),
+so growth that saves traffic keeps paying until the layer is full, while growth that saves
+nothing only takes capacity. The lowest cache layer loads from DRAM, where a
 longer contiguous run serves the prefetcher better even when it saves no byte. At the first
 cache layer over a reduction's register micro-kernel the score also counts the accumulator trips
 the growth saves (`TileCalculus.accumulator_reuse`: the template's accumulators leave the

@@ -543,6 +543,16 @@ def scattered_inputs(program: RProgram, device: DeviceSpec) -> frozenset[int]:
     return frozenset(t for t, tensor in enumerate(inputs) if row is None or not tensor.uses_axis(row))
 
 
+# The share of the shorter of a plain projection's core time and its transfers from the bottom
+# layer (L3 or DRAM) that adds to the longer (`combine_stages`); the L2's streamer overlaps the
+# rest. Fitted, not derived: over the committed runs of four CPUs and 73 workloads measured on a
+# fifth (an Emerald Rapids Xeon, whose L3 serves a core 36 GB/s), 0.65 to 0.75 raised the Zen 3's,
+# the Zen 4's and the Xeon's mean Spearman and every matmul set's, kept the 16-core Xeon's, and
+# cost the Zen 5 0.004 and the random convs 0.003-0.011; 52 workloads drawn after agree (evidence:
+# docs/model-evidence.md#bottom-added-share).
+BOTTOM_ADDED_SHARE = 0.7
+
+
 def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads: dict[str, float],
                    hidden: float = 0.0, lanes: bool = False) -> float:
     """One CPU core's time from its stage times: the register tile's loads from the layer right
@@ -558,11 +568,18 @@ def combine_stages(program: RProgram, device: DeviceSpec, compute: float, loads:
     gemv, a matmul whose B is read transposed in place) the register loads add to the FMAs
     instead: 1 x 13 x 16 tiles of 53 x 15437 x 481 with B transposed, a load for each FMA, ran
     the sum of the two on two Zen 5 cores, twice their overlap (evidence:
-    docs/model-evidence.md#lanes-loads)."""
+    docs/model-evidence.md#lanes-loads). Where every input is a plain projection, the L2's
+    streamer fetches the bottom layer's runs ahead of the demand loads: of the shorter of the
+    core's time and those transfers, all but BOTTOM_ADDED_SHARE overlaps the longer."""
     first = device.layers[source_layer(program, 0, len(device.layers))].name
+    bottom = device.layers[-1].name if first != device.layers[-1].name else None
     register = loads.get(first, 0.0)
     core = max(compute + register, hidden) if lanes else max(compute, register, hidden)
-    return core + sum(t for name, t in loads.items() if name != first)
+    core += sum(t for name, t in loads.items() if name not in (first, bottom))
+    streamed = loads.get(bottom, 0.0)
+    if not plain_projections(program.expr):
+        return core + streamed
+    return core + streamed - (1 - BOTTOM_ADDED_SHARE) * min(core, streamed)
 
 
 def hidden_source(program: RProgram, device: DeviceSpec) -> int | None:
