@@ -142,6 +142,22 @@ def test_every_operator_is_scheduled_and_matches_onnxruntime(tmp_path, name):
     _assert_scheduled_and_matches_onnxruntime(mc, path)
 
 
+def test_a_masked_softmax_gives_zeros_not_subnormals(tmp_path):
+    """A causal softmax's masked scores (-1e4) give probabilities of 0 where e^x clamped to
+    FLT_MIN over a row sum above 1 would be subnormal (`onnx_import.softmax`); in the first row,
+    whose sum is 1, they stay FLT_MIN. No output lies strictly between 0 and FLT_MIN, and the
+    rest match ONNX Runtime."""
+    path, mc = _constructed(tmp_path, "softmax_causal_where")
+    kernels = build_model_kernels(mc)
+    (ours,) = run_model(mc, kernels, model_inputs(mc.model, 0))
+    tiny = np.finfo(np.float32).tiny
+    assert not np.any((ours != 0) & (np.abs(ours) < tiny))
+    masked = np.broadcast_to(~CAUSAL, ours.shape)
+    assert np.all(ours[masked] <= 1.2e-38) and np.all(ours[..., 1:, 0] > 0)
+    assert np.all(ours[..., 1:-1, -1] == 0)  # rows of two or more scores, whose sums pass 1
+    _assert_scheduled_and_matches_onnxruntime(mc, path)
+
+
 @pytest.mark.parametrize("name", ["softmax_axis1", "matmul_gelu_erf", "matmul_silu", "tanh", "lrn"])
 def test_transcendentals_are_polynomials_not_libm_calls(tmp_path, name):
     """exp, erf, tanh and LRN's x^0.75 become arithmetic that vectorises with the kernel

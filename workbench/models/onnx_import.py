@@ -315,6 +315,7 @@ EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.166579589
 # Inputs clamped to [EXP_LOW, EXP_HIGH]: e^x stays a normal float (2^-126 .. 2^128 x (1 - 2^-24)),
 # so n = round(x / ln 2) + 127 is a valid biased exponent; below, e^x < 1.2e-38 reads as that.
 EXP_LOW, EXP_HIGH = -87.33654, 88.37626
+FLT_MIN = 2.0**-126  # float32's least normal value
 # 1.5 x 2^23: added to t in [-2^22, 2^22], it leaves round(t) in the mantissa's low bits (the
 # addition rounds to nearest), so n and its exponent bits come without a floor or a conversion.
 ROUND_MAGIC = 12582912.0
@@ -374,10 +375,19 @@ def softmax(x, axis: int):
     expsum = te.compute(reduced, lambda *i: te.sum(exp[along(i, k2)], axis=k2), name="T_softmax_expsum")
     # times the row's reciprocal, which LLVM hoists out of the row: a multiply an element where
     # a division (a vector every 5 cycles on a Zen 3) was a sixth of the kernel over 128 x 1000;
-    # within 2 ulp of the quotient, as MLAS scales its rows
-    one = tirx.const(1.0, x.dtype)
-    return te.compute(x.shape, lambda *i: exp[i] * (one / expsum[others(i)]), name="T_softmax_norm",
-                      attrs={"axis": axis})
+    # within 2 ulp of the quotient, as MLAS scales its rows. A quotient below FLT_MIN is 0: as a
+    # subnormal it costs an Intel core a microcode assist wherever it is produced or read (an
+    # attention's masked half, e^x clamped to FLT_MIN over a row sum above 1: its probabilities
+    # times V ran 6.7 ms for ONNX Runtime's 0.1 on an Emerald Rapids Xeon; evidence:
+    # docs/evidence.md#subnormal-probabilities)
+    one, zero = tirx.const(1.0, x.dtype), tirx.const(0.0, x.dtype)
+    tiny = tirx.const(FLT_MIN, x.dtype)
+
+    def norm(*i):
+        total = expsum[others(i)]
+        return tirx.Select(exp[i] < tiny * total, zero, exp[i]) * (one / total)
+
+    return te.compute(x.shape, norm, name="T_softmax_norm", attrs={"axis": axis})
 
 
 # Constant exponents a power is computed for with square roots and multiplies (vectorised
