@@ -18,7 +18,7 @@ from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
-from workbench.rtile.axes import autovector_axis, cross_thread_axis, lane_axis, plain_projections
+from workbench.rtile.axes import PREFETCH_ROWS, autovector_axis, cross_thread_axis, lane_axis, plain_projections
 from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate, part_imbalance
 from workbench.rtile.model import gpu as gpu_model
@@ -30,7 +30,7 @@ from workbench.rtile.model.cpu import (
     GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
     combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
     RESIDENT_SHARE, packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs,
-    transfer_seconds,
+    transfer_seconds, FILL_BUFFERS, WINDOW_UOPS, lines_in_flight, unfollowed_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency,
@@ -906,6 +906,36 @@ def test_a_plain_projection_hides_part_of_its_bottom_layer_transfers(dev):
     assert not plain_projections(pool.expr)
     first = dev.layers[source_layer(pool, 0, len(dev.layers))].name
     assert combine_stages(pool, dev, 2.0, {first: 1.0, bottom: 4.0}) == 2.0 + 4.0
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_an_input_read_once_over_more_rows_than_the_prefetchers_follow_waits_a_latency_a_line(dev):
+    """`unfollowed_seconds`: 12 x 2048 x 4096 in register tiles of its 12 rows, one vector wide,
+    reads B (32 MB, past the 1 MiB L2) once, in place. Under unit tiles of 256 of B's rows, more
+    than PREFETCH_ROWS, each of its lines waits the bottom layer's latency, with as many in flight
+    as `lines_in_flight` says: a step's 1 load of B, 12 broadcasts of A and 12 FMAs, 512 / 25
+    steps in the window, each a line, at most FILL_BUFFERS. A 19-row tile's steps (39) leave
+    fewer. Under 32 rows nothing is added, and the estimate ranks that program first (generated
+    AVX2-like and AVX-512-like specs)."""
+    e = matmul(12, 4096, 2048)
+    calc, lanes = TileCalculus(e), dev.warp_size
+
+    def program(rows, m=12, expr=e):
+        return make_program(TileCalculus(expr), dev, [(m, lanes, 1), (m, lanes, rows), (m, 512, rows)],
+                            (True, True, True), 0.05)
+
+    deep, shallow = program(256), program(32)
+    assert 32 <= PREFETCH_ROWS < 256 and (WINDOW_UOPS, FILL_BUFFERS) == (512, 16)
+    assert all("B" not in cpu_plan(p, dev).packed for p in (deep, shallow))
+    assert lines_in_flight(deep, dev, 1) == min(16, 512 / 25) == 16
+    assert lines_in_flight(program(256, 19, matmul(19, 4096, 2048)), dev, 1) == pytest.approx(512 / 39)
+    bottom = dev.layers[-1]
+    lines = 2048 * 4096 * 4 / bottom.transaction_bytes
+    assert unfollowed_seconds(deep, dev, 1.0) == pytest.approx(
+        lines * bottom.latency_ns * 1e-9 / (16 * dev.compute_units))
+    assert unfollowed_seconds(shallow, dev, 1.0) == 0.0
+    assert estimate(deep, dev).predicted_seconds > estimate(shallow, dev).predicted_seconds
+    check_consistent(calc, dev, deep, estimate(deep, dev))
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

@@ -31,7 +31,7 @@ from workbench.construct.roller import RollerPolicy
 from workbench.construct.space import EPS_STEPS, Options, Space, replay
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes, required_accumulators
-from workbench.rtile.axes import always_streamed, stream_rows
+from workbench.rtile.axes import PREFETCH_ROWS, always_streamed, read_once_below, stream_rows, walked_rows
 from workbench.rtile.registers import accumulators
 from workbench.rtile.panels import ragged
 from workbench.rtile.model import estimate
@@ -876,6 +876,40 @@ def test_no_input_is_streamed_whatever_the_tiles_where_a_tile_can_reuse_it():
     assert always_streamed(matmul(2, 1001, 2048), dev) == ()
     assert always_streamed(workload_expr(WORKLOADS["cpu-core:gemv-4096"]), dev) == ()
     assert always_streamed(matmul(1, 1001, 2048), device("v100")) == ()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_few_row_matmul_walks_b_in_no_more_rows_than_the_prefetchers_follow(isa):
+    """12 x 2048 x 4096: register tiles spanning its 12 rows read B (32 MB) once from below the
+    L2 (`axes.read_once_below`), so no cache tile of theirs spans more than PREFETCH_ROWS of B's
+    rows (a tile that would is full: 19 x 6469 x 7104 ran 3x slower under 288 of them than under
+    48 on two Xeon cores). Register tiles of 8 of 64 rows leave B to other tiles, a B within the
+    L2 stays there, a one-row matmul's B streams as `always_streamed` says, a B stored N x K is
+    copied into panels row after row whatever the tiles; whole rows, or
+    rows read in runs of two lines and more, are followed (`axes.walked_rows`)."""
+    dev = detected_cpu(isa, 2, 48 * KIB, 2048 * KIB)
+    e = matmul(12, 4096, 2048)
+    assert read_once_below(e, dev, (12, 16, 1)) == (1,)
+    assert read_once_below(e, dev, (6, 16, 1)) == ()
+    assert read_once_below(matmul(64, 4096, 2048), dev, (8, 16, 1)) == ()
+    assert read_once_below(matmul(12, 128, 256), dev, (12, 16, 1)) == ()
+    assert read_once_below(matmul(1, 4096, 2048), dev, (1, 16, 1)) == ()
+    transposed = expr("matmul", M=8, K=207, N=6842, trans_b=True)  # B (5.7 MB) copied into panels by every plan
+    assert read_once_below(transposed, dev, (8, 16, 1)) == ()
+    assert read_once_below(matmul(8, 6842, 207), dev, (8, 16, 1)) == (1,)
+    assert read_once_below(replace(matmul(8, 6842, 207), transposed=("B",)), dev, (8, 16, 1)) == ()  # its view
+    assert walked_rows(e, 1, (12, 16, 16), (12, 512, 256)) == 256
+    assert walked_rows(e, 1, (12, 4096, 16), (12, 4096, 256)) == 1  # whole rows: one run
+    assert walked_rows(e, 1, (12, 32, 16), (12, 512, 256)) == 1  # 128-byte runs
+    assert walked_rows(transposed, 1, (8, 2, 192), (8, 96, 192)) == 1  # rows of 828 bytes
+    assert walked_rows(transposed, 1, (8, 2, 16), (8, 96, 16)) == 96
+    stepper = Stepper(e, dev)
+    stepper.run_to_end()
+    k = stepper.space.axes.index("k")
+    spanning = [c.program for c in stepper.candidates() if read_once_below(e, dev, c.program.register_tile)]
+    assert spanning
+    for program in spanning:
+        assert all(walked_rows(e, 1, program.tiles[1], tile) <= PREFETCH_ROWS for tile in program.tiles[1:]), program.tiles
 
 
 @pytest.mark.parametrize("k", [3001, 999, 6637])

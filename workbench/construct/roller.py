@@ -39,6 +39,12 @@ round that still runs because fewer than K programs came out, the lowest cache l
 the growth chain are programs as well, recorded after the chain's full tile (largest first), so
 the full tiles keep their places and the model ranks the rest.
 
+A cache tile of a program that reads an input once from below its lowest cache layer
+(`axes.read_once_below`: a few-row matmul's B, where the register tile spans A's rows) is full
+where its L1 tiles would walk more of that input's rows in turn, a line at a visit, than the
+prefetchers follow (`axes.walked_rows`, `axes.PREFETCH_ROWS`): 19 x 6469 x 7104 ran 17.4 ms
+under 288 of B's rows and 5.9 under 48 on two Xeon cores (docs/model-evidence.md#prefetch-rows).
+
 A one-row matmul whose core's share of N fits L1 (`axes.share_streams_from_l1`) reads B once, so
 no growth of its register tile saves a byte; it grows by the FMA chains it adds instead, through
 the widths that divide a core's share (`rules.StreamRowsRule`), to the widest the registers hold:
@@ -67,7 +73,7 @@ from workbench.construct.space import (
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes
 from workbench.rtile.model.common import is_load_hidden
-from workbench.rtile.axes import share_streams_from_l1
+from workbench.rtile.axes import PREFETCH_ROWS, read_once_below, share_streams_from_l1, walked_rows
 from workbench.rtile.registers import accumulators, partial_sums
 
 # Most growth steps on one chain of EnlargeTile (all layers): each is a nested generator, and
@@ -93,6 +99,7 @@ class RollerPolicy(Policy):
         "full": "{axis}={size} {why}: record the tile, go down a layer",
         "threads": "needs more threads or registers than a block of {layer} may have",
         "capacity": "does not fit {layer}",
+        "prefetch": "walks more rows of an input read once from memory than the prefetchers follow ({rows})",
         "below": "leaves no aligned tile that fits {layer}",
         "no_gain": "saves nothing (a CPU tile grows only while growing pays)",
         "grow": "grow {axis} to {size}: reuse score {score:.4g}",
@@ -312,6 +319,10 @@ class RollerPolicy(Policy):
             return self.describe("threads", layer=space.layer_names[layer])
         if space.footprint(layer, grown, upper) > space.capacity(layer):  # `over_capacity`, its thread limits just checked
             return self.describe("capacity", layer=space.layer_names[layer])
+        if layer and space.device.runs_on_cpu and any(
+                walked_rows(space.expr, t, grown if layer == 1 else state.recorded[1], grown) > PREFETCH_ROWS
+                for t in read_once_below(space.expr, space.device, state.recorded[0])):
+            return self.describe("prefetch", rows=PREFETCH_ROWS)
         if not self.no_reuse and not self.ask(_fits_below, state.eps, layer, grown):
             return self.describe("below", layer=space.layer_names[layer + 1])
         if space.device.runs_on_cpu and not self.no_reuse and score <= 0 and layer < space.n_tile_layers - 1:

@@ -164,6 +164,66 @@ def always_streamed(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
     return tuple(out)
 
 
+# Rows of an input read once from below the lowest cache layer (`read_once_below`) that one core's
+# hardware prefetchers follow at once, where a tile walks those rows a few lines each and comes
+# back for their next lines only after the others: with more, each row's next lines miss again,
+# one latency each (`model.cpu.unfollowed_seconds`). 19 x 6469 x 7104 (B 184 MB, read in place)
+# in 19 x 16 register tiles under unit tiles of 24, 32, 40, 48, 56, 64 and 288 of B's rows, two
+# Xeon Emerald Rapids cores: 5.6, 5.7, 5.5, 5.9, 6.8, 17.5 and 17.4-25.8 ms, numpy 22 (evidence:
+# docs/model-evidence.md#prefetch-rows; AMD's cores not measured).
+PREFETCH_ROWS = 48
+
+
+def read_once_below(expr: TensorExpr, device: DeviceSpec, register) -> tuple[int, ...]:
+    """The inputs (numbered) of a CPU reduction that a program with `register` tiles reads once
+    from below its lowest cache layer: plain projections larger than that layer whose ignored
+    spatial axes the register tile spans whole (no other tile reads their elements again), over
+    more than one row of them (a one-row matmul's B streams as `always_streamed` says), and
+    stored as they are read: not across the output's contiguous axis nor permuted
+    (`TensorExpr.transposed`), which every plan copies into panels row after row (a transposed
+    B, `panels._panel_pays`, `transposed_in_panels`)."""
+    if not device.runs_on_cpu or not expr.reduce or len(device.layers) < 3:
+        return ()
+    lowest = device.layers[-2].capacity_bytes
+    vector = vector_axis(expr)
+    out = []
+    for t, tensor in enumerate(expr.inputs):
+        ignored = [a for a in expr.spatial if not tensor.uses_axis(a)]
+        across = tensor.name in expr.transposed or (
+            vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector))
+        if (ignored and plain_projection(tensor) and not across and tensor.nbytes > lowest
+                and prod(register[a] for a in ignored) > 1 and all(register[a] == expr.axes[a].extent for a in ignored)):
+            out.append(t)
+    return tuple(out)
+
+
+# The shortest run of a row a walk may read at a visit and still be followed, however many rows it
+# walks: two lines, the pair the L2's adjacent-line prefetcher completes. On the Xeon, 3 x 281 x
+# 7872 read B (8.8 MB) in 384-byte runs under unit tiles of 96 and 288 rows as fast as of 48
+# (126-146 us), and 9 x 4096 x 1024 in 128-byte runs 1.34x slower under 256 rows than 48 (not
+# priced), in 64-byte runs 1.47x.
+FOLLOWED_RUN_BYTES = 128
+
+
+def walked_rows(expr: TensorExpr, t: int, first, tile) -> int:
+    """Rows of input `t` that a walk in tiles `first` (the first cache layer's, which the
+    micro-kernel walks) visits in turn inside `tile`, each a stream of its own: its data tile's
+    elements along every dimension but the last, the contiguous one, under `tile` (a matmul's B
+    under a K-extent of 288: 288); 1 where `first` spans that last dimension whole (its rows one
+    run in memory) or reads runs of FOLLOWED_RUN_BYTES or more of it (a transposed B's rows of 207
+    floats in runs of 192)."""
+    tensor = expr.inputs[t]
+    index, shape = tensor.index, tensor.shape
+
+    def extent(coeffs, under) -> int:
+        return sum(c * (under[a] - 1) for a, c in enumerate(coeffs)) + 1
+
+    run = extent(index[-1][0], first)
+    if run >= shape[-1] or run * tensor.itemsize >= FOLLOWED_RUN_BYTES:
+        return 1
+    return prod(extent(coeffs, tile) for coeffs, _ in index[:-1])
+
+
 # Rows of a streamed input (`always_streamed`) a one-row matmul's register tile reads per step,
 # unrolled over the same registers: each row is a stream of its own, and a core that follows more
 # of them at once keeps more misses in flight. Two Zen 4 cores, B read from DRAM and the

@@ -13,7 +13,9 @@ from math import ceil, gcd, prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
-from workbench.rtile.axes import lane_axis, plain_projection, plain_projections
+from workbench.rtile.axes import (
+    PREFETCH_ROWS, lane_axis, plain_projection, plain_projections, read_once_below, walked_rows,
+)
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
     source_layer,
@@ -26,7 +28,7 @@ from workbench.rtile.panels import (
     gathered_inputs, packed_tile_bytes, row_block_width, row_vector, transposes, vector_width,
 )
 from workbench.rtile.plan import LANES, PANELS, ROW, cpu_plan
-from workbench.rtile.registers import partial_sums
+from workbench.rtile.registers import accumulators, partial_sums, step_loads
 from workbench.rtile.rprogram import RProgram
 from workbench.rtile.traffic import calculus
 
@@ -73,7 +75,7 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         q = calc.accumulator_bytes(program.register_tile, accumulator_steps(program),
                                    partial_sums(expr, device, program.register_tile)) + buffer_bytes(program, device)
         transfer(device.layers[at].name, q, q / (layer_gbps(program, device, at) * GB * busy))
-    runs = stream_seconds(program, device, busy)
+    runs = stream_seconds(program, device, busy) + unfollowed_seconds(program, device, busy)
     if runs:
         transfer(device.layers[-1].name, 0, runs)
     stages = {"compute": compute, **loads}
@@ -234,6 +236,50 @@ def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     if not rounds:
         return 0.0
     return rounds * device.layers[-1].latency_ns * 1e-9 / (device.compute_units * busy)
+
+
+# Little's law for the lines no prefetcher fetched (`unfollowed_seconds`): a core has as many of
+# them in flight as the reduction steps its reorder window holds read lines, at most its L1's fill
+# buffers: Golden Cove's 512-entry window and 16 fill buffers (Intel's optimization manual; AMD's
+# Zen 3 and 4 have 256- and 320-entry windows: not measured). On two Xeon Emerald Rapids cores, B
+# read in place under unit tiles of 256-288 of its rows against 48: 19 x 6469 x 7104 (register
+# tiles of 19 x 16, 39 instructions a step: 13 lines in flight) 17.4 against 5.9 ms, priced 15.4
+# against 6.1; 19 x 4096 x 1024 1.23 against 0.67 ms (1.40, 0.53); 9 x 4096 x 1024 in 9 x 16 (19
+# a step: 16 lines) 0.66 against 0.45 (1.10, 0.37) (evidence: docs/model-evidence.md#prefetch-rows).
+WINDOW_UOPS = 512
+FILL_BUFFERS = 16
+
+
+def unfollowed_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
+    """What reading an input once from below the lowest cache layer in place (`axes.read_once_below`,
+    not packed) costs the busiest core beyond its bytes, where its L1 tiles walk more of its rows
+    in turn inside a unit tile than the prefetchers follow (`axes.walked_rows`, `axes.PREFETCH_ROWS`):
+    every line a miss of its own, at the bottom layer's latency, as many at a time as
+    `lines_in_flight`. A panel copy reads its tile row after row, one stream at a time."""
+    expr = program.expr
+    if not device.runs_on_cpu or len(program.tiles) < 2:
+        return 0.0
+    packed = cpu_plan(program, device).packed
+    bottom = device.layers[-1]
+    seconds = 0.0
+    for t in read_once_below(expr, device, program.register_tile):
+        if expr.inputs[t].name in packed or walked_rows(expr, t, program.tiles[1], program.unit_tile) <= PREFETCH_ROWS:
+            continue
+        lines = expr.inputs[t].nbytes / bottom.transaction_bytes
+        seconds += lines * bottom.latency_ns * 1e-9 / lines_in_flight(program, device, t)
+    return seconds / (device.compute_units * busy)
+
+
+def lines_in_flight(program: RProgram, device: DeviceSpec, t: int) -> float:
+    """Lines of input `t` one core's misses keep in flight (Little's law; WINDOW_UOPS): the
+    reduction steps of the register tile its reorder window holds, each the step's loads and
+    FMAs (`registers.step_loads`, `registers.accumulators`), times the lines a step reads of the
+    input, at most FILL_BUFFERS."""
+    expr, register = program.expr, program.register_tile
+    step = tuple(1 if a in expr.reduce else size for a, size in enumerate(register))
+    uops = step_loads(expr, device, step) + accumulators(expr, device, step)
+    step_bytes = prod(calculus(expr).data_tiles(step)[t]) * expr.inputs[t].itemsize
+    return min(FILL_BUFFERS, WINDOW_UOPS / uops * ceil(step_bytes / device.layers[-1].transaction_bytes))
 
 
 def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
