@@ -174,6 +174,7 @@ def always_streamed(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 PREFETCH_ROWS = 48
 
 
+@lru_cache(maxsize=4096)
 def read_once_below(expr: TensorExpr, device: DeviceSpec, register) -> tuple[int, ...]:
     """The inputs (numbered) of a CPU reduction that a program with `register` tiles reads once
     from below its lowest cache layer: plain projections larger than that layer whose ignored
@@ -181,7 +182,8 @@ def read_once_below(expr: TensorExpr, device: DeviceSpec, register) -> tuple[int
     more than one row of them (a one-row matmul's B streams as `always_streamed` says), and
     stored as they are read: not across the output's contiguous axis nor permuted
     (`TensorExpr.transposed`), which every plan copies into panels row after row (a transposed
-    B, `panels._panel_pays`, `transposed_in_panels`)."""
+    B, `panels._panel_pays`, `transposed_in_panels`). Cached: Roller asks at every growth of a
+    cache tile (`construct.roller`'s `_full`)."""
     if not device.runs_on_cpu or not expr.reduce or len(device.layers) < 3:
         return ()
     lowest = device.layers[-2].capacity_bytes
