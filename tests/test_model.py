@@ -920,8 +920,8 @@ def test_an_input_read_once_over_more_rows_than_the_prefetchers_follow_waits_a_l
     e = matmul(12, 4096, 2048)
     calc, lanes = TileCalculus(e), dev.warp_size
 
-    def program(rows, m=12, expr=e):
-        return make_program(TileCalculus(expr), dev, [(m, lanes, 1), (m, lanes, rows), (m, 512, rows)],
+    def program(rows, m=12, mm=e):
+        return make_program(TileCalculus(mm), dev, [(m, lanes, 1), (m, lanes, rows), (m, 512, rows)],
                             (True, True, True), 0.05)
 
     deep, shallow = program(256), program(32)

@@ -884,9 +884,9 @@ def test_a_few_row_matmul_walks_b_in_no_more_rows_than_the_prefetchers_follow(is
     L2 (`axes.read_once_below`), so no cache tile of theirs spans more than PREFETCH_ROWS of B's
     rows (a tile that would is full: 19 x 6469 x 7104 ran 3x slower under 288 of them than under
     48 on two Xeon cores). Register tiles of 8 of 64 rows leave B to other tiles, a B within the
-    L2 stays there, a one-row matmul's B streams as `always_streamed` says, a B stored N x K is
-    copied into panels row after row whatever the tiles; whole rows, or
-    rows read in runs of two lines and more, are followed (`axes.walked_rows`)."""
+    L2 stays there, a one-row matmul's B streams as `always_streamed` says, and a B stored N x K
+    is copied into panels row after row whatever the tiles. Whole rows, or rows read in runs of
+    two lines and more, are followed (`axes.walked_rows`)."""
     dev = detected_cpu(isa, 2, 48 * KIB, 2048 * KIB)
     e = matmul(12, 4096, 2048)
     assert read_once_below(e, dev, (12, 16, 1)) == (1,)
@@ -905,7 +905,6 @@ def test_a_few_row_matmul_walks_b_in_no_more_rows_than_the_prefetchers_follow(is
     assert walked_rows(transposed, 1, (8, 2, 16), (8, 96, 16)) == 96
     stepper = Stepper(e, dev)
     stepper.run_to_end()
-    k = stepper.space.axes.index("k")
     spanning = [c.program for c in stepper.candidates() if read_once_below(e, dev, c.program.register_tile)]
     assert spanning
     for program in spanning:
