@@ -11,6 +11,7 @@ from math import log, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
+from workbench.rtile.traffic import calculus
 
 
 @lru_cache(maxsize=1024)  # the transaction rule asks on every size it judges
@@ -187,16 +188,30 @@ def read_once_below(expr: TensorExpr, device: DeviceSpec, register) -> tuple[int
     if not device.runs_on_cpu or not expr.reduce or len(device.layers) < 3:
         return ()
     lowest = device.layers[-2].capacity_bytes
-    vector = vector_axis(expr)
     out = []
     for t, tensor in enumerate(expr.inputs):
         ignored = [a for a in expr.spatial if not tensor.uses_axis(a)]
-        across = tensor.name in expr.transposed or (
-            vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector))
+        across = tensor.name in expr.transposed or read_across(expr, tensor)
         if (ignored and plain_projection(tensor) and not across and tensor.nbytes > lowest
                 and prod(register[a] for a in ignored) > 1 and all(register[a] == expr.axes[a].extent for a in ignored)):
             out.append(t)
     return tuple(out)
+
+
+def read_across(expr: TensorExpr, tensor) -> bool:
+    """Whether `tensor` reads the output's contiguous axis (`vector_axis`) other than along its
+    own contiguous dimension (a B stored N x K): a CPU plan's panels of it change its layout."""
+    vector = vector_axis(expr)
+    return vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector)
+
+
+def unfollowed_inputs(expr: TensorExpr, device: DeviceSpec, register, first, tile) -> tuple[int, ...]:
+    """The inputs (`read_once_below` under `register`) of which a walk in tiles `first` visits
+    more rows in turn inside `tile` than the prefetchers follow (`walked_rows` > PREFETCH_ROWS):
+    what ends Roller's growth of `tile` (`construct.roller`'s `_full`) and what the model prices
+    a latency a line (`model.cpu.unfollowed_seconds`)."""
+    return tuple(t for t in read_once_below(expr, device, register)
+                 if walked_rows(expr, t, first, tile) > PREFETCH_ROWS)
 
 
 # The shortest run of a row a walk may read at a visit and still be followed, however many rows it
@@ -214,16 +229,11 @@ def walked_rows(expr: TensorExpr, t: int, first, tile) -> int:
     under a K-extent of 288: 288); 1 where `first` spans that last dimension whole (its rows one
     run in memory) or reads runs of FOLLOWED_RUN_BYTES or more of it (a transposed B's rows of 207
     floats in runs of 192)."""
-    tensor = expr.inputs[t]
-    index, shape = tensor.index, tensor.shape
-
-    def extent(coeffs, under) -> int:
-        return sum(c * (under[a] - 1) for a, c in enumerate(coeffs)) + 1
-
-    run = extent(index[-1][0], first)
-    if run >= shape[-1] or run * tensor.itemsize >= FOLLOWED_RUN_BYTES:
+    tensor, calc = expr.inputs[t], calculus(expr)
+    run = calc.data_tiles(tuple(first))[t][-1]
+    if run == tensor.shape[-1] or run * tensor.itemsize >= FOLLOWED_RUN_BYTES:
         return 1
-    return prod(extent(coeffs, tile) for coeffs, _ in index[:-1])
+    return prod(calc.data_tiles(tuple(tile))[t][:-1])
 
 
 # Rows of a streamed input (`always_streamed`) a one-row matmul's register tile reads per step,

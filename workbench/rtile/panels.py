@@ -11,7 +11,7 @@ from math import ceil, prod
 
 from workbench.hardware.spec import LLC_FILL, DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.axes import filter_axis, lane_axis, streams, vector_axis
+from workbench.rtile.axes import filter_axis, lane_axis, read_across, streams, vector_axis
 from workbench.rtile.rprogram import RProgram, split_axis, split_steps
 from workbench.rtile.traffic import calculus
 
@@ -558,8 +558,7 @@ def _panel_pays(expr: TensorExpr, program: RProgram, device: DeviceSpec, tensor)
     capacity puts at most `ways` lines in any set), so its copy is pure overhead; a wider span
     (mm-512's B, 256 rows 2 KiB apart) puts many rows in the same sets, which the copy avoids
     (evidence: docs/evidence.md#panel-pays)."""
-    vector = vector_axis(expr)
-    if vector is not None and tensor.uses_axis(vector) and not streams(tensor, vector):
+    if read_across(expr, tensor):
         return True
     if read_once(expr, program, tensor):
         return False

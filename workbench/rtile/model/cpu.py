@@ -13,9 +13,7 @@ from math import ceil, gcd, prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
-from workbench.rtile.axes import (
-    PREFETCH_ROWS, lane_axis, plain_projection, plain_projections, read_once_below, walked_rows,
-)
+from workbench.rtile.axes import lane_axis, plain_projection, plain_projections, unfollowed_inputs
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
     source_layer,
@@ -251,19 +249,19 @@ FILL_BUFFERS = 16
 
 
 def unfollowed_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
-    """What reading an input once from below the lowest cache layer in place (`axes.read_once_below`,
-    not packed) costs the busiest core beyond its bytes, where its L1 tiles walk more of its rows
-    in turn inside a unit tile than the prefetchers follow (`axes.walked_rows`, `axes.PREFETCH_ROWS`):
-    every line a miss of its own, at the bottom layer's latency, as many at a time as
-    `lines_in_flight`. A panel copy reads its tile row after row, one stream at a time."""
+    """What reading an input once from below the lowest cache layer in place (not packed) costs
+    the busiest core beyond its bytes, where its L1 tiles walk more of its rows in turn inside a
+    unit tile than the prefetchers follow (`axes.unfollowed_inputs`): every line a miss of its
+    own, at the bottom layer's latency, as many at a time as `lines_in_flight`. A panel copy reads
+    its tile row after row, one stream at a time."""
     expr = program.expr
     if not device.runs_on_cpu or len(program.tiles) < 2:
         return 0.0
     packed = cpu_plan(program, device).packed
     bottom = device.layers[-1]
     seconds = 0.0
-    for t in read_once_below(expr, device, program.register_tile):
-        if expr.inputs[t].name in packed or walked_rows(expr, t, program.tiles[1], program.unit_tile) <= PREFETCH_ROWS:
+    for t in unfollowed_inputs(expr, device, program.register_tile, program.tiles[1], program.unit_tile):
+        if expr.inputs[t].name in packed:
             continue
         lines = expr.inputs[t].nbytes / bottom.transaction_bytes
         seconds += lines * bottom.latency_ns * 1e-9 / lines_in_flight(program, device, t)
