@@ -18,7 +18,10 @@ from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
-from workbench.rtile.axes import PREFETCH_ROWS, autovector_axis, cross_thread_axis, lane_axis, plain_projections
+from workbench.rtile.axes import (
+    PREFETCH_ROWS, autovector_axis, cross_thread_axis, lane_axis, plain_projections, unfollowed_inputs, unfollowed_reads,
+    written_before,
+)
 from workbench.rtile.model import cpu_compute
 from workbench.rtile.model import estimate, part_imbalance
 from workbench.rtile.model import gpu as gpu_model
@@ -936,6 +939,36 @@ def test_an_input_read_once_over_more_rows_than_the_prefetchers_follow_waits_a_l
     assert unfollowed_seconds(shallow, dev, 1.0) == 0.0
     assert estimate(deep, dev).predicted_seconds > estimate(shallow, dev).predicted_seconds
     check_consistent(calc, dev, deep, estimate(deep, dev))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_model_operator_reads_its_input_from_below_on_its_first_pass(dev):
+    """`unfollowed_seconds` of a model's operator: the GEMM of a 1 x 1 conv, 512 to 128 channels
+    over 784 pixels, its filters A a weight (`TensorExpr.constants`), its image B (1.6 MB, within
+    the L2) written by the kernel before (`axes.written_before`). Under unit tiles of 256 of B's
+    rows, read a vector at a visit, each of B's lines waits the bottom layer's latency once,
+    `lines_in_flight` at a time. The operator on its own (no constants) finds B in the L2 and pays
+    nothing, nor does a program that copies B into panels first (one that stages its L2 tile),
+    and Roller's growth is not capped for it (`axes.unfollowed_inputs`: read once only)
+    (generated AVX2-like and AVX-512-like specs)."""
+    lanes, alone = dev.warp_size, matmul(128, 784, 512)
+    model_op = replace(alone, constants=("A",))
+
+    def program(e, n, staged):  # L2 tile staged: B copied into panels; not: read in place
+        return make_program(TileCalculus(e), dev, [(16, lanes, 1), (16, lanes, 16), (64, n, 256)], (True, True, staged), 0.05)
+
+    walked, copied = program(model_op, 112, False), program(model_op, 112, True)
+    tiles = (walked.register_tile, walked.tiles[1], walked.unit_tile)
+    assert written_before(model_op) == (1,) and written_before(alone) == ()
+    assert unfollowed_reads(model_op, dev, *tiles) == (1,) and unfollowed_reads(alone, dev, *tiles) == ()
+    assert unfollowed_inputs(model_op, dev, *tiles) == ()
+    assert "B" not in cpu_plan(walked, dev).packed and "B" in cpu_plan(copied, dev).packed
+    bottom = dev.layers[-1]
+    lines = 512 * 784 * 4 / bottom.transaction_bytes
+    assert unfollowed_seconds(walked, dev, 1.0) == pytest.approx(
+        lines * bottom.latency_ns * 1e-9 / (lines_in_flight(walked, dev, 1) * dev.compute_units))
+    assert unfollowed_seconds(program(alone, 112, False), dev, 1.0) == 0.0
+    assert unfollowed_seconds(copied, dev, 1.0) == 0.0
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

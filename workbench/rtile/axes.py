@@ -214,6 +214,31 @@ def unfollowed_inputs(expr: TensorExpr, device: DeviceSpec, register, first, til
                  if walked_rows(expr, t, first, tile) > PREFETCH_ROWS)
 
 
+def written_before(expr: TensorExpr) -> tuple[int, ...]:
+    """The inputs (numbered) of a model's operator (an expression with `constants`, named by the
+    importer) that are not its weights: the kernels before it wrote them, so its first pass over
+    them reads from the other core's caches or the last-level cache, however small they are.
+    ResNet-50 on two Xeon Emerald Rapids cores: its 1 x 1 convs of 512 to 128 channels over 28 x
+    28, their 1.6 MB input read in place, ran 674 us in their place in the model and 317 timed
+    in a row, the input then in the core's L2 (evidence: docs/model-evidence.md#written-before)."""
+    if not expr.constants:
+        return ()
+    return tuple(t for t, tensor in enumerate(expr.inputs) if tensor.name not in expr.constants)
+
+
+def unfollowed_reads(expr: TensorExpr, device: DeviceSpec, register, first, tile) -> tuple[int, ...]:
+    """The inputs of which a walk in tiles `first` visits more rows in turn inside `tile` than
+    the prefetchers follow (`walked_rows` > PREFETCH_ROWS) while it reads them from below the
+    core's caches: every pass over those `read_once_below` reads (`unfollowed_inputs`), the first
+    pass over those a model's operator gets from the kernels before it (`written_before`). What
+    the model prices a latency a line (`model.cpu.unfollowed_seconds`); each line of either is
+    read from below once."""
+    if not device.runs_on_cpu or not expr.reduce or len(device.layers) < 3:
+        return ()
+    below = sorted(set(read_once_below(expr, device, register)) | set(written_before(expr)))
+    return tuple(t for t in below if walked_rows(expr, t, first, tile) > PREFETCH_ROWS)
+
+
 # The shortest run of a row a walk may read at a visit and still be followed, however many rows it
 # walks: two lines, the pair the L2's adjacent-line prefetcher completes. On the Xeon, 3 x 281 x
 # 7872 read B (8.8 MB) in 384-byte runs under unit tiles of 96 and 288 rows as fast as of 48

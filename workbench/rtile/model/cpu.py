@@ -13,7 +13,7 @@ from math import ceil, gcd, prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
-from workbench.rtile.axes import lane_axis, plain_projection, plain_projections, unfollowed_inputs
+from workbench.rtile.axes import lane_axis, plain_projection, plain_projections, unfollowed_reads
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
     source_layer,
@@ -23,7 +23,7 @@ from workbench.rtile.model.cpu_compute import (
     edge_in_pieces, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import (
-    gathered_inputs, packed_tile_bytes, row_block_width, row_vector, transposes, vector_width,
+    gathered_inputs, packed_tile_bytes, padded_inputs, row_block_width, row_vector, transposes, vector_width,
 )
 from workbench.rtile.plan import LANES, PANELS, ROW, cpu_plan
 from workbench.rtile.registers import accumulators, partial_sums, step_loads
@@ -249,19 +249,22 @@ FILL_BUFFERS = 16
 
 
 def unfollowed_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
-    """What reading an input once from below the lowest cache layer in place (not packed) costs
-    the busiest core beyond its bytes, where its L1 tiles walk more of its rows in turn inside a
-    unit tile than the prefetchers follow (`axes.unfollowed_inputs`): every line a miss of its
-    own, at the bottom layer's latency, as many at a time as `lines_in_flight`. A panel copy reads
-    its tile row after row, one stream at a time."""
+    """What reading inputs from below the core's caches in place costs the busiest core beyond
+    their bytes, where its L1 tiles walk more of their rows in turn inside a unit tile than the
+    prefetchers follow (`axes.unfollowed_reads`: an input read once from below the lowest cache
+    layer, and a model's operator's input on its first pass): each of its lines a miss of its
+    own, at the bottom layer's latency, as many at a time as `lines_in_flight`. Not for an
+    input the template copies first (packed into panels, its border copied, gathered): a copy
+    reads its rows one after another, one stream at a time."""
     expr = program.expr
     if not device.runs_on_cpu or len(program.tiles) < 2:
         return 0.0
-    packed = cpu_plan(program, device).packed
+    plan = cpu_plan(program, device)
+    copied = set(plan.packed) | set(gathered_inputs(expr)) | (set(padded_inputs(expr)) if plan.staged_padding else set())
     bottom = device.layers[-1]
     seconds = 0.0
-    for t in unfollowed_inputs(expr, device, program.register_tile, program.tiles[1], program.unit_tile):
-        if expr.inputs[t].name in packed:
+    for t in unfollowed_reads(expr, device, program.register_tile, program.tiles[1], program.unit_tile):
+        if expr.inputs[t].name in copied:
             continue
         lines = expr.inputs[t].nbytes / bottom.transaction_bytes
         seconds += lines * bottom.latency_ns * 1e-9 / lines_in_flight(program, device, t)
