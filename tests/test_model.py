@@ -971,6 +971,22 @@ def test_a_model_operator_reads_its_input_from_below_on_its_first_pass(dev):
     assert unfollowed_seconds(copied, dev, 1.0) == 0.0
 
 
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_a_model_operator_without_a_lanes_micro_kernel_is_priced_without_its_first_pass(dev):
+    """A model's pooling (its `constants` naming a parameter, not an input, as a layer norm's do)
+    reads its input as the kernel before wrote it (`axes.written_before`), but its nest has no
+    lanes micro-kernel (`lane_axis` None) whose steps `lines_in_flight` counts: every candidate
+    is priced, none with a first pass (`axes.unfollowed_reads`) (generated AVX2-like and
+    AVX-512-like specs)."""
+    pool = replace(expr("avgpool", N=16, C=48, H=48, W=48, K=3, stride=2, pad=1), constants=("scale",))
+    assert written_before(pool) == (0,) and lane_axis(pool, dev) is None
+    for candidate in construct(pool, dev).candidates:
+        p = candidate.program
+        assert unfollowed_reads(pool, dev, p.register_tile, p.tiles[1], p.unit_tile) == ()
+        assert estimate(p, dev).predicted_seconds > 0
+
+
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_only_plain_projections_stream_their_inputs_into_l1_under_the_compute(dev):
     """`hidden_source`: the layer under the L1 (L2) for an operator whose every input is a plain

@@ -232,10 +232,12 @@ def unfollowed_reads(expr: TensorExpr, device: DeviceSpec, register, first, tile
     core's caches: every pass over those `read_once_below` reads (`unfollowed_inputs`), the first
     pass over those a model's operator gets from the kernels before it (`written_before`). What
     the model prices a latency a line (`model.cpu.unfollowed_seconds`); each line of either is
-    read from below once."""
+    read from below once. Not the inputs of a nest without a lanes micro-kernel (a grouped
+    conv's, a pooling's: no `lane_axis`), whose steps `model.cpu.lines_in_flight` cannot count."""
     if not device.runs_on_cpu or not expr.reduce or len(device.layers) < 3:
         return ()
-    below = sorted(set(read_once_below(expr, device, register)) | set(written_before(expr)))
+    written = written_before(expr) if lane_axis(expr, device) is not None else ()
+    below = sorted(set(read_once_below(expr, device, register)) | set(written))
     return tuple(t for t in below if walked_rows(expr, t, first, tile) > PREFETCH_ROWS)
 
 
