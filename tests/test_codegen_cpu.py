@@ -662,6 +662,22 @@ def test_register_tile_accumulators_of_padded_panels_live_on_the_stack():
     assert not cpu_plan(_program(e, dict(chains, k=(1, 16, 32))), device(CPU)).stack_accumulators
 
 
+def test_row_tile_accumulators_stored_from_registers_live_on_the_stack():
+    """A depthwise conv (24 channels over 16 x 16) in register tiles of one channel's 2 rows x 16
+    columns over the whole 3 x 3 window: the row path stores its registers (`direct_stores`) with
+    no guard along the row, so its 128 bytes of accumulators are a stack buffer, not a TVM
+    workspace, whose contents LLVM copied to the stack at every step of a dividing tile's row
+    loop (`CpuPlan.stack_accumulators`, docs/evidence.md#accumulator-scope); the kernel matches
+    numpy."""
+    e = expr("depthwise_conv2d", N=1, C=24, H=16, W=16, KH=3, KW=3, stride=1, pad=1)
+    chains = dict(n=(1, 1, 1), c=(1, 1, 12), h=(2, 2, 16), w=(16, 16, 16), r=(3, 3, 3), s=(3, 3, 3))
+    plan = cpu_plan(_program(e, chains), device(CPU))
+    assert plan.path == "row" and plan.direct_stores and not plan.split_edges and plan.stack_accumulators
+    sizes = [int(n) for n in WORKSPACE.findall(dict(_local_kernel(e, chains).sources)["ll"])]
+    assert all(size >= 1024 for size in sizes), sizes  # TVM's kMaxStackAlloca
+    assert 2 * 16 * 4 not in sizes
+
+
 def test_a_register_tile_wholly_past_the_end_keeps_the_register_tiles_split():
     """100 columns in unit tiles of 96 pad to 192, so the second unit tile's second register
     tile of 48 lies wholly past the end: TVM would bound the split vector loop's scalar rest by

@@ -599,14 +599,14 @@ def _store_registers(sch, writeback, tile_loop, lanes: int, stack: bool) -> None
     own = loops[next(k for k, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(tile_loop))) + 1:]
     if not own:
         return
-    if stack:
-        sch.annotate(own[0], "pragma_auto_unroll_max_step", lanes)
     extent = int(sch.get(own[-1]).extent)
     width = vector_width(extent, lanes)
     if width >= 4 and extent % width == 0:
         outer, inner = sch.split(own[-1], [extent // width, width])
         sch.vectorize(inner)
         own = [*own[:-1], outer]
+    if stack:  # after the split, which an annotated loop refuses (a row tile's one loop)
+        sch.annotate(own[0], "pragma_auto_unroll_max_step", lanes)
     for loop in own:
         if int(sch.get(loop).extent) > 1:
             sch.unroll(loop)

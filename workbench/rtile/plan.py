@@ -255,9 +255,13 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     # in the K-loop (1024 x 256 x 196 in 4 x 16 tiles: 749 us, 593 on the stack). A tile computing
     # under a guard keeps `local`: its lanes' loops index the accumulators, and only TVM's unroll of
     # loops over `local` buffers unrolls them (`build.pass_config`; depthwise convs with split
-    # edges ran 1.1-3.6x slower on the stack). Evidence: docs/evidence.md#accumulator-scope
+    # edges ran 1.1-3.6x slower on the stack). On the row path, without a guard along the row,
+    # LLVM promoted the workspace's stores out of the row loop and copied the 14 vectors to the
+    # stack at every step: cpu-core's depthwise conv in 24- and 32-channel unit tiles ran 1.41-1.54x
+    # faster on the stack (two Xeon cores). Evidence: docs/evidence.md#accumulator-scope
     edges = edge_axes(expr, program, packed) if padded and packed else ()
-    stack = path == PANELS and whole and (padded and not edges or not any_ragged(expr, program))
+    stack = path == PANELS and whole and (padded and not edges or not any_ragged(expr, program)) or \
+        path == ROW and whole and not split and not ragged(expr, program, vector)
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
