@@ -258,10 +258,12 @@ def cpu_plan(program: RProgram, device: DeviceSpec) -> CpuPlan:
     # edges ran 1.1-3.6x slower on the stack). On the row path, without a guard along the row,
     # LLVM promoted the workspace's stores out of the row loop and copied the 14 vectors to the
     # stack at every step: cpu-core's depthwise conv in 24- and 32-channel unit tiles ran 1.41-1.54x
-    # faster on the stack (two Xeon cores). Evidence: docs/evidence.md#accumulator-scope
+    # faster on the stack on two Intel Xeon cores. Not on AMD's, where it was not measured and the
+    # Zen 3 ran depthwise convs on the stack 1.047x slower (tiles with split edges among them).
+    # Evidence: docs/evidence.md#accumulator-scope
     edges = edge_axes(expr, program, packed) if padded and packed else ()
     stack = path == PANELS and whole and (padded and not edges or not any_ragged(expr, program)) or \
-        path == ROW and whole and not split and not ragged(expr, program, vector)
+        path == ROW and whole and not split and not ragged(expr, program, vector) and device.vendor == "intel"
     return CpuPlan(path, vector, lanes, packed, pack_layer(program), padded, guarded, whole,
                    staged, pad_level(expr, program, device) if staged else 0, home, split,
                    prepacked=prepacked_inputs(expr, program, packed),
