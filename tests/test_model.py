@@ -971,7 +971,6 @@ def test_a_model_operator_reads_its_input_from_below_on_its_first_pass(dev):
     assert unfollowed_seconds(copied, dev, 1.0) == 0.0
 
 
-
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
 def test_a_model_operator_without_a_lanes_micro_kernel_is_priced_without_its_first_pass(dev):
     """A model's pooling (its `constants` naming a parameter, not an input, as a layer norm's do)
