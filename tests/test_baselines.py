@@ -236,6 +236,28 @@ def test_each_run_in_turn_waits_for_the_one_before_it_to_settle(monkeypatch):
     assert events == [("sleep", 0.25), "a", ("sleep", 0.25), "b"] * 3
 
 
+def test_runs_in_turn_warmed_are_timed_as_they_run_back_to_back(monkeypatch):
+    """With `warm`, each repeat of each run starts with an untimed call: a run whose first call
+    after the other's is slow (its data evicted, 20 ms against 2) is timed at its steady 2 ms,
+    where one repeat of a single call times the slow one."""
+    clock, last, calls = [0.0], [None], []
+    monkeypatch.setattr(baselines.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(baselines.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+
+    def work(name):
+        def run():
+            clock[0] += 0.002 if last[0] == name else 0.02
+            last[0] = name
+            calls.append(name)
+        return run
+
+    timing = Timing(repeat=3, number=1, min_repeat_ms=1)
+    assert baselines.best_seconds_in_turn((work("a"), work("b")), timing) == (pytest.approx(0.02),) * 2
+    calls.clear()
+    assert baselines.best_seconds_in_turn((work("a"), work("b")), timing, warm=True) == (pytest.approx(0.002),) * 2
+    assert calls == ["a", "a", "b", "b"] * 3
+
+
 def test_torch_on_a_gpu_device_needs_an_nvidia_gpu_torch_can_see():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

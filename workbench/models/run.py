@@ -174,9 +174,10 @@ def run_model_report(mc: ModelConstruction, path: str | Path, rank: int = 1, see
     expected = session.run(None, inputs)
     errors = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(ours, expected)]
     match = all(a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL) for a, b in zip(ours, expected))
-    # in turn, so that a spell of the shared host's slowness slows both alike (`best_seconds_in_turn`)
+    # in turn, so that a spell of the shared host's slowness slows both alike, each repeat after a
+    # call that brings its weights back from where the other's run left them (`best_seconds_in_turn`)
     seconds, ort_seconds = best_seconds_in_turn((planned.call, lambda: session.run(None, inputs)),
-                                                Timing(repeat=REPEAT), settle_s=SETTLE_S)
+                                                Timing(repeat=REPEAT), settle_s=SETTLE_S, warm=True)
     outputs, each = operators_alone(mc, kernels, inputs, REPEAT)
     tvm_seconds, tvm_error = _tvm_default(mc, path, inputs)
     names = [r.operator.name for r in mc.results]

@@ -146,17 +146,26 @@ def best_seconds(run: Callable[[], object], timing: Timing = TIMING, sync: Calla
 
 
 def best_seconds_in_turn(runs: Sequence[Callable[[], object]], timing: Timing = TIMING,
-                         sync: Callable[[], object] = lambda: None, settle_s: float = 0.0) -> tuple[float, ...]:
+                         sync: Callable[[], object] = lambda: None, settle_s: float = 0.0,
+                         warm: bool = False) -> tuple[float, ...]:
     """`best_seconds` of each of `runs`, their repeats taken in turn (a repeat of each, then the
     next round). A shared host slows for seconds to minutes at a time (a 512-cube matmul 1.32 ms,
     then 1.8-1.9 ms for the next 13 s, no steal time counted: evidence:
     docs/evidence.md#timing-in-turn): timed one after the other, two runs can fall either side of
     such a change and their ratio moves by 40 %; in turn, both see it. `settle_s`: a pause before
     each run's repeats, so that the threads of the run before it have stopped spinning (a thread
-    pool's workers keep a core busy for a while after their last task)."""
+    pool's workers keep a core busy for a while after their last task). `warm`: an untimed call
+    of each run before each of its repeats, which brings back into the caches what the run
+    before it evicted: two whole models timed in turn over one L3 (ours and ONNX Runtime's,
+    ResNet-50's weights about 100 MB each) each found their weights gone at the first call of a
+    repeat, and a 25 ms repeat of a 23 ms model is that call (ResNet-50 on two Xeon cores: ours
+    23.6 ms alone, 27.5 in turn, 23.8 in turn in 100 ms repeats; ONNX Runtime 19.6, 21.3, 20.3:
+    docs/evidence.md#models-in-turn)."""
     numbers, best = [], []
     for run in runs:  # the first repeat finds each run's number of calls (`repetitions.sized_count`)
         time.sleep(settle_s)
+        if warm:
+            _time_calls(run, 1, sync)
         number, elapsed = sized_count(partial(_time_calls, run, sync=sync), timing.min_repeat_ms / 1000,
                                       start=timing.number)
         numbers.append(number)
@@ -164,6 +173,8 @@ def best_seconds_in_turn(runs: Sequence[Callable[[], object]], timing: Timing = 
     for _ in range(timing.repeat - 1):
         for i, (run, number) in enumerate(zip(runs, numbers)):
             time.sleep(settle_s)
+            if warm:
+                _time_calls(run, 1, sync)
             best[i] = min(best[i], _time_calls(run, number, sync) / number)
     return tuple(best)
 
