@@ -217,8 +217,49 @@ def stream_rounds(program: RProgram, device: DeviceSpec) -> float:
         tile = stream_tile(program, t)
         shapes = calc.data_tiles(tile)
         run = _run_dim(shapes[t], calc.expr.inputs[t].shape)
-        rounds += prod(shapes[t][:run]) / max(1, prod(registers[t][:run])) * calc.num_tiles(tile)
+        rounds += resumed_rounds(program, device, t,
+                                 prod(shapes[t][:run]) / max(1, prod(registers[t][:run])) * calc.num_tiles(tile))
     return rounds + packed_runs(program, device)
+
+
+# Rows a core's hardware prefetchers keep following while a walk visits other rows, by vendor:
+# Intel's L2 streamer keeps 32 streams (its optimization manual). gemv-4096 (A 64 MB from DRAM,
+# in L1 tiles of 8 rows x 1024, walked in unit tiles of 16-256 rows, each row's next 1024 floats
+# read at the unit's next reduction step) on two Xeon Emerald Rapids cores, two runs: 16 and 32
+# rows 956-997 us, 64 970-1014, 128 1018-1075, 256 1037-1098 (tests/fixtures/runs-avx512-xeon-
+# emr-2core.json.gz; docs/model-evidence.md#resumed-runs). AMD's cores are left out: on the Zen 5
+# the same programs ran fastest under 128 rows (1.12-1.64 ms, 16 rows 1.31-1.73), on the Zen 4
+# within their noise.
+FOLLOWED_STREAMS = {"intel": 32}
+
+
+def resumed_rounds(program: RProgram, device: DeviceSpec, t: int, rounds: float) -> float:
+    """The `rounds` of streamed input `t` left to start where a tile cuts the reduction that runs
+    along `t`'s contiguous dimension (gemv's A in unit tiles of 1024 of its 4096 columns): the
+    walk comes back to each of that tile's rows at its next reduction step, and the row's run
+    goes on where the prefetchers still follow it. They follow FOLLOWED_STREAMS rows of the
+    vendor's at once: of a walk over R rows in turn (those of the lowest tile, from the L1 tile
+    up, that the layer above or the core's loop over the reduction cuts), a share
+    min(1, streams / R) of the runs goes on, the least being one run a row over the core's whole
+    reduction. Unchanged on another vendor's cores and where the L1 tile spans the reduction."""
+    streams = FOLLOWED_STREAMS.get(device.vendor)
+    expr = program.expr
+    last = expr.inputs[t].terms[-1]
+    if streams is None or len(last) != 1 or last[0][1] != 1 or last[0][0] not in expr.reduce:
+        return rounds
+    k = last[0][0]
+    above = [tile[k] for tile in program.tiles[2:]] + [expr.axes[k].extent]
+    cut = next((l for l, tile in enumerate(program.tiles[1:], 1) if tile[k] < above[l - 1]), None)
+    if cut is None:
+        return rounds
+    calc = calculus(expr)
+    walked = prod(calc.data_tiles(program.tiles[cut])[t][:-1])
+    unit = program.unit_tile
+    least = (prod(calc.data_tiles(unit)[t][:-1]) / max(1, prod(calc.data_tiles(program.tiles[0])[t][:-1]))
+             * calc.spatial_tiles(unit))
+    if least >= rounds:
+        return rounds
+    return least + (1 - min(1.0, streams / walked)) * (rounds - least)
 
 
 def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
