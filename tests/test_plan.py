@@ -524,7 +524,8 @@ def test_a_split_edge_at_a_constant_column_runs_in_llvms_pieces(dev):
 def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
     """1x2048x1001: the row reads B in place, once (`streamed_inputs`), in runs of its L1
     tile's rows: 64 x 112 tiles are 64 runs each, 9 x 32 tiles of them; 4 x 1008 tiles cover
-    whole rows, one run each, 512 tiles. Each run costs the bottom layer's latency, the runs
+    whole rows, one run, which the next reduction step's tile goes on with: the whole of B is one
+    run (`stream_tile`). Each run costs the bottom layer's latency, the runs
     dealt over the cores (`stream_seconds`), so the long rows are predicted faster though they
     move more accumulators; the short tiles' register tiles read 2 rows of B a step, which start
     together (`stream_rounds`). A's rows are reused by the 112 columns: not streamed. A packed
@@ -532,13 +533,54 @@ def test_a_one_row_program_pays_the_bottom_layers_latency_per_run_of_b(dev):
     short = _program(plain_matmul(1, 1001, 2048), [(1, 56, 2), (1, 112, 64), (1, 336, 128)], dev)
     long = _program(plain_matmul(1, 1001, 2048), [(1, 56, 1), (1, 1008, 4), (1, 1008, 2048)], dev)
     assert streamed_inputs(short, dev) == streamed_inputs(long, dev) == (1,)
-    assert stream_runs(short, dev) == 9 * 32 * 64 and stream_runs(long, dev) == 512
+    assert stream_runs(short, dev) == 9 * 32 * 64 and stream_runs(long, dev) == 1
     busy = min(1.0, short.grid / dev.compute_units)
     latency = dev.layers[-1].latency_ns * 1e-9
-    assert stream_rounds(short, dev) == 9 * 32 * 64 / 2 and stream_rounds(long, dev) == 512
+    assert stream_rounds(short, dev) == 9 * 32 * 64 / 2 and stream_rounds(long, dev) == 1
     assert stream_seconds(short, dev, busy) == pytest.approx(9 * 32 * 64 / 2 * latency / (dev.compute_units * busy))
     assert estimate(long, dev).predicted_seconds < estimate(short, dev).predicted_seconds
     assert stream_runs(_ragged_k_matmul(), dev) == 0
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_a_panel_programs_input_read_in_place_once_from_below_starts_its_runs(dev):
+    """7 batches of 17 x 3203 x 2560 on the panel path: A is packed, B (230 MB) is read in place,
+    once (the register tile spans the 17 rows: `read_once_below`), in unit tiles of 48 K-steps.
+    Under 320 columns each unit tile starts 48 runs of 1280 bytes, 7 x 8 x 67 unit tiles; under
+    the whole 2560 its 48 rows are one run. The short runs are priced slower (on two Xeon
+    Emerald Rapids cores 11.8 against 8.0 ms, where both were priced alike). Runs of A, packed,
+    are counted apart (`packed_runs`)."""
+    e = fuse_axes(expr("matmul", B=7, M=17, K=3203, N=2560))
+
+    def columns(n):
+        return _program(e, [(1, 17, 16, 1), (1, 17, 16, 48), (1, 17, n, 48)], dev)
+
+    narrow, whole = columns(320), columns(2560)
+    for p in (narrow, whole):
+        assert cpu_plan(p, dev).path == PANELS and cpu_plan(p, dev).packed == ("A",) and streamed_inputs(p, dev) == (1,)
+    assert stream_runs(narrow, dev) - packed_runs(narrow, dev) == 48 * 7 * 8 * 67
+    assert stream_runs(whole, dev) - packed_runs(whole, dev) == 7 * 67
+    assert estimate(whole, dev).predicted_seconds < estimate(narrow, dev).predicted_seconds
+    packed_b = _program(plain_matmul(64, 4096, 4096), [(4, 32, 1), (4, 32, 256), (64, 512, 256)], dev)
+    assert "B" in cpu_plan(packed_b, dev).packed and 1 not in streamed_inputs(packed_b, dev)
+    cached = replace(dev, llc_bytes=1 << 30)  # 230 MB within LLC_FILL of it: B read from the cache, its runs not priced
+    assert streamed_inputs(columns(320), cached) == ()
+
+
+@pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)
+def test_rows_less_than_half_a_page_apart_are_one_stream_through_each_page(dev):
+    """A one-row matmul reads B in place in runs of its L1 tile's 8 rows. Rows of 1024 floats
+    (4 KiB apart) start 8 runs a tile, read together: a round a tile. Rows of 128 floats (512 B
+    apart, eight to a page) are one stream through each page they cross: 8 x 512 / 4096 = 1 round
+    a tile of 64 columns, which the next tile along the row goes on with
+    (`stream_tile`: 128 columns, 8 rows, 1 page)."""
+    wide = _program(plain_matmul(1, 1024, 4096), [(1, 16, 8), (1, 64, 8), (1, 512, 8)], dev)
+    narrow = _program(plain_matmul(1, 128, 4096), [(1, 16, 8), (1, 64, 8), (1, 128, 8)], dev)
+    for p in (wide, narrow):
+        assert streamed_inputs(p, dev) == (1,)
+    assert stream_tile(wide, 1) == (1, 512, 8) and stream_tile(narrow, 1) == (1, 128, 8)
+    assert stream_rounds(wide, dev) == 2 * 512  # 8 rows read together, 2 x 512 unit tiles
+    assert stream_rounds(narrow, dev) == 8 * 512 / 4096 * 512
 
 
 @pytest.mark.parametrize("dev", (AVX2, AVX512), ids=lambda d: d.name)

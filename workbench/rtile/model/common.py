@@ -82,12 +82,19 @@ def layer_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
     `llc_gbps`. A timing repeats the kernel on the same tensors, and a model's next kernel reads
     what the last one wrote (evidence: docs/model-evidence.md#layer-gbps)."""
     spec = device.layers[layer]
-    if not device.runs_on_cpu or not device.llc_bytes or layer != len(device.layers) - 1:
-        return spec.bandwidth_gbps
-    calc = calculus(program.expr)
-    if calc.traffic_bytes(tuple(calc.extents)) > device.llc_bytes * LLC_FILL:
+    if not device.runs_on_cpu or layer != len(device.layers) - 1 or not stays_in_llc(program.expr, device):
         return spec.bandwidth_gbps
     return max(spec.bandwidth_gbps, device.llc_gbps)
+
+
+def stays_in_llc(expr: TensorExpr, device: DeviceSpec) -> bool:
+    """Whether an operator's tensors, every one once (its compulsory bytes), fit in LLC_FILL of
+    the device's last-level cache (`DeviceSpec.llc_bytes`; False without one): from its second
+    run on, its reads from the bottom layer hit that cache."""
+    if not device.llc_bytes:
+        return False
+    calc = calculus(expr)
+    return calc.traffic_bytes(tuple(calc.extents)) <= device.llc_bytes * LLC_FILL
 
 
 def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, source: int) -> bool:
@@ -108,10 +115,10 @@ def is_stream_bound(expr: TensorExpr, device: DeviceSpec) -> bool:
     asks (`cpu.packed_runs`)."""
     if not device.runs_on_cpu:
         return False
+    if stays_in_llc(expr, device):
+        return False
     calc = calculus(expr)
     extents = tuple(calc.extents)
-    if device.llc_bytes and calc.traffic_bytes(extents) <= device.llc_bytes * LLC_FILL:
-        return False
     inputs = sum(calc.input_bytes(calc.data_tiles(extents)))
     compute = calc.expr.flops / (peak_gflops(calc.expr, device) * GB)
     return inputs / (device.layers[-1].bandwidth_gbps * GB) > compute

@@ -13,10 +13,10 @@ from math import ceil, gcd, prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
-from workbench.rtile.axes import lane_axis, plain_projection, plain_projections, unfollowed_reads
+from workbench.rtile.axes import lane_axis, plain_projection, plain_projections, read_once_below, unfollowed_reads
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
-    source_layer,
+    source_layer, stays_in_llc,
 )
 from workbench.rtile.model.cpu_compute import (
     EDGE_SKIP_CYCLES, GUARDED_LANE_CYCLES, compute_efficiency, compute_provenance,
@@ -116,12 +116,23 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
 def streamed_inputs(program: RProgram, device: DeviceSpec) -> tuple[int, ...]:
     """The inputs (numbered) a CPU reduction reads in place from the bottom layer, every element
     once per unit tile: on a path that packs nothing (`CpuPlan.packed`: panels copy their tiles
-    in order), the plain projections (`axes.plain_projection`) the unit tile does not reuse (every spatial
-    axis it ignores has a unit tile of 1: a one-row matmul's B, the row family's)."""
+    in order), the plain projections (`axes.plain_projection`) the unit tile does not reuse
+    (every spatial axis it ignores has a unit tile of 1: a one-row matmul's B, the row
+    family's); on the panel path, those it reads in place beside its panels once from below the
+    lowest cache layer (`axes.read_once_below`: a few-row matmul's B under register tiles that
+    span its rows). 7 batches of 17 x 3203 x 2560 (B 230 MB, A packed) on two Xeon Emerald Rapids
+    cores, unit tiles of 48 K-steps x 64-160 columns (256-640-byte runs) 34.5-39.8 ms, 256-640
+    columns 11.0-13.1, 1280 and 2560 9.1 and 8.0, all priced 7.3-8.6 ms before
+    (docs/model-evidence.md#stream-runs)."""
     expr = program.expr
-    plan = cpu_plan(program, device)
-    if not device.runs_on_cpu or not expr.reduce or plan.packed or plan.path == PANELS or len(program.tiles) < 2:
+    if not device.runs_on_cpu or not expr.reduce or len(program.tiles) < 2:
         return ()
+    plan = cpu_plan(program, device)
+    if plan.packed or plan.path == PANELS:
+        if stays_in_llc(expr, device):
+            return ()
+        return tuple(t for t in read_once_below(expr, device, program.register_tile)
+                     if expr.inputs[t].name not in plan.packed)
     unit = program.unit_tile
     return tuple(t for t, tensor in enumerate(expr.inputs) if plain_projection(tensor)
                  and not any(not tensor.uses_axis(a) and unit[a] > 1 for a in expr.spatial))
@@ -147,16 +158,28 @@ def stream_tile(program: RProgram, t: int) -> tuple[int, ...]:
     matmul's B in L1 tiles of 8 rows x 64 columns inside a core's 4,544 columns reads 8 rows of
     4,544 floats, not a new run every 64 (1 x 7624 x 9042 over 8 x 64 and 16 x 144 tiles ran alike,
     4.1-4.3 and 4.3-4.4 ms, where one latency a 64-column run priced the first at 10.4 ms; evidence:
-    docs/model-evidence.md#stream-runs)."""
+    docs/model-evidence.md#stream-runs). Or, where the tile reads the input in one run whose
+    next part the next reduction step reads (B's whole rows, K-step after K-step), the run over
+    the reduction of the tile above: 8 batches of 7 x 9377 x 64 (B's rows 256 bytes) in L1 tiles
+    of 16 whole rows would be priced a latency a tile where each unit tile reads 448-672 rows on
+    end (the Zen 5's spec, where B does not stay in the last-level cache)."""
     tile = program.tiles[1]
     if len(program.tiles) < 3:
         return tile
-    calc = calculus(program.expr)
-    sweep = calc.sweep(tile, program.tiles[2])
-    if sweep is None or sweep[0] != tile:
+    expr, upper = program.expr, program.tiles[2]
+    calc = calculus(expr)
+    if any(tile[a] < upper[a] for a in expr.reduce):
+        shape = calc.data_tiles(tile)[t]
+        run = _run_dim(shape, expr.inputs[t].shape)
+        terms = expr.inputs[t].terms[run]
+        if prod(shape[:run]) == 1 and len(terms) == 1 and terms[0][1] == 1 and terms[0][0] in expr.reduce:
+            return tuple(upper[a] if a in expr.reduce else size for a, size in enumerate(tile))
+        return tile
+    sweep = calc.sweep(tile, upper)
+    if sweep is None:
         return tile
     step = next(a for a in range(len(tile)) if sweep[1][a] != tile[a])
-    return sweep[1] if _runs_along(program.expr, t, step) else tile
+    return sweep[1] if _runs_along(expr, t, step) else tile
 
 
 def _runs_along(expr, t: int, axis: int) -> bool:
@@ -199,6 +222,15 @@ def _run_dim(shape, full) -> int:
     return next((d for d in reversed(range(len(shape))) if shape[d] < full[d]), 0)
 
 
+# A streamed input whose rows lie at most half this apart is one stream through each page its
+# rows cross, not a stream a run: the L2 streamer follows one forward stream a 4 KiB page (Intel's
+# optimization manual). 8 batches of 7 x 9377 x 64 on two Xeon Emerald Rapids cores (B's rows
+# 256 bytes apart): read in place 640 us, over B packed 1082, timed in turns; a latency a run
+# priced the first 2x the second. 1 x 2048 x 1001's rows, 4004 bytes apart, cost a latency a run
+# (`stream_seconds`; docs/model-evidence.md#stream-runs).
+PAGE_BYTES = 4096
+
+
 def stream_rounds(program: RProgram, device: DeviceSpec) -> float:
     """The `stream_runs` as the latencies they cost one after another: the runs of a streamed
     input that one register tile reads together (a reduction's rows, a K-unrolled step's rows of
@@ -206,7 +238,8 @@ def stream_rounds(program: RProgram, device: DeviceSpec) -> float:
     reads its runs one after another. reduce-rows (256 x 4096, the 2-core Zen 4 of the committed
     runs): register tiles of 8 rows over L1 tiles of 8 x 512 start twice the runs of 4 over 4 x
     1024 and ran as fast (26.8-30.5 us against 28.5-29.7, 4 MB at the last-level cache's 155 GB/s)
-    where one latency a run priced them at 150 against 104 us (docs/model-evidence.md#stream-runs)."""
+    where one latency a run priced them at 150 against 104 us (docs/model-evidence.md#stream-runs).
+    Rows at most half a page apart (PAGE_BYTES) start a round a page the tile's rows cross."""
     streamed = streamed_inputs(program, device)
     if not streamed:
         return packed_runs(program, device)
@@ -217,6 +250,10 @@ def stream_rounds(program: RProgram, device: DeviceSpec) -> float:
         tile = stream_tile(program, t)
         shapes = calc.data_tiles(tile)
         run = _run_dim(shapes[t], calc.expr.inputs[t].shape)
+        pitch = prod(calc.expr.inputs[t].shape[run:]) * calc.expr.inputs[t].itemsize
+        if run and 2 * pitch <= PAGE_BYTES:
+            rounds += prod(shapes[t][:run]) * pitch / PAGE_BYTES * calc.num_tiles(tile)
+            continue
         rounds += resumed_rounds(program, device, t,
                                  prod(shapes[t][:run]) / max(1, prod(registers[t][:run])) * calc.num_tiles(tile))
     return rounds + packed_runs(program, device)
