@@ -171,8 +171,7 @@ def stream_tile(program: RProgram, t: int) -> tuple[int, ...]:
     if any(tile[a] < upper[a] for a in expr.reduce):
         shape = calc.data_tiles(tile)[t]
         run = _run_dim(shape, expr.inputs[t].shape)
-        terms = expr.inputs[t].terms[run]
-        if prod(shape[:run]) == 1 and len(terms) == 1 and terms[0][1] == 1 and terms[0][0] in expr.reduce:
+        if prod(shape[:run]) == 1 and _reduction_along(expr, t, run) is not None:
             return tuple(upper[a] if a in expr.reduce else size for a, size in enumerate(tile))
         return tile
     sweep = calc.sweep(tile, upper)
@@ -180,6 +179,13 @@ def stream_tile(program: RProgram, t: int) -> tuple[int, ...]:
         return tile
     step = next(a for a in range(len(tile)) if sweep[1][a] != tile[a])
     return sweep[1] if _runs_along(expr, t, step) else tile
+
+
+def _reduction_along(expr, t: int, dim: int) -> int | None:
+    """The reduction axis that alone, at a unit coefficient, indexes dimension `dim` of input `t`
+    (a matmul's K along B's rows, gemv's along A's columns), or None."""
+    terms = expr.inputs[t].terms[dim]
+    return terms[0][0] if len(terms) == 1 and terms[0][1] == 1 and terms[0][0] in expr.reduce else None
 
 
 def _runs_along(expr, t: int, axis: int) -> bool:
@@ -281,10 +287,9 @@ def resumed_rounds(program: RProgram, device: DeviceSpec, t: int, rounds: float)
     reduction. Unchanged on another vendor's cores and where the L1 tile spans the reduction."""
     streams = FOLLOWED_STREAMS.get(device.vendor)
     expr = program.expr
-    last = expr.inputs[t].terms[-1]
-    if streams is None or len(last) != 1 or last[0][1] != 1 or last[0][0] not in expr.reduce:
+    k = _reduction_along(expr, t, -1)
+    if streams is None or k is None:
         return rounds
-    k = last[0][0]
     above = [tile[k] for tile in program.tiles[2:]] + [expr.axes[k].extent]
     cut = next((l for l, tile in enumerate(program.tiles[1:], 1) if tile[k] < above[l - 1]), None)
     if cut is None:
