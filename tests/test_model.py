@@ -22,16 +22,16 @@ from workbench.rtile.axes import (
     PREFETCH_ROWS, autovector_axis, cross_thread_axis, lane_axis, plain_projections, unfollowed_inputs, unfollowed_reads,
     written_before,
 )
-from workbench.rtile.model import cpu_compute
+from workbench.rtile.model import cpu, cpu_compute
 from workbench.rtile.model import estimate, part_imbalance
 from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import (
     hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, partial_sum_bytes, source_layer,
 )
 from workbench.rtile.model.cpu import (
-    ACCUMULATOR_FILL, BOTTOM_ADDED_SHARE, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
+    ACCUMULATOR_FILL, BOTTOM_ADDED_SHARE, BUFFER_TOUCHES, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
     GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
-    combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
+    buffer_touch_seconds, combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
     RESIDENT_SHARE, packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs,
     transfer_seconds, FILL_BUFFERS, WINDOW_UOPS, lines_in_flight, unfollowed_seconds,
 )
@@ -47,12 +47,12 @@ from workbench.rtile.model.gpu import (
 from workbench.rtile.occupancy import (
     async_copies, blocks_per_unit, occupancy_limits, prefetch_registers, registers_per_thread, warps_per_scheduler,
 )
-from workbench.rtile.panels import pack_layer, packed_tile_bytes
+from workbench.rtile.panels import pack_layer, packed_inputs, packed_tile_bytes
 from workbench.rtile.plan import cpu_plan, gpu_plan
 from workbench.rtile.registers import block_thread_count, partial_sums, step_loads
 from workbench.rtile.rprogram import RProgram, footprint_at, make_program, waves
 from workbench.rtile.staging import pipelined, register_prefetch, shared_buffers
-from workbench.rtile.traffic import TileCalculus
+from workbench.rtile.traffic import TileCalculus, calculus
 
 DEVICES = ("v100", "mi50", "k80", "tiny-cpu")
 WORKLOADS = {
@@ -461,7 +461,8 @@ def test_llvm_packs_a_scalar_row_in_power_of_two_pieces(elements, lanes, pieces)
 def test_an_operator_that_fits_the_last_level_cache_reads_below_l2_from_it(dev):
     """A 512^3 matmul's tensors are 3 MiB: within LLC_FILL of an 8 MiB L3 its L2 tiles load at
     the L3's bandwidth, within a 4 MiB L3 (2.4 MiB usable) at DRAM's, and the layers above never
-    change. Everything else of the estimate is the same: only the DRAM stage's time scales."""
+    change. Everything else of the estimate is the same: only the DRAM stage's time scales, and
+    the panel buffer's touches, which come from the bottom layer too (`buffer_touch_seconds`)."""
     e = matmul(512, 512, 512)
     program = make_program(TileCalculus(e), dev, [(4, 2 * dev.warp_size, 1), (64, 128, 64), (256, 256, 512)],
                            (True, True, True), 0.0)
@@ -473,7 +474,11 @@ def test_an_operator_that_fits_the_last_level_cache_reads_below_l2_from_it(dev):
     assert all(layer_gbps(program, big, l) == dev.layers[l].bandwidth_gbps for l in range(len(dev.layers) - 1))
     plain, cached = dict(estimate(program, dev).load_seconds), dict(estimate(program, big).load_seconds)
     assert cached["DRAM"] == pytest.approx(plain["DRAM"] / 3)
-    assert {k: v for k, v in cached.items() if k != "DRAM"} == {k: v for k, v in plain.items() if k != "DRAM"}
+    touch = buffer_touch_seconds(program, dev)
+    assert touch > 0 and buffer_touch_seconds(program, big) == pytest.approx(touch / 3)
+    assert cached["packing into L2"] == pytest.approx(plain["packing into L2"] - touch + touch / 3)
+    scaled = ("DRAM", "packing into L2")
+    assert {k: v for k, v in cached.items() if k not in scaled} == {k: v for k, v in plain.items() if k not in scaled}
     said = estimate(program, big)
     assert any(line.startswith("bandwidth of L1, L2 (") for line in said.measured + said.modelled)
     assert "bandwidth of the 8 MiB last-level cache, which serves DRAM's reads: the operator fits in 60% of it" in said.modelled
@@ -1273,6 +1278,36 @@ def test_cpu_cache_tiles_share_with_their_neighbours_what_one_step_leaves_in_the
     g = TileCalculus(matmul(1024, 1024, 1024))
     gp = make_program(g, gpu, [(4, 4, 1), (64, 64, 8)], (True, True), 0.0)
     assert cache_traffic(gp, gpu, 1) == g.traffic_bytes((64, 64, 8))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_panel_buffer_that_leaves_the_pack_layer_is_read_for_ownership_and_written_back(dev, monkeypatch):
+    """8 x 647 x 799 in 8 x 432 unit tiles packs A and B into L2 once per K-step of kc: a buffer
+    of 8 x kc of A and kc x 432 of B a core (kc at most K). Where the core's share of the operator (its tensors
+    once, over 2 cores) and that buffer overflow L2 and no layer but the bottom holds them, each
+    call reads the buffer for ownership from DRAM and writes it back: BUFFER_TOUCHES x the buffer
+    at the core's half of DRAM's 20 GB/s, added to the copies; with an L2 that holds both,
+    nothing (generated AVX2-like and AVX-512-like specs)."""
+    e = matmul(8, 799, 647)
+    share = (8 * 647 + 647 * 799 + 8 * 799) * 4 / 2
+    l2 = dev.layers[2]
+    wide = replace(dev, layers=dev.layers[:2] + (replace(l2, capacity_bytes=2 * 2**20),) + dev.layers[3:])
+    for kc in (112, 672):
+        buffer = (8 + 432) * min(kc, 647) * 4  # a K-step past K is cut at it
+        for spec in (dev, wide):
+            p = make_program(calculus(e), spec, [(8, 16, 1), (8, 16, 112), (8, 432, kc)], [True] * 3, 0.0)
+            assert packed_inputs(p.expr, p, spec) == ("A", "B") and pack_layer(p) == 2
+            overflows = share + buffer > spec.layers[2].capacity_bytes
+            touch = BUFFER_TOUCHES * buffer / (20e9 / 2) if overflows else 0.0
+            assert buffer_touch_seconds(p, spec) == pytest.approx(touch, rel=1e-12)
+            with monkeypatch.context() as m:
+                m.setattr(cpu, "buffer_touch_seconds", lambda program, device: 0.0)
+                copying = packing_seconds(p, spec)
+            assert packing_seconds(p, spec) == pytest.approx(copying + touch, rel=1e-12)
+        # the generated specs' 1 MiB L2 holds neither buffer with the 1.06 MB share; a 2 MiB one
+        # the 0.2 MB buffer of kc = 112, not the 1.2 MB of kc = 672
+        p = make_program(calculus(e), wide, [(8, 16, 1), (8, 16, 112), (8, 432, kc)], [True] * 3, 0.0)
+        assert (buffer_touch_seconds(p, wide) > 0) == (kc == 672)
 
 
 def test_a_conv_row_of_l1_tiles_shares_the_filter_panel_of_the_l2_k_step_while_it_fits():

@@ -23,7 +23,7 @@ from workbench.rtile.model.common import layer_gbps
 from workbench.rtile.model.cpu import (
     LANE_ADDS_PER_CYCLE, LANE_SUM_CYCLES, PACK_BYTES_PER_CYCLE, ROW_BLOCKS_BYTES_PER_CYCLE,
     ROWS_DOWN_STRIPS_BYTES_PER_CYCLE, TRANSPOSE_BYTES_PER_CYCLE,
-    TRANSPOSE_DRAM_SLOWDOWN, clock_ghz, core_ghz, lane_sum_seconds, packed_bytes, packing_seconds, price,
+    TRANSPOSE_DRAM_SLOWDOWN, buffer_touch_seconds, clock_ghz, core_ghz, lane_sum_seconds, packed_bytes, packing_seconds, price,
     transpose_seconds,
 )
 from workbench.rtile.panels import packed_tile_bytes, row_block_width
@@ -42,12 +42,13 @@ def _matmul(m, k, n, b=0, **flags):
 def _rows_copy_seconds(program, dev, panels: int, rate: float) -> float:
     """The closed form of the panel copies where `panels` of their bytes are B's rows copied
     down its strips at `rate` bytes a cycle and the rest a plain copy's: the slower of those
-    cycles on one core and the whole copy at the core's share of the pack layer's bandwidth."""
+    cycles on one core and the whole copy at the core's share of the pack layer's bandwidth, and
+    the touches of the buffer they are copied into (closed form in test_model)."""
     moved = packed_bytes(program, dev)
     cycles = (moved - panels) / PACK_BYTES_PER_CYCLE + panels / rate
     layer = dev.layers[cpu_plan(program, dev).pack_layer]
     streamed = moved / (layer.bandwidth_gbps * 1e9 / dev.compute_units)
-    return max(streamed, cycles / (core_ghz(dev) * 1e9))
+    return max(streamed, cycles / (core_ghz(dev) * 1e9)) + buffer_touch_seconds(program, dev)
 
 
 @pytest.mark.parametrize("b", [0, 3])

@@ -588,16 +588,23 @@ def pack_layer(program: RProgram) -> int:
     return max((l for l in range(1, n + 1) if program.cached[l]), default=n)
 
 
+def panel_copy_bytes(program: RProgram, inputs: tuple[str, ...], layer: int) -> int:
+    """Bytes of one copy of the panels of `inputs` packed at the tile of `layer`: their data tiles
+    at that tile, the buffer a core writes each copy into."""
+    expr = program.expr
+    shapes = _data_tiles(expr, tuple(program.tiles[layer]))
+    return sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
+
+
 def packed_tile_bytes(program: RProgram, device: DeviceSpec, inputs: tuple[str, ...], layer: int) -> int:
     """Bytes the busiest core writes into panels of `inputs` packed at the tile of `layer`: per
-    copy their data tiles at that tile; one copy per such tile in a unit tile (its K-steps, and
+    copy `panel_copy_bytes`; one copy per such tile in a unit tile (its K-steps, and
     its spatial steps when the layer lies below the unit's), for each of the
     `ceil(grid / units)` unit tiles that core runs (a split program's parts, each over its part
     of the split axis, `split_steps` unit tiles' K-steps)."""
     expr = program.expr
     tile, unit = program.tiles[layer], program.unit_tile
-    shapes = _data_tiles(expr, tuple(tile))
-    per_copy = sum(prod(shapes[t.name]) * t.itemsize for t in expr.inputs if t.name in inputs)
+    per_copy = panel_copy_bytes(program, inputs, layer)
     extents = {a: expr.axes[a].extent for a in expr.reduce}
     if program.split > 1:  # a part walks `split_steps` of the unit tile's K-steps
         axis = split_axis(expr, device)

@@ -23,7 +23,8 @@ from workbench.rtile.model.cpu_compute import (
     edge_in_pieces, edge_split, guard_slowdown, lane_priced_edge, scalar_lanes, scalar_row,
 )
 from workbench.rtile.panels import (
-    gathered_inputs, packed_tile_bytes, padded_inputs, row_block_width, row_vector, transposes, vector_width,
+    gathered_inputs, packed_tile_bytes, padded_inputs, panel_copy_bytes, row_block_width, row_vector, transposes,
+    vector_width,
 )
 from workbench.rtile.plan import LANES, PANELS, ROW, cpu_plan
 from workbench.rtile.registers import accumulators, partial_sums, step_loads
@@ -820,17 +821,56 @@ def packed_bytes(program: RProgram, device: DeviceSpec, transposed: bool = False
     if not device.runs_on_cpu:
         return 0
     plan = cpu_plan(program, device)
-    copied = tuple(t.name for t in program.expr.inputs if t.name in plan.packed and t.name not in plan.prepacked
-                   and (not transposed or transposes(t, plan.vector_axis))
+    copied = tuple(t.name for t in _copied_inputs(program, device)
+                   if (not transposed or transposes(t, plan.vector_axis))
                    and (not rows or t.name in plan.transposed_in_panels))
     return packed_tile_bytes(program, device, copied, plan.pack_layer) if copied else 0
+
+
+def _copied_inputs(program: RProgram, device: DeviceSpec) -> tuple:
+    """The inputs a CPU program's calls copy into panels: the plan's packed ones (`CpuPlan.packed`)
+    but those laid out before the first call (`CpuPlan.prepacked`)."""
+    plan = cpu_plan(program, device)
+    return tuple(t for t in program.expr.inputs if t.name in plan.packed and t.name not in plan.prepacked)
+
+
+# A panel buffer's lines, where they do not stay in a core's caches from one call to the next,
+# are read for ownership at each call's first copy into them and written back once the copies
+# have dirtied them: two transfers of the buffer (`buffer_touch_seconds`).
+BUFFER_TOUCHES = 2
+
+
+def buffer_touch_seconds(program: RProgram, device: DeviceSpec) -> float:
+    """What a call's copies into its panel buffer (`panels.panel_copy_bytes` of the inputs
+    `packed_bytes` counts, one buffer a core, reused by its copies) cost beyond the copying:
+    nothing where the buffer stays in the layer it is packed into between calls (the core's share
+    of the operator's tensors, every one once, and the buffer fit that layer's capacity), else
+    BUFFER_TOUCHES transfers of it from the first layer below that holds them both (the bottom
+    layer where none does) at the core's share of that layer's bandwidth (`layer_gbps`).
+    9 x 647 x 799 on two Xeon Emerald Rapids cores, A and B packed once per 9 x 432 unit tile:
+    its K in steps of 112, 224, 336 and 672 (buffers of 0.2, 0.4, 0.6 and 1.1 MB, the same
+    padding) ran 58, 63, 72 and 97 us, where the copies and the reads of the panels are the same
+    bytes; only the last overflows the 2 MiB L2 with the core's 1 MB share of the operator
+    (evidence: docs/model-evidence.md#buffer-touches)."""
+    plan = cpu_plan(program, device)
+    buffer = panel_copy_bytes(program, tuple(t.name for t in _copied_inputs(program, device)), plan.pack_layer)
+    if not buffer:
+        return 0.0
+    calc = calculus(program.expr)
+    held = calc.traffic_bytes(tuple(calc.extents)) / device.compute_units + buffer
+    bottom = len(device.layers) - 1
+    source = next((l for l in range(plan.pack_layer, bottom) if held <= device.layers[l].capacity_bytes), bottom)
+    if source == plan.pack_layer:
+        return 0.0
+    return BUFFER_TOUCHES * buffer / (layer_gbps(program, device, source) * GB / device.compute_units)
 
 
 def packing_seconds(program: RProgram, device: DeviceSpec) -> float:
     """The CPU template's panel copies (`CpuPlan.packed`) on the busiest core: `packed_bytes` at
     `PACK_BYTES_PER_CYCLE` of that core's clock (`core_ghz`), or over its share of the pack
     layer's bandwidth where that is slower (the reads that fill the panel are the loads of the
-    unit tile already). The copy runs between micro-kernel runs, so it adds to the unit's time,
+    unit tile already), and the touches of the buffer they are written into
+    (`buffer_touch_seconds`). The copy runs between micro-kernel runs, so it adds to the unit's time,
     as the transfers below the first cache layer do (`combine_stages`). What it decides: a
     6-row unit tile copies all of B for every 6 rows where a 1-row kernel packs nothing
     (Vortex's kernels along a dynamic M), and bmm-attn's 13-row register tiles pad M to 130, so
@@ -854,7 +894,8 @@ def _copy_seconds(program: RProgram, device: DeviceSpec, moved: int, transposed:
     cycles = (moved - transposed - rows) / PACK_BYTES_PER_CYCLE + transposed / TRANSPOSED_BYTES_PER_CYCLE
     if rows:
         cycles += rows / rows_bytes_per_cycle(program, device)
-    return max(streamed, cycles / (ghz * GB)) if ghz else streamed
+    copying = max(streamed, cycles / (ghz * GB)) if ghz else streamed
+    return copying + buffer_touch_seconds(program, device)
 
 
 def rows_bytes_per_cycle(program: RProgram, device: DeviceSpec) -> float:
