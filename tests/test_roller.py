@@ -463,6 +463,32 @@ def test_an_even_grid_whose_last_tile_is_mostly_padding_gets_an_even_cut(isa):
         assert_within_limits(stepper.space, cand.program)
 
 
+@pytest.mark.parametrize("isa, tiles", [("avx2", ((2, 24, 1), (2, 48, 16), (2, 48, 4880))),
+                                         ("avx512", ((2, 48, 2), (2, 48, 128), (2, 48, 4864)))])
+def test_a_reduction_too_short_in_steps_to_split_is_cut_to_give_every_core_a_part(isa, tiles):
+    """2 x 8147 x 41 on 2 cores: Roller's scale-up leaves one unit tile of 2 rows over K in two
+    steps, one core busy and too few steps to split. `Space.reduction_cut` cuts the unit tile's K
+    to the largest whole number of the L1 tile's steps that leaves 2 parts of CPU_MIN_PART_STEPS
+    steps; a unit tile with the steps already, a full grid and a GPU get none. The construction
+    emits the cut and splits it, and its rank 1 is such a split."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
+    e = matmul(2, 41, 8147)
+    space = Space(e, dev)
+    below = tiles[1][2]
+    size = max(m * below for m in range(1, 8147 // below + 1) if ceil(8147 / (m * below)) >= 2 * CPU_MIN_PART_STEPS)
+    assert space.reduction_cut(tiles, 0.3) == (2, tiles[:2] + ((2, 48, size),))
+    assert space.reduction_cut(tiles[:2] + ((2, 48, size),), 0.3) is None  # as many steps as the split needs
+    assert space.reduction_cut(tiles[:2] + ((2, 24, 4880),), 0.3) is None  # two tiles: both cores busy
+    assert Space(e, device("v100")).reduction_cut(tiles, 0.3) is None
+    stepper = Stepper(e, dev, options=Options(topk=5))
+    stepper.run_to_end()
+    assert any(s.action.kind == "shrink" and "too few steps of k to split" in s.note for s in stepper.steps)
+    top = stepper.candidates()[0].program
+    assert top.split == 2 and split_steps(top, 2) >= CPU_MIN_PART_STEPS, (top.tiles, top.split)
+    for cand in stepper.candidates():
+        assert_within_limits(stepper.space, cand.program)
+
+
 def test_balances_rounds_to_whole_tiles_and_pads_no_more_than_it_wins():
     """`Space.balances` on 2 cores of 3 unit tiles of 294 rows (one batch each, 14-row register
     tiles): the fewest more tiles along M, 2 a batch, are 154 rows (146 rounded up to whole

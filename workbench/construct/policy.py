@@ -93,6 +93,8 @@ class Policy:
                     "than shrinking the axis of smallest reuse): grid {after}",
         "balance": "grid {before} leaves some of the {units} cores idle in its last wave: also cut {axis} to {size}: grid {after}",
         "even": "grid {before}'s tiles pad {axis} more than as many even tiles would: also cut {axis} evenly to {size}: grid {after}",
+        "reduction_cut": "grid {before} leaves some of the {units} cores idle and its unit tile too few steps of {axis} to split: "
+                         "also cut {axis} to {size}, then split it over the cores",
         "emit": "emit rProgram #{number}: grid {grid}, {predicted} predicted, bound by {bottleneck}",
     }
     marker_temperature: float | None = None  # the temperature recorded with markers (annealing policies)
@@ -286,6 +288,13 @@ class Policy:
             shrunk = yield from self._shrunk(arrived, other[0], "reshrink")
             if (yield from self._emit_program(shrunk, arrived)) is not None:
                 self._extras += 1
+        cut = self.ask(reduction_cut_at, state.eps, state.recorded)
+        if cut is not None and self.priced(self.space.program_of(state))[0].split <= 1:
+            program = self.space.program(cut[1], state.eps, state.vthreads)
+            if self.priced(program)[1].predicted_seconds < est.predicted_seconds:
+                deeper = yield from self._shrunk(state, (cut,), "reduction_cut")
+                if (yield from self._emit_program(deeper, arrived)) is not None:
+                    self._extras += 1
         cuts = [(self._balanced(state), state)]
         if shrinks and self.space.calc.spatial_tiles(state.recorded[-1]) > 2 * self.space.device.compute_units:
             cuts.append((self._balanced(arrived), arrived))
@@ -470,6 +479,11 @@ def shrinks_at(space: Space, eps: float, tiles) -> tuple:
 def shrink_choices_at(space: Space, eps: float, tiles) -> tuple:
     """`Space.shrink_choices` of `tiles` at `eps` (a query for `Policy.ask`)."""
     return space.shrink_choices(tiles, eps)
+
+
+def reduction_cut_at(space: Space, eps: float, tiles):
+    """`Space.reduction_cut` of `tiles` at `eps` (a query for `Policy.ask`)."""
+    return space.reduction_cut(tiles, eps)
 
 
 def balances_at(space: Space, eps: float, tiles) -> tuple:

@@ -27,7 +27,9 @@ from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_pr
 from workbench.rtile.model.common import is_compute_bound, is_stream_bound
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
-from workbench.rtile.rprogram import RProgram, holds_output, layer_capacity, layer_footprint, make_program, storage_padding
+from workbench.rtile.rprogram import (
+    CPU_MIN_PART_STEPS, RProgram, holds_output, layer_capacity, layer_footprint, make_program, split_axis, storage_padding,
+)
 from workbench.rtile.rules import AlignContext, dividing_axes, whole_vector_bound, whole_vector_waste
 from workbench.rtile.traffic import calculus
 
@@ -398,6 +400,30 @@ class Space:
             out.append(shrunk)
             tiles = shrunk[1]
         return tuple(out)
+
+    def reduction_cut(self, tiles: tuple[Tile, ...], eps: float) -> tuple[int, tuple[Tile, ...]] | None:
+        """On a CPU whose grid leaves cores idle, the unit tile cut along the axis a split program
+        parts (`rprogram.split_axis`) to the largest whole number of the tile below's steps that
+        gives every core a part of CPU_MIN_PART_STEPS steps or more (`rprogram.split_counts`), where
+        the unit tile has too few steps for that: (axis, tiles after the cut), or None. Roller's
+        scale-up grows a unit tile's K as far as the cache holds, which can leave a long reduction
+        over few outputs one or two K-steps and nothing to split: 2 x 8147 x 41 arrived as one 2 x
+        48 x 4256 unit tile on 2 cores, one core busy, 52 us, where K-steps of 448 split two ways
+        run 23 us (numpy 26; evidence: docs/evidence.md#reduction-cut)."""
+        units, unit = self.device.compute_units, tiles[-1]
+        grid = self.calc.spatial_tiles(unit)
+        axis = split_axis(self.expr, self.device) if self.device.runs_on_cpu and len(tiles) > 1 else None
+        if axis is None or grid >= units:
+            return None
+        extent, below = self.expr.axes[axis].extent, tiles[-2][axis]
+        needed = ceil(units / grid) * CPU_MIN_PART_STEPS
+        if ceil(extent / unit[axis]) >= needed:
+            return None  # split as it is (`policy.split_k`)
+        size = next((m * below for m in range(unit[axis] // below, 0, -1) if ceil(extent / (m * below)) >= needed), None)
+        if size is None or size >= unit[axis]:
+            return None
+        cut = _shrunk_stack(self, tiles, axis, size, eps, self.cached(len(tiles), eps))
+        return None if cut is None else (axis, cut)
 
     def balances(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...], float], ...]:
         """CPU scale-out past Roller-S: (axis, tiles, bound) for each spatial axis along which
