@@ -420,7 +420,7 @@ class Space:
         if ceil(extent / unit[axis]) >= needed:
             return None  # split as it is (`policy.split_k`)
         size = next((m * below for m in range(unit[axis] // below, 0, -1) if ceil(extent / (m * below)) >= needed), None)
-        if size is None or size >= unit[axis]:
+        if size is None:
             return None
         cut = _shrunk_stack(self, tiles, axis, size, eps, self.cached(len(tiles), eps))
         return None if cut is None else (axis, cut)
