@@ -1283,11 +1283,11 @@ def test_cpu_cache_tiles_share_with_their_neighbours_what_one_step_leaves_in_the
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
 def test_a_panel_buffer_that_leaves_the_pack_layer_is_read_for_ownership_and_written_back(dev, monkeypatch):
     """8 x 647 x 799 in 8 x 432 unit tiles packs A and B into L2 once per K-step of kc: a buffer
-    of 8 x kc of A and kc x 432 of B a core (kc at most K). Where the core's share of the operator (its tensors
-    once, over 2 cores) and that buffer overflow L2 and no layer but the bottom holds them, each
-    call reads the buffer for ownership from DRAM and writes it back: BUFFER_TOUCHES x the buffer
-    at the core's half of DRAM's 20 GB/s, added to the copies; with an L2 that holds both,
-    nothing (generated AVX2-like and AVX-512-like specs)."""
+    of 8 x kc of A and kc x 432 of B a core (kc at most K). Where the core's share of the
+    operator (its tensors once, over 2 cores) and that buffer overflow L2 and no layer but the
+    bottom holds them, each call reads the buffer for ownership from DRAM and writes it back:
+    BUFFER_TOUCHES x the buffer at the core's half of DRAM's 20 GB/s, added to the copies; with
+    an L2 that holds both, nothing (generated AVX2-like and AVX-512-like specs)."""
     e = matmul(8, 799, 647)
     share = (8 * 647 + 647 * 799 + 8 * 799) * 4 / 2
     l2 = dev.layers[2]
@@ -1305,7 +1305,7 @@ def test_a_panel_buffer_that_leaves_the_pack_layer_is_read_for_ownership_and_wri
                 copying = packing_seconds(p, spec)
             assert packing_seconds(p, spec) == pytest.approx(copying + touch, rel=1e-12)
         # the generated specs' 1 MiB L2 holds neither buffer with the 1.06 MB share; a 2 MiB one
-        # the 0.2 MB buffer of kc = 112, not the 1.2 MB of kc = 672
+        # the 0.2 MB buffer of kc = 112, not the 1.1 MB of kc = 672
         p = make_program(calculus(e), wide, [(8, 16, 1), (8, 16, 112), (8, 432, kc)], [True] * 3, 0.0)
         assert (buffer_touch_seconds(p, wide) > 0) == (kc == 672)
 

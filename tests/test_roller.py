@@ -469,8 +469,8 @@ def test_a_reduction_too_short_in_steps_to_split_is_cut_to_give_every_core_a_par
     """2 x 8147 x 41 on 2 cores: Roller's scale-up leaves one unit tile of 2 rows over K in two
     steps, one core busy and too few steps to split. `Space.reduction_cut` cuts the unit tile's K
     to the largest whole number of the L1 tile's steps that leaves 2 parts of CPU_MIN_PART_STEPS
-    steps; a unit tile with the steps already, a full grid and a GPU get none. The construction
-    emits the cut and splits it, and its rank 1 is such a split."""
+    steps; a unit tile with the steps already, one core (none idle) and a GPU get none. The
+    construction emits the cut and splits it, and its rank 1 is such a split."""
     dev = detected_cpu(isa, 2, 32 * KIB, 1024 * KIB)
     e = matmul(2, 41, 8147)
     space = Space(e, dev)
@@ -478,7 +478,7 @@ def test_a_reduction_too_short_in_steps_to_split_is_cut_to_give_every_core_a_par
     size = max(m * below for m in range(1, 8147 // below + 1) if ceil(8147 / (m * below)) >= 2 * CPU_MIN_PART_STEPS)
     assert space.reduction_cut(tiles, 0.3) == (2, tiles[:2] + ((2, 48, size),))
     assert space.reduction_cut(tiles[:2] + ((2, 48, size),), 0.3) is None  # as many steps as the split needs
-    assert space.reduction_cut(tiles[:2] + ((2, 24, 4880),), 0.3) is None  # two tiles: both cores busy
+    assert Space(e, detected_cpu(isa, 1, 32 * KIB, 1024 * KIB)).reduction_cut(tiles, 0.3) is None  # no core idle
     assert Space(e, device("v100")).reduction_cut(tiles, 0.3) is None
     stepper = Stepper(e, dev, options=Options(topk=5))
     stepper.run_to_end()
