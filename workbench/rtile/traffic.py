@@ -92,6 +92,10 @@ class TileCalculus:
             q = self._traffic[key] = loads + stores
         return q
 
+    def compulsory_bytes(self) -> int:
+        """The operator's tensors, every one once: Q of the whole operator as one tile."""
+        return self.traffic_bytes(tuple(self.extents))
+
     def input_bytes(self, shapes, line: int = 0, in_lines: frozenset[int] = frozenset()) -> tuple[int, ...]:
         """Bytes of each input's data tile (`shapes` from `data_tiles`); for the inputs numbered
         in `in_lines` (with `line` > 0) the whole cache lines it touches: the tile is runs of

@@ -93,8 +93,7 @@ def stays_in_llc(expr: TensorExpr, device: DeviceSpec) -> bool:
     run on, its reads from the bottom layer hit that cache."""
     if not device.llc_bytes:
         return False
-    calc = calculus(expr)
-    return calc.traffic_bytes(tuple(calc.extents)) <= device.llc_bytes * LLC_FILL
+    return calculus(expr).compulsory_bytes() <= device.llc_bytes * LLC_FILL
 
 
 def is_compute_bound(calc: TileCalculus, device: DeviceSpec, layer: int, tile, source: int) -> bool:
@@ -132,7 +131,7 @@ def is_load_hidden(calc: TileCalculus, device: DeviceSpec, tile, source: int) ->
     its matrix once, however it is tiled) a cache tile's loads from the layer below hide under
     that stream as well, and growing it to cut them gains nothing."""
     bottom = device.layers[-1]
-    compulsory = calc.traffic_bytes(tuple(calc.extents)) / (bottom.bandwidth_gbps * GB)
+    compulsory = calc.compulsory_bytes() / (bottom.bandwidth_gbps * GB)
     load = calc.traffic_bytes(tile) / (device.layers[source].bandwidth_gbps * GB)
     compute = calc.expr.flops / (peak_gflops(calc.expr, device) * GB)
     return load <= max(compute, compulsory)

@@ -856,8 +856,7 @@ def buffer_touch_seconds(program: RProgram, device: DeviceSpec) -> float:
     buffer = panel_copy_bytes(program, tuple(t.name for t in _copied_inputs(program, device)), plan.pack_layer)
     if not buffer:
         return 0.0
-    calc = calculus(program.expr)
-    held = calc.traffic_bytes(tuple(calc.extents)) / device.compute_units + buffer
+    held = calculus(program.expr).compulsory_bytes() / device.compute_units + buffer
     bottom = len(device.layers) - 1
     source = next((l for l in range(plan.pack_layer, bottom) if held <= device.layers[l].capacity_bytes), bottom)
     if source == plan.pack_layer:
