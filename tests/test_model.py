@@ -18,6 +18,7 @@ from workbench.hardware.registers import register_budget
 from workbench.hardware.spec import MicroKernel
 from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
+from workbench.ops.tensor_expr import KernelArg
 from workbench.rtile.axes import (
     PREFETCH_ROWS, autovector_axis, cross_thread_axis, lane_axis, plain_projections, unfollowed_inputs, unfollowed_reads,
     written_before,
@@ -30,7 +31,8 @@ from workbench.rtile.model.common import (
 )
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, BOTTOM_ADDED_SHARE, BUFFER_TOUCHES, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
-    GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_seconds, guarded_store_seconds,
+    GUARDED_STORE_CYCLES, clock_ghz, edge_chain_seconds, edge_seconds, epilogue_read_seconds, epilogue_seconds,
+    guarded_store_seconds,
     buffer_touch_seconds, combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
     RESIDENT_SHARE, packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs,
     transfer_seconds, FILL_BUFFERS, WINDOW_UOPS, lines_in_flight, unfollowed_seconds,
@@ -183,6 +185,8 @@ def check_consistent(calc, dev, program, est):
         moved["output lines two cores write"] = shared_lines * dev.layers[-1].transaction_bytes
     if dev.kind == "cpu" and program.split > 1:
         moved[f"summing {program.split} parts' partial sums"] = partial_sum_bytes(program)
+    if dev.kind == "cpu" and calc.expr.epilogue_input_bytes:  # a fused epilogue's own inputs (closed forms below)
+        moved[dev.layers[-1].name] = moved.get(dev.layers[-1].name, 0) + calc.expr.epilogue_input_bytes
     assert dict(est.bytes_per_layer) == moved and set(dict(est.load_seconds)) == set(moved)
     assert 0 < est.occupancy <= 1 and est.blocks_per_unit >= 1
     assert est.footprints == tuple(footprint_at(dev, program, l) for l in range(len(program.tiles)))
@@ -283,6 +287,45 @@ def test_random_programs_have_consistent_monotone_estimates(case):
     check_consistent(calc, dev, program, est)
     for layer in [None, *dict(est.load_seconds)]:
         assert estimate(program, _faster(dev, layer)).predicted_seconds <= est.predicted_seconds
+
+
+def _with_residual(e):
+    """`e` with a residual of its output's shape passed for a fused epilogue to add, as an
+    imported model's operator has it: a kernel argument the main block does not read."""
+    residual = KernelArg("residual", e.output.shape, e.dtype, "input")
+    return replace(e, args=e.args[:-1] + (residual,) + e.args[-1:])
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512, TINY_CPU], ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(96, 80, 64), (7, 300, 33), (512, 16, 1024)])
+def test_an_epilogues_residual_is_read_once_with_the_bottom_layers_transfers(dev, shape):
+    """A residual the epilogue adds is read once, each element as the write-back folds the add
+    in, from the bottom layer at its rate (the last-level cache's where the operator stays there)
+    on the cores the grid keeps busy, with that layer's other transfers: its bytes and seconds
+    join the bottom layer's, and a plain projection's program costs between BOTTOM_ADDED_SHARE
+    of them and all of them more (the part of the bottom layer's time that overlaps the core's,
+    `combine_stages`), on its busiest core. An operator that passes nothing beyond what its main
+    block reads pays nothing."""
+    bare = plain_matmul(*shape)
+    fused = _with_residual(bare)
+    m, n, _ = shape
+    assert bare.epilogue_input_bytes == 0 and fused.epilogue_input_bytes == 4 * m * n
+    program = constructed_on(bare, dev)
+    with_residual = replace(program, expr=fused)
+    busy = min(1.0, program.grid / dev.compute_units)
+    bottom = len(dev.layers) - 1
+    expected = 4 * m * n / (layer_gbps(program, dev, bottom) * 1e9 * busy)
+    assert epilogue_read_seconds(with_residual, dev, busy) == pytest.approx(expected)
+    assert epilogue_read_seconds(program, dev, busy) == 0.0
+    before, after = estimate(program, dev), estimate(with_residual, dev)
+    name = dev.layers[bottom].name
+    assert dict(after.bytes_per_layer)[name] == dict(before.bytes_per_layer).get(name, 0) + 4 * m * n
+    assert dict(after.load_seconds)[name] == pytest.approx(dict(before.load_seconds).get(name, 0.0) + expected)
+    imbalance = ceil(program.grid / dev.compute_units) * dev.compute_units / program.grid if program.grid >= dev.compute_units else 1.0
+    imbalance *= part_imbalance(program, dev)
+    added = after.predicted_seconds - before.predicted_seconds
+    assert BOTTOM_ADDED_SHARE * expected * imbalance * (1 - 1e-9) <= added <= expected * imbalance * (1 + 1e-9)
+    check_consistent(calculus(fused), dev, with_residual, after)
 
 
 def test_waves_count_partial_waves_as_whole():

@@ -213,6 +213,19 @@ def test_fused_conv_bias_relu6_maps_to_its_convolution():
     assert [e.data_tile_shape(t, tile) for t in range(3)] == [(1, 16, 4, 4), (8, 16, 1, 1), (1, 8, 4, 4)]
 
 
+def test_a_fused_residual_and_the_bn_vectors_are_the_epilogues_inputs():
+    """The ResNet block's second conv reads the block's input `x` only in its epilogue (the
+    residual add) and BatchNorm's scale and shift per channel: those, not the conv's own input
+    and filters, are its epilogue's inputs, which the model prices as read once
+    (`model.cpu.epilogue_read_seconds`); the first conv's epilogue reads a bias and BN's two
+    vectors, the pool nothing beyond its input."""
+    second = operator("resnet_block", "fused_conv2d_multiply_add_add2_relu").expr
+    assert [t.name for t in second.inputs] == ["lv7", "param_0"]
+    assert second.epilogue_input_bytes == 4 * (64 * 16 * 16 + 64 + 64)
+    assert operator("resnet_block", "fused_conv2d_add_multiply_add_relu").expr.epilogue_input_bytes == 4 * 3 * 64
+    assert operator("resnet_block", "max_pool2d").expr.epilogue_input_bytes == 0
+
+
 def test_padded_3x3_conv_reads_a_halo_and_depthwise_reads_its_own_channel():
     conv = operator("resnet_block", "fused_conv2d_add_multiply_add_relu").expr
     assert conv.tensors[0].shape == (1, 64, 18, 18)  # the padded data, read through the pad block

@@ -9,6 +9,7 @@ bounding box is what a layer stages.
 """
 
 import json
+from dataclasses import replace
 from math import prod
 
 import numpy as np
@@ -387,3 +388,14 @@ def test_a_dimension_of_one_read_at_zero_is_read_at_a_unit_axis_where_every_inpu
     assert three.inputs[0].index[0] == ((0, 0, 0, 0), 0)
     window = build_expr("C[b,c,h] += X[b,c,h+r] * W[c,0,r]", dict(b=1, c=4, h=6, r=3))
     assert window.inputs[1].index[1] == ((0, 0, 0, 0), 0)
+
+
+def test_an_argument_the_main_block_does_not_read_counts_as_the_epilogues_by_its_dtypes_width():
+    """`epilogue_input_bytes`: the inputs among the kernel's arguments that the main block does
+    not read, each at its dtype's width, an int64 one's from its name as well; the output is
+    not one of them."""
+    e = plain_matmul(8, 16, 4)
+    assert e.epilogue_input_bytes == 0
+    extra = (KernelArg("bias", (16,), "float32", "input"), KernelArg("index", (8, 2), "int64", "input"),
+             KernelArg("mask", (8, 16), "bool", "input"))
+    assert replace(e, args=e.args[:-1] + extra + e.args[-1:]).epilogue_input_bytes == 16 * 4 + 16 * 8 + 8 * 16

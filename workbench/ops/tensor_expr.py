@@ -177,6 +177,15 @@ class TensorExpr:
     def output(self) -> TensorAccess:
         return self.tensors[-1]
 
+    @cached_property
+    def epilogue_input_bytes(self) -> int:
+        """Bytes of the kernel's inputs that the main block does not read (`args` not among
+        `tensors`): what a fused operator's blocks after it read, a residual added to a conv's
+        output or a bias vector. An argument no block reads (every use cancelled) counts too:
+        the expression keeps no record of which block reads what."""
+        read = {t.name for t in self.tensors}
+        return sum(prod(a.shape) * _arg_bytes(a.dtype) for a in self.args if a.role == "input" and a.name not in read)
+
     @property
     def main_flops(self) -> int:
         """The main block's flops: `flops` less the blocks' after it (`epilogue_flops`)."""
@@ -274,6 +283,15 @@ class TensorExpr:
             gathered=tuple(data.get("gathered", ())),  # not recorded: none gathered
             transposed=tuple(data.get("transposed", ())),  # not recorded: none transposed
         )
+
+
+def _arg_bytes(dtype: str) -> int:
+    """Bytes of one element of a kernel argument: an epilogue may read a dtype the operators
+    never compute in (an int64 index), whose width its name gives."""
+    if dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    bits = "".join(c for c in dtype if c.isdigit())
+    return max(1, int(bits) // 8) if bits else 1
 
 
 def _jsonable(value):

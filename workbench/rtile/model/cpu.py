@@ -3,8 +3,9 @@ lines for `scattered_inputs`), their transfer times, the accumulators' trips to 
 keeps them (`accumulator_home`, `accumulator_steps`) and the output buffer's passes
 (`buffer_bytes`), the panel copies (`packing_seconds`), a strided image's gather
 (`gather_seconds`), the output lines two cores write (`shared_output_lines`), a split program's
-sum (`split_sum_seconds`), and how the stages add up (`combine_stages`); `price` assembles them
-with the compute term (`model.cpu_compute`)."""
+sum (`split_sum_seconds`), a fused epilogue's own inputs (`epilogue_read_seconds`), and how the
+stages add up (`combine_stages`); `price` assembles them with the compute term
+(`model.cpu_compute`)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     (`edge_seconds`), the output elements stored one at a time (`guarded_store_seconds`), a strided
     image's gather (`gather_seconds`), the output lines two cores write (`shared_output_lines`,
     SHARED_LINE_CYCLES each) and a split program's sum (`split_sum_seconds`) added after the
-    scale-out."""
+    scale-out; a fused epilogue's own inputs (`epilogue_read_seconds`) with the bottom layer's
+    transfers."""
     expr = program.expr
     calc = calculus(expr)
     plan = cpu_plan(program, device)
@@ -77,6 +79,9 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
     runs = stream_seconds(program, device, busy) + unfollowed_seconds(program, device, busy)
     if runs:
         transfer(device.layers[-1].name, 0, runs)
+    reading = epilogue_read_seconds(program, device, busy)
+    if reading:
+        transfer(device.layers[-1].name, expr.epilogue_input_bytes, reading)
     stages = {"compute": compute, **loads}
     bottleneck = max(stages, key=stages.get)
     core = combine_stages(through, device, compute, adding, hidden, plan.path == LANES)
@@ -383,6 +388,23 @@ def epilogue_seconds(program: RProgram, device: DeviceSpec, busy: float) -> floa
     slots = sum(p.ops * p.rows * (row_vector(p.extent, lanes, p.reduction).slots if p.contiguous else p.extent)
                 for p in expr.row_passes)
     return (expr.epilogue_ops - rows + slots * lanes) / (device.peak(expr.dtype) / 2 * GB * busy)
+
+
+def epilogue_read_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
+    """Time to read the inputs only the blocks after the main block read
+    (`TensorExpr.epilogue_input_bytes`: a residual added to a conv's output, a bias vector),
+    every element once as the write-back folds the epilogue in, from the bottom layer at the
+    rate `layer_gbps` gives it (the last-level cache's where the operator stays there: a model's
+    kernel reads what an earlier one wrote), on the cores the grid keeps busy. `price` counts it
+    with the bottom layer's transfers, as the output's lines going back there are, so it
+    overlaps the core's time as they do (`combine_stages`). Six 1 x 1 convs timed in turns with
+    and without a residual (the same tiles, two Xeon Emerald Rapids cores): 0.3-4.9 MB of
+    residual cost 0.7-2.2x this price as AVX-512 code, 0.24-1.6x as AVX2 code
+    (docs/model-evidence.md#epilogue-inputs)."""
+    q = program.expr.epilogue_input_bytes
+    if not q:
+        return 0.0
+    return q / (layer_gbps(program, device, len(device.layers) - 1) * GB * busy)
 
 
 def edge_seconds(program: RProgram, device: DeviceSpec) -> float:
