@@ -399,8 +399,8 @@ def epilogue_read_seconds(program: RProgram, device: DeviceSpec, busy: float) ->
     with the bottom layer's transfers, as the output's lines going back there are, so it
     overlaps the core's time as they do (`combine_stages`). Six 1 x 1 convs timed in turns with
     and without a residual (the same tiles, two Xeon Emerald Rapids cores): 0.3-4.9 MB of
-    residual cost 0.7-2.2x this price as AVX-512 code, 0.24-1.6x as AVX2 code
-    (docs/model-evidence.md#epilogue-inputs)."""
+    residual cost 0.7-2.2x this price as AVX-512 code (medians of three runs), 0.24-1.6x as AVX2
+    code (docs/model-evidence.md#epilogue-inputs)."""
     q = program.expr.epilogue_input_bytes
     if not q:
         return 0.0
