@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import TINY_CPU, device, expr, suite_workloads, workload_expr
+from test_alignment import AVX2, AVX512
 from workbench.codegen.build import X86_FEATURES, Kernel, build_kernel, target_dict
 from workbench.codegen.common import chain_factors
 from workbench.codegen.cpu import schedule_cpu
@@ -156,6 +157,23 @@ def test_fused_ragged_reductions_match_numpy(text):
     assert check.correct, check.error
     for rank in (1, 5):
         _assert_correct(e, rank)
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_fused_ragged_reduction_builds_with_its_edge_tile_apart(dev):
+    """The fused reduction above on an 8-lane core: its 16-wide register rows are two vectors,
+    so the plan runs the tile the row's end cuts apart (`CpuPlan.edge_vectors`), whose partition
+    leaves the copies' blocks sharing their iteration variables. The caller's (9, 35) shapes
+    (`with_call_shapes`) built the function anew through a Schedule, whose well-formedness
+    check refused that, and no kernel of the operator built on an AVX2 core. On 16 lanes the
+    row is one vector and nothing runs apart. It builds on both (run and checked against numpy
+    on this machine's own spec above)."""
+    e = fuse_axes(build_expr(FUSED_RAGGED[0], dict(i=9, j=35, k=301)))
+    program = _program(e, {"ij": (16, 160, 160), "k": (1, 16, 304)})
+    assert cpu_plan(program, dev).edge_vectors == (dev is AVX2)
+    kernel = build_kernel(e, program, dev)
+    assert kernel.ok, kernel.error
+    assert kernel.views  # the caller's shapes
 
 
 def test_fused_ragged_reduce_sum_matches_numpy():
