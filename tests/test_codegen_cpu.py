@@ -613,6 +613,32 @@ def test_a_few_row_program_read_in_place_splits_its_edge_off_instead_of_padding(
     assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
 
 
+@pytest.mark.parametrize("batch_tile, k_steps, hinted", [(2, 16, False), (4, 16, True), (2, 8, True)])
+def test_a_batch_the_grid_cuts_keeps_its_guard_where_registers_store_straight_out(batch_tile, k_steps, hinted):
+    """Three batches of a 4 x 16 x 100 matmul read in place (`RProgram.in_place`: the row path,
+    its edges split off), the whole K in one L1 tile (`CpuPlan.direct_stores`). In unit tiles of
+    two batches the grid holds two of them and the end cuts the second, where it depends on the
+    grid's index: partitioned there, the batch's loop left a copy of the unit tile's whole nest
+    past the end, every lane testing the row's guard scalar (6 batches of 16 x 20 x 194 ran
+    138 us so, 7 without the mark, 5 predicted). So the batch's loops carry no partition hint,
+    its guard one test a tile, while N's carry it. In one unit tile of four the end is a
+    constant, and where the K-steps sum into a unit-tile buffer (two L1 K-steps) the mark stays:
+    there dropping it cost as often as it gained. The kernels match numpy and run vector FMAs."""
+    e = expr("matmul", B=3, M=4, N=100, K=16)
+    chains = dict(b=(1, 1, batch_tile), i=(4, 4, 4), j=(16, 32, 64), k=(1, k_steps, 16))
+    program = replace(_program(e, chains), in_place=True)
+    plan = cpu_plan(program, device(CPU))
+    assert plan.path == ROW and plan.split_edges and plan.direct_stores == (k_steps == 16)
+    kernel = build_kernel(e, program, device(CPU))
+    assert kernel.ok, kernel.error
+    check = verify(kernel, e)
+    assert check.correct, check.error
+    split = set(re.findall(rf"for (\w)_\d+ in T\.serial\(\d+, {re.escape(HINT)}\)", kernel.tvmscript))
+    assert "j" in split and ("b" in split) == hinted
+    lanes = simd_lanes(device(CPU), 4)
+    assert re.search(rf"@llvm\.fmuladd\.v{min(lanes, 16)}f32", dict(kernel.sources)["ll"])
+
+
 EDGE_VECTORS = {
     # 180 = 96 + 48 + 36: the tile N's end cuts holds whole vectors (36 = 2 x 16 + 4, 4 x 8 + 4)
     "whole-k": (expr("matmul", M=1, N=180, K=64), dict(i=(1, 1, 1), j=(48, 48, 96), k=(1, 16, 64))),

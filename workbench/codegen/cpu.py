@@ -149,7 +149,13 @@ def _schedule(expr: TensorExpr, program: RProgram, plan: CpuPlan, split: int | N
         _split_edges(sch, [loop for a in plan.edge_axes for loop in levels[a][1:-1]]
                      + [levels[a][0] for a in plan.edge_axes if a in expr.reduce])
     if plan.split_edges:
-        others = [a for a in expr.spatial if a != vector_axis and ragged(expr, program, a)]
+        # an axis of one-row register tiles whose end the grid's index places (unit tiles
+        # shorter than it) keeps its guard where the registers store straight out, one test a
+        # tile: partitioned, its loop left a copy of the unit tile's whole nest past the end,
+        # every lane testing the row's guard scalar (docs/evidence.md#grid-cut-batches)
+        others = [a for a in expr.spatial if a != vector_axis and ragged(expr, program, a)
+                  and not (plan.direct_stores and program.register_tile[a] == 1
+                           and program.unit_tile[a] < expr.axes[a].extent)]
         # with `edge_vectors` the row splits inside its register tiles instead (`_micro_kernel`)
         row = () if plan.edge_vectors else (vector_axis,)
         # a ragged reduction's loop over the unit tile's K-steps as well (a one-row matmul's
