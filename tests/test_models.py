@@ -873,6 +873,25 @@ def test_run_report_finds_outputs_off_by_more_than_the_tolerance(monkeypatch):
     assert "outputs DO NOT match ONNX Runtime" in bad.text()
 
 
+def test_run_report_checks_nothing_against_constant_outputs(tmp_path):
+    """A model whose weights are constants (onnx's `light_*.onnx` test models: every class of
+    SqueezeNet's softmax 0.001) gives ONNX Runtime's outputs one value each, which any kernel
+    writing that value matches: the run says it checked nothing, and does not report a match.
+    Here a matmul by a weight of zeros, on the seeded inputs of both signs."""
+    pytest.importorskip("onnxruntime")
+    from workbench.models import run
+
+    weight = numpy_helper.from_array(np.zeros((16, 8), np.float32), "W")
+    path = _save(tmp_path / "zeros.onnx", [helper.make_node("MatMul", ["x", "W"], ["y"])],
+                 [_tensor("x", [4, 16])], [_tensor("y", [4, 8])], [weight])
+    mc = pipeline.construct_model(path, "local-cpu")
+    report = run.run_model_report(mc, path)
+    assert report.outputs_constant and not report.outputs_match and report.max_abs_error == 0.0
+    assert "outputs NOT CHECKED" in report.text() and report.to_dict()["outputs_checked"] is False
+    good = run.run_model_report(constructed("mlp", "local-cpu"), SAMPLES / "mlp.onnx")
+    assert not good.outputs_constant and good.to_dict()["outputs_checked"] is True
+
+
 def test_run_report_refuses_a_gpu_device():
     with pytest.raises(UserError, match="CPU device"):
         pipeline.run_model_report(constructed("mlp", "h100"), SAMPLES / "mlp.onnx")
