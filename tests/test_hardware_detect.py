@@ -16,6 +16,7 @@ from workbench.hardware.detect import (
     parse_cpuinfo,
     parse_l1_ways,
     parse_meminfo,
+    prefetch_facts,
 )
 from workbench.hardware.parse import spec_from_toml_text
 from workbench.hardware.write import spec_to_toml
@@ -239,6 +240,32 @@ def test_fma_facts_from_vendor_family_and_model(vendor, family, model, facts):
     assert (info.family, info.model) == (family, model)
     found = fma_facts(info)
     assert (found.latency_cycles, found.pipes) == facts and found.source
+
+
+@pytest.mark.parametrize(
+    "vendor, family, model, rows",
+    [
+        ("AuthenticAMD", 25, 1, 16),  # Zen 3 (EPYC 7003, model 01h): measured
+        ("AuthenticAMD", 25, 33, 16),  # Zen 3 client (model 21h)
+        ("AuthenticAMD", 25, 17, 0),  # Zen 4 (EPYC 9004): not measured, the model's default
+        ("AuthenticAMD", 26, 2, 0),  # Zen 5
+        ("GenuineIntel", 6, 207, 0),  # Emerald Rapids: the default is its measurement
+    ],
+)
+def test_prefetch_rows_from_vendor_family_and_model(vendor, family, model, rows, tmp_path):
+    """`DeviceSpec.prefetch_rows` of the cores measured (`detect._AMD_PREFETCH_ROWS`), with where
+    it comes from in the spec's sources and written to its TOML; 0 (not stated) elsewhere."""
+    info = parse_cpuinfo(f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: avx2 fma\n")
+    found, source = prefetch_facts(info)
+    assert found == rows and bool(source) == bool(rows)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cpuinfo").write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+                                  f"model name\t: a CPU\nflags\t\t: avx avx2 fma\n")
+    spec = detect_local_cpu(sysfs_root=str(tmp_path / "sys"), proc_root=str(proc), cores=2)
+    assert spec.prefetch_rows == rows and (dict(spec.sources).get("prefetch_rows") == (source or None))
+    assert spec_from_toml_text(spec_to_toml(spec), check_target=False) == spec  # the target: TVM's, not asked here
+    assert ("prefetch_rows = " in spec_to_toml(spec)) == bool(rows)
 
 
 def test_parse_meminfo():

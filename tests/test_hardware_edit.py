@@ -116,6 +116,19 @@ def test_fewer_cores_read_dram_at_most_at_their_own_streams():
     assert "core_dram_gbps = 6.0" in edit(cpu, "core_dram_gbps=6").toml
 
 
+def test_the_rows_the_prefetchers_follow_are_editable_where_the_spec_says():
+    """`prefetch_rows` (a Zen 3's 16, detected) is an edit's field where the spec gives it, and
+    written back; a spec without it (the model's default) has no such field to edit."""
+    cpu = device("xeon-avx512")
+    zen3 = replace(cpu, prefetch_rows=16)
+    done = edit(zen3, "prefetch_rows=48")
+    assert done.spec.prefetch_rows == 48 and "prefetch_rows = 48" in done.toml
+    with pytest.raises(UserError):
+        edit(zen3, "prefetch_rows=0")
+    with pytest.raises(UserError):
+        edit(cpu, "prefetch_rows=16")
+
+
 def test_a_field_the_edits_name_is_never_derived_over():
     done = edit(device("xeon-avx512"), "peak_gflops.float32=1000", "compute_units=14")
     assert dict(done.spec.peak_gflops)["float32"] == 1000.0

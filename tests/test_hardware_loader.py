@@ -466,6 +466,10 @@ BEYOND = [
     (XEON_TEXT, "fma_latency_cycles = 4", "fma_latency_cycles = 1000", "device.fma_latency_cycles must be at most 32"),
     (XEON_TEXT, "fma_pipes = 2\n", "fma_pipes = 2\nllc_bytes = 1048576\nllc_gbps = 1e12\n", "device.llc_gbps must be at most 1e+07 GB/s"),
     (XEON_TEXT, "ways = 8", "ways = 100000", "layer[1].ways must be at most 256"),
+    (XEON_TEXT, "fma_pipes = 2\n", "fma_pipes = 2\nprefetch_rows = 100000\n", "device.prefetch_rows must be at most 1024"),
+    (XEON_TEXT, "fma_pipes = 2\n", "fma_pipes = 2\nprefetch_rows = 0\n", "device.prefetch_rows must be"),
+    (V100_TEXT, "compute_units = 80\n", "compute_units = 80\nprefetch_rows = 16\n",
+     "device.prefetch_rows is what a CPU core's prefetchers follow: a CPU's only"),
     (V100_TEXT, 'name = "v100"', 'name = "../.."', "device.name must be an identifier of letters, digits and single '.', "
                                                    "'_' or '-' between them (at most 64 characters), got '../..'"),
     (V100_TEXT, 'name = "v100"', 'name = "specs/v100"', "device.name must be an identifier"),

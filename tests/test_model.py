@@ -966,7 +966,8 @@ def test_an_input_read_once_over_more_rows_than_the_prefetchers_follow_waits_a_l
     than PREFETCH_ROWS, each of its lines waits the bottom layer's latency, with as many in flight
     as `lines_in_flight` says: a step's 1 load of B, 12 broadcasts of A and 12 FMAs, 512 / 25
     steps in the window, each a line, at most FILL_BUFFERS. A 19-row tile's steps (39) leave
-    fewer. Under 32 rows nothing is added, and the estimate ranks that program first (generated
+    fewer. Under 32 rows nothing is added, and the estimate ranks that program first, unless the
+    spec says its cores follow 16 rows (`DeviceSpec.prefetch_rows`, a Zen 3's) (generated
     AVX2-like and AVX-512-like specs)."""
     e = matmul(12, 4096, 2048)
     calc, lanes = TileCalculus(e), dev.warp_size
@@ -986,6 +987,9 @@ def test_an_input_read_once_over_more_rows_than_the_prefetchers_follow_waits_a_l
         lines * bottom.latency_ns * 1e-9 / (16 * dev.compute_units))
     assert unfollowed_seconds(shallow, dev, 1.0) == 0.0
     assert estimate(deep, dev).predicted_seconds > estimate(shallow, dev).predicted_seconds
+    zen3 = replace(dev, prefetch_rows=16)  # a core whose prefetchers follow 16 rows: 32 are too many
+    assert unfollowed_seconds(shallow, zen3, 1.0) == unfollowed_seconds(deep, dev, 1.0)
+    assert unfollowed_seconds(program(16), zen3, 1.0) == 0.0
     check_consistent(calc, dev, deep, estimate(deep, dev))
 
 

@@ -31,7 +31,7 @@ from workbench.construct.roller import RollerPolicy
 from workbench.construct.space import EPS_STEPS, Options, Space, replay
 from workbench.construct.stepper import Stepper
 from workbench.rtile.alignment import initial_tile, next_aligned_sizes, required_accumulators
-from workbench.rtile.axes import PREFETCH_ROWS, always_streamed, read_once_below, stream_rows, walked_rows
+from workbench.rtile.axes import PREFETCH_ROWS, always_streamed, prefetch_rows, read_once_below, stream_rows, walked_rows
 from workbench.rtile.registers import accumulators
 from workbench.rtile.panels import ragged
 from workbench.rtile.model import estimate
@@ -924,17 +924,48 @@ def test_a_few_row_matmul_walks_b_in_no_more_rows_than_the_prefetchers_follow(is
     assert read_once_below(transposed, dev, (8, 16, 1)) == ()
     assert read_once_below(matmul(8, 6842, 207), dev, (8, 16, 1)) == (1,)
     assert read_once_below(replace(matmul(8, 6842, 207), transposed=("B",)), dev, (8, 16, 1)) == ()  # its view
-    assert walked_rows(e, 1, (12, 16, 16), (12, 512, 256)) == 256
-    assert walked_rows(e, 1, (12, 4096, 16), (12, 4096, 256)) == 1  # whole rows: one run
-    assert walked_rows(e, 1, (12, 32, 16), (12, 512, 256)) == 1  # 128-byte runs
-    assert walked_rows(transposed, 1, (8, 2, 192), (8, 96, 192)) == 1  # rows of 828 bytes
-    assert walked_rows(transposed, 1, (8, 2, 16), (8, 96, 16)) == 96
+    assert walked_rows(e, 1, (12, 16, 1), (12, 16, 16), (12, 512, 256)) == 256
+    assert walked_rows(e, 1, (12, 16, 1), (12, 4096, 16), (12, 4096, 256)) == 16  # each of 16 rows to its end
+    assert walked_rows(e, 1, (12, 4096, 1), (12, 4096, 16), (12, 4096, 256)) == 1  # whole rows a visit
+    assert walked_rows(e, 1, (12, 32, 1), (12, 32, 16), (12, 512, 256)) == 1  # 128-byte runs
+    assert walked_rows(transposed, 1, (8, 2, 1), (8, 2, 192), (8, 96, 192)) == 1  # rows of 828 bytes
+    assert walked_rows(transposed, 1, (8, 2, 1), (8, 2, 16), (8, 96, 16)) == 96
     stepper = Stepper(e, dev)
     stepper.run_to_end()
     spanning = [c.program for c in stepper.candidates() if read_once_below(e, dev, c.program.register_tile)]
     assert spanning
     for program in spanning:
-        assert all(walked_rows(e, 1, program.tiles[1], tile) <= PREFETCH_ROWS for tile in program.tiles[1:]), program.tiles
+        assert all(walked_rows(e, 1, program.register_tile, program.tiles[1], tile) <= PREFETCH_ROWS for tile in program.tiles[1:]), program.tiles
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_walk_is_visited_in_register_runs_and_capped_at_the_rows_the_spec_says_are_followed(isa):
+    """The micro-kernel visits a row of B for as many columns as its register tile is wide
+    before it steps to the next row (`axes.visit_tile`), however wide its L1 tile: 3 x 1417 x
+    4355 in 3 x 24 register tiles walked 109 rows 3.5x slower than 16 under L1 tiles 48 to 384
+    columns wide on a Zen 3, whose cores follow 16 rows (`DeviceSpec.prefetch_rows`, detected).
+    A spec saying 16 caps every cache tile of a program reading B once at 16 of its rows, where
+    the default (PREFETCH_ROWS) lets them walk more; AVX-512's register tiles visit two lines and
+    more, which the prefetchers follow (generated AVX2-like and AVX-512-like specs)."""
+    dev = detected_cpu(isa, 2, 32 * KIB, 512 * KIB)
+    e = matmul(3, 4355, 1417)
+    assert walked_rows(e, 1, (3, 24, 1), (3, 48, 109), (3, 336, 109)) == 109  # 96-byte visits
+    assert walked_rows(e, 1, (3, 48, 1), (3, 48, 109), (3, 336, 109)) == 1  # 192-byte visits
+    assert walked_rows(e, 1, (3, 24, 1), (3, 4355, 16), (3, 4355, 109)) == 16  # 16 rows to their end first
+    assert prefetch_rows(dev) == PREFETCH_ROWS and prefetch_rows(replace(dev, prefetch_rows=16)) == 16
+
+    def deepest(spec):
+        stepper = Stepper(e, spec)
+        stepper.run_to_end()
+        spanning = [c.program for c in stepper.candidates() if read_once_below(e, spec, c.program.register_tile)]
+        assert spanning
+        return max(walked_rows(e, 1, p.register_tile, p.tiles[1], t) for p in spanning for t in p.tiles[1:])
+
+    if isa == "avx2":  # 3 x 24 register tiles: 96-byte visits
+        assert 16 < deepest(dev) <= PREFETCH_ROWS
+        assert deepest(replace(dev, prefetch_rows=16)) <= 16
+    else:  # 3 x 32 and wider on 16 lanes: visits of two lines and more, followed however many rows
+        assert deepest(dev) == deepest(replace(dev, prefetch_rows=16)) == 1
 
 
 @pytest.mark.parametrize("k", [3001, 999, 6637])

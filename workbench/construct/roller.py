@@ -73,7 +73,7 @@ from workbench.construct.space import (
 from workbench.construct.step import Alternative, Step
 from workbench.rtile.alignment import next_aligned_sizes
 from workbench.rtile.model.common import is_load_hidden
-from workbench.rtile.axes import PREFETCH_ROWS, share_streams_from_l1, unfollowed_inputs
+from workbench.rtile.axes import prefetch_rows, share_streams_from_l1, unfollowed_inputs
 from workbench.rtile.registers import accumulators, partial_sums
 
 # Most growth steps on one chain of EnlargeTile (all layers): each is a nested generator, and
@@ -321,7 +321,7 @@ class RollerPolicy(Policy):
             return self.describe("capacity", layer=space.layer_names[layer])
         if layer and unfollowed_inputs(space.expr, space.device, state.recorded[0],
                                        grown if layer == 1 else state.recorded[1], grown):
-            return self.describe("prefetch", rows=PREFETCH_ROWS)
+            return self.describe("prefetch", rows=prefetch_rows(space.device))
         if not self.no_reuse and not self.ask(_fits_below, state.eps, layer, grown):
             return self.describe("below", layer=space.layer_names[layer + 1])
         if space.device.runs_on_cpu and not self.no_reuse and score <= 0 and layer < space.n_tile_layers - 1:

@@ -33,6 +33,9 @@ DEVICE_GBPS = 1e5
 # at most 10 PB/s. The largest preset's is the RTX 4090's register operand bandwidth, 495 TB/s
 # (128 SMs x 128 lanes x 3 operands x 4 B x 2.52 GHz), 20x below.
 ON_CHIP_GBPS = 1e7
+# Rows a core's prefetchers follow at once: at most 1024, well above the streams any core's
+# prefetchers track (16-64 measured on x86 cores, `rtile.axes.PREFETCH_ROWS`).
+MAX_PREFETCH_ROWS = 1024
 # Slowest bandwidth of any layer: 0.1 GB/s, below single-channel PC100 SDRAM (0.8 GB/s, 1998).
 MIN_GBPS = 0.1
 # Latencies: at least 0.1 ns, one cycle at 10 GHz (no processor clocks above about 6 GHz), at
@@ -106,6 +109,8 @@ def check_bounds(spec: DeviceSpec) -> None:
         _within(spec.llc_gbps, MIN_GBPS, ON_CHIP_GBPS, "device.llc_gbps", " GB/s")
     if spec.core_dram_gbps:
         _within(spec.core_dram_gbps, MIN_GBPS, DEVICE_GBPS, "device.core_dram_gbps", " GB/s")
+    if spec.prefetch_rows:
+        _within(spec.prefetch_rows, 1, MAX_PREFETCH_ROWS, "device.prefetch_rows")
     for i, layer in enumerate(spec.layers):
         where = f"layer[{i}]"
         _name(layer.name, f"{where}.name")

@@ -104,6 +104,17 @@ _AMD_FMA = (
     (0x1A, ((0x00, 0xFF),), FmaFacts(4, 2, "Zen 5 (family 1Ah): 4-cycle FMA, two 512-bit FMA pipes "
                                           "(AMD family 1Ah optimization guide)")),
 )
+# Rows of an input a core's hardware prefetchers follow at once where a walk visits each a few
+# lines in turn (`DeviceSpec.prefetch_rows`), by AMD (cpu family, model ranges), measured: cores
+# not listed leave it 0, which the model reads as `rtile.axes.PREFETCH_ROWS` (48, measured on the
+# Xeon Emerald Rapids; the Zen 5 followed 64 rows of 8 lines). On the 2-core Zen 3 (family 19h
+# model 1), 3 x 1417 x 4355 in 3 x 24 register tiles walking 8, 16, 20, 24, 32, 48 and 109 of B's
+# rows ran 1.07, 1.27, 2.27, 3.43, 3.71, 3.65 and 4.45 ms (evidence:
+# docs/model-evidence.md#prefetch-rows).
+_AMD_PREFETCH_ROWS = (
+    (0x19, ((0x00, 0x0F), (0x20, 0x5F)), 16, "Zen 3 (family 19h): 16 rows, measured on a 2-core EPYC "
+                                             "(docs/model-evidence.md#prefetch-rows)"),
+)
 # ARM cores by "CPU part": Arm Neoverse software optimization guides (FMLA, ASIMD).
 _ARM_FMA = {
     "0xd0c": FmaFacts(4, 2, "Neoverse N1: 4-cycle FMLA, two 128-bit pipes (Arm Neoverse N1 software optimization guide)"),
@@ -199,6 +210,16 @@ def fma_facts(info: CpuInfo) -> FmaFacts:
             if info.family == family and any(lo <= info.model <= hi for lo, hi in ranges):
                 return facts
     return DEFAULT_FMA
+
+
+def prefetch_facts(info: CpuInfo) -> tuple[int, str]:
+    """(rows its prefetchers follow at once, where that comes from) of the core /proc/cpuinfo
+    names (`_AMD_PREFETCH_ROWS`), or (0, "") for a core not measured."""
+    if info.vendor == "amd" and info.model is not None:
+        for family, ranges, rows, source in _AMD_PREFETCH_ROWS:
+            if info.family == family and any(lo <= info.model <= hi for lo, hi in ranges):
+                return rows, source
+    return 0, ""
 
 
 def llvm_mcpu(info: CpuInfo) -> str:
@@ -304,6 +325,7 @@ def build_local_spec(
     per_cycle = f"{cores} cores x {ghz:.3g} GHz ({clock})"
     peak = cores * ghz * lanes * 2 * fma.pipes
     mcpu = llvm_mcpu(info)
+    prefetch = prefetch_facts(info)
     return DeviceSpec(
         name=LOCAL_CPU_NAME,
         kind="cpu",
@@ -327,7 +349,9 @@ def build_local_spec(
         # every core's share of the last-level cache: what the spec's cores hold between them
         llc_bytes=caches.get("LLC", 0) * cores,
         llc_gbps=round(cores * ghz * _LLC_BYTES_PER_CYCLE, 1) if "LLC" in caches else 0.0,
-        sources=tuple(sorted(_device_sources(info, registers, fma, per_cycle, mcpu) + _llc_sources(caches, cores, per_cycle))),
+        prefetch_rows=prefetch[0],
+        sources=tuple(sorted(_device_sources(info, registers, fma, per_cycle, mcpu) + _llc_sources(caches, cores, per_cycle)
+                             + ((("prefetch_rows", prefetch[1]),) if prefetch[0] else ()))),
     )
 
 

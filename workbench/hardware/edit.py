@@ -44,8 +44,8 @@ from dataclasses import dataclass, replace
 
 from workbench.errors import UserError
 from workbench.hardware.bounds import (
-    CAPACITY_BYTES, DEVICE_GBPS, DEVICE_INTS, LAYER_INTS, MAX_LATENCY_NS, MIN_GBPS, MIN_GFLOPS,
-    MAX_GFLOPS, MIN_LATENCY_NS, NAME, NAME_MAX, ON_CHIP_GBPS,
+    CAPACITY_BYTES, DEVICE_GBPS, DEVICE_INTS, LAYER_INTS, MAX_LATENCY_NS, MAX_PREFETCH_ROWS, MIN_GBPS,
+    MIN_GFLOPS, MAX_GFLOPS, MIN_LATENCY_NS, NAME, NAME_MAX, ON_CHIP_GBPS,
 )
 from workbench.hardware.parse import LAYER_KEYS, MAX_LAUNCH_US, spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec
@@ -182,6 +182,8 @@ def editable_fields(spec: DeviceSpec) -> tuple[FieldInfo, ...]:
         out.append(FieldInfo("llc_gbps", spec.llc_gbps, "float", "GB/s", MIN_GBPS, ON_CHIP_GBPS))
     if spec.core_dram_gbps:
         out.append(FieldInfo("core_dram_gbps", spec.core_dram_gbps, "float", "GB/s", MIN_GBPS, DEVICE_GBPS))
+    if spec.prefetch_rows:
+        out.append(FieldInfo("prefetch_rows", spec.prefetch_rows, "int", "rows", 1, MAX_PREFETCH_ROWS))
     for table, entries in (("peak_gflops", spec.peak_gflops), ("tensor_core_gflops", spec.tensor_core_gflops)):
         out += [FieldInfo(f"{table}.{dtype}", value, "float", "GFLOP/s", MIN_GFLOPS, MAX_GFLOPS) for dtype, value in entries]
     out += [FieldInfo(f"micro_kernels.{k.dtype}.{k.shape}", k.gflops, "float", "GFLOP/s", MIN_GFLOPS, MAX_GFLOPS)

@@ -52,9 +52,12 @@ DEVICE_LLC = ("llc_bytes", "llc_gbps")
 # One CPU core's streaming read from DRAM (`DeviceSpec.core_dram_gbps`). Optional: absent (0), a
 # what-if with fewer cores scales the bottom layer's bandwidth with them. A CPU's only.
 CORE_DRAM_KEY = "core_dram_gbps"
+# Rows a CPU core's prefetchers follow at once (`DeviceSpec.prefetch_rows`). Optional: absent (0),
+# the model assumes `rtile.axes.PREFETCH_ROWS`. A CPU's only.
+PREFETCH_KEY = "prefetch_rows"
 _DEVICE_KEYS = (
     ("name", "kind", "vendor", "source", "calibrated", LAUNCH_KEY) + DEVICE_INTS + DEVICE_FMA + DEVICE_OCCUPANCY
-    + DEVICE_LLC + (CORE_DRAM_KEY,)
+    + DEVICE_LLC + (CORE_DRAM_KEY, PREFETCH_KEY)
 )
 LAYER_KEYS = (
     "name",
@@ -69,7 +72,7 @@ LAYER_KEYS = (
     "source",
 )
 _SOURCE_KEYS = DEVICE_INTS + DEVICE_FMA + DEVICE_OCCUPANCY + DEVICE_LLC + (
-    CORE_DRAM_KEY, LAUNCH_KEY, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels"
+    CORE_DRAM_KEY, PREFETCH_KEY, LAUNCH_KEY, "peak_gflops", "tensor_core_gflops", "tensor_core", "target", "micro_kernels"
 )
 _TABLES = ("device", "sources", "peak_gflops", "tensor_core_gflops", "tensor_core", "micro_kernels", "target", "layer")
 _DTYPE = re.compile(r"(u?int|float|bfloat)[0-9]+")
@@ -120,6 +123,7 @@ def _spec_from_doc(doc: dict, check_target: bool) -> DeviceSpec:
         **ints,
         **llc,
         core_dram_gbps=_core_dram(device),
+        prefetch_rows=_prefetch_rows(device),
     )
     check_bounds(spec)
     _check_consistency(spec)
@@ -178,6 +182,15 @@ def _core_dram(device: dict) -> float:
     if device.get("kind") != "cpu":
         raise UserError(f"device.{CORE_DRAM_KEY} is one CPU core's DRAM stream: a CPU's only")
     return _number(device[CORE_DRAM_KEY], f"device.{CORE_DRAM_KEY}")
+
+
+def _prefetch_rows(device: dict) -> int:
+    """prefetch_rows (an integer > 0, a CPU's only), or 0 where absent."""
+    if PREFETCH_KEY not in device:
+        return 0
+    if device.get("kind") != "cpu":
+        raise UserError(f"device.{PREFETCH_KEY} is what a CPU core's prefetchers follow: a CPU's only")
+    return _int(device[PREFETCH_KEY], f"device.{PREFETCH_KEY}", minimum=1)
 
 
 def _launch(device: dict) -> tuple[float, str]:

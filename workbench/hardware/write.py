@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from workbench.hardware.parse import (
-    CORE_DRAM_KEY, DEVICE_FMA, DEVICE_INTS, DEVICE_LLC, DEVICE_OCCUPANCY, LAUNCH_KEY, LAYER_KEYS,
+    CORE_DRAM_KEY, DEVICE_FMA, DEVICE_INTS, DEVICE_LLC, DEVICE_OCCUPANCY, LAUNCH_KEY, LAYER_KEYS, PREFETCH_KEY,
 )
 from workbench.hardware.spec import DeviceSpec
 
@@ -21,6 +21,8 @@ def spec_to_toml(spec: DeviceSpec) -> str:
         device += [(key, getattr(spec, key)) for key in DEVICE_LLC]
     if spec.core_dram_gbps:
         device += [(CORE_DRAM_KEY, spec.core_dram_gbps)]
+    if spec.prefetch_rows:
+        device += [(PREFETCH_KEY, spec.prefetch_rows)]
     device += [("calibrated", spec.calibrated)]
     parts = [_section("[device]", device)]
     if spec.sources:
@@ -96,6 +98,7 @@ def spec_summary(spec: DeviceSpec) -> dict:
         "llc_bytes": spec.llc_bytes,
         "llc_gbps": spec.llc_gbps,
         "core_dram_gbps": spec.core_dram_gbps,
+        "prefetch_rows": spec.prefetch_rows,
         "calibrated": spec.calibrated,
         "layers": [
             {

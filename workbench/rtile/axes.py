@@ -175,6 +175,12 @@ def always_streamed(expr: TensorExpr, device: DeviceSpec) -> tuple[int, ...]:
 PREFETCH_ROWS = 48
 
 
+def prefetch_rows(device: DeviceSpec) -> int:
+    """Rows a walk may visit in turn that `device`'s cores' prefetchers follow: its spec's
+    `prefetch_rows` (16 on a Zen 3, `hardware.detect`), else PREFETCH_ROWS."""
+    return device.prefetch_rows or PREFETCH_ROWS
+
+
 @lru_cache(maxsize=4096)
 def read_once_below(expr: TensorExpr, device: DeviceSpec, register) -> tuple[int, ...]:
     """The inputs (numbered) of a CPU reduction that a program with `register` tiles reads once
@@ -211,7 +217,7 @@ def unfollowed_inputs(expr: TensorExpr, device: DeviceSpec, register, first, til
     what ends Roller's growth of `tile` (`construct.roller`'s `_full`) and what the model prices
     a latency a line (`model.cpu.unfollowed_seconds`)."""
     return tuple(t for t in read_once_below(expr, device, register)
-                 if walked_rows(expr, t, first, tile) > PREFETCH_ROWS)
+                 if walked_rows(expr, t, register, first, tile) > prefetch_rows(device))
 
 
 def written_before(expr: TensorExpr) -> tuple[int, ...]:
@@ -238,7 +244,7 @@ def unfollowed_reads(expr: TensorExpr, device: DeviceSpec, register, first, tile
         return ()
     written = written_before(expr) if lane_axis(expr, device) is not None else ()
     below = sorted(set(read_once_below(expr, device, register)) | set(written))
-    return tuple(t for t in below if walked_rows(expr, t, first, tile) > PREFETCH_ROWS)
+    return tuple(t for t in below if walked_rows(expr, t, register, first, tile) > prefetch_rows(device))
 
 
 # The shortest run of a row a walk may read at a visit and still be followed, however many rows it
@@ -249,18 +255,32 @@ def unfollowed_reads(expr: TensorExpr, device: DeviceSpec, register, first, tile
 FOLLOWED_RUN_BYTES = 128
 
 
-def walked_rows(expr: TensorExpr, t: int, first, tile) -> int:
+def walked_rows(expr: TensorExpr, t: int, register, first, tile) -> int:
     """Rows of input `t` that a walk in tiles `first` (the first cache layer's, which the
     micro-kernel walks) visits in turn inside `tile`, each a stream of its own: its data tile's
     elements along every dimension but the last, the contiguous one, under `tile` (a matmul's B
-    under a K-extent of 288: 288); 1 where `first` spans that last dimension whole (its rows one
-    run in memory) or reads runs of FOLLOWED_RUN_BYTES or more of it (a transposed B's rows of 207
-    floats in runs of 192)."""
+    under a K-extent of 288: 288), or under `first` where `first` spans that last dimension whole
+    (the walk ends those rows before it starts others); 1 where a visit spans it whole (its rows
+    one run in memory) or reads runs of FOLLOWED_RUN_BYTES or more of it (a transposed B's rows of
+    207 floats in runs of 192). A visit is what the micro-kernel reads of a row before it goes to
+    the next (`visit_tile`)."""
     tensor, calc = expr.inputs[t], calculus(expr)
-    run = calc.data_tiles(tuple(first))[t][-1]
+    run = calc.data_tiles(visit_tile(expr, register, first))[t][-1]
     if run == tensor.shape[-1] or run * tensor.itemsize >= FOLLOWED_RUN_BYTES:
         return 1
-    return prod(calc.data_tiles(tuple(tile))[t][:-1])
+    whole = calc.data_tiles(tuple(first))[t][-1] == tensor.shape[-1]
+    return prod(calc.data_tiles(tuple(first if whole else tile))[t][:-1])
+
+
+def visit_tile(expr: TensorExpr, register, first) -> tuple[int, ...]:
+    """What the micro-kernel reads of each input in one visit to its rows: the register tile's
+    spatial extents over the first cache tile's reduction, which it steps through with the
+    accumulators in registers before it moves to the next register tile of `first`. A matmul's B
+    (K x N) is visited in runs of the register tile's N, however wide `first` is: on the 2-core
+    Zen 3, 3 x 1417 x 4355 in 3 x 24 register tiles walking 109 of B's rows ran 2.4x slower under
+    L1 tiles 48 to 384 columns wide alike (evidence: docs/model-evidence.md#prefetch-rows); a B
+    stored N x K in runs of `first`'s K."""
+    return tuple(f if ax.kind == "reduce" else r for ax, r, f in zip(expr.axes, register, first))
 
 
 # Rows of a streamed input (`always_streamed`) a one-row matmul's register tile reads per step,
