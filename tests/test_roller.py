@@ -942,7 +942,7 @@ def test_a_few_row_matmul_walks_b_in_no_more_rows_than_the_prefetchers_follow(is
 def test_a_walk_is_visited_in_register_runs_and_capped_at_the_rows_the_spec_says_are_followed(isa):
     """The micro-kernel visits a row of B for as many columns as its register tile is wide
     before it steps to the next row (`axes.visit_tile`), however wide its L1 tile: 3 x 1417 x
-    4355 in 3 x 24 register tiles walked 109 rows 3.5x slower than 16 under L1 tiles 48 to 384
+    4355 in 3 x 24 register tiles walked 109 rows 1.7-3.5x slower than 16 under L1 tiles 48 to 384
     columns wide on a Zen 3, whose cores follow 16 rows (`DeviceSpec.prefetch_rows`, detected).
     A spec saying 16 caps every cache tile of a program reading B once at 16 of its rows, where
     the default (PREFETCH_ROWS) lets them walk more; AVX-512's register tiles visit two lines and

@@ -136,7 +136,7 @@ class DeviceSpec:
     core_dram_gbps: float = 0.0
     # Rows of an input one CPU core's hardware prefetchers follow at once where a walk visits
     # them a few lines each in turn (`rtile.axes.prefetch_rows`); 0 where the spec does not say,
-    # which the model reads as `rtile.axes.PREFETCH_ROWS` (measured on Intel's Golden Cove).
+    # which the model reads as `rtile.axes.PREFETCH_ROWS` (measured on a Xeon Emerald Rapids).
     # Detected per core (`hardware.detect`).
     prefetch_rows: int = 0
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)

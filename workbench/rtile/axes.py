@@ -277,9 +277,9 @@ def visit_tile(expr: TensorExpr, register, first) -> tuple[int, ...]:
     spatial extents over the first cache tile's reduction, which it steps through with the
     accumulators in registers before it moves to the next register tile of `first`. A matmul's B
     (K x N) is visited in runs of the register tile's N, however wide `first` is: on the 2-core
-    Zen 3, 3 x 1417 x 4355 in 3 x 24 register tiles walking 109 of B's rows ran 2.4x slower under
-    L1 tiles 48 to 384 columns wide alike (evidence: docs/model-evidence.md#prefetch-rows); a B
-    stored N x K in runs of `first`'s K."""
+    Zen 3, 3 x 1417 x 4355 in 3 x 24 register tiles walking 48 or 109 of B's rows ran 1.7-3.5x the
+    time of 16 rows under L1 tiles 48 to 384 columns wide alike (evidence:
+    docs/model-evidence.md#prefetch-rows); a B stored N x K in runs of `first`'s K."""
     return tuple(f if ax.kind == "reduce" else r for ax, r, f in zip(expr.axes, register, first))
 
 
