@@ -428,6 +428,27 @@ def test_a_file_calibrated_before_the_l1_ways_gets_the_detected_ones(monkeypatch
     assert [layer.ways for layer in loaded.layers] == [layer.ways for layer in detected.layers]
 
 
+def test_a_file_calibrated_before_the_prefetch_rows_gets_the_detected_ones(monkeypatch, tmp_path):
+    """`prefetch_rows` is a detected fact of the core (a Zen 3's 16), not a measurement: a spec
+    calibrated before the field existed reads back without it, and detection fills it in with its
+    source; a file that has one keeps it."""
+    import workbench.hardware.loader as loader
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    detected = replace(detect_local_cpu(), prefetch_rows=16)
+    detected = replace(detected, sources=tuple(sorted(dict(detected.sources, prefetch_rows="Zen 3: 16 rows").items())))
+    monkeypatch.setattr(loader, "detect_local_cpu", lambda: detected)
+    path = calibrated_spec_path()
+    path.parent.mkdir(parents=True)
+    old = apply_measurements(replace(detected, prefetch_rows=0), _results(detected), "2026-01-02")
+    path.write_text(spec_to_toml(old).replace('prefetch_rows = "Zen 3: 16 rows"\n', ""))
+    loaded = load_spec("local-cpu")
+    assert loaded.calibrated and loaded.layer("DRAM").bandwidth_gbps == 40.0
+    assert (loaded.prefetch_rows, dict(loaded.sources)["prefetch_rows"]) == (16, "Zen 3: 16 rows")
+    path.write_text(spec_to_toml(replace(old, prefetch_rows=24)))
+    assert load_spec("local-cpu").prefetch_rows == 24
+
+
 def test_load_spec_local_cpu_ignores_a_file_of_another_machine(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     detected = detect_local_cpu()

@@ -58,6 +58,10 @@ def _local_cpu(check_target: bool) -> DeviceSpec:
         llc = {key: value for key, value in detected.sources if key in DEVICE_LLC}
         calibrated = replace(calibrated, llc_bytes=detected.llc_bytes, llc_gbps=detected.llc_gbps,
                              sources=tuple(sorted((dict(calibrated.sources) | llc).items())))
+    if detected.prefetch_rows and not calibrated.prefetch_rows:  # calibrated before the field: the detected one
+        source = {key: value for key, value in detected.sources if key == "prefetch_rows"}
+        calibrated = replace(calibrated, prefetch_rows=detected.prefetch_rows,
+                             sources=tuple(sorted((dict(calibrated.sources) | source).items())))
     if len(calibrated.layers) == len(detected.layers):  # calibrated before `ways`: the detected ones
         layers = tuple(replace(c, ways=c.ways or d.ways) for c, d in zip(calibrated.layers, detected.layers))
         calibrated = replace(calibrated, layers=layers)
