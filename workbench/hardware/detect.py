@@ -90,6 +90,9 @@ _INTEL_FMA = (
     (6, (0x97, 0x9A, 0xB7, 0xBA, 0xBF),
      FmaFacts(4, 2, f"Alder Lake / Raptor Lake P-cores: 4-cycle FMA on ports 0 and 1 ({_INTEL_MANUAL})")),
 )
+# Zen 3's (cpu family, model ranges) as /proc/cpuinfo gives them: EPYC 7003 (01h), Ryzen 5000 (21h,
+# 50h) and their kin.
+_ZEN3 = (0x19, ((0x00, 0x0F), (0x20, 0x5F)))
 # AMD cores by (cpu family, model ranges): AMD Software Optimization Guides for family 17h
 # (Zen, Zen 2), 19h (Zen 3, Zen 4) and 1Ah (Zen 5).
 _AMD_FMA = (
@@ -97,8 +100,8 @@ _AMD_FMA = (
                                           f"128-bit pipes, one ymm FMA per cycle (AMD family 17h optimization guide; {_AGNER})")),
     (0x17, ((0x30, 0xFF),), FmaFacts(5, 2, "Zen 2 (family 17h): 5-cycle FMA, two 256-bit FMA pipes "
                                           f"(AMD family 17h models 30h+ optimization guide; {_AGNER})")),
-    (0x19, ((0x00, 0x0F), (0x20, 0x5F)), FmaFacts(4, 2, "Zen 3 (family 19h): 4-cycle FMA, two 256-bit FMA pipes "
-                                                       f"(AMD family 19h optimization guide; {_AGNER})")),
+    (*_ZEN3, FmaFacts(4, 2, f"Zen 3 (family 19h): 4-cycle FMA, two 256-bit FMA pipes (AMD family 19h "
+                            f"optimization guide; {_AGNER})")),
     (0x19, ((0x10, 0x1F), (0x60, 0xAF)), FmaFacts(4, 1, "Zen 4 (family 19h): 4-cycle FMA; 512-bit FMAs on two 256-bit "
                                                        "pipes, one zmm FMA per cycle (AMD family 19h optimization guide)")),
     (0x1A, ((0x00, 0xFF),), FmaFacts(4, 2, "Zen 5 (family 1Ah): 4-cycle FMA, two 512-bit FMA pipes "
@@ -112,8 +115,7 @@ _AMD_FMA = (
 # rows ran 1.07, 1.27, 2.27, 3.43, 3.71, 3.65 and 4.45 ms (evidence:
 # docs/model-evidence.md#prefetch-rows).
 _AMD_PREFETCH_ROWS = (
-    (0x19, ((0x00, 0x0F), (0x20, 0x5F)), 16, "Zen 3 (family 19h): 16 rows, measured on a 2-core EPYC "
-                                             "(docs/model-evidence.md#prefetch-rows)"),
+    (*_ZEN3, (16, "Zen 3 (family 19h): 16 rows, measured on a 2-core EPYC (docs/model-evidence.md#prefetch-rows)")),
 )
 # ARM cores by "CPU part": Arm Neoverse software optimization guides (FMLA, ASIMD).
 _ARM_FMA = {
@@ -205,21 +207,23 @@ def fma_facts(info: CpuInfo) -> FmaFacts:
         for family, models, facts in _INTEL_FMA:
             if info.family == family and info.model in models:
                 return facts
+    return _amd_facts(info, _AMD_FMA) or DEFAULT_FMA
+
+
+def _amd_facts(info: CpuInfo, table):
+    """The facts of `table` ((cpu family, model ranges, facts), ...) for the AMD core /proc/cpuinfo
+    names, or None."""
     if info.vendor == "amd" and info.model is not None:
-        for family, ranges, facts in _AMD_FMA:
+        for family, ranges, facts in table:
             if info.family == family and any(lo <= info.model <= hi for lo, hi in ranges):
                 return facts
-    return DEFAULT_FMA
+    return None
 
 
 def prefetch_facts(info: CpuInfo) -> tuple[int, str]:
     """(rows its prefetchers follow at once, where that comes from) of the core /proc/cpuinfo
     names (`_AMD_PREFETCH_ROWS`), or (0, "") for a core not measured."""
-    if info.vendor == "amd" and info.model is not None:
-        for family, ranges, rows, source in _AMD_PREFETCH_ROWS:
-            if info.family == family and any(lo <= info.model <= hi for lo, hi in ranges):
-                return rows, source
-    return 0, ""
+    return _amd_facts(info, _AMD_PREFETCH_ROWS) or (0, "")
 
 
 def llvm_mcpu(info: CpuInfo) -> str:
@@ -325,7 +329,7 @@ def build_local_spec(
     per_cycle = f"{cores} cores x {ghz:.3g} GHz ({clock})"
     peak = cores * ghz * lanes * 2 * fma.pipes
     mcpu = llvm_mcpu(info)
-    prefetch = prefetch_facts(info)
+    prefetch_rows, prefetch_source = prefetch_facts(info)
     return DeviceSpec(
         name=LOCAL_CPU_NAME,
         kind="cpu",
@@ -349,9 +353,9 @@ def build_local_spec(
         # every core's share of the last-level cache: what the spec's cores hold between them
         llc_bytes=caches.get("LLC", 0) * cores,
         llc_gbps=round(cores * ghz * _LLC_BYTES_PER_CYCLE, 1) if "LLC" in caches else 0.0,
-        prefetch_rows=prefetch[0],
+        prefetch_rows=prefetch_rows,
         sources=tuple(sorted(_device_sources(info, registers, fma, per_cycle, mcpu) + _llc_sources(caches, cores, per_cycle)
-                             + ((("prefetch_rows", prefetch[1]),) if prefetch[0] else ()))),
+                             + ((("prefetch_rows", prefetch_source),) if prefetch_rows else ()))),
     )
 
 

@@ -10,7 +10,7 @@ from workbench.errors import UserError
 from workbench.files import read_user_text
 from workbench.hardware.calibrated import calibrated_spec_path
 from workbench.hardware.detect import LOCAL_CPU_NAME, detect_local_cpu
-from workbench.hardware.parse import DEVICE_LLC, spec_from_toml_text
+from workbench.hardware.parse import DEVICE_LLC, PREFETCH_KEY, spec_from_toml_text
 from workbench.hardware.spec import DeviceSpec
 
 # The package lives at <root>/workbench/hardware, the presets at <root>/specs/devices.
@@ -54,18 +54,21 @@ def _local_cpu(check_target: bool) -> DeviceSpec:
         detected.name, detected.compute_units, detected.target)
     if not same:
         return detected
-    if detected.llc_bytes and not calibrated.llc_bytes:  # calibrated before the LLC fields: the detected one
-        llc = {key: value for key, value in detected.sources if key in DEVICE_LLC}
-        calibrated = replace(calibrated, llc_bytes=detected.llc_bytes, llc_gbps=detected.llc_gbps,
-                             sources=tuple(sorted((dict(calibrated.sources) | llc).items())))
-    if detected.prefetch_rows and not calibrated.prefetch_rows:  # calibrated before the field: the detected one
-        source = {key: value for key, value in detected.sources if key == "prefetch_rows"}
-        calibrated = replace(calibrated, prefetch_rows=detected.prefetch_rows,
-                             sources=tuple(sorted((dict(calibrated.sources) | source).items())))
+    # calibrated before the fields: the detected ones, with their sources
+    if detected.llc_bytes and not calibrated.llc_bytes:
+        calibrated = _detected_fields(calibrated, detected, DEVICE_LLC)
+    if detected.prefetch_rows and not calibrated.prefetch_rows:
+        calibrated = _detected_fields(calibrated, detected, (PREFETCH_KEY,))
     if len(calibrated.layers) == len(detected.layers):  # calibrated before `ways`: the detected ones
         layers = tuple(replace(c, ways=c.ways or d.ways) for c, d in zip(calibrated.layers, detected.layers))
         calibrated = replace(calibrated, layers=layers)
     return calibrated
+
+
+def _detected_fields(calibrated: DeviceSpec, detected: DeviceSpec, keys: tuple[str, ...]) -> DeviceSpec:
+    """`calibrated` with `detected`'s fields `keys` and their sources."""
+    sources = dict(calibrated.sources) | {key: value for key, value in detected.sources if key in keys}
+    return replace(calibrated, **{key: getattr(detected, key) for key in keys}, sources=tuple(sorted(sources.items())))
 
 
 def _load_file(path: Path, check_target: bool = True) -> DeviceSpec:
