@@ -247,7 +247,7 @@ def test_fma_facts_from_vendor_family_and_model(vendor, family, model, facts):
     [
         ("AuthenticAMD", 25, 1, 16),  # Zen 3 (EPYC 7003, model 01h): measured
         ("AuthenticAMD", 25, 33, 16),  # Zen 3 client (model 21h)
-        ("AuthenticAMD", 25, 17, 0),  # Zen 4 (EPYC 9004): not measured, the model's default
+        ("AuthenticAMD", 25, 17, 0),  # Zen 4 (EPYC 9004): left out (capping its walks did not pay)
         ("AuthenticAMD", 26, 2, 0),  # Zen 5
         ("GenuineIntel", 6, 207, 0),  # Emerald Rapids: the default is its measurement
     ],

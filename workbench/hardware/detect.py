@@ -113,7 +113,10 @@ _AMD_FMA = (
 # Xeon Emerald Rapids; the Zen 5 followed 64 rows of 8 lines). On the 2-core Zen 3 (family 19h
 # model 1), 3 x 1417 x 4355 in 3 x 24 register tiles walking 8, 16, 20, 24, 32, 48 and 109 of B's
 # rows ran 1.07, 1.27, 2.27, 3.43, 3.71, 3.65 and 4.45 ms (evidence:
-# docs/model-evidence.md#prefetch-rows).
+# docs/model-evidence.md#prefetch-rows). A Zen 4 follows 16 rows as well (3 x 16 register tiles,
+# 16 and 20 rows: 1.35 and 1.88 ms), but is left out: with its walks capped at 16 rows (and
+# two-line visits counted as walks), nine of twelve few-row matmuls whose rank 1 moved ran
+# slower, up to 1.9x (the same evidence, "A Zen 4's walk").
 _AMD_PREFETCH_ROWS = (
     (*_ZEN3, (16, "Zen 3 (family 19h): 16 rows, measured on a 2-core EPYC (docs/model-evidence.md#prefetch-rows)")),
 )
