@@ -316,7 +316,11 @@ class VectorLanesRule(PerAxisRule):
     filters at stride 2 over 9 x 37, two Zen 5 cores), and pads filters that no multiple of the
     lanes divides to whole tiles instead (`panels.pads_filters`). A whole axis that LLVM splits
     into more pieces than whole vectors would take (`whole_vector_waste`) gives way to them
-    wherever eps admits their padding, up to `whole_vector_bound`."""
+    wherever eps admits their padding, up to `whole_vector_bound`. Along a reduction, steps in a
+    power-of-two number only (`_whole_steps`): where K's end cuts a unit tile the lanes template
+    keeps the register tile's K one vector loop (`codegen.cpu._schedule_lanes`), and one of 3, 5
+    or 6 vectors ran 3-13x slower than one of 2 or 4 (evidence:
+    docs/model-evidence.md#power-of-two-lanes)."""
 
     name = "vector-lanes"
     reads_eps = True  # through `whole_vector_waste`
@@ -327,7 +331,7 @@ class VectorLanesRule(PerAxisRule):
             return True
         step = _lane_step(ctx.expr, ctx.device, axis)
         if size % step == 0:
-            return True
+            return ctx.expr.axes[axis].kind == "spatial" or _whole_steps(size // step)
         extent = ctx.expr.axes[axis].extent
         if size != extent:
             return False
@@ -684,6 +688,14 @@ def whole_vector_bound(expr: TensorExpr, device: DeviceSpec) -> float:
     if extent % 4 == 0 and row_vectors(extent, itemsize, device) >= PIECES_RATIO * -(-extent // lanes):
         return PIECES_EPS
     return WHOLE_VECTOR_EPS
+
+
+def _whole_steps(steps: int) -> bool:
+    """Whether a reduction's register tile of `steps` lane steps (`_lane_step`) is a power of
+    two of them, which LLVM splits into whole vectors under the lanes template's guard
+    (`VectorLanesRule`): 3 x 15788 x 478 with B stored transposed, register K 16, 32, 64 and 128
+    against 48, 80 and 96 over a ragged K, 1.9-2.9 ms against 9.3-11.5 (two Zen 4 cores)."""
+    return steps & (steps - 1) == 0
 
 
 def _lane_step(expr: TensorExpr, device: DeviceSpec, lane: int) -> int:
