@@ -116,7 +116,7 @@ _AMD_FMA = (
 # docs/model-evidence.md#prefetch-rows). A Zen 4 follows 16 rows as well (3 x 16 register tiles,
 # 16 and 20 rows: 1.35 and 1.88 ms), but is left out: with its walks capped at 16 rows (and
 # two-line visits counted as walks), nine of twelve few-row matmuls whose rank 1 moved ran
-# slower, up to 1.9x (the same evidence, "A Zen 4's walk").
+# slower on one core, up to 1.9x (the same evidence, "A Zen 4's walk").
 _AMD_PREFETCH_ROWS = (
     (*_ZEN3, (16, "Zen 3 (family 19h): 16 rows, measured on a 2-core EPYC (docs/model-evidence.md#prefetch-rows)")),
 )
