@@ -27,7 +27,7 @@ from workbench.rtile.model import cpu, cpu_compute
 from workbench.rtile.model import estimate, part_imbalance
 from workbench.rtile.model import gpu as gpu_model
 from workbench.rtile.model.common import (
-    hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, partial_sum_bytes, source_layer,
+    GB, hardware_caches, is_compute_bound, is_load_hidden, layer_gbps, partial_sum_bytes, source_layer,
 )
 from workbench.rtile.model.cpu import (
     ACCUMULATOR_FILL, BOTTOM_ADDED_SHARE, BUFFER_TOUCHES, SHARED_LINE_CYCLES, SPILL_RELOAD, accumulator_home, accumulator_steps, buffer_bytes, cache_traffic,
@@ -35,7 +35,8 @@ from workbench.rtile.model.cpu import (
     guarded_store_seconds,
     buffer_touch_seconds, combine_stages, hidden_source, lane_sum_seconds, packed_bytes,
     RESIDENT_SHARE, packing_seconds, scattered_inputs, shared_output_lines, split_sum_seconds, stream_runs,
-    transfer_seconds, FILL_BUFFERS, WINDOW_UOPS, lines_in_flight, unfollowed_seconds,
+    transfer_seconds, FILL_BUFFERS, WINDOW_UOPS, lines_in_flight, unfollowed_seconds, STRIPS_SHARE, buffer_in_llc,
+    strips_seconds,
 )
 from workbench.rtile.model.cpu_compute import (
     autovector_efficiency, compute_efficiency,
@@ -1964,3 +1965,47 @@ def test_a_cpu_split_program_prices_its_parts_and_their_sum_in_closed_form(dev):
     ragged = make_program(TileCalculus(plain_matmul(4, 300, 4100)), dev, tiles, (True,) * 3, 0.0)
     assert part_imbalance(replace(ragged, split=2, grid=2), dev) == pytest.approx(18 / 17, rel=1e-12)
     assert part_imbalance(replace(ragged, split=2, grid=2), device("v100")) == 1.0  # a GPU's waves: unpriced
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_an_input_read_from_dram_in_strips_moves_again_at_strips_share(dev):
+    """16 x 4901 x 7705 (B 151 MB) past a 32 MiB last-level cache in unit tiles 192 columns
+    wide: B's data tiles (29 of its rows x 192 columns, 41 x 169 of them) cost their bytes once
+    more at DRAM's bandwidth over STRIPS_SHARE, in the DRAM stage and nowhere else; unit tiles
+    spanning N whole (7712) read whole rows and pay nothing, nor does anything where the operator
+    stays in the cache or on a spec that names none. A (314 KB) stays in the L2."""
+    e = matmul(16, 7705, 4901)
+    w, dram = 2 * dev.warp_size, dev.layers[-1].bandwidth_gbps
+    llc = replace(dev, llc_bytes=32 * 2**20, llc_gbps=3 * dram)
+    tiles = [(4, w, 1), (16, w, 29), (16, 192, 29)]
+    strips = make_program(TileCalculus(e), llc, tiles, (True, True, True), 0.0)
+    extra = 29 * 192 * 4 * ceil(7705 / 192) * 169 * (1 / STRIPS_SHARE - 1) / (dram * GB)
+    assert strips_seconds(strips, llc, 1.0) == pytest.approx(extra)
+    charged, plain = dict(estimate(strips, llc).load_seconds), dict(estimate(strips, dev).load_seconds)
+    assert charged.pop("DRAM") - plain.pop("DRAM") == pytest.approx(extra)
+    assert charged == plain
+    whole = make_program(TileCalculus(e), llc, tiles[:2] + [(16, 7712, 29)], (True, True, True), 0.0)
+    assert strips_seconds(whole, llc, 1.0) == 0
+    assert strips_seconds(strips, replace(llc, llc_bytes=2**30), 1.0) == strips_seconds(strips, dev, 1.0) == 0
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_an_output_buffer_past_the_l2_moves_at_the_last_level_caches_bandwidth(dev):
+    """Unit tiles of 16 x 7712 x 29 (a K-step of B's whole rows, 894 KB, beside C's 493 KB
+    buffer) leave the accumulators' buffer in no cache layer of the spec (`accumulator_home`:
+    DRAM). A 32 MiB last-level cache holds both cores' buffers and tiles (`buffer_in_llc`), a 2
+    MiB one does not; where it does, the accumulators' trips move at its bandwidth: the DRAM
+    stage is shorter by their bytes at DRAM's bandwidth less at the cache's, and nothing else
+    changes."""
+    e = matmul(16, 7705, 4901)
+    w, dram = 2 * dev.warp_size, dev.layers[-1].bandwidth_gbps
+    roomy, tight = (replace(dev, llc_bytes=mib * 2**20, llc_gbps=3 * dram) for mib in (32, 2))
+    program = make_program(TileCalculus(e), roomy, [(4, w, 1), (16, w, 29), (16, 7712, 29)], (True, True, True), 0.0)
+    assert accumulator_home(program, roomy) == len(dev.layers) - 1
+    assert buffer_in_llc(program, roomy) and not buffer_in_llc(program, tight)
+    trips = TileCalculus(e).accumulator_bytes(program.register_tile, accumulator_steps(program),
+                                              partial_sums(e, roomy, program.register_tile)) + buffer_bytes(program, roomy)
+    busy = min(1.0, program.grid / dev.compute_units)
+    held, spilled = dict(estimate(program, roomy).load_seconds), dict(estimate(program, tight).load_seconds)
+    assert spilled.pop("DRAM") - held.pop("DRAM") == pytest.approx(trips * (1 / dram - 1 / (3 * dram)) / (GB * busy))
+    assert held == spilled

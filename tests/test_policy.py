@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import pytest
 from helpers import device, expr, matmul, suite_workloads, workload_expr
-from test_invariants import KIB, detected_cpu
+from test_invariants import KIB, assert_within_limits, detected_cpu
 
 from workbench.construct.markov import MarkovPolicy
 from workbench.construct.policies import POLICIES, policy_class
 from workbench.construct.policy import MIN_PROGRAMS, Policy, in_place, split_k
 from workbench.construct.stepper import Stepper
 from workbench.construct.space import (
-    EPS_STEPS, Action, IllegalAction, Kind, Options, OverCapacity, Space, apply, descend_within_limits,
+    EPS_STEPS, Action, IllegalAction, Kind, Options, OverCapacity, Space, State, apply, descend_within_limits,
     legal_actions, replay,
 )
 from workbench.errors import UserError
@@ -237,3 +237,59 @@ def test_each_loop_nest_is_emitted_once(policy, isa, wid):
     stepper.run_to_end()
     keys = [(loop_nest_key(c.program, dev), c.program.vthreads) for c in stepper.candidates()]
     assert keys and len(set(keys)) == len(keys)
+
+
+def _with_llc(dev, mib: int = 32):
+    """`dev` with a last-level cache of `mib` MiB, three times DRAM's bandwidth."""
+    return replace(dev, llc_bytes=mib * 2**20, llc_gbps=3 * dev.layers[-1].bandwidth_gbps)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_few_row_matmul_past_the_last_level_cache_also_gets_whole_rows(isa):
+    """16 x 4901 x 7705 (B 151 MB) on two cores with a 32 MiB last-level cache: a rows step
+    follows programs that read B in strips of its rows, and the program it makes spans N whole
+    (whole tiles of the layer above, no more), in K-steps no longer than the cache tiles' were,
+    split over both cores; each within every layer's limits and replayed from its actions
+    alone. An operator that stays in the cache (N = 512), or a spec that names no last-level
+    cache, gets none."""
+    dev = detected_cpu(isa, 2, 48 * KIB, 1024 * KIB)
+    e = matmul(16, 7705, 4901)
+    stepper = Stepper(e, _with_llc(dev), "roller", Options(topk=10))
+    steps = stepper.run_to_end()
+    marks = [s for s in steps if s.action.kind == Kind.ROWS]
+    assert marks and all(s.note.startswith("B is read from DRAM in strips of its rows: also span them whole (j to ")
+                         for s in marks)
+    whole = [s.candidate for s in steps if s.candidate is not None and Kind.ROWS in [a.kind for a in s.candidate.actions]]
+    assert whole
+    for cand in whole:
+        p = cand.program
+        rows = next(a for a in cand.actions if a.kind == Kind.ROWS)
+        above = p.tiles[-2][1]
+        assert p.unit_tile[1] == -(-7705 // above) * above and p.unit_tile[2] == rows.size
+        assert all(t[2] <= rows.size for t in p.tiles[1:]) and (p.split, p.grid) == (2, 2)
+        assert replay(stepper.space, cand.actions) == p
+        assert_within_limits(stepper.space, p)
+    for other in (Stepper(matmul(16, 512, 4901), _with_llc(dev), "roller", Options(topk=10)),
+                  Stepper(e, dev, "roller", Options(topk=10))):
+        assert not [s for s in other.run_to_end() if s.action.kind == Kind.ROWS]
+
+
+def test_a_rows_step_is_refused_off_a_program_or_off_whole_register_steps():
+    """`apply` of rows: only at the bottom layer, in K-steps of whole register steps no longer
+    than the cache tiles', and within every layer's limits; where `Space.whole_rows` finds the
+    longest step, one more is refused."""
+    dev = _with_llc(detected_cpu("avx512", 2, 48 * KIB, 1024 * KIB))
+    stepper = Stepper(matmul(16, 7705, 4901), dev, "roller", Options(topk=10))
+    space, steps = stepper.space, stepper.run_to_end()
+    with pytest.raises(IllegalAction, match="only a program's unit tile spans rows"):
+        apply(space, space.initial_state(0.05), Action(Kind.ROWS, space.n_tile_layers, 1, 16))
+    strips = next(s.candidate for s in steps if s.candidate is not None and s.candidate.actions[0].count == 0
+                  and Kind.ROWS not in [a.kind for a in s.candidate.actions] and s.candidate.program.unit_tile[1] < 7705)
+    tiles, eps = strips.program.tiles, strips.actions[0].eps
+    state = State(space.n_tile_layers, (), tiles, eps, (), strips.actions[:-1])
+    name, axis, size, whole = space.whole_rows(tiles, eps)
+    assert (name, axis) == ("B", 1) and whole[-1][1] >= 7705 and size <= tiles[-2][2]
+    assert apply(space, state, Action(Kind.ROWS, space.n_tile_layers, axis, size)).recorded == whole
+    for refused in (size + 1, 2 * tiles[-2][2], 0):
+        with pytest.raises(IllegalAction, match=f"spans j in steps of {refused}"):
+            apply(space, state, Action(Kind.ROWS, space.n_tile_layers, axis, refused))

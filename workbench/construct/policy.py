@@ -95,6 +95,8 @@ class Policy:
         "even": "grid {before}'s tiles pad {axis} more than as many even tiles would: also cut {axis} evenly to {size}: grid {after}",
         "reduction_cut": "grid {before} leaves some of the {units} cores idle and its unit tile too few steps of {axis} to split: "
                          "also cut {axis} to {size}, then split it over the cores",
+        "rows": "{input} is read from DRAM in strips of its rows: also span them whole ({axis} to {width}) in steps "
+                "of {size} of {k}, split over the cores",
         "emit": "emit rProgram #{number}: grid {grid}, {predicted} predicted, bound by {bottleneck}",
     }
     marker_temperature: float | None = None  # the temperature recorded with markers (annealing policies)
@@ -271,7 +273,9 @@ class Policy:
         64 x 11239 x 449 on 2 cores arrived as one 66 x 464 unit tile and shrank N to 16, 29
         tiles, A's panel copied 29 times, 0.4-0.5x numpy, where two tiles of 240, padding 7 %,
         keep A's reuse: 0.9x; where it cut no more than that, the cuts only trade its padding
-        for other register tiles, which cpu-core's conv-1x1 measured 3-6 % slower). A program
+        for other register tiles, which cpu-core's conv-1x1 measured 3-6 % slower); and where
+        the program reads an input from DRAM in strips of its rows, the program whose unit tile
+        spans those rows whole (`Space.whole_rows`, a rows step), where predicted faster. A program
         emitted before is not emitted again (`repeated`); a program is its loop nest
         (`plan.loop_nest_key`: its tiles, less a CPU L1 tile's K where that only splits a loop)
         and its virtual threads."""
@@ -295,6 +299,16 @@ class Policy:
                 deeper = yield from self._shrunk(state, (cut,), "reduction_cut")
                 if (yield from self._emit_program(deeper, arrived)) is not None:
                     self._extras += 1
+        rows = self.ask(whole_rows_at, state.eps, state.recorded)
+        spanned = self.priced(self.space.program(rows[3], state.eps, state.vthreads))[1] if rows is not None else None
+        if spanned is not None and spanned.predicted_seconds < est.predicted_seconds:
+            name, axis, size, tiles = rows
+            whole = apply(self.space, state, Action(Kind.ROWS, self.space.n_tile_layers, axis, size))
+            k = self.space.axes[split_axis(self.space.expr, self.space.device)]
+            note = self.describe("rows", input=name, axis=self.space.axes[axis], width=tiles[-1][axis], size=size, k=k)
+            yield self.marker(whole, whole.actions[-1], note)
+            if (yield from self._emit_program(whole, arrived)) is not None:
+                self._extras += 1
         cuts = [(self._balanced(state), state)]
         if shrinks and self.space.calc.spatial_tiles(state.recorded[-1]) > 2 * self.space.device.compute_units:
             cuts.append((self._balanced(arrived), arrived))
@@ -479,6 +493,11 @@ def shrinks_at(space: Space, eps: float, tiles) -> tuple:
 def shrink_choices_at(space: Space, eps: float, tiles) -> tuple:
     """`Space.shrink_choices` of `tiles` at `eps` (a query for `Policy.ask`)."""
     return space.shrink_choices(tiles, eps)
+
+
+def whole_rows_at(space: Space, eps: float, tiles):
+    """`Space.whole_rows` of `tiles` at `eps` (a query for `Policy.ask`)."""
+    return space.whole_rows(tiles, eps)
 
 
 def reduction_cut_at(space: Space, eps: float, tiles):

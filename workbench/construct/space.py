@@ -23,8 +23,8 @@ from workbench.rtile.alignment import (
     initial_tile, is_aligned, next_aligned_sizes, port_free_tile, prev_aligned_sizes, required_accumulators,
     unfilled_tile,
 )
-from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projections
-from workbench.rtile.model.common import is_compute_bound, is_stream_bound
+from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projections, read_once_below
+from workbench.rtile.model.common import is_compute_bound, is_stream_bound, stays_in_llc
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
 from workbench.rtile.rprogram import (
@@ -38,7 +38,8 @@ Tile = tuple[int, ...]
 class Kind(str, Enum):
     """What an action does. Roller's: start, grow, layer_full, compute_saturated, descend, emit,
     shrink, widen_eps, fuse_axes, prune_visited. Gensor (Markov) adds inv_tile and set_vthread;
-    its "cache" action is our "descend". A `str` so that faces and JSON read the plain name."""
+    its "cache" action is our "descend". Ours: rows, a CPU program's unit tile widened to span an
+    input's rows (`Space.whole_rows`). A `str` so that faces and JSON read the plain name."""
 
     START = "start"
     FUSE_AXES = "fuse_axes"
@@ -52,6 +53,7 @@ class Kind(str, Enum):
     PRUNE_VISITED = "prune_visited"
     INV_TILE = "inv_tile"
     SET_VTHREAD = "set_vthread"
+    ROWS = "rows"
 
     def __str__(self) -> str:
         return self.value
@@ -81,7 +83,8 @@ class OverCapacity(IllegalAction):
 @dataclass(frozen=True, order=True)
 class Action:
     """One move. `size`: the new size of `axis` (grow, shrink, inv_tile; the size a Roller
-    branch tried for layer_full / prune_visited; 1 on an emit whose program reads its inputs in
+    branch tried for layer_full / prune_visited; the reduction's step on rows, whose `axis` the
+    unit tile then spans; 1 on an emit whose program reads its inputs in
     place, `RProgram.in_place`); `count`: V of set_vthread, S of a split-K emit
     (`RProgram.split`; 0 unsplit); `eps`: the padding bound a round starts at (start) or is
     raised to (widen_eps), or a balancing shrink may reach (`Space.balances`)."""
@@ -108,6 +111,8 @@ class Action:
             return f"{kind} {axes[self.axis]} to {self.size}{where}"
         if self.kind == Kind.SET_VTHREAD:
             return f"set_vthread {axes[self.axis]} x{self.count}{where}"
+        if self.kind == Kind.ROWS:
+            return f"rows of {axes[self.axis]} in steps of {self.size}"
         return f"{kind}{where}"
 
 
@@ -425,6 +430,33 @@ class Space:
         cut = _shrunk_stack(self, tiles, axis, size, eps, self.cached(len(tiles), eps))
         return None if cut is None else (axis, cut)
 
+    def whole_rows(self, tiles: tuple[Tile, ...], eps: float) -> tuple[str, int, int, tuple[Tile, ...]] | None:
+        """On a CPU, where a program reads an input once from DRAM (`axes.read_once_below` of its
+        unit tile, the operator past the last-level cache the spec names: a few-row matmul's B)
+        in strips, each unit tile a run of every row: the program whose unit tile spans those
+        rows whole (the input's contiguous axis at its extent, in whole tiles of the layer above)
+        in reduction steps of the longest whole number of register steps, up to the cache tiles'
+        now, within every layer's limits, which `policy.split_k` then deals over the cores, each
+        a block of whole rows: (the input's name, axis, step, tiles), or None. Two cores read
+        whole rows at twice the rate of strips (`model.cpu.STRIPS_SHARE`): 16 x 4901 x 7705 on
+        two Zen 4 cores, its rank 1 in unit tiles 176 columns wide 15.1 ms, as split-K over unit
+        tiles of all of N 9.9 (numpy 14.0; evidence: docs/model-evidence.md#whole-rows)."""
+        expr, device = self.expr, self.device
+        if not device.runs_on_cpu or len(tiles) < 2 or not device.llc_bytes or stays_in_llc(expr, device):
+            return None
+        shapes = self.calc.data_tiles(tiles[-1])
+        strips = [t for t in read_once_below(expr, device, tiles[-1]) if shapes[t][-1] < expr.inputs[t].shape[-1]]
+        terms = expr.inputs[strips[0]].terms[-1] if strips else ()
+        k = split_axis(expr, device)
+        if len(terms) != 1 or terms[0][1] != 1 or k is None:
+            return None
+        axis, cached = terms[0][0], self.cached(len(tiles), eps)
+        for size in range(tiles[-2][k], 0, -tiles[0][k]):
+            new = _rows_stack(self, tiles, axis, size)
+            if new is not None and _all_within(self, new, eps, cached):
+                return expr.inputs[strips[0]].name, axis, size, new
+        return None
+
     def balances(self, tiles: tuple[Tile, ...], eps: float) -> tuple[tuple[int, tuple[Tile, ...], float], ...]:
         """CPU scale-out past Roller-S: (axis, tiles, bound) for each spatial axis along which
         the unit tile can be cut into more, even tiles so that the grid fills the cores' last
@@ -631,6 +663,8 @@ def apply(space: Space, state: State, action: Action) -> State:
     kind = action.kind
     if kind == Kind.SHRINK and state.layer == space.n_tile_layers:
         return _shrink_program(space, state, action)
+    if kind == Kind.ROWS:
+        return _rows_program(space, state, action)
     if kind in RESIZES:
         if action.layer != state.layer or not 0 <= action.axis < len(state.tile):
             raise IllegalAction(f"{kind}: layer/axis do not match the state")
@@ -686,6 +720,32 @@ def _shrink_program(space: Space, state: State, action: Action) -> State:
         raise IllegalAction(f"shrink: no aligned program within the limits has {space.axes[action.axis]}={action.size}")
     vthreads = tuple(v if t % v == 0 else 1 for v, t in zip(state.vthreads, new[0]))
     return replace(state, tile=(), recorded=new, eps=bound, vthreads=vthreads, actions=state.actions + (action,))
+
+
+def _rows_program(space: Space, state: State, action: Action) -> State:
+    """The program of a state at the bottom layer with its unit tile spanning `action.axis` whole
+    in reduction steps of `action.size` (`Space.whole_rows`, `_rows_stack`)."""
+    if state.layer != space.n_tile_layers:
+        raise IllegalAction("rows: only a program's unit tile spans rows")
+    tiles = _rows_stack(space, state.recorded, action.axis, action.size)
+    if tiles is None or not _all_within(space, tiles, state.eps, space.cached(len(tiles), state.eps)):
+        raise IllegalAction(f"rows: no aligned program within the limits spans {space.axes[action.axis]} "
+                            f"in steps of {action.size}")
+    return replace(state, tile=(), recorded=tiles, actions=state.actions + (action,))
+
+
+def _rows_stack(space: Space, tiles, axis: int, size: int):
+    """`tiles` with the unit tile's `axis` at its extent in whole tiles of the layer above, and
+    every cache tile's reduction (`rprogram.split_axis`) at most `size`; None where `size` is no
+    whole number of the register tile's steps, or longer than the cache tiles' steps now."""
+    k = split_axis(space.expr, space.device)
+    if k is None or not 0 <= axis < len(space.axes) or axis == k or len(tiles) < 2:
+        return None
+    if size < 1 or size % tiles[0][k] or size > tiles[-2][k]:
+        return None
+    below = tiles[-2][axis]
+    unit = with_axis(with_axis(tiles[-1], axis, ceil(space.expr.axes[axis].extent / below) * below), k, size)
+    return (tiles[0],) + tuple(with_axis(t, k, min(t[k], size)) for t in tiles[1:-1]) + (unit,)
 
 
 def legal_actions(space: Space, state: State) -> tuple[Action, ...]:

@@ -14,7 +14,9 @@ from math import ceil, gcd, prod
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
-from workbench.rtile.axes import lane_axis, plain_projection, plain_projections, read_once_below, unfollowed_reads
+from workbench.rtile.axes import (
+    lane_axis, plain_projection, plain_projections, read_across, read_once_below, unfollowed_reads,
+)
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
     source_layer, stays_in_llc,
@@ -75,8 +77,12 @@ def price(program: RProgram, device: DeviceSpec, padded_flops: int, busy: float)
         at = accumulator_home(program, device)
         q = calc.accumulator_bytes(program.register_tile, accumulator_steps(program),
                                    partial_sums(expr, device, program.register_tile)) + buffer_bytes(program, device)
-        transfer(device.layers[at].name, q, q / (layer_gbps(program, device, at) * GB * busy))
-    runs = stream_seconds(program, device, busy) + unfollowed_seconds(program, device, busy)
+        gbps = layer_gbps(program, device, at)
+        if at == len(device.layers) - 1 and buffer_in_llc(program, device):
+            gbps = max(gbps, device.llc_gbps)
+        transfer(device.layers[at].name, q, q / (gbps * GB * busy))
+    runs = (stream_seconds(program, device, busy) + unfollowed_seconds(program, device, busy)
+            + strips_seconds(program, device, busy))
     if runs:
         transfer(device.layers[-1].name, 0, runs)
     reading = epilogue_read_seconds(program, device, busy)
@@ -323,6 +329,32 @@ def stream_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     if not rounds:
         return 0.0
     return rounds * device.layers[-1].latency_ns * 1e-9 / (device.compute_units * busy)
+
+
+# The share of DRAM's bandwidth two cores get reading a matrix in strips, runs of every row, where
+# each core reading a block of whole rows gets all of it (`strips_seconds`). Measured on the 2-core
+# Zen 4: a C loop summing a 4901 x 7705 float matrix (151 MB) in vectors, each core its half, ran
+# 2.4-4.9 ms in blocks of whole rows and 6.2-10.4 ms in strips 176 to 3,856 columns wide
+# (evidence: docs/model-evidence.md#whole-rows).
+STRIPS_SHARE = 0.5
+
+
+def strips_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
+    """What reading inputs from DRAM in strips costs beyond their bytes at its bandwidth, where
+    the operator does not stay in the last-level cache the spec names: the plain projections larger than the
+    lowest cache layer, stored as read (not `read_across`), whose unit tile's data tile is
+    narrower than their rows, each unit tile's data tile moved from DRAM at STRIPS_SHARE of the
+    bandwidth (a few-row matmul's B in unit tiles of some of its columns)."""
+    expr = program.expr
+    if not device.runs_on_cpu or not expr.reduce or len(program.tiles) < 2 or not device.llc_bytes \
+            or stays_in_llc(expr, device):
+        return 0.0
+    calc, unit, lowest = calculus(expr), program.unit_tile, device.layers[-2].capacity_bytes
+    shapes = calc.data_tiles(unit)
+    strips = sum(prod(shapes[t]) * tensor.itemsize for t, tensor in enumerate(expr.inputs)
+                 if plain_projection(tensor) and tensor.nbytes > lowest and not read_across(expr, tensor)
+                 and tensor.name not in expr.transposed and shapes[t][-1] < tensor.shape[-1])
+    return strips * calc.num_tiles(unit) * (1 / STRIPS_SHARE - 1) / (device.layers[-1].bandwidth_gbps * GB * busy)
 
 
 # Little's law for the lines no prefetcher fetched (`unfollowed_seconds`): a core has as many of
@@ -779,6 +811,18 @@ def accumulator_home(program: RProgram, device: DeviceSpec) -> int:
     return next((l for l in range(1, last)
                  if out + calc.footprint_bytes(tiles[min(l, len(tiles) - 1)], (), with_output=False)
                  <= ACCUMULATOR_FILL * device.layers[l].capacity_bytes), last)
+
+
+def buffer_in_llc(program: RProgram, device: DeviceSpec) -> bool:
+    """Whether the output buffer that no cache layer of the spec holds (`accumulator_home` at the
+    bottom layer) stays in the last-level cache (`DeviceSpec.llc_bytes`) instead: every core's
+    buffer beside the input tiles streaming past it in its lowest cache tile, in
+    ACCUMULATOR_FILL of it."""
+    if not device.llc_bytes:
+        return False
+    calc, tiles = calculus(program.expr), program.tiles
+    held = unit_output_bytes(program) + calc.footprint_bytes(tiles[-1], (), with_output=False)
+    return device.compute_units * held <= ACCUMULATOR_FILL * device.llc_bytes
 
 
 def accumulator_steps(program: RProgram) -> tuple[int, ...]:
