@@ -440,7 +440,7 @@ class Space:
         a block of whole rows: (the input's name, axis, step, tiles), or None. Two cores read
         whole rows at twice the rate of strips (`model.cpu.STRIPS_SHARE`): 16 x 4901 x 7705 on
         two Zen 4 cores, its rank 1 in unit tiles 176 columns wide 15.1 ms, as split-K over unit
-        tiles of all of N 9.9 (numpy 14.0; evidence: docs/model-evidence.md#whole-rows)."""
+        tiles of all of N 9.7 (numpy 13.9; evidence: docs/model-evidence.md#whole-rows)."""
         expr, device = self.expr, self.device
         if not device.runs_on_cpu or len(tiles) < 2 or not device.llc_bytes or stays_in_llc(expr, device):
             return None
