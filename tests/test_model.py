@@ -1973,7 +1973,8 @@ def test_an_input_read_from_dram_in_strips_moves_again_at_strips_share(dev):
     wide: B's data tiles (29 of its rows x 192 columns, 41 x 169 of them) cost their bytes once
     more at DRAM's bandwidth over STRIPS_SHARE, in the DRAM stage and nowhere else; unit tiles
     spanning N whole (7712) read whole rows and pay nothing, nor does anything where the operator
-    stays in the cache or on a spec that names none. A (314 KB) stays in the L2."""
+    stays in the cache or on a spec that names none. A (314 KB) stays in the L2. A one-row
+    matmul's B, whose runs `stream_seconds` prices, pays nothing here either."""
     e = matmul(16, 7705, 4901)
     w, dram = 2 * dev.warp_size, dev.layers[-1].bandwidth_gbps
     llc = replace(dev, llc_bytes=32 * 2**20, llc_gbps=3 * dram)
@@ -1987,6 +1988,8 @@ def test_an_input_read_from_dram_in_strips_moves_again_at_strips_share(dev):
     whole = make_program(TileCalculus(e), llc, tiles[:2] + [(16, 7712, 29)], (True, True, True), 0.0)
     assert strips_seconds(whole, llc, 1.0) == 0
     assert strips_seconds(strips, replace(llc, llc_bytes=2**30), 1.0) == strips_seconds(strips, dev, 1.0) == 0
+    one_row = make_program(TileCalculus(matmul(1, 7705, 4901)), llc, [(1, w, 1), (1, w, 29), (1, 192, 29)], (True,) * 3, 0.0)
+    assert strips_seconds(one_row, llc, 1.0) == 0
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=["avx2", "avx512"])

@@ -15,7 +15,7 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
 from workbench.rtile.axes import (
-    lane_axis, plain_projection, plain_projections, read_across, read_once_below, unfollowed_reads,
+    always_streamed, lane_axis, plain_projection, plain_projections, read_across, read_once_below, unfollowed_reads,
 )
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
@@ -344,15 +344,16 @@ def strips_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     the operator does not stay in the last-level cache the spec names: the plain projections larger than the
     lowest cache layer, stored as read (not `read_across`), whose unit tile's data tile is
     narrower than their rows, each unit tile's data tile moved from DRAM at STRIPS_SHARE of the
-    bandwidth (a few-row matmul's B in unit tiles of some of its columns)."""
+    bandwidth (a few-row matmul's B in unit tiles of some of its columns). Not a one-row
+    matmul's B (`axes.always_streamed`), whose runs `stream_seconds` prices."""
     expr = program.expr
     if not device.runs_on_cpu or not expr.reduce or len(program.tiles) < 2 or not device.llc_bytes \
             or stays_in_llc(expr, device):
         return 0.0
     calc, unit, lowest = calculus(expr), program.unit_tile, device.layers[-2].capacity_bytes
-    shapes = calc.data_tiles(unit)
+    shapes, streamed = calc.data_tiles(unit), always_streamed(expr, device)
     strips = sum(prod(shapes[t]) * tensor.itemsize for t, tensor in enumerate(expr.inputs)
-                 if plain_projection(tensor) and tensor.nbytes > lowest and not read_across(expr, tensor)
+                 if t not in streamed and plain_projection(tensor) and tensor.nbytes > lowest and not read_across(expr, tensor)
                  and tensor.name not in expr.transposed and shapes[t][-1] < tensor.shape[-1])
     return strips * calc.num_tiles(unit) * (1 / STRIPS_SHARE - 1) / (device.layers[-1].bandwidth_gbps * GB * busy)
 
