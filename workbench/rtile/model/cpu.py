@@ -341,11 +341,11 @@ STRIPS_SHARE = 0.5
 
 def strips_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     """What reading inputs from DRAM in strips costs beyond their bytes at its bandwidth, where
-    the operator does not stay in the last-level cache the spec names: the plain projections larger than the
-    lowest cache layer, stored as read (not `read_across`), whose unit tile's data tile is
-    narrower than their rows, each unit tile's data tile moved from DRAM at STRIPS_SHARE of the
-    bandwidth (a few-row matmul's B in unit tiles of some of its columns). Not a one-row
-    matmul's B (`axes.always_streamed`), whose runs `stream_seconds` prices."""
+    the operator does not stay in the last-level cache the spec names: the plain projections
+    larger than the lowest cache layer, stored as read (not `read_across`), whose unit tile's
+    data tile is narrower than their rows, each unit tile's data tile moved from DRAM at
+    STRIPS_SHARE of the bandwidth (a few-row matmul's B in unit tiles of some of its columns).
+    Not a one-row matmul's B (`axes.always_streamed`), whose runs `stream_seconds` prices."""
     expr = program.expr
     if not device.runs_on_cpu or not expr.reduce or len(program.tiles) < 2 or not device.llc_bytes \
             or stays_in_llc(expr, device):
@@ -353,8 +353,9 @@ def strips_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     calc, unit, lowest = calculus(expr), program.unit_tile, device.layers[-2].capacity_bytes
     shapes, streamed = calc.data_tiles(unit), always_streamed(expr, device)
     strips = sum(prod(shapes[t]) * tensor.itemsize for t, tensor in enumerate(expr.inputs)
-                 if t not in streamed and plain_projection(tensor) and tensor.nbytes > lowest and not read_across(expr, tensor)
-                 and tensor.name not in expr.transposed and shapes[t][-1] < tensor.shape[-1])
+                 if t not in streamed and plain_projection(tensor) and tensor.nbytes > lowest
+                 and not read_across(expr, tensor) and tensor.name not in expr.transposed
+                 and shapes[t][-1] < tensor.shape[-1])
     return strips * calc.num_tiles(unit) * (1 / STRIPS_SHARE - 1) / (device.layers[-1].bandwidth_gbps * GB * busy)
 
 
