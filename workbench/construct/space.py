@@ -24,7 +24,7 @@ from workbench.rtile.alignment import (
     unfilled_tile,
 )
 from workbench.rtile.axes import always_streamed, even_tile, lane_axis, plain_projections, read_once_below
-from workbench.rtile.model.common import is_compute_bound, is_stream_bound, stays_in_llc
+from workbench.rtile.model.common import is_compute_bound, is_stream_bound, past_llc
 from workbench.rtile.model.cpu import tile_stream_runs
 from workbench.rtile.registers import block_thread_count
 from workbench.rtile.rprogram import (
@@ -442,7 +442,7 @@ class Space:
         two Zen 4 cores, its rank 1 in unit tiles 176 columns wide 15.1 ms, as split-K over unit
         tiles of all of N 9.7 (numpy 13.9; evidence: docs/model-evidence.md#whole-rows)."""
         expr, device = self.expr, self.device
-        if not device.runs_on_cpu or len(tiles) < 2 or not device.llc_bytes or stays_in_llc(expr, device):
+        if not device.runs_on_cpu or len(tiles) < 2 or not past_llc(expr, device):
             return None
         shapes = self.calc.data_tiles(tiles[-1])
         strips = [t for t in read_once_below(expr, device, tiles[-1]) if shapes[t][-1] < expr.inputs[t].shape[-1]]

@@ -187,21 +187,27 @@ def read_once_below(expr: TensorExpr, device: DeviceSpec, register) -> tuple[int
     from below its lowest cache layer: plain projections larger than that layer whose ignored
     spatial axes the register tile spans whole (no other tile reads their elements again), over
     more than one row of them (a one-row matmul's B streams as `always_streamed` says), and
-    stored as they are read: not across the output's contiguous axis nor permuted
-    (`TensorExpr.transposed`), which every plan copies into panels row after row (a transposed
-    B, `panels._panel_pays`, `transposed_in_panels`). Cached: Roller asks at every growth of a
+    stored as they are read (`stored_past_caches`; a transposed B, `panels._panel_pays`,
+    `transposed_in_panels`, is copied into panels instead). Cached: Roller asks at every growth of a
     cache tile (`construct.roller`'s `_full`)."""
     if not device.runs_on_cpu or not expr.reduce or len(device.layers) < 3:
         return ()
-    lowest = device.layers[-2].capacity_bytes
     out = []
     for t, tensor in enumerate(expr.inputs):
         ignored = [a for a in expr.spatial if not tensor.uses_axis(a)]
-        across = tensor.name in expr.transposed or read_across(expr, tensor)
-        if (ignored and plain_projection(tensor) and not across and tensor.nbytes > lowest
+        if (ignored and stored_past_caches(expr, device, tensor)
                 and prod(register[a] for a in ignored) > 1 and all(register[a] == expr.axes[a].extent for a in ignored)):
             out.append(t)
     return tuple(out)
+
+
+def stored_past_caches(expr: TensorExpr, device: DeviceSpec, tensor) -> bool:
+    """Whether input `tensor` of a CPU reduction is a plain projection larger than the device's
+    lowest cache layer, stored as it is read: not across the output's contiguous axis nor
+    permuted (`TensorExpr.transposed`), which every plan copies into panels row after row. What
+    `read_once_below` and the model's `strips_seconds` read from below the caches in place."""
+    return (plain_projection(tensor) and tensor.nbytes > device.layers[-2].capacity_bytes
+            and tensor.name not in expr.transposed and not read_across(expr, tensor))
 
 
 def read_across(expr: TensorExpr, tensor) -> bool:

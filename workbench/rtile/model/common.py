@@ -87,6 +87,12 @@ def layer_gbps(program: RProgram, device: DeviceSpec, layer: int) -> float:
     return max(spec.bandwidth_gbps, device.llc_gbps)
 
 
+def past_llc(expr: TensorExpr, device: DeviceSpec) -> bool:
+    """Whether the device names a last-level cache (`DeviceSpec.llc_bytes`) and the operator
+    does not stay in it (`stays_in_llc`): its reads from the bottom layer come from DRAM."""
+    return bool(device.llc_bytes) and not stays_in_llc(expr, device)
+
+
 def stays_in_llc(expr: TensorExpr, device: DeviceSpec) -> bool:
     """Whether an operator's tensors, every one once (its compulsory bytes), fit in LLC_FILL of
     the device's last-level cache (`DeviceSpec.llc_bytes`; False without one): from its second

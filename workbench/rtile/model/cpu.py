@@ -15,10 +15,10 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
 from workbench.rtile.axes import (
-    always_streamed, lane_axis, plain_projection, plain_projections, read_across, read_once_below, unfollowed_reads,
+    always_streamed, lane_axis, plain_projection, plain_projections, read_once_below, stored_past_caches, unfollowed_reads,
 )
 from workbench.rtile.model.common import (
-    GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, peak_gflops, provenance,
+    GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, past_llc, peak_gflops, provenance,
     source_layer, stays_in_llc,
 )
 from workbench.rtile.model.cpu_compute import (
@@ -341,21 +341,18 @@ STRIPS_SHARE = 0.5
 
 def strips_seconds(program: RProgram, device: DeviceSpec, busy: float) -> float:
     """What reading inputs from DRAM in strips costs beyond their bytes at its bandwidth, where
-    the operator does not stay in the last-level cache the spec names: the plain projections
-    larger than the lowest cache layer, stored as read (not `read_across`), whose unit tile's
-    data tile is narrower than their rows, each unit tile's data tile moved from DRAM at
+    the operator does not stay in the last-level cache the spec names (`past_llc`): the inputs
+    read in place from below the caches (`axes.stored_past_caches`) whose unit tile's data
+    tile is narrower than their rows, each unit tile's data tile moved from DRAM at
     STRIPS_SHARE of the bandwidth (a few-row matmul's B in unit tiles of some of its columns).
     Not a one-row matmul's B (`axes.always_streamed`), whose runs `stream_seconds` prices."""
     expr = program.expr
-    if not device.runs_on_cpu or not expr.reduce or len(program.tiles) < 2 or not device.llc_bytes \
-            or stays_in_llc(expr, device):
+    if not device.runs_on_cpu or not expr.reduce or len(program.tiles) < 2 or not past_llc(expr, device):
         return 0.0
-    calc, unit, lowest = calculus(expr), program.unit_tile, device.layers[-2].capacity_bytes
+    calc, unit = calculus(expr), program.unit_tile
     shapes, streamed = calc.data_tiles(unit), always_streamed(expr, device)
     strips = sum(prod(shapes[t]) * tensor.itemsize for t, tensor in enumerate(expr.inputs)
-                 if t not in streamed and plain_projection(tensor) and tensor.nbytes > lowest
-                 and not read_across(expr, tensor) and tensor.name not in expr.transposed
-                 and shapes[t][-1] < tensor.shape[-1])
+                 if t not in streamed and stored_past_caches(expr, device, tensor) and shapes[t][-1] < tensor.shape[-1])
     return strips * calc.num_tiles(unit) * (1 / STRIPS_SHARE - 1) / (device.layers[-1].bandwidth_gbps * GB * busy)
 
 
