@@ -232,14 +232,17 @@ def test_parse_cpuinfo_keeps_the_first_processor():
         ("GenuineIntel", 6, 126, (4, 1)),  # Ice Lake client (7Eh): one 512-bit FMA
         ("GenuineIntel", 6, 63, (5, 2)),  # Haswell-EP
         ("GenuineIntel", 6, 1, (5, 2)),  # a model not in the table: the default
+        ("GenuineIntel", 6, 167, (4, 2, "amx_tile")),  # AMX under a hypervisor's model number
         ("AuthenticAMD", 99, 1, (5, 2)),  # a family not in the table: the default
     ],
 )
 def test_fma_facts_from_vendor_family_and_model(vendor, family, model, facts):
-    info = parse_cpuinfo(f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: avx2 fma\n")
+    """Facts by family and model; an Intel core with AMX by that flag, whatever model it reports."""
+    flags = " ".join(("avx2 fma", *facts[2:]))
+    info = parse_cpuinfo(f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: {flags}\n")
     assert (info.family, info.model) == (family, model)
     found = fma_facts(info)
-    assert (found.latency_cycles, found.pipes) == facts and found.source
+    assert (found.latency_cycles, found.pipes) == facts[:2] and found.source
 
 
 @pytest.mark.parametrize(

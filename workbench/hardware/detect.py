@@ -90,6 +90,11 @@ _INTEL_FMA = (
     (6, (0x97, 0x9A, 0xB7, 0xBA, 0xBF),
      FmaFacts(4, 2, f"Alder Lake / Raptor Lake P-cores: 4-cycle FMA on ports 0 and 1 ({_INTEL_MANUAL})")),
 )
+# AMX (the amx_tile flag) exists only on Intel's server cores from Sapphire Rapids on, whose FMA is
+# the row above's; it names them where a hypervisor reports another model (a 2-core Xeon guest
+# with AMX and a 480 MiB L3 reported family 6 model 0xA7, Rocket Lake's number).
+_INTEL_AMX_FMA = FmaFacts(4, 2, f"an Intel server core with AMX (amx_tile: Sapphire Rapids or later): 4-cycle FMA, "
+                                f"two 512-bit FMA units ({_INTEL_MANUAL})")
 # Zen 3's (cpu family, model ranges) as /proc/cpuinfo gives them: EPYC 7003 (01h), Ryzen 5000 (21h,
 # 50h) and their kin.
 _ZEN3 = (0x19, ((0x00, 0x0F), (0x20, 0x5F)))
@@ -203,10 +208,12 @@ def vector_registers(info: CpuInfo) -> int:
 
 def fma_facts(info: CpuInfo) -> FmaFacts:
     """FMA latency and pipes of the core /proc/cpuinfo names (vendor, family and model on x86,
-    the CPU part on ARM), or `DEFAULT_FMA` for a core not in the table."""
+    AMX on Intel, the CPU part on ARM), or `DEFAULT_FMA` for a core not in the table."""
     if info.isa == "aarch64":
         return _ARM_FMA.get(info.part, DEFAULT_FMA)
     if info.vendor == "intel":
+        if "amx_tile" in info.flags:
+            return _INTEL_AMX_FMA
         for family, models, facts in _INTEL_FMA:
             if info.family == family and info.model in models:
                 return facts
