@@ -13,7 +13,8 @@ from test_alignment import AVX2, AVX512
 
 from workbench.errors import UserError
 from workbench.hardware.calibrate import (
-    CACHE_FILL, calibrate, impossible, micro_kernel_probes, micro_kernel_shapes, one_core_probe, probes,
+    CACHE_FILL, LLC_PLATEAU, calibrate, held_llc, impossible, llc_probes, micro_kernel_probes, micro_kernel_shapes,
+    one_core_probe, probes,
 )
 from workbench.hardware.calibrated import apply_measurements, calibrated_spec_path
 from workbench.hardware.detect import detect_local_cpu
@@ -64,7 +65,7 @@ def test_quick_calibration_measures_positive_ordered_numbers(calibrated):
     # a busy machine may measure impossible numbers once and measure again: the last round counts
     last = [i for i, line in enumerate(lines) if line.startswith("impossible results")][-1:]
     kept = lines[last[0] + 1:] if last else lines
-    llc = ["LLC"] if detect_local_cpu().llc_bytes else []  # where sysfs names an L3
+    llc = [p.label for p in llc_probes(detect_local_cpu(), spec.compute_units)]  # where sysfs names an L3
     one_core = ["DRAM, one core"] if spec.compute_units > 1 else []  # apart, on one thread
     assert [line.split(":")[0] for line in kept] == (["L1", "L2"] + llc + ["DRAM", "float32", "float64"] + micro
                                                      + ["launch"] + one_core)
@@ -126,13 +127,17 @@ def test_calibrated_spec_round_trips_through_toml(calibrated):
 
 
 def _results(spec, quick=False, **changed):
-    """Results of every probe of `spec`, `changed` by label; micro-kernels at 0.3 x their FMA peak."""
+    """Results of every probe of `spec`, `changed` by label (each LLC read "LLC" unless named);
+    micro-kernels at 0.3 x their FMA peak."""
     values = {"L1": 500.0, "L2": 200.0, "LLC": 120.0, "DRAM": 40.0, "float32": 300.0, "float64": 150.0,
               "launch": 1.234} | changed
-    return tuple(
-        ProbeResult(p, values.get(p.label, values.get(p.dtype, 0.0) * 0.3), runs=5, threads=2)
-        for p in probes(spec, 2, quick)
-    )
+
+    def value(p):
+        if p.label in values:
+            return values[p.label]
+        return values["LLC"] if p.label.startswith("LLC ") else values.get(p.dtype, 0.0) * 0.3
+
+    return tuple(ProbeResult(p, value(p), runs=5, threads=2) for p in probes(spec, 2, quick))
 
 
 def _measured(answers):
@@ -253,19 +258,47 @@ def _with_llc(spec, llc_bytes=32 * 1024**2, llc_gbps=150.0):
 
 
 def test_the_last_level_cache_is_measured_between_l2_and_dram():
-    """Half the LLC over the threads, after the per-core caches and before DRAM (the order
-    `impossible` compares in); no probe for a spec without one."""
-    spec = _with_llc(load_spec("xeon-avx512"))
+    """Half the LLC over the threads, then halvings down to twice the L2, after the per-core
+    caches and before DRAM (the order `impossible` compares in); no probe for a spec without one.
+    A flat read keeps the first, and sysfs's size."""
+    spec = _with_llc(load_spec("xeon-avx512"))  # 1 MiB L2 a core
     todo = probes(spec, threads=2)
-    assert [p.label for p in todo[:4]] == ["L1", "L2", "LLC", "DRAM"]
-    assert todo[2] == Probe("stream", "LLC", 32 * 1024**2 // 2 // 2)
-    assert "LLC" not in [p.label for p in probes(load_spec("xeon-avx512"), threads=2)]
-    out = apply_measurements(spec, _results(spec), "2026-01-02")
+    assert [p.label for p in todo[:6]] == ["L1", "L2", "LLC 8 MiB", "LLC 4 MiB", "LLC 2 MiB", "DRAM"]
+    assert todo[2] == Probe("stream", "LLC 8 MiB", 32 * 1024**2 // 2 // 2)
+    assert [p.bytes_per_core for p in todo[2:5]] == [8 * 1024**2, 4 * 1024**2, 2 * 1024**2]
+    assert [p.label for p in llc_probes(spec, threads=16)] == ["LLC 1 MiB"]  # below the floor: the first alone
+    assert not llc_probes(load_spec("xeon-avx512"), threads=2)
+    results, held = held_llc(spec, _results(spec), 2, "2026-01-02")
+    assert [r.probe.label for r in results if r.probe.kind == "stream"] == ["L1", "L2", "LLC", "DRAM"]
+    assert held == spec
+    out = apply_measurements(spec, results, "2026-01-02")
     assert out.llc_gbps == 120.0 and out.llc_bytes == spec.llc_bytes
     assert "on 2026-01-02" in dict(out.sources)["llc_gbps"] and "8 MiB" in dict(out.sources)["llc_gbps"]
     assert spec_from_toml_text(spec_to_toml(out), check_target=False) == out
-    assert impossible(_results(spec, LLC=260.0)) == ["LLC read at 260.0 GB/s, faster than L2 above it at 200.0 GB/s"]
-    assert impossible(_results(spec, DRAM=150.0)) == ["DRAM read at 150.0 GB/s, faster than LLC above it at 120.0 GB/s"]
+    def kept(**changed):
+        return held_llc(spec, _results(spec, **changed), 2, "")[0]
+
+    assert impossible(kept(LLC=260.0)) == ["LLC read at 260.0 GB/s, faster than L2 above it at 200.0 GB/s"]
+    assert impossible(kept(DRAM=150.0)) == ["DRAM read at 150.0 GB/s, faster than LLC above it at 120.0 GB/s"]
+
+
+def test_a_last_level_cache_the_cores_do_not_hold_is_cut_to_what_they_do():
+    """A guest's sysfs names its host's whole L3: where the reads fall below LLC_PLATEAU of the
+    smallest working set's, the spec keeps the largest above it, its bandwidth and that working
+    set over CACHE_FILL on all threads as `llc_bytes`, the source saying why."""
+    spec = _with_llc(load_spec("xeon-avx512"), llc_bytes=64 * 1024**2)  # reads 16, 8, 4 and 2 MiB a core
+    falls = {"LLC 16 MiB": 33.0, "LLC 8 MiB": 55.0, "LLC 4 MiB": 57.0, "LLC 2 MiB": 60.0}
+    assert 55.0 >= LLC_PLATEAU * 60.0 > 33.0
+    results, held = held_llc(spec, _results(spec, **falls), 2, "2026-01-02")
+    assert [r.probe.label for r in results if r.probe.kind == "stream"] == ["L1", "L2", "LLC", "DRAM"]
+    [llc] = [r for r in results if r.probe.label == "LLC"]
+    assert (llc.value, llc.probe.bytes_per_core) == (55.0, 8 * 1024**2)
+    assert held.llc_bytes == 2 * 8 * 1024**2 / CACHE_FILL == 32 * 1024**2
+    why = dict(held.sources)["llc_bytes"]
+    assert "cut by workbench calibrate on 2026-01-02 to 32 MiB" in why and "16 MiB at 33.0" in why
+    out = apply_measurements(held, results, "2026-01-02")
+    assert (out.llc_gbps, out.llc_bytes) == (55.0, 32 * 1024**2) and "8 MiB" in dict(out.sources)["llc_gbps"]
+    assert spec_from_toml_text(spec_to_toml(out), check_target=False) == out
 
 
 def test_probes_size_working_sets_from_the_layers():
@@ -274,7 +307,8 @@ def test_probes_size_working_sets_from_the_layers():
     assert by_label["L1"] == Probe("stream", "L1", 16 * 1024)  # half of 32 KiB per core
     assert by_label["L2"].bytes_per_core == 512 * 1024
     assert by_label["DRAM"].bytes_per_core == 256 * 1024**2 // 28  # 256 MiB over all cores
-    assert probes(spec, threads=28, quick=True)[2].bytes_per_core < by_label["DRAM"].bytes_per_core
+    # quick reads DRAM as far past an L3 as the full calibration does
+    assert probes(spec, threads=28, quick=True)[2] == by_label["DRAM"]
     assert [(p.kind, p.label) for p in probes(spec, threads=28)][2:6] == [
         ("stream", "DRAM"),
         ("fma", "float32"),

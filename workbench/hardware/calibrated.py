@@ -88,7 +88,7 @@ def _calibrated_layer(layer: MemoryLayer, by_label: dict, fma32: ProbeResult, da
 def _stream_method(result: ProbeResult) -> str:
     return (
         f"TVM-built streaming read on {result.threads} threads, each summing its own "
-        f"{_size(result.probe.bytes_per_core)} into {ACCUMULATORS} vector accumulators, "
+        f"{size_text(result.probe.bytes_per_core)} into {ACCUMULATORS} vector accumulators, "
         f"best of {result.runs} runs"
     )
 
@@ -117,7 +117,7 @@ def _launch_method(result: ProbeResult) -> str:
     )
 
 
-def _size(nbytes: int) -> str:
+def size_text(nbytes: int) -> str:
     for unit, scale in (("MiB", 1024**2), ("KiB", 1024)):
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"

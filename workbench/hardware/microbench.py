@@ -4,11 +4,10 @@ kernels on all of a spec's `compute_units` cores at once through TVM's parallel 
 - streaming read: every core sums its own working set into 16 vector accumulators, over and over
   (the loop is repeated inside the kernel, so launch overhead does not count). A working set of
   half a cache layer's per-core capacity measures that layer, half the last-level cache
-  (`DeviceSpec.llc_bytes`, the L3 the cores share) split over the cores measures `llc_gbps`;
-  256 MiB in all, far beyond it, measures DRAM. That size is fixed (`calibrate.DRAM_WORKING_SET`):
-  a last-level cache of more than a few tens of MiB would inflate DRAM. Quick mode reads only
-  64 MiB, which a 32 MiB L3 already inflates (55-67 instead of 36-43 GB/s on the development
-  machine).
+  (`DeviceSpec.llc_bytes`, the L3 the cores share) split over the cores and halvings of it
+  measure `llc_gbps` at the largest the cores hold (`calibrate.held_llc`);
+  256 MiB in all, far beyond it, measures DRAM, quick or not (`calibrate.DRAM_WORKING_SET`): a
+  last-level cache of more than a few tens of MiB would inflate DRAM.
 - register-resident FMA: every core updates 12 vector accumulators with `a = a * c + d` (LLVM
   contracts it to one FMA), no memory traffic at all. This is the ALU roof that Roller's model
   divides FLOPs by, rather than a BLAS sgemm, which also measures the library's blocking and the
