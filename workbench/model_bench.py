@@ -226,11 +226,13 @@ def report_text(scores: Sequence[MachineScore]) -> str:
 
 
 def machine_label(spec: DeviceSpec) -> str:
-    """A machine's name: the spec's name, and for a CPU its LLVM CPU and cores (`local-cpu` on
-    an AVX2 and an AVX-512 machine are different machines)."""
+    """A machine's name: the spec's name, and for a CPU its LLVM CPU, cores and last-level cache
+    where the spec names one (`local-cpu` on an AVX2 and an AVX-512 machine are different
+    machines, and so are two Xeons LLVM calls `sapphirerapids` with a 300 and a 120 MiB L3)."""
     target = spec.target_dict()
     if spec.runs_on_cpu and "mcpu" in target:
-        return f"{spec.name} ({target['mcpu']}, {spec.compute_units} cores)"
+        llc = f", {spec.llc_bytes / 1024**2:g} MiB LLC" if spec.llc_bytes else ""
+        return f"{spec.name} ({target['mcpu']}, {spec.compute_units} cores{llc})"
     return spec.name
 
 
