@@ -20,8 +20,8 @@ from workbench.ops.fusion import fuse_axes
 from workbench.ops.gemm_view import construction_expr
 from workbench.ops.tensor_expr import KernelArg
 from workbench.rtile.axes import (
-    PREFETCH_ROWS, autovector_axis, cross_thread_axis, lane_axis, plain_projections, unfollowed_inputs, unfollowed_reads,
-    written_before,
+    PREFETCH_ROWS, RAMP_LINES, autovector_axis, cross_thread_axis, lane_axis, plain_projections, unfollowed_inputs,
+    read_once_below, unfollowed_reads, unramped_share, written_before,
 )
 from workbench.rtile.model import cpu, cpu_compute
 from workbench.rtile.model import estimate, part_imbalance
@@ -967,9 +967,10 @@ def test_an_input_read_once_over_more_rows_than_the_prefetchers_follow_waits_a_l
     than PREFETCH_ROWS, each of its lines waits the bottom layer's latency, with as many in flight
     as `lines_in_flight` says: a step's 1 load of B, 12 broadcasts of A and 12 FMAs, 512 / 25
     steps in the window, each a line, at most FILL_BUFFERS. A 19-row tile's steps (39) leave
-    fewer. Under 32 rows nothing is added, and the estimate ranks that program first, unless the
-    spec says its cores follow 16 rows (`DeviceSpec.prefetch_rows`, a Zen 3's) (generated
-    AVX2-like and AVX-512-like specs)."""
+    fewer. Under 32 rows only each row's first RAMP_LINES lines of its 32 in the unit tile are
+    missed (`axes.unramped_share`), and the estimate ranks that program first, unless the spec
+    says its cores follow 16 rows (`DeviceSpec.prefetch_rows`, a Zen 3's) (generated AVX2-like
+    and AVX-512-like specs)."""
     e = matmul(12, 4096, 2048)
     calc, lanes = TileCalculus(e), dev.warp_size
 
@@ -986,12 +987,47 @@ def test_an_input_read_once_over_more_rows_than_the_prefetchers_follow_waits_a_l
     lines = 2048 * 4096 * 4 / bottom.transaction_bytes
     assert unfollowed_seconds(deep, dev, 1.0) == pytest.approx(
         lines * bottom.latency_ns * 1e-9 / (16 * dev.compute_units))
-    assert unfollowed_seconds(shallow, dev, 1.0) == 0.0
+    ramped = RAMP_LINES / (512 * 4 / bottom.transaction_bytes)  # runs of 512 floats: 32 lines
+    assert unfollowed_seconds(shallow, dev, 1.0) == pytest.approx(ramped * unfollowed_seconds(deep, dev, 1.0))
     assert estimate(deep, dev).predicted_seconds > estimate(shallow, dev).predicted_seconds
     zen3 = replace(dev, prefetch_rows=16)  # a core whose prefetchers follow 16 rows: 32 are too many
     assert unfollowed_seconds(shallow, zen3, 1.0) == unfollowed_seconds(deep, dev, 1.0)
-    assert unfollowed_seconds(program(16), zen3, 1.0) == 0.0
+    assert unfollowed_seconds(program(16), zen3, 1.0) == unfollowed_seconds(shallow, dev, 1.0)
     check_consistent(calc, dev, deep, estimate(deep, dev))
+
+
+@pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)
+def test_runs_too_short_for_the_prefetchers_are_missed_for_their_first_ramp_lines(dev):
+    """`axes.unramped_share` and `unfollowed_seconds`: 17 x 347 x 2816 (a 1x1 conv's GEMM of 17
+    filters over 347 channels, its data B, 3.9 MB, past the 1 MiB L2, read once in place) in
+    register tiles of the 17 rows, one vector wide (a line a visit), 32 of B's rows walked in
+    turn. Unit tiles 64, 128, 256 and 704 columns wide run each row for 4, 8, 16 and 44 lines: all,
+    all, half and 8 / 44 of the lines are missed, each the bottom layer's latency with
+    `lines_in_flight` at a time. None where the unit tile spans the rows (one run in memory) or a
+    visit reads FOLLOWED_RUN_BYTES (two vectors on AVX-512). The estimate ranks the 704-wide
+    program above the 64-wide, which it priced alike without them (generated AVX2-like and
+    AVX-512-like specs)."""
+    e, lanes = matmul(17, 2816, 347), dev.warp_size
+    bottom = dev.layers[-1]
+
+    def program(width, vectors=1):
+        return make_program(TileCalculus(e), dev, [(17, lanes * vectors, 1), (17, lanes * vectors, 32), (17, width, 32)],
+                            (True, True, True), 0.05)
+
+    def share(p):
+        return unramped_share(e, dev, 1, p.register_tile, p.tiles[1], p.unit_tile)
+
+    assert RAMP_LINES == 8 and read_once_below(e, dev, (17, lanes, 1)) == (1,)
+    assert [share(program(w)) for w in (64, 128, 256, 704, 2816)] == [1.0, 1.0, 0.5, 8 / 44, 0.0]
+    if lanes == 16:
+        assert share(program(256, vectors=2)) == 0.0  # 128-byte visits: the adjacent-line pair is followed
+    lines = 347 * 2816 * 4 / bottom.transaction_bytes
+    each = lines * bottom.latency_ns * 1e-9 / (lines_in_flight(program(64), dev, 1) * dev.compute_units)
+    assert unfollowed_seconds(program(64), dev, 1.0) == pytest.approx(each)
+    assert unfollowed_seconds(program(704), dev, 1.0) == pytest.approx(each * 8 / 44)
+    assert unfollowed_seconds(program(2816), dev, 1.0) == 0.0
+    assert estimate(program(704), dev).predicted_seconds < estimate(program(64), dev).predicted_seconds
+    check_consistent(TileCalculus(e), dev, program(704), estimate(program(704), dev))
 
 
 @pytest.mark.parametrize("dev", [AVX2, AVX512], ids=lambda d: d.name)

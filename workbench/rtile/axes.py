@@ -7,7 +7,7 @@ rules, the model, the panels and the templates alike. Pure: no TVM.
 from __future__ import annotations
 
 from functools import lru_cache
-from math import log, prod
+from math import ceil, log, prod
 
 from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
@@ -259,6 +259,30 @@ def unfollowed_reads(expr: TensorExpr, device: DeviceSpec, register, first, tile
 # (126-146 us), and 9 x 4096 x 1024 in 128-byte runs 1.34x slower under 256 rows than 48 (not
 # priced), in 64-byte runs 1.47x.
 FOLLOWED_RUN_BYTES = 128
+
+
+# A row's run that a walk reads a line at a visit, in turn with other rows, is missed for its first
+# RAMP_LINES lines: the prefetchers follow a stream only after some of its lines. On the 2-core
+# Xeon with AMX (a 480 MiB L3, 120 MiB held), 4 images of 347 -> 17 1x1 convs over 53 x 53 read
+# their data (15.6 MB) in place a line a visit, 32 channel rows in turn, under unit tiles 64, 128,
+# 176, 256, 352 and 704 pixels wide (runs of 4, 8, 11, 16, 22 and 44 lines a row): 1.53, 1.53,
+# 1.44, 1.10, 0.89 and 0.78 ms, all but the last priced alike at 0.67 before
+# (docs/model-evidence.md#short-runs).
+RAMP_LINES = 8
+
+
+def unramped_share(expr: TensorExpr, device: DeviceSpec, t: int, register, first, tile) -> float:
+    """The share of input `t`'s lines that a walk in tiles `first` reads before the prefetchers
+    follow them, where it reads them a line at a time (visits shorter than FOLLOWED_RUN_BYTES,
+    `visit_tile`): each row's run inside `tile` starts a stream whose first RAMP_LINES lines are
+    missed, all of a run as short. 0 where a visit spans the rows or reads FOLLOWED_RUN_BYTES of
+    them, or where `tile` spans the rows whole (one run in memory)."""
+    tensor, calc = expr.inputs[t], calculus(expr)
+    visit = calc.data_tiles(visit_tile(expr, register, first))[t][-1]
+    run = calc.data_tiles(tuple(tile))[t][-1]
+    if visit * tensor.itemsize >= FOLLOWED_RUN_BYTES or tensor.shape[-1] in (visit, run):
+        return 0.0
+    return min(1.0, RAMP_LINES / ceil(run * tensor.itemsize / device.layers[-1].transaction_bytes))
 
 
 def walked_rows(expr: TensorExpr, t: int, register, first, tile) -> int:

@@ -15,7 +15,8 @@ from workbench.hardware.spec import DeviceSpec
 from workbench.ops.tensor_expr import TensorExpr
 from workbench.ops.transposed_gemm import copied_bytes
 from workbench.rtile.axes import (
-    always_streamed, lane_axis, plain_projection, plain_projections, read_once_below, stored_past_caches, unfollowed_reads,
+    always_streamed, lane_axis, plain_projection, plain_projections, read_once_below, stored_past_caches,
+    unfollowed_reads, unramped_share,
 )
 from workbench.rtile.model.common import (
     GB, Pricing, hardware_caches, is_stream_bound, layer_gbps, partial_sum_bytes, past_llc, peak_gflops, provenance,
@@ -373,7 +374,10 @@ def unfollowed_seconds(program: RProgram, device: DeviceSpec, busy: float) -> fl
     their bytes, where its L1 tiles walk more of their rows in turn inside a unit tile than the
     prefetchers follow (`axes.unfollowed_reads`: an input read once from below the lowest cache
     layer, and a model's operator's input on its first pass): each of its lines a miss of its
-    own, at the bottom layer's latency, as many at a time as `lines_in_flight`. Not for an
+    own, at the bottom layer's latency, as many at a time as `lines_in_flight`; and where they
+    walk few enough rows but read them a line a visit in runs too short for the prefetchers to
+    catch up (`axes.unramped_share`: a 1x1 conv's data under unit tiles of a few pixels), that
+    share of the lines of an input read once from below. Not for an
     input the template copies first (packed into panels, its border copied, gathered): a copy
     reads its rows one after another, one stream at a time."""
     expr = program.expr
@@ -383,12 +387,16 @@ def unfollowed_seconds(program: RProgram, device: DeviceSpec, busy: float) -> fl
     copied = set(plan.packed) | set(gathered_inputs(expr)) | (set(padded_inputs(expr)) if plan.staged_padding else set())
     bottom = device.layers[-1]
     seconds = 0.0
-    for t in unfollowed_reads(expr, device, program.register_tile, program.tiles[1], program.unit_tile):
+    register, first, unit = program.register_tile, program.tiles[1], program.unit_tile
+    walked = unfollowed_reads(expr, device, register, first, unit)
+    for t in sorted(set(walked) | set(read_once_below(expr, device, register))):
         if expr.inputs[t].name in copied:
             continue
+        share = 1.0 if t in walked else unramped_share(expr, device, t, register, first, unit)
         lines = expr.inputs[t].nbytes / bottom.transaction_bytes
-        seconds += lines * bottom.latency_ns * 1e-9 / lines_in_flight(program, device, t)
+        seconds += share * lines * bottom.latency_ns * 1e-9 / lines_in_flight(program, device, t)
     return seconds / (device.compute_units * busy)
+
 
 
 def lines_in_flight(program: RProgram, device: DeviceSpec, t: int) -> float:
