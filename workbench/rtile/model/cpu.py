@@ -374,12 +374,12 @@ def unfollowed_seconds(program: RProgram, device: DeviceSpec, busy: float) -> fl
     their bytes, where its L1 tiles walk more of their rows in turn inside a unit tile than the
     prefetchers follow (`axes.unfollowed_reads`: an input read once from below the lowest cache
     layer, and a model's operator's input on its first pass): each of its lines a miss of its
-    own, at the bottom layer's latency, as many at a time as `lines_in_flight`; and where they
-    walk few enough rows but read them a line a visit in runs too short for the prefetchers to
-    catch up (`axes.unramped_share`: a 1x1 conv's data under unit tiles of a few pixels), that
-    share of the lines of an input read once from below. Not for an
-    input the template copies first (packed into panels, its border copied, gathered): a copy
-    reads its rows one after another, one stream at a time."""
+    own, at the bottom layer's latency, as many at a time as `lines_in_flight`. Where they walk
+    fewer rows but read an input read once from below a line a visit, in runs too short for the
+    prefetchers to catch up (`axes.unramped_share`: a 1x1 conv's data under unit tiles of a few
+    pixels), that share of its lines. Not for an input the template copies first (packed into
+    panels, its border copied, gathered): a copy reads its rows one after another, one stream at
+    a time."""
     expr = program.expr
     if not device.runs_on_cpu or len(program.tiles) < 2:
         return 0.0
@@ -396,7 +396,6 @@ def unfollowed_seconds(program: RProgram, device: DeviceSpec, busy: float) -> fl
         lines = expr.inputs[t].nbytes / bottom.transaction_bytes
         seconds += share * lines * bottom.latency_ns * 1e-9 / lines_in_flight(program, device, t)
     return seconds / (device.compute_units * busy)
-
 
 
 def lines_in_flight(program: RProgram, device: DeviceSpec, t: int) -> float:
