@@ -275,6 +275,7 @@ def test_the_last_level_cache_is_measured_between_l2_and_dram():
     assert out.llc_gbps == 120.0 and out.llc_bytes == spec.llc_bytes
     assert "on 2026-01-02" in dict(out.sources)["llc_gbps"] and "8 MiB" in dict(out.sources)["llc_gbps"]
     assert spec_from_toml_text(spec_to_toml(out), check_target=False) == out
+
     def kept(**changed):
         return held_llc(spec, _results(spec, **changed), 2, "")[0]
 

@@ -1004,9 +1004,8 @@ def test_runs_too_short_for_the_prefetchers_are_missed_for_their_first_ramp_line
     turn. Unit tiles 64, 128, 256 and 704 columns wide run each row for 4, 8, 16 and 44 lines: all,
     all, half and 8 / 44 of the lines are missed, each the bottom layer's latency with
     `lines_in_flight` at a time. None where the unit tile spans the rows (one run in memory) or a
-    visit reads FOLLOWED_RUN_BYTES (two vectors on AVX-512). The estimate ranks the 704-wide
-    program above the 64-wide, which it priced alike without them (generated AVX2-like and
-    AVX-512-like specs)."""
+    visit reads FOLLOWED_RUN_BYTES (two vectors on AVX-512). The estimate puts the 704-wide
+    program before the 64-wide (generated AVX2-like and AVX-512-like specs)."""
     e, lanes = matmul(17, 2816, 347), dev.warp_size
     bottom = dev.layers[-1]
 
