@@ -52,3 +52,23 @@ def test_a_cpu_panel_copy_is_a_stage_beside_the_roofs_not_one():
     d = diagnose(packed, TINY_CPU, PEAK, seconds=0.1)
     assert dict(d.shares) == {"compute": pytest.approx(0.1), "DRAM": pytest.approx(0.5)}
     assert dict(d.stages)["packing into L2"] == pytest.approx(0.001)
+
+
+def test_an_operator_the_last_level_cache_holds_is_judged_against_that_caches_bandwidth():
+    """Where the operator stays in a CPU's last-level cache, the bottom layer's reads are a share
+    of that cache's bandwidth, as the model prices them: 1 GB in 0.1 s is half of DRAM's 20 GB/s
+    but a fifth of a 50 GB/s L3, and the texts say where the reads came from. A spec without an
+    LLC, or an operator past it, keeps DRAM's roof."""
+    from dataclasses import replace
+
+    llc = replace(TINY_CPU, llc_bytes=64 * 1024**2, llc_gbps=50.0)
+    d = diagnose(estimate(), llc, PEAK, seconds=0.1, in_llc=True)
+    assert dict(d.shares)["DRAM"] == pytest.approx(0.2) and dict(d.peaks)["DRAM"] == 50.0
+    assert d.llc_serves == "DRAM" and d.to_dict()["llc_serves"] == "DRAM"
+    assert "DRAM (from the last-level cache) 20%" in d.peak_text
+    assert "20% of DRAM (from the last-level cache) bandwidth" in d.sentence
+    pressed = diagnose(estimate(), llc, PEAK, seconds=0.025, in_llc=True)  # 40 GB/s of 50
+    assert pressed.peak_text.endswith("binds DRAM (from the last-level cache)")
+    assert "DRAM (from the last-level cache) bandwidth binds, as the model predicted" in pressed.sentence
+    for plain in (diagnose(estimate(), llc, PEAK, seconds=0.1), diagnose(estimate(), TINY_CPU, PEAK, 0.1, in_llc=True)):
+        assert dict(plain.shares)["DRAM"] == pytest.approx(0.5) and plain.llc_serves == "" and "last-level" not in plain.peak_text

@@ -272,7 +272,26 @@ def test_a_stored_run_records_its_label_and_provenance(tmp_path):
     assert run.label == "base"
     assert p["spec_sha256"] == spec_sha256(TINY_CPU) and len(p["spec_sha256"]) == 64
     assert p["topk"] == 2 and p["seed"] == 7 and p["timing_repeat"] == 4 and p["policy"] == "roller"
+    assert p["in_llc"] is False  # TINY_CPU names no last-level cache: a report judges DRAM's reads by DRAM
     assert p["runner"] == "fake" and p["workbench"] and p["tvm"] and p["numpy"] and p["threads"] >= 1
     assert p["cpu_model"] and isinstance(p["load_average"], float) and p["gpu"] == ""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert p["git_commit"] == head and isinstance(p["git_dirty"], bool)
+
+
+def test_a_run_of_an_operator_the_last_level_cache_holds_is_diagnosed_against_it(tmp_path):
+    """Where the spec's last-level cache holds the operator, the session's diagnoses and a report
+    of the stored run (which records it as `in_llc`) judge the bottom layer's reads by that
+    cache's bandwidth, as the model priced them (`diagnose`, `common.stays_in_llc`)."""
+    from workbench.report import stored_run
+
+    spec = replace(TINY_CPU, llc_bytes=64 * 1024**2, llc_gbps=3 * TINY_CPU.layers[-1].bandwidth_gbps)
+    c = construct(matmul(64, 64, 64), spec, options=Options(topk=2))
+    with RunStore(tmp_path / "runs.sqlite3") as store:
+        result = profile_candidates(c.expr, spec, c.candidates, runner=FakeRunner(), store=store)
+        (run,) = store.runs()
+        stored = stored_run(store, run.id)
+    assert dict(run.provenance)["in_llc"] is True
+    for diagnoses in (result.diagnoses, stored.diagnoses):
+        assert diagnoses and all(d.llc_serves == "DRAM" and dict(d.peaks)["DRAM"] == spec.llc_gbps
+                                 for d in diagnoses.values())

@@ -71,7 +71,7 @@ from workbench.ops import random_suite
 from workbench.ops.catalog import DYNAMIC_PARAMS, OpInfo, list_ops
 from workbench.ops.shapes import DTYPES
 from workbench.ops.tensor_expr import TensorExpr
-from workbench.rtile.model.common import peak_gflops
+from workbench.rtile.model.common import peak_gflops, stays_in_llc
 from workbench.profile.correction import Correction, corrected_seconds, earned
 from workbench.profile.diagnose import diagnose
 from workbench.profile.runner import Measurement, Runner, Timing
@@ -339,7 +339,8 @@ def candidate_rows(candidates: Sequence[Candidate], measurements: Sequence[Measu
             row["corrected us"] = corrected_seconds(c.estimate, correction, c.program.expr.op) * 1e6
         if shown:
             row["measured us"] = times[c.rank] * 1e6 if c.rank in times else None
-            d = diagnose(c.estimate, c.device, peak_gflops(c.program.expr, c.device), times[c.rank]) \
+            d = diagnose(c.estimate, c.device, peak_gflops(c.program.expr, c.device), times[c.rank],
+                         stays_in_llc(c.program.expr, c.device)) \
                 if c.rank in times and times[c.rank] > 0 else None
             top = d.bandwidth_share if d is not None else None
             row["% peak compute"] = d.compute_share * 100 if d is not None else None

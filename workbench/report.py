@@ -110,10 +110,10 @@ def device_rows(device: DeviceSpec) -> list[dict]:
 
 
 def run_diagnoses(device: DeviceSpec, peak: float, candidates: Sequence[StoredCandidate],
-                  best: Mapping[int, float]) -> dict[int, Diagnosis]:
+                  best: Mapping[int, float], in_llc: bool = False) -> dict[int, Diagnosis]:
     """rank -> the diagnosis of each candidate with a correct time in `best`."""
     by_rank = {c.rank: c for c in candidates}
-    return {rank: diagnose(by_rank[rank].estimate, device, peak, seconds)
+    return {rank: diagnose(by_rank[rank].estimate, device, peak, seconds, in_llc)
             for rank, seconds in sorted(best.items()) if rank in by_rank and seconds > 0}
 
 
@@ -178,7 +178,9 @@ def stored_run(store: RunStore, run_id: int) -> StoredRun:
             best[m.rank] = min(best.get(m.rank, math.inf), m.measurement.best_seconds)
     # the compute roof the session divided by; a run stored before it was recorded: the ALUs' peak
     peak = float(dict(run.provenance).get("peak_gflops") or device.peak(run.dtype))
-    return StoredRun(run, device, peak, candidates, measurements, best, run_diagnoses(device, peak, candidates, best))
+    in_llc = bool(dict(run.provenance).get("in_llc"))  # recorded since the LLC served its roof
+    return StoredRun(run, device, peak, candidates, measurements, best,
+                     run_diagnoses(device, peak, candidates, best, in_llc))
 
 
 def run_report(store: RunStore, run_id: int) -> str:

@@ -81,9 +81,10 @@ class ProfileResult:
     @property
     def diagnoses(self) -> dict[int, Diagnosis]:
         """rank -> the diagnosis of each correct, timed kernel (its best repeat against the roofs)."""
-        from workbench.rtile.model.common import peak_gflops
+        from workbench.rtile.model.common import peak_gflops, stays_in_llc
 
-        return {c.rank: diagnose(c.estimate, c.device, peak_gflops(c.expr, c.device), m.best_seconds)
+        return {c.rank: diagnose(c.estimate, c.device, peak_gflops(c.expr, c.device), m.best_seconds,
+                                 stays_in_llc(c.expr, c.device))
                 for c, m in zip(self.candidates, self.measurements) if m.ok}
 
     @property
@@ -241,12 +242,14 @@ def run_provenance(expr, device: DeviceSpec, known: dict, runner: str, policy: s
                    timing: Timing, load: float | None) -> dict:
     """What a run records of where it was made (`provenance.collect`): its options are the
     runner, the policy, the construction's options and the timing's; with them the compute roof
-    of `expr` on `device` (`peak_gflops`: the MMA units' or the ALUs'), which a report of the run
-    divides by and cannot recompute without the expression."""
-    from workbench.rtile.model.common import peak_gflops
+    of `expr` on `device` (`peak_gflops`: the MMA units' or the ALUs') and whether its
+    last-level cache holds the operator (`stays_in_llc`), which a report of the run diagnoses by
+    and cannot recompute without the expression."""
+    from workbench.rtile.model.common import peak_gflops, stays_in_llc
 
     threads = thread_env(device).get("TVM_NUM_THREADS")
-    chosen = {"runner": runner, "policy": policy, "peak_gflops": peak_gflops(expr, device)}
+    chosen = {"runner": runner, "policy": policy, "peak_gflops": peak_gflops(expr, device),
+              "in_llc": stays_in_llc(expr, device)}
     if options is not None:
         chosen |= {"topk": options.topk, "eps": options.eps, "max_steps": options.max_steps, "seed": options.seed}
     chosen |= {f"timing_{k}": v for k, v in asdict(timing).items()}
