@@ -217,7 +217,8 @@ def probes(spec: DeviceSpec, threads: int, quick: bool = False) -> tuple[Probe, 
         if layer.scope == "unit":
             stream.append(Probe("stream", layer.name, int(layer.capacity_bytes * CACHE_FILL)))
         elif layer.scope == "device":
-            stream.extend(llc_probes(spec, threads))  # between the per-core caches and DRAM, as `impossible` compares them
+            # between the per-core caches and DRAM, the order `impossible` compares in
+            stream.extend(llc_probes(spec, threads))
             total = min(DRAM_WORKING_SET, layer.capacity_bytes // 4)
             stream.append(Probe("stream", layer.name, total // threads))
     fma = tuple(Probe("fma", dtype) for dtype in FLOAT_DTYPES)

@@ -65,7 +65,8 @@ class Diagnosis:
         parts = [f"{self.compute_share:.0%} of peak compute ({self.gflops:.3g} GFLOP/s)"]
         if (top := self.bandwidth_share) is not None:
             parts.append(f"{self._layer(top[0])} {top[1]:.0%} ({dict(self.gbps)[top[0]]:.3g} GB/s)")
-        return ", ".join(parts) + f" of the {'calibrated' if self.calibrated else 'spec'} peaks; binds {self._layer(self.binding)}"
+        peaks = "calibrated" if self.calibrated else "spec"
+        return ", ".join(parts) + f" of the {peaks} peaks; binds {self._layer(self.binding)}"
 
     @property
     def sentence(self) -> str:
