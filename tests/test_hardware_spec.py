@@ -182,3 +182,17 @@ def test_occupancy_fields_are_optional_on_a_gpu_and_refused_on_a_cpu():
     assert "max_blocks_per_unit = 0\n" in cpu
     with pytest.raises(UserError, match=r"^spec: device.max_blocks_per_unit describes a GPU: 0 \(or absent\) on a CPU$"):
         spec_from_toml_text(cpu.replace("max_blocks_per_unit = 0\n", "max_blocks_per_unit = 8\n"), check_target=False)
+
+
+def test_a_rooflines_ceilings_are_the_layers_and_a_cpus_last_level_cache_above_the_bottom():
+    """`DeviceSpec.ceilings`: each layer's bandwidth in order, and where a CPU spec names a
+    last-level cache its bandwidth between the per-core caches and the bottom layer, whose reads
+    it serves for an operator it holds; the roofline draws one ceiling each."""
+    from workbench.viz.roofline import roofline_figure
+
+    plain = tuple((layer.name, layer.bandwidth_gbps) for layer in TINY_CPU.layers)
+    assert TINY_CPU.ceilings() == plain
+    llc = replace(TINY_CPU, llc_bytes=64 * 1024**2, llc_gbps=55.0)
+    assert llc.ceilings() == plain[:-1] + (("LLC", 55.0),) + plain[-1:]
+    names = [t.name for t in roofline_figure(llc.ceilings(), 200.0).data]
+    assert [n.split()[0] for n in names[:len(plain) + 1]] == [n for n, _ in llc.ceilings()]

@@ -241,8 +241,7 @@ def _run_sections(page: _Page, stored: StoredRun) -> None:
     page.heading("Predicted vs measured")
     page.figure(predicted_vs_measured_figure(points))
     page.heading("Roofline")
-    page.figure(roofline_figure([(l.name, l.bandwidth_gbps) for l in device.layers], peak,
-                                roofline_points(candidates, device.layers[-1].name, best)))
+    page.figure(roofline_figure(device.ceilings(), peak, roofline_points(candidates, device.layers[-1].name, best)))
     page.heading("Diagnosis")
     page.add(_table([{"rank": rank, "% of peaks": d.peak_text, "why": d.sentence} for rank, d in diagnoses.items()]))
 

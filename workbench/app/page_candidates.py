@@ -100,8 +100,7 @@ def _estimate(construction) -> None:
 def _roofline(construction, result) -> None:
     device = construction.device
     points = roofline_points(construction.candidates, device.layers[-1].name, _measured(result))
-    layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
-    _selectable(roofline_figure(layers, construction.peak_gflops, points), CHART_KEYS[0])
+    _selectable(roofline_figure(device.ceilings(), construction.peak_gflops, points), CHART_KEYS[0])
 
 
 def _comparison(result) -> None:

@@ -152,6 +152,15 @@ class DeviceSpec:
                 return layer
         raise KeyError(name)
 
+    def ceilings(self) -> tuple[tuple[str, float], ...]:
+        """(name, GB/s) of each roof a roofline draws: every memory layer's bandwidth, and a CPU's
+        last-level cache (`llc_gbps`) above the bottom layer where the spec names one, which
+        serves the bottom layer's reads of an operator it holds."""
+        roofs = tuple((layer.name, layer.bandwidth_gbps) for layer in self.layers)
+        if not (self.llc_bytes and self.llc_gbps):
+            return roofs
+        return roofs[:-1] + (("LLC", self.llc_gbps),) + roofs[-1:]
+
     @cached_property  # a fact of the kind, asked on every rule check and capacity check
     def runs_on_cpu(self) -> bool:
         """Kernels run on CPU cores (an LLVM target, TVM's thread pool), not on an accelerator."""

@@ -85,8 +85,7 @@ class CandidateTable(widgets.VBox):
         self.estimate.value = estimate_html(self.candidate)
         device = c.device
         points = roofline_points(list(self.by_rank.values()), device.layers[-1].name, self.measured)
-        layers = [(l.name, l.bandwidth_gbps) for l in device.layers]
-        self.roofline_view.show(roofline_figure(layers, c.peak_gflops, points))
+        self.roofline_view.show(roofline_figure(device.ceilings(), c.peak_gflops, points))
 
 
 def estimate_html(candidate: Candidate) -> str:
