@@ -178,7 +178,7 @@ def stored_run(store: RunStore, run_id: int) -> StoredRun:
             best[m.rank] = min(best.get(m.rank, math.inf), m.measurement.best_seconds)
     # the compute roof the session divided by; a run stored before it was recorded: the ALUs' peak
     peak = float(dict(run.provenance).get("peak_gflops") or device.peak(run.dtype))
-    in_llc = bool(dict(run.provenance).get("in_llc"))  # recorded since the LLC served its roof
+    in_llc = bool(dict(run.provenance).get("in_llc"))  # runs stored before 50fd7a9: DRAM's roof
     return StoredRun(run, device, peak, candidates, measurements, best,
                      run_diagnoses(device, peak, candidates, best, in_llc))
 

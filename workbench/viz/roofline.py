@@ -4,8 +4,9 @@ x: arithmetic intensity, flops per byte read from the bottom layer (DRAM / globa
 the roofline model; y: GFLOP/s. Each memory layer contributes a ceiling `min(bandwidth x
 intensity, peak)` (its bandwidth is the aggregate read bandwidth of the spec), and so does a
 CPU's last-level cache (`DeviceSpec.ceilings`), so a candidate under the bottom layer's slope is
-bound by that layer's loads, and one between it and the LLC's reads from the LLC. A candidate is plotted at the
-speed the model predicts (flops / predicted seconds) and, once profiled, at the measured speed.
+bound by that layer's loads, and one between it and the LLC's reads from the LLC. A candidate is
+plotted at the speed the model predicts (flops / predicted seconds) and, once profiled, at the
+measured speed.
 """
 
 from __future__ import annotations
