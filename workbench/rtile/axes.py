@@ -276,13 +276,21 @@ def unramped_share(expr: TensorExpr, device: DeviceSpec, t: int, register, first
     follow them, where it reads them a line at a time (visits shorter than FOLLOWED_RUN_BYTES,
     `visit_tile`): each row's run inside `tile` starts a stream whose first RAMP_LINES lines are
     missed, all of a run as short. 0 where a visit spans the rows or reads FOLLOWED_RUN_BYTES of
-    them, or where `tile` spans the rows whole (one run in memory)."""
-    tensor, calc = expr.inputs[t], calculus(expr)
-    visit = calc.data_tiles(visit_tile(expr, register, first))[t][-1]
-    run = calc.data_tiles(tuple(tile))[t][-1]
-    if visit * tensor.itemsize >= FOLLOWED_RUN_BYTES or tensor.shape[-1] in (visit, run):
+    them (`line_visits`), or where `tile` spans the rows whole (one run in memory)."""
+    tensor = expr.inputs[t]
+    run = calculus(expr).data_tiles(tuple(tile))[t][-1]
+    if not line_visits(expr, t, register, first) or run == tensor.shape[-1]:
         return 0.0
     return min(1.0, RAMP_LINES / ceil(run * tensor.itemsize / device.layers[-1].transaction_bytes))
+
+
+def line_visits(expr: TensorExpr, t: int, register, first) -> bool:
+    """Whether a walk in tiles `first` reads input `t`'s rows a line or so at a time: its visits
+    (`visit_tile`) neither span the rows (one run in memory) nor read runs of FOLLOWED_RUN_BYTES
+    or more of them (the pair of lines the L2's adjacent-line prefetcher completes)."""
+    tensor = expr.inputs[t]
+    run = calculus(expr).data_tiles(visit_tile(expr, register, first))[t][-1]
+    return run != tensor.shape[-1] and run * tensor.itemsize < FOLLOWED_RUN_BYTES
 
 
 def walked_rows(expr: TensorExpr, t: int, register, first, tile) -> int:
@@ -293,10 +301,9 @@ def walked_rows(expr: TensorExpr, t: int, register, first, tile) -> int:
     (the walk ends those rows before it starts others); 1 where a visit spans it whole (its rows
     one run in memory) or reads runs of FOLLOWED_RUN_BYTES or more of it (a transposed B's rows of
     207 floats in runs of 192). A visit is what the micro-kernel reads of a row before it goes to
-    the next (`visit_tile`)."""
+    the next (`visit_tile`, `line_visits`)."""
     tensor, calc = expr.inputs[t], calculus(expr)
-    run = calc.data_tiles(visit_tile(expr, register, first))[t][-1]
-    if run == tensor.shape[-1] or run * tensor.itemsize >= FOLLOWED_RUN_BYTES:
+    if not line_visits(expr, t, register, first):
         return 1
     whole = calc.data_tiles(tuple(first))[t][-1] == tensor.shape[-1]
     return prod(calc.data_tiles(tuple(first if whole else tile))[t][:-1])
